@@ -1,0 +1,195 @@
+/* fm_fragment.h: the fragment IR: what a client asks fusemld to fuse.
+ *
+ * A fragment is a small SSA dataflow graph over *values*:
+ *   - inputs:  tensors in GPU memory the kernel reads (value ids given by the client),
+ *   - ops:     each defines one new value from earlier values (fixed vocabulary, FM_OP_MAP),
+ *   - outputs: tensors the kernel writes, each naming the value stored into it.
+ * Intermediates never touch memory; the kernel computes in fp32 registers and rounds
+ * only when storing an output (or at an explicit `cast`).
+ *
+ * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
+ *   {vocab: 1,
+ *    inputs:  [{id, dtype, shape, strides, align}, ...],
+ *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str}, ...],
+ *    outputs: [{id, dtype, shape, strides, align}, ...]}
+ *
+ * Shapes: rank 0..FM_MAX_RANK; each dim an int >= 1, or FM_DIM_SYMBOLIC (-1) for the one
+ * symbolic dimension, which may only be dim 0 (the batch/token dimension: its size is a
+ * launch argument, so one kernel serves every batch size). Strides are in elements, all
+ * constants (dim 0 being outermost, no stride depends on it). The *iteration shape* is the
+ * shape of outputs[0]; every output has exactly that shape; each input has the same rank and
+ * every dim equal to the iteration dim or 1 (broadcast; its stride is then ignored).
+ * `align` is the byte alignment the client guarantees for the base pointer (power of two).
+ *
+ * Dtypes of values: inputs carry theirs; arithmetic ops promote like PyTorch
+ * (bf16+bf16 -> bf16, bf16+f16 -> f32, anything+f32 -> f32; `const` is a Python scalar and
+ * does not promote; bool operands of arithmetic become the other operand's type, or f32);
+ * comparisons give bool; cast gives its `dtype`; where gives promote(args[1], args[2]).
+ * Each output's dtype must equal the dtype of the value stored into it. */
+#ifndef FM_FRAGMENT_H
+#define FM_FRAGMENT_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <msgpack.h>
+
+#include "fm_error.h"
+
+#define FM_VOCAB_VERSION 1
+
+/* Hard limits: anything beyond is refused with FM_ELIMIT before any work is done. */
+#define FM_MAX_RANK 8
+#define FM_MAX_INPUTS 32
+#define FM_MAX_OUTPUTS 16
+#define FM_MAX_OPS 256
+#define FM_MAX_VALUE_ID 0xFFFFFFu                /* client-chosen ids are 0..this */
+#define FM_MAX_DIM ((int64_t)1 << 31)            /* one dimension: 1..FM_MAX_DIM-1 */
+#define FM_MAX_ELEMENTS ((int64_t)1 << 40)       /* product of a static shape */
+#define FM_MAX_STRIDE ((int64_t)1 << 40)
+#define FM_MAX_ALIGN 256u
+#define FM_DIM_SYMBOLIC (-1)
+
+#define FM_DTYPE_MAP(XX) \
+  XX(BOOL, "bool", 1)    \
+  XX(F16, "f16", 2)      \
+  XX(BF16, "bf16", 2)    \
+  XX(F32, "f32", 4)
+
+typedef enum {
+#define FM_DTYPE_ENUM_(name, str, size) FM_DT_##name,
+  FM_DTYPE_MAP(FM_DTYPE_ENUM_)
+#undef FM_DTYPE_ENUM_
+  FM_DT__COUNT
+} fm_dtype;
+
+const char *fm_dtype_name(fm_dtype dt);
+size_t fm_dtype_size(fm_dtype dt);
+/* Returns FM_OK and sets *out, or FM_ESCHEMA for an unknown name. */
+int fm_dtype_parse(const char *s, size_t len, fm_dtype *out);
+
+/* Op classes: how many args, how the result dtype is inferred. */
+typedef enum {
+  FM_OPK_CONST,    /* no args; `value` (double) */
+  FM_OPK_UNARY,    /* 1 float arg -> same float dtype */
+  FM_OPK_BINARY,   /* 2 args -> promoted dtype */
+  FM_OPK_COMPARE,  /* 2 args -> bool */
+  FM_OPK_WHERE,    /* (bool cond, a, b) -> promote(a, b) */
+  FM_OPK_CAST,     /* 1 arg -> `dtype` */
+  FM_OPK_POW,      /* (x, c) where c is a `const` value: pow by scalar */
+  FM_OPK_RESERVED, /* a known name of a later vocabulary: refused as FM_EUNSUPPORTED */
+} fm_opkind;
+
+/* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
+ * canonical form spells names, and changing a name changes every fingerprint. */
+#define FM_OP_MAP(XX)                        \
+  XX(CONST, "const", FM_OPK_CONST)           \
+  XX(ADD, "add", FM_OPK_BINARY)              \
+  XX(SUB, "sub", FM_OPK_BINARY)              \
+  XX(MUL, "mul", FM_OPK_BINARY)              \
+  XX(DIV, "div", FM_OPK_BINARY)              \
+  XX(MAXIMUM, "maximum", FM_OPK_BINARY)      \
+  XX(MINIMUM, "minimum", FM_OPK_BINARY)      \
+  XX(POW, "pow", FM_OPK_POW)                 \
+  XX(NEG, "neg", FM_OPK_UNARY)               \
+  XX(ABS, "abs", FM_OPK_UNARY)               \
+  XX(RELU, "relu", FM_OPK_UNARY)             \
+  XX(GELU, "gelu", FM_OPK_UNARY)             \
+  XX(GELU_TANH, "gelu_tanh", FM_OPK_UNARY)   \
+  XX(SILU, "silu", FM_OPK_UNARY)             \
+  XX(SIGMOID, "sigmoid", FM_OPK_UNARY)       \
+  XX(TANH, "tanh", FM_OPK_UNARY)             \
+  XX(EXP, "exp", FM_OPK_UNARY)               \
+  XX(LOG, "log", FM_OPK_UNARY)               \
+  XX(SQRT, "sqrt", FM_OPK_UNARY)             \
+  XX(RSQRT, "rsqrt", FM_OPK_UNARY)           \
+  XX(GT, "gt", FM_OPK_COMPARE)               \
+  XX(GE, "ge", FM_OPK_COMPARE)               \
+  XX(LT, "lt", FM_OPK_COMPARE)               \
+  XX(LE, "le", FM_OPK_COMPARE)               \
+  XX(EQ, "eq", FM_OPK_COMPARE)               \
+  XX(NE, "ne", FM_OPK_COMPARE)               \
+  XX(WHERE, "where", FM_OPK_WHERE)           \
+  XX(CAST, "cast", FM_OPK_CAST)              \
+  XX(MM, "mm", FM_OPK_RESERVED)              \
+  XX(ADDMM, "addmm", FM_OPK_RESERVED)        \
+  XX(BMM, "bmm", FM_OPK_RESERVED)            \
+  XX(SUM, "sum", FM_OPK_RESERVED)            \
+  XX(MEAN, "mean", FM_OPK_RESERVED)          \
+  XX(AMAX, "amax", FM_OPK_RESERVED)          \
+  XX(VAR, "var", FM_OPK_RESERVED)            \
+  XX(SOFTMAX, "softmax", FM_OPK_RESERVED)    \
+  XX(LAYER_NORM, "layer_norm", FM_OPK_RESERVED) \
+  XX(RMS_NORM, "rms_norm", FM_OPK_RESERVED)
+
+typedef enum {
+#define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
+  FM_OP_MAP(FM_OP_ENUM_)
+#undef FM_OP_ENUM_
+  FM_OP__COUNT
+} fm_op;
+
+const char *fm_op_name(fm_op op);
+fm_opkind fm_op_kind(fm_op op);
+/* Number of args the op takes (0..3); -1 for reserved ops. */
+int fm_op_arity(fm_op op);
+/* FM_OK, or FM_EUNKNOWN_OP for a name not in FM_OP_MAP. */
+int fm_op_parse(const char *s, size_t len, fm_op *out);
+
+typedef struct fm_tensor {
+  uint32_t id;                    /* value id */
+  fm_dtype dtype;
+  uint32_t rank;
+  int64_t shape[FM_MAX_RANK];     /* FM_DIM_SYMBOLIC allowed in shape[0] only */
+  int64_t strides[FM_MAX_RANK];   /* elements */
+  uint32_t align;                 /* bytes, power of two, 1..FM_MAX_ALIGN */
+} fm_tensor;
+
+typedef struct fm_opnode {
+  fm_op op;
+  uint32_t out;                   /* value id defined here */
+  uint32_t nargs;
+  uint32_t args[3];               /* value ids defined earlier */
+  double value;                   /* FM_OP_CONST only */
+  fm_dtype dtype;                 /* result dtype: inferred by validation; given for cast */
+} fm_opnode;
+
+typedef struct fm_fragment {
+  uint32_t vocab;
+  uint32_t n_inputs, n_ops, n_outputs;
+  fm_tensor inputs[FM_MAX_INPUTS];
+  fm_opnode ops[FM_MAX_OPS];
+  fm_tensor outputs[FM_MAX_OUTPUTS];
+} fm_fragment;
+
+/* Decodes the wire form (a msgpack map) into *out and validates it (fm_fragment_validate).
+ * Any failure returns a negative fm_err with a precise reason in d ("ops[3].args[1]: value 9
+ * is not defined before use"). Never reads outside obj. */
+int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d);
+
+/* Checks every rule in the header comment and the limits, and fills each op's result dtype.
+ * Errors: FM_ELIMIT (a limit), FM_EUNKNOWN_OP, FM_EUNSUPPORTED (reserved op),
+ * FM_ESCHEMA (anything else malformed: undefined/duplicate ids, bad arity, shape mismatch,
+ * dtype mismatch, second symbolic dim, ...). */
+int fm_fragment_validate(fm_fragment *f, fm_diag *d);
+
+/* Canonical form of a valid fragment: equivalent fragments become identical.
+ *  - ops reachable from the outputs only, ordered by a depth-first post-order walk from
+ *    outputs[0], outputs[1], ... (args visited in order);
+ *  - value ids renumbered densely: inputs 0..n_inputs-1 in their given order (the order is
+ *    the kernel's parameter order, so it is meaningful), then op results in op order;
+ *  - strides of size-1 dims set to 0 (they are never used), align clamped to 16
+ *    (the widest access codegen uses) so that irrelevant differences do not split the cache. */
+int fm_fragment_canonicalize(const fm_fragment *in, fm_fragment *out);
+
+/* Packs f in wire form with a fixed key order (the order in the header comment); optional
+ * fields only where meaningful (value for const, dtype for cast). For a canonical fragment
+ * these are the canonical bytes that go into the fingerprint and the cache. */
+int fm_fragment_pack(const fm_fragment *f, msgpack_packer *pk);
+
+/* Convenience: canonicalize + pack into a fresh malloc'd buffer (*out, *len; free()). */
+int fm_fragment_canonical_bytes(const fm_fragment *f, uint8_t **out, size_t *len);
+
+/* True if the iteration shape has a symbolic dim 0. */
+int fm_fragment_is_symbolic(const fm_fragment *f);
+
+#endif

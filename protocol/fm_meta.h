@@ -1,0 +1,45 @@
+/* fm_meta.h: launch metadata: everything a client needs to launch a served kernel without
+ * knowing any template. Packed into compile/lookup replies and stored in the cache.
+ *
+ * Wire form (msgpack map, fixed key order):
+ *   {kind: "pointwise", entry: str, block: [x, y, z], smem: u32,
+ *    grid: {rule: "elementwise", inner: u64, items_per_block: u64, max_blocks: u32},
+ *    outer: i64 (-1 when dim 0 is symbolic), n_inputs: u32, n_outputs: u32,
+ *    params: ["in", ..., "out", ..., "outer"]}
+ *
+ * Kernel parameters, in order: one device pointer per input (fragment order), one per
+ * output, then `long long outer` (the size of dim 0 for this launch; for a static
+ * fragment pass `outer`). Grid for rule "elementwise":
+ *   n = outer * inner;  grid.x = clamp(ceil(n / items_per_block), 1, max_blocks)
+ * (n == 0: do not launch). Later kinds (gemm, reduction, cublaslt, bypass) add rules. */
+#ifndef FM_META_H
+#define FM_META_H
+
+#include <stdint.h>
+#include <msgpack.h>
+
+#include "fm_error.h"
+
+#define FM_META_ENTRY_MAX 64
+#define FM_META_MAX_PARAMS (32 + 16 + 1)
+
+typedef struct fm_kernel_meta {
+  char kind[16];                 /* "pointwise" */
+  char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
+  uint32_t block[3];
+  uint32_t smem;                 /* dynamic shared memory bytes */
+  char grid_rule[16];            /* "elementwise" */
+  uint64_t inner;                /* elements per unit of dim 0 */
+  uint64_t items_per_block;
+  uint32_t max_blocks;
+  int64_t outer;                 /* static dim-0 size, or -1 when symbolic */
+  uint32_t n_inputs, n_outputs;
+} fm_kernel_meta;
+
+int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);
+/* FM_ESCHEMA with a reason for a missing/ill-typed field. */
+int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d);
+/* Grid size for `outer` per the rule; 0 when there is nothing to do. */
+uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
+
+#endif
