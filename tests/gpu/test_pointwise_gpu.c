@@ -1,0 +1,298 @@
+/* test_pointwise_gpu.c (device machine only): random pointwise fragments of odd sizes,
+ * compiled by a real fusemld, loaded and launched through libfusemld, checked against the
+ * CPU reference (fm_reference_eval, fp64 math) by ‖out−ref‖/‖ref‖ on fresh random inputs,
+ * outputs poisoned with NaN before every launch so unwritten elements fail.
+ *
+ * Usage: test_pointwise_gpu SOCKET [N_RANDOM] [SEED]
+ * Prints one line per case and the closing "N passed, N failed". */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_client.h"
+#include "fm_cuda.h"
+#include "fm_fragment.h"
+#include "fm_reference.h"
+#include "frag_builder.h"
+#include "gpu_util.h"
+
+static const fm_cuda *cu;
+static fm_client *client;
+static int passed, failed;
+
+static double tolerance(fm_dtype dt) {
+  switch (dt) {
+    case FM_DT_BF16: return 1e-2;
+    case FM_DT_F16: return 2e-3;
+    case FM_DT_F32: return 1e-4;
+    default: return 0; /* bool: exact */
+  }
+}
+
+/* Runs fragment b->f at dim-0 size `outer` (and again at a smaller outer when symbolic).
+ * Returns 0 if every output matched. */
+static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int misalign) {
+  fm_fragment canon, tmp = b->f;
+  fm_diag d = {{0}};
+  int rc = -1;
+  uint8_t *wire = NULL;
+  fm_compiled k;
+  memset(&k, 0, sizeof k);
+  fm_module *mod = NULL;
+  void *h_in[FM_MAX_INPUTS] = {0}, *h_out[FM_MAX_OUTPUTS] = {0}, *h_ref[FM_MAX_OUTPUTS] = {0};
+  fm_CUdeviceptr d_in[FM_MAX_INPUTS] = {0}, d_out[FM_MAX_OUTPUTS] = {0};
+
+  if (fm_fragment_validate(&tmp, &d) || fm_fragment_canonicalize(&tmp, &canon)) {
+    fprintf(stderr, "%s: invalid test fragment: %s\n", name, d.text);
+    goto done;
+  }
+  msgpack_sbuffer sb;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer pk;
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  fm_fragment_pack(&b->f, &pk);
+  int err = fm_client_compile(client, (const uint8_t *)sb.data, sb.size, &k, &d);
+  msgpack_sbuffer_destroy(&sb);
+  if (err) {
+    fprintf(stderr, "%s: compile: %s: %s\n", name, fm_err_slug(err), d.text);
+    goto done;
+  }
+  if ((err = fm_module_load(&k, &mod, &d))) {
+    fprintf(stderr, "%s: load: %s\n", name, d.text);
+    goto done;
+  }
+
+  /* Inputs: fresh random values in [-2, 2] (bool: coin flips), in the canonical order,
+   * which is the order given (canonicalization keeps input order). */
+  for (uint32_t i = 0; i < canon.n_inputs; i++) {
+    const fm_tensor *t = &canon.inputs[i];
+    size_t n = gu_span(t, outer), es = fm_dtype_size(t->dtype);
+    h_in[i] = malloc(n * es);
+    for (size_t j = 0; j < n; j++)
+      gu_store(h_in[i], t->dtype, j, t->dtype == FM_DT_BOOL ? (double)gu_below(rng, 2) : gu_uniform(rng, -2, 2));
+    /* misalign: the base pointer is offset by one element, as the fragment's align promised */
+    size_t off = misalign ? es : 0;
+    d_in[i] = gu_dalloc(cu, n * es + 16);
+    if (!d_in[i] || gu_h2d(cu, d_in[i] + off, h_in[i], n * es)) goto done;
+    d_in[i] += off;
+  }
+  for (uint32_t o = 0; o < canon.n_outputs; o++) {
+    const fm_tensor *t = &canon.outputs[o];
+    size_t n = gu_span(t, outer), es = fm_dtype_size(t->dtype);
+    h_out[o] = malloc(n * es);
+    h_ref[o] = malloc(n * 4);
+    d_out[o] = gu_dalloc(cu, n * es + 16);
+    if (!d_out[o]) goto done;
+  }
+
+  int64_t outers[2] = {outer, outer > 2 ? outer / 3 : 1};
+  int n_runs = fm_fragment_is_symbolic(&canon) ? 2 : 1;
+  for (int run = 0; run < n_runs; run++) {
+    int64_t ou = outers[run];
+    for (uint32_t o = 0; o < canon.n_outputs; o++) /* poison: 0xFF bytes are NaN in every float type */
+      cu->cuMemsetD8(d_out[o], 0xFF, gu_span(&canon.outputs[o], outer) * fm_dtype_size(canon.outputs[o].dtype));
+    void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS];
+    for (uint32_t i = 0; i < canon.n_inputs; i++) ins[i] = (void *)(uintptr_t)d_in[i];
+    for (uint32_t o = 0; o < canon.n_outputs; o++) outs[o] = (void *)(uintptr_t)d_out[o];
+    if ((err = fm_module_launch(mod, ins, outs, ou, NULL, &d)) || cu->cuCtxSynchronize()) {
+      fprintf(stderr, "%s: launch failed: %s\n", name, d.text);
+      goto done;
+    }
+    /* Reference at f32 output precision: a copy of the fragment whose outputs are f32. */
+    fm_fragment ref = canon;
+    for (uint32_t o = 0; o < ref.n_outputs; o++)
+      if (ref.outputs[o].dtype != FM_DT_BOOL) ref.outputs[o].dtype = FM_DT_F32;
+    if (fm_reference_eval(&ref, ou, (const void *const *)h_in, h_ref, &d)) {
+      fprintf(stderr, "%s: reference: %s\n", name, d.text);
+      goto done;
+    }
+    for (uint32_t o = 0; o < canon.n_outputs; o++) {
+      const fm_tensor *t = &canon.outputs[o];
+      size_t n = gu_span(t, ou);
+      if (gu_d2h(cu, h_out[o], d_out[o], n * fm_dtype_size(t->dtype))) goto done;
+      double e = gu_rel_err(h_out[o], t->dtype, h_ref[o], ref.outputs[o].dtype, n);
+      double tol = tolerance(t->dtype);
+      int ok = e <= tol;
+      printf("%-4s %s out%u %s outer=%" PRId64 " n=%zu rel_err=%.3e (tol %.0e)\n", ok ? "ok" : "FAIL", name, o,
+             fm_dtype_name(t->dtype), ou, n, e, tol);
+      if (!ok) goto done;
+    }
+  }
+  rc = 0;
+done:
+  for (uint32_t i = 0; i < FM_MAX_INPUTS; i++) {
+    free(h_in[i]);
+    if (d_in[i]) cu->cuMemFree(d_in[i] & ~(fm_CUdeviceptr)15);
+  }
+  for (uint32_t o = 0; o < FM_MAX_OUTPUTS; o++) {
+    free(h_out[o]);
+    free(h_ref[o]);
+    if (d_out[o]) cu->cuMemFree(d_out[o]);
+  }
+  if (mod) fm_module_unload(mod);
+  fm_compiled_free(&k);
+  if (rc) {
+    failed++;
+    printf("FAIL %s\n", name);
+  } else {
+    passed++;
+  }
+  return rc;
+}
+
+static const int64_t dim_pool[] = {1, 3, 7, 9, 33, 127, 1001, 4099};
+
+/* A random chain over the iteration shape; see the file comment. */
+static void random_case(gu_rng *r, int idx) {
+  fb b;
+  fb_init(&b);
+  static const fm_dtype dts[] = {FM_DT_BF16, FM_DT_F16, FM_DT_F32};
+  fm_dtype dt = dts[gu_below(r, 3)];
+  uint32_t rank = 1 + gu_below(r, 3);
+  int64_t shape[3];
+  int64_t total;
+  do {
+    total = 1;
+    for (uint32_t i = 0; i < rank; i++) total *= shape[i] = dim_pool[gu_below(r, 8)];
+  } while (total > (1 << 22));
+  int sym = gu_below(r, 2);
+  int misalign = gu_below(r, 8) == 0;
+  int64_t outer = shape[0];
+  int64_t ishape[3];
+  memcpy(ishape, shape, sizeof shape);
+  if (sym) ishape[0] = FM_DIM_SYMBOLIC;
+
+  uint32_t vals[4];
+  uint32_t n_in = 1 + gu_below(r, 3);
+  char kinds[8] = {0};
+  for (uint32_t i = 0; i < n_in; i++) {
+    int64_t s[3];
+    memcpy(s, ishape, sizeof s);
+    int kind = i == 0 ? 0 : (int)gu_below(r, 5);
+    int64_t st[3] = {0, 0, 0}, *stp = NULL;
+    if (kind == 1) for (uint32_t d = 0; d + 1 < rank; d++) s[d] = 1;        /* row broadcast */
+    if (kind == 2) s[rank - 1] = 1;                                          /* column broadcast */
+    if (kind == 3) for (uint32_t d = 0; d < rank; d++) s[d] = 1;            /* scalar */
+    if (kind == 4 && rank == 2 && !sym) { st[0] = 1; st[1] = shape[0]; stp = st; } /* transposed */
+    else if (kind == 4) kind = 0;
+    fm_dtype idt = (i > 0 && gu_below(r, 6) == 0) ? FM_DT_F32 : dt;          /* mixed dtypes */
+    kinds[i] = "drcst"[kind];
+    vals[i] = fb_input(&b, idt, rank, s, stp, misalign ? (uint32_t)fm_dtype_size(idt) : 16);
+  }
+  uint32_t cur = vals[0];
+  uint32_t extra = 0;
+  int steps = 3 + (int)gu_below(r, 6);
+  for (int s = 0; s < steps; s++) {
+    uint32_t other = vals[gu_below(r, n_in)];
+    switch (gu_below(r, 9)) {
+      case 0: {
+        static const fm_op safe[] = {FM_OP_NEG, FM_OP_ABS, FM_OP_RELU, FM_OP_GELU, FM_OP_GELU_TANH,
+                                     FM_OP_SILU, FM_OP_SIGMOID, FM_OP_TANH};
+        cur = fb_op1(&b, safe[gu_below(r, 8)], cur);
+        break;
+      }
+      case 1: cur = fb_op1(&b, FM_OP_EXP, fb_op1(&b, FM_OP_TANH, cur)); break;
+      case 2: {
+        static const fm_op dom[] = {FM_OP_LOG, FM_OP_SQRT, FM_OP_RSQRT};
+        uint32_t pos = fb_op2(&b, FM_OP_ADD, fb_op1(&b, FM_OP_ABS, cur), fb_const(&b, 0.5));
+        cur = fb_op1(&b, dom[gu_below(r, 3)], pos);
+        break;
+      }
+      case 3: {
+        static const fm_op bin[] = {FM_OP_ADD, FM_OP_SUB, FM_OP_MUL, FM_OP_MAXIMUM, FM_OP_MINIMUM};
+        cur = fb_op2(&b, bin[gu_below(r, 5)], cur, other);
+        break;
+      }
+      case 4: cur = fb_op2(&b, FM_OP_MUL, cur, fb_const(&b, gu_uniform(r, -1.5, 1.5))); break;
+      case 5: cur = fb_op2(&b, FM_OP_ADD, fb_const(&b, 0.125), cur); break;
+      case 6: {
+        uint32_t den = fb_op2(&b, FM_OP_ADD, fb_op1(&b, FM_OP_ABS, other), fb_const(&b, 1.0));
+        cur = fb_op2(&b, FM_OP_DIV, cur, den);
+        break;
+      }
+      case 7: {
+        static const double ex[] = {2.0, 3.0, 0.5, 1.5};
+        double e = ex[gu_below(r, 4)];
+        uint32_t base = e == 2.0 || e == 3.0 ? cur : fb_op1(&b, FM_OP_ABS, cur);
+        cur = fb_op2(&b, FM_OP_POW, base, fb_const(&b, e));
+        break;
+      }
+      case 8: {
+        static const fm_op cmp[] = {FM_OP_GT, FM_OP_GE, FM_OP_LT, FM_OP_LE, FM_OP_NE};
+        uint32_t c = fb_op2(&b, cmp[gu_below(r, 5)], cur, fb_const(&b, 0.0));
+        cur = fb_where(&b, c, cur, other);
+        break;
+      }
+    }
+    if (s == 1 && gu_below(r, 3) == 0) extra = cur; /* an escaping intermediate */
+  }
+  if (gu_below(r, 4) == 0 && b.dt[cur - 100] != FM_DT_BF16) cur = fb_cast(&b, cur, FM_DT_BF16);
+  fb_output(&b, cur, rank, ishape);
+  if (extra && extra != cur) fb_output(&b, extra, rank, ishape);
+
+  char name[96];
+  snprintf(name, sizeof name, "rand%02d[%s r%u %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s in=%s]", idx,
+           fm_dtype_name(dt), rank, shape[0], rank > 1 ? shape[1] : 1, rank > 2 ? shape[2] : 1,
+           sym ? " sym" : "", misalign ? " misaligned" : "", kinds);
+  run_case(name, &b, outer, r, misalign);
+}
+
+/* Fixed edge cases: tails around the vector width, a rank-0 tensor, a bool mask input. */
+static void fixed_cases(gu_rng *r) {
+  static const int64_t sizes[] = {1, 7, 8, 9, 15, 17, 4095, 4097, 1000003};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+    fb b;
+    fb_init(&b);
+    int64_t s[1] = {sizes[i]};
+    uint32_t x = fb_input(&b, FM_DT_BF16, 1, s, NULL, 16);
+    uint32_t y = fb_op2(&b, FM_OP_MUL, fb_op1(&b, FM_OP_GELU, x), fb_const(&b, 0.5));
+    fb_output(&b, y, 1, s);
+    char name[64];
+    snprintf(name, sizeof name, "tail[n=%" PRId64 "]", sizes[i]);
+    run_case(name, &b, sizes[i], r, 0);
+  }
+  {
+    fb b;
+    fb_init(&b);
+    uint32_t x = fb_input(&b, FM_DT_F32, 0, NULL, NULL, 16);
+    fb_output(&b, fb_op1(&b, FM_OP_SILU, x), 0, NULL);
+    run_case("rank0", &b, 1, r, 0);
+  }
+  {
+    fb b;
+    fb_init(&b);
+    int64_t s[2] = {FM_DIM_SYMBOLIC, 1027};
+    uint32_t x = fb_input(&b, FM_DT_BF16, 2, s, NULL, 16);
+    uint32_t m = fb_input(&b, FM_DT_BOOL, 2, s, NULL, 16);
+    uint32_t y = fb_where(&b, m, fb_op1(&b, FM_OP_RELU, x), fb_const(&b, 0.0));
+    fb_output(&b, y, 2, s);
+    run_case("bool_mask[sym x 1027]", &b, 65, r, 0);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s SOCKET [N_RANDOM] [SEED]\n", argv[0]);
+    return 2;
+  }
+  int n_random = argc > 2 ? atoi(argv[2]) : 80;
+  uint64_t seed = argc > 3 ? strtoull(argv[3], NULL, 0) : 20261122;
+  fm_diag d = {{0}};
+  if (fm_cuda_load(&cu, &d)) {
+    fprintf(stderr, "no GPU: %s\n", d.text);
+    return 1;
+  }
+  if (fm_client_connect(argv[1], "test_pointwise_gpu", 120000, &client, &d)) {
+    fprintf(stderr, "connect %s: %s\n", argv[1], d.text);
+    return 1;
+  }
+  printf("seed %" PRIu64 "\n", seed);
+  gu_rng r = {seed | 1};
+  fixed_cases(&r);
+  for (int i = 0; i < n_random; i++) random_case(&r, i);
+  fm_client_close(client);
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
