@@ -35,7 +35,7 @@ typedef enum { FM_STATE_UNTUNED = 0, FM_STATE_TUNED = 1, FM_STATE_BAD = 2 } fm_k
 const char *fm_kstate_name(fm_kstate s);
 
 /* One cache entry. For put, the caller owns the buffers; for get/show they are malloc'd and
- * released by fm_entry_free. */
+ * released by fm_entry_free (an empty blob comes back as NULL with length 0). */
 typedef struct fm_entry {
   fm_key key;
   char device[192];              /* fm_device_label */
@@ -56,12 +56,21 @@ typedef struct fm_store fm_store;
 
 /* Opens or creates the database (WAL, busy timeout), migrating older schemas. A file that is
  * not a database (or fails integrity) is renamed to PATH.corrupt-<unix time> and a fresh one
- * created, reported in d. size_cap: bytes of cubins kept (0 = unlimited). */
+ * created, reported in d (on FM_OK d->text is empty unless that happened: log it). A schema
+ * newer than this build knows is refused (FM_ESTORE), never modified. The directory must
+ * exist. size_cap: bytes of cubins kept (0 = unlimited). */
 int fm_store_open(const char *path, uint64_t size_cap, fm_store **out, fm_diag *d);
 void fm_store_close(fm_store *s);
 
+/* Calls that return only a code keep the reason for their failure (SQLite's message, what
+ * was being done) on the store: this copies the most recent one into d ("" if none). The
+ * store is shared by threads, so read it right after the failing call; a miss
+ * (FM_ENOT_FOUND) is not a failure and leaves it unchanged. */
+void fm_store_last_error(fm_store *s, fm_diag *d);
+
 /* Inserts or replaces (atomically: a transaction). Evicts least-recently-used entries
- * beyond the size cap afterwards (counted in FM_STAT_EVICTIONS). */
+ * beyond the size cap afterwards (counted in FM_STAT_EVICTIONS). created/last_used of 0
+ * mean now; hits is stored as given. */
 int fm_store_put(fm_store *s, const fm_entry *e);
 
 /* Looks up key+device. On a hit the checksum is verified; a mismatch deletes the entry,

@@ -48,7 +48,6 @@ struct fm_store {
    * and its evictions, a get and its touch) and guards st[] and err. */
   pthread_mutex_t mu;
   uint64_t size_cap;
-  char *path;
   char err[512];               /* reason for the most recent failure (fm_store_last_error) */
 };
 

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -114,9 +115,11 @@ static int check_integrity(sqlite3 *db, char *why, size_t cap) {
   why[0] = '\0';
   while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
     const char *row = (const char *)sqlite3_column_text(st, 0);
-    if (row && strcmp(row, "ok") == 0) continue;
-    if (verdict == CHECK_OK) snprintf(why, cap, "quick_check: %s", row ? row : "(null)");
-    verdict = CHECK_DAMAGED;
+    if (!row || strcmp(row, "ok") != 0) {
+      if (verdict == CHECK_OK) snprintf(why, cap, "quick_check: %s", row ? row : "(null)");
+      verdict = CHECK_DAMAGED;
+    }
+    rc = SQLITE_OK;   /* next row */
   }
   if (rc != SQLITE_OK && rc != SQLITE_DONE) {
     int primary = sqlite3_errcode(db) & 0xff;
@@ -158,12 +161,26 @@ static int move_aside(const char *path, const char *why, fm_diag *d) {
 
 /* ---- open --------------------------------------------------------------------------- */
 
+/* The caller creates the directory; say so when it did not, rather than SQLite's bare
+ * "unable to open database file". */
+static int parent_missing(const char *path) {
+  char dir[4096];
+  if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) return 0;
+  char *slash = strrchr(dir, '/');
+  if (!slash) return 0;
+  if (slash == dir) slash[1] = '\0';
+  else *slash = '\0';
+  struct stat sb;
+  return stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode);
+}
+
 static int open_connection(const char *path, sqlite3 **db, fm_diag *d) {
   int rc = sqlite3_open_v2(path, db,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
   if (rc != SQLITE_OK) {
-    fm_diag_set(d, FM_ESTORE, "cannot open kernel store %s: %s (does its directory exist?)", path,
-                *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc));
+    fm_diag_set(d, FM_ESTORE, "cannot open kernel store %s: %s%s", path,
+                *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc),
+                parent_missing(path) ? " (its directory does not exist)" : "");
     sqlite3_close(*db);
     *db = NULL;
     return FM_ESTORE;
@@ -255,14 +272,10 @@ int fm_store_open(const char *path, uint64_t size_cap, fm_store **out, fm_diag *
   *out = NULL;
   if (!path || !*path) return fm_diag_set(d, FM_EINVAL, "fm_store_open: empty database path");
 
-  int err = FM_ENOMEM;
+  int err;
   fm_store *s = calloc(1, sizeof *s);
   if (!s) return fm_diag_set(d, FM_ENOMEM, "out of memory opening the kernel store");
   s->size_cap = size_cap;
-  if (!(s->path = strdup(path))) {
-    free(s);
-    return fm_diag_set(d, FM_ENOMEM, "out of memory opening the kernel store");
-  }
   pthread_mutex_init(&s->mu, NULL);
 
   if ((err = open_connection(path, &s->db, d)) != FM_OK) goto fail;
@@ -304,6 +317,5 @@ void fm_store_close(fm_store *s) {
   /* The last connection to close checkpoints the WAL into the main file and removes it. */
   sqlite3_close(s->db);
   pthread_mutex_destroy(&s->mu);
-  free(s->path);
   free(s);
 }

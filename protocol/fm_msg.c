@@ -135,8 +135,8 @@ int fm_msg_get_bin(const msgpack_object *map, const char *key, const uint8_t **p
 }
 
 int fm_msg_copy_str(const msgpack_object *map, const char *key, char *out, size_t cap, fm_diag *d) {
-  const char *s;
-  size_t n;
+  const char *s = NULL;
+  size_t n = 0;
   int rc = fm_msg_get_str(map, key, &s, &n, d);
   if (rc) return rc;
   if (n >= cap)

@@ -14,6 +14,11 @@ const fm_msg_limits fm_msg_request_limits = {
 const fm_msg_limits fm_msg_reply_limits = {
     .max_depth = 16, .max_objects = 1u << 20, .max_str = 16u << 20, .max_bin = 256u << 20};
 
+/* msgpack-c's parser nests at most MSGPACK_EMBED_STACK_SIZE (32) containers; deeper input is
+ * refused here whatever the limits say, so that what we accept it can always unpack (and the
+ * recursion below stays shallow). */
+#define HARD_MAX_DEPTH 32u
+
 typedef struct walker {
   const uint8_t *buf;
   size_t len, pos;
@@ -57,9 +62,10 @@ static int walk_container(walker *w, size_t hdr, uint64_t count, int is_map, uin
   size_t at = w->pos;
   const char *what = is_map ? "map" : "array";
   uint64_t elems = is_map ? 2 * count : count; /* count < 2^32, no overflow */
-  if (depth + 1 > w->lim->max_depth)
+  uint32_t max_depth = w->lim->max_depth < HARD_MAX_DEPTH ? w->lim->max_depth : HARD_MAX_DEPTH;
+  if (depth + 1 > max_depth)
     return fm_diag_set(w->d, FM_ELIMIT, "offset %zu: %s nested %u deep exceeds the limit %u", at,
-                       what, depth + 1, w->lim->max_depth);
+                       what, depth + 1, max_depth);
   if (w->len - w->pos - hdr < elems)
     return fm_diag_set(w->d, FM_EMALFORMED,
                        "offset %zu: %s declares %" PRIu64 " elements but only %zu bytes follow", at,

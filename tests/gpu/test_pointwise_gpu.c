@@ -37,7 +37,6 @@ static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int mis
   fm_fragment canon, tmp = b->f;
   fm_diag d = {{0}};
   int rc = -1;
-  uint8_t *wire = NULL;
   fm_compiled k;
   memset(&k, 0, sizeof k);
   fm_module *mod = NULL;

@@ -1,0 +1,161 @@
+/* fm_client_launch.c: the GPU side of libfusemld: load a served CUBIN into the caller's
+ * CUDA context and launch it per its metadata (fm_meta.h). No template knowledge here: the
+ * metadata says everything (entry symbol, block, grid rule, parameter order). */
+#include "fm_client.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_cuda.h"
+
+struct fm_module {
+  const fm_cuda *cu;
+  fm_CUcontext ctx;          /* the context the module was loaded into */
+  fm_CUdevice device;        /* valid when retained_primary */
+  int retained_primary;      /* holds a reference to device 0's primary context */
+  fm_CUmodule mod;
+  fm_CUfunction fn;
+  fm_kernel_meta meta;
+};
+
+/* The primary context this library made current on some thread (NULL until then). Every
+ * module loaded into it holds one driver reference (cuDevicePrimaryCtxRetain is counted),
+ * so unloading modules in any order releases it only after the last one is gone. */
+static pthread_mutex_t fm_primary_lock = PTHREAD_MUTEX_INITIALIZER;
+static fm_CUcontext fm_primary_ctx;
+
+/* Picks the context for a new module: the thread's current one, or device 0's primary
+ * context (the one the runtime API, and so PyTorch, uses) when none is current. */
+static int fm_attach_context(fm_module *m, fm_diag *d) {
+  const fm_cuda *cu = m->cu;
+  fm_CUresult r;
+  int err = FM_OK;
+
+  if ((r = cu->cuCtxGetCurrent(&m->ctx)) != 0) return fm_cuda_fail(cu, r, "cuCtxGetCurrent", d);
+  pthread_mutex_lock(&fm_primary_lock);
+  if (m->ctx && m->ctx != fm_primary_ctx) goto out;  /* the caller's own context */
+  if ((r = cu->cuDeviceGet(&m->device, 0)) != 0) {
+    err = fm_cuda_fail(cu, r, "cuDeviceGet(0)", d);
+    goto out;
+  }
+  if ((r = cu->cuDevicePrimaryCtxRetain(&m->ctx, m->device)) != 0) {
+    err = fm_cuda_fail(cu, r, "cuDevicePrimaryCtxRetain", d);
+    goto out;
+  }
+  m->retained_primary = 1;
+  fm_primary_ctx = m->ctx;
+  if ((r = cu->cuCtxSetCurrent(m->ctx)) != 0) err = fm_cuda_fail(cu, r, "cuCtxSetCurrent", d);
+out:
+  pthread_mutex_unlock(&fm_primary_lock);
+  return err;
+}
+
+int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
+  const fm_cuda *cu;
+  fm_module *m = NULL;
+  fm_CUresult r;
+  int err;
+
+  if (out) *out = NULL;
+  if (!k || !out) return fm_diag_set(d, FM_EINVAL, "fm_module_load: bad argument");
+  if (!k->cubin || k->cubin_len == 0)
+    return fm_diag_set(d, FM_EINVAL, "kernel of kind %s has no CUBIN to load", k->kind);
+  /* Only the pointwise/elementwise launch rule exists so far; refuse others before touching
+   * the GPU rather than launching with a wrong grid. */
+  if (strcmp(k->meta.grid_rule, "elementwise") != 0)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
+                       k->meta.grid_rule);
+  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 1 > FM_META_MAX_PARAMS)
+    return fm_diag_set(d, FM_ELIMIT, "kernel takes %u inputs and %u outputs; at most %d params",
+                       k->meta.n_inputs, k->meta.n_outputs, FM_META_MAX_PARAMS);
+  err = fm_cuda_load(&cu, d);
+  if (err) return err;
+
+  m = calloc(1, sizeof *m);
+  if (!m) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  m->cu = cu;
+  m->meta = k->meta;
+
+  err = fm_attach_context(m, d);
+  if (err) goto fail;
+  if ((r = cu->cuModuleLoadData(&m->mod, k->cubin)) != 0) {
+    err = fm_cuda_fail(cu, r, "cuModuleLoadData", d);
+    goto fail;
+  }
+  if ((r = cu->cuModuleGetFunction(&m->fn, m->mod, k->meta.entry)) != 0) {
+    fm_diag why;
+    fm_cuda_fail(cu, r, "cuModuleGetFunction", &why);
+    err = fm_diag_set(d, FM_ECUDA, "%s (entry \"%s\")", why.text, k->meta.entry);
+    goto fail;
+  }
+  *out = m;
+  return FM_OK;
+
+fail:
+  fm_module_unload(m);
+  return err;
+}
+
+void fm_module_unload(fm_module *m) {
+  const fm_cuda *cu;
+  fm_CUcontext cur = NULL;
+
+  if (!m) return;
+  cu = m->cu;
+  cu->cuCtxGetCurrent(&cur);
+  if (m->mod) {
+    /* cuModuleUnload acts on the current context: make the module's own current for it. */
+    if (cur != m->ctx) cu->cuCtxSetCurrent(m->ctx);
+    cu->cuModuleUnload(m->mod);
+    if (cur != m->ctx) cu->cuCtxSetCurrent(cur);
+  }
+  /* A primary context stays valid as a handle after its last release (the driver only
+   * deactivates it), so leaving it current on this thread is harmless. */
+  if (m->retained_primary) cu->cuDevicePrimaryCtxRelease(m->device);
+  free(m);
+}
+
+int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer,
+                     void *stream, fm_diag *d) {
+  fm_CUdeviceptr ptrs[FM_META_MAX_PARAMS];
+  void *params[FM_META_MAX_PARAMS];
+  long long outer_arg;
+  uint64_t grid;
+  uint32_t n = 0;
+  fm_CUresult r;
+
+  if (!m || (m->meta.n_inputs && !inputs) || (m->meta.n_outputs && !outputs))
+    return fm_diag_set(d, FM_EINVAL, "fm_module_launch: bad argument");
+  /* A static fragment carries its own dim-0 size; only a symbolic one takes the caller's. */
+  if (m->meta.outer >= 0) {
+    outer = m->meta.outer;
+  } else if (outer < 0) {
+    return fm_diag_set(d, FM_EINVAL, "kernel %s has a symbolic dim 0: outer must be >= 0, got %lld",
+                       m->meta.entry, (long long)outer);
+  }
+  grid = fm_meta_grid_x(&m->meta, outer);
+  if (grid == 0) return FM_OK;  /* an empty tensor: nothing to launch */
+  if (grid > 0x7fffffffu)
+    return fm_diag_set(d, FM_ELIMIT, "grid of %llu blocks exceeds the CUDA limit",
+                       (unsigned long long)grid);
+
+  /* Kernel parameters in metadata order: inputs, outputs, then long long outer. The driver
+   * reads each through the pointer in params, so the values need stable storage here. */
+  for (uint32_t i = 0; i < m->meta.n_inputs; i++, n++) {
+    ptrs[n] = (fm_CUdeviceptr)(uintptr_t)inputs[i];
+    params[n] = &ptrs[n];
+  }
+  for (uint32_t i = 0; i < m->meta.n_outputs; i++, n++) {
+    ptrs[n] = (fm_CUdeviceptr)(uintptr_t)outputs[i];
+    params[n] = &ptrs[n];
+  }
+  outer_arg = (long long)outer;
+  params[n++] = &outer_arg;
+
+  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, 1, 1, m->meta.block[0], m->meta.block[1],
+                            m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
+  if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel", d);
+  return FM_OK;
+}

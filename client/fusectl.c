@@ -1,0 +1,207 @@
+/* fusectl.c: the fusemld command-line tool: global options, a static command table (as
+ * Redis's), connecting, and the mapping of failures to exit codes.
+ *
+ * Exit codes (scripts and the end-to-end tests rely on them; `fusectl --help` lists them):
+ *   0  ok
+ *   1  the daemon answered with an error (its code slug is printed:
+ *      "fusectl: compile_failed: NVRTC compile failed: <detail>")
+ *   2  usage error
+ *   3  cannot reach the daemon (or lost it mid-request)
+ *   4  bad input file (unreadable, not JSON, too large or too deep)
+ */
+#include "fusectl.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_paths.h"
+#include "fm_proto.h"
+
+#define FM_CTL_TIMEOUT_SHORT 5000
+#define FM_CTL_TIMEOUT_LONG 120000
+
+static const fm_ctl_cmd fm_ctl_cmds[] = {
+  {"ping", fm_ctl_cmd_ping, "", "check that fusemld answers", 0},
+  {"stats", fm_ctl_cmd_stats, "", "daemon and cache counters", 0},
+  {"ls", fm_ctl_cmd_ls, "[--limit N]", "list cached kernels, most recently used first", 0},
+  {"show", fm_ctl_cmd_show, "KEY [--source]", "one entry (KEY: >= 4 hex digits); --source: its CUDA C", 0},
+  {"evict", fm_ctl_cmd_evict, "KEY | --all", "remove one cached kernel, or all of them", 0},
+  {"compile", fm_ctl_cmd_compile, "FRAGMENT.json [--arch ARCH]",
+   "compile (or fetch) a fragment's kernel", FM_CTL_LONG},
+  {"warm", fm_ctl_cmd_warm, "MANIFEST",
+   "compile each fragment MANIFEST lists (a path a line)", FM_CTL_LONG},
+};
+
+static void fm_ctl_help(FILE *f) {
+  char sock[512];
+  fm_diag d;
+  if (fm_default_socket_path(sock, sizeof sock, 0, 0, &d) != FM_OK) snprintf(sock, sizeof sock, "?");
+  fprintf(f,
+          "usage: fusectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS]\n"
+          "\n"
+          "Talks to fusemld, the node-local fused-kernel compilation daemon.\n"
+          "\n"
+          "commands:\n");
+  for (size_t i = 0; i < sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0]; i++) {
+    char left[64];
+    snprintf(left, sizeof left, "%s %s", fm_ctl_cmds[i].name, fm_ctl_cmds[i].usage);
+    fprintf(f, "  %-36s %s\n", left, fm_ctl_cmds[i].help);
+  }
+  fprintf(f,
+          "\n"
+          "options (before the command):\n"
+          "  -s, --socket PATH   the daemon's socket (default: $FUSEML_SOCKET, else\n"
+          "                      %s)\n"
+          "  -j, --json          print replies as JSON\n"
+          "  -t, --timeout MS    per-request timeout (default %d for compile and warm,\n"
+          "                      %d otherwise; 0 waits forever)\n"
+          "  -h, --help          this help\n"
+          "  -V, --version       fusectl's version and protocol\n"
+          "\n"
+          "exit status:\n"
+          "  0  ok\n"
+          "  1  the daemon answered with an error (its code is printed)\n"
+          "  2  usage error\n"
+          "  3  cannot reach the daemon\n"
+          "  4  bad input file\n",
+          sock, FM_CTL_TIMEOUT_LONG, FM_CTL_TIMEOUT_SHORT);
+}
+
+int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) {
+  va_list ap;
+  fputs("fusectl: ", stderr);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  if (ctl && ctl->cmd)
+    fprintf(stderr, "usage: fusectl [options] %s %s\n", ctl->cmd->name, ctl->cmd->usage);
+  else
+    fputs("usage: fusectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS] (see --help)\n",
+          stderr);
+  return FM_CTL_EXIT_USAGE;
+}
+
+int fm_ctl_bad_option(const fm_ctl *ctl, int c, char **argv) {
+  if (c == ':') return fm_ctl_usage_error(ctl, "%s needs an argument", argv[optind - 1]);
+  return fm_ctl_usage_error(ctl, "unknown option '%s'", argv[optind - 1]);
+}
+
+int fm_ctl_connect(fm_ctl *ctl) {
+  fm_diag d = {{0}};
+  int err;
+  if (ctl->client) return FM_CTL_EXIT_OK;
+  err = fm_client_connect(ctl->socket_path, "fusectl", ctl->timeout_ms, &ctl->client, &d);
+  if (err == FM_OK) return FM_CTL_EXIT_OK;
+  /* Every connect failure is "cannot reach": the daemon is absent, hung, or one we cannot
+   * speak to; the message names the socket so a wrong path is obvious. */
+  if (strstr(d.text, ctl->socket_path))
+    fprintf(stderr, "fusectl: %s\n", d.text);
+  else
+    fprintf(stderr, "fusectl: cannot reach fusemld at %s: %s\n", ctl->socket_path, d.text);
+  if (err != FM_EPROTO_VERSION)
+    fprintf(stderr, "fusectl: is fusemld running? Start it with `fusemld` (or `systemctl --user "
+                    "start fusemld.socket`), or point --socket or FUSEML_SOCKET at its socket.\n");
+  return FM_CTL_EXIT_UNREACHABLE;
+}
+
+int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply,
+                  const fm_diag *d) {
+  if (reply && reply->type == MSGPACK_OBJECT_MAP) {
+    fprintf(stderr, "fusectl: %s: %s\n", fm_err_slug(err), d->text);
+    return FM_CTL_EXIT_DAEMON;
+  }
+  switch (err) {
+    case FM_ECLOSED:
+    case FM_ETIMEOUT:
+    case FM_EIO:
+    case FM_EPROTOCOL:
+      fprintf(stderr, "fusectl: %s: lost fusemld at %s: %s\n", what, ctl->socket_path, d->text);
+      return FM_CTL_EXIT_UNREACHABLE;
+    default:
+      /* Refused before sending (too large, not a map): the input is at fault. */
+      fprintf(stderr, "fusectl: %s: %s\n", what, d->text);
+      return FM_CTL_EXIT_INPUT;
+  }
+}
+
+int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields,
+                void *ctx, msgpack_zone *zone, msgpack_object *reply) {
+  fm_diag d = {{0}};
+  int rc = fm_ctl_connect(ctl), err;
+  reply->type = MSGPACK_OBJECT_NIL;
+  if (rc) return rc;
+  err = fm_client_call(ctl->client, op, n_fields, pack_fields, ctx, zone, reply, &d);
+  if (err == FM_OK) return FM_CTL_EXIT_OK;
+  return fm_ctl_report(ctl, op, err, reply, &d);
+}
+
+static int fm_ctl_parse_timeout(const char *s, int *out) {
+  char *end;
+  long v;
+  errno = 0;
+  v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < 0 || v > INT_MAX) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+    {"socket", required_argument, NULL, 's'},
+    {"json", no_argument, NULL, 'j'},
+    {"timeout", required_argument, NULL, 't'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0},
+  };
+  fm_ctl ctl = {0};
+  char sock[512];
+  int timeout = -1, c, rc;
+  const char *name;
+
+  opterr = 0;
+  /* "+": stop at the command (its own options are parsed by its handler); ":" reports a
+   * missing argument apart from an unknown option. */
+  while ((c = getopt_long(argc, argv, "+:s:jt:hV", opts, NULL)) != -1) {
+    switch (c) {
+      case 's': ctl.socket_path = optarg; break;
+      case 'j': ctl.json = 1; break;
+      case 't':
+        if (fm_ctl_parse_timeout(optarg, &timeout))
+          return fm_ctl_usage_error(NULL, "--timeout wants milliseconds (an integer >= 0), "
+                                    "got '%s'", optarg);
+        break;
+      case 'h': fm_ctl_help(stdout); return FM_CTL_EXIT_OK;
+      case 'V':
+        printf("fusectl %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION);
+        return FM_CTL_EXIT_OK;
+      case ':': return fm_ctl_usage_error(NULL, "%s needs an argument", argv[optind - 1]);
+      default: return fm_ctl_usage_error(NULL, "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind >= argc) return fm_ctl_usage_error(NULL, "no command given");
+  name = argv[optind];
+  for (size_t i = 0; i < sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0]; i++)
+    if (strcmp(fm_ctl_cmds[i].name, name) == 0) ctl.cmd = &fm_ctl_cmds[i];
+  if (!ctl.cmd) return fm_ctl_usage_error(NULL, "unknown command '%s'", name);
+
+  if (timeout < 0) timeout = ctl.cmd->flags & FM_CTL_LONG ? FM_CTL_TIMEOUT_LONG : FM_CTL_TIMEOUT_SHORT;
+  ctl.timeout_ms = timeout;
+  if (!ctl.socket_path) {
+    fm_diag d = {{0}};
+    if (fm_default_socket_path(sock, sizeof sock, 1, 0, &d) != FM_OK) {
+      fprintf(stderr, "fusectl: cannot determine the default socket path: %s\n", d.text);
+      return FM_CTL_EXIT_UNREACHABLE;
+    }
+    ctl.socket_path = sock;
+  }
+
+  rc = ctl.cmd->handler(&ctl, argc - optind, argv + optind);
+  fm_client_close(ctl.client);
+  return rc;
+}

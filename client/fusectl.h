@@ -1,0 +1,111 @@
+/* fusectl.h: private to fusectl (not installed): what its files share.
+ *
+ *   fusectl.c          main: global options, the command table, connecting, exit codes
+ *   fusectl_cmds.c     ping, stats, ls, show, evict
+ *   fusectl_compile.c  compile, warm
+ *   fusectl_json.c     JSON file -> msgpack (the fragment JSON form is the wire form)
+ *   fusectl_print.c    msgpack -> JSON, aligned tables, human sizes and ages
+ */
+#ifndef FUSECTL_H
+#define FUSECTL_H
+
+#include <stdio.h>
+#include <msgpack.h>
+
+#include "fm_client.h"
+
+/* Exit codes (documented in `fusectl --help`). */
+enum {
+  FM_CTL_EXIT_OK = 0,
+  FM_CTL_EXIT_DAEMON = 1,      /* the daemon answered with an error */
+  FM_CTL_EXIT_USAGE = 2,       /* bad command line */
+  FM_CTL_EXIT_UNREACHABLE = 3, /* cannot reach (or lost) the daemon */
+  FM_CTL_EXIT_INPUT = 4,       /* bad input file */
+};
+
+typedef struct fm_ctl {
+  const char *socket_path;
+  int json;                    /* --json */
+  int timeout_ms;              /* 0: wait forever */
+  const struct fm_ctl_cmd *cmd;
+  fm_client *client;
+} fm_ctl;
+
+typedef int (*fm_ctl_handler)(fm_ctl *ctl, int argc, char **argv);
+
+#define FM_CTL_LONG 0x1          /* compiles: the long default timeout */
+
+typedef struct fm_ctl_cmd {
+  const char *name;
+  fm_ctl_handler handler;
+  const char *usage;           /* arguments after the name */
+  const char *help;            /* one line */
+  int flags;
+} fm_ctl_cmd;
+
+/* fusectl.c: connect (once) and call; on failure each prints the error and returns the
+ * exit code to use, else 0. *reply lives in zone (caller inits/destroys). */
+int fm_ctl_connect(fm_ctl *ctl);
+int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields,
+                void *ctx, msgpack_zone *zone, msgpack_object *reply);
+/* Prints a failed call's error; returns the exit code (1 if the daemon answered, else 3). */
+int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply,
+                  const fm_diag *d);
+/* Prints "usage: fusectl [options] <cmd> <usage>" to stderr; returns FM_CTL_EXIT_USAGE. */
+int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* For a command's getopt_long loop: reports getopt's ':' or '?' as a usage error. */
+int fm_ctl_bad_option(const fm_ctl *ctl, int c, char **argv);
+
+/* Command handlers: argv[0] is the command name; each parses its own options (with
+ * optind = 0 to restart getopt), accepting --json there too. */
+int fm_ctl_cmd_ping(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv);
+
+/* ---- fusectl_json.c ---- */
+#define FM_CTL_JSON_MAX_DEPTH 16            /* the top-level value is depth 1 */
+#define FM_CTL_JSON_MAX_FILE (1u << 20)
+
+/* Converts a JSON document to msgpack, appended to out: objects -> maps (key order kept),
+ * arrays -> arrays, integers -> ints, reals -> float64, strings -> str, true/false/null.
+ * name labels errors ("frag.json:3:14: ..."). FM_EMALFORMED (not JSON, duplicate key),
+ * FM_ELIMIT (deeper than FM_CTL_JSON_MAX_DEPTH), FM_ENOMEM. */
+int fm_ctl_json_to_msgpack(const char *text, size_t len, const char *name, msgpack_sbuffer *out,
+                           fm_diag *d);
+/* Reads path (at most FM_CTL_JSON_MAX_FILE bytes, else FM_ELIMIT; unreadable: FM_EIO) and
+ * converts it as above. */
+int fm_ctl_json_file_to_msgpack(const char *path, msgpack_sbuffer *out, fm_diag *d);
+
+/* ---- fusectl_print.c ---- */
+/* Writes o as JSON. Containers nested at depth >= inline_depth (the top level is 0) go on
+ * one line; shallower ones are indented by 2. Bins become {"bin_bytes": N}; a top-level map
+ * key equal to omit_key (may be NULL) is left out; non-string map keys are written as strings;
+ * NaN/Inf as null; invalid UTF-8 bytes as U+FFFD. Ends with a newline. */
+void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const char *omit_key);
+
+/* A table of rows of cells, printed with each column padded to its widest cell. */
+typedef struct fm_ctl_table {
+  size_t ncols, nrows, cap;
+  char **cells;                /* nrows * ncols, malloc'd strings */
+  unsigned right_align;        /* bit i: column i is right-aligned (numbers) */
+  int oom;                     /* sticky: checked once at print time */
+} fm_ctl_table;
+
+void fm_ctl_table_init(fm_ctl_table *t, size_t ncols, unsigned right_align);
+/* Adds a row from ncols C strings. */
+void fm_ctl_table_row(fm_ctl_table *t, const char *const *cells);
+/* Prints and frees; FM_ENOMEM if a row could not be stored. */
+int fm_ctl_table_print(fm_ctl_table *t, FILE *f);
+
+/* Human formats. */
+void fm_ctl_fmt_bytes(uint64_t n, char *out, size_t cap);           /* "12.3 KiB" */
+void fm_ctl_fmt_age(int64_t then, int64_t now, char *out, size_t cap); /* "5m ago" */
+/* A scalar as text (str, ints, floats, bool, nil; containers as compact JSON). */
+void fm_ctl_fmt_scalar(const msgpack_object *o, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,72 @@
+/* fm_codegen_int.h: INTERNAL to codegen/ (not part of the module's API; fm_codegen.h is).
+ *
+ * The pointwise generator is split in three files with one job each:
+ *   fm_codegen_plan.c       fragment -> plan: value numbering, liveness, flat vs strided
+ *                           path, dimension coalescing, vector width;
+ *   fm_codegen_ops.c        the per-op CUDA expression table, the fixed prelude and the
+ *                           fm_compute() device function (the op chain for one element);
+ *   fm_codegen_pointwise.c  the kernel loops around fm_compute(), configs and metadata.
+ * Values are named by their position (inputs 0..n_in-1, then op results), never by the
+ * client's ids, so nothing a client chose can reach the source. */
+#ifndef FM_CODEGEN_INT_H
+#define FM_CODEGEN_INT_H
+
+#include <stdint.h>
+
+#include "fm_codegen.h"
+#include "fm_strbuf.h"
+
+#define FM_CG_MAX_VALUES (FM_MAX_INPUTS + FM_MAX_OPS)
+#define FM_CG_MAX_TENSORS (FM_MAX_INPUTS + FM_MAX_OUTPUTS)
+
+/* How a kernel parameter is accessed in the main loop. */
+typedef enum {
+  FM_CG_UNUSED,    /* input no live value reads: never loaded */
+  FM_CG_SCALAR,    /* one element broadcast everywhere: loaded once per thread */
+  FM_CG_VECTOR,    /* VEC consecutive elements per access (VEC == 1: plain scalar access) */
+  FM_CG_SPLAT,     /* strided path, innermost stride 0: one element per vector, splatted */
+} fm_cg_access;
+
+typedef struct fm_cg_tensor {
+  fm_dtype dtype;
+  uint32_t align;
+  uint32_t value;                /* position of the value read (input) or stored (output) */
+  fm_cg_access access;
+  int64_t es[FM_MAX_RANK];       /* strides per coalesced dim (0 where broadcast) */
+} fm_cg_tensor;
+
+typedef struct fm_cg_plan {
+  uint32_t n_in, n_out, n_ops;
+  fm_cg_tensor t[FM_CG_MAX_TENSORS];          /* inputs, then outputs */
+  fm_dtype vdt[FM_CG_MAX_VALUES];             /* dtype of each value */
+  uint8_t live[FM_CG_MAX_VALUES];             /* value needs a variable in fm_compute */
+  uint16_t args[FM_MAX_OPS][3];               /* op operands as value positions */
+  int symbolic;                               /* dim 0 is a launch argument */
+  int64_t inner;                              /* product of iteration dims 1.. */
+  int64_t outer;                              /* static dim 0 (1 for rank 0), -1 symbolic */
+  int flat;                                   /* FLAT path; else STRIDED */
+  uint32_t rank;                              /* STRIDED: coalesced rank (>= 1) */
+  int64_t dims[FM_MAX_RANK];                  /* STRIDED: coalesced sizes; dims[0] is a
+                                                 multiplier of outer when symbolic */
+  uint32_t max_vec;                           /* widest legal vector (>= 1) */
+} fm_cg_plan;
+
+/* Builds the plan; FM_EINVAL (not a valid fragment) or FM_EUNSUPPORTED, reason in d. */
+int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d);
+
+/* Largest width <= want (0: no limit) that every vector tensor of the plan allows. */
+uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);
+
+/* C storage type of a dtype in memory ("unsigned short" for bf16/f16). */
+const char *fm_cg_storage_type(fm_dtype dt);
+
+/* The fixed prelude: conversions, op helpers, vector element access. */
+void fm_cg_emit_prelude(fm_strbuf *sb);
+
+/* fm_compute(): raw input elements (used inputs, in order) -> raw output elements. */
+int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d);
+
+/* A float constant as CUDA source: "%.9g" + "f", inf/nan spelled by bit pattern. */
+void fm_cg_emit_float(fm_strbuf *sb, double v);
+
+#endif

@@ -1,0 +1,340 @@
+/* fm_codegen_ops.c: the per-op CUDA code, from ONE table (after tinygrad's code_for_op),
+ * the fixed prelude the table's helpers live in, and fm_compute(): the op chain for one
+ * element, from raw input elements to raw output elements.
+ *
+ * All math is fp32 (bool values are C++ bool); 16-bit floats live in memory as unsigned
+ * short and are converted by our own prelude functions, because the source must be one
+ * self-contained translation unit (NVRTC runs with no include path). Rounding happens
+ * only when an output is stored or at an explicit cast, as the fragment IR specifies. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fm_codegen_int.h"
+
+/* How operands are presented to an op's format. */
+typedef enum {
+  ARGS_FLOAT,     /* every operand as float (bool -> 0/1) */
+  ARGS_COMPARE,   /* float, unless every operand is bool */
+  ARGS_WHERE,     /* operand 0 as bool, the others as the result's kind */
+  ARGS_SPECIAL,   /* const, pow, cast: formatted by code below */
+} args_mode;
+
+/* "$0".."$2" stand for the operands. NaN-propagating and composite ops are prelude
+ * functions so that each operand is evaluated once and the table stays one line per op. */
+static const struct {
+  const char *fmt;
+  args_mode mode;
+} op_code[FM_OP__COUNT] = {
+    [FM_OP_CONST] = {NULL, ARGS_SPECIAL},
+    [FM_OP_ADD] = {"($0 + $1)", ARGS_FLOAT},
+    [FM_OP_SUB] = {"($0 - $1)", ARGS_FLOAT},
+    [FM_OP_MUL] = {"($0 * $1)", ARGS_FLOAT},
+    [FM_OP_DIV] = {"($0 / $1)", ARGS_FLOAT},
+    [FM_OP_MAXIMUM] = {"fm_maximum($0, $1)", ARGS_FLOAT},
+    [FM_OP_MINIMUM] = {"fm_minimum($0, $1)", ARGS_FLOAT},
+    [FM_OP_POW] = {"powf($0, $1)", ARGS_SPECIAL},
+    [FM_OP_NEG] = {"(-$0)", ARGS_FLOAT},
+    [FM_OP_ABS] = {"fabsf($0)", ARGS_FLOAT},
+    [FM_OP_RELU] = {"fm_relu($0)", ARGS_FLOAT},
+    [FM_OP_GELU] = {"fm_gelu($0)", ARGS_FLOAT},
+    [FM_OP_GELU_TANH] = {"fm_gelu_tanh($0)", ARGS_FLOAT},
+    [FM_OP_SILU] = {"fm_silu($0)", ARGS_FLOAT},
+    [FM_OP_SIGMOID] = {"fm_sigmoid($0)", ARGS_FLOAT},
+    [FM_OP_TANH] = {"tanhf($0)", ARGS_FLOAT},
+    [FM_OP_EXP] = {"expf($0)", ARGS_FLOAT},
+    [FM_OP_LOG] = {"logf($0)", ARGS_FLOAT},
+    [FM_OP_SQRT] = {"sqrtf($0)", ARGS_FLOAT},
+    [FM_OP_RSQRT] = {"rsqrtf($0)", ARGS_FLOAT},
+    [FM_OP_GT] = {"($0 > $1)", ARGS_COMPARE},
+    [FM_OP_GE] = {"($0 >= $1)", ARGS_COMPARE},
+    [FM_OP_LT] = {"($0 < $1)", ARGS_COMPARE},
+    [FM_OP_LE] = {"($0 <= $1)", ARGS_COMPARE},
+    [FM_OP_EQ] = {"($0 == $1)", ARGS_COMPARE},
+    [FM_OP_NE] = {"($0 != $1)", ARGS_COMPARE},
+    [FM_OP_WHERE] = {"($0 ? $1 : $2)", ARGS_WHERE},
+    [FM_OP_CAST] = {NULL, ARGS_SPECIAL},
+};
+
+/* pow by a constant: the exponents PyTorch also special-cases, cheaper and exact. */
+static const struct {
+  double exponent;
+  const char *fmt;
+} pow_code[] = {
+    {2.0, "($0 * $0)"},        {3.0, "($0 * $0 * $0)"},       {1.0, "($0)"},
+    {0.5, "sqrtf($0)"},        {-0.5, "rsqrtf($0)"},          {-1.0, "(1.0f / $0)"},
+    {-2.0, "(1.0f / ($0 * $0))"},
+};
+
+/* The prelude: identical in every kernel (so it costs nothing in the golden files to read
+ * it once). Changing it changes generated source: bump FM_CODEGEN_VERSION. */
+static const char prelude[] =
+    "/* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */\n"
+    "__device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {\n"
+    "  return __uint_as_float(((unsigned int)h) << 16);\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {\n"
+    "  unsigned int u = __float_as_uint(f);\n"
+    "  /* NaN: keep the top bits and force the quiet bit (rounding could carry into inf) */\n"
+    "  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);\n"
+    "  u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest, ties to even */\n"
+    "  return (unsigned short)(u >> 16);\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {\n"
+    "  float f;\n"
+    "  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n"
+    "  return f;\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {\n"
+    "  unsigned short h;\n"
+    "  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "  return h;\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }\n"
+    "__device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }\n"
+    "/* ---- prelude: ops (fp32; NaN propagates like torch) ---- */\n"
+    "__device__ __forceinline__ float fm_maximum(float a, float b) {\n"
+    "  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_minimum(float a, float b) {\n"
+    "  return (a != a) ? a : (b != b) ? b : fminf(a, b);\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }\n"
+    "__device__ __forceinline__ float fm_gelu(float x) {\n"
+    "  return 0.5f * x * (1.0f + erff(x * 0.70710678f));\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_gelu_tanh(float x) {\n"
+    "  /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */\n"
+    "  return 0.5f * x * (1.0f + tanhf(0.797884561f * (x + 0.044715f * x * x * x)));\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_silu(float x) { return x / (1.0f + expf(-x)); }\n"
+    "__device__ __forceinline__ float fm_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+    "/* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */\n"
+    "__device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {\n"
+    "  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned int fm_word(const uint2 &r, int k) { return k == 0 ? r.x : r.y; }\n"
+    "__device__ __forceinline__ unsigned int fm_word(unsigned int r, int) { return r; }\n"
+    "__device__ __forceinline__ unsigned int fm_word(unsigned short r, int) { return r; }\n"
+    "__device__ __forceinline__ void fm_or_word(uint4 &r, int k, unsigned int b) {\n"
+    "  if (k == 0) r.x |= b; else if (k == 1) r.y |= b; else if (k == 2) r.z |= b; else r.w |= b;\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_or_word(uint2 &r, int k, unsigned int b) {\n"
+    "  if (k == 0) r.x |= b; else r.y |= b;\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_or_word(unsigned int &r, int, unsigned int b) { r |= b; }\n"
+    "__device__ __forceinline__ void fm_or_word(unsigned short &r, int, unsigned int b) {\n"
+    "  r = (unsigned short)(r | b);\n"
+    "}\n"
+    "template <typename V> __device__ __forceinline__ float fm_get_f32(const V &r, int e) {\n"
+    "  return __uint_as_float(fm_word(r, e));\n"
+    "}\n"
+    "template <typename V> __device__ __forceinline__ unsigned short fm_get_u16(const V &r, int e) {\n"
+    "  return (unsigned short)(fm_word(r, e >> 1) >> ((e & 1) * 16));\n"
+    "}\n"
+    "template <typename V> __device__ __forceinline__ unsigned char fm_get_u8(const V &r, int e) {\n"
+    "  return (unsigned char)(fm_word(r, e >> 2) >> ((e & 3) * 8));\n"
+    "}\n"
+    "template <typename V> __device__ __forceinline__ void fm_put_f32(V &r, int e, float x) {\n"
+    "  fm_or_word(r, e, __float_as_uint(x));\n"
+    "}\n"
+    "template <typename V> __device__ __forceinline__ void fm_put_u16(V &r, int e, unsigned short x) {\n"
+    "  fm_or_word(r, e >> 1, (unsigned int)x << ((e & 1) * 16));\n"
+    "}\n"
+    "template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, unsigned char x) {\n"
+    "  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));\n"
+    "}\n";
+
+void fm_cg_emit_prelude(fm_strbuf *sb) {
+  fm_strbuf_append(sb, prelude);
+}
+
+const char *fm_cg_storage_type(fm_dtype dt) {
+  switch (dt) {
+    case FM_DT_BOOL: return "unsigned char";
+    case FM_DT_F16:
+    case FM_DT_BF16: return "unsigned short";
+    case FM_DT_F32: return "float";
+    case FM_DT__COUNT: break;
+  }
+  return "float";
+}
+
+void fm_cg_emit_float(fm_strbuf *sb, double v) {
+  if (isnan(v)) {
+    fm_strbuf_append(sb, "(__int_as_float(0x7fc00000))");
+    return;
+  }
+  /* The value the kernel computes with is the nearest float (overflowing to inf). Decide
+   * overflow in double: converting an out-of-range double to float is undefined in C. */
+  double mag = fabs(v);
+  if (mag > (double)FLT_MAX) {
+    double half_ulp = ldexp(1.0, FLT_MAX_EXP - FLT_MANT_DIG - 1);
+    if (mag >= (double)FLT_MAX + half_ulp) {
+      fm_strbuf_append(sb, v < 0 ? "(__int_as_float(0xff800000))" : "(__int_as_float(0x7f800000))");
+      return;
+    }
+    v = v < 0 ? -(double)FLT_MAX : (double)FLT_MAX;
+  }
+  char num[48];
+  snprintf(num, sizeof num, "%.9g", (double)(float)v);   /* 9 digits round-trip a float */
+  int has_point = strpbrk(num, ".e") != NULL;
+  fm_strbuf_printf(sb, v < 0 || signbit(v) ? "(%s%sf)" : "%s%sf", num, has_point ? "" : ".0");
+}
+
+/* Writes fmt with $0..$2 replaced by operands. */
+static void render(fm_strbuf *sb, const char *fmt, char ops[][48]) {
+  for (const char *s = fmt; *s; s++) {
+    if (s[0] == '$' && s[1] >= '0' && s[1] <= '2') {
+      fm_strbuf_append(sb, ops[s[1] - '0']);
+      s++;
+    } else {
+      fm_strbuf_appendn(sb, s, 1);
+    }
+  }
+}
+
+/* Value pos as a float or a bool expression. */
+static void as_float(char out[48], const fm_cg_plan *p, uint32_t pos) {
+  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "(v%u ? 1.0f : 0.0f)", pos);
+  else snprintf(out, 48, "v%u", pos);
+}
+
+static void as_bool(char out[48], const fm_cg_plan *p, uint32_t pos) {
+  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "v%u", pos);
+  else snprintf(out, 48, "(v%u != 0.0f)", pos);
+}
+
+static void as_kind(char out[48], const fm_cg_plan *p, uint32_t pos, fm_dtype kind) {
+  if (kind == FM_DT_BOOL) as_bool(out, p, pos);
+  else as_float(out, p, pos);
+}
+
+static void emit_cast(fm_strbuf *sb, const fm_cg_plan *p, uint32_t src, fm_dtype to) {
+  char a[48];
+  switch (to) {
+    case FM_DT_BOOL: as_bool(a, p, src); fm_strbuf_append(sb, a); return;
+    case FM_DT_F32: as_float(a, p, src); fm_strbuf_append(sb, a); return;
+    case FM_DT_BF16:
+    case FM_DT_F16:
+      as_float(a, p, src);
+      if (p->vdt[src] == FM_DT_BOOL) fm_strbuf_append(sb, a);   /* 0 and 1 are exact */
+      else fm_strbuf_printf(sb, "%s(%s)", to == FM_DT_BF16 ? "fm_round_bf16" : "fm_round_f16", a);
+      return;
+    case FM_DT__COUNT: break;
+  }
+}
+
+static void emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i) {
+  const fm_opnode *op = &f->ops[i];
+  const uint16_t *args = p->args[i];
+  char ops[3][48] = {"", "", ""};
+  switch (op_code[op->op].mode) {
+    case ARGS_FLOAT:
+      for (uint32_t a = 0; a < op->nargs; a++) as_float(ops[a], p, args[a]);
+      break;
+    case ARGS_COMPARE: {
+      int all_bool = p->vdt[args[0]] == FM_DT_BOOL && p->vdt[args[1]] == FM_DT_BOOL;
+      for (uint32_t a = 0; a < 2; a++) {
+        if (all_bool) snprintf(ops[a], 48, "v%u", args[a]);
+        else as_float(ops[a], p, args[a]);
+      }
+      break;
+    }
+    case ARGS_WHERE:
+      as_bool(ops[0], p, args[0]);
+      as_kind(ops[1], p, args[1], op->dtype);
+      as_kind(ops[2], p, args[2], op->dtype);
+      break;
+    case ARGS_SPECIAL:
+      if (op->op == FM_OP_CONST) {
+        if (op->dtype == FM_DT_BOOL) fm_strbuf_append(sb, op->value != 0 ? "true" : "false");
+        else fm_cg_emit_float(sb, op->value);
+        return;
+      }
+      if (op->op == FM_OP_CAST) {
+        emit_cast(sb, p, args[0], op->dtype);
+        return;
+      }
+      /* pow: by a generation-time constant when the exponent is a const op */
+      as_float(ops[0], p, args[0]);
+      if (args[1] >= p->n_in && f->ops[args[1] - p->n_in].op == FM_OP_CONST) {
+        double c = f->ops[args[1] - p->n_in].value;
+        for (size_t k = 0; k < sizeof pow_code / sizeof pow_code[0]; k++) {
+          if (c == pow_code[k].exponent) {
+            render(sb, pow_code[k].fmt, ops);
+            return;
+          }
+        }
+        fm_strbuf_printf(sb, "powf(%s, ", ops[0]);
+        fm_cg_emit_float(sb, c);
+        fm_strbuf_append(sb, ")");
+        return;
+      }
+      as_float(ops[1], p, args[1]);
+      break;
+  }
+  render(sb, op_code[op->op].fmt, ops);
+}
+
+/* Raw element -> value, and value -> raw element. */
+static void emit_load_value(fm_strbuf *sb, fm_dtype dt, uint32_t k) {
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(i%u != 0)", k); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f16_to_f32(i%u)", k); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_bf16_to_f32(i%u)", k); return;
+    case FM_DT_F32:
+    case FM_DT__COUNT: fm_strbuf_printf(sb, "i%u", k); return;
+  }
+}
+
+static void emit_store_value(fm_strbuf *sb, const fm_cg_plan *p, fm_dtype dt, uint32_t pos) {
+  char a[48];
+  as_kind(a, p, pos, dt);
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
+    case FM_DT_F32:
+    case FM_DT__COUNT: fm_strbuf_append(sb, a); return;
+  }
+}
+
+int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d) {
+  (void)d;
+  fm_strbuf_append(sb, "/* ---- the fused op chain for one element ---- */\n"
+                       "__device__ __forceinline__ void fm_compute(");
+  const char *sep = "";
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (p->t[k].access == FM_CG_UNUSED) continue;
+    fm_strbuf_printf(sb, "%sconst %s i%u", sep, fm_cg_storage_type(p->t[k].dtype), k);
+    sep = ", ";
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    fm_strbuf_printf(sb, "%s%s &o%u", sep, fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+    sep = ", ";
+  }
+  fm_strbuf_append(sb, ") {\n");
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (p->t[k].access == FM_CG_UNUSED) continue;
+    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
+    emit_load_value(sb, p->vdt[k], k);
+    fm_strbuf_append(sb, ";\n");
+  }
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    uint32_t pos = p->n_in + i;
+    if (!p->live[pos]) continue;
+    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
+    emit_op(sb, f, p, i);
+    fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    const fm_cg_tensor *t = &p->t[p->n_in + k];
+    fm_strbuf_printf(sb, "  o%u = ", k);
+    emit_store_value(sb, p, t->dtype, t->value);
+    fm_strbuf_append(sb, ";\n");
+  }
+  fm_strbuf_append(sb, "}\n");
+  return FM_OK;
+}

@@ -1,0 +1,274 @@
+/* fm_reference.c: the CPU reference evaluator (semantics in fm_reference.h).
+ *
+ * Written independently of the generator (no shared plan or op table), so that a planning
+ * or table bug in codegen shows up as a mismatch instead of being reproduced here. */
+#include "fm_reference.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REF_MAX_VALUES (FM_MAX_INPUTS + FM_MAX_OPS)
+
+float fm_reference_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+uint16_t fm_reference_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+float fm_reference_f16_to_f32(uint16_t h) {
+  int exp = (h >> 10) & 0x1f;
+  int mant = h & 0x3ff;
+  double v;
+  if (exp == 0) v = ldexp((double)mant, -24);
+  else if (exp == 31) v = mant ? NAN : INFINITY;
+  else v = ldexp((double)(mant | 0x400), exp - 25);
+  return (float)((h & 0x8000) ? -v : v);
+}
+
+uint16_t fm_reference_f32_to_f16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));   /* NaN */
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
+  if (a >= 0x38800000u) {                                       /* normal: >= 2^-14 */
+    uint32_t h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13);
+    uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;   /* a carry bumps the exponent */
+    return (uint16_t)(sign | h);
+  }
+  uint32_t e = a >> 23;                                         /* subnormal or zero */
+  uint32_t shift = 126u - e;                                    /* to units of 2^-24 */
+  if (e == 0 || shift >= 25) return sign;
+  uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (h & 1u))) h++;
+  return (uint16_t)(sign | h);
+}
+
+float fm_reference_f64_to_f32(double x) {
+  if (isnan(x)) return NAN;
+  double mag = fabs(x);
+  if (mag > (double)FLT_MAX) {
+    /* beyond FLT_MAX + half an ulp rounds to inf; below it, to FLT_MAX */
+    float r = mag >= (double)FLT_MAX + ldexp(1.0, FLT_MAX_EXP - FLT_MANT_DIG - 1) ? INFINITY : FLT_MAX;
+    return x < 0 ? -r : r;
+  }
+  return (float)x;
+}
+
+static double round_to(fm_dtype dt, double x) {
+  switch (dt) {
+    case FM_DT_BOOL: return x != 0 ? 1.0 : 0.0;
+    case FM_DT_F16: return fm_reference_f16_to_f32(fm_reference_f32_to_f16(fm_reference_f64_to_f32(x)));
+    case FM_DT_BF16: return fm_reference_bf16_to_f32(fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)));
+    case FM_DT_F32: return fm_reference_f64_to_f32(x);
+    case FM_DT__COUNT: break;
+  }
+  return x;
+}
+
+static double load(fm_dtype dt, const void *base, int64_t off) {
+  switch (dt) {
+    case FM_DT_BOOL: return ((const uint8_t *)base)[off] ? 1.0 : 0.0;
+    case FM_DT_F16: return fm_reference_f16_to_f32(((const uint16_t *)base)[off]);
+    case FM_DT_BF16: return fm_reference_bf16_to_f32(((const uint16_t *)base)[off]);
+    case FM_DT_F32: return ((const float *)base)[off];
+    case FM_DT__COUNT: break;
+  }
+  return 0;
+}
+
+static void store(fm_dtype dt, void *base, int64_t off, double x) {
+  switch (dt) {
+    case FM_DT_BOOL: ((uint8_t *)base)[off] = x != 0 ? 1 : 0; return;
+    case FM_DT_F16: ((uint16_t *)base)[off] = fm_reference_f32_to_f16(fm_reference_f64_to_f32(x)); return;
+    case FM_DT_BF16: ((uint16_t *)base)[off] = fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)); return;
+    case FM_DT_F32: ((float *)base)[off] = fm_reference_f64_to_f32(x); return;
+    case FM_DT__COUNT: return;
+  }
+}
+
+static double ref_pow(double x, double c) {
+  if (c == 2.0) return x * x;
+  if (c == 3.0) return x * x * x;
+  if (c == 1.0) return x;
+  if (c == 0.5) return sqrt(x);
+  if (c == -0.5) return 1.0 / sqrt(x);
+  if (c == -1.0) return 1.0 / x;
+  if (c == -2.0) return 1.0 / (x * x);
+  return pow(x, c);
+}
+
+static double nan_max(double a, double b) {
+  if (isnan(a)) return a;
+  if (isnan(b)) return b;
+  return a > b ? a : b;
+}
+
+static double nan_min(double a, double b) {
+  if (isnan(a)) return a;
+  if (isnan(b)) return b;
+  return a < b ? a : b;
+}
+
+/* One op on fp64 operands a, b, c (bools as 0/1). */
+static double eval_op(const fm_opnode *op, double a, double b, double c) {
+  switch (op->op) {
+    case FM_OP_CONST:
+      return op->dtype == FM_DT_BOOL ? (op->value != 0) : (double)fm_reference_f64_to_f32(op->value);
+    case FM_OP_ADD: return a + b;
+    case FM_OP_SUB: return a - b;
+    case FM_OP_MUL: return a * b;
+    case FM_OP_DIV: return a / b;
+    case FM_OP_MAXIMUM: return nan_max(a, b);
+    case FM_OP_MINIMUM: return nan_min(a, b);
+    case FM_OP_POW: return ref_pow(a, b);   /* b: the const exponent, fp32-rounded */
+    case FM_OP_NEG: return -a;
+    case FM_OP_ABS: return fabs(a);
+    case FM_OP_RELU: return isnan(a) ? a : (a > 0 ? a : 0.0);
+    case FM_OP_GELU: return 0.5 * a * (1.0 + erf(a * M_SQRT1_2));
+    case FM_OP_GELU_TANH: {
+      double k = sqrt(2.0 / M_PI);
+      return 0.5 * a * (1.0 + tanh(k * (a + 0.044715 * a * a * a)));
+    }
+    case FM_OP_SILU: return a / (1.0 + exp(-a));
+    case FM_OP_SIGMOID: return 1.0 / (1.0 + exp(-a));
+    case FM_OP_TANH: return tanh(a);
+    case FM_OP_EXP: return exp(a);
+    case FM_OP_LOG: return log(a);
+    case FM_OP_SQRT: return sqrt(a);
+    case FM_OP_RSQRT: return 1.0 / sqrt(a);
+    case FM_OP_GT: return a > b;
+    case FM_OP_GE: return a >= b;
+    case FM_OP_LT: return a < b;
+    case FM_OP_LE: return a <= b;
+    case FM_OP_EQ: return a == b;
+    case FM_OP_NE: return a != b;
+    case FM_OP_WHERE: return a != 0 ? b : c;
+    case FM_OP_CAST: return round_to(op->dtype, a);
+    default: return NAN;   /* reserved ops are refused before evaluation */
+  }
+}
+
+typedef struct ref_prog {
+  uint32_t n_in, n_ops, n_out;
+  uint16_t args[FM_MAX_OPS][3];
+  uint16_t out_value[FM_MAX_OUTPUTS];
+} ref_prog;
+
+static int find_id(const fm_fragment *f, uint32_t limit, uint32_t id) {
+  for (uint32_t k = limit; k-- > 0;) {
+    uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
+    if (have == id) return (int)k;
+  }
+  return -1;
+}
+
+static int compile_prog(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
+  pr->n_in = f->n_inputs;
+  pr->n_ops = f->n_ops;
+  pr->n_out = f->n_outputs;
+  for (uint32_t i = 0; i < f->n_ops; i++) {
+    const fm_opnode *op = &f->ops[i];
+    int arity = fm_op_arity(op->op);
+    if ((unsigned)op->op >= FM_OP__COUNT || arity < 0 || op->nargs != (uint32_t)arity)
+      return fm_diag_set(d, FM_EINVAL, "reference: ops[%u] is not an elementwise op", i);
+    for (uint32_t a = 0; a < op->nargs; a++) {
+      int pos = find_id(f, f->n_inputs + i, op->args[a]);
+      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "reference: ops[%u].args[%u] undefined", i, a);
+      pr->args[i][a] = (uint16_t)pos;
+    }
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    int pos = find_id(f, f->n_inputs + f->n_ops, f->outputs[k].id);
+    if (pos < 0) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] undefined", k);
+    pr->out_value[k] = (uint16_t)pos;
+  }
+  return FM_OK;
+}
+
+int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *inputs,
+                      void *const *outputs, fm_diag *d) {
+  ref_prog *pr = NULL;
+  int rc = FM_OK;
+  if (!f || !outputs || (f->n_inputs && !inputs))
+    return fm_diag_set(d, FM_EINVAL, "reference: NULL argument");
+  if (f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS || f->n_inputs > FM_MAX_INPUTS ||
+      f->n_ops > FM_MAX_OPS || f->outputs[0].rank > FM_MAX_RANK)
+    return fm_diag_set(d, FM_EINVAL, "reference: fragment exceeds the limits");
+  const fm_tensor *it = &f->outputs[0];
+  uint32_t rank = it->rank;
+  int64_t shape[FM_MAX_RANK];
+  int64_t n = 1;
+  for (uint32_t j = 0; j < rank; j++) {
+    shape[j] = it->shape[j];
+    if (j == 0 && shape[0] == FM_DIM_SYMBOLIC) {
+      if (outer < 0) return fm_diag_set(d, FM_EINVAL, "reference: outer %lld < 0", (long long)outer);
+      shape[0] = outer;
+    } else if (shape[j] < 1) {
+      return fm_diag_set(d, FM_EINVAL, "reference: dim %u is %lld", j, (long long)shape[j]);
+    }
+    n *= shape[j];
+  }
+  for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
+    const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
+    if (t->rank != rank || (unsigned)t->dtype >= FM_DT__COUNT)
+      return fm_diag_set(d, FM_EINVAL, "reference: tensor %u does not match the iteration shape", k);
+    if (k >= f->n_inputs && !outputs[k - f->n_inputs])
+      return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k - f->n_inputs);
+  }
+  pr = malloc(sizeof *pr);
+  if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
+  if ((rc = compile_prog(f, pr, d))) goto out;
+
+  /* Effective strides: a broadcast dim (size 1 in the tensor) contributes nothing. */
+  int64_t es[FM_MAX_INPUTS + FM_MAX_OUTPUTS][FM_MAX_RANK];
+  for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
+    const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
+    for (uint32_t j = 0; j < rank; j++) es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
+  }
+  int64_t idx[FM_MAX_RANK] = {0};
+  double v[REF_MAX_VALUES];
+  for (int64_t i = 0; i < n; i++) {
+    for (uint32_t k = 0; k < f->n_inputs; k++) {
+      if (!inputs[k]) {
+        v[k] = NAN;   /* promised unused: poison, so a wrong promise shows */
+        continue;
+      }
+      int64_t off = 0;
+      for (uint32_t j = 0; j < rank; j++) off += idx[j] * es[k][j];
+      v[k] = load(f->inputs[k].dtype, inputs[k], off);
+    }
+    for (uint32_t o = 0; o < pr->n_ops; o++) {
+      const uint16_t *a = pr->args[o];
+      uint32_t na = f->ops[o].nargs;
+      v[f->n_inputs + o] = eval_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0,
+                                   na > 2 ? v[a[2]] : 0);
+    }
+    for (uint32_t k = 0; k < f->n_outputs; k++) {
+      int64_t off = 0;
+      for (uint32_t j = 0; j < rank; j++) off += idx[j] * es[f->n_inputs + k][j];
+      store(f->outputs[k].dtype, outputs[k], off, v[pr->out_value[k]]);
+    }
+    for (uint32_t j = rank; j-- > 0;) {   /* odometer: next multi-index, last dim fastest */
+      if (++idx[j] < shape[j]) break;
+      idx[j] = 0;
+    }
+  }
+out:
+  free(pr);
+  return rc;
+}

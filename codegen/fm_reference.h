@@ -1,0 +1,42 @@
+/* fm_reference.h: a CPU reference evaluator for fragments (after llm.c: a reference next to
+ * every kernel). GPU tests check generated kernels against it, and the tuner verifies every
+ * candidate against it before timing any.
+ *
+ * Semantics are those of the fragment IR (fm_fragment.h), evaluated independently of the
+ * code generator:
+ *  - every element of the iteration shape (outputs[0].shape, dim 0 = `outer` when it is
+ *    symbolic) is computed once; tensors are addressed by their strides (elements), a dim of
+ *    size 1 in an input is broadcast (its stride ignored);
+ *  - inputs are decoded exactly (bf16/f16/f32/bool as stored), every op is computed in fp64
+ *    (bool as 0/1), with the same special cases as the kernels: NaN propagates through
+ *    maximum/minimum/relu, gelu is erf-based, gelu_tanh is PyTorch's tanh approximation,
+ *    pow by a const uses x*x, x*x*x, x, sqrt, 1/sqrt, 1/x, 1/(x*x) for 2, 3, 1, 0.5, -0.5,
+ *    -1, -2; a `const` is its value rounded to fp32 (a Python scalar meets fp32 math);
+ *  - rounding happens at a `cast` and when storing an output, as fp64 -> fp32 (overflow to
+ *    inf) -> the output dtype with round-to-nearest-even, NaN kept quiet; bool stores 0/1.
+ * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
+ * the final rounding), not bit for bit. */
+#ifndef FM_REFERENCE_H
+#define FM_REFERENCE_H
+
+#include <stdint.h>
+
+#include "fm_error.h"
+#include "fm_fragment.h"
+
+/* Evaluates a valid (canonical or not) fragment on host memory. inputs[k] points at input
+ * k's first element (may be NULL for an input no output depends on); outputs[k] at output
+ * k's. outer: the size of dim 0 when the fragment is symbolic (>= 0; 0 does nothing),
+ * ignored otherwise. FM_EINVAL with the reason in d for a malformed fragment or argument. */
+int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const *inputs,
+                      void *const *outputs, fm_diag *d);
+
+/* The storage conversions it uses (also handy for building test data). */
+float fm_reference_bf16_to_f32(uint16_t h);
+uint16_t fm_reference_f32_to_bf16(float f);
+float fm_reference_f16_to_f32(uint16_t h);
+uint16_t fm_reference_f32_to_f16(float f);
+/* fp64 -> fp32, round to nearest even, overflowing to +-inf (no undefined conversion). */
+float fm_reference_f64_to_f32(double x);
+
+#endif

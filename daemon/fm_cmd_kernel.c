@@ -1,0 +1,296 @@
+/* fm_cmd_kernel.c: compile and lookup, the kernel path of every client request.
+ *
+ * On the loop thread: decode + validate the fragment, canonicalize, fingerprint, look in the
+ * store (SQLite reads are fast under WAL). A hit is answered at once. A miss joins the
+ * compile of the same key already in flight, or starts one on the worker pool; every waiter
+ * is answered when it ends. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_commands.h"
+#include "fm_compile.h"
+#include "fm_fragment.h"
+#include "fm_log.h"
+#include "fm_msg.h"
+#include "fm_reply.h"
+
+#define FM_COMPILE_LOG_MAX (32u << 10)   /* NVRTC log bytes carried in a compile_failed reply */
+
+/* A request's fragment, made ready for the store and the compiler. */
+typedef struct prepared {
+  fm_fragment *canon;
+  uint8_t *bytes;              /* canonical bytes */
+  size_t len;
+  fm_device_id dev;
+  char label[192];
+  fm_key key;
+  char hex[FM_KEY_HEX];
+} prepared;
+
+static void prepared_free(prepared *p) {
+  free(p->canon);
+  free(p->bytes);
+}
+
+static int prepare(fm_daemon *dd, const msgpack_object *req, prepared *p, fm_diag *d) {
+  int err;
+  fm_fragment *raw = NULL;
+  char arch[sizeof p->dev.arch] = "";
+  memset(p, 0, sizeof *p);
+  const msgpack_object *frag = fm_msg_get(req, "fragment");
+  if (!frag) return fm_diag_set(d, FM_ESCHEMA, "request has no \"fragment\"");
+  if (frag->type != MSGPACK_OBJECT_MAP) return fm_diag_set(d, FM_ESCHEMA, "\"fragment\" must be a map");
+  err = fm_msg_copy_str(req, "arch", arch, sizeof arch, d);
+  if (err && err != FM_ENOT_FOUND) return err;
+  if ((err = fm_device_for_arch(&dd->dev, arch, &p->dev, d))) return err;
+
+  raw = malloc(sizeof *raw);
+  p->canon = malloc(sizeof *p->canon);
+  if (!raw || !p->canon) {
+    err = fm_diag_set(d, FM_ENOMEM, "out of memory");
+    goto out;
+  }
+  if ((err = fm_fragment_decode(frag, raw, d))) goto out;
+  if ((err = fm_fragment_canonicalize(raw, p->canon))) {
+    fm_diag_set(d, err, "cannot canonicalize the fragment: %s", fm_strerror(err));
+    goto out;
+  }
+  if ((err = fm_fragment_canonical_bytes(p->canon, &p->bytes, &p->len))) {
+    fm_diag_set(d, err, "cannot pack the canonical fragment: %s", fm_strerror(err));
+    goto out;
+  }
+  if ((err = fm_device_key(&dd->dev, &p->dev, p->bytes, p->len, &p->key))) {
+    fm_diag_set(d, err, "cannot compute the cache key: %s", fm_strerror(err));
+    goto out;
+  }
+  fm_key_to_hex(&p->key, p->hex);
+  fm_device_label(&p->dev, p->label, sizeof p->label);
+out:
+  free(raw);
+  if (err) {
+    prepared_free(p);
+    memset(p, 0, sizeof *p);
+  }
+  return err;
+}
+
+/* Store lookup: FM_OK with *e filled on a usable hit, else FM_ENOT_FOUND (a miss, a corrupt
+ * entry the store deleted, a store failure: all of them mean "build it"). */
+static int store_lookup(fm_daemon *dd, const prepared *p, fm_entry *e) {
+  int err = fm_store_get(dd->store, &p->key, p->label, 1, e);
+  if (err == FM_OK) {
+    /* The key is a hash: compare what it stands for before serving (DESIGN: the cache key
+     * is exact). A mismatch is rebuilt and the put replaces the entry. */
+    if (e->canonical_len == p->len && memcmp(e->canonical, p->bytes, p->len) == 0) return FM_OK;
+    fm_log_warn("entry %.16s holds a different canonical fragment; rebuilding it", p->hex);
+    fm_entry_free(e);
+    return FM_ENOT_FOUND;
+  }
+  if (err == FM_ECORRUPT) {
+    fm_log_warn("entry %.16s failed its checksum and was removed; rebuilding it", p->hex);
+  } else if (err != FM_ENOT_FOUND) {
+    fm_diag why = {{0}};
+    fm_store_last_error(dd->store, &why);
+    fm_log_error("store lookup of %.16s failed: %s; compiling without the cache", p->hex,
+                 why.text[0] ? why.text : fm_strerror(err));
+    fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
+  }
+  return FM_ENOT_FOUND;
+}
+
+/* {ok, id, key, kind, state, origin, meta, cubin} */
+static void reply_kernel(fm_conn *c, uint64_t id, const fm_key *key, const char *kind, fm_kstate state,
+                         const char *origin, const uint8_t *meta, size_t meta_len,
+                         const uint8_t *cubin, size_t cubin_len) {
+  fm_reply r;
+  fm_reply_begin(&r, id, 6);
+  fm_pack_cstr(&r.pk, "key");
+  fm_reply_pack_key(&r.pk, key);
+  fm_pack_kv_cstr(&r.pk, "kind", kind);
+  fm_pack_kv_cstr(&r.pk, "state", fm_kstate_name(state));
+  fm_pack_kv_cstr(&r.pk, "origin", origin);
+  fm_pack_cstr(&r.pk, "meta");
+  fm_reply_raw(&r, meta, meta_len);
+  fm_pack_cstr(&r.pk, "cubin");
+  fm_pack_bin(&r.pk, cubin, cubin_len);
+  fm_reply_send(&r, c, id);
+}
+
+static void reply_entry(fm_conn *c, uint64_t id, const fm_entry *e) {
+  reply_kernel(c, id, &e->key, e->kind, e->state, "hit", e->meta, e->meta_len, e->cubin, e->cubin_len);
+}
+
+/* The error detail of a failed job: the reason, then NVRTC's log (capped). */
+static char *failure_detail(const fm_compile_job *j) {
+  size_t log_len = j->log ? strlen(j->log) : 0;
+  if (log_len > FM_COMPILE_LOG_MAX) log_len = FM_COMPILE_LOG_MAX;
+  size_t cap = strlen(j->diag.text) + log_len + 2;
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  snprintf(s, cap, "%s%s%.*s", j->diag.text, log_len ? "\n" : "", (int)log_len, log_len ? j->log : "");
+  return s;
+}
+
+static void on_compile_done(fm_compile_job *j) {
+  fm_daemon *dd = j->ctx;
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&j->key, hex);
+  fm_flight *f = fm_inflight_find(dd->inflight, &j->key);
+  fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+  char *detail = NULL;
+
+  if (j->err) {
+    fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
+    fm_log_warn("compile of %.16s failed: %s", hex, j->diag.text);
+    detail = failure_detail(j);
+  } else {
+    if (j->store_err) {
+      fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
+      fm_log_error("%s; serving it uncached", j->store_diag.text);
+    }
+    fm_log_info("compiled %.16s (%s, %zu-byte cubin, %s) in %.0f ms", hex, j->meta.kind, j->cubin_len,
+                j->device.arch, j->compile_ms);
+  }
+  while (w) {
+    fm_waiter *next = w->next;
+    if (fm_conn_is_open(w->conn)) {
+      if (j->err)
+        fm_reply_error(w->conn, w->id, j->err, detail ? detail : j->diag.text);
+      else
+        reply_kernel(w->conn, w->id, &j->key, j->meta.kind, FM_STATE_UNTUNED, w->joined ? "joined" : "compiled",
+                     j->meta_bytes, j->meta_len, j->cubin, j->cubin_len);
+    } else {
+      fm_log_debug("%s: gone before its compile of %.16s ended; reply dropped", fm_conn_name(w->conn), hex);
+    }
+    fm_conn_unref(w->conn);
+    free(w);
+    w = next;
+  }
+  free(detail);
+  fm_compile_job_free(j);
+  dd->jobs_running--;
+  fm_daemon_job_ended(dd);
+}
+
+/* Undoes fm_inflight_start when the job could not be queued (no waiter holds a reference). */
+static void drop_flight(fm_daemon *dd, fm_flight *f) {
+  fm_waiter *w = fm_inflight_finish(dd->inflight, f);
+  while (w) {
+    fm_waiter *next = w->next;
+    free(w);
+    w = next;
+  }
+}
+
+/* Joins the flight for p's key, or starts one. */
+static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  fm_flight *f = fm_inflight_find(dd->inflight, &p->key);
+  fm_compile_job *job = NULL;
+  int err;
+  if (f) {
+    if (fm_inflight_join(f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+    fm_conn_ref(rq->conn);
+    fm_daemon_count(dd, FM_STAT_JOINED, 1);
+    return FM_OK;
+  }
+  if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
+    return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  if (fm_inflight_start(dd->inflight, &p->key, job, &f)) {
+    err = fm_diag_set(d, FM_ENOMEM, "out of memory");
+    goto fail;
+  }
+  if (fm_inflight_join(f, rq->conn, rq->id, 0)) {
+    drop_flight(dd, f);
+    err = fm_diag_set(d, FM_ENOMEM, "out of memory");
+    goto fail;
+  }
+  if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
+    drop_flight(dd, f);
+    fm_diag_set(d, err, "cannot queue the compile");
+    goto fail;
+  }
+  fm_conn_ref(rq->conn);
+  dd->jobs_running++;
+  fm_daemon_count(dd, FM_STAT_COMPILES, 1);
+  fm_log_debug("%s: compiling %.16s for %s", fm_conn_name(rq->conn), p->hex, p->dev.arch);
+  return FM_OK;
+fail:
+  fm_compile_job_free(job);
+  return err;
+}
+
+int fm_cmd_compile(fm_request *rq, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  prepared p;
+  fm_entry e;
+  int err;
+  if (dd->stopping) return fm_diag_set(d, FM_ESHUTDOWN, "the daemon is shutting down; compile refused");
+  if ((err = prepare(dd, rq->msg, &p, d))) return err;
+  if (store_lookup(dd, &p, &e) == FM_OK) {
+    fm_daemon_count(dd, FM_STAT_HITS, 1);
+    reply_entry(rq->conn, rq->id, &e);
+    fm_entry_free(&e);
+    prepared_free(&p);
+    return FM_OK;
+  }
+  fm_daemon_count(dd, FM_STAT_MISSES, 1);
+  err = join_or_start(rq, &p, d);
+  prepared_free(&p);
+  return err;
+}
+
+static int lookup_by_key(fm_request *rq, const char *hex, size_t hex_len, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  fm_key key;
+  fm_entry e;
+  if (fm_key_from_hex(hex, hex_len, &key))
+    return fm_diag_set(d, FM_ESCHEMA, "\"key\" must be 64 hex digits");
+  int err = fm_store_get(dd->store, &key, dd->dev.label, 1, &e);
+  if (err == FM_ENOT_FOUND) {
+    /* The key already covers the device; the store still wants its label, so learn it. */
+    char full[FM_KEY_HEX];
+    fm_entry meta;
+    fm_key_to_hex(&key, full);
+    if (fm_store_find_prefix(dd->store, full, &meta) == FM_OK) {
+      err = fm_store_get(dd->store, &key, meta.device, 1, &e);
+      fm_entry_free(&meta);
+    }
+  }
+  if (err == FM_ENOT_FOUND) return fm_diag_set(d, FM_ENOT_FOUND, "no kernel with key %.*s", (int)hex_len, hex);
+  if (err == FM_ECORRUPT) return fm_diag_set(d, FM_ENOT_FOUND, "the entry failed its checksum and was removed");
+  if (err) {
+    fm_diag why = {{0}};
+    fm_store_last_error(dd->store, &why);
+    return fm_diag_set(d, err, "store lookup failed: %s", why.text[0] ? why.text : fm_strerror(err));
+  }
+  reply_entry(rq->conn, rq->id, &e);
+  fm_entry_free(&e);
+  return FM_OK;
+}
+
+/* lookup never compiles, and is not counted as a hit or miss: those count what the daemon
+ * had to build. */
+int fm_cmd_lookup(fm_request *rq, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  const char *hex;
+  size_t hex_len;
+  prepared p;
+  fm_entry e;
+  int err = fm_msg_get_str(rq->msg, "key", &hex, &hex_len, d);
+  if (err == FM_OK) return lookup_by_key(rq, hex, hex_len, d);
+  if (err != FM_ENOT_FOUND) return err;
+  if (!fm_msg_get(rq->msg, "fragment"))
+    return fm_diag_set(d, FM_ESCHEMA, "lookup needs \"fragment\" or \"key\"");
+  if ((err = prepare(dd, rq->msg, &p, d))) return err;
+  if (store_lookup(dd, &p, &e) != FM_OK) {
+    err = fm_diag_set(d, FM_ENOT_FOUND, "no kernel for this fragment on %s (key %.16s)", p.label, p.hex);
+    prepared_free(&p);
+    return err;
+  }
+  reply_entry(rq->conn, rq->id, &e);
+  fm_entry_free(&e);
+  prepared_free(&p);
+  return FM_OK;
+}

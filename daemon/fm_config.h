@@ -1,0 +1,62 @@
+/* fm_config.h: the daemon's settings, from defaults, a config file, then flags.
+ *
+ * Config file grammar (one setting per line; flags given on the command line win):
+ *   file    := line*
+ *   line    := ws* ( key ws* "=" ws* value ws* )? comment? "\n"
+ *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
+ *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
+ *            | max-clients | idle-timeout             (the long option names)
+ * A line that does not parse, an unknown key or a bad value is a startup error naming
+ * file:line. */
+#ifndef FM_CONFIG_H
+#define FM_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fm_error.h"
+#include "fm_log.h"
+
+#define FM_CONFIG_PATH_MAX 4096
+#define FM_CONFIG_DEFAULT_CACHE_SIZE (2ull << 30)
+#define FM_CONFIG_DEFAULT_ARCH "sm_90a"
+#define FM_CONFIG_DEFAULT_MAX_CLIENTS 1024u
+#define FM_CONFIG_DEFAULT_IDLE_TIMEOUT 600u
+
+typedef struct fm_config {
+  char socket_path[FM_CONFIG_PATH_MAX];   /* "" until fm_config_finish fills the default */
+  char db_path[FM_CONFIG_PATH_MAX];
+  char log_file[FM_CONFIG_PATH_MAX];      /* "": stderr */
+  char config_path[FM_CONFIG_PATH_MAX];   /* the file that was read, "" if none */
+  uint64_t cache_size;                    /* bytes of cubins kept; 0 = unlimited */
+  fm_log_level log_level;
+  uint32_t jobs;                          /* compile worker threads */
+  char arch[16];                          /* compile-only target */
+  uint32_t max_clients;
+  uint32_t idle_timeout_s;                /* 0 = never time out idle clients */
+  int foreground;
+  int system_mode;
+} fm_config;
+
+/* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle. */
+void fm_config_defaults(fm_config *c);
+
+/* Sets one setting by its long option name ("cache-size", "2G"). FM_EINVAL with the reason in
+ * d for an unknown key or a bad value. */
+int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d);
+
+/* Reads a config file (grammar above). With must_exist == 0 a missing file is not an error.
+ * Errors name "path:line". */
+int fm_config_load_file(fm_config *c, const char *path, int must_exist, fm_diag *d);
+
+/* Fills the socket and database paths not given (system or per-user defaults, fm_paths.h)
+ * and creates their directories. */
+int fm_config_finish(fm_config *c, fm_diag *d);
+
+/* "2G", "512M", "64k", "1048576", "1GiB" (binary multiples) -> bytes. FM_EINVAL otherwise. */
+int fm_config_parse_size(const char *s, uint64_t *out);
+
+/* The config file read when --config is not given. */
+int fm_config_default_path(int system_mode, char *out, size_t cap, fm_diag *d);
+
+#endif

@@ -1,0 +1,230 @@
+/* fm_daemon.c: startup, signals, and an orderly shutdown that loses nothing. */
+#include "fm_daemon.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fm_detach.h"
+#include "fm_dispatch.h"
+#include "fm_frame.h"
+#include "fm_log.h"
+#include "fm_proto.h"
+#include "fm_sd.h"
+
+#define FM_STATS_SAVE_MS 1000
+
+void fm_daemon_count(fm_daemon *dd, fm_stat stat, int64_t delta) {
+  dd->session[stat] += delta;
+  dd->unsaved[stat] += delta;
+}
+
+void fm_daemon_save_stats(fm_daemon *dd) {
+  if (!dd->store) return;
+  for (int s = 1; s < FM_STAT__COUNT; s++) {
+    if (!dd->unsaved[s]) continue;
+    int err = fm_store_stat_add(dd->store, (fm_stat)s, dd->unsaved[s]);
+    if (err) {
+      /* Keep the delta for the next try (the disk may have filled up for a moment). */
+      fm_log_debug("saving statistic %s: %s", fm_stat_name((fm_stat)s), fm_strerror(err));
+      continue;
+    }
+    dd->unsaved[s] = 0;
+  }
+}
+
+static void on_stats_timer(uv_timer_t *t) {
+  fm_daemon_save_stats(t->data);
+}
+
+/* ---- shutdown ---- */
+
+static void on_flush_deadline(uv_timer_t *t) {
+  fm_daemon *dd = t->data;
+  if (!dd->drained)
+    fm_log_error("%u compile(s) still running after %d s; exiting without them", dd->jobs_running,
+                 FM_DAEMON_DRAIN_S);
+  else
+    fm_log_warn("some clients did not read their last replies within %d s; closing them", FM_DAEMON_FLUSH_S);
+  uv_stop(dd->loop);
+}
+
+/* Once nothing is compiling any more: close the connections after their replies are written
+ * and let the loop run out of handles. */
+static void maybe_drained(fm_daemon *dd) {
+  if (!dd->stopping || dd->drained || dd->jobs_running > 0) return;
+  dd->drained = 1;
+  fm_log_info("no compiles in flight; closing %u connection(s)", fm_server_clients(dd->server));
+  fm_server_close_all(dd->server);
+  /* Unreferenced, these no longer keep the loop alive: it ends as soon as the last
+   * connection closes. The signals still answer (a second SIGTERM stops at once), and the
+   * deadline only matters if a client never reads. */
+  uv_unref((uv_handle_t *)&dd->sig_term);
+  uv_unref((uv_handle_t *)&dd->sig_int);
+  uv_unref((uv_handle_t *)&dd->sig_hup);
+  uv_timer_start(&dd->deadline, on_flush_deadline, FM_DAEMON_FLUSH_S * 1000, 0);
+  uv_unref((uv_handle_t *)&dd->deadline);
+}
+
+void fm_daemon_job_ended(fm_daemon *dd) {
+  maybe_drained(dd);
+}
+
+static void begin_shutdown(fm_daemon *dd, int signum) {
+  if (dd->stopping) {
+    fm_log_warn("second %s: stopping now", strsignal(signum));
+    uv_stop(dd->loop);
+    return;
+  }
+  dd->stopping = 1;
+  fm_sd_notify("STOPPING=1");
+  fm_log_info("%s: shutting down; %u compile(s) in flight", strsignal(signum), dd->jobs_running);
+  fm_server_stop_listening(dd->server);
+  uv_timer_start(&dd->deadline, on_flush_deadline, FM_DAEMON_DRAIN_S * 1000, 0);
+  maybe_drained(dd);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  fm_daemon *dd = h->data;
+  if (signum == SIGHUP) {
+    fm_diag d = {{0}};
+    if (fm_log_reopen(&d)) fm_log_error("SIGHUP: %s", d.text);
+    else fm_log_info("SIGHUP: log reopened");
+    return;
+  }
+  begin_shutdown(dd, signum);
+}
+
+/* ---- startup ---- */
+
+static int start_handles(fm_daemon *dd, fm_diag *d) {
+  uv_signal_t *sigs[] = {&dd->sig_term, &dd->sig_int, &dd->sig_hup};
+  int nums[] = {SIGTERM, SIGINT, SIGHUP};
+  for (int i = 0; i < 3; i++) {
+    uv_signal_init(dd->loop, sigs[i]);
+    sigs[i]->data = dd;
+  }
+  uv_timer_init(dd->loop, &dd->deadline);
+  uv_timer_init(dd->loop, &dd->stats_timer);
+  dd->deadline.data = dd->stats_timer.data = dd;
+  dd->handles_ready = 1;
+  for (int i = 0; i < 3; i++) {
+    int r = uv_signal_start(sigs[i], on_signal, nums[i]);
+    if (r < 0) return fm_diag_set(d, FM_EIO, "cannot handle %s: %s", strsignal(nums[i]), uv_strerror(r));
+  }
+  uv_timer_start(&dd->stats_timer, on_stats_timer, FM_STATS_SAVE_MS, FM_STATS_SAVE_MS);
+  uv_unref((uv_handle_t *)&dd->stats_timer);
+  return FM_OK;
+}
+
+static void log_startup(fm_daemon *dd, int activated) {
+  const fm_config *cfg = dd->cfg;
+  uint64_t entries = 0, bytes = 0;
+  fm_store_usage(dd->store, &entries, &bytes);
+  if (dd->dev.gpu)
+    fm_log_info("fusemld %s serving %s%s (pid %ld): GPU mode on %s", FM_VERSION_STRING, cfg->socket_path,
+                activated ? " (socket from systemd)" : "", (long)getpid(), dd->dev.label);
+  else
+    fm_log_info("fusemld %s serving %s%s (pid %ld): compile-only mode for %s (kernels stored untuned): %s",
+                FM_VERSION_STRING, cfg->socket_path, activated ? " (socket from systemd)" : "",
+                (long)getpid(), dd->dev.id.arch, dd->dev.why_no_gpu);
+  fm_log_info("db %s (%llu entries, %llu bytes, cap %llu); NVRTC %u.%u; cuBLASLt %llu; %u compile threads",
+              cfg->db_path, (unsigned long long)entries, (unsigned long long)bytes,
+              (unsigned long long)cfg->cache_size, dd->dev.nvrtc_major, dd->dev.nvrtc_minor,
+              (unsigned long long)dd->dev.cublaslt_version, cfg->jobs);
+}
+
+static void close_walk_cb(uv_handle_t *h, void *arg) {
+  if (!uv_is_closing(h)) uv_close(h, NULL);
+}
+
+/* Closes whatever is still open and lets the loop finish the close callbacks. */
+static void close_loop(fm_daemon *dd) {
+  if (dd->server) {
+    fm_server_stop_listening(dd->server);
+    fm_server_abort_all(dd->server);
+  }
+  uv_walk(dd->loop, close_walk_cb, NULL);
+  uv_run(dd->loop, UV_RUN_DEFAULT);
+}
+
+int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
+  int err, status = 1;
+  fm_daemon *dd = calloc(1, sizeof *dd);
+  uv_loop_t *loop = malloc(sizeof *loop);
+  if (!dd || !loop) {
+    free(dd);
+    free(loop);
+    fm_diag_set(d, FM_ENOMEM, "out of memory");
+    return 1;
+  }
+  if (uv_loop_init(loop) != 0) {
+    free(dd);
+    free(loop);
+    fm_diag_set(d, FM_EIO, "cannot create the event loop");
+    return 1;
+  }
+  dd->loop = loop;
+  dd->cfg = cfg;
+
+  if ((err = fm_device_init(&dd->dev, cfg->arch, d))) goto out;
+  fm_diag why = {{0}};
+  if ((err = fm_store_open(cfg->db_path, cfg->cache_size, &dd->store, &why))) {
+    fm_diag_set(d, err, "cannot open the kernel store %s: %s", cfg->db_path, why.text);
+    goto out;
+  }
+  if (why.text[0]) fm_log_warn("kernel store: %s", why.text);
+  if ((err = fm_inflight_new(&dd->inflight))) {
+    fm_diag_set(d, err, "out of memory");
+    goto out;
+  }
+  int listen_fd = fm_sd_listen_fd();
+  fm_server_opts so = {
+      .socket_path = cfg->socket_path,
+      .listen_fd = listen_fd,
+      .system_mode = cfg->system_mode,
+      .max_clients = cfg->max_clients,
+      .idle_timeout_s = cfg->idle_timeout_s,
+      .stall_timeout_s = FM_DAEMON_STALL_S,
+      .max_frame = FM_FRAME_MAX_REQUEST,
+      .max_pending_output = FM_DAEMON_MAX_OUTPUT,
+      .on_frame = fm_dispatch_frame,
+      .on_refused = fm_dispatch_refused,
+      .ctx = dd,
+  };
+  if ((err = fm_server_start(loop, &so, &dd->server, d))) goto out;
+  if ((err = start_handles(dd, d))) goto out;
+  dd->started_ms = uv_now(loop);
+
+  log_startup(dd, listen_fd >= 0);
+  char status_line[FM_CONFIG_PATH_MAX + 64];
+  snprintf(status_line, sizeof status_line, "READY=1\nSTATUS=serving %s (%s, %s)", cfg->socket_path,
+           fm_device_mode(&dd->dev), dd->dev.id.arch);
+  fm_sd_notify(status_line);
+  if (ready_fd >= 0) fm_detach_ready(ready_fd, fm_log_fd());
+
+  uv_run(loop, UV_RUN_DEFAULT);
+
+  status = 0;
+  if (dd->jobs_running > 0) {
+    /* A worker may still be inside NVRTC or the store: closing either under it would be
+     * worse than exiting. SQLite's WAL keeps the database whole either way. */
+    fm_daemon_save_stats(dd);
+    fm_log_info("stopped (%u compile(s) abandoned)", dd->jobs_running);
+    return status;
+  }
+  fm_daemon_save_stats(dd);
+  fm_log_info("stopped");
+out:
+  if (dd->handles_ready || dd->server) close_loop(dd);
+  else uv_run(loop, UV_RUN_DEFAULT);   /* a server that failed to start closes its listener */
+  if (dd->server) fm_server_free(dd->server);
+  fm_inflight_free(dd->inflight);
+  if (dd->store) fm_store_close(dd->store);
+  if (uv_loop_close(loop) != 0) fm_log_debug("event loop still had handles at exit");
+  free(loop);
+  free(dd);
+  return status;
+}

@@ -1,0 +1,58 @@
+/* fm_daemon.h: the running daemon: its state, shared by dispatch and the command handlers,
+ * and its lifecycle (start, serve, shut down on a signal).
+ *
+ * Shutdown (SIGTERM/SIGINT): stop accepting (the socket file goes away), answer the requests
+ * waiting on compiles already running (up to FM_DAEMON_DRAIN_S), flush and close the
+ * connections, close the store, and return 0. New compiles meanwhile get shutting_down. */
+#ifndef FM_DAEMON_H
+#define FM_DAEMON_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "fm_config.h"
+#include "fm_device.h"
+#include "fm_error.h"
+#include "fm_inflight.h"
+#include "fm_server.h"
+#include "fm_store.h"
+
+#define FM_DAEMON_DRAIN_S 30      /* how long running compiles may delay a shutdown */
+#define FM_DAEMON_FLUSH_S 2       /* then how long the last replies may take to be written */
+#define FM_DAEMON_STALL_S 10      /* a client stalled mid-frame */
+#define FM_DAEMON_MAX_OUTPUT (512u << 20)
+
+typedef struct fm_daemon {
+  uv_loop_t *loop;
+  const fm_config *cfg;
+  fm_store *store;
+  fm_devinfo dev;
+  fm_server *server;
+  fm_inflight *inflight;
+  uint32_t jobs_running;              /* compile jobs queued or running on the pool */
+  int64_t session[FM_STAT__COUNT];    /* counters since this start (FM_STAT_MAP) */
+  int64_t unsaved[FM_STAT__COUNT];    /* counted but not yet added to the store's counters */
+  uint64_t started_ms;                /* uv_now at start */
+  int stopping;                       /* a shutdown signal arrived */
+  int drained;                        /* in-flight work finished; connections closing */
+  uv_signal_t sig_term, sig_int, sig_hup;
+  uv_timer_t deadline;
+  uv_timer_t stats_timer;             /* saves the counters once a second */
+  int handles_ready;                  /* signals and timer initialized */
+} fm_daemon;
+
+/* Runs the daemon until a shutdown signal; ready_fd (>= 0 when detaching, fm_detach.h) is told
+ * once it is serving. Returns the process exit status; startup errors are reported in d. */
+int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d);
+
+/* Counts an event in the session and persistent statistics. The persistent ones are saved in
+ * batches (a store write per request would cost a transaction each): once a second, before a
+ * stats reply and at shutdown; a kill -9 loses at most the last second of counts. */
+void fm_daemon_count(fm_daemon *dd, fm_stat stat, int64_t delta);
+/* Saves the counted deltas to the store now. */
+void fm_daemon_save_stats(fm_daemon *dd);
+
+/* Called by the compile path when a job ends: during a shutdown, the last one lets it finish. */
+void fm_daemon_job_ended(fm_daemon *dd);
+
+#endif

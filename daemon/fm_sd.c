@@ -1,0 +1,59 @@
+/* fm_sd.c: socket activation and sd_notify without libsystemd (the protocols are tiny). */
+#include "fm_sd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fm_error.h"
+
+int fm_sd_under_systemd(void) {
+  return getenv("NOTIFY_SOCKET") || getenv("LISTEN_PID") || getenv("INVOCATION_ID");
+}
+
+int fm_sd_listen_fd(void) {
+  const char *pid_s = getenv("LISTEN_PID"), *fds_s = getenv("LISTEN_FDS");
+  int fd = -1;
+  if (pid_s && fds_s) {
+    char *end;
+    long pid = strtol(pid_s, &end, 10);
+    long n = strtol(fds_s, &end, 10);
+    /* LISTEN_PID guards against a variable inherited by a child of the activated process. */
+    if (pid == (long)getpid() && n >= 1 && n < 64) {
+      for (long i = 0; i < n; i++)
+        fcntl((int)(FM_SD_LISTEN_FDS_START + i), F_SETFD, FD_CLOEXEC);
+      fd = FM_SD_LISTEN_FDS_START;
+    }
+  }
+  unsetenv("LISTEN_PID");
+  unsetenv("LISTEN_FDS");
+  unsetenv("LISTEN_FDNAMES");
+  return fd;
+}
+
+int fm_sd_notify(const char *state) {
+  const char *path = getenv("NOTIFY_SOCKET");
+  if (!path || !*path) return 0;
+  size_t plen = strlen(path);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if ((path[0] != '/' && path[0] != '@') || plen >= sizeof sa.sun_path) return FM_EINVAL;
+  memcpy(sa.sun_path, path, plen);
+  /* An abstract name is a leading NUL; its length is exact (no terminator counts). */
+  if (path[0] == '@') sa.sun_path[0] = '\0';
+  socklen_t salen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + plen + (path[0] == '/'));
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return FM_EIO;
+  ssize_t n;
+  do {
+    n = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, salen);
+  } while (n < 0 && errno == EINTR);
+  close(fd);
+  return n < 0 ? FM_EIO : 1;
+}

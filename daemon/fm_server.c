@@ -1,0 +1,495 @@
+/* fm_server.c: the listening socket, per-connection framing, write queues and timers. */
+#define _GNU_SOURCE   /* struct ucred, SO_PEERCRED */
+#include "fm_server.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fm_frame.h"
+#include "fm_log.h"
+#include "fm_msg.h"
+
+#define FM_SERVER_BACKLOG 128
+#define FM_SERVER_READ_CHUNK 65536
+#define FM_SERVER_DRAIN_TIMEOUT_S 10   /* a draining peer that never reads its last reply */
+#define FM_CONN_NAME_SAFE 72
+
+struct fm_server {
+  uv_loop_t *loop;
+  uv_pipe_t listener;
+  int listening;             /* listener open */
+  int listener_closed;       /* its close callback ran (or it was never initialized) */
+  fm_server_opts opts;
+  char *socket_path;
+  fm_conn *conns;            /* open connections (not yet closing) */
+  uint32_t n_clients;
+  uint64_t next_id;
+  /* Reads are consumed synchronously by on_read (copied into the connection's frame reader),
+   * so one buffer serves every connection. */
+  char readbuf[FM_SERVER_READ_CHUNK];
+};
+
+struct fm_conn {
+  fm_server *srv;
+  fm_conn *next, *prev;
+  uv_pipe_t pipe;
+  uv_timer_t timer;
+  int handles;               /* libuv handles not yet closed (pipe, timer) */
+  int refs;                  /* fm_conn_ref holders (requests waiting on a compile) */
+  int closing;               /* uv_close issued */
+  int draining;              /* close once the write queue is empty */
+  size_t pending;            /* payload bytes queued for writing */
+  uint32_t n_writes;
+  fm_frame_reader reader;
+  int hello;
+  uint64_t id;
+  char name[128];
+};
+
+typedef struct fm_wreq {
+  uv_write_t req;
+  fm_conn *c;
+  uint8_t header[FM_FRAME_HEADER_BYTES];
+  char *payload;
+  size_t len;
+} fm_wreq;
+
+static void conn_close(fm_conn *c);
+
+/* ---- connection lifetime ---- */
+
+static void conn_maybe_free(fm_conn *c) {
+  if (c->handles > 0 || c->refs > 0) return;
+  fm_frame_reader_free(&c->reader);
+  free(c);
+}
+
+static void on_conn_handle_closed(uv_handle_t *h) {
+  fm_conn *c = h->data;
+  c->handles--;
+  conn_maybe_free(c);
+}
+
+static void conn_unlink(fm_conn *c) {
+  fm_server *s = c->srv;
+  if (c->prev) c->prev->next = c->next;
+  else if (s->conns == c) s->conns = c->next;
+  if (c->next) c->next->prev = c->prev;
+  c->next = c->prev = NULL;
+  s->n_clients--;
+}
+
+static void conn_close(fm_conn *c) {
+  if (c->closing) return;
+  c->closing = 1;
+  size_t partial = fm_frame_reader_pending(&c->reader);
+  if (partial) fm_log_info("%s: closed with %zu bytes of an incomplete frame", c->name, partial);
+  else fm_log_debug("%s: closed", c->name);
+  conn_unlink(c);
+  /* Pending writes are cancelled by libuv before these close callbacks run, so the write
+   * callbacks still find the connection alive. */
+  uv_close((uv_handle_t *)&c->pipe, on_conn_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
+}
+
+void fm_conn_ref(fm_conn *c) {
+  c->refs++;
+}
+
+void fm_conn_unref(fm_conn *c) {
+  c->refs--;
+  conn_maybe_free(c);
+}
+
+int fm_conn_is_open(const fm_conn *c) {
+  return !c->closing && !c->draining;
+}
+
+/* ---- timers ---- */
+
+static void on_timer(uv_timer_t *t);
+
+static void arm_timer(fm_conn *c) {
+  if (c->closing) return;
+  const fm_server_opts *o = &c->srv->opts;
+  uint32_t secs;
+  if (c->draining) secs = FM_SERVER_DRAIN_TIMEOUT_S;
+  else if (fm_frame_reader_pending(&c->reader) > 0)
+    secs = o->idle_timeout_s && o->idle_timeout_s < o->stall_timeout_s ? o->idle_timeout_s : o->stall_timeout_s;
+  else secs = o->idle_timeout_s;
+  if (secs == 0) {
+    uv_timer_stop(&c->timer);
+    return;
+  }
+  uv_timer_start(&c->timer, on_timer, (uint64_t)secs * 1000, 0);
+}
+
+static void on_timer(uv_timer_t *t) {
+  fm_conn *c = t->data;
+  size_t partial = fm_frame_reader_pending(&c->reader);
+  if (!c->draining && !partial && c->refs > 0) {
+    /* Waiting on our own compile is not idleness. */
+    arm_timer(c);
+    return;
+  }
+  if (c->draining) fm_log_info("%s: peer did not read its last reply; closing", c->name);
+  else if (partial) fm_log_info("%s: stalled in the middle of a frame; closing", c->name);
+  else fm_log_info("%s: idle; closing", c->name);
+  conn_close(c);
+}
+
+/* ---- writing ---- */
+
+static void on_write(uv_write_t *req, int status) {
+  fm_wreq *w = req->data;
+  fm_conn *c = w->c;
+  c->pending -= w->len;
+  c->n_writes--;
+  free(w->payload);
+  free(w);
+  if (status < 0 && status != UV_ECANCELED) {
+    fm_log_debug("%s: write failed: %s", c->name, uv_strerror(status));
+    conn_close(c);
+  } else if (c->draining && c->n_writes == 0) {
+    conn_close(c);
+  }
+}
+
+static int conn_write(fm_conn *c, char *payload, size_t len) {
+  const fm_server_opts *o = &c->srv->opts;
+  if (c->closing) {
+    free(payload);
+    return FM_ECLOSED;
+  }
+  if (len > UINT32_MAX || c->pending + len > o->max_pending_output) {
+    fm_log_warn("%s: %zu bytes of replies queued unread (cap %zu); dropping the client", c->name,
+                c->pending + len, o->max_pending_output);
+    free(payload);
+    conn_close(c);
+    return FM_ELIMIT;
+  }
+  fm_wreq *w = malloc(sizeof *w);
+  if (!w) {
+    free(payload);
+    conn_close(c);
+    return FM_ENOMEM;
+  }
+  w->req.data = w;
+  w->c = c;
+  w->payload = payload;
+  w->len = len;
+  fm_frame_header(w->header, (uint32_t)len);
+  uv_buf_t bufs[2] = {uv_buf_init((char *)w->header, FM_FRAME_HEADER_BYTES), uv_buf_init(payload, (unsigned)len)};
+  int r = uv_write(&w->req, (uv_stream_t *)&c->pipe, bufs, 2, on_write);
+  if (r < 0) {
+    fm_log_debug("%s: write: %s", c->name, uv_strerror(r));
+    free(payload);
+    free(w);
+    conn_close(c);
+    return FM_EIO;
+  }
+  c->pending += len;
+  c->n_writes++;
+  return FM_OK;
+}
+
+int fm_conn_send(fm_conn *c, msgpack_sbuffer *sb) {
+  size_t len = sb->size;
+  char *payload = msgpack_sbuffer_release(sb);
+  if (!payload) return FM_ENOMEM;
+  if (c->draining) {
+    free(payload);
+    return FM_ECLOSED;
+  }
+  return conn_write(c, payload, len);
+}
+
+void fm_conn_close_after_flush(fm_conn *c) {
+  if (c->closing || c->draining) return;
+  c->draining = 1;
+  uv_read_stop((uv_stream_t *)&c->pipe);
+  if (c->n_writes == 0) conn_close(c);
+  else arm_timer(c);
+}
+
+/* An error reply the server sends by itself (no request was decoded: id 0). */
+static void send_error(fm_conn *c, int err, const char *detail) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  fm_pack_error_reply(&pk, 0, err, detail);
+  if (fm_conn_send(c, &sb) == FM_ENOMEM) conn_close(c);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* ---- reading ---- */
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  fm_conn *c = h->data;
+  buf->base = c->srv->readbuf;
+  buf->len = sizeof c->srv->readbuf;
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  fm_conn *c = stream->data;
+  fm_server *s = c->srv;
+  if (nread < 0) {
+    if (nread != UV_EOF) fm_log_debug("%s: read: %s", c->name, uv_strerror((int)nread));
+    conn_close(c);
+    return;
+  }
+  if (nread == 0) return;
+  int err = fm_frame_reader_feed(&c->reader, buf->base, (size_t)nread);
+  if (err == FM_ETOOBIG) {
+    char detail[128];
+    snprintf(detail, sizeof detail, "a frame may hold at most %zu bytes; closing the connection",
+             s->opts.max_frame);
+    fm_log_info("%s: frame header over the %zu-byte limit", c->name, s->opts.max_frame);
+    if (s->opts.on_refused) s->opts.on_refused(FM_ETOOBIG, s->opts.ctx);
+    send_error(c, FM_ETOOBIG, detail);
+    fm_conn_close_after_flush(c);
+    return;
+  }
+  if (err) {
+    fm_log_warn("%s: %s; closing", c->name, fm_strerror(err));
+    conn_close(c);
+    return;
+  }
+  const uint8_t *payload;
+  size_t len;
+  /* A handler may close the connection (protocol_version): stop at once then. */
+  while (!c->closing && !c->draining && fm_frame_reader_next(&c->reader, &payload, &len) == 1)
+    s->opts.on_frame(c, payload, len, s->opts.ctx);
+  arm_timer(c);
+}
+
+/* ---- accepting ---- */
+
+static void describe_peer(fm_conn *c) {
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t n = sizeof cred;
+  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) == 0)
+    snprintf(c->name, sizeof c->name, "#%llu pid %ld uid %ld", (unsigned long long)c->id,
+             (long)cred.pid, (long)cred.uid);
+  else
+    snprintf(c->name, sizeof c->name, "#%llu", (unsigned long long)c->id);
+}
+
+static void on_connection(uv_stream_t *listener, int status) {
+  fm_server *s = listener->data;
+  if (status < 0) {
+    fm_log_warn("accept: %s", uv_strerror(status));
+    return;
+  }
+  fm_conn *c = calloc(1, sizeof *c);
+  if (!c) {
+    fm_log_error("out of memory accepting a connection");
+    return;
+  }
+  c->srv = s;
+  c->id = ++s->next_id;
+  fm_frame_reader_init(&c->reader, s->opts.max_frame);
+  uv_pipe_init(s->loop, &c->pipe, 0);
+  uv_timer_init(s->loop, &c->timer);
+  c->pipe.data = c->timer.data = c;
+  c->handles = 2;
+  c->next = s->conns;
+  if (s->conns) s->conns->prev = c;
+  s->conns = c;
+  s->n_clients++;
+  int r = uv_accept(listener, (uv_stream_t *)&c->pipe);
+  if (r < 0) {
+    fm_log_warn("accept: %s", uv_strerror(r));
+    conn_close(c);
+    return;
+  }
+  describe_peer(c);
+  if (s->n_clients > s->opts.max_clients) {
+    char detail[96];
+    snprintf(detail, sizeof detail, "the daemon serves at most %u clients at once", s->opts.max_clients);
+    fm_log_warn("%s: refused: %s", c->name, detail);
+    if (s->opts.on_refused) s->opts.on_refused(FM_EBUSY, s->opts.ctx);
+    send_error(c, FM_EBUSY, detail);
+    fm_conn_close_after_flush(c);
+    return;
+  }
+  fm_log_debug("%s: connected", c->name);
+  r = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
+  if (r < 0) {
+    fm_log_warn("%s: read: %s", c->name, uv_strerror(r));
+    conn_close(c);
+    return;
+  }
+  arm_timer(c);
+}
+
+/* ---- the listening socket ---- */
+
+/* A socket file may be left by a daemon that died (kill -9). Replace it only if nothing
+ * answers there: a live daemon would otherwise lose its socket to us. */
+static int clear_stale_socket(const char *path, fm_diag *d) {
+  struct stat st;
+  if (lstat(path, &st) != 0) {
+    if (errno == ENOENT) return FM_OK;
+    return fm_diag_set(d, FM_EIO, "cannot stat %s: %s", path, strerror(errno));
+  }
+  if (!S_ISSOCK(st.st_mode))
+    return fm_diag_set(d, FM_EIO, "%s exists and is not a socket; refusing to replace it", path);
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  memcpy(sa.sun_path, path, strlen(path));
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return fm_diag_set(d, FM_EIO, "socket: %s", strerror(errno));
+  int r = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+  int e = errno;
+  close(fd);
+  /* EAGAIN: a live listener whose backlog is full is still a live daemon. */
+  if (r == 0 || e == EAGAIN || e == EINPROGRESS)
+    return fm_diag_set(d, FM_EBUSY, "another fusemld is already serving %s; stop it first or use --socket", path);
+  if (e != ECONNREFUSED)
+    return fm_diag_set(d, FM_EIO, "cannot probe the existing socket %s: %s", path, strerror(e));
+  if (unlink(path) != 0 && errno != ENOENT)
+    return fm_diag_set(d, FM_EIO, "cannot remove the stale socket %s: %s", path, strerror(errno));
+  fm_log_info("removed stale socket %s (no daemon answered there)", path);
+  return FM_OK;
+}
+
+static void on_listener_closed(uv_handle_t *h) {
+  fm_server *s = h->data;
+  s->listener_closed = 1;
+}
+
+static void free_server_after_close(uv_handle_t *h) {
+  fm_server *s = h->data;
+  free(s->socket_path);
+  free(s);
+}
+
+int fm_server_start(uv_loop_t *loop, const fm_server_opts *opts, fm_server **out, fm_diag *d) {
+  int err = FM_OK, r;
+  fm_server *s = calloc(1, sizeof *s);
+  if (!s) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  s->loop = loop;
+  s->opts = *opts;
+  s->listener_closed = 1;
+  s->socket_path = strdup(opts->socket_path ? opts->socket_path : "");
+  if (!s->socket_path) {
+    free(s);
+    return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  }
+  s->opts.socket_path = s->socket_path;
+  if (opts->listen_fd < 0) {
+    struct sockaddr_un sa;
+    /* libuv 1.44 silently truncates a long path; refuse instead of binding somewhere else. */
+    if (strlen(s->socket_path) == 0 || strlen(s->socket_path) >= sizeof sa.sun_path) {
+      free(s->socket_path);
+      free(s);
+      return fm_diag_set(d, FM_EINVAL, "socket path \"%s\" is empty or longer than %zu bytes",
+                         opts->socket_path ? opts->socket_path : "", sizeof sa.sun_path - 1);
+    }
+    if ((err = clear_stale_socket(s->socket_path, d))) {
+      free(s->socket_path);
+      free(s);
+      return err;
+    }
+  }
+  uv_pipe_init(loop, &s->listener, 0);
+  s->listener.data = s;
+  s->listener_closed = 0;
+  if (opts->listen_fd >= 0) {
+    r = uv_pipe_open(&s->listener, opts->listen_fd);
+    if (r < 0) {
+      err = fm_diag_set(d, FM_EIO, "cannot use the socket passed by systemd (fd %d): %s", opts->listen_fd,
+                        uv_strerror(r));
+      goto fail;
+    }
+  } else {
+    /* The umask decides the socket file's mode at bind time: 0600 for one user, 0660 for
+     * a group in system mode. There is no window with looser permissions. */
+    mode_t old = umask(opts->system_mode ? 0117 : 0177);
+    r = uv_pipe_bind(&s->listener, s->socket_path);
+    umask(old);
+    if (r < 0) {
+      err = fm_diag_set(d, FM_EIO, "cannot bind %s: %s", s->socket_path, uv_strerror(r));
+      goto fail;
+    }
+  }
+  r = uv_listen((uv_stream_t *)&s->listener, FM_SERVER_BACKLOG, on_connection);
+  if (r < 0) {
+    err = fm_diag_set(d, FM_EIO, "cannot listen on %s: %s", s->socket_path, uv_strerror(r));
+    goto fail;
+  }
+  s->listening = 1;
+  *out = s;
+  return FM_OK;
+fail:
+  /* The listener must be closed through the loop before s is freed (the caller runs it). */
+  uv_close((uv_handle_t *)&s->listener, free_server_after_close);
+  return err;
+}
+
+void fm_server_stop_listening(fm_server *s) {
+  if (!s->listening) return;
+  s->listening = 0;
+  /* libuv unlinks the socket file it bound when the listener closes (and leaves a
+   * systemd-passed socket alone), so a restarted daemon finds no stale file. */
+  uv_close((uv_handle_t *)&s->listener, on_listener_closed);
+}
+
+void fm_server_close_all(fm_server *s) {
+  fm_conn *c = s->conns;
+  while (c) {
+    fm_conn *next = c->next;
+    fm_conn_close_after_flush(c);
+    c = next;
+  }
+}
+
+void fm_server_abort_all(fm_server *s) {
+  while (s->conns) conn_close(s->conns);
+}
+
+void fm_server_free(fm_server *s) {
+  if (!s) return;
+  if (!s->listener_closed || s->conns) {
+    /* Handles still open (a shutdown past its deadline): freeing would leave libuv pointing
+     * into freed memory. The process is about to exit; leak instead. */
+    return;
+  }
+  free(s->socket_path);
+  free(s);
+}
+
+uint32_t fm_server_clients(const fm_server *s) {
+  return s->n_clients;
+}
+
+int fm_conn_hello_done(const fm_conn *c) {
+  return c->hello;
+}
+
+void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid) {
+  c->hello = 1;
+  /* The name is the client's text: keep only printable ASCII so it cannot forge log lines. */
+  char safe[FM_CONN_NAME_SAFE];
+  size_t n = 0;
+  for (const char *p = client_name ? client_name : ""; *p && n < sizeof safe - 1; p++)
+    safe[n++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
+  safe[n] = '\0';
+  snprintf(c->name, sizeof c->name, "#%llu %s[%llu]", (unsigned long long)c->id, n ? safe : "client",
+           (unsigned long long)pid);
+}
+
+const char *fm_conn_name(const fm_conn *c) {
+  return c->name;
+}

@@ -1,0 +1,80 @@
+/* fm_server.h: the listening Unix socket and its connections (libuv, loop thread only).
+ *
+ * Each connection reads length-prefixed frames (fm_frame.h, at most max_frame bytes) and hands
+ * every complete frame to on_frame. Replies go out through fm_conn_send, queued per
+ * connection; a peer that lets more than max_pending_output bytes pile up unread is closed.
+ * A frame header declaring more than max_frame gets a frame_too_large error reply and the
+ * connection is closed once it is written (the stream cannot be resynchronized).
+ *
+ * Connections are reference counted: a request waiting on a compile holds a reference
+ * (fm_conn_ref), so when its peer hangs up the connection object outlives the socket and the
+ * late reply is dropped (fm_conn_send on a closed connection) instead of touching freed memory.
+ *
+ * Idle clients are closed after idle_timeout_s (0: never); a client that stalls in the middle
+ * of a frame is closed after stall_timeout_s. A connection with requests still being compiled
+ * is never idle. */
+#ifndef FM_SERVER_H
+#define FM_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <msgpack.h>
+#include <uv.h>
+
+#include "fm_error.h"
+
+typedef struct fm_server fm_server;
+typedef struct fm_conn fm_conn;
+
+/* One complete frame; payload is valid only during the call. */
+typedef void (*fm_server_frame_fn)(fm_conn *c, const uint8_t *payload, size_t len, void *ctx);
+/* A frame the server refused by itself (FM_ETOOBIG; FM_EBUSY at max clients), for counting. */
+typedef void (*fm_server_refused_fn)(int err, void *ctx);
+
+typedef struct fm_server_opts {
+  const char *socket_path;     /* bound unless listen_fd >= 0 */
+  int listen_fd;               /* an already listening socket (systemd activation), or -1 */
+  int system_mode;             /* socket mode 0660 instead of 0600 */
+  uint32_t max_clients;
+  uint32_t idle_timeout_s;     /* 0: never */
+  uint32_t stall_timeout_s;    /* partial frame pending */
+  size_t max_frame;            /* FM_FRAME_MAX_REQUEST */
+  size_t max_pending_output;   /* bytes queued unread before the connection is dropped */
+  fm_server_frame_fn on_frame;
+  fm_server_refused_fn on_refused;   /* may be NULL */
+  void *ctx;
+} fm_server_opts;
+
+/* Binds (or adopts listen_fd) and listens. A socket file left by a dead daemon is replaced
+ * only after a connect() to it is refused; if a daemon answers there, FM_EBUSY ("already
+ * running"). The socket is created with umask 0177 (0600), or 0117 (0660) in system mode. */
+int fm_server_start(uv_loop_t *loop, const fm_server_opts *opts, fm_server **out, fm_diag *d);
+/* Stops accepting: closes the listener, which removes the socket file if we created it. */
+void fm_server_stop_listening(fm_server *s);
+/* Closes every connection once its queued replies are written (shutdown). */
+void fm_server_close_all(fm_server *s);
+/* Closes every connection now, dropping unwritten replies (a shutdown whose flush timed out). */
+void fm_server_abort_all(fm_server *s);
+/* Frees the server after the loop has closed all of its handles (uv_run returned). Connections
+ * still referenced (never, after a clean shutdown) are left alone. */
+void fm_server_free(fm_server *s);
+uint32_t fm_server_clients(const fm_server *s);
+
+void fm_conn_ref(fm_conn *c);
+void fm_conn_unref(fm_conn *c);
+/* False once the peer hung up or the connection is being closed. */
+int fm_conn_is_open(const fm_conn *c);
+/* Queues one frame whose payload is sb's bytes; takes them (sb is left empty). FM_ECLOSED if
+ * the connection is closed (the bytes are freed), FM_ELIMIT if the peer is not reading (the
+ * connection is then closed). */
+int fm_conn_send(fm_conn *c, msgpack_sbuffer *sb);
+/* Stops reading and closes the connection after everything queued has been written. */
+void fm_conn_close_after_flush(fm_conn *c);
+
+/* Handshake state, kept on the connection for dispatch. */
+int fm_conn_hello_done(const fm_conn *c);
+void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid);
+/* "#12 python/4242" for log lines. */
+const char *fm_conn_name(const fm_conn *c);
+
+#endif

@@ -1,0 +1,140 @@
+/* main.c: fusemld: flags, config file, logging, then the daemon (fm_daemon.h). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_config.h"
+#include "fm_daemon.h"
+#include "fm_detach.h"
+#include "fm_log.h"
+#include "fm_proto.h"
+#include "fm_sd.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: fusemld [options]\n"
+          "Serves fused GPU kernels to local clients over a Unix socket.\n\n"
+          "  --socket PATH         listening socket (default $XDG_RUNTIME_DIR/fusemld.sock)\n"
+          "  --db PATH             kernel database (default ~/.cache/fusemld/kernels.db)\n"
+          "  --cache-size SIZE     cubin bytes kept, with K/M/G suffix (default 2G; 0 = unlimited)\n"
+          "  --log-level LEVEL     error, warn, info or debug (default info)\n"
+          "  --log-file PATH       log here instead of stderr (reopened on SIGHUP)\n"
+          "  --foreground          do not detach (always so under systemd)\n"
+          "  --jobs N              compile threads (default: number of CPUs)\n"
+          "  --arch ARCH           target when there is no GPU (default sm_90a)\n"
+          "  --system              system mode: %s (0660), %s\n"
+          "  --config PATH         config file of `key = value` lines (flags override it)\n"
+          "  --max-clients N       concurrent clients (default 1024)\n"
+          "  --idle-timeout SECS   close idle clients after this (default 600; 0 = never)\n"
+          "  --help, --version\n",
+          "/run/fusemld/fusemld.sock", "/var/lib/fusemld/kernels.db");
+}
+
+/* Flags that are settings (key = long option name), kept to apply after the config file. */
+typedef struct setting {
+  const char *key, *value;
+} setting;
+
+int main(int argc, char **argv) {
+  enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
+         OPT_MAXCLIENTS, OPT_IDLE, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION };
+  static const struct option longopts[] = {
+      {"socket", required_argument, NULL, OPT_SOCKET},
+      {"db", required_argument, NULL, OPT_DB},
+      {"cache-size", required_argument, NULL, OPT_CACHE},
+      {"log-level", required_argument, NULL, OPT_LEVEL},
+      {"log-file", required_argument, NULL, OPT_LOGFILE},
+      {"jobs", required_argument, NULL, OPT_JOBS},
+      {"arch", required_argument, NULL, OPT_ARCH},
+      {"max-clients", required_argument, NULL, OPT_MAXCLIENTS},
+      {"idle-timeout", required_argument, NULL, OPT_IDLE},
+      {"foreground", no_argument, NULL, OPT_FOREGROUND},
+      {"system", no_argument, NULL, OPT_SYSTEM},
+      {"config", required_argument, NULL, OPT_CONFIG},
+      {"help", no_argument, NULL, OPT_HELP},
+      {"version", no_argument, NULL, OPT_VERSION},
+      {NULL, 0, NULL, 0},
+  };
+  static fm_config cfg;   /* large (paths): not on the stack */
+  setting *settings = calloc((size_t)argc + 1, sizeof *settings);
+  size_t n_settings = 0;
+  const char *config_file = NULL;
+  int foreground = 0, system_mode = 0, opt, status = 1;
+  fm_diag d = {{0}};
+
+  /* A client that hangs up must cost us an EPIPE, not the process. */
+  signal(SIGPIPE, SIG_IGN);
+  if (!settings) {
+    fprintf(stderr, "fusemld: out of memory\n");
+    return 1;
+  }
+  while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+    switch (opt) {
+      case OPT_FOREGROUND: foreground = 1; break;
+      case OPT_SYSTEM: system_mode = 1; break;
+      case OPT_CONFIG: config_file = optarg; break;
+      case OPT_HELP: usage(stdout); status = 0; goto out;
+      case OPT_VERSION: printf("fusemld %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION); status = 0; goto out;
+      case '?': usage(stderr); status = 2; goto out;
+      default:
+        for (const struct option *o = longopts; o->name; o++)
+          if (o->val == opt) settings[n_settings++] = (setting){o->name, optarg};
+        break;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "fusemld: unexpected argument \"%s\"\n", argv[optind]);
+    usage(stderr);
+    status = 2;
+    goto out;
+  }
+
+  fm_config_defaults(&cfg);
+  cfg.system_mode = system_mode;
+  cfg.foreground = foreground;
+  /* The file first, then the flags over it. An explicit --config must exist; the default one
+   * is optional. */
+  char default_conf[FM_CONFIG_PATH_MAX];
+  if (config_file) {
+    if (fm_config_load_file(&cfg, config_file, 1, &d)) goto fail;
+  } else if (fm_config_default_path(system_mode, default_conf, sizeof default_conf, &d) == FM_OK) {
+    if (fm_config_load_file(&cfg, default_conf, 0, &d)) goto fail;
+  }
+  for (size_t i = 0; i < n_settings; i++) {
+    fm_diag why = {{0}};
+    if (fm_config_set(&cfg, settings[i].key, settings[i].value, &why)) {
+      fm_diag_set(&d, FM_EINVAL, "--%s", why.text);
+      goto fail;
+    }
+  }
+  if (fm_config_finish(&cfg, &d)) goto fail;
+  if (fm_log_open(cfg.log_level, cfg.log_file, &d)) goto fail;
+
+  /* libuv reads this when its pool first starts (the first compile), never again. */
+  char jobs[16];
+  snprintf(jobs, sizeof jobs, "%u", cfg.jobs);
+  setenv("UV_THREADPOOL_SIZE", jobs, 1);
+
+  int ready_fd = -1;
+  if (!cfg.foreground && !fm_sd_under_systemd()) {
+    /* Fork before any thread or event loop exists; the parent returns once we serve. */
+    int r = fm_detach_start(&ready_fd, &status, &d);
+    if (r < 0) goto fail;
+    if (r == 1) goto out;
+  }
+  status = fm_daemon_run(&cfg, ready_fd, &d);
+  if (status != 0) goto fail;
+  goto out;
+
+fail:
+  if (status == 0) status = 1;
+  fm_log_error("%s", d.text[0] ? d.text : "startup failed");
+  /* Before the log is open (or when it is a file) the terminal still deserves the reason. */
+  if (fm_log_fd() >= 0 || !d.text[0]) fprintf(stderr, "fusemld: %s\n", d.text[0] ? d.text : "startup failed");
+out:
+  fm_log_close();
+  free(settings);
+  return status;
+}

@@ -1,0 +1,306 @@
+/* fm_fragment_decode.c: the fragment wire form (a msgpack map) into an fm_fragment.
+ *
+ * Decoding checks types, key names and whatever the fixed-size struct cannot hold (counts,
+ * rank, id range); every semantic rule is fm_fragment_validate's, so a fragment built in C
+ * gets the same checks. Unknown keys are refused: a typo ("stride") must not silently mean
+ * "contiguous". Every diag starts with where the problem is ("ops[3].args[1]: ..."). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fm_fragment.h"
+#include "fm_msg.h"
+
+#define PATH_MAX_ 64
+#define MAX_FIELDS 5
+
+/* Copies a client string into a diag-safe form: printable ASCII only, bounded. */
+static const char *shown(const char *s, size_t n, char out[52]) {
+  size_t k = 0;
+  for (size_t i = 0; i < n && k < 48; i++) {
+    unsigned char c = (unsigned char)s[i];
+    out[k++] = (c >= 0x20 && c < 0x7f) ? (char)c : '?';
+  }
+  if (n > 48) {
+    memcpy(out + k, "...", 3);
+    k += 3;
+  }
+  out[k] = '\0';
+  return out;
+}
+
+static const char *kind_of(const msgpack_object *o) {
+  switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return "nil";
+    case MSGPACK_OBJECT_BOOLEAN: return "a bool";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "an integer";
+    case MSGPACK_OBJECT_FLOAT32:
+    case MSGPACK_OBJECT_FLOAT64: return "a float";
+    case MSGPACK_OBJECT_STR: return "a str";
+    case MSGPACK_OBJECT_ARRAY: return "an array";
+    case MSGPACK_OBJECT_MAP: return "a map";
+    case MSGPACK_OBJECT_BIN: return "a bin";
+    case MSGPACK_OBJECT_EXT: return "an ext";
+  }
+  return "an unknown type";
+}
+
+/* Splits a map into the named fields (NULL when absent), refusing other keys, non-str keys
+ * and duplicates. required is a bitmask over names. */
+static int fields(const msgpack_object *obj, const char *path, const char *const *names,
+                  int n_names, unsigned required, const msgpack_object **out, fm_diag *d) {
+  char buf[52];
+  if (obj->type != MSGPACK_OBJECT_MAP)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected a map, got %s", path, kind_of(obj));
+  for (int i = 0; i < n_names; i++) out[i] = NULL;
+  for (uint32_t k = 0; k < obj->via.map.size; k++) {
+    const msgpack_object *key = &obj->via.map.ptr[k].key;
+    if (key->type != MSGPACK_OBJECT_STR)
+      return fm_diag_set(d, FM_ESCHEMA, "%s: keys must be str, got %s", path, kind_of(key));
+    int i = 0;
+    while (i < n_names && !fm_msg_str_eq(key, names[i])) i++;
+    if (i == n_names)
+      return fm_diag_set(d, FM_ESCHEMA, "%s: unknown key '%s'", path,
+                         shown(key->via.str.ptr, key->via.str.size, buf));
+    if (out[i]) return fm_diag_set(d, FM_ESCHEMA, "%s: key '%s' appears twice", path, names[i]);
+    out[i] = &obj->via.map.ptr[k].val;
+  }
+  for (int i = 0; i < n_names; i++)
+    if ((required & (1u << i)) && !out[i])
+      return fm_diag_set(d, FM_ESCHEMA, "%s: missing key '%s'", path, names[i]);
+  return FM_OK;
+}
+
+static int get_u64(const msgpack_object *o, const char *path, uint64_t *v, fm_diag *d) {
+  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected a non-negative integer, got %" PRId64, path,
+                       o->via.i64);
+  if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected an integer, got %s", path, kind_of(o));
+  *v = o->via.u64;
+  return FM_OK;
+}
+
+static int get_i64(const msgpack_object *o, const char *path, int64_t *v, fm_diag *d) {
+  if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+    *v = o->via.i64;
+    return FM_OK;
+  }
+  if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected an integer, got %s", path, kind_of(o));
+  if (o->via.u64 > (uint64_t)INT64_MAX)
+    return fm_diag_set(d, FM_ELIMIT, "%s: %" PRIu64 " is out of range", path, o->via.u64);
+  *v = (int64_t)o->via.u64;
+  return FM_OK;
+}
+
+static int get_id(const msgpack_object *o, const char *path, uint32_t *id, fm_diag *d) {
+  uint64_t v = 0;
+  int rc = get_u64(o, path, &v, d);
+  if (rc) return rc;
+  if (v > FM_MAX_VALUE_ID)
+    return fm_diag_set(d, FM_ELIMIT, "%s: value id %" PRIu64 " exceeds the maximum %u", path, v,
+                       FM_MAX_VALUE_ID);
+  *id = (uint32_t)v;
+  return FM_OK;
+}
+
+static int get_dtype(const msgpack_object *o, const char *path, fm_dtype *dt, fm_diag *d) {
+  char buf[52];
+  if (o->type != MSGPACK_OBJECT_STR)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected a dtype name (str), got %s", path, kind_of(o));
+  if (fm_dtype_parse(o->via.str.ptr, o->via.str.size, dt))
+    return fm_diag_set(d, FM_ESCHEMA, "%s: unknown dtype '%s' (expected bool, f16, bf16 or f32)",
+                       path, shown(o->via.str.ptr, o->via.str.size, buf));
+  return FM_OK;
+}
+
+/* The default layout: contiguous row-major. Dim 0's stride is the product of the other dims
+ * even when dim 0 is symbolic (dim 0 is outermost, so no stride depends on its size). A
+ * product that overflows saturates; validation refuses such shapes before strides matter. */
+static void contiguous_strides(fm_tensor *t) {
+  int64_t s = 1;
+  for (uint32_t i = t->rank; i-- > 0;) {
+    t->strides[i] = s;
+    int64_t dim = t->shape[i] > 0 ? t->shape[i] : 1;
+    if (__builtin_mul_overflow(s, dim, &s)) s = INT64_MAX;
+  }
+}
+
+enum { T_ID, T_DTYPE, T_SHAPE, T_STRIDES, T_ALIGN, T__N };
+static const char *const tensor_keys[T__N] = {"id", "dtype", "shape", "strides", "align"};
+
+static int decode_tensor(const msgpack_object *obj, const char *path, fm_tensor *t, fm_diag *d) {
+  const msgpack_object *f[T__N];
+  char p[PATH_MAX_ + 32];
+  int rc = fields(obj, path, tensor_keys, T__N, 1u << T_ID | 1u << T_DTYPE | 1u << T_SHAPE, f, d);
+  if (rc) return rc;
+
+  snprintf(p, sizeof p, "%s.id", path);
+  if ((rc = get_id(f[T_ID], p, &t->id, d))) return rc;
+  snprintf(p, sizeof p, "%s.dtype", path);
+  if ((rc = get_dtype(f[T_DTYPE], p, &t->dtype, d))) return rc;
+
+  const msgpack_object *shape = f[T_SHAPE];
+  if (shape->type != MSGPACK_OBJECT_ARRAY)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.shape: expected an array, got %s", path, kind_of(shape));
+  if (shape->via.array.size > FM_MAX_RANK)
+    return fm_diag_set(d, FM_ELIMIT, "%s.shape: rank %u exceeds the limit of %d", path,
+                       shape->via.array.size, FM_MAX_RANK);
+  t->rank = shape->via.array.size;
+  for (uint32_t i = 0; i < t->rank; i++) {
+    snprintf(p, sizeof p, "%s.shape[%u]", path, i);
+    if ((rc = get_i64(&shape->via.array.ptr[i], p, &t->shape[i], d))) return rc;
+  }
+
+  const msgpack_object *strides = f[T_STRIDES];
+  if (strides) {
+    if (strides->type != MSGPACK_OBJECT_ARRAY)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.strides: expected an array, got %s", path,
+                         kind_of(strides));
+    if (strides->via.array.size != t->rank)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.strides: %u entries for a shape of rank %u", path,
+                         strides->via.array.size, t->rank);
+    for (uint32_t i = 0; i < t->rank; i++) {
+      snprintf(p, sizeof p, "%s.strides[%u]", path, i);
+      if ((rc = get_i64(&strides->via.array.ptr[i], p, &t->strides[i], d))) return rc;
+    }
+  } else {
+    contiguous_strides(t);
+  }
+
+  t->align = 16;
+  if (f[T_ALIGN]) {
+    uint64_t a = 0;
+    snprintf(p, sizeof p, "%s.align", path);
+    if ((rc = get_u64(f[T_ALIGN], p, &a, d))) return rc;
+    if (a > FM_MAX_ALIGN)
+      return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRIu64 " is not a power of two in 1..%u", p, a,
+                         FM_MAX_ALIGN);
+    t->align = (uint32_t)a;
+  }
+  return FM_OK;
+}
+
+enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O__N };
+static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype"};
+
+static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op, fm_diag *d) {
+  const msgpack_object *f[O__N];
+  char p[PATH_MAX_ + 32], buf[52];
+  int rc = fields(obj, path, op_keys, O__N, 1u << O_OP | 1u << O_OUT, f, d);
+  if (rc) return rc;
+
+  const msgpack_object *name = f[O_OP];
+  if (name->type != MSGPACK_OBJECT_STR)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.op: expected an op name (str), got %s", path,
+                       kind_of(name));
+  if (fm_op_parse(name->via.str.ptr, name->via.str.size, &op->op))
+    return fm_diag_set(d, FM_EUNKNOWN_OP, "%s.op: unknown op '%s'", path,
+                       shown(name->via.str.ptr, name->via.str.size, buf));
+  const char *opname = fm_op_name(op->op);
+  fm_opkind kind = fm_op_kind(op->op);
+  if (kind == FM_OPK_RESERVED)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "%s.op: op '%s' is reserved for a later vocabulary version (this daemon "
+                       "speaks vocab %d)", path, opname, FM_VOCAB_VERSION);
+
+  snprintf(p, sizeof p, "%s.out", path);
+  if ((rc = get_id(f[O_OUT], p, &op->out, d))) return rc;
+
+  int arity = fm_op_arity(op->op);
+  const msgpack_object *args = f[O_ARGS];
+  if (args && args->type != MSGPACK_OBJECT_ARRAY)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.args: expected an array, got %s", path, kind_of(args));
+  uint32_t nargs = args ? args->via.array.size : 0;
+  if (nargs != (uint32_t)arity)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path, opname, arity,
+                       arity == 1 ? "" : "s", nargs);
+  op->nargs = nargs;
+  for (uint32_t i = 0; i < nargs; i++) {
+    snprintf(p, sizeof p, "%s.args[%u]", path, i);
+    if ((rc = get_id(&args->via.array.ptr[i], p, &op->args[i], d))) return rc;
+  }
+
+  const msgpack_object *value = f[O_VALUE];
+  if (kind == FM_OPK_CONST) {
+    if (!value) return fm_diag_set(d, FM_ESCHEMA, "%s: const needs a 'value'", path);
+    switch (value->type) {
+      case MSGPACK_OBJECT_FLOAT32:
+      case MSGPACK_OBJECT_FLOAT64: op->value = value->via.f64; break;
+      case MSGPACK_OBJECT_POSITIVE_INTEGER: op->value = (double)value->via.u64; break;
+      case MSGPACK_OBJECT_NEGATIVE_INTEGER: op->value = (double)value->via.i64; break;
+      default:
+        return fm_diag_set(d, FM_ESCHEMA, "%s.value: expected a number, got %s", path,
+                           kind_of(value));
+    }
+  } else if (value) {
+    return fm_diag_set(d, FM_ESCHEMA, "%s.value: only const takes a value, not '%s'", path, opname);
+  }
+
+  const msgpack_object *dtype = f[O_DTYPE];
+  if (kind == FM_OPK_CAST) {
+    if (!dtype) return fm_diag_set(d, FM_ESCHEMA, "%s: cast needs a 'dtype'", path);
+    snprintf(p, sizeof p, "%s.dtype", path);
+    if ((rc = get_dtype(dtype, p, &op->dtype, d))) return rc;
+  } else if (dtype) {
+    return fm_diag_set(d, FM_ESCHEMA,
+                       "%s.dtype: only cast takes a dtype ('%s' infers its result dtype)", path,
+                       opname);
+  }
+  return FM_OK;
+}
+
+/* An array field of at most max elements. */
+static int get_array(const msgpack_object *o, const char *name, uint32_t max, const char *what,
+                     fm_diag *d) {
+  if (o->type != MSGPACK_OBJECT_ARRAY)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected an array, got %s", name, kind_of(o));
+  if (o->via.array.size > max)
+    return fm_diag_set(d, FM_ELIMIT, "%s: %u %s exceed the limit of %u", name, o->via.array.size,
+                       what, max);
+  return FM_OK;
+}
+
+enum { F_VOCAB, F_INPUTS, F_OPS, F_OUTPUTS, F__N };
+static const char *const fragment_keys[F__N] = {"vocab", "inputs", "ops", "outputs"};
+
+int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) {
+  const msgpack_object *f[F__N];
+  char p[PATH_MAX_];
+  int rc;
+  if (!obj || !out) return fm_diag_set(d, FM_EINVAL, "fm_fragment_decode: NULL argument");
+  memset(out, 0, sizeof *out);
+  if ((rc = fields(obj, "fragment", fragment_keys, F__N, (1u << F__N) - 1, f, d))) return rc;
+
+  /* The vocabulary first: a newer client's fragment fails here, with the reason that
+   * matters, rather than at its first new op. */
+  uint64_t vocab = 0;
+  if ((rc = get_u64(f[F_VOCAB], "vocab", &vocab, d))) return rc;
+  if (vocab != FM_VOCAB_VERSION)
+    return fm_diag_set(d, FM_ESCHEMA, "vocab %" PRIu64 " not supported, this daemon speaks %d",
+                       vocab, FM_VOCAB_VERSION);
+  out->vocab = (uint32_t)vocab;
+
+  if ((rc = get_array(f[F_INPUTS], "inputs", FM_MAX_INPUTS, "inputs", d))) return rc;
+  if ((rc = get_array(f[F_OPS], "ops", FM_MAX_OPS, "ops", d))) return rc;
+  if ((rc = get_array(f[F_OUTPUTS], "outputs", FM_MAX_OUTPUTS, "outputs", d))) return rc;
+
+  out->n_inputs = f[F_INPUTS]->via.array.size;
+  for (uint32_t i = 0; i < out->n_inputs; i++) {
+    snprintf(p, sizeof p, "inputs[%u]", i);
+    if ((rc = decode_tensor(&f[F_INPUTS]->via.array.ptr[i], p, &out->inputs[i], d))) return rc;
+  }
+  out->n_ops = f[F_OPS]->via.array.size;
+  for (uint32_t i = 0; i < out->n_ops; i++) {
+    snprintf(p, sizeof p, "ops[%u]", i);
+    if ((rc = decode_op(&f[F_OPS]->via.array.ptr[i], p, &out->ops[i], d))) return rc;
+  }
+  out->n_outputs = f[F_OUTPUTS]->via.array.size;
+  for (uint32_t i = 0; i < out->n_outputs; i++) {
+    snprintf(p, sizeof p, "outputs[%u]", i);
+    if ((rc = decode_tensor(&f[F_OUTPUTS]->via.array.ptr[i], p, &out->outputs[i], d))) return rc;
+  }
+  return fm_fragment_validate(out, d);
+}

@@ -1,0 +1,333 @@
+/* fm_fragment_validate.c: every rule of the fragment IR (fm_fragment.h), checked in one pass
+ * over a decoded (or C-built) fragment, filling each op's result dtype.
+ *
+ * The order of the checks is the order a reader would look: counts, each tensor on its own,
+ * the dataflow (ids defined once and before use, arity, operand dtypes), what the outputs
+ * store, and last how the shapes relate. The first failure is reported, with its place. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fm_fragment.h"
+
+/* A defined value: inputs first, then op results in order. At most 32 + 256 entries, so a
+ * linear search is fine and needs no allocation. */
+typedef struct value {
+  uint32_t id;
+  fm_dtype dtype;
+  bool weak;        /* a `const`: a Python scalar, which does not promote */
+  bool is_input;
+  uint32_t index;   /* into inputs[] or ops[] */
+} value;
+
+typedef struct values {
+  value v[FM_MAX_INPUTS + FM_MAX_OPS];
+  uint32_t n;
+} values;
+
+static const value *lookup(const values *vs, uint32_t id) {
+  for (uint32_t i = 0; i < vs->n; i++)
+    if (vs->v[i].id == id) return &vs->v[i];
+  return NULL;
+}
+
+static int define(values *vs, value v, const char *path, fm_diag *d) {
+  const value *prev = lookup(vs, v.id);
+  if (prev)
+    return fm_diag_set(d, FM_ESCHEMA, "%s: value %u is already defined by %s[%u]", path, v.id,
+                       prev->is_input ? "inputs" : "ops", prev->index);
+  vs->v[vs->n++] = v;
+  return FM_OK;
+}
+
+static void format_shape(const fm_tensor *t, char *out, size_t cap) {
+  size_t k = (size_t)snprintf(out, cap, "[");
+  for (uint32_t i = 0; i < t->rank && k < cap; i++)
+    k += (size_t)snprintf(out + k, cap - k, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+  if (k < cap) snprintf(out + k, cap - k, "]");
+}
+
+/* Shape, strides, alignment and dtype of one tensor, on its own. */
+static int check_tensor(const fm_tensor *t, const char *path, fm_diag *d) {
+  if ((unsigned)t->dtype >= FM_DT__COUNT)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: %d is not a dtype", path, (int)t->dtype);
+  if (t->id > FM_MAX_VALUE_ID)
+    return fm_diag_set(d, FM_ELIMIT, "%s.id: value id %u exceeds the maximum %u", path, t->id,
+                       FM_MAX_VALUE_ID);
+  if (t->rank > FM_MAX_RANK)
+    return fm_diag_set(d, FM_ELIMIT, "%s.shape: rank %u exceeds the limit of %d", path, t->rank,
+                       FM_MAX_RANK);
+  int64_t elements = 1;
+  for (uint32_t i = 0; i < t->rank; i++) {
+    int64_t dim = t->shape[i];
+    if (dim == FM_DIM_SYMBOLIC) {
+      if (i != 0)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.shape[%u]: only dim 0 may be symbolic (-1)", path, i);
+      continue;
+    }
+    if (dim < 1)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "%s.shape[%u]: %" PRId64 " is not a size (dims are >= 1, or -1 for a "
+                         "symbolic dim 0; empty tensors have nothing to fuse)", path, i, dim);
+    if (dim >= FM_MAX_DIM)
+      return fm_diag_set(d, FM_ELIMIT, "%s.shape[%u]: %" PRId64 " exceeds the limit of 2^31-1",
+                         path, i, dim);
+    if (elements > FM_MAX_ELEMENTS / dim)
+      return fm_diag_set(d, FM_ELIMIT, "%s.shape: more than 2^40 elements", path);
+    elements *= dim;
+  }
+  /* Bounding the reach of one tensor keeps every offset codegen computes inside 64 bits. */
+  int64_t span = 0;
+  for (uint32_t i = 0; i < t->rank; i++) {
+    int64_t st = t->strides[i], term;
+    if (st < 0)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.strides[%u]: negative strides are not supported (%" PRId64 ")",
+                         path, i, st);
+    if (st > FM_MAX_STRIDE)
+      return fm_diag_set(d, FM_ELIMIT, "%s.strides[%u]: %" PRId64 " exceeds the limit of 2^40",
+                         path, i, st);
+    if (t->shape[i] <= 1) continue;
+    if (__builtin_mul_overflow(t->shape[i] - 1, st, &term) ||
+        __builtin_add_overflow(span, term, &span) || span > FM_MAX_STRIDE)
+      return fm_diag_set(d, FM_ELIMIT, "%s.strides: the layout spans more than 2^40 elements", path);
+  }
+  uint32_t a = t->align;
+  if (a == 0 || a > FM_MAX_ALIGN || (a & (a - 1)))
+    return fm_diag_set(d, FM_ESCHEMA, "%s.align: %u is not a power of two in 1..%u", path, a,
+                       FM_MAX_ALIGN);
+  if (a < fm_dtype_size(t->dtype))
+    return fm_diag_set(d, FM_ESCHEMA, "%s.align: %u is less than the %zu-byte size of %s", path, a,
+                       fm_dtype_size(t->dtype), fm_dtype_name(t->dtype));
+  return FM_OK;
+}
+
+static bool is_float(fm_dtype dt) { return dt == FM_DT_F16 || dt == FM_DT_BF16 || dt == FM_DT_F32; }
+
+/* PyTorch's promotion for the dtypes we have: a weak scalar takes the other side's float
+ * dtype; bool takes the other side's dtype; two different 16-bit floats meet at f32. */
+static fm_dtype promote(const value *a, const value *b) {
+  if (a->weak && b->weak) return FM_DT_F32;
+  if (a->weak) return b->dtype == FM_DT_BOOL ? FM_DT_F32 : b->dtype;
+  if (b->weak) return a->dtype == FM_DT_BOOL ? FM_DT_F32 : a->dtype;
+  if (a->dtype == FM_DT_BOOL && b->dtype == FM_DT_BOOL) return FM_DT_F32;
+  if (a->dtype == FM_DT_BOOL) return b->dtype;
+  if (b->dtype == FM_DT_BOOL) return a->dtype;
+  return a->dtype == b->dtype ? a->dtype : FM_DT_F32;
+}
+
+/* Result dtype of op (args already resolved) or an error naming the operand at fault. */
+static int infer(fm_opnode *op, const value *arg[3], bool *weak, const char *path, fm_diag *d) {
+  const char *name = fm_op_name(op->op);
+  *weak = false;
+  switch (fm_op_kind(op->op)) {
+    case FM_OPK_CONST:
+      if (isnan(op->value))
+        return fm_diag_set(d, FM_ESCHEMA, "%s.value: NaN is not a valid constant", path);
+      op->dtype = FM_DT_F32;
+      *weak = true;
+      return FM_OK;
+    case FM_OPK_UNARY:
+      if (!arg[0]->weak && !is_float(arg[0]->dtype))
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "%s.args[0]: '%s' needs a floating-point operand, value %u is %s "
+                           "(cast it first)", path, name, arg[0]->id, fm_dtype_name(arg[0]->dtype));
+      op->dtype = arg[0]->weak ? FM_DT_F32 : arg[0]->dtype;
+      return FM_OK;
+    case FM_OPK_BINARY:
+      op->dtype = promote(arg[0], arg[1]);
+      return FM_OK;
+    case FM_OPK_COMPARE:
+      op->dtype = FM_DT_BOOL;
+      return FM_OK;
+    case FM_OPK_WHERE:
+      if (arg[0]->weak || arg[0]->dtype != FM_DT_BOOL)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: where's condition must be bool, value %u is %s",
+                           path, arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
+      op->dtype = promote(arg[1], arg[2]);
+      return FM_OK;
+    case FM_OPK_CAST:
+      if ((unsigned)op->dtype >= FM_DT__COUNT)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: %d is not a dtype", path, (int)op->dtype);
+      return FM_OK;
+    case FM_OPK_POW:
+      if (!arg[1]->weak)
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "%s.args[1]: pow's exponent must be a const value, value %u is not", path,
+                           arg[1]->id);
+      op->dtype = promote(arg[0], arg[1]);
+      return FM_OK;
+    case FM_OPK_RESERVED:
+      break;
+  }
+  return fm_diag_set(d, FM_EUNSUPPORTED, "%s.op: op '%s' is reserved for a later vocabulary version",
+                     path, name);
+}
+
+static int check_op(fm_opnode *op, uint32_t i, values *vs, fm_diag *d) {
+  char path[32];
+  snprintf(path, sizeof path, "ops[%u]", i);
+  if ((unsigned)op->op >= FM_OP__COUNT)
+    return fm_diag_set(d, FM_EUNKNOWN_OP, "%s.op: unknown op number %d", path, (int)op->op);
+  if (fm_op_kind(op->op) == FM_OPK_RESERVED)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "%s.op: op '%s' is reserved for a later vocabulary version (this daemon "
+                       "speaks vocab %d)", path, fm_op_name(op->op), FM_VOCAB_VERSION);
+  if (op->out > FM_MAX_VALUE_ID)
+    return fm_diag_set(d, FM_ELIMIT, "%s.out: value id %u exceeds the maximum %u", path, op->out,
+                       FM_MAX_VALUE_ID);
+  int arity = fm_op_arity(op->op);
+  if (op->nargs != (uint32_t)arity)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path,
+                       fm_op_name(op->op), arity, arity == 1 ? "" : "s", op->nargs);
+  const value *arg[3] = {NULL, NULL, NULL};
+  for (uint32_t k = 0; k < op->nargs; k++) {
+    arg[k] = lookup(vs, op->args[k]);
+    if (!arg[k])
+      return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k,
+                         op->args[k]);
+  }
+  bool weak;
+  int rc = infer(op, arg, &weak, path, d);
+  if (rc) return rc;
+  char opath[40];
+  snprintf(opath, sizeof opath, "%s.out", path);
+  return define(vs, (value){.id = op->out, .dtype = op->dtype, .weak = weak, .is_input = false, .index = i},
+                opath, d);
+}
+
+/* Outputs are written, so two elements of one output must never share an address: sorted by
+ * stride, each dim must step past everything the smaller dims reach. A symbolic dim 0 has no
+ * static extent and so must be the outermost. Size-1 dims never move. */
+static int check_no_overlap(const fm_tensor *t, const char *path, fm_diag *d) {
+  uint32_t order[FM_MAX_RANK], n = 0;
+  for (uint32_t i = 0; i < t->rank; i++)
+    if (t->shape[i] != 1) order[n++] = i;
+  for (uint32_t a = 1; a < n; a++) { /* insertion sort by stride, symbolic last among ties */
+    uint32_t x = order[a], b = a;
+    while (b > 0) {
+      uint32_t y = order[b - 1];
+      bool after = t->strides[y] > t->strides[x] ||
+                   (t->strides[y] == t->strides[x] && t->shape[y] == FM_DIM_SYMBOLIC);
+      if (!after) break;
+      order[b] = y;
+      b--;
+    }
+    order[b] = x;
+  }
+  int64_t reach = 0; /* the largest offset the dims so far can produce */
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t i = order[k];
+    if (t->strides[i] <= reach)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "%s.strides: elements would overlap (dim %u, stride %" PRId64 ", lands on "
+                         "offsets the smaller dims already reach)", path, i, t->strides[i]);
+    if (t->shape[i] == FM_DIM_SYMBOLIC) {
+      if (k != n - 1)
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "%s.strides[0]: the symbolic dim must have the largest stride", path);
+      break;
+    }
+    reach += (t->shape[i] - 1) * t->strides[i]; /* bounded by check_tensor's span limit */
+  }
+  return FM_OK;
+}
+
+/* Inputs broadcast to the iteration shape; outputs have it exactly. */
+static int check_shapes(const fm_fragment *f, fm_diag *d) {
+  const fm_tensor *it = &f->outputs[0];
+  char want[160], got[160];
+  format_shape(it, want, sizeof want);
+  for (uint32_t k = 1; k < f->n_outputs; k++) {
+    const fm_tensor *t = &f->outputs[k];
+    bool same = t->rank == it->rank;
+    for (uint32_t i = 0; same && i < t->rank; i++) same = t->shape[i] == it->shape[i];
+    if (!same) {
+      format_shape(t, got, sizeof got);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "outputs[%u].shape: %s differs from the iteration shape %s (outputs[0])", k,
+                         got, want);
+    }
+  }
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    const fm_tensor *t = &f->inputs[k];
+    if (t->rank != it->rank)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "inputs[%u].shape: rank %u differs from the iteration rank %u (broadcast "
+                         "with size-1 dims)", k, t->rank, it->rank);
+    for (uint32_t i = 0; i < t->rank; i++) {
+      int64_t dim = t->shape[i], want_dim = it->shape[i];
+      if (dim == want_dim || dim == 1) continue;
+      if (want_dim == FM_DIM_SYMBOLIC)
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "inputs[%u].shape[%u]: %" PRId64 " must be -1 (symbolic) or 1 "
+                           "(broadcast): the iteration dim 0 is symbolic", k, i, dim);
+      if (dim == FM_DIM_SYMBOLIC)
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "inputs[%u].shape[%u]: symbolic, but the iteration dim is static (%" PRId64 ")",
+                           k, i, want_dim);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
+                         " (the iteration shape is %s)", k, i, dim, want_dim, want);
+    }
+  }
+  return FM_OK;
+}
+
+int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
+  char path[32];
+  int rc;
+  if (!f) return fm_diag_set(d, FM_EINVAL, "fm_fragment_validate: NULL fragment");
+  if (f->vocab != FM_VOCAB_VERSION)
+    return fm_diag_set(d, FM_ESCHEMA, "vocab %u not supported, this daemon speaks %d", f->vocab,
+                       FM_VOCAB_VERSION);
+  if (f->n_inputs > FM_MAX_INPUTS)
+    return fm_diag_set(d, FM_ELIMIT, "inputs: %u inputs exceed the limit of %d", f->n_inputs,
+                       FM_MAX_INPUTS);
+  if (f->n_ops > FM_MAX_OPS)
+    return fm_diag_set(d, FM_ELIMIT, "ops: %u ops exceed the limit of %d", f->n_ops, FM_MAX_OPS);
+  if (f->n_outputs > FM_MAX_OUTPUTS)
+    return fm_diag_set(d, FM_ELIMIT, "outputs: %u outputs exceed the limit of %d", f->n_outputs,
+                       FM_MAX_OUTPUTS);
+  if (f->n_outputs == 0)
+    return fm_diag_set(d, FM_ESCHEMA, "outputs: at least one output is required");
+
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    snprintf(path, sizeof path, "inputs[%u]", k);
+    if ((rc = check_tensor(&f->inputs[k], path, d))) return rc;
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    snprintf(path, sizeof path, "outputs[%u]", k);
+    if ((rc = check_tensor(&f->outputs[k], path, d))) return rc;
+  }
+
+  values vs; /* ~6 KB of stack */
+  vs.n = 0;
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    snprintf(path, sizeof path, "inputs[%u].id", k);
+    const fm_tensor *t = &f->inputs[k];
+    value v = {.id = t->id, .dtype = t->dtype, .weak = false, .is_input = true, .index = k};
+    if ((rc = define(&vs, v, path, d))) return rc;
+  }
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if ((rc = check_op(&f->ops[i], i, &vs, d))) return rc;
+
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    const fm_tensor *t = &f->outputs[k];
+    const value *v = lookup(&vs, t->id);
+    if (!v)
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].id: value %u is not defined by any input or op",
+                         k, t->id);
+    if (v->dtype != t->dtype)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)",
+                         k, fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
+  }
+  if ((rc = check_shapes(f, d))) return rc;
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    snprintf(path, sizeof path, "outputs[%u]", k);
+    if ((rc = check_no_overlap(&f->outputs[k], path, d))) return rc;
+  }
+  return FM_OK;
+}

@@ -1,0 +1,70 @@
+/* e2e_util.h: helpers for the end-to-end tests: a real fusemld in a temp directory, raw
+ * connections speaking frames, request packing and reply reading. */
+#ifndef FM_E2E_UTIL_H
+#define FM_E2E_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <msgpack.h>
+
+typedef struct e2e_daemon {
+  const char *exe;
+  char dir[256];        /* mkdtemp */
+  char sock[320];
+  char db[320];
+  char log[320];
+  pid_t pid;            /* 0 when not running */
+} e2e_daemon;
+
+/* Creates the temp directory. */
+int e2e_setup(e2e_daemon *d, const char *exe);
+/* Starts fusemld --foreground on the temp socket and db (plus extra args, NULL-terminated
+ * array or NULL) and waits until it accepts connections. 0 on success. */
+int e2e_start(e2e_daemon *d, const char *const *extra);
+/* Runs fusemld with the temp socket/db and extra args to completion (it is expected to refuse
+ * to start); returns its wait status, or -1 if it was still running after timeout_ms. */
+int e2e_run(e2e_daemon *d, const char *const *extra, int timeout_ms);
+/* True if the daemon log contains text. */
+int e2e_log_contains(const e2e_daemon *d, const char *text);
+/* Sends sig and waits for the exit; returns the wait status, or -1 on timeout (then killed). */
+int e2e_stop(e2e_daemon *d, int sig, int timeout_ms);
+/* Kills any running daemon and removes the directory (keeps the log on stderr if dump). */
+void e2e_teardown(e2e_daemon *d, int dump_log);
+
+/* A connected socket, or -1. */
+int e2e_connect(const char *sock);
+int e2e_send_raw(int fd, const void *p, size_t n);
+int e2e_send_frame(int fd, const void *payload, size_t len);
+/* Reads one frame: 0 and the reply unpacked into zone; -1 EOF, -2 timeout, -3 bad frame. */
+int e2e_recv(int fd, int timeout_ms, msgpack_zone *zone, msgpack_object *obj);
+/* 1 if the peer closed the connection within timeout_ms (EOF or reset), else 0. */
+int e2e_wait_closed(int fd, int timeout_ms);
+
+/* A request being packed: {op, id, <n_fields pairs the caller packs>}. */
+typedef struct e2e_req {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+} e2e_req;
+void e2e_req_begin(e2e_req *r, const char *op, uint64_t id, uint32_t n_fields);
+/* Sends and frees. */
+int e2e_req_send(e2e_req *r, int fd);
+
+/* Packs a pointwise fragment: x f32 [-1, 256] through n_ops ops salted with `salt` (distinct
+ * salts give distinct fragments and keys). */
+void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops);
+
+/* hello with FM_PROTO_VERSION; 0 on an ok reply. */
+int e2e_hello(int fd);
+/* compile the salted fragment on fd; fills origin (and key hex) from the reply. Returns 0 for an
+ * ok reply, else -1 (code copied into origin). */
+int e2e_compile(int fd, uint64_t id, double salt, int n_ops, char origin[16], char key[65]);
+/* stats: a counter from "stats" (persistent) or "session", or a top-level field. -1 on failure. */
+int64_t e2e_stat(int fd, const char *section, const char *name);
+
+/* Reply field helpers. */
+int e2e_is_ok(const msgpack_object *o);
+/* Copies a str field ("" if absent). */
+void e2e_str(const msgpack_object *o, const char *key, char *out, size_t cap);
+
+#endif

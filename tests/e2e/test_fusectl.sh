@@ -1,0 +1,143 @@
+#!/bin/sh
+# test_fusectl.sh: fusectl against a real fusemld on a temp socket and temp database.
+# usage: test_fusectl.sh PATH/TO/fusemld PATH/TO/fusectl EXAMPLES_DIR
+set -u
+FUSEMLD=$1
+FUSECTL=$2
+EXAMPLES=$3
+
+TMP=$(mktemp -d /tmp/fm-e2e-ctl-XXXXXX) || exit 1
+SOCK=$TMP/fusemld.sock
+DB=$TMP/kernels.db
+LOG=$TMP/daemon.log
+PID=
+passed=0
+failed=0
+
+# The daemon dies with the test, pass or fail.
+cleanup() {
+  if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
+    kill -9 "$PID" 2>/dev/null
+    wait "$PID" 2>/dev/null
+  fi
+  if [ "$failed" -ne 0 ] && [ -f "$LOG" ]; then
+    echo "---- daemon log ----" >&2
+    cat "$LOG" >&2
+  fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+fail() { failed=$((failed + 1)); echo "FAIL $1"; }
+# check NAME COMMAND...: passes when the command succeeds
+check() {
+  name=$1
+  shift
+  if "$@"; then ok "$name"; else fail "$name"; fi
+}
+# json EXPR: evaluates a python expression over the JSON on stdin (bound to j); exit 0 if true
+json() { python3 -c "import json,sys; j=json.load(sys.stdin); sys.exit(0 if ($1) else 1)"; }
+field() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+
+export XDG_CONFIG_HOME=$TMP    # no user config leaks in
+ctl() { "$FUSECTL" --socket "$SOCK" "$@"; }
+
+start_daemon() {
+  "$FUSEMLD" --foreground --socket "$SOCK" --db "$DB" --jobs 2 --log-level debug "$@" 2>>"$LOG" &
+  PID=$!
+  i=0
+  while [ $i -lt 200 ]; do
+    ctl ping >/dev/null 2>&1 && return 0
+    kill -0 "$PID" 2>/dev/null || return 1
+    sleep 0.05
+    i=$((i + 1))
+  done
+  return 1
+}
+
+if ! start_daemon; then
+  fail "daemon starts"
+  echo "$passed passed, $failed failed"
+  exit 1
+fi
+
+check "ping" sh -c "\"$FUSECTL\" --socket \"$SOCK\" ping | grep -q pong"
+
+out=$(ctl --json compile "$EXAMPLES/gelu_bias_bf16.json")
+check "compile: origin compiled" test "$(echo "$out" | field '["origin"]')" = compiled
+KEY=$(echo "$out" | field '["key"]')
+out=$(ctl --json compile "$EXAMPLES/gelu_bias_bf16.json")
+check "compile again: origin hit" test "$(echo "$out" | field '["origin"]')" = hit
+check "same key" test "$(echo "$out" | field '["key"]')" = "$KEY"
+
+stats=$(ctl --json stats)
+check "stats: hits=1 misses=1 compiles=1" sh -c "echo '$stats' | python3 -c 'import json,sys; s=json.load(sys.stdin)[\"stats\"]; sys.exit(0 if (s[\"hits\"], s[\"misses\"], s[\"compiles\"]) == (1, 1, 1) else 1)'"
+check "stats: compile-only mode" sh -c "echo '$stats' | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)[\"mode\"] == \"compile-only\" else 1)'"
+
+check "ls: one entry" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if len(json.load(sys.stdin)[\"entries\"]) == 1 else 1)'"
+PREFIX=$(echo "$KEY" | cut -c1-8)
+check "show by prefix" sh -c "\"$FUSECTL\" --socket \"$SOCK\" show $PREFIX | grep -q $KEY"
+check "show --source" sh -c "\"$FUSECTL\" --socket \"$SOCK\" show --source $PREFIX | grep -q fm_pointwise"
+check "show: canonical fragment" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json show $PREFIX | python3 -c 'import json,sys; e=json.load(sys.stdin)[\"entry\"]; sys.exit(0 if e[\"fragment\"][\"ops\"][1][\"op\"] == \"gelu\" else 1)'"
+check "evict" ctl evict "$KEY"
+check "ls: empty" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)[\"entries\"] == [] else 1)'"
+
+n=$(grep -v '^[[:space:]]*#' "$EXAMPLES/warm.manifest" | grep -c .)
+check "warm the manifest" sh -c "\"$FUSECTL\" --socket \"$SOCK\" warm \"$EXAMPLES/warm.manifest\" >/dev/null"
+check "ls: every warmed kernel" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if len(json.load(sys.stdin)[\"entries\"]) == $n else 1)'"
+
+printf '{"vocab": 1, "inputs": [], "ops": [{"op": "frobnicate", "out": 1, "args": []}], "outputs": []}\n' >"$TMP/bad.json"
+ctl compile "$TMP/bad.json" >/dev/null 2>"$TMP/err"
+rc=$?
+check "bad fragment: exit 1" test $rc -eq 1
+check "bad fragment: slug" grep -q unknown_op "$TMP/err"
+
+"$FUSECTL" --socket "$TMP/nobody.sock" ping >/dev/null 2>&1
+check "unreachable socket: exit 3" test $? -eq 3
+
+# A second daemon on the same socket refuses to start and says why.
+"$FUSEMLD" --foreground --socket "$SOCK" --db "$TMP/other.db" 2>"$TMP/second" &
+p2=$!
+wait $p2
+check "second daemon refused" test $? -ne 0
+check "second daemon: reason" grep -q "already serving" "$TMP/second"
+
+# A bad config line is a startup error naming file:line.
+printf 'jobs = 2\n# fine\nfrobs = 3\n' >"$TMP/bad.conf"
+"$FUSEMLD" --foreground --config "$TMP/bad.conf" --socket "$TMP/x.sock" --db "$TMP/x.db" 2>"$TMP/conf_err"
+check "bad config: refused" test $? -ne 0
+check "bad config: file:line" grep -q "bad.conf:3" "$TMP/conf_err"
+
+# SIGTERM: exit 0 and the socket file is gone.
+kill -TERM "$PID"
+wait "$PID"
+check "SIGTERM: exit 0" test $? -eq 0
+PID=
+check "SIGTERM: socket removed" test ! -e "$SOCK"
+
+# Without --foreground: returns once serving; the entries are still there.
+"$FUSEMLD" --socket "$SOCK" --db "$DB" --log-file "$TMP/bg.log"
+check "background start: exit 0" test $? -eq 0
+check "background: serving at once" ctl ping
+PID=$(sed -n 's/.*fusemld\[\([0-9]*\)\].*serving.*/\1/p' "$TMP/bg.log" | head -n 1)
+check "background: entries persisted" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if len(json.load(sys.stdin)[\"entries\"]) == $n else 1)'"
+if [ -n "$PID" ]; then
+  # SIGHUP reopens the log file (after logrotate moved it away).
+  mv "$TMP/bg.log" "$TMP/bg.log.1"
+  kill -HUP "$PID"
+  i=0
+  while [ ! -s "$TMP/bg.log" ] && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+  check "SIGHUP: log reopened" grep -q "log reopened" "$TMP/bg.log"
+  kill -TERM "$PID"
+  i=0
+  while kill -0 "$PID" 2>/dev/null && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+  check "background: stops on SIGTERM" sh -c "! kill -0 $PID 2>/dev/null"
+  PID=
+else
+  fail "background: pid in the log"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,18 @@
+# codegen unit tests (no GPU; NVRTC is real and compiles without one).
+set(FM_CG_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
+fm_unit_test(test_codegen_strbuf
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_strbuf.c
+  LIBS fm_codegen)
+fm_unit_test(test_codegen_golden
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_golden.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)
+fm_unit_test(test_codegen_pointwise
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_pointwise.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)
+fm_unit_test(test_codegen_nvrtc
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_nvrtc.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen Threads::Threads)
+fm_unit_test(test_codegen_reference
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_reference.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_golden PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

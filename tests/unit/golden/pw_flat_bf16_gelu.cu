@@ -1,0 +1,130 @@
+/* fusemld codegen v1: pointwise kernel, FLAT path, vec 8, unroll 4, block 256.
+ * Generated from a canonical fragment: every name and number below comes from its
+ * typed fields. One self-contained translation unit (NVRTC has no include path). */
+/* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
+__device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {
+  unsigned int u = __float_as_uint(f);
+  /* NaN: keep the top bits and force the quiet bit (rounding could carry into inf) */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest, ties to even */
+  return (unsigned short)(u >> 16);
+}
+__device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
+__device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
+/* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+__device__ __forceinline__ float fm_maximum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+}
+__device__ __forceinline__ float fm_minimum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+}
+__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
+__device__ __forceinline__ float fm_gelu(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+}
+__device__ __forceinline__ float fm_gelu_tanh(float x) {
+  /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */
+  return 0.5f * x * (1.0f + tanhf(0.797884561f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float fm_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float fm_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */
+__device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {
+  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+}
+__device__ __forceinline__ unsigned int fm_word(const uint2 &r, int k) { return k == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned int fm_word(unsigned int r, int) { return r; }
+__device__ __forceinline__ unsigned int fm_word(unsigned short r, int) { return r; }
+__device__ __forceinline__ void fm_or_word(uint4 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else if (k == 1) r.y |= b; else if (k == 2) r.z |= b; else r.w |= b;
+}
+__device__ __forceinline__ void fm_or_word(uint2 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else r.y |= b;
+}
+__device__ __forceinline__ void fm_or_word(unsigned int &r, int, unsigned int b) { r |= b; }
+__device__ __forceinline__ void fm_or_word(unsigned short &r, int, unsigned int b) {
+  r = (unsigned short)(r | b);
+}
+template <typename V> __device__ __forceinline__ float fm_get_f32(const V &r, int e) {
+  return __uint_as_float(fm_word(r, e));
+}
+template <typename V> __device__ __forceinline__ unsigned short fm_get_u16(const V &r, int e) {
+  return (unsigned short)(fm_word(r, e >> 1) >> ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ unsigned char fm_get_u8(const V &r, int e) {
+  return (unsigned char)(fm_word(r, e >> 2) >> ((e & 3) * 8));
+}
+template <typename V> __device__ __forceinline__ void fm_put_f32(V &r, int e, float x) {
+  fm_or_word(r, e, __float_as_uint(x));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u16(V &r, int e, unsigned short x) {
+  fm_or_word(r, e >> 1, (unsigned int)x << ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, unsigned char x) {
+  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
+}
+/* ---- the fused op chain for one element ---- */
+__device__ __forceinline__ void fm_compute(const unsigned short i0, const unsigned short i1, unsigned short &o0) {
+  const float v0 = fm_bf16_to_f32(i0);
+  const float v1 = fm_bf16_to_f32(i1);
+  const float v2 = (v0 + v1);  /* add */
+  const float v3 = fm_gelu(v2);  /* gelu */
+  const float v4 = 0.5f;  /* const */
+  const float v5 = (v3 * v4);  /* mul */
+  o0 = fm_f32_to_bf16(v5);
+}
+/* ---- the kernel ---- */
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v1(
+    const unsigned short *__restrict__ in0,
+    const unsigned short *__restrict__ in1,
+    unsigned short *__restrict__ out0,
+    long long outer) {
+  const long long n = 4194304LL;
+  const long long nv = n / 8;  /* whole vectors */
+  const unsigned short s1 = in1[0];  /* broadcast scalar */
+  for (long long v0 = (long long)blockIdx.x * 1024 + threadIdx.x; v0 < nv;
+       v0 += (long long)gridDim.x * 1024) {
+    uint4 r0[4];
+    uint4 w0[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long v = v0 + u * 256;
+      if (v < nv) {
+        r0[u] = *reinterpret_cast<const uint4 *>(in0 + v * 8);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long v = v0 + u * 256;
+      if (v < nv) {
+        w0[u] = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          unsigned short o0;
+          fm_compute(fm_get_u16(r0[u], e), s1, o0);
+          fm_put_u16(w0[u], e, o0);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const long long v = v0 + u * 256;
+      if (v < nv) {
+        *reinterpret_cast<uint4 *>(out0 + v * 8) = w0[u];
+      }
+    }
+  }
+}

@@ -1,0 +1,96 @@
+/* test_client_cuda.c: the dlopen'ed driver. Without a GPU (CI, this build machine) every GPU
+ * entry point must answer FM_ENOGPU with a reason, not crash or abort; on a GPU machine the
+ * same test checks the device identity instead. */
+#include <string.h>
+
+#include "fm_client.h"
+#include "fm_cuda.h"
+#include "fm_test.h"
+
+static int have_gpu;
+
+static void test_load(void) {
+  const fm_cuda *cu = (const fm_cuda *)1;
+  fm_diag d = {{0}};
+  int err = fm_cuda_load(&cu, &d);
+  if (err == FM_OK) {
+    have_gpu = 1;
+    CHECK(cu != NULL && cu->cuLaunchKernel != NULL && cu->cuMemAlloc != NULL);
+    return;
+  }
+  CHECK_EQ_INT(err, FM_ENOGPU);
+  CHECK(cu == NULL);
+  CHECK(strlen(d.text) > 0);
+  /* The reason says what was missing: the library, or a device. */
+  CHECK(strstr(d.text, "libcuda.so.1") || strstr(d.text, "cuInit") || strstr(d.text, "device"));
+
+  /* The failure is cached, and reported again with the same reason. */
+  fm_diag d2 = {{0}};
+  CHECK_EQ_INT(fm_cuda_load(NULL, &d2), FM_ENOGPU);
+  CHECK(strcmp(d.text, d2.text) == 0);
+  CHECK_EQ_INT(fm_cuda_load(NULL, NULL), FM_ENOGPU);  /* d may be NULL */
+}
+
+static void test_device_id(void) {
+  fm_device_id dev;
+  fm_diag d = {{0}};
+  int err = fm_cuda_device_id(0, &dev, &d);
+  if (have_gpu) {
+    CHECK_EQ_INT(err, FM_OK);
+    CHECK(dev.name[0] != '\0');
+    CHECK(dev.cc_major >= 5 && dev.sm_count > 0);
+    CHECK(strncmp(dev.arch, "sm_", 3) == 0);
+    if (dev.cc_major == 9 && dev.cc_minor == 0) CHECK(strcmp(dev.arch, "sm_90a") == 0);
+    CHECK_EQ_INT(fm_cuda_device_id(10000, &dev, &d), FM_ENOGPU);
+    return;
+  }
+  CHECK_EQ_INT(err, FM_ENOGPU);
+  CHECK(strlen(d.text) > 0);
+  CHECK_EQ_INT(fm_cuda_device_id(-1, &dev, &d), FM_EINVAL);
+}
+
+static void test_fail_format(void) {
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_cuda_fail(NULL, 700, "cuLaunchKernel", &d), FM_ECUDA);
+  CHECK_STR_CONTAINS(d.text, "cuLaunchKernel");
+  CHECK_STR_CONTAINS(d.text, "700");
+}
+
+/* The client's GPU side degrades the same way: a load without a driver is FM_ENOGPU. */
+static void test_module_without_gpu(void) {
+  static uint8_t fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
+  fm_compiled k;
+  fm_module *m = (fm_module *)1;
+  fm_diag d = {{0}};
+  memset(&k, 0, sizeof k);
+  snprintf(k.kind, sizeof k.kind, "pointwise");
+  snprintf(k.meta.kind, sizeof k.meta.kind, "pointwise");
+  snprintf(k.meta.entry, sizeof k.meta.entry, "fm_pw");
+  snprintf(k.meta.grid_rule, sizeof k.meta.grid_rule, "elementwise");
+  k.meta.n_inputs = 1;
+  k.meta.n_outputs = 1;
+  k.cubin = fake_cubin;
+  k.cubin_len = sizeof fake_cubin;
+
+  /* Refusals that need no GPU come first. */
+  CHECK_EQ_INT(fm_module_load(NULL, &m, &d), FM_EINVAL);
+  CHECK(m == NULL);
+  snprintf(k.meta.grid_rule, sizeof k.meta.grid_rule, "gemm_tiles");
+  CHECK_EQ_INT(fm_module_load(&k, &m, &d), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(d.text, "gemm_tiles");
+  snprintf(k.meta.grid_rule, sizeof k.meta.grid_rule, "elementwise");
+  CHECK_EQ_INT(fm_module_launch(NULL, NULL, NULL, 1, NULL, &d), FM_EINVAL);
+
+  if (have_gpu) return;  /* a fake CUBIN would only test the driver's error path */
+  CHECK_EQ_INT(fm_module_load(&k, &m, &d), FM_ENOGPU);
+  CHECK(m == NULL);
+  CHECK(strlen(d.text) > 0);
+}
+
+int main(void) {
+  RUN(test_load);
+  RUN(test_device_id);
+  RUN(test_fail_format);
+  RUN(test_module_without_gpu);
+  return FM_TEST_DONE();
+}

@@ -1,0 +1,124 @@
+/* test_codegen_frag.c: fragment builders for the codegen tests (see the header). */
+#include "test_codegen_frag.h"
+
+#include <stdio.h>
+#include <string.h>
+
+void tf_init(fm_fragment *f) {
+  memset(f, 0, sizeof *f);
+  f->vocab = FM_VOCAB_VERSION;
+}
+
+void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides) {
+  int64_t s = 1;
+  for (uint32_t j = rank; j-- > 0;) {
+    strides[j] = s;
+    if (shape[j] > 0) s *= shape[j];
+  }
+}
+
+static void fill(fm_tensor *t, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
+                 const int64_t *strides, uint32_t align) {
+  memset(t, 0, sizeof *t);
+  t->id = id;
+  t->dtype = dt;
+  t->rank = rank;
+  for (uint32_t j = 0; j < rank; j++) t->shape[j] = shape[j];
+  if (strides) {
+    for (uint32_t j = 0; j < rank; j++) t->strides[j] = strides[j];
+  } else {
+    tf_contiguous(rank, shape, t->strides);
+  }
+  t->align = align;
+}
+
+void tf_input(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
+              const int64_t *strides, uint32_t align) {
+  fill(&f->inputs[f->n_inputs++], id, dt, rank, shape, strides, align);
+}
+
+void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
+               const int64_t *strides, uint32_t align) {
+  fill(&f->outputs[f->n_outputs++], id, dt, rank, shape, strides, align);
+}
+
+void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
+           uint32_t a2) {
+  fm_opnode *n = &f->ops[f->n_ops++];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  n->out = out;
+  n->nargs = nargs;
+  n->args[0] = a0;
+  n->args[1] = a1;
+  n->args[2] = a2;
+}
+
+void tf_const(fm_fragment *f, uint32_t out, double value) {
+  tf_op(f, FM_OP_CONST, out, 0, 0, 0, 0);
+  f->ops[f->n_ops - 1].value = value;
+}
+
+void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to) {
+  tf_op(f, FM_OP_CAST, out, 1, arg, 0, 0);
+  f->ops[f->n_ops - 1].dtype = to;
+}
+
+int tf_finish(fm_fragment *f, fm_fragment *canon) {
+  fm_diag d = {{0}};
+  int rc = fm_fragment_validate(f, &d);
+  if (rc) {
+    fprintf(stderr, "  tf_finish: validate: %s: %s\n", fm_strerror(rc), d.text);
+    return rc;
+  }
+  rc = fm_fragment_canonicalize(f, canon);
+  if (rc) fprintf(stderr, "  tf_finish: canonicalize: %s\n", fm_strerror(rc));
+  return rc;
+}
+
+const char *const tf_representative_name[TF_N_REPRESENTATIVE] = {
+    "pw_flat_bf16_gelu", "pw_strided_bias_symbolic", "pw_multi_where_cast"};
+
+int tf_representative(int which, fm_fragment *canon) {
+  static fm_fragment f;   /* large: keep it off the stack */
+  tf_init(&f);
+  switch (which) {
+    case 0: {
+      int64_t xs[2] = {4096, 1024}, bs[2] = {1, 1}, bst[2] = {0, 0};
+      tf_input(&f, 10, FM_DT_BF16, 2, xs, NULL, 16);
+      tf_input(&f, 11, FM_DT_BF16, 2, bs, bst, 2);
+      tf_op(&f, FM_OP_ADD, 12, 2, 10, 11, 0);
+      tf_op(&f, FM_OP_GELU, 13, 1, 12, 0, 0);
+      tf_const(&f, 14, 0.5);
+      tf_op(&f, FM_OP_MUL, 15, 2, 13, 14, 0);
+      tf_output(&f, 15, FM_DT_BF16, 2, xs, NULL, 16);
+      break;
+    }
+    case 1: {
+      int64_t xs[2] = {-1, 768}, xst[2] = {1024, 1}, bs[2] = {1, 768};
+      tf_input(&f, 1, FM_DT_BF16, 2, xs, xst, 16);
+      tf_input(&f, 2, FM_DT_BF16, 2, bs, NULL, 16);
+      tf_op(&f, FM_OP_ADD, 3, 2, 1, 2, 0);
+      tf_op(&f, FM_OP_SILU, 4, 1, 3, 0, 0);
+      tf_output(&f, 4, FM_DT_BF16, 2, xs, (int64_t[]){768, 1}, 16);
+      break;
+    }
+    case 2: {
+      int64_t xs[2] = {64, 128};
+      tf_input(&f, 1, FM_DT_F32, 2, xs, NULL, 16);
+      tf_const(&f, 2, 0.0);
+      tf_op(&f, FM_OP_GT, 3, 2, 1, 2, 0);
+      tf_const(&f, 4, 0.01);
+      tf_op(&f, FM_OP_MUL, 5, 2, 1, 4, 0);
+      tf_op(&f, FM_OP_WHERE, 6, 3, 3, 1, 5);
+      tf_cast(&f, 7, 6, FM_DT_BF16);
+      tf_output(&f, 6, FM_DT_F32, 2, xs, NULL, 16);
+      tf_output(&f, 7, FM_DT_BF16, 2, xs, NULL, 16);
+      tf_output(&f, 3, FM_DT_BOOL, 2, xs, NULL, 16);
+      break;
+    }
+    default:
+      return FM_EINVAL;
+  }
+  return tf_finish(&f, canon);
+}

@@ -1,0 +1,36 @@
+/* test_codegen_frag.h: building fragments by hand for the codegen tests. Every builder
+ * fills the plain structs of fm_fragment.h; tf_finish validates and canonicalizes them
+ * through the real protocol code, so the tests see exactly what the daemon hands codegen. */
+#ifndef TEST_CODEGEN_FRAG_H
+#define TEST_CODEGEN_FRAG_H
+
+#include <stdint.h>
+
+#include "fm_fragment.h"
+
+void tf_init(fm_fragment *f);
+/* strides NULL: contiguous row-major over shape (size-1 dims included). */
+void tf_input(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
+              const int64_t *strides, uint32_t align);
+void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
+               const int64_t *strides, uint32_t align);
+void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
+           uint32_t a2);
+void tf_const(fm_fragment *f, uint32_t out, double value);
+void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to);
+/* validate + canonicalize into canon; FM_OK or the error (printed with its reason). */
+int tf_finish(fm_fragment *f, fm_fragment *canon);
+
+/* Contiguous strides of shape (a symbolic dim 0 gets the product of the others). */
+void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides);
+
+/* The three representative fragments of the golden tests (also used by other tests):
+ *   0 flat bf16: y = gelu(x + b) * 0.5, x [4096, 1024] dense, b a [1, 1] scalar;
+ *   1 strided: y = silu(x + bias), x [-1, 768] with a padded row stride of 1024, bias [1, 768];
+ *   2 multi-output: t = gt(x, 0); y = where(t, x, x * 0.01) (f32); z = cast(y, bf16); t (bool),
+ *     x f32 [64, 128]. */
+#define TF_N_REPRESENTATIVE 3
+int tf_representative(int which, fm_fragment *canon);
+extern const char *const tf_representative_name[TF_N_REPRESENTATIVE];
+
+#endif

@@ -1,0 +1,141 @@
+/* test_daemon_config.c: sizes, settings, the config file grammar and its errors. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fm_config.h"
+#include "fm_test.h"
+
+static char dir[] = "/tmp/fm-test-config-XXXXXX";
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  fputs(text, f);
+  fclose(f);
+}
+
+static void test_parse_size(void) {
+  uint64_t v = 0;
+  CHECK_EQ_INT(fm_config_parse_size("2G", &v), FM_OK);
+  CHECK(v == 2ull << 30);
+  CHECK_EQ_INT(fm_config_parse_size("512M", &v), FM_OK);
+  CHECK(v == 512ull << 20);
+  CHECK_EQ_INT(fm_config_parse_size("64k", &v), FM_OK);
+  CHECK(v == 64ull << 10);
+  CHECK_EQ_INT(fm_config_parse_size("1GiB", &v), FM_OK);
+  CHECK(v == 1ull << 30);
+  CHECK_EQ_INT(fm_config_parse_size("3MB", &v), FM_OK);
+  CHECK(v == 3ull << 20);
+  CHECK_EQ_INT(fm_config_parse_size("1048576", &v), FM_OK);
+  CHECK(v == 1048576);
+  CHECK_EQ_INT(fm_config_parse_size("0", &v), FM_OK);
+  CHECK(v == 0);
+  const char *bad[] = {"", "G", "12X", "-1", "1.5G", "99999999999T", "2 G", "2GG", "0x10"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECK_EQ_INT(fm_config_parse_size(bad[i], &v), FM_EINVAL);
+}
+
+static void test_set(void) {
+  fm_config c;
+  fm_diag d = {{0}};
+  fm_config_defaults(&c);
+  CHECK(c.cache_size == 2ull << 30);
+  CHECK(strcmp(c.arch, "sm_90a") == 0);
+  CHECK_EQ_INT(c.max_clients, 1024);
+  CHECK_EQ_INT(c.idle_timeout_s, 600);
+  CHECK(c.jobs >= 1);
+  CHECK_EQ_INT(fm_config_set(&c, "jobs", "4", &d), FM_OK);
+  CHECK_EQ_INT(c.jobs, 4);
+  CHECK_EQ_INT(fm_config_set(&c, "jobs", "0", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "jobs");
+  CHECK_EQ_INT(fm_config_set(&c, "log-level", "debug", &d), FM_OK);
+  CHECK_EQ_INT(c.log_level, FM_LOG_DEBUG);
+  CHECK_EQ_INT(fm_config_set(&c, "log-level", "verbose", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "arch", "gfx90a", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "arch", "sm_80", &d), FM_OK);
+  CHECK(strcmp(c.arch, "sm_80") == 0);
+  CHECK_EQ_INT(fm_config_set(&c, "idle-timeout", "0", &d), FM_OK);
+  CHECK_EQ_INT(c.idle_timeout_s, 0);
+  CHECK_EQ_INT(fm_config_set(&c, "max-clients", "12abc", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "cache-size", "1T", &d), FM_OK);
+  CHECK(c.cache_size == 1ull << 40);
+  CHECK_EQ_INT(fm_config_set(&c, "frobs", "1", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "unknown setting \"frobs\"");
+}
+
+static void test_file(void) {
+  char path[128], conf[512];
+  fm_config c;
+  fm_diag d = {{0}};
+  snprintf(path, sizeof path, "%s/good.conf", dir);
+  write_file(path,
+             "# fusemld settings\n"
+             "\n"
+             "  socket = /tmp/odd#name/s.sock   # a '#' inside a path is kept\n"
+             "cache-size=512M\n"
+             "jobs = 3\n"
+             "log-level = warn\n");
+  fm_config_defaults(&c);
+  CHECK_EQ_INT(fm_config_load_file(&c, path, 1, &d), FM_OK);
+  CHECK(strcmp(c.socket_path, "/tmp/odd#name/s.sock") == 0);
+  CHECK(c.cache_size == 512ull << 20);
+  CHECK_EQ_INT(c.jobs, 3);
+  CHECK_EQ_INT(c.log_level, FM_LOG_WARN);
+  CHECK(strcmp(c.config_path, path) == 0);
+  /* Flags are applied after the file and win. */
+  CHECK_EQ_INT(fm_config_set(&c, "jobs", "7", &d), FM_OK);
+  CHECK_EQ_INT(c.jobs, 7);
+
+  snprintf(path, sizeof path, "%s/bad.conf", dir);
+  write_file(path, "jobs = 2\n# comment\njobs 4\n");
+  fm_config_defaults(&c);
+  CHECK_EQ_INT(fm_config_load_file(&c, path, 1, &d), FM_EINVAL);
+  snprintf(conf, sizeof conf, "%s:3:", path);
+  CHECK_STR_CONTAINS(d.text, conf);
+  write_file(path, "jobs = 2\nmax-clients = lots\n");
+  CHECK_EQ_INT(fm_config_load_file(&c, path, 1, &d), FM_EINVAL);
+  snprintf(conf, sizeof conf, "%s:2: max-clients", path);
+  CHECK_STR_CONTAINS(d.text, conf);
+
+  snprintf(path, sizeof path, "%s/missing.conf", dir);
+  CHECK_EQ_INT(fm_config_load_file(&c, path, 0, &d), FM_OK);
+  CHECK(fm_config_load_file(&c, path, 1, &d) < 0);
+  CHECK_STR_CONTAINS(d.text, "missing.conf");
+}
+
+static void test_finish_creates_dirs(void) {
+  fm_config c;
+  fm_diag d = {{0}};
+  char p[256];
+  struct stat st;
+  fm_config_defaults(&c);
+  snprintf(c.socket_path, sizeof c.socket_path, "%s/run/s.sock", dir);
+  snprintf(c.db_path, sizeof c.db_path, "%s/cache/deep/k.db", dir);
+  CHECK_EQ_INT(fm_config_finish(&c, &d), FM_OK);
+  snprintf(p, sizeof p, "%s/cache/deep", dir);
+  CHECK(stat(p, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+  snprintf(p, sizeof p, "%s/run", dir);
+  CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0700);
+  rmdir(p);
+  snprintf(p, sizeof p, "%s/cache/deep", dir);
+  rmdir(p);
+  snprintf(p, sizeof p, "%s/cache", dir);
+  rmdir(p);
+}
+
+int main(void) {
+  if (!mkdtemp(dir)) return 1;
+  RUN(test_parse_size);
+  RUN(test_set);
+  RUN(test_file);
+  RUN(test_finish_creates_dirs);
+  char p[128];
+  snprintf(p, sizeof p, "%s/good.conf", dir);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/bad.conf", dir);
+  unlink(p);
+  rmdir(dir);
+  return FM_TEST_DONE();
+}

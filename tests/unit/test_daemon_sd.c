@@ -1,0 +1,91 @@
+/* test_daemon_sd.c: sd_notify to real datagram sockets (path and abstract), socket activation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "fm_sd.h"
+#include "fm_test.h"
+
+static int bind_dgram(const char *name, int abstract) {
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  size_t n = strlen(name);
+  memcpy(sa.sun_path + (abstract ? 1 : 0), name, n);
+  /* +1: the path's NUL terminator, or the abstract name's leading NUL. */
+  socklen_t len = (socklen_t)(sizeof sa.sun_family + n + 1);
+  int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, len) != 0) return -1;
+  return fd;
+}
+
+static void recv_text(int fd, char *out, size_t cap) {
+  ssize_t n = recv(fd, out, cap - 1, MSG_DONTWAIT);
+  out[n > 0 ? n : 0] = '\0';
+}
+
+static void test_notify_unset(void) {
+  unsetenv("NOTIFY_SOCKET");
+  CHECK_EQ_INT(fm_sd_notify("READY=1"), 0);
+}
+
+static void test_notify_path(void) {
+  char path[108], got[128];
+  snprintf(path, sizeof path, "/tmp/fm-test-notify-%ld", (long)getpid());
+  unlink(path);
+  int fd = bind_dgram(path, 0);
+  CHECK(fd >= 0);
+  setenv("NOTIFY_SOCKET", path, 1);
+  CHECK_EQ_INT(fm_sd_notify("READY=1\nSTATUS=serving"), 1);
+  recv_text(fd, got, sizeof got);
+  CHECK(strcmp(got, "READY=1\nSTATUS=serving") == 0);
+  close(fd);
+  unlink(path);
+  unsetenv("NOTIFY_SOCKET");
+}
+
+static void test_notify_abstract(void) {
+  char name[64], env[80], got[128];
+  snprintf(name, sizeof name, "fm-test-notify-%ld", (long)getpid());
+  int fd = bind_dgram(name, 1);
+  CHECK(fd >= 0);
+  snprintf(env, sizeof env, "@%s", name);
+  setenv("NOTIFY_SOCKET", env, 1);
+  CHECK_EQ_INT(fm_sd_notify("STOPPING=1"), 1);
+  recv_text(fd, got, sizeof got);
+  CHECK(strcmp(got, "STOPPING=1") == 0);
+  close(fd);
+  setenv("NOTIFY_SOCKET", "relative/path", 1);
+  CHECK(fm_sd_notify("READY=1") < 0);
+  unsetenv("NOTIFY_SOCKET");
+}
+
+static void test_listen_fds(void) {
+  char pid[32];
+  unsetenv("INVOCATION_ID");
+  unsetenv("NOTIFY_SOCKET");
+  snprintf(pid, sizeof pid, "%ld", (long)getpid() + 1);
+  setenv("LISTEN_PID", pid, 1);
+  setenv("LISTEN_FDS", "1", 1);
+  CHECK(fm_sd_under_systemd());
+  /* Meant for another process (inherited): ignored, and cleared. */
+  CHECK_EQ_INT(fm_sd_listen_fd(), -1);
+  CHECK(getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL);
+  CHECK(!fm_sd_under_systemd());
+  snprintf(pid, sizeof pid, "%ld", (long)getpid());
+  setenv("LISTEN_PID", pid, 1);
+  setenv("LISTEN_FDS", "1", 1);
+  CHECK_EQ_INT(fm_sd_listen_fd(), FM_SD_LISTEN_FDS_START);
+  CHECK(getenv("LISTEN_FDS") == NULL);
+}
+
+int main(void) {
+  RUN(test_notify_unset);
+  RUN(test_notify_path);
+  RUN(test_notify_abstract);
+  RUN(test_listen_fds);
+  return FM_TEST_DONE();
+}
