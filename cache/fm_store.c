@@ -205,7 +205,7 @@ static const char *invalid_entry(const fm_entry *e) {
 /* Deletes least-recently-used entries other than keep_rowid until the cubins fit the cap.
  * Runs inside put's transaction, so a crash never leaves a half-evicted store. */
 static int evict_lru(fm_store *s, sqlite3_int64 keep_rowid) {
-  uint64_t entries, bytes;
+  uint64_t entries = 0, bytes = 0;
   int64_t evicted = 0;
   int err = usage_locked(s, &entries, &bytes);
   while (err == FM_OK && bytes > s->size_cap) {
