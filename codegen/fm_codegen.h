@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 1
+#define FM_CODEGEN_VERSION 2
 
 /* One point of the pointwise template's tuning space. */
 typedef struct fm_pw_config {

@@ -61,7 +61,9 @@ uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);
 const char *fm_cg_storage_type(fm_dtype dt);
 
 /* The fixed prelude: conversions, op helpers, vector element access. */
-void fm_cg_emit_prelude(fm_strbuf *sb);
+/* True when every output is 16-bit, so the cheaper ~1e-6-accurate math is exact enough. */
+int fm_cg_fast_math(const fm_fragment *f);
+void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math);
 
 /* fm_compute(): raw input elements (used inputs, in order) -> raw output elements. */
 int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d);

@@ -42,8 +42,8 @@ static const struct {
     [FM_OP_GELU_TANH] = {"fm_gelu_tanh($0)", ARGS_FLOAT},
     [FM_OP_SILU] = {"fm_silu($0)", ARGS_FLOAT},
     [FM_OP_SIGMOID] = {"fm_sigmoid($0)", ARGS_FLOAT},
-    [FM_OP_TANH] = {"tanhf($0)", ARGS_FLOAT},
-    [FM_OP_EXP] = {"expf($0)", ARGS_FLOAT},
+    [FM_OP_TANH] = {"fm_tanh($0)", ARGS_FLOAT},
+    [FM_OP_EXP] = {"fm_exp($0)", ARGS_FLOAT},
     [FM_OP_LOG] = {"logf($0)", ARGS_FLOAT},
     [FM_OP_SQRT] = {"sqrtf($0)", ARGS_FLOAT},
     [FM_OP_RSQRT] = {"rsqrtf($0)", ARGS_FLOAT},
@@ -75,11 +75,10 @@ static const char prelude[] =
     "  return __uint_as_float(((unsigned int)h) << 16);\n"
     "}\n"
     "__device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {\n"
-    "  unsigned int u = __float_as_uint(f);\n"
-    "  /* NaN: keep the top bits and force the quiet bit (rounding could carry into inf) */\n"
-    "  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);\n"
-    "  u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest, ties to even */\n"
-    "  return (unsigned short)(u >> 16);\n"
+    "  /* one instruction on sm_80+ (every target): round to nearest even, NaN stays NaN */\n"
+    "  unsigned short h;\n"
+    "  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "  return h;\n"
     "}\n"
     "__device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {\n"
     "  float f;\n"
@@ -101,15 +100,49 @@ static const char prelude[] =
     "  return (a != a) ? a : (b != b) ? b : fminf(a, b);\n"
     "}\n"
     "__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }\n"
+    "/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to\n"
+    " * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp\n"
+    " * approximations) cannot change a result beyond that rounding, and they are several\n"
+    " * times cheaper than the IEEE-exact library versions, which would make a fused chain\n"
+    " * compute-bound. With any f32 output the exact library functions are used. */\n"
+    "#if FM_FAST_MATH\n"
+    "__device__ __forceinline__ float fm_exp(float x) { return __expf(x); }\n"
+    "__device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }\n"
+    "__device__ __forceinline__ float fm_tanh(float x) {\n"
+    "  /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3\n"
+    "   * (truncation error < 2e-7 relative) avoids the cancellation. */\n"
+    "  const float a = fabsf(x);\n"
+    "  const float big = 1.0f - 2.0f * fm_rcp(1.0f + __expf(2.0f * a));\n"
+    "  const float small = a - 0.333333343f * a * a * a;\n"
+    "  return copysignf(a < 0.0625f ? small : big, x);\n"
+    "}\n"
+    "__device__ __forceinline__ float fm_erf(float x) {\n"
+    "  /* Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7: 1 - t*P(t)*e^-x^2, t = 1/(1+p|x|);\n"
+    "   * branch-free, so warps with mixed signs and magnitudes do not diverge. */\n"
+    "  const float a = fabsf(x);\n"
+    "  const float t = fm_rcp(fmaf(0.3275911f, a, 1.0f));\n"
+    "  float p = fmaf(1.061405429f, t, -1.453152027f);\n"
+    "  p = fmaf(p, t, 1.421413741f);\n"
+    "  p = fmaf(p, t, -0.284496736f);\n"
+    "  p = fmaf(p, t, 0.254829592f);\n"
+    "  const float y = 1.0f - p * t * __expf(-a * a);\n"
+    "  return copysignf(y, x);\n"
+    "}\n"
+    "#else\n"
+    "__device__ __forceinline__ float fm_exp(float x) { return expf(x); }\n"
+    "__device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }\n"
+    "__device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }\n"
+    "__device__ __forceinline__ float fm_erf(float x) { return erff(x); }\n"
+    "#endif\n"
     "__device__ __forceinline__ float fm_gelu(float x) {\n"
-    "  return 0.5f * x * (1.0f + erff(x * 0.70710678f));\n"
+    "  return 0.5f * x * (1.0f + fm_erf(x * 0.70710678f));\n"
     "}\n"
     "__device__ __forceinline__ float fm_gelu_tanh(float x) {\n"
     "  /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */\n"
-    "  return 0.5f * x * (1.0f + tanhf(0.797884561f * (x + 0.044715f * x * x * x)));\n"
+    "  return 0.5f * x * (1.0f + fm_tanh(0.797884561f * (x + 0.044715f * x * x * x)));\n"
     "}\n"
-    "__device__ __forceinline__ float fm_silu(float x) { return x / (1.0f + expf(-x)); }\n"
-    "__device__ __forceinline__ float fm_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }\n"
+    "__device__ __forceinline__ float fm_sigmoid(float x) { return fm_rcp(1.0f + fm_exp(-x)); }\n"
+    "__device__ __forceinline__ float fm_silu(float x) { return x * fm_sigmoid(x); }\n"
     "/* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */\n"
     "__device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {\n"
     "  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;\n"
@@ -146,7 +179,14 @@ static const char prelude[] =
     "  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));\n"
     "}\n";
 
-void fm_cg_emit_prelude(fm_strbuf *sb) {
+int fm_cg_fast_math(const fm_fragment *f) {
+  for (uint32_t o = 0; o < f->n_outputs; o++)
+    if (f->outputs[o].dtype != FM_DT_BF16 && f->outputs[o].dtype != FM_DT_F16) return 0;
+  return f->n_outputs > 0;
+}
+
+void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math) {
+  fm_strbuf_printf(sb, "#define FM_FAST_MATH %d\n", fast_math ? 1 : 0);
   fm_strbuf_append(sb, prelude);
 }
 

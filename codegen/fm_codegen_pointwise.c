@@ -356,7 +356,7 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
   snprintf(entry, sizeof entry, "fm_pointwise_v%d", FM_CODEGEN_VERSION);
 
   emit_header(&sb, p, &c, vec);
-  fm_cg_emit_prelude(&sb);
+  fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   if ((rc = fm_cg_emit_compute(&sb, canon, p, d))) goto out;
   fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
   emit_kernel(&sb, p, &c, vec, entry);

@@ -1,16 +1,16 @@
-/* fusemld codegen v1: pointwise kernel, FLAT path, vec 8, unroll 4, block 256.
+/* fusemld codegen v2: pointwise kernel, FLAT path, vec 8, unroll 4, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
+#define FM_FAST_MATH 1
 /* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
 __device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
   return __uint_as_float(((unsigned int)h) << 16);
 }
 __device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {
-  unsigned int u = __float_as_uint(f);
-  /* NaN: keep the top bits and force the quiet bit (rounding could carry into inf) */
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
-  u += 0x7fffu + ((u >> 16) & 1u);  /* round to nearest, ties to even */
-  return (unsigned short)(u >> 16);
+  /* one instruction on sm_80+ (every target): round to nearest even, NaN stays NaN */
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
 }
 __device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {
   float f;
@@ -32,15 +32,49 @@ __device__ __forceinline__ float fm_minimum(float a, float b) {
   return (a != a) ? a : (b != b) ? b : fminf(a, b);
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
+/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to
+ * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp
+ * approximations) cannot change a result beyond that rounding, and they are several
+ * times cheaper than the IEEE-exact library versions, which would make a fused chain
+ * compute-bound. With any f32 output the exact library functions are used. */
+#if FM_FAST_MATH
+__device__ __forceinline__ float fm_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }
+__device__ __forceinline__ float fm_tanh(float x) {
+  /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3
+   * (truncation error < 2e-7 relative) avoids the cancellation. */
+  const float a = fabsf(x);
+  const float big = 1.0f - 2.0f * fm_rcp(1.0f + __expf(2.0f * a));
+  const float small = a - 0.333333343f * a * a * a;
+  return copysignf(a < 0.0625f ? small : big, x);
+}
+__device__ __forceinline__ float fm_erf(float x) {
+  /* Abramowitz & Stegun 7.1.26, |error| <= 1.5e-7: 1 - t*P(t)*e^-x^2, t = 1/(1+p|x|);
+   * branch-free, so warps with mixed signs and magnitudes do not diverge. */
+  const float a = fabsf(x);
+  const float t = fm_rcp(fmaf(0.3275911f, a, 1.0f));
+  float p = fmaf(1.061405429f, t, -1.453152027f);
+  p = fmaf(p, t, 1.421413741f);
+  p = fmaf(p, t, -0.284496736f);
+  p = fmaf(p, t, 0.254829592f);
+  const float y = 1.0f - p * t * __expf(-a * a);
+  return copysignf(y, x);
+}
+#else
+__device__ __forceinline__ float fm_exp(float x) { return expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }
+__device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float fm_erf(float x) { return erff(x); }
+#endif
 __device__ __forceinline__ float fm_gelu(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+  return 0.5f * x * (1.0f + fm_erf(x * 0.70710678f));
 }
 __device__ __forceinline__ float fm_gelu_tanh(float x) {
   /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */
-  return 0.5f * x * (1.0f + tanhf(0.797884561f * (x + 0.044715f * x * x * x)));
+  return 0.5f * x * (1.0f + fm_tanh(0.797884561f * (x + 0.044715f * x * x * x)));
 }
-__device__ __forceinline__ float fm_silu(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float fm_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float fm_sigmoid(float x) { return fm_rcp(1.0f + fm_exp(-x)); }
+__device__ __forceinline__ float fm_silu(float x) { return x * fm_sigmoid(x); }
 /* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */
 __device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {
   return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
@@ -87,7 +121,7 @@ __device__ __forceinline__ void fm_compute(const unsigned short i0, const unsign
   o0 = fm_f32_to_bf16(v5);
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v1(
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v2(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     unsigned short *__restrict__ out0,
