@@ -110,6 +110,14 @@ int main(int argc, char **argv) {
     }
   }
   if (fm_config_finish(&cfg, &d)) goto fail;
+  if (!cfg.foreground && !fm_sd_under_systemd() && !cfg.log_file[0]) {
+    /* In the background there is no terminal: log beside the database unless told otherwise. */
+    const char *slash = strrchr(cfg.db_path, '/');
+    int dir_len = slash ? (int)(slash - cfg.db_path) : 1;
+    const char *dir = slash ? cfg.db_path : ".";
+    if (snprintf(cfg.log_file, sizeof cfg.log_file, "%.*s/fusemld.log", dir_len, dir) >= (int)sizeof cfg.log_file)
+      cfg.log_file[0] = '\0'; /* too long to say: stay silent rather than log to a truncated path */
+  }
   if (fm_log_open(cfg.log_level, cfg.log_file, &d)) goto fail;
 
   /* libuv reads this when its pool first starts (the first compile), never again. */
