@@ -16,7 +16,45 @@
 
 #define FM_CODEGEN_VERSION 2
 
-/* One point of the pointwise template's tuning space. */
+/* ---- the generic API: what the daemon and the tuner use ---------------------------------
+ * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
+ * later). A candidate names a template and its parameters; the daemon compiles every
+ * candidate, the tuner verifies and times them, and the winner is stored. */
+
+#define FM_TEMPLATE_MAP(XX) \
+  XX(1, POINTWISE, "pointwise")
+
+typedef enum {
+  FM_TMPL_NONE = 0,
+#define FM_TMPL_ENUM_(n, name, str) FM_TMPL_##name = (n),
+  FM_TEMPLATE_MAP(FM_TMPL_ENUM_)
+#undef FM_TMPL_ENUM_
+} fm_template;
+
+const char *fm_template_name(fm_template t);
+
+#define FM_CANDIDATE_PARAMS 8
+/* A template and its parameters (meaning per template; unused ones 0). Plain data: stored
+ * in the cache beside each timing, so the numbers of an existing template never change. */
+typedef struct fm_candidate {
+  fm_template tmpl;
+  uint32_t p[FM_CANDIDATE_PARAMS];
+} fm_candidate;
+
+/* The configuration used when nothing is tuned; FM_EUNSUPPORTED (reason in d) when no
+ * template can serve the fragment (the client then runs it unfused: "bypass"). */
+int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d);
+/* Every candidate worth timing for this fragment (the default first), at most max. */
+size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t max);
+/* Source + launch metadata for one candidate (as fm_codegen_pointwise). */
+int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
+                        char **src, fm_kernel_meta *meta, fm_diag *d);
+/* "pointwise block=256 vec=0 unroll=4 blocks_per_sm=8", for logs and `fusectl show`. */
+void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap);
+
+/* ---- the pointwise template ---------------------------------------------------------- */
+
+/* One point of the pointwise template's tuning space (candidate p[0..3], in this order). */
 typedef struct fm_pw_config {
   uint32_t block;          /* threads per block: 128..1024, multiple of 32 */
   uint32_t vec;            /* elements per access: 1 or the 16-byte width; 0 = widest legal */

@@ -71,8 +71,9 @@ void fm_compile_run(fm_compile_job *j) {
    * matched to `fusectl show`. */
   snprintf(name, sizeof name, "fm_%.16s.cu", key_hex);
 
-  fm_pw_config cfg = fm_codegen_pointwise_default(&j->canon);
-  j->err = fm_codegen_pointwise(&j->canon, &cfg, j->device.sm_count, &j->source, &j->meta, &j->diag);
+  fm_candidate cand;
+  j->err = fm_codegen_default(&j->canon, &cand, &j->diag);
+  if (!j->err) j->err = fm_codegen_generate(&j->canon, &cand, j->device.sm_count, &j->source, &j->meta, &j->diag);
   if (j->err) {
     if (!j->diag.text[0]) fm_diag_set(&j->diag, j->err, "code generation failed: %s", fm_strerror(j->err));
     goto out;

@@ -16,3 +16,6 @@ fm_unit_test(test_codegen_reference
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_reference.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
 target_compile_definitions(test_codegen_golden PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+fm_unit_test(test_codegen_candidates
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_candidates.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)

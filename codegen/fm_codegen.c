@@ -1,0 +1,88 @@
+/* fm_codegen.c: the generic candidate API: routes a fragment to the template that serves
+ * its kind and translates between fm_candidate and each template's own config. */
+#include <stdio.h>
+#include <string.h>
+
+#include "fm_codegen.h"
+
+const char *fm_template_name(fm_template t) {
+  switch (t) {
+#define FM_TMPL_NAME_(n, name, str) \
+  case FM_TMPL_##name: return str;
+    FM_TEMPLATE_MAP(FM_TMPL_NAME_)
+#undef FM_TMPL_NAME_
+    case FM_TMPL_NONE: break;
+  }
+  return "none";
+}
+
+static fm_candidate from_pw(fm_pw_config c) {
+  fm_candidate k;
+  memset(&k, 0, sizeof k);
+  k.tmpl = FM_TMPL_POINTWISE;
+  k.p[0] = c.block;
+  k.p[1] = c.vec;
+  k.p[2] = c.unroll;
+  k.p[3] = c.blocks_per_sm;
+  return k;
+}
+
+static fm_pw_config to_pw(const fm_candidate *k) {
+  fm_pw_config c = {k->p[0], k->p[1], k->p[2], k->p[3]};
+  return c;
+}
+
+/* Which template serves a fragment: today every valid fragment is a pointwise chain (the
+ * vocabulary has no other kind yet); reductions and GEMMs add their checks here. */
+static fm_template template_for(const fm_fragment *canon) {
+  (void)canon;
+  return FM_TMPL_POINTWISE;
+}
+
+int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) {
+  if (!canon || !out) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
+  switch (template_for(canon)) {
+    case FM_TMPL_POINTWISE: *out = from_pw(fm_codegen_pointwise_default(canon)); return FM_OK;
+    default: break;
+  }
+  return fm_diag_set(d, FM_EUNSUPPORTED, "no kernel template serves this fragment");
+}
+
+size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t max) {
+  fm_candidate def;
+  size_t n = 0;
+  if (!canon || !out || !max || fm_codegen_default(canon, &def, NULL)) return 0;
+  out[n++] = def;
+  if (def.tmpl == FM_TMPL_POINTWISE) {
+    fm_pw_config pw[64];
+    size_t m = fm_codegen_pointwise_candidates(canon, pw, 64);
+    for (size_t i = 0; i < m && n < max; i++) {
+      fm_candidate k = from_pw(pw[i]);
+      if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k; /* the default is already first */
+    }
+  }
+  return n;
+}
+
+int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
+                        char **src, fm_kernel_meta *meta, fm_diag *d) {
+  if (!c) return fm_diag_set(d, FM_EINVAL, "codegen: NULL candidate");
+  switch (c->tmpl) {
+    case FM_TMPL_POINTWISE: {
+      fm_pw_config pw = to_pw(c);
+      return fm_codegen_pointwise(canon, &pw, sm_count, src, meta, d);
+    }
+    default: break;
+  }
+  return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
+}
+
+void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
+  switch (c->tmpl) {
+    case FM_TMPL_POINTWISE:
+      snprintf(out, cap, "pointwise block=%u vec=%u unroll=%u blocks_per_sm=%u", c->p[0], c->p[1], c->p[2],
+               c->p[3]);
+      return;
+    default: snprintf(out, cap, "%s", fm_template_name(c->tmpl)); return;
+  }
+}
