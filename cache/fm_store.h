@@ -20,7 +20,10 @@
   XX(7, STORE_ERRORS, "store_errors")      \
   XX(8, JOINED, "joined_inflight")         \
   XX(9, REQUESTS, "requests")              \
-  XX(10, BAD_REQUESTS, "bad_requests")
+  XX(10, BAD_REQUESTS, "bad_requests")    \
+  XX(11, TUNES, "tunes")                  \
+  XX(12, BAD_CANDIDATES, "bad_candidates") \
+  XX(13, WORKER_RESTARTS, "worker_restarts")
 
 typedef enum {
 #define FM_STAT_ENUM_(n, name, str) FM_STAT_##name = (n),

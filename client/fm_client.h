@@ -54,6 +54,10 @@ typedef struct fm_module fm_module;
 /* Loads k's CUBIN into the current context of this thread (or device 0's primary context
  * when none is current). */
 int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d);
+/* The same from a compile/lookup reply's raw fields: the CUBIN and the msgpack-packed `meta`
+ * map (borrowed for the call only). FM_EMALFORMED / FM_ESCHEMA for bad metadata. */
+int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *meta,
+                         size_t meta_len, fm_module **out, fm_diag *d);
 void fm_module_unload(fm_module *m);
 /* Launches on stream (a CUstream; NULL = the legacy default stream) per the metadata:
  * inputs[n_inputs] and outputs[n_outputs] are device pointers; outer is dim 0's size

@@ -282,6 +282,44 @@ static int fm_ctl_show_entry(fm_ctl *ctl, const char *key, msgpack_zone *zone,
   return FM_CTL_EXIT_OK;
 }
 
+/* The tuner's timings (fm_tuner.h): one row per candidate, the chosen one marked. */
+static void fm_ctl_print_timings(const msgpack_object *o) {
+  const msgpack_object *cands = fm_msg_get(o, "candidates");
+  if (!cands || cands->type != MSGPACK_OBJECT_ARRAY) {
+    printf("\ntimings:\n");
+    fm_ctl_print_json(stdout, o, 1, NULL);
+    return;
+  }
+  static const char *header[] = {"", "#", "CANDIDATE", "VERDICT", "MS", "REL-ERR", "DETAIL"};
+  int64_t chosen = fm_ctl_i64(o, "chosen");
+  double tune_ms = 0;
+  char dev[192] = "";
+  fm_msg_get_f64(o, "tune_ms", &tune_ms, NULL);
+  fm_msg_copy_str(o, "device", dev, sizeof dev, NULL);
+  printf("\ncandidates (tuned on %s in %.0f ms; * = chosen):\n", dev[0] ? dev : "?", tune_ms);
+  fm_ctl_table t;
+  fm_ctl_table_init(&t, 7, 0);
+  fm_ctl_table_row(&t, header);
+  for (uint32_t i = 0; i < cands->via.array.size; i++) {
+    const msgpack_object *c = &cands->via.array.ptr[i];
+    char mark[4], idx[16], desc[160] = "", verdict[32] = "", ms[32] = "-", rel[32] = "-", detail[96] = "";
+    double v;
+    const char *row[7] = {mark, idx, desc, verdict, ms, rel, detail};
+    snprintf(mark, sizeof mark, "%s", (int64_t)i == chosen ? "*" : "");
+    snprintf(idx, sizeof idx, "%u", i);
+    fm_msg_copy_str(c, "candidate", desc, sizeof desc, NULL);
+    fm_msg_copy_str(c, "verdict", verdict, sizeof verdict, NULL);
+    if (fm_msg_get_f64(c, "ms", &v, NULL) == FM_OK && v >= 0) snprintf(ms, sizeof ms, "%.4f", v);
+    if (fm_msg_get_f64(c, "rel_err", &v, NULL) == FM_OK && v >= 0) snprintf(rel, sizeof rel, "%.2e", v);
+    const char *dp;
+    size_t dn;
+    if (fm_msg_get_str(c, "detail", &dp, &dn, NULL) == FM_OK)
+      snprintf(detail, sizeof detail, "%.*s", (int)(dn < 90 ? dn : 90), dp);
+    fm_ctl_table_row(&t, row);
+  }
+  fm_ctl_table_print(&t, stdout);
+}
+
 int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
     {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
@@ -363,10 +401,7 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
     printf("\nmeta:\n");
     fm_ctl_print_json(stdout, o, 1, NULL);
   }
-  if ((o = fm_msg_get(e, "timings")) && o->type != MSGPACK_OBJECT_NIL) {
-    printf("\ntimings:\n");
-    fm_ctl_print_json(stdout, o, 1, NULL);
-  }
+  if ((o = fm_msg_get(e, "timings")) && o->type != MSGPACK_OBJECT_NIL) fm_ctl_print_timings(o);
   if ((o = fm_msg_get(e, "source")) && o->type == MSGPACK_OBJECT_STR)
     printf("\nsource: %u bytes of CUDA C (fusectl show %s --source)\n", o->via.str.size, key);
 out:

@@ -32,17 +32,32 @@ static fm_pw_config to_pw(const fm_candidate *k) {
   return c;
 }
 
-/* Which template serves a fragment: today every valid fragment is a pointwise chain (the
- * vocabulary has no other kind yet); reductions and GEMMs add their checks here. */
+static fm_candidate from_rows(fm_rows_config c) {
+  fm_candidate k;
+  memset(&k, 0, sizeof k);
+  k.tmpl = FM_TMPL_ROWS;
+  k.p[0] = c.variant;
+  k.p[1] = c.block;
+  k.p[2] = c.vec;
+  return k;
+}
+
+static fm_rows_config to_rows(const fm_candidate *k) {
+  fm_rows_config c = {k->p[0], k->p[1], k->p[2]};
+  return c;
+}
+
+/* Which template serves a fragment: a fragment with a reduction is a row fragment; every
+ * other valid fragment is a pointwise chain. GEMMs add their checks here. */
 static fm_template template_for(const fm_fragment *canon) {
-  (void)canon;
-  return FM_TMPL_POINTWISE;
+  return fm_fragment_is_rows(canon) ? FM_TMPL_ROWS : FM_TMPL_POINTWISE;
 }
 
 int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) {
   if (!canon || !out) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   switch (template_for(canon)) {
     case FM_TMPL_POINTWISE: *out = from_pw(fm_codegen_pointwise_default(canon)); return FM_OK;
+    case FM_TMPL_ROWS: *out = from_rows(fm_codegen_rows_default(canon)); return FM_OK;
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "no kernel template serves this fragment");
@@ -60,6 +75,13 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       fm_candidate k = from_pw(pw[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k; /* the default is already first */
     }
+  } else if (def.tmpl == FM_TMPL_ROWS) {
+    fm_rows_config rc[16];
+    size_t m = fm_codegen_rows_candidates(canon, rc, 16);
+    for (size_t i = 0; i < m && n < max; i++) {
+      fm_candidate k = from_rows(rc[i]);
+      if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
+    }
   }
   return n;
 }
@@ -72,6 +94,10 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
       fm_pw_config pw = to_pw(c);
       return fm_codegen_pointwise(canon, &pw, sm_count, src, meta, d);
     }
+    case FM_TMPL_ROWS: {
+      fm_rows_config rc = to_rows(c);
+      return fm_codegen_rows(canon, &rc, sm_count, src, meta, d);
+    }
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
@@ -82,6 +108,10 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
     case FM_TMPL_POINTWISE:
       snprintf(out, cap, "pointwise block=%u vec=%u unroll=%u blocks_per_sm=%u", c->p[0], c->p[1], c->p[2],
                c->p[3]);
+      return;
+    case FM_TMPL_ROWS:
+      snprintf(out, cap, "rows %s block=%u vec=%u", c->p[0] == FM_ROWS_BLOCK ? "block-per-row" : "warp-per-row",
+               c->p[1], c->p[2]);
       return;
     default: snprintf(out, cap, "%s", fm_template_name(c->tmpl)); return;
   }

@@ -21,8 +21,9 @@
  * later). A candidate names a template and its parameters; the daemon compiles every
  * candidate, the tuner verifies and times them, and the winner is stored. */
 
-#define FM_TEMPLATE_MAP(XX) \
-  XX(1, POINTWISE, "pointwise")
+#define FM_TEMPLATE_MAP(XX)     \
+  XX(1, POINTWISE, "pointwise") \
+  XX(2, ROWS, "rows")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -73,5 +74,29 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
  * FM_EUNSUPPORTED (with the reason in d) for fragments this template cannot run. */
 int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count,
                          char **src, fm_kernel_meta *meta, fm_diag *d);
+
+/* ---- the rows template (row fragments: reductions over the last dim) ------------------
+ * One row is read once into fp32 registers (elements per thread a compile-time constant,
+ * 16-byte vector loads where every row tensor allows them, masked edges for any N), reduced
+ * by warp shuffles (+ shared memory across warps), normalised there and written once.
+ * Launch metadata: kind "rows", grid rule "rows" (fm_meta.h). */
+
+typedef enum {
+  FM_ROWS_WARP = 1,   /* one warp per row, block/32 rows per block: short rows */
+  FM_ROWS_BLOCK = 2,  /* one block per row: long rows */
+} fm_rows_variant;
+
+/* One point of the rows template's tuning space (candidate p[0..2], in this order). */
+typedef struct fm_rows_config {
+  uint32_t variant;   /* fm_rows_variant */
+  uint32_t block;     /* threads per block: 32..1024, multiple of 32 (power of two for BLOCK) */
+  uint32_t vec;       /* elements per access: 0 = widest legal, else a cap (power of two) */
+} fm_rows_config;
+
+fm_rows_config fm_codegen_rows_default(const fm_fragment *canon);
+size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out, size_t max);
+/* As fm_codegen_pointwise, for a canonical row fragment (fm_fragment_is_rows). */
+int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count,
+                    char **src, fm_kernel_meta *meta, fm_diag *d);
 
 #endif

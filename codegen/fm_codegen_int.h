@@ -49,6 +49,8 @@ typedef struct fm_cg_plan {
   int64_t dims[FM_MAX_RANK];                  /* STRIDED: coalesced sizes; dims[0] is a
                                                  multiplier of outer when symbolic */
   uint32_t max_vec;                           /* widest legal vector (>= 1) */
+  uint8_t rowval[FM_CG_MAX_VALUES];           /* rows template: value is a register array,
+                                                 read as v<pos>[i] (pointwise: all 0) */
 } fm_cg_plan;
 
 /* Builds the plan; FM_EINVAL (not a valid fragment) or FM_EUNSUPPORTED, reason in d. */
@@ -67,6 +69,10 @@ void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math);
 
 /* fm_compute(): raw input elements (used inputs, in order) -> raw output elements. */
 int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d);
+
+/* The expression for op i (operands by position, named v<pos> or v<pos>[i] per rowval);
+ * shared by the pointwise fm_compute() and the rows template, so there is one op table. */
+void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i);
 
 /* A float constant as CUDA source: "%.9g" + "f", inf/nan spelled by bit pattern. */
 void fm_cg_emit_float(fm_strbuf *sb, double v);

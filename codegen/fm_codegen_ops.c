@@ -244,14 +244,16 @@ static void render(fm_strbuf *sb, const char *fmt, char ops[][48]) {
 }
 
 /* Value pos as a float or a bool expression. */
+static const char *idx(const fm_cg_plan *p, uint32_t pos) { return p->rowval[pos] ? "[i]" : ""; }
+
 static void as_float(char out[48], const fm_cg_plan *p, uint32_t pos) {
-  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "(v%u ? 1.0f : 0.0f)", pos);
-  else snprintf(out, 48, "v%u", pos);
+  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "(v%u%s ? 1.0f : 0.0f)", pos, idx(p, pos));
+  else snprintf(out, 48, "v%u%s", pos, idx(p, pos));
 }
 
 static void as_bool(char out[48], const fm_cg_plan *p, uint32_t pos) {
-  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "v%u", pos);
-  else snprintf(out, 48, "(v%u != 0.0f)", pos);
+  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "v%u%s", pos, idx(p, pos));
+  else snprintf(out, 48, "(v%u%s != 0.0f)", pos, idx(p, pos));
 }
 
 static void as_kind(char out[48], const fm_cg_plan *p, uint32_t pos, fm_dtype kind) {
@@ -274,7 +276,7 @@ static void emit_cast(fm_strbuf *sb, const fm_cg_plan *p, uint32_t src, fm_dtype
   }
 }
 
-static void emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i) {
+void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i) {
   const fm_opnode *op = &f->ops[i];
   const uint16_t *args = p->args[i];
   char ops[3][48] = {"", "", ""};
@@ -285,7 +287,7 @@ static void emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, ui
     case ARGS_COMPARE: {
       int all_bool = p->vdt[args[0]] == FM_DT_BOOL && p->vdt[args[1]] == FM_DT_BOOL;
       for (uint32_t a = 0; a < 2; a++) {
-        if (all_bool) snprintf(ops[a], 48, "v%u", args[a]);
+        if (all_bool) snprintf(ops[a], 48, "v%u%s", args[a], idx(p, args[a]));
         else as_float(ops[a], p, args[a]);
       }
       break;
@@ -374,7 +376,7 @@ int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
     uint32_t pos = p->n_in + i;
     if (!p->live[pos]) continue;
     fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
-    emit_op(sb, f, p, i);
+    fm_cg_emit_op(sb, f, p, i);
     fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
   }
   for (uint32_t k = 0; k < p->n_out; k++) {

@@ -65,7 +65,7 @@ static int plan_values(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
   for (uint32_t i = 0; i < p->n_ops; i++) {
     const fm_opnode *op = &f->ops[i];
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
-    if (fm_op_kind(op->op) == FM_OPK_RESERVED)
+    if (fm_op_vocab(op->op) != 1) /* reserved, reductions (the rows template), composites */
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%u]: '%s' is not elementwise; the pointwise template cannot run it",
                          i, fm_op_name(op->op));

@@ -184,8 +184,9 @@ static int compile_prog(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
   for (uint32_t i = 0; i < f->n_ops; i++) {
     const fm_opnode *op = &f->ops[i];
     int arity = fm_op_arity(op->op);
-    if ((unsigned)op->op >= FM_OP__COUNT || arity < 0 || op->nargs != (uint32_t)arity)
-      return fm_diag_set(d, FM_EINVAL, "reference: ops[%u] is not an elementwise op", i);
+    if ((unsigned)op->op >= FM_OP__COUNT || arity < 0 || op->nargs != (uint32_t)arity ||
+        fm_op_kind(op->op) == FM_OPK_COMPOSITE)
+      return fm_diag_set(d, FM_EINVAL, "reference: ops[%u] is not a primitive op", i);
     for (uint32_t a = 0; a < op->nargs; a++) {
       int pos = find_id(f, f->n_inputs + i, op->args[a]);
       if (pos < 0) return fm_diag_set(d, FM_EINVAL, "reference: ops[%u].args[%u] undefined", i, a);
@@ -200,6 +201,95 @@ static int compile_prog(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
   return FM_OK;
 }
 
+/* One reduction over a whole row x[0..n): fp64, two-pass var, NaN-propagating amax. */
+static double reduce_row(const fm_opnode *op, const double *x, int64_t n) {
+  double acc = op->op == FM_OP_AMAX ? -INFINITY : 0.0;
+  for (int64_t j = 0; j < n; j++) acc = op->op == FM_OP_AMAX ? nan_max(acc, x[j]) : acc + x[j];
+  if (op->op == FM_OP_SUM || op->op == FM_OP_AMAX) return acc;
+  double mean = acc / (double)n;
+  if (op->op == FM_OP_MEAN) return mean;
+  double q = 0.0;
+  for (int64_t j = 0; j < n; j++) q += (x[j] - mean) * (x[j] - mean);
+  return q / (double)(n - op->correction);   /* n == correction: 0/0 = NaN, as torch */
+}
+
+/* Row fragments (fm_fragment.h): the row shape is outputs[0]'s with the last dim replaced by
+ * N, the longest last dim; each value is a whole row (N numbers) or one per row. */
+static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
+                     const void *const *inputs, void *const *outputs, fm_diag *d) {
+  const fm_tensor *it = &f->outputs[0];
+  uint32_t r = it->rank, last = r - 1, n_val = f->n_inputs + f->n_ops;
+  if (r < 1) return fm_diag_set(d, FM_EINVAL, "reference: a row fragment has rank >= 1");
+  int64_t n = 1, lead[FM_MAX_RANK], rows = 1;
+  int64_t es[FM_MAX_INPUTS + FM_MAX_OUTPUTS][FM_MAX_RANK];
+  uint8_t is_row[REF_MAX_VALUES];
+  for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
+    const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
+    if (t->rank != r || (unsigned)t->dtype >= FM_DT__COUNT)
+      return fm_diag_set(d, FM_EINVAL, "reference: tensor %u does not match the row rank", k);
+    if (t->shape[last] > n) n = t->shape[last];
+    for (uint32_t j = 0; j < r; j++) es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
+  }
+  if (n > FM_MAX_ROW) return fm_diag_set(d, FM_EINVAL, "reference: rows of %lld", (long long)n);
+  for (uint32_t j = 0; j < last; j++) {
+    lead[j] = (j == 0 && it->shape[0] == FM_DIM_SYMBOLIC) ? outer : it->shape[j];
+    if (lead[j] < 0) return fm_diag_set(d, FM_EINVAL, "reference: outer %lld < 0", (long long)outer);
+    rows *= lead[j];
+  }
+  for (uint32_t k = 0; k < f->n_inputs; k++) is_row[k] = f->inputs[k].shape[last] == n;
+  for (uint32_t o = 0; o < f->n_ops; o++) {
+    uint32_t pos = f->n_inputs + o;
+    is_row[pos] = 0;
+    for (uint32_t a = 0; a < f->ops[o].nargs; a++) is_row[pos] |= is_row[pr->args[o][a]];
+    if (fm_op_kind(f->ops[o].op) == FM_OPK_REDUCE) {
+      if (!is_row[pos]) return fm_diag_set(d, FM_EINVAL, "reference: ops[%u] reduces a per-row value", o);
+      is_row[pos] = 0;
+    }
+  }
+  double *v = malloc((size_t)n_val * (size_t)n * sizeof *v);
+  if (!v) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
+  int64_t idx[FM_MAX_RANK] = {0};
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t base[FM_MAX_INPUTS + FM_MAX_OUTPUTS];
+    for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
+      base[k] = 0;
+      for (uint32_t j = 0; j < last; j++) base[k] += idx[j] * es[k][j];
+    }
+    for (uint32_t k = 0; k < f->n_inputs; k++) {
+      double *x = v + (size_t)k * (size_t)n;
+      for (int64_t j = 0; j < (is_row[k] ? n : 1); j++)
+        x[j] = inputs[k] ? load(f->inputs[k].dtype, inputs[k], base[k] + j * es[k][last]) : NAN;
+    }
+    for (uint32_t o = 0; o < f->n_ops; o++) {
+      const fm_opnode *op = &f->ops[o];
+      const uint16_t *a = pr->args[o];
+      double *x = v + (size_t)(f->n_inputs + o) * (size_t)n;
+      if (fm_op_kind(op->op) == FM_OPK_REDUCE) {
+        x[0] = reduce_row(op, v + (size_t)a[0] * (size_t)n, n);
+        continue;
+      }
+      for (int64_t j = 0; j < (is_row[f->n_inputs + o] ? n : 1); j++) {
+        double arg[3] = {0, 0, 0};
+        for (uint32_t q = 0; q < op->nargs; q++)
+          arg[q] = v[(size_t)a[q] * (size_t)n + (size_t)(is_row[a[q]] ? j : 0)];
+        x[j] = eval_op(op, arg[0], arg[1], arg[2]);
+      }
+    }
+    for (uint32_t k = 0; k < f->n_outputs; k++) {
+      uint32_t pos = pr->out_value[k], t = f->n_inputs + k;
+      for (int64_t j = 0; j < (is_row[pos] ? n : 1); j++)
+        store(f->outputs[k].dtype, outputs[k], base[t] + j * es[t][last],
+              v[(size_t)pos * (size_t)n + (size_t)j]);
+    }
+    for (uint32_t j = last; j-- > 0;) {   /* odometer over the leading dims */
+      if (++idx[j] < lead[j]) break;
+      idx[j] = 0;
+    }
+  }
+  free(v);
+  return FM_OK;
+}
+
 int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *inputs,
                       void *const *outputs, fm_diag *d) {
   ref_prog *pr = NULL;
@@ -209,6 +299,16 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
   if (f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS || f->n_inputs > FM_MAX_INPUTS ||
       f->n_ops > FM_MAX_OPS || f->outputs[0].rank > FM_MAX_RANK)
     return fm_diag_set(d, FM_EINVAL, "reference: fragment exceeds the limits");
+  for (uint32_t k = 0; k < f->n_outputs; k++)
+    if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
+  if (fm_fragment_is_rows(f)) {
+    pr = malloc(sizeof *pr);
+    if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
+    rc = compile_prog(f, pr, d);
+    if (!rc) rc = eval_rows(f, pr, outer, inputs, outputs, d);
+    free(pr);
+    return rc;
+  }
   const fm_tensor *it = &f->outputs[0];
   uint32_t rank = it->rank;
   int64_t shape[FM_MAX_RANK];

@@ -14,6 +14,11 @@
  *    -1, -2; a `const` is its value rounded to fp32 (a Python scalar meets fp32 math);
  *  - rounding happens at a `cast` and when storing an output, as fp64 -> fp32 (overflow to
  *    inf) -> the output dtype with round-to-nearest-even, NaN kept quiet; bool stores 0/1.
+ *  - row fragments (a reduction; fm_fragment.h): per row, sum/mean/amax/var over the N
+ *    elements of a whole-row value in fp64 (mean = sum / N; var two-pass around the mean,
+ *    divided by N - correction, so N == correction gives NaN like torch; amax propagates
+ *    NaN); a per-row value broadcasts along the row; a per-row output stores one element
+ *    per row (its last dim is 1).
  * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
  * the final rounding), not bit for bit. */
 #ifndef FM_REFERENCE_H

@@ -14,6 +14,7 @@
 #include "fm_log.h"
 #include "fm_msg.h"
 #include "fm_reply.h"
+#include "fm_tuner.h"
 
 #define FM_COMPILE_LOG_MAX (32u << 10)   /* NVRTC log bytes carried in a compile_failed reply */
 
@@ -118,6 +119,15 @@ static void reply_kernel(fm_conn *c, uint64_t id, const fm_key *key, const char 
 }
 
 static void reply_entry(fm_conn *c, uint64_t id, const fm_entry *e) {
+  if (e->state == FM_STATE_BAD) {
+    /* Tuning found no candidate that verified on this device: never serve it; the client
+     * runs the fragment eagerly. */
+    char hex[FM_KEY_HEX], why[160];
+    fm_key_to_hex(&e->key, hex);
+    snprintf(why, sizeof why, "no candidate verified on this device (fusectl show %.16s lists why)", hex);
+    fm_reply_error(c, id, FM_EUNSUPPORTED, why);
+    return;
+  }
   reply_kernel(c, id, &e->key, e->kind, e->state, "hit", e->meta, e->meta_len, e->cubin, e->cubin_len);
 }
 
@@ -130,6 +140,26 @@ static char *failure_detail(const fm_compile_job *j) {
   if (!s) return NULL;
   snprintf(s, cap, "%s%s%.*s", j->diag.text, log_len ? "\n" : "", (int)log_len, log_len ? j->log : "");
   return s;
+}
+
+/* Answers (and frees) every waiter of a finished flight: the error err, or kernel j. */
+static void answer_waiters(fm_waiter *w, const char *hex, int err, const char *detail, const fm_compile_job *j,
+                           fm_kstate state) {
+  while (w) {
+    fm_waiter *next = w->next;
+    if (fm_conn_is_open(w->conn)) {
+      if (err)
+        fm_reply_error(w->conn, w->id, err, detail);
+      else
+        reply_kernel(w->conn, w->id, &j->key, j->meta.kind, state, w->joined ? "joined" : "compiled",
+                     j->meta_bytes, j->meta_len, j->cubin, j->cubin_len);
+    } else {
+      fm_log_debug("%s: gone before its compile of %.16s ended; reply dropped", fm_conn_name(w->conn), hex);
+    }
+    fm_conn_unref(w->conn);
+    free(w);
+    w = next;
+  }
 }
 
 static void on_compile_done(fm_compile_job *j) {
@@ -152,25 +182,122 @@ static void on_compile_done(fm_compile_job *j) {
     fm_log_info("compiled %.16s (%s, %zu-byte cubin, %s) in %.0f ms", hex, j->meta.kind, j->cubin_len,
                 j->device.arch, j->compile_ms);
   }
-  while (w) {
-    fm_waiter *next = w->next;
-    if (fm_conn_is_open(w->conn)) {
-      if (j->err)
-        fm_reply_error(w->conn, w->id, j->err, detail ? detail : j->diag.text);
-      else
-        reply_kernel(w->conn, w->id, &j->key, j->meta.kind, FM_STATE_UNTUNED, w->joined ? "joined" : "compiled",
-                     j->meta_bytes, j->meta_len, j->cubin, j->cubin_len);
-    } else {
-      fm_log_debug("%s: gone before its compile of %.16s ended; reply dropped", fm_conn_name(w->conn), hex);
-    }
-    fm_conn_unref(w->conn);
-    free(w);
-    w = next;
-  }
+  answer_waiters(w, hex, j->err ? j->err : FM_OK, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
   free(detail);
   fm_compile_job_free(j);
   dd->jobs_running--;
   fm_daemon_job_ended(dd);
+}
+
+/* ---- tuning (fm_tuner.h): compile every candidate, then judge them on the GPU ---- */
+
+static void on_tune_done(fm_tune_job *tj) {
+  fm_daemon *dd = tj->ctx;
+  const fm_compile_job *c0 = tj->cands[0];
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&c0->key, hex);
+  fm_flight *f = fm_inflight_find(dd->inflight, &c0->key);
+  fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+
+  fm_daemon_count(dd, FM_STAT_WORKER_RESTARTS, tj->restarts);
+  fm_daemon_count(dd, FM_STAT_BAD_CANDIDATES, tj->bad);
+  if (tj->store_err) {
+    fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
+    fm_log_error("%s; serving it uncached", tj->store_diag.text);
+  }
+  if (!tj->tuned) {
+    /* The worker could not judge anything: serve the default as compile-only mode would. */
+    size_t i = 0;
+    while (i + 1 < tj->n && tj->cands[i]->err) i++;
+    fm_log_warn("cannot tune %.16s (%s); serving the default configuration untuned", hex, tj->diag.text);
+    answer_waiters(w, hex, tj->cands[i]->err, tj->cands[i]->diag.text, tj->cands[i], FM_STATE_UNTUNED);
+  } else if (tj->winner >= 0) {
+    const fm_compile_job *win = tj->cands[tj->winner];
+    char desc[160];
+    fm_candidate_describe(&win->cand, desc, sizeof desc);
+    fm_daemon_count(dd, FM_STAT_TUNES, 1);
+    fm_log_info("tuned %.16s: %zu candidates in %.0f ms; chose %s (%.4f ms; default %.4f ms, %s); "
+                "%u bad, %u worker restarts", hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms,
+                tj->res[0].ms, fm_verdict_name(tj->res[0].verdict), tj->bad, tj->restarts);
+    answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_TUNED);
+  } else {
+    fm_daemon_count(dd, FM_STAT_TUNES, 1);
+    fm_log_warn("tuned %.16s: %s; stored as bad (clients run it unfused)", hex, tj->diag.text);
+    answer_waiters(w, hex, FM_EUNSUPPORTED, tj->diag.text, NULL, FM_STATE_BAD);
+  }
+  fm_tune_job_free(tj);
+  dd->jobs_running--;
+  fm_daemon_job_ended(dd);
+}
+
+/* Every candidate compiled (or failed to): on to the tuner, unless none compiled. */
+static void candidates_compiled(fm_tune_job *tj) {
+  fm_daemon *dd = tj->ctx;
+  for (size_t i = 0; i < tj->n; i++) {
+    if (tj->cands[i]->err) {
+      fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
+      continue;
+    }
+    fm_tuner_submit(dd->tuner, tj, on_tune_done, dd);
+    return;
+  }
+  /* Nothing to tune: answer as a failed compile of the default. */
+  fm_compile_job *j = tj->cands[0];
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&j->key, hex);
+  fm_flight *f = fm_inflight_find(dd->inflight, &j->key);
+  fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+  char *detail = failure_detail(j);
+  fm_log_warn("compile of %.16s failed (all %zu candidates): %s", hex, tj->n, j->diag.text);
+  answer_waiters(w, hex, j->err, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
+  free(detail);
+  fm_tune_job_free(tj);
+  dd->jobs_running--;
+  fm_daemon_job_ended(dd);
+}
+
+static void on_candidate_compiled(fm_compile_job *j) {
+  fm_tune_job *tj = j->ctx;
+  if (--tj->pending == 0) candidates_compiled(tj);
+}
+
+/* A tune job with one compile job per candidate, the compiles queued. FM_OK or FM_ENOMEM. */
+static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  fm_tune_job *tj = NULL;
+  size_t n = fm_codegen_candidates(p->canon, cands, FM_TUNE_MAX_CANDIDATES);
+  if (n == 0) {
+    /* No template offers candidates: the default path says why (unsupported). */
+    *out = NULL;
+    return FM_OK;
+  }
+  if (fm_tune_job_new(&tj)) return FM_ENOMEM;
+  tj->store = dd->store;
+  tj->ctx = dd;
+  for (size_t i = 0; i < n; i++) {
+    fm_compile_job *cj;
+    if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, NULL, &cj)) {
+      fm_tune_job_free(tj);
+      return FM_ENOMEM;
+    }
+    cj->has_cand = 1;
+    cj->cand = cands[i];
+    tj->cands[tj->n++] = cj;
+  }
+  *out = tj;
+  return FM_OK;
+}
+
+static void submit_tuning(fm_daemon *dd, fm_tune_job *tj) {
+  tj->pending = tj->n;
+  for (size_t i = 0; i < tj->n; i++) {
+    fm_compile_job *cj = tj->cands[i];
+    if (fm_compile_submit(dd->loop, cj, on_candidate_compiled, tj)) {
+      cj->err = FM_EIO;
+      fm_diag_set(&cj->diag, FM_EIO, "cannot queue the compile");
+      if (--tj->pending == 0) candidates_compiled(tj);
+    }
+  }
 }
 
 /* Undoes fm_inflight_start when the job could not be queued (no waiter holds a reference). */
@@ -188,6 +315,7 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   fm_daemon *dd = rq->dd;
   fm_flight *f = fm_inflight_find(dd->inflight, &p->key);
   fm_compile_job *job = NULL;
+  fm_tune_job *tj = NULL;
   int err;
   if (f) {
     if (fm_inflight_join(f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
@@ -195,9 +323,12 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
     fm_daemon_count(dd, FM_STAT_JOINED, 1);
     return FM_OK;
   }
-  if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
+  if (dd->tuner) {
+    if (start_tuning(dd, p, &tj)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  }
+  if (!tj && fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
     return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  if (fm_inflight_start(dd->inflight, &p->key, job, &f)) {
+  if (fm_inflight_start(dd->inflight, &p->key, tj ? (void *)tj : (void *)job, &f)) {
     err = fm_diag_set(d, FM_ENOMEM, "out of memory");
     goto fail;
   }
@@ -205,6 +336,15 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
     drop_flight(dd, f);
     err = fm_diag_set(d, FM_ENOMEM, "out of memory");
     goto fail;
+  }
+  if (tj) {
+    fm_conn_ref(rq->conn);
+    dd->jobs_running++;
+    fm_daemon_count(dd, FM_STAT_COMPILES, 1);
+    fm_log_debug("%s: compiling %zu candidates of %.16s for %s, then tuning", fm_conn_name(rq->conn), tj->n,
+                 p->hex, p->dev.arch);
+    submit_tuning(dd, tj);
+    return FM_OK;
   }
   if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
     drop_flight(dd, f);
@@ -218,6 +358,7 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   return FM_OK;
 fail:
   fm_compile_job_free(job);
+  fm_tune_job_free(tj);
   return err;
 }
 

@@ -72,7 +72,8 @@ void fm_compile_run(fm_compile_job *j) {
   snprintf(name, sizeof name, "fm_%.16s.cu", key_hex);
 
   fm_candidate cand;
-  j->err = fm_codegen_default(&j->canon, &cand, &j->diag);
+  if (j->has_cand) cand = j->cand;
+  else j->err = fm_codegen_default(&j->canon, &cand, &j->diag);
   if (!j->err) j->err = fm_codegen_generate(&j->canon, &cand, j->device.sm_count, &j->source, &j->meta, &j->diag);
   if (j->err) {
     if (!j->diag.text[0]) fm_diag_set(&j->diag, j->err, "code generation failed: %s", fm_strerror(j->err));

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "fm_codegen.h"
 #include "fm_error.h"
 #include "fm_fingerprint.h"
 #include "fm_fragment.h"
@@ -31,6 +32,8 @@ struct fm_compile_job {
   fm_device_id device;
   char label[192];            /* fm_device_label(device): the store's device column */
   fm_store *store;            /* NULL: do not store */
+  int has_cand;               /* 1: build `cand` (a tuning candidate), 0: the default */
+  fm_candidate cand;
   fm_compile_done_fn done;
   void *ctx;                  /* the caller's */
   /* results */

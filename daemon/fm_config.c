@@ -20,6 +20,7 @@ void fm_config_defaults(fm_config *c) {
   snprintf(c->arch, sizeof c->arch, "%s", FM_CONFIG_DEFAULT_ARCH);
   c->max_clients = FM_CONFIG_DEFAULT_MAX_CLIENTS;
   c->idle_timeout_s = FM_CONFIG_DEFAULT_IDLE_TIMEOUT;
+  c->tune_deadline_s = 5;
 }
 
 int fm_config_parse_size(const char *s, uint64_t *out) {
@@ -98,6 +99,27 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
   if (strcmp(key, "idle-timeout") == 0) {
     if (parse_u32(value, 0, 7 * 86400, &c->idle_timeout_s))
       return fm_diag_set(d, FM_EINVAL, "idle-timeout: \"%s\" is not a number of seconds (0 to 604800)", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "tuner-worker") == 0) return set_path(c->tuner_worker, key, value, d);
+  if (strcmp(key, "no-tune") == 0) {
+    /* A flag on the command line (no value), yes/no in the file. */
+    if (!value || !*value || strcmp(value, "yes") == 0 || strcmp(value, "true") == 0 || strcmp(value, "1") == 0)
+      c->no_tune = 1;
+    else if (strcmp(value, "no") == 0 || strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
+      c->no_tune = 0;
+    else
+      return fm_diag_set(d, FM_EINVAL, "no-tune: \"%s\" is not yes or no", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "tune-deadline") == 0) {
+    char *end = NULL;
+    errno = 0;
+    double v = value ? strtod(value, &end) : 0;
+    if (!value || end == value || *end || errno || !(v > 0 && v <= 3600))
+      return fm_diag_set(d, FM_EINVAL, "tune-deadline: \"%s\" is not a number of seconds (0 < s <= 3600)",
+                         value ? value : "");
+    c->tune_deadline_s = v;
     return FM_OK;
   }
   return fm_diag_set(d, FM_EINVAL, "unknown setting \"%s\"", key);

@@ -5,7 +5,8 @@
  *   line    := ws* ( key ws* "=" ws* value ws* )? comment? "\n"
  *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
- *            | max-clients | idle-timeout             (the long option names)
+ *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline
+ *                                                     (the long option names; no-tune = yes|no)
  * A line that does not parse, an unknown key or a bad value is a startup error naming
  * file:line. */
 #ifndef FM_CONFIG_H
@@ -36,6 +37,10 @@ typedef struct fm_config {
   uint32_t idle_timeout_s;                /* 0 = never time out idle clients */
   int foreground;
   int system_mode;
+  int no_tune;                            /* GPU mode: serve the untuned default */
+  char tuner_worker[FM_CONFIG_PATH_MAX];  /* "": fusemld-tuner beside fusemld (GPU mode only);
+                                             set: tune with it even without a GPU (tests) */
+  double tune_deadline_s;                 /* base per-candidate deadline (+50x the default's time) */
 } fm_config;
 
 /* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle. */

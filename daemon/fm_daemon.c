@@ -13,6 +13,7 @@
 #include "fm_log.h"
 #include "fm_proto.h"
 #include "fm_sd.h"
+#include "fm_tuner.h"
 
 #define FM_STATS_SAVE_MS 1000
 
@@ -136,6 +137,33 @@ static void log_startup(fm_daemon *dd, int activated) {
               (unsigned long long)dd->dev.cublaslt_version, cfg->jobs);
 }
 
+/* The tuner (fm_tuner.h): in GPU mode unless --no-tune, or wherever --tuner-worker names a
+ * worker (CI's stand-ins, without a GPU). The default worker is fusemld-tuner beside this
+ * executable (installed together). */
+static int start_tuner(fm_daemon *dd, fm_diag *d) {
+  const fm_config *cfg = dd->cfg;
+  char exe[FM_CONFIG_PATH_MAX];
+  if (cfg->tuner_worker[0]) {
+    snprintf(exe, sizeof exe, "%s", cfg->tuner_worker);
+  } else {
+    if (!dd->dev.gpu || cfg->no_tune) return FM_OK;
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
+    if (!slash || (size_t)(slash - exe) + sizeof "/fusemld-tuner" > sizeof exe) {
+      fm_log_warn("cannot find fusemld-tuner beside this executable; kernels are served untuned");
+      return FM_OK;
+    }
+    memcpy(slash, "/fusemld-tuner", sizeof "/fusemld-tuner");
+  }
+  if (cfg->no_tune) return FM_OK;
+  fm_tuner_opts o = {.worker_exe = exe, .deadline_s = cfg->tune_deadline_s};
+  int err = fm_tuner_new(dd->loop, &o, &dd->tuner, d);
+  if (err) return err;
+  fm_log_info("tuning with %s (per-candidate deadline %.1f s + 50x the default's time)", exe,
+              cfg->tune_deadline_s);
+  return FM_OK;
+}
+
 static void close_walk_cb(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
@@ -180,6 +208,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
     fm_diag_set(d, err, "out of memory");
     goto out;
   }
+  if ((err = start_tuner(dd, d))) goto out;
   int listen_fd = fm_sd_listen_fd();
   fm_server_opts so = {
       .socket_path = cfg->socket_path,
@@ -218,9 +247,11 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   fm_daemon_save_stats(dd);
   fm_log_info("stopped");
 out:
-  if (dd->handles_ready || dd->server) close_loop(dd);
+  fm_tuner_stop(dd->tuner);   /* joins its thread, stops the worker, closes its handle */
+  if (dd->handles_ready || dd->server || dd->tuner) close_loop(dd);
   else uv_run(loop, UV_RUN_DEFAULT);   /* a server that failed to start closes its listener */
   if (dd->server) fm_server_free(dd->server);
+  fm_tuner_free(dd->tuner);
   fm_inflight_free(dd->inflight);
   if (dd->store) fm_store_close(dd->store);
   if (uv_loop_close(loop) != 0) fm_log_debug("event loop still had handles at exit");

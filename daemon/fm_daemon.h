@@ -29,6 +29,7 @@ typedef struct fm_daemon {
   fm_devinfo dev;
   fm_server *server;
   fm_inflight *inflight;
+  struct fm_tuner *tuner;             /* NULL: no tuning (compile-only, --no-tune) */
   uint32_t jobs_running;              /* compile jobs queued or running on the pool */
   int64_t session[FM_STAT__COUNT];    /* counters since this start (FM_STAT_MAP) */
   int64_t unsaved[FM_STAT__COUNT];    /* counted but not yet added to the store's counters */

@@ -61,7 +61,7 @@ int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *
       .nvrtc_major = dev->nvrtc_major,
       .nvrtc_minor = dev->nvrtc_minor,
       .nvrtc_options = fm_nvrtc_options(id->arch, opts, sizeof opts),
-      .vocab_version = FM_VOCAB_VERSION,
+      .vocab_version = FM_VOCAB_KEY,
   };
   if (!in.nvrtc_options) return FM_EINVAL;
   return fm_fingerprint(&in, out);

@@ -8,16 +8,17 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1,
+ *   {vocab: 1 | 2,
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
- *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str}, ...],
+ *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
+ *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2)
  *    outputs: [{id, dtype, shape, strides, align}, ...]}
  *
  * Shapes: rank 0..FM_MAX_RANK; each dim an int >= 1, or FM_DIM_SYMBOLIC (-1) for the one
  * symbolic dimension, which may only be dim 0 (the batch/token dimension: its size is a
  * launch argument, so one kernel serves every batch size). Strides are in elements, all
- * constants (dim 0 being outermost, no stride depends on it). The *iteration shape* is the
- * shape of outputs[0]; every output has exactly that shape; each input has the same rank and
+ * constants (dim 0 being outermost, no stride depends on it). The *iteration shape* of a
+ * pointwise fragment (row fragments: below) is the shape of outputs[0]; every output has exactly that shape; each input has the same rank and
  * every dim equal to the iteration dim or 1 (broadcast; its stride is then ignored).
  * `align` is the byte alignment the client guarantees for the base pointer (power of two).
  *
@@ -35,7 +36,21 @@
 
 #include "fm_error.h"
 
-#define FM_VOCAB_VERSION 1
+/* The newest vocabulary this build speaks; it also accepts every older one (FM_VOCAB_MIN).
+ * Vocabulary 2 adds the row reductions (sum, mean, amax, var) and the composite ops softmax,
+ * layer_norm and rms_norm, which the decoder expands into primitives (fm_fragment_expand).
+ * A canonical fragment records the LOWEST version that covers its ops, so a fragment without
+ * reductions keeps its vocabulary-1 canonical bytes and cache key. */
+#define FM_VOCAB_VERSION 2
+#define FM_VOCAB_MIN 1
+/* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
+ * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
+ * a vocabulary is added. */
+#define FM_VOCAB_KEY 1
+
+/* Row fragments (vocab 2): the reduced (last) dimension is held in registers, so it is
+ * bounded; longer rows are FM_EUNSUPPORTED (the client runs them unfused). */
+#define FM_MAX_ROW 32768
 
 /* Hard limits: anything beyond is refused with FM_ELIMIT before any work is done. */
 #define FM_MAX_RANK 8
@@ -77,6 +92,10 @@ typedef enum {
   FM_OPK_CAST,     /* 1 arg -> `dtype` */
   FM_OPK_POW,      /* (x, c) where c is a `const` value: pow by scalar */
   FM_OPK_RESERVED, /* a known name of a later vocabulary: refused as FM_EUNSUPPORTED */
+  FM_OPK_REDUCE,   /* vocab 2: 1 float arg, reduced over its last dim -> same dtype
+                      (sum, mean, amax; var also takes `correction`) */
+  FM_OPK_COMPOSITE,/* vocab 2, wire form only: expanded into primitives by
+                      fm_fragment_expand (softmax, layer_norm, rms_norm) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -113,13 +132,13 @@ typedef enum {
   XX(MM, "mm", FM_OPK_RESERVED)              \
   XX(ADDMM, "addmm", FM_OPK_RESERVED)        \
   XX(BMM, "bmm", FM_OPK_RESERVED)            \
-  XX(SUM, "sum", FM_OPK_RESERVED)            \
-  XX(MEAN, "mean", FM_OPK_RESERVED)          \
-  XX(AMAX, "amax", FM_OPK_RESERVED)          \
-  XX(VAR, "var", FM_OPK_RESERVED)            \
-  XX(SOFTMAX, "softmax", FM_OPK_RESERVED)    \
-  XX(LAYER_NORM, "layer_norm", FM_OPK_RESERVED) \
-  XX(RMS_NORM, "rms_norm", FM_OPK_RESERVED)
+  XX(SUM, "sum", FM_OPK_REDUCE)              \
+  XX(MEAN, "mean", FM_OPK_REDUCE)            \
+  XX(AMAX, "amax", FM_OPK_REDUCE)            \
+  XX(VAR, "var", FM_OPK_REDUCE)              \
+  XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)   \
+  XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE) \
+  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -130,8 +149,11 @@ typedef enum {
 
 const char *fm_op_name(fm_op op);
 fm_opkind fm_op_kind(fm_op op);
-/* Number of args the op takes (0..3); -1 for reserved ops. */
+/* Number of args the op takes (0..3); -1 for reserved ops; for a composite op the most
+ * it takes (layer_norm: x[, weight[, bias]]; rms_norm: x[, weight]; softmax: x). */
 int fm_op_arity(fm_op op);
+/* The vocabulary version that introduced op (1 or 2; 0 for reserved ops). */
+uint32_t fm_op_vocab(fm_op op);
 /* FM_OK, or FM_EUNKNOWN_OP for a name not in FM_OP_MAP. */
 int fm_op_parse(const char *s, size_t len, fm_op *out);
 
@@ -149,8 +171,15 @@ typedef struct fm_opnode {
   uint32_t out;                   /* value id defined here */
   uint32_t nargs;
   uint32_t args[3];               /* value ids defined earlier */
-  double value;                   /* FM_OP_CONST only */
+  double value;                   /* FM_OP_CONST; eps of layer_norm/rms_norm (wire only) */
   fm_dtype dtype;                 /* result dtype: inferred by validation; given for cast */
+  /* Reductions (vocab 2). `dim` is the reduced dim as the client wrote it (-1 or rank-1;
+   * any other is refused); canonical form: -1. `keepdim` only says which output shape the
+   * client meant; the canonical form drops it (reduced values always have the keepdim
+   * shape [..., 1]). `correction` (var only): 0 (population) or 1 (Bessel, torch's default). */
+  int32_t dim;
+  uint8_t keepdim;
+  uint8_t correction;
 } fm_opnode;
 
 typedef struct fm_fragment {
@@ -160,6 +189,28 @@ typedef struct fm_fragment {
   fm_opnode ops[FM_MAX_OPS];
   fm_tensor outputs[FM_MAX_OUTPUTS];
 } fm_fragment;
+
+/* Row fragments (vocab 2). A fragment with at least one reduction is a *row fragment*. Its
+ * row shape R = [d0, ..., d(r-2), N] is outputs[0]'s shape with the last dim replaced by N,
+ * the largest last dim of any tensor. Every value is either row-shaped ([..., N]: an input
+ * whose last dim is N, or a pointwise op over one) or per-row ([..., 1]: a reduction, an
+ * input with last dim 1, a const, or a pointwise op over only those); pointwise ops mix them
+ * (broadcast). Reductions reduce the last dim of a row-shaped float value and give a per-row
+ * value of the same dtype: a reduction of a per-row value is refused ("nested reduction").
+ * Inputs broadcast to R ([..., N], [1, N], [..., 1], all-1 scalars); an output storing a
+ * row-shaped value has shape R, one storing a per-row value [d0, ..., d(r-2), 1] or, with
+ * keepdim=false, [d0, ..., d(r-2)] (validation appends the 1: that is the canonical shape).
+ * N must be static (a rank-1 symbolic fragment cannot reduce) and <= FM_MAX_ROW. */
+
+/* Expands composite ops (softmax, layer_norm, rms_norm) in place into the primitive ops
+ * PROTOCOL.md spells out, so that both spellings share a canonical form and a key. The
+ * composite's `out` id names the final op; the intermediate values get fresh ids above
+ * FM_MAX_VALUE_ID. fm_fragment_decode calls it; C code building fragments may call it
+ * before fm_fragment_validate. FM_ELIMIT when the expansion exceeds FM_MAX_OPS. */
+int fm_fragment_expand(fm_fragment *f, fm_diag *d);
+
+/* True if f (validated) has a reduction: it is a row fragment, served by the rows template. */
+int fm_fragment_is_rows(const fm_fragment *f);
 
 /* Decodes the wire form (a msgpack map) into *out and validates it (fm_fragment_validate).
  * Any failure returns a negative fm_err with a precise reason in d ("ops[3].args[1]: value 9

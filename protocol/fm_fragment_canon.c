@@ -88,7 +88,13 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   for (uint32_t p = 0; p < n; p++) newpos[order[p]] = p;
 
   memset(out, 0, sizeof *out);
-  out->vocab = in->vocab;
+  /* the lowest vocabulary that covers the live ops: a fragment without reductions keeps the
+   * vocab-1 bytes (and key) it had before vocab 2 existed */
+  out->vocab = FM_VOCAB_MIN;
+  for (uint32_t p = 0; p < n; p++) {
+    uint32_t v = fm_op_vocab(in->ops[order[p]].op);
+    if (v > out->vocab) out->vocab = v;
+  }
   out->n_inputs = in->n_inputs;
   out->n_ops = n;
   out->n_outputs = in->n_outputs;
@@ -107,6 +113,9 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
       if (renumber(in, newpos, src->args[a], &dst->args[a])) return FM_EINVAL;
     dst->value = fm_op_kind(src->op) == FM_OPK_CONST ? src->value : 0.0;
     dst->dtype = src->dtype;
+    dst->dim = -1;                                              /* always the last dim */
+    dst->keepdim = 0;                                           /* the output shapes say it */
+    dst->correction = src->op == FM_OP_VAR ? src->correction : 0;
   }
   for (uint32_t k = 0; k < in->n_outputs; k++) {
     out->outputs[k] = in->outputs[k];
@@ -145,7 +154,7 @@ static int pack_tensor(const fm_tensor *t, msgpack_packer *pk) {
 
 static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   fm_opkind kind = fm_op_kind(op->op);
-  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST);
+  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + (op->op == FM_OP_VAR);
   int rc = msgpack_pack_map(pk, n);
   fm_pack_kv_cstr(pk, "op", fm_op_name(op->op));
   fm_pack_kv_u64(pk, "out", op->out);
@@ -156,6 +165,7 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   /* Always float64, so 2 and 2.0 from two clients are the same bytes. */
   if (kind == FM_OPK_CONST) fm_pack_kv_f64(pk, "value", op->value);
   if (kind == FM_OPK_CAST) fm_pack_kv_cstr(pk, "dtype", fm_dtype_name(op->dtype));
+  if (op->op == FM_OP_VAR) fm_pack_kv_u64(pk, "correction", op->correction);
   return rc;
 }
 

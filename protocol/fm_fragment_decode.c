@@ -183,8 +183,54 @@ static int decode_tensor(const msgpack_object *obj, const char *path, fm_tensor 
   return FM_OK;
 }
 
-enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O__N };
-static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype"};
+enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O_DIM, O_KEEPDIM, O_CORRECTION, O__N };
+static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype",
+                                          "dim", "keepdim", "correction"};
+
+/* The vocabulary-2 attributes: dim (reductions, softmax), keepdim (reductions), correction
+ * (var). Absent: dim -1, keepdim false, correction 1, as in torch. */
+static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm_opnode *op,
+                            fm_diag *d) {
+  char p[PATH_MAX_ + 32];
+  const char *opname = fm_op_name(op->op);
+  fm_opkind kind = fm_op_kind(op->op);
+  int rc;
+  op->dim = -1;
+  op->keepdim = 0;
+  op->correction = 1;
+  if (f[O_DIM]) {
+    int64_t dim = 0;
+    if (kind != FM_OPK_REDUCE && op->op != FM_OP_SOFTMAX)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.dim: only reductions and softmax take a dim, not '%s'",
+                         path, opname);
+    snprintf(p, sizeof p, "%s.dim", path);
+    if ((rc = get_i64(f[O_DIM], p, &dim, d))) return rc;
+    if (dim < -FM_MAX_RANK || dim >= FM_MAX_RANK)
+      return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRId64 " is not a dim of a rank <= %d tensor", p,
+                         dim, FM_MAX_RANK);
+    op->dim = (int32_t)dim;
+  }
+  if (f[O_KEEPDIM]) {
+    if (kind != FM_OPK_REDUCE)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.keepdim: only reductions take keepdim, not '%s'", path,
+                         opname);
+    if (f[O_KEEPDIM]->type != MSGPACK_OBJECT_BOOLEAN)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.keepdim: expected a bool, got %s", path,
+                         kind_of(f[O_KEEPDIM]));
+    op->keepdim = f[O_KEEPDIM]->via.boolean ? 1 : 0;
+  }
+  if (f[O_CORRECTION]) {
+    uint64_t c = 0;
+    if (op->op != FM_OP_VAR)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.correction: only var takes a correction, not '%s'",
+                         path, opname);
+    snprintf(p, sizeof p, "%s.correction", path);
+    if ((rc = get_u64(f[O_CORRECTION], p, &c, d))) return rc;
+    if (c > 1) return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRIu64 " is not 0 or 1", p, c);
+    op->correction = (uint8_t)c;
+  }
+  return FM_OK;
+}
 
 static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op, fm_diag *d) {
   const msgpack_object *f[O__N];
@@ -214,18 +260,27 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
   if (args && args->type != MSGPACK_OBJECT_ARRAY)
     return fm_diag_set(d, FM_ESCHEMA, "%s.args: expected an array, got %s", path, kind_of(args));
   uint32_t nargs = args ? args->via.array.size : 0;
-  if (nargs != (uint32_t)arity)
+  /* composites take optional trailing args (weight, bias) */
+  if (kind == FM_OPK_COMPOSITE ? (nargs < 1 || nargs > (uint32_t)arity) : nargs != (uint32_t)arity) {
+    if (kind == FM_OPK_COMPOSITE)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes 1 to %d args, got %u", path, opname,
+                         arity, nargs);
     return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path, opname, arity,
                        arity == 1 ? "" : "s", nargs);
+  }
   op->nargs = nargs;
   for (uint32_t i = 0; i < nargs; i++) {
     snprintf(p, sizeof p, "%s.args[%u]", path, i);
     if ((rc = get_id(&args->via.array.ptr[i], p, &op->args[i], d))) return rc;
   }
 
+  /* const's value; layer_norm's and rms_norm's eps */
   const msgpack_object *value = f[O_VALUE];
-  if (kind == FM_OPK_CONST) {
-    if (!value) return fm_diag_set(d, FM_ESCHEMA, "%s: const needs a 'value'", path);
+  int takes_value = kind == FM_OPK_CONST || op->op == FM_OP_LAYER_NORM || op->op == FM_OP_RMS_NORM;
+  if (takes_value) {
+    if (!value)
+      return fm_diag_set(d, FM_ESCHEMA, "%s: %s needs a 'value'%s", path, opname,
+                         kind == FM_OPK_CONST ? "" : " (its eps)");
     switch (value->type) {
       case MSGPACK_OBJECT_FLOAT32:
       case MSGPACK_OBJECT_FLOAT64: op->value = value->via.f64; break;
@@ -236,7 +291,8 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
                            kind_of(value));
     }
   } else if (value) {
-    return fm_diag_set(d, FM_ESCHEMA, "%s.value: only const takes a value, not '%s'", path, opname);
+    return fm_diag_set(d, FM_ESCHEMA, "%s.value: only const takes a value (and layer_norm/rms_norm an eps), not '%s'",
+                       path, opname);
   }
 
   const msgpack_object *dtype = f[O_DTYPE];
@@ -249,7 +305,7 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
                        "%s.dtype: only cast takes a dtype ('%s' infers its result dtype)", path,
                        opname);
   }
-  return FM_OK;
+  return decode_row_attrs(f, path, op, d);
 }
 
 /* An array field of at most max elements. */
@@ -278,9 +334,9 @@ int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) 
    * matters, rather than at its first new op. */
   uint64_t vocab = 0;
   if ((rc = get_u64(f[F_VOCAB], "vocab", &vocab, d))) return rc;
-  if (vocab != FM_VOCAB_VERSION)
-    return fm_diag_set(d, FM_ESCHEMA, "vocab %" PRIu64 " not supported, this daemon speaks %d",
-                       vocab, FM_VOCAB_VERSION);
+  if (vocab < FM_VOCAB_MIN || vocab > FM_VOCAB_VERSION)
+    return fm_diag_set(d, FM_ESCHEMA, "vocab %" PRIu64 " not supported, this daemon speaks %d to %d",
+                       vocab, FM_VOCAB_MIN, FM_VOCAB_VERSION);
   out->vocab = (uint32_t)vocab;
 
   if ((rc = get_array(f[F_INPUTS], "inputs", FM_MAX_INPUTS, "inputs", d))) return rc;
@@ -302,5 +358,6 @@ int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) 
     snprintf(p, sizeof p, "outputs[%u]", i);
     if ((rc = decode_tensor(&f[F_OUTPUTS]->via.array.ptr[i], p, &out->outputs[i], d))) return rc;
   }
+  if ((rc = fm_fragment_expand(out, d))) return rc;
   return fm_fragment_validate(out, d);
 }

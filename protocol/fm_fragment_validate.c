@@ -20,7 +20,10 @@ typedef struct value {
   bool weak;        /* a `const`: a Python scalar, which does not promote */
   bool is_input;
   uint32_t index;   /* into inputs[] or ops[] */
+  uint8_t cls;      /* row fragments: CLS_ROW or CLS_PERROW (set by check_rows) */
 } value;
+
+enum { CLS_PERROW = 0, CLS_ROW = 1 };
 
 typedef struct values {
   value v[FM_MAX_INPUTS + FM_MAX_OPS];
@@ -158,6 +161,19 @@ static int infer(fm_opnode *op, const value *arg[3], bool *weak, const char *pat
                            arg[1]->id);
       op->dtype = promote(arg[0], arg[1]);
       return FM_OK;
+    case FM_OPK_REDUCE:
+      if (arg[0]->weak || !is_float(arg[0]->dtype))
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "%s.args[0]: '%s' reduces a floating-point tensor, value %u is %s", path,
+                           name, arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
+      if (op->op == FM_OP_VAR && op->correction > 1)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.correction: %u is not 0 or 1", path, op->correction);
+      op->dtype = arg[0]->dtype;
+      return FM_OK;
+    case FM_OPK_COMPOSITE:
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)",
+                         path, name);
     case FM_OPK_RESERVED:
       break;
   }
@@ -165,7 +181,7 @@ static int infer(fm_opnode *op, const value *arg[3], bool *weak, const char *pat
                      path, name);
 }
 
-static int check_op(fm_opnode *op, uint32_t i, values *vs, fm_diag *d) {
+static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_diag *d) {
   char path[32];
   snprintf(path, sizeof path, "ops[%u]", i);
   if ((unsigned)op->op >= FM_OP__COUNT)
@@ -174,7 +190,11 @@ static int check_op(fm_opnode *op, uint32_t i, values *vs, fm_diag *d) {
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "%s.op: op '%s' is reserved for a later vocabulary version (this daemon "
                        "speaks vocab %d)", path, fm_op_name(op->op), FM_VOCAB_VERSION);
-  if (op->out > FM_MAX_VALUE_ID)
+  if (fm_op_vocab(op->op) > vocab)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.op: '%s' needs vocab %u (the fragment says vocab %u)",
+                       path, fm_op_name(op->op), fm_op_vocab(op->op), vocab);
+  /* ids above FM_MAX_VALUE_ID are the expansion's own (fm_fragment_expand) */
+  if (op->out > FM_MAX_VALUE_ID + FM_MAX_OPS)
     return fm_diag_set(d, FM_ELIMIT, "%s.out: value id %u exceeds the maximum %u", path, op->out,
                        FM_MAX_VALUE_ID);
   int arity = fm_op_arity(op->op);
@@ -275,13 +295,115 @@ static int check_shapes(const fm_fragment *f, fm_diag *d) {
   return FM_OK;
 }
 
+int fm_fragment_is_rows(const fm_fragment *f) {
+  if (!f || f->n_ops > FM_MAX_OPS) return 0;
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) return 1;
+  return 0;
+}
+
+/* Row fragments (fm_fragment.h): the row shape R, each value's class, the reductions' dims,
+ * and how every tensor relates to R. Outputs of per-row values written without the kept dim
+ * (keepdim=false) get it appended here: that is the canonical shape. */
+static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
+  uint32_t r = 0;
+  for (uint32_t k = 0; k < f->n_inputs; k++) r = f->inputs[k].rank > r ? f->inputs[k].rank : r;
+  for (uint32_t k = 0; k < f->n_outputs; k++) r = f->outputs[k].rank > r ? f->outputs[k].rank : r;
+  if (r == 0)
+    return fm_diag_set(d, FM_ESCHEMA, "a reduction needs a dim to reduce: every tensor is rank 0");
+  int64_t n = 1;
+  for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
+    const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
+    if (t->rank == r && t->shape[r - 1] > n) n = t->shape[r - 1];
+    if (t->rank == r && t->shape[r - 1] == FM_DIM_SYMBOLIC)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "%s[%u].shape: the reduced (last) dim must be static, not symbolic",
+                         k < f->n_inputs ? "inputs" : "outputs",
+                         k < f->n_inputs ? k : k - f->n_inputs);
+  }
+  if (n > FM_MAX_ROW)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "rows of %" PRId64 " elements exceed the %d a row kernel holds in registers",
+                       n, FM_MAX_ROW);
+  /* classes: inputs by their last dim, ops by their operands */
+  for (uint32_t v = 0; v < vs->n; v++) {
+    value *x = &vs->v[v];
+    if (x->is_input) {
+      const fm_tensor *t = &f->inputs[x->index];
+      x->cls = (t->rank == r && t->shape[r - 1] == n) ? CLS_ROW : CLS_PERROW;
+      continue;
+    }
+    const fm_opnode *op = &f->ops[x->index];
+    x->cls = CLS_PERROW;
+    for (uint32_t a = 0; a < op->nargs; a++)
+      if (lookup(vs, op->args[a])->cls == CLS_ROW) x->cls = CLS_ROW;
+    if (fm_op_kind(op->op) != FM_OPK_REDUCE) continue;
+    if (op->dim != -1 && op->dim != (int32_t)r - 1)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%u].dim: '%s' over dim %d of a rank-%u row; only the last dim "
+                         "(-1) can be reduced", x->index, fm_op_name(op->op), op->dim, r);
+    if (x->cls != CLS_ROW)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%u].args[0]: nested reduction: value %u is already one value per "
+                         "row", x->index, op->args[0]);
+    x->cls = CLS_PERROW;
+  }
+  /* outputs: keepdim=false shapes get their 1 back; the row shape comes from outputs[0] */
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    fm_tensor *t = &f->outputs[k];
+    if (lookup(vs, t->id)->cls == CLS_PERROW && t->rank + 1 == r) {
+      t->shape[r - 1] = 1;
+      t->strides[r - 1] = 0;
+      t->rank = r;
+    }
+    if (t->rank != r)
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: rank %u, the row rank is %u", k, t->rank, r);
+  }
+  fm_tensor it = f->outputs[0];
+  it.shape[r - 1] = n;
+  char want[160], got[160];
+  format_shape(&it, want, sizeof want);
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    const fm_tensor *t = &f->outputs[k];
+    int per_row = lookup(vs, t->id)->cls == CLS_PERROW;
+    bool same = true;
+    for (uint32_t i = 0; i + 1 < r; i++) same = same && t->shape[i] == it.shape[i];
+    same = same && t->shape[r - 1] == (per_row ? 1 : n);
+    if (!same) {
+      format_shape(t, got, sizeof got);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "outputs[%u].shape: %s, but its value is %s of the row shape %s", k, got,
+                         per_row ? "one per row (last dim 1)" : "a full row", want);
+    }
+  }
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    const fm_tensor *t = &f->inputs[k];
+    if (t->rank != r)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "inputs[%u].shape: rank %u differs from the row rank %u (broadcast with "
+                         "size-1 dims)", k, t->rank, r);
+    for (uint32_t i = 0; i < r; i++) {
+      int64_t dim = t->shape[i], want_dim = it.shape[i];
+      if (dim == want_dim || dim == 1) continue;
+      if (want_dim == FM_DIM_SYMBOLIC)
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "inputs[%u].shape[%u]: %" PRId64 " must be -1 (symbolic) or 1 "
+                           "(broadcast): the row dim 0 is symbolic", k, i, dim);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
+                         " (the row shape is %s)", k, i, dim, want_dim, want);
+    }
+  }
+  return FM_OK;
+}
+
 int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
   char path[32];
   int rc;
   if (!f) return fm_diag_set(d, FM_EINVAL, "fm_fragment_validate: NULL fragment");
-  if (f->vocab != FM_VOCAB_VERSION)
-    return fm_diag_set(d, FM_ESCHEMA, "vocab %u not supported, this daemon speaks %d", f->vocab,
-                       FM_VOCAB_VERSION);
+  if (f->vocab < FM_VOCAB_MIN || f->vocab > FM_VOCAB_VERSION)
+    return fm_diag_set(d, FM_ESCHEMA, "vocab %u not supported, this daemon speaks %d to %d",
+                       f->vocab, FM_VOCAB_MIN, FM_VOCAB_VERSION);
   if (f->n_inputs > FM_MAX_INPUTS)
     return fm_diag_set(d, FM_ELIMIT, "inputs: %u inputs exceed the limit of %d", f->n_inputs,
                        FM_MAX_INPUTS);
@@ -311,7 +433,7 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
     if ((rc = define(&vs, v, path, d))) return rc;
   }
   for (uint32_t i = 0; i < f->n_ops; i++)
-    if ((rc = check_op(&f->ops[i], i, &vs, d))) return rc;
+    if ((rc = check_op(&f->ops[i], i, f->vocab, &vs, d))) return rc;
 
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     const fm_tensor *t = &f->outputs[k];
@@ -324,7 +446,8 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
                          "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)",
                          k, fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
-  if ((rc = check_shapes(f, d))) return rc;
+  rc = fm_fragment_is_rows(f) ? check_rows(f, &vs, d) : check_shapes(f, d);
+  if (rc) return rc;
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     snprintf(path, sizeof path, "outputs[%u]", k);
     if ((rc = check_no_overlap(&f->outputs[k], path, d))) return rc;

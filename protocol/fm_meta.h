@@ -11,7 +11,11 @@
  * output, then `long long outer` (the size of dim 0 for this launch; for a static
  * fragment pass `outer`). Grid for rule "elementwise":
  *   n = outer * inner;  grid.x = clamp(ceil(n / items_per_block), 1, max_blocks)
- * (n == 0: do not launch). Later kinds (gemm, reduction, cublaslt, bypass) add rules. */
+ * (n == 0: do not launch). Grid for rule "rows" (kind "rows", row fragments): inner is
+ * the number of rows per unit of dim 0 and items_per_block the rows per block:
+ *   rows = outer * inner;  grid.x = clamp(ceil(rows / items_per_block), 1, max_blocks)
+ * (the kernel strides over rows, so the cap is safe). Later kinds (gemm, cublaslt, bypass)
+ * add rules. */
 #ifndef FM_META_H
 #define FM_META_H
 
@@ -24,11 +28,11 @@
 #define FM_META_MAX_PARAMS (32 + 16 + 1)
 
 typedef struct fm_kernel_meta {
-  char kind[16];                 /* "pointwise" */
+  char kind[16];                 /* "pointwise", "rows" */
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
   uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise" */
+  char grid_rule[16];            /* "elementwise", "rows" */
   uint64_t inner;                /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;

@@ -60,9 +60,20 @@ int fm_op_arity(fm_op op) {
     case FM_OPK_COMPARE:
     case FM_OPK_POW: return 2;
     case FM_OPK_WHERE: return 3;
+    case FM_OPK_REDUCE: return 1;
+    case FM_OPK_COMPOSITE: return op == FM_OP_LAYER_NORM ? 3 : op == FM_OP_RMS_NORM ? 2 : 1;
     case FM_OPK_RESERVED: return -1;
   }
   return -1;
+}
+
+uint32_t fm_op_vocab(fm_op op) {
+  switch (fm_op_kind(op)) {
+    case FM_OPK_RESERVED: return 0;
+    case FM_OPK_REDUCE:
+    case FM_OPK_COMPOSITE: return 2;
+    default: return 1;
+  }
 }
 
 int fm_op_parse(const char *s, size_t len, fm_op *out) {

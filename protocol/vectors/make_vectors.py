@@ -65,8 +65,28 @@ VECTORS = [
      ("reject", "bad_request", "inputs[0].dtype: unknown dtype 'f64'")),
     ("output_dtype_mismatch", "bf16 + f16 promotes to f32, stored into a bf16 output",
      ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32")),
-    ("vocab2", "a fragment of a newer vocabulary",
-     ("reject", "bad_request", "vocab 2 not supported, this daemon speaks 1")),
+    ("vocab3", "a fragment of a newer vocabulary",
+     ("reject", "bad_request", "vocab 3 not supported, this daemon speaks 1 to 2")),
+    # ---- vocabulary 2: row reductions ----
+    ("chain_vocab2", "chain sent as vocab 2: without reductions the canonical form says vocab 1, "
+     "so the bytes and key are chain's", ("accept", "chain")),
+    ("rows_sum_keepdim", "sum over the last dim, keepdim=true, symbolic rows", ("accept", None)),
+    ("rows_sum_nokeepdim", "the same sum spelled dim=1, keepdim=false with a [-1] output: same "
+     "canonical bytes and key", ("accept", "rows_sum_keepdim")),
+    ("rows_mean_amax", "x - mean(x) and amax(x) as two outputs of a rank-3 row fragment",
+     ("accept", None)),
+    ("rows_var", "var with correction 1 (the default) and 0", ("accept", None)),
+    ("layer_norm", "layer_norm(x, w, b, eps=1e-5), bf16 [-1, 4096]", ("accept", None)),
+    ("layer_norm_expanded", "layer_norm written out in primitives, ops shuffled: same "
+     "canonical bytes and key as layer_norm", ("accept", "layer_norm")),
+    ("rms_norm_residual", "s = x + r; rms_norm(s, w, 1e-6); s written as a second output",
+     ("accept", None)),
+    ("softmax", "softmax over the last dim, f32 [64, 1000]", ("accept", None)),
+    ("reduce_dim0", "a sum over dim 0",
+     ("reject", "unsupported", "only the last dim (-1) can be reduced")),
+    ("nested_reduction", "amax of a sum", ("reject", "unsupported", "nested reduction")),
+    ("row_too_long", "softmax over rows of 65536",
+     ("reject", "unsupported", "rows of 65536 elements exceed the 32768")),
     ("malformed_c1", "chain with the reserved type byte 0xc1 in place of vocab's value",
      ("reject", "malformed", "0xc1")),
     ("truncated", "chain.mp without its last 5 bytes", ("reject", "malformed", "truncated")),
@@ -123,8 +143,77 @@ def canon_tensor(t, new_id):
             "align": min(t.get("align", 16), 16)}
 
 
+FRESH_BASE = 0x1000000  # expansion ids: above every id a client may choose
+
+
+def expand(ops):
+    """Composite ops into primitives, exactly as PROTOCOL.md ("Composite ops") spells them."""
+    out, fresh = [], [FRESH_BASE]
+
+    def emit(op, args, dst=None, **attrs):
+        if dst is None:
+            dst = fresh[0]
+            fresh[0] += 1
+        o = {"op": op, "out": dst, "args": list(args)}
+        o.update(attrs)
+        out.append(o)
+        return dst
+
+    for op in ops:
+        name, a = op["op"], op.get("args", [])
+        if name == "softmax":
+            m = emit("amax", [a[0]])
+            e = emit("exp", [emit("sub", [a[0], m])])
+            emit("div", [e, emit("sum", [e])], op["out"])
+        elif name == "layer_norm":
+            mu = emit("mean", [a[0]])
+            xc = emit("sub", [a[0], mu])
+            v = emit("var", [a[0]], correction=0)
+            eps = emit("const", [], value=float(op["value"]))
+            r = emit("rsqrt", [emit("add", [v, eps])])
+            n = emit("mul", [xc, r], op["out"] if len(a) == 1 else None)
+            if len(a) > 1:
+                y = emit("mul", [n, a[1]], op["out"] if len(a) == 2 else None)
+                if len(a) > 2:
+                    emit("add", [y, a[2]], op["out"])
+        elif name == "rms_norm":
+            ms = emit("mean", [emit("mul", [a[0], a[0]])])
+            eps = emit("const", [], value=float(op["value"]))
+            r = emit("rsqrt", [emit("add", [ms, eps])])
+            n = emit("mul", [a[0], r], op["out"] if len(a) == 1 else None)
+            if len(a) > 1:
+                emit("mul", [n, a[1]], op["out"])
+        else:
+            out.append(op)
+    return out
+
+
+REDUCTIONS = {"sum", "mean", "amax", "var"}
+
+
+def keepdim_outputs(inputs, ops, outputs):
+    """Row fragments: a per-row output written without its kept dim gets the 1 back."""
+    if not any(op["op"] in REDUCTIONS for op in ops):
+        return outputs
+    r = max(len(t["shape"]) for t in inputs + outputs)
+    n = max([t["shape"][-1] for t in inputs + outputs if len(t["shape"]) == r] + [1])
+    row = {t["id"]: len(t["shape"]) == r and t["shape"][-1] == n for t in inputs}
+    for op in ops:
+        row[op["out"]] = op["op"] not in REDUCTIONS and any(row[a] for a in op.get("args", []))
+    fixed = []
+    for t in outputs:
+        t = dict(t)
+        if not row[t["id"]] and len(t["shape"]) == r - 1:
+            t["shape"] = list(t["shape"]) + [1]
+            if "strides" in t:
+                t["strides"] = list(t["strides"]) + [0]
+        fixed.append(t)
+    return fixed
+
+
 def canonical(frag):
-    inputs, ops, outputs = frag["inputs"], frag["ops"], frag["outputs"]
+    inputs, ops = frag["inputs"], expand(frag["ops"])
+    outputs = keepdim_outputs(inputs, ops, frag["outputs"])
     input_pos = {t["id"]: k for k, t in enumerate(inputs)}
     defining = {op["out"]: j for j, op in enumerate(ops)}
     order, seen = [], set()
@@ -155,8 +244,12 @@ def canonical(frag):
             o["value"] = float(op["value"])
         if op["op"] == "cast":
             o["dtype"] = op["dtype"]
+        if op["op"] == "var":
+            o["correction"] = op.get("correction", 1)
         out_ops.append(o)
-    return {"vocab": frag["vocab"],
+    # the lowest vocabulary that covers the live ops
+    vocab = 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
+    return {"vocab": vocab,
             "inputs": [canon_tensor(t, k) for k, t in enumerate(inputs)],
             "ops": out_ops,
             "outputs": [canon_tensor(t, new_id[t["id"]]) for t in outputs]}

@@ -19,3 +19,12 @@ target_compile_definitions(test_codegen_golden PRIVATE FM_CG_SOURCE_DIR="${PROJE
 fm_unit_test(test_codegen_candidates
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_candidates.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
+fm_unit_test(test_codegen_rows
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_rows.c ${FM_CG_TEST_DIR}/test_codegen_rows_frag.c
+          ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)
+target_compile_definitions(test_codegen_rows PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+fm_unit_test(test_codegen_rows_ref
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_rows_ref.c ${FM_CG_TEST_DIR}/test_codegen_rows_frag.c
+          ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)

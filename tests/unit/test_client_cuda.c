@@ -87,10 +87,49 @@ static void test_module_without_gpu(void) {
   CHECK(strlen(d.text) > 0);
 }
 
+/* The raw-bytes loader (the Python backend's entry through ctypes) checks the metadata bytes
+ * before it touches the GPU, then behaves as fm_module_load. */
+static void test_module_load_bytes(void) {
+  static const uint8_t fake_cubin[16] = {0x7f, 'E', 'L', 'F'};
+  static const uint8_t not_a_map[] = {0x01};
+  static const uint8_t two_objects[] = {0x80, 0x80};
+  fm_kernel_meta meta;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  fm_module *m = (fm_module *)1;
+  fm_diag d = {{0}};
+
+  memset(&meta, 0, sizeof meta);
+  snprintf(meta.kind, sizeof meta.kind, "pointwise");
+  snprintf(meta.entry, sizeof meta.entry, "fm_pw");
+  snprintf(meta.grid_rule, sizeof meta.grid_rule, "elementwise");
+  meta.block[0] = 256; meta.block[1] = 1; meta.block[2] = 1;
+  meta.inner = 1024; meta.items_per_block = 2048; meta.max_blocks = 528; meta.outer = -1;
+  meta.n_inputs = 1; meta.n_outputs = 1;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);
+
+  CHECK_EQ_INT(fm_module_load_bytes(NULL, 0, NULL, 0, &m, &d), FM_EINVAL);
+  CHECK(m == NULL);
+  CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, two_objects,
+                                    sizeof two_objects, &m, &d), FM_EMALFORMED);
+  CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, not_a_map,
+                                    sizeof not_a_map, &m, &d), FM_ESCHEMA);
+  CHECK_STR_CONTAINS(d.text, "meta");
+  if (!have_gpu) {
+    CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, (const uint8_t *)sb.data,
+                                      sb.size, &m, &d), FM_ENOGPU);
+    CHECK(m == NULL);
+  }
+  msgpack_sbuffer_destroy(&sb);
+}
+
 int main(void) {
   RUN(test_load);
   RUN(test_device_id);
   RUN(test_fail_format);
   RUN(test_module_without_gpu);
+  RUN(test_module_load_bytes);
   return FM_TEST_DONE();
 }

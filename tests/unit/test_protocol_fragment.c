@@ -146,8 +146,8 @@ static const reject_case rejects[] = {
     {"[1,2]", FM_ESCHEMA, "must be a map"},
     {"{'vocab':1,'inputs':[],'ops':[],'outputs':[],'vocabulary':1}", FM_ESCHEMA, "fragment: unknown key 'vocabulary'"},
     {"{'vocab':1,'inputs':[],'outputs':[]}", FM_ESCHEMA, "missing key 'ops'"},
-    {"{'vocab':2,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
-     "vocab 2 not supported, this daemon speaks 1"},
+    {"{'vocab':3,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
+     "vocab 3 not supported, this daemon speaks 1 to 2"},
     {"{'vocab':'1','inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab: expected an integer"},
     {"{'vocab':1,'inputs':{},'ops':[],'outputs':[]}", FM_ESCHEMA, "inputs: expected an array"},
     {FRAG(X16, "", ""), FM_ESCHEMA, "outputs: at least one output"},
@@ -181,7 +181,7 @@ static const reject_case rejects[] = {
     {FRAG(X16, "{'op':'foo','out':1,'args':[0]}", X16), FM_EUNKNOWN_OP, "ops[0].op: unknown op 'foo'"},
     {FRAG(X16, "{'op':'relu','out':1,'args':[0]},{'op':'mm','out':2,'args':[0,1]}", X16), FM_EUNSUPPORTED,
      "ops[1].op: op 'mm' is reserved for a later vocabulary version"},
-    {FRAG(X16, "{'op':'softmax','out':1,'args':[0]}", X16), FM_EUNSUPPORTED, "op 'softmax' is reserved"},
+    {FRAG(X16, "{'op':'softmax','out':1,'args':[0]}", X16), FM_ESCHEMA, "'softmax' needs vocab 2 (the fragment says vocab 1)"},
     {FRAG(X16, "{'op':7,'out':1,'args':[0]}", X16), FM_ESCHEMA, "ops[0].op: expected an op name"},
     {FRAG(X16, "{'op':'relu','args':[0]}", X16), FM_ESCHEMA, "ops[0]: missing key 'out'"},
     {FRAG(X16, "{'op':'relu','out':1,'arg':[0]}", X16), FM_ESCHEMA, "ops[0]: unknown key 'arg'"},
@@ -313,9 +313,9 @@ static void test_validate_struct(void) {
   g.ops[1].nargs = 3;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
   g = frag;
-  g.vocab = 2;
+  g.vocab = 3;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
-  CHECK_STR_CONTAINS(d.text, "vocab 2 not supported, this daemon speaks 1");
+  CHECK_STR_CONTAINS(d.text, "vocab 3 not supported, this daemon speaks 1 to 2");
   g = frag;
   g.inputs[0].dtype = FM_DT__COUNT;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);

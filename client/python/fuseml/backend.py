@@ -1,0 +1,167 @@
+"""The torch.compile backend: aot_autograd capture (forward, backward and inference graphs,
+each partitioned and fused on its own), fragment building, one pipelined round of compile
+requests per graph, and the graph rewrite that calls `fuseml::group` for each fused group."""
+import operator
+import os
+
+import torch
+from torch._decomp import get_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from functorch.compile import make_boxed_func
+
+from . import transport
+from ._log import log, warn_once
+from .fragment import Unfusable, build
+from .partition import find_groups
+from .runtime import GroupRunner
+
+aten = torch.ops.aten
+
+# Decomposed before partitioning: backward ops that are pointwise chains in our vocabulary
+# are kept whole here and spelled by ops.POINTWISE instead (silu_backward, sigmoid_backward,
+# tanh_backward, threshold_backward), and gelu/silu/sigmoid stay undecomposed so each maps to
+# one vocabulary op. gelu_backward needs erf, which vocab 1 lacks: it stays an ATen op.
+# What is decomposed: composites whose parts we fuse.
+DECOMPOSITIONS = get_decompositions([
+    aten.hardsigmoid, aten.hardswish, aten.leaky_relu, aten.elu, aten.clamp_min, aten.clamp_max,
+    aten.addcmul, aten.addcdiv, aten.lerp, aten.mish, aten.softplus,
+])
+
+
+class Plan:
+    """What one compiled graph became: its groups, for tests and explain()."""
+
+    def __init__(self, which, groups, hello=None):
+        self.which = which          # "forward" | "backward" | "inference"
+        self.groups = groups
+        self.hello = hello
+
+    def kernels(self):
+        return [g for g in self.groups if g.route == "kernel"]
+
+    def describe(self):
+        return "\n".join([f"{self.which} graph:"] + ["  " + g.describe() for g in self.groups])
+
+
+class FuseMLCompiler:
+    """torch.compile(model, backend=FuseMLCompiler(**options)).
+
+    Options: socket (path; default FUSEML_SOCKET or the per-user socket), timeout_s (per
+    graph, for the daemon's replies; default 120), min_ops (the fewest ops worth one kernel;
+    default 2; a lone op is one kernel either way)."""
+
+    def __init__(self, socket=None, timeout_s=120.0, min_ops=2):
+        self.socket = socket
+        self.timeout_s = timeout_s
+        self.min_ops = min_ops
+        self.plans = []
+        self._backend = aot_autograd(
+            fw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "forward"),
+            bw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "backward"),
+            inference_compiler=lambda gm, ex: self.compile_graph(gm, ex, "inference"),
+            decompositions=DECOMPOSITIONS,
+        )
+
+    def __call__(self, gm, example_inputs):
+        return self._backend(gm, example_inputs)
+
+    # -- one ATen graph ------------------------------------------------------------------
+
+    def compile_graph(self, gm, example_inputs, which):
+        groups = find_groups(gm, self.min_ops)
+        fused = []
+        for g in groups:
+            if g.route != "kernel":
+                continue
+            try:
+                g.built = build(g.members, g.inputs, g.outputs)
+                fused.append(g)
+            except Unfusable as e:
+                g.route, g.reason = "bypass", str(e)
+        plan = Plan(which, groups)
+        runners = {g.gid: GroupRunner(g) for g in fused}
+        if fused:
+            plan.hello = self._request(fused, runners)
+        self.plans.append(plan)
+        del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
+        log.debug("fuseml: %s", plan.describe())
+        if fused:
+            gm = rewrite(gm, fused, runners)
+        return make_boxed_func(gm)
+
+    def _request(self, fused, runners):
+        try:
+            conn = transport.connect(self.socket, timeout=5.0)
+        except (transport.DaemonError, OSError) as e:
+            cause = ("daemon", "fusemld unreachable: %s", str(e))
+            for g in fused:
+                runners[g.gid].why_eager = cause
+            warn_once(*cause)
+            return None
+        try:
+            replies = transport.compile_all(conn, [g.built.wire for g in fused], self.timeout_s)
+        except (transport.DaemonError, OSError) as e:
+            cause = ("daemon", "fusemld failed: %s", str(e))
+            for g in fused:
+                runners[g.gid].why_eager = cause
+            warn_once(*cause)
+            return conn.hello
+        finally:
+            conn.close()
+        for g, r in zip(fused, replies):
+            if not r.get("ok"):
+                g.reason = f"{r.get('code')}: {r.get('detail')}"
+                runners[g.gid].why_eager = ("compile:" + str(r.get("code")),
+                                            "fusemld refused a fragment: %s", g.reason)
+                log.debug("fuseml: group %d fragment %s", g.gid, g.built.wire)
+                continue
+            g.key, g.state, g.origin = r["key"], r["state"], r["origin"]
+            runners[g.gid].kernel = (r["key"], r["state"], r["cubin"], r["meta"])
+        return conn.hello
+
+
+def rewrite(gm, fused, runners):
+    """A new graph in which each fused group is one fuseml::group call. Nodes are emitted in
+    graph order, except that a group is emitted (with its inputs) when its first value is
+    needed, so a user of an escaping value that sits between the group's members works."""
+    unit = {}
+    for g in fused:
+        for n in g.members:
+            unit[n] = g
+    new = torch.fx.Graph()
+    env, done = {}, set()
+
+    def emit(u):
+        if id(u) in done:
+            return
+        done.add(id(u))
+        if isinstance(u, torch.fx.Node):
+            for a in u.all_input_nodes:
+                emit(unit.get(a, a))
+            env[u] = new.node_copy(u, lambda x: env[x])
+            return
+        for a in u.inputs:
+            emit(unit.get(a, a))
+        call = new.call_function(torch.ops.fuseml.group.default,
+                                 (runners[u.gid].gid, [env[a] for a in u.inputs]))
+        call.meta["val"] = [o.meta.get("val") for o in u.outputs]
+        for i, o in enumerate(u.outputs):
+            env[o] = new.call_function(operator.getitem, (call, i))
+            env[o].meta = dict(o.meta)
+
+    for node in gm.graph.nodes:
+        emit(unit.get(node, node))
+    out = torch.fx.GraphModule(gm, new)
+    out.graph.lint()
+    return out
+
+
+_default = None
+
+
+def fuseml_backend(gm, example_inputs):
+    """The backend registered as "fuseml" (entry point torch_dynamo_backends)."""
+    global _default
+    if _default is None:
+        _default = FuseMLCompiler()
+    return _default(gm, example_inputs)

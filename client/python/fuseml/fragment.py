@@ -1,0 +1,236 @@
+"""A group of FX nodes -> a fragment in wire form (protocol/PROTOCOL.md), plus the layout the
+runtime needs to launch it (which input gives the symbolic sizes, the output strides).
+
+Shapes come from the fake-tensor metadata. Leading symbolic dims ([s0, s1, 4096] when both
+batch and sequence are dynamic) are collapsed into the one symbolic dim 0 the protocol has,
+which is exact when every tensor is either dense across them or broadcast over all of them."""
+import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
+
+from .ops import DTYPES, POINTWISE
+
+VOCAB = 1
+
+
+class Unfusable(Exception):
+    """The group cannot be spelled as a fragment; the message says why."""
+
+
+def _static(x):
+    return isinstance(x, int) or is_concrete_int(x)
+
+
+def _same(a, b):
+    if _static(a) and _static(b):
+        return int(a) == int(b)
+    if _static(a) or _static(b):
+        return False
+    return statically_known_true(a == b)
+
+
+def same_shape(a, b):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+_RANK = {"bool": 0, "f16": 1, "bf16": 1, "f32": 2}
+
+
+def _promote(a, b):
+    """The protocol's promotion (dtype names; "const" is a weak f32 scalar)."""
+    if a == "const" and b == "const":
+        return "f32"
+    if a == "const":
+        return "f32" if b == "bool" else b
+    if b == "const":
+        return "f32" if a == "bool" else a
+    if a == b:
+        return "f32" if a == "bool" else a
+    if a == "bool":
+        return b
+    if b == "bool":
+        return a
+    return "f32"  # bf16 with f16, or anything with f32
+
+
+_COMPARE = {"gt", "ge", "lt", "le", "eq", "ne"}
+
+
+class Emitter:
+    """Builds the ops of one fragment. Value ids: inputs 0..n-1 are assigned when the group's
+    inputs are known; ops take the ids after them."""
+
+    def __init__(self, inputs):
+        self.ops = []
+        self.dtype = {}
+        self.ids = {}
+        self.next_id = 0
+        for node in inputs:
+            self.ids[node] = self.next_id
+            self.dtype[self.next_id] = DTYPES[node.meta["val"].dtype]
+            self.next_id += 1
+
+    def _new(self, dtype):
+        vid = self.next_id
+        self.next_id += 1
+        self.dtype[vid] = dtype
+        return vid
+
+    def const(self, value):
+        if isinstance(value, bool):
+            value = float(value)
+        vid = self._new("const")
+        self.ops.append({"op": "const", "out": vid, "args": [], "value": float(value)})
+        return vid
+
+    def arg(self, x):
+        if isinstance(x, torch.fx.Node):
+            return self.ids[x]
+        return self.const(x)
+
+    def cast(self, vid, dtype):
+        if self.dtype[vid] == dtype:
+            return vid
+        out = self._new(dtype)
+        self.ops.append({"op": "cast", "out": out, "args": [vid], "dtype": dtype})
+        return out
+
+    def op(self, name, *args):
+        args = list(args)
+        dts = [self.dtype[a] for a in args]
+        if name in _COMPARE:
+            dtype = "bool"
+        elif name == "where":
+            if dts[0] != "bool":
+                args[0] = self.cast(args[0], "bool")
+            dtype = _promote(dts[1], dts[2])
+        elif len(args) == 2:
+            dtype = _promote(dts[0], dts[1])
+        else:
+            if dts[0] == "bool":  # unary ops refuse bool operands: widen first, as torch does
+                args[0] = self.cast(args[0], "f32")
+            dtype = "f32" if dts[0] in ("const", "bool") else dts[0]
+        out = self._new(dtype)
+        self.ops.append({"op": name, "out": out, "args": args})
+        return out
+
+    def emit_node(self, node):
+        vid = POINTWISE[node.target](self, node)
+        # Keep every value at the dtype torch gives it, so later ops and the stored outputs
+        # see what eager would (a 0-dim f32 tensor does not promote a bf16 tensor in torch).
+        vid = self.cast(vid, DTYPES[node.meta["val"].dtype])
+        self.ids[node] = vid
+        return vid
+
+
+def _align_of(t):
+    off = int(t.storage_offset()) * t.element_size() if _static(t.storage_offset()) else 1
+    align = 16
+    while align > t.element_size() and off % align:
+        align //= 2
+    return max(align, t.element_size())
+
+
+class Layout:
+    """How the group's iteration space maps onto the fragment's: `k` leading dims (symbolic,
+    or 0 when static) collapse into fragment dim 0."""
+
+    def __init__(self, shape):
+        self.shape = list(shape)
+        sym = [i for i, d in enumerate(self.shape) if not _static(d)]
+        self.k = 0
+        while self.k < len(self.shape) and not _static(self.shape[self.k]):
+            self.k += 1
+        if any(i >= self.k for i in sym):
+            raise Unfusable("a symbolic dim after a static one")
+
+    def tensor(self, t, where):
+        """(fragment shape, strides, full_leading) of tensor t, padded to the group's rank."""
+        r = len(self.shape)
+        size, stride = list(t.shape), list(t.stride())
+        if len(size) > r:
+            raise Unfusable(f"{where}: rank above the group's")
+        size = [1] * (r - len(size)) + size
+        stride = [0] * (r - len(stride)) + stride
+        shape, strides = [], []
+        full = False
+        if self.k:
+            lead = size[: self.k]
+            if all(_static(d) and int(d) == 1 for d in lead):
+                shape.append(1)
+                strides.append(0)
+            elif all(_same(a, b) for a, b in zip(lead, self.shape[: self.k])):
+                for i in range(self.k - 1):
+                    if not statically_known_true(stride[i] == stride[i + 1] * size[i + 1]):
+                        raise Unfusable(f"{where}: not dense across the symbolic dims")
+                if not _static(stride[self.k - 1]):
+                    raise Unfusable(f"{where}: symbolic stride")
+                shape.append(-1)
+                strides.append(int(stride[self.k - 1]))
+                full = True
+            else:
+                raise Unfusable(f"{where}: broadcast over part of the symbolic dims")
+        for i in range(self.k, r):
+            d, g = size[i], self.shape[i]
+            if not _static(d):
+                raise Unfusable(f"{where}: symbolic dim {i}")
+            if int(d) != int(g) and int(d) != 1:
+                raise Unfusable(f"{where}: dim {i} is {int(d)}, not {int(g)} or 1")
+            if int(d) == 1:
+                shape.append(1)
+                strides.append(0)
+            else:
+                if not _static(stride[i]):
+                    raise Unfusable(f"{where}: symbolic stride")
+                shape.append(int(d))
+                strides.append(int(stride[i]))
+        return shape, strides, full
+
+
+class Built:
+    """A group's fragment and what launching it needs."""
+
+    def __init__(self, wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align):
+        self.wire = wire
+        self.layout = layout
+        self.in_nodes = in_nodes
+        self.out_nodes = out_nodes
+        self.full_input = full_input      # index of an input whose leading dims give `outer`
+        self.out_strides = out_strides    # fragment strides of each output
+        self.in_align = in_align
+
+
+def build(members, in_nodes, out_nodes):
+    """members in graph order; in_nodes: the group's tensor inputs (fragment order);
+    out_nodes: the members whose values leave the group (fragment order)."""
+    shape = members[-1].meta["val"].shape
+    layout = Layout(shape)
+    e = Emitter(in_nodes)
+    for node in members:
+        e.emit_node(node)
+    inputs, full_input, in_align = [], None, []
+    for i, node in enumerate(in_nodes):
+        t = node.meta["val"]
+        fshape, fstrides, full = layout.tensor(t, f"input {node.name}")
+        if full and full_input is None:
+            full_input = i
+        align = _align_of(t)
+        in_align.append(align)
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides,
+                       "align": align})
+    outputs, out_strides = [], []
+    for node in out_nodes:
+        t = node.meta["val"]
+        fshape, fstrides, _ = layout.tensor(t, f"output {node.name}")
+        if any(a != b and a != -1 for a, b in zip(fshape, _frag_dims(layout))):
+            raise Unfusable(f"output {node.name} is not of the group's shape")
+        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": fshape,
+                        "strides": fstrides, "align": 16})
+        out_strides.append(fstrides)
+    if layout.k and full_input is None:
+        raise Unfusable("no input carries the symbolic dims")
+    wire = {"vocab": VOCAB, "inputs": inputs, "ops": e.ops, "outputs": outputs}
+    return Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)
+
+
+def _frag_dims(layout):
+    return ([-1] if layout.k else []) + [int(d) for d in layout.shape[layout.k:]]

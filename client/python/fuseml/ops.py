@@ -1,0 +1,168 @@
+"""The map from ATen ops to the fragment vocabulary (protocol/PROTOCOL.md, vocab 1), and the
+kinds of the ops that later kernel templates will take (GEMMs, reductions).
+
+Each pointwise entry is a function emit(e, node) that spells the node with the emitter's
+primitives (fragment.Emitter): e.arg(x) for a tensor or scalar operand, e.op(name, *ids),
+e.const(v), e.cast(id, dtype)."""
+import numbers
+
+import torch
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+DTYPES = {torch.bool: "bool", torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+REDUCTION_OPS = {
+    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
+    aten.var.correction, aten._softmax.default, aten._log_softmax.default,
+    aten.native_layer_norm.default, aten._softmax_backward_data.default,
+    aten.native_layer_norm_backward.default,
+}
+# Metadata-only ops: they never join a group (a group's inputs are whatever tensors reach it,
+# with the strides these views gave them), so they run as ATen at no cost.
+VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.expand.default,
+            aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.permute.default,
+            aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.detach.default}
+
+
+def _unary(name):
+    return lambda e, n: e.op(name, e.arg(n.args[0]))
+
+
+def _binary(name):
+    return lambda e, n: e.op(name, e.arg(n.args[0]), e.arg(n.args[1]))
+
+
+def _add_like(name):
+    def emit(e, n):
+        b = e.arg(n.args[1])
+        alpha = n.kwargs.get("alpha", 1)
+        if alpha != 1:
+            b = e.op("mul", b, e.const(alpha))
+        return e.op(name, e.arg(n.args[0]), b)
+    return emit
+
+
+def _rsub(e, n):
+    b = e.arg(n.args[0])
+    alpha = n.kwargs.get("alpha", 1)
+    if alpha != 1:
+        b = e.op("mul", b, e.const(alpha))
+    return e.op("sub", e.arg(n.args[1]), b)
+
+
+def _gelu(e, n):
+    approx = n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")
+    return e.op("gelu_tanh" if approx == "tanh" else "gelu", e.arg(n.args[0]))
+
+
+def _cast(e, n):
+    return e.cast(e.arg(n.args[0]), DTYPES[n.meta["val"].dtype])
+
+
+def _threshold_backward(e, n):
+    # threshold_backward(grad, x, t) = where(x <= t, 0, grad): relu's backward.
+    grad, x, t = n.args
+    return e.op("where", e.op("le", e.arg(x), e.const(t)), e.const(0.0), e.arg(grad))
+
+
+def _sigmoid_backward(e, n):
+    # sigmoid_backward(grad, y) = grad * y * (1 - y), y the forward's output.
+    g, y = e.arg(n.args[0]), e.arg(n.args[1])
+    return e.op("mul", e.op("mul", g, y), e.op("sub", e.const(1.0), y))
+
+
+def _tanh_backward(e, n):
+    # tanh_backward(grad, y) = grad * (1 - y * y).
+    g, y = e.arg(n.args[0]), e.arg(n.args[1])
+    return e.op("mul", g, e.op("sub", e.const(1.0), e.op("mul", y, y)))
+
+
+def _silu_backward(e, n):
+    # silu_backward(grad, x) = grad * s * (1 + x * (1 - s)), s = sigmoid(x).
+    g, x = e.arg(n.args[0]), e.arg(n.args[1])
+    s = e.op("sigmoid", x)
+    t = e.op("add", e.const(1.0), e.op("mul", x, e.op("sub", e.const(1.0), s)))
+    return e.op("mul", e.op("mul", g, s), t)
+
+
+def _where(e, n):
+    return e.op("where", e.arg(n.args[0]), e.arg(n.args[1]), e.arg(n.args[2]))
+
+
+POINTWISE = {
+    aten.add.Tensor: _add_like("add"), aten.add.Scalar: _add_like("add"),
+    aten.sub.Tensor: _add_like("sub"), aten.sub.Scalar: _add_like("sub"),
+    aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
+    aten.mul.Tensor: _binary("mul"), aten.mul.Scalar: _binary("mul"),
+    aten.div.Tensor: _binary("div"), aten.div.Scalar: _binary("div"),
+    aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
+    aten.pow.Tensor_Scalar: _binary("pow"),
+    aten.neg.default: _unary("neg"), aten.abs.default: _unary("abs"),
+    aten.relu.default: _unary("relu"), aten.gelu.default: _gelu,
+    aten.silu.default: _unary("silu"), aten.sigmoid.default: _unary("sigmoid"),
+    aten.tanh.default: _unary("tanh"), aten.exp.default: _unary("exp"),
+    aten.log.default: _unary("log"), aten.sqrt.default: _unary("sqrt"),
+    aten.rsqrt.default: _unary("rsqrt"),
+    aten.reciprocal.default: lambda e, n: e.op("div", e.const(1.0), e.arg(n.args[0])),
+    aten.where.self: _where,
+    aten._to_copy.default: _cast, prims.convert_element_type.default: _cast,
+    aten.threshold_backward.default: _threshold_backward,
+    aten.sigmoid_backward.default: _sigmoid_backward,
+    aten.tanh_backward.default: _tanh_backward,
+    aten.silu_backward.default: _silu_backward,
+}
+for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
+    POINTWISE[getattr(aten, _name).Tensor] = _binary(_name)
+    POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
+
+# kwargs an entry may carry; anything else (out=, rounding_mode=, memory_format=...) keeps
+# the node out of a group.
+_ALLOWED_KWARGS = {"alpha", "approximate", "dtype"}
+
+
+def _is_static_scalar(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool)
+
+
+def why_not_pointwise(node):
+    """None when the node can join a pointwise group, else the reason it cannot."""
+    if node.op != "call_function" or node.target not in POINTWISE:
+        return "not in the pointwise vocabulary"
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return "no tensor metadata"
+    if val.dtype not in DTYPES:
+        return f"dtype {val.dtype} not supported"
+    if set(node.kwargs) - _ALLOWED_KWARGS:
+        return f"unsupported arguments {sorted(set(node.kwargs) - _ALLOWED_KWARGS)}"
+    if node.target in (aten._to_copy.default,):
+        src = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
+        if src is None or src.device != val.device or node.kwargs.get("dtype") is None:
+            return "_to_copy that is not a dtype conversion"
+    for a in list(node.args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
+        if isinstance(a, torch.fx.Node):
+            t = a.meta.get("val")
+            if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+                return "operand of unsupported dtype"
+            if t.device != val.device:
+                return "operand on another device"
+        elif isinstance(a, str):
+            continue
+        elif isinstance(a, float) and a != a:
+            return "NaN constant"
+        elif not _is_static_scalar(a):
+            return f"non-static operand {type(a).__name__}"
+    return None
+
+
+def kind_of(node):
+    if node.op != "call_function":
+        return None
+    if node.target in GEMM_OPS:
+        return "gemm"
+    if node.target in REDUCTION_OPS:
+        return "reduction"
+    return None

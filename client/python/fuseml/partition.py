@@ -1,0 +1,145 @@
+"""Fusion discovery on an ATen FX graph: pointwise chains become groups; GEMMs and reductions
+are recorded as groups of their own kind, routed "bypass" until their kernel templates exist.
+
+A node joins the group of one of its producers when it is pointwise, has the group's shape,
+and none of its other operands depends on that group (joining would make the group wait on
+its own result). Groups grow in graph order; nothing is fused across a mutating op, because
+a mutating op never joins and a group never waits on one of its own descendants."""
+from dataclasses import dataclass, field
+
+import torch
+
+from . import ops
+from .fragment import same_shape
+
+
+@dataclass
+class Group:
+    gid: int
+    kind: str                        # "pointwise" | "gemm" | "reduction"
+    members: list                    # FX nodes, graph order
+    inputs: list = field(default_factory=list)    # nodes read from outside, first use order
+    outputs: list = field(default_factory=list)   # members used outside (incl. graph outputs)
+    escapes: list = field(default_factory=list)   # outputs other than the last member
+    route: str = "bypass"            # "kernel" | "bypass"
+    reason: str = ""
+    key: str = None
+    state: str = None
+    origin: str = None
+    built: object = None
+
+    @property
+    def op_names(self):
+        return [str(n.target).replace("aten.", "").split(".")[0] for n in self.members]
+
+    def describe(self):
+        s = f"group {self.gid} [{self.kind}] {' -> '.join(self.op_names)}: {self.route}"
+        if self.reason:
+            s += f" ({self.reason})"
+        if self.escapes:
+            s += f"; escapes {[n.name for n in self.escapes]}"
+        return s
+
+
+def _is_mutating(node):
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema and schema.is_mutable)
+
+
+def _order(gm):
+    pos = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return pos.__getitem__
+
+
+def find_groups(gm, min_ops=2):
+    """Returns the groups of gm.graph (every pointwise group, fused or not, and every
+    GEMM/reduction), with inputs, outputs and escapes filled in."""
+    group_of = {}      # node -> Group
+    deps = {}          # node -> gids it depends on, through any path
+    gdeps = {}         # gid -> gids its external inputs depend on
+    root = {}          # gid -> the gid it was merged into (union-find)
+    groups = []
+    next_gid = iter(range(1 << 30))
+
+    def find(gid):
+        while root.get(gid, gid) != gid:
+            gid = root[gid]
+        return gid
+
+    def depends(node, gid):
+        return any(find(x) == gid for x in deps[node])
+
+    for node in gm.graph.nodes:
+        d = set()
+        for a in node.all_input_nodes:
+            d |= deps[a]
+            if a in group_of:
+                d.add(group_of[a].gid)
+        deps[node] = d
+        if node.op != "call_function" or _is_mutating(node):
+            continue
+        kind = ops.kind_of(node)
+        if kind:
+            g = Group(next(next_gid), kind, [node], reason="no kernel template yet")
+            groups.append(g)
+            group_of[node] = g
+            continue
+        if ops.why_not_pointwise(node) is not None:
+            continue
+        shape = node.meta["val"].shape
+        # Producer groups this node may join: pointwise, of its shape, and not reached
+        # through any other operand (joining would make the group wait on itself).
+        cands = []
+        for a in node.all_input_nodes:
+            g = group_of.get(a)
+            if g is None or g.kind != "pointwise" or g in cands:
+                continue
+            if not same_shape(g.members[-1].meta["val"].shape, shape):
+                continue
+            others = [b for b in node.all_input_nodes if group_of.get(b) is not g]
+            if any(depends(b, g.gid) for b in others):
+                continue
+            cands.append(g)
+        chosen = cands[0] if cands else None
+        # Sibling chains meeting here merge when neither depends on the other.
+        for h in cands[1:]:
+            if any(find(x) == chosen.gid for x in gdeps.get(h.gid, ())) or \
+               any(find(x) == h.gid for x in gdeps.get(chosen.gid, ())):
+                continue
+            chosen.members = sorted(chosen.members + h.members, key=_order(gm))
+            for n in h.members:
+                group_of[n] = chosen
+            gdeps[chosen.gid] = gdeps.get(chosen.gid, set()) | gdeps.pop(h.gid, set())
+            root[h.gid] = chosen.gid
+            groups.remove(h)
+        if chosen is None:
+            chosen = Group(next(next_gid), "pointwise", [])
+            groups.append(chosen)
+        chosen.members.append(node)
+        group_of[node] = chosen
+        for b in node.all_input_nodes:
+            if group_of.get(b) is not chosen:
+                gdeps.setdefault(chosen.gid, set()).update(deps[b])
+                if b in group_of:
+                    gdeps[chosen.gid].add(group_of[b].gid)
+
+    for i, g in enumerate(groups):
+        g.gid = i
+    for g in groups:
+        mset = set(g.members)
+        for n in g.members:
+            for a in n.all_input_nodes:
+                if a not in mset and a not in g.inputs:
+                    g.inputs.append(a)
+        for n in g.members:
+            if any(u not in mset for u in n.users):
+                g.outputs.append(n)
+        g.escapes = [n for n in g.outputs if n is not g.members[-1]]
+        if g.kind == "pointwise":
+            compute = [n for n in g.members]
+            if len(compute) < min_ops:
+                g.reason = "single op: nothing to fuse"
+            else:
+                g.route = "kernel"
+                g.reason = ""
+    return groups

@@ -1,0 +1,192 @@
+"""Running a fused group: the custom op `fuseml::group` that the rewritten graph calls, and
+the runner behind it, which launches the served kernel or runs the group's ATen ops.
+
+Launch needs: CUDA tensors on one device, a kernel in state "tuned" (or FUSEML_ALLOW_UNTUNED=1,
+a testing aid only), libfusemld, and inputs with the strides and alignment the fragment was
+built for. Anything else runs the ATen ops, with one warning per cause."""
+import os
+
+import torch
+
+from . import launcher
+from ._log import log, warn_once
+
+_registry = {}
+_next_gid = [0]
+_modules = {}   # (key, device index) -> launcher.Module: one load per process and device
+counters = {"launches": 0, "eager": 0, "module_loads": 0}   # for tests and explain()
+
+_lib = torch.library.Library("fuseml", "DEF")
+_lib.define("group(int gid, Tensor[] xs) -> Tensor[]")
+
+
+def _group_impl(gid, xs):
+    return _registry[gid].run(xs)
+
+
+def _group_fake(gid, xs):
+    return _registry[gid].eager(xs)
+
+
+_lib.impl("group", _group_impl, "CompositeExplicitAutograd")
+torch.library.register_fake("fuseml::group", _group_fake, lib=_lib)
+
+
+def allow_untuned():
+    return os.environ.get("FUSEML_ALLOW_UNTUNED") == "1"
+
+
+class GroupRunner:
+    def __init__(self, group):
+        self.name = f"group {group.gid} ({' -> '.join(group.op_names)})"
+        index = {n: i for i, n in enumerate(group.inputs)}
+        # The ATen program: each step (target, args, kwargs) with operands as ("in", i) or
+        # ("val", j) references, run by eager().
+        slot = {}
+        self.steps = []
+
+        def ref(a):
+            if isinstance(a, torch.fx.Node):
+                return ("val", slot[a]) if a in slot else ("in", index[a])
+            return a
+
+        for j, n in enumerate(group.members):
+            self.steps.append((n.target, tuple(torch.fx.node.map_aggregate(n.args, ref)),
+                               dict(torch.fx.node.map_aggregate(n.kwargs, ref))))
+            slot[n] = j
+        self.out_slots = [slot[n] for n in group.outputs]
+        self.kernel = None      # (key, state, cubin, meta) once the daemon served one
+        self.why_eager = None   # (cause, message) when there is no kernel to launch
+        b = group.built
+        self.built = b
+        if b is not None:
+            self.in_meta = [(n.meta["val"].dtype, tuple(n.meta["val"].stride()) if all(
+                isinstance(s, int) for s in n.meta["val"].stride()) else None) for n in b.in_nodes]
+            self.out_dtypes = [n.meta["val"].dtype for n in b.out_nodes]
+        gid = _next_gid[0]
+        _next_gid[0] += 1
+        self.gid = gid
+        _registry[gid] = self
+
+    def eager(self, xs):
+        counters["eager"] += 1
+        vals = []
+
+        def get(a):
+            if isinstance(a, tuple) and len(a) == 2 and a[0] in ("in", "val") and isinstance(a[1], int):
+                return xs[a[1]] if a[0] == "in" else vals[a[1]]
+            return a
+
+        for target, args, kwargs in self.steps:
+            args = tuple(get(a) for a in args)
+            kwargs = {k: get(v) for k, v in kwargs.items()}
+            vals.append(target(*args, **kwargs))
+        return [vals[j] for j in self.out_slots]
+
+    def run(self, xs):
+        if self.kernel is None:
+            if self.why_eager:
+                warn_once(*self.why_eager)
+            return self.eager(xs)
+        dev = xs[0].device if xs else None
+        if dev is None or dev.type != "cuda":
+            warn_once("cpu", "%s: tensors on %s, kernels run on CUDA only", self.name, dev)
+            return self.eager(xs)
+        key, state, cubin, meta = self.kernel
+        if state != "tuned" and not allow_untuned():
+            warn_once("untuned", "kernel %s is %s (not verified on a GPU yet)", key[:12], state)
+            return self.eager(xs)
+        try:
+            return self._launch(xs, dev, key, cubin, meta)
+        except _Layout as e:
+            warn_once("layout", "%s: %s", self.name, e)
+        except RuntimeError as e:
+            warn_once("launch", "%s: %s", self.name, e)
+        return self.eager(xs)
+
+    def _launch(self, xs, dev, key, cubin, meta):
+        b = self.built
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        mod = _modules.get((key, idx))
+        if mod is None:
+            with torch.cuda.device(idx):
+                torch.cuda.current_stream(idx)  # makes torch's context current on this thread
+                mod = _modules[(key, idx)] = launcher.Module(cubin, meta)
+                counters["module_loads"] += 1
+        k = b.layout.k
+        ptrs = []
+        for i, x in enumerate(xs):
+            dtype, strides = self.in_meta[i]
+            if x.device != dev or x.dtype != dtype:
+                raise _Layout(f"input {i} is {x.dtype} on {x.device}")
+            if strides is None or x.stride() != strides:
+                self._check_strides(i, x)
+            p = x.data_ptr()
+            if p % b.in_align[i]:
+                raise _Layout(f"input {i} is not aligned to {b.in_align[i]} bytes")
+            ptrs.append(p)
+        if k:
+            lead = xs[b.full_input].shape[:k]
+            outer = 1
+            for d in lead:
+                outer *= d
+        else:
+            lead, outer = (), -1
+        outs = []
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        for j, fstrides in enumerate(b.out_strides):
+            shape, strides = self._out_layout(lead, fstrides)
+            outs.append(torch.empty_strided(shape, strides, dtype=self.out_dtypes[j], device=dev))
+        mod.launch(ptrs, [o.data_ptr() for o in outs], outer, stream)
+        counters["launches"] += 1
+        return outs
+
+    def _out_layout(self, lead, fstrides):
+        b = self.built
+        k = b.layout.k
+        static = [int(d) for d in b.layout.shape[k:]]
+        if not k:
+            return static, [s if d > 1 else _dense(static, i) for i, (d, s) in enumerate(zip(static, fstrides))]
+        tail = [s if d > 1 else _dense(static, i) for i, (d, s) in enumerate(zip(static, fstrides[1:]))]
+        lead_strides = [0] * k
+        lead_strides[k - 1] = fstrides[0]
+        for i in range(k - 2, -1, -1):
+            lead_strides[i] = lead_strides[i + 1] * lead[i + 1]
+        return list(lead) + static, lead_strides + tail
+
+    def _check_strides(self, i, x):
+        """The slow path when x's strides differ from the traced ones: still launchable if
+        every dim the kernel reads with a stride has the fragment's stride."""
+        b = self.built
+        spec = b.wire["inputs"][i]
+        k = b.layout.k
+        size, stride = list(x.shape), list(x.stride())
+        r = len(b.layout.shape)
+        size = [1] * (r - len(size)) + size
+        stride = [0] * (r - len(stride)) + stride
+        if k:
+            if spec["shape"][0] == -1:
+                for d in range(k - 1):
+                    if size[d + 1] > 1 and stride[d] != stride[d + 1] * size[d + 1]:
+                        raise _Layout(f"input {i} is not dense across dims 0..{k - 1}")
+                if stride[k - 1] != spec["strides"][0] and size[k - 1] > 1:
+                    raise _Layout(f"input {i} has stride {stride[k - 1]} in dim {k - 1}")
+            size, stride = size[k - 1:], stride[k - 1:]
+            size, stride = size[1:], stride[1:]
+            fs, fst = spec["shape"][1:], spec["strides"][1:]
+        else:
+            fs, fst = spec["shape"], spec["strides"]
+        for d, (n, s, want_n, want_s) in enumerate(zip(size, stride, fs, fst)):
+            if want_n > 1 and s != want_s:
+                raise _Layout(f"input {i} has stride {s} in dim {d + k}, the kernel {want_s}")
+
+
+def _dense(shape, i):
+    s = 1
+    for d in shape[i + 1:]:
+        s *= d
+    return s
+
+
+class _Layout(Exception):
+    pass

@@ -1,0 +1,479 @@
+/* fm_codegen_rows.c: the rows template: one kernel per row fragment (reductions over the
+ * last dim with pointwise prologue/epilogue), in two variants:
+ *   WARP   one warp per row, block/32 rows per block (short rows: shuffles only);
+ *   BLOCK  one block per row (long rows: shuffles, then shared memory across warps).
+ * Each thread holds EPT = C * V elements of its row in fp32 registers: C chunks of V
+ * consecutive elements, chunk c of lane l at column (c * TPR + l) * V, so a warp's chunk is
+ * one coalesced run of 16-byte accesses. The row is read once, every reduction runs on the
+ * registers (var is two-pass: exact), and every output is written once. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen_rows.h"
+
+#define MAX_SOURCE (1u << 20)
+#define MAX_EPT 64u              /* registers per thread per row value */
+#define DEFAULT_SMS 132u
+
+/* The shape of one kernel: threads per row, rows per block, vector and chunk counts. */
+typedef struct shape {
+  uint32_t tpr, rpb, vec, chunks, ept;
+  int exact;                     /* every column a thread visits is inside the row */
+} shape;
+
+static const char *vec_type(uint32_t bytes) {
+  switch (bytes) {
+    case 16: return "uint4";
+    case 8: return "uint2";
+    case 4: return "unsigned int";
+    case 2: return "unsigned short";
+    default: return "unsigned char";
+  }
+}
+
+static const char *val_type(fm_dtype dt) { return dt == FM_DT_BOOL ? "bool" : "float"; }
+
+/* raw element expression e (storage type) -> value */
+static void emit_decode(fm_strbuf *sb, fm_dtype dt, const char *e) {
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(%s != 0)", e); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f16_to_f32(%s)", e); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_bf16_to_f32(%s)", e); return;
+    default: fm_strbuf_append(sb, e); return;
+  }
+}
+
+/* value v (of dtype vdt) -> storage element of dtype dt */
+static void emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, const char *v) {
+  char a[64];
+  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(a, sizeof a, "(%s ? 1.0f : 0.0f)", v);
+  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(a, sizeof a, "(%s != 0.0f)", v);
+  else snprintf(a, sizeof a, "%s", v);
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
+    default: fm_strbuf_append(sb, a); return;
+  }
+}
+
+static const char *get_fn(fm_dtype dt) {
+  size_t s = fm_dtype_size(dt);
+  return s == 4 ? "fm_get_f32" : s == 2 ? "fm_get_u16" : "fm_get_u8";
+}
+
+static const char *put_fn(fm_dtype dt) {
+  size_t s = fm_dtype_size(dt);
+  return s == 4 ? "fm_put_f32" : s == 2 ? "fm_put_u16" : "fm_put_u8";
+}
+
+/* Cross-thread reductions: a xor butterfly leaves the same bits in every lane (a + b and
+ * b + a round alike), and the block variant then sums the per-warp results in a fixed order,
+ * so every thread of a row holds the identical statistic. */
+static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s) {
+  fm_strbuf_append(sb,
+                   "/* ---- row reductions ---- */\n"
+                   "__device__ __forceinline__ float fm_warp_sum(float x) {\n"
+                   "#pragma unroll\n"
+                   "  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);\n"
+                   "  return x;\n"
+                   "}\n"
+                   "__device__ __forceinline__ float fm_warp_max(float x) {\n"
+                   "#pragma unroll\n"
+                   "  for (int o = 16; o > 0; o >>= 1) x = fm_maximum(x, __shfl_xor_sync(0xffffffffu, x, o));\n"
+                   "  return x;\n"
+                   "}\n");
+  if (c->variant == FM_ROWS_WARP) {
+    fm_strbuf_append(sb,
+                     "__device__ __forceinline__ float fm_row_sum(float x, float *) { return fm_warp_sum(x); }\n"
+                     "__device__ __forceinline__ float fm_row_max(float x, float *) { return fm_warp_max(x); }\n");
+    return;
+  }
+  /* the first barrier keeps the previous reduction's readers ahead of this one's writers */
+  fm_strbuf_printf(sb,
+                   "__device__ __forceinline__ float fm_row_sum(float x, float *red) {\n"
+                   "  x = fm_warp_sum(x);\n"
+                   "  __syncthreads();\n"
+                   "  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;\n"
+                   "  __syncthreads();\n"
+                   "  float t = red[0];\n"
+                   "#pragma unroll\n"
+                   "  for (int w = 1; w < %u; ++w) t += red[w];\n"
+                   "  return t;\n"
+                   "}\n"
+                   "__device__ __forceinline__ float fm_row_max(float x, float *red) {\n"
+                   "  x = fm_warp_max(x);\n"
+                   "  __syncthreads();\n"
+                   "  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;\n"
+                   "  __syncthreads();\n"
+                   "  float t = red[0];\n"
+                   "#pragma unroll\n"
+                   "  for (int w = 1; w < %u; ++w) t = fm_maximum(t, red[w]);\n"
+                   "  return t;\n"
+                   "}\n",
+                   s->tpr / 32, s->tpr / 32);
+}
+
+/* "true" or the runtime test that element i of this thread is inside the row. */
+static void emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, const char *i) {
+  if (s->exact) fm_strbuf_append(sb, "true");
+  else if (s->vec == 1)
+    fm_strbuf_printf(sb, "(%s * %u + lane < %lld)", i, s->tpr, (long long)rp->n);
+  else
+    fm_strbuf_printf(sb, "((%s / %u * %u + lane) * %u < %lld)", i, s->vec, s->tpr, s->vec,
+                     (long long)rp->n);
+}
+
+/* "<ptr>[b<k> + column j]": tensor k's element at column j (scalar access) */
+static void elem_ref(char *out, size_t cap, const fm_cg_rows_plan *rp, const char *ptr, uint32_t k) {
+  int64_t s = rp->base.t[k].es[rp->rank - 1];
+  if (s == 0) snprintf(out, cap, "%s[b%u]", ptr, k);
+  else if (s == 1) snprintf(out, cap, "%s[b%u + j]", ptr, k);
+  else snprintf(out, cap, "%s[b%u + j * %lldLL]", ptr, k, (long long)s);
+}
+
+static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, const char *entry) {
+  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(%u) %s(\n", block, entry);
+  for (uint32_t k = 0; k < p->n_in; k++)
+    fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(p->t[k].dtype), k);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "    long long outer) {\n");
+}
+
+/* Row index -> coordinates of dims 0..r-2 -> each used tensor's row base offset b<k>. */
+static void emit_bases(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_fragment *f) {
+  const fm_cg_plan *p = &rp->base;
+  uint32_t r = rp->rank;
+  if (r >= 2) {
+    fm_strbuf_append(sb, "    unsigned long long q = (unsigned long long)row;\n");
+    for (uint32_t g = r - 1; g-- > 1;) {
+      fm_strbuf_printf(sb, "    const long long c%u = (long long)(q %% %lldull);\n", g,
+                       (long long)f->outputs[0].shape[g]);
+      fm_strbuf_printf(sb, "    q /= %lldull;\n", (long long)f->outputs[0].shape[g]);
+    }
+    fm_strbuf_append(sb, "    const long long c0 = (long long)q;\n");
+  }
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    if (k < p->n_in && !p->live[k]) continue;
+    fm_strbuf_printf(sb, "    const long long b%u = 0", k);
+    for (uint32_t g = 0; g + 1 < r; g++) {
+      int64_t s = p->t[k].es[g];
+      if (s) fm_strbuf_printf(sb, " + c%u * %lldLL", g, (long long)s);
+    }
+    fm_strbuf_append(sb, ";\n");
+  }
+  if (r >= 2) fm_strbuf_append(sb, "    (void)c0;\n");
+}
+
+static void emit_chunk_head(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s) {
+  fm_strbuf_printf(sb,
+                   "#pragma unroll\n"
+                   "    for (int c = 0; c < %u; ++c) {\n"
+                   "      const long long j = ((long long)c * %u + lane) * %u;\n",
+                   s->chunks, s->tpr, s->vec);
+  if (!s->exact) fm_strbuf_printf(sb, "      if (j < %lldLL) {\n", (long long)rp->n);
+  else fm_strbuf_append(sb, "      {\n");
+}
+
+static void emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
+  const fm_cg_plan *p = &rp->base;
+  fm_dtype dt = p->t[k].dtype;
+  char e[64];
+  fm_strbuf_printf(sb, "    %s v%u[%u];\n", val_type(dt), k, s->ept);
+  emit_chunk_head(sb, rp, s);
+  if (s->vec == 1) {
+    char ptr[16];
+    snprintf(ptr, sizeof ptr, "in%u", k);
+    elem_ref(e, sizeof e, rp, ptr, k);
+    fm_strbuf_printf(sb, "        v%u[c] = ", k);
+    emit_decode(sb, dt, e);
+    fm_strbuf_append(sb, ";\n");
+  } else {
+    const char *vt = vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
+    fm_strbuf_printf(sb, "        const %s r = *reinterpret_cast<const %s *>(in%u + b%u + j);\n", vt,
+                     vt, k, k);
+    fm_strbuf_printf(sb,
+                     "#pragma unroll\n"
+                     "        for (int e = 0; e < %u; ++e) v%u[c * %u + e] = ",
+                     s->vec, k, s->vec);
+    snprintf(e, sizeof e, "%s(r, e)", get_fn(dt));
+    emit_decode(sb, dt, e);
+    fm_strbuf_append(sb, ";\n");
+  }
+  /* outside the row: a defined value that no reduction reads and no store writes */
+  fm_strbuf_printf(sb, "      }%s\n", s->exact ? "" : " else {");
+  if (!s->exact) {
+    if (s->vec == 1) fm_strbuf_printf(sb, "        v%u[c] = 0;\n      }\n", k);
+    else
+      fm_strbuf_printf(sb,
+                       "#pragma unroll\n"
+                       "        for (int e = 0; e < %u; ++e) v%u[c * %u + e] = 0;\n      }\n",
+                       s->vec, k, s->vec);
+  }
+  fm_strbuf_append(sb, "    }\n");
+}
+
+static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
+                        const shape *s, uint32_t i) {
+  const fm_opnode *op = &f->ops[i];
+  const fm_cg_plan *p = &rp->base;
+  uint32_t pos = p->n_in + i, x = p->args[i][0];
+  int is_max = op->op == FM_OP_AMAX;
+  /* var after a mean of the same value (layer_norm) reuses it: one reduction fewer */
+  int32_t mean_at = -1;
+  for (uint32_t k = 0; op->op == FM_OP_VAR && k < i; k++)
+    if (f->ops[k].op == FM_OP_MEAN && p->live[p->n_in + k] && p->args[k][0] == x)
+      mean_at = (int32_t)(p->n_in + k);
+  fm_strbuf_printf(sb, "    float v%u;  /* %s */\n    {\n", pos, fm_op_name(op->op));
+  if (mean_at >= 0) {
+    fm_strbuf_printf(sb, "      const float m = v%d;  /* the mean above */\n", mean_at);
+  } else {
+    fm_strbuf_printf(sb, "      float a = %s;\n#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
+                     is_max ? "__int_as_float(0xff800000)" : "0.0f", s->ept);
+    emit_valid(sb, rp, s, "i");
+    if (is_max) fm_strbuf_printf(sb, ") a = fm_maximum(a, v%u[i]);\n", x);
+    else fm_strbuf_printf(sb, ") a += v%u[i];\n", x);
+    if (is_max || op->op == FM_OP_SUM) {
+      fm_strbuf_printf(sb, "      v%u = fm_row_%s(a, fm_red);\n    }\n", pos, is_max ? "max" : "sum");
+      return;
+    }
+    fm_strbuf_printf(sb, "      const float m = fm_row_sum(a, fm_red) / %lld.0f;\n", (long long)rp->n);
+    if (op->op == FM_OP_MEAN) {
+      fm_strbuf_printf(sb, "      v%u = m;\n    }\n", pos);
+      return;
+    }
+  }
+  /* var: the second pass over the registers, around the exact mean */
+  fm_strbuf_printf(sb,
+                   "      float q = 0.0f;\n"
+                   "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
+                   s->ept);
+  emit_valid(sb, rp, s, "i");
+  fm_strbuf_printf(sb, ") { const float t = v%u[i] - m; q += t * t; }\n", x);
+  if (rp->n > op->correction)
+    fm_strbuf_printf(sb, "      v%u = fm_row_sum(q, fm_red) / %lld.0f;\n    }\n", pos,
+                     (long long)(rp->n - op->correction));
+  else   /* one element, correction 1: 0/0, NaN as in torch (spelled out: no division by 0) */
+    fm_strbuf_printf(sb, "      v%u = fm_row_sum(q, fm_red) * __int_as_float(0x7fc00000);\n    }\n", pos);
+}
+
+static void emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
+  const fm_cg_plan *p = &rp->base;
+  uint32_t t = p->n_in + k, pos = p->t[t].value;
+  fm_dtype dt = p->t[t].dtype;
+  char v[48];
+  emit_chunk_head(sb, rp, s);
+  if (s->vec == 1) {
+    char ptr[16], ref[64];
+    snprintf(ptr, sizeof ptr, "out%u", k);
+    elem_ref(ref, sizeof ref, rp, ptr, t);
+    fm_strbuf_printf(sb, "        %s = ", ref);
+    snprintf(v, sizeof v, "v%u[c]", pos);
+    emit_encode(sb, dt, p->vdt[pos], v);
+    fm_strbuf_append(sb, ";\n");
+  } else {
+    const char *vt = vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
+    fm_strbuf_printf(sb, "        %s w = %s;\n", vt,
+                     !strcmp(vt, "uint4") ? "make_uint4(0u, 0u, 0u, 0u)"
+                     : !strcmp(vt, "uint2") ? "make_uint2(0u, 0u)" : "0");
+    fm_strbuf_printf(sb, "#pragma unroll\n        for (int e = 0; e < %u; ++e) %s(w, e, ", s->vec,
+                     put_fn(dt));
+    snprintf(v, sizeof v, "v%u[c * %u + e]", pos, s->vec);
+    emit_encode(sb, dt, p->vdt[pos], v);
+    fm_strbuf_append(sb, ");\n");
+    fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + b%u + j) = w;\n", vt, k, t);
+  }
+  fm_strbuf_append(sb, "      }\n    }\n");
+}
+
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
+                        const fm_rows_config *c, const shape *s, const char *entry) {
+  const fm_cg_plan *p = &rp->base;
+  emit_signature(sb, p, c->block, entry);
+  if (rp->symbolic)
+    fm_strbuf_printf(sb, "  const long long rows = outer * %lldLL;\n", (long long)rp->rows_per_outer);
+  else
+    fm_strbuf_printf(sb, "  const long long rows = %lldLL;\n  (void)outer;\n",
+                     (long long)(rp->outer * rp->rows_per_outer));
+  if (c->variant == FM_ROWS_WARP)
+    fm_strbuf_append(sb, "  const int lane = threadIdx.x & 31;\n  float *fm_red = nullptr;\n");
+  else
+    fm_strbuf_printf(sb, "  const int lane = threadIdx.x;\n  __shared__ float fm_red[%u];\n",
+                     s->tpr / 32);
+  fm_strbuf_printf(sb,
+                   "  for (long long row = (long long)blockIdx.x * %u + threadIdx.x / %u; row < rows;\n"
+                   "       row += (long long)gridDim.x * %u) {\n",
+                   s->rpb, s->tpr, s->rpb);
+  emit_bases(sb, rp, f);
+  fm_strbuf_append(sb, "    /* 1. load: whole rows into registers, per-row values once */\n");
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!p->live[k]) continue;
+    if (p->rowval[k]) {
+      emit_load_row(sb, rp, s, k);
+    } else {
+      char e[32];
+      snprintf(e, sizeof e, "in%u[b%u]", k, k);
+      fm_strbuf_printf(sb, "    const %s v%u = ", val_type(p->vdt[k]), k);
+      emit_decode(sb, p->vdt[k], e);
+      fm_strbuf_append(sb, ";\n");
+    }
+  }
+  fm_strbuf_append(sb, "    /* 2. the ops, in fp32 registers */\n");
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    uint32_t pos = p->n_in + i;
+    if (!p->live[pos]) continue;
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) {
+      emit_reduce(sb, f, rp, s, i);
+    } else if (p->rowval[pos]) {
+      fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
+                       val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);
+      fm_cg_emit_op(sb, f, p, i);
+      fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+    } else {
+      fm_strbuf_printf(sb, "    const %s v%u = ", val_type(p->vdt[pos]), pos);
+      fm_cg_emit_op(sb, f, p, i);
+      fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+    }
+  }
+  fm_strbuf_append(sb, "    /* 3. store: each output once */\n");
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    uint32_t t = p->n_in + k, pos = p->t[t].value;
+    if (p->rowval[pos]) {
+      emit_store_row(sb, rp, s, k);
+    } else {
+      char v[16];
+      snprintf(v, sizeof v, "v%u", pos);
+      fm_strbuf_printf(sb, "    if (lane == 0) out%u[b%u] = ", k, t);
+      emit_encode(sb, p->t[t].dtype, p->vdt[pos], v);
+      fm_strbuf_append(sb, ";\n");
+    }
+  }
+  fm_strbuf_append(sb, "  }\n}\n");
+}
+
+static int make_shape(const fm_cg_rows_plan *rp, const fm_rows_config *c, shape *s, fm_diag *d) {
+  if (c->variant != FM_ROWS_WARP && c->variant != FM_ROWS_BLOCK)
+    return fm_diag_set(d, FM_EINVAL, "config: variant %u is not warp (1) or block (2)", c->variant);
+  if (c->block < 32 || c->block > 1024 || c->block % 32)
+    return fm_diag_set(d, FM_EINVAL, "config: block %u is not a multiple of 32 in 32..1024", c->block);
+  if (c->variant == FM_ROWS_BLOCK && (c->block & (c->block - 1)))
+    return fm_diag_set(d, FM_EINVAL, "config: block %u is not a power of two", c->block);
+  if (c->vec > 16 || (c->vec & (c->vec - 1)))
+    return fm_diag_set(d, FM_EINVAL, "config: vec %u is not 0 or a power of two <= 16", c->vec);
+  s->tpr = c->variant == FM_ROWS_WARP ? 32 : c->block;
+  s->rpb = c->block / s->tpr;
+  s->vec = rp->max_vec;
+  while (c->vec && s->vec > c->vec) s->vec >>= 1;
+  uint64_t per_chunk = (uint64_t)s->tpr * s->vec;
+  s->chunks = (uint32_t)(((uint64_t)rp->n + per_chunk - 1) / per_chunk);
+  s->ept = s->chunks * s->vec;
+  s->exact = (uint64_t)s->chunks * per_chunk == (uint64_t)rp->n;
+  if (s->ept > MAX_EPT)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "rows: %lld elements need %u per thread with %u threads per row (at most %u "
+                       "fit in registers)", (long long)rp->n, s->ept, s->tpr, MAX_EPT);
+  return FM_OK;
+}
+
+int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count,
+                    char **src, fm_kernel_meta *meta, fm_diag *d) {
+  fm_strbuf sb;
+  fm_cg_rows_plan *rp = NULL;
+  int rc = FM_OK;
+  shape s;
+  char entry[FM_META_ENTRY_MAX];
+  if (!canon || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
+  *src = NULL;
+  fm_strbuf_init(&sb, MAX_SOURCE);
+  fm_rows_config c = cfg ? *cfg : fm_codegen_rows_default(canon);
+  rp = malloc(sizeof *rp);
+  if (!rp) {
+    rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+    goto out;
+  }
+  if ((rc = fm_cg_rows_plan_build(canon, rp, d))) goto out;
+  if ((rc = make_shape(rp, &c, &s, d))) goto out;
+  snprintf(entry, sizeof entry, "fm_rows_v%d", FM_CODEGEN_VERSION);
+
+  fm_strbuf_printf(&sb,
+                   "/* fusemld codegen v%d: rows kernel, %s per row, block %u, rows of %lld, vec %u,"
+                   " %u elements per thread.\n"
+                   " * Generated from a canonical fragment: every name and number below comes "
+                   "from its\n * typed fields. One self-contained translation unit (NVRTC has "
+                   "no include path). */\n",
+                   FM_CODEGEN_VERSION, c.variant == FM_ROWS_WARP ? "a warp" : "a block", c.block,
+                   (long long)rp->n, s.vec, s.ept);
+  fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
+  emit_helpers(&sb, &c, &s);
+  fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
+  emit_kernel(&sb, canon, rp, &c, &s, entry);
+  if (fm_strbuf_error(&sb)) {
+    rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s", fm_strerror(fm_strbuf_error(&sb)));
+    goto out;
+  }
+  memset(meta, 0, sizeof *meta);
+  snprintf(meta->kind, sizeof meta->kind, "rows");
+  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
+  meta->block[0] = c.block;
+  meta->block[1] = meta->block[2] = 1;
+  snprintf(meta->grid_rule, sizeof meta->grid_rule, "rows");
+  meta->inner = (uint64_t)rp->rows_per_outer;
+  meta->items_per_block = s.rpb;
+  /* the kernel strides over rows, so any cap is correct; this one is many waves deep */
+  uint64_t max_blocks = (uint64_t)(sm_count ? sm_count : DEFAULT_SMS) * (2048u / c.block) * 64u;
+  meta->max_blocks = max_blocks > 0x7fffffffu ? 0x7fffffffu : (uint32_t)max_blocks;
+  meta->outer = rp->outer;
+  meta->n_inputs = rp->base.n_in;
+  meta->n_outputs = rp->base.n_out;
+  *src = fm_strbuf_take(&sb);
+  if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+out:
+  fm_strbuf_free(&sb);
+  free(rp);
+  return rc;
+}
+
+/* Short rows: a warp each (no barriers), 8 rows per 256-thread block. Long rows: a block
+ * each, the smallest power-of-two block that keeps <= 32 elements per thread: on an H200,
+ * [16384, 4096] bf16, 128 threads (32 each) reached 99/86/88% of copy bandwidth for
+ * RMSNorm/LayerNorm/softmax where 256 threads (16 each) reached 96/85/77% (bench/rows_bw):
+ * more independent 16-byte loads in flight per thread, and fewer warps per barrier. */
+fm_rows_config fm_codegen_rows_default(const fm_fragment *canon) {
+  fm_rows_config c = {FM_ROWS_WARP, 256, 0};
+  fm_cg_rows_plan *rp = canon ? malloc(sizeof *rp) : NULL;
+  if (rp && fm_cg_rows_plan_build(canon, rp, NULL) == FM_OK && rp->n > 1024) {
+    c.variant = FM_ROWS_BLOCK;
+    c.block = 128;
+    while (c.block < 1024 && (uint64_t)rp->n > (uint64_t)c.block * 32) c.block *= 2;
+  }
+  free(rp);
+  return c;
+}
+
+/* The default first; then the warp variant at 128/256/512 threads for rows up to 2048, and
+ * the block variant at 128..1024 threads where it fits in registers and uses most threads. */
+size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out, size_t max) {
+  static const uint32_t blocks[] = {128, 256, 512, 1024};
+  size_t n = 0;
+  if (!out || !max) return 0;
+  fm_rows_config def = fm_codegen_rows_default(canon);
+  out[n++] = def;
+  fm_cg_rows_plan *rp = canon ? malloc(sizeof *rp) : NULL;
+  if (!rp || fm_cg_rows_plan_build(canon, rp, NULL) != FM_OK) goto done;
+  for (int v = FM_ROWS_WARP; v <= FM_ROWS_BLOCK; v++)
+    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+      fm_rows_config c = {(uint32_t)v, blocks[b], 0};
+      shape s;
+      if (v == FM_ROWS_WARP && (blocks[b] > 512 || rp->n > 2048)) continue;
+      if (make_shape(rp, &c, &s, NULL) != FM_OK) continue;
+      if (v == FM_ROWS_BLOCK && (uint64_t)blocks[b] * s.vec > 2 * (uint64_t)rp->n) continue;
+      if (c.variant == def.variant && c.block == def.block && c.vec == def.vec) continue;
+      if (n == max) goto done;
+      out[n++] = c;
+    }
+done:
+  free(rp);
+  return n;
+}

@@ -1,0 +1,122 @@
+/* fm_tuner.h: the tuning queue: verify and time every compiled candidate of a fragment on the
+ * GPU, pick the fastest that verified, store it.
+ *
+ * Flow (GPU mode, or any mode with --tuner-worker): a miss compiles ALL candidates
+ * (fm_codegen_candidates) in parallel on the libuv pool (fm_cmd_kernel.c), then the job
+ * comes here. Tuning is serialised per GPU: one tuner thread owns the worker process
+ * (fm_tuner_worker.h) and runs one job at a time with blocking I/O and a deadline per
+ * candidate; a finished job goes back to the loop thread through uv_async and its done
+ * callback answers the waiters.
+ *
+ * Per job: prepare the worker for the fragment (fresh random inputs, the fp64 reference),
+ * then one run request per candidate, the default first. Verdicts:
+ *   ok | wrong | load_failed | launch_failed   as the worker says (launch_failed: it exits
+ *                                              and is restarted for the next candidate)
+ *   timeout   no answer by the deadline: SIGKILL, reap, restart
+ *             (deadline = tune_deadline_s + 50x the default candidate's time)
+ *   fault     the worker died mid-request (EOF), or answered nonsense
+ *   compile_failed   NVRTC refused it (never sent to the worker)
+ * The winner (fastest ok) is stored state tuned; its timings blob (msgpack) lists every
+ * candidate:
+ *   {chosen: i (-1: none), default_ms: f64 (-1: n/a), tune_ms: f64, device: str,
+ *    candidates: [{candidate: str (fm_candidate_describe), params: [tmpl, p0..p7],
+ *                  verdict: str, rel_err: f64, ms: f64 (-1: not timed), detail: str}]}
+ * With none verified the default candidate is stored state bad (never served: the client
+ * runs the fragment eagerly) with the same timings. If the worker cannot run at all (no GPU
+ * in it, missing executable), nothing is judged: the default is stored untuned as in
+ * compile-only mode and the reason logged. Every restart counts FM_STAT_WORKER_RESTARTS, every
+ * candidate that is not ok (compile failures aside) FM_STAT_BAD_CANDIDATES, every judged job
+ * (tuned or bad, not the untuned fallback) FM_STAT_TUNES; the loop thread counts them from
+ * the job's fields. */
+#ifndef FM_TUNER_H
+#define FM_TUNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "fm_compile.h"
+#include "fm_error.h"
+#include "fm_store.h"
+
+#define FM_TUNE_MAX_CANDIDATES 24
+#define FM_TUNE_DEFAULT_DEADLINE_S 5
+#define FM_TUNE_PREPARE_MS 120000     /* inputs + fp64 reference for ~64M elements */
+#define FM_TUNE_READY_MS 60000        /* worker start: CUDA init */
+
+typedef enum {
+  FM_VERDICT_PENDING = 0,
+  FM_VERDICT_OK,
+  FM_VERDICT_WRONG,
+  FM_VERDICT_LOAD_FAILED,
+  FM_VERDICT_LAUNCH_FAILED,
+  FM_VERDICT_TIMEOUT,
+  FM_VERDICT_FAULT,
+  FM_VERDICT_COMPILE_FAILED,
+} fm_verdict;
+
+const char *fm_verdict_name(fm_verdict v);
+/* FM_VERDICT_PENDING for an unknown name. */
+fm_verdict fm_verdict_parse(const char *s, size_t len);
+
+typedef struct fm_tune_result {
+  fm_verdict verdict;
+  double rel_err;      /* -1 when not verified */
+  double ms;           /* -1 when not timed */
+  char detail[256];
+} fm_tune_result;
+
+typedef struct fm_tune_job fm_tune_job;
+typedef void (*fm_tune_done_fn)(fm_tune_job *job);
+
+struct fm_tune_job {
+  fm_tune_job *next;            /* queue link */
+  /* inputs: the compiled candidates (owned; cands[0] is the default) */
+  fm_compile_job *cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n;
+  size_t pending;               /* compiles still running (loop thread) */
+  fm_store *store;              /* NULL: do not store */
+  fm_tune_done_fn done;
+  void *ctx;
+  /* results (tuner thread, read by done on the loop thread) */
+  fm_tune_result res[FM_TUNE_MAX_CANDIDATES];
+  int winner;                   /* index into cands, -1: none */
+  int tuned;                    /* 1: candidates were judged; 0: worker unavailable (untuned) */
+  fm_diag diag;                 /* why not tuned / why none verified */
+  uint8_t *timings;             /* the blob stored (malloc'd) */
+  size_t timings_len;
+  int store_err;
+  fm_diag store_diag;
+  double tune_ms;
+  uint32_t restarts, bad;       /* for the counters */
+};
+
+/* A job owning no candidates yet; add compile jobs to cands[] (n). FM_ENOMEM. */
+int fm_tune_job_new(fm_tune_job **out);
+void fm_tune_job_free(fm_tune_job *job);
+
+typedef struct fm_tuner fm_tuner;
+
+typedef struct fm_tuner_opts {
+  const char *worker_exe;       /* fusemld-tuner or a stand-in */
+  double deadline_s;            /* base per-candidate deadline (s); 0: the default 5 */
+  uint64_t seed;                /* input seed (0: time-based per job) */
+} fm_tuner_opts;
+
+/* Starts the tuner thread (the worker starts lazily, with the first job). done callbacks run
+ * on loop's thread. */
+int fm_tuner_new(uv_loop_t *loop, const fm_tuner_opts *opts, fm_tuner **out, fm_diag *d);
+/* Queues a job (loop thread). */
+void fm_tuner_submit(fm_tuner *t, fm_tune_job *job, fm_tune_done_fn done, void *ctx);
+/* Stops the thread after the job it is running (queued ones are dropped: their done is never
+ * called), stops the worker and closes the async handle (the loop must run once more to
+ * finish the close). Then fm_tuner_free. */
+void fm_tuner_stop(fm_tuner *t);
+void fm_tuner_free(fm_tuner *t);
+
+/* The synchronous body of one job on a worker the caller owns (the tuner thread's, or a
+ * test's): judges every candidate, picks the winner, builds the timings, stores. */
+struct fm_tworker;
+void fm_tuner_run_job(struct fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *job);
+
+#endif

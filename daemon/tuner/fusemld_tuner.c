@@ -1,0 +1,574 @@
+/* fusemld_tuner.c: fusemld-tuner, the worker process that verifies and times candidate
+ * kernels on the GPU (the protocol is in daemon/fm_tuner_worker.h). The daemon starts it
+ * with fork+exec and `--fd N` (a socketpair end), kills it when a candidate hangs, and
+ * restarts it when a candidate breaks its CUDA context.
+ *
+ * prepare (per fragment):
+ *  - verification size: the static shape; for a symbolic dim 0 an outer giving ~1M elements;
+ *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1) from the daemon's seed,
+ *    and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
+ *  - timing size: the static shape; for a symbolic dim 0 an outer giving ~64M elements
+ *    (each buffer set capped at 2 GiB); as many buffer sets (up to 16) as it takes for one
+ *    rotation to span 3x the L2, so no timed launch finds its operands in L2.
+ * run (per candidate): load the CUBIN (load_failed), re-upload the inputs (a wrong kernel
+ * may have scribbled on them), poison the outputs with 0xFF bytes, launch, synchronize
+ * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
+ * ||out - ref|| / ||ref|| <= tol (bf16 1e-2, f16 2e-3, f32 1e-4, bool exact) over the
+ * elements whose reference is finite, with no NaN among them, and infinities equal. Then
+ * time it: 3 warm-ups, 20 launches each between two CUDA events, the median. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fm_client.h"
+#include "fm_cuda.h"
+#include "fm_fragment.h"
+#include "fm_frame.h"
+#include "fm_meta.h"
+#include "fm_msg.h"
+#include "fm_reference.h"
+
+#define VERIFY_ELEMENTS (1ll << 20)
+#define TIMING_ELEMENTS (64ll << 20)
+#define SET_BYTES_CAP (2ull << 30)
+#define MAX_SETS 16
+#define WARMUPS 3
+#define TIMED 20
+#define CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 38
+
+typedef struct tset {
+  fm_CUdeviceptr in[FM_MAX_INPUTS], out[FM_MAX_OUTPUTS];
+} tset;
+
+static struct {
+  int fd;
+  fm_frame_reader rd;
+  const fm_cuda *cu;
+  fm_CUcontext ctx;
+  int l2_bytes;
+  /* the prepared fragment */
+  int ready;
+  fm_fragment *canon;
+  int symbolic;
+  int64_t outer_v, outer_t;
+  size_t in_bytes_v[FM_MAX_INPUTS], out_bytes_v[FM_MAX_OUTPUTS];
+  size_t in_bytes_t[FM_MAX_INPUTS], out_bytes_t[FM_MAX_OUTPUTS];
+  uint8_t *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
+  tset verify;
+  tset sets[MAX_SETS];
+  int n_sets;
+  fm_CUevent ev[2 * TIMED];
+} W;
+
+/* ---- I/O ---- */
+
+static int write_all(const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    ssize_t w = write(W.fd, b, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    b += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+static void send_sb(msgpack_sbuffer *sb) {
+  uint8_t hdr[FM_FRAME_HEADER_BYTES];
+  fm_frame_header(hdr, (uint32_t)sb->size);
+  if (write_all(hdr, sizeof hdr) || write_all(sb->data, sb->size)) exit(1);   /* the daemon is gone */
+}
+
+/* 1 and the frame, or 0 at EOF. */
+static int read_frame(const uint8_t **p, size_t *n) {
+  for (;;) {
+    if (fm_frame_reader_next(&W.rd, p, n)) return 1;
+    uint8_t buf[65536];
+    ssize_t got = read(W.fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return 0;
+    if (fm_frame_reader_feed(&W.rd, buf, (size_t)got)) return 0;
+  }
+}
+
+static void reply_verdict(uint64_t id, const char *verdict, double rel_err, double ms, const char *detail) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 5);
+  fm_pack_kv_u64(&pk, "id", id);
+  fm_pack_kv_cstr(&pk, "verdict", verdict);
+  fm_pack_kv_f64(&pk, "rel_err", rel_err);
+  fm_pack_kv_f64(&pk, "ms", ms);
+  fm_pack_kv_cstr(&pk, "detail", detail);
+  send_sb(&sb);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+static void reply_status(const char *op, uint64_t id, int ok, const char *device, const char *detail) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, op ? 4 : 3);
+  if (op) fm_pack_kv_cstr(&pk, "op", op);
+  if (op) fm_pack_kv_cstr(&pk, "device", device ? device : "");
+  else fm_pack_kv_u64(&pk, "id", id);
+  fm_pack_kv_bool(&pk, "ok", ok != 0);
+  fm_pack_kv_cstr(&pk, "detail", detail ? detail : "");
+  send_sb(&sb);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* ---- the prepared fragment ---- */
+
+static uint64_t rng_next(uint64_t *s) {
+  uint64_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return *s = x;
+}
+
+/* Elements spanned by tensor t when dim 0 is `outer` (0 when empty). */
+static size_t span_elems(const fm_tensor *t, int64_t outer) {
+  int64_t last = 0;
+  for (uint32_t d = 0; d < t->rank; d++) {
+    int64_t size = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? outer : t->shape[d];
+    if (size == 0) return 0;
+    if (size > 1) last += (size - 1) * t->strides[d];
+  }
+  return (size_t)last + 1;
+}
+
+static int64_t inner_elems(const fm_fragment *f) {
+  int64_t inner = 1;
+  for (uint32_t d = 1; d < f->outputs[0].rank; d++) inner *= f->outputs[0].shape[d];
+  return inner;
+}
+
+static void release(void) {
+  const fm_cuda *cu = W.cu;
+  for (uint32_t k = 0; k < FM_MAX_INPUTS; k++) {
+    free(W.h_in[k]);
+    W.h_in[k] = NULL;
+    if (W.verify.in[k]) cu->cuMemFree(W.verify.in[k]);
+    for (int s = 0; s < MAX_SETS; s++)
+      if (W.sets[s].in[k]) cu->cuMemFree(W.sets[s].in[k]);
+  }
+  for (uint32_t k = 0; k < FM_MAX_OUTPUTS; k++) {
+    free(W.h_ref[k]);
+    free(W.h_out[k]);
+    W.h_ref[k] = W.h_out[k] = NULL;
+    if (W.verify.out[k]) cu->cuMemFree(W.verify.out[k]);
+    for (int s = 0; s < MAX_SETS; s++)
+      if (W.sets[s].out[k]) cu->cuMemFree(W.sets[s].out[k]);
+  }
+  memset(&W.verify, 0, sizeof W.verify);
+  memset(W.sets, 0, sizeof W.sets);
+  W.ready = 0;
+}
+
+static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = rng_next(rng);
+    float f = (float)((double)(r >> 11) / 9007199254740992.0 * 6.0 - 3.0);
+    switch (t->dtype) {
+      case FM_DT_BOOL: p[i] = (uint8_t)(r >> 63); break;
+      case FM_DT_F32: memcpy(p + 4 * i, &f, 4); break;
+      case FM_DT_BF16: {
+        uint16_t h = fm_reference_f32_to_bf16(f);
+        memcpy(p + 2 * i, &h, 2);
+        break;
+      }
+      case FM_DT_F16: {
+        uint16_t h = fm_reference_f32_to_f16(f);
+        memcpy(p + 2 * i, &h, 2);
+        break;
+      }
+      default: break;
+    }
+  }
+}
+
+static int alloc_dev(fm_CUdeviceptr *p, size_t bytes, char *why, size_t cap) {
+  fm_CUresult r = W.cu->cuMemAlloc(p, bytes ? bytes : 1);
+  if (r) {
+    fm_diag d;
+    fm_cuda_fail(W.cu, r, "cuMemAlloc", &d);
+    snprintf(why, cap, "%s (%zu bytes)", d.text, bytes);
+    *p = 0;
+    return -1;
+  }
+  return 0;
+}
+
+/* Fills dst (bytes) by repeating the first `src_bytes` of src: timing inputs need realistic
+ * values (no NaN storms), not fresh randomness. */
+static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src_bytes) {
+  for (size_t off = 0; off < bytes && src_bytes; off += src_bytes) {
+    size_t n = bytes - off < src_bytes ? bytes - off : src_bytes;
+    if (W.cu->cuMemcpyDtoD(dst + off, src, n)) return -1;
+  }
+  return 0;
+}
+
+static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *why, size_t cap) {
+  msgpack_zone zone;
+  msgpack_object obj;
+  fm_diag d = {{0}};
+  int rc = -1;
+  release();
+  if (!W.canon) W.canon = malloc(sizeof *W.canon);
+  if (!W.canon) {
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  msgpack_zone_init(&zone, 4096);
+  if (fm_msg_unpack(canonical, len, &fm_msg_reply_limits, &zone, &obj, &d) ||
+      fm_fragment_decode(&obj, W.canon, &d)) {
+    snprintf(why, cap, "bad fragment: %s", d.text);
+    goto out;
+  }
+  const fm_fragment *f = W.canon;
+  int64_t inner = f->outputs[0].rank ? inner_elems(f) : 1;
+  W.symbolic = fm_fragment_is_symbolic(f);
+  if (W.symbolic) {
+    W.outer_v = VERIFY_ELEMENTS / (inner ? inner : 1);
+    if (W.outer_v < 1) W.outer_v = 1;
+    W.outer_t = TIMING_ELEMENTS / (inner ? inner : 1);
+    if (W.outer_t < 1) W.outer_t = 1;
+  } else {
+    W.outer_v = W.outer_t = f->outputs[0].rank ? f->outputs[0].shape[0] : 1;
+  }
+  /* Cap a timing set at SET_BYTES_CAP by shrinking the symbolic outer. */
+  for (;;) {
+    size_t set = 0;
+    for (uint32_t k = 0; k < f->n_inputs; k++) set += span_elems(&f->inputs[k], W.outer_t) * fm_dtype_size(f->inputs[k].dtype);
+    for (uint32_t k = 0; k < f->n_outputs; k++) set += span_elems(&f->outputs[k], W.outer_t) * fm_dtype_size(f->outputs[k].dtype);
+    if (!W.symbolic || set <= SET_BYTES_CAP || W.outer_t <= W.outer_v) {
+      W.n_sets = set ? (int)((3ull * (uint64_t)W.l2_bytes + set - 1) / set) : 1;
+      if (W.n_sets < 1) W.n_sets = 1;
+      if (W.n_sets > MAX_SETS) W.n_sets = MAX_SETS;
+      break;
+    }
+    W.outer_t /= 2;
+  }
+
+  /* Verification data on the host: random inputs, the reference outputs. */
+  const void *ins[FM_MAX_INPUTS];
+  void *outs[FM_MAX_OUTPUTS];
+  uint64_t rng = seed ? seed : 0x9e3779b97f4a7c15ull;
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    size_t n = span_elems(&f->inputs[k], W.outer_v), es = fm_dtype_size(f->inputs[k].dtype);
+    W.in_bytes_v[k] = n * es;
+    W.in_bytes_t[k] = span_elems(&f->inputs[k], W.outer_t) * es;
+    W.h_in[k] = malloc(W.in_bytes_v[k] ? W.in_bytes_v[k] : 1);
+    if (!W.h_in[k]) goto oom;
+    rng ^= (uint64_t)(k + 1) * 0x2545F4914F6CDD1Dull;
+    fill_random(&f->inputs[k], W.h_in[k], n, &rng);
+    ins[k] = W.h_in[k];
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    size_t es = fm_dtype_size(f->outputs[k].dtype);
+    W.out_bytes_v[k] = span_elems(&f->outputs[k], W.outer_v) * es;
+    W.out_bytes_t[k] = span_elems(&f->outputs[k], W.outer_t) * es;
+    W.h_ref[k] = calloc(1, W.out_bytes_v[k] ? W.out_bytes_v[k] : 1);
+    W.h_out[k] = malloc(W.out_bytes_v[k] ? W.out_bytes_v[k] : 1);
+    if (!W.h_ref[k] || !W.h_out[k]) goto oom;
+    outs[k] = W.h_ref[k];
+  }
+  if (fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
+    snprintf(why, cap, "reference: %s", d.text);
+    goto out;
+  }
+  /* Device buffers: the verification set, then the timing sets (inputs tiled from it). */
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    if (alloc_dev(&W.verify.in[k], W.in_bytes_v[k], why, cap)) goto out;
+    if (W.cu->cuMemcpyHtoD(W.verify.in[k], W.h_in[k], W.in_bytes_v[k])) goto copy_failed;
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++)
+    if (alloc_dev(&W.verify.out[k], W.out_bytes_v[k], why, cap)) goto out;
+  for (int s = 0; s < W.n_sets; s++) {
+    for (uint32_t k = 0; k < f->n_inputs; k++) {
+      if (alloc_dev(&W.sets[s].in[k], W.in_bytes_t[k], why, cap)) goto out;
+      if (tile(W.sets[s].in[k], W.in_bytes_t[k], W.verify.in[k], W.in_bytes_v[k])) goto copy_failed;
+    }
+    for (uint32_t k = 0; k < f->n_outputs; k++)
+      if (alloc_dev(&W.sets[s].out[k], W.out_bytes_t[k], why, cap)) goto out;
+  }
+  if (W.cu->cuCtxSynchronize()) goto copy_failed;
+  W.ready = 1;
+  rc = 0;
+  goto out;
+copy_failed:
+  snprintf(why, cap, "copying the inputs to the GPU failed");
+  goto out;
+oom:
+  snprintf(why, cap, "out of host memory");
+out:
+  msgpack_zone_destroy(&zone);
+  if (rc) release();
+  return rc;
+}
+
+/* ---- verification ---- */
+
+static double load_elem(fm_dtype dt, const uint8_t *p) {
+  uint16_t h;
+  float f;
+  switch (dt) {
+    case FM_DT_BOOL: return p[0] ? 1.0 : 0.0;
+    case FM_DT_F32: memcpy(&f, p, 4); return f;
+    case FM_DT_BF16: memcpy(&h, p, 2); return fm_reference_bf16_to_f32(h);
+    case FM_DT_F16: memcpy(&h, p, 2); return fm_reference_f16_to_f32(h);
+    default: return NAN;
+  }
+}
+
+static double tolerance(fm_dtype dt) {
+  switch (dt) {
+    case FM_DT_BF16: return 1e-2;
+    case FM_DT_F16: return 2e-3;
+    case FM_DT_F32: return 1e-4;
+    default: return 0;
+  }
+}
+
+/* Compares output k over the iteration shape; returns its relative error (INFINITY for a
+ * NaN where the reference is finite, a differing infinity, or a wrong bool). */
+static double compare_output(uint32_t k, char *why, size_t cap) {
+  const fm_tensor *t = &W.canon->outputs[k];
+  size_t es = fm_dtype_size(t->dtype);
+  int64_t idx[FM_MAX_RANK] = {0}, size[FM_MAX_RANK];
+  int64_t n = 1;
+  for (uint32_t d = 0; d < t->rank; d++) {
+    size[d] = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? W.outer_v : t->shape[d];
+    n *= size[d];
+  }
+  double num = 0, den = 0;
+  for (int64_t e = 0; e < n; e++) {
+    int64_t off = 0;
+    for (uint32_t d = 0; d < t->rank; d++) off += idx[d] * t->strides[d];
+    double r = load_elem(t->dtype, W.h_ref[k] + (size_t)off * es);
+    double o = load_elem(t->dtype, W.h_out[k] + (size_t)off * es);
+    if (t->dtype == FM_DT_BOOL ? r != o : (isinf(r) ? o != r : (isfinite(r) && !isfinite(o)))) {
+      snprintf(why, cap, "outputs[%u] element %lld: got %g, reference %g", k, (long long)e, o, r);
+      return INFINITY;
+    }
+    if (isfinite(r)) {
+      num += (o - r) * (o - r);
+      den += r * r;
+    }
+    for (int d = (int)t->rank - 1; d >= 0; d--) {
+      if (++idx[d] < size[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Exits the process after replying: a failed launch leaves the context unusable. */
+static void launch_failed(uint64_t id, const char *what) {
+  reply_verdict(id, "launch_failed", -1, -1, what);
+  exit(3);
+}
+
+static void run(uint64_t id, const fm_compiled *k) {
+  const fm_cuda *cu = W.cu;
+  const fm_fragment *f = W.canon;
+  fm_module *m = NULL;
+  fm_diag d = {{0}};
+  char why[512] = "";
+  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS];
+  float times[TIMED];
+  fm_CUresult r;
+
+  if (fm_module_load(k, &m, &d)) {
+    reply_verdict(id, "load_failed", -1, -1, d.text);
+    return;
+  }
+  if (k->meta.n_inputs != f->n_inputs || k->meta.n_outputs != f->n_outputs) {
+    reply_verdict(id, "load_failed", -1, -1, "metadata does not match the fragment's inputs/outputs");
+    goto out;
+  }
+  for (uint32_t i = 0; i < f->n_inputs; i++) {
+    cu->cuMemcpyHtoD(W.verify.in[i], W.h_in[i], W.in_bytes_v[i]);
+    ins[i] = (void *)(uintptr_t)W.verify.in[i];
+  }
+  for (uint32_t i = 0; i < f->n_outputs; i++) {
+    cu->cuMemsetD8(W.verify.out[i], 0xFF, W.out_bytes_v[i]);
+    outs[i] = (void *)(uintptr_t)W.verify.out[i];
+  }
+  if (fm_module_launch(m, ins, outs, W.outer_v, NULL, &d)) launch_failed(id, d.text);
+  if ((r = cu->cuCtxSynchronize()) != 0) {
+    fm_cuda_fail(cu, r, "verification launch", &d);
+    launch_failed(id, d.text);
+  }
+  double rel = 0;
+  for (uint32_t i = 0; i < f->n_outputs; i++) {
+    if ((r = cu->cuMemcpyDtoH(W.h_out[i], W.verify.out[i], W.out_bytes_v[i])) != 0) {
+      fm_cuda_fail(cu, r, "reading the outputs back", &d);
+      launch_failed(id, d.text);
+    }
+    double e = compare_output(i, why, sizeof why);
+    double tol = tolerance(f->outputs[i].dtype);
+    if (!(e <= tol)) {
+      if (!why[0]) snprintf(why, sizeof why, "outputs[%u]: relative error %.3g > %.3g", i, e, tol);
+      reply_verdict(id, "wrong", isfinite(e) ? e : -1, -1, why);
+      goto out;
+    }
+    if (e > rel) rel = e;
+  }
+
+  /* Timing: rotate the buffer sets so no launch finds its operands in L2. */
+  for (int i = 0; i < WARMUPS + TIMED; i++) {
+    const tset *s = &W.sets[i % W.n_sets];
+    for (uint32_t j = 0; j < f->n_inputs; j++) ins[j] = (void *)(uintptr_t)s->in[j];
+    for (uint32_t j = 0; j < f->n_outputs; j++) outs[j] = (void *)(uintptr_t)s->out[j];
+    int t = i - WARMUPS;
+    if (t >= 0) cu->cuEventRecord(W.ev[2 * t], NULL);
+    if (fm_module_launch(m, ins, outs, W.outer_t, NULL, &d)) launch_failed(id, d.text);
+    if (t >= 0) cu->cuEventRecord(W.ev[2 * t + 1], NULL);
+  }
+  if ((r = cu->cuCtxSynchronize()) != 0) {
+    fm_cuda_fail(cu, r, "timing launches", &d);
+    launch_failed(id, d.text);
+  }
+  for (int t = 0; t < TIMED; t++) {
+    if (cu->cuEventElapsedTime(&times[t], W.ev[2 * t], W.ev[2 * t + 1])) times[t] = INFINITY;
+  }
+  qsort(times, TIMED, sizeof times[0], cmp_float);
+  double ms = (times[TIMED / 2 - 1] + times[TIMED / 2]) / 2.0;
+  snprintf(why, sizeof why, "median of %d at outer %lld, %d buffer set(s); min %.4f max %.4f ms", TIMED,
+           (long long)W.outer_t, W.n_sets, times[0], times[TIMED - 1]);
+  reply_verdict(id, "ok", rel, ms, why);
+out:
+  fm_module_unload(m);
+}
+
+/* ---- main ---- */
+
+static int init_cuda(char *name, size_t cap, char *why, size_t why_cap) {
+  fm_diag d = {{0}};
+  fm_CUdevice dev;
+  fm_CUresult r;
+  if (fm_cuda_load(&W.cu, &d)) {
+    snprintf(why, why_cap, "%s", d.text);
+    return -1;
+  }
+  if ((r = W.cu->cuDeviceGet(&dev, 0)) || (r = W.cu->cuDevicePrimaryCtxRetain(&W.ctx, dev)) ||
+      (r = W.cu->cuCtxSetCurrent(W.ctx))) {
+    fm_cuda_fail(W.cu, r, "creating the context", &d);
+    snprintf(why, why_cap, "%s", d.text);
+    return -1;
+  }
+  W.cu->cuDeviceGetName(name, (int)cap, dev);
+  if (W.cu->cuDeviceGetAttribute(&W.l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, dev)) W.l2_bytes = 50 << 20;
+  for (int i = 0; i < 2 * TIMED; i++) {
+    if ((r = W.cu->cuEventCreate(&W.ev[i], 0)) != 0) {
+      fm_cuda_fail(W.cu, r, "cuEventCreate", &d);
+      snprintf(why, why_cap, "%s", d.text);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  char name[192] = "", why[1024] = "";
+  W.fd = -1;
+  for (int i = 1; i + 1 < argc; i++)
+    if (strcmp(argv[i], "--fd") == 0) W.fd = atoi(argv[i + 1]);
+  if (W.fd < 0) {
+    fprintf(stderr, "usage: fusemld-tuner --fd N (started by fusemld)\n");
+    return 2;
+  }
+  /* A context of our own, never an MPS client's: a fault must not reach other processes. */
+  for (int again = 1; again;) {
+    again = 0;
+    for (char **e = environ; e && *e; e++) {
+      if (strncmp(*e, "CUDA_MPS_", 9) == 0) {
+        char var[256];
+        size_t n = strcspn(*e, "=");
+        snprintf(var, sizeof var, "%.*s", (int)n, *e);
+        unsetenv(var);
+        again = 1;
+        break;
+      }
+    }
+  }
+  fm_frame_reader_init(&W.rd, FM_FRAME_MAX_REPLY);
+  if (init_cuda(name, sizeof name, why, sizeof why)) {
+    reply_status("ready", 0, 0, "", why);
+    return 1;
+  }
+  reply_status("ready", 0, 1, name, "");
+
+  const uint8_t *p;
+  size_t n;
+  while (read_frame(&p, &n)) {
+    msgpack_zone zone;
+    msgpack_object req;
+    fm_diag d = {{0}};
+    uint64_t id = 0;
+    msgpack_zone_init(&zone, 4096);
+    if (fm_msg_unpack(p, n, &fm_msg_reply_limits, &zone, &req, &d)) {
+      msgpack_zone_destroy(&zone);
+      return 1;
+    }
+    fm_msg_get_u64(&req, "id", &id, NULL);
+    const msgpack_object *op = fm_msg_get(&req, "op");
+    if (fm_msg_str_eq(op, "prepare")) {
+      const uint8_t *canonical;
+      size_t len;
+      uint64_t seed = 0;
+      fm_msg_get_u64(&req, "seed", &seed, NULL);
+      if (fm_msg_get_bin(&req, "canonical", &canonical, &len, &d))
+        reply_status(NULL, id, 0, NULL, "prepare without \"canonical\"");
+      else if (prepare(canonical, len, seed, why, sizeof why))
+        reply_status(NULL, id, 0, NULL, why);
+      else
+        reply_status(NULL, id, 1, NULL, "");
+    } else if (fm_msg_str_eq(op, "run")) {
+      fm_compiled k;
+      const uint8_t *cubin;
+      const msgpack_object *meta = fm_msg_get(&req, "meta");
+      memset(&k, 0, sizeof k);
+      if (!W.ready) {
+        reply_verdict(id, "load_failed", -1, -1, "run before prepare");
+      } else if (fm_msg_get_bin(&req, "cubin", &cubin, &k.cubin_len, &d) || !meta ||
+                 fm_meta_unpack(meta, &k.meta, &d)) {
+        reply_verdict(id, "load_failed", -1, -1, d.text[0] ? d.text : "run without cubin/meta");
+      } else {
+        /* A copy: the driver wants an ELF image aligned as malloc aligns, not a frame offset. */
+        k.cubin = malloc(k.cubin_len ? k.cubin_len : 1);
+        if (!k.cubin) {
+          reply_verdict(id, "load_failed", -1, -1, "out of host memory");
+        } else {
+          memcpy(k.cubin, cubin, k.cubin_len);
+          snprintf(k.kind, sizeof k.kind, "%s", k.meta.kind);
+          run(id, &k);
+          free(k.cubin);
+        }
+      }
+    } else {
+      reply_status(NULL, id, 0, NULL, "unknown op");
+    }
+    msgpack_zone_destroy(&zone);
+  }
+  release();
+  free(W.canon);
+  return 0;
+}

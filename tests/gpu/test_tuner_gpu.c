@@ -1,0 +1,279 @@
+/* test_tuner_gpu.c: the tuner on a real GPU (scripts/device-run; never ctest).
+ *  1. planted bad candidates (hand-written CUDA through fm_nvrtc_compile, launched with the
+ *     real fragment's metadata) between good ones: one writes far out of bounds
+ *     (launch_failed or fault), one spins forever (timeout), one computes zeros (wrong);
+ *     the worker is restarted after each fatal one and the next good candidate verifies;
+ *     afterwards no fusemld-tuner process is left;
+ *  2. a full tune of gelu(x + b) bf16 [-1, 4096]: every candidate ok, the fastest chosen,
+ *     times plausible (no faster than 6 TB/s); prints the table, the tuning time and the
+ *     chosen vs the default candidate;
+ *  3. end to end (when a socket is given): fusectl compile examples/gelu_bias_bf16.json on the
+ *     running fusemld answers state "tuned" and fusectl show lists the candidates.
+ * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "fm_codegen.h"
+#include "fm_compile.h"
+#include "fm_cuda.h"
+#include "fm_nvrtc.h"
+#include "fm_test.h"
+#include "fm_tuner.h"
+#include "fm_tuner_worker.h"
+#include "frag_builder.h"
+
+static const char *worker_exe;
+static fm_fragment canon;
+static uint8_t *canon_bytes;
+static size_t canon_len;
+static fm_device_id dev;
+
+/* Planted kernels: the fragment's parameters (x, b, y, outer), misbehaving on purpose. */
+static const char *planted_src =
+    "extern \"C\" __global__ void planted_oob(const void *x, const void *b, void *y, long long outer) {\n"
+    "  ((float *)y)[(1ll << 38) + threadIdx.x] = 1.0f;\n"
+    "}\n"
+    "extern \"C\" __global__ void planted_hang(const void *x, const void *b, void *y, long long outer) {\n"
+    "  volatile unsigned *p = (volatile unsigned *)y;\n"
+    "  while (p[0] != 0x12345678u) { }\n"
+    "}\n"
+    "extern \"C\" __global__ void planted_wrong(const void *x, const void *b, void *y, long long outer) {\n"
+    "  unsigned short *o = (unsigned short *)y;\n"
+    "  long long n = outer * 4096;\n"
+    "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;\n"
+    "       i += (long long)gridDim.x * blockDim.x)\n"
+    "    o[i] = 0;\n"
+    "}\n";
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int count_tuner_processes(void) {
+  int n = 0;
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char path[300], comm[64] = "";
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    if (fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0) n++;
+    fclose(f);
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+static int build_fragment(void) {
+  fb b;
+  fm_fragment tmp;
+  fm_diag d = {{0}};
+  int64_t xs[2] = {FM_DIM_SYMBOLIC, 4096}, bs[2] = {1, 4096};
+  fb_init(&b);
+  uint32_t x = fb_input(&b, FM_DT_BF16, 2, xs, NULL, 16);
+  uint32_t bias = fb_input(&b, FM_DT_BF16, 2, bs, NULL, 16);
+  uint32_t g = fb_op1(&b, FM_OP_GELU, fb_op2(&b, FM_OP_ADD, x, bias));
+  fb_output(&b, g, 2, xs);
+  tmp = b.f;
+  if (fm_fragment_validate(&tmp, &d) || fm_fragment_canonicalize(&tmp, &canon) ||
+      fm_fragment_canonical_bytes(&canon, &canon_bytes, &canon_len)) {
+    fprintf(stderr, "bad fragment: %s\n", d.text);
+    return -1;
+  }
+  return 0;
+}
+
+static fm_compile_job *compile_candidate(const fm_candidate *c) {
+  fm_key key;
+  fm_compile_job *j;
+  memset(&key, 0x5a, sizeof key);
+  if (fm_compile_job_new(&canon, canon_bytes, canon_len, &key, &dev, NULL, &j)) return NULL;
+  j->has_cand = 1;
+  j->cand = *c;
+  fm_compile_run(j);
+  if (j->err) fprintf(stderr, "compile: %s\n", j->diag.text);
+  return j;
+}
+
+/* A copy of good's compiled candidate with a planted kernel in its place. */
+static fm_compile_job *planted(const fm_compile_job *good, const uint8_t *cubin, size_t len, const char *entry) {
+  fm_compile_job *j = compile_candidate(&good->cand);
+  if (!j) return NULL;
+  free(j->cubin);
+  j->cubin = malloc(len);
+  memcpy(j->cubin, cubin, len);
+  j->cubin_len = len;
+  snprintf(j->meta.entry, sizeof j->meta.entry, "%s", entry);
+  free(j->meta_bytes);
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  fm_meta_pack(&j->meta, &pk);
+  j->meta_len = sb.size;
+  j->meta_bytes = (uint8_t *)msgpack_sbuffer_release(&sb);
+  return j;
+}
+
+static void print_job(const fm_tune_job *tj) {
+  char desc[160];
+  for (size_t i = 0; i < tj->n; i++) {
+    fm_candidate_describe(&tj->cands[i]->cand, desc, sizeof desc);
+    printf("  %s%2zu %-56s %-14s %9.4f ms  rel_err %.2e  %.80s\n", (int)i == tj->winner ? "*" : " ", i, desc,
+           fm_verdict_name(tj->res[i].verdict), tj->res[i].ms, tj->res[i].rel_err, tj->res[i].detail);
+  }
+}
+
+static void test_planted_bad_candidates(void) {
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&canon, cands, FM_TUNE_MAX_CANDIDATES);
+  CHECK(n >= 4);
+  if (n < 4) return;
+  uint8_t *cubin = NULL;
+  size_t len = 0;
+  char *log = NULL;
+  int err = fm_nvrtc_compile(planted_src, "planted.cu", dev.arch, &cubin, &len, &log);
+  CHECK_EQ_INT(err, FM_OK);
+  if (err) {
+    fprintf(stderr, "%s\n", log ? log : "");
+    free(log);
+    return;
+  }
+  fm_tune_job *tj;
+  if (fm_tune_job_new(&tj)) return;
+  fm_compile_job *g0 = compile_candidate(&cands[0]);
+  tj->cands[tj->n++] = g0;
+  tj->cands[tj->n++] = planted(g0, cubin, len, "planted_oob");
+  tj->cands[tj->n++] = compile_candidate(&cands[1]);
+  tj->cands[tj->n++] = planted(g0, cubin, len, "planted_hang");
+  tj->cands[tj->n++] = compile_candidate(&cands[2]);
+  tj->cands[tj->n++] = planted(g0, cubin, len, "planted_wrong");
+  tj->cands[tj->n++] = compile_candidate(&cands[3]);
+  free(cubin);
+  free(log);
+
+  fm_tworker w;
+  fm_tuner_opts o = {.worker_exe = worker_exe, .deadline_s = 2, .seed = 11};
+  fm_tworker_init(&w, worker_exe);
+  double t0 = now_ms();
+  fm_tuner_run_job(&w, &o, tj);
+  printf("planted: %.0f ms, %u restarts, %u bad\n", now_ms() - t0, tj->restarts, tj->bad);
+  print_job(tj);
+  CHECK_EQ_INT(tj->tuned, 1);
+  CHECK(tj->res[1].verdict == FM_VERDICT_LAUNCH_FAILED || tj->res[1].verdict == FM_VERDICT_FAULT);
+  CHECK_EQ_INT(tj->res[3].verdict, FM_VERDICT_TIMEOUT);
+  CHECK_EQ_INT(tj->res[5].verdict, FM_VERDICT_WRONG);
+  for (int i = 0; i < 7; i += 2) CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
+  CHECK_EQ_INT(tj->restarts, 2);
+  CHECK_EQ_INT(tj->bad, 3);
+  fm_tworker_stop(&w, 5000);
+  CHECK(waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD);
+  CHECK_EQ_INT(count_tuner_processes(), 0);
+  fm_tune_job_free(tj);
+}
+
+static void test_full_tune(void) {
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&canon, cands, FM_TUNE_MAX_CANDIDATES);
+  fm_tune_job *tj;
+  if (fm_tune_job_new(&tj)) return;
+  double t0 = now_ms();
+  for (size_t i = 0; i < n; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
+  double compiled = now_ms() - t0;
+  fm_tworker w;
+  fm_tuner_opts o = {.worker_exe = worker_exe, .deadline_s = 5, .seed = 12};
+  fm_tworker_init(&w, worker_exe);
+  fm_tuner_run_job(&w, &o, tj);
+  fm_tworker_stop(&w, 5000);
+  printf("full tune on %s: %zu candidates, compile %.0f ms (one thread), tune %.0f ms (worker start included)\n",
+         w.device, n, compiled, tj->tune_ms);
+  print_job(tj);
+  CHECK_EQ_INT(tj->tuned, 1);
+  CHECK(tj->winner >= 0);
+  /* 16384 x 4096 bf16 in and out: 256 MiB moved per launch. */
+  double bytes = 2.0 * 16384 * 4096 * 2;
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
+    CHECK(tj->res[i].ms > bytes / 6e12 * 1e3 && tj->res[i].ms < 100);
+    if (tj->winner >= 0) CHECK(tj->res[i].ms >= tj->res[tj->winner].ms);
+  }
+  if (tj->winner >= 0) {
+    char desc[160];
+    fm_candidate_describe(&tj->cands[tj->winner]->cand, desc, sizeof desc);
+    printf("chosen: %s %.4f ms (%.2f TB/s); default %.4f ms (%.2f TB/s)\n", desc, tj->res[tj->winner].ms,
+           bytes / tj->res[tj->winner].ms / 1e9, tj->res[0].ms, bytes / tj->res[0].ms / 1e9);
+  }
+  CHECK_EQ_INT(count_tuner_processes(), 0);
+  fm_tune_job_free(tj);
+}
+
+static const char *sock, *fusectl, *examples;
+
+static void test_daemon_tunes(void) {
+  char cmd[2048], line[512], key[65] = "";
+  int tuned = 0, listed = 0;
+  snprintf(cmd, sizeof cmd, "%s --socket %s --json --timeout 120000 compile %s/gelu_bias_bf16.json 2>&1", fusectl,
+           sock, examples);
+  double t0 = now_ms();
+  FILE *p = popen(cmd, "r");
+  while (p && fgets(line, sizeof line, p)) {
+    char *k = strstr(line, "\"key\": \"");
+    if (k) snprintf(key, sizeof key, "%.64s", k + 8);
+    if (strstr(line, "\"state\": \"tuned\"")) tuned = 1;
+  }
+  if (p) pclose(p);
+  printf("fusemld: compile of gelu_bias_bf16 (cold: 24 compiles + tuning) took %.0f ms; state %s\n",
+         now_ms() - t0, tuned ? "tuned" : "NOT tuned");
+  CHECK(tuned);
+  CHECK(key[0]);
+  snprintf(cmd, sizeof cmd, "%s --socket %s show %.16s 2>&1", fusectl, sock, key);
+  p = popen(cmd, "r");
+  int in_cands = 0;
+  while (p && fgets(line, sizeof line, p)) {
+    if (strstr(line, "candidates (tuned on")) in_cands = 1;
+    if (in_cands) {
+      fputs(line, stdout);
+      if (strstr(line, "pointwise block=") && strstr(line, " ok ")) listed++;
+    }
+  }
+  if (p) pclose(p);
+  CHECK(listed >= 4);
+}
+
+int main(int argc, char **argv) {
+  fm_diag d = {{0}};
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR]\n", argv[0]);
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  worker_exe = argv[1];
+  if (fm_cuda_device_id(0, &dev, &d)) {
+    fprintf(stderr, "no GPU: %s\n", d.text);
+    printf("0 passed, 1 failed\n");
+    return 1;
+  }
+  printf("device: %s (%s, %u SMs)\n", dev.name, dev.arch, dev.sm_count);
+  if (build_fragment()) return 1;
+  RUN(test_planted_bad_candidates);
+  RUN(test_full_tune);
+  if (argc >= 5) {
+    sock = argv[2];
+    fusectl = argv[3];
+    examples = argv[4];
+    RUN(test_daemon_tunes);
+  }
+  free(canon_bytes);
+  return FM_TEST_DONE();
+}

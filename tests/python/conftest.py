@@ -1,0 +1,85 @@
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import fuseml  # noqa: E402
+from fuseml import _log  # noqa: E402
+
+
+def _fusemld_bin():
+    path = os.environ.get("FUSEMLD_BIN")
+    if path:
+        return path
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for build in ("build-test", "build"):
+        cand = os.path.join(root, build, "daemon", "fusemld")
+        if os.path.exists(cand):
+            return cand
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    """Each test compiles from scratch and hears every warning again."""
+    torch._dynamo.reset()
+    _log.reset_warnings()
+    monkeypatch.delenv("FUSEML_ALLOW_UNTUNED", raising=False)
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def dead_socket(monkeypatch, tmp_path):
+    path = str(tmp_path / "nobody.sock")
+    monkeypatch.setenv("FUSEML_SOCKET", path)
+    monkeypatch.setenv("FUSEML_NO_AUTOSTART", "1")
+    return path
+
+
+class Daemon:
+    def __init__(self, exe, tmp):
+        self.socket = os.path.join(tmp, "fusemld.sock")
+        self.db = os.path.join(tmp, "kernels.db")
+        self.log = open(os.path.join(tmp, "fusemld.log"), "wb")
+        self.proc = subprocess.Popen([exe, "--foreground", "--socket", self.socket, "--db", self.db,
+                                      "--jobs", "2", "--log-level", "debug"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(self.socket):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("fusemld did not start; see " + self.log.name)
+            time.sleep(0.02)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def daemon(monkeypatch):
+    exe = _fusemld_bin()
+    if not exe:
+        pytest.skip("no fusemld built (set FUSEMLD_BIN)")
+    tmp = tempfile.mkdtemp(prefix="fuseml-py-")
+    d = Daemon(exe, tmp)
+    monkeypatch.setenv("FUSEML_SOCKET", d.socket)
+    monkeypatch.setenv("FUSEML_NO_AUTOSTART", "1")
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,178 @@
+/* test_codegen_rows.c: the rows template without a GPU: golden source for the three
+ * representative row fragments, NVRTC compiles of every candidate of every test fragment for
+ * sm_80 and sm_90a, the launch metadata, the candidate list and the dispatch of the generic
+ * API. Regenerate the goldens with FM_UPDATE_GOLDEN=1 (see test_codegen_golden.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen.h"
+#include "fm_nvrtc.h"
+#include "fm_test.h"
+#include "test_codegen_rows_frag.h"
+
+static fm_fragment canon;
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL;
+  long n;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) goto out;
+  buf = malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  if (buf) buf[n] = '\0';
+out:
+  fclose(f);
+  return buf;
+}
+
+static void check_golden(int which) {
+  const char *root = getenv("FM_SOURCE_DIR");
+#ifdef FM_CG_SOURCE_DIR
+  if (!root) root = FM_CG_SOURCE_DIR;
+#endif
+  const char *update = getenv("FM_UPDATE_GOLDEN");
+  char path[1024], *src = NULL;
+  fm_kernel_meta meta;
+  fm_diag d = {{0}};
+  fm_candidate c;
+  CHECK(root != NULL);
+  if (!root) return;
+  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, rf_name[which]);
+  CHECK_EQ_INT(rf_fragment(which, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
+  CHECK_EQ_INT(c.tmpl, FM_TMPL_ROWS);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
+  if (!src) return;
+  if (update && strcmp(update, "1") == 0) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+      CHECK(fwrite(src, 1, strlen(src), f) == strlen(src));
+      CHECK(fclose(f) == 0);
+      printf("  updated %s\n", path);
+    }
+  } else {
+    char *want = read_file(path);
+    if (!want) fprintf(stderr, "  cannot read %s (FM_UPDATE_GOLDEN=1 creates it)\n", path);
+    CHECK(want != NULL);
+    CHECK(!want || strcmp(want, src) == 0);
+    free(want);
+  }
+  CHECK(strstr(src, "#include") == NULL);
+  CHECK_STR_CONTAINS(src, "fm_row_sum(");
+  free(src);
+}
+
+static void test_golden_layer_norm_bf16(void) { check_golden(0); }
+static void test_golden_rms_norm_residual(void) { check_golden(1); }
+static void test_golden_softmax_f32(void) { check_golden(2); }
+
+/* Metadata a client launches by: kind, rule, rows per outer unit and per block. */
+static void test_meta(void) {
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  char *src = NULL;
+  fm_rows_config warp = {FM_ROWS_WARP, 256, 0}, block = {FM_ROWS_BLOCK, 512, 0};
+  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);   /* [-1, 4096] */
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &block, 132, &src, &m, &d), FM_OK);
+  CHECK(strcmp(m.kind, "rows") == 0 && strcmp(m.grid_rule, "rows") == 0);
+  CHECK_EQ_INT(m.block[0], 512);
+  CHECK_EQ_INT(m.inner, 1);
+  CHECK_EQ_INT(m.items_per_block, 1);
+  CHECK_EQ_INT(m.outer, -1);
+  CHECK_EQ_INT(m.n_inputs, 3);
+  CHECK_EQ_INT(m.n_outputs, 1);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 1000), 1000);
+  CHECK_STR_CONTAINS(src, "vec 8, 8 elements per thread");
+  free(src);
+  src = NULL;
+  CHECK_EQ_INT(rf_fragment(2, &canon), FM_OK);   /* [64, 1000] f32 */
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &warp, 132, &src, &m, &d), FM_OK);
+  CHECK_EQ_INT(m.items_per_block, 8);
+  CHECK_EQ_INT(m.outer, 64);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 5), 8);        /* static: 64 rows / 8 per block */
+  CHECK_STR_CONTAINS(src, "vec 4, 32 elements per thread");
+  CHECK_STR_CONTAINS(src, "#define FM_FAST_MATH 0");
+  free(src);
+  src = NULL;
+  /* a row too long for one warp's registers: refused for that config, with the reason */
+  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &warp, 132, &src, &m, &d), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(d.text, "per thread");
+  CHECK(src == NULL);
+  fm_rows_config bad = {3, 256, 0};
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+}
+
+static void test_candidates(void) {
+  fm_candidate c[32];
+  char desc[128];
+  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);
+  size_t n = fm_codegen_candidates(&canon, c, 32);
+  CHECK(n >= 3);
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_ROWS);
+    CHECK_EQ_INT(c[i].p[0], FM_ROWS_BLOCK);      /* 4096 is too long for a warp */
+  }
+  fm_candidate_describe(&c[0], desc, sizeof desc);
+  CHECK_STR_CONTAINS(desc, "rows block-per-row block=128");   /* 32 elements per thread */
+  CHECK_EQ_INT(rf_fragment(2, &canon), FM_OK);
+  n = fm_codegen_candidates(&canon, c, 32);
+  CHECK(n >= 4);
+  CHECK_EQ_INT(c[0].p[0], FM_ROWS_WARP);
+  int has_block = 0;
+  for (size_t i = 0; i < n; i++) has_block |= c[i].p[0] == FM_ROWS_BLOCK;
+  CHECK(has_block);
+}
+
+/* Every candidate of every test fragment compiles for both target generations. */
+static void test_nvrtc_every_candidate(void) {
+  static const char *const archs[] = {"sm_80", "sm_90a"};
+  int compiled = 0;
+  for (int w = 0; w < RF_N_FRAGMENTS; w++) {
+    fm_candidate c[32];
+    CHECK_EQ_INT(rf_fragment(w, &canon), FM_OK);
+    size_t n = fm_codegen_candidates(&canon, c, 32);
+    CHECK(n >= 1);
+    for (size_t i = 0; i < n; i++) {
+      char *src = NULL;
+      fm_kernel_meta m;
+      fm_diag d = {{0}};
+      int rc = fm_codegen_generate(&canon, &c[i], 132, &src, &m, &d);
+      CHECK_EQ_INT(rc, FM_OK);
+      if (rc) {
+        fprintf(stderr, "  %s candidate %zu: %s\n", rf_name[w], i, d.text);
+        continue;
+      }
+      for (size_t a = 0; a < 2; a++) {
+        if (!fm_nvrtc_arch_supported(archs[a])) continue;
+        uint8_t *cubin = NULL;
+        size_t len = 0;
+        char *log = NULL;
+        rc = fm_nvrtc_compile(src, rf_name[w], archs[a], &cubin, &len, &log);
+        CHECK_EQ_INT(rc, FM_OK);
+        if (rc) fprintf(stderr, "  %s candidate %zu %s:\n%s\n", rf_name[w], i, archs[a], log ? log : "");
+        else compiled++;
+        free(cubin);
+        free(log);
+      }
+      free(src);
+    }
+  }
+  printf("  %d compiles\n", compiled);
+}
+
+int main(void) {
+  RUN(test_golden_layer_norm_bf16);
+  RUN(test_golden_rms_norm_residual);
+  RUN(test_golden_softmax_f32);
+  RUN(test_meta);
+  RUN(test_candidates);
+  RUN(test_nvrtc_every_candidate);
+  return FM_TEST_DONE();
+}
