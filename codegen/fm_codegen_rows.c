@@ -382,7 +382,7 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
   fm_strbuf sb;
   fm_cg_rows_plan *rp = NULL;
   int rc = FM_OK;
-  shape s;
+  shape s = {0};
   char entry[FM_META_ENTRY_MAX];
   if (!canon || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   *src = NULL;
@@ -465,7 +465,7 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
   for (int v = FM_ROWS_WARP; v <= FM_ROWS_BLOCK; v++)
     for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
       fm_rows_config c = {(uint32_t)v, blocks[b], 0};
-      shape s;
+      shape s = {0};
       if (v == FM_ROWS_WARP && (blocks[b] > 512 || rp->n > 2048)) continue;
       if (make_shape(rp, &c, &s, NULL) != FM_OK) continue;
       if (v == FM_ROWS_BLOCK && (uint64_t)blocks[b] * s.vec > 2 * (uint64_t)rp->n) continue;

@@ -50,6 +50,11 @@ static pid_t spawn(e2e_daemon *d, const char *const *extra) {
   argv[n++] = "2";
   argv[n++] = "--log-level";
   argv[n++] = "debug";
+  /* These tests are about the protocol and the daemon, so they want the same replies with or
+   * without a GPU: no tuning (untuned, one compile), unless a test brings its own tuner. */
+  int own_tuner = 0;
+  for (int i = 0; extra && extra[i]; i++) own_tuner |= strcmp(extra[i], "--tuner-worker") == 0;
+  if (!own_tuner) argv[n++] = "--no-tune";
   for (int i = 0; extra && extra[i] && n < 30; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   pid_t pid = fork();

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fm_codegen.h"
 #include "fm_compile.h"
@@ -68,8 +69,18 @@ static int count_tuner_processes(void) {
     snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
     FILE *f = fopen(path, "r");
     if (!f) continue;
-    if (fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0) n++;
+    int ours = fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0;
     fclose(f);
+    /* Only this test's own workers: a daemon running beside it has a worker of its own. */
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    long ppid = -1;
+    if (ours && (f = fopen(path, "r"))) {
+      char stat[512] = "";
+      const char *close_paren = fgets(stat, sizeof stat, f) ? strrchr(stat, ')') : NULL;
+      if (close_paren) sscanf(close_paren + 1, " %*c %ld", &ppid);
+      fclose(f);
+    }
+    if (ours && ppid == (long)getpid()) n++;
   }
   if (d) closedir(d);
   return n;
