@@ -62,9 +62,10 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
   if (!k || !out) return fm_diag_set(d, FM_EINVAL, "fm_module_load: bad argument");
   if (!k->cubin || k->cubin_len == 0)
     return fm_diag_set(d, FM_EINVAL, "kernel of kind %s has no CUBIN to load", k->kind);
-  /* Only the elementwise and rows launch rules exist so far (fm_meta_grid_x); refuse others
-   * before touching the GPU rather than launching with a wrong grid. */
-  if (strcmp(k->meta.grid_rule, "elementwise") != 0 && strcmp(k->meta.grid_rule, "rows") != 0)
+  /* Only the elementwise, rows and tiles launch rules exist so far (fm_meta_grid_x); refuse
+   * others before touching the GPU rather than launching with a wrong grid. */
+  if (strcmp(k->meta.grid_rule, "elementwise") != 0 && strcmp(k->meta.grid_rule, "rows") != 0 &&
+      strcmp(k->meta.grid_rule, "tiles") != 0)
     return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
                        k->meta.grid_rule);
   if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 1 > FM_META_MAX_PARAMS)
@@ -88,6 +89,13 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
     fm_diag why;
     fm_cuda_fail(cu, r, "cuModuleGetFunction", &why);
     err = fm_diag_set(d, FM_ECUDA, "%s (entry \"%s\")", why.text, k->meta.entry);
+    goto fail;
+  }
+  /* Above 48 KiB of dynamic shared memory a launch fails unless the function opts in. */
+  if (k->meta.smem > 48u * 1024u &&
+      (r = cu->cuFuncSetAttribute(m->fn, FM_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                  (int)k->meta.smem)) != 0) {
+    err = fm_cuda_fail(cu, r, "cuFuncSetAttribute(max dynamic shared memory)", d);
     goto fail;
   }
   *out = m;
@@ -122,7 +130,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   fm_CUdeviceptr ptrs[FM_META_MAX_PARAMS];
   void *params[FM_META_MAX_PARAMS];
   long long outer_arg;
-  uint64_t grid;
+  uint64_t grid, grid_y;
   uint32_t n = 0;
   fm_CUresult r;
 
@@ -136,10 +144,11 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
                        m->meta.entry, (long long)outer);
   }
   grid = fm_meta_grid_x(&m->meta, outer);
-  if (grid == 0) return FM_OK;  /* an empty tensor: nothing to launch */
-  if (grid > 0x7fffffffu)
-    return fm_diag_set(d, FM_ELIMIT, "grid of %llu blocks exceeds the CUDA limit",
-                       (unsigned long long)grid);
+  grid_y = fm_meta_grid_y(&m->meta, outer);
+  if (grid == 0 || grid_y == 0) return FM_OK;  /* an empty tensor: nothing to launch */
+  if (grid > 0x7fffffffu || grid_y > 65535u)
+    return fm_diag_set(d, FM_ELIMIT, "grid of %llu x %llu blocks exceeds the CUDA limit",
+                       (unsigned long long)grid, (unsigned long long)grid_y);
 
   /* Kernel parameters in metadata order: inputs, outputs, then long long outer. The driver
    * reads each through the pointer in params, so the values need stable storage here. */
@@ -154,7 +163,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   outer_arg = (long long)outer;
   params[n++] = &outer_arg;
 
-  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, 1, 1, m->meta.block[0], m->meta.block[1],
+  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, 1, m->meta.block[0], m->meta.block[1],
                             m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel", d);
   return FM_OK;

@@ -51,6 +51,7 @@ static const struct {
   FM_SYM_(cuEventElapsedTime, "cuEventElapsedTime"),
   FM_SYM_(cuEventDestroy, "cuEventDestroy_v2"),
   FM_SYM_(cuGetErrorString, "cuGetErrorString"),
+  FM_SYM_(cuFuncSetAttribute, "cuFuncSetAttribute"),
 #undef FM_SYM_
 };
 

@@ -19,6 +19,7 @@ typedef struct fm_CUfunc_st *fm_CUfunction;
 typedef struct fm_CUstream_st *fm_CUstream;
 typedef struct fm_CUevent_st *fm_CUevent;
 typedef unsigned long long fm_CUdeviceptr;
+#define FM_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
 
 typedef struct fm_cuda {
   fm_CUresult (*cuInit)(unsigned);
@@ -49,6 +50,8 @@ typedef struct fm_cuda {
   fm_CUresult (*cuEventElapsedTime)(float *, fm_CUevent, fm_CUevent);
   fm_CUresult (*cuEventDestroy)(fm_CUevent);
   fm_CUresult (*cuGetErrorString)(fm_CUresult, const char **);
+  /* GEMM kernels: dynamic shared memory above 48 KiB must be allowed per function */
+  fm_CUresult (*cuFuncSetAttribute)(fm_CUfunction, int, int);
 } fm_cuda;
 
 /* Loads the driver once per process (thread-safe) and calls cuInit(0). FM_ENOGPU with the

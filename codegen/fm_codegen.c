@@ -1,6 +1,7 @@
 /* fm_codegen.c: the generic candidate API: routes a fragment to the template that serves
  * its kind and translates between fm_candidate and each template's own config. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fm_codegen.h"
@@ -47,9 +48,28 @@ static fm_rows_config to_rows(const fm_candidate *k) {
   return c;
 }
 
-/* Which template serves a fragment: a fragment with a reduction is a row fragment; every
- * other valid fragment is a pointwise chain. GEMMs add their checks here. */
+static fm_candidate from_gemm(fm_gemm_config c) {
+  fm_candidate k;
+  memset(&k, 0, sizeof k);
+  k.tmpl = FM_TMPL_GEMM;
+  k.p[0] = c.bm;
+  k.p[1] = c.bn;
+  k.p[2] = c.bk;
+  k.p[3] = c.stages;
+  k.p[4] = c.wm;
+  k.p[5] = c.wn;
+  return k;
+}
+
+static fm_gemm_config to_gemm(const fm_candidate *k) {
+  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5]};
+  return c;
+}
+
+/* Which template serves a fragment: one with a matrix product is a GEMM fragment, one with a
+ * reduction a row fragment; every other valid fragment is a pointwise chain. */
 static fm_template template_for(const fm_fragment *canon) {
+  if (fm_fragment_is_gemm(canon)) return FM_TMPL_GEMM;
   return fm_fragment_is_rows(canon) ? FM_TMPL_ROWS : FM_TMPL_POINTWISE;
 }
 
@@ -58,6 +78,20 @@ int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) 
   switch (template_for(canon)) {
     case FM_TMPL_POINTWISE: *out = from_pw(fm_codegen_pointwise_default(canon)); return FM_OK;
     case FM_TMPL_ROWS: *out = from_rows(fm_codegen_rows_default(canon)); return FM_OK;
+    case FM_TMPL_GEMM: {
+      /* the layouts and K decide whether the template can run it at all: say why not here,
+         so the daemon answers "bypass" with the reason */
+      fm_gemm_config gc = fm_codegen_gemm_default(canon);
+      if (fm_codegen_gemm_smem(canon, &gc) == 0) {
+        char *src = NULL;
+        fm_kernel_meta meta;
+        int rc = fm_codegen_gemm(canon, &gc, 0, &src, &meta, d);
+        free(src);
+        if (rc) return rc;
+      }
+      *out = from_gemm(gc);
+      return FM_OK;
+    }
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "no kernel template serves this fragment");
@@ -82,6 +116,13 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       fm_candidate k = from_rows(rc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
+  } else if (def.tmpl == FM_TMPL_GEMM) {
+    fm_gemm_config gc[16];
+    size_t m = fm_codegen_gemm_candidates(canon, gc, 16);
+    for (size_t i = 0; i < m && n < max; i++) {
+      fm_candidate k = from_gemm(gc[i]);
+      if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
+    }
   }
   return n;
 }
@@ -98,6 +139,10 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
       fm_rows_config rc = to_rows(c);
       return fm_codegen_rows(canon, &rc, sm_count, src, meta, d);
     }
+    case FM_TMPL_GEMM: {
+      fm_gemm_config gc = to_gemm(c);
+      return fm_codegen_gemm(canon, &gc, sm_count, src, meta, d);
+    }
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
@@ -112,6 +157,10 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
     case FM_TMPL_ROWS:
       snprintf(out, cap, "rows %s block=%u vec=%u", c->p[0] == FM_ROWS_BLOCK ? "block-per-row" : "warp-per-row",
                c->p[1], c->p[2]);
+      return;
+    case FM_TMPL_GEMM:
+      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u", c->p[0], c->p[1], c->p[2], c->p[3],
+               c->p[4], c->p[5]);
       return;
     default: snprintf(out, cap, "%s", fm_template_name(c->tmpl)); return;
   }

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 2
+#define FM_CODEGEN_VERSION 3
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -23,7 +23,8 @@
 
 #define FM_TEMPLATE_MAP(XX)     \
   XX(1, POINTWISE, "pointwise") \
-  XX(2, ROWS, "rows")
+  XX(2, ROWS, "rows")           \
+  XX(3, GEMM, "gemm")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -98,5 +99,29 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
 /* As fm_codegen_pointwise, for a canonical row fragment (fm_fragment_is_rows). */
 int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count,
                     char **src, fm_kernel_meta *meta, fm_diag *d);
+
+/* ---- the gemm template (GEMM fragments: one mm/addmm + a pointwise epilogue) ----------
+ * sm_80+ (also runs on sm_90a): BM x BN x BK tiles, mma.sync m16n8k16 with fp32
+ * accumulators, ldmatrix (.trans where the layout needs it), cp.async with STAGES buffers,
+ * masked edges for any M and N; K must be a multiple of 8 (16-byte chunks) and every
+ * non-unit stride of A and B a multiple of 8 with 16-byte aligned bases, else
+ * FM_EUNSUPPORTED. The epilogue runs the fragment's pointwise ops on each accumulator in
+ * registers before the single store of each output. Launch metadata: kind "gemm", grid rule
+ * "tiles" (fm_meta.h), dynamic shared memory (may exceed 48 KiB). */
+
+/* One point of the gemm template's tuning space (candidate p[0..5], in this order). */
+typedef struct fm_gemm_config {
+  uint32_t bm, bn, bk;   /* block tile */
+  uint32_t stages;       /* cp.async buffers: 2..4 */
+  uint32_t wm, wn;       /* warps along M and N (block = wm * wn * 32 threads) */
+} fm_gemm_config;
+
+fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);
+size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out, size_t max);
+/* As fm_codegen_pointwise, for a canonical GEMM fragment (fm_fragment_is_gemm). */
+int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
+                    char **src, fm_kernel_meta *meta, fm_diag *d);
+/* Dynamic shared memory of cfg for canon's layouts, in bytes (0 for an invalid config). */
+uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cfg);
 
 #endif

@@ -227,6 +227,8 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
   if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS)
     return fm_diag_set(d, FM_EINVAL, "fragment exceeds the limits");
   if (f->n_outputs == 0) return fm_diag_set(d, FM_EINVAL, "fragment has no outputs");
+  if (fm_fragment_is_gemm(f))   /* its operands are not pointwise over the output shape */
+    return fm_diag_set(d, FM_EUNSUPPORTED, "a GEMM fragment is served by the gemm template");
   p->n_in = f->n_inputs;
   p->n_out = f->n_outputs;
   p->n_ops = f->n_ops;

@@ -5,7 +5,11 @@
  * Each thread holds EPT = C * V elements of its row in fp32 registers: C chunks of V
  * consecutive elements, chunk c of lane l at column (c * TPR + l) * V, so a warp's chunk is
  * one coalesced run of 16-byte accesses. The row is read once, every reduction runs on the
- * registers (var is two-pass: exact), and every output is written once. */
+ * registers, and every output is written once. var (and the mean of the same value before
+ * it, as in layer_norm) is ONE cross-thread reduction of (count, sum, shifted sum, M2)
+ * partials: each thread's M2 is two-pass around its own mean and partials merge by Chan's
+ * pairwise rule, exact to fp32 rounding with one reduction instead of two. A block-variant
+ * reduction costs one __syncthreads (double-buffered shared memory). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,10 +72,107 @@ static const char *put_fn(fm_dtype dt) {
   return s == 4 ? "fm_put_f32" : s == 2 ? "fm_put_u16" : "fm_put_u8";
 }
 
+/* (count, sum, shifted sum, M2) partials of a row value for var. Each warp shifts by one
+ * value, its lane 0's first element k, so the means the merges subtract are small (a mean
+ * near 1000 with deviations near 1 would lose its low bits to fp32 rounding, and an error in
+ * a mean difference d enters M2 linearly). Within a warp partials merge by Chan's rule
+ *   M2 = M2a + M2b + d^2 * na * nb / (na + nb),  d = ha / na - hb / nb  (h: sum of x - k),
+ * written so merge(a, b) and merge(b, a) round alike (d only changes sign): the butterfly
+ * leaves identical bits in every lane. The plain sum is carried too and added exactly as
+ * fm_row_sum adds it, so the mean is bit-identical to fm_row_sum's (and inf where it is). With
+ * an exact shape every count is a constant: not exchanged, and the divisions fold. */
+static uint32_t msum_stride(const shape *s) { return s->exact ? 4 : 5; }   /* floats per warp */
+
+/* Floats in one half of the double-buffered shared array fm_red (block variant). */
+static uint32_t red_half(const shape *s, int msum) { return s->tpr / 32 * (msum ? msum_stride(s) : 1); }
+
+static void emit_msum_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s, uint32_t half) {
+  /* Divisions by counts: with an exact shape every count is a constant and they fold into
+   * multiplications; otherwise IEEE division (a slow-path subroutine, some 100 per thread at
+   * 1024 threads) made the kernel compute-bound, so the fast reciprocal (2 ulp) is used. */
+  fm_strbuf_printf(sb, "__device__ __forceinline__ float fm_cdiv(float x, float y) { return %s; }\n",
+                   s->exact ? "x / y" : "__fdividef(x, y)");
+  fm_strbuf_append(sb,
+                   "struct fm_msum { float n, s, h, q; };\n"
+                   "__device__ __forceinline__ fm_msum fm_msum_merge(fm_msum a, fm_msum b) {\n"
+                   "  fm_msum r;\n"
+                   "  r.n = a.n + b.n;\n"
+                   "  r.s = a.s + b.s;\n"
+                   "  r.h = a.h + b.h;\n"
+                   "  const float d = a.n > 0.0f && b.n > 0.0f ? fm_cdiv(a.h, a.n) - fm_cdiv(b.h, b.n) : 0.0f;\n"
+                   "  r.q = (a.q + b.q) + d * d * fm_cdiv(a.n * b.n, r.n > 0.0f ? r.n : 1.0f);\n"
+                   "  return r;\n"
+                   "}\n"
+                   "__device__ __forceinline__ fm_msum fm_warp_msum(fm_msum x) {\n"
+                   "#pragma unroll\n"
+                   "  for (int o = 16; o > 0; o >>= 1) {\n"
+                   "    fm_msum y;\n");
+  fm_strbuf_printf(sb,
+                   "    y.n = %s;\n"
+                   "    y.s = __shfl_xor_sync(0xffffffffu, x.s, o);\n"
+                   "    y.h = __shfl_xor_sync(0xffffffffu, x.h, o);\n"
+                   "    y.q = __shfl_xor_sync(0xffffffffu, x.q, o);\n"
+                   "    x = fm_msum_merge(x, y);\n"
+                   "  }\n"
+                   "  return x;\n"
+                   "}\n",
+                   s->exact ? "x.n" : "__shfl_xor_sync(0xffffffffu, x.n, o)");
+  if (c->variant == FM_ROWS_WARP) {
+    fm_strbuf_append(sb, "__device__ __forceinline__ fm_msum fm_row_msum(fm_msum x, float, float *, int &) { return fm_warp_msum(x); }\n");
+    return;
+  }
+  /* One shared-memory exchange carries every warp's (k, s, h, M2) and, where the shape is
+   * not exact, its count. The warps' shifts differ, so their means are taken relative to
+   * warp 0's shift (k_w - k_0 is exact for nearby values) and merged in a fixed order. */
+  uint32_t w = msum_stride(s);
+  char cnt[32], cntw[32];
+  snprintf(cnt, sizeof cnt, "%u.0f", 32 * s->ept);
+  snprintf(cntw, sizeof cntw, s->exact ? "%u.0f" : "o[4]", 32 * s->ept);
+  fm_strbuf_printf(sb,
+                   "__device__ __forceinline__ fm_msum fm_row_msum(fm_msum x, float k, float *red, int &par) {\n"
+                   "  x = fm_warp_msum(x);\n"
+                   "  float *r = red + par;\n"
+                   "  par ^= %u;\n"
+                   "  if ((threadIdx.x & 31) == 0) {\n"
+                   "    float *o = r + (threadIdx.x >> 5) * %u;\n"
+                   "    o[0] = k;\n"
+                   "    o[1] = x.s;\n"
+                   "    o[2] = x.h;\n"
+                   "    o[3] = x.q;\n%s"
+                   "  }\n"
+                   "  __syncthreads();\n"
+                   "  fm_msum t;\n"
+                   "  t.n = %s;\n"
+                   "  t.s = r[1];\n"
+                   "  t.q = r[3];\n"
+                   "  float m = fm_cdiv(r[2], t.n);  /* warp 0's mean, relative to its shift (its count is > 0) */\n"
+                   "#pragma unroll\n"
+                   "  for (int w = 1; w < %u; ++w) {\n"
+                   "    const float *o = r + w * %u;\n"
+                   "    const float nw = %s;\n"
+                   "    if (nw > 0.0f) {\n"
+                   "      const float mw = (o[0] - r[0]) + fm_cdiv(o[2], nw);\n"
+                   "      const float n2 = t.n + nw, d = m - mw;\n"
+                   "      t.q = (t.q + o[3]) + d * d * fm_cdiv(t.n * nw, n2);\n"
+                   "      m += (mw - m) * fm_cdiv(nw, n2);\n"
+                   "      t.n = n2;\n"
+                   "    }\n"
+                   "    t.s += o[1];\n"
+                   "  }\n"
+                   "  t.h = m * t.n;  /* relative to warp 0's shift */\n"
+                   "  return t;\n"
+                   "}\n",
+                   half, w, s->exact ? "" : "    o[4] = x.n;\n", s->exact ? cnt : "r[4]", s->tpr / 32, w, cntw);
+}
+
 /* Cross-thread reductions: a xor butterfly leaves the same bits in every lane (a + b and
  * b + a round alike), and the block variant then sums the per-warp results in a fixed order,
- * so every thread of a row holds the identical statistic. */
-static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s) {
+ * so every thread of a row holds the identical statistic. The block variant's shared array
+ * is double-buffered (par alternates halves), so one barrier per reduction suffices: a
+ * thread writing half h for reduction k+1 has passed reduction k's barrier, which every
+ * thread reaches only after reading half h for reduction k-1. */
+static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s, int msum) {
+  uint32_t half = red_half(s, msum);
   fm_strbuf_append(sb,
                    "/* ---- row reductions ---- */\n"
                    "__device__ __forceinline__ float fm_warp_sum(float x) {\n"
@@ -86,33 +187,35 @@ static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s)
                    "}\n");
   if (c->variant == FM_ROWS_WARP) {
     fm_strbuf_append(sb,
-                     "__device__ __forceinline__ float fm_row_sum(float x, float *) { return fm_warp_sum(x); }\n"
-                     "__device__ __forceinline__ float fm_row_max(float x, float *) { return fm_warp_max(x); }\n");
-    return;
+                     "__device__ __forceinline__ float fm_row_sum(float x, float *, int &) { return fm_warp_sum(x); }\n"
+                     "__device__ __forceinline__ float fm_row_max(float x, float *, int &) { return fm_warp_max(x); }\n");
+  } else {
+    fm_strbuf_printf(sb,
+                     "__device__ __forceinline__ float fm_row_sum(float x, float *red, int &par) {\n"
+                     "  x = fm_warp_sum(x);\n"
+                     "  float *r = red + par;\n"
+                     "  par ^= %u;\n"
+                     "  if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;\n"
+                     "  __syncthreads();\n"
+                     "  float t = r[0];\n"
+                     "#pragma unroll\n"
+                     "  for (int w = 1; w < %u; ++w) t += r[w];\n"
+                     "  return t;\n"
+                     "}\n"
+                     "__device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {\n"
+                     "  x = fm_warp_max(x);\n"
+                     "  float *r = red + par;\n"
+                     "  par ^= %u;\n"
+                     "  if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;\n"
+                     "  __syncthreads();\n"
+                     "  float t = r[0];\n"
+                     "#pragma unroll\n"
+                     "  for (int w = 1; w < %u; ++w) t = fm_maximum(t, r[w]);\n"
+                     "  return t;\n"
+                     "}\n",
+                     half, s->tpr / 32, half, s->tpr / 32);
   }
-  /* the first barrier keeps the previous reduction's readers ahead of this one's writers */
-  fm_strbuf_printf(sb,
-                   "__device__ __forceinline__ float fm_row_sum(float x, float *red) {\n"
-                   "  x = fm_warp_sum(x);\n"
-                   "  __syncthreads();\n"
-                   "  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;\n"
-                   "  __syncthreads();\n"
-                   "  float t = red[0];\n"
-                   "#pragma unroll\n"
-                   "  for (int w = 1; w < %u; ++w) t += red[w];\n"
-                   "  return t;\n"
-                   "}\n"
-                   "__device__ __forceinline__ float fm_row_max(float x, float *red) {\n"
-                   "  x = fm_warp_max(x);\n"
-                   "  __syncthreads();\n"
-                   "  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;\n"
-                   "  __syncthreads();\n"
-                   "  float t = red[0];\n"
-                   "#pragma unroll\n"
-                   "  for (int w = 1; w < %u; ++w) t = fm_maximum(t, red[w]);\n"
-                   "  return t;\n"
-                   "}\n",
-                   s->tpr / 32, s->tpr / 32);
+  if (msum) emit_msum_helpers(sb, c, s, half);
 }
 
 /* "true" or the runtime test that element i of this thread is inside the row. */
@@ -215,48 +318,98 @@ static void emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape 
   fm_strbuf_append(sb, "    }\n");
 }
 
+/* Is there a live var of value x at or after op `from`? */
+static int var_of(const fm_fragment *f, const fm_cg_plan *p, uint32_t from, uint32_t x) {
+  for (uint32_t k = from; k < p->n_ops; k++)
+    if (f->ops[k].op == FM_OP_VAR && p->live[p->n_in + k] && p->args[k][0] == x) return 1;
+  return 0;
+}
+
+/* The var partials of value x reduced into `fm_msum t`, inside an open block: the thread's
+ * count, sum and sum shifted by its warp's k, its M2 around its own mean (the exact two-pass
+ * over registers: an error in that center changes M2 only by its square), then one
+ * cross-thread merge. */
+static void emit_msum(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t x) {
+  fm_strbuf_printf(sb,
+                   "      const float k = __shfl_sync(0xffffffffu, (float)v%u[0], 0);  /* the warp's shift */\n"
+                   "      float a = 0.0f, h = 0.0f",
+                   x);
+  if (s->exact) fm_strbuf_printf(sb, ";\n      const float n = %u.0f;\n", s->ept);
+  else fm_strbuf_append(sb, ", n = 0.0f;\n");
+  fm_strbuf_printf(sb, "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (", s->ept);
+  emit_valid(sb, rp, s, "i");
+  fm_strbuf_printf(sb, ") { a += v%u[i]; h += v%u[i] - k;%s }\n", x, x, s->exact ? "" : " n += 1.0f;");
+  fm_strbuf_printf(sb,
+                   "      const float ctr = k + (n > 0.0f ? fm_cdiv(h, n) : 0.0f);\n"
+                   "      float q = 0.0f;\n"
+                   "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
+                   s->ept);
+  emit_valid(sb, rp, s, "i");
+  fm_strbuf_printf(sb, ") { const float t = v%u[i] - ctr; q += t * t; }\n", x);
+  fm_strbuf_append(sb,
+                   "      const fm_msum p = {n, a, h, q};\n"
+                   "      const fm_msum t = fm_row_msum(p, k, fm_red, fm_par);\n");
+}
+
+/* var from the merged M2 q (an expression): q / (N - correction) */
+static void emit_var_from(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_opnode *op, uint32_t pos,
+                          const char *q) {
+  if (rp->n > op->correction)
+    fm_strbuf_printf(sb, "      v%u = %s / %lld.0f;\n", pos, q, (long long)(rp->n - op->correction));
+  else   /* one element, correction 1: 0/0, NaN as in torch (spelled out: no division by 0) */
+    fm_strbuf_printf(sb, "      v%u = %s * __int_as_float(0x7fc00000);\n", pos, q);
+}
+
 static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
                         const shape *s, uint32_t i) {
   const fm_opnode *op = &f->ops[i];
   const fm_cg_plan *p = &rp->base;
   uint32_t pos = p->n_in + i, x = p->args[i][0];
   int is_max = op->op == FM_OP_AMAX;
-  /* var after a mean of the same value (layer_norm) reuses it: one reduction fewer */
+  /* var after a mean of the same value (layer_norm) takes the M2 that mean's reduction
+   * carried: one reduction fewer */
   int32_t mean_at = -1;
   for (uint32_t k = 0; op->op == FM_OP_VAR && k < i; k++)
     if (f->ops[k].op == FM_OP_MEAN && p->live[p->n_in + k] && p->args[k][0] == x)
       mean_at = (int32_t)(p->n_in + k);
-  fm_strbuf_printf(sb, "    float v%u;  /* %s */\n    {\n", pos, fm_op_name(op->op));
-  if (mean_at >= 0) {
-    fm_strbuf_printf(sb, "      const float m = v%d;  /* the mean above */\n", mean_at);
-  } else {
-    fm_strbuf_printf(sb, "      float a = %s;\n#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
-                     is_max ? "__int_as_float(0xff800000)" : "0.0f", s->ept);
-    emit_valid(sb, rp, s, "i");
-    if (is_max) fm_strbuf_printf(sb, ") a = fm_maximum(a, v%u[i]);\n", x);
-    else fm_strbuf_printf(sb, ") a += v%u[i];\n", x);
-    if (is_max || op->op == FM_OP_SUM) {
-      fm_strbuf_printf(sb, "      v%u = fm_row_%s(a, fm_red);\n    }\n", pos, is_max ? "max" : "sum");
-      return;
-    }
-    fm_strbuf_printf(sb, "      const float m = fm_row_sum(a, fm_red) / %lld.0f;\n", (long long)rp->n);
-    if (op->op == FM_OP_MEAN) {
-      fm_strbuf_printf(sb, "      v%u = m;\n    }\n", pos);
-      return;
-    }
+  if (op->op == FM_OP_VAR && mean_at >= 0) {
+    char q[32];
+    snprintf(q, sizeof q, "fm_q%d", mean_at);
+    fm_strbuf_printf(sb, "    float v%u;  /* %s */\n    {\n", pos, fm_op_name(op->op));
+    emit_var_from(sb, rp, op, pos, q);
+    fm_strbuf_append(sb, "    }\n");
+    return;
   }
-  /* var: the second pass over the registers, around the exact mean */
-  fm_strbuf_printf(sb,
-                   "      float q = 0.0f;\n"
-                   "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
-                   s->ept);
+  if (op->op == FM_OP_VAR || (op->op == FM_OP_MEAN && var_of(f, p, i + 1, x))) {
+    fm_strbuf_printf(sb, "    float v%u;  /* %s */\n", pos, fm_op_name(op->op));
+    if (op->op == FM_OP_MEAN)
+      fm_strbuf_printf(sb, "    float fm_q%u;  /* its sum of squared deviations, for the var below */\n", pos);
+    fm_strbuf_append(sb, "    {\n");
+    emit_msum(sb, rp, s, x);
+    if (op->op == FM_OP_MEAN)
+      fm_strbuf_printf(sb, "      v%u = t.s / %lld.0f;\n      fm_q%u = t.q;\n", pos, (long long)rp->n, pos);
+    else
+      emit_var_from(sb, rp, op, pos, "t.q");
+    fm_strbuf_append(sb, "    }\n");
+    return;
+  }
+  fm_strbuf_printf(sb, "    float v%u;  /* %s */\n    {\n", pos, fm_op_name(op->op));
+  fm_strbuf_printf(sb, "      float a = %s;\n#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
+                   is_max ? "__int_as_float(0xff800000)" : "0.0f", s->ept);
   emit_valid(sb, rp, s, "i");
-  fm_strbuf_printf(sb, ") { const float t = v%u[i] - m; q += t * t; }\n", x);
-  if (rp->n > op->correction)
-    fm_strbuf_printf(sb, "      v%u = fm_row_sum(q, fm_red) / %lld.0f;\n    }\n", pos,
-                     (long long)(rp->n - op->correction));
-  else   /* one element, correction 1: 0/0, NaN as in torch (spelled out: no division by 0) */
-    fm_strbuf_printf(sb, "      v%u = fm_row_sum(q, fm_red) * __int_as_float(0x7fc00000);\n    }\n", pos);
+  if (is_max) fm_strbuf_printf(sb, ") a = fm_maximum(a, v%u[i]);\n", x);
+  else fm_strbuf_printf(sb, ") a += v%u[i];\n", x);
+  if (is_max || op->op == FM_OP_SUM)
+    fm_strbuf_printf(sb, "      v%u = fm_row_%s(a, fm_red, fm_par);\n    }\n", pos, is_max ? "max" : "sum");
+  else
+    fm_strbuf_printf(sb, "      v%u = fm_row_sum(a, fm_red, fm_par) / %lld.0f;\n    }\n", pos, (long long)rp->n);
+}
+
+/* Does the kernel have a var (hence the (count, sum, M2) helpers)? */
+static int has_var(const fm_fragment *f, const fm_cg_plan *p) {
+  for (uint32_t k = 0; k < p->n_ops; k++)
+    if (f->ops[k].op == FM_OP_VAR && p->live[p->n_in + k]) return 1;
+  return 0;
 }
 
 static void emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
@@ -298,10 +451,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
     fm_strbuf_printf(sb, "  const long long rows = %lldLL;\n  (void)outer;\n",
                      (long long)(rp->outer * rp->rows_per_outer));
   if (c->variant == FM_ROWS_WARP)
-    fm_strbuf_append(sb, "  const int lane = threadIdx.x & 31;\n  float *fm_red = nullptr;\n");
+    fm_strbuf_append(sb, "  const int lane = threadIdx.x & 31;\n  float *fm_red = nullptr;\n  int fm_par = 0;\n");
   else
-    fm_strbuf_printf(sb, "  const int lane = threadIdx.x;\n  __shared__ float fm_red[%u];\n",
-                     s->tpr / 32);
+    fm_strbuf_printf(sb, "  const int lane = threadIdx.x;\n  __shared__ float fm_red[%u];\n  int fm_par = 0;\n",
+                     2 * red_half(s, has_var(f, p)));
   fm_strbuf_printf(sb,
                    "  for (long long row = (long long)blockIdx.x * %u + threadIdx.x / %u; row < rows;\n"
                    "       row += (long long)gridDim.x * %u) {\n",
@@ -406,7 +559,7 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
                    FM_CODEGEN_VERSION, c.variant == FM_ROWS_WARP ? "a warp" : "a block", c.block,
                    (long long)rp->n, s.vec, s.ept);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
-  emit_helpers(&sb, &c, &s);
+  emit_helpers(&sb, &c, &s, has_var(canon, &rp->base));
   fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
   emit_kernel(&sb, canon, rp, &c, &s, entry);
   if (fm_strbuf_error(&sb)) {

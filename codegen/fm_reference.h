@@ -19,6 +19,9 @@
  *    divided by N - correction, so N == correction gives NaN like torch; amax propagates
  *    NaN); a per-row value broadcasts along the row; a per-row output stores one element
  *    per row (its last dim is 1).
+ *  - GEMM fragments (mm / addmm): the product at (m, n) is the fp64 sum over k of
+ *    A[m, k] * B[k, n] (operands decoded exactly), not rounded (kernels keep it fp32);
+ *    addmm adds its bias in fp64; the epilogue then runs per element as above.
  * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
  * the final rounding), not bit for bit. */
 #ifndef FM_REFERENCE_H

@@ -21,6 +21,7 @@ void fm_config_defaults(fm_config *c) {
   c->max_clients = FM_CONFIG_DEFAULT_MAX_CLIENTS;
   c->idle_timeout_s = FM_CONFIG_DEFAULT_IDLE_TIMEOUT;
   c->tune_deadline_s = 5;
+  c->max_output = FM_CONFIG_DEFAULT_MAX_OUTPUT;
 }
 
 int fm_config_parse_size(const char *s, uint64_t *out) {
@@ -53,6 +54,33 @@ static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out) {
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || *end || v < lo || v > hi) return FM_EINVAL;
   *out = (uint32_t)v;
+  return FM_OK;
+}
+
+/* "1000,1001" appended to ids (at most FM_CONFIG_MAX_ALLOW in all). Ids are numeric: a name
+ * would need NSS lookups in the daemon, and a name that fails to resolve must not widen access. */
+static int add_id_list(uint32_t *ids, uint32_t *n, const char *key, const char *value, fm_diag *d) {
+  const char *p = value ? value : "";
+  if (!*p) return fm_diag_set(d, FM_EINVAL, "%s: empty list", key);
+  while (*p) {
+    char item[24];
+    size_t len = strcspn(p, ",");
+    uint32_t id;
+    if (len == 0 || len >= sizeof item)
+      return fm_diag_set(d, FM_EINVAL, "%s: \"%s\" is not a comma-separated list of numeric ids", key, value);
+    memcpy(item, p, len);
+    item[len] = '\0';
+    if (parse_u32(item, 0, UINT32_MAX - 1, &id))
+      return fm_diag_set(d, FM_EINVAL, "%s: \"%s\" is not a numeric id", key, item);
+    if (*n >= FM_CONFIG_MAX_ALLOW)
+      return fm_diag_set(d, FM_EINVAL, "%s: more than %d ids", key, FM_CONFIG_MAX_ALLOW);
+    ids[(*n)++] = id;
+    p += len;
+    if (*p == ',') {
+      p++;
+      if (!*p) return fm_diag_set(d, FM_EINVAL, "%s: \"%s\" ends with a comma", key, value);
+    }
+  }
   return FM_OK;
 }
 
@@ -101,6 +129,14 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
       return fm_diag_set(d, FM_EINVAL, "idle-timeout: \"%s\" is not a number of seconds (0 to 604800)", value);
     return FM_OK;
   }
+  if (strcmp(key, "max-output") == 0) {
+    /* Below 64K even one ordinary reply would cut a client off. */
+    if (fm_config_parse_size(value, &c->max_output) || c->max_output < (64u << 10))
+      return fm_diag_set(d, FM_EINVAL, "max-output: \"%s\" is not a size of at least 64K", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "allow-uid") == 0) return add_id_list(c->allow_uids, &c->n_allow_uids, key, value, d);
+  if (strcmp(key, "allow-gid") == 0) return add_id_list(c->allow_gids, &c->n_allow_gids, key, value, d);
   if (strcmp(key, "tuner-worker") == 0) return set_path(c->tuner_worker, key, value, d);
   if (strcmp(key, "no-tune") == 0) {
     /* A flag on the command line (no value), yes/no in the file. */

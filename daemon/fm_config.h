@@ -6,7 +6,10 @@
  *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
  *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline
+ *            | max-output | allow-uid | allow-gid
  *                                                     (the long option names; no-tune = yes|no)
+ * allow-uid / allow-gid take a comma-separated list of numeric ids; given more than once (file
+ * and flags) the lists add up.
  * A line that does not parse, an unknown key or a bad value is a startup error naming
  * file:line. */
 #ifndef FM_CONFIG_H
@@ -23,6 +26,8 @@
 #define FM_CONFIG_DEFAULT_ARCH "sm_90a"
 #define FM_CONFIG_DEFAULT_MAX_CLIENTS 1024u
 #define FM_CONFIG_DEFAULT_IDLE_TIMEOUT 600u
+#define FM_CONFIG_DEFAULT_MAX_OUTPUT (512ull << 20)
+#define FM_CONFIG_MAX_ALLOW 64                   /* ids in each allow-list */
 
 typedef struct fm_config {
   char socket_path[FM_CONFIG_PATH_MAX];   /* "" until fm_config_finish fills the default */
@@ -41,6 +46,11 @@ typedef struct fm_config {
   char tuner_worker[FM_CONFIG_PATH_MAX];  /* "": fusemld-tuner beside fusemld (GPU mode only);
                                              set: tune with it even without a GPU (tests) */
   double tune_deadline_s;                 /* base per-candidate deadline (+50x the default's time) */
+  uint64_t max_output;                    /* reply bytes queued unread before a client is cut off */
+  /* Access control: when either list is non-empty, only peers whose uid is in allow_uids or
+   * whose gid (primary or supplementary) is in allow_gids are served. */
+  uint32_t allow_uids[FM_CONFIG_MAX_ALLOW], n_allow_uids;
+  uint32_t allow_gids[FM_CONFIG_MAX_ALLOW], n_allow_gids;
 } fm_config;
 
 /* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle. */

@@ -20,7 +20,6 @@
 #define FM_DAEMON_DRAIN_S 30      /* how long running compiles may delay a shutdown */
 #define FM_DAEMON_FLUSH_S 2       /* then how long the last replies may take to be written */
 #define FM_DAEMON_STALL_S 10      /* a client stalled mid-frame */
-#define FM_DAEMON_MAX_OUTPUT (512u << 20)
 
 typedef struct fm_daemon {
   uv_loop_t *loop;

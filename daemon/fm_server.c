@@ -19,6 +19,7 @@
 #define FM_SERVER_READ_CHUNK 65536
 #define FM_SERVER_DRAIN_TIMEOUT_S 10   /* a draining peer that never reads its last reply */
 #define FM_CONN_NAME_SAFE 72
+#define FM_PEER_GROUPS_MAX 256   /* supplementary groups looked at (NGROUPS_MAX is 65536) */
 
 struct fm_server {
   uv_loop_t *loop;
@@ -49,6 +50,8 @@ struct fm_conn {
   fm_frame_reader reader;
   int hello;
   uint64_t id;
+  int have_cred;             /* SO_PEERCRED answered */
+  struct ucred cred;
   char name[128];
 };
 
@@ -167,7 +170,9 @@ static int conn_write(fm_conn *c, char *payload, size_t len) {
     free(payload);
     return FM_ECLOSED;
   }
-  if (len > UINT32_MAX || c->pending + len > o->max_pending_output) {
+  /* A reply larger than the cap still goes out when nothing else is queued: the cap is about
+   * replies piling up unread, not about one big CUBIN. */
+  if (len > UINT32_MAX || (c->pending > 0 && c->pending + len > o->max_pending_output)) {
     fm_log_warn("%s: %zu bytes of replies queued unread (cap %zu); dropping the client", c->name,
                 c->pending + len, o->max_pending_output);
     free(payload);
@@ -274,14 +279,43 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 
 static void describe_peer(fm_conn *c) {
   uv_os_fd_t fd;
-  struct ucred cred;
-  socklen_t n = sizeof cred;
-  if (uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) == 0)
+  socklen_t n = sizeof c->cred;
+  c->have_cred = uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
+                 getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &n) == 0;
+  if (c->have_cred)
     snprintf(c->name, sizeof c->name, "#%llu pid %ld uid %ld", (unsigned long long)c->id,
-             (long)cred.pid, (long)cred.uid);
+             (long)c->cred.pid, (long)c->cred.uid);
   else
     snprintf(c->name, sizeof c->name, "#%llu", (unsigned long long)c->id);
+}
+
+static int id_listed(const uint32_t *ids, uint32_t n, uint32_t id) {
+  for (uint32_t i = 0; i < n; i++)
+    if (ids[i] == id) return 1;
+  return 0;
+}
+
+/* Whether the allow-list (if any) admits the peer. A peer whose credentials cannot be read
+ * is refused when there is a list: failing open would defeat it. */
+static int peer_allowed(const fm_conn *c) {
+  const fm_server_opts *o = &c->srv->opts;
+  if (o->n_allow_uids == 0 && o->n_allow_gids == 0) return 1;
+  if (!c->have_cred) return 0;
+  if (id_listed(o->allow_uids, o->n_allow_uids, (uint32_t)c->cred.uid)) return 1;
+  if (o->n_allow_gids == 0) return 0;
+  if (id_listed(o->allow_gids, o->n_allow_gids, (uint32_t)c->cred.gid)) return 1;
+#ifdef SO_PEERGROUPS
+  /* Supplementary groups as of connect(): how `usermod -aG` grants access to a socket. */
+  gid_t groups[FM_PEER_GROUPS_MAX];
+  socklen_t len = sizeof groups;
+  uv_os_fd_t fd;
+  if (uv_fileno((const uv_handle_t *)&c->pipe, &fd) == 0 &&
+      getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
+    for (size_t i = 0; i < len / sizeof groups[0]; i++)
+      if (id_listed(o->allow_gids, o->n_allow_gids, (uint32_t)groups[i])) return 1;
+  }
+#endif
+  return 0;
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -313,6 +347,19 @@ static void on_connection(uv_stream_t *listener, int status) {
     return;
   }
   describe_peer(c);
+  if (!peer_allowed(c)) {
+    char detail[128];
+    if (c->have_cred)
+      snprintf(detail, sizeof detail, "uid %ld (gid %ld) is not allowed to use this daemon (allow-uid/allow-gid)",
+               (long)c->cred.uid, (long)c->cred.gid);
+    else
+      snprintf(detail, sizeof detail, "the peer's credentials cannot be read and an allow-list is set");
+    fm_log_warn("%s: refused: %s", c->name, detail);
+    if (s->opts.on_refused) s->opts.on_refused(FM_EDENIED, s->opts.ctx);
+    send_error(c, FM_EDENIED, detail);
+    fm_conn_close_after_flush(c);
+    return;
+  }
   if (s->n_clients > s->opts.max_clients) {
     char detail[96];
     snprintf(detail, sizeof detail, "the daemon serves at most %u clients at once", s->opts.max_clients);
@@ -322,7 +369,7 @@ static void on_connection(uv_stream_t *listener, int status) {
     fm_conn_close_after_flush(c);
     return;
   }
-  fm_log_debug("%s: connected", c->name);
+  fm_log_info("%s gid %ld: connected", c->name, c->have_cred ? (long)c->cred.gid : -1L);
   r = uv_read_start((uv_stream_t *)&c->pipe, on_alloc, on_read);
   if (r < 0) {
     fm_log_warn("%s: read: %s", c->name, uv_strerror(r));
@@ -486,8 +533,13 @@ void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid) {
   for (const char *p = client_name ? client_name : ""; *p && n < sizeof safe - 1; p++)
     safe[n++] = (*p >= 0x20 && *p < 0x7f) ? *p : '?';
   safe[n] = '\0';
-  snprintf(c->name, sizeof c->name, "#%llu %s[%llu]", (unsigned long long)c->id, n ? safe : "client",
-           (unsigned long long)pid);
+  /* The pid is the client's claim; the uid is the kernel's (SO_PEERCRED), kept in the name. */
+  if (c->have_cred)
+    snprintf(c->name, sizeof c->name, "#%llu %s[%llu] uid %ld", (unsigned long long)c->id, n ? safe : "client",
+             (unsigned long long)pid, (long)c->cred.uid);
+  else
+    snprintf(c->name, sizeof c->name, "#%llu %s[%llu]", (unsigned long long)c->id, n ? safe : "client",
+             (unsigned long long)pid);
 }
 
 const char *fm_conn_name(const fm_conn *c) {

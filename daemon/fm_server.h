@@ -10,6 +10,12 @@
  * (fm_conn_ref), so when its peer hangs up the connection object outlives the socket and the
  * late reply is dropped (fm_conn_send on a closed connection) instead of touching freed memory.
  *
+ * Access control: every peer is identified with SO_PEERCRED when accepted (uid, gid, pid go
+ * into its log name). With an allow-list, a peer whose uid is not in allow_uids and whose
+ * primary and supplementary gids (SO_PEERGROUPS) are not in allow_gids gets one
+ * permission_denied error reply and is closed, before anything it sent is read and before the
+ * max_clients check.
+ *
  * Idle clients are closed after idle_timeout_s (0: never); a client that stalls in the middle
  * of a frame is closed after stall_timeout_s. A connection with requests still being compiled
  * is never idle. */
@@ -28,7 +34,8 @@ typedef struct fm_conn fm_conn;
 
 /* One complete frame; payload is valid only during the call. */
 typedef void (*fm_server_frame_fn)(fm_conn *c, const uint8_t *payload, size_t len, void *ctx);
-/* A frame the server refused by itself (FM_ETOOBIG; FM_EBUSY at max clients), for counting. */
+/* A frame the server refused by itself (FM_ETOOBIG; FM_EBUSY at max clients; FM_EDENIED for a
+ * peer not in the allow-list), for counting. */
 typedef void (*fm_server_refused_fn)(int err, void *ctx);
 
 typedef struct fm_server_opts {
@@ -39,7 +46,12 @@ typedef struct fm_server_opts {
   uint32_t idle_timeout_s;     /* 0: never */
   uint32_t stall_timeout_s;    /* partial frame pending */
   size_t max_frame;            /* FM_FRAME_MAX_REQUEST */
-  size_t max_pending_output;   /* bytes queued unread before the connection is dropped */
+  size_t max_pending_output;   /* bytes queued unread before the connection is dropped (a
+                                  reply is always queued when nothing else is) */
+  const uint32_t *allow_uids;  /* both lists empty: every peer that can connect is served */
+  uint32_t n_allow_uids;
+  const uint32_t *allow_gids;
+  uint32_t n_allow_gids;
   fm_server_frame_fn on_frame;
   fm_server_refused_fn on_refused;   /* may be NULL */
   void *ctx;

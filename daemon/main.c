@@ -28,6 +28,9 @@ static void usage(FILE *f) {
           "  --config PATH         config file of `key = value` lines (flags override it)\n"
           "  --max-clients N       concurrent clients (default 1024)\n"
           "  --idle-timeout SECS   close idle clients after this (default 600; 0 = never)\n"
+          "  --max-output SIZE     reply bytes queued unread before a client is cut off (default 512M)\n"
+          "  --allow-uid LIST      serve only these uids (comma-separated; with --allow-gid: either)\n"
+          "  --allow-gid LIST      serve only peers in these groups (primary or supplementary)\n"
           "  --no-tune             GPU mode: serve the heuristic configuration, untuned\n"
           "  --tuner-worker PATH   tuner worker executable (default: fusemld-tuner beside fusemld);\n"
           "                        given, it tunes even without a GPU (tests use stand-ins)\n"
@@ -43,7 +46,7 @@ typedef struct setting {
 
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
-         OPT_MAXCLIENTS, OPT_IDLE, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION };
+         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
       {"db", required_argument, NULL, OPT_DB},
@@ -54,6 +57,9 @@ int main(int argc, char **argv) {
       {"arch", required_argument, NULL, OPT_ARCH},
       {"max-clients", required_argument, NULL, OPT_MAXCLIENTS},
       {"idle-timeout", required_argument, NULL, OPT_IDLE},
+      {"max-output", required_argument, NULL, OPT_MAXOUTPUT},
+      {"allow-uid", required_argument, NULL, OPT_ALLOWUID},
+      {"allow-gid", required_argument, NULL, OPT_ALLOWGID},
       {"no-tune", no_argument, NULL, OPT_NOTUNE},
       {"tuner-worker", required_argument, NULL, OPT_TUNER},
       {"tune-deadline", required_argument, NULL, OPT_TUNEDL},

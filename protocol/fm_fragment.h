@@ -40,8 +40,9 @@
  * Vocabulary 2 adds the row reductions (sum, mean, amax, var) and the composite ops softmax,
  * layer_norm and rms_norm, which the decoder expands into primitives (fm_fragment_expand).
  * A canonical fragment records the LOWEST version that covers its ops, so a fragment without
- * reductions keeps its vocabulary-1 canonical bytes and cache key. */
-#define FM_VOCAB_VERSION 2
+ * reductions keeps its vocabulary-1 canonical bytes and cache key. Vocabulary 3 adds the
+ * matrix products mm and addmm (GEMM fragments, below). */
+#define FM_VOCAB_VERSION 3
 #define FM_VOCAB_MIN 1
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
@@ -96,6 +97,7 @@ typedef enum {
                       (sum, mean, amax; var also takes `correction`) */
   FM_OPK_COMPOSITE,/* vocab 2, wire form only: expanded into primitives by
                       fm_fragment_expand (softmax, layer_norm, rms_norm) */
+  FM_OPK_MATMUL,   /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -129,8 +131,8 @@ typedef enum {
   XX(NE, "ne", FM_OPK_COMPARE)               \
   XX(WHERE, "where", FM_OPK_WHERE)           \
   XX(CAST, "cast", FM_OPK_CAST)              \
-  XX(MM, "mm", FM_OPK_RESERVED)              \
-  XX(ADDMM, "addmm", FM_OPK_RESERVED)        \
+  XX(MM, "mm", FM_OPK_MATMUL)                \
+  XX(ADDMM, "addmm", FM_OPK_MATMUL)          \
   XX(BMM, "bmm", FM_OPK_RESERVED)            \
   XX(SUM, "sum", FM_OPK_REDUCE)              \
   XX(MEAN, "mean", FM_OPK_REDUCE)            \
@@ -201,6 +203,21 @@ typedef struct fm_fragment {
  * row-shaped value has shape R, one storing a per-row value [d0, ..., d(r-2), 1] or, with
  * keepdim=false, [d0, ..., d(r-2)] (validation appends the 1: that is the canonical shape).
  * N must be static (a rank-1 symbolic fragment cannot reduce) and <= FM_MAX_ROW. */
+
+/* GEMM fragments (vocab 3). A fragment with an mm or addmm is a *GEMM fragment*: exactly
+ * one matrix product, whose A [M, K] and B [K, N] are rank-2 fragment inputs of the same
+ * dtype (bf16 or f16) that nothing else reads; `mm` args [A, B], `addmm` args [bias, A, B]
+ * (= bias + A@B, bias any value of A's dtype broadcasting to [M, N]). The result has A's
+ * dtype but is computed with fp32 accumulation and stays fp32 in registers (no rounding)
+ * like every other intermediate. Every other value is pointwise over the iteration shape
+ * [M, N] (the epilogue); outputs are [M, N]; other inputs broadcast to [M, N] and may be
+ * written with rank 1 ([N]) or rank 0, which validation turns into [1, N] / [1, 1] (the
+ * canonical shape). M may be the symbolic dim 0 (A's and the outputs'); K and N are
+ * static. Layouts: A and B each row- or column-major (stride 1 in one of the two dims);
+ * anything else is FM_EUNSUPPORTED, as is a reduction in a GEMM fragment. */
+int fm_fragment_is_gemm(const fm_fragment *f);
+/* Index of the GEMM fragment's matmul op (valid GEMM fragment), or -1. */
+int fm_fragment_gemm_op(const fm_fragment *f);
 
 /* Expands composite ops (softmax, layer_norm, rms_norm) in place into the primitive ops
  * PROTOCOL.md spells out, so that both spellings share a canonical form and a key. The

@@ -170,6 +170,24 @@ static int infer(fm_opnode *op, const value *arg[3], bool *weak, const char *pat
         return fm_diag_set(d, FM_ESCHEMA, "%s.correction: %u is not 0 or 1", path, op->correction);
       op->dtype = arg[0]->dtype;
       return FM_OK;
+    case FM_OPK_MATMUL: {
+      /* A and B are the last two args; like torch, both operands (and addmm's bias) share
+       * one 16-bit float dtype, which the product keeps */
+      const value *a = arg[op->nargs - 2], *b = arg[op->nargs - 1];
+      if (a->weak || b->weak || (a->dtype != FM_DT_BF16 && a->dtype != FM_DT_F16))
+        return fm_diag_set(d, FM_EUNSUPPORTED,
+                           "%s.args: '%s' multiplies bf16 or f16 tensors, got %s and %s", path, name,
+                           a->weak ? "a const" : fm_dtype_name(a->dtype),
+                           b->weak ? "a const" : fm_dtype_name(b->dtype));
+      if (a->dtype != b->dtype)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' operands differ in dtype (%s and %s)", path,
+                           name, fm_dtype_name(a->dtype), fm_dtype_name(b->dtype));
+      if (op->op == FM_OP_ADDMM && !arg[0]->weak && arg[0]->dtype != a->dtype)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: addmm's bias is %s, its operands %s", path,
+                           fm_dtype_name(arg[0]->dtype), fm_dtype_name(a->dtype));
+      op->dtype = a->dtype;
+      return FM_OK;
+    }
     case FM_OPK_COMPOSITE:
       return fm_diag_set(d, FM_ESCHEMA,
                          "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)",
@@ -300,6 +318,100 @@ int fm_fragment_is_rows(const fm_fragment *f) {
   for (uint32_t i = 0; i < f->n_ops; i++)
     if (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) return 1;
   return 0;
+}
+
+int fm_fragment_is_gemm(const fm_fragment *f) { return fm_fragment_gemm_op(f) >= 0; }
+
+int fm_fragment_gemm_op(const fm_fragment *f) {
+  if (!f || f->n_ops > FM_MAX_OPS) return -1;
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_MATMUL) return (int)i;
+  return -1;
+}
+
+/* A matrix operand is row- or column-major: stride 1 in one of its two dims (a size-1 dim
+ * never moves, so its stride does not matter). */
+static bool unit_dim(const fm_tensor *t, uint32_t j) { return t->shape[j] == 1 || t->strides[j] == 1; }
+
+/* GEMM fragments (fm_fragment.h): one product of two rank-2 inputs read by nothing else, an
+ * epilogue over [M, N]. Low-rank epilogue inputs get their leading 1s here (canonical). */
+static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
+  int g = -1;
+  for (uint32_t i = 0; i < f->n_ops; i++) {
+    fm_opkind kind = fm_op_kind(f->ops[i].op);
+    if (kind == FM_OPK_REDUCE)
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: a GEMM fragment cannot also reduce", i);
+    if (kind != FM_OPK_MATMUL) continue;
+    if (g >= 0)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%u]: a GEMM fragment has exactly one matrix product (ops[%d] is one)", i, g);
+    g = (int)i;
+  }
+  const fm_opnode *mm = &f->ops[g];
+  uint32_t ia = mm->nargs - 2, ib = mm->nargs - 1;
+  const value *va = lookup(vs, mm->args[ia]), *vb = lookup(vs, mm->args[ib]);
+  if (!va->is_input || !vb->is_input)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "ops[%d].args[%u]: the matrix operands must be fragment inputs (nothing runs "
+                       "before the GEMM)", g, va->is_input ? ib : ia);
+  if (va == vb)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d].args: A and B are the same tensor", g);
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    for (uint32_t k = 0; k < f->ops[i].nargs; k++)
+      if ((int)i != g && (f->ops[i].args[k] == va->id || f->ops[i].args[k] == vb->id))
+        return fm_diag_set(d, FM_EUNSUPPORTED,
+                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
+                           i, k, f->ops[i].args[k]);
+  for (uint32_t k = 0; k < f->n_outputs; k++)
+    if (f->outputs[k].id == va->id || f->outputs[k].id == vb->id)
+      return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
+  const fm_tensor *a = &f->inputs[va->index], *b = &f->inputs[vb->index];
+  if (a->rank != 2 || b->rank != 2)
+    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: '%s' operands are rank 2, this one is rank %u",
+                       a->rank != 2 ? va->index : vb->index, fm_op_name(mm->op),
+                       a->rank != 2 ? a->rank : b->rank);
+  if (b->shape[0] == FM_DIM_SYMBOLIC)
+    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape[0]: K must be static", vb->index);
+  if (a->shape[1] != b->shape[0])
+    return fm_diag_set(d, FM_ESCHEMA,
+                       "ops[%d]: A is [%" PRId64 ", %" PRId64 "] and B [%" PRId64 ", %" PRId64
+                       "]: the inner dims differ", g, a->shape[0], a->shape[1], b->shape[0], b->shape[1]);
+  for (int w = 0; w < 2; w++) {
+    const fm_tensor *t = w ? b : a;
+    if (!unit_dim(t, 0) && !unit_dim(t, 1))
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "inputs[%u].strides: %c is neither row- nor column-major (no dim has stride 1)",
+                         w ? vb->index : va->index, w ? 'B' : 'A');
+  }
+  int64_t it[2] = {a->shape[0], b->shape[1]};
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    const fm_tensor *t = &f->outputs[k];
+    if (t->rank != 2 || t->shape[0] != it[0] || t->shape[1] != it[1])
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a GEMM fragment's outputs are [M, N] = "
+                         "[%" PRId64 ", %" PRId64 "]", k, it[0], it[1]);
+  }
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    fm_tensor *t = &f->inputs[k];
+    if (k == va->index || k == vb->index) continue;
+    if (t->rank > 2)
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to [M, N]",
+                         k, t->rank);
+    while (t->rank < 2) { /* [N] -> [1, N], [] -> [1, 1]: torch's right-aligned broadcast */
+      memmove(&t->shape[1], &t->shape[0], sizeof t->shape[0] * t->rank);
+      memmove(&t->strides[1], &t->strides[0], sizeof t->strides[0] * t->rank);
+      t->shape[0] = 1;
+      t->strides[0] = 0;
+      t->rank++;
+    }
+    for (uint32_t i = 0; i < 2; i++) {
+      int64_t dim = t->shape[i];
+      if (dim == it[i] || dim == 1) continue;
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
+                         " (the GEMM's [M, N])", k, i, dim, it[i]);
+    }
+  }
+  return FM_OK;
 }
 
 /* Row fragments (fm_fragment.h): the row shape R, each value's class, the reductions' dims,
@@ -446,7 +558,8 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
                          "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)",
                          k, fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
-  rc = fm_fragment_is_rows(f) ? check_rows(f, &vs, d) : check_shapes(f, d);
+  rc = fm_fragment_is_gemm(f) ? check_gemm(f, &vs, d)
+       : fm_fragment_is_rows(f) ? check_rows(f, &vs, d) : check_shapes(f, d);
   if (rc) return rc;
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     snprintf(path, sizeof path, "outputs[%u]", k);

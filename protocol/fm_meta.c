@@ -12,6 +12,7 @@
 
 #define RULE_ELEMENTWISE "elementwise"
 #define RULE_ROWS "rows"
+#define RULE_TILES "tiles"
 #define MAX_BLOCK_THREADS 1024u
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
@@ -93,7 +94,8 @@ static int unpack_grid(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
     return rc;
   /* A rule this client does not know cannot be launched correctly: refuse it here, where
    * the reason is clear, rather than compute a wrong grid later. */
-  if (strcmp(m->grid_rule, RULE_ELEMENTWISE) != 0 && strcmp(m->grid_rule, RULE_ROWS) != 0)
+  if (strcmp(m->grid_rule, RULE_ELEMENTWISE) != 0 && strcmp(m->grid_rule, RULE_ROWS) != 0 &&
+      strcmp(m->grid_rule, RULE_TILES) != 0)
     return fm_diag_set(d, FM_ESCHEMA, "meta.grid: rule '%s' is not known to this client",
                        m->grid_rule);
   if ((rc = required(fm_msg_get_u64(g, "inner", &m->inner, d), "meta.grid", d))) return rc;
@@ -141,7 +143,19 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   return check_params(obj, m, d);
 }
 
+static int is_tiles(const fm_kernel_meta *m) {
+  return strncmp(m->grid_rule, RULE_TILES, sizeof m->grid_rule) == 0;
+}
+
+uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer) {
+  if (!m || !is_tiles(m)) return m && fm_meta_grid_x(m, outer) ? 1 : 0;
+  int64_t o = m->outer >= 0 ? m->outer : outer;
+  if (o <= 0 || m->items_per_block == 0 || m->max_blocks == 0) return 0;
+  return (uint64_t)o / m->items_per_block + ((uint64_t)o % m->items_per_block != 0);
+}
+
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer) {
+  if (m && is_tiles(m)) return fm_meta_grid_y(m, outer) ? m->max_blocks : 0;
   /* "rows" counts rows (inner = rows per unit of dim 0, items_per_block = rows per block)
    * where "elementwise" counts elements: the arithmetic is the same. */
   if (!m || (strncmp(m->grid_rule, RULE_ELEMENTWISE, sizeof m->grid_rule) != 0 &&

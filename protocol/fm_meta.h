@@ -14,8 +14,12 @@
  * (n == 0: do not launch). Grid for rule "rows" (kind "rows", row fragments): inner is
  * the number of rows per unit of dim 0 and items_per_block the rows per block:
  *   rows = outer * inner;  grid.x = clamp(ceil(rows / items_per_block), 1, max_blocks)
- * (the kernel strides over rows, so the cap is safe). Later kinds (gemm, cublaslt, bypass)
- * add rules. */
+ * (the kernel strides over rows, so the cap is safe). Grid for rule "tiles" (kind "gemm":
+ * output tiles of items_per_block rows by inner / max_blocks columns, a 2-D grid):
+ *   grid.x = max_blocks (column tiles, fixed by N);
+ *   grid.y = ceil(outer / items_per_block)   (row tiles; M = outer; 0: do not launch)
+ * `smem` may exceed 48 KiB for this rule (the client raises the function's limit).
+ * Later kinds (cublaslt, bypass) add rules. */
 #ifndef FM_META_H
 #define FM_META_H
 
@@ -32,7 +36,7 @@ typedef struct fm_kernel_meta {
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
   uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise", "rows" */
+  char grid_rule[16];            /* "elementwise", "rows", "tiles" */
   uint64_t inner;                /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;
@@ -45,5 +49,7 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);
 int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d);
 /* Grid size for `outer` per the rule; 0 when there is nothing to do. */
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
+/* grid.y: the row tiles for rule "tiles", 1 for the 1-D rules, 0 when nothing to do. */
+uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer);
 
 #endif

@@ -62,6 +62,7 @@ int fm_op_arity(fm_op op) {
     case FM_OPK_WHERE: return 3;
     case FM_OPK_REDUCE: return 1;
     case FM_OPK_COMPOSITE: return op == FM_OP_LAYER_NORM ? 3 : op == FM_OP_RMS_NORM ? 2 : 1;
+    case FM_OPK_MATMUL: return op == FM_OP_ADDMM ? 3 : 2;
     case FM_OPK_RESERVED: return -1;
   }
   return -1;
@@ -72,6 +73,7 @@ uint32_t fm_op_vocab(fm_op op) {
     case FM_OPK_RESERVED: return 0;
     case FM_OPK_REDUCE:
     case FM_OPK_COMPOSITE: return 2;
+    case FM_OPK_MATMUL: return 3;
     default: return 1;
   }
 }

@@ -51,8 +51,8 @@ VECTORS = [
     ("cast", "a transposed f32 input scaled and cast to bf16", ("accept", None)),
     ("unknown_op", "an op name not in the vocabulary",
      ("reject", "unknown_op", "ops[0].op: unknown op 'frobnicate'")),
-    ("reserved_op_mm", "mm is reserved for a later vocabulary version",
-     ("reject", "unsupported", "op 'mm' is reserved for a later vocabulary version")),
+    ("reserved_op_bmm", "bmm is reserved for a later vocabulary version",
+     ("reject", "unsupported", "op 'bmm' is reserved for a later vocabulary version")),
     ("undefined_arg", "an arg that no input or earlier op defines",
      ("reject", "bad_request", "ops[1].args[1]: value 9 is not defined before use")),
     ("second_symbolic_dim", "only dim 0 may be symbolic",
@@ -65,8 +65,14 @@ VECTORS = [
      ("reject", "bad_request", "inputs[0].dtype: unknown dtype 'f64'")),
     ("output_dtype_mismatch", "bf16 + f16 promotes to f32, stored into a bf16 output",
      ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32")),
-    ("vocab3", "a fragment of a newer vocabulary",
-     ("reject", "bad_request", "vocab 3 not supported, this daemon speaks 1 to 2")),
+    ("vocab4", "a fragment of a newer vocabulary",
+     ("reject", "bad_request", "vocab 4 not supported, this daemon speaks 1 to 3")),
+    # ---- vocabulary 3: GEMM fragments ----
+    ("gemm_linear", "nn.Linear + gelu: x [-1, 64] @ weight.t() (B [64, 128] column-major) + "
+     "bias [128] (canonical [1, 128]), the pre-activation a second output", ("accept", None)),
+    ("gemm_mm_residual", "mm of a column-major f16 A, + residual [96, 64], relu", ("accept", None)),
+    ("gemm_strided_operand", "A with no unit stride is neither row- nor column-major",
+     ("reject", "unsupported", "inputs[0].strides: A is neither row- nor column-major")),
     # ---- vocabulary 2: row reductions ----
     ("chain_vocab2", "chain sent as vocab 2: without reductions the canonical form says vocab 1, "
      "so the bytes and key are chain's", ("accept", "chain")),
@@ -249,6 +255,13 @@ def canonical(frag):
         out_ops.append(o)
     # the lowest vocabulary that covers the live ops
     vocab = 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
+    if any(ops[j]["op"] in ("mm", "addmm") for j in order):
+        vocab = 3
+        # GEMM epilogue inputs of rank < 2 broadcast from the right: [N] is [1, N]
+        inputs = [dict(t, shape=[1] * (2 - len(t["shape"])) + list(t["shape"]),
+                       strides=[0] * (2 - len(t["shape"])) +
+                       list(t.get("strides", contiguous(t["shape"]))))
+                  if len(t["shape"]) < 2 else t for t in inputs]
     return {"vocab": vocab,
             "inputs": [canon_tensor(t, k) for k, t in enumerate(inputs)],
             "ops": out_ops,

@@ -72,6 +72,46 @@ static void test_golden_layer_norm_bf16(void) { check_golden(0); }
 static void test_golden_rms_norm_residual(void) { check_golden(1); }
 static void test_golden_softmax_f32(void) { check_golden(2); }
 
+static size_t count(const char *s, const char *needle) {
+  size_t n = 0;
+  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+/* layer_norm's mean and var are ONE cross-thread reduction of (count, sum, shifted sum, M2),
+ * and every block reduction helper has a single barrier (double-buffered shared memory). */
+static void test_layer_norm_one_reduction(void) {
+  static const fm_rows_config cfgs[2] = {{FM_ROWS_BLOCK, 128, 0}, {FM_ROWS_BLOCK, 512, 0}};
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  char *src = NULL;
+  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);
+  for (int i = 0; i < 2; i++) {
+    CHECK_EQ_INT(fm_codegen_rows(&canon, &cfgs[i], 132, &src, &m, &d), FM_OK);
+    if (!src) return;
+    const char *body = strstr(src, "---- the kernel ----");
+    CHECK(body != NULL);
+    if (body) {
+      CHECK_EQ_INT(count(body, "fm_row_msum(p, k, fm_red, fm_par)"), 1);
+      CHECK_EQ_INT(count(body, "fm_row_sum("), 0);
+      CHECK_EQ_INT(count(body, "fm_row_max("), 0);
+    }
+    CHECK_EQ_INT(count(src, "__syncthreads()"), 3);   /* fm_row_sum, fm_row_max, fm_row_msum */
+    free(src);
+    src = NULL;
+  }
+  /* var alone (no mean before it) is one reduction too; the stats fragment's mean feeds both
+   * vars (correction 0 and 1) */
+  CHECK_EQ_INT(rf_fragment(3, &canon), FM_OK);
+  fm_rows_config warp = {FM_ROWS_WARP, 256, 0};
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &warp, 132, &src, &m, &d), FM_OK);
+  if (!src) return;
+  CHECK_EQ_INT(count(src, "fm_row_msum(p, k, fm_red, fm_par)"), 1);
+  CHECK_STR_CONTAINS(src, "v7 = fm_q3 / 6.0f;");
+  CHECK_STR_CONTAINS(src, "v9 = fm_q3 / 7.0f;");
+  free(src);
+}
+
 /* Metadata a client launches by: kind, rule, rows per outer unit and per block. */
 static void test_meta(void) {
   fm_kernel_meta m;
@@ -171,6 +211,7 @@ int main(void) {
   RUN(test_golden_layer_norm_bf16);
   RUN(test_golden_rms_norm_residual);
   RUN(test_golden_softmax_f32);
+  RUN(test_layer_norm_one_reduction);
   RUN(test_meta);
   RUN(test_candidates);
   RUN(test_nvrtc_every_candidate);

@@ -65,6 +65,37 @@ static void test_set(void) {
   CHECK_STR_CONTAINS(d.text, "unknown setting \"frobs\"");
 }
 
+static void test_access_and_output(void) {
+  fm_config c;
+  fm_diag d = {{0}};
+  fm_config_defaults(&c);
+  CHECK_EQ_INT(c.n_allow_uids, 0);
+  CHECK_EQ_INT(c.n_allow_gids, 0);
+  CHECK(c.max_output == 512ull << 20);
+  CHECK_EQ_INT(fm_config_set(&c, "allow-uid", "1000,0,65534", &d), FM_OK);
+  CHECK_EQ_INT(fm_config_set(&c, "allow-uid", "1001", &d), FM_OK);   /* lists add up */
+  CHECK_EQ_INT(c.n_allow_uids, 4);
+  CHECK(c.allow_uids[0] == 1000 && c.allow_uids[1] == 0 && c.allow_uids[2] == 65534 && c.allow_uids[3] == 1001);
+  CHECK_EQ_INT(fm_config_set(&c, "allow-gid", "27", &d), FM_OK);
+  CHECK(c.n_allow_gids == 1 && c.allow_gids[0] == 27);
+  /* Names, empty items, signs and ids that do not fit are refused: never widen access. */
+  const char *bad[] = {"", "root", "1,", ",1", "1,,2", "-1", "4294967295", "99999999999", "1 2", "0x10"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CHECK_EQ_INT(fm_config_set(&c, "allow-gid", bad[i], &d), FM_EINVAL);
+    CHECK_STR_CONTAINS(d.text, "allow-gid");
+  }
+  fm_config_defaults(&c);
+  char many[1024] = "";
+  for (int i = 0; i <= FM_CONFIG_MAX_ALLOW; i++)
+    snprintf(many + strlen(many), sizeof many - strlen(many), "%s%d", i ? "," : "", i);
+  CHECK_EQ_INT(fm_config_set(&c, "allow-uid", many, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "more than");
+  CHECK_EQ_INT(fm_config_set(&c, "max-output", "64K", &d), FM_OK);
+  CHECK(c.max_output == 64u << 10);
+  CHECK_EQ_INT(fm_config_set(&c, "max-output", "1K", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "max-output", "lots", &d), FM_EINVAL);
+}
+
 static void test_file(void) {
   char path[128], conf[512];
   fm_config c;
@@ -129,6 +160,7 @@ int main(void) {
   if (!mkdtemp(dir)) return 1;
   RUN(test_parse_size);
   RUN(test_set);
+  RUN(test_access_and_output);
   RUN(test_file);
   RUN(test_finish_creates_dirs);
   char p[128];

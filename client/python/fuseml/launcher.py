@@ -1,11 +1,20 @@
-"""libfusemld through ctypes: load a served CUBIN once per process and device
-(fm_module_load_bytes) and launch it on torch's current stream (fm_module_launch)."""
+"""libfusemld: load a served CUBIN once per process and device (fm_module_load_bytes, through
+ctypes) and launch it on torch's current stream (fm_module_launch: through the C extension
+fuseml._launch where setup.py could build it, else ctypes; FUSEML_NO_FAST_LAUNCH=1 forces ctypes)."""
 import ctypes
 import ctypes.util
+import functools
 import os
 import shutil
 
 import msgpack
+
+_fast = None   # the C launch path (setup.py builds it when it can); ctypes otherwise
+if os.environ.get("FUSEML_NO_FAST_LAUNCH") != "1":
+    try:
+        from . import _launch as _fast
+    except ImportError:
+        pass
 
 _lib = None
 _lib_error = None
@@ -50,6 +59,8 @@ def library():
         lib.fm_module_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(_Diag)]
         lib.fm_module_launch.restype = ctypes.c_int
+        if _fast is not None:
+            _fast.bind(ctypes.cast(lib.fm_module_launch, ctypes.c_void_p).value)
         _lib = lib
         return lib
     _lib_error = "libfusemld not found (set FUSEML_LIB)" + (": " + "; ".join(tried) if tried else "")
@@ -82,6 +93,9 @@ class Module:
         self._outs = (ctypes.c_void_p * max(1, self.n_out))()
         self._launch = lib.fm_module_launch
         self._diag_ref = ctypes.byref(self.diag)
+        if _fast is not None:
+            # an instance attribute shadows the ctypes method below: no per-call test
+            self.launch = functools.partial(_fast.launch, self.handle)
 
     def launch(self, in_ptrs, out_ptrs, outer, stream):
         ins, outs = self._ins, self._outs

@@ -63,6 +63,7 @@ class GroupRunner:
             self.in_meta = [(n.meta["val"].dtype, tuple(n.meta["val"].stride()) if all(
                 isinstance(s, int) for s in n.meta["val"].stride()) else None) for n in b.in_nodes]
             self.out_dtypes = [n.meta["val"].dtype for n in b.out_nodes]
+        self._out_layouts = {}  # lead dims -> [(shape, strides)] per output: once per shape
         gid = _next_gid[0]
         _next_gid[0] += 1
         self.gid = gid
@@ -126,17 +127,20 @@ class GroupRunner:
                 raise _Layout(f"input {i} is not aligned to {b.in_align[i]} bytes")
             ptrs.append(p)
         if k:
-            lead = xs[b.full_input].shape[:k]
+            lead = tuple(xs[b.full_input].shape[:k])
             outer = 1
             for d in lead:
                 outer *= d
         else:
             lead, outer = (), -1
-        outs = []
+        layouts = self._out_layouts.get(lead)
+        if layouts is None:
+            if len(self._out_layouts) >= 64:   # dynamic shapes: keep the cache bounded
+                self._out_layouts.clear()
+            layouts = self._out_layouts[lead] = [self._out_layout(lead, f) for f in b.out_strides]
         stream = torch.cuda.current_stream(dev).cuda_stream
-        for j, fstrides in enumerate(b.out_strides):
-            shape, strides = self._out_layout(lead, fstrides)
-            outs.append(torch.empty_strided(shape, strides, dtype=self.out_dtypes[j], device=dev))
+        outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev)
+                for (shape, strides), dt in zip(layouts, self.out_dtypes)]
         mod.launch(ptrs, [o.data_ptr() for o in outs], outer, stream)
         counters["launches"] += 1
         return outs

@@ -1,4 +1,4 @@
-/* fusemld codegen v2: rows kernel, a block per row, block 128, rows of 4096, vec 8, 32 elements per thread.
+/* fusemld codegen v3: rows kernel, a block per row, block 128, rows of 4096, vec 8, 32 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -129,28 +129,86 @@ __device__ __forceinline__ float fm_warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fm_maximum(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-__device__ __forceinline__ float fm_row_sum(float x, float *red) {
+__device__ __forceinline__ float fm_row_sum(float x, float *red, int &par) {
   x = fm_warp_sum(x);
+  float *r = red + par;
+  par ^= 16;
+  if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  float t = red[0];
+  float t = r[0];
 #pragma unroll
-  for (int w = 1; w < 4; ++w) t += red[w];
+  for (int w = 1; w < 4; ++w) t += r[w];
   return t;
 }
-__device__ __forceinline__ float fm_row_max(float x, float *red) {
+__device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   x = fm_warp_max(x);
+  float *r = red + par;
+  par ^= 16;
+  if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  float t = red[0];
+  float t = r[0];
 #pragma unroll
-  for (int w = 1; w < 4; ++w) t = fm_maximum(t, red[w]);
+  for (int w = 1; w < 4; ++w) t = fm_maximum(t, r[w]);
+  return t;
+}
+__device__ __forceinline__ float fm_cdiv(float x, float y) { return x / y; }
+struct fm_msum { float n, s, h, q; };
+__device__ __forceinline__ fm_msum fm_msum_merge(fm_msum a, fm_msum b) {
+  fm_msum r;
+  r.n = a.n + b.n;
+  r.s = a.s + b.s;
+  r.h = a.h + b.h;
+  const float d = a.n > 0.0f && b.n > 0.0f ? fm_cdiv(a.h, a.n) - fm_cdiv(b.h, b.n) : 0.0f;
+  r.q = (a.q + b.q) + d * d * fm_cdiv(a.n * b.n, r.n > 0.0f ? r.n : 1.0f);
+  return r;
+}
+__device__ __forceinline__ fm_msum fm_warp_msum(fm_msum x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    fm_msum y;
+    y.n = x.n;
+    y.s = __shfl_xor_sync(0xffffffffu, x.s, o);
+    y.h = __shfl_xor_sync(0xffffffffu, x.h, o);
+    y.q = __shfl_xor_sync(0xffffffffu, x.q, o);
+    x = fm_msum_merge(x, y);
+  }
+  return x;
+}
+__device__ __forceinline__ fm_msum fm_row_msum(fm_msum x, float k, float *red, int &par) {
+  x = fm_warp_msum(x);
+  float *r = red + par;
+  par ^= 16;
+  if ((threadIdx.x & 31) == 0) {
+    float *o = r + (threadIdx.x >> 5) * 4;
+    o[0] = k;
+    o[1] = x.s;
+    o[2] = x.h;
+    o[3] = x.q;
+  }
+  __syncthreads();
+  fm_msum t;
+  t.n = 1024.0f;
+  t.s = r[1];
+  t.q = r[3];
+  float m = fm_cdiv(r[2], t.n);  /* warp 0's mean, relative to its shift (its count is > 0) */
+#pragma unroll
+  for (int w = 1; w < 4; ++w) {
+    const float *o = r + w * 4;
+    const float nw = 1024.0f;
+    if (nw > 0.0f) {
+      const float mw = (o[0] - r[0]) + fm_cdiv(o[2], nw);
+      const float n2 = t.n + nw, d = m - mw;
+      t.q = (t.q + o[3]) + d * d * fm_cdiv(t.n * nw, n2);
+      m += (mw - m) * fm_cdiv(nw, n2);
+      t.n = n2;
+    }
+    t.s += o[1];
+  }
+  t.h = m * t.n;  /* relative to warp 0's shift */
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(128) fm_rows_v2(
+extern "C" __global__ void __launch_bounds__(128) fm_rows_v3(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,
@@ -158,7 +216,8 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v2(
     long long outer) {
   const long long rows = outer * 1LL;
   const int lane = threadIdx.x;
-  __shared__ float fm_red[4];
+  __shared__ float fm_red[32];
+  int fm_par = 0;
   for (long long row = (long long)blockIdx.x * 1 + threadIdx.x / 128; row < rows;
        row += (long long)gridDim.x * 1) {
     unsigned long long q = (unsigned long long)row;
@@ -201,25 +260,30 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v2(
     }
     /* 2. the ops, in fp32 registers */
     float v3;  /* mean */
+    float fm_q3;  /* its sum of squared deviations, for the var below */
     {
-      float a = 0.0f;
+      const float k = __shfl_sync(0xffffffffu, (float)v0[0], 0);  /* the warp's shift */
+      float a = 0.0f, h = 0.0f;
+      const float n = 32.0f;
 #pragma unroll
       for (int i = 0; i < 32; ++i)
-        if (true) a += v0[i];
-      const float m = fm_row_sum(a, fm_red) / 4096.0f;
-      v3 = m;
+        if (true) { a += v0[i]; h += v0[i] - k; }
+      const float ctr = k + (n > 0.0f ? fm_cdiv(h, n) : 0.0f);
+      float q = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (true) { const float t = v0[i] - ctr; q += t * t; }
+      const fm_msum p = {n, a, h, q};
+      const fm_msum t = fm_row_msum(p, k, fm_red, fm_par);
+      v3 = t.s / 4096.0f;
+      fm_q3 = t.q;
     }
     float v4[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) v4[i] = (v0[i] - v3);  /* sub */
     float v5;  /* var */
     {
-      const float m = v3;  /* the mean above */
-      float q = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i)
-        if (true) { const float t = v0[i] - m; q += t * t; }
-      v5 = fm_row_sum(q, fm_red) / 4096.0f;
+      v5 = fm_q3 / 4096.0f;
     }
     const float v6 = 9.99999975e-06f;  /* const */
     const float v7 = (v5 + v6);  /* add */

@@ -1,4 +1,4 @@
-/* fusemld codegen v2: rows kernel, a block per row, block 128, rows of 2048, vec 8, 16 elements per thread.
+/* fusemld codegen v3: rows kernel, a block per row, block 128, rows of 2048, vec 8, 16 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -129,28 +129,30 @@ __device__ __forceinline__ float fm_warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fm_maximum(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-__device__ __forceinline__ float fm_row_sum(float x, float *red) {
+__device__ __forceinline__ float fm_row_sum(float x, float *red, int &par) {
   x = fm_warp_sum(x);
+  float *r = red + par;
+  par ^= 4;
+  if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  float t = red[0];
+  float t = r[0];
 #pragma unroll
-  for (int w = 1; w < 4; ++w) t += red[w];
+  for (int w = 1; w < 4; ++w) t += r[w];
   return t;
 }
-__device__ __forceinline__ float fm_row_max(float x, float *red) {
+__device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   x = fm_warp_max(x);
+  float *r = red + par;
+  par ^= 4;
+  if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;
   __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
-  __syncthreads();
-  float t = red[0];
+  float t = r[0];
 #pragma unroll
-  for (int w = 1; w < 4; ++w) t = fm_maximum(t, red[w]);
+  for (int w = 1; w < 4; ++w) t = fm_maximum(t, r[w]);
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(128) fm_rows_v2(
+extern "C" __global__ void __launch_bounds__(128) fm_rows_v3(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,
@@ -159,7 +161,8 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v2(
     long long outer) {
   const long long rows = outer * 1LL;
   const int lane = threadIdx.x;
-  __shared__ float fm_red[4];
+  __shared__ float fm_red[8];
+  int fm_par = 0;
   for (long long row = (long long)blockIdx.x * 1 + threadIdx.x / 128; row < rows;
        row += (long long)gridDim.x * 1) {
     unsigned long long q = (unsigned long long)row;
@@ -214,8 +217,7 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v2(
 #pragma unroll
       for (int i = 0; i < 16; ++i)
         if (true) a += v4[i];
-      const float m = fm_row_sum(a, fm_red) / 2048.0f;
-      v5 = m;
+      v5 = fm_row_sum(a, fm_red, fm_par) / 2048.0f;
     }
     const float v6 = 9.99999997e-07f;  /* const */
     const float v7 = (v5 + v6);  /* add */

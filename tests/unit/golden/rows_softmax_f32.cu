@@ -1,4 +1,4 @@
-/* fusemld codegen v2: rows kernel, a warp per row, block 256, rows of 1000, vec 4, 32 elements per thread.
+/* fusemld codegen v3: rows kernel, a warp per row, block 256, rows of 1000, vec 4, 32 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 0
@@ -129,10 +129,10 @@ __device__ __forceinline__ float fm_warp_max(float x) {
   for (int o = 16; o > 0; o >>= 1) x = fm_maximum(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
 }
-__device__ __forceinline__ float fm_row_sum(float x, float *) { return fm_warp_sum(x); }
-__device__ __forceinline__ float fm_row_max(float x, float *) { return fm_warp_max(x); }
+__device__ __forceinline__ float fm_row_sum(float x, float *, int &) { return fm_warp_sum(x); }
+__device__ __forceinline__ float fm_row_max(float x, float *, int &) { return fm_warp_max(x); }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_rows_v2(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v3(
     const float *__restrict__ in0,
     float *__restrict__ out0,
     long long outer) {
@@ -140,6 +140,7 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v2(
   (void)outer;
   const int lane = threadIdx.x & 31;
   float *fm_red = nullptr;
+  int fm_par = 0;
   for (long long row = (long long)blockIdx.x * 8 + threadIdx.x / 32; row < rows;
        row += (long long)gridDim.x * 8) {
     unsigned long long q = (unsigned long long)row;
@@ -168,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v2(
 #pragma unroll
       for (int i = 0; i < 32; ++i)
         if (((i / 4 * 32 + lane) * 4 < 1000)) a = fm_maximum(a, v0[i]);
-      v1 = fm_row_max(a, fm_red);
+      v1 = fm_row_max(a, fm_red, fm_par);
     }
     float v2[32];
 #pragma unroll
@@ -182,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v2(
 #pragma unroll
       for (int i = 0; i < 32; ++i)
         if (((i / 4 * 32 + lane) * 4 < 1000)) a += v3[i];
-      v4 = fm_row_sum(a, fm_red);
+      v4 = fm_row_sum(a, fm_red, fm_par);
     }
     float v5[32];
 #pragma unroll

@@ -1,0 +1,405 @@
+/* fm_codegen_gemm.c: the gemm template: a GEMM fragment (one mm/addmm whose A and B are
+ * inputs, fm_fragment.h) -> a kernel = the fixed mainloop (fm_codegen_gemm_body.c) + a
+ * generated epilogue that runs the fragment's pointwise ops on each fp32 accumulator and
+ * stores every output once. Values are named by position (inputs, then ops), never by the
+ * client's ids. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen_gemm.h"
+
+#define MAX_SOURCE (1u << 20)
+/* The portable cap: an sm_80 block may opt in to 163 KiB (sm_90: 227 KiB). The tuner runs
+ * on one device, but the candidate list must not depend on which. */
+#define MAX_SMEM (163u * 1024u)
+#define DEFAULT_SMS 132u
+
+/* The candidate configurations, the default's choices first. */
+static const fm_gemm_config configs[] = {
+    {128, 128, 32, 3, 2, 4},  /* 8 warps of 64x32: the large-GEMM workhorse */
+    {64, 64, 64, 4, 2, 2},    /* 4 warps of 32x32: more blocks for small grids */
+    {128, 256, 32, 3, 2, 4},  /* 8 warps of 64x64: most reuse per byte loaded */
+    {128, 64, 32, 4, 2, 2},   /* 4 warps of 64x32 */
+    {64, 128, 32, 4, 2, 2},   /* 4 warps of 32x64 */
+};
+#define N_CONFIGS (sizeof configs / sizeof configs[0])
+
+/* What the generator needs to know about a GEMM fragment. */
+typedef struct gemm_plan {
+  fm_cg_plan base;        /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
+  int op;                 /* index of the mm/addmm op */
+  uint32_t ia, ib;        /* input positions of A and B */
+  fm_dtype dt;            /* A's and B's dtype */
+  int a_kmajor, b_kmajor; /* K is the contiguous dim of A / of B */
+  int64_t lda, ldb;       /* the other dim's stride */
+  int64_t m, k, n;        /* m = -1 when symbolic */
+  int64_t es[FM_CG_MAX_TENSORS][2]; /* [M, N] strides of epilogue tensors (0 where broadcast) */
+  uint8_t used[FM_MAX_INPUTS];      /* input read by the epilogue */
+} gemm_plan;
+
+static int position(const fm_fragment *f, uint32_t limit, uint32_t id) {
+  for (uint32_t k = limit; k-- > 0;) {
+    uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
+    if (have == id) return (int)k;
+  }
+  return -1;
+}
+
+/* One operand's layout: K-major when the K dim has stride 1 (a size-1 dim counts as
+ * contiguous), else the other dim must; its stride (the leading dim) then steps by 16-byte
+ * chunks, and so must the base. */
+static int operand(const fm_tensor *t, uint32_t kdim, char name, int *kmajor, int64_t *ld,
+                   fm_diag *d) {
+  uint32_t odim = 1 - kdim;
+  int k_unit = t->shape[kdim] == 1 || t->strides[kdim] == 1;
+  int o_unit = t->shape[odim] == 1 || t->strides[odim] == 1;
+  if (!k_unit && !o_unit)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "%c is neither row- nor column-major", name);
+  *kmajor = k_unit;
+  *ld = k_unit ? t->strides[odim] : t->strides[kdim];
+  if (t->shape[*kmajor ? odim : kdim] == 1) *ld = 0;   /* never stepped */
+  if (*ld % 8)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "%c's leading dimension %" PRId64 " is not a multiple of 8 (16-byte chunks)",
+                       name, *ld);
+  if (t->align < 16)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "%c is only %u-byte aligned; the gemm template needs 16",
+                       name, t->align);
+  return FM_OK;
+}
+
+static int plan_build(const fm_fragment *f, gemm_plan *gp, fm_diag *d) {
+  fm_cg_plan *p = &gp->base;
+  memset(gp, 0, sizeof *gp);
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS ||
+      f->n_outputs == 0)
+    return fm_diag_set(d, FM_EINVAL, "fragment exceeds the limits");
+  gp->op = fm_fragment_gemm_op(f);
+  if (gp->op < 0) return fm_diag_set(d, FM_EUNSUPPORTED, "not a GEMM fragment (no mm or addmm)");
+  p->n_in = f->n_inputs;
+  p->n_out = f->n_outputs;
+  p->n_ops = f->n_ops;
+  for (uint32_t k = 0; k < p->n_in; k++) p->vdt[k] = f->inputs[k].dtype;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const fm_opnode *op = &f->ops[i];
+    fm_opkind kind = fm_op_kind(op->op);
+    if ((unsigned)op->op >= FM_OP__COUNT || kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE ||
+        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != gp->op))
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the gemm epilogue cannot run '%s'", i,
+                         fm_op_name(op->op));
+    if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
+      return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
+    for (uint32_t a = 0; a < op->nargs; a++) {
+      int pos = position(f, p->n_in + i, op->args[a]);
+      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
+      p->args[i][a] = (uint16_t)pos;
+    }
+    p->vdt[p->n_in + i] = op->dtype;
+    p->live[p->n_in + i] = 1;
+  }
+  const fm_opnode *mm = &f->ops[gp->op];
+  gp->ia = p->args[gp->op][mm->nargs - 2];
+  gp->ib = p->args[gp->op][mm->nargs - 1];
+  if (gp->ia >= p->n_in || gp->ib >= p->n_in)
+    return fm_diag_set(d, FM_EINVAL, "the matrix operands are not inputs");
+  const fm_tensor *a = &f->inputs[gp->ia], *b = &f->inputs[gp->ib];
+  if (a->rank != 2 || b->rank != 2 || f->outputs[0].rank != 2)
+    return fm_diag_set(d, FM_EINVAL, "GEMM tensors are rank 2");
+  gp->dt = a->dtype;
+  if (gp->dt != FM_DT_BF16 && gp->dt != FM_DT_F16)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "the gemm template multiplies bf16 or f16");
+  gp->m = a->shape[0];
+  gp->k = a->shape[1];
+  gp->n = b->shape[1];
+  if (gp->k % 8)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "K not a multiple of 8 (K = %" PRId64 ")", gp->k);
+  int rc = operand(a, 1, 'A', &gp->a_kmajor, &gp->lda, d);
+  if (!rc) rc = operand(b, 0, 'B', &gp->b_kmajor, &gp->ldb, d);
+  if (rc) return rc;
+  for (uint32_t i = 0; i < p->n_ops; i++)
+    for (uint32_t x = 0; x < f->ops[i].nargs; x++)
+      if ((int)i != gp->op || x + 2 < f->ops[i].nargs)
+        if (p->args[i][x] < p->n_in) gp->used[p->args[i][x]] = 1;
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    int pos = position(f, p->n_in + p->n_ops, f->outputs[k].id);
+    if (pos < 0 || (uint32_t)pos == gp->ia || (uint32_t)pos == gp->ib)
+      return fm_diag_set(d, FM_EINVAL, "outputs[%u]: bad value", k);
+    p->t[p->n_in + k].value = (uint32_t)pos;
+    p->t[p->n_in + k].dtype = f->outputs[k].dtype;
+    if ((uint32_t)pos < p->n_in) gp->used[pos] = 1;
+  }
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    const fm_tensor *t = k < p->n_in ? &f->inputs[k] : &f->outputs[k - p->n_in];
+    if (k == gp->ia || k == gp->ib) continue;
+    if (t->rank != 2) return fm_diag_set(d, FM_EINVAL, "epilogue tensor %u is not rank 2", k);
+    for (uint32_t j = 0; j < 2; j++) gp->es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
+    p->t[k].dtype = t->dtype;
+    p->t[k].align = t->align;
+  }
+  return FM_OK;
+}
+
+static int check_config(const gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
+  (void)gp;
+  if (c->wm < 1 || c->wn < 1 || c->wm * c->wn > 16)
+    return fm_diag_set(d, FM_EINVAL, "config: %ux%u warps (1..16 in all)", c->wm, c->wn);
+  if (c->bm < 16 || c->bm > 256 || c->bm % (16 * c->wm))
+    return fm_diag_set(d, FM_EINVAL, "config: BM %u is not a multiple of 16 x %u warps (<= 256)",
+                       c->bm, c->wm);
+  if (c->bn < 16 || c->bn > 256 || c->bn % (16 * c->wn))
+    return fm_diag_set(d, FM_EINVAL, "config: BN %u is not a multiple of 16 x %u warps (<= 256)",
+                       c->bn, c->wn);
+  if (c->bk < 16 || c->bk > 128 || c->bk % 16)
+    return fm_diag_set(d, FM_EINVAL, "config: BK %u is not a multiple of 16 in 16..128", c->bk);
+  if (c->stages < 2 || c->stages > 4)
+    return fm_diag_set(d, FM_EINVAL, "config: %u stages (2..4)", c->stages);
+  /* accumulators per thread: beyond 128 the 255-register budget spills */
+  if ((c->bm / c->wm) * (c->bn / c->wn) / 32 > 128)
+    return fm_diag_set(d, FM_EINVAL, "config: %u accumulators per thread exceed 128",
+                       (c->bm / c->wm) * (c->bn / c->wn) / 32);
+  return FM_OK;
+}
+
+static uint32_t smem_bytes(const gemm_plan *gp, const fm_gemm_config *c) {
+  uint32_t a = gp->a_kmajor ? c->bm * (c->bk + 8) : c->bk * (c->bm + 8);
+  uint32_t b = gp->b_kmajor ? c->bn * (c->bk + 8) : c->bk * (c->bn + 8);
+  return c->stages * (a + b) * 2u;
+}
+
+uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cfg) {
+  gemm_plan *gp = malloc(sizeof *gp);
+  uint32_t bytes = 0;
+  if (gp && canon && cfg && !plan_build(canon, gp, NULL) && !check_config(gp, cfg, NULL))
+    bytes = smem_bytes(gp, cfg);
+  free(gp);
+  return bytes;
+}
+
+fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
+  /* Fewer 128x128 tiles than SMs leaves the GPU idle: take the 64x64 tiles then. A
+   * symbolic M is a batch dimension, assumed large. */
+  int64_t m = canon && canon->n_inputs ? -1 : 1, n = 1;
+  int g = canon ? fm_fragment_gemm_op(canon) : -1;
+  if (g >= 0) {
+    const fm_opnode *mm = &canon->ops[g];
+    int ia = position(canon, canon->n_inputs, mm->args[mm->nargs - 2]);
+    int ib = position(canon, canon->n_inputs, mm->args[mm->nargs - 1]);
+    if (ia >= 0 && ib >= 0) {
+      m = canon->inputs[ia].shape[0];
+      n = canon->inputs[ib].shape[1];
+    }
+  }
+  if (m > 0 && ((m + 127) / 128) * ((n + 127) / 128) < (int64_t)DEFAULT_SMS) return configs[1];
+  return configs[0];
+}
+
+size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out, size_t max) {
+  gemm_plan *gp = malloc(sizeof *gp);
+  size_t n = 0;
+  if (!gp || !canon || !out || plan_build(canon, gp, NULL)) goto done;
+  for (size_t i = 0; i < N_CONFIGS && n < max; i++)
+    if (!check_config(gp, &configs[i], NULL) && smem_bytes(gp, &configs[i]) <= MAX_SMEM)
+      out[n++] = configs[i];
+done:
+  free(gp);
+  return n;
+}
+
+/* The start of "raw element -> value" (the caller writes the element and the close). */
+static void emit_decode_open(fm_strbuf *sb, fm_dtype dt) {
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_append(sb, "("); return;
+    case FM_DT_F16: fm_strbuf_append(sb, "fm_f16_to_f32("); return;
+    case FM_DT_BF16: fm_strbuf_append(sb, "fm_bf16_to_f32("); return;
+    default: return;
+  }
+}
+
+static void emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, uint32_t pos) {
+  char a[48];
+  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(a, sizeof a, "(v%u ? 1.0f : 0.0f)", pos);
+  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(a, sizeof a, "(v%u != 0.0f)", pos);
+  else snprintf(a, sizeof a, "v%u", pos);
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
+    default: fm_strbuf_append(sb, a); return;
+  }
+}
+
+/* "m * 1024LL + n" for tensor k (a broadcast dim contributes nothing). */
+static void emit_offset(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
+  int any = 0;
+  for (uint32_t j = 0; j < 2; j++) {
+    int64_t s = gp->es[k][j];
+    if (!s) continue;
+    fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? "n" : "m", s);
+    any = 1;
+  }
+  if (!any) fm_strbuf_append(sb, "0");
+}
+
+/* The epilogue parameter list after (acc, m, n): used inputs, then outputs. */
+static void emit_epi_params(fm_strbuf *sb, const gemm_plan *gp, int decl) {
+  const fm_cg_plan *p = &gp->base;
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!gp->used[k]) continue;
+    if (decl) fm_strbuf_printf(sb, ",\n    const %s *__restrict__ in%u", fm_cg_storage_type(p->t[k].dtype), k);
+    else fm_strbuf_printf(sb, ", in%u", k);
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    if (decl)
+      fm_strbuf_printf(sb, ",\n    %s *__restrict__ out%u", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+    else fm_strbuf_printf(sb, ", out%u", k);
+  }
+}
+
+static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp) {
+  const fm_cg_plan *p = &gp->base;
+  fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on one accumulator, each output stored once ---- */\n"
+                       "__device__ __forceinline__ void fm_epilogue(const float acc, const long long m, const long long n");
+  emit_epi_params(sb, gp, 1);
+  fm_strbuf_append(sb, ") {\n");
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!gp->used[k]) continue;
+    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
+    emit_decode_open(sb, p->vdt[k]);
+    fm_strbuf_printf(sb, "in%u[", k);
+    emit_offset(sb, gp, k);
+    fm_strbuf_append(sb, p->vdt[k] == FM_DT_BOOL ? "] != 0)" : p->vdt[k] == FM_DT_F32 ? "]" : "])");
+    fm_strbuf_append(sb, ";\n");
+  }
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    uint32_t pos = p->n_in + i;
+    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
+    if ((int)i == gp->op) {
+      /* the product stays fp32, like every intermediate; addmm adds its bias in fp32 */
+      if (f->ops[i].nargs == 3) {
+        uint32_t b = p->args[i][0];
+        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(acc + (v%u ? 1.0f : 0.0f))", b);
+        else fm_strbuf_printf(sb, "(acc + v%u)", b);
+      } else {
+        fm_strbuf_append(sb, "acc");
+      }
+    } else {
+      fm_cg_emit_op(sb, f, p, i);
+    }
+    fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    uint32_t t = p->n_in + k;
+    fm_strbuf_printf(sb, "  out%u[", k);
+    emit_offset(sb, gp, t);
+    fm_strbuf_append(sb, "] = ");
+    emit_encode(sb, p->t[t].dtype, p->vdt[p->t[t].value], p->t[t].value);
+    fm_strbuf_append(sb, ";\n");
+  }
+  fm_strbuf_append(sb, "}\n");
+}
+
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp, const char *entry) {
+  const fm_cg_plan *p = &gp->base;
+  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
+  for (uint32_t k = 0; k < p->n_in; k++)
+    fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "    long long outer) {\n");
+  if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
+  else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
+  fm_strbuf_printf(sb,
+                   "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
+                   "  const int n0 = blockIdx.x * FM_BN;\n"
+                   "  float acc[FM_MT][FM_NT][4];\n"
+                   "  fm_mainloop(acc, in%u, in%u, M, m0, n0);\n"
+                   "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+                   "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
+                   "#pragma unroll\n"
+                   "  for (int mt = 0; mt < FM_MT; mt++)\n"
+                   "#pragma unroll\n"
+                   "    for (int h = 0; h < 2; h++) {\n"
+                   "      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + (lane >> 2) + h * 8;\n"
+                   "      if (m >= M) continue;\n"
+                   "#pragma unroll\n"
+                   "      for (int nt = 0; nt < FM_NT; nt++)\n"
+                   "#pragma unroll\n"
+                   "        for (int e = 0; e < 2; e++) {\n"
+                   "          const long long n = n0 + wn * (FM_BN / FM_WN) + nt * 8 + (lane & 3) * 2 + e;\n"
+                   "          if (n < FM_N) fm_epilogue(acc[mt][nt][h * 2 + e], m, n",
+                   gp->ia, gp->ib);
+  emit_epi_params(sb, gp, 0);
+  fm_strbuf_append(sb, ");\n        }\n    }\n}\n");
+}
+
+int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
+                    char **src, fm_kernel_meta *meta, fm_diag *d) {
+  gemm_plan *gp = NULL;
+  fm_strbuf sb;
+  int rc;
+  (void)sm_count;   /* the grid is the tile count; nothing to cap */
+  if (src) *src = NULL;
+  if (!canon || !cfg || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
+  fm_strbuf_init(&sb, MAX_SOURCE);
+  gp = malloc(sizeof *gp);
+  if (!gp) {
+    rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+    goto out;
+  }
+  if ((rc = plan_build(canon, gp, d)) || (rc = check_config(gp, cfg, d))) goto out;
+  uint32_t smem = smem_bytes(gp, cfg);
+  if (smem > MAX_SMEM) {
+    rc = fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem, MAX_SMEM);
+    goto out;
+  }
+  char entry[FM_META_ENTRY_MAX];
+  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u", cfg->bm, cfg->bn, cfg->bk, cfg->stages,
+           cfg->wm, cfg->wn);
+  const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
+  fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
+                   gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
+  fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
+  fm_strbuf_printf(&sb,
+                   "#define FM_BM %u\n#define FM_BN %u\n#define FM_BK %u\n#define FM_STAGES %u\n"
+                   "#define FM_WM %u\n#define FM_WN %u\n#define FM_K %" PRId64 "\n#define FM_N %" PRId64 "\n"
+                   "#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
+                   "#define FM_A_KMAJOR %d\n#define FM_B_KMAJOR %d\n",
+                   cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, gp->k, gp->n, gp->lda,
+                   gp->ldb, gp->a_kmajor, gp->b_kmajor);
+  fm_strbuf_printf(&sb,
+                   "__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {\n"
+                   "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, \"\n"
+                   "      \"{%%8, %%9}, {%%0, %%1, %%2, %%3};\\n\"\n"
+                   "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+                   "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
+                   "}\n",
+                   ty, ty);
+  fm_strbuf_append(&sb, fm_cg_gemm_body);
+  emit_epilogue(&sb, canon, gp);
+  emit_kernel(&sb, canon, gp, entry);
+  if ((rc = fm_strbuf_error(&sb))) {
+    rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
+    goto out;
+  }
+  memset(meta, 0, sizeof *meta);
+  snprintf(meta->kind, sizeof meta->kind, "gemm");
+  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
+  meta->block[0] = cfg->wm * cfg->wn * 32;
+  meta->block[1] = meta->block[2] = 1;
+  meta->smem = smem;
+  snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
+  meta->inner = (uint64_t)gp->n;
+  meta->items_per_block = cfg->bm;
+  meta->max_blocks = (uint32_t)((gp->n + cfg->bn - 1) / cfg->bn);
+  meta->outer = gp->m;
+  meta->n_inputs = canon->n_inputs;
+  meta->n_outputs = canon->n_outputs;
+  *src = fm_strbuf_take(&sb);
+  if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+out:
+  fm_strbuf_free(&sb);
+  free(gp);
+  return rc;
+}

@@ -1,0 +1,313 @@
+/* fusemld gemm kernel: fm_gemm_128x128x32_s3_w2x4, A row-major, B column-major, bf16 */
+#define FM_FAST_MATH 1
+/* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
+__device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {
+  /* one instruction on sm_80+ (every target): round to nearest even, NaN stays NaN */
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
+__device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
+/* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+__device__ __forceinline__ float fm_maximum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+}
+__device__ __forceinline__ float fm_minimum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+}
+__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
+/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to
+ * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp
+ * approximations) cannot change a result beyond that rounding, and they are several
+ * times cheaper than the IEEE-exact library versions, which would make a fused chain
+ * compute-bound. With any f32 output the exact library functions are used. */
+#if FM_FAST_MATH
+__device__ __forceinline__ float fm_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }
+__device__ __forceinline__ float fm_tanh(float x) {
+  /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3
+   * (truncation error < 2e-7 relative) avoids the cancellation. */
+  const float a = fabsf(x);
+  const float big = 1.0f - 2.0f * fm_rcp(1.0f + __expf(2.0f * a));
+  const float small = a - 0.333333343f * a * a * a;
+  return copysignf(a < 0.0625f ? small : big, x);
+}
+__device__ __forceinline__ float fm_gelu(float x) {
+  /* 0.5 x (1 + erf(z)), z = x/sqrt 2, with erfc(|z|) = 2^q(|z|): q a degree-9 fit of
+   * log2 erfc on [0, 4.5] (relative error of erfc <= 6e-6 in fp32). For z < 0,
+   * 1 + erf(z) = erfc(|z|) is computed without cancellation; one MUFU op per element
+   * (the ex2) instead of erff's branches, so mixed-sign warps do not diverge. */
+  const float z = x * 0.70710678f;
+  const float a = fminf(fabsf(z), 4.5f);
+  float q = 6.564848150e-07f;
+  q = fmaf(q, a, -1.258809061e-05f);
+  q = fmaf(q, a, 7.896089664e-05f);
+  q = fmaf(q, a, 7.177728548e-05f);
+  q = fmaf(q, a, -4.245545249e-03f);
+  q = fmaf(q, a, 3.262371570e-02f);
+  q = fmaf(q, a, -1.515816748e-01f);
+  q = fmaf(q, a, -9.172719718e-01f);
+  q = fmaf(q, a, -1.628088474e+00f);
+  q = fmaf(q, a, 6.951765499e-06f);
+  float erfc_a;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(erfc_a) : "f"(q));
+  return 0.5f * x * (z >= 0.0f ? 2.0f - erfc_a : erfc_a);
+}
+#else
+__device__ __forceinline__ float fm_exp(float x) { return expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }
+__device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float fm_gelu(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+}
+#endif
+__device__ __forceinline__ float fm_gelu_tanh(float x) {
+  /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */
+  return 0.5f * x * (1.0f + fm_tanh(0.797884561f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float fm_sigmoid(float x) { return fm_rcp(1.0f + fm_exp(-x)); }
+__device__ __forceinline__ float fm_silu(float x) { return x * fm_sigmoid(x); }
+/* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */
+__device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {
+  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+}
+__device__ __forceinline__ unsigned int fm_word(const uint2 &r, int k) { return k == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned int fm_word(unsigned int r, int) { return r; }
+__device__ __forceinline__ unsigned int fm_word(unsigned short r, int) { return r; }
+__device__ __forceinline__ void fm_or_word(uint4 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else if (k == 1) r.y |= b; else if (k == 2) r.z |= b; else r.w |= b;
+}
+__device__ __forceinline__ void fm_or_word(uint2 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else r.y |= b;
+}
+__device__ __forceinline__ void fm_or_word(unsigned int &r, int, unsigned int b) { r |= b; }
+__device__ __forceinline__ void fm_or_word(unsigned short &r, int, unsigned int b) {
+  r = (unsigned short)(r | b);
+}
+template <typename V> __device__ __forceinline__ float fm_get_f32(const V &r, int e) {
+  return __uint_as_float(fm_word(r, e));
+}
+template <typename V> __device__ __forceinline__ unsigned short fm_get_u16(const V &r, int e) {
+  return (unsigned short)(fm_word(r, e >> 1) >> ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ unsigned char fm_get_u8(const V &r, int e) {
+  return (unsigned char)(fm_word(r, e >> 2) >> ((e & 3) * 8));
+}
+template <typename V> __device__ __forceinline__ void fm_put_f32(V &r, int e, float x) {
+  fm_or_word(r, e, __float_as_uint(x));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u16(V &r, int e, unsigned short x) {
+  fm_or_word(r, e >> 1, (unsigned int)x << ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, unsigned char x) {
+  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
+}
+#define FM_BM 128
+#define FM_BN 128
+#define FM_BK 32
+#define FM_STAGES 3
+#define FM_WM 2
+#define FM_WN 4
+#define FM_K 256
+#define FM_N 512
+#define FM_LDA 256LL
+#define FM_LDB 256LL
+#define FM_A_KMAJOR 1
+#define FM_B_KMAJOR 1
+__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* ---- gemm mainloop (sm_80+: cp.async, ldmatrix, mma.sync) ---- */
+#define FM_THREADS (FM_WM * FM_WN * 32)
+#define FM_MT (FM_BM / FM_WM / 16)
+#define FM_NT (FM_BN / FM_WN / 8)
+#define FM_A_ROW (FM_A_KMAJOR ? FM_BK + 8 : FM_BM + 8)
+#define FM_B_ROW (FM_B_KMAJOR ? FM_BK + 8 : FM_BN + 8)
+#define FM_A_STAGE (FM_A_KMAJOR ? FM_BM * FM_A_ROW : FM_BK * FM_A_ROW)
+#define FM_B_STAGE (FM_B_KMAJOR ? FM_BN * FM_B_ROW : FM_BK * FM_B_ROW)
+#define FM_KT ((FM_K + FM_BK - 1) / FM_BK)
+__device__ __forceinline__ unsigned fm_saddr(const void *p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+/* bytes < 16 zero-fills the rest of the chunk (0: all zeros, nothing read) */
+__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fm_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fm_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void fm_ldsm4(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void fm_ldsm4t(unsigned r[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+/* One k-tile of A and B into stage buffers as, bs (element (m, k) of A at A[m * sm + k * sk]). */
+__device__ __forceinline__ void fm_load_tile(unsigned short *as, unsigned short *bs,
+    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,
+    long long M, long long m0, int n0, int k0, int tid) {
+#if FM_A_KMAJOR
+#pragma unroll
+  for (int c = tid; c < FM_BM * FM_BK / 8; c += FM_THREADS) {
+    const int r = c / (FM_BK / 8), kc = (c % (FM_BK / 8)) * 8;
+    const long long gm = m0 + r;
+    const int gk = k0 + kc;
+    const bool ok = gm < M && gk < FM_K;
+    fm_cp16(fm_saddr(as + r * FM_A_ROW + kc), ok ? A + gm * FM_LDA + gk : A, ok ? 16 : 0);
+  }
+#else
+#pragma unroll
+  for (int c = tid; c < FM_BM * FM_BK / 8; c += FM_THREADS) {
+    const int r = c / (FM_BM / 8), mc = (c % (FM_BM / 8)) * 8;
+    const long long gm = m0 + mc, rem = M - gm;
+    const int gk = k0 + r;
+    const int bytes = (gk < FM_K && rem > 0) ? (rem >= 8 ? 16 : (int)rem * 2) : 0;
+    fm_cp16(fm_saddr(as + r * FM_A_ROW + mc), bytes ? A + gm + (long long)gk * FM_LDA : A, bytes);
+  }
+#endif
+#if FM_B_KMAJOR
+#pragma unroll
+  for (int c = tid; c < FM_BN * FM_BK / 8; c += FM_THREADS) {
+    const int r = c / (FM_BK / 8), kc = (c % (FM_BK / 8)) * 8;
+    const int gn = n0 + r, gk = k0 + kc;
+    const bool ok = gn < FM_N && gk < FM_K;
+    fm_cp16(fm_saddr(bs + r * FM_B_ROW + kc), ok ? B + (long long)gn * FM_LDB + gk : B, ok ? 16 : 0);
+  }
+#else
+#pragma unroll
+  for (int c = tid; c < FM_BN * FM_BK / 8; c += FM_THREADS) {
+    const int r = c / (FM_BN / 8), nc = (c % (FM_BN / 8)) * 8;
+    const int gn = n0 + nc, rem = FM_N - gn, gk = k0 + r;
+    const int bytes = (gk < FM_K && rem > 0) ? (rem >= 8 ? 16 : rem * 2) : 0;
+    fm_cp16(fm_saddr(bs + r * FM_B_ROW + nc), bytes ? B + (long long)gk * FM_LDB + gn : B, bytes);
+  }
+#endif
+}
+/* The math on one stage: BK/16 steps of MT x NT mma per warp. */
+__device__ __forceinline__ void fm_tile_mma(float (&acc)[FM_MT][FM_NT][4], const unsigned short *as,
+    const unsigned short *bs, int wm, int wn, int lane) {
+  const int j = lane >> 3, r = lane & 7;
+#pragma unroll
+  for (int kk = 0; kk < FM_BK; kk += 16) {
+    unsigned af[FM_MT][4], bf[FM_NT][2];
+#pragma unroll
+    for (int mt = 0; mt < FM_MT; mt++) {
+      const int mrow = wm * (FM_BM / FM_WM) + mt * 16;
+#if FM_A_KMAJOR
+      fm_ldsm4(af[mt], fm_saddr(as + (mrow + (lane & 15)) * FM_A_ROW + kk + (lane >> 4) * 8));
+#else
+      fm_ldsm4t(af[mt], fm_saddr(as + (kk + r + 8 * (j >> 1)) * FM_A_ROW + mrow + 8 * (j & 1)));
+#endif
+    }
+#pragma unroll
+    for (int nt = 0; nt < FM_NT; nt += 2) {
+      const int ncol = wn * (FM_BN / FM_WN) + nt * 8;
+      unsigned q[4];
+#if FM_B_KMAJOR
+      fm_ldsm4(q, fm_saddr(bs + (ncol + r + 8 * (j >> 1)) * FM_B_ROW + kk + 8 * (j & 1)));
+#else
+      fm_ldsm4t(q, fm_saddr(bs + (kk + r + 8 * (j & 1)) * FM_B_ROW + ncol + 8 * (j >> 1)));
+#endif
+      bf[nt][0] = q[0]; bf[nt][1] = q[1]; bf[nt + 1][0] = q[2]; bf[nt + 1][1] = q[3];
+    }
+#pragma unroll
+    for (int mt = 0; mt < FM_MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < FM_NT; nt++) fm_mma(acc[mt][nt], af[mt], bf[nt][0], bf[nt][1]);
+  }
+}
+/* The whole K loop for the block's tile; acc comes back with A@B for the warp's piece. */
+__device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
+    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,
+    long long M, long long m0, int n0) {
+  extern __shared__ __align__(128) unsigned short fm_smem[];
+  unsigned short *As = fm_smem, *Bs = fm_smem + FM_STAGES * FM_A_STAGE;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / FM_WN, wn = warp % FM_WN;
+#pragma unroll
+  for (int mt = 0; mt < FM_MT; mt++)
+#pragma unroll
+    for (int nt = 0; nt < FM_NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < FM_STAGES - 1; s++) {
+    if (s < FM_KT) fm_load_tile(As + s * FM_A_STAGE, Bs + s * FM_B_STAGE, A, B, M, m0, n0, s * FM_BK, tid);
+    fm_cp_commit();
+  }
+  for (int kt = 0; kt < FM_KT; kt++) {
+    /* groups 0..kt have landed; the barrier also says every warp is done with the stage
+       the next load overwrites (the one read in iteration kt-1) */
+    fm_cp_wait<FM_STAGES - 2>();
+    __syncthreads();
+    const int nk = kt + FM_STAGES - 1;
+    if (nk < FM_KT) {
+      const int st = nk % FM_STAGES;
+      fm_load_tile(As + st * FM_A_STAGE, Bs + st * FM_B_STAGE, A, B, M, m0, n0, nk * FM_BK, tid);
+    }
+    fm_cp_commit();
+    const int cs = kt % FM_STAGES;
+    fm_tile_mma(acc, As + cs * FM_A_STAGE, Bs + cs * FM_B_STAGE, wm, wn, lane);
+  }
+  fm_cp_wait<0>();
+}
+/* ---- the epilogue: the fragment's ops on one accumulator, each output stored once ---- */
+__device__ __forceinline__ void fm_epilogue(const float acc, const long long m, const long long n,
+    const unsigned short *__restrict__ in2,
+    unsigned short *__restrict__ out0,
+    unsigned short *__restrict__ out1) {
+  const float v2 = fm_bf16_to_f32(in2[n * 1LL]);
+  const float v3 = (acc + v2);  /* addmm */
+  const float v4 = fm_gelu(v3);  /* gelu */
+  out0[m * 512LL + n * 1LL] = fm_f32_to_bf16(v4);
+  out1[m * 512LL + n * 1LL] = fm_f32_to_bf16(v3);
+}
+extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_128x128x32_s3_w2x4(
+    const unsigned short *__restrict__ in0,
+    const unsigned short *__restrict__ in1,
+    const unsigned short *__restrict__ in2,
+    unsigned short *__restrict__ out0,
+    unsigned short *__restrict__ out1,
+    long long outer) {
+  const long long M = outer;
+  const long long m0 = (long long)blockIdx.y * FM_BM;
+  const int n0 = blockIdx.x * FM_BN;
+  float acc[FM_MT][FM_NT][4];
+  fm_mainloop(acc, in0, in1, M, m0, n0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wm = warp / FM_WN, wn = warp % FM_WN;
+#pragma unroll
+  for (int mt = 0; mt < FM_MT; mt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + (lane >> 2) + h * 8;
+      if (m >= M) continue;
+#pragma unroll
+      for (int nt = 0; nt < FM_NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const long long n = n0 + wn * (FM_BN / FM_WN) + nt * 8 + (lane & 3) * 2 + e;
+          if (n < FM_N) fm_epilogue(acc[mt][nt][h * 2 + e], m, n, in2, out0, out1);
+        }
+    }
+}

@@ -1,0 +1,372 @@
+/* test_codegen_gemm.c: GEMM fragments without a GPU: validation (what is accepted, what is
+ * refused and why), the fp64 reference on a hand-checked product, golden source for two
+ * representative fragments, launch metadata, the candidate list through the generic API, and
+ * NVRTC compiles of every candidate for sm_80 and sm_90a. Regenerate the goldens with
+ * FM_UPDATE_GOLDEN=1. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen.h"
+#include "fm_nvrtc.h"
+#include "fm_reference.h"
+#include "fm_test.h"
+#include "test_codegen_frag.h"
+
+static fm_fragment raw, canon;
+
+#define N_FRAGS 3
+static const char *const names[N_FRAGS] = {"gemm_linear_gelu_bf16", "gemm_mm_residual_f16",
+                                           "gemm_small_rowscale"};
+
+/* 0: nn.Linear + gelu: x [-1, 256] bf16 @ W.t() (B [256, 512], strides [1, 256]) + bias [512];
+ *    outputs gelu (bf16) and the pre-activation (bf16).
+ * 1: column-major f16 A [300, 128] (lda 304) @ row-major B [128, 200] + residual [300, 200],
+ *    silu, f16.
+ * 2: A [7, 64] bf16 @ B [64, 24] (column-major) * per-row scale [7, 1] f32 -> f32, relu. */
+static int build(int which, fm_fragment *f) {
+  tf_init(f);
+  if (which == 0) {
+    int64_t xs[2] = {-1, 256}, ws[2] = {256, 512}, wst[2] = {1, 256}, bs[1] = {512}, os[2] = {-1, 512};
+    tf_input(f, 1, FM_DT_BF16, 2, xs, NULL, 16);
+    tf_input(f, 2, FM_DT_BF16, 2, ws, wst, 16);
+    tf_input(f, 3, FM_DT_BF16, 1, bs, NULL, 16);
+    tf_op(f, FM_OP_ADDMM, 4, 3, 3, 1, 2);
+    tf_op(f, FM_OP_GELU, 5, 1, 4, 0, 0);
+    tf_output(f, 5, FM_DT_BF16, 2, os, NULL, 16);
+    tf_output(f, 4, FM_DT_BF16, 2, os, NULL, 16);
+  } else if (which == 1) {
+    int64_t as[2] = {300, 128}, ast[2] = {1, 304}, bs[2] = {128, 200}, rs[2] = {300, 200};
+    tf_input(f, 1, FM_DT_F16, 2, as, ast, 16);
+    tf_input(f, 2, FM_DT_F16, 2, bs, NULL, 16);
+    tf_input(f, 3, FM_DT_F16, 2, rs, NULL, 16);
+    tf_op(f, FM_OP_MM, 4, 2, 1, 2, 0);
+    tf_op(f, FM_OP_ADD, 5, 2, 4, 3, 0);
+    tf_op(f, FM_OP_SILU, 6, 1, 5, 0, 0);
+    tf_output(f, 6, FM_DT_F16, 2, rs, NULL, 16);
+  } else {
+    int64_t as[2] = {7, 64}, bs[2] = {64, 24}, bst[2] = {1, 64}, ss[2] = {7, 1}, os[2] = {7, 24};
+    tf_input(f, 1, FM_DT_BF16, 2, as, NULL, 16);
+    tf_input(f, 2, FM_DT_BF16, 2, bs, bst, 16);
+    tf_input(f, 3, FM_DT_F32, 2, ss, NULL, 4);
+    tf_op(f, FM_OP_MM, 4, 2, 1, 2, 0);
+    tf_op(f, FM_OP_MUL, 5, 2, 4, 3, 0);
+    tf_op(f, FM_OP_RELU, 6, 1, 5, 0, 0);
+    tf_output(f, 6, FM_DT_F32, 2, os, NULL, 16);
+  }
+  return tf_finish(f, &canon);
+}
+
+static char *read_file(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL;
+  long n;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) goto out;
+  buf = malloc((size_t)n + 1);
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+    free(buf);
+    buf = NULL;
+  }
+  if (buf) buf[n] = '\0';
+out:
+  fclose(f);
+  return buf;
+}
+
+static void check_golden(int which) {
+  const char *root = getenv("FM_SOURCE_DIR"), *update = getenv("FM_UPDATE_GOLDEN");
+  char path[1024], *src = NULL;
+  fm_kernel_meta meta;
+  fm_diag d = {{0}};
+  fm_candidate c;
+#ifdef FM_CG_SOURCE_DIR
+  if (!root) root = FM_CG_SOURCE_DIR;
+#endif
+  CHECK(root != NULL);
+  if (!root) return;
+  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, names[which]);
+  CHECK_EQ_INT(build(which, &raw), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
+  CHECK_EQ_INT(c.tmpl, FM_TMPL_GEMM);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
+  if (!src) return;
+  if (update && strcmp(update, "1") == 0) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+      CHECK(fwrite(src, 1, strlen(src), f) == strlen(src));
+      CHECK(fclose(f) == 0);
+      printf("  updated %s\n", path);
+    }
+  } else {
+    char *want = read_file(path);
+    if (!want) fprintf(stderr, "  cannot read %s (FM_UPDATE_GOLDEN=1 creates it)\n", path);
+    CHECK(want != NULL);
+    CHECK(!want || strcmp(want, src) == 0);
+    free(want);
+  }
+  CHECK(strstr(src, "#include") == NULL);
+  CHECK_STR_CONTAINS(src, "mma.sync.aligned.m16n8k16.row.col.f32.");
+  CHECK_STR_CONTAINS(src, "fm_epilogue(");
+  free(src);
+}
+
+static void test_golden_linear(void) { check_golden(0); }
+static void test_golden_residual(void) { check_golden(1); }
+
+/* Accepted shapes become canonical: the rank-1 bias is [1, N] with stride 0. */
+static void test_validate(void) {
+  CHECK_EQ_INT(build(0, &raw), FM_OK);
+  CHECK_EQ_INT(canon.vocab, 3);
+  CHECK(fm_fragment_is_gemm(&canon));
+  CHECK(!fm_fragment_is_rows(&canon));
+  CHECK_EQ_INT(fm_fragment_gemm_op(&canon), 0);
+  CHECK_EQ_INT(canon.inputs[2].rank, 2);
+  CHECK_EQ_INT(canon.inputs[2].shape[0], 1);
+  CHECK_EQ_INT(canon.inputs[2].shape[1], 512);
+  CHECK_EQ_INT(canon.inputs[2].strides[0], 0);
+  CHECK_EQ_INT(canon.ops[0].dtype, FM_DT_BF16);
+}
+
+static void expect_reject(int rc_want, const char *why) {
+  fm_diag d = {{0}};
+  int rc = fm_fragment_validate(&raw, &d);
+  if (rc != rc_want || !strstr(d.text, why))
+    fprintf(stderr, "  got %d \"%s\", want %d \"%s\"\n", rc, d.text, rc_want, why);
+  CHECK_EQ_INT(rc, rc_want);
+  CHECK_STR_CONTAINS(d.text, why);
+}
+
+static void test_rejections(void) {
+  int64_t a[2] = {32, 64}, b[2] = {64, 16}, o[2] = {32, 16}, b2[2] = {48, 16}, ast[2] = {128, 2};
+  /* the operand of mm computed by an op: nothing runs before the GEMM */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_RELU, 3, 1, 1, 0, 0);
+  tf_op(&raw, FM_OP_MM, 4, 2, 3, 2, 0);
+  tf_output(&raw, 4, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "must be fragment inputs");
+  /* two products */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, NULL, 16);
+  tf_input(&raw, 5, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 6, FM_DT_BF16, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_MM, 4, 2, 5, 6, 0);
+  tf_op(&raw, FM_OP_ADD, 7, 2, 3, 4, 0);
+  tf_output(&raw, 7, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "exactly one matrix product");
+  /* inner dims differ */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b2, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_ESCHEMA, "the inner dims differ");
+  /* mixed dtypes; f32 operands */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_F16, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_ESCHEMA, "operands differ in dtype");
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_F32, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_F32, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_F32, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "multiplies bf16 or f16");
+  /* no unit stride */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, ast, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "A is neither row- nor column-major");
+  /* the epilogue reads an operand */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_ADD, 4, 2, 3, 1, 0);
+  tf_output(&raw, 4, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "the epilogue cannot read it");
+}
+
+/* Valid fragments the template cannot run: the default says why (the client runs eager). */
+static void test_codegen_refusals(void) {
+  int64_t a[2] = {32, 100}, b[2] = {100, 16}, o[2] = {32, 16};
+  int64_t a2[2] = {32, 64}, b2[2] = {64, 16}, a2s[2] = {1, 36};
+  fm_candidate c;
+  fm_diag d = {{0}};
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(d.text, "K not a multiple of 8");
+  fm_candidate all[8];
+  CHECK_EQ_INT((int)fm_codegen_candidates(&canon, all, 8), 0);
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a2, a2s, 16);   /* column-major, lda 36 */
+  tf_input(&raw, 2, FM_DT_BF16, 2, b2, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(d.text, "leading dimension 36 is not a multiple of 8");
+}
+
+/* A 3x8 @ 8x2 product checked by hand, through addmm with a rank-1 bias and relu. */
+static void test_reference(void) {
+  int64_t a[2] = {3, 8}, b[2] = {8, 2}, bst[2] = {1, 8}, bias[1] = {2}, o[2] = {3, 2};
+  uint16_t A[24], B[16], Bias[2];
+  float out[6], pre[6];
+  for (int i = 0; i < 24; i++) A[i] = fm_reference_f32_to_bf16((float)(i % 5) - 2.0f);
+  for (int i = 0; i < 16; i++) B[i] = fm_reference_f32_to_bf16((float)(i % 3) * 0.5f);
+  Bias[0] = fm_reference_f32_to_bf16(1.0f);
+  Bias[1] = fm_reference_f32_to_bf16(-100.0f);
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, bst, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 1, bias, NULL, 16);
+  tf_op(&raw, FM_OP_ADDMM, 4, 3, 3, 1, 2);
+  tf_cast(&raw, 5, 4, FM_DT_F32);
+  tf_op(&raw, FM_OP_RELU, 6, 1, 5, 0, 0);
+  tf_output(&raw, 6, FM_DT_F32, 2, o, NULL, 16);
+  tf_output(&raw, 5, FM_DT_F32, 2, o, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  const void *ins[3] = {A, B, Bias};
+  void *outs[2] = {out, pre};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 0, ins, outs, &d), FM_OK);
+  for (int m = 0; m < 3; m++) {
+    for (int n = 0; n < 2; n++) {
+      double want = n == 0 ? 1.0 : -100.0;
+      for (int k = 0; k < 8; k++) /* B column-major: B[k, n] at k + 8 n */
+        want += (double)((m * 8 + k) % 5 - 2) * (double)((k + 8 * n) % 3) * 0.5;
+      /* the cast rounds the bf16-typed product to bf16: all values here are exact */
+      CHECK(pre[m * 2 + n] == (float)want);
+      CHECK(out[m * 2 + n] == (want > 0 ? (float)want : 0.0f));
+    }
+  }
+}
+
+static void test_meta_and_candidates(void) {
+  fm_candidate c[16];
+  fm_kernel_meta meta;
+  char *src = NULL;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build(1, &raw), FM_OK);
+  size_t n = fm_codegen_candidates(&canon, c, 16);
+  CHECK(n >= 4);
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);
+    for (size_t j = 0; j < i; j++) CHECK(memcmp(&c[i], &c[j], sizeof c[i]) != 0);
+  }
+  char desc[96];
+  fm_candidate_describe(&c[0], desc, sizeof desc);
+  CHECK_STR_CONTAINS(desc, "gemm ");
+  /* 300 x 200 is few 128x128 tiles: the default takes 64x64 */
+  CHECK_EQ_INT(c[0].p[0], 64);
+  CHECK_EQ_INT(c[0].p[1], 64);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
+  free(src);
+  CHECK_STR_CONTAINS(meta.kind, "gemm");
+  CHECK_STR_CONTAINS(meta.grid_rule, "tiles");
+  CHECK_EQ_INT(meta.block[0], 128);
+  CHECK_EQ_INT(meta.outer, 300);
+  CHECK_EQ_INT(meta.max_blocks, 4);            /* ceil(200 / 64) */
+  CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 4);
+  CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 0), 5); /* ceil(300 / 64) */
+  /* A column-major (stage [64][72]) + B row-major (stage [64][72]), 4 stages, 2 bytes */
+  CHECK_EQ_INT(meta.smem, 4 * (64 * 72 + 64 * 72) * 2);
+  /* symbolic M: grid.y from the launch's outer */
+  CHECK_EQ_INT(build(0, &raw), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c[0], &d), FM_OK);
+  CHECK_EQ_INT(c[0].p[0], 128);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
+  free(src);
+  CHECK_EQ_INT(meta.outer, -1);
+  CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 4099), 33);
+  CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 0), 0);
+  CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 0);
+  CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 1), 4);
+  CHECK(meta.smem > 48 * 1024);
+  /* the metadata survives its wire form, rule "tiles" included */
+  msgpack_sbuffer sbuf;
+  msgpack_packer pk;
+  msgpack_unpacked u;
+  fm_kernel_meta back;
+  msgpack_sbuffer_init(&sbuf);
+  msgpack_packer_init(&pk, &sbuf, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);
+  msgpack_unpacked_init(&u);
+  CHECK(msgpack_unpack_next(&u, sbuf.data, sbuf.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+  CHECK_EQ_INT(fm_meta_unpack(&u.data, &back, &d), FM_OK);
+  CHECK_STR_CONTAINS(back.grid_rule, "tiles");
+  CHECK_EQ_INT(back.smem, meta.smem);
+  CHECK_EQ_INT((int)fm_meta_grid_y(&back, 4099), 33);
+  msgpack_unpacked_destroy(&u);
+  msgpack_sbuffer_destroy(&sbuf);
+  /* an invalid config is refused, not generated */
+  fm_candidate bad = c[0];
+  bad.p[3] = 7;
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &bad, 132, &src, &meta, &d), FM_EINVAL);
+  CHECK(src == NULL);
+}
+
+/* Every candidate of the representative fragments (the default of the third) compiles for
+ * both target generations. */
+static void test_nvrtc_every_candidate(void) {
+  static const char *const archs[] = {"sm_80", "sm_90a"};
+  int compiled = 0;
+  for (int w = 0; w < N_FRAGS; w++) {
+    fm_candidate c[16];
+    CHECK_EQ_INT(build(w, &raw), FM_OK);
+    size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 16);
+    CHECK(n >= 1);
+    for (size_t i = 0; i < n; i++) {
+      char *src = NULL;
+      fm_kernel_meta m;
+      fm_diag d = {{0}};
+      int rc = fm_codegen_generate(&canon, &c[i], 132, &src, &m, &d);
+      CHECK_EQ_INT(rc, FM_OK);
+      if (rc) {
+        fprintf(stderr, "  %s candidate %zu: %s\n", names[w], i, d.text);
+        continue;
+      }
+      for (size_t a = 0; a < 2; a++) {
+        if (!fm_nvrtc_arch_supported(archs[a])) continue;
+        uint8_t *cubin = NULL;
+        size_t len = 0;
+        char *log = NULL;
+        rc = fm_nvrtc_compile(src, names[w], archs[a], &cubin, &len, &log);
+        CHECK_EQ_INT(rc, FM_OK);
+        if (rc) fprintf(stderr, "  %s candidate %zu %s:\n%s\n", names[w], i, archs[a], log ? log : "");
+        else compiled++;
+        free(cubin);
+        free(log);
+      }
+      free(src);
+    }
+  }
+  printf("  %d compiles\n", compiled);
+}
+
+int main(void) {
+  RUN(test_validate);
+  RUN(test_rejections);
+  RUN(test_codegen_refusals);
+  RUN(test_reference);
+  RUN(test_meta_and_candidates);
+  RUN(test_golden_linear);
+  RUN(test_golden_residual);
+  RUN(test_nvrtc_every_candidate);
+  return FM_TEST_DONE();
+}
