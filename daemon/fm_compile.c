@@ -63,6 +63,22 @@ static int pack_meta(fm_compile_job *j) {
   return FM_OK;
 }
 
+void fm_compile_job_entry(const fm_compile_job *j, fm_kstate state, fm_entry *e) {
+  memset(e, 0, sizeof *e);
+  e->key = j->key;
+  snprintf(e->device, sizeof e->device, "%s", j->label);
+  snprintf(e->kind, sizeof e->kind, "%s", j->meta.kind);
+  e->canonical = j->canonical;
+  e->canonical_len = j->canonical_len;
+  e->cubin = j->cubin;
+  e->cubin_len = j->cubin_len;
+  e->meta = j->meta_bytes;
+  e->meta_len = j->meta_len;
+  e->source = j->source;
+  e->state = state;
+  e->created = e->last_used = (int64_t)time(NULL);
+}
+
 void fm_compile_run(fm_compile_job *j) {
   double t0 = now_ms();
   char key_hex[FM_KEY_HEX], name[32];
@@ -94,19 +110,7 @@ void fm_compile_run(fm_compile_job *j) {
 
   if (j->store) {
     fm_entry e;
-    memset(&e, 0, sizeof e);
-    e.key = j->key;
-    snprintf(e.device, sizeof e.device, "%s", j->label);
-    snprintf(e.kind, sizeof e.kind, "%s", j->meta.kind);
-    e.canonical = j->canonical;
-    e.canonical_len = j->canonical_len;
-    e.cubin = j->cubin;
-    e.cubin_len = j->cubin_len;
-    e.meta = j->meta_bytes;
-    e.meta_len = j->meta_len;
-    e.source = j->source;
-    e.state = FM_STATE_UNTUNED;
-    e.created = e.last_used = (int64_t)time(NULL);
+    fm_compile_job_entry(j, FM_STATE_UNTUNED, &e);
     j->store_err = fm_store_put(j->store, &e);
     if (j->store_err) {
       fm_diag why = {{0}};

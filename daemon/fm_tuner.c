@@ -220,21 +220,9 @@ static void store_result(fm_tune_job *j, const fm_compile_job *c, fm_kstate stat
   char hex[FM_KEY_HEX];
   fm_entry e;
   if (!j->store) return;
-  memset(&e, 0, sizeof e);
-  e.key = c->key;
-  snprintf(e.device, sizeof e.device, "%s", c->label);
-  snprintf(e.kind, sizeof e.kind, "%s", c->meta.kind);
-  e.canonical = c->canonical;
-  e.canonical_len = c->canonical_len;
-  e.cubin = c->cubin;
-  e.cubin_len = c->cubin_len;
-  e.meta = c->meta_bytes;
-  e.meta_len = c->meta_len;
-  e.source = c->source;
-  e.state = state;
+  fm_compile_job_entry(c, state, &e);
   e.timings = j->timings;
   e.timings_len = j->timings_len;
-  e.created = e.last_used = (int64_t)time(NULL);
   j->store_err = fm_store_put(j->store, &e);
   if (j->store_err) {
     fm_diag why = {{0}};
