@@ -79,6 +79,14 @@ static int renumber(const fm_fragment *in, const uint32_t newpos[FM_MAX_OPS], ui
   return FM_OK;
 }
 
+/* The power of two at or above hint (0 stays 0): the M bucket. */
+static uint64_t bucket_of(uint64_t hint) {
+  uint64_t b = 1;
+  if (!hint) return 0;
+  while (b < hint) b <<= 1;
+  return b;
+}
+
 static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   uint32_t order[FM_MAX_OPS], newpos[FM_MAX_OPS];
   if (in->n_inputs > FM_MAX_INPUTS || in->n_ops > FM_MAX_OPS || in->n_outputs > FM_MAX_OUTPUTS)
@@ -97,6 +105,7 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   }
   out->n_inputs = in->n_inputs;
   out->n_ops = n;
+  out->m_hint = bucket_of(in->m_hint);
   out->n_outputs = in->n_outputs;
   for (uint32_t k = 0; k < in->n_inputs; k++) {
     out->inputs[k] = in->inputs[k];
@@ -124,7 +133,11 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   }
   /* Cheap next to what follows (codegen, NVRTC), and it re-infers every op's dtype, so a
    * fragment that was never validated cannot produce a canonical form. */
-  return fm_fragment_validate(out, NULL) ? FM_EINVAL : FM_OK;
+  if (fm_fragment_validate(out, NULL)) return FM_EINVAL;
+  /* Only a symbolic GEMM is tuned per M bucket; anywhere else the hint would split keys for
+   * nothing. */
+  if (!fm_fragment_is_gemm(out) || !fm_fragment_is_symbolic(out)) out->m_hint = 0;
+  return FM_OK;
 }
 
 int fm_fragment_canonicalize(const fm_fragment *in, fm_fragment *out) {
@@ -173,8 +186,9 @@ int fm_fragment_pack(const fm_fragment *f, msgpack_packer *pk) {
   if (!f || !pk || f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS ||
       f->n_outputs > FM_MAX_OUTPUTS)
     return FM_EINVAL;
-  int rc = msgpack_pack_map(pk, 4);
+  int rc = msgpack_pack_map(pk, f->m_hint ? 5 : 4);
   fm_pack_kv_u64(pk, "vocab", f->vocab);
+  if (f->m_hint) fm_pack_kv_u64(pk, "m_hint", f->m_hint);
   fm_pack_cstr(pk, "inputs");
   rc |= msgpack_pack_array(pk, f->n_inputs);
   for (uint32_t k = 0; k < f->n_inputs; k++) rc |= pack_tensor(&f->inputs[k], pk);

@@ -319,8 +319,9 @@ static int get_array(const msgpack_object *o, const char *name, uint32_t max, co
   return FM_OK;
 }
 
-enum { F_VOCAB, F_INPUTS, F_OPS, F_OUTPUTS, F__N };
-static const char *const fragment_keys[F__N] = {"vocab", "inputs", "ops", "outputs"};
+enum { F_VOCAB, F_INPUTS, F_OPS, F_OUTPUTS, F_M_HINT, F__N };
+static const char *const fragment_keys[F__N] = {"vocab", "inputs", "ops", "outputs", "m_hint"};
+#define F_REQUIRED ((1u << F_VOCAB) | (1u << F_INPUTS) | (1u << F_OPS) | (1u << F_OUTPUTS))
 
 int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) {
   const msgpack_object *f[F__N];
@@ -328,7 +329,7 @@ int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) 
   int rc;
   if (!obj || !out) return fm_diag_set(d, FM_EINVAL, "fm_fragment_decode: NULL argument");
   memset(out, 0, sizeof *out);
-  if ((rc = fields(obj, "fragment", fragment_keys, F__N, (1u << F__N) - 1, f, d))) return rc;
+  if ((rc = fields(obj, "fragment", fragment_keys, F__N, F_REQUIRED, f, d))) return rc;
 
   /* The vocabulary first: a newer client's fragment fails here, with the reason that
    * matters, rather than at its first new op. */
@@ -338,6 +339,14 @@ int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) 
     return fm_diag_set(d, FM_ESCHEMA, "vocab %" PRIu64 " not supported, this daemon speaks %d to %d",
                        vocab, FM_VOCAB_MIN, FM_VOCAB_VERSION);
   out->vocab = (uint32_t)vocab;
+  if (f[F_M_HINT]) {
+    uint64_t hint = 0;
+    if ((rc = get_u64(f[F_M_HINT], "m_hint", &hint, d))) return rc;
+    if (hint < 1 || hint >= (uint64_t)FM_MAX_DIM)
+      return fm_diag_set(d, FM_ELIMIT, "m_hint: %" PRIu64 " is outside 1..%" PRId64, hint,
+                         FM_MAX_DIM - 1);
+    out->m_hint = hint;
+  }
 
   if ((rc = get_array(f[F_INPUTS], "inputs", FM_MAX_INPUTS, "inputs", d))) return rc;
   if ((rc = get_array(f[F_OPS], "ops", FM_MAX_OPS, "ops", d))) return rc;

@@ -4,10 +4,17 @@
  * restarts it when a candidate breaks its CUDA context.
  *
  * prepare (per fragment):
- *  - verification size: the static shape; for a symbolic dim 0 an outer giving ~1M elements;
+ *  - verification size: the static shape; for a symbolic dim 0 an outer giving ~1M elements,
+ *    or for a GEMM with an M bucket (m_hint) the bucket, at most GEMM_VERIFY_ROWS;
+ *  - a GEMM whose fp64 reference would cost more than REF_MACS multiply-adds is checked on
+ *    row strips (first, middle, last GEMM_STRIP_ROWS rows): the kernel computes every row,
+ *    the reference only the strips, and only they are compared. Rows of a GEMM are
+ *    independent, so a strip is the same fragment with M = the strip's length over operands
+ *    offset to its first row;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1) from the daemon's seed,
  *    and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
- *  - timing size: the static shape; for a symbolic dim 0 an outer giving ~64M elements
+ *  - timing size: the static shape; for a GEMM with an M bucket the bucket; for any other
+ *    symbolic dim 0 an outer giving ~64M elements
  *    (each buffer set capped at 2 GiB); as many buffer sets (up to 16) as it takes for one
  *    rotation to span 3x the L2, so no timed launch finds its operands in L2.
  * run (per candidate): load the CUBIN (load_failed), re-upload the inputs (a wrong kernel
@@ -36,6 +43,12 @@
 #define TIMING_ELEMENTS (64ll << 20)
 #define SET_BYTES_CAP (2ull << 30)
 #define MAX_SETS 16
+/* A GEMM verified at its M bucket still runs masked edge tiles: 1000 is no multiple of any
+ * tile height. */
+#define GEMM_VERIFY_ROWS 1000
+#define REF_MACS (1ll << 28)
+#define GEMM_STRIP_ROWS 8
+#define MAX_STRIPS 3
 #define WARMUPS 3
 #define TIMED 20
 #define CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 38
@@ -55,6 +68,9 @@ static struct {
   fm_fragment *canon;
   int symbolic;
   int64_t outer_v, outer_t;
+  /* rows of outputs the reference computed (strips of a large GEMM); n_strips 0: all */
+  int n_strips;
+  int64_t strip_row[MAX_STRIPS], strip_len[MAX_STRIPS];
   size_t in_bytes_v[FM_MAX_INPUTS], out_bytes_v[FM_MAX_OUTPUTS];
   size_t in_bytes_t[FM_MAX_INPUTS], out_bytes_t[FM_MAX_OUTPUTS];
   uint8_t *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
@@ -219,6 +235,52 @@ static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src
   return 0;
 }
 
+/* The reference outputs of GEMM fragment f (its matmul is ops[gemm]) at M = W.outer_v: all
+ * rows when that is cheap, else the strips (W.n_strips, W.strip_row/len), each evaluated as
+ * f with M = the strip's length over operands offset to the strip's first row. */
+static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs,
+                          fm_diag *d) {
+  const fm_opnode *mm = &f->ops[gemm];
+  const fm_tensor *b = NULL;
+  for (uint32_t k = 0; k < f->n_inputs; k++)
+    if (f->inputs[k].id == mm->args[mm->nargs - 1]) b = &f->inputs[k];
+  if (!b) return fm_diag_set(d, FM_EINVAL, "the matmul's B is not an input");
+  int64_t M = W.outer_v, K = b->shape[0], N = b->shape[1];
+  W.n_strips = 0;
+  if (M * N * K <= REF_MACS || M <= MAX_STRIPS * GEMM_STRIP_ROWS)
+    return fm_reference_eval(f, M, ins, outs, d);
+  int64_t starts[MAX_STRIPS] = {0, (M / 2) & ~(int64_t)(GEMM_STRIP_ROWS - 1), M - GEMM_STRIP_ROWS};
+  fm_fragment *s = malloc(sizeof *s);
+  if (!s) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  int rc = FM_OK;
+  for (int i = 0; i < MAX_STRIPS && rc == FM_OK; i++) {
+    int64_t r0 = starts[i], len = GEMM_STRIP_ROWS;
+    const void *sin[FM_MAX_INPUTS];
+    void *sout[FM_MAX_OUTPUTS];
+    memcpy(s, f, sizeof *s);
+    /* every tensor with the M dim (A, the [M, N] operands and outputs) starts at row r0 and
+     * has len rows; broadcast rows ([1, N]) stay as they are */
+    for (uint32_t k = 0; k < f->n_inputs; k++) {
+      fm_tensor *t = &s->inputs[k];
+      int has_m = t->rank == 2 && (t->shape[0] == FM_DIM_SYMBOLIC || (t->shape[0] == M && t != b));
+      size_t off = has_m ? (size_t)(r0 * t->strides[0]) * fm_dtype_size(t->dtype) : 0;
+      sin[k] = ins[k] ? (const uint8_t *)ins[k] + off : NULL;
+      if (has_m && t->shape[0] != FM_DIM_SYMBOLIC) t->shape[0] = len;
+    }
+    for (uint32_t k = 0; k < f->n_outputs; k++) {
+      fm_tensor *t = &s->outputs[k];
+      sout[k] = (uint8_t *)outs[k] + (size_t)(r0 * t->strides[0]) * fm_dtype_size(t->dtype);
+      if (t->shape[0] != FM_DIM_SYMBOLIC) t->shape[0] = len;
+    }
+    rc = fm_reference_eval(s, len, sin, sout, d);
+    W.strip_row[i] = r0;
+    W.strip_len[i] = len;
+  }
+  free(s);
+  if (rc == FM_OK) W.n_strips = MAX_STRIPS;
+  return rc;
+}
+
 static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *why, size_t cap) {
   msgpack_zone zone;
   msgpack_object obj;
@@ -239,7 +301,12 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   const fm_fragment *f = W.canon;
   int64_t inner = f->outputs[0].rank ? inner_elems(f) : 1;
   W.symbolic = fm_fragment_is_symbolic(f);
-  if (W.symbolic) {
+  W.n_strips = 0;
+  int gemm = fm_fragment_gemm_op(f);
+  if (W.symbolic && gemm >= 0 && f->m_hint) {
+    W.outer_t = (int64_t)f->m_hint;
+    W.outer_v = W.outer_t < GEMM_VERIFY_ROWS ? W.outer_t : GEMM_VERIFY_ROWS;
+  } else if (W.symbolic) {
     W.outer_v = VERIFY_ELEMENTS / (inner ? inner : 1);
     if (W.outer_v < 1) W.outer_v = 1;
     W.outer_t = TIMING_ELEMENTS / (inner ? inner : 1);
@@ -284,7 +351,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     if (!W.h_ref[k] || !W.h_out[k]) goto oom;
     outs[k] = W.h_ref[k];
   }
-  if (fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
+  if (gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
     snprintf(why, cap, "reference: %.900s", d.text);
     goto out;
   }
@@ -353,6 +420,14 @@ static double compare_output(uint32_t k, char *why, size_t cap) {
     n *= size[d];
   }
   double num = 0, den = 0;
+  /* Strips: only their rows were computed by the reference; walk each strip's rows. */
+  int strip = 0;
+  if (W.n_strips && t->rank > 0) {
+    idx[0] = W.strip_row[0];
+    n = 0;
+    for (int i = 0; i < W.n_strips; i++) n += W.strip_len[i];
+    for (uint32_t d = 1; d < t->rank; d++) n *= size[d];
+  }
   for (int64_t e = 0; e < n; e++) {
     int64_t off = 0;
     for (uint32_t d = 0; d < t->rank; d++) off += idx[d] * t->strides[d];
@@ -367,6 +442,12 @@ static double compare_output(uint32_t k, char *why, size_t cap) {
       den += r * r;
     }
     for (int d = (int)t->rank - 1; d >= 0; d--) {
+      if (d == 0 && W.n_strips) {
+        /* the next row of this strip, else the first row of the next one */
+        if (++idx[0] >= W.strip_row[strip] + W.strip_len[strip] && ++strip < W.n_strips)
+          idx[0] = W.strip_row[strip];
+        break;
+      }
       if (++idx[d] < size[d]) break;
       idx[d] = 0;
     }

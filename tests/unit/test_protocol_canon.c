@@ -210,7 +210,50 @@ static void test_invalid_refused(void) {
   CHECK(cb == NULL && cl == 0);
 }
 
+/* A symbolic GEMM (x @ W^T + b), with the M hint spliced in after the vocab. */
+#define GEMM(hint, m)                                                                       \
+  "{'vocab':3," hint "'inputs':[{'id':0,'dtype':'bf16','shape':[" m ",64]},"                \
+  "{'id':1,'dtype':'bf16','shape':[64,128],'strides':[1,64]},{'id':2,'dtype':'bf16','shape':[128]}]," \
+  "'ops':[{'op':'addmm','out':3,'args':[2,0,1]}],'outputs':[{'id':3,'dtype':'bf16','shape':[" m ",128]}]}"
+
+static void test_m_hint_bucket(void) {
+  size_t l3000, l4000, l4096, l8, lnone, ls1, ls2;
+  uint8_t *h3000 = tp_canon_json(GEMM("'m_hint':3000,", "-1"), &l3000);
+  uint8_t *h4000 = tp_canon_json(GEMM("'m_hint':4000,", "-1"), &l4000);
+  uint8_t *h4096 = tp_canon_json(GEMM("'m_hint':4096,", "-1"), &l4096);
+  uint8_t *h8 = tp_canon_json(GEMM("'m_hint':8,", "-1"), &l8);
+  uint8_t *none = tp_canon_json(GEMM("", "-1"), &lnone);
+  /* a static M has no bucket: the hint is dropped, the bytes are the hint-less ones */
+  uint8_t *s1 = tp_canon_json(GEMM("'m_hint':100,", "100"), &ls1);
+  uint8_t *s2 = tp_canon_json(GEMM("", "100"), &ls2);
+  CHECK(h3000 && h4000 && h4096 && h8 && none && s1 && s2);
+  CHECK(tp_bytes_eq(h3000, l3000, h4000, l4000));   /* one bucket: 4096 */
+  CHECK(tp_bytes_eq(h4000, l4000, h4096, l4096));
+  CHECK(!tp_bytes_eq(h4096, l4096, h8, l8));        /* another bucket, another key */
+  CHECK(!tp_bytes_eq(h4096, l4096, none, lnone));
+  CHECK(tp_bytes_eq(s1, ls1, s2, ls2));
+  fm_fragment f, c;
+  fm_diag d = {{0}};
+  CHECK(tp_decode_json(GEMM("'m_hint':3000,", "-1"), &f, &d) == FM_OK && f.m_hint == 3000);
+  CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 4096);
+  /* the canonical bytes decode back to the bucket */
+  fm_fragment back;
+  CHECK(tp_decode_mp(h3000, l3000, &back, &d) == FM_OK && back.m_hint == 4096);
+  /* a pointwise fragment drops it */
+  CHECK(tp_decode_json("{'vocab':1,'m_hint':64,'inputs':[{'id':0,'dtype':'f32','shape':[-1,4]}],"
+                       "'ops':[{'op':'relu','out':1,'args':[0]}],"
+                       "'outputs':[{'id':1,'dtype':'f32','shape':[-1,4]}]}", &f, &d) == FM_OK);
+  CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 0);
+  /* out of range and mistyped hints are refused with their place */
+  CHECK(tp_decode_json(GEMM("'m_hint':0,", "-1"), &f, &d) == FM_ELIMIT && strstr(d.text, "m_hint"));
+  CHECK(tp_decode_json(GEMM("'m_hint':4294967296,", "-1"), &f, &d) == FM_ELIMIT);
+  CHECK(tp_decode_json(GEMM("'m_hint':-5,", "-1"), &f, &d) == FM_ESCHEMA);
+  CHECK(tp_decode_json(GEMM("'m_hint':'big',", "-1"), &f, &d) == FM_ESCHEMA);
+  free(h3000), free(h4000), free(h4096), free(h8), free(none), free(s1), free(s2);
+}
+
 int main(void) {
+  RUN(test_m_hint_bucket);
   RUN(test_equivalents_share_bytes);
   RUN(test_differences_that_matter);
   RUN(test_canonical_structure);

@@ -12,6 +12,7 @@ from functorch.compile import make_boxed_func
 from . import transport
 from ._log import log, warn_once
 from .fragment import Unfusable, build
+from .gemm_fragment import build_gemm
 from .partition import find_groups
 from .runtime import GroupRunner
 
@@ -74,7 +75,8 @@ class FuseMLCompiler:
             if g.route != "kernel":
                 continue
             try:
-                g.built = build(g.members, g.inputs, g.outputs)
+                make = build_gemm if g.kind == "gemm" else build
+                g.built = make(g.members, g.inputs, g.outputs)
                 fused.append(g)
             except Unfusable as e:
                 g.route, g.reason = "bypass", str(e)

@@ -197,6 +197,7 @@ class Built:
         self.full_input = full_input      # index of an input whose leading dims give `outer`
         self.out_strides = out_strides    # fragment strides of each output
         self.in_align = in_align
+        self.gemm = False                 # a GEMM fragment (gemm_fragment.build_gemm)
 
 
 def build(members, in_nodes, out_nodes):

@@ -158,6 +158,54 @@ def why_not_pointwise(node):
     return None
 
 
+def _static_int(x):
+    return isinstance(x, int) and not isinstance(x, torch.SymInt)
+
+
+def why_not_gemm(node):
+    """None when the mm/addmm node can start a GEMM group (PROTOCOL.md, vocabulary 3 and the
+    gemm template's limits), else the reason it runs through cuBLAS instead."""
+    if node.target not in (aten.mm.default, aten.addmm.default):
+        return "batched GEMM: no kernel template yet"
+    if any(k not in ("beta", "alpha") for k in node.kwargs) or \
+            node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        return "addmm with beta/alpha"
+    a, b = node.args[-2], node.args[-1]
+    if not all(isinstance(x, torch.fx.Node) for x in (a, b)):
+        return "operands are not tensors"
+    ta, tb = a.meta.get("val"), b.meta.get("val")
+    if not isinstance(ta, torch.Tensor) or not isinstance(tb, torch.Tensor):
+        return "no tensor metadata"
+    if ta.dtype not in (torch.bfloat16, torch.float16) or tb.dtype != ta.dtype:
+        return f"{ta.dtype} x {tb.dtype} GEMM: the template takes bf16/f16"
+    if ta.dim() != 2 or tb.dim() != 2:
+        return "operands are not matrices"
+    k, n = tb.shape
+    if not (_static_int(k) and _static_int(n)) or not _static_int(ta.shape[1]):
+        return "symbolic K or N"
+    if k % 8:
+        return f"K = {k} is not a multiple of 8"
+    for name, t in (("A", ta), ("B", tb)):
+        st = t.stride()
+        if not all(_static_int(x) for x in st):
+            return f"{name} has symbolic strides"
+        if st[1] == 1 or t.shape[1] == 1:
+            lead = st[0]
+        elif st[0] == 1 or t.shape[0] == 1:
+            lead = st[1]
+        else:
+            return f"{name} is neither row- nor column-major"
+        if lead % 8:
+            return f"{name}'s leading dimension {lead} is not a multiple of 8"
+    if node.target is aten.addmm.default:
+        bias = node.args[0]
+        if isinstance(bias, torch.fx.Node):
+            tbias = bias.meta.get("val")
+            if not isinstance(tbias, torch.Tensor) or tbias.dtype != ta.dtype:
+                return "bias of another dtype"
+    return None
+
+
 def kind_of(node):
     if node.op != "call_function":
         return None

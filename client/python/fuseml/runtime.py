@@ -36,6 +36,28 @@ def allow_untuned():
     return os.environ.get("FUSEML_ALLOW_UNTUNED") == "1"
 
 
+def route_mode():
+    """FUSEML_ROUTE: "measure" (default: the first launch of each group times the kernel
+    against the group's ATen ops on the real inputs and keeps the faster), "kernel" (always
+    the kernel, for tests and benchmarks of the kernels themselves)."""
+    mode = os.environ.get("FUSEML_ROUTE", "measure")
+    return mode if mode in ("measure", "kernel") else "measure"
+
+
+def _median_ms(fn, reps, stream):
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        fn()
+        end.record(stream)
+        times.append((start, end))
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in times)
+    return ms[len(ms) // 2]
+
+
 class GroupRunner:
     def __init__(self, group):
         self.name = f"group {group.gid} ({' -> '.join(group.op_names)})"
@@ -64,6 +86,9 @@ class GroupRunner:
                 isinstance(s, int) for s in n.meta["val"].stride()) else None) for n in b.in_nodes]
             self.out_dtypes = [n.meta["val"].dtype for n in b.out_nodes]
         self._out_layouts = {}  # lead dims -> [(shape, strides)] per output: once per shape
+        self.group = group
+        self.use_kernel = None  # measured routing: None until the first launch decides
+        self.timing = None      # (kernel ms, ATen ms) of that decision
         gid = _next_gid[0]
         _next_gid[0] += 1
         self.gid = gid
@@ -98,12 +123,39 @@ class GroupRunner:
             warn_once("untuned", "kernel %s is %s (not verified on a GPU yet)", key[:12], state)
             return self.eager(xs)
         try:
+            if self.use_kernel is None:
+                outs = self._decide(xs, dev, key, cubin, meta)
+                if outs is not None:
+                    return outs
+            if not self.use_kernel:
+                return self.eager(xs)
             return self._launch(xs, dev, key, cubin, meta)
         except _Layout as e:
             warn_once("layout", "%s: %s", self.name, e)
         except RuntimeError as e:
             warn_once("launch", "%s: %s", self.name, e)
         return self.eager(xs)
+
+    def _decide(self, xs, dev, key, cubin, meta):
+        """Measured routing, once per group: the kernel and the ATen ops it replaces, timed on
+        these inputs (median of a few runs each); the slower one is never run again. Skipped
+        (kernel chosen) in FUSEML_ROUTE=kernel mode and while a CUDA graph is captured, where
+        timing is impossible. Returns the kernel's outputs of the first run, or None."""
+        outs = self._launch(xs, dev, key, cubin, meta)   # a failure raises before any decision
+        stream = torch.cuda.current_stream(dev)
+        if route_mode() == "kernel" or torch.cuda.is_current_stream_capturing():
+            self.use_kernel = True
+            return outs
+        saved = counters["launches"], counters["eager"]
+        k_ms = _median_ms(lambda: self._launch(xs, dev, key, cubin, meta), 7, stream)
+        e_ms = _median_ms(lambda: self.eager(xs), 7, stream)
+        counters["launches"], counters["eager"] = saved
+        self.timing = (k_ms, e_ms)
+        self.use_kernel = k_ms <= e_ms
+        self.group.route_measured = ("kernel" if self.use_kernel else "aten", k_ms, e_ms)
+        log.info("fuseml: %s: kernel %.4f ms, ATen %.4f ms: %s", self.name, k_ms, e_ms,
+                 "kernel" if self.use_kernel else "ATen (the kernel is slower here)")
+        return outs if self.use_kernel else self.eager(xs)
 
     def _launch(self, xs, dev, key, cubin, meta):
         b = self.built
@@ -165,6 +217,13 @@ class GroupRunner:
         spec = b.wire["inputs"][i]
         k = b.layout.k
         size, stride = list(x.shape), list(x.stride())
+        if b.gemm:   # rank-2 operands, no collapsed dims: every dim the kernel strides
+            if len(size) != len(spec["shape"]):
+                raise _Layout(f"input {i} has rank {len(size)}")
+            for d, (s, want_n, want_s) in enumerate(zip(stride, spec["shape"], spec["strides"])):
+                if want_n != 1 and size[d] > 1 and s != want_s:
+                    raise _Layout(f"input {i} has stride {s} in dim {d}, the kernel {want_s}")
+            return
         r = len(b.layout.shape)
         size = [1] * (r - len(size)) + size
         stride = [0] * (r - len(stride)) + stride

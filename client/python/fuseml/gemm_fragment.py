@@ -1,0 +1,137 @@
+"""A GEMM group (mm or addmm, then a pointwise epilogue over its [M, N] result) -> a
+vocabulary-3 fragment (protocol/PROTOCOL.md, "GEMM fragments") and its launch layout.
+
+M is sent as the symbolic dim 0 whenever no stride depends on it (A and every [M, N] operand
+row-major), with `m_hint` = the M at hand: the daemon tunes for that M's power-of-two bucket,
+and another batch size in the bucket reuses the kernel instead of compiling a new one."""
+import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+from .fragment import Built, Emitter, Unfusable, _align_of
+from .ops import DTYPES
+
+VOCAB = 3
+
+
+def _static(x):
+    return isinstance(x, int) or is_concrete_int(x)
+
+
+def _hint(x):
+    """The concrete value of a size, symbolic or not."""
+    if _static(x):
+        return int(x)
+    try:
+        return int(x.node.hint)
+    except (AttributeError, TypeError):
+        raise Unfusable("a symbolic size without a hint") from None
+
+
+class GemmLayout:
+    """What the runtime needs of the iteration space [M, N]: k = 1 when M is the symbolic
+    dim 0 (its size comes from input `full_input`'s dim 0 at launch), else 0."""
+
+    def __init__(self, m, n, symbolic):
+        self.k = 1 if symbolic else 0
+        self.shape = [m, n]
+
+
+def _row_major(t):
+    """dim 0's stride does not depend on dim 0's size."""
+    return t.shape[1] == 1 or t.stride()[1] == 1 or t.shape[0] == 1
+
+
+def build_gemm(members, in_nodes, out_nodes):
+    """members: the matmul node, then its epilogue (graph order); in_nodes: the group's tensor
+    inputs (fragment order); out_nodes: the members whose values leave the group."""
+    mm = members[0]
+    a_node, b_node = mm.args[-2], mm.args[-1]
+    ta, tb = a_node.meta["val"], b_node.meta["val"]
+    m, n = ta.shape[0], int(tb.shape[1])
+    # Every tensor with the M dim must allow a symbolic M: row-major, static strides.
+    with_m = [a_node.meta["val"]] + [x.meta["val"] for x in in_nodes
+                                      if x is not a_node and x is not b_node
+                                      and x.meta["val"].dim() == 2 and x.meta["val"].shape[0] != 1]
+    symbolic = (not _static(m)) or all(_row_major(t) for t in with_m)
+    if not _static(m) and not symbolic:
+        raise Unfusable("a symbolic M with a column-major operand")
+    m_dim = -1 if symbolic else int(m)
+
+    e = Emitter(in_nodes)
+    args = [e.arg(x) for x in mm.args]
+    e.ids[mm] = e.op("addmm" if len(args) == 3 else "mm", *args)
+    for node in members[1:]:
+        e.emit_node(node)
+
+    inputs, in_align = [], []
+    full_input = None
+    for i, node in enumerate(in_nodes):
+        t = node.meta["val"]
+        if node is b_node:
+            shape, strides = [int(d) for d in t.shape], [int(s) for s in t.stride()]
+        elif node is a_node:
+            shape, strides = [m_dim, int(t.shape[1])], _strides(t)
+            full_input = i
+        else:
+            shape, strides = _broadcast(t, m, n, m_dim, f"input {node.name}")
+        if node is a_node and node is b_node:
+            raise Unfusable("A and B are one tensor")
+        align = _align_of(t)
+        in_align.append(align)
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
+                       "align": align})
+    outputs, out_strides = [], []
+    for node in out_nodes:
+        t = node.meta["val"]
+        if t.dim() != 2 or not _same(t.shape[0], m) or int(t.shape[1]) != n:
+            raise Unfusable(f"output {node.name} is not [M, N]")
+        strides = _strides(t)
+        if symbolic and not _row_major(t):
+            strides = [n, 1]   # the runtime allocates outputs; row-major keeps M free
+        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": [m_dim, n],
+                        "strides": strides, "align": 16})
+        out_strides.append(strides)
+    wire = {"vocab": VOCAB, "inputs": inputs, "ops": e.ops, "outputs": outputs}
+    if symbolic:
+        wire["m_hint"] = max(1, _hint(m))
+    built = Built(wire, GemmLayout(m, n, symbolic), in_nodes, out_nodes, full_input,
+                  out_strides, in_align)
+    built.gemm = True
+    return built
+
+
+def _same(a, b):
+    if _static(a) and _static(b):
+        return int(a) == int(b)
+    return a is b or (not _static(a) and not _static(b) and str(a) == str(b))
+
+
+def _strides(t):
+    st = t.stride()
+    if not all(_static(s) for s in st):
+        raise Unfusable("symbolic strides")
+    return [int(s) for s in st]
+
+
+def _broadcast(t, m, n, m_dim, where):
+    """An epilogue operand right-aligned to [M, N]: rank 0 -> [1, 1], [N] -> [1, N]."""
+    size, stride = list(t.shape), list(t.stride())
+    if len(size) > 2:
+        raise Unfusable(f"{where}: rank {len(size)} in a GEMM epilogue")
+    size = [1] * (2 - len(size)) + size
+    stride = [0] * (2 - len(stride)) + stride
+    shape, strides = [], []
+    for d, (sz, st) in enumerate(zip(size, stride)):
+        if _static(sz) and int(sz) == 1:
+            shape.append(1)
+            strides.append(0)
+            continue
+        if d == 0 and not _same(sz, m):
+            raise Unfusable(f"{where}: dim 0 is {sz}, not M or 1")
+        if d == 1 and (not _static(sz) or int(sz) != n):
+            raise Unfusable(f"{where}: dim 1 is {sz}, not N or 1")
+        if not _static(st):
+            raise Unfusable(f"{where}: symbolic stride")
+        shape.append(m_dim if d == 0 else int(sz))
+        strides.append(int(st))
+    return shape, strides

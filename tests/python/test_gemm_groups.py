@@ -1,0 +1,153 @@
+"""GEMM + epilogue groups: what the partitioner finds in bf16 models (forward and backward),
+the vocabulary-3 fragments it builds (symbolic M with an M bucket), the reasons GEMMs stay
+with cuBLAS, and round trips of those fragments through a real fusemld (compile-only here)."""
+import torch
+import torch.nn as nn
+
+from helpers import compile_run, plan
+from models import ActivationHeavyMLP, LlamaMLP, StackedTransformerMLP, TransformerMLP
+
+import fuseml
+from fuseml import transport
+
+BF16 = torch.bfloat16
+
+
+def x_bf16(m=16, d=32):
+    return torch.randn(m, d, dtype=BF16)
+
+
+def gemms(p):
+    return [g for g in p.groups if g.kind == "gemm"]
+
+
+def close_bf16(got, want):
+    (y, grads), (y0, grads0) = got, want
+    for a, b in zip([y] + grads, [y0] + grads0):
+        err = (a.float() - b.float()).norm() / b.float().norm()
+        assert torch.isfinite(err) and err < 1e-2, err
+
+
+def test_mlp_forward_epilogues(dead_socket):
+    c, got, want = compile_run(TransformerMLP().to(BF16), x_bf16())
+    close_bf16(got, want)      # no daemon: every group ran its ATen ops
+    fw = plan(c, "forward")
+    g1, g2 = fw.kernels()
+    assert g1.kind == g2.kind == "gemm"
+    assert g1.op_names == ["addmm", "gelu"] and g2.op_names == ["addmm", "add"]
+    # the pre-activation is saved for gelu_backward: an extra output of the GEMM kernel
+    assert [n.name for n in g1.escapes] == ["addmm"]
+    w = g1.built.wire
+    assert w["vocab"] == 3 and w["m_hint"] == 16
+    a, b, bias = (w["inputs"][i] for i in (1, 2, 0))
+    assert a["shape"] == [-1, 32] and a["strides"] == [32, 1]        # x, row-major, M symbolic
+    assert b["shape"] == [32, 64] and b["strides"] == [1, 32]        # weight.t(): column-major
+    assert bias["shape"] == [1, 64] and bias["strides"] == [0, 1]
+    assert [o["shape"] for o in w["outputs"]] == [[-1, 64], [-1, 64]]
+    assert [op["op"] for op in w["ops"]] == ["addmm", "gelu"]
+    # the residual is an [M, N] input of the second GEMM's epilogue
+    assert [op["op"] for op in g2.built.wire["ops"]] == ["addmm", "add"]
+    assert g2.built.wire["inputs"][3]["shape"] == [-1, 32]
+
+
+def test_backward_mm_with_residual_gradient(dead_socket):
+    c, got, want = compile_run(TransformerMLP().to(BF16), x_bf16())
+    close_bf16(got, want)
+    bw = plan(c, "backward")
+    fused = [g for g in gemms(bw) if g.route == "kernel"]
+    assert [g.op_names for g in fused] == [["mm", "add"]]       # dx = dy @ W1 + dy (residual)
+    lone = [g for g in gemms(bw) if g.route == "bypass"]
+    assert lone and all("lone GEMM" in g.reason for g in lone)
+
+
+def test_llama_gate_epilogue_takes_up_projection(dead_socket):
+    c, got, want = compile_run(LlamaMLP().to(BF16), x_bf16())
+    close_bf16(got, want)
+    fw = plan(c, "forward")
+    (g,) = fw.kernels()
+    assert g.op_names == ["mm", "silu", "mul"]
+    assert sorted(n.name for n in g.escapes) == ["mm", "silu"]   # saved for backward
+    up = [n for n in g.inputs if n.target == torch.ops.aten.mm.default]
+    assert len(up) == 1                       # the up projection feeds the epilogue
+
+
+def test_heavy_and_stacked_one_kernel_per_linear(dead_socket):
+    c, got, want = compile_run(ActivationHeavyMLP().to(BF16), x_bf16(), train=False)
+    close_bf16(got, want)
+    (p,) = [p for p in c.plans if p.which == "inference"]
+    assert [g.op_names for g in p.kernels()] == [["addmm", "gelu", "mul", "add"], ["addmm", "add"]]
+    torch._dynamo.reset()
+    c, got, want = compile_run(StackedTransformerMLP().to(BF16), x_bf16(), train=False)
+    close_bf16(got, want)
+    (p,) = [p for p in c.plans if p.which == "inference"]
+    assert len(p.kernels()) == 8 and all(g.kind == "gemm" for g in p.kernels())
+    # inference saves nothing: no escapes
+    assert all(not g.escapes for g in p.kernels())
+
+
+def test_reasons_gemms_stay_with_cublas(dead_socket):
+    # fp32: the template takes bf16/f16
+    c, _, _ = compile_run(TransformerMLP(), torch.randn(8, 32), train=False)
+    (p,) = [p for p in c.plans if p.which == "inference"]
+    assert all("template takes bf16/f16" in g.reason for g in gemms(p))
+    # K not a multiple of 8
+    torch._dynamo.reset()
+    c, got, want = compile_run(TransformerMLP(d_model=20, d_intermediate=64).to(BF16),
+                               x_bf16(8, 20), train=False)
+    close_bf16(got, want)
+    (p,) = [p for p in c.plans if p.which == "inference"]
+    assert any("K = 20 is not a multiple of 8" in g.reason for g in gemms(p))
+
+
+class _ReadsOwnOperand(nn.Module):
+    """x @ W + x * 2: the epilogue would read A itself, which the template cannot."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32, 32, dtype=BF16))
+
+    def forward(self, x):
+        return torch.mm(x, self.w) + x * 2
+
+
+def test_epilogue_never_reads_the_gemm_operands(dead_socket):
+    c, got, want = compile_run(_ReadsOwnOperand(), x_bf16(), train=False)
+    close_bf16(got, want)
+    (p,) = [p for p in c.plans if p.which == "inference"]
+    for g in gemms(p):
+        a, b = g.members[0].args[-2:]
+        assert all(a not in n.all_input_nodes and b not in n.all_input_nodes for n in g.members[1:])
+
+
+def test_m_bucket_shares_a_key_across_batch_sizes(daemon):
+    """Batch sizes 48 and 60 share the bucket 64 (one key); 8 gets its own."""
+    keys = {}
+    for m in (48, 60, 8):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = TransformerMLP().to(BF16)
+        c, got, want = compile_run(model, x_bf16(m), train=False)
+        close_bf16(got, want)
+        (p,) = [p for p in c.plans if p.which == "inference"]
+        ks = p.kernels()
+        assert len(ks) == 2 and all(g.key and g.state in ("untuned", "tuned") for g in ks), \
+            [g.describe() for g in ks]
+        keys[m] = [g.key for g in ks]
+    assert keys[48] == keys[60]
+    assert keys[8] != keys[48]
+
+
+def test_daemon_refuses_what_the_template_cannot_run(daemon):
+    """A GEMM fragment the daemon cannot serve comes back as a clear refusal, and the
+    group runs eager."""
+    conn = transport.connect(daemon.socket, timeout=30)
+    try:
+        frag = {"vocab": 3, "m_hint": 100,
+                "inputs": [{"id": 0, "dtype": "bf16", "shape": [-1, 12]},
+                           {"id": 1, "dtype": "bf16", "shape": [12, 16]}],
+                "ops": [{"op": "mm", "out": 2, "args": [0, 1]}, {"op": "relu", "out": 3, "args": [2]}],
+                "outputs": [{"id": 3, "dtype": "bf16", "shape": [-1, 16]}]}
+        (r,) = transport.compile_all(conn, [frag], 60)
+    finally:
+        conn.close()
+    assert not r.get("ok") and r.get("code") == "unsupported" and "multiple of 8" in r.get("detail", "")
