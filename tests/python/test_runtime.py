@@ -41,6 +41,9 @@ def standin(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", _Dev)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: types.SimpleNamespace(cuda_stream=0))
+    monkeypatch.setattr(runtime, "_raw_stream", lambda idx: 0)
+    # the stand-in launches nothing, so there is nothing to time: always the kernel
+    monkeypatch.setenv("FUSEML_ROUTE", "kernel")
     _StandIn.calls = []
     return _StandIn
 
@@ -102,3 +105,32 @@ def test_backend_by_name(dead_socket):
     f = lambda x: torch.sigmoid(x) * x + 1.0  # noqa: E731
     x = torch.randn(5, 7)
     torch.testing.assert_close(torch.compile(f, backend="fuseml")(x), f(x))
+
+
+def test_groups_routed_to_aten_are_inlined(dead_socket, standin):
+    """A group with a kernel is a fuseml::group call; once measured routing sends it to ATen
+    the graph is rebuilt with its ATen ops inline (no custom-op cost), and still computes the
+    same; a group the daemon never served is inlined from the start."""
+    from fuseml.backend import Compiled
+    c = fuseml.FuseMLCompiler()
+    f = lambda x: torch.relu(x * 2.0 + 1.0)  # noqa: E731
+    x = torch.randn(4, 8)
+    torch.compile(f, backend=c)(x)
+    (p,) = c.plans
+    (g,) = p.kernels()
+    (r,) = _runners(c)
+    gm = next(iter(p.groups)).members[0].graph.owning_module
+    # no daemon: no kernel, inlined from the start
+    served_none = Compiled(gm, [g], {g.gid: r})
+    assert not served_none.kept and served_none.current is gm
+    r.kernel = ("k" * 64, "tuned", b"", {})
+    comp = Compiled(gm, [g], {g.gid: r})
+
+    def has_group(m):
+        return any(n.target is torch.ops.fuseml.group.default for n in m.graph.nodes)
+
+    assert has_group(comp.current) and comp.pending
+    r.use_kernel = False                      # what _decide does when ATen wins
+    (out,) = comp(x)
+    assert not has_group(comp.current) and not comp.pending
+    torch.testing.assert_close(out, f(x))

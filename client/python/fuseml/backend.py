@@ -87,9 +87,7 @@ class FuseMLCompiler:
         self.plans.append(plan)
         del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
         log.debug("fuseml: %s", plan.describe())
-        if fused:
-            gm = rewrite(gm, fused, runners)
-        return make_boxed_func(gm)
+        return make_boxed_func(Compiled(gm, fused, runners) if fused else gm)
 
     def _request(self, fused, runners):
         try:
@@ -115,11 +113,36 @@ class FuseMLCompiler:
                 g.reason = f"{r.get('code')}: {r.get('detail')}"
                 runners[g.gid].why_eager = ("compile:" + str(r.get("code")),
                                             "fusemld refused a fragment: %s", g.reason)
+                warn_once(*runners[g.gid].why_eager)   # the group runs inlined ATen: said now
                 log.debug("fuseml: group %d fragment %s", g.gid, g.built.wire)
                 continue
             g.key, g.state, g.origin = r["key"], r["state"], r["origin"]
             runners[g.gid].kernel = (r["key"], r["state"], r["cubin"], r["meta"])
         return conn.hello
+
+
+class Compiled:
+    """What a graph compiles to (called with the graph's arguments). Groups the daemon served run as fuseml::group calls; a group without a kernel
+    (refused, daemon unreachable) or one that measured routing sent to ATen is inlined back
+    as its ATen ops, so it costs no more than eager: the graph is rebuilt once a decision
+    drops a group."""
+    def __init__(self, gm, fused, runners):
+        self.gm, self.runners = gm, runners
+        self.kept = [g for g in fused if runners[g.gid].kernel is not None]
+        self.current = rewrite(gm, self.kept, runners) if self.kept else gm
+        self.pending = bool(self.kept)    # some kept group has not been routed yet
+
+    def __call__(self, *args):
+        if self.pending:
+            self._reroute()
+        return self.current(*args)
+
+    def _reroute(self):
+        dropped = [g for g in self.kept if self.runners[g.gid].use_kernel is False]
+        self.pending = any(self.runners[g.gid].use_kernel is None for g in self.kept)
+        if dropped:
+            self.kept = [g for g in self.kept if g not in dropped]
+            self.current = rewrite(self.gm, self.kept, self.runners) if self.kept else self.gm
 
 
 def rewrite(gm, fused, runners):

@@ -1,0 +1,98 @@
+"""GPU check of GEMM + epilogue groups (run on the device machine, not by pytest): the reference
+models in bf16 at benchmark-like shapes through a real fusemld in GPU mode (tuned kernels
+only), inference and a training step against eager (relative error), the routing each group
+got from its measured timings, and eager vs fuseml step times (CUDA events, medians,
+interleaved). Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_gemm.py OUT.json"""
+import json
+import sys
+import time
+
+import torch
+
+from models import MODELS
+
+import fuseml
+from fuseml import runtime
+
+SHAPES = [(16384, 256, 1024), (2048, 1024, 4096)]
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def median_ms(fns, reps=30):
+    """Interleaved CUDA-event medians of each fn in fns (the order rotates every rep)."""
+    times = [[] for _ in fns]
+    for r in range(reps):
+        order = list(range(len(fns)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for i in order:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[i]()
+            e.record()
+            times[i].append((s, e))
+    torch.cuda.synchronize()
+    return [sorted(s.elapsed_time(e) for s, e in t)[len(t) // 2] for t in times]
+
+
+def check(name, m, d, di, train):
+    torch.manual_seed(0)
+    model = MODELS[name](d, di).cuda().to(torch.bfloat16)
+    x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
+    c = fuseml.FuseMLCompiler()
+    compiled = torch.compile(model, backend=c)
+    params = list(model.parameters())
+
+    def step(fn):
+        for p in params:
+            p.grad = None
+        if not train:
+            with torch.no_grad():
+                return [fn(x)]
+        xi = x.detach().requires_grad_(True)
+        y = fn(xi)
+        y.float().square().mean().backward()
+        return [y.detach()] + [p.grad for p in params] + [xi.grad]
+
+    t0 = time.perf_counter()
+    got = step(compiled)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    want = step(model)
+    errs = [rel_err(a, b) for a, b in zip(got, want)]
+    before = dict(runtime.counters)
+    step(compiled)
+    torch.cuda.synchronize()
+    eager_ms, fuseml_ms = median_ms([lambda: step(model), lambda: step(compiled)])
+    groups = [g for p in c.plans for g in p.groups]
+    return {"model": name, "train": train, "M": m, "d_model": d, "d_intermediate": di,
+            "rel_err_max": max(errs), "rel_err_out": errs[0], "first_call_s": first_s,
+            "eager_ms": eager_ms, "fuseml_ms": fuseml_ms, "speedup": eager_ms / fuseml_ms,
+            "launches_per_step": runtime.counters["launches"] - before["launches"],
+            "eager_group_runs_per_step": runtime.counters["eager"] - before["eager"],
+            "groups": [g.describe() for g in groups if g.route == "kernel" or g.kind == "gemm"],
+            "states": sorted({g.state for g in groups if g.state})}
+
+
+def main():
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    for m, d, di in SHAPES:
+        for name in ("mlp", "activation_heavy", "stacked", "llama_mlp"):
+            for train in (False, True):
+                if train and name != "mlp":
+                    continue
+                try:
+                    row = check(name, m, d, di, train)
+                except Exception as e:  # report and go on: one model must not hide the others
+                    row = {"model": name, "train": train, "M": m, "error": repr(e)}
+                out["rows"].append(row)
+                print(json.dumps(row), flush=True)
+    with open(sys.argv[1], "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
