@@ -71,8 +71,8 @@ def test_compile_error_falls_back(daemon, caplog, monkeypatch):
     caplog.set_level(logging.WARNING, logger="fuseml")
     orig = fuseml.backend.build
 
-    def sabotage(members, ins, outs):
-        b = orig(members, ins, outs)
+    def sabotage(members, ins, outs, shape=None):
+        b = orig(members, ins, outs, shape)
         b.wire["vocab"] = 99
         return b
 

@@ -24,6 +24,7 @@ aten = torch.ops.aten
 # one vocabulary op. gelu_backward needs erf, which vocab 1 lacks: it stays an ATen op.
 # What is decomposed: composites whose parts we fuse.
 DECOMPOSITIONS = get_decompositions([
+    aten._softmax, aten._log_softmax,   # amax, sub, exp, sum, div/log: one rows group
     aten.hardsigmoid, aten.hardswish, aten.leaky_relu, aten.elu, aten.clamp_min, aten.clamp_max,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.mish, aten.softplus,
 ])
@@ -75,8 +76,10 @@ class FuseMLCompiler:
             if g.route != "kernel":
                 continue
             try:
-                make = build_gemm if g.kind == "gemm" else build
-                g.built = make(g.members, g.inputs, g.outputs)
+                if g.kind == "gemm":
+                    g.built = build_gemm(g.members, g.inputs, g.outputs)
+                else:
+                    g.built = build(g.members, g.inputs, g.outputs, g.shape)
                 fused.append(g)
             except Unfusable as e:
                 g.route, g.reason = "bypass", str(e)

@@ -7,9 +7,10 @@ which is exact when every tensor is either dense across them or broadcast over a
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
-from .ops import DTYPES, POINTWISE
+from .ops import DTYPES, POINTWISE, row_reduction
 
 VOCAB = 1
+VOCAB_ROWS = 2
 
 
 class Unfusable(Exception):
@@ -113,7 +114,24 @@ class Emitter:
         self.ops.append({"op": name, "out": out, "args": args})
         return out
 
+    def reduce(self, name, vid, correction):
+        """A last-dim reduction (vocabulary 2) with keepdim; the result keeps the dtype."""
+        if self.dtype[vid] in ("const", "bool"):
+            vid = self.cast(vid, "f32")
+        out = self._new(self.dtype[vid])
+        op = {"op": name, "out": out, "args": [vid], "dim": -1, "keepdim": True}
+        if name == "var":
+            op["correction"] = correction
+        self.ops.append(op)
+        return out
+
     def emit_node(self, node):
+        red = row_reduction(node)
+        if red:
+            vid = self.reduce(red[0], self.arg(node.args[0]), red[1])
+            vid = self.cast(vid, DTYPES[node.meta["val"].dtype])
+            self.ids[node] = vid
+            return vid
         vid = POINTWISE[node.target](self, node)
         # Keep every value at the dtype torch gives it, so later ops and the stored outputs
         # see what eager would (a 0-dim f32 tensor does not promote a bf16 tensor in torch).
@@ -198,13 +216,18 @@ class Built:
         self.out_strides = out_strides    # fragment strides of each output
         self.in_align = in_align
         self.gemm = False                 # a GEMM fragment (gemm_fragment.build_gemm)
+        # each output's static dims after the collapsed symbolic ones (a rows fragment's
+        # per-row outputs end in 1 where the iteration shape has N)
+        self.out_tails = [[int(d) for d in layout.shape[layout.k:]] for _ in out_nodes]
 
 
-def build(members, in_nodes, out_nodes):
+def build(members, in_nodes, out_nodes, shape=None):
     """members in graph order; in_nodes: the group's tensor inputs (fragment order);
-    out_nodes: the members whose values leave the group (fragment order)."""
-    shape = members[-1].meta["val"].shape
+    out_nodes: the members whose values leave the group (fragment order); shape: the
+    iteration shape (a rows group's row shape; default: the last member's shape)."""
+    shape = shape if shape is not None else members[-1].meta["val"].shape
     layout = Layout(shape)
+    rows = any(row_reduction(n) for n in members)
     e = Emitter(in_nodes)
     for node in members:
         e.emit_node(node)
@@ -218,19 +241,27 @@ def build(members, in_nodes, out_nodes):
         in_align.append(align)
         inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides,
                        "align": align})
-    outputs, out_strides = [], []
+    outputs, out_strides, out_tails = [], [], []
     for node in out_nodes:
         t = node.meta["val"]
         fshape, fstrides, _ = layout.tensor(t, f"output {node.name}")
-        if any(a != b and a != -1 for a, b in zip(fshape, _frag_dims(layout))):
+        want = _frag_dims(layout)
+        per_row = rows and fshape[-1] == 1 and len(fshape) == len(want)
+        if per_row:
+            want = want[:-1] + [1]     # a statistic (or a value computed from one) per row
+        if len(fshape) != len(want) or any(a != b and a != -1 for a, b in zip(fshape, want)):
             raise Unfusable(f"output {node.name} is not of the group's shape")
         outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": fshape,
                         "strides": fstrides, "align": 16})
         out_strides.append(fstrides)
+        out_tails.append([int(d) for d in want[1 if layout.k else 0:]])
     if layout.k and full_input is None:
         raise Unfusable("no input carries the symbolic dims")
-    wire = {"vocab": VOCAB, "inputs": inputs, "ops": e.ops, "outputs": outputs}
-    return Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)
+    wire = {"vocab": VOCAB_ROWS if rows else VOCAB, "inputs": inputs, "ops": e.ops,
+            "outputs": outputs}
+    built = Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)
+    built.out_tails = out_tails
+    return built
 
 
 def _frag_dims(layout):

@@ -119,8 +119,14 @@ for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
 
 # kwargs an entry may carry; anything else (out=, rounding_mode=, memory_format=...) keeps
-# the node out of a group.
-_ALLOWED_KWARGS = {"alpha", "approximate", "dtype"}
+# the node out of a group. layout/device only on a _to_copy that is a dtype conversion
+# (checked below: strided, same device).
+_ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device"}
+
+# Row reductions over the last dim (vocabulary 2): ATen op -> fragment op.
+ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
+                  aten.var.correction: "var"}
+MAX_ROW = 32768   # FM_MAX_ROW: a row is held in registers
 
 
 def _is_static_scalar(v):
@@ -142,6 +148,10 @@ def why_not_pointwise(node):
         src = node.args[0].meta.get("val") if hasattr(node.args[0], "meta") else None
         if src is None or src.device != val.device or node.kwargs.get("dtype") is None:
             return "_to_copy that is not a dtype conversion"
+        if node.kwargs.get("layout", torch.strided) != torch.strided:
+            return "_to_copy to another layout"
+    elif set(node.kwargs) & {"layout", "device"}:
+        return "unsupported arguments ['device', 'layout']"
     for a in list(node.args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
         if isinstance(a, torch.fx.Node):
             t = a.meta.get("val")
@@ -156,6 +166,40 @@ def why_not_pointwise(node):
         elif not _is_static_scalar(a):
             return f"non-static operand {type(a).__name__}"
     return None
+
+
+def row_reduction(node):
+    """(fragment op, correction) when node reduces the last dim of a float tensor with
+    keepdim (the forms a rows kernel computes), else None."""
+    name = ROW_REDUCTIONS.get(node.target) if node.op == "call_function" else None
+    if name is None:
+        return None
+    x, val = node.args[0], node.meta.get("val")
+    if not isinstance(x, torch.fx.Node) or not isinstance(val, torch.Tensor):
+        return None
+    t = x.meta.get("val")
+    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dtype == torch.bool:
+        return None
+    if t.dim() < 1 or val.dtype != t.dtype:
+        return None
+    n = t.shape[-1]
+    if not _static_int(n) or not 1 < n <= MAX_ROW:
+        return None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (-1, t.dim() - 1):
+        return None
+    if keepdim is not True or set(node.kwargs) - {"dim", "keepdim", "correction"}:
+        return None
+    correction = 0
+    if name == "var":
+        correction = node.kwargs.get("correction", 1)
+        correction = 1 if correction is None else correction
+        if correction not in (0, 1):
+            return None
+    return name, int(correction)
 
 
 def _static_int(x):

@@ -20,7 +20,7 @@ from .fragment import same_shape
 @dataclass
 class Group:
     gid: int
-    kind: str                        # "pointwise" | "gemm" | "reduction"
+    kind: str                        # "pointwise" | "rows" | "gemm" | "reduction"
     members: list                    # FX nodes, graph order
     inputs: list = field(default_factory=list)    # nodes read from outside, first use order
     outputs: list = field(default_factory=list)   # members used outside (incl. graph outputs)
@@ -31,6 +31,7 @@ class Group:
     state: str = None
     origin: str = None
     built: object = None
+    shape: object = None             # the iteration shape (rows: the row shape)
     # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms)
     route_measured: tuple = None
 
@@ -60,6 +61,23 @@ def _order(gm):
     return pos.__getitem__
 
 
+def _per_row(shape):
+    return list(shape[:-1]) + [1]
+
+
+def _fits(g, shape, reduce):
+    """Can a node over `shape` (a reduction: of its operand's rows) join group g?"""
+    if g.kind == "gemm":
+        return not reduce and same_shape(g.shape, shape)
+    if g.kind not in ("pointwise", "rows"):
+        return False
+    if same_shape(g.shape, shape):
+        return True
+    # a per-row value (a statistic and what is computed from it) joins its rows group
+    return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and \
+        same_shape(_per_row(g.shape), shape)
+
+
 def find_groups(gm, min_ops=2):
     """Returns the groups of gm.graph (every pointwise group, fused or not, and every
     GEMM/reduction), with inputs, outputs and escapes filled in."""
@@ -87,30 +105,31 @@ def find_groups(gm, min_ops=2):
         deps[node] = d
         if node.op != "call_function" or _is_mutating(node):
             continue
-        kind = ops.kind_of(node)
+        reduce = ops.row_reduction(node)
+        kind = None if reduce else ops.kind_of(node)
         if kind:
             why = ops.why_not_gemm(node) if kind == "gemm" else "no kernel template yet"
             if kind == "gemm" and why is None:
-                g = Group(next(next_gid), kind, [node])
+                g = Group(next(next_gid), kind, [node], shape=node.meta["val"].shape)
             else:
                 g = Group(next(next_gid), kind, [node], reason=why)
                 g.kind = kind if kind != "gemm" else "gemm_bypass"
             groups.append(g)
             group_of[node] = g
             continue
-        if ops.why_not_pointwise(node) is not None:
+        if not reduce and ops.why_not_pointwise(node) is not None:
             continue
-        shape = node.meta["val"].shape
-        # Producer groups this node may join: pointwise, of its shape, and not reached
-        # through any other operand (joining would make the group wait on itself).
+        # A reduction works on rows of its operand's shape; anything else on its own shape.
+        shape = node.args[0].meta["val"].shape if reduce else node.meta["val"].shape
+        # Producer groups this node may join: of its shape (a rows group also takes per-row
+        # values), and not reached through any other operand (joining would make the group
+        # wait on itself).
         cands = []
         for a in node.all_input_nodes:
             g = group_of.get(a)
-            if g is None or g.kind not in ("pointwise", "gemm") or g in cands:
+            if g is None or g in cands or not _fits(g, shape, reduce):
                 continue
             if g.kind == "gemm" and any(b in g.members[0].args[-2:] for b in node.all_input_nodes):
-                continue
-            if not same_shape(g.members[-1].meta["val"].shape, shape):
                 continue
             others = [b for b in node.all_input_nodes if group_of.get(b) is not g]
             if any(depends(b, g.gid) for b in others):
@@ -121,7 +140,7 @@ def find_groups(gm, min_ops=2):
         cands.sort(key=lambda g: g.kind != "gemm")
         chosen = cands[0] if cands else None
         for h in cands[1:]:
-            if chosen.kind == "gemm" or h.kind == "gemm":
+            if chosen.kind == "gemm" or h.kind == "gemm" or not same_shape(chosen.shape, h.shape):
                 continue
             if any(find(x) == chosen.gid for x in gdeps.get(h.gid, ())) or \
                any(find(x) == h.gid for x in gdeps.get(chosen.gid, ())):
@@ -132,9 +151,13 @@ def find_groups(gm, min_ops=2):
             gdeps[chosen.gid] = gdeps.get(chosen.gid, set()) | gdeps.pop(h.gid, set())
             root[h.gid] = chosen.gid
             groups.remove(h)
+            if h.kind == "rows":
+                chosen.kind = "rows"
         if chosen is None:
-            chosen = Group(next(next_gid), "pointwise", [])
+            chosen = Group(next(next_gid), "pointwise", [], shape=shape)
             groups.append(chosen)
+        if reduce:
+            chosen.kind = "rows"
         chosen.members.append(node)
         group_of[node] = chosen
         for b in node.all_input_nodes:
@@ -162,7 +185,7 @@ def find_groups(gm, min_ops=2):
                 g.reason = "lone GEMM: cuBLAS runs it"
             else:
                 g.route = "kernel"
-        elif g.kind == "pointwise":
+        elif g.kind in ("pointwise", "rows"):
             compute = [n for n in g.members]
             if len(compute) < min_ops:
                 g.reason = "single op: nothing to fuse"

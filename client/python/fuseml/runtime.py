@@ -189,7 +189,8 @@ class GroupRunner:
         if layouts is None:
             if len(self._out_layouts) >= 64:   # dynamic shapes: keep the cache bounded
                 self._out_layouts.clear()
-            layouts = self._out_layouts[lead] = [self._out_layout(lead, f) for f in b.out_strides]
+            layouts = self._out_layouts[lead] = [self._out_layout(lead, f, tail)
+                                                 for f, tail in zip(b.out_strides, b.out_tails)]
         stream = _raw_stream(idx)
         outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev)
                 for (shape, strides), dt in zip(layouts, self.out_dtypes)]
@@ -197,10 +198,8 @@ class GroupRunner:
         counters["launches"] += 1
         return outs
 
-    def _out_layout(self, lead, fstrides):
-        b = self.built
-        k = b.layout.k
-        static = [int(d) for d in b.layout.shape[k:]]
+    def _out_layout(self, lead, fstrides, static):
+        k = self.built.layout.k
         if not k:
             return static, [s if d > 1 else _dense(static, i) for i, (d, s) in enumerate(zip(static, fstrides))]
         tail = [s if d > 1 else _dense(static, i) for i, (d, s) in enumerate(zip(static, fstrides[1:]))]

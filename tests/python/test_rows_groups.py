@@ -1,0 +1,96 @@
+"""Row groups (vocabulary 2): RMSNorm as Llama writes it, softmax and its backward, found as
+one group each with their pointwise prologue/epilogue; per-row statistics saved for backward
+become [M, 1] outputs; a real fusemld (compile-only here) accepts every such fragment."""
+import torch
+import torch.nn as nn
+
+from helpers import compile_run, plan
+
+import fuseml
+
+BF16 = torch.bfloat16
+
+
+class RMSNorm(nn.Module):
+    """Hugging Face LlamaRMSNorm: fp32 statistics, scaled in the input dtype."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d) + 0.1 * torch.randn(d))
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Fn(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+def close_bf16(got, want):
+    (y, grads), (y0, grads0) = got, want
+    for a, b in zip([y] + grads, [y0] + grads0):
+        err = (a.float() - b.float()).norm() / b.float().norm()
+        assert torch.isfinite(err) and err < 1e-2, err
+
+
+def rows(p):
+    return [g for g in p.groups if g.kind == "rows"]
+
+
+def test_rmsnorm_is_one_rows_group(dead_socket):
+    c, got, want = compile_run(RMSNorm(64).to(BF16), torch.randn(16, 64, dtype=BF16))
+    close_bf16(got, want)
+    fw = plan(c, "forward")
+    (g,) = rows(fw)
+    assert g.route == "kernel"
+    assert "mean" in g.op_names and "rsqrt" in g.op_names
+    w = g.built.wire
+    assert w["vocab"] == 2
+    red = [op for op in w["ops"] if op["op"] == "mean"]
+    assert red == [dict(red[0], dim=-1, keepdim=True)]
+    # the rstd that backward needs leaves as a per-row [M, 1] output next to the row outputs
+    shapes = sorted(o["shape"] for o in w["outputs"])
+    assert [16, 1] in shapes and [16, 64] in shapes
+    # the backward's row sum (d rstd) is a rows group too
+    assert any("sum" in g.op_names for g in rows(plan(c, "backward")))
+
+
+def test_softmax_decomposes_into_one_rows_group(dead_socket):
+    f = lambda x: torch.softmax(x.float() * 2.0, -1).to(BF16)  # noqa: E731
+    c, got, want = compile_run(Fn(f), torch.randn(8, 64, dtype=BF16), train=False)
+    (p,) = c.plans
+    (g,) = rows(p)
+    assert [op for op in g.op_names if op in ("amax", "sum", "exp")] == ["amax", "exp", "sum"]
+    assert len(p.kernels()) == 1
+    torch.testing.assert_close(got[0], want[0])
+
+
+def test_reductions_rows_cannot_take_stay_aten(dead_socket):
+    # over dim 0 (a bias gradient), and without keepdim
+    f = lambda x: (x * 2).sum(0) + (x * 3).sum(-1).sum()  # noqa: E731
+    c, got, want = compile_run(Fn(f), torch.randn(8, 64), train=False)
+    (p,) = c.plans
+    assert not rows(p)
+    torch.testing.assert_close(got[0], want[0])
+
+
+def test_daemon_accepts_rows_fragments(daemon):
+    torch.manual_seed(0)
+    c, got, want = compile_run(RMSNorm(64).to(BF16), torch.randn(12, 64, dtype=BF16))
+    close_bf16(got, want)
+    ks = [g for p in c.plans for g in p.kernels() if g.kind == "rows"]
+    assert len(ks) >= 2
+    assert all(g.key and g.state in ("untuned", "tuned") for g in ks), [g.describe() for g in ks]
+    torch._dynamo.reset()
+    f = lambda x: torch.softmax(x.float(), -1).to(BF16)  # noqa: E731
+    c, got, want = compile_run(Fn(f), torch.randn(8, 64, dtype=BF16), fuseml.FuseMLCompiler(), train=False)
+    (g,) = [g for p in c.plans for g in p.kernels()]
+    assert g.key, g.describe()
