@@ -50,19 +50,31 @@ class FuseMLCompiler:
 
     Options: socket (path; default FUSEML_SOCKET or the per-user socket), timeout_s (per
     graph, for the daemon's replies; default 120), min_ops (the fewest ops worth one kernel;
-    default 2; a lone op is one kernel either way)."""
+    default 2; a lone op is one kernel either way), rest ("aten", the default: what is not
+    fused runs as ATen ops; "inductor": the rewritten graph goes to TorchInductor, which
+    calls the fuseml::group ops as extern kernels and fuses what is left)."""
 
-    def __init__(self, socket=None, timeout_s=120.0, min_ops=2):
+    def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten"):
+        if rest not in ("aten", "inductor"):
+            raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
         self.timeout_s = timeout_s
         self.min_ops = min_ops
+        self.rest = rest
         self.plans = []
         self._backend = aot_autograd(
             fw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "forward"),
             bw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "backward"),
             inference_compiler=lambda gm, ex: self.compile_graph(gm, ex, "inference"),
-            decompositions=DECOMPOSITIONS,
+            decompositions=self._decompositions(),
         )
+
+    def _decompositions(self):
+        if self.rest != "inductor":
+            return DECOMPOSITIONS
+        # Inductor lowers only what its own table leaves, so its graph must be traced with it
+        from torch._inductor.decomposition import select_decomp_table
+        return {**select_decomp_table(), **DECOMPOSITIONS}
 
     def __call__(self, gm, example_inputs):
         return self._backend(gm, example_inputs)
@@ -90,7 +102,20 @@ class FuseMLCompiler:
         self.plans.append(plan)
         del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
         log.debug("fuseml: %s", plan.describe())
+        if self.rest == "inductor":
+            return self._inductor(gm, example_inputs, fused, runners)
         return make_boxed_func(Compiled(gm, fused, runners) if fused else gm)
+
+    def _inductor(self, gm, example_inputs, fused, runners):
+        """The rest to Inductor: the graph with the served groups as fuseml::group calls
+        (Inductor runs a custom op it does not know as an extern kernel, through its fake
+        implementation for shapes) is compiled by Inductor's post-autograd compiler. The
+        groups' measured routing still happens inside fuseml::group at the first call."""
+        from torch._inductor.compile_fx import compile_fx_inner
+        kept = [g for g in fused if runners[g.gid].kernel is not None]
+        if kept:
+            gm = rewrite(gm, kept, runners)
+        return compile_fx_inner(gm, example_inputs)
 
     def _request(self, fused, runners):
         try:
