@@ -47,6 +47,7 @@ static const struct {
     [FM_OP_LOG] = {"logf($0)", ARGS_FLOAT},
     [FM_OP_SQRT] = {"sqrtf($0)", ARGS_FLOAT},
     [FM_OP_RSQRT] = {"rsqrtf($0)", ARGS_FLOAT},
+    [FM_OP_ERF] = {"erff($0)", ARGS_FLOAT},
     [FM_OP_GT] = {"($0 > $1)", ARGS_COMPARE},
     [FM_OP_GE] = {"($0 >= $1)", ARGS_COMPARE},
     [FM_OP_LT] = {"($0 < $1)", ARGS_COMPARE},

@@ -151,6 +151,7 @@ static double eval_op(const fm_opnode *op, double a, double b, double c) {
     case FM_OP_LOG: return log(a);
     case FM_OP_SQRT: return sqrt(a);
     case FM_OP_RSQRT: return 1.0 / sqrt(a);
+    case FM_OP_ERF: return erf(a);
     case FM_OP_GT: return a > b;
     case FM_OP_GE: return a >= b;
     case FM_OP_LT: return a < b;

@@ -42,7 +42,9 @@
  * layer_norm and rms_norm, which the decoder expands into primitives (fm_fragment_expand).
  * A canonical fragment records the LOWEST version that covers its ops, so a fragment without
  * reductions keeps its vocabulary-1 canonical bytes and cache key. Vocabulary 3 adds the
- * matrix products mm and addmm (GEMM fragments, below). */
+ * matrix products mm and addmm (GEMM fragments, below). `erf` (what GELU and its backward
+ * decompose into) was appended to the elementwise ops of vocabulary 1 later: a daemon built
+ * before it answers unknown_op, and the client runs the group eagerly. */
 #define FM_VOCAB_VERSION 3
 #define FM_VOCAB_MIN 1
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
@@ -141,7 +143,8 @@ typedef enum {
   XX(VAR, "var", FM_OPK_REDUCE)              \
   XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)   \
   XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE) \
-  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE)
+  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE) \
+  XX(ERF, "erf", FM_OPK_UNARY)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,

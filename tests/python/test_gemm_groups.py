@@ -55,7 +55,9 @@ def test_backward_mm_with_residual_gradient(dead_socket):
     close_bf16(got, want)
     bw = plan(c, "backward")
     fused = [g for g in gemms(bw) if g.route == "kernel"]
-    assert [g.op_names for g in fused] == [["mm", "add"]]       # dx = dy @ W1 + dy (residual)
+    # d(pre-activation) = gelu_backward(dy @ W2, addmm) in the GEMM's epilogue;
+    # dx = dh @ W1 + dy (the residual's gradient)
+    assert [g.op_names for g in fused] == [["mm", "gelu_backward"], ["mm", "add"]]
     lone = [g for g in gemms(bw) if g.route == "bypass"]
     assert lone and all("lone GEMM" in g.reason for g in lone)
 

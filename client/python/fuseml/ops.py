@@ -88,6 +88,26 @@ def _silu_backward(e, n):
     return e.op("mul", e.op("mul", g, s), t)
 
 
+def _gelu_backward(e, n):
+    # d/dx gelu: exact Phi(x) + x * phi(x); tanh form: the derivative of 0.5 x (1 + tanh(u)),
+    # u = sqrt(2/pi) (x + 0.044715 x^3). Spelled here so an unfused group stays one ATen op.
+    g, x = e.arg(n.args[0]), e.arg(n.args[1])
+    approx = n.kwargs.get("approximate", n.args[2] if len(n.args) > 2 else "none")
+    c = e.const
+    if approx == "tanh":
+        k = 0.7978845608028654
+        x2 = e.op("mul", x, x)
+        u = e.op("mul", c(k), e.op("add", x, e.op("mul", c(0.044715), e.op("mul", x2, x))))
+        t = e.op("tanh", u)
+        left = e.op("mul", c(0.5), e.op("add", c(1.0), t))
+        du = e.op("mul", c(k), e.op("add", c(1.0), e.op("mul", c(3 * 0.044715), x2)))
+        right = e.op("mul", e.op("mul", e.op("mul", c(0.5), x), e.op("sub", c(1.0), e.op("mul", t, t))), du)
+        return e.op("mul", g, e.op("add", left, right))
+    cdf = e.op("mul", c(0.5), e.op("add", c(1.0), e.op("erf", e.op("mul", x, c(0.7071067811865476)))))
+    pdf = e.op("mul", c(0.3989422804014327), e.op("exp", e.op("mul", c(-0.5), e.op("mul", x, x))))
+    return e.op("mul", g, e.op("add", cdf, e.op("mul", x, pdf)))
+
+
 def _where(e, n):
     return e.op("where", e.arg(n.args[0]), e.arg(n.args[1]), e.arg(n.args[2]))
 
@@ -113,6 +133,8 @@ POINTWISE = {
     aten.sigmoid_backward.default: _sigmoid_backward,
     aten.tanh_backward.default: _tanh_backward,
     aten.silu_backward.default: _silu_backward,
+    aten.gelu_backward.default: _gelu_backward,
+    aten.erf.default: _unary("erf"),
 }
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Tensor] = _binary(_name)
