@@ -58,11 +58,12 @@ static fm_candidate from_gemm(fm_gemm_config c) {
   k.p[3] = c.stages;
   k.p[4] = c.wm;
   k.p[5] = c.wn;
+  k.p[6] = c.raster;
   return k;
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
-  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5]};
+  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6]};
   return c;
 }
 
@@ -117,8 +118,8 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
   } else if (def.tmpl == FM_TMPL_GEMM) {
-    fm_gemm_config gc[16];
-    size_t m = fm_codegen_gemm_candidates(canon, gc, 16);
+    fm_gemm_config gc[32];
+    size_t m = fm_codegen_gemm_candidates(canon, gc, 32);
     for (size_t i = 0; i < m && n < max; i++) {
       fm_candidate k = from_gemm(gc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
@@ -159,8 +160,8 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                c->p[1], c->p[2]);
       return;
     case FM_TMPL_GEMM:
-      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u", c->p[0], c->p[1], c->p[2], c->p[3],
-               c->p[4], c->p[5]);
+      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u", c->p[0], c->p[1], c->p[2],
+               c->p[3], c->p[4], c->p[5], c->p[6]);
       return;
     default: snprintf(out, cap, "%s", fm_template_name(c->tmpl)); return;
   }

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 3
+#define FM_CODEGEN_VERSION 4
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -105,15 +105,18 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
  * accumulators, ldmatrix (.trans where the layout needs it), cp.async with STAGES buffers,
  * masked edges for any M and N; K must be a multiple of 8 (16-byte chunks) and every
  * non-unit stride of A and B a multiple of 8 with 16-byte aligned bases, else
- * FM_EUNSUPPORTED. The epilogue runs the fragment's pointwise ops on each accumulator in
- * registers before the single store of each output. Launch metadata: kind "gemm", grid rule
+ * FM_EUNSUPPORTED. The epilogue runs the fragment's pointwise ops on the fp32 accumulators
+ * (staged through shared memory so each thread holds 8 consecutive columns of one row)
+ * before the single, 16-byte-wide where aligned, store of each output; blocks may walk the
+ * tiles in groups of `raster` tile rows. Launch metadata: kind "gemm", grid rule
  * "tiles" (fm_meta.h), dynamic shared memory (may exceed 48 KiB). */
 
-/* One point of the gemm template's tuning space (candidate p[0..5], in this order). */
+/* One point of the gemm template's tuning space (candidate p[0..6], in this order). */
 typedef struct fm_gemm_config {
   uint32_t bm, bn, bk;   /* block tile */
   uint32_t stages;       /* cp.async buffers: 2..4 */
   uint32_t wm, wn;       /* warps along M and N (block = wm * wn * 32 threads) */
+  uint32_t raster;       /* tile rows per launch-order group (L2 reuse); 0 or 1: row by row */
 } fm_gemm_config;
 
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);

@@ -16,13 +16,30 @@
 #define MAX_SMEM (163u * 1024u)
 #define DEFAULT_SMS 132u
 
-/* The candidate configurations, the default's choices first. */
+/* The candidate configurations, the default's choices first. Shared memory below is for
+ * the nn.Linear layouts (both operands K-major: stages x (BM + BN) x (BK + 8) x 2 bytes).
+ * Measured on an H100 (bench/NOTES.md, "GEMM template, second pass"): BK 64 is the lever
+ * that counts; 128x128x64 with 3 stages and 8 warps of 64x32 was the fastest from 256 to
+ * 8192 rows, the 16-row tiles at M <= 16. */
 static const fm_gemm_config configs[] = {
-    {128, 128, 32, 3, 2, 4},  /* 8 warps of 64x32: the large-GEMM workhorse */
-    {64, 64, 64, 4, 2, 2},    /* 4 warps of 32x32: more blocks for small grids */
-    {128, 256, 32, 3, 2, 4},  /* 8 warps of 64x64: most reuse per byte loaded */
-    {128, 64, 32, 4, 2, 2},   /* 4 warps of 64x32 */
-    {64, 128, 32, 4, 2, 2},   /* 4 warps of 32x64 */
+    {128, 128, 64, 3, 2, 4, 8},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
+    {64, 64, 64, 4, 2, 2, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
+    {16, 64, 128, 4, 1, 4, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
+    {128, 128, 32, 3, 2, 4, 0},   /* the first pass's default (60 KiB) */
+    {128, 256, 32, 3, 2, 4, 0},   /* 8 warps of 64x64 (90 KiB) */
+    {128, 64, 32, 4, 2, 2, 0},    /* 4 warps of 64x32 (60 KiB) */
+    {64, 128, 32, 4, 2, 2, 0},    /* 4 warps of 32x64 (60 KiB) */
+    /* deeper pipelines and BK 64 for Hopper's latency, grouped rasterisation for L2 */
+    {128, 256, 32, 4, 2, 4, 8},   /* (120 KiB) */
+    {128, 256, 64, 2, 2, 4, 8},   /* (108 KiB) */
+    {256, 128, 32, 4, 4, 2, 8},   /* 8 warps of 64x64 (120 KiB) */
+    {256, 128, 64, 2, 4, 2, 8},   /* (108 KiB) */
+    {128, 128, 32, 4, 2, 4, 8},   /* (80 KiB) */
+    {128, 128, 64, 4, 2, 2, 8},   /* 4 warps of 64x64 (144 KiB) */
+    /* skinny and small grids: more, smaller blocks keep every SM busy */
+    {64, 128, 64, 4, 2, 2, 0},    /* (108 KiB) */
+    {128, 64, 64, 4, 2, 2, 0},    /* (108 KiB) */
+    {32, 128, 64, 4, 1, 4, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
@@ -155,6 +172,7 @@ static int check_config(const gemm_plan *gp, const fm_gemm_config *c, fm_diag *d
     return fm_diag_set(d, FM_EINVAL, "config: BK %u is not a multiple of 16 in 16..128", c->bk);
   if (c->stages < 2 || c->stages > 4)
     return fm_diag_set(d, FM_EINVAL, "config: %u stages (2..4)", c->stages);
+  if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
   /* accumulators per thread: beyond 128 the 255-register budget spills */
   if ((c->bm / c->wm) * (c->bn / c->wn) / 32 > 128)
     return fm_diag_set(d, FM_EINVAL, "config: %u accumulators per thread exceed 128",
@@ -165,7 +183,10 @@ static int check_config(const gemm_plan *gp, const fm_gemm_config *c, fm_diag *d
 static uint32_t smem_bytes(const gemm_plan *gp, const fm_gemm_config *c) {
   uint32_t a = gp->a_kmajor ? c->bm * (c->bk + 8) : c->bk * (c->bm + 8);
   uint32_t b = gp->b_kmajor ? c->bn * (c->bk + 8) : c->bk * (c->bn + 8);
-  return c->stages * (a + b) * 2u;
+  uint32_t mainloop = c->stages * (a + b) * 2u;
+  /* the epilogue's staging slabs reuse the stage buffers: 16 rows per warp */
+  uint32_t staging = c->wm * c->wn * 16u * (c->bn / c->wn + 8u) * 4u;
+  return mainloop > staging ? mainloop : staging;
 }
 
 uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cfg) {
@@ -178,8 +199,8 @@ uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cf
 }
 
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
-  /* Fewer 128x128 tiles than SMs leaves the GPU idle: take the 64x64 tiles then. A
-   * symbolic M is a batch dimension, assumed large. */
+  /* Fewer 128x128 tiles than SMs leaves the GPU idle: take the 64x64 tiles then, and the
+   * 16-row tiles for a decode-sized M. A symbolic M is a batch dimension, assumed large. */
   int64_t m = canon && canon->n_inputs ? -1 : 1, n = 1;
   int g = canon ? fm_fragment_gemm_op(canon) : -1;
   if (g >= 0) {
@@ -191,6 +212,7 @@ fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
       n = canon->inputs[ib].shape[1];
     }
   }
+  if (m > 0 && m <= 16) return configs[2];
   if (m > 0 && ((m + 127) / 128) * ((n + 127) / 128) < (int64_t)DEFAULT_SMS) return configs[1];
   return configs[0];
 }
@@ -199,8 +221,12 @@ size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out,
   gemm_plan *gp = malloc(sizeof *gp);
   size_t n = 0;
   if (!gp || !canon || !out || plan_build(canon, gp, NULL)) goto done;
+  /* A known M at most a quarter of BM leaves most of the tile idle: the smaller tiles
+     serve it (BM 16 and 32 always remain). A symbolic M may be anything: keep all. */
+  int64_t m_eff = gp->m < 16 ? 16 : gp->m;
   for (size_t i = 0; i < N_CONFIGS && n < max; i++)
-    if (!check_config(gp, &configs[i], NULL) && smem_bytes(gp, &configs[i]) <= MAX_SMEM)
+    if (!check_config(gp, &configs[i], NULL) && smem_bytes(gp, &configs[i]) <= MAX_SMEM &&
+        (gp->m < 0 || (int64_t)configs[i].bm < 4 * m_eff))
       out[n++] = configs[i];
 done:
   free(gp);
@@ -230,16 +256,27 @@ static void emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, uint32_t pos) 
   }
 }
 
-/* "m * 1024LL + n" for tensor k (a broadcast dim contributes nothing). */
-static void emit_offset(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
+/* "m * 1024LL + (n + e) * 1LL" for tensor k, column expression nx (a broadcast dim
+ * contributes nothing). */
+static void emit_offset(fm_strbuf *sb, const gemm_plan *gp, uint32_t k, const char *nx) {
   int any = 0;
   for (uint32_t j = 0; j < 2; j++) {
     int64_t s = gp->es[k][j];
     if (!s) continue;
-    fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? "n" : "m", s);
+    fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? nx : "m", s);
     any = 1;
   }
   if (!any) fm_strbuf_append(sb, "0");
+}
+
+/* Tensor k's 8 elements (n .. n+7 of row m) move as 16-byte accesses when they are
+ * contiguous, every row starts on a 16-byte boundary and the element is 2 or 4 bytes
+ * (n is a multiple of 8, so the first element is aligned too). */
+static int vector_ok(const gemm_plan *gp, uint32_t k) {
+  fm_dtype dt = gp->base.t[k].dtype;
+  size_t es = fm_dtype_size(dt);
+  if (dt == FM_DT_BOOL || (es != 2 && es != 4)) return 0;
+  return gp->es[k][1] == 1 && gp->es[k][0] % (int64_t)(16 / es) == 0 && gp->base.t[k].align >= 16;
 }
 
 /* The epilogue parameter list after (acc, m, n): used inputs, then outputs. */
@@ -257,32 +294,84 @@ static void emit_epi_params(fm_strbuf *sb, const gemm_plan *gp, int decl) {
   }
 }
 
+/* Raw elements of used input k into r<k>[8] (columns past N read nothing). */
+static void emit_epi_load(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
+  const char *st = fm_cg_storage_type(gp->base.t[k].dtype);
+  size_t es = fm_dtype_size(gp->base.t[k].dtype);
+  if (gp->es[k][1] == 0) {   /* one value for the whole row piece */
+    fm_strbuf_printf(sb, "  const %s r%u = in%u[", st, k, k);
+    emit_offset(sb, gp, k, "n");
+    fm_strbuf_append(sb, "];\n");
+    return;
+  }
+  fm_strbuf_printf(sb, "  __align__(16) %s r%u[8];\n", st, k);
+  if (vector_ok(gp, k)) {
+    fm_strbuf_append(sb, "  if (full) {\n");
+    for (size_t v = 0; v < es / 2; v++) {
+      fm_strbuf_printf(sb, "    ((uint4 *)r%u)[%zu] = *(const uint4 *)(in%u + ", k, v, k);
+      emit_offset(sb, gp, k, "n");
+      fm_strbuf_printf(sb, " + %zu);\n", v * 16 / es);
+    }
+    fm_strbuf_append(sb, "  } else {\n");
+  }
+  fm_strbuf_append(sb, "#pragma unroll\n  for (int e = 0; e < 8; e++)\n");
+  fm_strbuf_printf(sb, "    r%u[e] = n + e < FM_N ? in%u[", k, k);
+  emit_offset(sb, gp, k, "(n + e)");
+  fm_strbuf_printf(sb, "] : (%s)0;\n", st);
+  if (vector_ok(gp, k)) fm_strbuf_append(sb, "  }\n");
+}
+
+/* o<k>[8] to output k: one 16-byte store per 16 bytes when whole and aligned, else masked. */
+static void emit_epi_store(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
+  uint32_t t = gp->base.n_in + k;
+  size_t es = fm_dtype_size(gp->base.t[t].dtype);
+  if (vector_ok(gp, t)) {
+    fm_strbuf_append(sb, "  if (full) {\n");
+    for (size_t v = 0; v < es / 2; v++) {
+      fm_strbuf_printf(sb, "    *(uint4 *)(out%u + ", k);
+      emit_offset(sb, gp, t, "n");
+      fm_strbuf_printf(sb, " + %zu) = ((const uint4 *)o%u)[%zu];\n", v * 16 / es, k, v);
+    }
+    fm_strbuf_append(sb, "  } else {\n");
+  }
+  fm_strbuf_append(sb, "#pragma unroll\n  for (int e = 0; e < 8; e++)\n");
+  fm_strbuf_printf(sb, "    if (n + e < FM_N) out%u[", k);
+  emit_offset(sb, gp, t, "(n + e)");
+  fm_strbuf_printf(sb, "] = o%u[e];\n", k);
+  if (vector_ok(gp, t)) fm_strbuf_append(sb, "  }\n");
+}
+
 static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp) {
   const fm_cg_plan *p = &gp->base;
-  fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on one accumulator, each output stored once ---- */\n"
-                       "__device__ __forceinline__ void fm_epilogue(const float acc, const long long m, const long long n");
+  fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
+                       "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once ---- */\n"
+                       "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n");
   emit_epi_params(sb, gp, 1);
-  fm_strbuf_append(sb, ") {\n");
+  fm_strbuf_append(sb, ") {\n  const bool full = n + 8 <= FM_N;\n");
+  for (uint32_t k = 0; k < p->n_in; k++)
+    if (gp->used[k]) emit_epi_load(sb, gp, k);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "  __align__(16) %s o%u[8];\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "#pragma unroll\n  for (int e = 0; e < 8; e++) {\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!gp->used[k]) continue;
-    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
+    fm_strbuf_printf(sb, "    const %s v%u = ", p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
     emit_decode_open(sb, p->vdt[k]);
-    fm_strbuf_printf(sb, "in%u[", k);
-    emit_offset(sb, gp, k);
-    fm_strbuf_append(sb, p->vdt[k] == FM_DT_BOOL ? "] != 0)" : p->vdt[k] == FM_DT_F32 ? "]" : "])");
+    fm_strbuf_printf(sb, "r%u%s", k, gp->es[k][1] == 0 ? "" : "[e]");
+    fm_strbuf_append(sb, p->vdt[k] == FM_DT_BOOL ? " != 0)" : p->vdt[k] == FM_DT_F32 ? "" : ")");
     fm_strbuf_append(sb, ";\n");
   }
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
-    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
+    fm_strbuf_printf(sb, "    const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
     if ((int)i == gp->op) {
       /* the product stays fp32, like every intermediate; addmm adds its bias in fp32 */
       if (f->ops[i].nargs == 3) {
         uint32_t b = p->args[i][0];
-        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(acc + (v%u ? 1.0f : 0.0f))", b);
-        else fm_strbuf_printf(sb, "(acc + v%u)", b);
+        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(acc[e] + (v%u ? 1.0f : 0.0f))", b);
+        else fm_strbuf_printf(sb, "(acc[e] + v%u)", b);
       } else {
-        fm_strbuf_append(sb, "acc");
+        fm_strbuf_append(sb, "acc[e]");
       }
     } else {
       fm_cg_emit_op(sb, f, p, i);
@@ -291,12 +380,12 @@ static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
     uint32_t t = p->n_in + k;
-    fm_strbuf_printf(sb, "  out%u[", k);
-    emit_offset(sb, gp, t);
-    fm_strbuf_append(sb, "] = ");
+    fm_strbuf_printf(sb, "    o%u[e] = ", k);
     emit_encode(sb, p->t[t].dtype, p->vdt[p->t[t].value], p->t[t].value);
     fm_strbuf_append(sb, ";\n");
   }
+  fm_strbuf_append(sb, "  }\n");
+  for (uint32_t k = 0; k < p->n_out; k++) emit_epi_store(sb, gp, k);
   fm_strbuf_append(sb, "}\n");
 }
 
@@ -311,27 +400,34 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp
   if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
   fm_strbuf_printf(sb,
-                   "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
-                   "  const int n0 = blockIdx.x * FM_BN;\n"
+                   "  int tm, tn;\n"
+                   "  fm_tile_coords(tm, tn);\n"
+                   "  const long long m0 = (long long)tm * FM_BM;\n"
+                   "  const int n0 = tn * FM_BN;\n"
                    "  float acc[FM_MT][FM_NT][4];\n"
                    "  fm_mainloop(acc, in%u, in%u, M, m0, n0);\n"
+                   "  /* every warp is past its last ldmatrix: the stage buffers become the slabs */\n"
+                   "  __syncthreads();\n"
                    "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
                    "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
+                   "  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;\n"
                    "#pragma unroll\n"
-                   "  for (int mt = 0; mt < FM_MT; mt++)\n"
+                   "  for (int mt = 0; mt < FM_MT; mt++) {\n"
+                   "    fm_stage(slab, acc[mt], lane);\n"
+                   "    __syncwarp();\n"
                    "#pragma unroll\n"
-                   "    for (int h = 0; h < 2; h++) {\n"
-                   "      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + (lane >> 2) + h * 8;\n"
-                   "      if (m >= M) continue;\n"
-                   "#pragma unroll\n"
-                   "      for (int nt = 0; nt < FM_NT; nt++)\n"
-                   "#pragma unroll\n"
-                   "        for (int e = 0; e < 2; e++) {\n"
-                   "          const long long n = n0 + wn * (FM_BN / FM_WN) + nt * 8 + (lane & 3) * 2 + e;\n"
-                   "          if (n < FM_N) fm_epilogue(acc[mt][nt][h * 2 + e], m, n",
+                   "    for (int g = lane; g < 2 * FM_WCOLS; g += 32) {   /* 16 rows x FM_WCOLS / 8 */\n"
+                   "      const int r = g / (FM_WCOLS / 8), c = g %% (FM_WCOLS / 8) * 8;\n"
+                   "      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + r;\n"
+                   "      const long long n = n0 + wn * FM_WCOLS + c;\n"
+                   "      if (m >= M || n >= FM_N) continue;\n"
+                   "      float v[8];\n"
+                   "      *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + c);\n"
+                   "      *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + c + 4);\n"
+                   "      fm_epilogue(v, m, n",
                    gp->ia, gp->ib);
   emit_epi_params(sb, gp, 0);
-  fm_strbuf_append(sb, ");\n        }\n    }\n}\n");
+  fm_strbuf_append(sb, ");\n    }\n    __syncwarp();   /* the slab is rewritten next */\n  }\n}\n");
 }
 
 int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
@@ -355,19 +451,20 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     goto out;
   }
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u", cfg->bm, cfg->bn, cfg->bk, cfg->stages,
-           cfg->wm, cfg->wn);
+  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u", cfg->bm, cfg->bn, cfg->bk,
+           cfg->stages, cfg->wm, cfg->wn, cfg->raster);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
                    gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   fm_strbuf_printf(&sb,
                    "#define FM_BM %u\n#define FM_BN %u\n#define FM_BK %u\n#define FM_STAGES %u\n"
-                   "#define FM_WM %u\n#define FM_WN %u\n#define FM_K %" PRId64 "\n#define FM_N %" PRId64 "\n"
+                   "#define FM_WM %u\n#define FM_WN %u\n#define FM_RASTER %u\n"
+                   "#define FM_K %" PRId64 "\n#define FM_N %" PRId64 "\n"
                    "#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
                    "#define FM_A_KMAJOR %d\n#define FM_B_KMAJOR %d\n",
-                   cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, gp->k, gp->n, gp->lda,
-                   gp->ldb, gp->a_kmajor, gp->b_kmajor);
+                   cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k,
+                   gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
   fm_strbuf_printf(&sb,
                    "__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {\n"
                    "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, \"\n"

@@ -7,10 +7,18 @@
  * the math on k-tile kt. Each operand keeps its global layout in shared memory (K-major rows
  * when K is contiguous, else M/N-major rows) and ldmatrix, with .trans for the M/N-major
  * case, turns either into mma fragments. Rows are padded by 8 elements (16 bytes): the eight
- * row addresses of one ldmatrix then fall in eight different 4-bank groups.
+ * row addresses of one ldmatrix then fall in eight different 4-bank groups (an XOR swizzle
+ * would only save the padding's 12.5% of shared memory, not conflicts).
+ *
+ * After the K loop the stage buffers are reused to stage each warp's accumulators, 16 rows
+ * at a time, so that the generated epilogue runs on 8 consecutive columns of one row and
+ * stores them with one 16-byte access (the mma layout gives a thread 2 adjacent columns).
+ * Blocks walk the output tiles in groups of FM_RASTER tile rows (0: row by row), so the
+ * blocks resident at one time share A rows and B columns in L2.
  *
  * The generated part (fm_codegen_gemm.c) defines FM_BM, FM_BN, FM_BK, FM_STAGES, FM_WM, FM_WN,
- * FM_K, FM_N, FM_LDA, FM_LDB, FM_A_KMAJOR, FM_B_KMAJOR and fm_mma() before this text, and
+ * FM_RASTER, FM_K, FM_N, FM_LDA, FM_LDB, FM_A_KMAJOR, FM_B_KMAJOR and fm_mma() before this
+ * text, and
  * the kernel around it (the epilogue). Changing it changes generated source: bump
  * FM_CODEGEN_VERSION. */
 #include "fm_codegen_gemm.h"
@@ -25,6 +33,11 @@ const char fm_cg_gemm_body[] =
     "#define FM_A_STAGE (FM_A_KMAJOR ? FM_BM * FM_A_ROW : FM_BK * FM_A_ROW)\n"
     "#define FM_B_STAGE (FM_B_KMAJOR ? FM_BN * FM_B_ROW : FM_BK * FM_B_ROW)\n"
     "#define FM_KT ((FM_K + FM_BK - 1) / FM_BK)\n"
+    "#define FM_WCOLS (FM_BN / FM_WN)\n"
+    "/* one warp's staging slab: 16 rows of FM_WCOLS fp32, padded by 8 (the float2 writes of a\n"
+    "   half-warp then cover 32 distinct banks) */\n"
+    "#define FM_SLAB_LD (FM_WCOLS + 8)\n"
+    "extern __shared__ __align__(128) unsigned short fm_smem[];\n"
     "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
     "  return (unsigned)__cvta_generic_to_shared(p);\n"
     "}\n"
@@ -122,7 +135,6 @@ const char fm_cg_gemm_body[] =
     "__device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],\n"
     "    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n"
     "    long long M, long long m0, int n0) {\n"
-    "  extern __shared__ __align__(128) unsigned short fm_smem[];\n"
     "  unsigned short *As = fm_smem, *Bs = fm_smem + FM_STAGES * FM_A_STAGE;\n"
     "  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;\n"
     "  const int wm = warp / FM_WN, wn = warp % FM_WN;\n"
@@ -152,4 +164,27 @@ const char fm_cg_gemm_body[] =
     "    fm_tile_mma(acc, As + cs * FM_A_STAGE, Bs + cs * FM_B_STAGE, wm, wn, lane);\n"
     "  }\n"
     "  fm_cp_wait<0>();\n"
+    "}\n"
+    "/* This block's output tile (tm, tn) from its place in the launch order (x fastest). */\n"
+    "__device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {\n"
+    "#if FM_RASTER > 1\n"
+    "  const int tiles_n = gridDim.x, tiles_m = gridDim.y;\n"
+    "  const int lin = blockIdx.y * tiles_n + blockIdx.x, per_group = FM_RASTER * tiles_n;\n"
+    "  const int first = lin / per_group * FM_RASTER, in_group = lin % per_group;\n"
+    "  const int rows = min(tiles_m - first, FM_RASTER);\n"
+    "  tm = first + in_group % rows;\n"
+    "  tn = in_group / rows;\n"
+    "#else\n"
+    "  tm = blockIdx.y;\n"
+    "  tn = blockIdx.x;\n"
+    "#endif\n"
+    "}\n"
+    "/* Row tile mt of the warp's accumulators into its slab (row-major, 16 x FM_WCOLS). */\n"
+    "__device__ __forceinline__ void fm_stage(float *slab, const float (&acc)[FM_NT][4], int lane) {\n"
+    "#pragma unroll\n"
+    "  for (int nt = 0; nt < FM_NT; nt++)\n"
+    "#pragma unroll\n"
+    "    for (int h = 0; h < 2; h++)\n"
+    "      *(float2 *)(slab + ((lane >> 2) + h * 8) * FM_SLAB_LD + nt * 8 + (lane & 3) * 2) =\n"
+    "          make_float2(acc[nt][h * 2], acc[nt][h * 2 + 1]);\n"
     "}\n";

@@ -4,7 +4,8 @@
  * reference (fm_reference_eval, fp64) by ‖out−ref‖/‖ref‖ on random inputs (never zeros),
  * outputs poisoned with NaN before each launch so unwritten elements fail.
  *
- * Cases: every M in {1, 7, 64, 127, 128, 4099} x N in {8, 64, 136, 1024}, K rotating over
+ * Cases: every M in {1, 7, 64, 127, 128, 4099} x N in {8, 64, 100, 136, 1024} (N = 100: the
+ * epilogue's masked, element-wise path), K rotating over
  * {8, 64, 136, 1024} (smaller where the fp64 reference would be slow), the epilogue rotating
  * over plain mm, bias, bias + relu / gelu / silu, residual + relu, bias + gelu with the
  * pre-activation as an extra output; bf16 and f16; A and B row- or column-major; M symbolic
@@ -29,7 +30,8 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define MAX_JOBS 512
+#define MAX_JOBS 1024
+#define MAX_CANDS 32
 #define MAX_CASES 64
 #define N_THREADS 16
 
@@ -278,8 +280,8 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
     failed++;
     return;
   }
-  fm_candidate cand[16];
-  size_t nc = fm_codegen_candidates(&canon, cand, 16);
+  fm_candidate cand[MAX_CANDS];
+  size_t nc = fm_codegen_candidates(&canon, cand, MAX_CANDS);
   data x;
   data_init(&x, &canon, m, rng);
   double flops = 2.0 * (double)m * (double)n * (double)k, best = 1e30;
@@ -365,7 +367,7 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
 
 int main(int argc, char **argv) {
   static const int64_t ms[] = {1, 7, 64, 127, 128, 4099};
-  static const int64_t ns[] = {8, 64, 136, 1024};
+  static const int64_t ns[] = {8, 64, 100, 136, 1024};   /* 100: rows not 16-byte aligned */
   static const int64_t ks[] = {8, 64, 136, 1024};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x6e33;
   fm_diag d = {{0}};
@@ -401,8 +403,8 @@ int main(int argc, char **argv) {
         failed++;
         continue;
       }
-      fm_candidate cand[16];
-      size_t nc = fm_codegen_candidates(&c->canon, cand, 16);
+      fm_candidate cand[MAX_CANDS];
+      size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS);
       if (nc == 0) {
         printf("FAIL %s: no candidates\n", c->name);
         failed++;

@@ -1,4 +1,4 @@
-/* fusemld gemm kernel: fm_gemm_128x128x32_s3_w2x4, A row-major, B column-major, bf16 */
+/* fusemld gemm kernel: fm_gemm_128x128x64_s3_w2x4_r8, A row-major, B column-major, bf16 */
 #define FM_FAST_MATH 1
 /* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
 __device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
@@ -118,10 +118,11 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 }
 #define FM_BM 128
 #define FM_BN 128
-#define FM_BK 32
+#define FM_BK 64
 #define FM_STAGES 3
 #define FM_WM 2
 #define FM_WN 4
+#define FM_RASTER 8
 #define FM_K 256
 #define FM_N 512
 #define FM_LDA 256LL
@@ -143,6 +144,11 @@ __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned
 #define FM_A_STAGE (FM_A_KMAJOR ? FM_BM * FM_A_ROW : FM_BK * FM_A_ROW)
 #define FM_B_STAGE (FM_B_KMAJOR ? FM_BN * FM_B_ROW : FM_BK * FM_B_ROW)
 #define FM_KT ((FM_K + FM_BK - 1) / FM_BK)
+#define FM_WCOLS (FM_BN / FM_WN)
+/* one warp's staging slab: 16 rows of FM_WCOLS fp32, padded by 8 (the float2 writes of a
+   half-warp then cover 32 distinct banks) */
+#define FM_SLAB_LD (FM_WCOLS + 8)
+extern __shared__ __align__(128) unsigned short fm_smem[];
 __device__ __forceinline__ unsigned fm_saddr(const void *p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -240,7 +246,6 @@ __device__ __forceinline__ void fm_tile_mma(float (&acc)[FM_MT][FM_NT][4], const
 __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
     const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,
     long long M, long long m0, int n0) {
-  extern __shared__ __align__(128) unsigned short fm_smem[];
   unsigned short *As = fm_smem, *Bs = fm_smem + FM_STAGES * FM_A_STAGE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / FM_WN, wn = warp % FM_WN;
@@ -271,18 +276,70 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
   }
   fm_cp_wait<0>();
 }
-/* ---- the epilogue: the fragment's ops on one accumulator, each output stored once ---- */
-__device__ __forceinline__ void fm_epilogue(const float acc, const long long m, const long long n,
+/* This block's output tile (tm, tn) from its place in the launch order (x fastest). */
+__device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {
+#if FM_RASTER > 1
+  const int tiles_n = gridDim.x, tiles_m = gridDim.y;
+  const int lin = blockIdx.y * tiles_n + blockIdx.x, per_group = FM_RASTER * tiles_n;
+  const int first = lin / per_group * FM_RASTER, in_group = lin % per_group;
+  const int rows = min(tiles_m - first, FM_RASTER);
+  tm = first + in_group % rows;
+  tn = in_group / rows;
+#else
+  tm = blockIdx.y;
+  tn = blockIdx.x;
+#endif
+}
+/* Row tile mt of the warp's accumulators into its slab (row-major, 16 x FM_WCOLS). */
+__device__ __forceinline__ void fm_stage(float *slab, const float (&acc)[FM_NT][4], int lane) {
+#pragma unroll
+  for (int nt = 0; nt < FM_NT; nt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      *(float2 *)(slab + ((lane >> 2) + h * 8) * FM_SLAB_LD + nt * 8 + (lane & 3) * 2) =
+          make_float2(acc[nt][h * 2], acc[nt][h * 2 + 1]);
+}
+/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns
+   n .. n+7, n a multiple of 8, those past N ignored), each output stored once ---- */
+__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n,
     const unsigned short *__restrict__ in2,
     unsigned short *__restrict__ out0,
     unsigned short *__restrict__ out1) {
-  const float v2 = fm_bf16_to_f32(in2[n * 1LL]);
-  const float v3 = (acc + v2);  /* addmm */
-  const float v4 = fm_gelu(v3);  /* gelu */
-  out0[m * 512LL + n * 1LL] = fm_f32_to_bf16(v4);
-  out1[m * 512LL + n * 1LL] = fm_f32_to_bf16(v3);
+  const bool full = n + 8 <= FM_N;
+  __align__(16) unsigned short r2[8];
+  if (full) {
+    ((uint4 *)r2)[0] = *(const uint4 *)(in2 + n * 1LL + 0);
+  } else {
+#pragma unroll
+  for (int e = 0; e < 8; e++)
+    r2[e] = n + e < FM_N ? in2[(n + e) * 1LL] : (unsigned short)0;
+  }
+  __align__(16) unsigned short o0[8];
+  __align__(16) unsigned short o1[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) {
+    const float v2 = fm_bf16_to_f32(r2[e]);
+    const float v3 = (acc[e] + v2);  /* addmm */
+    const float v4 = fm_gelu(v3);  /* gelu */
+    o0[e] = fm_f32_to_bf16(v4);
+    o1[e] = fm_f32_to_bf16(v3);
+  }
+  if (full) {
+    *(uint4 *)(out0 + m * 512LL + n * 1LL + 0) = ((const uint4 *)o0)[0];
+  } else {
+#pragma unroll
+  for (int e = 0; e < 8; e++)
+    if (n + e < FM_N) out0[m * 512LL + (n + e) * 1LL] = o0[e];
+  }
+  if (full) {
+    *(uint4 *)(out1 + m * 512LL + n * 1LL + 0) = ((const uint4 *)o1)[0];
+  } else {
+#pragma unroll
+  for (int e = 0; e < 8; e++)
+    if (n + e < FM_N) out1[m * 512LL + (n + e) * 1LL] = o1[e];
+  }
 }
-extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_128x128x32_s3_w2x4(
+extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_128x128x64_s3_w2x4_r8(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,
@@ -290,24 +347,32 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_128x128x32_s3_w
     unsigned short *__restrict__ out1,
     long long outer) {
   const long long M = outer;
-  const long long m0 = (long long)blockIdx.y * FM_BM;
-  const int n0 = blockIdx.x * FM_BN;
+  int tm, tn;
+  fm_tile_coords(tm, tn);
+  const long long m0 = (long long)tm * FM_BM;
+  const int n0 = tn * FM_BN;
   float acc[FM_MT][FM_NT][4];
   fm_mainloop(acc, in0, in1, M, m0, n0);
+  /* every warp is past its last ldmatrix: the stage buffers become the slabs */
+  __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp / FM_WN, wn = warp % FM_WN;
+  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;
 #pragma unroll
-  for (int mt = 0; mt < FM_MT; mt++)
+  for (int mt = 0; mt < FM_MT; mt++) {
+    fm_stage(slab, acc[mt], lane);
+    __syncwarp();
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + (lane >> 2) + h * 8;
-      if (m >= M) continue;
-#pragma unroll
-      for (int nt = 0; nt < FM_NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const long long n = n0 + wn * (FM_BN / FM_WN) + nt * 8 + (lane & 3) * 2 + e;
-          if (n < FM_N) fm_epilogue(acc[mt][nt][h * 2 + e], m, n, in2, out0, out1);
-        }
+    for (int g = lane; g < 2 * FM_WCOLS; g += 32) {   /* 16 rows x FM_WCOLS / 8 */
+      const int r = g / (FM_WCOLS / 8), c = g % (FM_WCOLS / 8) * 8;
+      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + r;
+      const long long n = n0 + wn * FM_WCOLS + c;
+      if (m >= M || n >= FM_N) continue;
+      float v[8];
+      *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + c);
+      *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + c + 4);
+      fm_epilogue(v, m, n, in2, out0, out1);
     }
+    __syncwarp();   /* the slab is rewritten next */
+  }
 }
