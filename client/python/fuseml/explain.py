@@ -1,0 +1,40 @@
+"""A read-only view of what a FuseMLCompiler made of the graphs it compiled, for benchmarks and
+tools: one dict per group, with the strategy it runs under. Nothing here changes a plan."""
+
+
+def groups(compiler):
+    """One dict per group of every graph `compiler` (a FuseMLCompiler) compiled, in compile
+    order: which graph, group id, kind, ops, route, reason, the daemon's key/state/origin, the
+    served kernel's template kind and entry symbol, and `strategy`, a short label:
+    "kernel <kind> (<state>)" for a group served a tuned kernel (launched on CUDA), "aten
+    <kind>: ..." for one whose kernel the runtime measured slower than ATen and dropped,
+    "eager <kind>: <why>" for one routed to a kernel but not served, "bypass <kind>: <reason>"
+    for one the partitioner left to ATen. Fields a plan lacks are None."""
+    from . import runtime
+    runners = {id(r.built): r for r in list(runtime._registry.values())
+               if getattr(r, "built", None) is not None}
+    out = []
+    for plan in list(getattr(compiler, "plans", ())):
+        for g in plan.groups:
+            r = runners.get(id(g.built)) if getattr(g, "built", None) is not None else None
+            kernel = getattr(r, "kernel", None) if r is not None else None
+            meta = kernel[3] if kernel and len(kernel) > 3 and isinstance(kernel[3], dict) else {}
+            route, kind = getattr(g, "route", None), getattr(g, "kind", None)
+            state = getattr(g, "state", None)
+            use = getattr(r, "use_kernel", None) if r is not None else None
+            if route == "kernel" and kernel is not None and state == "tuned" and use is False:
+                strategy = f"aten {kind}: measured slower than its ATen ops"
+            elif route == "kernel" and kernel is not None and state == "tuned":
+                strategy = f"kernel {meta.get('kind', kind)} ({state})"
+            elif route == "kernel":
+                why = getattr(r, "why_eager", None) if r is not None else None
+                why = why[0] if why else (f"state {state}" if state else getattr(g, "reason", ""))
+                strategy = f"eager {kind}: {why}"
+            else:
+                strategy = f"bypass {kind}: {getattr(g, 'reason', '')}"
+            out.append({"graph": plan.which, "gid": g.gid, "kind": kind, "ops": list(g.op_names),
+                        "route": route, "reason": getattr(g, "reason", None),
+                        "key": getattr(g, "key", None), "state": state,
+                        "origin": getattr(g, "origin", None), "template": meta.get("kind"),
+                        "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy})
+    return out
