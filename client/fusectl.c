@@ -34,6 +34,10 @@ static const fm_ctl_cmd fm_ctl_cmds[] = {
    "compile (or fetch) a fragment's kernel", FM_CTL_LONG},
   {"warm", fm_ctl_cmd_warm, "MANIFEST",
    "compile each fragment MANIFEST lists (a path a line)", FM_CTL_LONG},
+  {"export", fm_ctl_cmd_export, "FILE [--device LABEL]",
+   "write the store's entries (or one device's) to FILE, a portable snapshot", FM_CTL_LONG},
+  {"import", fm_ctl_cmd_import, "FILE",
+   "send FILE's entries to fusemld, which verifies each and stores it", FM_CTL_LONG},
 };
 
 static void fm_ctl_help(FILE *f) {

@@ -5,6 +5,7 @@
  *   fusectl_compile.c  compile, warm
  *   fusectl_json.c     JSON file -> msgpack (the fragment JSON form is the wire form)
  *   fusectl_print.c    msgpack -> JSON, aligned tables, human sizes and ages
+ *   fusectl_remote.c   export, import (portable snapshots, docs/REMOTE.md)
  */
 #ifndef FUSECTL_H
 #define FUSECTL_H
@@ -66,6 +67,8 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv);
 
 /* ---- fusectl_json.c ---- */
 #define FM_CTL_JSON_MAX_DEPTH 16            /* the top-level value is depth 1 */

@@ -166,6 +166,18 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
       ROW(name, val);
     }
   }
+  /* The remote tier (docs/REMOTE.md), when the daemon has one: "remote.<counter>" rows. */
+  const msgpack_object *remote = fm_msg_get(&reply, "remote");
+  if (remote && remote->type == MSGPACK_OBJECT_MAP) {
+    for (uint32_t i = 0; i < remote->via.map.size; i++) {
+      const msgpack_object_kv *kv = &remote->via.map.ptr[i];
+      char name[64], key[48];
+      fm_ctl_fmt_scalar(&kv->key, key, sizeof key);
+      snprintf(name, sizeof name, "remote.%s", key);
+      fm_ctl_fmt_scalar(&kv->val, val, sizeof val);
+      ROW(name, val);
+    }
+  }
 #undef ROW
   if (fm_ctl_table_print(&t, stdout)) {
     fprintf(stderr, "fusectl: out of memory\n");

@@ -7,6 +7,7 @@
 #include "fm_log.h"
 #include "fm_msg.h"
 #include "fm_proto.h"
+#include "fm_remote_tier.h"
 #include "fm_reply.h"
 
 #define FM_LIST_DEFAULT_LIMIT 10000u   /* a reply stays far below a client's frame cap */
@@ -42,7 +43,8 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
     fm_log_warn("reading store usage: %s", fm_strerror(err));
 
   fm_reply r;
-  fm_reply_begin(&r, rq->id, 12);
+  int remote = dd->remote && dd->remote->remote;
+  fm_reply_begin(&r, rq->id, 12 + (remote ? 1 : 0));
   fm_pack_kv_cstr(&r.pk, "version", FM_VERSION_STRING);
   fm_pack_kv_cstr(&r.pk, "mode", fm_device_mode(&dd->dev));
   fm_pack_cstr(&r.pk, "device");
@@ -61,6 +63,10 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
   msgpack_pack_uint32(&r.pk, dd->dev.nvrtc_major);
   msgpack_pack_uint32(&r.pk, dd->dev.nvrtc_minor);
   fm_pack_kv_u64(&r.pk, "cublaslt", dd->dev.cublaslt_version);
+  if (remote) {
+    fm_pack_cstr(&r.pk, "remote");
+    fm_remote_tier_pack_stats(dd->remote, &r.pk);
+  }
   fm_reply_send(&r, rq->conn, rq->id);
   return FM_OK;
 }

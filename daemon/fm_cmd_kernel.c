@@ -13,6 +13,7 @@
 #include "fm_fragment.h"
 #include "fm_log.h"
 #include "fm_msg.h"
+#include "fm_remote_tier.h"
 #include "fm_reply.h"
 #include "fm_tuner.h"
 
@@ -181,6 +182,7 @@ static void on_compile_done(fm_compile_job *j) {
     }
     fm_log_info("compiled %.16s (%s, %zu-byte cubin, %s) in %.0f ms", hex, j->meta.kind, j->cubin_len,
                 j->device.arch, j->compile_ms);
+    if (!j->store_err && j->store) fm_remote_publish(dd->loop, dd->remote, &j->key, j->label, j->device.arch);
   }
   answer_waiters(w, hex, j->err ? j->err : FM_OK, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
   free(detail);
@@ -204,6 +206,9 @@ static void on_tune_done(fm_tune_job *tj) {
   if (tj->store_err) {
     fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
     fm_log_error("%s; serving it uncached", tj->store_diag.text);
+  } else {
+    /* Whatever tuning stored (tuned or bad) is worth sharing; nothing stored, nothing sent. */
+    fm_remote_publish(dd->loop, dd->remote, &c0->key, c0->label, c0->device.arch);
   }
   if (!tj->tuned) {
     /* The worker could not judge anything: serve the default as compile-only mode would. */
@@ -310,12 +315,106 @@ static void drop_flight(fm_daemon *dd, fm_flight *f) {
   }
 }
 
-/* Joins the flight for p's key, or starts one. */
+/* Starts the local build of flight f: every candidate then tuning, or the default alone. */
+static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
+  fm_compile_job *job = NULL;
+  fm_tune_job *tj = NULL;
+  int err;
+  if (dd->tuner) {
+    if (start_tuning(dd, p, &tj)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  }
+  if (tj) {
+    f->job = tj;
+    dd->jobs_running++;
+    fm_daemon_count(dd, FM_STAT_COMPILES, 1);
+    fm_log_debug("compiling %zu candidates of %.16s for %s, then tuning", tj->n, p->hex, p->dev.arch);
+    submit_tuning(dd, tj);
+    return FM_OK;
+  }
+  if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
+    return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  f->job = job;
+  if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
+    fm_compile_job_free(job);
+    return fm_diag_set(d, err, "cannot queue the compile");
+  }
+  dd->jobs_running++;
+  fm_daemon_count(dd, FM_STAT_COMPILES, 1);
+  fm_log_debug("compiling %.16s for %s", p->hex, p->dev.arch);
+  return FM_OK;
+}
+
+/* ---- the remote tier (fm_remote_tier.h): asked before building ---- */
+
+typedef struct remote_wait {
+  fm_remote_lookup lk;
+  fm_daemon *dd;
+  prepared p;                  /* owned */
+} remote_wait;
+
+static void on_remote_done(fm_remote_lookup *lk) {
+  remote_wait *rw = lk->ctx;
+  fm_daemon *dd = rw->dd;
+  fm_flight *f = fm_inflight_find(dd->inflight, &rw->p.key);
+  dd->jobs_running--;
+  if (lk->found) {
+    fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+    if (lk->store_err) {
+      fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
+      fm_log_error("cannot store remote entry %.16s; serving it uncached", rw->p.hex);
+    }
+    fm_log_info("remote hit %.16s (%s, %zu-byte cubin)", rw->p.hex, lk->e.kind, lk->e.cubin_len);
+    while (w) {
+      fm_waiter *next = w->next;
+      if (fm_conn_is_open(w->conn)) {
+        if (lk->e.state == FM_STATE_BAD)
+          reply_entry(w->conn, w->id, &lk->e);
+        else
+          reply_kernel(w->conn, w->id, &lk->e.key, lk->e.kind, lk->e.state, "remote", lk->e.meta,
+                       lk->e.meta_len, lk->e.cubin, lk->e.cubin_len);
+      }
+      fm_conn_unref(w->conn);
+      free(w);
+      w = next;
+    }
+    fm_entry_free(&lk->e);
+  } else if (f) {
+    fm_diag d = {{0}};
+    int err = start_build(dd, &rw->p, f, &d);
+    if (err) answer_waiters(fm_inflight_finish(dd->inflight, f), rw->p.hex, err, d.text, NULL, FM_STATE_UNTUNED);
+  }
+  prepared_free(&rw->p);
+  free(rw);
+  fm_daemon_job_ended(dd);
+}
+
+/* Asks the remote tier for p's key on the worker pool; takes p's buffers on success. */
+static int start_remote(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
+  remote_wait *rw = calloc(1, sizeof *rw);
+  if (!rw) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  rw->dd = dd;
+  rw->p = *p;
+  rw->lk.tier = dd->remote;
+  rw->lk.key = p->key;
+  snprintf(rw->lk.label, sizeof rw->lk.label, "%s", p->label);
+  snprintf(rw->lk.arch, sizeof rw->lk.arch, "%s", p->dev.arch);
+  rw->lk.canonical = p->bytes;
+  rw->lk.canonical_len = p->len;
+  f->job = rw;
+  if (fm_remote_lookup_submit(dd->loop, &rw->lk, on_remote_done, rw)) {
+    free(rw);
+    return fm_diag_set(d, FM_EIO, "cannot queue the remote lookup");
+  }
+  p->canon = NULL;
+  p->bytes = NULL;
+  dd->jobs_running++;
+  return FM_OK;
+}
+
+/* Joins the flight for p's key, or starts one: the remote tier first when there is one. */
 static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   fm_daemon *dd = rq->dd;
   fm_flight *f = fm_inflight_find(dd->inflight, &p->key);
-  fm_compile_job *job = NULL;
-  fm_tune_job *tj = NULL;
   int err;
   if (f) {
     if (fm_inflight_join(f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
@@ -323,43 +422,22 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
     fm_daemon_count(dd, FM_STAT_JOINED, 1);
     return FM_OK;
   }
-  if (dd->tuner) {
-    if (start_tuning(dd, p, &tj)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  }
-  if (!tj && fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
-    return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  if (fm_inflight_start(dd->inflight, &p->key, tj ? (void *)tj : (void *)job, &f)) {
-    err = fm_diag_set(d, FM_ENOMEM, "out of memory");
-    goto fail;
-  }
+  if (fm_inflight_start(dd->inflight, &p->key, NULL, &f)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
   if (fm_inflight_join(f, rq->conn, rq->id, 0)) {
     drop_flight(dd, f);
-    err = fm_diag_set(d, FM_ENOMEM, "out of memory");
-    goto fail;
+    return fm_diag_set(d, FM_ENOMEM, "out of memory");
   }
-  if (tj) {
-    fm_conn_ref(rq->conn);
-    dd->jobs_running++;
-    fm_daemon_count(dd, FM_STAT_COMPILES, 1);
-    fm_log_debug("%s: compiling %zu candidates of %.16s for %s, then tuning", fm_conn_name(rq->conn), tj->n,
-                 p->hex, p->dev.arch);
-    submit_tuning(dd, tj);
-    return FM_OK;
-  }
-  if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
-    drop_flight(dd, f);
-    fm_diag_set(d, err, "cannot queue the compile");
-    goto fail;
-  }
+  /* Referenced before starting: a build whose every candidate fails to queue answers at once. */
   fm_conn_ref(rq->conn);
-  dd->jobs_running++;
-  fm_daemon_count(dd, FM_STAT_COMPILES, 1);
-  fm_log_debug("%s: compiling %.16s for %s", fm_conn_name(rq->conn), p->hex, p->dev.arch);
+  if (dd->remote && dd->remote->remote) err = start_remote(dd, p, f, d);
+  else err = start_build(dd, p, f, d);
+  if (err) {
+    drop_flight(dd, f);
+    fm_conn_unref(rq->conn);
+    return err;
+  }
+  fm_log_debug("%s: %.16s in flight", fm_conn_name(rq->conn), p->hex);
   return FM_OK;
-fail:
-  fm_compile_job_free(job);
-  fm_tune_job_free(tj);
-  return err;
 }
 
 int fm_cmd_compile(fm_request *rq, fm_diag *d) {

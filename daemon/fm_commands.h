@@ -31,4 +31,8 @@ int fm_cmd_list(fm_request *rq, fm_diag *d);
 int fm_cmd_show(fm_request *rq, fm_diag *d);
 int fm_cmd_evict(fm_request *rq, fm_diag *d);
 
+/* fm_remote_cmd.c: portable entries (fusectl export / import, docs/REMOTE.md). */
+int fm_cmd_export(fm_request *rq, fm_diag *d);
+int fm_cmd_import(fm_request *rq, fm_diag *d);
+
 #endif

@@ -138,6 +138,8 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
   if (strcmp(key, "allow-uid") == 0) return add_id_list(c->allow_uids, &c->n_allow_uids, key, value, d);
   if (strcmp(key, "allow-gid") == 0) return add_id_list(c->allow_gids, &c->n_allow_gids, key, value, d);
   if (strcmp(key, "tuner-worker") == 0) return set_path(c->tuner_worker, key, value, d);
+  if (strcmp(key, "remote") == 0) return set_path(c->remote, key, value, d);
+  if (strcmp(key, "remote-secret-file") == 0) return set_path(c->remote_secret_file, key, value, d);
   if (strcmp(key, "no-tune") == 0) {
     /* A flag on the command line (no value), yes/no in the file. */
     if (!value || !*value || strcmp(value, "yes") == 0 || strcmp(value, "true") == 0 || strcmp(value, "1") == 0)

@@ -6,7 +6,7 @@
  *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
  *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline
- *            | max-output | allow-uid | allow-gid
+ *            | max-output | allow-uid | allow-gid | remote | remote-secret-file
  *                                                     (the long option names; no-tune = yes|no)
  * allow-uid / allow-gid take a comma-separated list of numeric ids; given more than once (file
  * and flags) the lists add up.
@@ -51,6 +51,9 @@ typedef struct fm_config {
    * whose gid (primary or supplementary) is in allow_gids are served. */
   uint32_t allow_uids[FM_CONFIG_MAX_ALLOW], n_allow_uids;
   uint32_t allow_gids[FM_CONFIG_MAX_ALLOW], n_allow_gids;
+  /* The remote tier (fm_remote_tier.h): "" = off. The secret signs remote and exported entries. */
+  char remote[FM_CONFIG_PATH_MAX];             /* redis://host:port/db */
+  char remote_secret_file[FM_CONFIG_PATH_MAX];
 } fm_config;
 
 /* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle. */

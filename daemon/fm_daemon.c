@@ -12,6 +12,7 @@
 #include "fm_frame.h"
 #include "fm_log.h"
 #include "fm_proto.h"
+#include "fm_remote_tier.h"
 #include "fm_sd.h"
 #include "fm_tuner.h"
 
@@ -38,6 +39,13 @@ void fm_daemon_save_stats(fm_daemon *dd) {
 
 static void on_stats_timer(uv_timer_t *t) {
   fm_daemon_save_stats(t->data);
+}
+
+/* Pinged from the loop itself: a loop that stops turning stops the pings, and systemd
+ * restarts the service (Restart=on-failure covers a watchdog timeout). */
+static void on_watchdog_timer(uv_timer_t *t) {
+  (void)t;
+  fm_sd_notify("WATCHDOG=1");
 }
 
 /* ---- shutdown ---- */
@@ -117,6 +125,17 @@ static int start_handles(fm_daemon *dd, fm_diag *d) {
   }
   uv_timer_start(&dd->stats_timer, on_stats_timer, FM_STATS_SAVE_MS, FM_STATS_SAVE_MS);
   uv_unref((uv_handle_t *)&dd->stats_timer);
+  if (dd->watchdog_usec) {
+    /* Half the interval, as sd_watchdog_enabled(3) recommends; it keeps pinging through a
+     * drain (unreferenced, it never holds the loop open). */
+    uint64_t ms = dd->watchdog_usec / 2000;
+    if (ms == 0) ms = 1;
+    uv_timer_init(dd->loop, &dd->watchdog);
+    uv_timer_start(&dd->watchdog, on_watchdog_timer, ms, ms);
+    uv_unref((uv_handle_t *)&dd->watchdog);
+    fm_log_info("systemd watchdog: %llu ms, pinging every %llu ms",
+                (unsigned long long)(dd->watchdog_usec / 1000), (unsigned long long)ms);
+  }
   return FM_OK;
 }
 
@@ -197,6 +216,8 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   dd->loop = loop;
   dd->cfg = cfg;
 
+  /* Read (and cleared) before the tuner worker is forked: it must not inherit the watchdog. */
+  dd->watchdog_usec = fm_sd_watchdog_usec();
   if ((err = fm_device_init(&dd->dev, cfg->arch, d))) goto out;
   fm_diag why = {{0}};
   if ((err = fm_store_open(cfg->db_path, cfg->cache_size, &dd->store, &why))) {
@@ -208,6 +229,10 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
     fm_diag_set(d, err, "out of memory");
     goto out;
   }
+  if ((err = fm_remote_tier_new(cfg->remote, cfg->remote_secret_file, dd->store, &dd->dev, &dd->remote, d)))
+    goto out;
+  if (dd->remote->remote)
+    fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", cfg->remote, FM_REMOTE_IO_MS);
   if ((err = start_tuner(dd, d))) goto out;
   int listen_fd = fm_sd_listen_fd();
   fm_server_opts so = {
@@ -257,6 +282,7 @@ out:
   if (dd->server) fm_server_free(dd->server);
   fm_tuner_free(dd->tuner);
   fm_inflight_free(dd->inflight);
+  fm_remote_tier_free(dd->remote);   /* after close_loop: no lookup or publish still runs */
   if (dd->store) fm_store_close(dd->store);
   if (uv_loop_close(loop) != 0) fm_log_debug("event loop still had handles at exit");
   free(loop);

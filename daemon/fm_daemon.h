@@ -29,6 +29,7 @@ typedef struct fm_daemon {
   fm_server *server;
   fm_inflight *inflight;
   struct fm_tuner *tuner;             /* NULL: no tuning (compile-only, --no-tune) */
+  struct fm_remote_tier *remote;      /* import/export; its remote is NULL without --remote */
   uint32_t jobs_running;              /* compile jobs queued or running on the pool */
   int64_t session[FM_STAT__COUNT];    /* counters since this start (FM_STAT_MAP) */
   int64_t unsaved[FM_STAT__COUNT];    /* counted but not yet added to the store's counters */
@@ -38,6 +39,8 @@ typedef struct fm_daemon {
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t deadline;
   uv_timer_t stats_timer;             /* saves the counters once a second */
+  uv_timer_t watchdog;                /* WATCHDOG=1 every half WATCHDOG_USEC (fm_sd.h) */
+  uint64_t watchdog_usec;             /* 0: systemd set no watchdog */
   int handles_ready;                  /* signals and timer initialized */
 } fm_daemon;
 

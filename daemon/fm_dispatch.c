@@ -32,6 +32,8 @@ static const struct fm_command {
     {"list", fm_cmd_list, FM_CMD_NEEDS_HELLO},
     {"show", fm_cmd_show, FM_CMD_NEEDS_HELLO},
     {"evict", fm_cmd_evict, FM_CMD_NEEDS_HELLO},
+    {"export", fm_cmd_export, FM_CMD_NEEDS_HELLO},
+    {"import", fm_cmd_import, FM_CMD_NEEDS_HELLO},
 };
 
 static const struct fm_command *find_command(const char *name, size_t len) {

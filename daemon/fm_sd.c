@@ -52,8 +52,27 @@ int fm_sd_notify(const char *state) {
   if (fd < 0) return FM_EIO;
   ssize_t n;
   do {
-    n = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, salen);
+    /* Never block the event loop: a receiver whose queue is full (systemd stalled, or a
+     * test that stopped reading) loses this one notification instead. */
+    n = sendto(fd, state, strlen(state), MSG_NOSIGNAL | MSG_DONTWAIT, (struct sockaddr *)&sa, salen);
   } while (n < 0 && errno == EINTR);
   close(fd);
   return n < 0 ? FM_EIO : 1;
+}
+
+uint64_t fm_sd_watchdog_usec(void) {
+  const char *usec_s = getenv("WATCHDOG_USEC"), *pid_s = getenv("WATCHDOG_PID");
+  uint64_t usec = 0;
+  if (usec_s && *usec_s) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(usec_s, &end, 10);
+    int ok = !errno && !*end && v > 0;
+    /* WATCHDOG_PID guards, like LISTEN_PID, against a variable meant for another process. */
+    if (ok && pid_s && *pid_s) ok = strtol(pid_s, &end, 10) == (long)getpid() && !*end;
+    if (ok) usec = (uint64_t)v;
+  }
+  unsetenv("WATCHDOG_USEC");
+  unsetenv("WATCHDOG_PID");
+  return usec;
 }

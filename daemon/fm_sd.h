@@ -1,9 +1,11 @@
 /* fm_sd.h: the two pieces of systemd integration fusemld uses, written by hand (no libsystemd):
  *  - socket activation: systemd passes the listening socket as fd 3 with LISTEN_PID/LISTEN_FDS;
- *  - sd_notify: "READY=1", "STATUS=...", "STOPPING=1" as datagrams to $NOTIFY_SOCKET
- *    (a path, or an abstract name written with a leading '@'). */
+ *  - sd_notify: "READY=1", "STATUS=...", "STOPPING=1", "WATCHDOG=1" as datagrams to
+ *    $NOTIFY_SOCKET (a path, or an abstract name written with a leading '@'). */
 #ifndef FM_SD_H
 #define FM_SD_H
+
+#include <stdint.h>
 
 #define FM_SD_LISTEN_FDS_START 3
 
@@ -16,8 +18,15 @@ int fm_sd_under_systemd(void);
  * FD_CLOEXEC on the passed fds. */
 int fm_sd_listen_fd(void);
 
-/* Sends state (newline-separated assignments) to $NOTIFY_SOCKET. 0 when NOTIFY_SOCKET is unset,
+/* Sends state (newline-separated assignments) to $NOTIFY_SOCKET without blocking (a full
+ * receiver queue drops it: FM_EIO). 0 when NOTIFY_SOCKET is unset,
  * 1 when sent, a negative fm_err on failure. */
 int fm_sd_notify(const char *state);
+
+/* The watchdog interval systemd asks for (WatchdogSec= gives WATCHDOG_USEC, and WATCHDOG_PID
+ * when set must be our pid), in microseconds; 0 when there is none. Clears both variables so
+ * children (the tuner worker) do not inherit them. The daemon pings "WATCHDOG=1" every half
+ * interval from its event loop, so a stuck loop is what the watchdog catches. */
+uint64_t fm_sd_watchdog_usec(void);
 
 #endif

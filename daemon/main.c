@@ -35,6 +35,8 @@ static void usage(FILE *f) {
           "  --tuner-worker PATH   tuner worker executable (default: fusemld-tuner beside fusemld);\n"
           "                        given, it tunes even without a GPU (tests use stand-ins)\n"
           "  --tune-deadline SECS  per-candidate deadline: SECS + 50x the default's time (default 5)\n"
+          "  --remote URL          share kernels through Redis: redis://host[:port][/db] (docs/REMOTE.md)\n"
+          "  --remote-secret-file PATH  the cluster secret that signs shared and exported entries\n"
           "  --help, --version\n",
           "/run/fusemld/fusemld.sock", "/var/lib/fusemld/kernels.db");
 }
@@ -46,7 +48,8 @@ typedef struct setting {
 
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
-         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION };
+         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
+         OPT_REMOTE, OPT_REMOTE_SECRET };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
       {"db", required_argument, NULL, OPT_DB},
@@ -66,6 +69,8 @@ int main(int argc, char **argv) {
       {"foreground", no_argument, NULL, OPT_FOREGROUND},
       {"system", no_argument, NULL, OPT_SYSTEM},
       {"config", required_argument, NULL, OPT_CONFIG},
+      {"remote", required_argument, NULL, OPT_REMOTE},
+      {"remote-secret-file", required_argument, NULL, OPT_REMOTE_SECRET},
       {"help", no_argument, NULL, OPT_HELP},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0},
