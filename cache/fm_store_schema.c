@@ -213,6 +213,21 @@ static int configure(sqlite3 *db, const char *path, fm_diag *d) {
   return exec_sql(db, "PRAGMA synchronous=NORMAL", "setting synchronous=NORMAL", d);
 }
 
+/* Testing only (RELIABILITY.md, "full disk"): FM_TEST_DB_MAX_PAGES=N caps the database at N
+ * pages (PRAGMA max_page_count), so that a test can fill the store as a full disk would
+ * (SQLITE_FULL) on any filesystem. Unset in production. */
+static int test_max_pages(sqlite3 *db, const char *path, fm_diag *d) {
+  const char *v = getenv("FM_TEST_DB_MAX_PAGES");
+  if (!v || !*v) return FM_OK;
+  char *end = NULL;
+  unsigned long long n = strtoull(v, &end, 10);
+  if (*end || n == 0 || n > 0x7fffffffull)
+    return fm_diag_set(d, FM_EINVAL, "%s: FM_TEST_DB_MAX_PAGES=\"%s\" is not a page count", path, v);
+  char sql[64];
+  snprintf(sql, sizeof sql, "PRAGMA max_page_count=%llu", n);
+  return exec_sql(db, sql, "setting FM_TEST_DB_MAX_PAGES", d);
+}
+
 static const char entry_columns[] =
     "key, device, kind, state, size, created, last_used, hits, checksum, canonical, meta, "
     "source, timings, cubin";
@@ -301,6 +316,7 @@ int fm_store_open(const char *path, uint64_t size_cap, fm_store **out, fm_diag *
   }
   if ((err = configure(s->db, path, d)) != FM_OK) goto fail;
   if ((err = migrate(s->db, path, d)) != FM_OK) goto fail;
+  if ((err = test_max_pages(s->db, path, d)) != FM_OK) goto fail;
   if ((err = fm_store_prepare_all(s, d)) != FM_OK) goto fail;
   if (d && notice.text[0]) *d = notice;
   *out = s;

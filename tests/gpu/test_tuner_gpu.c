@@ -8,7 +8,15 @@
  *     times plausible (no faster than 6 TB/s); prints the table, the tuning time and the
  *     chosen vs the default candidate;
  *  3. end to end (when a socket is given): fusectl compile examples/gelu_bias_bf16.json on the
- *     running fusemld answers state "tuned" and fusectl show lists the candidates.
+ *     running fusemld answers state "tuned" and fusectl show lists the candidates;
+ *  4. fault repetition (RELIABILITY.md section 4): FM_FAULT_REPEAT rounds (default 50) of one
+ *     job [good, out-of-bounds, good, never-terminating, good] on a static [1024, 4096]
+ *     fragment (cheap to prepare, so 100 worker starts stay short). Every round: the faulty
+ *     ones marked bad, the worker killed and replaced (2 restarts, a new pid), the good one
+ *     after each fault verifies, exactly one fusemld-tuner child alive (no stray, no zombie),
+ *     the round within the deadline; GPU memory in use (nvidia-smi) does not grow over the
+ *     rounds and returns to its baseline once the worker is stopped.
+ * FM_TUNER_GPU_ONLY=faults runs only 4.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -105,11 +113,21 @@ static int build_fragment(void) {
   return 0;
 }
 
+/* The fragment compile_candidate compiles (the symbolic one unless the fault repetition swaps
+ * in its static one). */
+static const fm_fragment *cur_canon = &canon;
+static const uint8_t *cur_bytes;
+static size_t cur_len;
+
 static fm_compile_job *compile_candidate(const fm_candidate *c) {
   fm_key key;
   fm_compile_job *j;
   memset(&key, 0x5a, sizeof key);
-  if (fm_compile_job_new(&canon, canon_bytes, canon_len, &key, &dev, NULL, &j)) return NULL;
+  if (!cur_bytes) {
+    cur_bytes = canon_bytes;
+    cur_len = canon_len;
+  }
+  if (fm_compile_job_new(cur_canon, cur_bytes, cur_len, &key, &dev, NULL, &j)) return NULL;
   j->has_cand = 1;
   j->cand = *c;
   fm_compile_run(j);
@@ -262,6 +280,134 @@ static void test_daemon_tunes(void) {
   CHECK(listed >= 4);
 }
 
+/* ---- 4. fault repetition ---- */
+
+/* GPU memory in use on device 0 (MiB, from nvidia-smi), or -1. */
+static long gpu_mem_used_mib(void) {
+  FILE *p = popen("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null", "r");
+  long v = -1;
+  if (p) {
+    if (fscanf(p, "%ld", &v) != 1) v = -1;
+    pclose(p);
+  }
+  return v;
+}
+
+static void test_fault_repetition(void) {
+  const char *rep_s = getenv("FM_FAULT_REPEAT");
+  int rounds = rep_s && atoi(rep_s) > 0 ? atoi(rep_s) : 50;
+  const double deadline_s = 0.5;
+  /* the static fragment: x [1024, 4096] bf16 + b [1, 4096], gelu */
+  fb b;
+  fm_fragment tmp, scanon;
+  fm_diag d = {{0}};
+  uint8_t *sbytes = NULL;
+  size_t slen = 0;
+  int64_t xs[2] = {1024, 4096}, bs[2] = {1, 4096};
+  fb_init(&b);
+  uint32_t x = fb_input(&b, FM_DT_BF16, 2, xs, NULL, 16);
+  uint32_t bias = fb_input(&b, FM_DT_BF16, 2, bs, NULL, 16);
+  fb_output(&b, fb_op1(&b, FM_OP_GELU, fb_op2(&b, FM_OP_ADD, x, bias)), 2, xs);
+  tmp = b.f;
+  CHECK(fm_fragment_validate(&tmp, &d) == FM_OK && fm_fragment_canonicalize(&tmp, &scanon) == FM_OK &&
+        fm_fragment_canonical_bytes(&scanon, &sbytes, &slen) == FM_OK);
+  if (!sbytes) return;
+  cur_canon = &scanon;
+  cur_bytes = sbytes;
+  cur_len = slen;
+
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&scanon, cands, FM_TUNE_MAX_CANDIDATES);
+  uint8_t *cubin = NULL;
+  size_t len = 0;
+  char *log = NULL;
+  CHECK(n >= 3);
+  CHECK_EQ_INT(fm_nvrtc_compile(planted_src, "planted.cu", dev.arch, &cubin, &len, &log), FM_OK);
+  free(log);
+  if (n < 3 || !cubin) goto out;
+
+  fm_tworker w;
+  fm_tuner_opts o = {.worker_exe = worker_exe, .deadline_s = deadline_s, .seed = 13};
+  fm_tworker_init(&w, worker_exe);
+  long base = gpu_mem_used_mib(), first_round = -1, last_round = -1;
+  int restarts = 0, bad = 0, ok_after = 0, stray = 0, same_pid = 0, rounds_ok = 0;
+  double t_max = 0, t_sum = 0;
+  for (int r = 0; r < rounds; r++) {
+    fm_tune_job *tj;
+    if (fm_tune_job_new(&tj)) break;
+    fm_compile_job *g0 = compile_candidate(&cands[0]);
+    tj->cands[tj->n++] = g0;
+    tj->cands[tj->n++] = planted(g0, cubin, len, "planted_oob");
+    tj->cands[tj->n++] = compile_candidate(&cands[1]);
+    tj->cands[tj->n++] = planted(g0, cubin, len, "planted_hang");
+    tj->cands[tj->n++] = compile_candidate(&cands[2]);
+    pid_t pid_before = w.pid;
+    double t0 = now_ms();
+    fm_tuner_run_job(&w, &o, tj);
+    double t = now_ms() - t0;
+    t_sum += t;
+    if (t > t_max) t_max = t;
+    int fault_ok = tj->res[1].verdict == FM_VERDICT_LAUNCH_FAILED || tj->res[1].verdict == FM_VERDICT_FAULT;
+    int hang_ok = tj->res[3].verdict == FM_VERDICT_TIMEOUT;
+    int good = tj->res[0].verdict == FM_VERDICT_OK && tj->res[2].verdict == FM_VERDICT_OK &&
+               tj->res[4].verdict == FM_VERDICT_OK;
+    int procs = count_tuner_processes();
+    restarts += (int)tj->restarts;
+    bad += (int)tj->bad;
+    ok_after += good;
+    stray += procs != 1;
+    same_pid += r > 0 && w.pid == pid_before;
+    int this_ok = fault_ok && hang_ok && good && tj->restarts == 2 && tj->bad == 2 && procs == 1 && tj->tuned &&
+                  w.pid != pid_before;
+    rounds_ok += this_ok;
+    if (!this_ok) {
+      printf("round %d: %.0f ms, %u restarts, %u bad, %d tuner processes, pid %ld -> %ld\n", r, t, tj->restarts,
+             tj->bad, procs, (long)pid_before, (long)w.pid);
+      print_job(tj);
+    }
+    if (r == 0 || r == rounds - 1 || r % 10 == 9) {
+      long used = gpu_mem_used_mib();
+      if (r == 0) first_round = used;
+      last_round = used;
+      printf("fault round %d: %.0f ms, GPU memory used %ld MiB (baseline %ld)\n", r + 1, t, used, base);
+    } else {
+      printf("fault round %d: %.0f ms\n", r + 1, t);
+    }
+    fm_tune_job_free(tj);
+  }
+  fm_tworker_stop(&w, 5000);
+  long after = -1;
+  /* the driver frees a dead context's memory asynchronously: give it a moment */
+  for (int i = 0; i < 30; i++) {
+    after = gpu_mem_used_mib();
+    if (base < 0 || after <= base + 16) break;
+    usleep(100 * 1000);
+  }
+  printf("faults: %d rounds (%d ok), %d restarts, %d marked bad, %d good-after-fault rounds, "
+         "round mean %.0f ms max %.0f ms (deadline %.1f s + restarts), %d rounds with a stray process; "
+         "GPU memory used: baseline %ld MiB, first round %ld, last round %ld, after stop %ld\n",
+         rounds, rounds_ok, restarts, bad, ok_after, t_sum / (rounds ? rounds : 1), t_max, deadline_s, stray, base,
+         first_round, last_round, after);
+  CHECK_EQ_INT(rounds_ok, rounds);
+  CHECK_EQ_INT(restarts, 2 * rounds);
+  CHECK_EQ_INT(bad, 2 * rounds);
+  CHECK_EQ_INT(same_pid, 0);
+  CHECK_EQ_INT(stray, 0);
+  CHECK(t_max < deadline_s * 1000 + 10000);
+  CHECK(waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD);
+  CHECK_EQ_INT(count_tuner_processes(), 0);
+  if (base >= 0) {
+    CHECK(last_round <= first_round + 64);   /* no dead worker's memory piles up */
+    CHECK(after <= base + 16);
+  }
+out:
+  free(cubin);
+  free(sbytes);
+  cur_canon = &canon;
+  cur_bytes = canon_bytes;
+  cur_len = canon_len;
+}
+
 int main(int argc, char **argv) {
   fm_diag d = {{0}};
   if (argc < 2) {
@@ -269,6 +415,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
+  /* Line-buffered even into a file: a run cut off by `timeout` keeps what it printed. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   worker_exe = argv[1];
   if (fm_cuda_device_id(0, &dev, &d)) {
     fprintf(stderr, "no GPU: %s\n", d.text);
@@ -277,6 +425,12 @@ int main(int argc, char **argv) {
   }
   printf("device: %s (%s, %u SMs)\n", dev.name, dev.arch, dev.sm_count);
   if (build_fragment()) return 1;
+  const char *only = getenv("FM_TUNER_GPU_ONLY");
+  if (only && strcmp(only, "faults") == 0) {
+    RUN(test_fault_repetition);
+    free(canon_bytes);
+    return FM_TEST_DONE();
+  }
   RUN(test_planted_bad_candidates);
   RUN(test_full_tune);
   if (argc >= 5) {
@@ -285,6 +439,8 @@ int main(int argc, char **argv) {
     examples = argv[4];
     RUN(test_daemon_tunes);
   }
+  /* Last: the longest (100 worker starts); a run cut off by a timeout loses only it. */
+  RUN(test_fault_repetition);
   free(canon_bytes);
   return FM_TEST_DONE();
 }
