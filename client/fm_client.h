@@ -36,7 +36,7 @@ typedef struct fm_compiled {
   fm_key key;
   char kind[16];
   char state[16];       /* "untuned" | "tuned" */
-  char origin[16];      /* "hit" | "compiled" | "joined" */
+  char origin[16];      /* "hit" | "compiled" | "joined" | "remote" */
   fm_kernel_meta meta;
   uint8_t *cubin;
   size_t cubin_len;
