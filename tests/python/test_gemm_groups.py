@@ -153,3 +153,15 @@ def test_daemon_refuses_what_the_template_cannot_run(daemon):
     finally:
         conn.close()
     assert not r.get("ok") and r.get("code") == "unsupported" and "multiple of 8" in r.get("detail", "")
+
+
+def test_explain_prints_every_group_and_why(dead_socket):
+    import io
+    buf = io.StringIO()
+    rows = fuseml.explain(TransformerMLP().to(BF16), x_bf16(), file=buf)
+    text = buf.getvalue()
+    assert rows and "groups" in text.splitlines()[0]
+    assert "addmm -> gelu" in text and "addmm -> add" in text
+    # no daemon here: each group says why it is not a kernel
+    assert all(not r["strategy"].startswith("kernel") for r in rows)
+    assert all(r["strategy"].split(" ")[0] in ("eager", "bypass", "aten") for r in rows)

@@ -38,3 +38,40 @@ def groups(compiler):
                         "origin": getattr(g, "origin", None), "template": meta.get("kind"),
                         "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy})
     return out
+
+
+def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
+    """Compiles `model` with fuseml, runs it once on `inputs` (a training model: forward
+    only; its backward graph is compiled when backward runs) and prints, per graph, every
+    group found: its ops, the strategy it runs under, the kernels it launches, the measured
+    kernel and ATen times where routing measured them, and why anything was not fused.
+    Returns the list of group dicts (groups())."""
+    import sys
+
+    import torch
+
+    from .backend import FuseMLCompiler
+    compiler = compiler or FuseMLCompiler()
+    out = torch.compile(model, backend=compiler, **compile_kwargs)(*inputs)
+    if isinstance(out, torch.Tensor) and out.is_cuda:
+        torch.cuda.synchronize()
+    rows = groups(compiler)
+    file = file or sys.stdout
+    fused = [r for r in rows if r["strategy"].startswith("kernel")]
+    print(f"fuseml: {len(rows)} groups, {len(fused)} run as fused kernels "
+          f"({len(fused)} launches per call for them)", file=file)
+    by_gid = {}
+    for plan in compiler.plans:
+        for g in plan.groups:
+            by_gid[(plan.which, g.gid)] = g
+    last = None
+    for r in rows:
+        if r["graph"] != last:
+            print(f"{r['graph']} graph:", file=file)
+            last = r["graph"]
+        g = by_gid.get((r["graph"], r["gid"]))
+        timing = ""
+        if g is not None and g.route_measured:
+            timing = f"; measured kernel {g.route_measured[1]:.4f} ms vs ATen {g.route_measured[2]:.4f} ms"
+        print(f"  [{r['kind']}] {' -> '.join(r['ops'])}: {r['strategy']}{timing}", file=file)
+    return rows
