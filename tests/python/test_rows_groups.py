@@ -94,3 +94,29 @@ def test_daemon_accepts_rows_fragments(daemon):
     c, got, want = compile_run(Fn(f), torch.randn(8, 64, dtype=BF16), fuseml.FuseMLCompiler(), train=False)
     (g,) = [g for p in c.plans for g in p.kernels()]
     assert g.key, g.describe()
+
+
+def test_layer_norm_forward_is_one_rows_group(dead_socket):
+    """nn.LayerNorm: var and mean (var_mean split in two), rsqrt, scale and shift in one rows
+    kernel; the mean and rstd backward needs leave as per-row outputs; backward matches."""
+    torch.manual_seed(0)
+    ln = nn.LayerNorm(64).to(BF16)
+    with torch.no_grad():
+        ln.weight.add_(0.1 * torch.randn(64, dtype=BF16))
+        ln.bias.add_(0.1 * torch.randn(64, dtype=BF16))
+    c, got, want = compile_run(ln, torch.randn(16, 64, dtype=BF16))
+    close_bf16(got, want)
+    (g,) = rows(plan(c, "forward"))
+    assert g.route == "kernel"
+    assert {"var", "mean", "rsqrt"} <= set(g.op_names)
+    w = g.built.wire
+    assert [op["op"] for op in w["ops"] if op["op"] in ("var", "mean")] == ["var", "mean"]
+    assert [op.get("correction") for op in w["ops"] if op["op"] == "var"] == [0]
+    assert sorted(o["shape"] for o in w["outputs"]).count([16, 1]) == 2   # mean, rstd
+
+
+def test_daemon_accepts_layer_norm(daemon):
+    c, got, want = compile_run(nn.LayerNorm(64).to(BF16), torch.randn(12, 64, dtype=BF16))
+    close_bf16(got, want)
+    (g,) = rows(plan(c, "forward"))
+    assert g.key and g.state in ("untuned", "tuned"), g.describe()

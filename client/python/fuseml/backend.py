@@ -25,9 +25,22 @@ aten = torch.ops.aten
 # What is decomposed: composites whose parts we fuse.
 DECOMPOSITIONS = get_decompositions([
     aten._softmax, aten._log_softmax,   # amax, sub, exp, sum, div/log: one rows group
+    aten.native_layer_norm,             # var_mean (below), rsqrt, scale, shift: one rows group
     aten.hardsigmoid, aten.hardswish, aten.leaky_relu, aten.elu, aten.clamp_min, aten.clamp_max,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.mish, aten.softplus,
 ])
+
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """var_mean as its two row reductions (each one op of vocabulary 2): the pair returns a
+    tuple, which a group cannot hold, and LayerNorm's decomposition computes its statistics
+    with it."""
+    return (aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
+            aten.mean.dim(x, dim, keepdim))
+
+
+DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
 
 
 class Plan:
