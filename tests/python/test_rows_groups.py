@@ -120,3 +120,40 @@ def test_daemon_accepts_layer_norm(daemon):
     close_bf16(got, want)
     (g,) = rows(plan(c, "forward"))
     assert g.key and g.state in ("untuned", "tuned"), g.describe()
+
+
+class _TransformerLayer(nn.Module):
+    """Pre-norm attention + MLP on [B, S, D]: LayerNorms, QKV, softmax attention (bmm), GELU."""
+
+    def __init__(self, d=64, heads=4, di=128):
+        super().__init__()
+        self.h = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, di), nn.Linear(di, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
+        q, k, v = [t.view(b, s, self.h, d // self.h).transpose(1, 2) for t in (q, k, v)]
+        a = torch.softmax(q @ k.transpose(-1, -2) / (d // self.h) ** 0.5, -1) @ v
+        x = x + self.o(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+def test_small_transformer_layer(dead_socket):
+    """Both LayerNorms and the attention softmax become row groups (the residual add feeding
+    the second LayerNorm joins it and escapes); the batched GEMMs stay with cuBLAS, with the
+    reason; outputs and gradients match eager."""
+    torch.manual_seed(0)
+    c, got, want = compile_run(_TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16))
+    close_bf16(got, want)
+    fw = plan(c, "forward")
+    rg = rows(fw)
+    assert len(rg) == 3 and all(g.route == "kernel" for g in rg)
+    assert sum("amax" in g.op_names for g in rg) == 1                  # the softmax
+    assert sum("var" in g.op_names for g in rg) == 2                   # the LayerNorms
+    ln2 = next(g for g in rg if g.op_names[0] == "add")
+    assert ln2.op_names[0] == "add" and any(n.name.startswith("add") for n in ln2.escapes)
+    bmm = [g for g in fw.groups if g.kind == "gemm" and "bmm" in g.op_names]
+    assert bmm and all("batched GEMM" in g.reason for g in bmm)
