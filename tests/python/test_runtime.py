@@ -134,3 +134,26 @@ def test_groups_routed_to_aten_are_inlined(dead_socket, standin):
     (out,) = comp(x)
     assert not has_group(comp.current) and not comp.pending
     torch.testing.assert_close(out, f(x))
+
+
+def test_gemm_group_through_a_view_launch_layout(dead_socket, standin):
+    """nn.Linear on [B, S, D] then GELU: one GEMM group through the view; the kernel's [M, N]
+    outputs come back viewed as the [B, S, N] the graph expects, the escaping 2-D
+    pre-activation stays [M, N]; outer is M = B * S."""
+    lin = torch.nn.Linear(32, 64).to(torch.bfloat16)
+    f = torch.nn.Sequential(lin, torch.nn.GELU())
+    c = fuseml.FuseMLCompiler()
+    x = torch.randn(2, 8, 32, dtype=torch.bfloat16, requires_grad=True)
+    torch.compile(f, backend=c)(x)
+    (r,) = [r for r in _runners(c) if r.built.gemm]
+    assert r.built.out_views
+    xs = []
+    for n in r.built.in_nodes:
+        v = n.meta["val"]
+        xs.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype).normal_())
+    r.kernel = ("k" * 64, "tuned", b"", {})
+    got = r._launch(xs, torch.device("cpu"), r.kernel[0], b"", {})
+    want = r.eager(xs)
+    assert [(o.shape, o.stride(), o.dtype) for o in got] == [(o.shape, o.stride(), o.dtype) for o in want]
+    assert any(o.dim() == 3 for o in got)
+    assert standin.calls and standin.calls[-1][2] == 16

@@ -216,6 +216,7 @@ class Built:
         self.out_strides = out_strides    # fragment strides of each output
         self.in_align = in_align
         self.gemm = False                 # a GEMM fragment (gemm_fragment.build_gemm)
+        self.out_views = None             # GEMM: per output, the [B, S, N] shape to view it as
         # each output's static dims after the collapsed symbolic ones (a rows fragment's
         # per-row outputs end in 1 where the iteration shape has N)
         self.out_tails = [[int(d) for d in layout.shape[layout.k:]] for _ in out_nodes]

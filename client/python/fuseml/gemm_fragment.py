@@ -8,7 +8,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .fragment import Built, Emitter, Unfusable, _align_of
-from .ops import DTYPES
+from .ops import DTYPES, RESHAPE_OPS
 
 VOCAB = 3
 
@@ -51,7 +51,7 @@ def build_gemm(members, in_nodes, out_nodes):
     # Every tensor with the M dim must allow a symbolic M: row-major, static strides.
     with_m = [a_node.meta["val"]] + [x.meta["val"] for x in in_nodes
                                       if x is not a_node and x is not b_node
-                                      and x.meta["val"].dim() == 2 and x.meta["val"].shape[0] != 1]
+                                      and x.meta["val"].dim() >= 2 and x.meta["val"].shape[-2] != 1]
     symbolic = (not _static(m)) or all(_row_major(t) for t in with_m)
     if not _static(m) and not symbolic:
         raise Unfusable("a symbolic M with a column-major operand")
@@ -61,6 +61,9 @@ def build_gemm(members, in_nodes, out_nodes):
     args = [e.arg(x) for x in mm.args]
     e.ids[mm] = e.op("addmm" if len(args) == 3 else "mm", *args)
     for node in members[1:]:
+        if node.target in RESHAPE_OPS:      # [M, N] seen as [B, S, N]: the same elements
+            e.ids[node] = e.ids[node.args[0]]
+            continue
         e.emit_node(node)
 
     inputs, in_align = [], []
@@ -80,12 +83,20 @@ def build_gemm(members, in_nodes, out_nodes):
         in_align.append(align)
         inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
                        "align": align})
-    outputs, out_strides = [], []
+    outputs, out_strides, out_views = [], [], []
     for node in out_nodes:
         t = node.meta["val"]
-        if t.dim() != 2 or not _same(t.shape[0], m) or int(t.shape[1]) != n:
+        view = None
+        if t.dim() > 2:                     # [B, S, N] after a view: stored as [M, N]
+            if not t.is_contiguous() or _rows(t) != _hint(m) or int(t.shape[-1]) != n:
+                raise Unfusable(f"output {node.name} is not a dense view of [M, N]")
+            view = tuple(int(d) for d in t.shape)
+            strides = [n, 1]
+        elif not _same(t.shape[0], m) or int(t.shape[1]) != n:
             raise Unfusable(f"output {node.name} is not [M, N]")
-        strides = _strides(t)
+        else:
+            strides = _strides(t)
+        out_views.append(view)
         if symbolic and not _row_major(t):
             strides = [n, 1]   # the runtime allocates outputs; row-major keeps M free
         outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": [m_dim, n],
@@ -97,7 +108,15 @@ def build_gemm(members, in_nodes, out_nodes):
     built = Built(wire, GemmLayout(m, n, symbolic), in_nodes, out_nodes, full_input,
                   out_strides, in_align)
     built.gemm = True
+    built.out_views = out_views if any(out_views) else None
     return built
+
+
+def _rows(t):
+    rows = 1
+    for d in t.shape[:-1]:
+        rows *= int(d)
+    return rows
 
 
 def _same(a, b):
@@ -117,7 +136,21 @@ def _broadcast(t, m, n, m_dim, where):
     """An epilogue operand right-aligned to [M, N]: rank 0 -> [1, 1], [N] -> [1, N]."""
     size, stride = list(t.shape), list(t.stride())
     if len(size) > 2:
-        raise Unfusable(f"{where}: rank {len(size)} in a GEMM epilogue")
+        # [B, S, N] beside a GEMM seen through a view: dense across the leading dims, it is
+        # [M, N] with the stride of its second-to-last dim (or a row broadcast: [1, N])
+        if not all(_static(d) for d in size[:-1]) or not all(_static(s) for s in stride):
+            raise Unfusable(f"{where}: symbolic sizes in a GEMM epilogue operand of rank {len(size)}")
+        lead = [int(d) for d in size[:-2]]
+        if all(d == 1 for d in lead):
+            size, stride = size[-2:], stride[-2:]
+        else:
+            for i in range(len(size) - 2):
+                if int(size[i + 1]) > 1 and int(stride[i]) != int(stride[i + 1]) * int(size[i + 1]):
+                    raise Unfusable(f"{where}: not dense across its leading dims")
+            rows = 1
+            for d in size[:-1]:
+                rows *= int(d)
+            size, stride = [rows, size[-1]], [stride[-2], stride[-1]]
     size = [1] * (2 - len(size)) + size
     stride = [0] * (2 - len(stride)) + stride
     shape, strides = [], []

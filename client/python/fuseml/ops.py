@@ -224,6 +224,27 @@ def row_reduction(node):
     return name, int(correction)
 
 
+RESHAPE_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+
+
+def splits_rows(node, shape):
+    """True when node reshapes a value of `shape` ([M, N], the GEMM's) into [d0, ..., N] with
+    d0 * ... = M (nn.Linear on a [B, S, D] input): a view a GEMM group can look through,
+    its epilogue then running over the same elements."""
+    if node.op != "call_function" or node.target not in RESHAPE_OPS:
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() < 3 or len(shape) != 2:
+        return False
+    lead = val.shape[:-1]
+    if not all(_static_int(d) for d in lead) or not _static_int(shape[0]):
+        return False   # symbolic leading dims: the runtime could not rebuild the shape
+    m = 1
+    for d in lead:
+        m *= int(d)
+    return m == int(shape[0]) and val.shape[-1] == shape[1] and val.is_contiguous()
+
+
 def _static_int(x):
     return isinstance(x, int) and not isinstance(x, torch.SymInt)
 

@@ -117,6 +117,14 @@ def find_groups(gm, min_ops=2):
             groups.append(g)
             group_of[node] = g
             continue
+        src = group_of.get(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if src is not None and src.kind == "gemm" and ops.splits_rows(node, src.shape) and \
+                node.args[0] is src.members[-1]:
+            # nn.Linear on [B, S, D]: the epilogue continues over the [B, S, N] view
+            src.members.append(node)
+            src.shape = node.meta["val"].shape
+            group_of[node] = src
+            continue
         if not reduce and ops.why_not_pointwise(node) is not None:
             continue
         # A reduction works on rows of its operand's shape; anything else on its own shape.
@@ -181,7 +189,7 @@ def find_groups(gm, min_ops=2):
         if g.kind == "gemm_bypass":
             g.kind = "gemm"
         elif g.kind == "gemm" and g.route == "bypass" and not g.reason:
-            if len(g.members) < 2:
+            if sum(n.target not in ops.RESHAPE_OPS for n in g.members) < 2:
                 g.reason = "lone GEMM: cuBLAS runs it"
             else:
                 g.route = "kernel"
