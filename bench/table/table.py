@@ -34,7 +34,7 @@ import workloads as W  # noqa: E402
 
 try:
     import fuseml
-    from fuseml import explain as fm_explain
+    from fuseml import plan_view as fm_explain
 except ImportError as e:  # the table still runs its peers; the fuseml column says why not
     fuseml, fm_explain, _FUSEML_ERR = None, None, repr(e)
 
@@ -209,7 +209,7 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
         groups = fm_explain.groups(fm_compiler)
         row["groups"] = groups
         row["strategy"] = _strategy(groups)
-        # explain.groups lists the plans' groups in order: a group counts as fused when its
+        # plan_view.groups lists the plans' groups in order: a group counts as fused when its
         # strategy is a launched kernel (served tuned, not dropped by the runtime).
         labels = iter(groups)
         served = [[g for g in plan.groups if next(labels)["strategy"].startswith("kernel ")]

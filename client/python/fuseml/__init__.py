@@ -9,7 +9,7 @@ FUSEML_ALLOW_UNTUNED=1 (a testing aid only: launch kernels not yet verified on a
 FUSEML_ROUTE=kernel (skip measured routing: always launch served kernels).
 fuseml.explain(model, *inputs) prints the groups found and what each runs as."""
 from .backend import FuseMLCompiler, Plan, fuseml_backend, rewrite
-from .explain import explain
+from .plan_view import explain
 from .fragment import Unfusable, build
 from .partition import Group, find_groups
 
