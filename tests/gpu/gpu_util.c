@@ -1,6 +1,8 @@
 /* gpu_util.c: see gpu_util.h. */
 #include "gpu_util.h"
 
+#include "fm_nvrtc.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,4 +127,22 @@ float gu_median(float *v, size_t n) {
   if (!n) return 0;
   qsort(v, n, sizeof *v, cmp_float);
   return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
+                       const char *arch, const char *name, uint8_t **cubin, size_t *cubin_len,
+                       fm_kernel_meta *meta, char **err) {
+  char *src = NULL, *log = NULL;
+  fm_diag d = {{0}};
+  *err = NULL;
+  int rc = fm_codegen_generate(canon, c, sm_count, &src, meta, &d);
+  if (rc) {
+    *err = strdup(d.text);
+    return rc;
+  }
+  rc = fm_nvrtc_compile(src, name, arch, cubin, cubin_len, &log);
+  free(src);
+  if (rc) *err = log ? log : strdup("nvrtc failed");
+  else free(log);
+  return rc;
 }

@@ -7,8 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fm_codegen.h"
 #include "fm_cuda.h"
 #include "fm_fragment.h"
+#include "fm_meta.h"
 
 /* xorshift64*: reproducible random inputs from a printed seed. */
 typedef struct { uint64_t s; } gu_rng;
@@ -40,5 +42,12 @@ int gu_d2h(const fm_cuda *cu, void *h, fm_CUdeviceptr d, size_t bytes);
 
 /* Median of n floats (sorts in place). */
 float gu_median(float *v, size_t n);
+
+/* Generates candidate c of canon and compiles it with NVRTC for arch: FM_OK with *cubin
+ * (malloc'd) and *meta, else the error code with *err (malloc'd: the codegen reason or
+ * NVRTC's log). name: the translation unit's name in NVRTC messages. */
+int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
+                       const char *arch, const char *name, uint8_t **cubin, size_t *cubin_len,
+                       fm_kernel_meta *meta, char **err);
 
 #endif

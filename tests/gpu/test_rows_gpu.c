@@ -165,17 +165,8 @@ static void *compile_worker(void *arg) {
     pthread_mutex_unlock(&lock);
     if (i < 0) return NULL;
     job *j = &jobs[i];
-    char *src = NULL, *log = NULL;
-    fm_diag d = {{0}};
-    j->rc = fm_codegen_generate(&cases[j->c].canon, &j->cand, dev.sm_count, &src, &j->k.meta, &d);
-    if (j->rc) {
-      j->err = strdup(d.text);
-      continue;
-    }
-    j->rc = fm_nvrtc_compile(src, "rows.cu", dev.arch, &j->k.cubin, &j->k.cubin_len, &log);
-    if (j->rc) j->err = log ? log : strdup("nvrtc failed");
-    else free(log);
-    free(src);
+    j->rc = gu_build_candidate(&cases[j->c].canon, &j->cand, dev.sm_count, dev.arch, "rows.cu", &j->k.cubin,
+                               &j->k.cubin_len, &j->k.meta, &j->err);
   }
 }
 

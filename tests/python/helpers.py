@@ -33,6 +33,14 @@ def assert_close(got, want, atol=1e-5, rtol=1e-5):
         torch.testing.assert_close(g, g0, atol=atol, rtol=rtol)
 
 
+def close_bf16(got, want):
+    """bf16 outputs and gradients: ||got - want|| / ||want|| below 1e-2 each, never NaN."""
+    (y, grads), (y0, grads0) = got, want
+    for a, b in zip([y] + grads, [y0] + grads0):
+        err = (a.float() - b.float()).norm() / b.float().norm()
+        assert torch.isfinite(err) and err < 1e-2, err
+
+
 def plan(compiler, which):
     plans = [p for p in compiler.plans if p.which == which]
     assert plans, f"no {which} graph compiled"

@@ -4,7 +4,7 @@ with cuBLAS, and round trips of those fragments through a real fusemld (compile-
 import torch
 import torch.nn as nn
 
-from helpers import compile_run, plan
+from helpers import close_bf16, compile_run, plan
 from models import ActivationHeavyMLP, LlamaMLP, StackedTransformerMLP, TransformerMLP
 
 import fuseml
@@ -19,13 +19,6 @@ def x_bf16(m=16, d=32):
 
 def gemms(p):
     return [g for g in p.groups if g.kind == "gemm"]
-
-
-def close_bf16(got, want):
-    (y, grads), (y0, grads0) = got, want
-    for a, b in zip([y] + grads, [y0] + grads0):
-        err = (a.float() - b.float()).norm() / b.float().norm()
-        assert torch.isfinite(err) and err < 1e-2, err
 
 
 def test_mlp_forward_epilogues(dead_socket):

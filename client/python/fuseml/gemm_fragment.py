@@ -4,17 +4,10 @@ vocabulary-3 fragment (protocol/PROTOCOL.md, "GEMM fragments") and its launch la
 M is sent as the symbolic dim 0 whenever no stride depends on it (A and every [M, N] operand
 row-major), with `m_hint` = the M at hand: the daemon tunes for that M's power-of-two bucket,
 and another batch size in the bucket reuses the kernel instead of compiling a new one."""
-import torch
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
-
-from .fragment import Built, Emitter, Unfusable, _align_of
+from .fragment import Built, Emitter, Unfusable, _align_of, _same, _static
 from .ops import DTYPES, RESHAPE_OPS
 
 VOCAB = 3
-
-
-def _static(x):
-    return isinstance(x, int) or is_concrete_int(x)
 
 
 def _hint(x):
@@ -117,12 +110,6 @@ def _rows(t):
     for d in t.shape[:-1]:
         rows *= int(d)
     return rows
-
-
-def _same(a, b):
-    if _static(a) and _static(b):
-        return int(a) == int(b)
-    return a is b or (not _static(a) and not _static(b) and str(a) == str(b))
 
 
 def _strides(t):
