@@ -56,7 +56,9 @@ def speedup(rows, path):
         rs = [r for r in rows if r["workload"] == w]
         _grouped(ax, [r["preset"] for r in rs],
                  [("vs eager", [r.get("speedup_vs_eager") for r in rs]),
-                  ("vs best peer", [r.get("speedup_vs_best_peer") for r in rs])],
+                  ("vs best peer", [r.get("speedup_vs_best_peer") for r in rs])] +
+                 ([("vs Inductor with CUDA graphs", [r.get("speedup_vs_inductor_cudagraphs") for r in rs])]
+                  if any(r.get("speedup_vs_inductor_cudagraphs") for r in rs) else []),
                  "speedup (x)", hline=1.0)
         ax.set_title(W.LABELS.get(w, w), fontsize=9)
     fig.suptitle("fuseml speedup: " + _title(rows), fontsize=9)

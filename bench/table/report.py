@@ -7,6 +7,7 @@ import os
 import workloads as W
 
 COLUMNS = [("eager", "Eager"), ("inductor", "Inductor"), ("inductor_max_autotune", "Inductor MA"),
+           ("inductor_cudagraphs", "Inductor RO"), ("fuseml_nographs", "fuseml, no graphs"),
            ("fuseml", "fuseml")]
 
 
@@ -87,10 +88,17 @@ def markdown(rows):
                    "and Inductor max-autotune-no-cudagraphs (MA). HBM: analytical model, MB per "
                    "step. Compile: fuseml, seconds, cold (empty fusemld cache) / warm (a second "
                    "process on the filled cache).\n")
-        out.append("| Workload | Preset | Eager | Inductor | Inductor MA | fuseml | vs eager "
-                   "| vs best peer | floor | HBM eager → fused (saved) | kernels eager → fuseml "
+        if any(r.get("fuseml_cudagraphs") for r in rs):
+            out.append("fuseml runs with CUDA graphs (`mode=\"reduce-overhead\"`); the three "
+                       "peers do not. So that the graphs are not mistaken for fusion, two more "
+                       "columns were timed in the same run: Inductor with CUDA graphs "
+                       "(`mode=\"reduce-overhead\"`, RO; \"vs RO\" is fuseml against it) and "
+                       "fuseml without graphs.\n")
+        out.append("| Workload | Preset | Eager | Inductor | Inductor MA | Inductor RO "
+                   "| fuseml, no graphs | fuseml | vs eager | vs best peer | vs RO | floor "
+                   "| HBM eager → fused (saved) | kernels eager → fuseml "
                    "| rel err | compile cold / warm | strategy |")
-        out.append("|" + "---|" * 14)
+        out.append("|" + "---|" * 17)
         for r in rs:
             hbm = f"{_mb(r.get('hbm_bytes_eager'))} → {_mb(r.get('hbm_bytes_fused'))}"
             if r.get("hbm_saved") is not None:
@@ -99,8 +107,10 @@ def markdown(rows):
             out.append(
                 f"| {W.LABELS.get(r['workload'], r['workload'])} | {r['preset']} "
                 f"| {_ms(r.get('eager_ms'))} | {_ms(r.get('inductor_ms'))} "
-                f"| {_ms(r.get('inductor_max_autotune_ms'))} | {_ms(r.get('fuseml_ms'))} "
+                f"| {_ms(r.get('inductor_max_autotune_ms'))} | {_ms(r.get('inductor_cudagraphs_ms'))} "
+                f"| {_ms(r.get('fuseml_nographs_ms'))} | {_ms(r.get('fuseml_ms'))} "
                 f"| {_x(r.get('speedup_vs_eager'))} | {_x(r.get('speedup_vs_best_peer'))} "
+                f"| {_x(r.get('speedup_vs_inductor_cudagraphs'))} "
                 f"| {_ms(r.get('floor_ms'))} | {hbm} "
                 f"| {_n(r.get('kernels_eager'))} → {_n(r.get('kernels_fuseml'))} | {err} "
                 f"| {_s(r.get('compile_cold_s'))} / {_s(r.get('compile_warm_s'))} "

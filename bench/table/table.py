@@ -1,6 +1,9 @@
 """The fuseml benchmark table (issue 5): every workload x preset in bf16, columns eager,
-Inductor (torch.compile default), Inductor max-autotune-no-cudagraphs and fuseml, in one
-process, timed interleaved. Writes OUT/<device>-<date>.json (rows merged into what the file
+Inductor (torch.compile default), Inductor max-autotune-no-cudagraphs and fuseml (with CUDA
+graphs, mode="reduce-overhead", unless --fuseml-graphs off), in one process, timed
+interleaved; beside them, reported but not counted as "the best peer" (issue 5's three),
+Inductor with CUDA graphs (mode="reduce-overhead") and fuseml without graphs, so what the
+graphs alone are worth is in the same run. Writes OUT/<device>-<date>.json (rows merged into what the file
 already holds) and the .md table beside it. See README.md in this folder.
 
     python3 bench/table/table.py [--workloads mlp,heavy] [--presets small,medium] [--part 1/3]
@@ -39,6 +42,11 @@ except ImportError as e:  # the table still runs its peers; the fuseml column sa
     fuseml, fm_explain, _FUSEML_ERR = None, None, repr(e)
 
 PEERS = ["eager", "inductor", "inductor_max_autotune"]
+# Measured beside the peers and fuseml: the fair partner of fuseml's CUDA graphs, and fuseml
+# without them.
+EXTRA = ["inductor_cudagraphs", "fuseml_nographs"]
+COLUMNS = PEERS + EXTRA + ["fuseml"]
+GRAPH_COLUMNS = {"inductor_cudagraphs", "fuseml"}   # their first calls are warm-up only
 
 
 def _recording_compiler():
@@ -140,7 +148,8 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
 
     steps, compile_s = {}, {}
     fm_compiler = None
-    cols = ["eager", "inductor", "inductor_max_autotune", "fuseml"]
+    cols = list(COLUMNS)
+    graphs = args.fuseml_graphs == "on"
     for col in cols:
         fn = None
         if col == "eager":
@@ -156,12 +165,21 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
                               "in a part of its own")
             else:
                 fn = torch.compile(model, mode="max-autotune-no-cudagraphs")
+        elif col == "inductor_cudagraphs":
+            if args.inductor_cudagraphs == "off" or dev.type != "cuda":
+                notes[col] = "skipped (--inductor-cudagraphs off, or no CUDA device)"
+            else:
+                fn = torch.compile(model, mode="reduce-overhead")
+        elif col == "fuseml_nographs":
+            if fuseml is not None and graphs:
+                fn = torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket))
         elif col == "fuseml":
             if fuseml is None:
                 notes[col] = f"fuseml not importable: {_FUSEML_ERR}"
             else:
                 fm_compiler = _recording_compiler()(socket=socket)
-                fn = torch.compile(model, backend=fm_compiler)
+                fn = (torch.compile(model, backend=fm_compiler, mode="reduce-overhead") if graphs
+                      else torch.compile(model, backend=fm_compiler))
         if fn is None:
             continue
         step = W.make_step(w, fn, model, gy)
@@ -171,6 +189,10 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             compile_s[col] = time.perf_counter() - t0
+            # The error of what the timed steps run: with CUDA graphs the first calls are
+            # warm-up and recording, so the third call (a replay) is the one compared.
+            for _ in range(2 if col in GRAPH_COLUMNS else 0):
+                got = step(xs[0])
             row[f"{col}_rel_err"] = measure.rel_err(got, ref)
             del got
             steps[col] = step
@@ -193,6 +215,9 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
     row["best_peer"] = best
     row["speedup_vs_eager"] = row["eager_ms"] / fm if fm and row.get("eager_ms") else None
     row["speedup_vs_best_peer"] = peers[best] / fm if fm and best else None
+    ro = row.get("inductor_cudagraphs_ms")
+    row["speedup_vs_inductor_cudagraphs"] = ro / fm if fm and ro else None
+    row["fuseml_cudagraphs"] = graphs and fuseml is not None
 
     flops = W.step_flops(w, M, d, di)
     nbytes = W.step_min_bytes(w, model, M, d)
@@ -235,9 +260,13 @@ def count_kernels(row, dev, socket):
     torch._dynamo.reset()
     model = W.make_model(w, row["d_model"], row["d_intermediate"], dev, torch.bfloat16)
     xs, gy = W.make_inputs(w, row["M"], row["d_model"], dev, torch.bfloat16, 1)
+    graphs = row.get("fuseml_cudagraphs")
     fns = {"eager": lambda: model, "inductor": lambda: torch.compile(model),
            "inductor_max_autotune": lambda: torch.compile(model, mode="max-autotune-no-cudagraphs"),
-           "fuseml": lambda: torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket))}
+           "inductor_cudagraphs": lambda: torch.compile(model, mode="reduce-overhead"),
+           "fuseml_nographs": lambda: torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket)),
+           "fuseml": lambda: torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket),
+                                           mode="reduce-overhead" if graphs else None)}
     for col, make in fns.items():
         if row.get(f"{col}_ms") is None:
             continue
@@ -334,7 +363,8 @@ def run(args):
             done.append(row)
             longest = max(longest, time.monotonic() - t0)
             print(f"{w}/{p}: eager {row['eager_ms']} inductor {row['inductor_ms']} "
-                  f"MA {row['inductor_max_autotune_ms']} fuseml {row['fuseml_ms']} ms; "
+                  f"MA {row['inductor_max_autotune_ms']} inductor-RO {row['inductor_cudagraphs_ms']} "
+                  f"fuseml {row['fuseml_ms']} (no graphs {row['fuseml_nographs_ms']}) ms; "
                   f"x{row['speedup_vs_best_peer'] or 0:.2f} vs best peer; "
                   f"{row['row_s']:.0f} s", flush=True)
         for row in done:
@@ -345,7 +375,7 @@ def run(args):
             else:
                 count_kernels(row, dev, sockets[(row["workload"], row["preset"])])
                 print(f"{row['workload']}/{row['preset']}: kernels " + ", ".join(
-                    f"{c} {row[f'kernels_{c}']}" for c in PEERS + ["fuseml"]), flush=True)
+                    f"{c} {row[f'kernels_{c}']}" for c in COLUMNS), flush=True)
         if done:
             report.save(report.merge([report.load(json_path), done]), json_path)
     finally:
@@ -367,6 +397,10 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=480.0,
                     help="stop starting rows (and max-autotune compiles) past this many seconds")
     ap.add_argument("--max-autotune", choices=["on", "off"], default="on")
+    ap.add_argument("--fuseml-graphs", choices=["on", "off"], default="on",
+                    help="fuseml with CUDA graphs (mode=reduce-overhead); 'on' also times it without")
+    ap.add_argument("--inductor-cudagraphs", choices=["on", "off"], default="on",
+                    help="also time Inductor with CUDA graphs (mode=reduce-overhead), beside the peers")
     ap.add_argument("--max-autotune-reserve-s", type=float, default=150.0,
                     help="skip a max-autotune compile when less than this is left of the budget")
     ap.add_argument("--count-s", type=float, default=8.0,

@@ -19,7 +19,10 @@ REQUIRED = ["device", "workload", "preset", "M", "d_model", "d_intermediate", "e
             "kernels_eager", "kernels_fuseml", "compile_cold_s", "compile_warm_s",
             # and the columns the issue names besides
             "speedup_vs_eager", "speedup_vs_best_peer", "best_peer", "strategy", "hbm_bytes_eager",
-            "hbm_bytes_fused", "hbm_saved", "kernels_inductor", "kernels_inductor_max_autotune"]
+            "hbm_bytes_fused", "hbm_saved", "kernels_inductor", "kernels_inductor_max_autotune",
+            # fuseml with CUDA graphs, and the columns that keep that comparison fair
+            "fuseml_cudagraphs", "inductor_cudagraphs_ms", "fuseml_nographs_ms",
+            "speedup_vs_inductor_cudagraphs"]
 
 
 def _env():
@@ -55,8 +58,11 @@ def test_rows_have_the_issue_keys(smoke):
         missing = [k for k in REQUIRED if k not in r]
         assert not missing, f"{r['workload']}: missing {missing}"
         assert r["device"] == "cpu" and (r["M"], r["d_model"], r["d_intermediate"]) == (16, 32, 64)
-        for col in ("eager", "inductor", "inductor_max_autotune", "fuseml"):
+        for col in ("eager", "inductor", "inductor_max_autotune", "fuseml", "fuseml_nographs"):
             assert r[f"{col}_ms"] > 0, (col, r["notes"])
+        assert r["fuseml_cudagraphs"] is True
+        # CUDA graphs need a GPU: the Inductor reduce-overhead cell is empty, with its reason
+        assert r["inductor_cudagraphs_ms"] is None and "inductor_cudagraphs" in r["notes"]
         # bf16 against the fp32 reference: the output rounding, not a wrong result.
         assert 0 < r["fuseml_rel_err"] < 2e-2
         assert r["floor_ms"] > 0 and r["floor_bound"] in ("memory", "compute")
