@@ -12,14 +12,15 @@ _warned = set()
 _lock = threading.Lock()
 
 
-def warn_once(cause, message, *args):
+def warn_once(cause, message, *args, suffix=" (running eager)"):
     """Warns the first time `cause` happens in this process; later ones go to debug. A job
-    that falls back to eager must hear it once, not once per launch."""
+    that falls back to eager must hear it once, not once per launch. `suffix` ends the
+    warning (a cause that is not a fallback to eager says what it is itself)."""
     with _lock:
         first = cause not in _warned
         _warned.add(cause)
     if first:
-        log.warning("fuseml: " + message + " (running eager)", *args)
+        log.warning("fuseml: " + message + suffix, *args)
     else:
         log.debug("fuseml: " + message, *args)
 

@@ -9,7 +9,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import transport
+from . import cudagraphs, transport
 from ._log import log, warn_once
 from .fragment import Unfusable, build
 from .gemm_fragment import build_gemm
@@ -50,12 +50,14 @@ class Plan:
         self.which = which          # "forward" | "backward" | "inference"
         self.groups = groups
         self.hello = hello
+        self.graphs = None          # with CUDA graphs asked for: whether this graph got them
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
 
     def describe(self):
-        return "\n".join([f"{self.which} graph:"] + ["  " + g.describe() for g in self.groups])
+        head = f"{self.which} graph:" + (f" ({self.graphs})" if self.graphs else "")
+        return "\n".join([head] + ["  " + g.describe() for g in self.groups])
 
 
 class FuseMLCompiler:
@@ -65,15 +67,19 @@ class FuseMLCompiler:
     graph, for the daemon's replies; default 120), min_ops (the fewest ops worth one kernel;
     default 2; a lone op is one kernel either way), rest ("aten", the default: what is not
     fused runs as ATen ops; "inductor": the rewritten graph goes to TorchInductor, which
-    calls the fuseml::group ops as extern kernels and fuses what is left)."""
+    calls the fuseml::group ops as extern kernels and fuses what is left), cudagraphs (record
+    each compiled graph as a CUDA graph through torch's cudagraph trees; default
+    FUSEML_CUDAGRAPHS=1, and torch.compile's mode="reduce-overhead" or options={"cudagraphs":
+    True} turn it on per call: see cudagraphs.py)."""
 
-    def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten"):
+    def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
         self.timeout_s = timeout_s
         self.min_ops = min_ops
         self.rest = rest
+        self.cudagraphs = cudagraphs
         self.plans = []
         self._backend = aot_autograd(
             fw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "forward"),
@@ -89,8 +95,34 @@ class FuseMLCompiler:
         from torch._inductor.decomposition import select_decomp_table
         return {**select_decomp_table(), **DECOMPOSITIONS}
 
-    def __call__(self, gm, example_inputs):
-        return self._backend(gm, example_inputs)
+    def __call__(self, gm, example_inputs, mode=None, options=None, **kwargs):
+        """torch.compile passes its mode and options (and, in newer torch, name) to a backend
+        as keywords; what else it may pass is ignored."""
+        if kwargs:
+            log.debug("fuseml: ignoring backend keywords %s", sorted(kwargs))
+        if not cudagraphs.wanted(mode, options, self.cudagraphs):
+            return self._backend(gm, example_inputs)
+        # forward and backward of this dynamo graph share one State (pairing, static inputs)
+        state = cudagraphs.State(gm, example_inputs)
+        return aot_autograd(
+            fw_compiler=lambda g, ex: self._graphed(g, ex, "forward", state),
+            bw_compiler=lambda g, ex: self._graphed(g, ex, "backward", state),
+            inference_compiler=lambda g, ex: self._graphed(g, ex, "inference", state),
+            decompositions=self._decompositions(),
+        )(gm, example_inputs)
+
+    def _graphed(self, gm, example_inputs, which, state):
+        plans = []
+
+        def compile_fn():
+            fn = self.compile_graph(gm, example_inputs, which)
+            plans.append(self.plans[-1])   # the one compile_graph just made
+            return fn
+
+        fn, note = cudagraphs.wrap(gm, example_inputs, which, state, compile_fn)
+        for p in plans:
+            p.graphs = note
+        return fn
 
     # -- one ATen graph ------------------------------------------------------------------
 
@@ -176,7 +208,12 @@ class Compiled:
     def __call__(self, *args):
         if self.pending:
             self._reroute()
-        return self.current(*args)
+        out = self.current(*args)
+        if self.pending:
+            # the first call decided: the graph is rebuilt now, so that the next call (under
+            # CUDA graphs, the recording that follows the warm-up call) runs the final routing
+            self._reroute()
+        return out
 
     def _reroute(self):
         dropped = [g for g in self.kept if self.runners[g.gid].use_kernel is False]
@@ -225,9 +262,10 @@ def rewrite(gm, fused, runners):
 _default = None
 
 
-def fuseml_backend(gm, example_inputs):
-    """The backend registered as "fuseml" (entry point torch_dynamo_backends)."""
+def fuseml_backend(gm, example_inputs, mode=None, options=None, **kwargs):
+    """The backend registered as "fuseml" (entry point torch_dynamo_backends); torch.compile's
+    mode ("reduce-overhead": CUDA graphs) and options ({"cudagraphs": bool}) as keywords."""
     global _default
     if _default is None:
         _default = FuseMLCompiler()
-    return _default(gm, example_inputs)
+    return _default(gm, example_inputs, mode=mode, options=options, **kwargs)

@@ -162,6 +162,10 @@ class GroupRunner:
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
         mod = _modules.get((key, idx))
         if mod is None:
+            if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+                # cuModuleLoadData is not a stream operation: never inside a capture (the
+                # CUDA-graph trees warm each graph up first, so this is a capture without one)
+                raise _Layout("kernel not loaded before CUDA graph capture")
             with torch.cuda.device(idx):
                 torch.cuda.current_stream(idx)  # makes torch's context current on this thread
                 mod = _modules[(key, idx)] = launcher.Module(cubin, meta)

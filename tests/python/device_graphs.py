@@ -1,0 +1,187 @@
+"""GPU check of CUDA graphs (mode="reduce-overhead"; run on the device machine, not by pytest):
+the reference models in bf16 through a real fusemld in GPU mode, each as eager, fuseml and
+fuseml under CUDA graphs: relative error against an fp32 eager copy (outputs, and gradients for
+the training step), median step times (CUDA events, interleaved, the order rotating), the
+groups still served as kernels and whether their routing was measured in the warm-up (never in
+a capture), launches in the warm-up/recording calls and in replays (none: Python does not run),
+how many graphs were recorded and how many non-static inputs they copy per replay (the
+parameters must not be among them), and what happens to an output kept across the next step.
+Rows are written as they finish (FM_GRAPHS_BUDGET_S bounds the whole run).
+Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_graphs.py OUT.json"""
+import copy
+import json
+import os
+import sys
+import time
+
+import torch
+from torch._dynamo.utils import counters as torch_counters
+from torch._inductor import cudagraph_trees
+
+from models import MODELS
+
+import fuseml
+from fuseml import runtime
+
+SHAPES = {"small": (128, 256, 1024), "memory_bound": (16384, 256, 1024)}
+MODEL_NAMES = {"mlp": "mlp", "heavy": "activation_heavy", "stacked": "stacked",
+               "llama_mlp": "llama_mlp"}
+T0 = time.monotonic()
+BUDGET_S = float(os.environ.get("FM_GRAPHS_BUDGET_S", "150"))
+
+# How often the trees warm up and record: counted around their own methods.
+TREE = {"record": 0, "warmup": 0}
+
+
+def _counting(name, key):
+    orig = getattr(cudagraph_trees.CUDAGraphTreeManager, name)
+
+    def run(self, *a, **k):
+        TREE[key] += 1
+        return orig(self, *a, **k)
+    setattr(cudagraph_trees.CUDAGraphTreeManager, name, run)
+
+
+_counting("record_function", "record")
+_counting("run_eager", "warmup")
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def median_ms(fns, reps=40):
+    times = [[] for _ in fns]
+    for r in range(reps):
+        order = list(range(len(fns)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for i in order:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[i]()
+            e.record()
+            times[i].append((s, e))
+    torch.cuda.synchronize()
+    return [sorted(s.elapsed_time(e) for s, e in t)[len(t) // 2] for t in times]
+
+
+def make_step(model, x, train):
+    params = list(model.parameters())
+
+    def step(fn, xin=None):
+        xin = x if xin is None else xin
+        if not train:
+            with torch.no_grad():
+                return [fn(xin)]
+        for p in params:
+            p.grad = None
+        xi = xin.detach().requires_grad_(True)
+        y = fn(xi)
+        y.float().square().mean().backward()
+        return [y] + [p.grad for p in params] + [xi.grad]
+    return step
+
+
+def check(label, preset, train, rest="aten"):
+    torch._dynamo.reset()
+    m, d, di = SHAPES[preset]
+    torch.manual_seed(0)
+    ref = MODELS[MODEL_NAMES[label]](d, di).cuda()
+    model = copy.deepcopy(ref).to(torch.bfloat16)
+    x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
+    x2 = torch.randn(m, d, device="cuda", dtype=torch.bfloat16)
+    c_plain, c_graphs = fuseml.FuseMLCompiler(rest=rest), fuseml.FuseMLCompiler(rest=rest)
+    plain = torch.compile(model, backend=c_plain)
+    graphs = torch.compile(model, backend=c_graphs, mode="reduce-overhead")
+    step = make_step(model, x, train)
+    want = make_step(ref, x.float(), train)(ref)
+    want2 = make_step(ref, x2.float(), train)(ref)[0]
+
+    row = {"model": label, "preset": preset, "M": m, "d_model": d, "d_intermediate": di,
+           "train": train, "rest": rest}
+    t = time.perf_counter()
+    got_plain = [g.detach().clone() for g in step(plain)]
+    torch.cuda.synchronize()
+    row["first_call_s"] = round(time.perf_counter() - t, 2)
+    tree0, launches0 = dict(TREE), runtime.counters["launches"]
+    nonstatic0 = torch_counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+    first = [g.detach().clone() for g in step(graphs)]        # warm-up (routing measured here)
+    second = [g.detach().clone() for g in step(graphs)]       # recording
+    torch.cuda.synchronize()
+    launches1 = runtime.counters["launches"]
+    third = [g.detach().clone() for g in step(graphs)]        # replay
+    torch.cuda.synchronize()
+    row["launches_warmup_and_record"] = launches1 - launches0
+    row["launches_in_replay"] = runtime.counters["launches"] - launches1
+    row["tree_warmups"] = TREE["warmup"] - tree0["warmup"]
+    row["tree_recordings"] = TREE["record"] - tree0["record"]
+    row["recorded_non_static_inputs"] = (
+        torch_counters["inductor"]["cudagraph_recorded_non_static_inputs"] - nonstatic0)
+    row["n_params"] = len(list(model.parameters()))
+    eager = step(model)
+    row["rel_err_eager_bf16"] = max(rel_err(a, b) for a, b in zip(eager, want))
+    row["rel_err_fuseml"] = max(rel_err(a, b) for a, b in zip(got_plain, want))
+    row["rel_err_graphs"] = [max(rel_err(a, b) for a, b in zip(o, want))
+                             for o in (first, second, third)]
+    mine = {id(g) for p in c_graphs.plans for g in p.groups}
+    runners = [r for r in runtime._registry.values() if id(r.group) in mine]
+    row["graph_plans"] = [f"{p.which}: {p.graphs}" for p in c_graphs.plans]
+    row["kernel_groups"] = sum(1 for r in runners if r.use_kernel)
+    row["aten_groups"] = sum(1 for r in runners if r.use_kernel is False)
+    row["routing_timed_in_warmup"] = sum(1 for r in runners if r.timing is not None)
+    row["undecided_groups"] = sum(1 for r in runners if r.kernel is not None and r.use_kernel is None)
+    row["states"] = sorted({g.state for p in c_graphs.plans for g in p.groups if g.state})
+
+    # an output kept across the next step: still right, or torch's documented error
+    kept = step(graphs)[0]
+    step(graphs, x2)
+    try:
+        err = rel_err(kept, want[0])
+        row["kept_output"] = {"outcome": "valid" if err < 2e-2 else "overwritten (silently)",
+                              "rel_err": err}
+    except RuntimeError as e:
+        row["kept_output"] = {"outcome": "raised", "error": str(e).splitlines()[0][:200]}
+    row["rel_err_graphs_x2"] = rel_err(step(graphs, x2)[0], want2)
+
+    ms = median_ms([lambda: step(model), lambda: step(plain), lambda: step(graphs)])
+    row["eager_ms"], row["fuseml_ms"], row["fuseml_graphs_ms"] = ms
+    row["graphs_speedup_vs_eager"] = ms[0] / ms[2]
+    row["graphs_speedup_vs_fuseml"] = ms[1] / ms[2]
+    row["tree_recordings_total"] = TREE["record"] - tree0["record"]
+    return row
+
+
+def main():
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
+    try:
+        from fuseml import cudagraphs
+        cudagraphs._api()
+        out["cudagraph_api"] = "ok"
+    except Exception as e:
+        out["cudagraph_api"] = repr(e)
+    # the small shape first: host time is what graphs remove
+    plan = [("mlp", "small", False), ("mlp", "small", True), ("mlp", "memory_bound", False),
+            ("mlp", "memory_bound", True)]
+    plan += [(n, p, False) for p in ("small", "memory_bound")
+             for n in ("heavy", "stacked", "llama_mlp")]
+    plan += [("heavy", "small", False, "inductor")]
+    for args in plan:
+        if time.monotonic() - T0 > BUDGET_S:
+            out["rows"].append({"skipped": list(args), "why": "time budget"})
+            continue
+        try:
+            row = check(*args)
+        except Exception as e:  # report and go on: one model must not hide the others
+            row = {"check": list(args), "error": repr(e)[:2000]}
+        row["t_s"] = round(time.monotonic() - T0, 1)
+        out["rows"].append(row)
+        print(json.dumps(row), flush=True)
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f, indent=1)
+    with open(sys.argv[1], "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
