@@ -10,7 +10,10 @@
  * elements against an fp64 dot product: rel err <= 1e-2), then timed with CUDA events
  * (5 warm-up launches, median of REPS, x and W rotated over copies spanning >= 256 MiB so L2
  * never holds the previous launch's operands). Prints one line per kernel and a summary
- * table: time, TFLOP/s, and ours / cuBLASLt-plain as a time ratio (< 1: ours faster).
+ * table: time, TFLOP/s, and ours / cuBLASLt-plain as a time ratio (< 1: ours faster); for
+ * decode shapes (M <= 64) also the copy floor (a device-to-device copy of W, halved: reading
+ * W once at copy bandwidth) and each kernel's GB/s of W and % of that floor. The fragment
+ * carries m_hint = M, so decode shapes time the skinny template too.
  *
  * Usage: gemm_bench [REPS]   env FM_BENCH_SHAPES=0,3,...  picks shapes (indices below).
  * Exit status 1 if any kernel failed verification. */
@@ -37,6 +40,7 @@ typedef struct shape {
 static const shape shapes[] = {
     {4096, 4096, 4096}, {8192, 8192, 8192}, {16384, 1024, 256}, {16384, 256, 1024},
     {2048, 4096, 1024}, {2048, 1024, 4096}, {8, 11008, 4096},   {8, 4096, 11008},
+    {1, 4096, 4096},    {16, 4096, 4096},   {32, 4096, 4096},
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 #define MAX_CANDS 32
@@ -83,6 +87,7 @@ static int build(const shape *s, fm_fragment *out) {
   fm_diag d = {{0}};
   memset(&f, 0, sizeof f);
   f.vocab = 3;
+  f.m_hint = (uint64_t)s->m;                       /* the batch size, as the client sends it */
   tensor2(&f.inputs[0], 1, -1, s->k, s->k, 1);     /* x [M, K] */
   tensor2(&f.inputs[1], 2, s->k, s->n, 1, s->k);   /* W.t(): [K, N], K contiguous */
   fm_tensor *b = &f.inputs[2];
@@ -310,6 +315,13 @@ out:
   return best;
 }
 
+/* The copy floor: W's bytes copied device to device (rotated like the operands). */
+static int copy_launch(void *vctx, const bufs *b, int r) {
+  const shape *s = vctx;
+  int i = r % b->rot, j = (r + 1) % b->rot;
+  return cu->cuMemcpyDtoD(b->w[j], b->w[i], (size_t)(s->n * s->k) * 2) != 0;
+}
+
 typedef struct fm_ctx {
   fm_module *mod;
   int64_t m;
@@ -323,7 +335,7 @@ static int fm_launch(void *vctx, const bufs *b, int r) {
 }
 
 typedef struct result {
-  double plain, gelu, ours, ours_default;
+  double plain, gelu, ours, ours_default, copy;
   char plain_desc[32], gelu_desc[32], ours_desc[96];
 } result;
 
@@ -331,7 +343,7 @@ static void run_shape(int si, cublasLtHandle_t h, result *res) {
   const shape *s = &shapes[si];
   bufs b;
   memset(res, 0, sizeof *res);
-  res->plain = res->gelu = res->ours = res->ours_default = -1;
+  res->plain = res->gelu = res->ours = res->ours_default = res->copy = -1;
   printf("== M=%" PRId64 " N=%" PRId64 " K=%" PRId64 "\n", s->m, s->n, s->k);
   if (bufs_init(s, &b)) {
     printf("FAIL M=%" PRId64 " N=%" PRId64 " K=%" PRId64 ": out of memory\n", s->m, s->n, s->k);
@@ -340,6 +352,14 @@ static void run_shape(int si, cublasLtHandle_t h, result *res) {
     return;
   }
   printf("   operands rotated over %d copies\n", b.rot);
+  if (b.rot >= 2 && s->m <= 64) {
+    /* a copy reads and writes W: reading W alone at copy bandwidth takes half of it */
+    double ms = time_it(copy_launch, (void *)s, &b);
+    res->copy = ms > 0 ? ms / 2 : -1;
+    printf("     copy of W (%.1f MB): %.4f ms, %.0f GB/s; floor for reading W once %.4f ms\n",
+           (double)(s->n * s->k) * 2e-6, ms, ms > 0 ? 2.0 * (double)(s->n * s->k) * 2 / (ms * 1e-3) / 1e9 : 0,
+           res->copy);
+  }
   res->plain = time_cublaslt(h, s, &b, 0, res->plain_desc, sizeof res->plain_desc);
   res->gelu = time_cublaslt(h, s, &b, 1, res->gelu_desc, sizeof res->gelu_desc);
   double flops = 2.0 * (double)s->m * (double)s->n * (double)s->k;
@@ -449,6 +469,18 @@ int main(int argc, char **argv) {
     printf("| %" PRId64 " | %" PRId64 " | %" PRId64 " | %.4f (%.0f) | %.4f (%.0f) | %.4f (%.0f) | %.4f | %.2f | %s |\n",
            s->m, s->n, s->k, r->plain, tf(s, r->plain), r->gelu, tf(s, r->gelu), r->ours, tf(s, r->ours),
            r->ours_default, r->plain > 0 && r->ours > 0 ? r->ours / r->plain : 0, r->ours_desc);
+  }
+  printf("\n| M | N | K | W MB | copy floor ms | cuBLASLt plain ms (GB/s of W) | ours best ms (GB/s of W) | ours %% of copy | "
+         "cuBLASLt %% of copy | best candidate |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t si = 0; si < N_SHAPES; si++) {
+    const shape *s = &shapes[si];
+    const result *r = &res[si];
+    if (!pick[si] || r->copy <= 0) continue;
+    double wb = (double)(s->n * s->k) * 2;
+    printf("| %" PRId64 " | %" PRId64 " | %" PRId64 " | %.1f | %.4f | %.4f (%.0f) | %.4f (%.0f) | %.0f%% | %.0f%% | %s |\n",
+           s->m, s->n, s->k, wb * 1e-6, r->copy, r->plain, r->plain > 0 ? wb / (r->plain * 1e-3) / 1e9 : 0,
+           r->ours, r->ours > 0 ? wb / (r->ours * 1e-3) / 1e9 : 0, r->ours > 0 ? 100.0 * r->copy / r->ours : 0,
+           r->plain > 0 ? 100.0 * r->copy / r->plain : 0, r->ours_desc);
   }
   for (int i = 0; i < n_jobs; i++) {
     free(jobs[i].k.cubin);

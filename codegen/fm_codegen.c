@@ -59,11 +59,28 @@ static fm_candidate from_gemm(fm_gemm_config c) {
   k.p[4] = c.wm;
   k.p[5] = c.wn;
   k.p[6] = c.raster;
+  k.p[7] = c.wgmma;
   return k;
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
-  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6]};
+  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6], k->p[7]};
+  return c;
+}
+
+static fm_candidate from_skinny(fm_skinny_config c) {
+  fm_candidate k;
+  memset(&k, 0, sizeof k);
+  k.tmpl = FM_TMPL_SKINNY;
+  k.p[0] = c.cols;
+  k.p[1] = c.warps;
+  k.p[2] = c.unroll;
+  k.p[3] = c.pipe;
+  return k;
+}
+
+static fm_skinny_config to_skinny(const fm_candidate *k) {
+  fm_skinny_config c = {k->p[0], k->p[1], k->p[2], k->p[3]};
   return c;
 }
 
@@ -90,7 +107,9 @@ int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) 
         free(src);
         if (rc) return rc;
       }
-      *out = from_gemm(gc);
+      /* a decode-sized M streams W: the skinny template (timed against the gemm one) */
+      *out = fm_codegen_skinny_preferred(canon) ? from_skinny(fm_codegen_skinny_default(canon))
+                                                : from_gemm(gc);
       return FM_OK;
     }
     default: break;
@@ -117,9 +136,16 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       fm_candidate k = from_rows(rc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
-  } else if (def.tmpl == FM_TMPL_GEMM) {
+  } else if (def.tmpl == FM_TMPL_GEMM || def.tmpl == FM_TMPL_SKINNY) {
+    /* a small M times both GEMM templates: the skinny one's first (decode: weight streaming) */
+    fm_skinny_config sc[16];
+    size_t m = fm_codegen_skinny_candidates(canon, sc, 16);
+    for (size_t i = 0; i < m && n < max; i++) {
+      fm_candidate k = from_skinny(sc[i]);
+      if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
+    }
     fm_gemm_config gc[32];
-    size_t m = fm_codegen_gemm_candidates(canon, gc, 32);
+    m = fm_codegen_gemm_candidates(canon, gc, 32);
     for (size_t i = 0; i < m && n < max; i++) {
       fm_candidate k = from_gemm(gc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
@@ -144,9 +170,18 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
       fm_gemm_config gc = to_gemm(c);
       return fm_codegen_gemm(canon, &gc, sm_count, src, meta, d);
     }
+    case FM_TMPL_SKINNY: {
+      fm_skinny_config sc = to_skinny(c);
+      return fm_codegen_skinny(canon, &sc, sm_count, src, meta, d);
+    }
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
+}
+
+int fm_candidate_runs_on(const fm_candidate *c, const char *arch) {
+  if (c && c->tmpl == FM_TMPL_GEMM && c->p[7]) return arch && strcmp(arch, "sm_90a") == 0;
+  return 1;
 }
 
 void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
@@ -160,8 +195,12 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                c->p[1], c->p[2]);
       return;
     case FM_TMPL_GEMM:
-      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u", c->p[0], c->p[1], c->p[2],
-               c->p[3], c->p[4], c->p[5], c->p[6]);
+      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s", c->p[0], c->p[1], c->p[2],
+               c->p[3], c->p[4], c->p[5], c->p[6],
+               c->p[7] == 1 ? " wgmma" : c->p[7] == 2 ? " wgmma inflight=1" : c->p[7] == 3 ? " wgmma ws" : "");
+      return;
+    case FM_TMPL_SKINNY:
+      snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);
       return;
     default: snprintf(out, cap, "%s", fm_template_name(c->tmpl)); return;
   }

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 4
+#define FM_CODEGEN_VERSION 5
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -24,7 +24,8 @@
 #define FM_TEMPLATE_MAP(XX)     \
   XX(1, POINTWISE, "pointwise") \
   XX(2, ROWS, "rows")           \
-  XX(3, GEMM, "gemm")
+  XX(3, GEMM, "gemm")           \
+  XX(4, SKINNY, "skinny")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -53,6 +54,9 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
                         char **src, fm_kernel_meta *meta, fm_diag *d);
 /* "pointwise block=256 vec=0 unroll=4 blocks_per_sm=8", for logs and `fusectl show`. */
 void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap);
+/* True when candidate c compiles for arch ("sm_90a", ...): the wgmma GEMM mainloop needs
+ * sm_90a; every other candidate runs on any supported architecture. */
+int fm_candidate_runs_on(const fm_candidate *c, const char *arch);
 
 /* ---- the pointwise template ---------------------------------------------------------- */
 
@@ -117,6 +121,9 @@ typedef struct fm_gemm_config {
   uint32_t stages;       /* cp.async buffers: 2..4 */
   uint32_t wm, wn;       /* warps along M and N (block = wm * wn * 32 threads) */
   uint32_t raster;       /* tile rows per launch-order group (L2 reuse); 0 or 1: row by row */
+  uint32_t wgmma;        /* 0: the sm_80+ mma.sync mainloop; 1 + n: the sm_90a wgmma one with
+                            n (0 or 1) wgmma batches in flight (wm = BM / 16, wn = 1, BK 64);
+                            3: the same, warp-specialised (+ a loader warpgroup) */
 } fm_gemm_config;
 
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);
@@ -126,5 +133,39 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                     char **src, fm_kernel_meta *meta, fm_diag *d);
 /* Dynamic shared memory of cfg for canon's layouts, in bytes (0 for an invalid config). */
 uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cfg);
+
+/* ---- the skinny template (GEMM fragments with a small M: decode) ----------------------
+ * Pure weight streaming for M <= 32 with nn.Linear layouts (A = x [M, K] and B = W.t(),
+ * both K-major; else FM_EUNSUPPORTED): a block owns `cols` output columns (rows of W) and
+ * up to 16 rows of x; its warps split K, each streaming W with 16-byte loads that bypass L1
+ * (`unroll` 64-wide K chunks per step; into registers, or through a warp-private cp.async
+ * ring) and multiplying with mma.sync m16n8k16 on a K permutation that makes both
+ * operands' fragments 16-byte loads. The warps' partial sums meet in shared memory, then
+ * the gemm template's generated epilogue runs. Any M works (rows past M are masked; a
+ * block per 16 rows), K a multiple of 8, any N. Launch metadata: kind "gemm", grid rule
+ * "tiles" with 16-row tiles (fm_meta.h); dynamic shared memory only for the ring. */
+
+/* One point of the skinny template's tuning space (candidate p[0..3], in this order). */
+typedef struct fm_skinny_config {
+  uint32_t cols;     /* output columns per block: 8, 16, 24 or 32 */
+  uint32_t warps;    /* warps splitting K: 1..16 */
+  uint32_t unroll;   /* 64-wide K chunks per warp and step: 1..8 */
+  uint32_t pipe;     /* 0: load then multiply; 1: next step's W prefetched into registers;
+                        2..4: a cp.async ring of that many steps per warp */
+} fm_skinny_config;
+
+/* The M the skinny template is timed at for canon: its static M, else its M bucket
+ * (m_hint); 0 when the template cannot serve it (symbolic M without an m_hint, a layout
+ * other than nn.Linear's, anything the gemm plan refuses). */
+int64_t fm_codegen_skinny_rows(const fm_fragment *canon);
+/* True when the skinny template is canon's default (1 <= rows <= 32, where it is also a
+ * candidate; the gemm template's candidates are timed beside it). */
+int fm_codegen_skinny_preferred(const fm_fragment *canon);
+fm_skinny_config fm_codegen_skinny_default(const fm_fragment *canon);
+/* Up to max candidates (the default first); 0 unless 1 <= fm_codegen_skinny_rows() <= 32. */
+size_t fm_codegen_skinny_candidates(const fm_fragment *canon, fm_skinny_config *out, size_t max);
+/* As fm_codegen_pointwise, for a canonical GEMM fragment (fm_fragment_is_gemm). */
+int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count,
+                      char **src, fm_kernel_meta *meta, fm_diag *d);
 
 #endif

@@ -15,6 +15,8 @@
  * on one device, but the candidate list must not depend on which. */
 #define MAX_SMEM (163u * 1024u)
 #define DEFAULT_SMS 132u
+/* The wgmma mainloop runs on sm_90a only, which has 227 KiB per block. */
+#define MAX_SMEM_SM90 (227u * 1024u)
 
 /* The candidate configurations, the default's choices first. Shared memory below is for
  * the nn.Linear layouts (both operands K-major: stages x (BM + BN) x (BK + 8) x 2 bytes).
@@ -22,39 +24,41 @@
  * that counts; 128x128x64 with 3 stages and 8 warps of 64x32 was the fastest from 256 to
  * 8192 rows, the 16-row tiles at M <= 16. */
 static const fm_gemm_config configs[] = {
-    {128, 128, 64, 3, 2, 4, 8},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
-    {64, 64, 64, 4, 2, 2, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
-    {16, 64, 128, 4, 1, 4, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
-    {128, 128, 32, 3, 2, 4, 0},   /* the first pass's default (60 KiB) */
-    {128, 256, 32, 3, 2, 4, 0},   /* 8 warps of 64x64 (90 KiB) */
-    {128, 64, 32, 4, 2, 2, 0},    /* 4 warps of 64x32 (60 KiB) */
-    {64, 128, 32, 4, 2, 2, 0},    /* 4 warps of 32x64 (60 KiB) */
+    {128, 128, 64, 3, 2, 4, 8, 0},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
+    {64, 64, 64, 4, 2, 2, 0, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
+    {16, 64, 128, 4, 1, 4, 0, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
+    {128, 128, 32, 3, 2, 4, 0, 0},   /* the first pass's default (60 KiB) */
+    {128, 256, 32, 3, 2, 4, 0, 0},   /* 8 warps of 64x64 (90 KiB) */
+    {128, 64, 32, 4, 2, 2, 0, 0},    /* 4 warps of 64x32 (60 KiB) */
+    {64, 128, 32, 4, 2, 2, 0, 0},    /* 4 warps of 32x64 (60 KiB) */
     /* deeper pipelines and BK 64 for Hopper's latency, grouped rasterisation for L2 */
-    {128, 256, 32, 4, 2, 4, 8},   /* (120 KiB) */
-    {128, 256, 64, 2, 2, 4, 8},   /* (108 KiB) */
-    {256, 128, 32, 4, 4, 2, 8},   /* 8 warps of 64x64 (120 KiB) */
-    {256, 128, 64, 2, 4, 2, 8},   /* (108 KiB) */
-    {128, 128, 32, 4, 2, 4, 8},   /* (80 KiB) */
-    {128, 128, 64, 4, 2, 2, 8},   /* 4 warps of 64x64 (144 KiB) */
+    {128, 256, 32, 4, 2, 4, 8, 0},   /* (120 KiB) */
+    {128, 256, 64, 2, 2, 4, 8, 0},   /* (108 KiB) */
+    {256, 128, 32, 4, 4, 2, 8, 0},   /* 8 warps of 64x64 (120 KiB) */
+    {256, 128, 64, 2, 4, 2, 8, 0},   /* (108 KiB) */
+    {128, 128, 32, 4, 2, 4, 8, 0},   /* (80 KiB) */
+    {128, 128, 64, 4, 2, 2, 8, 0},   /* 4 warps of 64x64 (144 KiB) */
     /* skinny and small grids: more, smaller blocks keep every SM busy */
-    {64, 128, 64, 4, 2, 2, 0},    /* (108 KiB) */
-    {128, 64, 64, 4, 2, 2, 0},    /* (108 KiB) */
-    {32, 128, 64, 4, 1, 4, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
+    {64, 128, 64, 4, 2, 2, 0, 0},    /* (108 KiB) */
+    {128, 64, 64, 4, 2, 2, 0, 0},    /* (108 KiB) */
+    {32, 128, 64, 4, 1, 4, 0, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
-/* What the generator needs to know about a GEMM fragment. */
-typedef struct gemm_plan {
-  fm_cg_plan base;        /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
-  int op;                 /* index of the mm/addmm op */
-  uint32_t ia, ib;        /* input positions of A and B */
-  fm_dtype dt;            /* A's and B's dtype */
-  int a_kmajor, b_kmajor; /* K is the contiguous dim of A / of B */
-  int64_t lda, ldb;       /* the other dim's stride */
-  int64_t m, k, n;        /* m = -1 when symbolic */
-  int64_t es[FM_CG_MAX_TENSORS][2]; /* [M, N] strides of epilogue tensors (0 where broadcast) */
-  uint8_t used[FM_MAX_INPUTS];      /* input read by the epilogue */
-} gemm_plan;
+/* The Hopper (sm_90a) wgmma configurations: warpgroups of 64 rows (wm = BM / 16 warps),
+ * BK 64 (one 128-byte swizzle row), stage bytes (BM + BN) x 128. Listed before the mma.sync
+ * ones so a capped candidate list keeps them; the daemon drops them on other GPUs
+ * (fm_candidate_runs_on). Measured on an H100 (bench/NOTES.md, "wgmma mainloop"): deeper
+ * pipelines and one batch in flight win; the warp-specialised form wins only a skinny-K
+ * shape; each of these five was the fastest somewhere. */
+static const fm_gemm_config wgmma_configs[] = {
+    {128, 256, 64, 4, 8, 1, 8, 2},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
+    {128, 256, 64, 4, 8, 1, 8, 3},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
+    {128, 128, 64, 6, 8, 1, 8, 2},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
+    {128, 128, 64, 3, 8, 1, 8, 2},   /* 97 KiB: two blocks per SM overlap each other's waits */
+    {64, 128, 64, 4, 4, 1, 0, 2},    /* 1 warpgroup: more blocks for small grids (97 KiB) */
+};
+#define N_WGMMA (sizeof wgmma_configs / sizeof wgmma_configs[0])
 
 static int position(const fm_fragment *f, uint32_t limit, uint32_t id) {
   for (uint32_t k = limit; k-- > 0;) {
@@ -87,7 +91,7 @@ static int operand(const fm_tensor *t, uint32_t kdim, char name, int *kmajor, in
   return FM_OK;
 }
 
-static int plan_build(const fm_fragment *f, gemm_plan *gp, fm_diag *d) {
+int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) {
   fm_cg_plan *p = &gp->base;
   memset(gp, 0, sizeof *gp);
   if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS ||
@@ -158,8 +162,22 @@ static int plan_build(const fm_fragment *f, gemm_plan *gp, fm_diag *d) {
   return FM_OK;
 }
 
-static int check_config(const gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
-  (void)gp;
+static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
+  if (c->wgmma > 3) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..3)", c->wgmma);
+  if (!gp->a_kmajor || !gp->b_kmajor)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: the wgmma mainloop needs K-major A and B");
+  if (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16)
+    return fm_diag_set(d, FM_EINVAL, "config: wgmma takes BK 64, BM 64 or 128 with BM/16 x 1 warps");
+  if (c->bn < 64 || c->bn > 256 || c->bn % 64)
+    return fm_diag_set(d, FM_EINVAL, "config: wgmma BN %u (64, 128, 192 or 256)", c->bn);
+  if (c->stages < (c->wgmma == 2 ? 3 : 2) || c->stages > 6)
+    return fm_diag_set(d, FM_EINVAL, "config: %u stages for wgmma mode %u", c->stages, c->wgmma);
+  if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
+  return FM_OK;
+}
+
+static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
+  if (c->wgmma) return check_wgmma(gp, c, d);
   if (c->wm < 1 || c->wn < 1 || c->wm * c->wn > 16)
     return fm_diag_set(d, FM_EINVAL, "config: %ux%u warps (1..16 in all)", c->wm, c->wn);
   if (c->bm < 16 || c->bm > 256 || c->bm % (16 * c->wm))
@@ -180,7 +198,13 @@ static int check_config(const gemm_plan *gp, const fm_gemm_config *c, fm_diag *d
   return FM_OK;
 }
 
-static uint32_t smem_bytes(const gemm_plan *gp, const fm_gemm_config *c) {
+static uint32_t smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
+  if (c->wgmma) {
+    /* the stages (plus 1 KiB to align them for the swizzle), or the slabs if larger */
+    uint32_t mainloop = c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma == 3 ? 16u * c->stages : 0u);
+    uint32_t staging = c->wm * 16u * (c->bn + 8u) * 4u;
+    return mainloop > staging ? mainloop : staging;
+  }
   uint32_t a = gp->a_kmajor ? c->bm * (c->bk + 8) : c->bk * (c->bm + 8);
   uint32_t b = gp->b_kmajor ? c->bn * (c->bk + 8) : c->bk * (c->bn + 8);
   uint32_t mainloop = c->stages * (a + b) * 2u;
@@ -190,9 +214,9 @@ static uint32_t smem_bytes(const gemm_plan *gp, const fm_gemm_config *c) {
 }
 
 uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cfg) {
-  gemm_plan *gp = malloc(sizeof *gp);
+  fm_cg_gemm_plan *gp = malloc(sizeof *gp);
   uint32_t bytes = 0;
-  if (gp && canon && cfg && !plan_build(canon, gp, NULL) && !check_config(gp, cfg, NULL))
+  if (gp && canon && cfg && !fm_cg_gemm_plan_build(canon, gp, NULL) && !check_config(gp, cfg, NULL))
     bytes = smem_bytes(gp, cfg);
   free(gp);
   return bytes;
@@ -218,12 +242,16 @@ fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
 }
 
 size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out, size_t max) {
-  gemm_plan *gp = malloc(sizeof *gp);
+  fm_cg_gemm_plan *gp = malloc(sizeof *gp);
   size_t n = 0;
-  if (!gp || !canon || !out || plan_build(canon, gp, NULL)) goto done;
+  if (!gp || !canon || !out || fm_cg_gemm_plan_build(canon, gp, NULL)) goto done;
   /* A known M at most a quarter of BM leaves most of the tile idle: the smaller tiles
      serve it (BM 16 and 32 always remain). A symbolic M may be anything: keep all. */
   int64_t m_eff = gp->m < 16 ? 16 : gp->m;
+  for (size_t i = 0; i < N_WGMMA && n < max; i++)
+    if (!check_config(gp, &wgmma_configs[i], NULL) && smem_bytes(gp, &wgmma_configs[i]) <= MAX_SMEM_SM90 &&
+        (gp->m < 0 || (int64_t)wgmma_configs[i].bm < 4 * m_eff))
+      out[n++] = wgmma_configs[i];
   for (size_t i = 0; i < N_CONFIGS && n < max; i++)
     if (!check_config(gp, &configs[i], NULL) && smem_bytes(gp, &configs[i]) <= MAX_SMEM &&
         (gp->m < 0 || (int64_t)configs[i].bm < 4 * m_eff))
@@ -258,7 +286,7 @@ static void emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, uint32_t pos) 
 
 /* "m * 1024LL + (n + e) * 1LL" for tensor k, column expression nx (a broadcast dim
  * contributes nothing). */
-static void emit_offset(fm_strbuf *sb, const gemm_plan *gp, uint32_t k, const char *nx) {
+static void emit_offset(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k, const char *nx) {
   int any = 0;
   for (uint32_t j = 0; j < 2; j++) {
     int64_t s = gp->es[k][j];
@@ -272,7 +300,7 @@ static void emit_offset(fm_strbuf *sb, const gemm_plan *gp, uint32_t k, const ch
 /* Tensor k's 8 elements (n .. n+7 of row m) move as 16-byte accesses when they are
  * contiguous, every row starts on a 16-byte boundary and the element is 2 or 4 bytes
  * (n is a multiple of 8, so the first element is aligned too). */
-static int vector_ok(const gemm_plan *gp, uint32_t k) {
+static int vector_ok(const fm_cg_gemm_plan *gp, uint32_t k) {
   fm_dtype dt = gp->base.t[k].dtype;
   size_t es = fm_dtype_size(dt);
   if (dt == FM_DT_BOOL || (es != 2 && es != 4)) return 0;
@@ -280,7 +308,7 @@ static int vector_ok(const gemm_plan *gp, uint32_t k) {
 }
 
 /* The epilogue parameter list after (acc, m, n): used inputs, then outputs. */
-static void emit_epi_params(fm_strbuf *sb, const gemm_plan *gp, int decl) {
+void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int decl) {
   const fm_cg_plan *p = &gp->base;
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!gp->used[k]) continue;
@@ -295,7 +323,7 @@ static void emit_epi_params(fm_strbuf *sb, const gemm_plan *gp, int decl) {
 }
 
 /* Raw elements of used input k into r<k>[8] (columns past N read nothing). */
-static void emit_epi_load(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
+static void emit_epi_load(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) {
   const char *st = fm_cg_storage_type(gp->base.t[k].dtype);
   size_t es = fm_dtype_size(gp->base.t[k].dtype);
   if (gp->es[k][1] == 0) {   /* one value for the whole row piece */
@@ -322,7 +350,7 @@ static void emit_epi_load(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
 }
 
 /* o<k>[8] to output k: one 16-byte store per 16 bytes when whole and aligned, else masked. */
-static void emit_epi_store(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
+static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) {
   uint32_t t = gp->base.n_in + k;
   size_t es = fm_dtype_size(gp->base.t[t].dtype);
   if (vector_ok(gp, t)) {
@@ -341,12 +369,12 @@ static void emit_epi_store(fm_strbuf *sb, const gemm_plan *gp, uint32_t k) {
   if (vector_ok(gp, t)) fm_strbuf_append(sb, "  }\n");
 }
 
-static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp) {
+void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
                        "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once ---- */\n"
                        "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n");
-  emit_epi_params(sb, gp, 1);
+  fm_cg_gemm_emit_epi_params(sb, gp, 1);
   fm_strbuf_append(sb, ") {\n  const bool full = n + 8 <= FM_N;\n");
   for (uint32_t k = 0; k < p->n_in; k++)
     if (gp->used[k]) emit_epi_load(sb, gp, k);
@@ -389,7 +417,22 @@ static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *
   fm_strbuf_append(sb, "}\n");
 }
 
-static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp, const char *entry) {
+/* fm_mma(): one mma.sync m16n8k16 (row.col, fp32 accumulators) on ty ("bf16" or "f16"). */
+void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
+  fm_strbuf_printf(sb,
+                   "__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {\n"
+                   "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, \"\n"
+                   "      \"{%%8, %%9}, {%%0, %%1, %%2, %%3};\\n\"\n"
+                   "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+                   "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
+                   "}\n",
+                   ty, ty);
+}
+
+/* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
+ * form); it leaves after the barrier and the epilogue's warps count from 4. */
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
+                        int specialized) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
@@ -408,7 +451,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp
                    "  fm_mainloop(acc, in%u, in%u, M, m0, n0);\n"
                    "  /* every warp is past its last ldmatrix: the stage buffers become the slabs */\n"
                    "  __syncthreads();\n"
-                   "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+                   "  const int lane = threadIdx.x & 31, warp = %s;\n%s"
                    "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
                    "  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;\n"
                    "#pragma unroll\n"
@@ -425,14 +468,14 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const gemm_plan *gp
                    "      *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + c);\n"
                    "      *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + c + 4);\n"
                    "      fm_epilogue(v, m, n",
-                   gp->ia, gp->ib);
-  emit_epi_params(sb, gp, 0);
+                   gp->ia, gp->ib, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5", specialized ? "  if (warp < 0) return;   /* the loaders */\n" : "");
+  fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_append(sb, ");\n    }\n    __syncwarp();   /* the slab is rewritten next */\n  }\n}\n");
 }
 
 int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
                     char **src, fm_kernel_meta *meta, fm_diag *d) {
-  gemm_plan *gp = NULL;
+  fm_cg_gemm_plan *gp = NULL;
   fm_strbuf sb;
   int rc;
   (void)sm_count;   /* the grid is the tile count; nothing to cap */
@@ -444,15 +487,16 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
     goto out;
   }
-  if ((rc = plan_build(canon, gp, d)) || (rc = check_config(gp, cfg, d))) goto out;
-  uint32_t smem = smem_bytes(gp, cfg);
-  if (smem > MAX_SMEM) {
-    rc = fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem, MAX_SMEM);
+  if ((rc = fm_cg_gemm_plan_build(canon, gp, d)) || (rc = check_config(gp, cfg, d))) goto out;
+  uint32_t smem = smem_bytes(gp, cfg), cap = cfg->wgmma ? MAX_SMEM_SM90 : MAX_SMEM;
+  if (smem > cap) {
+    rc = fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem, cap);
     goto out;
   }
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u", cfg->bm, cfg->bn, cfg->bk,
-           cfg->stages, cfg->wm, cfg->wn, cfg->raster);
+  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s", cfg->bm, cfg->bn, cfg->bk,
+           cfg->stages, cfg->wm, cfg->wn, cfg->raster,
+           cfg->wgmma == 1 ? "_wgmma" : cfg->wgmma == 2 ? "_wgmma_i1" : cfg->wgmma == 3 ? "_wgmma_ws" : "");
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
                    gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
@@ -465,17 +509,18 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                    "#define FM_A_KMAJOR %d\n#define FM_B_KMAJOR %d\n",
                    cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k,
                    gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
-  fm_strbuf_printf(&sb,
-                   "__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {\n"
-                   "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, \"\n"
-                   "      \"{%%8, %%9}, {%%0, %%1, %%2, %%3};\\n\"\n"
-                   "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
-                   "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
-                   "}\n",
-                   ty, ty);
-  fm_strbuf_append(&sb, fm_cg_gemm_body);
-  emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry);
+  if (cfg->wgmma) {
+    fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n",
+                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma == 3);
+    fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
+    fm_strbuf_append(&sb, fm_cg_wgmma_body);
+  } else {
+    fm_cg_gemm_emit_mma(&sb, ty);
+    fm_strbuf_append(&sb, fm_cg_gemm_body);
+  }
+  fm_strbuf_append(&sb, fm_cg_gemm_tail);
+  fm_cg_gemm_emit_epilogue(&sb, canon, gp);
+  emit_kernel(&sb, canon, gp, entry, cfg->wgmma == 3);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
@@ -483,7 +528,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   memset(meta, 0, sizeof *meta);
   snprintf(meta->kind, sizeof meta->kind, "gemm");
   snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = cfg->wm * cfg->wn * 32;
+  meta->block[0] = cfg->wm * cfg->wn * 32 + (cfg->wgmma == 3 ? 128u : 0u);   /* + the loaders */
   meta->block[1] = meta->block[2] = 1;
   meta->smem = smem;
   snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");

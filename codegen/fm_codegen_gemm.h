@@ -1,8 +1,12 @@
-/* fm_codegen_gemm.h: INTERNAL to codegen/ (the API is fm_codegen.h): the gemm template's
- * two files:
- *   fm_codegen_gemm_body.c  the fixed sm_80+ mainloop (CUDA text, configured by macros);
- *   fm_codegen_gemm.c       the plan (layouts, leading dims), the generated epilogue and
- *                           kernel around the mainloop, configs, candidates and metadata.
+/* fm_codegen_gemm.h: INTERNAL to codegen/ (the API is fm_codegen.h): the two GEMM templates'
+ * shared parts. Files:
+ *   fm_codegen_gemm_body.c  the gemm template's fixed sm_80+ mainloop (CUDA text, configured
+ *                           by macros);
+ *   fm_codegen_gemm.c       the plan (layouts, leading dims), the generated epilogue, and the
+ *                           gemm template's kernel around the mainloop, configs, candidates
+ *                           and metadata;
+ *   fm_codegen_skinny.c     the skinny template (small M: weight streaming), which reuses the
+ *                           plan, the epilogue and fm_mma() from fm_codegen_gemm.c.
  * The epilogue's per-op expressions come from fm_codegen_ops.c (fm_cg_emit_op). */
 #ifndef FM_CODEGEN_GEMM_H
 #define FM_CODEGEN_GEMM_H
@@ -10,5 +14,36 @@
 #include "fm_codegen_int.h"
 
 extern const char fm_cg_gemm_body[];
+/* The Hopper mainloop (fm_codegen_gemm_wgmma.c): the same contract as fm_cg_gemm_body. */
+extern const char fm_cg_wgmma_body[];
+/* fm_tile_coords and fm_stage, appended after either mainloop. */
+extern const char fm_cg_gemm_tail[];
+/* fm_wgmma(d, da, db): one wgmma m64n<bn>k16 on descriptors; ty "bf16" or "f16". */
+void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
+
+/* What the generators need to know about a GEMM fragment. */
+typedef struct fm_cg_gemm_plan {
+  fm_cg_plan base;        /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
+  int op;                 /* index of the mm/addmm op */
+  uint32_t ia, ib;        /* input positions of A and B */
+  fm_dtype dt;            /* A's and B's dtype */
+  int a_kmajor, b_kmajor; /* K is the contiguous dim of A / of B */
+  int64_t lda, ldb;       /* the other dim's stride */
+  int64_t m, k, n;        /* m = -1 when symbolic */
+  int64_t es[FM_CG_MAX_TENSORS][2]; /* [M, N] strides of epilogue tensors (0 where broadcast) */
+  uint8_t used[FM_MAX_INPUTS];      /* input read by the epilogue */
+} fm_cg_gemm_plan;
+
+/* The plan of a canonical GEMM fragment; FM_EINVAL / FM_EUNSUPPORTED with the reason in d
+ * (K not a multiple of 8, layouts, alignment, ops the epilogue cannot run). */
+int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d);
+/* fm_epilogue(acc[8], m, n, <used inputs>, <outputs>): the fragment's ops on 8 fp32
+ * accumulators of row m, columns n .. n+7 (n a multiple of 8, those past FM_N ignored), each
+ * output stored once. Needs FM_N defined before it. */
+void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp);
+/* The epilogue's extra parameters: declarations (decl) or the arguments of a call. */
+void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int decl);
+/* fm_mma(c, a, b0, b1): one mma.sync m16n8k16 (row.col, fp32 accumulators); ty "bf16"/"f16". */
+void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty);
 
 #endif

@@ -165,6 +165,10 @@ const char fm_cg_gemm_body[] =
     "  }\n"
     "  fm_cp_wait<0>();\n"
     "}\n"
+    ;
+
+/* Shared by both mainloops (appended after either): tile order and accumulator staging. */
+const char fm_cg_gemm_tail[] =
     "/* This block's output tile (tm, tn) from its place in the launch order (x fastest). */\n"
     "__device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {\n"
     "#if FM_RASTER > 1\n"

@@ -1,8 +1,8 @@
 /* test_gemm_gpu.c (device machine only): GEMM fragments (mm / addmm + epilogue) compiled
- * locally (codegen + NVRTC for this GPU, every candidate of the gemm template, compiles in
- * parallel) and launched through libfusemld (fm_module), each output checked against the CPU
- * reference (fm_reference_eval, fp64) by ‖out−ref‖/‖ref‖ on random inputs (never zeros),
- * outputs poisoned with NaN before each launch so unwritten elements fail.
+ * locally (codegen + NVRTC for this GPU, every candidate of the gemm and skinny templates,
+ * compiles in parallel) and launched through libfusemld (fm_module), each output checked
+ * against the CPU reference (fm_reference_eval, fp64) by ‖out−ref‖/‖ref‖ on random inputs
+ * (never zeros), outputs poisoned with NaN before each launch so unwritten elements fail.
  *
  * Cases: every M in {1, 7, 64, 127, 128, 4099} x N in {8, 64, 100, 136, 1024} (N = 100: the
  * epilogue's masked, element-wise path), K rotating over
@@ -13,7 +13,11 @@
  * memory-bound shapes with every candidate (CUDA events, median of 20 after warm-up; the
  * timed outputs spot-checked on 256 elements).
  *
- * Usage: test_gemm_gpu [SEED [check|time]]   (default both) Prints one line per kernel and
+ * The decode suite (check and skinny modes) verifies the skinny template: see
+ * add_skinny_cases.
+ *
+ * Usage: test_gemm_gpu [SEED [check|time|skinny|regular]]   (default both check and time;
+ * skinny: the decode suite alone; regular: check without it) Prints one line per kernel and
  * "N passed, N failed". The modes run apart so that a fault in one leaves the other. */
 #include <inttypes.h>
 #include <math.h>
@@ -30,9 +34,9 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define MAX_JOBS 1024
+#define MAX_JOBS 2048
 #define MAX_CANDS 32
-#define MAX_CASES 64
+#define MAX_CASES 96
 #define N_THREADS 16
 
 enum { E_MM, E_BIAS, E_RELU, E_GELU, E_SILU, E_RESIDUAL, E_EXTRA, E__N };
@@ -90,13 +94,15 @@ static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a
 
 static int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
 
-/* A [M, K] @ B [K, N] with epilogue e; M < 0: symbolic (A row-major then). */
-static int build(int e, fm_dtype dt, int64_t m, int64_t n, int64_t k, int a_col, int b_col,
-                 fm_fragment *canon) {
+/* A [M, K] @ B [K, N] with epilogue e; M < 0: symbolic (A row-major then), m_hint its
+ * expected M (0: none). */
+static int build(int e, fm_dtype dt, int64_t m, uint64_t m_hint, int64_t n, int64_t k, int a_col,
+                 int b_col, fm_fragment *canon) {
   static fm_fragment f;
   fm_diag d = {{0}};
   memset(&f, 0, sizeof f);
   f.vocab = 3;
+  f.m_hint = m_hint;
   if (m < 0) a_col = 0;
   tensor(&f.inputs[f.n_inputs++], 1, dt, m, k, a_col, a_col ? round8(m) : k);
   tensor(&f.inputs[f.n_inputs++], 2, dt, k, n, b_col, b_col ? k : round8(n));
@@ -161,8 +167,8 @@ typedef struct data {
 } data;
 
 /* Random inputs, never zero: magnitudes in [0.25, 1], random signs, scaled so that the sum
- * over K stays O(1). */
-static void data_init(data *x, const fm_fragment *f, int64_t outer, gu_rng *rng) {
+ * over K stays O(1); host buffers only (data_device copies them). */
+static void data_host(data *x, const fm_fragment *f, int64_t outer, gu_rng *rng) {
   memset(x, 0, sizeof *x);
   int g = fm_fragment_gemm_op(f);
   int64_t k = f->inputs[f->ops[g].args[f->ops[g].nargs - 1]].shape[0];
@@ -177,9 +183,6 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, gu_rng *rng)
       double v = gu_uniform(rng, 0.25, 1.0) * scale;
       gu_store(x->h_in[i], t->dtype, e, gu_below(rng, 2) ? v : -v);
     }
-    x->d_in[i] = gu_dalloc(cu, bytes);
-    gu_h2d(cu, x->d_in[i], x->h_in[i], bytes);
-    x->ins[i] = (void *)(uintptr_t)x->d_in[i];
   }
   for (uint32_t i = 0; i < f->n_outputs; i++) {
     const fm_tensor *t = &f->outputs[i];
@@ -187,9 +190,26 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, gu_rng *rng)
     size_t bytes = x->n_out[i] * fm_dtype_size(t->dtype);
     x->h_out[i] = malloc(bytes);
     x->h_ref[i] = malloc(bytes);
-    x->d_out[i] = gu_dalloc(cu, bytes);
+  }
+}
+
+/* Device buffers for data_host's inputs (copied) and outputs. */
+static void data_device(data *x, const fm_fragment *f, int64_t outer) {
+  for (uint32_t i = 0; i < f->n_inputs; i++) {
+    size_t bytes = gu_span(&f->inputs[i], outer) * fm_dtype_size(f->inputs[i].dtype);
+    x->d_in[i] = gu_dalloc(cu, bytes);
+    gu_h2d(cu, x->d_in[i], x->h_in[i], bytes);
+    x->ins[i] = (void *)(uintptr_t)x->d_in[i];
+  }
+  for (uint32_t i = 0; i < f->n_outputs; i++) {
+    x->d_out[i] = gu_dalloc(cu, x->n_out[i] * fm_dtype_size(f->outputs[i].dtype));
     x->outs[i] = (void *)(uintptr_t)x->d_out[i];
   }
+}
+
+static void data_init(data *x, const fm_fragment *f, int64_t outer, gu_rng *rng) {
+  data_host(x, f, outer, rng);
+  data_device(x, f, outer);
 }
 
 static void data_free(data *x, const fm_fragment *f) {
@@ -208,14 +228,13 @@ static double tolerance(fm_dtype dt) { return dt == FM_DT_BF16 ? 1e-2 : dt == FM
 
 /* ---- the correctness suite --------------------------------------------------------- */
 
-static void run_case(int ci, gu_rng *rng) {
+/* Case ci's kernels on host data x whose reference is computed (ref_ok) or failed. */
+static void check_case(int ci, data *px, int ref_ok) {
   tcase *c = &cases[ci];
   const fm_fragment *f = &c->canon;
-  data x;
+  data x = *px;
   fm_diag d = {{0}};
-  data_init(&x, f, c->outer, rng);
-  int ref_ok = fm_reference_eval(f, c->outer, (const void *const *)x.h_in, x.h_ref, &d) == FM_OK;
-  if (!ref_ok) printf("FAIL %s: reference: %s\n", c->name, d.text);
+  data_device(&x, f, c->outer);
   for (int i = 0; i < n_jobs; i++) {
     job *j = &jobs[i];
     fm_module *m = NULL;
@@ -260,6 +279,96 @@ static void run_case(int ci, gu_rng *rng) {
   fflush(stdout);
 }
 
+static void run_case(int ci, gu_rng *rng) {
+  tcase *c = &cases[ci];
+  data x;
+  fm_diag d = {{0}};
+  data_host(&x, &c->canon, c->outer, rng);
+  int ref_ok = fm_reference_eval(&c->canon, c->outer, (const void *const *)x.h_in, x.h_ref, &d) == FM_OK;
+  if (!ref_ok) printf("FAIL %s: reference: %s\n", c->name, d.text);
+  check_case(ci, &x, ref_ok);
+}
+
+/* ---- the skinny (decode) suite ------------------------------------------------------
+ * nn.Linear layouts, M in {1, 3, 8, 16} (3 and 16 symbolic with that M bucket, as the
+ * client sends decode batches) x (N, K) in {(11008, 4096), (4096, 11008), (100, 72),
+ * (4096, 4096)} x {bias + GELU, residual + relu}, every skinny candidate; then an M bucket of 8
+ * run at M = 1000 (the tuner verifies there: 63 row tiles) with every candidate. The fp64
+ * references (up to 0.7 G multiply-adds each) are computed by N_THREADS threads first. */
+
+static int skinny_first, skinny_end, next_prep;
+static data prep[MAX_CASES];
+static int prep_ok[MAX_CASES];
+static uint64_t prep_seed;
+
+static void *prep_worker(void *arg) {
+  (void)arg;
+  for (;;) {
+    pthread_mutex_lock(&lock);
+    int ci = next_prep < skinny_end ? next_prep++ : -1;
+    pthread_mutex_unlock(&lock);
+    if (ci < 0) return NULL;
+    gu_rng rng = {prep_seed ^ ((uint64_t)(ci + 1) * 0x9e3779b97f4a7c15ull)};
+    fm_diag d = {{0}};
+    data_host(&prep[ci], &cases[ci].canon, cases[ci].outer, &rng);
+    prep_ok[ci] = fm_reference_eval(&cases[ci].canon, cases[ci].outer, (const void *const *)prep[ci].h_in,
+                                    prep[ci].h_ref, &d) == FM_OK;
+    if (!prep_ok[ci]) printf("FAIL %s: reference: %s\n", cases[ci].name, d.text);
+  }
+}
+
+/* Adds case (e, dt, m, hint, n, k) with its candidates (only the skinny ones unless all). */
+static void add_skinny_case(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t n, int64_t k, int all) {
+  tcase *c = &cases[n_cases];
+  snprintf(c->name, sizeof c->name, "decode %s %s M=%lld%s N=%lld K=%lld", epi_name[e], fm_dtype_name(dt),
+           (long long)m, hint ? " (sym)" : "", (long long)n, (long long)k);
+  c->outer = m;
+  if (build(e, dt, hint ? -1 : m, hint, n, k, 0, 1, &c->canon)) {
+    failed++;
+    return;
+  }
+  fm_candidate cand[MAX_CANDS];
+  size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS), ns = 0;
+  for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
+    if (!all && cand[i].tmpl != FM_TMPL_SKINNY) continue;
+    job *j = &jobs[n_jobs++];
+    memset(j, 0, sizeof *j);
+    j->c = n_cases;
+    j->cand = cand[i];
+    fm_candidate_describe(&cand[i], j->desc, sizeof j->desc);
+    ns += cand[i].tmpl == FM_TMPL_SKINNY;
+  }
+  if (ns == 0) {
+    printf("FAIL %s: no skinny candidates\n", c->name);
+    failed++;
+  }
+  n_cases++;
+}
+
+static void add_skinny_cases(void) {
+  static const int64_t ms[] = {1, 3, 8, 16};
+  static const int64_t nk[][2] = {{11008, 4096}, {4096, 11008}, {100, 72}, {4096, 4096}};
+  skinny_first = n_cases;
+  for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+    for (size_t s = 0; s < sizeof nk / sizeof nk[0]; s++)
+      for (int r = 0; r < 2; r++) {
+        int sym = ms[mi] == 3 || ms[mi] == 16;
+        fm_dtype dt = r && nk[s][0] == 100 ? FM_DT_F16 : FM_DT_BF16;
+        add_skinny_case(r ? E_RESIDUAL : E_GELU, dt, ms[mi], sym ? (uint64_t)ms[mi] : 0, nk[s][0], nk[s][1], 0);
+      }
+  add_skinny_case(E_EXTRA, FM_DT_BF16, 1000, 8, 100, 72, 1);
+  skinny_end = n_cases;
+}
+
+static void run_skinny_cases(uint64_t seed) {
+  pthread_t th[N_THREADS];
+  prep_seed = seed;
+  next_prep = skinny_first;
+  for (int i = 0; i < N_THREADS; i++) pthread_create(&th[i], NULL, prep_worker, NULL);
+  for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
+  for (int ci = skinny_first; ci < skinny_end; ci++) check_case(ci, &prep[ci], prep_ok[ci]);
+}
+
 /* ---- timing ------------------------------------------------------------------------ */
 
 static double gelu(double v) { return 0.5 * v * (1.0 + erf(v * M_SQRT1_2)); }
@@ -267,7 +376,7 @@ static double gelu(double v) { return 0.5 * v * (1.0 + erf(v * M_SQRT1_2)); }
 /* bias + gelu, bf16, x [M, K] row-major @ W.t() (B [K, N] column-major) + bias [N]. */
 static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
   fm_fragment canon;
-  if (build(E_GELU, FM_DT_BF16, -1, n, k, 0, 1, &canon)) {
+  if (build(E_GELU, FM_DT_BF16, -1, 0, n, k, 0, 1, &canon)) {
     failed++;
     return;
   }
@@ -376,7 +485,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *mode = argc > 2 ? argv[2] : "both";
-  int check = strcmp(mode, "time") != 0, timing = strcmp(mode, "check") != 0;
+  int skinny_only = strcmp(mode, "skinny") == 0, regular = strcmp(mode, "regular") == 0;
+  int check = strcmp(mode, "time") != 0 && !skinny_only;
+  int timing = strcmp(mode, "check") != 0 && !skinny_only && !regular;
   int idx = 0;
   for (size_t mi = 0; check && mi < sizeof ms / sizeof ms[0]; mi++)
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++, idx++) {
@@ -390,7 +501,7 @@ int main(int argc, char **argv) {
                fm_dtype_name(dt), (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k,
                symbolic || !a_col ? "row" : "col", b_col ? "col" : "row");
       c->outer = m;
-      if (build(e, dt, symbolic ? -1 : m, n, k, a_col, b_col, &c->canon)) {
+      if (build(e, dt, symbolic ? -1 : m, 0, n, k, a_col, b_col, &c->canon)) {
         failed++;
         continue;
       }
@@ -409,13 +520,16 @@ int main(int argc, char **argv) {
       }
       n_cases++;
     }
+  int regular_end = n_cases;
+  if ((check && !regular) || skinny_only) add_skinny_cases();
   printf("%d cases, %d kernels to compile\n", n_cases, n_jobs);
   fflush(stdout);
   pthread_t th[N_THREADS];
   for (int i = 0; i < N_THREADS; i++) pthread_create(&th[i], NULL, compile_worker, NULL);
   for (int i = 0; i < N_THREADS; i++) pthread_join(th[i], NULL);
   gu_rng rng = {seed};
-  for (int ci = 0; ci < n_cases; ci++) run_case(ci, &rng);
+  for (int ci = 0; ci < regular_end; ci++) run_case(ci, &rng);
+  if (skinny_end > skinny_first) run_skinny_cases(seed);
   for (int i = 0; i < n_jobs; i++) {
     free(jobs[i].k.cubin);
     free(jobs[i].err);

@@ -16,7 +16,9 @@
  *     after each fault verifies, exactly one fusemld-tuner child alive (no stray, no zombie),
  *     the round within the deadline; GPU memory in use (nvidia-smi) does not grow over the
  *     rounds and returns to its baseline once the worker is stopped.
- * FM_TUNER_GPU_ONLY=faults runs only 4.
+ *  5. a decode GEMM (M bucket 8, nn.Linear bias + GELU): both GEMM templates' candidates
+ *     verify and one is chosen (test_decode_gemm_tune).
+ * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -247,6 +249,88 @@ static void test_full_tune(void) {
   fm_tune_job_free(tj);
 }
 
+/* 5. A decode GEMM through the tuner: bias + GELU bf16, x [-1, 4096] with M bucket 8 @ W.t()
+ * (W [4096, 4096]): both GEMM templates' candidates (the skinny ones first) pass the worker's
+ * verification and timing at the bucket, M = 8, unchanged; one is chosen. */
+static void test_decode_gemm_tune(void) {
+  static fm_fragment f, gcanon;
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  fm_diag d = {{0}};
+  memset(&f, 0, sizeof f);
+  f.vocab = 3;
+  f.m_hint = 8;
+  static const int64_t shp[3][2] = {{FM_DIM_SYMBOLIC, 4096}, {4096, 4096}, {4096, 0}};
+  static const int64_t str[3][2] = {{4096, 1}, {1, 4096}, {1, 0}};
+  for (uint32_t i = 0; i < 3; i++) {
+    fm_tensor *t = &f.inputs[f.n_inputs++];
+    t->id = i + 1;
+    t->dtype = FM_DT_BF16;
+    t->rank = i == 2 ? 1 : 2;
+    t->shape[0] = shp[i][0];
+    t->shape[1] = shp[i][1];
+    t->strides[0] = str[i][0];
+    t->strides[1] = str[i][1];
+    t->align = 16;
+  }
+  f.ops[0].op = FM_OP_ADDMM;
+  f.ops[0].out = 10;
+  f.ops[0].nargs = 3;
+  f.ops[0].args[0] = 3;
+  f.ops[0].args[1] = 1;
+  f.ops[0].args[2] = 2;
+  f.ops[1].op = FM_OP_GELU;
+  f.ops[1].out = 11;
+  f.ops[1].nargs = 1;
+  f.ops[1].args[0] = 10;
+  f.n_ops = 2;
+  fm_tensor *o = &f.outputs[f.n_outputs++];
+  o->id = 11;
+  o->dtype = FM_DT_BF16;
+  o->rank = 2;
+  o->shape[0] = FM_DIM_SYMBOLIC;
+  o->shape[1] = 4096;
+  o->strides[0] = 4096;
+  o->strides[1] = 1;
+  o->align = 16;
+  int rc = fm_fragment_validate(&f, &d);
+  if (!rc) rc = fm_fragment_canonicalize(&f, &gcanon);
+  if (!rc) rc = fm_fragment_canonical_bytes(&gcanon, &bytes, &len);
+  CHECK_EQ_INT(rc, FM_OK);
+  if (rc) {
+    fprintf(stderr, "decode fragment: %s\n", d.text);
+    return;
+  }
+  cur_canon = &gcanon;
+  cur_bytes = bytes;
+  cur_len = len;
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&gcanon, cands, FM_TUNE_MAX_CANDIDATES), skinny = 0;
+  for (size_t i = 0; i < n; i++) skinny += cands[i].tmpl == FM_TMPL_SKINNY;
+  CHECK(skinny >= 5);
+  CHECK_EQ_INT(cands[0].tmpl, FM_TMPL_SKINNY);
+  fm_tune_job *tj;
+  if (fm_tune_job_new(&tj) == 0) {
+    for (size_t i = 0; i < n; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
+    fm_tworker w;
+    fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 5, .seed = 13};
+    fm_tworker_init(&w, worker_exe);
+    fm_tuner_run_job(&w, &opts, tj);
+    fm_tworker_stop(&w, 5000);
+    printf("decode GEMM tune: %zu candidates (%zu skinny), tune %.0f ms\n", n, skinny, tj->tune_ms);
+    print_job(tj);
+    CHECK_EQ_INT(tj->tuned, 1);
+    CHECK(tj->winner >= 0);
+    for (size_t i = 0; i < n; i++) CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
+    CHECK_EQ_INT(count_tuner_processes(), 0);
+    fm_tune_job_free(tj);
+  }
+  cur_canon = &canon;
+  cur_bytes = canon_bytes;
+  cur_len = canon_len;
+  free(bytes);
+}
+
 static const char *sock, *fusectl, *examples;
 
 static void test_daemon_tunes(void) {
@@ -426,6 +510,11 @@ int main(int argc, char **argv) {
   printf("device: %s (%s, %u SMs)\n", dev.name, dev.arch, dev.sm_count);
   if (build_fragment()) return 1;
   const char *only = getenv("FM_TUNER_GPU_ONLY");
+  if (only && strcmp(only, "decode") == 0) {
+    RUN(test_decode_gemm_tune);
+    free(canon_bytes);
+    return FM_TEST_DONE();
+  }
   if (only && strcmp(only, "faults") == 0) {
     RUN(test_fault_repetition);
     free(canon_bytes);
@@ -433,6 +522,7 @@ int main(int argc, char **argv) {
   }
   RUN(test_planted_bad_candidates);
   RUN(test_full_tune);
+  RUN(test_decode_gemm_tune);
   if (argc >= 5) {
     sock = argv[2];
     fusectl = argv[3];

@@ -342,7 +342,7 @@ static void test_nvrtc_every_candidate(void) {
     CHECK_EQ_INT(build(w, &raw), FM_OK);
     size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 32);
     CHECK(n >= 1);
-    if (w == 0) CHECK_EQ_INT((int)n, 16);   /* every configuration: none pruned */
+    if (w == 0) CHECK_EQ_INT((int)n, 21);   /* every configuration (16 + 5 wgmma): none pruned */
     for (size_t i = 0; i < n; i++) {
       char *src = NULL;
       fm_kernel_meta m;
@@ -354,7 +354,7 @@ static void test_nvrtc_every_candidate(void) {
         continue;
       }
       for (size_t a = 0; a < 2; a++) {
-        if (!fm_nvrtc_arch_supported(archs[a])) continue;
+        if (!fm_nvrtc_arch_supported(archs[a]) || !fm_candidate_runs_on(&c[i], archs[a])) continue;
         uint8_t *cubin = NULL;
         size_t len = 0;
         char *log = NULL;
@@ -381,12 +381,69 @@ static void test_nvrtc_every_candidate(void) {
          compiled ? total / compiled : 0.0, worst, worst_desc);
 }
 
+/* The Hopper mainloop: offered for K-major operands only, never the default, sm_90a only
+ * (the daemon drops it elsewhere, and its source refuses to compile for sm_80), a block of
+ * BM / 16 warps, and shared memory for its swizzled stages plus the alignment slack. */
+static void test_wgmma_candidates(void) {
+  fm_candidate c[32], def;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* symbolic M, nn.Linear layouts */
+  size_t n = fm_codegen_candidates(&canon, c, 32);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
+  CHECK_EQ_INT((int)def.p[7], 0);
+  int wg = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!c[i].p[7]) continue;
+    wg++;
+    CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
+    CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
+    CHECK(!fm_candidate_runs_on(&c[i], "sm_100"));
+    char *src = NULL;
+    fm_kernel_meta m;
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &m, &d), FM_OK);
+    if (!src) continue;
+    CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n");
+    CHECK_STR_CONTAINS(m.entry, "_wgmma");
+    /* BM / 16 warps of 32 threads, and the loader warpgroup when warp-specialised */
+    CHECK_EQ_INT(m.block[0], c[i].p[0] * 2 + (c[i].p[7] == 3 ? 128 : 0));
+    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (c[i].p[7] == 3 ? 16 * c[i].p[3] : 0);
+    uint32_t slabs = c[i].p[0] / 16 * 16 * (c[i].p[1] + 8) * 4;
+    CHECK_EQ_INT(m.smem, stages > slabs ? stages : slabs);
+    CHECK(m.smem <= 227 * 1024);
+    if (wg == 1 && fm_nvrtc_arch_supported("sm_80")) {
+      uint8_t *cubin = NULL;
+      size_t len = 0;
+      char *log = NULL;
+      CHECK_EQ_INT(fm_nvrtc_compile(src, "wgmma_on_sm80.cu", "sm_80", &cubin, &len, &log) != FM_OK, 1);
+      CHECK(log && strstr(log, "needs sm_90a"));
+      free(cubin);
+      free(log);
+    }
+    free(src);
+  }
+  CHECK_EQ_INT(wg, 5);
+  /* a bad wgmma config is refused with its reason */
+  fm_candidate bad = c[1];
+  for (size_t i = 0; i < n; i++)
+    if (c[i].p[7]) bad = c[i];
+  bad.p[2] = 32;
+  char *src = NULL;
+  fm_kernel_meta m;
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "wgmma");
+  /* M/N-major operands (the backward's layouts): the mma.sync mainloop only */
+  CHECK_EQ_INT(build(1, &raw), FM_OK);
+  n = fm_codegen_candidates(&canon, c, 32);
+  for (size_t i = 0; i < n; i++) CHECK_EQ_INT((int)c[i].p[7], 0);
+}
+
 int main(void) {
   RUN(test_validate);
   RUN(test_rejections);
   RUN(test_codegen_refusals);
   RUN(test_reference);
   RUN(test_meta_and_candidates);
+  RUN(test_wgmma_candidates);
   RUN(test_golden_linear);
   RUN(test_golden_residual);
   RUN(test_nvrtc_every_candidate);
