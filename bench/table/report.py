@@ -94,6 +94,10 @@ def markdown(rows):
                        "columns were timed in the same run: Inductor with CUDA graphs "
                        "(`mode=\"reduce-overhead\"`, RO; \"vs RO\" is fuseml against it) and "
                        "fuseml without graphs.\n")
+            plain = [f"{r['workload']}/{r['preset']}" for r in rs if not r.get("fuseml_cudagraphs")]
+            if plain:
+                out.append("Rows whose fuseml column ran without graphs (`--fuseml-graphs off`; "
+                           "their Inductor RO column is still measured): " + ", ".join(plain) + ".\n")
         out.append("| Workload | Preset | Eager | Inductor | Inductor MA | Inductor RO "
                    "| fuseml, no graphs | fuseml | vs eager | vs best peer | vs RO | floor "
                    "| HBM eager → fused (saved) | kernels eager → fuseml "
