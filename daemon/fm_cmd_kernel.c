@@ -268,13 +268,14 @@ static void on_candidate_compiled(fm_compile_job *j) {
 
 /* A tune job with one compile job per candidate, the compiles queued. FM_OK or FM_ENOMEM. */
 static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
-  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  fm_candidate cands[2 * FM_TUNE_MAX_CANDIDATES];
   fm_tune_job *tj = NULL;
-  size_t n = fm_codegen_candidates(p->canon, cands, FM_TUNE_MAX_CANDIDATES), kept = 0;
-  /* candidates this GPU cannot run (the sm_90a wgmma mainloop elsewhere) are not compiled */
+  size_t n = fm_codegen_candidates(p->canon, cands, 2 * FM_TUNE_MAX_CANDIDATES), kept = 0;
+  /* candidates this GPU cannot run (the sm_90a wgmma mainloop elsewhere) are not compiled;
+     dropped before the cap, so they never push a runnable one out */
   for (size_t i = 0; i < n; i++)
     if (fm_candidate_runs_on(&cands[i], p->dev.arch)) cands[kept++] = cands[i];
-  n = kept;
+  n = kept < FM_TUNE_MAX_CANDIDATES ? kept : FM_TUNE_MAX_CANDIDATES;
   if (n == 0) {
     /* No template offers candidates: the default path says why (unsupported). */
     *out = NULL;
