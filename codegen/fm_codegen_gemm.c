@@ -468,9 +468,28 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                    "      *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + c);\n"
                    "      *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + c + 4);\n"
                    "      fm_epilogue(v, m, n",
-                   gp->ia, gp->ib, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5", specialized ? "  if (warp < 0) return;   /* the loaders */\n" : "");
+                   gp->ia, gp->ib, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5",
+                   specialized ? "  if (warp < 0) return;   /* the loaders */\n" : "");
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_append(sb, ");\n    }\n    __syncwarp();   /* the slab is rewritten next */\n  }\n}\n");
+}
+
+void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,
+                           const char *entry, uint32_t threads, uint32_t smem, uint32_t rows,
+                           uint32_t cols) {
+  memset(meta, 0, sizeof *meta);
+  snprintf(meta->kind, sizeof meta->kind, "gemm");
+  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
+  meta->block[0] = threads;
+  meta->block[1] = meta->block[2] = 1;
+  meta->smem = smem;
+  snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
+  meta->inner = (uint64_t)gp->n;
+  meta->items_per_block = rows;
+  meta->max_blocks = (uint32_t)((gp->n + cols - 1) / cols);
+  meta->outer = gp->m;
+  meta->n_inputs = canon->n_inputs;
+  meta->n_outputs = canon->n_outputs;
 }
 
 int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
@@ -509,6 +528,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                    "#define FM_A_KMAJOR %d\n#define FM_B_KMAJOR %d\n",
                    cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k,
                    gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
+  fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
     fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n",
                      cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma == 3);
@@ -525,19 +545,9 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
-  memset(meta, 0, sizeof *meta);
-  snprintf(meta->kind, sizeof meta->kind, "gemm");
-  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = cfg->wm * cfg->wn * 32 + (cfg->wgmma == 3 ? 128u : 0u);   /* + the loaders */
-  meta->block[1] = meta->block[2] = 1;
-  meta->smem = smem;
-  snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
-  meta->inner = (uint64_t)gp->n;
-  meta->items_per_block = cfg->bm;
-  meta->max_blocks = (uint32_t)((gp->n + cfg->bn - 1) / cfg->bn);
-  meta->outer = gp->m;
-  meta->n_inputs = canon->n_inputs;
-  meta->n_outputs = canon->n_outputs;
+  fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
+                        cfg->wm * cfg->wn * 32 + (cfg->wgmma == 3 ? 128u : 0u),   /* + the loaders */
+                        smem, cfg->bm, cfg->bn);
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

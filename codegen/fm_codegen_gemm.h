@@ -13,6 +13,8 @@
 
 #include "fm_codegen_int.h"
 
+/* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait: emitted before either mainloop. */
+extern const char fm_cg_gemm_cp_async[];
 extern const char fm_cg_gemm_body[];
 /* The Hopper mainloop (fm_codegen_gemm_wgmma.c): the same contract as fm_cg_gemm_body. */
 extern const char fm_cg_wgmma_body[];
@@ -43,6 +45,11 @@ int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d)
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp);
 /* The epilogue's extra parameters: declarations (decl) or the arguments of a call. */
 void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int decl);
+/* The launch metadata of a GEMM kernel whose blocks each own rows x cols of the output
+ * (grid rule "tiles"), after src is generated. */
+void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,
+                           const char *entry, uint32_t threads, uint32_t smem, uint32_t rows,
+                           uint32_t cols);
 /* fm_mma(c, a, b0, b1): one mma.sync m16n8k16 (row.col, fp32 accumulators); ty "bf16"/"f16". */
 void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty);
 

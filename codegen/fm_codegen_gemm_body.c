@@ -23,6 +23,21 @@
  * FM_CODEGEN_VERSION. */
 #include "fm_codegen_gemm.h"
 
+/* cp.async and shared-address helpers, emitted before either mainloop. */
+const char fm_cg_gemm_cp_async[] =
+    "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
+    "  return (unsigned)__cvta_generic_to_shared(p);\n"
+    "}\n"
+    "/* bytes < 16 zero-fills the rest of the chunk (0: all zeros, nothing read) */\n"
+    "__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {\n"
+    "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(dst), \"l\"(src), \"r\"(bytes) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\"); }\n"
+    "template <int N> __device__ __forceinline__ void fm_cp_wait() {\n"
+    "  asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(N) : \"memory\");\n"
+    "}\n"
+    ;
+
 const char fm_cg_gemm_body[] =
     "/* ---- gemm mainloop (sm_80+: cp.async, ldmatrix, mma.sync) ---- */\n"
     "#define FM_THREADS (FM_WM * FM_WN * 32)\n"
@@ -38,17 +53,6 @@ const char fm_cg_gemm_body[] =
     "   half-warp then cover 32 distinct banks) */\n"
     "#define FM_SLAB_LD (FM_WCOLS + 8)\n"
     "extern __shared__ __align__(128) unsigned short fm_smem[];\n"
-    "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
-    "  return (unsigned)__cvta_generic_to_shared(p);\n"
-    "}\n"
-    "/* bytes < 16 zero-fills the rest of the chunk (0: all zeros, nothing read) */\n"
-    "__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {\n"
-    "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(dst), \"l\"(src), \"r\"(bytes) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\"); }\n"
-    "template <int N> __device__ __forceinline__ void fm_cp_wait() {\n"
-    "  asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(N) : \"memory\");\n"
-    "}\n"
     "__device__ __forceinline__ void fm_ldsm4(unsigned r[4], unsigned addr) {\n"
     "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\\n\"\n"
     "               : \"=r\"(r[0]), \"=r\"(r[1]), \"=r\"(r[2]), \"=r\"(r[3]) : \"r\"(addr) : \"memory\");\n"

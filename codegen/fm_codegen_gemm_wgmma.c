@@ -1,7 +1,8 @@
 /* fm_codegen_gemm_wgmma.c: the gemm template's Hopper mainloop (sm_90a): warpgroup MMA.
  *
- * Same contract as fm_codegen_gemm_body.c (fm_mainloop and the slab macros; fm_tile_coords
- * and fm_stage come from fm_cg_gemm_tail), so the generated kernel and epilogue around it
+ * Same contract as fm_codegen_gemm_body.c (fm_mainloop and the slab macros; the cp.async
+ * helpers come before it from fm_cg_gemm_cp_async, fm_tile_coords and fm_stage after it
+ * from fm_cg_gemm_tail), so the generated kernel and epilogue around it
  * are the gemm template's own. What differs: each warpgroup (4 warps, 128 threads) owns 64
  * rows of the block's BM x BN tile and multiplies with wgmma.mma_async m64nBNk16, both operands read by the tensor cores straight
  * from shared memory through matrix descriptors (no ldmatrix, no register fragments of A or
@@ -41,16 +42,6 @@ const char fm_cg_wgmma_body[] =
     "#define FM_STAGE_BYTES ((FM_BM + FM_BN) * 128)\n"
     "#define FM_AHEAD (FM_STAGES - 1 - FM_WG_INFLIGHT)\n"
     "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
-    "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
-    "  return (unsigned)__cvta_generic_to_shared(p);\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {\n"
-    "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(dst), \"l\"(src), \"r\"(bytes) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\"); }\n"
-    "template <int N> __device__ __forceinline__ void fm_cp_wait() {\n"
-    "  asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(N) : \"memory\");\n"
-    "}\n"
     "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
     "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
     "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"

@@ -417,19 +417,7 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
-  memset(meta, 0, sizeof *meta);
-  snprintf(meta->kind, sizeof meta->kind, "gemm");
-  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = cfg->warps * 32;
-  meta->block[1] = meta->block[2] = 1;
-  meta->smem = smem_bytes(cfg);
-  snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
-  meta->inner = (uint64_t)gp->n;
-  meta->items_per_block = ROWS;
-  meta->max_blocks = (uint32_t)((gp->n + cfg->cols - 1) / cfg->cols);
-  meta->outer = gp->m;
-  meta->n_inputs = canon->n_inputs;
-  meta->n_outputs = canon->n_outputs;
+  fm_cg_gemm_tiles_meta(meta, canon, gp, entry, cfg->warps * 32, smem_bytes(cfg), ROWS, cfg->cols);
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

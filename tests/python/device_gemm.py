@@ -10,33 +10,13 @@ import time
 
 import torch
 
+from helpers import median_ms, rel_err
 from models import MODELS
 
 import fuseml
 from fuseml import runtime
 
 SHAPES = [(16384, 256, 1024), (2048, 1024, 4096)]
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def median_ms(fns, reps=30):
-    """Interleaved CUDA-event medians of each fn in fns (the order rotates every rep)."""
-    times = [[] for _ in fns]
-    for r in range(reps):
-        order = list(range(len(fns)))
-        order = order[r % len(order):] + order[:r % len(order)]
-        for i in order:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fns[i]()
-            e.record()
-            times[i].append((s, e))
-    torch.cuda.synchronize()
-    return [sorted(s.elapsed_time(e) for s, e in t)[len(t) // 2] for t in times]
 
 
 def check(name, m, d, di, train):

@@ -18,6 +18,7 @@ import torch
 from torch._dynamo.utils import counters as torch_counters
 from torch._inductor import cudagraph_trees
 
+from helpers import median_ms, rel_err
 from models import MODELS
 
 import fuseml
@@ -44,26 +45,6 @@ def _counting(name, key):
 
 _counting("record_function", "record")
 _counting("run_eager", "warmup")
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def median_ms(fns, reps=40):
-    times = [[] for _ in fns]
-    for r in range(reps):
-        order = list(range(len(fns)))
-        order = order[r % len(order):] + order[:r % len(order)]
-        for i in order:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fns[i]()
-            e.record()
-            times[i].append((s, e))
-    torch.cuda.synchronize()
-    return [sorted(s.elapsed_time(e) for s, e in t)[len(t) // 2] for t in times]
 
 
 def make_step(model, x, train):
@@ -144,7 +125,7 @@ def check(label, preset, train, rest="aten"):
         row["kept_output"] = {"outcome": "raised", "error": str(e).splitlines()[0][:200]}
     row["rel_err_graphs_x2"] = rel_err(step(graphs, x2)[0], want2)
 
-    ms = median_ms([lambda: step(model), lambda: step(plain), lambda: step(graphs)])
+    ms = median_ms([lambda: step(model), lambda: step(plain), lambda: step(graphs)], reps=40)
     row["eager_ms"], row["fuseml_ms"], row["fuseml_graphs_ms"] = ms
     row["graphs_speedup_vs_eager"] = ms[0] / ms[2]
     row["graphs_speedup_vs_fuseml"] = ms[1] / ms[2]

@@ -33,12 +33,35 @@ def assert_close(got, want, atol=1e-5, rtol=1e-5):
         torch.testing.assert_close(g, g0, atol=atol, rtol=rtol)
 
 
+def rel_err(a, b):
+    """||a - b|| / ||b||, in fp32."""
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
 def close_bf16(got, want):
     """bf16 outputs and gradients: ||got - want|| / ||want|| below 1e-2 each, never NaN."""
     (y, grads), (y0, grads0) = got, want
     for a, b in zip([y] + grads, [y0] + grads0):
-        err = (a.float() - b.float()).norm() / b.float().norm()
-        assert torch.isfinite(err) and err < 1e-2, err
+        err = rel_err(a, b)
+        assert err == err and err < 1e-2, err   # err == err: NaN never passes
+
+
+def median_ms(fns, reps=30):
+    """Interleaved CUDA-event medians of each fn in fns (the order rotates every rep); for the
+    device scripts."""
+    times = [[] for _ in fns]
+    for r in range(reps):
+        order = list(range(len(fns)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for i in order:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fns[i]()
+            e.record()
+            times[i].append((s, e))
+    torch.cuda.synchronize()
+    return [sorted(s.elapsed_time(e) for s, e in t)[len(t) // 2] for t in times]
 
 
 def plan(compiler, which):

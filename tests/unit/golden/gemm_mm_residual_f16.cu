@@ -129,6 +129,17 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 #define FM_LDB 200LL
 #define FM_A_KMAJOR 0
 #define FM_B_KMAJOR 0
+__device__ __forceinline__ unsigned fm_saddr(const void *p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+/* bytes < 16 zero-fills the rest of the chunk (0: all zeros, nothing read) */
+__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fm_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void fm_cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
 __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -149,17 +160,6 @@ __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned
    half-warp then cover 32 distinct banks) */
 #define FM_SLAB_LD (FM_WCOLS + 8)
 extern __shared__ __align__(128) unsigned short fm_smem[];
-__device__ __forceinline__ unsigned fm_saddr(const void *p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-/* bytes < 16 zero-fills the rest of the chunk (0: all zeros, nothing read) */
-__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void fm_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void fm_cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
-}
 __device__ __forceinline__ void fm_ldsm4(unsigned r[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
