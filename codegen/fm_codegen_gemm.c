@@ -429,10 +429,8 @@ void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
                    ty, ty);
 }
 
-/* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
- * form); it leaves after the barrier and the epilogue's warps count from 4. */
-static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized) {
+void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                 const char *entry) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
@@ -442,6 +440,13 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   fm_strbuf_append(sb, "    long long outer) {\n");
   if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
+}
+
+/* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
+ * form); it leaves after the barrier and the epilogue's warps count from 4. */
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
+                        int specialized) {
+  fm_cg_gemm_emit_kernel_open(sb, f, gp, entry);
   fm_strbuf_printf(sb,
                    "  int tm, tn;\n"
                    "  fm_tile_coords(tm, tn);\n"

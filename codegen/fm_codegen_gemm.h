@@ -45,6 +45,9 @@ int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d)
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp);
 /* The epilogue's extra parameters: declarations (decl) or the arguments of a call. */
 void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int decl);
+/* The kernel's signature (inputs, outputs, outer) and its M, up to the body: both templates. */
+void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                 const char *entry);
 /* The launch metadata of a GEMM kernel whose blocks each own rows x cols of the output
  * (grid rule "tiles"), after src is generated. */
 void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,

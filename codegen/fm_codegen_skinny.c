@@ -335,15 +335,7 @@ static const char body[] =
     "}\n";
 
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry) {
-  const fm_cg_plan *p = &gp->base;
-  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
-  for (uint32_t k = 0; k < p->n_in; k++)
-    fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
-  for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "    long long outer) {\n");
-  if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
-  else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
+  fm_cg_gemm_emit_kernel_open(sb, f, gp, entry);
   fm_strbuf_printf(sb,
                    "#if FM_PIPE >= 2\n"
                    "  /* the partial sums reuse the drained ring: one dynamic allocation, so a\n"
