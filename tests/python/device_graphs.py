@@ -4,8 +4,9 @@ fuseml under CUDA graphs: relative error against an fp32 eager copy (outputs, an
 the training step), median step times (CUDA events, interleaved, the order rotating), the
 groups still served as kernels and whether their routing was measured in the warm-up (never in
 a capture), launches in the warm-up/recording calls and in replays (none: Python does not run),
-how many graphs were recorded and how many non-static inputs they copy per replay (the
-parameters must not be among them), and what happens to an output kept across the next step.
+how many graphs were recorded (by the trees for training, by fuseml's graph_replay for
+inference) and how many non-static inputs the trees copy per replay (the parameters must not be
+among them), and what happens to an output kept across the next step.
 Rows are written as they finish (FM_GRAPHS_BUDGET_S bounds the whole run).
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_graphs.py OUT.json"""
 import copy
@@ -45,6 +46,19 @@ def _counting(name, key):
 
 _counting("record_function", "record")
 _counting("run_eager", "warmup")
+
+# Inference graphs are replayed by fuseml itself (graph_replay.py): its recordings counted too.
+from fuseml import graph_replay  # noqa: E402
+_fm_record = graph_replay.InferenceGraphs._record
+
+
+def _fm_counting(self, *a, **k):
+    rec = _fm_record(self, *a, **k)
+    TREE["record"] += rec is not None
+    return rec
+
+
+graph_replay.InferenceGraphs._record = _fm_counting
 
 
 def make_step(model, x, train):

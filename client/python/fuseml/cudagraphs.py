@@ -1,7 +1,9 @@
 """CUDA graphs for compiled graphs (torch.compile(..., mode="reduce-overhead")): what was asked
 (mode, options, FuseMLCompiler(cudagraphs=...), FUSEML_CUDAGRAPHS) and the wrapping of each
 compiled ATen graph in torch's own CUDA-graph machinery, the cudagraph trees that Inductor's
-reduce-overhead and the "cudagraphs" dynamo backend use. The trees warm each graph up once
+reduce-overhead and the "cudagraphs" dynamo backend use, for training graphs; inference graphs
+are replayed by fuseml itself (graph_replay.py), at a fraction of the trees' host cost. The
+trees warm each graph up once
 (eagerly, where fuseml's measured routing and module loads happen) before recording it, keep
 parameters in place (static inputs, by index) and copy the other inputs into graph-owned
 buffers, pair forward and backward recordings, and re-record for new shapes.
@@ -15,6 +17,7 @@ import types
 
 import torch
 
+from . import graph_replay
 from ._log import log, warn_once
 
 # torch.compile's modes: which ones record CUDA graphs
@@ -209,6 +212,12 @@ def wrap(gm, example_inputs, which, state, compile_fn):
         warn_once("cudagraphs-skip", "%s graph not recorded as a CUDA graph: %s", which,
                   skip.splitlines()[0], suffix="")
         return fn, "no CUDA graphs: " + skip
+    if which == "inference":   # no autograd: fuseml's own replay, cheaper than the trees'
+        state.device_index = dev
+        log.debug("fuseml: inference graph under fuseml's CUDA-graph replay (device %d, static "
+                  "inputs %s)", dev, list(static))
+        return (graph_replay.InferenceGraphs(fn, static, dev),
+                f"CUDA graphs (fuseml replay; static inputs {list(static)})")
     try:
         out = api.cudagraphify_impl(
             _stealing(fn), list(example_inputs), static, device_index=dev,

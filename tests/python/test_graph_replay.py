@@ -1,0 +1,139 @@
+"""fuseml's CUDA-graph replay of inference graphs (fuseml/graph_replay.py) on a CPU machine,
+with a stand-in for torch.cuda's graph capture that records the function and, at replay,
+runs it again on the captured inputs into the captured outputs (what a CUDA graph does to
+device memory): a warm-up call per new input set, a recording at its next call, replays that
+do not run Python, inputs read where they are, outputs copied out so a kept one stays right,
+graph-owned input copies past MAX_DIRECT input sets, and a failed capture that turns graphs
+off with one warning while the results stay right."""
+import contextlib
+import logging
+
+import pytest
+import torch
+
+from fuseml import graph_replay
+
+
+class _FakeCuda:
+    def __init__(self):
+        self.captures = 0
+        self.fail = None
+        self.current = None      # (graph, fn, inputs) while capturing
+
+    def install(self, monkeypatch):
+        fake = self
+
+        class Graph:
+            def replay(self):
+                out = self.fn(list(self.inputs))
+                for o, n in zip(self.outputs, out):
+                    o.copy_(n)
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, capture_error_mode=None):
+            assert pool == "pool" and capture_error_mode == "thread_local"
+            if fake.fail:
+                raise RuntimeError(fake.fail)
+            fake.captures += 1
+            g.capturing = True
+            yield
+            g.capturing = False
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+        monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        # the recorded graph remembers its function, inputs and outputs (what a capture fixes)
+        orig = graph_replay._Recorded.__init__
+
+        def init(self, g, inputs, outputs, copy_idx):
+            g.fn, g.inputs, g.outputs = fake.fn, inputs, outputs
+            orig(self, g, inputs, outputs, copy_idx)
+        monkeypatch.setattr(graph_replay._Recorded, "__init__", init)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    f = _FakeCuda()
+    f.install(monkeypatch)
+    return f
+
+
+def _runner(fake, static=(1,)):
+    calls = []
+    w = torch.randn(4, 4)
+
+    def fn(args):
+        calls.append(1)
+        x, w_ = args
+        return [torch.relu(x @ w_) + 1.0]
+    fake.fn = fn
+    return graph_replay.InferenceGraphs(fn, static, 0), calls, w
+
+
+def test_warm_up_record_then_replay_without_python(fake_cuda):
+    run, calls, w = _runner(fake_cuda)
+    x = torch.randn(3, 4)
+    want = torch.relu(x @ w) + 1.0
+    assert torch.equal(run([x, w])[0], want) and len(calls) == 1      # warm-up: run as compiled
+    assert fake_cuda.captures == 0
+    assert torch.equal(run([x, w])[0], want)                          # recorded, then replayed
+    assert fake_cuda.captures == 1 and run.recordings == 1
+    n = len(calls)
+    x.copy_(torch.randn(3, 4))                                         # same address, new values
+    assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert len(calls) == n + 1 and fake_cuda.captures == 1           # the fake replay's one call
+    assert run.replays == 2
+
+
+def test_kept_output_is_not_overwritten(fake_cuda):
+    run, _, w = _runner(fake_cuda)
+    x = torch.randn(3, 4)
+    run([x, w])
+    kept = run([x, w])[0]
+    before = kept.clone()
+    x.copy_(torch.randn(3, 4))
+    assert not torch.equal(run([x, w])[0], before)
+    assert torch.equal(kept, before)
+
+
+def test_past_max_direct_inputs_are_copied_into_graph_buffers(fake_cuda):
+    run, _, w = _runner(fake_cuda)
+    xs = [torch.randn(3, 4) for _ in range(graph_replay.MAX_DIRECT + 2)]
+    for _ in range(2):
+        for x in xs:
+            assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert len(run.direct) == graph_replay.MAX_DIRECT and len(run.by_layout) == 1
+    assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
+    [rec] = run.by_layout.values()
+    assert rec.copy_idx == (0,)                       # the parameter (static) is never copied
+    for x in xs:                                      # every input set now replays
+        x.copy_(torch.randn(3, 4))
+        assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
+
+
+def test_new_shape_or_moved_parameter_is_a_new_graph(fake_cuda):
+    run, _, w = _runner(fake_cuda)
+    x, y = torch.randn(3, 4), torch.randn(5, 4)
+    for _ in range(2):
+        run([x, w]), run([y, w])
+    assert fake_cuda.captures == 2
+    w2 = w.clone()
+    for _ in range(2):
+        assert torch.equal(run([x, w2])[0], torch.relu(x @ w2) + 1.0)
+    assert fake_cuda.captures == 3
+
+
+def test_failed_capture_runs_without_graphs_with_one_warning(fake_cuda, caplog):
+    caplog.set_level(logging.WARNING)
+    run, calls, w = _runner(fake_cuda)
+    fake_cuda.fail = "operation not permitted when stream is capturing"
+    x = torch.randn(3, 4)
+    for _ in range(4):
+        assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert run.off and "not permitted" in run.off and run.recordings == 0
+    assert len(calls) == 4
+    warned = [r for r in caplog.records if "could not be recorded as a CUDA graph" in r.getMessage()]
+    assert len(warned) == 1
