@@ -2,9 +2,11 @@
 with a stand-in for torch.cuda's graph capture that records the function and, at replay,
 runs it again on the captured inputs into the captured outputs (what a CUDA graph does to
 device memory): a warm-up call per new input set, a recording at its next call, replays that
-do not run Python, inputs read where they are, outputs copied out so a kept one stays right,
-graph-owned input copies past MAX_DIRECT input sets, and a failed capture that turns graphs
-off with one warning while the results stay right."""
+do not run Python, inputs read where they are, outputs returned as aliases of the graph's
+memory with a second recording while the caller holds the first one's (a kept output stays
+right; with every recording's outputs held the call runs as compiled), graph-owned input
+copies past MAX_DIRECT input sets, and a failed capture that turns graphs off with one
+warning while the results stay right."""
 import contextlib
 import logging
 
@@ -17,6 +19,7 @@ from fuseml import graph_replay
 class _FakeCuda:
     def __init__(self):
         self.captures = 0
+        self.pools = 0
         self.fail = None
         self.current = None      # (graph, fn, inputs) while capturing
 
@@ -32,6 +35,7 @@ class _FakeCuda:
         @contextlib.contextmanager
         def graph(g, pool=None, capture_error_mode=None):
             assert pool == "pool" and capture_error_mode == "thread_local"
+            fake.pools += 1
             if fake.fail:
                 raise RuntimeError(fake.fail)
             fake.captures += 1
@@ -87,15 +91,45 @@ def test_warm_up_record_then_replay_without_python(fake_cuda):
     assert run.replays == 2
 
 
-def test_kept_output_is_not_overwritten(fake_cuda):
+def test_outputs_are_aliases_and_a_kept_one_is_not_overwritten(fake_cuda):
+    run, calls, w = _runner(fake_cuda)
+    x = torch.randn(3, 4)
+    run([x, w])
+    y = run([x, w])[0]                          # recording A
+    [a] = run.direct[next(iter(run.direct))]
+    assert y.untyped_storage().data_ptr() == a.outputs[0].untyped_storage().data_ptr()
+    del y
+    for _ in range(3):                          # nothing held: A again, no new recording
+        run([x, w])
+    assert fake_cuda.captures == 1
+    kept = run([x, w])[0]                       # A's output, held
+    before = kept.clone()
+    x.copy_(torch.randn(3, 4))
+    y = run([x, w])[0]                          # A is held: recording B
+    assert fake_cuda.captures == 2 and fake_cuda.pools == 2   # a pool per recording
+    assert torch.equal(y, torch.relu(x @ w) + 1.0) and torch.equal(kept, before)
+    view = y[1:]                                # a view holds B's output too
+    del y
+    n = len(calls)
+    z = run([x, w])[0]                          # A and B held: run as compiled, still right
+    assert len(calls) == n + 1 and run.held_runs == 1 and fake_cuda.captures == 2
+    assert torch.equal(z, torch.relu(x @ w) + 1.0) and torch.equal(kept, before)
+    del kept, view
+    for _ in range(4):                          # `y = model(x)`: alternates between A and B
+        z = run([x, w])[0]
+    assert fake_cuda.captures == 2 and run.held_runs == 1
+
+
+def test_without_use_counts_outputs_are_copied(fake_cuda, monkeypatch):
+    monkeypatch.setattr(graph_replay, "_use_count", None)
     run, _, w = _runner(fake_cuda)
     x = torch.randn(3, 4)
     run([x, w])
     kept = run([x, w])[0]
     before = kept.clone()
     x.copy_(torch.randn(3, 4))
-    assert not torch.equal(run([x, w])[0], before)
-    assert torch.equal(kept, before)
+    assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert torch.equal(kept, before) and fake_cuda.captures == 1
 
 
 def test_past_max_direct_inputs_are_copied_into_graph_buffers(fake_cuda):
@@ -106,7 +140,7 @@ def test_past_max_direct_inputs_are_copied_into_graph_buffers(fake_cuda):
             assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
     assert len(run.direct) == graph_replay.MAX_DIRECT and len(run.by_layout) == 1
     assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
-    [rec] = run.by_layout.values()
+    [[rec]] = run.by_layout.values()
     assert rec.copy_idx == (0,)                       # the parameter (static) is never copied
     for x in xs:                                      # every input set now replays
         x.copy_(torch.randn(3, 4))

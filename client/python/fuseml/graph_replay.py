@@ -2,9 +2,8 @@
 autograd). torch's cudagraph trees cost ~50 us of host time per call on the H100 machine's
 host (bench/NOTES.md, "Host time per step"): more than eager spends on a whole MLP block, so
 a host-bound step got slower under them. An inference graph needs none of what the trees add
-(forward/backward pairing, checkpointed pools, liveness tracking of outputs kept across
-steps), so it is replayed here at the cost of one dict lookup, one graph launch and a copy of
-each output:
+(forward/backward pairing, generations of recordings sharing one checkpointed pool), so it
+is replayed here at the cost of one dict lookup, a use-count check and one graph launch:
 
 - Each distinct set of inputs (address, size, stride and offset of every tensor, value of
   every other argument) is run eagerly once (the warm-up: fuseml's measured routing and
@@ -13,17 +12,25 @@ each output:
   caching allocator hands a loop the same few addresses, so a handful covers a loop.
 - Past that, one graph per layout reads graph-owned copies of the non-static inputs (the
   trees' scheme: one device copy per input and call).
-- Outputs are copied out of the graph's memory before they are returned, so an output kept
-  across steps stays right (no later replay can overwrite it). The graphs share one memory
-  pool: any one's outputs are dead once copied, so the replays may come in any order.
+- Outputs are returned as aliases of the graph's memory, not copies. An input set may have
+  up to MAX_COPIES recordings, each with outputs of its own; a call replays one whose
+  outputs nobody holds any more (the storages' use counts are back to what the recording
+  itself holds), so an output kept across steps stays right: `y = model(x)` in a loop
+  alternates between two. When the caller holds the outputs of every recording, the call
+  runs without graphs (right, only slower). Each recording has a memory pool of its own: in
+  a shared one a later recording's outputs may sit where an earlier one keeps its
+  intermediates, and replaying that one would overwrite outputs the caller holds. Without
+  torch's use-count query, outputs are copied out instead.
 - A capture that fails (an op that synchronises, a CPU tensor) turns graphs off for this
   graph with one warning; it then runs as it would without them."""
 import torch
 
 from ._log import log, warn_once
 
-MAX_DIRECT = 8     # graphs keyed by input addresses, per compiled graph
+MAX_DIRECT = 8     # input sets keyed by addresses, per compiled graph
+MAX_COPIES = 2     # recordings per input set (outputs the caller still holds)
 MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def _direct_key(args):
@@ -36,18 +43,33 @@ def _layout_key(args, static):
                  if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
 
 
+def _use_counts(outputs):
+    return tuple(_use_count(o.untyped_storage()._cdata) if isinstance(o, torch.Tensor) else 0
+                 for o in outputs)
+
+
 class _Recorded:
     """One captured graph, its input buffers (the caller's tensors or graph-owned copies) and
-    its outputs in the pool."""
+    its outputs in the pool, with the use counts of their storages that it holds itself."""
 
     def __init__(self, graph, inputs, outputs, copy_idx):
         self.graph, self.inputs, self.outputs, self.copy_idx = graph, inputs, outputs, copy_idx
+        self.held = _use_counts(outputs) if _use_count else None
+
+    def free(self):
+        """Whether no output of the last replay is held outside (then it may be overwritten)."""
+        if self.held is None:
+            return True
+        return all(n <= h for n, h in zip(_use_counts(self.outputs), self.held))
 
     def replay(self, args):
         for i in self.copy_idx:
             self.inputs[i].copy_(args[i])
         self.graph.replay()
-        out = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        if self.held is None:
+            out = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
+        else:
+            out = [o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs]
         return tuple(out) if isinstance(self.outputs, tuple) else out
 
 
@@ -62,44 +84,61 @@ class InferenceGraphs:
         self.fn = fn
         self.static = frozenset(static)
         self.device_index = device_index
-        self.pool = None
         self.direct = {}      # direct key -> _Recorded
         self.by_layout = {}   # layout key -> _Recorded (graph-owned input copies)
         self.warm = set()     # keys run once eagerly, recorded on their next call
         self.off = None       # why graphs were turned off for this graph
         self.recordings = 0
         self.replays = 0
+        self.held_runs = 0    # calls run without graphs: every recording's outputs held
 
     def __call__(self, args):
         if self.off is not None:
             return self.fn(args)
         key = _direct_key(args)
-        rec = self.direct.get(key)
-        if rec is None:
-            rec = self._miss(args, key)
-            if rec is None:            # a warm-up, or graphs just turned off
+        recs = self.direct.get(key)
+        if recs is None:
+            recs = self._miss(args, key)
+            if recs is None:           # a warm-up, or graphs just turned off
                 return self.fn(args)
+        rec = self._free(recs, args)
+        if rec is None:                # every recording's outputs still held: run as compiled
+            self.held_runs += 1
+            return self.fn(args)
         self.replays += 1
         if torch.cuda.current_device() != self.device_index:
             with torch.cuda.device(self.device_index):
                 return rec.replay(args)
         return rec.replay(args)
 
+    def _free(self, recs, args):
+        for rec in recs:
+            if rec.free():
+                return rec
+        if len(recs) >= MAX_COPIES or self.off is not None:
+            return None
+        rec = self._record(args, recs[0] if recs[0].copy_idx else None)
+        if rec is not None:
+            recs.append(rec)
+        return rec
+
     def _miss(self, args, key):
+        """The recordings for a new input set: none on its first call (the warm-up)."""
         if len(self.direct) < MAX_DIRECT:
             if self._first_time(key):
                 return None
-            rec = self._record(args, copy=False)
-            if rec is not None:
-                self.direct[key] = rec
-            return rec
+            rec = self._record(args)
+            if rec is None:
+                return None
+            recs = self.direct[key] = [rec]
+            return recs
         layout = _layout_key(args, self.static)
-        rec = self.by_layout.get(layout)
-        if rec is None and not self._first_time(layout):
+        recs = self.by_layout.get(layout)
+        if recs is None and not self._first_time(layout):
             rec = self._record(args, copy=True)
             if rec is not None:
-                self.by_layout[layout] = rec
-        return rec
+                recs = self.by_layout[layout] = [rec]
+        return recs
 
     def _first_time(self, key):
         if key in self.warm:
@@ -110,20 +149,25 @@ class InferenceGraphs:
         self.warm.add(key)
         return True
 
-    def _record(self, args, copy):
-        copy_idx = tuple(i for i, a in enumerate(args)
-                         if copy and i not in self.static and isinstance(a, torch.Tensor))
-        inputs = list(args)
+    def _record(self, args, like=None, copy=False):
+        """A new recording for args: reading them where they are, or (copy, or like: another
+        recording of this layout, whose input buffers it shares) graph-owned copies."""
+        if like is not None:
+            copy_idx, inputs = like.copy_idx, like.inputs
+        else:
+            copy_idx = tuple(i for i, a in enumerate(args)
+                             if copy and i not in self.static and isinstance(a, torch.Tensor))
+            inputs = list(args)
+            for i in copy_idx:
+                a = args[i]
+                inputs[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
         for i in copy_idx:
-            a = args[i]
-            inputs[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-            inputs[i].copy_(a)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+            inputs[i].copy_(args[i])
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.device(self.device_index):
-                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(),
+                                      capture_error_mode="thread_local"):
                     outputs = self.fn(list(inputs))
         except Exception as e:  # never a failed job: this graph runs without CUDA graphs
             self.off = f"{type(e).__name__}: {e}"
