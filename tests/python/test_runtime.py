@@ -127,7 +127,8 @@ def test_groups_routed_to_aten_are_inlined(dead_socket, standin):
     comp = Compiled(gm, [g], {g.gid: r})
 
     def has_group(m):
-        return any(n.target is torch.ops.fuseml.group.default for n in m.graph.nodes)
+        # the runner is called directly (what the fuseml::group op calls)
+        return any(getattr(n.target, "__self__", None) is r for n in m.graph.nodes)
 
     assert has_group(comp.current) and comp.pending
     r.use_kernel = False                      # what _decide does when ATen wins
