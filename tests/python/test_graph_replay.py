@@ -51,9 +51,9 @@ class _FakeCuda:
         # the recorded graph remembers its function, inputs and outputs (what a capture fixes)
         orig = graph_replay._Recorded.__init__
 
-        def init(self, g, inputs, outputs, copy_idx):
-            g.fn, g.inputs, g.outputs = fake.fn, inputs, outputs
-            orig(self, g, inputs, outputs, copy_idx)
+        def init(self, g, outputs, inputs, buffers):
+            g.fn, g.inputs, g.outputs = fake.fn, list(inputs), outputs
+            orig(self, g, outputs, inputs, buffers)
         monkeypatch.setattr(graph_replay._Recorded, "__init__", init)
 
 
@@ -97,7 +97,7 @@ def test_outputs_are_aliases_and_a_kept_one_is_not_overwritten(fake_cuda):
     run([x, w])
     y = run([x, w])[0]                          # recording A
     [a] = run.direct[next(iter(run.direct))]
-    assert y.untyped_storage().data_ptr() == a.outputs[0].untyped_storage().data_ptr()
+    assert y.untyped_storage().data_ptr() == a.mine[0].untyped_storage().data_ptr()
     del y
     for _ in range(3):                          # nothing held: A again, no new recording
         run([x, w])
@@ -141,7 +141,7 @@ def test_past_max_direct_inputs_are_copied_into_graph_buffers(fake_cuda):
     assert len(run.direct) == graph_replay.MAX_DIRECT and len(run.by_layout) == 1
     assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
     [[rec]] = run.by_layout.values()
-    assert rec.copy_idx == (0,)                       # the parameter (static) is never copied
+    assert list(rec.buffers) == [0]                   # the parameter (static) is never copied
     for x in xs:                                      # every input set now replays
         x.copy_(torch.randn(3, 4))
         assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
@@ -171,3 +171,40 @@ def test_failed_capture_runs_without_graphs_with_one_warning(fake_cuda, caplog):
     assert len(calls) == 4
     warned = [r for r in caplog.records if "could not be recorded as a CUDA graph" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_outputs_that_are_inputs_come_from_this_call(fake_cuda):
+    """A training forward returns inputs it saves for backward: handed out as this call's
+    argument (or a view of it), never as a graph-owned copy, and the recording keeps no
+    reference to the caller's tensors."""
+    import gc
+    import weakref
+    w = torch.randn(4, 4)
+
+    def fn(args):
+        x, w_ = args
+        return (x @ w_, x, x[1:], w_)
+    fake_cuda.fn = fn
+    run = graph_replay.InferenceGraphs(fn, (1,), 0)
+    x = torch.randn(3, 4)
+    run([x, w])
+    y, xo, xv, wo = run([x, w])                       # recorded reading x where it is
+    assert xo is x and wo is w and xv.data_ptr() == x[1:].data_ptr() and torch.equal(xv, x[1:])
+    [[rec]] = run.direct.values()
+    assert [e[0] for e in rec.spec] == ["graph", "input", "view", "input"]
+    del y, xo, xv, wo
+    for _ in range(graph_replay.MAX_DIRECT):          # fill the direct recordings
+        xi = torch.randn(3, 4)
+        run([xi, w]), run([xi, w])
+    probe = torch.randn(3, 4)
+    ref = weakref.ref(probe)
+    run([probe, w])                                   # a layout recording (copies probe in)
+    [recs] = run.by_layout.values()
+    assert all(list(r.buffers) == [0] for r in recs)
+    y, xo, xv, _ = run([probe, w])
+    assert xo is probe and torch.equal(xv, probe[1:])
+    assert xv.untyped_storage().data_ptr() == probe.untyped_storage().data_ptr()
+    assert torch.equal(y, probe @ w)
+    del y, xo, xv, probe
+    gc.collect()
+    assert ref() is None                              # no recording holds the caller's input

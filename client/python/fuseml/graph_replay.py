@@ -43,34 +43,68 @@ def _layout_key(args, static):
                  if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
 
 
-def _use_counts(outputs):
-    return tuple(_use_count(o.untyped_storage()._cdata) if isinstance(o, torch.Tensor) else 0
-                 for o in outputs)
+def _use_counts(tensors):
+    return tuple(_use_count(t.untyped_storage()._cdata) for t in tensors)
+
+
+def _output_spec(outputs, inputs):
+    """How each output of a recording is handed out: ("graph", t) an alias of the graph's
+    memory; ("input", i) the caller's i-th argument itself, or ("view", i, size, stride,
+    offset) a view of it: an output that was an input at capture (a training forward returns
+    the saved inputs) is rebuilt from this call's argument, so the recording never holds the
+    caller's tensors (their memory stays free to hold the next step's inputs) and never
+    hands out a graph-owned copy of an input; ("value", v) anything else."""
+    ident = {id(a): i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)}
+    storage = {a.untyped_storage().data_ptr(): i for i, a in enumerate(inputs)
+               if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes()}
+    spec = []
+    for o in outputs:
+        if not isinstance(o, torch.Tensor):
+            spec.append(("value", o))
+        elif id(o) in ident:
+            spec.append(("input", ident[id(o)]))
+        elif o.untyped_storage().nbytes() and o.untyped_storage().data_ptr() in storage:
+            spec.append(("view", storage[o.untyped_storage().data_ptr()], tuple(o.shape),
+                         o.stride(), o.storage_offset()))
+        else:
+            spec.append(("graph", o))
+    return spec
 
 
 class _Recorded:
-    """One captured graph, its input buffers (the caller's tensors or graph-owned copies) and
-    its outputs in the pool, with the use counts of their storages that it holds itself."""
+    """One captured graph, the graph-owned copies of inputs it reads (copy_idx -> buffer),
+    how it hands out each output, and the use counts of its outputs' storages that it holds
+    itself (so a held output can be told from a free one)."""
 
-    def __init__(self, graph, inputs, outputs, copy_idx):
-        self.graph, self.inputs, self.outputs, self.copy_idx = graph, inputs, outputs, copy_idx
-        self.held = _use_counts(outputs) if _use_count else None
+    def __init__(self, graph, outputs, inputs, buffers):
+        self.graph, self.buffers = graph, buffers
+        self.tuple = isinstance(outputs, tuple)
+        self.spec = _output_spec(outputs, inputs)
+        self.mine = [e[1] for e in self.spec if e[0] == "graph"]
+        self.held = _use_counts(self.mine) if _use_count else None
 
     def free(self):
         """Whether no output of the last replay is held outside (then it may be overwritten)."""
         if self.held is None:
             return True
-        return all(n <= h for n, h in zip(_use_counts(self.outputs), self.held))
+        return all(n <= h for n, h in zip(_use_counts(self.mine), self.held))
 
     def replay(self, args):
-        for i in self.copy_idx:
-            self.inputs[i].copy_(args[i])
+        for i, buf in self.buffers.items():
+            buf.copy_(args[i])
         self.graph.replay()
-        if self.held is None:
-            out = [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs]
-        else:
-            out = [o.detach() if isinstance(o, torch.Tensor) else o for o in self.outputs]
-        return tuple(out) if isinstance(self.outputs, tuple) else out
+        out = []
+        for e in self.spec:
+            kind = e[0]
+            if kind == "graph":
+                out.append(e[1].detach() if self.held is not None else e[1].clone())
+            elif kind == "input":
+                out.append(args[e[1]])
+            elif kind == "view":
+                out.append(args[e[1]].as_strided(e[2], e[3], e[4]))
+            else:
+                out.append(e[1])
+        return tuple(out) if self.tuple else out
 
 
 class InferenceGraphs:
@@ -117,7 +151,7 @@ class InferenceGraphs:
                 return rec
         if len(recs) >= MAX_COPIES or self.off is not None:
             return None
-        rec = self._record(args, recs[0] if recs[0].copy_idx else None)
+        rec = self._record(args, recs[0] if recs[0].buffers else None)
         if rec is not None:
             recs.append(rec)
         return rec
@@ -153,16 +187,15 @@ class InferenceGraphs:
         """A new recording for args: reading them where they are, or (copy, or like: another
         recording of this layout, whose input buffers it shares) graph-owned copies."""
         if like is not None:
-            copy_idx, inputs = like.copy_idx, like.inputs
+            buffers = like.buffers
         else:
-            copy_idx = tuple(i for i, a in enumerate(args)
-                             if copy and i not in self.static and isinstance(a, torch.Tensor))
-            inputs = list(args)
-            for i in copy_idx:
-                a = args[i]
-                inputs[i] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-        for i in copy_idx:
-            inputs[i].copy_(args[i])
+            buffers = {i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                       for i, a in enumerate(args)
+                       if copy and i not in self.static and isinstance(a, torch.Tensor)}
+        inputs = list(args)
+        for i, buf in buffers.items():
+            buf.copy_(args[i])
+            inputs[i] = buf
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.device(self.device_index):
@@ -179,5 +212,5 @@ class InferenceGraphs:
             return None
         self.recordings += 1
         log.debug("fuseml: inference graph recorded (%s inputs copied per replay; %d recorded)",
-                  len(copy_idx), self.recordings)
-        return _Recorded(graph, inputs, outputs, copy_idx)
+                  len(buffers), self.recordings)
+        return _Recorded(graph, outputs, inputs, buffers)
