@@ -44,11 +44,23 @@ def route_mode():
     return mode if mode in ("measure", "kernel") else "measure"
 
 
+# GPU cycles of the spin queued ahead of each timed run (~0.2 ms): longer than the host takes
+# to issue one run of a group's ATen ops, so the events time the kernels back to back.
+_SPIN_CYCLES = 400_000
+
+
 def _median_ms(fn, reps, stream):
+    """Median GPU milliseconds of fn. Each run is queued behind a short spin kernel: timed
+    from an idle GPU, the events would also count the host issuing the launches (three ATen
+    ops cost three Python launches, our kernel one), which a CUDA-graph replay does not pay,
+    and a kernel twice as slow as cuBLAS on the GPU could win the routing on a slow host."""
+    spin = getattr(torch.cuda, "_sleep", None)
     times = []
     for _ in range(reps):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        if spin is not None:
+            spin(_SPIN_CYCLES)
         start.record(stream)
         fn()
         end.record(stream)
