@@ -208,3 +208,22 @@ def test_outputs_that_are_inputs_come_from_this_call(fake_cuda):
     del y, xo, xv, probe
     gc.collect()
     assert ref() is None                              # no recording holds the caller's input
+
+
+def test_layouts_beyond_the_limit_drop_the_least_recently_used(fake_cuda):
+    run, _, w = _runner(fake_cuda)
+    for _ in range(graph_replay.MAX_DIRECT):          # fill the direct recordings
+        xi = torch.randn(3, 4)
+        run([xi, w]), run([xi, w])
+    first = torch.randn(1, 4)
+    for _ in range(2):
+        run([first, w])
+    for m in range(2, graph_replay.MAX_LAYOUTS + 3):  # new batch sizes, each once recorded
+        x = torch.randn(m, 4)
+        for _ in range(2):
+            assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+        if m == 3:
+            run([first, w])                           # keeps the first layout recent
+    assert len(run.by_layout) == graph_replay.MAX_LAYOUTS
+    kept_rows = sorted(k[0][1][0] for k in run.by_layout)
+    assert 1 in kept_rows and 2 not in kept_rows       # LRU: the first stayed, size 2 went

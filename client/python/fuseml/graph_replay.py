@@ -11,7 +11,9 @@ is replayed here at the cost of one dict lookup, a use-count check and one graph
   tensors where they are, so a replay copies no input. Up to MAX_DIRECT such graphs; the
   caching allocator hands a loop the same few addresses, so a handful covers a loop.
 - Past that, one graph per layout reads graph-owned copies of the non-static inputs (the
-  trees' scheme: one device copy per input and call).
+  trees' scheme: one device copy per input and call); the MAX_LAYOUTS most recently used
+  layouts are kept (every recording holds a pool of activations: a server seeing many
+  batch sizes must not keep one per size for ever).
 - Outputs are returned as aliases of the graph's memory, not copies. An input set may have
   up to MAX_COPIES recordings, each with outputs of its own; a call replays one whose
   outputs nobody holds any more (the storages' use counts are back to what the recording
@@ -23,12 +25,15 @@ is replayed here at the cost of one dict lookup, a use-count check and one graph
   torch's use-count query, outputs are copied out instead.
 - A capture that fails (an op that synchronises, a CPU tensor) turns graphs off for this
   graph with one warning; it then runs as it would without them."""
+import collections
+
 import torch
 
 from ._log import log, warn_once
 
 MAX_DIRECT = 8     # input sets keyed by addresses, per compiled graph
 MAX_COPIES = 2     # recordings per input set (outputs the caller still holds)
+MAX_LAYOUTS = 8    # layouts with graph-owned input copies, least recently used dropped
 MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
@@ -119,7 +124,7 @@ class InferenceGraphs:
         self.static = frozenset(static)
         self.device_index = device_index
         self.direct = {}      # direct key -> _Recorded
-        self.by_layout = {}   # layout key -> _Recorded (graph-owned input copies)
+        self.by_layout = collections.OrderedDict()   # layout key -> recordings, LRU order
         self.warm = set()     # keys run once eagerly, recorded on their next call
         self.off = None       # why graphs were turned off for this graph
         self.recordings = 0
@@ -168,10 +173,14 @@ class InferenceGraphs:
             return recs
         layout = _layout_key(args, self.static)
         recs = self.by_layout.get(layout)
-        if recs is None and not self._first_time(layout):
+        if recs is not None:
+            self.by_layout.move_to_end(layout)
+        elif not self._first_time(layout):
             rec = self._record(args, copy=True)
             if rec is not None:
                 recs = self.by_layout[layout] = [rec]
+                if len(self.by_layout) > MAX_LAYOUTS:   # its graphs and pools go with it
+                    self.by_layout.popitem(last=False)
         return recs
 
     def _first_time(self, key):
