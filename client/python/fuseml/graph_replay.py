@@ -38,9 +38,12 @@ MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
-def _direct_key(args):
-    return tuple((a.data_ptr(), a.shape, a.stride(), a.storage_offset())
-                 if isinstance(a, torch.Tensor) else a for a in args)
+def _direct_key(args, static):
+    """Every tensor's address and layout; a static input's address alone (its shape is fixed
+    by dynamo's guards: a new shape is a new compiled graph)."""
+    return tuple((a.data_ptr() if i in static else
+                  (a.data_ptr(), a.shape, a.stride(), a.storage_offset()))
+                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
 
 
 def _layout_key(args, static):
@@ -134,7 +137,7 @@ class InferenceGraphs:
     def __call__(self, args):
         if self.off is not None:
             return self.fn(args)
-        key = _direct_key(args)
+        key = _direct_key(args, self.static)
         recs = self.direct.get(key)
         if recs is None:
             recs = self._miss(args, key)
