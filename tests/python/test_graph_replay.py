@@ -20,6 +20,8 @@ class _FakeCuda:
     def __init__(self):
         self.captures = 0
         self.pools = 0
+        self.reserved = 0
+        self.MB_PER_CAPTURE = 10
         self.fail = None
         self.current = None      # (graph, fn, inputs) while capturing
 
@@ -39,6 +41,7 @@ class _FakeCuda:
             if fake.fail:
                 raise RuntimeError(fake.fail)
             fake.captures += 1
+            fake.reserved += fake.MB_PER_CAPTURE << 20
             g.capturing = True
             yield
             g.capturing = False
@@ -48,12 +51,15 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
         monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        # each capture grows the reserved memory by MB_PER_CAPTURE; the budget is the env's
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: fake.reserved)
+        monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", "1000")
         # the recorded graph remembers its function, inputs and outputs (what a capture fixes)
         orig = graph_replay._Recorded.__init__
 
-        def init(self, g, outputs, inputs, buffers):
+        def init(self, g, outputs, inputs, buffers, nbytes=0):
             g.fn, g.inputs, g.outputs = fake.fn, list(inputs), outputs
-            orig(self, g, outputs, inputs, buffers)
+            orig(self, g, outputs, inputs, buffers, nbytes)
         monkeypatch.setattr(graph_replay._Recorded, "__init__", init)
 
 
@@ -227,3 +233,25 @@ def test_layouts_beyond_the_limit_drop_the_least_recently_used(fake_cuda):
     assert len(run.by_layout) == graph_replay.MAX_LAYOUTS
     kept_rows = sorted(k[0][1][0] for k in run.by_layout)
     assert 1 in kept_rows and 2 not in kept_rows       # LRU: the first stayed, size 2 went
+
+
+def test_recordings_stay_within_the_memory_budget(fake_cuda, monkeypatch):
+    """Past FUSEML_GRAPH_MEMORY_MB the least recently used free recordings are dropped; when
+    every recording's outputs are held, the call runs as compiled instead of recording."""
+    monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", "35")       # three 10 MB recordings fit
+    run, _, w = _runner(fake_cuda)
+    xs = [torch.randn(3, 4) for _ in range(5)]
+    for x in xs:
+        for _ in range(2):
+            assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert fake_cuda.captures == 5 and run.dropped == 2
+    assert run.pool_bytes == 30 << 20 and len(run.direct) == 3
+    kept = [run([x, w])[0] for x in xs[2:]]                  # hold all three recordings' outputs
+    for _ in range(3):                                       # x0 again: nothing free to drop
+        assert torch.equal(run([xs[0], w])[0], torch.relu(xs[0] @ w) + 1.0)
+    assert fake_cuda.captures == 5 and run.over_budget >= 1 and run.pool_bytes == 30 << 20
+    assert all(torch.equal(k, torch.relu(x @ w) + 1.0) for k, x in zip(kept, xs[2:]))
+    del kept                                                 # now x0 may take the oldest's place
+    for _ in range(2):
+        run([xs[0], w])
+    assert fake_cuda.captures == 6 and run.dropped == 3 and run.pool_bytes == 30 << 20

@@ -23,9 +23,15 @@ is replayed here at the cost of one dict lookup, a use-count check and one graph
   a shared one a later recording's outputs may sit where an earlier one keeps its
   intermediates, and replaying that one would overwrite outputs the caller holds. Without
   torch's use-count query, outputs are copied out instead.
+- The recordings of one compiled graph hold at most FUSEML_GRAPH_MEMORY_MB of pool memory
+  (default a tenth of the device's memory; measured as the growth of torch's reserved
+  memory across each capture): past it the least recently used recordings whose outputs
+  nobody holds are dropped first, and if that is not enough the call runs as compiled.
 - A capture that fails (an op that synchronises, a CPU tensor) turns graphs off for this
   graph with one warning; it then runs as it would without them."""
 import collections
+import itertools
+import os
 
 import torch
 
@@ -36,6 +42,15 @@ MAX_COPIES = 2     # recordings per input set (outputs the caller still holds)
 MAX_LAYOUTS = 8    # layouts with graph-owned input copies, least recently used dropped
 MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+_clock = itertools.count()   # recency of recordings, for dropping the least recently used
+
+
+def memory_budget(device_index):
+    """Bytes of pool memory the recordings of one compiled graph may hold."""
+    mb = os.environ.get("FUSEML_GRAPH_MEMORY_MB")
+    if mb:
+        return int(float(mb) * (1 << 20))
+    return torch.cuda.get_device_properties(device_index).total_memory // 10
 
 
 def _direct_key(args, static):
@@ -84,8 +99,9 @@ class _Recorded:
     how it hands out each output, and the use counts of its outputs' storages that it holds
     itself (so a held output can be told from a free one)."""
 
-    def __init__(self, graph, outputs, inputs, buffers):
-        self.graph, self.buffers = graph, buffers
+    def __init__(self, graph, outputs, inputs, buffers, nbytes=0):
+        self.graph, self.buffers, self.nbytes = graph, buffers, nbytes
+        self.used = next(_clock)
         self.tuple = isinstance(outputs, tuple)
         self.spec = _output_spec(outputs, inputs)
         self.mine = [e[1] for e in self.spec if e[0] == "graph"]
@@ -98,6 +114,7 @@ class _Recorded:
         return all(n <= h for n, h in zip(_use_counts(self.mine), self.held))
 
     def replay(self, args):
+        self.used = next(_clock)
         for i, buf in self.buffers.items():
             buf.copy_(args[i])
         self.graph.replay()
@@ -133,6 +150,11 @@ class InferenceGraphs:
         self.recordings = 0
         self.replays = 0
         self.held_runs = 0    # calls run without graphs: every recording's outputs held
+        self.budget = None    # bytes of pool memory (memory_budget), read at the first capture
+        self.pool_bytes = 0   # what the recordings hold now
+        self.last_bytes = 0   # the last capture's, the estimate of the next one's
+        self.dropped = 0      # recordings dropped to stay within the budget
+        self.over_budget = 0  # captures not made: nothing free to drop
 
     def __call__(self, args):
         if self.off is not None:
@@ -183,7 +205,8 @@ class InferenceGraphs:
             if rec is not None:
                 recs = self.by_layout[layout] = [rec]
                 if len(self.by_layout) > MAX_LAYOUTS:   # its graphs and pools go with it
-                    self.by_layout.popitem(last=False)
+                    _, gone = self.by_layout.popitem(last=False)
+                    self.pool_bytes -= sum(r.nbytes for r in gone)
         return recs
 
     def _first_time(self, key):
@@ -195,9 +218,37 @@ class InferenceGraphs:
         self.warm.add(key)
         return True
 
+    def _recordings(self):
+        for table in (self.direct, self.by_layout):
+            for key, recs in table.items():
+                for rec in recs:
+                    yield table, key, recs, rec
+
+    def _make_room(self):
+        """Drops the least recently used free recordings until the next capture (estimated as
+        large as the last) fits the budget; False when it cannot."""
+        if self.budget is None:
+            self.budget = memory_budget(self.device_index)
+        while self.pool_bytes + self.last_bytes > self.budget:
+            free = [r for r in self._recordings() if r[3].free()]
+            if not free:
+                return False
+            table, key, recs, rec = min(free, key=lambda r: r[3].used)
+            recs.remove(rec)
+            if not recs:
+                del table[key]
+            self.pool_bytes -= rec.nbytes
+            self.dropped += 1
+        return True
+
     def _record(self, args, like=None, copy=False):
         """A new recording for args: reading them where they are, or (copy, or like: another
-        recording of this layout, whose input buffers it shares) graph-owned copies."""
+        recording of this layout, whose input buffers it shares) graph-owned copies. None when
+        the capture failed (graphs off) or does not fit the memory budget."""
+        if not self._make_room():
+            self.over_budget += 1
+            return None
+        reserved = torch.cuda.memory_reserved(self.device_index)
         if like is not None:
             buffers = like.buffers
         else:
@@ -223,6 +274,9 @@ class InferenceGraphs:
                       suffix="")
             return None
         self.recordings += 1
-        log.debug("fuseml: inference graph recorded (%s inputs copied per replay; %d recorded)",
-                  len(buffers), self.recordings)
-        return _Recorded(graph, outputs, inputs, buffers)
+        nbytes = max(0, torch.cuda.memory_reserved(self.device_index) - reserved)
+        self.pool_bytes += nbytes
+        self.last_bytes = nbytes
+        log.debug("fuseml: inference graph recorded (%s inputs copied per replay; %d recorded, "
+                  "%d bytes)", len(buffers), self.recordings, nbytes)
+        return _Recorded(graph, outputs, inputs, buffers, nbytes)
