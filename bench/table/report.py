@@ -23,11 +23,25 @@ def _order(r):
             list(W.PRESETS).index(p) if p in W.PRESETS else 99)
 
 
+NOT_MEASURED = "not measured (--no-compile-time)"
+
+
 def merge(rows_lists):
-    """Rows of several runs as one list: the last row for each (device, workload, preset)."""
+    """Rows of several runs as one list: the last row for each (device, workload, preset).
+    A row timed with --no-compile-time keeps the compile times of the row it replaces, with
+    a note saying they come from that earlier run."""
     by = {}
     for rows in rows_lists:
         for r in rows:
+            prev = by.get(_key(r))
+            notes = r.get("notes") or {}
+            if prev and notes.get("compile_time") == NOT_MEASURED and \
+                    (prev.get("compile_cold_s") is not None or prev.get("compile_warm_s") is not None):
+                r = dict(r, compile_cold_s=prev.get("compile_cold_s"),
+                         compile_warm_s=prev.get("compile_warm_s"))
+                r["notes"] = dict(notes, compile_time=(
+                    f"from an earlier run of this row ({prev.get('date')}; this one ran with "
+                    "--no-compile-time)"))
             by[_key(r)] = r
     return sorted(by.values(), key=_order)
 

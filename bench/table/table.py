@@ -353,7 +353,7 @@ def run(args):
             if c.get("error"):
                 row["notes"]["compile_time"] = c["error"]
             if args.no_compile_time:
-                row["notes"]["compile_time"] = "not measured (--no-compile-time)"
+                row["notes"]["compile_time"] = report.NOT_MEASURED
             if daemon_note:
                 row["notes"]["fusemld"] = daemon_note
             row.update({"device": slug, "device_name": name, "date": date, "torch": torch.__version__,

@@ -106,6 +106,22 @@ def test_markdown_and_merge(smoke, tmp_path):
     assert [(m["workload"], m["eager_ms"]) for m in merged] == [(x["workload"], x["eager_ms"]) for x in rows]
 
 
+def test_merge_keeps_compile_times_of_a_row_rerun_without_them():
+    sys.path.insert(0, TABLE)
+    import report
+    old = {"device": "d", "workload": "mlp", "preset": "small", "date": "2026-11-21",
+           "compile_cold_s": 2.5, "compile_warm_s": 0.1, "eager_ms": 1.0, "notes": {}}
+    new = dict(old, date="2026-11-22", compile_cold_s=None, compile_warm_s=None, eager_ms=0.9,
+               notes={"compile_time": report.NOT_MEASURED})
+    (m,) = report.merge([[old], [new]])
+    assert (m["eager_ms"], m["compile_cold_s"], m["compile_warm_s"]) == (0.9, 2.5, 0.1)
+    assert "earlier run" in m["notes"]["compile_time"] and "2026-11-21" in m["notes"]["compile_time"]
+    # a row whose compile times were measured (or failed) replaces them as it is
+    newer = dict(new, notes={}, compile_cold_s=None)
+    (m,) = report.merge([[old], [newer]])
+    assert m["compile_cold_s"] is None
+
+
 def test_charts(smoke, tmp_path):
     pytest.importorskip("matplotlib")
     _, path, _ = smoke
