@@ -15,7 +15,10 @@
  * W once at copy bandwidth) and each kernel's GB/s of W and % of that floor. The fragment
  * carries m_hint = M, so decode shapes time the skinny template too.
  *
- * Usage: gemm_bench [REPS]   env FM_BENCH_SHAPES=0,3,...  picks shapes (indices below).
+ * Usage: gemm_bench [REPS]   env FM_BENCH_SHAPES=0,3,...  picks shapes (indices below);
+ * FM_BENCH_CANDS="sub;sub" keeps the candidates whose description contains one of them;
+ * FM_BENCH_EXTRA="p0,...,p7;..." adds gemm candidates by their raw parameters;
+ * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU).
  * Exit status 1 if any kernel failed verification. */
 #include <inttypes.h>
 #include <math.h>
@@ -44,7 +47,8 @@ static const shape shapes[] = {
 };
 #define N_SHAPES (sizeof shapes / sizeof shapes[0])
 #define MAX_CANDS 32
-#define MAX_JOBS (N_SHAPES * MAX_CANDS)
+#define MAX_EXTRA 8
+#define MAX_JOBS (N_SHAPES * (MAX_CANDS + MAX_EXTRA))
 #define MAX_REPS 200
 #define N_THREADS 16
 #define ROTATE_BYTES (256ull << 20)
@@ -66,6 +70,9 @@ static fm_device_id dev;
 static fm_fragment canon[N_SHAPES];
 static job jobs[MAX_JOBS];
 static int n_jobs, next_job, reps = 30, failed;
+/* ours: bias + GELU (erf), or with FM_BENCH_EPI=bias the bias alone (what GELU costs) */
+enum { EPI_NONE, EPI_GELU_ERF, EPI_GELU_TANH, EPI_BIAS };
+static int ours_epi = EPI_GELU_ERF;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- the fragment: addmm(bias, x, W.t()) -> gelu, M symbolic ----------------------- */
@@ -111,8 +118,8 @@ static int build(const shape *s, fm_fragment *out) {
   o[1].out = 11;
   o[1].nargs = 1;
   o[1].args[0] = 10;
-  f.n_ops = 2;
-  tensor2(&f.outputs[0], 11, -1, s->n, s->n, 1);
+  f.n_ops = ours_epi == EPI_BIAS ? 1 : 2;
+  tensor2(&f.outputs[0], ours_epi == EPI_BIAS ? 10 : 11, -1, s->n, s->n, 1);
   f.n_outputs = 1;
   int rc = fm_fragment_validate(&f, &d);
   if (!rc) rc = fm_fragment_canonicalize(&f, out);
@@ -133,6 +140,48 @@ static void *compile_worker(void *arg) {
   }
 }
 
+/* ---- candidate selection (for profiling and experiments) --------------------------- */
+
+/* FM_BENCH_CANDS="sub1;sub2": only candidates whose description contains one of them. */
+static int picked(const fm_candidate *c) {
+  const char *env = getenv("FM_BENCH_CANDS");
+  char desc[96], want[96];
+  if (!env || !*env) return 1;
+  fm_candidate_describe(c, desc, sizeof desc);
+  for (const char *p = env; *p;) {
+    size_t len = strcspn(p, ";");
+    if (len > 0 && len < sizeof want) {
+      memcpy(want, p, len);
+      want[len] = 0;
+      if (strstr(desc, want)) return 1;
+    }
+    p += len;
+    if (*p) p++;
+  }
+  return 0;
+}
+
+/* FM_BENCH_EXTRA="p0,p1,...,p7;...": gemm candidates beyond the template's list (raw
+ * candidate parameters, fm_codegen.h), each verified and timed like the others. */
+static size_t extra_candidates(fm_candidate *out, size_t max) {
+  const char *p = getenv("FM_BENCH_EXTRA");
+  size_t n = 0;
+  while (p && *p && n < max) {
+    fm_candidate c;
+    memset(&c, 0, sizeof c);
+    c.tmpl = FM_TMPL_GEMM;
+    for (int k = 0; k < FM_CANDIDATE_PARAMS && *p && *p != ';'; k++) {
+      char *end;
+      c.p[k] = (uint32_t)strtoul(p, &end, 10);
+      if (end == p) return n;
+      p = *end == ',' ? end + 1 : end;
+    }
+    out[n++] = c;
+    if (*p == ';') p++;
+  }
+  return n;
+}
+
 /* ---- data and verification --------------------------------------------------------- */
 
 typedef struct bufs {
@@ -146,7 +195,6 @@ static double gelu_tanh(double v) {
   return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
 }
 
-enum { EPI_NONE, EPI_GELU_ERF, EPI_GELU_TANH };
 
 /* Every element finite (NaN poison catches unwritten ones) and SAMPLES elements, the last
  * row and column among them, within 1e-2 of fp64. Returns the relative error (inf: bad). */
@@ -380,7 +428,7 @@ static void run_shape(int si, cublasLtHandle_t h, result *res) {
     cu->cuMemsetD8(b.out, 0xff, (size_t)(s->m * s->n) * 2);
     fm_CUresult cr = 0;
     double err = INFINITY, ms = -1;
-    if (!fm_launch(&c, &b, 0) && !(cr = cu->cuCtxSynchronize())) err = verify(s, &b, EPI_GELU_ERF);
+    if (!fm_launch(&c, &b, 0) && !(cr = cu->cuCtxSynchronize())) err = verify(s, &b, ours_epi);
     if (cr) {
       printf("FAIL ours [%s]: cuda error %d, the context is gone\n", desc, cr);
       exit(3);
@@ -412,6 +460,8 @@ int main(int argc, char **argv) {
   if (argc > 1) reps = atoi(argv[1]);
   if (reps < 20) reps = 20;
   if (reps > MAX_REPS) reps = MAX_REPS;
+  const char *epi_env = getenv("FM_BENCH_EPI");
+  ours_epi = epi_env && strcmp(epi_env, "bias") == 0 ? EPI_BIAS : EPI_GELU_ERF;
   const char *env = getenv("FM_BENCH_SHAPES");
   for (size_t i = 0; i < N_SHAPES; i++) pick[i] = env == NULL;
   for (const char *p = env; p && *p;) {
@@ -443,9 +493,11 @@ int main(int argc, char **argv) {
     if (!pick[si]) continue;
     n_pick++;
     if (build(&shapes[si], &canon[si])) return 2;
-    fm_candidate cand[MAX_CANDS];
+    fm_candidate cand[MAX_CANDS + MAX_EXTRA];
     size_t nc = fm_codegen_candidates(&canon[si], cand, MAX_CANDS);
+    nc += extra_candidates(cand + nc, MAX_EXTRA);
     for (size_t i = 0; i < nc && n_jobs < (int)MAX_JOBS; i++) {
+      if (!picked(&cand[i])) continue;
       job *j = &jobs[n_jobs++];
       memset(j, 0, sizeof *j);
       j->s = (int)si;

@@ -59,12 +59,13 @@ static fm_candidate from_gemm(fm_gemm_config c) {
   k.p[4] = c.wm;
   k.p[5] = c.wn;
   k.p[6] = c.raster;
-  k.p[7] = c.wgmma;
+  k.p[7] = c.wgmma | (c.rtiles > 1 ? c.rtiles << 8 : 0u);
   return k;
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
-  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6], k->p[7]};
+  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6], k->p[7] & 0xffu,
+                      k->p[7] >> 8};
   return c;
 }
 
@@ -195,10 +196,15 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                c->p[1], c->p[2]);
       return;
     case FM_TMPL_GEMM:
-      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s", c->p[0], c->p[1], c->p[2],
+    {
+      uint32_t mode = c->p[7] & 0xffu, rt = c->p[7] >> 8;
+      char tiles[24] = "";
+      if (rt > 1) snprintf(tiles, sizeof tiles, " tiles=%u", rt);
+      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s%s", c->p[0], c->p[1], c->p[2],
                c->p[3], c->p[4], c->p[5], c->p[6],
-               c->p[7] == 1 ? " wgmma" : c->p[7] == 2 ? " wgmma inflight=1" : c->p[7] == 3 ? " wgmma ws" : "");
+               mode == 1 ? " wgmma" : mode == 2 ? " wgmma inflight=1" : mode == 3 ? " wgmma ws" : "", tiles);
       return;
+    }
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);
       return;

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 6
+#define FM_CODEGEN_VERSION 7
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -124,6 +124,10 @@ typedef struct fm_gemm_config {
   uint32_t wgmma;        /* 0: the sm_80+ mma.sync mainloop; 1 + n: the sm_90a wgmma one with
                             n (0 or 1) wgmma batches in flight (wm = BM / 16, wn = 1, BK 64);
                             3: the same, warp-specialised (+ a loader warpgroup) */
+  uint32_t rtiles;       /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
+                            the block walks rtiles consecutive BM-row tiles, loading the next
+                            tile's first k-tiles while the epilogue of this one runs; stored
+                            in candidate p[7] bits 8.. */
 } fm_gemm_config;
 
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);

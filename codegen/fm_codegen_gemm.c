@@ -24,24 +24,24 @@
  * that counts; 128x128x64 with 3 stages and 8 warps of 64x32 was the fastest from 256 to
  * 8192 rows, the 16-row tiles at M <= 16. */
 static const fm_gemm_config configs[] = {
-    {128, 128, 64, 3, 2, 4, 8, 0},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
-    {64, 64, 64, 4, 2, 2, 0, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
-    {16, 64, 128, 4, 1, 4, 0, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
-    {128, 128, 32, 3, 2, 4, 0, 0},   /* the first pass's default (60 KiB) */
-    {128, 256, 32, 3, 2, 4, 0, 0},   /* 8 warps of 64x64 (90 KiB) */
-    {128, 64, 32, 4, 2, 2, 0, 0},    /* 4 warps of 64x32 (60 KiB) */
-    {64, 128, 32, 4, 2, 2, 0, 0},    /* 4 warps of 32x64 (60 KiB) */
+    {128, 128, 64, 3, 2, 4, 8, 0, 0},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
+    {64, 64, 64, 4, 2, 2, 0, 0, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
+    {16, 64, 128, 4, 1, 4, 0, 0, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
+    {128, 128, 32, 3, 2, 4, 0, 0, 0},   /* the first pass's default (60 KiB) */
+    {128, 256, 32, 3, 2, 4, 0, 0, 0},   /* 8 warps of 64x64 (90 KiB) */
+    {128, 64, 32, 4, 2, 2, 0, 0, 0},    /* 4 warps of 64x32 (60 KiB) */
+    {64, 128, 32, 4, 2, 2, 0, 0, 0},    /* 4 warps of 32x64 (60 KiB) */
     /* deeper pipelines and BK 64 for Hopper's latency, grouped rasterisation for L2 */
-    {128, 256, 32, 4, 2, 4, 8, 0},   /* (120 KiB) */
-    {128, 256, 64, 2, 2, 4, 8, 0},   /* (108 KiB) */
-    {256, 128, 32, 4, 4, 2, 8, 0},   /* 8 warps of 64x64 (120 KiB) */
-    {256, 128, 64, 2, 4, 2, 8, 0},   /* (108 KiB) */
-    {128, 128, 32, 4, 2, 4, 8, 0},   /* (80 KiB) */
-    {128, 128, 64, 4, 2, 2, 8, 0},   /* 4 warps of 64x64 (144 KiB) */
+    {128, 256, 32, 4, 2, 4, 8, 0, 0},   /* (120 KiB) */
+    {128, 256, 64, 2, 2, 4, 8, 0, 0},   /* (108 KiB) */
+    {256, 128, 32, 4, 4, 2, 8, 0, 0},   /* 8 warps of 64x64 (120 KiB) */
+    {256, 128, 64, 2, 4, 2, 8, 0, 0},   /* (108 KiB) */
+    {128, 128, 32, 4, 2, 4, 8, 0, 0},   /* (80 KiB) */
+    {128, 128, 64, 4, 2, 2, 8, 0, 0},   /* 4 warps of 64x64 (144 KiB) */
     /* skinny and small grids: more, smaller blocks keep every SM busy */
-    {64, 128, 64, 4, 2, 2, 0, 0},    /* (108 KiB) */
-    {128, 64, 64, 4, 2, 2, 0, 0},    /* (108 KiB) */
-    {32, 128, 64, 4, 1, 4, 0, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
+    {64, 128, 64, 4, 2, 2, 0, 0, 0},    /* (108 KiB) */
+    {128, 64, 64, 4, 2, 2, 0, 0, 0},    /* (108 KiB) */
+    {32, 128, 64, 4, 1, 4, 0, 0, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
@@ -52,11 +52,14 @@ static const fm_gemm_config configs[] = {
  * pipelines and one batch in flight win; the warp-specialised form wins only a skinny-K
  * shape; each of these five was the fastest somewhere. */
 static const fm_gemm_config wgmma_configs[] = {
-    {128, 256, 64, 4, 8, 1, 8, 2},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
-    {128, 256, 64, 4, 8, 1, 8, 3},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
-    {128, 128, 64, 6, 8, 1, 8, 2},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
-    {128, 128, 64, 3, 8, 1, 8, 2},   /* 97 KiB: two blocks per SM overlap each other's waits */
-    {64, 128, 64, 4, 4, 1, 0, 2},    /* 1 warpgroup: more blocks for small grids (97 KiB) */
+    {128, 256, 64, 4, 8, 1, 8, 2, 0},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
+    {128, 256, 64, 4, 8, 1, 8, 3, 0},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
+    {128, 128, 64, 6, 8, 1, 8, 2, 0},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
+    {128, 128, 64, 3, 8, 1, 8, 2, 0},   /* 97 KiB: two blocks per SM overlap each other's waits */
+    {64, 128, 64, 4, 4, 1, 0, 2, 0},    /* 1 warpgroup: more blocks for small grids (97 KiB) */
+    /* Several row tiles per block (rtiles, the next tile loading during this one's
+       epilogue) are supported but offered nowhere: every such config lost to these at
+       every shape measured (bench/NOTES.md, "Short-K GEMMs: the epilogue made free"). */
 };
 #define N_WGMMA (sizeof wgmma_configs / sizeof wgmma_configs[0])
 
@@ -173,6 +176,8 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
   if (c->stages < (c->wgmma == 2 ? 3 : 2) || c->stages > 6)
     return fm_diag_set(d, FM_EINVAL, "config: %u stages for wgmma mode %u", c->stages, c->wgmma);
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
+  if (c->rtiles > 8 || (c->rtiles > 1 && c->wgmma == 3))
+    return fm_diag_set(d, FM_EINVAL, "config: %u row tiles per block (1..8, not warp-specialised)", c->rtiles);
   return FM_OK;
 }
 
@@ -191,6 +196,7 @@ static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_d
   if (c->stages < 2 || c->stages > 4)
     return fm_diag_set(d, FM_EINVAL, "config: %u stages (2..4)", c->stages);
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
+  if (c->rtiles > 1) return fm_diag_set(d, FM_EINVAL, "config: row tiles per block need the wgmma mainloop");
   /* accumulators per thread: beyond 128 the 255-register budget spills */
   if ((c->bm / c->wm) * (c->bn / c->wn) / 32 > 128)
     return fm_diag_set(d, FM_EINVAL, "config: %u accumulators per thread exceed 128",
@@ -198,18 +204,37 @@ static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_d
   return FM_OK;
 }
 
+/* Bytes of the epilogue's slabs (16 rows of scols fp32 per warp, padded by 8). */
+static uint32_t slab_bytes(const fm_gemm_config *c, uint32_t scols) { return c->wm * c->wn * 16u * (scols + 8u) * 4u; }
+
+/* The slabs' columns: a warp's whole width, except with several row tiles per block, whose
+ * slabs sit beside the stages (the next tile loads during the epilogue): half the width
+ * (two passes) when the whole does not fit. */
+static uint32_t slab_cols(const fm_gemm_config *c) {
+  uint32_t w = c->bn / c->wn;
+  if (c->rtiles <= 1) return w;
+  uint32_t stages = c->stages * (c->bm + c->bn) * 128u + 1024u;
+  return stages + slab_bytes(c, w) <= MAX_SMEM_SM90 ? w : w / 2;
+}
+
+/* Where the slabs start in the dynamic shared memory (bytes). */
+static uint32_t slab_offset(const fm_gemm_config *c) {
+  return c->rtiles > 1 ? c->stages * (c->bm + c->bn) * 128u + 1024u : 0u;
+}
+
 static uint32_t smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
   if (c->wgmma) {
     /* the stages (plus 1 KiB to align them for the swizzle), or the slabs if larger */
     uint32_t mainloop = c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma == 3 ? 16u * c->stages : 0u);
-    uint32_t staging = c->wm * 16u * (c->bn + 8u) * 4u;
+    uint32_t staging = slab_bytes(c, slab_cols(c));
+    if (c->rtiles > 1) return mainloop + staging;
     return mainloop > staging ? mainloop : staging;
   }
   uint32_t a = gp->a_kmajor ? c->bm * (c->bk + 8) : c->bk * (c->bm + 8);
   uint32_t b = gp->b_kmajor ? c->bn * (c->bk + 8) : c->bk * (c->bn + 8);
   uint32_t mainloop = c->stages * (a + b) * 2u;
   /* the epilogue's staging slabs reuse the stage buffers: 16 rows per warp */
-  uint32_t staging = c->wm * c->wn * 16u * (c->bn / c->wn + 8u) * 4u;
+  uint32_t staging = slab_bytes(c, slab_cols(c));
   return mainloop > staging ? mainloop : staging;
 }
 
@@ -248,10 +273,12 @@ size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out,
   /* A known M at most a quarter of BM leaves most of the tile idle: the smaller tiles
      serve it (BM 16 and 32 always remain). A symbolic M may be anything: keep all. */
   int64_t m_eff = gp->m < 16 ? 16 : gp->m;
-  for (size_t i = 0; i < N_WGMMA && n < max; i++)
-    if (!check_config(gp, &wgmma_configs[i], NULL) && smem_bytes(gp, &wgmma_configs[i]) <= MAX_SMEM_SM90 &&
-        (gp->m < 0 || (int64_t)wgmma_configs[i].bm < 4 * m_eff))
-      out[n++] = wgmma_configs[i];
+  for (size_t i = 0; i < N_WGMMA && n < max; i++) {
+    const fm_gemm_config *c = &wgmma_configs[i];
+    int64_t rows = (int64_t)c->bm * (c->rtiles > 1 ? c->rtiles : 1);
+    if (!check_config(gp, c, NULL) && smem_bytes(gp, c) <= MAX_SMEM_SM90 && (gp->m < 0 || rows < 4 * m_eff))
+      out[n++] = *c;
+  }
   for (size_t i = 0; i < N_CONFIGS && n < max; i++)
     if (!check_config(gp, &configs[i], NULL) && smem_bytes(gp, &configs[i]) <= MAX_SMEM &&
         (gp->m < 0 || (int64_t)configs[i].bm < 4 * m_eff))
@@ -372,10 +399,12 @@ static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k)
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
-                       "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once ---- */\n"
+                       "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;\n"
+                       "   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */\n"
+                       "template <bool WHOLE = false>\n"
                        "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n");
   fm_cg_gemm_emit_epi_params(sb, gp, 1);
-  fm_strbuf_append(sb, ") {\n  const bool full = n + 8 <= FM_N;\n");
+  fm_strbuf_append(sb, ") {\n  const bool full = WHOLE || n + 8 <= FM_N;\n");
   for (uint32_t k = 0; k < p->n_in; k++)
     if (gp->used[k]) emit_epi_load(sb, gp, k);
   for (uint32_t k = 0; k < p->n_out; k++)
@@ -429,10 +458,14 @@ void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
                    ty, ty);
 }
 
-void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
-                                 const char *entry) {
+/* min_blocks > 1 caps the registers so that many blocks fit on an SM (0: no cap). */
+static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
+                        uint32_t min_blocks) {
   const fm_cg_plan *p = &gp->base;
-  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
+  if (min_blocks > 1)
+    fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS, %u) %s(\n", min_blocks, entry);
+  else
+    fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
@@ -442,41 +475,116 @@ void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_c
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
 }
 
-/* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
- * form); it leaves after the barrier and the epilogue's warps count from 4. */
-static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized) {
-  fm_cg_gemm_emit_kernel_open(sb, f, gp, entry);
+void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                 const char *entry) {
+  kernel_open(sb, f, gp, entry, 0);
+}
+
+/* Two blocks per SM when the shared memory allows it (sm_90's 227 KiB) and the accumulators
+ * are few (64 a thread): the mainloop then needs about 128 registers, and a fused epilogue
+ * that pushed it to 130 would silently halve the blocks per SM (measured: 128x128x64, 3
+ * stages, 2x4 warps went from 0.459 to 0.640 ms at 4096^3). Larger accumulator sets keep
+ * their registers: a cap would spill them. */
+static uint32_t min_blocks(const fm_gemm_config *c, uint32_t smem) {
+  uint32_t acc = (c->bm / c->wm) * (c->bn / c->wn) / 32;
+  uint32_t threads = c->wm * c->wn * 32 + (c->wgmma == 3 ? 128u : 0u);
+  return acc <= 64 && threads == 256 && 2 * (smem + 1024) <= MAX_SMEM_SM90 + 1024 ? 2 : 0;
+}
+
+/* The epilogue of the tile at row m0 (block-uniform): each warp stages its accumulators
+ * through its slab, FM_SCOLS columns at a time, and runs fm_epilogue on 8 columns of a row. */
+static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent) {
   fm_strbuf_printf(sb,
+                   "%s{\n"
+                   "%s  /* A tile wholly inside M and N (all but the edges) runs a branch-free copy of\n"
+                   "%s     the loop: its loads, independent across iterations, are scheduled ahead\n"
+                   "%s     of earlier iterations' math instead of one round trip per 8 columns. */\n"
+                   "%s  const bool whole = m0 + FM_BM <= M && n0 + FM_BN <= FM_N;\n"
+                   "#pragma unroll\n"
+                   "%s  for (int mt = 0; mt < FM_MT; mt++) {\n"
+                   "#pragma unroll\n"
+                   "%s  for (int pass = 0; pass < FM_WCOLS / FM_SCOLS; pass++) {\n"
+                   "%s    fm_stage(slab, acc[mt], lane, pass);\n"
+                   "%s    __syncwarp();\n"
+                   "%s    const long long mw = m0 + wm * (FM_BM / FM_WM) + mt * 16;\n"
+                   "%s    const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;\n"
+                   "%s    if (whole) {\n"
+                   "#pragma unroll\n"
+                   "%s      for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {   /* 16 rows x FM_SCOLS / 8 */\n"
+                   "%s        const int g = lane + 32 * i, r = g / (FM_SCOLS / 8), c = g %% (FM_SCOLS / 8) * 8;\n"
+                   "%s        float v[8];\n"
+                   "%s        fm_unstage(v, slab, r, c);\n"
+                   "%s        fm_epilogue<true>(v, mw + r, nw + c",
+                   indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent,
+                   indent, indent, indent, indent, indent, indent);
+  fm_cg_gemm_emit_epi_params(sb, gp, 0);
+  fm_strbuf_printf(sb,
+                   ");\n"
+                   "%s      }\n"
+                   "%s    } else {\n"
+                   "#pragma unroll\n"
+                   "%s      for (int g = lane; g < 2 * FM_SCOLS; g += 32) {\n"
+                   "%s        const int r = g / (FM_SCOLS / 8), c = g %% (FM_SCOLS / 8) * 8;\n"
+                   "%s        if (mw + r >= M || nw + c >= FM_N) continue;\n"
+                   "%s        float v[8];\n"
+                   "%s        fm_unstage(v, slab, r, c);\n"
+                   "%s        fm_epilogue<false>(v, mw + r, nw + c",
+                   indent, indent, indent, indent, indent, indent, indent, indent);
+  fm_cg_gemm_emit_epi_params(sb, gp, 0);
+  fm_strbuf_printf(sb,
+                   ");\n"
+                   "%s      }\n"
+                   "%s    }\n"
+                   "%s    __syncwarp();   /* the slab is rewritten next */\n"
+                   "%s  }\n"
+                   "%s  }\n"
+                   "%s}\n",
+                   indent, indent, indent, indent, indent, indent);
+}
+
+/* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
+ * form); it leaves after the barrier and the epilogue's warps count from 4. rtiles > 1: the
+ * block walks that many row tiles, the next one's first k-tiles loading during the
+ * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). */
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
+                        int specialized, uint32_t min_blocks, uint32_t rtiles) {
+  kernel_open(sb, f, gp, entry, min_blocks);
+  fm_strbuf_append(sb,
                    "  int tm, tn;\n"
                    "  fm_tile_coords(tm, tn);\n"
-                   "  const long long m0 = (long long)tm * FM_BM;\n"
                    "  const int n0 = tn * FM_BN;\n"
-                   "  float acc[FM_MT][FM_NT][4];\n"
+                   "  float acc[FM_MT][FM_NT][4];\n");
+  if (rtiles > 1) {
+    fm_strbuf_printf(sb,
+                     "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+                     "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
+                     "  float *slab = (float *)((char *)fm_smem + FM_SLAB_OFF) + warp * 16 * FM_SLAB_LD;\n"
+                     "  fm_prologue(in%u, in%u, M, (long long)tm * FM_RT * FM_BM, n0);\n"
+                     "  for (int t = 0; t < FM_RT; t++) {\n"
+                     "    const long long m0 = ((long long)tm * FM_RT + t) * FM_BM;\n"
+                     "    if (m0 >= M) break;\n"
+                     "    fm_mainloop_rest(acc, in%u, in%u, M, m0, n0);\n"
+                     "    /* every warpgroup is done with the stages: the next tile's first k-tiles load\n"
+                     "       while this tile's epilogue runs (its slabs are elsewhere) */\n"
+                     "    __syncthreads();\n"
+                     "    if (t + 1 < FM_RT && m0 + FM_BM < M) fm_prologue(in%u, in%u, M, m0 + FM_BM, n0);\n",
+                     gp->ia, gp->ib, gp->ia, gp->ib, gp->ia, gp->ib);
+    emit_tile_epilogue(sb, gp, "    ");
+    fm_strbuf_append(sb, "  }\n}\n");
+    return;
+  }
+  fm_strbuf_printf(sb,
+                   "  const long long m0 = (long long)tm * FM_BM;\n"
                    "  fm_mainloop(acc, in%u, in%u, M, m0, n0);\n"
                    "  /* every warp is past its last ldmatrix: the stage buffers become the slabs */\n"
                    "  __syncthreads();\n"
                    "  const int lane = threadIdx.x & 31, warp = %s;\n%s"
                    "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
-                   "  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;\n"
-                   "#pragma unroll\n"
-                   "  for (int mt = 0; mt < FM_MT; mt++) {\n"
-                   "    fm_stage(slab, acc[mt], lane);\n"
-                   "    __syncwarp();\n"
-                   "#pragma unroll\n"
-                   "    for (int g = lane; g < 2 * FM_WCOLS; g += 32) {   /* 16 rows x FM_WCOLS / 8 */\n"
-                   "      const int r = g / (FM_WCOLS / 8), c = g %% (FM_WCOLS / 8) * 8;\n"
-                   "      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + r;\n"
-                   "      const long long n = n0 + wn * FM_WCOLS + c;\n"
-                   "      if (m >= M || n >= FM_N) continue;\n"
-                   "      float v[8];\n"
-                   "      *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + c);\n"
-                   "      *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + c + 4);\n"
-                   "      fm_epilogue(v, m, n",
+                   "  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;\n",
                    gp->ia, gp->ib, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5",
                    specialized ? "  if (warp < 0) return;   /* the loaders */\n" : "");
-  fm_cg_gemm_emit_epi_params(sb, gp, 0);
-  fm_strbuf_append(sb, ");\n    }\n    __syncwarp();   /* the slab is rewritten next */\n  }\n}\n");
+  emit_tile_epilogue(sb, gp, "  ");
+  fm_strbuf_append(sb, "}\n");
 }
 
 void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,
@@ -518,9 +626,12 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     goto out;
   }
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s", cfg->bm, cfg->bn, cfg->bk,
+  uint32_t rt = cfg->rtiles > 1 ? cfg->rtiles : 1;
+  char tiles[16] = "";
+  if (rt > 1) snprintf(tiles, sizeof tiles, "_t%u", rt);
+  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s%s", cfg->bm, cfg->bn, cfg->bk,
            cfg->stages, cfg->wm, cfg->wn, cfg->raster,
-           cfg->wgmma == 1 ? "_wgmma" : cfg->wgmma == 2 ? "_wgmma_i1" : cfg->wgmma == 3 ? "_wgmma_ws" : "");
+           cfg->wgmma == 1 ? "_wgmma" : cfg->wgmma == 2 ? "_wgmma_i1" : cfg->wgmma == 3 ? "_wgmma_ws" : "", tiles);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
                    gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
@@ -533,6 +644,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                    "#define FM_A_KMAJOR %d\n#define FM_B_KMAJOR %d\n",
                    cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k,
                    gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
+  fm_strbuf_printf(&sb, "#define FM_SCOLS %u\n", slab_cols(cfg));
+  if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n#define FM_SLAB_OFF %u\n", rt, slab_offset(cfg));
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
     fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n",
@@ -545,14 +658,14 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   }
   fm_strbuf_append(&sb, fm_cg_gemm_tail);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry, cfg->wgmma == 3);
+  emit_kernel(&sb, canon, gp, entry, cfg->wgmma == 3, min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
                         cfg->wm * cfg->wn * 32 + (cfg->wgmma == 3 ? 128u : 0u),   /* + the loaders */
-                        smem, cfg->bm, cfg->bn);
+                        smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

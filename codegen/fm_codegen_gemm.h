@@ -39,9 +39,10 @@ typedef struct fm_cg_gemm_plan {
 /* The plan of a canonical GEMM fragment; FM_EINVAL / FM_EUNSUPPORTED with the reason in d
  * (K not a multiple of 8, layouts, alignment, ops the epilogue cannot run). */
 int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d);
-/* fm_epilogue(acc[8], m, n, <used inputs>, <outputs>): the fragment's ops on 8 fp32
- * accumulators of row m, columns n .. n+7 (n a multiple of 8, those past FM_N ignored), each
- * output stored once. Needs FM_N defined before it. */
+/* fm_epilogue<WHOLE = false>(acc[8], m, n, <used inputs>, <outputs>): the fragment's ops on
+ * 8 fp32 accumulators of row m, columns n .. n+7 (n a multiple of 8, those past FM_N ignored;
+ * WHOLE: the caller knows all 8 are inside, no masking compiled), each output stored once.
+ * Needs FM_N defined before it. */
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp);
 /* The epilogue's extra parameters: declarations (decl) or the arguments of a call. */
 void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int decl);

@@ -17,7 +17,7 @@
  * blocks resident at one time share A rows and B columns in L2.
  *
  * The generated part (fm_codegen_gemm.c) defines FM_BM, FM_BN, FM_BK, FM_STAGES, FM_WM, FM_WN,
- * FM_RASTER, FM_K, FM_N, FM_LDA, FM_LDB, FM_A_KMAJOR, FM_B_KMAJOR and fm_mma() before this
+ * FM_RASTER, FM_K, FM_N, FM_LDA, FM_LDB, FM_A_KMAJOR, FM_B_KMAJOR, FM_SCOLS and fm_mma() before this
  * text, and
  * the kernel around it (the epilogue). Changing it changes generated source: bump
  * FM_CODEGEN_VERSION. */
@@ -49,9 +49,9 @@ const char fm_cg_gemm_body[] =
     "#define FM_B_STAGE (FM_B_KMAJOR ? FM_BN * FM_B_ROW : FM_BK * FM_B_ROW)\n"
     "#define FM_KT ((FM_K + FM_BK - 1) / FM_BK)\n"
     "#define FM_WCOLS (FM_BN / FM_WN)\n"
-    "/* one warp's staging slab: 16 rows of FM_WCOLS fp32, padded by 8 (the float2 writes of a\n"
+    "/* one warp's staging slab: 16 rows of FM_SCOLS (= FM_WCOLS here) fp32, padded by 8 (the float2 writes of a\n"
     "   half-warp then cover 32 distinct banks) */\n"
-    "#define FM_SLAB_LD (FM_WCOLS + 8)\n"
+    "#define FM_SLAB_LD (FM_SCOLS + 8)\n"
     "extern __shared__ __align__(128) unsigned short fm_smem[];\n"
     "__device__ __forceinline__ void fm_ldsm4(unsigned r[4], unsigned addr) {\n"
     "  asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\\n\"\n"
@@ -187,12 +187,28 @@ const char fm_cg_gemm_tail[] =
     "  tn = blockIdx.x;\n"
     "#endif\n"
     "}\n"
-    "/* Row tile mt of the warp's accumulators into its slab (row-major, 16 x FM_WCOLS). */\n"
-    "__device__ __forceinline__ void fm_stage(float *slab, const float (&acc)[FM_NT][4], int lane) {\n"
+    "/* The slab's swizzle: in row r the two 4-column halves of the 8-column group at c swap\n"
+    "   places when bit 5 of c differs from r's parity. A lane reads its 8 columns as two float4s;\n"
+    "   unswizzled, the 8 lanes of a quarter-warp (32 bytes apart, or two rows 8 banks apart)\n"
+    "   hit each bank twice; swizzled, they cover the 32 banks once. The swap stays inside the\n"
+    "   group's 8 banks, so fm_stage's float2 writes remain conflict-free. */\n"
+    "__device__ __forceinline__ int fm_swz(int r, int c) { return c ^ ((((c >> 5) ^ r) & 1) << 2); }\n"
+    "/* Columns pass * FM_SCOLS .. + FM_SCOLS of row tile mt of the warp's accumulators into its\n"
+    "   slab (16 x FM_SCOLS, swizzled). */\n"
+    "__device__ __forceinline__ void fm_stage(float *slab, const float (&acc)[FM_NT][4], int lane, int pass) {\n"
+    "  /* rows lane/4 and lane/4 + 8 (same parity): one base for the groups with bit 5 of the\n"
+    "     column clear, one for those with it set; nt * 8 is then an immediate offset */\n"
+    "  const int r = lane >> 2, q = (lane & 3) * 2;\n"
+    "  float *const s0 = slab + r * FM_SLAB_LD + fm_swz(r, q), *const s1 = slab + r * FM_SLAB_LD + fm_swz(r, 32 + q) - 32;\n"
     "#pragma unroll\n"
-    "  for (int nt = 0; nt < FM_NT; nt++)\n"
+    "  for (int nt = 0; nt < FM_SCOLS / 8; nt++)\n"
     "#pragma unroll\n"
     "    for (int h = 0; h < 2; h++)\n"
-    "      *(float2 *)(slab + ((lane >> 2) + h * 8) * FM_SLAB_LD + nt * 8 + (lane & 3) * 2) =\n"
-    "          make_float2(acc[nt][h * 2], acc[nt][h * 2 + 1]);\n"
+    "      *(float2 *)((nt & 4 ? s1 : s0) + h * 8 * FM_SLAB_LD + nt * 8) =\n"
+    "          make_float2(acc[pass * (FM_SCOLS / 8) + nt][h * 2], acc[pass * (FM_SCOLS / 8) + nt][h * 2 + 1]);\n"
+    "}\n"
+    "/* Columns c .. c+7 of slab row r (c a multiple of 8) back in order. */\n"
+    "__device__ __forceinline__ void fm_unstage(float (&v)[8], const float *slab, int r, int c) {\n"
+    "  *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c));\n"
+    "  *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c + 4));\n"
     "}\n";

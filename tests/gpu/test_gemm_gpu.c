@@ -4,8 +4,9 @@
  * against the CPU reference (fm_reference_eval, fp64) by ‖out−ref‖/‖ref‖ on random inputs
  * (never zeros), outputs poisoned with NaN before each launch so unwritten elements fail.
  *
- * Cases: every M in {1, 7, 64, 127, 128, 4099} x N in {8, 64, 100, 136, 1024} (N = 100: the
- * epilogue's masked, element-wise path), K rotating over
+ * Cases: every M in {1, 7, 64, 127, 128, 700, 4099} x N in {8, 64, 100, 136, 1024} (N = 100: the
+ * epilogue's masked, element-wise path; M = 700 and 4099: blocks of 2 or 4 row tiles whose
+ * second tile is partial, or whose later tiles lie past M), K rotating over
  * {8, 64, 136, 1024} (smaller where the fp64 reference would be slow), the epilogue rotating
  * over plain mm, bias, bias + relu / gelu / silu, residual + relu, bias + gelu with the
  * pre-activation as an extra output; bf16 and f16; A and B row- or column-major; M symbolic
@@ -466,7 +467,7 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
 }
 
 int main(int argc, char **argv) {
-  static const int64_t ms[] = {1, 7, 64, 127, 128, 4099};
+  static const int64_t ms[] = {1, 7, 64, 127, 128, 700, 4099};
   static const int64_t ns[] = {8, 64, 100, 136, 1024};   /* 100: rows not 16-byte aligned */
   static const int64_t ks[] = {8, 64, 136, 1024};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x6e33;

@@ -437,6 +437,56 @@ static void test_wgmma_candidates(void) {
   for (size_t i = 0; i < n; i++) CHECK_EQ_INT((int)c[i].p[7], 0);
 }
 
+/* Several row tiles per block (not a candidate; the tuner's extras and the bench use it): a
+ * block owns rtiles x BM rows (the client's grid.y = ceil(M / items_per_block)), its slabs
+ * sit beside the stages, half-width when whole ones would not fit, and it compiles for
+ * sm_90a. The mma.sync mainloop and the warp-specialised form refuse it. */
+static void test_row_tiles(void) {
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* symbolic M, nn.Linear layouts, K 256, two outputs */
+  fm_gemm_config whole = {128, 128, 64, 4, 8, 1, 8, 2, 2}, half = {128, 256, 64, 3, 8, 1, 8, 1, 4};
+  char *src = NULL;
+  fm_kernel_meta m;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &whole, 132, &src, &m, &d), FM_OK);
+  CHECK_EQ_INT((int)m.items_per_block, 256);
+  CHECK_STR_CONTAINS(m.entry, "_wgmma_i1_t2");
+  CHECK_EQ_INT(m.smem, 4 * 256 * 128 + 1024 + 8 * 16 * (128 + 8) * 4);
+  if (src) {
+    CHECK_STR_CONTAINS(src, "#define FM_SCOLS 128");
+    CHECK_STR_CONTAINS(src, "fm_prologue(in");
+    if (fm_nvrtc_arch_supported("sm_90a")) {
+      uint8_t *cubin = NULL;
+      size_t len = 0;
+      char *log = NULL;
+      CHECK_EQ_INT(fm_nvrtc_compile(src, "row_tiles.cu", "sm_90a", &cubin, &len, &log), FM_OK);
+      free(cubin);
+      free(log);
+    }
+  }
+  free(src);
+  src = NULL;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &half, 132, &src, &m, &d), FM_OK);
+  CHECK_EQ_INT((int)m.items_per_block, 512);
+  CHECK_EQ_INT(m.smem, 3 * 384 * 128 + 1024 + 8 * 16 * (128 + 8) * 4);
+  if (src) CHECK_STR_CONTAINS(src, "#define FM_SCOLS 128");
+  free(src);
+  src = NULL;
+  fm_gemm_config bad = whole;
+  bad.wgmma = 3;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  bad = (fm_gemm_config){128, 128, 64, 3, 2, 4, 8, 0, 2};
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "row tiles");
+  fm_candidate c;
+  memset(&c, 0, sizeof c);
+  c.tmpl = FM_TMPL_GEMM;
+  c.p[0] = 128, c.p[1] = 128, c.p[2] = 64, c.p[3] = 4, c.p[4] = 8, c.p[5] = 1, c.p[6] = 8, c.p[7] = 2 | 2u << 8;
+  char desc[96];
+  fm_candidate_describe(&c, desc, sizeof desc);
+  CHECK_STR_CONTAINS(desc, "wgmma inflight=1 tiles=2");
+  CHECK(fm_candidate_runs_on(&c, "sm_90a") && !fm_candidate_runs_on(&c, "sm_80"));
+}
+
 int main(void) {
   RUN(test_validate);
   RUN(test_rejections);
@@ -444,6 +494,7 @@ int main(void) {
   RUN(test_reference);
   RUN(test_meta_and_candidates);
   RUN(test_wgmma_candidates);
+  RUN(test_row_tiles);
   RUN(test_golden_linear);
   RUN(test_golden_residual);
   RUN(test_nvrtc_every_candidate);

@@ -129,6 +129,7 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 #define FM_LDB 256LL
 #define FM_A_KMAJOR 1
 #define FM_B_KMAJOR 1
+#define FM_SCOLS 32
 __device__ __forceinline__ unsigned fm_saddr(const void *p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
@@ -156,9 +157,9 @@ __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned
 #define FM_B_STAGE (FM_B_KMAJOR ? FM_BN * FM_B_ROW : FM_BK * FM_B_ROW)
 #define FM_KT ((FM_K + FM_BK - 1) / FM_BK)
 #define FM_WCOLS (FM_BN / FM_WN)
-/* one warp's staging slab: 16 rows of FM_WCOLS fp32, padded by 8 (the float2 writes of a
+/* one warp's staging slab: 16 rows of FM_SCOLS (= FM_WCOLS here) fp32, padded by 8 (the float2 writes of a
    half-warp then cover 32 distinct banks) */
-#define FM_SLAB_LD (FM_WCOLS + 8)
+#define FM_SLAB_LD (FM_SCOLS + 8)
 extern __shared__ __align__(128) unsigned short fm_smem[];
 __device__ __forceinline__ void fm_ldsm4(unsigned r[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -290,22 +291,40 @@ __device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {
   tn = blockIdx.x;
 #endif
 }
-/* Row tile mt of the warp's accumulators into its slab (row-major, 16 x FM_WCOLS). */
-__device__ __forceinline__ void fm_stage(float *slab, const float (&acc)[FM_NT][4], int lane) {
+/* The slab's swizzle: in row r the two 4-column halves of the 8-column group at c swap
+   places when bit 5 of c differs from r's parity. A lane reads its 8 columns as two float4s;
+   unswizzled, the 8 lanes of a quarter-warp (32 bytes apart, or two rows 8 banks apart)
+   hit each bank twice; swizzled, they cover the 32 banks once. The swap stays inside the
+   group's 8 banks, so fm_stage's float2 writes remain conflict-free. */
+__device__ __forceinline__ int fm_swz(int r, int c) { return c ^ ((((c >> 5) ^ r) & 1) << 2); }
+/* Columns pass * FM_SCOLS .. + FM_SCOLS of row tile mt of the warp's accumulators into its
+   slab (16 x FM_SCOLS, swizzled). */
+__device__ __forceinline__ void fm_stage(float *slab, const float (&acc)[FM_NT][4], int lane, int pass) {
+  /* rows lane/4 and lane/4 + 8 (same parity): one base for the groups with bit 5 of the
+     column clear, one for those with it set; nt * 8 is then an immediate offset */
+  const int r = lane >> 2, q = (lane & 3) * 2;
+  float *const s0 = slab + r * FM_SLAB_LD + fm_swz(r, q), *const s1 = slab + r * FM_SLAB_LD + fm_swz(r, 32 + q) - 32;
 #pragma unroll
-  for (int nt = 0; nt < FM_NT; nt++)
+  for (int nt = 0; nt < FM_SCOLS / 8; nt++)
 #pragma unroll
     for (int h = 0; h < 2; h++)
-      *(float2 *)(slab + ((lane >> 2) + h * 8) * FM_SLAB_LD + nt * 8 + (lane & 3) * 2) =
-          make_float2(acc[nt][h * 2], acc[nt][h * 2 + 1]);
+      *(float2 *)((nt & 4 ? s1 : s0) + h * 8 * FM_SLAB_LD + nt * 8) =
+          make_float2(acc[pass * (FM_SCOLS / 8) + nt][h * 2], acc[pass * (FM_SCOLS / 8) + nt][h * 2 + 1]);
+}
+/* Columns c .. c+7 of slab row r (c a multiple of 8) back in order. */
+__device__ __forceinline__ void fm_unstage(float (&v)[8], const float *slab, int r, int c) {
+  *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c));
+  *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c + 4));
 }
 /* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns
-   n .. n+7, n a multiple of 8, those past N ignored), each output stored once ---- */
+   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;
+   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */
+template <bool WHOLE = false>
 __device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n,
     const unsigned short *__restrict__ in2,
     unsigned short *__restrict__ out0,
     unsigned short *__restrict__ out1) {
-  const bool full = n + 8 <= FM_N;
+  const bool full = WHOLE || n + 8 <= FM_N;
   __align__(16) unsigned short r2[8];
   if (full) {
     ((uint4 *)r2)[0] = *(const uint4 *)(in2 + n * 1LL + 0);
@@ -339,7 +358,7 @@ __device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long lo
     if (n + e < FM_N) out1[m * 512LL + (n + e) * 1LL] = o1[e];
   }
 }
-extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_128x128x64_s3_w2x4_r8(
+extern "C" __global__ void __launch_bounds__(FM_THREADS, 2) fm_gemm_128x128x64_s3_w2x4_r8(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,
@@ -349,30 +368,48 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_128x128x64_s3_w
   const long long M = outer;
   int tm, tn;
   fm_tile_coords(tm, tn);
-  const long long m0 = (long long)tm * FM_BM;
   const int n0 = tn * FM_BN;
   float acc[FM_MT][FM_NT][4];
+  const long long m0 = (long long)tm * FM_BM;
   fm_mainloop(acc, in0, in1, M, m0, n0);
   /* every warp is past its last ldmatrix: the stage buffers become the slabs */
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp / FM_WN, wn = warp % FM_WN;
   float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;
+  {
+    /* A tile wholly inside M and N (all but the edges) runs a branch-free copy of
+       the loop: its loads, independent across iterations, are scheduled ahead
+       of earlier iterations' math instead of one round trip per 8 columns. */
+    const bool whole = m0 + FM_BM <= M && n0 + FM_BN <= FM_N;
 #pragma unroll
-  for (int mt = 0; mt < FM_MT; mt++) {
-    fm_stage(slab, acc[mt], lane);
-    __syncwarp();
+    for (int mt = 0; mt < FM_MT; mt++) {
 #pragma unroll
-    for (int g = lane; g < 2 * FM_WCOLS; g += 32) {   /* 16 rows x FM_WCOLS / 8 */
-      const int r = g / (FM_WCOLS / 8), c = g % (FM_WCOLS / 8) * 8;
-      const long long m = m0 + wm * (FM_BM / FM_WM) + mt * 16 + r;
-      const long long n = n0 + wn * FM_WCOLS + c;
-      if (m >= M || n >= FM_N) continue;
-      float v[8];
-      *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + c);
-      *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + c + 4);
-      fm_epilogue(v, m, n, in2, out0, out1);
+    for (int pass = 0; pass < FM_WCOLS / FM_SCOLS; pass++) {
+      fm_stage(slab, acc[mt], lane, pass);
+      __syncwarp();
+      const long long mw = m0 + wm * (FM_BM / FM_WM) + mt * 16;
+      const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;
+      if (whole) {
+#pragma unroll
+        for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {   /* 16 rows x FM_SCOLS / 8 */
+          const int g = lane + 32 * i, r = g / (FM_SCOLS / 8), c = g % (FM_SCOLS / 8) * 8;
+          float v[8];
+          fm_unstage(v, slab, r, c);
+          fm_epilogue<true>(v, mw + r, nw + c, in2, out0, out1);
+        }
+      } else {
+#pragma unroll
+        for (int g = lane; g < 2 * FM_SCOLS; g += 32) {
+          const int r = g / (FM_SCOLS / 8), c = g % (FM_SCOLS / 8) * 8;
+          if (mw + r >= M || nw + c >= FM_N) continue;
+          float v[8];
+          fm_unstage(v, slab, r, c);
+          fm_epilogue<false>(v, mw + r, nw + c, in2, out0, out1);
+        }
+      }
+      __syncwarp();   /* the slab is rewritten next */
     }
-    __syncwarp();   /* the slab is rewritten next */
+    }
   }
 }
