@@ -122,6 +122,14 @@ def compile_times(rows, sockets, dev, workdir, budget_left):
     return res
 
 
+def _replay_stats():
+    try:
+        from fuseml import graph_replay
+    except ImportError:
+        return None
+    return graph_replay.stats()
+
+
 def _strategy(groups):
     """One cell: the groups' strategies, counted ('2x bypass gemm: no kernel template yet')."""
     c = collections.Counter(g["strategy"] for g in groups)
@@ -201,7 +209,11 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
             row[f"{col}_rel_err"] = None
     del ref
 
+    replay0 = _replay_stats()
     timed = measure.time_columns(steps, xs, dev, args.reps)
+    if replay0 is not None:   # what fuseml's CUDA-graph replay did while the columns were timed
+        after = _replay_stats()
+        row["fuseml_replay"] = {k: after.get(k, 0) - replay0.get(k, 0) for k in after}
     for col in cols:
         t = timed.get(col)
         row[f"{col}_ms"] = t["ms"] if t else None
@@ -365,6 +377,7 @@ def run(args):
             print(f"{w}/{p}: eager {row['eager_ms']} inductor {row['inductor_ms']} "
                   f"MA {row['inductor_max_autotune_ms']} inductor-RO {row['inductor_cudagraphs_ms']} "
                   f"fuseml {row['fuseml_ms']} (no graphs {row['fuseml_nographs_ms']}) ms; "
+                  f"replay {row.get('fuseml_replay')}; "
                   f"x{row['speedup_vs_best_peer'] or 0:.2f} vs best peer; "
                   f"{row['row_s']:.0f} s", flush=True)
         for row in done:

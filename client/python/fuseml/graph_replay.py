@@ -32,6 +32,7 @@ is replayed here at the cost of one dict lookup, a use-count check and one graph
 import collections
 import itertools
 import os
+import weakref
 
 import torch
 
@@ -43,6 +44,18 @@ MAX_LAYOUTS = 8    # layouts with graph-owned input copies, least recently used 
 MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _clock = itertools.count()   # recency of recordings, for dropping the least recently used
+instances = weakref.WeakSet()   # every live InferenceGraphs, for stats()
+
+
+def stats():
+    """Counters summed over the live replays: recordings, replays, calls run as compiled
+    (outputs held, over budget), recordings dropped, replays turned off, pool bytes."""
+    out = collections.Counter()
+    for g in list(instances):
+        out.update(recordings=g.recordings, replays=g.replays, held_runs=g.held_runs,
+                   over_budget=g.over_budget, dropped=g.dropped, off=g.off is not None,
+                   pool_bytes=g.pool_bytes, warmups=g.warmups)
+    return dict(out)
 
 
 def memory_budget(device_index):
@@ -155,6 +168,8 @@ class InferenceGraphs:
         self.last_bytes = 0   # the last capture's, the estimate of the next one's
         self.dropped = 0      # recordings dropped to stay within the budget
         self.over_budget = 0  # captures not made: nothing free to drop
+        self.warmups = 0      # calls run as compiled: a new input set's first
+        instances.add(self)
 
     def __call__(self, args):
         if self.off is not None:
@@ -164,6 +179,7 @@ class InferenceGraphs:
         if recs is None:
             recs = self._miss(args, key)
             if recs is None:           # a warm-up, or graphs just turned off
+                self.warmups += 1
                 return self.fn(args)
         rec = self._free(recs, args)
         if rec is None:                # every recording's outputs still held: run as compiled
