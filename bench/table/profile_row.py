@@ -23,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 os.environ.setdefault("FUSEML_NO_AUTOSTART", "1")
 import daemon as D  # noqa: E402
+import measure  # noqa: E402
 import workloads as W  # noqa: E402
 import fuseml  # noqa: E402
 
@@ -55,15 +56,9 @@ def gpu_ms(step, x, n=20):
 
 
 def table_ms(step, xs, n=50):
-    """The table's measure: events around n steps issued back to back over the input buffers."""
+    """The table's measure (measure.Clock): n steps issued back to back over the input buffers."""
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for i in range(n):
-        step(xs[i % len(xs)])
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n
+    return measure.Clock(torch.device("cuda")).time_ms(lambda i: step(xs[i % len(xs)]), n)
 
 
 def kernels(step, x, steps=5):
@@ -112,8 +107,8 @@ def profile_row(w, p, exe):
                 "fuseml": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket),
                                         mode="reduce-overhead")}
         steps = {c: W.make_step(w, fn, model, gy) for c, fn in cols.items()}
-        for s in steps.values():   # compile, tune, warm up, record
-            for i in range(4):
+        for s in steps.values():   # compile, tune, warm up, record (fuseml's replay: each
+            for i in range(2 * len(xs)):   # input buffer is recorded at its second call)
                 s(xs[i % len(xs)])
         torch.cuda.synchronize()
         row = {"workload": w, "preset": p, "columns": {}}

@@ -255,3 +255,20 @@ def test_recordings_stay_within_the_memory_budget(fake_cuda, monkeypatch):
     for _ in range(2):
         run([xs[0], w])
     assert fake_cuda.captures == 6 and run.dropped == 3 and run.pool_bytes == 30 << 20
+
+
+@pytest.mark.parametrize("bad", ["lots", "-5", "inf", "nan"])
+def test_a_bad_memory_budget_warns_once_and_uses_the_default(fake_cuda, monkeypatch, caplog, bad):
+    import types
+    caplog.set_level(logging.WARNING)
+    monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", bad)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(total_memory=80 << 30))
+    from fuseml import _log
+    monkeypatch.setattr(_log, "_warned", set(), raising=False)
+    run, _, w = _runner(fake_cuda)
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert run.budget == (80 << 30) // 10 and run.recordings == 1
+    assert [r for r in caplog.records if "FUSEML_GRAPH_MEMORY_MB" in r.getMessage()]

@@ -62,8 +62,17 @@ def memory_budget(device_index):
     """Bytes of pool memory the recordings of one compiled graph may hold."""
     mb = os.environ.get("FUSEML_GRAPH_MEMORY_MB")
     if mb:
-        return int(float(mb) * (1 << 20))
-    return torch.cuda.get_device_properties(device_index).total_memory // 10
+        try:
+            value = float(mb)
+            if 0 <= value < float("inf"):
+                return int(value * (1 << 20))
+        except ValueError:
+            pass
+    default = torch.cuda.get_device_properties(device_index).total_memory // 10
+    if mb:
+        warn_once("graph-memory", "FUSEML_GRAPH_MEMORY_MB=%r is not a size in MiB (a number >= 0); "
+                  "using %d MiB", mb, default >> 20, suffix="")
+    return default
 
 
 def _direct_key(args, static):
