@@ -68,7 +68,7 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
       strcmp(k->meta.grid_rule, "tiles") != 0)
     return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
                        k->meta.grid_rule);
-  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 1 > FM_META_MAX_PARAMS)
+  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 1 + k->meta.n_tmaps > FM_META_MAX_PARAMS)
     return fm_diag_set(d, FM_ELIMIT, "kernel takes %u inputs and %u outputs; at most %d params",
                        k->meta.n_inputs, k->meta.n_outputs, FM_META_MAX_PARAMS);
   err = fm_cuda_load(&cu, d);
@@ -125,10 +125,34 @@ void fm_module_unload(fm_module *m) {
   free(m);
 }
 
+/* The tensor map of metadata entry t over the input at ptr, for a launch of dim 0 = outer.
+ * Encoded per launch (host work only, no driver round trip): a cache would have to be keyed
+ * by pointer and shape and locked against concurrent launches, for less than it saves. */
+static int encode_tmap(const fm_module *m, const fm_meta_tmap *t, void *ptr, int64_t outer,
+                       fm_CUtensorMap *map, fm_diag *d) {
+  uint64_t dims[2] = {t->cols, t->rows < 0 ? (uint64_t)outer : (uint64_t)t->rows};
+  uint64_t stride = t->ld * t->elem_bytes;   /* bytes between rows; dim 0 is contiguous */
+  uint32_t elem_strides[2] = {1, 1};
+  fm_CUresult r;
+  if (((uintptr_t)ptr & 15u) != 0)
+    return fm_diag_set(d, FM_EINVAL, "kernel %s: input %u at %p is not 16-byte aligned (TMA)",
+                       m->meta.entry, t->input, ptr);
+  r = m->cu->cuTensorMapEncodeTiled(map,
+                                    strcmp(t->dtype, "bf16") == 0 ? FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                  : FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                    2, ptr, dims, &stride, t->box, elem_strides,
+                                    FM_CU_TENSOR_MAP_INTERLEAVE_NONE, FM_CU_TENSOR_MAP_SWIZZLE_128B,
+                                    FM_CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                    FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != 0) return fm_cuda_fail(m->cu, r, "cuTensorMapEncodeTiled", d);
+  return FM_OK;
+}
+
 int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer,
                      void *stream, fm_diag *d) {
   fm_CUdeviceptr ptrs[FM_META_MAX_PARAMS];
   void *params[FM_META_MAX_PARAMS];
+  fm_CUtensorMap maps[FM_META_MAX_TMAPS];
   long long outer_arg;
   uint64_t grid, grid_y;
   uint32_t n = 0;
@@ -150,7 +174,8 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
     return fm_diag_set(d, FM_ELIMIT, "grid of %llu x %llu blocks exceeds the CUDA limit",
                        (unsigned long long)grid, (unsigned long long)grid_y);
 
-  /* Kernel parameters in metadata order: inputs, outputs, then long long outer. The driver
+  /* Kernel parameters in metadata order: inputs, outputs, long long outer, then the tensor
+   * maps (each 128 bytes by value, __grid_constant__ in the kernel). The driver
    * reads each through the pointer in params, so the values need stable storage here. */
   for (uint32_t i = 0; i < m->meta.n_inputs; i++, n++) {
     ptrs[n] = (fm_CUdeviceptr)(uintptr_t)inputs[i];
@@ -162,6 +187,11 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   }
   outer_arg = (long long)outer;
   params[n++] = &outer_arg;
+  for (uint32_t i = 0; i < m->meta.n_tmaps; i++, n++) {
+    int err = encode_tmap(m, &m->meta.tmaps[i], inputs[m->meta.tmaps[i].input], outer, &maps[i], d);
+    if (err) return err;
+    params[n] = &maps[i];
+  }
 
   r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, 1, m->meta.block[0], m->meta.block[1],
                             m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);

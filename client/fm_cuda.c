@@ -52,6 +52,7 @@ static const struct {
   FM_SYM_(cuEventDestroy, "cuEventDestroy_v2"),
   FM_SYM_(cuGetErrorString, "cuGetErrorString"),
   FM_SYM_(cuFuncSetAttribute, "cuFuncSetAttribute"),
+  FM_SYM_(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
 #undef FM_SYM_
 };
 

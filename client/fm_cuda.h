@@ -20,6 +20,17 @@ typedef struct fm_CUstream_st *fm_CUstream;
 typedef struct fm_CUevent_st *fm_CUevent;
 typedef unsigned long long fm_CUdeviceptr;
 #define FM_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8
+/* CUtensorMap: 128 opaque bytes, 64-byte aligned (cuda.h's CU_TENSOR_MAP_NUM_QWORDS 16) */
+typedef struct fm_CUtensorMap {
+  _Alignas(64) uint64_t opaque[16];
+} fm_CUtensorMap;
+/* the cuTensorMapEncodeTiled enum values fusemld passes (cuda.h) */
+#define FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6
+#define FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9
+#define FM_CU_TENSOR_MAP_INTERLEAVE_NONE 0
+#define FM_CU_TENSOR_MAP_SWIZZLE_128B 3
+#define FM_CU_TENSOR_MAP_L2_PROMOTION_L2_256B 3
+#define FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE 0   /* out-of-bounds elements read as zero */
 
 typedef struct fm_cuda {
   fm_CUresult (*cuInit)(unsigned);
@@ -52,6 +63,10 @@ typedef struct fm_cuda {
   fm_CUresult (*cuGetErrorString)(fm_CUresult, const char **);
   /* GEMM kernels: dynamic shared memory above 48 KiB must be allowed per function */
   fm_CUresult (*cuFuncSetAttribute)(fm_CUfunction, int, int);
+  /* the TMA mainloop's operands (driver 12.0+) */
+  fm_CUresult (*cuTensorMapEncodeTiled)(fm_CUtensorMap *, int, uint32_t, void *, const uint64_t *,
+                                        const uint64_t *, const uint32_t *, const uint32_t *, int,
+                                        int, int, int);
 } fm_cuda;
 
 /* Loads the driver once per process (thread-safe) and calls cuInit(0). FM_ENOGPU with the

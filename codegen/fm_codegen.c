@@ -202,7 +202,12 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       if (rt > 1) snprintf(tiles, sizeof tiles, " tiles=%u", rt);
       snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s%s", c->p[0], c->p[1], c->p[2],
                c->p[3], c->p[4], c->p[5], c->p[6],
-               mode == 1 ? " wgmma" : mode == 2 ? " wgmma inflight=1" : mode == 3 ? " wgmma ws" : "", tiles);
+               mode == 1   ? " wgmma"
+               : mode == 2 ? " wgmma inflight=1"
+               : mode == 3 ? " wgmma ws"
+               : mode == 4 ? " wgmma tma"
+                           : "",
+               tiles);
       return;
     }
     case FM_TMPL_SKINNY:

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 7
+#define FM_CODEGEN_VERSION 8
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -123,7 +123,9 @@ typedef struct fm_gemm_config {
   uint32_t raster;       /* tile rows per launch-order group (L2 reuse); 0 or 1: row by row */
   uint32_t wgmma;        /* 0: the sm_80+ mma.sync mainloop; 1 + n: the sm_90a wgmma one with
                             n (0 or 1) wgmma batches in flight (wm = BM / 16, wn = 1, BK 64);
-                            3: the same, warp-specialised (+ a loader warpgroup) */
+                            3: the same, warp-specialised (+ a loader warpgroup);
+                            4: warp-specialised with TMA loads (the launch encodes two tensor
+                            maps, metadata "tmaps") */
   uint32_t rtiles;       /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
                             the block walks rtiles consecutive BM-row tiles, loading the next
                             tile's first k-tiles while the epilogue of this one runs; stored

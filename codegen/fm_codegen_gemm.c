@@ -52,6 +52,10 @@ static const fm_gemm_config configs[] = {
  * pipelines and one batch in flight win; the warp-specialised form wins only a skinny-K
  * shape; each of these five was the fastest somewhere. */
 static const fm_gemm_config wgmma_configs[] = {
+    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups */
+    {128, 256, 64, 4, 8, 1, 8, 4, 0},   /* (193 KiB) */
+    {128, 192, 64, 5, 8, 1, 8, 4, 0},   /* (201 KiB) */
+    {128, 128, 64, 6, 8, 1, 8, 4, 0},   /* (193 KiB) */
     {128, 256, 64, 4, 8, 1, 8, 2, 0},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
     {128, 256, 64, 4, 8, 1, 8, 3, 0},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
     {128, 128, 64, 6, 8, 1, 8, 2, 0},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
@@ -166,7 +170,7 @@ int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d)
 }
 
 static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
-  if (c->wgmma > 3) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..3)", c->wgmma);
+  if (c->wgmma > 4) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..4)", c->wgmma);
   if (!gp->a_kmajor || !gp->b_kmajor)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: the wgmma mainloop needs K-major A and B");
   if (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16)
@@ -176,7 +180,7 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
   if (c->stages < (c->wgmma == 2 ? 3 : 2) || c->stages > 6)
     return fm_diag_set(d, FM_EINVAL, "config: %u stages for wgmma mode %u", c->stages, c->wgmma);
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
-  if (c->rtiles > 8 || (c->rtiles > 1 && c->wgmma == 3))
+  if (c->rtiles > 8 || (c->rtiles > 1 && c->wgmma >= 3))
     return fm_diag_set(d, FM_EINVAL, "config: %u row tiles per block (1..8, not warp-specialised)", c->rtiles);
   return FM_OK;
 }
@@ -225,7 +229,7 @@ static uint32_t slab_offset(const fm_gemm_config *c) {
 static uint32_t smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
   if (c->wgmma) {
     /* the stages (plus 1 KiB to align them for the swizzle), or the slabs if larger */
-    uint32_t mainloop = c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma == 3 ? 16u * c->stages : 0u);
+    uint32_t mainloop = c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma >= 3 ? 16u * c->stages : 0u);
     uint32_t staging = slab_bytes(c, slab_cols(c));
     if (c->rtiles > 1) return mainloop + staging;
     return mainloop > staging ? mainloop : staging;
@@ -458,9 +462,10 @@ void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
                    ty, ty);
 }
 
-/* min_blocks > 1 caps the registers so that many blocks fit on an SM (0: no cap). */
+/* min_blocks > 1 caps the registers so that many blocks fit on an SM (0: no cap); tma: the
+ * two tensor maps of the TMA mainloop follow outer (launch metadata "tmaps"). */
 static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        uint32_t min_blocks) {
+                        uint32_t min_blocks, int tma) {
   const fm_cg_plan *p = &gp->base;
   if (min_blocks > 1)
     fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS, %u) %s(\n", min_blocks, entry);
@@ -470,14 +475,18 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "    long long outer) {\n");
+  if (tma)
+    fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
+                         "    const __grid_constant__ fm_tmap fm_tmb) {\n");
+  else
+    fm_strbuf_append(sb, "    long long outer) {\n");
   if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
 }
 
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                  const char *entry) {
-  kernel_open(sb, f, gp, entry, 0);
+  kernel_open(sb, f, gp, entry, 0, 0);
 }
 
 /* Two blocks per SM when the shared memory allows it (sm_90's 227 KiB) and the accumulators
@@ -487,7 +496,7 @@ void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_c
  * their registers: a cap would spill them. */
 static uint32_t min_blocks(const fm_gemm_config *c, uint32_t smem) {
   uint32_t acc = (c->bm / c->wm) * (c->bn / c->wn) / 32;
-  uint32_t threads = c->wm * c->wn * 32 + (c->wgmma == 3 ? 128u : 0u);
+  uint32_t threads = c->wm * c->wn * 32 + (c->wgmma >= 3 ? 128u : 0u);
   return acc <= 64 && threads == 256 && 2 * (smem + 1024) <= MAX_SMEM_SM90 + 1024 ? 2 : 0;
 }
 
@@ -543,12 +552,13 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
 }
 
 /* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
- * form); it leaves after the barrier and the epilogue's warps count from 4. rtiles > 1: the
+ * form); it leaves after the barrier and the epilogue's warps count from 4. tma: the
+ * mainloop reads A and B through the tensor maps fm_tma and fm_tmb. rtiles > 1: the
  * block walks that many row tiles, the next one's first k-tiles loading during the
  * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). */
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized, uint32_t min_blocks, uint32_t rtiles) {
-  kernel_open(sb, f, gp, entry, min_blocks);
+                        int specialized, int tma, uint32_t min_blocks, uint32_t rtiles) {
+  kernel_open(sb, f, gp, entry, min_blocks, tma);
   fm_strbuf_append(sb,
                    "  int tm, tn;\n"
                    "  fm_tile_coords(tm, tn);\n"
@@ -573,15 +583,18 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
     fm_strbuf_append(sb, "  }\n}\n");
     return;
   }
+  char opa[16], opb[16];
+  snprintf(opa, sizeof opa, tma ? "&fm_tma" : "in%u", gp->ia);
+  snprintf(opb, sizeof opb, tma ? "&fm_tmb" : "in%u", gp->ib);
   fm_strbuf_printf(sb,
                    "  const long long m0 = (long long)tm * FM_BM;\n"
-                   "  fm_mainloop(acc, in%u, in%u, M, m0, n0);\n"
+                   "  fm_mainloop(acc, %s, %s, M, m0, n0);\n"
                    "  /* every warp is past its last ldmatrix: the stage buffers become the slabs */\n"
                    "  __syncthreads();\n"
                    "  const int lane = threadIdx.x & 31, warp = %s;\n%s"
                    "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
                    "  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;\n",
-                   gp->ia, gp->ib, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5",
+                   opa, opb, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5",
                    specialized ? "  if (warp < 0) return;   /* the loaders */\n" : "");
   emit_tile_epilogue(sb, gp, "  ");
   fm_strbuf_append(sb, "}\n");
@@ -603,6 +616,28 @@ void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const
   meta->outer = gp->m;
   meta->n_inputs = canon->n_inputs;
   meta->n_outputs = canon->n_outputs;
+}
+
+/* The TMA mainloop's two tensor maps: A as [M, K] (M = the launch's outer when symbolic)
+ * in boxes of 64 x BM, B as [N, K] in boxes of 64 x BN; both K-major (check_wgmma). A
+ * leading dim of 0 (a single row, never stepped) becomes K: TMA wants a real stride. */
+static void tma_meta(fm_kernel_meta *meta, const fm_cg_gemm_plan *gp, const fm_gemm_config *cfg) {
+  const char *dt = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
+  fm_meta_tmap *a = &meta->tmaps[0], *b = &meta->tmaps[1];
+  meta->n_tmaps = 2;
+  a->input = gp->ia;
+  b->input = gp->ib;
+  a->rows = gp->m;   /* -1: outer */
+  b->rows = gp->n;
+  a->cols = b->cols = (uint64_t)gp->k;
+  a->ld = (uint64_t)(gp->lda ? gp->lda : gp->k);
+  b->ld = (uint64_t)(gp->ldb ? gp->ldb : gp->k);
+  a->box[0] = b->box[0] = 64;
+  a->box[1] = cfg->bm;
+  b->box[1] = cfg->bn;
+  a->elem_bytes = b->elem_bytes = 2;
+  snprintf(a->dtype, sizeof a->dtype, "%s", dt);
+  snprintf(b->dtype, sizeof b->dtype, "%s", dt);
 }
 
 int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
@@ -631,7 +666,12 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   if (rt > 1) snprintf(tiles, sizeof tiles, "_t%u", rt);
   snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s%s", cfg->bm, cfg->bn, cfg->bk,
            cfg->stages, cfg->wm, cfg->wn, cfg->raster,
-           cfg->wgmma == 1 ? "_wgmma" : cfg->wgmma == 2 ? "_wgmma_i1" : cfg->wgmma == 3 ? "_wgmma_ws" : "", tiles);
+           cfg->wgmma == 1   ? "_wgmma"
+           : cfg->wgmma == 2 ? "_wgmma_i1"
+           : cfg->wgmma == 3 ? "_wgmma_ws"
+           : cfg->wgmma == 4 ? "_wgmma_tma"
+                             : "",
+           tiles);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
                    gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
@@ -648,8 +688,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n#define FM_SLAB_OFF %u\n", rt, slab_offset(cfg));
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
-    fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n",
-                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma == 3);
+    fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n",
+                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma >= 3, cfg->wgmma == 4);
     fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
     fm_strbuf_append(&sb, fm_cg_wgmma_body);
   } else {
@@ -658,14 +698,15 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   }
   fm_strbuf_append(&sb, fm_cg_gemm_tail);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry, cfg->wgmma == 3, min_blocks(cfg, smem), rt);
+  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma == 4, min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
-                        cfg->wm * cfg->wn * 32 + (cfg->wgmma == 3 ? 128u : 0u),   /* + the loaders */
+                        cfg->wm * cfg->wn * 32 + (cfg->wgmma >= 3 ? 128u : 0u),   /* + the loaders */
                         smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
+  if (cfg->wgmma == 4) tma_meta(meta, gp, cfg);
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

@@ -17,7 +17,8 @@
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   if (!m || !pk || m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS) return FM_EINVAL;
-  int rc = msgpack_pack_map(pk, 9);
+  if (m->n_tmaps > FM_META_MAX_TMAPS) return FM_EINVAL;
+  int rc = msgpack_pack_map(pk, m->n_tmaps ? 10 : 9);
   fm_pack_kv_cstr(pk, "kind", m->kind);
   fm_pack_kv_cstr(pk, "entry", m->entry);
   fm_pack_cstr(pk, "block");
@@ -34,10 +35,28 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   fm_pack_kv_u64(pk, "n_inputs", m->n_inputs);
   fm_pack_kv_u64(pk, "n_outputs", m->n_outputs);
   fm_pack_cstr(pk, "params");
-  rc |= msgpack_pack_array(pk, (size_t)m->n_inputs + m->n_outputs + 1);
+  rc |= msgpack_pack_array(pk, (size_t)m->n_inputs + m->n_outputs + 1 + m->n_tmaps);
   for (uint32_t i = 0; i < m->n_inputs; i++) fm_pack_cstr(pk, "in");
   for (uint32_t i = 0; i < m->n_outputs; i++) fm_pack_cstr(pk, "out");
   fm_pack_cstr(pk, "outer");
+  for (uint32_t i = 0; i < m->n_tmaps; i++) fm_pack_cstr(pk, "tmap");
+  if (m->n_tmaps) {
+    fm_pack_cstr(pk, "tmaps");
+    rc |= msgpack_pack_array(pk, m->n_tmaps);
+    for (uint32_t i = 0; i < m->n_tmaps; i++) {
+      const fm_meta_tmap *t = &m->tmaps[i];
+      rc |= msgpack_pack_map(pk, 6);
+      fm_pack_kv_u64(pk, "input", t->input);
+      fm_pack_kv_cstr(pk, "dtype", t->dtype);
+      fm_pack_kv_i64(pk, "rows", t->rows);
+      fm_pack_kv_u64(pk, "cols", t->cols);
+      fm_pack_kv_u64(pk, "ld", t->ld);
+      fm_pack_cstr(pk, "box");
+      rc |= msgpack_pack_array(pk, 2);
+      rc |= msgpack_pack_uint32(pk, t->box[0]);
+      rc |= msgpack_pack_uint32(pk, t->box[1]);
+    }
+  }
   return rc ? FM_ENOMEM : FM_OK;
 }
 
@@ -107,14 +126,67 @@ static int unpack_grid(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
   return FM_OK;
 }
 
-/* params must be exactly the documented order: "in" x n_inputs, "out" x n_outputs, "outer". */
+/* One tensor map: every field is what the launch's encode depends on, so each is checked
+ * here against the limits cuTensorMapEncodeTiled and the 128-byte swizzle impose. */
+static int unpack_tmap(const msgpack_object *o, const fm_kernel_meta *m, fm_meta_tmap *t, fm_diag *d) {
+  uint64_t input;
+  int rc;
+  if (o->type != MSGPACK_OBJECT_MAP) return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: entries must be maps");
+  if ((rc = required(fm_msg_get_u64(o, "input", &input, d), "meta.tmaps", d))) return rc;
+  if (input >= m->n_inputs)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: input %" PRIu64 " of %u inputs", input, m->n_inputs);
+  t->input = (uint32_t)input;
+  if ((rc = required(fm_msg_copy_str(o, "dtype", t->dtype, sizeof t->dtype, d), "meta.tmaps", d))) return rc;
+  if (strcmp(t->dtype, "bf16") != 0 && strcmp(t->dtype, "f16") != 0)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: dtype '%s' (bf16 or f16)", t->dtype);
+  t->elem_bytes = 2;
+  if ((rc = required(fm_msg_get_i64(o, "rows", &t->rows, d), "meta.tmaps", d))) return rc;
+  if ((rc = required(fm_msg_get_u64(o, "cols", &t->cols, d), "meta.tmaps", d))) return rc;
+  if ((rc = required(fm_msg_get_u64(o, "ld", &t->ld, d), "meta.tmaps", d))) return rc;
+  const msgpack_object *b = fm_msg_get(o, "box");
+  if (!b || b->type != MSGPACK_OBJECT_ARRAY || b->via.array.size != 2)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: 'box' must be [box_cols, box_rows]");
+  for (int i = 0; i < 2; i++) {
+    const msgpack_object *e = &b->via.array.ptr[i];
+    if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 < 1 || e->via.u64 > 256)
+      return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: box[%d] must be in 1..256", i);
+    t->box[i] = (uint32_t)e->via.u64;
+  }
+  if (t->rows < -1 || t->rows == 0 || t->cols == 0 || t->cols >= (1ull << 32) ||
+      (t->rows > 0 && (uint64_t)t->rows >= (1ull << 32)))
+    return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: a %" PRId64 " x %" PRIu64 " matrix", t->rows, t->cols);
+  if (t->ld < t->cols || (t->ld * t->elem_bytes) % 16 || t->ld >= (1ull << 36))
+    return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: ld %" PRIu64 " (>= cols, 16-byte rows)", t->ld);
+  if (t->box[0] * t->elem_bytes != 128)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.tmaps: box_cols %u is not one 128-byte swizzle row", t->box[0]);
+  return FM_OK;
+}
+
+static int unpack_tmaps(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
+  const msgpack_object *a = fm_msg_get(obj, "tmaps");
+  if (!a) return FM_OK;   /* the usual case: no tensor maps */
+  if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size > FM_META_MAX_TMAPS)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: 'tmaps' must be an array of at most %d maps", FM_META_MAX_TMAPS);
+  m->n_tmaps = a->via.array.size;
+  for (uint32_t i = 0; i < m->n_tmaps; i++) {
+    int rc = unpack_tmap(&a->via.array.ptr[i], m, &m->tmaps[i], d);
+    if (rc) return rc;
+  }
+  return FM_OK;
+}
+
+/* params must be exactly the documented order: "in" x n_inputs, "out" x n_outputs, "outer",
+ * "tmap" x n_tmaps. */
 static int check_params(const msgpack_object *obj, const fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *p = fm_msg_get(obj, "params");
-  uint32_t n = m->n_inputs + m->n_outputs + 1;
+  uint32_t n = m->n_inputs + m->n_outputs + 1 + m->n_tmaps;
   if (!p || p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != n)
     return fm_diag_set(d, FM_ESCHEMA, "meta: 'params' must be an array of %u names", n);
   for (uint32_t i = 0; i < n; i++) {
-    const char *want = i < m->n_inputs ? "in" : i < m->n_inputs + m->n_outputs ? "out" : "outer";
+    const char *want = i < m->n_inputs                    ? "in"
+                       : i < m->n_inputs + m->n_outputs   ? "out"
+                       : i == m->n_inputs + m->n_outputs ? "outer"
+                                                         : "tmap";
     if (!fm_msg_str_eq(&p->via.array.ptr[i], want))
       return fm_diag_set(d, FM_ESCHEMA, "meta: params[%u] must be \"%s\"", i, want);
   }
@@ -140,6 +212,7 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   if (m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS)
     return fm_diag_set(d, FM_ESCHEMA, "meta: %u inputs / %u outputs exceed %d / %d", m->n_inputs,
                        m->n_outputs, FM_MAX_INPUTS, FM_MAX_OUTPUTS);
+  if ((rc = unpack_tmaps(obj, m, d))) return rc;
   return check_params(obj, m, d);
 }
 

@@ -19,7 +19,14 @@
  *   grid.x = max_blocks (column tiles, fixed by N);
  *   grid.y = ceil(outer / items_per_block)   (row tiles; M = outer; 0: do not launch)
  * `smem` may exceed 48 KiB for this rule (the client raises the function's limit).
- * Later kinds (cublaslt, bypass) add rules. */
+ * Later kinds (cublaslt, bypass) add rules.
+ *
+ * Tensor maps (the sm_90a TMA mainloop): an optional last key
+ *   tmaps: [{input: u32, dtype: "bf16" | "f16", rows: i64 (-1: outer), cols: u64,
+ *            ld: u64 (elements between rows), box: [box_cols, box_rows]}, ...]
+ * appends one "tmap" to params per entry, after "outer": a 128-byte CUtensorMap passed by
+ * value, which the client encodes per launch for input `input` seen as a row-major
+ * [rows, cols] matrix (128-byte swizzle, zero fill past the edges). Absent: no tensor maps. */
 #ifndef FM_META_H
 #define FM_META_H
 
@@ -29,7 +36,18 @@
 #include "fm_error.h"
 
 #define FM_META_ENTRY_MAX 64
-#define FM_META_MAX_PARAMS (32 + 16 + 1)
+#define FM_META_MAX_TMAPS 2
+#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS)
+
+/* One tensor map the launch encodes (see tmaps above). */
+typedef struct fm_meta_tmap {
+  uint32_t input;        /* which input pointer */
+  uint32_t elem_bytes;   /* 2: "bf16" or "f16" (dtype below) */
+  char dtype[8];
+  int64_t rows;          /* -1: the launch's outer */
+  uint64_t cols, ld;     /* elements; ld >= cols, ld * elem_bytes a multiple of 16 */
+  uint32_t box[2];       /* box_cols (box_cols * elem_bytes == 128: one swizzle row), box_rows */
+} fm_meta_tmap;
 
 typedef struct fm_kernel_meta {
   char kind[16];                 /* "pointwise", "rows" */
@@ -42,6 +60,8 @@ typedef struct fm_kernel_meta {
   uint32_t max_blocks;
   int64_t outer;                 /* static dim-0 size, or -1 when symbolic */
   uint32_t n_inputs, n_outputs;
+  uint32_t n_tmaps;              /* tensor-map parameters after outer (0 .. FM_META_MAX_TMAPS) */
+  fm_meta_tmap tmaps[FM_META_MAX_TMAPS];
 } fm_kernel_meta;
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);

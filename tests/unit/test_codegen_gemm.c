@@ -342,7 +342,7 @@ static void test_nvrtc_every_candidate(void) {
     CHECK_EQ_INT(build(w, &raw), FM_OK);
     size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 32);
     CHECK(n >= 1);
-    if (w == 0) CHECK_EQ_INT((int)n, 21);   /* every configuration (16 + 5 wgmma): none pruned */
+    if (w == 0) CHECK_EQ_INT((int)n, 24);   /* every configuration (16 + 8 wgmma): none pruned */
     for (size_t i = 0; i < n; i++) {
       char *src = NULL;
       fm_kernel_meta m;
@@ -405,11 +405,30 @@ static void test_wgmma_candidates(void) {
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n");
     CHECK_STR_CONTAINS(m.entry, "_wgmma");
     /* BM / 16 warps of 32 threads, and the loader warpgroup when warp-specialised */
-    CHECK_EQ_INT(m.block[0], c[i].p[0] * 2 + (c[i].p[7] == 3 ? 128 : 0));
-    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (c[i].p[7] == 3 ? 16 * c[i].p[3] : 0);
+    CHECK_EQ_INT(m.block[0], c[i].p[0] * 2 + (c[i].p[7] >= 3 ? 128 : 0));
+    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (c[i].p[7] >= 3 ? 16 * c[i].p[3] : 0);
     uint32_t slabs = c[i].p[0] / 16 * 16 * (c[i].p[1] + 8) * 4;
     CHECK_EQ_INT(m.smem, stages > slabs ? stages : slabs);
     CHECK(m.smem <= 227 * 1024);
+    /* the TMA form: two tensor maps after outer, A [M (outer), K] in 64 x BM boxes and
+       B [N, K] in 64 x BN boxes, K-major with their leading dims */
+    if (c[i].p[7] == 4) {
+      CHECK_STR_CONTAINS(m.entry, "_wgmma_tma");
+      CHECK_STR_CONTAINS(src, "cp.async.bulk.tensor.2d");
+      CHECK_STR_CONTAINS(src, "const __grid_constant__ fm_tmap fm_tmb");
+      CHECK_EQ_INT((int)m.n_tmaps, 2);
+      CHECK_EQ_INT((int)m.tmaps[0].input, 0);
+      CHECK_EQ_INT((int)m.tmaps[0].rows, -1);
+      CHECK_EQ_INT((int)m.tmaps[0].box[1], (int)c[i].p[0]);
+      CHECK_EQ_INT((int)m.tmaps[1].input, 1);
+      CHECK_EQ_INT((int)m.tmaps[1].rows, (int)m.inner);
+      CHECK_EQ_INT((int)m.tmaps[1].box[1], (int)c[i].p[1]);
+      CHECK_EQ_INT((int)m.tmaps[1].box[0], 64);
+      CHECK_EQ_INT((int)m.tmaps[0].cols, (int)m.tmaps[1].cols);
+      CHECK(strcmp(m.tmaps[0].dtype, "bf16") == 0);
+    } else {
+      CHECK_EQ_INT((int)m.n_tmaps, 0);
+    }
     if (wg == 1 && fm_nvrtc_arch_supported("sm_80")) {
       uint8_t *cubin = NULL;
       size_t len = 0;
@@ -421,7 +440,7 @@ static void test_wgmma_candidates(void) {
     }
     free(src);
   }
-  CHECK_EQ_INT(wg, 5);
+  CHECK_EQ_INT(wg, 8);
   /* a bad wgmma config is refused with its reason */
   fm_candidate bad = c[1];
   for (size_t i = 0; i < n; i++)

@@ -214,6 +214,80 @@ static void test_refusals(void) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* A gemm meta with the TMA mainloop's two tensor maps. */
+static fm_kernel_meta with_tmaps(void) {
+  fm_kernel_meta m = sample();
+  strcpy(m.kind, "gemm");
+  strcpy(m.grid_rule, "tiles");
+  m.n_inputs = 3;
+  m.n_tmaps = 2;
+  for (int i = 0; i < 2; i++) {
+    fm_meta_tmap *t = &m.tmaps[i];
+    t->input = (uint32_t)i;
+    strcpy(t->dtype, i ? "f16" : "bf16");
+    t->elem_bytes = 2;
+    t->rows = i ? 1024 : -1;
+    t->cols = 4096;
+    t->ld = 4104;
+    t->box[0] = 64;
+    t->box[1] = i ? 256 : 128;
+  }
+  return m;
+}
+
+/* Tensor maps travel after the other keys, add "tmap" params after "outer", and every field
+ * the encode depends on is checked: a bad one is refused with its reason. */
+static void test_tmaps(void) {
+  fm_kernel_meta m = with_tmaps(), back;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK_EQ_INT((int)back.n_tmaps, 2);
+  for (int i = 0; i < 2; i++) {
+    CHECK_EQ_INT((int)back.tmaps[i].input, i);
+    CHECK_EQ_INT((int)back.tmaps[i].rows, i ? 1024 : -1);
+    CHECK(back.tmaps[i].cols == 4096 && back.tmaps[i].ld == 4104 && back.tmaps[i].elem_bytes == 2);
+    CHECK(back.tmaps[i].box[0] == 64 && back.tmaps[i].box[1] == (i ? 256u : 128u));
+  }
+  CHECK(strcmp(back.tmaps[0].dtype, "bf16") == 0 && strcmp(back.tmaps[1].dtype, "f16") == 0);
+  /* no tensor maps: the wire form stays the 9 keys (test_wire_form) */
+  m = sample();
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK_EQ_INT((int)back.n_tmaps, 0);
+
+  struct {
+    int field;
+    const char *diag;
+  } bad[] = {
+      {0, "input 3 of 3 inputs"},       {1, "dtype 'f32'"},
+      {2, "not one 128-byte swizzle row"}, {3, "ld 100"},
+      {4, "a 0 x 4096 matrix"},          {5, "box[1] must be in 1..256"},
+      {6, "ld 4100"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    m = with_tmaps();
+    fm_meta_tmap *t = &m.tmaps[1];
+    switch (bad[i].field) {
+      case 0: t->input = 3; break;
+      case 1: strcpy(t->dtype, "f32"); break;
+      case 2: t->box[0] = 32; break;
+      case 3: t->ld = 100; break;
+      case 4: t->rows = 0; break;
+      case 5: t->box[1] = 512; break;
+      case 6: t->ld = 4100; break;   /* 8200 bytes: rows not 16-byte aligned */
+    }
+    memset(&d, 0, sizeof d);
+    int rc = round_trip(&m, &back, &d);
+    if (rc != FM_ESCHEMA || !strstr(d.text, bad[i].diag))
+      fprintf(stderr, "  tmap case %zu: rc %d \"%s\"\n", i, rc, d.text);
+    CHECK_EQ_INT(rc, FM_ESCHEMA);
+    CHECK_STR_CONTAINS(d.text, bad[i].diag);
+  }
+  /* more tensor maps than a launch holds are refused when packing */
+  m = with_tmaps();
+  m.n_tmaps = FM_META_MAX_TMAPS + 1;
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_EINVAL);
+}
+
 static void test_grid_x(void) {
   fm_kernel_meta m = sample(); /* inner 768, 2048 per block, cap 528, symbolic */
   CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 0);
@@ -236,6 +310,7 @@ int main(void) {
   RUN(test_round_trip);
   RUN(test_wire_form);
   RUN(test_refusals);
+  RUN(test_tmaps);
   RUN(test_grid_x);
   return FM_TEST_DONE();
 }
