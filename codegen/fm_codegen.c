@@ -59,13 +59,13 @@ static fm_candidate from_gemm(fm_gemm_config c) {
   k.p[4] = c.wm;
   k.p[5] = c.wn;
   k.p[6] = c.raster;
-  k.p[7] = c.wgmma | (c.rtiles > 1 ? c.rtiles << 8 : 0u);
+  k.p[7] = c.wgmma | (c.rtiles > 1 ? c.rtiles << 8 : 0u) | (c.cluster > 1 ? c.cluster << 16 : 0u);
   return k;
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
   fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6], k->p[7] & 0xffu,
-                      k->p[7] >> 8};
+                      (k->p[7] >> 8) & 0xffu, k->p[7] >> 16};
   return c;
 }
 
@@ -197,9 +197,10 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       return;
     case FM_TMPL_GEMM:
     {
-      uint32_t mode = c->p[7] & 0xffu, rt = c->p[7] >> 8;
-      char tiles[24] = "";
+      uint32_t mode = c->p[7] & 0xffu, rt = (c->p[7] >> 8) & 0xffu, cl = c->p[7] >> 16;
+      char tiles[40] = "";
       if (rt > 1) snprintf(tiles, sizeof tiles, " tiles=%u", rt);
+      if (cl > 1) snprintf(tiles + strlen(tiles), sizeof tiles - strlen(tiles), " cluster=%u", cl);
       snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s%s", c->p[0], c->p[1], c->p[2],
                c->p[3], c->p[4], c->p[5], c->p[6],
                mode == 1   ? " wgmma"

@@ -129,7 +129,10 @@ typedef struct fm_gemm_config {
   uint32_t rtiles;       /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
                             the block walks rtiles consecutive BM-row tiles, loading the next
                             tile's first k-tiles while the epilogue of this one runs; stored
-                            in candidate p[7] bits 8.. */
+                            in candidate p[7] bits 8..15 */
+  uint32_t cluster;      /* 0 or 1: none; 2 (wgmma mode 4 only): blocks in pairs along M that
+                            share B, each loading half of its tile and multicasting it to both
+                            (a cluster of 2, compiled in; candidate p[7] bits 16..) */
 } fm_gemm_config;
 
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);

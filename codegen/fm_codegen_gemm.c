@@ -24,24 +24,24 @@
  * that counts; 128x128x64 with 3 stages and 8 warps of 64x32 was the fastest from 256 to
  * 8192 rows, the 16-row tiles at M <= 16. */
 static const fm_gemm_config configs[] = {
-    {128, 128, 64, 3, 2, 4, 8, 0, 0},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
-    {64, 64, 64, 4, 2, 2, 0, 0, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
-    {16, 64, 128, 4, 1, 4, 0, 0, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
-    {128, 128, 32, 3, 2, 4, 0, 0, 0},   /* the first pass's default (60 KiB) */
-    {128, 256, 32, 3, 2, 4, 0, 0, 0},   /* 8 warps of 64x64 (90 KiB) */
-    {128, 64, 32, 4, 2, 2, 0, 0, 0},    /* 4 warps of 64x32 (60 KiB) */
-    {64, 128, 32, 4, 2, 2, 0, 0, 0},    /* 4 warps of 32x64 (60 KiB) */
+    {128, 128, 64, 3, 2, 4, 8, 0, 0, 0},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
+    {64, 64, 64, 4, 2, 2, 0, 0, 0, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
+    {16, 64, 128, 4, 1, 4, 0, 0, 0, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
+    {128, 128, 32, 3, 2, 4, 0, 0, 0, 0},   /* the first pass's default (60 KiB) */
+    {128, 256, 32, 3, 2, 4, 0, 0, 0, 0},   /* 8 warps of 64x64 (90 KiB) */
+    {128, 64, 32, 4, 2, 2, 0, 0, 0, 0},    /* 4 warps of 64x32 (60 KiB) */
+    {64, 128, 32, 4, 2, 2, 0, 0, 0, 0},    /* 4 warps of 32x64 (60 KiB) */
     /* deeper pipelines and BK 64 for Hopper's latency, grouped rasterisation for L2 */
-    {128, 256, 32, 4, 2, 4, 8, 0, 0},   /* (120 KiB) */
-    {128, 256, 64, 2, 2, 4, 8, 0, 0},   /* (108 KiB) */
-    {256, 128, 32, 4, 4, 2, 8, 0, 0},   /* 8 warps of 64x64 (120 KiB) */
-    {256, 128, 64, 2, 4, 2, 8, 0, 0},   /* (108 KiB) */
-    {128, 128, 32, 4, 2, 4, 8, 0, 0},   /* (80 KiB) */
-    {128, 128, 64, 4, 2, 2, 8, 0, 0},   /* 4 warps of 64x64 (144 KiB) */
+    {128, 256, 32, 4, 2, 4, 8, 0, 0, 0},   /* (120 KiB) */
+    {128, 256, 64, 2, 2, 4, 8, 0, 0, 0},   /* (108 KiB) */
+    {256, 128, 32, 4, 4, 2, 8, 0, 0, 0},   /* 8 warps of 64x64 (120 KiB) */
+    {256, 128, 64, 2, 4, 2, 8, 0, 0, 0},   /* (108 KiB) */
+    {128, 128, 32, 4, 2, 4, 8, 0, 0, 0},   /* (80 KiB) */
+    {128, 128, 64, 4, 2, 2, 8, 0, 0, 0},   /* 4 warps of 64x64 (144 KiB) */
     /* skinny and small grids: more, smaller blocks keep every SM busy */
-    {64, 128, 64, 4, 2, 2, 0, 0, 0},    /* (108 KiB) */
-    {128, 64, 64, 4, 2, 2, 0, 0, 0},    /* (108 KiB) */
-    {32, 128, 64, 4, 1, 4, 0, 0, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
+    {64, 128, 64, 4, 2, 2, 0, 0, 0, 0},    /* (108 KiB) */
+    {128, 64, 64, 4, 2, 2, 0, 0, 0, 0},    /* (108 KiB) */
+    {32, 128, 64, 4, 1, 4, 0, 0, 0, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
@@ -52,15 +52,18 @@ static const fm_gemm_config configs[] = {
  * pipelines and one batch in flight win; the warp-specialised form wins only a skinny-K
  * shape; each of these five was the fastest somewhere. */
 static const fm_gemm_config wgmma_configs[] = {
-    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups */
-    {128, 256, 64, 4, 8, 1, 8, 4, 0},   /* (193 KiB) */
-    {128, 192, 64, 5, 8, 1, 8, 4, 0},   /* (201 KiB) */
-    {128, 128, 64, 6, 8, 1, 8, 4, 0},   /* (193 KiB) */
-    {128, 256, 64, 4, 8, 1, 8, 2, 0},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
-    {128, 256, 64, 4, 8, 1, 8, 3, 0},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
-    {128, 128, 64, 6, 8, 1, 8, 2, 0},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
-    {128, 128, 64, 3, 8, 1, 8, 2, 0},   /* 97 KiB: two blocks per SM overlap each other's waits */
-    {64, 128, 64, 4, 4, 1, 0, 2, 0},    /* 1 warpgroup: more blocks for small grids (97 KiB) */
+    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups;
+       cluster 2: a pair of blocks shares each B tile through multicast */
+    {128, 256, 64, 4, 8, 1, 8, 4, 0, 2},   /* (193 KiB) */
+    {128, 256, 64, 4, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
+    {128, 192, 64, 5, 8, 1, 8, 4, 0, 0},   /* (201 KiB) */
+    {128, 128, 64, 6, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
+    {128, 128, 64, 3, 8, 1, 8, 4, 0, 0},   /* 97 KiB: two blocks per SM, one's epilogue under the other's loads */
+    {128, 256, 64, 4, 8, 1, 8, 2, 0, 0},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
+    {128, 256, 64, 4, 8, 1, 8, 3, 0, 0},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
+    {128, 128, 64, 6, 8, 1, 8, 2, 0, 0},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
+    {128, 128, 64, 3, 8, 1, 8, 2, 0, 0},   /* 97 KiB: two blocks per SM overlap each other's waits */
+    {64, 128, 64, 4, 4, 1, 0, 2, 0, 0},    /* 1 warpgroup: more blocks for small grids (97 KiB) */
     /* Several row tiles per block (rtiles, the next tile loading during this one's
        epilogue) are supported but offered nowhere: every such config lost to these at
        every shape measured (bench/NOTES.md, "Short-K GEMMs: the epilogue made free"). */
@@ -182,6 +185,8 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
   if (c->rtiles > 8 || (c->rtiles > 1 && c->wgmma >= 3))
     return fm_diag_set(d, FM_EINVAL, "config: %u row tiles per block (1..8, not warp-specialised)", c->rtiles);
+  if (c->cluster > 2 || (c->cluster == 2 && c->wgmma != 4))
+    return fm_diag_set(d, FM_EINVAL, "config: cluster %u (0..2; 2 with TMA loads only)", c->cluster);
   return FM_OK;
 }
 
@@ -201,6 +206,7 @@ static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_d
     return fm_diag_set(d, FM_EINVAL, "config: %u stages (2..4)", c->stages);
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
   if (c->rtiles > 1) return fm_diag_set(d, FM_EINVAL, "config: row tiles per block need the wgmma mainloop");
+  if (c->cluster > 1) return fm_diag_set(d, FM_EINVAL, "config: clusters need the TMA mainloop");
   /* accumulators per thread: beyond 128 the 255-register budget spills */
   if ((c->bm / c->wm) * (c->bn / c->wn) / 32 > 128)
     return fm_diag_set(d, FM_EINVAL, "config: %u accumulators per thread exceed 128",
@@ -465,12 +471,14 @@ void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
 /* min_blocks > 1 caps the registers so that many blocks fit on an SM (0: no cap); tma: the
  * two tensor maps of the TMA mainloop follow outer (launch metadata "tmaps"). */
 static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        uint32_t min_blocks, int tma) {
+                        uint32_t min_blocks, int tma, uint32_t cluster) {
   const fm_cg_plan *p = &gp->base;
+  fm_strbuf_append(sb, "extern \"C\" __global__ void ");
+  if (cluster > 1) fm_strbuf_printf(sb, "__cluster_dims__(%u, 1, 1) ", cluster);
   if (min_blocks > 1)
-    fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS, %u) %s(\n", min_blocks, entry);
+    fm_strbuf_printf(sb, "__launch_bounds__(FM_THREADS, %u) %s(\n", min_blocks, entry);
   else
-    fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS) %s(\n", entry);
+    fm_strbuf_printf(sb, "__launch_bounds__(FM_THREADS) %s(\n", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
@@ -486,7 +494,13 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
 
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                  const char *entry) {
-  kernel_open(sb, f, gp, entry, 0, 0);
+  kernel_open(sb, f, gp, entry, 0, 0, 0);
+}
+
+/* The block: the MMA warps, plus the loaders of the warp-specialised forms (a warpgroup; one
+ * warp for TMA). */
+static uint32_t block_threads(const fm_gemm_config *c) {
+  return c->wm * c->wn * 32 + (c->wgmma == 4 ? 32u : c->wgmma == 3 ? 128u : 0u);
 }
 
 /* Two blocks per SM when the shared memory allows it (sm_90's 227 KiB) and the accumulators
@@ -496,8 +510,7 @@ void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_c
  * their registers: a cap would spill them. */
 static uint32_t min_blocks(const fm_gemm_config *c, uint32_t smem) {
   uint32_t acc = (c->bm / c->wm) * (c->bn / c->wn) / 32;
-  uint32_t threads = c->wm * c->wn * 32 + (c->wgmma >= 3 ? 128u : 0u);
-  return acc <= 64 && threads == 256 && 2 * (smem + 1024) <= MAX_SMEM_SM90 + 1024 ? 2 : 0;
+  return acc <= 64 && block_threads(c) <= 288 && 2 * (smem + 1024) <= MAX_SMEM_SM90 + 1024 ? 2 : 0;
 }
 
 /* The epilogue of the tile at row m0 (block-uniform): each warp stages its accumulators
@@ -553,12 +566,13 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
 
 /* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
  * form); it leaves after the barrier and the epilogue's warps count from 4. tma: the
- * mainloop reads A and B through the tensor maps fm_tma and fm_tmb. rtiles > 1: the
+ * mainloop reads A and B through the tensor maps fm_tma and fm_tmb, and its one loader warp
+ * comes after the MMA warps (it leaves after the barrier). rtiles > 1: the
  * block walks that many row tiles, the next one's first k-tiles loading during the
  * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). */
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized, int tma, uint32_t min_blocks, uint32_t rtiles) {
-  kernel_open(sb, f, gp, entry, min_blocks, tma);
+                        int specialized, int tma, uint32_t cluster, uint32_t min_blocks, uint32_t rtiles) {
+  kernel_open(sb, f, gp, entry, min_blocks, tma, cluster);
   fm_strbuf_append(sb,
                    "  int tm, tn;\n"
                    "  fm_tile_coords(tm, tn);\n"
@@ -594,8 +608,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                    "  const int lane = threadIdx.x & 31, warp = %s;\n%s"
                    "  const int wm = warp / FM_WN, wn = warp %% FM_WN;\n"
                    "  float *slab = (float *)fm_smem + warp * 16 * FM_SLAB_LD;\n",
-                   opa, opb, specialized ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5",
-                   specialized ? "  if (warp < 0) return;   /* the loaders */\n" : "");
+                   opa, opb, specialized && !tma ? "(threadIdx.x >> 5) - 4" : "threadIdx.x >> 5",
+                   tma           ? "  if (warp >= FM_WM * FM_WN) return;   /* the loader */\n"
+                   : specialized ? "  if (warp < 0) return;   /* the loaders */\n"
+                                 : "");
   emit_tile_epilogue(sb, gp, "  ");
   fm_strbuf_append(sb, "}\n");
 }
@@ -634,7 +650,7 @@ static void tma_meta(fm_kernel_meta *meta, const fm_cg_gemm_plan *gp, const fm_g
   b->ld = (uint64_t)(gp->ldb ? gp->ldb : gp->k);
   a->box[0] = b->box[0] = 64;
   a->box[1] = cfg->bm;
-  b->box[1] = cfg->bn;
+  b->box[1] = cfg->cluster == 2 ? cfg->bn / 2 : cfg->bn;   /* a pair loads half each */
   a->elem_bytes = b->elem_bytes = 2;
   snprintf(a->dtype, sizeof a->dtype, "%s", dt);
   snprintf(b->dtype, sizeof b->dtype, "%s", dt);
@@ -664,6 +680,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   uint32_t rt = cfg->rtiles > 1 ? cfg->rtiles : 1;
   char tiles[16] = "";
   if (rt > 1) snprintf(tiles, sizeof tiles, "_t%u", rt);
+  if (cfg->cluster == 2) snprintf(tiles, sizeof tiles, "_c2");
   snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s%s", cfg->bm, cfg->bn, cfg->bk,
            cfg->stages, cfg->wm, cfg->wn, cfg->raster,
            cfg->wgmma == 1   ? "_wgmma"
@@ -686,6 +703,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                    gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
   fm_strbuf_printf(&sb, "#define FM_SCOLS %u\n", slab_cols(cfg));
   if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n#define FM_SLAB_OFF %u\n", rt, slab_offset(cfg));
+  if (cfg->cluster == 2) fm_strbuf_append(&sb, "#define FM_CLUSTER 2\n");
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
     fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n",
@@ -698,15 +716,20 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   }
   fm_strbuf_append(&sb, fm_cg_gemm_tail);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma == 4, min_blocks(cfg, smem), rt);
+  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma == 4, cfg->cluster, min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
-                        cfg->wm * cfg->wn * 32 + (cfg->wgmma >= 3 ? 128u : 0u),   /* + the loaders */
+                        block_threads(cfg),
                         smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
   if (cfg->wgmma == 4) tma_meta(meta, gp, cfg);
+  if (cfg->cluster == 2) {
+    /* grid (2 x column tiles, row-tile pairs): x pairs the cluster's blocks (fm_tile_coords) */
+    meta->items_per_block = 2u * cfg->bm;
+    meta->max_blocks *= 2u;
+  }
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

@@ -342,7 +342,7 @@ static void test_nvrtc_every_candidate(void) {
     CHECK_EQ_INT(build(w, &raw), FM_OK);
     size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 32);
     CHECK(n >= 1);
-    if (w == 0) CHECK_EQ_INT((int)n, 24);   /* every configuration (16 + 8 wgmma): none pruned */
+    if (w == 0) CHECK_EQ_INT((int)n, 26);   /* every configuration (16 + 10 wgmma): none pruned */
     for (size_t i = 0; i < n; i++) {
       char *src = NULL;
       fm_kernel_meta m;
@@ -405,14 +405,15 @@ static void test_wgmma_candidates(void) {
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n");
     CHECK_STR_CONTAINS(m.entry, "_wgmma");
     /* BM / 16 warps of 32 threads, and the loader warpgroup when warp-specialised */
-    CHECK_EQ_INT(m.block[0], c[i].p[0] * 2 + (c[i].p[7] >= 3 ? 128 : 0));
-    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (c[i].p[7] >= 3 ? 16 * c[i].p[3] : 0);
+    uint32_t mode = c[i].p[7] & 0xffu, cluster = c[i].p[7] >> 16;
+    CHECK_EQ_INT(m.block[0], c[i].p[0] * 2 + (mode == 4 ? 32 : mode == 3 ? 128 : 0));
+    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (mode >= 3 ? 16 * c[i].p[3] : 0);
     uint32_t slabs = c[i].p[0] / 16 * 16 * (c[i].p[1] + 8) * 4;
     CHECK_EQ_INT(m.smem, stages > slabs ? stages : slabs);
     CHECK(m.smem <= 227 * 1024);
     /* the TMA form: two tensor maps after outer, A [M (outer), K] in 64 x BM boxes and
        B [N, K] in 64 x BN boxes, K-major with their leading dims */
-    if (c[i].p[7] == 4) {
+    if (mode == 4) {
       CHECK_STR_CONTAINS(m.entry, "_wgmma_tma");
       CHECK_STR_CONTAINS(src, "cp.async.bulk.tensor.2d");
       CHECK_STR_CONTAINS(src, "const __grid_constant__ fm_tmap fm_tmb");
@@ -422,7 +423,15 @@ static void test_wgmma_candidates(void) {
       CHECK_EQ_INT((int)m.tmaps[0].box[1], (int)c[i].p[0]);
       CHECK_EQ_INT((int)m.tmaps[1].input, 1);
       CHECK_EQ_INT((int)m.tmaps[1].rows, (int)m.inner);
-      CHECK_EQ_INT((int)m.tmaps[1].box[1], (int)c[i].p[1]);
+      /* a cluster pair loads half of B each, and its grid pairs blocks along x */
+      CHECK_EQ_INT((int)m.tmaps[1].box[1], (int)(cluster == 2 ? c[i].p[1] / 2 : c[i].p[1]));
+      CHECK_EQ_INT((int)m.items_per_block, (int)(cluster == 2 ? 2 * c[i].p[0] : c[i].p[0]));
+      CHECK_EQ_INT((int)m.max_blocks, (int)((cluster == 2 ? 2 : 1) * ((m.inner + c[i].p[1] - 1) / c[i].p[1])));
+      if (cluster == 2) {
+        CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
+        CHECK_STR_CONTAINS(src, "multicast::cluster");
+        CHECK_STR_CONTAINS(m.entry, "_c2");
+      }
       CHECK_EQ_INT((int)m.tmaps[1].box[0], 64);
       CHECK_EQ_INT((int)m.tmaps[0].cols, (int)m.tmaps[1].cols);
       CHECK(strcmp(m.tmaps[0].dtype, "bf16") == 0);
@@ -440,7 +449,7 @@ static void test_wgmma_candidates(void) {
     }
     free(src);
   }
-  CHECK_EQ_INT(wg, 8);
+  CHECK_EQ_INT(wg, 10);
   /* a bad wgmma config is refused with its reason */
   fm_candidate bad = c[1];
   for (size_t i = 0; i < n; i++)
@@ -463,7 +472,7 @@ static void test_wgmma_candidates(void) {
 static void test_row_tiles(void) {
   fm_diag d = {{0}};
   CHECK_EQ_INT(build(0, &raw), FM_OK);   /* symbolic M, nn.Linear layouts, K 256, two outputs */
-  fm_gemm_config whole = {128, 128, 64, 4, 8, 1, 8, 2, 2}, half = {128, 256, 64, 3, 8, 1, 8, 1, 4};
+  fm_gemm_config whole = {128, 128, 64, 4, 8, 1, 8, 2, 2, 0}, half = {128, 256, 64, 3, 8, 1, 8, 1, 4, 0};
   char *src = NULL;
   fm_kernel_meta m;
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &whole, 132, &src, &m, &d), FM_OK);
@@ -493,7 +502,7 @@ static void test_row_tiles(void) {
   fm_gemm_config bad = whole;
   bad.wgmma = 3;
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
-  bad = (fm_gemm_config){128, 128, 64, 3, 2, 4, 8, 0, 2};
+  bad = (fm_gemm_config){128, 128, 64, 3, 2, 4, 8, 0, 2, 0};
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "row tiles");
   fm_candidate c;

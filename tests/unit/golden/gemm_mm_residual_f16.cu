@@ -279,7 +279,21 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
 }
 /* This block's output tile (tm, tn) from its place in the launch order (x fastest). */
 __device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {
+#if defined(FM_CLUSTER) && FM_CLUSTER == 2
+  /* clusters of 2 along x: a pair of row tiles (2 pm, 2 pm + 1) of one column tile; the
+     grid is (2 x column tiles, row-tile pairs), the pairs rasterised like tiles below */
+  const int rank = blockIdx.x & 1, tiles_n = gridDim.x >> 1, pairs_m = gridDim.y;
+  const int lin = blockIdx.y * tiles_n + (blockIdx.x >> 1);
 #if FM_RASTER > 1
+  const int per_group = FM_RASTER * tiles_n, first = lin / per_group * FM_RASTER, in_group = lin % per_group;
+  const int rows = min(pairs_m - first, FM_RASTER);
+  tm = 2 * (first + in_group % rows) + rank;
+  tn = in_group / rows;
+#else
+  tm = 2 * (lin / tiles_n) + rank;
+  tn = lin % tiles_n;
+#endif
+#elif FM_RASTER > 1
   const int tiles_n = gridDim.x, tiles_m = gridDim.y;
   const int lin = blockIdx.y * tiles_n + blockIdx.x, per_group = FM_RASTER * tiles_n;
   const int first = lin / per_group * FM_RASTER, in_group = lin % per_group;
@@ -349,7 +363,7 @@ __device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long lo
     if (n + e < FM_N) out0[m * 200LL + (n + e) * 1LL] = o0[e];
   }
 }
-extern "C" __global__ void __launch_bounds__(FM_THREADS) fm_gemm_64x64x64_s4_w2x2_r0(
+extern "C" __global__ void __launch_bounds__(FM_THREADS, 2) fm_gemm_64x64x64_s4_w2x2_r0(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,
