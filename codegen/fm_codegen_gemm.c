@@ -52,9 +52,9 @@ static const fm_gemm_config configs[] = {
  * pipelines and one batch in flight win; the warp-specialised form wins only a skinny-K
  * shape; each of these five was the fastest somewhere. */
 static const fm_gemm_config wgmma_configs[] = {
-    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups;
-       cluster 2: a pair of blocks shares each B tile through multicast */
-    {128, 256, 64, 4, 8, 1, 8, 4, 0, 2},   /* (193 KiB) */
+    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups.
+       Clusters of two blocks sharing B (cluster 2) are supported but offered nowhere: correct
+       on the H100 but 0.6-0.7x of the same tile without (bench/NOTES.md, "TMA mainloop"). */
     {128, 256, 64, 4, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
     {128, 192, 64, 5, 8, 1, 8, 4, 0, 0},   /* (201 KiB) */
     {128, 128, 64, 6, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */

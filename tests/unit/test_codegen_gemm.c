@@ -342,7 +342,7 @@ static void test_nvrtc_every_candidate(void) {
     CHECK_EQ_INT(build(w, &raw), FM_OK);
     size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 32);
     CHECK(n >= 1);
-    if (w == 0) CHECK_EQ_INT((int)n, 26);   /* every configuration (16 + 10 wgmma): none pruned */
+    if (w == 0) CHECK_EQ_INT((int)n, 25);   /* every configuration (16 + 9 wgmma): none pruned */
     for (size_t i = 0; i < n; i++) {
       char *src = NULL;
       fm_kernel_meta m;
@@ -449,7 +449,7 @@ static void test_wgmma_candidates(void) {
     }
     free(src);
   }
-  CHECK_EQ_INT(wg, 10);
+  CHECK_EQ_INT(wg, 9);
   /* a bad wgmma config is refused with its reason */
   fm_candidate bad = c[1];
   for (size_t i = 0; i < n; i++)
@@ -463,6 +463,64 @@ static void test_wgmma_candidates(void) {
   CHECK_EQ_INT(build(1, &raw), FM_OK);
   n = fm_codegen_candidates(&canon, c, 32);
   for (size_t i = 0; i < n; i++) CHECK_EQ_INT((int)c[i].p[7], 0);
+}
+
+/* Clusters of two blocks sharing B (not a candidate; gemm_bench's FM_BENCH_EXTRA uses it): the
+ * cluster shape is compiled in, the grid pairs blocks along x (twice the column tiles, one
+ * grid row per pair of row tiles), B's tensor map reads half a tile per block; NVRTC accepts
+ * it for sm_90a, and the forms it does not apply to are refused. */
+static void test_cluster_pairs(void) {
+  fm_gemm_config pair = {128, 256, 64, 4, 8, 1, 8, 4, 0, 2};
+  char *src = NULL;
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* N 512: 2 column tiles of 256 */
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &pair, 132, &src, &m, &d), FM_OK);
+  if (src) {
+    CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
+    CHECK_STR_CONTAINS(src, "multicast::cluster");
+    CHECK_STR_CONTAINS(src, "#define FM_CLUSTER 2");
+    CHECK_STR_CONTAINS(m.entry, "_wgmma_tma_c2");
+    CHECK_EQ_INT((int)m.items_per_block, 256);
+    CHECK_EQ_INT((int)m.max_blocks, 4);
+    CHECK_EQ_INT((int)m.n_tmaps, 2);
+    CHECK_EQ_INT((int)m.tmaps[0].box[1], 128);
+    CHECK_EQ_INT((int)m.tmaps[1].box[1], 128);
+    CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 4);
+    CHECK_EQ_INT((int)fm_meta_grid_y(&m, 1000), 4);   /* 8 row tiles in 4 pairs */
+    if (fm_nvrtc_arch_supported("sm_90a")) {
+      uint8_t *cubin = NULL;
+      size_t len = 0;
+      char *log = NULL;
+      CHECK_EQ_INT(fm_nvrtc_compile(src, "cluster.cu", "sm_90a", &cubin, &len, &log), FM_OK);
+      if (log && *log) fprintf(stderr, "%s\n", log);
+      free(cubin);
+      free(log);
+    }
+  }
+  free(src);
+  src = NULL;
+  fm_gemm_config bad = pair;
+  bad.wgmma = 2;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "cluster");
+  bad = pair;
+  bad.cluster = 4;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  bad = (fm_gemm_config){128, 128, 64, 3, 2, 4, 8, 0, 0, 2};
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "TMA");
+  /* the candidate form carries it in p[7] bits 16.. */
+  fm_candidate c;
+  char desc[96];
+  memset(&c, 0, sizeof c);
+  c.tmpl = FM_TMPL_GEMM;
+  c.p[0] = 128, c.p[1] = 256, c.p[2] = 64, c.p[3] = 4, c.p[4] = 8, c.p[5] = 1, c.p[6] = 8, c.p[7] = 4 | 2u << 16;
+  fm_candidate_describe(&c, desc, sizeof desc);
+  CHECK_STR_CONTAINS(desc, "wgmma tma cluster=2");
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &m, &d), FM_OK);
+  if (src) CHECK_STR_CONTAINS(m.entry, "_c2");
+  free(src);
 }
 
 /* Several row tiles per block (not a candidate; the tuner's extras and the bench use it): a
@@ -523,6 +581,7 @@ int main(void) {
   RUN(test_meta_and_candidates);
   RUN(test_wgmma_candidates);
   RUN(test_row_tiles);
+  RUN(test_cluster_pairs);
   RUN(test_golden_linear);
   RUN(test_golden_residual);
   RUN(test_nvrtc_every_candidate);
