@@ -18,6 +18,15 @@ struct fm_module {
   fm_CUmodule mod;
   fm_CUfunction fn;
   fm_kernel_meta meta;
+  /* The last tensor map encoded per metadata entry, reused while its input's address and
+   * rows stay the same (a weight's always do): encoding costs host time on every launch
+   * otherwise. Locked: a module may be launched from several threads. */
+  pthread_mutex_t tmap_lock;
+  struct {
+    void *ptr;
+    uint64_t rows;
+    fm_CUtensorMap map;
+  } tmap_cache[FM_META_MAX_TMAPS];
 };
 
 /* The primary context this library made current on some thread (NULL until then). Every
@@ -76,6 +85,7 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
 
   m = calloc(1, sizeof *m);
   if (!m) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  pthread_mutex_init(&m->tmap_lock, NULL);
   m->cu = cu;
   m->meta = k->meta;
 
@@ -122,14 +132,16 @@ void fm_module_unload(fm_module *m) {
   /* A primary context stays valid as a handle after its last release (the driver only
    * deactivates it), so leaving it current on this thread is harmless. */
   if (m->retained_primary) cu->cuDevicePrimaryCtxRelease(m->device);
+  pthread_mutex_destroy(&m->tmap_lock);
   free(m);
 }
 
-/* The tensor map of metadata entry t over the input at ptr, for a launch of dim 0 = outer.
- * Encoded per launch (host work only, no driver round trip): a cache would have to be keyed
- * by pointer and shape and locked against concurrent launches, for less than it saves. */
-static int encode_tmap(const fm_module *m, const fm_meta_tmap *t, void *ptr, int64_t outer,
-                       fm_CUtensorMap *map, fm_diag *d) {
+/* The tensor map of metadata entry i over the input at ptr, for a launch of dim 0 = outer:
+ * the cached one when ptr and the rows match the last launch, else encoded (host work only,
+ * no driver round trip) and cached. */
+static int tensor_map(fm_module *m, uint32_t i, void *ptr, int64_t outer, fm_CUtensorMap *map,
+                      fm_diag *d) {
+  const fm_meta_tmap *t = &m->meta.tmaps[i];
   uint64_t dims[2] = {t->cols, t->rows < 0 ? (uint64_t)outer : (uint64_t)t->rows};
   uint64_t stride = t->ld * t->elem_bytes;   /* bytes between rows; dim 0 is contiguous */
   uint32_t elem_strides[2] = {1, 1};
@@ -137,6 +149,13 @@ static int encode_tmap(const fm_module *m, const fm_meta_tmap *t, void *ptr, int
   if (((uintptr_t)ptr & 15u) != 0)
     return fm_diag_set(d, FM_EINVAL, "kernel %s: input %u at %p is not 16-byte aligned (TMA)",
                        m->meta.entry, t->input, ptr);
+  pthread_mutex_lock(&m->tmap_lock);
+  if (m->tmap_cache[i].ptr == ptr && m->tmap_cache[i].rows == dims[1]) {
+    *map = m->tmap_cache[i].map;
+    pthread_mutex_unlock(&m->tmap_lock);
+    return FM_OK;
+  }
+  pthread_mutex_unlock(&m->tmap_lock);
   r = m->cu->cuTensorMapEncodeTiled(map,
                                     strcmp(t->dtype, "bf16") == 0 ? FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                   : FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
@@ -145,6 +164,11 @@ static int encode_tmap(const fm_module *m, const fm_meta_tmap *t, void *ptr, int
                                     FM_CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                     FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuTensorMapEncodeTiled", d);
+  pthread_mutex_lock(&m->tmap_lock);
+  m->tmap_cache[i].ptr = ptr;
+  m->tmap_cache[i].rows = dims[1];
+  m->tmap_cache[i].map = *map;
+  pthread_mutex_unlock(&m->tmap_lock);
   return FM_OK;
 }
 
@@ -188,7 +212,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   outer_arg = (long long)outer;
   params[n++] = &outer_arg;
   for (uint32_t i = 0; i < m->meta.n_tmaps; i++, n++) {
-    int err = encode_tmap(m, &m->meta.tmaps[i], inputs[m->meta.tmaps[i].input], outer, &maps[i], d);
+    int err = tensor_map(m, i, inputs[m->meta.tmaps[i].input], outer, &maps[i], d);
     if (err) return err;
     params[n] = &maps[i];
   }
