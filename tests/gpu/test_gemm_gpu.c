@@ -18,7 +18,8 @@
  * add_skinny_cases.
  *
  * Usage: test_gemm_gpu [SEED [check|time|skinny|regular]]   (default both check and time;
- * skinny: the decode suite alone; regular: check without it) Prints one line per kernel and
+ * skinny: the decode suite alone; regular: check without it; env FM_GPU_CANDS="sub;sub" keeps
+ * the candidates whose description contains one of them) Prints one line per kernel and
  * "N passed, N failed". The modes run apart so that a fault in one leaves the other. */
 #include <inttypes.h>
 #include <math.h>
@@ -466,6 +467,25 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
   fflush(stdout);
 }
 
+/* FM_GPU_CANDS="sub;sub": only the candidates whose description contains one of them (a
+ * sample for compute-sanitizer, which slows every launch); unset: all. */
+static int picked(const char *desc) {
+  const char *env = getenv("FM_GPU_CANDS");
+  char want[96];
+  if (!env || !*env) return 1;
+  for (const char *p = env; *p;) {
+    size_t len = strcspn(p, ";");
+    if (len > 0 && len < sizeof want) {
+      memcpy(want, p, len);
+      want[len] = 0;
+      if (strstr(desc, want)) return 1;
+    }
+    p += len;
+    if (*p == ';') p++;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static const int64_t ms[] = {1, 7, 64, 127, 128, 700, 4099};
   static const int64_t ns[] = {8, 64, 100, 136, 1024};   /* 100: rows not 16-byte aligned */
@@ -513,11 +533,14 @@ int main(int argc, char **argv) {
         failed++;
       }
       for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
+        char desc[sizeof jobs[0].desc];
+        fm_candidate_describe(&cand[i], desc, sizeof desc);
+        if (!picked(desc)) continue;
         job *j = &jobs[n_jobs++];
         memset(j, 0, sizeof *j);
         j->c = n_cases;
         j->cand = cand[i];
-        fm_candidate_describe(&cand[i], j->desc, sizeof j->desc);
+        memcpy(j->desc, desc, sizeof desc);
       }
       n_cases++;
     }
