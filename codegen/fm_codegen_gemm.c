@@ -48,9 +48,11 @@ static const fm_gemm_config configs[] = {
 /* The Hopper (sm_90a) wgmma configurations: warpgroups of 64 rows (wm = BM / 16 warps),
  * BK 64 (one 128-byte swizzle row), stage bytes (BM + BN) x 128. Listed before the mma.sync
  * ones so a capped candidate list keeps them; the daemon drops them on other GPUs
- * (fm_candidate_runs_on). Measured on an H100 (bench/NOTES.md, "wgmma mainloop"): deeper
- * pipelines and one batch in flight win; the warp-specialised form wins only a skinny-K
- * shape; each of these five was the fastest somewhere. */
+ * (fm_candidate_runs_on). Measured on an H100 (bench/NOTES.md, "TMA mainloop"): the TMA
+ * forms are the fastest at every shape measured (the 128x256 one from 2048 rows up, 128x128
+ * with 6 stages where there are fewer tiles than SMs); the cp.async forms below them
+ * (bench/NOTES.md, "wgmma mainloop") stay for the tuner to compare and as a fallback should
+ * a tensor map be refused. */
 static const fm_gemm_config wgmma_configs[] = {
     /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups.
        Clusters of two blocks sharing B (cluster 2) are supported but offered nowhere: correct
