@@ -71,10 +71,9 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
   if (!k || !out) return fm_diag_set(d, FM_EINVAL, "fm_module_load: bad argument");
   if (!k->cubin || k->cubin_len == 0)
     return fm_diag_set(d, FM_EINVAL, "kernel of kind %s has no CUBIN to load", k->kind);
-  /* Only the elementwise, rows and tiles launch rules exist so far (fm_meta_grid_x); refuse
-   * others before touching the GPU rather than launching with a wrong grid. */
-  if (strcmp(k->meta.grid_rule, "elementwise") != 0 && strcmp(k->meta.grid_rule, "rows") != 0 &&
-      strcmp(k->meta.grid_rule, "tiles") != 0)
+  /* A rule fm_meta_grid_x does not know would launch with a wrong grid: refuse it before
+   * touching the GPU. */
+  if (!fm_meta_rule_known(k->meta.grid_rule))
     return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
                        k->meta.grid_rule);
   if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 1 + k->meta.n_tmaps > FM_META_MAX_PARAMS)

@@ -145,8 +145,8 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       fm_candidate k = from_skinny(sc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
-    fm_gemm_config gc[32];
-    m = fm_codegen_gemm_candidates(canon, gc, 32);
+    fm_gemm_config gc[48];
+    m = fm_codegen_gemm_candidates(canon, gc, sizeof gc / sizeof gc[0]);
     for (size_t i = 0; i < m && n < max; i++) {
       fm_candidate k = from_gemm(gc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
@@ -207,6 +207,8 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                : mode == 2 ? " wgmma inflight=1"
                : mode == 3 ? " wgmma ws"
                : mode == 4 ? " wgmma tma"
+               : mode == 5 ? " wgmma tma persistent"
+               : mode == 6 ? " wgmma tma pingpong"
                            : "",
                tiles);
       return;

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 8
+#define FM_CODEGEN_VERSION 9
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -125,7 +125,11 @@ typedef struct fm_gemm_config {
                             n (0 or 1) wgmma batches in flight (wm = BM / 16, wn = 1, BK 64);
                             3: the same, warp-specialised (+ a loader warpgroup);
                             4: warp-specialised with TMA loads (the launch encodes two tensor
-                            maps, metadata "tmaps") */
+                            maps, metadata "tmaps"); 5: the same, persistent (at most the
+                            blocks the device holds, each striding over the tiles, grid rule
+                            "persistent"; the next tile loads during the epilogue); 6: the
+                            same with two consumer warpgroups of 4 warps (wm = 4), each
+                            owning whole BM x BN tiles in turn (ping-pong) */
   uint32_t rtiles;       /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
                             the block walks rtiles consecutive BM-row tiles, loading the next
                             tile's first k-tiles while the epilogue of this one runs; stored

@@ -62,6 +62,18 @@ static const fm_gemm_config wgmma_configs[] = {
     {128, 192, 64, 5, 8, 1, 8, 4, 0, 0},   /* (201 KiB) */
     {128, 128, 64, 6, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
     {128, 128, 64, 3, 8, 1, 8, 4, 0, 0},   /* 97 KiB: two blocks per SM, one's epilogue under the other's loads */
+    /* The persistent form: one block per SM walks its tiles while the loader fills the next
+       tile's stages during the epilogue; the slabs sit beside the stages, so fewer stages or
+       narrower slabs (more epilogue passes) than above. */
+    {128, 256, 64, 3, 8, 1, 8, 5, 0, 0},   /* 3 stages + 128-column slabs (213 KiB) */
+    {128, 192, 64, 4, 8, 1, 8, 5, 0, 0},   /* 4 stages + 96-column slabs (213 KiB) */
+    {128, 128, 64, 5, 8, 1, 8, 5, 0, 0},   /* 5 stages + 64-column slabs (197 KiB) */
+    /* Ping-pong: two consumer warpgroups, each a whole tile, take turns, so one's epilogue
+       runs under the other's multiplies. Measured on an H100 (bench/NOTES.md, "Persistent
+       and ping-pong"): the fastest at M=16384, N=1024, K=256 (0.035 against 0.039-0.040 ms). */
+    {128, 128, 64, 4, 4, 1, 8, 6, 0, 0},   /* 4 stages + 128-column slabs (194 KiB) */
+    {128, 128, 64, 5, 4, 1, 8, 6, 0, 0},   /* 5 stages + 64-column slabs (197 KiB) */
+    {64, 256, 64, 4, 4, 1, 8, 6, 0, 0},    /* 4 stages + 64-column slabs (197 KiB) */
     {128, 256, 64, 4, 8, 1, 8, 2, 0, 0},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
     {128, 256, 64, 4, 8, 1, 8, 3, 0, 0},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
     {128, 128, 64, 6, 8, 1, 8, 2, 0, 0},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
@@ -176,10 +188,15 @@ int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d)
 }
 
 static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
-  if (c->wgmma > 4) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..4)", c->wgmma);
+  if (c->wgmma > 6) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..6)", c->wgmma);
   if (!gp->a_kmajor || !gp->b_kmajor)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: the wgmma mainloop needs K-major A and B");
-  if (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16)
+  /* ping-pong: each of the two consumer warpgroups (4 warps) owns a whole tile, its
+     accumulators (BM / 64) x BN / 2 a thread */
+  if (c->wgmma == 6 && (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) ||
+                        c->bm / 64 * c->bn > 256))
+    return fm_diag_set(d, FM_EINVAL, "config: ping-pong wgmma takes BK 64, 4 x 1 warps, BM 64 or 128, (BM/64) x BN <= 256");
+  if (c->wgmma != 6 && (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16))
     return fm_diag_set(d, FM_EINVAL, "config: wgmma takes BK 64, BM 64 or 128 with BM/16 x 1 warps");
   if (c->bn < 64 || c->bn > 256 || c->bn % 64)
     return fm_diag_set(d, FM_EINVAL, "config: wgmma BN %u (64, 128, 192 or 256)", c->bn);
@@ -218,29 +235,41 @@ static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_d
 }
 
 /* Bytes of the epilogue's slabs (16 rows of scols fp32 per warp, padded by 8). */
-static uint32_t slab_bytes(const fm_gemm_config *c, uint32_t scols) { return c->wm * c->wn * 16u * (scols + 8u) * 4u; }
+static uint32_t slab_bytes(const fm_gemm_config *c, uint32_t scols) {
+  return (c->wgmma == 6 ? 2u : 1u) * c->wm * c->wn * 16u * (scols + 8u) * 4u;   /* ping-pong: two warpgroups */
+}
 
-/* The slabs' columns: a warp's whole width, except with several row tiles per block, whose
- * slabs sit beside the stages (the next tile loads during the epilogue): half the width
- * (two passes) when the whole does not fit. */
-static uint32_t slab_cols(const fm_gemm_config *c) {
-  uint32_t w = c->bn / c->wn;
-  if (c->rtiles <= 1) return w;
-  uint32_t stages = c->stages * (c->bm + c->bn) * 128u + 1024u;
-  return stages + slab_bytes(c, w) <= MAX_SMEM_SM90 ? w : w / 2;
+/* Whether the slabs sit beside the stages rather than in them: the next tile loads during
+ * the epilogue (several row tiles per block; the persistent form, wgmma mode 5). */
+static int slabs_apart(const fm_gemm_config *c) { return c->rtiles > 1 || c->wgmma >= 5; }
+
+/* The wgmma stages (1 KiB of slack to align them for the swizzle) and, for the
+ * warp-specialised forms, their two mbarriers each. */
+static uint32_t wgmma_stage_bytes(const fm_gemm_config *c) {
+  return c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma >= 3 ? 16u * c->stages : 0u);
 }
 
 /* Where the slabs start in the dynamic shared memory (bytes). */
-static uint32_t slab_offset(const fm_gemm_config *c) {
-  return c->rtiles > 1 ? c->stages * (c->bm + c->bn) * 128u + 1024u : 0u;
+static uint32_t slab_offset(const fm_gemm_config *c) { return slabs_apart(c) ? wgmma_stage_bytes(c) : 0u; }
+
+/* The slabs' columns: a warp's whole width, except where the slabs sit beside the stages:
+ * the widest of the whole, a half, a quarter or an eighth (more passes) that fits, in
+ * multiples of 32 columns (the swizzle's unit). */
+static uint32_t slab_cols(const fm_gemm_config *c) {
+  uint32_t w = c->bn / c->wn;
+  if (!slabs_apart(c)) return w;
+  for (uint32_t part = 1; part <= 8; part *= 2)
+    if ((w / part) % 32 == 0 && w % part == 0 && slab_offset(c) + slab_bytes(c, w / part) <= MAX_SMEM_SM90)
+      return w / part;
+  return w;   /* too large either way: smem_bytes says so */
 }
 
 static uint32_t smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
   if (c->wgmma) {
-    /* the stages (plus 1 KiB to align them for the swizzle), or the slabs if larger */
-    uint32_t mainloop = c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma >= 3 ? 16u * c->stages : 0u);
+    /* the stages, or the slabs if larger where they reuse them */
+    uint32_t mainloop = wgmma_stage_bytes(c);
     uint32_t staging = slab_bytes(c, slab_cols(c));
-    if (c->rtiles > 1) return mainloop + staging;
+    if (slabs_apart(c)) return slab_offset(c) + staging;
     return mainloop > staging ? mainloop : staging;
   }
   uint32_t a = gp->a_kmajor ? c->bm * (c->bk + 8) : c->bk * (c->bm + 8);
@@ -503,7 +532,7 @@ void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_c
 /* The block: the MMA warps, plus the loaders of the warp-specialised forms (a warpgroup; one
  * warp for TMA). */
 static uint32_t block_threads(const fm_gemm_config *c) {
-  return c->wm * c->wn * 32 + (c->wgmma == 4 ? 32u : c->wgmma == 3 ? 128u : 0u);
+  return (c->wgmma == 6 ? 2u : 1u) * c->wm * c->wn * 32 + (c->wgmma >= 4 ? 32u : c->wgmma == 3 ? 128u : 0u);
 }
 
 /* Two blocks per SM when the shared memory allows it (sm_90's 227 KiB) and the accumulators
@@ -531,7 +560,7 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
                    "%s  for (int pass = 0; pass < FM_WCOLS / FM_SCOLS; pass++) {\n"
                    "%s    fm_stage(slab, acc[mt], lane, pass);\n"
                    "%s    __syncwarp();\n"
-                   "%s    const long long mw = m0 + wm * (FM_BM / FM_WM) + mt * 16;\n"
+                   "%s    const long long mw = m0 + FM_WARP_ROW(wm, mt);\n"
                    "%s    const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;\n"
                    "%s    if (whole) {\n"
                    "#pragma unroll\n"
@@ -572,10 +601,41 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
  * mainloop reads A and B through the tensor maps fm_tma and fm_tmb, and its one loader warp
  * comes after the MMA warps (it leaves after the barrier). rtiles > 1: the
  * block walks that many row tiles, the next one's first k-tiles loading during the
- * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). */
+ * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). persistent (TMA only): at
+ * most the blocks the device holds, each walking tiles blockIdx.x, + gridDim.x, ... while its
+ * loader runs ahead (fm_cg_wgmma_persistent; slabs beside the stages too). */
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized, int tma, uint32_t cluster, uint32_t min_blocks, uint32_t rtiles) {
+                        int specialized, int tma, int persistent, uint32_t cluster, uint32_t min_blocks,
+                        uint32_t rtiles) {
   kernel_open(sb, f, gp, entry, min_blocks, tma, cluster);
+  if (persistent) {
+    fm_strbuf_append(sb,
+                     "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), tiles = tiles_m * FM_COLT;\n"
+                     "  fm_pipe_init();\n"
+                     "  if (threadIdx.x >= FM_MMA_THREADS) {   /* the loader warp: one thread issues every box */\n"
+                     "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb, tiles_m, tiles);\n"
+                     "    return;\n"
+                     "  }\n"
+                     "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+                     "  /* consumer wg takes the block's tiles j = wg, wg + FM_CONSUMERS, ...; read through a\n"
+                     "     shuffle so the compiler knows it is warp-uniform (else it serialises wgmma) */\n"
+                     "  const int wg = __shfl_sync(0xffffffffu, warp / (FM_WM * FM_WN), 0);\n"
+                     "  const int wm = warp % (FM_WM * FM_WN) / FM_WN, wn = warp % FM_WN;\n"
+                     "  float *slab = (float *)((char *)fm_smem + FM_SLAB_OFF) + warp * 16 * FM_SLAB_LD;\n"
+                     "  float acc[FM_MT][FM_NT][4];\n"
+                     "  for (int j = wg, t = blockIdx.x + wg * gridDim.x; t < tiles; j += FM_CONSUMERS, t += FM_CONSUMERS * gridDim.x) {\n"
+                     "    unsigned it = (unsigned)j * FM_KT;\n"
+                     "    int tm, tn;\n"
+                     "    fm_tile_of(t, tiles_m, FM_COLT, tm, tn);\n"
+                     "    const long long m0 = (long long)tm * FM_BM;\n"
+                     "    const int n0 = tn * FM_BN;\n"
+                     "    fm_turn_wait(j);\n"
+                     "    fm_mainloop_tile(acc, it);\n"
+                     "    fm_turn_pass(j, t + gridDim.x < tiles);\n");
+    emit_tile_epilogue(sb, gp, "    ");
+    fm_strbuf_append(sb, "  }\n}\n");
+    return;
+  }
   fm_strbuf_append(sb,
                    "  int tm, tn;\n"
                    "  fm_tile_coords(tm, tn);\n"
@@ -664,7 +724,6 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   fm_cg_gemm_plan *gp = NULL;
   fm_strbuf sb;
   int rc;
-  (void)sm_count;   /* the grid is the tile count; nothing to cap */
   if (src) *src = NULL;
   if (!canon || !cfg || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   fm_strbuf_init(&sb, MAX_SOURCE);
@@ -690,6 +749,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
            : cfg->wgmma == 2 ? "_wgmma_i1"
            : cfg->wgmma == 3 ? "_wgmma_ws"
            : cfg->wgmma == 4 ? "_wgmma_tma"
+           : cfg->wgmma == 5 ? "_wgmma_tmap"
+           : cfg->wgmma == 6 ? "_wgmma_pp"
                              : "",
            tiles);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
@@ -705,12 +766,14 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                    cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k,
                    gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
   fm_strbuf_printf(&sb, "#define FM_SCOLS %u\n", slab_cols(cfg));
-  if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n#define FM_SLAB_OFF %u\n", rt, slab_offset(cfg));
+  if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n", rt);
+  if (slabs_apart(cfg)) fm_strbuf_printf(&sb, "#define FM_SLAB_OFF %u\n", slab_offset(cfg));
   if (cfg->cluster == 2) fm_strbuf_append(&sb, "#define FM_CLUSTER 2\n");
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
-    fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n",
-                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma >= 3, cfg->wgmma == 4);
+    fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n"
+                     "#define FM_WG_PINGPONG %d\n",
+                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma == 6);
     fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
     fm_strbuf_append(&sb, fm_cg_wgmma_body);
   } else {
@@ -718,8 +781,10 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     fm_strbuf_append(&sb, fm_cg_gemm_body);
   }
   fm_strbuf_append(&sb, fm_cg_gemm_tail);
+  if (cfg->wgmma >= 5) fm_strbuf_append(&sb, fm_cg_wgmma_persistent);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma == 4, cfg->cluster, min_blocks(cfg, smem), rt);
+  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma >= 5, cfg->cluster,
+              min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
@@ -727,7 +792,13 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
                         block_threads(cfg),
                         smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
-  if (cfg->wgmma == 4) tma_meta(meta, gp, cfg);
+  if (cfg->wgmma >= 4) tma_meta(meta, gp, cfg);
+  if (cfg->wgmma >= 5) {
+    /* blocks stride over ceil(M / BM) x column tiles; at most the blocks the device holds */
+    snprintf(meta->grid_rule, sizeof meta->grid_rule, "persistent");
+    meta->inner = meta->max_blocks;   /* column tiles */
+    meta->max_blocks = (sm_count ? sm_count : DEFAULT_SMS) * (min_blocks(cfg, smem) > 1 ? 2u : 1u);
+  }
   if (cfg->cluster == 2) {
     /* grid (2 x column tiles, row-tile pairs): x pairs the cluster's blocks (fm_tile_coords) */
     meta->items_per_block = 2u * cfg->bm;

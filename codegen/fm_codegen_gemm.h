@@ -18,7 +18,10 @@ extern const char fm_cg_gemm_cp_async[];
 extern const char fm_cg_gemm_body[];
 /* The Hopper mainloop (fm_codegen_gemm_wgmma.c): the same contract as fm_cg_gemm_body. */
 extern const char fm_cg_wgmma_body[];
-/* fm_tile_coords and fm_stage, appended after either mainloop. */
+/* wgmma mode 5, after fm_cg_gemm_tail: fm_pipe_init, fm_load_tiles (the loader),
+ * fm_mainloop_tile (the consumers, one tile at a time) and FM_COLT. */
+extern const char fm_cg_wgmma_persistent[];
+/* fm_tile_of, fm_tile_coords and fm_stage, appended after either mainloop. */
 extern const char fm_cg_gemm_tail[];
 /* fm_wgmma(d, da, db): one wgmma m64n<bn>k16 on descriptors; ty "bf16" or "f16". */
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);

@@ -13,6 +13,7 @@
 #define RULE_ELEMENTWISE "elementwise"
 #define RULE_ROWS "rows"
 #define RULE_TILES "tiles"
+#define RULE_PERSISTENT "persistent"
 #define MAX_BLOCK_THREADS 1024u
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
@@ -113,8 +114,7 @@ static int unpack_grid(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
     return rc;
   /* A rule this client does not know cannot be launched correctly: refuse it here, where
    * the reason is clear, rather than compute a wrong grid later. */
-  if (strcmp(m->grid_rule, RULE_ELEMENTWISE) != 0 && strcmp(m->grid_rule, RULE_ROWS) != 0 &&
-      strcmp(m->grid_rule, RULE_TILES) != 0)
+  if (!fm_meta_rule_known(m->grid_rule))
     return fm_diag_set(d, FM_ESCHEMA, "meta.grid: rule '%s' is not known to this client",
                        m->grid_rule);
   if ((rc = required(fm_msg_get_u64(g, "inner", &m->inner, d), "meta.grid", d))) return rc;
@@ -216,6 +216,11 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   return check_params(obj, m, d);
 }
 
+int fm_meta_rule_known(const char *rule) {
+  return rule && (strcmp(rule, RULE_ELEMENTWISE) == 0 || strcmp(rule, RULE_ROWS) == 0 ||
+                  strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0);
+}
+
 static int is_tiles(const fm_kernel_meta *m) {
   return strncmp(m->grid_rule, RULE_TILES, sizeof m->grid_rule) == 0;
 }
@@ -227,8 +232,19 @@ uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer) {
   return (uint64_t)o / m->items_per_block + ((uint64_t)o % m->items_per_block != 0);
 }
 
+/* "persistent": ceil(outer / items_per_block) row tiles times `inner` column tiles, at most
+ * max_blocks blocks (the kernel strides over the tiles, so any grid is correct). */
+static uint64_t persistent_grid(const fm_kernel_meta *m, int64_t outer) {
+  int64_t o = m->outer >= 0 ? m->outer : outer;
+  if (o <= 0 || m->items_per_block == 0 || m->inner == 0) return 0;
+  uint64_t rows = (uint64_t)o / m->items_per_block + ((uint64_t)o % m->items_per_block != 0), tiles;
+  if (__builtin_mul_overflow(rows, m->inner, &tiles)) tiles = UINT64_MAX;
+  return m->max_blocks && tiles > m->max_blocks ? m->max_blocks : tiles;
+}
+
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer) {
   if (m && is_tiles(m)) return fm_meta_grid_y(m, outer) ? m->max_blocks : 0;
+  if (m && strncmp(m->grid_rule, RULE_PERSISTENT, sizeof m->grid_rule) == 0) return persistent_grid(m, outer);
   /* "rows" counts rows (inner = rows per unit of dim 0, items_per_block = rows per block)
    * where "elementwise" counts elements: the arithmetic is the same. */
   if (!m || (strncmp(m->grid_rule, RULE_ELEMENTWISE, sizeof m->grid_rule) != 0 &&

@@ -19,6 +19,11 @@
  *   grid.x = max_blocks (column tiles, fixed by N);
  *   grid.y = ceil(outer / items_per_block)   (row tiles; M = outer; 0: do not launch)
  * `smem` may exceed 48 KiB for this rule (the client raises the function's limit).
+ * Grid for rule "persistent" (kind "gemm", a kernel whose blocks stride over the output
+ * tiles): items_per_block rows by inner column tiles, at most max_blocks blocks (the
+ * device's SMs times the blocks that fit on one):
+ *   tiles = ceil(outer / items_per_block) * inner;  grid.x = min(tiles, max_blocks)
+ *   (0: do not launch); grid.y = 1.
  * Later kinds (cublaslt, bypass) add rules.
  *
  * Tensor maps (the sm_90a TMA mainloop): an optional last key
@@ -54,7 +59,7 @@ typedef struct fm_kernel_meta {
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
   uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise", "rows", "tiles" */
+  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent" */
   uint64_t inner;                /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;
@@ -67,6 +72,8 @@ typedef struct fm_kernel_meta {
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);
 /* FM_ESCHEMA with a reason for a missing/ill-typed field. */
 int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d);
+/* Whether rule is one of the grid rules above (a client refuses any other). */
+int fm_meta_rule_known(const char *rule);
 /* Grid size for `outer` per the rule; 0 when there is nothing to do. */
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
 /* grid.y: the row tiles for rule "tiles", 1 for the 1-D rules, 0 when nothing to do. */

@@ -4,7 +4,8 @@
  * against the CPU reference (fm_reference_eval, fp64) by ‖out−ref‖/‖ref‖ on random inputs
  * (never zeros), outputs poisoned with NaN before each launch so unwritten elements fail.
  *
- * Cases: every M in {1, 7, 64, 127, 128, 700, 4099} x N in {8, 64, 100, 136, 1024} (N = 100: the
+ * Cases: every M in {1, 7, 64, 127, 128, 700, 4099} x N in {8, 64, 100, 136, 1024}, plus
+ * 16384 x 136 x 512 (several tiles per persistent block, K past the stages) (N = 100: the
  * epilogue's masked, element-wise path; M = 700 and 4099: blocks of 2 or 4 row tiles whose
  * second tile is partial, or whose later tiles lie past M), K rotating over
  * {8, 64, 136, 1024} (smaller where the fp64 reference would be slow), the epilogue rotating
@@ -37,7 +38,7 @@
 #include "gpu_util.h"
 
 #define MAX_JOBS 2048
-#define MAX_CANDS 32
+#define MAX_CANDS 48
 #define MAX_CASES 96
 #define N_THREADS 16
 
@@ -486,6 +487,40 @@ static int picked(const char *desc) {
   return 0;
 }
 
+/* One case of the regular suite: epilogue, dtype, symbolic M and layouts rotate with idx;
+ * every candidate the filter keeps becomes a job. */
+static void add_regular_case(int64_t m, int64_t n, int64_t k, int idx) {
+  int e = idx % E__N;
+  fm_dtype dt = idx % 2 ? FM_DT_F16 : FM_DT_BF16;
+  int symbolic = idx % 3 == 0, a_col = (idx / 2) % 2, b_col = (idx / 4) % 2 == 0;
+  tcase *c = &cases[n_cases];
+  snprintf(c->name, sizeof c->name, "%s %s M=%lld%s N=%lld K=%lld A %s B %s", epi_name[e],
+           fm_dtype_name(dt), (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k,
+           symbolic || !a_col ? "row" : "col", b_col ? "col" : "row");
+  c->outer = m;
+  if (build(e, dt, symbolic ? -1 : m, 0, n, k, a_col, b_col, &c->canon)) {
+    failed++;
+    return;
+  }
+  fm_candidate cand[MAX_CANDS];
+  size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS);
+  if (nc == 0) {
+    printf("FAIL %s: no candidates\n", c->name);
+    failed++;
+  }
+  for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
+    char desc[sizeof jobs[0].desc];
+    fm_candidate_describe(&cand[i], desc, sizeof desc);
+    if (!picked(desc)) continue;
+    job *j = &jobs[n_jobs++];
+    memset(j, 0, sizeof *j);
+    j->c = n_cases;
+    j->cand = cand[i];
+    memcpy(j->desc, desc, sizeof desc);
+  }
+  n_cases++;
+}
+
 int main(int argc, char **argv) {
   static const int64_t ms[] = {1, 7, 64, 127, 128, 700, 4099};
   static const int64_t ns[] = {8, 64, 100, 136, 1024};   /* 100: rows not 16-byte aligned */
@@ -514,36 +549,12 @@ int main(int argc, char **argv) {
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++, idx++) {
       int64_t m = ms[mi], n = ns[ni], k = ks[(size_t)idx % 4];
       while (k > 8 && (double)m * (double)n * (double)k > 3e8) k = k == 1024 ? 136 : k == 136 ? 64 : 8;
-      int e = idx % E__N;
-      fm_dtype dt = idx % 2 ? FM_DT_F16 : FM_DT_BF16;
-      int symbolic = idx % 3 == 0, a_col = (idx / 2) % 2, b_col = (idx / 4) % 2 == 0;
-      tcase *c = &cases[n_cases];
-      snprintf(c->name, sizeof c->name, "%s %s M=%lld%s N=%lld K=%lld A %s B %s", epi_name[e],
-               fm_dtype_name(dt), (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k,
-               symbolic || !a_col ? "row" : "col", b_col ? "col" : "row");
-      c->outer = m;
-      if (build(e, dt, symbolic ? -1 : m, 0, n, k, a_col, b_col, &c->canon)) {
-        failed++;
-        continue;
-      }
-      fm_candidate cand[MAX_CANDS];
-      size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS);
-      if (nc == 0) {
-        printf("FAIL %s: no candidates\n", c->name);
-        failed++;
-      }
-      for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
-        char desc[sizeof jobs[0].desc];
-        fm_candidate_describe(&cand[i], desc, sizeof desc);
-        if (!picked(desc)) continue;
-        job *j = &jobs[n_jobs++];
-        memset(j, 0, sizeof *j);
-        j->c = n_cases;
-        j->cand = cand[i];
-        memcpy(j->desc, desc, sizeof desc);
-      }
-      n_cases++;
+      add_regular_case(m, n, k, idx);
     }
+  /* More tiles than blocks with K past the stages: the persistent forms' blocks walk two or
+     more tiles each, their mbarrier phases carried from tile to tile (and, ping-pong, the
+     turns between warpgroups). idx 24: bias + gelu, bf16, symbolic M, nn.Linear layouts. */
+  if (check) add_regular_case(16384, 136, 512, 24);
   int regular_end = n_cases;
   if ((check && !regular) || skinny_only) add_skinny_cases();
   printf("%d cases, %d kernels to compile\n", n_cases, n_jobs);

@@ -338,11 +338,11 @@ static void test_nvrtc_every_candidate(void) {
   double total = 0, worst = 0;
   char worst_desc[96] = "";
   for (int w = 0; w < N_FRAGS; w++) {
-    fm_candidate c[32];
+    fm_candidate c[40];
     CHECK_EQ_INT(build(w, &raw), FM_OK);
-    size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 32);
+    size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 40);
     CHECK(n >= 1);
-    if (w == 0) CHECK_EQ_INT((int)n, 26);   /* every configuration (16 + 10 wgmma): none pruned */
+    if (w == 0) CHECK_EQ_INT((int)n, 32);   /* every configuration (16 + 16 wgmma): none pruned */
     for (size_t i = 0; i < n; i++) {
       char *src = NULL;
       fm_kernel_meta m;
@@ -385,10 +385,10 @@ static void test_nvrtc_every_candidate(void) {
  * (the daemon drops it elsewhere, and its source refuses to compile for sm_80), a block of
  * BM / 16 warps, and shared memory for its swizzled stages plus the alignment slack. */
 static void test_wgmma_candidates(void) {
-  fm_candidate c[32], def;
+  fm_candidate c[40], def;
   fm_diag d = {{0}};
   CHECK_EQ_INT(build(0, &raw), FM_OK);   /* symbolic M, nn.Linear layouts */
-  size_t n = fm_codegen_candidates(&canon, c, 32);
+  size_t n = fm_codegen_candidates(&canon, c, 40);
   CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
   CHECK_EQ_INT((int)def.p[7], 0);
   int wg = 0;
@@ -406,15 +406,37 @@ static void test_wgmma_candidates(void) {
     CHECK_STR_CONTAINS(m.entry, "_wgmma");
     /* BM / 16 warps of 32 threads, and the loader warpgroup when warp-specialised */
     uint32_t mode = c[i].p[7] & 0xffu, cluster = c[i].p[7] >> 16;
-    CHECK_EQ_INT(m.block[0], c[i].p[0] * 2 + (mode == 4 ? 32 : mode == 3 ? 128 : 0));
+    /* ping-pong: two warpgroups of 4 warps whatever BM */
+    uint32_t mma_warps = mode == 6 ? 8 : c[i].p[0] / 16;
+    CHECK_EQ_INT(m.block[0], mma_warps * 32 + (mode >= 4 ? 32 : mode == 3 ? 128 : 0));
     uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (mode >= 3 ? 16 * c[i].p[3] : 0);
     uint32_t slabs = c[i].p[0] / 16 * 16 * (c[i].p[1] + 8) * 4;
-    CHECK_EQ_INT(m.smem, stages > slabs ? stages : slabs);
+    if (mode >= 5) {
+      /* persistent: the slabs (16 rows a warp) sit after the stages and their mbarriers, as
+         wide as fits */
+      uint32_t per_col = mma_warps * 16 * 4;
+      CHECK(m.smem > stages);
+      CHECK_EQ_INT((m.smem - stages) % per_col, 0);
+      uint32_t scols = (m.smem - stages) / per_col - 8;
+      CHECK_EQ_INT(c[i].p[1] % scols, 0);
+      CHECK_EQ_INT(scols % 32, 0);
+      CHECK(m.smem + per_col * scols > 227 * 1024 || scols == c[i].p[1]);   /* the widest */
+      CHECK(strcmp(m.grid_rule, "persistent") == 0);
+      CHECK_STR_CONTAINS(src, "fm_load_tiles(&fm_tma, &fm_tmb");
+      CHECK_STR_CONTAINS(m.entry, mode == 6 ? "_wgmma_pp" : "_wgmma_tmap");
+      CHECK_STR_CONTAINS(src, mode == 6 ? "#define FM_WG_PINGPONG 1" : "#define FM_WG_PINGPONG 0");
+      /* inner: the column tiles; at most one block per SM of the 132 passed */
+      CHECK_EQ_INT((int)m.inner, (int)((m.tmaps[1].rows + c[i].p[1] - 1) / c[i].p[1]));
+      CHECK_EQ_INT((int)m.max_blocks, 132);
+      CHECK_EQ_INT((int)m.items_per_block, (int)c[i].p[0]);
+    } else {
+      CHECK_EQ_INT(m.smem, stages > slabs ? stages : slabs);
+    }
     CHECK(m.smem <= 227 * 1024);
     /* the TMA form: two tensor maps after outer, A [M (outer), K] in 64 x BM boxes and
        B [N, K] in 64 x BN boxes, K-major with their leading dims */
-    if (mode == 4) {
-      CHECK_STR_CONTAINS(m.entry, "_wgmma_tma");
+    if (mode >= 4) {
+      CHECK_STR_CONTAINS(m.entry, "_wgmma_");
       CHECK_STR_CONTAINS(src, "cp.async.bulk.tensor.2d");
       CHECK_STR_CONTAINS(src, "const __grid_constant__ fm_tmap fm_tmb");
       CHECK_EQ_INT((int)m.n_tmaps, 2);
@@ -422,11 +444,12 @@ static void test_wgmma_candidates(void) {
       CHECK_EQ_INT((int)m.tmaps[0].rows, -1);
       CHECK_EQ_INT((int)m.tmaps[0].box[1], (int)c[i].p[0]);
       CHECK_EQ_INT((int)m.tmaps[1].input, 1);
-      CHECK_EQ_INT((int)m.tmaps[1].rows, (int)m.inner);
+      if (mode == 4) CHECK_EQ_INT((int)m.tmaps[1].rows, (int)m.inner);
       /* a cluster pair loads half of B each, and its grid pairs blocks along x */
       CHECK_EQ_INT((int)m.tmaps[1].box[1], (int)(cluster == 2 ? c[i].p[1] / 2 : c[i].p[1]));
       CHECK_EQ_INT((int)m.items_per_block, (int)(cluster == 2 ? 2 * c[i].p[0] : c[i].p[0]));
-      CHECK_EQ_INT((int)m.max_blocks, (int)((cluster == 2 ? 2 : 1) * ((m.inner + c[i].p[1] - 1) / c[i].p[1])));
+      if (mode == 4)
+        CHECK_EQ_INT((int)m.max_blocks, (int)((cluster == 2 ? 2 : 1) * ((m.inner + c[i].p[1] - 1) / c[i].p[1])));
       if (cluster == 2) {
         CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
         CHECK_STR_CONTAINS(src, "multicast::cluster");
@@ -449,7 +472,7 @@ static void test_wgmma_candidates(void) {
     }
     free(src);
   }
-  CHECK_EQ_INT(wg, 10);
+  CHECK_EQ_INT(wg, 16);
   /* a bad wgmma config is refused with its reason */
   fm_candidate bad = c[1];
   for (size_t i = 0; i < n; i++)

@@ -306,11 +306,40 @@ static void test_grid_x(void) {
   CHECK_EQ_INT(fm_meta_grid_x(&m, 8), 0);
 }
 
+/* The persistent GEMM rule: row tiles x column tiles, capped at the blocks the device holds;
+ * it survives the wire and is one a client knows. */
+static void test_grid_persistent(void) {
+  fm_kernel_meta m = sample(), back;
+  fm_diag d;
+  strcpy(m.grid_rule, "persistent");
+  m.inner = 4;              /* column tiles */
+  m.items_per_block = 128;  /* BM */
+  m.max_blocks = 132;       /* one block per SM */
+  CHECK(fm_meta_rule_known("persistent"));
+  CHECK(!fm_meta_rule_known("persistent2"));
+  CHECK(!fm_meta_rule_known(NULL));
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 0);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, -1), 0);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 1), 4);            /* one row tile */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 129), 8);          /* a partial second row tile */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 4096), 128);       /* 32 x 4 tiles: fewer than the cap */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 16384), 132);      /* 512 tiles: capped */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, INT64_MAX), 132);  /* no overflow */
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 16384), 1);
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 0);
+  m.outer = 200;   /* static: the argument is ignored */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 1 << 20), 8);
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK(strcmp(back.grid_rule, "persistent") == 0);
+  CHECK_EQ_INT(fm_meta_grid_x(&back, 0), 8);
+}
+
 int main(void) {
   RUN(test_round_trip);
   RUN(test_wire_form);
   RUN(test_refusals);
   RUN(test_tmaps);
   RUN(test_grid_x);
+  RUN(test_grid_persistent);
   return FM_TEST_DONE();
 }

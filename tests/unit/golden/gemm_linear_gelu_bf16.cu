@@ -150,6 +150,8 @@ __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned
 /* ---- gemm mainloop (sm_80+: cp.async, ldmatrix, mma.sync) ---- */
 #define FM_THREADS (FM_WM * FM_WN * 32)
 #define FM_MT (FM_BM / FM_WM / 16)
+/* the first row of a warp's 16-row piece mt in the tile: its warp tile's mt-th */
+#define FM_WARP_ROW(wm, mt) ((wm) * (FM_BM / FM_WM) + (mt) * 16)
 #define FM_NT (FM_BN / FM_WN / 8)
 #define FM_A_ROW (FM_A_KMAJOR ? FM_BK + 8 : FM_BM + 8)
 #define FM_B_ROW (FM_B_KMAJOR ? FM_BK + 8 : FM_BN + 8)
@@ -277,32 +279,30 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
   }
   fm_cp_wait<0>();
 }
-/* This block's output tile (tm, tn) from its place in the launch order (x fastest). */
-__device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {
-#if defined(FM_CLUSTER) && FM_CLUSTER == 2
-  /* clusters of 2 along x: a pair of row tiles (2 pm, 2 pm + 1) of one column tile; the
-     grid is (2 x column tiles, row-tile pairs), the pairs rasterised like tiles below */
-  const int rank = blockIdx.x & 1, tiles_n = gridDim.x >> 1, pairs_m = gridDim.y;
-  const int lin = blockIdx.y * tiles_n + (blockIdx.x >> 1);
+/* Output tile (tm, tn) at position lin of the launch order over tiles_m x tiles_n tiles:
+   groups of FM_RASTER tile rows, each walked column by column (L2 keeps the group's A rows
+   and one column of B); row by row without groups. */
+__device__ __forceinline__ void fm_tile_of(int lin, int tiles_m, int tiles_n, int &tm, int &tn) {
 #if FM_RASTER > 1
   const int per_group = FM_RASTER * tiles_n, first = lin / per_group * FM_RASTER, in_group = lin % per_group;
-  const int rows = min(pairs_m - first, FM_RASTER);
-  tm = 2 * (first + in_group % rows) + rank;
-  tn = in_group / rows;
-#else
-  tm = 2 * (lin / tiles_n) + rank;
-  tn = lin % tiles_n;
-#endif
-#elif FM_RASTER > 1
-  const int tiles_n = gridDim.x, tiles_m = gridDim.y;
-  const int lin = blockIdx.y * tiles_n + blockIdx.x, per_group = FM_RASTER * tiles_n;
-  const int first = lin / per_group * FM_RASTER, in_group = lin % per_group;
   const int rows = min(tiles_m - first, FM_RASTER);
   tm = first + in_group % rows;
   tn = in_group / rows;
 #else
-  tm = blockIdx.y;
-  tn = blockIdx.x;
+  tm = lin / tiles_n;
+  tn = lin % tiles_n;
+#endif
+}
+/* This block's output tile (tm, tn) from its place in the launch order (x fastest). */
+__device__ __forceinline__ void fm_tile_coords(int &tm, int &tn) {
+#if defined(FM_CLUSTER) && FM_CLUSTER == 2
+  /* clusters of 2 along x: a pair of row tiles (2 pm, 2 pm + 1) of one column tile; the
+     grid is (2 x column tiles, row-tile pairs), the pairs ordered like tiles */
+  int pm;
+  fm_tile_of(blockIdx.y * (gridDim.x >> 1) + (blockIdx.x >> 1), gridDim.y, gridDim.x >> 1, pm, tn);
+  tm = 2 * pm + (blockIdx.x & 1);
+#else
+  fm_tile_of(blockIdx.y * gridDim.x + blockIdx.x, gridDim.y, gridDim.x, tm, tn);
 #endif
 }
 /* The slab's swizzle: in row r the two 4-column halves of the 8-column group at c swap
@@ -402,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS, 2) fm_gemm_128x128x64_s
     for (int pass = 0; pass < FM_WCOLS / FM_SCOLS; pass++) {
       fm_stage(slab, acc[mt], lane, pass);
       __syncwarp();
-      const long long mw = m0 + wm * (FM_BM / FM_WM) + mt * 16;
+      const long long mw = m0 + FM_WARP_ROW(wm, mt);
       const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;
       if (whole) {
 #pragma unroll
