@@ -22,8 +22,11 @@ def _plt():
 
 
 def _title(rows):
+    """Device, the dates the rows were measured on (a merged table spans runs), torch."""
     r = rows[0]
-    return f"{r.get('device_name', r.get('device'))}, {r.get('date')}, bf16, torch {r.get('torch')}"
+    dates = sorted({x.get("date") for x in rows if x.get("date")})
+    when = dates[0] if len(dates) <= 1 else f"{dates[0]} to {dates[-1]}"
+    return f"{r.get('device_name', r.get('device'))}, {when}, bf16, torch {r.get('torch')}"
 
 
 def _grouped(ax, labels, series, ylabel, log=False, hline=None):
