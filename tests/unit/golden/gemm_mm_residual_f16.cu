@@ -141,6 +141,15 @@ __device__ __forceinline__ void fm_cp_commit() { asm volatile("cp.async.commit_g
 template <int N> __device__ __forceinline__ void fm_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
+/* Every accumulator of a warp's (or warpgroup's) tile to zero, before its K loop. */
+template <int MT, int NT> __device__ __forceinline__ void fm_acc_zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+}
 __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -252,12 +261,7 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
   unsigned short *As = fm_smem, *Bs = fm_smem + FM_STAGES * FM_A_STAGE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / FM_WN, wn = warp % FM_WN;
-#pragma unroll
-  for (int mt = 0; mt < FM_MT; mt++)
-#pragma unroll
-    for (int nt = 0; nt < FM_NT; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+  fm_acc_zero(acc);
 #pragma unroll
   for (int s = 0; s < FM_STAGES - 1; s++) {
     if (s < FM_KT) fm_load_tile(As + s * FM_A_STAGE, Bs + s * FM_B_STAGE, A, B, M, m0, n0, s * FM_BK, tid);
