@@ -17,7 +17,8 @@
  *
  * Usage: gemm_bench [REPS]   env FM_BENCH_SHAPES=0,3,...  picks shapes (indices below);
  * FM_BENCH_CANDS="sub;sub" keeps the candidates whose description contains one of them;
- * FM_BENCH_EXTRA="p0,...,p7;..." adds gemm candidates by their raw parameters;
+ * FM_BENCH_EXTRA="p0,...,p7;..." adds gemm candidates by their raw parameters ("s" before
+ * one: a skinny-template candidate);
  * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU).
  * Exit status 1 if any kernel failed verification. */
 #include <inttypes.h>
@@ -165,7 +166,8 @@ static int picked(const fm_candidate *c) {
 }
 
 /* FM_BENCH_EXTRA="p0,p1,...,p7;...": gemm candidates beyond the template's list (raw
- * candidate parameters, fm_codegen.h), each verified and timed like the others. */
+ * candidate parameters, fm_codegen.h), each verified and timed like the others; an entry
+ * that starts with 's' ("s8,16,2,1") is a skinny-template one (cols, warps, unroll, pipe). */
 static size_t extra_candidates(fm_candidate *out, size_t max) {
   const char *p = getenv("FM_BENCH_EXTRA");
   size_t n = 0;
@@ -173,6 +175,10 @@ static size_t extra_candidates(fm_candidate *out, size_t max) {
     fm_candidate c;
     memset(&c, 0, sizeof c);
     c.tmpl = FM_TMPL_GEMM;
+    if (*p == 's') {
+      c.tmpl = FM_TMPL_SKINNY;
+      p++;
+    }
     for (int k = 0; k < FM_CANDIDATE_PARAMS && *p && *p != ';'; k++) {
       char *end;
       c.p[k] = (uint32_t)strtoul(p, &end, 10);
