@@ -134,7 +134,7 @@ typedef struct fm_gemm_config {
                             the block walks rtiles consecutive BM-row tiles, loading the next
                             tile's first k-tiles while the epilogue of this one runs; stored
                             in candidate p[7] bits 8..15 */
-  uint32_t cluster;      /* 0 or 1: none; 2 (wgmma mode 4 only): blocks in pairs along M that
+  uint32_t cluster;      /* 0 or 1: none; 2 (wgmma modes 4 and 5): blocks in pairs along M that
                             share B, each loading half of its tile and multicasting it to both
                             (a cluster of 2, compiled in; candidate p[7] bits 16..) */
 } fm_gemm_config;

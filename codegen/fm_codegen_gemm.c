@@ -55,8 +55,9 @@ static const fm_gemm_config configs[] = {
  * a tensor map be refused. */
 static const fm_gemm_config wgmma_configs[] = {
     /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups.
-       Clusters of two blocks sharing B (cluster 2) are supported but offered nowhere: correct
-       on the H100 but 0.6-0.7x of the same tile without (bench/NOTES.md, "TMA mainloop"). */
+       Clusters of two blocks sharing B (cluster 2, plain or persistent) are supported but
+       offered nowhere: correct on the H100 but 0.6-0.7x of the same tile without, persistent
+       or not (bench/NOTES.md, "TMA mainloop" and "Persistent and ping-pong"). */
     {128, 256, 64, 4, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
     {128, 256, 64, 4, 8, 1, 16, 4, 0, 0},  /* taller raster groups: 3-5% at 16384 x 16384 and 4096 x 11008 */
     {128, 192, 64, 5, 8, 1, 8, 4, 0, 0},   /* (201 KiB) */
@@ -205,8 +206,8 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
   if (c->rtiles > 8 || (c->rtiles > 1 && c->wgmma >= 3))
     return fm_diag_set(d, FM_EINVAL, "config: %u row tiles per block (1..8, not warp-specialised)", c->rtiles);
-  if (c->cluster > 2 || (c->cluster == 2 && c->wgmma != 4))
-    return fm_diag_set(d, FM_EINVAL, "config: cluster %u (0..2; 2 with TMA loads only)", c->cluster);
+  if (c->cluster > 2 || (c->cluster == 2 && c->wgmma != 4 && c->wgmma != 5))
+    return fm_diag_set(d, FM_EINVAL, "config: cluster %u (0..2; 2 with TMA loads, not ping-pong)", c->cluster);
   return FM_OK;
 }
 
@@ -610,10 +611,11 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   kernel_open(sb, f, gp, entry, min_blocks, tma, cluster);
   if (persistent) {
     fm_strbuf_append(sb,
-                     "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), tiles = tiles_m * FM_COLT;\n"
+                     "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), units = fm_units(tiles_m);\n"
                      "  fm_pipe_init();\n"
                      "  if (threadIdx.x >= FM_MMA_THREADS) {   /* the loader warp: one thread issues every box */\n"
-                     "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb, tiles_m, tiles);\n"
+                     "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb, tiles_m, units);\n"
+                     "    fm_pipe_done();\n"
                      "    return;\n"
                      "  }\n"
                      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
@@ -623,17 +625,17 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "  const int wm = warp % (FM_WM * FM_WN) / FM_WN, wn = warp % FM_WN;\n"
                      "  float *slab = (float *)((char *)fm_smem + FM_SLAB_OFF) + warp * 16 * FM_SLAB_LD;\n"
                      "  float acc[FM_MT][FM_NT][4];\n"
-                     "  for (int j = wg, t = blockIdx.x + wg * gridDim.x; t < tiles; j += FM_CONSUMERS, t += FM_CONSUMERS * gridDim.x) {\n"
+                     "  for (int j = wg, u = FM_UNIT0 + wg * FM_UNIT_STRIDE; u < units; j += FM_CONSUMERS, u += FM_CONSUMERS * FM_UNIT_STRIDE) {\n"
                      "    unsigned it = (unsigned)j * FM_KT;\n"
                      "    int tm, tn;\n"
-                     "    fm_tile_of(t, tiles_m, FM_COLT, tm, tn);\n"
+                     "    fm_unit_tile(u, tiles_m, tm, tn);\n"
                      "    const long long m0 = (long long)tm * FM_BM;\n"
                      "    const int n0 = tn * FM_BN;\n"
                      "    fm_turn_wait(j);\n"
                      "    fm_mainloop_tile(acc, it);\n"
-                     "    fm_turn_pass(j, t + gridDim.x < tiles);\n");
+                     "    fm_turn_pass(j, u + FM_UNIT_STRIDE < units);\n");
     emit_tile_epilogue(sb, gp, "    ");
-    fm_strbuf_append(sb, "  }\n}\n");
+    fm_strbuf_append(sb, "  }\n  fm_pipe_done();\n}\n");
     return;
   }
   fm_strbuf_append(sb,
@@ -793,16 +795,18 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                         block_threads(cfg),
                         smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
   if (cfg->wgmma >= 4) tma_meta(meta, gp, cfg);
-  if (cfg->wgmma >= 5) {
-    /* blocks stride over ceil(M / BM) x column tiles; at most the blocks the device holds */
-    snprintf(meta->grid_rule, sizeof meta->grid_rule, "persistent");
-    meta->inner = meta->max_blocks;   /* column tiles */
-    meta->max_blocks = (sm_count ? sm_count : DEFAULT_SMS) * (min_blocks(cfg, smem) > 1 ? 2u : 1u);
-  }
   if (cfg->cluster == 2) {
     /* grid (2 x column tiles, row-tile pairs): x pairs the cluster's blocks (fm_tile_coords) */
     meta->items_per_block = 2u * cfg->bm;
     meta->max_blocks *= 2u;
+  }
+  if (cfg->wgmma >= 5) {
+    /* blocks stride over ceil(M / rows) x column tiles (a cluster: pairs of row tiles, two
+       blocks each); at most the blocks the device holds, an even number for clusters */
+    uint32_t sms = sm_count ? sm_count : DEFAULT_SMS;
+    snprintf(meta->grid_rule, sizeof meta->grid_rule, "persistent");
+    meta->inner = meta->max_blocks;   /* column tiles (twice, for a cluster's two blocks) */
+    meta->max_blocks = (cfg->cluster == 2 ? sms & ~1u : sms) * (min_blocks(cfg, smem) > 1 ? 2u : 1u);
   }
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");

@@ -544,6 +544,36 @@ static void test_cluster_pairs(void) {
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &m, &d), FM_OK);
   if (src) CHECK_STR_CONTAINS(m.entry, "_c2");
   free(src);
+  src = NULL;
+  /* persistent pairs: each cluster walks pairs of row tiles (units), both blocks leave
+     together; the grid rule counts two blocks per unit, capped at an even block count */
+  fm_gemm_config ppair = {128, 256, 64, 3, 8, 1, 8, 5, 0, 2};
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &ppair, 133, &src, &m, &d), FM_OK);
+  if (src) {
+    CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
+    CHECK_STR_CONTAINS(src, "fm_pipe_done();");
+    CHECK_STR_CONTAINS(m.entry, "_wgmma_tmap_c2");
+    CHECK(strcmp(m.grid_rule, "persistent") == 0);
+    CHECK_EQ_INT((int)m.items_per_block, 256);
+    CHECK_EQ_INT((int)m.inner, 4);           /* 2 column tiles x 2 blocks */
+    CHECK_EQ_INT((int)m.max_blocks, 132);    /* 133 SMs: an even grid */
+    CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 16);   /* 4 pairs x 4 */
+    CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1 << 20), 132);
+    if (fm_nvrtc_arch_supported("sm_90a")) {
+      uint8_t *cubin = NULL;
+      size_t len = 0;
+      char *log = NULL;
+      CHECK_EQ_INT(fm_nvrtc_compile(src, "cluster_persistent.cu", "sm_90a", &cubin, &len, &log), FM_OK);
+      if (log && *log) fprintf(stderr, "%s\n", log);
+      free(cubin);
+      free(log);
+    }
+  }
+  free(src);
+  src = NULL;
+  bad = (fm_gemm_config){128, 128, 64, 4, 4, 1, 8, 6, 0, 2};   /* ping-pong: no clusters */
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "ping-pong");
 }
 
 /* Several row tiles per block (not a candidate; the tuner's extras and the bench use it): a
