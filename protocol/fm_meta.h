@@ -20,8 +20,9 @@
  *   grid.y = ceil(outer / items_per_block)   (row tiles; M = outer; 0: do not launch)
  * `smem` may exceed 48 KiB for this rule (the client raises the function's limit).
  * Grid for rule "persistent" (kind "gemm", a kernel whose blocks stride over the output
- * tiles): items_per_block rows by inner column tiles, at most max_blocks blocks (the
- * device's SMs times the blocks that fit on one):
+ * tiles): units of items_per_block rows, inner blocks per row of units (the column tiles;
+ * twice that when a cluster of two shares one), at most max_blocks blocks (the device's
+ * SMs times the blocks that fit on one):
  *   tiles = ceil(outer / items_per_block) * inner;  grid.x = min(tiles, max_blocks)
  *   (0: do not launch); grid.y = 1.
  * Later kinds (cublaslt, bypass) add rules.
