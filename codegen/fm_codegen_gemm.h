@@ -18,8 +18,9 @@ extern const char fm_cg_gemm_cp_async[];
 extern const char fm_cg_gemm_body[];
 /* The Hopper mainloop (fm_codegen_gemm_wgmma.c): the same contract as fm_cg_gemm_body. */
 extern const char fm_cg_wgmma_body[];
-/* wgmma mode 5, after fm_cg_gemm_tail: fm_pipe_init, fm_load_tiles (the loader),
- * fm_mainloop_tile (the consumers, one tile at a time) and FM_COLT. */
+/* wgmma modes 5 (persistent) and 6 (ping-pong), after fm_cg_gemm_tail: work units
+ * (fm_units, fm_unit_tile), ping-pong turns, fm_load_tiles (the loader) and
+ * fm_mainloop_tile (the consumers, one tile at a time). */
 extern const char fm_cg_wgmma_persistent[];
 /* fm_tile_of, fm_tile_coords and fm_stage, appended after either mainloop. */
 extern const char fm_cg_gemm_tail[];

@@ -27,7 +27,8 @@
  * The generated part defines FM_BM, FM_BN, FM_BK (64), FM_STAGES, FM_WM, FM_WN, FM_RASTER,
  * FM_K, FM_N, FM_LDA, FM_LDB, FM_SCOLS (slab columns), FM_WG_INFLIGHT, FM_WG_SPECIALIZED,
  * FM_WG_TMA and fm_wgmma() before
- * this text (FM_SLAB_OFF too for the persistent form, fm_cg_wgmma_persistent) (FM_RT and FM_SLAB_OFF too when a block walks several row tiles). Changing it
+ * this text (FM_SLAB_OFF too when the slabs sit beside the stages: several row tiles per
+ * block, FM_RT, or the persistent forms, FM_WG_PINGPONG telling ping-pong). Changing it
  * changes generated source: bump FM_CODEGEN_VERSION. */
 #include "fm_codegen_gemm.h"
 
@@ -306,8 +307,8 @@ const char fm_cg_wgmma_body[] =
     "#endif\n"
     ;
 
-/* The persistent TMA form (wgmma mode 5), appended after fm_cg_gemm_tail (it orders tiles
- * with fm_tile_of). */
+/* The persistent TMA forms (wgmma modes 5 and 6), appended after fm_cg_gemm_tail (they
+ * order tiles with fm_tile_of). */
 const char fm_cg_wgmma_persistent[] =
     "/* ---- persistent schedule: the grid holds at most the blocks the device runs at once and\n"
     "   each block strides over the output tiles, so the loader runs ahead into the next tile's\n"
@@ -387,9 +388,6 @@ const char fm_cg_wgmma_persistent[] =
     "    }\n"
     "  }\n"
     "}\n"
-    "/* The consumers: one tile's accumulators from the stages, it counting on from the block's\n"
-    "   previous tiles. Every stage is released once its wgmma batch retired, the last one\n"
-    "   before the epilogue, so the loader fills it with the next tile meanwhile. */\n"
     "/* A consumer warp is done with a stage: one arrival on its empty barrier (and, in a\n"
     "   cluster, on the other block's, whose loader multicasts into this block too). */\n"
     "__device__ __forceinline__ void fm_release(unsigned bar) {\n"
@@ -398,6 +396,9 @@ const char fm_cg_wgmma_persistent[] =
     "  fm_arrive_peer(bar);\n"
     "#endif\n"
     "}\n"
+    "/* The consumers: one tile's accumulators from the stages, it counting on from the block's\n"
+    "   previous tiles. Every stage is released once its wgmma batch retired, the last one\n"
+    "   before the epilogue, so the loader fills it with the next tile meanwhile. */\n"
     "__device__ __forceinline__ void fm_mainloop_tile(float (&acc)[FM_MT][FM_NT][4], unsigned &it) {\n"
     "  unsigned base, full, empty;\n"
     "  fm_pipe_bars(base, full, empty);\n"

@@ -488,6 +488,19 @@ static void test_wgmma_candidates(void) {
   for (size_t i = 0; i < n; i++) CHECK_EQ_INT((int)c[i].p[7], 0);
 }
 
+/* src compiles for sm_90a (where this NVRTC has it); the log is printed on failure. */
+static void compiles_for_sm90a(const char *src, const char *name) {
+  if (!fm_nvrtc_arch_supported("sm_90a")) return;
+  uint8_t *cubin = NULL;
+  size_t len = 0;
+  char *log = NULL;
+  int rc = fm_nvrtc_compile(src, name, "sm_90a", &cubin, &len, &log);
+  CHECK_EQ_INT(rc, FM_OK);
+  if (rc && log) fprintf(stderr, "%s\n", log);
+  free(cubin);
+  free(log);
+}
+
 /* Clusters of two blocks sharing B (not a candidate; gemm_bench's FM_BENCH_EXTRA uses it): the
  * cluster shape is compiled in, the grid pairs blocks along x (twice the column tiles, one
  * grid row per pair of row tiles), B's tensor map reads half a tile per block; NVRTC accepts
@@ -511,15 +524,7 @@ static void test_cluster_pairs(void) {
     CHECK_EQ_INT((int)m.tmaps[1].box[1], 128);
     CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 4);
     CHECK_EQ_INT((int)fm_meta_grid_y(&m, 1000), 4);   /* 8 row tiles in 4 pairs */
-    if (fm_nvrtc_arch_supported("sm_90a")) {
-      uint8_t *cubin = NULL;
-      size_t len = 0;
-      char *log = NULL;
-      CHECK_EQ_INT(fm_nvrtc_compile(src, "cluster.cu", "sm_90a", &cubin, &len, &log), FM_OK);
-      if (log && *log) fprintf(stderr, "%s\n", log);
-      free(cubin);
-      free(log);
-    }
+    compiles_for_sm90a(src, "cluster.cu");
   }
   free(src);
   src = NULL;
@@ -559,21 +564,23 @@ static void test_cluster_pairs(void) {
     CHECK_EQ_INT((int)m.max_blocks, 132);    /* 133 SMs: an even grid */
     CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 16);   /* 4 pairs x 4 */
     CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1 << 20), 132);
-    if (fm_nvrtc_arch_supported("sm_90a")) {
-      uint8_t *cubin = NULL;
-      size_t len = 0;
-      char *log = NULL;
-      CHECK_EQ_INT(fm_nvrtc_compile(src, "cluster_persistent.cu", "sm_90a", &cubin, &len, &log), FM_OK);
-      if (log && *log) fprintf(stderr, "%s\n", log);
-      free(cubin);
-      free(log);
-    }
+    compiles_for_sm90a(src, "cluster_persistent.cu");
   }
   free(src);
   src = NULL;
   bad = (fm_gemm_config){128, 128, 64, 4, 4, 1, 8, 6, 0, 2};   /* ping-pong: no clusters */
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "ping-pong");
+  bad = (fm_gemm_config){128, 128, 64, 4, 8, 1, 8, 6, 0, 0};   /* ping-pong warpgroups are 4 warps */
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "ping-pong");
+  bad = (fm_gemm_config){128, 256, 64, 4, 4, 1, 8, 6, 0, 0};   /* 256 accumulators a thread */
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  bad = ppair;
+  bad.wgmma = 7;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "wgmma mode 7");
+  CHECK(src == NULL);
 }
 
 /* Several row tiles per block (not a candidate; the tuner's extras and the bench use it): a
@@ -593,14 +600,7 @@ static void test_row_tiles(void) {
   if (src) {
     CHECK_STR_CONTAINS(src, "#define FM_SCOLS 128");
     CHECK_STR_CONTAINS(src, "fm_prologue(in");
-    if (fm_nvrtc_arch_supported("sm_90a")) {
-      uint8_t *cubin = NULL;
-      size_t len = 0;
-      char *log = NULL;
-      CHECK_EQ_INT(fm_nvrtc_compile(src, "row_tiles.cu", "sm_90a", &cubin, &len, &log), FM_OK);
-      free(cubin);
-      free(log);
-    }
+    compiles_for_sm90a(src, "row_tiles.cu");
   }
   free(src);
   src = NULL;
