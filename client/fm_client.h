@@ -61,8 +61,19 @@ int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *
 void fm_module_unload(fm_module *m);
 /* Launches on stream (a CUstream; NULL = the legacy default stream) per the metadata:
  * inputs[n_inputs] and outputs[n_outputs] are device pointers; outer is dim 0's size
- * (ignored unless the fragment's dim 0 is symbolic). Asynchronous. */
+ * (ignored unless the fragment's dim 0 is symbolic). A cuBLASLt plan (kind "cublaslt") also
+ * takes outputs[n_outputs]: a scratch buffer of fm_module_scratch_bytes(outer), 256-byte
+ * aligned, the caller's until the launch's work on stream is done. Asynchronous. */
 int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer,
                      void *stream, fm_diag *d);
+/* Bytes of scratch a launch at outer needs (0: none). */
+uint64_t fm_module_scratch_bytes(const fm_module *m, int64_t outer);
+
+/* The tuner's cuBLASLt search on a plan without an algorithm: asks the heuristic for its first
+ * max choices at dim 0 = outer (returns how many, >= 1, or a negative error); choose(i) makes
+ * choice i the plan's algorithm; algo copies it (64 bytes; FM_ENOT_FOUND before a choice). */
+int fm_module_blas_search(fm_module *m, int64_t outer, int max, fm_diag *d);
+int fm_module_blas_choose(fm_module *m, int i, fm_diag *d);
+int fm_module_blas_algo(fm_module *m, uint8_t out[FM_META_ALGO_BYTES]);
 
 #endif

@@ -13,7 +13,8 @@ int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *
   int err;
 
   if (out) *out = NULL;
-  if (!cubin || !cubin_len || !meta || !meta_len || !out)
+  /* no CUBIN is fine for a plan without a kernel: fm_module_load checks it against the rule */
+  if ((!cubin && cubin_len) || !meta || !meta_len || !out)
     return fm_diag_set(d, FM_EINVAL, "fm_module_load_bytes: bad argument");
   memset(&k, 0, sizeof k);
   msgpack_unpacked_init(&u);

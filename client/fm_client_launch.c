@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_client_blas.h"
 #include "fm_cuda.h"
 
 struct fm_module {
@@ -18,6 +19,7 @@ struct fm_module {
   fm_CUmodule mod;
   fm_CUfunction fn;
   fm_kernel_meta meta;
+  fm_blas *blas;             /* kind "cublaslt": the plan (fm_client_blas.h) */
   /* The last tensor map encoded per metadata entry, reused while its input's address and
    * rows stay the same (a weight's always do): encoding costs host time on every launch
    * otherwise. Locked: a module may be launched from several threads. */
@@ -69,14 +71,15 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
 
   if (out) *out = NULL;
   if (!k || !out) return fm_diag_set(d, FM_EINVAL, "fm_module_load: bad argument");
-  if (!k->cubin || k->cubin_len == 0)
+  int kernel = strcmp(k->meta.grid_rule, "none") != 0;   /* a direct cuBLASLt plan has none */
+  if (kernel && (!k->cubin || k->cubin_len == 0))
     return fm_diag_set(d, FM_EINVAL, "kernel of kind %s has no CUBIN to load", k->kind);
   /* A rule fm_meta_grid_x does not know would launch with a wrong grid: refuse it before
    * touching the GPU. */
   if (!fm_meta_rule_known(k->meta.grid_rule))
     return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
                        k->meta.grid_rule);
-  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 1 + k->meta.n_tmaps > FM_META_MAX_PARAMS)
+  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 2 + k->meta.n_tmaps > FM_META_MAX_PARAMS)
     return fm_diag_set(d, FM_ELIMIT, "kernel takes %u inputs and %u outputs; at most %d params",
                        k->meta.n_inputs, k->meta.n_outputs, FM_META_MAX_PARAMS);
   err = fm_cuda_load(&cu, d);
@@ -90,6 +93,11 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
 
   err = fm_attach_context(m, d);
   if (err) goto fail;
+  if (k->meta.blas.form[0] && (err = fm_blas_open(&k->meta, &m->blas, d))) goto fail;
+  if (!kernel) {
+    *out = m;
+    return FM_OK;
+  }
   if ((r = cu->cuModuleLoadData(&m->mod, k->cubin)) != 0) {
     err = fm_cuda_fail(cu, r, "cuModuleLoadData", d);
     goto fail;
@@ -130,6 +138,7 @@ void fm_module_unload(fm_module *m) {
   }
   /* A primary context stays valid as a handle after its last release (the driver only
    * deactivates it), so leaving it current on this thread is harmless. */
+  fm_blas_close(m->blas);
   if (m->retained_primary) cu->cuDevicePrimaryCtxRelease(m->device);
   pthread_mutex_destroy(&m->tmap_lock);
   free(m);
@@ -177,6 +186,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   void *params[FM_META_MAX_PARAMS];
   fm_CUtensorMap maps[FM_META_MAX_TMAPS];
   long long outer_arg;
+  void *scratch_result = NULL;
   uint64_t grid, grid_y;
   uint32_t n = 0;
   fm_CUresult r;
@@ -189,6 +199,18 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   } else if (outer < 0) {
     return fm_diag_set(d, FM_EINVAL, "kernel %s has a symbolic dim 0: outer must be >= 0, got %lld",
                        m->meta.entry, (long long)outer);
+  }
+  if (m->blas) {
+    /* the product first (on the same stream, so the epilogue kernel below sees it) */
+    void *scratch = outputs[m->meta.n_outputs];
+    int err;
+    if (!scratch || ((uintptr_t)scratch & 255u))
+      return fm_diag_set(d, FM_EINVAL, "cuBLASLt plan: the scratch buffer (outputs[%u]) must be a 256-byte aligned pointer",
+                         m->meta.n_outputs);
+    scratch_result = (char *)scratch + fm_meta_scratch_result_offset(&m->meta);
+    err = fm_blas_run(m->blas, inputs, m->mod ? scratch_result : outputs[m->meta.blas.out], scratch, outer,
+                      stream, d);
+    if (err || !m->mod) return err;
   }
   grid = fm_meta_grid_x(&m->meta, outer);
   grid_y = fm_meta_grid_y(&m->meta, outer);
@@ -215,9 +237,30 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
     if (err) return err;
     params[n] = &maps[i];
   }
+  if (m->blas) params[n++] = &scratch_result;   /* the split form's epilogue reads the product */
 
   r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, 1, m->meta.block[0], m->meta.block[1],
                             m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel", d);
   return FM_OK;
+}
+
+uint64_t fm_module_scratch_bytes(const fm_module *m, int64_t outer) {
+  if (!m) return 0;
+  return fm_meta_scratch_bytes(&m->meta, m->meta.outer >= 0 ? m->meta.outer : outer);
+}
+
+int fm_module_blas_search(fm_module *m, int64_t outer, int max, fm_diag *d) {
+  if (!m || !m->blas) return fm_diag_set(d, FM_EINVAL, "not a cuBLASLt plan");
+  return fm_blas_search(m->blas, outer, max, d);
+}
+
+int fm_module_blas_choose(fm_module *m, int i, fm_diag *d) {
+  if (!m || !m->blas) return fm_diag_set(d, FM_EINVAL, "not a cuBLASLt plan");
+  return fm_blas_choose(m->blas, i, d);
+}
+
+int fm_module_blas_algo(fm_module *m, uint8_t out[FM_META_ALGO_BYTES]) {
+  if (!m || !m->blas) return FM_EINVAL;
+  return fm_blas_algo(m->blas, out);
 }

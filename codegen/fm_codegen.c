@@ -138,9 +138,13 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
   } else if (def.tmpl == FM_TMPL_GEMM || def.tmpl == FM_TMPL_SKINNY) {
+    /* the library right after the default, so no cap on the list drops it: the chosen kernel
+       is then never slower than what eager runs */
+    size_t m = n < max ? fm_codegen_blas_candidates(canon, &out[n], max - n) : 0;
+    n += m;
     /* a small M times both GEMM templates: the skinny one's first (decode: weight streaming) */
     fm_skinny_config sc[16];
-    size_t m = fm_codegen_skinny_candidates(canon, sc, 16);
+    m = fm_codegen_skinny_candidates(canon, sc, 16);
     for (size_t i = 0; i < m && n < max; i++) {
       fm_candidate k = from_skinny(sc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
@@ -175,6 +179,7 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
       fm_skinny_config sc = to_skinny(c);
       return fm_codegen_skinny(canon, &sc, sm_count, src, meta, d);
     }
+    case FM_TMPL_CUBLASLT: return fm_codegen_blas(canon, c->p[0], sm_count, src, meta, d);
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
@@ -213,6 +218,9 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                tiles);
       return;
     }
+    case FM_TMPL_CUBLASLT:
+      snprintf(out, cap, "cublaslt %s", c->p[0] == FM_BLAS_DIRECT ? "direct" : "split epilogue");
+      return;
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);
       return;

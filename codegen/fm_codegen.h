@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 9
+#define FM_CODEGEN_VERSION 10
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -25,7 +25,8 @@
   XX(1, POINTWISE, "pointwise") \
   XX(2, ROWS, "rows")           \
   XX(3, GEMM, "gemm")           \
-  XX(4, SKINNY, "skinny")
+  XX(4, SKINNY, "skinny")       \
+  XX(5, CUBLASLT, "cublaslt")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -180,5 +181,25 @@ size_t fm_codegen_skinny_candidates(const fm_fragment *canon, fm_skinny_config *
 /* As fm_codegen_pointwise, for a canonical GEMM fragment (fm_fragment_is_gemm). */
 int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count,
                       char **src, fm_kernel_meta *meta, fm_diag *d);
+
+/* ---- cuBLASLt plans (GEMM fragments): the library competes ------------------------------
+ * Candidate p[0] is the form (fm_meta.h "blas"): FM_BLAS_DIRECT, cuBLASLt runs the whole
+ * fragment (its epilogue is at most a [N] bias and an [M, N] addend, then a relu or a tanh
+ * GELU, stored once in A's dtype); FM_BLAS_SPLIT, cuBLASLt writes A@B into the launch's
+ * scratch and a generated kernel runs the epilogue on it. No algorithm is chosen here: the
+ * metadata leaves algo nil, the tuner's worker times the heuristic's first choices and the
+ * winner's algo is stored. Never the default (an untuned plan has no algo to serve). */
+#define FM_BLAS_DIRECT 1
+#define FM_BLAS_SPLIT 2
+#define FM_BLAS_WORKSPACE (4u << 20)   /* bytes of workspace a plan may use */
+
+/* The one cuBLASLt candidate of a GEMM fragment (direct where possible, else split) in out[0]:
+ * 1, or 0 when the fragment is no GEMM the gemm plan accepts. */
+size_t fm_codegen_blas_candidates(const fm_fragment *canon, fm_candidate *out, size_t max);
+/* Metadata of kind "cublaslt" and, for the split form, the epilogue kernel's source (*src
+ * NULL for the direct form: nothing to compile). FM_EUNSUPPORTED for a direct form the
+ * fragment's epilogue does not allow. */
+int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, char **src,
+                    fm_kernel_meta *meta, fm_diag *d);
 
 #endif

@@ -504,7 +504,7 @@ void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
 /* min_blocks > 1 caps the registers so that many blocks fit on an SM (0: no cap); tma: the
  * two tensor maps of the TMA mainloop follow outer (launch metadata "tmaps"). */
 static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        uint32_t min_blocks, int tma, uint32_t cluster) {
+                        uint32_t min_blocks, int tma, uint32_t cluster, const char *scratch_ty) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_append(sb, "extern \"C\" __global__ void ");
   if (cluster > 1) fm_strbuf_printf(sb, "__cluster_dims__(%u, 1, 1) ", cluster);
@@ -519,6 +519,8 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   if (tma)
     fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
                          "    const __grid_constant__ fm_tmap fm_tmb) {\n");
+  else if (scratch_ty)
+    fm_strbuf_printf(sb, "    long long outer, const %s *__restrict__ fm_scratch) {\n", scratch_ty);
   else
     fm_strbuf_append(sb, "    long long outer) {\n");
   if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
@@ -527,7 +529,12 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
 
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                  const char *entry) {
-  kernel_open(sb, f, gp, entry, 0, 0, 0);
+  kernel_open(sb, f, gp, entry, 0, 0, 0, NULL);
+}
+
+void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                       const char *entry, const char *scratch_ty) {
+  kernel_open(sb, f, gp, entry, 0, 0, 0, scratch_ty);
 }
 
 /* The block: the MMA warps, plus the loaders of the warp-specialised forms (a warpgroup; one
@@ -608,7 +615,7 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
                         int specialized, int tma, int persistent, uint32_t cluster, uint32_t min_blocks,
                         uint32_t rtiles) {
-  kernel_open(sb, f, gp, entry, min_blocks, tma, cluster);
+  kernel_open(sb, f, gp, entry, min_blocks, tma, cluster, NULL);
   if (persistent) {
     fm_strbuf_append(sb,
                      "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), units = fm_units(tiles_m);\n"

@@ -5,6 +5,8 @@
  *   fm_codegen_gemm.c       the plan (layouts, leading dims), the generated epilogue, and the
  *                           gemm template's kernel around the mainloop, configs, candidates
  *                           and metadata;
+ *   fm_codegen_blas.c       cuBLASLt plans (the library as a candidate) and the split form's
+ *                           epilogue kernel, which reuses the generated epilogue;
  *   fm_codegen_skinny.c     the skinny template (small M: weight streaming), which reuses the
  *                           plan, the epilogue and fm_mma() from fm_codegen_gemm.c.
  * The epilogue's per-op expressions come from fm_codegen_ops.c (fm_cg_emit_op). */
@@ -53,6 +55,10 @@ void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int de
 /* The kernel's signature (inputs, outputs, outer) and its M, up to the body: both templates. */
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                  const char *entry);
+/* The same signature with one more parameter after outer: `const scratch_ty *fm_scratch` (the
+ * cuBLASLt split form's product, fm_codegen_blas.c). */
+void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                       const char *entry, const char *scratch_ty);
 /* The launch metadata of a GEMM kernel whose blocks each own rows x cols of the output
  * (grid rule "tiles"), after src is generated. */
 void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,

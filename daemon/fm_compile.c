@@ -58,9 +58,17 @@ static int pack_meta(fm_compile_job *j) {
     msgpack_sbuffer_destroy(&sb);
     return err ? err : FM_ENOMEM;
   }
+  free(j->meta_bytes);
   j->meta_len = sb.size;
   j->meta_bytes = (uint8_t *)msgpack_sbuffer_release(&sb);
   return FM_OK;
+}
+
+int fm_compile_job_set_algo(fm_compile_job *j, const uint8_t *algo, size_t len) {
+  if (!j || !algo || len != FM_META_ALGO_BYTES || !j->meta.blas.form[0]) return FM_EINVAL;
+  memcpy(j->meta.blas.algo, algo, FM_META_ALGO_BYTES);
+  j->meta.blas.has_algo = 1;
+  return pack_meta(j);
 }
 
 void fm_compile_job_entry(const fm_compile_job *j, fm_kstate state, fm_entry *e) {
@@ -95,7 +103,8 @@ void fm_compile_run(fm_compile_job *j) {
     if (!j->diag.text[0]) fm_diag_set(&j->diag, j->err, "code generation failed: %s", fm_strerror(j->err));
     goto out;
   }
-  j->err = fm_nvrtc_compile(j->source, name, j->device.arch, &j->cubin, &j->cubin_len, &j->log);
+  /* A direct cuBLASLt plan has no kernel: nothing to compile, an empty CUBIN. */
+  if (j->source) j->err = fm_nvrtc_compile(j->source, name, j->device.arch, &j->cubin, &j->cubin_len, &j->log);
   if (j->err) {
     fm_diag_set(&j->diag, j->err, "NVRTC (%s) failed: %s%s", j->device.arch, fm_strerror(j->err),
                 j->log ? " (log in detail)" : "");

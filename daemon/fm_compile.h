@@ -64,6 +64,10 @@ int fm_compile_submit(uv_loop_t *loop, fm_compile_job *job, fm_compile_done_fn d
 /* The synchronous body (what the worker runs), exposed for tests. */
 void fm_compile_run(fm_compile_job *job);
 
+/* Records the cuBLASLt algorithm the tuner chose for a plan (kind "cublaslt"; len 64) in the
+ * job's metadata and its packed bytes. FM_EINVAL for anything else, FM_ENOMEM. */
+int fm_compile_job_set_algo(fm_compile_job *j, const uint8_t *algo, size_t len);
+
 /* The cache entry for a finished job's kernel in `state` (no timings; buffers borrowed from
  * the job, valid while it lives). One place, so untuned and tuned entries cannot drift. */
 void fm_compile_job_entry(const fm_compile_job *job, fm_kstate state, fm_entry *e);

@@ -62,6 +62,7 @@ int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *
       .nvrtc_minor = dev->nvrtc_minor,
       .nvrtc_options = fm_nvrtc_options(id->arch, opts, sizeof opts),
       .vocab_version = FM_VOCAB_KEY,
+      .cublaslt_version = dev->cublaslt_version,
   };
   if (!in.nvrtc_options) return FM_EINVAL;
   return fm_fingerprint(&in, out);

@@ -123,7 +123,7 @@ static int prepare(session *s, fm_diag *d) {
 
 /* One run request: fills r. Returns FM_OK when the candidate was judged (any verdict). */
 static void run_one(session *s, size_t i, double deadline_ms, fm_tune_result *r) {
-  const fm_compile_job *c = s->job->cands[i];
+  fm_compile_job *c = s->job->cands[i];
   msgpack_sbuffer sb;
   msgpack_packer pk;
   msgpack_zone zone;
@@ -160,6 +160,15 @@ static void run_one(session *s, size_t i, double deadline_ms, fm_tune_result *r)
       if (r->verdict == FM_VERDICT_OK && !(r->ms > 0)) {
         r->verdict = FM_VERDICT_FAULT;
         snprintf(r->detail, sizeof r->detail, "ok without a positive time");
+      }
+      /* A cuBLASLt plan comes back with the algorithm the worker chose: it is the plan. */
+      const uint8_t *algo;
+      size_t algo_len;
+      if (r->verdict == FM_VERDICT_OK && c->meta.blas.form[0] && !c->meta.blas.has_algo &&
+          (fm_msg_get_bin(&reply, "algo", &algo, &algo_len, NULL) != FM_OK ||
+           fm_compile_job_set_algo(c, algo, algo_len) != FM_OK)) {
+        r->verdict = FM_VERDICT_FAULT;
+        snprintf(r->detail, sizeof r->detail, "a cuBLASLt plan verified without a usable algorithm");
       }
     }
     if (r->verdict == FM_VERDICT_LAUNCH_FAILED) {

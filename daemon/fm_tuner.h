@@ -39,9 +39,9 @@
 #include "fm_error.h"
 #include "fm_store.h"
 
-/* Timed per fragment: the skinny (9), wgmma (5) and mma.sync (16) GEMM candidates of a
- * small-M fragment all fit. */
-#define FM_TUNE_MAX_CANDIDATES 32
+/* Timed per fragment: the default, the cuBLASLt plan and the 16 wgmma + 16 mma.sync GEMM
+ * candidates all fit. */
+#define FM_TUNE_MAX_CANDIDATES 33
 #define FM_TUNE_DEFAULT_DEADLINE_S 5
 #define FM_TUNE_PREPARE_MS 120000     /* inputs + fp64 reference for ~64M elements */
 #define FM_TUNE_READY_MS 60000        /* worker start: CUDA init */

@@ -15,7 +15,11 @@
  *        decodes the fragment, makes fresh random inputs and the fp64 reference; kept for
  *        the following runs
  *   {op: "run", id, index: u32, cubin: bin, meta: map (fm_meta.h)}
- *        -> {id, verdict: "ok"|"wrong"|"load_failed"|"launch_failed", rel_err, ms, detail}
+ *        -> {id, verdict: "ok"|"wrong"|"load_failed"|"launch_failed", rel_err, ms, detail,
+ *            algo?: bin(64)}
+ *        a cuBLASLt plan without an algo (kind "cublaslt", fm_meta.h) is run with each of the
+ *        heuristic's first choices at the timing size, each verified, and answered with the
+ *        fastest one's time and its algo (the plan the daemon stores);
  *        after launch_failed the worker exits (its context is unusable).
  * A worker that sees EOF on its fd exits. */
 #ifndef FM_TUNER_WORKER_H

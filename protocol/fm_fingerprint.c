@@ -23,6 +23,7 @@ enum {
   TAG_NVRTC_MINOR = 9,
   TAG_NVRTC_OPTIONS = 10,
   TAG_VOCAB = 11,
+  TAG_CUBLASLT = 12,
 };
 
 static void put_be64(uint8_t out[8], uint64_t v) {
@@ -76,6 +77,7 @@ int fm_fingerprint(const fm_key_inputs *in, fm_key *out) {
   bad = bad || field_u(ctx, TAG_NVRTC_MINOR, in->nvrtc_minor);
   bad = bad || field_s(ctx, TAG_NVRTC_OPTIONS, in->nvrtc_options);
   bad = bad || field_u(ctx, TAG_VOCAB, in->vocab_version);
+  bad = bad || field_u(ctx, TAG_CUBLASLT, in->cublaslt_version);
   bad = bad || !EVP_DigestFinal_ex(ctx, out->bytes, &n) || n != FM_KEY_BYTES;
   if (bad) goto done;
   rc = FM_OK;

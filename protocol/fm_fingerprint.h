@@ -12,15 +12,16 @@
  *   7 u codegen version                            8 u NVRTC major  9 u NVRTC minor
  *  10 s NVRTC options (space separated, in the order passed)
  *  11 u protocol vocabulary version
- * A later field (e.g. cuBLASLt version) is appended with a new tag; FM_KEY_FORMAT bumps
- * when the layout changes. */
+ *  12 u cuBLASLt version (cublasLtGetVersion(): the algorithms a stored plan names are its)
+ * A later field is appended with a new tag; FM_KEY_FORMAT bumps when the layout changes
+ * (format 2 appended field 12). */
 #ifndef FM_FINGERPRINT_H
 #define FM_FINGERPRINT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define FM_KEY_FORMAT 1
+#define FM_KEY_FORMAT 2
 #define FM_KEY_BYTES 32
 #define FM_KEY_HEX (2 * FM_KEY_BYTES + 1)
 
@@ -44,6 +45,7 @@ typedef struct fm_key_inputs {
   uint32_t nvrtc_major, nvrtc_minor;
   const char *nvrtc_options;
   uint32_t vocab_version;
+  uint64_t cublaslt_version;
 } fm_key_inputs;
 
 /* FM_OK or FM_ENOMEM/FM_EINVAL. */

@@ -14,12 +14,68 @@
 #define RULE_ROWS "rows"
 #define RULE_TILES "tiles"
 #define RULE_PERSISTENT "persistent"
+#define RULE_NONE "none"
 #define MAX_BLOCK_THREADS 1024u
+
+static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "split") == 0; }
+
+static uint64_t round256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
+
+static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
+  const fm_meta_blas *b = &m->blas;
+  int rc = 0;
+  fm_pack_cstr(pk, "blas");
+  rc |= msgpack_pack_map(pk, 21);
+  fm_pack_kv_cstr(pk, "form", b->form);
+  fm_pack_kv_cstr(pk, "dtype", b->dtype);
+  fm_pack_kv_u64(pk, "a", b->a);
+  fm_pack_kv_u64(pk, "b", b->b);
+  fm_pack_kv_i64(pk, "bias", b->bias);
+  fm_pack_kv_i64(pk, "c", b->c);
+  fm_pack_kv_u64(pk, "out", b->out);
+  fm_pack_kv_cstr(pk, "act", b->act);
+  fm_pack_kv_bool(pk, "a_kmajor", b->a_kmajor != 0);
+  fm_pack_kv_bool(pk, "b_kmajor", b->b_kmajor != 0);
+  fm_pack_kv_u64(pk, "lda", b->lda);
+  fm_pack_kv_u64(pk, "ldb", b->ldb);
+  fm_pack_kv_u64(pk, "ldc", b->ldc);
+  fm_pack_kv_u64(pk, "ldd", b->ldd);
+  fm_pack_kv_i64(pk, "m", b->m);
+  fm_pack_kv_u64(pk, "n", b->n);
+  fm_pack_kv_u64(pk, "k", b->k);
+  fm_pack_cstr(pk, "align");
+  rc |= msgpack_pack_array(pk, 4);
+  for (int i = 0; i < 4; i++) rc |= msgpack_pack_uint32(pk, b->align[i]);
+  fm_pack_kv_u64(pk, "workspace", b->workspace);
+  fm_pack_cstr(pk, "scratch");
+  rc |= msgpack_pack_array(pk, 2);
+  rc |= msgpack_pack_uint64(pk, fm_meta_scratch_bytes(m, 0));
+  rc |= msgpack_pack_uint64(pk, is_split(m) ? b->n * 2 : 0);
+  fm_pack_cstr(pk, "algo");
+  if (b->has_algo) fm_pack_bin(pk, b->algo, FM_META_ALGO_BYTES);
+  else rc |= msgpack_pack_nil(pk);
+  return rc;
+}
+
+uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m) {
+  return m && m->blas.form[0] ? round256(m->blas.workspace) : 0;
+}
+
+uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
+  if (!m || !m->blas.form[0]) return 0;
+  uint64_t fixed = round256(m->blas.workspace);
+  if (!is_split(m)) return fixed ? fixed : 256;
+  int64_t rows = m->blas.m >= 0 ? m->blas.m : outer;
+  if (rows < 0) rows = 0;
+  /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows) */
+  return fixed + (uint64_t)rows * m->blas.n * 2;
+}
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   if (!m || !pk || m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS) return FM_EINVAL;
   if (m->n_tmaps > FM_META_MAX_TMAPS) return FM_EINVAL;
-  int rc = msgpack_pack_map(pk, m->n_tmaps ? 10 : 9);
+  int split = is_split(m);
+  int rc = msgpack_pack_map(pk, 9 + (m->n_tmaps ? 1 : 0) + (m->blas.form[0] ? 1 : 0));
   fm_pack_kv_cstr(pk, "kind", m->kind);
   fm_pack_kv_cstr(pk, "entry", m->entry);
   fm_pack_cstr(pk, "block");
@@ -36,11 +92,12 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   fm_pack_kv_u64(pk, "n_inputs", m->n_inputs);
   fm_pack_kv_u64(pk, "n_outputs", m->n_outputs);
   fm_pack_cstr(pk, "params");
-  rc |= msgpack_pack_array(pk, (size_t)m->n_inputs + m->n_outputs + 1 + m->n_tmaps);
+  rc |= msgpack_pack_array(pk, (size_t)m->n_inputs + m->n_outputs + 1 + m->n_tmaps + (size_t)split);
   for (uint32_t i = 0; i < m->n_inputs; i++) fm_pack_cstr(pk, "in");
   for (uint32_t i = 0; i < m->n_outputs; i++) fm_pack_cstr(pk, "out");
   fm_pack_cstr(pk, "outer");
   for (uint32_t i = 0; i < m->n_tmaps; i++) fm_pack_cstr(pk, "tmap");
+  if (split) fm_pack_cstr(pk, "scratch");
   if (m->n_tmaps) {
     fm_pack_cstr(pk, "tmaps");
     rc |= msgpack_pack_array(pk, m->n_tmaps);
@@ -58,6 +115,7 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
       rc |= msgpack_pack_uint32(pk, t->box[1]);
     }
   }
+  if (m->blas.form[0]) rc |= pack_blas(m, pk);
   return rc ? FM_ENOMEM : FM_OK;
 }
 
@@ -175,18 +233,125 @@ static int unpack_tmaps(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d
   return FM_OK;
 }
 
+#define BLAS_MAX_DIM ((uint64_t)1 << 31)
+#define BLAS_MAX_LD ((uint64_t)1 << 40)
+#define BLAS_MAX_WORKSPACE ((uint64_t)256 << 20)
+
+static int get_index(const msgpack_object *o, const char *key, uint32_t n, int optional, int32_t *v,
+                     fm_diag *d) {
+  int64_t x;
+  int rc = required(fm_msg_get_i64(o, key, &x, d), "meta.blas", d);
+  if (rc) return rc;
+  if (x < (optional ? -1 : 0) || x >= (int64_t)n)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: '%s' is %" PRId64 " (of %u)", key, x, n);
+  *v = (int32_t)x;
+  return FM_OK;
+}
+
+static int get_ld(const msgpack_object *o, const char *key, uint64_t *v, fm_diag *d) {
+  int rc = required(fm_msg_get_u64(o, key, v, d), "meta.blas", d);
+  if (rc == FM_OK && *v >= BLAS_MAX_LD)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: '%s' %" PRIu64 " is too large", key, *v);
+  return rc;
+}
+
+/* The cuBLASLt plan: every field the launch builds its descriptors from is checked here. */
+static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
+  const msgpack_object *o = fm_msg_get(obj, "blas");
+  fm_meta_blas *b = &m->blas;
+  int32_t x;
+  bool flag;
+  int rc;
+  if (!o) return FM_OK;
+  if (o->type != MSGPACK_OBJECT_MAP) return fm_diag_set(d, FM_ESCHEMA, "meta: 'blas' must be a map");
+  if (strcmp(m->kind, "cublaslt") != 0)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: 'blas' in a kernel of kind '%s'", m->kind);
+  if ((rc = required(fm_msg_copy_str(o, "form", b->form, sizeof b->form, d), "meta.blas", d))) return rc;
+  if (strcmp(b->form, "direct") != 0 && strcmp(b->form, "split") != 0)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: form '%s' (direct or split)", b->form);
+  if ((rc = required(fm_msg_copy_str(o, "dtype", b->dtype, sizeof b->dtype, d), "meta.blas", d))) return rc;
+  if (strcmp(b->dtype, "bf16") != 0 && strcmp(b->dtype, "f16") != 0)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: dtype '%s' (bf16 or f16)", b->dtype);
+  if ((rc = get_index(o, "a", m->n_inputs, 0, &x, d))) return rc;
+  b->a = (uint32_t)x;
+  if ((rc = get_index(o, "b", m->n_inputs, 0, &x, d))) return rc;
+  b->b = (uint32_t)x;
+  if ((rc = get_index(o, "bias", m->n_inputs, 1, &b->bias, d))) return rc;
+  if ((rc = get_index(o, "c", m->n_inputs, 1, &b->c, d))) return rc;
+  if ((rc = get_index(o, "out", m->n_outputs, 0, &x, d))) return rc;
+  b->out = (uint32_t)x;
+  if ((rc = required(fm_msg_copy_str(o, "act", b->act, sizeof b->act, d), "meta.blas", d))) return rc;
+  if (strcmp(b->act, "none") != 0 && strcmp(b->act, "relu") != 0 && strcmp(b->act, "gelu_tanh") != 0)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: act '%s' (none, relu or gelu_tanh)", b->act);
+  if (is_split(m) && (b->bias >= 0 || b->c >= 0 || strcmp(b->act, "none") != 0))
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: the split form takes no bias, c or act");
+  if ((rc = required(fm_msg_get_bool(o, "a_kmajor", &flag, d), "meta.blas", d))) return rc;
+  b->a_kmajor = flag;
+  if ((rc = required(fm_msg_get_bool(o, "b_kmajor", &flag, d), "meta.blas", d))) return rc;
+  b->b_kmajor = flag;
+  if ((rc = get_ld(o, "lda", &b->lda, d)) || (rc = get_ld(o, "ldb", &b->ldb, d)) ||
+      (rc = get_ld(o, "ldc", &b->ldc, d)) || (rc = get_ld(o, "ldd", &b->ldd, d)))
+    return rc;
+  if ((rc = required(fm_msg_get_i64(o, "m", &b->m, d), "meta.blas", d))) return rc;
+  if ((rc = required(fm_msg_get_u64(o, "n", &b->n, d), "meta.blas", d))) return rc;
+  if ((rc = required(fm_msg_get_u64(o, "k", &b->k, d), "meta.blas", d))) return rc;
+  if (b->m < -1 || b->m == 0 || (b->m > 0 && (uint64_t)b->m >= BLAS_MAX_DIM) || b->n == 0 ||
+      b->n >= BLAS_MAX_DIM || b->k == 0 || b->k >= BLAS_MAX_DIM)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: a %" PRId64 " x %" PRIu64 " x %" PRIu64 " product", b->m,
+                       b->n, b->k);
+  const msgpack_object *al = fm_msg_get(o, "align");
+  if (!al || al->type != MSGPACK_OBJECT_ARRAY || al->via.array.size != 4)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: 'align' must be [a, b, c, d]");
+  for (int i = 0; i < 4; i++) {
+    const msgpack_object *e = &al->via.array.ptr[i];
+    if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 < 1 || e->via.u64 > FM_MAX_ALIGN ||
+        (e->via.u64 & (e->via.u64 - 1)))
+      return fm_diag_set(d, FM_ESCHEMA, "meta.blas: align[%d] must be a power of two up to %u", i, FM_MAX_ALIGN);
+    b->align[i] = (uint32_t)e->via.u64;
+  }
+  if ((rc = required(fm_msg_get_u64(o, "workspace", &b->workspace, d), "meta.blas", d))) return rc;
+  if (b->workspace > BLAS_MAX_WORKSPACE)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: workspace of %" PRIu64 " bytes", b->workspace);
+  const msgpack_object *algo = fm_msg_get(o, "algo");
+  if (!algo) return fm_diag_set(d, FM_ESCHEMA, "meta.blas: missing 'algo'");
+  if (algo->type == MSGPACK_OBJECT_BIN) {
+    if (algo->via.bin.size != FM_META_ALGO_BYTES)
+      return fm_diag_set(d, FM_ESCHEMA, "meta.blas: algo of %u bytes (%d)", algo->via.bin.size, FM_META_ALGO_BYTES);
+    memcpy(b->algo, algo->via.bin.ptr, FM_META_ALGO_BYTES);
+    b->has_algo = 1;
+  } else if (algo->type != MSGPACK_OBJECT_NIL) {
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: 'algo' must be 64 bytes or nil");
+  }
+  return FM_OK;
+}
+
+/* What ties the rule, the entry and the plan together: a "none" rule launches no kernel, so
+ * it is only right for a direct plan, and every other launch needs a kernel. */
+static int check_plan(const fm_kernel_meta *m, fm_diag *d) {
+  int none = strcmp(m->grid_rule, RULE_NONE) == 0, direct = strcmp(m->blas.form, "direct") == 0;
+  if (strcmp(m->kind, "cublaslt") == 0 && !m->blas.form[0])
+    return fm_diag_set(d, FM_ESCHEMA, "meta: kind 'cublaslt' without 'blas'");
+  if (none != direct)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: grid rule '%s' with %s plan", m->grid_rule,
+                       direct ? "a direct" : "no direct");
+  if (!direct && m->entry[0] == '\0') return fm_diag_set(d, FM_ESCHEMA, "meta: 'entry' is empty");
+  if (direct && m->n_tmaps) return fm_diag_set(d, FM_ESCHEMA, "meta: tensor maps without a kernel");
+  return FM_OK;
+}
+
 /* params must be exactly the documented order: "in" x n_inputs, "out" x n_outputs, "outer",
- * "tmap" x n_tmaps. */
+ * "tmap" x n_tmaps, then "scratch" for a split cuBLASLt plan. */
 static int check_params(const msgpack_object *obj, const fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *p = fm_msg_get(obj, "params");
-  uint32_t n = m->n_inputs + m->n_outputs + 1 + m->n_tmaps;
+  uint32_t n = m->n_inputs + m->n_outputs + 1 + m->n_tmaps + (uint32_t)is_split(m);
   if (!p || p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != n)
     return fm_diag_set(d, FM_ESCHEMA, "meta: 'params' must be an array of %u names", n);
   for (uint32_t i = 0; i < n; i++) {
     const char *want = i < m->n_inputs                    ? "in"
                        : i < m->n_inputs + m->n_outputs   ? "out"
                        : i == m->n_inputs + m->n_outputs ? "outer"
-                                                         : "tmap";
+                       : i < n - (uint32_t)is_split(m)    ? "tmap"
+                                                         : "scratch";
     if (!fm_msg_str_eq(&p->via.array.ptr[i], want))
       return fm_diag_set(d, FM_ESCHEMA, "meta: params[%u] must be \"%s\"", i, want);
   }
@@ -201,7 +366,6 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   if ((rc = required(fm_msg_copy_str(obj, "kind", m->kind, sizeof m->kind, d), "meta", d))) return rc;
   if ((rc = required(fm_msg_copy_str(obj, "entry", m->entry, sizeof m->entry, d), "meta", d)))
     return rc;
-  if (m->entry[0] == '\0') return fm_diag_set(d, FM_ESCHEMA, "meta: 'entry' is empty");
   if ((rc = unpack_block(obj, m, d))) return rc;
   if ((rc = get_u32(obj, "smem", "meta", &m->smem, d))) return rc;
   if ((rc = unpack_grid(obj, m, d))) return rc;
@@ -213,12 +377,15 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
     return fm_diag_set(d, FM_ESCHEMA, "meta: %u inputs / %u outputs exceed %d / %d", m->n_inputs,
                        m->n_outputs, FM_MAX_INPUTS, FM_MAX_OUTPUTS);
   if ((rc = unpack_tmaps(obj, m, d))) return rc;
+  if ((rc = unpack_blas(obj, m, d))) return rc;
+  if ((rc = check_plan(m, d))) return rc;
   return check_params(obj, m, d);
 }
 
 int fm_meta_rule_known(const char *rule) {
   return rule && (strcmp(rule, RULE_ELEMENTWISE) == 0 || strcmp(rule, RULE_ROWS) == 0 ||
-                  strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0);
+                  strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0 ||
+                  strcmp(rule, RULE_NONE) == 0);
 }
 
 static int is_tiles(const fm_kernel_meta *m) {

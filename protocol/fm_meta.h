@@ -25,7 +25,31 @@
  * SMs times the blocks that fit on one):
  *   tiles = ceil(outer / items_per_block) * inner;  grid.x = min(tiles, max_blocks)
  *   (0: do not launch); grid.y = 1.
- * Later kinds (cublaslt, bypass) add rules.
+ * Grid rule "none": no kernel at all (a kind "cublaslt" plan in its direct form, below).
+ *
+ * cuBLASLt plans (kind "cublaslt"): an optional key
+ *   blas: {form: "direct" | "split", dtype: "bf16" | "f16", a: u32, b: u32, bias: i32,
+ *          c: i32, out: u32, act: "none" | "relu" | "gelu_tanh", a_kmajor: bool,
+ *          b_kmajor: bool, lda: u64, ldb: u64, ldc: u64, ldd: u64, m: i64 (-1: outer),
+ *          n: u64, k: u64, align: [a, b, c, d], workspace: u64,
+ *          scratch: [fixed_bytes, row_bytes], algo: bin(64) | nil}
+ * says the launch runs one cublasLtMatmul of input a ([M, K]) by input b ([K, N]), both
+ * row-major views with leading dims lda / ldb (K contiguous in A when a_kmajor, in B when
+ * b_kmajor), fp32 accumulation and scale, on a scratch buffer the CALLER allocates per
+ * launch: fixed_bytes + outer * row_bytes, passed as outputs[n_outputs] (one pointer past
+ * the outputs), 256-byte aligned; its first `workspace` bytes (rounded up to 256) are
+ * cuBLASLt's workspace.
+ *  - form "direct" (grid rule "none", no kernel, entry ""): cuBLASLt writes output `out`
+ *    (row-major, leading dim ldd) as act(A@B + bias + C): bias (input `bias`, [N], or -1)
+ *    through cuBLASLt's BIAS epilogue, C (input `c`, [M, N] with leading dim ldc, or -1)
+ *    through beta = 1, then the activation;
+ *  - form "split": cuBLASLt writes A@B (dtype, row-major [M, N], leading dim n) into the
+ *    scratch after the workspace, then the kernel `entry` runs the whole epilogue on it; its
+ *    params end with "scratch": that matmul result's address.
+ * algo is the cublasLtMatmulAlgo_t the tuner chose (nil: none chosen yet, the tuner's
+ * search); the client re-checks it with cublasLtMatmulAlgoCheck for each M it launches
+ * and falls back to the heuristic's first choice for an M it does not fit. align: the
+ * fewest bytes each operand's address is aligned to (cuBLASLt's alignment preferences).
  *
  * Tensor maps (the sm_90a TMA mainloop): an optional last key
  *   tmaps: [{input: u32, dtype: "bf16" | "f16", rows: i64 (-1: outer), cols: u64,
@@ -43,7 +67,8 @@
 
 #define FM_META_ENTRY_MAX 64
 #define FM_META_MAX_TMAPS 2
-#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS)
+#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 1)   /* + a plan's scratch */
+#define FM_META_ALGO_BYTES 64           /* sizeof(cublasLtMatmulAlgo_t) */
 
 /* One tensor map the launch encodes (see tmaps above). */
 typedef struct fm_meta_tmap {
@@ -55,12 +80,30 @@ typedef struct fm_meta_tmap {
   uint32_t box[2];       /* box_cols (box_cols * elem_bytes == 128: one swizzle row), box_rows */
 } fm_meta_tmap;
 
+/* A cuBLASLt plan (see blas above); form[0] == 0: none. */
+typedef struct fm_meta_blas {
+  char form[8];                  /* "direct" | "split" */
+  char dtype[8];                 /* "bf16" | "f16" */
+  uint32_t a, b;                 /* input positions of A and B */
+  int32_t bias, c;               /* input positions, -1: none (direct form only) */
+  uint32_t out;                  /* direct form: the output written */
+  char act[12];                  /* "none" | "relu" | "gelu_tanh" */
+  uint32_t a_kmajor, b_kmajor;
+  uint64_t lda, ldb, ldc, ldd;
+  int64_t m;                     /* -1: the launch's outer */
+  uint64_t n, k;
+  uint32_t align[4];             /* bytes: A, B, C, D */
+  uint64_t workspace;            /* bytes */
+  uint32_t has_algo;
+  uint8_t algo[FM_META_ALGO_BYTES];
+} fm_meta_blas;
+
 typedef struct fm_kernel_meta {
-  char kind[16];                 /* "pointwise", "rows" */
+  char kind[16];                 /* "pointwise", "rows", "gemm", "cublaslt" */
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
   uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent" */
+  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent", "none" */
   uint64_t inner;                /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;
@@ -68,6 +111,7 @@ typedef struct fm_kernel_meta {
   uint32_t n_inputs, n_outputs;
   uint32_t n_tmaps;              /* tensor-map parameters after outer (0 .. FM_META_MAX_TMAPS) */
   fm_meta_tmap tmaps[FM_META_MAX_TMAPS];
+  fm_meta_blas blas;             /* kind "cublaslt" */
 } fm_kernel_meta;
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);
@@ -77,6 +121,10 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d);
 int fm_meta_rule_known(const char *rule);
 /* Grid size for `outer` per the rule; 0 when there is nothing to do. */
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
+/* Bytes of the scratch buffer a launch at `outer` needs (0: none; see blas above). */
+uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer);
+/* Offset of the split form's matmul result in the scratch: the workspace, rounded up to 256. */
+uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m);
 /* grid.y: the row tiles for rule "tiles", 1 for the 1-D rules, 0 when nothing to do. */
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer);
 

@@ -50,6 +50,7 @@
 #define GEMM_STRIP_ROWS 8
 #define MAX_STRIPS 3
 #define WARMUPS 3
+#define BLAS_CHOICES 8     /* cuBLASLt heuristic choices a plan's search times */
 #define TIMED 20
 #define CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 38
 
@@ -112,19 +113,29 @@ static int read_frame(const uint8_t **p, size_t *n) {
   }
 }
 
-static void reply_verdict(uint64_t id, const char *verdict, double rel_err, double ms, const char *detail) {
+/* A verdict, with the chosen cuBLASLt algorithm when algo is not NULL. */
+static void reply_verdict_algo(uint64_t id, const char *verdict, double rel_err, double ms, const char *detail,
+                               const uint8_t *algo) {
   msgpack_sbuffer sb;
   msgpack_packer pk;
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk, 5);
+  msgpack_pack_map(&pk, algo ? 6 : 5);
   fm_pack_kv_u64(&pk, "id", id);
   fm_pack_kv_cstr(&pk, "verdict", verdict);
   fm_pack_kv_f64(&pk, "rel_err", rel_err);
   fm_pack_kv_f64(&pk, "ms", ms);
   fm_pack_kv_cstr(&pk, "detail", detail);
+  if (algo) {
+    fm_pack_cstr(&pk, "algo");
+    fm_pack_bin(&pk, algo, FM_META_ALGO_BYTES);
+  }
   send_sb(&sb);
   msgpack_sbuffer_destroy(&sb);
+}
+
+static void reply_verdict(uint64_t id, const char *verdict, double rel_err, double ms, const char *detail) {
+  reply_verdict_algo(id, verdict, rel_err, ms, detail, NULL);
 }
 
 static void reply_status(const char *op, uint64_t id, int ok, const char *device, const char *detail) {
@@ -466,24 +477,14 @@ static void launch_failed(uint64_t id, const char *what) {
   exit(3);
 }
 
-static void run(uint64_t id, const fm_compiled *k) {
+/* Verifies m at the verification size: 0 and the worst relative error in *rel, or 1 with the
+ * reason in why (wrong). A launch failure exits (launch_failed). */
+static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel, char *why, size_t cap) {
   const fm_cuda *cu = W.cu;
   const fm_fragment *f = W.canon;
-  fm_module *m = NULL;
   fm_diag d = {{0}};
-  char why[512] = "";
-  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS];
-  float times[TIMED];
+  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];
   fm_CUresult r;
-
-  if (fm_module_load(k, &m, &d)) {
-    reply_verdict(id, "load_failed", -1, -1, d.text);
-    return;
-  }
-  if (k->meta.n_inputs != f->n_inputs || k->meta.n_outputs != f->n_outputs) {
-    reply_verdict(id, "load_failed", -1, -1, "metadata does not match the fragment's inputs/outputs");
-    goto out;
-  }
   for (uint32_t i = 0; i < f->n_inputs; i++) {
     cu->cuMemcpyHtoD(W.verify.in[i], W.h_in[i], W.in_bytes_v[i]);
     ins[i] = (void *)(uintptr_t)W.verify.in[i];
@@ -492,28 +493,40 @@ static void run(uint64_t id, const fm_compiled *k) {
     cu->cuMemsetD8(W.verify.out[i], 0xFF, W.out_bytes_v[i]);
     outs[i] = (void *)(uintptr_t)W.verify.out[i];
   }
+  outs[f->n_outputs] = (void *)(uintptr_t)scratch;
   if (fm_module_launch(m, ins, outs, W.outer_v, NULL, &d)) launch_failed(id, d.text);
   if ((r = cu->cuCtxSynchronize()) != 0) {
     fm_cuda_fail(cu, r, "verification launch", &d);
     launch_failed(id, d.text);
   }
-  double rel = 0;
+  *rel = 0;
   for (uint32_t i = 0; i < f->n_outputs; i++) {
     if ((r = cu->cuMemcpyDtoH(W.h_out[i], W.verify.out[i], W.out_bytes_v[i])) != 0) {
       fm_cuda_fail(cu, r, "reading the outputs back", &d);
       launch_failed(id, d.text);
     }
-    double e = compare_output(i, why, sizeof why);
+    double e = compare_output(i, why, cap);
     double tol = tolerance(f->outputs[i].dtype);
     if (!(e <= tol)) {
-      if (!why[0]) snprintf(why, sizeof why, "outputs[%u]: relative error %.3g > %.3g", i, e, tol);
-      reply_verdict(id, "wrong", isfinite(e) ? e : -1, -1, why);
-      goto out;
+      if (!why[0]) snprintf(why, cap, "outputs[%u]: relative error %.3g > %.3g", i, e, tol);
+      *rel = isfinite(e) ? e : -1;
+      return 1;
     }
-    if (e > rel) rel = e;
+    if (e > *rel) *rel = e;
   }
+  return 0;
+}
 
-  /* Timing: rotate the buffer sets so no launch finds its operands in L2. */
+/* The median time of m at the timing size, rotating the buffer sets so no launch finds its
+ * operands in L2; the spread in why. A launch failure exits. */
+static double time_launches(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, char *why, size_t cap) {
+  const fm_cuda *cu = W.cu;
+  const fm_fragment *f = W.canon;
+  fm_diag d = {{0}};
+  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];
+  float times[TIMED];
+  fm_CUresult r;
+  outs[f->n_outputs] = (void *)(uintptr_t)scratch;
   for (int i = 0; i < WARMUPS + TIMED; i++) {
     const tset *s = &W.sets[i % W.n_sets];
     for (uint32_t j = 0; j < f->n_inputs; j++) ins[j] = (void *)(uintptr_t)s->in[j];
@@ -531,11 +544,81 @@ static void run(uint64_t id, const fm_compiled *k) {
     if (cu->cuEventElapsedTime(&times[t], W.ev[2 * t], W.ev[2 * t + 1])) times[t] = INFINITY;
   }
   qsort(times, TIMED, sizeof times[0], cmp_float);
-  double ms = (times[TIMED / 2 - 1] + times[TIMED / 2]) / 2.0;
-  snprintf(why, sizeof why, "median of %d at outer %lld, %d buffer set(s); min %.4f max %.4f ms", TIMED,
+  snprintf(why, cap, "median of %d at outer %lld, %d buffer set(s); min %.4f max %.4f ms", TIMED,
            (long long)W.outer_t, W.n_sets, times[0], times[TIMED - 1]);
+  return (times[TIMED / 2 - 1] + times[TIMED / 2]) / 2.0;
+}
+
+/* A cuBLASLt plan without an algorithm: each of the heuristic's first choices at the timing
+ * size is verified and timed, the fastest kept; the reply carries its algo (the plan). */
+static void search_blas(uint64_t id, fm_module *m, fm_CUdeviceptr scratch) {
+  fm_diag d = {{0}};
+  char why[512] = "", best_why[512] = "";
+  double best_ms = INFINITY, best_rel = -1;
+  int best = -1, wrong = 0;
+  uint8_t algo[FM_META_ALGO_BYTES];
+  int n = fm_module_blas_search(m, W.outer_t, BLAS_CHOICES, &d);
+  if (n < 0) {
+    reply_verdict(id, "load_failed", -1, -1, d.text);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    double rel;
+    why[0] = '\0';
+    if (fm_module_blas_choose(m, i, &d)) continue;
+    if (verify(id, m, scratch, &rel, why, sizeof why)) {
+      wrong++;
+      snprintf(best_why, sizeof best_why, "choice %d: %.480s", i, why);   /* kept if none verifies */
+      continue;
+    }
+    double ms = time_launches(id, m, scratch, why, sizeof why);
+    if (ms < best_ms) {
+      best_ms = ms;
+      best_rel = rel;
+      best = i;
+      snprintf(best_why, sizeof best_why, "cuBLASLt choice %d of %d (%d wrong); %.400s", i, n, wrong, why);
+    }
+  }
+  if (best < 0 || fm_module_blas_choose(m, best, &d) || fm_module_blas_algo(m, algo)) {
+    reply_verdict(id, "wrong", -1, -1, best_why[0] ? best_why : "no cuBLASLt choice verified");
+    return;
+  }
+  reply_verdict_algo(id, "ok", best_rel, best_ms, best_why, algo);
+}
+
+static void run(uint64_t id, const fm_compiled *k) {
+  const fm_fragment *f = W.canon;
+  fm_module *m = NULL;
+  fm_diag d = {{0}};
+  char why[512] = "";
+  fm_CUdeviceptr scratch = 0;
+  double rel;
+
+  if (fm_module_load(k, &m, &d)) {
+    reply_verdict(id, "load_failed", -1, -1, d.text);
+    return;
+  }
+  if (k->meta.n_inputs != f->n_inputs || k->meta.n_outputs != f->n_outputs) {
+    reply_verdict(id, "load_failed", -1, -1, "metadata does not match the fragment's inputs/outputs");
+    goto out;
+  }
+  uint64_t sv = fm_module_scratch_bytes(m, W.outer_v), st = fm_module_scratch_bytes(m, W.outer_t);
+  if ((sv || st) && alloc_dev(&scratch, sv > st ? sv : st, why, sizeof why)) {
+    reply_verdict(id, "load_failed", -1, -1, why);
+    goto out;
+  }
+  if (k->meta.blas.form[0] && !k->meta.blas.has_algo) {
+    search_blas(id, m, scratch);
+    goto out;
+  }
+  if (verify(id, m, scratch, &rel, why, sizeof why)) {
+    reply_verdict(id, "wrong", rel, -1, why);
+    goto out;
+  }
+  double ms = time_launches(id, m, scratch, why, sizeof why);
   reply_verdict(id, "ok", rel, ms, why);
 out:
+  if (scratch) W.cu->cuMemFree(scratch);
   fm_module_unload(m);
 }
 

@@ -31,7 +31,8 @@ KEY_INPUTS = {
     "nvrtc": [13, 0],
     "options": "--gpu-architecture=sm_90a -default-device --std=c++17",
     "vocab": 1,
-    "key_format": 1,
+    "cublaslt": 130100,
+    "key_format": 2,
 }
 
 # name, description, expectation: ("accept", same_canonical_as or None) or
@@ -283,7 +284,7 @@ def key_hex(canon_bytes):
               s(2, k["device"]["name"]) + u(3, k["device"]["cc"][0]) + u(4, k["device"]["cc"][1]) +
               u(5, k["device"]["sm_count"]) + s(6, k["device"]["arch"]) +
               u(7, k["codegen"]) + u(8, k["nvrtc"][0]) + u(9, k["nvrtc"][1]) +
-              s(10, k["options"]) + u(11, k["vocab"]))
+              s(10, k["options"]) + u(11, k["vocab"]) + u(12, k["cublaslt"]))
     return hashlib.sha256(stream).hexdigest()
 
 

@@ -267,7 +267,8 @@ static void test_meta_and_candidates(void) {
   size_t n = fm_codegen_candidates(&canon, c, 16);
   CHECK(n >= 4);
   for (size_t i = 0; i < n; i++) {
-    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);
+    /* the cuBLASLt plan right after the default, so no cap drops it */
+    CHECK_EQ_INT(c[i].tmpl, i == 1 ? FM_TMPL_CUBLASLT : FM_TMPL_GEMM);
     for (size_t j = 0; j < i; j++) CHECK(memcmp(&c[i], &c[j], sizeof c[i]) != 0);
   }
   char desc[96];
@@ -342,7 +343,8 @@ static void test_nvrtc_every_candidate(void) {
     CHECK_EQ_INT(build(w, &raw), FM_OK);
     size_t n = fm_codegen_candidates(&canon, c, w == 2 ? 1 : 40);
     CHECK(n >= 1);
-    if (w == 0) CHECK_EQ_INT((int)n, 32);   /* every configuration (16 + 16 wgmma): none pruned */
+    /* every configuration (16 + 16 wgmma, none pruned) and the cuBLASLt plan */
+    if (w == 0) CHECK_EQ_INT((int)n, 33);
     for (size_t i = 0; i < n; i++) {
       char *src = NULL;
       fm_kernel_meta m;
@@ -351,6 +353,10 @@ static void test_nvrtc_every_candidate(void) {
       CHECK_EQ_INT(rc, FM_OK);
       if (rc) {
         fprintf(stderr, "  %s candidate %zu: %s\n", names[w], i, d.text);
+        continue;
+      }
+      if (!src) {   /* a direct cuBLASLt plan: no kernel to compile */
+        CHECK_EQ_INT(c[i].tmpl, FM_TMPL_CUBLASLT);
         continue;
       }
       for (size_t a = 0; a < 2; a++) {

@@ -22,7 +22,8 @@ static fm_key_inputs base_inputs(const fm_device_id *dev) {
                          .nvrtc_major = 13,
                          .nvrtc_minor = 0,
                          .nvrtc_options = "--gpu-architecture=sm_90a -default-device --std=c++17",
-                         .vocab_version = 1};
+                         .vocab_version = 1,
+                         .cublaslt_version = 130100};
 }
 
 static void test_sha256_known_answer(void) {
@@ -72,6 +73,7 @@ static void test_stream_grammar(void) {
   n += put_u(s + n, 9, 0);
   n += put_field(s + n, 10, 's', in.nvrtc_options, strlen(in.nvrtc_options));
   n += put_u(s + n, 11, 1);
+  n += put_u(s + n, 12, 130100);
   uint8_t want[32];
   fm_sha256(s, n, want);
   fm_key k;
@@ -109,9 +111,10 @@ static void test_every_field_matters(void) {
   VARIANT(in.nvrtc_minor = 8);
   VARIANT(in.nvrtc_options = "--gpu-architecture=sm_90a --std=c++17");
   VARIANT(in.vocab_version = 2);
+  VARIANT(in.cublaslt_version = 130200);
 #undef VARIANT
   CHECK_EQ_INT(changed, variants);
-  CHECK_EQ_INT(variants, 11);
+  CHECK_EQ_INT(variants, 12);
 }
 
 /* Delimited fields: moving bytes from one string field to the next changes the key. */

@@ -66,6 +66,7 @@ static int load_manifest(void) {
   key_in.nvrtc_minor = (uint32_t)json_integer_value(json_array_get(json_object_get(k, "nvrtc"), 1));
   key_in.nvrtc_options = options;
   key_in.vocab_version = (uint32_t)json_integer_value(json_object_get(k, "vocab"));
+  key_in.cublaslt_version = (uint64_t)json_integer_value(json_object_get(k, "cublaslt"));
   return 0;
 }
 

@@ -89,13 +89,26 @@ class Module:
         self.handle = handle.value
         self.n_in = meta["n_inputs"]
         self.n_out = meta["n_outputs"]
+        # A cuBLASLt plan (kind "cublaslt") takes a scratch buffer after the outputs:
+        # fixed + outer * per_row bytes (fm_meta.h "blas"), the caller's to allocate.
+        blas = meta.get("blas")
+        self.scratch = tuple(blas["scratch"]) if blas else None
+        self.static_outer = meta["outer"]   # -1: dim 0 is the launch's
         self._ins = (ctypes.c_void_p * max(1, self.n_in))()
-        self._outs = (ctypes.c_void_p * max(1, self.n_out))()
+        self._outs = (ctypes.c_void_p * (max(1, self.n_out) + 1))()
         self._launch = lib.fm_module_launch
         self._diag_ref = ctypes.byref(self.diag)
         if _fast is not None:
             # an instance attribute shadows the ctypes method below: no per-call test
             self.launch = functools.partial(_fast.launch, self.handle)
+
+    def scratch_bytes(self, outer):
+        """Bytes of scratch a launch at outer needs (0: none)."""
+        if self.scratch is None:
+            return 0
+        fixed, per_row = self.scratch
+        rows = self.static_outer if self.static_outer >= 0 else max(outer, 0)
+        return fixed + rows * per_row
 
     def launch(self, in_ptrs, out_ptrs, outer, stream):
         ins, outs = self._ins, self._outs

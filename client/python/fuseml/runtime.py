@@ -211,7 +211,13 @@ class GroupRunner:
         stream = _raw_stream(idx)
         outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev)
                 for (shape, strides), dt in zip(layouts, self.out_dtypes)]
-        mod.launch(ptrs, [o.data_ptr() for o in outs], outer, stream)
+        out_ptrs = [o.data_ptr() for o in outs]
+        if mod.scratch is not None:
+            # a cuBLASLt plan's workspace (+ product): from torch's allocator on this stream, so
+            # freeing it after the launch is safe and a CUDA graph captures it like any tensor
+            scratch = torch.empty(mod.scratch_bytes(outer), dtype=torch.uint8, device=dev)
+            out_ptrs.append(scratch.data_ptr())
+        mod.launch(ptrs, out_ptrs, outer, stream)
         counters["launches"] += 1
         if b.out_views:
             outs = [o.view(v) if v else o for o, v in zip(outs, b.out_views)]
