@@ -150,6 +150,8 @@ static void *compile_worker(void *arg) {
 static int picked(const fm_candidate *c) {
   const char *env = getenv("FM_BENCH_CANDS");
   char desc[96], want[96];
+  /* the cuBLASLt plan: this benchmark times cuBLASLt itself, beside the kernels */
+  if (c->tmpl == FM_TMPL_CUBLASLT) return 0;
   if (!env || !*env) return 1;
   fm_candidate_describe(c, desc, sizeof desc);
   for (const char *p = env; *p;) {

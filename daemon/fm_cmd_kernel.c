@@ -272,9 +272,15 @@ static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
   fm_tune_job *tj = NULL;
   size_t n = fm_codegen_candidates(p->canon, cands, 2 * FM_TUNE_MAX_CANDIDATES), kept = 0;
   /* candidates this GPU cannot run (the sm_90a wgmma mainloop elsewhere) are not compiled;
-     dropped before the cap, so they never push a runnable one out */
-  for (size_t i = 0; i < n; i++)
-    if (fm_candidate_runs_on(&cands[i], p->dev.arch)) cands[kept++] = cands[i];
+     dropped before the cap, so they never push a runnable one out; so are those --tune-only
+     leaves out */
+  const char *only = dd->cfg->tune_only;
+  for (size_t i = 0; i < n; i++) {
+    char desc[160];
+    fm_candidate_describe(&cands[i], desc, sizeof desc);
+    if (fm_candidate_runs_on(&cands[i], p->dev.arch) && (!only[0] || strstr(desc, only)))
+      cands[kept++] = cands[i];
+  }
   n = kept < FM_TUNE_MAX_CANDIDATES ? kept : FM_TUNE_MAX_CANDIDATES;
   if (n == 0) {
     /* No template offers candidates: the default path says why (unsupported). */

@@ -160,6 +160,13 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
     c->tune_deadline_s = v;
     return FM_OK;
   }
+  if (strcmp(key, "tune-only") == 0) {
+    if (!value || !value[0] || strlen(value) >= sizeof c->tune_only)
+      return fm_diag_set(d, FM_EINVAL, "tune-only: \"%s\" is not 1..%zu characters", value ? value : "",
+                         sizeof c->tune_only - 1);
+    snprintf(c->tune_only, sizeof c->tune_only, "%s", value);
+    return FM_OK;
+  }
   return fm_diag_set(d, FM_EINVAL, "unknown setting \"%s\"", key);
 }
 

@@ -5,7 +5,7 @@
  *   line    := ws* ( key ws* "=" ws* value ws* )? comment? "\n"
  *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
- *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline
+ *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline | tune-only
  *            | max-output | allow-uid | allow-gid | remote | remote-secret-file
  *                                                     (the long option names; no-tune = yes|no)
  * allow-uid / allow-gid take a comma-separated list of numeric ids; given more than once (file
@@ -46,6 +46,8 @@ typedef struct fm_config {
   char tuner_worker[FM_CONFIG_PATH_MAX];  /* "": fusemld-tuner beside fusemld (GPU mode only);
                                              set: tune with it even without a GPU (tests) */
   double tune_deadline_s;                 /* base per-candidate deadline (+50x the default's time) */
+  char tune_only[64];                     /* "": every candidate; else only those whose
+                                             description contains it (experiments, tests) */
   uint64_t max_output;                    /* reply bytes queued unread before a client is cut off */
   /* Access control: when either list is non-empty, only peers whose uid is in allow_uids or
    * whose gid (primary or supplementary) is in allow_gids are served. */

@@ -35,6 +35,8 @@ static void usage(FILE *f) {
           "  --tuner-worker PATH   tuner worker executable (default: fusemld-tuner beside fusemld);\n"
           "                        given, it tunes even without a GPU (tests use stand-ins)\n"
           "  --tune-deadline SECS  per-candidate deadline: SECS + 50x the default's time (default 5)\n"
+          "  --tune-only TEXT      tune only the candidates whose description (fusectl show) contains\n"
+          "                        TEXT, e.g. \"cublaslt\" (experiments and tests)\n"
           "  --remote URL          share kernels through Redis: redis://host[:port][/db] (docs/REMOTE.md)\n"
           "  --remote-secret-file PATH  the cluster secret that signs shared and exported entries\n"
           "  --help, --version\n",
@@ -48,7 +50,7 @@ typedef struct setting {
 
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
-         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
+         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
          OPT_REMOTE, OPT_REMOTE_SECRET };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
@@ -66,6 +68,7 @@ int main(int argc, char **argv) {
       {"no-tune", no_argument, NULL, OPT_NOTUNE},
       {"tuner-worker", required_argument, NULL, OPT_TUNER},
       {"tune-deadline", required_argument, NULL, OPT_TUNEDL},
+      {"tune-only", required_argument, NULL, OPT_TUNEONLY},
       {"foreground", no_argument, NULL, OPT_FOREGROUND},
       {"system", no_argument, NULL, OPT_SYSTEM},
       {"config", required_argument, NULL, OPT_CONFIG},

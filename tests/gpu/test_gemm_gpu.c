@@ -334,6 +334,7 @@ static void add_skinny_case(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_
   size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS), ns = 0;
   for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
     if (!all && cand[i].tmpl != FM_TMPL_SKINNY) continue;
+    if (cand[i].tmpl == FM_TMPL_CUBLASLT) continue;   /* plans: test_blas_gpu */
     job *j = &jobs[n_jobs++];
     memset(j, 0, sizeof *j);
     j->c = n_cases;
@@ -398,6 +399,7 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
     fm_module *mod = NULL;
     fm_diag d = {{0}};
     memset(&kc, 0, sizeof kc);
+    if (cand[i].tmpl == FM_TMPL_CUBLASLT) continue;   /* timed by the tuner: test_blas_gpu */
     fm_candidate_describe(&cand[i], desc, sizeof desc);
     if (fm_codegen_generate(&canon, &cand[i], dev.sm_count, &src, &kc.meta, &d) ||
         fm_nvrtc_compile(src, "gemm.cu", dev.arch, &kc.cubin, &kc.cubin_len, &log) ||
@@ -511,7 +513,8 @@ static void add_regular_case(int64_t m, int64_t n, int64_t k, int idx) {
   for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
     char desc[sizeof jobs[0].desc];
     fm_candidate_describe(&cand[i], desc, sizeof desc);
-    if (!picked(desc)) continue;
+    /* cuBLASLt plans run through libfusemld, not a CUBIN of their own: test_blas_gpu */
+    if (!picked(desc) || cand[i].tmpl == FM_TMPL_CUBLASLT) continue;
     job *j = &jobs[n_jobs++];
     memset(j, 0, sizeof *j);
     j->c = n_cases;

@@ -1,0 +1,222 @@
+/* test_blas_gpu.c: cuBLASLt plans on a real GPU (scripts/device-run; never ctest).
+ * For GEMM fragments covering both plan forms, every layout and each epilogue cuBLASLt runs
+ * itself (mm, bias, bias + relu, bias + tanh-GELU, an [M, N] addend through beta, bias +
+ * addend + relu) and the split form (erf GELU, N not a multiple of 8, an extra output):
+ *  1. the tuner, with the real worker, searches the heuristic's choices of the plan alone:
+ *     verdict ok against the fp64 reference, the chosen algorithm recorded in the metadata;
+ *  2. the stored plan (algo set) is judged again at another M (another M bucket, or the
+ *     static M of a second fragment): the worker loads it, libfusemld re-checks the algorithm
+ *     with cublasLtMatmulAlgoCheck at that M, runs it and it verifies;
+ *  3. no tuner process is left behind.
+ * usage: test_blas_gpu PATH/TO/fusemld-tuner */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen.h"
+#include "fm_compile.h"
+#include "fm_cuda.h"
+#include "fm_test.h"
+#include "fm_tuner.h"
+#include "fm_tuner_worker.h"
+#include "frag_builder.h"
+
+static const char *worker_exe;
+static fm_device_id dev;
+
+typedef enum { EPI_MM, EPI_BIAS, EPI_BIAS_RELU, EPI_BIAS_GELU_TANH, EPI_RESIDUAL, EPI_BIAS_RES_RELU,
+               EPI_BIAS_GELU, EPI_GELU_TWO_OUT } epi;
+static const char *const epi_name[] = {"mm", "bias", "bias+relu", "bias+gelu_tanh", "+residual",
+                                       "bias+residual+relu", "bias+gelu(erf)", "gelu, 2 outputs"};
+
+typedef struct tcase {
+  epi e;
+  int64_t m;           /* FM_DIM_SYMBOLIC: bucketed */
+  uint64_t hint, hint2;/* the M bucket tuned at, and the one judged again at */
+  int64_t n, k;
+  int b_nmajor;        /* B as a row-major [K, N] (else nn.Linear's W.t(): K contiguous) */
+  int a_mmajor;        /* A as the transpose of a row-major [K, M] */
+  fm_dtype dt;
+  int want_form;
+} tcase;
+
+static int count_tuner_processes(void) {
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  int n = 0;
+  while (d && (e = readdir(d))) {
+    char path[300], comm[64] = "";
+    snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    if (fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0) n++;
+    fclose(f);
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+/* The canonical fragment of c at M bucket hint (static M when c->m > 0). */
+static int build(const tcase *c, uint64_t hint, fm_fragment *canon, uint8_t **bytes, size_t *len) {
+  fb b;
+  fm_fragment tmp;
+  fm_diag d = {{0}};
+  int64_t ms = c->m, as[2] = {ms, c->k}, a_str[2] = {1, ms > 0 ? ms : 0};
+  int64_t bs[2] = {c->k, c->n}, b_str[2] = {1, c->k}, bias_s[1] = {c->n}, os[2] = {ms, c->n};
+  if (c->b_nmajor) {
+    b_str[0] = c->n;
+    b_str[1] = 1;
+  }
+  fb_init(&b);
+  uint32_t x = fb_input(&b, c->dt, 2, as, c->a_mmajor ? a_str : NULL, 16);
+  uint32_t w = fb_input(&b, c->dt, 2, bs, b_str, 16);
+  uint32_t v, extra = 0;
+  int has_extra = 0;
+  if (c->e == EPI_MM || c->e == EPI_RESIDUAL) {
+    v = fb_op2(&b, FM_OP_MM, x, w);
+  } else {
+    uint32_t bias = fb_input(&b, c->dt, 1, bias_s, NULL, 16);
+    /* addmm(bias, A, B): fb has no 3-arg helper, so add the op by hand */
+    fm_opnode *o = &b.f.ops[b.f.n_ops++];
+    o->op = FM_OP_ADDMM;
+    o->out = v = b.next_id++;
+    o->nargs = 3;
+    o->args[0] = bias;
+    o->args[1] = x;
+    o->args[2] = w;
+    b.dt[v] = c->dt;
+  }
+  if (c->e == EPI_RESIDUAL || c->e == EPI_BIAS_RES_RELU) v = fb_op2(&b, FM_OP_ADD, v, fb_input(&b, c->dt, 2, os, NULL, 16));
+  if (c->e == EPI_BIAS_RELU || c->e == EPI_BIAS_RES_RELU) v = fb_op1(&b, FM_OP_RELU, v);
+  if (c->e == EPI_BIAS_GELU_TANH) v = fb_op1(&b, FM_OP_GELU_TANH, v);
+  if (c->e == EPI_BIAS_GELU) v = fb_op1(&b, FM_OP_GELU, v);
+  if (c->e == EPI_GELU_TWO_OUT) {
+    extra = v;
+    has_extra = 1;
+    v = fb_op1(&b, FM_OP_GELU, v);
+  }
+  fb_output(&b, v, 2, os);
+  if (has_extra) fb_output(&b, extra, 2, os);
+  b.f.vocab = 3;
+  b.f.m_hint = ms < 0 ? hint : 0;
+  tmp = b.f;
+  if (fm_fragment_validate(&tmp, &d) || fm_fragment_canonicalize(&tmp, canon) ||
+      fm_fragment_canonical_bytes(canon, bytes, len)) {
+    fprintf(stderr, "bad fragment: %s\n", d.text);
+    return -1;
+  }
+  return 0;
+}
+
+static fm_compile_job *compile_plan(const fm_fragment *canon, const uint8_t *bytes, size_t len) {
+  fm_candidate c;
+  fm_key key;
+  fm_compile_job *j;
+  if (fm_codegen_blas_candidates(canon, &c, 1) != 1) return NULL;
+  memset(&key, 0x6b, sizeof key);
+  if (fm_compile_job_new(canon, bytes, len, &key, &dev, NULL, &j)) return NULL;
+  j->has_cand = 1;
+  j->cand = c;
+  fm_compile_run(j);
+  if (j->err) fprintf(stderr, "compile: %s\n", j->diag.text);
+  return j;
+}
+
+/* Judges the one compiled plan j with a real worker; returns its verdict (j stays owned by
+ * the caller). */
+static fm_verdict judge(fm_compile_job *j, uint64_t seed, fm_tune_result *res) {
+  fm_tune_job *tj;
+  fm_verdict v = FM_VERDICT_PENDING;
+  if (fm_tune_job_new(&tj)) return v;
+  tj->cands[tj->n++] = j;
+  fm_tworker w;
+  fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 20, .seed = seed};
+  fm_tworker_init(&w, worker_exe);
+  fm_tuner_run_job(&w, &opts, tj);
+  fm_tworker_stop(&w, 5000);
+  if (!tj->tuned) fprintf(stderr, "  not tuned: %s\n", tj->diag.text);
+  *res = tj->res[0];
+  v = tj->tuned ? res->verdict : FM_VERDICT_PENDING;
+  tj->n = 0;   /* j is the caller's */
+  fm_tune_job_free(tj);
+  return v;
+}
+
+static void run_case(const tcase *c) {
+  fm_fragment *canon = malloc(sizeof *canon), *canon2 = malloc(sizeof *canon2);
+  uint8_t *bytes = NULL, *bytes2 = NULL;
+  size_t len = 0, len2 = 0;
+  fm_compile_job *j = NULL, *j2 = NULL;
+  fm_tune_result r1, r2;
+  char desc[64];
+  snprintf(desc, sizeof desc, "%s %s M=%lld%s N=%lld K=%lld%s%s", epi_name[c->e], fm_dtype_name(c->dt),
+           (long long)(c->m > 0 ? c->m : (int64_t)c->hint), c->m > 0 ? "" : "(bucket)", (long long)c->n,
+           (long long)c->k, c->b_nmajor ? " B n-major" : "", c->a_mmajor ? " A m-major" : "");
+  CHECK(canon && canon2);
+  if (!canon || !canon2 || build(c, c->hint, canon, &bytes, &len)) goto out;
+  j = compile_plan(canon, bytes, len);
+  CHECK(j != NULL && j->err == FM_OK);
+  if (!j || j->err) goto out;
+  CHECK_EQ_INT((int)j->cand.p[0], c->want_form);
+  fm_verdict v = judge(j, 0x5eed + (uint64_t)c->e, &r1);
+  printf("  %-58s %-6s %-11s %9.4f ms  rel %.2e  %.90s\n", desc, j->meta.blas.form, fm_verdict_name(v), r1.ms,
+         r1.rel_err, r1.detail);
+  CHECK_EQ_INT(v, FM_VERDICT_OK);
+  CHECK_EQ_INT((int)j->meta.blas.has_algo, 1);
+  if (v != FM_VERDICT_OK || !j->meta.blas.has_algo) goto out;
+  /* 2: the stored plan at another M: a fragment with the second bucket (same epilogue and
+     layouts) carrying the first one's algorithm */
+  if (c->m > 0 || build(c, c->hint2, canon2, &bytes2, &len2)) goto out;
+  j2 = compile_plan(canon2, bytes2, len2);
+  CHECK(j2 != NULL && j2->err == FM_OK);
+  if (!j2 || j2->err) goto out;
+  CHECK_EQ_INT(fm_compile_job_set_algo(j2, j->meta.blas.algo, FM_META_ALGO_BYTES), FM_OK);
+  v = judge(j2, 0xabc + (uint64_t)c->e, &r2);
+  printf("  %-58s stored plan at bucket %llu: %s %.4f ms  %.80s\n", "", (unsigned long long)c->hint2,
+         fm_verdict_name(v), r2.ms, r2.detail);
+  CHECK_EQ_INT(v, FM_VERDICT_OK);
+out:
+  fm_compile_job_free(j);
+  fm_compile_job_free(j2);
+  free(bytes);
+  free(bytes2);
+  free(canon);
+  free(canon2);
+}
+
+static void test_plans(void) {
+  static const tcase cases[] = {
+      {EPI_MM, FM_DIM_SYMBOLIC, 4096, 64, 4096, 4096, 0, 0, FM_DT_BF16, FM_BLAS_DIRECT},
+      {EPI_BIAS, FM_DIM_SYMBOLIC, 16384, 1000, 1024, 256, 0, 0, FM_DT_BF16, FM_BLAS_DIRECT},
+      {EPI_BIAS_RELU, FM_DIM_SYMBOLIC, 2048, 8, 4096, 1024, 0, 0, FM_DT_F16, FM_BLAS_DIRECT},
+      {EPI_BIAS_GELU_TANH, FM_DIM_SYMBOLIC, 1024, 4096, 1024, 4096, 0, 0, FM_DT_BF16, FM_BLAS_DIRECT},
+      {EPI_RESIDUAL, FM_DIM_SYMBOLIC, 1024, 32, 768, 3072, 0, 0, FM_DT_BF16, FM_BLAS_DIRECT},
+      {EPI_BIAS_RES_RELU, 777, 0, 0, 512, 256, 1, 0, FM_DT_BF16, FM_BLAS_DIRECT},
+      {EPI_MM, 1000, 0, 0, 1024, 512, 0, 1, FM_DT_BF16, FM_BLAS_DIRECT},
+      {EPI_BIAS_GELU, FM_DIM_SYMBOLIC, 16384, 512, 1024, 256, 0, 0, FM_DT_BF16, FM_BLAS_SPLIT},
+      {EPI_BIAS_GELU, 1000, 0, 0, 100, 64, 1, 1, FM_DT_F16, FM_BLAS_SPLIT},
+      {EPI_GELU_TWO_OUT, FM_DIM_SYMBOLIC, 4096, 128, 4096, 4096, 0, 0, FM_DT_BF16, FM_BLAS_SPLIT},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+  CHECK_EQ_INT(count_tuner_processes(), 0);
+}
+
+int main(int argc, char **argv) {
+  fm_diag d = {{0}};
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH/TO/fusemld-tuner\n", argv[0]);
+    return 2;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  worker_exe = argv[1];
+  if (fm_cuda_device_id(0, &dev, &d)) {
+    fprintf(stderr, "no GPU: %s\n", d.text);
+    printf("0 passed, 1 failed\n");
+    return 1;
+  }
+  printf("device: %s (%s, %u SMs)\n", dev.name, dev.arch, dev.sm_count);
+  RUN(test_plans);
+  return FM_TEST_DONE();
+}
