@@ -7,10 +7,15 @@
  *  2. the stored plan (algo set) is judged again at another M (another M bucket, or the
  *     static M of a second fragment): the worker loads it, libfusemld re-checks the algorithm
  *     with cublasLtMatmulAlgoCheck at that M, runs it and it verifies;
- *  3. no tuner process is left behind.
+ *  3. no tuner process is left behind;
+ *  4. full tunes (every candidate, as the daemon runs them) of GEMM + bias + GELU bf16 at the
+ *     benchmark's shapes: the plan verifies and the winner is never slower than it; prints
+ *     the winner, the plan and the fastest generated kernel side by side (FM_BLAS_TUNES=0
+ *     skips this part).
  * usage: test_blas_gpu PATH/TO/fusemld-tuner */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +91,7 @@ static int build(const tcase *c, uint64_t hint, fm_fragment *canon, uint8_t **by
     o->args[0] = bias;
     o->args[1] = x;
     o->args[2] = w;
-    b.dt[v] = c->dt;
+    b.dt[v - 100] = c->dt;   /* frag_builder numbers values from 100 */
   }
   if (c->e == EPI_RESIDUAL || c->e == EPI_BIAS_RES_RELU) v = fb_op2(&b, FM_OP_ADD, v, fb_input(&b, c->dt, 2, os, NULL, 16));
   if (c->e == EPI_BIAS_RELU || c->e == EPI_BIAS_RES_RELU) v = fb_op1(&b, FM_OP_RELU, v);
@@ -203,6 +208,86 @@ static void test_plans(void) {
   CHECK_EQ_INT(count_tuner_processes(), 0);
 }
 
+/* One full tune: every candidate of bias + GELU at M x N x K (static M), compiled in parallel
+ * like the daemon does (here: one thread per candidate batch), judged by one worker. */
+typedef struct cjob {
+  const fm_fragment *canon;
+  const uint8_t *bytes;
+  size_t len;
+  fm_candidate c;
+  fm_compile_job *j;
+} cjob;
+
+static void *compile_thread(void *arg) {
+  cjob *cj = arg;
+  fm_key key;
+  memset(&key, 0x6b, sizeof key);
+  if (fm_compile_job_new(cj->canon, cj->bytes, cj->len, &key, &dev, NULL, &cj->j) == 0) {
+    cj->j->has_cand = 1;
+    cj->j->cand = cj->c;
+    fm_compile_run(cj->j);
+  }
+  return NULL;
+}
+
+static void full_tune(int64_t m, int64_t n, int64_t k) {
+  tcase c = {EPI_BIAS_GELU, m, 0, 0, n, k, 0, 0, FM_DT_BF16, FM_BLAS_SPLIT};
+  fm_fragment *canon = malloc(sizeof *canon);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  static cjob cj[FM_TUNE_MAX_CANDIDATES];
+  pthread_t th[FM_TUNE_MAX_CANDIDATES];
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  fm_tune_job *tj = NULL;
+  if (!canon || build(&c, 0, canon, &bytes, &len)) goto out;
+  size_t nc = fm_codegen_candidates(canon, cands, FM_TUNE_MAX_CANDIDATES), kept = 0;
+  for (size_t i = 0; i < nc; i++)
+    if (fm_candidate_runs_on(&cands[i], dev.arch)) cands[kept++] = cands[i];
+  for (size_t i = 0; i < kept; i++) {
+    cj[i] = (cjob){canon, bytes, len, cands[i], NULL};
+    pthread_create(&th[i], NULL, compile_thread, &cj[i]);
+  }
+  for (size_t i = 0; i < kept; i++) pthread_join(th[i], NULL);
+  if (fm_tune_job_new(&tj)) goto out;
+  for (size_t i = 0; i < kept; i++) tj->cands[tj->n++] = cj[i].j;
+  fm_tworker w;
+  fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 20, .seed = 77};
+  fm_tworker_init(&w, worker_exe);
+  fm_tuner_run_job(&w, &opts, tj);
+  fm_tworker_stop(&w, 5000);
+  int plan = -1, best_kernel = -1;
+  for (size_t i = 0; i < tj->n; i++) {
+    if (tj->cands[i]->cand.tmpl == FM_TMPL_CUBLASLT) plan = (int)i;
+    else if (tj->res[i].verdict == FM_VERDICT_OK && (best_kernel < 0 || tj->res[i].ms < tj->res[best_kernel].ms))
+      best_kernel = (int)i;
+  }
+  CHECK_EQ_INT(tj->tuned, 1);
+  CHECK(plan >= 0 && tj->res[plan].verdict == FM_VERDICT_OK);
+  CHECK(tj->winner >= 0);
+  if (plan < 0 || tj->winner < 0 || best_kernel < 0 || tj->res[plan].verdict != FM_VERDICT_OK) goto out;
+  CHECK(tj->res[tj->winner].ms <= tj->res[plan].ms);
+  char wd[160], kd[160];
+  fm_candidate_describe(&tj->cands[tj->winner]->cand, wd, sizeof wd);
+  fm_candidate_describe(&tj->cands[best_kernel]->cand, kd, sizeof kd);
+  printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %.0f |\n", (long long)m, (long long)n, (long long)k,
+         tj->res[plan].ms, tj->res[best_kernel].ms, tj->res[best_kernel].ms / tj->res[plan].ms, wd, tj->tune_ms);
+  printf("|   |   |   | (%.34s) | (%s) |   |   |   |\n", tj->res[plan].detail, kd);
+out:
+  fm_tune_job_free(tj);
+  free(bytes);
+  free(canon);
+}
+
+static void test_full_tunes(void) {
+  printf("| M | N | K | cuBLASLt plan ms | best generated ms | generated/plan | chosen | tune ms |\n"
+         "|---|---|---|---|---|---|---|---|\n");
+  full_tune(4096, 4096, 4096);
+  full_tune(8192, 8192, 8192);
+  full_tune(16384, 1024, 256);
+  full_tune(16384, 256, 1024);
+  CHECK_EQ_INT(count_tuner_processes(), 0);
+}
+
 int main(int argc, char **argv) {
   fm_diag d = {{0}};
   if (argc < 2) {
@@ -218,5 +303,7 @@ int main(int argc, char **argv) {
   }
   printf("device: %s (%s, %u SMs)\n", dev.name, dev.arch, dev.sm_count);
   RUN(test_plans);
+  const char *tunes = getenv("FM_BLAS_TUNES");
+  if (!tunes || strcmp(tunes, "0") != 0) RUN(test_full_tunes);
   return FM_TEST_DONE();
 }
