@@ -24,17 +24,21 @@
  * epilogue), an [M, N] row-major matrix (C with beta = 1), or neither. */
 typedef enum { ADDEND_NONE, ADDEND_BIAS, ADDEND_C } addend_kind;
 
+/* A row-major [M, N] tensor's leading dim; a stride of 0 is a dim of size 1 (canonical). */
+static int64_t row_stride(const fm_tensor *t, int64_t n) { return t->strides[0] ? t->strides[0] : n; }
+
 static addend_kind addend(const fm_fragment *f, const fm_cg_gemm_plan *gp, uint32_t value) {
   if (value >= f->n_inputs) return ADDEND_NONE;   /* a computed value: not cuBLASLt's */
   const fm_tensor *t = &f->inputs[value];
   if (t->dtype != gp->dt || t->rank != 2 || t->shape[1] != gp->n) return ADDEND_NONE;
   if (gp->n > 1 && t->strides[1] != 1) return ADDEND_NONE;
-  if (t->shape[0] == 1 && gp->m != 1) return ADDEND_BIAS;
-  if (t->shape[0] == gp->m) return ADDEND_C;   /* both symbolic, or the same static M */
+  /* one row added to every row: a [1, N] bias, or an [M, N] view of one row (row stride 0,
+     an expanded [N]), which is no C: cuBLASLt would read M rows of it */
+  if ((t->shape[0] == 1 || t->strides[0] == 0) && gp->m != 1) return ADDEND_BIAS;
+  /* both symbolic, or the same static M; cuBLASLt takes no C whose rows overlap (ldc < N) */
+  if (t->shape[0] == gp->m && row_stride(t, gp->n) >= gp->n) return ADDEND_C;
   return ADDEND_NONE;
 }
-
-static int64_t row_stride(const fm_tensor *t, int64_t n) { return t->strides[0] ? t->strides[0] : n; }
 
 /* Fills b's addends, activation and output when the fragment is
  *   act?(A@B [+ bias [1, N]] [+ C [M, N]])   (addmm's own bias counts as one of the two)
@@ -85,11 +89,24 @@ static int direct_form(const fm_fragment *f, const fm_cg_gemm_plan *gp, fm_meta_
   return 1;
 }
 
+/* cuBLASLt reads an operand as a matrix whose leading dim is at least the contiguous dim's
+ * extent. The gemm plan's ld is 0 for a stepped dim of size 1 (never stepped: plan() picks
+ * one) but also for a dim expanded from a single row or column (stride 0), and below the
+ * extent where rows overlap: neither is a matrix cuBLASLt takes. */
+static int bad_operand(const fm_tensor *t, uint32_t kdim, int kmajor, int64_t ld) {
+  uint32_t contig = kmajor ? kdim : 1 - kdim;
+  if (t->shape[1 - contig] == 1) return 0;
+  return ld == 0 || (t->shape[contig] > 0 && ld < t->shape[contig]);
+}
+
 /* The plan both forms share: operands, layouts, sizes. FM_EUNSUPPORTED where the gemm plan
- * refuses the fragment (the split form runs its epilogue). */
+ * refuses the fragment (the split form runs its epilogue) or cuBLASLt cannot read an operand. */
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, fm_diag *d) {
   int rc = fm_cg_gemm_plan_build(canon, gp, d);
   if (rc) return rc;
+  if (bad_operand(&canon->inputs[gp->ia], 1, gp->a_kmajor, gp->lda) ||
+      bad_operand(&canon->inputs[gp->ib], 0, gp->b_kmajor, gp->ldb))
+    return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt: an operand is expanded (stride 0) or its rows overlap");
   memset(b, 0, sizeof *b);
   snprintf(b->dtype, sizeof b->dtype, "%s", gp->dt == FM_DT_BF16 ? "bf16" : "f16");
   b->a = gp->ia;

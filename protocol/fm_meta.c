@@ -21,6 +21,13 @@ static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "spli
 
 static uint64_t round256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
+/* The scratch's part that does not grow with the rows: the workspace (at least 256 bytes for
+ * a direct plan, which has nothing else). */
+static uint64_t scratch_fixed(const fm_kernel_meta *m) {
+  uint64_t fixed = round256(m->blas.workspace);
+  return fixed || is_split(m) ? fixed : 256;
+}
+
 static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   const fm_meta_blas *b = &m->blas;
   int rc = 0;
@@ -49,7 +56,9 @@ static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   fm_pack_kv_u64(pk, "workspace", b->workspace);
   fm_pack_cstr(pk, "scratch");
   rc |= msgpack_pack_array(pk, 2);
-  rc |= msgpack_pack_uint64(pk, fm_meta_scratch_bytes(m, 0));
+  /* fixed + outer * row_bytes: the product's rows come from the launch's outer, which is the
+     static M when there is one, so they are never part of fixed */
+  rc |= msgpack_pack_uint64(pk, scratch_fixed(m));
   rc |= msgpack_pack_uint64(pk, is_split(m) ? b->n * 2 : 0);
   fm_pack_cstr(pk, "algo");
   if (b->has_algo) fm_pack_bin(pk, b->algo, FM_META_ALGO_BYTES);
@@ -63,8 +72,8 @@ uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m) {
 
 uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
   if (!m || !m->blas.form[0]) return 0;
-  uint64_t fixed = round256(m->blas.workspace);
-  if (!is_split(m)) return fixed ? fixed : 256;
+  uint64_t fixed = scratch_fixed(m);
+  if (!is_split(m)) return fixed;
   int64_t rows = m->blas.m >= 0 ? m->blas.m : outer;
   if (rows < 0) rows = 0;
   /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows) */

@@ -11,7 +11,7 @@
  *  4. full tunes (every candidate, as the daemon runs them) of GEMM + bias + GELU bf16 at the
  *     benchmark's shapes: the plan verifies and the winner is never slower than it; prints
  *     the winner, the plan and the fastest generated kernel side by side (FM_BLAS_TUNES=0
- *     skips this part).
+ *     skips this part, FM_BLAS_TUNES=only runs nothing else).
  * usage: test_blas_gpu PATH/TO/fusemld-tuner */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -201,7 +201,7 @@ static void test_plans(void) {
       {EPI_BIAS_RES_RELU, 777, 0, 0, 512, 256, 1, 0, FM_DT_BF16, FM_BLAS_DIRECT},
       {EPI_MM, 1000, 0, 0, 1024, 512, 0, 1, FM_DT_BF16, FM_BLAS_DIRECT},
       {EPI_BIAS_GELU, FM_DIM_SYMBOLIC, 16384, 512, 1024, 256, 0, 0, FM_DT_BF16, FM_BLAS_SPLIT},
-      {EPI_BIAS_GELU, 1000, 0, 0, 100, 64, 1, 1, FM_DT_F16, FM_BLAS_SPLIT},
+      {EPI_BIAS_GELU, 1000, 0, 0, 100, 64, 0, 1, FM_DT_F16, FM_BLAS_SPLIT},
       {EPI_GELU_TWO_OUT, FM_DIM_SYMBOLIC, 4096, 128, 4096, 4096, 0, 0, FM_DT_BF16, FM_BLAS_SPLIT},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
@@ -262,6 +262,14 @@ static void full_tune(int64_t m, int64_t n, int64_t k) {
       best_kernel = (int)i;
   }
   CHECK_EQ_INT(tj->tuned, 1);
+  if (!tj->tuned) printf("  %lldx%lldx%lld not tuned: %s\n", (long long)m, (long long)n, (long long)k, tj->diag.text);
+  for (size_t i = 0; i < tj->n; i++) {
+    char desc[160];
+    if (tj->res[i].verdict == FM_VERDICT_OK) continue;
+    fm_candidate_describe(&tj->cands[i]->cand, desc, sizeof desc);
+    printf("  %lldx%lldx%lld %s: %s: %.200s\n", (long long)m, (long long)n, (long long)k, desc,
+           fm_verdict_name(tj->res[i].verdict), tj->res[i].detail);
+  }
   CHECK(plan >= 0 && tj->res[plan].verdict == FM_VERDICT_OK);
   CHECK(tj->winner >= 0);
   if (plan < 0 || tj->winner < 0 || best_kernel < 0 || tj->res[plan].verdict != FM_VERDICT_OK) goto out;
@@ -302,8 +310,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("device: %s (%s, %u SMs)\n", dev.name, dev.arch, dev.sm_count);
-  RUN(test_plans);
   const char *tunes = getenv("FM_BLAS_TUNES");
+  if (!tunes || strcmp(tunes, "only") != 0) RUN(test_plans);
   if (!tunes || strcmp(tunes, "0") != 0) RUN(test_full_tunes);
   return FM_TEST_DONE();
 }

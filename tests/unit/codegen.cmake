@@ -35,3 +35,6 @@ target_compile_definitions(test_codegen_gemm PRIVATE FM_CG_SOURCE_DIR="${PROJECT
 fm_unit_test(test_codegen_skinny
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_skinny.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
+fm_unit_test(test_codegen_blas
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_blas.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)

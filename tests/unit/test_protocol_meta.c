@@ -1,4 +1,6 @@
-/* test_protocol_meta.c: launch metadata round trip, refusals, grid size. */
+/* test_protocol_meta.c: launch metadata round trip, refusals, grid size; cuBLASLt plans
+ * (the "blas" key): both forms' round trip, their scratch size, grid rule "none" and every
+ * refusal of a plan that does not fit its kernel. */
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +47,14 @@ static int round_trip(const fm_kernel_meta *m, fm_kernel_meta *out, fm_diag *d) 
   return rc;
 }
 
+/* A refusal: FM_ESCHEMA with diag in its reason (what and i name the case when it is not). */
+static void expect_schema(const char *what, size_t i, int rc, const fm_diag *d, const char *diag) {
+  if (rc != FM_ESCHEMA || !strstr(d->text, diag))
+    fprintf(stderr, "  %s case %zu: rc %d \"%s\"\n", what, i, rc, d->text);
+  CHECK_EQ_INT(rc, FM_ESCHEMA);
+  CHECK_STR_CONTAINS(d->text, diag);
+}
+
 static void test_round_trip(void) {
   fm_kernel_meta m = sample(), back;
   fm_diag d = {{0}};
@@ -84,38 +94,40 @@ static void test_wire_form(void) {
   msgpack_sbuffer_destroy(&sb);
 }
 
-/* Replaces key `key` of a packed sample with a packed override; a NULL pack drops the key. */
+/* Packs fn over the value of `key` while copying map; with sub, edits key `sub` of the map
+ * under `key` instead; a NULL fn drops the key. */
 typedef void (*override_fn)(msgpack_packer *pk);
-static int unpack_with(const char *key, override_fn fn, fm_diag *d) {
-  fm_kernel_meta m = sample(), out;
-  msgpack_sbuffer sb;
-  msgpack_packer pk;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  fm_meta_pack(&m, &pk);
-  msgpack_zone zone;
-  msgpack_object o;
-  msgpack_zone_init(&zone, 1024);
-  int rc = fm_msg_unpack((uint8_t *)sb.data, sb.size, &fm_msg_reply_limits, &zone, &o, d);
-  /* rebuild the map with the one field changed */
-  msgpack_sbuffer sb2;
-  msgpack_packer pk2;
-  msgpack_sbuffer_init(&sb2);
-  msgpack_packer_init(&pk2, &sb2, msgpack_sbuffer_write);
-  msgpack_pack_map(&pk2, o.via.map.size - (fn ? 0 : 1));
-  for (uint32_t i = 0; i < o.via.map.size; i++) {
-    if (fm_msg_str_eq(&o.via.map.ptr[i].key, key)) {
-      if (!fn) continue;
-      msgpack_pack_object(&pk2, o.via.map.ptr[i].key);
-      fn(&pk2);
-    } else {
-      msgpack_pack_object(&pk2, o.via.map.ptr[i].key);
-      msgpack_pack_object(&pk2, o.via.map.ptr[i].val);
-    }
+static void repack(msgpack_packer *pk, const msgpack_object *map, const char *key, const char *sub,
+                   override_fn fn) {
+  msgpack_pack_map(pk, map->via.map.size - (fn || sub ? 0 : 1));
+  for (uint32_t i = 0; i < map->via.map.size; i++) {
+    const msgpack_object_kv *kv = &map->via.map.ptr[i];
+    int hit = fm_msg_str_eq(&kv->key, key);
+    if (hit && !sub && !fn) continue;
+    msgpack_pack_object(pk, kv->key);
+    if (!hit) msgpack_pack_object(pk, kv->val);
+    else if (sub) repack(pk, &kv->val, sub, NULL, fn);
+    else fn(pk);
   }
-  msgpack_zone zone2;
-  msgpack_object o2;
+}
+
+/* Packs m with one field changed (repack) and unpacks it; returns the first error. */
+static int unpack_edit(const fm_kernel_meta *m, const char *key, const char *sub, override_fn fn,
+                       fm_diag *d) {
+  fm_kernel_meta out;
+  msgpack_sbuffer sb, sb2;
+  msgpack_packer pk, pk2;
+  msgpack_zone zone, zone2;
+  msgpack_object o, o2;
+  msgpack_sbuffer_init(&sb);
+  msgpack_sbuffer_init(&sb2);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_packer_init(&pk2, &sb2, msgpack_sbuffer_write);
+  msgpack_zone_init(&zone, 1024);
   msgpack_zone_init(&zone2, 1024);
+  int rc = fm_meta_pack(m, &pk);
+  if (!rc) rc = fm_msg_unpack((uint8_t *)sb.data, sb.size, &fm_msg_reply_limits, &zone, &o, d);
+  if (!rc) repack(&pk2, &o, key, sub, fn);
   if (!rc) rc = fm_msg_unpack((uint8_t *)sb2.data, sb2.size, &fm_msg_reply_limits, &zone2, &o2, d);
   if (!rc) rc = fm_meta_unpack(&o2, &out, d);
   msgpack_zone_destroy(&zone2);
@@ -123,6 +135,11 @@ static int unpack_with(const char *key, override_fn fn, fm_diag *d) {
   msgpack_sbuffer_destroy(&sb2);
   msgpack_sbuffer_destroy(&sb);
   return rc;
+}
+
+static int unpack_with(const char *key, override_fn fn, fm_diag *d) {
+  fm_kernel_meta m = sample();
+  return unpack_edit(&m, key, NULL, fn, d);
 }
 
 static void block_2048(msgpack_packer *pk) {
@@ -276,11 +293,7 @@ static void test_tmaps(void) {
       case 6: t->ld = 4100; break;   /* 8200 bytes: rows not 16-byte aligned */
     }
     memset(&d, 0, sizeof d);
-    int rc = round_trip(&m, &back, &d);
-    if (rc != FM_ESCHEMA || !strstr(d.text, bad[i].diag))
-      fprintf(stderr, "  tmap case %zu: rc %d \"%s\"\n", i, rc, d.text);
-    CHECK_EQ_INT(rc, FM_ESCHEMA);
-    CHECK_STR_CONTAINS(d.text, bad[i].diag);
+    expect_schema("tmap", i, round_trip(&m, &back, &d), &d, bad[i].diag);
   }
   /* more tensor maps than a launch holds are refused when packing */
   m = with_tmaps();
@@ -334,6 +347,254 @@ static void test_grid_persistent(void) {
   CHECK_EQ_INT(fm_meta_grid_x(&back, 0), 8);
 }
 
+/* A cuBLASLt plan for x [M, 256] @ W.t() (K-major B, N 512) with inputs x, W, bias, residual.
+ * direct: bias, c and relu through cuBLASLt, no kernel, an algorithm chosen; split: the
+ * epilogue kernel's launch, no algorithm yet, a static M. */
+static fm_kernel_meta blas_sample(int split) {
+  fm_kernel_meta m = sample();
+  fm_meta_blas *b = &m.blas;
+  strcpy(m.kind, "cublaslt");
+  m.n_inputs = 4;
+  strcpy(b->form, split ? "split" : "direct");
+  strcpy(b->dtype, split ? "f16" : "bf16");
+  b->a = 0, b->b = 1, b->out = 0;
+  b->bias = split ? -1 : 2;
+  b->c = split ? -1 : 3;
+  strcpy(b->act, split ? "none" : "relu");
+  b->a_kmajor = 1, b->b_kmajor = !split;
+  b->lda = 256, b->ldb = split ? 512 : 256, b->ldc = 576, b->ldd = 512;
+  b->m = split ? 40 : -1;
+  b->n = 512, b->k = 256;
+  b->align[0] = 16, b->align[1] = 8, b->align[2] = 4, b->align[3] = 256;
+  b->workspace = split ? 1000 : 4u << 20;
+  if (split) {
+    strcpy(m.entry, "fm_blas_epi");
+    m.outer = 40;
+    m.inner = 64;   /* ceil(N / 8) */
+    m.items_per_block = 256;
+    return m;
+  }
+  m.entry[0] = '\0';
+  strcpy(m.grid_rule, "none");
+  m.block[0] = 1;
+  m.inner = 0;
+  m.items_per_block = m.max_blocks = 1;
+  b->has_algo = 1;
+  for (int i = 0; i < FM_META_ALGO_BYTES; i++) b->algo[i] = (uint8_t)(7 * i + 1);
+  return m;
+}
+
+static void check_blas_equal(const fm_meta_blas *x, const fm_meta_blas *y) {
+  CHECK(strcmp(x->form, y->form) == 0 && strcmp(x->dtype, y->dtype) == 0 && strcmp(x->act, y->act) == 0);
+  CHECK(x->a == y->a && x->b == y->b && x->bias == y->bias && x->c == y->c && x->out == y->out);
+  CHECK(x->a_kmajor == y->a_kmajor && x->b_kmajor == y->b_kmajor);
+  CHECK(x->lda == y->lda && x->ldb == y->ldb && x->ldc == y->ldc && x->ldd == y->ldd);
+  CHECK(x->m == y->m && x->n == y->n && x->k == y->k && x->workspace == y->workspace);
+  CHECK(memcmp(x->align, y->align, sizeof x->align) == 0);
+  CHECK_EQ_INT(x->has_algo, y->has_algo);
+  CHECK(memcmp(x->algo, y->algo, sizeof x->algo) == 0);
+}
+
+/* The wire's "blas": {..., scratch: [fixed, row_bytes]} of m, which a caller without this C
+ * code (the Python client) allocates as fixed + outer * row_bytes. */
+static void wire_scratch(const fm_kernel_meta *m, uint64_t *fixed, uint64_t *row) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_zone zone;
+  msgpack_object o;
+  fm_diag d = {{0}};
+  *fixed = *row = UINT64_MAX;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_zone_init(&zone, 1024);
+  CHECK_EQ_INT(fm_meta_pack(m, &pk), FM_OK);
+  CHECK_EQ_INT(fm_msg_unpack((uint8_t *)sb.data, sb.size, &fm_msg_reply_limits, &zone, &o, &d), FM_OK);
+  /* the plan is the last key */
+  CHECK(fm_msg_str_eq(&o.via.map.ptr[o.via.map.size - 1].key, "blas"));
+  const msgpack_object *s = fm_msg_get(fm_msg_get(&o, "blas"), "scratch");
+  CHECK(s && s->type == MSGPACK_OBJECT_ARRAY && s->via.array.size == 2);
+  if (s && s->type == MSGPACK_OBJECT_ARRAY && s->via.array.size == 2) {
+    *fixed = s->via.array.ptr[0].via.u64;
+    *row = s->via.array.ptr[1].via.u64;
+  }
+  msgpack_zone_destroy(&zone);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* Both forms survive the wire field by field; the scratch the caller allocates holds the
+ * workspace (rounded up to 256, at least 256) and, for the split form, the [M, N] product
+ * after it; the wire's [fixed, row_bytes] says the same. */
+static void test_blas_round_trip(void) {
+  fm_kernel_meta m = blas_sample(0), back;
+  fm_diag d = {{0}};
+  uint64_t fixed, row;
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK(strcmp(back.kind, "cublaslt") == 0 && back.entry[0] == '\0');
+  CHECK(strcmp(back.grid_rule, "none") == 0);
+  CHECK_EQ_INT(back.blas.has_algo, 1);
+  check_blas_equal(&m.blas, &back.blas);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&back, 1000), 4u << 20);
+  CHECK_EQ_INT(fm_meta_scratch_result_offset(&back), 4u << 20);
+  wire_scratch(&m, &fixed, &row);
+  CHECK_EQ_INT(fixed, 4u << 20);
+  CHECK_EQ_INT(row, 0);
+  m.blas.workspace = 0;   /* a direct plan's scratch is never empty */
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&m, 5), 256);
+  CHECK_EQ_INT(fm_meta_scratch_result_offset(&m), 0);
+  m.blas.workspace = 257;
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&m, 5), 512);
+
+  m = blas_sample(1);
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK(strcmp(back.entry, "fm_blas_epi") == 0 && strcmp(back.grid_rule, "elementwise") == 0);
+  CHECK_EQ_INT(back.blas.has_algo, 0);
+  check_blas_equal(&m.blas, &back.blas);
+  /* static M = 40: the launch's outer does not matter */
+  CHECK_EQ_INT(fm_meta_scratch_result_offset(&back), 1024);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&back, 7), 1024 + 40 * 512 * 2);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&back, 0), 1024 + 40 * 512 * 2);
+  wire_scratch(&m, &fixed, &row);
+  CHECK_EQ_INT(fixed + (uint64_t)m.outer * row, fm_meta_scratch_bytes(&m, m.outer));
+  /* symbolic M: the outer of the launch, none for an outer below 1 */
+  m.blas.m = m.outer = -1;
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK_EQ_INT(back.blas.m, -1);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&back, 7), 1024 + 7 * 512 * 2);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&back, -1), 1024);
+  wire_scratch(&m, &fixed, &row);
+  CHECK_EQ_INT(fixed, 1024);
+  CHECK_EQ_INT(row, 512 * 2);
+  /* no plan: no scratch */
+  m = sample();
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&m, 100), 0);
+  CHECK_EQ_INT(fm_meta_scratch_result_offset(&m), 0);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(NULL, 100), 0);
+}
+
+static void algo_63(msgpack_packer *pk) {
+  uint8_t b[FM_META_ALGO_BYTES - 1] = {0};
+  fm_pack_bin(pk, b, sizeof b);
+}
+static void algo_str(msgpack_packer *pk) { fm_pack_cstr(pk, "algo"); }
+/* A split plan's params (4 inputs, 1 output) without the trailing "scratch". */
+static void params_no_scratch(msgpack_packer *pk) {
+  msgpack_pack_array(pk, 6);
+  for (int i = 0; i < 4; i++) fm_pack_cstr(pk, "in");
+  fm_pack_cstr(pk, "out");
+  fm_pack_cstr(pk, "outer");
+}
+
+/* Every plan that does not fit its kernel, its inputs or cuBLASLt's limits is refused with
+ * FM_ESCHEMA and a reason. */
+static void test_blas_refusals(void) {
+  struct {
+    const char *diag;
+    int split;
+  } bad[] = {
+      /*  0 */ {"'blas' in a kernel of kind 'gemm'", 0},
+      /*  1 */ {"kind 'cublaslt' without 'blas'", 1},
+      /*  2 */ {"grid rule 'none' with no direct plan", 0},
+      /*  3 */ {"grid rule 'none' with no direct plan", 1},
+      /*  4 */ {"grid rule 'elementwise' with a direct plan", 0},
+      /*  5 */ {"form 'foo' (direct or split)", 0},
+      /*  6 */ {"dtype 'f32' (bf16 or f16)", 1},
+      /*  7 */ {"'a' is 4 (of 4)", 0},
+      /*  8 */ {"'b' is 7 (of 4)", 0},
+      /*  9 */ {"'out' is 1 (of 1)", 0},
+      /* 10 */ {"'bias' is -2 (of 4)", 0},
+      /* 11 */ {"'c' is 4 (of 4)", 0},
+      /* 12 */ {"act 'silu' (none, relu or gelu_tanh)", 0},
+      /* 13 */ {"the split form takes no bias, c or act", 1},
+      /* 14 */ {"the split form takes no bias, c or act", 1},
+      /* 15 */ {"align[0] must be a power of two up to 256", 0},
+      /* 16 */ {"align[3] must be a power of two up to 256", 1},
+      /* 17 */ {"workspace of 268435457 bytes", 0},
+      /* 18 */ {"a -1 x 0 x 256 product", 0},
+      /* 19 */ {"a 0 x 512 x 256 product", 1},
+      /* 20 */ {"'lda' 1099511627776 is too large", 0},
+      /* 21 */ {"'entry' is empty", 1},
+      /* 22 */ {"'entry' is empty", 0},
+      /* 23 */ {"tensor maps without a kernel", 0},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    fm_kernel_meta m = blas_sample(bad[i].split), back;
+    fm_meta_blas *b = &m.blas;
+    switch (i) {
+      case 0: strcpy(m.kind, "gemm"); break;
+      case 1: b->form[0] = '\0'; break;
+      case 2: m = sample(); strcpy(m.grid_rule, "none"); break;
+      case 3: strcpy(m.grid_rule, "none"); break;
+      case 4: strcpy(m.entry, "fm_k"), strcpy(m.grid_rule, "elementwise"); break;
+      case 5: strcpy(b->form, "foo"); break;
+      case 6: strcpy(b->dtype, "f32"); break;
+      case 7: b->a = 4; break;
+      case 8: b->b = 7; break;
+      case 9: b->out = 1; break;
+      case 10: b->bias = -2; break;
+      case 11: b->c = 4; break;
+      case 12: strcpy(b->act, "silu"); break;
+      case 13: b->bias = 2; break;
+      case 14: strcpy(b->act, "relu"); break;
+      case 15: b->align[0] = 3; break;
+      case 16: b->align[3] = 512; break;
+      case 17: b->workspace = (256u << 20) + 1; break;
+      case 18: b->n = 0; break;
+      case 19: b->m = 0; break;
+      case 20: b->lda = 1ull << 40; break;
+      case 21: m.entry[0] = '\0'; break;
+      case 22: m = sample(); m.entry[0] = '\0'; break;
+      case 23: m.n_tmaps = 1, m.tmaps[0] = (fm_meta_tmap){0, 2, "bf16", -1, 256, 256, {64, 64}}; break;
+    }
+    fm_diag d = {{0}};
+    expect_schema("blas", i, round_trip(&m, &back, &d), &d, bad[i].diag);
+  }
+  /* what only a hand-made map can say */
+  struct {
+    int split;
+    const char *key, *sub;
+    override_fn fn;
+    const char *diag;
+  } edits[] = {
+      {0, "blas", "algo", algo_63, "algo of 63 bytes (64)"},
+      {0, "blas", "algo", algo_str, "'algo' must be 64 bytes or nil"},
+      {0, "blas", "algo", NULL, "missing 'algo'"},
+      {1, "blas", "form", NULL, "meta.blas: missing field 'form'"},
+      {0, "blas", "align", NULL, "'align' must be [a, b, c, d]"},
+      {1, "params", NULL, params_no_scratch, "'params' must be an array of 7 names"},
+      {0, "blas", NULL, NULL, "kind 'cublaslt' without 'blas'"},
+      {0, "blas", NULL, as_str, "'blas' must be a map"},
+  };
+  for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+    fm_kernel_meta m = blas_sample(edits[i].split);
+    fm_diag d = {{0}};
+    int rc = unpack_edit(&m, edits[i].key, edits[i].sub, edits[i].fn, &d);
+    expect_schema("blas edit", i, rc, &d, edits[i].diag);
+  }
+  /* the copy itself is sound: both plans unpack when no key matches */
+  for (int split = 0; split < 2; split++) {
+    fm_kernel_meta m = blas_sample(split);
+    fm_diag d = {{0}};
+    CHECK_EQ_INT(unpack_edit(&m, "blas", "no such key", as_str, &d), FM_OK);
+  }
+}
+
+/* Rule "none" is one a client knows, and it launches nothing. */
+static void test_grid_none(void) {
+  fm_kernel_meta m = blas_sample(0);
+  CHECK_EQ_INT(fm_meta_rule_known("none"), 1);
+  CHECK_EQ_INT(fm_meta_rule_known("None"), 0);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 4096), 0);
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 4096), 0);
+  m.outer = 64;
+  m.inner = 8;
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 4096), 0);
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 4096), 0);
+  /* the split form's epilogue launches like any elementwise kernel: 40 rows x 64 groups */
+  m = blas_sample(1);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 10);
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 1);
+}
+
 int main(void) {
   RUN(test_round_trip);
   RUN(test_wire_form);
@@ -341,5 +602,8 @@ int main(void) {
   RUN(test_tmaps);
   RUN(test_grid_x);
   RUN(test_grid_persistent);
+  RUN(test_blas_round_trip);
+  RUN(test_blas_refusals);
+  RUN(test_grid_none);
   return FM_TEST_DONE();
 }
