@@ -273,7 +273,8 @@ static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins
      * has len rows; broadcast rows ([1, N]) stay as they are */
     for (uint32_t k = 0; k < f->n_inputs; k++) {
       fm_tensor *t = &s->inputs[k];
-      int has_m = t->rank == 2 && (t->shape[0] == FM_DIM_SYMBOLIC || (t->shape[0] == M && t != b));
+      /* (B is told apart by position: with a static M equal to K its shape alone would not) */
+      int has_m = t->rank == 2 && (t->shape[0] == FM_DIM_SYMBOLIC || (t->shape[0] == M && &f->inputs[k] != b));
       size_t off = has_m ? (size_t)(r0 * t->strides[0]) * fm_dtype_size(t->dtype) : 0;
       sin[k] = ins[k] ? (const uint8_t *)ins[k] + off : NULL;
       if (has_m && t->shape[0] != FM_DIM_SYMBOLIC) t->shape[0] = len;
