@@ -106,6 +106,8 @@ int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) 
         fm_kernel_meta meta;
         int rc = fm_codegen_gemm(canon, &gc, 0, &src, &meta, d);
         free(src);
+        /* cuBLASLt takes what the templates refuse (K not a multiple of 8, unaligned rows) */
+        if (rc && fm_codegen_blas_candidates(canon, out, 1) == 1) return FM_OK;
         if (rc) return rc;
       }
       /* a decode-sized M streams W: the skinny template (timed against the gemm one) */

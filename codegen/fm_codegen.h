@@ -194,7 +194,8 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
 #define FM_BLAS_WORKSPACE (4u << 20)   /* bytes of workspace a plan may use */
 
 /* The one cuBLASLt candidate of a GEMM fragment (direct where possible, else split) in out[0]:
- * 1, or 0 when the fragment is no GEMM the gemm plan accepts. */
+ * 1, or 0 when the fragment is no GEMM a plan can run. Plans take any K, leading dims and
+ * alignment: where the generated templates refuse those, the plan is the default. */
 size_t fm_codegen_blas_candidates(const fm_fragment *canon, fm_candidate *out, size_t max);
 /* Metadata of kind "cublaslt" and, for the split form, the epilogue kernel's source (*src
  * NULL for the direct form: nothing to compile). FM_EUNSUPPORTED for a direct form the

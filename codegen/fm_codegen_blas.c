@@ -99,10 +99,11 @@ static int bad_operand(const fm_tensor *t, uint32_t kdim, int kmajor, int64_t ld
   return ld == 0 || (t->shape[contig] > 0 && ld < t->shape[contig]);
 }
 
-/* The plan both forms share: operands, layouts, sizes. FM_EUNSUPPORTED where the gemm plan
- * refuses the fragment (the split form runs its epilogue) or cuBLASLt cannot read an operand. */
+/* The plan both forms share: operands, layouts, sizes; any K, leading dim and alignment (the
+ * generated templates' limits do not apply). FM_EUNSUPPORTED where the epilogue cannot run
+ * (the split form runs it) or cuBLASLt cannot read an operand. */
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, fm_diag *d) {
-  int rc = fm_cg_gemm_plan_build(canon, gp, d);
+  int rc = fm_cg_gemm_plan_build_any(canon, gp, d);
   if (rc) return rc;
   if (bad_operand(&canon->inputs[gp->ia], 1, gp->a_kmajor, gp->lda) ||
       bad_operand(&canon->inputs[gp->ib], 0, gp->b_kmajor, gp->ldb))

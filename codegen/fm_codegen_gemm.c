@@ -97,7 +97,7 @@ static int position(const fm_fragment *f, uint32_t limit, uint32_t id) {
 /* One operand's layout: K-major when the K dim has stride 1 (a size-1 dim counts as
  * contiguous), else the other dim must; its stride (the leading dim) then steps by 16-byte
  * chunks, and so must the base. */
-static int operand(const fm_tensor *t, uint32_t kdim, char name, int *kmajor, int64_t *ld,
+static int operand(const fm_tensor *t, uint32_t kdim, char name, int strict, int *kmajor, int64_t *ld,
                    fm_diag *d) {
   uint32_t odim = 1 - kdim;
   int k_unit = t->shape[kdim] == 1 || t->strides[kdim] == 1;
@@ -107,6 +107,7 @@ static int operand(const fm_tensor *t, uint32_t kdim, char name, int *kmajor, in
   *kmajor = k_unit;
   *ld = k_unit ? t->strides[odim] : t->strides[kdim];
   if (t->shape[*kmajor ? odim : kdim] == 1) *ld = 0;   /* never stepped */
+  if (!strict) return FM_OK;
   if (*ld % 8)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "%c's leading dimension %" PRId64 " is not a multiple of 8 (16-byte chunks)",
@@ -117,7 +118,9 @@ static int operand(const fm_tensor *t, uint32_t kdim, char name, int *kmajor, in
   return FM_OK;
 }
 
-int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) {
+/* strict: the generated templates' limits (K a multiple of 8, 16-byte chunks of A and B);
+ * cuBLASLt's plans take any K, leading dim and alignment. */
+static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_diag *d) {
   fm_cg_plan *p = &gp->base;
   memset(gp, 0, sizeof *gp);
   if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS ||
@@ -160,10 +163,10 @@ int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d)
   gp->m = a->shape[0];
   gp->k = a->shape[1];
   gp->n = b->shape[1];
-  if (gp->k % 8)
+  if (strict && gp->k % 8)
     return fm_diag_set(d, FM_EUNSUPPORTED, "K not a multiple of 8 (K = %" PRId64 ")", gp->k);
-  int rc = operand(a, 1, 'A', &gp->a_kmajor, &gp->lda, d);
-  if (!rc) rc = operand(b, 0, 'B', &gp->b_kmajor, &gp->ldb, d);
+  int rc = operand(a, 1, 'A', strict, &gp->a_kmajor, &gp->lda, d);
+  if (!rc) rc = operand(b, 0, 'B', strict, &gp->b_kmajor, &gp->ldb, d);
   if (rc) return rc;
   for (uint32_t i = 0; i < p->n_ops; i++)
     for (uint32_t x = 0; x < f->ops[i].nargs; x++)
@@ -186,6 +189,14 @@ int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d)
     p->t[k].align = t->align;
   }
   return FM_OK;
+}
+
+int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) {
+  return plan_build(f, gp, 1, d);
+}
+
+int fm_cg_gemm_plan_build_any(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) {
+  return plan_build(f, gp, 0, d);
 }
 
 static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {

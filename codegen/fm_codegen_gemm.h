@@ -45,6 +45,9 @@ typedef struct fm_cg_gemm_plan {
 /* The plan of a canonical GEMM fragment; FM_EINVAL / FM_EUNSUPPORTED with the reason in d
  * (K not a multiple of 8, layouts, alignment, ops the epilogue cannot run). */
 int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d);
+/* The same without the generated templates' limits (K a multiple of 8, leading dims of 8
+ * elements, 16-byte aligned A and B): what cuBLASLt's plans need (fm_codegen_blas.c). */
+int fm_cg_gemm_plan_build_any(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d);
 /* fm_epilogue<WHOLE = false>(acc[8], m, n, <used inputs>, <outputs>): the fragment's ops on
  * 8 fp32 accumulators of row m, columns n .. n+7 (n a multiple of 8, those past FM_N ignored;
  * WHOLE: the caller knows all 8 are inside, no masking compiled), each output stored once.

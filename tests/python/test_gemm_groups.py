@@ -85,13 +85,15 @@ def test_reasons_gemms_stay_with_cublas(dead_socket):
     c, _, _ = compile_run(TransformerMLP(), torch.randn(8, 32), train=False)
     (p,) = [p for p in c.plans if p.which == "inference"]
     assert all("template takes bf16/f16" in g.reason for g in gemms(p))
-    # K not a multiple of 8
+    # K not a multiple of 8: no longer a reason (the daemon serves a cuBLASLt plan), the
+    # GEMMs group with their epilogues; without a daemon they run eager, correctly
     torch._dynamo.reset()
     c, got, want = compile_run(TransformerMLP(d_model=20, d_intermediate=64).to(BF16),
                                x_bf16(8, 20), train=False)
     close_bf16(got, want)
     (p,) = [p for p in c.plans if p.which == "inference"]
-    assert any("K = 20 is not a multiple of 8" in g.reason for g in gemms(p))
+    assert not any("multiple of 8" in (g.reason or "") for g in gemms(p))
+    assert any(g.kind == "gemm" for g in p.groups)
 
 
 class _ReadsOwnOperand(nn.Module):
@@ -132,9 +134,11 @@ def test_m_bucket_shares_a_key_across_batch_sizes(daemon):
     assert keys[8] != keys[48]
 
 
-def test_daemon_refuses_what_the_template_cannot_run(daemon):
-    """A GEMM fragment the daemon cannot serve comes back as a clear refusal, and the
-    group runs eager."""
+def test_daemon_serves_a_plan_where_the_templates_cannot_run(daemon):
+    """K = 12 (not 8-element chunks): the generated templates refuse it, so the daemon's
+    default is a cuBLASLt plan (mm + relu: cuBLASLt's own epilogue, no kernel); an operand
+    that is neither row- nor column-major comes back as a clear refusal (the group runs
+    eager)."""
     conn = transport.connect(daemon.socket, timeout=30)
     try:
         frag = {"vocab": 3, "m_hint": 100,
@@ -142,10 +146,21 @@ def test_daemon_refuses_what_the_template_cannot_run(daemon):
                            {"id": 1, "dtype": "bf16", "shape": [12, 16]}],
                 "ops": [{"op": "mm", "out": 2, "args": [0, 1]}, {"op": "relu", "out": 3, "args": [2]}],
                 "outputs": [{"id": 3, "dtype": "bf16", "shape": [-1, 16]}]}
-        (r,) = transport.compile_all(conn, [frag], 60)
+        bad = {"vocab": 3,
+               "inputs": [{"id": 0, "dtype": "bf16", "shape": [64, 16], "strides": [32, 2]},
+                          {"id": 1, "dtype": "bf16", "shape": [16, 16]}],
+               "ops": [{"op": "mm", "out": 2, "args": [0, 1]}],
+               "outputs": [{"id": 2, "dtype": "bf16", "shape": [64, 16]}]}
+        r, rb = transport.compile_all(conn, [frag, bad], 60)
     finally:
         conn.close()
-    assert not r.get("ok") and r.get("code") == "unsupported" and "multiple of 8" in r.get("detail", "")
+    assert r.get("ok"), r
+    meta = r["meta"]
+    assert meta["kind"] == "cublaslt" and meta["grid"]["rule"] == "none"
+    plan = meta["blas"]
+    assert plan["form"] == "direct" and plan["act"] == "relu" and plan["k"] == 12 and plan["algo"] is None
+    assert not rb.get("ok") and rb.get("code") == "unsupported", rb
+    assert "neither row- nor column-major" in rb.get("detail", ""), rb
 
 
 def test_explain_prints_every_group_and_why(dead_socket):

@@ -15,10 +15,16 @@ from fuseml import runtime
 
 
 class _StandIn:
+    """launcher.Module's interface without a GPU: records each launch (and a plan's scratch)."""
     calls = []
 
     def __init__(self, cubin, meta):
-        pass
+        blas = meta.get("blas")
+        self.scratch = tuple(blas["scratch"]) if blas else None
+
+    def scratch_bytes(self, outer):
+        fixed, per_row = self.scratch
+        return fixed + max(outer, 0) * per_row
 
     def launch(self, ins, outs, outer, stream):
         _StandIn.calls.append((len(ins), len(outs), outer))
@@ -158,3 +164,9 @@ def test_gemm_group_through_a_view_launch_layout(dead_socket, standin):
     assert [(o.shape, o.stride(), o.dtype) for o in got] == [(o.shape, o.stride(), o.dtype) for o in want]
     assert any(o.dim() == 3 for o in got)
     assert standin.calls and standin.calls[-1][2] == 16
+    n_out = standin.calls[-1][1]
+    # served a cuBLASLt plan: one more pointer after the outputs, the scratch
+    runtime._modules.clear()
+    plan = {"kind": "cublaslt", "blas": {"form": "split", "scratch": [4 << 20, 64 * 2]}}
+    r._launch(xs, torch.device("cpu"), "p" * 64, b"", plan)
+    assert standin.calls[-1] == (len(xs), n_out + 1, 16)

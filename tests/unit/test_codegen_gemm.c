@@ -197,7 +197,8 @@ static void test_rejections(void) {
   expect_reject(FM_EUNSUPPORTED, "the epilogue cannot read it");
 }
 
-/* Valid fragments the template cannot run: the default says why (the client runs eager). */
+/* Valid fragments the generated templates cannot run: the template says why, and the default
+ * (the only candidate) is the cuBLASLt plan, which takes any K and leading dim. */
 static void test_codegen_refusals(void) {
   int64_t a[2] = {32, 100}, b[2] = {100, 16}, o[2] = {32, 16};
   int64_t a2[2] = {32, 64}, b2[2] = {64, 16}, a2s[2] = {1, 36};
@@ -209,18 +210,32 @@ static void test_codegen_refusals(void) {
   tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
   tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
-  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_EUNSUPPORTED);
+  fm_gemm_config gc = fm_codegen_gemm_default(&canon);
+  char *src = NULL;
+  fm_kernel_meta meta;
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &gc, 132, &src, &meta, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "K not a multiple of 8");
+  CHECK(src == NULL);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
+  CHECK_EQ_INT(c.tmpl, FM_TMPL_CUBLASLT);
   fm_candidate all[8];
-  CHECK_EQ_INT((int)fm_codegen_candidates(&canon, all, 8), 0);
+  CHECK_EQ_INT((int)fm_codegen_candidates(&canon, all, 8), 1);
+  CHECK_EQ_INT(all[0].tmpl, FM_TMPL_CUBLASLT);
   tf_init(&raw);
   tf_input(&raw, 1, FM_DT_BF16, 2, a2, a2s, 16);   /* column-major, lda 36 */
   tf_input(&raw, 2, FM_DT_BF16, 2, b2, NULL, 16);
   tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
   tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
-  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_EUNSUPPORTED);
+  gc = fm_codegen_gemm_default(&canon);
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &gc, 132, &src, &meta, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "leading dimension 36 is not a multiple of 8");
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
+  CHECK_EQ_INT(c.tmpl, FM_TMPL_CUBLASLT);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
+  CHECK(src == NULL);   /* mm alone: the direct form */
+  CHECK_EQ_INT((int)meta.blas.lda, 36);
+  CHECK_EQ_INT((int)meta.blas.a_kmajor, 0);
 }
 
 /* A 3x8 @ 8x2 product checked by hand, through addmm with a rank-1 bias and relu. */

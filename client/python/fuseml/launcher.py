@@ -93,7 +93,7 @@ class Module:
         # fixed + outer * per_row bytes (fm_meta.h "blas"), the caller's to allocate.
         blas = meta.get("blas")
         self.scratch = tuple(blas["scratch"]) if blas else None
-        self.static_outer = meta["outer"]   # -1: dim 0 is the launch's
+        self.static_outer = meta.get("outer", -1)   # -1: dim 0 is the launch's
         self._ins = (ctypes.c_void_p * max(1, self.n_in))()
         self._outs = (ctypes.c_void_p * (max(1, self.n_out) + 1))()
         self._launch = lib.fm_module_launch
