@@ -63,6 +63,15 @@ static void test_set(void) {
   CHECK(c.cache_size == 1ull << 40);
   CHECK_EQ_INT(fm_config_set(&c, "frobs", "1", &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "unknown setting \"frobs\"");
+  CHECK(c.tune_only[0] == '\0');   /* default: every candidate */
+  CHECK_EQ_INT(fm_config_set(&c, "tune-only", "cublaslt", &d), FM_OK);
+  CHECK(strcmp(c.tune_only, "cublaslt") == 0);
+  CHECK_EQ_INT(fm_config_set(&c, "tune-only", "", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "tune-only");
+  char longer[100];
+  memset(longer, 'x', sizeof longer - 1);
+  longer[sizeof longer - 1] = '\0';
+  CHECK_EQ_INT(fm_config_set(&c, "tune-only", longer, &d), FM_EINVAL);
 }
 
 static void test_access_and_output(void) {
