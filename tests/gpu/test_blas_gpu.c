@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fm_codegen.h"
 #include "fm_compile.h"
@@ -47,16 +48,21 @@ typedef struct tcase {
   int want_form;
 } tcase;
 
+/* fusemld-tuner processes started by this test (a daemon running beside it has its own). */
 static int count_tuner_processes(void) {
   DIR *d = opendir("/proc");
   struct dirent *e;
   int n = 0;
   while (d && (e = readdir(d))) {
     char path[300], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+    int ppid = 0;
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
     FILE *f = fopen(path, "r");
     if (!f) continue;
-    if (fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0) n++;
+    /* pid (comm) state ppid ... */
+    if (fscanf(f, "%*d (%63[^)]) %*c %d", comm, &ppid) == 2 && strcmp(comm, "fusemld-tuner") == 0 &&
+        ppid == (int)getpid())
+      n++;
     fclose(f);
   }
   if (d) closedir(d);
