@@ -125,11 +125,63 @@ static void test_module_load_bytes(void) {
   msgpack_sbuffer_destroy(&sb);
 }
 
+/* cuBLASLt plans: a direct plan (rule "none") loads without a CUBIN where a kernel's metadata
+ * needs one; without a GPU either refuses clearly; the scratch a launch needs comes from the
+ * metadata alone. */
+static void test_plan_without_cubin(void) {
+  fm_kernel_meta meta;
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  fm_module *m = (fm_module *)1;
+  fm_diag d = {{0}};
+  memset(&meta, 0, sizeof meta);
+  snprintf(meta.kind, sizeof meta.kind, "cublaslt");
+  snprintf(meta.grid_rule, sizeof meta.grid_rule, "none");
+  meta.block[0] = meta.block[1] = meta.block[2] = 1;
+  meta.items_per_block = meta.max_blocks = 1;
+  meta.outer = -1;
+  meta.n_inputs = 2;
+  meta.n_outputs = 1;
+  fm_meta_blas *b = &meta.blas;
+  snprintf(b->form, sizeof b->form, "direct");
+  snprintf(b->dtype, sizeof b->dtype, "bf16");
+  snprintf(b->act, sizeof b->act, "none");
+  b->a = 0;
+  b->b = 1;
+  b->bias = b->c = -1;
+  b->a_kmajor = b->b_kmajor = 1;
+  b->lda = b->ldb = 12;
+  b->ldc = b->ldd = 16;
+  b->m = -1;
+  b->n = 16;
+  b->k = 12;
+  for (int i = 0; i < 4; i++) b->align[i] = 16;
+  b->workspace = 1000;
+  CHECK(fm_meta_scratch_bytes(&meta, 100) == 1024);   /* the workspace, rounded to 256 */
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);
+  if (!have_gpu) {
+    CHECK_EQ_INT(fm_module_load_bytes(NULL, 0, (const uint8_t *)sb.data, sb.size, &m, &d), FM_ENOGPU);
+    CHECK(m == NULL);
+  }
+  msgpack_sbuffer_destroy(&sb);
+  /* the same metadata as a kernel's (rule "elementwise") must bring its CUBIN */
+  fm_compiled k;
+  memset(&k, 0, sizeof k);
+  k.meta = meta;
+  snprintf(k.kind, sizeof k.kind, "cublaslt");
+  snprintf(k.meta.grid_rule, sizeof k.meta.grid_rule, "elementwise");
+  CHECK_EQ_INT(fm_module_load(&k, &m, &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "no CUBIN");
+}
+
 int main(void) {
   RUN(test_load);
   RUN(test_device_id);
   RUN(test_fail_format);
   RUN(test_module_without_gpu);
   RUN(test_module_load_bytes);
+  RUN(test_plan_without_cubin);
   return FM_TEST_DONE();
 }
