@@ -140,9 +140,11 @@ static void run_one(session *s, size_t i, double deadline_ms, fm_tune_result *r)
   fm_pack_cstr(&pk, "meta");
   msgpack_sbuffer_write(&sb, (const char *)c->meta_bytes, c->meta_len);
   msgpack_zone_init(&zone, 4096);
+  double t0 = now_ms();
   int err = sb.data ? fm_tworker_call(s->w, (const uint8_t *)sb.data, sb.size, id, (int)deadline_ms, &zone,
                                       &reply, &d)
                     : fm_diag_set(&d, FM_ENOMEM, "out of memory");
+  r->wall_ms = now_ms() - t0;
   if (err == FM_OK) {
     const char *v;
     size_t vlen;
@@ -207,7 +209,7 @@ static void pack_timings(fm_tune_job *j, double default_ms, const char *device) 
     const fm_tune_result *r = &j->res[i];
     const fm_candidate *c = &j->cands[i]->cand;
     fm_candidate_describe(c, desc, sizeof desc);
-    msgpack_pack_map(&pk, 6);
+    msgpack_pack_map(&pk, 7);
     fm_pack_kv_cstr(&pk, "candidate", desc);
     fm_pack_cstr(&pk, "params");
     msgpack_pack_array(&pk, 1 + FM_CANDIDATE_PARAMS);
@@ -217,6 +219,7 @@ static void pack_timings(fm_tune_job *j, double default_ms, const char *device) 
     fm_pack_kv_f64(&pk, "rel_err", r->rel_err);
     fm_pack_kv_f64(&pk, "ms", r->ms);
     fm_pack_kv_cstr(&pk, "detail", r->detail);
+    fm_pack_kv_f64(&pk, "wall_ms", r->wall_ms);
   }
   if (sb.data) {
     j->timings_len = sb.size;
@@ -254,7 +257,7 @@ void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) 
   for (size_t i = 0; i < j->n; i++) {
     fm_tune_result *r = &j->res[i];
     r->verdict = FM_VERDICT_PENDING;
-    r->rel_err = r->ms = -1;
+    r->rel_err = r->ms = r->wall_ms = -1;
     if (j->cands[i]->err) {
       r->verdict = FM_VERDICT_COMPILE_FAILED;
       snprintf(r->detail, sizeof r->detail, "%.250s", j->cands[i]->diag.text);

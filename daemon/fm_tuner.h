@@ -20,7 +20,8 @@
  * candidate:
  *   {chosen: i (-1: none), default_ms: f64 (-1: n/a), tune_ms: f64, device: str,
  *    candidates: [{candidate: str (fm_candidate_describe), params: [tmpl, p0..p7],
- *                  verdict: str, rel_err: f64, ms: f64 (-1: not timed), detail: str}]}
+ *                  verdict: str, rel_err: f64, ms: f64 (-1: not timed), detail: str,
+ *                  wall_ms: f64 (the worker's whole answer: load, verify, time; -1: not sent)}]}
  * With none verified the default candidate is stored state bad (never served: the client
  * runs the fragment eagerly) with the same timings. If the worker cannot run at all (no GPU
  * in it, missing executable), nothing is judged: the default is stored untuned as in
@@ -65,6 +66,7 @@ typedef struct fm_tune_result {
   fm_verdict verdict;
   double rel_err;      /* -1 when not verified */
   double ms;           /* -1 when not timed */
+  double wall_ms;      /* the worker's whole answer (load, verify, time), -1: not sent */
   char detail[256];
 } fm_tune_result;
 

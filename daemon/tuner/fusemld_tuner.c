@@ -76,6 +76,9 @@ static struct {
   size_t in_bytes_t[FM_MAX_INPUTS], out_bytes_t[FM_MAX_OUTPUTS];
   uint8_t *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
   tset verify;
+  /* the verification inputs as prepared, on the device: each run restores its inputs from
+     them (a device copy, not a pageable upload of up to hundreds of MB per candidate) */
+  fm_CUdeviceptr pristine[FM_MAX_INPUTS];
   tset sets[MAX_SETS];
   int n_sets;
   fm_CUevent ev[2 * TIMED];
@@ -186,6 +189,8 @@ static void release(void) {
     free(W.h_in[k]);
     W.h_in[k] = NULL;
     if (W.verify.in[k]) cu->cuMemFree(W.verify.in[k]);
+    if (W.pristine[k]) cu->cuMemFree(W.pristine[k]);
+    W.pristine[k] = 0;
     for (int s = 0; s < MAX_SETS; s++)
       if (W.sets[s].in[k]) cu->cuMemFree(W.sets[s].in[k]);
   }
@@ -371,6 +376,8 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     if (alloc_dev(&W.verify.in[k], W.in_bytes_v[k], why, cap)) goto out;
     if (W.cu->cuMemcpyHtoD(W.verify.in[k], W.h_in[k], W.in_bytes_v[k])) goto copy_failed;
+    if (alloc_dev(&W.pristine[k], W.in_bytes_v[k], why, cap)) goto out;
+    if (W.cu->cuMemcpyDtoD(W.pristine[k], W.verify.in[k], W.in_bytes_v[k])) goto copy_failed;
   }
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (alloc_dev(&W.verify.out[k], W.out_bytes_v[k], why, cap)) goto out;
@@ -478,6 +485,26 @@ static void launch_failed(uint64_t id, const char *what) {
   exit(3);
 }
 
+/* Copies output k back to the host: only the strips' rows when the reference computed strips
+ * (a large GEMM: 24 rows instead of every row). */
+static fm_CUresult read_back(uint32_t k) {
+  const fm_tensor *t = &W.canon->outputs[k];
+  size_t es = fm_dtype_size(t->dtype);
+  /* a strip's rows are one span of memory only in a row-major output */
+  int rows_apart = t->rank == 2 && (t->shape[1] == 1 || t->strides[1] == 1) && t->strides[0] >= t->shape[1];
+  if (!W.n_strips || !rows_apart)
+    return W.cu->cuMemcpyDtoH(W.h_out[k], W.verify.out[k], W.out_bytes_v[k]);
+  for (int i = 0; i < W.n_strips; i++) {
+    size_t off = (size_t)W.strip_row[i] * (size_t)t->strides[0] * es;
+    size_t len = (size_t)W.strip_len[i] * (size_t)t->strides[0] * es;
+    if (off >= W.out_bytes_v[k]) continue;
+    if (len > W.out_bytes_v[k] - off) len = W.out_bytes_v[k] - off;
+    fm_CUresult r = W.cu->cuMemcpyDtoH(W.h_out[k] + off, W.verify.out[k] + off, len);
+    if (r) return r;
+  }
+  return 0;
+}
+
 /* Verifies m at the verification size: 0 and the worst relative error in *rel, or 1 with the
  * reason in why (wrong). A launch failure exits (launch_failed). */
 static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel, char *why, size_t cap) {
@@ -486,8 +513,11 @@ static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel
   fm_diag d = {{0}};
   void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];
   fm_CUresult r;
+  /* a wrong kernel may have scribbled on its inputs: restore them. (A wild write that hit the
+     pristine copy too could only make later candidates fail, never pass: the reference is
+     the host's.) */
   for (uint32_t i = 0; i < f->n_inputs; i++) {
-    cu->cuMemcpyHtoD(W.verify.in[i], W.h_in[i], W.in_bytes_v[i]);
+    cu->cuMemcpyDtoD(W.verify.in[i], W.pristine[i], W.in_bytes_v[i]);
     ins[i] = (void *)(uintptr_t)W.verify.in[i];
   }
   for (uint32_t i = 0; i < f->n_outputs; i++) {
@@ -502,7 +532,7 @@ static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel
   }
   *rel = 0;
   for (uint32_t i = 0; i < f->n_outputs; i++) {
-    if ((r = cu->cuMemcpyDtoH(W.h_out[i], W.verify.out[i], W.out_bytes_v[i])) != 0) {
+    if ((r = read_back(i)) != 0) {
       fm_cuda_fail(cu, r, "reading the outputs back", &d);
       launch_failed(id, d.text);
     }

@@ -286,6 +286,14 @@ static void full_tune(int64_t m, int64_t n, int64_t k) {
   printf("| %lld | %lld | %lld | %.4f | %.4f | %.2f | %s | %.0f |\n", (long long)m, (long long)n, (long long)k,
          tj->res[plan].ms, tj->res[best_kernel].ms, tj->res[best_kernel].ms / tj->res[plan].ms, wd, tj->tune_ms);
   printf("|   |   |   | (%.34s) | (%s) |   |   |   |\n", tj->res[plan].detail, kd);
+  double wall = 0, worst = 0;
+  for (size_t i = 0; i < tj->n; i++) {
+    if (tj->res[i].wall_ms > 0) wall += tj->res[i].wall_ms;
+    if (tj->res[i].wall_ms > worst) worst = tj->res[i].wall_ms;
+  }
+  /* where a tune's time goes: the worker's answers (the rest is its start and the prepare) */
+  printf("  (worker answers %.0f ms of the %.0f: the plan's %.0f ms, the slowest %.0f ms)\n", wall, tj->tune_ms,
+         tj->res[plan].wall_ms, worst);
 out:
   fm_tune_job_free(tj);
   free(bytes);
