@@ -26,6 +26,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -254,6 +255,46 @@ static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src
 /* The reference outputs of GEMM fragment f (its matmul is ops[gemm]) at M = W.outer_v: all
  * rows when that is cheap, else the strips (W.n_strips, W.strip_row/len), each evaluated as
  * f with M = the strip's length over operands offset to the strip's first row. */
+/* One row of a large GEMM's reference: the fragment cut to that row (see reference_gemm). */
+typedef struct ref_row {
+  const fm_fragment *f;
+  const fm_tensor *b;
+  const void *const *ins;
+  void *const *outs;
+  int64_t M, row;
+  fm_fragment *s;      /* scratch copy */
+  int rc;
+  fm_diag d;
+} ref_row;
+
+static void *ref_row_main(void *arg) {
+  ref_row *t = arg;
+  const fm_fragment *f = t->f;
+  const void *sin[FM_MAX_INPUTS];
+  void *sout[FM_MAX_OUTPUTS];
+  memcpy(t->s, f, sizeof *t->s);
+  /* every tensor with the M dim (A, the [M, N] operands and outputs) starts at this row and
+   * has one row; broadcast rows ([1, N]) stay as they are. B is told apart by position: with
+   * a static M equal to K its shape alone would not. */
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    fm_tensor *x = &t->s->inputs[k];
+    int has_m = x->rank == 2 && (x->shape[0] == FM_DIM_SYMBOLIC || (x->shape[0] == t->M && &f->inputs[k] != t->b));
+    size_t off = has_m ? (size_t)(t->row * x->strides[0]) * fm_dtype_size(x->dtype) : 0;
+    sin[k] = t->ins[k] ? (const uint8_t *)t->ins[k] + off : NULL;
+    if (has_m && x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    fm_tensor *x = &t->s->outputs[k];
+    sout[k] = (uint8_t *)t->outs[k] + (size_t)(t->row * x->strides[0]) * fm_dtype_size(x->dtype);
+    if (x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
+  }
+  t->rc = fm_reference_eval(t->s, 1, sin, sout, &t->d);
+  return NULL;
+}
+
+/* The fp64 reference of a GEMM fragment at M = outer_v: whole when cheap, else row strips
+ * (first, middle, last GEMM_STRIP_ROWS rows), each row on a thread of its own (the fp64 dot
+ * products of a large K are seconds of one core). */
 static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs,
                           fm_diag *d) {
   const fm_opnode *mm = &f->ops[gemm];
@@ -266,36 +307,34 @@ static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins
   if (M * N * K <= REF_MACS || M <= MAX_STRIPS * GEMM_STRIP_ROWS)
     return fm_reference_eval(f, M, ins, outs, d);
   int64_t starts[MAX_STRIPS] = {0, (M / 2) & ~(int64_t)(GEMM_STRIP_ROWS - 1), M - GEMM_STRIP_ROWS};
-  fm_fragment *s = malloc(sizeof *s);
-  if (!s) return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  int rc = FM_OK;
-  for (int i = 0; i < MAX_STRIPS && rc == FM_OK; i++) {
-    int64_t r0 = starts[i], len = GEMM_STRIP_ROWS;
-    const void *sin[FM_MAX_INPUTS];
-    void *sout[FM_MAX_OUTPUTS];
-    memcpy(s, f, sizeof *s);
-    /* every tensor with the M dim (A, the [M, N] operands and outputs) starts at row r0 and
-     * has len rows; broadcast rows ([1, N]) stay as they are */
-    for (uint32_t k = 0; k < f->n_inputs; k++) {
-      fm_tensor *t = &s->inputs[k];
-      /* (B is told apart by position: with a static M equal to K its shape alone would not) */
-      int has_m = t->rank == 2 && (t->shape[0] == FM_DIM_SYMBOLIC || (t->shape[0] == M && &f->inputs[k] != b));
-      size_t off = has_m ? (size_t)(r0 * t->strides[0]) * fm_dtype_size(t->dtype) : 0;
-      sin[k] = ins[k] ? (const uint8_t *)ins[k] + off : NULL;
-      if (has_m && t->shape[0] != FM_DIM_SYMBOLIC) t->shape[0] = len;
+  enum { ROWS = MAX_STRIPS * GEMM_STRIP_ROWS };
+  ref_row *rows = calloc(ROWS, sizeof *rows);
+  pthread_t th[ROWS];
+  int started[ROWS] = {0}, rc = FM_OK;
+  if (!rows) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  for (int i = 0; i < ROWS; i++) {
+    rows[i] = (ref_row){f, b, ins, outs, M, starts[i / GEMM_STRIP_ROWS] + i % GEMM_STRIP_ROWS, NULL, FM_OK, {{0}}};
+    rows[i].s = malloc(sizeof *rows[i].s);
+    if (!rows[i].s) {
+      rc = fm_diag_set(d, FM_ENOMEM, "out of memory");
+      break;
     }
-    for (uint32_t k = 0; k < f->n_outputs; k++) {
-      fm_tensor *t = &s->outputs[k];
-      sout[k] = (uint8_t *)outs[k] + (size_t)(r0 * t->strides[0]) * fm_dtype_size(t->dtype);
-      if (t->shape[0] != FM_DIM_SYMBOLIC) t->shape[0] = len;
-    }
-    rc = fm_reference_eval(s, len, sin, sout, d);
-    W.strip_row[i] = r0;
-    W.strip_len[i] = len;
+    if (pthread_create(&th[i], NULL, ref_row_main, &rows[i]) == 0) started[i] = 1;
+    else ref_row_main(&rows[i]);   /* no thread: this one here */
   }
-  free(s);
-  if (rc == FM_OK) W.n_strips = MAX_STRIPS;
-  return rc;
+  for (int i = 0; i < ROWS; i++) {
+    if (started[i]) pthread_join(th[i], NULL);
+    if (rc == FM_OK && rows[i].s && rows[i].rc) rc = fm_diag_set(d, rows[i].rc, "%s", rows[i].d.text);
+    free(rows[i].s);
+  }
+  free(rows);
+  if (rc) return rc;
+  for (int i = 0; i < MAX_STRIPS; i++) {
+    W.strip_row[i] = starts[i];
+    W.strip_len[i] = GEMM_STRIP_ROWS;
+  }
+  W.n_strips = MAX_STRIPS;
+  return FM_OK;
 }
 
 static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *why, size_t cap) {
