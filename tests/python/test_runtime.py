@@ -170,3 +170,10 @@ def test_gemm_group_through_a_view_launch_layout(dead_socket, standin):
     plan = {"kind": "cublaslt", "blas": {"form": "split", "scratch": [4 << 20, 64 * 2]}}
     r._launch(xs, torch.device("cpu"), "p" * 64, b"", plan)
     assert standin.calls[-1] == (len(xs), n_out + 1, 16)
+    # explain's view of a group served a plan: its strategy names the plan and its form
+    from fuseml import plan_view
+    r.kernel = ("p" * 64, "tuned", b"", plan)
+    r.group.state, r.use_kernel = "tuned", True
+    (row,) = [x for x in plan_view.groups(c) if x["gid"] == r.group.gid and x["plan"]]
+    assert row["strategy"] == "cublaslt plan (tuned): cuBLASLt + a generated epilogue kernel"
+    assert row["plan"] == "split" and row["template"] == "cublaslt"

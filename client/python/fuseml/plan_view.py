@@ -6,10 +6,13 @@ def groups(compiler):
     """One dict per group of every graph `compiler` (a FuseMLCompiler) compiled, in compile
     order: which graph, group id, kind, ops, route, reason, the daemon's key/state/origin, the
     served kernel's template kind and entry symbol, and `strategy`, a short label:
-    "kernel <kind> (<state>)" for a group served a tuned kernel (launched on CUDA), "aten
+    "kernel <kind> (<state>)" for a group served a tuned kernel (launched on CUDA), "cublaslt
+    plan (<state>): ..." for a GEMM group the tuner served a cuBLASLt plan (direct: cuBLASLt's
+    own epilogue; split: cuBLASLt + one generated epilogue kernel), "aten
     <kind>: ..." for one whose kernel the runtime measured slower than ATen and dropped,
     "eager <kind>: <why>" for one routed to a kernel but not served, "bypass <kind>: <reason>"
-    for one the partitioner left to ATen. Fields a plan lacks are None."""
+    for one the partitioner left to ATen; `plan`: the cuBLASLt plan's form ("direct" or
+    "split") when one was served. Fields a plan lacks are None."""
     from . import runtime
     runners = {id(r.built): r for r in list(runtime._registry.values())
                if getattr(r, "built", None) is not None}
@@ -24,6 +27,12 @@ def groups(compiler):
             use = getattr(r, "use_kernel", None) if r is not None else None
             if route == "kernel" and kernel is not None and state == "tuned" and use is False:
                 strategy = f"aten {kind}: measured slower than its ATen ops"
+            elif route == "kernel" and kernel is not None and state == "tuned" and meta.get("blas"):
+                # the tuner found cuBLASLt faster: its own epilogue, or + one epilogue kernel
+                form = meta["blas"].get("form")
+                strategy = (f"cublaslt plan ({state}): " +
+                            ("cuBLASLt with its own epilogue" if form == "direct"
+                             else "cuBLASLt + a generated epilogue kernel"))
             elif route == "kernel" and kernel is not None and state == "tuned":
                 strategy = f"kernel {meta.get('kind', kind)} ({state})"
             elif route == "kernel":
@@ -36,7 +45,8 @@ def groups(compiler):
                         "route": route, "reason": getattr(g, "reason", None),
                         "key": getattr(g, "key", None), "state": state,
                         "origin": getattr(g, "origin", None), "template": meta.get("kind"),
-                        "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy})
+                        "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy,
+                        "plan": (meta.get("blas") or {}).get("form")})
     return out
 
 
@@ -57,9 +67,10 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
         torch.cuda.synchronize()
     rows = groups(compiler)
     file = file or sys.stdout
-    fused = [r for r in rows if r["strategy"].startswith("kernel")]
+    fused = [r for r in rows if r["strategy"].startswith(("kernel", "cublaslt"))]
+    launches = sum(2 if r["plan"] == "split" else 1 for r in fused)   # split: cuBLASLt + a kernel
     print(f"fuseml: {len(rows)} groups, {len(fused)} run as fused kernels "
-          f"({len(fused)} launches per call for them)", file=file)
+          f"({launches} launches per call for them)", file=file)
     by_gid = {}
     for plan in compiler.plans:
         for g in plan.groups:
