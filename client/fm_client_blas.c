@@ -127,12 +127,12 @@ static int build_layouts(fm_blas *b, int64_t m, fm_diag *d) {
   return FM_OK;
 }
 
-static int heuristic(fm_blas *b, int max, fm_diag *d) {
-  int n = 0;
-  cublasStatus_t s = lt.heuristic(b->handle, b->desc, b->la, b->lb, b->lc, b->ld, b->pref, max, b->found, &n);
+/* The heuristic's first max choices for the current layouts into out; how many (>= 1) in *n. */
+static int heuristic(fm_blas *b, int max, cublasLtMatmulHeuristicResult_t *out, int *n, fm_diag *d) {
+  *n = 0;
+  cublasStatus_t s = lt.heuristic(b->handle, b->desc, b->la, b->lb, b->lc, b->ld, b->pref, max, out, n);
   if (s) return lt_fail(s, "heuristic", d);
-  if (n < 1) return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt has no algorithm for this product");
-  b->n_found = n;
+  if (*n < 1) return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt has no algorithm for this product");
   return FM_OK;
 }
 
@@ -152,12 +152,15 @@ static int prepare_m(fm_blas *b, int64_t m, fm_diag *d) {
       return FM_OK;
     }
   }
-  if ((err = heuristic(b, 1, d))) {
+  /* (a result of its own: the tuner's search list must survive an M the choice does not fit) */
+  cublasLtMatmulHeuristicResult_t first;
+  int n;
+  if ((err = heuristic(b, 1, &first, &n, d))) {
     drop_layouts(b);
     return err;
   }
-  b->algo = b->found[0].algo;
-  b->algo_workspace = b->found[0].workspaceSize;
+  b->algo = first.algo;
+  b->algo_workspace = first.workspaceSize;
   return FM_OK;
 }
 
@@ -258,7 +261,7 @@ int fm_blas_search(fm_blas *b, int64_t outer, int max, fm_diag *d) {
   if (max > MAX_SEARCH) max = MAX_SEARCH;
   pthread_mutex_lock(&b->lock);
   err = build_layouts(b, m, d);
-  if (!err) err = heuristic(b, max < 1 ? 1 : max, d);
+  if (!err) err = heuristic(b, max < 1 ? 1 : max, b->found, &b->n_found, d);
   if (!err) {
     b->algo = b->found[0].algo;
     b->algo_workspace = b->found[0].workspaceSize;
