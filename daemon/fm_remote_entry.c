@@ -239,7 +239,8 @@ int fm_remote_entry_verify(const fm_entry *e, const fm_remote_build *b, const fm
     return fm_diag_set(d, FM_EINVAL, "entry is for another key");
   if (canonical && (e->canonical_len != canonical_len || memcmp(e->canonical, canonical, canonical_len) != 0))
     return fm_diag_set(d, FM_EINVAL, "entry holds a different canonical fragment");
-  if (e->state != FM_STATE_BAD && (!e->cubin_len || !e->meta_len))
+  /* a direct cuBLASLt plan (kind "cublaslt") is metadata alone: no CUBIN */
+  if (e->state != FM_STATE_BAD && ((!e->cubin_len && strcmp(e->kind, "cublaslt") != 0) || !e->meta_len))
     return fm_diag_set(d, FM_EINVAL, "entry has no kernel");
   return FM_OK;
 }

@@ -117,6 +117,14 @@ static void test_verify_refusals(void) {
   uint8_t canon2[] = {0x81, 0xa1, 'x', 0x02};
   CHECK(fm_remote_entry_verify(&e, &b, &e.key, "none/sm_90a", &mine, canon2, sizeof canon2, &d) == FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "canonical");
+  /* no CUBIN: refused for a kernel, accepted for a cuBLASLt plan (a direct plan has none) */
+  e.cubin = NULL, e.cubin_len = 0;
+  CHECK(fm_remote_entry_verify(&e, &b, &e.key, "none/sm_90a", &mine, NULL, 0, &d) == FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "no kernel");
+  snprintf(e.kind, sizeof e.kind, "cublaslt");
+  CHECK(fm_remote_entry_verify(&e, &b, &e.key, "none/sm_90a", &mine, NULL, 0, &d) == FM_OK);
+  e.meta_len = 0;
+  CHECK(fm_remote_entry_verify(&e, &b, &e.key, "none/sm_90a", &mine, NULL, 0, &d) == FM_EINVAL);
 }
 
 static void test_rkey_and_url(void) {
