@@ -91,6 +91,7 @@ struct fm_blas {
   cublasLtMatrixLayout_t la, lb, lc, ld;
   cublasLtMatmulAlgo_t algo;
   size_t algo_workspace;
+  const void *bias_set;              /* the bias pointer the descriptor holds (NULL: stand-in) */
   /* the search's results (tuner only) */
   cublasLtMatmulHeuristicResult_t found[MAX_SEARCH];
   int n_found;
@@ -238,12 +239,13 @@ int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, i
   if (m <= 0) return FM_OK;   /* an empty product */
   pthread_mutex_lock(&b->lock);
   if ((err = prepare_m(b, m, d))) goto out;
-  if (p->bias >= 0) {
+  if (p->bias >= 0 && inputs[p->bias] != b->bias_set) {   /* a weight: set once, usually */
     const void *bias = inputs[p->bias];
     if ((s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))) {
       err = lt_fail(s, "bias pointer", d);
       goto out;
     }
+    b->bias_set = bias;
   }
   const void *c = p->c >= 0 ? inputs[p->c] : d_out;
   s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b], b->la, inputs[p->a], b->lb, &beta, c, b->lc, d_out,

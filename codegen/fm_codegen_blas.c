@@ -34,7 +34,10 @@ static addend_kind addend(const fm_fragment *f, const fm_cg_gemm_plan *gp, uint3
   if (gp->n > 1 && t->strides[1] != 1) return ADDEND_NONE;
   /* one row added to every row: a [1, N] bias, or an [M, N] view of one row (row stride 0,
      an expanded [N]), which is no C: cuBLASLt would read M rows of it */
-  if ((t->shape[0] == 1 || t->strides[0] == 0) && gp->m != 1) return ADDEND_BIAS;
+  if ((t->shape[0] == 1 || t->strides[0] == 0) && gp->m != 1)
+    /* the plan promises cuBLASLt a 16-byte aligned bias (fm_client_blas.c): a less aligned
+       one leaves the epilogue to the split form */
+    return t->align >= 16 ? ADDEND_BIAS : ADDEND_NONE;
   /* both symbolic, or the same static M; cuBLASLt takes no C whose rows overlap (ldc < N) */
   if (t->shape[0] == gp->m && row_stride(t, gp->n) >= gp->n) return ADDEND_C;
   return ADDEND_NONE;

@@ -8,21 +8,24 @@
  *    or for a GEMM with an M bucket (m_hint) the bucket, at most GEMM_VERIFY_ROWS;
  *  - a GEMM whose fp64 reference would cost more than REF_MACS multiply-adds is checked on
  *    row strips (first, middle, last GEMM_STRIP_ROWS rows): the kernel computes every row,
- *    the reference only the strips, and only they are compared. Rows of a GEMM are
- *    independent, so a strip is the same fragment with M = the strip's length over operands
- *    offset to its first row;
+ *    the reference only the strips' rows (one thread each), and only they are read back and
+ *    compared. Rows of a GEMM are independent, so a row is the same fragment with M = 1
+ *    over operands offset to it;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1) from the daemon's seed,
  *    and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
  *  - timing size: the static shape; for a GEMM with an M bucket the bucket; for any other
  *    symbolic dim 0 an outer giving ~64M elements
  *    (each buffer set capped at 2 GiB); as many buffer sets (up to 16) as it takes for one
  *    rotation to span 3x the L2, so no timed launch finds its operands in L2.
- * run (per candidate): load the CUBIN (load_failed), re-upload the inputs (a wrong kernel
- * may have scribbled on them), poison the outputs with 0xFF bytes, launch, synchronize
+ * run (per candidate): load the CUBIN (load_failed), restore the inputs from a device copy
+ * made at prepare (a wrong kernel may have scribbled on them), poison the outputs with 0xFF
+ * bytes, launch (a cuBLASLt plan with its scratch), synchronize
  * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
  * ||out - ref|| / ||ref|| <= tol (bf16 1e-2, f16 2e-3, f32 1e-4, bool exact) over the
  * elements whose reference is finite, with no NaN among them, and infinities equal. Then
- * time it: 3 warm-ups, 20 launches each between two CUDA events, the median. */
+ * time it: 3 warm-ups, 20 launches each between two CUDA events, the median. A cuBLASLt plan
+ * without an algo runs that for each of the heuristic's first BLAS_CHOICES choices and
+ * answers with the fastest that verified, and its algo. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
@@ -252,9 +255,6 @@ static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src
   return 0;
 }
 
-/* The reference outputs of GEMM fragment f (its matmul is ops[gemm]) at M = W.outer_v: all
- * rows when that is cheap, else the strips (W.n_strips, W.strip_row/len), each evaluated as
- * f with M = the strip's length over operands offset to the strip's first row. */
 /* One row of a large GEMM's reference: the fragment cut to that row (see reference_gemm). */
 typedef struct ref_row {
   const fm_fragment *f;
@@ -292,8 +292,9 @@ static void *ref_row_main(void *arg) {
   return NULL;
 }
 
-/* The fp64 reference of a GEMM fragment at M = outer_v: whole when cheap, else row strips
- * (first, middle, last GEMM_STRIP_ROWS rows), each row on a thread of its own (the fp64 dot
+/* The reference outputs of GEMM fragment f (its matmul is ops[gemm]) at M = W.outer_v: all
+ * rows when that is cheap, else the strips (W.n_strips, W.strip_row/len), each row evaluated
+ * on a thread of its own as f with M = 1 over operands offset to that row (the fp64 dot
  * products of a large K are seconds of one core). */
 static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs,
                           fm_diag *d) {

@@ -3,10 +3,12 @@
 
 #include "fm_nvrtc.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 uint64_t gu_next(gu_rng *r) {
   r->s ^= r->s >> 12;
@@ -145,4 +147,31 @@ int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t
   if (rc) *err = log ? log : strdup("nvrtc failed");
   else free(log);
   return rc;
+}
+
+int gu_count_child_tuners(void) {
+  int n = 0;
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    char path[300], comm[64] = "";
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    int ours = fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0;
+    fclose(f);
+    /* Only this test's own workers: a daemon running beside it has a worker of its own. */
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    long ppid = -1;
+    if (ours && (f = fopen(path, "r"))) {
+      char stat[512] = "";
+      const char *close_paren = fgets(stat, sizeof stat, f) ? strrchr(stat, ')') : NULL;
+      if (close_paren) sscanf(close_paren + 1, " %*c %ld", &ppid);
+      fclose(f);
+    }
+    if (ours && ppid == (long)getpid()) n++;
+  }
+  if (d) closedir(d);
+  return n;
 }

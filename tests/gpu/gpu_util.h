@@ -50,4 +50,8 @@ int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t
                        const char *arch, const char *name, uint8_t **cubin, size_t *cubin_len,
                        fm_kernel_meta *meta, char **err);
 
+/* fusemld-tuner processes whose parent is this process (zombies included): a daemon running
+ * beside the test has a worker of its own, which is not counted. */
+int gu_count_child_tuners(void);
+
 #endif

@@ -14,12 +14,10 @@
  *     skips this part, FM_BLAS_TUNES=only runs nothing else).
  * usage: test_blas_gpu PATH/TO/fusemld-tuner */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "fm_codegen.h"
 #include "fm_compile.h"
@@ -28,6 +26,7 @@
 #include "fm_tuner.h"
 #include "fm_tuner_worker.h"
 #include "frag_builder.h"
+#include "gpu_util.h"
 
 static const char *worker_exe;
 static fm_device_id dev;
@@ -47,27 +46,6 @@ typedef struct tcase {
   fm_dtype dt;
   int want_form;
 } tcase;
-
-/* fusemld-tuner processes started by this test (a daemon running beside it has its own). */
-static int count_tuner_processes(void) {
-  DIR *d = opendir("/proc");
-  struct dirent *e;
-  int n = 0;
-  while (d && (e = readdir(d))) {
-    char path[300], comm[64] = "";
-    int ppid = 0;
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    /* pid (comm) state ppid ... */
-    if (fscanf(f, "%*d (%63[^)]) %*c %d", comm, &ppid) == 2 && strcmp(comm, "fusemld-tuner") == 0 &&
-        ppid == (int)getpid())
-      n++;
-    fclose(f);
-  }
-  if (d) closedir(d);
-  return n;
-}
 
 /* The canonical fragment of c at M bucket hint (static M when c->m > 0). */
 static int build(const tcase *c, uint64_t hint, fm_fragment *canon, uint8_t **bytes, size_t *len) {
@@ -211,7 +189,7 @@ static void test_plans(void) {
       {EPI_GELU_TWO_OUT, FM_DIM_SYMBOLIC, 4096, 128, 4096, 4096, 0, 0, FM_DT_BF16, FM_BLAS_SPLIT},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
-  CHECK_EQ_INT(count_tuner_processes(), 0);
+  CHECK_EQ_INT(gu_count_child_tuners(), 0);
 }
 
 /* One full tune: every candidate of bias + GELU at M x N x K (static M), compiled in parallel
@@ -307,7 +285,7 @@ static void test_full_tunes(void) {
   full_tune(8192, 8192, 8192);
   full_tune(16384, 1024, 256);
   full_tune(16384, 256, 1024);
-  CHECK_EQ_INT(count_tuner_processes(), 0);
+  CHECK_EQ_INT(gu_count_child_tuners(), 0);
 }
 
 int main(int argc, char **argv) {

@@ -21,7 +21,6 @@
  * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -39,6 +38,7 @@
 #include "fm_tuner.h"
 #include "fm_tuner_worker.h"
 #include "frag_builder.h"
+#include "gpu_util.h"
 
 static const char *worker_exe;
 static fm_fragment canon;
@@ -67,33 +67,6 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int count_tuner_processes(void) {
-  int n = 0;
-  DIR *d = opendir("/proc");
-  struct dirent *e;
-  while (d && (e = readdir(d))) {
-    char path[300], comm[64] = "";
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    snprintf(path, sizeof path, "/proc/%s/comm", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f) continue;
-    int ours = fgets(comm, sizeof comm, f) && strncmp(comm, "fusemld-tuner", 13) == 0;
-    fclose(f);
-    /* Only this test's own workers: a daemon running beside it has a worker of its own. */
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    long ppid = -1;
-    if (ours && (f = fopen(path, "r"))) {
-      char stat[512] = "";
-      const char *close_paren = fgets(stat, sizeof stat, f) ? strrchr(stat, ')') : NULL;
-      if (close_paren) sscanf(close_paren + 1, " %*c %ld", &ppid);
-      fclose(f);
-    }
-    if (ours && ppid == (long)getpid()) n++;
-  }
-  if (d) closedir(d);
-  return n;
 }
 
 static int build_fragment(void) {
@@ -210,7 +183,7 @@ static void test_planted_bad_candidates(void) {
   CHECK_EQ_INT(tj->bad, 3);
   fm_tworker_stop(&w, 5000);
   CHECK(waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD);
-  CHECK_EQ_INT(count_tuner_processes(), 0);
+  CHECK_EQ_INT(gu_count_child_tuners(), 0);
   fm_tune_job_free(tj);
 }
 
@@ -245,7 +218,7 @@ static void test_full_tune(void) {
     printf("chosen: %s %.4f ms (%.2f TB/s); default %.4f ms (%.2f TB/s)\n", desc, tj->res[tj->winner].ms,
            bytes / tj->res[tj->winner].ms / 1e9, tj->res[0].ms, bytes / tj->res[0].ms / 1e9);
   }
-  CHECK_EQ_INT(count_tuner_processes(), 0);
+  CHECK_EQ_INT(gu_count_child_tuners(), 0);
   fm_tune_job_free(tj);
 }
 
@@ -322,7 +295,7 @@ static void test_decode_gemm_tune(void) {
     CHECK_EQ_INT(tj->tuned, 1);
     CHECK(tj->winner >= 0);
     for (size_t i = 0; i < n; i++) CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
-    CHECK_EQ_INT(count_tuner_processes(), 0);
+    CHECK_EQ_INT(gu_count_child_tuners(), 0);
     fm_tune_job_free(tj);
   }
   cur_canon = &canon;
@@ -435,7 +408,7 @@ static void test_fault_repetition(void) {
     int hang_ok = tj->res[3].verdict == FM_VERDICT_TIMEOUT;
     int good = tj->res[0].verdict == FM_VERDICT_OK && tj->res[2].verdict == FM_VERDICT_OK &&
                tj->res[4].verdict == FM_VERDICT_OK;
-    int procs = count_tuner_processes();
+    int procs = gu_count_child_tuners();
     restarts += (int)tj->restarts;
     bad += (int)tj->bad;
     ok_after += good;
@@ -479,7 +452,7 @@ static void test_fault_repetition(void) {
   CHECK_EQ_INT(stray, 0);
   CHECK(t_max < deadline_s * 1000 + 10000);
   CHECK(waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD);
-  CHECK_EQ_INT(count_tuner_processes(), 0);
+  CHECK_EQ_INT(gu_count_child_tuners(), 0);
   if (base >= 0) {
     CHECK(last_round <= first_round + 64);   /* no dead worker's memory piles up */
     CHECK(after <= base + 16);
