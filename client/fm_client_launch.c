@@ -187,7 +187,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   fm_CUtensorMap maps[FM_META_MAX_TMAPS];
   long long outer_arg;
   void *scratch_result = NULL;
-  uint64_t grid, grid_y;
+  uint64_t grid, grid_y, grid_z;
   uint32_t n = 0;
   fm_CUresult r;
 
@@ -214,10 +214,11 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   }
   grid = fm_meta_grid_x(&m->meta, outer);
   grid_y = fm_meta_grid_y(&m->meta, outer);
-  if (grid == 0 || grid_y == 0) return FM_OK;  /* an empty tensor: nothing to launch */
-  if (grid > 0x7fffffffu || grid_y > 65535u)
-    return fm_diag_set(d, FM_ELIMIT, "grid of %llu x %llu blocks exceeds the CUDA limit",
-                       (unsigned long long)grid, (unsigned long long)grid_y);
+  grid_z = fm_meta_grid_z(&m->meta, outer);
+  if (grid == 0 || grid_y == 0 || grid_z == 0) return FM_OK;  /* an empty tensor: nothing to launch */
+  if (grid > 0x7fffffffu || grid_y > 65535u || grid_z > 65535u)
+    return fm_diag_set(d, FM_ELIMIT, "grid of %llu x %llu x %llu blocks exceeds the CUDA limit",
+                       (unsigned long long)grid, (unsigned long long)grid_y, (unsigned long long)grid_z);
 
   /* Kernel parameters in metadata order: inputs, outputs, long long outer, then the tensor
    * maps (each 128 bytes by value, __grid_constant__ in the kernel). The driver
@@ -239,7 +240,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   }
   if (m->blas) params[n++] = &scratch_result;   /* the split form's epilogue reads the product */
 
-  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, 1, m->meta.block[0], m->meta.block[1],
+  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, (unsigned)grid_z, m->meta.block[0], m->meta.block[1],
                             m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel", d);
   return FM_OK;

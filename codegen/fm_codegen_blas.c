@@ -108,6 +108,9 @@ static int bad_operand(const fm_tensor *t, uint32_t kdim, int kmajor, int64_t ld
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, fm_diag *d) {
   int rc = fm_cg_gemm_plan_build_any(canon, gp, d);
   if (rc) return rc;
+  /* cuBLASLt runs batches too (strided batched layouts), but the plan metadata has no batch
+     strides yet: the generated kernels serve bmm alone */
+  if (gp->batched) return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt plans do not take bmm yet");
   if (bad_operand(&canon->inputs[gp->ia], 1, gp->a_kmajor, gp->lda) ||
       bad_operand(&canon->inputs[gp->ib], 0, gp->b_kmajor, gp->ldb))
     return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt: an operand is expanded (stride 0) or its rows overlap");

@@ -154,9 +154,29 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   gp->ib = p->args[gp->op][mm->nargs - 1];
   if (gp->ia >= p->n_in || gp->ib >= p->n_in)
     return fm_diag_set(d, FM_EINVAL, "the matrix operands are not inputs");
+  /* bmm: rank-3 tensors whose dim 0 is the batch; the matrix code below sees each one's
+     last two dims (views of rank 2) and the batch strides go to ez */
+  const uint32_t r = f->ops[gp->op].op == FM_OP_BMM ? 3 : 2;
+  fm_tensor av, bv;
   const fm_tensor *a = &f->inputs[gp->ia], *b = &f->inputs[gp->ib];
-  if (a->rank != 2 || b->rank != 2 || f->outputs[0].rank != 2)
-    return fm_diag_set(d, FM_EINVAL, "GEMM tensors are rank 2");
+  if (a->rank != r || b->rank != r || f->outputs[0].rank != r)
+    return fm_diag_set(d, FM_EINVAL, "GEMM tensors are rank %u", r);
+  gp->batched = r == 3;
+  if (gp->batched) {
+    gp->batch = f->outputs[0].shape[0];
+    gp->ez[gp->ia] = a->shape[0] == 1 ? 0 : a->strides[0];
+    gp->ez[gp->ib] = b->shape[0] == 1 ? 0 : b->strides[0];
+    av = *a;
+    bv = *b;
+    for (int w = 0; w < 2; w++) {
+      fm_tensor *v = w ? &bv : &av;
+      v->rank = 2;
+      memmove(&v->shape[0], &v->shape[1], 2 * sizeof v->shape[0]);
+      memmove(&v->strides[0], &v->strides[1], 2 * sizeof v->strides[0]);
+    }
+    a = &av;
+    b = &bv;
+  }
   gp->dt = a->dtype;
   if (gp->dt != FM_DT_BF16 && gp->dt != FM_DT_F16)
     return fm_diag_set(d, FM_EUNSUPPORTED, "the gemm template multiplies bf16 or f16");
@@ -168,6 +188,10 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   int rc = operand(a, 1, 'A', strict, &gp->a_kmajor, &gp->lda, d);
   if (!rc) rc = operand(b, 0, 'B', strict, &gp->b_kmajor, &gp->ldb, d);
   if (rc) return rc;
+  if (strict && gp->batched && (gp->ez[gp->ia] % 8 || gp->ez[gp->ib] % 8))
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "a batch stride of A or B (%" PRId64 ", %" PRId64 ") is not a multiple of 8 "
+                       "(16-byte chunks)", gp->ez[gp->ia], gp->ez[gp->ib]);
   for (uint32_t i = 0; i < p->n_ops; i++)
     for (uint32_t x = 0; x < f->ops[i].nargs; x++)
       if ((int)i != gp->op || x + 2 < f->ops[i].nargs)
@@ -183,8 +207,9 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_tensor *t = k < p->n_in ? &f->inputs[k] : &f->outputs[k - p->n_in];
     if (k == gp->ia || k == gp->ib) continue;
-    if (t->rank != 2) return fm_diag_set(d, FM_EINVAL, "epilogue tensor %u is not rank 2", k);
-    for (uint32_t j = 0; j < 2; j++) gp->es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
+    if (t->rank != r) return fm_diag_set(d, FM_EINVAL, "epilogue tensor %u is not rank %u", k, r);
+    for (uint32_t j = 0; j < 2; j++) gp->es[k][j] = t->shape[r - 2 + j] == 1 ? 0 : t->strides[r - 2 + j];
+    if (gp->batched) gp->ez[k] = t->shape[0] == 1 ? 0 : t->strides[0];
     p->t[k].dtype = t->dtype;
     p->t[k].align = t->align;
   }
@@ -223,6 +248,8 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
 }
 
 static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
+  if (gp->batched && c->wgmma >= 4)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: a tensor map addresses one matrix, not a batch (bmm)");
   if (c->wgmma) return check_wgmma(gp, c, d);
   if (c->wm < 1 || c->wn < 1 || c->wm * c->wn > 16)
     return fm_diag_set(d, FM_EINVAL, "config: %ux%u warps (1..16 in all)", c->wm, c->wn);
@@ -304,19 +331,22 @@ uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cf
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
   /* Fewer 128x128 tiles than SMs leaves the GPU idle: take the 64x64 tiles then, and the
    * 16-row tiles for a decode-sized M. A symbolic M is a batch dimension, assumed large. */
-  int64_t m = canon && canon->n_inputs ? -1 : 1, n = 1;
+  int64_t m = canon && canon->n_inputs ? -1 : 1, n = 1, batch = 1;
   int g = canon ? fm_fragment_gemm_op(canon) : -1;
   if (g >= 0) {
     const fm_opnode *mm = &canon->ops[g];
     int ia = position(canon, canon->n_inputs, mm->args[mm->nargs - 2]);
     int ib = position(canon, canon->n_inputs, mm->args[mm->nargs - 1]);
-    if (ia >= 0 && ib >= 0) {
-      m = canon->inputs[ia].shape[0];
-      n = canon->inputs[ib].shape[1];
+    uint32_t r = mm->op == FM_OP_BMM ? 3 : 2;   /* bmm: [Bt, M, K] @ [Bt, K, N] */
+    if (ia >= 0 && ib >= 0 && canon->inputs[ia].rank == r && canon->inputs[ib].rank == r) {
+      m = canon->inputs[ia].shape[r - 2];
+      n = canon->inputs[ib].shape[r - 1];
+      if (r == 3) batch = canon->outputs[0].shape[0];   /* -1: symbolic, assumed large */
     }
   }
   if (m > 0 && m <= 16) return configs[2];
-  if (m > 0 && ((m + 127) / 128) * ((n + 127) / 128) < (int64_t)DEFAULT_SMS) return configs[1];
+  if (m > 0 && batch > 0 && ((m + 127) / 128) * ((n + 127) / 128) * batch < (int64_t)DEFAULT_SMS)
+    return configs[1];
   return configs[0];
 }
 
@@ -385,7 +415,8 @@ static int vector_ok(const fm_cg_gemm_plan *gp, uint32_t k) {
   fm_dtype dt = gp->base.t[k].dtype;
   size_t es = fm_dtype_size(dt);
   if (dt == FM_DT_BOOL || (es != 2 && es != 4)) return 0;
-  return gp->es[k][1] == 1 && gp->es[k][0] % (int64_t)(16 / es) == 0 && gp->base.t[k].align >= 16;
+  return gp->es[k][1] == 1 && gp->es[k][0] % (int64_t)(16 / es) == 0 && gp->ez[k] % (int64_t)(16 / es) == 0 &&
+         gp->base.t[k].align >= 16;
 }
 
 /* The epilogue parameter list after (acc, m, n): used inputs, then outputs. */
@@ -536,6 +567,15 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
     fm_strbuf_append(sb, "    long long outer) {\n");
   if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
+  if (!gp->batched) return;
+  /* bmm: blockIdx.z is this block's product; every tensor moves to it (a broadcast one,
+     batch stride 0, stays), and the rest of the kernel is that of one GEMM */
+  fm_strbuf_append(sb, "  const long long fm_z = blockIdx.z;\n");
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    if (!gp->ez[k] || (k < p->n_in && !gp->used[k] && k != gp->ia && k != gp->ib)) continue;
+    fm_strbuf_printf(sb, "  %s%u += fm_z * %" PRId64 "LL;\n", k < p->n_in ? "in" : "out",
+                     k < p->n_in ? k : k - p->n_in, gp->ez[k]);
+  }
 }
 
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
@@ -813,6 +853,13 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                         block_threads(cfg),
                         smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
   if (cfg->wgmma >= 4) tma_meta(meta, gp, cfg);
+  if (gp->batched) {
+    /* grid (column tiles, row tiles of one product, products): M is static, the batch the
+       launch's outer when symbolic */
+    snprintf(meta->grid_rule, sizeof meta->grid_rule, "batched");
+    meta->inner = (uint64_t)gp->m;
+    meta->outer = gp->batch;
+  }
   if (cfg->cluster == 2) {
     /* grid (2 x column tiles, row-tile pairs): x pairs the cluster's blocks (fm_tile_coords) */
     meta->items_per_block = 2u * cfg->bm;

@@ -39,6 +39,13 @@ typedef struct fm_cg_gemm_plan {
   int64_t lda, ldb;       /* the other dim's stride */
   int64_t m, k, n;        /* m = -1 when symbolic */
   int64_t es[FM_CG_MAX_TENSORS][2]; /* [M, N] strides of epilogue tensors (0 where broadcast) */
+  /* A batched GEMM (bmm): Bt products, blockIdx.z the product; each tensor's batch stride
+   * (0 where broadcast; A's and B's too), batch the static Bt or -1 (the launch's outer).
+   * Only templates that address A and B through pointers serve it (the sm_80 mainloop,
+   * the cp.async wgmma forms). */
+  int batched;
+  int64_t batch;
+  int64_t ez[FM_CG_MAX_TENSORS];
   uint8_t used[FM_MAX_INPUTS];      /* input read by the epilogue */
 } fm_cg_gemm_plan;
 

@@ -291,16 +291,20 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
   return FM_OK;
 }
 
-/* One element of a GEMM's product: fp64 sum over k of A[m, k] * B[k, n]. */
+/* One element of a GEMM's product: fp64 sum over k of A[m, k] * B[k, n]; for bmm (rank-3
+ * operands) those of product z: A[z, m, k] * B[z, k, n]. */
 static double gemm_dot(const fm_fragment *f, uint32_t ia, uint32_t ib, const void *a, const void *b,
-                       int64_t m, int64_t n) {
+                       int64_t z, int64_t m, int64_t n) {
   const fm_tensor *ta = &f->inputs[ia], *tb = &f->inputs[ib];
-  int64_t K = tb->shape[0];
-  int64_t sa0 = ta->shape[0] == 1 ? 0 : ta->strides[0], sa1 = ta->strides[1];
-  int64_t sb0 = tb->strides[0], sb1 = tb->shape[1] == 1 ? 0 : tb->strides[1];
+  const uint32_t r = ta->rank, md = r - 2, nd = r - 1;   /* the matrix dims: the last two */
+  int64_t K = tb->shape[md];
+  int64_t sa0 = ta->shape[md] == 1 ? 0 : ta->strides[md], sa1 = ta->strides[nd];
+  int64_t sb0 = tb->strides[md], sb1 = tb->shape[nd] == 1 ? 0 : tb->strides[nd];
+  int64_t za = r == 3 && ta->shape[0] != 1 ? z * ta->strides[0] : 0;
+  int64_t zb = r == 3 && tb->shape[0] != 1 ? z * tb->strides[0] : 0;
   double acc = 0.0;
   for (int64_t k = 0; k < K; k++)
-    acc += load(ta->dtype, a, m * sa0 + k * sa1) * load(tb->dtype, b, k * sb0 + n * sb1);
+    acc += load(ta->dtype, a, za + m * sa0 + k * sa1) * load(tb->dtype, b, zb + k * sb0 + n * sb1);
   return acc;
 }
 
@@ -354,14 +358,14 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
     for (uint32_t j = 0; j < rank; j++) es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
   }
-  /* GEMM fragments: the matrix operands are not indexed by the [M, N] iteration; the
+  /* GEMM fragments: the matrix operands are not indexed by the [(Bt,) M, N] iteration; the
    * product reads them over k instead. */
   int g = fm_fragment_gemm_op(f);
   uint32_t ia = UINT32_MAX, ib = UINT32_MAX;
   if (g >= 0) {
     ia = pr->args[g][f->ops[g].nargs - 2];
     ib = pr->args[g][f->ops[g].nargs - 1];
-    if (rank != 2 || ia >= f->n_inputs || ib >= f->n_inputs || !inputs[ia] || !inputs[ib]) {
+    if (rank != (f->ops[g].op == FM_OP_BMM ? 3u : 2u) || ia >= f->n_inputs || ib >= f->n_inputs || !inputs[ia] || !inputs[ib]) {
       rc = fm_diag_set(d, FM_EINVAL, "reference: malformed GEMM fragment");
       goto out;
     }
@@ -386,7 +390,8 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
       const uint16_t *a = pr->args[o];
       uint32_t na = f->ops[o].nargs;
       if ((int)o == g) {
-        v[f->n_inputs + o] = gemm_dot(f, ia, ib, inputs[ia], inputs[ib], idx[0], idx[1]) +
+        v[f->n_inputs + o] = (rank == 3 ? gemm_dot(f, ia, ib, inputs[ia], inputs[ib], idx[0], idx[1], idx[2])
+                                         : gemm_dot(f, ia, ib, inputs[ia], inputs[ib], 0, idx[0], idx[1])) +
                              (na == 3 ? v[a[0]] : 0.0);
         continue;
       }

@@ -21,7 +21,9 @@
  *    per row (its last dim is 1).
  *  - GEMM fragments (mm / addmm): the product at (m, n) is the fp64 sum over k of
  *    A[m, k] * B[k, n] (operands decoded exactly), not rounded (kernels keep it fp32);
- *    addmm adds its bias in fp64; the epilogue then runs per element as above.
+ *    addmm adds its bias in fp64; the epilogue then runs per element as above. bmm: the
+ *    same per product z of the [Bt, M, N] iteration, over A[z, m, k] * B[z, k, n] (a batch
+ *    dim of 1 is the one matrix of every product).
  * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
  * the final rounding), not bit for bit. */
 #ifndef FM_REFERENCE_H

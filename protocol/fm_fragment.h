@@ -8,7 +8,7 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1 | 2 | 3,
+ *   {vocab: 1 | 2 | 3 | 4,
  *    m_hint?: int   (GEMM fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
  *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
@@ -44,8 +44,9 @@
  * reductions keeps its vocabulary-1 canonical bytes and cache key. Vocabulary 3 adds the
  * matrix products mm and addmm (GEMM fragments, below). `erf` (what GELU and its backward
  * decompose into) was appended to the elementwise ops of vocabulary 1 later: a daemon built
- * before it answers unknown_op, and the client runs the group eagerly. */
-#define FM_VOCAB_VERSION 3
+ * before it answers unknown_op, and the client runs the group eagerly. Vocabulary 4 adds
+ * bmm (batched GEMM fragments); a daemon of vocabulary 3 refuses it as reserved. */
+#define FM_VOCAB_VERSION 4
 #define FM_VOCAB_MIN 1
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
@@ -100,7 +101,8 @@ typedef enum {
                       (sum, mean, amax; var also takes `correction`) */
   FM_OPK_COMPOSITE,/* vocab 2, wire form only: expanded into primitives by
                       fm_fragment_expand (softmax, layer_norm, rms_norm) */
-  FM_OPK_MATMUL,   /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments */
+  FM_OPK_MATMUL,   /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments;
+                      vocab 4: bmm (A, B), a batch of products (batched GEMM fragments) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -136,7 +138,7 @@ typedef enum {
   XX(CAST, "cast", FM_OPK_CAST)              \
   XX(MM, "mm", FM_OPK_MATMUL)                \
   XX(ADDMM, "addmm", FM_OPK_MATMUL)          \
-  XX(BMM, "bmm", FM_OPK_RESERVED)            \
+  XX(BMM, "bmm", FM_OPK_MATMUL)              \
   XX(SUM, "sum", FM_OPK_REDUCE)              \
   XX(MEAN, "mean", FM_OPK_REDUCE)            \
   XX(AMAX, "amax", FM_OPK_REDUCE)            \
@@ -223,8 +225,18 @@ typedef struct fm_fragment {
  * written with rank 1 ([N]) or rank 0, which validation turns into [1, N] / [1, 1] (the
  * canonical shape). M may be the symbolic dim 0 (A's and the outputs'); K and N are
  * static. Layouts: A and B each row- or column-major (stride 1 in one of the two dims);
- * anything else is FM_EUNSUPPORTED, as is a reduction in a GEMM fragment. */
+ * anything else is FM_EUNSUPPORTED, as is a reduction in a GEMM fragment.
+ *
+ * Batched GEMM fragments (vocab 4): the product is a `bmm` (args [A, B]) of rank-3 inputs
+ * A [Bt, M, K] and B [Bt, K, N]: Bt products at once, each batch's matrix row- or
+ * column-major as above, any static batch stride (0: one matrix expanded over the batch).
+ * The iteration shape is [Bt, M, N]; dim 0 (the batch) may be the symbolic dim (its size
+ * is the launch's outer, and m_hint then hints the batch count), M, K and N are static.
+ * Outputs are [Bt, M, N]; other inputs broadcast to it and may be written with rank < 3
+ * (right-aligned: [N] -> [1, 1, N], [M, N] -> [1, M, N]; validation adds the leading 1s). */
 int fm_fragment_is_gemm(const fm_fragment *f);
+/* True for a batched GEMM fragment (its product is a bmm). */
+int fm_fragment_is_bmm(const fm_fragment *f);
 /* Index of the GEMM fragment's matmul op (valid GEMM fragment), or -1. */
 int fm_fragment_gemm_op(const fm_fragment *f);
 

@@ -322,6 +322,11 @@ int fm_fragment_is_rows(const fm_fragment *f) {
 
 int fm_fragment_is_gemm(const fm_fragment *f) { return fm_fragment_gemm_op(f) >= 0; }
 
+int fm_fragment_is_bmm(const fm_fragment *f) {
+  int g = fm_fragment_gemm_op(f);
+  return g >= 0 && f->ops[g].op == FM_OP_BMM;
+}
+
 int fm_fragment_gemm_op(const fm_fragment *f) {
   if (!f || f->n_ops > FM_MAX_OPS) return -1;
   for (uint32_t i = 0; i < f->n_ops; i++)
@@ -333,8 +338,9 @@ int fm_fragment_gemm_op(const fm_fragment *f) {
  * never moves, so its stride does not matter). */
 static bool unit_dim(const fm_tensor *t, uint32_t j) { return t->shape[j] == 1 || t->strides[j] == 1; }
 
-/* GEMM fragments (fm_fragment.h): one product of two rank-2 inputs read by nothing else, an
- * epilogue over [M, N]. Low-rank epilogue inputs get their leading 1s here (canonical). */
+/* GEMM fragments (fm_fragment.h): one product of two rank-2 inputs (rank 3 for bmm: a batch
+ * of products) read by nothing else, an epilogue over [M, N] ([Bt, M, N]). Low-rank epilogue
+ * inputs get their leading 1s here (canonical). */
 static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
   int g = -1;
   for (uint32_t i = 0; i < f->n_ops; i++) {
@@ -348,6 +354,8 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     g = (int)i;
   }
   const fm_opnode *mm = &f->ops[g];
+  /* r: the rank of every GEMM tensor; the matrix dims are the last two, bmm's batch dim 0 */
+  const uint32_t r = mm->op == FM_OP_BMM ? 3 : 2, mdim = r - 2, ndim = r - 1;
   uint32_t ia = mm->nargs - 2, ib = mm->nargs - 1;
   const value *va = lookup(vs, mm->args[ia]), *vb = lookup(vs, mm->args[ib]);
   if (!va->is_input || !vb->is_input)
@@ -366,49 +374,63 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     if (f->outputs[k].id == va->id || f->outputs[k].id == vb->id)
       return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
   const fm_tensor *a = &f->inputs[va->index], *b = &f->inputs[vb->index];
-  if (a->rank != 2 || b->rank != 2)
-    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: '%s' operands are rank 2, this one is rank %u",
-                       a->rank != 2 ? va->index : vb->index, fm_op_name(mm->op),
-                       a->rank != 2 ? a->rank : b->rank);
-  if (b->shape[0] == FM_DIM_SYMBOLIC)
+  if (a->rank != r || b->rank != r)
+    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: '%s' operands are rank %u, this one is rank %u",
+                       a->rank != r ? va->index : vb->index, fm_op_name(mm->op), r,
+                       a->rank != r ? a->rank : b->rank);
+  /* only dim 0 may be symbolic (check_tensor): mm's M, or bmm's batch */
+  if (r == 2 && b->shape[0] == FM_DIM_SYMBOLIC)
     return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape[0]: K must be static", vb->index);
-  if (a->shape[1] != b->shape[0])
+  /* bmm pairs the batches; a batch dim of 1 is one matrix for every batch (broadcast) */
+  int64_t batch = r == 3 ? (a->shape[0] == 1 ? b->shape[0] : a->shape[0]) : 1;
+  if (r == 3 && ((a->shape[0] != batch && a->shape[0] != 1) || (b->shape[0] != batch && b->shape[0] != 1)))
+    return fm_diag_set(d, FM_ESCHEMA, "ops[%d]: A has %" PRId64 " matrices and B %" PRId64
+                       " (bmm pairs them; -1: the symbolic batch, 1: one for all)", g, a->shape[0], b->shape[0]);
+  if (a->shape[ndim] != b->shape[mdim])
     return fm_diag_set(d, FM_ESCHEMA,
-                       "ops[%d]: A is [%" PRId64 ", %" PRId64 "] and B [%" PRId64 ", %" PRId64
-                       "]: the inner dims differ", g, a->shape[0], a->shape[1], b->shape[0], b->shape[1]);
+                       "ops[%d]: A is [.., %" PRId64 ", %" PRId64 "] and B [.., %" PRId64 ", %" PRId64
+                       "]: the inner dims differ", g, a->shape[mdim], a->shape[ndim], b->shape[mdim],
+                       b->shape[ndim]);
   for (int w = 0; w < 2; w++) {
     const fm_tensor *t = w ? b : a;
-    if (!unit_dim(t, 0) && !unit_dim(t, 1))
+    if (!unit_dim(t, mdim) && !unit_dim(t, ndim))
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "inputs[%u].strides: %c is neither row- nor column-major (no dim has stride 1)",
                          w ? vb->index : va->index, w ? 'B' : 'A');
   }
-  int64_t it[2] = {a->shape[0], b->shape[1]};
+  int64_t it[3] = {batch, a->shape[mdim], b->shape[ndim]};   /* [Bt, M, N], or [M, N] */
+  if (r == 2) it[0] = a->shape[0], it[1] = b->shape[1];
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     const fm_tensor *t = &f->outputs[k];
-    if (t->rank != 2 || t->shape[0] != it[0] || t->shape[1] != it[1])
+    bool same = t->rank == r;
+    for (uint32_t i = 0; same && i < r; i++) same = t->shape[i] == it[i];
+    if (!same) {
+      if (r == 3)
+        return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a batched GEMM fragment's outputs are "
+                           "[Bt, M, N] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]", k, it[0], it[1], it[2]);
       return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a GEMM fragment's outputs are [M, N] = "
                          "[%" PRId64 ", %" PRId64 "]", k, it[0], it[1]);
+    }
   }
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     fm_tensor *t = &f->inputs[k];
     if (k == va->index || k == vb->index) continue;
-    if (t->rank > 2)
-      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to [M, N]",
-                         k, t->rank);
-    while (t->rank < 2) { /* [N] -> [1, N], [] -> [1, 1]: torch's right-aligned broadcast */
+    if (t->rank > r)
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to %s",
+                         k, t->rank, r == 3 ? "[Bt, M, N]" : "[M, N]");
+    while (t->rank < r) { /* [N] -> [1, N], [] -> [1, 1]: torch's right-aligned broadcast */
       memmove(&t->shape[1], &t->shape[0], sizeof t->shape[0] * t->rank);
       memmove(&t->strides[1], &t->strides[0], sizeof t->strides[0] * t->rank);
       t->shape[0] = 1;
       t->strides[0] = 0;
       t->rank++;
     }
-    for (uint32_t i = 0; i < 2; i++) {
+    for (uint32_t i = 0; i < r; i++) {
       int64_t dim = t->shape[i];
       if (dim == it[i] || dim == 1) continue;
       return fm_diag_set(d, FM_ESCHEMA,
                          "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
-                         " (the GEMM's [M, N])", k, i, dim, it[i]);
+                         " (the GEMM's %s)", k, i, dim, it[i], r == 3 ? "[Bt, M, N]" : "[M, N]");
     }
   }
   return FM_OK;

@@ -15,6 +15,7 @@
 #define RULE_TILES "tiles"
 #define RULE_PERSISTENT "persistent"
 #define RULE_NONE "none"
+#define RULE_BATCHED "batched"
 #define MAX_BLOCK_THREADS 1024u
 
 static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "split") == 0; }
@@ -394,14 +395,30 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
 int fm_meta_rule_known(const char *rule) {
   return rule && (strcmp(rule, RULE_ELEMENTWISE) == 0 || strcmp(rule, RULE_ROWS) == 0 ||
                   strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0 ||
-                  strcmp(rule, RULE_NONE) == 0);
+                  strcmp(rule, RULE_NONE) == 0 || strcmp(rule, RULE_BATCHED) == 0);
 }
 
 static int is_tiles(const fm_kernel_meta *m) {
   return strncmp(m->grid_rule, RULE_TILES, sizeof m->grid_rule) == 0;
 }
 
+static int is_batched(const fm_kernel_meta *m) {
+  return strncmp(m->grid_rule, RULE_BATCHED, sizeof m->grid_rule) == 0;
+}
+
+/* "batched": the products (grid.z) of the launch: outer, or the static batch. */
+uint64_t fm_meta_grid_z(const fm_kernel_meta *m, int64_t outer) {
+  if (!m || !is_batched(m)) return m && fm_meta_grid_x(m, outer) ? 1 : 0;
+  int64_t o = m->outer >= 0 ? m->outer : outer;
+  if (o <= 0 || m->inner == 0 || m->items_per_block == 0 || m->max_blocks == 0) return 0;
+  return (uint64_t)o;
+}
+
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer) {
+  if (m && is_batched(m)) {   /* the row tiles of one product: inner = its static M */
+    if (!fm_meta_grid_z(m, outer)) return 0;
+    return m->inner / m->items_per_block + (m->inner % m->items_per_block != 0);
+  }
   if (!m || !is_tiles(m)) return m && fm_meta_grid_x(m, outer) ? 1 : 0;
   int64_t o = m->outer >= 0 ? m->outer : outer;
   if (o <= 0 || m->items_per_block == 0 || m->max_blocks == 0) return 0;
@@ -419,7 +436,7 @@ static uint64_t persistent_grid(const fm_kernel_meta *m, int64_t outer) {
 }
 
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer) {
-  if (m && is_tiles(m)) return fm_meta_grid_y(m, outer) ? m->max_blocks : 0;
+  if (m && (is_tiles(m) || is_batched(m))) return fm_meta_grid_y(m, outer) ? m->max_blocks : 0;
   if (m && strncmp(m->grid_rule, RULE_PERSISTENT, sizeof m->grid_rule) == 0) return persistent_grid(m, outer);
   /* "rows" counts rows (inner = rows per unit of dim 0, items_per_block = rows per block)
    * where "elementwise" counts elements: the arithmetic is the same. */

@@ -25,6 +25,11 @@
  * SMs times the blocks that fit on one):
  *   tiles = ceil(outer / items_per_block) * inner;  grid.x = min(tiles, max_blocks)
  *   (0: do not launch); grid.y = 1.
+ * Grid for rule "batched" (kind "gemm", a batched GEMM fragment: a 3-D grid of the tiles of
+ * every product): inner is the static M of one product, items_per_block its rows per block,
+ * max_blocks the column tiles, outer the batch (the products):
+ *   grid.x = max_blocks;  grid.y = ceil(inner / items_per_block);  grid.z = outer
+ *   (0: do not launch).
  * Grid rule "none": no kernel at all (a kind "cublaslt" plan in its direct form, below).
  *
  * cuBLASLt plans (kind "cublaslt"): an optional key
@@ -103,7 +108,7 @@ typedef struct fm_kernel_meta {
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
   uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent", "none" */
+  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent", "batched", "none" */
   uint64_t inner;                /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;
@@ -125,7 +130,10 @@ uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
 uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer);
 /* Offset of the split form's matmul result in the scratch: the workspace, rounded up to 256. */
 uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m);
-/* grid.y: the row tiles for rule "tiles", 1 for the 1-D rules, 0 when nothing to do. */
+/* grid.y: the row tiles for rules "tiles" and "batched", 1 for the 1-D rules, 0 when nothing
+ * to do. */
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer);
+/* grid.z: the products for rule "batched", 1 for the others, 0 when nothing to do. */
+uint64_t fm_meta_grid_z(const fm_kernel_meta *m, int64_t outer);
 
 #endif

@@ -73,7 +73,7 @@ uint32_t fm_op_vocab(fm_op op) {
     case FM_OPK_RESERVED: return 0;
     case FM_OPK_REDUCE:
     case FM_OPK_COMPOSITE: return 2;
-    case FM_OPK_MATMUL: return 3;
+    case FM_OPK_MATMUL: return op == FM_OP_BMM ? 4 : 3;
     default: return 1;
   }
 }

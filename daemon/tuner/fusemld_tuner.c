@@ -13,6 +13,9 @@
  *    over operands offset to it;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1) from the daemon's seed,
  *    and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
+ *  - a batched GEMM (bmm) with a symbolic batch is verified on at most BMM_VERIFY_BATCHES
+ *    products (fewer when their fp64 reference would pass REF_MACS; at least two, so the
+ *    batch strides are exercised), each product's reference on a thread of its own;
  *  - timing size: the static shape; for a GEMM with an M bucket the bucket; for any other
  *    symbolic dim 0 an outer giving ~64M elements
  *    (each buffer set capped at 2 GiB); as many buffer sets (up to 16) as it takes for one
@@ -53,6 +56,7 @@
 #define REF_MACS (1ll << 28)
 #define GEMM_STRIP_ROWS 8
 #define MAX_STRIPS 3
+#define BMM_VERIFY_BATCHES 16
 #define WARMUPS 3
 #define BLAS_CHOICES 8     /* cuBLASLt heuristic choices a plan's search times */
 #define TIMED 20
@@ -292,6 +296,79 @@ static void *ref_row_main(void *arg) {
   return NULL;
 }
 
+/* One product of a bmm's reference: the fragment cut to product z (see reference_bmm). */
+typedef struct ref_batch {
+  const fm_fragment *f;
+  const void *const *ins;
+  void *const *outs;
+  int64_t z;
+  fm_fragment *s;      /* scratch copy */
+  int rc;
+  fm_diag d;
+} ref_batch;
+
+static void *ref_batch_main(void *arg) {
+  ref_batch *t = arg;
+  const void *sin[FM_MAX_INPUTS];
+  void *sout[FM_MAX_OUTPUTS];
+  memcpy(t->s, t->f, sizeof *t->s);
+  /* every tensor with a batch dim starts at product z and holds one; a broadcast one (batch
+     dim 1) is the same for every product */
+  for (uint32_t k = 0; k < t->f->n_inputs + t->f->n_outputs; k++) {
+    int in = k < t->f->n_inputs;
+    fm_tensor *x = in ? &t->s->inputs[k] : &t->s->outputs[k - t->f->n_inputs];
+    size_t off = x->shape[0] == 1 ? 0 : (size_t)(t->z * x->strides[0]) * fm_dtype_size(x->dtype);
+    if (in) sin[k] = t->ins[k] ? (const uint8_t *)t->ins[k] + off : NULL;
+    else sout[k - t->f->n_inputs] = (uint8_t *)t->outs[k - t->f->n_inputs] + off;
+    if (x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
+  }
+  t->rc = fm_reference_eval(t->s, 1, sin, sout, &t->d);
+  return NULL;
+}
+
+/* The reference outputs of a bmm fragment whose kernel runs n products: each product on a
+ * thread of its own (products are independent: each is the fragment with a batch of one over
+ * tensors offset to it); every product when n <= cap, else three strips of products (first,
+ * middle, last), which alone are then read back and compared. */
+static int reference_bmm(const fm_fragment *f, int64_t n, int64_t cap, const void *const *ins,
+                         void *const *outs, fm_diag *d) {
+  int64_t which[BMM_VERIFY_BATCHES];
+  int count = 0, rc = FM_OK;
+  W.n_strips = 0;
+  if (cap > BMM_VERIFY_BATCHES) cap = BMM_VERIFY_BATCHES;
+  if (n <= cap) {
+    for (int64_t z = 0; z < n; z++) which[count++] = z;
+  } else {
+    int64_t len = cap / MAX_STRIPS > 0 ? cap / MAX_STRIPS : 1;
+    int64_t starts[MAX_STRIPS] = {0, n / 2 - len / 2, n - len};
+    for (int i = 0; i < MAX_STRIPS; i++) {
+      W.strip_row[i] = starts[i];
+      W.strip_len[i] = len;
+      for (int64_t z = 0; z < len; z++) which[count++] = starts[i] + z;
+    }
+    W.n_strips = MAX_STRIPS;
+  }
+  ref_batch bs[BMM_VERIFY_BATCHES];
+  pthread_t th[BMM_VERIFY_BATCHES];
+  int started[BMM_VERIFY_BATCHES] = {0};
+  for (int i = 0; i < count; i++) {
+    bs[i] = (ref_batch){f, ins, outs, which[i], malloc(sizeof *bs[i].s), FM_OK, {{0}}};
+    if (!bs[i].s) {
+      rc = fm_diag_set(d, FM_ENOMEM, "out of memory");
+      count = i + 1;
+      break;
+    }
+    if (pthread_create(&th[i], NULL, ref_batch_main, &bs[i]) == 0) started[i] = 1;
+    else ref_batch_main(&bs[i]);   /* no thread: this one here */
+  }
+  for (int i = 0; i < count; i++) {
+    if (started[i]) pthread_join(th[i], NULL);
+    if (rc == FM_OK && bs[i].s && bs[i].rc) rc = fm_diag_set(d, bs[i].rc, "%s", bs[i].d.text);
+    free(bs[i].s);
+  }
+  return rc;
+}
+
 /* The reference outputs of GEMM fragment f (its matmul is ops[gemm]) at M = W.outer_v: all
  * rows when that is cheap, else the strips (W.n_strips, W.strip_row/len), each row evaluated
  * on a thread of its own as f with M = 1 over operands offset to that row (the fp64 dot
@@ -359,8 +436,21 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   int64_t inner = f->outputs[0].rank ? inner_elems(f) : 1;
   W.symbolic = fm_fragment_is_symbolic(f);
   W.n_strips = 0;
-  int gemm = fm_fragment_gemm_op(f);
-  if (W.symbolic && gemm >= 0 && f->m_hint) {
+  int gemm = fm_fragment_gemm_op(f), bmm = fm_fragment_is_bmm(f);
+  int64_t bmm_cap = 0;   /* bmm: the products whose reference fits REF_MACS (2..BMM_VERIFY_BATCHES) */
+  if (bmm) {
+    const fm_tensor *o = &f->outputs[0];
+    int64_t macs = o->shape[1] * o->shape[2];
+    for (uint32_t k = 0; k < f->n_inputs; k++)
+      if (f->inputs[k].id == f->ops[gemm].args[0]) macs *= f->inputs[k].shape[2];
+    bmm_cap = REF_MACS / (macs > 0 ? macs : 1);
+    bmm_cap = bmm_cap < 2 ? 2 : bmm_cap > BMM_VERIFY_BATCHES ? BMM_VERIFY_BATCHES : bmm_cap;
+  }
+  if (W.symbolic && bmm) {
+    /* outer is the batch: verify a few products, time the bucket's */
+    W.outer_t = f->m_hint ? (int64_t)f->m_hint : BMM_VERIFY_BATCHES;
+    W.outer_v = bmm_cap < W.outer_t ? bmm_cap : W.outer_t;
+  } else if (W.symbolic && gemm >= 0 && f->m_hint) {
     W.outer_t = (int64_t)f->m_hint;
     W.outer_v = W.outer_t < GEMM_VERIFY_ROWS ? W.outer_t : GEMM_VERIFY_ROWS;
   } else if (W.symbolic) {
@@ -408,7 +498,8 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     if (!W.h_ref[k] || !W.h_out[k]) goto oom;
     outs[k] = W.h_ref[k];
   }
-  if (gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
+  if (bmm ? reference_bmm(f, W.outer_v, bmm_cap, ins, outs, &d)
+          : gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
     snprintf(why, cap, "reference: %.900s", d.text);
     goto out;
   }

@@ -52,8 +52,8 @@ VECTORS = [
     ("cast", "a transposed f32 input scaled and cast to bf16", ("accept", None)),
     ("unknown_op", "an op name not in the vocabulary",
      ("reject", "unknown_op", "ops[0].op: unknown op 'frobnicate'")),
-    ("reserved_op_bmm", "bmm is reserved for a later vocabulary version",
-     ("reject", "unsupported", "op 'bmm' is reserved for a later vocabulary version")),
+    ("bmm_vocab3", "bmm in a fragment that says vocabulary 3 (bmm came with 4)",
+     ("reject", "bad_request", "ops[0].op: 'bmm' needs vocab 4 (the fragment says vocab 3)")),
     ("undefined_arg", "an arg that no input or earlier op defines",
      ("reject", "bad_request", "ops[1].args[1]: value 9 is not defined before use")),
     ("second_symbolic_dim", "only dim 0 may be symbolic",
@@ -66,14 +66,21 @@ VECTORS = [
      ("reject", "bad_request", "inputs[0].dtype: unknown dtype 'f64'")),
     ("output_dtype_mismatch", "bf16 + f16 promotes to f32, stored into a bf16 output",
      ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32")),
-    ("vocab4", "a fragment of a newer vocabulary",
-     ("reject", "bad_request", "vocab 4 not supported, this daemon speaks 1 to 3")),
+    ("vocab5", "a fragment of a newer vocabulary",
+     ("reject", "bad_request", "vocab 5 not supported, this daemon speaks 1 to 4")),
     # ---- vocabulary 3: GEMM fragments ----
     ("gemm_linear", "nn.Linear + gelu: x [-1, 64] @ weight.t() (B [64, 128] column-major) + "
      "bias [128] (canonical [1, 128]), the pre-activation a second output", ("accept", None)),
     ("gemm_mm_residual", "mm of a column-major f16 A, + residual [96, 64], relu", ("accept", None)),
     ("gemm_strided_operand", "A with no unit stride is neither row- nor column-major",
      ("reject", "unsupported", "inputs[0].strides: A is neither row- nor column-major")),
+    # ---- vocabulary 4: batched GEMM fragments ----
+    ("bmm_scores", "attention scores: q [-1, 128, 64] @ k.transpose (B column-major per product) "
+     "* 0.125 + a [128, 128] mask (canonical [1, 128, 128]), symbolic batch", ("accept", None)),
+    ("bmm_shared_b", "f16 bmm of 6 products by one B (batch dim 1) + bias [40] (canonical "
+     "[1, 1, 40]), relu; the product a second output", ("accept", None)),
+    ("bmm_rank2", "bmm of rank-2 operands",
+     ("reject", "bad_request", "'bmm' operands are rank 3, this one is rank 2")),
     # ---- vocabulary 2: row reductions ----
     ("chain_vocab2", "chain sent as vocab 2: without reductions the canonical form says vocab 1, "
      "so the bytes and key are chain's", ("accept", "chain")),
@@ -256,13 +263,15 @@ def canonical(frag):
         out_ops.append(o)
     # the lowest vocabulary that covers the live ops
     vocab = 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
-    if any(ops[j]["op"] in ("mm", "addmm") for j in order):
-        vocab = 3
-        # GEMM epilogue inputs of rank < 2 broadcast from the right: [N] is [1, N]
-        inputs = [dict(t, shape=[1] * (2 - len(t["shape"])) + list(t["shape"]),
-                       strides=[0] * (2 - len(t["shape"])) +
+    matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
+    if matmuls:
+        # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;
+        # GEMM epilogue inputs of a lower rank broadcast from the right: [N] is [1, N]
+        vocab, rank = (4, 3) if matmuls[0] == "bmm" else (3, 2)
+        inputs = [dict(t, shape=[1] * (rank - len(t["shape"])) + list(t["shape"]),
+                       strides=[0] * (rank - len(t["shape"])) +
                        list(t.get("strides", contiguous(t["shape"]))))
-                  if len(t["shape"]) < 2 else t for t in inputs]
+                  if len(t["shape"]) < rank else t for t in inputs]
     return {"vocab": vocab,
             "inputs": [canon_tensor(t, k) for k, t in enumerate(inputs)],
             "ops": out_ops,

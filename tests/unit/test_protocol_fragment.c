@@ -37,7 +37,7 @@ static void test_op_and_dtype_tables(void) {
   CHECK_EQ_INT(fm_op_arity(FM_OP_POW), 2);
   CHECK_EQ_INT(fm_op_arity(FM_OP_MM), 2);
   CHECK_EQ_INT(fm_op_arity(FM_OP_ADDMM), 3);
-  CHECK_EQ_INT(fm_op_arity(FM_OP_BMM), -1);
+  CHECK_EQ_INT(fm_op_arity(FM_OP_BMM), 2);
   fm_dtype dt;
   CHECK_EQ_INT(fm_dtype_parse("bf16", 4, &dt), FM_OK);
   CHECK_EQ_INT(dt, FM_DT_BF16);
@@ -148,8 +148,8 @@ static const reject_case rejects[] = {
     {"[1,2]", FM_ESCHEMA, "must be a map"},
     {"{'vocab':1,'inputs':[],'ops':[],'outputs':[],'vocabulary':1}", FM_ESCHEMA, "fragment: unknown key 'vocabulary'"},
     {"{'vocab':1,'inputs':[],'outputs':[]}", FM_ESCHEMA, "missing key 'ops'"},
-    {"{'vocab':4,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
-     "vocab 4 not supported, this daemon speaks 1 to 3"},
+    {"{'vocab':5,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
+     "vocab 5 not supported, this daemon speaks 1 to 4"},
     {"{'vocab':'1','inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab: expected an integer"},
     {"{'vocab':1,'inputs':{},'ops':[],'outputs':[]}", FM_ESCHEMA, "inputs: expected an array"},
     {FRAG(X16, "", ""), FM_ESCHEMA, "outputs: at least one output"},
@@ -181,8 +181,8 @@ static const reject_case rejects[] = {
     {FRAG(X16 "," X16, "", X16), FM_ESCHEMA, "inputs[1].id: value 0 is already defined by inputs[0]"},
     /* ops */
     {FRAG(X16, "{'op':'foo','out':1,'args':[0]}", X16), FM_EUNKNOWN_OP, "ops[0].op: unknown op 'foo'"},
-    {FRAG(X16, "{'op':'relu','out':1,'args':[0]},{'op':'bmm','out':2,'args':[0,1]}", X16), FM_EUNSUPPORTED,
-     "ops[1].op: op 'bmm' is reserved for a later vocabulary version"},
+    {FRAG(X16, "{'op':'relu','out':1,'args':[0]},{'op':'bmm','out':2,'args':[0,1]}", X16), FM_ESCHEMA,
+     "ops[1].op: 'bmm' needs vocab 4 (the fragment says vocab 1)"},
     {FRAG(X16, "{'op':'softmax','out':1,'args':[0]}", X16), FM_ESCHEMA, "'softmax' needs vocab 2 (the fragment says vocab 1)"},
     {FRAG(X16, "{'op':7,'out':1,'args':[0]}", X16), FM_ESCHEMA, "ops[0].op: expected an op name"},
     {FRAG(X16, "{'op':'relu','args':[0]}", X16), FM_ESCHEMA, "ops[0]: missing key 'out'"},
@@ -309,15 +309,15 @@ static void test_validate_struct(void) {
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_EUNKNOWN_OP);
   g = frag;
   g.ops[1].op = FM_OP_BMM;
-  CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_EUNSUPPORTED);
-  CHECK_STR_CONTAINS(d.text, "ops[1].op: op 'bmm' is reserved");
+  CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
+  CHECK_STR_CONTAINS(d.text, "ops[1].op: 'bmm' needs vocab 4");
   g = frag;
   g.ops[1].nargs = 3;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
   g = frag;
-  g.vocab = 4;
+  g.vocab = 5;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
-  CHECK_STR_CONTAINS(d.text, "vocab 4 not supported, this daemon speaks 1 to 3");
+  CHECK_STR_CONTAINS(d.text, "vocab 5 not supported, this daemon speaks 1 to 4");
   g = frag;
   g.inputs[0].dtype = FM_DT__COUNT;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);

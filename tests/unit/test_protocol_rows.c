@@ -30,7 +30,7 @@ static void test_tables(void) {
   CHECK_EQ_INT(fm_op_vocab(FM_OP_MEAN), 2);
   CHECK_EQ_INT(fm_op_vocab(FM_OP_SOFTMAX), 2);
   CHECK_EQ_INT(fm_op_vocab(FM_OP_MM), 3);
-  CHECK_EQ_INT(fm_op_vocab(FM_OP_BMM), 0);
+  CHECK_EQ_INT(fm_op_vocab(FM_OP_BMM), 4);
 }
 
 static void test_accepts(void) {
@@ -148,7 +148,7 @@ static const struct {
      "inputs[1].shape[1]: 32 does not broadcast to 64"},
     {FRAG2(T(0, "bool", "[4,8]"), "{'op':'sum','out':1,'args':[0]}", T(1, "bool", "[4,1]")), FM_ESCHEMA,
      "'sum' reduces a floating-point tensor"},
-    {"{'vocab':4,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 4 not supported, this daemon speaks 1 to 3"},
+    {"{'vocab':5,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 5 not supported, this daemon speaks 1 to 4"},
 };
 
 static void test_rejections(void) {
