@@ -30,6 +30,7 @@ static struct {
   cublasStatus_t (*desc_set)(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void *, size_t);
   cublasStatus_t (*layout_create)(cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t, int64_t);
   cublasStatus_t (*layout_destroy)(cublasLtMatrixLayout_t);
+  cublasStatus_t (*layout_set)(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *, size_t);
   cublasStatus_t (*pref_create)(cublasLtMatmulPreference_t *);
   cublasStatus_t (*pref_destroy)(cublasLtMatmulPreference_t);
   cublasStatus_t (*pref_set)(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *,
@@ -69,6 +70,7 @@ static void lt_load(void) {
   SYM(desc_set, "cublasLtMatmulDescSetAttribute")
   SYM(layout_create, "cublasLtMatrixLayoutCreate")
   SYM(layout_destroy, "cublasLtMatrixLayoutDestroy")
+  SYM(layout_set, "cublasLtMatrixLayoutSetAttribute")
   SYM(pref_create, "cublasLtMatmulPreferenceCreate")
   SYM(pref_destroy, "cublasLtMatmulPreferenceDestroy")
   SYM(pref_set, "cublasLtMatmulPreferenceSetAttribute")
@@ -86,8 +88,9 @@ struct fm_blas {
   cublasLtMatmulDesc_t desc;
   cublasLtMatmulPreference_t pref;
   cudaDataType_t dt;
-  /* the layouts of the last M launched, and the algorithm that runs there */
+  /* the layouts of the last M (and batch) launched, and the algorithm that runs there */
   int64_t m;                         /* -1: none built yet */
+  int64_t batch;                     /* products (1 unless the plan is batched) */
   cublasLtMatrixLayout_t la, lb, lc, ld;
   cublasLtMatmulAlgo_t algo;
   size_t algo_workspace;
@@ -110,9 +113,18 @@ static void drop_layouts(fm_blas *b) {
   b->m = -1;
 }
 
+/* One layout of a batched plan: count products, stride elements apart. */
+static cublasStatus_t set_batch(cublasLtMatrixLayout_t l, int64_t count, uint64_t stride) {
+  int32_t c = (int32_t)count;
+  int64_t s = (int64_t)stride;
+  cublasStatus_t r = lt.layout_set(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c);
+  return r ? r : lt.layout_set(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof s);
+}
+
 /* Column-major views (module comment): cuBLASLt's A is the fragment's B ([K, N] row-major
- * view), its B the fragment's A ([M, K]), C and D are [N, M] column-major. */
-static int build_layouts(fm_blas *b, int64_t m, fm_diag *d) {
+ * view), its B the fragment's A ([M, K]), C and D are [N, M] column-major; a batched plan's
+ * layouts hold `batch` products each (D dense: M x N apart). */
+static int build_layouts(fm_blas *b, int64_t m, int64_t batch, fm_diag *d) {
   const fm_meta_blas *p = &b->plan;
   uint64_t n = p->n, k = p->k, mm = (uint64_t)m;
   cublasStatus_t s;
@@ -120,11 +132,14 @@ static int build_layouts(fm_blas *b, int64_t m, fm_diag *d) {
   if ((s = lt.layout_create(&b->la, b->dt, p->b_kmajor ? k : n, p->b_kmajor ? n : k, (int64_t)p->ldb)) ||
       (s = lt.layout_create(&b->lb, b->dt, p->a_kmajor ? k : mm, p->a_kmajor ? mm : k, (int64_t)p->lda)) ||
       (s = lt.layout_create(&b->lc, b->dt, n, mm, (int64_t)(p->c >= 0 ? p->ldc : p->ldd))) ||
-      (s = lt.layout_create(&b->ld, b->dt, n, mm, (int64_t)p->ldd))) {
+      (s = lt.layout_create(&b->ld, b->dt, n, mm, (int64_t)p->ldd)) ||
+      (p->batched && ((s = set_batch(b->la, batch, p->stride_b)) || (s = set_batch(b->lb, batch, p->stride_a)) ||
+                      (s = set_batch(b->lc, batch, n * mm)) || (s = set_batch(b->ld, batch, n * mm))))) {
     drop_layouts(b);
     return lt_fail(s, "matrix layout", d);
   }
   b->m = m;
+  b->batch = batch;
   return FM_OK;
 }
 
@@ -137,13 +152,14 @@ static int heuristic(fm_blas *b, int max, cublasLtMatmulHeuristicResult_t *out, 
   return FM_OK;
 }
 
-/* Layouts and algorithm for M = m: the stored algorithm where cuBLASLt accepts it at this M
- * within the workspace, else the heuristic's first choice. Called with the lock held. */
-static int prepare_m(fm_blas *b, int64_t m, fm_diag *d) {
+/* Layouts and algorithm for M = m (and `batch` products): the stored algorithm where cuBLASLt
+ * accepts it there within the workspace, else the heuristic's first choice. Called with the
+ * lock held. */
+static int prepare_m(fm_blas *b, int64_t m, int64_t batch, fm_diag *d) {
   cublasLtMatmulHeuristicResult_t r;
   int err;
-  if (b->m == m) return FM_OK;
-  if ((err = build_layouts(b, m, d))) return err;
+  if (b->m == m && b->batch == batch) return FM_OK;
+  if ((err = build_layouts(b, m, batch, d))) return err;
   if (b->plan.has_algo) {
     memcpy(&b->algo, b->plan.algo, sizeof b->algo);
     memset(&r, 0, sizeof r);
@@ -233,12 +249,14 @@ int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, i
                 fm_diag *d) {
   const fm_meta_blas *p = &b->plan;
   const float alpha = 1.0f, beta = p->c >= 0 ? 1.0f : 0.0f;
-  int64_t m = p->m >= 0 ? p->m : outer;
+  /* a batched plan: outer products of the static M */
+  int64_t m = p->m >= 0 ? p->m : outer, batch = p->batched ? outer : 1;
   cublasStatus_t s;
   int err;
-  if (m <= 0) return FM_OK;   /* an empty product */
+  if (m <= 0 || batch <= 0) return FM_OK;   /* an empty product */
+  if (batch > INT32_MAX) return fm_diag_set(d, FM_ELIMIT, "cuBLASLt: %lld products", (long long)batch);
   pthread_mutex_lock(&b->lock);
-  if ((err = prepare_m(b, m, d))) goto out;
+  if ((err = prepare_m(b, m, batch, d))) goto out;
   if (p->bias >= 0 && inputs[p->bias] != b->bias_set) {   /* a weight: set once, usually */
     const void *bias = inputs[p->bias];
     if ((s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))) {
@@ -257,12 +275,13 @@ out:
 }
 
 int fm_blas_search(fm_blas *b, int64_t outer, int max, fm_diag *d) {
-  int64_t m = b->plan.m >= 0 ? b->plan.m : outer;
+  int64_t m = b->plan.m >= 0 ? b->plan.m : outer, batch = b->plan.batched ? outer : 1;
   int err;
-  if (m <= 0) return fm_diag_set(d, FM_EINVAL, "cuBLASLt search at M = %lld", (long long)m);
+  if (m <= 0 || batch <= 0 || batch > INT32_MAX)
+    return fm_diag_set(d, FM_EINVAL, "cuBLASLt search at M = %lld, %lld products", (long long)m, (long long)batch);
   if (max > MAX_SEARCH) max = MAX_SEARCH;
   pthread_mutex_lock(&b->lock);
-  err = build_layouts(b, m, d);
+  err = build_layouts(b, m, batch, d);
   if (!err) err = heuristic(b, max < 1 ? 1 : max, b->found, &b->n_found, d);
   if (!err) {
     b->algo = b->found[0].algo;

@@ -98,8 +98,15 @@ static int direct_form(const fm_fragment *f, const fm_cg_gemm_plan *gp, fm_meta_
  * extent where rows overlap: neither is a matrix cuBLASLt takes. */
 static int bad_operand(const fm_tensor *t, uint32_t kdim, int kmajor, int64_t ld) {
   uint32_t contig = kmajor ? kdim : 1 - kdim;
-  if (t->shape[1 - contig] == 1) return 0;
-  return ld == 0 || (t->shape[contig] > 0 && ld < t->shape[contig]);
+  const int64_t *shape = t->shape + (t->rank - 2);   /* the matrix dims (a bmm's: after the batch) */
+  if (shape[1 - contig] == 1) return 0;
+  return ld == 0 || (shape[contig] > 0 && ld < shape[contig]);
+}
+
+/* The alignment of base + i * stride_bytes for every i, given the base's. */
+static uint32_t stride_align(uint32_t base, uint64_t stride_bytes) {
+  while (stride_bytes && base > 1 && stride_bytes % base) base /= 2;
+  return base;
 }
 
 /* The plan both forms share: operands, layouts, sizes; any K, leading dim and alignment (the
@@ -108,9 +115,6 @@ static int bad_operand(const fm_tensor *t, uint32_t kdim, int kmajor, int64_t ld
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, fm_diag *d) {
   int rc = fm_cg_gemm_plan_build_any(canon, gp, d);
   if (rc) return rc;
-  /* cuBLASLt runs batches too (strided batched layouts), but the plan metadata has no batch
-     strides yet: the generated kernels serve bmm alone */
-  if (gp->batched) return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt plans do not take bmm yet");
   if (bad_operand(&canon->inputs[gp->ia], 1, gp->a_kmajor, gp->lda) ||
       bad_operand(&canon->inputs[gp->ib], 0, gp->b_kmajor, gp->ldb))
     return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt: an operand is expanded (stride 0) or its rows overlap");
@@ -134,6 +138,15 @@ static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, 
   b->workspace = FM_BLAS_WORKSPACE;
   b->bias = b->c = -1;
   snprintf(b->act, sizeof b->act, "none");
+  if (gp->batched) {   /* strided batched: every product at its own offset, D dense */
+    b->batched = 1;
+    b->stride_a = (uint64_t)gp->ez[gp->ia];
+    b->stride_b = (uint64_t)gp->ez[gp->ib];
+    /* every product's address is as aligned as the base and the stride both allow */
+    b->align[0] = stride_align(b->align[0], b->stride_a * 2);
+    b->align[1] = stride_align(b->align[1], b->stride_b * 2);
+    b->align[3] = stride_align(b->align[3], (uint64_t)(gp->m * gp->n) * 2);
+  }
   return FM_OK;
 }
 
@@ -145,7 +158,9 @@ size_t fm_codegen_blas_candidates(const fm_fragment *canon, fm_candidate *out, s
   if (!fm_fragment_is_gemm(canon) || plan(canon, gp, &b, NULL)) goto out;
   memset(&out[0], 0, sizeof out[0]);
   out[0].tmpl = FM_TMPL_CUBLASLT;
-  out[0].p[0] = direct_form(canon, gp, &b) ? FM_BLAS_DIRECT : FM_BLAS_SPLIT;
+  /* a batch always takes the split form: its kernel's "batched" grid is what keeps a client
+     that knows no batched plan from running one product (fm_meta.h) */
+  out[0].p[0] = !gp->batched && direct_form(canon, gp, &b) ? FM_BLAS_DIRECT : FM_BLAS_SPLIT;
   n = 1;
 out:
   free(gp);
@@ -153,18 +168,30 @@ out:
 }
 
 /* fm_blas_epi: one thread per 8 columns of a row of the product (grid-stride), read from the
- * scratch (16 bytes at once where the rows allow), then the fragment's epilogue. */
+ * scratch (16 bytes at once where the rows allow), then the fragment's epilogue. A batch
+ * (bmm): block (y, z) runs FM_ROWS rows of product z (its tensors moved there by the kernel's
+ * opening, the scratch here), the grid rule "batched". */
 static void emit_epilogue_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const char *ty = fm_cg_storage_type(gp->dt);
   const char *dec = gp->dt == FM_DT_BF16 ? "fm_bf16_to_f32" : "fm_f16_to_f32";
   fm_cg_gemm_emit_kernel_open_extra(sb, f, gp, "fm_blas_epi", ty);
+  if (gp->batched)
+    fm_strbuf_append(sb,
+                     "  fm_scratch += fm_z * M * FM_N;\n"
+                     "  const long long groups = (FM_N + 7) / 8, row0 = (long long)blockIdx.y * FM_ROWS;\n"
+                     "  const long long total = (M - row0 < FM_ROWS ? M - row0 : FM_ROWS) * groups;\n"
+                     "  for (long long i = threadIdx.x; i < total; i += blockDim.x) {\n"
+                     "    const long long m = row0 + i / groups;\n"
+                     "    const long long n = (i % groups) * 8;\n");
+  else
+    fm_strbuf_append(sb,
+                     "  const long long groups = (FM_N + 7) / 8;\n"
+                     "  const long long total = M * groups;\n"
+                     "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;\n"
+                     "       i += (long long)gridDim.x * blockDim.x) {\n"
+                     "    const long long m = i / groups;\n"
+                     "    const long long n = (i - m * groups) * 8;\n");
   fm_strbuf_printf(sb,
-                   "  const long long groups = (FM_N + 7) / 8;\n"
-                   "  const long long total = M * groups;\n"
-                   "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;\n"
-                   "       i += (long long)gridDim.x * blockDim.x) {\n"
-                   "    const long long m = i / groups;\n"
-                   "    const long long n = (i - m * groups) * 8;\n"
                    "    const %s *p = fm_scratch + m * FM_N + n;\n"
                    "    __align__(16) %s raw[8];\n"
                    "    float acc[8];\n"
@@ -180,6 +207,15 @@ static void emit_epilogue_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_c
                    ty, ty, dec);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_append(sb, ");\n  }\n}\n");
+}
+
+/* Rows of one product per block of the batched split kernel: about four 8-column groups a
+ * thread, at least one row. */
+static uint32_t batched_rows(const fm_cg_gemm_plan *gp) {
+  uint64_t groups = (uint64_t)(gp->n + 7) / 8, rows = 4u * EPI_THREADS / groups;
+  if (rows < 1) rows = 1;
+  if (rows > (uint64_t)gp->m) rows = (uint64_t)gp->m;
+  return (uint32_t)rows;
 }
 
 int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, char **src,
@@ -200,13 +236,13 @@ int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, 
   }
   if ((rc = plan(canon, gp, &meta->blas, d))) goto out;
   snprintf(meta->kind, sizeof meta->kind, "cublaslt");
-  meta->outer = gp->m;
+  meta->outer = gp->batched ? gp->batch : gp->m;
   meta->n_inputs = canon->n_inputs;
   meta->n_outputs = canon->n_outputs;
   meta->block[0] = meta->block[1] = meta->block[2] = 1;
   meta->items_per_block = meta->max_blocks = 1;
   if (form == FM_BLAS_DIRECT) {
-    if (!direct_form(canon, gp, &meta->blas)) {
+    if (gp->batched || !direct_form(canon, gp, &meta->blas)) {
       rc = fm_diag_set(d, FM_EUNSUPPORTED, "codegen: cuBLASLt cannot run this epilogue by itself");
       goto out;
     }
@@ -218,6 +254,7 @@ int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, 
   fm_strbuf_printf(&sb, "/* fusemld cuBLASLt split epilogue: A@B from the scratch, then the fragment's epilogue */\n");
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   fm_strbuf_printf(&sb, "#define FM_THREADS %u\n#define FM_N %" PRId64 "\n", EPI_THREADS, gp->n);
+  if (gp->batched) fm_strbuf_printf(&sb, "#define FM_ROWS %u\n", batched_rows(gp));
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
   emit_epilogue_kernel(&sb, canon, gp);
   if ((rc = fm_strbuf_error(&sb))) {
@@ -230,6 +267,12 @@ int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, 
   meta->inner = (uint64_t)(gp->n + 7) / 8;
   meta->items_per_block = EPI_THREADS;
   meta->max_blocks = (sm_count ? sm_count : DEFAULT_SMS) * EPI_BLOCKS_PER_SM;
+  if (gp->batched) {   /* (1, row blocks of one product, the products) */
+    snprintf(meta->grid_rule, sizeof meta->grid_rule, "batched");
+    meta->inner = (uint64_t)gp->m;
+    meta->items_per_block = batched_rows(gp);
+    meta->max_blocks = 1;
+  }
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

@@ -33,7 +33,7 @@ static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   const fm_meta_blas *b = &m->blas;
   int rc = 0;
   fm_pack_cstr(pk, "blas");
-  rc |= msgpack_pack_map(pk, 21);
+  rc |= msgpack_pack_map(pk, b->batched ? 22 : 21);
   fm_pack_kv_cstr(pk, "form", b->form);
   fm_pack_kv_cstr(pk, "dtype", b->dtype);
   fm_pack_kv_u64(pk, "a", b->a);
@@ -60,10 +60,16 @@ static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   /* fixed + outer * row_bytes: the product's rows come from the launch's outer, which is the
      static M when there is one, so they are never part of fixed */
   rc |= msgpack_pack_uint64(pk, scratch_fixed(m));
-  rc |= msgpack_pack_uint64(pk, is_split(m) ? b->n * 2 : 0);
+  rc |= msgpack_pack_uint64(pk, !is_split(m) ? 0 : b->batched ? (uint64_t)b->m * b->n * 2 : b->n * 2);
   fm_pack_cstr(pk, "algo");
   if (b->has_algo) fm_pack_bin(pk, b->algo, FM_META_ALGO_BYTES);
   else rc |= msgpack_pack_nil(pk);
+  if (b->batched) {   /* last: a client that ignored it would run one product (see fm_meta.h) */
+    fm_pack_cstr(pk, "batch");
+    rc |= msgpack_pack_array(pk, 2);
+    rc |= msgpack_pack_uint64(pk, b->stride_a);
+    rc |= msgpack_pack_uint64(pk, b->stride_b);
+  }
   return rc;
 }
 
@@ -76,9 +82,12 @@ uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
   uint64_t fixed = scratch_fixed(m);
   if (!is_split(m)) return fixed;
   int64_t rows = m->blas.m >= 0 ? m->blas.m : outer;
-  if (rows < 0) rows = 0;
-  /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows) */
-  return fixed + (uint64_t)rows * m->blas.n * 2;
+  if (rows < 0 || outer < 0) rows = 0;
+  /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows); for a
+     batch, outer products of [m, n] (a launch past 2^64 bytes fails its allocation) */
+  uint64_t bytes = (uint64_t)rows * m->blas.n * 2;
+  if (m->blas.batched && __builtin_mul_overflow(bytes, (uint64_t)outer, &bytes)) return UINT64_MAX;
+  return fixed + bytes;
 }
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
@@ -332,6 +341,20 @@ static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
   } else if (algo->type != MSGPACK_OBJECT_NIL) {
     return fm_diag_set(d, FM_ESCHEMA, "meta.blas: 'algo' must be 64 bytes or nil");
   }
+  const msgpack_object *batch = fm_msg_get(o, "batch");
+  if (batch) {
+    if (batch->type != MSGPACK_OBJECT_ARRAY || batch->via.array.size != 2 ||
+        batch->via.array.ptr[0].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        batch->via.array.ptr[1].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+        batch->via.array.ptr[0].via.u64 >= (uint64_t)FM_MAX_STRIDE ||
+        batch->via.array.ptr[1].via.u64 >= (uint64_t)FM_MAX_STRIDE)
+      return fm_diag_set(d, FM_ESCHEMA, "meta.blas: 'batch' must be [stride_a, stride_b]");
+    if (!is_split(m) || b->m < 1)
+      return fm_diag_set(d, FM_ESCHEMA, "meta.blas: a batched plan is the split form of a static M");
+    b->batched = 1;
+    b->stride_a = batch->via.array.ptr[0].via.u64;
+    b->stride_b = batch->via.array.ptr[1].via.u64;
+  }
   return FM_OK;
 }
 
@@ -345,6 +368,8 @@ static int check_plan(const fm_kernel_meta *m, fm_diag *d) {
     return fm_diag_set(d, FM_ESCHEMA, "meta: grid rule '%s' with %s plan", m->grid_rule,
                        direct ? "a direct" : "no direct");
   if (!direct && m->entry[0] == '\0') return fm_diag_set(d, FM_ESCHEMA, "meta: 'entry' is empty");
+  if (m->blas.batched != (strcmp(m->grid_rule, RULE_BATCHED) == 0 && m->blas.form[0]))
+    return fm_diag_set(d, FM_ESCHEMA, "meta: a batched plan's kernel has grid rule 'batched' (and only it)");
   if (direct && m->n_tmaps) return fm_diag_set(d, FM_ESCHEMA, "meta: tensor maps without a kernel");
   return FM_OK;
 }

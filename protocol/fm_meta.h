@@ -37,7 +37,7 @@
  *          c: i32, out: u32, act: "none" | "relu" | "gelu_tanh", a_kmajor: bool,
  *          b_kmajor: bool, lda: u64, ldb: u64, ldc: u64, ldd: u64, m: i64 (-1: outer),
  *          n: u64, k: u64, align: [a, b, c, d], workspace: u64,
- *          scratch: [fixed_bytes, row_bytes], algo: bin(64) | nil}
+ *          scratch: [fixed_bytes, row_bytes], algo: bin(64) | nil, batch?: [stride_a, stride_b]}
  * says the launch runs one cublasLtMatmul of input a ([M, K]) by input b ([K, N]), both
  * row-major views with leading dims lda / ldb (K contiguous in A when a_kmajor, in B when
  * b_kmajor), fp32 accumulation and scale, on a scratch buffer the CALLER allocates per
@@ -51,6 +51,11 @@
  *  - form "split": cuBLASLt writes A@B (dtype, row-major [M, N], leading dim n) into the
  *    scratch after the workspace, then the kernel `entry` runs the whole epilogue on it; its
  *    params end with "scratch": that matmul result's address.
+ * A plan of a batched GEMM fragment (bmm) has the key batch: the launch runs `outer` products
+ * (m is then each one's static M), A's and B's batch strides in elements (0: one matrix for
+ * every product), the product written densely as [outer, M, N] into the scratch (row_bytes
+ * is then one product's M x N elements); such a plan is always the split form and its kernel
+ * has grid rule "batched" (a client that knows neither refuses it).
  * algo is the cublasLtMatmulAlgo_t the tuner chose (nil: none chosen yet, the tuner's
  * search); the client re-checks it with cublasLtMatmulAlgoCheck for each M it launches
  * and falls back to the heuristic's first choice for an M it does not fit. align: the
@@ -99,6 +104,8 @@ typedef struct fm_meta_blas {
   uint64_t n, k;
   uint32_t align[4];             /* bytes: A, B, C, D */
   uint64_t workspace;            /* bytes */
+  uint32_t batched;              /* bmm: outer products, batch strides below */
+  uint64_t stride_a, stride_b;   /* elements between products (0: one for all) */
   uint32_t has_algo;
   uint8_t algo[FM_META_ALGO_BYTES];
 } fm_meta_blas;

@@ -2,7 +2,9 @@
  * locally (codegen + NVRTC for this GPU, every candidate, compiles in parallel) and launched
  * through libfusemld (the "batched" grid), each output checked against the CPU reference
  * (fm_reference_eval, fp64) by ||out-ref||/||ref|| on random inputs (never zeros), outputs
- * poisoned with NaN before each launch so unwritten elements fail.
+ * poisoned with NaN before each launch so unwritten elements fail. The cuBLASLt plan (strided
+ * batched product into the scratch, then the split epilogue kernel) is one of the candidates,
+ * run with the heuristic's first choice.
  *
  * Cases: M in {1, 7, 64, 127, 200} x N in {8, 64, 100, 136}, K rotating over {8, 64, 136},
  * the batch over a static 1, a static 3, a symbolic 5 and a static 4 whose B is one matrix
@@ -155,8 +157,16 @@ typedef struct data {
   void *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
   fm_CUdeviceptr d_in[FM_MAX_INPUTS], d_out[FM_MAX_OUTPUTS];
   size_t n_out[FM_MAX_OUTPUTS];
-  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS];
+  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];   /* + a plan's scratch */
 } data;
+
+/* A cuBLASLt plan's scratch for a launch at outer, as outs[n_outputs] (0: none needed). */
+static fm_CUdeviceptr scratch_for(fm_module *m, data *x, const fm_fragment *f, int64_t outer) {
+  uint64_t bytes = fm_module_scratch_bytes(m, outer);
+  fm_CUdeviceptr p = bytes ? gu_dalloc(cu, bytes) : 0;
+  x->outs[f->n_outputs] = (void *)(uintptr_t)p;
+  return p;
+}
 
 /* Random inputs, never zero, the operands scaled so that the sum over K stays O(1). */
 static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, gu_rng *rng) {
@@ -229,9 +239,12 @@ static void run_case(int ci, int64_t k, gu_rng *rng) {
     }
     for (uint32_t o = 0; o < f->n_outputs; o++)   /* NaN in every float dtype */
       cu->cuMemsetD8(x.d_out[o], 0xff, x.n_out[o] * fm_dtype_size(f->outputs[o].dtype));
+    fm_CUdeviceptr scratch = scratch_for(m, &x, f, c->outer);
     fm_CUresult r = 0;
-    if (fm_module_launch(m, x.ins, x.outs, c->outer, NULL, &d) || (r = cu->cuCtxSynchronize())) {
+    int launch_rc = fm_module_launch(m, x.ins, x.outs, c->outer, NULL, &d);
+    if (launch_rc || (r = cu->cuCtxSynchronize())) {
       printf("FAIL %s [%s]: launch: %s (cuda %d)\n", c->name, j->desc, d.text, r);
+      if (scratch) cu->cuMemFree(scratch);
       fm_module_unload(m);
       failed++;
       if (r) exit(3);   /* the context is gone */
@@ -249,6 +262,7 @@ static void run_case(int ci, int64_t k, gu_rng *rng) {
     if (ok) printf("ok   %s [%s]\n", c->name, j->desc);
     if (ok) passed++;
     else failed++;
+    if (scratch) cu->cuMemFree(scratch);
     fm_module_unload(m);
   }
   data_free(&x, f);
@@ -313,6 +327,7 @@ static void time_scores(gu_rng *rng) {
       continue;
     }
     float t[20];
+    fm_CUdeviceptr scratch = scratch_for(m, &x, &canon, z);
     for (int w = 0; w < 3; w++) fm_module_launch(m, x.ins, x.outs, z, NULL, &d);
     for (int r = 0; r < 20; r++) {
       cu->cuEventRecord(e0, NULL);
@@ -327,6 +342,7 @@ static void time_scores(gu_rng *rng) {
       best = ms;
       snprintf(best_desc, sizeof best_desc, "%s", desc);
     }
+    if (scratch) cu->cuMemFree(scratch);
     fm_module_unload(m);
     free(k.cubin);
   }

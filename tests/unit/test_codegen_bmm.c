@@ -188,8 +188,13 @@ static void test_meta_and_candidates(void) {
   CHECK(n >= 10);
   int wgmma = 0;
   for (size_t i = 0; i < n; i++) {
-    /* no cuBLASLt plan (its metadata has no batch strides yet), no skinny kernel, no tensor
-       maps: only templates that move A and B through pointers */
+    /* the cuBLASLt plan right after the default (its split form: a batch is never direct);
+       no skinny kernel, no tensor maps: only templates that move A and B through pointers */
+    if (i == 1) {
+      CHECK_EQ_INT(c[i].tmpl, FM_TMPL_CUBLASLT);
+      CHECK_EQ_INT(c[i].p[0], FM_BLAS_SPLIT);
+      continue;
+    }
     CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);
     CHECK((c[i].p[7] & 0xffu) < 4);
     wgmma += (c[i].p[7] & 0xffu) != 0;
@@ -238,8 +243,71 @@ static void test_meta_and_candidates(void) {
   CHECK_EQ_INT((int)fm_meta_grid_z(&tiles, 48), 1);
 }
 
-/* A static batch of 3 with one broadcast B: a 64x64 default (few tiles), a 16-byte
- * misaligned batch stride refused by the templates. */
+/* The cuBLASLt plan of a bmm: strided batched (A's and B's batch strides), the product dense
+ * in the scratch ([outer, M, N]), then the split epilogue kernel on a "batched" grid whose
+ * blocks move to their product; never the direct form. */
+static void test_blas_plan(void) {
+  fm_candidate c[4];
+  fm_kernel_meta meta;
+  char *src = NULL;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build_scores(), FM_OK);
+  CHECK_EQ_INT((int)fm_codegen_blas_candidates(&canon, c, 4), 1);
+  CHECK_EQ_INT(c[0].p[0], FM_BLAS_SPLIT);
+  CHECK_EQ_INT(fm_codegen_blas(&canon, FM_BLAS_DIRECT, 132, &src, &meta, &d), FM_EUNSUPPORTED);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
+  CHECK(src != NULL);
+  if (!src) return;
+  CHECK_STR_CONTAINS(src, "fm_scratch += fm_z * M * FM_N;");
+  CHECK_STR_CONTAINS(src, "out0 += fm_z * 16384LL;");
+  free(src);
+  CHECK_STR_CONTAINS(meta.kind, "cublaslt");
+  CHECK_STR_CONTAINS(meta.blas.form, "split");
+  CHECK_STR_CONTAINS(meta.grid_rule, "batched");
+  CHECK_EQ_INT((int)meta.blas.batched, 1);
+  CHECK_EQ_INT((int)meta.blas.stride_a, 8192);
+  CHECK_EQ_INT((int)meta.blas.stride_b, 8192);
+  CHECK_EQ_INT((int)meta.blas.m, 128);
+  CHECK_EQ_INT((int)meta.outer, -1);
+  /* 48 products of [128, 128] bf16 after the workspace */
+  uint64_t fixed = fm_meta_scratch_result_offset(&meta);
+  CHECK(fm_meta_scratch_bytes(&meta, 48) == fixed + 48ull * 128 * 128 * 2);
+  CHECK_EQ_INT((int)fm_meta_grid_z(&meta, 48), 48);
+  CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 48), 1);
+  CHECK_EQ_INT((int)(fm_meta_grid_y(&meta, 48) * meta.items_per_block >= 128), 1);
+  /* the wire form keeps the batch; without it (a client that ignored it would run one
+     product) or with another rule the metadata is refused */
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);
+  msgpack_unpacked up;
+  msgpack_unpacked_init(&up);
+  CHECK(msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+  fm_kernel_meta back;
+  CHECK_EQ_INT(fm_meta_unpack(&up.data, &back, &d), FM_OK);
+  CHECK_EQ_INT((int)back.blas.batched, 1);
+  CHECK_EQ_INT((int)back.blas.stride_a, 8192);
+  CHECK(fm_meta_scratch_bytes(&back, 48) == fm_meta_scratch_bytes(&meta, 48));
+  msgpack_unpacked_destroy(&up);
+  msgpack_sbuffer_destroy(&sb);
+  fm_kernel_meta wrong = meta;
+  snprintf(wrong.grid_rule, sizeof wrong.grid_rule, "elementwise");
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&wrong, &pk), FM_OK);
+  msgpack_unpacked_init(&up);
+  CHECK(msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+  CHECK_EQ_INT(fm_meta_unpack(&up.data, &back, &d), FM_ESCHEMA);
+  CHECK_STR_CONTAINS(d.text, "a batched plan's kernel has grid rule 'batched'");
+  msgpack_unpacked_destroy(&up);
+  msgpack_sbuffer_destroy(&sb);
+}
+
+/* A static batch of 3 with one broadcast B: a 64x64 default (few tiles); a batch stride
+ * that is no multiple of 16 bytes: the templates refuse it, the cuBLASLt plan (told the
+ * products' 4-byte alignment) is the default. */
 static void test_static_batch(void) {
   int64_t a[3] = {3, 40, 24}, b[3] = {1, 24, 72}, o[3] = {3, 40, 72}, ast[3] = {970, 24, 1};
   fm_candidate c;
@@ -265,8 +333,15 @@ static void test_static_batch(void) {
   tf_op(&raw, FM_OP_BMM, 3, 2, 1, 2, 0);
   tf_output(&raw, 3, FM_DT_F16, 3, o, NULL, 16);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
-  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_EUNSUPPORTED);
+  fm_gemm_config gc = fm_codegen_gemm_default(&canon);
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &gc, 132, &src, &meta, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "batch stride of A or B (970, 0) is not a multiple of 8");
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
+  CHECK_EQ_INT(c.tmpl, FM_TMPL_CUBLASLT);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
+  free(src);
+  CHECK_EQ_INT((int)meta.blas.align[0], 4);    /* A: 970 x 2 bytes apart */
+  CHECK_EQ_INT((int)meta.blas.align[1], 16);   /* B: one for all */
 }
 
 static void test_nvrtc_every_candidate(void) {
@@ -305,6 +380,7 @@ int main(void) {
   RUN(test_rejections);
   RUN(test_reference);
   RUN(test_meta_and_candidates);
+  RUN(test_blas_plan);
   RUN(test_static_batch);
   RUN(test_nvrtc_every_candidate);
   return FM_TEST_DONE();
