@@ -137,7 +137,9 @@ class _TransformerLayer(nn.Module):
 def test_small_transformer_layer(dead_socket):
     """Both LayerNorms and the attention softmax become row groups; the Linears on [B, S, D]
     carry their epilogues through the view (out-proj + residual, fc1 + GELU, fc2 + residual);
-    the batched GEMMs stay with cuBLAS, with the reason; outputs and gradients match eager."""
+    the attention scores' bmm carries its scale through the [B, H, S, S] view, while the
+    probabilities @ V bmm (nothing after it) stays with cuBLAS; outputs and gradients match
+    eager."""
     torch.manual_seed(0)
     c, got, want = compile_run(_TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16))
     close_bf16(got, want)
@@ -146,15 +148,17 @@ def test_small_transformer_layer(dead_socket):
     assert len(rg) == 3 and all(g.route == "kernel" for g in rg)
     assert sum("amax" in g.op_names for g in rg) == 1                  # the softmax
     assert sum("var" in g.op_names for g in rg) == 2                   # the LayerNorms
-    fused = [g.op_names for g in fw.kernels() if g.kind == "gemm"]
+    fused = [g.op_names for g in fw.kernels() if g.kind == "gemm" and "bmm" not in g.op_names]
     assert ["addmm", "_unsafe_view", "gelu"] in fused
     assert sum(ops[-1] in ("add", "_to_copy") for ops in fused) == 2          # the residual adds
     lone = [g for g in fw.groups if g.kind == "gemm" and g.route == "bypass" and "bmm" not in g.op_names]
     assert lone and all("lone GEMM" in g.reason for g in lone)                # QKV: nothing after it
     gemm3d = next(g for g in fw.kernels() if "gelu" in g.op_names)
     assert gemm3d.built.out_views and gemm3d.built.wire["outputs"][0]["shape"] == [-1, 128]
-    bmm = [g for g in fw.groups if g.kind == "gemm" and "bmm" in g.op_names]
-    assert bmm and all("batched GEMM" in g.reason for g in bmm)
+    scores, pv = [g for g in fw.groups if g.kind == "gemm" and "bmm" in g.op_names]
+    assert scores.route == "kernel" and scores.op_names == ["bmm", "view", "div", "_to_copy"]
+    assert scores.built.wire["vocab"] == 4 and scores.built.wire["m_hint"] == 2 * 4
+    assert pv.route == "bypass" and "lone GEMM" in pv.reason
 
 
 def test_daemon_accepts_every_transformer_layer_group(daemon):

@@ -11,8 +11,10 @@ from functorch.compile import make_boxed_func
 
 from . import cudagraphs, transport
 from ._log import log, warn_once
+from .bmm_fragment import build_bmm
 from .fragment import Unfusable, build
 from .gemm_fragment import build_gemm
+from .ops import is_batched_gemm
 from .partition import find_groups
 from .runtime import GroupRunner
 
@@ -133,7 +135,9 @@ class FuseMLCompiler:
             if g.route != "kernel":
                 continue
             try:
-                if g.kind == "gemm":
+                if g.kind == "gemm" and is_batched_gemm(g.members[0]):
+                    g.built = build_bmm(g.members, g.inputs, g.outputs)
+                elif g.kind == "gemm":
                     g.built = build_gemm(g.members, g.inputs, g.outputs)
                 else:
                     g.built = build(g.members, g.inputs, g.outputs, g.shape)

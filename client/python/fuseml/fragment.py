@@ -215,8 +215,13 @@ class Built:
         self.full_input = full_input      # index of an input whose leading dims give `outer`
         self.out_strides = out_strides    # fragment strides of each output
         self.in_align = in_align
-        self.gemm = False                 # a GEMM fragment (gemm_fragment.build_gemm)
-        self.out_views = None             # GEMM: per output, the [B, S, N] shape to view it as
+        self.gemm = False                 # a GEMM fragment (gemm_fragment, bmm_fragment)
+        # GEMM: per output, the shape to view it as ([B, S, N] of an [M, N] product; [B, H, M, N]
+        # of a [Bt, M, N] batched one, -1 where its batch dim is symbolic)
+        self.out_views = None
+        # batched GEMM: per input, the rank of the space it is read in (its batch dims are
+        # collapsed into one from that rank: bmm_fragment.collapse)
+        self.in_ranks = None
         # each output's static dims after the collapsed symbolic ones (a rows fragment's
         # per-row outputs end in 1 where the iteration shape has N)
         self.out_tails = [[int(d) for d in layout.shape[layout.k:]] for _ in out_nodes]

@@ -7,6 +7,7 @@ e.const(v), e.cast(id, dtype)."""
 import numbers
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -112,6 +113,11 @@ def _where(e, n):
     return e.op("where", e.arg(n.args[0]), e.arg(n.args[1]), e.arg(n.args[2]))
 
 
+def _masked_fill(e, n):
+    # masked_fill(x, mask, v) = where(mask, v, x): attention's `scores.masked_fill(m, -inf)`
+    return e.op("where", e.arg(n.args[1]), e.arg(n.args[2]), e.arg(n.args[0]))
+
+
 POINTWISE = {
     aten.add.Tensor: _add_like("add"), aten.add.Scalar: _add_like("add"),
     aten.sub.Tensor: _add_like("sub"), aten.sub.Scalar: _add_like("sub"),
@@ -128,6 +134,7 @@ POINTWISE = {
     aten.rsqrt.default: _unary("rsqrt"),
     aten.reciprocal.default: lambda e, n: e.op("div", e.const(1.0), e.arg(n.args[0])),
     aten.where.self: _where,
+    aten.masked_fill.Scalar: _masked_fill,
     aten._to_copy.default: _cast, prims.convert_element_type.default: _cast,
     aten.threshold_backward.default: _threshold_backward,
     aten.sigmoid_backward.default: _sigmoid_backward,
@@ -249,14 +256,32 @@ def _static_int(x):
     return isinstance(x, int) and not isinstance(x, torch.SymInt)
 
 
+def is_batched_gemm(node):
+    """bmm or baddbmm: a GEMM group of vocabulary 4 (bmm_fragment.py)."""
+    return node.op == "call_function" and node.target in (aten.bmm.default, aten.baddbmm.default)
+
+
+def _static_real(x):
+    return _is_static_scalar(x) and x == x and abs(x) != float("inf")
+
+
 def why_not_gemm(node):
-    """None when the mm/addmm node can start a GEMM group (PROTOCOL.md, vocabulary 3 and the
-    gemm template's limits), else the reason it runs through cuBLAS instead."""
-    if node.target not in (aten.mm.default, aten.addmm.default):
-        return "batched GEMM: no kernel template yet"
-    if any(k not in ("beta", "alpha") for k in node.kwargs) or \
-            node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+    """None when the mm/addmm/bmm/baddbmm node can start a GEMM group (PROTOCOL.md,
+    vocabularies 3 and 4, and the gemm template's limits), else the reason it runs through
+    cuBLAS instead."""
+    batched = is_batched_gemm(node)
+    if node.target in (aten.addmm.default,) and (
+            any(k not in ("beta", "alpha") for k in node.kwargs) or
+            node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1):
         return "addmm with beta/alpha"
+    if node.target is aten.baddbmm.default:
+        # spelled as bmm, * alpha, + beta * input (bmm_fragment.py): any finite static scalars
+        alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
+        if any(k not in ("beta", "alpha") for k in node.kwargs) or \
+                not _static_real(alpha) or not _static_real(beta):
+            return "baddbmm with non-static beta/alpha"
+        if alpha == 0:
+            return "baddbmm with alpha 0"   # torch skips the product (its NaNs) entirely
     a, b = node.args[-2], node.args[-1]
     if not all(isinstance(x, torch.fx.Node) for x in (a, b)):
         return "operands are not tensors"
@@ -265,26 +290,75 @@ def why_not_gemm(node):
         return "no tensor metadata"
     if ta.dtype not in (torch.bfloat16, torch.float16) or tb.dtype != ta.dtype:
         return f"{ta.dtype} x {tb.dtype} GEMM: the template takes bf16/f16"
-    if ta.dim() != 2 or tb.dim() != 2:
-        return "operands are not matrices"
-    k, n = tb.shape
-    if not (_static_int(k) and _static_int(n)) or not _static_int(ta.shape[1]):
+    rank = 3 if batched else 2
+    if ta.dim() != rank or tb.dim() != rank:
+        return "operands are not batches of matrices" if batched else "operands are not matrices"
+    k, n = tb.shape[-2:]
+    if not (_static_int(k) and _static_int(n)) or not _static_int(ta.shape[-1]):
         return "symbolic K or N"
+    if batched and not _static_int(ta.shape[1]):
+        return "symbolic M in a batched GEMM (only the batch may be symbolic)"
     for name, t in (("A", ta), ("B", tb)):
         st = t.stride()
         if not all(_static_int(x) for x in st):
             return f"{name} has symbolic strides"
         # any K and leading dim: where the generated templates need 8-element chunks, the
-        # daemon serves a cuBLASLt plan instead
-        if not (st[1] == 1 or t.shape[1] == 1 or st[0] == 1 or t.shape[0] == 1):
+        # daemon serves a cuBLASLt plan instead; each batch's matrix (the last two dims) must
+        # be row- or column-major, its batch stride is free (0: one matrix expanded)
+        r, c = t.shape[-2:]
+        if not (st[-1] == 1 or c == 1 or st[-2] == 1 or r == 1):
             return f"{name} is neither row- nor column-major"
-    if node.target is aten.addmm.default:
+    if node.target in (aten.addmm.default, aten.baddbmm.default):
         bias = node.args[0]
         if isinstance(bias, torch.fx.Node):
             tbias = bias.meta.get("val")
             if not isinstance(tbias, torch.Tensor) or tbias.dtype != ta.dtype:
                 return "bias of another dtype"
+        elif batched:
+            return "baddbmm input is not a tensor"
     return None
+
+
+def batched_view(node, shape):
+    """For a batched GEMM group over `shape` ([Bt, M, N], the bmm's): the view shape [d0, ...,
+    M, N] when node reshapes it with d0 * ... = Bt (torch.matmul on [B, H, S, D]: the bmm's
+    [B*H, S, S] is viewed back as [B, H, S, S]), an epilogue that continues over the same
+    elements; else None. The view must be row-major dense, which the bmm's result is."""
+    if node.op != "call_function" or node.target not in RESHAPE_OPS or len(shape) != 3:
+        return None
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() < 3:
+        return None
+    size, stride = list(val.shape), list(val.stride())
+    if not (_same_size(size[-1], shape[2]) and _same_size(size[-2], shape[1])):
+        return None
+    if sum(not _static_int(d) for d in size[:-2]) > 1:
+        return None   # one symbolic batch dim at most: the runtime views the result with -1
+    lead = 1
+    for d in size[:-2]:
+        lead = lead * d
+    if not _same_size(lead, shape[0]):
+        return None
+    # row-major dense, decided without guards on the symbolic batch dim (its stride is free)
+    if not _known(stride[-1] == 1):
+        return None
+    for i in range(len(size) - 2, 0, -1):
+        if not _known(stride[i] == stride[i + 1] * size[i + 1]):
+            return None
+    return size
+
+
+def _known(expr):
+    """True only when provable without a guard on a symbolic size."""
+    return bool(expr) if isinstance(expr, bool) else statically_known_true(expr)
+
+
+def _same_size(a, b):
+    if _static_int(a) and _static_int(b):
+        return int(a) == int(b)
+    if _static_int(a) != _static_int(b):
+        return False
+    return _known(a == b)
 
 
 def kind_of(node):

@@ -1,6 +1,8 @@
-"""Fusion discovery on an ATen FX graph: pointwise chains become groups; a GEMM (mm, addmm)
-starts a group that absorbs the pointwise ops after it as its epilogue; reductions are
-recorded as groups of their own kind, routed "bypass" until the client spells them.
+"""Fusion discovery on an ATen FX graph: pointwise chains become groups; a GEMM (mm, addmm,
+bmm, baddbmm) starts a group that absorbs the pointwise ops after it as its epilogue (seen
+through one view of its result: [M, N] as [B, S, N], a bmm's [B*H, S, S] as [B, H, S, S]);
+reductions are recorded as groups of their own kind, routed "bypass" until the client spells
+them.
 
 A node joins the group of one of its producers when it is pointwise, has the group's shape,
 and none of its other operands depends on that group (joining would make the group wait on
@@ -78,6 +80,34 @@ def _fits(g, shape, reduce):
         same_shape(_per_row(g.shape), shape)
 
 
+def _sees_through(view, g):
+    """Can GEMM group g take in `view` (a reshape of its last member) and go on over the view's
+    shape? Once per group: [M, N] seen as [B, S, N], or a bmm's [Bt, M, N] as [B, H, M, N]."""
+    if any(n.target in ops.RESHAPE_OPS for n in g.members):
+        return False
+    if not ops.is_batched_gemm(g.members[0]):
+        return ops.splits_rows(view, g.shape)
+    if ops.batched_view(view, g.shape) is None:
+        return False
+    # A symbolic batch ([s0 * H, S, S] viewed as [s0, H, S, S]) is named in the view's size
+    # list by a SymInt node; the group must read tensors only (its inputs are what the
+    # fuseml::group op takes), so the one symbolic size is spelled -1, which view infers to
+    # the same value. Graph surgery, but it changes no value.
+    size = view.args[1] if len(view.args) > 1 else None
+    if not isinstance(size, (list, tuple)):
+        return False
+    syms = [i for i, d in enumerate(size) if isinstance(d, torch.fx.Node)]
+    if len(syms) > 1 or any(not isinstance(d, (int, torch.fx.Node)) for d in size):
+        return False
+    if syms:
+        size = list(size)
+        size[syms[0]] = -1
+        view.args = (view.args[0], size) + tuple(view.args[2:])
+        if view.graph.owning_module is not None:
+            view.graph.owning_module.recompile()   # its code must say what its graph says
+    return True
+
+
 def find_groups(gm, min_ops=2):
     """Returns the groups of gm.graph (every pointwise group, fused or not, and every
     GEMM/reduction), with inputs, outputs and escapes filled in."""
@@ -118,9 +148,10 @@ def find_groups(gm, min_ops=2):
             group_of[node] = g
             continue
         src = group_of.get(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
-        if src is not None and src.kind == "gemm" and ops.splits_rows(node, src.shape) and \
-                node.args[0] is src.members[-1]:
-            # nn.Linear on [B, S, D]: the epilogue continues over the [B, S, N] view
+        if src is not None and src.kind == "gemm" and node.args[0] is src.members[-1] and \
+                _sees_through(node, src):
+            # nn.Linear on [B, S, D]: the epilogue continues over the [B, S, N] view;
+            # torch.matmul on [B, H, S, D]: over the [B, H, S, S] view of the bmm's result
             src.members.append(node)
             src.shape = node.meta["val"].shape
             group_of[node] = src

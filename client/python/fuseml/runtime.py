@@ -10,6 +10,7 @@ import torch
 
 from . import launcher
 from ._log import log, warn_once
+from .bmm_fragment import collapse
 
 _registry = {}
 _next_gid = [0]
@@ -241,7 +242,13 @@ class GroupRunner:
         spec = b.wire["inputs"][i]
         k = b.layout.k
         size, stride = list(x.shape), list(x.stride())
-        if b.gemm:   # rank-2 operands, no collapsed dims: every dim the kernel strides
+        if b.gemm:   # every dim of a GEMM fragment's input is one the kernel strides
+            ranks = b.in_ranks
+            if ranks:    # a batched GEMM: the input's batch dims collapse as when it was built
+                try:
+                    size, stride = collapse(size, stride, ranks[i])
+                except ValueError as e:
+                    raise _Layout(f"input {i}: {e}") from None
             if len(size) != len(spec["shape"]):
                 raise _Layout(f"input {i} has rank {len(size)}")
             for d, (s, want_n, want_s) in enumerate(zip(stride, spec["shape"], spec["strides"])):
