@@ -115,6 +115,9 @@ static uint32_t stride_align(uint32_t base, uint64_t stride_bytes) {
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, fm_diag *d) {
   int rc = fm_cg_gemm_plan_build_any(canon, gp, d);
   if (rc) return rc;
+  /* two products would be two matmuls into the scratch: not yet; the client times the kernel
+     against the ATen ops it replaces before it keeps it */
+  if (gp->op2 >= 0) return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt plans run one product, not siblings");
   if (bad_operand(&canon->inputs[gp->ia], 1, gp->a_kmajor, gp->lda) ||
       bad_operand(&canon->inputs[gp->ib], 0, gp->b_kmajor, gp->ldb))
     return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt: an operand is expanded (stride 0) or its rows overlap");

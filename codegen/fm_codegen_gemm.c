@@ -127,6 +127,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
       f->n_outputs == 0)
     return fm_diag_set(d, FM_EINVAL, "fragment exceeds the limits");
   gp->op = fm_fragment_gemm_op(f);
+  gp->op2 = fm_fragment_gemm_op2(f);
   if (gp->op < 0) return fm_diag_set(d, FM_EUNSUPPORTED, "not a GEMM fragment (no mm or addmm)");
   p->n_in = f->n_inputs;
   p->n_out = f->n_outputs;
@@ -136,7 +137,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
     const fm_opnode *op = &f->ops[i];
     fm_opkind kind = fm_op_kind(op->op);
     if ((unsigned)op->op >= FM_OP__COUNT || kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE ||
-        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != gp->op))
+        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != gp->op && (int)i != gp->op2))
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the gemm epilogue cannot run '%s'", i,
                          fm_op_name(op->op));
     if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
@@ -188,17 +189,30 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   int rc = operand(a, 1, 'A', strict, &gp->a_kmajor, &gp->lda, d);
   if (!rc) rc = operand(b, 0, 'B', strict, &gp->b_kmajor, &gp->ldb, d);
   if (rc) return rc;
+  if (gp->op2 >= 0) {
+    const fm_opnode *m2 = &f->ops[gp->op2];
+    gp->ib2 = p->args[gp->op2][m2->nargs - 1];
+    if (gp->ib2 >= p->n_in || p->args[gp->op2][m2->nargs - 2] != gp->ia)
+      return fm_diag_set(d, FM_EINVAL, "the sibling product's operands are not inputs");
+    int kmajor2;
+    int64_t ldb2;
+    if ((rc = operand(&f->inputs[gp->ib2], 0, 'B', strict, &kmajor2, &ldb2, d))) return rc;
+    if (strict && (kmajor2 != gp->b_kmajor || ldb2 != gp->ldb))
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "the sibling B's differ in layout (leading dims %" PRId64 " and %" PRId64 ")",
+                         gp->ldb, ldb2);
+  }
   if (strict && gp->batched && (gp->ez[gp->ia] % 8 || gp->ez[gp->ib] % 8))
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "a batch stride of A or B (%" PRId64 ", %" PRId64 ") is not a multiple of 8 "
                        "(16-byte chunks)", gp->ez[gp->ia], gp->ez[gp->ib]);
   for (uint32_t i = 0; i < p->n_ops; i++)
     for (uint32_t x = 0; x < f->ops[i].nargs; x++)
-      if ((int)i != gp->op || x + 2 < f->ops[i].nargs)
+      if (((int)i != gp->op && (int)i != gp->op2) || x + 2 < f->ops[i].nargs)
         if (p->args[i][x] < p->n_in) gp->used[p->args[i][x]] = 1;
   for (uint32_t k = 0; k < p->n_out; k++) {
     int pos = position(f, p->n_in + p->n_ops, f->outputs[k].id);
-    if (pos < 0 || (uint32_t)pos == gp->ia || (uint32_t)pos == gp->ib)
+    if (pos < 0 || (uint32_t)pos == gp->ia || (uint32_t)pos == gp->ib || (gp->op2 >= 0 && (uint32_t)pos == gp->ib2))
       return fm_diag_set(d, FM_EINVAL, "outputs[%u]: bad value", k);
     p->t[p->n_in + k].value = (uint32_t)pos;
     p->t[p->n_in + k].dtype = f->outputs[k].dtype;
@@ -206,7 +220,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   }
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_tensor *t = k < p->n_in ? &f->inputs[k] : &f->outputs[k - p->n_in];
-    if (k == gp->ia || k == gp->ib) continue;
+    if (k == gp->ia || k == gp->ib || (gp->op2 >= 0 && k == gp->ib2)) continue;
     if (t->rank != r) return fm_diag_set(d, FM_EINVAL, "epilogue tensor %u is not rank %u", k, r);
     for (uint32_t j = 0; j < 2; j++) gp->es[k][j] = t->shape[r - 2 + j] == 1 ? 0 : t->strides[r - 2 + j];
     if (gp->batched) gp->ez[k] = t->shape[0] == 1 ? 0 : t->strides[0];
@@ -247,7 +261,25 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
   return FM_OK;
 }
 
+static uint32_t slab_cols(const fm_gemm_config *c);
+
+/* Siblings: each warp's columns split in two halves of whole 8-column groups, staged in one
+ * pass; loaded through pointers by the sm_80 mainloop or through a second tensor map by the
+ * TMA forms (not the cp.async wgmma forms, row tiles or clusters). */
+static int check_siblings(const fm_gemm_config *c, fm_diag *d) {
+  uint32_t wcols = c->bn / c->wn;
+  if ((c->wgmma >= 1 && c->wgmma <= 3) || c->rtiles > 1 || c->cluster > 1)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: sibling products take the sm_80 or the TMA mainloop");
+  if (wcols % 16 || slab_cols(c) != wcols)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "config: sibling products need a warp's %u columns in halves of 8-column groups, "
+                       "staged at once", wcols);
+  return FM_OK;
+}
+
 static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
+  int rc;
+  if (gp->op2 >= 0 && (rc = check_siblings(c, d))) return rc;
   if (gp->batched && c->wgmma >= 4)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: a tensor map addresses one matrix, not a batch (bmm)");
   if (c->wgmma) return check_wgmma(gp, c, d);
@@ -487,7 +519,10 @@ void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_g
                        "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;\n"
                        "   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */\n"
                        "template <bool WHOLE = false>\n"
-                       "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n");
+                       "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], ");
+  /* siblings: the second product's 8 accumulators of the same columns */
+  if (gp->op2 >= 0) fm_strbuf_append(sb, "const float (&acc2)[8], ");
+  fm_strbuf_append(sb, "const long long m, const long long n");
   fm_cg_gemm_emit_epi_params(sb, gp, 1);
   fm_strbuf_append(sb, ") {\n  const bool full = WHOLE || n + 8 <= FM_N;\n");
   for (uint32_t k = 0; k < p->n_in; k++)
@@ -506,14 +541,15 @@ void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_g
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
     fm_strbuf_printf(sb, "    const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
-    if ((int)i == gp->op) {
+    if ((int)i == gp->op || (int)i == gp->op2) {
       /* the product stays fp32, like every intermediate; addmm adds its bias in fp32 */
+      const char *acc = (int)i == gp->op ? "acc" : "acc2";
       if (f->ops[i].nargs == 3) {
         uint32_t b = p->args[i][0];
-        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(acc[e] + (v%u ? 1.0f : 0.0f))", b);
-        else fm_strbuf_printf(sb, "(acc[e] + v%u)", b);
+        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(%s[e] + (v%u ? 1.0f : 0.0f))", acc, b);
+        else fm_strbuf_printf(sb, "(%s[e] + v%u)", acc, b);
       } else {
-        fm_strbuf_append(sb, "acc[e]");
+        fm_strbuf_printf(sb, "%s[e]", acc);
       }
     } else {
       fm_cg_emit_op(sb, f, p, i);
@@ -559,8 +595,9 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
   if (tma)
-    fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
-                         "    const __grid_constant__ fm_tmap fm_tmb) {\n");
+    fm_strbuf_printf(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
+                         "    const __grid_constant__ fm_tmap fm_tmb%s) {\n",
+                     gp->op2 >= 0 ? ", const __grid_constant__ fm_tmap fm_tmb2" : "");
   else if (scratch_ty)
     fm_strbuf_printf(sb, "    long long outer, const %s *__restrict__ fm_scratch) {\n", scratch_ty);
   else
@@ -606,7 +643,46 @@ static uint32_t min_blocks(const fm_gemm_config *c, uint32_t smem) {
 
 /* The epilogue of the tile at row m0 (block-uniform): each warp stages its accumulators
  * through its slab, FM_SCOLS columns at a time, and runs fm_epilogue on 8 columns of a row. */
+/* The siblings' epilogue (the slab holds all FM_WCOLS columns of the warp, one pass): the
+ * first half of the slab's columns are B's products, the second half B2's of the same output
+ * columns, which start at n0 / 2 + wn * FM_WCOLS / 2. */
+static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent) {
+  fm_strbuf_printf(sb,
+                   "%s{\n"
+                   "%s  const bool whole = m0 + FM_BM <= M && n0 / 2 + FM_BN / 2 <= FM_N;\n"
+                   "#pragma unroll\n"
+                   "%s  for (int mt = 0; mt < FM_MT; mt++) {\n"
+                   "%s    fm_stage(slab, acc[mt], lane, 0);\n"
+                   "%s    __syncwarp();\n"
+                   "%s    const long long mw = m0 + FM_WARP_ROW(wm, mt);\n"
+                   "%s    const long long nw = n0 / 2 + wn * (FM_WCOLS / 2);\n"
+                   "#pragma unroll\n"
+                   "%s    for (int g = lane; g < FM_WCOLS; g += 32) {   /* 16 rows x FM_WCOLS / 16 */\n"
+                   "%s      const int r = g / (FM_WCOLS / 16), c = g %% (FM_WCOLS / 16) * 8;\n"
+                   "%s      if (!whole && (mw + r >= M || nw + c >= FM_N)) continue;\n"
+                   "%s      float v[8], v2[8];\n"
+                   "%s      fm_unstage(v, slab, r, c);\n"
+                   "%s      fm_unstage(v2, slab, r, c + FM_WCOLS / 2);\n"
+                   "%s      if (whole) fm_epilogue<true>(v, v2, mw + r, nw + c",
+                   indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent,
+                   indent, indent, indent);
+  fm_cg_gemm_emit_epi_params(sb, gp, 0);
+  fm_strbuf_printf(sb, ");\n%s      else fm_epilogue<false>(v, v2, mw + r, nw + c", indent);
+  fm_cg_gemm_emit_epi_params(sb, gp, 0);
+  fm_strbuf_printf(sb,
+                   ");\n"
+                   "%s    }\n"
+                   "%s    __syncwarp();   /* the slab is rewritten next */\n"
+                   "%s  }\n"
+                   "%s}\n",
+                   indent, indent, indent, indent);
+}
+
 static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent) {
+  if (gp->op2 >= 0) {
+    emit_sibling_epilogue(sb, gp, indent);
+    return;
+  }
   fm_strbuf_printf(sb,
                    "%s{\n"
                    "%s  /* A tile wholly inside M and N (all but the edges) runs a branch-free copy of\n"
@@ -671,8 +747,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
     fm_strbuf_append(sb,
                      "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), units = fm_units(tiles_m);\n"
                      "  fm_pipe_init();\n"
-                     "  if (threadIdx.x >= FM_MMA_THREADS) {   /* the loader warp: one thread issues every box */\n"
-                     "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb, tiles_m, units);\n"
+                     "  if (threadIdx.x >= FM_MMA_THREADS) {   /* the loader warp: one thread issues every box */\n");
+    fm_strbuf_printf(sb, "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb%s, tiles_m, units);\n",
+                     gp->op2 >= 0 ? ", &fm_tmb2" : "");
+    fm_strbuf_append(sb,
                      "    fm_pipe_done();\n"
                      "    return;\n"
                      "  }\n"
@@ -720,9 +798,11 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
     fm_strbuf_append(sb, "  }\n}\n");
     return;
   }
-  char opa[16], opb[16];
+  char opa[16], opb[32];
   snprintf(opa, sizeof opa, tma ? "&fm_tma" : "in%u", gp->ia);
-  snprintf(opb, sizeof opb, tma ? "&fm_tmb" : "in%u", gp->ib);
+  if (gp->op2 >= 0 && tma) snprintf(opb, sizeof opb, "&fm_tmb, &fm_tmb2");
+  else if (gp->op2 >= 0) snprintf(opb, sizeof opb, "in%u, in%u", gp->ib, gp->ib2);
+  else snprintf(opb, sizeof opb, tma ? "&fm_tmb" : "in%u", gp->ib);
   fm_strbuf_printf(sb,
                    "  const long long m0 = (long long)tm * FM_BM;\n"
                    "  fm_mainloop(acc, %s, %s, M, m0, n0);\n"
@@ -763,7 +843,7 @@ void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const
 static void tma_meta(fm_kernel_meta *meta, const fm_cg_gemm_plan *gp, const fm_gemm_config *cfg) {
   const char *dt = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_meta_tmap *a = &meta->tmaps[0], *b = &meta->tmaps[1];
-  meta->n_tmaps = 2;
+  meta->n_tmaps = gp->op2 >= 0 ? 3 : 2;
   a->input = gp->ia;
   b->input = gp->ib;
   a->rows = gp->m;   /* -1: outer */
@@ -777,6 +857,11 @@ static void tma_meta(fm_kernel_meta *meta, const fm_cg_gemm_plan *gp, const fm_g
   a->elem_bytes = b->elem_bytes = 2;
   snprintf(a->dtype, sizeof a->dtype, "%s", dt);
   snprintf(b->dtype, sizeof b->dtype, "%s", dt);
+  if (gp->op2 >= 0) {   /* siblings: B and B2 in boxes of half the tile's rows each */
+    b->box[1] = cfg->bn / 2;
+    meta->tmaps[2] = *b;
+    meta->tmaps[2].input = gp->ib2;
+  }
 }
 
 int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
@@ -829,6 +914,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n", rt);
   if (slabs_apart(cfg)) fm_strbuf_printf(&sb, "#define FM_SLAB_OFF %u\n", slab_offset(cfg));
   if (cfg->cluster == 2) fm_strbuf_append(&sb, "#define FM_CLUSTER 2\n");
+  if (gp->op2 >= 0) fm_strbuf_append(&sb, "#define FM_SIB 1\n");   /* two products (fm_codegen_gemm.h) */
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
     fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n"
@@ -851,7 +937,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   }
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
                         block_threads(cfg),
-                        smem, cfg->bm * rt, cfg->bn);   /* a block's rows: rt tiles */
+                        smem, cfg->bm * rt,              /* a block's rows: rt tiles */
+                        gp->op2 >= 0 ? cfg->bn / 2 : cfg->bn);   /* siblings: half are B2's */
   if (cfg->wgmma >= 4) tma_meta(meta, gp, cfg);
   if (gp->batched) {
     /* grid (column tiles, row tiles of one product, products): M is static, the batch the

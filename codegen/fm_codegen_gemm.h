@@ -34,6 +34,12 @@ typedef struct fm_cg_gemm_plan {
   fm_cg_plan base;        /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
   int op;                 /* index of the mm/addmm op */
   uint32_t ia, ib;        /* input positions of A and B */
+  /* Siblings (fm_fragment.h): the second product's op (-1: none) and its B's position; B2
+   * has B's layout and leading dim (else the templates refuse). A tile of BN columns holds
+   * BN / 2 output columns: each warp's first half of its columns from B, the second half
+   * the same columns from B2, so one thread's accumulators pair them for the epilogue. */
+  int op2;
+  uint32_t ib2;
   fm_dtype dt;            /* A's and B's dtype */
   int a_kmajor, b_kmajor; /* K is the contiguous dim of A / of B */
   int64_t lda, ldb;       /* the other dim's stride */

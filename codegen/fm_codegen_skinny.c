@@ -98,7 +98,8 @@ static int check_config(const fm_skinny_config *c, fm_diag *d) {
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_diag *d) {
   int rc = fm_cg_gemm_plan_build(canon, gp, d);
   if (rc) return rc;
-  if (gp->batched) return fm_diag_set(d, FM_EUNSUPPORTED, "the skinny template runs one product, not a batch (bmm)");
+  if (gp->batched || gp->op2 >= 0)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "the skinny template runs one product (not a batch, not siblings)");
   if (!gp->a_kmajor || !gp->b_kmajor)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "the skinny template needs K-major A and B (x [M, K] @ W.t(), nn.Linear)");

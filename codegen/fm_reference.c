@@ -360,8 +360,8 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
   }
   /* GEMM fragments: the matrix operands are not indexed by the [(Bt,) M, N] iteration; the
    * product reads them over k instead. */
-  int g = fm_fragment_gemm_op(f);
-  uint32_t ia = UINT32_MAX, ib = UINT32_MAX;
+  int g = fm_fragment_gemm_op(f), g2 = fm_fragment_gemm_op2(f);
+  uint32_t ia = UINT32_MAX, ib = UINT32_MAX, ib2 = UINT32_MAX;
   if (g >= 0) {
     ia = pr->args[g][f->ops[g].nargs - 2];
     ib = pr->args[g][f->ops[g].nargs - 1];
@@ -370,11 +370,18 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
       goto out;
     }
   }
+  if (g2 >= 0) {   /* siblings: the same A by a second B */
+    ib2 = pr->args[g2][f->ops[g2].nargs - 1];
+    if (pr->args[g2][f->ops[g2].nargs - 2] != ia || ib2 >= f->n_inputs || !inputs[ib2]) {
+      rc = fm_diag_set(d, FM_EINVAL, "reference: malformed sibling GEMM");
+      goto out;
+    }
+  }
   int64_t idx[FM_MAX_RANK] = {0};
   double v[REF_MAX_VALUES];
   for (int64_t i = 0; i < n; i++) {
     for (uint32_t k = 0; k < f->n_inputs; k++) {
-      if (k == ia || k == ib) {
+      if (k == ia || k == ib || k == ib2) {
         v[k] = NAN;
         continue;
       }
@@ -389,9 +396,10 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     for (uint32_t o = 0; o < pr->n_ops; o++) {
       const uint16_t *a = pr->args[o];
       uint32_t na = f->ops[o].nargs;
-      if ((int)o == g) {
-        v[f->n_inputs + o] = (rank == 3 ? gemm_dot(f, ia, ib, inputs[ia], inputs[ib], idx[0], idx[1], idx[2])
-                                         : gemm_dot(f, ia, ib, inputs[ia], inputs[ib], 0, idx[0], idx[1])) +
+      if ((int)o == g || (int)o == g2) {
+        const uint32_t b = (int)o == g ? ib : ib2;
+        v[f->n_inputs + o] = (rank == 3 ? gemm_dot(f, ia, b, inputs[ia], inputs[b], idx[0], idx[1], idx[2])
+                                         : gemm_dot(f, ia, b, inputs[ia], inputs[b], 0, idx[0], idx[1])) +
                              (na == 3 ? v[a[0]] : 0.0);
         continue;
       }

@@ -215,9 +215,9 @@ typedef struct fm_fragment {
  * keepdim=false, [d0, ..., d(r-2)] (validation appends the 1: that is the canonical shape).
  * N must be static (a rank-1 symbolic fragment cannot reduce) and <= FM_MAX_ROW. */
 
-/* GEMM fragments (vocab 3). A fragment with an mm or addmm is a *GEMM fragment*: exactly
- * one matrix product, whose A [M, K] and B [K, N] are rank-2 fragment inputs of the same
- * dtype (bf16 or f16) that nothing else reads; `mm` args [A, B], `addmm` args [bias, A, B]
+/* GEMM fragments (vocab 3). A fragment with an mm or addmm is a *GEMM fragment*: one matrix
+ * product (or two *siblings*, below), whose A [M, K] and B [K, N] are rank-2 fragment inputs
+ * of the same dtype (bf16 or f16) that nothing else reads; `mm` args [A, B], `addmm` args [bias, A, B]
  * (= bias + A@B, bias any value of A's dtype broadcasting to [M, N]). The result has A's
  * dtype but is computed with fp32 accumulation and stays fp32 in registers (no rounding)
  * like every other intermediate. Every other value is pointwise over the iteration shape
@@ -226,6 +226,12 @@ typedef struct fm_fragment {
  * canonical shape). M may be the symbolic dim 0 (A's and the outputs'); K and N are
  * static. Layouts: A and B each row- or column-major (stride 1 in one of the two dims);
  * anything else is FM_EUNSUPPORTED, as is a reduction in a GEMM fragment.
+ *
+ * Siblings: a GEMM fragment may hold a second mm / addmm that shares A (the same value) with
+ * the first, by another input B2 of B's shape and dtype (SwiGLU's gate and up projections,
+ * or two of Q, K, V); both products are [M, N] values of one epilogue (silu(g) * u). Any
+ * other second product, or a third, is FM_EUNSUPPORTED. No new op: a daemon that predates
+ * siblings refuses the fragment as FM_EUNSUPPORTED and the client runs the two GEMMs apart.
  *
  * Batched GEMM fragments (vocab 4): the product is a `bmm` (args [A, B]) of rank-3 inputs
  * A [Bt, M, K] and B [Bt, K, N]: Bt products at once, each batch's matrix row- or
@@ -239,6 +245,8 @@ int fm_fragment_is_gemm(const fm_fragment *f);
 int fm_fragment_is_bmm(const fm_fragment *f);
 /* Index of the GEMM fragment's matmul op (valid GEMM fragment), or -1. */
 int fm_fragment_gemm_op(const fm_fragment *f);
+/* Index of a GEMM fragment's second (sibling) matmul op, or -1 when it has one. */
+int fm_fragment_gemm_op2(const fm_fragment *f);
 
 /* Expands composite ops (softmax, layer_norm, rms_norm) in place into the primitive ops
  * PROTOCOL.md spells out, so that both spellings share a canonical form and a key. The

@@ -327,6 +327,13 @@ int fm_fragment_is_bmm(const fm_fragment *f) {
   return g >= 0 && f->ops[g].op == FM_OP_BMM;
 }
 
+int fm_fragment_gemm_op2(const fm_fragment *f) {
+  int g = fm_fragment_gemm_op(f);
+  for (uint32_t i = g >= 0 ? (uint32_t)g + 1 : f->n_ops; i < f->n_ops; i++)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_MATMUL) return (int)i;
+  return -1;
+}
+
 int fm_fragment_gemm_op(const fm_fragment *f) {
   if (!f || f->n_ops > FM_MAX_OPS) return -1;
   for (uint32_t i = 0; i < f->n_ops; i++)
@@ -342,18 +349,62 @@ static bool unit_dim(const fm_tensor *t, uint32_t j) { return t->shape[j] == 1 |
  * of products) read by nothing else, an epilogue over [M, N] ([Bt, M, N]). Low-rank epilogue
  * inputs get their leading 1s here (canonical). */
 static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
-  int g = -1;
+  int g = -1, g2 = -1;
   for (uint32_t i = 0; i < f->n_ops; i++) {
     fm_opkind kind = fm_op_kind(f->ops[i].op);
     if (kind == FM_OPK_REDUCE)
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: a GEMM fragment cannot also reduce", i);
     if (kind != FM_OPK_MATMUL) continue;
-    if (g >= 0)
+    if (g2 >= 0)
       return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "ops[%u]: a GEMM fragment has exactly one matrix product (ops[%d] is one)", i, g);
-    g = (int)i;
+                         "ops[%u]: a GEMM fragment has one matrix product, or two that share A "
+                         "(ops[%d] and ops[%d] are two already)", i, g, g2);
+    if (g >= 0) g2 = (int)i;
+    else g = (int)i;
   }
   const fm_opnode *mm = &f->ops[g];
+  if (g2 >= 0) {
+    /* siblings: two products of one A by two B's of one shape (SwiGLU's gate and up), both
+       results [M, N] values of the epilogue */
+    const fm_opnode *m2 = &f->ops[g2];
+    if (mm->op == FM_OP_BMM || m2->op == FM_OP_BMM)
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d]: a batched GEMM fragment has exactly one bmm", g2);
+    if (m2->args[m2->nargs - 2] != mm->args[mm->nargs - 2])
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%d]: a second matrix product must share A (value %u) with ops[%d]", g2,
+                         mm->args[mm->nargs - 2], g);
+    const value *b1 = lookup(vs, mm->args[mm->nargs - 1]), *b2 = lookup(vs, m2->args[m2->nargs - 1]);
+    if (b1 == b2)
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d]: the two products have the same B (compute it once)", g2);
+    if (b2 && b2 == lookup(vs, mm->args[mm->nargs - 2]))
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d].args: A and B are the same tensor", g2);
+    if (!b2->is_input)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%d].args[%u]: the matrix operands must be fragment inputs (nothing runs "
+                         "before the GEMM)", g2, m2->nargs - 1);
+    for (uint32_t i = 0; i < f->n_ops; i++)
+      for (uint32_t k = 0; k < f->ops[i].nargs; k++)
+        if ((int)i != g2 && f->ops[i].args[k] == b2->id)
+          return fm_diag_set(d, FM_EUNSUPPORTED,
+                             "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
+                             i, k, b2->id);
+    for (uint32_t k = 0; k < f->n_outputs; k++)
+      if (f->outputs[k].id == b2->id)
+        return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
+    if (b1->is_input) {
+      const fm_tensor *t1 = &f->inputs[b1->index], *t2 = &f->inputs[b2->index];
+      if (t2->rank != 2 || t1->rank != 2 || t1->shape[0] != t2->shape[0] || t1->shape[1] != t2->shape[1])
+        return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: the two products' B's differ in shape",
+                           b2->index);
+      if (t2->dtype != t1->dtype)
+        return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].dtype: the two products' B's differ in dtype",
+                           b2->index);
+      if (!unit_dim(t2, 0) && !unit_dim(t2, 1))
+        return fm_diag_set(d, FM_EUNSUPPORTED,
+                           "inputs[%u].strides: B is neither row- nor column-major (no dim has stride 1)",
+                           b2->index);
+    }
+  }
   /* r: the rank of every GEMM tensor; the matrix dims are the last two, bmm's batch dim 0 */
   const uint32_t r = mm->op == FM_OP_BMM ? 3 : 2, mdim = r - 2, ndim = r - 1;
   uint32_t ia = mm->nargs - 2, ib = mm->nargs - 1;
@@ -366,7 +417,7 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d].args: A and B are the same tensor", g);
   for (uint32_t i = 0; i < f->n_ops; i++)
     for (uint32_t k = 0; k < f->ops[i].nargs; k++)
-      if ((int)i != g && (f->ops[i].args[k] == va->id || f->ops[i].args[k] == vb->id))
+      if ((int)i != g && (int)i != g2 && (f->ops[i].args[k] == va->id || f->ops[i].args[k] == vb->id))
         return fm_diag_set(d, FM_EUNSUPPORTED,
                            "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
                            i, k, f->ops[i].args[k]);
@@ -412,9 +463,10 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
                          "[%" PRId64 ", %" PRId64 "]", k, it[0], it[1]);
     }
   }
+  int b2_index = g2 >= 0 ? (int)lookup(vs, f->ops[g2].args[f->ops[g2].nargs - 1])->index : -1;
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     fm_tensor *t = &f->inputs[k];
-    if (k == va->index || k == vb->index) continue;
+    if (k == va->index || k == vb->index || (int)k == b2_index) continue;
     if (t->rank > r)
       return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to %s",
                          k, t->rank, r == 3 ? "[Bt, M, N]" : "[M, N]");

@@ -76,7 +76,7 @@
 #include "fm_error.h"
 
 #define FM_META_ENTRY_MAX 64
-#define FM_META_MAX_TMAPS 2
+#define FM_META_MAX_TMAPS 3   /* A, B, and a sibling's B2 */
 #define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 1)   /* + a plan's scratch */
 #define FM_META_ALGO_BYTES 64           /* sizeof(cublasLtMatmulAlgo_t) */
 

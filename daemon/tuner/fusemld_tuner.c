@@ -262,7 +262,7 @@ static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src
 /* One row of a large GEMM's reference: the fragment cut to that row (see reference_gemm). */
 typedef struct ref_row {
   const fm_fragment *f;
-  const fm_tensor *b;
+  const fm_tensor *b, *b2;   /* the B of each product (b2: a sibling's, or NULL) */
   const void *const *ins;
   void *const *outs;
   int64_t M, row;
@@ -282,7 +282,8 @@ static void *ref_row_main(void *arg) {
    * a static M equal to K its shape alone would not. */
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     fm_tensor *x = &t->s->inputs[k];
-    int has_m = x->rank == 2 && (x->shape[0] == FM_DIM_SYMBOLIC || (x->shape[0] == t->M && &f->inputs[k] != t->b));
+    int has_m = x->rank == 2 && (x->shape[0] == FM_DIM_SYMBOLIC ||
+                                 (x->shape[0] == t->M && &f->inputs[k] != t->b && &f->inputs[k] != t->b2));
     size_t off = has_m ? (size_t)(t->row * x->strides[0]) * fm_dtype_size(x->dtype) : 0;
     sin[k] = t->ins[k] ? (const uint8_t *)t->ins[k] + off : NULL;
     if (has_m && x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
@@ -376,9 +377,12 @@ static int reference_bmm(const fm_fragment *f, int64_t n, int64_t cap, const voi
 static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs,
                           fm_diag *d) {
   const fm_opnode *mm = &f->ops[gemm];
-  const fm_tensor *b = NULL;
-  for (uint32_t k = 0; k < f->n_inputs; k++)
+  const fm_tensor *b = NULL, *b2 = NULL;
+  int g2 = fm_fragment_gemm_op2(f);
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
     if (f->inputs[k].id == mm->args[mm->nargs - 1]) b = &f->inputs[k];
+    if (g2 >= 0 && f->inputs[k].id == f->ops[g2].args[f->ops[g2].nargs - 1]) b2 = &f->inputs[k];
+  }
   if (!b) return fm_diag_set(d, FM_EINVAL, "the matmul's B is not an input");
   int64_t M = W.outer_v, K = b->shape[0], N = b->shape[1];
   W.n_strips = 0;
@@ -391,7 +395,7 @@ static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins
   int started[ROWS] = {0}, rc = FM_OK;
   if (!rows) return fm_diag_set(d, FM_ENOMEM, "out of memory");
   for (int i = 0; i < ROWS; i++) {
-    rows[i] = (ref_row){f, b, ins, outs, M, starts[i / GEMM_STRIP_ROWS] + i % GEMM_STRIP_ROWS, NULL, FM_OK, {{0}}};
+    rows[i] = (ref_row){f, b, b2, ins, outs, M, starts[i / GEMM_STRIP_ROWS] + i % GEMM_STRIP_ROWS, NULL, FM_OK, {{0}}};
     rows[i].s = malloc(sizeof *rows[i].s);
     if (!rows[i].s) {
       rc = fm_diag_set(d, FM_ENOMEM, "out of memory");

@@ -72,6 +72,10 @@ VECTORS = [
     ("gemm_linear", "nn.Linear + gelu: x [-1, 64] @ weight.t() (B [64, 128] column-major) + "
      "bias [128] (canonical [1, 128]), the pre-activation a second output", ("accept", None)),
     ("gemm_mm_residual", "mm of a column-major f16 A, + residual [96, 64], relu", ("accept", None)),
+    ("gemm_siblings_swiglu", "SwiGLU's gate and up: two mm of one x by two weights (siblings), "
+     "silu(gate) * up and the gate product as outputs", ("accept", None)),
+    ("gemm_siblings_other_a", "two products that do not share A",
+     ("reject", "unsupported", "a second matrix product must share A (value 0) with ops[0]")),
     ("gemm_strided_operand", "A with no unit stride is neither row- nor column-major",
      ("reject", "unsupported", "inputs[0].strides: A is neither row- nor column-major")),
     # ---- vocabulary 4: batched GEMM fragments ----

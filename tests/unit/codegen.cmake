@@ -35,6 +35,9 @@ target_compile_definitions(test_codegen_gemm PRIVATE FM_CG_SOURCE_DIR="${PROJECT
 fm_unit_test(test_codegen_bmm
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_bmm.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
+fm_unit_test(test_codegen_siblings
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_siblings.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)
 fm_unit_test(test_codegen_skinny
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_skinny.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)

@@ -180,9 +180,25 @@ __device__ __forceinline__ void fm_ldsm4t(unsigned r[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
+#ifdef FM_SIB
+/* Siblings: tile column r holds output column *gn of B (the first half of each warp's
+   FM_WCOLS columns) or of B2 (the second half, the same output columns), so that one
+   thread's accumulators pair them; the tile's output columns start at n0 / 2. */
+__device__ __forceinline__ const unsigned short *fm_sib_col(const unsigned short *B,
+    const unsigned short *B2, int n0, int r, int &gn) {
+  const int c = r % FM_WCOLS;
+  gn = n0 / 2 + r / FM_WCOLS * (FM_WCOLS / 2) + c % (FM_WCOLS / 2);
+  return c < FM_WCOLS / 2 ? B : B2;
+}
+#define FM_B2_PARAM , const unsigned short *__restrict__ B2
+#define FM_B2_ARG , B2
+#else
+#define FM_B2_PARAM
+#define FM_B2_ARG
+#endif
 /* One k-tile of A and B into stage buffers as, bs (element (m, k) of A at A[m * sm + k * sk]). */
 __device__ __forceinline__ void fm_load_tile(unsigned short *as, unsigned short *bs,
-    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,
+    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B FM_B2_PARAM,
     long long M, long long m0, int n0, int k0, int tid) {
 #if FM_A_KMAJOR
 #pragma unroll
@@ -207,17 +223,31 @@ __device__ __forceinline__ void fm_load_tile(unsigned short *as, unsigned short 
 #pragma unroll
   for (int c = tid; c < FM_BN * FM_BK / 8; c += FM_THREADS) {
     const int r = c / (FM_BK / 8), kc = (c % (FM_BK / 8)) * 8;
-    const int gn = n0 + r, gk = k0 + kc;
+#ifdef FM_SIB
+    int gn;
+    const unsigned short *const src = fm_sib_col(B, B2, n0, r, gn);
+#else
+    const int gn = n0 + r;
+    const unsigned short *const src = B;
+#endif
+    const int gk = k0 + kc;
     const bool ok = gn < FM_N && gk < FM_K;
-    fm_cp16(fm_saddr(bs + r * FM_B_ROW + kc), ok ? B + (long long)gn * FM_LDB + gk : B, ok ? 16 : 0);
+    fm_cp16(fm_saddr(bs + r * FM_B_ROW + kc), ok ? src + (long long)gn * FM_LDB + gk : B, ok ? 16 : 0);
   }
 #else
 #pragma unroll
   for (int c = tid; c < FM_BN * FM_BK / 8; c += FM_THREADS) {
     const int r = c / (FM_BN / 8), nc = (c % (FM_BN / 8)) * 8;
-    const int gn = n0 + nc, rem = FM_N - gn, gk = k0 + r;
+#ifdef FM_SIB
+    int gn;   /* 8 columns stay in one half: FM_WCOLS / 2 is a multiple of 8 */
+    const unsigned short *const src = fm_sib_col(B, B2, n0, nc, gn);
+#else
+    const int gn = n0 + nc;
+    const unsigned short *const src = B;
+#endif
+    const int rem = FM_N - gn, gk = k0 + r;
     const int bytes = (gk < FM_K && rem > 0) ? (rem >= 8 ? 16 : rem * 2) : 0;
-    fm_cp16(fm_saddr(bs + r * FM_B_ROW + nc), bytes ? B + (long long)gk * FM_LDB + gn : B, bytes);
+    fm_cp16(fm_saddr(bs + r * FM_B_ROW + nc), bytes ? src + (long long)gk * FM_LDB + gn : B, bytes);
   }
 #endif
 }
@@ -256,7 +286,7 @@ __device__ __forceinline__ void fm_tile_mma(float (&acc)[FM_MT][FM_NT][4], const
 }
 /* The whole K loop for the block's tile; acc comes back with A@B for the warp's piece. */
 __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
-    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,
+    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B FM_B2_PARAM,
     long long M, long long m0, int n0) {
   unsigned short *As = fm_smem, *Bs = fm_smem + FM_STAGES * FM_A_STAGE;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -264,7 +294,7 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
   fm_acc_zero(acc);
 #pragma unroll
   for (int s = 0; s < FM_STAGES - 1; s++) {
-    if (s < FM_KT) fm_load_tile(As + s * FM_A_STAGE, Bs + s * FM_B_STAGE, A, B, M, m0, n0, s * FM_BK, tid);
+    if (s < FM_KT) fm_load_tile(As + s * FM_A_STAGE, Bs + s * FM_B_STAGE, A, B FM_B2_ARG, M, m0, n0, s * FM_BK, tid);
     fm_cp_commit();
   }
   for (int kt = 0; kt < FM_KT; kt++) {
@@ -275,7 +305,7 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4],
     const int nk = kt + FM_STAGES - 1;
     if (nk < FM_KT) {
       const int st = nk % FM_STAGES;
-      fm_load_tile(As + st * FM_A_STAGE, Bs + st * FM_B_STAGE, A, B, M, m0, n0, nk * FM_BK, tid);
+      fm_load_tile(As + st * FM_A_STAGE, Bs + st * FM_B_STAGE, A, B FM_B2_ARG, M, m0, n0, nk * FM_BK, tid);
     }
     fm_cp_commit();
     const int cs = kt % FM_STAGES;

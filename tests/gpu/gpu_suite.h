@@ -1,0 +1,32 @@
+/* gpu_suite.h: a correctness suite of GEMM-shaped fragments for the device machine: each
+ * case's candidates compiled locally in parallel (codegen + NVRTC for this GPU), loaded and
+ * launched through libfusemld (a cuBLASLt plan with its scratch), outputs poisoned with NaN
+ * before each launch, every output compared with the CPU reference (fm_reference_eval,
+ * fp64) by ||out-ref||/||ref|| on fresh random inputs (never zeros; the matrix operands
+ * scaled so that sums over K stay O(1)); then, optionally, every candidate of one fragment
+ * timed. Used by test_bmm_gpu and test_siblings_gpu. Device machine only. */
+#ifndef FM_GPU_SUITE_H
+#define FM_GPU_SUITE_H
+
+#include <stdint.h>
+
+#include "fm_fragment.h"
+#include "gpu_util.h"
+
+/* Loads the driver, makes device 0's primary context current, prints the device and seed;
+ * 0, or 2 without a GPU. */
+int gs_start(uint64_t seed);
+/* A case: every candidate of canon (which the suite copies) becomes a job, launched at
+ * outer; k scales the operands' random values (1 / K^(1/4)). */
+void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int64_t k);
+/* Compiles every job (16 threads), then checks each case in order; prints one line per
+ * kernel ("ok" / "FAIL ...") and returns the failures so far. */
+int gs_run(void);
+/* Times every candidate of canon at outer (3 warm-ups, the median of 20 between CUDA
+ * events), printing "time [desc]: ms" and returning the fastest (ms) with its description
+ * in best (cap bytes). */
+double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best, size_t cap);
+/* Prints "N passed, N failed", releases the context; the exit status (0: all passed). */
+int gs_finish(void);
+
+#endif
