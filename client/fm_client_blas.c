@@ -268,6 +268,12 @@ int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, i
   const void *c = p->c >= 0 ? inputs[p->c] : d_out;
   s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b], b->la, inputs[p->a], b->lb, &beta, c, b->lc, d_out,
                 b->ld, &b->algo, b->algo_workspace ? workspace : NULL, b->algo_workspace, (cudaStream_t)stream);
+  if (!s && p->has_b2) {   /* siblings: A@B2 right after A@B (the same shapes and layouts) */
+    void *d_out2 = (char *)d_out + (size_t)m * p->n * 2;
+    s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b2], b->la, inputs[p->a], b->lb, &beta, d_out2, b->lc,
+                  d_out2, b->ld, &b->algo, b->algo_workspace ? workspace : NULL, b->algo_workspace,
+                  (cudaStream_t)stream);
+  }
   if (s) err = lt_fail(s, "matmul", d);
 out:
   pthread_mutex_unlock(&b->lock);

@@ -79,7 +79,7 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
   if (!fm_meta_rule_known(k->meta.grid_rule))
     return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
                        k->meta.grid_rule);
-  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 2 + k->meta.n_tmaps > FM_META_MAX_PARAMS)
+  if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 3 + k->meta.n_tmaps > FM_META_MAX_PARAMS)
     return fm_diag_set(d, FM_ELIMIT, "kernel takes %u inputs and %u outputs; at most %d params",
                        k->meta.n_inputs, k->meta.n_outputs, FM_META_MAX_PARAMS);
   err = fm_cuda_load(&cu, d);
@@ -186,7 +186,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   void *params[FM_META_MAX_PARAMS];
   fm_CUtensorMap maps[FM_META_MAX_TMAPS];
   long long outer_arg;
-  void *scratch_result = NULL;
+  void *scratch_result = NULL, *scratch_result2 = NULL;
   uint64_t grid, grid_y, grid_z;
   uint32_t n = 0;
   fm_CUresult r;
@@ -239,6 +239,10 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
     params[n] = &maps[i];
   }
   if (m->blas) params[n++] = &scratch_result;   /* the split form's epilogue reads the product */
+  if (m->blas && m->meta.blas.has_b2) {          /* and, siblings, the second one after it */
+    scratch_result2 = (char *)scratch_result + fm_meta_scratch_second_offset(&m->meta, outer);
+    params[n++] = &scratch_result2;
+  }
 
   r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, (unsigned)grid_z, m->meta.block[0], m->meta.block[1],
                             m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);

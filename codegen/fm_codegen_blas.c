@@ -115,9 +115,6 @@ static uint32_t stride_align(uint32_t base, uint64_t stride_bytes) {
 static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, fm_diag *d) {
   int rc = fm_cg_gemm_plan_build_any(canon, gp, d);
   if (rc) return rc;
-  /* two products would be two matmuls into the scratch: not yet; the client times the kernel
-     against the ATen ops it replaces before it keeps it */
-  if (gp->op2 >= 0) return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt plans run one product, not siblings");
   if (bad_operand(&canon->inputs[gp->ia], 1, gp->a_kmajor, gp->lda) ||
       bad_operand(&canon->inputs[gp->ib], 0, gp->b_kmajor, gp->ldb))
     return fm_diag_set(d, FM_EUNSUPPORTED, "cuBLASLt: an operand is expanded (stride 0) or its rows overlap");
@@ -141,6 +138,10 @@ static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, 
   b->workspace = FM_BLAS_WORKSPACE;
   b->bias = b->c = -1;
   snprintf(b->act, sizeof b->act, "none");
+  if (gp->op2 >= 0) {   /* siblings: A@B2 too, written after A@B (fm_meta.h) */
+    b->has_b2 = 1;
+    b->b2 = gp->ib2;
+  }
   if (gp->batched) {   /* strided batched: every product at its own offset, D dense */
     b->batched = 1;
     b->stride_a = (uint64_t)gp->ez[gp->ia];
@@ -161,9 +162,9 @@ size_t fm_codegen_blas_candidates(const fm_fragment *canon, fm_candidate *out, s
   if (!fm_fragment_is_gemm(canon) || plan(canon, gp, &b, NULL)) goto out;
   memset(&out[0], 0, sizeof out[0]);
   out[0].tmpl = FM_TMPL_CUBLASLT;
-  /* a batch always takes the split form: its kernel's "batched" grid is what keeps a client
-     that knows no batched plan from running one product (fm_meta.h) */
-  out[0].p[0] = !gp->batched && direct_form(canon, gp, &b) ? FM_BLAS_DIRECT : FM_BLAS_SPLIT;
+  /* a batch or siblings always take the split form: its kernel's "batched" grid or "scratch2"
+     parameter is what keeps a client that knows neither from running one product (fm_meta.h) */
+  out[0].p[0] = !gp->batched && gp->op2 < 0 && direct_form(canon, gp, &b) ? FM_BLAS_DIRECT : FM_BLAS_SPLIT;
   n = 1;
 out:
   free(gp);
@@ -177,7 +178,7 @@ out:
 static void emit_epilogue_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const char *ty = fm_cg_storage_type(gp->dt);
   const char *dec = gp->dt == FM_DT_BF16 ? "fm_bf16_to_f32" : "fm_f16_to_f32";
-  fm_cg_gemm_emit_kernel_open_extra(sb, f, gp, "fm_blas_epi", ty);
+  fm_cg_gemm_emit_kernel_open_extra(sb, f, gp, "fm_blas_epi", ty);   /* siblings: fm_scratch2 too */
   if (gp->batched)
     fm_strbuf_append(sb,
                      "  fm_scratch += fm_z * M * FM_N;\n"
@@ -205,9 +206,22 @@ static void emit_epilogue_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_c
                    "      for (int e = 0; e < 8; e++) if (n + e < FM_N) raw[e] = p[e];\n"
                    "    }\n"
                    "#pragma unroll\n"
-                   "    for (int e = 0; e < 8; e++) acc[e] = n + e < FM_N ? %s(raw[e]) : 0.0f;\n"
-                   "    fm_epilogue(acc, m, n",
+                   "    for (int e = 0; e < 8; e++) acc[e] = n + e < FM_N ? %s(raw[e]) : 0.0f;\n",
                    ty, ty, dec);
+  if (gp->op2 >= 0)   /* the second product's same 8 elements */
+    fm_strbuf_printf(sb,
+                     "    const %s *p2 = fm_scratch2 + m * FM_N + n;\n"
+                     "    float acc2[8];\n"
+                     "    if (FM_N %% 8 == 0) {\n"
+                     "      *(uint4 *)raw = __ldg((const uint4 *)p2);\n"
+                     "    } else {\n"
+                     "#pragma unroll\n"
+                     "      for (int e = 0; e < 8; e++) if (n + e < FM_N) raw[e] = p2[e];\n"
+                     "    }\n"
+                     "#pragma unroll\n"
+                     "    for (int e = 0; e < 8; e++) acc2[e] = n + e < FM_N ? %s(raw[e]) : 0.0f;\n",
+                     ty, dec);
+  fm_strbuf_printf(sb, "    fm_epilogue(acc, %sm, n", gp->op2 >= 0 ? "acc2, " : "");
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_append(sb, ");\n  }\n}\n");
 }
@@ -245,7 +259,7 @@ int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, 
   meta->block[0] = meta->block[1] = meta->block[2] = 1;
   meta->items_per_block = meta->max_blocks = 1;
   if (form == FM_BLAS_DIRECT) {
-    if (gp->batched || !direct_form(canon, gp, &meta->blas)) {
+    if (gp->batched || gp->op2 >= 0 || !direct_form(canon, gp, &meta->blas)) {
       rc = fm_diag_set(d, FM_EUNSUPPORTED, "codegen: cuBLASLt cannot run this epilogue by itself");
       goto out;
     }

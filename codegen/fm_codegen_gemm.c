@@ -197,7 +197,9 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
     int kmajor2;
     int64_t ldb2;
     if ((rc = operand(&f->inputs[gp->ib2], 0, 'B', strict, &kmajor2, &ldb2, d))) return rc;
-    if (strict && (kmajor2 != gp->b_kmajor || ldb2 != gp->ldb))
+    /* one layout for both: the templates load them alike, a plan runs both matmuls on one set
+       of cuBLASLt layouts */
+    if (kmajor2 != gp->b_kmajor || ldb2 != gp->ldb)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "the sibling B's differ in layout (leading dims %" PRId64 " and %" PRId64 ")",
                          gp->ldb, ldb2);
@@ -598,6 +600,9 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
     fm_strbuf_printf(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
                          "    const __grid_constant__ fm_tmap fm_tmb%s) {\n",
                      gp->op2 >= 0 ? ", const __grid_constant__ fm_tmap fm_tmb2" : "");
+  else if (scratch_ty && gp->op2 >= 0)   /* siblings' plan: both products */
+    fm_strbuf_printf(sb, "    long long outer, const %s *__restrict__ fm_scratch,\n"
+                         "    const %s *__restrict__ fm_scratch2) {\n", scratch_ty, scratch_ty);
   else if (scratch_ty)
     fm_strbuf_printf(sb, "    long long outer, const %s *__restrict__ fm_scratch) {\n", scratch_ty);
   else

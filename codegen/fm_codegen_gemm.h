@@ -72,7 +72,7 @@ void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int de
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                  const char *entry);
 /* The same signature with one more parameter after outer: `const scratch_ty *fm_scratch` (the
- * cuBLASLt split form's product, fm_codegen_blas.c). */
+ * cuBLASLt split form's product, fm_codegen_blas.c), and `fm_scratch2` for siblings. */
 void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                        const char *entry, const char *scratch_ty);
 /* The launch metadata of a GEMM kernel whose blocks each own rows x cols of the output

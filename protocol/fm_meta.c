@@ -20,6 +20,9 @@
 
 static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "split") == 0; }
 
+/* The split form's product parameters: "scratch", and "scratch2" for siblings. */
+static uint32_t n_scratch(const fm_kernel_meta *m) { return is_split(m) ? (m->blas.has_b2 ? 2u : 1u) : 0u; }
+
 static uint64_t round256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
 /* The scratch's part that does not grow with the rows: the workspace (at least 256 bytes for
@@ -33,7 +36,7 @@ static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   const fm_meta_blas *b = &m->blas;
   int rc = 0;
   fm_pack_cstr(pk, "blas");
-  rc |= msgpack_pack_map(pk, b->batched ? 22 : 21);
+  rc |= msgpack_pack_map(pk, 21 + (b->batched ? 1 : 0) + (b->has_b2 ? 1 : 0));
   fm_pack_kv_cstr(pk, "form", b->form);
   fm_pack_kv_cstr(pk, "dtype", b->dtype);
   fm_pack_kv_u64(pk, "a", b->a);
@@ -60,10 +63,13 @@ static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   /* fixed + outer * row_bytes: the product's rows come from the launch's outer, which is the
      static M when there is one, so they are never part of fixed */
   rc |= msgpack_pack_uint64(pk, scratch_fixed(m));
-  rc |= msgpack_pack_uint64(pk, !is_split(m) ? 0 : b->batched ? (uint64_t)b->m * b->n * 2 : b->n * 2);
+  rc |= msgpack_pack_uint64(pk, !is_split(m)   ? 0
+                                : b->batched ? (uint64_t)b->m * b->n * 2
+                                             : b->n * 2 * (b->has_b2 ? 2u : 1u));   /* siblings: both products */
   fm_pack_cstr(pk, "algo");
   if (b->has_algo) fm_pack_bin(pk, b->algo, FM_META_ALGO_BYTES);
   else rc |= msgpack_pack_nil(pk);
+  if (b->has_b2) fm_pack_kv_u64(pk, "b2", b->b2);
   if (b->batched) {   /* last: a client that ignored it would run one product (see fm_meta.h) */
     fm_pack_cstr(pk, "batch");
     rc |= msgpack_pack_array(pk, 2);
@@ -77,6 +83,12 @@ uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m) {
   return m && m->blas.form[0] ? round256(m->blas.workspace) : 0;
 }
 
+uint64_t fm_meta_scratch_second_offset(const fm_kernel_meta *m, int64_t outer) {
+  if (!m || !is_split(m) || !m->blas.has_b2) return 0;
+  int64_t rows = m->blas.m >= 0 ? m->blas.m : outer;
+  return rows > 0 ? (uint64_t)rows * m->blas.n * 2 : 0;
+}
+
 uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
   if (!m || !m->blas.form[0]) return 0;
   uint64_t fixed = scratch_fixed(m);
@@ -85,7 +97,7 @@ uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
   if (rows < 0 || outer < 0) rows = 0;
   /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows); for a
      batch, outer products of [m, n] (a launch past 2^64 bytes fails its allocation) */
-  uint64_t bytes = (uint64_t)rows * m->blas.n * 2;
+  uint64_t bytes = (uint64_t)rows * m->blas.n * 2 * (m->blas.has_b2 ? 2u : 1u);   /* siblings: two */
   if (m->blas.batched && __builtin_mul_overflow(bytes, (uint64_t)outer, &bytes)) return UINT64_MAX;
   return fixed + bytes;
 }
@@ -111,12 +123,13 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   fm_pack_kv_u64(pk, "n_inputs", m->n_inputs);
   fm_pack_kv_u64(pk, "n_outputs", m->n_outputs);
   fm_pack_cstr(pk, "params");
-  rc |= msgpack_pack_array(pk, (size_t)m->n_inputs + m->n_outputs + 1 + m->n_tmaps + (size_t)split);
+  rc |= msgpack_pack_array(pk, (size_t)m->n_inputs + m->n_outputs + 1 + m->n_tmaps + n_scratch(m));
   for (uint32_t i = 0; i < m->n_inputs; i++) fm_pack_cstr(pk, "in");
   for (uint32_t i = 0; i < m->n_outputs; i++) fm_pack_cstr(pk, "out");
   fm_pack_cstr(pk, "outer");
   for (uint32_t i = 0; i < m->n_tmaps; i++) fm_pack_cstr(pk, "tmap");
   if (split) fm_pack_cstr(pk, "scratch");
+  if (split && m->blas.has_b2) fm_pack_cstr(pk, "scratch2");
   if (m->n_tmaps) {
     fm_pack_cstr(pk, "tmaps");
     rc |= msgpack_pack_array(pk, m->n_tmaps);
@@ -295,6 +308,11 @@ static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
   b->a = (uint32_t)x;
   if ((rc = get_index(o, "b", m->n_inputs, 0, &x, d))) return rc;
   b->b = (uint32_t)x;
+  if (fm_msg_get(o, "b2")) {
+    if ((rc = get_index(o, "b2", m->n_inputs, 0, &x, d))) return rc;
+    b->has_b2 = 1;
+    b->b2 = (uint32_t)x;
+  }
   if ((rc = get_index(o, "bias", m->n_inputs, 1, &b->bias, d))) return rc;
   if ((rc = get_index(o, "c", m->n_inputs, 1, &b->c, d))) return rc;
   if ((rc = get_index(o, "out", m->n_outputs, 0, &x, d))) return rc;
@@ -302,6 +320,8 @@ static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
   if ((rc = required(fm_msg_copy_str(o, "act", b->act, sizeof b->act, d), "meta.blas", d))) return rc;
   if (strcmp(b->act, "none") != 0 && strcmp(b->act, "relu") != 0 && strcmp(b->act, "gelu_tanh") != 0)
     return fm_diag_set(d, FM_ESCHEMA, "meta.blas: act '%s' (none, relu or gelu_tanh)", b->act);
+  if ((b->has_b2 || b->batched) && !is_split(m))
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: a sibling or batched plan is the split form");
   if (is_split(m) && (b->bias >= 0 || b->c >= 0 || strcmp(b->act, "none") != 0))
     return fm_diag_set(d, FM_ESCHEMA, "meta.blas: the split form takes no bias, c or act");
   if ((rc = required(fm_msg_get_bool(o, "a_kmajor", &flag, d), "meta.blas", d))) return rc;
@@ -375,18 +395,19 @@ static int check_plan(const fm_kernel_meta *m, fm_diag *d) {
 }
 
 /* params must be exactly the documented order: "in" x n_inputs, "out" x n_outputs, "outer",
- * "tmap" x n_tmaps, then "scratch" for a split cuBLASLt plan. */
+ * "tmap" x n_tmaps, then "scratch" (and "scratch2") for a split cuBLASLt plan. */
 static int check_params(const msgpack_object *obj, const fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *p = fm_msg_get(obj, "params");
-  uint32_t n = m->n_inputs + m->n_outputs + 1 + m->n_tmaps + (uint32_t)is_split(m);
+  uint32_t ns = n_scratch(m), n = m->n_inputs + m->n_outputs + 1 + m->n_tmaps + ns;
   if (!p || p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != n)
     return fm_diag_set(d, FM_ESCHEMA, "meta: 'params' must be an array of %u names", n);
   for (uint32_t i = 0; i < n; i++) {
     const char *want = i < m->n_inputs                    ? "in"
                        : i < m->n_inputs + m->n_outputs   ? "out"
                        : i == m->n_inputs + m->n_outputs ? "outer"
-                       : i < n - (uint32_t)is_split(m)    ? "tmap"
-                                                         : "scratch";
+                       : i < n - ns                       ? "tmap"
+                       : i == n - ns                      ? "scratch"
+                                                         : "scratch2";
     if (!fm_msg_str_eq(&p->via.array.ptr[i], want))
       return fm_diag_set(d, FM_ESCHEMA, "meta: params[%u] must be \"%s\"", i, want);
   }

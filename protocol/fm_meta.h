@@ -37,7 +37,8 @@
  *          c: i32, out: u32, act: "none" | "relu" | "gelu_tanh", a_kmajor: bool,
  *          b_kmajor: bool, lda: u64, ldb: u64, ldc: u64, ldd: u64, m: i64 (-1: outer),
  *          n: u64, k: u64, align: [a, b, c, d], workspace: u64,
- *          scratch: [fixed_bytes, row_bytes], algo: bin(64) | nil, batch?: [stride_a, stride_b]}
+ *          scratch: [fixed_bytes, row_bytes], algo: bin(64) | nil, batch?: [stride_a, stride_b],
+ *          b2?: u32}
  * says the launch runs one cublasLtMatmul of input a ([M, K]) by input b ([K, N]), both
  * row-major views with leading dims lda / ldb (K contiguous in A when a_kmajor, in B when
  * b_kmajor), fp32 accumulation and scale, on a scratch buffer the CALLER allocates per
@@ -51,6 +52,11 @@
  *  - form "split": cuBLASLt writes A@B (dtype, row-major [M, N], leading dim n) into the
  *    scratch after the workspace, then the kernel `entry` runs the whole epilogue on it; its
  *    params end with "scratch": that matmul result's address.
+ * A plan of sibling products (two sharing A, fm_fragment.h) has the key b2: the second
+ * product's B (input position). It is always the split form: cuBLASLt writes A@B and then
+ * A@B2 densely after it ([rows, n] each; row_bytes counts both), and the kernel's params end
+ * with "scratch", "scratch2" (the two products' addresses): a client that knows no b2
+ * refuses that parameter list, so it never runs one product for both.
  * A plan of a batched GEMM fragment (bmm) has the key batch: the launch runs `outer` products
  * (m is then each one's static M), A's and B's batch strides in elements (0: one matrix for
  * every product), the product written densely as [outer, M, N] into the scratch (row_bytes
@@ -77,7 +83,7 @@
 
 #define FM_META_ENTRY_MAX 64
 #define FM_META_MAX_TMAPS 3   /* A, B, and a sibling's B2 */
-#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 1)   /* + a plan's scratch */
+#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 2)   /* + a plan's scratch (two: siblings) */
 #define FM_META_ALGO_BYTES 64           /* sizeof(cublasLtMatmulAlgo_t) */
 
 /* One tensor map the launch encodes (see tmaps above). */
@@ -104,6 +110,7 @@ typedef struct fm_meta_blas {
   uint64_t n, k;
   uint32_t align[4];             /* bytes: A, B, C, D */
   uint64_t workspace;            /* bytes */
+  uint32_t has_b2, b2;           /* siblings: the second product's B (input position) */
   uint32_t batched;              /* bmm: outer products, batch strides below */
   uint64_t stride_a, stride_b;   /* elements between products (0: one for all) */
   uint32_t has_algo;
@@ -137,6 +144,8 @@ uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
 uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer);
 /* Offset of the split form's matmul result in the scratch: the workspace, rounded up to 256. */
 uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m);
+/* Bytes from the first product to the second (siblings' b2) for a launch at outer; 0: none. */
+uint64_t fm_meta_scratch_second_offset(const fm_kernel_meta *m, int64_t outer);
 /* grid.y: the row tiles for rules "tiles" and "batched", 1 for the 1-D rules, 0 when nothing
  * to do. */
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer);

@@ -157,13 +157,17 @@ static void test_candidates_and_source(void) {
   int tma = 0, sm80 = 0;
   for (size_t i = 0; i < n; i++) {
     uint32_t mode = c[i].p[7] & 0xffu;
-    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);   /* no plan, no skinny kernel */
+    if (i == 1) {   /* the cuBLASLt plan after the default: two matmuls, then the epilogue */
+      CHECK_EQ_INT(c[i].tmpl, FM_TMPL_CUBLASLT);
+      CHECK_EQ_INT(c[i].p[0], FM_BLAS_SPLIT);
+      continue;
+    }
+    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);   /* no skinny kernel */
     CHECK(mode == 0 || mode >= 4);           /* not the cp.async wgmma forms */
     tma += mode >= 4;
     sm80 += mode == 0;
   }
   CHECK(tma > 0 && sm80 > 0);
-  CHECK_EQ_INT((int)fm_codegen_blas_candidates(&canon, c + 47, 1), 0);
   /* the default (sm_80 mainloop): half of a block's BN columns per product */
   CHECK_EQ_INT(fm_codegen_default(&canon, &c[0], &d), FM_OK);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
@@ -189,11 +193,66 @@ static void test_candidates_and_source(void) {
     CHECK_EQ_INT((int)meta.tmaps[2].box[1], (int)c[i].p[1] / 2);
     break;
   }
-  /* B2 of another layout than B: the templates refuse (bypass, with the reason) */
+  /* B2 of another layout than B: the templates refuse it with the reason, and so does the
+     plan (one set of cuBLASLt layouts serves both matmuls) */
   int64_t row_major[2] = {512, 1};
   CHECK_EQ_INT(build_swiglu(0, row_major), FM_OK);
-  CHECK_EQ_INT(fm_codegen_default(&canon, &c[0], &d), FM_EUNSUPPORTED);
+  fm_gemm_config gc = fm_codegen_gemm_default(&canon);
+  CHECK_EQ_INT(fm_codegen_gemm(&canon, &gc, 132, &src, &meta, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "the sibling B's differ in layout");
+  CHECK_EQ_INT((int)fm_codegen_blas_candidates(&canon, c, 2), 0);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &c[0], &d), FM_EUNSUPPORTED);
+}
+
+/* The siblings' cuBLASLt plan: A@B then A@B2 into the scratch, the split kernel reading both
+ * (params end "scratch", "scratch2"), never the direct form; the metadata round-trips and a
+ * client must refuse it without the second product parameter. */
+static void test_blas_plan(void) {
+  fm_candidate c[2];
+  fm_kernel_meta meta, back;
+  char *src = NULL;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build_swiglu(1, NULL), FM_OK);
+  CHECK_EQ_INT((int)fm_codegen_blas_candidates(&canon, c, 2), 1);
+  CHECK_EQ_INT(c[0].p[0], FM_BLAS_SPLIT);
+  CHECK_EQ_INT(fm_codegen_blas(&canon, FM_BLAS_DIRECT, 132, &src, &meta, &d), FM_EUNSUPPORTED);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
+  CHECK(src != NULL);
+  if (src) {
+    CHECK_STR_CONTAINS(src, "const unsigned short *__restrict__ fm_scratch2");
+    CHECK_STR_CONTAINS(src, "fm_epilogue(acc, acc2, m, n");
+  }
+  free(src);
+  CHECK_EQ_INT((int)meta.blas.has_b2, 1);
+  CHECK_EQ_INT((int)meta.blas.b, 1);
+  CHECK_EQ_INT((int)meta.blas.b2, 2);
+  uint64_t fixed = fm_meta_scratch_result_offset(&meta);
+  CHECK(fm_meta_scratch_bytes(&meta, 100) == fixed + 2ull * 100 * 512 * 2);
+  CHECK(fm_meta_scratch_second_offset(&meta, 100) == 100ull * 512 * 2);
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_unpacked up;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);
+  msgpack_unpacked_init(&up);
+  CHECK(msgpack_unpack_next(&up, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+  CHECK_EQ_INT(fm_meta_unpack(&up.data, &back, &d), FM_OK);
+  CHECK_EQ_INT((int)back.blas.has_b2, 1);
+  CHECK_EQ_INT((int)back.blas.b2, 2);
+  CHECK(fm_meta_scratch_bytes(&back, 100) == fm_meta_scratch_bytes(&meta, 100));
+  /* the params name both products: the last two are "scratch", "scratch2" */
+  const msgpack_object *params = NULL;
+  for (uint32_t i = 0; i < up.data.via.map.size; i++)
+    if (up.data.via.map.ptr[i].key.via.str.size == 6 && !memcmp(up.data.via.map.ptr[i].key.via.str.ptr, "params", 6))
+      params = &up.data.via.map.ptr[i].val;
+  CHECK(params && params->via.array.size >= 2);
+  if (params && params->via.array.size >= 2) {
+    const msgpack_object *last = &params->via.array.ptr[params->via.array.size - 1];
+    CHECK(last->via.str.size == 8 && !memcmp(last->via.str.ptr, "scratch2", 8));
+  }
+  msgpack_unpacked_destroy(&up);
+  msgpack_sbuffer_destroy(&sb);
 }
 
 static void test_nvrtc_every_candidate(void) {
@@ -231,6 +290,7 @@ int main(void) {
   RUN(test_validate);
   RUN(test_reference);
   RUN(test_candidates_and_source);
+  RUN(test_blas_plan);
   RUN(test_nvrtc_every_candidate);
   return FM_TEST_DONE();
 }
