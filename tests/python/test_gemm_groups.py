@@ -55,15 +55,15 @@ def test_backward_mm_with_residual_gradient(dead_socket):
     assert lone and all("lone GEMM" in g.reason for g in lone)
 
 
-def test_llama_gate_epilogue_takes_up_projection(dead_socket):
+def test_llama_gate_and_up_are_one_sibling_group(dead_socket):
+    """gate and up read one x: one group with both products (test_sibling_groups.py)."""
     c, got, want = compile_run(LlamaMLP().to(BF16), x_bf16())
     close_bf16(got, want)
     fw = plan(c, "forward")
     (g,) = fw.kernels()
-    assert g.op_names == ["mm", "silu", "mul"]
-    assert sorted(n.name for n in g.escapes) == ["mm", "silu"]   # saved for backward
-    up = [n for n in g.inputs if n.target == torch.ops.aten.mm.default]
-    assert len(up) == 1                       # the up projection feeds the epilogue
+    assert g.siblings and g.op_names == ["mm", "silu", "mm", "mul"]
+    assert sorted(n.name for n in g.escapes) == ["mm", "mm_1", "silu"]   # saved for backward
+    assert not any(n.target == torch.ops.aten.mm.default for n in g.inputs)
 
 
 def test_heavy_and_stacked_one_kernel_per_linear(dead_socket):

@@ -216,6 +216,7 @@ class Built:
         self.out_strides = out_strides    # fragment strides of each output
         self.in_align = in_align
         self.gemm = False                 # a GEMM fragment (gemm_fragment, bmm_fragment)
+        self.siblings = False             # a GEMM fragment with two products sharing A
         # GEMM: per output, the shape to view it as ([B, S, N] of an [M, N] product; [B, H, M, N]
         # of a [Bt, M, N] batched one, -1 where its batch dim is symbolic)
         self.out_views = None

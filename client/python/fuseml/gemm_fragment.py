@@ -1,11 +1,15 @@
 """A GEMM group (mm or addmm, then a pointwise epilogue over its [M, N] result) -> a
 vocabulary-3 fragment (protocol/PROTOCOL.md, "GEMM fragments") and its launch layout.
 
+A sibling group (siblings.py) has two products of one A by B and B2 ([K, N] each), both
+[M, N] values of one epilogue: the same fragment with two mm/addmm ops whose A is one input
+id. The products are emitted first (they read only inputs), then the epilogue in graph order.
+
 M is sent as the symbolic dim 0 whenever no stride depends on it (A and every [M, N] operand
 row-major), with `m_hint` = the M at hand: the daemon tunes for that M's power-of-two bucket,
 and another batch size in the bucket reuses the kernel instead of compiling a new one."""
 from .fragment import Built, Emitter, Unfusable, _align_of, _same, _static
-from .ops import DTYPES, RESHAPE_OPS
+from .ops import DTYPES, RESHAPE_OPS, products
 
 VOCAB = 3
 
@@ -35,15 +39,22 @@ def _row_major(t):
 
 
 def build_gemm(members, in_nodes, out_nodes):
-    """members: the matmul node, then its epilogue (graph order); in_nodes: the group's tensor
-    inputs (fragment order); out_nodes: the members whose values leave the group."""
-    mm = members[0]
-    a_node, b_node = mm.args[-2], mm.args[-1]
-    ta, tb = a_node.meta["val"], b_node.meta["val"]
+    """members: the matmul node (or two sibling ones) and the epilogue (graph order); in_nodes:
+    the group's tensor inputs (fragment order); out_nodes: the members whose values leave the
+    group."""
+    prods = products(members)
+    mm = prods[0]
+    a_node = mm.args[-2]
+    b_nodes = [p.args[-1] for p in prods]
+    if any(p.args[-2] is not a_node for p in prods[1:]):
+        raise Unfusable("the sibling products read different A's")
+    if len(set(b_nodes)) != len(b_nodes):
+        raise Unfusable("the sibling products read the same B")
+    ta, tb = a_node.meta["val"], b_nodes[0].meta["val"]
     m, n = ta.shape[0], int(tb.shape[1])
     # Every tensor with the M dim must allow a symbolic M: row-major, static strides.
     with_m = [a_node.meta["val"]] + [x.meta["val"] for x in in_nodes
-                                      if x is not a_node and x is not b_node
+                                      if x is not a_node and x not in b_nodes
                                       and x.meta["val"].dim() >= 2 and x.meta["val"].shape[-2] != 1]
     symbolic = (not _static(m)) or all(_row_major(t) for t in with_m)
     if not _static(m) and not symbolic:
@@ -51,9 +62,12 @@ def build_gemm(members, in_nodes, out_nodes):
     m_dim = -1 if symbolic else int(m)
 
     e = Emitter(in_nodes)
-    args = [e.arg(x) for x in mm.args]
-    e.ids[mm] = e.op("addmm" if len(args) == 3 else "mm", *args)
-    for node in members[1:]:
+    for p in prods:
+        args = [e.arg(x) for x in p.args]
+        e.ids[p] = e.op("addmm" if len(args) == 3 else "mm", *args)
+    for node in members:
+        if node in prods:
+            continue
         if node.target in RESHAPE_OPS:      # [M, N] seen as [B, S, N]: the same elements
             e.ids[node] = e.ids[node.args[0]]
             continue
@@ -63,15 +77,15 @@ def build_gemm(members, in_nodes, out_nodes):
     full_input = None
     for i, node in enumerate(in_nodes):
         t = node.meta["val"]
-        if node is b_node:
+        if node is a_node and node in b_nodes:
+            raise Unfusable("A and B are one tensor")
+        if node in b_nodes:
             shape, strides = [int(d) for d in t.shape], [int(s) for s in t.stride()]
         elif node is a_node:
             shape, strides = [m_dim, int(t.shape[1])], _strides(t)
             full_input = i
         else:
             shape, strides = _broadcast(t, m, n, m_dim, f"input {node.name}")
-        if node is a_node and node is b_node:
-            raise Unfusable("A and B are one tensor")
         align = _align_of(t)
         in_align.append(align)
         inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
@@ -101,6 +115,7 @@ def build_gemm(members, in_nodes, out_nodes):
     built = Built(wire, GemmLayout(m, n, symbolic), in_nodes, out_nodes, full_input,
                   out_strides, in_align)
     built.gemm = True
+    built.siblings = len(prods) == 2
     built.out_views = out_views if any(out_views) else None
     return built
 

@@ -361,6 +361,11 @@ def _same_size(a, b):
     return _known(a == b)
 
 
+def products(members):
+    """The matrix products among a group's members: one, or two siblings (siblings.py)."""
+    return [n for n in members if n.op == "call_function" and n.target in GEMM_OPS]
+
+
 def kind_of(node):
     if node.op != "call_function":
         return None

@@ -6,16 +6,24 @@ them.
 
 A node joins the group of one of its producers when it is pointwise, has the group's shape,
 and none of its other operands depends on that group (joining would make the group wait on
-its own result). A GEMM group is preferred (the epilogue is free in its registers), but an
+its own result), on any path: a group runs as one call, so a value computed from any member
+of a group depends on all that group's inputs. A GEMM group is preferred (the epilogue is free in its registers), but an
 op reading the GEMM's own operands cannot join it (the operands are streamed through shared
 memory, not addressable per output element). Groups grow in graph order; nothing is fused
 across a mutating op, because a mutating op never joins and a group never waits on one of
-its own descendants."""
+its own descendants.
+
+Sibling GEMMs (siblings.py): when a pointwise node could join two GEMM groups whose products
+read one A by two B's of one shape (SwiGLU's silu(gate(x)) * up(x)), the two groups merge
+into one with both products, each one's epilogue and the combining node, provided neither
+group depends on the other and no mutating op lies between them; otherwise the node joins
+one of them, as for any two candidates."""
 from dataclasses import dataclass, field
 
 import torch
 
-from . import ops
+from . import ops, siblings
+from ._log import log
 from .fragment import same_shape
 
 
@@ -41,8 +49,14 @@ class Group:
     def op_names(self):
         return [str(n.target).replace("aten.", "").split(".")[0] for n in self.members]
 
+    @property
+    def siblings(self):
+        """A GEMM group with two products sharing A (siblings.py)."""
+        return self.kind == "gemm" and len(ops.products(self.members)) == 2
+
     def describe(self):
-        s = f"group {self.gid} [{self.kind}] {' -> '.join(self.op_names)}: {self.route}"
+        kind = self.kind + (" siblings" if self.siblings else "")
+        s = f"group {self.gid} [{kind}] {' -> '.join(self.op_names)}: {self.route}"
         if self.reason:
             s += f" ({self.reason})"
         if self.escapes:
@@ -123,8 +137,67 @@ def find_groups(gm, min_ops=2):
             gid = root[gid]
         return gid
 
+    def reaches(gids, gid):
+        """Is group gid one of `gids` or upstream of one of them? A group runs as one call
+        (all its outputs wait on all its inputs), so the walk goes through each group's
+        external inputs (gdeps), not only along the nodes' own edges."""
+        seen, stack = set(), [find(x) for x in gids]
+        while stack:
+            x = stack.pop()
+            if x == gid:
+                return True
+            if x not in seen:
+                seen.add(x)
+                stack.extend(find(y) for y in gdeps.get(x, ()))
+        return False
+
     def depends(node, gid):
-        return any(find(x) == gid for x in deps[node])
+        """Does node wait on group gid (its own group included)?"""
+        return reaches(list(deps[node]) + ([group_of[node].gid] if node in group_of else []), gid)
+
+    pos = _order(gm)
+
+    def merge(g, h):
+        """Group h's members join group g; h is gone (its gid now finds g's)."""
+        g.members = sorted(g.members + h.members, key=pos)
+        for n in h.members:
+            group_of[n] = g
+        gdeps[g.gid] = gdeps.get(g.gid, set()) | gdeps.pop(h.gid, set())
+        root[h.gid] = g.gid
+        groups.remove(h)
+    mutations = [pos(n) for n in gm.graph.nodes if n.op == "call_function" and _is_mutating(n)]
+
+    def reads_from(g, h):
+        """Does anything group g reads from outside come from group h, on any path?"""
+        mset = set(g.members)
+        return any(b not in mset and depends(b, h.gid) for n in g.members for b in n.all_input_nodes)
+
+    def why_not_siblings(g, h, node):
+        """None when GEMM groups g and h may merge into one sibling group that `node` (a
+        pointwise op reading both) joins; else why not."""
+        if g.kind != "gemm" or h.kind != "gemm":
+            return "not two GEMM groups"
+        pg, ph = ops.products(g.members), ops.products(h.members)
+        if len(pg) != 1 or len(ph) != 1:
+            return "a GEMM group holds two products at most"
+        why = siblings.why_not_pair(pg[0], ph[0])
+        if why:
+            return why
+        if not same_shape(g.shape, h.shape):
+            return "the groups run over different shapes"
+        if reads_from(g, h) or reads_from(h, g):
+            return "one group depends on the other"   # merged, the group would wait on itself
+        # the merged group runs where its first value is needed, its inputs pulled ahead:
+        # a mutation in its span could be reordered against a read
+        lo = min(pos(n) for n in g.members + h.members + [pg[0].args[-2], ph[0].args[-2]])
+        if any(lo < m < pos(node) for m in mutations):
+            return "a mutating op lies between them"
+        # the epilogue never reads a product's operands (streamed, not addressable per element)
+        operands = {x for p in (pg[0], ph[0]) for x in p.args[-2:]}
+        if any(b in operands for n in g.members + h.members + [node]
+               if n not in (pg[0], ph[0]) for b in n.all_input_nodes):
+            return "an epilogue op reads a product's operand"
+        return None
 
     for node in gm.graph.nodes:
         d = set()
@@ -146,6 +219,7 @@ def find_groups(gm, min_ops=2):
                 g.kind = kind if kind != "gemm" else "gemm_bypass"
             groups.append(g)
             group_of[node] = g
+            gdeps[g.gid] = set(d)
             continue
         src = group_of.get(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
         if src is not None and src.kind == "gemm" and node.args[0] is src.members[-1] and \
@@ -168,28 +242,34 @@ def find_groups(gm, min_ops=2):
             g = group_of.get(a)
             if g is None or g in cands or not _fits(g, shape, reduce):
                 continue
-            if g.kind == "gemm" and any(b in g.members[0].args[-2:] for b in node.all_input_nodes):
+            if g.kind == "gemm" and any(b in p.args[-2:] for p in ops.products(g.members)
+                                        for b in node.all_input_nodes):
                 continue
             others = [b for b in node.all_input_nodes if group_of.get(b) is not g]
             if any(depends(b, g.gid) for b in others):
                 continue
             cands.append(g)
-        # A GEMM's epilogue first; then sibling pointwise chains meeting here merge when
-        # neither depends on the other (a GEMM group takes in no other group: one matmul).
+        # A GEMM's epilogue first. Two GEMM groups meeting here (silu(gate) * up) merge as
+        # siblings when they can; sibling pointwise chains meeting here merge when neither
+        # depends on the other. A GEMM group takes in no pointwise group.
         cands.sort(key=lambda g: g.kind != "gemm")
         chosen = cands[0] if cands else None
+        if chosen is not None and chosen.kind == "gemm":
+            for h in [h for h in cands[1:] if h.kind == "gemm"]:
+                why = why_not_siblings(chosen, h, node)
+                if why:
+                    log.debug("fuseml: %s: GEMM groups %d and %d stay apart: %s", node.name,
+                              chosen.gid, h.gid, why)
+                    continue
+                siblings.share_a(ops.products(chosen.members)[0], ops.products(h.members)[0])
+                merge(chosen, h)
+                break      # two products at most
         for h in cands[1:]:
             if chosen.kind == "gemm" or h.kind == "gemm" or not same_shape(chosen.shape, h.shape):
                 continue
-            if any(find(x) == chosen.gid for x in gdeps.get(h.gid, ())) or \
-               any(find(x) == h.gid for x in gdeps.get(chosen.gid, ())):
+            if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
-            chosen.members = sorted(chosen.members + h.members, key=_order(gm))
-            for n in h.members:
-                group_of[n] = chosen
-            gdeps[chosen.gid] = gdeps.get(chosen.gid, set()) | gdeps.pop(h.gid, set())
-            root[h.gid] = chosen.gid
-            groups.remove(h)
+            merge(chosen, h)
             if h.kind == "rows":
                 chosen.kind = "rows"
         if chosen is None:

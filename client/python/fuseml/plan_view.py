@@ -12,7 +12,8 @@ def groups(compiler):
     <kind>: ..." for one whose kernel the runtime measured slower than ATen and dropped,
     "eager <kind>: <why>" for one routed to a kernel but not served, "bypass <kind>: <reason>"
     for one the partitioner left to ATen; `plan`: the cuBLASLt plan's form ("direct" or
-    "split") when one was served. Fields a plan lacks are None."""
+    "split") when one was served; `siblings`: a GEMM group with two products sharing A
+    (SwiGLU's gate and up, siblings.py). Fields a plan lacks are None."""
     from . import runtime
     runners = {id(r.built): r for r in list(runtime._registry.values())
                if getattr(r, "built", None) is not None}
@@ -46,7 +47,8 @@ def groups(compiler):
                         "key": getattr(g, "key", None), "state": state,
                         "origin": getattr(g, "origin", None), "template": meta.get("kind"),
                         "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy,
-                        "plan": (meta.get("blas") or {}).get("form")})
+                        "plan": (meta.get("blas") or {}).get("form"),
+                        "siblings": bool(getattr(g, "siblings", False))})
     return out
 
 
@@ -84,5 +86,6 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
         timing = ""
         if g is not None and g.route_measured:
             timing = f"; measured kernel {g.route_measured[1]:.4f} ms vs ATen {g.route_measured[2]:.4f} ms"
-        print(f"  [{r['kind']}] {' -> '.join(r['ops'])}: {r['strategy']}{timing}", file=file)
+        kind = r["kind"] + (" siblings" if r["siblings"] else "")
+        print(f"  [{kind}] {' -> '.join(r['ops'])}: {r['strategy']}{timing}", file=file)
     return rows
