@@ -2,7 +2,11 @@
 #include "test_codegen_frag.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "fm_codegen.h"
+#include "fm_nvrtc.h"
 
 void tf_init(fm_fragment *f) {
   memset(f, 0, sizeof *f);
@@ -121,4 +125,41 @@ int tf_representative(int which, fm_fragment *canon) {
       return FM_EINVAL;
   }
   return tf_finish(&f, canon);
+}
+
+int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compiled) {
+  fm_candidate c[64];
+  int failures = 0, ok = 0, kernels = 0;
+  size_t n = fm_codegen_candidates(canon, c, sizeof c / sizeof c[0]);
+  for (size_t i = 0; i < n; i++) {
+    char *src = NULL;
+    fm_kernel_meta m;
+    fm_diag d = {{0}};
+    if (fm_codegen_generate(canon, &c[i], 132, &src, &m, &d)) {
+      fprintf(stderr, "  %s candidate %zu: %s\n", name, i, d.text);
+      failures++;
+      continue;
+    }
+    if (!src) continue;   /* a direct cuBLASLt plan: nothing to compile */
+    kernels++;
+    for (int a = 0; a < 2; a++) {
+      const char *arch = a ? "sm_80" : "sm_90a";
+      if ((a && i > 0) || !fm_nvrtc_arch_supported(arch) || !fm_candidate_runs_on(&c[i], arch)) continue;
+      uint8_t *cubin = NULL;
+      size_t len = 0;
+      char *log = NULL;
+      if (fm_nvrtc_compile(src, name, arch, &cubin, &len, &log)) {
+        fprintf(stderr, "  %s candidate %zu %s:\n%s\n", name, i, arch, log ? log : "");
+        failures++;
+      } else {
+        ok++;
+      }
+      free(cubin);
+      free(log);
+    }
+    free(src);
+  }
+  printf("  %d compiles of %d kernels\n", ok, kernels);
+  if (compiled) *compiled = ok;
+  return failures;
 }

@@ -21,6 +21,12 @@ void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to);
 /* validate + canonicalize into canon; FM_OK or the error (printed with its reason). */
 int tf_finish(fm_fragment *f, fm_fragment *canon);
 
+/* NVRTC of the kernel of every candidate of canon (fm_codegen_candidates) for sm_90a, and of
+ * the default's for sm_80, where this NVRTC knows the arch and the candidate runs there;
+ * prints each failure with its log and "N compiles of M kernels". Returns the failures
+ * (generation or compile); *compiled, when given, the compiles that succeeded. */
+int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compiled);
+
 /* Contiguous strides of shape (a symbolic dim 0 gets the product of the others). */
 void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides);
 
