@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 12   /* 12: sibling products (the mainloops take a second B) */
+#define FM_CODEGEN_VERSION 13   /* 13: partial edge chunks of the sm_80 loads element-wise (12: sibling products) */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs

@@ -17,7 +17,8 @@
  * 0, or 2 without a GPU. */
 int gs_start(uint64_t seed);
 /* A case: every candidate of canon (which the suite copies) becomes a job, launched at
- * outer; k scales the operands' random values (1 / K^(1/4)). */
+ * outer (env FM_GPU_CANDS="sub;sub": only those whose description contains one of them);
+ * k scales the operands' random values (1 / K^(1/4)). */
 void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int64_t k);
 /* Compiles every job (16 threads), then checks each case in order; prints one line per
  * kernel ("ok" / "FAIL ...") and returns the failures so far. */

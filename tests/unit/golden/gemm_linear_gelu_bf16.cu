@@ -137,6 +137,22 @@ __device__ __forceinline__ unsigned fm_saddr(const void *p) {
 __device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes) : "memory");
 }
+/* A 16-byte chunk of which `bytes` (a multiple of 2) lie inside the tensor: 16 or 0 through
+   cp.async (0: zeros, the dummy address read for nothing); a partial chunk at an M or N edge
+   element by element, since a 16-byte cp.async would name bytes past the tensor's end
+   (compute-sanitizer reports that, though only `bytes` are read); stored before the stage
+   is read, which the wait and barrier before every read of a stage order. */
+__device__ __forceinline__ void fm_cp16_edge(unsigned short *dst, const unsigned short *src,
+    const unsigned short *dummy, int bytes) {
+  if (bytes == 16 || bytes == 0) {
+    fm_cp16(fm_saddr(dst), bytes ? src : dummy, bytes);
+    return;
+  }
+  __align__(16) unsigned short v[8];
+#pragma unroll
+  for (int e = 0; e < 8; e++) v[e] = 2 * e < bytes ? src[e] : (unsigned short)0;
+  *(uint4 *)dst = *(const uint4 *)v;
+}
 __device__ __forceinline__ void fm_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void fm_cp_wait() {
   asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
@@ -216,7 +232,7 @@ __device__ __forceinline__ void fm_load_tile(unsigned short *as, unsigned short 
     const long long gm = m0 + mc, rem = M - gm;
     const int gk = k0 + r;
     const int bytes = (gk < FM_K && rem > 0) ? (rem >= 8 ? 16 : (int)rem * 2) : 0;
-    fm_cp16(fm_saddr(as + r * FM_A_ROW + mc), bytes ? A + gm + (long long)gk * FM_LDA : A, bytes);
+    fm_cp16_edge(as + r * FM_A_ROW + mc, A + gm + (long long)gk * FM_LDA, A, bytes);
   }
 #endif
 #if FM_B_KMAJOR
@@ -247,7 +263,7 @@ __device__ __forceinline__ void fm_load_tile(unsigned short *as, unsigned short 
 #endif
     const int rem = FM_N - gn, gk = k0 + r;
     const int bytes = (gk < FM_K && rem > 0) ? (rem >= 8 ? 16 : rem * 2) : 0;
-    fm_cp16(fm_saddr(bs + r * FM_B_ROW + nc), bytes ? src + (long long)gk * FM_LDB + gn : B, bytes);
+    fm_cp16_edge(bs + r * FM_B_ROW + nc, src + (long long)gk * FM_LDB + gn, B, bytes);
   }
 #endif
 }
