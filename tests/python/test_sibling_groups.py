@@ -445,14 +445,18 @@ def test_daemon_without_siblings_falls_back_with_one_warning(daemon, caplog, mon
 
 
 def test_rest_inductor_still_matches_eager(served):
-    """rest="inductor": Inductor's decompositions spell silu as an fp32 chain (a
-    prims.convert_element_type the partitioner does not take), so the gate's activation is a
-    pointwise group of its own and no sibling pair forms; forward and gradients still as
-    eager, with the served groups as fuseml::group extern calls."""
+    """rest="inductor": Inductor's decompositions spell silu as an fp32 chain around
+    prims.convert_element_type(x, dtype) (whose dtype argument the pointwise check takes),
+    neg, exp, add, div; the pair still forms one sibling group with that chain between the
+    products, and forward and gradients match eager, the served groups running as
+    fuseml::group extern calls."""
     before = fuseml.runtime.counters["eager"]
     c, (y, grads), (y0, grads0) = compile_run(model(), x3d(), fuseml.FuseMLCompiler(rest="inductor"))
     for a, b in zip([y] + grads, [y0] + grads0):
         assert rel_err(a, b) < 1e-2
     fw = plan(c, "forward")
-    assert not sibling_groups(fw) and fw.kernels()
+    sibs = sibling_groups(fw)
+    assert len(sibs) == 1 and fw.kernels()
+    names = sibs[0].op_names
+    assert names.count("mm") == 2 and "exp" in names and "mul" in names
     assert fuseml.runtime.counters["eager"] > before

@@ -188,7 +188,7 @@ def why_not_pointwise(node):
                 return "operand of unsupported dtype"
             if t.device != val.device:
                 return "operand on another device"
-        elif isinstance(a, str):
+        elif isinstance(a, (str, torch.dtype)):   # prims.convert_element_type(x, dtype)
             continue
         elif isinstance(a, float) and a != a:
             return "NaN constant"
