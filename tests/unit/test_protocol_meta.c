@@ -515,6 +515,11 @@ static void test_blas_refusals(void) {
       /* 21 */ {"'entry' is empty", 1},
       /* 22 */ {"'entry' is empty", 0},
       /* 23 */ {"tensor maps without a kernel", 0},
+      /* 24 */ {"a sibling or batched plan is the split form", 0},
+      /* 25 */ {"'b2' is 4 (of 4)", 1},
+      /* 26 */ {"a batched plan's kernel has grid rule 'batched'", 1},
+      /* 27 */ {"a batched plan is the split form of a static M", 0},
+      /* 28 */ {"a batched plan is the split form of a static M", 1},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     fm_kernel_meta m = blas_sample(bad[i].split), back;
@@ -544,6 +549,11 @@ static void test_blas_refusals(void) {
       case 21: m.entry[0] = '\0'; break;
       case 22: m = sample(); m.entry[0] = '\0'; break;
       case 23: m.n_tmaps = 1, m.tmaps[0] = (fm_meta_tmap){0, 2, "bf16", -1, 256, 256, {64, 64}}; break;
+      case 24: b->has_b2 = 1, b->b2 = 1; break;   /* siblings on a direct plan */
+      case 25: b->has_b2 = 1, b->b2 = 4; break;
+      case 26: b->batched = 1, b->stride_a = b->stride_b = 64; break;   /* rule "elementwise" */
+      case 27: b->batched = 1; break;                                   /* on a direct plan */
+      case 28: b->batched = 1, b->m = -1; break;                        /* a symbolic M */
     }
     fm_diag d = {{0}};
     expect_schema("blas", i, round_trip(&m, &back, &d), &d, bad[i].diag);
