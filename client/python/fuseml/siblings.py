@@ -56,9 +56,9 @@ def _static(x):
 
 def _chunked(t):
     """The generated templates read A and B in 16-byte chunks (8 bf16/f16 elements): every
-    stepped stride but the unit one a multiple of 8. No cuBLASLt plan serves siblings, so a
-    pair the templates cannot run is better left as two GEMM groups (each can still get a
-    plan) than sent as one fragment the daemon would refuse."""
+    stepped stride but the unit one a multiple of 8. A pair the templates cannot run is left
+    as two GEMM groups: the daemon's sibling cuBLASLt plan (two matmuls and one epilogue
+    kernel) would be its only candidate, no better than each GEMM served apart."""
     for size, stride in zip(t.shape, t.stride()):
         if not _static(stride):
             return False
