@@ -94,11 +94,13 @@ uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
   uint64_t fixed = scratch_fixed(m);
   if (!is_split(m)) return fixed;
   int64_t rows = m->blas.m >= 0 ? m->blas.m : outer;
-  if (rows < 0 || outer < 0) rows = 0;
-  /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows); for a
-     batch, outer products of [m, n] (a launch past 2^64 bytes fails its allocation) */
-  uint64_t bytes = (uint64_t)rows * m->blas.n * 2 * (m->blas.has_b2 ? 2u : 1u);   /* siblings: two */
-  if (m->blas.batched && __builtin_mul_overflow(bytes, (uint64_t)outer, &bytes)) return UINT64_MAX;
+  if (rows < 0) rows = 0;
+  /* the matmul result, [rows, n] of a 2-byte dtype (unpack bounds n and the rows), twice for
+     siblings; for a batch, outer products of [m, n] (a launch past 2^64 bytes fails its
+     allocation) */
+  uint64_t bytes = (uint64_t)rows * m->blas.n * 2 * (m->blas.has_b2 ? 2u : 1u);
+  if (m->blas.batched && __builtin_mul_overflow(bytes, (uint64_t)(outer > 0 ? outer : 0), &bytes))
+    return UINT64_MAX;
   return fixed + bytes;
 }
 

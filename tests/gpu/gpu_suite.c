@@ -65,23 +65,6 @@ int gs_start(uint64_t seed) {
   return 0;
 }
 
-/* FM_GPU_CANDS="sub;sub": only the candidates whose description contains one of them. */
-static int picked(const char *desc) {
-  const char *env = getenv("FM_GPU_CANDS");
-  char want[96];
-  if (!env || !*env) return 1;
-  for (const char *p = env; *p;) {
-    size_t len = strcspn(p, ";");
-    if (len > 0 && len < sizeof want) {
-      memcpy(want, p, len);
-      want[len] = 0;
-      if (strstr(desc, want)) return 1;
-    }
-    p += len;
-    if (*p == ';') p++;
-  }
-  return 0;
-}
 
 void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int64_t k) {
   if (n_cases == MAX_CASES) {
@@ -103,7 +86,7 @@ void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int6
   for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
     char desc[sizeof jobs[0].desc];
     fm_candidate_describe(&cand[i], desc, sizeof desc);
-    if (!picked(desc)) continue;
+    if (!gu_picked(desc)) continue;
     job *j = &jobs[n_jobs++];
     memset(j, 0, sizeof *j);
     j->c = n_cases;

@@ -175,3 +175,20 @@ int gu_count_child_tuners(void) {
   if (d) closedir(d);
   return n;
 }
+
+int gu_picked(const char *desc) {
+  const char *env = getenv("FM_GPU_CANDS");
+  char want[96];
+  if (!env || !*env) return 1;
+  for (const char *p = env; *p;) {
+    size_t len = strcspn(p, ";");
+    if (len > 0 && len < sizeof want) {
+      memcpy(want, p, len);
+      want[len] = 0;
+      if (strstr(desc, want)) return 1;
+    }
+    p += len;
+    if (*p == ';') p++;
+  }
+  return 0;
+}

@@ -53,5 +53,8 @@ int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t
 /* fusemld-tuner processes whose parent is this process (zombies included): a daemon running
  * beside the test has a worker of its own, which is not counted. */
 int gu_count_child_tuners(void);
+/* Whether a candidate described as desc is kept by env FM_GPU_CANDS="sub;sub" (unset or
+ * empty: every one; else those whose description contains one of the substrings). */
+int gu_picked(const char *desc);
 
 #endif

@@ -470,25 +470,6 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
   fflush(stdout);
 }
 
-/* FM_GPU_CANDS="sub;sub": only the candidates whose description contains one of them (a
- * sample for compute-sanitizer, which slows every launch); unset: all. */
-static int picked(const char *desc) {
-  const char *env = getenv("FM_GPU_CANDS");
-  char want[96];
-  if (!env || !*env) return 1;
-  for (const char *p = env; *p;) {
-    size_t len = strcspn(p, ";");
-    if (len > 0 && len < sizeof want) {
-      memcpy(want, p, len);
-      want[len] = 0;
-      if (strstr(desc, want)) return 1;
-    }
-    p += len;
-    if (*p == ';') p++;
-  }
-  return 0;
-}
-
 /* One case of the regular suite: epilogue, dtype, symbolic M and layouts rotate with idx;
  * every candidate the filter keeps becomes a job. */
 static void add_regular_case(int64_t m, int64_t n, int64_t k, int idx) {
@@ -514,7 +495,7 @@ static void add_regular_case(int64_t m, int64_t n, int64_t k, int idx) {
     char desc[sizeof jobs[0].desc];
     fm_candidate_describe(&cand[i], desc, sizeof desc);
     /* cuBLASLt plans run through libfusemld, not a CUBIN of their own: test_blas_gpu */
-    if (!picked(desc) || cand[i].tmpl == FM_TMPL_CUBLASLT) continue;
+    if (!gu_picked(desc) || cand[i].tmpl == FM_TMPL_CUBLASLT) continue;
     job *j = &jobs[n_jobs++];
     memset(j, 0, sizeof *j);
     j->c = n_cases;

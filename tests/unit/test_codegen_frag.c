@@ -163,3 +163,11 @@ int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compi
   if (compiled) *compiled = ok;
   return failures;
 }
+
+int tf_rejects(fm_fragment *f, int rc_want, const char *why) {
+  fm_diag d = {{0}};
+  int rc = fm_fragment_validate(f, &d);
+  if (rc == rc_want && strstr(d.text, why)) return 1;
+  fprintf(stderr, "  got %d \"%s\", want %d \"%s\"\n", rc, d.text, rc_want, why);
+  return 0;
+}

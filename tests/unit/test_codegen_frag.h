@@ -21,6 +21,10 @@ void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to);
 /* validate + canonicalize into canon; FM_OK or the error (printed with its reason). */
 int tf_finish(fm_fragment *f, fm_fragment *canon);
 
+/* Validates f expecting error rc_want with `why` in its reason: 1 when so, else 0 after
+ * printing what came instead (the caller CHECKs the result). */
+int tf_rejects(fm_fragment *f, int rc_want, const char *why);
+
 /* NVRTC of the kernel of every candidate of canon (fm_codegen_candidates) for sm_90a, and of
  * the default's for sm_80, where this NVRTC knows the arch and the candidate runs there;
  * prints each failure with its log and "N compiles of M kernels". Returns the failures
