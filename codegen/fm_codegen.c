@@ -85,9 +85,20 @@ static fm_skinny_config to_skinny(const fm_candidate *k) {
   return c;
 }
 
-/* Which template serves a fragment: one with a matrix product is a GEMM fragment, one with a
- * reduction a row fragment; every other valid fragment is a pointwise chain. */
+static fm_candidate from_b2b(fm_b2b_config c) {
+  fm_candidate k;
+  memset(&k, 0, sizeof k);
+  k.tmpl = FM_TMPL_B2B;
+  k.p[0] = c.bm;
+  k.p[1] = c.stages;
+  return k;
+}
+
+/* Which template serves a fragment: a chain of two products the b2b one, any other with a
+ * matrix product is a GEMM fragment, one with a reduction a row fragment; every other valid
+ * fragment is a pointwise chain. */
 static fm_template template_for(const fm_fragment *canon) {
+  if (fm_fragment_is_chain(canon)) return FM_TMPL_B2B;
   if (fm_fragment_is_gemm(canon)) return FM_TMPL_GEMM;
   return fm_fragment_is_rows(canon) ? FM_TMPL_ROWS : FM_TMPL_POINTWISE;
 }
@@ -115,6 +126,18 @@ int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) 
                                                 : from_gemm(gc);
       return FM_OK;
     }
+    case FM_TMPL_B2B: {
+      /* say why not here (the limits), so the daemon answers "bypass" with the reason and the
+         client runs the two GEMMs apart */
+      fm_b2b_config bc = fm_codegen_b2b_default(canon);
+      char *src = NULL;
+      fm_kernel_meta meta;
+      int rc = fm_codegen_b2b(canon, &bc, 0, &src, &meta, d);
+      free(src);
+      if (rc) return rc;
+      *out = from_b2b(bc);
+      return FM_OK;
+    }
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "no kernel template serves this fragment");
@@ -137,6 +160,13 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
     size_t m = fm_codegen_rows_candidates(canon, rc, 16);
     for (size_t i = 0; i < m && n < max; i++) {
       fm_candidate k = from_rows(rc[i]);
+      if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
+    }
+  } else if (def.tmpl == FM_TMPL_B2B) {
+    fm_b2b_config bc[8];
+    size_t m = fm_codegen_b2b_candidates(canon, bc, 8);
+    for (size_t i = 0; i < m && n < max; i++) {
+      fm_candidate k = from_b2b(bc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
   } else if (def.tmpl == FM_TMPL_GEMM || def.tmpl == FM_TMPL_SKINNY) {
@@ -182,13 +212,17 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
       return fm_codegen_skinny(canon, &sc, sm_count, src, meta, d);
     }
     case FM_TMPL_CUBLASLT: return fm_codegen_blas(canon, c->p[0], sm_count, src, meta, d);
+    case FM_TMPL_B2B: {
+      fm_b2b_config bc = {c->p[0], c->p[1]};
+      return fm_codegen_b2b(canon, &bc, sm_count, src, meta, d);
+    }
     default: break;
   }
   return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
 }
 
 int fm_candidate_runs_on(const fm_candidate *c, const char *arch) {
-  if (c && c->tmpl == FM_TMPL_GEMM && c->p[7]) return arch && strcmp(arch, "sm_90a") == 0;
+  if (c && ((c->tmpl == FM_TMPL_GEMM && c->p[7]) || c->tmpl == FM_TMPL_B2B)) return arch && strcmp(arch, "sm_90a") == 0;
   return 1;
 }
 
@@ -222,6 +256,9 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
     }
     case FM_TMPL_CUBLASLT:
       snprintf(out, cap, "cublaslt %s", c->p[0] == FM_BLAS_DIRECT ? "direct" : "split epilogue");
+      return;
+    case FM_TMPL_B2B:
+      snprintf(out, cap, "b2b bm=%u stages=%u", c->p[0], c->p[1]);
       return;
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);

@@ -26,7 +26,8 @@
   XX(2, ROWS, "rows")           \
   XX(3, GEMM, "gemm")           \
   XX(4, SKINNY, "skinny")       \
-  XX(5, CUBLASLT, "cublaslt")
+  XX(5, CUBLASLT, "cublaslt")   \
+  XX(6, B2B, "b2b")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -181,6 +182,23 @@ size_t fm_codegen_skinny_candidates(const fm_fragment *canon, fm_skinny_config *
 /* As fm_codegen_pointwise, for a canonical GEMM fragment (fm_fragment_is_gemm). */
 int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count,
                       char **src, fm_kernel_meta *meta, fm_diag *d);
+
+/* ---- the b2b template (chained GEMM fragments: back-to-back GEMMs, sm_90a) ------------
+ * fm_fragment_is_chain: gelu(x @ W1 + b1) @ W2 + ... in one kernel, the [M, N1] intermediate
+ * kept on chip (fm_codegen_b2b.c says how). Limits, else FM_EUNSUPPORTED: bf16/f16, K1 a
+ * multiple of 64 <= 256, N1 a multiple of 64, N2 a multiple of 16 <= 256, A row-major, B and
+ * B2 K-major, leading dims multiples of 8, 16-byte aligned operands. Launch metadata: kind
+ * "gemm", grid rule "tiles" with one column tile (a block owns BM whole output rows). */
+typedef struct fm_b2b_config {
+  uint32_t bm;       /* output rows per block: 64, 128 or 192 (a warpgroup per 64) */
+  uint32_t stages;   /* cp.async buffers of the weights' chunks: 2..4 */
+} fm_b2b_config;
+
+fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon);
+/* Up to max candidates (the default first); 0 when the template cannot serve canon. */
+size_t fm_codegen_b2b_candidates(const fm_fragment *canon, fm_b2b_config *out, size_t max);
+int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t sm_count,
+                   char **src, fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- cuBLASLt plans (GEMM fragments): the library competes ------------------------------
  * Candidate p[0] is the form (fm_meta.h "blas"): FM_BLAS_DIRECT, cuBLASLt runs the whole

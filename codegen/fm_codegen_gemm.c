@@ -129,6 +129,8 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   gp->op = fm_fragment_gemm_op(f);
   gp->op2 = fm_fragment_gemm_op2(f);
   if (gp->op < 0) return fm_diag_set(d, FM_EUNSUPPORTED, "not a GEMM fragment (no mm or addmm)");
+  if (fm_fragment_is_chain(f))   /* fm_codegen_b2b.c keeps the intermediate on chip */
+    return fm_diag_set(d, FM_EUNSUPPORTED, "a chain of two products: only the b2b template serves it");
   p->n_in = f->n_inputs;
   p->n_out = f->n_outputs;
   p->n_ops = f->n_ops;

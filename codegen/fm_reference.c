@@ -308,6 +308,73 @@ static double gemm_dot(const fm_fragment *f, uint32_t ia, uint32_t ib, const voi
   return acc;
 }
 
+/* Input k of a chain at (m, n) of the stage reading it (its shape broadcasts there). */
+static double chain_load(const fm_fragment *f, const void *const *inputs, uint32_t k, int64_t m, int64_t n) {
+  const fm_tensor *t = &f->inputs[k];
+  if (!inputs[k]) return NAN;   /* promised unused: poison, so a wrong promise shows */
+  int64_t off = (t->shape[0] == 1 ? 0 : m * t->strides[0]) + (t->shape[1] == 1 ? 0 : n * t->strides[1]);
+  return load(t->dtype, inputs[k], off);
+}
+
+/* A chain (fm_fragment.h): per row m, stage 1 over the N1 columns gives the second product's
+ * A row, rounded to its dtype; stage 2 over the N2 columns multiplies it by B2 and runs the
+ * rest. Ops of neither stage are evaluated wherever they are needed. */
+static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t M, const void *const *inputs,
+                      void *const *outputs, fm_diag *d) {
+  fm_chain_info ci;
+  int rc = fm_fragment_chain_info(f, &ci, d);
+  if (rc) return rc;
+  const fm_opnode *m1 = &f->ops[ci.op1], *m2 = &f->ops[ci.op2];
+  uint32_t ia = pr->args[ci.op1][m1->nargs - 2], ib = pr->args[ci.op1][m1->nargs - 1];
+  uint32_t ib2 = pr->args[ci.op2][m2->nargs - 1];
+  if (ia >= f->n_inputs || ib >= f->n_inputs || ib2 >= f->n_inputs || !inputs[ia] || !inputs[ib] ||
+      !inputs[ib2] || f->inputs[ib].rank != 2 || f->inputs[ib2].rank != 2)
+    return fm_diag_set(d, FM_EINVAL, "reference: malformed chain");
+  const fm_tensor *tb2 = &f->inputs[ib2];
+  const int64_t N1 = f->inputs[ib].shape[1], N2 = tb2->shape[1];
+  const fm_dtype adt = f->ops[ci.a2 - f->n_inputs].dtype;
+  double *h = malloc((size_t)N1 * sizeof *h);
+  if (!h) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
+  double v[REF_MAX_VALUES];
+  for (int64_t m = 0; m < M; m++) {
+    for (int s = 1; s <= 2; s++) {
+      const int64_t cols = s == 1 ? N1 : N2;
+      const uint8_t bit = (uint8_t)(1u << (s - 1));
+      for (int64_t n = 0; n < cols; n++) {
+        for (uint32_t k = 0; k < f->n_inputs; k++)
+          v[k] = ci.in_need[k] & bit ? chain_load(f, inputs, k, m, n) : NAN;
+        for (uint32_t o = 0; o < pr->n_ops; o++) {
+          const uint16_t *a = pr->args[o];
+          uint32_t na = f->ops[o].nargs;
+          double *out = &v[f->n_inputs + o];
+          if (!(ci.need[o] & bit) || (ci.stage[o] && ci.stage[o] != s)) {
+            *out = NAN;
+          } else if ((int)o == ci.op1) {
+            *out = gemm_dot(f, ia, ib, inputs[ia], inputs[ib], 0, m, n) + (na == 3 ? v[a[0]] : 0.0);
+          } else if ((int)o == ci.op2) {
+            const int64_t s0 = tb2->strides[0], s1 = tb2->shape[1] == 1 ? 0 : tb2->strides[1];
+            double acc = 0.0;
+            for (int64_t k = 0; k < N1; k++) acc += h[k] * load(tb2->dtype, inputs[ib2], k * s0 + n * s1);
+            *out = acc + (na == 3 ? v[a[0]] : 0.0);
+          } else {
+            *out = eval_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0, na > 2 ? v[a[2]] : 0);
+          }
+        }
+        if (s == 1) {
+          h[n] = round_to(adt, v[ci.a2]);
+          continue;
+        }
+        for (uint32_t k = 0; k < f->n_outputs; k++) {
+          const fm_tensor *t = &f->outputs[k];
+          store(t->dtype, outputs[k], m * t->strides[0] + n * t->strides[1], v[pr->out_value[k]]);
+        }
+      }
+    }
+  }
+  free(h);
+  return FM_OK;
+}
+
 int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *inputs,
                       void *const *outputs, fm_diag *d) {
   ref_prog *pr = NULL;
@@ -324,6 +391,17 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
     rc = compile_prog(f, pr, d);
     if (!rc) rc = eval_rows(f, pr, outer, inputs, outputs, d);
+    free(pr);
+    return rc;
+  }
+  if (fm_fragment_is_chain(f)) {
+    int64_t M = f->outputs[0].shape[0] == FM_DIM_SYMBOLIC ? outer : f->outputs[0].shape[0];
+    if (M < 0 || f->outputs[0].rank != 2)
+      return fm_diag_set(d, FM_EINVAL, "reference: a chain of %lld rows", (long long)M);
+    pr = malloc(sizeof *pr);
+    if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
+    rc = compile_prog(f, pr, d);
+    if (!rc) rc = eval_chain(f, pr, M, inputs, outputs, d);
     free(pr);
     return rc;
   }

@@ -248,6 +248,28 @@ int fm_fragment_gemm_op(const fm_fragment *f);
 /* Index of a GEMM fragment's second (sibling) matmul op, or -1 when it has one. */
 int fm_fragment_gemm_op2(const fm_fragment *f);
 
+/* Chains (fm_fragment_is_chain): a GEMM fragment whose second product's A is a value
+ * computed from the first product (not an input): back-to-back GEMMs, `gelu(x @ W1 + b1) @
+ * W2 + b2 + x` with the [M, N1] intermediate never in memory. Stage 1 is the first product
+ * and what is computed from it, up to the second product's A (iteration [M, N1]); stage 2 the
+ * second product and what is computed from it ([M, N2]). That A is rounded to its dtype
+ * before the second product (a tensor core operand; what eager does with the bf16
+ * intermediate). Every output stores a stage-2 value; no stage-2 op reads a stage-1 value
+ * but through the second product; an input read in stage 1 broadcasts to [M, N1], one read
+ * in stage 2 to [M, N2]; B2 is an input [N1, N2] that nothing else reads. PROTOCOL.md,
+ * "Chains", is normative. */
+int fm_fragment_is_chain(const fm_fragment *f);
+typedef struct fm_chain_info {
+  int op1, op2;                   /* the two products' op indices */
+  int a2;                         /* position of the second A (n_inputs + op index) */
+  uint8_t stage[FM_MAX_OPS];      /* 1, 2, or 0: computed from inputs and consts only */
+  uint8_t need[FM_MAX_OPS];       /* bit 0: needed by stage 1, bit 1: by stage 2 (0: dead) */
+  uint8_t in_need[FM_MAX_INPUTS]; /* the same for inputs (the matrix operands: 0) */
+} fm_chain_info;
+/* The stages of a chain (ids defined before use; validation has checked the rest, or is
+ * checking it: it calls this). FM_EUNSUPPORTED with the reason for a stage rule broken. */
+int fm_fragment_chain_info(const fm_fragment *f, fm_chain_info *ci, fm_diag *d);
+
 /* Expands composite ops (softmax, layer_norm, rms_norm) in place into the primitive ops
  * PROTOCOL.md spells out, so that both spellings share a canonical form and a key. The
  * composite's `out` id names the final op; the intermediate values get fresh ids above

@@ -345,6 +345,93 @@ int fm_fragment_gemm_op(const fm_fragment *f) {
  * never moves, so its stride does not matter). */
 static bool unit_dim(const fm_tensor *t, uint32_t j) { return t->shape[j] == 1 || t->strides[j] == 1; }
 
+/* Chains (fm_fragment.h): the second product's operands and dtypes, and the stage rules
+ * (fm_fragment_chain_info). The first product's A and B are checked as for any GEMM. */
+static int check_chain(const fm_fragment *f, const values *vs, int g, int g2, fm_diag *d) {
+  const fm_opnode *mm = &f->ops[g], *m2 = &f->ops[g2];
+  if (mm->op == FM_OP_BMM || m2->op == FM_OP_BMM)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d]: a batched GEMM fragment has exactly one bmm", g2);
+  fm_chain_info ci;
+  int rc = fm_fragment_chain_info(f, &ci, d);
+  if (rc) return rc;
+  const value *a2 = lookup(vs, m2->args[m2->nargs - 2]), *b2 = lookup(vs, m2->args[m2->nargs - 1]);
+  const value *a1 = lookup(vs, mm->args[mm->nargs - 2]);
+  if (!b2->is_input)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "ops[%d].args[%u]: the second product's B must be a fragment input", g2,
+                       m2->nargs - 1);
+  if (a2->dtype != a1->dtype || b2->dtype != a1->dtype)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "ops[%d]: the second product multiplies %s by %s; a chain keeps the first "
+                       "product's dtype (%s) for both operands (cast the intermediate)", g2,
+                       fm_dtype_name(a2->dtype), fm_dtype_name(b2->dtype), fm_dtype_name(a1->dtype));
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    for (uint32_t k = 0; k < f->ops[i].nargs; k++)
+      if ((int)i != g2 && f->ops[i].args[k] == b2->id)
+        return fm_diag_set(d, FM_EUNSUPPORTED,
+                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
+                           i, k, b2->id);
+  for (uint32_t k = 0; k < f->n_outputs; k++)
+    if (f->outputs[k].id == b2->id)
+      return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
+  return FM_OK;
+}
+
+/* A chain's shapes: B2 is [N1, N2], outputs [M, N2], each other input broadcasts to the
+ * iteration of every stage that reads it (it1 is the first product's [M, N1]). */
+static int check_chain_shapes(fm_fragment *f, const values *vs, int g2, const int64_t it1[2],
+                              fm_diag *d) {
+  const fm_opnode *m2 = &f->ops[g2];
+  const value *vb2 = lookup(vs, m2->args[m2->nargs - 1]);
+  const fm_tensor *b2 = &f->inputs[vb2->index];
+  if (b2->rank != 2)
+    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: 'mm' operands are rank 2, this one is rank %u",
+                       vb2->index, b2->rank);
+  if (b2->shape[0] != it1[1])
+    return fm_diag_set(d, FM_ESCHEMA,
+                       "inputs[%u].shape[0]: the second product's B has %" PRId64 " rows; the first "
+                       "product has %" PRId64 " columns", vb2->index, b2->shape[0], it1[1]);
+  if (!unit_dim(b2, 0) && !unit_dim(b2, 1))
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "inputs[%u].strides: B is neither row- nor column-major (no dim has stride 1)",
+                       vb2->index);
+  const int64_t it2[2] = {it1[0], b2->shape[1]};
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    const fm_tensor *t = &f->outputs[k];
+    if (t->rank != 2 || t->shape[0] != it2[0] || t->shape[1] != it2[1])
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a chain's outputs are [M, N2] = "
+                         "[%" PRId64 ", %" PRId64 "]", k, it2[0], it2[1]);
+  }
+  fm_chain_info ci;
+  int rc = fm_fragment_chain_info(f, &ci, d);
+  if (rc) return rc;
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    fm_tensor *t = &f->inputs[k];
+    if (!ci.in_need[k]) continue;   /* a matrix operand, or unread */
+    if (t->rank > 2)
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to [M, N]",
+                         k, t->rank);
+    while (t->rank < 2) {
+      memmove(&t->shape[1], &t->shape[0], sizeof t->shape[0] * t->rank);
+      memmove(&t->strides[1], &t->strides[0], sizeof t->strides[0] * t->rank);
+      t->shape[0] = 1;
+      t->strides[0] = 0;
+      t->rank++;
+    }
+    for (int s = 0; s < 2; s++) {
+      if (!(ci.in_need[k] & (1u << s))) continue;
+      const int64_t *it = s ? it2 : it1;
+      for (uint32_t i = 0; i < 2; i++)
+        if (t->shape[i] != it[i] && t->shape[i] != 1)
+          return fm_diag_set(d, FM_ESCHEMA,
+                             "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
+                             " (read in stage %d of the chain: [M, %s])", k, i, t->shape[i], it[i],
+                             s + 1, s ? "N2" : "N1");
+    }
+  }
+  return FM_OK;
+}
+
 /* GEMM fragments (fm_fragment.h): one product of two rank-2 inputs (rank 3 for bmm: a batch
  * of products) read by nothing else, an epilogue over [M, N] ([Bt, M, N]). Low-rank epilogue
  * inputs get their leading 1s here (canonical). */
@@ -363,7 +450,11 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     else g = (int)i;
   }
   const fm_opnode *mm = &f->ops[g];
-  if (g2 >= 0) {
+  const bool chain = g2 >= 0 && fm_fragment_is_chain(f);
+  if (chain) {
+    int rc = check_chain(f, vs, g, g2, d);
+    if (rc) return rc;
+  } else if (g2 >= 0) {
     /* siblings: two products of one A by two B's of one shape (SwiGLU's gate and up), both
        results [M, N] values of the epilogue */
     const fm_opnode *m2 = &f->ops[g2];
@@ -451,6 +542,7 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
   }
   int64_t it[3] = {batch, a->shape[mdim], b->shape[ndim]};   /* [Bt, M, N], or [M, N] */
   if (r == 2) it[0] = a->shape[0], it[1] = b->shape[1];
+  if (chain) return check_chain_shapes(f, vs, g2, it, d);
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     const fm_tensor *t = &f->outputs[k];
     bool same = t->rank == r;

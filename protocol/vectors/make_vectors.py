@@ -78,6 +78,12 @@ VECTORS = [
      ("reject", "unsupported", "a second matrix product must share A (value 0) with ops[0]")),
     ("gemm_strided_operand", "A with no unit stride is neither row- nor column-major",
      ("reject", "unsupported", "inputs[0].strides: A is neither row- nor column-major")),
+    ("gemm_chain_mlp", "an MLP block as one chain: gelu(x @ W1.t() + b1) @ W2.t() + b2 + r, "
+     "the [M, 1024] intermediate never stored", ("accept", None)),
+    ("gemm_chain_stage1_output", "a chain that would store its [M, N1] intermediate",
+     ("reject", "unsupported", "outputs[1]: a chain stores only values of its second stage")),
+    ("gemm_chain_cross_stage", "a second-stage op reading a first-stage value besides the product",
+     ("reject", "unsupported", "ops[3]: reads a value of both stages of the chain")),
     # ---- vocabulary 4: batched GEMM fragments ----
     ("bmm_scores", "attention scores: q [-1, 128, 64] @ k.transpose (B column-major per product) "
      "* 0.125 + a [128, 128] mask (canonical [1, 128, 128]), symbolic batch", ("accept", None)),

@@ -38,6 +38,9 @@ fm_unit_test(test_codegen_bmm
 fm_unit_test(test_codegen_siblings
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_siblings.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
+fm_unit_test(test_codegen_b2b
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_b2b.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
 fm_unit_test(test_codegen_skinny
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_skinny.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)

@@ -1,0 +1,493 @@
+/* fm_codegen_b2b.c: the b2b template (sm_90a): a chained GEMM fragment (fm_fragment.h,
+ * "Chains") as one kernel, back-to-back GEMMs whose [M, N1] intermediate never leaves the SM.
+ *
+ * A block owns BM whole rows of the output (one column tile of N2 <= 256 columns), one
+ * warpgroup per 64 rows. Its A rows [BM, K1] (K1 <= 256) are loaded once into shared
+ * memory; then for each 64-column chunk j of N1:
+ *   GEMM 1   acc1[64 x 64] = A rows x B[:, chunk j]          (wgmma m64n64k16, both operands
+ *                                                             from shared memory)
+ *   stage 1  the fragment's first-stage ops on each accumulator (bias, activation, ...),
+ *            rounded to the operand dtype and packed, in registers, into the A fragments of
+ *            the next product: the m64n64 accumulator layout of columns 16kk .. 16kk+15 is
+ *            the m64k16 A-register layout (what flash attention does with P)
+ *   GEMM 2   acc2[64 x N2] += that x B2[chunk j rows, :]      (wgmma m64nN2k16, A from
+ *                                                             registers, B2 from shared memory)
+ * and at the end stage 2 (bias, residual, ...) on acc2 and the stores. The chunks of B and B2
+ * stream through STAGES cp.async buffers (loaded by every thread, 128-byte swizzled K-major
+ * rows as the wgmma descriptors name them), so chunk j + STAGES - 1 loads while chunk j is
+ * multiplied. Every B and B2 element is read once per block (from L2: the weights are shared
+ * by every block), A and the outputs once in all.
+ *
+ * Limits (else FM_EUNSUPPORTED, the reason in d; PROTOCOL.md names them): bf16 or f16;
+ * K1 a multiple of 64, at most 256 (A's rows stay in shared memory); N1 a multiple of 64;
+ * N2 a multiple of 16, at most 256 (acc2 is 128 registers a thread); A row-major, B and B2
+ * K-major, every leading dim a multiple of 8 and every operand 16-byte aligned. Launch
+ * metadata: kind "gemm", grid rule "tiles" with one column tile. Changing the generated
+ * text changes generated source: bump FM_CODEGEN_VERSION. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen_int.h"
+
+#define MAX_SOURCE (1u << 20)
+#define MAX_SMEM_SM90 (227u * 1024u)
+#define CHUNK 64u   /* columns of N1 per step: one 128-byte swizzle row of B2's K */
+
+typedef struct b2b_plan {
+  fm_cg_plan base;          /* n_in/n_out/n_ops, vdt, args (positions); t[k] dtype/align */
+  fm_chain_info ci;
+  uint32_t ia, ib, ib2;     /* input positions of A, B, B2 */
+  fm_dtype dt;
+  int64_t m, k1, n1, n2;    /* m = -1 when symbolic */
+  int64_t lda, ldb, ldb2;
+  int64_t es[FM_CG_MAX_TENSORS][2];   /* [M, N] strides of epilogue tensors (0: broadcast) */
+} b2b_plan;
+
+static int position(const fm_fragment *f, uint32_t limit, uint32_t id) {
+  for (uint32_t k = limit; k-- > 0;) {
+    uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
+    if (have == id) return (int)k;
+  }
+  return -1;
+}
+
+/* A K-major operand of the template: stride 1 along K (kdim), leading dim a multiple of 8. */
+static int kmajor(const fm_tensor *t, uint32_t kdim, const char *name, int64_t *ld, fm_diag *d) {
+  uint32_t odim = 1 - kdim;
+  if (t->rank != 2 || (t->strides[kdim] != 1 && t->shape[kdim] != 1))
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s must be K-major (%s)", name,
+                       kdim ? "A row-major" : "nn.Linear's weight.t()");
+  *ld = t->shape[odim] == 1 ? 0 : t->strides[odim];
+  if (*ld % 8)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s's leading dimension %" PRId64 " is not a multiple of 8",
+                       name, *ld);
+  if (t->align < 16)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s is only %u-byte aligned; the template needs 16", name,
+                       t->align);
+  return FM_OK;
+}
+
+static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
+  fm_cg_plan *p = &bp->base;
+  memset(bp, 0, sizeof *bp);
+  if (!fm_fragment_is_chain(f)) return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: not a chained GEMM fragment");
+  int rc = fm_fragment_chain_info(f, &bp->ci, d);
+  if (rc) return rc;
+  p->n_in = f->n_inputs;
+  p->n_out = f->n_outputs;
+  p->n_ops = f->n_ops;
+  for (uint32_t k = 0; k < p->n_in; k++) p->vdt[k] = f->inputs[k].dtype;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const fm_opnode *op = &f->ops[i];
+    fm_opkind kind = fm_op_kind(op->op);
+    if ((unsigned)op->op >= FM_OP__COUNT || kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE ||
+        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != bp->ci.op1 && (int)i != bp->ci.op2))
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the b2b template cannot run '%s'", i, fm_op_name(op->op));
+    if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
+      return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
+    for (uint32_t a = 0; a < op->nargs; a++) {
+      int pos = position(f, p->n_in + i, op->args[a]);
+      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
+      p->args[i][a] = (uint16_t)pos;
+    }
+    p->vdt[p->n_in + i] = op->dtype;
+    p->live[p->n_in + i] = 1;
+  }
+  const fm_opnode *m1 = &f->ops[bp->ci.op1], *m2 = &f->ops[bp->ci.op2];
+  bp->ia = p->args[bp->ci.op1][m1->nargs - 2];
+  bp->ib = p->args[bp->ci.op1][m1->nargs - 1];
+  bp->ib2 = p->args[bp->ci.op2][m2->nargs - 1];
+  if (bp->ia >= p->n_in || bp->ib >= p->n_in || bp->ib2 >= p->n_in)
+    return fm_diag_set(d, FM_EINVAL, "b2b: the matrix operands are not inputs");
+  const fm_tensor *a = &f->inputs[bp->ia], *b = &f->inputs[bp->ib], *b2 = &f->inputs[bp->ib2];
+  bp->dt = a->dtype;
+  if (bp->dt != FM_DT_BF16 && bp->dt != FM_DT_F16)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: the template multiplies bf16 or f16");
+  bp->m = a->shape[0];
+  bp->k1 = a->shape[1];
+  bp->n1 = b->shape[1];
+  bp->n2 = b2->shape[1];
+  if (bp->k1 % 64 || bp->k1 > 256)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "b2b: K1 = %" PRId64 " (A's rows stay on chip: a multiple of 64, at most 256)", bp->k1);
+  if (bp->n1 % CHUNK)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: N1 = %" PRId64 " is not a multiple of %u", bp->n1, CHUNK);
+  if (bp->n2 % 16 || bp->n2 > 256)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "b2b: N2 = %" PRId64 " (the output rows stay in registers: a multiple of 16, at most 256)",
+                       bp->n2);
+  if ((rc = kmajor(a, 1, "A", &bp->lda, d)) || (rc = kmajor(b, 0, "B", &bp->ldb, d)) ||
+      (rc = kmajor(b2, 0, "B2", &bp->ldb2, d)))
+    return rc;
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    int pos = position(f, p->n_in + p->n_ops, f->outputs[k].id);
+    if (pos < (int)p->n_in) return fm_diag_set(d, FM_EINVAL, "outputs[%u]: bad value", k);
+    p->t[p->n_in + k].value = (uint32_t)pos;
+  }
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    const fm_tensor *t = k < p->n_in ? &f->inputs[k] : &f->outputs[k - p->n_in];
+    p->t[k].dtype = t->dtype;
+    p->t[k].align = t->align;
+    if (k == bp->ia || k == bp->ib || k == bp->ib2) continue;
+    if (k < p->n_in && !bp->ci.in_need[k]) continue;
+    if (t->rank != 2) return fm_diag_set(d, FM_EINVAL, "b2b: epilogue tensor %u is not rank 2", k);
+    for (uint32_t j = 0; j < 2; j++) bp->es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
+  }
+  return FM_OK;
+}
+
+/* One wgmma: m64n<n>k16, fp32 accumulators d[n/8][4] kept; A from shared memory (descriptor)
+ * or from 4 registers of packed pairs (a_regs), B from shared memory. */
+static void emit_wgmma(fm_strbuf *sb, const char *name, const char *ty, uint32_t n, int a_regs) {
+  uint32_t regs = n / 2, next = regs;
+  fm_strbuf_printf(sb, "__device__ __forceinline__ void %s(float (&d)[%u][4], %s, unsigned long long db) {\n"
+                       "  asm volatile(\"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
+                   name, n / 8, a_regs ? "const unsigned (&a)[4]" : "unsigned long long da", n, ty, ty);
+  for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s%%%u", i ? ", " : "", i);
+  if (a_regs) {
+    fm_strbuf_printf(sb, "}, {%%%u, %%%u, %%%u, %%%u}, %%%u, 1, 1, 1, 0;\\n\"\n      : ", next, next + 1, next + 2,
+                     next + 3, next + 4);
+  } else {
+    fm_strbuf_printf(sb, "}, %%%u, %%%u, 1, 1, 1, 0, 0;\\n\"\n      : ", next, next + 1);
+  }
+  for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s\"+f\"(d[%u][%u])", i ? ", " : "", i / 4, i % 4);
+  if (a_regs) fm_strbuf_append(sb, "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db));\n}\n");
+  else fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db));\n}\n");
+}
+
+/* The fixed part: wgmma and cp.async helpers and the loads. Needs FM_BM, FM_K1, FM_N2,
+ * FM_STAGES, FM_LDA, FM_LDB, FM_LDB2 before it. */
+static const char b2b_body[] =
+    "#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
+    "#error \"the b2b template needs sm_90a\"\n"
+    "#endif\n"
+    "#define FM_THREADS (FM_BM / 64 * 128)\n"
+    "#define FM_X_BYTES (FM_BM * FM_K1 * 2)\n"
+    "#define FM_W1_BYTES (64 * FM_K1 * 2)\n"
+    "#define FM_STAGE_BYTES (FM_W1_BYTES + FM_N2 * 128)\n"
+    "#define FM_CHUNKS (FM_N1 / 64)\n"
+    "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
+    "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
+    "  return (unsigned)__cvta_generic_to_shared(p);\n"
+    "}\n"
+    "/* bytes 0 zero-fills the chunk (nothing read) */\n"
+    "__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {\n"
+    "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(dst), \"l\"(src), \"r\"(bytes) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\"); }\n"
+    "template <int N> __device__ __forceinline__ void fm_cp_wait() {\n"
+    "  asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(N) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
+    "__device__ __forceinline__ void fm_wg_wait0() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\\n\" ::: \"memory\"); }\n"
+    "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"
+    "   between 8-row groups, swizzle mode 1 (128 B); +2 steps 32 bytes (16 elements) of K. */\n"
+    "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"
+    "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"
+    "}\n"
+    "/* 16-byte chunk c (of 8 per 128-byte row) of row r of a 64-wide K slice at s, swizzled */\n"
+    "#define FM_SW(s, r, c) ((s) + (r) * 128 + ((((c) ^ ((r) & 7))) << 4))\n"
+    "/* The block's A rows: K1 / 64 slices of BM rows; rows past M are zeros. */\n"
+    "__device__ __forceinline__ void fm_load_a(unsigned xs, const unsigned short *__restrict__ A, long long M,\n"
+    "    long long m0, int tid) {\n"
+    "#pragma unroll 4\n"
+    "  for (int c = tid; c < FM_BM * (FM_K1 / 8); c += FM_THREADS) {\n"
+    "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
+    "    const long long gm = m0 + r;\n"
+    "    const bool ok = gm < M;\n"
+    "    fm_cp16(FM_SW(xs + (kc >> 3) * (FM_BM * 128), r, kc & 7), ok ? A + gm * FM_LDA + kc * 8 : A, ok ? 16 : 0);\n"
+    "  }\n"
+    "}\n"
+    "/* Chunk j: B's 64 columns j*64.. as 64 K-major rows (K1 / 64 slices), then B2's rows\n"
+    "   j*64 .. j*64+63 as N2 K-major rows of one 64-wide slice. */\n"
+    "__device__ __forceinline__ void fm_load_w(unsigned ws, const unsigned short *__restrict__ B,\n"
+    "    const unsigned short *__restrict__ B2, int j, int tid) {\n"
+    "#pragma unroll 4\n"
+    "  for (int c = tid; c < 64 * (FM_K1 / 8); c += FM_THREADS) {\n"
+    "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
+    "    fm_cp16(FM_SW(ws + (kc >> 3) * (64 * 128), r, kc & 7), B + (long long)(j * 64 + r) * FM_LDB + kc * 8, 16);\n"
+    "  }\n"
+    "  const unsigned w2 = ws + FM_W1_BYTES;\n"
+    "#pragma unroll 4\n"
+    "  for (int c = tid; c < FM_N2 * 8; c += FM_THREADS) {\n"
+    "    const int r = c >> 3, kc = c & 7;\n"
+    "    fm_cp16(FM_SW(w2, r, kc), B2 + (long long)r * FM_LDB2 + j * 64 + kc * 8, 16);\n"
+    "  }\n"
+    "}\n"
+    "__device__ __forceinline__ unsigned fm_pack(unsigned short lo, unsigned short hi) {\n"
+    "  return (unsigned)lo | ((unsigned)hi << 16);\n"
+    "}\n";
+
+/* "in3[m * 1024LL + n * 1LL]" for tensor k (a broadcast dim contributes nothing). */
+static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *name) {
+  int any = 0;
+  fm_strbuf_printf(sb, "%s[", name);
+  for (uint32_t j = 0; j < 2; j++) {
+    if (!bp->es[k][j]) continue;
+    fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? "n" : "m", bp->es[k][j]);
+    any = 1;
+  }
+  fm_strbuf_append(sb, any ? "]" : "0]");
+}
+
+/* The ops of stage s (1 or 2) on accumulator fm_a at (m, n), as a block of statements:
+ * the inputs that stage reads, then every op it needs in order (ops of neither stage are
+ * computed where they are needed). Stage 1 leaves the second product's A in fm_h; stage 2
+ * stores every output. */
+static void emit_stage(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, int s, const char *ind) {
+  const fm_cg_plan *p = &bp->base;
+  const uint8_t bit = (uint8_t)(1u << (s - 1));
+  char raw[32];
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!(bp->ci.in_need[k] & bit)) continue;
+    fm_strbuf_printf(sb, "%sconst %s v%u = ", ind, p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
+    snprintf(raw, sizeof raw, "in%u", k);
+    fm_dtype dt = p->vdt[k];
+    fm_strbuf_append(sb, dt == FM_DT_F16 ? "fm_f16_to_f32(" : dt == FM_DT_BF16 ? "fm_bf16_to_f32(" : "(");
+    emit_at(sb, bp, k, raw);
+    fm_strbuf_append(sb, dt == FM_DT_BOOL ? " != 0)" : ")");
+    fm_strbuf_append(sb, ";\n");
+  }
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    if (!(bp->ci.need[i] & bit) || (bp->ci.stage[i] && bp->ci.stage[i] != s)) continue;
+    uint32_t pos = p->n_in + i;
+    fm_strbuf_printf(sb, "%sconst %s v%u = ", ind, p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
+    if ((int)i == bp->ci.op1 || (int)i == bp->ci.op2) {
+      if (f->ops[i].nargs == 3) {
+        uint32_t b = p->args[i][0];
+        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(fm_a + (v%u ? 1.0f : 0.0f))", b);
+        else fm_strbuf_printf(sb, "(fm_a + v%u)", b);
+      } else {
+        fm_strbuf_append(sb, "fm_a");
+      }
+    } else {
+      fm_cg_emit_op(sb, f, p, i);
+    }
+    fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+  }
+  if (s == 1) {
+    fm_strbuf_printf(sb, "%sfm_h = v%u;\n", ind, (unsigned)bp->ci.a2);
+    return;
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    uint32_t t = p->n_in + k, v = p->t[t].value;
+    fm_dtype dt = p->t[t].dtype, vdt = p->vdt[v];
+    char val[48], out[16];
+    if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(val, sizeof val, "(v%u ? 1.0f : 0.0f)", v);
+    else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(val, sizeof val, "(v%u != 0.0f)", v);
+    else snprintf(val, sizeof val, "v%u", v);
+    snprintf(out, sizeof out, "out%u", k);
+    fm_strbuf_append(sb, ind);
+    emit_at(sb, bp, t, out);
+    switch (dt) {
+      case FM_DT_BOOL: fm_strbuf_printf(sb, " = (unsigned char)%s;\n", val); break;
+      case FM_DT_F16: fm_strbuf_printf(sb, " = fm_f32_to_f16(%s);\n", val); break;
+      case FM_DT_BF16: fm_strbuf_printf(sb, " = fm_f32_to_bf16(%s);\n", val); break;
+      default: fm_strbuf_printf(sb, " = %s;\n", val); break;
+    }
+  }
+}
+
+static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
+  uint64_t x = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;
+  uint64_t stage = (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u;
+  uint64_t total = x + c->stages * stage + 1024u;   /* + alignment of the swizzled buffers */
+  return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
+}
+
+static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
+  if (c->bm != 64 && c->bm != 128 && c->bm != 192)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64, 128 or 192: one warpgroup per 64 rows)", c->bm);
+  if (c->stages < 2 || c->stages > 4)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u stages (2..4)", c->stages);
+  if (smem_bytes(bp, c) > MAX_SMEM_SM90)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
+                       MAX_SMEM_SM90);
+  return FM_OK;
+}
+
+/* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
+ * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
+static const fm_b2b_config configs[] = {
+    {128, 2}, {128, 3}, {64, 2}, {64, 3}, {64, 4}, {192, 2}, {128, 4},
+};
+
+fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
+  fm_b2b_config out[1];
+  if (fm_codegen_b2b_candidates(canon, out, 1) == 1) return out[0];
+  return configs[0];
+}
+
+size_t fm_codegen_b2b_candidates(const fm_fragment *canon, fm_b2b_config *out, size_t max) {
+  b2b_plan *bp = malloc(sizeof *bp);
+  size_t n = 0;
+  if (!bp) return 0;
+  if (canon && !plan_build(canon, bp, NULL))
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0] && n < max; i++)
+      if (!check_config(bp, &configs[i], NULL)) out[n++] = configs[i];
+  free(bp);
+  return n;
+}
+
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, const char *entry) {
+  const fm_cg_plan *p = &bp->base;
+  const char *cvt = bp->dt == FM_DT_BF16 ? "fm_f32_to_bf16" : "fm_f32_to_f16";
+  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS, 1) %s(\n", entry);
+  for (uint32_t k = 0; k < p->n_in; k++)
+    fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "    long long outer) {\n");
+  if (bp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
+  else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", bp->m);
+  fm_strbuf_printf(sb,
+                   "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
+                   "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
+                   "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
+                   "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
+                   "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, ws = xs + FM_X_BYTES;\n"
+                   "  fm_load_a(xs, in%u, M, m0, tid);\n"
+                   "  fm_load_w(ws, in%u, in%u, 0, tid);\n"
+                   "  fm_cp_commit();\n"
+                   "#pragma unroll\n"
+                   "  for (int s = 1; s < FM_STAGES - 1; s++) {\n"
+                   "    if (s < FM_CHUNKS) fm_load_w(ws + s * FM_STAGE_BYTES, in%u, in%u, s, tid);\n"
+                   "    fm_cp_commit();\n"
+                   "  }\n"
+                   "  float acc2[FM_N2 / 8][4];\n"
+                   "#pragma unroll\n"
+                   "  for (int t = 0; t < FM_N2 / 8; t++) acc2[t][0] = acc2[t][1] = acc2[t][2] = acc2[t][3] = 0.0f;\n"
+                   "  /* this thread's rows of the accumulators: mw and mw + 8 */\n"
+                   "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
+                   "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
+                   "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
+                   "    /* chunk j + STAGES - 1 into the stage chunk j - 1 used (every warp left it at the\n"
+                   "       barrier ending the last step); always a group, so the wait count is fixed */\n"
+                   "    if (j + FM_STAGES - 1 < FM_CHUNKS)\n"
+                   "      fm_load_w(ws + ((j + FM_STAGES - 1) %% FM_STAGES) * FM_STAGE_BYTES, in%u, in%u, j + FM_STAGES - 1, tid);\n"
+                   "    fm_cp_commit();\n"
+                   "    fm_cp_wait<FM_STAGES - 1>();\n"
+                   "    /* the loads were generic-proxy writes; wgmma reads through the async proxy */\n"
+                   "    asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
+                   "    __syncthreads();\n"
+                   "    const unsigned wsj = ws + (j %% FM_STAGES) * FM_STAGE_BYTES;\n"
+                   "    float acc1[8][4];\n"
+                   "#pragma unroll\n"
+                   "    for (int t = 0; t < 8; t++) acc1[t][0] = acc1[t][1] = acc1[t][2] = acc1[t][3] = 0.0f;\n"
+                   "    fm_wg_fence();\n"
+                   "#pragma unroll\n"
+                   "    for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
+                   "      const unsigned long long db = fm_desc(wsj + kt * (64 * 128));\n"
+                   "#pragma unroll\n"
+                   "      for (int kk = 0; kk < 4; kk++) fm_wgmma1(acc1, da + kt * (FM_BM * 128 / 16) + 2 * kk, db + 2 * kk);\n"
+                   "    }\n"
+                   "    fm_wg_commit();\n"
+                   "    fm_wg_wait0();\n"
+                   "    /* stage 1 on each accumulator (rows past M compute garbage nothing stores; their\n"
+                   "       loads read row M - 1) */\n"
+                   "#pragma unroll\n"
+                   "    for (int t = 0; t < 8; t++)\n"
+                   "#pragma unroll\n"
+                   "      for (int e = 0; e < 4; e++) {\n"
+                   "        const long long m = mw + (e >> 1) * 8 < M ? mw + (e >> 1) * 8 : M - 1;\n"
+                   "        const long long n = (long long)j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);\n"
+                   "        const float fm_a = acc1[t][e];\n"
+                   "        float fm_h;\n"
+                   "        (void)m; (void)n;\n"
+                   "        {\n",
+                   bp->ia, bp->ib, bp->ib2, bp->ib, bp->ib2, bp->ib, bp->ib2);
+  emit_stage(sb, f, bp, 1, "          ");
+  fm_strbuf_printf(sb,
+                   "        }\n"
+                   "        acc1[t][e] = fm_h;\n"
+                   "      }\n"
+                   "    /* columns 16kk .. 16kk+15 of the m64n64 accumulators are the m64k16 A fragment of\n"
+                   "       the second product: pairs (row, 2c), (row + 8, 2c), (row, 2c + 8), (row + 8, 2c + 8) */\n"
+                   "    unsigned af[4][4];\n"
+                   "#pragma unroll\n"
+                   "    for (int kk = 0; kk < 4; kk++) {\n"
+                   "      af[kk][0] = fm_pack(%s(acc1[2 * kk][0]), %s(acc1[2 * kk][1]));\n"
+                   "      af[kk][1] = fm_pack(%s(acc1[2 * kk][2]), %s(acc1[2 * kk][3]));\n"
+                   "      af[kk][2] = fm_pack(%s(acc1[2 * kk + 1][0]), %s(acc1[2 * kk + 1][1]));\n"
+                   "      af[kk][3] = fm_pack(%s(acc1[2 * kk + 1][2]), %s(acc1[2 * kk + 1][3]));\n"
+                   "    }\n"
+                   "    fm_wg_fence();\n"
+                   "    const unsigned long long db2 = fm_desc(wsj + FM_W1_BYTES);\n"
+                   "#pragma unroll\n"
+                   "    for (int kk = 0; kk < 4; kk++) fm_wgmma2(acc2, af[kk], db2 + 2 * kk);\n"
+                   "    fm_wg_commit();\n"
+                   "    fm_wg_wait0();\n"
+                   "    __syncthreads();\n"
+                   "  }\n"
+                   "  /* stage 2 and the stores, rows inside M */\n"
+                   "#pragma unroll\n"
+                   "  for (int t = 0; t < FM_N2 / 8; t++)\n"
+                   "#pragma unroll\n"
+                   "    for (int e = 0; e < 4; e++) {\n"
+                   "      const long long m = mw + (e >> 1) * 8;\n"
+                   "      const long long n = t * 8 + 2 * (lane & 3) + (e & 1);\n"
+                   "      if (m >= M) continue;\n"
+                   "      const float fm_a = acc2[t][e];\n"
+                   "      (void)n;\n",
+                   cvt, cvt, cvt, cvt, cvt, cvt, cvt, cvt);
+  emit_stage(sb, f, bp, 2, "      ");
+  fm_strbuf_append(sb, "    }\n}\n");
+}
+
+int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t sm_count, char **src,
+                   fm_kernel_meta *meta, fm_diag *d) {
+  b2b_plan *bp = NULL;
+  fm_strbuf sb;
+  int rc;
+  (void)sm_count;   /* one block per BM rows: the grid needs no device size */
+  if (src) *src = NULL;
+  if (!canon || !cfg || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
+  fm_strbuf_init(&sb, MAX_SOURCE);
+  bp = malloc(sizeof *bp);
+  if (!bp) {
+    rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+    goto out;
+  }
+  if ((rc = plan_build(canon, bp, d)) || (rc = check_config(bp, cfg, d))) goto out;
+  char entry[FM_META_ENTRY_MAX];
+  snprintf(entry, sizeof entry, "fm_b2b_%u_s%u", cfg->bm, cfg->stages);
+  const char *ty = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
+  fm_strbuf_printf(&sb, "/* fusemld b2b kernel: %s, chained GEMMs %" PRId64 " -> %" PRId64 " -> %" PRId64 ", %s */\n",
+                   entry, bp->k1, bp->n1, bp->n2, ty);
+  fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
+  fm_strbuf_printf(&sb,
+                   "#define FM_BM %u\n#define FM_STAGES %u\n#define FM_K1 %" PRId64 "\n#define FM_N1 %" PRId64 "\n"
+                   "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
+                   "#define FM_LDB2 %" PRId64 "LL\n",
+                   cfg->bm, cfg->stages, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
+  fm_strbuf_append(&sb, b2b_body);
+  emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
+  emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
+  emit_kernel(&sb, canon, bp, entry);
+  if ((rc = fm_strbuf_error(&sb))) {
+    rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
+    goto out;
+  }
+  memset(meta, 0, sizeof *meta);
+  snprintf(meta->kind, sizeof meta->kind, "gemm");
+  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
+  meta->block[0] = cfg->bm / 64 * 128;
+  meta->block[1] = meta->block[2] = 1;
+  meta->smem = smem_bytes(bp, cfg);
+  snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
+  meta->inner = (uint64_t)bp->n2;
+  meta->items_per_block = cfg->bm;
+  meta->max_blocks = 1;   /* one column tile: a block owns whole output rows */
+  meta->outer = bp->m;
+  meta->n_inputs = canon->n_inputs;
+  meta->n_outputs = canon->n_outputs;
+  *src = fm_strbuf_take(&sb);
+  if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+out:
+  fm_strbuf_free(&sb);
+  free(bp);
+  return rc;
+}

@@ -1,0 +1,158 @@
+/* test_b2b_gpu.c (device machine only): chained GEMM fragments (back-to-back GEMMs: an MLP
+ * block in one kernel, template b2b), every candidate checked against the fp64 reference
+ * through the shared suite (gpu_suite.h), then timed against the two GEMM fragments the
+ * client would send without chains.
+ *
+ * Cases: M in {1, 7, 64, 127, 200, 1000, 4099} x (K1, N1, N2) in {(64, 64, 16), (128, 192, 64),
+ * (256, 1024, 256), (64, 128, 48), (192, 256, 128)}; the epilogues rotating over the MLP block
+ * (addmm + gelu, addmm + residual), relu between two mm, and silu then a scale by a const
+ * between addmm and mm; bf16 and f16; M symbolic in a third of the cases.
+ *
+ * Usage: test_b2b_gpu [SEED [check|time|both]]   One line per kernel and "N passed, N failed". */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_fragment.h"
+#include "gpu_suite.h"
+
+enum { E_MLP, E_RELU, E_SILU_SCALE, E__N };
+static const char *const epi_name[E__N] = {"mlp(gelu,+r)", "relu", "silu*0.5"};
+
+static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor) {
+  memset(t, 0, sizeof *t);
+  t->id = id;
+  t->dtype = dt;
+  t->rank = 2;
+  t->shape[0] = d0;
+  t->shape[1] = d1;
+  t->strides[0] = colmajor ? 1 : d1;
+  t->strides[1] = colmajor ? d0 : 1;
+  t->align = 16;
+}
+
+static void vec(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t n) {
+  memset(t, 0, sizeof *t);
+  t->id = id;
+  t->dtype = dt;
+  t->rank = 1;
+  t->shape[0] = n;
+  t->strides[0] = 1;
+  t->align = 16;
+}
+
+static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
+  fm_opnode *n = &f->ops[f->n_ops++];
+  memset(n, 0, sizeof *n);
+  n->op = o;
+  n->out = out;
+  n->nargs = nargs;
+  n->args[0] = a0;
+  n->args[1] = a1;
+  n->args[2] = a2;
+}
+
+static int finish(fm_fragment *f, fm_fragment *canon, const char *what) {
+  fm_diag d = {{0}};
+  int rc = fm_fragment_validate(f, &d);
+  if (!rc) rc = fm_fragment_canonicalize(f, canon);
+  if (rc) printf("FAIL build %s: %s\n", what, d.text);
+  return rc;
+}
+
+/* x [M, K1] @ W1.t() [K1, N1] -> stage 1 -> @ W2.t() [N1, N2] -> stage 2; M < 0: symbolic.
+ * part 0: the chain; 1 / 2: the first / second GEMM alone (what the client sends without
+ * chains: h [M, N1] written, then read). */
+static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t k1, int64_t n1, int64_t n2, int part,
+                 fm_fragment *canon) {
+  static fm_fragment f;
+  memset(&f, 0, sizeof f);
+  f.vocab = 3;
+  f.m_hint = hint;
+  if (part != 2) {
+    tensor(&f.inputs[f.n_inputs++], 1, dt, m, k1, 0);
+    tensor(&f.inputs[f.n_inputs++], 2, dt, k1, n1, 1);
+  }
+  if (part == 2) tensor(&f.inputs[f.n_inputs++], 9, dt, m, n1, 0);   /* h from memory */
+  if (part != 1) tensor(&f.inputs[f.n_inputs++], 3, dt, n1, n2, 1);
+  uint32_t h = 9;
+  if (part != 2) {
+    if (e == E_RELU) {
+      op(&f, FM_OP_MM, 10, 2, 1, 2, 0);
+      op(&f, FM_OP_RELU, 11, 1, 10, 0, 0);
+    } else {
+      vec(&f.inputs[f.n_inputs++], 4, dt, n1);
+      op(&f, FM_OP_ADDMM, 10, 3, 4, 1, 2);
+      if (e == E_MLP) {
+        op(&f, FM_OP_GELU, 11, 1, 10, 0, 0);
+      } else {
+        op(&f, FM_OP_SILU, 12, 1, 10, 0, 0);
+        memset(&f.ops[f.n_ops], 0, sizeof f.ops[0]);
+        f.ops[f.n_ops].op = FM_OP_CONST;
+        f.ops[f.n_ops].out = 13;
+        f.ops[f.n_ops++].value = 0.5;
+        op(&f, FM_OP_MUL, 11, 2, 12, 13, 0);
+      }
+    }
+    h = 11;
+  }
+  if (part == 1) {
+    tensor(&f.outputs[f.n_outputs++], h, dt, m, n1, 0);
+    return finish(&f, canon, "gemm 1");
+  }
+  uint32_t y = 20;
+  if (e == E_MLP) {
+    vec(&f.inputs[f.n_inputs++], 5, dt, n2);
+    tensor(&f.inputs[f.n_inputs++], 6, dt, m, n2, 0);
+    op(&f, FM_OP_ADDMM, 20, 3, 5, h, 3);
+    op(&f, FM_OP_ADD, 21, 2, 20, 6, 0);
+    y = 21;
+  } else {
+    op(&f, FM_OP_MM, 20, 2, h, 3, 0);
+  }
+  tensor(&f.outputs[f.n_outputs++], y, dt, m, n2, 0);
+  return finish(&f, canon, part ? "gemm 2" : epi_name[e]);
+}
+
+int main(int argc, char **argv) {
+  static const int64_t ms[] = {1, 7, 64, 127, 200, 1000, 4099};
+  static const int64_t shapes[][3] = {{64, 64, 16}, {128, 192, 64}, {256, 1024, 256}, {64, 128, 48}, {192, 256, 128}};
+  uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0xb2b;
+  const char *mode = argc > 2 ? argv[2] : "both";
+  if (gs_start(seed)) return 2;
+  static fm_fragment canon;
+  int idx = 0, bad = 0;
+  if (strcmp(mode, "time") != 0)
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+      for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++, idx++) {
+        int e = idx % E__N, symbolic = (mi + si) % 3 == 0;
+        fm_dtype dt = idx % 2 ? FM_DT_F16 : FM_DT_BF16;
+        int64_t m = ms[mi], k1 = shapes[si][0], n1 = shapes[si][1], n2 = shapes[si][2];
+        char name[128];
+        snprintf(name, sizeof name, "%s %s M=%lld%s K1=%lld N1=%lld N2=%lld", epi_name[e], fm_dtype_name(dt),
+                 (long long)m, symbolic ? " (sym)" : "", (long long)k1, (long long)n1, (long long)n2);
+        if (build(e, dt, symbolic ? -1 : m, symbolic ? (uint64_t)m : 0, k1, n1, n2, 0, &canon)) {
+          bad++;
+          continue;
+        }
+        gs_add_case(name, &canon, m, k1);
+      }
+  gs_run();
+  if (strcmp(mode, "check") != 0) {
+    /* the benchmark table's MLP block at memory_bound and small: the chain against the two
+       GEMM fragments it replaces (each at its own best candidate) */
+    static const int64_t rows[] = {16384, 128};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+      int64_t m = rows[r];
+      char d0[96], d1[96], d2[96];
+      double t0 = -1, t1 = -1, t2 = -1;
+      if (!build(E_MLP, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 0, &canon)) t0 = gs_time(&canon, m, 256, d0, sizeof d0);
+      if (!build(E_MLP, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 1, &canon)) t1 = gs_time(&canon, m, 256, d1, sizeof d1);
+      if (!build(E_MLP, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 2, &canon)) t2 = gs_time(&canon, m, 1024, d2, sizeof d2);
+      printf("mlp block M=%lld 256->1024->256 bf16: chain %.4f ms [%s]; apart %.4f + %.4f = %.4f ms [%s] [%s]; "
+             "%.2fx, chain at %.0f TFLOP/s\n",
+             (long long)m, t0, d0, t1, t2, t1 + t2, d1, d2, (t1 + t2) / t0, 4.0 * m * 256 * 1024 / t0 / 1e9);
+    }
+  }
+  return gs_finish() || bad ? 1 : 0;
+}

@@ -1,0 +1,231 @@
+/* test_codegen_b2b.c: chained GEMM fragments (back-to-back GEMMs: an MLP block in one kernel)
+ * without a GPU: what validation accepts and refuses (the stage rules), the fp64 reference
+ * on a chain checked by hand (the intermediate rounded to bf16 like eager's tensor), the
+ * candidates (the b2b template only: no gemm/skinny/cuBLASLt candidate, sm_90a only), the
+ * limits answered as bypass reasons, the generated source and metadata, and NVRTC compiles
+ * of every candidate for sm_90a. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen.h"
+#include "fm_meta.h"
+#include "fm_nvrtc.h"
+#include "fm_reference.h"
+#include "fm_test.h"
+#include "test_codegen_frag.h"
+
+static fm_fragment raw, canon;
+
+/* y = gelu(x @ W1.t() + b1) @ W2.t() + b2 + r: x [-1, k1] bf16, W1.t() [k1, n1] and W2.t()
+ * [n1, n2] column-major (nn.Linear's weights), b1 [n1], b2 [n2], r [-1, n2]. */
+static int build_mlp(int64_t k1, int64_t n1, int64_t n2) {
+  int64_t x[2] = {-1, k1}, w1[2] = {k1, n1}, w1s[2] = {1, k1}, b1[1] = {n1};
+  int64_t w2[2] = {n1, n2}, w2s[2] = {1, n1}, b2[1] = {n2}, o[2] = {-1, n2};
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, w1s, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 1, b1, NULL, 16);
+  tf_input(&raw, 4, FM_DT_BF16, 2, w2, w2s, 16);
+  tf_input(&raw, 5, FM_DT_BF16, 1, b2, NULL, 16);
+  tf_input(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
+  tf_op(&raw, FM_OP_ADDMM, 7, 3, 3, 1, 2);
+  tf_op(&raw, FM_OP_GELU, 8, 1, 7, 0, 0);
+  tf_op(&raw, FM_OP_ADDMM, 9, 3, 5, 8, 4);
+  tf_op(&raw, FM_OP_ADD, 10, 2, 9, 6, 0);
+  tf_output(&raw, 10, FM_DT_BF16, 2, o, NULL, 16);
+  raw.m_hint = 16384;
+  return tf_finish(&raw, &canon);
+}
+
+static void expect_reject(int rc_want, const char *why) { CHECK(tf_rejects(&raw, rc_want, why)); }
+
+static void test_validate(void) {
+  CHECK_EQ_INT(build_mlp(256, 1024, 256), FM_OK);
+  CHECK_EQ_INT(canon.vocab, 3);   /* no new op */
+  CHECK(fm_fragment_is_gemm(&canon));
+  CHECK(fm_fragment_is_chain(&canon));
+  fm_chain_info ci;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_fragment_chain_info(&canon, &ci, &d), FM_OK);
+  CHECK_EQ_INT(ci.stage[ci.op1], 1);
+  CHECK_EQ_INT(ci.stage[ci.op2], 2);
+  /* the biases: b1 read in stage 1, b2 and r in stage 2, the matrix operands by no stage */
+  CHECK_EQ_INT(ci.in_need[2], 1);
+  CHECK_EQ_INT(ci.in_need[4], 2);
+  CHECK_EQ_INT(ci.in_need[5], 2);
+  CHECK_EQ_INT(ci.in_need[0] | ci.in_need[1] | ci.in_need[3], 0);
+  CHECK_EQ_INT(canon.inputs[2].rank, 2);   /* [N1] -> [1, N1] */
+
+  int64_t x[2] = {32, 64}, w1[2] = {64, 128}, w2[2] = {128, 64}, w2b[2] = {96, 64};
+  int64_t o[2] = {32, 64}, h[2] = {32, 128}, r1[2] = {32, 128};
+  /* the intermediate as an output */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w2, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_RELU, 5, 1, 4, 0, 0);
+  tf_op(&raw, FM_OP_MM, 6, 2, 5, 3, 0);
+  tf_output(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
+  tf_output(&raw, 5, FM_DT_BF16, 2, h, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "a chain stores only values of its second stage");
+  /* B2's rows are not N1 */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w2b, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_MM, 6, 2, 4, 3, 0);
+  tf_output(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_ESCHEMA, "the second product's B has 96 rows");
+  /* a stage-1 input [32, 128] read in stage 2 ([32, 64]) */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w2, NULL, 16);
+  tf_input(&raw, 7, FM_DT_BF16, 2, r1, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_MM, 6, 2, 4, 3, 0);
+  tf_op(&raw, FM_OP_ADD, 8, 2, 6, 7, 0);
+  tf_output(&raw, 8, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_ESCHEMA, "does not broadcast to 64 (read in stage 2 of the chain");
+  /* an f32 intermediate (no cast back to the operands' dtype) */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w2, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_cast(&raw, 5, 4, FM_DT_F32);
+  tf_op(&raw, FM_OP_MM, 6, 2, 5, 3, 0);
+  tf_output(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "'mm' multiplies bf16 or f16 tensors, got f32");
+  /* the second product's A computed from inputs only (not from the first product) */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w2, NULL, 16);
+  tf_input(&raw, 7, FM_DT_BF16, 2, h, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_RELU, 5, 1, 7, 0, 0);
+  tf_op(&raw, FM_OP_MM, 6, 2, 5, 3, 0);
+  tf_output(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "must be computed from the first product");
+  /* a second-stage op reading a first-stage value (N1 == N2, so only the stage rule stops it) */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w2, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_MM, 6, 2, 4, 3, 0);
+  tf_op(&raw, FM_OP_ADD, 8, 2, 6, 4, 0);
+  tf_output(&raw, 8, FM_DT_BF16, 2, o, NULL, 16);
+  expect_reject(FM_EUNSUPPORTED, "reads a value of both stages of the chain");
+}
+
+/* x [3, 4] by W1 [4, 2] then relu, rounded to bf16, by W2 [2, 3] plus r [3, 3], by hand. */
+static void test_reference(void) {
+  int64_t x[2] = {3, 4}, w1[2] = {4, 2}, w2[2] = {2, 3}, o[2] = {3, 3};
+  uint16_t X[12], W1[8], W2[6], R[9];
+  float y[9];
+  for (int i = 0; i < 12; i++) X[i] = fm_reference_f32_to_bf16((float)(i % 5) * 0.37f - 0.6f);
+  for (int i = 0; i < 8; i++) W1[i] = fm_reference_f32_to_bf16((float)(i % 3) * 0.71f - 0.5f);
+  for (int i = 0; i < 6; i++) W2[i] = fm_reference_f32_to_bf16((float)(i % 4) - 1.25f);
+  for (int i = 0; i < 9; i++) R[i] = fm_reference_f32_to_bf16((float)i * 0.125f);
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, w1, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, w2, NULL, 16);
+  tf_input(&raw, 4, FM_DT_BF16, 2, o, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 5, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_RELU, 6, 1, 5, 0, 0);
+  tf_op(&raw, FM_OP_MM, 7, 2, 6, 3, 0);
+  tf_op(&raw, FM_OP_ADD, 8, 2, 7, 4, 0);
+  tf_cast(&raw, 9, 8, FM_DT_F32);
+  tf_output(&raw, 9, FM_DT_F32, 2, o, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  const void *ins[4] = {X, W1, W2, R};
+  void *outs[1] = {y};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 0, ins, outs, &d), FM_OK);
+  for (int m = 0; m < 3; m++)
+    for (int n = 0; n < 3; n++) {
+      double acc = 0;
+      for (int j = 0; j < 2; j++) {
+        double h = 0;
+        for (int k = 0; k < 4; k++)
+          h += (double)fm_reference_bf16_to_f32(X[m * 4 + k]) * fm_reference_bf16_to_f32(W1[k * 2 + j]);
+        h = h > 0 ? h : 0;
+        h = fm_reference_bf16_to_f32(fm_reference_f32_to_bf16((float)h));   /* the bf16 intermediate */
+        acc += h * fm_reference_bf16_to_f32(W2[j * 3 + n]);
+      }
+      /* the add (bf16 in the IR) stays unrounded like any intermediate; the cast is to f32 */
+      double want = (float)(acc + fm_reference_bf16_to_f32(R[m * 3 + n]));
+      CHECK(fabs(y[m * 3 + n] - want) <= 1e-6 * (1 + fabs(want)));
+    }
+}
+
+static void test_candidates_and_source(void) {
+  CHECK_EQ_INT(build_mlp(256, 1024, 256), FM_OK);
+  fm_candidate c[16];
+  size_t n = fm_codegen_candidates(&canon, c, 16);
+  CHECK(n >= 2);
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_B2B);
+    CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
+    CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
+  }
+  CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups */
+  fm_candidate blas[2];
+  CHECK_EQ_INT(fm_codegen_blas_candidates(&canon, blas, 2), 0);   /* no plan keeps h on chip */
+  char *src = NULL;
+  fm_kernel_meta meta;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
+  if (src) {
+    CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16");
+    CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16");
+    CHECK_STR_CONTAINS(src, "fm_load_a(xs, in0, M, m0, tid);");
+    CHECK_STR_CONTAINS(src, "fm_h = v");
+  }
+  free(src);
+  CHECK(strcmp(meta.grid_rule, "tiles") == 0);
+  CHECK_EQ_INT(meta.max_blocks, 1);
+  CHECK_EQ_INT(meta.items_per_block, 128);
+  CHECK_EQ_INT(meta.inner, 256);
+  CHECK_EQ_INT(meta.block[0], 256);
+  CHECK(meta.smem > 48 * 1024 && meta.smem <= 227 * 1024);
+  CHECK_EQ_INT(meta.outer, -1);
+  /* the limits, as the reasons a client sees with "bypass" */
+  struct { int64_t k1, n1, n2; const char *why; } refuse[] = {
+      {1024, 4096, 1024, "K1 = 1024"}, {256, 1000, 256, "N1 = 1000"}, {256, 1024, 512, "N2 = 512"},
+      {96, 1024, 256, "K1 = 96"},
+  };
+  for (size_t i = 0; i < sizeof refuse / sizeof refuse[0]; i++) {
+    CHECK_EQ_INT(build_mlp(refuse[i].k1, refuse[i].n1, refuse[i].n2), FM_OK);
+    fm_candidate def;
+    fm_diag why = {{0}};
+    CHECK_EQ_INT(fm_codegen_default(&canon, &def, &why), FM_EUNSUPPORTED);
+    CHECK_STR_CONTAINS(why.text, refuse[i].why);
+    CHECK_EQ_INT(fm_codegen_candidates(&canon, c, 16), 0);
+  }
+}
+
+static void test_nvrtc_every_candidate(void) {
+  static const int64_t shapes[][3] = {{256, 1024, 256}, {128, 512, 64}, {64, 192, 16}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    int compiled = 0;
+    CHECK_EQ_INT(build_mlp(shapes[i][0], shapes[i][1], shapes[i][2]), FM_OK);
+    CHECK_EQ_INT(tf_compile_candidates(&canon, "b2b", &compiled), 0);
+    CHECK(compiled > 0);
+  }
+}
+
+int main(void) {
+  RUN(test_validate);
+  RUN(test_reference);
+  RUN(test_candidates_and_source);
+  RUN(test_nvrtc_every_candidate);
+  return FM_TEST_DONE();
+}
