@@ -90,7 +90,7 @@ static fm_candidate from_b2b(fm_b2b_config c) {
   memset(&k, 0, sizeof k);
   k.tmpl = FM_TMPL_B2B;
   k.p[0] = c.bm;
-  k.p[1] = c.stages;
+  k.p[1] = c.pipe;
   return k;
 }
 
@@ -258,7 +258,7 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       snprintf(out, cap, "cublaslt %s", c->p[0] == FM_BLAS_DIRECT ? "direct" : "split epilogue");
       return;
     case FM_TMPL_B2B:
-      snprintf(out, cap, "b2b bm=%u stages=%u", c->p[0], c->p[1]);
+      snprintf(out, cap, "b2b bm=%u%s", c->p[0], c->p[1] ? " pipelined" : "");
       return;
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);

@@ -190,8 +190,9 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
  * B2 K-major, leading dims multiples of 8, 16-byte aligned operands. Launch metadata: kind
  * "gemm", grid rule "tiles" with one column tile (a block owns BM whole output rows). */
 typedef struct fm_b2b_config {
-  uint32_t bm;       /* output rows per block: 64, 128 or 192 (a warpgroup per 64) */
-  uint32_t stages;   /* cp.async buffers of the weights' chunks: 2..4 */
+  uint32_t bm;     /* output rows per block: 64 or 128 (a warpgroup per 64) */
+  uint32_t pipe;   /* 0: each chunk's products and stage 1 one after the other; 1: the next
+                      chunk's first product on the tensor cores under this chunk's stage 1 */
 } fm_b2b_config;
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon);

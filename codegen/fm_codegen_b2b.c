@@ -142,23 +142,33 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
  * or from 4 registers of packed pairs (a_regs), B from shared memory. */
 static void emit_wgmma(fm_strbuf *sb, const char *name, const char *ty, uint32_t n, int a_regs) {
   uint32_t regs = n / 2, next = regs;
-  fm_strbuf_printf(sb, "__device__ __forceinline__ void %s(float (&d)[%u][4], %s, unsigned long long db) {\n"
-                       "  asm volatile(\"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
-                   name, n / 8, a_regs ? "const unsigned (&a)[4]" : "unsigned long long da", n, ty, ty);
+  if (a_regs)
+    fm_strbuf_printf(sb, "__device__ __forceinline__ void %s(float (&d)[%u][4], const unsigned (&a)[4], unsigned long long db,\n"
+                         "    int accumulate) {\n"
+                         "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
+                         "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
+                     name, n / 8, regs + 5, n, ty, ty);
+  else
+    fm_strbuf_printf(sb, "__device__ __forceinline__ void %s(float (&d)[%u][4], unsigned long long da, unsigned long long db,\n"
+                         "    int accumulate) {\n"
+                         "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
+                         "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
+                     name, n / 8, regs + 2, n, ty, ty);
   for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s%%%u", i ? ", " : "", i);
   if (a_regs) {
-    fm_strbuf_printf(sb, "}, {%%%u, %%%u, %%%u, %%%u}, %%%u, 1, 1, 1, 0;\\n\"\n      : ", next, next + 1, next + 2,
-                     next + 3, next + 4);
-  } else {
-    fm_strbuf_printf(sb, "}, %%%u, %%%u, 1, 1, 1, 0, 0;\\n\"\n      : ", next, next + 1);
+    fm_strbuf_printf(sb, "}, {%%%u, %%%u, %%%u, %%%u}, %%%u, p, 1, 1, 0;\\n}\\n\"\n      : ", next, next + 1,
+                     next + 2, next + 3, next + 4);
+  } else {   /* scale-d from `accumulate`: 0 on a product's first k-step, so no zeroing is needed */
+    fm_strbuf_printf(sb, "}, %%%u, %%%u, p, 1, 1, 0, 0;\\n}\\n\"\n      : ", next, next + 1);
   }
   for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s\"+f\"(d[%u][%u])", i ? ", " : "", i / 4, i % 4);
-  if (a_regs) fm_strbuf_append(sb, "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db));\n}\n");
-  else fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db));\n}\n");
+  if (a_regs)
+    fm_strbuf_append(sb, "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(accumulate));\n}\n");
+  else fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(accumulate));\n}\n");
 }
 
-/* The fixed part: wgmma and cp.async helpers and the loads. Needs FM_BM, FM_K1, FM_N2,
- * FM_STAGES, FM_LDA, FM_LDB, FM_LDB2 before it. */
+/* The fixed part: wgmma and cp.async helpers and the loads. Needs FM_BM, FM_K1, FM_N1,
+ * FM_N2, FM_LDA, FM_LDB, FM_LDB2 before it. */
 static const char b2b_body[] =
     "#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
     "#error \"the b2b template needs sm_90a\"\n"
@@ -166,7 +176,7 @@ static const char b2b_body[] =
     "#define FM_THREADS (FM_BM / 64 * 128)\n"
     "#define FM_X_BYTES (FM_BM * FM_K1 * 2)\n"
     "#define FM_W1_BYTES (64 * FM_K1 * 2)\n"
-    "#define FM_STAGE_BYTES (FM_W1_BYTES + FM_N2 * 128)\n"
+    "#define FM_W2_BYTES (FM_N2 * 128)\n"
     "#define FM_CHUNKS (FM_N1 / 64)\n"
     "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
     "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
@@ -182,7 +192,9 @@ static const char b2b_body[] =
     "}\n"
     "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
     "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
-    "__device__ __forceinline__ void fm_wg_wait0() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\\n\" ::: \"memory\"); }\n"
+    "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"
+    "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"
+    "}\n"
     "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"
     "   between 8-row groups, swizzle mode 1 (128 B); +2 steps 32 bytes (16 elements) of K. */\n"
     "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"
@@ -201,24 +213,48 @@ static const char b2b_body[] =
     "    fm_cp16(FM_SW(xs + (kc >> 3) * (FM_BM * 128), r, kc & 7), ok ? A + gm * FM_LDA + kc * 8 : A, ok ? 16 : 0);\n"
     "  }\n"
     "}\n"
-    "/* Chunk j: B's 64 columns j*64.. as 64 K-major rows (K1 / 64 slices), then B2's rows\n"
-    "   j*64 .. j*64+63 as N2 K-major rows of one 64-wide slice. */\n"
-    "__device__ __forceinline__ void fm_load_w(unsigned ws, const unsigned short *__restrict__ B,\n"
-    "    const unsigned short *__restrict__ B2, int j, int tid) {\n"
+    "/* Chunk j of B: its 64 columns j*64.. as 64 K-major rows (K1 / 64 slices of 64 rows). */\n"
+    "__device__ __forceinline__ void fm_load_w1(unsigned ws, const unsigned short *__restrict__ B, int j, int tid) {\n"
     "#pragma unroll 4\n"
     "  for (int c = tid; c < 64 * (FM_K1 / 8); c += FM_THREADS) {\n"
     "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
     "    fm_cp16(FM_SW(ws + (kc >> 3) * (64 * 128), r, kc & 7), B + (long long)(j * 64 + r) * FM_LDB + kc * 8, 16);\n"
     "  }\n"
-    "  const unsigned w2 = ws + FM_W1_BYTES;\n"
+    "}\n"
+    "/* Chunk j of B2: its rows j*64 .. j*64+63 as N2 K-major rows of one 64-wide slice. */\n"
+    "__device__ __forceinline__ void fm_load_w2(unsigned ws, const unsigned short *__restrict__ B2, int j, int tid) {\n"
     "#pragma unroll 4\n"
     "  for (int c = tid; c < FM_N2 * 8; c += FM_THREADS) {\n"
     "    const int r = c >> 3, kc = c & 7;\n"
-    "    fm_cp16(FM_SW(w2, r, kc), B2 + (long long)r * FM_LDB2 + j * 64 + kc * 8, 16);\n"
+    "    fm_cp16(FM_SW(ws, r, kc), B2 + (long long)r * FM_LDB2 + j * 64 + kc * 8, 16);\n"
     "  }\n"
     "}\n"
     "__device__ __forceinline__ unsigned fm_pack(unsigned short lo, unsigned short hi) {\n"
     "  return (unsigned)lo | ((unsigned)hi << 16);\n"
+    "}\n";
+
+/* The two products of one chunk, issued and committed (the caller waits): after fm_wgmma1/2. */
+static const char b2b_products[] =
+    "/* acc = this warpgroup's A rows x B's chunk at w1: the first k-step does not accumulate, so\n"
+    "   no other instruction writes acc (that would make ptxas serialise the wgmma) */\n"
+    "__device__ __forceinline__ void fm_gemm1(float (&acc)[8][4], unsigned long long da, unsigned w1) {\n"
+    "  fm_wg_fence();\n"
+    "#pragma unroll\n"
+    "  for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
+    "    const unsigned long long db = fm_desc(w1 + kt * (64 * 128));\n"
+    "#pragma unroll\n"
+    "    for (int kk = 0; kk < 4; kk++) fm_wgmma1(acc, da + kt * (FM_BM * 128 / 16) + 2 * kk, db + 2 * kk, kt | kk);\n"
+    "  }\n"
+    "  fm_wg_commit();\n"
+    "}\n"
+    "/* acc2 += the packed stage-1 values x B2's chunk at w2 (chunk 0 starts it: never zeroed) */\n"
+    "__device__ __forceinline__ void fm_gemm2(float (&acc2)[FM_N2 / 8][4], const unsigned (&af)[4][4], unsigned w2,\n"
+    "    int j) {\n"
+    "  fm_wg_fence();\n"
+    "  const unsigned long long db = fm_desc(w2);\n"
+    "#pragma unroll\n"
+    "  for (int kk = 0; kk < 4; kk++) fm_wgmma2(acc2, af[kk], db + 2 * kk, j | kk);\n"
+    "  fm_wg_commit();\n"
     "}\n";
 
 /* "in3[m * 1024LL + n * 1LL]" for tensor k (a broadcast dim contributes nothing). */
@@ -292,17 +328,17 @@ static void emit_stage(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, 
 }
 
 static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
+  (void)c;
   uint64_t x = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;
-  uint64_t stage = (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u;
-  uint64_t total = x + c->stages * stage + 1024u;   /* + alignment of the swizzled buffers */
+  uint64_t w = 2u * ((uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u);   /* two of each */
+  uint64_t total = x + w + 1024u;   /* + alignment of the swizzled buffers */
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
 }
 
 static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
-  if (c->bm != 64 && c->bm != 128 && c->bm != 192)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64, 128 or 192: one warpgroup per 64 rows)", c->bm);
-  if (c->stages < 2 || c->stages > 4)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u stages (2..4)", c->stages);
+  if (c->bm != 64 && c->bm != 128)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64 or 128: one warpgroup per 64 rows)", c->bm);
+  if (c->pipe > 1) return fm_diag_set(d, FM_EUNSUPPORTED, "config: pipe %u (0 or 1)", c->pipe);
   if (smem_bytes(bp, c) > MAX_SMEM_SM90)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
                        MAX_SMEM_SM90);
@@ -311,9 +347,7 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
-static const fm_b2b_config configs[] = {
-    {128, 2}, {128, 3}, {64, 2}, {64, 3}, {64, 4}, {192, 2}, {128, 4},
-};
+static const fm_b2b_config configs[] = {{128, 0}, {128, 1}, {64, 0}, {64, 1}};
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
   fm_b2b_config out[1];
@@ -332,10 +366,118 @@ size_t fm_codegen_b2b_candidates(const fm_fragment *canon, fm_b2b_config *out, s
   return n;
 }
 
-static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, const char *entry) {
-  const fm_cg_plan *p = &bp->base;
+/* The stage-1 inputs as parameters (decl) or arguments of fm_stage1. */
+static void emit_stage1_params(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, int decl) {
+  for (uint32_t k = 0; k < bp->base.n_in; k++) {
+    if (!(bp->ci.in_need[k] & 1)) continue;
+    if (decl) fm_strbuf_printf(sb, ", const %s *__restrict__ in%u", fm_cg_storage_type(f->inputs[k].dtype), k);
+    else fm_strbuf_printf(sb, ", in%u", k);
+  }
+}
+
+/* fm_stage1(acc, af, ...): stage 1 on a thread's m64n64 accumulators of chunk j (rows mw and
+ * mw + 8; rows past M compute garbage nothing stores, their loads read row M - 1), rounded
+ * and packed into the A fragments of the second product: columns 16kk .. 16kk+15 of the
+ * m64n64 accumulator layout are the m64k16 A-register layout, pairs (row, 2c), (row + 8, 2c),
+ * (row, 2c + 8), (row + 8, 2c + 8). */
+static void emit_stage1_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp) {
   const char *cvt = bp->dt == FM_DT_BF16 ? "fm_f32_to_bf16" : "fm_f32_to_f16";
-  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(FM_THREADS, 1) %s(\n", entry);
+  fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage1(const float (&acc)[8][4], unsigned (&af)[4][4],\n"
+                       "    const long long M, const long long mw, const int j, const int lane");
+  emit_stage1_params(sb, f, bp, 1);
+  fm_strbuf_append(sb, ") {\n"
+                       "  unsigned short hv[8][4];\n"
+                       "#pragma unroll\n"
+                       "  for (int t = 0; t < 8; t++)\n"
+                       "#pragma unroll\n"
+                       "    for (int e = 0; e < 4; e++) {\n"
+                       "      const long long m = mw + (e >> 1) * 8 < M ? mw + (e >> 1) * 8 : M - 1;\n"
+                       "      const long long n = (long long)j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);\n"
+                       "      const float fm_a = acc[t][e];\n"
+                       "      float fm_h;\n"
+                       "      (void)m; (void)n;\n"
+                       "      {\n");
+  emit_stage(sb, f, bp, 1, "        ");
+  fm_strbuf_printf(sb,
+                   "      }\n"
+                   "      /* rounded to the operand dtype into a register of its own (writing acc back\n"
+                   "         would make ptxas serialise the wgmma that define it) */\n"
+                   "      hv[t][e] = %s(fm_h);\n"
+                   "    }\n"
+                   "#pragma unroll\n"
+                   "  for (int kk = 0; kk < 4; kk++) {\n"
+                   "    af[kk][0] = fm_pack(hv[2 * kk][0], hv[2 * kk][1]);\n"
+                   "    af[kk][1] = fm_pack(hv[2 * kk][2], hv[2 * kk][3]);\n"
+                   "    af[kk][2] = fm_pack(hv[2 * kk + 1][0], hv[2 * kk + 1][1]);\n"
+                   "    af[kk][3] = fm_pack(hv[2 * kk + 1][2], hv[2 * kk + 1][3]);\n"
+                   "  }\n"
+                   "}\n",
+                   cvt);
+}
+
+/* One chunk of the simple form (pipe 0): every warpgroup multiplies, runs stage 1, multiplies
+ * again, one after the other; chunk j + 1 loads meanwhile. */
+static const char step_simple[] =
+    "    /* chunk j + 1 into the other buffers (every warp left them at the barrier ending the\n"
+    "       last step); always a group, so the wait count is fixed */\n"
+    "    if (j + 1 < FM_CHUNKS) {\n"
+    "      fm_load_w1(w1s + ((j + 1) & 1) * FM_W1_BYTES, FM_B, j + 1, tid);\n"
+    "      fm_load_w2(w2s + ((j + 1) & 1) * FM_W2_BYTES, FM_B2, j + 1, tid);\n"
+    "    }\n"
+    "    fm_cp_commit();\n"
+    "    fm_cp_wait<1>();\n"
+    "    /* the loads were generic-proxy writes; wgmma reads through the async proxy */\n"
+    "    asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
+    "    __syncthreads();\n"
+    "    fm_gemm1(acc1, da, w1s + (j & 1) * FM_W1_BYTES);\n"
+    "    fm_wg_wait<0>();\n"
+    "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
+    "    fm_gemm2(acc2, af, w2s + (j & 1) * FM_W2_BYTES, j);\n"
+    "    fm_wg_wait<0>();\n"
+    "    __syncthreads();\n";
+
+/* One chunk of the pipelined form (pipe 1), CUR / NXT the two accumulator sets: the next
+ * chunk's first product runs on the tensor cores while this chunk's stage 1 runs on the ALUs.
+ * Loads G_j (B's chunk j + 2, B2's chunk j + 1) go out once every warpgroup is past the
+ * products that read those buffers (the middle barrier) and land by the next step. */
+static const char step_pipelined[] =
+    "    fm_cp_wait<0>();   /* B's chunk j + 1, B2's chunk j */\n"
+    "    asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
+    "    __syncthreads();\n"
+    "    if (j + 1 < FM_CHUNKS) {\n"
+    "      fm_gemm1(NXT, da, w1s + ((j + 1) & 1) * FM_W1_BYTES);\n"
+    "      fm_wg_wait<1>();   /* chunk j's first product and chunk j - 1's second are done */\n"
+    "    } else {\n"
+    "      fm_wg_wait<0>();\n"
+    "    }\n"
+    "    __syncthreads();   /* everyone's too: B's buffer j & 1 and B2's (j + 1) & 1 are free */\n"
+    "    if (j + 2 < FM_CHUNKS) fm_load_w1(w1s + (j & 1) * FM_W1_BYTES, FM_B, j + 2, tid);\n"
+    "    if (j + 1 < FM_CHUNKS) fm_load_w2(w2s + ((j + 1) & 1) * FM_W2_BYTES, FM_B2, j + 1, tid);\n"
+    "    fm_cp_commit();\n"
+    "    fm_stage1(CUR, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
+    "    fm_gemm2(acc2, af, w2s + (j & 1) * FM_W2_BYTES, j);\n";
+
+static void emit_step(fm_strbuf *sb, const char *step, const char *cur, const char *nxt) {
+  for (const char *c = step; *c;) {
+    if (!strncmp(c, "CUR", 3)) {
+      fm_strbuf_append(sb, cur);
+      c += 3;
+    } else if (!strncmp(c, "NXT", 3)) {
+      fm_strbuf_append(sb, nxt);
+      c += 3;
+    } else {
+      fm_strbuf_appendn(sb, c, 1);
+      c++;
+    }
+  }
+}
+
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, const fm_b2b_config *cfg,
+                        const char *entry) {
+  const fm_cg_plan *p = &bp->base;
+  fm_strbuf_printf(sb, "#define FM_B in%u\n#define FM_B2 in%u\n#define FM_STAGE1_ARGS ", bp->ib, bp->ib2);
+  emit_stage1_params(sb, f, bp, 0);
+  fm_strbuf_printf(sb, "\nextern \"C\" __global__ void __launch_bounds__(FM_THREADS, 1) %s(\n", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
@@ -348,80 +490,43 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
                    "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
                    "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
-                   "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, ws = xs + FM_X_BYTES;\n"
+                   "  /* A's rows, B's two chunk buffers, B2's two (1024-byte aligned for the swizzle) */\n"
+                   "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, w1s = xs + FM_X_BYTES;\n"
+                   "  const unsigned w2s = w1s + 2 * FM_W1_BYTES;\n"
                    "  fm_load_a(xs, in%u, M, m0, tid);\n"
-                   "  fm_load_w(ws, in%u, in%u, 0, tid);\n"
+                   "  fm_load_w1(w1s, FM_B, 0, tid);\n"
+                   "  fm_cp_commit();\n",
+                   bp->ia);
+  if (cfg->pipe)
+    fm_strbuf_append(sb, "  if (FM_CHUNKS > 1) fm_load_w1(w1s + FM_W1_BYTES, FM_B, 1, tid);\n");
+  fm_strbuf_append(sb,
+                   "  fm_load_w2(w2s, FM_B2, 0, tid);\n"
                    "  fm_cp_commit();\n"
-                   "#pragma unroll\n"
-                   "  for (int s = 1; s < FM_STAGES - 1; s++) {\n"
-                   "    if (s < FM_CHUNKS) fm_load_w(ws + s * FM_STAGE_BYTES, in%u, in%u, s, tid);\n"
-                   "    fm_cp_commit();\n"
-                   "  }\n"
                    "  float acc2[FM_N2 / 8][4];\n"
-                   "#pragma unroll\n"
-                   "  for (int t = 0; t < FM_N2 / 8; t++) acc2[t][0] = acc2[t][1] = acc2[t][2] = acc2[t][3] = 0.0f;\n"
                    "  /* this thread's rows of the accumulators: mw and mw + 8 */\n"
                    "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
                    "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
-                   "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
-                   "    /* chunk j + STAGES - 1 into the stage chunk j - 1 used (every warp left it at the\n"
-                   "       barrier ending the last step); always a group, so the wait count is fixed */\n"
-                   "    if (j + FM_STAGES - 1 < FM_CHUNKS)\n"
-                   "      fm_load_w(ws + ((j + FM_STAGES - 1) %% FM_STAGES) * FM_STAGE_BYTES, in%u, in%u, j + FM_STAGES - 1, tid);\n"
-                   "    fm_cp_commit();\n"
-                   "    fm_cp_wait<FM_STAGES - 1>();\n"
-                   "    /* the loads were generic-proxy writes; wgmma reads through the async proxy */\n"
-                   "    asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
-                   "    __syncthreads();\n"
-                   "    const unsigned wsj = ws + (j %% FM_STAGES) * FM_STAGE_BYTES;\n"
-                   "    float acc1[8][4];\n"
-                   "#pragma unroll\n"
-                   "    for (int t = 0; t < 8; t++) acc1[t][0] = acc1[t][1] = acc1[t][2] = acc1[t][3] = 0.0f;\n"
-                   "    fm_wg_fence();\n"
-                   "#pragma unroll\n"
-                   "    for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
-                   "      const unsigned long long db = fm_desc(wsj + kt * (64 * 128));\n"
-                   "#pragma unroll\n"
-                   "      for (int kk = 0; kk < 4; kk++) fm_wgmma1(acc1, da + kt * (FM_BM * 128 / 16) + 2 * kk, db + 2 * kk);\n"
-                   "    }\n"
-                   "    fm_wg_commit();\n"
-                   "    fm_wg_wait0();\n"
-                   "    /* stage 1 on each accumulator (rows past M compute garbage nothing stores; their\n"
-                   "       loads read row M - 1) */\n"
-                   "#pragma unroll\n"
-                   "    for (int t = 0; t < 8; t++)\n"
-                   "#pragma unroll\n"
-                   "      for (int e = 0; e < 4; e++) {\n"
-                   "        const long long m = mw + (e >> 1) * 8 < M ? mw + (e >> 1) * 8 : M - 1;\n"
-                   "        const long long n = (long long)j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);\n"
-                   "        const float fm_a = acc1[t][e];\n"
-                   "        float fm_h;\n"
-                   "        (void)m; (void)n;\n"
-                   "        {\n",
-                   bp->ia, bp->ib, bp->ib2, bp->ib, bp->ib2, bp->ib, bp->ib2);
-  emit_stage(sb, f, bp, 1, "          ");
-  fm_strbuf_printf(sb,
-                   "        }\n"
-                   "        acc1[t][e] = fm_h;\n"
-                   "      }\n"
-                   "    /* columns 16kk .. 16kk+15 of the m64n64 accumulators are the m64k16 A fragment of\n"
-                   "       the second product: pairs (row, 2c), (row + 8, 2c), (row, 2c + 8), (row + 8, 2c + 8) */\n"
-                   "    unsigned af[4][4];\n"
-                   "#pragma unroll\n"
-                   "    for (int kk = 0; kk < 4; kk++) {\n"
-                   "      af[kk][0] = fm_pack(%s(acc1[2 * kk][0]), %s(acc1[2 * kk][1]));\n"
-                   "      af[kk][1] = fm_pack(%s(acc1[2 * kk][2]), %s(acc1[2 * kk][3]));\n"
-                   "      af[kk][2] = fm_pack(%s(acc1[2 * kk + 1][0]), %s(acc1[2 * kk + 1][1]));\n"
-                   "      af[kk][3] = fm_pack(%s(acc1[2 * kk + 1][2]), %s(acc1[2 * kk + 1][3]));\n"
-                   "    }\n"
-                   "    fm_wg_fence();\n"
-                   "    const unsigned long long db2 = fm_desc(wsj + FM_W1_BYTES);\n"
-                   "#pragma unroll\n"
-                   "    for (int kk = 0; kk < 4; kk++) fm_wgmma2(acc2, af[kk], db2 + 2 * kk);\n"
-                   "    fm_wg_commit();\n"
-                   "    fm_wg_wait0();\n"
-                   "    __syncthreads();\n"
-                   "  }\n"
+                   "  unsigned af[4][4];\n");
+  if (!cfg->pipe) {
+    fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
+    emit_step(sb, step_simple, "acc1", "acc1");
+    fm_strbuf_append(sb, "  }\n");
+  } else {
+    fm_strbuf_append(sb,
+                     "  float acc1a[8][4], acc1b[8][4];\n"
+                     "  fm_cp_wait<1>();   /* A and B's chunk 0 */\n"
+                     "  asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
+                     "  __syncthreads();\n"
+                     "  fm_gemm1(acc1a, da, w1s);\n"
+                     "  /* two chunks a turn, so that each accumulator set has a fixed name */\n"
+                     "  for (int j0 = 0; j0 < FM_CHUNKS; j0 += 2) {\n"
+                     "    {\n      const int j = j0;\n");
+    emit_step(sb, step_pipelined, "acc1a", "acc1b");
+    fm_strbuf_append(sb, "    }\n    if (j0 + 1 < FM_CHUNKS) {\n      const int j = j0 + 1;\n");
+    emit_step(sb, step_pipelined, "acc1b", "acc1a");
+    fm_strbuf_append(sb, "    }\n  }\n  fm_wg_wait<0>();\n");
+  }
+  fm_strbuf_append(sb,
                    "  /* stage 2 and the stores, rows inside M */\n"
                    "#pragma unroll\n"
                    "  for (int t = 0; t < FM_N2 / 8; t++)\n"
@@ -431,8 +536,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "      const long long n = t * 8 + 2 * (lane & 3) + (e & 1);\n"
                    "      if (m >= M) continue;\n"
                    "      const float fm_a = acc2[t][e];\n"
-                   "      (void)n;\n",
-                   cvt, cvt, cvt, cvt, cvt, cvt, cvt, cvt);
+                   "      (void)n;\n");
   emit_stage(sb, f, bp, 2, "      ");
   fm_strbuf_append(sb, "    }\n}\n");
 }
@@ -453,20 +557,22 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   }
   if ((rc = plan_build(canon, bp, d)) || (rc = check_config(bp, cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_b2b_%u_s%u", cfg->bm, cfg->stages);
+  snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm, cfg->pipe ? "_pipe" : "");
   const char *ty = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld b2b kernel: %s, chained GEMMs %" PRId64 " -> %" PRId64 " -> %" PRId64 ", %s */\n",
                    entry, bp->k1, bp->n1, bp->n2, ty);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   fm_strbuf_printf(&sb,
-                   "#define FM_BM %u\n#define FM_STAGES %u\n#define FM_K1 %" PRId64 "\n#define FM_N1 %" PRId64 "\n"
+                   "#define FM_BM %u\n#define FM_K1 %" PRId64 "\n#define FM_N1 %" PRId64 "\n"
                    "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
                    "#define FM_LDB2 %" PRId64 "LL\n",
-                   cfg->bm, cfg->stages, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
+                   cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
   fm_strbuf_append(&sb, b2b_body);
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
-  emit_kernel(&sb, canon, bp, entry);
+  fm_strbuf_append(&sb, b2b_products);
+  emit_stage1_fn(&sb, canon, bp);
+  emit_kernel(&sb, canon, bp, cfg, entry);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;

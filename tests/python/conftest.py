@@ -83,3 +83,28 @@ def daemon(monkeypatch):
     finally:
         d.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def served(dead_socket, monkeypatch):
+    """Every fragment is 'served' a tuned kernel without a daemon (a stand-in transport), so
+    the graph is rewritten with the fuseml groups in it; on CPU each group then runs its own
+    ATen ops through the runner (the rewritten graph, not the original one, computes the
+    result). `served.wires` lists the fragments of each round of requests."""
+    class Conn:
+        hello = None
+
+        def close(self):
+            pass
+
+    rounds = []
+
+    def compile_all(conn, wires, timeout):
+        rounds.append(list(wires))
+        return [{"ok": True, "key": "k" * 64, "state": "tuned", "origin": "compiled",
+                 "cubin": b"", "meta": {}} for _ in wires]
+
+    monkeypatch.setattr(fuseml.backend.transport, "connect", lambda *a, **k: Conn())
+    monkeypatch.setattr(fuseml.backend.transport, "compile_all", compile_all)
+    compile_all.rounds = rounds
+    return compile_all

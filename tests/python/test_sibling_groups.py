@@ -72,20 +72,6 @@ def exact(got, want):
         torch.testing.assert_close(g, g0, rtol=0, atol=0)
 
 
-@pytest.fixture
-def served(dead_socket, monkeypatch):
-    """Every fused group is 'served' a tuned kernel without a daemon, so the graph is rewritten
-    with the fuseml groups in it; on CPU each group then runs its own ATen ops through the
-    runner (the rewritten graph, not the original one, computes the result)."""
-    def request(self, fused, runners):
-        for g in fused:
-            g.key, g.state, g.origin = "k" * 64, "tuned", "compiled"
-            runners[g.gid].kernel = (g.key, "tuned", b"", {})
-        return None
-
-    monkeypatch.setattr(fuseml.backend.FuseMLCompiler, "_request", request)
-
-
 # -- partitioning and the fragment --------------------------------------------------------
 
 def test_swiglu_inference_is_one_sibling_group(dead_socket):
@@ -415,14 +401,18 @@ class TwoBlocks(nn.Module):
         return torch.relu(self.b(x)) + x
 
 
-def test_daemon_without_siblings_falls_back_with_one_warning(daemon, caplog, monkeypatch):
+def test_daemon_without_siblings_runs_them_apart(daemon, caplog, monkeypatch):
     """A daemon that predates siblings (simulated: every fragment with two products is
-    answered as the old daemon answers it) leaves both sibling groups eager and correct, with
-    one warning for the cause; the other groups are served as before."""
+    answered as the old daemon answers it): each refused sibling group is split back into
+    its two GEMM groups, requested in a second round and served apart (the gate group with
+    the combining op, as without siblings; a lone up product stays with cuBLAS), with one
+    warning for the cause; the result is eager's."""
     caplog.set_level(logging.WARNING, logger="fuseml")
     real = transport.compile_all
+    rounds = []
 
     def old_daemon(conn, wires, timeout):
+        rounds.append([len(products(w)) for w in wires])
         mine = [w for w in wires if len(products(w)) < 2]
         got = iter(real(conn, mine, timeout) if mine else [])
         return [next(got) if len(products(w)) < 2 else
@@ -437,11 +427,22 @@ def test_daemon_without_siblings_falls_back_with_one_warning(daemon, caplog, mon
     fw = plan(c, "forward")
     sibs = sibling_groups(fw)
     assert len(sibs) == 2
-    assert all(g.key is None and "exactly one matrix product" in g.reason for g in sibs)
-    served = [g for g in fw.kernels() if not g.siblings]
+    assert all(g.route == "apart" and g.key is None and "exactly one matrix product" in g.reason
+               for g in sibs)
+    # the forward graph's second round: the parts worth a kernel, one-product fragments (a
+    # third round is the backward graph's, which has no siblings)
+    assert rounds[0].count(2) == 2 and set(rounds[1]) == {1} and set(rounds[2]) == {1}
+    for sib in sibs:
+        gate, up = [g for g in fw.groups if g.apart_of is sib]
+        assert gate.op_names[0] in ("mm", "addmm") and "mul" in gate.op_names and gate.route == "kernel"
+        assert gate.key and gate.state in ("untuned", "tuned"), gate.describe()
+        # LlamaMLP's up projection alone is a lone GEMM (cuBLAS); GeGLU's biased one is addmm
+        assert up.route == "bypass" and "lone GEMM" in up.reason or up.key
+    assert len(rounds[1]) == sum(g.route == "kernel" for g in fw.groups if g.apart_of is not None)
+    served = [g for g in fw.kernels() if g.apart_of is None]
     assert served and all(g.key for g in served)
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refused) == 1, refused
+    assert len(refused) == 1 and "its two GEMM groups are requested" in refused[0], refused
 
 
 def test_rest_inductor_still_matches_eager(served):

@@ -176,7 +176,8 @@ static void test_candidates_and_source(void) {
     CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
     CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
   }
-  CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups */
+  CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups, one step after the other */
+  CHECK_EQ_INT(c[0].p[1], 0);
   fm_candidate blas[2];
   CHECK_EQ_INT(fm_codegen_blas_candidates(&canon, blas, 2), 0);   /* no plan keeps h on chip */
   char *src = NULL;

@@ -1,6 +1,7 @@
 """The torch.compile backend: aot_autograd capture (forward, backward and inference graphs,
 each partitioned and fused on its own), fragment building, one pipelined round of compile
-requests per graph, and the graph rewrite that calls `fuseml::group` for each fused group."""
+requests per graph (and a second for the combined groups the daemon refused, split apart),
+and the graph rewrite that calls `fuseml::group` for each fused group."""
 import operator
 import os
 
@@ -13,9 +14,9 @@ from . import cudagraphs, transport
 from ._log import log, warn_once
 from .bmm_fragment import build_bmm
 from .fragment import Unfusable, build
-from .gemm_fragment import build_gemm
+from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
-from .partition import find_groups
+from .partition import find_groups, split_apart
 from .runtime import GroupRunner
 
 aten = torch.ops.aten
@@ -72,9 +73,13 @@ class FuseMLCompiler:
     calls the fuseml::group ops as extern kernels and fuses what is left), cudagraphs (record
     each compiled graph as a CUDA graph through torch's cudagraph trees; default
     FUSEML_CUDAGRAPHS=1, and torch.compile's mode="reduce-overhead" or options={"cudagraphs":
-    True} turn it on per call: see cudagraphs.py)."""
+    True} turn it on per call: see cudagraphs.py), chains (merge back-to-back GEMM groups,
+    an MLP's fc1 -> act -> fc2, into one chain group: chains.py; default False unless
+    FUSEML_CHAINS=1: the b2b kernel is still slower than the two tuned GEMMs on an H100,
+    bench/NOTES.md "Back-to-back GEMMs")."""
 
-    def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None):
+    def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
+                 chains=None):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
@@ -82,6 +87,7 @@ class FuseMLCompiler:
         self.min_ops = min_ops
         self.rest = rest
         self.cudagraphs = cudagraphs
+        self.chains = chains       # None: FUSEML_CHAINS, read per graph (the default backend is long-lived)
         self.plans = []
         self._backend = aot_autograd(
             fw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "forward"),
@@ -129,25 +135,16 @@ class FuseMLCompiler:
     # -- one ATen graph ------------------------------------------------------------------
 
     def compile_graph(self, gm, example_inputs, which):
-        groups = find_groups(gm, self.min_ops)
+        # off by default until the b2b kernel beats the two GEMM kernels it replaces (NOTES)
+        chains = (os.environ.get("FUSEML_CHAINS", "0") == "1") if self.chains is None else bool(self.chains)
+        groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
-        for g in groups:
-            if g.route != "kernel":
-                continue
-            try:
-                if g.kind == "gemm" and is_batched_gemm(g.members[0]):
-                    g.built = build_bmm(g.members, g.inputs, g.outputs)
-                elif g.kind == "gemm":
-                    g.built = build_gemm(g.members, g.inputs, g.outputs)
-                else:
-                    g.built = build(g.members, g.inputs, g.outputs, g.shape)
-                fused.append(g)
-            except Unfusable as e:
-                g.route, g.reason = "bypass", str(e)
+        for g in list(groups):
+            fused += self._build(g, groups)
         plan = Plan(which, groups)
-        runners = {g.gid: GroupRunner(g) for g in fused}
+        runners = {}
         if fused:
-            plan.hello = self._request(fused, runners)
+            plan.hello, fused = self._request(fused, runners, groups)
         self.plans.append(plan)
         del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
         log.debug("fuseml: %s", plan.describe())
@@ -166,7 +163,46 @@ class FuseMLCompiler:
             gm = rewrite(gm, kept, runners)
         return compile_fx_inner(gm, example_inputs)
 
-    def _request(self, fused, runners):
+    def _build(self, g, groups):
+        """The groups to request for group g (routed "kernel"): g with its fragment built, or,
+        when a combined group cannot be spelled, its two parts (apart()); [] when g stays
+        ATen."""
+        if g.route != "kernel":
+            return []
+        try:
+            if g.kind == "gemm" and is_batched_gemm(g.members[0]):
+                g.built = build_bmm(g.members, g.inputs, g.outputs)
+            elif g.kind == "gemm" and g.chain:
+                g.built = build_chain(g.members, g.inputs, g.outputs)
+                g.inputs = list(g.built.in_nodes)   # x twice when stage 2 reads it
+            elif g.kind == "gemm":
+                g.built = build_gemm(g.members, g.inputs, g.outputs)
+            else:
+                g.built = build(g.members, g.inputs, g.outputs, g.shape)
+            return [g]
+        except Unfusable as e:
+            if g.parts:
+                return [h for p in self._apart(g, str(e), groups) for h in self._build(p, groups)]
+            g.route, g.reason = "bypass", str(e)
+            return []
+
+    def _apart(self, g, why, groups):
+        """Combined group g (siblings or a chain) runs as its two GEMM groups: they take its
+        place in the plan right after it (g stays, routed "apart", for explain)."""
+        g.route, g.reason = "apart", why
+        parts = split_apart(g, max(h.gid for h in groups) + 1, self.min_ops)
+        i = groups.index(g) + 1
+        groups[i:i] = parts
+        return parts
+
+    def _request(self, fused, runners, groups):
+        """Compiles the fragments of `fused` in one pipelined round; a combined group the
+        daemon answers with anything but a kernel (bypass, unsupported, an older daemon) is
+        split apart and its parts go in a second round on the same connection, so a chain or
+        sibling pair the daemon cannot serve still runs as two served GEMM groups, never as
+        ATen whole. Returns (hello, the groups requested that the graph calls)."""
+        for g in fused:
+            runners[g.gid] = GroupRunner(g)
         try:
             conn = transport.connect(self.socket, timeout=5.0)
         except (transport.DaemonError, OSError) as e:
@@ -174,28 +210,48 @@ class FuseMLCompiler:
             for g in fused:
                 runners[g.gid].why_eager = cause
             warn_once(*cause)
-            return None
+            return None, fused
+        done, todo = [], fused
         try:
-            replies = transport.compile_all(conn, [g.built.wire for g in fused], self.timeout_s)
-        except (transport.DaemonError, OSError) as e:
-            cause = ("daemon", "fusemld failed: %s", str(e))
-            for g in fused:
-                runners[g.gid].why_eager = cause
-            warn_once(*cause)
-            return conn.hello
+            while todo:
+                try:
+                    replies = transport.compile_all(conn, [g.built.wire for g in todo], self.timeout_s)
+                except (transport.DaemonError, OSError) as e:
+                    cause = ("daemon", "fusemld failed: %s", str(e))
+                    for g in todo:
+                        runners[g.gid].why_eager = cause
+                    warn_once(*cause)
+                    return conn.hello, done + todo
+                retry = []
+                for g, r in zip(todo, replies):
+                    if r.get("ok"):
+                        g.key, g.state, g.origin = r["key"], r["state"], r["origin"]
+                        runners[g.gid].kernel = (r["key"], r["state"], r["cubin"], r["meta"])
+                        done.append(g)
+                        continue
+                    why = f"{r.get('code')}: {r.get('detail')}"
+                    log.debug("fuseml: group %d fragment %s", g.gid, g.built.wire)
+                    if g.parts:
+                        # not a fallback to eager: its GEMMs are requested apart, each served
+                        # or refused (and said) on its own
+                        warn_once(f"apart:{g.label}:{r.get('code')}",
+                                  "fusemld refused a %s group (%s): its two GEMM groups are "
+                                  "requested as separate fragments", g.label, why, suffix="")
+                        for p in self._apart(g, why, groups):
+                            new = self._build(p, groups)
+                            for h in new:
+                                runners[h.gid] = GroupRunner(h)
+                            retry += new
+                        continue
+                    g.reason = why
+                    runners[g.gid].why_eager = ("compile:" + str(r.get("code")),
+                                                "fusemld refused a fragment: %s", g.reason)
+                    warn_once(*runners[g.gid].why_eager)   # the group runs inlined ATen: said now
+                    done.append(g)
+                todo = retry
         finally:
             conn.close()
-        for g, r in zip(fused, replies):
-            if not r.get("ok"):
-                g.reason = f"{r.get('code')}: {r.get('detail')}"
-                runners[g.gid].why_eager = ("compile:" + str(r.get("code")),
-                                            "fusemld refused a fragment: %s", g.reason)
-                warn_once(*runners[g.gid].why_eager)   # the group runs inlined ATen: said now
-                log.debug("fuseml: group %d fragment %s", g.gid, g.built.wire)
-                continue
-            g.key, g.state, g.origin = r["key"], r["state"], r["origin"]
-            runners[g.gid].kernel = (r["key"], r["state"], r["cubin"], r["meta"])
-        return conn.hello
+        return conn.hello, done
 
 
 class Compiled:

@@ -217,6 +217,7 @@ class Built:
         self.in_align = in_align
         self.gemm = False                 # a GEMM fragment (gemm_fragment, bmm_fragment)
         self.siblings = False             # a GEMM fragment with two products sharing A
+        self.chain = False                # a GEMM fragment with two products in sequence
         # GEMM: per output, the shape to view it as ([B, S, N] of an [M, N] product; [B, H, M, N]
         # of a [Bt, M, N] batched one, -1 where its batch dim is symbolic)
         self.out_views = None

@@ -5,6 +5,9 @@ A sibling group (siblings.py) has two products of one A by B and B2 ([K, N] each
 [M, N] values of one epilogue: the same fragment with two mm/addmm ops whose A is one input
 id. The products are emitted first (they read only inputs), then the epilogue in graph order.
 
+A chain group (chains.py) has two products in sequence, the second's A computed from the
+first: build_chain spells it, ops in graph order.
+
 M is sent as the symbolic dim 0 whenever no stride depends on it (A and every [M, N] operand
 row-major), with `m_hint` = the M at hand: the daemon tunes for that M's power-of-two bucket,
 and another batch size in the bucket reuses the kernel instead of compiling a new one."""
@@ -56,10 +59,7 @@ def build_gemm(members, in_nodes, out_nodes):
     with_m = [a_node.meta["val"]] + [x.meta["val"] for x in in_nodes
                                       if x is not a_node and x not in b_nodes
                                       and x.meta["val"].dim() >= 2 and x.meta["val"].shape[-2] != 1]
-    symbolic = (not _static(m)) or all(_row_major(t) for t in with_m)
-    if not _static(m) and not symbolic:
-        raise Unfusable("a symbolic M with a column-major operand")
-    m_dim = -1 if symbolic else int(m)
+    symbolic, m_dim = _symbolic_m(m, with_m)
 
     e = Emitter(in_nodes)
     for p in prods:
@@ -90,6 +90,13 @@ def build_gemm(members, in_nodes, out_nodes):
         in_align.append(align)
         inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
                        "align": align})
+    return _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, symbolic,
+                   siblings=len(prods) == 2)
+
+
+def _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, symbolic,
+            siblings=False, chain=False):
+    """The outputs ([M, N] each, or a dense [B, S, N] view of it) and the Built."""
     outputs, out_strides, out_views = [], [], []
     for node in out_nodes:
         t = node.meta["val"]
@@ -115,9 +122,91 @@ def build_gemm(members, in_nodes, out_nodes):
     built = Built(wire, GemmLayout(m, n, symbolic), in_nodes, out_nodes, full_input,
                   out_strides, in_align)
     built.gemm = True
-    built.siblings = len(prods) == 2
+    built.siblings = siblings
+    built.chain = chain
     built.out_views = out_views if any(out_views) else None
     return built
+
+
+def _symbolic_m(m, with_m):
+    """Whether M goes symbolic: every tensor with the M dim row-major (static strides)."""
+    symbolic = (not _static(m)) or all(_row_major(t) for t in with_m)
+    if not _static(m) and not symbolic:
+        raise Unfusable("a symbolic M with a column-major operand")
+    return symbolic, (-1 if symbolic else int(m))
+
+
+def build_chain(members, in_nodes, out_nodes):
+    """A chain group (chains.py): p1 = x @ W1 (+ b1), its stage-1 epilogue up to h, p2 = h @ W2
+    (+ b2), its stage-2 epilogue (PROTOCOL.md, GEMM fragments, "Chains"). Ops in graph order
+    (p1 first: the products are spelled like any op, p2's A the value id of h; a view of h to
+    [M, N1] is an alias). Inputs in the group's order; a stage-1 input is read over [M, N1],
+    a stage-2 one over [M, N2]; outputs (stage 2 only) as for one GEMM. When stage 2 reads x
+    (the MLP's residual), x is sent a second time, as an epilogue input of its own: the
+    daemon lets nothing else read a matrix operand's value (it is streamed, not addressable
+    per output element), and the kernel reads the same memory through two parameters. The
+    Built's in_nodes then name x twice: the group is called with that list."""
+    prods = products(members)
+    if len(prods) != 2:
+        raise Unfusable("a chain has two products")
+    p1, p2 = prods
+    x, w1, w2 = p1.args[-2], p1.args[-1], p2.args[-1]
+    # stage 2: the second product and everything computed from it
+    stage2 = set()
+    for node in members:
+        if node is p2 or any(a in stage2 for a in node.all_input_nodes):
+            stage2.add(node)
+    reads = {}                      # input node -> the stages that read it as an epilogue operand
+    for node in members:
+        for b in node.all_input_nodes:
+            if (node is p1 and b in (x, w1)) or (node is p2 and b in (p2.args[-2], w2)):
+                continue
+            reads.setdefault(b, set()).add(2 if node in stage2 else 1)
+    if 1 in reads.get(x, ()) or any(b in reads for b in (w1, w2)):
+        raise Unfusable("an epilogue op reads a product's matrix operand")
+    in_nodes = list(in_nodes) + ([x] if x in reads else [])
+    tx, t1, t2 = x.meta["val"], w1.meta["val"], w2.meta["val"]
+    m, n1, n2 = tx.shape[0], int(t1.shape[1]), int(t2.shape[1])
+    with_m = [tx] + [b.meta["val"] for b in reads if b.meta["val"].dim() >= 2
+                     and b.meta["val"].shape[-2] != 1]
+    symbolic, m_dim = _symbolic_m(m, with_m)
+
+    e = Emitter(in_nodes)
+    a_id = in_nodes.index(x)        # the first x: the matrix operand (e.ids names the last)
+    for node in members:
+        if node is p1:
+            e.ids[node] = e.op("addmm" if len(node.args) == 3 else "mm",
+                               *[e.arg(b) for b in node.args[:-2]], a_id, e.arg(w1))
+        elif node is p2:
+            e.ids[node] = e.op("addmm" if len(node.args) == 3 else "mm",
+                               *[e.arg(b) for b in node.args])
+        elif node.target in RESHAPE_OPS:    # [M, N] seen as [B, S, N] and back: one value
+            e.ids[node] = e.ids[node.args[0]]
+        else:
+            e.emit_node(node)
+
+    inputs, in_align, full_input = [], [], None
+    for i, node in enumerate(in_nodes):
+        t = node.meta["val"]
+        if node in (w1, w2):
+            shape, strides = [int(d) for d in t.shape], [int(s) for s in t.stride()]
+        elif node is x and full_input is None:
+            shape, strides = [m_dim, int(t.shape[1])], _strides(t)
+            full_input = i
+        else:
+            specs = {tuple(map(tuple, _broadcast(t, m, (n1, n2)[s - 1], m_dim,
+                                                 f"input {node.name} (stage {s})")))
+                     for s in sorted(reads[node])}
+            if len(specs) != 1:
+                raise Unfusable(f"input {node.name} is read in both stages and broadcasts "
+                                "differently to each")
+            shape, strides = (list(v) for v in specs.pop())
+        align = _align_of(t)
+        in_align.append(align)
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
+                       "align": align})
+    return _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n2, m_dim, symbolic,
+                   chain=True)
 
 
 def _rows(t):

@@ -17,12 +17,18 @@ Sibling GEMMs (siblings.py): when a pointwise node could join two GEMM groups wh
 read one A by two B's of one shape (SwiGLU's silu(gate(x)) * up(x)), the two groups merge
 into one with both products, each one's epilogue and the combining node, provided neither
 group depends on the other and no mutating op lies between them; otherwise the node joins
-one of them, as for any two candidates."""
+one of them, as for any two candidates.
+
+Chains (chains.py): after the groups are formed, a GEMM group whose only value feeds another
+GEMM group's product as its A (nothing else reads it: not a graph output, not saved for
+backward) merges with it into one group of two stages, when the chain kernel can run the
+pair. A combined group (siblings or a chain) remembers its two original groups (`parts`):
+if the daemon refuses it, split_apart() gives them back and they are requested apart."""
 from dataclasses import dataclass, field
 
 import torch
 
-from . import ops, siblings
+from . import chains as chain_rules, ops, siblings
 from ._log import log
 from .fragment import same_shape
 
@@ -44,6 +50,11 @@ class Group:
     shape: object = None             # the iteration shape (rows: the row shape)
     # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms)
     route_measured: tuple = None
+    chain: bool = False              # a GEMM group of two back-to-back products (chains.py)
+    # a combined GEMM group (siblings or chain): the member lists of the two groups it was
+    # made of, which run apart if the daemon refuses it (split_apart)
+    parts: list = None
+    apart_of: object = None          # a group split from a refused combined group: that group
 
     @property
     def op_names(self):
@@ -52,13 +63,19 @@ class Group:
     @property
     def siblings(self):
         """A GEMM group with two products sharing A (siblings.py)."""
-        return self.kind == "gemm" and len(ops.products(self.members)) == 2
+        return self.kind == "gemm" and not self.chain and len(ops.products(self.members)) == 2
+
+    @property
+    def label(self):
+        """The kind as explain() shows it: "gemm", "gemm siblings", "gemm chain", ..."""
+        return self.kind + (" siblings" if self.siblings else " chain" if self.chain else "")
 
     def describe(self):
-        kind = self.kind + (" siblings" if self.siblings else "")
-        s = f"group {self.gid} [{kind}] {' -> '.join(self.op_names)}: {self.route}"
+        s = f"group {self.gid} [{self.label}] {' -> '.join(self.op_names)}: {self.route}"
         if self.reason:
             s += f" ({self.reason})"
+        if self.apart_of is not None:
+            s += f"; apart from group {self.apart_of.gid}"
         if self.escapes:
             s += f"; escapes {[n.name for n in self.escapes]}"
         if self.route_measured:
@@ -122,9 +139,10 @@ def _sees_through(view, g):
     return True
 
 
-def find_groups(gm, min_ops=2):
+def find_groups(gm, min_ops=2, chains=True):
     """Returns the groups of gm.graph (every pointwise group, fused or not, and every
-    GEMM/reduction), with inputs, outputs and escapes filled in."""
+    GEMM/reduction), with inputs, outputs and escapes filled in. chains: merge back-to-back
+    GEMM groups (chains.py)."""
     group_of = {}      # node -> Group
     deps = {}          # node -> gids it depends on, through any path
     gdeps = {}         # gid -> gids its external inputs depend on
@@ -262,6 +280,9 @@ def find_groups(gm, min_ops=2):
                               chosen.gid, h.gid, why)
                     continue
                 siblings.share_a(ops.products(chosen.members)[0], ops.products(h.members)[0])
+                # apart again, h is its own group and everything else (what joins later
+                # too) is chosen's, as it would be without siblings: part 0 is filled in last
+                chosen.parts = [None, list(h.members)]
                 merge(chosen, h)
                 break      # two products at most
         for h in cands[1:]:
@@ -285,30 +306,130 @@ def find_groups(gm, min_ops=2):
                 if b in group_of:
                     gdeps[chosen.gid].add(group_of[b].gid)
 
+    def why_not_chain(g1, g2, value, lnk):
+        """None when GEMM group g1, whose value `value` is the A of g2's product (through the
+        reshape `lnk`, or lnk is value), may merge with g2 into one chain group; else why
+        not."""
+        if g1 is g2 or g1.kind != "gemm" or g2.kind != "gemm":
+            return "not two GEMM groups"
+        p1s, p2s = ops.products(g1.members), ops.products(g2.members)
+        if len(p1s) != 1 or len(p2s) != 1:
+            return "a chain holds two products, no siblings"
+        (p1,), (p2,) = p1s, p2s
+        why = chain_rules.why_not_pair(p1, p2, value)
+        if why:
+            return why
+        if lnk is not value:
+            if lnk in group_of:
+                return "the view between the products belongs to a group"
+            why = chain_rules.why_not_link(lnk, p1)
+            if why:
+                return why
+        # the intermediate stays on chip: nothing but the second product may read it (not
+        # another op, not a graph output, not autograd's saved tensors, which are outputs)
+        mset = set(g1.members)
+        reader = p2 if lnk is value else lnk
+        for n in g1.members:
+            outside = set(n.users) - mset
+            if n is value and outside != {reader}:
+                return "the intermediate has other users (an output or saved for backward)"
+            if n is not value and outside:
+                return f"{n.name} of the first group is read outside it"
+        if lnk is not value and set(lnk.users) != {p2}:
+            return "the intermediate has other users (an output or saved for backward)"
+        x, w1, w2 = p1.args[-2], p1.args[-1], p2.args[-1]
+        # an epilogue never reads a weight (streamed through shared memory); the second
+        # stage may read x (the residual), sent as an input of its own (build_chain)
+        if any(b is w2 for n in g1.members for b in n.all_input_nodes) or \
+                any(b in (w1, w2) for n in g2.members if n is not p2 for b in n.all_input_nodes):
+            return "an epilogue op reads a weight"
+        both = mset | set(g2.members) | {lnk}
+        stage_inputs = [
+            [b for n in g1.members for b in n.all_input_nodes
+             if b not in both and not (n is p1 and b in (x, w1))],
+            [b for n in g2.members for b in n.all_input_nodes
+             if b not in both and not (n is p2 and b is w2)]]
+        why = chain_rules.reads_fit(stage_inputs, int(w1.meta["val"].shape[1]),
+                                    int(w2.meta["val"].shape[1]))
+        if why:
+            return why
+        if not same_shape(p1.meta["val"].shape[:1], p2.meta["val"].shape[:1]):
+            return "the products have different M"
+        # merged, the group would wait on itself if the second reads the first another way
+        if reads_from(g1, g2) or any(b is not lnk and depends(b, g1.gid) for b in stage_inputs[1]):
+            return "the second group reads the first through another path"
+        lo = min(pos(n) for n in g1.members + [x])
+        hi = max(pos(n) for n in g2.members)
+        if any(lo < m < hi for m in mutations):
+            return "a mutating op lies between them"
+        return None
+
+    if chains:
+        for g2 in sorted([g for g in groups if g.kind == "gemm"], key=lambda g: pos(g.members[0])):
+            p2s = ops.products(g2.members)
+            found = chain_rules.link(p2s[0]) if len(p2s) == 1 else None
+            g1 = group_of.get(found[0]) if found else None
+            if g1 is None or g1 is g2 or g1.kind != "gemm":
+                continue
+            value, lnk = found
+            why = why_not_chain(g1, g2, value, lnk)
+            if why:
+                log.debug("fuseml: GEMM groups %d and %d are no chain: %s", g1.gid, g2.gid, why)
+                continue
+            parts = [list(g1.members), list(g2.members)]
+            merge(g2, g1)
+            if lnk is not value:     # the view is the same elements: an alias in the fragment
+                g2.members = sorted(g2.members + [lnk], key=pos)
+                group_of[lnk] = g2
+            gdeps[g2.gid].discard(g1.gid)
+            g2.chain, g2.parts = True, parts
+
     for i, g in enumerate(groups):
         g.gid = i
     for g in groups:
-        mset = set(g.members)
-        for n in g.members:
-            for a in n.all_input_nodes:
-                if a not in mset and a not in g.inputs:
-                    g.inputs.append(a)
-        for n in g.members:
-            if any(u not in mset for u in n.users):
-                g.outputs.append(n)
-        g.escapes = [n for n in g.outputs if n is not g.members[-1]]
-        if g.kind == "gemm_bypass":
-            g.kind = "gemm"
-        elif g.kind == "gemm" and g.route == "bypass" and not g.reason:
-            if sum(n.target not in ops.RESHAPE_OPS for n in g.members) < 2:
-                g.reason = "lone GEMM: cuBLAS runs it"
-            else:
-                g.route = "kernel"
-        elif g.kind in ("pointwise", "rows"):
-            compute = [n for n in g.members]
-            if len(compute) < min_ops:
-                g.reason = "single op: nothing to fuse"
-            else:
-                g.route = "kernel"
-                g.reason = ""
+        if g.parts is not None and g.parts[0] is None:
+            second = set(g.parts[1])
+            g.parts[0] = [n for n in g.members if n not in second]
+        _finish(g, min_ops)
     return groups
+
+
+def _finish(g, min_ops):
+    """Fills in a formed group's inputs, outputs and escapes, and routes it."""
+    mset = set(g.members)
+    for n in g.members:
+        for a in n.all_input_nodes:
+            if a not in mset and a not in g.inputs:
+                g.inputs.append(a)
+    for n in g.members:
+        if any(u not in mset for u in n.users):
+            g.outputs.append(n)
+    g.escapes = [n for n in g.outputs if n is not g.members[-1]]
+    if g.kind == "gemm_bypass":
+        g.kind = "gemm"
+    elif g.kind == "gemm" and g.route == "bypass" and not g.reason:
+        if sum(n.target not in ops.RESHAPE_OPS for n in g.members) < 2:
+            g.reason = "lone GEMM: cuBLAS runs it"
+        else:
+            g.route = "kernel"
+    elif g.kind in ("pointwise", "rows"):
+        compute = [n for n in g.members]
+        if len(compute) < min_ops:
+            g.reason = "single op: nothing to fuse"
+        else:
+            g.route = "kernel"
+            g.reason = ""
+
+
+def split_apart(g, first_gid, min_ops=2):
+    """The two GEMM groups a combined group g (siblings or a chain) was made of, as groups of
+    their own (gids first_gid, first_gid + 1), routed as find_groups routes any GEMM group:
+    what runs when the daemon refuses g. A chain's view between the products is in neither:
+    it runs as the ATen op it is."""
+    out = []
+    for i, members in enumerate(g.parts):
+        h = Group(first_gid + i, "gemm", list(members), shape=members[-1].meta["val"].shape)
+        h.apart_of = g
+        _finish(h, min_ops)
+        out.append(h)
+    return out

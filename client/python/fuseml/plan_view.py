@@ -13,7 +13,10 @@ def groups(compiler):
     "eager <kind>: <why>" for one routed to a kernel but not served, "bypass <kind>: <reason>"
     for one the partitioner left to ATen; `plan`: the cuBLASLt plan's form ("direct" or
     "split") when one was served; `siblings`: a GEMM group with two products sharing A
-    (SwiGLU's gate and up, siblings.py). Fields a plan lacks are None."""
+    (SwiGLU's gate and up, siblings.py); `chain`: a GEMM group of two back-to-back products
+    (an MLP's fc1 -> act -> fc2, chains.py); a combined group the daemon refused (or the
+    client could not spell) has strategy "apart <kind>: <why>" and is followed by its two
+    GEMM groups, each with `apart_of` its gid. Fields a plan lacks are None."""
     from . import runtime
     runners = {id(r.built): r for r in list(runtime._registry.values())
                if getattr(r, "built", None) is not None}
@@ -26,7 +29,10 @@ def groups(compiler):
             route, kind = getattr(g, "route", None), getattr(g, "kind", None)
             state = getattr(g, "state", None)
             use = getattr(r, "use_kernel", None) if r is not None else None
-            if route == "kernel" and kernel is not None and state == "tuned" and use is False:
+            if route == "apart":
+                strategy = (f"apart {kind}: {getattr(g, 'reason', '')}; "
+                            "its two GEMM groups run as separate fragments")
+            elif route == "kernel" and kernel is not None and state == "tuned" and use is False:
                 strategy = f"aten {kind}: measured slower than its ATen ops"
             elif route == "kernel" and kernel is not None and state == "tuned" and meta.get("blas"):
                 # the tuner found cuBLASLt faster: its own epilogue, or + one epilogue kernel
@@ -48,7 +54,9 @@ def groups(compiler):
                         "origin": getattr(g, "origin", None), "template": meta.get("kind"),
                         "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy,
                         "plan": (meta.get("blas") or {}).get("form"),
-                        "siblings": bool(getattr(g, "siblings", False))})
+                        "siblings": bool(getattr(g, "siblings", False)),
+                        "chain": bool(getattr(g, "chain", False)),
+                        "apart_of": getattr(getattr(g, "apart_of", None), "gid", None)})
     return out
 
 
@@ -86,6 +94,7 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
         timing = ""
         if g is not None and g.route_measured:
             timing = f"; measured kernel {g.route_measured[1]:.4f} ms vs ATen {g.route_measured[2]:.4f} ms"
-        kind = r["kind"] + (" siblings" if r["siblings"] else "")
-        print(f"  [{kind}] {' -> '.join(r['ops'])}: {r['strategy']}{timing}", file=file)
+        kind = r["kind"] + (" siblings" if r["siblings"] else " chain" if r["chain"] else "")
+        indent = "    " if r["apart_of"] is not None else "  "   # under the group it split from
+        print(f"{indent}[{kind}] {' -> '.join(r['ops'])}: {r['strategy']}{timing}", file=file)
     return rows
