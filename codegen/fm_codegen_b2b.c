@@ -12,11 +12,16 @@
  *            the m64k16 A-register layout (what flash attention does with P)
  *   GEMM 2   acc2[64 x N2] += that x B2[chunk j rows, :]      (wgmma m64nN2k16, A from
  *                                                             registers, B2 from shared memory)
- * and at the end stage 2 (bias, residual, ...) on acc2 and the stores. The chunks of B and B2
- * stream through STAGES cp.async buffers (loaded by every thread, 128-byte swizzled K-major
- * rows as the wgmma descriptors name them), so chunk j + STAGES - 1 loads while chunk j is
- * multiplied. Every B and B2 element is read once per block (from L2: the weights are shared
- * by every block), A and the outputs once in all.
+ * and at the end stage 2 (bias, residual, ...) on acc2 and the stores. B's and B2's chunks
+ * stream through two cp.async buffers each (loaded by every thread, 128-byte swizzled K-major
+ * rows as the wgmma descriptors name them). Two forms (config pipe): 0, each chunk's steps one
+ * after the other while the next chunk loads; 1, the next chunk's first product issued before
+ * this chunk's stage 1, so the tensor cores and the ALUs overlap within a warpgroup (two
+ * accumulator sets: it spills at N2 = 256). No other instruction writes an accumulator (the
+ * first k-step of each product does not accumulate): that would make ptxas serialise every
+ * wgmma. Every B and B2 element is read once per block (from L2: the weights are shared by
+ * every block), A and the outputs once in all. Measured on an H100 (bench/NOTES.md,
+ * "Back-to-back GEMMs"): still slower than the two tuned GEMM kernels it replaces.
  *
  * Limits (else FM_EUNSUPPORTED, the reason in d; PROTOCOL.md names them): bf16 or f16;
  * K1 a multiple of 64, at most 256 (A's rows stay in shared memory); N1 a multiple of 64;
