@@ -191,8 +191,11 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
  * "gemm", grid rule "tiles" with one column tile (a block owns BM whole output rows). */
 typedef struct fm_b2b_config {
   uint32_t bm;     /* output rows per block: 64 or 128 (a warpgroup per 64) */
-  uint32_t pipe;   /* 0: each chunk's products and stage 1 one after the other; 1: the next
-                      chunk's first product on the tensor cores under this chunk's stage 1 */
+  uint32_t pipe;   /* 0: each chunk's products and stage 1 one after the other, cp.async by every
+                      thread; 1: the same with the next chunk's first product on the tensor
+                      cores under this chunk's stage 1; 2: TMA loads by a loader warp through
+                      mbarriers (launch metadata "tmaps": A, B, B2), the consumer warpgroups
+                      never meeting at a barrier */
 } fm_b2b_config;
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon);

@@ -178,7 +178,11 @@ static const char b2b_body[] =
     "#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
     "#error \"the b2b template needs sm_90a\"\n"
     "#endif\n"
-    "#define FM_THREADS (FM_BM / 64 * 128)\n"
+    "#define FM_MMA_THREADS (FM_BM / 64 * 128)\n"
+    "/* the TMA form (FM_WS): a loader warpgroup after the consumer warpgroups (one thread of it\n"
+    "   issues every box), so that registers can move to the consumers (setmaxnreg works per\n"
+    "   warpgroup: 384 threads start at 168 registers, the two consumer warpgroups take 240) */\n"
+    "#define FM_THREADS (FM_MMA_THREADS + (FM_WS ? 128 : 0))\n"
     "#define FM_X_BYTES (FM_BM * FM_K1 * 2)\n"
     "#define FM_W1_BYTES (64 * FM_K1 * 2)\n"
     "#define FM_W2_BYTES (FM_N2 * 128)\n"
@@ -211,7 +215,7 @@ static const char b2b_body[] =
     "__device__ __forceinline__ void fm_load_a(unsigned xs, const unsigned short *__restrict__ A, long long M,\n"
     "    long long m0, int tid) {\n"
     "#pragma unroll 4\n"
-    "  for (int c = tid; c < FM_BM * (FM_K1 / 8); c += FM_THREADS) {\n"
+    "  for (int c = tid; c < FM_BM * (FM_K1 / 8); c += FM_MMA_THREADS) {\n"
     "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
     "    const long long gm = m0 + r;\n"
     "    const bool ok = gm < M;\n"
@@ -221,7 +225,7 @@ static const char b2b_body[] =
     "/* Chunk j of B: its 64 columns j*64.. as 64 K-major rows (K1 / 64 slices of 64 rows). */\n"
     "__device__ __forceinline__ void fm_load_w1(unsigned ws, const unsigned short *__restrict__ B, int j, int tid) {\n"
     "#pragma unroll 4\n"
-    "  for (int c = tid; c < 64 * (FM_K1 / 8); c += FM_THREADS) {\n"
+    "  for (int c = tid; c < 64 * (FM_K1 / 8); c += FM_MMA_THREADS) {\n"
     "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
     "    fm_cp16(FM_SW(ws + (kc >> 3) * (64 * 128), r, kc & 7), B + (long long)(j * 64 + r) * FM_LDB + kc * 8, 16);\n"
     "  }\n"
@@ -229,13 +233,63 @@ static const char b2b_body[] =
     "/* Chunk j of B2: its rows j*64 .. j*64+63 as N2 K-major rows of one 64-wide slice. */\n"
     "__device__ __forceinline__ void fm_load_w2(unsigned ws, const unsigned short *__restrict__ B2, int j, int tid) {\n"
     "#pragma unroll 4\n"
-    "  for (int c = tid; c < FM_N2 * 8; c += FM_THREADS) {\n"
+    "  for (int c = tid; c < FM_N2 * 8; c += FM_MMA_THREADS) {\n"
     "    const int r = c >> 3, kc = c & 7;\n"
     "    fm_cp16(FM_SW(ws, r, kc), B2 + (long long)r * FM_LDB2 + j * 64 + kc * 8, 16);\n"
     "  }\n"
     "}\n"
     "__device__ __forceinline__ unsigned fm_pack(unsigned short lo, unsigned short hi) {\n"
     "  return (unsigned)lo | ((unsigned)hi << 16);\n"
+    "}\n";
+
+/* The TMA form (pipe 2): tensor maps of A [M, K1], B as [N1, K1] and B2 as [N2, N1] rows
+ * (launch metadata "tmaps", boxes of 64 columns: one 128-byte swizzle row), FM_STAGES
+ * buffers of one chunk each (B's 64 rows in K1 / 64 slices, then B2's N2 rows), and their
+ * mbarriers after them: full[s] (the loader's expect-tx, completed by the bytes) and
+ * empty[s] (one arrival per consumer warp once its products left the buffer). The loader
+ * thread runs ahead by FM_STAGES chunks; the consumer warpgroups never meet at a barrier,
+ * so one's stage 1 runs on the ALUs while the other's products run on the tensor cores. */
+static const char b2b_tma[] =
+    "struct __align__(64) fm_tmap { unsigned long long opaque[16]; };\n"
+    "__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
+    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes\"\n"
+    "               \" [%0], [%1, {%2, %3}], [%4];\\n\"\n"
+    "               :: \"r\"(dst), \"l\"((unsigned long long)map), \"r\"(k), \"r\"(row), \"r\"(bar) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {\n"
+    "  asm volatile(\"{\\n.reg .pred P;\\nFM_WAIT:\\n\"\n"
+    "               \"mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\\n\"\n"
+    "               \"@!P bra FM_WAIT;\\n}\\n\" :: \"r\"(bar), \"r\"(parity) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_mbar_init(unsigned bar, unsigned count) {\n"
+    "  asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\\n\" :: \"r\"(bar), \"r\"(count) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_mbar_expect(unsigned bar, unsigned bytes) {\n"
+    "  asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n\" :: \"r\"(bar), \"r\"(bytes) : \"memory\");\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_mbar_arrive(unsigned bar) {\n"
+    "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(bar) : \"memory\");\n"
+    "}\n"
+    "#define FM_STAGE_BYTES (FM_W1_BYTES + FM_W2_BYTES)\n"
+    "/* The loader: A's rows once (on bar xfull), then chunk j into buffer j % FM_STAGES once the\n"
+    "   consumers released what it held. Rows past M read as zeros (the map's bounds). */\n"
+    "__device__ __forceinline__ void fm_loader(const void *tmx, const void *tmw1, const void *tmw2, unsigned xs,\n"
+    "    unsigned ws, unsigned bars, int m0) {\n"
+    "  const unsigned xfull = bars, full = bars + 8, empty = full + 8 * FM_STAGES;\n"
+    "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw1) : \"memory\");\n"
+    "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw2) : \"memory\");\n"
+    "  fm_mbar_expect(xfull, FM_X_BYTES);\n"
+    "#pragma unroll\n"
+    "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(xs + kt * (FM_BM * 128), tmx, kt * 64, m0, xfull);\n"
+    "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
+    "    const int s = j % FM_STAGES;\n"
+    "    if (j >= FM_STAGES) fm_mbar_wait(empty + 8 * s, ((j / FM_STAGES) - 1) & 1);\n"
+    "    const unsigned b = ws + s * FM_STAGE_BYTES;\n"
+    "    fm_mbar_expect(full + 8 * s, FM_STAGE_BYTES);\n"
+    "#pragma unroll\n"
+    "    for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, j * 64, full + 8 * s);\n"
+    "    fm_tma_load(b + FM_W1_BYTES, tmw2, j * 64, 0, full + 8 * s);\n"
+    "  }\n"
     "}\n";
 
 /* The two products of one chunk, issued and committed (the caller waits): after fm_wgmma1/2. */
@@ -268,7 +322,8 @@ static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *n
   fm_strbuf_printf(sb, "%s[", name);
   for (uint32_t j = 0; j < 2; j++) {
     if (!bp->es[k][j]) continue;
-    fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? "n" : "m", bp->es[k][j]);
+    if (j && bp->es[k][j] == 1) fm_strbuf_printf(sb, "%sn", any ? " + " : "");   /* n is an int */
+    else fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? "n" : "m", bp->es[k][j]);
     any = 1;
   }
   fm_strbuf_append(sb, any ? "]" : "0]");
@@ -332,18 +387,31 @@ static void emit_stage(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, 
   }
 }
 
+static uint64_t stage_bytes(const b2b_plan *bp) {
+  return (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u;   /* B's chunk + B2's */
+}
+
+/* Chunk buffers of the TMA form: as many as fit beside A's rows, 2..4 (0: not even 2). */
+static uint32_t tma_stages(const b2b_plan *bp, uint32_t bm) {
+  uint64_t x = (uint64_t)bm * (uint64_t)bp->k1 * 2u, fixed = x + 1024u + 8u * 9u;
+  uint64_t n = fixed < MAX_SMEM_SM90 ? (MAX_SMEM_SM90 - fixed) / stage_bytes(bp) : 0;
+  return n < 2 ? 0u : n > 4 ? 4u : (uint32_t)n;
+}
+
 static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
-  (void)c;
   uint64_t x = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;
-  uint64_t w = 2u * ((uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u);   /* two of each */
-  uint64_t total = x + w + 1024u;   /* + alignment of the swizzled buffers */
+  uint32_t stages = c->pipe == 2 ? tma_stages(bp, c->bm) : 2u;
+  uint64_t total = x + (stages ? stages : 2u) * stage_bytes(bp) + 1024u;   /* + alignment of the swizzled buffers */
+  if (c->pipe == 2) total += 8u * (1u + 2u * stages);                        /* the mbarriers */
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
 }
 
 static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
   if (c->bm != 64 && c->bm != 128)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64 or 128: one warpgroup per 64 rows)", c->bm);
-  if (c->pipe > 1) return fm_diag_set(d, FM_EUNSUPPORTED, "config: pipe %u (0 or 1)", c->pipe);
+  if (c->pipe > 2) return fm_diag_set(d, FM_EUNSUPPORTED, "config: pipe %u (0, 1 or 2)", c->pipe);
+  if (c->pipe == 2 && !tma_stages(bp, c->bm))
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: two chunk buffers do not fit beside A's rows");
   if (smem_bytes(bp, c) > MAX_SMEM_SM90)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
                        MAX_SMEM_SM90);
@@ -352,7 +420,7 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
-static const fm_b2b_config configs[] = {{128, 0}, {128, 1}, {64, 0}, {64, 1}};
+static const fm_b2b_config configs[] = {{128, 2}, {64, 2}, {128, 0}, {64, 0}, {128, 1}};
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
   fm_b2b_config out[1];
@@ -397,7 +465,7 @@ static void emit_stage1_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
                        "#pragma unroll\n"
                        "    for (int e = 0; e < 4; e++) {\n"
                        "      const long long m = mw + (e >> 1) * 8 < M ? mw + (e >> 1) * 8 : M - 1;\n"
-                       "      const long long n = (long long)j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);\n"
+                       "      const int n = j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);   /* N1 < 2^31 */\n"
                        "      const float fm_a = acc[t][e];\n"
                        "      float fm_h;\n"
                        "      (void)m; (void)n;\n"
@@ -462,6 +530,19 @@ static const char step_pipelined[] =
     "    fm_stage1(CUR, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
     "    fm_gemm2(acc2, af, w2s + (j & 1) * FM_W2_BYTES, j);\n";
 
+/* One chunk of the TMA form (pipe 2): wait for the buffer, both products and stage 1, then
+ * release the buffer (one arrival per warp, after its second product retired). */
+static const char step_tma[] =
+    "    const int s = j % FM_STAGES;\n"
+    "    const unsigned b = ws + s * FM_STAGE_BYTES;\n"
+    "    fm_mbar_wait(full + 8 * s, (j / FM_STAGES) & 1);\n"
+    "    fm_gemm1(acc1, da, b);\n"
+    "    fm_wg_wait<0>();\n"
+    "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
+    "    fm_gemm2(acc2, af, b + FM_W1_BYTES, j);\n"
+    "    fm_wg_wait<0>();\n"
+    "    if (lane == 0) fm_mbar_arrive(empty + 8 * s);\n";
+
 static void emit_step(fm_strbuf *sb, const char *step, const char *cur, const char *nxt) {
   for (const char *c = step; *c;) {
     if (!strncmp(c, "CUR", 3)) {
@@ -487,9 +568,53 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "    long long outer) {\n");
+  if (cfg->pipe == 2)
+    fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tmx,\n"
+                         "    const __grid_constant__ fm_tmap fm_tmw1, const __grid_constant__ fm_tmap fm_tmw2) {\n");
+  else
+    fm_strbuf_append(sb, "    long long outer) {\n");
   if (bp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", bp->m);
+  if (cfg->pipe == 2) {
+    fm_strbuf_append(sb,
+                     "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
+                     "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
+                     "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
+                     "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
+                     "  /* A's rows, the chunk buffers (1024-byte aligned for the swizzle), the mbarriers */\n"
+                     "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, ws = xs + FM_X_BYTES;\n"
+                     "  const unsigned bars = ws + FM_STAGES * FM_STAGE_BYTES, full = bars + 8, empty = full + 8 * FM_STAGES;\n"
+                     "  if (tid == 0) {\n"
+                     "    fm_mbar_init(bars, 1);\n"
+                     "    for (int s = 0; s < FM_STAGES; s++) {\n"
+                     "      fm_mbar_init(full + 8 * s, 1);\n"
+                     "      fm_mbar_init(empty + 8 * s, FM_MMA_THREADS / 32);\n"
+                     "    }\n"
+                     "    /* the barriers are completed by the async proxy (TMA's complete_tx) */\n"
+                     "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
+                     "  }\n"
+                     "  __syncthreads();\n"
+                     "  if (tid >= FM_MMA_THREADS) {   /* the loader warpgroup: one thread issues every box */\n"
+                     "#if FM_MMA_THREADS == 256\n"
+                     "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\\n\" ::: \"memory\");\n"
+                     "#endif\n"
+                     "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, ws, bars, (int)m0);\n"
+                     "    return;\n"
+                     "  }\n"
+                     "#if FM_MMA_THREADS == 256\n"
+                     "  asm volatile(\"setmaxnreg.inc.sync.aligned.u32 240;\\n\" ::: \"memory\");\n"
+                     "#endif\n"
+                     "  float acc2[FM_N2 / 8][4];\n"
+                     "  /* this thread's rows of the accumulators: mw and mw + 8 */\n"
+                     "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
+                     "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
+                     "  unsigned af[4][4];\n"
+                     "  float acc1[8][4];\n"
+                     "  fm_mbar_wait(bars, 0);   /* A's rows */\n"
+                     "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
+    emit_step(sb, step_tma, "acc1", "acc1");
+    fm_strbuf_append(sb, "  }\n");
+  } else {
   fm_strbuf_printf(sb,
                    "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
                    "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
@@ -531,6 +656,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
     emit_step(sb, step_pipelined, "acc1b", "acc1a");
     fm_strbuf_append(sb, "    }\n  }\n  fm_wg_wait<0>();\n");
   }
+  }
   fm_strbuf_append(sb,
                    "  /* stage 2 and the stores, rows inside M */\n"
                    "#pragma unroll\n"
@@ -538,7 +664,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "#pragma unroll\n"
                    "    for (int e = 0; e < 4; e++) {\n"
                    "      const long long m = mw + (e >> 1) * 8;\n"
-                   "      const long long n = t * 8 + 2 * (lane & 3) + (e & 1);\n"
+                   "      const int n = t * 8 + 2 * (lane & 3) + (e & 1);\n"
                    "      if (m >= M) continue;\n"
                    "      const float fm_a = acc2[t][e];\n"
                    "      (void)n;\n");
@@ -562,7 +688,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   }
   if ((rc = plan_build(canon, bp, d)) || (rc = check_config(bp, cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm, cfg->pipe ? "_pipe" : "");
+  snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm, cfg->pipe == 2 ? "_tma" : cfg->pipe ? "_pipe" : "");
   const char *ty = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld b2b kernel: %s, chained GEMMs %" PRId64 " -> %" PRId64 " -> %" PRId64 ", %s */\n",
                    entry, bp->k1, bp->n1, bp->n2, ty);
@@ -572,7 +698,10 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
                    "#define FM_LDB2 %" PRId64 "LL\n",
                    cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
+  fm_strbuf_printf(&sb, "#define FM_WS %d\n", cfg->pipe == 2);
+  if (cfg->pipe == 2) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
   fm_strbuf_append(&sb, b2b_body);
+  if (cfg->pipe == 2) fm_strbuf_append(&sb, b2b_tma);
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
   fm_strbuf_append(&sb, b2b_products);
@@ -585,7 +714,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   memset(meta, 0, sizeof *meta);
   snprintf(meta->kind, sizeof meta->kind, "gemm");
   snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = cfg->bm / 64 * 128;
+  meta->block[0] = cfg->bm / 64 * 128 + (cfg->pipe == 2 ? 128u : 0u);
   meta->block[1] = meta->block[2] = 1;
   meta->smem = smem_bytes(bp, cfg);
   snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
@@ -595,6 +724,29 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   meta->outer = bp->m;
   meta->n_inputs = canon->n_inputs;
   meta->n_outputs = canon->n_outputs;
+  if (cfg->pipe == 2) {
+    /* A as [M, K1] in boxes of BM rows, B as [N1, K1] rows in boxes of 64, B2 as [N2, N1]
+       rows in one box of N2; 64 columns a box (one swizzle row). A leading dim of 0 (a
+       single row, never stepped) becomes the row length: TMA wants a real stride. */
+    const char *dt = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
+    const struct { uint32_t input; int64_t rows; int64_t cols, ld; uint32_t box_rows; } maps[3] = {
+        {bp->ia, bp->m, bp->k1, bp->lda ? bp->lda : bp->k1, cfg->bm},
+        {bp->ib, bp->n1, bp->k1, bp->ldb ? bp->ldb : bp->k1, CHUNK},
+        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1, (uint32_t)bp->n2},
+    };
+    meta->n_tmaps = 3;
+    for (int i = 0; i < 3; i++) {
+      fm_meta_tmap *t = &meta->tmaps[i];
+      t->input = maps[i].input;
+      t->elem_bytes = 2;
+      snprintf(t->dtype, sizeof t->dtype, "%s", dt);
+      t->rows = maps[i].rows;
+      t->cols = (uint64_t)maps[i].cols;
+      t->ld = (uint64_t)maps[i].ld;
+      t->box[0] = 64;
+      t->box[1] = maps[i].box_rows;
+    }
+  }
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

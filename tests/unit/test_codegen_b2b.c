@@ -176,8 +176,8 @@ static void test_candidates_and_source(void) {
     CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
     CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
   }
-  CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups, one step after the other */
-  CHECK_EQ_INT(c[0].p[1], 0);
+  CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups fed by TMA */
+  CHECK_EQ_INT(c[0].p[1], 2);
   fm_candidate blas[2];
   CHECK_EQ_INT(fm_codegen_blas_candidates(&canon, blas, 2), 0);   /* no plan keeps h on chip */
   char *src = NULL;
@@ -187,7 +187,8 @@ static void test_candidates_and_source(void) {
   if (src) {
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16");
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16");
-    CHECK_STR_CONTAINS(src, "fm_load_a(xs, in0, M, m0, tid);");
+    CHECK_STR_CONTAINS(src, "fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, ws, bars, (int)m0);");
+    CHECK_STR_CONTAINS(src, "#define FM_STAGES 2");   /* 64 KiB of A's rows + two 64 KiB chunks */
     CHECK_STR_CONTAINS(src, "fm_h = v");
   }
   free(src);
@@ -195,9 +196,32 @@ static void test_candidates_and_source(void) {
   CHECK_EQ_INT(meta.max_blocks, 1);
   CHECK_EQ_INT(meta.items_per_block, 128);
   CHECK_EQ_INT(meta.inner, 256);
-  CHECK_EQ_INT(meta.block[0], 256);
+  CHECK_EQ_INT(meta.block[0], 384);   /* + the loader warpgroup */
   CHECK(meta.smem > 48 * 1024 && meta.smem <= 227 * 1024);
   CHECK_EQ_INT(meta.outer, -1);
+  /* the three tensor maps: x [M, 256] in boxes of 128 rows, W1 as [1024, 256] rows in boxes of
+     64, W2 as [256, 1024] rows in one box of 256 */
+  CHECK_EQ_INT(meta.n_tmaps, 3);
+  CHECK_EQ_INT(meta.tmaps[0].input, 0);
+  CHECK_EQ_INT(meta.tmaps[0].rows, -1);
+  CHECK_EQ_INT(meta.tmaps[0].box[1], 128);
+  CHECK_EQ_INT(meta.tmaps[1].input, 1);
+  CHECK_EQ_INT(meta.tmaps[1].rows, 1024);
+  CHECK_EQ_INT(meta.tmaps[1].cols, 256);
+  CHECK_EQ_INT(meta.tmaps[1].box[1], 64);
+  CHECK_EQ_INT(meta.tmaps[2].input, 3);
+  CHECK_EQ_INT(meta.tmaps[2].rows, 256);
+  CHECK_EQ_INT(meta.tmaps[2].ld, 1024);
+  CHECK_EQ_INT(meta.tmaps[2].box[1], 256);
+  /* the cp.async form: every thread loads, no tensor maps */
+  for (size_t i = 0; i < n; i++) {
+    if (c[i].p[1] != 0) continue;
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
+    if (src) CHECK_STR_CONTAINS(src, "fm_load_a(xs, in0, M, m0, tid);");
+    free(src);
+    CHECK_EQ_INT(meta.n_tmaps, 0);
+    CHECK_EQ_INT(meta.block[0], c[i].p[0] / 64 * 128);
+  }
   /* the limits, as the reasons a client sees with "bypass" */
   struct { int64_t k1, n1, n2; const char *why; } refuse[] = {
       {1024, 4096, 1024, "K1 = 1024"}, {256, 1000, 256, "N1 = 1000"}, {256, 1024, 512, "N2 = 512"},
