@@ -271,6 +271,14 @@ static const char b2b_tma[] =
     "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(bar) : \"memory\");\n"
     "}\n"
     "#define FM_STAGE_BYTES (FM_W1_BYTES + FM_W2_BYTES)\n"
+    "/* tensor turns of two consumer warpgroups (named barrier 1 + w: w's turn) */\n"
+    "#if FM_MMA_THREADS == 256\n"
+    "#define FM_TURN_WAIT(w) asm volatile(\"bar.sync %0, 256;\\n\" :: \"r\"(1 + (w)) : \"memory\")\n"
+    "#define FM_TURN_PASS(w) asm volatile(\"bar.arrive %0, 256;\\n\" :: \"r\"(1 + (w)) : \"memory\")\n"
+    "#else\n"
+    "#define FM_TURN_WAIT(w) ((void)0)\n"
+    "#define FM_TURN_PASS(w) ((void)0)\n"
+    "#endif\n"
     "/* The loader: A's rows once (on bar xfull), then chunk j into buffer j % FM_STAGES once the\n"
     "   consumers released what it held. Rows past M read as zeros (the map's bounds). */\n"
     "__device__ __forceinline__ void fm_loader(const void *tmx, const void *tmw1, const void *tmw2, unsigned xs,\n"
@@ -530,16 +538,24 @@ static const char step_pipelined[] =
     "    fm_stage1(CUR, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
     "    fm_gemm2(acc2, af, w2s + (j & 1) * FM_W2_BYTES, j);\n";
 
-/* One chunk of the TMA form (pipe 2): wait for the buffer, both products and stage 1, then
- * release the buffer (one arrival per warp, after its second product retired). */
+/* One chunk of the TMA form (pipe 2), ping-pong: stage 1 of chunk j on the ALUs, then this
+ * warpgroup's tensor turn: chunk j's second product and chunk j + 1's first issued back to
+ * back (acc1 is free again: stage 1 has read it into af), the turn passed to the other
+ * warpgroup, both products waited for and the buffer released (one arrival per warp). With
+ * two consumer warpgroups the turns alternate (named barriers 1 and 2, FM_TURN_*), so one
+ * warpgroup's stage 1 runs while the other's products run; each barrier is synced and
+ * arrived at the same number of times (warpgroup 1 passes once up front, not after its last). */
 static const char step_tma[] =
     "    const int s = j % FM_STAGES;\n"
-    "    const unsigned b = ws + s * FM_STAGE_BYTES;\n"
-    "    fm_mbar_wait(full + 8 * s, (j / FM_STAGES) & 1);\n"
-    "    fm_gemm1(acc1, da, b);\n"
-    "    fm_wg_wait<0>();\n"
     "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
-    "    fm_gemm2(acc2, af, b + FM_W1_BYTES, j);\n"
+    "    FM_TURN_WAIT(wg);\n"
+    "    fm_gemm2(acc2, af, ws + s * FM_STAGE_BYTES + FM_W1_BYTES, j);\n"
+    "    if (j + 1 < FM_CHUNKS) {\n"
+    "      const int s1 = (j + 1) % FM_STAGES;\n"
+    "      fm_mbar_wait(full + 8 * s1, ((j + 1) / FM_STAGES) & 1);\n"
+    "      fm_gemm1(acc1, da, ws + s1 * FM_STAGE_BYTES);\n"
+    "    }\n"
+    "    if (!(wg == 1 && j + 1 == FM_CHUNKS)) FM_TURN_PASS(1 - wg);\n"
     "    fm_wg_wait<0>();\n"
     "    if (lane == 0) fm_mbar_arrive(empty + 8 * s);\n";
 
@@ -611,6 +627,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "  unsigned af[4][4];\n"
                      "  float acc1[8][4];\n"
                      "  fm_mbar_wait(bars, 0);   /* A's rows */\n"
+                     "  fm_mbar_wait(full, 0);\n"
+                     "  fm_gemm1(acc1, da, ws);\n"
+                     "  fm_wg_wait<0>();\n"
+                     "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
                      "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
     emit_step(sb, step_tma, "acc1", "acc1");
     fm_strbuf_append(sb, "  }\n");
