@@ -39,6 +39,7 @@
 #define MAX_SOURCE (1u << 20)
 #define MAX_SMEM_SM90 (227u * 1024u)
 #define CHUNK 64u   /* columns of N1 per step: one 128-byte swizzle row of B2's K */
+#define MIN_ROWS 8192   /* the fewest rows (static M or M bucket) served: see plan_build */
 
 typedef struct b2b_plan {
   fm_cg_plan base;          /* n_in/n_out/n_ops, vdt, args (positions); t[k] dtype/align */
@@ -114,6 +115,14 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
   bp->k1 = a->shape[1];
   bp->n1 = b->shape[1];
   bp->n2 = b2->shape[1];
+  /* a block owns BM rows and walks every chunk of the weights alone: with few rows the GPU
+     is mostly idle and the chain loses to the two GEMM kernels (H100, M = 128: 0.034 ms
+     against 0.020; M = 16384: 0.058 against 0.061; bench/NOTES.md), so the client runs those */
+  const int64_t rows = bp->m >= 0 ? bp->m : (int64_t)f->m_hint;
+  if (rows < MIN_ROWS)
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "b2b: M = %" PRId64 " (%s) is under %d rows: too few blocks to beat the two GEMM kernels",
+                       rows, bp->m >= 0 ? "static" : "its bucket; 0: none given", MIN_ROWS);
   if (bp->k1 % 64 || bp->k1 > 256)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "b2b: K1 = %" PRId64 " (A's rows stay on chip: a multiple of 64, at most 256)", bp->k1);

@@ -227,10 +227,17 @@ static void test_candidates_and_source(void) {
       {1024, 4096, 1024, "K1 = 1024"}, {256, 1000, 256, "N1 = 1000"}, {256, 1024, 512, "N2 = 512"},
       {96, 1024, 256, "K1 = 96"},
   };
+  /* too few rows: the two GEMM kernels win (the bucket of a symbolic M, or a static M) */
+  CHECK_EQ_INT(build_mlp(256, 1024, 256), FM_OK);
+  canon.m_hint = 128;
+  fm_candidate def;
+  fm_diag why = {{0}};
+  CHECK_EQ_INT(fm_codegen_default(&canon, &def, &why), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(why.text, "M = 128 (its bucket");
+  CHECK_EQ_INT(fm_codegen_candidates(&canon, c, 16), 0);
   for (size_t i = 0; i < sizeof refuse / sizeof refuse[0]; i++) {
     CHECK_EQ_INT(build_mlp(refuse[i].k1, refuse[i].n1, refuse[i].n2), FM_OK);
-    fm_candidate def;
-    fm_diag why = {{0}};
+    memset(&why, 0, sizeof why);
     CHECK_EQ_INT(fm_codegen_default(&canon, &def, &why), FM_EUNSUPPORTED);
     CHECK_STR_CONTAINS(why.text, refuse[i].why);
     CHECK_EQ_INT(fm_codegen_candidates(&canon, c, 16), 0);
