@@ -258,7 +258,8 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       snprintf(out, cap, "cublaslt %s", c->p[0] == FM_BLAS_DIRECT ? "direct" : "split epilogue");
       return;
     case FM_TMPL_B2B:
-      snprintf(out, cap, "b2b bm=%u%s", c->p[0], c->p[1] == 2 ? " tma" : c->p[1] ? " pipelined" : "");
+      snprintf(out, cap, "b2b bm=%u%s", c->p[0],
+               c->p[1] == 3 ? " tma cluster=2" : c->p[1] == 2 ? " tma" : c->p[1] ? " pipelined" : "");
       return;
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);

@@ -195,7 +195,9 @@ typedef struct fm_b2b_config {
                       thread; 1: the same with the next chunk's first product on the tensor
                       cores under this chunk's stage 1; 2: TMA loads by a loader warp through
                       mbarriers (launch metadata "tmaps": A, B, B2), the consumer warpgroups
-                      never meeting at a barrier */
+                      never meeting at a barrier; 3: the same in clusters of two blocks
+                      (adjacent row tiles) that each load half of every weight chunk into
+                      both (multicast: L2 serves each chunk once per pair; grid (2, pairs)) */
 } fm_b2b_config;
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon);

@@ -280,6 +280,27 @@ static const char b2b_tma[] =
     "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(bar) : \"memory\");\n"
     "}\n"
     "#define FM_STAGE_BYTES (FM_W1_BYTES + FM_W2_BYTES)\n"
+    "#if FM_CLUSTER == 2\n"
+    "/* A pair of blocks (a cluster of 2: blockIdx.x is the rank) shares the weights: each loads\n"
+    "   half of every chunk into both (multicast), so L2 serves each chunk once per pair; a buffer\n"
+    "   is refilled once the consumers of both released it (empty[s] counts both blocks' warps). */\n"
+    "__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
+    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster\"\n"
+    "               \" [%0], [%1, {%2, %3}], [%4], %5;\\n\"\n"
+    "               :: \"r\"(dst), \"l\"((unsigned long long)map), \"r\"(k), \"r\"(row), \"r\"(bar), \"h\"((unsigned short)3)\n"
+    "               : \"memory\");\n"
+    "}\n"
+    "/* One arrival on mbarrier bar of the other block of the pair. */\n"
+    "__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {\n"
+    "  unsigned remote;\n"
+    "  asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\\n\" : \"=r\"(remote) : \"r\"(bar), \"r\"(blockIdx.x ^ 1));\n"
+    "  asm volatile(\"mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\\n\" :: \"r\"(remote) : \"memory\");\n"
+    "}\n"
+    "/* Every thread of both blocks: neither goes on (or leaves) while the other may still use it. */\n"
+    "__device__ __forceinline__ void fm_pair_sync() {\n"
+    "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
+    "}\n"
+    "#endif\n"
     "/* tensor turns of two consumer warpgroups (named barrier 1 + w: w's turn) */\n"
     "#if FM_MMA_THREADS == 256\n"
     "#define FM_TURN_WAIT(w) asm volatile(\"bar.sync %0, 256;\\n\" :: \"r\"(1 + (w)) : \"memory\")\n"
@@ -303,9 +324,18 @@ static const char b2b_tma[] =
     "    if (j >= FM_STAGES) fm_mbar_wait(empty + 8 * s, ((j / FM_STAGES) - 1) & 1);\n"
     "    const unsigned b = ws + s * FM_STAGE_BYTES;\n"
     "    fm_mbar_expect(full + 8 * s, FM_STAGE_BYTES);\n"
+    "#if FM_CLUSTER == 2\n"
+    "    /* this block's half: rows r*32 .. of B's chunk, rows r*N2/2 .. of B2's, into both blocks */\n"
+    "    const int r = blockIdx.x;\n"
+    "#pragma unroll\n"
+    "    for (int kt = 0; kt < FM_K1 / 64; kt++)\n"
+    "      fm_tma_load_both(b + kt * (64 * 128) + r * (32 * 128), tmw1, kt * 64, j * 64 + r * 32, full + 8 * s);\n"
+    "    fm_tma_load_both(b + FM_W1_BYTES + r * (FM_N2 / 2 * 128), tmw2, j * 64, r * (FM_N2 / 2), full + 8 * s);\n"
+    "#else\n"
     "#pragma unroll\n"
     "    for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, j * 64, full + 8 * s);\n"
     "    fm_tma_load(b + FM_W1_BYTES, tmw2, j * 64, 0, full + 8 * s);\n"
+    "#endif\n"
     "  }\n"
     "}\n";
 
@@ -417,17 +447,17 @@ static uint32_t tma_stages(const b2b_plan *bp, uint32_t bm) {
 
 static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
   uint64_t x = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;
-  uint32_t stages = c->pipe == 2 ? tma_stages(bp, c->bm) : 2u;
+  uint32_t stages = c->pipe >= 2 ? tma_stages(bp, c->bm) : 2u;
   uint64_t total = x + (stages ? stages : 2u) * stage_bytes(bp) + 1024u;   /* + alignment of the swizzled buffers */
-  if (c->pipe == 2) total += 8u * (1u + 2u * stages);                        /* the mbarriers */
+  if (c->pipe >= 2) total += 8u * (1u + 2u * stages);                        /* the mbarriers */
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
 }
 
 static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
   if (c->bm != 64 && c->bm != 128)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64 or 128: one warpgroup per 64 rows)", c->bm);
-  if (c->pipe > 2) return fm_diag_set(d, FM_EUNSUPPORTED, "config: pipe %u (0, 1 or 2)", c->pipe);
-  if (c->pipe == 2 && !tma_stages(bp, c->bm))
+  if (c->pipe > 3) return fm_diag_set(d, FM_EUNSUPPORTED, "config: pipe %u (0 .. 3)", c->pipe);
+  if (c->pipe >= 2 && !tma_stages(bp, c->bm))
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: two chunk buffers do not fit beside A's rows");
   if (smem_bytes(bp, c) > MAX_SMEM_SM90)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
@@ -437,7 +467,7 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
-static const fm_b2b_config configs[] = {{128, 2}, {64, 2}, {128, 0}, {64, 0}, {128, 1}};
+static const fm_b2b_config configs[] = {{128, 2}, {128, 3}, {64, 2}, {64, 3}, {128, 0}, {64, 0}, {128, 1}};
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
   fm_b2b_config out[1];
@@ -566,7 +596,12 @@ static const char step_tma[] =
     "    }\n"
     "    if (!(wg == 1 && j + 1 == FM_CHUNKS)) FM_TURN_PASS(1 - wg);\n"
     "    fm_wg_wait<0>();\n"
-    "    if (lane == 0) fm_mbar_arrive(empty + 8 * s);\n";
+    "    if (lane == 0) {\n"
+    "      fm_mbar_arrive(empty + 8 * s);\n"
+    "#if FM_CLUSTER == 2\n"
+    "      fm_arrive_peer(empty + 8 * s);\n"
+    "#endif\n"
+    "    }\n";
 
 static void emit_step(fm_strbuf *sb, const char *step, const char *cur, const char *nxt) {
   for (const char *c = step; *c;) {
@@ -588,24 +623,31 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   const fm_cg_plan *p = &bp->base;
   fm_strbuf_printf(sb, "#define FM_B in%u\n#define FM_B2 in%u\n#define FM_STAGE1_ARGS ", bp->ib, bp->ib2);
   emit_stage1_params(sb, f, bp, 0);
-  fm_strbuf_printf(sb, "\nextern \"C\" __global__ void __launch_bounds__(FM_THREADS, 1) %s(\n", entry);
+  fm_strbuf_printf(sb, "\nextern \"C\" __global__ void %s__launch_bounds__(FM_THREADS, 1) %s(\n",
+                   cfg->pipe == 3 ? "__cluster_dims__(2, 1, 1) " : "", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  if (cfg->pipe == 2)
+  if (cfg->pipe >= 2)
     fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tmx,\n"
                          "    const __grid_constant__ fm_tmap fm_tmw1, const __grid_constant__ fm_tmap fm_tmw2) {\n");
   else
     fm_strbuf_append(sb, "    long long outer) {\n");
   if (bp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", bp->m);
-  if (cfg->pipe == 2) {
+  if (cfg->pipe >= 2) {
     fm_strbuf_append(sb,
                      "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
                      "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
                      "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
+                     "#if FM_CLUSTER == 2\n"
+                     "  /* grid (2, row-tile pairs): a block past M still runs (its partner needs its half\n"
+                     "     of the weights); TMA reads it zeros and nothing is stored */\n"
+                     "  const long long m0 = ((long long)blockIdx.y * 2 + blockIdx.x) * FM_BM;\n"
+                     "#else\n"
                      "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
+                     "#endif\n"
                      "  /* A's rows, the chunk buffers (1024-byte aligned for the swizzle), the mbarriers */\n"
                      "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, ws = xs + FM_X_BYTES;\n"
                      "  const unsigned bars = ws + FM_STAGES * FM_STAGE_BYTES, full = bars + 8, empty = full + 8 * FM_STAGES;\n"
@@ -613,17 +655,25 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "    fm_mbar_init(bars, 1);\n"
                      "    for (int s = 0; s < FM_STAGES; s++) {\n"
                      "      fm_mbar_init(full + 8 * s, 1);\n"
-                     "      fm_mbar_init(empty + 8 * s, FM_MMA_THREADS / 32);\n"
+                     "      fm_mbar_init(empty + 8 * s, FM_MMA_THREADS / 32 * FM_CLUSTER);\n"
                      "    }\n"
                      "    /* the barriers are completed by the async proxy (TMA's complete_tx) */\n"
                      "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
                      "  }\n"
+                     "#if FM_CLUSTER == 2\n"
+                     "  fm_pair_sync();   /* neither block fills or signals the other before both initialised */\n"
+                     "#else\n"
                      "  __syncthreads();\n"
+                     "#endif\n"
                      "  if (tid >= FM_MMA_THREADS) {   /* the loader warpgroup: one thread issues every box */\n"
                      "#if FM_MMA_THREADS == 256\n"
                      "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\\n\" ::: \"memory\");\n"
                      "#endif\n"
                      "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, ws, bars, (int)m0);\n"
+                     "#if FM_CLUSTER == 2\n"
+                     "    __syncwarp();\n"
+                     "    fm_pair_sync();\n"
+                     "#endif\n"
                      "    return;\n"
                      "  }\n"
                      "#if FM_MMA_THREADS == 256\n"
@@ -698,7 +748,9 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "      const float fm_a = acc2[t][e];\n"
                    "      (void)n;\n");
   emit_stage(sb, f, bp, 2, "      ");
-  fm_strbuf_append(sb, "    }\n}\n");
+  fm_strbuf_append(sb, "    }\n");
+  if (cfg->pipe == 3) fm_strbuf_append(sb, "  fm_pair_sync();   /* the partner may still arrive on our barriers */\n");
+  fm_strbuf_append(sb, "}\n");
 }
 
 int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t sm_count, char **src,
@@ -717,7 +769,8 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   }
   if ((rc = plan_build(canon, bp, d)) || (rc = check_config(bp, cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm, cfg->pipe == 2 ? "_tma" : cfg->pipe ? "_pipe" : "");
+  snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm,
+           cfg->pipe == 3 ? "_tma_c2" : cfg->pipe == 2 ? "_tma" : cfg->pipe ? "_pipe" : "");
   const char *ty = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld b2b kernel: %s, chained GEMMs %" PRId64 " -> %" PRId64 " -> %" PRId64 ", %s */\n",
                    entry, bp->k1, bp->n1, bp->n2, ty);
@@ -727,10 +780,10 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
                    "#define FM_LDB2 %" PRId64 "LL\n",
                    cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
-  fm_strbuf_printf(&sb, "#define FM_WS %d\n", cfg->pipe == 2);
-  if (cfg->pipe == 2) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
+  fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->pipe >= 2, cfg->pipe == 3 ? 2 : 1);
+  if (cfg->pipe >= 2) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
   fm_strbuf_append(&sb, b2b_body);
-  if (cfg->pipe == 2) fm_strbuf_append(&sb, b2b_tma);
+  if (cfg->pipe >= 2) fm_strbuf_append(&sb, b2b_tma);
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
   fm_strbuf_append(&sb, b2b_products);
@@ -743,7 +796,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   memset(meta, 0, sizeof *meta);
   snprintf(meta->kind, sizeof meta->kind, "gemm");
   snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = cfg->bm / 64 * 128 + (cfg->pipe == 2 ? 128u : 0u);
+  meta->block[0] = cfg->bm / 64 * 128 + (cfg->pipe >= 2 ? 128u : 0u);
   meta->block[1] = meta->block[2] = 1;
   meta->smem = smem_bytes(bp, cfg);
   snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
@@ -753,15 +806,20 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   meta->outer = bp->m;
   meta->n_inputs = canon->n_inputs;
   meta->n_outputs = canon->n_outputs;
-  if (cfg->pipe == 2) {
+  if (cfg->pipe == 3) {
+    /* grid (2, row-tile pairs): x is the rank of a block in its cluster */
+    meta->items_per_block = 2u * cfg->bm;
+    meta->max_blocks = 2;
+  }
+  if (cfg->pipe >= 2) {
     /* A as [M, K1] in boxes of BM rows, B as [N1, K1] rows in boxes of 64, B2 as [N2, N1]
        rows in one box of N2; 64 columns a box (one swizzle row). A leading dim of 0 (a
        single row, never stepped) becomes the row length: TMA wants a real stride. */
     const char *dt = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
     const struct { uint32_t input; int64_t rows; int64_t cols, ld; uint32_t box_rows; } maps[3] = {
         {bp->ia, bp->m, bp->k1, bp->lda ? bp->lda : bp->k1, cfg->bm},
-        {bp->ib, bp->n1, bp->k1, bp->ldb ? bp->ldb : bp->k1, CHUNK},
-        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1, (uint32_t)bp->n2},
+        {bp->ib, bp->n1, bp->k1, bp->ldb ? bp->ldb : bp->k1, cfg->pipe == 3 ? CHUNK / 2 : CHUNK},
+        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1, (uint32_t)bp->n2 / (cfg->pipe == 3 ? 2u : 1u)},
     };
     meta->n_tmaps = 3;
     for (int i = 0; i < 3; i++) {

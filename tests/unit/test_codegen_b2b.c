@@ -213,6 +213,24 @@ static void test_candidates_and_source(void) {
   CHECK_EQ_INT(meta.tmaps[2].rows, 256);
   CHECK_EQ_INT(meta.tmaps[2].ld, 1024);
   CHECK_EQ_INT(meta.tmaps[2].box[1], 256);
+  /* the cluster form: pairs of blocks, each loading half of every weight chunk into both */
+  int clusters = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (c[i].p[1] != 3) continue;
+    clusters++;
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
+    if (src) {
+      CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
+      CHECK_STR_CONTAINS(src, "fm_tma_load_both(");
+      CHECK_STR_CONTAINS(src, "fm_arrive_peer(empty + 8 * s);");
+    }
+    free(src);
+    CHECK_EQ_INT(meta.max_blocks, 2);   /* grid (2, row-tile pairs) */
+    CHECK_EQ_INT(meta.items_per_block, 2 * c[i].p[0]);
+    CHECK_EQ_INT(meta.tmaps[1].box[1], 32);    /* half of B's 64-row chunk */
+    CHECK_EQ_INT(meta.tmaps[2].box[1], 128);   /* half of B2's 256 rows */
+  }
+  CHECK(clusters >= 1);
   /* the cp.async form: every thread loads, no tensor maps */
   for (size_t i = 0; i < n; i++) {
     if (c[i].p[1] != 0) continue;
