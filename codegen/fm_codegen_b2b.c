@@ -467,7 +467,7 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
-static const fm_b2b_config configs[] = {{128, 2}, {128, 3}, {64, 2}, {64, 3}, {128, 0}, {64, 0}, {128, 1}};
+static const fm_b2b_config configs[] = {{128, 2}, {64, 2}, {128, 0}, {64, 0}, {128, 1}, {128, 3}};
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
   fm_b2b_config out[1];
