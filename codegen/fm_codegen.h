@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 14   /* 14: the b2b template (13: partial edge chunks of the sm_80 loads element-wise) */
+#define FM_CODEGEN_VERSION 15   /* 15: the b2b template as it landed (14: its first form; 13: partial edge chunks of the sm_80 loads element-wise) */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs

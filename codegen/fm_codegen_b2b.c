@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fm_codegen_int.h"
+#include "fm_codegen_gemm.h"
 
 #define MAX_SOURCE (1u << 20)
 #define MAX_SMEM_SM90 (227u * 1024u)
@@ -50,14 +50,6 @@ typedef struct b2b_plan {
   int64_t lda, ldb, ldb2;
   int64_t es[FM_CG_MAX_TENSORS][2];   /* [M, N] strides of epilogue tensors (0: broadcast) */
 } b2b_plan;
-
-static int position(const fm_fragment *f, uint32_t limit, uint32_t id) {
-  for (uint32_t k = limit; k-- > 0;) {
-    uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
-    if (have == id) return (int)k;
-  }
-  return -1;
-}
 
 /* A K-major operand of the template: stride 1 along K (kdim), leading dim a multiple of 8. */
 static int kmajor(const fm_tensor *t, uint32_t kdim, const char *name, int64_t *ld, fm_diag *d) {
@@ -94,7 +86,7 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
     if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
       return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
     for (uint32_t a = 0; a < op->nargs; a++) {
-      int pos = position(f, p->n_in + i, op->args[a]);
+      int pos = fm_cg_value_position(f, p->n_in + i, op->args[a]);
       if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
       p->args[i][a] = (uint16_t)pos;
     }
@@ -136,7 +128,7 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
       (rc = kmajor(b2, 0, "B2", &bp->ldb2, d)))
     return rc;
   for (uint32_t k = 0; k < p->n_out; k++) {
-    int pos = position(f, p->n_in + p->n_ops, f->outputs[k].id);
+    int pos = fm_cg_value_position(f, p->n_in + p->n_ops, f->outputs[k].id);
     if (pos < (int)p->n_in) return fm_diag_set(d, FM_EINVAL, "outputs[%u]: bad value", k);
     p->t[p->n_in + k].value = (uint32_t)pos;
   }
@@ -197,27 +189,6 @@ static const char b2b_body[] =
     "#define FM_W2_BYTES (FM_N2 * 128)\n"
     "#define FM_CHUNKS (FM_N1 / 64)\n"
     "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
-    "__device__ __forceinline__ unsigned fm_saddr(const void *p) {\n"
-    "  return (unsigned)__cvta_generic_to_shared(p);\n"
-    "}\n"
-    "/* bytes 0 zero-fills the chunk (nothing read) */\n"
-    "__device__ __forceinline__ void fm_cp16(unsigned dst, const void *src, int bytes) {\n"
-    "  asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\\n\" :: \"r\"(dst), \"l\"(src), \"r\"(bytes) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_cp_commit() { asm volatile(\"cp.async.commit_group;\\n\" ::: \"memory\"); }\n"
-    "template <int N> __device__ __forceinline__ void fm_cp_wait() {\n"
-    "  asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(N) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
-    "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
-    "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"
-    "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"
-    "}\n"
-    "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"
-    "   between 8-row groups, swizzle mode 1 (128 B); +2 steps 32 bytes (16 elements) of K. */\n"
-    "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"
-    "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"
-    "}\n"
     "/* 16-byte chunk c (of 8 per 128-byte row) of row r of a 64-wide K slice at s, swizzled */\n"
     "#define FM_SW(s, r, c) ((s) + (r) * 128 + ((((c) ^ ((r) & 7))) << 4))\n"
     "/* The block's A rows: K1 / 64 slices of BM rows; rows past M are zeros. */\n"
@@ -782,7 +753,9 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
   fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->pipe >= 2, cfg->pipe == 3 ? 2 : 1);
   if (cfg->pipe >= 2) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
+  fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
+  fm_strbuf_append(&sb, fm_cg_wgmma_ops);
   if (cfg->pipe >= 2) fm_strbuf_append(&sb, b2b_tma);
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);

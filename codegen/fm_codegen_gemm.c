@@ -86,7 +86,7 @@ static const fm_gemm_config wgmma_configs[] = {
 };
 #define N_WGMMA (sizeof wgmma_configs / sizeof wgmma_configs[0])
 
-static int position(const fm_fragment *f, uint32_t limit, uint32_t id) {
+int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id) {
   for (uint32_t k = limit; k-- > 0;) {
     uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
     if (have == id) return (int)k;
@@ -145,7 +145,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
     if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
       return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
     for (uint32_t a = 0; a < op->nargs; a++) {
-      int pos = position(f, p->n_in + i, op->args[a]);
+      int pos = fm_cg_value_position(f, p->n_in + i, op->args[a]);
       if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
       p->args[i][a] = (uint16_t)pos;
     }
@@ -215,7 +215,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
       if (((int)i != gp->op && (int)i != gp->op2) || x + 2 < f->ops[i].nargs)
         if (p->args[i][x] < p->n_in) gp->used[p->args[i][x]] = 1;
   for (uint32_t k = 0; k < p->n_out; k++) {
-    int pos = position(f, p->n_in + p->n_ops, f->outputs[k].id);
+    int pos = fm_cg_value_position(f, p->n_in + p->n_ops, f->outputs[k].id);
     if (pos < 0 || (uint32_t)pos == gp->ia || (uint32_t)pos == gp->ib || (gp->op2 >= 0 && (uint32_t)pos == gp->ib2))
       return fm_diag_set(d, FM_EINVAL, "outputs[%u]: bad value", k);
     p->t[p->n_in + k].value = (uint32_t)pos;
@@ -371,8 +371,8 @@ fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
   int g = canon ? fm_fragment_gemm_op(canon) : -1;
   if (g >= 0) {
     const fm_opnode *mm = &canon->ops[g];
-    int ia = position(canon, canon->n_inputs, mm->args[mm->nargs - 2]);
-    int ib = position(canon, canon->n_inputs, mm->args[mm->nargs - 1]);
+    int ia = fm_cg_value_position(canon, canon->n_inputs, mm->args[mm->nargs - 2]);
+    int ib = fm_cg_value_position(canon, canon->n_inputs, mm->args[mm->nargs - 1]);
     uint32_t r = mm->op == FM_OP_BMM ? 3 : 2;   /* bmm: [Bt, M, K] @ [Bt, K, N] */
     if (ia >= 0 && ib >= 0 && canon->inputs[ia].rank == r && canon->inputs[ib].rank == r) {
       m = canon->inputs[ia].shape[r - 2];

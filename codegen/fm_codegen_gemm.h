@@ -26,6 +26,24 @@ extern const char fm_cg_wgmma_body[];
 extern const char fm_cg_wgmma_persistent[];
 /* fm_tile_of, fm_tile_coords and fm_stage, appended after either mainloop. */
 extern const char fm_cg_gemm_tail[];
+/* The warpgroup-MMA helpers both sm_90a templates use (fm_wg_fence, fm_wg_commit,
+ * fm_wg_wait<N>, fm_desc: the 128-byte-swizzled K-major operand descriptor); a macro so that
+ * fm_cg_wgmma_body holds it in place (the gemm template's source stays as it was). */
+#define FM_CG_WGMMA_OPS                                                                                      \
+  "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n" \
+  "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n" \
+  "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"                                           \
+  "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"                  \
+  "}\n"                                                                                                     \
+  "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"             \
+  "   between 8-row groups, swizzle mode 1 (128 B). */\n"                                                    \
+  "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"                                 \
+  "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"   \
+  "}\n"
+extern const char fm_cg_wgmma_ops[];
+/* The index (inputs 0..n_inputs-1, then ops) of the value id defined last before position
+ * limit, or -1: operands by position, never by the client's ids. */
+int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id);
 /* fm_wgmma(d, da, db): one wgmma m64n<bn>k16 on descriptors; ty "bf16" or "f16". */
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
 

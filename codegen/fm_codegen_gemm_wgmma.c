@@ -32,6 +32,8 @@
  * changes generated source: bump FM_CODEGEN_VERSION. */
 #include "fm_codegen_gemm.h"
 
+const char fm_cg_wgmma_ops[] = FM_CG_WGMMA_OPS;
+
 const char fm_cg_wgmma_body[] =
     "/* ---- gemm mainloop (sm_90a: cp.async into 128-byte-swizzled tiles, wgmma) ---- */\n"
     "#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
@@ -56,16 +58,7 @@ const char fm_cg_wgmma_body[] =
     "#define FM_STAGE_BYTES ((FM_BM + FM_BN) * 128)\n"
     "#define FM_AHEAD (FM_STAGES - 1 - FM_WG_INFLIGHT)\n"
     "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
-    "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"
-    "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n"
-    "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"
-    "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"
-    "}\n"
-    "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"
-    "   between 8-row groups, swizzle mode 1 (128 B). */\n"
-    "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"
-    "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"
-    "}\n"
+    FM_CG_WGMMA_OPS
     "/* One k-tile of A (BM rows) and B (BN rows), 64 elements of K each, into the stage at\n"
     "   shared address sa; chunks past M, N or K are zero-filled. */\n"
     "__device__ __forceinline__ void fm_load_tile(unsigned sa, const unsigned short *__restrict__ A,\n"

@@ -288,3 +288,37 @@ int gs_finish(void) {
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;
 }
+
+void gs_matrix(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor) {
+  memset(t, 0, sizeof *t);
+  t->id = id;
+  t->dtype = dt;
+  t->rank = 2;
+  t->shape[0] = d0;
+  t->shape[1] = d1;
+  int64_t ld = colmajor ? (d0 + 7) / 8 * 8 : (d1 + 7) / 8 * 8;   /* 16-byte leading dims */
+  t->strides[0] = colmajor ? 1 : ld;
+  t->strides[1] = colmajor ? ld : 1;
+  t->align = 16;
+}
+
+void gs_vector(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t n) {
+  memset(t, 0, sizeof *t);
+  t->id = id;
+  t->dtype = dt;
+  t->rank = 1;
+  t->shape[0] = n;
+  t->strides[0] = 1;
+  t->align = 16;
+}
+
+void gs_op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
+  fm_opnode *n = &f->ops[f->n_ops++];
+  memset(n, 0, sizeof *n);
+  n->op = o;
+  n->out = out;
+  n->nargs = nargs;
+  n->args[0] = a0;
+  n->args[1] = a1;
+  n->args[2] = a2;
+}

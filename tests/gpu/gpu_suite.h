@@ -13,6 +13,13 @@
 #include "fm_fragment.h"
 #include "gpu_util.h"
 
+/* Fragment pieces for the tests built on the suite (wire ids, not yet canonical): a rank-2
+ * matrix [d0, d1], row-major or column-major (colmajor) with its leading dim rounded up to
+ * 8 elements (16-byte rows); a dense rank-1 vector [n]; an op appended to f (unused args 0). */
+void gs_matrix(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor);
+void gs_vector(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t n);
+void gs_op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2);
+
 /* Loads the driver, makes device 0's primary context current, prints the device and seed;
  * 0, or 2 without a GPU. */
 int gs_start(uint64_t seed);

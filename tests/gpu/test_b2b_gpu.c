@@ -21,39 +21,6 @@
 enum { E_MLP, E_RELU, E_SILU_SCALE, E__N };
 static const char *const epi_name[E__N] = {"mlp(gelu,+r)", "relu", "silu*0.5"};
 
-static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor) {
-  memset(t, 0, sizeof *t);
-  t->id = id;
-  t->dtype = dt;
-  t->rank = 2;
-  t->shape[0] = d0;
-  t->shape[1] = d1;
-  t->strides[0] = colmajor ? 1 : d1;
-  t->strides[1] = colmajor ? d0 : 1;
-  t->align = 16;
-}
-
-static void vec(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t n) {
-  memset(t, 0, sizeof *t);
-  t->id = id;
-  t->dtype = dt;
-  t->rank = 1;
-  t->shape[0] = n;
-  t->strides[0] = 1;
-  t->align = 16;
-}
-
-static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
-  fm_opnode *n = &f->ops[f->n_ops++];
-  memset(n, 0, sizeof *n);
-  n->op = o;
-  n->out = out;
-  n->nargs = nargs;
-  n->args[0] = a0;
-  n->args[1] = a1;
-  n->args[2] = a2;
-}
-
 static int finish(fm_fragment *f, fm_fragment *canon, const char *what) {
   fm_diag d = {{0}};
   int rc = fm_fragment_validate(f, &d);
@@ -72,47 +39,47 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t k1, int64
   f.vocab = 3;
   f.m_hint = hint;
   if (part != 2) {
-    tensor(&f.inputs[f.n_inputs++], 1, dt, m, k1, 0);
-    tensor(&f.inputs[f.n_inputs++], 2, dt, k1, n1, 1);
+    gs_matrix(&f.inputs[f.n_inputs++], 1, dt, m, k1, 0);
+    gs_matrix(&f.inputs[f.n_inputs++], 2, dt, k1, n1, 1);
   }
-  if (part == 2) tensor(&f.inputs[f.n_inputs++], 9, dt, m, n1, 0);   /* h from memory */
-  if (part != 1) tensor(&f.inputs[f.n_inputs++], 3, dt, n1, n2, 1);
+  if (part == 2) gs_matrix(&f.inputs[f.n_inputs++], 9, dt, m, n1, 0);   /* h from memory */
+  if (part != 1) gs_matrix(&f.inputs[f.n_inputs++], 3, dt, n1, n2, 1);
   uint32_t h = 9;
   if (part != 2) {
     if (e == E_RELU) {
-      op(&f, FM_OP_MM, 10, 2, 1, 2, 0);
-      op(&f, FM_OP_RELU, 11, 1, 10, 0, 0);
+      gs_op(&f, FM_OP_MM, 10, 2, 1, 2, 0);
+      gs_op(&f, FM_OP_RELU, 11, 1, 10, 0, 0);
     } else {
-      vec(&f.inputs[f.n_inputs++], 4, dt, n1);
-      op(&f, FM_OP_ADDMM, 10, 3, 4, 1, 2);
+      gs_vector(&f.inputs[f.n_inputs++], 4, dt, n1);
+      gs_op(&f, FM_OP_ADDMM, 10, 3, 4, 1, 2);
       if (e == E_MLP) {
-        op(&f, FM_OP_GELU, 11, 1, 10, 0, 0);
+        gs_op(&f, FM_OP_GELU, 11, 1, 10, 0, 0);
       } else {
-        op(&f, FM_OP_SILU, 12, 1, 10, 0, 0);
+        gs_op(&f, FM_OP_SILU, 12, 1, 10, 0, 0);
         memset(&f.ops[f.n_ops], 0, sizeof f.ops[0]);
         f.ops[f.n_ops].op = FM_OP_CONST;
         f.ops[f.n_ops].out = 13;
         f.ops[f.n_ops++].value = 0.5;
-        op(&f, FM_OP_MUL, 11, 2, 12, 13, 0);
+        gs_op(&f, FM_OP_MUL, 11, 2, 12, 13, 0);
       }
     }
     h = 11;
   }
   if (part == 1) {
-    tensor(&f.outputs[f.n_outputs++], h, dt, m, n1, 0);
+    gs_matrix(&f.outputs[f.n_outputs++], h, dt, m, n1, 0);
     return finish(&f, canon, "gemm 1");
   }
   uint32_t y = 20;
   if (e == E_MLP) {
-    vec(&f.inputs[f.n_inputs++], 5, dt, n2);
-    tensor(&f.inputs[f.n_inputs++], 6, dt, m, n2, 0);
-    op(&f, FM_OP_ADDMM, 20, 3, 5, h, 3);
-    op(&f, FM_OP_ADD, 21, 2, 20, 6, 0);
+    gs_vector(&f.inputs[f.n_inputs++], 5, dt, n2);
+    gs_matrix(&f.inputs[f.n_inputs++], 6, dt, m, n2, 0);
+    gs_op(&f, FM_OP_ADDMM, 20, 3, 5, h, 3);
+    gs_op(&f, FM_OP_ADD, 21, 2, 20, 6, 0);
     y = 21;
   } else {
-    op(&f, FM_OP_MM, 20, 2, h, 3, 0);
+    gs_op(&f, FM_OP_MM, 20, 2, h, 3, 0);
   }
-  tensor(&f.outputs[f.n_outputs++], y, dt, m, n2, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], y, dt, m, n2, 0);
   return finish(&f, canon, part ? "gemm 2" : epi_name[e]);
 }
 

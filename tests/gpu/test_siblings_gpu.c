@@ -20,40 +20,6 @@
 enum { E_SWIGLU, E_GEGLU, E_SUM, E_BIASES, E_GATE_OUT, E__N };
 static const char *const epi_name[E__N] = {"swiglu", "geglu", "gate+up", "swiglu(addmm)", "swiglu+gate"};
 
-static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor) {
-  memset(t, 0, sizeof *t);
-  t->id = id;
-  t->dtype = dt;
-  t->rank = 2;
-  t->shape[0] = d0;
-  t->shape[1] = d1;
-  int64_t ld = colmajor ? (d0 + 7) / 8 * 8 : (d1 + 7) / 8 * 8;   /* 16-byte leading dims */
-  t->strides[0] = colmajor ? 1 : ld;
-  t->strides[1] = colmajor ? ld : 1;
-  t->align = 16;
-}
-
-static void vec(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t n) {
-  memset(t, 0, sizeof *t);
-  t->id = id;
-  t->dtype = dt;
-  t->rank = 1;
-  t->shape[0] = n;
-  t->strides[0] = 1;
-  t->align = 16;
-}
-
-static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
-  fm_opnode *n = &f->ops[f->n_ops++];
-  memset(n, 0, sizeof *n);
-  n->op = o;
-  n->out = out;
-  n->nargs = nargs;
-  n->args[0] = a0;
-  n->args[1] = a1;
-  n->args[2] = a2;
-}
-
 /* x [M, K] @ B1, B2 [K, N] (K-major when b_kmajor: weight.t()); M < 0: symbolic. */
 static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t n, int64_t k, int a_col, int b_kmajor,
                  fm_fragment *canon) {
@@ -62,28 +28,28 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t n, int64_
   memset(&f, 0, sizeof f);
   f.vocab = 3;
   f.m_hint = hint;
-  tensor(&f.inputs[f.n_inputs++], 1, dt, m, k, m < 0 ? 0 : a_col);
-  tensor(&f.inputs[f.n_inputs++], 2, dt, k, n, b_kmajor);
-  tensor(&f.inputs[f.n_inputs++], 3, dt, k, n, b_kmajor);
+  gs_matrix(&f.inputs[f.n_inputs++], 1, dt, m, k, m < 0 ? 0 : a_col);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, dt, k, n, b_kmajor);
+  gs_matrix(&f.inputs[f.n_inputs++], 3, dt, k, n, b_kmajor);
   if (e == E_BIASES) {
-    vec(&f.inputs[f.n_inputs++], 4, dt, n);
-    vec(&f.inputs[f.n_inputs++], 5, dt, n);
-    op(&f, FM_OP_ADDMM, 10, 3, 4, 1, 2);
-    op(&f, FM_OP_ADDMM, 11, 3, 5, 1, 3);
+    gs_vector(&f.inputs[f.n_inputs++], 4, dt, n);
+    gs_vector(&f.inputs[f.n_inputs++], 5, dt, n);
+    gs_op(&f, FM_OP_ADDMM, 10, 3, 4, 1, 2);
+    gs_op(&f, FM_OP_ADDMM, 11, 3, 5, 1, 3);
   } else {
-    op(&f, FM_OP_MM, 10, 2, 1, 2, 0);
-    op(&f, FM_OP_MM, 11, 2, 1, 3, 0);
+    gs_op(&f, FM_OP_MM, 10, 2, 1, 2, 0);
+    gs_op(&f, FM_OP_MM, 11, 2, 1, 3, 0);
   }
   if (e == E_SUM) {
-    op(&f, FM_OP_ADD, 13, 2, 10, 11, 0);
+    gs_op(&f, FM_OP_ADD, 13, 2, 10, 11, 0);
   } else {
-    op(&f, e == E_GEGLU ? FM_OP_GELU_TANH : FM_OP_SILU, 12, 1, 10, 0, 0);
-    op(&f, FM_OP_MUL, 13, 2, 12, 11, 0);
+    gs_op(&f, e == E_GEGLU ? FM_OP_GELU_TANH : FM_OP_SILU, 12, 1, 10, 0, 0);
+    gs_op(&f, FM_OP_MUL, 13, 2, 12, 11, 0);
   }
-  tensor(&f.outputs[f.n_outputs++], 13, dt, m, n, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 13, dt, m, n, 0);
   f.outputs[0].strides[0] = n;   /* dense outputs */
   if (e == E_GATE_OUT) {
-    tensor(&f.outputs[f.n_outputs++], 10, dt, m, n, 0);
+    gs_matrix(&f.outputs[f.n_outputs++], 10, dt, m, n, 0);
     f.outputs[1].strides[0] = n;
   }
   int rc = fm_fragment_validate(&f, &d);
