@@ -17,6 +17,7 @@ from models import ActivationHeavyMLP, StackedTransformerMLP, TransformerMLP
 from test_runtime import _runners, standin  # noqa: F401  (the stand-in launch fixture)
 
 import fuseml
+from fuseml import chains as chain_rules
 from fuseml import transport
 
 BF16 = torch.bfloat16
@@ -28,8 +29,26 @@ ROWS = 64
 @pytest.fixture(autouse=True)
 def chains_on(monkeypatch):
     """Chains are opt-in (FUSEML_CHAINS=1) until the b2b kernel beats the two GEMM kernels it
-    replaces (bench/NOTES.md); these tests are about what they do when on."""
+    replaces (bench/NOTES.md); these tests are about what they do when on. The client forms
+    them from MIN_ROWS rows (8192: the kernel's break-even, where the daemon serves them);
+    these tests run 64 rows on a CPU, so the floor is lowered here (test_few_rows_stay_apart
+    checks the real one; a real daemon answers such a chain bypass and it runs apart)."""
     monkeypatch.setenv("FUSEML_CHAINS", "1")
+    monkeypatch.setattr(chain_rules, "MIN_ROWS", 1)
+
+
+def test_few_rows_stay_apart(dead_socket, caplog, monkeypatch):
+    monkeypatch.setattr(chain_rules, "MIN_ROWS", 8192)
+    caplog.set_level(logging.DEBUG, logger="fuseml")
+    c, got, want = compile_run(mlp(), x2d(), train=False)
+    exact(got, want)
+    p = plan(c, "inference")
+    assert not chains(p) and len(gemm_groups(p)) == 2
+    assert "M = 64 (the chain kernel pays from 8192 rows" in caplog.text
+    torch._dynamo.reset()
+    c, got, want = compile_run(mlp(), x2d(rows=8192), train=False)
+    exact(got, want)
+    assert len(chains(plan(c, "inference"))) == 1
 
 
 def mlp(cls=TransformerMLP, d=D, ff=FF, seed=0):

@@ -22,8 +22,10 @@ from .ops import RESHAPE_OPS, aten
 # Vocabulary 3's products; a bmm chain is not a chain shape.
 PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
 
-# The b2b template's limits (PROTOCOL.md, Chains): K1 and N2 whole in shared memory/registers.
-MAX_K1, MAX_N2 = 256, 256
+# The b2b template's limits (PROTOCOL.md, Chains): K1 and N2 whole in shared memory/registers,
+# and at least MIN_ROWS rows (M, or the M at hand when it is symbolic): with fewer the GPU is
+# mostly idle and the two GEMM kernels win, so the daemon answers bypass (bench/NOTES.md).
+MAX_K1, MAX_N2, MIN_ROWS = 256, 256, 8192
 
 
 def _static(x):
@@ -55,6 +57,16 @@ def why_not_link(view, p1):
     if not same_shape(val.shape, p1.meta["val"].shape) or not src.is_contiguous():
         return "the view between the products is not the first product's [M, N1]"
     return None
+
+
+def _rows(m):
+    """The M at hand: a static M, or a symbolic one's hint (None when it has none)."""
+    if _static(m):
+        return int(m)
+    try:
+        return int(m.node.hint)
+    except (AttributeError, TypeError):
+        return None
 
 
 def _k_major(t):
@@ -93,6 +105,9 @@ def why_not_pair(p1, p2, value):
         return f"N1 = {n1} (the chain kernel takes a multiple of 64)"
     if n2 % 16 or n2 > MAX_N2:
         return f"N2 = {n2} (the chain kernel takes a multiple of 16 up to {MAX_N2})"
+    rows = _rows(tx.shape[0])
+    if rows is not None and rows < MIN_ROWS:
+        return f"M = {rows} (the chain kernel pays from {MIN_ROWS} rows; below, the two GEMMs win)"
     sx = tx.stride()
     if not all(_static(s) for s in sx) or sx[1] != 1 or sx[0] % 8:
         return "x is not row-major with a leading dim that is a multiple of 8"
