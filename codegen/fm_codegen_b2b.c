@@ -73,26 +73,7 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
   if (!fm_fragment_is_chain(f)) return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: not a chained GEMM fragment");
   int rc = fm_fragment_chain_info(f, &bp->ci, d);
   if (rc) return rc;
-  p->n_in = f->n_inputs;
-  p->n_out = f->n_outputs;
-  p->n_ops = f->n_ops;
-  for (uint32_t k = 0; k < p->n_in; k++) p->vdt[k] = f->inputs[k].dtype;
-  for (uint32_t i = 0; i < p->n_ops; i++) {
-    const fm_opnode *op = &f->ops[i];
-    fm_opkind kind = fm_op_kind(op->op);
-    if ((unsigned)op->op >= FM_OP__COUNT || kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE ||
-        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != bp->ci.op1 && (int)i != bp->ci.op2))
-      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the b2b template cannot run '%s'", i, fm_op_name(op->op));
-    if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
-      return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
-    for (uint32_t a = 0; a < op->nargs; a++) {
-      int pos = fm_cg_value_position(f, p->n_in + i, op->args[a]);
-      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
-      p->args[i][a] = (uint16_t)pos;
-    }
-    p->vdt[p->n_in + i] = op->dtype;
-    p->live[p->n_in + i] = 1;
-  }
+  if ((rc = fm_cg_gemm_values(f, bp->ci.op1, bp->ci.op2, "b2b template", p, d))) return rc;
   const fm_opnode *m1 = &f->ops[bp->ci.op1], *m2 = &f->ops[bp->ci.op2];
   bp->ia = p->args[bp->ci.op1][m1->nargs - 2];
   bp->ib = p->args[bp->ci.op1][m1->nargs - 1];

@@ -94,6 +94,30 @@ int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id) {
   return -1;
 }
 
+int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, fm_cg_plan *p, fm_diag *d) {
+  p->n_in = f->n_inputs;
+  p->n_out = f->n_outputs;
+  p->n_ops = f->n_ops;
+  for (uint32_t k = 0; k < p->n_in; k++) p->vdt[k] = f->inputs[k].dtype;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    const fm_opnode *op = &f->ops[i];
+    fm_opkind kind = fm_op_kind(op->op);
+    if ((unsigned)op->op >= FM_OP__COUNT || kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE ||
+        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != op1 && (int)i != op2))
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the %s cannot run '%s'", i, who, fm_op_name(op->op));
+    if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
+      return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
+    for (uint32_t a = 0; a < op->nargs; a++) {
+      int pos = fm_cg_value_position(f, p->n_in + i, op->args[a]);
+      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
+      p->args[i][a] = (uint16_t)pos;
+    }
+    p->vdt[p->n_in + i] = op->dtype;
+    p->live[p->n_in + i] = 1;
+  }
+  return FM_OK;
+}
+
 /* One operand's layout: K-major when the K dim has stride 1 (a size-1 dim counts as
  * contiguous), else the other dim must; its stride (the leading dim) then steps by 16-byte
  * chunks, and so must the base. */
@@ -131,27 +155,8 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   if (gp->op < 0) return fm_diag_set(d, FM_EUNSUPPORTED, "not a GEMM fragment (no mm or addmm)");
   if (fm_fragment_is_chain(f))   /* fm_codegen_b2b.c keeps the intermediate on chip */
     return fm_diag_set(d, FM_EUNSUPPORTED, "a chain of two products: only the b2b template serves it");
-  p->n_in = f->n_inputs;
-  p->n_out = f->n_outputs;
-  p->n_ops = f->n_ops;
-  for (uint32_t k = 0; k < p->n_in; k++) p->vdt[k] = f->inputs[k].dtype;
-  for (uint32_t i = 0; i < p->n_ops; i++) {
-    const fm_opnode *op = &f->ops[i];
-    fm_opkind kind = fm_op_kind(op->op);
-    if ((unsigned)op->op >= FM_OP__COUNT || kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE ||
-        kind == FM_OPK_REDUCE || (kind == FM_OPK_MATMUL && (int)i != gp->op && (int)i != gp->op2))
-      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the gemm epilogue cannot run '%s'", i,
-                         fm_op_name(op->op));
-    if (op->nargs > 3 || fm_op_arity(op->op) != (int)op->nargs)
-      return fm_diag_set(d, FM_EINVAL, "ops[%u]: wrong number of args", i);
-    for (uint32_t a = 0; a < op->nargs; a++) {
-      int pos = fm_cg_value_position(f, p->n_in + i, op->args[a]);
-      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
-      p->args[i][a] = (uint16_t)pos;
-    }
-    p->vdt[p->n_in + i] = op->dtype;
-    p->live[p->n_in + i] = 1;
-  }
+  int rc = fm_cg_gemm_values(f, gp->op, gp->op2, "gemm epilogue", p, d);
+  if (rc) return rc;
   const fm_opnode *mm = &f->ops[gp->op];
   gp->ia = p->args[gp->op][mm->nargs - 2];
   gp->ib = p->args[gp->op][mm->nargs - 1];
@@ -188,7 +193,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   gp->n = b->shape[1];
   if (strict && gp->k % 8)
     return fm_diag_set(d, FM_EUNSUPPORTED, "K not a multiple of 8 (K = %" PRId64 ")", gp->k);
-  int rc = operand(a, 1, 'A', strict, &gp->a_kmajor, &gp->lda, d);
+  rc = operand(a, 1, 'A', strict, &gp->a_kmajor, &gp->lda, d);
   if (!rc) rc = operand(b, 0, 'B', strict, &gp->b_kmajor, &gp->ldb, d);
   if (rc) return rc;
   if (gp->op2 >= 0) {

@@ -44,6 +44,10 @@ extern const char fm_cg_wgmma_ops[];
 /* The index (inputs 0..n_inputs-1, then ops) of the value id defined last before position
  * limit, or -1: operands by position, never by the client's ids. */
 int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id);
+/* The value side of a GEMM-shaped plan (n_in/n_out/n_ops, vdt, args as positions, live):
+ * every op must be pointwise or one of the products op1 / op2 (-1: none), else
+ * FM_EUNSUPPORTED "ops[i]: the <who> cannot run '<op>'". Shared by the gemm and b2b plans. */
+int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, fm_cg_plan *p, fm_diag *d);
 /* fm_wgmma(d, da, db): one wgmma m64n<bn>k16 on descriptors; ty "bf16" or "f16". */
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
 
