@@ -90,7 +90,7 @@ static fm_candidate from_b2b(fm_b2b_config c) {
   memset(&k, 0, sizeof k);
   k.tmpl = FM_TMPL_B2B;
   k.p[0] = c.bm;
-  k.p[1] = c.pipe;
+  k.p[1] = c.form;
   return k;
 }
 
@@ -259,7 +259,7 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       return;
     case FM_TMPL_B2B:
       snprintf(out, cap, "b2b bm=%u%s", c->p[0],
-               c->p[1] == 3 ? " tma cluster=2" : c->p[1] == 2 ? " tma" : c->p[1] ? " pipelined" : "");
+               c->p[1] == FM_B2B_TMA_PAIR ? " tma cluster=2" : c->p[1] == FM_B2B_TMA ? " tma" : "");
       return;
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 15   /* 15: the b2b template as it landed (14: its first form; 13: partial edge chunks of the sm_80 loads element-wise) */
+#define FM_CODEGEN_VERSION 16   /* 16: b2b candidates renumbered, the pipelined form gone (15: the b2b template; 13: partial edge chunks of the sm_80 loads element-wise) */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -189,15 +189,15 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
  * multiple of 64 <= 256, N1 a multiple of 64, N2 a multiple of 16 <= 256, A row-major, B and
  * B2 K-major, leading dims multiples of 8, 16-byte aligned operands. Launch metadata: kind
  * "gemm", grid rule "tiles" with one column tile (a block owns BM whole output rows). */
+#define FM_B2B_CPASYNC 0    /* every thread loads with cp.async; each chunk's steps in order */
+#define FM_B2B_TMA 1        /* a loader warpgroup issues TMA through mbarriers (launch metadata
+                               "tmaps": A, B, B2); two consumer warpgroups in ping-pong turns */
+#define FM_B2B_TMA_PAIR 2   /* the same in clusters of two blocks (adjacent row tiles), each
+                               loading half of every weight chunk into both (multicast); grid
+                               (2, row-tile pairs) */
 typedef struct fm_b2b_config {
   uint32_t bm;     /* output rows per block: 64 or 128 (a warpgroup per 64) */
-  uint32_t pipe;   /* 0: each chunk's products and stage 1 one after the other, cp.async by every
-                      thread; 1: the same with the next chunk's first product on the tensor
-                      cores under this chunk's stage 1; 2: TMA loads by a loader warp through
-                      mbarriers (launch metadata "tmaps": A, B, B2), the consumer warpgroups
-                      never meeting at a barrier; 3: the same in clusters of two blocks
-                      (adjacent row tiles) that each load half of every weight chunk into
-                      both (multicast: L2 serves each chunk once per pair; grid (2, pairs)) */
+  uint32_t form;   /* FM_B2B_CPASYNC, FM_B2B_TMA or FM_B2B_TMA_PAIR */
 } fm_b2b_config;
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon);

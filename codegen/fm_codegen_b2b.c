@@ -13,15 +13,17 @@
  *   GEMM 2   acc2[64 x N2] += that x B2[chunk j rows, :]      (wgmma m64nN2k16, A from
  *                                                             registers, B2 from shared memory)
  * and at the end stage 2 (bias, residual, ...) on acc2 and the stores. B's and B2's chunks
- * stream through two cp.async buffers each (loaded by every thread, 128-byte swizzled K-major
- * rows as the wgmma descriptors name them). Two forms (config pipe): 0, each chunk's steps one
- * after the other while the next chunk loads; 1, the next chunk's first product issued before
- * this chunk's stage 1, so the tensor cores and the ALUs overlap within a warpgroup (two
- * accumulator sets: it spills at N2 = 256). No other instruction writes an accumulator (the
- * first k-step of each product does not accumulate): that would make ptxas serialise every
- * wgmma. Every B and B2 element is read once per block (from L2: the weights are shared by
+ * stream through shared-memory buffers (128-byte swizzled K-major rows as the wgmma
+ * descriptors name them). Forms (fm_b2b_config.form): cp.async by every
+ * thread, each chunk's steps one after the other while the next chunk loads; TMA by a loader
+ * warpgroup through mbarriers, the two consumer warpgroups taking ping-pong tensor turns; the
+ * same in pairs of blocks multicasting half of each weight chunk. (A form issuing the next
+ * chunk's first product before this chunk's stage 1 needed two accumulator sets and spilled
+ * at N2 = 256: measured slower, removed; bench/NOTES.md.) No other instruction writes an
+ * accumulator (the first k-step of each product does not accumulate): that would make ptxas
+ * serialise every wgmma. Every B and B2 element is read once per block (from L2: the weights are shared by
  * every block), A and the outputs once in all. Measured on an H100 (bench/NOTES.md,
- * "Back-to-back GEMMs"): still slower than the two tuned GEMM kernels it replaces.
+ * "Back-to-back GEMMs"): at parity with the two tuned GEMM kernels it replaces.
  *
  * Limits (else FM_EUNSUPPORTED, the reason in d; PROTOCOL.md names them): bf16 or f16;
  * K1 a multiple of 64, at most 256 (A's rows stay in shared memory); N1 a multiple of 64;
@@ -203,7 +205,7 @@ static const char b2b_body[] =
     "  return (unsigned)lo | ((unsigned)hi << 16);\n"
     "}\n";
 
-/* The TMA form (pipe 2): tensor maps of A [M, K1], B as [N1, K1] and B2 as [N2, N1] rows
+/* The TMA forms (FM_B2B_TMA, FM_B2B_TMA_PAIR): tensor maps of A [M, K1], B as [N1, K1] and B2 as [N2, N1] rows
  * (launch metadata "tmaps", boxes of 64 columns: one 128-byte swizzle row), FM_STAGES
  * buffers of one chunk each (B's 64 rows in K1 / 64 slices, then B2's N2 rows), and their
  * mbarriers after them: full[s] (the loader's expect-tx, completed by the bytes) and
@@ -399,17 +401,17 @@ static uint32_t tma_stages(const b2b_plan *bp, uint32_t bm) {
 
 static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
   uint64_t x = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;
-  uint32_t stages = c->pipe >= 2 ? tma_stages(bp, c->bm) : 2u;
+  uint32_t stages = c->form != FM_B2B_CPASYNC ? tma_stages(bp, c->bm) : 2u;
   uint64_t total = x + (stages ? stages : 2u) * stage_bytes(bp) + 1024u;   /* + alignment of the swizzled buffers */
-  if (c->pipe >= 2) total += 8u * (1u + 2u * stages);                        /* the mbarriers */
+  if (c->form != FM_B2B_CPASYNC) total += 8u * (1u + 2u * stages);                        /* the mbarriers */
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
 }
 
 static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
   if (c->bm != 64 && c->bm != 128)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64 or 128: one warpgroup per 64 rows)", c->bm);
-  if (c->pipe > 3) return fm_diag_set(d, FM_EUNSUPPORTED, "config: pipe %u (0 .. 3)", c->pipe);
-  if (c->pipe >= 2 && !tma_stages(bp, c->bm))
+  if (c->form > FM_B2B_TMA_PAIR) return fm_diag_set(d, FM_EUNSUPPORTED, "config: form %u (0 .. 2)", c->form);
+  if (c->form != FM_B2B_CPASYNC && !tma_stages(bp, c->bm))
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: two chunk buffers do not fit beside A's rows");
   if (smem_bytes(bp, c) > MAX_SMEM_SM90)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
@@ -419,7 +421,9 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
-static const fm_b2b_config configs[] = {{128, 2}, {64, 2}, {128, 0}, {64, 0}, {128, 1}, {128, 3}};
+static const fm_b2b_config configs[] = {
+    {128, FM_B2B_TMA}, {64, FM_B2B_TMA}, {128, FM_B2B_CPASYNC}, {64, FM_B2B_CPASYNC}, {128, FM_B2B_TMA_PAIR},
+};
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
   fm_b2b_config out[1];
@@ -487,7 +491,7 @@ static void emit_stage1_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
                    cvt);
 }
 
-/* One chunk of the simple form (pipe 0): every warpgroup multiplies, runs stage 1, multiplies
+/* One chunk of the cp.async form (FM_B2B_CPASYNC): every warpgroup multiplies, runs stage 1, multiplies
  * again, one after the other; chunk j + 1 loads meanwhile. */
 static const char step_simple[] =
     "    /* chunk j + 1 into the other buffers (every warp left them at the barrier ending the\n"
@@ -508,28 +512,7 @@ static const char step_simple[] =
     "    fm_wg_wait<0>();\n"
     "    __syncthreads();\n";
 
-/* One chunk of the pipelined form (pipe 1), CUR / NXT the two accumulator sets: the next
- * chunk's first product runs on the tensor cores while this chunk's stage 1 runs on the ALUs.
- * Loads G_j (B's chunk j + 2, B2's chunk j + 1) go out once every warpgroup is past the
- * products that read those buffers (the middle barrier) and land by the next step. */
-static const char step_pipelined[] =
-    "    fm_cp_wait<0>();   /* B's chunk j + 1, B2's chunk j */\n"
-    "    asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
-    "    __syncthreads();\n"
-    "    if (j + 1 < FM_CHUNKS) {\n"
-    "      fm_gemm1(NXT, da, w1s + ((j + 1) & 1) * FM_W1_BYTES);\n"
-    "      fm_wg_wait<1>();   /* chunk j's first product and chunk j - 1's second are done */\n"
-    "    } else {\n"
-    "      fm_wg_wait<0>();\n"
-    "    }\n"
-    "    __syncthreads();   /* everyone's too: B's buffer j & 1 and B2's (j + 1) & 1 are free */\n"
-    "    if (j + 2 < FM_CHUNKS) fm_load_w1(w1s + (j & 1) * FM_W1_BYTES, FM_B, j + 2, tid);\n"
-    "    if (j + 1 < FM_CHUNKS) fm_load_w2(w2s + ((j + 1) & 1) * FM_W2_BYTES, FM_B2, j + 1, tid);\n"
-    "    fm_cp_commit();\n"
-    "    fm_stage1(CUR, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
-    "    fm_gemm2(acc2, af, w2s + (j & 1) * FM_W2_BYTES, j);\n";
-
-/* One chunk of the TMA form (pipe 2), ping-pong: stage 1 of chunk j on the ALUs, then this
+/* One chunk of the TMA forms, ping-pong: stage 1 of chunk j on the ALUs, then this
  * warpgroup's tensor turn: chunk j's second product and chunk j + 1's first issued back to
  * back (acc1 is free again: stage 1 has read it into af), the turn passed to the other
  * warpgroup, both products waited for and the buffer released (one arrival per warp). With
@@ -555,13 +538,11 @@ static const char step_tma[] =
     "#endif\n"
     "    }\n";
 
-static void emit_step(fm_strbuf *sb, const char *step, const char *cur, const char *nxt) {
+/* A step's text with CUR spelled as the accumulator set's name. */
+static void emit_step(fm_strbuf *sb, const char *step, const char *cur) {
   for (const char *c = step; *c;) {
     if (!strncmp(c, "CUR", 3)) {
       fm_strbuf_append(sb, cur);
-      c += 3;
-    } else if (!strncmp(c, "NXT", 3)) {
-      fm_strbuf_append(sb, nxt);
       c += 3;
     } else {
       fm_strbuf_appendn(sb, c, 1);
@@ -576,19 +557,19 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   fm_strbuf_printf(sb, "#define FM_B in%u\n#define FM_B2 in%u\n#define FM_STAGE1_ARGS ", bp->ib, bp->ib2);
   emit_stage1_params(sb, f, bp, 0);
   fm_strbuf_printf(sb, "\nextern \"C\" __global__ void %s__launch_bounds__(FM_THREADS, 1) %s(\n",
-                   cfg->pipe == 3 ? "__cluster_dims__(2, 1, 1) " : "", entry);
+                   cfg->form == FM_B2B_TMA_PAIR ? "__cluster_dims__(2, 1, 1) " : "", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(f->inputs[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  if (cfg->pipe >= 2)
+  if (cfg->form != FM_B2B_CPASYNC)
     fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tmx,\n"
                          "    const __grid_constant__ fm_tmap fm_tmw1, const __grid_constant__ fm_tmap fm_tmw2) {\n");
   else
     fm_strbuf_append(sb, "    long long outer) {\n");
   if (bp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
   else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", bp->m);
-  if (cfg->pipe >= 2) {
+  if (cfg->form != FM_B2B_CPASYNC) {
     fm_strbuf_append(sb,
                      "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
                      "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
@@ -643,7 +624,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "  fm_wg_wait<0>();\n"
                      "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
                      "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, step_tma, "acc1", "acc1");
+    emit_step(sb, step_tma, "acc1");
     fm_strbuf_append(sb, "  }\n");
   } else {
   fm_strbuf_printf(sb,
@@ -658,8 +639,6 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "  fm_load_w1(w1s, FM_B, 0, tid);\n"
                    "  fm_cp_commit();\n",
                    bp->ia);
-  if (cfg->pipe)
-    fm_strbuf_append(sb, "  if (FM_CHUNKS > 1) fm_load_w1(w1s + FM_W1_BYTES, FM_B, 1, tid);\n");
   fm_strbuf_append(sb,
                    "  fm_load_w2(w2s, FM_B2, 0, tid);\n"
                    "  fm_cp_commit();\n"
@@ -668,25 +647,9 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
                    "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
                    "  unsigned af[4][4];\n");
-  if (!cfg->pipe) {
-    fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, step_simple, "acc1", "acc1");
-    fm_strbuf_append(sb, "  }\n");
-  } else {
-    fm_strbuf_append(sb,
-                     "  float acc1a[8][4], acc1b[8][4];\n"
-                     "  fm_cp_wait<1>();   /* A and B's chunk 0 */\n"
-                     "  asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
-                     "  __syncthreads();\n"
-                     "  fm_gemm1(acc1a, da, w1s);\n"
-                     "  /* two chunks a turn, so that each accumulator set has a fixed name */\n"
-                     "  for (int j0 = 0; j0 < FM_CHUNKS; j0 += 2) {\n"
-                     "    {\n      const int j = j0;\n");
-    emit_step(sb, step_pipelined, "acc1a", "acc1b");
-    fm_strbuf_append(sb, "    }\n    if (j0 + 1 < FM_CHUNKS) {\n      const int j = j0 + 1;\n");
-    emit_step(sb, step_pipelined, "acc1b", "acc1a");
-    fm_strbuf_append(sb, "    }\n  }\n  fm_wg_wait<0>();\n");
-  }
+  fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
+  emit_step(sb, step_simple, "acc1");
+  fm_strbuf_append(sb, "  }\n");
   }
   fm_strbuf_append(sb,
                    "  /* stage 2 and the stores, rows inside M */\n"
@@ -701,7 +664,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                    "      (void)n;\n");
   emit_stage(sb, f, bp, 2, "      ");
   fm_strbuf_append(sb, "    }\n");
-  if (cfg->pipe == 3) fm_strbuf_append(sb, "  fm_pair_sync();   /* the partner may still arrive on our barriers */\n");
+  if (cfg->form == FM_B2B_TMA_PAIR) fm_strbuf_append(sb, "  fm_pair_sync();   /* the partner may still arrive on our barriers */\n");
   fm_strbuf_append(sb, "}\n");
 }
 
@@ -722,7 +685,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   if ((rc = plan_build(canon, bp, d)) || (rc = check_config(bp, cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
   snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm,
-           cfg->pipe == 3 ? "_tma_c2" : cfg->pipe == 2 ? "_tma" : cfg->pipe ? "_pipe" : "");
+           cfg->form == FM_B2B_TMA_PAIR ? "_tma_c2" : cfg->form == FM_B2B_TMA ? "_tma" : "");
   const char *ty = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld b2b kernel: %s, chained GEMMs %" PRId64 " -> %" PRId64 " -> %" PRId64 ", %s */\n",
                    entry, bp->k1, bp->n1, bp->n2, ty);
@@ -732,12 +695,12 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
                    "#define FM_LDB2 %" PRId64 "LL\n",
                    cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
-  fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->pipe >= 2, cfg->pipe == 3 ? 2 : 1);
-  if (cfg->pipe >= 2) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
+  fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->form != FM_B2B_CPASYNC, cfg->form == FM_B2B_TMA_PAIR ? 2 : 1);
+  if (cfg->form != FM_B2B_CPASYNC) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
-  if (cfg->pipe >= 2) fm_strbuf_append(&sb, b2b_tma);
+  if (cfg->form != FM_B2B_CPASYNC) fm_strbuf_append(&sb, b2b_tma);
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
   fm_strbuf_append(&sb, b2b_products);
@@ -750,7 +713,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   memset(meta, 0, sizeof *meta);
   snprintf(meta->kind, sizeof meta->kind, "gemm");
   snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = cfg->bm / 64 * 128 + (cfg->pipe >= 2 ? 128u : 0u);
+  meta->block[0] = cfg->bm / 64 * 128 + (cfg->form != FM_B2B_CPASYNC ? 128u : 0u);
   meta->block[1] = meta->block[2] = 1;
   meta->smem = smem_bytes(bp, cfg);
   snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
@@ -760,20 +723,20 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   meta->outer = bp->m;
   meta->n_inputs = canon->n_inputs;
   meta->n_outputs = canon->n_outputs;
-  if (cfg->pipe == 3) {
+  if (cfg->form == FM_B2B_TMA_PAIR) {
     /* grid (2, row-tile pairs): x is the rank of a block in its cluster */
     meta->items_per_block = 2u * cfg->bm;
     meta->max_blocks = 2;
   }
-  if (cfg->pipe >= 2) {
+  if (cfg->form != FM_B2B_CPASYNC) {
     /* A as [M, K1] in boxes of BM rows, B as [N1, K1] rows in boxes of 64, B2 as [N2, N1]
        rows in one box of N2; 64 columns a box (one swizzle row). A leading dim of 0 (a
        single row, never stepped) becomes the row length: TMA wants a real stride. */
     const char *dt = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
     const struct { uint32_t input; int64_t rows; int64_t cols, ld; uint32_t box_rows; } maps[3] = {
         {bp->ia, bp->m, bp->k1, bp->lda ? bp->lda : bp->k1, cfg->bm},
-        {bp->ib, bp->n1, bp->k1, bp->ldb ? bp->ldb : bp->k1, cfg->pipe == 3 ? CHUNK / 2 : CHUNK},
-        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1, (uint32_t)bp->n2 / (cfg->pipe == 3 ? 2u : 1u)},
+        {bp->ib, bp->n1, bp->k1, bp->ldb ? bp->ldb : bp->k1, cfg->form == FM_B2B_TMA_PAIR ? CHUNK / 2 : CHUNK},
+        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1, (uint32_t)bp->n2 / (cfg->form == FM_B2B_TMA_PAIR ? 2u : 1u)},
     };
     meta->n_tmaps = 3;
     for (int i = 0; i < 3; i++) {

@@ -319,8 +319,11 @@ static double chain_load(const fm_fragment *f, const void *const *inputs, uint32
 /* A chain (fm_fragment.h): per row m, stage 1 over the N1 columns gives the second product's
  * A row, rounded to its dtype; stage 2 over the N2 columns multiplies it by B2 and runs the
  * rest. Ops of neither stage are evaluated wherever they are needed. */
-static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t M, const void *const *inputs,
+static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t outer, const void *const *inputs,
                       void *const *outputs, fm_diag *d) {
+  const int64_t M = f->outputs[0].shape[0] == FM_DIM_SYMBOLIC ? outer : f->outputs[0].shape[0];
+  if (M < 0 || f->outputs[0].rank != 2)
+    return fm_diag_set(d, FM_EINVAL, "reference: a chain of %lld rows", (long long)M);
   fm_chain_info ci;
   int rc = fm_fragment_chain_info(f, &ci, d);
   if (rc) return rc;
@@ -386,22 +389,12 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     return fm_diag_set(d, FM_EINVAL, "reference: fragment exceeds the limits");
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
-  if (fm_fragment_is_rows(f)) {
+  int rows = fm_fragment_is_rows(f), chain = !rows && fm_fragment_is_chain(f);
+  if (rows || chain) {   /* they walk rows themselves */
     pr = malloc(sizeof *pr);
     if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
     rc = compile_prog(f, pr, d);
-    if (!rc) rc = eval_rows(f, pr, outer, inputs, outputs, d);
-    free(pr);
-    return rc;
-  }
-  if (fm_fragment_is_chain(f)) {
-    int64_t M = f->outputs[0].shape[0] == FM_DIM_SYMBOLIC ? outer : f->outputs[0].shape[0];
-    if (M < 0 || f->outputs[0].rank != 2)
-      return fm_diag_set(d, FM_EINVAL, "reference: a chain of %lld rows", (long long)M);
-    pr = malloc(sizeof *pr);
-    if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
-    rc = compile_prog(f, pr, d);
-    if (!rc) rc = eval_chain(f, pr, M, inputs, outputs, d);
+    if (!rc) rc = (rows ? eval_rows : eval_chain)(f, pr, outer, inputs, outputs, d);
     free(pr);
     return rc;
   }

@@ -345,6 +345,21 @@ int fm_fragment_gemm_op(const fm_fragment *f) {
  * never moves, so its stride does not matter). */
 static bool unit_dim(const fm_tensor *t, uint32_t j) { return t->shape[j] == 1 || t->strides[j] == 1; }
 
+/* The second product's B (value b2, read by ops[g2]) is a matrix operand: no other op reads
+ * it and no output stores it (siblings and chains alike). */
+static int second_b_private(const fm_fragment *f, int g2, uint32_t b2, fm_diag *d) {
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    for (uint32_t k = 0; k < f->ops[i].nargs; k++)
+      if ((int)i != g2 && f->ops[i].args[k] == b2)
+        return fm_diag_set(d, FM_EUNSUPPORTED,
+                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
+                           i, k, b2);
+  for (uint32_t k = 0; k < f->n_outputs; k++)
+    if (f->outputs[k].id == b2)
+      return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
+  return FM_OK;
+}
+
 /* Chains (fm_fragment.h): the second product's operands and dtypes, and the stage rules
  * (fm_fragment_chain_info). The first product's A and B are checked as for any GEMM. */
 static int check_chain(const fm_fragment *f, const values *vs, int g, int g2, fm_diag *d) {
@@ -365,16 +380,7 @@ static int check_chain(const fm_fragment *f, const values *vs, int g, int g2, fm
                        "ops[%d]: the second product multiplies %s by %s; a chain keeps the first "
                        "product's dtype (%s) for both operands (cast the intermediate)", g2,
                        fm_dtype_name(a2->dtype), fm_dtype_name(b2->dtype), fm_dtype_name(a1->dtype));
-  for (uint32_t i = 0; i < f->n_ops; i++)
-    for (uint32_t k = 0; k < f->ops[i].nargs; k++)
-      if ((int)i != g2 && f->ops[i].args[k] == b2->id)
-        return fm_diag_set(d, FM_EUNSUPPORTED,
-                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
-                           i, k, b2->id);
-  for (uint32_t k = 0; k < f->n_outputs; k++)
-    if (f->outputs[k].id == b2->id)
-      return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
-  return FM_OK;
+  return second_b_private(f, g2, b2->id, d);
 }
 
 /* A chain's shapes: B2 is [N1, N2], outputs [M, N2], each other input broadcasts to the
@@ -473,15 +479,8 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%d].args[%u]: the matrix operands must be fragment inputs (nothing runs "
                          "before the GEMM)", g2, m2->nargs - 1);
-    for (uint32_t i = 0; i < f->n_ops; i++)
-      for (uint32_t k = 0; k < f->ops[i].nargs; k++)
-        if ((int)i != g2 && f->ops[i].args[k] == b2->id)
-          return fm_diag_set(d, FM_EUNSUPPORTED,
-                             "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
-                             i, k, b2->id);
-    for (uint32_t k = 0; k < f->n_outputs; k++)
-      if (f->outputs[k].id == b2->id)
-        return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
+    int rc = second_b_private(f, g2, b2->id, d);
+    if (rc) return rc;
     if (b1->is_input) {
       const fm_tensor *t1 = &f->inputs[b1->index], *t2 = &f->inputs[b2->index];
       if (t2->rank != 2 || t1->rank != 2 || t1->shape[0] != t2->shape[0] || t1->shape[1] != t2->shape[1])

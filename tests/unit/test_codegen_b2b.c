@@ -177,7 +177,7 @@ static void test_candidates_and_source(void) {
     CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
   }
   CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups fed by TMA */
-  CHECK_EQ_INT(c[0].p[1], 2);
+  CHECK_EQ_INT(c[0].p[1], FM_B2B_TMA);
   fm_candidate blas[2];
   CHECK_EQ_INT(fm_codegen_blas_candidates(&canon, blas, 2), 0);   /* no plan keeps h on chip */
   char *src = NULL;
@@ -216,7 +216,7 @@ static void test_candidates_and_source(void) {
   /* the cluster form: pairs of blocks, each loading half of every weight chunk into both */
   int clusters = 0;
   for (size_t i = 0; i < n; i++) {
-    if (c[i].p[1] != 3) continue;
+    if (c[i].p[1] != FM_B2B_TMA_PAIR) continue;
     clusters++;
     CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
     if (src) {
@@ -233,7 +233,7 @@ static void test_candidates_and_source(void) {
   CHECK(clusters >= 1);
   /* the cp.async form: every thread loads, no tensor maps */
   for (size_t i = 0; i < n; i++) {
-    if (c[i].p[1] != 0) continue;
+    if (c[i].p[1] != FM_B2B_CPASYNC) continue;
     CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
     if (src) CHECK_STR_CONTAINS(src, "fm_load_a(xs, in0, M, m0, tid);");
     free(src);

@@ -16,7 +16,8 @@ aot_autograd writes nn.Linear on a [B, S, D] input with a view of the first grou
 value itself on a 2-D input), which joins the chain group as an alias of the same elements."""
 import torch
 
-from .fragment import _align_of, same_shape
+from .fragment import Unfusable, _align_of, same_shape
+from .gemm_fragment import _hint
 from .ops import RESHAPE_OPS, aten
 
 # Vocabulary 3's products; a bmm chain is not a chain shape.
@@ -61,11 +62,9 @@ def why_not_link(view, p1):
 
 def _rows(m):
     """The M at hand: a static M, or a symbolic one's hint (None when it has none)."""
-    if _static(m):
-        return int(m)
     try:
-        return int(m.node.hint)
-    except (AttributeError, TypeError):
+        return _hint(m)
+    except Unfusable:
         return None
 
 
