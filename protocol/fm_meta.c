@@ -293,7 +293,7 @@ static int get_ld(const msgpack_object *o, const char *key, uint64_t *v, fm_diag
 static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *o = fm_msg_get(obj, "blas");
   fm_meta_blas *b = &m->blas;
-  int32_t x;
+  int32_t x = 0;   /* set by each get_index that succeeds (gcc -O2 cannot tell) */
   bool flag;
   int rc;
   if (!o) return FM_OK;
