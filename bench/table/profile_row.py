@@ -148,7 +148,7 @@ def main():
             for c, v in r["columns"].items():
                 print(f"  {c:20s} host {v['host_ms']:.4f}  gpu {v['gpu_ms']:.4f}  table {v['table_ms']:.4f} ms")
             for c in ("eager", "fuseml"):
-                for name, cnt, us in r["columns"][c]["kernels"][:8]:
+                for name, cnt, us in r["columns"][c]["kernels"][:16]:
                     print(f"    {c:7s} {us:8.1f} us x{cnt:.1f} {name}")
             with open(args.out, "w") as f:
                 json.dump(rows, f, indent=1)

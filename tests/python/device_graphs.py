@@ -4,9 +4,9 @@ fuseml under CUDA graphs: relative error against an fp32 eager copy (outputs, an
 the training step), median step times (CUDA events, interleaved, the order rotating), the
 groups still served as kernels and whether their routing was measured in the warm-up (never in
 a capture), launches in the warm-up/recording calls and in replays (none: Python does not run),
-how many graphs were recorded (by the trees for training, by fuseml's graph_replay for
-inference) and how many non-static inputs the trees copy per replay (the parameters must not be
-among them), and what happens to an output kept across the next step.
+how many graphs fuseml's replay (graph_replay.py) warmed up, recorded and replayed (inference,
+and a training step's forward and backward), and what happens to an output kept across the
+next step.
 Rows are written as they finish (FM_GRAPHS_BUDGET_S bounds the whole run).
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_graphs.py OUT.json"""
 import copy
@@ -16,8 +16,6 @@ import sys
 import time
 
 import torch
-from torch._dynamo.utils import counters as torch_counters
-from torch._inductor import cudagraph_trees
 
 from helpers import median_ms, rel_err
 from models import MODELS
@@ -31,34 +29,12 @@ MODEL_NAMES = {"mlp": "mlp", "heavy": "activation_heavy", "stacked": "stacked",
 T0 = time.monotonic()
 BUDGET_S = float(os.environ.get("FM_GRAPHS_BUDGET_S", "150"))
 
-# How often the trees warm up and record: counted around their own methods.
-TREE = {"record": 0, "warmup": 0}
-
-
-def _counting(name, key):
-    orig = getattr(cudagraph_trees.CUDAGraphTreeManager, name)
-
-    def run(self, *a, **k):
-        TREE[key] += 1
-        return orig(self, *a, **k)
-    setattr(cudagraph_trees.CUDAGraphTreeManager, name, run)
-
-
-_counting("record_function", "record")
-_counting("run_eager", "warmup")
-
-# Inference graphs are replayed by fuseml itself (graph_replay.py): its recordings counted too.
 from fuseml import graph_replay  # noqa: E402
-_fm_record = graph_replay.InferenceGraphs._record
 
 
-def _fm_counting(self, *a, **k):
-    rec = _fm_record(self, *a, **k)
-    TREE["record"] += rec is not None
-    return rec
-
-
-graph_replay.InferenceGraphs._record = _fm_counting
+def _replay_counts():
+    """fuseml's replay counters summed over every live compiled graph (graph_replay.stats)."""
+    return graph_replay.stats()
 
 
 def make_step(model, x, train):
@@ -99,8 +75,7 @@ def check(label, preset, train, rest="aten"):
     got_plain = [g.detach().clone() for g in step(plain)]
     torch.cuda.synchronize()
     row["first_call_s"] = round(time.perf_counter() - t, 2)
-    tree0, launches0 = dict(TREE), runtime.counters["launches"]
-    nonstatic0 = torch_counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+    replay0, launches0 = _replay_counts(), runtime.counters["launches"]
     first = [g.detach().clone() for g in step(graphs)]        # warm-up (routing measured here)
     second = [g.detach().clone() for g in step(graphs)]       # recording
     torch.cuda.synchronize()
@@ -109,10 +84,10 @@ def check(label, preset, train, rest="aten"):
     torch.cuda.synchronize()
     row["launches_warmup_and_record"] = launches1 - launches0
     row["launches_in_replay"] = runtime.counters["launches"] - launches1
-    row["tree_warmups"] = TREE["warmup"] - tree0["warmup"]
-    row["tree_recordings"] = TREE["record"] - tree0["record"]
-    row["recorded_non_static_inputs"] = (
-        torch_counters["inductor"]["cudagraph_recorded_non_static_inputs"] - nonstatic0)
+    replay1 = _replay_counts()
+    row["graph_warmups"] = replay1.get("warmups", 0) - replay0.get("warmups", 0)
+    row["graph_recordings"] = replay1.get("recordings", 0) - replay0.get("recordings", 0)
+    row["graph_replays"] = replay1.get("replays", 0) - replay0.get("replays", 0)
     row["n_params"] = len(list(model.parameters()))
     eager = step(model)
     row["rel_err_eager_bf16"] = max(rel_err(a, b) for a, b in zip(eager, want))
@@ -154,7 +129,8 @@ def check(label, preset, train, rest="aten"):
     row["eager_ms"], row["fuseml_ms"], row["fuseml_graphs_ms"] = ms
     row["graphs_speedup_vs_eager"] = ms[0] / ms[2]
     row["graphs_speedup_vs_fuseml"] = ms[1] / ms[2]
-    row["tree_recordings_total"] = TREE["record"] - tree0["record"]
+    end = _replay_counts()
+    row["graph_totals"] = {k: end.get(k, 0) - replay0.get(k, 0) for k in end}
     return row
 
 
@@ -168,12 +144,12 @@ def replay_paths():
     torch.manual_seed(0)
     model = MODELS["mlp"](d, di).cuda().to(torch.bfloat16)
     runners = []
-    orig_init = graph_replay.InferenceGraphs.__init__
+    orig_init = graph_replay.GraphReplay.__init__
 
     def init(self, *a, **k):
         orig_init(self, *a, **k)
         runners.append(self)
-    graph_replay.InferenceGraphs.__init__ = init
+    graph_replay.GraphReplay.__init__ = init
     res = {}
     try:
         for label, budget_mb in (("default", None), ("budget_100mb", "100")):
@@ -203,7 +179,7 @@ def replay_paths():
                           "pool_mb": r and round(r.pool_bytes / 2**20, 1), "off": r and r.off}
             del kept, want
     finally:
-        graph_replay.InferenceGraphs.__init__ = orig_init
+        graph_replay.GraphReplay.__init__ = orig_init
         os.environ.pop("FUSEML_GRAPH_MEMORY_MB", None)
     return res
 

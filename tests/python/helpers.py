@@ -1,6 +1,11 @@
+import collections
+import contextlib
+
+import pytest
 import torch
 
 import fuseml
+from fuseml import graph_replay
 
 
 def compile_run(model, x, compiler=None, train=True, **kw):
@@ -68,3 +73,80 @@ def plan(compiler, which):
     plans = [p for p in compiler.plans if p.which == which]
     assert plans, f"no {which} graph compiled"
     return plans[-1]
+
+
+class _FakeCuda:
+    """A stand-in for torch.cuda's graph capture on a CPU machine: a capture records the
+    function, and a replay runs it again on the captured inputs into the captured outputs
+    (what a CUDA graph does to device memory); each capture grows the reserved memory."""
+
+    def __init__(self):
+        self.captures = 0
+        self.pools = 0
+        self.reserved = 0
+        self.MB_PER_CAPTURE = 10
+        self.fail = None
+        self.current = None      # (graph, fn, inputs) while capturing
+        self.holds = collections.Counter()   # storage -> captured inputs the fake keeps
+
+    def install(self, monkeypatch):
+        fake = self
+
+        class Graph:
+            def replay(self):
+                out = self.fn(list(self.inputs))
+                for o, n in zip(self.outputs, out):
+                    if isinstance(o, torch.Tensor):
+                        o.copy_(n)
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, capture_error_mode=None):
+            assert pool == "pool" and capture_error_mode == "thread_local"
+            fake.pools += 1
+            if fake.fail:
+                raise RuntimeError(fake.fail)
+            fake.captures += 1
+            fake.reserved += fake.MB_PER_CAPTURE << 20
+            g.capturing = True
+            yield
+            g.capturing = False
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", graph)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+        monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        # each capture grows the reserved memory by MB_PER_CAPTURE; the budget is the env's
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: fake.reserved)
+        monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", "1000")
+        # the recorded graph remembers its function (the replay's being recorded), inputs and
+        # outputs: what a capture fixes
+        orig_record = graph_replay.GraphReplay._record
+
+        def record(self, *a, **k):
+            fake.fn = self.fn
+            return orig_record(self, *a, **k)
+        monkeypatch.setattr(graph_replay.GraphReplay, "_record", record)
+        orig = graph_replay._Recorded.__init__
+
+        def init(self, g, outputs, inputs, buffers, nbytes=0):
+            g.fn, g.inputs, g.outputs = fake.fn, list(inputs), outputs
+            for t in g.inputs:
+                if isinstance(t, torch.Tensor):
+                    fake.holds[t.untyped_storage()._cdata] += 1
+            orig(self, g, outputs, inputs, buffers, nbytes)
+        monkeypatch.setattr(graph_replay._Recorded, "__init__", init)
+        # A real graph holds no Python reference to what it read: the fake's own references
+        # to its captured inputs (a backward's are a forward recording's outputs) are not
+        # counted as held by the caller
+        real = graph_replay._use_count
+        if real is not None:
+            monkeypatch.setattr(graph_replay, "_use_count",
+                                lambda cdata: real(cdata) - fake.holds[cdata])
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    f = _FakeCuda()
+    f.install(monkeypatch)
+    return f

@@ -1,22 +1,22 @@
 """CUDA graphs (mode="reduce-overhead") without a GPU: how the request is read (torch.compile's
 mode and options, FuseMLCompiler(cudagraphs=), FUSEML_CUDAGRAPHS), CPU models that ask for graphs
-run as eager with one warning, a torch without the cudagraph-trees API runs without graphs with
-one warning, and, with stand-ins for the trees and a CUDA device, what each graph is handed to
-the trees with: forward and backward modes, parameters as static inputs, the user's input
-copied, and the inputs list emptied as the trees require; inference graphs go to fuseml's own
-replay instead (test_graph_replay.py)."""
+run as eager with one warning, a torch without the private API used runs without graphs with
+one warning, and, with a stand-in for CUDA graph capture and a CUDA device (helpers.fake_cuda),
+every graph under fuseml's own replay: a training step's forward and backward (static inputs,
+results right every step with saved values and gradients held, gradients accumulated into a
+held p.grad), Inductor for the rest, a graph torch will not record, an inference graph. The
+replay's own rules are tested in test_graph_replay.py."""
 import logging
 
 import pytest
 import torch
 from torch._dynamo.backends import cudagraphs as torch_cudagraphs
-from torch._inductor import cudagraph_trees
 
-from helpers import assert_close, compile_run
+from helpers import assert_close, compile_run, fake_cuda  # noqa: F401  (the fixture)
 from models import MODELS
 
 import fuseml
-from fuseml import backend, cudagraphs
+from fuseml import backend, cudagraphs, graph_replay
 
 
 def _graph_warnings(caplog):
@@ -107,7 +107,7 @@ def test_env_turns_graphs_on(dead_socket, monkeypatch, caplog):
 
 def test_torch_without_the_api_runs_without_graphs(dead_socket, monkeypatch, caplog):
     caplog.set_level(logging.WARNING)
-    monkeypatch.delattr(cudagraph_trees, "cudagraphify_impl")
+    monkeypatch.delattr(torch_cudagraphs, "check_for_skip")
     c, got, want = compile_run(MODELS["llama_mlp"](), torch.randn(6, 32),
                                fuseml.FuseMLCompiler(cudagraphs=True))
     assert_close(got, want)
@@ -117,116 +117,146 @@ def test_torch_without_the_api_runs_without_graphs(dead_socket, monkeypatch, cap
                p.graphs == "no CUDA graphs: forward not recorded" for p in c.plans)
 
 
-def test_a_renamed_keyword_is_caught_before_the_first_step(dead_socket, monkeypatch, caplog):
-    """A torch whose cudagraphify takes other keywords: no graphs (one warning), not a failed
-    step at the first recording."""
-    caplog.set_level(logging.WARNING)
-
-    def cudagraphify(model, inputs, static_input_idxs=(), *, device_index, is_backward,
-                     is_inference, stack_traces=None, constants=()):
-        raise AssertionError("never called")
-    monkeypatch.setattr(cudagraph_trees, "cudagraphify", cudagraphify)
-    c, got, want = compile_run(MODELS["mlp"](), torch.randn(6, 32), mode="reduce-overhead")
-    assert_close(got, want)
-    assert len(_graph_warnings(caplog)) == 1
-
-
-class _FakeTrees:
-    """Stands in for cudagraph trees on a CPU machine: records what each graph is handed and
-    runs it as the trees' warm-up does (the inputs list must come back empty)."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, model, inputs, static_input_idxs, **kw):
-        self.calls.append((list(inputs), tuple(static_input_idxs), kw))
-
-        def run(args):
-            out = model(args)
-            assert len(args) == 0, "the trees expect the inputs list emptied"
-            return out
-        return run
-
-
 @pytest.fixture
-def fake_trees(monkeypatch):
-    fake = _FakeTrees()
-    monkeypatch.setattr(cudagraph_trees, "cudagraphify_impl", fake)
+def on_cuda(monkeypatch, fake_cuda):
+    """A CPU model taken for a CUDA one that torch lets record: every graph goes to fuseml's
+    replay, whose captures the fake records and replays."""
     monkeypatch.setattr(torch_cudagraphs, "check_for_skip", lambda gm, fixed: None)
     monkeypatch.setattr(cudagraphs, "_cuda_index", lambda gm: 0)
-    return fake
+    made = []
+    orig = graph_replay.GraphReplay.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        made.append(self)
+    monkeypatch.setattr(graph_replay.GraphReplay, "__init__", init)
+    fake_cuda.made = made
+    return fake_cuda
 
 
-def test_graphs_handed_to_the_trees(dead_socket, fake_trees, caplog):
+def _train_steps(model, compiled, xs, steps):
+    """`steps` training steps over the buffers xs, each compared with eager's; the grads of
+    each step are kept until the next one returns (as a loop holding its last results). The
+    output's gradient is one tensor (as the benchmark's): the CPU allocator would put a
+    computed one at a new address every step, where CUDA's caching allocator hands a steady
+    loop the same few (graph_replay's MAX_FRESH covers a loop where it does not)."""
+    params = list(model.parameters())
+    gy = {}
+    kept = None
+    for i in range(steps):
+        x = xs[i % len(xs)]
+        got = []
+        for fn in (model, compiled):
+            for p in params:
+                p.grad = None
+            xi = x.detach().requires_grad_(True)
+            y = fn(xi)
+            if y.shape not in gy:
+                gy[y.shape] = torch.linspace(-1, 1, y.numel()).view(y.shape)
+            y.backward(gy[y.shape])
+            got.append([y.detach()] + [p.grad for p in params] + [xi.grad])
+        for a, b in zip(got[1], got[0]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        kept = got[1]
+    return kept
+
+
+def test_training_graphs_under_fuseml_replay(dead_socket, on_cuda, caplog):
+    """A training step's forward and backward are both recorded and replayed by fuseml (no
+    cudagraph trees): parameters static in the forward, saved values static in the
+    backward, the user's input and the tangents not; every step's output and gradients
+    right while the saved values and the last step's gradients are held."""
     caplog.set_level(logging.WARNING)
     model = MODELS["mlp"]()
     shapes = sorted(tuple(p.shape) for p in model.parameters())
-    c, got, want = compile_run(model, torch.randn(6, 32), mode="reduce-overhead")
-    assert_close(got, want)
+    compiler = fuseml.FuseMLCompiler()
+    compiled = torch.compile(model, backend=compiler, mode="reduce-overhead")
+    xs = [torch.randn(6, 32) for _ in range(2)]
+    _train_steps(model, compiled, xs, 10)
     assert not _graph_warnings(caplog)
-    (fw_in, fw_static, fw_kw), (bw_in, bw_static, bw_kw) = fake_trees.calls
-    assert (fw_kw["is_backward"], fw_kw["is_inference"]) == (False, False)
-    assert (bw_kw["is_backward"], bw_kw["is_inference"]) == (True, False)
-    assert fw_kw["device_index"] == 0 and bw_kw["device_index"] == 0
-    # the parameters are static (never copied), the user's input is not
-    assert sorted(tuple(fw_in[i].shape) for i in fw_static) == shapes
-    assert len(fw_in) == len(shapes) + 1
-    # backward: saved values static, tangents and the saved user input copied
-    names = [p.name for p in bw_kw["placeholders"]]
-    user = f"primals_{[i for i in range(len(fw_in)) if i not in fw_static][0] + 1}"
-    assert user in names and names.index(user) not in bw_static
-    assert bw_static and all(not names[i].startswith("tangents") for i in bw_static)
-    assert all(p.graphs.startswith("CUDA graphs") for p in c.plans)
-
-    # an inference graph is not handed to the trees: fuseml replays it (graph_replay.py),
-    # with the same static inputs; its first call is the warm-up, run as compiled
-    torch._dynamo.reset()
-    fake_trees.calls.clear()
-    c, got, want = compile_run(model, torch.randn(6, 32), train=False, mode="reduce-overhead")
-    assert_close(got, want)
-    assert fake_trees.calls == []
-    [plan] = c.plans
-    assert plan.which == "inference" and plan.graphs.startswith("CUDA graphs (fuseml replay")
-    assert plan.graphs.count(",") == 3   # the 4 parameters are the static inputs
+    fw, bw = on_cuda.made
+    assert (fw.which, bw.which) == ("forward", "backward")
+    assert all(p.graphs.startswith("CUDA graphs (fuseml replay") for p in compiler.plans)
+    # recorded: each input buffer warmed up once, then recorded; replayed from then on
+    assert fw.recordings >= 2 and fw.replays >= 4 and fw.off is None
+    assert bw.recordings >= 2 and bw.replays >= 4 and bw.off is None
+    # the forward's static inputs are the parameters (the user's input is keyed by its
+    # layout too); the backward's are the saved values, not the tangent or the user's input
+    key = next(iter(fw.direct))
+    assert len(fw.static) == len(shapes) and len(key) == len(shapes) + 1
+    assert [tuple(key[i][1]) for i in range(len(key)) if i not in fw.static] == [(6, 32)]
+    bkey = next(iter(bw.direct))
+    assert bw.static
+    assert sorted(tuple(bkey[i][1]) for i in range(len(bkey)) if i not in bw.static) == \
+        [(6, 32), (6, 32)]
 
 
-def test_user_visible_outputs_named_where_torch_clones_them(dead_socket, fake_trees):
-    """With torch's generation cloning on, the trees are told which forward outputs are the
-    model's own (cloned if still alive at the next step); saved values and gradients not."""
-    from torch._inductor import config
-    if not hasattr(config.triton, "cudagraph_trees_generation_cloning"):
-        pytest.skip("this torch's trees do not clone live outputs")
-    with config.patch({"triton.cudagraph_trees_generation_cloning": "user_visible"}):
-        c, got, want = compile_run(MODELS["mlp"](), torch.randn(6, 32), mode="reduce-overhead")
-    assert_close(got, want)
-    (_, _, fw_kw), (_, _, bw_kw) = fake_trees.calls
-    assert fw_kw["user_visible_output_idxs"] == (0,)
-    assert "user_visible_output_idxs" not in bw_kw
+def test_training_gradients_kept_across_steps_stay_right(dead_socket, on_cuda):
+    """Gradients are aliases of the backward's recording: one held (as p.grad kept with
+    zero_grad(set_to_none=False), or a list of last step's grads) is never overwritten by
+    the next replay; the next step uses a second recording or runs as compiled."""
+    model = MODELS["mlp"]()
+    compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(), mode="reduce-overhead")
+    x = torch.randn(6, 32)
+    _train_steps(model, compiled, [x], 4)          # warm-up, recordings, replays
+    fw, bw = on_cuda.made
+    params = list(model.parameters())
+    for p in params:
+        p.grad = None
+    gy = torch.randn(6, 32)
+    compiled(x.detach().requires_grad_(True)).backward(gy)
+    held = [p.grad for p in params]
+    before = [g.clone() for g in held]
+    r0 = bw.replays
+    for _ in range(3):                              # p.grad accumulates: the held ones grow
+        compiled(x.detach().requires_grad_(True)).backward(gy)
+    assert bw.replays >= r0 + 2
+    for p, g0 in zip(params, before):
+        torch.testing.assert_close(p.grad, 4 * g0, atol=1e-5, rtol=1e-5)
+    for p in params:
+        p.grad = None
+    _train_steps(model, compiled, [x, torch.randn(6, 32)], 6)   # and a new buffer after it
+    assert bw.off is None and fw.off is None
 
 
-def test_rest_inductor_under_the_trees(dead_socket, fake_trees):
+def test_rest_inductor_under_fuseml_replay(dead_socket, on_cuda):
     c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32),
                                fuseml.FuseMLCompiler(rest="inductor"), mode="reduce-overhead")
     assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert [kw["is_backward"] for _, _, kw in fake_trees.calls] == [False, True]
+    assert [r.which for r in on_cuda.made] == ["forward", "backward"]
 
 
-def test_backward_of_a_recorded_forward_not_recorded(dead_socket, fake_trees, monkeypatch):
-    """A backward the trees cannot take after a recorded forward runs eagerly but tells the
-    trees' manager it runs (so the forward's outputs it reads stay valid)."""
-    told = []
-
-    class _Manager:
-        def set_to_running_backward(self):
-            told.append(True)
-    monkeypatch.setattr(cudagraph_trees, "get_manager", lambda idx, create_if_none_exists: _Manager())
-    skip = {"n": 0}
+@pytest.mark.parametrize("skipped", ["forward", "backward"])
+def test_a_graph_torch_will_not_record_runs_as_compiled(dead_socket, on_cuda, monkeypatch,
+                                                        skipped):
+    """torch's rule refuses one graph (an op that cannot be captured): it runs as compiled,
+    right; an unrecorded forward leaves its backward unrecorded too (its saved values would
+    sit at new addresses every step)."""
+    seen = []
 
     def check(gm, fixed):
-        skip["n"] += 1
-        return None if skip["n"] == 1 else "skipping cudagraphs due to incompatible op (x)"
+        seen.append(gm)
+        which = "forward" if len(seen) == 1 else "backward"
+        return "skipping cudagraphs due to incompatible op (x)" if which == skipped else None
     monkeypatch.setattr(torch_cudagraphs, "check_for_skip", check)
-    c, got, want = compile_run(MODELS["mlp"](), torch.randn(6, 32), mode="reduce-overhead")
+    model = MODELS["mlp"]()
+    compiler = fuseml.FuseMLCompiler()
+    compiled = torch.compile(model, backend=compiler, mode="reduce-overhead")
+    _train_steps(model, compiled, [torch.randn(6, 32)], 4)
+    notes = [p.graphs for p in compiler.plans]
+    if skipped == "forward":
+        assert notes == ["no CUDA graphs: incompatible op (x)", "no CUDA graphs: forward not recorded"]
+        assert on_cuda.made == []
+    else:
+        assert notes[0].startswith("CUDA graphs (fuseml replay")
+        assert notes[1] == "no CUDA graphs: incompatible op (x)"
+        assert [r.which for r in on_cuda.made] == ["forward"] and on_cuda.made[0].replays >= 1
+
+
+def test_inference_graph_under_fuseml_replay(dead_socket, on_cuda):
+    model = MODELS["mlp"]()
+    c, got, want = compile_run(model, torch.randn(6, 32), train=False, mode="reduce-overhead")
     assert_close(got, want)
-    assert len(fake_trees.calls) == 1 and told == [True]
-    assert c.plans[-1].graphs == "no CUDA graphs: incompatible op (x)"
+    [plan] = c.plans
+    assert plan.which == "inference" and plan.graphs.startswith("CUDA graphs (fuseml replay")
+    assert plan.graphs.count(",") == 3   # the 4 parameters are the static inputs

@@ -7,67 +7,13 @@ memory with a second recording while the caller holds the first one's (a kept ou
 right; with every recording's outputs held the call runs as compiled), graph-owned input
 copies past MAX_DIRECT input sets, and a failed capture that turns graphs off with one
 warning while the results stay right."""
-import contextlib
 import logging
 
 import pytest
 import torch
 
 from fuseml import graph_replay
-
-
-class _FakeCuda:
-    def __init__(self):
-        self.captures = 0
-        self.pools = 0
-        self.reserved = 0
-        self.MB_PER_CAPTURE = 10
-        self.fail = None
-        self.current = None      # (graph, fn, inputs) while capturing
-
-    def install(self, monkeypatch):
-        fake = self
-
-        class Graph:
-            def replay(self):
-                out = self.fn(list(self.inputs))
-                for o, n in zip(self.outputs, out):
-                    o.copy_(n)
-
-        @contextlib.contextmanager
-        def graph(g, pool=None, capture_error_mode=None):
-            assert pool == "pool" and capture_error_mode == "thread_local"
-            fake.pools += 1
-            if fake.fail:
-                raise RuntimeError(fake.fail)
-            fake.captures += 1
-            fake.reserved += fake.MB_PER_CAPTURE << 20
-            g.capturing = True
-            yield
-            g.capturing = False
-
-        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-        monkeypatch.setattr(torch.cuda, "graph", graph)
-        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
-        monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-        # each capture grows the reserved memory by MB_PER_CAPTURE; the budget is the env's
-        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: fake.reserved)
-        monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", "1000")
-        # the recorded graph remembers its function, inputs and outputs (what a capture fixes)
-        orig = graph_replay._Recorded.__init__
-
-        def init(self, g, outputs, inputs, buffers, nbytes=0):
-            g.fn, g.inputs, g.outputs = fake.fn, list(inputs), outputs
-            orig(self, g, outputs, inputs, buffers, nbytes)
-        monkeypatch.setattr(graph_replay._Recorded, "__init__", init)
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    f = _FakeCuda()
-    f.install(monkeypatch)
-    return f
+from helpers import fake_cuda  # noqa: F401  (the fixture)
 
 
 def _runner(fake, static=(1,)):
@@ -78,8 +24,7 @@ def _runner(fake, static=(1,)):
         calls.append(1)
         x, w_ = args
         return [torch.relu(x @ w_) + 1.0]
-    fake.fn = fn
-    return graph_replay.InferenceGraphs(fn, static, 0), calls, w
+    return graph_replay.GraphReplay(fn, static, 0), calls, w
 
 
 def test_warm_up_record_then_replay_without_python(fake_cuda):
@@ -154,6 +99,21 @@ def test_past_max_direct_inputs_are_copied_into_graph_buffers(fake_cuda):
     assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
 
 
+def test_inputs_at_a_new_address_every_call_are_copied(fake_cuda, monkeypatch):
+    """A layout whose input sets never come back (a backward's tangent computed afresh each
+    step where the allocator does not reuse its address) stops warming up after MAX_FRESH:
+    one recording reads graph-owned copies and replays from then on."""
+    monkeypatch.setattr(graph_replay, "MAX_FRESH", 3)
+    run, calls, w = _runner(fake_cuda)
+    xs = []
+    for i in range(9):
+        xs.append(torch.randn(3, 4))      # kept: every call's input at an address of its own
+        assert torch.equal(run([xs[-1], w])[0], torch.relu(xs[-1] @ w) + 1.0)
+    assert run.warmups == 4 and fake_cuda.captures == 1 and not run.direct
+    [[rec]] = run.by_layout.values()
+    assert list(rec.buffers) == [0] and run.replays == 5
+
+
 def test_new_shape_or_moved_parameter_is_a_new_graph(fake_cuda):
     run, _, w = _runner(fake_cuda)
     x, y = torch.randn(3, 4), torch.randn(5, 4)
@@ -191,7 +151,7 @@ def test_outputs_that_are_inputs_come_from_this_call(fake_cuda):
         x, w_ = args
         return (x @ w_, x, x[1:], w_)
     fake_cuda.fn = fn
-    run = graph_replay.InferenceGraphs(fn, (1,), 0)
+    run = graph_replay.GraphReplay(fn, (1,), 0)
     x = torch.randn(3, 4)
     run([x, w])
     y, xo, xv, wo = run([x, w])                       # recorded reading x where it is

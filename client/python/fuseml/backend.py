@@ -71,7 +71,7 @@ class FuseMLCompiler:
     default 2; a lone op is one kernel either way), rest ("aten", the default: what is not
     fused runs as ATen ops; "inductor": the rewritten graph goes to TorchInductor, which
     calls the fuseml::group ops as extern kernels and fuses what is left), cudagraphs (record
-    each compiled graph as a CUDA graph through torch's cudagraph trees; default
+    each compiled graph as a CUDA graph, replayed by graph_replay.py; default
     FUSEML_CUDAGRAPHS=1, and torch.compile's mode="reduce-overhead" or options={"cudagraphs":
     True} turn it on per call: see cudagraphs.py), chains (merge back-to-back GEMM groups,
     an MLP's fc1 -> act -> fc2, into one chain group: chains.py; default False unless

@@ -1,17 +1,19 @@
 """CUDA graphs for compiled graphs (torch.compile(..., mode="reduce-overhead")): what was asked
 (mode, options, FuseMLCompiler(cudagraphs=...), FUSEML_CUDAGRAPHS) and the wrapping of each
-compiled ATen graph in torch's own CUDA-graph machinery, the cudagraph trees that Inductor's
-reduce-overhead and the "cudagraphs" dynamo backend use, for training graphs; inference graphs
-are replayed by fuseml itself (graph_replay.py), at a fraction of the trees' host cost. The
-trees warm each graph up once
-(eagerly, where fuseml's measured routing and module loads happen) before recording it, keep
-parameters in place (static inputs, by index) and copy the other inputs into graph-owned
-buffers, pair forward and backward recordings, and re-record for new shapes.
+compiled ATen graph (inference, training forward, training backward) in fuseml's own replay
+(graph_replay.py). torch's cudagraph trees, which Inductor's reduce-overhead uses, cost a
+training step ~0.2 ms of host time on the H100 machine (their Python bookkeeping and a copy of
+every non-static input per call: bench/NOTES.md, "Training graphs under fuseml's replay"),
+more than the GPU time of a small step; the replay reads inputs where they are and hands
+outputs out as aliases of graph memory, with a second recording while the caller (or
+autograd, holding the forward's saved values until the backward) still holds the first one's.
 
-The trees are torch-private: every piece used is looked up in _api() and its call checked
-against the installed signatures; anything missing makes the graph run without CUDA graphs
-(one warning), never fails the job. The one entry point is wrap()."""
-import inspect
+Which graphs can be recorded is torch's own rule (the cudagraphs backend's check_for_skip:
+CPU tensors, mutated inputs, ops that synchronise), and which inputs sit at fixed addresses
+(parameters, and in a backward the saved values the forward's recording owns) comes from
+aot_autograd. Those two pieces are torch-private: they are looked up in _api(); anything
+missing makes the graph run without CUDA graphs (one warning), never fails the job. The one
+entry point is wrap()."""
 import os
 import types
 
@@ -47,47 +49,21 @@ def wanted(mode=None, options=None, default=None):
 
 class State:
     """What the forward and backward graphs of one dynamo graph share: whether the forward
-    was recorded (a backward is recorded only after a recorded forward, as the trees pair
-    them), its device, which forward inputs are static (to classify saved ones), and how many
-    outputs the model itself has."""
+    is recorded (a backward is recorded only then: an unrecorded forward leaves its saved
+    values at fresh addresses each step, so the backward would never see one input set
+    twice) and which forward inputs are static (to classify the saved ones)."""
 
     def __init__(self, gm, example_inputs):
         self.n_dynamo_inputs = len(example_inputs)
-        self.n_user_outputs = len(_outputs(gm))   # the model's own outputs (not saved values)
         self.recorded = True
-        self.device_index = None
         self.fw_static = ()
 
 
-def _outputs(gm):
-    """The values of gm's output node (flat in dynamo's and aot_autograd's graphs)."""
-    out = [n for n in gm.graph.nodes if n.op == "output"]
-    vals = out[0].args[0] if out and out[0].args else ()
-    return list(vals) if isinstance(vals, (list, tuple)) else [vals]
-
-
 def _api():
-    """The torch-private pieces used, or raises (ImportError, AttributeError, TypeError)."""
+    """The torch-private pieces used, or raises (ImportError, AttributeError)."""
     from torch._dynamo.backends import cudagraphs as backend
-    from torch._inductor import cudagraph_trees as trees
-    from torch._inductor import cudagraph_utils as utils
-    api = types.SimpleNamespace(
-        cudagraphify_impl=trees.cudagraphify_impl, get_manager=trees.get_manager,
-        check_for_skip=backend.check_for_skip, find_input_mutations=backend.find_input_mutations,
-        get_stack_traces=backend.get_stack_traces, get_placeholder_info=utils.get_placeholder_info,
-        tracing_context=torch._guards.TracingContext.try_get)
-    # Newer trees clone the model's own outputs still alive when the next step starts (so a
-    # kept output stays right) if told which they are; older ones let the next replay
-    # overwrite them (keep one with .clone())
-    clone = getattr(utils, "cudagraph_trees_clone_live_user_visible_outputs", None)
-    api.user_visible = ("user_visible_output_idxs" in inspect.signature(
-        trees.cudagraphify).parameters and clone is not None and clone())
-    # cudagraphify_impl passes our keywords through to cudagraphify at the first call: a
-    # torch that renamed one would fail there, mid-step, so check it now
-    inspect.signature(trees.cudagraphify).bind(
-        None, [], (), device_index=0, is_backward=False, is_inference=False, stack_traces=None,
-        placeholders=(), mutated_input_idxs=())
-    return api
+    return types.SimpleNamespace(check_for_skip=backend.check_for_skip,
+                                 tracing_context=torch._guards.TracingContext.try_get)
 
 
 def _cuda_index(gm):
@@ -111,8 +87,8 @@ def _fw_static(api, n_inputs, state):
 
 def _bw_static(gm, state):
     """(static indices, saved count) of a backward graph: its saved tensors lead, the tangents
-    follow; all saved are at fixed addresses (the forward's outputs live in the trees' pool,
-    or are parameters) except a saved forward input not static there (a user input, fresh
+    follow; all saved are at fixed addresses (the forward's outputs live in its recording's
+    pool, or are parameters) except a saved forward input not static there (a user input, fresh
     every step: primals_<i+1> by aot_autograd's naming, or stamped is_static_input=False)."""
     out, saved = [], 0
     for i, n in enumerate(p for p in gm.graph.nodes if p.op == "placeholder"):
@@ -128,46 +104,11 @@ def _bw_static(gm, state):
     return tuple(out), saved
 
 
-def _stealing(fn):
-    """The trees hand a boxed callable its inputs list and expect it emptied (they free
-    inputs early); our callables take the list and keep what they need."""
-    def run(args):
-        xs = list(args)
-        args.clear()
-        return fn(xs)
-    run._boxed_call = True
-    return run
-
-
-def _backward_unrecorded(api, fn, device_index):
-    """A backward left eager after a recorded forward must still tell the trees it runs, so
-    the forward's outputs it reads stay valid (what torch's cudagraphs backend does)."""
-    def run(args):
-        manager = api.get_manager(device_index, create_if_none_exists=False)
-        if manager is not None:
-            manager.set_to_running_backward()
-        return fn(args)
-    run._boxed_call = True
-    return run
-
-
 def _unavailable(state, e):
     state.recorded = False
     warn_once("cudagraphs-api", "CUDA graphs unavailable with torch %s (%s: %s); compiled "
               "graphs run without them", torch.__version__, type(e).__name__, e, suffix="")
     return "no CUDA graphs: torch API missing"
-
-
-def _user_visible(api, gm, which, state):
-    """Indices of the graph's outputs that are the model's own (Inductor's rule: aot_autograd
-    puts mutated inputs first in a training forward, then the model's outputs, then the saved
-    values); the backward's outputs are gradients, which the trees never clone."""
-    ctx = api.tracing_context()
-    meta = getattr(ctx, "fw_metadata", None)
-    start = getattr(meta, "num_mutated_inp_runtime_indices", 0) if which == "forward" else 0
-    outs = _outputs(gm)
-    end = min(len(outs), start + state.n_user_outputs)
-    return tuple(i for i in range(start, end) if isinstance(outs[i], torch.fx.Node))
 
 
 def _plan(api, gm, example_inputs, which, state):
@@ -186,51 +127,34 @@ def _plan(api, gm, example_inputs, which, state):
 
 def wrap(gm, example_inputs, which, state, compile_fn):
     """compile_fn() -> the boxed callable of ATen graph gm; returns (callable, note): the
-    callable under CUDA-graph trees where possible, else compile_fn's own; the note says
-    which, for Plan. gm is looked at before compile_fn runs (Inductor rewrites it)."""
-    is_backward = which == "backward"
-    if is_backward and not state.recorded:
+    callable under fuseml's CUDA-graph replay where possible, else compile_fn's own; the note
+    says which, for Plan. gm is looked at before compile_fn runs (Inductor rewrites it)."""
+    if which == "backward" and not state.recorded:
         return compile_fn(), "no CUDA graphs: forward not recorded"
     try:
         api = _api()
         dev, static, skip = _plan(api, gm, example_inputs, which, state)
-        if not skip:
-            traces = api.get_stack_traces(gm)
-            info = (api.get_placeholder_info(gm.graph), api.find_input_mutations(gm.graph))
-            extra = {}
-            if api.user_visible and not is_backward:
-                extra["user_visible_output_idxs"] = _user_visible(api, gm, which, state)
     except Exception as e:  # a torch whose private API moved: no graphs, never a failed job
         note = _unavailable(state, e)
-        fn = compile_fn()
-        return fn, note
+        return compile_fn(), note
     fn = compile_fn()
     if skip:
-        if is_backward:   # the recorded forward's outputs stay valid for it
-            return _backward_unrecorded(api, fn, state.device_index), "no CUDA graphs: " + skip
-        state.recorded = False
-        warn_once("cudagraphs-skip", "%s graph not recorded as a CUDA graph: %s", which,
-                  skip.splitlines()[0], suffix="")
+        if which != "backward":
+            state.recorded = False
+            warn_once("cudagraphs-skip", "%s graph not recorded as a CUDA graph: %s", which,
+                      skip.splitlines()[0], suffix="")
         return fn, "no CUDA graphs: " + skip
-    if which == "inference":   # no autograd: fuseml's own replay, cheaper than the trees'
-        state.device_index = dev
-        log.debug("fuseml: inference graph under fuseml's CUDA-graph replay (device %d, static "
-                  "inputs %s)", dev, list(static))
-        return (graph_replay.InferenceGraphs(fn, static, dev),
-                f"CUDA graphs (fuseml replay; static inputs {list(static)})")
-    try:
-        out = api.cudagraphify_impl(
-            _stealing(fn), list(example_inputs), static, device_index=dev,
-            is_backward=is_backward, is_inference=which == "inference", stack_traces=traces,
-            placeholders=info[0], mutated_input_idxs=info[1], **extra)
-    except Exception as e:
-        note = _unavailable(state, e)
-        if is_backward:
-            return _backward_unrecorded(api, fn, state.device_index), note
-        return fn, note
-    if not is_backward:
-        state.device_index = dev
-    out._boxed_call = True
-    log.debug("fuseml: %s graph under CUDA graphs (device %d, static inputs %s)", which, dev,
-              list(static))
-    return out, f"CUDA graphs (static inputs {list(static)})"
+    log.debug("fuseml: %s graph under fuseml's CUDA-graph replay (device %d, static inputs %s)",
+              which, dev, list(static))
+    return (_boxed(graph_replay.GraphReplay(fn, static, dev, which)),
+            f"CUDA graphs (fuseml replay; static inputs {list(static)})")
+
+
+def _boxed(replay):
+    """replay as a plain function marked boxed: aot_autograd wraps a backward in dynamo's
+    disable(), which copies a function's attributes (the mark) but not a class's."""
+    def run(args):
+        return replay(args)
+    run._boxed_call = True
+    run.replay = replay
+    return run

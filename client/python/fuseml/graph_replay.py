@@ -1,17 +1,21 @@
-"""fuseml's own CUDA-graph replay for inference graphs (mode="reduce-overhead" with no
-autograd). torch's cudagraph trees cost ~50 us of host time per call on the H100 machine's
-host (bench/NOTES.md, "Host time per step"): more than eager spends on a whole MLP block, so
-a host-bound step got slower under them. An inference graph needs none of what the trees add
-(forward/backward pairing, generations of recordings sharing one checkpointed pool), so it
-is replayed here at the cost of one dict lookup, a use-count check and one graph launch:
+"""fuseml's own CUDA-graph replay (mode="reduce-overhead") of every compiled graph: inference,
+and a training step's forward and backward. torch's cudagraph trees cost ~50 us of host time
+per call on the H100 machine's host (bench/NOTES.md, "Host time per step"): more than eager
+spends on a whole MLP block, so a host-bound step got slower under them. A graph is replayed
+here at the cost of one dict lookup, a use-count check and one graph launch; the trees'
+forward/backward pairing is not needed: a training forward's saved values are outputs like
+any other (autograd holds them until the backward, so the recording is not replayed over
+them), and the backward reads them where its forward's recording keeps them:
 
 - Each distinct set of inputs (address, size, stride and offset of every tensor, value of
   every other argument) is run eagerly once (the warm-up: fuseml's measured routing and
   module loads happen there, never in a capture), then recorded reading the caller's
   tensors where they are, so a replay copies no input. Up to MAX_DIRECT such graphs; the
   caching allocator hands a loop the same few addresses, so a handful covers a loop.
-- Past that, one graph per layout reads graph-owned copies of the non-static inputs (the
-  trees' scheme: one device copy per input and call); the MAX_LAYOUTS most recently used
+- Past that, or once MAX_FRESH input sets of one layout were warmed up without coming back
+  (inputs at a new address every call: a backward's tangents, where the loss is not computed
+  the same way each step), one graph per layout reads graph-owned copies of the non-static
+  inputs (the trees' scheme: one device copy per input and call); the MAX_LAYOUTS most recently used
   layouts are kept (every recording holds a pool of activations: a server seeing many
   batch sizes must not keep one per size for ever).
 - Outputs are returned as aliases of the graph's memory, not copies. An input set may have
@@ -42,9 +46,10 @@ MAX_DIRECT = 8     # input sets keyed by addresses, per compiled graph
 MAX_COPIES = 2     # recordings per input set (outputs the caller still holds)
 MAX_LAYOUTS = 8    # layouts with graph-owned input copies, least recently used dropped
 MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
+MAX_FRESH = 16     # input sets of one layout warmed up, not seen again: addresses churn
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _clock = itertools.count()   # recency of recordings, for dropping the least recently used
-instances = weakref.WeakSet()   # every live InferenceGraphs, for stats()
+instances = weakref.WeakSet()   # every live GraphReplay, for stats()
 
 
 def stats():
@@ -154,20 +159,23 @@ class _Recorded:
         return tuple(out) if self.tuple else out
 
 
-class InferenceGraphs:
-    """The boxed callable of one compiled inference graph under CUDA graphs (see the module
-    docstring). fn: the boxed callable it replaces; static: indices of inputs at fixed
-    addresses (parameters and buffers); device_index: the graph's CUDA device."""
+class GraphReplay:
+    """The boxed callable of one compiled graph under CUDA graphs (see the module docstring).
+    fn: the boxed callable it replaces; static: indices of inputs at fixed addresses
+    (parameters and buffers; a backward's saved values); device_index: the graph's CUDA
+    device; which: "inference", "forward" or "backward" (for messages)."""
 
     _boxed_call = True   # aot_autograd calls it with the list of inputs
 
-    def __init__(self, fn, static, device_index):
+    def __init__(self, fn, static, device_index, which="inference"):
         self.fn = fn
+        self.which = which
         self.static = frozenset(static)
         self.device_index = device_index
         self.direct = {}      # direct key -> _Recorded
         self.by_layout = collections.OrderedDict()   # layout key -> recordings, LRU order
         self.warm = set()     # keys run once eagerly, recorded on their next call
+        self.fresh = collections.Counter()   # layout -> its keys in warm (not seen again yet)
         self.off = None       # why graphs were turned off for this graph
         self.recordings = 0
         self.replays = 0
@@ -213,15 +221,18 @@ class InferenceGraphs:
 
     def _miss(self, args, key):
         """The recordings for a new input set: none on its first call (the warm-up)."""
-        if len(self.direct) < MAX_DIRECT:
+        layout = _layout_key(args, self.static)
+        if len(self.direct) < MAX_DIRECT and self.fresh[layout] < MAX_FRESH:
+            if key in self.warm:
+                self.fresh[layout] -= 1
             if self._first_time(key):
+                self.fresh[layout] += 1
                 return None
             rec = self._record(args)
             if rec is None:
                 return None
             recs = self.direct[key] = [rec]
             return recs
-        layout = _layout_key(args, self.static)
         recs = self.by_layout.get(layout)
         if recs is not None:
             self.by_layout.move_to_end(layout)
@@ -240,6 +251,7 @@ class InferenceGraphs:
             return False
         if len(self.warm) >= MAX_WARM:
             self.warm.clear()
+            self.fresh.clear()
         self.warm.add(key)
         return True
 
@@ -294,14 +306,14 @@ class InferenceGraphs:
             self.off = f"{type(e).__name__}: {e}"
             self.direct.clear()
             self.by_layout.clear()
-            warn_once("cudagraphs-capture", "an inference graph could not be recorded as a CUDA "
-                      "graph (%s); it runs without CUDA graphs", self.off.splitlines()[0][:200],
-                      suffix="")
+            warn_once("cudagraphs-capture", "a%s %s graph could not be recorded as a CUDA "
+                      "graph (%s); it runs without CUDA graphs", "n" if self.which[0] == "i" else "",
+                      self.which, self.off.splitlines()[0][:200], suffix="")
             return None
         self.recordings += 1
         nbytes = max(0, torch.cuda.memory_reserved(self.device_index) - reserved)
         self.pool_bytes += nbytes
         self.last_bytes = nbytes
-        log.debug("fuseml: inference graph recorded (%s inputs copied per replay; %d recorded, "
-                  "%d bytes)", len(buffers), self.recordings, nbytes)
+        log.debug("fuseml: %s graph recorded (%s inputs copied per replay; %d recorded, "
+                  "%d bytes)", self.which, len(buffers), self.recordings, nbytes)
         return _Recorded(graph, outputs, inputs, buffers, nbytes)
