@@ -85,6 +85,23 @@ static fm_skinny_config to_skinny(const fm_candidate *k) {
   return c;
 }
 
+static fm_candidate from_cols(fm_cols_config c) {
+  fm_candidate k;
+  memset(&k, 0, sizeof k);
+  k.tmpl = FM_TMPL_COLS;
+  k.p[0] = c.width;
+  k.p[1] = c.cluster;
+  k.p[2] = c.vec;
+  k.p[3] = c.unroll;
+  k.p[4] = c.block;
+  return k;
+}
+
+static fm_cols_config to_cols(const fm_candidate *k) {
+  fm_cols_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4]};
+  return c;
+}
+
 static fm_candidate from_b2b(fm_b2b_config c) {
   fm_candidate k;
   memset(&k, 0, sizeof k);
@@ -95,11 +112,12 @@ static fm_candidate from_b2b(fm_b2b_config c) {
 }
 
 /* Which template serves a fragment: a chain of two products the b2b one, any other with a
- * matrix product is a GEMM fragment, one with a reduction a row fragment; every other valid
- * fragment is a pointwise chain. */
+ * matrix product is a GEMM fragment, one reducing over dim 0 a column fragment, one with
+ * another reduction a row fragment; every other valid fragment is a pointwise chain. */
 static fm_template template_for(const fm_fragment *canon) {
   if (fm_fragment_is_chain(canon)) return FM_TMPL_B2B;
   if (fm_fragment_is_gemm(canon)) return FM_TMPL_GEMM;
+  if (fm_fragment_is_cols(canon)) return FM_TMPL_COLS;
   return fm_fragment_is_rows(canon) ? FM_TMPL_ROWS : FM_TMPL_POINTWISE;
 }
 
@@ -108,6 +126,18 @@ int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) 
   switch (template_for(canon)) {
     case FM_TMPL_POINTWISE: *out = from_pw(fm_codegen_pointwise_default(canon)); return FM_OK;
     case FM_TMPL_ROWS: *out = from_rows(fm_codegen_rows_default(canon)); return FM_OK;
+    case FM_TMPL_COLS: {
+      /* say why not here (too many reductions for shared memory), so the daemon answers
+         "bypass" with the reason */
+      fm_cols_config cc = fm_codegen_cols_default(canon);
+      char *src = NULL;
+      fm_kernel_meta meta;
+      int rc = fm_codegen_cols(canon, &cc, 0, &src, &meta, d);
+      free(src);
+      if (rc) return rc;
+      *out = from_cols(cc);
+      return FM_OK;
+    }
     case FM_TMPL_GEMM: {
       /* the layouts and K decide whether the template can run it at all: say why not here,
          so the daemon answers "bypass" with the reason */
@@ -162,6 +192,13 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
       fm_candidate k = from_rows(rc[i]);
       if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
     }
+  } else if (def.tmpl == FM_TMPL_COLS) {
+    fm_cols_config cc[32];
+    size_t m = fm_codegen_cols_candidates(canon, cc, 32);
+    for (size_t i = 0; i < m && n < max; i++) {
+      fm_candidate k = from_cols(cc[i]);
+      if (memcmp(&k, &def, sizeof k) != 0) out[n++] = k;
+    }
   } else if (def.tmpl == FM_TMPL_B2B) {
     fm_b2b_config bc[8];
     size_t m = fm_codegen_b2b_candidates(canon, bc, 8);
@@ -203,6 +240,10 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
       fm_rows_config rc = to_rows(c);
       return fm_codegen_rows(canon, &rc, sm_count, src, meta, d);
     }
+    case FM_TMPL_COLS: {
+      fm_cols_config cc = to_cols(c);
+      return fm_codegen_cols(canon, &cc, sm_count, src, meta, d);
+    }
     case FM_TMPL_GEMM: {
       fm_gemm_config gc = to_gemm(c);
       return fm_codegen_gemm(canon, &gc, sm_count, src, meta, d);
@@ -223,6 +264,10 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
 
 int fm_candidate_runs_on(const fm_candidate *c, const char *arch) {
   if (c && ((c->tmpl == FM_TMPL_GEMM && c->p[7]) || c->tmpl == FM_TMPL_B2B)) return arch && strcmp(arch, "sm_90a") == 0;
+  if (c && c->tmpl == FM_TMPL_COLS && c->p[1] > 1) {   /* thread block clusters: sm_90 and later */
+    int sm = 0;
+    return arch && sscanf(arch, "sm_%d", &sm) == 1 && sm >= 90;
+  }
   return 1;
 }
 
@@ -260,6 +305,10 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
     case FM_TMPL_B2B:
       snprintf(out, cap, "b2b bm=%u%s", c->p[0],
                c->p[1] == FM_B2B_TMA_PAIR ? " tma cluster=2" : c->p[1] == FM_B2B_TMA ? " tma" : "");
+      return;
+    case FM_TMPL_COLS:
+      snprintf(out, cap, "cols width=%u cluster=%u vec=%u unroll=%u block=%u", c->p[0], c->p[1], c->p[2], c->p[3],
+               c->p[4]);
       return;
     case FM_TMPL_SKINNY:
       snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);

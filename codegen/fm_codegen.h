@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 16   /* 16: b2b candidates renumbered, the pipelined form gone (15: the b2b template; 13: partial edge chunks of the sm_80 loads element-wise) */
+#define FM_CODEGEN_VERSION 17   /* 17: the cols template; rows helpers shared (16: b2b candidates renumbered, the pipelined form gone; 15: the b2b template; 13: partial edge chunks of the sm_80 loads element-wise) */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -27,7 +27,8 @@
   XX(3, GEMM, "gemm")           \
   XX(4, SKINNY, "skinny")       \
   XX(5, CUBLASLT, "cublaslt")   \
-  XX(6, B2B, "b2b")
+  XX(6, B2B, "b2b")              \
+  XX(7, COLS, "cols")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -57,7 +58,8 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
 /* "pointwise block=256 vec=0 unroll=4 blocks_per_sm=8", for logs and `fusectl show`. */
 void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap);
 /* True when candidate c compiles for arch ("sm_90a", ...): the wgmma GEMM mainloop needs
- * sm_90a; every other candidate runs on any supported architecture. */
+ * sm_90a, a cols kernel in clusters sm_90 or later; every other candidate runs on any
+ * supported architecture. */
 int fm_candidate_runs_on(const fm_candidate *c, const char *arch);
 
 /* ---- the pointwise template ---------------------------------------------------------- */
@@ -104,6 +106,37 @@ fm_rows_config fm_codegen_rows_default(const fm_fragment *canon);
 size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out, size_t max);
 /* As fm_codegen_pointwise, for a canonical row fragment (fm_fragment_is_rows). */
 int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count,
+                    char **src, fm_kernel_meta *meta, fm_diag *d);
+
+/* ---- the cols template (column fragments: reductions over dim 0, bias gradients) -------
+ * Blocks own a strip of `width` columns; the M rows of a strip are split across the S
+ * blocks of a thread block cluster along grid y (sm_90+; S = 1 anywhere else). Threads: TX
+ * across the strip (each `vec` contiguous columns: 8 with one 16-byte load per 16-bit input
+ * where every column-space input is stride-1 along its columns, 16-byte aligned and N % 8 ==
+ * 0, else 1 in a scalar form), TY = block / TX rows at a time, `unroll` rows loaded before
+ * any is added; the prologue runs per element, per-column values once per thread. fp32
+ * partials reduce across TY in shared memory, then the cluster's blocks meet in rank 0 through
+ * distributed shared memory in a fixed rank order, which runs the per-column epilogue and
+ * stores: deterministic, one launch, no scratch, no atomics. Launch metadata: kind "columns",
+ * grid rule "columns", cluster [1, S, 1] when S > 1 (fm_meta.h). */
+
+/* One point of the cols template's tuning space (candidate p[0..4], in this order). */
+typedef struct fm_cols_config {
+  uint32_t width;     /* columns per block (its strip): a power of two, 8..1024, <= block;
+                         the candidates take 16..256 */
+  uint32_t cluster;   /* S: blocks of a cluster sharing a strip's rows: 1, 2, 4 or 8 (> 1: sm_90+) */
+  uint32_t vec;       /* columns per thread: 8 (vector loads; the plan must allow them) or 1 */
+  uint32_t unroll;    /* rows a thread loads before it adds them: 1..8 (candidates: 8, or 4
+                         when that is more than 32 bytes of registers a row) */
+  uint32_t block;     /* threads per block: 128..1024, a multiple of width / vec */
+} fm_cols_config;
+
+fm_cols_config fm_codegen_cols_default(const fm_fragment *canon);
+/* The default (width 16, no cluster: it runs anywhere) first, then strip widths x cluster
+ * sizes worth timing for canon's N and M. */
+size_t fm_codegen_cols_candidates(const fm_fragment *canon, fm_cols_config *out, size_t max);
+/* As fm_codegen_pointwise, for a canonical column fragment (fm_fragment_is_cols). */
+int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_t sm_count,
                     char **src, fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the gemm template (GEMM fragments: one mm/addmm + a pointwise epilogue) ----------

@@ -56,6 +56,11 @@ typedef struct fm_cg_plan {
 /* Builds the plan; FM_EINVAL (not a valid fragment) or FM_EUNSUPPORTED, reason in d. */
 int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d);
 
+/* Operands -> positions (args), result dtypes (vdt), the value each output stores (t[n_in + k]
+ * .value) and liveness, for p->n_in / n_ops / n_out of f. Elementwise ops only (vocabulary
+ * 1), and reductions too when `reduce` (the cols template); else FM_EUNSUPPORTED. */
+int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int reduce, fm_diag *d);
+
 /* Largest width <= want (0: no limit) that every vector tensor of the plan allows. */
 uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);
 
@@ -76,5 +81,28 @@ void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uin
 
 /* A float constant as CUDA source: "%.9g" + "f", inf/nan spelled by bit pattern. */
 void fm_cg_emit_float(fm_strbuf *sb, double v);
+
+/* Storage access for the templates that hold values in register arrays (rows, cols):
+ * the vector type of `bytes` (16: uint4, 8: uint2, 4, 2, 1); a value's C type (bool or
+ * float); raw element expression e (storage type) -> value; value v (of dtype vdt) ->
+ * storage element of dtype dt; the prelude's element getter / setter for a dtype's size. */
+const char *fm_cg_vec_type(uint32_t bytes);
+const char *fm_cg_val_type(fm_dtype dt);
+void fm_cg_emit_decode(fm_strbuf *sb, fm_dtype dt, const char *e);
+void fm_cg_emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, const char *v);
+const char *fm_cg_get_fn(fm_dtype dt);
+const char *fm_cg_put_fn(fm_dtype dt);
+
+/* `extern "C" __global__ void [__cluster_dims__(1, cluster_y, 1)] __launch_bounds__(block)
+ * entry(` then a pointer per input and output (in<k>, out<k>) and `long long outer) {`;
+ * cluster_y <= 1: no cluster. */
+void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y,
+                          const char *entry);
+
+/* Launch metadata of a one-dimensional block of `block` threads: cleared, then kind, grid
+ * rule, entry symbol, block and the plan's input and output counts (the caller adds the grid
+ * sizes, outer and what else its template has). */
+void fm_cg_meta_begin(fm_kernel_meta *m, const char *kind, const char *rule, const char *entry, uint32_t block,
+                      const fm_cg_plan *p);
 
 #endif

@@ -389,3 +389,73 @@ int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
   fm_strbuf_append(sb, "}\n");
   return FM_OK;
 }
+
+/* ---- storage access shared by the templates that hold values in register arrays ---- */
+
+const char *fm_cg_vec_type(uint32_t bytes) {
+  switch (bytes) {
+    case 16: return "uint4";
+    case 8: return "uint2";
+    case 4: return "unsigned int";
+    case 2: return "unsigned short";
+    default: return "unsigned char";
+  }
+}
+
+const char *fm_cg_val_type(fm_dtype dt) { return dt == FM_DT_BOOL ? "bool" : "float"; }
+
+void fm_cg_emit_decode(fm_strbuf *sb, fm_dtype dt, const char *e) {
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(%s != 0)", e); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f16_to_f32(%s)", e); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_bf16_to_f32(%s)", e); return;
+    default: fm_strbuf_append(sb, e); return;
+  }
+}
+
+void fm_cg_emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, const char *v) {
+  char a[64];
+  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(a, sizeof a, "(%s ? 1.0f : 0.0f)", v);
+  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(a, sizeof a, "(%s != 0.0f)", v);
+  else snprintf(a, sizeof a, "%s", v);
+  switch (dt) {
+    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
+    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
+    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
+    default: fm_strbuf_append(sb, a); return;
+  }
+}
+
+const char *fm_cg_get_fn(fm_dtype dt) {
+  size_t s = fm_dtype_size(dt);
+  return s == 4 ? "fm_get_f32" : s == 2 ? "fm_get_u16" : "fm_get_u8";
+}
+
+const char *fm_cg_put_fn(fm_dtype dt) {
+  size_t s = fm_dtype_size(dt);
+  return s == 4 ? "fm_put_f32" : s == 2 ? "fm_put_u16" : "fm_put_u8";
+}
+
+void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y,
+                          const char *entry) {
+  fm_strbuf_append(sb, "extern \"C\" __global__ void ");
+  if (cluster_y > 1) fm_strbuf_printf(sb, "__cluster_dims__(1, %u, 1) ", cluster_y);
+  fm_strbuf_printf(sb, "__launch_bounds__(%u) %s(\n", block, entry);
+  for (uint32_t k = 0; k < p->n_in; k++)
+    fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(p->t[k].dtype), k);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "    long long outer) {\n");
+}
+
+void fm_cg_meta_begin(fm_kernel_meta *m, const char *kind, const char *rule, const char *entry, uint32_t block,
+                      const fm_cg_plan *p) {
+  memset(m, 0, sizeof *m);
+  snprintf(m->kind, sizeof m->kind, "%s", kind);
+  snprintf(m->grid_rule, sizeof m->grid_rule, "%s", rule);
+  snprintf(m->entry, sizeof m->entry, "%s", entry);
+  m->block[0] = block;
+  m->block[1] = m->block[2] = 1;
+  m->n_inputs = p->n_in;
+  m->n_outputs = p->n_out;
+}

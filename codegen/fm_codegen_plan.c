@@ -55,8 +55,7 @@ static int check_iteration(const fm_tensor *it, fm_diag *d) {
   return FM_OK;
 }
 
-/* Operands -> positions, result dtypes, liveness. */
-static int plan_values(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
+int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int reduce, fm_diag *d) {
   uint32_t ids[FM_CG_MAX_VALUES];
   for (uint32_t k = 0; k < p->n_in; k++) {
     ids[k] = f->inputs[k].id;
@@ -65,10 +64,11 @@ static int plan_values(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
   for (uint32_t i = 0; i < p->n_ops; i++) {
     const fm_opnode *op = &f->ops[i];
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
-    if (fm_op_vocab(op->op) != 1) /* reserved, reductions (the rows template), composites */
+    /* reserved, composites, products; reductions where the template runs none */
+    if (fm_op_vocab(op->op) != 1 && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE))
       return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "ops[%u]: '%s' is not elementwise; the pointwise template cannot run it",
-                         i, fm_op_name(op->op));
+                         "ops[%u]: '%s' is not elementwise; the %s template cannot run it",
+                         i, fm_op_name(op->op), reduce ? "cols" : "pointwise");
     int arity = fm_op_arity(op->op);
     if (arity < 0 || op->nargs != (uint32_t)arity)
       return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' takes %d args, has %u", i,
@@ -239,7 +239,7 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
     if ((rc = check_tensor(&f->inputs[k], it, 0, "inputs", k, d))) return rc;
   for (uint32_t k = 0; k < p->n_out; k++)
     if ((rc = check_tensor(&f->outputs[k], it, 1, "outputs", k, d))) return rc;
-  if ((rc = plan_values(f, p, d))) return rc;
+  if ((rc = fm_cg_plan_values(f, p, 0, d))) return rc;
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_tensor *t = tensor_of(f, p, k);
     p->t[k].dtype = t->dtype;

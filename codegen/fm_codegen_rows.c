@@ -26,52 +26,6 @@ typedef struct shape {
   int exact;                     /* every column a thread visits is inside the row */
 } shape;
 
-static const char *vec_type(uint32_t bytes) {
-  switch (bytes) {
-    case 16: return "uint4";
-    case 8: return "uint2";
-    case 4: return "unsigned int";
-    case 2: return "unsigned short";
-    default: return "unsigned char";
-  }
-}
-
-static const char *val_type(fm_dtype dt) { return dt == FM_DT_BOOL ? "bool" : "float"; }
-
-/* raw element expression e (storage type) -> value */
-static void emit_decode(fm_strbuf *sb, fm_dtype dt, const char *e) {
-  switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(%s != 0)", e); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f16_to_f32(%s)", e); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_bf16_to_f32(%s)", e); return;
-    default: fm_strbuf_append(sb, e); return;
-  }
-}
-
-/* value v (of dtype vdt) -> storage element of dtype dt */
-static void emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, const char *v) {
-  char a[64];
-  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(a, sizeof a, "(%s ? 1.0f : 0.0f)", v);
-  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(a, sizeof a, "(%s != 0.0f)", v);
-  else snprintf(a, sizeof a, "%s", v);
-  switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
-    default: fm_strbuf_append(sb, a); return;
-  }
-}
-
-static const char *get_fn(fm_dtype dt) {
-  size_t s = fm_dtype_size(dt);
-  return s == 4 ? "fm_get_f32" : s == 2 ? "fm_get_u16" : "fm_get_u8";
-}
-
-static const char *put_fn(fm_dtype dt) {
-  size_t s = fm_dtype_size(dt);
-  return s == 4 ? "fm_put_f32" : s == 2 ? "fm_put_u16" : "fm_put_u8";
-}
-
 /* (count, sum, shifted sum, M2) partials of a row value for var. Each warp shifts by one
  * value, its lane 0's first element k, so the means the merges subtract are small (a mean
  * near 1000 with deviations near 1 would lose its low bits to fp32 rounding, and an error in
@@ -236,15 +190,6 @@ static void elem_ref(char *out, size_t cap, const fm_cg_rows_plan *rp, const cha
   else snprintf(out, cap, "%s[b%u + j * %lldLL]", ptr, k, (long long)s);
 }
 
-static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, const char *entry) {
-  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(%u) %s(\n", block, entry);
-  for (uint32_t k = 0; k < p->n_in; k++)
-    fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(p->t[k].dtype), k);
-  for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "    long long outer) {\n");
-}
-
 /* Row index -> coordinates of dims 0..r-2 -> each used tensor's row base offset b<k>. */
 static void emit_bases(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_fragment *f) {
   const fm_cg_plan *p = &rp->base;
@@ -284,25 +229,25 @@ static void emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape 
   const fm_cg_plan *p = &rp->base;
   fm_dtype dt = p->t[k].dtype;
   char e[64];
-  fm_strbuf_printf(sb, "    %s v%u[%u];\n", val_type(dt), k, s->ept);
+  fm_strbuf_printf(sb, "    %s v%u[%u];\n", fm_cg_val_type(dt), k, s->ept);
   emit_chunk_head(sb, rp, s);
   if (s->vec == 1) {
     char ptr[16];
     snprintf(ptr, sizeof ptr, "in%u", k);
     elem_ref(e, sizeof e, rp, ptr, k);
     fm_strbuf_printf(sb, "        v%u[c] = ", k);
-    emit_decode(sb, dt, e);
+    fm_cg_emit_decode(sb, dt, e);
     fm_strbuf_append(sb, ";\n");
   } else {
-    const char *vt = vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
+    const char *vt = fm_cg_vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
     fm_strbuf_printf(sb, "        const %s r = *reinterpret_cast<const %s *>(in%u + b%u + j);\n", vt,
                      vt, k, k);
     fm_strbuf_printf(sb,
                      "#pragma unroll\n"
                      "        for (int e = 0; e < %u; ++e) v%u[c * %u + e] = ",
                      s->vec, k, s->vec);
-    snprintf(e, sizeof e, "%s(r, e)", get_fn(dt));
-    emit_decode(sb, dt, e);
+    snprintf(e, sizeof e, "%s(r, e)", fm_cg_get_fn(dt));
+    fm_cg_emit_decode(sb, dt, e);
     fm_strbuf_append(sb, ";\n");
   }
   /* outside the row: a defined value that no reduction reads and no store writes */
@@ -424,17 +369,17 @@ static void emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape
     elem_ref(ref, sizeof ref, rp, ptr, t);
     fm_strbuf_printf(sb, "        %s = ", ref);
     snprintf(v, sizeof v, "v%u[c]", pos);
-    emit_encode(sb, dt, p->vdt[pos], v);
+    fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
     fm_strbuf_append(sb, ";\n");
   } else {
-    const char *vt = vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
+    const char *vt = fm_cg_vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
     fm_strbuf_printf(sb, "        %s w = %s;\n", vt,
                      !strcmp(vt, "uint4") ? "make_uint4(0u, 0u, 0u, 0u)"
                      : !strcmp(vt, "uint2") ? "make_uint2(0u, 0u)" : "0");
     fm_strbuf_printf(sb, "#pragma unroll\n        for (int e = 0; e < %u; ++e) %s(w, e, ", s->vec,
-                     put_fn(dt));
+                     fm_cg_put_fn(dt));
     snprintf(v, sizeof v, "v%u[c * %u + e]", pos, s->vec);
-    emit_encode(sb, dt, p->vdt[pos], v);
+    fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
     fm_strbuf_append(sb, ");\n");
     fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + b%u + j) = w;\n", vt, k, t);
   }
@@ -444,7 +389,7 @@ static void emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
                         const fm_rows_config *c, const shape *s, const char *entry) {
   const fm_cg_plan *p = &rp->base;
-  emit_signature(sb, p, c->block, entry);
+  fm_cg_emit_signature(sb, p, c->block, 0, entry);
   if (rp->symbolic)
     fm_strbuf_printf(sb, "  const long long rows = outer * %lldLL;\n", (long long)rp->rows_per_outer);
   else
@@ -468,8 +413,8 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
     } else {
       char e[32];
       snprintf(e, sizeof e, "in%u[b%u]", k, k);
-      fm_strbuf_printf(sb, "    const %s v%u = ", val_type(p->vdt[k]), k);
-      emit_decode(sb, p->vdt[k], e);
+      fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[k]), k);
+      fm_cg_emit_decode(sb, p->vdt[k], e);
       fm_strbuf_append(sb, ";\n");
     }
   }
@@ -481,11 +426,11 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
       emit_reduce(sb, f, rp, s, i);
     } else if (p->rowval[pos]) {
       fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
-                       val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);
+                       fm_cg_val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);
       fm_cg_emit_op(sb, f, p, i);
       fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
     } else {
-      fm_strbuf_printf(sb, "    const %s v%u = ", val_type(p->vdt[pos]), pos);
+      fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[pos]), pos);
       fm_cg_emit_op(sb, f, p, i);
       fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
     }
@@ -499,7 +444,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
       char v[16];
       snprintf(v, sizeof v, "v%u", pos);
       fm_strbuf_printf(sb, "    if (lane == 0) out%u[b%u] = ", k, t);
-      emit_encode(sb, p->t[t].dtype, p->vdt[pos], v);
+      fm_cg_emit_encode(sb, p->t[t].dtype, p->vdt[pos], v);
       fm_strbuf_append(sb, ";\n");
     }
   }
@@ -566,20 +511,13 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
     rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s", fm_strerror(fm_strbuf_error(&sb)));
     goto out;
   }
-  memset(meta, 0, sizeof *meta);
-  snprintf(meta->kind, sizeof meta->kind, "rows");
-  snprintf(meta->entry, sizeof meta->entry, "%s", entry);
-  meta->block[0] = c.block;
-  meta->block[1] = meta->block[2] = 1;
-  snprintf(meta->grid_rule, sizeof meta->grid_rule, "rows");
+  fm_cg_meta_begin(meta, "rows", "rows", entry, c.block, &rp->base);
   meta->inner = (uint64_t)rp->rows_per_outer;
   meta->items_per_block = s.rpb;
   /* the kernel strides over rows, so any cap is correct; this one is many waves deep */
   uint64_t max_blocks = (uint64_t)(sm_count ? sm_count : DEFAULT_SMS) * (2048u / c.block) * 64u;
   meta->max_blocks = max_blocks > 0x7fffffffu ? 0x7fffffffu : (uint32_t)max_blocks;
   meta->outer = rp->outer;
-  meta->n_inputs = rp->base.n_in;
-  meta->n_outputs = rp->base.n_out;
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

@@ -3,13 +3,12 @@
  * Written independently of the generator (no shared plan or op table), so that a planning
  * or table bug in codegen shows up as a mismatch instead of being reproduced here. */
 #include "fm_reference.h"
+#include "fm_reference_int.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define REF_MAX_VALUES (FM_MAX_INPUTS + FM_MAX_OPS)
 
 float fm_reference_bf16_to_f32(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
@@ -80,7 +79,7 @@ static double round_to(fm_dtype dt, double x) {
   return x;
 }
 
-static double load(fm_dtype dt, const void *base, int64_t off) {
+double fm_ref_load(fm_dtype dt, const void *base, int64_t off) {
   switch (dt) {
     case FM_DT_BOOL: return ((const uint8_t *)base)[off] ? 1.0 : 0.0;
     case FM_DT_F16: return fm_reference_f16_to_f32(((const uint16_t *)base)[off]);
@@ -91,7 +90,7 @@ static double load(fm_dtype dt, const void *base, int64_t off) {
   return 0;
 }
 
-static void store(fm_dtype dt, void *base, int64_t off, double x) {
+void fm_ref_store(fm_dtype dt, void *base, int64_t off, double x) {
   switch (dt) {
     case FM_DT_BOOL: ((uint8_t *)base)[off] = x != 0 ? 1 : 0; return;
     case FM_DT_F16: ((uint16_t *)base)[off] = fm_reference_f32_to_f16(fm_reference_f64_to_f32(x)); return;
@@ -112,7 +111,7 @@ static double ref_pow(double x, double c) {
   return pow(x, c);
 }
 
-static double nan_max(double a, double b) {
+double fm_ref_nan_max(double a, double b) {
   if (isnan(a)) return a;
   if (isnan(b)) return b;
   return a > b ? a : b;
@@ -125,7 +124,7 @@ static double nan_min(double a, double b) {
 }
 
 /* One op on fp64 operands a, b, c (bools as 0/1). */
-static double eval_op(const fm_opnode *op, double a, double b, double c) {
+double fm_ref_op(const fm_opnode *op, double a, double b, double c) {
   switch (op->op) {
     case FM_OP_CONST:
       return op->dtype == FM_DT_BOOL ? (op->value != 0) : (double)fm_reference_f64_to_f32(op->value);
@@ -133,7 +132,7 @@ static double eval_op(const fm_opnode *op, double a, double b, double c) {
     case FM_OP_SUB: return a - b;
     case FM_OP_MUL: return a * b;
     case FM_OP_DIV: return a / b;
-    case FM_OP_MAXIMUM: return nan_max(a, b);
+    case FM_OP_MAXIMUM: return fm_ref_nan_max(a, b);
     case FM_OP_MINIMUM: return nan_min(a, b);
     case FM_OP_POW: return ref_pow(a, b);   /* b: the const exponent, fp32-rounded */
     case FM_OP_NEG: return -a;
@@ -164,12 +163,6 @@ static double eval_op(const fm_opnode *op, double a, double b, double c) {
   }
 }
 
-typedef struct ref_prog {
-  uint32_t n_in, n_ops, n_out;
-  uint16_t args[FM_MAX_OPS][3];
-  uint16_t out_value[FM_MAX_OUTPUTS];
-} ref_prog;
-
 static int find_id(const fm_fragment *f, uint32_t limit, uint32_t id) {
   for (uint32_t k = limit; k-- > 0;) {
     uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
@@ -178,7 +171,7 @@ static int find_id(const fm_fragment *f, uint32_t limit, uint32_t id) {
   return -1;
 }
 
-static int compile_prog(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
+int fm_ref_compile(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
   pr->n_in = f->n_inputs;
   pr->n_ops = f->n_ops;
   pr->n_out = f->n_outputs;
@@ -205,7 +198,7 @@ static int compile_prog(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
 /* One reduction over a whole row x[0..n): fp64, two-pass var, NaN-propagating amax. */
 static double reduce_row(const fm_opnode *op, const double *x, int64_t n) {
   double acc = op->op == FM_OP_AMAX ? -INFINITY : 0.0;
-  for (int64_t j = 0; j < n; j++) acc = op->op == FM_OP_AMAX ? nan_max(acc, x[j]) : acc + x[j];
+  for (int64_t j = 0; j < n; j++) acc = op->op == FM_OP_AMAX ? fm_ref_nan_max(acc, x[j]) : acc + x[j];
   if (op->op == FM_OP_SUM || op->op == FM_OP_AMAX) return acc;
   double mean = acc / (double)n;
   if (op->op == FM_OP_MEAN) return mean;
@@ -259,7 +252,7 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
     for (uint32_t k = 0; k < f->n_inputs; k++) {
       double *x = v + (size_t)k * (size_t)n;
       for (int64_t j = 0; j < (is_row[k] ? n : 1); j++)
-        x[j] = inputs[k] ? load(f->inputs[k].dtype, inputs[k], base[k] + j * es[k][last]) : NAN;
+        x[j] = inputs[k] ? fm_ref_load(f->inputs[k].dtype, inputs[k], base[k] + j * es[k][last]) : NAN;
     }
     for (uint32_t o = 0; o < f->n_ops; o++) {
       const fm_opnode *op = &f->ops[o];
@@ -273,13 +266,13 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
         double arg[3] = {0, 0, 0};
         for (uint32_t q = 0; q < op->nargs; q++)
           arg[q] = v[(size_t)a[q] * (size_t)n + (size_t)(is_row[a[q]] ? j : 0)];
-        x[j] = eval_op(op, arg[0], arg[1], arg[2]);
+        x[j] = fm_ref_op(op, arg[0], arg[1], arg[2]);
       }
     }
     for (uint32_t k = 0; k < f->n_outputs; k++) {
       uint32_t pos = pr->out_value[k], t = f->n_inputs + k;
       for (int64_t j = 0; j < (is_row[pos] ? n : 1); j++)
-        store(f->outputs[k].dtype, outputs[k], base[t] + j * es[t][last],
+        fm_ref_store(f->outputs[k].dtype, outputs[k], base[t] + j * es[t][last],
               v[(size_t)pos * (size_t)n + (size_t)j]);
     }
     for (uint32_t j = last; j-- > 0;) {   /* odometer over the leading dims */
@@ -304,16 +297,15 @@ static double gemm_dot(const fm_fragment *f, uint32_t ia, uint32_t ib, const voi
   int64_t zb = r == 3 && tb->shape[0] != 1 ? z * tb->strides[0] : 0;
   double acc = 0.0;
   for (int64_t k = 0; k < K; k++)
-    acc += load(ta->dtype, a, za + m * sa0 + k * sa1) * load(tb->dtype, b, zb + k * sb0 + n * sb1);
+    acc += fm_ref_load(ta->dtype, a, za + m * sa0 + k * sa1) * fm_ref_load(tb->dtype, b, zb + k * sb0 + n * sb1);
   return acc;
 }
 
-/* Input k of a chain at (m, n) of the stage reading it (its shape broadcasts there). */
-static double chain_load(const fm_fragment *f, const void *const *inputs, uint32_t k, int64_t m, int64_t n) {
+double fm_ref_load_mn(const fm_fragment *f, const void *const *inputs, uint32_t k, int64_t m, int64_t n) {
   const fm_tensor *t = &f->inputs[k];
   if (!inputs[k]) return NAN;   /* promised unused: poison, so a wrong promise shows */
   int64_t off = (t->shape[0] == 1 ? 0 : m * t->strides[0]) + (t->shape[1] == 1 ? 0 : n * t->strides[1]);
-  return load(t->dtype, inputs[k], off);
+  return fm_ref_load(t->dtype, inputs[k], off);
 }
 
 /* A chain (fm_fragment.h): per row m, stage 1 over the N1 columns gives the second product's
@@ -345,7 +337,7 @@ static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t outer, c
       const uint8_t bit = (uint8_t)(1u << (s - 1));
       for (int64_t n = 0; n < cols; n++) {
         for (uint32_t k = 0; k < f->n_inputs; k++)
-          v[k] = ci.in_need[k] & bit ? chain_load(f, inputs, k, m, n) : NAN;
+          v[k] = ci.in_need[k] & bit ? fm_ref_load_mn(f, inputs, k, m, n) : NAN;
         for (uint32_t o = 0; o < pr->n_ops; o++) {
           const uint16_t *a = pr->args[o];
           uint32_t na = f->ops[o].nargs;
@@ -357,10 +349,10 @@ static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t outer, c
           } else if ((int)o == ci.op2) {
             const int64_t s0 = tb2->strides[0], s1 = tb2->shape[1] == 1 ? 0 : tb2->strides[1];
             double acc = 0.0;
-            for (int64_t k = 0; k < N1; k++) acc += h[k] * load(tb2->dtype, inputs[ib2], k * s0 + n * s1);
+            for (int64_t k = 0; k < N1; k++) acc += h[k] * fm_ref_load(tb2->dtype, inputs[ib2], k * s0 + n * s1);
             *out = acc + (na == 3 ? v[a[0]] : 0.0);
           } else {
-            *out = eval_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0, na > 2 ? v[a[2]] : 0);
+            *out = fm_ref_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0, na > 2 ? v[a[2]] : 0);
           }
         }
         if (s == 1) {
@@ -369,7 +361,7 @@ static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t outer, c
         }
         for (uint32_t k = 0; k < f->n_outputs; k++) {
           const fm_tensor *t = &f->outputs[k];
-          store(t->dtype, outputs[k], m * t->strides[0] + n * t->strides[1], v[pr->out_value[k]]);
+          fm_ref_store(t->dtype, outputs[k], m * t->strides[0] + n * t->strides[1], v[pr->out_value[k]]);
         }
       }
     }
@@ -389,12 +381,13 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     return fm_diag_set(d, FM_EINVAL, "reference: fragment exceeds the limits");
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
-  int rows = fm_fragment_is_rows(f), chain = !rows && fm_fragment_is_chain(f);
-  if (rows || chain) {   /* they walk rows themselves */
+  int rows = fm_fragment_is_rows(f), cols = !rows && fm_fragment_is_cols(f);
+  int chain = !rows && !cols && fm_fragment_is_chain(f);
+  if (rows || cols || chain) {   /* they walk rows (columns) themselves */
     pr = malloc(sizeof *pr);
     if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
-    rc = compile_prog(f, pr, d);
-    if (!rc) rc = (rows ? eval_rows : eval_chain)(f, pr, outer, inputs, outputs, d);
+    rc = fm_ref_compile(f, pr, d);
+    if (!rc) rc = (rows ? eval_rows : cols ? fm_ref_eval_cols : eval_chain)(f, pr, outer, inputs, outputs, d);
     free(pr);
     return rc;
   }
@@ -421,7 +414,7 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
   }
   pr = malloc(sizeof *pr);
   if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
-  if ((rc = compile_prog(f, pr, d))) goto out;
+  if ((rc = fm_ref_compile(f, pr, d))) goto out;
 
   /* Effective strides: a broadcast dim (size 1 in the tensor) contributes nothing. */
   int64_t es[FM_MAX_INPUTS + FM_MAX_OUTPUTS][FM_MAX_RANK];
@@ -462,7 +455,7 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
       }
       int64_t off = 0;
       for (uint32_t j = 0; j < rank; j++) off += idx[j] * es[k][j];
-      v[k] = load(f->inputs[k].dtype, inputs[k], off);
+      v[k] = fm_ref_load(f->inputs[k].dtype, inputs[k], off);
     }
     for (uint32_t o = 0; o < pr->n_ops; o++) {
       const uint16_t *a = pr->args[o];
@@ -474,13 +467,13 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
                              (na == 3 ? v[a[0]] : 0.0);
         continue;
       }
-      v[f->n_inputs + o] = eval_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0,
+      v[f->n_inputs + o] = fm_ref_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0,
                                    na > 2 ? v[a[2]] : 0);
     }
     for (uint32_t k = 0; k < f->n_outputs; k++) {
       int64_t off = 0;
       for (uint32_t j = 0; j < rank; j++) off += idx[j] * es[f->n_inputs + k][j];
-      store(f->outputs[k].dtype, outputs[k], off, v[pr->out_value[k]]);
+      fm_ref_store(f->outputs[k].dtype, outputs[k], off, v[pr->out_value[k]]);
     }
     for (uint32_t j = rank; j-- > 0;) {   /* odometer: next multi-index, last dim fastest */
       if (++idx[j] < shape[j]) break;

@@ -19,6 +19,11 @@
  *    divided by N - correction, so N == correction gives NaN like torch; amax propagates
  *    NaN); a per-row value broadcasts along the row; a per-row output stores one element
  *    per row (its last dim is 1).
+ *  - column fragments (reductions over dim 0; fm_fragment.h): column by column over the
+ *    [M, N] space (M = `outer` when symbolic, 0 allowed): the per-column values before the
+ *    reductions, then every row's column-space ops in fp64 with each reduction accumulated
+ *    (sum; mean = sum / M, NaN for M = 0; amax propagating NaN, -inf for M = 0), then the
+ *    per-column values after them; each output ([1, N]) gets one element per column.
  *  - GEMM fragments (mm / addmm): the product at (m, n) is the fp64 sum over k of
  *    A[m, k] * B[k, n] (operands decoded exactly), not rounded (kernels keep it fp32);
  *    addmm adds its bias in fp64; the epilogue then runs per element as above. bmm: the

@@ -8,18 +8,19 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1 | 2 | 3 | 4,
+ *   {vocab: 1 | 2 | 3 | 4 | 5,
  *    m_hint?: int   (GEMM fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
  *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
- *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2)
+ *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2;
+ *                                                   dim 0 of a rank-2 value: vocab 5, columns)
  *    outputs: [{id, dtype, shape, strides, align}, ...]}
  *
  * Shapes: rank 0..FM_MAX_RANK; each dim an int >= 1, or FM_DIM_SYMBOLIC (-1) for the one
  * symbolic dimension, which may only be dim 0 (the batch/token dimension: its size is a
  * launch argument, so one kernel serves every batch size). Strides are in elements, all
  * constants (dim 0 being outermost, no stride depends on it). The *iteration shape* of a
- * pointwise fragment (row fragments: below) is the shape of outputs[0]; every output has exactly that shape; each input has the same rank and
+ * pointwise fragment (row and column fragments: below) is the shape of outputs[0]; every output has exactly that shape; each input has the same rank and
  * every dim equal to the iteration dim or 1 (broadcast; its stride is then ignored).
  * `align` is the byte alignment the client guarantees for the base pointer (power of two).
  *
@@ -45,9 +46,13 @@
  * matrix products mm and addmm (GEMM fragments, below). `erf` (what GELU and its backward
  * decompose into) was appended to the elementwise ops of vocabulary 1 later: a daemon built
  * before it answers unknown_op, and the client runs the group eagerly. Vocabulary 4 adds
- * bmm (batched GEMM fragments); a daemon of vocabulary 3 refuses it as reserved. */
-#define FM_VOCAB_VERSION 4
+ * bmm (batched GEMM fragments); a daemon of vocabulary 3 refuses it as reserved. Vocabulary 5
+ * adds no op: the reductions sum, mean and amax over dim 0 of a rank-2 value (column
+ * fragments, below); a daemon of vocabulary 4 refuses them as unsupported ("only the last
+ * dim (-1) can be reduced") and the client runs them unfused. */
+#define FM_VOCAB_VERSION 5
 #define FM_VOCAB_MIN 1
+#define FM_VOCAB_COLS 5   /* the vocabulary of column fragments */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -98,7 +103,8 @@ typedef enum {
   FM_OPK_POW,      /* (x, c) where c is a `const` value: pow by scalar */
   FM_OPK_RESERVED, /* a known name of a later vocabulary: refused as FM_EUNSUPPORTED */
   FM_OPK_REDUCE,   /* vocab 2: 1 float arg, reduced over its last dim -> same dtype
-                      (sum, mean, amax; var also takes `correction`) */
+                      (sum, mean, amax; var also takes `correction`); vocab 5: sum, mean
+                      and amax over dim 0 of a rank-2 value (column fragments) */
   FM_OPK_COMPOSITE,/* vocab 2, wire form only: expanded into primitives by
                       fm_fragment_expand (softmax, layer_norm, rms_norm) */
   FM_OPK_MATMUL,   /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments;
@@ -182,9 +188,11 @@ typedef struct fm_opnode {
   double value;                   /* FM_OP_CONST; eps of layer_norm/rms_norm (wire only) */
   fm_dtype dtype;                 /* result dtype: inferred by validation; given for cast */
   /* Reductions (vocab 2). `dim` is the reduced dim as the client wrote it (-1 or rank-1;
-   * any other is refused); canonical form: -1. `keepdim` only says which output shape the
-   * client meant; the canonical form drops it (reduced values always have the keepdim
-   * shape [..., 1]). `correction` (var only): 0 (population) or 1 (Bessel, torch's default). */
+   * vocab 5: 0 or -2 of a rank-2 value, a column reduction; any other is refused); canonical
+   * form: -1, or 0 for a column reduction (the only case it is packed). `keepdim` only says
+   * which output shape the client meant; the canonical form drops it (reduced values always
+   * have the keepdim shape: [..., 1], [1, N] for columns). `correction` (var only): 0
+   * (population) or 1 (Bessel, torch's default). */
   int32_t dim;
   uint8_t keepdim;
   uint8_t correction;
@@ -277,8 +285,44 @@ int fm_fragment_chain_info(const fm_fragment *f, fm_chain_info *ci, fm_diag *d);
  * before fm_fragment_validate. FM_ELIMIT when the expansion exceeds FM_MAX_OPS. */
 int fm_fragment_expand(fm_fragment *f, fm_diag *d);
 
-/* True if f (validated) has a reduction: it is a row fragment, served by the rows template. */
+/* True if f (validated) has a reduction over the last dim: it is a row fragment, served by the
+ * rows template. */
 int fm_fragment_is_rows(const fm_fragment *f);
+
+/* Column fragments (vocab 5, fm_fragment_is_cols): reductions over dim 0 of a rank-2 value,
+ * `grad.sum(0)` of a bias gradient. A reduction (sum, mean, amax) with dim 0 (or -2) in a
+ * fragment whose tensors have rank <= 2, at least one rank 2, makes it a column fragment
+ * (rank-1 fragments reduce their last dim, which is dim 0 too: row fragments). The column
+ * space is [M, N]: M the dim 0 of the inputs that have one other than 1 (the symbolic dim
+ * or static; 1 when none has), N the largest dim 1 of any tensor (static). Inputs have rank
+ * 2 and broadcast to [M, N] ([M, N], [1, N], [M, 1], [1, 1]); lower ranks get 1s prepended
+ * (stride 0; the canonical shape), any strides. Each value is
+ *   - column-space (FM_COLS_SPACE): an input whose dim 0 is M, or an op with such an arg:
+ *     evaluated per element before the reductions (a prologue);
+ *   - per column, before any reduction (FM_COLS_PRE): an input whose dim 0 is 1 (M > 1), a
+ *     const, or an op over such values only;
+ *   - per column, from a reduction (FM_COLS_POST): a reduction (over dim 0 of a column-space
+ *     float value: sum, mean = sum / M with the launch's M, amax propagating NaN; fp32
+ *     accumulation; the operand's dtype), or an op over per-column values reading one.
+ * FM_EUNSUPPORTED: var over dim 0; a column-space op reading a reduction's result (a second
+ * pass over the rows); a reduction of a per-column value ("nested reduction"); last-dim and
+ * dim-0 reductions mixed; a matrix product; an output of a column-space value (the kernel
+ * writes column results only); a fragment that says vocab < 5 ("only the last dim (-1) can
+ * be reduced", what a vocabulary-4 daemon answers); no output depending on a reduction.
+ * Outputs store per-column values, shape [1, N] or [N] (keepdim=false; validation prepends
+ * the 1: canonical). M = 0 is a valid launch: sum 0, mean NaN, amax -inf. */
+enum { FM_COLS_SPACE = 1, FM_COLS_PRE = 2, FM_COLS_POST = 3 };
+int fm_fragment_is_cols(const fm_fragment *f);
+typedef struct fm_cols_info {
+  int64_t m;                      /* M: static, or FM_DIM_SYMBOLIC (the launch's outer) */
+  int64_t n;                      /* N: static */
+  uint8_t in_cls[FM_MAX_INPUTS];  /* FM_COLS_SPACE or FM_COLS_PRE */
+  uint8_t op_cls[FM_MAX_OPS];     /* FM_COLS_SPACE, FM_COLS_PRE or FM_COLS_POST */
+} fm_cols_info;
+/* The column space and every value's class of a column fragment whose tensors are rank 2
+ * (validation has prepended the 1s, or is doing so: it calls this); FM_EUNSUPPORTED with the
+ * reason for a class rule broken (above), FM_EINVAL for what is no column fragment. */
+int fm_fragment_cols_info(const fm_fragment *f, fm_cols_info *ci, fm_diag *d);
 
 /* Decodes the wire form (a msgpack map) into *out and validates it (fm_fragment_validate).
  * Any failure returns a negative fm_err with a precise reason in d ("ops[3].args[1]: value 9
@@ -301,14 +345,15 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d);
 int fm_fragment_canonicalize(const fm_fragment *in, fm_fragment *out);
 
 /* Packs f in wire form with a fixed key order (the order in the header comment); optional
- * fields only where meaningful (value for const, dtype for cast). For a canonical fragment
+ * fields only where meaningful (value for const, dtype for cast, dim 0 for a reduction over
+ * dim 0, correction for var). For a canonical fragment
  * these are the canonical bytes that go into the fingerprint and the cache. */
 int fm_fragment_pack(const fm_fragment *f, msgpack_packer *pk);
 
 /* Convenience: canonicalize + pack into a fresh malloc'd buffer (*out, *len; free()). */
 int fm_fragment_canonical_bytes(const fm_fragment *f, uint8_t **out, size_t *len);
 
-/* True if the iteration shape has a symbolic dim 0. */
+/* True if the iteration shape has a symbolic dim 0 (a column fragment's: its M). */
 int fm_fragment_is_symbolic(const fm_fragment *f);
 
 #endif

@@ -95,10 +95,12 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   for (uint32_t j = 0; j < FM_MAX_OPS; j++) newpos[j] = UINT32_MAX;
   for (uint32_t p = 0; p < n; p++) newpos[order[p]] = p;
 
+  /* a column fragment's reductions stay live (validation wants an output that needs one) */
+  const int cols = fm_fragment_is_cols(in);
   memset(out, 0, sizeof *out);
   /* the lowest vocabulary that covers the live ops: a fragment without reductions keeps the
-   * vocab-1 bytes (and key) it had before vocab 2 existed */
-  out->vocab = FM_VOCAB_MIN;
+   * vocab-1 bytes (and key) it had before vocab 2 existed; columns need vocab 5 */
+  out->vocab = cols ? FM_VOCAB_COLS : FM_VOCAB_MIN;
   for (uint32_t p = 0; p < n; p++) {
     uint32_t v = fm_op_vocab(in->ops[order[p]].op);
     if (v > out->vocab) out->vocab = v;
@@ -122,7 +124,8 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
       if (renumber(in, newpos, src->args[a], &dst->args[a])) return FM_EINVAL;
     dst->value = fm_op_kind(src->op) == FM_OPK_CONST ? src->value : 0.0;
     dst->dtype = src->dtype;
-    dst->dim = -1;                                              /* always the last dim */
+    /* the last dim, or dim 0 of a column fragment: the only dim ever packed */
+    dst->dim = cols && fm_op_kind(src->op) == FM_OPK_REDUCE ? 0 : -1;
     dst->keepdim = 0;                                           /* the output shapes say it */
     dst->correction = src->op == FM_OP_VAR ? src->correction : 0;
   }
@@ -167,7 +170,10 @@ static int pack_tensor(const fm_tensor *t, msgpack_packer *pk) {
 
 static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   fm_opkind kind = fm_op_kind(op->op);
-  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + (op->op == FM_OP_VAR);
+  /* dim only on a column reduction (0): row reductions are over the last dim, and packing
+     their -1 would change every vocab-2 key */
+  int dim0 = kind == FM_OPK_REDUCE && op->dim == 0;
+  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + (op->op == FM_OP_VAR);
   int rc = msgpack_pack_map(pk, n);
   fm_pack_kv_cstr(pk, "op", fm_op_name(op->op));
   fm_pack_kv_u64(pk, "out", op->out);
@@ -178,6 +184,7 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   /* Always float64, so 2 and 2.0 from two clients are the same bytes. */
   if (kind == FM_OPK_CONST) fm_pack_kv_f64(pk, "value", op->value);
   if (kind == FM_OPK_CAST) fm_pack_kv_cstr(pk, "dtype", fm_dtype_name(op->dtype));
+  if (dim0) fm_pack_kv_i64(pk, "dim", 0);
   if (op->op == FM_OP_VAR) fm_pack_kv_u64(pk, "correction", op->correction);
   return rc;
 }
@@ -238,6 +245,11 @@ done:
 }
 
 int fm_fragment_is_symbolic(const fm_fragment *f) {
+  if (fm_fragment_is_cols(f)) {   /* the outputs are [1, N]: M is the inputs' */
+    for (uint32_t k = 0; k < f->n_inputs; k++)
+      if (f->inputs[k].rank > 0 && f->inputs[k].shape[0] == FM_DIM_SYMBOLIC) return 1;
+    return 0;
+  }
   return f && f->n_outputs > 0 && f->outputs[0].rank > 0 &&
          f->outputs[0].shape[0] == FM_DIM_SYMBOLIC;
 }

@@ -4,10 +4,9 @@
  * disagree about what a chain means. */
 #include <string.h>
 
-#include "fm_fragment.h"
+#include "fm_fragment_int.h"
 
-/* Position of value id among the inputs (k) or ops (n_inputs + i), or -1. */
-static int find(const fm_fragment *f, uint32_t id) {
+int fm_fragment_find_value(const fm_fragment *f, uint32_t id) {
   for (uint32_t k = 0; k < f->n_inputs; k++)
     if (f->inputs[k].id == id) return (int)k;
   for (uint32_t i = 0; i < f->n_ops; i++)
@@ -20,7 +19,7 @@ int fm_fragment_is_chain(const fm_fragment *f) {
   if (g2 < 0) return 0;
   const fm_opnode *m2 = &f->ops[g2];
   if (m2->nargs < 2) return 0;
-  int a2 = find(f, m2->args[m2->nargs - 2]);
+  int a2 = fm_fragment_find_value(f, m2->args[m2->nargs - 2]);
   return a2 >= (int)f->n_inputs;   /* the second A is computed, not read: a chain */
 }
 
@@ -36,7 +35,7 @@ int fm_fragment_chain_info(const fm_fragment *f, fm_chain_info *ci, fm_diag *d) 
     const fm_opnode *op = &f->ops[i];
     uint8_t s = 0, reads1 = 0;
     for (uint32_t a = 0; a < op->nargs; a++) {
-      int pos = find(f, op->args[a]);
+      int pos = fm_fragment_find_value(f, op->args[a]);
       if (pos < 0 || pos >= (int)(n_in + i))
         return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
       if (pos < (int)n_in) continue;
@@ -56,7 +55,7 @@ int fm_fragment_chain_info(const fm_fragment *f, fm_chain_info *ci, fm_diag *d) 
     ci->stage[i] = s;
   }
   const fm_opnode *m2 = &f->ops[ci->op2];
-  int a2 = find(f, m2->args[m2->nargs - 2]);
+  int a2 = fm_fragment_find_value(f, m2->args[m2->nargs - 2]);
   if (ci->stage[a2 - (int)n_in] != 1)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "ops[%d].args[%u]: the second product's A must be computed from the first "
@@ -65,7 +64,7 @@ int fm_fragment_chain_info(const fm_fragment *f, fm_chain_info *ci, fm_diag *d) 
   /* backward: which stage needs each value (outputs are stage 2; an op of stage s needs
      its args at s; an op of neither stage needs them wherever it is needed) */
   for (uint32_t k = 0; k < f->n_outputs; k++) {
-    int pos = find(f, f->outputs[k].id);
+    int pos = fm_fragment_find_value(f, f->outputs[k].id);
     if (pos < (int)n_in || ci->stage[pos - n_in] != 2)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "outputs[%u]: a chain stores only values of its second stage ([M, N2]); "
@@ -79,7 +78,7 @@ int fm_fragment_chain_info(const fm_fragment *f, fm_chain_info *ci, fm_diag *d) 
     if (!ci->need[i]) continue;   /* dead: canonical form drops it */
     for (uint32_t a = 0; a < op->nargs; a++) {
       if (((int)i == ci->op1 || (int)i == ci->op2) && a + 2 >= op->nargs) continue;   /* A, B */
-      int pos = find(f, op->args[a]);
+      int pos = fm_fragment_find_value(f, op->args[a]);
       if (pos < (int)n_in) ci->in_need[pos] |= want;
       else ci->need[pos - n_in] |= want;
     }

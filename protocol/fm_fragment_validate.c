@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fm_fragment.h"
+#include "fm_fragment_int.h"
 
 /* A defined value: inputs first, then op results in order. At most 32 + 256 entries, so a
  * linear search is fine and needs no allocation. */
@@ -316,7 +316,7 @@ static int check_shapes(const fm_fragment *f, fm_diag *d) {
 int fm_fragment_is_rows(const fm_fragment *f) {
   if (!f || f->n_ops > FM_MAX_OPS) return 0;
   for (uint32_t i = 0; i < f->n_ops; i++)
-    if (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) return 1;
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) return !fm_fragment_is_cols(f);
   return 0;
 }
 
@@ -339,6 +339,16 @@ int fm_fragment_gemm_op(const fm_fragment *f) {
   for (uint32_t i = 0; i < f->n_ops; i++)
     if (fm_op_kind(f->ops[i].op) == FM_OPK_MATMUL) return (int)i;
   return -1;
+}
+
+void fm_fragment_prepend_ones(fm_tensor *t, uint32_t rank) {
+  while (t->rank < rank) {
+    memmove(&t->shape[1], &t->shape[0], sizeof t->shape[0] * t->rank);
+    memmove(&t->strides[1], &t->strides[0], sizeof t->strides[0] * t->rank);
+    t->shape[0] = 1;
+    t->strides[0] = 0;
+    t->rank++;
+  }
 }
 
 /* A matrix operand is row- or column-major: stride 1 in one of its two dims (a size-1 dim
@@ -417,13 +427,7 @@ static int check_chain_shapes(fm_fragment *f, const values *vs, int g2, const in
     if (t->rank > 2)
       return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to [M, N]",
                          k, t->rank);
-    while (t->rank < 2) {
-      memmove(&t->shape[1], &t->shape[0], sizeof t->shape[0] * t->rank);
-      memmove(&t->strides[1], &t->strides[0], sizeof t->strides[0] * t->rank);
-      t->shape[0] = 1;
-      t->strides[0] = 0;
-      t->rank++;
-    }
+    fm_fragment_prepend_ones(t, 2);
     for (int s = 0; s < 2; s++) {
       if (!(ci.in_need[k] & (1u << s))) continue;
       const int64_t *it = s ? it2 : it1;
@@ -561,13 +565,7 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     if (t->rank > r)
       return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to %s",
                          k, t->rank, r == 3 ? "[Bt, M, N]" : "[M, N]");
-    while (t->rank < r) { /* [N] -> [1, N], [] -> [1, 1]: torch's right-aligned broadcast */
-      memmove(&t->shape[1], &t->shape[0], sizeof t->shape[0] * t->rank);
-      memmove(&t->strides[1], &t->strides[0], sizeof t->strides[0] * t->rank);
-      t->shape[0] = 1;
-      t->strides[0] = 0;
-      t->rank++;
-    }
+    fm_fragment_prepend_ones(t, r);
     for (uint32_t i = 0; i < r; i++) {
       int64_t dim = t->shape[i];
       if (dim == it[i] || dim == 1) continue;
@@ -723,8 +721,10 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
                          "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)",
                          k, fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
-  rc = fm_fragment_is_gemm(f) ? check_gemm(f, &vs, d)
-       : fm_fragment_is_rows(f) ? check_rows(f, &vs, d) : check_shapes(f, d);
+  rc = fm_fragment_is_gemm(f)   ? check_gemm(f, &vs, d)
+       : fm_fragment_is_cols(f) ? fm_fragment_check_cols(f, d)
+       : fm_fragment_is_rows(f) ? check_rows(f, &vs, d)
+                                : check_shapes(f, d);
   if (rc) return rc;
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     snprintf(path, sizeof path, "outputs[%u]", k);

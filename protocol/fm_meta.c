@@ -16,12 +16,21 @@
 #define RULE_PERSISTENT "persistent"
 #define RULE_NONE "none"
 #define RULE_BATCHED "batched"
+#define RULE_COLUMNS "columns"
+#define MAX_CLUSTER 8u   /* the portable cluster size */
 #define MAX_BLOCK_THREADS 1024u
 
 static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "split") == 0; }
 
 /* The split form's product parameters: "scratch", and "scratch2" for siblings. */
 static uint32_t n_scratch(const fm_kernel_meta *m) { return is_split(m) ? (m->blas.has_b2 ? 2u : 1u) : 0u; }
+
+/* Cluster dim i of the compiled-in cluster (1: none; a struct from codegen may say 0). */
+static uint32_t cluster_dim(const fm_kernel_meta *m, int i) { return m->cluster[i] ? m->cluster[i] : 1u; }
+
+static int has_cluster(const fm_kernel_meta *m) {
+  return cluster_dim(m, 0) * cluster_dim(m, 1) * cluster_dim(m, 2) > 1;
+}
 
 static uint64_t round256(uint64_t x) { return (x + 255) & ~(uint64_t)255; }
 
@@ -108,7 +117,7 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   if (!m || !pk || m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS) return FM_EINVAL;
   if (m->n_tmaps > FM_META_MAX_TMAPS) return FM_EINVAL;
   int split = is_split(m);
-  int rc = msgpack_pack_map(pk, 9 + (m->n_tmaps ? 1 : 0) + (m->blas.form[0] ? 1 : 0));
+  int rc = msgpack_pack_map(pk, 9 + (has_cluster(m) ? 1 : 0) + (m->n_tmaps ? 1 : 0) + (m->blas.form[0] ? 1 : 0));
   fm_pack_kv_cstr(pk, "kind", m->kind);
   fm_pack_kv_cstr(pk, "entry", m->entry);
   fm_pack_cstr(pk, "block");
@@ -132,6 +141,11 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   for (uint32_t i = 0; i < m->n_tmaps; i++) fm_pack_cstr(pk, "tmap");
   if (split) fm_pack_cstr(pk, "scratch");
   if (split && m->blas.has_b2) fm_pack_cstr(pk, "scratch2");
+  if (has_cluster(m)) {   /* only where there is one: every other kernel's bytes stay as they were */
+    fm_pack_cstr(pk, "cluster");
+    rc |= msgpack_pack_array(pk, 3);
+    for (int i = 0; i < 3; i++) rc |= msgpack_pack_uint32(pk, cluster_dim(m, i));
+  }
   if (m->n_tmaps) {
     fm_pack_cstr(pk, "tmaps");
     rc |= msgpack_pack_array(pk, m->n_tmaps);
@@ -194,6 +208,30 @@ static int unpack_block(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d
   if (threads > MAX_BLOCK_THREADS)
     return fm_diag_set(d, FM_ESCHEMA, "meta: block of %" PRIu64 " threads exceeds %u", threads,
                        MAX_BLOCK_THREADS);
+  return FM_OK;
+}
+
+/* The compiled-in cluster: absent is none ([1, 1, 1]); only rule "columns" sizes its grid by
+ * it (grid.y), so a cluster with any other rule is refused rather than launched wrongly. */
+static int unpack_cluster(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
+  const msgpack_object *c = fm_msg_get(obj, "cluster");
+  uint64_t blocks = 1;
+  for (int i = 0; i < 3; i++) m->cluster[i] = 1;
+  if (!c) return FM_OK;
+  if (c->type != MSGPACK_OBJECT_ARRAY || c->via.array.size != 3)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: 'cluster' must be an array of 3 integers");
+  for (int i = 0; i < 3; i++) {
+    const msgpack_object *e = &c->via.array.ptr[i];
+    if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 < 1 || e->via.u64 > MAX_CLUSTER)
+      return fm_diag_set(d, FM_ESCHEMA, "meta: cluster[%d] must be an integer in 1..%u", i, MAX_CLUSTER);
+    m->cluster[i] = (uint32_t)e->via.u64;
+    blocks *= e->via.u64;
+  }
+  if (blocks > MAX_CLUSTER)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: a cluster of %" PRIu64 " blocks exceeds %u", blocks, MAX_CLUSTER);
+  if (strcmp(m->grid_rule, RULE_COLUMNS) != 0 || m->cluster[0] != 1 || m->cluster[2] != 1)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: cluster [%u, %u, %u] with grid rule '%s' (only 'columns' takes "
+                       "one: [1, S, 1])", m->cluster[0], m->cluster[1], m->cluster[2], m->grid_rule);
   return FM_OK;
 }
 
@@ -434,6 +472,7 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   if (m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS)
     return fm_diag_set(d, FM_ESCHEMA, "meta: %u inputs / %u outputs exceed %d / %d", m->n_inputs,
                        m->n_outputs, FM_MAX_INPUTS, FM_MAX_OUTPUTS);
+  if ((rc = unpack_cluster(obj, m, d))) return rc;
   if ((rc = unpack_tmaps(obj, m, d))) return rc;
   if ((rc = unpack_blas(obj, m, d))) return rc;
   if ((rc = check_plan(m, d))) return rc;
@@ -443,7 +482,8 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
 int fm_meta_rule_known(const char *rule) {
   return rule && (strcmp(rule, RULE_ELEMENTWISE) == 0 || strcmp(rule, RULE_ROWS) == 0 ||
                   strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0 ||
-                  strcmp(rule, RULE_NONE) == 0 || strcmp(rule, RULE_BATCHED) == 0);
+                  strcmp(rule, RULE_NONE) == 0 || strcmp(rule, RULE_BATCHED) == 0 ||
+                  strcmp(rule, RULE_COLUMNS) == 0);
 }
 
 static int is_tiles(const fm_kernel_meta *m) {
@@ -454,8 +494,22 @@ static int is_batched(const fm_kernel_meta *m) {
   return strncmp(m->grid_rule, RULE_BATCHED, sizeof m->grid_rule) == 0;
 }
 
+static int is_columns(const fm_kernel_meta *m) {
+  return strncmp(m->grid_rule, RULE_COLUMNS, sizeof m->grid_rule) == 0;
+}
+
+/* "columns": a block per strip of columns (max_blocks strips) times the cluster's S blocks
+ * sharing its rows (grid.y); launched for every M >= 0, M = 0 too (the results are still
+ * written: sum 0, mean NaN, amax -inf). */
+static uint64_t columns_grid(const fm_kernel_meta *m, int64_t outer, int dim) {
+  int64_t o = m->outer >= 0 ? m->outer : outer;
+  if (o < 0 || m->max_blocks == 0) return 0;
+  return dim == 0 ? m->max_blocks : dim == 1 ? cluster_dim(m, 1) : 1;
+}
+
 /* "batched": the products (grid.z) of the launch: outer, or the static batch. */
 uint64_t fm_meta_grid_z(const fm_kernel_meta *m, int64_t outer) {
+  if (m && is_columns(m)) return columns_grid(m, outer, 2);
   if (!m || !is_batched(m)) return m && fm_meta_grid_x(m, outer) ? 1 : 0;
   int64_t o = m->outer >= 0 ? m->outer : outer;
   if (o <= 0 || m->inner == 0 || m->items_per_block == 0 || m->max_blocks == 0) return 0;
@@ -463,6 +517,7 @@ uint64_t fm_meta_grid_z(const fm_kernel_meta *m, int64_t outer) {
 }
 
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer) {
+  if (m && is_columns(m)) return columns_grid(m, outer, 1);
   if (m && is_batched(m)) {   /* the row tiles of one product: inner = its static M */
     if (!fm_meta_grid_z(m, outer)) return 0;
     return m->inner / m->items_per_block + (m->inner % m->items_per_block != 0);
@@ -484,6 +539,7 @@ static uint64_t persistent_grid(const fm_kernel_meta *m, int64_t outer) {
 }
 
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer) {
+  if (m && is_columns(m)) return columns_grid(m, outer, 0);
   if (m && (is_tiles(m) || is_batched(m))) return fm_meta_grid_y(m, outer) ? m->max_blocks : 0;
   if (m && strncmp(m->grid_rule, RULE_PERSISTENT, sizeof m->grid_rule) == 0) return persistent_grid(m, outer);
   /* "rows" counts rows (inner = rows per unit of dim 0, items_per_block = rows per block)

@@ -5,7 +5,7 @@
  *   {kind: "pointwise", entry: str, block: [x, y, z], smem: u32,
  *    grid: {rule: "elementwise", inner: u64, items_per_block: u64, max_blocks: u32},
  *    outer: i64 (-1 when dim 0 is symbolic), n_inputs: u32, n_outputs: u32,
- *    params: ["in", ..., "out", ..., "outer"]}
+ *    params: ["in", ..., "out", ..., "outer"], cluster?: [x, y, z], tmaps?: [...], blas?: {...}}
  *
  * Kernel parameters, in order: one device pointer per input (fragment order), one per
  * output, then `long long outer` (the size of dim 0 for this launch; for a static
@@ -30,7 +30,19 @@
  * max_blocks the column tiles, outer the batch (the products):
  *   grid.x = max_blocks;  grid.y = ceil(inner / items_per_block);  grid.z = outer
  *   (0: do not launch).
+ * Grid for rule "columns" (kind "columns", column fragments: reductions over dim 0 of an
+ * [M, N] space): inner is N, items_per_block the columns of one block's strip, max_blocks the
+ * strips (ceil(N / items_per_block)); the M rows of a strip are shared by the S blocks of a
+ * thread block cluster along y (the kernel's compiled-in cluster, key `cluster` below):
+ *   grid.x = max_blocks;  grid.y = S (cluster[1], 1 without a cluster);  grid.z = 1
+ * launched for every M = outer >= 0, 0 included (the outputs are still written).
  * Grid rule "none": no kernel at all (a kind "cublaslt" plan in its direct form, below).
+ *
+ * Clusters: an optional key `cluster: [x, y, z]` (after params, before tmaps and blas; each
+ * 1..8, 8 blocks at most) says the kernel was compiled with __cluster_dims__(x, y, z), so the
+ * grid must be a multiple of it; only rule "columns" takes one ([1, S, 1]), and a client
+ * refuses it with any other rule. Absent: no cluster (a plain cuLaunchKernel launches one
+ * compiled in all the same).
  *
  * cuBLASLt plans (kind "cublaslt"): an optional key
  *   blas: {form: "direct" | "split", dtype: "bf16" | "f16", a: u32, b: u32, bias: i32,
@@ -118,16 +130,18 @@ typedef struct fm_meta_blas {
 } fm_meta_blas;
 
 typedef struct fm_kernel_meta {
-  char kind[16];                 /* "pointwise", "rows", "gemm", "cublaslt" */
+  char kind[16];                 /* "pointwise", "rows", "columns", "gemm", "cublaslt" */
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
   uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent", "batched", "none" */
+  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent", "batched",
+                                    "columns", "none" */
   uint64_t inner;                /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;
   int64_t outer;                 /* static dim-0 size, or -1 when symbolic */
   uint32_t n_inputs, n_outputs;
+  uint32_t cluster[3];           /* compiled-in cluster dims; 0 or 1 each: none (key `cluster`) */
   uint32_t n_tmaps;              /* tensor-map parameters after outer (0 .. FM_META_MAX_TMAPS) */
   fm_meta_tmap tmaps[FM_META_MAX_TMAPS];
   fm_meta_blas blas;             /* kind "cublaslt" */
@@ -146,8 +160,8 @@ uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer);
 uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m);
 /* Bytes from the first product to the second (siblings' b2) for a launch at outer; 0: none. */
 uint64_t fm_meta_scratch_second_offset(const fm_kernel_meta *m, int64_t outer);
-/* grid.y: the row tiles for rules "tiles" and "batched", 1 for the 1-D rules, 0 when nothing
- * to do. */
+/* grid.y: the row tiles for rules "tiles" and "batched", the cluster's S for "columns", 1 for
+ * the 1-D rules, 0 when nothing to do. */
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer);
 /* grid.z: the products for rule "batched", 1 for the others, 0 when nothing to do. */
 uint64_t fm_meta_grid_z(const fm_kernel_meta *m, int64_t outer);

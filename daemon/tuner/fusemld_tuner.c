@@ -4,7 +4,8 @@
  * restarts it when a candidate breaks its CUDA context.
  *
  * prepare (per fragment):
- *  - verification size: the static shape; for a symbolic dim 0 an outer giving ~1M elements,
+ *  - verification size: the static shape (a column fragment's [M, N], its outputs being [1, N]);
+ *    for a symbolic dim 0 an outer giving ~1M elements,
  *    or for a GEMM with an M bucket (m_hint) the bucket, at most GEMM_VERIFY_ROWS;
  *  - a GEMM whose fp64 reference would cost more than REF_MACS multiply-adds is checked on
  *    row strips (first, middle, last GEMM_STRIP_ROWS rows): the kernel computes every row,
@@ -462,6 +463,9 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     if (W.outer_v < 1) W.outer_v = 1;
     W.outer_t = TIMING_ELEMENTS / (inner ? inner : 1);
     if (W.outer_t < 1) W.outer_t = 1;
+  } else if (fm_fragment_is_cols(f)) {   /* the outputs are [1, N]: M is the inputs' */
+    fm_cols_info ci;
+    W.outer_v = W.outer_t = fm_fragment_cols_info(f, &ci, NULL) == FM_OK ? ci.m : 1;
   } else {
     W.outer_v = W.outer_t = f->outputs[0].rank ? f->outputs[0].shape[0] : 1;
   }

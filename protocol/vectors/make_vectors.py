@@ -66,8 +66,8 @@ VECTORS = [
      ("reject", "bad_request", "inputs[0].dtype: unknown dtype 'f64'")),
     ("output_dtype_mismatch", "bf16 + f16 promotes to f32, stored into a bf16 output",
      ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32")),
-    ("vocab5", "a fragment of a newer vocabulary",
-     ("reject", "bad_request", "vocab 5 not supported, this daemon speaks 1 to 4")),
+    ("vocab6", "a fragment of a newer vocabulary",
+     ("reject", "bad_request", "vocab 6 not supported, this daemon speaks 1 to 5")),
     # ---- vocabulary 3: GEMM fragments ----
     ("gemm_linear", "nn.Linear + gelu: x [-1, 64] @ weight.t() (B [64, 128] column-major) + "
      "bias [128] (canonical [1, 128]), the pre-activation a second output", ("accept", None)),
@@ -111,6 +111,21 @@ VECTORS = [
     ("nested_reduction", "amax of a sum", ("reject", "unsupported", "nested reduction")),
     ("row_too_long", "softmax over rows of 65536",
      ("reject", "unsupported", "rows of 65536 elements exceed the 32768")),
+    # ---- vocabulary 5: column reductions (over dim 0) ----
+    ("cols_bias_grad", "a bias gradient: grad.sum(0, keepdim=True) of a bf16 [-1, 256] (symbolic M)",
+     ("accept", None)),
+    ("cols_bias_grad_nokeepdim", "the same sum spelled dim=-2, keepdim=false with a [256] output: same "
+     "canonical bytes and key", ("accept", "cols_bias_grad")),
+    ("cols_prologue_cast", "sum over dim 0 of grad [-1, 512] bf16 times a per-column f32 scale [512] "
+     "(canonical [1, 512]), cast to bf16; the f32 sum a second output", ("accept", None)),
+    ("cols_space_output", "a column fragment that would also store its [M, N] prologue",
+     ("reject", "unsupported", "a column fragment writes per-column values only")),
+    ("cols_second_pass", "x - x.sum(0): a reduction's result read in the [M, N] space",
+     ("reject", "unsupported", "that needs a second pass over the rows")),
+    ("cols_var", "var over dim 0",
+     ("reject", "unsupported", "'var' over dim 0 is not supported")),
+    ("cols_mixed_dims", "a sum over dim 0 beside an amax over the last dim",
+     ("reject", "unsupported", "reduces over dim 0 (columns) or over the last dim (rows), not both")),
     ("malformed_c1", "chain with the reserved type byte 0xc1 in place of vocab's value",
      ("reject", "malformed", "0xc1")),
     ("truncated", "chain.mp without its last 5 bytes", ("reject", "malformed", "truncated")),
@@ -215,6 +230,21 @@ def expand(ops):
 REDUCTIONS = {"sum", "mean", "amax", "var"}
 
 
+def is_columns(inputs, ops, outputs):
+    """Column fragments (vocab 5): a reduction over dim 0 (or -2) where the largest rank is 2."""
+    rank = max(len(t["shape"]) for t in inputs + outputs)
+    return rank == 2 and any(op["op"] in REDUCTIONS and op.get("dim", -1) in (0, -2) for op in ops)
+
+
+def leading_ones(t, rank):
+    """torch's right-aligned broadcast: [N] -> [1, N], the added dims stride 0."""
+    if len(t["shape"]) >= rank:
+        return t
+    k = rank - len(t["shape"])
+    return dict(t, shape=[1] * k + list(t["shape"]),
+                strides=[0] * k + list(t.get("strides", contiguous(t["shape"]))))
+
+
 def keepdim_outputs(inputs, ops, outputs):
     """Row fragments: a per-row output written without its kept dim gets the 1 back."""
     if not any(op["op"] in REDUCTIONS for op in ops):
@@ -237,7 +267,12 @@ def keepdim_outputs(inputs, ops, outputs):
 
 def canonical(frag):
     inputs, ops = frag["inputs"], expand(frag["ops"])
-    outputs = keepdim_outputs(inputs, ops, frag["outputs"])
+    cols = is_columns(inputs, ops, frag["outputs"])
+    if cols:  # inputs and [N] outputs get their leading 1
+        inputs = [leading_ones(t, 2) for t in inputs]
+        outputs = [leading_ones(t, 2) for t in frag["outputs"]]
+    else:
+        outputs = keepdim_outputs(inputs, ops, frag["outputs"])
     input_pos = {t["id"]: k for k, t in enumerate(inputs)}
     defining = {op["out"]: j for j, op in enumerate(ops)}
     order, seen = [], set()
@@ -268,20 +303,19 @@ def canonical(frag):
             o["value"] = float(op["value"])
         if op["op"] == "cast":
             o["dtype"] = op["dtype"]
+        if cols and op["op"] in REDUCTIONS:  # dim is packed for column reductions only
+            o["dim"] = 0
         if op["op"] == "var":
             o["correction"] = op.get("correction", 1)
         out_ops.append(o)
     # the lowest vocabulary that covers the live ops
-    vocab = 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
+    vocab = 5 if cols else 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;
         # GEMM epilogue inputs of a lower rank broadcast from the right: [N] is [1, N]
         vocab, rank = (4, 3) if matmuls[0] == "bmm" else (3, 2)
-        inputs = [dict(t, shape=[1] * (rank - len(t["shape"])) + list(t["shape"]),
-                       strides=[0] * (rank - len(t["shape"])) +
-                       list(t.get("strides", contiguous(t["shape"]))))
-                  if len(t["shape"]) < rank else t for t in inputs]
+        inputs = [leading_ones(t, rank) for t in inputs]
     return {"vocab": vocab,
             "inputs": [canon_tensor(t, k) for k, t in enumerate(inputs)],
             "ops": out_ops,

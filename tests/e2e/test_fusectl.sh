@@ -99,6 +99,14 @@ n=$(grep -v '^[[:space:]]*#' "$EXAMPLES/warm.manifest" | grep -c .)
 check "warm the manifest" sh -c "\"$FUSECTL\" --socket \"$SOCK\" warm \"$EXAMPLES/warm.manifest\" >/dev/null"
 check "ls: every warmed kernel" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if len(json.load(sys.stdin)[\"entries\"]) == $n else 1)'"
 
+# A column fragment (vocab 5: a bias gradient, grad.sum(0)), compiled above by warm, served
+# with the launch metadata of its kind.
+out=$(ctl --json compile "$EXAMPLES/bias_grad_bf16.json")
+check "columns: origin hit" test "$(echo "$out" | field '["origin"]')" = hit
+check "columns: kind" test "$(echo "$out" | field '["kind"]')" = columns
+check "columns: grid rule" test "$(echo "$out" | field '["meta"]["grid"]["rule"]')" = columns
+check "columns: symbolic M" test "$(echo "$out" | field '["meta"]["outer"]')" = -1
+
 printf '{"vocab": 1, "inputs": [], "ops": [{"op": "frobnicate", "out": 1, "args": []}], "outputs": []}\n' >"$TMP/bad.json"
 ctl compile "$TMP/bad.json" >/dev/null 2>"$TMP/err"
 rc=$?

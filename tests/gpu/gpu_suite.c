@@ -322,3 +322,11 @@ void gs_op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, u
   n->args[1] = a1;
   n->args[2] = a2;
 }
+
+int gs_canon(fm_fragment *f, fm_fragment *canon, const char *what) {
+  fm_diag d = {{0}};
+  int rc = fm_fragment_validate(f, &d);
+  if (!rc) rc = fm_fragment_canonicalize(f, canon);
+  if (rc) printf("FAIL build %s: %s\n", what, d.text);
+  return rc;
+}

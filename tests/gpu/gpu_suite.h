@@ -20,6 +20,10 @@ void gs_matrix(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, i
 void gs_vector(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t n);
 void gs_op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2);
 
+/* Validates f and canonicalizes it into canon: FM_OK, or the error after printing
+ * "FAIL build <what>: <reason>". */
+int gs_canon(fm_fragment *f, fm_fragment *canon, const char *what);
+
 /* Loads the driver, makes device 0's primary context current, prints the device and seed;
  * 0, or 2 without a GPU. */
 int gs_start(uint64_t seed);

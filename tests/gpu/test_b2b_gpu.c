@@ -21,14 +21,6 @@
 enum { E_MLP, E_RELU, E_SILU_SCALE, E__N };
 static const char *const epi_name[E__N] = {"mlp(gelu,+r)", "relu", "silu*0.5"};
 
-static int finish(fm_fragment *f, fm_fragment *canon, const char *what) {
-  fm_diag d = {{0}};
-  int rc = fm_fragment_validate(f, &d);
-  if (!rc) rc = fm_fragment_canonicalize(f, canon);
-  if (rc) printf("FAIL build %s: %s\n", what, d.text);
-  return rc;
-}
-
 /* x [M, K1] @ W1.t() [K1, N1] -> stage 1 -> @ W2.t() [N1, N2] -> stage 2; M < 0: symbolic.
  * part 0: the chain; 1 / 2: the first / second GEMM alone (what the client sends without
  * chains: h [M, N1] written, then read). */
@@ -67,7 +59,7 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t k1, int64
   }
   if (part == 1) {
     gs_matrix(&f.outputs[f.n_outputs++], h, dt, m, n1, 0);
-    return finish(&f, canon, "gemm 1");
+    return gs_canon(&f, canon, "gemm 1");
   }
   uint32_t y = 20;
   if (e == E_MLP) {
@@ -80,7 +72,7 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t k1, int64
     gs_op(&f, FM_OP_MM, 20, 2, h, 3, 0);
   }
   gs_matrix(&f.outputs[f.n_outputs++], y, dt, m, n2, 0);
-  return finish(&f, canon, part ? "gemm 2" : epi_name[e]);
+  return gs_canon(&f, canon, part ? "gemm 2" : epi_name[e]);
 }
 
 int main(int argc, char **argv) {

@@ -43,11 +43,12 @@ def test_activation_heavy_chain_is_one_group(dead_socket):
     assert len(kinds(fw, "gemm")) == 2
     bw = plan(c, "backward")
     # mul(0.5)'s backward and gelu_backward (spelled with erf) join one pointwise group;
-    # the fp32 GEMMs and the bias-gradient sums stay ATen.
+    # the fp32 GEMMs stay ATen; the bias-gradient sums are column groups of their own.
     (pw,) = [g for g in bw.kernels() if "gelu_backward" in g.op_names]
     assert pw.kind == "pointwise" and "mul" in pw.op_names
-    assert all(g.route == "bypass" for g in kinds(bw, "gemm") + kinds(bw, "reduction"))
-    assert kinds(bw, "reduction")                # the bias gradients' sums
+    assert all(g.route == "bypass" for g in kinds(bw, "gemm"))
+    assert not kinds(bw, "reduction")
+    assert [g.op_names for g in kinds(bw, "columns")] == [["sum"], ["sum"]]
 
 
 def test_stacked_mlp_four_blocks(dead_socket):

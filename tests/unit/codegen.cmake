@@ -19,15 +19,18 @@ target_compile_definitions(test_codegen_golden PRIVATE FM_CG_SOURCE_DIR="${PROJE
 fm_unit_test(test_codegen_candidates
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_candidates.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
-fm_unit_test(test_codegen_rows
-  SOURCES ${FM_CG_TEST_DIR}/test_codegen_rows.c ${FM_CG_TEST_DIR}/test_codegen_rows_frag.c
-          ${FM_CG_TEST_DIR}/test_codegen_frag.c
-  LIBS fm_codegen)
-target_compile_definitions(test_codegen_rows PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
-fm_unit_test(test_codegen_rows_ref
-  SOURCES ${FM_CG_TEST_DIR}/test_codegen_rows_ref.c ${FM_CG_TEST_DIR}/test_codegen_rows_frag.c
-          ${FM_CG_TEST_DIR}/test_codegen_frag.c
-  LIBS fm_codegen m)
+# the reduction templates: rows (last dim) and cols (dim 0), each with its fragments
+foreach(t rows cols)
+  fm_unit_test(test_codegen_${t}
+    SOURCES ${FM_CG_TEST_DIR}/test_codegen_${t}.c ${FM_CG_TEST_DIR}/test_codegen_${t}_frag.c
+            ${FM_CG_TEST_DIR}/test_codegen_frag.c
+    LIBS fm_codegen)
+  target_compile_definitions(test_codegen_${t} PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  fm_unit_test(test_codegen_${t}_ref
+    SOURCES ${FM_CG_TEST_DIR}/test_codegen_${t}_ref.c ${FM_CG_TEST_DIR}/test_codegen_${t}_frag.c
+            ${FM_CG_TEST_DIR}/test_codegen_frag.c
+    LIBS fm_codegen m)
+endforeach()
 fm_unit_test(test_codegen_gemm
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_gemm.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)

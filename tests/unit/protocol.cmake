@@ -5,6 +5,8 @@ foreach(t frame msg fragment canon fingerprint meta paths vectors)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_${t}.c
     LIBS fm_protocol PkgConfig::JANSSON)
 endforeach()
-fm_unit_test(test_protocol_rows
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_rows.c
-  LIBS fm_protocol PkgConfig::JANSSON)
+foreach(t rows cols)
+  fm_unit_test(test_protocol_${t}
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_${t}.c
+    LIBS fm_protocol PkgConfig::JANSSON)
+endforeach()

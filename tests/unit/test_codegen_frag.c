@@ -127,7 +127,8 @@ int tf_representative(int which, fm_fragment *canon) {
   return tf_finish(&f, canon);
 }
 
-int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compiled) {
+/* every: each candidate for sm_80 too (where it runs there), not only the default. */
+static int compile_candidates(const fm_fragment *canon, const char *name, int every, int *compiled) {
   fm_candidate c[64];
   int failures = 0, ok = 0, kernels = 0;
   size_t n = fm_codegen_candidates(canon, c, sizeof c / sizeof c[0]);
@@ -144,7 +145,7 @@ int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compi
     kernels++;
     for (int a = 0; a < 2; a++) {
       const char *arch = a ? "sm_80" : "sm_90a";
-      if ((a && i > 0) || !fm_nvrtc_arch_supported(arch) || !fm_candidate_runs_on(&c[i], arch)) continue;
+      if ((a && i > 0 && !every) || !fm_nvrtc_arch_supported(arch) || !fm_candidate_runs_on(&c[i], arch)) continue;
       uint8_t *cubin = NULL;
       size_t len = 0;
       char *log = NULL;
@@ -164,10 +165,70 @@ int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compi
   return failures;
 }
 
+int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compiled) {
+  return compile_candidates(canon, name, 0, compiled);
+}
+
+int tf_compile_every(const fm_fragment *canon, const char *name, int *compiled) {
+  return compile_candidates(canon, name, 1, compiled);
+}
+
 int tf_rejects(fm_fragment *f, int rc_want, const char *why) {
   fm_diag d = {{0}};
   int rc = fm_fragment_validate(f, &d);
   if (rc == rc_want && strstr(d.text, why)) return 1;
   fprintf(stderr, "  got %d \"%s\", want %d \"%s\"\n", rc, d.text, rc_want, why);
   return 0;
+}
+
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL;
+  long n;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+      (buf = malloc((size_t)n + 1)) != NULL) {
+    if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
+      buf[n] = '\0';
+    } else {
+      free(buf);
+      buf = NULL;
+    }
+  }
+  fclose(f);
+  return buf;
+}
+
+int tf_golden(const char *name, const char *src) {
+  const char *root = getenv("FM_SOURCE_DIR");
+#ifdef FM_CG_SOURCE_DIR
+  if (!root) root = FM_CG_SOURCE_DIR;   /* run by hand, outside ctest */
+#endif
+  const char *update = getenv("FM_UPDATE_GOLDEN");
+  char path[1024];
+  if (!root || !src) return 0;
+  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, name);
+  if (update && strcmp(update, "1") == 0) {
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(src, 1, strlen(src), f) == strlen(src);
+    if (f && fclose(f) != 0) ok = 0;
+    if (ok) printf("  updated %s\n", path);
+    return ok;
+  }
+  char *want = read_text(path);
+  if (!want) {
+    fprintf(stderr, "  cannot read %s (FM_UPDATE_GOLDEN=1 creates it)\n", path);
+    return 0;
+  }
+  int line = 1, same = strcmp(want, src) == 0;
+  if (!same) {
+    const char *w = want, *g = src;
+    for (; *w && *w == *g; w++, g++)
+      if (*w == '\n') line++;
+    const char *we = strchr(w, '\n'), *ge = strchr(g, '\n');
+    fprintf(stderr, "  %s differs at line %d:\n    want: %.*s\n    got:  %.*s\n", path, line,
+            (int)(we ? we - w : (long)strlen(w)), w, (int)(ge ? ge - g : (long)strlen(g)), g);
+  }
+  free(want);
+  return same;
 }

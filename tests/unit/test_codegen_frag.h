@@ -30,6 +30,13 @@ int tf_rejects(fm_fragment *f, int rc_want, const char *why);
  * prints each failure with its log and "N compiles of M kernels". Returns the failures
  * (generation or compile); *compiled, when given, the compiles that succeeded. */
 int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compiled);
+/* The same, every candidate for sm_80 too (each that runs there). */
+int tf_compile_every(const fm_fragment *canon, const char *name, int *compiled);
+
+/* Compares src with tests/unit/golden/<name>.cu (found through FM_SOURCE_DIR, or the build's
+ * source dir outside ctest), byte for byte, reporting the first differing line; with
+ * FM_UPDATE_GOLDEN=1 it writes the file instead. 1 when they agree (or it was written). */
+int tf_golden(const char *name, const char *src);
 
 /* Contiguous strides of shape (a symbolic dim 0 gets the product of the others). */
 void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides);

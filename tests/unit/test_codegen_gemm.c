@@ -58,55 +58,17 @@ static int build(int which, fm_fragment *f) {
   return tf_finish(f, &canon);
 }
 
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  char *buf = NULL;
-  long n;
-  if (!f) return NULL;
-  if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) goto out;
-  buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  if (buf) buf[n] = '\0';
-out:
-  fclose(f);
-  return buf;
-}
-
 static void check_golden(int which) {
-  const char *root = getenv("FM_SOURCE_DIR"), *update = getenv("FM_UPDATE_GOLDEN");
-  char path[1024], *src = NULL;
+  char *src = NULL;
   fm_kernel_meta meta;
   fm_diag d = {{0}};
   fm_candidate c;
-#ifdef FM_CG_SOURCE_DIR
-  if (!root) root = FM_CG_SOURCE_DIR;
-#endif
-  CHECK(root != NULL);
-  if (!root) return;
-  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, names[which]);
   CHECK_EQ_INT(build(which, &raw), FM_OK);
   CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
   CHECK_EQ_INT(c.tmpl, FM_TMPL_GEMM);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
   if (!src) return;
-  if (update && strcmp(update, "1") == 0) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (f) {
-      CHECK(fwrite(src, 1, strlen(src), f) == strlen(src));
-      CHECK(fclose(f) == 0);
-      printf("  updated %s\n", path);
-    }
-  } else {
-    char *want = read_file(path);
-    if (!want) fprintf(stderr, "  cannot read %s (FM_UPDATE_GOLDEN=1 creates it)\n", path);
-    CHECK(want != NULL);
-    CHECK(!want || strcmp(want, src) == 0);
-    free(want);
-  }
+  CHECK(tf_golden(names[which], src));
   CHECK(strstr(src, "#include") == NULL);
   CHECK_STR_CONTAINS(src, "mma.sync.aligned.m16n8k16.row.col.f32.");
   CHECK_STR_CONTAINS(src, "fm_epilogue(");

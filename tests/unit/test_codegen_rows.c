@@ -7,62 +7,23 @@
 #include <string.h>
 
 #include "fm_codegen.h"
-#include "fm_nvrtc.h"
 #include "fm_test.h"
+#include "test_codegen_frag.h"
 #include "test_codegen_rows_frag.h"
 
 static fm_fragment canon;
 
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "rb");
-  char *buf = NULL;
-  long n;
-  if (!f) return NULL;
-  if (fseek(f, 0, SEEK_END) != 0 || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) goto out;
-  buf = malloc((size_t)n + 1);
-  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-    free(buf);
-    buf = NULL;
-  }
-  if (buf) buf[n] = '\0';
-out:
-  fclose(f);
-  return buf;
-}
-
 static void check_golden(int which) {
-  const char *root = getenv("FM_SOURCE_DIR");
-#ifdef FM_CG_SOURCE_DIR
-  if (!root) root = FM_CG_SOURCE_DIR;
-#endif
-  const char *update = getenv("FM_UPDATE_GOLDEN");
-  char path[1024], *src = NULL;
+  char *src = NULL;
   fm_kernel_meta meta;
   fm_diag d = {{0}};
   fm_candidate c;
-  CHECK(root != NULL);
-  if (!root) return;
-  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, rf_name[which]);
   CHECK_EQ_INT(rf_fragment(which, &canon), FM_OK);
   CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
   CHECK_EQ_INT(c.tmpl, FM_TMPL_ROWS);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
   if (!src) return;
-  if (update && strcmp(update, "1") == 0) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f != NULL);
-    if (f) {
-      CHECK(fwrite(src, 1, strlen(src), f) == strlen(src));
-      CHECK(fclose(f) == 0);
-      printf("  updated %s\n", path);
-    }
-  } else {
-    char *want = read_file(path);
-    if (!want) fprintf(stderr, "  cannot read %s (FM_UPDATE_GOLDEN=1 creates it)\n", path);
-    CHECK(want != NULL);
-    CHECK(!want || strcmp(want, src) == 0);
-    free(want);
-  }
+  CHECK(tf_golden(rf_name[which], src));
   CHECK(strstr(src, "#include") == NULL);
   CHECK_STR_CONTAINS(src, "fm_row_sum(");
   free(src);
@@ -172,39 +133,13 @@ static void test_candidates(void) {
 
 /* Every candidate of every test fragment compiles for both target generations. */
 static void test_nvrtc_every_candidate(void) {
-  static const char *const archs[] = {"sm_80", "sm_90a"};
-  int compiled = 0;
+  int compiled = 0, total = 0;
   for (int w = 0; w < RF_N_FRAGMENTS; w++) {
-    fm_candidate c[32];
     CHECK_EQ_INT(rf_fragment(w, &canon), FM_OK);
-    size_t n = fm_codegen_candidates(&canon, c, 32);
-    CHECK(n >= 1);
-    for (size_t i = 0; i < n; i++) {
-      char *src = NULL;
-      fm_kernel_meta m;
-      fm_diag d = {{0}};
-      int rc = fm_codegen_generate(&canon, &c[i], 132, &src, &m, &d);
-      CHECK_EQ_INT(rc, FM_OK);
-      if (rc) {
-        fprintf(stderr, "  %s candidate %zu: %s\n", rf_name[w], i, d.text);
-        continue;
-      }
-      for (size_t a = 0; a < 2; a++) {
-        if (!fm_nvrtc_arch_supported(archs[a])) continue;
-        uint8_t *cubin = NULL;
-        size_t len = 0;
-        char *log = NULL;
-        rc = fm_nvrtc_compile(src, rf_name[w], archs[a], &cubin, &len, &log);
-        CHECK_EQ_INT(rc, FM_OK);
-        if (rc) fprintf(stderr, "  %s candidate %zu %s:\n%s\n", rf_name[w], i, archs[a], log ? log : "");
-        else compiled++;
-        free(cubin);
-        free(log);
-      }
-      free(src);
-    }
+    CHECK_EQ_INT(tf_compile_every(&canon, rf_name[w], &compiled), 0);
+    total += compiled;
   }
-  printf("  %d compiles\n", compiled);
+  printf("  %d compiles\n", total);
 }
 
 int main(void) {

@@ -347,6 +347,61 @@ static void test_grid_persistent(void) {
   CHECK_EQ_INT(fm_meta_grid_x(&back, 0), 8);
 }
 
+/* The columns rule: a block per strip (max_blocks), grid.y the cluster's S from the `cluster`
+ * key, launched at every M >= 0 (0 too: the outputs are written); the key round-trips, only
+ * with that rule, and within the portable cluster size. */
+static void test_grid_columns(void) {
+  fm_kernel_meta m = sample(), back;
+  fm_diag d = {{0}};
+  strcpy(m.kind, "columns");
+  strcpy(m.grid_rule, "columns");
+  m.inner = 1000;            /* N */
+  m.items_per_block = 64;    /* columns per strip */
+  m.max_blocks = 16;         /* ceil(1000 / 64) */
+  CHECK(fm_meta_rule_known("columns"));
+  CHECK(!fm_meta_rule_known("column"));
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 16);   /* M = 0 still launches */
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 1);    /* no cluster */
+  CHECK_EQ_INT(fm_meta_grid_z(&m, 0), 1);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 16384), 16);
+  CHECK_EQ_INT(fm_meta_grid_x(&m, -1), 0);   /* a symbolic kernel needs an M */
+  CHECK_EQ_INT(fm_meta_grid_y(&m, -1), 0);
+  m.cluster[0] = m.cluster[2] = 1;
+  m.cluster[1] = 4;
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 16384), 4);
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK(strcmp(back.grid_rule, "columns") == 0 && strcmp(back.kind, "columns") == 0);
+  CHECK_EQ_INT(back.cluster[0], 1);
+  CHECK_EQ_INT(back.cluster[1], 4);
+  CHECK_EQ_INT(back.cluster[2], 1);
+  CHECK_EQ_INT(fm_meta_grid_x(&back, 7), 16);
+  CHECK_EQ_INT(fm_meta_grid_y(&back, 7), 4);
+  m.outer = 300;   /* static M: the argument is ignored */
+  CHECK_EQ_INT(fm_meta_grid_y(&m, -1), 4);
+  /* without a cluster no key is packed (every other kernel's bytes stay as they were), and
+     unpacking gives [1, 1, 1] */
+  fm_kernel_meta plain = sample();
+  CHECK_EQ_INT(round_trip(&plain, &back, &d), FM_OK);
+  CHECK_EQ_INT(back.cluster[0] * back.cluster[1] * back.cluster[2], 1);
+  static const struct {
+    const char *rule;
+    uint32_t c[3];
+    const char *diag;
+  } bad[] = {
+      {"tiles", {1, 2, 1}, "only 'columns' takes one"},
+      {"columns", {2, 1, 1}, "only 'columns' takes one: [1, S, 1]"},
+      {"columns", {1, 16, 1}, "cluster[1] must be an integer in 1..8"},
+      {"columns", {1, 8, 2}, "exceeds 8"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    m = sample();
+    strcpy(m.grid_rule, bad[i].rule);
+    memcpy(m.cluster, bad[i].c, sizeof m.cluster);
+    memset(&d, 0, sizeof d);
+    expect_schema("cluster", i, round_trip(&m, &back, &d), &d, bad[i].diag);
+  }
+}
+
 /* A cuBLASLt plan for x [M, 256] @ W.t() (K-major B, N 512) with inputs x, W, bias, residual.
  * direct: bias, c and relu through cuBLASLt, no kernel, an algorithm chosen; split: the
  * epilogue kernel's launch, no algorithm yet, a static M. */
@@ -612,6 +667,7 @@ int main(void) {
   RUN(test_tmaps);
   RUN(test_grid_x);
   RUN(test_grid_persistent);
+  RUN(test_grid_columns);
   RUN(test_blas_round_trip);
   RUN(test_blas_refusals);
   RUN(test_grid_none);

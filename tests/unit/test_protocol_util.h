@@ -99,6 +99,28 @@ TP_FN uint8_t *tp_canon_json(const char *src, size_t *len) {
   return out;
 }
 
+/* A fragment (JSON) that must be refused with code rc and diag in the reason. */
+typedef struct tp_reject {
+  const char *json;
+  int rc;
+  const char *diag;
+} tp_reject;
+
+/* Decodes every case; returns how many were not refused as they say (each printed). */
+TP_FN int tp_check_rejects(const tp_reject *cases, size_t n) {
+  static fm_fragment f;
+  int bad = 0;
+  for (size_t i = 0; i < n; i++) {
+    fm_diag d = {{0}};
+    int rc = tp_decode_json(cases[i].json, &f, &d);
+    if (rc == cases[i].rc && strstr(d.text, cases[i].diag)) continue;
+    fprintf(stderr, "  case %zu: got %s \"%s\", want %s \"%s\"\n", i, fm_err_slug(rc), d.text,
+            fm_err_slug(cases[i].rc), cases[i].diag);
+    bad++;
+  }
+  return bad;
+}
+
 /* Packs a fragment (not canonicalized) to bytes; caller destroys sb. */
 TP_FN int tp_pack_fragment(const fm_fragment *f, msgpack_sbuffer *sb) {
   msgpack_packer pk;

@@ -13,6 +13,7 @@ from functorch.compile import make_boxed_func
 from . import cudagraphs, transport
 from ._log import log, warn_once
 from .bmm_fragment import build_bmm
+from .cols_fragment import build_columns
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
@@ -177,6 +178,8 @@ class FuseMLCompiler:
                 g.inputs = list(g.built.in_nodes)   # x twice when stage 2 reads it
             elif g.kind == "gemm":
                 g.built = build_gemm(g.members, g.inputs, g.outputs)
+            elif g.kind == "columns":
+                g.built = build_columns(g.members, g.inputs, g.outputs)
             else:
                 g.built = build(g.members, g.inputs, g.outputs, g.shape)
             return [g]

@@ -7,10 +7,11 @@ which is exact when every tensor is either dense across them or broadcast over a
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
-from .ops import DTYPES, POINTWISE, row_reduction
+from .ops import DTYPES, POINTWISE, column_reduction, row_reduction
 
 VOCAB = 1
 VOCAB_ROWS = 2
+VOCAB_COLUMNS = 5
 
 
 class Unfusable(Exception):
@@ -114,12 +115,13 @@ class Emitter:
         self.ops.append({"op": name, "out": out, "args": args})
         return out
 
-    def reduce(self, name, vid, correction):
-        """A last-dim reduction (vocabulary 2) with keepdim; the result keeps the dtype."""
+    def reduce(self, name, vid, correction, dim=-1):
+        """A reduction with keepdim, of the last dim (vocabulary 2) or of dim 0 of a 2-D
+        value (vocabulary 5); the result keeps the dtype."""
         if self.dtype[vid] in ("const", "bool"):
             vid = self.cast(vid, "f32")
         out = self._new(self.dtype[vid])
-        op = {"op": name, "out": out, "args": [vid], "dim": -1, "keepdim": True}
+        op = {"op": name, "out": out, "args": [vid], "dim": dim, "keepdim": True}
         if name == "var":
             op["correction"] = correction
         self.ops.append(op)
@@ -127,8 +129,11 @@ class Emitter:
 
     def emit_node(self, node):
         red = row_reduction(node)
+        col = None if red else column_reduction(node)
+        if col:
+            red = (col, 0)
         if red:
-            vid = self.reduce(red[0], self.arg(node.args[0]), red[1])
+            vid = self.reduce(red[0], self.arg(node.args[0]), red[1], dim=0 if col else -1)
             vid = self.cast(vid, DTYPES[node.meta["val"].dtype])
             self.ids[node] = vid
             return vid
@@ -227,6 +232,9 @@ class Built:
         # each output's static dims after the collapsed symbolic ones (a rows fragment's
         # per-row outputs end in 1 where the iteration shape has N)
         self.out_tails = [[int(d) for d in layout.shape[layout.k:]] for _ in out_nodes]
+        # (shape, strides) of each output when they do not follow the launch's M (a column
+        # fragment's per-column results: cols_fragment)
+        self.out_fixed = None
 
 
 def build(members, in_nodes, out_nodes, shape=None):

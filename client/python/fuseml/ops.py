@@ -231,6 +231,34 @@ def row_reduction(node):
     return name, int(correction)
 
 
+# Column reductions over dim 0 of a 2-D value (vocabulary 5): a bias gradient's grad.sum(0).
+COLUMN_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax"}
+
+
+def column_reduction(node):
+    """The fragment op when node reduces dim 0 of a 2-D float tensor with a static dim 1
+    (keepdim or not; what a column kernel computes), else None."""
+    name = COLUMN_REDUCTIONS.get(node.target) if node.op == "call_function" else None
+    if name is None:
+        return None
+    x, val = node.args[0], node.meta.get("val")
+    if not isinstance(x, torch.fx.Node) or not isinstance(val, torch.Tensor):
+        return None
+    t = x.meta.get("val")
+    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dtype == torch.bool:
+        return None
+    if t.dim() != 2 or val.dtype != t.dtype or not _static_int(t.shape[1]):
+        return None
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (0, -2):
+        return None
+    if set(node.kwargs) - {"dim", "keepdim"}:
+        return None
+    return name
+
+
 RESHAPE_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 
 

@@ -1,6 +1,7 @@
 """Fusion discovery on an ATen FX graph: pointwise chains become groups; a GEMM (mm, addmm,
 bmm, baddbmm) starts a group that absorbs the pointwise ops after it as its epilogue (seen
 through one view of its result: [M, N] as [B, S, N], a bmm's [B*H, S, S] as [B, H, S, S]);
+a reduction over dim 0 of a 2-D value (a bias gradient) is a column group of its own; other
 reductions are recorded as groups of their own kind, routed "bypass" until the client spells
 them.
 
@@ -36,7 +37,7 @@ from .fragment import same_shape
 @dataclass
 class Group:
     gid: int
-    kind: str                        # "pointwise" | "rows" | "gemm" | "reduction"
+    kind: str                        # "pointwise" | "rows" | "gemm" | "columns" | "reduction"
     members: list                    # FX nodes, graph order
     inputs: list = field(default_factory=list)    # nodes read from outside, first use order
     outputs: list = field(default_factory=list)   # members used outside (incl. graph outputs)
@@ -226,6 +227,14 @@ def find_groups(gm, min_ops=2, chains=True):
         deps[node] = d
         if node.op != "call_function" or _is_mutating(node):
             continue
+        if ops.column_reduction(node):
+            # a bias gradient's grad.sum(0): a column group of its own (nothing joins it; the
+            # view to [N] after it runs as the ATen op it is)
+            g = Group(next(next_gid), "columns", [node], shape=node.args[0].meta["val"].shape)
+            groups.append(g)
+            group_of[node] = g
+            gdeps[g.gid] = set(d)
+            continue
         reduce = ops.row_reduction(node)
         kind = None if reduce else ops.kind_of(node)
         if kind:
@@ -412,6 +421,8 @@ def _finish(g, min_ops):
             g.reason = "lone GEMM: cuBLAS runs it"
         else:
             g.route = "kernel"
+    elif g.kind == "columns":   # one op, but a kernel of its own against ATen's reduction
+        g.route, g.reason = "kernel", ""
     elif g.kind in ("pointwise", "rows"):
         compute = [n for n in g.members]
         if len(compute) < min_ops:

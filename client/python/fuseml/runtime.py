@@ -203,7 +203,7 @@ class GroupRunner:
                 outer *= d
         else:
             lead, outer = (), -1
-        layouts = self._out_layouts.get(lead)
+        layouts = b.out_fixed or self._out_layouts.get(lead)
         if layouts is None:
             if len(self._out_layouts) >= 64:   # dynamic shapes: keep the cache bounded
                 self._out_layouts.clear()

@@ -1,0 +1,35 @@
+"""A column group -> a column fragment (vocabulary 5, protocol/PROTOCOL.md "Column
+fragments"): one reduction over dim 0 of a 2-D value, the bias gradient grad.sum(0) that
+autograd computes for every nn.Linear with a bias. Its output is per column ([1, N], or [N]
+without keepdim) whatever M is, so the runtime allocates it at the node's own static shape
+(Built.out_fixed) while `outer` (M) still comes from the input."""
+from .fragment import VOCAB_COLUMNS, Built, Emitter, Layout, Unfusable, _align_of
+from .ops import DTYPES, column_reduction
+
+
+def build_columns(members, in_nodes, out_nodes):
+    if len(members) != 1 or column_reduction(members[0]) is None:
+        raise Unfusable("a column group is one reduction over dim 0")
+    node = members[0]
+    layout = Layout(node.args[0].meta["val"].shape)
+    e = Emitter(in_nodes)
+    e.emit_node(node)
+    inputs, full_input, in_align = [], None, []
+    for i, n in enumerate(in_nodes):
+        t = n.meta["val"]
+        shape, strides, full = layout.tensor(t, f"input {n.name}")
+        if full and full_input is None:
+            full_input = i
+        in_align.append(_align_of(t))
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
+                       "align": in_align[-1]})
+    if layout.k and full_input is None:
+        raise Unfusable("no input carries the symbolic dims")
+    val = node.meta["val"]
+    shape, strides = [int(d) for d in val.shape], [int(s) for s in val.stride()]
+    outputs = [{"id": e.ids[node], "dtype": DTYPES[val.dtype], "shape": shape,
+                "strides": strides, "align": 16}]
+    wire = {"vocab": VOCAB_COLUMNS, "inputs": inputs, "ops": e.ops, "outputs": outputs}
+    built = Built(wire, layout, in_nodes, out_nodes, full_input, [strides], in_align)
+    built.out_fixed = [(shape, strides)]
+    return built

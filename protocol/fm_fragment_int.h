@@ -1,0 +1,21 @@
+/* fm_fragment_int.h: INTERNAL to protocol/ (the API is fm_fragment.h): what the files that
+ * validate one kind of fragment share with fm_fragment_validate. */
+#ifndef FM_FRAGMENT_INT_H
+#define FM_FRAGMENT_INT_H
+
+#include "fm_fragment.h"
+
+/* Position of value id among the inputs (k) or the ops (n_inputs + i), or -1. */
+int fm_fragment_find_value(const fm_fragment *f, uint32_t id);
+
+/* [N] -> [1, N], [] -> [1, 1] up to `rank`: torch's right-aligned broadcast, the added dims
+ * stride 0 (the canonical shape of a low-rank operand of a GEMM or column fragment). */
+void fm_fragment_prepend_ones(fm_tensor *t, uint32_t rank);
+
+/* Column fragments' rules (fm_fragment.h), for fm_fragment_validate once the dataflow is
+ * checked (ids, arity, dtypes): the reductions' dims, the shapes (inputs of rank < 2 get
+ * their leading 1s, [N] outputs become [1, N]: the canonical shapes), the value classes, the
+ * outputs. */
+int fm_fragment_check_cols(fm_fragment *f, fm_diag *d);
+
+#endif

@@ -1,0 +1,198 @@
+/* fusemld codegen v17: cols kernel over [M, 1024], strips of 16 columns, cluster 1, vec 8, unroll 8, block 256 (2 x 128).
+ * Generated from a canonical fragment: every name and number below comes from its
+ * typed fields. One self-contained translation unit (NVRTC has no include path). */
+#define FM_FAST_MATH 1
+/* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
+__device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {
+  /* one instruction on sm_80+ (every target): round to nearest even, NaN stays NaN */
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
+__device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
+/* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+__device__ __forceinline__ float fm_maximum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+}
+__device__ __forceinline__ float fm_minimum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+}
+__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
+/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to
+ * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp
+ * approximations) cannot change a result beyond that rounding, and they are several
+ * times cheaper than the IEEE-exact library versions, which would make a fused chain
+ * compute-bound. With any f32 output the exact library functions are used. */
+#if FM_FAST_MATH
+__device__ __forceinline__ float fm_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }
+__device__ __forceinline__ float fm_tanh(float x) {
+  /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3
+   * (truncation error < 2e-7 relative) avoids the cancellation. */
+  const float a = fabsf(x);
+  const float big = 1.0f - 2.0f * fm_rcp(1.0f + __expf(2.0f * a));
+  const float small = a - 0.333333343f * a * a * a;
+  return copysignf(a < 0.0625f ? small : big, x);
+}
+__device__ __forceinline__ float fm_gelu(float x) {
+  /* 0.5 x (1 + erf(z)), z = x/sqrt 2, with erfc(|z|) = 2^q(|z|): q a degree-9 fit of
+   * log2 erfc on [0, 4.5] (relative error of erfc <= 6e-6 in fp32). For z < 0,
+   * 1 + erf(z) = erfc(|z|) is computed without cancellation; one MUFU op per element
+   * (the ex2) instead of erff's branches, so mixed-sign warps do not diverge. */
+  const float z = x * 0.70710678f;
+  const float a = fminf(fabsf(z), 4.5f);
+  float q = 6.564848150e-07f;
+  q = fmaf(q, a, -1.258809061e-05f);
+  q = fmaf(q, a, 7.896089664e-05f);
+  q = fmaf(q, a, 7.177728548e-05f);
+  q = fmaf(q, a, -4.245545249e-03f);
+  q = fmaf(q, a, 3.262371570e-02f);
+  q = fmaf(q, a, -1.515816748e-01f);
+  q = fmaf(q, a, -9.172719718e-01f);
+  q = fmaf(q, a, -1.628088474e+00f);
+  q = fmaf(q, a, 6.951765499e-06f);
+  float erfc_a;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(erfc_a) : "f"(q));
+  return 0.5f * x * (z >= 0.0f ? 2.0f - erfc_a : erfc_a);
+}
+#else
+__device__ __forceinline__ float fm_exp(float x) { return expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }
+__device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float fm_gelu(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+}
+#endif
+__device__ __forceinline__ float fm_gelu_tanh(float x) {
+  /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */
+  return 0.5f * x * (1.0f + fm_tanh(0.797884561f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float fm_sigmoid(float x) { return fm_rcp(1.0f + fm_exp(-x)); }
+__device__ __forceinline__ float fm_silu(float x) { return x * fm_sigmoid(x); }
+/* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */
+__device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {
+  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+}
+__device__ __forceinline__ unsigned int fm_word(const uint2 &r, int k) { return k == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned int fm_word(unsigned int r, int) { return r; }
+__device__ __forceinline__ unsigned int fm_word(unsigned short r, int) { return r; }
+__device__ __forceinline__ void fm_or_word(uint4 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else if (k == 1) r.y |= b; else if (k == 2) r.z |= b; else r.w |= b;
+}
+__device__ __forceinline__ void fm_or_word(uint2 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else r.y |= b;
+}
+__device__ __forceinline__ void fm_or_word(unsigned int &r, int, unsigned int b) { r |= b; }
+__device__ __forceinline__ void fm_or_word(unsigned short &r, int, unsigned int b) {
+  r = (unsigned short)(r | b);
+}
+template <typename V> __device__ __forceinline__ float fm_get_f32(const V &r, int e) {
+  return __uint_as_float(fm_word(r, e));
+}
+template <typename V> __device__ __forceinline__ unsigned short fm_get_u16(const V &r, int e) {
+  return (unsigned short)(fm_word(r, e >> 1) >> ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ unsigned char fm_get_u8(const V &r, int e) {
+  return (unsigned char)(fm_word(r, e >> 2) >> ((e & 3) * 8));
+}
+template <typename V> __device__ __forceinline__ void fm_put_f32(V &r, int e, float x) {
+  fm_or_word(r, e, __float_as_uint(x));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u16(V &r, int e, unsigned short x) {
+  fm_or_word(r, e >> 1, (unsigned int)x << ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, unsigned char x) {
+  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
+}
+/* ---- the kernel ---- */
+extern "C" __global__ void __launch_bounds__(256) fm_cols_v17(
+    const unsigned short *__restrict__ in0,
+    unsigned short *__restrict__ out0,
+    long long outer) {
+  const long long M = outer;
+  constexpr int W = 16;   /* columns of the strip */
+  const int tx = threadIdx.x % 2, ty = threadIdx.x / 2;
+  const unsigned int rank = 0;
+  const long long n0 = (long long)blockIdx.x * W + tx * 8;   /* the thread's first column */
+  __shared__ float fm_sh[2048];   /* TY rows of the strip's partials */
+  __shared__ float fm_red[256];   /* their sums, V rows each */
+  float fm_a1[8], fm_c1 = 0.0f;  /* sum */
+#pragma unroll
+  for (int i = 0; i < 8; ++i) fm_a1[i] = 0.0f;
+  if (n0 < 1024LL) {
+    /* 2. the rows: ty, stepping by 128 */
+    long long m = (long long)rank * 128 + ty;
+    for (; m + 896LL < M; m += 1024LL) {
+      uint4 r0[8][1];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const long long mu = m + (long long)u * 128;
+        r0[u][0] = *reinterpret_cast<const uint4 *>(in0 + mu * 1024LL + n0 + 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        float v0[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v0[e] = fm_bf16_to_f32(fm_get_u16(r0[u][e / 8], e % 8));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) fm_a1[i] += v0[i];
+      }
+    }
+    for (; m < M; m += 128) {
+      uint4 r0[1][1];
+#pragma unroll
+      for (int u = 0; u < 1; ++u) {
+        const long long mu = m + (long long)u * 128;
+        r0[u][0] = *reinterpret_cast<const uint4 *>(in0 + mu * 1024LL + n0 + 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 1; ++u) {
+        float v0[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v0[e] = fm_bf16_to_f32(fm_get_u16(r0[u][e / 8], e % 8));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) fm_a1[i] += v0[i];
+      }
+    }
+  }
+  /* 3. the block's partials of each column, folded in a fixed order */
+#pragma unroll
+  for (int i = 0; i < 8; ++i) fm_sh[ty * W + tx * 8 + i] = fm_a1[i];
+  __syncthreads();
+  {
+    const int c = threadIdx.x % W, g = threadIdx.x / W * 8;
+    float t = fm_sh[g * W + c];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) t = t + fm_sh[(g + j) * W + c];
+    fm_red[threadIdx.x] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < W) {
+    float t = fm_red[threadIdx.x];
+#pragma unroll
+    for (int y = 1; y < 16; ++y) t = t + fm_red[y * W + threadIdx.x];
+    fm_c1 = t;
+  }
+  /* 5. the per-column epilogue and the stores, each output once */
+  if (rank == 0 && threadIdx.x < W) {
+    const long long n = (long long)blockIdx.x * W + threadIdx.x;
+    if (n < 1024LL) {
+      const float v1 = fm_c1;  /* sum */
+      out0[n] = fm_f32_to_bf16(v1);
+    }
+  }
+}
