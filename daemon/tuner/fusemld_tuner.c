@@ -243,7 +243,7 @@ static int alloc_dev(fm_CUdeviceptr *p, size_t bytes, char *why, size_t cap) {
   if (r) {
     fm_diag d;
     fm_cuda_fail(W.cu, r, "cuMemAlloc", &d);
-    snprintf(why, cap, "%.900s (%zu bytes)", d.text, bytes);
+    snprintf(why, cap, "%.400s (%zu bytes)", d.text, bytes);
     *p = 0;
     return -1;
   }
@@ -434,7 +434,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   msgpack_zone_init(&zone, 4096);
   if (fm_msg_unpack(canonical, len, &fm_msg_reply_limits, &zone, &obj, &d) ||
       fm_fragment_decode(&obj, W.canon, &d)) {
-    snprintf(why, cap, "bad fragment: %.900s", d.text);
+    snprintf(why, cap, "bad fragment: %.400s", d.text);
     goto out;
   }
   const fm_fragment *f = W.canon;
@@ -508,7 +508,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   }
   if (bmm ? reference_bmm(f, W.outer_v, bmm_cap, ins, outs, &d)
           : gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
-    snprintf(why, cap, "reference: %.900s", d.text);
+    snprintf(why, cap, "reference: %.400s", d.text);
     goto out;
   }
   /* Device buffers: the verification set, then the timing sets (inputs tiled from it). */
