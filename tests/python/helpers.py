@@ -97,7 +97,9 @@ class _FakeCuda:
                 out = self.fn(list(self.inputs))
                 for o, n in zip(self.outputs, out):
                     if isinstance(o, torch.Tensor):
-                        o.copy_(n)
+                        # .data: a graph writes memory without bumping autograd's version
+                        # counters (a saved value aliased here must not look modified)
+                        o.data.copy_(n)
 
         @contextlib.contextmanager
         def graph(g, pool=None, capture_error_mode=None):

@@ -219,6 +219,35 @@ def test_training_gradients_kept_across_steps_stay_right(dead_socket, on_cuda):
     assert bw.off is None and fw.off is None
 
 
+def test_micro_batches_forward_all_then_backward_all(dead_socket, on_cuda):
+    """Gradient accumulation with every forward before any backward (pipeline style): each
+    forward's saved values stay held until its own backward, so the first two forwards get
+    their own recordings and the third runs as compiled; the backwards, in reverse order,
+    read the right saved values, and the accumulated gradients are eager's."""
+    model = MODELS["mlp"]()
+    compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(), mode="reduce-overhead")
+    xs = [torch.randn(6, 32) for _ in range(3)]
+    gy = torch.linspace(-1, 1, 6 * 32).view(6, 32)
+    _train_steps(model, compiled, [xs[0]], 4)          # warm-up and recordings of the input set
+    params = list(model.parameters())
+
+    def accumulate(fn):
+        for p in params:
+            p.grad = None
+        ys = [fn(x.detach().requires_grad_(True)) for x in (xs[0], xs[0], xs[0])]
+        for y in reversed(ys):
+            y.backward(gy)
+        return [y.detach().clone() for y in ys] + [p.grad.clone() for p in params]
+
+    want = accumulate(model)
+    fw, bw = on_cuda.made
+    held0 = fw.held_runs
+    got = accumulate(compiled)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert fw.held_runs == held0 + 1 and fw.off is None and bw.off is None
+
+
 def test_rest_inductor_under_fuseml_replay(dead_socket, on_cuda):
     c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32),
                                fuseml.FuseMLCompiler(rest="inductor"), mode="reduce-overhead")
