@@ -43,16 +43,6 @@ static void tensor3(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t z, int64_t r
   t->align = 16;
 }
 
-static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1) {
-  fm_opnode *n = &f->ops[f->n_ops++];
-  memset(n, 0, sizeof *n);
-  n->op = o;
-  n->out = out;
-  n->nargs = nargs;
-  n->args[0] = a0;
-  n->args[1] = a1;
-}
-
 /* [z, M, K] @ [zb, K, N] with epilogue e; z < 0: a symbolic batch (m_hint hint). */
 static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64_t m, int64_t n, int64_t k,
                  int a_col, int b_col, fm_fragment *canon) {
@@ -63,7 +53,7 @@ static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64
   f.m_hint = hint;
   tensor3(&f.inputs[f.n_inputs++], 1, dt, z, m, k, a_col, 1);
   tensor3(&f.inputs[f.n_inputs++], 2, dt, zb, k, n, b_col, 1);
-  op(&f, FM_OP_BMM, 10, 2, 1, 2);
+  gs_op(&f, FM_OP_BMM, 10, 2, 1, 2, 0);
   uint32_t y = 10;
   if (e == E_SCORES) {
     tensor3(&f.inputs[f.n_inputs++], 3, dt, 1, m, n, 0, 0);
@@ -75,8 +65,8 @@ static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64
     c->op = FM_OP_CONST;
     c->out = 11;
     c->value = 0.125;
-    op(&f, FM_OP_MUL, 12, 2, 10, 11);
-    op(&f, FM_OP_ADD, 13, 2, 12, 3);
+    gs_op(&f, FM_OP_MUL, 12, 2, 10, 11, 0);
+    gs_op(&f, FM_OP_ADD, 13, 2, 12, 3, 0);
     y = 13;
   } else if (e == E_GELU || e == E_EXTRA) {
     fm_tensor *b = &f.inputs[f.n_inputs++];   /* bias [N] */
@@ -87,13 +77,13 @@ static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64
     b->shape[0] = n;
     b->strides[0] = 1;
     b->align = 16;
-    op(&f, FM_OP_ADD, 11, 2, 10, 3);
-    op(&f, FM_OP_GELU, 12, 1, 11, 0);
+    gs_op(&f, FM_OP_ADD, 11, 2, 10, 3, 0);
+    gs_op(&f, FM_OP_GELU, 12, 1, 11, 0, 0);
     y = 12;
   } else if (e == E_RESIDUAL) {
     tensor3(&f.inputs[f.n_inputs++], 3, dt, z, m, n, 0, 0);
-    op(&f, FM_OP_ADD, 11, 2, 10, 3);
-    op(&f, FM_OP_RELU, 12, 1, 11, 0);
+    gs_op(&f, FM_OP_ADD, 11, 2, 10, 3, 0);
+    gs_op(&f, FM_OP_RELU, 12, 1, 11, 0, 0);
     y = 12;
   }
   tensor3(&f.outputs[f.n_outputs++], y, dt, z, m, n, 0, 0);

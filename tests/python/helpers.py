@@ -8,6 +8,17 @@ import fuseml
 from fuseml import graph_replay
 
 
+class Fn(torch.nn.Module):
+    """A module that calls f: a function compiled as a model."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
 def compile_run(model, x, compiler=None, train=True, **kw):
     """Compiles model with a FuseMLCompiler, runs it (and backward when train), and returns
     (compiler, output, grads) next to eager's (output, grads)."""

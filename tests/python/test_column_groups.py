@@ -5,23 +5,13 @@ not a column reduction stays as it was; the rewritten graph computes eager's gra
 CPU; a real fusemld (compile-only here) accepts the fragments and serves a columns kernel."""
 import pytest
 import torch
-import torch.nn as nn
 
-from helpers import close_bf16, compile_run, plan
+from helpers import Fn, close_bf16, compile_run, plan
 from models import MODELS
 
 import fuseml
 
 BF16 = torch.bfloat16
-
-
-class Fn(nn.Module):
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def forward(self, x):
-        return self.f(x)
 
 
 def columns(p):

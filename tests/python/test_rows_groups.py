@@ -4,7 +4,7 @@ become [M, 1] outputs; a real fusemld (compile-only here) accepts every such fra
 import torch
 import torch.nn as nn
 
-from helpers import close_bf16, compile_run, plan
+from helpers import Fn, close_bf16, compile_run, plan
 
 import fuseml
 
@@ -23,15 +23,6 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
-
-
-class Fn(nn.Module):
-    def __init__(self, f):
-        super().__init__()
-        self.f = f
-
-    def forward(self, x):
-        return self.f(x)
 
 
 def rows(p):

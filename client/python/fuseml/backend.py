@@ -112,7 +112,7 @@ class FuseMLCompiler:
         if not cudagraphs.wanted(mode, options, self.cudagraphs):
             return self._backend(gm, example_inputs)
         # forward and backward of this dynamo graph share one State (pairing, static inputs)
-        state = cudagraphs.State(gm, example_inputs)
+        state = cudagraphs.State(example_inputs)
         return aot_autograd(
             fw_compiler=lambda g, ex: self._graphed(g, ex, "forward", state),
             bw_compiler=lambda g, ex: self._graphed(g, ex, "backward", state),

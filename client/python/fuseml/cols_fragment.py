@@ -3,7 +3,7 @@ fragments"): one reduction over dim 0 of a 2-D value, the bias gradient grad.sum
 autograd computes for every nn.Linear with a bias. Its output is per column ([1, N], or [N]
 without keepdim) whatever M is, so the runtime allocates it at the node's own static shape
 (Built.out_fixed) while `outer` (M) still comes from the input."""
-from .fragment import VOCAB_COLUMNS, Built, Emitter, Layout, Unfusable, _align_of
+from .fragment import VOCAB_COLUMNS, Built, Emitter, Layout, Unfusable, wire_inputs
 from .ops import DTYPES, column_reduction
 
 
@@ -14,17 +14,7 @@ def build_columns(members, in_nodes, out_nodes):
     layout = Layout(node.args[0].meta["val"].shape)
     e = Emitter(in_nodes)
     e.emit_node(node)
-    inputs, full_input, in_align = [], None, []
-    for i, n in enumerate(in_nodes):
-        t = n.meta["val"]
-        shape, strides, full = layout.tensor(t, f"input {n.name}")
-        if full and full_input is None:
-            full_input = i
-        in_align.append(_align_of(t))
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
-                       "align": in_align[-1]})
-    if layout.k and full_input is None:
-        raise Unfusable("no input carries the symbolic dims")
+    inputs, full_input, in_align = wire_inputs(layout, in_nodes)
     val = node.meta["val"]
     shape, strides = [int(d) for d in val.shape], [int(s) for s in val.stride()]
     outputs = [{"id": e.ids[node], "dtype": DTYPES[val.dtype], "shape": shape,

@@ -53,7 +53,7 @@ class State:
     values at fresh addresses each step, so the backward would never see one input set
     twice) and which forward inputs are static (to classify the saved ones)."""
 
-    def __init__(self, gm, example_inputs):
+    def __init__(self, example_inputs):
         self.n_dynamo_inputs = len(example_inputs)
         self.recorded = True
         self.fw_static = ()

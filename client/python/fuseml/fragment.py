@@ -237,6 +237,23 @@ class Built:
         self.out_fixed = None
 
 
+def wire_inputs(layout, in_nodes):
+    """(the wire's inputs, index of the first one carrying the symbolic dims, each input's
+    alignment) of in_nodes read in `layout`."""
+    inputs, full_input, in_align = [], None, []
+    for i, node in enumerate(in_nodes):
+        t = node.meta["val"]
+        fshape, fstrides, full = layout.tensor(t, f"input {node.name}")
+        if full and full_input is None:
+            full_input = i
+        in_align.append(_align_of(t))
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides,
+                       "align": in_align[-1]})
+    if layout.k and full_input is None:
+        raise Unfusable("no input carries the symbolic dims")
+    return inputs, full_input, in_align
+
+
 def build(members, in_nodes, out_nodes, shape=None):
     """members in graph order; in_nodes: the group's tensor inputs (fragment order);
     out_nodes: the members whose values leave the group (fragment order); shape: the
@@ -247,16 +264,7 @@ def build(members, in_nodes, out_nodes, shape=None):
     e = Emitter(in_nodes)
     for node in members:
         e.emit_node(node)
-    inputs, full_input, in_align = [], None, []
-    for i, node in enumerate(in_nodes):
-        t = node.meta["val"]
-        fshape, fstrides, full = layout.tensor(t, f"input {node.name}")
-        if full and full_input is None:
-            full_input = i
-        align = _align_of(t)
-        in_align.append(align)
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides,
-                       "align": align})
+    inputs, full_input, in_align = wire_inputs(layout, in_nodes)
     outputs, out_strides, out_tails = [], [], []
     for node in out_nodes:
         t = node.meta["val"]
@@ -271,8 +279,6 @@ def build(members, in_nodes, out_nodes, shape=None):
                         "strides": fstrides, "align": 16})
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0:]])
-    if layout.k and full_input is None:
-        raise Unfusable("no input carries the symbolic dims")
     wire = {"vocab": VOCAB_ROWS if rows else VOCAB, "inputs": inputs, "ops": e.ops,
             "outputs": outputs}
     built = Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)

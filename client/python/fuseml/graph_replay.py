@@ -160,12 +160,10 @@ class _Recorded:
 
 
 class GraphReplay:
-    """The boxed callable of one compiled graph under CUDA graphs (see the module docstring).
+    """One compiled graph under CUDA graphs, called with its inputs list (see the module docstring).
     fn: the boxed callable it replaces; static: indices of inputs at fixed addresses
     (parameters and buffers; a backward's saved values); device_index: the graph's CUDA
     device; which: "inference", "forward" or "backward" (for messages)."""
-
-    _boxed_call = True   # aot_autograd calls it with the list of inputs
 
     def __init__(self, fn, static, device_index, which="inference"):
         self.fn = fn

@@ -197,10 +197,11 @@ def why_not_pointwise(node):
     return None
 
 
-def row_reduction(node):
-    """(fragment op, correction) when node reduces the last dim of a float tensor with
-    keepdim (the forms a rows kernel computes), else None."""
-    name = ROW_REDUCTIONS.get(node.target) if node.op == "call_function" else None
+def _reduction(node, table):
+    """(fragment op, operand's fake tensor, reduced dim) when node is an op of `table` that
+    reduces one dim of a float tensor into its own dtype, else None: what row and column
+    reductions have in common."""
+    name = table.get(node.target) if node.op == "call_function" else None
     if name is None:
         return None
     x, val = node.args[0], node.meta.get("val")
@@ -211,15 +212,25 @@ def row_reduction(node):
         return None
     if t.dim() < 1 or val.dtype != t.dtype:
         return None
-    n = t.shape[-1]
-    if not _static_int(n) or not 1 < n <= MAX_ROW:
-        return None
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     if isinstance(dims, int):
         dims = [dims]
-    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (-1, t.dim() - 1):
+    if not isinstance(dims, (list, tuple)) or len(dims) != 1:
         return None
+    return name, t, dims[0]
+
+
+def row_reduction(node):
+    """(fragment op, correction) when node reduces the last dim of a float tensor with
+    keepdim (the forms a rows kernel computes), else None."""
+    red = _reduction(node, ROW_REDUCTIONS)
+    if red is None:
+        return None
+    name, t, dim = red
+    n = t.shape[-1]
+    if not _static_int(n) or not 1 < n <= MAX_ROW or dim not in (-1, t.dim() - 1):
+        return None
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     if keepdim is not True or set(node.kwargs) - {"dim", "keepdim", "correction"}:
         return None
     correction = 0
@@ -238,21 +249,11 @@ COLUMN_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.am
 def column_reduction(node):
     """The fragment op when node reduces dim 0 of a 2-D float tensor with a static dim 1
     (keepdim or not; what a column kernel computes), else None."""
-    name = COLUMN_REDUCTIONS.get(node.target) if node.op == "call_function" else None
-    if name is None:
+    red = _reduction(node, COLUMN_REDUCTIONS)
+    if red is None:
         return None
-    x, val = node.args[0], node.meta.get("val")
-    if not isinstance(x, torch.fx.Node) or not isinstance(val, torch.Tensor):
-        return None
-    t = x.meta.get("val")
-    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dtype == torch.bool:
-        return None
-    if t.dim() != 2 or val.dtype != t.dtype or not _static_int(t.shape[1]):
-        return None
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    if isinstance(dims, int):
-        dims = [dims]
-    if not isinstance(dims, (list, tuple)) or len(dims) != 1 or dims[0] not in (0, -2):
+    name, t, dim = red
+    if t.dim() != 2 or not _static_int(t.shape[1]) or dim not in (0, -2):
         return None
     if set(node.kwargs) - {"dim", "keepdim"}:
         return None
