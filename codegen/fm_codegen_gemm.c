@@ -509,9 +509,15 @@ static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k)
   if (vector_ok(gp, t)) {
     fm_strbuf_append(sb, "  if (full) {\n");
     for (size_t v = 0; v < es / 2; v++) {
-      fm_strbuf_printf(sb, "    *(uint4 *)(out%u + ", k);
+      fm_strbuf_printf(sb, "    fm_st16(out%u + ", k);
       emit_offset(sb, gp, t, "n");
-      fm_strbuf_printf(sb, " + %zu) = ((const uint4 *)o%u)[%zu];\n", v * 16 / es, k, v);
+      fm_strbuf_printf(sb, " + %zu", v * 16 / es);
+      for (size_t w = 0; w < 4; w++) {
+        size_t e = v * 16 / es + w * 4 / es;
+        if (es == 2) fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
+        else fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
+      }
+      fm_strbuf_append(sb, ");\n");
     }
     fm_strbuf_append(sb, "  } else {\n");
   }
@@ -524,6 +530,13 @@ static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k)
 
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const fm_cg_plan *p = &gp->base;
+  fm_strbuf_append(sb, "/* One 16-byte store of four words. Through a uint4 cast, the compiler split some of\n"
+                       "   these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32\n"
+                       "   bytes used per stored sector). */\n"
+                       "__device__ __forceinline__ void fm_st16(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {\n"
+                       "  asm volatile(\"st.global.v4.b32 [%0], {%1, %2, %3, %4};\" ::\n"
+                       "               \"l\"(__cvta_generic_to_global(p)), \"r\"(a), \"r\"(b), \"r\"(c), \"r\"(d));\n"
+                       "}\n");
   fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
                        "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;\n"
                        "   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */\n"
@@ -653,12 +666,21 @@ static uint32_t min_blocks(const fm_gemm_config *c, uint32_t smem) {
   return acc <= 64 && block_threads(c) <= 288 && 2 * (smem + 1024) <= MAX_SMEM_SM90 + 1024 ? 2 : 0;
 }
 
+/* The unroll of a tile epilogue's loop: "" (whole) or 2 (two 8-column groups a trip). Whole,
+ * the loop is thousands of straight-line instructions run once per tile; in the ping-pong
+ * form, whose four epilogue warps run beside the other warpgroup's mainloop, they stalled on
+ * instruction fetch (ncu, 16384x1024x256: 26% of stall samples "no instruction"), and two
+ * groups a trip measured 3-7% faster there. Where both warpgroups run the epilogue together,
+ * the whole loop stayed faster (its later loads are hoisted over earlier math), by 3-8%
+ * (bench/NOTES.md, "The tile epilogue rolled"). */
+static const char *epi_unroll(int rolled) { return rolled ? " 2" : ""; }
+
 /* The epilogue of the tile at row m0 (block-uniform): each warp stages its accumulators
  * through its slab, FM_SCOLS columns at a time, and runs fm_epilogue on 8 columns of a row. */
 /* The siblings' epilogue (the slab holds all FM_WCOLS columns of the warp, one pass): the
  * first half of the slab's columns are B's products, the second half B2's of the same output
  * columns, which start at n0 / 2 + wn * FM_WCOLS / 2. */
-static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent) {
+static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent, int rolled) {
   fm_strbuf_printf(sb,
                    "%s{\n"
                    "%s  const bool whole = m0 + FM_BM <= M && n0 / 2 + FM_BN / 2 <= FM_N;\n"
@@ -668,7 +690,7 @@ static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, cons
                    "%s    __syncwarp();\n"
                    "%s    const long long mw = m0 + FM_WARP_ROW(wm, mt);\n"
                    "%s    const long long nw = n0 / 2 + wn * (FM_WCOLS / 2);\n"
-                   "#pragma unroll\n"
+                   "#pragma unroll%s\n"
                    "%s    for (int g = lane; g < FM_WCOLS; g += 32) {   /* 16 rows x FM_WCOLS / 16 */\n"
                    "%s      const int r = g / (FM_WCOLS / 16), c = g %% (FM_WCOLS / 16) * 8;\n"
                    "%s      if (!whole && (mw + r >= M || nw + c >= FM_N)) continue;\n"
@@ -676,8 +698,8 @@ static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, cons
                    "%s      fm_unstage(v, slab, r, c);\n"
                    "%s      fm_unstage(v2, slab, r, c + FM_WCOLS / 2);\n"
                    "%s      if (whole) fm_epilogue<true>(v, v2, mw + r, nw + c",
-                   indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent,
-                   indent, indent, indent);
+                   indent, indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent, indent,
+                   indent, indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_printf(sb, ");\n%s      else fm_epilogue<false>(v, v2, mw + r, nw + c", indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
@@ -690,9 +712,9 @@ static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, cons
                    indent, indent, indent, indent);
 }
 
-static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent) {
+static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent, int rolled) {
   if (gp->op2 >= 0) {
-    emit_sibling_epilogue(sb, gp, indent);
+    emit_sibling_epilogue(sb, gp, indent, rolled);
     return;
   }
   fm_strbuf_printf(sb,
@@ -710,27 +732,27 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
                    "%s    const long long mw = m0 + FM_WARP_ROW(wm, mt);\n"
                    "%s    const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;\n"
                    "%s    if (whole) {\n"
-                   "#pragma unroll\n"
+                   "#pragma unroll%s\n"
                    "%s      for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {   /* 16 rows x FM_SCOLS / 8 */\n"
                    "%s        const int g = lane + 32 * i, r = g / (FM_SCOLS / 8), c = g %% (FM_SCOLS / 8) * 8;\n"
                    "%s        float v[8];\n"
                    "%s        fm_unstage(v, slab, r, c);\n"
                    "%s        fm_epilogue<true>(v, mw + r, nw + c",
                    indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent,
-                   indent, indent, indent, indent, indent, indent);
+                   indent, epi_unroll(rolled), indent, indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_printf(sb,
                    ");\n"
                    "%s      }\n"
                    "%s    } else {\n"
-                   "#pragma unroll\n"
-                   "%s      for (int g = lane; g < 2 * FM_SCOLS; g += 32) {\n"
+                   "#pragma unroll%s\n"
+                   "%s      for (int g = lane; g < 2 * FM_SCOLS; g += 32) {   /* the edges */\n"
                    "%s        const int r = g / (FM_SCOLS / 8), c = g %% (FM_SCOLS / 8) * 8;\n"
                    "%s        if (mw + r >= M || nw + c >= FM_N) continue;\n"
                    "%s        float v[8];\n"
                    "%s        fm_unstage(v, slab, r, c);\n"
                    "%s        fm_epilogue<false>(v, mw + r, nw + c",
-                   indent, indent, indent, indent, indent, indent, indent, indent);
+                   indent, indent, rolled ? " 1" : "", indent, indent, indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_printf(sb,
                    ");\n"
@@ -750,10 +772,11 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
  * block walks that many row tiles, the next one's first k-tiles loading during the
  * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). persistent (TMA only): at
  * most the blocks the device holds, each walking tiles blockIdx.x, + gridDim.x, ... while its
- * loader runs ahead (fm_cg_wgmma_persistent; slabs beside the stages too). */
+ * loader runs ahead (fm_cg_wgmma_persistent; slabs beside the stages too); pingpong: its two
+ * consumer warpgroups take the tiles in turn (mode 6; the epilogue loop is rolled). */
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized, int tma, int persistent, uint32_t cluster, uint32_t min_blocks,
-                        uint32_t rtiles) {
+                        int specialized, int tma, int persistent, int pingpong, uint32_t cluster,
+                        uint32_t min_blocks, uint32_t rtiles) {
   kernel_open(sb, f, gp, entry, min_blocks, tma, cluster, NULL);
   if (persistent) {
     fm_strbuf_append(sb,
@@ -782,7 +805,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "    fm_turn_wait(j);\n"
                      "    fm_mainloop_tile(acc, it);\n"
                      "    fm_turn_pass(j, u + FM_UNIT_STRIDE < units);\n");
-    emit_tile_epilogue(sb, gp, "    ");
+    emit_tile_epilogue(sb, gp, "    ", pingpong);
     fm_strbuf_append(sb, "  }\n  fm_pipe_done();\n}\n");
     return;
   }
@@ -806,7 +829,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "    __syncthreads();\n"
                      "    if (t + 1 < FM_RT && m0 + FM_BM < M) fm_prologue(in%u, in%u, M, m0 + FM_BM, n0);\n",
                      gp->ia, gp->ib, gp->ia, gp->ib, gp->ia, gp->ib);
-    emit_tile_epilogue(sb, gp, "    ");
+    emit_tile_epilogue(sb, gp, "    ", 0);
     fm_strbuf_append(sb, "  }\n}\n");
     return;
   }
@@ -827,7 +850,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                    tma           ? "  if (warp >= FM_WM * FM_WN) return;   /* the loader */\n"
                    : specialized ? "  if (warp < 0) return;   /* the loaders */\n"
                                  : "");
-  emit_tile_epilogue(sb, gp, "  ");
+  emit_tile_epilogue(sb, gp, "  ", 0);
   fm_strbuf_append(sb, "}\n");
 }
 
@@ -941,7 +964,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   fm_strbuf_append(&sb, fm_cg_gemm_tail);
   if (cfg->wgmma >= 5) fm_strbuf_append(&sb, fm_cg_wgmma_persistent);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma >= 5, cfg->cluster,
+  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma >= 5, cfg->wgmma == 6,
+              cfg->cluster,
               min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
