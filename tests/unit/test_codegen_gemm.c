@@ -408,6 +408,13 @@ static void test_wgmma_candidates(void) {
     } else {
       CHECK_EQ_INT(m.smem, stages > slabs ? stages : slabs);
     }
+    /* the tile epilogue's loop is rolled in the ping-pong form only (its warps stalled on
+       instruction fetch; the others measured faster whole), and whole rows of 8 outputs
+       leave in one 16-byte store, never through a uint4 cast the compiler may split */
+    if (mode == 6) CHECK_STR_CONTAINS(src, "#pragma unroll 2\n");
+    else CHECK(!strstr(src, "#pragma unroll 2\n"));
+    CHECK_STR_CONTAINS(src, "fm_st16(out0 + ");
+    CHECK(!strstr(src, "*(uint4 *)(out"));
     CHECK(m.smem <= 227 * 1024);
     /* the TMA form: two tensor maps after outer, A [M (outer), K] in 64 x BM boxes and
        B [N, K] in 64 x BN boxes, K-major with their leading dims */
