@@ -9,7 +9,7 @@
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
  *   {vocab: 1 | 2 | 3 | 4 | 5,
- *    m_hint?: int   (GEMM fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
+ *    m_hint?: int   (GEMM and column fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
  *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
  *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2;
@@ -200,10 +200,11 @@ typedef struct fm_opnode {
 
 typedef struct fm_fragment {
   uint32_t vocab;
-  /* The M bucket of a GEMM fragment with a symbolic M (wire key `m_hint`, optional): the
-   * batch size the client expects, so the tuner times candidates at the size they will run
-   * at. The canonical form rounds it up to a power of two (so nearby batch sizes share one
-   * kernel and key) and drops it from every fragment that is not a symbolic GEMM; 0: none. */
+  /* The M bucket of a GEMM or column fragment with a symbolic M (wire key `m_hint`,
+   * optional): the batch size the client expects, so the tuner times candidates at the size
+   * they will run at. The canonical form rounds it up to a power of two (so nearby batch
+   * sizes share one kernel and key) and drops it from every fragment that is not a symbolic
+   * GEMM or column fragment; 0: none. */
   uint64_t m_hint;
   uint32_t n_inputs, n_ops, n_outputs;
   fm_tensor inputs[FM_MAX_INPUTS];

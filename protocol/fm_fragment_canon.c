@@ -137,9 +137,11 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   /* Cheap next to what follows (codegen, NVRTC), and it re-infers every op's dtype, so a
    * fragment that was never validated cannot produce a canonical form. */
   if (fm_fragment_validate(out, NULL)) return FM_EINVAL;
-  /* Only a symbolic GEMM is tuned per M bucket; anywhere else the hint would split keys for
-   * nothing. */
-  if (!fm_fragment_is_gemm(out) || !fm_fragment_is_symbolic(out)) out->m_hint = 0;
+  /* Only a symbolic GEMM or column fragment is tuned per M bucket (the candidates that win
+   * depend on M: tiles, or a column strip's cluster); anywhere else the hint would split
+   * keys for nothing. */
+  if (!(fm_fragment_is_gemm(out) || fm_fragment_is_cols(out)) || !fm_fragment_is_symbolic(out))
+    out->m_hint = 0;
   return FM_OK;
 }
 

@@ -6,7 +6,8 @@
  * prepare (per fragment):
  *  - verification size: the static shape (a column fragment's [M, N], its outputs being [1, N]);
  *    for a symbolic dim 0 an outer giving ~1M elements,
- *    or for a GEMM with an M bucket (m_hint) the bucket, at most GEMM_VERIFY_ROWS;
+ *    or for a GEMM with an M bucket (m_hint) the bucket, at most GEMM_VERIFY_ROWS; for a
+ *    column fragment with one the bucket, at most an outer giving ~1M elements;
  *  - a GEMM whose fp64 reference would cost more than REF_MACS multiply-adds is checked on
  *    row strips (first, middle, last GEMM_STRIP_ROWS rows): the kernel computes every row,
  *    the reference only the strips' rows (one thread each), and only they are read back and
@@ -17,7 +18,8 @@
  *  - a batched GEMM (bmm) with a symbolic batch is verified on at most BMM_VERIFY_BATCHES
  *    products (fewer when their fp64 reference would pass REF_MACS; at least two, so the
  *    batch strides are exercised), each product's reference on a thread of its own;
- *  - timing size: the static shape; for a GEMM with an M bucket the bucket; for any other
+ *  - timing size: the static shape; for a GEMM or column fragment with an M bucket the
+ *    bucket; for any other
  *    symbolic dim 0 an outer giving ~64M elements
  *    (each buffer set capped at 2 GiB); as many buffer sets (up to 16) as it takes for one
  *    rotation to span 3x the L2, so no timed launch finds its operands in L2.
@@ -458,6 +460,13 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   } else if (W.symbolic && gemm >= 0 && f->m_hint) {
     W.outer_t = (int64_t)f->m_hint;
     W.outer_v = W.outer_t < GEMM_VERIFY_ROWS ? W.outer_t : GEMM_VERIFY_ROWS;
+  } else if (W.symbolic && fm_fragment_is_cols(f) && f->m_hint) {
+    /* the bucket's M rows of N columns (the outputs are [1, N]: N is the inputs' dim 1) */
+    fm_cols_info ci;
+    int64_t n = fm_fragment_cols_info(f, &ci, NULL) == FM_OK && ci.n > 0 ? ci.n : 1;
+    W.outer_t = (int64_t)f->m_hint;
+    W.outer_v = VERIFY_ELEMENTS / n < W.outer_t ? VERIFY_ELEMENTS / n : W.outer_t;
+    if (W.outer_v < 1) W.outer_v = 1;
   } else if (W.symbolic) {
     W.outer_v = VERIFY_ELEMENTS / (inner ? inner : 1);
     if (W.outer_v < 1) W.outer_v = 1;

@@ -53,6 +53,10 @@ def test_symbolic_m_keeps_the_output_per_column(dead_socket):
     g = [g for p in c.plans for g in columns(p)][-1]
     [x] = g.built.wire["inputs"]
     assert x["shape"] == [-1, 48] and g.built.wire["outputs"][0]["shape"] == [1, 48]
+    # the M at hand travels as the hint (the daemon tunes for its bucket); a static M has none
+    assert g.built.wire["m_hint"] == 9
+    static = [g for p in c.plans for g in columns(p)][0]
+    assert static.built.wire["inputs"][0]["shape"] == [5, 48] and "m_hint" not in static.built.wire
 
 
 @pytest.mark.parametrize("f", [

@@ -244,6 +244,16 @@ static void test_m_hint_bucket(void) {
                        "'ops':[{'op':'relu','out':1,'args':[0]}],"
                        "'outputs':[{'id':1,'dtype':'f32','shape':[-1,4]}]}", &f, &d) == FM_OK);
   CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 0);
+  /* a column fragment (the bias gradient grad.sum(0)) with a symbolic M keeps its bucket,
+     with a static M drops it */
+  CHECK(tp_decode_json("{'vocab':5,'m_hint':3000,'inputs':[{'id':0,'dtype':'bf16','shape':[-1,64]}],"
+                       "'ops':[{'op':'sum','out':1,'args':[0],'dim':0}],"
+                       "'outputs':[{'id':1,'dtype':'bf16','shape':[64]}]}", &f, &d) == FM_OK);
+  CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 4096);
+  CHECK(tp_decode_json("{'vocab':5,'m_hint':3000,'inputs':[{'id':0,'dtype':'bf16','shape':[3000,64]}],"
+                       "'ops':[{'op':'sum','out':1,'args':[0],'dim':0}],"
+                       "'outputs':[{'id':1,'dtype':'bf16','shape':[64]}]}", &f, &d) == FM_OK);
+  CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 0);
   /* out of range and mistyped hints are refused with their place */
   CHECK(tp_decode_json(GEMM("'m_hint':0,", "-1"), &f, &d) == FM_ELIMIT && strstr(d.text, "m_hint"));
   CHECK(tp_decode_json(GEMM("'m_hint':4294967296,", "-1"), &f, &d) == FM_ELIMIT);
