@@ -460,18 +460,17 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   } else if (W.symbolic && gemm >= 0 && f->m_hint) {
     W.outer_t = (int64_t)f->m_hint;
     W.outer_v = W.outer_t < GEMM_VERIFY_ROWS ? W.outer_t : GEMM_VERIFY_ROWS;
-  } else if (W.symbolic && fm_fragment_is_cols(f) && f->m_hint) {
-    /* the bucket's M rows of N columns (the outputs are [1, N]: N is the inputs' dim 1) */
-    fm_cols_info ci;
-    int64_t n = fm_fragment_cols_info(f, &ci, NULL) == FM_OK && ci.n > 0 ? ci.n : 1;
-    W.outer_t = (int64_t)f->m_hint;
-    W.outer_v = VERIFY_ELEMENTS / n < W.outer_t ? VERIFY_ELEMENTS / n : W.outer_t;
-    if (W.outer_v < 1) W.outer_v = 1;
   } else if (W.symbolic) {
     W.outer_v = VERIFY_ELEMENTS / (inner ? inner : 1);
     if (W.outer_v < 1) W.outer_v = 1;
     W.outer_t = TIMING_ELEMENTS / (inner ? inner : 1);
     if (W.outer_t < 1) W.outer_t = 1;
+    /* a column fragment's M bucket (the canonical form keeps m_hint nowhere else here):
+       timed at it, verified on at most as many rows */
+    if (f->m_hint) {
+      W.outer_t = (int64_t)f->m_hint;
+      if (W.outer_v > W.outer_t) W.outer_v = W.outer_t;
+    }
   } else if (fm_fragment_is_cols(f)) {   /* the outputs are [1, N]: M is the inputs' */
     fm_cols_info ci;
     W.outer_v = W.outer_t = fm_fragment_cols_info(f, &ci, NULL) == FM_OK ? ci.m : 1;
