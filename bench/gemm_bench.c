@@ -19,7 +19,9 @@
  * FM_BENCH_CANDS="sub;sub" keeps the candidates whose description contains one of them;
  * FM_BENCH_EXTRA="p0,...,p7;..." adds gemm candidates by their raw parameters ("s" before
  * one: a skinny-template candidate);
- * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU).
+ * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU); FM_BENCH_EPI=residual the bias
+ * and a residual [M, N] added after it (an MLP's second GEMM: out = x @ W.t() + b + r, r
+ * rotated with x).
  * Exit status 1 if any kernel failed verification. */
 #include <inttypes.h>
 #include <math.h>
@@ -74,8 +76,9 @@ static fm_device_id dev;
 static fm_fragment canon[N_SHAPES];
 static job jobs[MAX_JOBS];
 static int n_jobs, next_job, reps = 30, failed;
-/* ours: bias + GELU (erf), or with FM_BENCH_EPI=bias the bias alone (what GELU costs) */
-enum { EPI_NONE, EPI_GELU_ERF, EPI_GELU_TANH, EPI_BIAS };
+/* ours: bias + GELU (erf), or with FM_BENCH_EPI=bias the bias alone (what GELU costs), or
+   =residual bias + a residual [M, N] */
+enum { EPI_NONE, EPI_GELU_ERF, EPI_GELU_TANH, EPI_BIAS, EPI_RESIDUAL };
 static int ours_epi = EPI_GELU_ERF;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -110,6 +113,7 @@ static int build(const shape *s, fm_fragment *out) {
   b->strides[0] = 1;
   b->align = 16;
   f.n_inputs = 3;
+  if (ours_epi == EPI_RESIDUAL) tensor2(&f.inputs[f.n_inputs++], 4, -1, s->n, s->n, 1);   /* r [M, N] */
   fm_opnode *o = &f.ops[0];
   memset(o, 0, 2 * sizeof *o);
   o[0].op = FM_OP_ADDMM;
@@ -118,10 +122,11 @@ static int build(const shape *s, fm_fragment *out) {
   o[0].args[0] = 3;
   o[0].args[1] = 1;
   o[0].args[2] = 2;
-  o[1].op = FM_OP_GELU;
+  o[1].op = ours_epi == EPI_RESIDUAL ? FM_OP_ADD : FM_OP_GELU;
   o[1].out = 11;
-  o[1].nargs = 1;
+  o[1].nargs = ours_epi == EPI_RESIDUAL ? 2 : 1;
   o[1].args[0] = 10;
+  o[1].args[1] = 4;
   f.n_ops = ours_epi == EPI_BIAS ? 1 : 2;
   tensor2(&f.outputs[0], ours_epi == EPI_BIAS ? 10 : 11, -1, s->n, s->n, 1);
   f.n_outputs = 1;
@@ -196,8 +201,8 @@ static size_t extra_candidates(fm_candidate *out, size_t max) {
 /* ---- data and verification --------------------------------------------------------- */
 
 typedef struct bufs {
-  uint16_t *hx, *hw, *hb, *hout;
-  fm_CUdeviceptr x[MAX_ROT], w[MAX_ROT], bias, out, ws;
+  uint16_t *hx, *hw, *hb, *hr, *hout;   /* hr: the residual (EPI_RESIDUAL), rotated with x */
+  fm_CUdeviceptr x[MAX_ROT], w[MAX_ROT], r[MAX_ROT], bias, out, ws;
   int rot;
 } bufs;
 
@@ -223,6 +228,7 @@ static double verify(const shape *s, bufs *b, int epi) {
     for (int64_t kk = 0; kk < s->k; kk++)
       acc += (double)gu_bf16_to_f32(b->hx[r * s->k + kk]) * (double)gu_bf16_to_f32(b->hw[q * s->k + kk]);
     if (epi != EPI_NONE) acc += gu_bf16_to_f32(b->hb[q]);
+    if (epi == EPI_RESIDUAL) acc += gu_bf16_to_f32(b->hr[r * s->n + q]);
     double want = epi == EPI_GELU_ERF ? gelu_erf(acc) : epi == EPI_GELU_TANH ? gelu_tanh(acc) : acc;
     double got = gu_bf16_to_f32(b->hout[r * s->n + q]) - want;
     num += got * got;
@@ -238,18 +244,22 @@ static int bufs_init(const shape *s, bufs *b) {
   b->hw = malloc(nw * 2);
   b->hb = malloc((size_t)s->n * 2);
   b->hout = malloc((size_t)(s->m * s->n) * 2);
-  if (!b->hx || !b->hw || !b->hb || !b->hout) return -1;
+  size_t nr = ours_epi == EPI_RESIDUAL ? (size_t)(s->m * s->n) : 0;
+  b->hr = nr ? malloc(nr * 2) : NULL;
+  if (!b->hx || !b->hw || !b->hb || !b->hout || (nr && !b->hr)) return -1;
   gu_rng rng = {0x6e33 ^ (uint64_t)(s->m * 31 + s->n * 7 + s->k)};
   double scale = 1.0 / sqrt(sqrt((double)s->k));   /* sums over K stay O(1) */
   for (size_t i = 0; i < nx; i++) b->hx[i] = gu_f32_to_bf16((float)(gu_uniform(&rng, -1, 1) * scale));
   for (size_t i = 0; i < nw; i++) b->hw[i] = gu_f32_to_bf16((float)(gu_uniform(&rng, -1, 1) * scale));
   for (int64_t i = 0; i < s->n; i++) b->hb[i] = gu_f32_to_bf16((float)gu_uniform(&rng, -0.5, 0.5));
-  size_t per = (nx + nw) * 2;
+  for (size_t i = 0; i < nr; i++) b->hr[i] = gu_f32_to_bf16((float)gu_uniform(&rng, -1, 1));
+  size_t per = (nx + nw + nr) * 2;
   b->rot = (int)((ROTATE_BYTES + per - 1) / per);
   if (b->rot > MAX_ROT) b->rot = MAX_ROT;
   for (int r = 0; r < b->rot; r++) {
     if (!(b->x[r] = gu_dalloc(cu, nx * 2)) || !(b->w[r] = gu_dalloc(cu, nw * 2))) return -1;
     if (gu_h2d(cu, b->x[r], b->hx, nx * 2) || gu_h2d(cu, b->w[r], b->hw, nw * 2)) return -1;
+    if (nr && (!(b->r[r] = gu_dalloc(cu, nr * 2)) || gu_h2d(cu, b->r[r], b->hr, nr * 2))) return -1;
   }
   if (!(b->bias = gu_dalloc(cu, (size_t)s->n * 2)) || gu_h2d(cu, b->bias, b->hb, (size_t)s->n * 2))
     return -1;
@@ -262,6 +272,7 @@ static void bufs_free(bufs *b) {
   for (int r = 0; r < b->rot; r++) {
     if (b->x[r]) cu->cuMemFree(b->x[r]);
     if (b->w[r]) cu->cuMemFree(b->w[r]);
+    if (b->r[r]) cu->cuMemFree(b->r[r]);
   }
   if (b->bias) cu->cuMemFree(b->bias);
   if (b->out) cu->cuMemFree(b->out);
@@ -269,6 +280,7 @@ static void bufs_free(bufs *b) {
   free(b->hx);
   free(b->hw);
   free(b->hb);
+  free(b->hr);
   free(b->hout);
 }
 
@@ -389,7 +401,7 @@ typedef struct fm_ctx {
 static int fm_launch(void *vctx, const bufs *b, int r) {
   fm_ctx *c = vctx;
   int i = r % b->rot;
-  void *ins[3] = {dp(b->x[i]), dp(b->w[i]), dp(b->bias)}, *outs[1] = {dp(b->out)};
+  void *ins[4] = {dp(b->x[i]), dp(b->w[i]), dp(b->bias), dp(b->r[i])}, *outs[1] = {dp(b->out)};
   return fm_module_launch(c->mod, ins, outs, c->m, NULL, NULL) != FM_OK;
 }
 
@@ -495,7 +507,10 @@ int main(int argc, char **argv) {
   if (reps < 20) reps = 20;
   if (reps > MAX_REPS) reps = MAX_REPS;
   const char *epi_env = getenv("FM_BENCH_EPI");
-  ours_epi = epi_env && strcmp(epi_env, "bias") == 0 ? EPI_BIAS : EPI_GELU_ERF;
+  ours_epi = !epi_env                         ? EPI_GELU_ERF
+             : strcmp(epi_env, "bias") == 0     ? EPI_BIAS
+             : strcmp(epi_env, "residual") == 0 ? EPI_RESIDUAL
+                                                : EPI_GELU_ERF;
   const char *env = getenv("FM_BENCH_SHAPES");
   for (size_t i = 0; i < N_SHAPES; i++) pick[i] = env == NULL;
   for (const char *p = env; p && *p;) {

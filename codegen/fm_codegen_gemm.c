@@ -54,19 +54,21 @@ static const fm_gemm_config configs[] = {
  * (bench/NOTES.md, "wgmma mainloop") stay for the tuner to compare and as a fallback should
  * a tensor map be refused. */
 static const fm_gemm_config wgmma_configs[] = {
-    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups.
-       Clusters of two blocks sharing B (cluster 2, plain or persistent) are supported but
-       offered nowhere: correct on the H100 but 0.6-0.7x of the same tile without, persistent
-       or not (bench/NOTES.md, "TMA mainloop" and "Persistent and ping-pong"). */
+    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups. */
     {128, 256, 64, 4, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
     {128, 256, 64, 4, 8, 1, 16, 4, 0, 0},  /* taller raster groups: 3-5% at 16384 x 16384 and 4096 x 11008 */
-    {128, 192, 64, 5, 8, 1, 8, 4, 0, 0},   /* (201 KiB) */
+    /* A cluster of two blocks sharing B (each loads half of B's box into both by multicast):
+       0.6-0.7x of the same tile until its stage releases stopped fencing at cluster scope;
+       since, 1.09-1.13x faster than it at 16384 x 16384 x 4096, even at 8192^3 and 16384 x
+       4096 x 16384, 0.85x at 4096^3 (bench/NOTES.md, "Cluster pairs, released"). It took
+       the place of 128x192 with 5 stages, the fastest at no shape measured. */
+    {128, 256, 64, 4, 8, 1, 8, 4, 0, 2},   /* (193 KiB a block) */
     {128, 128, 64, 6, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
     {128, 128, 64, 3, 8, 1, 8, 4, 0, 0},   /* 97 KiB: two blocks per SM, one's epilogue under the other's loads */
     /* The persistent form: one block per SM walks its tiles while the loader fills the next
        tile's stages during the epilogue; the slabs sit beside the stages, so fewer stages or
        narrower slabs (more epilogue passes) than above. */
-    {128, 256, 64, 3, 8, 1, 8, 5, 0, 0},   /* 3 stages + 128-column slabs (213 KiB) */
+    {128, 256, 64, 4, 8, 1, 8, 5, 0, 0},   /* 4 stages + 32-column slabs (213 KiB): 8% faster than mode 4 at 16384 x 16384 x 4096; replaced 3 stages + 128-column slabs */
     {128, 192, 64, 4, 8, 1, 8, 5, 0, 0},   /* 4 stages + 96-column slabs (213 KiB) */
     {128, 128, 64, 5, 8, 1, 8, 5, 0, 0},   /* 5 stages + 64-column slabs (197 KiB) */
     /* Ping-pong: two consumer warpgroups, each a whole tile, take turns, so one's epilogue

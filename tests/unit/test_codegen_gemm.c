@@ -484,7 +484,7 @@ static void compiles_for_sm90a(const char *src, const char *name) {
   free(log);
 }
 
-/* Clusters of two blocks sharing B (not a candidate; gemm_bench's FM_BENCH_EXTRA uses it): the
+/* Clusters of two blocks sharing B (the 128x256 TMA pair is a candidate since codegen v21): the
  * cluster shape is compiled in, the grid pairs blocks along x (twice the column tiles, one
  * grid row per pair of row tiles), B's tensor map reads half a tile per block; NVRTC accepts
  * it for sm_90a, and the forms it does not apply to are refused. */
