@@ -77,11 +77,12 @@ static fm_candidate from_skinny(fm_skinny_config c) {
   k.p[1] = c.warps;
   k.p[2] = c.unroll;
   k.p[3] = c.pipe;
+  k.p[4] = c.split > 1 ? c.split : 0;
   return k;
 }
 
 static fm_skinny_config to_skinny(const fm_candidate *k) {
-  fm_skinny_config c = {k->p[0], k->p[1], k->p[2], k->p[3]};
+  fm_skinny_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4]};
   return c;
 }
 
@@ -264,7 +265,8 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
 
 int fm_candidate_runs_on(const fm_candidate *c, const char *arch) {
   if (c && ((c->tmpl == FM_TMPL_GEMM && c->p[7]) || c->tmpl == FM_TMPL_B2B)) return arch && strcmp(arch, "sm_90a") == 0;
-  if (c && c->tmpl == FM_TMPL_COLS && c->p[1] > 1) {   /* thread block clusters: sm_90 and later */
+  /* thread block clusters: sm_90 and later */
+  if (c && ((c->tmpl == FM_TMPL_COLS && c->p[1] > 1) || (c->tmpl == FM_TMPL_SKINNY && c->p[4] > 1))) {
     int sm = 0;
     return arch && sscanf(arch, "sm_%d", &sm) == 1 && sm >= 90;
   }
@@ -311,7 +313,8 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                c->p[4]);
       return;
     case FM_TMPL_SKINNY:
-      snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u", c->p[0], c->p[1], c->p[2], c->p[3]);
+      snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u%s", c->p[0], c->p[1], c->p[2], c->p[3],
+               c->p[4] == 2 ? " split=2" : c->p[4] == 4 ? " split=4" : c->p[4] > 1 ? " split=?" : "");
       return;
     default: snprintf(out, cap, "%s", fm_template_name(c->tmpl)); return;
   }

@@ -200,6 +200,9 @@ typedef struct fm_skinny_config {
   uint32_t unroll;   /* 64-wide K chunks per warp and step: 1..8 */
   uint32_t pipe;     /* 0: load then multiply; 1: next step's W prefetched into registers;
                         2..4: a cp.async ring of that many steps per warp */
+  uint32_t split;    /* 0 or 1: a block covers all of K; 2 or 4 (sm_90): a cluster of that many
+                        blocks shares the columns, each a 1/split of K's chunks, their partial
+                        sums added through distributed shared memory (candidate p[4]) */
 } fm_skinny_config;
 
 /* The M the skinny template is timed at for canon: its static M, else its M bucket

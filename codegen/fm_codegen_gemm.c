@@ -647,6 +647,11 @@ void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_c
   kernel_open(sb, f, gp, entry, 0, 0, 0, NULL);
 }
 
+void fm_cg_gemm_emit_kernel_open_cluster(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                         const char *entry, uint32_t cluster) {
+  kernel_open(sb, f, gp, entry, 0, 0, cluster, NULL);
+}
+
 void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                        const char *entry, const char *scratch_ty) {
   kernel_open(sb, f, gp, entry, 0, 0, 0, scratch_ty);

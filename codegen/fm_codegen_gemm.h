@@ -93,6 +93,10 @@ void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int de
 /* The kernel's signature (inputs, outputs, outer) and its M, up to the body: both templates. */
 void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
                                  const char *entry);
+/* The same with __cluster_dims__(cluster, 1, 1) compiled in (cluster > 1): the skinny
+ * template's split form. */
+void fm_cg_gemm_emit_kernel_open_cluster(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
+                                         const char *entry, uint32_t cluster);
 /* The same signature with one more parameter after outer: `const scratch_ty *fm_scratch` (the
  * cuBLASLt split form's product, fm_codegen_blas.c), and `fm_scratch2` for siblings. */
 void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,

@@ -19,8 +19,14 @@
  * warps take K chunks round-robin (neighbouring warps read neighbouring pieces of each row
  * at about the same time), the partial sums meet in static shared memory, and the gemm
  * template's generated epilogue (fm_cg_gemm_emit_epilogue) stores every output once.
- * No workspace, no cluster: enough columns per SM come from N alone at decode widths
- * (N / 8 >= 512 blocks for N >= 4096). Values are named by position, never by client ids. */
+ * No workspace: enough columns per SM come from N alone at decode widths (N / 8 >= 512 blocks
+ * for N >= 4096). A split form (sm_90, fm_skinny_config.split) runs a cluster of 2 or 4
+ * blocks per column block, each taking every split-th warp's share of K's chunks, and adds
+ * their partial sums through distributed shared memory, in rank and warp order
+ * (deterministic), before the one epilogue: built for where N gives too few warps to keep W
+ * in flight (ncu at 8 x 4096 x 11008: 512 blocks of 8 warps, 47% occupancy, 68% of DRAM
+ * bandwidth), it did not read W faster (bench/NOTES.md, "Split-K skinny"), so no candidate
+ * uses it. Values are named by position, never by client ids. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,15 +57,19 @@
  * ~10% at 1 and 32 rows; two kept so the path stays verified). Dropped after the runs:
  * 16 warps of 8 columns and four more ring shapes, slower than another everywhere. */
 static const fm_skinny_config configs[] = {
-    {8, 8, 4, 0},
-    {16, 8, 1, 1},
-    {8, 8, 2, 1},
-    {8, 4, 4, 0},
-    {16, 4, 2, 1},
-    {32, 4, 1, 1},
-    {24, 4, 2, 1},
-    {16, 8, 1, 3},   /* 48 KiB ring */
-    {8, 8, 1, 4},    /* 32 KiB ring */
+    {8, 8, 4, 0, 0},
+    {16, 8, 1, 1, 0},
+    {8, 8, 2, 1, 0},
+    {8, 4, 4, 0, 0},
+    {16, 4, 2, 1, 0},
+    {32, 4, 1, 1, 0},
+    {24, 4, 2, 1, 0},
+    {16, 8, 1, 3, 0},   /* 48 KiB ring */
+    {8, 8, 1, 4, 0},    /* 32 KiB ring */
+    /* The split form (2 or 4 blocks of a cluster along K) is supported but offered nowhere:
+       correct (the decode suite with three split candidates, 428/428) and at best level with
+       these (8 x 4096 x 11008: 0.0429-0.0435 ms against 0.0425-0.0438), slower at 8 x 11008
+       x 4096 and at M = 1..32, 4096 x 4096 (bench/NOTES.md, "Split-K skinny"). */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
@@ -83,6 +93,8 @@ static int check_config(const fm_skinny_config *c, fm_diag *d) {
   if (c->unroll < 1 || c->unroll > 8)
     return fm_diag_set(d, FM_EINVAL, "config: unroll %u (1..8)", c->unroll);
   if (c->pipe > 4) return fm_diag_set(d, FM_EINVAL, "config: pipe %u (0..4)", c->pipe);
+  if (c->split > 1 && c->split != 2 && c->split != 4)
+    return fm_diag_set(d, FM_EINVAL, "config: split %u (1, 2 or 4 blocks along K)", c->split);
   uint32_t regs = c->unroll * (c->cols * (c->pipe == 1 ? 2 : 1) + 16);
   if (regs > MAX_LOAD_REGS)
     return fm_diag_set(d, FM_EINVAL, "config: %u load registers per thread exceed %u", regs,
@@ -142,7 +154,11 @@ static const char body[] =
     "#define FM_THREADS (FM_WARPS * 32)\n"
     "#define FM_NT (FM_BN / 8)\n"
     "#define FM_KC ((FM_K + 63) / 64)\n"
-    "#define FM_STEP (FM_WARPS * FM_UNROLL)\n"
+    "/* the warps along K: FM_SPLIT blocks of FM_WARPS (a cluster); block rank r's warp w is\n"
+    "   K-warp r * FM_WARPS + w, and K-warp kw takes chunks kw, kw + FM_KWARPS, ... */\n"
+    "#define FM_KWARPS (FM_WARPS * FM_SPLIT)\n"
+    "#define FM_STEP (FM_KWARPS * FM_UNROLL)\n"
+    "__device__ __forceinline__ int fm_krank() { return FM_SPLIT > 1 ? (int)(blockIdx.x % FM_SPLIT) : 0; }\n"
     "/* 16 bytes of W, read once: L1 is bypassed so that it keeps x; zeros where !ok */\n"
     "__device__ __forceinline__ uint4 fm_ldw(const unsigned short *p, bool ok) {\n"
     "  uint4 v;\n"
@@ -177,7 +193,7 @@ static const char body[] =
     "    const unsigned short *const (&w)[FM_NT], const bool (&wok)[FM_NT], int c0, int q) {\n"
     "#pragma unroll\n"
     "  for (int u = 0; u < FM_UNROLL; u++) {\n"
-    "    const int k = (c0 + u * FM_WARPS) * 64;\n"
+    "    const int k = (c0 + u * FM_KWARPS) * 64;\n"
     "    const bool k0 = FM_H0(k, q) < FM_K, k1 = FM_H1(k, q) < FM_K;\n"
     "#pragma unroll\n"
     "    for (int nt = 0; nt < FM_NT; nt++) {\n"
@@ -191,7 +207,7 @@ static const char body[] =
     "    const unsigned short *x1, bool x0ok, bool x1ok, int c0, int q) {\n"
     "#pragma unroll\n"
     "  for (int u = 0; u < FM_UNROLL; u++) {\n"
-    "    const int k = (c0 + u * FM_WARPS) * 64;\n"
+    "    const int k = (c0 + u * FM_KWARPS) * 64;\n"
     "    const bool k0 = FM_H0(k, q) < FM_K, k1 = FM_H1(k, q) < FM_K;\n"
     "    xv[u][0][0] = fm_ldx(x0 + FM_H0(k, 0), x0ok && k0);\n"
     "    xv[u][0][1] = fm_ldx(x0 + FM_H1(k, 0), x0ok && k1);\n"
@@ -232,7 +248,7 @@ static const char body[] =
     "    const unsigned short *const (&w)[FM_NT], const bool (&wok)[FM_NT], int c0, int q, int lane) {\n"
     "#pragma unroll\n"
     "  for (int u = 0; u < FM_UNROLL; u++) {\n"
-    "    const int k = (c0 + u * FM_WARPS) * 64;\n"
+    "    const int k = (c0 + u * FM_KWARPS) * 64;\n"
     "    /* chunks past K (the last steps) copy nothing: src-size 0 zero-fills */\n"
     "    const bool k0 = FM_H0(k, q) < FM_K, k1 = FM_H1(k, q) < FM_K;\n"
     "#pragma unroll\n"
@@ -260,6 +276,7 @@ static const char body[] =
     "    const unsigned short *__restrict__ A, const unsigned short *__restrict__ B,\n"
     "    long long M, long long m0, int n0) {\n"
     "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;\n"
+    "  const int kw = fm_krank() * FM_WARPS + warp;\n"
     "  const bool x0ok = m0 + g < M, x1ok = m0 + g + 8 < M;\n"
     "  const unsigned short *x0 = A + (x0ok ? m0 + g : 0) * FM_LDA + 8 * q;\n"
     "  const unsigned short *x1 = A + (x1ok ? m0 + g + 8 : 0) * FM_LDA + 8 * q;\n"
@@ -279,9 +296,9 @@ static const char body[] =
     "  unsigned char *ring = fm_ring + warp * FM_PIPE * FM_RING_STAGE;\n"
     "  const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);\n"
     "#pragma unroll\n"
-    "  for (int s = 0; s < FM_PIPE - 1; s++) fm_ring_issue(ring_s + s * FM_RING_STAGE, B, w, wok, warp + s * FM_STEP, q, lane);\n"
+    "  for (int s = 0; s < FM_PIPE - 1; s++) fm_ring_issue(ring_s + s * FM_RING_STAGE, B, w, wok, kw + s * FM_STEP, q, lane);\n"
     "  int st = 0;\n"
-    "  for (int c0 = warp; c0 < FM_KC; c0 += FM_STEP) {\n"
+    "  for (int c0 = kw; c0 < FM_KC; c0 += FM_STEP) {\n"
     "    uint4 wv[FM_UNROLL][FM_NT][2], xv[FM_UNROLL][2][2];\n"
     "    asm volatile(\"cp.async.wait_group %0;\\n\" :: \"n\"(FM_PIPE - 2) : \"memory\");\n"
     "    fm_ring_read(wv, ring + st * FM_RING_STAGE, lane);\n"
@@ -297,8 +314,8 @@ static const char body[] =
     "#elif FM_PIPE\n"
     "  /* W prefetched one step ahead in registers */\n"
     "  uint4 wv[FM_UNROLL][FM_NT][2];\n"
-    "  fm_load_w(wv, w, wok, warp, q);\n"
-    "  for (int c0 = warp; c0 < FM_KC; c0 += FM_STEP) {\n"
+    "  fm_load_w(wv, w, wok, kw, q);\n"
+    "  for (int c0 = kw; c0 < FM_KC; c0 += FM_STEP) {\n"
     "    uint4 xv[FM_UNROLL][2][2], wn[FM_UNROLL][FM_NT][2];\n"
     "    fm_load_x(xv, x0, x1, x0ok, x1ok, c0, q);\n"
     "    fm_load_w(wn, w, wok, c0 + FM_STEP, q);\n"
@@ -313,7 +330,7 @@ static const char body[] =
     "  }\n"
     "#else\n"
     "  /* each step's loads, then its math (ptxas interleaves them as it sees fit) */\n"
-    "  for (int c0 = warp; c0 < FM_KC; c0 += FM_STEP) {\n"
+    "  for (int c0 = kw; c0 < FM_KC; c0 += FM_STEP) {\n"
     "    uint4 wv[FM_UNROLL][FM_NT][2], xv[FM_UNROLL][2][2];\n"
     "    fm_load_w(wv, w, wok, c0, q);\n"
     "    fm_load_x(xv, x0, x1, x0ok, x1ok, c0, q);\n"
@@ -334,10 +351,31 @@ static const char body[] =
     "    *(float2 *)(r + g * FM_RED_LD + nt * 8 + 2 * q) = make_float2(acc[nt][0], acc[nt][1]);\n"
     "    *(float2 *)(r + (g + 8) * FM_RED_LD + nt * 8 + 2 * q) = make_float2(acc[nt][2], acc[nt][3]);\n"
     "  }\n"
+    "}\n"
+    "/* Four partial sums red[i .. i+3] (i a multiple of 4) of the cluster's block rank; the\n"
+    "   block's own without a split. */\n"
+    "__device__ __forceinline__ float4 fm_red4(const float *red, int rank, int i) {\n"
+    "#if FM_SPLIT > 1\n"
+    "  unsigned a = (unsigned)__cvta_generic_to_shared(red + i), r;\n"
+    "  float4 v;\n"
+    "  asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\" : \"=r\"(r) : \"r\"(a), \"r\"(rank));\n"
+    "  asm volatile(\"ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\"\n"
+    "               : \"=f\"(v.x), \"=f\"(v.y), \"=f\"(v.z), \"=f\"(v.w) : \"r\"(r) : \"memory\");\n"
+    "  return v;\n"
+    "#else\n"
+    "  (void)rank;\n"
+    "  return *(const float4 *)(red + i);\n"
+    "#endif\n"
+    "}\n"
+    "/* Every block of the cluster reaches it before any goes on: its partial sums are staged\n"
+    "   (first), or no other block still reads them (last). */\n"
+    "__device__ __forceinline__ void fm_cluster_sync() {\n"
+    "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
     "}\n";
 
-static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry) {
-  fm_cg_gemm_emit_kernel_open(sb, f, gp, entry);
+static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
+                        uint32_t split) {
+  fm_cg_gemm_emit_kernel_open_cluster(sb, f, gp, entry, split);
   fm_strbuf_printf(sb,
                    "#if FM_PIPE >= 2\n"
                    "  /* the partial sums reuse the drained ring: one dynamic allocation, so a\n"
@@ -347,32 +385,42 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                    "  __shared__ __align__(16) float red[FM_WARPS * 16 * FM_RED_LD];\n"
                    "#endif\n"
                    "  const long long m0 = (long long)blockIdx.y * 16;\n"
-                   "  const int n0 = blockIdx.x * FM_BN;\n"
+                   "  const int n0 = (int)(blockIdx.x / FM_SPLIT) * FM_BN;   /* a split's blocks share it */\n"
                    "  float acc[FM_NT][4];\n"
                    "  fm_skinny_mainloop(acc, in%u, in%u, M, m0, n0);\n"
                    "#if FM_PIPE >= 2\n"
                    "  __syncthreads();   /* every warp is done with its part of the ring */\n"
                    "#endif\n"
                    "  fm_skinny_stage(red, acc);\n"
+                   "#if FM_SPLIT > 1\n"
+                   "  fm_cluster_sync();\n"
+                   "#else\n"
                    "  __syncthreads();\n"
-                   "  /* one thread per (row, 8 columns): the warps' sum, then the epilogue */\n"
-                   "  for (int t = threadIdx.x; t < 16 * FM_NT; t += FM_THREADS) {\n"
+                   "#endif\n"
+                   "  /* one thread per (row, 8 columns), spread over the split's blocks: the sum over\n"
+                   "     blocks and warps, then the epilogue */\n"
+                   "  for (int t = threadIdx.x + fm_krank() * FM_THREADS; t < 16 * FM_NT; t += FM_THREADS * FM_SPLIT) {\n"
                    "    const int r = t / FM_NT, c = t %% FM_NT * 8;\n"
                    "    const long long m = m0 + r;\n"
                    "    const long long n = n0 + c;\n"
                    "    if (m >= M || n >= FM_N) continue;\n"
-                   "    float v[8];\n"
+                   "    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n"
+                   "    for (int b = 0; b < FM_SPLIT; b++)\n"
                    "#pragma unroll\n"
-                   "    for (int e = 0; e < 8; e++) {\n"
-                   "      float s = 0.0f;\n"
-                   "#pragma unroll\n"
-                   "      for (int w = 0; w < FM_WARPS; w++) s += red[(w * 16 + r) * FM_RED_LD + c + e];\n"
-                   "      v[e] = s;\n"
-                   "    }\n"
+                   "      for (int w = 0; w < FM_WARPS; w++) {\n"
+                   "        const float4 lo = fm_red4(red, b, (w * 16 + r) * FM_RED_LD + c);\n"
+                   "        const float4 hi = fm_red4(red, b, (w * 16 + r) * FM_RED_LD + c + 4);\n"
+                   "        v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w;\n"
+                   "        v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;\n"
+                   "      }\n"
                    "    fm_epilogue(v, m, n",
                    gp->ia, gp->ib);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
-  fm_strbuf_append(sb, ");\n  }\n}\n");
+  fm_strbuf_append(sb, ");\n  }\n"
+                       "#if FM_SPLIT > 1\n"
+                       "  fm_cluster_sync();\n"
+                       "#endif\n"
+                       "}\n");
 }
 
 int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count,
@@ -391,27 +439,30 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
   }
   if ((rc = plan(canon, gp, d)) || (rc = check_config(cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
-  snprintf(entry, sizeof entry, "fm_skinny_c%u_w%u_u%u_p%u", cfg->cols, cfg->warps, cfg->unroll,
-           cfg->pipe);
+  uint32_t split = cfg->split > 1 ? cfg->split : 1;
+  snprintf(entry, sizeof entry, "fm_skinny_c%u_w%u_u%u_p%u%s", cfg->cols, cfg->warps, cfg->unroll,
+           cfg->pipe, split == 2 ? "_k2" : split == 4 ? "_k4" : "");
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld skinny gemm kernel: %s, A row-major, B column-major, %s */\n", entry, ty);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   /* FM_X1: rows 8..15 of a block's x exist (a static M <= 8 never loads them) */
   fm_strbuf_printf(&sb,
                    "#define FM_BN %u\n#define FM_WARPS %u\n#define FM_UNROLL %u\n#define FM_PIPE %u\n"
+                   "#define FM_SPLIT %u\n"
                    "#define FM_X1 %d\n#define FM_K %" PRId64 "\n#define FM_N %" PRId64 "\n"
                    "#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n",
-                   cfg->cols, cfg->warps, cfg->unroll, cfg->pipe, gp->m < 0 || gp->m > 8, gp->k,
+                   cfg->cols, cfg->warps, cfg->unroll, cfg->pipe, split, gp->m < 0 || gp->m > 8, gp->k,
                    gp->n, gp->lda, gp->ldb);
   fm_cg_gemm_emit_mma(&sb, ty);
   fm_strbuf_append(&sb, body);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry);
+  emit_kernel(&sb, canon, gp, entry, split);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry, cfg->warps * 32, smem_bytes(cfg), ROWS, cfg->cols);
+  meta->max_blocks *= split;   /* grid.x: a cluster of split blocks per column block */
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

@@ -140,7 +140,7 @@ static void test_meta(void) {
   CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 1376);
   CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 0), 1);
   /* a cp.async ring: 4 warps x 4 stages x 2 chunks x 1 KiB of dynamic shared memory */
-  fm_skinny_config ring = {8, 4, 2, 4};
+  fm_skinny_config ring = {8, 4, 2, 4, 0};
   CHECK_EQ_INT(fm_codegen_skinny(&canon, &ring, 132, &src, &meta, &d), FM_OK);
   CHECK_STR_CONTAINS(src, "cp.async.cg.shared.global");
   CHECK_STR_CONTAINS(src, "#define FM_PIPE 4\n");
@@ -149,7 +149,7 @@ static void test_meta(void) {
   CHECK_EQ_INT(meta.block[0], 128);
   /* 48 KiB of ring and no static shared memory beside it (the sums reuse the ring), so no
      launch needs more than the metadata says */
-  fm_skinny_config ring48 = {8, 4, 4, 3};
+  fm_skinny_config ring48 = {8, 4, 4, 3, 0};
   CHECK_EQ_INT(fm_codegen_skinny(&canon, &ring48, 132, &src, &meta, &d), FM_OK);
   CHECK_STR_CONTAINS(src, "float *red = (float *)fm_ring;");
   free(src);
@@ -195,7 +195,7 @@ static void test_refusals(void) {
   CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
   CHECK_EQ_INT(c.tmpl, FM_TMPL_CUBLASLT);
   CHECK_EQ_INT((int)c.p[0], FM_BLAS_SPLIT);
-  fm_skinny_config sc = {8, 4, 4, 1};
+  fm_skinny_config sc = {8, 4, 4, 1, 0};
   CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "K not a multiple of 8");
   CHECK(src == NULL);
@@ -206,15 +206,73 @@ static void test_refusals(void) {
   CHECK_STR_CONTAINS(d.text, "K-major");
   /* configurations outside the space */
   CHECK_EQ_INT(build(8, 0, 64, 64, EPI_GELU, FM_DT_BF16, 0), FM_OK);
-  static const fm_skinny_config bad[] = {{12, 4, 4, 0}, {40, 4, 1, 0}, {8, 0, 4, 0}, {8, 17, 4, 0},
-                                         {8, 4, 0, 0},  {32, 4, 4, 0}, {8, 4, 4, 5}, {16, 4, 4, 1},
-                                         {8, 16, 4, 4}};
+  static const fm_skinny_config bad[] = {{12, 4, 4, 0, 0}, {40, 4, 1, 0, 0}, {8, 0, 4, 0, 0}, {8, 17, 4, 0, 0},
+                                         {8, 4, 0, 0, 0},  {32, 4, 4, 0, 0}, {8, 4, 4, 5, 0}, {16, 4, 4, 1, 0},
+                                         {8, 16, 4, 4, 0}, {8, 8, 4, 0, 3},  {8, 8, 4, 0, 8}};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     CHECK_EQ_INT(fm_codegen_skinny(&canon, &bad[i], 132, &src, &meta, &d), FM_EINVAL);
     CHECK(src == NULL);
   }
   CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_OK);
   free(src);
+}
+
+/* The split form (sm_90 clusters): 2 or 4 blocks per column block share K's chunks and add
+ * their partial sums through distributed shared memory; the grid counts every block of each
+ * cluster, the candidate runs on sm_90 only, and it compiles for sm_90a. */
+static void test_split(void) {
+  fm_kernel_meta meta;
+  char *src = NULL;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build(8, 0, 4096, 11008, EPI_RESIDUAL, FM_DT_BF16, 0), FM_OK);   /* a down projection */
+  fm_skinny_config sc = {8, 8, 4, 0, 2};
+  CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_OK);
+  if (src) {
+    CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
+    CHECK_STR_CONTAINS(src, "#define FM_SPLIT 2\n");
+    CHECK_STR_CONTAINS(src, "ld.shared::cluster.v4.f32");
+    CHECK_STR_CONTAINS(src, "barrier.cluster.arrive.release");
+    CHECK_STR_CONTAINS(meta.entry, "fm_skinny_c8_w8_u4_p0_k2");
+    CHECK_EQ_INT(meta.max_blocks, 1024);   /* 512 column blocks x 2 */
+    CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 1024);
+    CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 0), 1);
+    if (fm_nvrtc_arch_supported("sm_90a")) {
+      uint8_t *cubin = NULL;
+      size_t len = 0;
+      char *log = NULL;
+      int rc = fm_nvrtc_compile(src, "split.cu", "sm_90a", &cubin, &len, &log);
+      CHECK_EQ_INT(rc, FM_OK);
+      if (rc && log) fprintf(stderr, "%s\n", log);
+      free(cubin);
+      free(log);
+    }
+  }
+  free(src);
+  src = NULL;
+  sc.split = 4;
+  CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_OK);
+  CHECK_EQ_INT(meta.max_blocks, 2048);
+  if (src) CHECK_STR_CONTAINS(src, "__cluster_dims__(4, 1, 1)");
+  free(src);
+  src = NULL;
+  sc.split = 1;   /* one block along K: no cluster, the sums of the block's own warps */
+  CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_OK);
+  if (src) {
+    CHECK(strstr(src, "__cluster_dims__") == NULL);
+    CHECK_STR_CONTAINS(src, "#define FM_SPLIT 1\n");
+  }
+  CHECK_EQ_INT(meta.max_blocks, 512);
+  free(src);
+  fm_candidate c;
+  char desc[96];
+  memset(&c, 0, sizeof c);
+  c.tmpl = FM_TMPL_SKINNY;
+  c.p[0] = 8, c.p[1] = 8, c.p[2] = 4, c.p[3] = 0, c.p[4] = 2;
+  fm_candidate_describe(&c, desc, sizeof desc);
+  CHECK_STR_CONTAINS(desc, "skinny cols=8 warps=8 unroll=4 pipe=0 split=2");
+  CHECK(fm_candidate_runs_on(&c, "sm_90a") && !fm_candidate_runs_on(&c, "sm_80"));
+  c.p[4] = 0;
+  CHECK(fm_candidate_runs_on(&c, "sm_80"));
 }
 
 /* Every candidate compiles for both target generations, for each epilogue and dtype. */
@@ -240,7 +298,7 @@ static void test_nvrtc(void) {
         continue;
       }
       for (size_t a = 0; a < 2; a++) {
-        if (!fm_nvrtc_arch_supported(archs[a])) continue;
+        if (!fm_nvrtc_arch_supported(archs[a]) || (sc[i].split > 1 && a == 0)) continue;   /* clusters: sm_90 */
         uint8_t *cubin = NULL;
         size_t len = 0;
         char *log = NULL;
@@ -262,6 +320,7 @@ int main(void) {
   RUN(test_candidates);
   RUN(test_meta);
   RUN(test_refusals);
+  RUN(test_split);
   RUN(test_nvrtc);
   return FM_TEST_DONE();
 }
