@@ -297,7 +297,6 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                : mode == 4 ? " wgmma tma"
                : mode == 5 ? " wgmma tma persistent"
                : mode == 6 ? " wgmma tma pingpong"
-               : mode == 7 ? " wgmma tma ew"
                            : "",
                tiles);
       return;

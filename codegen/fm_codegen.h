@@ -164,11 +164,7 @@ typedef struct fm_gemm_config {
                             blocks the device holds, each striding over the tiles, grid rule
                             "persistent"; the next tile loads during the epilogue); 6: the
                             same with two consumer warpgroups of 4 warps (wm = 4), each
-                            owning whole BM x BN tiles in turn (ping-pong); 7: the same
-                            persistent loader, one MMA warpgroup (4 warps) owning whole tiles,
-                            and two epilogue warpgroups that run each tile's epilogue from a
-                            shared-memory copy of its accumulators while the MMA warpgroup
-                            multiplies the next ("ew") */
+                            owning whole BM x BN tiles in turn (ping-pong) */
   uint32_t rtiles;       /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
                             the block walks rtiles consecutive BM-row tiles, loading the next
                             tile's first k-tiles while the epilogue of this one runs; stored

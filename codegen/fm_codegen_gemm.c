@@ -250,16 +250,15 @@ int fm_cg_gemm_plan_build_any(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag
 }
 
 static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
-  if (c->wgmma > 7) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..7)", c->wgmma);
+  if (c->wgmma > 6) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..6)", c->wgmma);
   if (!gp->a_kmajor || !gp->b_kmajor)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: the wgmma mainloop needs K-major A and B");
   /* ping-pong: each of the two consumer warpgroups (4 warps) owns a whole tile, its
      accumulators (BM / 64) x BN / 2 a thread */
-  /* and the MMA warpgroup of the epilogue-warpgroup form (mode 7) likewise */
-  if (c->wgmma >= 6 && (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) ||
+  if (c->wgmma == 6 && (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) ||
                         c->bm / 64 * c->bn > 256))
     return fm_diag_set(d, FM_EINVAL, "config: ping-pong wgmma takes BK 64, 4 x 1 warps, BM 64 or 128, (BM/64) x BN <= 256");
-  if (c->wgmma < 6 && (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16))
+  if (c->wgmma != 6 && (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16))
     return fm_diag_set(d, FM_EINVAL, "config: wgmma takes BK 64, BM 64 or 128 with BM/16 x 1 warps");
   if (c->bn < 64 || c->bn > 256 || c->bn % 64)
     return fm_diag_set(d, FM_EINVAL, "config: wgmma BN %u (64, 128, 192 or 256)", c->bn);
@@ -280,8 +279,8 @@ static uint32_t slab_cols(const fm_gemm_config *c);
  * TMA forms (not the cp.async wgmma forms, row tiles or clusters). */
 static int check_siblings(const fm_gemm_config *c, fm_diag *d) {
   uint32_t wcols = c->bn / c->wn;
-  if ((c->wgmma >= 1 && c->wgmma <= 3) || c->wgmma == 7 || c->rtiles > 1 || c->cluster > 1)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "config: sibling products take the sm_80 or the TMA mainloop (not its epilogue warpgroups)");
+  if ((c->wgmma >= 1 && c->wgmma <= 3) || c->rtiles > 1 || c->cluster > 1)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: sibling products take the sm_80 or the TMA mainloop");
   if (wcols % 16 || slab_cols(c) != wcols)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "config: sibling products need a warp's %u columns in halves of 8-column groups, "
@@ -347,12 +346,7 @@ static uint32_t slab_cols(const fm_gemm_config *c) {
   return w;   /* too large either way: smem_bytes says so */
 }
 
-/* Mode 7: the tile's accumulators as fp32 rows of BN + 8 (conflict-free float2 stores from
- * the wgmma fragments), then the two mbarriers that hand the copy over (full, empty). */
-static uint32_t epi_copy_bytes(const fm_gemm_config *c) { return c->bm * (c->bn + 8u) * 4u + 16u; }
-
 static uint32_t smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
-  if (c->wgmma == 7) return wgmma_stage_bytes(c) + epi_copy_bytes(c);
   if (c->wgmma) {
     /* the stages, or the slabs if larger where they reuse them */
     uint32_t mainloop = wgmma_stage_bytes(c);
@@ -666,8 +660,7 @@ void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, cons
 /* The block: the MMA warps, plus the loaders of the warp-specialised forms (a warpgroup; one
  * warp for TMA). */
 static uint32_t block_threads(const fm_gemm_config *c) {
-  return (c->wgmma == 6 ? 2u : 1u) * c->wm * c->wn * 32 + (c->wgmma >= 4 ? 32u : c->wgmma == 3 ? 128u : 0u) +
-         (c->wgmma == 7 ? 352u : 0u);   /* mode 7: 11 epilogue warps (512 threads in all) */
+  return (c->wgmma == 6 ? 2u : 1u) * c->wm * c->wn * 32 + (c->wgmma >= 4 ? 32u : c->wgmma == 3 ? 128u : 0u);
 }
 
 /* Two blocks per SM when the shared memory allows it (sm_90's 227 KiB) and the accumulators
@@ -781,83 +774,6 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
                    indent, indent, indent, indent, indent, indent);
 }
 
-/* Mode 7, the epilogue warpgroups: warps 0..3 multiply whole tiles (persistent, like a
- * ping-pong warpgroup) and copy each tile's accumulators to shared memory (fp32, rows of
- * BN + 8); warp 4 is the loader; warps 5..15 run the tile's epilogue from the copy while
- * warps 0..3 multiply the next tile. Two mbarriers hand the copy over: full (128 arrivals,
- * the MMA threads' copies written) and empty (352, the epilogue threads' reads done), the
- * phase of each the block's tile count, so neither side runs more than one tile ahead.
- * 512 threads leave 128 registers a thread, too few for 128 accumulators: the MMA
- * warpgroup takes 232 (setmaxnreg) and the other three give theirs down to 88.
- * Why: in a short-K GEMM the epilogue is the kernel's time (ncu: 87% of the ping-pong
- * kernel's instructions at 16384 x 1024 x 256), and there it ran on the 4 warps of
- * whichever consumer had just multiplied; here 11 warps run it all the time. */
-static void emit_epiwg_kernel(fm_strbuf *sb, const fm_cg_gemm_plan *gp) {
-  fm_strbuf_append(sb,
-                   "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), units = fm_units(tiles_m);\n"
-                   "  fm_pipe_init();\n"
-                   "  float *const copy = (float *)((char *)fm_smem + FM_SLAB_OFF);\n"
-                   "  const unsigned copy_full = fm_saddr(fm_smem) + FM_SLAB_OFF + FM_BM * FM_CLD * 4, copy_empty = copy_full + 8;\n"
-                   "  if (threadIdx.x < FM_MMA_THREADS) {   /* the MMA warpgroup */\n"
-                   "    asm volatile(\"setmaxnreg.inc.sync.aligned.u32 232;\\n\" ::: \"memory\");\n"
-                   "    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
-                   "    float acc[FM_MT][FM_NT][4];\n"
-                   "    int j = 0;\n"
-                   "    for (int u = FM_UNIT0; u < units; u += FM_UNIT_STRIDE, j++) {\n"
-                   "      unsigned it = (unsigned)j * FM_KT;\n"
-                   "      fm_mainloop_tile(acc, it);\n"
-                   "      if (j > 0) fm_mbar_wait(copy_empty, (j - 1) & 1);   /* the last tile's copy was read */\n"
-                   "      fm_copy_tile(copy, acc, warp, lane);\n"
-                   "      asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(copy_full) : \"memory\");\n"
-                   "    }\n"
-                   "    return;\n"
-                   "  }\n"
-                   "  asm volatile(\"setmaxnreg.dec.sync.aligned.u32 88;\\n\" ::: \"memory\");\n"
-                   "  if (threadIdx.x < FM_MMA_THREADS + 32) {   /* the loader warp */\n");
-  fm_strbuf_printf(sb, "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb%s, tiles_m, units);\n",
-                   gp->op2 >= 0 ? ", &fm_tmb2" : "");
-  fm_strbuf_append(sb,
-                   "  } else {   /* the epilogue warps: 8-column groups of the copy */\n"
-                   "    const int t = threadIdx.x - FM_MMA_THREADS - 32;\n"
-                   "    int j = 0;\n"
-                   "    for (int u = FM_UNIT0; u < units; u += FM_UNIT_STRIDE, j++) {\n"
-                   "      int tm, tn;\n"
-                   "      fm_unit_tile(u, tiles_m, tm, tn);\n"
-                   "      const long long m0 = (long long)tm * FM_BM;\n"
-                   "      const int n0 = tn * FM_BN;\n"
-                   "      fm_mbar_wait(copy_full, j & 1);\n"
-                   "      if (m0 + FM_BM <= M && n0 + FM_BN <= FM_N) {\n"
-                   "#pragma unroll 4\n"
-                   "        for (int g = t; g < FM_BM * FM_BN / 8; g += FM_EPI_THREADS) {\n"
-                   "          const int r = g / (FM_BN / 8), c = g % (FM_BN / 8) * 8;\n"
-                   "          float v[8];\n"
-                   "          *(float4 *)v = *(const float4 *)(copy + r * FM_CLD + c);\n"
-                   "          *(float4 *)(v + 4) = *(const float4 *)(copy + r * FM_CLD + c + 4);\n"
-                   "          fm_epilogue<true>(v, m0 + r, n0 + c");
-  fm_cg_gemm_emit_epi_params(sb, gp, 0);
-  fm_strbuf_append(sb,
-                   ");\n"
-                   "        }\n"
-                   "      } else {\n"
-                   "#pragma unroll 1\n"
-                   "        for (int g = t; g < FM_BM * FM_BN / 8; g += FM_EPI_THREADS) {   /* the edges */\n"
-                   "          const int r = g / (FM_BN / 8), c = g % (FM_BN / 8) * 8;\n"
-                   "          if (m0 + r >= M || n0 + c >= FM_N) continue;\n"
-                   "          float v[8];\n"
-                   "          *(float4 *)v = *(const float4 *)(copy + r * FM_CLD + c);\n"
-                   "          *(float4 *)(v + 4) = *(const float4 *)(copy + r * FM_CLD + c + 4);\n"
-                   "          fm_epilogue<false>(v, m0 + r, n0 + c");
-  fm_cg_gemm_emit_epi_params(sb, gp, 0);
-  fm_strbuf_append(sb,
-                   ");\n"
-                   "        }\n"
-                   "      }\n"
-                   "      asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(copy_empty) : \"memory\");\n"
-                   "    }\n"
-                   "  }\n"
-                   "}\n");
-}
-
 /* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
  * form); it leaves after the barrier and the epilogue's warps count from 4. tma: the
  * mainloop reads A and B through the tensor maps fm_tma and fm_tmb, and its one loader warp
@@ -868,13 +784,9 @@ static void emit_epiwg_kernel(fm_strbuf *sb, const fm_cg_gemm_plan *gp) {
  * loader runs ahead (fm_cg_wgmma_persistent; slabs beside the stages too); pingpong: its two
  * consumer warpgroups take the tiles in turn (mode 6; the epilogue loop is rolled). */
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized, int tma, int persistent, int pingpong, int epiwg, uint32_t cluster,
+                        int specialized, int tma, int persistent, int pingpong, uint32_t cluster,
                         uint32_t min_blocks, uint32_t rtiles) {
   kernel_open(sb, f, gp, entry, min_blocks, tma, cluster, NULL);
-  if (epiwg) {
-    emit_epiwg_kernel(sb, gp);
-    return;
-  }
   if (persistent) {
     fm_strbuf_append(sb,
                      "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), units = fm_units(tiles_m);\n"
@@ -1028,7 +940,6 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
            : cfg->wgmma == 4 ? "_wgmma_tma"
            : cfg->wgmma == 5 ? "_wgmma_tmap"
            : cfg->wgmma == 6 ? "_wgmma_pp"
-           : cfg->wgmma == 7 ? "_wgmma_ew"
                              : "",
            tiles);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
@@ -1051,9 +962,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (cfg->wgmma) {
     fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n"
-                     "#define FM_WG_PINGPONG %d\n#define FM_WG_EPIWG %d\n",
-                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma == 6,
-                     cfg->wgmma == 7);
+                     "#define FM_WG_PINGPONG %d\n",
+                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma == 6);
     fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
     fm_strbuf_append(&sb, fm_cg_wgmma_body);
   } else {
@@ -1064,7 +974,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   if (cfg->wgmma >= 5) fm_strbuf_append(&sb, fm_cg_wgmma_persistent);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
   emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma >= 5, cfg->wgmma == 6,
-              cfg->wgmma == 7, cfg->cluster,
+              cfg->cluster,
               min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
