@@ -464,9 +464,19 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS, 2) fm_gemm_128x128x64_s
       const long long mw = m0 + FM_WARP_ROW(wm, mt);
       const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;
       if (whole) {
+#if 32 % (FM_SCOLS / 8) == 0
+        /* 16 rows x FM_SCOLS / 8 groups, lane + 32 i each: where FM_SCOLS / 8 divides 32 a
+           lane keeps its 8 columns (c) and steps down the rows by a constant, so its
+           addresses advance by a constant too (9 fewer instructions a trip) */
+        const int c = lane % (FM_SCOLS / 8) * 8, r0 = lane / (FM_SCOLS / 8);
 #pragma unroll
-        for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {   /* 16 rows x FM_SCOLS / 8 */
+        for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {
+          const int r = r0 + i * (32 / (FM_SCOLS / 8));
+#else
+#pragma unroll
+        for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {
           const int g = lane + 32 * i, r = g / (FM_SCOLS / 8), c = g % (FM_SCOLS / 8) * 8;
+#endif
           float v[8];
           fm_unstage(v, slab, r, c);
           fm_epilogue<true>(v, mw + r, nw + c, in2, out0, out1);
