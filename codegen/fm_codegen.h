@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 22   /* 22: a tile epilogue lane keeps its columns across the rows it stores (where the slab width allows), addresses stepping by a constant; 21: TMA stages released once per warpgroup, to a cluster peer at CTA scope; a cluster pair and a 4-stage persistent 128x256 among the candidates; 20: the ping-pong epilogue loop four groups a trip; 19: the fast GELU a degree-7 fit of log2 Phi(-|x|) (11 instructions, was 15); 18: GEMM epilogues store 16 bytes through st.global.v4, the ping-pong one rolled (two groups a trip); 17: the cols template; rows helpers shared (16: b2b candidates renumbered, the pipelined form gone; 15: the b2b template; 13: partial edge chunks of the sm_80 loads element-wise) */
+#define FM_CODEGEN_VERSION 22   /* 22: a tile epilogue lane keeps its columns across the rows it stores (where the slab width allows), addresses stepping by a constant, its slab swizzle computed once; 21: TMA stages released once per warpgroup, to a cluster peer at CTA scope; a cluster pair and a 4-stage persistent 128x256 among the candidates; 20: the ping-pong epilogue loop four groups a trip; 19: the fast GELU a degree-7 fit of log2 Phi(-|x|) (11 instructions, was 15); 18: GEMM epilogues store 16 bytes through st.global.v4, the ping-pong one rolled (two groups a trip); 17: the cols template; rows helpers shared (16: b2b candidates renumbered, the pipelined form gone; 15: the b2b template; 13: partial edge chunks of the sm_80 loads element-wise) */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
