@@ -59,16 +59,20 @@ static const fm_gemm_config wgmma_configs[] = {
     {128, 256, 64, 4, 8, 1, 16, 4, 0, 0},  /* taller raster groups: 3-5% at 16384 x 16384 and 4096 x 11008 */
     /* A cluster of two blocks sharing B (each loads half of B's box into both by multicast):
        0.6-0.7x of the same tile until its stage releases stopped fencing at cluster scope;
-       since, 1.09-1.13x faster than it at 16384 x 16384 x 4096, even at 8192^3 and 16384 x
-       4096 x 16384, 0.85x at 4096^3 (bench/NOTES.md, "Cluster pairs, released"). It took
-       the place of 128x192 with 5 stages, the fastest at no shape measured. */
+       since, at parity: 1.13x faster than it at 16384 x 16384 x 4096 in one run and 1% slower
+       in another, even at 8192^3, 0.85-0.95x at 4096^3, the tuner's pick for 16384 x 256 x
+       1024 + residual (bench/NOTES.md, "Cluster pairs, released"). It took the place of
+       128x192 with 5 stages, the fastest at no shape measured. */
     {128, 256, 64, 4, 8, 1, 8, 4, 0, 2},   /* (193 KiB a block) */
     {128, 128, 64, 6, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
     {128, 128, 64, 3, 8, 1, 8, 4, 0, 0},   /* 97 KiB: two blocks per SM, one's epilogue under the other's loads */
     /* The persistent form: one block per SM walks its tiles while the loader fills the next
        tile's stages during the epilogue; the slabs sit beside the stages, so fewer stages or
        narrower slabs (more epilogue passes) than above. */
-    {128, 256, 64, 4, 8, 1, 8, 5, 0, 0},   /* 4 stages + 32-column slabs (213 KiB): 8% faster than mode 4 at 16384 x 16384 x 4096; replaced 3 stages + 128-column slabs */
+    /* 4 stages + 32-column slabs (213 KiB), in place of 3 stages + 128-column slabs: the
+       fastest at 8192^3 in the last run (1.00x of cuBLASLt's plain GEMM); at 16384 x 16384 x
+       4096 8% faster than mode 4 in one run, 2% slower in another */
+    {128, 256, 64, 4, 8, 1, 8, 5, 0, 0},
     {128, 192, 64, 4, 8, 1, 8, 5, 0, 0},   /* 4 stages + 96-column slabs (213 KiB) */
     {128, 128, 64, 5, 8, 1, 8, 5, 0, 0},   /* 5 stages + 64-column slabs (197 KiB) */
     /* Ping-pong: two consumer warpgroups, each a whole tile, take turns, so one's epilogue

@@ -408,7 +408,6 @@ const char fm_cg_wgmma_persistent[] =
     "    }\n"
     "  }\n"
     "}\n"
-    
     "/* The consumers: one tile's accumulators from the stages, it counting on from the block's\n"
     "   previous tiles. Every stage is released once its wgmma batch retired, the last one\n"
     "   before the epilogue, so the loader fills it with the next tile meanwhile. */\n"
