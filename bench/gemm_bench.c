@@ -507,10 +507,14 @@ int main(int argc, char **argv) {
   if (reps < 20) reps = 20;
   if (reps > MAX_REPS) reps = MAX_REPS;
   const char *epi_env = getenv("FM_BENCH_EPI");
-  ours_epi = !epi_env                         ? EPI_GELU_ERF
+  ours_epi = !epi_env || !*epi_env            ? EPI_GELU_ERF
              : strcmp(epi_env, "bias") == 0     ? EPI_BIAS
              : strcmp(epi_env, "residual") == 0 ? EPI_RESIDUAL
-                                                : EPI_GELU_ERF;
+                                                : EPI_NONE;
+  if (ours_epi == EPI_NONE) {   /* a typo must not time the default epilogue under another name */
+    fprintf(stderr, "FM_BENCH_EPI=%s: expected bias or residual (unset: bias + GELU)\n", epi_env);
+    return 2;
+  }
   const char *env = getenv("FM_BENCH_SHAPES");
   for (size_t i = 0; i < N_SHAPES; i++) pick[i] = env == NULL;
   for (const char *p = env; p && *p;) {
