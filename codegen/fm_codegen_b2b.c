@@ -12,7 +12,8 @@
  *            the m64k16 A-register layout (what flash attention does with P)
  *   GEMM 2   acc2[64 x N2] += that x B2[chunk j rows, :]      (wgmma m64nN2k16, A from
  *                                                             registers, B2 from shared memory)
- * and at the end stage 2 (bias, residual, ...) on acc2 and the stores. B's and B2's chunks
+ * and at the end stage 2 (bias, residual, ...) on acc2, staged through shared memory so that
+ * its inputs and outputs move as 16-byte row pieces, and the stores. B's and B2's chunks
  * stream through shared-memory buffers (128-byte swizzled K-major rows as the wgmma
  * descriptors name them). Forms (fm_b2b_config.form): cp.async by every
  * thread, each chunk's steps one after the other while the next chunk loads; TMA by a loader
@@ -23,7 +24,8 @@
  * accumulator (the first k-step of each product does not accumulate): that would make ptxas
  * serialise every wgmma. Every B and B2 element is read once per block (from L2: the weights are shared by
  * every block), A and the outputs once in all. Measured on an H100 (bench/NOTES.md,
- * "Back-to-back GEMMs"): at parity with the two tuned GEMM kernels it replaces.
+ * "Back-to-back GEMMs", "The b2b rings"): 0.78x the time of the two tuned GEMM kernels it
+ * replaces at the MLP block (codegen v23; at parity before).
  *
  * Limits (else FM_EUNSUPPORTED, the reason in d; PROTOCOL.md names them): bf16 or f16;
  * K1 a multiple of 64, at most 256 (A's rows stay in shared memory); N1 a multiple of 64;
@@ -172,6 +174,8 @@ static const char b2b_body[] =
     "#define FM_W2_BYTES (FM_N2 * 128)\n"
     "#define FM_CHUNKS (FM_N1 / 64)\n"
     "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
+    "/* where A's rows start, then the chunk buffers: 1024-byte aligned for the swizzle */\n"
+    "__device__ __forceinline__ unsigned fm_stage_base() { return (fm_saddr(fm_smem) + 1023u) & ~1023u; }\n"
     "/* 16-byte chunk c (of 8 per 128-byte row) of row r of a 64-wide K slice at s, swizzled */\n"
     "#define FM_SW(s, r, c) ((s) + (r) * 128 + ((((c) ^ ((r) & 7))) << 4))\n"
     "/* The block's A rows: K1 / 64 slices of BM rows; rows past M are zeros. */\n"
@@ -206,12 +210,15 @@ static const char b2b_body[] =
     "}\n";
 
 /* The TMA forms (FM_B2B_TMA, FM_B2B_TMA_PAIR): tensor maps of A [M, K1], B as [N1, K1] and B2 as [N2, N1] rows
- * (launch metadata "tmaps", boxes of 64 columns: one 128-byte swizzle row), FM_STAGES
- * buffers of one chunk each (B's 64 rows in K1 / 64 slices, then B2's N2 rows), and their
- * mbarriers after them: full[s] (the loader's expect-tx, completed by the bytes) and
- * empty[s] (one arrival per consumer warp once its products left the buffer). The loader
- * thread runs ahead by FM_STAGES chunks; the consumer warpgroups never meet at a barrier,
- * so one's stage 1 runs on the ALUs while the other's products run on the tensor cores. */
+ * (launch metadata "tmaps", boxes of 64 columns: one 128-byte swizzle row). B's chunks and
+ * B2's stream through two rings of buffers (FM_S1 of B's 64 rows in K1 / 64 slices, FM_S2 of
+ * B2's N2 rows), each buffer with two mbarriers: full (the loader's expect-tx, completed by
+ * the bytes) and empty (one arrival per consumer warpgroup once its products left it). Two
+ * rings, not one of whole chunks, because the products of a chunk run a tensor turn apart
+ * (B's chunk j + 1 with B2's chunk j): a buffer of B is free a turn before its B2 half, and
+ * with whole chunks the two buffers that fit beside A's rows left the loads no lead at all
+ * (bench/NOTES.md, "The b2b rings"). The consumer warpgroups never meet at a barrier, so
+ * one's stage 1 runs on the ALUs while the other's products run on the tensor cores. */
 static const char b2b_tma[] =
     "struct __align__(64) fm_tmap { unsigned long long opaque[16]; };\n"
     "__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
@@ -233,11 +240,10 @@ static const char b2b_tma[] =
     "__device__ __forceinline__ void fm_mbar_arrive(unsigned bar) {\n"
     "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(bar) : \"memory\");\n"
     "}\n"
-    "#define FM_STAGE_BYTES (FM_W1_BYTES + FM_W2_BYTES)\n"
     "#if FM_CLUSTER == 2\n"
     "/* A pair of blocks (a cluster of 2: blockIdx.x is the rank) shares the weights: each loads\n"
     "   half of every chunk into both (multicast), so L2 serves each chunk once per pair; a buffer\n"
-    "   is refilled once the consumers of both released it (empty[s] counts both blocks' warps). */\n"
+    "   is refilled once the consumers of both released it (empty counts both blocks' warpgroups). */\n"
     "__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
     "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster\"\n"
     "               \" [%0], [%1, {%2, %3}], [%4], %5;\\n\"\n"
@@ -257,6 +263,14 @@ static const char b2b_tma[] =
     "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
     "}\n"
     "#endif\n"
+    "/* one consumer warpgroup done with a buffer: an arrival on its empty barrier, in both\n"
+    "   blocks of a pair (each block's loader refills its own copy) */\n"
+    "__device__ __forceinline__ void fm_release(unsigned bar) {\n"
+    "  fm_mbar_arrive(bar);\n"
+    "#if FM_CLUSTER == 2\n"
+    "  fm_arrive_peer(bar);\n"
+    "#endif\n"
+    "}\n"
     "/* tensor turns of two consumer warpgroups (named barrier 1 + w: w's turn) */\n"
     "#if FM_MMA_THREADS == 256\n"
     "#define FM_TURN_WAIT(w) asm volatile(\"bar.sync %0, 256;\\n\" :: \"r\"(1 + (w)) : \"memory\")\n"
@@ -265,33 +279,53 @@ static const char b2b_tma[] =
     "#define FM_TURN_WAIT(w) ((void)0)\n"
     "#define FM_TURN_PASS(w) ((void)0)\n"
     "#endif\n"
-    "/* The loader: A's rows once (on bar xfull), then chunk j into buffer j % FM_STAGES once the\n"
-    "   consumers released what it held. Rows past M read as zeros (the map's bounds). */\n"
+    "/* The loader: A's rows once (on bar xfull), then the chunks in the order the consumers\n"
+    "   need them (B's chunk j + 1 goes with B2's chunk j into the same tensor turn), each into\n"
+    "   its ring's next buffer once the consumers released what it held. Rows past M read as\n"
+    "   zeros (the map's bounds). */\n"
+    "__device__ __forceinline__ void fm_load_w1(const void *tmw1, unsigned w1s, unsigned full1, unsigned empty1, int j) {\n"
+    "  const int s = j % FM_S1;\n"
+    "  if (j >= FM_S1) fm_mbar_wait(empty1 + 8 * s, ((j / FM_S1) - 1) & 1);\n"
+    "  const unsigned b = w1s + s * FM_W1_BYTES;\n"
+    "  const int c = FM_CHUNK_OF(j);\n"
+    "  fm_mbar_expect(full1 + 8 * s, FM_W1_BYTES);\n"
+    "#if FM_CLUSTER == 2\n"
+    "  /* this block's half (rows r*32 ..) into both blocks */\n"
+    "  const int r = blockIdx.x;\n"
+    "#pragma unroll\n"
+    "  for (int kt = 0; kt < FM_K1 / 64; kt++)\n"
+    "    fm_tma_load_both(b + kt * (64 * 128) + r * (32 * 128), tmw1, kt * 64, c * 64 + r * 32, full1 + 8 * s);\n"
+    "#else\n"
+    "#pragma unroll\n"
+    "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, c * 64, full1 + 8 * s);\n"
+    "#endif\n"
+    "}\n"
+    "__device__ __forceinline__ void fm_load_w2(const void *tmw2, unsigned w2s, unsigned full2, unsigned empty2, int j) {\n"
+    "  const int s = j % FM_S2;\n"
+    "  if (j >= FM_S2) fm_mbar_wait(empty2 + 8 * s, ((j / FM_S2) - 1) & 1);\n"
+    "  const unsigned b = w2s + s * FM_W2_BYTES;\n"
+    "  const int c = FM_CHUNK_OF(j);\n"
+    "  fm_mbar_expect(full2 + 8 * s, FM_W2_BYTES);\n"
+    "#if FM_CLUSTER == 2\n"
+    "  /* this block's half (rows r*N2/2 ..) into both blocks */\n"
+    "  fm_tma_load_both(b + blockIdx.x * (FM_N2 / 2 * 128), tmw2, c * 64, blockIdx.x * (FM_N2 / 2), full2 + 8 * s);\n"
+    "#else\n"
+    "  fm_tma_load(b, tmw2, c * 64, 0, full2 + 8 * s);\n"
+    "#endif\n"
+    "}\n"
     "__device__ __forceinline__ void fm_loader(const void *tmx, const void *tmw1, const void *tmw2, unsigned xs,\n"
-    "    unsigned ws, unsigned bars, int m0) {\n"
-    "  const unsigned xfull = bars, full = bars + 8, empty = full + 8 * FM_STAGES;\n"
+    "    unsigned w1s, unsigned w2s, unsigned bars, int m0) {\n"
+    "  const unsigned xfull = bars, full1 = bars + 8, empty1 = full1 + 8 * FM_S1;\n"
+    "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
     "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw1) : \"memory\");\n"
     "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw2) : \"memory\");\n"
     "  fm_mbar_expect(xfull, FM_X_BYTES);\n"
     "#pragma unroll\n"
     "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(xs + kt * (FM_BM * 128), tmx, kt * 64, m0, xfull);\n"
+    "  fm_load_w1(tmw1, w1s, full1, empty1, 0);\n"
     "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
-    "    const int s = j % FM_STAGES;\n"
-    "    if (j >= FM_STAGES) fm_mbar_wait(empty + 8 * s, ((j / FM_STAGES) - 1) & 1);\n"
-    "    const unsigned b = ws + s * FM_STAGE_BYTES;\n"
-    "    fm_mbar_expect(full + 8 * s, FM_STAGE_BYTES);\n"
-    "#if FM_CLUSTER == 2\n"
-    "    /* this block's half: rows r*32 .. of B's chunk, rows r*N2/2 .. of B2's, into both blocks */\n"
-    "    const int r = blockIdx.x;\n"
-    "#pragma unroll\n"
-    "    for (int kt = 0; kt < FM_K1 / 64; kt++)\n"
-    "      fm_tma_load_both(b + kt * (64 * 128) + r * (32 * 128), tmw1, kt * 64, j * 64 + r * 32, full + 8 * s);\n"
-    "    fm_tma_load_both(b + FM_W1_BYTES + r * (FM_N2 / 2 * 128), tmw2, j * 64, r * (FM_N2 / 2), full + 8 * s);\n"
-    "#else\n"
-    "#pragma unroll\n"
-    "    for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, j * 64, full + 8 * s);\n"
-    "    fm_tma_load(b + FM_W1_BYTES, tmw2, j * 64, 0, full + 8 * s);\n"
-    "#endif\n"
+    "    if (j + 1 < FM_CHUNKS) fm_load_w1(tmw1, w1s, full1, empty1, j + 1);\n"
+    "    fm_load_w2(tmw2, w2s, full2, empty2, j);\n"
     "  }\n"
     "}\n";
 
@@ -319,37 +353,37 @@ static const char b2b_products[] =
     "  fm_wg_commit();\n"
     "}\n";
 
-/* "in3[m * 1024LL + n * 1LL]" for tensor k (a broadcast dim contributes nothing). */
-static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *name) {
+/* "in3[m * 1024LL + n]" for tensor k, column expression col (a broadcast dim contributes
+ * nothing). */
+static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *name, const char *col) {
   int any = 0;
   fm_strbuf_printf(sb, "%s[", name);
   for (uint32_t j = 0; j < 2; j++) {
     if (!bp->es[k][j]) continue;
-    if (j && bp->es[k][j] == 1) fm_strbuf_printf(sb, "%sn", any ? " + " : "");   /* n is an int */
-    else fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? "n" : "m", bp->es[k][j]);
+    if (j && bp->es[k][j] == 1) fm_strbuf_printf(sb, "%s%s", any ? " + " : "", col);   /* col is an int */
+    else fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? col : "m", bp->es[k][j]);
     any = 1;
   }
   fm_strbuf_append(sb, any ? "]" : "0]");
 }
 
-/* The ops of stage s (1 or 2) on accumulator fm_a at (m, n), as a block of statements:
- * the inputs that stage reads, then every op it needs in order (ops of neither stage are
- * computed where they are needed). Stage 1 leaves the second product's A in fm_h; stage 2
- * stores every output. */
-static void emit_stage(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, int s, const char *ind) {
+/* "const float v3 = fm_bf16_to_f32(<raw>);" for input k, whose raw element the caller writes
+ * between the two halves. */
+static void emit_input_open(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *ind) {
+  fm_dtype dt = bp->base.vdt[k];
+  fm_strbuf_printf(sb, "%sconst %s v%u = %s", ind, dt == FM_DT_BOOL ? "bool" : "float", k,
+                   dt == FM_DT_F16 ? "fm_f16_to_f32(" : dt == FM_DT_BF16 ? "fm_bf16_to_f32(" : "(");
+}
+
+static void emit_input_close(fm_strbuf *sb, const b2b_plan *bp, uint32_t k) {
+  fm_strbuf_append(sb, bp->base.vdt[k] == FM_DT_BOOL ? " != 0);\n" : ");\n");
+}
+
+/* Every op stage s (1 or 2) needs, in order, on accumulator value fm_a (ops of neither stage
+ * are computed where they are needed). */
+static void emit_stage_ops(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, int s, const char *ind) {
   const fm_cg_plan *p = &bp->base;
   const uint8_t bit = (uint8_t)(1u << (s - 1));
-  char raw[32];
-  for (uint32_t k = 0; k < p->n_in; k++) {
-    if (!(bp->ci.in_need[k] & bit)) continue;
-    fm_strbuf_printf(sb, "%sconst %s v%u = ", ind, p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
-    snprintf(raw, sizeof raw, "in%u", k);
-    fm_dtype dt = p->vdt[k];
-    fm_strbuf_append(sb, dt == FM_DT_F16 ? "fm_f16_to_f32(" : dt == FM_DT_BF16 ? "fm_bf16_to_f32(" : "(");
-    emit_at(sb, bp, k, raw);
-    fm_strbuf_append(sb, dt == FM_DT_BOOL ? " != 0)" : ")");
-    fm_strbuf_append(sb, ";\n");
-  }
   for (uint32_t i = 0; i < p->n_ops; i++) {
     if (!(bp->ci.need[i] & bit) || (bp->ci.stage[i] && bp->ci.stage[i] != s)) continue;
     uint32_t pos = p->n_in + i;
@@ -367,53 +401,83 @@ static void emit_stage(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, 
     }
     fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
   }
-  if (s == 1) {
-    fm_strbuf_printf(sb, "%sfm_h = v%u;\n", ind, (unsigned)bp->ci.a2);
-    return;
+}
+
+/* Stage 1 on accumulator fm_a at (m, n), as a block of statements: the inputs it reads, its
+ * ops; it leaves the second product's A element in fm_h. */
+static void emit_stage1(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, const char *ind) {
+  const fm_cg_plan *p = &bp->base;
+  char raw[32];
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!(bp->ci.in_need[k] & 1)) continue;
+    emit_input_open(sb, bp, k, ind);
+    snprintf(raw, sizeof raw, "in%u", k);
+    emit_at(sb, bp, k, raw, "n");
+    emit_input_close(sb, bp, k);
   }
-  for (uint32_t k = 0; k < p->n_out; k++) {
-    uint32_t t = p->n_in + k, v = p->t[t].value;
-    fm_dtype dt = p->t[t].dtype, vdt = p->vdt[v];
-    char val[48], out[16];
-    if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(val, sizeof val, "(v%u ? 1.0f : 0.0f)", v);
-    else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(val, sizeof val, "(v%u != 0.0f)", v);
-    else snprintf(val, sizeof val, "v%u", v);
-    snprintf(out, sizeof out, "out%u", k);
-    fm_strbuf_append(sb, ind);
-    emit_at(sb, bp, t, out);
-    switch (dt) {
-      case FM_DT_BOOL: fm_strbuf_printf(sb, " = (unsigned char)%s;\n", val); break;
-      case FM_DT_F16: fm_strbuf_printf(sb, " = fm_f32_to_f16(%s);\n", val); break;
-      case FM_DT_BF16: fm_strbuf_printf(sb, " = fm_f32_to_bf16(%s);\n", val); break;
-      default: fm_strbuf_printf(sb, " = %s;\n", val); break;
-    }
-  }
+  emit_stage_ops(sb, f, bp, 1, ind);
+  fm_strbuf_printf(sb, "%sfm_h = v%u;\n", ind, (unsigned)bp->ci.a2);
 }
 
 static uint64_t stage_bytes(const b2b_plan *bp) {
   return (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u;   /* B's chunk + B2's */
 }
 
-/* Chunk buffers of the TMA form: as many as fit beside A's rows, 2..4 (0: not even 2). */
-static uint32_t tma_stages(const b2b_plan *bp, uint32_t bm) {
-  uint64_t x = (uint64_t)bm * (uint64_t)bp->k1 * 2u, fixed = x + 1024u + 8u * 9u;
-  uint64_t n = fixed < MAX_SMEM_SM90 ? (MAX_SMEM_SM90 - fixed) / stage_bytes(bp) : 0;
-  return n < 2 ? 0u : n > 4 ? 4u : (uint32_t)n;
+/* The TMA forms' rings: buffers of B's chunks (s1) and of B2's (s2). */
+typedef struct tma_rings {
+  uint32_t s1, s2;
+} tma_rings;
+
+static uint64_t rings_bytes(const b2b_plan *bp, uint32_t bm, tma_rings r) {
+  return (uint64_t)bm * (uint64_t)bp->k1 * 2u + 1024u + 8u * (1u + 2u * (r.s1 + r.s2)) +   /* A, alignment, mbarriers */
+         r.s1 * (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + r.s2 * (uint64_t)bp->n2 * 128u;
+}
+
+/* As many buffers as fit beside A's rows, 2..4 a ring, B's ring first when they differ (a
+ * buffer of B is needed a turn before its B2 half); {0, 0}: not even two each. Each ring's
+ * loads lead its products by s - 1 chunk periods. */
+static tma_rings tma_rings_for(const b2b_plan *bp, uint32_t bm) {
+  tma_rings r = {2, 2};
+  if (rings_bytes(bp, bm, r) > MAX_SMEM_SM90) return (tma_rings){0, 0};
+  for (;;) {
+    tma_rings more = r;
+    if (more.s1 <= more.s2) more.s1++;
+    else more.s2++;
+    if (more.s1 > 4 || rings_bytes(bp, bm, more) > MAX_SMEM_SM90) break;   /* (4, 4) at most */
+    r = more;
+  }
+  return r;
 }
 
 static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
-  uint64_t x = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;
-  uint32_t stages = c->form != FM_B2B_CPASYNC ? tma_stages(bp, c->bm) : 2u;
-  uint64_t total = x + (stages ? stages : 2u) * stage_bytes(bp) + 1024u;   /* + alignment of the swizzled buffers */
-  if (c->form != FM_B2B_CPASYNC) total += 8u * (1u + 2u * stages);                        /* the mbarriers */
+  uint64_t total;
+  if (c->form != FM_B2B_CPASYNC) {
+    tma_rings r = tma_rings_for(bp, c->bm);
+    total = rings_bytes(bp, c->bm, r.s1 ? r : (tma_rings){2, 2});
+  } else {   /* A's rows and two buffers of each chunk, + alignment of the swizzled buffers */
+    total = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u + 2u * stage_bytes(bp) + 1024u;
+  }
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
+}
+
+/* Passes of the last stage's staging (fm_stage2_staged): the fewest whose columns (a
+ * multiple of 8) fit BM padded rows of floats into the buffers after the products. */
+static uint32_t stage2_passes(const b2b_plan *bp, const fm_b2b_config *c) {
+  uint64_t room = smem_bytes(bp, c) - 1024u, n2 = (uint64_t)bp->n2;
+  if (c->form != FM_B2B_CPASYNC) {
+    tma_rings r = tma_rings_for(bp, c->bm);
+    room -= 8u * (1u + 2u * (r.s1 + r.s2));   /* the mbarriers stay */
+  }
+  uint32_t p = 1;
+  while ((uint64_t)c->bm * (n2 / p + 8) * 4u > room && n2 % (16u * p) == 0) p *= 2;
+  return p;
 }
 
 static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
   if (c->bm != 64 && c->bm != 128)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: BM %u (64 or 128: one warpgroup per 64 rows)", c->bm);
   if (c->form > FM_B2B_TMA_PAIR) return fm_diag_set(d, FM_EUNSUPPORTED, "config: form %u (0 .. 2)", c->form);
-  if (c->form != FM_B2B_CPASYNC && !tma_stages(bp, c->bm))
+  if (c->form != FM_B2B_CPASYNC && !tma_rings_for(bp, c->bm).s1)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: two chunk buffers do not fit beside A's rows");
   if (smem_bytes(bp, c) > MAX_SMEM_SM90)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
@@ -475,7 +539,7 @@ static void emit_stage1_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
                        "      float fm_h;\n"
                        "      (void)m; (void)n;\n"
                        "      {\n");
-  emit_stage(sb, f, bp, 1, "        ");
+  emit_stage1(sb, f, bp, "        ");
   fm_strbuf_printf(sb,
                    "      }\n"
                    "      /* rounded to the operand dtype into a register of its own (writing acc back\n"
@@ -491,6 +555,150 @@ static void emit_stage1_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
                    "  }\n"
                    "}\n",
                    cvt);
+}
+
+/* Tensor k (an epilogue input or output) moves 8 elements of a row as 16-byte accesses:
+ * contiguous columns, rows 16-byte aligned, 2- or 4-byte elements (n is a multiple of 8). */
+static int vector_ok(const b2b_plan *bp, uint32_t k) {
+  fm_dtype dt = bp->base.t[k].dtype;
+  size_t es = fm_dtype_size(dt);
+  if (dt == FM_DT_BOOL || (es != 2 && es != 4)) return 0;
+  return bp->es[k][1] == 1 && bp->es[k][0] % (int64_t)(16 / es) == 0 && bp->base.t[k].align >= 16;
+}
+
+/* The stage-2 inputs and the outputs as parameters (decl) or arguments of fm_stage2. */
+static void emit_stage2_params(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, int decl) {
+  const fm_cg_plan *p = &bp->base;
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!(bp->ci.in_need[k] & 2)) continue;
+    if (decl) fm_strbuf_printf(sb, ", const %s *__restrict__ in%u", fm_cg_storage_type(f->inputs[k].dtype), k);
+    else fm_strbuf_printf(sb, ", in%u", k);
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    if (decl) fm_strbuf_printf(sb, ", %s *__restrict__ out%u", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+    else fm_strbuf_printf(sb, ", out%u", k);
+  }
+}
+
+/* fm_stage2(acc, m, n, ...): stage 2 on the fp32 sums of row m, columns n .. n+7 (n a
+ * multiple of 8; N2 is a multiple of 16, so all 8 are inside), each output stored once.
+ * The caller has them in that layout (staged through shared memory), so that every input
+ * and output moves as whole 16-byte pieces of a row: the accumulator layout gave each
+ * thread pairs of columns 8 apart, 2-byte accesses (ncu: a third of the chain kernel's time
+ * in its last stage, bench/NOTES.md "The b2b rings"). */
+static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp) {
+  const fm_cg_plan *p = &bp->base;
+  char name[16];
+  fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage2(const float (&acc)[8], const long long m, const int n");
+  emit_stage2_params(sb, f, bp, 1);
+  fm_strbuf_append(sb, ") {\n");
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!(bp->ci.in_need[k] & 2)) continue;
+    const char *st = fm_cg_storage_type(f->inputs[k].dtype);
+    size_t es = fm_dtype_size(f->inputs[k].dtype);
+    snprintf(name, sizeof name, "in%u", k);
+    if (bp->es[k][1] == 0) {   /* one value for the whole row piece */
+      fm_strbuf_printf(sb, "  const %s r%u = ", st, k);
+      emit_at(sb, bp, k, name, "n");
+      fm_strbuf_append(sb, ";\n");
+    } else if (vector_ok(bp, k)) {
+      fm_strbuf_printf(sb, "  __align__(16) %s r%u[8];\n", st, k);
+      for (size_t v = 0; v < es / 2; v++) {
+        fm_strbuf_printf(sb, "  ((uint4 *)r%u)[%zu] = *(const uint4 *)(&", k, v);
+        emit_at(sb, bp, k, name, "n");
+        fm_strbuf_printf(sb, " + %zu);\n", v * 16 / es);
+      }
+    } else {
+      fm_strbuf_printf(sb, "  %s r%u[8];\n#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const int ne = n + e;\n", st, k);
+      fm_strbuf_printf(sb, "    r%u[e] = ", k);
+      emit_at(sb, bp, k, name, "ne");
+      fm_strbuf_append(sb, ";\n  }\n");
+    }
+  }
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "  __align__(16) %s o%u[8];\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const float fm_a = acc[e];\n");
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    if (!(bp->ci.in_need[k] & 2)) continue;
+    emit_input_open(sb, bp, k, "    ");
+    fm_strbuf_printf(sb, "r%u%s", k, bp->es[k][1] == 0 ? "" : "[e]");
+    emit_input_close(sb, bp, k);
+  }
+  emit_stage_ops(sb, f, bp, 2, "    ");
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    uint32_t t = p->n_in + k;
+    char v[16];
+    snprintf(v, sizeof v, "v%u", p->t[t].value);
+    fm_strbuf_printf(sb, "    o%u[e] = ", k);
+    fm_cg_emit_encode(sb, p->t[t].dtype, p->vdt[p->t[t].value], v);
+    fm_strbuf_append(sb, ";\n");
+  }
+  fm_strbuf_append(sb, "  }\n");
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    uint32_t t = p->n_in + k;
+    size_t es = fm_dtype_size(p->t[t].dtype);
+    snprintf(name, sizeof name, "out%u", k);
+    if (vector_ok(bp, t)) {
+      for (size_t v = 0; v < es / 2; v++) {
+        fm_strbuf_append(sb, "  fm_st16(&");
+        emit_at(sb, bp, t, name, "n");
+        fm_strbuf_printf(sb, " + %zu", v * 16 / es);
+        for (size_t w = 0; w < 4; w++) {
+          size_t e = v * 16 / es + w * 4 / es;
+          if (es == 2) fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
+          else fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
+        }
+        fm_strbuf_append(sb, ");\n");
+      }
+    } else {
+      fm_strbuf_append(sb, "#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const int ne = n + e;\n    (void)ne;\n    ");
+      emit_at(sb, bp, t, name, "ne");
+      fm_strbuf_printf(sb, " = o%u[e];\n  }\n", k);
+    }
+  }
+  fm_strbuf_append(sb, "}\n");
+}
+
+/* fm_stage2_staged(acc2, ...): the end of a consumer warpgroup. Once every product of the
+ * block is done (a barrier of the consumers: the other warpgroup may still read the buffers),
+ * its 64 rows of sums go through shared memory, FM_PCOLS columns a pass (FM_PASSES passes:
+ * the buffers hold BM x (FM_PCOLS + 8) floats), so that each thread then holds 8 consecutive
+ * columns of a row for fm_stage2. The padding of 8 floats a row spreads the accumulator
+ * layout's rows over the banks. */
+static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp) {
+  fm_strbuf_append(sb, "#define FM_STAGE2_ARGS ");
+  emit_stage2_params(sb, f, bp, 0);
+  fm_strbuf_append(sb, "\n");
+  fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage2_staged(const float (&acc2)[FM_N2 / 8][4], const long long M,\n"
+                       "    const long long m0, const int wg, const int wr, const int lane");
+  emit_stage2_params(sb, f, bp, 1);
+  fm_strbuf_append(sb,
+                   ") {\n"
+                   "  asm volatile(\"bar.sync 3, %0;\\n\" :: \"n\"(FM_MMA_THREADS) : \"memory\");\n"
+                   "  float *const stg = (float *)((char *)fm_smem + (fm_stage_base() - fm_saddr(fm_smem))) + wg * 64 * FM_SROW;\n"
+                   "  const int wt = wr * 32 + lane;\n"
+                   "#pragma unroll\n"
+                   "  for (int pass = 0; pass < FM_PASSES; pass++) {\n"
+                   "    if (pass) asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
+                   "#pragma unroll\n"
+                   "    for (int t = pass * (FM_PCOLS / 8); t < (pass + 1) * (FM_PCOLS / 8); t++) {\n"
+                   "      const int r = wr * 16 + (lane >> 2), c = t * 8 - pass * FM_PCOLS + 2 * (lane & 3);\n"
+                   "      *(float2 *)&stg[r * FM_SROW + c] = make_float2(acc2[t][0], acc2[t][1]);\n"
+                   "      *(float2 *)&stg[(r + 8) * FM_SROW + c] = make_float2(acc2[t][2], acc2[t][3]);\n"
+                   "    }\n"
+                   "    asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
+                   "#pragma unroll 4\n"
+                   "    for (int g = wt; g < 64 * (FM_PCOLS / 8); g += 128) {\n"
+                   "      const int r = g / (FM_PCOLS / 8), c = g % (FM_PCOLS / 8) * 8;\n"
+                   "      const long long m = m0 + wg * 64 + r;\n"
+                   "      if (m >= M) continue;\n"
+                   "      float v[8];\n"
+                   "      *(float4 *)&v[0] = *(const float4 *)&stg[r * FM_SROW + c];\n"
+                   "      *(float4 *)&v[4] = *(const float4 *)&stg[r * FM_SROW + c + 4];\n"
+                   "      fm_stage2(v, m, pass * FM_PCOLS + c FM_STAGE2_ARGS);\n"
+                   "    }\n"
+                   "  }\n"
+                   "}\n");
 }
 
 /* One chunk of the cp.async form (FM_B2B_CPASYNC): every warpgroup multiplies, runs stage 1, multiplies
@@ -522,22 +730,21 @@ static const char step_simple[] =
  * warpgroup's stage 1 runs while the other's products run; each barrier is synced and
  * arrived at the same number of times (warpgroup 1 passes once up front, not after its last). */
 static const char step_tma[] =
-    "    const int s = j % FM_STAGES;\n"
-    "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
+    "    fm_stage1(acc1, af, M, mw, FM_CHUNK_OF(j), lane FM_STAGE1_ARGS);\n"
     "    FM_TURN_WAIT(wg);\n"
-    "    fm_gemm2(acc2, af, ws + s * FM_STAGE_BYTES + FM_W1_BYTES, j);\n"
+    "    const int s2 = j % FM_S2;\n"
+    "    fm_mbar_wait(full2 + 8 * s2, (j / FM_S2) & 1);\n"
+    "    fm_gemm2(acc2, af, w2s + s2 * FM_W2_BYTES, j);\n"
+    "    const int s1 = (j + 1) % FM_S1;\n"
     "    if (j + 1 < FM_CHUNKS) {\n"
-    "      const int s1 = (j + 1) % FM_STAGES;\n"
-    "      fm_mbar_wait(full + 8 * s1, ((j + 1) / FM_STAGES) & 1);\n"
-    "      fm_gemm1(acc1, da, ws + s1 * FM_STAGE_BYTES);\n"
+    "      fm_mbar_wait(full1 + 8 * s1, ((j + 1) / FM_S1) & 1);\n"
+    "      fm_gemm1(acc1, da, w1s + s1 * FM_W1_BYTES);\n"
     "    }\n"
     "    if (!(wg == 1 && j + 1 == FM_CHUNKS)) FM_TURN_PASS(1 - wg);\n"
     "    fm_wg_wait<0>();\n"
-    "    if (lane == 0) {\n"
-    "      fm_mbar_arrive(empty + 8 * s);\n"
-    "#if FM_CLUSTER == 2\n"
-    "      fm_arrive_peer(empty + 8 * s);\n"
-    "#endif\n"
+    "    if (tid % 128 == 0) {   /* the warpgroup's products retired: one arrival each */\n"
+    "      fm_release(empty2 + 8 * s2);\n"
+    "      if (j + 1 < FM_CHUNKS) fm_release(empty1 + 8 * s1);\n"
     "    }\n";
 
 /* A step's text with CUR spelled as the accumulator set's name. */
@@ -558,6 +765,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   const fm_cg_plan *p = &bp->base;
   fm_strbuf_printf(sb, "#define FM_B in%u\n#define FM_B2 in%u\n#define FM_STAGE1_ARGS ", bp->ib, bp->ib2);
   emit_stage1_params(sb, f, bp, 0);
+
   fm_strbuf_printf(sb, "\nextern \"C\" __global__ void %s__launch_bounds__(FM_THREADS, 1) %s(\n",
                    cfg->form == FM_B2B_TMA_PAIR ? "__cluster_dims__(2, 1, 1) " : "", entry);
   for (uint32_t k = 0; k < p->n_in; k++)
@@ -583,14 +791,18 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "#else\n"
                      "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
                      "#endif\n"
-                     "  /* A's rows, the chunk buffers (1024-byte aligned for the swizzle), the mbarriers */\n"
-                     "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, ws = xs + FM_X_BYTES;\n"
-                     "  const unsigned bars = ws + FM_STAGES * FM_STAGE_BYTES, full = bars + 8, empty = full + 8 * FM_STAGES;\n"
+                     "  /* A's rows, the two rings (1024-byte aligned for the swizzle), the mbarriers: A's,\n"
+                     "     then full and empty of B's ring, then of B2's */\n"
+                     "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, w1s = xs + FM_X_BYTES;\n"
+                     "  const unsigned w2s = w1s + FM_S1 * FM_W1_BYTES, bars = w2s + FM_S2 * FM_W2_BYTES;\n"
+                     "  const unsigned full1 = bars + 8, empty1 = full1 + 8 * FM_S1;\n"
+                     "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
                      "  if (tid == 0) {\n"
                      "    fm_mbar_init(bars, 1);\n"
-                     "    for (int s = 0; s < FM_STAGES; s++) {\n"
-                     "      fm_mbar_init(full + 8 * s, 1);\n"
-                     "      fm_mbar_init(empty + 8 * s, FM_MMA_THREADS / 32 * FM_CLUSTER);\n"
+                     "    for (int s = 0; s < FM_S1 + FM_S2; s++) {\n"
+                     "      const unsigned full = s < FM_S1 ? full1 + 8 * s : full2 + 8 * (s - FM_S1);\n"
+                     "      fm_mbar_init(full, 1);\n"
+                     "      fm_mbar_init(full + 8 * (s < FM_S1 ? FM_S1 : FM_S2), FM_MMA_THREADS / 128 * FM_CLUSTER);\n"
                      "    }\n"
                      "    /* the barriers are completed by the async proxy (TMA's complete_tx) */\n"
                      "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
@@ -604,7 +816,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "#if FM_MMA_THREADS == 256\n"
                      "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\\n\" ::: \"memory\");\n"
                      "#endif\n"
-                     "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, ws, bars, (int)m0);\n"
+                     "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, w1s, w2s, bars, (int)m0);\n"
                      "#if FM_CLUSTER == 2\n"
                      "    __syncwarp();\n"
                      "    fm_pair_sync();\n"
@@ -621,9 +833,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "  unsigned af[4][4];\n"
                      "  float acc1[8][4];\n"
                      "  fm_mbar_wait(bars, 0);   /* A's rows */\n"
-                     "  fm_mbar_wait(full, 0);\n"
-                     "  fm_gemm1(acc1, da, ws);\n"
+                     "  fm_mbar_wait(full1, 0);\n"
+                     "  fm_gemm1(acc1, da, w1s);\n"
                      "  fm_wg_wait<0>();\n"
+                     "  if (tid % 128 == 0) fm_release(empty1);\n"
                      "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
                      "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
     emit_step(sb, step_tma, "acc1");
@@ -653,19 +866,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   emit_step(sb, step_simple, "acc1");
   fm_strbuf_append(sb, "  }\n");
   }
-  fm_strbuf_append(sb,
-                   "  /* stage 2 and the stores, rows inside M */\n"
-                   "#pragma unroll\n"
-                   "  for (int t = 0; t < FM_N2 / 8; t++)\n"
-                   "#pragma unroll\n"
-                   "    for (int e = 0; e < 4; e++) {\n"
-                   "      const long long m = mw + (e >> 1) * 8;\n"
-                   "      const int n = t * 8 + 2 * (lane & 3) + (e & 1);\n"
-                   "      if (m >= M) continue;\n"
-                   "      const float fm_a = acc2[t][e];\n"
-                   "      (void)n;\n");
-  emit_stage(sb, f, bp, 2, "      ");
-  fm_strbuf_append(sb, "    }\n");
+  fm_strbuf_append(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane FM_STAGE2_ARGS);\n");
   if (cfg->form == FM_B2B_TMA_PAIR) fm_strbuf_append(sb, "  fm_pair_sync();   /* the partner may still arrive on our barriers */\n");
   fm_strbuf_append(sb, "}\n");
 }
@@ -698,7 +899,15 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    "#define FM_LDB2 %" PRId64 "LL\n",
                    cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
   fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->form != FM_B2B_CPASYNC, cfg->form == FM_B2B_TMA_PAIR ? 2 : 1);
-  if (cfg->form != FM_B2B_CPASYNC) fm_strbuf_printf(&sb, "#define FM_STAGES %u\n", tma_stages(bp, cfg->bm));
+  if (cfg->form != FM_B2B_CPASYNC) {
+    tma_rings r = tma_rings_for(bp, cfg->bm);
+    fm_strbuf_printf(&sb, "#define FM_S1 %u\n#define FM_S2 %u\n", r.s1, r.s2);
+  }
+  uint32_t passes = stage2_passes(bp, cfg);
+  fm_strbuf_printf(&sb, "#define FM_PASSES %u\n#define FM_PCOLS %u\n#define FM_SROW (FM_PCOLS + 8)\n", passes,
+                   (uint32_t)bp->n2 / passes);
+  /* chunk j of a block's walk: every block walks them in the same order */
+  fm_strbuf_append(&sb, "#define FM_CHUNK_OF(j) (j)\n");
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
@@ -707,6 +916,9 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
   fm_strbuf_append(&sb, b2b_products);
   emit_stage1_fn(&sb, canon, bp);
+  fm_strbuf_append(&sb, fm_cg_st16);
+  emit_stage2_fn(&sb, canon, bp);
+  emit_stage2_staged(&sb, canon, bp);
   emit_kernel(&sb, canon, bp, cfg, entry);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);

@@ -24,6 +24,8 @@ extern const char fm_cg_wgmma_body[];
  * (fm_units, fm_unit_tile), ping-pong turns, fm_load_tiles (the loader) and
  * fm_mainloop_tile (the consumers, one tile at a time). */
 extern const char fm_cg_wgmma_persistent[];
+/* fm_st16(p, a, b, c, d): one 16-byte global store of four words (the epilogues' stores). */
+extern const char fm_cg_st16[];
 /* fm_tile_of, fm_tile_coords and fm_stage, appended after either mainloop. */
 extern const char fm_cg_gemm_tail[];
 /* The warpgroup-MMA helpers both sm_90a templates use (fm_wg_fence, fm_wg_commit,

@@ -248,6 +248,7 @@ double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best_de
     fm_diag d = {{0}};
     fm_module *m = NULL;
     fm_candidate_describe(&cand[i], desc, sizeof desc);
+    if (!gu_picked(desc)) continue;
     if (gu_build_candidate(canon, &cand[i], dev.sm_count, dev.arch, "suite.cu", &kc.cubin, &kc.cubin_len,
                            &kc.meta, &err) ||
         fm_module_load(&kc, &m, &d)) {

@@ -187,8 +187,9 @@ static void test_candidates_and_source(void) {
   if (src) {
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16");
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16");
-    CHECK_STR_CONTAINS(src, "fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, ws, bars, (int)m0);");
-    CHECK_STR_CONTAINS(src, "#define FM_STAGES 2");   /* 64 KiB of A's rows + two 64 KiB chunks */
+    CHECK_STR_CONTAINS(src, "fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, w1s, w2s, bars, (int)m0);");
+    /* 64 KiB of A's rows + five 32 KiB buffers: three of B's chunks, two of B2's */
+    CHECK_STR_CONTAINS(src, "#define FM_S1 3\n#define FM_S2 2\n");
     CHECK_STR_CONTAINS(src, "fm_h = v");
   }
   free(src);
@@ -222,7 +223,7 @@ static void test_candidates_and_source(void) {
     if (src) {
       CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
       CHECK_STR_CONTAINS(src, "fm_tma_load_both(");
-      CHECK_STR_CONTAINS(src, "fm_arrive_peer(empty + 8 * s);");
+      CHECK_STR_CONTAINS(src, "fm_arrive_peer(bar);");
     }
     free(src);
     CHECK_EQ_INT(meta.max_blocks, 2);   /* grid (2, row-tile pairs) */
