@@ -28,8 +28,8 @@ ROWS = 64
 
 @pytest.fixture(autouse=True)
 def chains_on(monkeypatch):
-    """Chains are opt-in (FUSEML_CHAINS=1) until the b2b kernel beats the two GEMM kernels it
-    replaces (bench/NOTES.md); these tests are about what they do when on. The client forms
+    """Chains are on by default (FUSEML_CHAINS=0 turns them off); these tests are about what
+    they do when on, whatever the environment running them says. The client forms
     them from MIN_ROWS rows (8192: the kernel's break-even, where the daemon serves them);
     these tests run 64 rows on a CPU, so the floor is lowered here (test_few_rows_stay_apart
     checks the real one; a real daemon answers such a chain bypass and it runs apart)."""
@@ -178,13 +178,18 @@ def test_shapes_the_chain_kernel_cannot_run_stay_two_groups(dead_socket, caplog,
 
 def test_chains_option_and_environment(dead_socket, monkeypatch):
     for compiler in (lambda: fuseml.FuseMLCompiler(chains=False),
-                     lambda: monkeypatch.setenv("FUSEML_CHAINS", "0") or fuseml.FuseMLCompiler(),
-                     lambda: monkeypatch.delenv("FUSEML_CHAINS") or fuseml.FuseMLCompiler()):   # the default
+                     lambda: monkeypatch.setenv("FUSEML_CHAINS", "0") or fuseml.FuseMLCompiler()):
         torch._dynamo.reset()
         c, got, want = compile_run(mlp(), x2d(), compiler(), train=False)
         exact(got, want)
         p = plan(c, "inference")
         assert not chains(p) and len(gemm_groups(p)) == 2
+    # the default: on
+    monkeypatch.delenv("FUSEML_CHAINS")
+    torch._dynamo.reset()
+    c, got, want = compile_run(mlp(), x2d(), fuseml.FuseMLCompiler(), train=False)
+    exact(got, want)
+    assert len(chains(plan(c, "inference"))) == 1
     # an explicit chains=True wins over the environment
     torch._dynamo.reset()
     c, _, _ = compile_run(mlp(), x2d(), fuseml.FuseMLCompiler(chains=True), train=False)

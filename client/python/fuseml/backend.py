@@ -75,9 +75,9 @@ class FuseMLCompiler:
     each compiled graph as a CUDA graph, replayed by graph_replay.py; default
     FUSEML_CUDAGRAPHS=1, and torch.compile's mode="reduce-overhead" or options={"cudagraphs":
     True} turn it on per call: see cudagraphs.py), chains (merge back-to-back GEMM groups,
-    an MLP's fc1 -> act -> fc2, into one chain group: chains.py; default False unless
-    FUSEML_CHAINS=1: the b2b kernel is still slower than the two tuned GEMMs on an H100,
-    bench/NOTES.md "Back-to-back GEMMs")."""
+    an MLP's fc1 -> act -> fc2, into one chain group: chains.py; default True unless
+    FUSEML_CHAINS=0: on an H100 the b2b kernel takes 0.78x the time of the two tuned GEMMs
+    it replaces, bench/NOTES.md "The b2b rings")."""
 
     def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
                  chains=None):
@@ -136,8 +136,7 @@ class FuseMLCompiler:
     # -- one ATen graph ------------------------------------------------------------------
 
     def compile_graph(self, gm, example_inputs, which):
-        # off by default until the b2b kernel beats the two GEMM kernels it replaces (NOTES)
-        chains = (os.environ.get("FUSEML_CHAINS", "0") == "1") if self.chains is None else bool(self.chains)
+        chains = (os.environ.get("FUSEML_CHAINS", "1") != "0") if self.chains is None else bool(self.chains)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
