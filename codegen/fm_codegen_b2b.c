@@ -643,11 +643,7 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
         fm_strbuf_append(sb, "  fm_st16(&");
         emit_at(sb, bp, t, name, "n");
         fm_strbuf_printf(sb, " + %zu", v * 16 / es);
-        for (size_t w = 0; w < 4; w++) {
-          size_t e = v * 16 / es + w * 4 / es;
-          if (es == 2) fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
-          else fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
-        }
+        fm_cg_emit_st16_words(sb, k, es, v);
         fm_strbuf_append(sb, ");\n");
       }
     } else {

@@ -508,6 +508,14 @@ static void emit_epi_load(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) 
   if (vector_ok(gp, k)) fm_strbuf_append(sb, "  }\n");
 }
 
+void fm_cg_emit_st16_words(fm_strbuf *sb, uint32_t k, size_t es, size_t v) {
+  for (size_t w = 0; w < 4; w++) {
+    size_t e = v * 16 / es + w * 4 / es;
+    if (es == 2) fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
+    else fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
+  }
+}
+
 /* o<k>[8] to output k: one 16-byte store per 16 bytes when whole and aligned, else masked. */
 static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) {
   uint32_t t = gp->base.n_in + k;
@@ -518,11 +526,7 @@ static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k)
       fm_strbuf_printf(sb, "    fm_st16(out%u + ", k);
       emit_offset(sb, gp, t, "n");
       fm_strbuf_printf(sb, " + %zu", v * 16 / es);
-      for (size_t w = 0; w < 4; w++) {
-        size_t e = v * 16 / es + w * 4 / es;
-        if (es == 2) fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
-        else fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
-      }
+      fm_cg_emit_st16_words(sb, k, es, v);
       fm_strbuf_append(sb, ");\n");
     }
     fm_strbuf_append(sb, "  } else {\n");

@@ -26,6 +26,8 @@ extern const char fm_cg_wgmma_body[];
 extern const char fm_cg_wgmma_persistent[];
 /* fm_st16(p, a, b, c, d): one 16-byte global store of four words (the epilogues' stores). */
 extern const char fm_cg_st16[];
+/* ", w0, w1, w2, w3": fm_st16's words for 16-byte piece v of o<k>[8] (elements of es bytes). */
+void fm_cg_emit_st16_words(fm_strbuf *sb, uint32_t k, size_t es, size_t v);
 /* fm_tile_of, fm_tile_coords and fm_stage, appended after either mainloop. */
 extern const char fm_cg_gemm_tail[];
 /* The warpgroup-MMA helpers both sm_90a templates use (fm_wg_fence, fm_wg_commit,
