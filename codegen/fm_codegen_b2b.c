@@ -25,7 +25,8 @@
  * serialise every wgmma. Every B and B2 element is read once per block (from L2: the weights are shared by
  * every block), A and the outputs once in all. Measured on an H100 (bench/NOTES.md,
  * "Back-to-back GEMMs", "The b2b rings"): 0.78x the time of the two tuned GEMM kernels it
- * replaces at the MLP block (codegen v23; at parity before).
+ * replaces at the MLP block with its inputs in L2, 0.92x with them in memory (codegen v23-24;
+ * at parity before).
  *
  * Limits (else FM_EUNSUPPORTED, the reason in d; PROTOCOL.md names them): bf16 or f16;
  * K1 a multiple of 64, at most 256 (A's rows stay in shared memory); N1 a multiple of 64;
@@ -279,7 +280,8 @@ static const char b2b_tma[] =
     "#define FM_TURN_WAIT(w) ((void)0)\n"
     "#define FM_TURN_PASS(w) ((void)0)\n"
     "#endif\n"
-    "/* The loader: A's rows once (on bar xfull), then the chunks in the order the consumers\n"
+    "/* The loader: A's rows once (slice kt of 64 columns on mbarrier bars + 8 kt, so the first\n"
+    "   product starts on the first slice), then the chunks in the order the consumers\n"
     "   need them (B's chunk j + 1 goes with B2's chunk j into the same tensor turn), each into\n"
     "   its ring's next buffer once the consumers released what it held. Rows past M read as\n"
     "   zeros (the map's bounds). */\n"
@@ -315,13 +317,15 @@ static const char b2b_tma[] =
     "}\n"
     "__device__ __forceinline__ void fm_loader(const void *tmx, const void *tmw1, const void *tmw2, unsigned xs,\n"
     "    unsigned w1s, unsigned w2s, unsigned bars, int m0) {\n"
-    "  const unsigned xfull = bars, full1 = bars + 8, empty1 = full1 + 8 * FM_S1;\n"
+    "  const unsigned full1 = bars + 8 * (FM_K1 / 64), empty1 = full1 + 8 * FM_S1;\n"
     "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
     "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw1) : \"memory\");\n"
     "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw2) : \"memory\");\n"
-    "  fm_mbar_expect(xfull, FM_X_BYTES);\n"
     "#pragma unroll\n"
-    "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(xs + kt * (FM_BM * 128), tmx, kt * 64, m0, xfull);\n"
+    "  for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
+    "    fm_mbar_expect(bars + 8 * kt, FM_BM * 128);\n"
+    "    fm_tma_load(xs + kt * (FM_BM * 128), tmx, kt * 64, m0, bars + 8 * kt);\n"
+    "  }\n"
     "  fm_load_w1(tmw1, w1s, full1, empty1, 0);\n"
     "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
     "    if (j + 1 < FM_CHUNKS) fm_load_w1(tmw1, w1s, full1, empty1, j + 1);\n"
@@ -333,10 +337,14 @@ static const char b2b_tma[] =
 static const char b2b_products[] =
     "/* acc = this warpgroup's A rows x B's chunk at w1: the first k-step does not accumulate, so\n"
     "   no other instruction writes acc (that would make ptxas serialise the wgmma) */\n"
-    "__device__ __forceinline__ void fm_gemm1(float (&acc)[8][4], unsigned long long da, unsigned w1) {\n"
+    "__device__ __forceinline__ void fm_gemm1(float (&acc)[8][4], unsigned long long da, unsigned w1,\n"
+    "    unsigned xbars = 0) {\n"
     "  fm_wg_fence();\n"
     "#pragma unroll\n"
     "  for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
+    "#if FM_WS\n"
+    "    if (xbars) fm_mbar_wait(xbars + 8 * kt, 0);   /* the first product: A's slice kt landed */\n"
+    "#endif\n"
     "    const unsigned long long db = fm_desc(w1 + kt * (64 * 128));\n"
     "#pragma unroll\n"
     "    for (int kk = 0; kk < 4; kk++) fm_wgmma1(acc, da + kt * (FM_BM * 128 / 16) + 2 * kk, db + 2 * kk, kt | kk);\n"
@@ -429,7 +437,7 @@ typedef struct tma_rings {
 } tma_rings;
 
 static uint64_t rings_bytes(const b2b_plan *bp, uint32_t bm, tma_rings r) {
-  return (uint64_t)bm * (uint64_t)bp->k1 * 2u + 1024u + 8u * (1u + 2u * (r.s1 + r.s2)) +   /* A, alignment, mbarriers */
+  return (uint64_t)bm * (uint64_t)bp->k1 * 2u + 1024u + 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2)) +   /* A, alignment, mbarriers */
          r.s1 * (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + r.s2 * (uint64_t)bp->n2 * 128u;
 }
 
@@ -466,7 +474,7 @@ static uint32_t stage2_passes(const b2b_plan *bp, const fm_b2b_config *c) {
   uint64_t room = smem_bytes(bp, c) - 1024u, n2 = (uint64_t)bp->n2;
   if (c->form != FM_B2B_CPASYNC) {
     tma_rings r = tma_rings_for(bp, c->bm);
-    room -= 8u * (1u + 2u * (r.s1 + r.s2));   /* the mbarriers stay */
+    room -= 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2));   /* the mbarriers stay */
   }
   uint32_t p = 1;
   while ((uint64_t)c->bm * (n2 / p + 8) * 4u > room && n2 % (16u * p) == 0) p *= 2;
@@ -683,7 +691,8 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
                    "      *(float2 *)&stg[(r + 8) * FM_SROW + c] = make_float2(acc2[t][2], acc2[t][3]);\n"
                    "    }\n"
                    "    asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
-                   "#pragma unroll 4\n"
+                   "    /* unrolled whole (16 trips at N2 = 256), so that every input's loads are in flight at once */\n"
+                   "#pragma unroll\n"
                    "    for (int g = wt; g < 64 * (FM_PCOLS / 8); g += 128) {\n"
                    "      const int r = g / (FM_PCOLS / 8), c = g % (FM_PCOLS / 8) * 8;\n"
                    "      const long long m = m0 + wg * 64 + r;\n"
@@ -791,10 +800,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "     then full and empty of B's ring, then of B2's */\n"
                      "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, w1s = xs + FM_X_BYTES;\n"
                      "  const unsigned w2s = w1s + FM_S1 * FM_W1_BYTES, bars = w2s + FM_S2 * FM_W2_BYTES;\n"
-                     "  const unsigned full1 = bars + 8, empty1 = full1 + 8 * FM_S1;\n"
+                     "  const unsigned full1 = bars + 8 * (FM_K1 / 64), empty1 = full1 + 8 * FM_S1;\n"
                      "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
                      "  if (tid == 0) {\n"
-                     "    fm_mbar_init(bars, 1);\n"
+                     "    for (int kt = 0; kt < FM_K1 / 64; kt++) fm_mbar_init(bars + 8 * kt, 1);   /* A's slices */\n"
                      "    for (int s = 0; s < FM_S1 + FM_S2; s++) {\n"
                      "      const unsigned full = s < FM_S1 ? full1 + 8 * s : full2 + 8 * (s - FM_S1);\n"
                      "      fm_mbar_init(full, 1);\n"
@@ -828,9 +837,8 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
                      "  unsigned af[4][4];\n"
                      "  float acc1[8][4];\n"
-                     "  fm_mbar_wait(bars, 0);   /* A's rows */\n"
                      "  fm_mbar_wait(full1, 0);\n"
-                     "  fm_gemm1(acc1, da, w1s);\n"
+                     "  fm_gemm1(acc1, da, w1s, bars);   /* each slice of A's rows waited for */\n"
                      "  fm_wg_wait<0>();\n"
                      "  if (tid % 128 == 0) fm_release(empty1);\n"
                      "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"

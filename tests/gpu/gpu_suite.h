@@ -34,7 +34,9 @@ void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int6
 /* Compiles every job (16 threads), then checks each case in order; prints one line per
  * kernel ("ok" / "FAIL ...") and returns the failures so far. */
 int gs_run(void);
-/* Times every candidate of canon (that FM_GPU_CANDS picks) at outer (3 warm-ups, the median of 20 between CUDA
+/* Times every candidate of canon (that FM_GPU_CANDS picks) at outer, its launches taking
+ * buffer sets in turn (copies of the inputs and outputs spanning 128 MiB, at most 8: inputs
+ * from memory, not L2) (3 warm-ups, the median of 20 between CUDA
  * events), printing "time [desc]: ms" and returning the fastest (ms) with its description
  * in best (cap bytes). */
 double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best, size_t cap);

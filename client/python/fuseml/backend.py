@@ -76,7 +76,7 @@ class FuseMLCompiler:
     FUSEML_CUDAGRAPHS=1, and torch.compile's mode="reduce-overhead" or options={"cudagraphs":
     True} turn it on per call: see cudagraphs.py), chains (merge back-to-back GEMM groups,
     an MLP's fc1 -> act -> fc2, into one chain group: chains.py; default True unless
-    FUSEML_CHAINS=0: on an H100 the b2b kernel takes 0.78x the time of the two tuned GEMMs
+    FUSEML_CHAINS=0: on an H100 the b2b kernel takes 0.78-0.92x the time of the two tuned GEMMs
     it replaces, bench/NOTES.md "The b2b rings")."""
 
     def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
