@@ -241,6 +241,27 @@ static void test_candidates_and_source(void) {
     CHECK_EQ_INT(meta.n_tmaps, 0);
     CHECK_EQ_INT(meta.block[0], c[i].p[0] / 64 * 128);
   }
+  /* the last stage's staging: in one pass where BM x (N2 + 8) floats fit in the buffers (the
+     256 -> 1024 -> 256 block, every form), in two where they do not (the cp.async form at
+     K1 = 64, N2 = 256: 96 KiB of buffers for 132 KiB of rows); tests/gpu/test_b2b_gpu runs both */
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
+    if (src) CHECK_STR_CONTAINS(src, "#define FM_PASSES 1\n#define FM_PCOLS 256\n");
+    free(src);
+  }
+  CHECK_EQ_INT(build_mlp(64, 128, 256), FM_OK);
+  n = fm_codegen_candidates(&canon, c, 16);
+  int two_passes = 0;
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
+    if (src && c[i].p[1] == FM_B2B_CPASYNC && c[i].p[0] == 128) {
+      CHECK_STR_CONTAINS(src, "#define FM_PASSES 2\n#define FM_PCOLS 128\n");
+      two_passes++;
+    }
+    CHECK(meta.smem <= 227 * 1024);
+    free(src);
+  }
+  CHECK_EQ_INT(two_passes, 1);
   /* the limits, as the reasons a client sees with "bypass" */
   struct { int64_t k1, n1, n2; const char *why; } refuse[] = {
       {1024, 4096, 1024, "K1 = 1024"}, {256, 1000, 256, "N1 = 1000"}, {256, 1024, 512, "N2 = 512"},
