@@ -285,34 +285,32 @@ static const char b2b_tma[] =
     "   need them (B's chunk j + 1 goes with B2's chunk j into the same tensor turn), each into\n"
     "   its ring's next buffer once the consumers released what it held. Rows past M read as\n"
     "   zeros (the map's bounds). */\n"
-    "__device__ __forceinline__ void fm_load_w1(const void *tmw1, unsigned w1s, unsigned full1, unsigned empty1, int j) {\n"
+    "__device__ __forceinline__ void fm_tma_w1(const void *tmw1, unsigned w1s, unsigned full1, unsigned empty1, int j) {\n"
     "  const int s = j % FM_S1;\n"
     "  if (j >= FM_S1) fm_mbar_wait(empty1 + 8 * s, ((j / FM_S1) - 1) & 1);\n"
     "  const unsigned b = w1s + s * FM_W1_BYTES;\n"
-    "  const int c = FM_CHUNK_OF(j);\n"
     "  fm_mbar_expect(full1 + 8 * s, FM_W1_BYTES);\n"
     "#if FM_CLUSTER == 2\n"
     "  /* this block's half (rows r*32 ..) into both blocks */\n"
     "  const int r = blockIdx.x;\n"
     "#pragma unroll\n"
     "  for (int kt = 0; kt < FM_K1 / 64; kt++)\n"
-    "    fm_tma_load_both(b + kt * (64 * 128) + r * (32 * 128), tmw1, kt * 64, c * 64 + r * 32, full1 + 8 * s);\n"
+    "    fm_tma_load_both(b + kt * (64 * 128) + r * (32 * 128), tmw1, kt * 64, j * 64 + r * 32, full1 + 8 * s);\n"
     "#else\n"
     "#pragma unroll\n"
-    "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, c * 64, full1 + 8 * s);\n"
+    "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, j * 64, full1 + 8 * s);\n"
     "#endif\n"
     "}\n"
-    "__device__ __forceinline__ void fm_load_w2(const void *tmw2, unsigned w2s, unsigned full2, unsigned empty2, int j) {\n"
+    "__device__ __forceinline__ void fm_tma_w2(const void *tmw2, unsigned w2s, unsigned full2, unsigned empty2, int j) {\n"
     "  const int s = j % FM_S2;\n"
     "  if (j >= FM_S2) fm_mbar_wait(empty2 + 8 * s, ((j / FM_S2) - 1) & 1);\n"
     "  const unsigned b = w2s + s * FM_W2_BYTES;\n"
-    "  const int c = FM_CHUNK_OF(j);\n"
     "  fm_mbar_expect(full2 + 8 * s, FM_W2_BYTES);\n"
     "#if FM_CLUSTER == 2\n"
     "  /* this block's half (rows r*N2/2 ..) into both blocks */\n"
-    "  fm_tma_load_both(b + blockIdx.x * (FM_N2 / 2 * 128), tmw2, c * 64, blockIdx.x * (FM_N2 / 2), full2 + 8 * s);\n"
+    "  fm_tma_load_both(b + blockIdx.x * (FM_N2 / 2 * 128), tmw2, j * 64, blockIdx.x * (FM_N2 / 2), full2 + 8 * s);\n"
     "#else\n"
-    "  fm_tma_load(b, tmw2, c * 64, 0, full2 + 8 * s);\n"
+    "  fm_tma_load(b, tmw2, j * 64, 0, full2 + 8 * s);\n"
     "#endif\n"
     "}\n"
     "__device__ __forceinline__ void fm_loader(const void *tmx, const void *tmw1, const void *tmw2, unsigned xs,\n"
@@ -326,10 +324,10 @@ static const char b2b_tma[] =
     "    fm_mbar_expect(bars + 8 * kt, FM_BM * 128);\n"
     "    fm_tma_load(xs + kt * (FM_BM * 128), tmx, kt * 64, m0, bars + 8 * kt);\n"
     "  }\n"
-    "  fm_load_w1(tmw1, w1s, full1, empty1, 0);\n"
+    "  fm_tma_w1(tmw1, w1s, full1, empty1, 0);\n"
     "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
-    "    if (j + 1 < FM_CHUNKS) fm_load_w1(tmw1, w1s, full1, empty1, j + 1);\n"
-    "    fm_load_w2(tmw2, w2s, full2, empty2, j);\n"
+    "    if (j + 1 < FM_CHUNKS) fm_tma_w1(tmw1, w1s, full1, empty1, j + 1);\n"
+    "    fm_tma_w2(tmw2, w2s, full2, empty2, j);\n"
     "  }\n"
     "}\n";
 
@@ -735,7 +733,7 @@ static const char step_simple[] =
  * warpgroup's stage 1 runs while the other's products run; each barrier is synced and
  * arrived at the same number of times (warpgroup 1 passes once up front, not after its last). */
 static const char step_tma[] =
-    "    fm_stage1(acc1, af, M, mw, FM_CHUNK_OF(j), lane FM_STAGE1_ARGS);\n"
+    "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
     "    FM_TURN_WAIT(wg);\n"
     "    const int s2 = j % FM_S2;\n"
     "    fm_mbar_wait(full2 + 8 * s2, (j / FM_S2) & 1);\n"
@@ -910,8 +908,6 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   uint32_t passes = stage2_passes(bp, cfg);
   fm_strbuf_printf(&sb, "#define FM_PASSES %u\n#define FM_PCOLS %u\n#define FM_SROW (FM_PCOLS + 8)\n", passes,
                    (uint32_t)bp->n2 / passes);
-  /* chunk j of a block's walk: every block walks them in the same order */
-  fm_strbuf_append(&sb, "#define FM_CHUNK_OF(j) (j)\n");
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
