@@ -466,17 +466,19 @@ static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
 }
 
-/* Passes of the last stage's staging (fm_stage2_staged): the fewest whose columns (a
- * multiple of 8) fit BM padded rows of floats into the buffers after the products. */
+/* Passes of the last stage's staging (fm_stage2_staged): the fewest whose columns (N2 / p, a
+ * multiple of 8) fit BM padded rows of floats into the buffers after the products; 0: none
+ * does (check_config refuses; the limits never reach it: two passes fit every shape they allow,
+ * test_codegen_b2b). */
 static uint32_t stage2_passes(const b2b_plan *bp, const fm_b2b_config *c) {
   uint64_t room = smem_bytes(bp, c) - 1024u, n2 = (uint64_t)bp->n2;
   if (c->form != FM_B2B_CPASYNC) {
     tma_rings r = tma_rings_for(bp, c->bm);
     room -= 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2));   /* the mbarriers stay */
   }
-  uint32_t p = 1;
-  while ((uint64_t)c->bm * (n2 / p + 8) * 4u > room && n2 % (16u * p) == 0) p *= 2;
-  return p;
+  for (uint32_t p = 1; p <= n2 / 8; p++)
+    if (n2 % (8u * p) == 0 && (uint64_t)c->bm * (n2 / p + 8) * 4u <= room) return p;
+  return 0;
 }
 
 static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) {
@@ -488,6 +490,9 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
   if (smem_bytes(bp, c) > MAX_SMEM_SM90)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem_bytes(bp, c),
                        MAX_SMEM_SM90);
+  if (!stage2_passes(bp, c))
+    return fm_diag_set(d, FM_EUNSUPPORTED, "config: the last stage's staging does not fit in %u bytes",
+                       smem_bytes(bp, c));
   return FM_OK;
 }
 
@@ -768,7 +773,6 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   const fm_cg_plan *p = &bp->base;
   fm_strbuf_printf(sb, "#define FM_B in%u\n#define FM_B2 in%u\n#define FM_STAGE1_ARGS ", bp->ib, bp->ib2);
   emit_stage1_params(sb, f, bp, 0);
-
   fm_strbuf_printf(sb, "\nextern \"C\" __global__ void %s__launch_bounds__(FM_THREADS, 1) %s(\n",
                    cfg->form == FM_B2B_TMA_PAIR ? "__cluster_dims__(2, 1, 1) " : "", entry);
   for (uint32_t k = 0; k < p->n_in; k++)

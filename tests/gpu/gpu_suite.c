@@ -15,7 +15,7 @@
 #define MAX_JOBS 1024
 #define MAX_CANDS 48
 #define ROTATE_MAX 8   /* buffer sets gs_time launches in turn */
-#define MAX_CASES 48
+#define MAX_CASES 64
 #define N_THREADS 16
 
 typedef struct gs_case {

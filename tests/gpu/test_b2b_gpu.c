@@ -4,8 +4,8 @@
  * client would send without chains.
  *
  * Cases: M in {1, 7, 64, 127, 200, 1000, 4099, 8200} x (K1, N1, N2) in {(64, 64, 16), (128, 192, 64),
- * (256, 1024, 256), (64, 128, 48), (192, 256, 128), (64, 128, 256)} (the last: the cp.async
- * form stages its last stage in two passes of columns); the epilogues rotating over the MLP block
+ * (256, 1024, 256), (64, 128, 48), (192, 256, 128), (64, 128, 256), (64, 128, 144)} (the last
+ * two: the cp.async form stages its last stage in two passes of 128 and of 72 columns); the epilogues rotating over the MLP block
  * (addmm + gelu, addmm + residual), relu between two mm, and silu then a scale by a const
  * between addmm and mm; bf16 and f16; M symbolic (bucket 16384: the template serves no
  * fewer rows) except half of the M = 8200 cases. Timing: the MLP block and, to tell the
@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
   /* the template serves M (or the M bucket) >= 8192 only: smaller M run as one symbolic
      kernel of bucket 16384 launched at M rows, so the row edges are checked all the same */
   static const int64_t ms[] = {1, 7, 64, 127, 200, 1000, 4099, 8200};
-  static const int64_t shapes[][3] = {{64, 64, 16}, {128, 192, 64}, {256, 1024, 256}, {64, 128, 48}, {192, 256, 128}, {64, 128, 256}};
+  static const int64_t shapes[][3] = {{64, 64, 16}, {128, 192, 64}, {256, 1024, 256}, {64, 128, 48}, {192, 256, 128}, {64, 128, 256}, {64, 128, 144}};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0xb2b;
   const char *mode = argc > 2 ? argv[2] : "both";
   if (gs_start(seed)) return 2;

@@ -262,6 +262,24 @@ static void test_candidates_and_source(void) {
     free(src);
   }
   CHECK_EQ_INT(two_passes, 1);
+  /* every shape the limits allow: the passes cover N2 in whole 8-column groups, and BM padded
+     rows of one pass fit in the kernel's shared memory (at K1 = 64, N2 = 144: two passes of 72) */
+  for (int64_t k1 = 64; k1 <= 256; k1 += 64)
+    for (int64_t n2 = 16; n2 <= 256; n2 += 16) {
+      CHECK_EQ_INT(build_mlp(k1, 128, n2), FM_OK);
+      n = fm_codegen_candidates(&canon, c, 16);
+      CHECK(n >= 4);
+      for (size_t i = 0; i < n; i++) {
+        CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
+        const char *at = src ? strstr(src, "#define FM_PASSES ") : NULL;
+        unsigned passes = 0, pcols = 0;
+        CHECK(at && sscanf(at, "#define FM_PASSES %u\n#define FM_PCOLS %u", &passes, &pcols) == 2);
+        CHECK_EQ_INT((int64_t)passes * pcols, n2);
+        CHECK_EQ_INT(pcols % 8, 0);
+        CHECK((uint64_t)c[i].p[0] * (pcols + 8) * 4 + 1024 <= meta.smem);
+        free(src);
+      }
+    }
   /* the limits, as the reasons a client sees with "bypass" */
   struct { int64_t k1, n1, n2; const char *why; } refuse[] = {
       {1024, 4096, 1024, "K1 = 1024"}, {256, 1000, 256, "N1 = 1000"}, {256, 1024, 512, "N2 = 512"},
