@@ -22,6 +22,7 @@ typedef struct gs_case {
   char name[128];
   fm_fragment canon;
   int64_t outer, k;
+  int share;   /* gs_share_equal_inputs when the case was added */
 } gs_case;
 
 typedef struct job {
@@ -38,7 +39,7 @@ static fm_device_id dev;
 static fm_CUdevice cdev;
 static gs_case cases[MAX_CASES];
 static job jobs[MAX_JOBS];
-static int n_cases, n_jobs, next_job, next_case, passed, failed;
+static int n_cases, n_jobs, next_job, next_case, passed, failed, share_equal;
 static gu_rng rng;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -47,6 +48,7 @@ typedef struct data {
   fm_CUdeviceptr d_in[FM_MAX_INPUTS], d_out[FM_MAX_OUTPUTS];
   size_t n_out[FM_MAX_OUTPUTS];
   void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];   /* + a plan's scratch */
+  int twin_of[FM_MAX_INPUTS];   /* the earlier input whose memory this one reads, or -1 */
 } data;
 
 int gs_start(uint64_t seed) {
@@ -67,6 +69,16 @@ int gs_start(uint64_t seed) {
 }
 
 
+void gs_share_equal_inputs(int on) { share_equal = on; }
+
+/* The same tensor passed twice: dtype, rank, shape and strides all equal. */
+static int same_layout(const fm_tensor *a, const fm_tensor *b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
+  for (uint32_t d = 0; d < a->rank; d++)
+    if (a->shape[d] != b->shape[d] || a->strides[d] != b->strides[d]) return 0;
+  return 1;
+}
+
 void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int64_t k) {
   if (n_cases == MAX_CASES) {
     printf("FAIL %s: too many cases\n", name);
@@ -78,6 +90,7 @@ void gs_add_case(const char *name, const fm_fragment *canon, int64_t outer, int6
   c->canon = *canon;
   c->outer = outer;
   c->k = k;
+  c->share = share_equal;
   fm_candidate cand[MAX_CANDS];
   size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS);
   if (nc == 0) {
@@ -110,13 +123,23 @@ static void *compile_worker(void *arg) {
   }
 }
 
-/* Random inputs, never zero, the matrix operands scaled by 1 / K^(1/4); device buffers. */
-static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k) {
+/* Random inputs, never zero, the matrix operands scaled by 1 / K^(1/4); device buffers. With
+ * share, an input laid out like an earlier one reads that one's memory (and values). */
+static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, int share) {
   memset(x, 0, sizeof *x);
   int g = fm_fragment_gemm_op(f), g2 = fm_fragment_gemm_op2(f);
   for (uint32_t i = 0; i < f->n_inputs; i++) {
     const fm_tensor *t = &f->inputs[i];
     size_t n = gu_span(t, outer), bytes = n * fm_dtype_size(t->dtype);
+    x->twin_of[i] = -1;
+    for (uint32_t j = 0; share && j < i && x->twin_of[i] < 0; j++)
+      if (x->twin_of[j] < 0 && same_layout(t, &f->inputs[j])) x->twin_of[i] = (int)j;
+    if (x->twin_of[i] >= 0) {
+      x->h_in[i] = malloc(bytes);
+      memcpy(x->h_in[i], x->h_in[x->twin_of[i]], bytes);
+      x->ins[i] = x->ins[x->twin_of[i]];
+      continue;
+    }
     int operand = 0;
     for (int p = 0; p < 2; p++) {
       int o = p ? g2 : g;
@@ -213,7 +236,7 @@ int gs_run(void) {
     gs_case *c = &cases[next_case];
     data x;
     fm_diag d = {{0}};
-    data_init(&x, &c->canon, c->outer, c->k);
+    data_init(&x, &c->canon, c->outer, c->k, c->share);
     if (fm_reference_eval(&c->canon, c->outer, (const void *const *)x.h_in, x.h_ref, &d)) {
       printf("FAIL %s: reference: %s\n", c->name, d.text);
       failed++;
@@ -238,13 +261,13 @@ double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best_de
   fm_candidate cand[MAX_CANDS];
   fm_CUevent e0, e1;
   double best = INFINITY;
-  data_init(&x, canon, outer, k);
+  data_init(&x, canon, outer, k, share_equal);
   /* buffer sets launched in turn, copies of the inputs and outputs until they span 128 MiB
      (at most 8), so that L2 does not flatter: inputs come from memory as in a model (the
      tuner's rule) */
   size_t set_bytes = 0;
   for (uint32_t i = 0; i < canon->n_inputs; i++)
-    set_bytes += gu_span(&canon->inputs[i], outer) * fm_dtype_size(canon->inputs[i].dtype);
+    if (x.twin_of[i] < 0) set_bytes += gu_span(&canon->inputs[i], outer) * fm_dtype_size(canon->inputs[i].dtype);
   for (uint32_t i = 0; i < canon->n_outputs; i++) set_bytes += x.n_out[i] * fm_dtype_size(canon->outputs[i].dtype);
   int sets = set_bytes ? (int)((128u << 20) / set_bytes) + 1 : 1;
   sets = sets > ROTATE_MAX ? ROTATE_MAX : sets;
@@ -254,6 +277,10 @@ double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best_de
   memcpy(outs[0], x.outs, sizeof x.outs);
   for (int b = 1; b < sets; b++) {
     for (uint32_t i = 0; i < canon->n_inputs; i++) {
+      if (x.twin_of[i] >= 0) {   /* inputs come before their twins */
+        ins[b][i] = ins[b][x.twin_of[i]];
+        continue;
+      }
       size_t bytes = gu_span(&canon->inputs[i], outer) * fm_dtype_size(canon->inputs[i].dtype);
       copies[b][i] = gu_dalloc(cu, bytes);
       gu_h2d(cu, copies[b][i], x.h_in[i], bytes);

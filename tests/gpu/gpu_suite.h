@@ -27,6 +27,10 @@ int gs_canon(fm_fragment *f, fm_fragment *canon, const char *what);
 /* Loads the driver, makes device 0's primary context current, prints the device and seed;
  * 0, or 2 without a GPU. */
 int gs_start(uint64_t seed);
+/* From now on (cases added, gs_time), an input laid out like an earlier one (dtype, shape,
+ * strides) reads that one's memory: the same tensor passed twice, as the client sends the
+ * MLP's x as the first product's operand and again as the residual. Off at the start. */
+void gs_share_equal_inputs(int on);
 /* A case: every candidate of canon (which the suite copies) becomes a job, launched at
  * outer (env FM_GPU_CANDS="sub;sub": only those whose description contains one of them);
  * k scales the operands' random values (1 / K^(1/4)). */

@@ -4,12 +4,17 @@
  * client would send without chains.
  *
  * Cases: M in {1, 7, 64, 127, 200, 1000, 4099, 8200} x (K1, N1, N2) in {(64, 64, 16), (128, 192, 64),
- * (256, 1024, 256), (64, 128, 48), (192, 256, 128), (64, 128, 256), (64, 128, 144)} (the last
- * two: the cp.async form stages its last stage in two passes of 128 and of 72 columns); the epilogues rotating over the MLP block
- * (addmm + gelu, addmm + residual), relu between two mm, and silu then a scale by a const
- * between addmm and mm; bf16 and f16; M symbolic (bucket 16384: the template serves no
- * fewer rows) except half of the M = 8200 cases. Timing: the MLP block and, to tell the
- * GELU's share, relu between two mm, each against the two GEMM fragments it replaces.
+ * (256, 1024, 256), (64, 128, 48), (192, 256, 128), (64, 128, 256), (64, 128, 144), (128, 256,
+ * 128)} (with (64, 128, 256) and (64, 128, 144) the cp.async form stages its last stage in two
+ * passes of 128 and of 72 columns); the epilogues rotating over the MLP block (addmm + gelu,
+ * addmm + residual), relu between two mm, and silu then a scale by a const between addmm and
+ * mm; bf16 and f16; M symbolic (bucket 16384: the template serves no fewer rows) except half
+ * of the M = 8200 cases. At odd positions of M the residual, where laid out like x (N2 = K1),
+ * is x's memory, as the client sends it (the kernel then reads it from x's rows in shared
+ * memory): M = 7 and 8200 (f16) with (128, 256, 128), 1000 (bf16) with (256, 1024, 256); M = 200
+ * and 64 with the same shapes read it from a memory of its own. Timing (the residual x's memory, as in a model): the MLP
+ * block and, to tell the GELU's share, relu between two mm, each against the two GEMM
+ * fragments it replaces.
  *
  * Usage: test_b2b_gpu [SEED [check|time|both]]   One line per kernel and "N passed, N failed". */
 #include <stdio.h>
@@ -80,28 +85,33 @@ int main(int argc, char **argv) {
   /* the template serves M (or the M bucket) >= 8192 only: smaller M run as one symbolic
      kernel of bucket 16384 launched at M rows, so the row edges are checked all the same */
   static const int64_t ms[] = {1, 7, 64, 127, 200, 1000, 4099, 8200};
-  static const int64_t shapes[][3] = {{64, 64, 16}, {128, 192, 64}, {256, 1024, 256}, {64, 128, 48}, {192, 256, 128}, {64, 128, 256}, {64, 128, 144}};
+  static const int64_t shapes[][3] = {{64, 64, 16},   {128, 192, 64},  {256, 1024, 256}, {64, 128, 48},
+                                      {192, 256, 128}, {64, 128, 256}, {64, 128, 144},   {128, 256, 128}};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0xb2b;
   const char *mode = argc > 2 ? argv[2] : "both";
   if (gs_start(seed)) return 2;
   static fm_fragment canon;
   int idx = 0, bad = 0;
   if (strcmp(mode, "time") != 0)
-    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+      gs_share_equal_inputs(mi % 2);
       for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++, idx++) {
         int e = idx % E__N, symbolic = ms[mi] < 8192 || (mi + si) % 2 == 0;
         fm_dtype dt = idx % 2 ? FM_DT_F16 : FM_DT_BF16;
         int64_t m = ms[mi], k1 = shapes[si][0], n1 = shapes[si][1], n2 = shapes[si][2];
         char name[128];
-        snprintf(name, sizeof name, "%s %s M=%lld%s K1=%lld N1=%lld N2=%lld", epi_name[e], fm_dtype_name(dt),
-                 (long long)m, symbolic ? " (sym)" : "", (long long)k1, (long long)n1, (long long)n2);
+        snprintf(name, sizeof name, "%s %s M=%lld%s K1=%lld N1=%lld N2=%lld%s", epi_name[e], fm_dtype_name(dt),
+                 (long long)m, symbolic ? " (sym)" : "", (long long)k1, (long long)n1, (long long)n2,
+                 mi % 2 && e == E_MLP && k1 == n2 ? " r=x" : "");
         if (build(e, dt, symbolic ? -1 : m, symbolic ? (uint64_t)(m < 16384 ? 16384 : m) : 0, k1, n1, n2, 0, &canon)) {
           bad++;
           continue;
         }
         gs_add_case(name, &canon, m, k1);
       }
+    }
   gs_run();
+  gs_share_equal_inputs(1);
   if (strcmp(mode, "check") != 0) {
     /* the benchmark table's MLP block at memory_bound and small: the chain against the two
        GEMM fragments it replaces (each at its own best candidate) */
