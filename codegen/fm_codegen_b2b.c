@@ -13,7 +13,10 @@
  *   GEMM 2   acc2[64 x N2] += that x B2[chunk j rows, :]      (wgmma m64nN2k16, A from
  *                                                             registers, B2 from shared memory)
  * and at the end stage 2 (bias, residual, ...) on acc2, staged through shared memory so that
- * its inputs and outputs move as 16-byte row pieces, and the stores. B's and B2's chunks
+ * its inputs and outputs move as 16-byte row pieces, and the stores. A residual that is A's
+ * memory (the MLP block's x, which the client sends twice) is read from A's rows, still in
+ * shared memory, rather than from L2 (x_twin; checked per launch by comparing the two
+ * pointers). B's and B2's chunks
  * stream through shared-memory buffers (128-byte swizzled K-major rows as the wgmma
  * descriptors name them). Forms (fm_b2b_config.form): cp.async by every
  * thread, each chunk's steps one after the other while the next chunk loads; TMA by a loader
@@ -54,6 +57,7 @@ typedef struct b2b_plan {
   int64_t m, k1, n1, n2;    /* m = -1 when symbolic */
   int64_t lda, ldb, ldb2;
   int64_t es[FM_CG_MAX_TENSORS][2];   /* [M, N] strides of epilogue tensors (0: broadcast) */
+  int x_twin;               /* a stage-2 input laid out like A (the MLP's residual x), or -1 */
 } b2b_plan;
 
 /* A K-major operand of the template: stride 1 along K (kdim), leading dim a multiple of 8. */
@@ -70,6 +74,24 @@ static int kmajor(const fm_tensor *t, uint32_t kdim, const char *name, int64_t *
     return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s is only %u-byte aligned; the template needs 16", name,
                        t->align);
   return FM_OK;
+}
+
+/* The stage-2 input that is laid out like A ([M, K1] with A's dtype and strides, N2 = K1),
+ * or -1. The client sends the MLP's residual x a second time, as an input of its own (nothing
+ * else may read a matrix operand's value), so the kernel gets one memory through two
+ * parameters; where they are equal at launch, the last stage reads it from A's rows in shared
+ * memory instead of from L2 (fm_stage2_staged). */
+static int x_twin(const fm_fragment *f, const b2b_plan *bp) {
+  if (bp->n2 != bp->k1 || bp->lda <= 0) return -1;
+  const fm_tensor *a = &f->inputs[bp->ia];
+  for (uint32_t k = 0; k < bp->base.n_in; k++) {
+    const fm_tensor *t = &f->inputs[k];
+    if (k == bp->ia || k == bp->ib || k == bp->ib2 || !(bp->ci.in_need[k] & 2)) continue;
+    if (t->dtype == bp->dt && t->rank == 2 && t->shape[0] == a->shape[0] && bp->es[k][0] == bp->lda &&
+        bp->es[k][1] == 1 && t->align >= 16)
+      return (int)k;
+  }
+  return -1;
 }
 
 static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
@@ -127,6 +149,7 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
     if (t->rank != 2) return fm_diag_set(d, FM_EINVAL, "b2b: epilogue tensor %u is not rank 2", k);
     for (uint32_t j = 0; j < 2; j++) bp->es[k][j] = t->shape[j] == 1 ? 0 : t->strides[j];
   }
+  bp->x_twin = x_twin(f, bp);
   return FM_OK;
 }
 
@@ -467,11 +490,12 @@ static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
 }
 
 /* Passes of the last stage's staging (fm_stage2_staged): the fewest whose columns (N2 / p, a
- * multiple of 8) fit BM padded rows of floats into the buffers after the products; 0: none
- * does (check_config refuses; the limits never reach it: two passes fit every shape they allow,
- * test_codegen_b2b). */
+ * multiple of 8) fit BM padded rows of floats into the buffers after the products (only the
+ * chunk buffers where an x_twin keeps A's rows); 0: none does (check_config refuses; the limits
+ * never reach it: two passes fit every shape they allow, test_codegen_b2b). */
 static uint32_t stage2_passes(const b2b_plan *bp, const fm_b2b_config *c) {
   uint64_t room = smem_bytes(bp, c) - 1024u, n2 = (uint64_t)bp->n2;
+  if (bp->x_twin >= 0) room -= (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;   /* A's rows stay: x_twin */
   if (c->form != FM_B2B_CPASYNC) {
     tma_rings r = tma_rings_for(bp, c->bm);
     room -= 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2));   /* the mbarriers stay */
@@ -596,11 +620,21 @@ static void emit_stage2_params(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
  * The caller has them in that layout (staged through shared memory), so that every input
  * and output moves as whole 16-byte pieces of a row: the accumulator layout gave each
  * thread pairs of columns 8 apart, 2-byte accesses (ncu: a third of the chain kernel's time
- * in its last stage, bench/NOTES.md "The b2b rings"). */
+ * in its last stage, bench/NOTES.md "The b2b rings"). An x_twin's piece comes from A's row
+ * fm_rl (of the block) when fm_xa is set: one 16-byte shared-memory load, where the row lies
+ * in A's swizzled slice n / 64. */
 static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp) {
   const fm_cg_plan *p = &bp->base;
   char name[16];
+  if (bp->x_twin >= 0)
+    fm_strbuf_append(sb, "__device__ __forceinline__ uint4 fm_lds16(unsigned a) {\n"
+                         "  uint4 v;\n"
+                         "  asm volatile(\"ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\\n\"\n"
+                         "               : \"=r\"(v.x), \"=r\"(v.y), \"=r\"(v.z), \"=r\"(v.w) : \"r\"(a) : \"memory\");\n"
+                         "  return v;\n"
+                         "}\n");
   fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage2(const float (&acc)[8], const long long m, const int n");
+  if (bp->x_twin >= 0) fm_strbuf_append(sb, ", const unsigned fm_xa, const int fm_rl");
   emit_stage2_params(sb, f, bp, 1);
   fm_strbuf_append(sb, ") {\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
@@ -612,6 +646,12 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
       fm_strbuf_printf(sb, "  const %s r%u = ", st, k);
       emit_at(sb, bp, k, name, "n");
       fm_strbuf_append(sb, ";\n");
+    } else if ((int)k == bp->x_twin) {   /* one 16-byte piece: from A's rows when fm_xa names them */
+      fm_strbuf_printf(sb, "  __align__(16) %s r%u[8];\n"
+                           "  if (fm_xa) *(uint4 *)r%u = fm_lds16(FM_SW(fm_xa + (n >> 6) * (FM_BM * 128), fm_rl, (n >> 3) & 7));\n"
+                           "  else *(uint4 *)r%u = *(const uint4 *)(&", st, k, k, k);
+      emit_at(sb, bp, k, name, "n");
+      fm_strbuf_append(sb, ");\n");
     } else if (vector_ok(bp, k)) {
       fm_strbuf_printf(sb, "  __align__(16) %s r%u[8];\n", st, k);
       for (size_t v = 0; v < es / 2; v++) {
@@ -671,18 +711,23 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
  * its 64 rows of sums go through shared memory, FM_PCOLS columns a pass (FM_PASSES passes:
  * the buffers hold BM x (FM_PCOLS + 8) floats), so that each thread then holds 8 consecutive
  * columns of a row for fm_stage2. The padding of 8 floats a row spreads the accumulator
- * layout's rows over the banks. */
+ * layout's rows over the banks. With an x_twin the staging starts after A's rows, and fm_xa
+ * (A's rows, or 0 where the launch passed another memory) goes to fm_stage2. */
 static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp) {
   fm_strbuf_append(sb, "#define FM_STAGE2_ARGS ");
   emit_stage2_params(sb, f, bp, 0);
   fm_strbuf_append(sb, "\n");
+  const int twin = bp->x_twin >= 0;   /* it reads A's rows: the staging goes after them */
   fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage2_staged(const float (&acc2)[FM_N2 / 8][4], const long long M,\n"
                        "    const long long m0, const int wg, const int wr, const int lane");
+  if (twin) fm_strbuf_append(sb, ", const unsigned fm_xa");
   emit_stage2_params(sb, f, bp, 1);
-  fm_strbuf_append(sb,
+  fm_strbuf_printf(sb,
                    ") {\n"
-                   "  asm volatile(\"bar.sync 3, %0;\\n\" :: \"n\"(FM_MMA_THREADS) : \"memory\");\n"
-                   "  float *const stg = (float *)((char *)fm_smem + (fm_stage_base() - fm_saddr(fm_smem))) + wg * 64 * FM_SROW;\n"
+                   "  asm volatile(\"bar.sync 3, %%0;\\n\" :: \"n\"(FM_MMA_THREADS) : \"memory\");\n"
+                   "  float *const stg = (float *)((char *)fm_smem + (fm_stage_base()%s - fm_saddr(fm_smem))) + wg * 64 * FM_SROW;\n",
+                   twin ? " + FM_X_BYTES" : "");
+  fm_strbuf_append(sb,
                    "  const int wt = wr * 32 + lane;\n"
                    "#pragma unroll\n"
                    "  for (int pass = 0; pass < FM_PASSES; pass++) {\n"
@@ -703,10 +748,12 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
                    "      float v[8];\n"
                    "      *(float4 *)&v[0] = *(const float4 *)&stg[r * FM_SROW + c];\n"
                    "      *(float4 *)&v[4] = *(const float4 *)&stg[r * FM_SROW + c + 4];\n"
-                   "      fm_stage2(v, m, pass * FM_PCOLS + c FM_STAGE2_ARGS);\n"
-                   "    }\n"
-                   "  }\n"
-                   "}\n");
+                   "      fm_stage2(v, m, pass * FM_PCOLS + c");
+  fm_strbuf_append(sb, twin ? ", fm_xa, wg * 64 + r" : "");
+  fm_strbuf_append(sb, " FM_STAGE2_ARGS);\n"
+                       "    }\n"
+                       "  }\n"
+                       "}\n");
 }
 
 /* One chunk of the cp.async form (FM_B2B_CPASYNC): every warpgroup multiplies, runs stage 1, multiplies
@@ -872,7 +919,12 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   emit_step(sb, step_simple, "acc1");
   fm_strbuf_append(sb, "  }\n");
   }
-  fm_strbuf_append(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane FM_STAGE2_ARGS);\n");
+  if (bp->x_twin >= 0)   /* one memory through two parameters: read it from A's rows */
+    fm_strbuf_printf(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane, (const void *)in%d == (const void *)in%u ? xs : 0u"
+                         " FM_STAGE2_ARGS);\n",
+                     bp->x_twin, bp->ia);
+  else
+    fm_strbuf_append(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane FM_STAGE2_ARGS);\n");
   if (cfg->form == FM_B2B_TMA_PAIR) fm_strbuf_append(sb, "  fm_pair_sync();   /* the partner may still arrive on our barriers */\n");
   fm_strbuf_append(sb, "}\n");
 }

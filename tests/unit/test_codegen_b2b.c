@@ -241,29 +241,50 @@ static void test_candidates_and_source(void) {
     CHECK_EQ_INT(meta.n_tmaps, 0);
     CHECK_EQ_INT(meta.block[0], c[i].p[0] / 64 * 128);
   }
-  /* the last stage's staging: in one pass where BM x (N2 + 8) floats fit in the buffers (the
-     256 -> 1024 -> 256 block, every form), in two where they do not (the cp.async form at
-     K1 = 64, N2 = 256: 96 KiB of buffers for 132 KiB of rows); tests/gpu/test_b2b_gpu runs both */
-  for (size_t i = 0; i < n; i++) {
-    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
-    if (src) CHECK_STR_CONTAINS(src, "#define FM_PASSES 1\n#define FM_PCOLS 256\n");
-    free(src);
-  }
-  CHECK_EQ_INT(build_mlp(64, 128, 256), FM_OK);
-  n = fm_codegen_candidates(&canon, c, 16);
+  /* the residual r is laid out like x (N2 = K1): where the launch passes one memory for both
+     (the client does), the last stage reads it from x's rows in shared memory, so its staging
+     goes after them: in one pass where BM x (N2 + 8) floats fit in the chunk buffers (the TMA
+     forms and BM 64), in two where they do not (the cp.async form at BM 128: 128 KiB of
+     buffers for 132 KiB of rows); tests/gpu/test_b2b_gpu runs both, and both memories */
   int two_passes = 0;
   for (size_t i = 0; i < n; i++) {
     CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
     if (src && c[i].p[1] == FM_B2B_CPASYNC && c[i].p[0] == 128) {
       CHECK_STR_CONTAINS(src, "#define FM_PASSES 2\n#define FM_PCOLS 128\n");
       two_passes++;
+    } else if (src) {
+      CHECK_STR_CONTAINS(src, "#define FM_PASSES 1\n#define FM_PCOLS 256\n");
+    }
+    if (src) {
+      CHECK_STR_CONTAINS(src, "(const void *)in5 == (const void *)in0 ? xs : 0u");
+      CHECK_STR_CONTAINS(src, "if (fm_xa) *(uint4 *)r5 = fm_lds16(");
+      CHECK_STR_CONTAINS(src, "fm_stage_base() + FM_X_BYTES - fm_saddr(fm_smem)");
+    }
+    free(src);
+  }
+  CHECK_EQ_INT(two_passes, 1);
+  /* N2 != K1: no input is laid out like x, the staging starts at x's rows; the cp.async form
+     at K1 = 64, N2 = 256 stages in two passes (96 KiB of buffers for 132 KiB of rows) */
+  CHECK_EQ_INT(build_mlp(64, 128, 256), FM_OK);
+  n = fm_codegen_candidates(&canon, c, 16);
+  two_passes = 0;
+  for (size_t i = 0; i < n; i++) {
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
+    if (src && c[i].p[1] == FM_B2B_CPASYNC && c[i].p[0] == 128) {
+      CHECK_STR_CONTAINS(src, "#define FM_PASSES 2\n#define FM_PCOLS 128\n");
+      two_passes++;
+    }
+    if (src) {
+      CHECK(!strstr(src, "fm_lds16("));
+      CHECK_STR_CONTAINS(src, "(fm_stage_base() - fm_saddr(fm_smem))");
     }
     CHECK(meta.smem <= 227 * 1024);
     free(src);
   }
   CHECK_EQ_INT(two_passes, 1);
-  /* every shape the limits allow: the passes cover N2 in whole 8-column groups, and BM padded
-     rows of one pass fit in the kernel's shared memory (at K1 = 64, N2 = 144: two passes of 72) */
+  /* every shape the limits allow: the passes (two at most) cover N2 in whole 8-column groups,
+     and BM padded rows of one pass fit in the kernel's shared memory (at K1 = 64, N2 = 144: two
+     passes of 72) */
   for (int64_t k1 = 64; k1 <= 256; k1 += 64)
     for (int64_t n2 = 16; n2 <= 256; n2 += 16) {
       CHECK_EQ_INT(build_mlp(k1, 128, n2), FM_OK);
@@ -276,7 +297,10 @@ static void test_candidates_and_source(void) {
         CHECK(at && sscanf(at, "#define FM_PASSES %u\n#define FM_PCOLS %u", &passes, &pcols) == 2);
         CHECK_EQ_INT((int64_t)passes * pcols, n2);
         CHECK_EQ_INT(pcols % 8, 0);
-        CHECK((uint64_t)c[i].p[0] * (pcols + 8) * 4 + 1024 <= meta.smem);
+        /* with N2 = K1 the residual is x's twin: the staging goes after x's rows */
+        const uint64_t x_rows = k1 == n2 ? (uint64_t)c[i].p[0] * (uint64_t)k1 * 2u : 0u;
+        CHECK((uint64_t)c[i].p[0] * (pcols + 8) * 4 + 1024 + x_rows <= meta.smem);
+        CHECK(passes <= 2);
         free(src);
       }
     }
