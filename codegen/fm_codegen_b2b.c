@@ -735,8 +735,8 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
                    "#pragma unroll\n"
                    "    for (int t = pass * (FM_PCOLS / 8); t < (pass + 1) * (FM_PCOLS / 8); t++) {\n"
                    "      const int r = wr * 16 + (lane >> 2), c = t * 8 - pass * FM_PCOLS + 2 * (lane & 3);\n"
-                   "      *(float2 *)&stg[r * FM_SROW + c] = make_float2(acc2[t][0], acc2[t][1]);\n"
-                   "      *(float2 *)&stg[(r + 8) * FM_SROW + c] = make_float2(acc2[t][2], acc2[t][3]);\n"
+                   "      *(float2 *)&stg[r * FM_SROW + FM_SPOS(c)] = make_float2(acc2[t][0], acc2[t][1]);\n"
+                   "      *(float2 *)&stg[(r + 8) * FM_SROW + FM_SPOS(c)] = make_float2(acc2[t][2], acc2[t][3]);\n"
                    "    }\n"
                    "    asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
                    "    /* unrolled whole (16 trips at N2 = 256), so that every input's loads are in flight at once */\n"
@@ -746,8 +746,8 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
                    "      const long long m = m0 + wg * 64 + r;\n"
                    "      if (m >= M) continue;\n"
                    "      float v[8];\n"
-                   "      *(float4 *)&v[0] = *(const float4 *)&stg[r * FM_SROW + c];\n"
-                   "      *(float4 *)&v[4] = *(const float4 *)&stg[r * FM_SROW + c + 4];\n"
+                   "      *(float4 *)&v[0] = *(const float4 *)&stg[r * FM_SROW + FM_SPOS(c)];\n"
+                   "      *(float4 *)&v[4] = *(const float4 *)&stg[r * FM_SROW + FM_SPOS(c + 4)];\n"
                    "      fm_stage2(v, m, pass * FM_PCOLS + c");
   fm_strbuf_append(sb, twin ? ", fm_xa, wg * 64 + r" : "");
   fm_strbuf_append(sb, " FM_STAGE2_ARGS);\n"
@@ -962,8 +962,14 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
     fm_strbuf_printf(&sb, "#define FM_S1 %u\n#define FM_S2 %u\n", r.s1, r.s2);
   }
   uint32_t passes = stage2_passes(bp, cfg);
-  fm_strbuf_printf(&sb, "#define FM_PASSES %u\n#define FM_PCOLS %u\n#define FM_SROW (FM_PCOLS + 8)\n", passes,
-                   (uint32_t)bp->n2 / passes);
+  /* a staged row: the first halves (columns 8q .. 8q+3) of its 8-column groups, 4 floats of
+     padding, the second halves, 4 more: a thread reading its group's two halves as float4 then
+     meets no other lane of its 8 on a bank (whole groups in a row put lanes i and i + 4 on the
+     same banks: ncu, two-way conflicts), and the accumulator layout's float2 writes neither */
+  fm_strbuf_printf(&sb,
+                   "#define FM_PASSES %u\n#define FM_PCOLS %u\n#define FM_SROW (FM_PCOLS + 8)\n"
+                   "#define FM_SPOS(c) (((c) & 4) * (FM_PCOLS / 8 + 1) + ((c) >> 3) * 4 + ((c) & 3))\n",
+                   passes, (uint32_t)bp->n2 / passes);
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
