@@ -298,6 +298,28 @@ def _quiet_inductor():
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
 
 
+def measure_first_again(first, dev, args, ceil, socket, budget_left):
+    """The first row timed again after the others, its compiles cached: in the first position
+    every column of a row ran slower than in any later one (an H100, 2026-11-26: heavy at
+    memory_bound first, fuseml 0.070 ms, Inductor 0.177, max-autotune 0.128; second, 0.0445,
+    0.110 and 0.097; bench/NOTES.md, "The first row"). The first-call and compile times stay
+    the first measurement's (this one's compiles were cached); the first timing is a note."""
+    t0 = time.monotonic()
+    again = measure_row(first["workload"], first["preset"], dev, args, ceil, socket, budget_left)
+    for k, v in first.items():
+        if k not in again or k.endswith("_first_call_s"):
+            again[k] = v
+    again["notes"] = dict(first["notes"], **again["notes"])
+    again["notes"]["first_row"] = ("timed again after the other rows (the first position ran slow); "
+                                   "first timing: " + ", ".join(
+                                       f"{c} {first.get(f'{c}_ms') or 0:.4f} ms" for c in COLUMNS))
+    again["row_s"] = first["row_s"] + time.monotonic() - t0
+    print(f"{first['workload']}/{first['preset']} again: eager {again['eager_ms']} "
+          f"fuseml {again['fuseml_ms']} ms; x{again['speedup_vs_best_peer'] or 0:.2f} vs best peer "
+          f"(first: x{first['speedup_vs_best_peer'] or 0:.2f})", flush=True)
+    return again
+
+
 def run(args):
     want_cuda = not args.smoke
     if want_cuda and not torch.cuda.is_available():
@@ -380,6 +402,9 @@ def run(args):
                   f"replay {row.get('fuseml_replay')}; "
                   f"x{row['speedup_vs_best_peer'] or 0:.2f} vs best peer; "
                   f"{row['row_s']:.0f} s", flush=True)
+        if dev.type == "cuda" and done and budget_left() >= longest * 1.2 + args.count_s * len(done):
+            done[0] = measure_first_again(done[0], dev, args, ceil, sockets[rows[0]], budget_left)
+            report.save(report.merge([report.load(json_path), done[:1]]), json_path)
         for row in done:
             if dev.type != "cuda":
                 row["notes"]["kernels"] = "no CUDA device: kernel launches not counted"

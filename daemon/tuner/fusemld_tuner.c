@@ -15,6 +15,10 @@
  *    over operands offset to it;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1) from the daemon's seed,
  *    and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
+ *  - twins: in a chain, an input laid out like an earlier one (the MLP's x, which the client
+ *    sends as the first product's operand and again as the residual: one memory through two
+ *    parameters) gets a second reference with the earlier one's values in its place; a b2b
+ *    kernel takes another path when the two pointers are equal (codegen v26);
  *  - a batched GEMM (bmm) with a symbolic batch is verified on at most BMM_VERIFY_BATCHES
  *    products (fewer when their fp64 reference would pass REF_MACS; at least two, so the
  *    batch strides are exercised), each product's reference on a thread of its own;
@@ -28,8 +32,9 @@
  * bytes, launch (a cuBLASLt plan with its scratch), synchronize
  * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
  * ||out - ref|| / ||ref|| <= tol (bf16 1e-2, f16 2e-3, f32 1e-4, bool exact) over the
- * elements whose reference is finite, with no NaN among them, and infinities equal. Then
- * time it: 3 warm-ups, 20 launches each between two CUDA events, the median. A cuBLASLt plan
+ * elements whose reference is finite, with no NaN among them, and infinities equal; with
+ * twins, launched and compared again with each twin reading its earlier input's memory (both
+ * paths of the kernel verified). Then time it (twins sharing memory, as in a model): 3 warm-ups, 20 launches each between two CUDA events, the median. A cuBLASLt plan
  * without an algo runs that for each of the heuristic's first BLAS_CHOICES choices and
  * answers with the fastest that verified, and its algo. */
 #define _GNU_SOURCE
@@ -86,6 +91,10 @@ static struct {
   size_t in_bytes_v[FM_MAX_INPUTS], out_bytes_v[FM_MAX_OUTPUTS];
   size_t in_bytes_t[FM_MAX_INPUTS], out_bytes_t[FM_MAX_OUTPUTS];
   uint8_t *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
+  /* twins (chains): the earlier input of the same layout each input's memory may be, or -1;
+     h_ref_twins: the reference with every twin reading its earlier input (NULL: no twins) */
+  int twin_of[FM_MAX_INPUTS];
+  uint8_t *h_ref_twins[FM_MAX_OUTPUTS];
   tset verify;
   /* the verification inputs as prepared, on the device: each run restores its inputs from
      them (a device copy, not a pageable upload of up to hundreds of MB per candidate) */
@@ -208,13 +217,15 @@ static void release(void) {
   for (uint32_t k = 0; k < FM_MAX_OUTPUTS; k++) {
     free(W.h_ref[k]);
     free(W.h_out[k]);
-    W.h_ref[k] = W.h_out[k] = NULL;
+    free(W.h_ref_twins[k]);
+    W.h_ref[k] = W.h_out[k] = W.h_ref_twins[k] = NULL;
     if (W.verify.out[k]) cu->cuMemFree(W.verify.out[k]);
     for (int s = 0; s < MAX_SETS; s++)
       if (W.sets[s].out[k]) cu->cuMemFree(W.sets[s].out[k]);
   }
   memset(&W.verify, 0, sizeof W.verify);
   memset(W.sets, 0, sizeof W.sets);
+  for (uint32_t k = 0; k < FM_MAX_INPUTS; k++) W.twin_of[k] = -1;
   W.ready = 0;
 }
 
@@ -422,6 +433,26 @@ static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins
   return FM_OK;
 }
 
+/* Marks W.twin_of for a chain (an input laid out like an earlier one that is no twin itself:
+ * dtype, rank, shape, strides); 1 when there is one. */
+static int find_twins(const fm_fragment *f) {
+  int any = 0;
+  for (uint32_t k = 0; k < FM_MAX_INPUTS; k++) W.twin_of[k] = -1;
+  if (!fm_fragment_is_chain(f)) return 0;
+  for (uint32_t k = 1; k < f->n_inputs; k++) {
+    const fm_tensor *t = &f->inputs[k];
+    for (uint32_t j = 0; j < k && W.twin_of[k] < 0; j++) {
+      const fm_tensor *e = &f->inputs[j];
+      int same = W.twin_of[j] < 0 && e->dtype == t->dtype && e->rank == t->rank;
+      for (uint32_t d = 0; same && d < t->rank; d++)
+        same = e->shape[d] == t->shape[d] && e->strides[d] == t->strides[d];
+      if (same) W.twin_of[k] = (int)j;
+    }
+    any |= W.twin_of[k] >= 0;
+  }
+  return any;
+}
+
 static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *why, size_t cap) {
   msgpack_zone zone;
   msgpack_object obj;
@@ -519,6 +550,19 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     snprintf(why, cap, "reference: %.400s", d.text);
     goto out;
   }
+  if (find_twins(f)) {   /* the second reference: each twin reads its earlier input's values */
+    for (uint32_t k = 0; k < f->n_inputs; k++)
+      if (W.twin_of[k] >= 0) ins[k] = W.h_in[W.twin_of[k]];
+    for (uint32_t k = 0; k < f->n_outputs; k++) {
+      W.h_ref_twins[k] = calloc(1, W.out_bytes_v[k] ? W.out_bytes_v[k] : 1);
+      if (!W.h_ref_twins[k]) goto oom;
+      outs[k] = W.h_ref_twins[k];
+    }
+    if (gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
+      snprintf(why, cap, "reference (twins): %.400s", d.text);
+      goto out;
+    }
+  }
   /* Device buffers: the verification set, then the timing sets (inputs tiled from it). */
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     if (alloc_dev(&W.verify.in[k], W.in_bytes_v[k], why, cap)) goto out;
@@ -576,7 +620,7 @@ static double tolerance(fm_dtype dt) {
 
 /* Compares output k over the iteration shape; returns its relative error (INFINITY for a
  * NaN where the reference is finite, a differing infinity, or a wrong bool). */
-static double compare_output(uint32_t k, char *why, size_t cap) {
+static double compare_output(uint32_t k, const uint8_t *ref, char *why, size_t cap) {
   const fm_tensor *t = &W.canon->outputs[k];
   size_t es = fm_dtype_size(t->dtype);
   int64_t idx[FM_MAX_RANK] = {0}, size[FM_MAX_RANK];
@@ -597,7 +641,7 @@ static double compare_output(uint32_t k, char *why, size_t cap) {
   for (int64_t e = 0; e < n; e++) {
     int64_t off = 0;
     for (uint32_t d = 0; d < t->rank; d++) off += idx[d] * t->strides[d];
-    double r = load_elem(t->dtype, W.h_ref[k] + (size_t)off * es);
+    double r = load_elem(t->dtype, ref + (size_t)off * es);
     double o = load_elem(t->dtype, W.h_out[k] + (size_t)off * es);
     if (t->dtype == FM_DT_BOOL ? r != o : (isinf(r) ? o != r : (isfinite(r) && !isfinite(o)))) {
       snprintf(why, cap, "outputs[%u] element %lld: got %g, reference %g", k, (long long)e, o, r);
@@ -652,20 +696,21 @@ static fm_CUresult read_back(uint32_t k) {
   return 0;
 }
 
-/* Verifies m at the verification size: 0 and the worst relative error in *rel, or 1 with the
- * reason in why (wrong). A launch failure exits (launch_failed). */
-static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel, char *why, size_t cap) {
+/* One verification launch of m: the inputs restored (a wrong kernel may have scribbled on
+ * them; a wild write that hit the pristine copy too could only make later candidates fail,
+ * never pass: the reference is the host's), each twin reading its earlier input's memory when
+ * twins is set, the outputs poisoned, then compared with the reference (refs). 0 and the
+ * worst relative error in *rel, or 1 with the reason in why. A launch failure exits. */
+static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int twins, uint8_t *const *refs,
+                        double *rel, char *why, size_t cap) {
   const fm_cuda *cu = W.cu;
   const fm_fragment *f = W.canon;
   fm_diag d = {{0}};
   void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];
   fm_CUresult r;
-  /* a wrong kernel may have scribbled on its inputs: restore them. (A wild write that hit the
-     pristine copy too could only make later candidates fail, never pass: the reference is
-     the host's.) */
   for (uint32_t i = 0; i < f->n_inputs; i++) {
     cu->cuMemcpyDtoD(W.verify.in[i], W.pristine[i], W.in_bytes_v[i]);
-    ins[i] = (void *)(uintptr_t)W.verify.in[i];
+    ins[i] = (void *)(uintptr_t)W.verify.in[W.twin_of[i] >= 0 && twins ? (uint32_t)W.twin_of[i] : i];
   }
   for (uint32_t i = 0; i < f->n_outputs; i++) {
     cu->cuMemsetD8(W.verify.out[i], 0xFF, W.out_bytes_v[i]);
@@ -677,13 +722,12 @@ static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel
     fm_cuda_fail(cu, r, "verification launch", &d);
     launch_failed(id, d.text);
   }
-  *rel = 0;
   for (uint32_t i = 0; i < f->n_outputs; i++) {
     if ((r = read_back(i)) != 0) {
       fm_cuda_fail(cu, r, "reading the outputs back", &d);
       launch_failed(id, d.text);
     }
-    double e = compare_output(i, why, cap);
+    double e = compare_output(i, refs[i], why, cap);
     double tol = tolerance(f->outputs[i].dtype);
     if (!(e <= tol)) {
       if (!why[0]) snprintf(why, cap, "outputs[%u]: relative error %.3g > %.3g", i, e, tol);
@@ -691,6 +735,22 @@ static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel
       return 1;
     }
     if (e > *rel) *rel = e;
+  }
+  return 0;
+}
+
+/* Verifies m at the verification size: 0 and the worst relative error in *rel, or 1 with the
+ * reason in why (wrong). With twins (a chain's x sent twice), twice: every input a memory of
+ * its own, then each twin reading its earlier input's (the path a model's launches take). */
+static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel, char *why, size_t cap) {
+  *rel = 0;
+  if (check_launch(id, m, scratch, 0, W.h_ref, rel, why, cap)) return 1;
+  if (!W.h_ref_twins[0]) return 0;
+  if (check_launch(id, m, scratch, 1, W.h_ref_twins, rel, why, cap)) {
+    char first[400];
+    snprintf(first, sizeof first, "%s", why);
+    snprintf(why, cap, "with the twin inputs sharing memory: %s", first);
+    return 1;
   }
   return 0;
 }
@@ -707,7 +767,8 @@ static double time_launches(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, c
   outs[f->n_outputs] = (void *)(uintptr_t)scratch;
   for (int i = 0; i < WARMUPS + TIMED; i++) {
     const tset *s = &W.sets[i % W.n_sets];
-    for (uint32_t j = 0; j < f->n_inputs; j++) ins[j] = (void *)(uintptr_t)s->in[j];
+    for (uint32_t j = 0; j < f->n_inputs; j++)   /* twins share memory, as in a model */
+      ins[j] = (void *)(uintptr_t)s->in[W.twin_of[j] >= 0 ? (uint32_t)W.twin_of[j] : j];
     for (uint32_t j = 0; j < f->n_outputs; j++) outs[j] = (void *)(uintptr_t)s->out[j];
     int t = i - WARMUPS;
     if (t >= 0) cu->cuEventRecord(W.ev[2 * t], NULL);
