@@ -13,12 +13,13 @@
  *    the reference only the strips' rows (one thread each), and only they are read back and
  *    compared. Rows of a GEMM are independent, so a row is the same fragment with M = 1
  *    over operands offset to it;
- *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1) from the daemon's seed,
- *    and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
- *  - twins: in a chain, an input laid out like an earlier one (the MLP's x, which the client
- *    sends as the first product's operand and again as the residual: one memory through two
- *    parameters) gets a second reference with the earlier one's values in its place; a b2b
- *    kernel takes another path when the two pointers are equal (codegen v26);
+ *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1; a product's matrix
+ *    operands scaled so that its sums stay the size of an epilogue input, operand_scale) from
+ *    the daemon's seed, and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
+ *  - twins: in a chain, an input laid out like the first product's A (the MLP's x, which the
+ *    client sends as that operand and again as the residual: one memory through two
+ *    parameters) gets a second reference with A's values in its place; a b2b kernel takes
+ *    another path when the two pointers are equal (codegen v26);
  *  - a batched GEMM (bmm) with a symbolic batch is verified on at most BMM_VERIFY_BATCHES
  *    products (fewer when their fp64 reference would pass REF_MACS; at least two, so the
  *    batch strides are exercised), each product's reference on a thread of its own;
@@ -33,7 +34,7 @@
  * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
  * ||out - ref|| / ||ref|| <= tol (bf16 1e-2, f16 2e-3, f32 1e-4, bool exact) over the
  * elements whose reference is finite, with no NaN among them, and infinities equal; with
- * twins, launched and compared again with each twin reading its earlier input's memory (both
+ * twins, launched and compared again with each twin reading A's memory (both
  * paths of the kernel verified). Then time it (twins sharing memory, as in a model): 3 warm-ups, 20 launches each between two CUDA events, the median. A cuBLASLt plan
  * without an algo runs that for each of the heuristic's first BLAS_CHOICES choices and
  * answers with the fastest that verified, and its algo. */
@@ -91,8 +92,8 @@ static struct {
   size_t in_bytes_v[FM_MAX_INPUTS], out_bytes_v[FM_MAX_OUTPUTS];
   size_t in_bytes_t[FM_MAX_INPUTS], out_bytes_t[FM_MAX_OUTPUTS];
   uint8_t *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
-  /* twins (chains): the earlier input of the same layout each input's memory may be, or -1;
-     h_ref_twins: the reference with every twin reading its earlier input (NULL: no twins) */
+  /* twins (chains): A's input for an input laid out like it (its memory may be A's), or -1;
+     h_ref_twins: the reference with every twin reading A's values (NULL: no twins) */
   int twin_of[FM_MAX_INPUTS];
   uint8_t *h_ref_twins[FM_MAX_OUTPUTS];
   tset verify;
@@ -229,10 +230,36 @@ static void release(void) {
   W.ready = 0;
 }
 
-static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng) {
+/* The factor on input k's random values: a product's matrix operands are scaled so that its
+ * sums over K stay the size of an epilogue input (each operand by K^-1/4; one whose partner
+ * is computed, a chain's B2, by K^-1/2). Unscaled, values in [-3, 3) summed over K dwarf a
+ * bias or a residual, and a kernel that got one of those wrong passed the relative-error
+ * check: test_tuner_gpu's planted chain reading its residual from the wrong row of x came out
+ * at 0.76% (bf16 tolerance 1%). */
+static double operand_scale(const fm_fragment *f, uint32_t k) {
+  const int prods[2] = {fm_fragment_gemm_op(f), fm_fragment_gemm_op2(f)};
+  for (int i = 0; i < 2; i++) {
+    if (prods[i] < 0) continue;
+    const fm_opnode *mm = &f->ops[prods[i]];
+    const uint32_t a = mm->args[mm->nargs - 2], b = mm->args[mm->nargs - 1];
+    if (f->inputs[k].id != a && f->inputs[k].id != b) continue;
+    const fm_tensor *bt = NULL;
+    int inputs = 0;
+    for (uint32_t j = 0; j < f->n_inputs; j++) {
+      if (f->inputs[j].id == b) bt = &f->inputs[j];
+      inputs += f->inputs[j].id == a || f->inputs[j].id == b;
+    }
+    const fm_tensor *at = bt ? bt : &f->inputs[k];   /* K: B's rows, else A's columns */
+    const int64_t K = bt ? at->shape[at->rank - 2] : at->shape[at->rank - 1];
+    return K > 1 ? pow((double)K, inputs >= 2 ? -0.25 : -0.5) : 1.0;
+  }
+  return 1.0;
+}
+
+static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng, double scale) {
   for (size_t i = 0; i < n; i++) {
     uint64_t r = rng_next(rng);
-    float f = (float)((double)(r >> 11) / 9007199254740992.0 * 6.0 - 3.0);
+    float f = (float)(((double)(r >> 11) / 9007199254740992.0 * 6.0 - 3.0) * scale);
     switch (t->dtype) {
       case FM_DT_BOOL: p[i] = (uint8_t)(r >> 63); break;
       case FM_DT_F32: memcpy(p + 4 * i, &f, 4); break;
@@ -433,22 +460,25 @@ static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins
   return FM_OK;
 }
 
-/* Marks W.twin_of for a chain (an input laid out like an earlier one that is no twin itself:
- * dtype, rank, shape, strides); 1 when there is one. */
+/* Marks W.twin_of for a chain: an input laid out like the first product's A (dtype, rank,
+ * shape, strides), which the client sends when an epilogue reads x (the MLP's residual); 1
+ * when there is one. */
 static int find_twins(const fm_fragment *f) {
-  int any = 0;
+  int any = 0, a = -1, gemm = fm_fragment_gemm_op(f);
   for (uint32_t k = 0; k < FM_MAX_INPUTS; k++) W.twin_of[k] = -1;
-  if (!fm_fragment_is_chain(f)) return 0;
-  for (uint32_t k = 1; k < f->n_inputs; k++) {
+  if (!fm_fragment_is_chain(f) || gemm < 0) return 0;
+  const fm_opnode *mm = &f->ops[gemm];
+  for (uint32_t k = 0; k < f->n_inputs && a < 0; k++)
+    if (f->inputs[k].id == mm->args[mm->nargs - 2]) a = (int)k;
+  if (a < 0) return 0;
+  const fm_tensor *e = &f->inputs[a];
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
     const fm_tensor *t = &f->inputs[k];
-    for (uint32_t j = 0; j < k && W.twin_of[k] < 0; j++) {
-      const fm_tensor *e = &f->inputs[j];
-      int same = W.twin_of[j] < 0 && e->dtype == t->dtype && e->rank == t->rank;
-      for (uint32_t d = 0; same && d < t->rank; d++)
-        same = e->shape[d] == t->shape[d] && e->strides[d] == t->strides[d];
-      if (same) W.twin_of[k] = (int)j;
-    }
-    any |= W.twin_of[k] >= 0;
+    int same = (int)k != a && e->dtype == t->dtype && e->rank == t->rank;
+    for (uint32_t d = 0; same && d < t->rank; d++)
+      same = e->shape[d] == t->shape[d] && e->strides[d] == t->strides[d];
+    if (same) W.twin_of[k] = a;
+    any |= same;
   }
   return any;
 }
@@ -533,7 +563,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     W.h_in[k] = malloc(W.in_bytes_v[k] ? W.in_bytes_v[k] : 1);
     if (!W.h_in[k]) goto oom;
     rng ^= (uint64_t)(k + 1) * 0x2545F4914F6CDD1Dull;
-    fill_random(&f->inputs[k], W.h_in[k], n, &rng);
+    fill_random(&f->inputs[k], W.h_in[k], n, &rng, operand_scale(f, k));
     ins[k] = W.h_in[k];
   }
   for (uint32_t k = 0; k < f->n_outputs; k++) {
@@ -550,7 +580,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     snprintf(why, cap, "reference: %.400s", d.text);
     goto out;
   }
-  if (find_twins(f)) {   /* the second reference: each twin reads its earlier input's values */
+  if (find_twins(f)) {   /* the second reference: each twin reads A's values */
     for (uint32_t k = 0; k < f->n_inputs; k++)
       if (W.twin_of[k] >= 0) ins[k] = W.h_in[W.twin_of[k]];
     for (uint32_t k = 0; k < f->n_outputs; k++) {
@@ -698,7 +728,7 @@ static fm_CUresult read_back(uint32_t k) {
 
 /* One verification launch of m: the inputs restored (a wrong kernel may have scribbled on
  * them; a wild write that hit the pristine copy too could only make later candidates fail,
- * never pass: the reference is the host's), each twin reading its earlier input's memory when
+ * never pass: the reference is the host's), each twin reading A's memory when
  * twins is set, the outputs poisoned, then compared with the reference (refs). 0 and the
  * worst relative error in *rel, or 1 with the reason in why. A launch failure exits. */
 static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int twins, uint8_t *const *refs,
@@ -741,7 +771,7 @@ static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int t
 
 /* Verifies m at the verification size: 0 and the worst relative error in *rel, or 1 with the
  * reason in why (wrong). With twins (a chain's x sent twice), twice: every input a memory of
- * its own, then each twin reading its earlier input's (the path a model's launches take). */
+ * its own, then each twin reading A's (the path a model's launches take). */
 static int verify(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, double *rel, char *why, size_t cap) {
   *rel = 0;
   if (check_launch(id, m, scratch, 0, W.h_ref, rel, why, cap)) return 1;

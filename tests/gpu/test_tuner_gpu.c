@@ -17,8 +17,12 @@
  *     the round within the deadline; GPU memory in use (nvidia-smi) does not grow over the
  *     rounds and returns to its baseline once the worker is stopped.
  *  5. a decode GEMM (M bucket 8, nn.Linear bias + GELU): both GEMM templates' candidates
- *     verify and one is chosen (test_decode_gemm_tune).
- * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5.
+ *     verify and one is chosen (test_decode_gemm_tune);
+ *  6. twins (test_chain_twins): an MLP chain whose residual is laid out like x; its b2b kernel
+ *     verifies, and the same kernel with its shared-memory residual read planted wrong (a
+ *     neighbour row of x: right whenever the residual has a memory of its own) is marked
+ *     wrong "with the twin inputs sharing memory".
+ * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5, FM_TUNER_GPU_ONLY=twins only 6.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -225,6 +229,116 @@ static void test_full_tune(void) {
 /* 5. A decode GEMM through the tuner: bias + GELU bf16, x [-1, 4096] with M bucket 8 @ W.t()
  * (W [4096, 4096]): both GEMM templates' candidates (the skinny ones first) pass the worker's
  * verification and timing at the bucket, M = 8, unchanged; one is chosen. */
+/* An input of the chain fragment below: rank 2 (or 1 with d1 0), row-major unless colmajor. */
+static void chain_input(fm_fragment *f, uint32_t id, int64_t d0, int64_t d1, int colmajor) {
+  fm_tensor *t = &f->inputs[f->n_inputs++];
+  t->id = id;
+  t->dtype = FM_DT_BF16;
+  t->rank = d1 ? 2 : 1;
+  t->shape[0] = d0;
+  t->shape[1] = d1;
+  t->strides[0] = d1 == 0 ? 1 : colmajor ? 1 : d1;
+  t->strides[1] = colmajor ? d0 : 1;
+  t->align = 16;
+}
+
+static void chain_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
+  fm_opnode *o = &f->ops[f->n_ops++];
+  o->op = op;
+  o->out = out;
+  o->nargs = nargs;
+  o->args[0] = a0;
+  o->args[1] = a1;
+  o->args[2] = a2;
+}
+
+static void test_chain_twins(void) {
+  static fm_fragment f, ccanon;
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  fm_diag d = {{0}};
+  /* y = gelu(x W1.t() + b1) W2.t() + b2 + r, 64 -> 128 -> 64, M bucket 16384: r like x */
+  memset(&f, 0, sizeof f);
+  f.vocab = 3;
+  f.m_hint = 16384;
+  chain_input(&f, 1, FM_DIM_SYMBOLIC, 64, 0);
+  chain_input(&f, 2, 64, 128, 1);
+  chain_input(&f, 3, 128, 0, 0);
+  chain_input(&f, 4, 128, 64, 1);
+  chain_input(&f, 5, 64, 0, 0);
+  chain_input(&f, 6, FM_DIM_SYMBOLIC, 64, 0);
+  chain_op(&f, FM_OP_ADDMM, 7, 3, 3, 1, 2);
+  chain_op(&f, FM_OP_GELU, 8, 1, 7, 0, 0);
+  chain_op(&f, FM_OP_ADDMM, 9, 3, 5, 8, 4);
+  chain_op(&f, FM_OP_ADD, 10, 2, 9, 6, 0);
+  fm_tensor *o = &f.outputs[f.n_outputs++];
+  o->id = 10;
+  o->dtype = FM_DT_BF16;
+  o->rank = 2;
+  o->shape[0] = FM_DIM_SYMBOLIC;
+  o->shape[1] = 64;
+  o->strides[0] = 64;
+  o->strides[1] = 1;
+  o->align = 16;
+  int rc = fm_fragment_validate(&f, &d);
+  if (!rc) rc = fm_fragment_canonicalize(&f, &ccanon);
+  if (!rc) rc = fm_fragment_canonical_bytes(&ccanon, &bytes, &len);
+  CHECK_EQ_INT(rc, FM_OK);
+  if (rc) {
+    fprintf(stderr, "chain fragment: %s\n", d.text);
+    return;
+  }
+  cur_canon = &ccanon;
+  cur_bytes = bytes;
+  cur_len = len;
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&ccanon, cands, FM_TUNE_MAX_CANDIDATES);
+  CHECK(n >= 1);
+  char *src = NULL, *log = NULL;
+  fm_kernel_meta meta;
+  uint8_t *cubin = NULL;
+  size_t clen = 0;
+  static const char read_x[] = "fm_rl, (n >> 3) & 7";
+  const char *at = NULL;
+  if (n >= 1 && fm_codegen_generate(&ccanon, &cands[0], dev.sm_count, &src, &meta, &d) == FM_OK)
+    at = strstr(src, read_x);
+  CHECK(at != NULL);   /* the default candidate reads a twin residual from x's rows */
+  if (at) {
+    size_t head = (size_t)(at - src), total = strlen(src) + 8;
+    char *bad = malloc(total);
+    snprintf(bad, total, "%.*sfm_rl ^ 1, (n >> 3) & 7%s", (int)head, src, at + strlen(read_x));
+    rc = fm_nvrtc_compile(bad, "twin.cu", dev.arch, &cubin, &clen, &log);
+    CHECK_EQ_INT(rc, FM_OK);
+    if (rc) fprintf(stderr, "%s\n", log ? log : "");
+    free(bad);
+  }
+  fm_tune_job *tj;
+  if (cubin && fm_tune_job_new(&tj) == 0) {
+    fm_compile_job *g0 = compile_candidate(&cands[0]);
+    tj->cands[tj->n++] = g0;
+    tj->cands[tj->n++] = planted(g0, cubin, clen, meta.entry);
+    fm_tworker w;
+    fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 5, .seed = 14};
+    fm_tworker_init(&w, worker_exe);
+    fm_tuner_run_job(&w, &opts, tj);
+    fm_tworker_stop(&w, 5000);
+    printf("chain twins: tune %.0f ms\n", tj->tune_ms);
+    print_job(tj);
+    CHECK_EQ_INT(tj->res[0].verdict, FM_VERDICT_OK);
+    CHECK_EQ_INT(tj->res[1].verdict, FM_VERDICT_WRONG);
+    CHECK(strstr(tj->res[1].detail, "twin inputs sharing memory") != NULL);
+    CHECK_EQ_INT(tj->winner, 0);
+    CHECK_EQ_INT(gu_count_child_tuners(), 0);
+    fm_tune_job_free(tj);
+  }
+  free(src);
+  free(log);
+  free(cubin);
+  free(bytes);
+  cur_canon = &canon;
+  cur_bytes = NULL;
+}
+
 static void test_decode_gemm_tune(void) {
   static fm_fragment f, gcanon;
   uint8_t *bytes = NULL;
@@ -488,6 +602,11 @@ int main(int argc, char **argv) {
     free(canon_bytes);
     return FM_TEST_DONE();
   }
+  if (only && strcmp(only, "twins") == 0) {
+    RUN(test_chain_twins);
+    free(canon_bytes);
+    return FM_TEST_DONE();
+  }
   if (only && strcmp(only, "faults") == 0) {
     RUN(test_fault_repetition);
     free(canon_bytes);
@@ -496,6 +615,7 @@ int main(int argc, char **argv) {
   RUN(test_planted_bad_candidates);
   RUN(test_full_tune);
   RUN(test_decode_gemm_tune);
+  RUN(test_chain_twins);
   if (argc >= 5) {
     sock = argv[2];
     fusectl = argv[3];
