@@ -14,8 +14,9 @@
  *    compared. Rows of a GEMM are independent, so a row is the same fragment with M = 1
  *    over operands offset to it;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1; a product's matrix
- *    operands scaled so that its sums stay the size of an epilogue input, operand_scale) from
- *    the daemon's seed, and the reference outputs from fm_reference_eval (fp64, rounded as the kernels store);
+ *    operands scaled so that its sums stay the size of an epilogue input, operand_scale)
+ *    from the daemon's seed, and the reference outputs from fm_reference_eval (fp64, rounded
+ *    as the kernels store);
  *  - twins: in a chain, an input laid out like the first product's A (the MLP's x, which the
  *    client sends as that operand and again as the residual: one memory through two
  *    parameters) gets a second reference with A's values in its place; a b2b kernel takes
@@ -34,10 +35,11 @@
  * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
  * ||out - ref|| / ||ref|| <= tol (bf16 1e-2, f16 2e-3, f32 1e-4, bool exact) over the
  * elements whose reference is finite, with no NaN among them, and infinities equal; with
- * twins, launched and compared again with each twin reading A's memory (both
- * paths of the kernel verified). Then time it (twins sharing memory, as in a model): 3 warm-ups, 20 launches each between two CUDA events, the median. A cuBLASLt plan
- * without an algo runs that for each of the heuristic's first BLAS_CHOICES choices and
- * answers with the fastest that verified, and its algo. */
+ * twins, launched and compared again with each twin reading A's memory (both paths of the
+ * kernel verified). Then time it (twins sharing memory, as in a model): 3 warm-ups, 20
+ * launches each between two CUDA events, the median. A cuBLASLt plan without an algo runs
+ * that for each of the heuristic's first BLAS_CHOICES choices and answers with the fastest
+ * that verified, and its algo. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
