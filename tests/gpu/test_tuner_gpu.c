@@ -42,6 +42,7 @@
 #include "fm_tuner.h"
 #include "fm_tuner_worker.h"
 #include "frag_builder.h"
+#include "gpu_suite.h"
 #include "gpu_util.h"
 
 static const char *worker_exe;
@@ -226,71 +227,101 @@ static void test_full_tune(void) {
   fm_tune_job_free(tj);
 }
 
+/* Makes c (f validated and canonicalized) the fragment compile_candidate compiles, its
+ * canonical bytes in *bytes (freed by the caller after restore_fragment); 0, or -1 after a
+ * failed check. */
+static int use_fragment(fm_fragment *f, fm_fragment *c, uint8_t **bytes, const char *what) {
+  fm_diag d = {{0}};
+  size_t len = 0;
+  int rc = fm_fragment_validate(f, &d);
+  if (!rc) rc = fm_fragment_canonicalize(f, c);
+  if (!rc) rc = fm_fragment_canonical_bytes(c, bytes, &len);
+  CHECK_EQ_INT(rc, FM_OK);
+  if (rc) {
+    fprintf(stderr, "%s fragment: %s\n", what, d.text);
+    return -1;
+  }
+  cur_canon = c;
+  cur_bytes = *bytes;
+  cur_len = len;
+  return 0;
+}
+
+static void restore_fragment(void) {
+  cur_canon = &canon;
+  cur_bytes = canon_bytes;
+  cur_len = canon_len;
+}
+
+/* Tunes tj's candidates in a worker of its own (deadline 5 s), stopped afterwards. */
+static void run_job(fm_tune_job *tj, uint64_t seed) {
+  fm_tworker w;
+  fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 5, .seed = seed};
+  fm_tworker_init(&w, worker_exe);
+  fm_tuner_run_job(&w, &opts, tj);
+  fm_tworker_stop(&w, 5000);
+}
+
 /* 5. A decode GEMM through the tuner: bias + GELU bf16, x [-1, 4096] with M bucket 8 @ W.t()
  * (W [4096, 4096]): both GEMM templates' candidates (the skinny ones first) pass the worker's
  * verification and timing at the bucket, M = 8, unchanged; one is chosen. */
-/* An input of the chain fragment below: rank 2 (or 1 with d1 0), row-major unless colmajor. */
-static void chain_input(fm_fragment *f, uint32_t id, int64_t d0, int64_t d1, int colmajor) {
-  fm_tensor *t = &f->inputs[f->n_inputs++];
-  t->id = id;
-  t->dtype = FM_DT_BF16;
-  t->rank = d1 ? 2 : 1;
-  t->shape[0] = d0;
-  t->shape[1] = d1;
-  t->strides[0] = d1 == 0 ? 1 : colmajor ? 1 : d1;
-  t->strides[1] = colmajor ? d0 : 1;
-  t->align = 16;
+static void test_decode_gemm_tune(void) {
+  static fm_fragment f, gcanon;
+  uint8_t *bytes = NULL;
+  memset(&f, 0, sizeof f);
+  f.vocab = 3;
+  f.m_hint = 8;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, FM_DIM_SYMBOLIC, 4096, 0);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, FM_DT_BF16, 4096, 4096, 1);
+  gs_vector(&f.inputs[f.n_inputs++], 3, FM_DT_BF16, 4096);
+  gs_op(&f, FM_OP_ADDMM, 10, 3, 3, 1, 2);
+  gs_op(&f, FM_OP_GELU, 11, 1, 10, 0, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 11, FM_DT_BF16, FM_DIM_SYMBOLIC, 4096, 0);
+  if (use_fragment(&f, &gcanon, &bytes, "decode")) return;
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&gcanon, cands, FM_TUNE_MAX_CANDIDATES), skinny = 0;
+  for (size_t i = 0; i < n; i++) skinny += cands[i].tmpl == FM_TMPL_SKINNY;
+  CHECK(skinny >= 5);
+  CHECK_EQ_INT(cands[0].tmpl, FM_TMPL_SKINNY);
+  fm_tune_job *tj;
+  if (fm_tune_job_new(&tj) == 0) {
+    for (size_t i = 0; i < n; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
+    run_job(tj, 13);
+    printf("decode GEMM tune: %zu candidates (%zu skinny), tune %.0f ms\n", n, skinny, tj->tune_ms);
+    print_job(tj);
+    CHECK_EQ_INT(tj->tuned, 1);
+    CHECK(tj->winner >= 0);
+    for (size_t i = 0; i < n; i++) CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
+    CHECK_EQ_INT(gu_count_child_tuners(), 0);
+    fm_tune_job_free(tj);
+  }
+  restore_fragment();
+  free(bytes);
 }
 
-static void chain_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
-  fm_opnode *o = &f->ops[f->n_ops++];
-  o->op = op;
-  o->out = out;
-  o->nargs = nargs;
-  o->args[0] = a0;
-  o->args[1] = a1;
-  o->args[2] = a2;
-}
-
+/* 6. Twins: y = gelu(x W1.t() + b1) W2.t() + b2 + r, 64 -> 128 -> 64, M bucket 16384, r laid
+ * out like x. The b2b kernel verifies; the same kernel with its shared-memory read of r
+ * planted wrong (x's neighbour row: right whenever r has a memory of its own) is wrong "with
+ * the twin inputs sharing memory". */
 static void test_chain_twins(void) {
   static fm_fragment f, ccanon;
   uint8_t *bytes = NULL;
-  size_t len = 0;
   fm_diag d = {{0}};
-  /* y = gelu(x W1.t() + b1) W2.t() + b2 + r, 64 -> 128 -> 64, M bucket 16384: r like x */
   memset(&f, 0, sizeof f);
   f.vocab = 3;
   f.m_hint = 16384;
-  chain_input(&f, 1, FM_DIM_SYMBOLIC, 64, 0);
-  chain_input(&f, 2, 64, 128, 1);
-  chain_input(&f, 3, 128, 0, 0);
-  chain_input(&f, 4, 128, 64, 1);
-  chain_input(&f, 5, 64, 0, 0);
-  chain_input(&f, 6, FM_DIM_SYMBOLIC, 64, 0);
-  chain_op(&f, FM_OP_ADDMM, 7, 3, 3, 1, 2);
-  chain_op(&f, FM_OP_GELU, 8, 1, 7, 0, 0);
-  chain_op(&f, FM_OP_ADDMM, 9, 3, 5, 8, 4);
-  chain_op(&f, FM_OP_ADD, 10, 2, 9, 6, 0);
-  fm_tensor *o = &f.outputs[f.n_outputs++];
-  o->id = 10;
-  o->dtype = FM_DT_BF16;
-  o->rank = 2;
-  o->shape[0] = FM_DIM_SYMBOLIC;
-  o->shape[1] = 64;
-  o->strides[0] = 64;
-  o->strides[1] = 1;
-  o->align = 16;
-  int rc = fm_fragment_validate(&f, &d);
-  if (!rc) rc = fm_fragment_canonicalize(&f, &ccanon);
-  if (!rc) rc = fm_fragment_canonical_bytes(&ccanon, &bytes, &len);
-  CHECK_EQ_INT(rc, FM_OK);
-  if (rc) {
-    fprintf(stderr, "chain fragment: %s\n", d.text);
-    return;
-  }
-  cur_canon = &ccanon;
-  cur_bytes = bytes;
-  cur_len = len;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, FM_DIM_SYMBOLIC, 64, 0);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, FM_DT_BF16, 64, 128, 1);
+  gs_vector(&f.inputs[f.n_inputs++], 3, FM_DT_BF16, 128);
+  gs_matrix(&f.inputs[f.n_inputs++], 4, FM_DT_BF16, 128, 64, 1);
+  gs_vector(&f.inputs[f.n_inputs++], 5, FM_DT_BF16, 64);
+  gs_matrix(&f.inputs[f.n_inputs++], 6, FM_DT_BF16, FM_DIM_SYMBOLIC, 64, 0);
+  gs_op(&f, FM_OP_ADDMM, 7, 3, 3, 1, 2);
+  gs_op(&f, FM_OP_GELU, 8, 1, 7, 0, 0);
+  gs_op(&f, FM_OP_ADDMM, 9, 3, 5, 8, 4);
+  gs_op(&f, FM_OP_ADD, 10, 2, 9, 6, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 10, FM_DT_BF16, FM_DIM_SYMBOLIC, 64, 0);
+  if (use_fragment(&f, &ccanon, &bytes, "chain")) return;
   fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
   size_t n = fm_codegen_candidates(&ccanon, cands, FM_TUNE_MAX_CANDIDATES);
   CHECK(n >= 1);
@@ -307,7 +338,7 @@ static void test_chain_twins(void) {
     size_t head = (size_t)(at - src), total = strlen(src) + 8;
     char *bad = malloc(total);
     snprintf(bad, total, "%.*sfm_rl ^ 1, (n >> 3) & 7%s", (int)head, src, at + strlen(read_x));
-    rc = fm_nvrtc_compile(bad, "twin.cu", dev.arch, &cubin, &clen, &log);
+    int rc = fm_nvrtc_compile(bad, "twin.cu", dev.arch, &cubin, &clen, &log);
     CHECK_EQ_INT(rc, FM_OK);
     if (rc) fprintf(stderr, "%s\n", log ? log : "");
     free(bad);
@@ -317,11 +348,7 @@ static void test_chain_twins(void) {
     fm_compile_job *g0 = compile_candidate(&cands[0]);
     tj->cands[tj->n++] = g0;
     tj->cands[tj->n++] = planted(g0, cubin, clen, meta.entry);
-    fm_tworker w;
-    fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 5, .seed = 14};
-    fm_tworker_init(&w, worker_exe);
-    fm_tuner_run_job(&w, &opts, tj);
-    fm_tworker_stop(&w, 5000);
+    run_job(tj, 14);
     printf("chain twins: tune %.0f ms\n", tj->tune_ms);
     print_job(tj);
     CHECK_EQ_INT(tj->res[0].verdict, FM_VERDICT_OK);
@@ -334,87 +361,7 @@ static void test_chain_twins(void) {
   free(src);
   free(log);
   free(cubin);
-  free(bytes);
-  cur_canon = &canon;
-  cur_bytes = NULL;
-}
-
-static void test_decode_gemm_tune(void) {
-  static fm_fragment f, gcanon;
-  uint8_t *bytes = NULL;
-  size_t len = 0;
-  fm_diag d = {{0}};
-  memset(&f, 0, sizeof f);
-  f.vocab = 3;
-  f.m_hint = 8;
-  static const int64_t shp[3][2] = {{FM_DIM_SYMBOLIC, 4096}, {4096, 4096}, {4096, 0}};
-  static const int64_t str[3][2] = {{4096, 1}, {1, 4096}, {1, 0}};
-  for (uint32_t i = 0; i < 3; i++) {
-    fm_tensor *t = &f.inputs[f.n_inputs++];
-    t->id = i + 1;
-    t->dtype = FM_DT_BF16;
-    t->rank = i == 2 ? 1 : 2;
-    t->shape[0] = shp[i][0];
-    t->shape[1] = shp[i][1];
-    t->strides[0] = str[i][0];
-    t->strides[1] = str[i][1];
-    t->align = 16;
-  }
-  f.ops[0].op = FM_OP_ADDMM;
-  f.ops[0].out = 10;
-  f.ops[0].nargs = 3;
-  f.ops[0].args[0] = 3;
-  f.ops[0].args[1] = 1;
-  f.ops[0].args[2] = 2;
-  f.ops[1].op = FM_OP_GELU;
-  f.ops[1].out = 11;
-  f.ops[1].nargs = 1;
-  f.ops[1].args[0] = 10;
-  f.n_ops = 2;
-  fm_tensor *o = &f.outputs[f.n_outputs++];
-  o->id = 11;
-  o->dtype = FM_DT_BF16;
-  o->rank = 2;
-  o->shape[0] = FM_DIM_SYMBOLIC;
-  o->shape[1] = 4096;
-  o->strides[0] = 4096;
-  o->strides[1] = 1;
-  o->align = 16;
-  int rc = fm_fragment_validate(&f, &d);
-  if (!rc) rc = fm_fragment_canonicalize(&f, &gcanon);
-  if (!rc) rc = fm_fragment_canonical_bytes(&gcanon, &bytes, &len);
-  CHECK_EQ_INT(rc, FM_OK);
-  if (rc) {
-    fprintf(stderr, "decode fragment: %s\n", d.text);
-    return;
-  }
-  cur_canon = &gcanon;
-  cur_bytes = bytes;
-  cur_len = len;
-  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
-  size_t n = fm_codegen_candidates(&gcanon, cands, FM_TUNE_MAX_CANDIDATES), skinny = 0;
-  for (size_t i = 0; i < n; i++) skinny += cands[i].tmpl == FM_TMPL_SKINNY;
-  CHECK(skinny >= 5);
-  CHECK_EQ_INT(cands[0].tmpl, FM_TMPL_SKINNY);
-  fm_tune_job *tj;
-  if (fm_tune_job_new(&tj) == 0) {
-    for (size_t i = 0; i < n; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
-    fm_tworker w;
-    fm_tuner_opts opts = {.worker_exe = worker_exe, .deadline_s = 5, .seed = 13};
-    fm_tworker_init(&w, worker_exe);
-    fm_tuner_run_job(&w, &opts, tj);
-    fm_tworker_stop(&w, 5000);
-    printf("decode GEMM tune: %zu candidates (%zu skinny), tune %.0f ms\n", n, skinny, tj->tune_ms);
-    print_job(tj);
-    CHECK_EQ_INT(tj->tuned, 1);
-    CHECK(tj->winner >= 0);
-    for (size_t i = 0; i < n; i++) CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
-    CHECK_EQ_INT(gu_count_child_tuners(), 0);
-    fm_tune_job_free(tj);
-  }
-  cur_canon = &canon;
-  cur_bytes = canon_bytes;
-  cur_len = canon_len;
+  restore_fragment();
   free(bytes);
 }
 
