@@ -100,22 +100,31 @@ def profile_row(w, p, exe):
     model = W.make_model(w, d, di, dev, torch.bfloat16)
     xs, gy = W.make_inputs(w, M, d, dev, torch.bfloat16, 4)
     dmn = D.Daemon(exe, f"{w}-{p}")
+    direct = fuseml.FuseMLCompiler(socket=dmn.socket)
+    wrapped = fuseml.FuseMLCompiler(socket=dmn.socket, direct=False)
     try:
         cols = {"eager": model,
                 "inductor_cudagraphs": torch.compile(model, mode="reduce-overhead"),
                 "fuseml_nographs": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket)),
-                "fuseml": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket),
-                                        mode="reduce-overhead")}
+                "fuseml": torch.compile(model, backend=direct, mode="reduce-overhead"),
+                # the same with aot_autograd's runtime wrappers kept (direct_call.py)
+                "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead")}
         steps = {c: W.make_step(w, fn, model, gy) for c, fn in cols.items()}
         for s in steps.values():   # compile, tune, warm up, record (fuseml's replay: each
             for i in range(2 * len(xs)):   # input buffer is recorded at its second call)
                 s(xs[i % len(xs)])
         torch.cuda.synchronize()
         row = {"workload": w, "preset": p, "columns": {}}
+        host, table = {c: [] for c in steps}, {c: [] for c in steps}
+        for _ in range(7):   # the columns interleaved, so a drifting host shifts them all
+            for c, s in steps.items():
+                host[c].append(host_ms(s, xs[0]))
+                table[c].append(table_ms(s, xs))
         for c, s in steps.items():
-            row["columns"][c] = {"host_ms": statistics.median(host_ms(s, xs[0]) for _ in range(5)),
-                                 "gpu_ms": gpu_ms(s, xs[0]),
-                                 "table_ms": statistics.median(table_ms(s, xs) for _ in range(5))}
+            row["columns"][c] = {"host_ms": statistics.median(host[c]), "gpu_ms": gpu_ms(s, xs[0]),
+                                 "table_ms": statistics.median(table[c])}
+        row["fuseml_graphs"] = {c: [p.describe().splitlines()[0] for p in comp.plans]
+                                for c, comp in (("fuseml", direct), ("fuseml_wrapped", wrapped))}
         row["fuseml_host_profile"] = host_profile(steps["fuseml"], xs[0])
         row["fuseml_nographs_host_profile"] = host_profile(steps["fuseml_nographs"], xs[0])
         for c in ("eager", "fuseml_nographs", "fuseml"):   # profiler last: it slows launches
@@ -147,6 +156,8 @@ def main():
                 continue
             for c, v in r["columns"].items():
                 print(f"  {c:20s} host {v['host_ms']:.4f}  gpu {v['gpu_ms']:.4f}  table {v['table_ms']:.4f} ms")
+            for c, heads in r["fuseml_graphs"].items():
+                print(f"  {c}: {' | '.join(heads)}")
             for c in ("eager", "fuseml"):
                 for name, cnt, us in r["columns"][c]["kernels"][:16]:
                     print(f"    {c:7s} {us:8.1f} us x{cnt:.1f} {name}")

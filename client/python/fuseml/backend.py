@@ -10,7 +10,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, transport
+from . import cudagraphs, direct_call, transport
 from ._log import log, warn_once
 from .bmm_fragment import build_bmm
 from .cols_fragment import build_columns
@@ -55,12 +55,14 @@ class Plan:
         self.groups = groups
         self.hello = hello
         self.graphs = None          # with CUDA graphs asked for: whether this graph got them
+        self.called = None          # an inference graph: "directly", or why not (direct_call.py)
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
 
     def describe(self):
-        head = f"{self.which} graph:" + (f" ({self.graphs})" if self.graphs else "")
+        notes = [n for n in (self.graphs, self.called and "called " + self.called) if n]
+        head = f"{self.which} graph:" + (f" ({'; '.join(notes)})" if notes else "")
         return "\n".join([head] + ["  " + g.describe() for g in self.groups])
 
 
@@ -77,10 +79,12 @@ class FuseMLCompiler:
     True} turn it on per call: see cudagraphs.py), chains (merge back-to-back GEMM groups,
     an MLP's fc1 -> act -> fc2, into one chain group: chains.py; default True unless
     FUSEML_CHAINS=0: on an H100 the b2b kernel takes 0.78-0.92x the time of the two tuned GEMMs
-    it replaces, bench/NOTES.md "The b2b rings")."""
+    it replaces, bench/NOTES.md "The b2b rings"), direct (call an inference graph without
+    aot_autograd's runtime wrappers when they would do nothing for it: direct_call.py; default True
+    unless FUSEML_DIRECT=0; with rest="inductor" the wrappers always stay)."""
 
     def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
-                 chains=None):
+                 chains=None, direct=None):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
@@ -89,13 +93,8 @@ class FuseMLCompiler:
         self.rest = rest
         self.cudagraphs = cudagraphs
         self.chains = chains       # None: FUSEML_CHAINS, read per graph (the default backend is long-lived)
+        self.direct = direct       # None: FUSEML_DIRECT, read per graph
         self.plans = []
-        self._backend = aot_autograd(
-            fw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "forward"),
-            bw_compiler=lambda gm, ex: self.compile_graph(gm, ex, "backward"),
-            inference_compiler=lambda gm, ex: self.compile_graph(gm, ex, "inference"),
-            decompositions=self._decompositions(),
-        )
 
     def _decompositions(self):
         if self.rest != "inductor":
@@ -109,16 +108,34 @@ class FuseMLCompiler:
         as keywords; what else it may pass is ignored."""
         if kwargs:
             log.debug("fuseml: ignoring backend keywords %s", sorted(kwargs))
+        # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
+        capture = direct_call.Capture(gm, example_inputs,
+                                 self.rest == "aten" and direct_call.wanted(self.direct))
         if not cudagraphs.wanted(mode, options, self.cudagraphs):
-            return self._backend(gm, example_inputs)
-        # forward and backward of this dynamo graph share one State (pairing, static inputs)
-        state = cudagraphs.State(example_inputs)
-        return aot_autograd(
-            fw_compiler=lambda g, ex: self._graphed(g, ex, "forward", state),
-            bw_compiler=lambda g, ex: self._graphed(g, ex, "backward", state),
-            inference_compiler=lambda g, ex: self._graphed(g, ex, "inference", state),
-            decompositions=self._decompositions(),
-        )(gm, example_inputs)
+            def compile_as(which):
+                return lambda g, ex: self.compile_graph(g, ex, which)
+        else:
+            # forward and backward of this dynamo graph share one State (pairing, static inputs)
+            state = cudagraphs.State(example_inputs)
+
+            def compile_as(which):
+                return lambda g, ex: self._graphed(g, ex, which, state)
+
+        plans = []
+
+        def inference(g, ex):
+            fn = compile_as("inference")(g, ex)
+            plans.append(self.plans[-1])
+            capture.note(g, fn)
+            return fn
+
+        wrapped = aot_autograd(fw_compiler=compile_as("forward"), bw_compiler=compile_as("backward"),
+                               inference_compiler=inference,
+                               decompositions=self._decompositions())(gm, example_inputs)
+        fn = capture.callable(wrapped)
+        for p in plans:
+            p.called = "directly" if fn is not wrapped else f"through aot_autograd ({capture.why_not})"
+        return fn
 
     def _graphed(self, gm, example_inputs, which, state):
         plans = []
