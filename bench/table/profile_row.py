@@ -93,6 +93,13 @@ def host_profile(step, x, n=200):
     return s.getvalue()
 
 
+def _dynamo_only(gm, example_inputs):
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = [torch.empty(v.shape, dtype=v.dtype, device=v.device) if isinstance(v, torch.Tensor) else v
+            for v in (n.meta.get("example_value") for n in out_node.all_input_nodes)]
+    return lambda *args: outs
+
+
 def profile_row(w, p, exe):
     M, d, di = W.PRESETS[p]
     dev = torch.device("cuda")
@@ -108,7 +115,10 @@ def profile_row(w, p, exe):
                 "fuseml_nographs": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket)),
                 "fuseml": torch.compile(model, backend=direct, mode="reduce-overhead"),
                 # the same with aot_autograd's runtime wrappers kept (direct_call.py)
-                "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead")}
+                "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead"),
+                # dynamo's own path: a backend whose graph returns a tensor made at compile
+                # time, no GPU work (the host floor of any torch.compile backend)
+                "dynamo_only": torch.compile(model, backend=_dynamo_only)}
         steps = {c: W.make_step(w, fn, model, gy) for c, fn in cols.items()}
         for s in steps.values():   # compile, tune, warm up, record (fuseml's replay: each
             for i in range(2 * len(xs)):   # input buffer is recorded at its second call)
