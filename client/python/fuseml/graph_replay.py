@@ -93,10 +93,6 @@ def _layout_key(args, static):
                  if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
 
 
-def _use_counts(tensors):
-    return tuple(_use_count(t.untyped_storage()._cdata) for t in tensors)
-
-
 def _output_spec(outputs, inputs):
     """How each output of a recording is handed out: ("graph", t) an alias of the graph's
     memory; ("input", i) the caller's i-th argument itself, or ("view", i, size, stride,
@@ -132,19 +128,29 @@ class _Recorded:
         self.tuple = isinstance(outputs, tuple)
         self.spec = _output_spec(outputs, inputs)
         self.mine = [e[1] for e in self.spec if e[0] == "graph"]
-        self.held = _use_counts(self.mine) if _use_count else None
+        self.only_mine = len(self.mine) == len(self.spec)   # replay's common case
+        # the outputs' storages by address (this recording keeps them alive through self.mine),
+        # so a call reads their use counts without making a Python storage object each
+        self.storages = [t.untyped_storage()._cdata for t in self.mine] if _use_count else None
+        self.held = [_use_count(c) for c in self.storages] if _use_count else None
 
     def free(self):
         """Whether no output of the last replay is held outside (then it may be overwritten)."""
         if self.held is None:
             return True
-        return all(n <= h for n, h in zip(_use_counts(self.mine), self.held))
+        for c, h in zip(self.storages, self.held):
+            if _use_count(c) > h:
+                return False
+        return True
 
     def replay(self, args):
         self.used = next(_clock)
         for i, buf in self.buffers.items():
             buf.copy_(args[i])
         self.graph.replay()
+        if self.only_mine and self.held is not None:
+            out = [t.detach() for t in self.mine]
+            return tuple(out) if self.tuple else out
         out = []
         for e in self.spec:
             kind = e[0]
