@@ -128,3 +128,12 @@ def test_training_graphs_keep_the_wrappers(served):
     assert x.grad is not None and all(p.grad is not None for p in model.parameters())
     assert [p.which for p in c.plans] == ["forward", "backward"]
     assert all(p.called is None for p in c.plans)
+
+
+def test_explain_says_how_the_inference_graph_is_called(served):
+    import io
+    buf = io.StringIO()
+    with torch.no_grad():
+        fuseml.explain(MODELS["mlp"](), torch.randn(6, 32), file=buf)
+    heads = [line for line in buf.getvalue().splitlines() if line.startswith("inference graph")]
+    assert heads == ["inference graph: (called directly)"], buf.getvalue()

@@ -81,14 +81,15 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
     launches = sum(2 if r["plan"] == "split" else 1 for r in fused)   # split: cuBLASLt + a kernel
     print(f"fuseml: {len(rows)} groups, {len(fused)} run as fused kernels "
           f"({launches} launches per call for them)", file=file)
-    by_gid = {}
+    by_gid, heads = {}, {}
     for plan in compiler.plans:
+        heads[plan.which] = plan.describe().splitlines()[0]   # with its CUDA graphs and call notes
         for g in plan.groups:
             by_gid[(plan.which, g.gid)] = g
     last = None
     for r in rows:
         if r["graph"] != last:
-            print(f"{r['graph']} graph:", file=file)
+            print(heads.get(r["graph"], f"{r['graph']} graph:"), file=file)
             last = r["graph"]
         g = by_gid.get((r["graph"], r["gid"]))
         timing = ""
