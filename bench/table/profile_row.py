@@ -115,10 +115,11 @@ def profile_row(w, p, exe):
                 "fuseml_nographs": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket)),
                 "fuseml": torch.compile(model, backend=direct, mode="reduce-overhead"),
                 # the same with aot_autograd's runtime wrappers kept (direct_call.py)
-                "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead"),
-                # dynamo's own path: a backend whose graph returns a tensor made at compile
-                # time, no GPU work (the host floor of any torch.compile backend)
-                "dynamo_only": torch.compile(model, backend=_dynamo_only)}
+                "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead")}
+        if not W.is_train(w):
+            # dynamo's own path: a backend whose graph returns a tensor made at compile time,
+            # no GPU work (the host floor of any torch.compile backend; no backward to run)
+            cols["dynamo_only"] = torch.compile(model, backend=_dynamo_only)
         steps = {c: W.make_step(w, fn, model, gy) for c, fn in cols.items()}
         for s in steps.values():   # compile, tune, warm up, record (fuseml's replay: each
             for i in range(2 * len(xs)):   # input buffer is recorded at its second call)

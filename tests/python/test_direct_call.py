@@ -137,3 +137,19 @@ def test_explain_says_how_the_inference_graph_is_called(served):
         fuseml.explain(MODELS["mlp"](), torch.randn(6, 32), file=buf)
     heads = [line for line in buf.getvalue().splitlines() if line.startswith("inference graph")]
     assert heads == ["inference graph: (called directly)"], buf.getvalue()
+
+
+def test_dynamic_shapes_keep_the_wrappers(served):
+    """A graph compiled for a symbolic batch marks its outputs' dynamic dimensions at every
+    call (aot_autograd's wrapper does, so that a later compiled region sees them dynamic):
+    it keeps the wrappers, and computes what eager computes for every batch."""
+    torch.manual_seed(0)
+    model = MODELS["llama_mlp"]()
+    c = fuseml.FuseMLCompiler(min_ops=1)
+    compiled = torch.compile(model, backend=c, dynamic=True)
+    with torch.no_grad():
+        for batch in (3, 7, 11):
+            x = torch.randn(batch, 4, 32)
+            torch.testing.assert_close(compiled(x), model(x))
+    p = plan(c, "inference")
+    assert p.called == "through aot_autograd (outputs marked dynamic)", p.describe()
