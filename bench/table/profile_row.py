@@ -2,7 +2,8 @@
 of issuing one step (perf_counter over steps issued back to back, one sync at the end: the
 GPU queue never fills at these sizes), the GPU time of one step (CUDA events around a step
 whose launches were queued behind a spin kernel, so host issue time is hidden), the step time
-the table would report (max of the two, roughly), the kernels of the fuseml step with their
+the table would report (max of the two, roughly; and the same on one input buffer, where
+every step replays one recording), the kernels of the fuseml step with their
 GPU times (torch.profiler, after every timing), and the top of a cProfile of the fuseml step.
 
     python3 bench/table/profile_row.py --workloads mlp,heavy --presets small,memory_bound OUT.json
@@ -126,14 +127,16 @@ def profile_row(w, p, exe):
                 s(xs[i % len(xs)])
         torch.cuda.synchronize()
         row = {"workload": w, "preset": p, "columns": {}}
-        host, table = {c: [] for c in steps}, {c: [] for c in steps}
+        host, table, same = {c: [] for c in steps}, {c: [] for c in steps}, {c: [] for c in steps}
         for _ in range(7):   # the columns interleaved, so a drifting host shifts them all
             for c, s in steps.items():
                 host[c].append(host_ms(s, xs[0]))
                 table[c].append(table_ms(s, xs))
+                same[c].append(table_ms(s, xs[:1]))   # the table's measure on one input buffer
         for c, s in steps.items():
             row["columns"][c] = {"host_ms": statistics.median(host[c]), "gpu_ms": gpu_ms(s, xs[0]),
-                                 "table_ms": statistics.median(table[c])}
+                                 "table_ms": statistics.median(table[c]),
+                                 "table_one_input_ms": statistics.median(same[c])}
         row["fuseml_graphs"] = {c: [p.describe().splitlines()[0] for p in comp.plans]
                                 for c, comp in (("fuseml", direct), ("fuseml_wrapped", wrapped))}
         row["fuseml_host_profile"] = host_profile(steps["fuseml"], xs[0])
@@ -166,7 +169,8 @@ def main():
                 print("  error:", r["error"])
                 continue
             for c, v in r["columns"].items():
-                print(f"  {c:20s} host {v['host_ms']:.4f}  gpu {v['gpu_ms']:.4f}  table {v['table_ms']:.4f} ms")
+                print(f"  {c:20s} host {v['host_ms']:.4f}  gpu {v['gpu_ms']:.4f}  table {v['table_ms']:.4f}"
+                      f"  (one input {v['table_one_input_ms']:.4f}) ms")
             for c, heads in r["fuseml_graphs"].items():
                 print(f"  {c}: {' | '.join(heads)}")
             for c in ("eager", "fuseml"):
