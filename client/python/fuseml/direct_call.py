@@ -144,5 +144,4 @@ class Capture:
                     return fn(list(args)) if boxed else fn(*args)
                 finally:
                     set_grad(True)
-        direct.wrapped = wrapped   # for tests and explain
         return direct
