@@ -110,7 +110,7 @@ class FuseMLCompiler:
             log.debug("fuseml: ignoring backend keywords %s", sorted(kwargs))
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
         capture = direct_call.Capture(gm, example_inputs,
-                                 self.rest == "aten" and direct_call.wanted(self.direct))
+                                      self.rest == "aten" and direct_call.wanted(self.direct))
         if not cudagraphs.wanted(mode, options, self.cudagraphs):
             def compile_as(which):
                 return lambda g, ex: self.compile_graph(g, ex, which)
