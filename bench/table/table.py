@@ -304,8 +304,9 @@ def measure_first_again(first, dev, args, ceil, socket, budget_left):
     compiles, was often caught slow (an H100, 2026-11-26: heavy at memory_bound first, fuseml
     0.070 ms, Inductor 0.177, max-autotune 0.128; second, 0.0445, 0.110 and 0.097; later
     three identical rows in one process, and the third was the slow one: bench/NOTES.md, "The
-    first row", "Inference graphs called directly"). The second timing is kept. The first-call and compile times stay the first
-    measurement's (this one's compiles were cached); the first timing is a note."""
+    first row", "Inference graphs called directly"). The second timing is kept; the first-call
+    and compile times stay the first measurement's (this one's compiles were cached), and the
+    first timing is a note."""
     t0 = time.monotonic()
     again = measure_row(first["workload"], first["preset"], dev, args, ceil, socket, budget_left)
     for k, v in first.items():
