@@ -638,8 +638,10 @@ int main(int argc, char **argv) {
   static result res[N_SHAPES];
   for (size_t si = 0; si < N_SHAPES; si++)
     if (pick[si]) run_shape((int)si, h, &res[si]);
-  printf("\n| M | N | K | cuBLASLt plain ms (TFLOP/s) | cuBLASLt GELU_BIAS ms (TFLOP/s) | ours bias+GELU best ms "
-         "(TFLOP/s) | ours default ms | ours/plain time | best candidate |\n|---|---|---|---|---|---|---|---|---|\n");
+  const char *epi_name = ours_epi == EPI_BIAS ? "bias" : ours_epi == EPI_RESIDUAL ? "bias+residual" : "bias+GELU";
+  printf("\n| M | N | K | cuBLASLt plain ms (TFLOP/s) | cuBLASLt GELU_BIAS ms (TFLOP/s) | ours %s best ms "
+         "(TFLOP/s) | ours default ms | ours/plain time | best candidate |\n|---|---|---|---|---|---|---|---|---|\n",
+         epi_name);
   for (size_t si = 0; si < N_SHAPES; si++) {
     if (!pick[si]) continue;
     const shape *s = &shapes[si];
@@ -649,8 +651,8 @@ int main(int argc, char **argv) {
            r->ours_default, r->plain > 0 && r->ours > 0 ? r->ours / r->plain : 0, r->ours_desc);
   }
   if (sustain_ms > 0) {
-    printf("\n| M | N | K | sustained: cuBLASLt plain ms | cuBLASLt GELU_BIAS ms | ours best ms | ours/plain time | "
-           "best candidate |\n|---|---|---|---|---|---|---|---|\n");
+    printf("\n| M | N | K | sustained: cuBLASLt plain ms | cuBLASLt GELU_BIAS ms | ours %s best ms | ours/plain time | "
+           "best candidate |\n|---|---|---|---|---|---|---|---|\n", epi_name);
     for (size_t si = 0; si < N_SHAPES; si++) {
       const shape *s = &shapes[si];
       const result *r = &res[si];
