@@ -9,8 +9,8 @@
  * each verified first (outputs poisoned with NaN, every element checked finite, 512 sampled
  * elements against an fp64 dot product: rel err <= 1e-2), then timed with CUDA events
  * (5 warm-up launches, median of REPS queued back to back, x and W rotated over copies
- * spanning >= 256 MiB so L2 never holds the previous launch's operands). Prints one line per kernel and a summary
- * table: time, TFLOP/s, and ours / cuBLASLt-plain as a time ratio (< 1: ours faster); for
+ * spanning >= 256 MiB so L2 never holds the previous launch's operands). Prints one line per
+ * kernel and a summary table: time, TFLOP/s, and ours / cuBLASLt-plain as a time ratio (< 1: ours faster); for
  * decode shapes (M <= 64) also the copy floor (a device-to-device copy of W, halved: reading
  * W once at copy bandwidth) and each kernel's GB/s of W and % of that floor. The fragment
  * carries m_hint = M, so decode shapes time the skinny template too.
@@ -21,8 +21,8 @@
  * one: a skinny-template candidate);
  * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU); FM_BENCH_EPI=residual the bias
  * and a residual [M, N] added after it (an MLP's second GEMM: out = x @ W.t() + b + r, r
- * rotated with x); FM_BENCH_SUSTAIN_MS=T also runs each kernel back to back for ~T ms
- * (below, run_sustained).
+ * rotated with x); FM_BENCH_SUSTAIN_MS=T (0..60000) also runs each kernel back to back for
+ * ~T ms (below, run_sustained); FM_BENCH_SUSTAIN_SPLIT=1 puts a memset between those launches.
  * Exit status 1 if any kernel failed verification. */
 #include <inttypes.h>
 #include <math.h>
@@ -292,10 +292,10 @@ static void *dp(fm_CUdeviceptr p) { return (void *)(uintptr_t)p; }
 typedef int (*launch_fn)(void *ctx, const bufs *b, int r);
 
 /* FM_BENCH_SUSTAIN_MS: each kernel also runs back to back (no wait between launches) for
- * about that long after its median is taken. The median times one launch after an idle
- * gap; this is the time a launch takes while the GPU sits at its power limit, and its
- * wall-clock window (CLOCK_REALTIME) lets scripts/device-gemm-power match a power and
- * clock log to it (bench/NOTES.md, "Item 9 at 4096^3": cycles alone did not rank kernels). */
+ * about that long after its median is taken. The median covers ~50 launches, too few for
+ * the clock to settle; this is the time a launch takes once the GPU sits at its power limit,
+ * and its wall-clock window (CLOCK_REALTIME) lets scripts/device-gemm-power match a power
+ * and clock log to it (bench/NOTES.md, "Timed back to back"). */
 typedef struct sustained {
   double ms;       /* per launch; < 0: not run or failed */
   int launches;
@@ -585,9 +585,23 @@ int main(int argc, char **argv) {
     fprintf(stderr, "FM_BENCH_EPI=%s: expected bias or residual (unset: bias + GELU)\n", epi_env);
     return 2;
   }
-  const char *sus_env = getenv("FM_BENCH_SUSTAIN_MS");
-  sustain_ms = sus_env ? atof(sus_env) : 0;
-  sustain_split = getenv("FM_BENCH_SUSTAIN_SPLIT") && atoi(getenv("FM_BENCH_SUSTAIN_SPLIT")) == 1;
+  /* like FM_BENCH_EPI: a typo must not silently drop the sustained run, nor time for hours */
+  const char *sus_env = getenv("FM_BENCH_SUSTAIN_MS"), *split_env = getenv("FM_BENCH_SUSTAIN_SPLIT");
+  if (sus_env && *sus_env) {
+    char *end;
+    sustain_ms = strtod(sus_env, &end);
+    if (*end || !(sustain_ms >= 0 && sustain_ms <= 60000)) {
+      fprintf(stderr, "FM_BENCH_SUSTAIN_MS=%s: expected milliseconds, 0..60000\n", sus_env);
+      return 2;
+    }
+  }
+  if (split_env && *split_env) {
+    if (strcmp(split_env, "0") && strcmp(split_env, "1")) {
+      fprintf(stderr, "FM_BENCH_SUSTAIN_SPLIT=%s: expected 0 or 1\n", split_env);
+      return 2;
+    }
+    sustain_split = split_env[0] == '1';
+  }
   const char *env = getenv("FM_BENCH_SHAPES");
   for (size_t i = 0; i < N_SHAPES; i++) pick[i] = env == NULL;
   for (const char *p = env; p && *p;) {
