@@ -838,8 +838,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "  const int wg = __shfl_sync(0xffffffffu, warp / (FM_WM * FM_WN), 0);\n"
                      "  const int wm = warp % (FM_WM * FM_WN) / FM_WN, wn = warp % FM_WN;\n"
                      "  float *slab = (float *)((char *)fm_smem + FM_SLAB_OFF) + warp * 16 * FM_SLAB_LD;\n"
-                     "  float acc[FM_MT][FM_NT][4];\n"
                      "  for (int j = wg, u = FM_UNIT0 + wg * FM_UNIT_STRIDE; u < units; j += FM_CONSUMERS, u += FM_CONSUMERS * FM_UNIT_STRIDE) {\n"
+                     "    /* declared per tile: where the first wgmma ignores their values (FM_ACC_BY_WGMMA)\n"
+                     "       none is live from the tile before */\n"
+                     "    float acc[FM_MT][FM_NT][4];\n"
                      "    unsigned it = (unsigned)j * FM_KT;\n"
                      "    int tm, tn;\n"
                      "    fm_unit_tile(u, tiles_m, tm, tn);\n"
@@ -855,8 +857,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   fm_strbuf_append(sb,
                    "  int tm, tn;\n"
                    "  fm_tile_coords(tm, tn);\n"
-                   "  const int n0 = tn * FM_BN;\n"
-                   "  float acc[FM_MT][FM_NT][4];\n");
+                   "  const int n0 = tn * FM_BN;\n");
   if (rtiles > 1) {
     fm_strbuf_printf(sb,
                      "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
@@ -866,6 +867,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "  for (int t = 0; t < FM_RT; t++) {\n"
                      "    const long long m0 = ((long long)tm * FM_RT + t) * FM_BM;\n"
                      "    if (m0 >= M) break;\n"
+                     "    float acc[FM_MT][FM_NT][4];\n"
                      "    fm_mainloop_rest(acc, in%u, in%u, M, m0, n0);\n"
                      "    /* every warpgroup is done with the stages: the next tile's first k-tiles load\n"
                      "       while this tile's epilogue runs (its slabs are elsewhere) */\n"
@@ -883,6 +885,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   else snprintf(opb, sizeof opb, tma ? "&fm_tmb" : "in%u", gp->ib);
   fm_strbuf_printf(sb,
                    "  const long long m0 = (long long)tm * FM_BM;\n"
+                   "  float acc[FM_MT][FM_NT][4];\n"
                    "  fm_mainloop(acc, %s, %s, M, m0, n0);\n"
                    "  /* every warp is past its last ldmatrix: the stage buffers become the slabs */\n"
                    "  __syncthreads();\n"

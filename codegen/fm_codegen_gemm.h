@@ -52,7 +52,8 @@ int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id);
  * every op must be pointwise or one of the products op1 / op2 (-1: none), else
  * FM_EUNSUPPORTED "ops[i]: the <who> cannot run '<op>'". Shared by the gemm and b2b plans. */
 int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, fm_cg_plan *p, fm_diag *d);
-/* fm_wgmma(d, da, db): one wgmma m64n<bn>k16 on descriptors; ty "bf16" or "f16". */
+/* fm_wgmma(d, da, db, add): one wgmma m64n<bn>k16 on descriptors, d += A B (add != 0) or
+ * d = A B; ty "bf16" or "f16". */
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
 
 /* What the generators need to know about a GEMM fragment. */

@@ -54,6 +54,13 @@ const char fm_cg_wgmma_body[] =
     "#define FM_WCOLS FM_BN\n"
     "#define FM_SLAB_LD (FM_SCOLS + 8)\n"
     "#define FM_KT ((FM_K + 63) / 64)\n"
+    "/* A tile's first wgmma starts its accumulators (fm_wgmma with add 0) where the K loop\n"
+    "   unrolls whole (up to 6 k-tiles with this ptxas): zeroed first, ptxas put the zeroing\n"
+    "   after that wgmma and waited for it to retire (C7517) at every tile. In a K loop that\n"
+    "   stays a loop the zeroing costs nothing of the sort, and the runtime predicate raised\n"
+    "   register use to the cap (spills in the persistent forms). */\n"
+    "#define FM_ACC_BY_WGMMA (FM_KT >= 1 && FM_KT <= 6)\n"
+    "#define FM_ACC_ADD(kt, kk) (!FM_ACC_BY_WGMMA || (kt) > 0 || (kk) > 0)\n"
     "#define FM_A_BYTES (FM_BM * 128)\n"
     "#define FM_STAGE_BYTES ((FM_BM + FM_BN) * 128)\n"
     "#define FM_AHEAD (FM_STAGES - 1 - FM_WG_INFLIGHT)\n"
@@ -192,7 +199,7 @@ const char fm_cg_wgmma_body[] =
     "  fm_pipe_bars(base, full, empty);\n"
     "  const int tid = threadIdx.x, wg = tid >> 7;\n"
     "  (void)M;\n"
-    "  fm_acc_zero(acc);\n"
+    "  if (!FM_ACC_BY_WGMMA) fm_acc_zero(acc);\n"
     "  fm_pipe_init();\n"
     "  if (tid >= FM_WM * 32) {\n"
     "    if (tid != FM_WM * 32) return;\n"
@@ -221,7 +228,7 @@ const char fm_cg_wgmma_body[] =
     "    const unsigned long long da = fm_desc(sa + wg * 64 * 128), db = fm_desc(sa + FM_A_BYTES);\n"
     "    fm_wg_fence();\n"
     "#pragma unroll\n"
-    "    for (int kk = 0; kk < 4; kk++) fm_wgmma(acc[0], da + 2 * kk, db + 2 * kk);\n"
+    "    for (int kk = 0; kk < 4; kk++) fm_wgmma(acc[0], da + 2 * kk, db + 2 * kk, FM_ACC_ADD(kt, kk));\n"
     "    fm_wg_commit();\n"
     "    fm_wg_wait<1>();\n"
     "    /* this warpgroup's reads of the previous k-tile's stage are done: release it if refilled */\n"
@@ -240,7 +247,7 @@ const char fm_cg_wgmma_body[] =
     "  const unsigned base = (fm_saddr(fm_smem) + 1023u) & ~1023u;\n"
     "  const unsigned full = base + FM_STAGES * FM_STAGE_BYTES, empty = full + FM_STAGES * 8;\n"
     "  const int tid = threadIdx.x, wg = tid >> 7;\n"
-    "  fm_acc_zero(acc);\n"
+    "  if (!FM_ACC_BY_WGMMA) fm_acc_zero(acc);\n"
     "  if (tid == 0)\n"
     "    for (int s = 0; s < FM_STAGES; s++) {\n"
     "      asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\\n\" :: \"r\"(full + 8 * s), \"r\"(128) : \"memory\");\n"
@@ -265,7 +272,7 @@ const char fm_cg_wgmma_body[] =
     "    const unsigned long long da = fm_desc(sa + (wg - 1) * 64 * 128), db = fm_desc(sa + FM_A_BYTES);\n"
     "    fm_wg_fence();\n"
     "#pragma unroll\n"
-    "    for (int kk = 0; kk < 4; kk++) fm_wgmma(acc[0], da + 2 * kk, db + 2 * kk);\n"
+    "    for (int kk = 0; kk < 4; kk++) fm_wgmma(acc[0], da + 2 * kk, db + 2 * kk, FM_ACC_ADD(kt, kk));\n"
     "    fm_wg_commit();\n"
     "    fm_wg_wait<1>();\n"
     "    if (kt > 0) asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(empty + 8 * ((kt - 1) % FM_STAGES)) : \"memory\");\n"
@@ -292,7 +299,7 @@ const char fm_cg_wgmma_body[] =
     "    long long M, long long m0, int n0) {\n"
     "  const unsigned base = (fm_saddr(fm_smem) + 1023u) & ~1023u;\n"
     "  const int tid = threadIdx.x, wg = tid >> 7;\n"
-    "  fm_acc_zero(acc);\n"
+    "  if (!FM_ACC_BY_WGMMA) fm_acc_zero(acc);\n"
     "  for (int kt = 0; kt < FM_KT; kt++) {\n"
     "    /* k-tile kt has landed; after the barrier every warpgroup has also retired the\n"
     "       wgmma batches that read the stage refilled below */\n"
@@ -306,7 +313,7 @@ const char fm_cg_wgmma_body[] =
     "    const unsigned long long da = fm_desc(sa + wg * 64 * 128), db = fm_desc(sa + FM_A_BYTES);\n"
     "    fm_wg_fence();\n"
     "#pragma unroll\n"
-    "    for (int kk = 0; kk < 4; kk++) fm_wgmma(acc[0], da + 2 * kk, db + 2 * kk);   /* +32 bytes of K */\n"
+    "    for (int kk = 0; kk < 4; kk++) fm_wgmma(acc[0], da + 2 * kk, db + 2 * kk, FM_ACC_ADD(kt, kk));   /* +32 bytes of K */\n"
     "    fm_wg_commit();\n"
     "    fm_wg_wait<FM_WG_INFLIGHT>();\n"
     "  }\n"
@@ -415,7 +422,7 @@ const char fm_cg_wgmma_persistent[] =
     "  unsigned base, full, empty;\n"
     "  fm_pipe_bars(base, full, empty);\n"
     "  const int tid = threadIdx.x, wg = tid >> 7;\n"
-    "  fm_acc_zero(acc);\n"
+    "  if (!FM_ACC_BY_WGMMA) fm_acc_zero(acc);\n"
     "  for (int kt = 0; kt < FM_KT; kt++, it++) {\n"
     "    const unsigned s = it % FM_STAGES;\n"
     "    fm_mbar_wait(full + 8 * s, (it / FM_STAGES) & 1);\n"
@@ -427,7 +434,7 @@ const char fm_cg_wgmma_persistent[] =
     "#pragma unroll\n"
     "    for (int kk = 0; kk < 4; kk++)\n"
     "#pragma unroll\n"
-    "      for (int mt = 0; mt < FM_MT; mt++) fm_wgmma(acc[mt], da + mt * 512 + 2 * kk, db + 2 * kk);\n"
+    "      for (int mt = 0; mt < FM_MT; mt++) fm_wgmma(acc[mt], da + mt * 512 + 2 * kk, db + 2 * kk, FM_ACC_ADD(kt, kk));\n"
     "    fm_wg_commit();\n"
     "    fm_wg_wait<1>();\n"
     "    if (kt > 0) fm_release(empty + 8 * ((it - 1) % FM_STAGES));\n"
@@ -439,9 +446,13 @@ const char fm_cg_wgmma_persistent[] =
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn) {
   uint32_t regs = bn / 2;
   fm_strbuf_printf(sb,
-                   "/* one wgmma m64n%uk16 (A and B K-major in shared memory, fp32 accumulators kept) */\n"
+                   "/* one wgmma m64n%uk16 (A and B K-major in shared memory): d += A B, or with add 0\n"
+                   "   d = A B, d's values ignored. A tile's first wgmma starts its accumulators that way:\n"
+                   "   zeroing them first took a move per register, and where the K loop unrolled whole\n"
+                   "   ptxas placed those moves after the first wgmma and waited for it to retire\n"
+                   "   (C7517), stalling the tensor pipe at every tile. */\n"
                    "__device__ __forceinline__ void fm_wgmma(float (&d)[%u][4], unsigned long long da,\n"
-                   "                                         unsigned long long db) {\n"
+                   "                                         unsigned long long db, int add) {\n"
                    "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
                    "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
                    bn, bn / 8, regs + 2, bn, ty, ty);
@@ -449,5 +460,5 @@ void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn) {
   fm_strbuf_printf(sb, "}, %%%u, %%%u, p, 1, 1, 0, 0;\\n}\\n\"\n      : ", regs, regs + 1);
   for (uint32_t i = 0; i < regs; i++)
     fm_strbuf_printf(sb, "%s\"+f\"(d[%u][%u])", i ? ", " : "", i / 4, i % 4);
-  fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(1));\n}\n");
+  fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(add));\n}\n");
 }

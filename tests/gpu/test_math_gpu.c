@@ -1,8 +1,9 @@
 /* test_math_gpu.c (device machine only): the transcendentals every generated kernel shares
  * (the ops prelude: fm_gelu, fm_gelu_tanh, fm_tanh, fm_sigmoid, fm_silu, fm_exp), element by
- * element against fp64 on a dense sweep of fp32 inputs, in both preludes: FM_FAST_MATH 1
- * (hardware ex2 / rcp approximations and the fitted GELU, used when every output is 16-bit)
- * and 0 (the library functions). The fragment suites compare whole tensors by
+ * element against fp64 on a dense sweep of fp32 inputs, in every prelude: FM_FAST_MATH 2
+ * (every output bf16: GELU's shorter fit, within 5e-4), 1 (hardware ex2 / rcp
+ * approximations and the fitted GELU, used when every output is 16-bit) and 0 (the library
+ * functions). The fragment suites compare whole tensors by
  * ‖out−ref‖/‖ref‖ after a 16-bit store, which hides an error below bf16's rounding; here
  * each function must stay within rtol·|ref| + atol of fp64 at every one of ~2 million points
  * of [-12, 12], and NaN, ±inf must come out as torch gives them.
@@ -46,9 +47,12 @@ static double reference(int f, double x) {
  * for negative x exactly as torch's fp32 kernels do: an absolute error of ~1e-7 times x / 2;
  * the fast tanh's absolute error near its switch; the fast GELU's fit beyond its range
  * (|x| > 6.36, where GELU is below 1e-9 and the fit still tracks it). */
-static const double rel_tol[N_FUNCS] = {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5};
-static const double abs_tol[2][N_FUNCS] = {{1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0},
-                                        {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}};
+static const double rel_tol[3][N_FUNCS] = {{2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5},
+                                           {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5},
+                                           {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}};
+static const double abs_tol[3][N_FUNCS] = {{1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0},
+                                           {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0},
+                                           {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}};
 
 static char *source(int fast) {
   fm_strbuf sb;
@@ -113,7 +117,7 @@ static int run_prelude(const fm_cuda *cu, const char *arch, int fast, const floa
     int bad = 0;
     for (int i = 0; i < SWEEP; i++) {
       const double ref = reference(f, hx[i]), got = hout[(size_t)f * n + i];
-      const double excess = fabs(got - ref) - (rel_tol[f] * fabs(ref) + abs_tol[fast][f]);
+      const double excess = fabs(got - ref) - (rel_tol[fast][f] * fabs(ref) + abs_tol[fast][f]);
       if (!(excess <= 0) && (bad++ == 0 || excess > worst)) {
         worst = excess;
         worst_x = hx[i];
@@ -132,7 +136,7 @@ static int run_prelude(const fm_cuda *cu, const char *arch, int fast, const floa
       failed++;
     } else {
       printf("ok   fast_math=%d %s: %d points within %.0e relative + %.0e\n", fast, func_name[f], SWEEP,
-             rel_tol[f], abs_tol[fast][f]);
+             rel_tol[fast][f], abs_tol[fast][f]);
     }
   }
 out:
@@ -172,7 +176,7 @@ int main(void) {
   hx[SWEEP + 2] = -INFINITY;
   int failed = 0, passed = 0;
   if (gu_h2d(cu, dx, hx, (size_t)n * sizeof *hx)) return 2;
-  for (int fast = 1; fast >= 0; fast--) {
+  for (int fast = 2; fast >= 0; fast--) {
     int f = run_prelude(cu, dev.arch, fast, hx, hout, dx, dout, n);
     failed += f;
     passed += N_FUNCS - f;
