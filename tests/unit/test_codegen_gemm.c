@@ -411,8 +411,8 @@ static void test_wgmma_candidates(void) {
     /* the tile epilogue's loop is rolled in the ping-pong form only (its warps stalled on
        instruction fetch; the others measured faster whole), and whole rows of 8 outputs
        leave in one 16-byte store, never through a uint4 cast the compiler may split */
-    if (mode == 6) CHECK_STR_CONTAINS(src, "#pragma unroll 4\n");
-    else CHECK(!strstr(src, "#pragma unroll 4\n"));
+    if (mode == 6) CHECK_STR_CONTAINS(src, "#pragma unroll 8\n");
+    else CHECK(!strstr(src, "#pragma unroll 8\n"));
     CHECK_STR_CONTAINS(src, "fm_st16(out0 + ");
     CHECK(!strstr(src, "*(uint4 *)(out"));
     CHECK(m.smem <= 227 * 1024);
