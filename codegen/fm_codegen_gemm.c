@@ -481,6 +481,13 @@ void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int de
   }
 }
 
+/* Input k is a row vector over the columns (a bias) of 16-bit elements whose 8 move as one
+ * 16-byte load: the ping-pong kernel reads a lane's 8 before its mainloop (pre<k>). */
+static int row_vector16(const fm_cg_gemm_plan *gp, uint32_t k) {
+  return gp->used[k] && gp->es[k][0] == 0 && gp->es[k][1] == 1 && vector_ok(gp, k) &&
+         fm_dtype_size(gp->base.t[k].dtype) == 2;
+}
+
 /* Raw elements of used input k into r<k>[8] (columns past N read nothing). */
 static void emit_epi_load(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) {
   const char *st = fm_cg_storage_type(gp->base.t[k].dtype);
@@ -495,7 +502,9 @@ static void emit_epi_load(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) 
   if (vector_ok(gp, k)) {
     fm_strbuf_append(sb, "  if (full) {\n");
     for (size_t v = 0; v < es / 2; v++) {
-      fm_strbuf_printf(sb, "    ((uint4 *)r%u)[%zu] = *(const uint4 *)(in%u + ", k, v, k);
+      fm_strbuf_printf(sb, "    ((uint4 *)r%u)[%zu] = ", k, v);
+      if (row_vector16(gp, k)) fm_strbuf_printf(sb, "pre%u ? *pre%u : ", k, k);
+      fm_strbuf_printf(sb, "*(const uint4 *)(in%u + ", k);
       emit_offset(sb, gp, k, "n");
       fm_strbuf_printf(sb, " + %zu);\n", v * 16 / es);
     }
@@ -539,6 +548,13 @@ static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k)
 }
 
 const char fm_cg_st16[] =
+    "/* 16 bytes through the read-only path; volatile, so it stays where it is written. */\n"
+    "__device__ __forceinline__ uint4 fm_ld_nc16(const void *p) {\n"
+    "  uint4 r;\n"
+    "  asm volatile(\"ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r.x), \"=r\"(r.y), \"=r\"(r.z), \"=r\"(r.w)\n"
+    "               : \"l\"(__cvta_generic_to_global(p)));\n"
+    "  return r;\n"
+    "}\n"
     "/* One 16-byte store of four words. Through a uint4 cast, the compiler split some of\n"
     "   these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32\n"
     "   bytes used per stored sector). */\n"
@@ -559,6 +575,9 @@ void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_g
   if (gp->op2 >= 0) fm_strbuf_append(sb, "const float (&acc2)[8], ");
   fm_strbuf_append(sb, "const long long m, const long long n");
   fm_cg_gemm_emit_epi_params(sb, gp, 1);
+  /* a row vector's 8 elements already loaded by the caller (the ping-pong kernel), if any */
+  for (uint32_t k = 0; k < p->n_in; k++)
+    if (row_vector16(gp, k)) fm_strbuf_printf(sb, ",\n    const uint4 *pre%u = nullptr", k);
   fm_strbuf_append(sb, ") {\n  const bool full = WHOLE || n + 8 <= FM_N;\n");
   for (uint32_t k = 0; k < p->n_in; k++)
     if (gp->used[k]) emit_epi_load(sb, gp, k);
@@ -786,6 +805,12 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
                    indent, indent, indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent,
                    indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
+  if (rolled) {   /* the ping-pong kernel's biases, read before its mainloop */
+    fm_strbuf_append(sb, "\n#if FM_WCOLS == FM_SCOLS && 32 % (FM_SCOLS / 8) == 0\n");
+    for (uint32_t k = 0; k < gp->base.n_in; k++)
+      if (row_vector16(gp, k)) fm_strbuf_printf(sb, "            , &pre%u\n", k);
+    fm_strbuf_append(sb, "#endif\n            ");
+  }
   fm_strbuf_printf(sb,
                    ");\n"
                    "%s      }\n"
@@ -848,7 +873,21 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "    int tm, tn;\n"
                      "    fm_unit_tile(u, tiles_m, tm, tn);\n"
                      "    const long long m0 = (long long)tm * FM_BM;\n"
-                     "    const int n0 = tn * FM_BN;\n"
+                     "    const int n0 = tn * FM_BN;\n");
+  if (pingpong) {
+    /* a lane's 8 columns of each bias, read before the mainloop: loaded just before their first
+       use in the epilogue they were 3% of the kernel's stall samples (ncu, 16384 x 1024 x
+       256); the epilogue's one pass keeps a lane on these columns */
+    fm_strbuf_append(sb, "#if FM_WCOLS == FM_SCOLS && 32 % (FM_SCOLS / 8) == 0\n");
+    for (uint32_t k = 0; k < gp->base.n_in; k++)
+      if (row_vector16(gp, k))
+        fm_strbuf_printf(sb,
+                         "    const uint4 pre%u = n0 + FM_BN <= FM_N   /* used by whole tiles only: past N, read nothing */\n"
+                         "        ? fm_ld_nc16(in%u + n0 + wn * FM_WCOLS + lane %% (FM_SCOLS / 8) * 8) : make_uint4(0u, 0u, 0u, 0u);\n",
+                         k, k);
+    fm_strbuf_append(sb, "#endif\n");
+  }
+  fm_strbuf_append(sb,
                      "    fm_turn_wait(j);\n"
                      "    fm_mainloop_tile(acc, it);\n"
                      "    fm_turn_pass(j, u + FM_UNIT_STRIDE < units);\n");

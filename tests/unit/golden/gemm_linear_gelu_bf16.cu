@@ -396,6 +396,13 @@ __device__ __forceinline__ void fm_unstage(float (&v)[8], const float *slab, int
   *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c));
   *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c + 4));
 }
+/* 16 bytes through the read-only path; volatile, so it stays where it is written. */
+__device__ __forceinline__ uint4 fm_ld_nc16(const void *p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(__cvta_generic_to_global(p)));
+  return r;
+}
 /* One 16-byte store of four words. Through a uint4 cast, the compiler split some of
    these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32
    bytes used per stored sector). */
@@ -410,11 +417,12 @@ template <bool WHOLE = false>
 __device__ __forceinline__ void fm_epilogue(const float (&acc)[8], const long long m, const long long n,
     const unsigned short *__restrict__ in2,
     unsigned short *__restrict__ out0,
-    unsigned short *__restrict__ out1) {
+    unsigned short *__restrict__ out1,
+    const uint4 *pre2 = nullptr) {
   const bool full = WHOLE || n + 8 <= FM_N;
   __align__(16) unsigned short r2[8];
   if (full) {
-    ((uint4 *)r2)[0] = *(const uint4 *)(in2 + n * 1LL + 0);
+    ((uint4 *)r2)[0] = pre2 ? *pre2 : *(const uint4 *)(in2 + n * 1LL + 0);
   } else {
 #pragma unroll
   for (int e = 0; e < 8; e++)
