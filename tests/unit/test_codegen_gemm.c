@@ -1,12 +1,15 @@
 /* test_codegen_gemm.c: GEMM fragments without a GPU: validation (what is accepted, what is
  * refused and why), the fp64 reference on a hand-checked product, golden source for two
- * representative fragments, launch metadata, the candidate list through the generic API, and
- * NVRTC compiles of every candidate for sm_80 and sm_90a. Regenerate the goldens with
- * FM_UPDATE_GOLDEN=1. */
+ * representative fragments, launch metadata, the candidate list through the generic API,
+ * NVRTC compiles of every candidate for sm_80 and sm_90a, and ptxas's verbose log of the
+ * short-K ping-pong kernel (no wgmma wait injected or serialised). Regenerate the goldens
+ * with FM_UPDATE_GOLDEN=1. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <nvrtc.h>
 
 #include "fm_codegen.h"
 #include "fm_nvrtc.h"
@@ -609,6 +612,59 @@ static void test_row_tiles(void) {
   CHECK(fm_candidate_runs_on(&c, "sm_90a") && !fm_candidate_runs_on(&c, "sm_80"));
 }
 
+/* ptxas's verbose log for src on sm_90a: NVRTC with the options fusemld compiles with, plus
+ * -v (malloc'd; NULL if the compile failed). */
+static char *ptxas_verbose_log(const char *src) {
+  char buf[256], *save = NULL;
+  const char *opts[8];
+  int n = 0;
+  if (!fm_nvrtc_options("sm_90a", buf, sizeof buf)) return NULL;
+  for (char *t = strtok_r(buf, " ", &save); t && n < 7; t = strtok_r(NULL, " ", &save)) opts[n++] = t;
+  opts[n++] = "--ptxas-options=-v";
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, src, "pingpong.cu", 0, NULL, NULL) != NVRTC_SUCCESS) return NULL;
+  char *log = NULL;
+  size_t len = 0;
+  if (nvrtcCompileProgram(prog, n, opts) == NVRTC_SUCCESS && nvrtcGetProgramLogSize(prog, &len) == NVRTC_SUCCESS &&
+      (log = calloc(len + 1, 1)) && nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS) {
+    free(log);
+    log = NULL;
+  }
+  nvrtcDestroyProgram(&prog);
+  return log;
+}
+
+/* At K = 256 (the K loop unrolled whole) the ping-pong kernel's wgmmas run back to back:
+ * before codegen v28 ptxas placed the accumulators' zeroing after a tile's first wgmma and
+ * injected a wait for it (C7517) on every tile, 7% of the kernel's time at 16384 x 1024 x
+ * 256. ptxas reports such waits, and wgmmas it serialises, in its verbose log. */
+static void test_pingpong_wgmma_not_serialised(void) {
+  fm_candidate c[40];
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* K = 256, bias + GELU, two bf16 outputs */
+  if (!fm_nvrtc_arch_supported("sm_90a")) return;
+  size_t n = fm_codegen_candidates(&canon, c, 40);
+  int checked = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (c[i].tmpl != FM_TMPL_GEMM || (c[i].p[7] & 0xff) != 6) continue;
+    char *src = NULL;
+    fm_kernel_meta m;
+    CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &m, &d), FM_OK);
+    char *log = src ? ptxas_verbose_log(src) : NULL;
+    CHECK(log != NULL);
+    if (log) {
+      CHECK_STR_CONTAINS(log, "registers");   /* the verbose log it is meant to be */
+      CHECK(strstr(log, "C7517") == NULL);
+      CHECK(strstr(log, "serialized") == NULL);
+      if (strstr(log, "C7517") || strstr(log, "serialized")) fprintf(stderr, "  %s\n", log);
+      checked++;
+    }
+    free(log);
+    free(src);
+  }
+  CHECK(checked >= 2);   /* the 4- and 5-stage 128x128 ping-pong candidates at least */
+}
+
 int main(void) {
   RUN(test_validate);
   RUN(test_rejections);
@@ -621,5 +677,6 @@ int main(void) {
   RUN(test_golden_linear);
   RUN(test_golden_residual);
   RUN(test_nvrtc_every_candidate);
+  RUN(test_pingpong_wgmma_not_serialised);
   return FM_TEST_DONE();
 }
