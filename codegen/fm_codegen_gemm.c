@@ -547,14 +547,17 @@ static void emit_epi_store(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k)
   if (vector_ok(gp, t)) fm_strbuf_append(sb, "  }\n");
 }
 
-const char fm_cg_st16[] =
+/* For the ping-pong kernel's early bias read (emitted where an input is row_vector16). */
+static const char ld_nc16[] =
     "/* 16 bytes through the read-only path; volatile, so it stays where it is written. */\n"
     "__device__ __forceinline__ uint4 fm_ld_nc16(const void *p) {\n"
     "  uint4 r;\n"
     "  asm volatile(\"ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\" : \"=r\"(r.x), \"=r\"(r.y), \"=r\"(r.z), \"=r\"(r.w)\n"
     "               : \"l\"(__cvta_generic_to_global(p)));\n"
     "  return r;\n"
-    "}\n"
+    "}\n";
+
+const char fm_cg_st16[] =
     "/* One 16-byte store of four words. Through a uint4 cast, the compiler split some of\n"
     "   these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32\n"
     "   bytes used per stored sector). */\n"
@@ -566,6 +569,11 @@ const char fm_cg_st16[] =
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_append(sb, fm_cg_st16);
+  for (uint32_t k = 0; k < p->n_in; k++)
+    if (row_vector16(gp, k)) {
+      fm_strbuf_append(sb, ld_nc16);
+      break;
+    }
   fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
                        "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;\n"
                        "   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */\n"
@@ -806,7 +814,7 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
                    indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   if (rolled) {   /* the ping-pong kernel's biases, read before its mainloop */
-    fm_strbuf_append(sb, "\n#if FM_WCOLS == FM_SCOLS && 32 % (FM_SCOLS / 8) == 0\n");
+    fm_strbuf_append(sb, "\n#if FM_EPI_PRELOAD\n");
     for (uint32_t k = 0; k < gp->base.n_in; k++)
       if (row_vector16(gp, k)) fm_strbuf_printf(sb, "            , &pre%u\n", k);
     fm_strbuf_append(sb, "#endif\n            ");
@@ -874,11 +882,11 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "    fm_unit_tile(u, tiles_m, tm, tn);\n"
                      "    const long long m0 = (long long)tm * FM_BM;\n"
                      "    const int n0 = tn * FM_BN;\n");
-  if (pingpong) {
+  if (pingpong && gp->op2 < 0) {   /* (the siblings' epilogue takes no preloaded bias) */
     /* a lane's 8 columns of each bias, read before the mainloop: loaded just before their first
        use in the epilogue they were 3% of the kernel's stall samples (ncu, 16384 x 1024 x
        256); the epilogue's one pass keeps a lane on these columns */
-    fm_strbuf_append(sb, "#if FM_WCOLS == FM_SCOLS && 32 % (FM_SCOLS / 8) == 0\n");
+    fm_strbuf_append(sb, "#if FM_EPI_PRELOAD\n");
     for (uint32_t k = 0; k < gp->base.n_in; k++)
       if (row_vector16(gp, k))
         fm_strbuf_printf(sb,

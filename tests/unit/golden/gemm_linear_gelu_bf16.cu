@@ -396,19 +396,19 @@ __device__ __forceinline__ void fm_unstage(float (&v)[8], const float *slab, int
   *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c));
   *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c + 4));
 }
-/* 16 bytes through the read-only path; volatile, so it stays where it is written. */
-__device__ __forceinline__ uint4 fm_ld_nc16(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(__cvta_generic_to_global(p)));
-  return r;
-}
 /* One 16-byte store of four words. Through a uint4 cast, the compiler split some of
    these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32
    bytes used per stored sector). */
 __device__ __forceinline__ void fm_st16(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::
                "l"(__cvta_generic_to_global(p)), "r"(a), "r"(b), "r"(c), "r"(d));
+}
+/* 16 bytes through the read-only path; volatile, so it stays where it is written. */
+__device__ __forceinline__ uint4 fm_ld_nc16(const void *p) {
+  uint4 r;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(__cvta_generic_to_global(p)));
+  return r;
 }
 /* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns
    n .. n+7, n a multiple of 8, those past N ignored), each output stored once;

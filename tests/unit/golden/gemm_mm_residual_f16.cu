@@ -396,13 +396,6 @@ __device__ __forceinline__ void fm_unstage(float (&v)[8], const float *slab, int
   *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c));
   *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + fm_swz(r, c + 4));
 }
-/* 16 bytes through the read-only path; volatile, so it stays where it is written. */
-__device__ __forceinline__ uint4 fm_ld_nc16(const void *p) {
-  uint4 r;
-  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(__cvta_generic_to_global(p)));
-  return r;
-}
 /* One 16-byte store of four words. Through a uint4 cast, the compiler split some of
    these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32
    bytes used per stored sector). */
