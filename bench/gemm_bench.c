@@ -21,7 +21,8 @@
  * one: a skinny-template candidate);
  * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU); FM_BENCH_EPI=residual the bias
  * and a residual [M, N] added after it (an MLP's second GEMM: out = x @ W.t() + b + r, r
- * rotated with x); FM_BENCH_SUSTAIN_MS=T (0..60000) also runs each kernel back to back for
+ * rotated with x); FM_BENCH_EPI=plain the product alone (mm, no bias), the same work as
+ * cuBLASLt's plain GEMM; FM_BENCH_SUSTAIN_MS=T (0..60000) also runs each kernel back to back for
  * ~T ms (below, run_sustained); FM_BENCH_SUSTAIN_SPLIT=1 puts a memset between those launches.
  * Exit status 1 if any kernel failed verification. */
 #include <inttypes.h>
@@ -77,9 +78,10 @@ static fm_device_id dev;
 static fm_fragment canon[N_SHAPES];
 static job jobs[MAX_JOBS];
 static int n_jobs, next_job, reps = 30, failed;
-/* ours: bias + GELU (erf), or with FM_BENCH_EPI=bias the bias alone (what GELU costs), or
-   =residual bias + a residual [M, N] */
-enum { EPI_NONE, EPI_GELU_ERF, EPI_GELU_TANH, EPI_BIAS, EPI_RESIDUAL };
+/* ours: bias + GELU (erf), or with FM_BENCH_EPI=bias the bias alone (what GELU costs),
+   =residual bias + a residual [M, N], =plain the product alone (mm, no bias: the same work as
+   cuBLASLt's plain GEMM) */
+enum { EPI_NONE, EPI_GELU_ERF, EPI_GELU_TANH, EPI_BIAS, EPI_RESIDUAL, EPI_PLAIN };
 static int ours_epi = EPI_GELU_ERF;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -115,6 +117,7 @@ static int build(const shape *s, fm_fragment *out) {
   b->align = 16;
   f.n_inputs = 3;
   if (ours_epi == EPI_RESIDUAL) tensor2(&f.inputs[f.n_inputs++], 4, -1, s->n, s->n, 1);   /* r [M, N] */
+  if (ours_epi == EPI_PLAIN) f.n_inputs = 2;   /* no bias */
   fm_opnode *o = &f.ops[0];
   memset(o, 0, 2 * sizeof *o);
   o[0].op = FM_OP_ADDMM;
@@ -123,13 +126,20 @@ static int build(const shape *s, fm_fragment *out) {
   o[0].args[0] = 3;
   o[0].args[1] = 1;
   o[0].args[2] = 2;
+  if (ours_epi == EPI_PLAIN) {   /* mm(x, W.t()) */
+    o[0].op = FM_OP_MM;
+    o[0].nargs = 2;
+    o[0].args[0] = 1;
+    o[0].args[1] = 2;
+  }
   o[1].op = ours_epi == EPI_RESIDUAL ? FM_OP_ADD : FM_OP_GELU;
   o[1].out = 11;
   o[1].nargs = ours_epi == EPI_RESIDUAL ? 2 : 1;
   o[1].args[0] = 10;
   o[1].args[1] = 4;
-  f.n_ops = ours_epi == EPI_BIAS ? 1 : 2;
-  tensor2(&f.outputs[0], ours_epi == EPI_BIAS ? 10 : 11, -1, s->n, s->n, 1);
+  const int one_op = ours_epi == EPI_BIAS || ours_epi == EPI_PLAIN;
+  f.n_ops = one_op ? 1 : 2;
+  tensor2(&f.outputs[0], one_op ? 10 : 11, -1, s->n, s->n, 1);
   f.n_outputs = 1;
   int rc = fm_fragment_validate(&f, &d);
   if (!rc) rc = fm_fragment_canonicalize(&f, out);
@@ -228,7 +238,7 @@ static double verify(const shape *s, bufs *b, int epi) {
     double acc = 0;
     for (int64_t kk = 0; kk < s->k; kk++)
       acc += (double)gu_bf16_to_f32(b->hx[r * s->k + kk]) * (double)gu_bf16_to_f32(b->hw[q * s->k + kk]);
-    if (epi != EPI_NONE) acc += gu_bf16_to_f32(b->hb[q]);
+    if (epi != EPI_NONE && epi != EPI_PLAIN) acc += gu_bf16_to_f32(b->hb[q]);
     if (epi == EPI_RESIDUAL) acc += gu_bf16_to_f32(b->hr[r * s->n + q]);
     double want = epi == EPI_GELU_ERF ? gelu_erf(acc) : epi == EPI_GELU_TANH ? gelu_tanh(acc) : acc;
     double got = gu_bf16_to_f32(b->hout[r * s->n + q]) - want;
@@ -580,9 +590,10 @@ int main(int argc, char **argv) {
   ours_epi = !epi_env || !*epi_env            ? EPI_GELU_ERF
              : strcmp(epi_env, "bias") == 0     ? EPI_BIAS
              : strcmp(epi_env, "residual") == 0 ? EPI_RESIDUAL
+             : strcmp(epi_env, "plain") == 0    ? EPI_PLAIN
                                                 : EPI_NONE;
   if (ours_epi == EPI_NONE) {   /* a typo must not time the default epilogue under another name */
-    fprintf(stderr, "FM_BENCH_EPI=%s: expected bias or residual (unset: bias + GELU)\n", epi_env);
+    fprintf(stderr, "FM_BENCH_EPI=%s: expected bias, residual or plain (unset: bias + GELU)\n", epi_env);
     return 2;
   }
   /* like FM_BENCH_EPI: a typo must not silently drop the sustained run, nor time for hours */
@@ -652,7 +663,10 @@ int main(int argc, char **argv) {
   static result res[N_SHAPES];
   for (size_t si = 0; si < N_SHAPES; si++)
     if (pick[si]) run_shape((int)si, h, &res[si]);
-  const char *epi_name = ours_epi == EPI_BIAS ? "bias" : ours_epi == EPI_RESIDUAL ? "bias+residual" : "bias+GELU";
+  const char *epi_name = ours_epi == EPI_BIAS       ? "bias"
+                         : ours_epi == EPI_RESIDUAL ? "bias+residual"
+                         : ours_epi == EPI_PLAIN    ? "plain"
+                                                    : "bias+GELU";
   printf("\n| M | N | K | cuBLASLt plain ms (TFLOP/s) | cuBLASLt GELU_BIAS ms (TFLOP/s) | ours %s best ms "
          "(TFLOP/s) | ours default ms | ours/plain time | best candidate |\n|---|---|---|---|---|---|---|---|---|\n",
          epi_name);
