@@ -1,0 +1,58 @@
+"""The modes a model runs under, as a user would write them. Each mode is one
+`torch.compile` wrapper (or none), made once and used for both phases (an inference step
+under no_grad recompiles for itself, as it would for a user).
+
+fuseml's modes talk to the fusemld on FUSEML_SOCKET (run_model.py starts a private one);
+`backend="fuseml"` is the name a user types and reads that variable."""
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    family: str        # the caches it shares with other modes: "eager", "inductor" or "fuseml"
+    graphs: bool       # replays CUDA graphs (memory is taken at capture, not per step)
+    make: object       # model -> the callable a step calls
+
+
+def _fuseml_inductor(model):
+    import fuseml
+    return torch.compile(model, backend=fuseml.FuseMLCompiler(rest="inductor"))
+
+
+MODES = {m.name: m for m in (
+    Mode("eager", "eager", False, lambda model: model),
+    Mode("inductor", "inductor", False, lambda model: torch.compile(model)),
+    Mode("inductor_graphs", "inductor", True, lambda model: torch.compile(model, mode="reduce-overhead")),
+    Mode("fuseml", "fuseml", False, lambda model: torch.compile(model, backend="fuseml")),
+    Mode("fuseml_graphs", "fuseml", True,
+         lambda model: torch.compile(model, backend="fuseml", mode="reduce-overhead")),
+    Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
+)}
+
+
+def select(names):
+    """The modes named in a comma-separated string (all when empty), in the table's order.
+    An unknown name is a ValueError."""
+    if not names:
+        return list(MODES.values())
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    return [m for m in MODES.values() if m.name in wanted]
+
+
+def allow_many_graphs():
+    """Every mode compiles the same forward code once per phase: 10 compiled entries on one
+    code object, past Dynamo's default limit of 8, after which it would silently run eager."""
+    import torch._dynamo.config as cfg
+    for key in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, key):
+            setattr(cfg, key, 64)
+    if hasattr(cfg, "accumulated_recompile_limit"):
+        cfg.accumulated_recompile_limit = 4096
+    elif hasattr(cfg, "accumulated_cache_size_limit"):
+        cfg.accumulated_cache_size_limit = 4096
