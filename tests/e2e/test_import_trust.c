@@ -61,15 +61,6 @@ static int call(int fd, e2e_req *r, reply *out) {
 
 static void reply_free(reply *r) { msgpack_zone_destroy(&r->zone); }
 
-static int connect_hello(const e2e_daemon *d) {
-  int fd = e2e_connect(d->sock);
-  if (fd >= 0 && e2e_hello(fd)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /* The daemon's portable value of key (malloc'd), or NULL. */
 static uint8_t *export_value(int fd, const char *key, size_t *len) {
   e2e_req r;
@@ -140,6 +131,20 @@ static uint8_t *encode(const fm_entry *e, const fm_remote_build *b, const fm_rem
   uint8_t *val = NULL;
   if (fm_remote_entry_encode(e, b, s ? s : &none, &val, len) != FM_OK) return NULL;
   return val;
+}
+
+/* e signed with the secret and imported into B: accepted, but skipped for a reason with why. */
+static void expect_skipped(const fm_entry *e, const fm_remote_build *b, const char *why) {
+  reply rep;
+  size_t len;
+  char reason[160];
+  uint8_t *val = encode(e, b, &secret, &len);
+  import_value(fb, val, len, &rep);
+  CHECK(rep.ok && !imported(&rep));
+  e2e_str(&rep.o, "skipped", reason, sizeof reason);
+  CHECK_STR_CONTAINS(reason, why);
+  reply_free(&rep);
+  free(val);
 }
 
 static void swap_blob(uint8_t **p, size_t *n, const uint8_t *with, size_t with_len) {
@@ -227,7 +232,7 @@ static void test_signed_entry_imported(void) {
 static void test_local_entries_kept(void) {
   fm_entry e;
   fm_remote_build b;
-  char key[65], code[32], state[16], origin[16], why[160];
+  char key[65], code[32], state[16], origin[16];
   reply rep;
   size_t len;
   uint8_t *cubin = NULL;
@@ -251,13 +256,7 @@ static void test_local_entries_kept(void) {
   size_t kept_len = e.cubin_len;
   memcpy(kept, e.cubin, kept_len);
   swap_blob(&e.cubin, &e.cubin_len, planted, sizeof planted);
-  val = encode(&e, &b, &secret, &len);
-  import_value(fb, val, len, &rep);
-  CHECK(rep.ok && !imported(&rep));
-  e2e_str(&rep.o, "skipped", why, sizeof why);
-  CHECK_STR_CONTAINS(why, "local tuned entry is kept");
-  reply_free(&rep);
-  free(val);
+  expect_skipped(&e, &b, "local tuned entry is kept");
   lookup_key(fb, key, code, state, &cubin, &cubin_len);
   CHECK(strcmp(state, "tuned") == 0);
   CHECK(cubin && cubin_len == kept_len && memcmp(cubin, kept, kept_len) == 0);
@@ -267,13 +266,7 @@ static void test_local_entries_kept(void) {
   fm_entry_free(&e);
   CHECK_EQ_INT(genuine(6.0, key, &e, &b), 0);
   e.state = FM_STATE_BAD;
-  val = encode(&e, &b, &secret, &len);
-  import_value(fb, val, len, &rep);
-  CHECK(rep.ok && !imported(&rep));
-  e2e_str(&rep.o, "skipped", why, sizeof why);
-  CHECK_STR_CONTAINS(why, "bad verdict");
-  reply_free(&rep);
-  free(val);
+  expect_skipped(&e, &b, "bad verdict");
   CHECK_EQ_INT(e2e_compile(fb, 7, 6.0, 2, origin, NULL), 0);
   CHECK(strcmp(origin, "compiled") == 0);
   fm_entry_free(&e);
@@ -335,7 +328,7 @@ static int other_uid_child(const uint8_t *val, size_t len, const char *key) {
   e2e_req r;
   char origin[16];
   if (setgroups(0, NULL) || setgid(NOBODY) || setuid(NOBODY)) return 64;
-  int fd = connect_hello(&B);
+  int fd = e2e_connect_hello(&B);
   if (fd < 0) return 128;
   import_value(fd, val, len, &rep);
   if (strcmp(rep.code, "permission_denied") != 0 || !strstr(rep.detail, "uid 65534")) fail |= 1;
@@ -418,7 +411,7 @@ static void stop_n(void) {
 
 static void start_n(void) {
   CHECK_EQ_INT(e2e_start(&N, NULL), 0);
-  fn = connect_hello(&N);
+  fn = e2e_connect_hello(&N);
   CHECK(fn >= 0);
 }
 
@@ -510,8 +503,8 @@ int main(int argc, char **argv) {
   const char *args[] = {"--remote-secret-file", secret_path, NULL};
   if (setup || write_secret(secret_path, "this node's secret\n", &secret) ||
       write_secret(other_path, "someone else's secret\n", &other) || e2e_start(&A, args) || e2e_start(&B, args) ||
-      e2e_start(&N, NULL) || (fa = connect_hello(&A)) < 0 || (fb = connect_hello(&B)) < 0 ||
-      (fn = connect_hello(&N)) < 0) {
+      e2e_start(&N, NULL) || (fa = e2e_connect_hello(&A)) < 0 || (fb = e2e_connect_hello(&B)) < 0 ||
+      (fn = e2e_connect_hello(&N)) < 0) {
     fprintf(stderr, "cannot start the daemons\n");
     e2e_teardown(&A, 1);
     e2e_teardown(&B, 1);
