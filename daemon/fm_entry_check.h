@@ -22,7 +22,8 @@ int fm_entry_expected_key(const fm_devinfo *dev, const char *label, const uint8_
 /* Checks e's content as strictly as the generator's own output: the state is an fm_kstate;
  * canonical is one canonical fragment (it decodes, validates and re-canonicalizes to the same
  * bytes); meta is one map that fm_meta_unpack accepts, of e's kind, with the fragment's
- * number of inputs and outputs; timings is empty or one map. FM_EINVAL with the first fault in d; FM_ENOMEM. */
+ * number of inputs and outputs; timings is empty or one map. FM_EINVAL with the first fault
+ * in d; FM_ENOMEM. */
 int fm_entry_check_content(const fm_entry *e, fm_diag *d);
 
 #endif

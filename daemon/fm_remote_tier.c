@@ -181,11 +181,15 @@ int fm_remote_tier_export(fm_remote_tier *t, const fm_key *key, uint8_t **val, s
  * adds kernels: a "bad" verdict would make the fragment unsupported here without this node
  * ever trying it, so it is skipped. And it never displaces a local entry it does not improve
  * on: a tuned one replaces a local untuned one only; anything else already here is kept. */
-static unsigned states_kept_against(fm_kstate imported) {
-  return imported == FM_STATE_TUNED ? FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD)
-                                    : FM_STATE_BIT(FM_STATE_UNTUNED) | FM_STATE_BIT(FM_STATE_TUNED) |
-                                          FM_STATE_BIT(FM_STATE_BAD);
-}
+static const unsigned local_states_kept[] = {   /* by the imported entry's state */
+    [FM_STATE_UNTUNED] = FM_STATE_BIT(FM_STATE_UNTUNED) | FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
+    [FM_STATE_TUNED] = FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
+};
+static const char *const kept_reason[] = {   /* by the local entry's state */
+    [FM_STATE_UNTUNED] = "a local untuned entry is kept",
+    [FM_STATE_TUNED] = "a local tuned entry is kept",
+    [FM_STATE_BAD] = "a local bad entry is kept (evict it to take the import)",
+};
 
 int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out,
                           const char **skipped, fm_diag *d) {
@@ -216,15 +220,13 @@ int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_
   }
   e.hits = 0;
   e.created = e.last_used = 0;
-  if ((err = fm_store_put_unless(t->store, &e, states_kept_against(e.state), &kept))) {
+  if ((err = fm_store_put_unless(t->store, &e, local_states_kept[e.state], &kept))) {
     fm_diag why = {{0}};
     fm_store_last_error(t->store, &why);
     fm_diag_set(d, FM_ESTORE, "cannot store the entry: %s", why.text[0] ? why.text : fm_strerror(err));
     err = FM_ESTORE;
   } else if (kept >= 0) {
-    *skipped = kept == FM_STATE_TUNED ? "a local tuned entry is kept"
-               : kept == FM_STATE_BAD ? "a local bad entry is kept (evict it to take the import)"
-                                      : "a local untuned entry is kept";
+    *skipped = kept_reason[kept];   /* put_unless reports only states in the mask */
   }
 out:
   fm_entry_free(&e);
