@@ -3,7 +3,7 @@
  *
  * On-disk format: one SQLite database in WAL mode, schema version in PRAGMA user_version.
  *
- *   database   := user_version(1) kernels kernels_lru stats
+ *   database   := user_version(2) kernels kernels_lru stats
  *   kernels    := entry*                          PRIMARY KEY (key, device)
  *   entry      := key       BLOB[32]   fm_fingerprint of the fragment and toolchain
  *                 device    TEXT       fm_device_label ("none/sm_90a" in compile-only mode)
@@ -13,8 +13,11 @@
  *                 created   INTEGER    unix seconds
  *                 last_used INTEGER    unix seconds, set by put and by get with touch
  *                 hits      INTEGER    gets with touch
- *                 checksum  BLOB[32]   SHA-256(u64be(|canonical|) canonical
- *                                              u64be(|cubin|) cubin u64be(|meta|) meta)
+ *                 checksum  BLOB[32]   SHA-256("fusemld-entry-2" field(key) field(device)
+ *                                              field(kind) field(u64be(state)) field(canonical)
+ *                                              field(meta) field(cubin) field(source)
+ *                                              field(timings)),  field(x) := u64be(|x|) x,
+ *                                      a NULL source hashed as u64be(2^64-1) alone
  *                 canonical BLOB       canonical fragment bytes (compared by the daemon on a hit)
  *                 meta      BLOB       fm_meta_pack bytes
  *                 source    TEXT|NULL  the generated CUDA C
@@ -24,10 +27,15 @@
  *                                                       ties fall to rowid (insertion order)
  *   stats      := (id INTEGER PRIMARY KEY, value INTEGER)*   id = an FM_STAT_MAP number
  *
- * The checksum covers what is served (fragment, binary, launch metadata) with lengths, so a
- * torn or bit-flipped blob, or bytes shifted between two blobs, are detected at get; the
- * bookkeeping columns may change without rehashing. Versions: 0 = no tables (a new file);
- * 1 = the above. A new version adds a migrate_N_to_N+1 in fm_store_schema.c. */
+ * The checksum covers every field that is served (compile/lookup replies, show, export) with
+ * lengths, so a torn or bit-flipped blob, bytes shifted between two blobs, a state edited to
+ * "tuned" or a row moved under another key or device are detected at get; only the
+ * bookkeeping columns (size, which get compares with the cubin, created, last_used, hits)
+ * change without rehashing. It guards against damage and stray edits, not against someone
+ * who can write the file (they can recompute it). Versions: 0 = no tables (a new file); 1 = the same tables with a checksum over
+ * u64be(|canonical|) canonical u64be(|cubin|) cubin u64be(|meta|) meta only; 2 = the above.
+ * A new version adds a migrate_N_to_N+1 in fm_store_schema.c (1 to 2 drops the version 1
+ * entries: why is there). */
 #include "fm_store_int.h"
 
 #include <stdarg.h>
@@ -35,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <openssl/evp.h>
 
 /* ---- names, entries, errors --------------------------------------------------------- */
 
@@ -116,6 +126,15 @@ static int step_done(fm_store *s, sqlite3_stmt *st, const char *what) {
   return err;
 }
 
+static int bind_key_device(fm_store *s, sqlite3_stmt *st, const fm_key *key, const char *device) {
+  if (sqlite3_bind_blob(st, 1, key->bytes, FM_KEY_BYTES, SQLITE_STATIC) == SQLITE_OK &&
+      sqlite3_bind_text(st, 2, device, -1, SQLITE_STATIC) == SQLITE_OK)
+    return FM_OK;
+  int err = fm_store_fail_sqlite(s, "binding a key");
+  reset(st);
+  return err;
+}
+
 /* SQLite rolls some failures (FULL, IOERR, NOMEM) back by itself; roll back only what is
  * still open, and keep the first error as the one reported. */
 static void tx_abort(fm_store *s) {
@@ -162,27 +181,44 @@ static void put_u64be(uint8_t *p, uint64_t v) {
   for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
 }
 
-/* The grammar's checksum. fm_sha256 hashes one buffer, so the delimited stream is built
- * in a temporary copy. */
-static int entry_checksum(const uint8_t *canonical, size_t canonical_len, const uint8_t *cubin,
-                          size_t cubin_len, const uint8_t *meta, size_t meta_len,
-                          uint8_t out[32]) {
-  if (canonical_len > SIZE_MAX / 4 || cubin_len > SIZE_MAX / 4 || meta_len > SIZE_MAX / 4)
-    return FM_ENOMEM;
-  size_t total = 24 + canonical_len + cubin_len + meta_len;
-  uint8_t *buf = malloc(total), *p = buf;
-  if (!buf) return FM_ENOMEM;
-  const uint8_t *parts[3] = {canonical, cubin, meta};
-  const size_t lens[3] = {canonical_len, cubin_len, meta_len};
-  for (int i = 0; i < 3; i++) {
-    put_u64be(p, lens[i]);
-    p += 8;
-    if (lens[i]) memcpy(p, parts[i], lens[i]);
-    p += lens[i];
+/* The fields the grammar's checksum covers, in its order. */
+enum { SUM_KEY, SUM_DEVICE, SUM_KIND, SUM_STATE, SUM_CANONICAL, SUM_META, SUM_CUBIN, SUM_SOURCE,
+       SUM_TIMINGS, SUM__COUNT };
+
+typedef struct sum_part {
+  const void *p;
+  size_t n;
+  int absent;        /* a NULL source: hashed as the length 2^64-1 and no bytes */
+} sum_part;
+
+/* The grammar's checksum, streamed through one digest (no copy of the blobs). */
+static int entry_checksum(const sum_part part[SUM__COUNT], uint8_t out[32]) {
+  static const char domain[] = "fusemld-entry-2";   /* the grammar's format 2 */
+  EVP_MD_CTX *c = EVP_MD_CTX_new();
+  unsigned len = 0;
+  int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, domain, sizeof domain - 1);
+  for (int i = 0; ok && i < SUM__COUNT; i++) {
+    uint8_t be[8];
+    put_u64be(be, part[i].absent ? UINT64_MAX : (uint64_t)part[i].n);
+    ok = EVP_DigestUpdate(c, be, sizeof be) && (part[i].absent || !part[i].n || EVP_DigestUpdate(c, part[i].p, part[i].n));
   }
-  fm_sha256(buf, total, out);
-  free(buf);
-  return FM_OK;
+  ok = ok && EVP_DigestFinal_ex(c, out, &len) && len == 32;
+  EVP_MD_CTX_free(c);
+  return ok ? FM_OK : FM_ENOMEM;
+}
+
+/* The parts of an entry about to be put; state_be is the storage for its state. */
+static void entry_parts(const fm_entry *e, uint8_t state_be[8], sum_part part[SUM__COUNT]) {
+  put_u64be(state_be, (uint64_t)(int64_t)e->state);
+  part[SUM_KEY] = (sum_part){e->key.bytes, FM_KEY_BYTES, 0};
+  part[SUM_DEVICE] = (sum_part){e->device, strlen(e->device), 0};
+  part[SUM_KIND] = (sum_part){e->kind, strlen(e->kind), 0};
+  part[SUM_STATE] = (sum_part){state_be, 8, 0};
+  part[SUM_CANONICAL] = (sum_part){e->canonical, e->canonical_len, 0};
+  part[SUM_META] = (sum_part){e->meta, e->meta_len, 0};
+  part[SUM_CUBIN] = (sum_part){e->cubin, e->cubin_len, 0};
+  part[SUM_SOURCE] = (sum_part){e->source, e->source ? strlen(e->source) : 0, !e->source};
+  part[SUM_TIMINGS] = (sum_part){e->timings, e->timings_len, 0};
 }
 
 /* ---- put ---------------------------------------------------------------------------- */
@@ -234,13 +270,29 @@ static int evict_lru(fm_store *s, sqlite3_int64 keep_rowid) {
   return err;
 }
 
-int fm_store_put(fm_store *s, const fm_entry *e) {
+/* The state of key+device's entry, or -1 when there is none (within the caller's transaction,
+ * so that what is decided on it still holds when the put commits). */
+static int state_locked(fm_store *s, const fm_key *key, const char *device, int *state) {
+  sqlite3_stmt *st = s->st[FM_ST_STATE];
+  int err = bind_key_device(s, st, key, device);
+  if (err != FM_OK) return err;
+  int rc = sqlite3_step(st);
+  *state = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) : -1;
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) err = fm_store_fail_sqlite(s, "put: reading the current state");
+  reset(st);
+  return err;
+}
+
+int fm_store_put(fm_store *s, const fm_entry *e) { return fm_store_put_unless(s, e, 0, NULL); }
+
+int fm_store_put_unless(fm_store *s, const fm_entry *e, unsigned keep_states, int *kept_state) {
+  if (kept_state) *kept_state = -1;
   if (!s) return FM_EINVAL;
   const char *why = e ? invalid_entry(e) : "entry is NULL";
-  uint8_t sum[32];
-  int err = why ? FM_EINVAL
-                : entry_checksum(e->canonical, e->canonical_len, e->cubin, e->cubin_len,
-                                 e->meta, e->meta_len, sum);
+  uint8_t sum[32], state_be[8];
+  sum_part part[SUM__COUNT];
+  if (!why) entry_parts(e, state_be, part);
+  int err = why ? FM_EINVAL : entry_checksum(part, sum);
   int64_t now = (int64_t)time(NULL);
 
   pthread_mutex_lock(&s->mu);
@@ -249,6 +301,15 @@ int fm_store_put(fm_store *s, const fm_entry *e) {
     goto out;
   }
   if ((err = tx_begin(s)) != FM_OK) goto out;
+  if (keep_states) {
+    int have;
+    if ((err = state_locked(s, &e->key, e->device, &have)) != FM_OK) goto out;
+    if (have >= 0 && have < 32 && (keep_states & (1u << have))) {
+      if (kept_state) *kept_state = have;
+      err = tx_commit(s);
+      goto out;
+    }
+  }
   sqlite3_stmt *st = s->st[FM_ST_PUT];
   int rc = sqlite3_bind_blob(st, FM_COL_KEY + 1, e->key.bytes, FM_KEY_BYTES, SQLITE_STATIC);
   if (rc == SQLITE_OK) rc = sqlite3_bind_text(st, FM_COL_DEVICE + 1, e->device, -1, SQLITE_STATIC);
@@ -333,8 +394,21 @@ static int read_entry(fm_store *s, sqlite3_stmt *st, fm_entry *out) {
                          cubin_len, (long long)size);
   if (out->state != FM_STATE_UNTUNED && out->state != FM_STATE_TUNED && out->state != FM_STATE_BAD)
     return fm_store_fail(s, FM_ECORRUPT, "entry has unknown state %d", (int)out->state);
-  uint8_t want[32];
-  if (entry_checksum(canonical, canonical_len, cubin, cubin_len, meta, meta_len, want) != FM_OK)
+  /* Hashed as the row holds them (device and kind before any truncation to out's fields). */
+  uint8_t want[32], state_be[8];
+  put_u64be(state_be, (uint64_t)sqlite3_column_int64(st, FM_COL_STATE));
+  const sum_part part[SUM__COUNT] = {
+      [SUM_KEY] = {key, FM_KEY_BYTES, 0},
+      [SUM_DEVICE] = {sqlite3_column_text(st, FM_COL_DEVICE), (size_t)sqlite3_column_bytes(st, FM_COL_DEVICE), 0},
+      [SUM_KIND] = {sqlite3_column_text(st, FM_COL_KIND), (size_t)sqlite3_column_bytes(st, FM_COL_KIND), 0},
+      [SUM_STATE] = {state_be, 8, 0},
+      [SUM_CANONICAL] = {canonical, canonical_len, 0},
+      [SUM_META] = {meta, meta_len, 0},
+      [SUM_CUBIN] = {cubin, cubin_len, 0},
+      [SUM_SOURCE] = {source, source_len, !source},
+      [SUM_TIMINGS] = {timings, timings_len, 0},
+  };
+  if (entry_checksum(part, want) != FM_OK)
     return fm_store_fail(s, FM_ENOMEM, "out of memory verifying an entry");
   if (memcmp(want, sum, 32) != 0)
     return fm_store_fail(s, FM_ECORRUPT, "entry failed its checksum");
@@ -354,15 +428,6 @@ static int read_entry(fm_store *s, sqlite3_stmt *st, fm_entry *out) {
     memcpy(out->source, source, source_len + 1);
   }
   return FM_OK;
-}
-
-static int bind_key_device(fm_store *s, sqlite3_stmt *st, const fm_key *key, const char *device) {
-  if (sqlite3_bind_blob(st, 1, key->bytes, FM_KEY_BYTES, SQLITE_STATIC) == SQLITE_OK &&
-      sqlite3_bind_text(st, 2, device, -1, SQLITE_STATIC) == SQLITE_OK)
-    return FM_OK;
-  int err = fm_store_fail_sqlite(s, "binding a key");
-  reset(st);
-  return err;
 }
 
 /* A damaged entry is deleted and counted in one transaction; the caller rebuilds it. */

@@ -59,7 +59,8 @@ typedef struct fm_store fm_store;
 
 /* Opens or creates the database (WAL, busy timeout), migrating older schemas. A file that is
  * not a database (or fails integrity) is renamed to PATH.corrupt-<unix time> and a fresh one
- * created, reported in d (on FM_OK d->text is empty unless that happened: log it). A schema
+ * created, reported in d (on FM_OK d->text is empty unless that happened, or entries of an
+ * older format were dropped: log it). A schema
  * newer than this build knows is refused (FM_ESTORE), never modified. The directory must
  * exist. size_cap: bytes of cubins kept (0 = unlimited). */
 int fm_store_open(const char *path, uint64_t size_cap, fm_store **out, fm_diag *d);
@@ -76,7 +77,15 @@ void fm_store_last_error(fm_store *s, fm_diag *d);
  * mean now; hits is stored as given. */
 int fm_store_put(fm_store *s, const fm_entry *e);
 
-/* Looks up key+device. On a hit the checksum is verified; a mismatch deletes the entry,
+/* fm_store_put, unless key+device already has an entry whose state is in keep_states (a mask
+ * of FM_STATE_BIT(state)): that entry is then left as it is and *kept_state (may be NULL) is
+ * its state, else -1. The check and the write are one transaction, so an entry written
+ * meanwhile by another thread is never replaced against the mask. */
+#define FM_STATE_BIT(state) (1u << (state))
+int fm_store_put_unless(fm_store *s, const fm_entry *e, unsigned keep_states, int *kept_state);
+
+/* Looks up key+device. On a hit the checksum (over every served field: key, device, kind,
+ * state, the blobs and the source) is verified; a mismatch deletes the entry,
  * counts FM_STAT_CORRUPT and returns FM_ECORRUPT (the caller rebuilds). With touch,
  * last_used and hits are updated. FM_ENOT_FOUND on a miss. Does not count hits/misses:
  * the caller does (it knows what a request was). */

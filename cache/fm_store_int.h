@@ -9,7 +9,7 @@
 #include "fm_store.h"
 
 /* The schema version this build writes (PRAGMA user_version); see fm_store.c's grammar. */
-#define FM_STORE_SCHEMA_VERSION 1
+#define FM_STORE_SCHEMA_VERSION 2
 
 /* Every statement the store runs, prepared once at open and reused (SQLite parses and plans
  * each only once). The SQL text is in fm_store_schema.c next to the schema it depends on. */
@@ -18,6 +18,7 @@ typedef enum {
   FM_ST_COMMIT,
   FM_ST_ROLLBACK,
   FM_ST_PUT,          /* INSERT OR REPLACE one entry */
+  FM_ST_STATE,        /* the state of one entry by key + device */
   FM_ST_USAGE,        /* count, total cubin bytes */
   FM_ST_LRU_VICTIM,   /* least recently used entry other than ?1 (a rowid) */
   FM_ST_DEL_ROWID,

@@ -51,9 +51,26 @@ static int migrate_0_to_1(sqlite3 *db, fm_diag *d) {
   return exec_sql(db, schema_v1, "creating schema version 1", d);
 }
 
+/* Version 2 keeps version 1's tables; only the checksum changed: version 1's covered the
+ * canonical fragment, the cubin and the meta, not the key, device, kind, state, source or
+ * timings (fm_store.c's grammar has both). Version 1 entries are dropped, not rehashed:
+ * their checksum cannot vouch for the fields it never covered (a state edited from untuned
+ * to tuned, a row moved under another key), so rehashing them would bless exactly the edits
+ * the new checksum exists to catch; and rehashing rewrites every blob through the WAL at
+ * startup, more work than rebuilding the entries that are still used, on their first
+ * request. The count dropped is reported in d (a notice: FM_OK). */
+static int migrate_1_to_2(sqlite3 *db, fm_diag *d) {
+  int err = exec_sql(db, "DELETE FROM kernels", "dropping version 1 entries", d);
+  sqlite3_int64 n = sqlite3_changes64(db);
+  if (err == FM_OK && n > 0)
+    fm_diag_set(d, FM_OK, "dropped %lld entries written by an older fusemld (their checksum did not cover "
+                "state and key); each is rebuilt on its next request", (long long)n);
+  return err;
+}
+
 /* migrations[n] takes the schema from version n to n + 1. */
 typedef int (*migration_fn)(sqlite3 *db, fm_diag *d);
-static const migration_fn migrations[FM_STORE_SCHEMA_VERSION] = {migrate_0_to_1};
+static const migration_fn migrations[FM_STORE_SCHEMA_VERSION] = {migrate_0_to_1, migrate_1_to_2};
 
 static int read_user_version(sqlite3 *db, int *v, fm_diag *d) {
   sqlite3_stmt *st = NULL;
@@ -246,6 +263,7 @@ int fm_store_prepare_all(fm_store *s, fm_diag *d) {
       [FM_ST_COMMIT] = "COMMIT",
       [FM_ST_ROLLBACK] = "ROLLBACK",
       [FM_ST_PUT] = put,
+      [FM_ST_STATE] = "SELECT state FROM kernels WHERE key = ?1 AND device = ?2",
       [FM_ST_USAGE] = "SELECT count(*), COALESCE(SUM(size), 0) FROM kernels",
       [FM_ST_LRU_VICTIM] = "SELECT rowid, size FROM kernels WHERE rowid <> ?1 "
                            "ORDER BY last_used, created, rowid LIMIT 1",

@@ -5,7 +5,8 @@
  *
  * export lists the store and asks the daemon for each entry's value (signed with the cluster
  * secret when the daemon has one); import sends each value back, and the daemon verifies it
- * like a remote hit before storing it. */
+ * like a remote hit (it accepts only values signed with its own secret) and stores it, or
+ * skips it where a local entry is kept (counted apart from refusals: not an error). */
 #include "fusectl.h"
 
 #include <errno.h>
@@ -128,7 +129,7 @@ static void pack_entry(msgpack_packer *pk, void *ctx) {
 
 int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
   const char *path = NULL;
-  uint32_t ok = 0, refused = 0;
+  uint32_t ok = 0, refused = 0, skipped = 0;
   uint8_t hdr[4], *val = NULL;
   int rc = parse_file_args(ctl, argc, argv, NULL, &path);
   if (rc) return rc;
@@ -154,22 +155,34 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
     val_arg v = {val, len};
     msgpack_zone_init(&zone, 4096);
     rc = fm_ctl_call(ctl, "import", 1, pack_entry, &v, &zone, &reply);
-    msgpack_zone_destroy(&zone);
     free(val);
     val = NULL;
     if (rc == FM_CTL_EXIT_DAEMON) {
+      msgpack_zone_destroy(&zone);
       refused++;   /* fm_ctl_call printed why */
       rc = FM_CTL_EXIT_OK;
       continue;
     }
+    bool imported = true;
+    char why[160] = "", key[FM_KEY_HEX] = "";
+    if (!rc && fm_msg_get_bool(&reply, "imported", &imported, NULL) == FM_OK && !imported) {
+      /* Kept by the daemon's import rule (a local entry it does not replace): not an error. */
+      fm_msg_copy_str(&reply, "skipped", why, sizeof why, NULL);
+      fm_msg_copy_str(&reply, "key", key, sizeof key, NULL);
+      if (!ctl->json) printf("skipped %.16s: %s\n", key, why);
+      skipped++;
+    } else if (!rc) {
+      ok++;
+    }
+    msgpack_zone_destroy(&zone);
     if (rc) break;
-    ok++;
   }
   free(val);
   fclose(f);
   if (!rc) {
-    if (ctl->json) printf("{\"imported\": %u, \"refused\": %u}\n", ok, refused);
-    else printf("imported %u entr%s from %s; %u refused\n", ok, ok == 1 ? "y" : "ies", path, refused);
+    if (ctl->json) printf("{\"imported\": %u, \"skipped\": %u, \"refused\": %u}\n", ok, skipped, refused);
+    else printf("imported %u entr%s from %s; %u skipped, %u refused\n", ok, ok == 1 ? "y" : "ies", path, skipped,
+                refused);
     if (refused) rc = FM_CTL_EXIT_DAEMON;
   }
   return rc;

@@ -10,6 +10,7 @@
 
 #include "fm_commands.h"
 #include "fm_compile.h"
+#include "fm_entry_check.h"
 #include "fm_fragment.h"
 #include "fm_log.h"
 #include "fm_msg.h"
@@ -471,6 +472,26 @@ int fm_cmd_compile(fm_request *rq, fm_diag *d) {
   return err;
 }
 
+/* A lookup by key has no fragment to compare the entry with (compile does): the key must be
+ * the fingerprint of the entry's own canonical fragment on its device, as the key of every
+ * entry this daemon writes is. One that is not is removed and counted as corrupt, like a
+ * checksum failure: serving it would run another fragment's kernel. */
+static int check_key(fm_daemon *dd, const fm_key *key, const fm_entry *e, fm_diag *d) {
+  fm_key want;
+  fm_diag why = {{0}};
+  char hex[FM_KEY_HEX];
+  int err = fm_entry_expected_key(&dd->dev, e->device, e->canonical, e->canonical_len, &want, &why);
+  if (err == FM_ENOMEM) return fm_diag_set(d, err, "%s", why.text);
+  if (err == FM_OK && memcmp(want.bytes, key->bytes, sizeof want.bytes) == 0) return FM_OK;
+  fm_key_to_hex(key, hex);
+  fm_log_warn("entry %.16s does not hold the fragment its key names (%s); removed",
+              hex, err ? why.text : "another fragment's kernel");
+  fm_store_evict(dd->store, key);
+  fm_store_stat_add(dd->store, FM_STAT_CORRUPT, 1);
+  return fm_diag_set(d, FM_ECORRUPT, "the entry under key %.16s holds another fragment's kernel and was removed; "
+                     "compile the fragment to rebuild it", hex);
+}
+
 static int lookup_by_key(fm_request *rq, const char *hex, size_t hex_len, fm_diag *d) {
   fm_daemon *dd = rq->dd;
   fm_key key;
@@ -489,11 +510,16 @@ static int lookup_by_key(fm_request *rq, const char *hex, size_t hex_len, fm_dia
     }
   }
   if (err == FM_ENOT_FOUND) return fm_diag_set(d, FM_ENOT_FOUND, "no kernel with key %.*s", (int)hex_len, hex);
-  if (err == FM_ECORRUPT) return fm_diag_set(d, FM_ENOT_FOUND, "the entry failed its checksum and was removed");
+  if (err == FM_ECORRUPT)
+    return fm_diag_set(d, FM_ECORRUPT, "the entry failed its checksum and was removed; compile the fragment to rebuild it");
   if (err) {
     fm_diag why = {{0}};
     fm_store_last_error(dd->store, &why);
     return fm_diag_set(d, err, "store lookup failed: %s", why.text[0] ? why.text : fm_strerror(err));
+  }
+  if ((err = check_key(dd, &key, &e, d))) {
+    fm_entry_free(&e);
+    return err;
   }
   reply_entry(rq->conn, rq->id, &e);
   fm_entry_free(&e);

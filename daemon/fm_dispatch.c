@@ -3,6 +3,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fm_codegen.h"
 #include "fm_commands.h"
@@ -15,6 +16,10 @@
 #include "fm_reply.h"
 
 #define FM_CMD_NEEDS_HELLO 1u
+/* Changes what every client is served (import) or drops what they share (evict): only the
+ * daemon's own uid and root. In system mode every member of the socket's group can connect,
+ * and none of them may change what the others run. */
+#define FM_CMD_ADMIN 2u
 
 static int cmd_hello(fm_request *rq, fm_diag *d);
 static int cmd_ping(fm_request *rq, fm_diag *d);
@@ -31,9 +36,9 @@ static const struct fm_command {
     {"stats", fm_cmd_stats, FM_CMD_NEEDS_HELLO},
     {"list", fm_cmd_list, FM_CMD_NEEDS_HELLO},
     {"show", fm_cmd_show, FM_CMD_NEEDS_HELLO},
-    {"evict", fm_cmd_evict, FM_CMD_NEEDS_HELLO},
+    {"evict", fm_cmd_evict, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
     {"export", fm_cmd_export, FM_CMD_NEEDS_HELLO},
-    {"import", fm_cmd_import, FM_CMD_NEEDS_HELLO},
+    {"import", fm_cmd_import, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
 };
 
 static const struct fm_command *find_command(const char *name, size_t len) {
@@ -56,6 +61,18 @@ int fm_dispatch_is_client_error(int err) {
 void fm_dispatch_refused(int err, void *ctx) {
   fm_daemon *dd = ctx;
   if (fm_dispatch_is_client_error(err)) fm_daemon_count(dd, FM_STAT_BAD_REQUESTS, 1);
+}
+
+/* A peer whose uid cannot be read is refused: failing open would defeat the rule. */
+static int check_admin(const fm_conn *c, const char *op, fm_diag *d) {
+  uint32_t uid;
+  if (fm_conn_peer_uid(c, &uid) != FM_OK)
+    return fm_diag_set(d, FM_EDENIED, "\"%s\" needs the peer's uid, which could not be read", op);
+  if (uid == 0 || uid == (uint32_t)geteuid()) return FM_OK;
+  fm_log_warn("%s: \"%s\" refused: uid %u is neither root nor the daemon's uid %u", fm_conn_name(c), op,
+              (unsigned)uid, (unsigned)geteuid());
+  return fm_diag_set(d, FM_EDENIED, "\"%s\" is allowed only to root and to the daemon's own uid %u, not uid %u",
+                     op, (unsigned)geteuid(), (unsigned)uid);
 }
 
 void fm_dispatch_frame(fm_conn *c, const uint8_t *payload, size_t len, void *ctx) {
@@ -93,6 +110,7 @@ void fm_dispatch_frame(fm_conn *c, const uint8_t *payload, size_t len, void *ctx
     err = fm_diag_set(&d, FM_EHANDSHAKE, "\"%s\" before hello: send hello first", cmd->name);
     goto reply_error;
   }
+  if ((cmd->flags & FM_CMD_ADMIN) && (err = check_admin(c, cmd->name, &d))) goto reply_error;
   fm_request rq = {.dd = dd, .conn = c, .id = id, .msg = &msg};
   err = cmd->handler(&rq, &d);
   if (err) goto reply_error;

@@ -1,7 +1,9 @@
 /* fm_remote_cmd.c: export and import, one portable entry (fm_remote_entry.h) per request.
  *
  *   export {key: hex64}  -> {key, entry: bin}        signed with the cluster secret if set
- *   import {entry: bin}  -> {key, imported: true}    verified like a remote hit, then stored
+ *   import {entry: bin}  -> {key, imported: bool, skipped?: str}
+ *                           verified like a remote hit, then stored unless the import rule
+ *                           (fm_remote_tier.c) skips it; admin only (fm_dispatch.c)
  *
  * An import is bounded by the request frame (FM_FRAME_MAX_REQUEST): larger entries are
  * refused by the framing before they get here. */
@@ -46,19 +48,22 @@ int fm_cmd_import(fm_request *rq, fm_diag *d) {
   int err = fm_msg_get_bin(rq->msg, "entry", &val, &len, d);
   if (err == FM_ENOT_FOUND) return fm_diag_set(d, FM_ESCHEMA, "import needs \"entry\"");
   if (err) return err;
+  const char *skipped = NULL;
   memset(&key, 0, sizeof key);
-  err = fm_remote_tier_import(dd->remote, val, len, &key, d);
+  err = fm_remote_tier_import(dd->remote, val, len, &key, &skipped, d);
   fm_key_to_hex(&key, hex);
   if (err) {
-    fm_log_warn("import of %.16s refused: %s", hex, d->text);
+    fm_log_warn("%s: import of %.16s refused: %s", fm_conn_name(rq->conn), hex, d->text);
     return err;
   }
-  fm_log_info("imported %.16s", hex);
+  if (skipped) fm_log_info("%s: import of %.16s skipped: %s", fm_conn_name(rq->conn), hex, skipped);
+  else fm_log_info("%s: imported %.16s", fm_conn_name(rq->conn), hex);
   fm_reply r;
-  fm_reply_begin(&r, rq->id, 2);
+  fm_reply_begin(&r, rq->id, skipped ? 3 : 2);
   fm_pack_cstr(&r.pk, "key");
   fm_reply_pack_key(&r.pk, &key);
-  fm_pack_kv_bool(&r.pk, "imported", true);
+  fm_pack_kv_bool(&r.pk, "imported", !skipped);
+  if (skipped) fm_pack_kv_cstr(&r.pk, "skipped", skipped);
   fm_reply_send(&r, rq->conn, rq->id);
   return FM_OK;
 }

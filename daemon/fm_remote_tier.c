@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_entry_check.h"
 #include "fm_fragment.h"
 #include "fm_log.h"
 #include "fm_msg.h"
@@ -80,6 +81,7 @@ static void lookup_work(uv_work_t *req) {
   int err = fm_remote_entry_decode(val, len, &t->secret, &lk->e, &b, &why);
   if (!err) {
     err = fm_remote_entry_verify(&lk->e, &b, &lk->key, lk->label, &mine, lk->canonical, lk->canonical_len, &why);
+    if (!err) err = fm_entry_check_content(&lk->e, &why);
     if (err) fm_entry_free(&lk->e);
   }
   free(val);
@@ -174,35 +176,57 @@ int fm_remote_tier_export(fm_remote_tier *t, const fm_key *key, uint8_t **val, s
   return FM_OK;
 }
 
-int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out, fm_diag *d) {
+/* The import rule (docs/REMOTE.md, "Import"): a valid HMAC proves the entry came from a daemon
+ * holding this node's secret, so its state is believed, with two limits. An import only ever
+ * adds kernels: a "bad" verdict would make the fragment unsupported here without this node
+ * ever trying it, so it is skipped. And it never displaces a local entry it does not improve
+ * on: a tuned one replaces a local untuned one only; anything else already here is kept. */
+static const unsigned local_states_kept[] = {   /* by the imported entry's state */
+    [FM_STATE_UNTUNED] = FM_STATE_BIT(FM_STATE_UNTUNED) | FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
+    [FM_STATE_TUNED] = FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
+};
+static const char *const kept_reason[] = {   /* by the local entry's state */
+    [FM_STATE_UNTUNED] = "a local untuned entry is kept",
+    [FM_STATE_TUNED] = "a local tuned entry is kept",
+    [FM_STATE_BAD] = "a local bad entry is kept (evict it to take the import)",
+};
+
+int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out,
+                          const char **skipped, fm_diag *d) {
   fm_entry e;
   fm_remote_build b, mine;
-  fm_device_id id;
   fm_key key;
-  char label[192];
+  char arch[16];
+  int kept = -1;
+  *skipped = NULL;
+  /* Without a secret nothing can tell an exported entry from a forged one: anyone can
+   * recompute an unkeyed digest. */
+  if (!t->secret.len)
+    return fm_diag_set(d, FM_EDENIED, "import is disabled: this daemon has no --remote-secret-file, and only "
+                       "entries signed with this node's secret are accepted");
   int err = fm_remote_entry_decode(val, len, &t->secret, &e, &b, d);
   if (err) return err;
   *key_out = e.key;
+  if ((err = fm_entry_check_content(&e, d))) goto out;
   /* Recompute the key from the canonical fragment for this daemon's device and versions:
    * an entry from another device, codegen or NVRTC cannot match it. */
-  if ((err = fm_device_for_arch(t->dev, b.arch, &id, d))) {
-    err = fm_diag_set(d, FM_EINVAL, "entry is for arch %s, which this daemon cannot target", b.arch);
+  if ((err = fm_entry_expected_key(t->dev, e.device, e.canonical, e.canonical_len, &key, d))) goto out;
+  fm_remote_label_arch(e.device, arch, sizeof arch);
+  my_build(t, arch, &mine);
+  if ((err = fm_remote_entry_verify(&e, &b, &key, e.device, &mine, NULL, 0, d))) goto out;
+  if (e.state == FM_STATE_BAD) {
+    *skipped = "a bad verdict is not imported (this node tunes the fragment itself)";
     goto out;
   }
-  fm_device_label(&id, label, sizeof label);
-  if ((err = fm_device_key(t->dev, &id, e.canonical, e.canonical_len, &key))) {
-    fm_diag_set(d, err, "cannot compute the key: %s", fm_strerror(err));
-    goto out;
-  }
-  my_build(t, b.arch, &mine);
-  if ((err = fm_remote_entry_verify(&e, &b, &key, label, &mine, NULL, 0, d))) goto out;
   e.hits = 0;
   e.created = e.last_used = 0;
-  if ((err = fm_store_put(t->store, &e))) {
+  if ((err = fm_store_put_unless(t->store, &e, local_states_kept[e.state], &kept))) {
     fm_diag why = {{0}};
     fm_store_last_error(t->store, &why);
     fm_diag_set(d, FM_ESTORE, "cannot store the entry: %s", why.text[0] ? why.text : fm_strerror(err));
     err = FM_ESTORE;
+  } else if (kept >= 0) {
+    *skipped = kept_reason[kept];   /* put_unless reports only states in the mask */
   }
 out:
   fm_entry_free(&e);

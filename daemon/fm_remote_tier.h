@@ -59,10 +59,15 @@ void fm_remote_publish(uv_loop_t *loop, fm_remote_tier *t, const fm_key *key, co
 
 /* The portable value of stored entry key (any device): FM_ENOT_FOUND, FM_ENOMEM. */
 int fm_remote_tier_export(fm_remote_tier *t, const fm_key *key, uint8_t **val, size_t *len, fm_diag *d);
-/* Decodes, verifies as a remote hit (the key recomputed from the canonical fragment for this
- * daemon's device and versions) and stores a portable value. FM_EDENIED (HMAC),
- * FM_ECORRUPT, FM_EINVAL (not for this daemon), FM_ESTORE. *key_out: the entry's key. */
-int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out, fm_diag *d);
+/* Decodes, verifies as a remote hit (the HMAC with this node's secret, the key recomputed
+ * from the canonical fragment for this daemon's device and versions, the content checked by
+ * fm_entry_check_content) and stores a portable value, under the import rule in
+ * fm_remote_tier.c: a "bad" entry, or one that would displace a local entry it does not
+ * improve on, is skipped (FM_OK, *skipped says why; NULL when stored). FM_EDENIED (no secret
+ * configured, unsigned, HMAC mismatch), FM_ECORRUPT, FM_EINVAL (not for this daemon, invalid
+ * content), FM_ESTORE. *key_out: the entry's key. */
+int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out,
+                          const char **skipped, fm_diag *d);
 
 /* The "remote" map of the stats reply. */
 void fm_remote_tier_pack_stats(fm_remote_tier *t, msgpack_packer *pk);

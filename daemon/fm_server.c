@@ -545,3 +545,9 @@ void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid) {
 const char *fm_conn_name(const fm_conn *c) {
   return c->name;
 }
+
+int fm_conn_peer_uid(const fm_conn *c, uint32_t *uid) {
+  if (!c->have_cred) return FM_ENOT_FOUND;
+  *uid = (uint32_t)c->cred.uid;
+  return FM_OK;
+}

@@ -88,5 +88,8 @@ int fm_conn_hello_done(const fm_conn *c);
 void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid);
 /* "#12 python/4242" for log lines. */
 const char *fm_conn_name(const fm_conn *c);
+/* The peer's uid as the kernel gave it when the connection was accepted (SO_PEERCRED);
+ * FM_ENOT_FOUND if it could not be read. */
+int fm_conn_peer_uid(const fm_conn *c, uint32_t *uid);
 
 #endif

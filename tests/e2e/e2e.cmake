@@ -15,3 +15,14 @@ if(TARGET fusemld AND TARGET fusectl)
                    $<TARGET_FILE:fusemld> $<TARGET_FILE:fusectl> ${PROJECT_SOURCE_DIR}/examples)
   set_tests_properties(e2e_fusectl PROPERTIES TIMEOUT 120 LABELS e2e)
 endif()
+
+# What an import may plant and what a stored entry must prove before it is served (links the
+# daemon core to build signed and forged entries, and SQLite to edit a stopped daemon's file).
+if(TARGET fusemld)
+  add_executable(test_import_trust e2e/test_import_trust.c e2e/e2e_util.c)
+  target_include_directories(test_import_trust PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/unit ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+  target_link_libraries(test_import_trust PRIVATE fm_daemon_core PkgConfig::SQLITE3)
+  add_dependencies(test_import_trust fusemld)
+  add_test(NAME e2e_import_trust COMMAND test_import_trust $<TARGET_FILE:fusemld>)
+  set_tests_properties(e2e_import_trust PROPERTIES TIMEOUT 180 LABELS e2e)
+endif()

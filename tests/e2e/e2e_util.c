@@ -336,6 +336,15 @@ int e2e_hello(int fd) {
   return rc;
 }
 
+int e2e_connect_hello(const e2e_daemon *d) {
+  int fd = e2e_connect(d->sock);
+  if (fd >= 0 && e2e_hello(fd)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 int e2e_compile(int fd, uint64_t id, double salt, int n_ops, char origin[16], char key[65]) {
   e2e_req r;
   e2e_req_begin(&r, "compile", id, 1);

@@ -56,6 +56,8 @@ void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops);
 
 /* hello with FM_PROTO_VERSION; 0 on an ok reply. */
 int e2e_hello(int fd);
+/* A connection to d that has said hello, or -1. */
+int e2e_connect_hello(const e2e_daemon *d);
 /* compile the salted fragment on fd; fills origin (and key hex) from the reply. Returns 0 for an
  * ok reply, else -1 (code copied into origin). */
 int e2e_compile(int fd, uint64_t id, double salt, int n_ops, char origin[16], char key[65]);

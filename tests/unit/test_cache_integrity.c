@@ -1,6 +1,7 @@
-/* test_cache_integrity.c: the kernel store under damage: bit-flipped blobs, a file that is
- * not a database, a corrupted page, a schema from the future, version-0 files, a writer
- * killed with SIGKILL mid-stream, and a disk that fills up during a put. */
+/* test_cache_integrity.c: the kernel store under damage: bit-flipped blobs, edited fields
+ * (state, key, device, kind, source), a file that is not a database, a corrupted page, a
+ * schema from the future, version-0 and version-1 files, a writer killed with SIGKILL
+ * mid-stream, and a disk that fills up during a put. */
 #include "test_cache_util.h"
 
 #include <dirent.h>
@@ -99,6 +100,20 @@ static int get_seed(fm_store *s, unsigned seed) {
   return err;
 }
 
+/* Expects get of key+device to find the entry damaged, delete and count it. */
+static void expect_corrupt(fm_store *s, const fm_key *k, const char *device, int64_t corrupt_before) {
+  fm_entry got;
+  CHECK_EQ_INT(fm_store_get(s, k, device, 1, &got), FM_ECORRUPT);
+  CHECK(got.cubin == NULL);
+  fm_diag d;
+  fm_store_last_error(s, &d);
+  CHECK(d.text[0] != '\0');
+  CHECK_EQ_INT(fm_store_get(s, k, device, 0, &got), FM_ENOT_FOUND);
+  int64_t st[FM_STAT__COUNT];
+  CHECK_EQ_INT(fm_store_stats(s, st), FM_OK);
+  CHECK_EQ_INT(st[FM_STAT_CORRUPT], corrupt_before + 1);
+}
+
 /* Damages one entry with raw SQL, then expects get to notice, delete and count it. */
 static void corrupt_and_check(const char *path, fm_store *s, unsigned seed, const char *set_clause,
                               int64_t corrupt_before) {
@@ -107,16 +122,7 @@ static void corrupt_and_check(const char *path, fm_store *s, unsigned seed, cons
   fm_key_to_hex(&k, hex);
   snprintf(sql, sizeof sql, "UPDATE kernels SET %s WHERE key = x'%s'", set_clause, hex);
   CHECK_EQ_INT(raw_exec(path, sql), SQLITE_OK);
-  fm_entry got;
-  CHECK_EQ_INT(fm_store_get(s, &k, TC_DEVICE, 1, &got), FM_ECORRUPT);
-  CHECK(got.cubin == NULL);
-  fm_diag d;
-  fm_store_last_error(s, &d);
-  CHECK(d.text[0] != '\0');
-  CHECK_EQ_INT(fm_store_get(s, &k, TC_DEVICE, 0, &got), FM_ENOT_FOUND);
-  int64_t st[FM_STAT__COUNT];
-  CHECK_EQ_INT(fm_store_stats(s, st), FM_OK);
-  CHECK_EQ_INT(st[FM_STAT_CORRUPT], corrupt_before + 1);
+  expect_corrupt(s, &k, TC_DEVICE, corrupt_before);
 }
 
 static void test_corrupt_blob(void) {
@@ -140,6 +146,82 @@ static void test_corrupt_blob(void) {
   /* The caller rebuilds: a fresh put serves again. */
   put_seed(s, 1, 3000);
   CHECK_EQ_INT(get_seed(s, 1), FM_OK);
+  fm_store_close(s);
+}
+
+/* Every served field is under the checksum, not only the blobs: an untuned entry edited to
+ * "tuned", a row moved under another key or device, an edited kind, source or timings are
+ * each refused, never served. */
+static void test_checksum_covers_served_fields(void) {
+  char path[600], sql[512], hex[FM_KEY_HEX], other[FM_KEY_HEX];
+  fm_diag d;
+  path_of(path, sizeof path, "fields.db");
+  fm_store *s = open_ok(path, 0, &d);
+  for (unsigned i = 1; i <= 7; i++) {
+    fm_entry e;
+    tc_entry(&e, i, 0, 2000);
+    e.state = FM_STATE_UNTUNED;
+    CHECK_EQ_INT(fm_store_put(s, &e), FM_OK);
+    fm_entry_free(&e);
+  }
+  corrupt_and_check(path, s, 1, "state = 1", 0);
+  corrupt_and_check(path, s, 2, "kind = 'rows'", 1);
+  corrupt_and_check(path, s, 3, "source = source || ' '", 2);
+  corrupt_and_check(path, s, 4, "timings = x'00' || timings", 3);
+  corrupt_and_check(path, s, 5, "source = NULL", 4);
+  /* Moved under the key of a fragment the store does not hold (seed 99). */
+  fm_key k6 = tc_key(6), k99 = tc_key(99);
+  fm_key_to_hex(&k6, hex);
+  fm_key_to_hex(&k99, other);
+  snprintf(sql, sizeof sql, "UPDATE kernels SET key = x'%s' WHERE key = x'%s'", other, hex);
+  CHECK_EQ_INT(raw_exec(path, sql), SQLITE_OK);
+  expect_corrupt(s, &k99, TC_DEVICE, 5);
+  /* Moved under another device label. */
+  fm_key k7 = tc_key(7);
+  fm_key_to_hex(&k7, hex);
+  snprintf(sql, sizeof sql, "UPDATE kernels SET device = 'none/sm_80' WHERE key = x'%s'", hex);
+  CHECK_EQ_INT(raw_exec(path, sql), SQLITE_OK);
+  expect_corrupt(s, &k7, "none/sm_80", 6);
+  /* An untouched entry with a NULL source and no timings still verifies. */
+  fm_entry e;
+  tc_entry(&e, 8, 0, 100);
+  free(e.source);
+  free(e.timings);
+  e.source = NULL;
+  e.timings = NULL;
+  e.timings_len = 0;
+  CHECK_EQ_INT(fm_store_put(s, &e), FM_OK);
+  fm_entry got;
+  CHECK_EQ_INT(fm_store_get(s, &e.key, TC_DEVICE, 0, &got), FM_OK);
+  CHECK(got.source == NULL && got.timings_len == 0);
+  fm_entry_free(&got);
+  fm_entry_free(&e);
+  fm_store_close(s);
+}
+
+/* put_unless keeps an entry whose state is in the mask, and replaces any other. */
+static void test_put_unless(void) {
+  char path[600];
+  fm_diag d;
+  path_of(path, sizeof path, "unless.db");
+  fm_store *s = open_ok(path, 0, &d);
+  fm_entry tuned, untuned, got;
+  tc_entry(&tuned, 1, 0, 300);
+  tc_entry(&untuned, 1, 1, 300);
+  untuned.state = FM_STATE_UNTUNED;
+  int kept = 5;
+  const unsigned keep = FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD);
+  CHECK_EQ_INT(fm_store_put_unless(s, &untuned, keep, &kept), FM_OK);   /* none: stored */
+  CHECK_EQ_INT(kept, -1);
+  CHECK_EQ_INT(fm_store_put_unless(s, &tuned, keep, &kept), FM_OK);     /* untuned: replaced */
+  CHECK_EQ_INT(kept, -1);
+  CHECK_EQ_INT(fm_store_put_unless(s, &untuned, keep, &kept), FM_OK);   /* tuned: kept */
+  CHECK_EQ_INT(kept, FM_STATE_TUNED);
+  CHECK_EQ_INT(fm_store_get(s, &tuned.key, TC_DEVICE, 0, &got), FM_OK);
+  CHECK(tc_same_content(&tuned, &got));
+  fm_entry_free(&got);
+  fm_entry_free(&tuned);
+  fm_entry_free(&untuned);
   fm_store_close(s);
 }
 
@@ -280,7 +362,7 @@ static void test_migrate_from_v0(void) {
   CHECK_EQ_INT(get_seed(s, 1), FM_OK);
   fm_store_close(s);
   raw_query(path, "PRAGMA user_version", v, sizeof v);
-  CHECK(strcmp(v, "1") == 0);
+  CHECK(strcmp(v, "2") == 0);
   raw_query(path, "PRAGMA journal_mode", v, sizeof v);
   CHECK(strcmp(v, "wal") == 0);
   CHECK_EQ_INT(count_corrupt_files("empty.db"), 0);
@@ -296,7 +378,7 @@ static void test_migrate_from_v0(void) {
   raw_query(path, "SELECT t FROM notes", v, sizeof v);
   CHECK(strcmp(v, "keep me") == 0);
   raw_query(path, "PRAGMA user_version", v, sizeof v);
-  CHECK(strcmp(v, "1") == 0);
+  CHECK(strcmp(v, "2") == 0);
   /* Reopening a current file migrates nothing and keeps the data. */
   s = open_ok(path, 0, &d);
   CHECK_EQ_INT(get_seed(s, 2), FM_OK);
@@ -314,6 +396,37 @@ static void test_migrate_from_v0(void) {
   CHECK(strcmp(v, "2") == 0);
   raw_query(path, "PRAGMA user_version", v, sizeof v);
   CHECK(strcmp(v, "0") == 0);
+}
+
+/* A version 1 file (the same tables, a checksum over the blobs alone) opens as version 2 with
+ * its entries dropped and reported, its statistics kept: an old entry is rebuilt, never
+ * served on a checksum that did not cover its state or key. */
+static void test_migrate_from_v1(void) {
+  char path[600], v[64];
+  fm_diag d = {{0}};
+  path_of(path, sizeof path, "v1.db");
+  fm_store *s = open_ok(path, 0, &d);
+  for (unsigned i = 1; i <= 3; i++) put_seed(s, i, 500);
+  CHECK_EQ_INT(fm_store_stat_add(s, FM_STAT_COMPILES, 3), FM_OK);
+  fm_store_close(s);
+  CHECK_EQ_INT(raw_exec(path, "PRAGMA user_version = 1"), SQLITE_OK);
+  s = open_ok(path, 0, &d);
+  CHECK_STR_CONTAINS(d.text, "dropped 3 entries");
+  raw_query(path, "PRAGMA user_version", v, sizeof v);
+  CHECK(strcmp(v, "2") == 0);
+  CHECK_EQ_INT(get_seed(s, 1), FM_ENOT_FOUND);
+  int64_t st[FM_STAT__COUNT];
+  CHECK_EQ_INT(fm_store_stats(s, st), FM_OK);
+  CHECK_EQ_INT(st[FM_STAT_COMPILES], 3);
+  CHECK_EQ_INT(st[FM_STAT_CORRUPT], 0);
+  put_seed(s, 1, 500);
+  CHECK_EQ_INT(get_seed(s, 1), FM_OK);
+  fm_store_close(s);
+  /* Reopened: nothing more to drop, nothing reported. */
+  s = open_ok(path, 0, &d);
+  CHECK_EQ_INT(d.text[0], 0);
+  CHECK_EQ_INT(get_seed(s, 1), FM_OK);
+  fm_store_close(s);
 }
 
 /* The child: puts (with replacement and eviction) as fast as it can until killed. */
@@ -477,12 +590,15 @@ static void test_disk_full(void) {
 int main(void) {
   tc_mkdtemp(g_dir, sizeof g_dir);
   RUN(test_corrupt_blob);
+  RUN(test_checksum_covers_served_fields);
+  RUN(test_put_unless);
   RUN(test_checksum_reason);
   RUN(test_garbage_file);
   RUN(test_damaged_pages);
   RUN(test_locked_not_moved);
   RUN(test_newer_version_refused);
   RUN(test_migrate_from_v0);
+  RUN(test_migrate_from_v1);
   RUN(test_sigkill_writer);
   RUN(test_disk_full);
   tc_rmtree(g_dir);
