@@ -29,34 +29,6 @@
 
 static e2e_daemon D;
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-static int restart(const char *const *extra) {
-  if (D.pid) e2e_stop(&D, SIGTERM, 30000);
-  return e2e_start(&D, extra);
-}
-
-/* The daemon's resident memory in KiB (VmRSS), or -1. */
-static long daemon_rss_kb(void) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%ld/status", (long)D.pid);
-  FILE *f = fopen(path, "r");
-  long kb = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmRSS:", 6) == 0) kb = strtol(line + 6, NULL, 10);
-  if (f) fclose(f);
-  return kb;
-}
-
 static long log_bytes(void) {
   struct stat st;
   return stat(D.log, &st) == 0 ? (long)st.st_size : -1;
@@ -114,7 +86,7 @@ static void test_non_readers_bounded_total(void) {
   snprintf(opts, sizeof opts, "%s%squarantine_size_mb=8", saved ? saved : "", saved ? ":" : "");
   setenv("ASAN_OPTIONS", opts, 1);
   const char *extra[] = {"--max-output", "64M", "--max-output-total", "16M", NULL};
-  CHECK_EQ_INT(restart(extra), 0);
+  CHECK_EQ_INT(e2e_restart(&D, extra), 0);
   if (saved) setenv("ASAN_OPTIONS", saved, 1);
   else unsetenv("ASAN_OPTIONS");
   free(saved);
@@ -123,7 +95,7 @@ static void test_non_readers_bounded_total(void) {
   char origin[16];
   CHECK_EQ_INT(e2e_compile(good, 1, 1.5, 3, origin, NULL), 0);   /* now a hit */
   for (int i = 0; i < 20; i++) CHECK_EQ_INT(e2e_compile(good, 2 + (uint64_t)i, 1.5, 3, origin, NULL), 0);
-  long base_kb = daemon_rss_kb();
+  long base_kb = e2e_rss_kb(D.pid);
   CHECK(base_kb > 0);
 
   framed req = hit_request();
@@ -133,17 +105,17 @@ static void test_non_readers_bounded_total(void) {
     CHECK(fds[i] >= 0 && e2e_hello(fds[i]) == 0);
   }
   long peak_kb = base_kb;
-  double t0 = now_ms();
-  for (int round = 0; n_cut < NON_READERS && now_ms() - t0 < 120000; round++) {
+  double t0 = e2e_now_ms();
+  for (int round = 0; n_cut < NON_READERS && e2e_now_ms() - t0 < 120000; round++) {
     for (int i = 0; i < NON_READERS; i++)
       if (!cut[i] && pipeline(fds[i], &req, &sent[i]) < 0) cut[i] = 1, n_cut++;
-    long kb = daemon_rss_kb();
+    long kb = e2e_rss_kb(D.pid);
     if (kb > peak_kb) peak_kb = kb;
     if (round % 50 == 49) {   /* the client that reads, meanwhile */
       CHECK_EQ_INT(e2e_compile(good, 100000 + (uint64_t)round, 1.5, 3, origin, NULL), 0);
       good_hits++;
     }
-    sleep_ms(1);
+    e2e_sleep_ms(1);
   }
   long total_sent = 0;
   for (int i = 0; i < NON_READERS; i++) total_sent += sent[i], close(fds[i]);
@@ -154,7 +126,7 @@ static void test_non_readers_bounded_total(void) {
   CHECK(strcmp(origin, "hit") == 0);
   printf("  %d non-readers: %ld hits pipelined, %d cut in %.1f s; daemon VmRSS %ld MB -> peak %ld MB "
          "(bound 16 MB + margin %ld MB); the reading client got %d hits meanwhile\n",
-         NON_READERS, total_sent, n_cut, (now_ms() - t0) / 1e3, base_kb >> 10, peak_kb >> 10, margin_kb >> 10,
+         NON_READERS, total_sent, n_cut, (e2e_now_ms() - t0) / 1e3, base_kb >> 10, peak_kb >> 10, margin_kb >> 10,
          good_hits);
   CHECK(peak_kb - base_kb < bound_kb + margin_kb);
   close(good);
@@ -212,19 +184,19 @@ static int ping(char code[32], int64_t *clients) {
 
 static void test_connect_close_storm(void) {
   const char *extra[] = {"--max-clients", "16", "--log-level", "info", NULL};
-  CHECK_EQ_INT(restart(extra), 0);
+  CHECK_EQ_INT(e2e_restart(&D, extra), 0);
   pthread_t threads[4];
   atomic_store(&storm_stop, 0);
   atomic_store(&storm_conns, 0);
   for (int i = 0; i < 4; i++) CHECK_EQ_INT(pthread_create(&threads[i], NULL, storm, NULL), 0);
-  sleep_ms(300);
+  e2e_sleep_ms(300);
   int answered = 0;
   int64_t clients = 0;
   char code[32], first_failure[32] = "";
   for (int i = 0; i < 40; i++) {
     if (ping(code, &clients) == 0) answered++;
     else if (!first_failure[0]) snprintf(first_failure, sizeof first_failure, "%s", code);
-    sleep_ms(50);
+    e2e_sleep_ms(50);
   }
   atomic_store(&storm_stop, 1);
   for (int i = 0; i < 4; i++) pthread_join(threads[i], NULL);
@@ -242,10 +214,10 @@ static void test_log_cost_per_connection(void) {
   long n = env ? strtol(env, NULL, 10) : 3000;
   if (n < 100) n = 100;
   const char *extra[] = {"--log-level", "info", NULL};
-  CHECK_EQ_INT(restart(extra), 0);
+  CHECK_EQ_INT(e2e_restart(&D, extra), 0);
   long before = log_bytes();
   const uint8_t half[] = {0, 0, 0, 50, 0x81};
-  double t0 = now_ms();
+  double t0 = e2e_now_ms();
   long connected = 0;
   for (long i = 0; i < n; i++) {
     int fd = e2e_connect(D.sock);
@@ -256,7 +228,7 @@ static void test_log_cost_per_connection(void) {
     else if (i % 3 == 1) CHECK_EQ_INT(e2e_send_raw(fd, half, sizeof half), 0);
     close(fd);
   }
-  double secs = (now_ms() - t0) / 1e3;
+  double secs = (e2e_now_ms() - t0) / 1e3;
   CHECK_EQ_INT(connected, n);
   /* The summary of the last interval is written at shutdown. */
   int st = e2e_stop(&D, SIGTERM, 30000);
@@ -273,16 +245,16 @@ static void test_log_cost_per_connection(void) {
 
 static void test_frame_deadline(void) {
   const char *extra[] = {"--frame-deadline", "3", NULL};
-  CHECK_EQ_INT(restart(extra), 0);
+  CHECK_EQ_INT(e2e_restart(&D, extra), 0);
   int fd = e2e_connect(D.sock);
   CHECK(fd >= 0 && e2e_hello(fd) == 0);
   /* A 50-byte frame, one byte a second: each byte is well within the 10 s stall timeout. */
   const uint8_t header[] = {0, 0, 0, 50};
-  double t0 = now_ms(), closed_at = -1;
+  double t0 = e2e_now_ms(), closed_at = -1;
   CHECK_EQ_INT(e2e_send_raw(fd, header, sizeof header), 0);
   for (int i = 0; i < 14 && closed_at < 0; i++) {
-    if (e2e_wait_closed(fd, 1000)) closed_at = now_ms() - t0;
-    else if (send(fd, "\x81", 1, MSG_NOSIGNAL) != 1) closed_at = now_ms() - t0;
+    if (e2e_wait_closed(fd, 1000)) closed_at = e2e_now_ms() - t0;
+    else if (send(fd, "\x81", 1, MSG_NOSIGNAL) != 1) closed_at = e2e_now_ms() - t0;
   }
   if (closed_at < 0) printf("  one byte a second: not cut in 14 s (frame deadline 3 s, stall timeout 10 s)\n");
   else printf("  one byte a second: cut after %.1f s (frame deadline 3 s, stall timeout 10 s)\n", closed_at / 1e3);
@@ -298,17 +270,8 @@ static void test_frame_deadline(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) {
-    fprintf(stderr, "usage: %s PATH/TO/fusemld\n", argv[0]);
-    return 2;
-  }
-  signal(SIGPIPE, SIG_IGN);
-  if (e2e_setup(&D, argv[1]) != 0 || e2e_start(&D, NULL) != 0) {
-    fprintf(stderr, "cannot start %s\n", argv[1]);
-    e2e_teardown(&D, 1);
-    printf("0 passed, 1 failed\n");
-    return 1;
-  }
+  int status = e2e_main_start(&D, argc, argv);
+  if (status) return status;
   const char *only = getenv("FM_CONN_ONLY");
 #define RUN_SELECTED(fn) \
   if (!only || strstr(#fn, only)) RUN(fn)

@@ -46,17 +46,6 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static long rss_kb(pid_t pid) {
-  char path[64], line[256];
-  long kb = -1;
-  snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-  FILE *f = fopen(path, "r");
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmRSS:", 6) == 0) kb = strtol(line + 6, NULL, 10);
-  if (f) fclose(f);
-  return kb;
-}
-
 static void fail(const client_state *c, const char *what) {
   atomic_fetch_add(&g_failures, 1);
   if (atomic_load(&g_failures) <= 10) fprintf(stderr, "  client %d: %s\n", c->idx, what);
@@ -195,7 +184,7 @@ static void test_load(void) {
   qsort(idle, 200, sizeof(double), cmp_double);
   printf("  one client alone: hit p50 %.2f ms, p99 %.2f ms\n", idle[100], idle[198]);
   close(warm);
-  long rss0 = rss_kb(D.pid);
+  long rss0 = e2e_rss_kb(D.pid);
 
   static client_state cs[N_CLIENTS];
   pthread_t th[N_CLIENTS];
@@ -211,7 +200,7 @@ static void test_load(void) {
   usleep(500000);
   long hits_during = atomic_load(&g_hits) - hits_before;
   for (int i = 0; i < N_CLIENTS; i++) pthread_join(th[i], NULL);
-  long rss1 = rss_kb(D.pid);
+  long rss1 = e2e_rss_kb(D.pid);
 
   size_t n = 0;
   for (int i = 0; i < N_CLIENTS; i++) n += cs[i].n_lat;
