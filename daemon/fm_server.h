@@ -24,8 +24,8 @@
  * frame_deadline_s after its first byte is closed however steadily the bytes come. A
  * connection with requests still being compiled is never idle.
  *
- * Connection storms: at most FM_SERVER_ACCEPT_BATCH connections are accepted per loop turn,
- * so hang-ups are read between batches; at max_clients, connections whose peer has already
+ * Connection storms: at most a batch of connections (32) is accepted per loop turn, so
+ * hang-ups are read between batches; at max_clients, connections whose peer has already
  * hung up are closed before a new one is answered busy. Connection events are logged through
  * fm_connlog.h: one line each at debug, a summary per minute at info. */
 #ifndef FM_SERVER_H
