@@ -22,6 +22,8 @@ void fm_config_defaults(fm_config *c) {
   c->idle_timeout_s = FM_CONFIG_DEFAULT_IDLE_TIMEOUT;
   c->tune_deadline_s = 5;
   c->max_output = FM_CONFIG_DEFAULT_MAX_OUTPUT;
+  c->max_output_total = FM_CONFIG_DEFAULT_MAX_OUTPUT_TOTAL;
+  c->frame_deadline_s = FM_CONFIG_DEFAULT_FRAME_DEADLINE;
 }
 
 int fm_config_parse_size(const char *s, uint64_t *out) {
@@ -133,6 +135,16 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
     /* Below 64K even one ordinary reply would cut a client off. */
     if (fm_config_parse_size(value, &c->max_output) || c->max_output < (64u << 10))
       return fm_diag_set(d, FM_EINVAL, "max-output: \"%s\" is not a size of at least 64K", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "max-output-total") == 0) {
+    if (fm_config_parse_size(value, &c->max_output_total) || c->max_output_total < (64u << 10))
+      return fm_diag_set(d, FM_EINVAL, "max-output-total: \"%s\" is not a size of at least 64K", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "frame-deadline") == 0) {
+    if (parse_u32(value, 1, 3600, &c->frame_deadline_s))
+      return fm_diag_set(d, FM_EINVAL, "frame-deadline: \"%s\" is not a number of seconds (1 to 3600)", value);
     return FM_OK;
   }
   if (strcmp(key, "allow-uid") == 0) return add_id_list(c->allow_uids, &c->n_allow_uids, key, value, d);

@@ -6,7 +6,8 @@
  *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
  *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline | tune-only
- *            | max-output | allow-uid | allow-gid | remote | remote-secret-file
+ *            | max-output | max-output-total | frame-deadline
+ *            | allow-uid | allow-gid | remote | remote-secret-file
  *                                                     (the long option names; no-tune = yes|no)
  * allow-uid / allow-gid take a comma-separated list of numeric ids; given more than once (file
  * and flags) the lists add up.
@@ -27,6 +28,8 @@
 #define FM_CONFIG_DEFAULT_MAX_CLIENTS 1024u
 #define FM_CONFIG_DEFAULT_IDLE_TIMEOUT 600u
 #define FM_CONFIG_DEFAULT_MAX_OUTPUT (512ull << 20)
+#define FM_CONFIG_DEFAULT_MAX_OUTPUT_TOTAL (1ull << 30)
+#define FM_CONFIG_DEFAULT_FRAME_DEADLINE 30u
 #define FM_CONFIG_MAX_ALLOW 64                   /* ids in each allow-list */
 
 typedef struct fm_config {
@@ -49,6 +52,8 @@ typedef struct fm_config {
   char tune_only[64];                     /* "": every candidate; else only those whose
                                              description contains it (experiments, tests) */
   uint64_t max_output;                    /* reply bytes queued unread before a client is cut off */
+  uint64_t max_output_total;              /* the same across all clients: the slowest are cut */
+  uint32_t frame_deadline_s;              /* a request frame's time from its first byte to its last */
   /* Access control: when either list is non-empty, only peers whose uid is in allow_uids or
    * whose gid (primary or supplementary) is in allow_gids are served. */
   uint32_t allow_uids[FM_CONFIG_MAX_ALLOW], n_allow_uids;

@@ -3,6 +3,9 @@
  * Each connection reads length-prefixed frames (fm_frame.h, at most max_frame bytes) and hands
  * every complete frame to on_frame. Replies go out through fm_conn_send, queued per
  * connection; a peer that lets more than max_pending_output bytes pile up unread is closed.
+ * Across all connections at most max_total_output bytes are queued: a reply that would pass
+ * it first closes the connections with the most bytes queued (the slowest readers), which
+ * may be the one the reply is for.
  * A frame header declaring more than max_frame gets a frame_too_large error reply and the
  * connection is closed once it is written (the stream cannot be resynchronized).
  *
@@ -17,8 +20,14 @@
  * max_clients check.
  *
  * Idle clients are closed after idle_timeout_s (0: never); a client that stalls in the middle
- * of a frame is closed after stall_timeout_s. A connection with requests still being compiled
- * is never idle. */
+ * of a frame is closed after stall_timeout_s, and one whose frame is not complete
+ * frame_deadline_s after its first byte is closed however steadily the bytes come. A
+ * connection with requests still being compiled is never idle.
+ *
+ * Connection storms: at most a batch of connections (32) is accepted per loop turn, so
+ * hang-ups are read between batches; at max_clients, connections whose peer has already
+ * hung up are closed before a new one is answered busy. Connection events are logged through
+ * fm_connlog.h: one line each at debug, a summary per minute at info. */
 #ifndef FM_SERVER_H
 #define FM_SERVER_H
 
@@ -44,10 +53,12 @@ typedef struct fm_server_opts {
   int system_mode;             /* socket mode 0660 instead of 0600 */
   uint32_t max_clients;
   uint32_t idle_timeout_s;     /* 0: never */
-  uint32_t stall_timeout_s;    /* partial frame pending */
+  uint32_t stall_timeout_s;    /* partial frame pending, no byte for this long */
+  uint32_t frame_deadline_s;   /* partial frame pending this long since its first byte; 0: none */
   size_t max_frame;            /* FM_FRAME_MAX_REQUEST */
   size_t max_pending_output;   /* bytes queued unread before the connection is dropped (a
                                   reply is always queued when nothing else is) */
+  size_t max_total_output;     /* bytes queued across all connections; 0: no bound */
   const uint32_t *allow_uids;  /* both lists empty: every peer that can connect is served */
   uint32_t n_allow_uids;
   const uint32_t *allow_gids;

@@ -29,6 +29,9 @@ static void usage(FILE *f) {
           "  --max-clients N       concurrent clients (default 1024)\n"
           "  --idle-timeout SECS   close idle clients after this (default 600; 0 = never)\n"
           "  --max-output SIZE     reply bytes queued unread before a client is cut off (default 512M)\n"
+          "  --max-output-total SIZE  the same for all clients together; the slowest readers are cut\n"
+          "                        first (default 1G)\n"
+          "  --frame-deadline SECS a request must arrive whole this long after its first byte (default 30)\n"
           "  --allow-uid LIST      serve only these uids (comma-separated; with --allow-gid: either)\n"
           "  --allow-gid LIST      serve only peers in these groups (primary or supplementary)\n"
           "  --no-tune             GPU mode: serve the heuristic configuration, untuned\n"
@@ -51,7 +54,7 @@ typedef struct setting {
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
          OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
-         OPT_REMOTE, OPT_REMOTE_SECRET };
+         OPT_REMOTE, OPT_REMOTE_SECRET, OPT_MAXOUTPUT_TOTAL, OPT_FRAME_DEADLINE };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
       {"db", required_argument, NULL, OPT_DB},
@@ -63,6 +66,8 @@ int main(int argc, char **argv) {
       {"max-clients", required_argument, NULL, OPT_MAXCLIENTS},
       {"idle-timeout", required_argument, NULL, OPT_IDLE},
       {"max-output", required_argument, NULL, OPT_MAXOUTPUT},
+      {"max-output-total", required_argument, NULL, OPT_MAXOUTPUT_TOTAL},
+      {"frame-deadline", required_argument, NULL, OPT_FRAME_DEADLINE},
       {"allow-uid", required_argument, NULL, OPT_ALLOWUID},
       {"allow-gid", required_argument, NULL, OPT_ALLOWGID},
       {"no-tune", no_argument, NULL, OPT_NOTUNE},

@@ -247,6 +247,47 @@ int e2e_wait_closed(int fd, int timeout_ms) {
   }
 }
 
+int e2e_main_start(e2e_daemon *d, int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: %s PATH/TO/fusemld\n", argv[0]);
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  if (e2e_setup(d, argv[1]) != 0 || e2e_start(d, NULL) != 0) {
+    fprintf(stderr, "cannot start %s\n", argv[1]);
+    e2e_teardown(d, 1);
+    printf("0 passed, 1 failed\n");
+    return 1;
+  }
+  return 0;
+}
+
+int e2e_restart(e2e_daemon *d, const char *const *extra) {
+  if (d->pid) e2e_stop(d, SIGTERM, 30000);
+  return e2e_start(d, extra);
+}
+
+long e2e_rss_kb(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
+  FILE *f = fopen(path, "r");
+  long kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "VmRSS:", 6) == 0) kb = strtol(line + 6, NULL, 10);
+  if (f) fclose(f);
+  return kb;
+}
+
+double e2e_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+void e2e_sleep_ms(int ms) {
+  sleep_ms(ms);
+}
+
 void e2e_req_begin(e2e_req *r, const char *op, uint64_t id, uint32_t n_fields) {
   msgpack_sbuffer_init(&r->sb);
   msgpack_packer_init(&r->pk, &r->sb, msgpack_sbuffer_write);

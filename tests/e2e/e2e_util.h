@@ -41,6 +41,18 @@ int e2e_recv(int fd, int timeout_ms, msgpack_zone *zone, msgpack_object *obj);
 /* 1 if the peer closed the connection within timeout_ms (EOF or reset), else 0. */
 int e2e_wait_closed(int fd, int timeout_ms);
 
+/* The start of a test's main(argc = 2, argv[1] the fusemld to test): SIGPIPE ignored, the temp
+ * directory made, the daemon started with no extra args. 0, or (having said why) the status
+ * for main to return. */
+int e2e_main_start(e2e_daemon *d, int argc, char **argv);
+/* Stops the daemon if it runs (SIGTERM) and starts it again with extra args; 0 on success. */
+int e2e_restart(e2e_daemon *d, const char *const *extra);
+/* A process's resident memory in KiB (VmRSS from /proc/PID/status), or -1. */
+long e2e_rss_kb(pid_t pid);
+/* CLOCK_MONOTONIC in ms, and a sleep. */
+double e2e_now_ms(void);
+void e2e_sleep_ms(int ms);
+
 /* A request being packed: {op, id, <n_fields pairs the caller packs>}. */
 typedef struct e2e_req {
   msgpack_sbuffer sb;

@@ -105,6 +105,25 @@ static void test_access_and_output(void) {
   CHECK_EQ_INT(fm_config_set(&c, "max-output", "lots", &d), FM_EINVAL);
 }
 
+static void test_connection_bounds(void) {
+  fm_config c;
+  fm_diag d = {{0}};
+  fm_config_defaults(&c);
+  CHECK(c.max_output_total == 1ull << 30);
+  CHECK_EQ_INT(c.frame_deadline_s, 30);
+  CHECK_EQ_INT(fm_config_set(&c, "max-output-total", "16M", &d), FM_OK);
+  CHECK(c.max_output_total == 16u << 20);
+  CHECK_EQ_INT(fm_config_set(&c, "max-output-total", "1K", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "max-output-total");
+  CHECK_EQ_INT(fm_config_set(&c, "frame-deadline", "2", &d), FM_OK);
+  CHECK_EQ_INT(c.frame_deadline_s, 2);
+  const char *bad[] = {"0", "3601", "-1", "1.5", "soon", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CHECK_EQ_INT(fm_config_set(&c, "frame-deadline", bad[i], &d), FM_EINVAL);
+    CHECK_STR_CONTAINS(d.text, "frame-deadline");
+  }
+}
+
 static void test_file(void) {
   char path[128], conf[512];
   fm_config c;
@@ -170,6 +189,7 @@ int main(void) {
   RUN(test_parse_size);
   RUN(test_set);
   RUN(test_access_and_output);
+  RUN(test_connection_bounds);
   RUN(test_file);
   RUN(test_finish_creates_dirs);
   char p[128];
