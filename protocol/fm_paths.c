@@ -86,6 +86,13 @@ int fm_check_socket_dir(const char *socket_path, fm_diag *d) {
   struct stat st;
   if (stat(dir, &st) != 0) return FM_OK;   /* nothing there: connect says so in its own words */
   rc = check_dir_owner(dir, &st, 1, d);
+  /* A directory others may write into (/tmp): the socket itself must be ours or root's too. */
+  struct stat sock;
+  if (!rc && (st.st_mode & (S_IWGRP | S_IWOTH)) && lstat(socket_path, &sock) == 0 &&
+      sock.st_uid != getuid() && sock.st_uid != 0)
+    rc = fm_diag_set(d, FM_EDENIED, "%s may be written by others and the socket is owned by uid %u, "
+                     "not by us (uid %u) or root: refusing it", dir, (unsigned)sock.st_uid,
+                     (unsigned)getuid());
   if (rc) {
     fm_diag why = *d;
     return fm_diag_set(d, rc, "the socket %s: %s (another user could have put an impostor there)",

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "fm_error.h"
@@ -117,6 +119,19 @@ static void test_socket_dir_owner(void) {
     CHECK_EQ_INT(fm_check_socket_dir(lsock, &d), FM_EDENIED);
     CHECK_STR_CONTAINS(d.text, "owned by uid 4242");
     CHECK(chown(dir, 0, (gid_t)-1) == 0);
+    /* A directory anyone may write (as /tmp): a socket there owned by another user is not. */
+    CHECK_EQ_INT(chmod(dir, 01777), 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    CHECK(strlen(sock) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock, strlen(sock) + 1 < sizeof sa.sun_path ? strlen(sock) + 1 : 0);
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* ours */
+    CHECK(chown(sock, 4242, (gid_t)-1) == 0);
+    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_EDENIED);
+    CHECK_STR_CONTAINS(d.text, "socket is owned by uid 4242");
+    close(fd);
+    unlink(sock);
   }
   unlink(link);
   rmdir(dir);
