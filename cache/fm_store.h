@@ -62,7 +62,9 @@ typedef struct fm_store fm_store;
  * created, reported in d (on FM_OK d->text is empty unless that happened, or entries of an
  * older format were dropped: log it). A schema
  * newer than this build knows is refused (FM_ESTORE), never modified. The directory must
- * exist. size_cap: bytes of cubins kept (0 = unlimited). */
+ * exist. size_cap: bytes of cubins kept (0 = unlimited). FM_STORE_MEMORY as the path: a store
+ * in memory only (SQLite's ":memory:"), gone when closed. */
+#define FM_STORE_MEMORY ":memory:"
 int fm_store_open(const char *path, uint64_t size_cap, fm_store **out, fm_diag *d);
 void fm_store_close(fm_store *s);
 

@@ -4,6 +4,7 @@
 #include "fm_store_int.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,6 +193,12 @@ static int parent_missing(const char *path) {
 }
 
 static int open_connection(const char *path, sqlite3 **db, fm_diag *d) {
+  /* A new file is created 0600 here rather than by SQLite (0644 less the umask): the kernels
+   * and sources are the user's alone. SQLite gives the -wal and -shm files the same mode. */
+  if (strcmp(path, FM_STORE_MEMORY) != 0) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) close(fd);
+  }
   int rc = sqlite3_open_v2(path, db,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
   if (rc != SQLITE_OK) {
@@ -221,7 +228,7 @@ static int configure(sqlite3 *db, const char *path, fm_diag *d) {
     return FM_ESTORE;
   }
   const char *mode = (const char *)sqlite3_column_text(st, 0);
-  if (!mode || strcmp(mode, "wal") != 0) {
+  if (!mode || (strcmp(mode, "wal") != 0 && strcmp(path, FM_STORE_MEMORY) != 0)) {
     fm_diag_set(d, FM_ESTORE, "%s: journal mode is %s, not wal", path, mode ? mode : "(null)");
     sqlite3_finalize(st);
     return FM_ESTORE;

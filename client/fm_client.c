@@ -19,6 +19,7 @@
 #include "fm_msg.h"
 #include "fm_paths.h"
 #include "fm_proto.h"
+#include "fm_text.h"
 
 struct fm_client {
   int fd;
@@ -144,9 +145,33 @@ static int fm_error_reply(const msgpack_object *r, fm_diag *d) {
     msg_len = strlen(msg);
   }
   if (fm_msg_get_str(r, "detail", &detail, &detail_len, NULL) != FM_OK) detail_len = 0;
-  if (detail_len > 0)
-    return fm_diag_set(d, err, "%.*s: %.*s", (int)msg_len, msg, (int)detail_len, detail);
-  return fm_diag_set(d, err, "%.*s", (int)msg_len, msg);
+  /* The daemon's words are printed by callers as they are: escaped here, once, so that no
+   * control character from the other end of the socket reaches a terminal (fm_text.h). */
+  fm_text_escape(d->text, sizeof d->text, msg, msg_len, 0);
+  if (detail_len > 0) {
+    size_t len = strlen(d->text);
+    if (len + 2 < sizeof d->text) {
+      memcpy(d->text + len, ": ", 2);
+      fm_text_escape(d->text + len + 2, sizeof d->text - len - 2, detail, detail_len, 0);
+    }
+  }
+  return err;
+}
+
+/* Our request could not be sent because fusemld closed the connection. A daemon that refuses
+ * a connection (permission_denied, busy) answers and closes at once, maybe before the request
+ * went out: that answer, still queued on the socket, says more than the failed write. Returns
+ * its error code (d and *reply set from it), or send_err when nothing was queued. */
+static int fm_answer_before_close(fm_client *c, int64_t deadline, msgpack_zone *zone,
+                                  msgpack_object *reply, int send_err, fm_diag *d) {
+  fm_diag unread;
+  bool ok = true;
+  if (fm_read_reply(c, deadline, zone, reply, &unread) != FM_OK ||
+      fm_msg_get_bool(reply, "ok", &ok, NULL) != FM_OK || ok) {
+    reply->type = MSGPACK_OBJECT_NIL;
+    return send_err;
+  }
+  return fm_error_reply(reply, d);
 }
 
 static int fm_call_until(fm_client *c, const char *op, uint32_t n_fields,
@@ -171,6 +196,7 @@ static int fm_call_until(fm_client *c, const char *op, uint32_t n_fields,
   err = fm_client_io_send_all(c->fd, w.sb.data, w.sb.size, deadline, d);
   if (err) {
     fm_mark_broken(c, err, d);
+    if (err == FM_ECLOSED) err = fm_answer_before_close(c, deadline, zone, reply, err, d);
     goto out;
   }
   err = fm_read_reply(c, deadline, zone, reply, d);
@@ -237,6 +263,8 @@ int fm_client_connect(const char *socket_path, const char *client_name, int time
   }
   if (strlen(socket_path) >= sizeof c->path)
     return fm_diag_set(d, FM_ELIMIT, "socket path too long: %s", socket_path);
+  /* Whatever answers there is trusted with our fragments and sends the GPU code we run. */
+  if ((err = fm_check_socket_dir(socket_path, d))) return err;
 
   c = calloc(1, sizeof *c);
   if (!c) return fm_diag_set(d, FM_ENOMEM, "out of memory");

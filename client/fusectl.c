@@ -101,13 +101,15 @@ int fm_ctl_connect(fm_ctl *ctl) {
   if (ctl->client) return FM_CTL_EXIT_OK;
   err = fm_client_connect(ctl->socket_path, "fusectl", ctl->timeout_ms, &ctl->client, &d);
   if (err == FM_OK) return FM_CTL_EXIT_OK;
-  /* Every connect failure is "cannot reach": the daemon is absent, hung, or one we cannot
-   * speak to; the message names the socket so a wrong path is obvious. */
+  /* Every connect failure is "cannot reach": the daemon is absent, hung, one we cannot speak
+   * to, one that refused us (permission_denied, busy: its code is printed), or a socket we
+   * refused; the message names the socket so a wrong path is obvious. */
+  int refused = err == FM_EDENIED || err == FM_EBUSY;
   if (strstr(d.text, ctl->socket_path))
-    fprintf(stderr, "fusectl: %s\n", d.text);
+    fprintf(stderr, "fusectl: %s%s%s\n", refused ? fm_err_slug(err) : "", refused ? ": " : "", d.text);
   else
     fprintf(stderr, "fusectl: cannot reach fusemld at %s: %s\n", ctl->socket_path, d.text);
-  if (err != FM_EPROTO_VERSION)
+  if (err != FM_EPROTO_VERSION && !refused)
     fprintf(stderr, "fusectl: is fusemld running? Start it with `fusemld` (or `systemctl --user "
                     "start fusemld.socket`), or point --socket or FUSEML_SOCKET at its socket.\n");
   return FM_CTL_EXIT_UNREACHABLE;

@@ -88,7 +88,8 @@ int fm_ctl_json_file_to_msgpack(const char *path, msgpack_sbuffer *out, fm_diag 
 /* Writes o as JSON. Containers nested at depth >= inline_depth (the top level is 0) go on
  * one line; shallower ones are indented by 2. Bins become {"bin_bytes": N}; a top-level map
  * key equal to omit_key (may be NULL) is left out; non-string map keys are written as strings;
- * NaN/Inf as null; invalid UTF-8 bytes as U+FFFD. Ends with a newline. */
+ * NaN/Inf as null; invalid UTF-8 bytes as U+FFFD; control characters (C0, DEL, C1) as \u00XX.
+ * Ends with a newline. */
 void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const char *omit_key);
 
 /* A table of rows of cells, printed with each column padded to its widest cell. */
@@ -108,7 +109,9 @@ int fm_ctl_table_print(fm_ctl_table *t, FILE *f);
 /* Human formats. */
 void fm_ctl_fmt_bytes(uint64_t n, char *out, size_t cap);           /* "12.3 KiB" */
 void fm_ctl_fmt_age(int64_t then, int64_t now, char *out, size_t cap); /* "5m ago" */
-/* A scalar as text (str, ints, floats, bool, nil; containers as compact JSON). */
+/* A scalar as text (str, ints, floats, bool, nil; containers as compact JSON). A string is
+ * escaped for the terminal (fm_text.h): every human printer shows the daemon's strings this
+ * way, so a control character stored in an entry never reaches the terminal as it is. */
 void fm_ctl_fmt_scalar(const msgpack_object *o, char *out, size_t cap);
 
 #endif

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "fm_msg.h"
+#include "fm_text.h"
 
 /* Parses options that a command takes none of besides --json. */
 static int fm_ctl_no_args(fm_ctl *ctl, int argc, char **argv) {
@@ -307,7 +308,7 @@ static void fm_ctl_print_timings(const msgpack_object *o) {
   double tune_ms = 0;
   char dev[192] = "";
   fm_msg_get_f64(o, "tune_ms", &tune_ms, NULL);
-  fm_msg_copy_str(o, "device", dev, sizeof dev, NULL);
+  fm_ctl_fmt_scalar(fm_msg_get(o, "device"), dev, sizeof dev);
   printf("\ncandidates (tuned on %s in %.0f ms; * = chosen):\n", dev[0] ? dev : "?", tune_ms);
   fm_ctl_table t;
   fm_ctl_table_init(&t, 7, 0);
@@ -319,14 +320,11 @@ static void fm_ctl_print_timings(const msgpack_object *o) {
     const char *row[7] = {mark, idx, desc, verdict, ms, rel, detail};
     snprintf(mark, sizeof mark, "%s", (int64_t)i == chosen ? "*" : "");
     snprintf(idx, sizeof idx, "%u", i);
-    fm_msg_copy_str(c, "candidate", desc, sizeof desc, NULL);
-    fm_msg_copy_str(c, "verdict", verdict, sizeof verdict, NULL);
+    fm_ctl_fmt_scalar(fm_msg_get(c, "candidate"), desc, sizeof desc);
+    fm_ctl_fmt_scalar(fm_msg_get(c, "verdict"), verdict, sizeof verdict);
     if (fm_msg_get_f64(c, "ms", &v, NULL) == FM_OK && v >= 0) snprintf(ms, sizeof ms, "%.4f", v);
     if (fm_msg_get_f64(c, "rel_err", &v, NULL) == FM_OK && v >= 0) snprintf(rel, sizeof rel, "%.2e", v);
-    const char *dp;
-    size_t dn;
-    if (fm_msg_get_str(c, "detail", &dp, &dn, NULL) == FM_OK)
-      snprintf(detail, sizeof detail, "%.*s", (int)(dn < 90 ? dn : 90), dp);
+    fm_ctl_fmt_scalar(fm_msg_get(c, "detail"), detail, sizeof detail);
     fm_ctl_table_row(&t, row);
   }
   fm_ctl_table_print(&t, stdout);
@@ -356,14 +354,16 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
   rc = fm_ctl_show_entry(ctl, key, &zone, &reply, &e);
   if (rc) goto out;
   if (source) {
-    /* Only the source, so that `fusectl show KEY --source > k.cu` gives a compilable file. */
+    /* Only the source, so that `fusectl show KEY --source > k.cu` gives a compilable file.
+     * Generated CUDA C holds no control character but newlines and tabs: any other one (a
+     * planted escape sequence) is shown escaped, never sent to the terminal. */
     o = fm_msg_get(e, "source");
     if (!o || o->type != MSGPACK_OBJECT_STR) {
       fprintf(stderr, "fusectl: entry %s has no stored source\n", key);
       rc = FM_CTL_EXIT_DAEMON;
       goto out;
     }
-    fwrite(o->via.str.ptr, 1, o->via.str.size, stdout);
+    fm_text_fwrite(stdout, o->via.str.ptr, o->via.str.size, FM_TEXT_KEEP_LINES);
     if (o->via.str.size && o->via.str.ptr[o->via.str.size - 1] != '\n') putchar('\n');
     goto out;
   }

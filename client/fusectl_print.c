@@ -11,29 +11,9 @@
 #include <string.h>
 
 #include "fm_msg.h"
+#include "fm_text.h"
 
 /* ---- JSON ---- */
-
-/* Length of the valid UTF-8 sequence at s (max n bytes), or 0 if invalid. */
-static size_t fm_utf8_len(const unsigned char *s, size_t n) {
-  size_t len, i;
-  uint32_t cp;
-  if (s[0] < 0x80) return 1;
-  if ((s[0] & 0xE0) == 0xC0) len = 2, cp = s[0] & 0x1F;
-  else if ((s[0] & 0xF0) == 0xE0) len = 3, cp = s[0] & 0x0F;
-  else if ((s[0] & 0xF8) == 0xF0) len = 4, cp = s[0] & 0x07;
-  else return 0;
-  if (len > n) return 0;
-  for (i = 1; i < len; i++) {
-    if ((s[i] & 0xC0) != 0x80) return 0;
-    cp = cp << 6 | (s[i] & 0x3F);
-  }
-  /* Overlong forms, surrogates and values past U+10FFFF are not valid UTF-8. */
-  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-      (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-    return 0;
-  return len;
-}
 
 static void fm_json_str(FILE *f, const char *p, size_t n) {
   const unsigned char *s = (const unsigned char *)p;
@@ -55,8 +35,12 @@ static void fm_json_str(FILE *f, const char *p, size_t n) {
       i++;
       continue;
     }
-    ul = fm_utf8_len(s + i, n - i);
-    if (ul == 0) {
+    ul = fm_text_utf8_len(s + i, n - i);
+    if (ul == 2 && c == 0xC2 && s[i + 1] < 0xA0) {
+      /* A C1 control (U+0080-U+009F): valid JSON raw, but a terminal may act on it. */
+      fprintf(f, "\\u%04x", s[i + 1]);
+      i += 2;
+    } else if (ul == 0) {
       fputs("\\ufffd", f);
       i++;
     } else {
@@ -263,7 +247,7 @@ void fm_ctl_fmt_scalar(const msgpack_object *o, char *out, size_t cap) {
   out[0] = '\0';
   if (!o) return;
   if (o->type == MSGPACK_OBJECT_STR) {
-    snprintf(out, cap, "%.*s", (int)o->via.str.size, o->via.str.ptr);
+    fm_text_escape(out, cap, o->via.str.ptr, o->via.str.size, 0);
     return;
   }
   m = open_memstream(&text, &len);

@@ -59,7 +59,7 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
   const char *device = NULL, *path = NULL;
   msgpack_zone zone, ez;
   msgpack_object reply, er;
-  uint32_t n = 0, skipped = 0;
+  uint32_t n = 0, vanished = 0, skipped = 0;
   FILE *f = NULL;
   int rc = parse_file_args(ctl, argc, argv, &device, &path);
   if (rc) return rc;
@@ -81,17 +81,25 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
     const msgpack_object *e = &entries->via.array.ptr[i];
     char dev[192] = "";
     key_arg k;
+    fm_diag d = {{0}};
     fm_msg_copy_str(e, "device", dev, sizeof dev, NULL);
     if (device && strcmp(dev, device) != 0) continue;
     if (fm_msg_get_str(e, "key", &k.hex, &k.len, NULL)) continue;
     msgpack_zone_init(&ez, 1 << 16);
-    rc = fm_ctl_call(ctl, "export", 1, pack_key, &k, &ez, &er);
+    er.type = MSGPACK_OBJECT_NIL;
+    int err = fm_client_call(ctl->client, "export", 1, pack_key, &k, &ez, &er, &d);
     const uint8_t *val;
     size_t len;
-    if (rc == FM_CTL_EXIT_DAEMON) {
-      skipped++;   /* evicted meanwhile: reported, not fatal */
-      rc = FM_CTL_EXIT_OK;
-    } else if (!rc && fm_msg_get_bin(&er, "entry", &val, &len, NULL) == FM_OK) {
+    if (err == FM_ENOT_FOUND) {
+      vanished++;   /* evicted since the list: not an error */
+    } else if (err && er.type == MSGPACK_OBJECT_MAP) {
+      /* The daemon could not give this entry (it failed its checksum, say): said here, the
+       * others still exported, and the exit status tells that the snapshot lacks it. */
+      fm_ctl_report(ctl, "export", err, &er, &d);
+      skipped++;
+    } else if (err) {
+      rc = fm_ctl_report(ctl, "export", err, &er, &d);
+    } else if (fm_msg_get_bin(&er, "entry", &val, &len, NULL) == FM_OK) {
       if (write_u32(f, len) || fwrite(val, 1, len, f) != len) {
         fprintf(stderr, "fusectl: export: cannot write %s: %s\n", path, strerror(errno));
         rc = FM_CTL_EXIT_INPUT;
@@ -108,8 +116,15 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
     goto out;
   }
   f = NULL;
-  if (ctl->json) printf("{\"exported\": %u, \"skipped\": %u}\n", n, skipped);
-  else printf("exported %u entr%s to %s%s\n", n, n == 1 ? "y" : "ies", path, skipped ? " (some vanished meanwhile)" : "");
+  if (ctl->json) {
+    printf("{\"exported\": %u, \"vanished\": %u, \"skipped\": %u}\n", n, vanished, skipped);
+  } else {
+    printf("exported %u entr%s to %s%s", n, n == 1 ? "y" : "ies", path,
+           vanished ? " (some vanished meanwhile)" : "");
+    if (skipped) printf("; %u skipped (see above)", skipped);
+    putchar('\n');
+  }
+  if (skipped) rc = FM_CTL_EXIT_DAEMON;
 out:
   if (f) fclose(f);
   msgpack_zone_destroy(&zone);

@@ -1,6 +1,8 @@
 /* fm_daemon.c: startup, signals, and an orderly shutdown that loses nothing. */
 #include "fm_daemon.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +19,9 @@
 #include "fm_tuner.h"
 
 #define FM_STATS_SAVE_MS 1000
+/* A database on a read-only location: kernels are kept in memory, at most this many bytes of
+ * CUBINs (or --cache-size, if smaller). */
+#define FM_DAEMON_MEMORY_STORE_MAX (256ull << 20)
 
 void fm_daemon_count(fm_daemon *dd, fm_stat stat, int64_t delta) {
   dd->session[stat] += delta;
@@ -183,6 +188,43 @@ static int start_tuner(fm_daemon *dd, fm_diag *d) {
   return FM_OK;
 }
 
+/* Whether the database's place refuses our writes: a read-only mount, or a directory or
+ * existing file we may not write (SQLite needs the directory too, for its -wal file). */
+static int db_location_read_only(const char *path) {
+  char dir[FM_CONFIG_PATH_MAX];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) slash[1] = '\0';
+  else *slash = '\0';
+  if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 && errno != ENOENT)
+    return errno == EROFS || errno == EACCES;
+  return faccessat(AT_FDCWD, dir, W_OK, AT_EACCESS) != 0 && (errno == EROFS || errno == EACCES);
+}
+
+/* The kernel store. On a read-only location the daemon still serves, from a store in memory
+ * (capped: it is not where the user said kernels may go), rather than not at all: one warning
+ * says so. Any other failure to open is a startup error. */
+static int open_store(fm_daemon *dd, fm_diag *d) {
+  const fm_config *cfg = dd->cfg;
+  fm_diag why = {{0}};
+  int err = fm_store_open(cfg->db_path, cfg->cache_size, &dd->store, &why);
+  if (err && db_location_read_only(cfg->db_path)) {
+    uint64_t cap = FM_DAEMON_MEMORY_STORE_MAX;
+    if (cfg->cache_size && cfg->cache_size < cap) cap = cfg->cache_size;
+    fm_diag mem = {{0}};
+    if (fm_store_open(FM_STORE_MEMORY, cap, &dd->store, &mem) == FM_OK) {
+      fm_log_warn("kernel store %s is on a read-only location (%s): serving uncached, kernels kept in "
+                  "memory only (at most %llu MiB) until fusemld stops", cfg->db_path, why.text,
+                  (unsigned long long)(cap >> 20));
+      return FM_OK;
+    }
+  }
+  if (err) return fm_diag_set(d, err, "cannot open the kernel store %s: %s", cfg->db_path, why.text);
+  if (why.text[0]) fm_log_warn("kernel store: %s", why.text);
+  return FM_OK;
+}
+
 static void close_walk_cb(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
@@ -219,12 +261,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   /* Read (and cleared) before the tuner worker is forked: it must not inherit the watchdog. */
   dd->watchdog_usec = fm_sd_watchdog_usec();
   if ((err = fm_device_init(&dd->dev, cfg->arch, d))) goto out;
-  fm_diag why = {{0}};
-  if ((err = fm_store_open(cfg->db_path, cfg->cache_size, &dd->store, &why))) {
-    fm_diag_set(d, err, "cannot open the kernel store %s: %s", cfg->db_path, why.text);
-    goto out;
-  }
-  if (why.text[0]) fm_log_warn("kernel store: %s", why.text);
+  if ((err = open_store(dd, d))) goto out;
   if ((err = fm_inflight_new(&dd->inflight))) {
     fm_diag_set(d, err, "out of memory");
     goto out;

@@ -46,6 +46,17 @@ static int home_dir(char *buf, size_t cap, fm_diag *d) {
   return fmt_path(buf, cap, d, "%s", pw.pw_dir);
 }
 
+/* st is a socket's directory: whoever owns it can put a socket of their own there (or
+ * rename ours away), so it must be ours, or root's where root_ok (/run/fusemld). */
+static int check_dir_owner(const char *dir, const struct stat *st, int root_ok, fm_diag *d) {
+  if (!S_ISDIR(st->st_mode))
+    return fm_diag_set(d, FM_EDENIED, "%s is not a directory (a symlink or a file): refusing it", dir);
+  if (st->st_uid != getuid() && !(root_ok && st->st_uid == 0))
+    return fm_diag_set(d, FM_EDENIED, "%s is owned by uid %u, not by us (uid %u)%s: refusing it", dir,
+                       (unsigned)st->st_uid, (unsigned)getuid(), root_ok ? " or root" : "");
+  return FM_OK;
+}
+
 /* The /tmp fallback directory must be a real directory that only we can use: another user
  * who created it first could otherwise read our traffic or plant a socket of their own. */
 static int check_private_dir(const char *dir, int must_exist, fm_diag *d) {
@@ -54,14 +65,39 @@ static int check_private_dir(const char *dir, int must_exist, fm_diag *d) {
     if (errno == ENOENT && !must_exist) return FM_OK;
     return fm_diag_set(d, os_err(errno), "%s: %s", dir, strerror(errno));
   }
-  if (!S_ISDIR(st.st_mode))
-    return fm_diag_set(d, FM_EDENIED, "%s is not a directory (a symlink or a file): refusing it", dir);
-  if (st.st_uid != getuid())
-    return fm_diag_set(d, FM_EDENIED, "%s is owned by uid %u, not by us (uid %u): refusing it", dir,
-                       (unsigned)st.st_uid, (unsigned)getuid());
+  int rc = check_dir_owner(dir, &st, 0, d);
+  if (rc) return rc;
   if ((st.st_mode & 07777) != 0700)
     return fm_diag_set(d, FM_EDENIED, "%s has mode %04o, it must be 0700: refusing it", dir,
                        (unsigned)(st.st_mode & 07777));
+  return FM_OK;
+}
+
+int fm_check_socket_dir(const char *socket_path, fm_diag *d) {
+  char dir[PATH_MAX];
+  int rc = fmt_path(dir, sizeof dir, d, "%s", socket_path ? socket_path : "");
+  if (rc) return rc;
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) slash[1] = '\0';
+  else *slash = '\0';
+  /* stat, not lstat: the directory as the connect will reach it, through any symlink (a
+   * symlinked $XDG_RUNTIME_DIR is judged by where it leads). */
+  struct stat st;
+  if (stat(dir, &st) != 0) return FM_OK;   /* nothing there: connect says so in its own words */
+  rc = check_dir_owner(dir, &st, 1, d);
+  /* A directory others may write into (/tmp): the socket itself must be ours or root's too. */
+  struct stat sock;
+  if (!rc && (st.st_mode & (S_IWGRP | S_IWOTH)) && lstat(socket_path, &sock) == 0 &&
+      sock.st_uid != getuid() && sock.st_uid != 0)
+    rc = fm_diag_set(d, FM_EDENIED, "%s may be written by others and the socket is owned by uid %u, "
+                     "not by us (uid %u) or root: refusing it", dir, (unsigned)sock.st_uid,
+                     (unsigned)getuid());
+  if (rc) {
+    fm_diag why = *d;
+    return fm_diag_set(d, rc, "the socket %s: %s (another user could have put an impostor there)",
+                       socket_path, why.text);
+  }
   return FM_OK;
 }
 

@@ -23,6 +23,11 @@ int fm_default_socket_path(char *out, size_t cap, int from_env, int create_dirs,
 int fm_default_db_path(char *out, size_t cap, int create_dirs, fm_diag *d);
 /* The per-user config path (may not exist). */
 int fm_default_config_path(char *out, size_t cap, fm_diag *d);
+/* Refuses (FM_EDENIED, with the reason) a socket whose directory, symlinks followed, is owned
+ * by anyone but this uid or root: that owner could have put an impostor daemon's socket there.
+ * In a directory others may write (/tmp), the socket file must be ours or root's as well.
+ * FM_OK when the directory does not exist (connecting then fails with its own message). */
+int fm_check_socket_dir(const char *socket_path, fm_diag *d);
 /* mkdir -p with mode for each missing component. */
 int fm_mkdirs(const char *path, int mode, fm_diag *d);
 

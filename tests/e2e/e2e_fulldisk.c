@@ -14,7 +14,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,45 +113,6 @@ static void test_max_page_count(void) {
   e2e_teardown(&d, fm_test_failed_checks_ > 0);
 }
 
-/* A private mount namespace (and user namespace when not root) for this process and its
- * children. 0, or -1 with why. */
-static int private_mounts(char *why, size_t cap) {
-  if (geteuid() != 0) {
-    uid_t uid = geteuid();
-    gid_t gid = getegid();
-    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
-      snprintf(why, cap, "unshare(CLONE_NEWUSER|CLONE_NEWNS): %s", strerror(errno));
-      return -1;
-    }
-    char map[64];
-    int fd = open("/proc/self/setgroups", O_WRONLY);
-    if (fd >= 0) {
-      (void)!write(fd, "deny", 4);
-      close(fd);
-    }
-    const char *files[2] = {"/proc/self/uid_map", "/proc/self/gid_map"};
-    unsigned ids[2] = {uid, gid};
-    for (int i = 0; i < 2; i++) {
-      int n = snprintf(map, sizeof map, "0 %u 1", ids[i]);
-      fd = open(files[i], O_WRONLY);
-      if (fd < 0 || write(fd, map, (size_t)n) != n) {
-        snprintf(why, cap, "writing %s: %s", files[i], strerror(errno));
-        if (fd >= 0) close(fd);
-        return -1;
-      }
-      close(fd);
-    }
-  } else if (unshare(CLONE_NEWNS) != 0) {
-    snprintf(why, cap, "unshare(CLONE_NEWNS): %s", strerror(errno));
-    return -1;
-  }
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
-    snprintf(why, cap, "making / private: %s", strerror(errno));
-    return -1;
-  }
-  return 0;
-}
-
 /* Writes a file until the filesystem is full. */
 static long fill_file(const char *path) {
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -171,7 +131,7 @@ static long fill_file(const char *path) {
 /* Runs in a child (the namespaces are its own); exit status: failed checks, 77 skipped. */
 static int tmpfs_child(void) {
   char why[256];
-  if (private_mounts(why, sizeof why) != 0) {
+  if (e2e_private_mounts(why, sizeof why) != 0) {
     printf("  SKIP tmpfs variant: %s\n", why);
     fflush(stdout);
     return 77;

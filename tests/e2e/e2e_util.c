@@ -5,10 +5,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -425,4 +427,89 @@ int64_t e2e_stat(int fd, const char *section, const char *name) {
   }
   msgpack_zone_destroy(&z);
   return v;
+}
+
+int e2e_private_mounts(char *why, size_t cap) {
+  if (geteuid() != 0) {
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) {
+      snprintf(why, cap, "unshare(CLONE_NEWUSER|CLONE_NEWNS): %s", strerror(errno));
+      return -1;
+    }
+    char map[64];
+    int fd = open("/proc/self/setgroups", O_WRONLY);
+    if (fd >= 0) {
+      (void)!write(fd, "deny", 4);
+      close(fd);
+    }
+    const char *files[2] = {"/proc/self/uid_map", "/proc/self/gid_map"};
+    unsigned ids[2] = {uid, gid};
+    for (int i = 0; i < 2; i++) {
+      int n = snprintf(map, sizeof map, "0 %u 1", ids[i]);
+      fd = open(files[i], O_WRONLY);
+      if (fd < 0 || write(fd, map, (size_t)n) != n) {
+        snprintf(why, cap, "writing %s: %s", files[i], strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+      }
+      close(fd);
+    }
+  } else if (unshare(CLONE_NEWNS) != 0) {
+    snprintf(why, cap, "unshare(CLONE_NEWNS): %s", strerror(errno));
+    return -1;
+  }
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+    snprintf(why, cap, "making / private: %s", strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+int e2e_run_tool(const char *const *argv, const char *out_path, const char *err_path, int timeout_ms) {
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const char *paths[2] = {out_path, err_path};
+    for (int i = 0; i < 2; i++) {
+      int fd = open(paths[i] ? paths[i] : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd >= 0) dup2(fd, i + 1);
+    }
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  for (int waited = 0;; waited += 10) {
+    int st;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return st;
+    if (r < 0 || waited >= timeout_ms) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    sleep_ms(10);
+  }
+}
+
+char *e2e_slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = NULL;
+  size_t n = 0, cap = 0;
+  for (;;) {
+    if (n + 4096 + 1 > cap) {
+      cap = cap ? 2 * cap : 8192;
+      char *nb = realloc(buf, cap);
+      if (!nb) break;
+      buf = nb;
+    }
+    size_t r = fread(buf + n, 1, cap - n - 1, f);
+    if (r == 0) break;
+    n += r;
+  }
+  fclose(f);
+  if (buf) buf[n] = '\0';
+  if (len) *len = n;
+  return buf;
 }

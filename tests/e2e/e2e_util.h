@@ -76,6 +76,16 @@ int e2e_compile(int fd, uint64_t id, double salt, int n_ops, char origin[16], ch
 /* stats: a counter from "stats" (persistent) or "session", or a top-level field. -1 on failure. */
 int64_t e2e_stat(int fd, const char *section, const char *name);
 
+/* A private mount namespace (and a user namespace when not root, mapping us to root there)
+ * for this process and its children. 0, or -1 with why. */
+int e2e_private_mounts(char *why, size_t cap);
+
+/* Runs argv[0] with argv (NULL-terminated), its stdout and stderr written to out_path and
+ * err_path (NULL: /dev/null). Returns its wait status, or -1 (killed) after timeout_ms. */
+int e2e_run_tool(const char *const *argv, const char *out_path, const char *err_path, int timeout_ms);
+/* A whole file, NUL-terminated (malloc'd; *len its size when len is not NULL), or NULL. */
+char *e2e_slurp(const char *path, size_t *len);
+
 /* Reply field helpers. */
 int e2e_is_ok(const msgpack_object *o);
 /* Copies a str field ("" if absent). */

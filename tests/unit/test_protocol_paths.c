@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "fm_error.h"
@@ -95,6 +97,46 @@ static void test_socket_private_tmp_dir(void) {
   unlink(dir);
 }
 
+/* A socket's directory must be ours or root's, judged where a symlink leads. */
+static void test_socket_dir_owner(void) {
+  char dir[300], sock[340], link[300], lsock[340];
+  fm_diag d = {{0}};
+  snprintf(dir, sizeof dir, "%s/sockdir", tmp);
+  snprintf(sock, sizeof sock, "%s/fusemld.sock", dir);
+  snprintf(link, sizeof link, "%s/sockdir-link", tmp);
+  snprintf(lsock, sizeof lsock, "%s/fusemld.sock", link);
+  CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* no directory yet: connect will say */
+  CHECK_EQ_INT(mkdir(dir, 0755), 0);
+  CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* ours */
+  CHECK_EQ_INT(fm_check_socket_dir("/fusemld.sock", &d), FM_OK);   /* root's */
+  CHECK_EQ_INT(symlink(dir, link), 0);
+  CHECK_EQ_INT(fm_check_socket_dir(lsock, &d), FM_OK);   /* a symlink to ours */
+  if (getuid() == 0) { /* only root can give the directory away */
+    CHECK(chown(dir, 4242, (gid_t)-1) == 0);
+    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_EDENIED);
+    CHECK_STR_CONTAINS(d.text, "owned by uid 4242");
+    CHECK_STR_CONTAINS(d.text, sock);
+    CHECK_EQ_INT(fm_check_socket_dir(lsock, &d), FM_EDENIED);
+    CHECK_STR_CONTAINS(d.text, "owned by uid 4242");
+    CHECK(chown(dir, 0, (gid_t)-1) == 0);
+    /* A directory anyone may write (as /tmp): a socket there owned by another user is not. */
+    CHECK_EQ_INT(chmod(dir, 01777), 0);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    CHECK(strlen(sock) < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock, strlen(sock) + 1 < sizeof sa.sun_path ? strlen(sock) + 1 : 0);
+    CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* ours */
+    CHECK(chown(sock, 4242, (gid_t)-1) == 0);
+    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_EDENIED);
+    CHECK_STR_CONTAINS(d.text, "socket is owned by uid 4242");
+    close(fd);
+    unlink(sock);
+  }
+  unlink(link);
+  rmdir(dir);
+}
+
 static void test_db_and_config_paths(void) {
   char out[512], want[512], home[300];
   fm_diag d = {{0}};
@@ -165,6 +207,7 @@ int main(void) {
   }
   RUN(test_socket_path_env);
   RUN(test_socket_private_tmp_dir);
+  RUN(test_socket_dir_owner);
   RUN(test_db_and_config_paths);
   RUN(test_mkdirs);
   rm_rf(tmp);
