@@ -163,15 +163,24 @@ static void answer_waiters(fm_waiter *w, const char *hex, int err, const char *d
   }
 }
 
+/* The flight job still answers: NULL once it was abandoned (a new flight for the same key
+ * may have started since, and is not this job's to answer). */
+static fm_flight *flight_of(fm_daemon *dd, const fm_key *key, const void *job) {
+  fm_flight *f = fm_inflight_find(dd->inflight, key);
+  return f && f->job == job ? f : NULL;
+}
+
 static void on_compile_done(fm_compile_job *j) {
   fm_daemon *dd = j->ctx;
   char hex[FM_KEY_HEX];
   fm_key_to_hex(&j->key, hex);
-  fm_flight *f = fm_inflight_find(dd->inflight, &j->key);
+  fm_flight *f = flight_of(dd, &j->key, j);
   fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
   char *detail = NULL;
 
-  if (j->err) {
+  if (j->err == FM_ECLOSED) {
+    fm_log_info("compile of %.16s %s", hex, j->diag.text);
+  } else if (j->err) {
     fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
     fm_log_warn("compile of %.16s failed: %s", hex, j->diag.text);
     detail = failure_detail(j);
@@ -198,7 +207,7 @@ static void on_tune_done(fm_tune_job *tj) {
   const fm_compile_job *c0 = tj->cands[0];
   char hex[FM_KEY_HEX];
   fm_key_to_hex(&c0->key, hex);
-  fm_flight *f = fm_inflight_find(dd->inflight, &c0->key);
+  fm_flight *f = flight_of(dd, &c0->key, tj);
   fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
 
   fm_daemon_count(dd, FM_STAT_WORKER_RESTARTS, tj->restarts);
@@ -235,9 +244,18 @@ static void on_tune_done(fm_tune_job *tj) {
   fm_daemon_job_ended(dd);
 }
 
-/* Every candidate compiled (or failed to): on to the tuner, unless none compiled. */
+/* Every candidate compiled (or failed to): on to the tuner, unless none compiled or nobody
+ * waits any more. */
 static void candidates_compiled(fm_tune_job *tj) {
   fm_daemon *dd = tj->ctx;
+  fm_compile_job *j = tj->cands[0];
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&j->key, hex);
+  fm_flight *f = flight_of(dd, &j->key, tj);
+  if (!f) {
+    fm_log_info("tuning of %.16s dropped: nobody waits for it any more", hex);
+    goto out;
+  }
   for (size_t i = 0; i < tj->n; i++) {
     if (tj->cands[i]->err) {
       fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
@@ -247,15 +265,12 @@ static void candidates_compiled(fm_tune_job *tj) {
     return;
   }
   /* Nothing to tune: answer as a failed compile of the default. */
-  fm_compile_job *j = tj->cands[0];
-  char hex[FM_KEY_HEX];
-  fm_key_to_hex(&j->key, hex);
-  fm_flight *f = fm_inflight_find(dd->inflight, &j->key);
-  fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+  fm_waiter *w = fm_inflight_finish(dd->inflight, f);
   char *detail = failure_detail(j);
   fm_log_warn("compile of %.16s failed (all %zu candidates): %s", hex, tj->n, j->diag.text);
   answer_waiters(w, hex, j->err, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
   free(detail);
+out:
   fm_tune_job_free(tj);
   dd->jobs_running--;
   fm_daemon_job_ended(dd);
@@ -264,6 +279,16 @@ static void candidates_compiled(fm_tune_job *tj) {
 static void on_candidate_compiled(fm_compile_job *j) {
   fm_tune_job *tj = j->ctx;
   if (--tj->pending == 0) candidates_compiled(tj);
+}
+
+/* fm_flight.cancel for each kind of build. */
+static void cancel_compile(void *job) {
+  atomic_store(&((fm_compile_job *)job)->cancel, 1);
+}
+
+static void cancel_tuning(void *job) {
+  fm_tune_job *tj = job;
+  for (size_t i = 0; i < tj->n; i++) cancel_compile(tj->cands[i]);
 }
 
 /* A tune job with one compile job per candidate, the compiles queued. FM_OK or FM_ENOMEM. */
@@ -298,6 +323,7 @@ static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
     }
     cj->has_cand = 1;
     cj->cand = cands[i];
+    cj->nvrtc = dd->nvrtc.exe ? &dd->nvrtc : NULL;
     tj->cands[tj->n++] = cj;
   }
   *out = tj;
@@ -336,6 +362,7 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
   }
   if (tj) {
     f->job = tj;
+    f->cancel = cancel_tuning;
     dd->jobs_running++;
     fm_daemon_count(dd, FM_STAT_COMPILES, 1);
     fm_log_debug("compiling %zu candidates of %.16s for %s, then tuning", tj->n, p->hex, p->dev.arch);
@@ -344,7 +371,9 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
   }
   if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
     return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  job->nvrtc = dd->nvrtc.exe ? &dd->nvrtc : NULL;
   f->job = job;
+  f->cancel = cancel_compile;
   if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
     fm_compile_job_free(job);
     return fm_diag_set(d, err, "cannot queue the compile");
@@ -366,7 +395,7 @@ typedef struct remote_wait {
 static void on_remote_done(fm_remote_lookup *lk) {
   remote_wait *rw = lk->ctx;
   fm_daemon *dd = rw->dd;
-  fm_flight *f = fm_inflight_find(dd->inflight, &rw->p.key);
+  fm_flight *f = flight_of(dd, &rw->p.key, rw);
   dd->jobs_running--;
   if (lk->found) {
     fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
@@ -426,15 +455,25 @@ static int start_remote(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
 static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   fm_daemon *dd = rq->dd;
   fm_flight *f = fm_inflight_find(dd->inflight, &p->key);
+  uint32_t waiting = fm_inflight_waiting(dd->inflight, rq->conn), cost;
   int err;
+  /* One client must not queue work without bound ahead of everyone else: past its limit it
+   * is told to wait for answers first (the connection stays). */
+  if (waiting >= dd->cfg->max_client_compiles)
+    return fm_diag_set(d, FM_EBUSY, "this connection already has %u compiles waiting (--max-client-compiles %u); "
+                       "send more once some are answered", waiting, dd->cfg->max_client_compiles);
+  if (!f && (cost = fm_codegen_cost(p->canon)) > dd->cfg->max_compile_cost)
+    return fm_diag_set(d, FM_ELIMIT, "fragment too costly to compile: cost %u, over the bound of %u "
+                       "(--max-compile-cost; a general pow costs 32, erf 6, an add 1)", cost,
+                       dd->cfg->max_compile_cost);
   if (f) {
-    if (fm_inflight_join(f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+    if (fm_inflight_join(dd->inflight, f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
     fm_conn_ref(rq->conn);
     fm_daemon_count(dd, FM_STAT_JOINED, 1);
     return FM_OK;
   }
   if (fm_inflight_start(dd->inflight, &p->key, NULL, &f)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  if (fm_inflight_join(f, rq->conn, rq->id, 0)) {
+  if (fm_inflight_join(dd->inflight, f, rq->conn, rq->id, 0)) {
     drop_flight(dd, f);
     return fm_diag_set(d, FM_ENOMEM, "out of memory");
   }
@@ -449,6 +488,27 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   }
   fm_log_debug("%s: %.16s in flight", fm_conn_name(rq->conn), p->hex);
   return FM_OK;
+}
+
+/* ---- work nobody waits for (fm_commands.h) ---- */
+
+static int conn_open(const struct fm_conn *c) {
+  return fm_conn_is_open(c);
+}
+
+static void abandon_flight(fm_flight *f, void *ctx) {
+  fm_daemon *dd = ctx;
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&f->key, hex);
+  fm_log_info("every requester of %.16s hung up: its build is cancelled", hex);
+  f->cancel(f->job);
+  /* Out of the table now: a new request for the key starts afresh, and the job, when it
+   * ends, finds no flight of its own to answer (flight_of). */
+  answer_waiters(fm_inflight_finish(dd->inflight, f), hex, FM_ECLOSED, "", NULL, FM_STATE_UNTUNED);
+}
+
+void fm_cmd_sweep_abandoned(fm_daemon *dd) {
+  if (fm_inflight_count(dd->inflight)) fm_inflight_sweep(dd->inflight, conn_open, abandon_flight, dd);
 }
 
 int fm_cmd_compile(fm_request *rq, fm_diag *d) {

@@ -312,6 +312,26 @@ void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops) {
   pack_tensor(pk, v);
 }
 
+void e2e_pack_pow_chain(msgpack_packer *pk, double exponent, int n_pows) {
+  msgpack_pack_map(pk, 4);
+  fm_pack_kv_u64(pk, "vocab", 1);
+  fm_pack_cstr(pk, "inputs");
+  msgpack_pack_array(pk, 1);
+  pack_tensor(pk, 0);
+  fm_pack_cstr(pk, "ops");
+  msgpack_pack_array(pk, (size_t)n_pows + 1);
+  pack_op(pk, "const", 1, 0, 0, 0, 1, exponent);
+  uint32_t v = 0;
+  for (int i = 0; i < n_pows; i++) {
+    uint32_t out = (uint32_t)i + 2;
+    pack_op(pk, "pow", out, 2, v, 1, 0, 0);
+    v = out;
+  }
+  fm_pack_cstr(pk, "outputs");
+  msgpack_pack_array(pk, 1);
+  pack_tensor(pk, v);
+}
+
 int e2e_is_ok(const msgpack_object *o) {
   bool ok = false;
   return fm_msg_get_bool(o, "ok", &ok, NULL) == FM_OK && ok;

@@ -54,6 +54,11 @@ int e2e_req_send(e2e_req *r, int fd);
  * salts give distinct fragments and keys). */
 void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops);
 
+/* Packs x f32 [-1, 256] raised n_pows times in a chain to a constant exponent (not one the
+ * code generator special-cases, such as 2 or 0.5, so each is a powf): the costliest fragment
+ * to compile per op (255 of them held NVRTC for ~50 s). Distinct exponents, distinct keys. */
+void e2e_pack_pow_chain(msgpack_packer *pk, double exponent, int n_pows);
+
 /* hello with FM_PROTO_VERSION; 0 on an ok reply. */
 int e2e_hello(int fd);
 /* compile the salted fragment on fd; fills origin (and key hex) from the reply. Returns 0 for an
