@@ -32,6 +32,10 @@ int e2e_stop(e2e_daemon *d, int sig, int timeout_ms);
 /* Kills any running daemon and removes the directory (keeps the log on stderr if dump). */
 void e2e_teardown(e2e_daemon *d, int dump_log);
 
+/* CLOCK_MONOTONIC in ms, and a sleep. */
+double e2e_now_ms(void);
+void e2e_sleep_ms(int ms);
+
 /* A connected socket, or -1. */
 int e2e_connect(const char *sock);
 int e2e_send_raw(int fd, const void *p, size_t n);
@@ -59,6 +63,8 @@ void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops);
  * to compile per op (255 of them held NVRTC for ~50 s). Distinct exponents, distinct keys. */
 void e2e_pack_pow_chain(msgpack_packer *pk, double exponent, int n_pows);
 
+/* A connected socket that has said hello, or -1. */
+int e2e_client(const char *sock);
 /* hello with FM_PROTO_VERSION; 0 on an ok reply. */
 int e2e_hello(int fd);
 /* compile the salted fragment on fd; fills origin (and key hex) from the reply. Returns 0 for an

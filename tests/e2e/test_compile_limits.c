@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "e2e_util.h"
@@ -31,29 +30,9 @@
 
 static e2e_daemon D;
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
 static int restart(const char *const *extra) {
   if (D.pid) e2e_stop(&D, SIGTERM, 60000);
   return e2e_start(&D, extra);
-}
-
-static int client(void) {
-  int fd = e2e_connect(D.sock);
-  if (fd >= 0 && e2e_hello(fd) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 static int send_pow_chain(int fd, uint64_t id, double exponent, int n_pows) {
@@ -67,14 +46,14 @@ static int send_pow_chain(int fd, uint64_t id, double exponent, int n_pows) {
 /* Reads replies until the one for id: 0 with its code ("" when ok) and detail; -1 if none
  * came within timeout_ms. */
 static int reply_for(int fd, uint64_t id, int timeout_ms, char code[32], char detail[512]) {
-  double end = now_ms() + timeout_ms;
+  double end = e2e_now_ms() + timeout_ms;
   code[0] = detail[0] = '\0';
-  while (now_ms() < end) {
+  while (e2e_now_ms() < end) {
     msgpack_zone z;
     msgpack_object o;
     uint64_t got = 0;
     msgpack_zone_init(&z, 65536);
-    int rc = e2e_recv(fd, (int)(end - now_ms()) + 1, &z, &o);
+    int rc = e2e_recv(fd, (int)(end - e2e_now_ms()) + 1, &z, &o);
     if (rc == 0 && fm_msg_get_u64(&o, "id", &got, NULL) == FM_OK && got == id) {
       if (!e2e_is_ok(&o)) {
         e2e_str(&o, "code", code, 32);
@@ -125,15 +104,15 @@ static int children_of(pid_t pid) {
 /* The time of one small compile (a fragment not seen before), in ms; -1 if it failed. */
 static double small_compile_ms(int fd, uint64_t id, double salt) {
   char origin[16];
-  double t0 = now_ms();
+  double t0 = e2e_now_ms();
   if (e2e_compile(fd, id, salt, 3, origin, NULL) != 0 || strcmp(origin, "compiled") != 0) return -1;
-  return now_ms() - t0;
+  return e2e_now_ms() - t0;
 }
 
 static void test_departing_client_work_cancelled(void) {
   const char *extra[] = {"--jobs", "2", "--max-compile-cost", NO_COST_BOUND, NULL};
   CHECK_EQ_INT(restart(extra), 0);
-  int b = client();
+  int b = e2e_client(D.sock);
   CHECK(b >= 0);
   /* The normal time first: the slowest of three small compiles, the machine as it is now. */
   double normal = 0;
@@ -143,15 +122,14 @@ static void test_departing_client_work_cancelled(void) {
     if (t > normal) normal = t;
   }
   /* A sends four pathological fragments in one go; two of them take both compile threads. */
-  int a = client();
+  int a = e2e_client(D.sock);
   CHECK(a >= 0);
   for (int i = 0; i < 4; i++) CHECK_EQ_INT(send_pow_chain(a, 100 + (uint64_t)i, 1.25 + i * 0.125, PATHOLOGICAL_POWS), 0);
-  for (int i = 0; i < 250 && e2e_stat(b, NULL, "inflight") != 4; i++) sleep_ms(20);
+  for (int i = 0; i < 250 && e2e_stat(b, NULL, "inflight") != 4; i++) e2e_sleep_ms(20);
   CHECK_EQ_INT(e2e_stat(b, NULL, "inflight"), 4);
-  sleep_ms(300);   /* well into NVRTC */
+  e2e_sleep_ms(300);   /* well into NVRTC */
   /* B's small compile is queued behind A's work; then A hangs up. */
-  char origin[16];
-  double t0 = now_ms();
+  double t0 = e2e_now_ms();
   e2e_req r;
   e2e_req_begin(&r, "compile", 20, 1);
   fm_pack_cstr(&r.pk, "fragment");
@@ -160,32 +138,31 @@ static void test_departing_client_work_cancelled(void) {
   close(a);
   char code[32], detail[512];
   CHECK_EQ_INT(reply_for(b, 20, 120000, code, detail), 0);
-  double took = now_ms() - t0;
+  double took = e2e_now_ms() - t0;
   CHECK(code[0] == '\0');
   printf("  small compile: normal %.0f ms, behind a departed client's 4 pathological fragments %.0f ms\n",
          normal, took);
   CHECK(took <= normal + 2000);
   /* None of A's work went on or was stored; no worker is left. */
-  for (int i = 0; i < 250 && (e2e_stat(b, NULL, "inflight") != 0 || children_of(D.pid) != 0); i++) sleep_ms(20);
+  for (int i = 0; i < 250 && (e2e_stat(b, NULL, "inflight") != 0 || children_of(D.pid) != 0); i++) e2e_sleep_ms(20);
   CHECK_EQ_INT(e2e_stat(b, NULL, "inflight"), 0);
   CHECK_EQ_INT(children_of(D.pid), 0);
   for (int i = 0; i < 4; i++) CHECK_EQ_INT(stored(b, 200 + (uint64_t)i, 1.25 + i * 0.125, PATHOLOGICAL_POWS), 0);
   CHECK(e2e_log_contains(&D, "hung up: its build is cancelled"));
-  (void)origin;
   close(b);
 }
 
 static void test_costly_fragment_refused(void) {
   CHECK_EQ_INT(restart(NULL), 0);
-  int fd = client();
+  int fd = e2e_client(D.sock);
   CHECK(fd >= 0);
   char code[32], detail[512], origin[16];
-  double t0 = now_ms();
+  double t0 = e2e_now_ms();
   CHECK_EQ_INT(send_pow_chain(fd, 30, 1.375, PATHOLOGICAL_POWS), 0);
   CHECK_EQ_INT(reply_for(fd, 30, 10000, code, detail), 0);
   CHECK(strcmp(code, "limit_exceeded") == 0);
   CHECK(strstr(detail, "too costly to compile") && strstr(detail, "--max-compile-cost"));
-  CHECK(now_ms() - t0 < 5000);   /* refused, not compiled */
+  CHECK(e2e_now_ms() - t0 < 5000);   /* refused, not compiled */
   CHECK_EQ_INT(children_of(D.pid), 0);
   /* A fragment the size of the largest real ones (30 ops, 10 of them transcendental) passes;
    * so does a short pow chain. */
@@ -200,20 +177,20 @@ static void test_costly_fragment_refused(void) {
 static void test_compile_deadline(void) {
   const char *extra[] = {"--compile-deadline", "0.5", "--max-compile-cost", NO_COST_BOUND, NULL};
   CHECK_EQ_INT(restart(extra), 0);
-  int fd = client();
+  int fd = e2e_client(D.sock);
   CHECK(fd >= 0);
   char code[32], detail[512];
-  double t0 = now_ms();
+  double t0 = e2e_now_ms();
   CHECK_EQ_INT(send_pow_chain(fd, 40, 1.625, 64), 0);   /* ~10 s of NVRTC */
   CHECK_EQ_INT(reply_for(fd, 40, 60000, code, detail), 0);
-  double took = now_ms() - t0;
+  double took = e2e_now_ms() - t0;
   CHECK(strcmp(code, "compile_timeout") == 0);
   CHECK(strstr(detail, "0.5 s compile deadline") != NULL);
   CHECK(took < 5000);
   printf("  compile_timeout after %.0f ms (deadline 500 ms)\n", took);
   /* The daemon serves on: nothing stored, no worker left, a ping answered. */
   CHECK_EQ_INT(stored(fd, 41, 1.625, 64), 0);
-  for (int i = 0; i < 100 && children_of(D.pid) != 0; i++) sleep_ms(20);
+  for (int i = 0; i < 100 && children_of(D.pid) != 0; i++) e2e_sleep_ms(20);
   CHECK_EQ_INT(children_of(D.pid), 0);
   e2e_req r;
   e2e_req_begin(&r, "ping", 42, 0);
@@ -227,7 +204,7 @@ static void test_compile_deadline(void) {
 static void test_compile_memory_bound(void) {
   const char *extra[] = {"--compile-memory", "16M", NULL};
   CHECK_EQ_INT(restart(extra), 0);
-  int fd = client();
+  int fd = e2e_client(D.sock);
   CHECK(fd >= 0);
   char origin[16];
   CHECK_EQ_INT(e2e_compile(fd, 50, 70.5, 3, origin, NULL), -1);
@@ -242,7 +219,7 @@ static void test_compile_memory_bound(void) {
 static void test_client_compile_limit(void) {
   const char *extra[] = {"--max-client-compiles", "2", "--max-compile-cost", NO_COST_BOUND, NULL};
   CHECK_EQ_INT(restart(extra), 0);
-  int fd = client(), other = client();
+  int fd = e2e_client(D.sock), other = e2e_client(D.sock);
   CHECK(fd >= 0 && other >= 0);
   char code[32], detail[512], origin[16];
   /* Two slow compiles wait; the third request on the same connection is over the limit. */
