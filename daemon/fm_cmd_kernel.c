@@ -10,6 +10,7 @@
 
 #include "fm_commands.h"
 #include "fm_compile.h"
+#include "fm_compile_queue.h"
 #include "fm_fragment.h"
 #include "fm_log.h"
 #include "fm_msg.h"
@@ -330,13 +331,17 @@ static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
   return FM_OK;
 }
 
-static void submit_tuning(fm_daemon *dd, fm_tune_job *tj) {
+/* Whose line a flight's compiles wait in (fm_compile_queue.h): the connection that started it. */
+static const void *owner_of(const fm_flight *f) {
+  return f->waiters ? (const void *)f->waiters->conn : NULL;
+}
+
+static void submit_tuning(fm_daemon *dd, fm_tune_job *tj, const void *owner) {
   tj->pending = tj->n;
   for (size_t i = 0; i < tj->n; i++) {
     fm_compile_job *cj = tj->cands[i];
-    if (fm_compile_submit(dd->loop, cj, on_candidate_compiled, tj)) {
-      cj->err = FM_EIO;
-      fm_diag_set(&cj->diag, FM_EIO, "cannot queue the compile");
+    if (fm_cqueue_submit(dd->cqueue, owner, cj, on_candidate_compiled, tj)) {
+      cj->err = fm_diag_set(&cj->diag, FM_ENOMEM, "cannot queue the compile: out of memory");
       if (--tj->pending == 0) candidates_compiled(tj);
     }
   }
@@ -366,7 +371,7 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
     dd->jobs_running++;
     fm_daemon_count(dd, FM_STAT_COMPILES, 1);
     fm_log_debug("compiling %zu candidates of %.16s for %s, then tuning", tj->n, p->hex, p->dev.arch);
-    submit_tuning(dd, tj);
+    submit_tuning(dd, tj, owner_of(f));
     return FM_OK;
   }
   if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
@@ -374,13 +379,14 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
   job->nvrtc = dd->nvrtc.exe ? &dd->nvrtc : NULL;
   f->job = job;
   f->cancel = cancel_compile;
-  if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
+  fm_log_debug("compiling %.16s for %s", p->hex, p->dev.arch);
+  dd->jobs_running++;   /* first: a job the pool refuses ends (on_compile_done) right away */
+  if ((err = fm_cqueue_submit(dd->cqueue, owner_of(f), job, on_compile_done, dd))) {
+    dd->jobs_running--;
     fm_compile_job_free(job);
     return fm_diag_set(d, err, "cannot queue the compile");
   }
-  dd->jobs_running++;
   fm_daemon_count(dd, FM_STAT_COMPILES, 1);
-  fm_log_debug("compiling %.16s for %s", p->hex, p->dev.arch);
   return FM_OK;
 }
 

@@ -47,6 +47,10 @@ struct fm_compile_job {
    * started skips everything, one inside NVRTC has its worker killed (err FM_ECLOSED). A job
    * past NVRTC finishes (nearly done: its store is kept). */
   atomic_int cancel;
+  /* fm_compile_queue's, while the job waits for a worker there */
+  struct fm_compile_job *queue_next;
+  fm_compile_done_fn queue_done;
+  void *queue_ctx;
   /* results */
   int err;                    /* FM_OK, or why the kernel could not be built */
   fm_diag diag;               /* the reason, for err */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "fm_commands.h"
+#include "fm_compile_queue.h"
 #include "fm_detach.h"
 #include "fm_dispatch.h"
 #include "fm_frame.h"
@@ -262,7 +263,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
     goto out;
   }
   if (why.text[0]) fm_log_warn("kernel store: %s", why.text);
-  if ((err = fm_inflight_new(&dd->inflight))) {
+  if ((err = fm_inflight_new(&dd->inflight)) || (err = fm_cqueue_new(loop, cfg->jobs, &dd->cqueue))) {
     fm_diag_set(d, err, "out of memory");
     goto out;
   }
@@ -320,6 +321,7 @@ out:
   if (dd->server) fm_server_free(dd->server);
   fm_tuner_free(dd->tuner);
   fm_inflight_free(dd->inflight);
+  fm_cqueue_free(dd->cqueue);
   fm_remote_tier_free(dd->remote);   /* after close_loop: no lookup or publish still runs */
   if (dd->store) fm_store_close(dd->store);
   if (uv_loop_close(loop) != 0) fm_log_debug("event loop still had handles at exit");

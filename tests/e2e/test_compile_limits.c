@@ -10,7 +10,9 @@
  *     nothing is stored, and the daemon keeps serving;
  *   - --compile-memory: a compile that needs more is answered out_of_memory, not served;
  *   - --max-client-compiles: the request past the limit is answered busy, the connection
- *     stays usable, another connection is not affected.
+ *     stays usable, another connection is not affected;
+ *   - compiles wait in one line per client, served in turn: a client that queued 6 slow
+ *     compiles delays another client's one by at most the compiles already running.
  * usage: test_compile_limits PATH/TO/fusemld */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -248,6 +250,43 @@ static void test_client_compile_limit(void) {
   close(other);
 }
 
+/* Compiles this daemon finished (its log's "compiled" lines since it started) before the
+ * one of key; -1 if key's is not there. */
+static int compiled_before(const char *key) {
+  FILE *f = fopen(D.log, "r");
+  char line[1024];
+  int n = -1;
+  while (f && fgets(line, sizeof line, f)) {
+    if (strstr(line, " serving ")) n = 0;   /* this daemon's start: count afresh */
+    else if (n >= 0 && strstr(line, "INFO: compiled ")) {
+      if (strstr(line, key)) break;
+      n++;
+    }
+  }
+  if (f) fclose(f);
+  return n;
+}
+
+static void test_clients_served_in_turn(void) {
+  const char *extra[] = {"--jobs", "2", NULL};
+  CHECK_EQ_INT(restart(extra), 0);
+  int a = e2e_client(D.sock), b = e2e_client(D.sock);
+  CHECK(a >= 0 && b >= 0);
+  /* A queues six slow compiles (16 chained pows, about a second each); two run at once. */
+  for (int i = 0; i < 6; i++) CHECK_EQ_INT(send_pow_chain(a, 70 + (uint64_t)i, 1.51 + i * 0.01, 16), 0);
+  for (int i = 0; i < 250 && e2e_stat(b, NULL, "inflight") != 6; i++) e2e_sleep_ms(20);
+  CHECK_EQ_INT(e2e_stat(b, NULL, "inflight"), 6);
+  /* B's one compile takes the first worker that frees up, not the seventh. */
+  char origin[16], key[65];
+  CHECK_EQ_INT(e2e_compile(b, 80, 90.5, 3, origin, key), 0);
+  key[16] = '\0';
+  int before = compiled_before(key);
+  printf("  the other client's compile finished after %d of the 6 queued ahead of it\n", before);
+  CHECK(before >= 0 && before <= 3);
+  close(a);
+  close(b);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s PATH/TO/fusemld\n", argv[0]);
@@ -263,6 +302,7 @@ int main(int argc, char **argv) {
   RUN(test_compile_deadline);
   RUN(test_compile_memory_bound);
   RUN(test_client_compile_limit);
+  RUN(test_clients_served_in_turn);
   e2e_teardown(&D, fm_test_failed_ != 0);
   return FM_TEST_DONE();
 }
