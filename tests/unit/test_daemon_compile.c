@@ -183,26 +183,35 @@ static void record(fm_compile_job *job) {
   fm_compile_job_free(job);
 }
 
+/* A job for the relu fragment on dev, not stored; NULL on failure. */
+static fm_compile_job *relu_job(const fm_devinfo *dev) {
+  fm_fragment *canon = malloc(sizeof *canon);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  fm_key key;
+  fm_compile_job *job = NULL;
+  if (canon && make_fragment(canon, &bytes, &len) == FM_OK && fm_device_key(dev, &dev->id, bytes, len, &key) == FM_OK)
+    fm_compile_job_new(canon, bytes, len, &key, &dev->id, NULL, &job);
+  free(bytes);
+  free(canon);
+  return job;
+}
+
 static void test_queue_serves_owners_in_turn(void) {
   uv_loop_t loop;
   fm_cqueue *q = NULL;
   fm_devinfo dev;
   fm_diag d = {{0}};
-  fm_fragment *canon = malloc(sizeof *canon);
-  uint8_t *bytes = NULL;
-  size_t len = 0;
-  fm_key key;
   static const char names[] = "AAABC";
   int owner_a, owner_b, owner_c;
   const void *owners[] = {&owner_a, &owner_a, &owner_a, &owner_b, &owner_c};
   CHECK_EQ_INT(uv_loop_init(&loop), 0);
   CHECK_EQ_INT(fm_cqueue_new(&loop, 1, &q), FM_OK);
   CHECK_EQ_INT(fm_device_init(&dev, "sm_90a", &d), FM_OK);
-  CHECK_EQ_INT(make_fragment(canon, &bytes, &len), FM_OK);
-  CHECK_EQ_INT(fm_device_key(&dev, &dev.id, bytes, len, &key), FM_OK);
   for (int i = 0; i < 5; i++) {
-    fm_compile_job *job = NULL;
-    CHECK_EQ_INT(fm_compile_job_new(canon, bytes, len, &key, &dev.id, NULL, &job), FM_OK);
+    fm_compile_job *job = relu_job(&dev);
+    CHECK(job != NULL);
+    if (!job) break;
     atomic_store(&job->cancel, 1);
     CHECK_EQ_INT(fm_cqueue_submit(q, owners[i], job, record, (void *)&names[i]), FM_OK);
   }
@@ -213,8 +222,6 @@ static void test_queue_serves_owners_in_turn(void) {
   CHECK_EQ_INT(fm_cqueue_waiting(q), 0);
   fm_cqueue_free(q);
   CHECK_EQ_INT(uv_loop_close(&loop), 0);
-  free(bytes);
-  free(canon);
 }
 
 int main(void) {
