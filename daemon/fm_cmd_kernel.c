@@ -180,7 +180,7 @@ static void on_compile_done(fm_compile_job *j) {
   char *detail = NULL;
 
   if (j->err == FM_ECLOSED) {
-    fm_log_info("compile of %.16s %s", hex, j->diag.text);
+    fm_log_debug("compile of %.16s %s", hex, j->diag.text);
   } else if (j->err) {
     fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
     fm_log_warn("compile of %.16s failed: %s", hex, j->diag.text);
@@ -254,7 +254,7 @@ static void candidates_compiled(fm_tune_job *tj) {
   fm_key_to_hex(&j->key, hex);
   fm_flight *f = flight_of(dd, &j->key, tj);
   if (!f) {
-    fm_log_info("tuning of %.16s dropped: nobody waits for it any more", hex);
+    fm_log_debug("tuning of %.16s dropped: nobody waits for it any more", hex);
     goto out;
   }
   for (size_t i = 0; i < tj->n; i++) {
@@ -502,19 +502,30 @@ static int conn_open(const struct fm_conn *c) {
   return fm_conn_is_open(c);
 }
 
+typedef struct sweep {
+  fm_daemon *dd;
+  unsigned cancelled;
+} sweep;
+
 static void abandon_flight(fm_flight *f, void *ctx) {
-  fm_daemon *dd = ctx;
+  sweep *sw = ctx;
   char hex[FM_KEY_HEX];
   fm_key_to_hex(&f->key, hex);
-  fm_log_info("every requester of %.16s hung up: its build is cancelled", hex);
+  fm_log_debug("every requester of %.16s hung up: its build is cancelled", hex);
   f->cancel(f->job);
+  sw->cancelled++;
   /* Out of the table now: a new request for the key starts afresh, and the job, when it
    * ends, finds no flight of its own to answer (flight_of). */
-  answer_waiters(fm_inflight_finish(dd->inflight, f), hex, FM_ECLOSED, "", NULL, FM_STATE_UNTUNED);
+  answer_waiters(fm_inflight_finish(sw->dd->inflight, f), hex, FM_ECLOSED, "", NULL, FM_STATE_UNTUNED);
 }
 
 void fm_cmd_sweep_abandoned(fm_daemon *dd) {
-  if (fm_inflight_count(dd->inflight)) fm_inflight_sweep(dd->inflight, conn_open, abandon_flight, dd);
+  sweep sw = {dd, 0};
+  if (!fm_inflight_count(dd->inflight)) return;
+  fm_inflight_sweep(dd->inflight, conn_open, abandon_flight, &sw);
+  /* One line per sweep, not per build: a client that queues hundreds and hangs up, again
+   * and again, must not flood the log. */
+  if (sw.cancelled) fm_log_info("cancelled %u build(s) whose requesters all hung up", sw.cancelled);
 }
 
 int fm_cmd_compile(fm_request *rq, fm_diag *d) {
