@@ -55,6 +55,13 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
 /* Source + launch metadata for one candidate (as fm_codegen_pointwise). */
 int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
                         char **src, fm_kernel_meta *meta, fm_diag *d);
+/* What compiling the fragment's generated code costs, in units of about one cheap op: each
+ * op weighs what its code costs NVRTC (measured: a general `pow` is ~30 times an add, erf
+ * ~6). The daemon refuses a fragment above its bound (--max-compile-cost, default
+ * FM_CODEGEN_MAX_COST) before queueing it: 255 chained general pows held NVRTC for 50 s and
+ * made a 1.2 MB CUBIN, while the largest fragment a real model sends costs under 60. */
+#define FM_CODEGEN_MAX_COST 1024u
+uint32_t fm_codegen_cost(const fm_fragment *canon);
 /* "pointwise block=256 vec=0 unroll=4 blocks_per_sm=8", for logs and `fusectl show`. */
 void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap);
 /* True when candidate c compiles for arch ("sm_90a", ...): the wgmma GEMM mainloop needs

@@ -68,6 +68,39 @@ static const struct {
     {-2.0, "(1.0f / ($0 * $0))"},
 };
 
+/* What each op's code costs NVRTC, in units of a cheap op (fm_codegen_cost); 0 = 1 unit.
+ * Measured on chains of 32-255 ops of one kind (pointwise, f32, 2-core CPU): ~5 ms of NVRTC
+ * per unit; a general pow (powf) ~160 ms. Compile time grows faster than linearly with
+ * the kernel's size, so these err high. */
+static const uint8_t op_cost[FM_OP__COUNT] = {
+    [FM_OP_DIV] = 2,     [FM_OP_EXP] = 2,       [FM_OP_TANH] = 2,  [FM_OP_SQRT] = 2,
+    [FM_OP_RSQRT] = 2,   [FM_OP_SIGMOID] = 4,   [FM_OP_SILU] = 4,  [FM_OP_GELU_TANH] = 4,
+    [FM_OP_GELU] = 6,    [FM_OP_ERF] = 6,       [FM_OP_LOG] = 6,   [FM_OP_SUM] = 2,
+    [FM_OP_MEAN] = 2,    [FM_OP_AMAX] = 2,      [FM_OP_VAR] = 4,   [FM_OP_SOFTMAX] = 8,
+    [FM_OP_LAYER_NORM] = 8, [FM_OP_RMS_NORM] = 8, [FM_OP_POW] = 32,   /* powf; see pow_cost */
+};
+
+/* pow by an exponent pow_code special-cases costs what its multiplication or root does. */
+static uint32_t pow_cost(const fm_fragment *f, const fm_opnode *op) {
+  uint32_t c = op->args[1];
+  for (uint32_t i = 0; i < f->n_ops; i++) {
+    if (f->ops[i].out != c || f->ops[i].op != FM_OP_CONST) continue;
+    for (size_t k = 0; k < sizeof pow_code / sizeof pow_code[0]; k++)
+      if (f->ops[i].value == pow_code[k].exponent) return 2;
+  }
+  return op_cost[FM_OP_POW];
+}
+
+uint32_t fm_codegen_cost(const fm_fragment *f) {
+  uint32_t cost = 0;
+  for (uint32_t i = 0; i < f->n_ops; i++) {
+    const fm_opnode *op = &f->ops[i];
+    if (op->op == FM_OP_POW) cost += pow_cost(f, op);
+    else cost += op_cost[op->op] ? op_cost[op->op] : 1;
+  }
+  return cost;
+}
+
 /* The prelude: identical in every kernel (so it costs nothing in the golden files to read
  * it once). Changing it changes generated source: bump FM_CODEGEN_VERSION. */
 static const char prelude[] =

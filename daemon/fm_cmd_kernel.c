@@ -10,6 +10,7 @@
 
 #include "fm_commands.h"
 #include "fm_compile.h"
+#include "fm_compile_queue.h"
 #include "fm_entry_check.h"
 #include "fm_fragment.h"
 #include "fm_log.h"
@@ -164,15 +165,24 @@ static void answer_waiters(fm_waiter *w, const char *hex, int err, const char *d
   }
 }
 
+/* The flight job still answers: NULL once it was abandoned (a new flight for the same key
+ * may have started since, and is not this job's to answer). */
+static fm_flight *flight_of(fm_daemon *dd, const fm_key *key, const void *job) {
+  fm_flight *f = fm_inflight_find(dd->inflight, key);
+  return f && f->job == job ? f : NULL;
+}
+
 static void on_compile_done(fm_compile_job *j) {
   fm_daemon *dd = j->ctx;
   char hex[FM_KEY_HEX];
   fm_key_to_hex(&j->key, hex);
-  fm_flight *f = fm_inflight_find(dd->inflight, &j->key);
+  fm_flight *f = flight_of(dd, &j->key, j);
   fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
   char *detail = NULL;
 
-  if (j->err) {
+  if (j->err == FM_ECLOSED) {
+    fm_log_debug("compile of %.16s %s", hex, j->diag.text);
+  } else if (j->err) {
     fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
     fm_log_warn("compile of %.16s failed: %s", hex, j->diag.text);
     detail = failure_detail(j);
@@ -199,7 +209,7 @@ static void on_tune_done(fm_tune_job *tj) {
   const fm_compile_job *c0 = tj->cands[0];
   char hex[FM_KEY_HEX];
   fm_key_to_hex(&c0->key, hex);
-  fm_flight *f = fm_inflight_find(dd->inflight, &c0->key);
+  fm_flight *f = flight_of(dd, &c0->key, tj);
   fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
 
   fm_daemon_count(dd, FM_STAT_WORKER_RESTARTS, tj->restarts);
@@ -236,9 +246,18 @@ static void on_tune_done(fm_tune_job *tj) {
   fm_daemon_job_ended(dd);
 }
 
-/* Every candidate compiled (or failed to): on to the tuner, unless none compiled. */
+/* Every candidate compiled (or failed to): on to the tuner, unless none compiled or nobody
+ * waits any more. */
 static void candidates_compiled(fm_tune_job *tj) {
   fm_daemon *dd = tj->ctx;
+  fm_compile_job *j = tj->cands[0];
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&j->key, hex);
+  fm_flight *f = flight_of(dd, &j->key, tj);
+  if (!f) {
+    fm_log_debug("tuning of %.16s dropped: nobody waits for it any more", hex);
+    goto out;
+  }
   for (size_t i = 0; i < tj->n; i++) {
     if (tj->cands[i]->err) {
       fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
@@ -248,15 +267,12 @@ static void candidates_compiled(fm_tune_job *tj) {
     return;
   }
   /* Nothing to tune: answer as a failed compile of the default. */
-  fm_compile_job *j = tj->cands[0];
-  char hex[FM_KEY_HEX];
-  fm_key_to_hex(&j->key, hex);
-  fm_flight *f = fm_inflight_find(dd->inflight, &j->key);
-  fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+  fm_waiter *w = fm_inflight_finish(dd->inflight, f);
   char *detail = failure_detail(j);
   fm_log_warn("compile of %.16s failed (all %zu candidates): %s", hex, tj->n, j->diag.text);
   answer_waiters(w, hex, j->err, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
   free(detail);
+out:
   fm_tune_job_free(tj);
   dd->jobs_running--;
   fm_daemon_job_ended(dd);
@@ -265,6 +281,16 @@ static void candidates_compiled(fm_tune_job *tj) {
 static void on_candidate_compiled(fm_compile_job *j) {
   fm_tune_job *tj = j->ctx;
   if (--tj->pending == 0) candidates_compiled(tj);
+}
+
+/* fm_flight.cancel for each kind of build. */
+static void cancel_compile(void *job) {
+  atomic_store(&((fm_compile_job *)job)->cancel, 1);
+}
+
+static void cancel_tuning(void *job) {
+  fm_tune_job *tj = job;
+  for (size_t i = 0; i < tj->n; i++) cancel_compile(tj->cands[i]);
 }
 
 /* A tune job with one compile job per candidate, the compiles queued. FM_OK or FM_ENOMEM. */
@@ -299,19 +325,24 @@ static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
     }
     cj->has_cand = 1;
     cj->cand = cands[i];
+    cj->nvrtc = dd->nvrtc.exe ? &dd->nvrtc : NULL;
     tj->cands[tj->n++] = cj;
   }
   *out = tj;
   return FM_OK;
 }
 
-static void submit_tuning(fm_daemon *dd, fm_tune_job *tj) {
+/* Whose line a flight's compiles wait in (fm_compile_queue.h): the connection that started it. */
+static const void *owner_of(const fm_flight *f) {
+  return f->waiters ? (const void *)f->waiters->conn : NULL;
+}
+
+static void submit_tuning(fm_daemon *dd, fm_tune_job *tj, const void *owner) {
   tj->pending = tj->n;
   for (size_t i = 0; i < tj->n; i++) {
     fm_compile_job *cj = tj->cands[i];
-    if (fm_compile_submit(dd->loop, cj, on_candidate_compiled, tj)) {
-      cj->err = FM_EIO;
-      fm_diag_set(&cj->diag, FM_EIO, "cannot queue the compile");
+    if (fm_cqueue_submit(dd->cqueue, owner, cj, on_candidate_compiled, tj)) {
+      cj->err = fm_diag_set(&cj->diag, FM_ENOMEM, "cannot queue the compile: out of memory");
       if (--tj->pending == 0) candidates_compiled(tj);
     }
   }
@@ -337,22 +368,26 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
   }
   if (tj) {
     f->job = tj;
+    f->cancel = cancel_tuning;
     dd->jobs_running++;
     fm_daemon_count(dd, FM_STAT_COMPILES, 1);
     fm_log_debug("compiling %zu candidates of %.16s for %s, then tuning", tj->n, p->hex, p->dev.arch);
-    submit_tuning(dd, tj);
+    submit_tuning(dd, tj, owner_of(f));
     return FM_OK;
   }
   if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
     return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  job->nvrtc = dd->nvrtc.exe ? &dd->nvrtc : NULL;
   f->job = job;
-  if ((err = fm_compile_submit(dd->loop, job, on_compile_done, dd))) {
+  f->cancel = cancel_compile;
+  fm_log_debug("compiling %.16s for %s", p->hex, p->dev.arch);
+  dd->jobs_running++;   /* first: a job the pool refuses ends (on_compile_done) right away */
+  if ((err = fm_cqueue_submit(dd->cqueue, owner_of(f), job, on_compile_done, dd))) {
+    dd->jobs_running--;
     fm_compile_job_free(job);
     return fm_diag_set(d, err, "cannot queue the compile");
   }
-  dd->jobs_running++;
   fm_daemon_count(dd, FM_STAT_COMPILES, 1);
-  fm_log_debug("compiling %.16s for %s", p->hex, p->dev.arch);
   return FM_OK;
 }
 
@@ -367,7 +402,7 @@ typedef struct remote_wait {
 static void on_remote_done(fm_remote_lookup *lk) {
   remote_wait *rw = lk->ctx;
   fm_daemon *dd = rw->dd;
-  fm_flight *f = fm_inflight_find(dd->inflight, &rw->p.key);
+  fm_flight *f = flight_of(dd, &rw->p.key, rw);
   dd->jobs_running--;
   if (lk->found) {
     fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
@@ -427,15 +462,25 @@ static int start_remote(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
 static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   fm_daemon *dd = rq->dd;
   fm_flight *f = fm_inflight_find(dd->inflight, &p->key);
+  uint32_t waiting = fm_inflight_waiting(dd->inflight, rq->conn), cost;
   int err;
+  /* One client must not queue work without bound ahead of everyone else: past its limit it
+   * is told to wait for answers first (the connection stays). */
+  if (waiting >= dd->cfg->max_client_compiles)
+    return fm_diag_set(d, FM_EBUSY, "this connection already has %u compiles waiting (--max-client-compiles %u); "
+                       "send more once some are answered", waiting, dd->cfg->max_client_compiles);
+  if (!f && (cost = fm_codegen_cost(p->canon)) > dd->cfg->max_compile_cost)
+    return fm_diag_set(d, FM_ELIMIT, "fragment too costly to compile: cost %u, over the bound of %u "
+                       "(--max-compile-cost; a general pow costs 32, erf 6, an add 1)", cost,
+                       dd->cfg->max_compile_cost);
   if (f) {
-    if (fm_inflight_join(f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+    if (fm_inflight_join(dd->inflight, f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
     fm_conn_ref(rq->conn);
     fm_daemon_count(dd, FM_STAT_JOINED, 1);
     return FM_OK;
   }
   if (fm_inflight_start(dd->inflight, &p->key, NULL, &f)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  if (fm_inflight_join(f, rq->conn, rq->id, 0)) {
+  if (fm_inflight_join(dd->inflight, f, rq->conn, rq->id, 0)) {
     drop_flight(dd, f);
     return fm_diag_set(d, FM_ENOMEM, "out of memory");
   }
@@ -450,6 +495,38 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   }
   fm_log_debug("%s: %.16s in flight", fm_conn_name(rq->conn), p->hex);
   return FM_OK;
+}
+
+/* ---- work nobody waits for (fm_commands.h) ---- */
+
+static int conn_open(const struct fm_conn *c) {
+  return fm_conn_is_open(c);
+}
+
+typedef struct sweep {
+  fm_daemon *dd;
+  unsigned cancelled;
+} sweep;
+
+static void abandon_flight(fm_flight *f, void *ctx) {
+  sweep *sw = ctx;
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&f->key, hex);
+  fm_log_debug("every requester of %.16s hung up: its build is cancelled", hex);
+  f->cancel(f->job);
+  sw->cancelled++;
+  /* Out of the table now: a new request for the key starts afresh, and the job, when it
+   * ends, finds no flight of its own to answer (flight_of). */
+  answer_waiters(fm_inflight_finish(sw->dd->inflight, f), hex, FM_ECLOSED, "", NULL, FM_STATE_UNTUNED);
+}
+
+void fm_cmd_sweep_abandoned(fm_daemon *dd) {
+  sweep sw = {dd, 0};
+  if (!fm_inflight_count(dd->inflight)) return;
+  fm_inflight_sweep(dd->inflight, conn_open, abandon_flight, &sw);
+  /* One line per sweep, not per build: a client that queues hundreds and hangs up, again
+   * and again, must not flood the log. */
+  if (sw.cancelled) fm_log_info("cancelled %u build(s) whose requesters all hung up", sw.cancelled);
 }
 
 int fm_cmd_compile(fm_request *rq, fm_diag *d) {

@@ -24,6 +24,9 @@ typedef int (*fm_command_fn)(fm_request *rq, fm_diag *d);
 /* fm_cmd_kernel.c: the kernel path. */
 int fm_cmd_compile(fm_request *rq, fm_diag *d);
 int fm_cmd_lookup(fm_request *rq, fm_diag *d);
+/* Cancels every build whose requesters have all hung up (queued ones never start, running
+ * ones have their NVRTC worker killed); the daemon calls it on a timer. */
+void fm_cmd_sweep_abandoned(fm_daemon *dd);
 
 /* fm_cmd_admin.c: what fusectl shows and manages. */
 int fm_cmd_stats(fm_request *rq, fm_diag *d);

@@ -89,6 +89,11 @@ void fm_compile_job_entry(const fm_compile_job *j, fm_kstate state, fm_entry *e)
 
 void fm_compile_run(fm_compile_job *j) {
   double t0 = now_ms();
+  if (atomic_load(&j->cancel)) {
+    /* Dropped before it started: every requester hung up while it was queued. */
+    j->err = fm_diag_set(&j->diag, FM_ECLOSED, "dropped before it started: nobody waits for it any more");
+    return;
+  }
   char key_hex[FM_KEY_HEX], name[32];
   fm_key_to_hex(&j->key, key_hex);
   /* The NVRTC program name shows up in its log: make it the key's prefix so the log can be
@@ -104,7 +109,17 @@ void fm_compile_run(fm_compile_job *j) {
     goto out;
   }
   /* A direct cuBLASLt plan has no kernel: nothing to compile, an empty CUBIN. */
-  if (j->source) j->err = fm_nvrtc_compile(j->source, name, j->device.arch, &j->cubin, &j->cubin_len, &j->log);
+  if (j->source && j->nvrtc) {
+    fm_diag why = {{0}};
+    j->err = fm_nvrtc_child_compile(j->nvrtc, j->source, name, j->device.arch, &j->cancel, &j->cubin,
+                                    &j->cubin_len, &j->log, &why);
+    if (j->err && why.text[0]) {   /* the worker's own failure (deadline, cancel, memory) */
+      j->diag = why;
+      goto out;
+    }
+  } else if (j->source) {
+    j->err = fm_nvrtc_compile(j->source, name, j->device.arch, &j->cubin, &j->cubin_len, &j->log);
+  }
   if (j->err) {
     fm_diag_set(&j->diag, j->err, "NVRTC (%s) failed: %s%s", j->device.arch, fm_strerror(j->err),
                 j->log ? " (log in detail)" : "");

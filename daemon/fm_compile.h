@@ -4,10 +4,14 @@
  * its key. The worker generates the kernel with the heuristic (untuned) configuration,
  * compiles it with NVRTC and stores it (fm_store_put, state untuned). The done callback runs
  * back on the loop thread. A job whose store put failed (disk full) still carries the
- * compiled kernel: the requests are answered, only the caching was lost. */
+ * compiled kernel: the requests are answered, only the caching was lost.
+ *
+ * With job->nvrtc set, NVRTC runs in a child process (fm_nvrtc_child.h): killed at the
+ * compile deadline (err FM_ECOMPILE_TIMEOUT), on cancel, or bounded in memory. */
 #ifndef FM_COMPILE_H
 #define FM_COMPILE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -17,6 +21,7 @@
 #include "fm_fingerprint.h"
 #include "fm_fragment.h"
 #include "fm_meta.h"
+#include "fm_nvrtc_child.h"
 #include "fm_store.h"
 
 typedef struct fm_compile_job fm_compile_job;
@@ -34,8 +39,18 @@ struct fm_compile_job {
   fm_store *store;            /* NULL: do not store */
   int has_cand;               /* 1: build `cand` (a tuning candidate), 0: the default */
   fm_candidate cand;
+  const fm_nvrtc_limits *nvrtc;   /* NVRTC in a killable child with these limits; NULL: in this
+                                     process, unbounded (tests of codegen alone) */
   fm_compile_done_fn done;
   void *ctx;                  /* the caller's */
+  /* Set by the loop thread when nobody waits for the result any more: a job that has not
+   * started skips everything, one inside NVRTC has its worker killed (err FM_ECLOSED). A job
+   * past NVRTC finishes (nearly done: its store is kept). */
+  atomic_int cancel;
+  /* fm_compile_queue's, while the job waits for a worker there */
+  struct fm_compile_job *queue_next;
+  fm_compile_done_fn queue_done;
+  void *queue_ctx;
   /* results */
   int err;                    /* FM_OK, or why the kernel could not be built */
   fm_diag diag;               /* the reason, for err */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_codegen.h"
 #include "fm_paths.h"
 
 void fm_config_defaults(fm_config *c) {
@@ -17,6 +18,10 @@ void fm_config_defaults(fm_config *c) {
   c->log_level = FM_LOG_INFO;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   c->jobs = ncpu > 0 ? (uint32_t)(ncpu > 1024 ? 1024 : ncpu) : 1;
+  c->compile_deadline_s = FM_CONFIG_DEFAULT_COMPILE_DEADLINE;
+  c->compile_memory = FM_CONFIG_DEFAULT_COMPILE_MEMORY;
+  c->max_client_compiles = FM_CONFIG_DEFAULT_MAX_CLIENT_COMPILES;
+  c->max_compile_cost = FM_CODEGEN_MAX_COST;
   snprintf(c->arch, sizeof c->arch, "%s", FM_CONFIG_DEFAULT_ARCH);
   c->max_clients = FM_CONFIG_DEFAULT_MAX_CLIENTS;
   c->idle_timeout_s = FM_CONFIG_DEFAULT_IDLE_TIMEOUT;
@@ -86,6 +91,16 @@ static int add_id_list(uint32_t *ids, uint32_t *n, const char *key, const char *
   return FM_OK;
 }
 
+/* Seconds, 0 < s <= 3600 (fractions allowed: tests use short deadlines). */
+static int parse_seconds(const char *value, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = value ? strtod(value, &end) : 0;
+  if (!value || end == value || *end || errno || !(v > 0 && v <= 3600)) return FM_EINVAL;
+  *out = v;
+  return FM_OK;
+}
+
 static int set_path(char *dst, const char *key, const char *value, fm_diag *d) {
   size_t n = strlen(value);
   if (n == 0) return fm_diag_set(d, FM_EINVAL, "%s: empty path", key);
@@ -112,6 +127,29 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
     /* libuv's pool holds at most 1024 threads. */
     if (parse_u32(value, 1, 1024, &c->jobs))
       return fm_diag_set(d, FM_EINVAL, "jobs: \"%s\" is not a number from 1 to 1024", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "compile-worker") == 0) return set_path(c->compile_worker, key, value, d);
+  if (strcmp(key, "compile-deadline") == 0) {
+    if (parse_seconds(value, &c->compile_deadline_s))
+      return fm_diag_set(d, FM_EINVAL, "compile-deadline: \"%s\" is not a number of seconds (0 < s <= 3600)",
+                         value ? value : "");
+    return FM_OK;
+  }
+  if (strcmp(key, "compile-memory") == 0) {
+    /* 0 means unbounded; below 16M not even a small compile fits. */
+    if (fm_config_parse_size(value, &c->compile_memory) || (c->compile_memory && c->compile_memory < (16u << 20)))
+      return fm_diag_set(d, FM_EINVAL, "compile-memory: \"%s\" is not 0 or a size of at least 16M", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "max-client-compiles") == 0) {
+    if (parse_u32(value, 1, 1000000, &c->max_client_compiles))
+      return fm_diag_set(d, FM_EINVAL, "max-client-compiles: \"%s\" is not a number from 1 to 1000000", value);
+    return FM_OK;
+  }
+  if (strcmp(key, "max-compile-cost") == 0) {
+    if (parse_u32(value, 1, 100000000, &c->max_compile_cost))
+      return fm_diag_set(d, FM_EINVAL, "max-compile-cost: \"%s\" is not a number from 1 to 100000000", value);
     return FM_OK;
   }
   if (strcmp(key, "arch") == 0) {
@@ -163,13 +201,9 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
     return FM_OK;
   }
   if (strcmp(key, "tune-deadline") == 0) {
-    char *end = NULL;
-    errno = 0;
-    double v = value ? strtod(value, &end) : 0;
-    if (!value || end == value || *end || errno || !(v > 0 && v <= 3600))
+    if (parse_seconds(value, &c->tune_deadline_s))
       return fm_diag_set(d, FM_EINVAL, "tune-deadline: \"%s\" is not a number of seconds (0 < s <= 3600)",
                          value ? value : "");
-    c->tune_deadline_s = v;
     return FM_OK;
   }
   if (strcmp(key, "tune-only") == 0) {

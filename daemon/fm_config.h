@@ -5,6 +5,8 @@
  *   line    := ws* ( key ws* "=" ws* value ws* )? comment? "\n"
  *   comment := "#" any*          (at line start or after whitespace, so paths may hold '#')
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
+ *            | compile-worker | compile-deadline | compile-memory | max-client-compiles
+ *            | max-compile-cost
  *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline | tune-only
  *            | max-output | max-output-total | frame-deadline
  *            | allow-uid | allow-gid | remote | remote-secret-file
@@ -31,6 +33,9 @@
 #define FM_CONFIG_DEFAULT_MAX_OUTPUT_TOTAL (1ull << 30)
 #define FM_CONFIG_DEFAULT_FRAME_DEADLINE 30u
 #define FM_CONFIG_MAX_ALLOW 64                   /* ids in each allow-list */
+#define FM_CONFIG_DEFAULT_COMPILE_DEADLINE 60.0  /* s; the slowest real compiles take ~7 s */
+#define FM_CONFIG_DEFAULT_COMPILE_MEMORY (2ull << 30)
+#define FM_CONFIG_DEFAULT_MAX_CLIENT_COMPILES 256u   /* a model's whole graph is sent at once */
 
 typedef struct fm_config {
   char socket_path[FM_CONFIG_PATH_MAX];   /* "" until fm_config_finish fills the default */
@@ -40,6 +45,11 @@ typedef struct fm_config {
   uint64_t cache_size;                    /* bytes of cubins kept; 0 = unlimited */
   fm_log_level log_level;
   uint32_t jobs;                          /* compile worker threads */
+  char compile_worker[FM_CONFIG_PATH_MAX];/* "": fusemld-nvrtc beside fusemld */
+  double compile_deadline_s;              /* a compile's NVRTC worker is killed after this */
+  uint64_t compile_memory;                /* bytes each NVRTC worker may add; 0 = unbounded */
+  uint32_t max_client_compiles;           /* compile requests one connection may have waiting */
+  uint32_t max_compile_cost;              /* fm_codegen_cost bound; larger fragments refused */
   char arch[16];                          /* compile-only target */
   uint32_t max_clients;
   uint32_t idle_timeout_s;                /* 0 = never time out idle clients */

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_commands.h"
+#include "fm_compile_queue.h"
 #include "fm_detach.h"
 #include "fm_dispatch.h"
 #include "fm_frame.h"
@@ -44,6 +46,12 @@ void fm_daemon_save_stats(fm_daemon *dd) {
 
 static void on_stats_timer(uv_timer_t *t) {
   fm_daemon_save_stats(t->data);
+}
+
+/* The server tells nobody when a peer hangs up, so the builds it waited for are found here
+ * (a walk of the in-flight table, nothing when it is empty). */
+static void on_sweep_timer(uv_timer_t *t) {
+  fm_cmd_sweep_abandoned(t->data);
 }
 
 /* Pinged from the loop itself: a loop that stops turning stops the pings, and systemd
@@ -122,7 +130,8 @@ static int start_handles(fm_daemon *dd, fm_diag *d) {
   }
   uv_timer_init(dd->loop, &dd->deadline);
   uv_timer_init(dd->loop, &dd->stats_timer);
-  dd->deadline.data = dd->stats_timer.data = dd;
+  uv_timer_init(dd->loop, &dd->sweep_timer);
+  dd->deadline.data = dd->stats_timer.data = dd->sweep_timer.data = dd;
   dd->handles_ready = 1;
   for (int i = 0; i < 3; i++) {
     int r = uv_signal_start(sigs[i], on_signal, nums[i]);
@@ -130,6 +139,8 @@ static int start_handles(fm_daemon *dd, fm_diag *d) {
   }
   uv_timer_start(&dd->stats_timer, on_stats_timer, FM_STATS_SAVE_MS, FM_STATS_SAVE_MS);
   uv_unref((uv_handle_t *)&dd->stats_timer);
+  uv_timer_start(&dd->sweep_timer, on_sweep_timer, FM_DAEMON_SWEEP_MS, FM_DAEMON_SWEEP_MS);
+  uv_unref((uv_handle_t *)&dd->sweep_timer);
   if (dd->watchdog_usec) {
     /* Half the interval, as sd_watchdog_enabled(3) recommends; it keeps pinging through a
      * drain (unreferenced, it never holds the loop open). */
@@ -159,6 +170,19 @@ static void log_startup(fm_daemon *dd, int activated) {
               cfg->db_path, (unsigned long long)entries, (unsigned long long)bytes,
               (unsigned long long)cfg->cache_size, dd->dev.nvrtc_major, dd->dev.nvrtc_minor,
               (unsigned long long)dd->dev.cublaslt_version, cfg->jobs);
+  if (dd->nvrtc.exe)
+    fm_log_info("compiles in %s: deadline %.1f s, memory %llu MiB (0 = unbounded), %u waiting per client, "
+                "cost bound %u", dd->nvrtc.exe, cfg->compile_deadline_s,
+                (unsigned long long)(cfg->compile_memory >> 20), cfg->max_client_compiles, cfg->max_compile_cost);
+}
+
+/* name beside this executable (installed together), in out. 0 if that path cannot be made. */
+static int beside_self(const char *name, char *out, size_t cap) {
+  ssize_t n = readlink("/proc/self/exe", out, cap - 1);
+  char *slash = n > 0 ? (out[n] = '\0', strrchr(out, '/')) : NULL;
+  if (!slash || (size_t)(slash - out) + 1 + strlen(name) + 1 > cap) return 0;
+  snprintf(slash + 1, cap - (size_t)(slash + 1 - out), "%s", name);
+  return 1;
 }
 
 /* The tuner (fm_tuner.h): in GPU mode unless --no-tune, or wherever --tuner-worker names a
@@ -171,13 +195,10 @@ static int start_tuner(fm_daemon *dd, fm_diag *d) {
     snprintf(exe, sizeof exe, "%s", cfg->tuner_worker);
   } else {
     if (!dd->dev.gpu || cfg->no_tune) return FM_OK;
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    char *slash = n > 0 ? (exe[n] = '\0', strrchr(exe, '/')) : NULL;
-    if (!slash || (size_t)(slash - exe) + sizeof "/fusemld-tuner" > sizeof exe) {
+    if (!beside_self("fusemld-tuner", exe, sizeof exe)) {
       fm_log_warn("cannot find fusemld-tuner beside this executable; kernels are served untuned");
       return FM_OK;
     }
-    memcpy(slash, "/fusemld-tuner", sizeof "/fusemld-tuner");
   }
   if (cfg->no_tune) return FM_OK;
   fm_tuner_opts o = {.worker_exe = exe, .deadline_s = cfg->tune_deadline_s};
@@ -225,6 +246,23 @@ static int open_store(fm_daemon *dd, fm_diag *d) {
   return FM_OK;
 }
 
+/* The NVRTC worker (fm_nvrtc_child.h): --compile-worker, else fusemld-nvrtc beside this
+ * executable. Without one, compiles run in this process, where nothing can stop them: said
+ * loudly, but still serving (a missing file must not take every client's kernels away). */
+static void find_nvrtc_worker(fm_daemon *dd) {
+  const fm_config *cfg = dd->cfg;
+  if (cfg->compile_worker[0]) snprintf(dd->nvrtc_exe, sizeof dd->nvrtc_exe, "%s", cfg->compile_worker);
+  else if (!beside_self("fusemld-nvrtc", dd->nvrtc_exe, sizeof dd->nvrtc_exe)) dd->nvrtc_exe[0] = '\0';
+  if (!dd->nvrtc_exe[0] || access(dd->nvrtc_exe, X_OK) != 0) {
+    fm_log_error("cannot run the NVRTC worker %s: compiles run inside the daemon, with no deadline and no "
+                 "memory bound", dd->nvrtc_exe[0] ? dd->nvrtc_exe : "fusemld-nvrtc");
+    return;
+  }
+  dd->nvrtc.exe = dd->nvrtc_exe;
+  dd->nvrtc.deadline_s = cfg->compile_deadline_s;
+  dd->nvrtc.memory = cfg->compile_memory;
+}
+
 static void close_walk_cb(uv_handle_t *h, void *arg) {
   if (!uv_is_closing(h)) uv_close(h, NULL);
 }
@@ -262,7 +300,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   dd->watchdog_usec = fm_sd_watchdog_usec();
   if ((err = fm_device_init(&dd->dev, cfg->arch, d))) goto out;
   if ((err = open_store(dd, d))) goto out;
-  if ((err = fm_inflight_new(&dd->inflight))) {
+  if ((err = fm_inflight_new(&dd->inflight)) || (err = fm_cqueue_new(loop, cfg->jobs, &dd->cqueue))) {
     fm_diag_set(d, err, "out of memory");
     goto out;
   }
@@ -271,6 +309,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   if (dd->remote->remote)
     fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", cfg->remote, FM_REMOTE_IO_MS);
   if ((err = start_tuner(dd, d))) goto out;
+  find_nvrtc_worker(dd);
   int listen_fd = fm_sd_listen_fd();
   fm_server_opts so = {
       .socket_path = cfg->socket_path,
@@ -321,6 +360,7 @@ out:
   if (dd->server) fm_server_free(dd->server);
   fm_tuner_free(dd->tuner);
   fm_inflight_free(dd->inflight);
+  fm_cqueue_free(dd->cqueue);
   fm_remote_tier_free(dd->remote);   /* after close_loop: no lookup or publish still runs */
   if (dd->store) fm_store_close(dd->store);
   if (uv_loop_close(loop) != 0) fm_log_debug("event loop still had handles at exit");

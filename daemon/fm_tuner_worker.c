@@ -3,20 +3,18 @@
 #include "fm_tuner_worker.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "fm_child.h"
 #include "fm_msg.h"
+
+_Static_assert(FM_TWORKER_FD == FM_CHILD_FD, "the worker's fd is where fm_child_spawn puts it");
 
 extern char **environ;
 
@@ -32,28 +30,12 @@ int fm_tworker_running(const fm_tworker *w) {
 }
 
 static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* How a reaped worker ended, for the candidate's detail. */
-static void describe_status(int status, char *out, size_t cap) {
-  if (WIFSIGNALED(status))
-    snprintf(out, cap, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  else if (WIFEXITED(status))
-    snprintf(out, cap, "exited with status %d", WEXITSTATUS(status));
-  else
-    snprintf(out, cap, "ended (wait status %d)", status);
+  return fm_child_now_ms();
 }
 
 static int reap(fm_tworker *w, int sig, char *how, size_t cap) {
-  int status = 0;
   if (w->pid <= 0) return 0;
-  if (sig) kill(w->pid, sig);
-  while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (how) describe_status(status, how, cap);
+  int status = fm_child_reap(w->pid, sig, how, cap);
   w->pid = 0;
   return status;
 }
@@ -102,45 +84,6 @@ static char **scrubbed_env(void) {
   return env;
 }
 
-/* Reads frames until one arrives or the deadline passes. 1: *payload set; FM_ETIMEOUT;
- * FM_ECLOSED (EOF or error); FM_ETOOBIG. */
-static int read_frame(fm_tworker *w, int64_t deadline, const uint8_t **payload, size_t *len) {
-  for (;;) {
-    if (fm_frame_reader_next(&w->rd, payload, len)) return 1;
-    int64_t left = deadline - now_ms();
-    if (left <= 0) return FM_ETIMEOUT;
-    struct pollfd p = {.fd = w->fd, .events = POLLIN};
-    int r = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return FM_ECLOSED;
-    if (r == 0) continue;
-    uint8_t buf[65536];
-    ssize_t got = read(w->fd, buf, sizeof buf);
-    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (got <= 0) return FM_ECLOSED;
-    int err = fm_frame_reader_feed(&w->rd, buf, (size_t)got);
-    if (err) return err;
-  }
-}
-
-/* Writes the whole buffer within the deadline (the worker reads while it is alive). */
-static int write_all(fm_tworker *w, const uint8_t *p, size_t n, int64_t deadline) {
-  while (n > 0) {
-    int64_t left = deadline - now_ms();
-    if (left <= 0) return FM_ETIMEOUT;
-    struct pollfd pf = {.fd = w->fd, .events = POLLOUT};
-    int r = poll(&pf, 1, left > 1000000 ? 1000000 : (int)left);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) continue;
-    ssize_t put = send(w->fd, p, n, MSG_NOSIGNAL);
-    if (put < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (put <= 0) return FM_ECLOSED;
-    p += put;
-    n -= (size_t)put;
-  }
-  return FM_OK;
-}
-
 /* The worker is gone (EOF): reap it and say how it ended. */
 static int lost(fm_tworker *w, const char *when, fm_diag *d) {
   char how[128] = "ended";
@@ -151,7 +94,7 @@ static int lost(fm_tworker *w, const char *when, fm_diag *d) {
   if (w->pid > 0) {
     pid_t r = waitpid(w->pid, &status, WNOHANG);
     if (r == w->pid) {
-      describe_status(status, how, sizeof how);
+      fm_child_describe(status, how, sizeof how);
       w->pid = 0;
     } else {
       struct timespec ts = {0, 200 * 1000 * 1000};
@@ -163,8 +106,7 @@ static int lost(fm_tworker *w, const char *when, fm_diag *d) {
 }
 
 int fm_tworker_start(fm_tworker *w, int timeout_ms, fm_diag *d) {
-  int sv[2] = {-1, -1}, err;
-  char **env = NULL;
+  int err;
   char fdarg[16];
   msgpack_zone zone;
   msgpack_object msg;
@@ -172,52 +114,18 @@ int fm_tworker_start(fm_tworker *w, int timeout_ms, fm_diag *d) {
   size_t len;
 
   if (w->pid > 0) return FM_OK;
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-    return fm_diag_set(d, FM_EIO, "socketpair: %s", strerror(errno));
-  env = scrubbed_env();
-  if (!env) {
-    err = fm_diag_set(d, FM_ENOMEM, "out of memory");
-    goto fail;
-  }
+  char **env = scrubbed_env();
+  if (!env) return fm_diag_set(d, FM_ENOMEM, "out of memory");
   snprintf(fdarg, sizeof fdarg, "%d", FM_TWORKER_FD);
   char fdflag[] = "--fd";
   char *argv[] = {w->exe, fdflag, fdarg, NULL};
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);   /* no handler of ours runs in the child */
-  pid_t pid = fork();
-  if (pid == 0) {
-    /* The child: async-signal-safe calls only. */
-    sigset_t none;
-    sigemptyset(&none);
-    /* A worker stuck in a hung kernel must not outlive the thread that owns it (a daemon
-     * killed with -9 never gets to kill it). */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    signal(SIGPIPE, SIG_DFL);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    if (sv[1] == FM_TWORKER_FD) {
-      fcntl(sv[1], F_SETFD, 0);
-    } else if (dup2(sv[1], FM_TWORKER_FD) < 0) {
-      _exit(126);
-    }
-    execve(w->exe, argv, env);
-    _exit(127);
-  }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (pid < 0) {
-    err = fm_diag_set(d, FM_EIO, "fork: %s", strerror(errno));
-    goto fail;
-  }
+  /* A worker stuck in a hung kernel must not outlive the thread that owns it (fm_child.h). */
+  err = fm_child_spawn(w->exe, argv, env, &w->fd, &w->pid, d);
   free(env);
-  env = NULL;
-  close(sv[1]);
-  sv[1] = -1;
-  w->pid = pid;
-  w->fd = sv[0];
-  sv[0] = -1;
+  if (err) return err;
   fm_frame_reader_init(&w->rd, FM_FRAME_MAX_REPLY);
 
-  int r = read_frame(w, now_ms() + timeout_ms, &payload, &len);
+  int r = fm_child_read_frame(w->fd, &w->rd, now_ms() + timeout_ms, &payload, &len);
   if (r == FM_ETIMEOUT) {
     fm_tworker_kill(w);
     return fm_diag_set(d, FM_ETIMEOUT, "the tuner worker %s did not become ready within %d ms", w->exe,
@@ -240,12 +148,6 @@ int fm_tworker_start(fm_tworker *w, int timeout_ms, fm_diag *d) {
   msgpack_zone_destroy(&zone);
   if (err) fm_tworker_kill(w);
   return err;
-
-fail:
-  free(env);
-  if (sv[0] >= 0) close(sv[0]);
-  if (sv[1] >= 0) close(sv[1]);
-  return err;
 }
 
 int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, int timeout_ms,
@@ -258,11 +160,11 @@ int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, 
 
   if (w->pid <= 0 || w->fd < 0) return fm_diag_set(d, FM_ECLOSED, "the tuner worker is not running");
   fm_frame_header(hdr, (uint32_t)len);
-  if ((r = write_all(w, hdr, sizeof hdr, deadline)) == FM_OK) r = write_all(w, req, len, deadline);
+  if ((r = fm_child_write(w->fd, hdr, sizeof hdr, deadline)) == FM_OK) r = fm_child_write(w->fd, req, len, deadline);
   if (r == FM_ECLOSED) return lost(w, "while being sent a request", d);
   if (r == FM_ETIMEOUT) return fm_diag_set(d, FM_ETIMEOUT, "the tuner worker did not take a request within %d ms", timeout_ms);
   for (;;) {
-    r = read_frame(w, deadline, &payload, &plen);
+    r = fm_child_read_frame(w->fd, &w->rd, deadline, &payload, &plen);
     if (r == FM_ETIMEOUT) return fm_diag_set(d, FM_ETIMEOUT, "no answer within %.1f s", timeout_ms / 1000.0);
     if (r == FM_ECLOSED) return lost(w, "mid-request", d);
     if (r != 1) return fm_diag_set(d, FM_EPROTOCOL, "the tuner worker sent an oversized frame");

@@ -23,6 +23,13 @@ static void usage(FILE *f) {
           "  --log-file PATH       log here instead of stderr (reopened on SIGHUP)\n"
           "  --foreground          do not detach (always so under systemd)\n"
           "  --jobs N              compile threads (default: number of CPUs)\n"
+          "  --compile-deadline SECS  a compile still in NVRTC after this is killed and answered\n"
+          "                        compile_timeout (default 60)\n"
+          "  --compile-memory SIZE memory each compile's NVRTC worker may take (default 2G; 0 = unbounded)\n"
+          "  --compile-worker PATH NVRTC worker executable (default: fusemld-nvrtc beside fusemld)\n"
+          "  --max-client-compiles N  compiles one connection may have waiting; past it: busy (default 256)\n"
+          "  --max-compile-cost N  refuse fragments whose code costs more to compile (default 1024;\n"
+          "                        a general pow costs 32, erf 6, an add 1; real models stay under 60)\n"
           "  --arch ARCH           target when there is no GPU (default sm_90a)\n"
           "  --system              system mode: %s (0660), %s\n"
           "  --config PATH         config file of `key = value` lines (flags override it)\n"
@@ -54,7 +61,8 @@ typedef struct setting {
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
          OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
-         OPT_REMOTE, OPT_REMOTE_SECRET, OPT_MAXOUTPUT_TOTAL, OPT_FRAME_DEADLINE };
+         OPT_REMOTE, OPT_REMOTE_SECRET, OPT_MAXOUTPUT_TOTAL, OPT_FRAME_DEADLINE, OPT_COMPILE_DEADLINE,
+         OPT_COMPILE_MEMORY, OPT_COMPILE_WORKER, OPT_MAX_CLIENT_COMPILES, OPT_MAX_COMPILE_COST };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
       {"db", required_argument, NULL, OPT_DB},
@@ -62,6 +70,11 @@ int main(int argc, char **argv) {
       {"log-level", required_argument, NULL, OPT_LEVEL},
       {"log-file", required_argument, NULL, OPT_LOGFILE},
       {"jobs", required_argument, NULL, OPT_JOBS},
+      {"compile-deadline", required_argument, NULL, OPT_COMPILE_DEADLINE},
+      {"compile-memory", required_argument, NULL, OPT_COMPILE_MEMORY},
+      {"compile-worker", required_argument, NULL, OPT_COMPILE_WORKER},
+      {"max-client-compiles", required_argument, NULL, OPT_MAX_CLIENT_COMPILES},
+      {"max-compile-cost", required_argument, NULL, OPT_MAX_COMPILE_COST},
       {"arch", required_argument, NULL, OPT_ARCH},
       {"max-clients", required_argument, NULL, OPT_MAXCLIENTS},
       {"idle-timeout", required_argument, NULL, OPT_IDLE},

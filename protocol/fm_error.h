@@ -34,7 +34,8 @@
   XX(-22, ESHUTDOWN, "shutting_down", "daemon is shutting down")                       \
   XX(-23, ECLOSED, "connection_closed", "connection closed")                           \
   XX(-24, EPROTOCOL, "protocol_error", "protocol error")                               \
-  XX(-25, EDENIED, "permission_denied", "permission denied")
+  XX(-25, EDENIED, "permission_denied", "permission denied")                           \
+  XX(-26, ECOMPILE_TIMEOUT, "compile_timeout", "compile deadline passed")
 
 typedef enum {
   FM_OK = 0,

@@ -23,9 +23,15 @@
 #include "fm_msg.h"
 #include "fm_proto.h"
 
-static void sleep_ms(int ms) {
+void e2e_sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
+}
+
+double e2e_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 int e2e_setup(e2e_daemon *d, const char *exe) {
@@ -89,7 +95,7 @@ int e2e_start(e2e_daemon *d, const char *const *extra) {
       close(fd);
       return 0;
     }
-    sleep_ms(20);
+    e2e_sleep_ms(20);
   }
   return -1;
 }
@@ -100,7 +106,7 @@ int e2e_run(e2e_daemon *d, const char *const *extra, int timeout_ms) {
   for (int waited = 0; waited <= timeout_ms; waited += 10) {
     int st;
     if (waitpid(pid, &st, WNOHANG) == pid) return st;
-    sleep_ms(10);
+    e2e_sleep_ms(10);
   }
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
@@ -125,7 +131,7 @@ int e2e_stop(e2e_daemon *d, int sig, int timeout_ms) {
       d->pid = 0;
       return st;
     }
-    sleep_ms(10);
+    e2e_sleep_ms(10);
   }
   kill(d->pid, SIGKILL);
   waitpid(d->pid, NULL, 0);
@@ -331,8 +337,9 @@ static void pack_op(msgpack_packer *pk, const char *op, uint32_t out, int nargs,
   if (has_value) fm_pack_kv_f64(pk, "value", value);
 }
 
-void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops) {
-  static const char *const unary[] = {"tanh", "gelu", "sigmoid", "silu", "exp"};
+/* A chain fragment up to its ops: {vocab 1, inputs [x = value 0], ops [const value 1 = c,
+ * then n_ops more the caller packs]}; pack_chain_tail ends it with the output. */
+static void pack_chain_head(msgpack_packer *pk, int n_ops, double c) {
   msgpack_pack_map(pk, 4);
   fm_pack_kv_u64(pk, "vocab", 1);
   fm_pack_cstr(pk, "inputs");
@@ -340,7 +347,18 @@ void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops) {
   pack_tensor(pk, 0);
   fm_pack_cstr(pk, "ops");
   msgpack_pack_array(pk, (size_t)n_ops + 1);
-  pack_op(pk, "const", 1, 0, 0, 0, 1, salt);
+  pack_op(pk, "const", 1, 0, 0, 0, 1, c);
+}
+
+static void pack_chain_tail(msgpack_packer *pk, uint32_t out_value) {
+  fm_pack_cstr(pk, "outputs");
+  msgpack_pack_array(pk, 1);
+  pack_tensor(pk, out_value);
+}
+
+void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops) {
+  static const char *const unary[] = {"tanh", "gelu", "sigmoid", "silu", "exp"};
+  pack_chain_head(pk, n_ops, salt);
   uint32_t v = 0, next = 2;
   for (int i = 0; i < n_ops; i++, next++) {
     switch (i % 3) {
@@ -350,9 +368,18 @@ void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops) {
     }
     v = next;
   }
-  fm_pack_cstr(pk, "outputs");
-  msgpack_pack_array(pk, 1);
-  pack_tensor(pk, v);
+  pack_chain_tail(pk, v);
+}
+
+void e2e_pack_pow_chain(msgpack_packer *pk, double exponent, int n_pows) {
+  pack_chain_head(pk, n_pows, exponent);
+  uint32_t v = 0;
+  for (int i = 0; i < n_pows; i++) {
+    uint32_t out = (uint32_t)i + 2;
+    pack_op(pk, "pow", out, 2, v, 1, 0, 0);
+    v = out;
+  }
+  pack_chain_tail(pk, v);
 }
 
 int e2e_is_ok(const msgpack_object *o) {
@@ -362,6 +389,15 @@ int e2e_is_ok(const msgpack_object *o) {
 
 void e2e_str(const msgpack_object *o, const char *key, char *out, size_t cap) {
   if (fm_msg_copy_str(o, key, out, cap, NULL) != FM_OK && cap) out[0] = '\0';
+}
+
+int e2e_client(const char *sock) {
+  int fd = e2e_connect(sock);
+  if (fd >= 0 && e2e_hello(fd) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 int e2e_hello(int fd) {

@@ -32,6 +32,10 @@ int e2e_stop(e2e_daemon *d, int sig, int timeout_ms);
 /* Kills any running daemon and removes the directory (keeps the log on stderr if dump). */
 void e2e_teardown(e2e_daemon *d, int dump_log);
 
+/* CLOCK_MONOTONIC in ms, and a sleep. */
+double e2e_now_ms(void);
+void e2e_sleep_ms(int ms);
+
 /* A connected socket, or -1. */
 int e2e_connect(const char *sock);
 int e2e_send_raw(int fd, const void *p, size_t n);
@@ -66,6 +70,13 @@ int e2e_req_send(e2e_req *r, int fd);
  * salts give distinct fragments and keys). */
 void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops);
 
+/* Packs x f32 [-1, 256] raised n_pows times in a chain to a constant exponent (not one the
+ * code generator special-cases, such as 2 or 0.5, so each is a powf): the costliest fragment
+ * to compile per op (255 of them held NVRTC for ~50 s). Distinct exponents, distinct keys. */
+void e2e_pack_pow_chain(msgpack_packer *pk, double exponent, int n_pows);
+
+/* A connected socket that has said hello, or -1. */
+int e2e_client(const char *sock);
 /* hello with FM_PROTO_VERSION; 0 on an ok reply. */
 int e2e_hello(int fd);
 /* A connection to d that has said hello, or -1. */

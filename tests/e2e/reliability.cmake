@@ -1,7 +1,7 @@
-# Reliability tests (RELIABILITY.md): access control and per-client limits, load with hostile
+# Reliability tests (RELIABILITY.md): access control and per-client limits, compile limits, load with hostile
 # clients, and SIGKILL crash loops, each against a real fusemld.
 if(TARGET fusemld)
-  foreach(t access load crashloop connections)
+  foreach(t access load crashloop connections compile_limits)
     if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/test_${t}.c)
       add_executable(test_${t} e2e/test_${t}.c e2e/e2e_util.c)
       target_include_directories(test_${t} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/unit ${CMAKE_CURRENT_SOURCE_DIR}/e2e)

@@ -227,11 +227,12 @@ static void test_hangup_before_compile_reply(void) {
   close(fd);   /* gone before the compile ends */
   fd = client();
   CHECK(fd >= 0);
-  /* Wait for the abandoned compile to end, then the same fragment is a hit. */
+  /* Wait for the abandoned compile to end: it is cancelled (test_compile_limits checks that),
+   * or stored if NVRTC finished first; the same fragment is then compiled again or a hit. */
   for (int i = 0; i < 600 && e2e_stat(fd, NULL, "inflight") != 0; i++) sleep_ms(20);
   char origin[16];
   CHECK_EQ_INT(e2e_compile(fd, 21, 3.75, 24, origin, NULL), 0);
-  CHECK(strcmp(origin, "hit") == 0);
+  CHECK(strcmp(origin, "hit") == 0 || strcmp(origin, "compiled") == 0);
   /* The late reply was dropped, not written to a freed connection (ASan builds check that). */
   CHECK(e2e_log_contains(&D, "reply dropped"));
   close(fd);

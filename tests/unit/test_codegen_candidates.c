@@ -59,9 +59,48 @@ static void test_describe_and_unknown(void) {
   CHECK(src == NULL);
 }
 
+/* x [-1, 256] f32 through n ops of one kind, each on the previous value (pow: by `exponent`). */
+static void chain(fm_op op, int n, double exponent, fm_fragment *canon) {
+  fm_fragment f;
+  int64_t shape[2] = {-1, 256};
+  tf_init(&f);
+  tf_input(&f, 0, FM_DT_F32, 2, shape, NULL, 16);
+  tf_const(&f, 1, exponent);
+  uint32_t v = 0;
+  for (int i = 0; i < n; i++) {
+    uint32_t out = (uint32_t)i + 2;
+    tf_op(&f, op, out, op == FM_OP_POW || op == FM_OP_ADD ? 2 : 1, v, 1, 0);
+    v = out;
+  }
+  tf_output(&f, v, FM_DT_F32, 2, shape, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&f, canon), FM_OK);
+}
+
+/* The compile cost: ops weighted by what their code costs NVRTC; pow by an exponent the
+ * generator special-cases is cheap. The daemon's bound refuses 255 chained general pows
+ * (~50 s of NVRTC) and erfs (~13 s), and passes what models send. */
+static void test_compile_cost(void) {
+  fm_fragment canon;
+  chain(FM_OP_ADD, 255, 1.0, &canon);
+  CHECK_EQ_INT(fm_codegen_cost(&canon), 256);
+  chain(FM_OP_POW, 255, 1.37, &canon);
+  CHECK_EQ_INT(fm_codegen_cost(&canon), 1 + 255 * 32);
+  CHECK(fm_codegen_cost(&canon) > FM_CODEGEN_MAX_COST);
+  chain(FM_OP_POW, 255, 2.0, &canon);   /* x * x */
+  CHECK_EQ_INT(fm_codegen_cost(&canon), 1 + 255 * 2);
+  CHECK(fm_codegen_cost(&canon) <= FM_CODEGEN_MAX_COST);
+  chain(FM_OP_ERF, 255, 1.0, &canon);
+  CHECK(fm_codegen_cost(&canon) > FM_CODEGEN_MAX_COST);
+  for (int i = 0; i < TF_N_REPRESENTATIVE; i++) {
+    CHECK_EQ_INT(tf_representative(i, &canon), FM_OK);
+    CHECK(fm_codegen_cost(&canon) < 64);
+  }
+}
+
 int main(void) {
   RUN(test_default_is_first_and_unique);
   RUN(test_generate_matches_template);
   RUN(test_describe_and_unknown);
+  RUN(test_compile_cost);
   return FM_TEST_DONE();
 }

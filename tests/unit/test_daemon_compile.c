@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "fm_compile.h"
+#include "fm_compile_queue.h"
 #include "fm_device.h"
 #include "fm_msg.h"
 #include "fm_nvrtc.h"
@@ -169,11 +170,66 @@ static void test_job_compiles_and_stores(void) {
   free(canon);
 }
 
+/* The compile queue serves owners in turn. One worker; owner A queues three jobs, then B
+ * and C one each: A's first goes to the pool at once, then A, B, C, A. The jobs are
+ * cancelled before they start (they end at once, err FM_ECLOSED: what a job nobody waits for
+ * does), so only the order is at stake. */
+static char order[8];
+static int n_done;
+
+static void record(fm_compile_job *job) {
+  if (n_done < (int)sizeof order - 1) order[n_done++] = *(const char *)job->ctx;
+  CHECK_EQ_INT(job->err, FM_ECLOSED);
+  fm_compile_job_free(job);
+}
+
+/* A job for the relu fragment on dev, not stored; NULL on failure. */
+static fm_compile_job *relu_job(const fm_devinfo *dev) {
+  fm_fragment *canon = malloc(sizeof *canon);
+  uint8_t *bytes = NULL;
+  size_t len = 0;
+  fm_key key;
+  fm_compile_job *job = NULL;
+  if (canon && make_fragment(canon, &bytes, &len) == FM_OK && fm_device_key(dev, &dev->id, bytes, len, &key) == FM_OK)
+    fm_compile_job_new(canon, bytes, len, &key, &dev->id, NULL, &job);
+  free(bytes);
+  free(canon);
+  return job;
+}
+
+static void test_queue_serves_owners_in_turn(void) {
+  uv_loop_t loop;
+  fm_cqueue *q = NULL;
+  fm_devinfo dev;
+  fm_diag d = {{0}};
+  static const char names[] = "AAABC";
+  int owner_a, owner_b, owner_c;
+  const void *owners[] = {&owner_a, &owner_a, &owner_a, &owner_b, &owner_c};
+  CHECK_EQ_INT(uv_loop_init(&loop), 0);
+  CHECK_EQ_INT(fm_cqueue_new(&loop, 1, &q), FM_OK);
+  CHECK_EQ_INT(fm_device_init(&dev, "sm_90a", &d), FM_OK);
+  for (int i = 0; i < 5; i++) {
+    fm_compile_job *job = relu_job(&dev);
+    CHECK(job != NULL);
+    if (!job) break;
+    atomic_store(&job->cancel, 1);
+    CHECK_EQ_INT(fm_cqueue_submit(q, owners[i], job, record, (void *)&names[i]), FM_OK);
+  }
+  CHECK_EQ_INT(fm_cqueue_waiting(q), 4);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  CHECK_EQ_INT(n_done, 5);
+  CHECK(strcmp(order, "AABCA") == 0);
+  CHECK_EQ_INT(fm_cqueue_waiting(q), 0);
+  fm_cqueue_free(q);
+  CHECK_EQ_INT(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   RUN(test_device_compile_only);
   RUN(test_key_depends_on_arch);
   RUN(test_job_compiles_and_stores);
+  RUN(test_queue_serves_owners_in_turn);
   rmdir(dir);
   return FM_TEST_DONE();
 }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fm_codegen.h"
 #include "fm_config.h"
 #include "fm_test.h"
 
@@ -124,6 +125,41 @@ static void test_connection_bounds(void) {
   }
 }
 
+static void test_compile_limits(void) {
+  fm_config c;
+  fm_diag d = {{0}};
+  fm_config_defaults(&c);
+  CHECK(c.compile_deadline_s == 60.0);
+  CHECK(c.compile_memory == 2ull << 30);
+  CHECK_EQ_INT(c.max_client_compiles, 256);
+  CHECK_EQ_INT(c.max_compile_cost, FM_CODEGEN_MAX_COST);
+  CHECK(c.compile_worker[0] == '\0');
+  CHECK_EQ_INT(fm_config_set(&c, "compile-deadline", "0.25", &d), FM_OK);
+  CHECK(c.compile_deadline_s == 0.25);
+  const char *bad_secs[] = {"0", "-1", "3601", "soon", "", "1s"};
+  for (size_t i = 0; i < sizeof bad_secs / sizeof bad_secs[0]; i++) {
+    CHECK_EQ_INT(fm_config_set(&c, "compile-deadline", bad_secs[i], &d), FM_EINVAL);
+    CHECK_STR_CONTAINS(d.text, "compile-deadline");
+  }
+  CHECK_EQ_INT(fm_config_set(&c, "compile-memory", "0", &d), FM_OK);   /* unbounded */
+  CHECK(c.compile_memory == 0);
+  CHECK_EQ_INT(fm_config_set(&c, "compile-memory", "512M", &d), FM_OK);
+  CHECK(c.compile_memory == 512ull << 20);
+  CHECK_EQ_INT(fm_config_set(&c, "compile-memory", "1M", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "compile-memory");
+  CHECK_EQ_INT(fm_config_set(&c, "max-client-compiles", "1", &d), FM_OK);
+  CHECK_EQ_INT(c.max_client_compiles, 1);
+  CHECK_EQ_INT(fm_config_set(&c, "max-client-compiles", "0", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "max-compile-cost", "50", &d), FM_OK);
+  CHECK_EQ_INT(c.max_compile_cost, 50);
+  CHECK_EQ_INT(fm_config_set(&c, "max-compile-cost", "0", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "compile-worker", "/opt/fusemld-nvrtc", &d), FM_OK);
+  CHECK(strcmp(c.compile_worker, "/opt/fusemld-nvrtc") == 0);
+  /* tune-deadline shares the seconds parser */
+  CHECK_EQ_INT(fm_config_set(&c, "tune-deadline", "0", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "tune-deadline");
+}
+
 static void test_file(void) {
   char path[128], conf[512];
   fm_config c;
@@ -190,6 +226,7 @@ int main(void) {
   RUN(test_set);
   RUN(test_access_and_output);
   RUN(test_connection_bounds);
+  RUN(test_compile_limits);
   RUN(test_file);
   RUN(test_finish_creates_dirs);
   char p[128];
