@@ -286,16 +286,6 @@ long e2e_rss_kb(pid_t pid) {
   return kb;
 }
 
-double e2e_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-void e2e_sleep_ms(int ms) {
-  sleep_ms(ms);
-}
-
 void e2e_req_begin(e2e_req *r, const char *op, uint64_t id, uint32_t n_fields) {
   msgpack_sbuffer_init(&r->sb);
   msgpack_packer_init(&r->pk, &r->sb, msgpack_sbuffer_write);
@@ -524,7 +514,7 @@ int e2e_run_tool(const char *const *argv, const char *out_path, const char *err_
       waitpid(pid, &st, 0);
       return -1;
     }
-    sleep_ms(10);
+    e2e_sleep_ms(10);
   }
 }
 

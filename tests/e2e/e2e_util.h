@@ -53,9 +53,6 @@ int e2e_main_start(e2e_daemon *d, int argc, char **argv);
 int e2e_restart(e2e_daemon *d, const char *const *extra);
 /* A process's resident memory in KiB (VmRSS from /proc/PID/status), or -1. */
 long e2e_rss_kb(pid_t pid);
-/* CLOCK_MONOTONIC in ms, and a sleep. */
-double e2e_now_ms(void);
-void e2e_sleep_ms(int ms);
 
 /* A request being packed: {op, id, <n_fields pairs the caller packs>}. */
 typedef struct e2e_req {
