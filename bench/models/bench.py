@@ -11,6 +11,7 @@ with the reason in "error". `merge` combines documents (a later row for the same
 size, mode and phase replaces an earlier one), writes <device>-<date>.json and .md in DIR,
 and draws the charts when matplotlib is there."""
 import argparse
+import datetime
 import glob
 import json
 import os
@@ -64,6 +65,10 @@ def cmd_run(args):
         items = part_of(items, args.part)
     phases = args.phases.split(",")
     os.makedirs(args.out, exist_ok=True)
+    import torch
+    # what a model that never finished is filed under: this machine, today
+    head = {"device": report.device_slug(), "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__}
     docs = []
     for model, size in items:
         left = args.budget_s - (time.monotonic() - t0)
@@ -73,7 +78,7 @@ def cmd_run(args):
         if left < args.min_model_s:
             why = f"not run: {left:.0f} s of the run's budget left (a model needs {args.min_model_s:.0f} s)"
             print(f"bench: {model}/{size}: {why}", flush=True)
-            docs.append({"rows": failed_rows(model, size, args.modes, phases, why)})
+            docs.append({**head, "rows": failed_rows(model, size, args.modes, phases, why)})
             continue
         cmd = [sys.executable, os.path.join(HERE, "run_model.py"), "--model", model, "--size", size, "--out", args.out,
                "--phases", args.phases, "--reps", str(args.reps), "--budget-s", str(left - 15)]
@@ -98,7 +103,7 @@ def cmd_run(args):
         if not os.path.exists(path):
             why = why or "the model's process wrote no result"
         # a process stopped early still leaves the phases it finished (run_model.py saves after each)
-        doc = json.load(open(path)) if os.path.exists(path) else {"rows": []}
+        doc = json.load(open(path)) if os.path.exists(path) else {**head, "rows": []}
         if why:
             have = {(r["mode"], r["phase"]) for r in doc["rows"]}
             doc["rows"] += [r for r in failed_rows(model, size, args.modes, phases, why)

@@ -12,6 +12,16 @@ FIGURES = ("wall_ms", "gpu_ms", "kernels", "peak_mem_gb", "compile_cold_s", "com
            "eager_bf16_rel_err")
 
 
+def device_slug(dev=None):
+    """The device part of a result's file name: "nvidia-h200", "nvidia-h100", or "cpu"."""
+    import torch
+    if dev is None:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type != "cuda":
+        return "cpu"
+    return "-".join(torch.cuda.get_device_name(dev).lower().replace("_", " ").split()[:2])
+
+
 def merge(docs):
     """One document from several: rows keyed by model, size, mode and phase (a later one
     replaces an earlier one), the per-model breakdowns likewise; device, date and torch from

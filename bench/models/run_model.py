@@ -34,13 +34,9 @@ sys.path.append(os.path.join(os.path.dirname(HERE), "table"))   # daemon.py
 import step_measure as measure  # noqa: E402
 import model_zoo as models  # noqa: E402
 import compile_modes as modes_mod  # noqa: E402
+import model_report as report  # noqa: E402
 
 PHASES = ("fwd", "train")
-
-
-def device_slug(dev):
-    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    return "-".join(name.lower().replace("_", " ").split()[:2]) if dev.type == "cuda" else "cpu"
 
 
 class Phase:
@@ -145,6 +141,7 @@ def measure_model(args, dev, selected, deadline, save):
         ok = {}
         first = {}
         capture_peak = {}
+        cold_after = {}
         errs = {}
         fail = {}
         for mode in selected:
@@ -161,6 +158,8 @@ def measure_model(args, dev, selected, deadline, save):
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
                 first[mode.name] = measure.timed_call(lambda: ph.step(fn, mode.graphs), dev)
+                cold_after[mode.name] = list(compiled_before.get(mode.family, []))
+                compiled_before.setdefault(mode.family, []).append(f"{mode.name}/{phase}")
                 for _ in range(3):   # the graph modes record on their second or third call
                     ph.step(fn, mode.graphs)
                 measure.sync(dev)
@@ -202,15 +201,12 @@ def measure_model(args, dev, selected, deadline, save):
                          "first_call_s": first[mode.name],
                          # eager compiles nothing: its first call is not a compile time
                          "compile_cold_s": None if mode.family == "eager" else first[mode.name],
-                         "cold_after": list(compiled_before.get(mode.family, [])) if mode.family != "eager" else [],
+                         "cold_after": cold_after[mode.name] if mode.family != "eager" else [],
                          "compile_warm_s": None,
                          "rel_err": _finite(err), "rel_err_parts": {k: _finite(v) for k, v in parts.items()},
                          "eager_bf16_rel_err": _finite(eager_err),
                          "nonfinite": err == float("inf")})
             breakdown.setdefault(mode.name, {})[phase] = prof
-        for mode in selected:
-            if mode.name in first:
-                compiled_before.setdefault(mode.family, []).append(f"{mode.name}/{phase}")
         ph.clear()
         del want
         if dev.type == "cuda":
@@ -295,7 +291,7 @@ def main(argv=None):
     path = os.path.join(args.out, f"{args.model}-{args.size}.json")
 
     def save(describe, rows, breakdown):
-        doc = {"device": device_slug(dev), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+        doc = {"device": report.device_slug(dev), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
                "rows": rows, "models": {f"{args.model}/{args.size}": {"describe": describe, "breakdown": breakdown}}}
         with open(path + ".tmp", "w") as f:
             json.dump(doc, f, indent=1)

@@ -111,7 +111,8 @@ def test_every_architecture_runs(tmp_path):
     bad = [r for r in rows if "error" in r]
     assert not bad, bad
     for r in rows:
-        assert r["rel_err"] < 0.1, r   # t5's random init gives large logits; still bf16 rounding
+        # no worse than eager bf16 against the same fp32 copy (fuseml runs eager on the CPU)
+        assert 0 < r["rel_err"] <= 2 * r["eager_bf16_rel_err"] + 1e-2, r
 
 
 def test_model_out_of_time_is_error_rows(tmp_path):
