@@ -304,7 +304,7 @@ typedef int (*launch_fn)(void *ctx, const bufs *b, int r);
 /* FM_BENCH_SUSTAIN_MS: each kernel also runs back to back (no wait between launches) for
  * about that long after its median is taken. The median covers ~50 launches, too few for
  * the clock to settle; this is the time a launch takes once the GPU sits at its power limit,
- * and its wall-clock window (CLOCK_REALTIME) lets scripts/device-gemm-power match a power
+ * and its wall-clock window (CLOCK_REALTIME) lets bench/device/gemm-power match a power
  * and clock log to it (bench/NOTES.md, "Timed back to back"). */
 typedef struct sustained {
   double ms;       /* per launch; < 0: not run or failed */

@@ -3,7 +3,7 @@
  * Only this module writes CUDA source, and every number it writes comes from validated,
  * typed fields of a canonical fragment (never a client string), so no client can inject
  * code. Bump FM_CODEGEN_VERSION on ANY change to generated source: it is part of the
- * cache key, so stale kernels are never served. */
+ * cache key, so stale kernels are never served (and add the version to codegen/CHANGES.md). */
 #ifndef FM_CODEGEN_H
 #define FM_CODEGEN_H
 
@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 28   /* 28: a short K loop's first wgmma starts its accumulators (no zeroing after it, no wait ptxas injected for that), GELU for bf16-only outputs a degree-5 fit (9 instructions), the ping-pong epilogue loop eight groups a trip, its bias read before the mainloop; 27: the b2b staging rows hold the first halves of their 8-column groups, then the second halves (no bank conflicts reading a group back); 26: a b2b stage-2 input laid out like A (the MLP's residual x) is read from A's rows in shared memory when the launch passes A's memory for it, the last stage's staging after A's rows; 25: the b2b TMA loader's helpers renamed (fm_tma_w1, fm_tma_w2: they shared the cp.async loads' names), the chunk-order hook gone; 24: the b2b TMA forms wait for A's rows slice by slice (the first product starts on the first), their last stage's loop unrolled whole; 23: the b2b TMA forms stream B and B2 through rings of their own (loads lead by a turn or two, were none), released once per warpgroup; 22: a tile epilogue lane keeps its columns across the rows it stores (where the slab width allows), addresses stepping by a constant, its slab swizzle computed once; 21: TMA stages released once per warpgroup, to a cluster peer at CTA scope; a cluster pair and a 4-stage persistent 128x256 among the candidates; 20: the ping-pong epilogue loop four groups a trip; 19: the fast GELU a degree-7 fit of log2 Phi(-|x|) (11 instructions, was 15); 18: GEMM epilogues store 16 bytes through st.global.v4, the ping-pong one rolled (two groups a trip); 17: the cols template; rows helpers shared (16: b2b candidates renumbered, the pipelined form gone; 15: the b2b template; 13: partial edge chunks of the sm_80 loads element-wise) */
+#define FM_CODEGEN_VERSION 28   /* what each version changed: codegen/CHANGES.md */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs

@@ -1,4 +1,4 @@
-/* test_blas_gpu.c: cuBLASLt plans on a real GPU (scripts/device-run; never ctest).
+/* test_blas_gpu.c: cuBLASLt plans on a real GPU (bench/device/run; never ctest).
  * For GEMM fragments covering both plan forms, every layout and each epilogue cuBLASLt runs
  * itself (mm, bias, bias + relu, bias + tanh-GELU, an [M, N] addend through beta, bias +
  * addend + relu) and the split form (erf GELU, N not a multiple of 8, an extra output):

@@ -1,4 +1,4 @@
-/* test_tuner_gpu.c: the tuner on a real GPU (scripts/device-run; never ctest).
+/* test_tuner_gpu.c: the tuner on a real GPU (bench/device/run; never ctest).
  *  1. planted bad candidates (hand-written CUDA through fm_nvrtc_compile, launched with the
  *     real fragment's metadata) between good ones: one writes far out of bounds
  *     (launch_failed or fault), one spins forever (timeout), one computes zeros (wrong);

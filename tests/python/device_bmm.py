@@ -12,7 +12,7 @@ kernels only), each at two batch sizes in one M bucket:
   groups come back with origin "hit" and the daemon's compile count is reported;
 - eager and fuseml step times (CUDA events, medians, interleaved), for information.
 
-The daemon: FUSEML_SOCKET if one answers there (scripts/device-python starts one), else a
+The daemon: FUSEML_SOCKET if one answers there (bench/device/python starts one), else a
 private fusemld started here from FUSEMLD_BIN or build-gpu/ or build/ (with its tuner worker
 and libfusemld beside it), its log in OUT.
 Usage: python3 tests/python/device_bmm.py OUT_DIR      (writes OUT_DIR/device_bmm.json)"""

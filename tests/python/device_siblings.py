@@ -15,7 +15,7 @@ kernels only), each at two batch sizes in one M bucket:
   bias, inference): CUDA events around each step, each step synchronised, the median of 40
   after a warm-up, the two interleaved (order alternating), inputs rotated over 4 buffers.
 
-The daemon: FUSEML_SOCKET if one answers there (scripts/device-siblings starts one), else a
+The daemon: FUSEML_SOCKET if one answers there (bench/device/siblings starts one), else a
 private fusemld started here from FUSEMLD_BIN or build-gpu/ or build/ (device_bmm.py's helper).
 FM_SIBLINGS_DEVICE=cpu: a dry run of this script's own logic without a GPU (every group then
 runs eagerly and the checks that want kernels fail, as they should).
