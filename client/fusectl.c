@@ -24,21 +24,55 @@
 #define FM_CTL_TIMEOUT_SHORT 5000
 #define FM_CTL_TIMEOUT_LONG 120000
 
+static int fm_ctl_cmd_help(fm_ctl *ctl, int argc, char **argv);
+
+/* Every command accepts --json (as the global option does) and --help. */
 static const fm_ctl_cmd fm_ctl_cmds[] = {
-  {"ping", fm_ctl_cmd_ping, "", "check that fusemld answers", 0},
-  {"stats", fm_ctl_cmd_stats, "", "daemon and cache counters", 0},
-  {"ls", fm_ctl_cmd_ls, "[--limit N]", "list cached kernels, most recently used first", 0},
-  {"show", fm_ctl_cmd_show, "KEY [--source]", "one entry (KEY: >= 4 hex digits); --source: its CUDA C", 0},
-  {"evict", fm_ctl_cmd_evict, "KEY | --all", "remove one cached kernel, or all of them", 0},
+  {"ping", fm_ctl_cmd_ping, "", "check that fusemld answers", 0,
+   "Connects, says hello and pings: prints the daemon's version, socket, mode and device.\n"},
+  {"stats", fm_ctl_cmd_stats, "", "daemon and cache counters", 0,
+   "Prints the daemon's mode, device, uptime and clients, the store's entries and bytes, and\n"
+   "each counter since the database was created beside its value since this start.\n"},
+  {"ls", fm_ctl_cmd_ls, "[--limit N]", "list cached kernels, most recently used first", 0,
+   "  --limit N     at most N entries (default: all, up to the daemon's 10000)\n"},
+  {"show", fm_ctl_cmd_show, "KEY [--source]", "one entry (KEY: >= 4 hex digits); --source: its CUDA C", 0,
+   "KEY is the entry's key or an unambiguous prefix of at least 4 hex digits (see `fusectl ls`).\n"
+   "  --source      print only the stored CUDA C, so that `show KEY --source > k.cu` compiles\n"},
+  {"evict", fm_ctl_cmd_evict, "KEY | --all", "remove one cached kernel, or all of them", 0,
+   "KEY as for show. Only root and the daemon's own user may evict.\n"
+   "  --all         remove every entry\n"},
   {"compile", fm_ctl_cmd_compile, "FRAGMENT.json [--arch ARCH]",
-   "compile (or fetch) a fragment's kernel", FM_CTL_LONG},
+   "compile (or fetch) a fragment's kernel", FM_CTL_LONG,
+   "FRAGMENT.json is a fragment in its JSON form (examples/ has some).\n"
+   "  --arch ARCH   compile for ARCH (e.g. sm_90a) instead of the daemon's own target\n"},
   {"warm", fm_ctl_cmd_warm, "MANIFEST",
-   "compile each fragment MANIFEST lists (a path a line)", FM_CTL_LONG},
+   "compile each fragment MANIFEST lists (a path a line)", FM_CTL_LONG,
+   "MANIFEST lists one fragment file a line (relative to the manifest's folder); blank lines\n"
+   "and lines starting with # are skipped. A progress bar is drawn when stderr is a terminal.\n"},
   {"export", fm_ctl_cmd_export, "FILE [--device LABEL]",
-   "write the store's entries (or one device's) to FILE, a portable snapshot", FM_CTL_LONG},
+   "write the store's entries (or one device's) to FILE, a portable snapshot", FM_CTL_LONG,
+   "  --device LABEL  only the entries of this device (the DEVICE column of `fusectl ls`)\n"},
   {"import", fm_ctl_cmd_import, "FILE",
-   "send FILE's entries to fusemld, which verifies each and stores it", FM_CTL_LONG},
+   "send FILE's entries to fusemld, which verifies each and stores it", FM_CTL_LONG,
+   "FILE is a snapshot from `fusectl export`. The daemon accepts only entries signed with its\n"
+   "own secret (--remote-secret-file). Only root and the daemon's own user may import.\n"},
+  {"help", fm_ctl_cmd_help, "[COMMAND]", "this help, or one command's", FM_CTL_LOCAL, ""},
 };
+#define FM_CTL_N_CMDS (sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0])
+
+static const fm_ctl_cmd *fm_ctl_find_cmd(const char *name) {
+  for (size_t i = 0; i < FM_CTL_N_CMDS; i++)
+    if (strcmp(fm_ctl_cmds[i].name, name) == 0) return &fm_ctl_cmds[i];
+  return NULL;
+}
+
+static void fm_ctl_cmd_usage_help(FILE *f, const fm_ctl_cmd *cmd) {
+  fprintf(f, "usage: fusectl [options] %s%s%s [--json]\n\n%s.\n", cmd->name, cmd->usage[0] ? " " : "",
+          cmd->usage, cmd->help);
+  if (cmd->details[0]) fprintf(f, "\n%s", cmd->details);
+  fprintf(f, "  --json        print the reply as JSON (also before the command)\n"
+             "\nGlobal options and exit status: fusectl --help\n");
+}
 
 static void fm_ctl_help(FILE *f) {
   char sock[512];
@@ -50,7 +84,7 @@ static void fm_ctl_help(FILE *f) {
           "Talks to fusemld, the node-local fused-kernel compilation daemon.\n"
           "\n"
           "commands:\n");
-  for (size_t i = 0; i < sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0]; i++) {
+  for (size_t i = 0; i < FM_CTL_N_CMDS; i++) {
     char left[64];
     snprintf(left, sizeof left, "%s %s", fm_ctl_cmds[i].name, fm_ctl_cmds[i].usage);
     fprintf(f, "  %-36s %s\n", left, fm_ctl_cmds[i].help);
@@ -63,7 +97,7 @@ static void fm_ctl_help(FILE *f) {
           "  -j, --json          print replies as JSON\n"
           "  -t, --timeout MS    per-request timeout (default %d for compile and warm,\n"
           "                      %d otherwise; 0 waits forever)\n"
-          "  -h, --help          this help\n"
+          "  -h, --help          this help (COMMAND --help, or help COMMAND: that command's)\n"
           "  -V, --version       fusectl's version and protocol\n"
           "\n"
           "exit status:\n"
@@ -90,9 +124,34 @@ int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) {
   return FM_CTL_EXIT_USAGE;
 }
 
+/* One line, not the usage: the option is what was wrong, and --help has the rest. */
 int fm_ctl_bad_option(const fm_ctl *ctl, int c, char **argv) {
-  if (c == ':') return fm_ctl_usage_error(ctl, "%s needs an argument", argv[optind - 1]);
-  return fm_ctl_usage_error(ctl, "unknown option '%s'", argv[optind - 1]);
+  const char *name = ctl && ctl->cmd ? ctl->cmd->name : NULL;
+  fprintf(stderr, "fusectl: %s%s%s '%s'; see `fusectl %s%s--help`\n", name ? name : "", name ? ": " : "",
+          c == ':' ? "missing argument for" : "unknown option", argv[optind - 1], name ? name : "",
+          name ? " " : "");
+  return FM_CTL_EXIT_USAGE;
+}
+
+static int fm_ctl_cmd_help(fm_ctl *ctl, int argc, char **argv) {
+  const fm_ctl_cmd *cmd;
+  if (argc > 2) return fm_ctl_usage_error(ctl, "help wants at most one COMMAND");
+  if (argc == 1) {
+    fm_ctl_help(stdout);
+    return FM_CTL_EXIT_OK;
+  }
+  if (!(cmd = fm_ctl_find_cmd(argv[1])))
+    return fm_ctl_usage_error(ctl, "unknown command '%s' (the commands: fusectl help)", argv[1]);
+  fm_ctl_cmd_usage_help(stdout, cmd);
+  return FM_CTL_EXIT_OK;
+}
+
+/* --help or -h among a command's arguments (before a "--"): its help, whatever else is there,
+ * so that a half-written command line can still ask. */
+static int fm_ctl_wants_help(int argc, char **argv) {
+  for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) return 1;
+  return 0;
 }
 
 int fm_ctl_connect(fm_ctl *ctl) {
@@ -186,15 +245,18 @@ int main(int argc, char **argv) {
       case 'V':
         printf("fusectl %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION);
         return FM_CTL_EXIT_OK;
-      case ':': return fm_ctl_usage_error(NULL, "%s needs an argument", argv[optind - 1]);
-      default: return fm_ctl_usage_error(NULL, "unknown option '%s'", argv[optind - 1]);
+      default: return fm_ctl_bad_option(NULL, c, argv);
     }
   }
   if (optind >= argc) return fm_ctl_usage_error(NULL, "no command given");
   name = argv[optind];
-  for (size_t i = 0; i < sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0]; i++)
-    if (strcmp(fm_ctl_cmds[i].name, name) == 0) ctl.cmd = &fm_ctl_cmds[i];
-  if (!ctl.cmd) return fm_ctl_usage_error(NULL, "unknown command '%s'", name);
+  if (!(ctl.cmd = fm_ctl_find_cmd(name)))
+    return fm_ctl_usage_error(NULL, "unknown command '%s' (the commands: fusectl help)", name);
+  if (fm_ctl_wants_help(argc - optind, argv + optind)) {
+    fm_ctl_cmd_usage_help(stdout, ctl.cmd);
+    return FM_CTL_EXIT_OK;
+  }
+  if (ctl.cmd->flags & FM_CTL_LOCAL) return ctl.cmd->handler(&ctl, argc - optind, argv + optind);
 
   if (timeout < 0) timeout = ctl.cmd->flags & FM_CTL_LONG ? FM_CTL_TIMEOUT_LONG : FM_CTL_TIMEOUT_SHORT;
   ctl.timeout_ms = timeout;

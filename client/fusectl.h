@@ -36,12 +36,15 @@ typedef int (*fm_ctl_handler)(fm_ctl *ctl, int argc, char **argv);
 
 #define FM_CTL_LONG 0x1          /* compiles: the long default timeout */
 
+#define FM_CTL_LOCAL 0x2         /* never talks to the daemon (help) */
+
 typedef struct fm_ctl_cmd {
   const char *name;
   fm_ctl_handler handler;
   const char *usage;           /* arguments after the name */
   const char *help;            /* one line */
   int flags;
+  const char *details;         /* `fusectl help CMD`: its options and what it prints */
 } fm_ctl_cmd;
 
 /* fusectl.c: connect (once) and call; on failure each prints the error and returns the
@@ -55,7 +58,8 @@ int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *
 /* Prints "usage: fusectl [options] <cmd> <usage>" to stderr; returns FM_CTL_EXIT_USAGE. */
 int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* For a command's getopt_long loop: reports getopt's ':' or '?' as a usage error. */
+/* For a command's getopt_long loop: reports getopt's ':' or '?' as a one-line usage error that
+ * names the option and points at the command's --help. */
 int fm_ctl_bad_option(const fm_ctl *ctl, int c, char **argv);
 
 /* Command handlers: argv[0] is the command name; each parses its own options (with

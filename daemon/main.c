@@ -109,14 +109,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fusemld: out of memory\n");
     return 1;
   }
-  while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+  opterr = 0;   /* one line of our own below, not getopt's and then the whole usage */
+  while ((opt = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
     switch (opt) {
       case OPT_FOREGROUND: foreground = 1; break;
       case OPT_SYSTEM: system_mode = 1; break;
       case OPT_CONFIG: config_file = optarg; break;
       case OPT_HELP: usage(stdout); status = 0; goto out;
       case OPT_VERSION: printf("fusemld %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION); status = 0; goto out;
-      case '?': usage(stderr); status = 2; goto out;
+      case ':':
+      case '?':
+        fprintf(stderr, "fusemld: %s '%s'; see `fusemld --help`\n",
+                opt == ':' ? "missing argument for" : "unknown option", argv[optind - 1]);
+        status = 2;
+        goto out;
       default:
         for (const struct option *o = longopts; o->name; o++)
           if (o->val == opt) settings[n_settings++] = (setting){o->name, optarg};
@@ -124,8 +130,7 @@ int main(int argc, char **argv) {
     }
   }
   if (optind < argc) {
-    fprintf(stderr, "fusemld: unexpected argument \"%s\"\n", argv[optind]);
-    usage(stderr);
+    fprintf(stderr, "fusemld: unexpected argument '%s'; see `fusemld --help`\n", argv[optind]);
     status = 2;
     goto out;
   }

@@ -116,6 +116,32 @@ check "bad fragment: slug" grep -q unknown_op "$TMP/err"
 "$FUSECTL" --socket "$TMP/nobody.sock" ping >/dev/null 2>&1
 check "unreachable socket: exit 3" test $? -eq 3
 
+# Help: the whole of it, and each command's (both spellings say the same).
+ctl help >"$TMP/help" 2>&1
+check "help: exit 0" test $? -eq 0
+for c in ping stats ls show evict compile warm export import; do
+  check "help: lists $c" grep -q "^  $c" "$TMP/help"
+done
+ctl show --help >"$TMP/help_show" 2>&1
+check "show --help: exit 0" test $? -eq 0
+check "show --help: its option" grep -q -- "--source" "$TMP/help_show"
+ctl help show >"$TMP/help_show2" 2>&1
+check "help show = show --help" cmp -s "$TMP/help_show" "$TMP/help_show2"
+ctl warm -h >/dev/null 2>&1
+check "warm -h: exit 0 (no manifest needed)" test $? -eq 0
+# An unknown flag: one line naming it and pointing at --help, not the whole help.
+ctl show --frob abcd >/dev/null 2>"$TMP/err"
+check "unknown flag: exit 2" test $? -eq 2
+check "unknown flag: one line" test "$(wc -l <"$TMP/err")" -eq 1
+check "unknown flag: names it and --help" grep -q -- "'--frob'.*fusectl show --help" "$TMP/err"
+"$FUSECTL" --frob ping >/dev/null 2>"$TMP/err"
+check "unknown global flag: exit 2, one line" test $? -eq 2 -a "$(wc -l <"$TMP/err")" -eq 1
+ctl ls --limit >/dev/null 2>"$TMP/err"
+check "missing argument: one line naming it" sh -c "test \$(wc -l <'$TMP/err') -eq 1 && grep -q -- \"'--limit'\" '$TMP/err'"
+"$FUSEMLD" --frob >/dev/null 2>"$TMP/err"
+check "fusemld unknown flag: exit 2" test $? -eq 2
+check "fusemld unknown flag: one line naming it" sh -c "test \$(wc -l <'$TMP/err') -eq 1 && grep -q -- \"'--frob'.*fusemld --help\" '$TMP/err'"
+
 # A second daemon on the same socket refuses to start and says why.
 "$FUSEMLD" --foreground --socket "$SOCK" --db "$TMP/other.db" 2>"$TMP/second" &
 p2=$!
