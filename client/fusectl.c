@@ -56,6 +56,11 @@ static const fm_ctl_cmd fm_ctl_cmds[] = {
    "send FILE's entries to fusemld, which verifies each and stores it", FM_CTL_LONG,
    "FILE is a snapshot from `fusectl export`. The daemon accepts only entries signed with its\n"
    "own secret (--remote-secret-file). Only root and the daemon's own user may import.\n"},
+  {"shutdown", fm_ctl_cmd_shutdown, "[--no-wait]", "stop this daemon (the one on the socket) gracefully", 0,
+   "The daemon stops accepting, finishes the compiles in flight (up to 30 s), answers their\n"
+   "clients, closes the database and exits 0. Only root and the daemon's own user may stop it;\n"
+   "other daemons (other users', other sockets) are not touched.\n"
+   "  --no-wait     return once the daemon has agreed, not when it has finished\n"},
   {"help", fm_ctl_cmd_help, "[COMMAND]", "this help, or one command's", FM_CTL_LOCAL, ""},
 };
 #define FM_CTL_N_CMDS (sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0])

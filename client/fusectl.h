@@ -1,7 +1,7 @@
 /* fusectl.h: private to fusectl (not installed): what its files share.
  *
  *   fusectl.c          main: global options, the command table, connecting, exit codes
- *   fusectl_cmds.c     ping, stats, ls, show, evict
+ *   fusectl_cmds.c     ping, stats, ls, show, evict, shutdown
  *   fusectl_compile.c  compile, warm
  *   fusectl_json.c     JSON file -> msgpack (the fragment JSON form is the wire form)
  *   fusectl_print.c    msgpack -> JSON, aligned tables, human sizes and ages
@@ -69,6 +69,7 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv);
+int fm_ctl_cmd_shutdown(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv);

@@ -1,4 +1,4 @@
-/* fusectl_cmds.c: the inspection commands: ping, stats, ls, show, evict. Each asks the
+/* fusectl_cmds.c: the inspection commands: ping, stats, ls, show, evict; and shutdown. Each asks the
  * daemon and renders its reply; with --json the reply map itself is printed. */
 #include "fusectl.h"
 
@@ -471,6 +471,62 @@ int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv) {
   fm_msg_get_u64(&reply, "evicted", &n, NULL);
   if (all) printf("evicted %" PRIu64 " entr%s\n", n, n == 1 ? "y" : "ies");
   else printf("evicted %s\n", key);
+out:
+  msgpack_zone_destroy(&zone);
+  return rc;
+}
+
+/* ---- shutdown ---- */
+
+#define FM_CTL_SHUTDOWN_WAIT_MS 60000  /* above the daemon's drain (30 s) and flush (2 s) */
+#define FM_CTL_SHUTDOWN_POLL_MS 100
+
+/* Until the daemon closes this connection: it does so once its compiles have finished. A
+ * ping every so often is how a reply-matched client notices; 1 once it is closed. */
+static int fm_ctl_wait_closed(fm_ctl *ctl) {
+  struct timespec pause = {0, FM_CTL_SHUTDOWN_POLL_MS * 1000000L};
+  for (int waited = 0; waited < FM_CTL_SHUTDOWN_WAIT_MS; waited += FM_CTL_SHUTDOWN_POLL_MS) {
+    msgpack_zone zone;
+    msgpack_object reply;
+    fm_diag d = {{0}};
+    msgpack_zone_init(&zone, 1024);
+    int err = fm_client_call(ctl->client, "ping", 0, NULL, NULL, &zone, &reply, &d);
+    msgpack_zone_destroy(&zone);
+    if (err != FM_OK) return 1;
+    nanosleep(&pause, NULL);
+  }
+  return 0;
+}
+
+int fm_ctl_cmd_shutdown(fm_ctl *ctl, int argc, char **argv) {
+  static const struct option lo[] = {
+    {"json", no_argument, NULL, 'j'}, {"no-wait", no_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
+  msgpack_zone zone;
+  msgpack_object reply;
+  int wait = 1, c, rc;
+
+  optind = 0;
+  while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
+    if (c == 'j') ctl->json = 1;
+    else if (c == 'n') wait = 0;
+    else return fm_ctl_bad_option(ctl, c, argv);
+  }
+  if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
+
+  msgpack_zone_init(&zone, 1024);
+  rc = fm_ctl_call(ctl, "shutdown", 0, NULL, NULL, &zone, &reply);
+  if (rc) goto out;
+  int64_t pid = fm_ctl_i64(&reply, "pid"), inflight = fm_ctl_i64(&reply, "inflight");
+  if (!ctl->json)
+    printf("fusemld (pid %" PRId64 ") at %s is stopping; %" PRId64 " compile(s) in flight finish first\n", pid,
+           ctl->socket_path, inflight);
+  if (wait && !fm_ctl_wait_closed(ctl)) {
+    fprintf(stderr, "fusectl: fusemld (pid %" PRId64 ") still serves after %d s\n", pid,
+            FM_CTL_SHUTDOWN_WAIT_MS / 1000);
+    rc = FM_CTL_EXIT_UNREACHABLE;
+  }
+  if (ctl->json) fm_ctl_print_json(stdout, &reply, 2, NULL);
+  else if (wait && !rc) printf("fusemld (pid %" PRId64 ") has finished and closed its connections\n", pid);
 out:
   msgpack_zone_destroy(&zone);
   return rc;

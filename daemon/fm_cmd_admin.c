@@ -1,7 +1,8 @@
-/* fm_cmd_admin.c: stats, list, show and evict (what fusectl shows and manages). */
+/* fm_cmd_admin.c: stats, list, show, evict and shutdown (what fusectl shows and manages). */
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fm_commands.h"
 #include "fm_log.h"
@@ -206,5 +207,22 @@ int fm_cmd_evict(fm_request *rq, fm_diag *d) {
   fm_reply_begin(&r, rq->id, 1);
   fm_pack_kv_u64(&r.pk, "evicted", evicted);
   fm_reply_send(&r, rq->conn, rq->id);
+  return FM_OK;
+}
+
+int fm_cmd_shutdown(fm_request *rq, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  uint32_t uid = 0;
+  char why[192];
+  /* Answered first, so the reply is queued before the connections are closed: the drain
+   * writes it out like every other. */
+  fm_reply r;
+  fm_reply_begin(&r, rq->id, 2);
+  fm_pack_kv_u64(&r.pk, "pid", (uint64_t)getpid());
+  fm_pack_kv_u64(&r.pk, "inflight", dd->jobs_running);
+  fm_reply_send(&r, rq->conn, rq->id);
+  fm_conn_peer_uid(rq->conn, &uid);
+  snprintf(why, sizeof why, "%s (uid %u) asked to shut down", fm_conn_name(rq->conn), (unsigned)uid);
+  fm_daemon_shutdown(dd, why);
   return FM_OK;
 }

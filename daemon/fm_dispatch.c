@@ -16,8 +16,8 @@
 #include "fm_reply.h"
 
 #define FM_CMD_NEEDS_HELLO 1u
-/* Changes what every client is served (import) or drops what they share (evict): only the
- * daemon's own uid and root. In system mode every member of the socket's group can connect,
+/* Changes what every client is served (import), drops what they share (evict) or stops the
+ * daemon they share (shutdown): only the daemon's own uid and root. In system mode every member of the socket's group can connect,
  * and none of them may change what the others run. */
 #define FM_CMD_ADMIN 2u
 
@@ -39,6 +39,7 @@ static const struct fm_command {
     {"evict", fm_cmd_evict, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
     {"export", fm_cmd_export, FM_CMD_NEEDS_HELLO},
     {"import", fm_cmd_import, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
+    {"shutdown", fm_cmd_shutdown, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
 };
 
 static const struct fm_command *find_command(const char *name, size_t len) {

@@ -119,7 +119,7 @@ check "unreachable socket: exit 3" test $? -eq 3
 # Help: the whole of it, and each command's (both spellings say the same).
 ctl help >"$TMP/help" 2>&1
 check "help: exit 0" test $? -eq 0
-for c in ping stats ls show evict compile warm export import; do
+for c in ping stats ls show evict compile warm export import shutdown help; do
   check "help: lists $c" grep -q "^  $c" "$TMP/help"
 done
 ctl show --help >"$TMP/help_show" 2>&1
