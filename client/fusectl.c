@@ -30,9 +30,11 @@ static int fm_ctl_cmd_help(fm_ctl *ctl, int argc, char **argv);
 static const fm_ctl_cmd fm_ctl_cmds[] = {
   {"ping", fm_ctl_cmd_ping, "", "check that fusemld answers", 0,
    "Connects, says hello and pings: prints the daemon's version, socket, mode and device.\n"},
-  {"stats", fm_ctl_cmd_stats, "", "daemon and cache counters", 0,
-   "Prints the daemon's mode, device, uptime and clients, the store's entries and bytes, and\n"
-   "each counter since the database was created beside its value since this start.\n"},
+  {"stats", fm_ctl_cmd_stats, "[--zero]", "daemon and cache counters", 0,
+   "Prints the daemon's mode, device, pid, uptime, database and clients, the store's entries\n"
+   "and size against its cap, the hit rate, and each counter since the database was created\n"
+   "(or last zeroed) beside its value since this start.\n"
+   "  --zero        set every counter back to 0 (only root and the daemon's own user)\n"},
   {"ls", fm_ctl_cmd_ls, "[--limit N]", "list cached kernels, most recently used first", 0,
    "  --limit N     at most N entries (default: all, up to the daemon's 10000)\n"},
   {"show", fm_ctl_cmd_show, "KEY [--source]", "one entry (KEY: >= 4 hex digits); --source: its CUDA C", 0,

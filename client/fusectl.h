@@ -34,6 +34,8 @@ typedef struct fm_ctl {
 
 typedef int (*fm_ctl_handler)(fm_ctl *ctl, int argc, char **argv);
 
+#define FM_CTL_PATH_TEXT 4200      /* a path as text, escaped (the daemon's paths: 4096) */
+
 #define FM_CTL_LONG 0x1          /* compiles: the long default timeout */
 
 #define FM_CTL_LOCAL 0x2         /* never talks to the daemon (help) */

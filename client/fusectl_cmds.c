@@ -97,16 +97,40 @@ out:
 
 /* ---- stats ---- */
 
+/* "93.2%" of hits among hits + misses in counters (a stats map), "-" before any lookup. */
+static void fm_ctl_fmt_hit_rate(const msgpack_object *counters, char *out, size_t cap) {
+  int64_t hits = counters ? fm_ctl_i64(counters, "hits") : 0;
+  int64_t misses = counters ? fm_ctl_i64(counters, "misses") : 0;
+  if (hits + misses <= 0) snprintf(out, cap, "-");
+  else snprintf(out, cap, "%.1f%%", 100.0 * (double)hits / (double)(hits + misses));
+}
+
 int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
+  static const struct option lo[] = {
+    {"json", no_argument, NULL, 'j'}, {"zero", no_argument, NULL, 'z'}, {NULL, 0, NULL, 0}};
   msgpack_zone zone;
   msgpack_object reply;
   fm_ctl_table t;
   const msgpack_object *stats, *session;
-  char val[256], tmp[64];
-  int rc = fm_ctl_no_args(ctl, argc, argv);
+  char val[FM_CTL_PATH_TEXT], tmp[64], tmp2[64];
+  int zero = 0, c, rc;
 
-  if (rc) return rc;
+  optind = 0;
+  while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
+    if (c == 'j') ctl->json = 1;
+    else if (c == 'z') zero = 1;
+    else return fm_ctl_bad_option(ctl, c, argv);
+  }
+  if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
+
   msgpack_zone_init(&zone, 4096);
+  if (zero) {
+    rc = fm_ctl_call(ctl, "stats_zero", 0, NULL, NULL, &zone, &reply);
+    if (rc) goto out;
+    if (ctl->json) fm_ctl_print_json(stdout, &reply, 2, NULL);
+    else printf("counters zeroed\n");
+    goto out;
+  }
   rc = fm_ctl_call(ctl, "stats", 0, NULL, NULL, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
@@ -123,17 +147,30 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   ROW("mode", val);
   fm_ctl_fmt_device(fm_msg_get(&reply, "device"), val, sizeof val);
   ROW("device", val);
+  snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "pid"));
+  ROW("pid", val);
   fm_ctl_fmt_duration(fm_ctl_i64(&reply, "uptime_s"), val, sizeof val);
   ROW("uptime", val);
+  fm_ctl_fmt_scalar(fm_msg_get(&reply, "db"), val, sizeof val);
+  ROW("database", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "clients"));
   ROW("clients", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "inflight"));
   ROW("inflight", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "entries"));
   ROW("entries", val);
-  fm_ctl_fmt_bytes((uint64_t)fm_ctl_i64(&reply, "bytes"), tmp, sizeof tmp);
-  snprintf(val, sizeof val, "%s (%" PRId64 " bytes)", tmp, fm_ctl_i64(&reply, "bytes"));
-  ROW("bytes", val);
+  {
+    uint64_t bytes = (uint64_t)fm_ctl_i64(&reply, "bytes"), cap = (uint64_t)fm_ctl_i64(&reply, "cache_size");
+    fm_ctl_fmt_bytes(bytes, tmp, sizeof tmp);
+    fm_ctl_fmt_bytes(cap, tmp2, sizeof tmp2);
+    if (cap) snprintf(val, sizeof val, "%s of %s (%.1f%%)", tmp, tmp2, 100.0 * (double)bytes / (double)cap);
+    else snprintf(val, sizeof val, "%s (no cap)", tmp);
+    ROW("size", val);
+  }
+  fm_ctl_fmt_hit_rate(fm_msg_get(&reply, "stats"), tmp, sizeof tmp);
+  fm_ctl_fmt_hit_rate(fm_msg_get(&reply, "session"), tmp2, sizeof tmp2);
+  snprintf(val, sizeof val, "%s (this session: %s)", tmp, tmp2);
+  ROW("hit rate", val);
 
   /* Persistent counters, each with its since-start value beside it; then any counter only
    * the session map has. */

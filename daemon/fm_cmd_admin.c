@@ -45,8 +45,12 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
 
   fm_reply r;
   int remote = dd->remote && dd->remote->remote;
-  fm_reply_begin(&r, rq->id, 12 + (remote ? 1 : 0));
+  fm_reply_begin(&r, rq->id, 16 + (remote ? 1 : 0));
   fm_pack_kv_cstr(&r.pk, "version", FM_VERSION_STRING);
+  fm_pack_kv_u64(&r.pk, "pid", (uint64_t)getpid());
+  fm_pack_kv_cstr(&r.pk, "db", dd->cfg->db_path);
+  fm_pack_kv_u64(&r.pk, "cache_size", dd->cfg->cache_size);
+  fm_pack_kv_u64(&r.pk, "jobs", dd->cfg->jobs);
   fm_pack_kv_cstr(&r.pk, "mode", fm_device_mode(&dd->dev));
   fm_pack_cstr(&r.pk, "device");
   fm_reply_pack_device(&r.pk, &dd->dev.id);
@@ -68,6 +72,21 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
     fm_pack_cstr(&r.pk, "remote");
     fm_remote_tier_pack_stats(dd->remote, &r.pk);
   }
+  fm_reply_send(&r, rq->conn, rq->id);
+  return FM_OK;
+}
+
+int fm_cmd_stats_zero(fm_request *rq, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  int err = fm_store_stats_zero(dd->store);
+  if (err) return store_fail(dd, err, "zeroing the counters failed", d);
+  /* The since-start counters too, and what was counted but not yet saved (it would come back). */
+  memset(dd->session, 0, sizeof dd->session);
+  memset(dd->unsaved, 0, sizeof dd->unsaved);
+  fm_log_info("%s: counters zeroed", fm_conn_name(rq->conn));
+  fm_reply r;
+  fm_reply_begin(&r, rq->id, 1);
+  fm_pack_kv_bool(&r.pk, "zeroed", true);
   fm_reply_send(&r, rq->conn, rq->id);
   return FM_OK;
 }

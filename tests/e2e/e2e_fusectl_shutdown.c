@@ -1,7 +1,8 @@
-/* e2e_fusectl_shutdown.c: `fusectl shutdown` against real fusemlds (compile-only, no GPU).
+/* e2e_fusectl_shutdown.c: `fusectl shutdown` (and `stats --zero`, admin only like it) against
+ * real fusemlds (compile-only, no GPU).
  *  - another uid (65534, as in system mode where the socket's group reaches it) is refused
- *    permission_denied and the daemon keeps serving (needs root to be another uid; skipped
- *    otherwise);
+ *    permission_denied for both, the counters stay and the daemon keeps serving (needs root
+ *    to be another uid; skipped otherwise);
  *  - the daemon on the socket, and only it, stops: a compile in flight when it was asked is
  *    finished and answered, fusectl returns once the daemon is done, the daemon exits 0, its
  *    socket file is gone, its database passes SQLite's integrity check and holds the compiled
@@ -29,9 +30,9 @@
 static const char *fusemld, *fusectl;
 static e2e_daemon A, B;
 
-/* fusectl --socket sock shutdown [extra]; its output in A.dir/out and A.dir/err. As uid
- * (when not the current one) after dropping to it. Returns the exit code, -1 if killed. */
-static int ctl_shutdown(const char *sock, uid_t uid, char **out, char **err) {
+/* fusectl --socket sock CMD [ARG]; its output in A.dir/out and A.dir/err. As uid (when not
+ * the current one) after dropping to it. Returns the exit code, -1 if killed. */
+static int ctl_as(const char *sock, uid_t uid, char **out, char **err, const char *cmd, const char *arg) {
   char out_path[400], err_path[400];
   snprintf(out_path, sizeof out_path, "%s/out", A.dir);
   snprintf(err_path, sizeof err_path, "%s/err", A.dir);
@@ -42,7 +43,7 @@ static int ctl_shutdown(const char *sock, uid_t uid, char **out, char **err) {
     int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
     if (uid != getuid() && (setgroups(0, NULL) || setgid(uid) || setuid(uid))) _exit(125);
-    execl(fusectl, fusectl, "--socket", sock, "shutdown", (char *)NULL);
+    execl(fusectl, fusectl, "--socket", sock, cmd, arg, (char *)NULL);
     _exit(127);
   }
   int st = -1;
@@ -75,13 +76,27 @@ static void test_other_uid_refused(void) {
   /* As in system mode, where the socket's group reaches it: open the socket to uid 65534. */
   CHECK_EQ_INT(chmod(A.dir, 0755), 0);
   CHECK_EQ_INT(chmod(A.sock, 0666), 0);
-  char *out = NULL, *err = NULL;
-  CHECK_EQ_INT(ctl_shutdown(A.sock, NOBODY, &out, &err), 1);
+  char *out = NULL, *err = NULL, origin[16];
+  int fd = e2e_connect_hello(&A);
+  CHECK_EQ_INT(e2e_compile(fd, 1, 0.5, 2, origin, NULL), 0);   /* a miss to count */
+  CHECK_EQ_INT(ctl_as(A.sock, NOBODY, &out, &err, "stats", "--zero"), 1);
+  CHECK_STR_CONTAINS(err, "permission_denied");
+  free(out), free(err);
+  CHECK_EQ_INT(e2e_stat(fd, "stats", "misses"), 1);
+  CHECK_EQ_INT(e2e_stat(fd, "session", "misses"), 1);
+  CHECK_EQ_INT(ctl_as(A.sock, NOBODY, &out, &err, "shutdown", NULL), 1);
   CHECK_STR_CONTAINS(err, "permission_denied");
   CHECK_STR_CONTAINS(err, "uid 65534");
   free(out), free(err);
   CHECK(e2e_log_contains(&A, "\"shutdown\" refused: uid 65534"));
+  CHECK(e2e_log_contains(&A, "\"stats_zero\" refused: uid 65534"));
   CHECK(answers(&A));
+  /* Its own uid may zero them. */
+  CHECK_EQ_INT(ctl_as(A.sock, getuid(), &out, &err, "stats", "--zero"), 0);
+  free(out), free(err);
+  CHECK_EQ_INT(e2e_stat(fd, "stats", "misses"), 0);
+  CHECK_EQ_INT(e2e_stat(fd, "session", "misses"), 0);
+  if (fd >= 0) close(fd);
   CHECK_EQ_INT(chmod(A.sock, 0600), 0);
   CHECK_EQ_INT(chmod(A.dir, 0700), 0);
 }
@@ -102,7 +117,7 @@ static void test_graceful_stop(void) {
 
   double t0 = e2e_now_ms();
   char *out = NULL, *err = NULL;
-  CHECK_EQ_INT(ctl_shutdown(A.sock, getuid(), &out, &err), 0);
+  CHECK_EQ_INT(ctl_as(A.sock, getuid(), &out, &err, "shutdown", NULL), 0);
   printf("  fusectl shutdown returned after %.0f ms (one compile in flight)\n", e2e_now_ms() - t0);
   CHECK_STR_CONTAINS(out, "1 compile(s) in flight");
   CHECK_STR_CONTAINS(out, "has finished");
@@ -138,7 +153,7 @@ static void test_graceful_stop(void) {
 
   CHECK_EQ_INT(e2e_start(&A, NULL), 0);
   int c = e2e_connect_hello(&A);
-  CHECK_EQ_INT(e2e_stat(c, NULL, "entries"), 1);
+  CHECK_EQ_INT(e2e_stat(c, NULL, "entries"), geteuid() == 0 ? 2 : 1);
   if (c >= 0) close(c);
 }
 

@@ -87,6 +87,14 @@ check "stats: hits=1 misses=1 compiles=1" sh -c "echo '$stats' | python3 -c 'imp
 # compile-only without a GPU (CI); "gpu" on the device machine
 check "stats: mode reported" sh -c "echo '$stats' | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)[\"mode\"] in (\"compile-only\", \"gpu\") else 1)'"
 
+# The human form: hit rate, size against the cap, database, pid (the one compile and one hit above).
+ctl stats >"$TMP/stats"
+check "stats: hit rate" grep -q "^hit rate  *50.0% (this session: 50.0%)" "$TMP/stats"
+check "stats: size of the cap" grep -q "^size  *.* of 2.0 GiB (" "$TMP/stats"
+check "stats: database" grep -q "^database  *$DB\$" "$TMP/stats"
+check "stats: pid" grep -q "^pid  *$PID\$" "$TMP/stats"
+check "stats: uptime" grep -q "^uptime  *[0-9]" "$TMP/stats"
+
 check "ls: one entry" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if len(json.load(sys.stdin)[\"entries\"]) == 1 else 1)'"
 PREFIX=$(echo "$KEY" | cut -c1-8)
 check "show by prefix" sh -c "\"$FUSECTL\" --socket \"$SOCK\" show $PREFIX | grep -q $KEY"
@@ -112,6 +120,11 @@ ctl compile "$TMP/bad.json" >/dev/null 2>"$TMP/err"
 rc=$?
 check "bad fragment: exit 1" test $rc -eq 1
 check "bad fragment: slug" grep -q unknown_op "$TMP/err"
+
+# stats --zero (the daemon's own user here): every counter back to 0, the entries kept.
+check "stats --zero" ctl stats --zero
+check "stats --zero: counters 0" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json stats | python3 -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if j[\"stats\"][\"hits\"] == j[\"stats\"][\"compiles\"] == j[\"session\"][\"misses\"] == 0 and j[\"entries\"] > 0 else 1)'"
+check "stats --zero: hit rate -" sh -c "\"$FUSECTL\" --socket \"$SOCK\" stats | grep -q '^hit rate  *- '"
 
 "$FUSECTL" --socket "$TMP/nobody.sock" ping >/dev/null 2>&1
 check "unreachable socket: exit 3" test $? -eq 3
