@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_msg.h"
 #include "fm_paths.h"
 #include "fm_proto.h"
 
@@ -101,7 +102,7 @@ static void fm_ctl_help(FILE *f) {
           "options (before the command):\n"
           "  -s, --socket PATH   the daemon's socket (default: $FUSEML_SOCKET, else\n"
           "                      %s)\n"
-          "  -j, --json          print replies as JSON\n"
+          "  -j, --json          print replies as JSON; a failure as {\"error\": CODE, \"message\": ...}\n"
           "  -t, --timeout MS    per-request timeout (default %d for compile and warm,\n"
           "                      %d otherwise; 0 waits forever)\n"
           "  -h, --help          this help (COMMAND --help, or help COMMAND: that command's)\n"
@@ -116,13 +117,43 @@ static void fm_ctl_help(FILE *f) {
           sock, FM_CTL_TIMEOUT_LONG, FM_CTL_TIMEOUT_SHORT);
 }
 
-int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) {
+/* The code --json gives a failure fusectl found itself, by its exit status. */
+static const char *fm_ctl_exit_code_name(int exit_code) {
+  switch (exit_code) {
+    case FM_CTL_EXIT_USAGE: return "usage";
+    case FM_CTL_EXIT_UNREACHABLE: return "unreachable";
+    case FM_CTL_EXIT_INPUT: return "bad_input";
+    default: return "failed";
+  }
+}
+
+static int fm_ctl_verror(fm_ctl *ctl, int exit_code, const char *code, const char *fmt, va_list ap) {
+  char text[sizeof ctl->err_text];
+  vsnprintf(text, sizeof text, fmt, ap);
+  fprintf(stderr, "fusectl: %s\n", text);
+  if (ctl && !ctl->err_code[0]) {
+    /* In JSON the code has its own field: not repeated at the start of the message. */
+    size_t n = code ? strlen(code) : 0;
+    const char *msg = n && strncmp(text, code, n) == 0 && strncmp(text + n, ": ", 2) == 0 ? text + n + 2 : text;
+    snprintf(ctl->err_code, sizeof ctl->err_code, "%s", code ? code : fm_ctl_exit_code_name(exit_code));
+    snprintf(ctl->err_text, sizeof ctl->err_text, "%s", msg);
+  }
+  return exit_code;
+}
+
+int fm_ctl_error(fm_ctl *ctl, int exit_code, const char *code, const char *fmt, ...) {
   va_list ap;
-  fputs("fusectl: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  fm_ctl_verror(ctl, exit_code, code, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  return exit_code;
+}
+
+int fm_ctl_usage_error(fm_ctl *ctl, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fm_ctl_verror(ctl, FM_CTL_EXIT_USAGE, NULL, fmt, ap);
+  va_end(ap);
   if (ctl && ctl->cmd)
     fprintf(stderr, "usage: fusectl [options] %s %s\n", ctl->cmd->name, ctl->cmd->usage);
   else
@@ -132,12 +163,36 @@ int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) {
 }
 
 /* One line, not the usage: the option is what was wrong, and --help has the rest. */
-int fm_ctl_bad_option(const fm_ctl *ctl, int c, char **argv) {
+int fm_ctl_bad_option(fm_ctl *ctl, int c, char **argv) {
   const char *name = ctl && ctl->cmd ? ctl->cmd->name : NULL;
-  fprintf(stderr, "fusectl: %s%s%s '%s'; see `fusectl %s%s--help`\n", name ? name : "", name ? ": " : "",
-          c == ':' ? "missing argument for" : "unknown option", argv[optind - 1], name ? name : "",
-          name ? " " : "");
-  return FM_CTL_EXIT_USAGE;
+  return fm_ctl_error(ctl, FM_CTL_EXIT_USAGE, NULL, "%s%s%s '%s'; see `fusectl %s%s--help`", name ? name : "",
+                      name ? ": " : "", c == ':' ? "missing argument for" : "unknown option", argv[optind - 1],
+                      name ? name : "", name ? " " : "");
+}
+
+void fm_ctl_print_reply(fm_ctl *ctl, const msgpack_object *reply, int inline_depth, const char *omit) {
+  const char *const wire[] = {"ok", "id", omit, NULL};
+  fm_ctl_print_json(stdout, reply, inline_depth, wire);
+  ctl->json_done = 1;
+}
+
+/* --json after a failure: {"error": code, "message": text} on stdout. Built as msgpack and
+ * printed by the one JSON writer, so escaping is done in one place. */
+static void fm_ctl_print_error_json(const fm_ctl *ctl, int exit_code) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_zone zone;
+  msgpack_object obj;
+  msgpack_sbuffer_init(&sb);
+  msgpack_zone_init(&zone, 1024);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  fm_pack_kv_cstr(&pk, "error", ctl->err_code[0] ? ctl->err_code : fm_ctl_exit_code_name(exit_code));
+  fm_pack_kv_cstr(&pk, "message", ctl->err_text);
+  if (msgpack_unpack(sb.data, sb.size, NULL, &zone, &obj) == MSGPACK_UNPACK_SUCCESS)
+    fm_ctl_print_json(stdout, &obj, 1, NULL);
+  msgpack_zone_destroy(&zone);
+  msgpack_sbuffer_destroy(&sb);
 }
 
 static int fm_ctl_cmd_help(fm_ctl *ctl, int argc, char **argv) {
@@ -171,10 +226,12 @@ int fm_ctl_connect(fm_ctl *ctl) {
    * to, one that refused us (permission_denied, busy: its code is printed), or a socket we
    * refused; the message names the socket so a wrong path is obvious. */
   int refused = err == FM_EDENIED || err == FM_EBUSY;
+  const char *code = refused ? fm_err_slug(err) : NULL;
   if (strstr(d.text, ctl->socket_path))
-    fprintf(stderr, "fusectl: %s%s%s\n", refused ? fm_err_slug(err) : "", refused ? ": " : "", d.text);
+    fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, code, "%s%s%s", refused ? fm_err_slug(err) : "",
+                 refused ? ": " : "", d.text);
   else
-    fprintf(stderr, "fusectl: cannot reach fusemld at %s: %s\n", ctl->socket_path, d.text);
+    fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, code, "cannot reach fusemld at %s: %s", ctl->socket_path, d.text);
   if (err != FM_EPROTO_VERSION && !refused)
     fprintf(stderr, "fusectl: is fusemld running? Start it with `fusemld` (or `systemctl --user "
                     "start fusemld.socket`), or point --socket or FUSEML_SOCKET at its socket.\n");
@@ -183,21 +240,18 @@ int fm_ctl_connect(fm_ctl *ctl) {
 
 int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply,
                   const fm_diag *d) {
-  if (reply && reply->type == MSGPACK_OBJECT_MAP) {
-    fprintf(stderr, "fusectl: %s: %s\n", fm_err_slug(err), d->text);
-    return FM_CTL_EXIT_DAEMON;
-  }
+  if (reply && reply->type == MSGPACK_OBJECT_MAP)
+    return fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, fm_err_slug(err), "%s: %s", fm_err_slug(err), d->text);
   switch (err) {
     case FM_ECLOSED:
     case FM_ETIMEOUT:
     case FM_EIO:
     case FM_EPROTOCOL:
-      fprintf(stderr, "fusectl: %s: lost fusemld at %s: %s\n", what, ctl->socket_path, d->text);
-      return FM_CTL_EXIT_UNREACHABLE;
+      return fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, NULL, "%s: lost fusemld at %s: %s", what, ctl->socket_path,
+                          d->text);
     default:
       /* Refused before sending (too large, not a map): the input is at fault. */
-      fprintf(stderr, "fusectl: %s: %s\n", what, d->text);
-      return FM_CTL_EXIT_INPUT;
+      return fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "%s: %s", what, d->text);
   }
 }
 
@@ -244,39 +298,53 @@ int main(int argc, char **argv) {
       case 's': ctl.socket_path = optarg; break;
       case 'j': ctl.json = 1; break;
       case 't':
-        if (fm_ctl_parse_timeout(optarg, &timeout))
-          return fm_ctl_usage_error(NULL, "--timeout wants milliseconds (an integer >= 0), "
-                                    "got '%s'", optarg);
+        if (fm_ctl_parse_timeout(optarg, &timeout)) {
+          rc = fm_ctl_usage_error(&ctl, "--timeout wants milliseconds (an integer >= 0), got '%s'", optarg);
+          goto out;
+        }
         break;
       case 'h': fm_ctl_help(stdout); return FM_CTL_EXIT_OK;
       case 'V':
         printf("fusectl %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION);
         return FM_CTL_EXIT_OK;
-      default: return fm_ctl_bad_option(NULL, c, argv);
+      default:
+        rc = fm_ctl_bad_option(&ctl, c, argv);
+        goto out;
     }
   }
-  if (optind >= argc) return fm_ctl_usage_error(NULL, "no command given");
+  if (optind >= argc) {
+    rc = fm_ctl_usage_error(&ctl, "no command given");
+    goto out;
+  }
   name = argv[optind];
-  if (!(ctl.cmd = fm_ctl_find_cmd(name)))
-    return fm_ctl_usage_error(NULL, "unknown command '%s' (the commands: fusectl help)", name);
+  if (!(ctl.cmd = fm_ctl_find_cmd(name))) {
+    rc = fm_ctl_usage_error(&ctl, "unknown command '%s' (the commands: fusectl help)", name);
+    goto out;
+  }
   if (fm_ctl_wants_help(argc - optind, argv + optind)) {
     fm_ctl_cmd_usage_help(stdout, ctl.cmd);
     return FM_CTL_EXIT_OK;
   }
-  if (ctl.cmd->flags & FM_CTL_LOCAL) return ctl.cmd->handler(&ctl, argc - optind, argv + optind);
+  if (ctl.cmd->flags & FM_CTL_LOCAL) {
+    rc = ctl.cmd->handler(&ctl, argc - optind, argv + optind);
+    goto out;
+  }
 
   if (timeout < 0) timeout = ctl.cmd->flags & FM_CTL_LONG ? FM_CTL_TIMEOUT_LONG : FM_CTL_TIMEOUT_SHORT;
   ctl.timeout_ms = timeout;
   if (!ctl.socket_path) {
     fm_diag d = {{0}};
     if (fm_default_socket_path(sock, sizeof sock, 1, 0, &d) != FM_OK) {
-      fprintf(stderr, "fusectl: cannot determine the default socket path: %s\n", d.text);
-      return FM_CTL_EXIT_UNREACHABLE;
+      rc = fm_ctl_error(&ctl, FM_CTL_EXIT_UNREACHABLE, NULL, "cannot determine the default socket path: %s",
+                        d.text);
+      goto out;
     }
     ctl.socket_path = sock;
   }
 
   rc = ctl.cmd->handler(&ctl, argc - optind, argv + optind);
   fm_client_close(ctl.client);
+out:
+  if (rc && ctl.json && !ctl.json_done) fm_ctl_print_error_json(&ctl, rc);
   return rc;
 }

@@ -27,9 +27,12 @@ enum {
 typedef struct fm_ctl {
   const char *socket_path;
   int json;                    /* --json */
+  int json_done;               /* the command printed its JSON (a failure prints none then) */
   int timeout_ms;              /* 0: wait forever */
   const struct fm_ctl_cmd *cmd;
   fm_client *client;
+  char err_code[32];           /* the run's first failure, for --json ("" when none) */
+  char err_text[sizeof(fm_diag) + 256];
 } fm_ctl;
 
 typedef int (*fm_ctl_handler)(fm_ctl *ctl, int argc, char **argv);
@@ -57,12 +60,23 @@ int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_f
 /* Prints a failed call's error; returns the exit code (1 if the daemon answered, else 3). */
 int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply,
                   const fm_diag *d);
-/* Prints "usage: fusectl [options] <cmd> <usage>" to stderr; returns FM_CTL_EXIT_USAGE. */
-int fm_ctl_usage_error(const fm_ctl *ctl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Every failure goes through here: "fusectl: <message>" on stderr; the run's first failure is
+ * kept, and with --json main prints it on stdout as {"error": code, "message": ...} unless the
+ * command printed its own JSON. code NULL: named after exit_code (usage, unreachable,
+ * bad_input). Returns exit_code. */
+int fm_ctl_error(fm_ctl *ctl, int exit_code, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* A usage error (fm_ctl_error), then "usage: fusectl [options] <cmd> <usage>" on stderr;
+ * returns FM_CTL_EXIT_USAGE. */
+int fm_ctl_usage_error(fm_ctl *ctl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* For a command's getopt_long loop: reports getopt's ':' or '?' as a one-line usage error that
  * names the option and points at the command's --help. */
-int fm_ctl_bad_option(const fm_ctl *ctl, int c, char **argv);
+int fm_ctl_bad_option(fm_ctl *ctl, int c, char **argv);
+
+/* --json: prints a reply without its wire fields (ok, id) nor omit (may be NULL), as
+ * fm_ctl_print_json, and notes that the command printed its JSON. */
+void fm_ctl_print_reply(fm_ctl *ctl, const msgpack_object *reply, int inline_depth, const char *omit);
 
 /* Command handlers: argv[0] is the command name; each parses its own options (with
  * optind = 0 to restart getopt), accepting --json there too. */
@@ -94,10 +108,10 @@ int fm_ctl_json_file_to_msgpack(const char *path, msgpack_sbuffer *out, fm_diag 
 /* ---- fusectl_print.c ---- */
 /* Writes o as JSON. Containers nested at depth >= inline_depth (the top level is 0) go on
  * one line; shallower ones are indented by 2. Bins become {"bin_bytes": N}; a top-level map
- * key equal to omit_key (may be NULL) is left out; non-string map keys are written as strings;
- * NaN/Inf as null; invalid UTF-8 bytes as U+FFFD; control characters (C0, DEL, C1) as \u00XX.
- * Ends with a newline. */
-void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const char *omit_key);
+ * key in omit (a NULL-terminated list; omit itself may be NULL) is left out; non-string map
+ * keys are written as strings; NaN/Inf as null; invalid UTF-8 bytes as U+FFFD; control
+ * characters (C0, DEL, C1) as \u00XX. Ends with a newline. */
+void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const char *const *omit);
 
 /* A table of rows of cells, printed with each column padded to its widest cell. */
 typedef struct fm_ctl_table {

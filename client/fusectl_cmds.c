@@ -82,7 +82,7 @@ int fm_ctl_cmd_ping(fm_ctl *ctl, int argc, char **argv) {
   rc = fm_ctl_call(ctl, "ping", 0, NULL, NULL, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, NULL);
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   hello = fm_client_hello(ctl->client);
@@ -127,14 +127,14 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   if (zero) {
     rc = fm_ctl_call(ctl, "stats_zero", 0, NULL, NULL, &zone, &reply);
     if (rc) goto out;
-    if (ctl->json) fm_ctl_print_json(stdout, &reply, 2, NULL);
+    if (ctl->json) fm_ctl_print_reply(ctl, &reply, 2, NULL);
     else printf("counters zeroed\n");
     goto out;
   }
   rc = fm_ctl_call(ctl, "stats", 0, NULL, NULL, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, NULL);
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   fm_ctl_table_init(&t, 2, 0);
@@ -217,10 +217,7 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
     }
   }
 #undef ROW
-  if (fm_ctl_table_print(&t, stdout)) {
-    fprintf(stderr, "fusectl: out of memory\n");
-    rc = FM_CTL_EXIT_DAEMON;
-  }
+  if (fm_ctl_table_print(&t, stdout)) rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "out_of_memory", "out of memory");
 out:
   msgpack_zone_destroy(&zone);
   return rc;
@@ -266,13 +263,12 @@ int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
                    &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 3, NULL);
+    fm_ctl_print_reply(ctl, &reply, 3, NULL);
     goto out;
   }
   entries = fm_msg_get(&reply, "entries");
   if (!entries || entries->type != MSGPACK_OBJECT_ARRAY) {
-    fprintf(stderr, "fusectl: list: fusemld's reply has no entries array\n");
-    rc = FM_CTL_EXIT_UNREACHABLE;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "protocol_error", "list: fusemld's reply has no entries array");
     goto out;
   }
   if (entries->via.array.size == 0) {
@@ -296,10 +292,7 @@ int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
     fm_ctl_fmt_scalar(fm_msg_get(e, "device"), dev, sizeof dev);
     fm_ctl_table_row(&t, row);
   }
-  if (fm_ctl_table_print(&t, stdout)) {
-    fprintf(stderr, "fusectl: out of memory\n");
-    rc = FM_CTL_EXIT_DAEMON;
-  }
+  if (fm_ctl_table_print(&t, stdout)) rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "out_of_memory", "out of memory");
 out:
   msgpack_zone_destroy(&zone);
   return rc;
@@ -326,8 +319,7 @@ static int fm_ctl_show_entry(fm_ctl *ctl, const char *key, msgpack_zone *zone,
   if (rc) return rc;
   *entry = fm_msg_get(reply, "entry");
   if (!*entry || (*entry)->type != MSGPACK_OBJECT_MAP) {
-    fprintf(stderr, "fusectl: show: fusemld's reply has no entry\n");
-    return FM_CTL_EXIT_UNREACHABLE;
+    return fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "protocol_error", "show: fusemld's reply has no entry");
   }
   return FM_CTL_EXIT_OK;
 }
@@ -367,6 +359,27 @@ static void fm_ctl_print_timings(const msgpack_object *o) {
   fm_ctl_table_print(&t, stdout);
 }
 
+/* show --source --json: {"key": ..., "source": ...}, the source escaped as JSON. */
+static void fm_ctl_print_source_json(fm_ctl *ctl, const msgpack_object *key, const msgpack_object *source) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_zone zone;
+  msgpack_object obj;
+  msgpack_sbuffer_init(&sb);
+  msgpack_zone_init(&zone, 4096);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  fm_pack_cstr(&pk, "key");
+  if (key) msgpack_pack_object(&pk, *key);
+  else msgpack_pack_nil(&pk);
+  fm_pack_cstr(&pk, "source");
+  msgpack_pack_object(&pk, *source);
+  if (msgpack_unpack(sb.data, sb.size, NULL, &zone, &obj) == MSGPACK_UNPACK_SUCCESS)
+    fm_ctl_print_reply(ctl, &obj, 1, NULL);
+  msgpack_zone_destroy(&zone);
+  msgpack_sbuffer_destroy(&sb);
+}
+
 int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
     {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
@@ -396,8 +409,11 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
      * planted escape sequence) is shown escaped, never sent to the terminal. */
     o = fm_msg_get(e, "source");
     if (!o || o->type != MSGPACK_OBJECT_STR) {
-      fprintf(stderr, "fusectl: entry %s has no stored source\n", key);
-      rc = FM_CTL_EXIT_DAEMON;
+      rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "no_source", "entry %s has no stored source", key);
+      goto out;
+    }
+    if (ctl->json) {
+      fm_ctl_print_source_json(ctl, fm_msg_get(e, "key"), o);
       goto out;
     }
     fm_text_fwrite(stdout, o->via.str.ptr, o->via.str.size, FM_TEXT_KEEP_LINES);
@@ -405,7 +421,7 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
     goto out;
   }
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 4, NULL);
+    fm_ctl_print_reply(ctl, &reply, 4, NULL);
     goto out;
   }
   {
@@ -502,7 +518,7 @@ int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv) {
   else rc = fm_ctl_call(ctl, "evict", 1, fm_ctl_pack_key, (void *)key, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, NULL);
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   fm_msg_get_u64(&reply, "evicted", &n, NULL);
@@ -558,11 +574,10 @@ int fm_ctl_cmd_shutdown(fm_ctl *ctl, int argc, char **argv) {
     printf("fusemld (pid %" PRId64 ") at %s is stopping; %" PRId64 " compile(s) in flight finish first\n", pid,
            ctl->socket_path, inflight);
   if (wait && !fm_ctl_wait_closed(ctl)) {
-    fprintf(stderr, "fusectl: fusemld (pid %" PRId64 ") still serves after %d s\n", pid,
-            FM_CTL_SHUTDOWN_WAIT_MS / 1000);
-    rc = FM_CTL_EXIT_UNREACHABLE;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "still_serving", "fusemld (pid %" PRId64 ") still serves after %d s",
+                      pid, FM_CTL_SHUTDOWN_WAIT_MS / 1000);
   }
-  if (ctl->json) fm_ctl_print_json(stdout, &reply, 2, NULL);
+  if (ctl->json && !rc) fm_ctl_print_reply(ctl, &reply, 2, NULL);
   else if (wait && !rc) printf("fusemld (pid %" PRId64 ") has finished and closed its connections\n", pid);
 out:
   msgpack_zone_destroy(&zone);

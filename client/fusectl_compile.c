@@ -61,8 +61,7 @@ int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv) {
   msgpack_sbuffer_init(&sb);
   msgpack_zone_init(&zone, 4096);
   if (fm_ctl_load_fragment(path, &sb, &d) != FM_OK) {
-    fprintf(stderr, "fusectl: %s\n", d.text);
-    rc = FM_CTL_EXIT_INPUT;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "%s", d.text);
     goto out;
   }
   req.fragment = sb.data;
@@ -70,7 +69,7 @@ int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv) {
   rc = fm_ctl_call(ctl, "compile", req.arch ? 2 : 1, fm_ctl_pack_compile, &req, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, "cubin");  /* the CUBIN is binary: left out */
+    fm_ctl_print_reply(ctl, &reply, 2, "cubin");  /* the CUBIN is binary: left out */
     goto out;
   }
   {
@@ -243,8 +242,7 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
   }
   if (argc - optind != 1) return fm_ctl_usage_error(ctl, "warm wants one MANIFEST");
   if (fm_ctl_read_manifest(argv[optind], &items, &n, &d) != FM_OK) {
-    fprintf(stderr, "fusectl: %s\n", d.text);
-    rc = FM_CTL_EXIT_INPUT;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "%s", d.text);
     goto out;
   }
   rc = fm_ctl_connect(ctl);
@@ -299,7 +297,10 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
   }
   if (tty) fputs("\r\033[K", stderr);
 
-  if (ctl->json) fm_ctl_warm_json(items, n, compiled, hits, failed);
+  if (ctl->json) {
+    fm_ctl_warm_json(items, n, compiled, hits, failed);
+    ctl->json_done = 1;
+  }
   else printf("%zu compiled, %zu hits, %zu failed\n", compiled, hits, failed);
   /* A refusal by the daemon outranks unreadable files in the exit status. */
   if (failed > bad_input) rc = FM_CTL_EXIT_DAEMON;

@@ -100,6 +100,21 @@ PREFIX=$(echo "$KEY" | cut -c1-8)
 check "show by prefix" sh -c "\"$FUSECTL\" --socket \"$SOCK\" show $PREFIX | grep -q $KEY"
 check "show --source" sh -c "\"$FUSECTL\" --socket \"$SOCK\" show --source $PREFIX | grep -q fm_pointwise"
 check "show: canonical fragment" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json show $PREFIX | python3 -c 'import json,sys; e=json.load(sys.stdin)[\"entry\"]; sys.exit(0 if e[\"fragment\"][\"ops\"][1][\"op\"] == \"gelu\" else 1)'"
+check "show --source --json: key and source" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json show --source $PREFIX | python3 -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if j[\"key\"] == \"$KEY\" and \"fm_pointwise\" in j[\"source\"] else 1)'"
+# --json leaves out the wire fields.
+check "--json: no ok, no id (compile)" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json compile \"$EXAMPLES/gelu_bias_bf16.json\" | python3 -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if \"ok\" not in j and \"id\" not in j and j[\"origin\"] == \"hit\" else 1)'"
+check "--json: no ok, no id (stats)" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json stats | python3 -c 'import json,sys; j=json.load(sys.stdin); sys.exit(0 if \"ok\" not in j and \"id\" not in j and \"entries\" in j else 1)'"
+# --json on failure: an error object on stdout (and the message on stderr as ever).
+ctl --json show ffff0000 >"$TMP/out" 2>"$TMP/err"
+check "--json failure: exit 1" test $? -eq 1
+check "--json failure: error object" sh -c "python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if j[\"error\"] == \"not_found\" and \"ffff0000\" in j[\"message\"] else 1)' '$TMP/out'"
+check "--json failure: stderr still says it" grep -q not_found "$TMP/err"
+"$FUSECTL" --socket "$TMP/nobody.sock" ping --json >"$TMP/out" 2>/dev/null
+check "--json unreachable: exit 3, error object" sh -c "test $? -eq 3 && python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"error\"] == \"unreachable\" else 1)' '$TMP/out'"
+ctl --json frobnicate >"$TMP/out" 2>/dev/null
+check "--json usage error: error object" sh -c "python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"error\"] == \"usage\" else 1)' '$TMP/out'"
+ctl --json compile "$TMP/missing.json" >"$TMP/out" 2>/dev/null
+check "--json bad input: exit 4, error object" sh -c "test $? -eq 4 && python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"error\"] == \"bad_input\" else 1)' '$TMP/out'"
 check "evict" ctl evict "$KEY"
 check "ls: empty" sh -c "\"$FUSECTL\" --socket \"$SOCK\" --json ls | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)[\"entries\"] == [] else 1)'"
 
@@ -120,6 +135,8 @@ ctl compile "$TMP/bad.json" >/dev/null 2>"$TMP/err"
 rc=$?
 check "bad fragment: exit 1" test $rc -eq 1
 check "bad fragment: slug" grep -q unknown_op "$TMP/err"
+ctl --json compile "$TMP/bad.json" >"$TMP/out" 2>/dev/null
+check "bad fragment --json: the daemon's code" sh -c "python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))[\"error\"] == \"unknown_op\" else 1)' '$TMP/out'"
 
 # stats --zero (the daemon's own user here): every counter back to 0, the entries kept.
 check "stats --zero" ctl stats --zero
