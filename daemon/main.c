@@ -16,7 +16,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: fusemld [options]\n"
           "Serves fused GPU kernels to local clients over a Unix socket.\n\n"
-          "  --socket PATH         listening socket (default $XDG_RUNTIME_DIR/fusemld.sock)\n"
+          "  --socket PATH         listening socket (default $FUSEML_SOCKET, else\n"
+          "                        $XDG_RUNTIME_DIR/fusemld.sock)\n"
           "  --db PATH             kernel database (default ~/.cache/fusemld/kernels.db)\n"
           "  --cache-size SIZE     cubin bytes kept, with K/M/G suffix (default 2G; 0 = unlimited)\n"
           "  --log-level LEVEL     error, warn, info or debug (default info)\n"
@@ -145,6 +146,14 @@ int main(int argc, char **argv) {
     if (fm_config_load_file(&cfg, config_file, 1, &d)) goto fail;
   } else if (fm_config_default_path(system_mode, default_conf, sizeof default_conf, &d) == FM_OK) {
     if (fm_config_load_file(&cfg, default_conf, 0, &d)) goto fail;
+  }
+  /* FUSEML_SOCKET, which the clients read: over the file, under --socket, so that one variable
+   * points the daemon and its clients at the same socket. */
+  const char *env_socket = getenv("FUSEML_SOCKET");
+  fm_diag env_why = {{0}};
+  if (env_socket && env_socket[0] && fm_config_set(&cfg, "socket", env_socket, &env_why)) {
+    fm_diag_set(&d, FM_EINVAL, "FUSEML_SOCKET: %s", env_why.text);
+    goto fail;
   }
   for (size_t i = 0; i < n_settings; i++) {
     fm_diag why = {{0}};

@@ -172,6 +172,28 @@ check "missing argument: one line naming it" sh -c "test \$(wc -l <'$TMP/err') -
 check "fusemld unknown flag: exit 2" test $? -eq 2
 check "fusemld unknown flag: one line naming it" sh -c "test \$(wc -l <'$TMP/err') -eq 1 && grep -q -- \"'--frob'.*fusemld --help\" '$TMP/err'"
 
+# fusemld reads FUSEML_SOCKET as the clients do (no --socket): one variable for both. Its
+# XDG_RUNTIME_DIR points at a folder of ours, so a daemon that ignored the variable could not
+# take anyone's real socket.
+mkdir -p "$TMP/envrun" && chmod 700 "$TMP/envrun"
+FUSEML_SOCKET="$TMP/env.sock" XDG_RUNTIME_DIR="$TMP/envrun" "$FUSEMLD" --foreground --db "$TMP/env.db" 2>>"$LOG" &
+PID_ENV=$!
+i=0
+while [ ! -S "$TMP/env.sock" ] && [ ! -S "$TMP/envrun/fusemld.sock" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+check "FUSEML_SOCKET: fusemld listens there" test -S "$TMP/env.sock"
+check "FUSEML_SOCKET: a client with only the variable reaches it" env FUSEML_SOCKET="$TMP/env.sock" "$FUSECTL" ping
+check "FUSEML_SOCKET: the per-user default unused" test ! -e "$TMP/envrun/fusemld.sock"
+kill -TERM $PID_ENV
+wait $PID_ENV
+# --socket still wins over it.
+FUSEML_SOCKET="$TMP/env.sock" "$FUSEMLD" --foreground --socket "$TMP/flag.sock" --db "$TMP/env.db" 2>>"$LOG" &
+PID_ENV=$!
+i=0
+while [ ! -S "$TMP/flag.sock" ] && [ ! -S "$TMP/env.sock" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i + 1)); done
+check "--socket over FUSEML_SOCKET" sh -c "test -S '$TMP/flag.sock' && test ! -e '$TMP/env.sock'"
+kill -TERM $PID_ENV
+wait $PID_ENV
+
 # A second daemon on the same socket refuses to start and says why.
 "$FUSEMLD" --foreground --socket "$SOCK" --db "$TMP/other.db" 2>"$TMP/second" &
 p2=$!
