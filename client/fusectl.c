@@ -48,10 +48,12 @@ static const fm_ctl_cmd fm_ctl_cmds[] = {
    "compile (or fetch) a fragment's kernel", FM_CTL_LONG,
    "FRAGMENT.json is a fragment in its JSON form (examples/ has some).\n"
    "  --arch ARCH   compile for ARCH (e.g. sm_90a) instead of the daemon's own target\n"},
-  {"warm", fm_ctl_cmd_warm, "MANIFEST",
+  {"warm", fm_ctl_cmd_warm, "MANIFEST [--jobs N]",
    "compile each fragment MANIFEST lists (a path a line)", FM_CTL_LONG,
    "MANIFEST lists one fragment file a line (relative to the manifest's folder); blank lines\n"
-   "and lines starting with # are skipped. A progress bar is drawn when stderr is a terminal.\n"},
+   "and lines starting with # are skipped. A progress bar is drawn when stderr is a terminal.\n"
+   "  --jobs N      compile requests in flight at once, each on its own connection (1 to 64;\n"
+   "                default: the daemon's compile workers)\n"},
   {"export", fm_ctl_cmd_export, "FILE [--device LABEL]",
    "write the store's entries (or one device's) to FILE, a portable snapshot", FM_CTL_LONG,
    "  --device LABEL  only the entries of this device (the DEVICE column of `fusectl ls`)\n"},

@@ -2,7 +2,8 @@
  *
  *   fusectl.c          main: global options, the command table, connecting, exit codes
  *   fusectl_cmds.c     ping, stats, ls, show, evict, shutdown
- *   fusectl_compile.c  compile, warm
+ *   fusectl_compile.c  compile; reading a fragment file
+ *   fusectl_warm.c     warm: a manifest's fragments, several in flight
  *   fusectl_json.c     JSON file -> msgpack (the fragment JSON form is the wire form)
  *   fusectl_print.c    msgpack -> JSON, aligned tables, human sizes and ages
  *   fusectl_remote.c   export, import (portable snapshots, docs/REMOTE.md)
@@ -90,6 +91,19 @@ int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv);
 int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv);
+
+/* ---- fusectl_compile.c ---- */
+typedef struct fm_ctl_compile_req {
+  const char *fragment;        /* msgpack map */
+  size_t len;
+  const char *arch;            /* NULL: the daemon's own */
+} fm_ctl_compile_req;
+
+/* fm_pack_fields_fn of a compile request (ctx: an fm_ctl_compile_req); 1 field, 2 with arch. */
+void fm_ctl_pack_compile(msgpack_packer *pk, void *ctx);
+/* Reads a fragment file into sb (msgpack). FM_EIO/FM_ELIMIT/FM_EMALFORMED from the reader,
+ * FM_ESCHEMA when the document is not an object. */
+int fm_ctl_load_fragment(const char *path, msgpack_sbuffer *sb, fm_diag *d);
 
 /* ---- fusectl_json.c ---- */
 #define FM_CTL_JSON_MAX_DEPTH 16            /* the top-level value is depth 1 */

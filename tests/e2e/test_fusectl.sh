@@ -172,6 +172,64 @@ check "missing argument: one line naming it" sh -c "test \$(wc -l <'$TMP/err') -
 check "fusemld unknown flag: exit 2" test $? -eq 2
 check "fusemld unknown flag: one line naming it" sh -c "test \$(wc -l <'$TMP/err') -eq 1 && grep -q -- \"'--frob'.*fusemld --help\" '$TMP/err'"
 
+# warm keeps several compiles in flight (by default as many as the daemon has workers: 2
+# here), so that a manifest of slow fragments uses every worker. Counted, not timed: the most
+# compiles the daemon reports in flight while warm runs.
+mkfrags() {  # mkfrags DIR EXPONENT...: one fragment of 16 chained general pows per exponent
+  dir=$1
+  shift
+  mkdir -p "$dir"
+  for e in "$@"; do
+    python3 -c "
+import json, sys
+t = lambda i: {'id': i, 'dtype': 'f32', 'shape': [-1, 256]}
+ops = [{'op': 'const', 'out': 1, 'args': [], 'value': float(sys.argv[1])}]
+v = 0
+for i in range(16):
+    ops.append({'op': 'pow', 'out': i + 2, 'args': [v, 1]}); v = i + 2
+print(json.dumps({'vocab': 1, 'inputs': [t(0)], 'ops': ops, 'outputs': [t(v)]}))" "$e" >"$dir/pow$e.json"
+    echo "pow$e.json" >>"$dir/manifest"
+  done
+}
+# warm_peak DIR [ARGS]: runs warm on DIR/manifest; prints "EXIT PEAK-INFLIGHT SECONDS"
+warm_peak() {
+  dir=$1
+  shift
+  t0=$(date +%s.%N)
+  ctl --json warm "$dir/manifest" "$@" >"$dir/out" 2>"$dir/err" &
+  wp=$!
+  peak=0
+  while kill -0 $wp 2>/dev/null; do
+    cur=$(ctl stats 2>/dev/null | awk '$1 == "inflight" {print $2}')
+    [ -n "$cur" ] && [ "$cur" -gt "$peak" ] && peak=$cur
+    sleep 0.05
+  done
+  wait $wp
+  rc=$?
+  echo "$rc $peak $(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$t0" "$(date +%s.%N)")"
+}
+mkfrags "$TMP/slow4" 2.125 2.375 2.625 2.875
+set -- $(warm_peak "$TMP/slow4")
+check "warm: exit 0" test "$1" -eq 0
+check "warm: 2 compiles in flight at once (the daemon's 2 workers)" test "$2" -eq 2
+check "warm: 4 compiled, results in manifest order" python3 -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+sys.exit(0 if j['compiled'] == 4 and [r['path'].rsplit('/', 1)[1] for r in j['results']] == ['pow2.125.json', 'pow2.375.json', 'pow2.625.json', 'pow2.875.json'] else 1)" "$TMP/slow4/out"
+echo "     4 slow fragments, default jobs: $3 s"
+mkfrags "$TMP/slow1" 3.125 3.375 3.625
+set -- $(warm_peak "$TMP/slow1" --jobs 1)
+check "warm --jobs 1: one at a time" test "$1" -eq 0 -a "$2" -eq 1
+echo "     3 slow fragments, --jobs 1: $3 s"
+ctl warm "$TMP/slow1/manifest" --jobs 0 >/dev/null 2>&1
+check "warm --jobs 0: usage error" test $? -eq 2
+# Leave the store as it was for the checks below.
+for f in "$TMP/slow4/out" "$TMP/slow1/out"; do
+  for k in $(python3 -c 'import json,sys; print(" ".join(r["key"] for r in json.load(open(sys.argv[1]))["results"]))' "$f"); do
+    ctl evict "$k" >/dev/null
+  done
+done
+
 # fusemld reads FUSEML_SOCKET as the clients do (no --socket): one variable for both. Its
 # XDG_RUNTIME_DIR points at a folder of ours, so a daemon that ignored the variable could not
 # take anyone's real socket.
