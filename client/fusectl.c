@@ -178,23 +178,26 @@ void fm_ctl_print_reply(fm_ctl *ctl, const msgpack_object *reply, int inline_dep
   ctl->json_done = 1;
 }
 
-/* --json after a failure: {"error": code, "message": text} on stdout. Built as msgpack and
- * printed by the one JSON writer, so escaping is done in one place. */
-static void fm_ctl_print_error_json(const fm_ctl *ctl, int exit_code) {
-  msgpack_sbuffer sb;
-  msgpack_packer pk;
+void fm_ctl_print_packed(fm_ctl *ctl, msgpack_sbuffer *sb, int inline_depth) {
   msgpack_zone zone;
   msgpack_object obj;
+  msgpack_zone_init(&zone, 4096);
+  if (msgpack_unpack(sb->data, sb->size, NULL, &zone, &obj) == MSGPACK_UNPACK_SUCCESS)
+    fm_ctl_print_reply(ctl, &obj, inline_depth, NULL);
+  msgpack_zone_destroy(&zone);
+  msgpack_sbuffer_destroy(sb);
+}
+
+/* --json after a failure: {"error": code, "message": text} on stdout. */
+static void fm_ctl_print_error_json(fm_ctl *ctl, int exit_code) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
   msgpack_sbuffer_init(&sb);
-  msgpack_zone_init(&zone, 1024);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 2);
   fm_pack_kv_cstr(&pk, "error", ctl->err_code[0] ? ctl->err_code : fm_ctl_exit_code_name(exit_code));
   fm_pack_kv_cstr(&pk, "message", ctl->err_text);
-  if (msgpack_unpack(sb.data, sb.size, NULL, &zone, &obj) == MSGPACK_UNPACK_SUCCESS)
-    fm_ctl_print_json(stdout, &obj, 1, NULL);
-  msgpack_zone_destroy(&zone);
-  msgpack_sbuffer_destroy(&sb);
+  fm_ctl_print_packed(ctl, &sb, 1);
 }
 
 static int fm_ctl_cmd_help(fm_ctl *ctl, int argc, char **argv) {

@@ -78,6 +78,9 @@ int fm_ctl_bad_option(fm_ctl *ctl, int c, char **argv);
 /* --json: prints a reply without its wire fields (ok, id) nor omit (may be NULL), as
  * fm_ctl_print_json, and notes that the command printed its JSON. */
 void fm_ctl_print_reply(fm_ctl *ctl, const msgpack_object *reply, int inline_depth, const char *omit);
+/* --json output fusectl builds itself: sb holds one packed value, printed as above; sb is
+ * destroyed. Built as msgpack so that the one JSON writer does all the escaping. */
+void fm_ctl_print_packed(fm_ctl *ctl, msgpack_sbuffer *sb, int inline_depth);
 
 /* Command handlers: argv[0] is the command name; each parses its own options (with
  * optind = 0 to restart getopt), accepting --json there too. */

@@ -363,10 +363,7 @@ static void fm_ctl_print_timings(const msgpack_object *o) {
 static void fm_ctl_print_source_json(fm_ctl *ctl, const msgpack_object *key, const msgpack_object *source) {
   msgpack_sbuffer sb;
   msgpack_packer pk;
-  msgpack_zone zone;
-  msgpack_object obj;
   msgpack_sbuffer_init(&sb);
-  msgpack_zone_init(&zone, 4096);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 2);
   fm_pack_cstr(&pk, "key");
@@ -374,10 +371,7 @@ static void fm_ctl_print_source_json(fm_ctl *ctl, const msgpack_object *key, con
   else msgpack_pack_nil(&pk);
   fm_pack_cstr(&pk, "source");
   msgpack_pack_object(&pk, *source);
-  if (msgpack_unpack(sb.data, sb.size, NULL, &zone, &obj) == MSGPACK_UNPACK_SUCCESS)
-    fm_ctl_print_reply(ctl, &obj, 1, NULL);
-  msgpack_zone_destroy(&zone);
-  msgpack_sbuffer_destroy(&sb);
+  fm_ctl_print_packed(ctl, &sb, 1);
 }
 
 int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {

@@ -112,16 +112,11 @@ static void fm_ctl_progress(size_t done, size_t total, const char *path) {
   fflush(stderr);
 }
 
-static void fm_ctl_warm_json(const fm_ctl_warm_item *items, size_t n, size_t compiled,
+static void fm_ctl_warm_json(fm_ctl *ctl, const fm_ctl_warm_item *items, size_t n, size_t compiled,
                              size_t hits, size_t failed) {
   msgpack_sbuffer sb;
   msgpack_packer pk;
-  msgpack_zone zone;
-  msgpack_object obj;
-
-  /* Built as msgpack and printed by the one JSON writer, so escaping is done in one place. */
   msgpack_sbuffer_init(&sb);
-  msgpack_zone_init(&zone, 4096);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 4);
   fm_pack_kv_u64(&pk, "compiled", compiled);
@@ -142,10 +137,7 @@ static void fm_ctl_warm_json(const fm_ctl_warm_item *items, size_t n, size_t com
       fm_pack_kv_cstr(&pk, "origin", it->origin);
     }
   }
-  if (msgpack_unpack(sb.data, sb.size, NULL, &zone, &obj) == MSGPACK_UNPACK_SUCCESS)
-    fm_ctl_print_json(stdout, &obj, 2, NULL);
-  msgpack_zone_destroy(&zone);
-  msgpack_sbuffer_destroy(&sb);
+  fm_ctl_print_packed(ctl, &sb, 2);
 }
 
 /* One warm run, shared by its workers under mu. */
@@ -320,12 +312,8 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
     rc = fm_ctl_report(ctl, run.lost_path, run.lost_err, NULL, &run.lost_diag);
     goto out;
   }
-  if (ctl->json) {
-    fm_ctl_warm_json(run.items, run.n, run.compiled, run.hits, run.failed);
-    ctl->json_done = 1;
-  } else {
-    printf("%zu compiled, %zu hits, %zu failed\n", run.compiled, run.hits, run.failed);
-  }
+  if (ctl->json) fm_ctl_warm_json(ctl, run.items, run.n, run.compiled, run.hits, run.failed);
+  else printf("%zu compiled, %zu hits, %zu failed\n", run.compiled, run.hits, run.failed);
   /* A refusal by the daemon outranks unreadable files in the exit status. */
   if (run.failed > run.bad_input) rc = FM_CTL_EXIT_DAEMON;
   else if (run.bad_input) rc = FM_CTL_EXIT_INPUT;
