@@ -11,13 +11,15 @@
 #include "fm_msg.h"
 #include "fm_text.h"
 
-/* Parses options that a command takes none of besides --json. */
-static int fm_ctl_no_args(fm_ctl *ctl, int argc, char **argv) {
-  static const struct option lo[] = {{"json", no_argument, NULL, 'j'}, {NULL, 0, NULL, 0}};
+/* Parses the options of a command that takes no argument: --json and, when flag is not NULL,
+ * --<flag> (which sets *set). */
+static int fm_ctl_flag_only(fm_ctl *ctl, int argc, char **argv, const char *flag, int *set) {
+  struct option lo[] = {{"json", no_argument, NULL, 'j'}, {flag, no_argument, NULL, 'f'}, {NULL, 0, NULL, 0}};
   int c;
   optind = 0;
   while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
     if (c == 'j') ctl->json = 1;
+    else if (c == 'f') *set = 1;
     else return fm_ctl_bad_option(ctl, c, argv);
   }
   if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
@@ -75,7 +77,7 @@ int fm_ctl_cmd_ping(fm_ctl *ctl, int argc, char **argv) {
   msgpack_object reply;
   const msgpack_object *hello;
   char version[64], mode[32], dev[256];
-  int rc = fm_ctl_no_args(ctl, argc, argv);
+  int rc = fm_ctl_flag_only(ctl, argc, argv, NULL, NULL);
 
   if (rc) return rc;
   msgpack_zone_init(&zone, 4096);
@@ -106,23 +108,14 @@ static void fm_ctl_fmt_hit_rate(const msgpack_object *counters, char *out, size_
 }
 
 int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
-  static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"zero", no_argument, NULL, 'z'}, {NULL, 0, NULL, 0}};
   msgpack_zone zone;
   msgpack_object reply;
   fm_ctl_table t;
   const msgpack_object *stats, *session;
   char val[FM_CTL_PATH_TEXT], tmp[64], tmp2[64];
-  int zero = 0, c, rc;
+  int zero = 0, rc = fm_ctl_flag_only(ctl, argc, argv, "zero", &zero);
 
-  optind = 0;
-  while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'z') zero = 1;
-    else return fm_ctl_bad_option(ctl, c, argv);
-  }
-  if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
-
+  if (rc) return rc;
   msgpack_zone_init(&zone, 4096);
   if (zero) {
     rc = fm_ctl_call(ctl, "stats_zero", 0, NULL, NULL, &zone, &reply);
@@ -546,20 +539,11 @@ static int fm_ctl_wait_closed(fm_ctl *ctl) {
 }
 
 int fm_ctl_cmd_shutdown(fm_ctl *ctl, int argc, char **argv) {
-  static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"no-wait", no_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
   msgpack_zone zone;
   msgpack_object reply;
-  int wait = 1, c, rc;
+  int no_wait = 0, rc = fm_ctl_flag_only(ctl, argc, argv, "no-wait", &no_wait), wait = !no_wait;
 
-  optind = 0;
-  while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'n') wait = 0;
-    else return fm_ctl_bad_option(ctl, c, argv);
-  }
-  if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
-
+  if (rc) return rc;
   msgpack_zone_init(&zone, 1024);
   rc = fm_ctl_call(ctl, "shutdown", 0, NULL, NULL, &zone, &reply);
   if (rc) goto out;
