@@ -662,6 +662,16 @@ int fm_store_stats(fm_store *s, int64_t out[FM_STAT__COUNT]) {
   return err;
 }
 
+int fm_store_stats_zero(fm_store *s) {
+  if (!s) return FM_EINVAL;
+  pthread_mutex_lock(&s->mu);
+  int err = sqlite3_exec(s->db, "DELETE FROM stats", NULL, NULL, NULL) == SQLITE_OK
+                ? FM_OK
+                : fm_store_fail_sqlite(s, "zeroing statistics");
+  pthread_mutex_unlock(&s->mu);
+  return err;
+}
+
 int fm_store_usage(fm_store *s, uint64_t *entries, uint64_t *bytes) {
   if (!s) return FM_EINVAL;
   uint64_t e = 0, b = 0;

@@ -110,6 +110,8 @@ int fm_store_evict_all(fm_store *s, uint64_t *n);
 /* Persistent counters (survive restarts). */
 int fm_store_stat_add(fm_store *s, fm_stat stat, int64_t delta);
 int fm_store_stats(fm_store *s, int64_t out[FM_STAT__COUNT]);
+/* Sets every persistent counter back to 0 (`fusectl stats --zero`). */
+int fm_store_stats_zero(fm_store *s);
 /* Entry count and total cubin bytes. */
 int fm_store_usage(fm_store *s, uint64_t *entries, uint64_t *bytes);
 

@@ -1,4 +1,4 @@
-/* fusectl_cmds.c: the inspection commands: ping, stats, ls, show, evict. Each asks the
+/* fusectl_cmds.c: the inspection commands: ping, stats, ls, show, evict; and shutdown. Each asks the
  * daemon and renders its reply; with --json the reply map itself is printed. */
 #include "fusectl.h"
 
@@ -11,13 +11,15 @@
 #include "fm_msg.h"
 #include "fm_text.h"
 
-/* Parses options that a command takes none of besides --json. */
-static int fm_ctl_no_args(fm_ctl *ctl, int argc, char **argv) {
-  static const struct option lo[] = {{"json", no_argument, NULL, 'j'}, {NULL, 0, NULL, 0}};
+/* Parses the options of a command that takes no argument: --json and, when flag is not NULL,
+ * --<flag> (which sets *set). */
+static int fm_ctl_flag_only(fm_ctl *ctl, int argc, char **argv, const char *flag, int *set) {
+  struct option lo[] = {{"json", no_argument, NULL, 'j'}, {flag, no_argument, NULL, 'f'}, {NULL, 0, NULL, 0}};
   int c;
   optind = 0;
   while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
     if (c == 'j') ctl->json = 1;
+    else if (c == 'f') *set = 1;
     else return fm_ctl_bad_option(ctl, c, argv);
   }
   if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
@@ -75,14 +77,14 @@ int fm_ctl_cmd_ping(fm_ctl *ctl, int argc, char **argv) {
   msgpack_object reply;
   const msgpack_object *hello;
   char version[64], mode[32], dev[256];
-  int rc = fm_ctl_no_args(ctl, argc, argv);
+  int rc = fm_ctl_flag_only(ctl, argc, argv, NULL, NULL);
 
   if (rc) return rc;
   msgpack_zone_init(&zone, 4096);
   rc = fm_ctl_call(ctl, "ping", 0, NULL, NULL, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, NULL);
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   hello = fm_client_hello(ctl->client);
@@ -97,20 +99,35 @@ out:
 
 /* ---- stats ---- */
 
+/* "93.2%" of hits among hits + misses in counters (a stats map), "-" before any lookup. */
+static void fm_ctl_fmt_hit_rate(const msgpack_object *counters, char *out, size_t cap) {
+  int64_t hits = counters ? fm_ctl_i64(counters, "hits") : 0;
+  int64_t misses = counters ? fm_ctl_i64(counters, "misses") : 0;
+  if (hits + misses <= 0) snprintf(out, cap, "-");
+  else snprintf(out, cap, "%.1f%%", 100.0 * (double)hits / (double)(hits + misses));
+}
+
 int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   msgpack_zone zone;
   msgpack_object reply;
   fm_ctl_table t;
   const msgpack_object *stats, *session;
-  char val[256], tmp[64];
-  int rc = fm_ctl_no_args(ctl, argc, argv);
+  char val[FM_CTL_PATH_TEXT], tmp[64], tmp2[64];
+  int zero = 0, rc = fm_ctl_flag_only(ctl, argc, argv, "zero", &zero);
 
   if (rc) return rc;
   msgpack_zone_init(&zone, 4096);
+  if (zero) {
+    rc = fm_ctl_call(ctl, "stats_zero", 0, NULL, NULL, &zone, &reply);
+    if (rc) goto out;
+    if (ctl->json) fm_ctl_print_reply(ctl, &reply, 2, NULL);
+    else printf("counters zeroed\n");
+    goto out;
+  }
   rc = fm_ctl_call(ctl, "stats", 0, NULL, NULL, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, NULL);
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   fm_ctl_table_init(&t, 2, 0);
@@ -123,17 +140,30 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   ROW("mode", val);
   fm_ctl_fmt_device(fm_msg_get(&reply, "device"), val, sizeof val);
   ROW("device", val);
+  snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "pid"));
+  ROW("pid", val);
   fm_ctl_fmt_duration(fm_ctl_i64(&reply, "uptime_s"), val, sizeof val);
   ROW("uptime", val);
+  fm_ctl_fmt_scalar(fm_msg_get(&reply, "db"), val, sizeof val);
+  ROW("database", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "clients"));
   ROW("clients", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "inflight"));
   ROW("inflight", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "entries"));
   ROW("entries", val);
-  fm_ctl_fmt_bytes((uint64_t)fm_ctl_i64(&reply, "bytes"), tmp, sizeof tmp);
-  snprintf(val, sizeof val, "%s (%" PRId64 " bytes)", tmp, fm_ctl_i64(&reply, "bytes"));
-  ROW("bytes", val);
+  {
+    uint64_t bytes = (uint64_t)fm_ctl_i64(&reply, "bytes"), cap = (uint64_t)fm_ctl_i64(&reply, "cache_size");
+    fm_ctl_fmt_bytes(bytes, tmp, sizeof tmp);
+    fm_ctl_fmt_bytes(cap, tmp2, sizeof tmp2);
+    if (cap) snprintf(val, sizeof val, "%s of %s (%.1f%%)", tmp, tmp2, 100.0 * (double)bytes / (double)cap);
+    else snprintf(val, sizeof val, "%s (no cap)", tmp);
+    ROW("size", val);
+  }
+  fm_ctl_fmt_hit_rate(fm_msg_get(&reply, "stats"), tmp, sizeof tmp);
+  fm_ctl_fmt_hit_rate(fm_msg_get(&reply, "session"), tmp2, sizeof tmp2);
+  snprintf(val, sizeof val, "%s (this session: %s)", tmp, tmp2);
+  ROW("hit rate", val);
 
   /* Persistent counters, each with its since-start value beside it; then any counter only
    * the session map has. */
@@ -180,10 +210,7 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
     }
   }
 #undef ROW
-  if (fm_ctl_table_print(&t, stdout)) {
-    fprintf(stderr, "fusectl: out of memory\n");
-    rc = FM_CTL_EXIT_DAEMON;
-  }
+  if (fm_ctl_table_print(&t, stdout)) rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "out_of_memory", "out of memory");
 out:
   msgpack_zone_destroy(&zone);
   return rc;
@@ -229,13 +256,12 @@ int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
                    &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 3, NULL);
+    fm_ctl_print_reply(ctl, &reply, 3, NULL);
     goto out;
   }
   entries = fm_msg_get(&reply, "entries");
   if (!entries || entries->type != MSGPACK_OBJECT_ARRAY) {
-    fprintf(stderr, "fusectl: list: fusemld's reply has no entries array\n");
-    rc = FM_CTL_EXIT_UNREACHABLE;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "protocol_error", "list: fusemld's reply has no entries array");
     goto out;
   }
   if (entries->via.array.size == 0) {
@@ -259,10 +285,7 @@ int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
     fm_ctl_fmt_scalar(fm_msg_get(e, "device"), dev, sizeof dev);
     fm_ctl_table_row(&t, row);
   }
-  if (fm_ctl_table_print(&t, stdout)) {
-    fprintf(stderr, "fusectl: out of memory\n");
-    rc = FM_CTL_EXIT_DAEMON;
-  }
+  if (fm_ctl_table_print(&t, stdout)) rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "out_of_memory", "out of memory");
 out:
   msgpack_zone_destroy(&zone);
   return rc;
@@ -289,8 +312,7 @@ static int fm_ctl_show_entry(fm_ctl *ctl, const char *key, msgpack_zone *zone,
   if (rc) return rc;
   *entry = fm_msg_get(reply, "entry");
   if (!*entry || (*entry)->type != MSGPACK_OBJECT_MAP) {
-    fprintf(stderr, "fusectl: show: fusemld's reply has no entry\n");
-    return FM_CTL_EXIT_UNREACHABLE;
+    return fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "protocol_error", "show: fusemld's reply has no entry");
   }
   return FM_CTL_EXIT_OK;
 }
@@ -330,6 +352,21 @@ static void fm_ctl_print_timings(const msgpack_object *o) {
   fm_ctl_table_print(&t, stdout);
 }
 
+/* show --source --json: {"key": ..., "source": ...}, the source escaped as JSON. */
+static void fm_ctl_print_source_json(fm_ctl *ctl, const msgpack_object *key, const msgpack_object *source) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 2);
+  fm_pack_cstr(&pk, "key");
+  if (key) msgpack_pack_object(&pk, *key);
+  else msgpack_pack_nil(&pk);
+  fm_pack_cstr(&pk, "source");
+  msgpack_pack_object(&pk, *source);
+  fm_ctl_print_packed(ctl, &sb, 1);
+}
+
 int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
     {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
@@ -359,8 +396,11 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
      * planted escape sequence) is shown escaped, never sent to the terminal. */
     o = fm_msg_get(e, "source");
     if (!o || o->type != MSGPACK_OBJECT_STR) {
-      fprintf(stderr, "fusectl: entry %s has no stored source\n", key);
-      rc = FM_CTL_EXIT_DAEMON;
+      rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "no_source", "entry %s has no stored source", key);
+      goto out;
+    }
+    if (ctl->json) {
+      fm_ctl_print_source_json(ctl, fm_msg_get(e, "key"), o);
       goto out;
     }
     fm_text_fwrite(stdout, o->via.str.ptr, o->via.str.size, FM_TEXT_KEEP_LINES);
@@ -368,7 +408,7 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
     goto out;
   }
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 4, NULL);
+    fm_ctl_print_reply(ctl, &reply, 4, NULL);
     goto out;
   }
   {
@@ -465,12 +505,58 @@ int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv) {
   else rc = fm_ctl_call(ctl, "evict", 1, fm_ctl_pack_key, (void *)key, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_json(stdout, &reply, 2, NULL);
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   fm_msg_get_u64(&reply, "evicted", &n, NULL);
   if (all) printf("evicted %" PRIu64 " entr%s\n", n, n == 1 ? "y" : "ies");
   else printf("evicted %s\n", key);
+out:
+  msgpack_zone_destroy(&zone);
+  return rc;
+}
+
+/* ---- shutdown ---- */
+
+#define FM_CTL_SHUTDOWN_WAIT_MS 60000  /* above the daemon's drain (30 s) and flush (2 s) */
+#define FM_CTL_SHUTDOWN_POLL_MS 100
+
+/* Until the daemon closes this connection: it does so once its compiles have finished. A
+ * ping every so often is how a reply-matched client notices; 1 once it is closed. */
+static int fm_ctl_wait_closed(fm_ctl *ctl) {
+  struct timespec pause = {0, FM_CTL_SHUTDOWN_POLL_MS * 1000000L};
+  for (int waited = 0; waited < FM_CTL_SHUTDOWN_WAIT_MS; waited += FM_CTL_SHUTDOWN_POLL_MS) {
+    msgpack_zone zone;
+    msgpack_object reply;
+    fm_diag d = {{0}};
+    msgpack_zone_init(&zone, 1024);
+    int err = fm_client_call(ctl->client, "ping", 0, NULL, NULL, &zone, &reply, &d);
+    msgpack_zone_destroy(&zone);
+    if (err != FM_OK) return 1;
+    nanosleep(&pause, NULL);
+  }
+  return 0;
+}
+
+int fm_ctl_cmd_shutdown(fm_ctl *ctl, int argc, char **argv) {
+  msgpack_zone zone;
+  msgpack_object reply;
+  int no_wait = 0, rc = fm_ctl_flag_only(ctl, argc, argv, "no-wait", &no_wait), wait = !no_wait;
+
+  if (rc) return rc;
+  msgpack_zone_init(&zone, 1024);
+  rc = fm_ctl_call(ctl, "shutdown", 0, NULL, NULL, &zone, &reply);
+  if (rc) goto out;
+  int64_t pid = fm_ctl_i64(&reply, "pid"), inflight = fm_ctl_i64(&reply, "inflight");
+  if (!ctl->json)
+    printf("fusemld (pid %" PRId64 ") at %s is stopping; %" PRId64 " compile(s) in flight finish first\n", pid,
+           ctl->socket_path, inflight);
+  if (wait && !fm_ctl_wait_closed(ctl)) {
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "still_serving", "fusemld (pid %" PRId64 ") still serves after %d s",
+                      pid, FM_CTL_SHUTDOWN_WAIT_MS / 1000);
+  }
+  if (ctl->json && !rc) fm_ctl_print_reply(ctl, &reply, 2, NULL);
+  else if (wait && !rc) printf("fusemld (pid %" PRId64 ") has finished and closed its connections\n", pid);
 out:
   msgpack_zone_destroy(&zone);
   return rc;

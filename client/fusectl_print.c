@@ -73,7 +73,13 @@ static void fm_json_indent(FILE *f, int depth) {
 }
 
 static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inline_depth,
-                          const char *omit_key);
+                          const char *const *omit);
+
+static int fm_json_omitted(const msgpack_object *key, const char *const *omit) {
+  for (; omit && *omit; omit++)
+    if (fm_msg_str_eq(key, *omit)) return 1;
+  return 0;
+}
 
 static void fm_json_key(FILE *f, const msgpack_object *k) {
   if (k->type == MSGPACK_OBJECT_STR) {
@@ -95,7 +101,7 @@ static void fm_json_key(FILE *f, const msgpack_object *k) {
 }
 
 static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inline_depth,
-                          const char *omit_key) {
+                          const char *const *omit) {
   int multi = depth < inline_depth;
   switch (o->type) {
     case MSGPACK_OBJECT_NIL: fputs("null", f); return;
@@ -131,7 +137,7 @@ static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inlin
       fputc('{', f);
       for (uint32_t i = 0; i < m->size; i++) {
         const msgpack_object_kv *kv = &m->ptr[i];
-        if (omit_key && fm_msg_str_eq(&kv->key, omit_key)) continue;
+        if (fm_json_omitted(&kv->key, omit)) continue;
         if (!first) fputs(multi ? "," : ", ", f);
         first = 0;
         if (multi) fm_json_indent(f, depth + 1);
@@ -147,8 +153,8 @@ static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inlin
   fputs("null", f);
 }
 
-void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const char *omit_key) {
-  fm_json_value(f, o, 0, inline_depth, omit_key);
+void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const char *const *omit) {
+  fm_json_value(f, o, 0, inline_depth, omit);
   fputc('\n', f);
 }
 

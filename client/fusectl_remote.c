@@ -68,13 +68,11 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
   if (rc) goto out;
   const msgpack_object *entries = fm_msg_get(&reply, "entries");
   if (!entries || entries->type != MSGPACK_OBJECT_ARRAY) {
-    fprintf(stderr, "fusectl: export: fusemld's reply has no entries array\n");
-    rc = FM_CTL_EXIT_DAEMON;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, "protocol_error", "export: fusemld's reply has no entries array");
     goto out;
   }
   if (!(f = fopen(path, "wb")) || fwrite(FM_CTL_SNAPSHOT_MAGIC, 1, 4, f) != 4) {
-    fprintf(stderr, "fusectl: export: cannot write %s: %s\n", path, strerror(errno));
-    rc = FM_CTL_EXIT_INPUT;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "export: cannot write %s: %s", path, strerror(errno));
     goto out;
   }
   for (uint32_t i = 0; i < entries->via.array.size; i++) {
@@ -100,10 +98,8 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
     } else if (err) {
       rc = fm_ctl_report(ctl, "export", err, &er, &d);
     } else if (fm_msg_get_bin(&er, "entry", &val, &len, NULL) == FM_OK) {
-      if (write_u32(f, len) || fwrite(val, 1, len, f) != len) {
-        fprintf(stderr, "fusectl: export: cannot write %s: %s\n", path, strerror(errno));
-        rc = FM_CTL_EXIT_INPUT;
-      }
+      if (write_u32(f, len) || fwrite(val, 1, len, f) != len)
+        rc = fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "export: cannot write %s: %s", path, strerror(errno));
       n++;
     }
     msgpack_zone_destroy(&ez);
@@ -111,13 +107,13 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
   }
   if (fclose(f) != 0) {
     f = NULL;
-    fprintf(stderr, "fusectl: export: cannot write %s: %s\n", path, strerror(errno));
-    rc = FM_CTL_EXIT_INPUT;
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "export: cannot write %s: %s", path, strerror(errno));
     goto out;
   }
   f = NULL;
   if (ctl->json) {
     printf("{\"exported\": %u, \"vanished\": %u, \"skipped\": %u}\n", n, vanished, skipped);
+    ctl->json_done = 1;
   } else {
     printf("exported %u entr%s to %s%s", n, n == 1 ? "y" : "ies", path,
            vanished ? " (some vanished meanwhile)" : "");
@@ -150,10 +146,10 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
   if (rc) return rc;
   FILE *f = fopen(path, "rb");
   if (!f || fread(hdr, 1, 4, f) != 4 || memcmp(hdr, FM_CTL_SNAPSHOT_MAGIC, 4) != 0) {
-    fprintf(stderr, "fusectl: import: %s is not a fusectl export%s%s\n", path, f ? "" : ": ",
-            f ? "" : strerror(errno));
+    int why = errno;
     if (f) fclose(f);
-    return FM_CTL_EXIT_INPUT;
+    return fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "import: %s is not a fusectl export%s%s", path, f ? "" : ": ",
+                        f ? "" : strerror(why));
   }
   for (;;) {
     size_t got = fread(hdr, 1, 4, f);
@@ -161,8 +157,8 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
     size_t len = (size_t)hdr[0] << 24 | (size_t)hdr[1] << 16 | (size_t)hdr[2] << 8 | hdr[3];
     if (got != 4 || len == 0 || len > FM_CTL_SNAPSHOT_MAX_ENTRY || !(val = malloc(len)) ||
         fread(val, 1, len, f) != len) {
-      fprintf(stderr, "fusectl: import: %s is truncated or corrupt after %u entries\n", path, ok + refused);
-      rc = FM_CTL_EXIT_INPUT;
+      rc = fm_ctl_error(ctl, FM_CTL_EXIT_INPUT, NULL, "import: %s is truncated or corrupt after %u entries", path,
+                        ok + refused);
       break;
     }
     msgpack_zone zone;
@@ -195,7 +191,10 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
   free(val);
   fclose(f);
   if (!rc) {
-    if (ctl->json) printf("{\"imported\": %u, \"skipped\": %u, \"refused\": %u}\n", ok, skipped, refused);
+    if (ctl->json) {
+      printf("{\"imported\": %u, \"skipped\": %u, \"refused\": %u}\n", ok, skipped, refused);
+      ctl->json_done = 1;
+    }
     else printf("imported %u entr%s from %s; %u skipped, %u refused\n", ok, ok == 1 ? "y" : "ies", path, skipped,
                 refused);
     if (refused) rc = FM_CTL_EXIT_DAEMON;

@@ -1,7 +1,8 @@
-/* fm_cmd_admin.c: stats, list, show and evict (what fusectl shows and manages). */
+/* fm_cmd_admin.c: stats, list, show, evict and shutdown (what fusectl shows and manages). */
 #include <ctype.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fm_commands.h"
 #include "fm_log.h"
@@ -44,8 +45,12 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
 
   fm_reply r;
   int remote = dd->remote && dd->remote->remote;
-  fm_reply_begin(&r, rq->id, 12 + (remote ? 1 : 0));
+  fm_reply_begin(&r, rq->id, 16 + (remote ? 1 : 0));
   fm_pack_kv_cstr(&r.pk, "version", FM_VERSION_STRING);
+  fm_pack_kv_u64(&r.pk, "pid", (uint64_t)getpid());
+  fm_pack_kv_cstr(&r.pk, "db", dd->cfg->db_path);
+  fm_pack_kv_u64(&r.pk, "cache_size", dd->cfg->cache_size);
+  fm_pack_kv_u64(&r.pk, "jobs", dd->cfg->jobs);
   fm_pack_kv_cstr(&r.pk, "mode", fm_device_mode(&dd->dev));
   fm_pack_cstr(&r.pk, "device");
   fm_reply_pack_device(&r.pk, &dd->dev.id);
@@ -67,6 +72,21 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
     fm_pack_cstr(&r.pk, "remote");
     fm_remote_tier_pack_stats(dd->remote, &r.pk);
   }
+  fm_reply_send(&r, rq->conn, rq->id);
+  return FM_OK;
+}
+
+int fm_cmd_stats_zero(fm_request *rq, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  int err = fm_store_stats_zero(dd->store);
+  if (err) return store_fail(dd, err, "zeroing the counters failed", d);
+  /* The since-start counters too, and what was counted but not yet saved (it would come back). */
+  memset(dd->session, 0, sizeof dd->session);
+  memset(dd->unsaved, 0, sizeof dd->unsaved);
+  fm_log_info("%s: counters zeroed", fm_conn_name(rq->conn));
+  fm_reply r;
+  fm_reply_begin(&r, rq->id, 1);
+  fm_pack_kv_bool(&r.pk, "zeroed", true);
   fm_reply_send(&r, rq->conn, rq->id);
   return FM_OK;
 }
@@ -206,5 +226,22 @@ int fm_cmd_evict(fm_request *rq, fm_diag *d) {
   fm_reply_begin(&r, rq->id, 1);
   fm_pack_kv_u64(&r.pk, "evicted", evicted);
   fm_reply_send(&r, rq->conn, rq->id);
+  return FM_OK;
+}
+
+int fm_cmd_shutdown(fm_request *rq, fm_diag *d) {
+  fm_daemon *dd = rq->dd;
+  uint32_t uid = 0;
+  char why[192];
+  /* Answered first, so the reply is queued before the connections are closed: the drain
+   * writes it out like every other. */
+  fm_reply r;
+  fm_reply_begin(&r, rq->id, 2);
+  fm_pack_kv_u64(&r.pk, "pid", (uint64_t)getpid());
+  fm_pack_kv_u64(&r.pk, "inflight", dd->jobs_running);
+  fm_reply_send(&r, rq->conn, rq->id);
+  fm_conn_peer_uid(rq->conn, &uid);
+  snprintf(why, sizeof why, "%s (uid %u) asked to shut down", fm_conn_name(rq->conn), (unsigned)uid);
+  fm_daemon_shutdown(dd, why);
   return FM_OK;
 }

@@ -30,9 +30,13 @@ void fm_cmd_sweep_abandoned(fm_daemon *dd);
 
 /* fm_cmd_admin.c: what fusectl shows and manages. */
 int fm_cmd_stats(fm_request *rq, fm_diag *d);
+/* Zeroes the persistent and since-start counters (admin only). */
+int fm_cmd_stats_zero(fm_request *rq, fm_diag *d);
 int fm_cmd_list(fm_request *rq, fm_diag *d);
 int fm_cmd_show(fm_request *rq, fm_diag *d);
 int fm_cmd_evict(fm_request *rq, fm_diag *d);
+/* Answers {pid, inflight}, then begins the daemon's orderly shutdown (fm_daemon.h). */
+int fm_cmd_shutdown(fm_request *rq, fm_diag *d);
 
 /* fm_remote_cmd.c: portable entries (fusectl export / import, docs/REMOTE.md). */
 int fm_cmd_export(fm_request *rq, fm_diag *d);

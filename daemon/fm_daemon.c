@@ -94,18 +94,23 @@ void fm_daemon_job_ended(fm_daemon *dd) {
   maybe_drained(dd);
 }
 
+void fm_daemon_shutdown(fm_daemon *dd, const char *why) {
+  if (dd->stopping) return;
+  dd->stopping = 1;
+  fm_sd_notify("STOPPING=1");
+  fm_log_info("%s: shutting down; %u compile(s) in flight", why, dd->jobs_running);
+  fm_server_stop_listening(dd->server);
+  uv_timer_start(&dd->deadline, on_flush_deadline, FM_DAEMON_DRAIN_S * 1000, 0);
+  maybe_drained(dd);
+}
+
 static void begin_shutdown(fm_daemon *dd, int signum) {
   if (dd->stopping) {
     fm_log_warn("second %s: stopping now", strsignal(signum));
     uv_stop(dd->loop);
     return;
   }
-  dd->stopping = 1;
-  fm_sd_notify("STOPPING=1");
-  fm_log_info("%s: shutting down; %u compile(s) in flight", strsignal(signum), dd->jobs_running);
-  fm_server_stop_listening(dd->server);
-  uv_timer_start(&dd->deadline, on_flush_deadline, FM_DAEMON_DRAIN_S * 1000, 0);
-  maybe_drained(dd);
+  fm_daemon_shutdown(dd, strsignal(signum));
 }
 
 static void on_signal(uv_signal_t *h, int signum) {

@@ -1,7 +1,7 @@
 /* fm_daemon.h: the running daemon: its state, shared by dispatch and the command handlers,
  * and its lifecycle (start, serve, shut down on a signal).
  *
- * Shutdown (SIGTERM/SIGINT): stop accepting (the socket file goes away), answer the requests
+ * Shutdown (SIGTERM/SIGINT, or the admin request "shutdown"): stop accepting (the socket file goes away), answer the requests
  * waiting on compiles already running (up to FM_DAEMON_DRAIN_S), flush and close the
  * connections, close the store, and return 0. New compiles meanwhile get shutting_down. */
 #ifndef FM_DAEMON_H
@@ -60,6 +60,9 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d);
 void fm_daemon_count(fm_daemon *dd, fm_stat stat, int64_t delta);
 /* Saves the counted deltas to the store now. */
 void fm_daemon_save_stats(fm_daemon *dd);
+
+/* Begins the orderly shutdown above (why goes to the log); nothing if one has begun. */
+void fm_daemon_shutdown(fm_daemon *dd, const char *why);
 
 /* Called by the compile path when a job ends: during a shutdown, the last one lets it finish. */
 void fm_daemon_job_ended(fm_daemon *dd);

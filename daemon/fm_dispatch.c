@@ -16,9 +16,10 @@
 #include "fm_reply.h"
 
 #define FM_CMD_NEEDS_HELLO 1u
-/* Changes what every client is served (import) or drops what they share (evict): only the
- * daemon's own uid and root. In system mode every member of the socket's group can connect,
- * and none of them may change what the others run. */
+/* Changes what every client is served (import), drops what they share (evict, stats_zero)
+ * or stops the daemon they share (shutdown): only the daemon's own uid and root. In system
+ * mode every member of the socket's group can connect, and none of them may change what the
+ * others run. */
 #define FM_CMD_ADMIN 2u
 
 static int cmd_hello(fm_request *rq, fm_diag *d);
@@ -34,11 +35,13 @@ static const struct fm_command {
     {"compile", fm_cmd_compile, FM_CMD_NEEDS_HELLO},
     {"lookup", fm_cmd_lookup, FM_CMD_NEEDS_HELLO},
     {"stats", fm_cmd_stats, FM_CMD_NEEDS_HELLO},
+    {"stats_zero", fm_cmd_stats_zero, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
     {"list", fm_cmd_list, FM_CMD_NEEDS_HELLO},
     {"show", fm_cmd_show, FM_CMD_NEEDS_HELLO},
     {"evict", fm_cmd_evict, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
     {"export", fm_cmd_export, FM_CMD_NEEDS_HELLO},
     {"import", fm_cmd_import, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
+    {"shutdown", fm_cmd_shutdown, FM_CMD_NEEDS_HELLO | FM_CMD_ADMIN},
 };
 
 static const struct fm_command *find_command(const char *name, size_t len) {

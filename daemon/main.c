@@ -16,7 +16,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: fusemld [options]\n"
           "Serves fused GPU kernels to local clients over a Unix socket.\n\n"
-          "  --socket PATH         listening socket (default $XDG_RUNTIME_DIR/fusemld.sock)\n"
+          "  --socket PATH         listening socket (default $FUSEML_SOCKET, else\n"
+          "                        $XDG_RUNTIME_DIR/fusemld.sock)\n"
           "  --db PATH             kernel database (default ~/.cache/fusemld/kernels.db)\n"
           "  --cache-size SIZE     cubin bytes kept, with K/M/G suffix (default 2G; 0 = unlimited)\n"
           "  --log-level LEVEL     error, warn, info or debug (default info)\n"
@@ -109,14 +110,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fusemld: out of memory\n");
     return 1;
   }
-  while ((opt = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+  opterr = 0;   /* one line of our own below, not getopt's and then the whole usage */
+  while ((opt = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
     switch (opt) {
       case OPT_FOREGROUND: foreground = 1; break;
       case OPT_SYSTEM: system_mode = 1; break;
       case OPT_CONFIG: config_file = optarg; break;
       case OPT_HELP: usage(stdout); status = 0; goto out;
       case OPT_VERSION: printf("fusemld %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION); status = 0; goto out;
-      case '?': usage(stderr); status = 2; goto out;
+      case ':':
+      case '?':
+        fprintf(stderr, "fusemld: %s '%s'; see `fusemld --help`\n",
+                opt == ':' ? "missing argument for" : "unknown option", argv[optind - 1]);
+        status = 2;
+        goto out;
       default:
         for (const struct option *o = longopts; o->name; o++)
           if (o->val == opt) settings[n_settings++] = (setting){o->name, optarg};
@@ -124,8 +131,7 @@ int main(int argc, char **argv) {
     }
   }
   if (optind < argc) {
-    fprintf(stderr, "fusemld: unexpected argument \"%s\"\n", argv[optind]);
-    usage(stderr);
+    fprintf(stderr, "fusemld: unexpected argument '%s'; see `fusemld --help`\n", argv[optind]);
     status = 2;
     goto out;
   }
@@ -140,6 +146,14 @@ int main(int argc, char **argv) {
     if (fm_config_load_file(&cfg, config_file, 1, &d)) goto fail;
   } else if (fm_config_default_path(system_mode, default_conf, sizeof default_conf, &d) == FM_OK) {
     if (fm_config_load_file(&cfg, default_conf, 0, &d)) goto fail;
+  }
+  /* FUSEML_SOCKET, which the clients read: over the file, under --socket, so that one variable
+   * points the daemon and its clients at the same socket. */
+  const char *env_socket = getenv("FUSEML_SOCKET");
+  fm_diag env_why = {{0}};
+  if (env_socket && env_socket[0] && fm_config_set(&cfg, "socket", env_socket, &env_why)) {
+    fm_diag_set(&d, FM_EINVAL, "FUSEML_SOCKET: %s", env_why.text);
+    goto fail;
   }
   for (size_t i = 0; i < n_settings; i++) {
     fm_diag why = {{0}};

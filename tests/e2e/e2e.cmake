@@ -13,7 +13,7 @@ if(TARGET fusemld AND TARGET fusectl)
   add_test(NAME e2e_fusectl
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_fusectl.sh
                    $<TARGET_FILE:fusemld> $<TARGET_FILE:fusectl> ${PROJECT_SOURCE_DIR}/examples)
-  set_tests_properties(e2e_fusectl PROPERTIES TIMEOUT 120 LABELS e2e)
+  set_tests_properties(e2e_fusectl PROPERTIES TIMEOUT 240 LABELS e2e)
 endif()
 
 # What an import may plant and what a stored entry must prove before it is served (links the

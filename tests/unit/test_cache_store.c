@@ -347,6 +347,15 @@ static void test_stats_persist(void) {
   CHECK_EQ_INT(st[FM_STAT_MISSES], 2);
   CHECK_EQ_INT(st[FM_STAT_BAD_REQUESTS], 1);
   CHECK_EQ_INT(st[FM_STAT_COMPILES], 0);
+  /* Zeroed: every counter 0, then counting starts again from there, and it lasts. */
+  CHECK_EQ_INT(fm_store_stats_zero(s), FM_OK);
+  CHECK_EQ_INT(fm_store_stat_add(s, FM_STAT_MISSES, 1), FM_OK);
+  fm_store_close(s);
+  CHECK_EQ_INT(fm_store_open(path, 0, &s, &d), FM_OK);
+  CHECK_EQ_INT(fm_store_stats(s, st), FM_OK);
+  CHECK_EQ_INT(st[FM_STAT_HITS], 0);
+  CHECK_EQ_INT(st[FM_STAT_BAD_REQUESTS], 0);
+  CHECK_EQ_INT(st[FM_STAT_MISSES], 1);
   fm_store_close(s);
 
   CHECK(strcmp(fm_stat_name(FM_STAT_HITS), "hits") == 0);
