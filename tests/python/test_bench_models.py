@@ -50,7 +50,8 @@ def _bench(*args, timeout=1500):
 def llama_all_modes(tmp_path_factory):
     """Llama (tiny) under every mode and phase, with the warm-compile child."""
     out = tmp_path_factory.mktemp("models")
-    r = _bench("run", "--smoke", "--models", "llama", "--out", str(out))
+    # budgets far past what a run takes here: a loaded CI machine must not turn into error rows
+    r = _bench("run", "--smoke", "--models", "llama", "--budget-s", "1400", "--out", str(out))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = [p for p in out.iterdir() if p.name.startswith("cpu-") and p.suffix == ".json"]
     return out, path, json.loads(path.read_text())
@@ -103,13 +104,13 @@ def test_every_architecture_runs(tmp_path):
     """The other seven architectures, eager and fuseml, both phases (Inductor is exercised
     on Llama above)."""
     r = _bench("run", "--smoke", "--models", "gqa,gpt2,bert,t5,vit,convnet,moe", "--modes", "eager,fuseml",
-               "--no-warm", "--out", str(tmp_path))
+               "--no-warm", "--budget-s", "1400", "--out", str(tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = tmp_path.glob("cpu-*.json")
     rows = json.loads(path.read_text())["rows"]
     assert len(rows) == 7 * 2 * 2
     bad = [r for r in rows if "error" in r]
-    assert not bad, bad
+    assert not bad, [(r["model"], r["mode"], r["phase"], r["error"][:200]) for r in bad]
     for r in rows:
         # no worse than eager bf16 against the same fp32 copy (fuseml runs eager on the CPU)
         assert 0 < r["rel_err"] <= 2 * r["eager_bf16_rel_err"] + 1e-2, r
