@@ -3,14 +3,13 @@ each partitioned and fused on its own), fragment building, one pipelined round o
 requests per graph (and a second for the combined groups the daemon refused, split apart),
 and the graph rewrite that calls `fuseml::group` for each fused group."""
 import operator
-import os
 
 import torch
 from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, direct_call, transport
+from . import cudagraphs, direct_call, settings, transport
 from ._log import log, warn_once
 from .bmm_fragment import build_bmm
 from .cols_fragment import build_columns
@@ -153,7 +152,7 @@ class FuseMLCompiler:
     # -- one ATen graph ------------------------------------------------------------------
 
     def compile_graph(self, gm, example_inputs, which):
-        chains = (os.environ.get("FUSEML_CHAINS", "1") != "0") if self.chains is None else bool(self.chains)
+        chains = settings.chains() if self.chains is None else bool(self.chains)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

@@ -13,6 +13,7 @@ import time
 
 import msgpack
 
+from . import settings
 from ._log import log
 
 PROTO = 1
@@ -30,7 +31,7 @@ class DaemonError(Exception):
 
 def default_socket_path():
     """FUSEML_SOCKET, else $XDG_RUNTIME_DIR/fusemld.sock, else /tmp/fusemld-<uid>/fusemld.sock."""
-    path = os.environ.get("FUSEML_SOCKET")
+    path = settings.socket()
     if path:
         return path
     run = os.environ.get("XDG_RUNTIME_DIR")
@@ -126,7 +127,7 @@ class Connection:
 
 
 def _daemon_binary():
-    return os.environ.get("FUSEML_DAEMON") or shutil.which("fusemld")
+    return settings.daemon() or shutil.which("fusemld")
 
 
 def _autostart(path):
@@ -160,7 +161,7 @@ def connect(path=None, timeout=5.0):
     try:
         return Connection(path, timeout)
     except (FileNotFoundError, ConnectionRefusedError):
-        if os.environ.get("FUSEML_NO_AUTOSTART") == "1":
+        if not settings.autostart():
             raise DaemonError("connection_closed", f"no daemon at {path} (autostart off)") from None
     _autostart(path)
     deadline = time.monotonic() + 10
