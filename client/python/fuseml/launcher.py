@@ -5,11 +5,10 @@ import ctypes
 import ctypes.util
 import functools
 import os
-import shutil
 
 import msgpack
 
-from . import settings
+from . import autostart, settings
 
 _fast = None   # the C launch path (setup.py builds it when it can); ctypes otherwise
 if settings.fast_launch():
@@ -30,7 +29,7 @@ def _candidates():
     env = settings.library()
     if env:
         yield env
-    exe = settings.daemon() or shutil.which("fusemld")
+    exe = autostart.daemon_binary()
     if exe:
         # A build tree (build/daemon/fusemld beside build/client/libfusemld.so) or an
         # installed prefix (bin/ beside lib/).

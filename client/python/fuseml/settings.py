@@ -4,6 +4,9 @@ a long-lived process that changes one sees the change, except FUSEML_LOG and
 FUSEML_NO_FAST_LAUNCH, which take effect when fuseml is imported."""
 import os
 
+# Seconds an autostarted daemon waits with no client and no compile before it exits.
+DEFAULT_IDLE_EXIT_S = 600
+
 
 def _get(name):
     return os.environ.get(name)
@@ -20,8 +23,17 @@ def autostart():
 
 
 def daemon():
-    """FUSEML_DAEMON: the fusemld to start; None: fusemld on PATH."""
+    """FUSEML_DAEMON: the fusemld to start; None: found (autostart.py)."""
     return _get("FUSEML_DAEMON") or None
+
+
+def idle_exit_s():
+    """FUSEML_IDLE_EXIT: seconds an autostarted daemon stays up with no client and no compile
+    (default 600; 0: until stopped). A value that is not a whole number >= 0 is the default."""
+    value = _get("FUSEML_IDLE_EXIT")
+    if value is not None and value.strip().isdigit():
+        return int(value)
+    return DEFAULT_IDLE_EXIT_S
 
 
 def library():
