@@ -84,6 +84,11 @@ def warn_once(cause, message, *args, suffix=" (running eager)"):
         log.debug("fuseml: " + message, *args)
 
 
+def info_once(cause, message, *args):
+    """As warn_once, at info level: a note, not a fallback anyone has to act on."""
+    log.log(logging.INFO if _first(cause) else logging.DEBUG, "fuseml: " + message, *args)
+
+
 def reset_warnings():
     """For tests: forget which causes were already reported."""
     with _lock:

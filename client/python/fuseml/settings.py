@@ -52,6 +52,13 @@ def allow_untuned():
     return _get("FUSEML_ALLOW_UNTUNED") == "1"
 
 
+def request_cpu_graphs():
+    """FUSEML_REQUEST_CPU_GRAPHS=1, a testing aid only: a graph with no CUDA tensor is
+    partitioned and its fragments sent to the daemon anyway (compile-only checks on a machine
+    without a GPU); its groups still run as ATen."""
+    return _get("FUSEML_REQUEST_CPU_GRAPHS") == "1"
+
+
 def route():
     """FUSEML_ROUTE: "measure" (the default, also for any other value: the first launch of each
     group times the kernel against the group's ATen ops and keeps the faster) or "kernel"."""
