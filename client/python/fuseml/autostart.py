@@ -66,18 +66,14 @@ def daemon_binary():
     return shutil.which("fusemld")
 
 
-def _peer_pid(path):
-    """The pid of the process serving the socket at path (SO_PEERCRED), or None."""
-    s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+def _peer_pid(sock):
+    """The pid of the process at the other end of a connected Unix socket (SO_PEERCRED), or
+    None."""
     try:
-        s.settimeout(2)
-        s.connect(path)
-        creds = s.getsockopt(socketlib.SOL_SOCKET, socketlib.SO_PEERCRED, struct.calcsize("3i"))
-        return struct.unpack("3i", creds)[0]
+        creds = sock.getsockopt(socketlib.SOL_SOCKET, socketlib.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
         return None
-    finally:
-        s.close()
+    return struct.unpack("3i", creds)[0] or None
 
 
 def _log_of(pid):
@@ -125,10 +121,11 @@ def start(path):
     return exe, idle
 
 
-def say_started(exe, path, idle):
+def say_started(exe, path, idle, sock):
     """The one line (a warning: a process that outlives this one deserves to be seen) that
-    says which daemon now serves path, where it logs and when it goes away."""
-    pid = _peer_pid(path)
+    says which daemon now serves path (sock: a connection to it), where it logs and when it
+    goes away."""
+    pid = _peer_pid(sock)
     where = _log_of(pid) if pid else None
     warn_once("autostart", "started %s (pid %s) on %s; it logs to %s%s", exe, pid or "?", path,
               where or "its --log-file (fusemld --help)",

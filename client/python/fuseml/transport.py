@@ -144,7 +144,7 @@ def connect(path=None, timeout=5.0):
             if time.monotonic() > deadline:
                 raise DaemonError("connection_closed", f"started fusemld but {path} does not answer") from None
             time.sleep(0.05)
-    autostart.say_started(exe, path, idle)
+    autostart.say_started(exe, path, idle, conn.sock)
     return conn
 
 
