@@ -213,6 +213,12 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
     snprintf(c->tune_only, sizeof c->tune_only, "%s", value);
     return FM_OK;
   }
+  if (strcmp(key, "exit-when-idle") == 0) {
+    if (parse_u32(value, 0, 7 * 86400, &c->exit_when_idle_s))
+      return fm_diag_set(d, FM_EINVAL, "exit-when-idle: \"%s\" is not a number of seconds (0 to 604800)",
+                         value ? value : "");
+    return FM_OK;
+  }
   return fm_diag_set(d, FM_EINVAL, "unknown setting \"%s\"", key);
 }
 

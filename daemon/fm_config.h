@@ -9,7 +9,7 @@
  *            | max-compile-cost
  *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline | tune-only
  *            | max-output | max-output-total | frame-deadline
- *            | allow-uid | allow-gid | remote | remote-secret-file
+ *            | allow-uid | allow-gid | remote | remote-secret-file | exit-when-idle
  *                                                     (the long option names; no-tune = yes|no)
  * allow-uid / allow-gid take a comma-separated list of numeric ids; given more than once (file
  * and flags) the lists add up.
@@ -71,6 +71,8 @@ typedef struct fm_config {
   /* The remote tier (fm_remote_tier.h): "" = off. The secret signs remote and exported entries. */
   char remote[FM_CONFIG_PATH_MAX];             /* redis://host:port/db */
   char remote_secret_file[FM_CONFIG_PATH_MAX];
+  uint32_t exit_when_idle_s;              /* 0: never; else exit after this long with no client
+                                             connected and no compile in flight (autostart) */
 } fm_config;
 
 /* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle. */

@@ -104,13 +104,14 @@ void fm_daemon_shutdown(fm_daemon *dd, const char *why) {
   maybe_drained(dd);
 }
 
-static void begin_shutdown(fm_daemon *dd, int signum) {
+/* A signal: a second one stops at once. why: the signal's name. */
+static void begin_shutdown(fm_daemon *dd, const char *why) {
   if (dd->stopping) {
-    fm_log_warn("second %s: stopping now", strsignal(signum));
+    fm_log_warn("second %s: stopping now", why);
     uv_stop(dd->loop);
     return;
   }
-  fm_daemon_shutdown(dd, strsignal(signum));
+  fm_daemon_shutdown(dd, why);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -121,7 +122,25 @@ static void on_signal(uv_signal_t *h, int signum) {
     else fm_log_info("SIGHUP: log reopened");
     return;
   }
-  begin_shutdown(dd, signum);
+  begin_shutdown(dd, strsignal(signum));
+}
+
+/* --exit-when-idle: a daemon a client started goes away once nobody has used it for a while
+ * (its kernels stay in the store). A connected client, even a quiet one, or a compile or
+ * tuning job still running keeps it up. */
+static void on_idle_exit_timer(uv_timer_t *t) {
+  fm_daemon *dd = t->data;
+  uint64_t now = uv_now(dd->loop);
+  if (dd->stopping) return;
+  if (fm_server_clients(dd->server) > 0 || dd->jobs_running > 0) {
+    dd->busy_ms = now;
+    return;
+  }
+  if (now - dd->busy_ms >= (uint64_t)dd->cfg->exit_when_idle_s * 1000) {
+    char why[96];
+    snprintf(why, sizeof why, "no client and no compile for %u s (--exit-when-idle)", dd->cfg->exit_when_idle_s);
+    fm_daemon_shutdown(dd, why);
+  }
 }
 
 /* ---- startup ---- */
@@ -156,6 +175,15 @@ static int start_handles(fm_daemon *dd, fm_diag *d) {
     uv_unref((uv_handle_t *)&dd->watchdog);
     fm_log_info("systemd watchdog: %llu ms, pinging every %llu ms",
                 (unsigned long long)(dd->watchdog_usec / 1000), (unsigned long long)ms);
+  }
+  if (dd->cfg->exit_when_idle_s) {
+    /* Unreferenced: it never holds the loop open (a shutdown ends as it otherwise would). */
+    dd->busy_ms = uv_now(dd->loop);
+    uv_timer_init(dd->loop, &dd->idle_exit);
+    dd->idle_exit.data = dd;
+    uv_timer_start(&dd->idle_exit, on_idle_exit_timer, 1000, 1000);
+    uv_unref((uv_handle_t *)&dd->idle_exit);
+    fm_log_info("exits after %u s with no client and no compile (--exit-when-idle)", dd->cfg->exit_when_idle_s);
   }
   return FM_OK;
 }

@@ -48,9 +48,12 @@ typedef struct fm_daemon {
   uv_timer_t watchdog;                /* WATCHDOG=1 every half WATCHDOG_USEC (fm_sd.h) */
   uint64_t watchdog_usec;             /* 0: systemd set no watchdog */
   int handles_ready;                  /* signals and timer initialized */
+  uv_timer_t idle_exit;               /* --exit-when-idle: looks once a second */
+  uint64_t busy_ms;                   /* uv_now when a client or a compile was last seen */
 } fm_daemon;
 
-/* Runs the daemon until a shutdown signal; ready_fd (>= 0 when detaching, fm_detach.h) is told
+/* Runs the daemon until a shutdown signal (or, with --exit-when-idle, until it has had no
+ * client and no compile for that long: then it shuts down as on SIGTERM); ready_fd (>= 0 when detaching, fm_detach.h) is told
  * once it is serving. Returns the process exit status; startup errors are reported in d. */
 int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d);
 

@@ -12,8 +12,24 @@
 
 #include "fm_error.h"
 
+/* Whether the variable holds our pid: systemd's way of addressing one process, where the
+ * others its environment reaches (every descendant of a service) must not take it as theirs. */
+static int names_us(const char *name) {
+  const char *s = getenv(name);
+  char *end;
+  if (!s || !*s) return 0;
+  long pid = strtol(s, &end, 10);
+  return !*end && pid == (long)getpid();
+}
+
 int fm_sd_under_systemd(void) {
-  return getenv("NOTIFY_SOCKET") || getenv("LISTEN_PID") || getenv("INVOCATION_ID");
+  /* INVOCATION_ID is not asked: every process of a service has it, so a shell, a notebook
+   * or a job that systemd started, and the daemon its client autostarts, would all look like
+   * the service, and the autostarted one would never detach. SYSTEMD_EXEC_PID (systemd 248+)
+   * names the process systemd ran; before it, a Type=notify service is known by
+   * NOTIFY_SOCKET alone. */
+  if (names_us("LISTEN_PID") || names_us("SYSTEMD_EXEC_PID")) return 1;
+  return getenv("NOTIFY_SOCKET") && !getenv("SYSTEMD_EXEC_PID");
 }
 
 int fm_sd_listen_fd(void) {

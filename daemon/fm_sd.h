@@ -9,8 +9,10 @@
 
 #define FM_SD_LISTEN_FDS_START 3
 
-/* True when started by systemd (then the daemon never forks into the background). Call before
- * fm_sd_listen_fd, which clears LISTEN_PID. */
+/* True when this process is the one systemd started (then the daemon never forks into the
+ * background): LISTEN_PID or SYSTEMD_EXEC_PID is our pid, or NOTIFY_SOCKET is set where
+ * systemd (before 248) sets no SYSTEMD_EXEC_PID. A descendant of a service, which inherits
+ * INVOCATION_ID and the rest, is not. Call before fm_sd_listen_fd, which clears LISTEN_PID. */
 int fm_sd_under_systemd(void);
 
 /* The first passed listening fd (3) when LISTEN_PID is our pid and LISTEN_FDS >= 1, else -1.

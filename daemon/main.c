@@ -50,6 +50,8 @@ static void usage(FILE *f) {
           "                        TEXT, e.g. \"cublaslt\" (experiments and tests)\n"
           "  --remote URL          share kernels through Redis: redis://host[:port][/db] (docs/REMOTE.md)\n"
           "  --remote-secret-file PATH  the cluster secret that signs shared and exported entries\n"
+          "  --exit-when-idle SECS exit after SECS with no client connected and no compile running\n"
+          "                        (default 0: never; clients that start a daemon pass it)\n"
           "  --help, --version\n",
           "/run/fusemld/fusemld.sock", "/var/lib/fusemld/kernels.db");
 }
@@ -63,7 +65,8 @@ int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
          OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
          OPT_REMOTE, OPT_REMOTE_SECRET, OPT_MAXOUTPUT_TOTAL, OPT_FRAME_DEADLINE, OPT_COMPILE_DEADLINE,
-         OPT_COMPILE_MEMORY, OPT_COMPILE_WORKER, OPT_MAX_CLIENT_COMPILES, OPT_MAX_COMPILE_COST };
+         OPT_COMPILE_MEMORY, OPT_COMPILE_WORKER, OPT_MAX_CLIENT_COMPILES, OPT_MAX_COMPILE_COST,
+         OPT_EXIT_WHEN_IDLE };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
       {"db", required_argument, NULL, OPT_DB},
@@ -93,6 +96,7 @@ int main(int argc, char **argv) {
       {"config", required_argument, NULL, OPT_CONFIG},
       {"remote", required_argument, NULL, OPT_REMOTE},
       {"remote-secret-file", required_argument, NULL, OPT_REMOTE_SECRET},
+      {"exit-when-idle", required_argument, NULL, OPT_EXIT_WHEN_IDLE},
       {"help", no_argument, NULL, OPT_HELP},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0},

@@ -29,10 +29,13 @@ def _fusemld_bin():
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    """Each test compiles from scratch and hears every warning again."""
+    """Each test compiles from scratch and hears every warning again. These tests run CPU
+    tensors through the whole path (partition, fragments, the daemon's replies), which a graph
+    without CUDA tensors skips unless FUSEML_REQUEST_CPU_GRAPHS=1 (test_cpu_graphs.py unsets it)."""
     torch._dynamo.reset()
     _log.reset_warnings()
     monkeypatch.delenv("FUSEML_ALLOW_UNTUNED", raising=False)
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
     yield
     torch._dynamo.reset()
 

@@ -33,7 +33,8 @@ def _load(name):
 
 
 def _env():
-    env = dict(os.environ, FUSEML_NO_AUTOSTART="1")
+    # the smoke run is on the CPU: its fuseml modes still take the whole path to the daemon
+    env = dict(os.environ, FUSEML_NO_AUTOSTART="1", FUSEML_REQUEST_CPU_GRAPHS="1")
     env.pop("FUSEML_SOCKET", None)
     exe = _fusemld_bin()
     if exe:

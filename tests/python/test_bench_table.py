@@ -26,7 +26,8 @@ REQUIRED = ["device", "workload", "preset", "M", "d_model", "d_intermediate", "e
 
 
 def _env():
-    env = dict(os.environ, FUSEML_NO_AUTOSTART="1")
+    # the smoke run is on the CPU: its fuseml modes still take the whole path to the daemon
+    env = dict(os.environ, FUSEML_NO_AUTOSTART="1", FUSEML_REQUEST_CPU_GRAPHS="1")
     # This checkout's client, after whatever PYTHONPATH already names.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
                                                        os.path.join(ROOT, "client", "python")]))

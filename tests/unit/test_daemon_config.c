@@ -73,6 +73,14 @@ static void test_set(void) {
   memset(longer, 'x', sizeof longer - 1);
   longer[sizeof longer - 1] = '\0';
   CHECK_EQ_INT(fm_config_set(&c, "tune-only", longer, &d), FM_EINVAL);
+  CHECK_EQ_INT(c.exit_when_idle_s, 0);   /* default: never */
+  CHECK_EQ_INT(fm_config_set(&c, "exit-when-idle", "600", &d), FM_OK);
+  CHECK_EQ_INT(c.exit_when_idle_s, 600);
+  const char *bad_idle[] = {"", "-1", "1.5", "10s", "604801"};
+  for (size_t i = 0; i < sizeof bad_idle / sizeof bad_idle[0]; i++) {
+    CHECK_EQ_INT(fm_config_set(&c, "exit-when-idle", bad_idle[i], &d), FM_EINVAL);
+    CHECK_STR_CONTAINS(d.text, "exit-when-idle");
+  }
 }
 
 static void test_access_and_output(void) {

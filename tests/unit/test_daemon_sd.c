@@ -70,7 +70,7 @@ static void test_listen_fds(void) {
   snprintf(pid, sizeof pid, "%ld", (long)getpid() + 1);
   setenv("LISTEN_PID", pid, 1);
   setenv("LISTEN_FDS", "1", 1);
-  CHECK(fm_sd_under_systemd());
+  CHECK(!fm_sd_under_systemd());   /* another process's socket: not ours to serve as systemd's */
   /* Meant for another process (inherited): ignored, and cleared. */
   CHECK_EQ_INT(fm_sd_listen_fd(), -1);
   CHECK(getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL);
@@ -82,7 +82,46 @@ static void test_listen_fds(void) {
   CHECK(getenv("LISTEN_FDS") == NULL);
 }
 
+/* Which environments make us the process systemd started (never detaching) and which are
+ * only inherited from one: a job that systemd ran, and a daemon its client starts, carry
+ * INVOCATION_ID and must detach as anywhere else. */
+static void test_under_systemd(void) {
+  char me[32], other[32];
+  snprintf(me, sizeof me, "%ld", (long)getpid());
+  snprintf(other, sizeof other, "%ld", (long)getpid() + 1);
+  const char *vars[] = {"INVOCATION_ID", "NOTIFY_SOCKET", "LISTEN_PID", "SYSTEMD_EXEC_PID"};
+  static const struct {
+    const char *invocation, *notify, *listen_pid, *exec_pid;
+    int under;
+  } cases[] = {
+      {NULL, NULL, NULL, NULL, 0},
+      {"0123abcd", NULL, NULL, NULL, 0},              /* any descendant of a service */
+      {"0123abcd", NULL, NULL, "other", 0},
+      {"0123abcd", "/run/notify", NULL, "other", 0},  /* a child of a Type=notify service */
+      {"0123abcd", NULL, NULL, "me", 1},              /* the service itself (systemd 248+) */
+      {"0123abcd", "/run/notify", NULL, NULL, 1},     /* a Type=notify service, older systemd */
+      {NULL, NULL, "me", NULL, 1},                    /* socket-activated */
+      {NULL, NULL, "other", NULL, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *values[] = {cases[i].invocation, cases[i].notify, cases[i].listen_pid, cases[i].exec_pid};
+    for (size_t v = 0; v < 4; v++) {
+      const char *val = values[v];
+      if (val && strcmp(val, "me") == 0) val = me;
+      if (val && strcmp(val, "other") == 0) val = other;
+      if (val) setenv(vars[v], val, 1);
+      else unsetenv(vars[v]);
+    }
+    if (fm_sd_under_systemd() != cases[i].under) {
+      fprintf(stderr, "case %zu: fm_sd_under_systemd() != %d\n", i, cases[i].under);
+      CHECK(0);
+    }
+  }
+  for (size_t v = 0; v < 4; v++) unsetenv(vars[v]);
+}
+
 int main(void) {
+  RUN(test_under_systemd);
   RUN(test_notify_unset);
   RUN(test_notify_path);
   RUN(test_notify_abstract);

@@ -3,11 +3,8 @@
     torch.compile(model, backend="fuseml")              # by name (entry point)
     torch.compile(model, backend=fuseml.FuseMLCompiler(min_ops=2))
 
-Environment: FUSEML_SOCKET (daemon socket), FUSEML_NO_AUTOSTART=1 (never start a daemon),
-FUSEML_DAEMON (the fusemld to start), FUSEML_LIB (libfusemld.so), FUSEML_LOG=debug (detail),
-FUSEML_ALLOW_UNTUNED=1 (a testing aid only: launch kernels not yet verified on a GPU),
-FUSEML_ROUTE=kernel (skip measured routing: always launch served kernels), FUSEML_CHAINS=0
-(no back-to-back GEMM chains; on by default).
+Environment: the FUSEML_* variables, all read in fuseml/settings.py (client/python/README.md
+has their table); FUSEML_LOG=debug prints what was fused and why anything runs eager.
 fuseml.explain(model, *inputs) prints the groups found and what each runs as."""
 from .backend import FuseMLCompiler, Plan, fuseml_backend, rewrite
 from .plan_view import explain

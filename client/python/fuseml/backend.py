@@ -3,15 +3,14 @@ each partitioned and fused on its own), fragment building, one pipelined round o
 requests per graph (and a second for the combined groups the daemon refused, split apart),
 and the graph rewrite that calls `fuseml::group` for each fused group."""
 import operator
-import os
 
 import torch
 from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, direct_call, transport
-from ._log import log, warn_once
+from . import cudagraphs, direct_call, settings, transport
+from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cols_fragment import build_columns
 from .fragment import Unfusable, build
@@ -56,12 +55,13 @@ class Plan:
         self.hello = hello
         self.graphs = None          # with CUDA graphs asked for: whether this graph got them
         self.called = None          # an inference graph: "directly", or why not (direct_call.py)
+        self.skipped = None         # why the graph was not partitioned (no CUDA tensor)
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
 
     def describe(self):
-        notes = [n for n in (self.graphs, self.called and "called " + self.called) if n]
+        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called) if n]
         head = f"{self.which} graph:" + (f" ({'; '.join(notes)})" if notes else "")
         return "\n".join([head] + ["  " + g.describe() for g in self.groups])
 
@@ -153,7 +153,18 @@ class FuseMLCompiler:
     # -- one ATen graph ------------------------------------------------------------------
 
     def compile_graph(self, gm, example_inputs, which):
-        chains = (os.environ.get("FUSEML_CHAINS", "1") != "0") if self.chains is None else bool(self.chains)
+        if not _has_cuda_tensor(gm, example_inputs) and not settings.request_cpu_graphs():
+            # Kernels run on CUDA only: partitioning and asking the daemon would buy nothing
+            # but a daemon (perhaps started for it) and a fallback warning.
+            plan = Plan(which, [])
+            plan.skipped = "no CUDA tensor: runs as ATen, nothing sent to fusemld"
+            self._record(plan)
+            info_once("cpu-graph", "a graph without CUDA tensors runs as ATen (fused kernels run "
+                      "on CUDA only); nothing is sent to fusemld")
+            if self.rest == "inductor":
+                return self._inductor(gm, example_inputs, [], {})
+            return make_boxed_func(gm)
+        chains = settings.chains() if self.chains is None else bool(self.chains)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
@@ -162,12 +173,15 @@ class FuseMLCompiler:
         runners = {}
         if fused:
             plan.hello, fused = self._request(fused, runners, groups)
-        self.plans.append(plan)
-        del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
+        self._record(plan)
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
             return self._inductor(gm, example_inputs, fused, runners)
         return make_boxed_func(Compiled(gm, fused, runners) if fused else gm)
+
+    def _record(self, plan):
+        self.plans.append(plan)
+        del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
 
     def _inductor(self, gm, example_inputs, fused, runners):
         """The rest to Inductor: the graph with the served groups as fuseml::group calls
@@ -271,6 +285,17 @@ class FuseMLCompiler:
         finally:
             conn.close()
         return conn.hello, done
+
+
+def _has_cuda_tensor(gm, example_inputs):
+    """Whether any value of the graph (its nodes' fake tensors, else the inputs) is on a CUDA
+    device."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        for v in (val if isinstance(val, (list, tuple)) else (val,)):
+            if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+                return True
+    return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
 class Compiled:

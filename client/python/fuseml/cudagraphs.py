@@ -14,12 +14,11 @@ CPU tensors, mutated inputs, ops that synchronise), and which inputs sit at fixe
 aot_autograd. Those two pieces are torch-private: they are looked up in _api(); anything
 missing makes the graph run without CUDA graphs (one warning), never fails the job. The one
 entry point is wrap()."""
-import os
 import types
 
 import torch
 
-from . import graph_replay
+from . import graph_replay, settings
 from ._log import log, warn_once
 
 # torch.compile's modes: which ones record CUDA graphs
@@ -44,7 +43,7 @@ def wanted(mode=None, options=None, default=None):
         return MODES[mode]
     if default is not None:
         return bool(default)
-    return os.environ.get("FUSEML_CUDAGRAPHS") == "1"
+    return settings.cudagraphs()
 
 
 class State:

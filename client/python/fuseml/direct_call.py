@@ -17,10 +17,9 @@ field renamed) keeps the wrapped callable: slower, never wrong.
     capture = direct_call.Capture(gm, example_inputs)  # before aot_autograd
     ... inference_compiler: fn = ...; capture.note(graph, fn)
     return capture.callable(wrapped)                   # after: direct, or `wrapped`"""
-import os
-
 import torch
 
+from . import settings
 from ._log import log
 
 
@@ -29,7 +28,7 @@ def wanted(default=None):
     FUSEML_DIRECT (default on; FUSEML_DIRECT=0 keeps aot_autograd's wrappers)."""
     if default is not None:
         return bool(default)
-    return os.environ.get("FUSEML_DIRECT", "1") != "0"
+    return settings.direct()
 
 
 def _autocast_on():

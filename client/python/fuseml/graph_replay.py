@@ -35,11 +35,11 @@ them), and the backward reads them where its forward's recording keeps them:
   graph with one warning; it then runs as it would without them."""
 import collections
 import itertools
-import os
 import weakref
 
 import torch
 
+from . import settings
 from ._log import log, warn_once
 
 MAX_DIRECT = 8     # input sets keyed by addresses, per compiled graph
@@ -65,7 +65,7 @@ def stats():
 
 def memory_budget(device_index):
     """Bytes of pool memory the recordings of one compiled graph may hold."""
-    mb = os.environ.get("FUSEML_GRAPH_MEMORY_MB")
+    mb = settings.graph_memory_mb()
     if mb:
         try:
             value = float(mb)

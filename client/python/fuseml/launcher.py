@@ -5,12 +5,13 @@ import ctypes
 import ctypes.util
 import functools
 import os
-import shutil
 
 import msgpack
 
+from . import autostart, settings
+
 _fast = None   # the C launch path (setup.py builds it when it can); ctypes otherwise
-if os.environ.get("FUSEML_NO_FAST_LAUNCH") != "1":
+if settings.fast_launch():
     try:
         from . import _launch as _fast
     except ImportError:
@@ -25,10 +26,10 @@ class _Diag(ctypes.Structure):
 
 
 def _candidates():
-    env = os.environ.get("FUSEML_LIB")
+    env = settings.library()
     if env:
         yield env
-    exe = os.environ.get("FUSEML_DAEMON") or shutil.which("fusemld")
+    exe = autostart.daemon_binary()
     if exe:
         # A build tree (build/daemon/fusemld beside build/client/libfusemld.so) or an
         # installed prefix (bin/ beside lib/).

@@ -81,6 +81,9 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
     launches = sum(2 if r["plan"] == "split" else 1 for r in fused)   # split: cuBLASLt + a kernel
     print(f"fuseml: {len(rows)} groups, {len(fused)} run as fused kernels "
           f"({launches} launches per call for them)", file=file)
+    for plan in compiler.plans:
+        if plan.skipped:
+            print(plan.describe(), file=file)
     by_gid, heads = {}, {}
     for plan in compiler.plans:
         heads[plan.which] = plan.describe().splitlines()[0]   # with its CUDA graphs and call notes

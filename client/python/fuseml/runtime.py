@@ -4,11 +4,9 @@ the runner behind it, which launches the served kernel or runs the group's ATen 
 Launch needs: CUDA tensors on one device, a kernel in state "tuned" (or FUSEML_ALLOW_UNTUNED=1,
 a testing aid only), libfusemld, and inputs with the strides and alignment the fragment was
 built for. Anything else runs the ATen ops, with one warning per cause."""
-import os
-
 import torch
 
-from . import launcher
+from . import launcher, settings
 from ._log import log, warn_once
 from .bmm_fragment import collapse
 
@@ -31,18 +29,6 @@ def _group_fake(gid, xs):
 
 _lib.impl("group", _group_impl, "CompositeExplicitAutograd")
 torch.library.register_fake("fuseml::group", _group_fake, lib=_lib)
-
-
-def allow_untuned():
-    return os.environ.get("FUSEML_ALLOW_UNTUNED") == "1"
-
-
-def route_mode():
-    """FUSEML_ROUTE: "measure" (default: the first launch of each group times the kernel
-    against the group's ATen ops on the real inputs and keeps the faster), "kernel" (always
-    the kernel, for tests and benchmarks of the kernels themselves)."""
-    mode = os.environ.get("FUSEML_ROUTE", "measure")
-    return mode if mode in ("measure", "kernel") else "measure"
 
 
 # GPU cycles of the spin queued ahead of each timed run (~0.2 ms): longer than the host takes
@@ -132,7 +118,7 @@ class GroupRunner:
             warn_once("cpu", "%s: tensors on %s, kernels run on CUDA only", self.name, dev)
             return self.eager(xs)
         key, state, cubin, meta = self.kernel
-        if state != "tuned" and not allow_untuned():
+        if state != "tuned" and not settings.allow_untuned():
             warn_once("untuned", "kernel %s is %s (not verified on a GPU yet)", key[:12], state)
             return self.eager(xs)
         try:
@@ -156,7 +142,7 @@ class GroupRunner:
         timing is impossible. Returns the kernel's outputs of the first run, or None."""
         outs = self._launch(xs, dev, key, cubin, meta)   # a failure raises before any decision
         stream = torch.cuda.current_stream(dev)
-        if route_mode() == "kernel" or torch.cuda.is_current_stream_capturing():
+        if settings.route() == "kernel" or torch.cuda.is_current_stream_capturing():
             self.use_kernel = True
             return outs
         saved = counters["launches"], counters["eager"]

@@ -1,19 +1,16 @@
 """Talking to fusemld: the Unix socket, frames (u32 big-endian length + one msgpack map), the
 hello handshake, pipelined compile requests matched to replies by id, timeouts, and starting
-a per-user daemon when none answers (as sccache does)."""
+a per-user daemon when none answers (autostart.py)."""
 import itertools
 import os
-import shutil
 import socket
 import stat
 import struct
-import subprocess
-import tempfile
 import time
 
 import msgpack
 
-from ._log import log
+from . import autostart, settings
 
 PROTO = 1
 CLIENT = "fuseml-py/0.1"
@@ -30,7 +27,7 @@ class DaemonError(Exception):
 
 def default_socket_path():
     """FUSEML_SOCKET, else $XDG_RUNTIME_DIR/fusemld.sock, else /tmp/fusemld-<uid>/fusemld.sock."""
-    path = os.environ.get("FUSEML_SOCKET")
+    path = settings.socket()
     if path:
         return path
     run = os.environ.get("XDG_RUNTIME_DIR")
@@ -125,52 +122,30 @@ class Connection:
         return got
 
 
-def _daemon_binary():
-    return os.environ.get("FUSEML_DAEMON") or shutil.which("fusemld")
-
-
-def _autostart(path):
-    exe = _daemon_binary()
-    if not exe:
-        raise DaemonError("connection_closed", "no daemon at " + path +
-                          " and no fusemld on PATH (set FUSEML_DAEMON)")
-    log.info("fuseml: starting %s --socket %s", exe, path)
-    # fusemld daemonizes itself; the child we start exits once the daemon is listening or
-    # has failed, so waiting on it is short.
-    # A file, not a pipe: the detached daemon may keep our stderr open for its whole life.
-    with tempfile.TemporaryFile() as errf:
-        p = subprocess.Popen([exe, "--socket", path], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=errf, start_new_session=True)
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            raise DaemonError("timeout", f"{exe} did not start in 15 s") from None
-        if p.returncode != 0:
-            errf.seek(0)
-            raise DaemonError("connection_closed", f"{exe} exited with {p.returncode}: "
-                              + errf.read().decode(errors="replace").strip()[-300:])
-
-
 def connect(path=None, timeout=5.0):
     """A handshaken Connection; starts the per-user daemon first when none answers (unless
-    FUSEML_NO_AUTOSTART=1)."""
+    FUSEML_NO_AUTOSTART=1; autostart.py)."""
     path = path or default_socket_path()
     try:
         return Connection(path, timeout)
     except (FileNotFoundError, ConnectionRefusedError):
-        if os.environ.get("FUSEML_NO_AUTOSTART") == "1":
+        if not settings.autostart():
             raise DaemonError("connection_closed", f"no daemon at {path} (autostart off)") from None
-    _autostart(path)
+    try:
+        exe, idle = autostart.start(path)
+    except autostart.StartError as e:
+        raise DaemonError(e.code, str(e)) from None
     deadline = time.monotonic() + 10
     while True:
         try:
-            return Connection(path, timeout)
+            conn = Connection(path, timeout)
+            break
         except (FileNotFoundError, ConnectionRefusedError):
             if time.monotonic() > deadline:
                 raise DaemonError("connection_closed", f"started fusemld but {path} does not answer") from None
             time.sleep(0.05)
+    autostart.say_started(exe, path, idle, conn.sock)
+    return conn
 
 
 def compile_all(conn, fragments, timeout):

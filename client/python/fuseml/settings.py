@@ -1,0 +1,91 @@
+"""Every FUSEML_* environment variable the client reads, and only here (the table in
+client/python/README.md says the same for users). Each is read when it is used, so a test or
+a long-lived process that changes one sees the change, except FUSEML_LOG and
+FUSEML_NO_FAST_LAUNCH, which take effect when fuseml is imported."""
+import os
+
+# Seconds an autostarted daemon waits with no client and no compile before it exits.
+DEFAULT_IDLE_EXIT_S = 600
+
+
+def _get(name):
+    return os.environ.get(name)
+
+
+def socket():
+    """FUSEML_SOCKET: the daemon's socket; None: the per-user default (transport.py)."""
+    return _get("FUSEML_SOCKET") or None
+
+
+def autostart():
+    """FUSEML_NO_AUTOSTART=1: never start a daemon when none answers."""
+    return _get("FUSEML_NO_AUTOSTART") != "1"
+
+
+def daemon():
+    """FUSEML_DAEMON: the fusemld to start; None: found (autostart.py)."""
+    return _get("FUSEML_DAEMON") or None
+
+
+def idle_exit_s():
+    """FUSEML_IDLE_EXIT: seconds an autostarted daemon stays up with no client and no compile
+    (default 600; 0: until stopped). A value that is not a whole number >= 0 is the default."""
+    value = _get("FUSEML_IDLE_EXIT")
+    if value is not None and value.strip().isdigit():
+        return int(value)
+    return DEFAULT_IDLE_EXIT_S
+
+
+def library():
+    """FUSEML_LIB: libfusemld.so; None: found beside the daemon or on the linker path."""
+    return _get("FUSEML_LIB") or None
+
+
+def log_level():
+    """FUSEML_LOG: debug, info, warning or error (any case); None when unset or another word."""
+    level = (_get("FUSEML_LOG") or "").lower()
+    return level if level in ("debug", "info", "warning", "error") else None
+
+
+def allow_untuned():
+    """FUSEML_ALLOW_UNTUNED=1, a testing aid only: launch kernels not verified on a GPU."""
+    return _get("FUSEML_ALLOW_UNTUNED") == "1"
+
+
+def request_cpu_graphs():
+    """FUSEML_REQUEST_CPU_GRAPHS=1, a testing aid only: a graph with no CUDA tensor is
+    partitioned and its fragments sent to the daemon anyway (compile-only checks on a machine
+    without a GPU); its groups still run as ATen."""
+    return _get("FUSEML_REQUEST_CPU_GRAPHS") == "1"
+
+
+def route():
+    """FUSEML_ROUTE: "measure" (the default, also for any other value: the first launch of each
+    group times the kernel against the group's ATen ops and keeps the faster) or "kernel"."""
+    mode = _get("FUSEML_ROUTE") or "measure"
+    return mode if mode in ("measure", "kernel") else "measure"
+
+
+def chains():
+    """FUSEML_CHAINS=0: no back-to-back GEMM chains (on by default)."""
+    return _get("FUSEML_CHAINS") != "0"
+
+
+def cudagraphs():
+    """FUSEML_CUDAGRAPHS=1: record compiled graphs as CUDA graphs."""
+    return _get("FUSEML_CUDAGRAPHS") == "1"
+
+
+def direct():
+    """FUSEML_DIRECT=0: keep aot_autograd's wrappers around inference graphs (on by default)."""
+    return _get("FUSEML_DIRECT") != "0"
+
+
+def graph_memory_mb():
+    """FUSEML_GRAPH_MEMORY_MB, as written (graph_replay.memory_budget checks it); None: unset."""
+    return _get("FUSEML_GRAPH_MEMORY_MB") or None
+
+
+def fast_launch():
+    """FUSEML_NO_FAST_LAUNCH=1: launch through ctypes, not the C extension fuseml._launch."""
+    return _get("FUSEML_NO_FAST_LAUNCH") != "1"
