@@ -81,6 +81,16 @@ def main(argv=None):
                         f"first call {compile_s:.1f} s")
                 print(head, flush=True)
                 report.append(head)
+                if mode.family == "fuseml":
+                    import collections
+                    from fuseml import backend
+                    plans = backend._default.plans if backend._default else []
+                    ways = collections.Counter(p.compiled.path if p.compiled else str(p.skipped)
+                                               for p in plans)
+                    for way, n in ways.most_common():
+                        line = f"   {n} graph(s) run as {way}"
+                        print(line, flush=True)
+                        report.append(line)
                 if mode.family != "eager":
                     text = profile_steps(step, dev, args.steps, args.top)
                     report.append(text)

@@ -160,3 +160,19 @@ def test_daemon_accepts_every_transformer_layer_group(daemon):
     assert len(ks) >= 7   # 3 row groups and 4 GEMM epilogues forward, more in backward
     assert all(g.key and g.state in ("untuned", "tuned") for g in ks), \
         [(g.describe(), g.reason) for g in ks if not g.key]
+
+
+def test_softmax_backwards_are_rows_groups(dead_socket):
+    """Cross-entropy's backward (_log_softmax_backward_data) and softmax's (_softmax_backward_data)
+    are decomposed into one rows group each, not left to ATen's softmax-backward kernels."""
+    for f, reduce_with in ((lambda x: torch.log_softmax(x.float(), -1).to(BF16), "exp"),
+                           (lambda x: torch.softmax(x.float(), -1).to(BF16), "sum")):
+        c, got, want = compile_run(Fn(f), torch.randn(8, 64, dtype=BF16))
+        close_bf16(got, want)
+        bw = plan(c, "backward")
+        groups = rows(bw)
+        assert groups and all(g.route == "kernel" for g in groups), bw.describe()
+        assert any("sum" in g.op_names and reduce_with in g.op_names for g in groups), bw.describe()
+        unfused = [n.target for n in bw.groups[0].members[0].graph.nodes
+                   if "softmax_backward" in str(n.target)]
+        assert not unfused, unfused

@@ -9,7 +9,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, direct_call, settings, transport
+from . import cudagraphs, direct_call, settings, straight_line, transport
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cols_fragment import build_columns
@@ -28,6 +28,9 @@ aten = torch.ops.aten
 # What is decomposed: composites whose parts we fuse.
 DECOMPOSITIONS = get_decompositions([
     aten._softmax, aten._log_softmax,   # amax, sub, exp, sum, div/log: one rows group
+    # their backwards: g - exp(out) * sum(g), out * (g - sum(out * g)): one rows group each
+    # (cross-entropy's backward over the vocabulary; attention written without SDPA)
+    aten._log_softmax_backward_data, aten._softmax_backward_data,
     aten.native_layer_norm,             # var_mean (below), rsqrt, scale, shift: one rows group
     aten.hardsigmoid, aten.hardswish, aten.leaky_relu, aten.elu, aten.clamp_min, aten.clamp_max,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.mish, aten.softplus,
@@ -56,12 +59,14 @@ class Plan:
         self.graphs = None          # with CUDA graphs asked for: whether this graph got them
         self.called = None          # an inference graph: "directly", or why not (direct_call.py)
         self.skipped = None         # why the graph was not partitioned (no CUDA tensor)
+        self.compiled = None        # the Compiled it runs as (its `path`: generated code or FX)
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
 
     def describe(self):
-        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called) if n]
+        runs = self.compiled and "runs as " + self.compiled.path
+        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called, runs) if n]
         head = f"{self.which} graph:" + (f" ({'; '.join(notes)})" if notes else "")
         return "\n".join([head] + ["  " + g.describe() for g in self.groups])
 
@@ -177,7 +182,8 @@ class FuseMLCompiler:
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
             return self._inductor(gm, example_inputs, fused, runners)
-        return make_boxed_func(Compiled(gm, fused, runners) if fused else gm)
+        plan.compiled = Compiled(gm, fused, runners)
+        return plan.compiled
 
     def _record(self, plan):
         self.plans.append(plan)
@@ -299,18 +305,31 @@ def _has_cuda_tensor(gm, example_inputs):
 
 
 class Compiled:
-    """What a graph compiles to (called with the graph's arguments). Groups the daemon served
-    run as calls of their runners (what fuseml::group calls); a group without a kernel
-    (refused, daemon unreachable) or one that measured routing sent to ATen is inlined back
-    as its ATen ops, so it costs no more than eager: the graph is rebuilt once a decision
-    drops a group."""
-    def __init__(self, gm, fused, runners):
+    """What a graph compiles to: a boxed callable (it takes the argument list). Groups the
+    daemon served run as calls of their runners (what fuseml::group calls); a group without a
+    kernel (refused, daemon unreachable) or one that measured routing sent to ATen is inlined
+    back as its ATen ops, so it costs no more than eager: the graph is rebuilt once a decision
+    drops a group. Once every group is routed, the graph runs as generated straight-line code
+    (straight_line.py) where it can; `path` says which way it runs and why."""
+    def __init__(self, gm, fused, runners, generate=True):
+        # an instance attribute: aot_autograd wraps a backward in dynamo's disable(), which
+        # copies the callable's __dict__ (the boxed mark with it) but not its class's
+        self._boxed_call = True
         self.gm, self.runners = gm, runners
         self.kept = [g for g in fused if runners[g.gid].kernel is not None]
         self.current = rewrite(gm, self.kept, runners, direct=True) if self.kept else gm
         self.pending = bool(self.kept)    # some kept group has not been routed yet
+        self.generate = generate
+        self.first = None                 # generated code, its first call (checks ATen layouts)
+        self.fast = None                  # generated code, verified
+        self.path = "FX graph (groups not routed yet)" if self.pending else "FX graph"
 
-    def __call__(self, *args):
+    def __call__(self, args):
+        fast = self.fast
+        if fast is not None:
+            return fast(args)
+        if self.first is not None:
+            return self._first_generated(args)
         if self.pending:
             self._reroute()
         out = self.current(*args)
@@ -318,7 +337,38 @@ class Compiled:
             # the first call decided: the graph is rebuilt now, so that the next call (under
             # CUDA graphs, the recording that follows the warm-up call) runs the final routing
             self._reroute()
+        if not self.pending and self.generate:
+            self._write_code(args_device(out, args))
         return out
+
+    def slow(self, args):
+        return self.current(*args)
+
+    def _first_generated(self, args):
+        first, self.first = self.first, None
+        try:
+            out = first(args)
+        except AssertionError as e:
+            # an ATen result's layout differs from its trace: this graph keeps its FX form
+            self.path = f"FX graph (an ATen result's layout differs from its trace: {e})"
+            log.info("fuseml: generated code not used: %s", self.path)
+            return self.current(*args)
+        self.path = "generated straight-line code"
+        self.fast = self.fast_next
+        return out
+
+    def _write_code(self, device_index):
+        self.generate = False
+        if not settings.straight_line():
+            self.path = "FX graph (FUSEML_STRAIGHT_LINE=0)"
+            return
+        fns, why = straight_line.generate(self.current, device_index, self.slow)
+        if fns is None:
+            self.path = f"FX graph ({why})"
+            log.debug("fuseml: %s", self.path)
+            return
+        self.first, self.fast_next = fns
+        self.path = "generated straight-line code (first call pending)"
 
     def _reroute(self):
         dropped = [g for g in self.kept if self.runners[g.gid].use_kernel is False]
@@ -327,6 +377,16 @@ class Compiled:
             self.kept = [g for g in self.kept if g not in dropped]
             self.current = (rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept
                             else self.gm)
+
+
+def args_device(out, args):
+    """The CUDA device index of the graph's tensors (the first found among outputs and
+    arguments); None if there is none or they span devices."""
+    found = set()
+    for t in list(out or ()) + list(args):
+        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+            found.add(t.device.index)
+    return found.pop() if len(found) == 1 else None
 
 
 def rewrite(gm, fused, runners, direct=False):

@@ -81,6 +81,12 @@ def direct():
     return _get("FUSEML_DIRECT") != "0"
 
 
+def straight_line():
+    """FUSEML_STRAIGHT_LINE=0: run compiled graphs as FX graphs, never as generated code (on by
+    default)."""
+    return _get("FUSEML_STRAIGHT_LINE") != "0"
+
+
 def graph_memory_mb():
     """FUSEML_GRAPH_MEMORY_MB, as written (graph_replay.memory_budget checks it); None: unset."""
     return _get("FUSEML_GRAPH_MEMORY_MB") or None

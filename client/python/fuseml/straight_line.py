@@ -1,0 +1,394 @@
+"""A compiled graph as generated straight-line Python, the way Inductor's wrapper runs one.
+
+Run as an FX graph, a step pays Python per node: each view op (`view`, `permute`, `t`,
+`expand`, `slice`, ...) goes through the dispatcher to make a tensor that is only a new size
+and stride, each fused group walks the runner's checks (kernel served? device? dtype?
+strides? alignment? output layouts for this shape?) before its launch, and the argument
+list holds every input until the graph returns. On an H200 a Llama training step spent
+30 us of host time per kernel that way, against Inductor's 9 (bench/NOTES.md, "Host time
+per kernel").
+
+Once every group of a graph is routed (runtime.GroupRunner decides kernel or ATen at its
+first call), everything the FX graph decides per call is known: shapes and strides (static
+graphs only), which kernel each group launches, its output layouts, its launch size. This
+module writes one Python function per graph with those facts as constants:
+
+    v3 = reinterpret(v0, (4096, 1024), (1024, 1), 0)         # a view op: no dispatcher
+    v5 = empty((4096, 1024), (1024, 1), bf16)                 # a group's output
+    launch_2((v3.data_ptr(), v1.data_ptr()), (v5.data_ptr(),), -1, stream)
+    v6 = aten_mm_default(v5, v2)                              # an op left to ATen
+    del v3
+
+Inputs are checked against their traced sizes and strides on entry (what Inductor's
+assert_size_stride does); a call that differs runs the FX graph instead. What the check
+cannot see is verified once: the first call runs a variant that also checks the layout of
+every ATen result a view or a kernel relies on. Pointer alignment, which no trace fixes, is
+tested where a kernel reads a graph input, and a misaligned call runs that group's ATen ops.
+The argument list is cleared on entry and each value deleted after its last use, so saved
+activations are freed as the backward consumes them.
+
+    fn, why_not = generate(gm, device_index, slow)   # fn(args) -> list, or None and why"""
+import operator
+
+import torch
+
+from . import runtime
+
+_guards = torch._C._dynamo.guards
+_reinterpret = getattr(_guards, "_reinterpret_tensor", None)
+_empty_cuda = getattr(_guards, "_empty_strided_cuda", None)
+_assert_layout = getattr(_guards, "assert_size_stride", None)
+_device_guard = getattr(torch.cuda, "_DeviceGuard", None) or torch.cuda.device
+
+# The caching allocator's blocks start at multiples of this many bytes.
+_ALLOCATION_ALIGN = 512
+
+# Ops that return a view but whose schema does not say so: aot_autograd emits them to hide
+# an alias it has already accounted for; eager they are views all the same.
+_UNMARKED_VIEWS = {torch.ops.aten._unsafe_view.default}
+
+
+class NotStraight(Exception):
+    """Why a graph keeps running as its FX graph."""
+
+
+def _static(v):
+    """Whether v is a tensor whose size, stride and offset are plain ints."""
+    if not isinstance(v, torch.Tensor):
+        return False
+    try:
+        return all(isinstance(s, int) for s in (*v.shape, *v.stride(), v.storage_offset()))
+    except (RuntimeError, NotImplementedError):   # a sparse or opaque tensor
+        return False
+
+
+def _same_layout(shape_a, stride_a, shape_b, stride_b):
+    """Equal sizes, and equal strides wherever the size is above 1 (a stride of a size-1 dim
+    addresses nothing)."""
+    if tuple(shape_a) != tuple(shape_b):
+        return False
+    return all(n <= 1 or s == t for n, s, t in zip(shape_a, stride_a, stride_b))
+
+
+def _lowbit(n):
+    """The largest power of two dividing n (n = 0: the allocation alignment)."""
+    return n & -n if n else _ALLOCATION_ALIGN
+
+
+def _returns_alias(target):
+    """Whether an op's first result may alias one of its arguments (its schema says so)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    return any(r.alias_info is not None for r in schema.returns)
+
+
+def _is_view(target):
+    """A one-tensor view op: reinterpreting its base with the traced size and stride is
+    the same tensor it would make."""
+    if target in _UNMARKED_VIEWS:
+        return True
+    schema = getattr(target, "_schema", None)
+    if schema is None or len(schema.returns) != 1:
+        return False
+    ret = schema.returns[0]
+    return (ret.alias_info is not None and not ret.alias_info.is_write
+            and str(ret.type) == "Tensor")
+
+
+class _Value:
+    """What the generated code knows about one graph value at run time."""
+    __slots__ = ("name", "layout_known", "align")
+
+    def __init__(self, name, layout_known, align):
+        self.name = name
+        self.layout_known = layout_known   # its size and stride are the traced ones
+        self.align = align                 # bytes its pointer is known aligned to; None: unknown
+
+
+class _Writer:
+    """Generates the function's source and the globals it reads."""
+
+    def __init__(self, gm, device_index):
+        self.gm = gm
+        self.device_index = device_index
+        self.names = {n: f"v{i}" for i, n in enumerate(gm.graph.nodes)}
+        self.consts = {}
+        self.values = {}
+        self.input_checks = []
+        self.launches = 0
+
+    def const(self, obj, hint="k"):
+        for name, v in self.consts.items():
+            if v is obj:
+                return name
+        name = f"{hint}{len(self.consts)}"
+        self.consts[name] = obj
+        return name
+
+    def literal(self, a):
+        if isinstance(a, torch.fx.Node):
+            return self.values[a].name
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.literal(x) for x in a)
+            if isinstance(a, tuple):
+                return f"({inner},)" if len(a) == 1 else f"({inner})"
+            return f"[{inner}]"
+        if a is None or isinstance(a, (bool, str)):
+            return repr(a)
+        if isinstance(a, int):
+            return repr(a)
+        if isinstance(a, float):
+            return repr(a) if a == a and a not in (float("inf"), float("-inf")) else f"float({str(a)!r})"
+        if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise NotStraight("a symbolic size (dynamic shapes)")
+        return self.const(a)
+
+
+def _check_line(name, val):
+    return f"check({name}, {tuple(val.shape)!r}, {tuple(val.stride())!r})"
+
+
+def generate(gm, device_index, slow):
+    """(fn, None) where gm (whose fused groups are calls of their runners, every one routed to
+    its kernel) can run as generated code, else (None, why). fn(args) is boxed: it clears
+    args. slow(args) runs gm; fn calls it when the inputs' layouts are not the traced ones."""
+    if None in (_reinterpret, _empty_cuda, _assert_layout):
+        return None, "this torch lacks the helpers Inductor's generated code uses"
+    try:
+        return _generate(gm, device_index, slow), None
+    except NotStraight as e:
+        return None, str(e)
+
+
+def _generate(gm, device_index, slow):
+    w = _Writer(gm, device_index)
+    nodes = list(gm.graph.nodes)
+    last_use = {}
+    for i, n in enumerate(nodes):
+        for a in n.all_input_nodes:
+            last_use[a] = i
+    matters = _layout_matters(nodes)
+    placeholders, unused_inputs, body = [], [], []
+    output = None
+    for i, n in enumerate(nodes):
+        name = w.names[n]
+        val = n.meta.get("val")
+        if n.op == "placeholder":
+            placeholders.append(name)
+            if n not in last_use:
+                unused_inputs.append(name)
+            if isinstance(val, torch.Tensor):
+                if not _static(val):
+                    raise NotStraight("a symbolic size (dynamic shapes)")
+                w.input_checks.append(_check_line(name, val))
+            elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                raise NotStraight("a symbolic input (dynamic shapes)")
+            w.values[n] = _Value(name, isinstance(val, torch.Tensor), None)
+        elif n.op == "get_attr":
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            w.values[n] = _Value(w.const(obj, "c"), False, None)
+        elif n.op == "call_function":
+            body += _call(w, n, name, val, matters)
+        elif n.op == "output":
+            output = n
+            break
+        else:
+            raise NotStraight(f"a {n.op} node")
+        # free each value after its last use (a constant is a global: never deleted)
+        dead = [w.values[a].name for a in n.all_input_nodes
+                if last_use.get(a) == i and a in w.values and a.op in ("placeholder", "call_function")]
+        if dead:
+            body.append("del " + ", ".join(dead))
+    if output is None:
+        raise NotStraight("no output node")
+    results = output.args[0]
+    ret = w.literal(list(results) if isinstance(results, (list, tuple)) else [results])
+
+    def source(first_call):
+        out = ["def call(args):"]
+        if placeholders:
+            out.append(f"    {', '.join(placeholders)}{',' if len(placeholders) == 1 else ''} = args")
+        if w.input_checks:
+            out.append("    try:")
+            out += [f"        {c}" for c in w.input_checks]
+            out.append("    except AssertionError:")
+            out.append("        return slow(args)")
+        if not first_call:
+            out.append("    args.clear()")
+        if unused_inputs:
+            out.append(f"    del {', '.join(unused_inputs)}")
+        if w.launches:
+            out.append(f"    with device_guard({device_index}):")
+            out.append(f"        stream = raw_stream({device_index})")
+        else:    # no kernel of ours: nothing needs the device current or its stream
+            out.append("    if True:")
+        for line in body:
+            if isinstance(line, tuple):      # a check of an ATen result: the first call's only
+                if first_call:
+                    out.append("        " + line[1])
+                continue
+            out += ["        " + part for part in line.split("\n")]
+        out.append(f"        return {ret}")
+        return "\n".join(out) + "\n"
+
+    env = dict(w.consts)
+    env.update(check=_assert_layout, reinterpret=_reinterpret, empty=_empty_cuda,
+               device_guard=_device_guard, raw_stream=runtime._raw_stream, slow=slow)
+    fns = []
+    for first_call in (True, False):
+        src = source(first_call)
+        scope = dict(env)
+        exec(compile(src, "<fuseml straight line>", "exec"), scope)
+        scope["call"].source = src
+        fns.append(scope["call"])
+    return fns[0], fns[1]
+
+
+def _layout_matters(nodes):
+    """The values whose run-time layout the generated code relies on: those a view is taken
+    of (reinterpreted from the traced layout) and those a kernel reads."""
+    out = set()
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        if _runner_of(n) is not None:
+            out.update(n.all_input_nodes)
+        elif _is_view(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
+            out.add(n.args[0])
+    return out
+
+
+def _runner_of(n):
+    runner = getattr(n.target, "__self__", None)
+    return runner if isinstance(runner, runtime.GroupRunner) else None
+
+
+def _call(w, n, name, val, matters):
+    runner = _runner_of(n)
+    if runner is not None:
+        return _launch(w, n, runner)
+    if n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) \
+            and _runner_of(n.args[0]) is not None:
+        if n not in w.values:
+            raise NotStraight("an output of a group read before its launch")
+        return []
+    if _is_view(n.target) and _static(val) and n.args and isinstance(n.args[0], torch.fx.Node):
+        base = n.args[0]
+        bval = base.meta.get("val")
+        known = w.values[base]
+        if known.layout_known and _static(bval) and bval.dtype == val.dtype:
+            delta = val.storage_offset() - bval.storage_offset()
+            align = None if known.align is None else min(known.align, _lowbit(delta * val.element_size()))
+            w.values[n] = _Value(name, True, align)
+            return [f"{name} = reinterpret({known.name}, {tuple(val.shape)!r}, "
+                    f"{tuple(val.stride())!r}, {delta})"]
+    args = ", ".join([w.literal(a) for a in n.args] +
+                     [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
+    fn = w.const(n.target, "f")
+    fresh = _static(val) and not _returns_alias(n.target)
+    if n.target is operator.getitem:
+        src = n.args[0]
+        fresh = _static(val) and isinstance(src, torch.fx.Node) and src.op == "call_function" \
+            and not _returns_alias(src.target)
+    align = _lowbit(val.storage_offset() * val.element_size()) if fresh else None
+    w.values[n] = _Value(name, _static(val), align)
+    lines = [f"{name} = {fn}({args})"]
+    if n in matters and _static(val):
+        lines.append(("check", _check_line(name, val)))
+    return lines
+
+
+def _launch(w, n, runner):
+    """The lines of one fused group: its outputs allocated, its kernel launched (its ATen ops
+    instead when a graph input arrives less aligned than the kernel needs)."""
+    if runner.kernel is None or runner.use_kernel is not True:
+        raise NotStraight(f"{runner.name} is not routed to its kernel")
+    b = runner.built
+    key = runner.kernel[0]
+    mod = runtime._modules.get((key, w.device_index))
+    if mod is None:
+        raise NotStraight(f"{runner.name}: kernel not loaded")
+    xs = n.args[0]
+    ptrs, runtime_align = [], []
+    for i, x in enumerate(xs):
+        if not isinstance(x, torch.fx.Node):
+            raise NotStraight(f"{runner.name}: input {i} is not a graph value")
+        val, known = x.meta.get("val"), w.values[x]
+        if not _static(val) or not known.layout_known:
+            raise NotStraight(f"{runner.name}: input {i} has no known layout")
+        dtype, strides = runner.in_meta[i]
+        if val.dtype != dtype:
+            raise NotStraight(f"{runner.name}: input {i} is {val.dtype}, the kernel's {dtype}")
+        if strides is None or tuple(val.stride()) != strides:
+            try:
+                runner._check_strides(i, val)
+            except runtime._Layout as e:
+                raise NotStraight(f"{runner.name}: {e}") from None
+        p = f"{known.name}.data_ptr()"
+        need = b.in_align[i]
+        if known.align is None or known.align % need:
+            pname = f"{w.names[n]}_p{i}"
+            runtime_align.append((pname, p, need - 1))
+            p = pname
+        ptrs.append(p)
+    k = b.layout.k
+    if k:
+        lead = tuple(xs[b.full_input].meta["val"].shape[:k])
+        outer = 1
+        for d in lead:
+            outer *= d
+    else:
+        lead, outer = (), -1
+    layouts = b.out_fixed or [runner._out_layout(lead, f, tail)
+                              for f, tail in zip(b.out_strides, b.out_tails)]
+    getitems = {u.args[1]: u for u in n.users if u.target is operator.getitem}
+    names = [w.names[getitems[j]] if j in getitems else f"{w.names[n]}_{j}" for j in range(len(layouts))]
+    if w.device_index is None:
+        raise NotStraight("kernels but no CUDA device")
+    w.launches += 1
+    launch = w.const(mod.launch, "launch_")
+    R = w.const(runner, "group_")
+    alloc, views = [], []
+    for j, ((shape, strides), dtype) in enumerate(zip(layouts, runner.out_dtypes)):
+        u = getitems.get(j)
+        alloc.append(f"{names[j]} = empty({tuple(shape)!r}, {tuple(strides)!r}, {w.const(dtype, 'dt')})")
+        final_shape, final_strides = list(shape), list(strides)
+        if b.out_views and b.out_views[j]:
+            t = torch.empty_strided(shape, strides, dtype=dtype, device="meta").view(b.out_views[j])
+            final_shape, final_strides = list(t.shape), list(t.stride())
+            views.append(f"{names[j]} = reinterpret({names[j]}, {tuple(final_shape)!r}, "
+                         f"{tuple(final_strides)!r}, 0)")
+        if u is not None:
+            uval = u.meta.get("val")
+            same = _static(uval) and _same_layout(final_shape, final_strides, uval.shape, uval.stride())
+            w.values[u] = _Value(names[j], same, _ALLOCATION_ALIGN)
+    outs = [f"{x}.data_ptr()" for x in names]
+    scratch = []
+    if mod.scratch is not None:
+        nbytes = mod.scratch_bytes(outer)
+        scratch = [f"scratch = empty(({nbytes},), (1,), {w.const(torch.uint8, 'dt')})"]
+        outs.append("scratch.data_ptr()")
+    tup = lambda xs: f"({', '.join(xs)},)" if len(xs) == 1 else f"({', '.join(xs)})"   # noqa: E731
+    launch_lines = alloc + scratch + [f"{launch}({tup(ptrs)}, {tup(outs)}, {outer}, stream)"] + views
+    if scratch:
+        launch_lines.append("del scratch")
+    unused = [names[j] for j in range(len(names)) if j not in getitems]
+    if unused:
+        launch_lines.append("del " + ", ".join(unused))
+    if not runtime_align:
+        return launch_lines
+    # A graph input (or a view of one) the kernel reads: its alignment is the caller's.
+    eager_outs = ", ".join(names) + ("," if len(names) == 1 else "")
+    xs_src = "[" + ", ".join(w.values[x].name for x in xs) + "]"
+    test = " or ".join(f"{pn} & {mask}" for pn, _, mask in runtime_align)
+    lines = [f"{pn} = {p}" for pn, p, _ in runtime_align]
+    lines.append(f"if {test}:")
+    lines.append(f"    {eager_outs} = {R}.eager({xs_src})")
+    if unused:
+        lines.append("    del " + ", ".join(unused))
+    lines.append("else:")
+    lines += ["    " + x for x in launch_lines]
+    return ["\n".join(lines)]

@@ -1,0 +1,199 @@
+"""Generated straight-line code (fuseml/straight_line.py) on the CPU: what it computes, when it
+is made, when it steps aside. The kernel launches it writes need a GPU:
+tests/python/device_straight.py checks those on the device machine."""
+import gc
+import weakref
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._functorch.aot_autograd import aot_function
+
+import fuseml
+from fuseml import straight_line
+
+
+def _graph_of(f, *args, dynamic=False):
+    """The ATen inference graph aot_autograd makes of f, and its output on args."""
+    got = {}
+
+    def compiler(gm, example_inputs):
+        got["gm"] = gm
+        return make_boxed_func(gm)
+
+    with torch.no_grad():
+        aot_function(f, fw_compiler=compiler, dynamic=dynamic)(*args)
+    return got["gm"]
+
+
+def _views_and_ops(x, w, b):
+    y = x.view(4, 8, 16).permute(0, 2, 1)
+    z = torch.mm(x, w.t()) + b
+    return y.sum(1), z.relu(), x[1:3]
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return [torch.randn(32, 16), torch.randn(8, 16), torch.randn(8)]
+
+
+def test_generated_code_computes_what_the_graph_does():
+    args = _inputs()
+    gm = _graph_of(_views_and_ops, *args)
+    first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
+    want = gm(*args)
+    for fn in (first, fast):
+        got = fn(list(args))
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b) and a.stride() == b.stride()
+    # views are reinterpreted, not dispatched: no aten.view/permute/t/slice call is left
+    assert "reinterpret(" in fast.source
+    for op in ("view", "permute", "slice"):
+        assert f"aten.{op}" not in fast.source
+
+
+def test_the_argument_list_is_cleared_and_values_freed_after_their_last_use():
+    torch.manual_seed(0)
+
+    def f(x, w):
+        return torch.mm(x.relu(), w)     # x is dead after relu
+
+    x, w = torch.randn(16, 16), torch.randn(16, 4)
+    gm = _graph_of(f, x, w)
+    first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
+    args = [x, w]
+    first(args)
+    assert len(args) == 2                 # the first call keeps them: it may still step aside
+    dead = weakref.ref(x)
+    del x
+    args_fast = args
+    del args
+    out = fast(args_fast)
+    assert args_fast == []
+    gc.collect()
+    assert dead() is None                 # freed when relu had read it, not at return
+    assert out[0].shape == (16, 4)
+    assert "del v0" in fast.source
+
+
+def test_inputs_of_another_layout_run_the_graph():
+    args = _inputs()
+    gm = _graph_of(_views_and_ops, *args)
+    calls = []
+
+    def slow(a):
+        calls.append(len(a))
+        return gm(*a)
+
+    _, fast = straight_line.generate(gm, None, slow)[0]
+    transposed = torch.randn(16, 32).t()          # same size, other strides
+    out = fast([transposed] + args[1:])
+    assert calls == [3]                            # the graph ran, with every argument
+    for a, b in zip(out, gm(transposed, *args[1:])):
+        assert torch.equal(a, b)
+
+
+def test_dynamic_shapes_keep_the_graph():
+    gm = _graph_of(lambda x: (x * 2).relu(), torch.randn(8, 4), dynamic=True)
+    fns, why = straight_line.generate(gm, None, lambda a: gm(*a))
+    assert fns is None and "symbolic" in why
+
+
+def test_an_aten_result_whose_layout_is_not_its_trace_is_caught_on_the_first_call():
+    """A view of an ATen result is reinterpreted from its traced layout: the first call
+    checks that layout. A trace that lies (here, the meta of `add` says transposed) makes
+    the first call fail instead of reading the wrong elements."""
+    def f(x):
+        return (x + 1).t().contiguous() * 2
+
+    x = torch.randn(8, 4)
+    gm = _graph_of(f, x)
+    add = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.add.Tensor)
+    add.meta["val"] = torch.empty_strided((8, 4), (1, 8), device="meta")
+    first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
+    assert "check(" in first.source and "check(v1" not in fast.source.split("args.clear()")[1]
+    with pytest.raises(AssertionError):
+        first([x])
+
+
+def test_a_compiled_graph_says_how_it_runs(dead_socket, monkeypatch):
+    """Through torch.compile: the first call runs the FX graph (groups are routed there),
+    the second the generated code's checked variant, the third on the verified one; with
+    FUSEML_STRAIGHT_LINE=0 the FX graph stays."""
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    f = lambda x: torch.relu(x.view(4, 8) * 2.0 + 1.0).t()  # noqa: E731
+    x = torch.randn(32)
+    for setting, want in (("1", "generated straight-line code"),
+                          ("0", "FX graph (FUSEML_STRAIGHT_LINE=0)")):
+        monkeypatch.setenv("FUSEML_STRAIGHT_LINE", setting)
+        torch._dynamo.reset()
+        c = fuseml.FuseMLCompiler()
+        fn = torch.compile(f, backend=c)
+        with torch.no_grad():
+            outs = [fn(x) for _ in range(3)]
+        (plan,) = c.plans
+        assert plan.compiled.path == want
+        assert f"runs as {want}" in plan.describe()
+        for out in outs:
+            assert torch.equal(out, f(x))
+
+
+def _three_calls(fn, *args):
+    return [fn(*args) for _ in range(3)]
+
+
+@pytest.mark.parametrize("case", ["graph_break", "autocast", "input_mutation", "aliased_output",
+                                  "dynamic"])
+def test_what_the_fast_path_cannot_assume_stays_right(case, dead_socket, monkeypatch):
+    """Graph breaks (two graphs, each generated), autocast, a mutated input, an output that
+    aliases an input, dynamic shapes (the FX graph, said why): three calls each give eager's
+    results, and each graph says how it runs."""
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    c = fuseml.FuseMLCompiler()
+    w = torch.randn(16, 16)
+
+    def graph_break(x):
+        y = torch.relu(x * 2.0 + 1.0)
+        torch._dynamo.graph_break()
+        return (y.t() * 3.0).sum(0)
+
+    def autocast(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.relu(torch.mm(x, w) + 1.0)
+
+    def input_mutation(x):
+        x.mul_(2.0)
+        return torch.relu(x.view(4, 64).t() + 1.0)
+
+    def aliased_output(x):
+        return x.view(16, 16), torch.relu(x * 2.0)
+
+    def dynamic(x):
+        return torch.relu(x * 2.0 + 1.0).sum(-1)
+
+    f = locals()[case]
+    fn = torch.compile(f, backend=c, dynamic=case == "dynamic")
+    sizes = [(256,), (256,), (256,)] if case != "dynamic" else [(8, 16), (9, 16), (12, 16)]
+    if case == "autocast":
+        sizes = [(16, 16)] * 3
+    for size in sizes:
+        x = torch.randn(*size)
+        x_eager, x_comp = x.clone(), x.clone()
+        want = f(x_eager)
+        got = fn(x_comp)
+        for a, b in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(x_comp, x_eager)      # the mutation is applied, once
+        if case == "aliased_output":
+            assert got[0].data_ptr() == x_comp.data_ptr()  # still a view of the input
+    ways = [p.compiled.path for p in c.plans]
+    if case == "graph_break":
+        assert len(ways) == 2
+    if case == "dynamic":
+        assert ways and all("dynamic shapes" in w_ for w_ in ways), ways
+    else:
+        assert ways and all(w_ == "generated straight-line code" for w_ in ways), ways
