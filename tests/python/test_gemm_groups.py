@@ -173,3 +173,33 @@ def test_explain_prints_every_group_and_why(dead_socket):
     # no daemon here: each group says why it is not a kernel
     assert all(not r["strategy"].startswith("kernel") for r in rows)
     assert all(r["strategy"].split(" ")[0] in ("eager", "bypass", "aten") for r in rows)
+
+
+def test_a_dropped_gemm_group_runs_its_epilogue_as_one_kernel(daemon, monkeypatch):
+    """When measured routing finds a GEMM group's fused kernel slower than its ATen ops, the
+    product goes to cuBLAS and the epilogue is requested from the daemon as a pointwise group
+    of its own (one kernel instead of one ATen kernel per op), shown in the plan as apart from
+    the GEMM group; the result stays right."""
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 64).to(torch.bfloat16)
+    f = lambda x: torch.nn.functional.gelu(lin(x)) * 2.0 + 1.0  # noqa: E731
+    x = torch.randn(16, 32, dtype=torch.bfloat16)
+    c = fuseml.FuseMLCompiler()
+    fn = torch.compile(f, backend=c)
+    with torch.no_grad():
+        fn(x)
+        (p,) = c.plans
+        (g,) = [g for g in p.kernels() if g.kind == "gemm"]
+        comp = p.compiled
+        comp.runners[g.gid].use_kernel = False       # what _decide does when ATen wins
+        comp.pending = True
+        out = fn(x)
+    epilogues = [h for h in p.groups if h.apart_of is g]
+    assert len(epilogues) == 1, p.describe()
+    (h,) = epilogues
+    assert h.kind == "pointwise" and h.route == "kernel" and h.key
+    assert [op for op in h.op_names] == ["gelu", "mul", "add"]
+    assert h in comp.kept and g not in comp.kept
+    assert f"apart from group {g.gid}" in p.describe()
+    torch.testing.assert_close(out, f(x))

@@ -16,7 +16,7 @@ from .cols_fragment import build_columns
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
-from .partition import find_groups, split_apart
+from .partition import epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
 
 aten = torch.ops.aten
@@ -182,7 +182,8 @@ class FuseMLCompiler:
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
             return self._inductor(gm, example_inputs, fused, runners)
-        plan.compiled = Compiled(gm, fused, runners)
+        plan.compiled = Compiled(gm, fused, runners,
+                                 apart=lambda dropped: self._epilogues_apart(dropped, runners, groups))
         return plan.compiled
 
     def _record(self, plan):
@@ -224,6 +225,26 @@ class FuseMLCompiler:
                 return [h for p in self._apart(g, str(e), groups) for h in self._build(p, groups)]
             g.route, g.reason = "bypass", str(e)
             return []
+
+    def _epilogues_apart(self, dropped, runners, groups):
+        """The GEMM groups measured routing dropped (their fused kernel lost to ATen) run their
+        product on cuBLAS and their epilogue as one pointwise kernel: the epilogue groups are
+        requested now (one round), placed after their GEMM group in the plan, and returned
+        where the daemon served a kernel (each is routed by measurement at its first call)."""
+        new = []
+        for g in dropped:
+            h = epilogue_apart(g, max(x.gid for x in groups) + 1, self.min_ops)
+            if h is None:
+                continue
+            groups.insert(groups.index(g) + 1, h)
+            new += self._build(h, groups)
+        if not new:
+            return []
+        _, done = self._request(new, runners, groups)
+        for h in done:
+            if runners[h.gid].kernel is None:
+                h.route = "bypass"
+        return [h for h in done if runners[h.gid].kernel is not None]
 
     def _apart(self, g, why, groups):
         """Combined group g (siblings or a chain) runs as its two GEMM groups: they take its
@@ -311,7 +332,7 @@ class Compiled:
     back as its ATen ops, so it costs no more than eager: the graph is rebuilt once a decision
     drops a group. Once every group is routed, the graph runs as generated straight-line code
     (straight_line.py) where it can; `path` says which way it runs and why."""
-    def __init__(self, gm, fused, runners, generate=True):
+    def __init__(self, gm, fused, runners, generate=True, apart=None):
         # an instance attribute: aot_autograd wraps a backward in dynamo's disable(), which
         # copies the callable's __dict__ (the boxed mark with it) but not its class's
         self._boxed_call = True
@@ -320,6 +341,7 @@ class Compiled:
         self.current = rewrite(gm, self.kept, runners, direct=True) if self.kept else gm
         self.pending = bool(self.kept)    # some kept group has not been routed yet
         self.generate = generate
+        self.apart = apart                # dropped GEMM groups -> their epilogue groups served
         self.first = None                 # generated code, its first call (checks ATen layouts)
         self.fast = None                  # generated code, verified
         self.path = "FX graph (groups not routed yet)" if self.pending else "FX graph"
@@ -375,6 +397,14 @@ class Compiled:
         self.pending = any(self.runners[g.gid].use_kernel is None for g in self.kept)
         if dropped:
             self.kept = [g for g in self.kept if g not in dropped]
+            if self.apart is not None:
+                try:
+                    epilogues = self.apart([g for g in dropped if g.kind == "gemm"])
+                except Exception as e:   # never a failed job: the dropped groups run as ATen
+                    log.info("fuseml: epilogues of dropped GEMM groups not requested: %r", e)
+                    epilogues = []
+                self.kept += epilogues
+                self.pending = self.pending or bool(epilogues)
             self.current = (rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept
                             else self.gm)
 

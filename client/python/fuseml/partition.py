@@ -444,3 +444,29 @@ def split_apart(g, first_gid, min_ops=2):
         _finish(h, min_ops)
         out.append(h)
     return out
+
+
+def epilogue_apart(g, gid, min_ops=2):
+    """The epilogue of GEMM group g as a pointwise group of its own (gid), or None: what runs
+    when measured routing finds g's fused kernel slower than its ATen ops. The product then
+    runs on cuBLAS and its epilogue (bias, activation, residual, casts, the values saved for
+    backward) as one kernel instead of one ATen kernel per op. A view of the product is in
+    neither group (it runs as the ATen view it is); a combined group, or an epilogue with a
+    reshape inside, has none."""
+    if g.kind != "gemm" or g.chain or g.parts or g.siblings:
+        return None
+    prods = set(ops.products(g.members))
+    views = set()
+    for n in g.members:
+        if n.target in ops.RESHAPE_OPS and n.args and (n.args[0] in prods or n.args[0] in views):
+            views.add(n)
+    members = [n for n in g.members if n not in prods and n not in views]
+    if any(n.target in ops.RESHAPE_OPS for n in members):
+        return None
+    shape = members[-1].meta["val"].shape if members else None
+    if not members or any(not same_shape(n.meta["val"].shape, shape) for n in members):
+        return None
+    h = Group(gid, "pointwise", members, shape=shape)
+    h.apart_of = g
+    _finish(h, min_ops)
+    return h if h.route == "kernel" else None
