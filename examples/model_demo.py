@@ -114,7 +114,7 @@ def step_ms(torch, step):
 
 def on_gpu(torch, fuseml, model, x):
     """Explain, then time eager, Inductor and fuseml for inference and a training step."""
-    print("compiling (the first time, fusemld tunes each kernel on this GPU: up to a minute)")
+    print("compiling (the first time, fusemld tunes each kernel on this GPU: a minute or more)")
     with torch.no_grad():   # the daemon's replies wait for its tuning: a generous timeout
         fuseml.explain(model, x, compiler=fuseml.FuseMLCompiler(timeout_s=600))
     torch._dynamo.reset()
