@@ -45,6 +45,11 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 
 DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
 
+# Ops of DECOMPOSITIONS left whole under rest="inductor": Inductor's table rewrites clamp into
+# clamp_min and clamp_max and lowers those itself, while ours spells them as clamp again, so
+# the two tables together recurse without end (Mixtral's expert routing, `ids.clamp_(max=7)`).
+INDUCTOR_LOWERS = {aten.clamp_min, aten.clamp_max}
+
 
 class Plan:
     """What one compiled graph became: its groups, for tests and explain()."""
@@ -101,7 +106,9 @@ class FuseMLCompiler:
             return DECOMPOSITIONS
         # Inductor lowers only what its own table leaves, so its graph must be traced with it
         from torch._inductor.decomposition import select_decomp_table
-        return {**select_decomp_table(), **DECOMPOSITIONS}
+        ours = {op: f for op, f in DECOMPOSITIONS.items()
+                if getattr(op, "overloadpacket", op) not in INDUCTOR_LOWERS}
+        return {**select_decomp_table(), **ours}
 
     def __call__(self, gm, example_inputs, mode=None, options=None, **kwargs):
         """torch.compile passes its mode and options (and, in newer torch, name) to a backend
