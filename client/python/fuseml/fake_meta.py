@@ -24,13 +24,6 @@ def run(mode, target, args, kwargs=None):
         return target(*args, **(kwargs or {}))
 
 
-def node_val(mode, node, val_of):
-    """What `node` (a call_function) computes on fake values, its inputs' values taken from
-    val_of(input node)."""
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), val_of)
-    return run(mode, node.target, args, kwargs)
-
-
 def same_layout(a, b):
     """Whether two values have the same shape, strides, offset, dtype and device (tensors,
     or anything else compared as it is)."""
@@ -40,7 +33,10 @@ def same_layout(a, b):
                 and _same_ints([a.storage_offset()], [b.storage_offset()]))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_layout(x, y) for x, y in zip(a, b))
-    return a is b or (not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b)
+    plain = (int, float, bool)
+    if isinstance(a, plain) and isinstance(b, plain):
+        return type(a) is type(b) and a == b
+    return a is b   # symbolic values compared by identity: comparing them would add a guard
 
 
 def _same_ints(xs, ys):
