@@ -35,3 +35,29 @@ def test_rest_must_be_known():
         assert "rest" in str(e)
     else:
         raise AssertionError("an unknown rest= was accepted")
+
+
+class ClampedRouting(torch.nn.Module):
+    """Mixtral's expert routing in miniature: each row's top expert, clamped in place to the
+    last expert's index (`expert_ids.clamp_(max=n - 1)`), picks a scale; float clamps beside."""
+
+    def __init__(self, d=16, experts=4):
+        super().__init__()
+        self.gate = torch.nn.Linear(d, experts + 2)
+        self.scale = torch.nn.Parameter(torch.randn(experts))
+
+    def forward(self, x):
+        logits = self.gate(x)
+        ids = logits.argmax(-1)
+        ids.clamp_(max=self.scale.numel() - 1)
+        y = x.clamp(max=0.5) + x.clamp_min(-0.5) + torch.clamp(x, -0.25, 0.25)
+        return y * self.scale[ids].unsqueeze(-1) + logits.mean(-1, keepdim=True)
+
+
+def test_rest_inductor_traces_in_place_clamp(dead_socket):
+    """Inductor's decompositions spell clamp as clamp_min and clamp_max; fuseml's own spell
+    those as clamp: together they recursed without end (RecursionError tracing the clamp_)."""
+    c, got, want = compile_run(ClampedRouting(), torch.randn(6, 16),
+                               fuseml.FuseMLCompiler(rest="inductor"))
+    assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert {p.which for p in c.plans} == {"forward", "backward"}

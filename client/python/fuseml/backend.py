@@ -9,7 +9,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, direct_call, settings, straight_line, transport
+from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cols_fragment import build_columns
@@ -48,6 +48,11 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 
 DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
 
+# Ops of DECOMPOSITIONS left whole under rest="inductor": Inductor's table rewrites clamp into
+# clamp_min and clamp_max and lowers those itself, while ours spells them as clamp again, so
+# the two tables together recurse without end (Mixtral's expert routing, `ids.clamp_(max=7)`).
+INDUCTOR_LOWERS = {aten.clamp_min, aten.clamp_max}
+
 
 class Plan:
     """What one compiled graph became: its groups, for tests and explain()."""
@@ -60,13 +65,16 @@ class Plan:
         self.called = None          # an inference graph: "directly", or why not (direct_call.py)
         self.skipped = None         # why the graph was not partitioned (no CUDA tensor)
         self.compiled = None        # the Compiled it runs as (its `path`: generated code or FX)
+        self.padded = []            # the GEMMs padded to aligned sizes (pad_gemm.py)
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
 
     def describe(self):
+        padded = self.padded and "padded " + ", ".join(self.padded)
         runs = self.compiled and "runs as " + self.compiled.path
-        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called, runs) if n]
+        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called,
+                             padded, runs) if n]
         head = f"{self.which} graph:" + (f" ({'; '.join(notes)})" if notes else "")
         return "\n".join([head] + ["  " + g.describe() for g in self.groups])
 
@@ -86,10 +94,12 @@ class FuseMLCompiler:
     FUSEML_CHAINS=0: on an H100 the b2b kernel takes 0.78-0.92x the time of the two tuned GEMMs
     it replaces, bench/NOTES.md "The b2b rings"), direct (call an inference graph without
     aot_autograd's runtime wrappers when they would do nothing for it: direct_call.py; default True
-    unless FUSEML_DIRECT=0; with rest="inductor" the wrappers always stay)."""
+    unless FUSEML_DIRECT=0; with rest="inductor" the wrappers always stay), pad_gemm ("auto",
+    "all" or "off": which GEMMs with a dimension not a multiple of 8 are padded, pad_gemm.py;
+    default FUSEML_PAD_GEMM, else "auto")."""
 
     def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
-                 chains=None, direct=None):
+                 chains=None, direct=None, pad_gemm=None):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
@@ -99,6 +109,9 @@ class FuseMLCompiler:
         self.cudagraphs = cudagraphs
         self.chains = chains       # None: FUSEML_CHAINS, read per graph (the default backend is long-lived)
         self.direct = direct       # None: FUSEML_DIRECT, read per graph
+        if pad_gemm not in (None, "auto", "all", "off"):
+            raise ValueError(f"pad_gemm must be 'auto', 'all' or 'off', not {pad_gemm!r}")
+        self.pad_gemm = pad_gemm   # None: FUSEML_PAD_GEMM, read per graph
         self.plans = []
 
     def _decompositions(self):
@@ -106,7 +119,9 @@ class FuseMLCompiler:
             return DECOMPOSITIONS
         # Inductor lowers only what its own table leaves, so its graph must be traced with it
         from torch._inductor.decomposition import select_decomp_table
-        return {**select_decomp_table(), **DECOMPOSITIONS}
+        ours = {op: f for op, f in DECOMPOSITIONS.items()
+                if getattr(op, "overloadpacket", op) not in INDUCTOR_LOWERS}
+        return {**select_decomp_table(), **ours}
 
     def __call__(self, gm, example_inputs, mode=None, options=None, **kwargs):
         """torch.compile passes its mode and options (and, in newer torch, name) to a backend
@@ -169,12 +184,16 @@ class FuseMLCompiler:
             if self.rest == "inductor":
                 return self._inductor(gm, example_inputs, [], {})
             return make_boxed_func(gm)
+        # before partitioning: the padded GEMMs' slices and the copies of their values are
+        # what the groups around them read
+        padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
         chains = settings.chains() if self.chains is None else bool(self.chains)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
             fused += self._build(g, groups)
         plan = Plan(which, groups)
+        plan.padded = padded
         runners = {}
         if fused:
             plan.hello, fused = self._request(fused, runners, groups)

@@ -9,16 +9,18 @@ outputs out as aliases of graph memory, with a second recording while the caller
 autograd, holding the forward's saved values until the backward) still holds the first one's.
 
 Which graphs can be recorded is torch's own rule (the cudagraphs backend's check_for_skip:
-CPU tensors, mutated inputs, ops that synchronise), and which inputs sit at fixed addresses
+CPU tensors, mutated inputs, ops that synchronise), after CPU constants that only reach the
+GPU were moved to it (device_constants.py: T5's KV cache leaves some), and which inputs sit at fixed addresses
 (parameters, and in a backward the saved values the forward's recording owns) comes from
 aot_autograd. Those two pieces are torch-private: they are looked up in _api(); anything
 missing makes the graph run without CUDA graphs (one warning), never fails the job. The one
 entry point is wrap()."""
+import re
 import types
 
 import torch
 
-from . import graph_replay, settings
+from . import device_constants, graph_replay, settings
 from ._log import log, warn_once
 
 # torch.compile's modes: which ones record CUDA graphs
@@ -111,7 +113,8 @@ def _unavailable(state, e):
 
 
 def _plan(api, gm, example_inputs, which, state):
-    """(device index, static input indices, skip reason or None) of graph gm."""
+    """(device index, static input indices, skip reason or None, CPU constants moved to the
+    device) of graph gm."""
     dev = _cuda_index(gm)
     if which == "backward":
         static, fixed = _bw_static(gm, state)
@@ -119,9 +122,18 @@ def _plan(api, gm, example_inputs, which, state):
         static = state.fw_static = _fw_static(api, len(example_inputs), state)
         fixed = max(0, len(example_inputs) - state.n_dynamo_inputs)   # as torch's backend
     if dev is None:
-        return None, static, "no CUDA tensors"
+        return None, static, "no CUDA tensors", []
+    try:
+        moved, kept = device_constants.move(gm, torch.device("cuda", dev))
+    except Exception as e:  # a constant that cannot move: the graph is judged as it is
+        log.debug("fuseml: CPU constants of a %s graph not moved: %s: %s", which, type(e).__name__, e)
+        moved, kept = [], {}
     skip = api.check_for_skip(gm, fixed)
-    return dev, static, skip and str(skip).replace("skipping cudagraphs due to ", "")
+    skip = skip and str(skip).replace("skipping cudagraphs due to ", "")
+    cpu = skip and re.match(r"cpu device \((\w+)\)", skip)
+    if cpu and cpu.group(1) in kept:   # why the CPU value torch names stays there
+        skip = f"{cpu.group(0)}: {kept[cpu.group(1)]}"
+    return dev, static, skip, moved
 
 
 def wrap(gm, example_inputs, which, state, compile_fn):
@@ -132,7 +144,7 @@ def wrap(gm, example_inputs, which, state, compile_fn):
         return compile_fn(), "no CUDA graphs: forward not recorded"
     try:
         api = _api()
-        dev, static, skip = _plan(api, gm, example_inputs, which, state)
+        dev, static, skip, moved = _plan(api, gm, example_inputs, which, state)
     except Exception as e:  # a torch whose private API moved: no graphs, never a failed job
         note = _unavailable(state, e)
         return compile_fn(), note
@@ -145,8 +157,9 @@ def wrap(gm, example_inputs, which, state, compile_fn):
         return fn, "no CUDA graphs: " + skip
     log.debug("fuseml: %s graph under fuseml's CUDA-graph replay (device %d, static inputs %s)",
               which, dev, list(static))
+    consts = f"; CPU constants moved to the device: {', '.join(moved)}" if moved else ""
     return (_boxed(graph_replay.GraphReplay(fn, static, dev, which)),
-            f"CUDA graphs (fuseml replay; static inputs {list(static)})")
+            f"CUDA graphs (fuseml replay; static inputs {list(static)}{consts})")
 
 
 def _boxed(replay):

@@ -71,6 +71,14 @@ def chains():
     return _get("FUSEML_CHAINS") != "0"
 
 
+def pad_gemm():
+    """FUSEML_PAD_GEMM: "auto" (the default, also for any other value: bf16/f16 GEMMs of CUDA
+    graphs with a dimension not a multiple of 8 are padded where large enough to gain,
+    pad_gemm.py), "all" (every such GEMM, whatever its size) or "0" (none)."""
+    mode = (_get("FUSEML_PAD_GEMM") or "auto").lower()
+    return {"0": "off", "off": "off", "all": "all"}.get(mode, "auto")
+
+
 def cudagraphs():
     """FUSEML_CUDAGRAPHS=1: record compiled graphs as CUDA graphs."""
     return _get("FUSEML_CUDAGRAPHS") == "1"

@@ -1,0 +1,52 @@
+"""Fake-tensor metadata for nodes a graph pass adds or changes (pad_gemm.py,
+device_constants.py). Partitioning and fragment building read every node's meta["val"] (its
+shape, dtype, device and strides, which fragments bake in), so a pass that changes what a
+node computes recomputes the value here, under the graph's own fake mode (its shape
+environment, when sizes are symbolic), never leaving a stale one behind."""
+import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.utils import _pytree as pytree
+
+
+def mode_of(gm):
+    """The FakeTensorMode of gm's metadata; None when no node carries a fake tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    for node in gm.graph.nodes:
+        for v in pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(v, FakeTensor):
+                return v.fake_mode
+    return None
+
+
+def run(mode, target, args, kwargs=None):
+    """target(*args, **kwargs) on fake values: the val of the node it would be."""
+    with mode:
+        return target(*args, **(kwargs or {}))
+
+
+def same_layout(a, b):
+    """Whether two values have the same shape, strides, offset, dtype and device (tensors,
+    or anything else compared as it is)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (a.dtype == b.dtype and a.device == b.device and _same_ints(a.shape, b.shape)
+                and _same_ints(a.stride(), b.stride())
+                and _same_ints([a.storage_offset()], [b.storage_offset()]))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_layout(x, y) for x, y in zip(a, b))
+    plain = (int, float, bool)
+    if isinstance(a, plain) and isinstance(b, plain):
+        return type(a) is type(b) and a == b
+    return a is b   # symbolic values compared by identity: comparing them would add a guard
+
+
+def _same_ints(xs, ys):
+    """Equal sizes, symbolic ones only where provably equal (no guard added)."""
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys):
+        if isinstance(x, int) and isinstance(y, int):
+            if x != y:
+                return False
+        elif not statically_known_true(x == y):
+            return False
+    return True
