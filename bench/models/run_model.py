@@ -126,6 +126,24 @@ def start_daemon(selected, dev):
     return d
 
 
+def _fuseml_plans():
+    """The plans of the compiler behind backend="fuseml" (none before its first use)."""
+    try:
+        from fuseml import backend
+    except ImportError:
+        return []
+    return list(backend._default.plans) if backend._default is not None else []
+
+
+def _paths(plans):
+    """How each compiled graph runs (generated code, or the FX graph and why), counted."""
+    out = {}
+    for p in plans:
+        way = p.compiled.path if p.compiled is not None else (p.skipped or "inductor")
+        out[way] = out.get(way, 0) + 1
+    return out
+
+
 def measure_model(args, dev, selected, deadline, save):
     """Every phase of every selected mode; save(describe, rows, breakdown) after each phase,
     so a process stopped later still leaves the phases it finished."""
@@ -144,6 +162,7 @@ def measure_model(args, dev, selected, deadline, save):
         cold_after = {}
         errs = {}
         fail = {}
+        plans = {}     # mode -> the fuseml plans its first calls compiled (backend="fuseml")
         for mode in selected:
             if time.monotonic() > deadline:
                 fail[mode.name] = "not run: the process's time budget was spent"
@@ -153,6 +172,7 @@ def measure_model(args, dev, selected, deadline, save):
                     compiled[mode.name] = mode.make(work.model)
                 fn = compiled[mode.name]
                 ph.clear()
+                known = {id(p) for p in _fuseml_plans()}
                 measure.sync(dev)
                 base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
                 if dev.type == "cuda":
@@ -166,6 +186,7 @@ def measure_model(args, dev, selected, deadline, save):
                 if dev.type == "cuda" and mode.graphs:
                     capture_peak[mode.name] = torch.cuda.max_memory_allocated(dev) - base
                 got = ph.result(ph.step(fn, mode.graphs))
+                plans[mode.name] = [p for p in _fuseml_plans() if id(p) not in known]
                 errs[mode.name] = errors(got, want, phase)
                 del got
                 ok[mode.name] = mode
@@ -206,6 +227,10 @@ def measure_model(args, dev, selected, deadline, save):
                          "rel_err": _finite(err), "rel_err_parts": {k: _finite(v) for k, v in parts.items()},
                          "eager_bf16_rel_err": _finite(eager_err),
                          "nonfinite": err == float("inf")})
+            if plans.get(mode.name):
+                rows[-1]["graphs_run_as"] = _paths(plans[mode.name])
+                print(f"run: {args.model}/{args.size} {mode.name} {phase}: graphs run as "
+                      f"{rows[-1]['graphs_run_as']}", file=sys.stderr)
             breakdown.setdefault(mode.name, {})[phase] = prof
         ph.clear()
         del want

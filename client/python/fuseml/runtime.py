@@ -120,6 +120,7 @@ class GroupRunner:
         key, state, cubin, meta = self.kernel
         if state != "tuned" and not settings.allow_untuned():
             warn_once("untuned", "kernel %s is %s (not verified on a GPU yet)", key[:12], state)
+            self._never()
             return self.eager(xs)
         try:
             if self.use_kernel is None:
@@ -131,9 +132,19 @@ class GroupRunner:
             return self._launch(xs, dev, key, cubin, meta)
         except _Layout as e:
             warn_once("layout", "%s: %s", self.name, e)
+            self._never()
         except RuntimeError as e:
             warn_once("launch", "%s: %s", self.name, e)
+            self._never()
         return self.eager(xs)
+
+    def _never(self):
+        """The first call could not launch the kernel (its state, a layout, a failed launch):
+        the group is routed to its ATen ops, so the graph's routing is settled (and it can be
+        generated) rather than retried at every call. A group already routed to its kernel
+        keeps it: one call's odd input runs ATen for that call only."""
+        if self.use_kernel is None:
+            self.use_kernel = False
 
     def _decide(self, xs, dev, key, cubin, meta):
         """Measured routing, once per group: the kernel and the ATen ops it replaces, timed on
