@@ -189,9 +189,12 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       return FM_OK;
     }
     case FM_OPK_CAT: {
-      /* torch.cat's result_type: the operands promote as a chain of binary ops would */
+      /* torch.cat's result_type: one dtype stays (bool too); mixed ones promote as a chain
+       * of binary ops would */
       value acc = *arg[0];
-      for (uint32_t k = 1; k < op->nargs; k++) {
+      bool same = !acc.weak;
+      for (uint32_t k = 1; k < op->nargs; k++) same = same && !arg[k]->weak && arg[k]->dtype == acc.dtype;
+      for (uint32_t k = 1; k < op->nargs && !same; k++) {
         acc.dtype = promote(&acc, arg[k]);
         acc.weak = false;
       }
