@@ -12,6 +12,7 @@ from functorch.compile import make_boxed_func
 from . import cudagraphs, direct_call, settings, transport
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
+from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
@@ -165,6 +166,7 @@ class FuseMLCompiler:
                 return self._inductor(gm, example_inputs, [], {})
             return make_boxed_func(gm)
         chains = settings.chains() if self.chains is None else bool(self.chains)
+        spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
