@@ -145,15 +145,22 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
                    "      if (e >= n) break;\n",
                    per_step, per_step, cfg->unroll, cfg->block);
   cat_ctx cx = {.ind = "      "};
-  if (r > 0) fm_strbuf_append(sb, "      unsigned long long r = (unsigned long long)e;\n");
-  for (uint32_t j = r; j-- > 0;) {
+  /* dim 0 by one 64-bit division; the rest within a unit of dim 0, in 32 bits when it fits
+   * (a division by a constant is then a multiply-high, not a 64-bit sequence) */
+  const char *rt = g->p.inner <= (int64_t)UINT32_MAX ? "unsigned int" : "unsigned long long";
+  const char *suffix = g->p.inner <= (int64_t)UINT32_MAX ? "u" : "ull";
+  if (r > 0) {
+    snprintf(cx.coord[0], sizeof cx.coord[0], "c0");
+    if (r == 1 || g->p.inner == 1) fm_strbuf_append(sb, "      const long long c0 = e;\n");
+    else fm_strbuf_printf(sb, "      const long long c0 = e / %lldLL;\n", (long long)g->p.inner);
+    if (r > 1 && g->p.inner > 1)
+      fm_strbuf_printf(sb, "      %s r = (%s)(e - c0 * %lldLL);\n", rt, rt, (long long)g->p.inner);
+  }
+  for (uint32_t j = r; j-- > 1;) {
     snprintf(cx.coord[j], sizeof cx.coord[j], "c%u", j);
-    if (j == 0) {
-      fm_strbuf_append(sb, "      const long long c0 = (long long)r;\n");
-    } else if (it->shape[j] > 1) {
-      fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lldull);\n", j, (long long)it->shape[j]);
-      fm_strbuf_printf(sb, "      r /= %lldull;\n", (long long)it->shape[j]);
-    }
+    if (it->shape[j] == 1) continue;
+    fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j, (long long)it->shape[j], suffix);
+    fm_strbuf_printf(sb, "      r /= %lld%s;\n", (long long)it->shape[j], suffix);
   }
   uint8_t need[FM_CG_MAX_VALUES];
   mark_needs(g, -1, need);

@@ -187,8 +187,9 @@ enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O_DIM, O_KEEPDIM, O_CORRECTION, O_
 static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype",
                                           "dim", "keepdim", "correction"};
 
-/* The vocabulary-2 attributes: dim (reductions, softmax), keepdim (reductions), correction
- * (var). Absent: dim -1, keepdim false, correction 1, as in torch. */
+/* The vocabulary-2 attributes: dim (reductions, softmax; cat, vocab 6, where it is required),
+ * keepdim (reductions), correction (var). Absent: dim -1, keepdim false, correction 1, as in
+ * torch. */
 static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm_opnode *op,
                             fm_diag *d) {
   char p[PATH_MAX_ + 32];

@@ -1,10 +1,12 @@
 """Concatenation (vocabulary 6): rotary position embeddings as Hugging Face writes them
 (rotate_half's cat of slices, cos and sin broadcast over the heads) become one pointwise
 group in the forward graph and one in the backward (autograd's slice_backward pair is
-spelled as a cat), results as eager's; what cannot be spelled stays ATen; a real fusemld
-(compile-only here) accepts the fragments; explain() shows the groups."""
+spelled as a cat), results as eager's, in a tiny Hugging Face Llama too; what cannot be
+spelled stays ATen; a real fusemld (compile-only here) accepts the fragments; explain() shows
+the groups."""
 import io
 
+import pytest
 import torch
 
 from helpers import close_bf16, plan
@@ -150,3 +152,24 @@ def test_daemon_accepts_rope_and_explain_shows_it(daemon):
     text = buf.getvalue()
     assert "mul -> neg -> cat -> mul -> add" in text, text
     assert sum("cat" in r["ops"] for r in rows) == 2
+
+
+def test_hf_llama_rope_fuses_forward_and_backward(dead_socket):
+    """A tiny Hugging Face Llama (GQA: 4 heads, 2 kv heads), trained one step: the rotary
+    embedding of q and of k is one group each in the forward and in the backward graph."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=1, vocab_size=128,
+                                   max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(BF16)
+    ids = torch.randint(0, 128, (2, 16))
+    c = fuseml.FuseMLCompiler()
+    loss = torch.compile(model, backend=c)(input_ids=ids, labels=ids).loss
+    loss.backward()
+    want = model(input_ids=ids, labels=ids).loss
+    assert abs(loss.item() - want.item()) < 2e-2
+    for which in ("forward", "backward"):
+        rope = [g for g in cat_groups(plan(c, which)) if "neg" in g.op_names]
+        assert len(rope) == 2, plan(c, which).describe()
+        assert all(g.route == "kernel" and {"cat", "mul", "add"} <= set(g.op_names) for g in rope)
