@@ -78,7 +78,8 @@ static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx 
     const int64_t size = g->ci.ext[arg][dim];
     if (a == 0) fm_strbuf_printf(sb, "%sif (%s < %lldLL) {\n", cx->ind, cx->coord[dim], (long long)size);
     else if (a + 1 < op->nargs)
-      fm_strbuf_printf(sb, "%s} else if (%s < %lldLL) {\n", cx->ind, cx->coord[dim], (long long)(start + size));
+      fm_strbuf_printf(sb, "%s} else if (%s < %lldLL) {\n", cx->ind, cx->coord[dim],
+                       (long long)(start + size));
     else fm_strbuf_printf(sb, "%s} else {\n", cx->ind);
     cat_ctx in = *cx;
     in.ind = ind;
@@ -159,7 +160,8 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
   for (uint32_t j = r; j-- > 1;) {
     snprintf(cx.coord[j], sizeof cx.coord[j], "c%u", j);
     if (it->shape[j] == 1) continue;
-    fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j, (long long)it->shape[j], suffix);
+    fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j,
+                     (long long)it->shape[j], suffix);
     fm_strbuf_printf(sb, "      r /= %lld%s;\n", (long long)it->shape[j], suffix);
   }
   uint8_t need[FM_CG_MAX_VALUES];
@@ -192,7 +194,8 @@ static int build(const fm_fragment *f, cat_gen *g, fm_diag *d) {
   if (rc) return rc;
   if ((rc = fm_fragment_cat_info(f, &g->ci, d))) return rc == FM_EUNSUPPORTED ? rc : FM_EINVAL;
   for (uint32_t i = 0; i < f->n_ops; i++)
-    if (fm_op_kind(f->ops[i].op) == FM_OPK_CAT && (f->ops[i].dim < 0 || (uint32_t)f->ops[i].dim >= f->outputs[0].rank))
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_CAT &&
+        (f->ops[i].dim < 0 || (uint32_t)f->ops[i].dim >= f->outputs[0].rank))
       return fm_diag_set(d, FM_EINVAL, "codegen: ops[%u]: a cat's dim is not canonical", i);
   for (uint32_t k = 0; k < g->p.n_in + g->p.n_out; k++) {
     const fm_tensor *t = k < g->p.n_in ? &f->inputs[k] : &f->outputs[k - g->p.n_in];
