@@ -8,12 +8,13 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1 | 2 | 3 | 4 | 5,
+ *   {vocab: 1 | 2 | 3 | 4 | 5 | 6,
  *    m_hint?: int   (GEMM and column fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
  *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
  *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2;
- *                                                   dim 0 of a rank-2 value: vocab 5, columns)
+ *                                                   dim 0 of a rank-2 value: vocab 5, columns;
+ *                                                   a cat's dim: vocab 6, required there)
  *    outputs: [{id, dtype, shape, strides, align}, ...]}
  *
  * Shapes: rank 0..FM_MAX_RANK; each dim an int >= 1, or FM_DIM_SYMBOLIC (-1) for the one
