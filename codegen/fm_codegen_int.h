@@ -40,7 +40,7 @@ typedef struct fm_cg_plan {
   fm_cg_tensor t[FM_CG_MAX_TENSORS];          /* inputs, then outputs */
   fm_dtype vdt[FM_CG_MAX_VALUES];             /* dtype of each value */
   uint8_t live[FM_CG_MAX_VALUES];             /* value needs a variable in fm_compute */
-  uint16_t args[FM_MAX_OPS][3];               /* op operands as value positions */
+  uint16_t args[FM_MAX_OPS][FM_MAX_ARGS];     /* op operands as value positions */
   int symbolic;                               /* dim 0 is a launch argument */
   int64_t inner;                              /* product of iteration dims 1.. */
   int64_t outer;                              /* static dim 0 (1 for rank 0), -1 symbolic */
@@ -58,8 +58,15 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d);
 
 /* Operands -> positions (args), result dtypes (vdt), the value each output stores (t[n_in + k]
  * .value) and liveness, for p->n_in / n_ops / n_out of f. Elementwise ops only (vocabulary
- * 1), and reductions too when `reduce` (the cols template); else FM_EUNSUPPORTED. */
-int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int reduce, fm_diag *d);
+ * 1), and what `allow` lets through too: FM_CG_ALLOW_REDUCE (the cols template),
+ * FM_CG_ALLOW_CAT (the cat form of the pointwise template); else FM_EUNSUPPORTED. */
+enum { FM_CG_ALLOW_REDUCE = 1, FM_CG_ALLOW_CAT = 2 };
+int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d);
+
+/* The pointwise template for a fragment with a cat (fm_codegen_cat.c): one element per
+ * thread and step, each operand of a cat evaluated in its own branch at the shifted index. */
+int fm_codegen_cat(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
+                   fm_kernel_meta *meta, fm_diag *d);
 
 /* Largest width <= want (0: no limit) that every vector tensor of the plan allows. */
 uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);

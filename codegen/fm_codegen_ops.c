@@ -91,12 +91,44 @@ static uint32_t pow_cost(const fm_fragment *f, const fm_opnode *op) {
   return op_cost[FM_OP_POW];
 }
 
+static uint32_t one_cost(const fm_fragment *f, const fm_opnode *op) {
+  if (op->op == FM_OP_POW) return pow_cost(f, op);
+  return op_cost[op->op] ? op_cost[op->op] : 1;
+}
+
+/* The op defining value id among ops[0, limit), or -1 (an input). */
+static int defining_op(const fm_fragment *f, uint32_t limit, uint32_t id) {
+  for (uint32_t j = limit; j-- > 0;)
+    if (f->ops[j].out == id) return (int)j;
+  return -1;
+}
+
+/* A cat's operands are generated again in their branches (fm_codegen_cat.c): the ops each
+ * one reads cost once more per operand. */
+static uint32_t cat_cost(const fm_fragment *f, uint32_t i) {
+  uint32_t cost = 0;
+  for (uint32_t a = 0; a < f->ops[i].nargs && a < FM_MAX_ARGS; a++) {
+    uint8_t need[FM_MAX_OPS] = {0};
+    int root = defining_op(f, i, f->ops[i].args[a]);
+    if (root >= 0) need[root] = 1;
+    for (uint32_t j = i; j-- > 0;) {
+      if (!need[j]) continue;
+      cost += one_cost(f, &f->ops[j]);
+      for (uint32_t b = 0; b < f->ops[j].nargs && b < FM_MAX_ARGS; b++) {
+        int q = defining_op(f, j, f->ops[j].args[b]);
+        if (q >= 0) need[q] = 1;
+      }
+    }
+  }
+  return cost;
+}
+
 uint32_t fm_codegen_cost(const fm_fragment *f) {
   uint32_t cost = 0;
-  for (uint32_t i = 0; i < f->n_ops; i++) {
+  for (uint32_t i = 0; i < f->n_ops && i < FM_MAX_OPS; i++) {
     const fm_opnode *op = &f->ops[i];
-    if (op->op == FM_OP_POW) cost += pow_cost(f, op);
-    else cost += op_cost[op->op] ? op_cost[op->op] : 1;
+    cost += one_cost(f, op);
+    if (fm_op_kind(op->op) == FM_OPK_CAT) cost += cat_cost(f, i);
   }
   return cost;
 }

@@ -177,8 +177,7 @@ int fm_ref_compile(const fm_fragment *f, ref_prog *pr, fm_diag *d) {
   pr->n_out = f->n_outputs;
   for (uint32_t i = 0; i < f->n_ops; i++) {
     const fm_opnode *op = &f->ops[i];
-    int arity = fm_op_arity(op->op);
-    if ((unsigned)op->op >= FM_OP__COUNT || arity < 0 || op->nargs != (uint32_t)arity ||
+    if ((unsigned)op->op >= FM_OP__COUNT || !fm_op_nargs_ok(op->op, op->nargs) ||
         fm_op_kind(op->op) == FM_OPK_COMPOSITE)
       return fm_diag_set(d, FM_EINVAL, "reference: ops[%u] is not a primitive op", i);
     for (uint32_t a = 0; a < op->nargs; a++) {
@@ -383,11 +382,14 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
   int rows = fm_fragment_is_rows(f), cols = !rows && fm_fragment_is_cols(f);
   int chain = !rows && !cols && fm_fragment_is_chain(f);
-  if (rows || cols || chain) {   /* they walk rows (columns) themselves */
+  int cat = !rows && !cols && !chain && fm_fragment_is_cat(f);
+  if (rows || cols || chain || cat) {   /* they walk rows (columns, branches) themselves */
     pr = malloc(sizeof *pr);
     if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
     rc = fm_ref_compile(f, pr, d);
-    if (!rc) rc = (rows ? eval_rows : cols ? fm_ref_eval_cols : eval_chain)(f, pr, outer, inputs, outputs, d);
+    if (!rc)
+      rc = (rows ? eval_rows : cols ? fm_ref_eval_cols : chain ? eval_chain : fm_ref_eval_cat)(
+          f, pr, outer, inputs, outputs, d);
     free(pr);
     return rc;
   }

@@ -29,6 +29,9 @@
  *    addmm adds its bias in fp64; the epilogue then runs per element as above. bmm: the
  *    same per product z of the [Bt, M, N] iteration, over A[z, m, k] * B[z, k, n] (a batch
  *    dim of 1 is the one matrix of every product).
+ *  - cat fragments (vocabulary 6; fm_fragment.h): element by element as above, except that
+ *    a cat at index i along its dim evaluates the operand whose range holds i, at i minus
+ *    the sizes of the operands before it, and that operand's inputs are read there.
  * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
  * the final rounding), not bit for bit. */
 #ifndef FM_REFERENCE_H

@@ -15,7 +15,7 @@
  * stores. */
 typedef struct ref_prog {
   uint32_t n_in, n_ops, n_out;
-  uint16_t args[FM_MAX_OPS][3];
+  uint16_t args[FM_MAX_OPS][FM_MAX_ARGS];
   uint16_t out_value[FM_MAX_OUTPUTS];
 } ref_prog;
 
@@ -35,5 +35,10 @@ double fm_ref_nan_max(double a, double b);
  * reductions in fp64, then the per-column epilogue (fm_reference.h). */
 int fm_ref_eval_cols(const fm_fragment *f, const ref_prog *pr, int64_t outer, const void *const *inputs,
                      void *const *outputs, fm_diag *d);
+
+/* Cat fragments (fm_fragment_is_cat): element by element, each cat's operand evaluated at the
+ * index shifted into its own range (fm_reference.h). */
+int fm_ref_eval_cat(const fm_fragment *f, const ref_prog *pr, int64_t outer, const void *const *inputs,
+                    void *const *outputs, fm_diag *d);
 
 #endif

@@ -8,12 +8,13 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1 | 2 | 3 | 4 | 5,
+ *   {vocab: 1 | 2 | 3 | 4 | 5 | 6,
  *    m_hint?: int   (GEMM and column fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
  *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
  *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2;
- *                                                   dim 0 of a rank-2 value: vocab 5, columns)
+ *                                                   dim 0 of a rank-2 value: vocab 5, columns;
+ *                                                   a cat's dim: vocab 6, required there)
  *    outputs: [{id, dtype, shape, strides, align}, ...]}
  *
  * Shapes: rank 0..FM_MAX_RANK; each dim an int >= 1, or FM_DIM_SYMBOLIC (-1) for the one
@@ -49,10 +50,14 @@
  * bmm (batched GEMM fragments); a daemon of vocabulary 3 refuses it as reserved. Vocabulary 5
  * adds no op: the reductions sum, mean and amax over dim 0 of a rank-2 value (column
  * fragments, below); a daemon of vocabulary 4 refuses them as unsupported ("only the last
- * dim (-1) can be reduced") and the client runs them unfused. */
-#define FM_VOCAB_VERSION 5
+ * dim (-1) can be reduced") and the client runs them unfused. Vocabulary 6 adds `cat`
+ * (concatenation along a static dim of a pointwise fragment: cat fragments, below); a daemon
+ * of vocabulary 5 refuses a fragment that says vocab 6 (FM_ESCHEMA, "vocab 6 not supported"),
+ * and the client runs the group unfused. */
+#define FM_VOCAB_VERSION 6
 #define FM_VOCAB_MIN 1
 #define FM_VOCAB_COLS 5   /* the vocabulary of column fragments */
+#define FM_VOCAB_CAT 6    /* the vocabulary of `cat` */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -67,6 +72,8 @@
 #define FM_MAX_INPUTS 32
 #define FM_MAX_OUTPUTS 16
 #define FM_MAX_OPS 256
+#define FM_MAX_ARGS 8                            /* operands of one op (cat's most) */
+#define FM_MIN_CAT_ARGS 2
 #define FM_MAX_VALUE_ID 0xFFFFFFu                /* client-chosen ids are 0..this */
 #define FM_MAX_DIM ((int64_t)1 << 31)            /* one dimension: 1..FM_MAX_DIM-1 */
 #define FM_MAX_ELEMENTS ((int64_t)1 << 40)       /* product of a static shape */
@@ -109,6 +116,8 @@ typedef enum {
                       fm_fragment_expand (softmax, layer_norm, rms_norm) */
   FM_OPK_MATMUL,   /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments;
                       vocab 4: bmm (A, B), a batch of products (batched GEMM fragments) */
+  FM_OPK_CAT,      /* vocab 6: cat (FM_MIN_CAT_ARGS..FM_MAX_ARGS values) along `dim` ->
+                      promoted dtype (cat fragments, below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -152,7 +161,8 @@ typedef enum {
   XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)   \
   XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE) \
   XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE) \
-  XX(ERF, "erf", FM_OPK_UNARY)
+  XX(ERF, "erf", FM_OPK_UNARY)               \
+  XX(CAT, "cat", FM_OPK_CAT)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -164,8 +174,12 @@ typedef enum {
 const char *fm_op_name(fm_op op);
 fm_opkind fm_op_kind(fm_op op);
 /* Number of args the op takes (0..3); -1 for reserved ops; for a composite op the most
- * it takes (layer_norm: x[, weight[, bias]]; rms_norm: x[, weight]; softmax: x). */
+ * it takes (layer_norm: x[, weight[, bias]]; rms_norm: x[, weight]; softmax: x); for cat
+ * the most, FM_MAX_ARGS (it takes FM_MIN_CAT_ARGS or more). */
 int fm_op_arity(fm_op op);
+/* True when a primitive op takes n args (cat: FM_MIN_CAT_ARGS..FM_MAX_ARGS; others: their
+ * arity). */
+int fm_op_nargs_ok(fm_op op, uint32_t n);
 /* The vocabulary version that introduced op (1 or 2; 0 for reserved ops). */
 uint32_t fm_op_vocab(fm_op op);
 /* FM_OK, or FM_EUNKNOWN_OP for a name not in FM_OP_MAP. */
@@ -184,7 +198,7 @@ typedef struct fm_opnode {
   fm_op op;
   uint32_t out;                   /* value id defined here */
   uint32_t nargs;
-  uint32_t args[3];               /* value ids defined earlier */
+  uint32_t args[FM_MAX_ARGS];     /* value ids defined earlier (nargs of them) */
   double value;                   /* FM_OP_CONST; eps of layer_norm/rms_norm (wire only) */
   fm_dtype dtype;                 /* result dtype: inferred by validation; given for cast */
   /* Reductions (vocab 2). `dim` is the reduced dim as the client wrote it (-1 or rank-1;
@@ -193,6 +207,8 @@ typedef struct fm_opnode {
    * which output shape the client meant; the canonical form drops it (reduced values always
    * have the keepdim shape: [..., 1], [1, N] for columns). `correction` (var only): 0
    * (population) or 1 (Bessel, torch's default). */
+  /* cat (vocab 6): the dim along which it concatenates, as written (-rank..rank-1); validation
+   * makes it non-negative (the canonical form, always packed). */
   int32_t dim;
   uint8_t keepdim;
   uint8_t correction;
@@ -324,6 +340,28 @@ typedef struct fm_cols_info {
  * (validation has prepended the 1s, or is doing so: it calls this); FM_EUNSUPPORTED with the
  * reason for a class rule broken (above), FM_EINVAL for what is no column fragment. */
 int fm_fragment_cols_info(const fm_fragment *f, fm_cols_info *ci, fm_diag *d);
+
+/* Cat fragments (vocab 6, fm_fragment_is_cat): pointwise fragments with a `cat`. Each value
+ * has an *extent*, a shape of the iteration rank: an input's is its shape; a const's is all 1s;
+ * an elementwise op's is the broadcast of its operands' (each dim equal, or 1); a cat's is its
+ * operands' broadcast with their sizes along `dim` added up. Evaluating a value at an index
+ * evaluates its operands at the same index (index 0 along their size-1 dims: broadcast), and a
+ * cat at index i along dim evaluates the operand whose range holds i at i minus the sizes
+ * before it, so every input is read inside its shape. Rules (FM_ESCHEMA unless said): every
+ * tensor has the rank of outputs[0]; an op's operands broadcast; a cat's operands are static
+ * along dim (not the symbolic dim 0); each output's value broadcasts to the output's shape (the
+ * iteration shape); an input no op reads broadcasts to it too. FM_EUNSUPPORTED: a cat whose
+ * operand depends on another cat (nested), a cat in a row, column or GEMM fragment. */
+int fm_fragment_is_cat(const fm_fragment *f);
+typedef struct fm_cat_info {
+  uint32_t rank;
+  /* each value's extent: inputs 0..n_inputs-1, then ops (FM_DIM_SYMBOLIC in dim 0 follows
+   * the launch's outer) */
+  int64_t ext[FM_MAX_INPUTS + FM_MAX_OPS][FM_MAX_RANK];
+} fm_cat_info;
+/* The extents of a cat fragment's values (validation has checked it, or is checking it: it
+ * calls this and normalizes each cat's dim); the reason in d for a rule broken. */
+int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d);
 
 /* Decodes the wire form (a msgpack map) into *out and validates it (fm_fragment_validate).
  * Any failure returns a negative fm_err with a precise reason in d ("ops[3].args[1]: value 9

@@ -119,13 +119,16 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
     fm_opnode *dst = &out->ops[p];
     dst->op = src->op;
     dst->out = in->n_inputs + p;
-    dst->nargs = src->nargs > 3 ? 3 : src->nargs;
+    dst->nargs = src->nargs > FM_MAX_ARGS ? FM_MAX_ARGS : src->nargs;
     for (uint32_t a = 0; a < dst->nargs; a++)
       if (renumber(in, newpos, src->args[a], &dst->args[a])) return FM_EINVAL;
     dst->value = fm_op_kind(src->op) == FM_OPK_CONST ? src->value : 0.0;
     dst->dtype = src->dtype;
     /* the last dim, or dim 0 of a column fragment: the only dim ever packed */
     dst->dim = cols && fm_op_kind(src->op) == FM_OPK_REDUCE ? 0 : -1;
+    /* a cat's dim, non-negative (validation made it so) */
+    if (fm_op_kind(src->op) == FM_OPK_CAT)
+      dst->dim = src->dim < 0 ? src->dim + (int32_t)in->outputs[0].rank : src->dim;
     dst->keepdim = 0;                                           /* the output shapes say it */
     dst->correction = src->op == FM_OP_VAR ? src->correction : 0;
   }
@@ -175,18 +178,20 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   /* dim only on a column reduction (0): row reductions are over the last dim, and packing
      their -1 would change every vocab-2 key */
   int dim0 = kind == FM_OPK_REDUCE && op->dim == 0;
-  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + (op->op == FM_OP_VAR);
+  int cat = kind == FM_OPK_CAT;   /* always packs its dim */
+  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + cat + (op->op == FM_OP_VAR);
   int rc = msgpack_pack_map(pk, n);
   fm_pack_kv_cstr(pk, "op", fm_op_name(op->op));
   fm_pack_kv_u64(pk, "out", op->out);
   fm_pack_cstr(pk, "args");
-  uint32_t nargs = op->nargs > 3 ? 3 : op->nargs;
+  uint32_t nargs = op->nargs > FM_MAX_ARGS ? FM_MAX_ARGS : op->nargs;
   rc |= msgpack_pack_array(pk, nargs);
   for (uint32_t a = 0; a < nargs; a++) rc |= msgpack_pack_uint32(pk, op->args[a]);
   /* Always float64, so 2 and 2.0 from two clients are the same bytes. */
   if (kind == FM_OPK_CONST) fm_pack_kv_f64(pk, "value", op->value);
   if (kind == FM_OPK_CAST) fm_pack_kv_cstr(pk, "dtype", fm_dtype_name(op->dtype));
   if (dim0) fm_pack_kv_i64(pk, "dim", 0);
+  if (cat) fm_pack_kv_i64(pk, "dim", op->dim);
   if (op->op == FM_OP_VAR) fm_pack_kv_u64(pk, "correction", op->correction);
   return rc;
 }

@@ -187,8 +187,9 @@ enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O_DIM, O_KEEPDIM, O_CORRECTION, O_
 static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype",
                                           "dim", "keepdim", "correction"};
 
-/* The vocabulary-2 attributes: dim (reductions, softmax), keepdim (reductions), correction
- * (var). Absent: dim -1, keepdim false, correction 1, as in torch. */
+/* The vocabulary-2 attributes: dim (reductions, softmax; cat, vocab 6, where it is required),
+ * keepdim (reductions), correction (var). Absent: dim -1, keepdim false, correction 1, as in
+ * torch. */
 static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm_opnode *op,
                             fm_diag *d) {
   char p[PATH_MAX_ + 32];
@@ -198,10 +199,12 @@ static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm
   op->dim = -1;
   op->keepdim = 0;
   op->correction = 1;
+  if (kind == FM_OPK_CAT && !f[O_DIM])
+    return fm_diag_set(d, FM_ESCHEMA, "%s: cat needs a 'dim'", path);
   if (f[O_DIM]) {
     int64_t dim = 0;
-    if (kind != FM_OPK_REDUCE && op->op != FM_OP_SOFTMAX)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.dim: only reductions and softmax take a dim, not '%s'",
+    if (kind != FM_OPK_REDUCE && kind != FM_OPK_CAT && op->op != FM_OP_SOFTMAX)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.dim: only reductions, softmax and cat take a dim, not '%s'",
                          path, opname);
     snprintf(p, sizeof p, "%s.dim", path);
     if ((rc = get_i64(f[O_DIM], p, &dim, d))) return rc;
@@ -260,11 +263,12 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
   if (args && args->type != MSGPACK_OBJECT_ARRAY)
     return fm_diag_set(d, FM_ESCHEMA, "%s.args: expected an array, got %s", path, kind_of(args));
   uint32_t nargs = args ? args->via.array.size : 0;
-  /* composites take optional trailing args (weight, bias) */
-  if (kind == FM_OPK_COMPOSITE ? (nargs < 1 || nargs > (uint32_t)arity) : nargs != (uint32_t)arity) {
-    if (kind == FM_OPK_COMPOSITE)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes 1 to %d args, got %u", path, opname,
-                         arity, nargs);
+  /* composites take optional trailing args (weight, bias); cat 2 to FM_MAX_ARGS values */
+  if (kind == FM_OPK_COMPOSITE ? (nargs < 1 || nargs > (uint32_t)arity) : !fm_op_nargs_ok(op->op, nargs)) {
+    if (kind == FM_OPK_COMPOSITE || kind == FM_OPK_CAT)
+      return fm_diag_set(d, kind == FM_OPK_CAT && nargs > FM_MAX_ARGS ? FM_ELIMIT : FM_ESCHEMA,
+                         "%s.args: '%s' takes %d to %d args, got %u", path, opname,
+                         kind == FM_OPK_CAT ? FM_MIN_CAT_ARGS : 1, arity, nargs);
     return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path, opname, arity,
                        arity == 1 ? "" : "s", nargs);
   }

@@ -18,4 +18,8 @@ void fm_fragment_prepend_ones(fm_tensor *t, uint32_t rank);
  * outputs. */
 int fm_fragment_check_cols(fm_fragment *f, fm_diag *d);
 
+/* Cat fragments' rules (fm_fragment.h), for fm_fragment_validate once the dataflow is
+ * checked: every value's extent (fm_fragment_cat_info), each cat's dim made non-negative. */
+int fm_fragment_check_cat(fm_fragment *f, fm_diag *d);
+
 #endif

@@ -121,7 +121,7 @@ static fm_dtype promote(const value *a, const value *b) {
 }
 
 /* Result dtype of op (args already resolved) or an error naming the operand at fault. */
-static int infer(fm_opnode *op, const value *arg[3], bool *weak, const char *path, fm_diag *d) {
+static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const char *path, fm_diag *d) {
   const char *name = fm_op_name(op->op);
   *weak = false;
   switch (fm_op_kind(op->op)) {
@@ -188,6 +188,19 @@ static int infer(fm_opnode *op, const value *arg[3], bool *weak, const char *pat
       op->dtype = a->dtype;
       return FM_OK;
     }
+    case FM_OPK_CAT: {
+      /* torch.cat's result_type: one dtype stays (bool too); mixed ones promote as a chain
+       * of binary ops would */
+      value acc = *arg[0];
+      bool same = !acc.weak;
+      for (uint32_t k = 1; k < op->nargs; k++) same = same && !arg[k]->weak && arg[k]->dtype == acc.dtype;
+      for (uint32_t k = 1; k < op->nargs && !same; k++) {
+        acc.dtype = promote(&acc, arg[k]);
+        acc.weak = false;
+      }
+      op->dtype = acc.dtype;
+      return FM_OK;
+    }
     case FM_OPK_COMPOSITE:
       return fm_diag_set(d, FM_ESCHEMA,
                          "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)",
@@ -216,10 +229,15 @@ static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_di
     return fm_diag_set(d, FM_ELIMIT, "%s.out: value id %u exceeds the maximum %u", path, op->out,
                        FM_MAX_VALUE_ID);
   int arity = fm_op_arity(op->op);
-  if (op->nargs != (uint32_t)arity)
+  if (!fm_op_nargs_ok(op->op, op->nargs)) {
+    if (fm_op_kind(op->op) == FM_OPK_CAT)
+      return fm_diag_set(d, op->nargs > FM_MAX_ARGS ? FM_ELIMIT : FM_ESCHEMA,
+                         "%s.args: 'cat' takes %d to %d args, got %u", path, FM_MIN_CAT_ARGS,
+                         FM_MAX_ARGS, op->nargs);
     return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path,
                        fm_op_name(op->op), arity, arity == 1 ? "" : "s", op->nargs);
-  const value *arg[3] = {NULL, NULL, NULL};
+  }
+  const value *arg[FM_MAX_ARGS] = {NULL};
   for (uint32_t k = 0; k < op->nargs; k++) {
     arg[k] = lookup(vs, op->args[k]);
     if (!arg[k])
@@ -721,9 +739,14 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
                          "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)",
                          k, fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
+  if (fm_fragment_is_cat(f) && (fm_fragment_is_gemm(f) || fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "ops: a cat runs in a pointwise fragment only (not with a reduction or a "
+                       "matrix product)");
   rc = fm_fragment_is_gemm(f)   ? check_gemm(f, &vs, d)
        : fm_fragment_is_cols(f) ? fm_fragment_check_cols(f, d)
        : fm_fragment_is_rows(f) ? check_rows(f, &vs, d)
+       : fm_fragment_is_cat(f)  ? fm_fragment_check_cat(f, d)
                                 : check_shapes(f, d);
   if (rc) return rc;
   for (uint32_t k = 0; k < f->n_outputs; k++) {

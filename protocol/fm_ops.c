@@ -63,9 +63,16 @@ int fm_op_arity(fm_op op) {
     case FM_OPK_REDUCE: return 1;
     case FM_OPK_COMPOSITE: return op == FM_OP_LAYER_NORM ? 3 : op == FM_OP_RMS_NORM ? 2 : 1;
     case FM_OPK_MATMUL: return op == FM_OP_ADDMM ? 3 : 2;
+    case FM_OPK_CAT: return FM_MAX_ARGS;
     case FM_OPK_RESERVED: return -1;
   }
   return -1;
+}
+
+int fm_op_nargs_ok(fm_op op, uint32_t n) {
+  if (fm_op_kind(op) == FM_OPK_CAT) return n >= FM_MIN_CAT_ARGS && n <= FM_MAX_ARGS;
+  int arity = fm_op_arity(op);
+  return arity >= 0 && n == (uint32_t)arity;
 }
 
 uint32_t fm_op_vocab(fm_op op) {
@@ -74,6 +81,7 @@ uint32_t fm_op_vocab(fm_op op) {
     case FM_OPK_REDUCE:
     case FM_OPK_COMPOSITE: return 2;
     case FM_OPK_MATMUL: return op == FM_OP_BMM ? 4 : 3;
+    case FM_OPK_CAT: return FM_VOCAB_CAT;
     default: return 1;
   }
 }

@@ -66,8 +66,8 @@ VECTORS = [
      ("reject", "bad_request", "inputs[0].dtype: unknown dtype 'f64'")),
     ("output_dtype_mismatch", "bf16 + f16 promotes to f32, stored into a bf16 output",
      ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32")),
-    ("vocab6", "a fragment of a newer vocabulary",
-     ("reject", "bad_request", "vocab 6 not supported, this daemon speaks 1 to 5")),
+    ("vocab7", "a fragment of a newer vocabulary",
+     ("reject", "bad_request", "vocab 7 not supported, this daemon speaks 1 to 6")),
     # ---- vocabulary 3: GEMM fragments ----
     ("gemm_linear", "nn.Linear + gelu: x [-1, 64] @ weight.t() (B [64, 128] column-major) + "
      "bias [128] (canonical [1, 128]), the pre-activation a second output", ("accept", None)),
@@ -126,6 +126,11 @@ VECTORS = [
      ("reject", "unsupported", "'var' over dim 0 is not supported")),
     ("cols_mixed_dims", "a sum over dim 0 beside an amax over the last dim",
      ("reject", "unsupported", "reduces over dim 0 (columns) or over the last dim (rows), not both")),
+    # ---- vocabulary 6: cat ----
+    ("cat_rope", "rotary embeddings: x * cos + cat([-x2, x1], -1) * sin, x1 and x2 the halves of x "
+     "[-1, 4, 16] bf16 as views (strides of x), cos and sin [-1, 1, 16]", ("accept", None)),
+    ("cat_sizes_mismatch", "a cat of 8 + 8 stored into an output of 12",
+     ("reject", "bad_request", "a cat's operand sizes must add up to the output's")),
     ("malformed_c1", "chain with the reserved type byte 0xc1 in place of vocab's value",
      ("reject", "malformed", "0xc1")),
     ("truncated", "chain.mp without its last 5 bytes", ("reject", "malformed", "truncated")),
@@ -305,11 +310,15 @@ def canonical(frag):
             o["dtype"] = op["dtype"]
         if cols and op["op"] in REDUCTIONS:  # dim is packed for column reductions only
             o["dim"] = 0
+        if op["op"] == "cat":  # always, non-negative
+            o["dim"] = op["dim"] % len(outputs[0]["shape"])
         if op["op"] == "var":
             o["correction"] = op.get("correction", 1)
         out_ops.append(o)
     # the lowest vocabulary that covers the live ops
     vocab = 5 if cols else 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
+    if any(ops[j]["op"] == "cat" for j in order):
+        vocab = 6
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;

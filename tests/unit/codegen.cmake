@@ -50,3 +50,8 @@ fm_unit_test(test_codegen_skinny
 fm_unit_test(test_codegen_blas
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_blas.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
+# cat fragments (vocabulary 6): reference, golden source, NVRTC
+fm_unit_test(test_codegen_cat
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_cat.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_cat PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -157,6 +157,18 @@ static void queue_every_op(void) {
         tf_cast(&raw, 20, 10 + FM_DT_BOOL, FM_DT_F16);
         tf_output(&raw, 20, FM_DT_F16, 2, sq, NULL, 16);
         break;
+      case FM_OPK_CAT:     /* bf16 [-1, 100] and a computed f32 [-1, 28] -> f32 [-1, 128] */
+        {
+          int64_t a[2] = {-1, 100}, b[2] = {-1, 28}, o[2] = {-1, 128};
+          raw.vocab = 6;
+          tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+          tf_input(&raw, 2, FM_DT_F32, 2, b, NULL, 16);
+          tf_op(&raw, FM_OP_EXP, 3, 1, 2, 0, 0);
+          tf_op(&raw, (fm_op)op, 4, 2, 1, 3, 0);
+          raw.ops[raw.n_ops - 1].dim = 1;
+          tf_output(&raw, 4, FM_DT_F32, 2, o, NULL, 16);
+        }
+        break;   /* more in test_codegen_cat */
       case FM_OPK_RESERVED:
       case FM_OPK_REDUCE:    /* row fragments: test_codegen_rows */
       case FM_OPK_COMPOSITE:

@@ -129,7 +129,7 @@ static const tp_reject rejects[] = {
     {FRAG2(X, "{'op':'var','out':1,'args':[0],'correction':2}", T(1, "bf16", "[-1,1]")), FM_ESCHEMA,
      "ops[0].correction: 2 is not 0 or 1"},
     {FRAG2(X, "{'op':'relu','out':1,'args':[0],'dim':-1}", T(1, "bf16", "[-1,64]")), FM_ESCHEMA,
-     "ops[0].dim: only reductions and softmax take a dim"},
+     "ops[0].dim: only reductions, softmax and cat take a dim"},
     {FRAG2(X, "{'op':'mean','out':1,'args':[0],'correction':0}", T(1, "bf16", "[-1,1]")), FM_ESCHEMA,
      "only var takes a correction"},
     {FRAG2(X, "{'op':'layer_norm','out':1,'args':[0]}", T(1, "bf16", "[-1,64]")), FM_ESCHEMA,
@@ -144,7 +144,7 @@ static const tp_reject rejects[] = {
      "inputs[1].shape[1]: 32 does not broadcast to 64"},
     {FRAG2(T(0, "bool", "[4,8]"), "{'op':'sum','out':1,'args':[0]}", T(1, "bool", "[4,1]")), FM_ESCHEMA,
      "'sum' reduces a floating-point tensor"},
-    {"{'vocab':6,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 6 not supported, this daemon speaks 1 to 5"},
+    {"{'vocab':7,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 7 not supported, this daemon speaks 1 to 6"},
 };
 
 static void test_rejections(void) {

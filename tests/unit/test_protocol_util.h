@@ -133,6 +133,18 @@ TP_FN int tp_bytes_eq(const void *a, size_t alen, const void *b, size_t blen) {
   return a && b && alen == blen && memcmp(a, b, alen) == 0;
 }
 
+/* Whether canonical bytes decode (into *f) and canonicalize to themselves: the canonical
+ * form is a fixed point. */
+TP_FN int tp_canonical_fixed_point(const uint8_t *bytes, size_t len, fm_fragment *f) {
+  fm_diag d = {{0}};
+  uint8_t *again = NULL;
+  size_t alen = 0;
+  int ok = tp_decode_mp(bytes, len, f, &d) == FM_OK &&
+           fm_fragment_canonical_bytes(f, &again, &alen) == FM_OK && tp_bytes_eq(again, alen, bytes, len);
+  free(again);
+  return ok;
+}
+
 /* Field-by-field equality of two fragments (padding and unused slots are not compared). */
 TP_FN int tp_fragment_eq(const fm_fragment *a, const fm_fragment *b) {
   if (a->vocab != b->vocab || a->n_inputs != b->n_inputs || a->n_ops != b->n_ops ||

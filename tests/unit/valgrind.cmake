@@ -10,7 +10,7 @@ if(FM_VALGRIND AND NOT FM_SANITIZE AND NOT FM_FUZZ AND TARGET fusemld)
       --show-leak-kinds=definite --track-origins=yes --suppressions=${FM_VG_SUPP})
   # Unit tests that cover the untrusted-input, store and worker-management code without NVRTC
   # (NVRTC under memcheck costs ~15 s a compile; the session below does one).
-  set(FM_VG_UNITS test_protocol_msg test_protocol_frame test_protocol_fragment test_protocol_canon
+  set(FM_VG_UNITS test_protocol_msg test_protocol_frame test_protocol_fragment test_protocol_canon test_protocol_cat
       test_cache_store test_cache_integrity test_daemon_config test_daemon_sd test_tuner_env)
   set(FM_VG_TARGETS)
   foreach(t ${FM_VG_UNITS})

@@ -12,6 +12,7 @@ from functorch.compile import make_boxed_func
 from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
+from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
@@ -188,6 +189,7 @@ class FuseMLCompiler:
         # what the groups around them read
         padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
         chains = settings.chains() if self.chains is None else bool(self.chains)
+        spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

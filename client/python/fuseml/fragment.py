@@ -7,11 +7,12 @@ which is exact when every tensor is either dense across them or broadcast over a
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
-from .ops import DTYPES, POINTWISE, column_reduction, row_reduction
+from .ops import DTYPES, POINTWISE, cat_dim, column_reduction, row_reduction
 
 VOCAB = 1
 VOCAB_ROWS = 2
 VOCAB_COLUMNS = 5
+VOCAB_CAT = 6
 
 
 class Unfusable(Exception):
@@ -127,7 +128,27 @@ class Emitter:
         self.ops.append(op)
         return out
 
-    def emit_node(self, node):
+    def cat(self, vids, dim):
+        """cat along fragment dim `dim` (vocabulary 6): one dtype stays, mixed ones promote."""
+        dts = [self.dtype[v] for v in vids]
+        dtype = dts[0]
+        if dtype == "const" or any(d != dtype for d in dts):
+            dtype = dts[0]
+            for d in dts[1:]:
+                dtype = _promote(dtype, d)
+        out = self._new(dtype)
+        self.ops.append({"op": "cat", "out": out, "args": list(vids), "dim": dim})
+        return out
+
+    def emit_node(self, node, layout=None):
+        dim = cat_dim(node)
+        if dim is not None:
+            if layout is None or dim < layout.k:
+                raise Unfusable(f"{node.name}: a cat along a symbolic dim")
+            vid = self.cat([self.arg(x) for x in node.args[0]], dim - layout.k + 1 if layout.k else dim)
+            vid = self.cast(vid, DTYPES[node.meta["val"].dtype])
+            self.ids[node] = vid
+            return vid
         red = row_reduction(node)
         col = None if red else column_reduction(node)
         if col:
@@ -157,8 +178,11 @@ class Layout:
     """How the group's iteration space maps onto the fragment's: `k` leading dims (symbolic,
     or 0 when static) collapse into fragment dim 0."""
 
-    def __init__(self, shape):
+    def __init__(self, shape, ragged=False):
         self.shape = list(shape)
+        # a cat group: its tensors may be smaller than the group along a static dim (a cat's
+        # operands); the daemon checks that every size adds up (vocabulary 6)
+        self.ragged = ragged
         sym = [i for i, d in enumerate(self.shape) if not _static(d)]
         self.k = 0
         while self.k < len(self.shape) and not _static(self.shape[self.k]):
@@ -196,7 +220,7 @@ class Layout:
             d, g = size[i], self.shape[i]
             if not _static(d):
                 raise Unfusable(f"{where}: symbolic dim {i}")
-            if int(d) != int(g) and int(d) != 1:
+            if int(d) != int(g) and int(d) != 1 and not (self.ragged and int(d) < int(g)):
                 raise Unfusable(f"{where}: dim {i} is {int(d)}, not {int(g)} or 1")
             if int(d) == 1:
                 shape.append(1)
@@ -259,11 +283,12 @@ def build(members, in_nodes, out_nodes, shape=None):
     out_nodes: the members whose values leave the group (fragment order); shape: the
     iteration shape (a rows group's row shape; default: the last member's shape)."""
     shape = shape if shape is not None else members[-1].meta["val"].shape
-    layout = Layout(shape)
+    cats = any(cat_dim(n) is not None for n in members)
+    layout = Layout(shape, ragged=cats)
     rows = any(row_reduction(n) for n in members)
     e = Emitter(in_nodes)
     for node in members:
-        e.emit_node(node)
+        e.emit_node(node, layout)
     inputs, full_input, in_align = wire_inputs(layout, in_nodes)
     outputs, out_strides, out_tails = [], [], []
     for node in out_nodes:
@@ -279,7 +304,7 @@ def build(members, in_nodes, out_nodes, shape=None):
                         "strides": fstrides, "align": 16})
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0:]])
-    wire = {"vocab": VOCAB_ROWS if rows else VOCAB, "inputs": inputs, "ops": e.ops,
+    wire = {"vocab": VOCAB_CAT if cats else VOCAB_ROWS if rows else VOCAB, "inputs": inputs, "ops": e.ops,
             "outputs": outputs}
     built = Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)
     built.out_tails = out_tails

@@ -260,6 +260,33 @@ def column_reduction(node):
     return name
 
 
+# Concatenation (vocabulary 6): aten.cat of 2 to MAX_CAT tensors of one rank along a dim
+# whose sizes are static; a cat group's other dims may be symbolic (leading dims only).
+MAX_CAT = 8
+
+
+def cat_dim(node):
+    """The non-negative dim of an aten.cat node a fragment can spell (vocabulary 6), else
+    None: 2 to MAX_CAT float or bool tensor operands of the result's rank, device and a
+    static size along dim."""
+    if node.op != "call_function" or node.target is not aten.cat.default or node.kwargs.keys() - {"dim"}:
+        return None
+    xs = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    val = node.meta.get("val")
+    if not isinstance(xs, (list, tuple)) or not 2 <= len(xs) <= MAX_CAT or not isinstance(dim, int):
+        return None
+    if not isinstance(val, torch.Tensor) or val.dtype not in DTYPES or not -val.dim() <= dim < val.dim():
+        return None
+    dim %= val.dim()
+    for x in xs:
+        t = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dim() != val.dim() or \
+                t.device != val.device or not _static_int(t.shape[dim]):
+            return None
+    return dim
+
+
 RESHAPE_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 
 

@@ -1,4 +1,6 @@
-"""Fusion discovery on an ATen FX graph: pointwise chains become groups; a GEMM (mm, addmm,
+"""Fusion discovery on an ATen FX graph: pointwise chains become groups (an aten.cat takes in
+the groups of its operands, and the group goes on over the cat's shape: rotary embeddings'
+cat([-x2, x1]) * sin + x * cos is one group); a GEMM (mm, addmm,
 bmm, baddbmm) starts a group that absorbs the pointwise ops after it as its epilogue (seen
 through one view of its result: [M, N] as [B, S, N], a bmm's [B*H, S, S] as [B, H, S, S]);
 a reduction over dim 0 of a 2-D value (a bias gradient) is a column group of its own; other
@@ -99,8 +101,14 @@ def _per_row(shape):
     return list(shape[:-1]) + [1]
 
 
+def _has_cat(g):
+    return any(ops.cat_dim(n) is not None for n in g.members)
+
+
 def _fits(g, shape, reduce):
     """Can a node over `shape` (a reduction: of its operand's rows) join group g?"""
+    if reduce and _has_cat(g):
+        return False      # a cat runs in a pointwise fragment only
     if g.kind == "gemm":
         return not reduce and same_shape(g.shape, shape)
     if g.kind not in ("pointwise", "rows"):
@@ -110,6 +118,17 @@ def _fits(g, shape, reduce):
     # a per-row value (a statistic and what is computed from it) joins its rows group
     return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and \
         same_shape(_per_row(g.shape), shape)
+
+
+def _absorbs(g, operand, cat):
+    """Can aten.cat node `cat` take in group g, which computes its operand `operand`? Only a
+    pointwise group over the operand's shape without a cat of its own (the daemon refuses a
+    cat of a cat), none of whose values is read outside it but by the cat: its values have
+    the operand's size, and a group's outputs have the group's (the cat's) shape."""
+    if g.kind != "pointwise" or not same_shape(g.shape, operand.meta["val"].shape) or _has_cat(g):
+        return False
+    mset = set(g.members)
+    return all(u in mset or u is cat for n in g.members for u in n.users)
 
 
 def _sees_through(view, g):
@@ -257,17 +276,18 @@ def find_groups(gm, min_ops=2, chains=True):
             src.shape = node.meta["val"].shape
             group_of[node] = src
             continue
-        if not reduce and ops.why_not_pointwise(node) is not None:
+        cat = not reduce and ops.cat_dim(node) is not None
+        if not reduce and not cat and ops.why_not_pointwise(node) is not None:
             continue
         # A reduction works on rows of its operand's shape; anything else on its own shape.
         shape = node.args[0].meta["val"].shape if reduce else node.meta["val"].shape
         # Producer groups this node may join: of its shape (a rows group also takes per-row
         # values), and not reached through any other operand (joining would make the group
-        # wait on itself).
+        # wait on itself). A cat takes in the groups of its operands instead (_absorbs).
         cands = []
         for a in node.all_input_nodes:
             g = group_of.get(a)
-            if g is None or g in cands or not _fits(g, shape, reduce):
+            if g is None or g in cands or not (_absorbs(g, a, node) if cat else _fits(g, shape, reduce)):
                 continue
             if g.kind == "gemm" and any(b in p.args[-2:] for p in ops.products(g.members)
                                         for b in node.all_input_nodes):
@@ -295,16 +315,20 @@ def find_groups(gm, min_ops=2, chains=True):
                 merge(chosen, h)
                 break      # two products at most
         for h in cands[1:]:
-            if chosen.kind == "gemm" or h.kind == "gemm" or not same_shape(chosen.shape, h.shape):
+            if chosen.kind == "gemm" or h.kind == "gemm" or not (cat or same_shape(chosen.shape, h.shape)):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
+            if "rows" in (chosen.kind, h.kind) and (_has_cat(chosen) or _has_cat(h)):
+                continue   # a cat runs in a pointwise fragment only
             merge(chosen, h)
             if h.kind == "rows":
                 chosen.kind = "rows"
         if chosen is None:
             chosen = Group(next(next_gid), "pointwise", [], shape=shape)
             groups.append(chosen)
+        if cat:
+            chosen.shape = shape   # the operands' groups now run over the cat's shape
         if reduce:
             chosen.kind = "rows"
         chosen.members.append(node)

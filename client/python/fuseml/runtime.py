@@ -100,6 +100,8 @@ class GroupRunner:
         def get(a):
             if isinstance(a, tuple) and len(a) == 2 and a[0] in ("in", "val") and isinstance(a[1], int):
                 return xs[a[1]] if a[0] == "in" else vals[a[1]]
+            if isinstance(a, list):   # a cat's operands
+                return [get(x) for x in a]
             return a
 
         for target, args, kwargs in self.steps:

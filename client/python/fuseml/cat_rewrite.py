@@ -1,0 +1,174 @@
+"""Graph rewrites that spell concatenations as aten.cat, so that the partitioner can fuse them
+(vocabulary 6), before any group is formed.
+
+Autograd writes the backward of a cat of slices (rotary embeddings' rotate_half) as
+  s1 = slice(g, d, 0, h); s2 = slice(g, d, h, n)       g = grad * sin, computed in the graph
+  add(slice_backward(neg(s1), shape, d, h, n), slice_backward(s2, shape, d, 0, h))
+Two rewrites, each exact (elementwise ops commute with slicing; zeros added to a tile are
+the tile), turn it into one pointwise group:
+  * two slice_backward of one shape whose ranges tile dim d, summed: cat of the two, in
+    range order (the only difference: -0.0 stays -0.0 where 0.0 + -0.0 gave 0.0);
+  * a slice along d of a pointwise node read only by slices, on its way to a cat: the node
+    applied to slices of its operands (an operand of size 1 along d is not sliced), so the
+    slices reach the graph's inputs, where they are views the kernel reads in place.
+Nothing else changes: a graph without this pattern is left as it was."""
+import torch
+from torch._guards import detect_fake_mode
+
+from . import ops
+from ._log import log
+
+aten = torch.ops.aten
+_SLICE = aten.slice.Tensor
+_SLICE_BACKWARD = aten.slice_backward.default
+_MAX_HOPS = 8        # pointwise ops between a slice and the cat it feeds
+
+
+def _range(node):
+    """(dim, start, end) of a step-1 slice node over its operand's static size, else None."""
+    args = list(node.args) + [None] * 5
+    x, dim, start, end, step = args[:5]
+    t = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(t, torch.Tensor) or (step or 1) != 1 or node.kwargs:
+        return None
+    dim = 0 if dim is None else dim
+    if not isinstance(dim, int) or not -t.dim() <= dim < t.dim():
+        return None
+    dim %= t.dim()
+    n = t.shape[dim]
+    if not ops._static_int(n) or not all(v is None or isinstance(v, int) for v in (start, end)):
+        return None
+    start = 0 if start is None else (start + n if start < 0 else start)
+    end = n if end is None else (end + n if end < 0 else end)
+    start, end = max(0, min(start, n)), max(0, min(end, n))
+    return (dim, start, end) if start < end else None
+
+
+def _tile(node):
+    """(grad, dim, start, end) of a slice_backward(grad, sizes, dim, start, end, 1) node, else
+    None."""
+    if node.op != "call_function" or node.target is not _SLICE_BACKWARD or node.kwargs:
+        return None
+    grad, sizes, dim, start, end, step = node.args
+    val = node.meta.get("val")
+    if step != 1 or not isinstance(grad, torch.fx.Node) or not isinstance(val, torch.Tensor):
+        return None
+    if not isinstance(dim, int) or not all(isinstance(v, int) for v in (start, end)):
+        return None
+    dim %= val.dim()
+    n = val.shape[dim]
+    if not ops._static_int(n):
+        return None
+    start = start + n if start < 0 else start
+    end = min(end + n if end < 0 else end, n)
+    return grad, dim, start, end
+
+
+def _tiles_to_cat(gm):
+    """add(slice_backward(a), slice_backward(b)) whose ranges tile the dim -> cat([a, b])."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.add.Tensor or node.kwargs or len(node.args) != 2:
+            continue
+        parts = [_tile(a) if isinstance(a, torch.fx.Node) else None for a in node.args]
+        if None in parts or any(len(a.users) != 1 for a in node.args):
+            continue
+        if parts[0][1] != parts[1][1] or list(node.args[0].args[1]) != list(node.args[1].args[1]):
+            continue
+        parts.sort(key=lambda p: p[2])
+        n = node.meta["val"].shape[parts[0][1]]
+        if parts[0][2] != 0 or parts[0][3] != parts[1][2] or parts[1][3] != n:
+            continue
+        with gm.graph.inserting_before(node):
+            cat = gm.graph.call_function(aten.cat.default, ([parts[0][0], parts[1][0]], parts[0][1]))
+        cat.meta = dict(node.meta)
+        olds = list(node.args)
+        node.replace_all_uses_with(cat)
+        gm.graph.erase_node(node)
+        for a in olds:
+            gm.graph.erase_node(a)
+        changed = True
+    return changed
+
+
+def _feeds_cat(node):
+    """Does node reach an aten.cat through pointwise ops only (at most _MAX_HOPS)?"""
+    frontier, seen = [node], set()
+    for _ in range(_MAX_HOPS):
+        nxt = []
+        for n in frontier:
+            for u in n.users:
+                if u in seen:
+                    continue
+                seen.add(u)
+                if ops.cat_dim(u) is not None:
+                    return True
+                if ops.why_not_pointwise(u) is None:
+                    nxt.append(u)
+        frontier = nxt
+    return False
+
+
+def _push_slices(gm, fake_mode):
+    """slice(f(a, b), d, s, e) -> f(slice(a), slice(b)) for a pointwise f read only by slices
+    that feed a cat."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _SLICE:
+            continue
+        x = node.args[0]
+        if not isinstance(x, torch.fx.Node) or x.op != "call_function" or ops.why_not_pointwise(x) is not None:
+            continue
+        rng = _range(node)
+        if rng is None or any(u.target is not _SLICE for u in x.users) or not _feeds_cat(node):
+            continue
+        dim, start, end = rng
+        rank = x.meta["val"].dim()
+
+        def sliced(a):
+            t = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            if not isinstance(t, torch.Tensor):
+                return a
+            d = dim - (rank - t.dim())            # broadcasting aligns dims from the right
+            if d < 0 or t.shape[d] == 1:
+                return a                          # broadcast along the sliced dim: as it is
+            s = gm.graph.call_function(_SLICE, (a, d, start, end))
+            s.meta["val"] = _fake(fake_mode, _SLICE, (t, d, start, end), {})
+            return s
+
+        with gm.graph.inserting_before(node):
+            args = torch.fx.node.map_arg(x.args, sliced)
+            kwargs = torch.fx.node.map_arg(x.kwargs, sliced)
+            y = gm.graph.call_function(x.target, args, kwargs)
+        vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
+        y.meta["val"] = _fake(fake_mode, x.target, *vals)
+        node.replace_all_uses_with(y)
+        gm.graph.erase_node(node)
+        if not x.users:
+            gm.graph.erase_node(x)
+        changed = True
+    return changed
+
+
+def _fake(fake_mode, target, args, kwargs):
+    with fake_mode:
+        return target(*args, **kwargs)
+
+
+def spell_cats(gm):
+    """Rewrites gm in place (above); returns whether anything changed."""
+    if not any(n.target is _SLICE_BACKWARD for n in gm.graph.nodes):
+        return False
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    if fake_mode is None:
+        return False
+    changed = _tiles_to_cat(gm)
+    # each pass moves a slice one op towards the inputs
+    for _ in range(_MAX_HOPS if changed else 0):
+        if not _push_slices(gm, fake_mode):
+            break
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+        log.debug("fuseml: concatenations spelled as aten.cat:\n%s", gm.code)
+    return changed

@@ -1,0 +1,250 @@
+/* fm_codegen_cat.c: the pointwise template's form for fragments with a `cat` (vocabulary 6),
+ * such as rotary embeddings' x * cos + cat([-x2, x1]) * sin.
+ *
+ * Shape of the generated kernel (candidate parameters as the pointwise template's; vec is
+ * always 1):
+ *   for each grid-wide step, thread t of block b owns elements e0 + u*BLOCK, u < UNROLL:
+ *     1. the element's coordinates c0.. in the iteration shape (divisions by constants);
+ *     2. every value the outputs need, in op order, each input loaded at its own strides;
+ *        a cat picks the branch its coordinate along dim falls in and there evaluates the
+ *        operand's whole subtree again, that coordinate shifted by the sizes before it
+ *        (names are shadowed in the branch's block, so the op table's v<pos> names work);
+ *     3. the stores.
+ * Validation checked every value's extent (fm_fragment_cat_info), so a branch's inputs are
+ * read inside their own shapes. No vector accesses: which input an element reads depends on
+ * its coordinate. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen_int.h"
+
+#define FM_CG_MAX_SOURCE (1u << 20)
+#define FM_CG_DEFAULT_SMS 132u   /* H100 SXM: sizes the grid cap when the caller has no GPU */
+
+typedef struct cat_gen {
+  const fm_fragment *f;
+  fm_cg_plan p;
+  fm_cat_info ci;
+} cat_gen;
+
+/* The names of the coordinates where values are being emitted. */
+typedef struct cat_ctx {
+  char coord[FM_MAX_RANK][16];
+  const char *ind;
+} cat_ctx;
+
+/* need[] of values an output (root) or a cat operand (arg >= 0) reads, cats' operands left to
+ * their branches. */
+static void mark_needs(const cat_gen *g, int arg, uint8_t *need) {
+  const uint32_t n_in = g->p.n_in, n_val = n_in + g->p.n_ops;
+  memset(need, 0, n_val);
+  if (arg >= 0) need[arg] = 1;
+  else
+    for (uint32_t k = 0; k < g->p.n_out; k++) need[g->p.t[n_in + k].value] = 1;
+  for (uint32_t pos = n_val; pos-- > n_in;) {
+    const fm_opnode *op = &g->f->ops[pos - n_in];
+    if (!need[pos] || fm_op_kind(op->op) == FM_OPK_CAT) continue;
+    for (uint32_t a = 0; a < op->nargs; a++) need[g->p.args[pos - n_in][a]] = 1;
+  }
+}
+
+/* Element offset of tensor t at the context's coordinates (dims of size 1 never move). */
+static void emit_offset(fm_strbuf *sb, const fm_tensor *t, const cat_ctx *cx) {
+  const char *sep = "";
+  for (uint32_t j = 0; j < t->rank; j++) {
+    if (t->shape[j] == 1 || t->strides[j] == 0) continue;
+    if (t->strides[j] == 1) fm_strbuf_printf(sb, "%s%s", sep, cx->coord[j]);
+    else fm_strbuf_printf(sb, "%s%s * %lldLL", sep, cx->coord[j], (long long)t->strides[j]);
+    sep = " + ";
+  }
+  if (!*sep) fm_strbuf_append(sb, "0");
+}
+
+static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx);
+
+/* v<pos> = the cat of op i, each operand in its own branch. */
+static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx *cx) {
+  const fm_opnode *op = &g->f->ops[i];
+  const uint32_t pos = g->p.n_in + i, dim = (uint32_t)op->dim;
+  const fm_dtype vdt = g->p.vdt[pos];
+  uint8_t need[FM_CG_MAX_VALUES];
+  char ind[64];
+  snprintf(ind, sizeof ind, "%s  ", cx->ind);
+  fm_strbuf_printf(sb, "%s%s v%u;  /* cat along dim %u */\n", cx->ind, fm_cg_val_type(vdt), pos, dim);
+  int64_t start = 0;
+  for (uint32_t a = 0; a < op->nargs; a++) {
+    const uint32_t arg = g->p.args[i][a];
+    const int64_t size = g->ci.ext[arg][dim];
+    if (a == 0) fm_strbuf_printf(sb, "%sif (%s < %lldLL) {\n", cx->ind, cx->coord[dim], (long long)size);
+    else if (a + 1 < op->nargs)
+      fm_strbuf_printf(sb, "%s} else if (%s < %lldLL) {\n", cx->ind, cx->coord[dim],
+                       (long long)(start + size));
+    else fm_strbuf_printf(sb, "%s} else {\n", cx->ind);
+    cat_ctx in = *cx;
+    in.ind = ind;
+    if (start > 0) {
+      snprintf(in.coord[dim], sizeof in.coord[dim], "b%u", dim);
+      fm_strbuf_printf(sb, "%sconst long long b%u = %s - %lldLL;\n", ind, dim, cx->coord[dim],
+                       (long long)start);
+    }
+    mark_needs(g, (int)arg, need);
+    emit_values(sb, g, need, &in);
+    char v[16];
+    snprintf(v, sizeof v, "v%u", arg);
+    if (vdt != FM_DT_BOOL && g->p.vdt[arg] == FM_DT_BOOL)
+      fm_strbuf_printf(sb, "%sv%u = %s ? 1.0f : 0.0f;\n", ind, pos, v);
+    else fm_strbuf_printf(sb, "%sv%u = %s;\n", ind, pos, v);
+    start += size;
+  }
+  fm_strbuf_printf(sb, "%s}\n", cx->ind);
+}
+
+/* Every needed value, in position order (operands before their ops). */
+static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx) {
+  const uint32_t n_in = g->p.n_in;
+  for (uint32_t pos = 0; pos < n_in + g->p.n_ops; pos++) {
+    if (!need[pos]) continue;
+    if (pos < n_in) {
+      const fm_tensor *t = &g->f->inputs[pos];
+      fm_strbuf tmp;   /* the load, which the decode wraps */
+      fm_strbuf_init(&tmp, 1024);
+      fm_strbuf_printf(&tmp, "in%u[", pos);
+      emit_offset(&tmp, t, cx);
+      fm_strbuf_append(&tmp, "]");
+      fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(t->dtype), pos);
+      char *e = fm_strbuf_take(&tmp);
+      fm_cg_emit_decode(sb, t->dtype, e ? e : "0");
+      free(e);
+      fm_strbuf_free(&tmp);
+      fm_strbuf_append(sb, ";\n");
+      continue;
+    }
+    const uint32_t i = pos - n_in;
+    if (fm_op_kind(g->f->ops[i].op) == FM_OPK_CAT) {
+      emit_cat(sb, g, i, cx);
+      continue;
+    }
+    fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(g->p.vdt[pos]), pos);
+    fm_cg_emit_op(sb, g->f, &g->p, i);
+    fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(g->f->ops[i].op));
+  }
+}
+
+static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg, const char *entry) {
+  const fm_tensor *it = &g->f->outputs[0];
+  const uint32_t r = it->rank, per_step = cfg->block * cfg->unroll;
+  fm_cg_emit_signature(sb, &g->p, cfg->block, 0, entry);
+  if (g->p.symbolic) fm_strbuf_printf(sb, "  const long long n = outer * %lldLL;\n", (long long)g->p.inner);
+  else fm_strbuf_printf(sb, "  const long long n = %lldLL;\n", (long long)(g->p.outer * g->p.inner));
+  fm_strbuf_printf(sb,
+                   "  for (long long e0 = (long long)blockIdx.x * %u + threadIdx.x; e0 < n;\n"
+                   "       e0 += (long long)gridDim.x * %u) {\n"
+                   "#pragma unroll\n"
+                   "    for (int u = 0; u < %u; ++u) {\n"
+                   "      const long long e = e0 + u * %u;\n"
+                   "      if (e >= n) break;\n",
+                   per_step, per_step, cfg->unroll, cfg->block);
+  cat_ctx cx = {.ind = "      "};
+  /* dim 0 by one 64-bit division; the rest within a unit of dim 0, in 32 bits when it fits
+   * (a division by a constant is then a multiply-high, not a 64-bit sequence) */
+  const char *rt = g->p.inner <= (int64_t)UINT32_MAX ? "unsigned int" : "unsigned long long";
+  const char *suffix = g->p.inner <= (int64_t)UINT32_MAX ? "u" : "ull";
+  if (r > 0) {
+    snprintf(cx.coord[0], sizeof cx.coord[0], "c0");
+    if (r == 1 || g->p.inner == 1) fm_strbuf_append(sb, "      const long long c0 = e;\n");
+    else fm_strbuf_printf(sb, "      const long long c0 = e / %lldLL;\n", (long long)g->p.inner);
+    if (r > 1 && g->p.inner > 1)
+      fm_strbuf_printf(sb, "      %s r = (%s)(e - c0 * %lldLL);\n", rt, rt, (long long)g->p.inner);
+  }
+  for (uint32_t j = r; j-- > 1;) {
+    snprintf(cx.coord[j], sizeof cx.coord[j], "c%u", j);
+    if (it->shape[j] == 1) continue;
+    fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j,
+                     (long long)it->shape[j], suffix);
+    fm_strbuf_printf(sb, "      r /= %lld%s;\n", (long long)it->shape[j], suffix);
+  }
+  uint8_t need[FM_CG_MAX_VALUES];
+  mark_needs(g, -1, need);
+  emit_values(sb, g, need, &cx);
+  for (uint32_t k = 0; k < g->p.n_out; k++) {
+    const fm_cg_tensor *t = &g->p.t[g->p.n_in + k];
+    char v[16];
+    snprintf(v, sizeof v, "v%u", t->value);
+    fm_strbuf_printf(sb, "      out%u[", k);
+    emit_offset(sb, &g->f->outputs[k], &cx);
+    fm_strbuf_append(sb, "] = ");
+    fm_cg_emit_encode(sb, t->dtype, g->p.vdt[t->value], v);
+    fm_strbuf_append(sb, ";\n");
+  }
+  fm_strbuf_append(sb, "    }\n  }\n}\n");
+}
+
+/* The plan's value table, with the checks every generator makes on what it indexes. */
+static int build(const fm_fragment *f, cat_gen *g, fm_diag *d) {
+  memset(&g->p, 0, sizeof g->p);
+  g->f = f;
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs < 1 ||
+      f->n_outputs > FM_MAX_OUTPUTS || f->outputs[0].rank > FM_MAX_RANK)
+    return fm_diag_set(d, FM_EINVAL, "codegen: fragment exceeds the limits");
+  g->p.n_in = f->n_inputs;
+  g->p.n_out = f->n_outputs;
+  g->p.n_ops = f->n_ops;
+  int rc = fm_cg_plan_values(f, &g->p, FM_CG_ALLOW_CAT, d);
+  if (rc) return rc;
+  if ((rc = fm_fragment_cat_info(f, &g->ci, d))) return rc == FM_EUNSUPPORTED ? rc : FM_EINVAL;
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_CAT &&
+        (f->ops[i].dim < 0 || (uint32_t)f->ops[i].dim >= f->outputs[0].rank))
+      return fm_diag_set(d, FM_EINVAL, "codegen: ops[%u]: a cat's dim is not canonical", i);
+  for (uint32_t k = 0; k < g->p.n_in + g->p.n_out; k++) {
+    const fm_tensor *t = k < g->p.n_in ? &f->inputs[k] : &f->outputs[k - g->p.n_in];
+    if ((unsigned)t->dtype >= FM_DT__COUNT) return fm_diag_set(d, FM_EINVAL, "codegen: invalid dtype");
+    g->p.t[k].dtype = t->dtype;
+    g->p.t[k].align = t->align;
+    if (k < g->p.n_in) g->p.t[k].value = k;
+  }
+  const fm_tensor *it = &f->outputs[0];
+  g->p.symbolic = it->rank > 0 && it->shape[0] == FM_DIM_SYMBOLIC;
+  g->p.inner = 1;
+  for (uint32_t j = 1; j < it->rank; j++) g->p.inner *= it->shape[j];
+  g->p.outer = it->rank == 0 ? 1 : it->shape[0];
+  return FM_OK;
+}
+
+int fm_codegen_cat(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
+                   fm_kernel_meta *meta, fm_diag *d) {
+  fm_strbuf sb;
+  fm_strbuf_init(&sb, FM_CG_MAX_SOURCE);
+  char entry[FM_META_ENTRY_MAX];
+  /* the plan and the extents are tens of KiB: keep them off worker-thread stacks */
+  cat_gen *g = malloc(sizeof *g);
+  int rc = g ? build(canon, g, d) : fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+  if (rc) goto out;
+  snprintf(entry, sizeof entry, "fm_pointwise_v%d", FM_CODEGEN_VERSION);
+  fm_strbuf_printf(&sb,
+                   "/* fusemld codegen v%d: pointwise kernel, CAT path, unroll %u, block %u.\n"
+                   " * Generated from a canonical fragment: every name and number below comes "
+                   "from its\n * typed fields. One self-contained translation unit (NVRTC has "
+                   "no include path). */\n",
+                   FM_CODEGEN_VERSION, cfg->unroll, cfg->block);
+  fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
+  fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
+  emit_kernel(&sb, g, cfg, entry);
+  if (fm_strbuf_error(&sb)) {
+    rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s", fm_strerror(fm_strbuf_error(&sb)));
+    goto out;
+  }
+  fm_cg_meta_begin(meta, "pointwise", "elementwise", entry, cfg->block, &g->p);
+  meta->inner = (uint64_t)g->p.inner;
+  meta->items_per_block = (uint64_t)cfg->block * cfg->unroll;
+  uint64_t max_blocks = (uint64_t)cfg->blocks_per_sm * (sm_count ? sm_count : FM_CG_DEFAULT_SMS);
+  meta->max_blocks = max_blocks > 0x7fffffffu ? 0x7fffffffu : (uint32_t)max_blocks;
+  meta->outer = g->p.symbolic ? -1 : g->p.outer;
+  *src = fm_strbuf_take(&sb);
+  if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
+out:
+  fm_strbuf_free(&sb);
+  free(g);
+  return rc;
+}

@@ -1,0 +1,175 @@
+"""Concatenation (vocabulary 6): rotary position embeddings as Hugging Face writes them
+(rotate_half's cat of slices, cos and sin broadcast over the heads) become one pointwise
+group in the forward graph and one in the backward (autograd's slice_backward pair is
+spelled as a cat), results as eager's, in a tiny Hugging Face Llama too; what cannot be
+spelled stays ATen; a real fusemld (compile-only here) accepts the fragments; explain() shows
+the groups."""
+import io
+
+import pytest
+import torch
+
+from helpers import close_bf16, plan
+
+import fuseml
+from fuseml import ops
+
+BF16 = torch.bfloat16
+
+
+def rotate_half(x):
+    """transformers.models.llama.modeling_llama.rotate_half"""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers.models.llama.modeling_llama.apply_rotary_pos_emb"""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def rope_inputs(b=2, h=4, kv=2, s=8, d=16, dtype=BF16):
+    torch.manual_seed(0)
+    q = torch.randn(b, h, s, d, dtype=dtype)
+    k = torch.randn(b, kv, s, d, dtype=dtype)
+    pos = torch.arange(s, dtype=torch.float32)
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    emb = torch.cat((pos[:, None] * inv[None], pos[:, None] * inv[None]), -1)
+    cos, sin = emb.cos()[None].expand(b, s, d).to(dtype), emb.sin()[None].expand(b, s, d).to(dtype)
+    return q, k, cos.contiguous(), sin.contiguous()
+
+
+def run(compiler, train=True, **shape):
+    """(outputs, grads of q and k) of the compiled RoPE and of eager's."""
+    q, k, cos, sin = rope_inputs(**shape)
+
+    def go(fn):
+        qi, ki = q.clone().requires_grad_(train), k.clone().requires_grad_(train)
+        a, b = fn(qi, ki, cos, sin)
+        if not train:
+            return [a.detach(), b.detach()]
+        w = torch.linspace(-1, 1, a.numel()).view(a.shape)
+        ((a.float() * w).sum() + (b.float() * b.float()).sum()).backward()
+        return [a.detach(), b.detach(), qi.grad, ki.grad]
+
+    want = go(apply_rotary_pos_emb)
+    got = go(torch.compile(apply_rotary_pos_emb, backend=compiler))
+    return got, want
+
+
+def cat_groups(p):
+    return [g for g in p.groups if "cat" in g.op_names]
+
+
+def test_rope_forward_and_backward_are_one_group_each(dead_socket):
+    c = fuseml.FuseMLCompiler()
+    got, want = run(c)
+    close_bf16((got[0], got[1:]), (want[0], want[1:]))
+    for which in ("forward", "backward"):
+        gs = cat_groups(plan(c, which))
+        assert len(gs) == 2, plan(c, which).describe()        # q and k (other head counts)
+        for g in gs:
+            assert g.route == "kernel" and g.kind == "pointwise", g.describe()
+            # nothing of the rotation is left to ATen but the views it reads through
+            assert {"neg", "cat", "mul", "add"} <= set(g.op_names), g.describe()
+            w = g.built.wire
+            assert w["vocab"] == 6
+            (cat,) = [op for op in w["ops"] if op["op"] == "cat"]
+            assert cat["dim"] == 3 and len(cat["args"]) == 2
+            # the halves are read in place: inputs of half the size, the outputs full
+            assert any(i["shape"][-1] == 8 for i in w["inputs"])
+            assert all(o["shape"][-1] == 16 for o in w["outputs"])
+    # the backward's slice_backward pair is gone: spelled as the cat above
+    bw = plan(c, "backward")
+    assert not any("slice_backward" in g.op_names for g in bw.groups)
+
+
+def test_rope_exact_in_f32(dead_socket):
+    got, want = run(fuseml.FuseMLCompiler(), dtype=torch.float32)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_rope_inference_graph(dead_socket):
+    c = fuseml.FuseMLCompiler()
+    got, want = run(c, train=False)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    (p,) = c.plans
+    assert len(cat_groups(p)) == 2 and all(g.route == "kernel" for g in cat_groups(p))
+
+
+def test_cats_that_cannot_be_spelled_stay_aten(dead_socket):
+    c = fuseml.FuseMLCompiler()
+    # nine operands (above ops.MAX_CAT), and a cat of ints
+    f = lambda x: torch.cat([x * 2] * (ops.MAX_CAT + 1), -1) + 1   # noqa: E731
+    x = torch.randn(4, 8)
+    got = torch.compile(f, backend=c)(x)
+    torch.testing.assert_close(got, f(x))
+    assert not cat_groups(c.plans[-1])
+    torch._dynamo.reset()
+    c = fuseml.FuseMLCompiler()
+    g = lambda x: torch.cat([x.long(), x.long() * 2], -1) * 3   # noqa: E731
+    torch.testing.assert_close(torch.compile(g, backend=c)(x), g(x))
+    assert not cat_groups(c.plans[-1])
+
+
+def test_cat_of_an_escaping_operand_is_not_taken_in(dead_socket):
+    """neg(x2) is also returned: it has the operand's shape, so its group cannot become the
+    cat's (a group's outputs have the group's shape); the results stay right."""
+    c = fuseml.FuseMLCompiler()
+
+    def f(x):
+        n = -(x[..., 8:] * 2)
+        return torch.cat((n, x[..., :8]), -1) * 3, n
+
+    x = torch.randn(2, 16)
+    got = torch.compile(f, backend=c)(x)
+    for a, b in zip(got, f(x)):
+        torch.testing.assert_close(a, b)
+    for g in c.plans[-1].groups:
+        if "cat" in g.op_names:
+            assert "neg" not in g.op_names, g.describe()
+
+
+def test_daemon_accepts_rope_and_explain_shows_it(daemon):
+    c = fuseml.FuseMLCompiler()
+    got, want = run(c)
+    close_bf16((got[0], got[1:]), (want[0], want[1:]))
+    gs = [g for p in c.plans for g in cat_groups(p)]
+    assert len(gs) == 4
+    # the daemon answered ok with a kernel (compile-only here: not yet tuned on a GPU)
+    assert all(g.key and g.state in ("untuned", "tuned") for g in gs), [g.describe() for g in gs]
+    torch._dynamo.reset()
+    buf = io.StringIO()
+    q, k, cos, sin = rope_inputs()
+    rows = fuseml.explain(apply_rotary_pos_emb, q, k, cos, sin, file=buf)
+    text = buf.getvalue()
+    assert "mul -> neg -> cat -> mul -> add" in text, text
+    assert sum("cat" in r["ops"] for r in rows) == 2
+
+
+def test_hf_llama_rope_fuses_forward_and_backward(dead_socket):
+    """A tiny Hugging Face Llama (GQA: 4 heads, 2 kv heads), trained one step: the rotary
+    embedding of q and of k is one group each in the forward and in the backward graph."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                   num_key_value_heads=2, num_hidden_layers=1, vocab_size=128,
+                                   max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(BF16)
+    ids = torch.randint(0, 128, (2, 16))
+    c = fuseml.FuseMLCompiler()
+    loss = torch.compile(model, backend=c)(input_ids=ids, labels=ids).loss
+    loss.backward()
+    want = model(input_ids=ids, labels=ids).loss
+    assert abs(loss.item() - want.item()) < 2e-2
+    for which in ("forward", "backward"):
+        rope = [g for g in cat_groups(plan(c, which)) if "neg" in g.op_names]
+        assert len(rope) == 2, plan(c, which).describe()
+        assert all(g.route == "kernel" and {"cat", "mul", "add"} <= set(g.op_names) for g in rope)

@@ -1,0 +1,194 @@
+/* test_codegen_cat.c: fragments with a `cat` (vocabulary 6): the CPU reference against values
+ * computed here by hand (rotary embeddings, three operands along a middle dim, computed
+ * operands, a broadcast operand, a symbolic dim 0), the generated source (golden), NVRTC
+ * compiles of every candidate for sm_80 and sm_90a, and the compile cost of the branches. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_codegen.h"
+#include "fm_reference.h"
+#include "fm_test.h"
+#include "test_codegen_frag.h"
+
+static fm_fragment raw, canon;
+
+static void set_dim(fm_fragment *f, int32_t dim) { f->ops[f->n_ops - 1].dim = dim; }
+
+/* RoPE over x [-1, H, D] f32: out = x * cos + cat([-x2, x1], -1) * sin, x1 and x2 views of
+ * x's halves, cos and sin [-1, 1, D] (broadcast over H). */
+#define H 3
+#define D 8
+static void rope(fm_dtype dt) {
+  int64_t half[3] = {-1, H, D / 2}, full[3] = {-1, H, D}, cs[3] = {-1, 1, D};
+  int64_t xs[3] = {H * D, D, 1};
+  tf_init(&raw);
+  raw.vocab = 6;
+  tf_input(&raw, 0, dt, 3, half, xs, 16);                 /* x1 = x[..., :D/2] */
+  tf_input(&raw, 1, dt, 3, half, xs, 16);                 /* x2 = x[..., D/2:] (its own pointer) */
+  tf_input(&raw, 2, dt, 3, full, NULL, 16);               /* x */
+  tf_input(&raw, 3, dt, 3, cs, NULL, 16);                 /* cos */
+  tf_input(&raw, 4, dt, 3, cs, NULL, 16);                 /* sin */
+  tf_op(&raw, FM_OP_NEG, 5, 1, 1, 0, 0);
+  tf_op(&raw, FM_OP_CAT, 6, 2, 5, 0, 0);
+  set_dim(&raw, -1);
+  tf_op(&raw, FM_OP_MUL, 7, 2, 2, 3, 0);
+  tf_op(&raw, FM_OP_MUL, 8, 2, 6, 4, 0);
+  tf_op(&raw, FM_OP_ADD, 9, 2, 7, 8, 0);
+  tf_output(&raw, 9, dt, 3, full, NULL, 16);
+}
+
+static void test_reference_rope(void) {
+  enum { B = 2, N = B * H * D };
+  float x[N], c[B * D], s[B * D], out[N];
+  for (int i = 0; i < N; i++) x[i] = (float)(i % 13) - 6.0f;
+  for (int i = 0; i < B * D; i++) c[i] = 0.25f * (float)(i % 5), s[i] = 1.0f - 0.125f * (float)(i % 7);
+  rope(FM_DT_F32);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  const void *in[5] = {x, x + D / 2, x, c, s};
+  void *o[1] = {out};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, B, in, o, &d), FM_OK);
+  int bad = 0;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++)
+      for (int j = 0; j < D; j++) {
+        const float *row = x + (b * H + h) * D;
+        float rot = j < D / 2 ? -row[j + D / 2] : row[j - D / 2];
+        float want = row[j] * c[b * D + j] + rot * s[b * D + j];
+        bad += fabsf(out[(b * H + h) * D + j] - want) > 1e-6f;
+      }
+  CHECK_EQ_INT(bad, 0);
+}
+
+/* cat([exp(a) [2, 3, 4], b [2, 1, 4], w [2, 2, 1]], dim 1) -> [2, 6, 4]: three operands on a
+ * middle dim, a computed one, one broadcast along the last dim. */
+static void three_middle(void) {
+  int64_t sa[3] = {2, 3, 4}, sb[3] = {2, 1, 4}, sw[3] = {2, 2, 1}, so[3] = {2, 6, 4};
+  tf_init(&raw);
+  raw.vocab = 6;
+  tf_input(&raw, 0, FM_DT_F32, 3, sa, NULL, 16);
+  tf_input(&raw, 1, FM_DT_BF16, 3, sb, NULL, 16);
+  tf_input(&raw, 2, FM_DT_F32, 3, sw, NULL, 16);
+  tf_op(&raw, FM_OP_EXP, 3, 1, 0, 0, 0);
+  tf_op(&raw, FM_OP_CAT, 4, 3, 3, 1, 2);
+  set_dim(&raw, 1);
+  tf_output(&raw, 4, FM_DT_F32, 3, so, NULL, 16);
+}
+
+static void test_reference_three_middle(void) {
+  float a[24], w[4], out[48];
+  uint16_t b[8];
+  for (int i = 0; i < 24; i++) a[i] = 0.1f * (float)i;
+  for (int i = 0; i < 8; i++) b[i] = fm_reference_f32_to_bf16((float)i + 0.5f);
+  for (int i = 0; i < 4; i++) w[i] = -(float)i;
+  three_middle();
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK_EQ_INT(canon.ops[canon.n_ops - 1].dim, 1);
+  const void *in[3] = {a, b, w};
+  void *o[1] = {out};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 0, in, o, &d), FM_OK);
+  int bad = 0;
+  for (int z = 0; z < 2; z++)
+    for (int r = 0; r < 6; r++)
+      for (int k = 0; k < 4; k++) {
+        double want = r < 3 ? exp((double)a[(z * 3 + r) * 4 + k])
+                      : r == 3 ? (double)(z * 4 + k) + 0.5     /* b[z, 0, k] */
+                               : (double)w[z * 2 + (r - 4)];   /* w[z, r-4, 0], broadcast */
+        bad += fabs(out[(z * 6 + r) * 4 + k] - (float)want) > 1e-6 * fabs(want) + 1e-7;
+      }
+  CHECK_EQ_INT(bad, 0);
+}
+
+/* cat of two computed values of one input and a broadcast input on the last dim:
+ * [x * 2, relu(x) + y], x [-1, 5], y [1, 1] -> [-1, 10], bool compare after it. */
+static void computed_broadcast(void) {
+  int64_t sx[2] = {-1, 5}, sy[2] = {1, 1}, so[2] = {-1, 10};
+  tf_init(&raw);
+  raw.vocab = 6;
+  tf_input(&raw, 0, FM_DT_F16, 2, sx, NULL, 16);
+  tf_input(&raw, 1, FM_DT_F32, 2, sy, NULL, 16);
+  tf_const(&raw, 2, 2.0);
+  tf_op(&raw, FM_OP_MUL, 3, 2, 0, 2, 0);
+  tf_op(&raw, FM_OP_RELU, 4, 1, 0, 0, 0);
+  tf_op(&raw, FM_OP_ADD, 5, 2, 4, 1, 0);
+  tf_cast(&raw, 6, 5, FM_DT_F16);
+  tf_op(&raw, FM_OP_CAT, 7, 2, 3, 6, 0);
+  set_dim(&raw, 1);
+  tf_op(&raw, FM_OP_GT, 8, 2, 7, 2, 0);
+  tf_output(&raw, 7, FM_DT_F16, 2, so, NULL, 16);
+  tf_output(&raw, 8, FM_DT_BOOL, 2, so, NULL, 16);
+}
+
+static void test_reference_computed(void) {
+  enum { M = 3 };
+  uint16_t x[M * 5], out[M * 10];
+  uint8_t gt[M * 10];
+  float y = 1.5f;
+  for (int i = 0; i < M * 5; i++) x[i] = fm_reference_f32_to_f16((float)i - 7.0f);
+  computed_broadcast();
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  const void *in[2] = {x, &y};
+  void *o[2] = {out, gt};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, M, in, o, &d), FM_OK);
+  int bad = 0;
+  for (int m = 0; m < M; m++)
+    for (int j = 0; j < 10; j++) {
+      float v = (float)(m * 5 + j % 5) - 7.0f;
+      float want = j < 5 ? v * 2.0f : fmaxf(v, 0.0f) + y;
+      bad += fm_reference_f16_to_f32(out[m * 10 + j]) != want;
+      bad += gt[m * 10 + j] != (want > 2.0f);
+    }
+  CHECK_EQ_INT(bad, 0);
+}
+
+/* NVRTC: every candidate of each case, sm_80 and sm_90a; the RoPE source is golden. */
+static void test_compiles(void) {
+  static const char *const names[] = {"cat rope bf16", "cat rope f32", "cat three middle", "cat computed"};
+  for (int c = 0; c < 4; c++) {
+    if (c < 2) rope(c == 0 ? FM_DT_BF16 : FM_DT_F32);
+    else if (c == 2) three_middle();
+    else computed_broadcast();
+    CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+    int compiled = 0;
+    CHECK_EQ_INT(c == 0 ? tf_compile_every(&canon, names[c], &compiled)
+                        : tf_compile_candidates(&canon, names[c], &compiled), 0);
+    CHECK(compiled > 0);
+    if (c != 0) continue;
+    char *src = NULL;
+    fm_kernel_meta m;
+    fm_diag d = {{0}};
+    CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
+    CHECK(src && tf_golden("pointwise_cat_rope", src));
+    /* one element a thread a step: the grid covers outer * H * D elements */
+    CHECK(strcmp(m.kind, "pointwise") == 0 && strcmp(m.grid_rule, "elementwise") == 0);
+    CHECK_EQ_INT((int)m.inner, H * D);
+    CHECK_EQ_INT((int)m.items_per_block, 256 * 2);
+    CHECK(m.outer == -1 && m.n_inputs == 5 && m.n_outputs == 1);
+    free(src);
+  }
+}
+
+/* A cat's operands are generated once more per branch, so they count again in the cost. */
+static void test_cost(void) {
+  rope(FM_DT_BF16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  /* neg, cat, mul, mul, add, and the neg again in the cat's first branch */
+  CHECK_EQ_INT(fm_codegen_cost(&canon), 6);
+  three_middle();
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_cost(&canon), 2 + 1 + 2);   /* exp (2), cat, exp again */
+}
+
+int main(void) {
+  RUN(test_reference_rope);
+  RUN(test_reference_three_middle);
+  RUN(test_reference_computed);
+  RUN(test_compiles);
+  RUN(test_cost);
+  return FM_TEST_DONE();
+}
