@@ -9,7 +9,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, direct_call, settings, transport
+from . import cudagraphs, direct_call, settings, transport, upgrade
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cols_fragment import build_columns
@@ -177,7 +177,7 @@ class FuseMLCompiler:
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
             return self._inductor(gm, example_inputs, fused, runners)
-        return make_boxed_func(Compiled(gm, fused, runners) if fused else gm)
+        return make_boxed_func(Compiled(gm, fused, runners, self.socket) if fused else gm)
 
     def _record(self, plan):
         self.plans.append(plan)
@@ -304,13 +304,16 @@ class Compiled:
     (refused, daemon unreachable) or one that measured routing sent to ATen is inlined back
     as its ATen ops, so it costs no more than eager: the graph is rebuilt once a decision
     drops a group."""
-    def __init__(self, gm, fused, runners):
+    def __init__(self, gm, fused, runners, socket=None):
         self.gm, self.runners = gm, runners
         self.kept = [g for g in fused if runners[g.gid].kernel is not None]
         self.current = rewrite(gm, self.kept, runners, direct=True) if self.kept else gm
         self.pending = bool(self.kept)    # some kept group has not been routed yet
+        # the kernels served "verified" are swapped for their tuned ones as they come
+        self.upgrader = upgrade.Upgrader([runners[g.gid] for g in self.kept], socket)
 
     def __call__(self, *args):
+        self.upgrader.tick()
         if self.pending:
             self._reroute()
         out = self.current(*args)
