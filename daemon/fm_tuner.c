@@ -266,6 +266,9 @@ static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, in
   j->tuned = 1;
   j->kept = -1;
   j->stopped = 0;
+  free(j->timings);   /* an earlier round's (the one candidate served first) */
+  j->timings = NULL;
+  j->timings_len = 0;
   for (size_t i = 0; i < j->n; i++) {
     fm_tune_result *r = &j->res[i];
     r->verdict = FM_VERDICT_PENDING;

@@ -392,6 +392,28 @@ static void test_daemon_killed_mid_background(void) {
   close(fd);
 }
 
+/* The candidate served first answers wrong: the request waits for the full tune and gets
+ * its verified winner, never the wrong kernel. */
+static void test_served_first_wrong_waits_for_all(void) {
+  char state[16], key[65];
+  CHECK_EQ_INT(e2e_stop(&D, SIGTERM, 30000), 0);
+  CHECK_EQ_INT(start("wrong,ok:4,ok:1", NULL, NULL), 0);
+  int fd = e2e_client(D.sock);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  CHECK_EQ_INT(compile(fd, 1, 90.0, state, key), 0);
+  CHECK_STR_CONTAINS(state, "tuned");
+  CHECK_EQ_INT(e2e_stat(fd, "session", "verified"), 0);
+  CHECK_EQ_INT(e2e_stat(fd, "session", "tunes"), 1);
+  CHECK(e2e_stat(fd, "session", "bad_candidates") >= 2);   /* judged twice: alone, then with all */
+  CHECK_EQ_INT(e2e_stat(fd, NULL, "background_tunes"), 0);
+  char *out = show(key);
+  CHECK(out != NULL);
+  if (out) CHECK_STR_CONTAINS(out, "*  2 ");
+  free(out);
+  close(fd);
+}
+
 /* --tune eager answers tuned after every candidate; stats names the mode. */
 static void test_eager_mode(void) {
   char state[16], key[65];
@@ -408,6 +430,9 @@ static void test_eager_mode(void) {
   CHECK_EQ_INT(e2e_stat(fd, "session", "verified"), 0);
   CHECK_EQ_INT(e2e_stat(fd, NULL, "background_tunes"), 0);
   close(fd);
+  char *log = e2e_slurp(D.log, NULL);
+  CHECK(log && strstr(log, "--tune eager"));
+  free(log);
 }
 
 /* Stopping mid-round ends the round at its next candidate: the daemon exits promptly and
@@ -454,6 +479,7 @@ int main(int argc, char **argv) {
   RUN(test_foreground_first);
   RUN(test_worker_killed_mid_background);
   RUN(test_daemon_killed_mid_background);
+  RUN(test_served_first_wrong_waits_for_all);
   RUN(test_eager_mode);
   RUN(test_stop_mid_background);
   char cmd[512];
