@@ -209,8 +209,8 @@ static void on_compile_done(fm_compile_job *j) {
  * --tune background: the first round judges one candidate (served_first); its waiters are
  * answered with it, verified, and the full tune is queued in fm_bgtune.h, whose round
  * replaces the entry with the tuned winner. If that one candidate does not compile or
- * verify, the first round goes on with every candidate, as eager does: never an unverified
- * kernel. */
+ * verify, the heuristic default is tried next (when the library plan was the one), then every
+ * candidate, as eager does: never an unverified kernel. */
 
 /* Whose line a flight's compiles wait in (fm_compile_queue.h): the connection that started it. */
 static const void *owner_of(const fm_flight *f) {
@@ -275,9 +275,10 @@ static void on_candidate_compiled(fm_compile_job *j) {
   if (--tj->pending == 0) candidates_compiled(tj);
 }
 
-/* The one candidate served first did not compile or verify: the round goes on with all. */
-static void judge_all(fm_daemon *dd, fm_tune_job *tj, const fm_flight *f) {
-  tj->judge = 0;
+/* The candidate served first did not compile or verify: the heuristic default next, if the
+ * library plan was the one tried, else every candidate (the eager round). */
+static void judge_next(fm_daemon *dd, fm_tune_job *tj, const fm_flight *f) {
+  tj->judge = tj->judge != 1 ? 1 : 0;
   if (!compile_round(dd, tj, owner_of(f), on_candidate_compiled)) candidates_compiled(tj);
 }
 
@@ -297,9 +298,9 @@ static void on_tune_done(fm_tune_job *tj) {
       tune_job_ended(dd, tj);
       return;
     }
-    fm_log_info("the candidate served first for %.16s did not verify (%s); judging all %zu before answering",
-                hex, tj->diag.text, tj->n);
-    judge_all(dd, tj, f);
+    fm_log_info("the candidate served first for %.16s did not verify (%s); judging %s before answering", hex,
+                tj->diag.text, tj->judge != 1 ? "the heuristic default" : "every candidate");
+    judge_next(dd, tj, f);
     return;
   }
   w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
@@ -366,7 +367,7 @@ static void candidates_compiled(fm_tune_job *tj) {
     return;
   }
   if (tj->judge) {
-    judge_all(dd, tj, f);
+    judge_next(dd, tj, f);
     return;
   }
   /* Nothing to tune: answer as a failed compile of the default. */

@@ -266,6 +266,7 @@ static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, in
   j->tuned = 1;
   j->kept = -1;
   j->stopped = 0;
+  j->restarts = j->bad = 0;   /* counted per round by the loop thread */
   free(j->timings);   /* an earlier round's (the one candidate served first) */
   j->timings = NULL;
   j->timings_len = 0;

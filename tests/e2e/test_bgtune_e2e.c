@@ -8,7 +8,7 @@
  * build per key; a client that hangs up leaves nothing behind; a foreground request waits for
  * at most one background candidate; a worker or daemon killed mid-tune leaves the verified
  * entry served. Asserts count, never time (bounds are only give-up limits).
- * usage: test_bgtune_e2e PATH/TO/fusemld PATH/TO/tuner_standin PATH/TO/fusectl */
+ * usage: test_bgtune_e2e PATH/TO/fusemld PATH/TO/tuner_standin PATH/TO/fusectl [EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <pthread.h>
@@ -26,7 +26,7 @@
 #define GIVE_UP_MS 120000   /* how long a background tune may take under ASan on a busy machine */
 
 static e2e_daemon D;
-static const char *standin, *fusectl;
+static const char *standin, *fusectl, *examples;
 static char piddir[400], trace_path[400];
 
 /* One compile or lookup: 0 with state and key, 1 with the error code in state, -1 no reply. */
@@ -414,6 +414,42 @@ static void test_served_first_wrong_waits_for_all(void) {
   close(fd);
 }
 
+/* A GEMM fragment is served its cuBLASLt plan first; the stand-in answers it without the
+ * algorithm a plan needs (a fault), so the heuristic default is judged next and served
+ * verified, without waiting for every candidate. */
+static void test_library_plan_then_default(void) {
+  char cmd[1024], state[64] = "";
+  if (!examples) {
+    printf("  (no examples folder given: skipped)\n");
+    return;
+  }
+  CHECK_EQ_INT(e2e_stop(&D, SIGTERM, 30000), 0);
+  CHECK_EQ_INT(start("ok:5,ok:4,ok:1", NULL, NULL), 0);
+  int fd = e2e_client(D.sock);
+  CHECK(fd >= 0);
+  if (fd < 0) return;
+  int64_t bad = e2e_stat(fd, "session", "bad_candidates"), verified = e2e_stat(fd, "session", "verified");
+  snprintf(cmd, sizeof cmd, "%s --socket %s --json compile %s/swiglu_bf16.json 2>&1", fusectl, D.sock, examples);
+  FILE *p = popen(cmd, "r");
+  CHECK(p != NULL);
+  if (!p) return;
+  char out[1 << 16];
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  pclose(p);
+  const char *s = strstr(out, "\"state\"");
+  if (s) sscanf(s, "\"state\": \"%63[a-z]", state);
+  CHECK_STR_CONTAINS(state, "verified");
+  CHECK_EQ_INT(e2e_stat(fd, "session", "bad_candidates") - bad, 1);   /* the plan, alone */
+  CHECK_EQ_INT(e2e_stat(fd, "session", "verified") - verified, 1);
+  char *t = trace();
+  CHECK_EQ_INT(count_lines(t, "run 1"), 1);   /* the plan: right after the default */
+  CHECK_EQ_INT(count_lines(t, "run 0"), 1);
+  CHECK_EQ_INT(count_lines(t, "run "), 2);
+  free(t);
+  close(fd);
+}
+
 /* --tune eager answers tuned after every candidate; stats names the mode. */
 static void test_eager_mode(void) {
   char state[16], key[65];
@@ -461,6 +497,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   standin = argv[2];
   fusectl = argv[3];
+  examples = argc > 4 ? argv[4] : NULL;
   if (e2e_setup(&D, argv[1]) != 0) return 2;
   snprintf(piddir, sizeof piddir, "%s/pids", D.dir);
   snprintf(trace_path, sizeof trace_path, "%s/trace", D.dir);
@@ -480,6 +517,7 @@ int main(int argc, char **argv) {
   RUN(test_worker_killed_mid_background);
   RUN(test_daemon_killed_mid_background);
   RUN(test_served_first_wrong_waits_for_all);
+  RUN(test_library_plan_then_default);
   RUN(test_eager_mode);
   RUN(test_stop_mid_background);
   char cmd[512];

@@ -31,6 +31,6 @@ if(TARGET fusemld AND TARGET fusectl)
   target_link_libraries(test_bgtune_e2e PRIVATE fm_protocol PkgConfig::MSGPACK Threads::Threads)
   add_dependencies(test_bgtune_e2e fusemld tuner_standin fusectl)
   add_test(NAME e2e_bgtune COMMAND test_bgtune_e2e $<TARGET_FILE:fusemld> $<TARGET_FILE:tuner_standin>
-                                   $<TARGET_FILE:fusectl>)
+                                   $<TARGET_FILE:fusectl> ${CMAKE_SOURCE_DIR}/examples)
   set_tests_properties(e2e_bgtune PROPERTIES TIMEOUT 600 LABELS e2e)
 endif()
