@@ -442,7 +442,8 @@ static void queue_background(fm_daemon *dd, fm_tune_job *tj) {
   tj->background = 1;
   tj->keep_states = FM_STATE_BIT(FM_STATE_TUNED);   /* an import meanwhile */
   tj->pending = 0;
-  if (fm_bgtune_add(dd->bgtune, tj) != 1) fm_tune_job_free(tj);
+  /* a stopping daemon starts nothing new: the next start tunes it on its first hit */
+  if (dd->stopping || fm_bgtune_add(dd->bgtune, tj) != 1) fm_tune_job_free(tj);
 }
 
 int fm_cmd_bgtune_new(fm_daemon *dd) {
