@@ -126,9 +126,19 @@ static int live_workers(pid_t *pids, int cap) {
   return n;
 }
 
+
+static char *fusectl_out(const char *args);
+
 static char *show(const char *key) {
+  char args[64];
+  snprintf(args, sizeof args, "show %.16s", key);
+  return fusectl_out(args);
+}
+
+/* Runs fusectl with args and returns its output (malloc'd). */
+static char *fusectl_out(const char *args) {
   char cmd[1024];
-  snprintf(cmd, sizeof cmd, "%s --socket %s show %.16s 2>&1", fusectl, D.sock, key);
+  snprintf(cmd, sizeof cmd, "%s --socket %s %s 2>&1", fusectl, D.sock, args);
   FILE *p = popen(cmd, "r");
   if (!p) return NULL;
   size_t cap = 1 << 16, len = 0, got;
@@ -175,12 +185,22 @@ static void test_served_verified_then_upgraded(void) {
   free(out);
   CHECK_EQ_INT(e2e_stat(fd, "session", "verified"), 1);
   CHECK_EQ_INT(e2e_stat(fd, NULL, "background_tunes"), 1);
+  out = fusectl_out("stats");
+  CHECK(out != NULL);
+  if (out) CHECK_STR_CONTAINS(out, "background (1 background tune(s) queued or running)");
+  free(out);
 
   CHECK(wait_tuned(fd, key));
   CHECK_EQ_INT(e2e_stat(fd, "session", "upgrades"), 1);
   CHECK_EQ_INT(e2e_stat(fd, "session", "tunes"), 1);
   CHECK_EQ_INT(e2e_stat(fd, "session", "compiles"), 1);
   CHECK(wait_stat(fd, NULL, "background_tunes", 0));
+  out = fusectl_out("stats");
+  CHECK(out != NULL);
+  const char *row = out ? strstr(out, "\nupgrades ") : NULL;   /* its own row of the table */
+  CHECK(row != NULL);
+  if (row) CHECK(strncmp(row + strspn(row + 1, "upgrades ") + 1, "1 (this session: 1)", 19) == 0);
+  free(out);
   out = show(key);
   CHECK(out != NULL);
   if (out) {
