@@ -111,10 +111,12 @@ void fm_bgtune_done(fm_bgtune *b, const fm_tune_job *tj) {
   start_waiting(b);
 }
 
-size_t fm_bgtune_drop_waiting(fm_bgtune *b) {
+size_t fm_bgtune_stop(fm_bgtune *b) {
   size_t dropped = 0;
   for (bg_rec **pp = &b->head; *pp;) {
     bg_rec *r = *pp;
+    if (r->phase == FM_BG_COMPILING)
+      for (size_t i = 0; i < r->tj->n; i++) atomic_store(&r->tj->cands[i]->cancel, 1);
     if (r->phase != FM_BG_QUEUED) {
       pp = &r->next;
       continue;

@@ -35,8 +35,9 @@ int fm_bgtune_add(fm_bgtune *b, fm_tune_job *tj);
 void fm_bgtune_set_phase(fm_bgtune *b, const fm_tune_job *tj, fm_bg_phase phase);
 /* A started job ended (the caller frees it): the next waiting one starts. */
 void fm_bgtune_done(fm_bgtune *b, const fm_tune_job *tj);
-/* Drops the jobs not started yet (shutdown); returns how many. */
-size_t fm_bgtune_drop_waiting(fm_bgtune *b);
+/* Shutdown: drops the jobs not started yet and cancels the compiles of those compiling (they
+ * end at once, so the pool drains); returns how many were dropped. */
+size_t fm_bgtune_stop(fm_bgtune *b);
 
 /* Jobs queued or running. */
 size_t fm_bgtune_pending(const fm_bgtune *b);

@@ -419,6 +419,11 @@ static void on_bg_tune_done(fm_tune_job *tj) {
 static void bg_candidates_compiled(fm_tune_job *tj) {
   fm_daemon *dd = tj->ctx;
   if (dd->stopping) {
+    char hex[FM_KEY_HEX];
+    size_t built = 0;
+    for (size_t i = 0; i < tj->n; i++) built += !tj->cands[i]->err;
+    fm_key_to_hex(&tj->cands[0]->key, hex);
+    fm_log_debug("background tune of %.16s dropped at shutdown with %zu of %zu candidates compiled", hex, built, tj->n);
     fm_bgtune_done(dd->bgtune, tj);
     fm_tune_job_free(tj);
     return;

@@ -101,10 +101,10 @@ void fm_daemon_shutdown(fm_daemon *dd, const char *why) {
   fm_sd_notify("STOPPING=1");
   fm_log_info("%s: shutting down; %u compile(s) in flight", why, dd->jobs_running);
   /* Background tunes are nobody's answer: those not started are dropped (their fragments'
-   * verified entries are tuned again on their next request), the started ones end at their
-   * next step. */
+   * verified entries are tuned again on their next request), the compiling ones are
+   * cancelled, the one on the tuner ends at its next candidate. */
   if (dd->bgtune) {
-    size_t dropped = fm_bgtune_drop_waiting(dd->bgtune);
+    size_t dropped = fm_bgtune_stop(dd->bgtune);
     if (dropped) fm_log_info("%zu background tune(s) not started are dropped", dropped);
   }
   fm_server_stop_listening(dd->server);

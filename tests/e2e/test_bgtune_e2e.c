@@ -509,6 +509,34 @@ static void test_stop_mid_background(void) {
   CHECK_EQ_INT(live_workers(pids, 8), 0);
 }
 
+/* SIGTERM while a GEMM's background candidates compile (a line of ~20 NVRTC runs): they are
+ * cancelled, so the daemon exits cleanly without compiling them (counted from its log: the
+ * one served, and at most the one or two compiling at the signal), not after all of them. */
+static void test_stop_while_background_compiles(void) {
+  char cmd[1024];
+  if (!examples) return;
+  CHECK_EQ_INT(start("ok:5,ok:4,ok:1", NULL, NULL), 0);
+  snprintf(cmd, sizeof cmd, "%s --socket %s compile %s/gelu_bias_bf16.json > /dev/null 2>&1", fusectl, D.sock,
+           examples);
+  CHECK_EQ_INT(system(cmd), 0);
+  int fd = e2e_client(D.sock);
+  CHECK(fd >= 0);
+  if (fd >= 0) {
+    CHECK_EQ_INT(e2e_stat(fd, NULL, "background_tunes"), 1);
+    close(fd);
+  }
+  double t0 = e2e_now_ms();
+  CHECK_EQ_INT(e2e_stop(&D, SIGTERM, 30000), 0);
+  printf("  stopped %.1f s after SIGTERM with a background tune compiling\n", (e2e_now_ms() - t0) / 1000);
+  char *log = e2e_slurp(D.log, NULL);
+  const char *p = log ? strstr(log, "dropped at shutdown with ") : NULL;
+  unsigned built = 0, n = 0;
+  CHECK(p && sscanf(p, "dropped at shutdown with %u of %u", &built, &n) == 2);
+  printf("  %u of %u candidates compiled\n", built, n);
+  CHECK(n >= 8 && built <= 3);
+  free(log);
+}
+
 int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: %s PATH/TO/fusemld PATH/TO/tuner_standin PATH/TO/fusectl\n", argv[0]);
@@ -540,6 +568,7 @@ int main(int argc, char **argv) {
   RUN(test_library_plan_then_default);
   RUN(test_eager_mode);
   RUN(test_stop_mid_background);
+  RUN(test_stop_while_background_compiles);
   char cmd[512];
   unlink(trace_path);
   snprintf(cmd, sizeof cmd, "rm -rf %s", piddir);
