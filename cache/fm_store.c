@@ -8,7 +8,7 @@
  *   entry      := key       BLOB[32]   fm_fingerprint of the fragment and toolchain
  *                 device    TEXT       fm_device_label ("none/sm_90a" in compile-only mode)
  *                 kind      TEXT       "pointwise" | ...
- *                 state     INTEGER    fm_kstate: 0 untuned | 1 tuned | 2 bad
+ *                 state     INTEGER    fm_kstate: 0 untuned | 1 tuned | 2 bad | 3 verified
  *                 size      INTEGER    cubin bytes (what the size cap counts)
  *                 created   INTEGER    unix seconds
  *                 last_used INTEGER    unix seconds, set by put and by get with touch
@@ -64,8 +64,13 @@ const char *fm_kstate_name(fm_kstate s) {
     case FM_STATE_UNTUNED: return "untuned";
     case FM_STATE_TUNED: return "tuned";
     case FM_STATE_BAD: return "bad";
+    case FM_STATE_VERIFIED: return "verified";
   }
   return "unknown";
+}
+
+int fm_kstate_valid(int64_t s) {
+  return s == FM_STATE_UNTUNED || s == FM_STATE_TUNED || s == FM_STATE_BAD || s == FM_STATE_VERIFIED;
 }
 
 void fm_entry_free(fm_entry *e) {
@@ -232,8 +237,7 @@ static const char *invalid_entry(const fm_entry *e) {
   if ((e->canonical_len && !e->canonical) || (e->cubin_len && !e->cubin) ||
       (e->meta_len && !e->meta) || (e->timings_len && !e->timings))
     return "a blob has a length but no data";
-  if (e->state != FM_STATE_UNTUNED && e->state != FM_STATE_TUNED && e->state != FM_STATE_BAD)
-    return "state is not an fm_kstate";
+  if (!fm_kstate_valid(e->state)) return "state is not an fm_kstate";
   if (e->cubin_len > (uint64_t)INT64_MAX) return "cubin too large";
   return NULL;
 }
@@ -392,7 +396,7 @@ static int read_entry(fm_store *s, sqlite3_stmt *st, fm_entry *out) {
   if (size < 0 || (uint64_t)size != cubin_len)
     return fm_store_fail(s, FM_ECORRUPT, "entry's cubin is %zu bytes but its size says %lld",
                          cubin_len, (long long)size);
-  if (out->state != FM_STATE_UNTUNED && out->state != FM_STATE_TUNED && out->state != FM_STATE_BAD)
+  if (!fm_kstate_valid(out->state))
     return fm_store_fail(s, FM_ECORRUPT, "entry has unknown state %d", (int)out->state);
   /* Hashed as the row holds them (device and kind before any truncation to out's fields). */
   uint8_t want[32], state_be[8];

@@ -23,7 +23,9 @@
   XX(10, BAD_REQUESTS, "bad_requests")    \
   XX(11, TUNES, "tunes")                  \
   XX(12, BAD_CANDIDATES, "bad_candidates") \
-  XX(13, WORKER_RESTARTS, "worker_restarts")
+  XX(13, WORKER_RESTARTS, "worker_restarts") \
+  XX(14, VERIFIED, "verified")            \
+  XX(15, UPGRADES, "upgrades")
 
 typedef enum {
 #define FM_STAT_ENUM_(n, name, str) FM_STAT_##name = (n),
@@ -34,8 +36,14 @@ typedef enum {
 
 const char *fm_stat_name(fm_stat s);
 
-typedef enum { FM_STATE_UNTUNED = 0, FM_STATE_TUNED = 1, FM_STATE_BAD = 2 } fm_kstate;
+/* untuned: compiled, never run on a GPU. tuned: every candidate verified and timed, the
+ * fastest kept. bad: none verified (never served). verified: one candidate (the heuristic
+ * default, or the library plan) verified on the GPU and served while the others are timed in
+ * the background; a tuned entry replaces it. */
+typedef enum { FM_STATE_UNTUNED = 0, FM_STATE_TUNED = 1, FM_STATE_BAD = 2, FM_STATE_VERIFIED = 3 } fm_kstate;
 const char *fm_kstate_name(fm_kstate s);
+/* Whether s is one of the states above (a stored or received number is checked with it). */
+int fm_kstate_valid(int64_t s);
 
 /* One cache entry. For put, the caller owns the buffers; for get/show they are malloc'd and
  * released by fm_entry_free (an empty blob comes back as NULL with length 0). */

@@ -150,6 +150,12 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   ROW("clients", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "inflight"));
   ROW("inflight", val);
+  if (fm_msg_get(&reply, "tune")) {   /* an older daemon has no tuning modes */
+    fm_ctl_fmt_scalar(fm_msg_get(&reply, "tune"), tmp, sizeof tmp);
+    snprintf(val, sizeof val, "%s (%" PRId64 " background tune(s) queued or running)", tmp,
+             fm_ctl_i64(&reply, "background_tunes"));
+    ROW("tuning", val);
+  }
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "entries"));
   ROW("entries", val);
   {
@@ -318,7 +324,9 @@ static int fm_ctl_show_entry(fm_ctl *ctl, const char *key, msgpack_zone *zone,
 }
 
 /* The tuner's timings (fm_tuner.h): one row per candidate, the chosen one marked. */
-static void fm_ctl_print_timings(const msgpack_object *o) {
+/* state: the entry's; a verified entry's table has the served candidate judged, the others
+ * pending (their background tune replaces the entry). */
+static void fm_ctl_print_timings(const msgpack_object *o, const char *state) {
   const msgpack_object *cands = fm_msg_get(o, "candidates");
   if (!cands || cands->type != MSGPACK_OBJECT_ARRAY) {
     printf("\ntimings:\n");
@@ -331,7 +339,11 @@ static void fm_ctl_print_timings(const msgpack_object *o) {
   char dev[192] = "";
   fm_msg_get_f64(o, "tune_ms", &tune_ms, NULL);
   fm_ctl_fmt_scalar(fm_msg_get(o, "device"), dev, sizeof dev);
-  printf("\ncandidates (tuned on %s in %.0f ms; * = chosen):\n", dev[0] ? dev : "?", tune_ms);
+  if (strcmp(state, "verified") == 0)
+    printf("\ncandidates (served one verified on %s in %.0f ms; the pending ones are timed in the "
+           "background; * = served):\n", dev[0] ? dev : "?", tune_ms);
+  else
+    printf("\ncandidates (tuned on %s in %.0f ms; * = chosen):\n", dev[0] ? dev : "?", tune_ms);
   fm_ctl_table t;
   fm_ctl_table_init(&t, 7, 0);
   fm_ctl_table_row(&t, header);
@@ -421,6 +433,16 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
       fm_ctl_fmt_scalar(fm_msg_get(e, plain[i]), v, sizeof v);
       fm_ctl_table_row(&t, row);
     }
+    if ((o = fm_msg_get(e, "background")) && o->type == MSGPACK_OBJECT_MAP) {
+      /* state is what is served now; this is the tune that will replace it */
+      const char *row[2] = {"tuning", v};
+      char phase[32];
+      fm_ctl_fmt_scalar(fm_msg_get(o, "phase"), phase, sizeof phase);
+      snprintf(v, sizeof v, "background tune %s (%" PRId64 " candidates; %" PRId64 " tune(s) ahead); "
+               "the served kernel is replaced when it ends", phase, fm_ctl_i64(o, "candidates"),
+               fm_ctl_i64(o, "ahead"));
+      fm_ctl_table_row(&t, row);
+    }
     {
       const char *row[2] = {"size", v};
       fm_ctl_fmt_bytes((uint64_t)fm_ctl_i64(e, "size"), tmp, sizeof tmp);
@@ -453,7 +475,11 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
     printf("\nmeta:\n");
     fm_ctl_print_json(stdout, o, 1, NULL);
   }
-  if ((o = fm_msg_get(e, "timings")) && o->type != MSGPACK_OBJECT_NIL) fm_ctl_print_timings(o);
+  if ((o = fm_msg_get(e, "timings")) && o->type != MSGPACK_OBJECT_NIL) {
+    char state[32];
+    fm_ctl_fmt_scalar(fm_msg_get(e, "state"), state, sizeof state);
+    fm_ctl_print_timings(o, state);
+  }
   if ((o = fm_msg_get(e, "source")) && o->type == MSGPACK_OBJECT_STR)
     printf("\nsource: %u bytes of CUDA C (fusectl show %s --source)\n", o->via.str.size, key);
 out:

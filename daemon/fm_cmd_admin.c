@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_bgtune.h"
 #include "fm_commands.h"
 #include "fm_log.h"
 #include "fm_msg.h"
@@ -45,7 +46,7 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
 
   fm_reply r;
   int remote = dd->remote && dd->remote->remote;
-  fm_reply_begin(&r, rq->id, 16 + (remote ? 1 : 0));
+  fm_reply_begin(&r, rq->id, 18 + (remote ? 1 : 0));
   fm_pack_kv_cstr(&r.pk, "version", FM_VERSION_STRING);
   fm_pack_kv_u64(&r.pk, "pid", (uint64_t)getpid());
   fm_pack_kv_cstr(&r.pk, "db", dd->cfg->db_path);
@@ -57,6 +58,9 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
   fm_pack_kv_u64(&r.pk, "uptime_s", (uv_now(dd->loop) - dd->started_ms) / 1000);
   fm_pack_kv_u64(&r.pk, "clients", fm_server_clients(dd->server));
   fm_pack_kv_u64(&r.pk, "inflight", fm_inflight_count(dd->inflight));
+  /* "off" where nothing tunes (no GPU and no worker), whatever was asked */
+  fm_pack_kv_cstr(&r.pk, "tune", fm_tune_mode_name(dd->tuner ? dd->cfg->tune : FM_TUNE_OFF));
+  fm_pack_kv_u64(&r.pk, "background_tunes", fm_bgtune_pending(dd->bgtune));
   fm_pack_kv_u64(&r.pk, "entries", entries);
   fm_pack_kv_u64(&r.pk, "bytes", bytes);
   fm_pack_cstr(&r.pk, "stats");
@@ -174,11 +178,24 @@ int fm_cmd_show(fm_request *rq, fm_diag *d) {
   int err;
   if ((err = get_prefix(rq->msg, prefix, d))) return err;
   if ((err = find_entry(rq->dd, prefix, &e, d))) return err;
+  fm_bg_phase phase;
+  size_t ahead = 0, candidates = 0;
+  int tuning = fm_bgtune_find(rq->dd->bgtune, &e.key, &phase, &ahead, &candidates);
   fm_reply r;
   fm_reply_begin(&r, rq->id, 1);
   fm_pack_cstr(&r.pk, "entry");
-  msgpack_pack_map(&r.pk, FM_ENTRY_SUMMARY_FIELDS + 4);
+  msgpack_pack_map(&r.pk, FM_ENTRY_SUMMARY_FIELDS + 5);
   pack_summary(&r.pk, &e);
+  /* The entry is what is served; this is the tune that will replace it, if one is queued. */
+  fm_pack_cstr(&r.pk, "background");
+  if (tuning) {
+    msgpack_pack_map(&r.pk, 3);
+    fm_pack_kv_cstr(&r.pk, "phase", fm_bg_phase_name(phase));
+    fm_pack_kv_u64(&r.pk, "ahead", ahead);
+    fm_pack_kv_u64(&r.pk, "candidates", candidates);
+  } else {
+    msgpack_pack_nil(&r.pk);
+  }
   /* The canonical fragment and the metadata are stored packed: splice them in as they are. */
   fm_pack_cstr(&r.pk, "fragment");
   fm_reply_raw(&r, e.canonical, e.canonical_len);

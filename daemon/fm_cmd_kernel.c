@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fm_bgtune.h"
 #include "fm_commands.h"
 #include "fm_compile.h"
 #include "fm_compile_queue.h"
@@ -202,7 +203,84 @@ static void on_compile_done(fm_compile_job *j) {
   fm_daemon_job_ended(dd);
 }
 
-/* ---- tuning (fm_tuner.h): compile every candidate, then judge them on the GPU ---- */
+/* ---- tuning (fm_tuner.h): compile the candidates, then judge them on the GPU ----
+ *
+ * --tune eager: one round judges every candidate before the waiters are answered (tuned).
+ * --tune background: the first round judges one candidate (served_first); its waiters are
+ * answered with it, verified, and the full tune is queued in fm_bgtune.h, whose round
+ * replaces the entry with the tuned winner. If that one candidate does not compile or
+ * verify, the heuristic default is tried next (when the library plan was the one), then every
+ * candidate, as eager does: never an unverified kernel. */
+
+/* Whose line a flight's compiles wait in (fm_compile_queue.h): the connection that started it. */
+static const void *owner_of(const fm_flight *f) {
+  return f->waiters ? (const void *)f->waiters->conn : NULL;
+}
+
+/* The candidate served first: the library plan where the fragment has one (never slower than
+ * what eager runs, and nothing for NVRTC to build in its direct form), else the heuristic
+ * default, which fm_codegen_candidates puts first. */
+static uint64_t served_first(const fm_tune_job *tj) {
+  for (size_t i = 0; i < tj->n; i++)
+    if (tj->cands[i]->cand.tmpl == FM_TMPL_CUBLASLT) return 1ull << i;
+  return 1;
+}
+
+/* Queues the compiles of the round's candidates not compiled yet: in owner's line, or in the
+ * background line when owner is NULL; done(j) for each. Returns how many were queued (0:
+ * nothing to build, the caller goes on itself). */
+static size_t compile_round(fm_daemon *dd, fm_tune_job *tj, const void *owner, fm_compile_done_fn done) {
+  size_t queued = 0, n = tj->n;
+  uint64_t todo = 0;
+  fm_compile_job *cands[FM_TUNE_MAX_CANDIDATES];
+  for (size_t i = 0; i < n; i++) {
+    cands[i] = tj->cands[i];
+    if (fm_tune_job_judges(tj, i) && !((tj->compiled >> i) & 1u)) {
+      todo |= 1ull << i;
+      tj->pending++;
+    }
+  }
+  /* pending and compiled first: a compile the pool refuses ends at once, inside the submit,
+   * and the last one to end may free tj */
+  tj->compiled |= todo;
+  for (size_t i = 0; i < n; i++) {
+    fm_compile_job *cj = cands[i];
+    if (!((todo >> i) & 1u)) continue;
+    queued++;
+    if (!owner) {
+      fm_cqueue_submit_background(dd->cqueue, cj, done, tj);
+    } else if (fm_cqueue_submit(dd->cqueue, owner, cj, done, tj)) {
+      cj->err = fm_diag_set(&cj->diag, FM_ENOMEM, "cannot queue the compile: out of memory");
+      cj->ctx = tj;
+      done(cj);
+    }
+  }
+  return queued;
+}
+
+/* The end of a flight's tune job (answered or dropped). */
+static void tune_job_ended(fm_daemon *dd, fm_tune_job *tj) {
+  fm_tune_job_free(tj);
+  dd->jobs_running--;
+  fm_daemon_job_ended(dd);
+}
+
+static void candidates_compiled(fm_tune_job *tj);
+static void queue_background(fm_daemon *dd, fm_tune_job *tj);
+
+static void on_candidate_compiled(fm_compile_job *j) {
+  fm_tune_job *tj = j->ctx;
+  fm_daemon *dd = tj->ctx;
+  if (j->err && j->err != FM_ECLOSED) fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
+  if (--tj->pending == 0) candidates_compiled(tj);
+}
+
+/* The candidate served first did not compile or verify: the heuristic default next, if the
+ * library plan was the one tried, else every candidate (the eager round). */
+static void judge_next(fm_daemon *dd, fm_tune_job *tj, const fm_flight *f) {
+  tj->judge = tj->judge != 1 ? 1 : 0;
+  if (!compile_round(dd, tj, owner_of(f), on_candidate_compiled)) candidates_compiled(tj);
+}
 
 static void on_tune_done(fm_tune_job *tj) {
   fm_daemon *dd = tj->ctx;
@@ -210,15 +288,28 @@ static void on_tune_done(fm_tune_job *tj) {
   char hex[FM_KEY_HEX];
   fm_key_to_hex(&c0->key, hex);
   fm_flight *f = flight_of(dd, &c0->key, tj);
-  fm_waiter *w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
+  fm_waiter *w;
 
   fm_daemon_count(dd, FM_STAT_WORKER_RESTARTS, tj->restarts);
   fm_daemon_count(dd, FM_STAT_BAD_CANDIDATES, tj->bad);
+  fm_log_debug("foreground tune of %.16s waited for %u background candidate(s)", hex, tj->waited_behind);
+  if (tj->judge && tj->tuned && tj->winner < 0) {
+    if (!f) {
+      tune_job_ended(dd, tj);
+      return;
+    }
+    fm_log_info("the candidate served first for %.16s did not verify (%s); judging %s before answering", hex,
+                tj->diag.text, tj->judge != 1 ? "the heuristic default" : "every candidate");
+    judge_next(dd, tj, f);
+    return;
+  }
+  w = f ? fm_inflight_finish(dd->inflight, f) : NULL;
   if (tj->store_err) {
     fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
     fm_log_error("%s; serving it uncached", tj->store_diag.text);
-  } else {
-    /* Whatever tuning stored (tuned or bad) is worth sharing; nothing stored, nothing sent. */
+  } else if (!tj->judge || !tj->tuned) {
+    /* Whatever tuning stored (tuned, bad, untuned) is worth sharing; a verified entry waits
+     * for its tune. */
     fm_remote_publish(dd->loop, dd->remote, &c0->key, c0->label, c0->device.arch);
   }
   if (!tj->tuned) {
@@ -231,23 +322,34 @@ static void on_tune_done(fm_tune_job *tj) {
     const fm_compile_job *win = tj->cands[tj->winner];
     char desc[160];
     fm_candidate_describe(&win->cand, desc, sizeof desc);
-    fm_daemon_count(dd, FM_STAT_TUNES, 1);
-    fm_log_info("tuned %.16s: %zu candidates in %.0f ms; chose %s (%.4f ms; default %.4f ms, %s); "
-                "%u bad, %u worker restarts", hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms,
-                tj->res[0].ms, fm_verdict_name(tj->res[0].verdict), tj->bad, tj->restarts);
-    answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_TUNED);
+    if (tj->judge) {
+      fm_daemon_count(dd, FM_STAT_VERIFIED, 1);
+      fm_log_info("verified %.16s: serving %s (%.4f ms) in %.0f ms; %zu candidates to tune in the background",
+                  hex, desc, tj->res[tj->winner].ms, tj->tune_ms, tj->n);
+      answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_VERIFIED);
+      if (f) {
+        queue_background(dd, tj);   /* takes tj, or frees it */
+        dd->jobs_running--;
+        fm_daemon_job_ended(dd);
+        return;
+      }
+    } else {
+      fm_daemon_count(dd, FM_STAT_TUNES, 1);
+      fm_log_info("tuned %.16s: %zu candidates in %.0f ms; chose %s (%.4f ms; default %.4f ms, %s); "
+                  "%u bad, %u worker restarts", hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms,
+                  tj->res[0].ms, fm_verdict_name(tj->res[0].verdict), tj->bad, tj->restarts);
+      answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_TUNED);
+    }
   } else {
     fm_daemon_count(dd, FM_STAT_TUNES, 1);
     fm_log_warn("tuned %.16s: %s; stored as bad (clients run it unfused)", hex, tj->diag.text);
     answer_waiters(w, hex, FM_EUNSUPPORTED, tj->diag.text, NULL, FM_STATE_BAD);
   }
-  fm_tune_job_free(tj);
-  dd->jobs_running--;
-  fm_daemon_job_ended(dd);
+  tune_job_ended(dd, tj);
 }
 
-/* Every candidate compiled (or failed to): on to the tuner, unless none compiled or nobody
- * waits any more. */
+/* The round's candidates compiled (or failed to): on to the tuner, unless none compiled or
+ * nobody waits any more. */
 static void candidates_compiled(fm_tune_job *tj) {
   fm_daemon *dd = tj->ctx;
   fm_compile_job *j = tj->cands[0];
@@ -256,14 +358,16 @@ static void candidates_compiled(fm_tune_job *tj) {
   fm_flight *f = flight_of(dd, &j->key, tj);
   if (!f) {
     fm_log_debug("tuning of %.16s dropped: nobody waits for it any more", hex);
-    goto out;
+    tune_job_ended(dd, tj);
+    return;
   }
   for (size_t i = 0; i < tj->n; i++) {
-    if (tj->cands[i]->err) {
-      fm_daemon_count(dd, FM_STAT_COMPILE_ERRORS, 1);
-      continue;
-    }
+    if (!fm_tune_job_judges(tj, i) || tj->cands[i]->err) continue;
     fm_tuner_submit(dd->tuner, tj, on_tune_done, dd);
+    return;
+  }
+  if (tj->judge) {
+    judge_next(dd, tj, f);
     return;
   }
   /* Nothing to tune: answer as a failed compile of the default. */
@@ -272,15 +376,83 @@ static void candidates_compiled(fm_tune_job *tj) {
   fm_log_warn("compile of %.16s failed (all %zu candidates): %s", hex, tj->n, j->diag.text);
   answer_waiters(w, hex, j->err, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
   free(detail);
-out:
-  fm_tune_job_free(tj);
-  dd->jobs_running--;
-  fm_daemon_job_ended(dd);
+  tune_job_ended(dd, tj);
 }
 
-static void on_candidate_compiled(fm_compile_job *j) {
+/* ---- background tunes (fm_bgtune.h): nobody waits for them ---- */
+
+static void on_bg_tune_done(fm_tune_job *tj) {
+  fm_daemon *dd = tj->ctx;
+  const fm_compile_job *c0 = tj->cands[0];
+  char hex[FM_KEY_HEX];
+  fm_key_to_hex(&c0->key, hex);
+  fm_daemon_count(dd, FM_STAT_WORKER_RESTARTS, tj->restarts);
+  fm_daemon_count(dd, FM_STAT_BAD_CANDIDATES, tj->bad);
+  if (tj->stopped) {
+    fm_log_debug("background tune of %.16s stopped with the tuner; its verified kernel stays", hex);
+  } else if (!tj->tuned) {
+    fm_log_warn("background tune of %.16s could not run (%s); its verified kernel stays", hex, tj->diag.text);
+  } else if (tj->store_err) {
+    fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
+    fm_log_error("%s; the verified kernel stays", tj->store_diag.text);
+  } else if (tj->kept >= 0) {
+    fm_log_info("background tune of %.16s: a %s entry stored meanwhile is kept", hex,
+                fm_kstate_name((fm_kstate)tj->kept));
+  } else if (tj->winner >= 0) {
+    char desc[160];
+    fm_candidate_describe(&tj->cands[tj->winner]->cand, desc, sizeof desc);
+    fm_daemon_count(dd, FM_STAT_TUNES, 1);
+    fm_daemon_count(dd, FM_STAT_UPGRADES, 1);
+    fm_log_info("tuned %.16s in the background: %zu candidates in %.0f ms; chose %s (%.4f ms); %u bad, "
+                "%u worker restarts; served from now on", hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms,
+                tj->bad, tj->restarts);
+    fm_remote_publish(dd->loop, dd->remote, &c0->key, c0->label, c0->device.arch);
+  } else {
+    /* The candidate served verified failed its second check: the rule of eager tuning. */
+    fm_daemon_count(dd, FM_STAT_TUNES, 1);
+    fm_log_warn("tuned %.16s in the background: %s; stored as bad (clients run it unfused)", hex, tj->diag.text);
+  }
+  fm_bgtune_done(dd->bgtune, tj);
+  fm_tune_job_free(tj);
+}
+
+static void bg_candidates_compiled(fm_tune_job *tj) {
+  fm_daemon *dd = tj->ctx;
+  if (dd->stopping) {
+    char hex[FM_KEY_HEX];
+    size_t built = 0;
+    for (size_t i = 0; i < tj->n; i++) built += !tj->cands[i]->err;
+    fm_key_to_hex(&tj->cands[0]->key, hex);
+    fm_log_debug("background tune of %.16s dropped at shutdown with %zu of %zu candidates compiled", hex, built, tj->n);
+    fm_bgtune_done(dd->bgtune, tj);
+    fm_tune_job_free(tj);
+    return;
+  }
+  fm_bgtune_set_phase(dd->bgtune, tj, FM_BG_TUNING);
+  fm_tuner_submit(dd->tuner, tj, on_bg_tune_done, dd);
+}
+
+static void on_bg_candidate_compiled(fm_compile_job *j) {
   fm_tune_job *tj = j->ctx;
-  if (--tj->pending == 0) candidates_compiled(tj);
+  if (--tj->pending == 0) bg_candidates_compiled(tj);
+}
+
+/* fm_bgtune_start_fn: the rest of the candidates compile in the background line. */
+static void bg_start(fm_tune_job *tj, void *ctx) {
+  if (!compile_round(ctx, tj, NULL, on_bg_candidate_compiled)) bg_candidates_compiled(tj);
+}
+
+static void queue_background(fm_daemon *dd, fm_tune_job *tj) {
+  tj->judge = 0;
+  tj->background = 1;
+  tj->keep_states = FM_STATE_BIT(FM_STATE_TUNED);   /* an import meanwhile */
+  tj->pending = 0;
+  /* a stopping daemon starts nothing new: the next start tunes it on its first hit */
+  if (dd->stopping || fm_bgtune_add(dd->bgtune, tj) != 1) fm_tune_job_free(tj);
+}
+
+int fm_cmd_bgtune_new(fm_daemon *dd) {
+  return fm_bgtune_new(FM_BGTUNE_ACTIVE, bg_start, dd, &dd->bgtune);
 }
 
 /* fm_flight.cancel for each kind of build. */
@@ -293,8 +465,8 @@ static void cancel_tuning(void *job) {
   for (size_t i = 0; i < tj->n; i++) cancel_compile(tj->cands[i]);
 }
 
-/* A tune job with one compile job per candidate, the compiles queued. FM_OK or FM_ENOMEM. */
-static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
+/* A tune job with one compile job per candidate, none compiled yet. FM_OK or FM_ENOMEM. */
+static int start_tuning(fm_daemon *dd, const prepared *p, fm_tune_job **out) {
   fm_candidate cands[2 * FM_TUNE_MAX_CANDIDATES];
   fm_tune_job *tj = NULL;
   size_t n = fm_codegen_candidates(p->canon, cands, 2 * FM_TUNE_MAX_CANDIDATES), kept = 0;
@@ -332,20 +504,16 @@ static int start_tuning(fm_daemon *dd, prepared *p, fm_tune_job **out) {
   return FM_OK;
 }
 
-/* Whose line a flight's compiles wait in (fm_compile_queue.h): the connection that started it. */
-static const void *owner_of(const fm_flight *f) {
-  return f->waiters ? (const void *)f->waiters->conn : NULL;
-}
-
-static void submit_tuning(fm_daemon *dd, fm_tune_job *tj, const void *owner) {
-  tj->pending = tj->n;
-  for (size_t i = 0; i < tj->n; i++) {
-    fm_compile_job *cj = tj->cands[i];
-    if (fm_cqueue_submit(dd->cqueue, owner, cj, on_candidate_compiled, tj)) {
-      cj->err = fm_diag_set(&cj->diag, FM_ENOMEM, "cannot queue the compile: out of memory");
-      if (--tj->pending == 0) candidates_compiled(tj);
-    }
-  }
+/* A hit on a verified entry whose tune is not queued (a restart lost it, or a crash mid-tune
+ * left the entry): queue it again. */
+static void retune_verified(fm_daemon *dd, const prepared *p) {
+  fm_bg_phase phase;
+  size_t ahead, n;
+  fm_tune_job *tj = NULL;
+  if (!dd->bgtune || fm_bgtune_find(dd->bgtune, &p->key, &phase, &ahead, &n)) return;
+  if (start_tuning(dd, p, &tj) || !tj) return;
+  fm_log_debug("%.16s is served verified with no tune queued; queueing it", p->hex);
+  queue_background(dd, tj);
 }
 
 /* Undoes fm_inflight_start when the job could not be queued (no waiter holds a reference). */
@@ -358,7 +526,7 @@ static void drop_flight(fm_daemon *dd, fm_flight *f) {
   }
 }
 
-/* Starts the local build of flight f: every candidate then tuning, or the default alone. */
+/* Starts the local build of flight f: candidates then tuning, or the default alone. */
 static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
   fm_compile_job *job = NULL;
   fm_tune_job *tj = NULL;
@@ -371,8 +539,10 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
     f->cancel = cancel_tuning;
     dd->jobs_running++;
     fm_daemon_count(dd, FM_STAT_COMPILES, 1);
-    fm_log_debug("compiling %zu candidates of %.16s for %s, then tuning", tj->n, p->hex, p->dev.arch);
-    submit_tuning(dd, tj, owner_of(f));
+    if (dd->cfg->tune == FM_TUNE_BACKGROUND) tj->judge = served_first(tj);
+    fm_log_debug("compiling %s of %zu candidates of %.16s for %s, then tuning", tj->judge ? "one" : "all",
+                 tj->n, p->hex, p->dev.arch);
+    if (!compile_round(dd, tj, owner_of(f), on_candidate_compiled)) candidates_compiled(tj);
     return FM_OK;
   }
   if (fm_compile_job_new(p->canon, p->bytes, p->len, &p->key, &p->dev, dd->store, &job))
@@ -539,6 +709,7 @@ int fm_cmd_compile(fm_request *rq, fm_diag *d) {
   if (store_lookup(dd, &p, &e) == FM_OK) {
     fm_daemon_count(dd, FM_STAT_HITS, 1);
     reply_entry(rq->conn, rq->id, &e);
+    if (e.state == FM_STATE_VERIFIED) retune_verified(dd, &p);
     fm_entry_free(&e);
     prepared_free(&p);
     return FM_OK;

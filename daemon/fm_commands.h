@@ -27,6 +27,8 @@ int fm_cmd_lookup(fm_request *rq, fm_diag *d);
 /* Cancels every build whose requesters have all hung up (queued ones never start, running
  * ones have their NVRTC worker killed); the daemon calls it on a timer. */
 void fm_cmd_sweep_abandoned(fm_daemon *dd);
+/* The background tunes (fm_bgtune.h) of a daemon that tunes: dd->bgtune. FM_ENOMEM. */
+int fm_cmd_bgtune_new(fm_daemon *dd);
 
 /* fm_cmd_admin.c: what fusectl shows and manages. */
 int fm_cmd_stats(fm_request *rq, fm_diag *d);

@@ -51,6 +51,7 @@ struct fm_compile_job {
   struct fm_compile_job *queue_next;
   fm_compile_done_fn queue_done;
   void *queue_ctx;
+  int queue_background;       /* waits in the background line */
   /* results */
   int err;                    /* FM_OK, or why the kernel could not be built */
   fm_diag diag;               /* the reason, for err */

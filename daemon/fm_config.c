@@ -12,6 +12,16 @@
 #include "fm_codegen.h"
 #include "fm_paths.h"
 
+static const char *const tune_mode_names[] = {
+#define FM_TUNE_NAME_(name, str) [FM_TUNE_##name] = str,
+    FM_TUNE_MODE_MAP(FM_TUNE_NAME_)
+#undef FM_TUNE_NAME_
+};
+
+const char *fm_tune_mode_name(fm_tune_mode m) {
+  return (unsigned)m < sizeof tune_mode_names / sizeof tune_mode_names[0] ? tune_mode_names[m] : "unknown";
+}
+
 void fm_config_defaults(fm_config *c) {
   memset(c, 0, sizeof *c);
   c->cache_size = FM_CONFIG_DEFAULT_CACHE_SIZE;
@@ -26,6 +36,9 @@ void fm_config_defaults(fm_config *c) {
   c->max_clients = FM_CONFIG_DEFAULT_MAX_CLIENTS;
   c->idle_timeout_s = FM_CONFIG_DEFAULT_IDLE_TIMEOUT;
   c->tune_deadline_s = 5;
+  /* The first step of a job waits for one verified candidate per fragment, not 33 timed ones
+   * (a Llama's first step: 64 s eager); the tuned kernels replace them as they come. */
+  c->tune = FM_TUNE_BACKGROUND;
   c->max_output = FM_CONFIG_DEFAULT_MAX_OUTPUT;
   c->max_output_total = FM_CONFIG_DEFAULT_MAX_OUTPUT_TOTAL;
   c->frame_deadline_s = FM_CONFIG_DEFAULT_FRAME_DEADLINE;
@@ -190,12 +203,22 @@ int fm_config_set(fm_config *c, const char *key, const char *value, fm_diag *d) 
   if (strcmp(key, "tuner-worker") == 0) return set_path(c->tuner_worker, key, value, d);
   if (strcmp(key, "remote") == 0) return set_path(c->remote, key, value, d);
   if (strcmp(key, "remote-secret-file") == 0) return set_path(c->remote_secret_file, key, value, d);
+  if (strcmp(key, "tune") == 0) {
+    for (size_t m = 0; value && m < sizeof tune_mode_names / sizeof tune_mode_names[0]; m++) {
+      if (strcmp(value, tune_mode_names[m]) == 0) {
+        c->tune = (fm_tune_mode)m;
+        return FM_OK;
+      }
+    }
+    return fm_diag_set(d, FM_EINVAL, "tune: \"%s\" is not one of eager, background, off", value ? value : "");
+  }
   if (strcmp(key, "no-tune") == 0) {
-    /* A flag on the command line (no value), yes/no in the file. */
+    /* A flag on the command line (no value), yes/no in the file: the older spelling of
+     * tune = off ("no" takes the default back, unless another mode was chosen). */
     if (!value || !*value || strcmp(value, "yes") == 0 || strcmp(value, "true") == 0 || strcmp(value, "1") == 0)
-      c->no_tune = 1;
+      c->tune = FM_TUNE_OFF;
     else if (strcmp(value, "no") == 0 || strcmp(value, "false") == 0 || strcmp(value, "0") == 0)
-      c->no_tune = 0;
+      c->tune = c->tune == FM_TUNE_OFF ? FM_TUNE_BACKGROUND : c->tune;
     else
       return fm_diag_set(d, FM_EINVAL, "no-tune: \"%s\" is not yes or no", value);
     return FM_OK;

@@ -7,10 +7,11 @@
  *   key     := socket | db | cache-size | log-level | log-file | jobs | arch
  *            | compile-worker | compile-deadline | compile-memory | max-client-compiles
  *            | max-compile-cost
- *            | max-clients | idle-timeout | no-tune | tuner-worker | tune-deadline | tune-only
+ *            | max-clients | idle-timeout | tune | no-tune | tuner-worker | tune-deadline | tune-only
  *            | max-output | max-output-total | frame-deadline
  *            | allow-uid | allow-gid | remote | remote-secret-file | exit-when-idle
- *                                                     (the long option names; no-tune = yes|no)
+ *                                (the long option names; tune = eager|background|off; no-tune = yes|no,
+ *                                 yes being tune = off)
  * allow-uid / allow-gid take a comma-separated list of numeric ids; given more than once (file
  * and flags) the lists add up.
  * A line that does not parse, an unknown key or a bad value is a startup error naming
@@ -37,6 +38,20 @@
 #define FM_CONFIG_DEFAULT_COMPILE_MEMORY (2ull << 30)
 #define FM_CONFIG_DEFAULT_MAX_CLIENT_COMPILES 256u   /* a model's whole graph is sent at once */
 
+/* When a fragment is tuned (GPU mode, or wherever a tuner worker is named). */
+#define FM_TUNE_MODE_MAP(XX)                                                                   \
+  XX(EAGER, "eager")           /* every candidate verified and timed before the first reply */ \
+  XX(BACKGROUND, "background") /* one candidate verified, served, the rest timed afterwards */ \
+  XX(OFF, "off")               /* the heuristic configuration, never run on the GPU: untuned */
+
+typedef enum {
+#define FM_TUNE_ENUM_(name, str) FM_TUNE_##name,
+  FM_TUNE_MODE_MAP(FM_TUNE_ENUM_)
+#undef FM_TUNE_ENUM_
+} fm_tune_mode;
+
+const char *fm_tune_mode_name(fm_tune_mode m);
+
 typedef struct fm_config {
   char socket_path[FM_CONFIG_PATH_MAX];   /* "" until fm_config_finish fills the default */
   char db_path[FM_CONFIG_PATH_MAX];
@@ -55,7 +70,7 @@ typedef struct fm_config {
   uint32_t idle_timeout_s;                /* 0 = never time out idle clients */
   int foreground;
   int system_mode;
-  int no_tune;                            /* GPU mode: serve the untuned default */
+  fm_tune_mode tune;                      /* default background */
   char tuner_worker[FM_CONFIG_PATH_MAX];  /* "": fusemld-tuner beside fusemld (GPU mode only);
                                              set: tune with it even without a GPU (tests) */
   double tune_deadline_s;                 /* base per-candidate deadline (+50x the default's time) */
@@ -75,7 +90,8 @@ typedef struct fm_config {
                                              connected and no compile in flight (autostart) */
 } fm_config;
 
-/* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle. */
+/* Defaults: 2G cache, info, jobs = online CPUs, sm_90a, 1024 clients, 600 s idle, tuning in
+ * the background. */
 void fm_config_defaults(fm_config *c);
 
 /* Sets one setting by its long option name ("cache-size", "2G"). FM_EINVAL with the reason in

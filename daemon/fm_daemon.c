@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fm_bgtune.h"
 #include "fm_commands.h"
 #include "fm_compile_queue.h"
 #include "fm_detach.h"
@@ -99,6 +100,13 @@ void fm_daemon_shutdown(fm_daemon *dd, const char *why) {
   dd->stopping = 1;
   fm_sd_notify("STOPPING=1");
   fm_log_info("%s: shutting down; %u compile(s) in flight", why, dd->jobs_running);
+  /* Background tunes are nobody's answer: those not started are dropped (their fragments'
+   * verified entries are tuned again on their next request), the compiling ones are
+   * cancelled, the one on the tuner ends at its next candidate. */
+  if (dd->bgtune) {
+    size_t dropped = fm_bgtune_stop(dd->bgtune);
+    if (dropped) fm_log_info("%zu background tune(s) not started are dropped", dropped);
+  }
   fm_server_stop_listening(dd->server);
   uv_timer_start(&dd->deadline, on_flush_deadline, FM_DAEMON_DRAIN_S * 1000, 0);
   maybe_drained(dd);
@@ -127,12 +135,12 @@ static void on_signal(uv_signal_t *h, int signum) {
 
 /* --exit-when-idle: a daemon a client started goes away once nobody has used it for a while
  * (its kernels stay in the store). A connected client, even a quiet one, or a compile or
- * tuning job still running keeps it up. */
+ * tuning job still running, background tunes included, keeps it up. */
 static void on_idle_exit_timer(uv_timer_t *t) {
   fm_daemon *dd = t->data;
   uint64_t now = uv_now(dd->loop);
   if (dd->stopping) return;
-  if (fm_server_clients(dd->server) > 0 || dd->jobs_running > 0) {
+  if (fm_server_clients(dd->server) > 0 || dd->jobs_running > 0 || fm_bgtune_pending(dd->bgtune) > 0) {
     dd->busy_ms = now;
     return;
   }
@@ -227,18 +235,19 @@ static int start_tuner(fm_daemon *dd, fm_diag *d) {
   if (cfg->tuner_worker[0]) {
     snprintf(exe, sizeof exe, "%s", cfg->tuner_worker);
   } else {
-    if (!dd->dev.gpu || cfg->no_tune) return FM_OK;
+    if (!dd->dev.gpu || cfg->tune == FM_TUNE_OFF) return FM_OK;
     if (!beside_self("fusemld-tuner", exe, sizeof exe)) {
       fm_log_warn("cannot find fusemld-tuner beside this executable; kernels are served untuned");
       return FM_OK;
     }
   }
-  if (cfg->no_tune) return FM_OK;
+  if (cfg->tune == FM_TUNE_OFF) return FM_OK;
   fm_tuner_opts o = {.worker_exe = exe, .deadline_s = cfg->tune_deadline_s};
   int err = fm_tuner_new(dd->loop, &o, &dd->tuner, d);
   if (err) return err;
-  fm_log_info("tuning with %s (per-candidate deadline %.1f s + 50x the default's time)", exe,
-              cfg->tune_deadline_s);
+  if (fm_cmd_bgtune_new(dd)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  fm_log_info("tuning with %s (--tune %s; per-candidate deadline %.1f s + 50x the default's time)", exe,
+              fm_tune_mode_name(cfg->tune), cfg->tune_deadline_s);
   return FM_OK;
 }
 
@@ -392,6 +401,7 @@ out:
   else uv_run(loop, UV_RUN_DEFAULT);   /* a server that failed to start closes its listener */
   if (dd->server) fm_server_free(dd->server);
   fm_tuner_free(dd->tuner);
+  fm_bgtune_free(dd->bgtune);   /* after the tuner: the jobs it held are freed there */
   fm_inflight_free(dd->inflight);
   fm_cqueue_free(dd->cqueue);
   fm_remote_tier_free(dd->remote);   /* after close_loop: no lookup or publish still runs */

@@ -31,7 +31,8 @@ typedef struct fm_daemon {
   fm_server *server;
   fm_inflight *inflight;
   struct fm_cqueue *cqueue;           /* compiles waiting for a worker, owners in turn */
-  struct fm_tuner *tuner;             /* NULL: no tuning (compile-only, --no-tune) */
+  struct fm_tuner *tuner;             /* NULL: no tuning (compile-only, --tune off) */
+  struct fm_bgtune *bgtune;           /* full tunes after a verified first answer (with tuner) */
   struct fm_remote_tier *remote;      /* import/export; its remote is NULL without --remote */
   fm_nvrtc_limits nvrtc;              /* exe NULL: no fusemld-nvrtc, NVRTC runs in-process */
   char nvrtc_exe[FM_CONFIG_PATH_MAX];

@@ -92,7 +92,7 @@ static int check_timings(const fm_entry *e, fm_diag *d) {
 int fm_entry_check_content(const fm_entry *e, fm_diag *d) {
   uint32_t n_inputs = 0, n_outputs = 0;
   int err;
-  if (e->state != FM_STATE_UNTUNED && e->state != FM_STATE_TUNED && e->state != FM_STATE_BAD)
+  if (!fm_kstate_valid(e->state))
     return fm_diag_set(d, FM_EINVAL, "entry has unknown state %d", (int)e->state);
   if ((err = check_canonical(e, &n_inputs, &n_outputs, d))) return err;
   if ((err = check_meta(e, n_inputs, n_outputs, d))) return err;

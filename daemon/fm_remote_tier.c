@@ -180,15 +180,18 @@ int fm_remote_tier_export(fm_remote_tier *t, const fm_key *key, uint8_t **val, s
  * holding this node's secret, so its state is believed, with two limits. An import only ever
  * adds kernels: a "bad" verdict would make the fragment unsupported here without this node
  * ever trying it, so it is skipped. And it never displaces a local entry it does not improve
- * on: a tuned one replaces a local untuned one only; anything else already here is kept. */
+ * on: a tuned one replaces a local untuned or verified one only; anything else already here
+ * is kept. (Entries travel untuned, tuned or bad: a verified one is never published.) */
 static const unsigned local_states_kept[] = {   /* by the imported entry's state */
-    [FM_STATE_UNTUNED] = FM_STATE_BIT(FM_STATE_UNTUNED) | FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
+    [FM_STATE_UNTUNED] = FM_STATE_BIT(FM_STATE_UNTUNED) | FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD) |
+                         FM_STATE_BIT(FM_STATE_VERIFIED),
     [FM_STATE_TUNED] = FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
 };
 static const char *const kept_reason[] = {   /* by the local entry's state */
     [FM_STATE_UNTUNED] = "a local untuned entry is kept",
     [FM_STATE_TUNED] = "a local tuned entry is kept",
     [FM_STATE_BAD] = "a local bad entry is kept (evict it to take the import)",
+    [FM_STATE_VERIFIED] = "a local verified entry is kept (its background tune replaces it)",
 };
 
 int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out,

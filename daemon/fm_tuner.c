@@ -38,6 +38,7 @@ int fm_tune_job_new(fm_tune_job **out) {
   fm_tune_job *j = calloc(1, sizeof *j);
   if (!j) return FM_ENOMEM;
   j->winner = -1;
+  j->kept = -1;
   *out = j;
   return FM_OK;
 }
@@ -65,7 +66,15 @@ typedef struct session {
   uint64_t seed;
   int prepared;          /* the running worker holds this fragment's inputs */
   int lost;              /* the worker was killed or died: the next start is a restart */
+  /* Called before each candidate of a background round: runs the foreground jobs waiting;
+   * returns 1 if it ran any (the worker holds their inputs now), 0 if none, -1 to stop. */
+  int (*yield)(void *ctx);
+  void *yield_ctx;
 } session;
+
+int fm_tune_job_judges(const fm_tune_job *j, size_t i) {
+  return !j->judge || ((j->judge >> i) & 1u);
+}
 
 static void pack_begin(msgpack_sbuffer *sb, msgpack_packer *pk) {
   msgpack_sbuffer_init(sb);
@@ -235,7 +244,8 @@ static void store_result(fm_tune_job *j, const fm_compile_job *c, fm_kstate stat
   fm_compile_job_entry(c, state, &e);
   e.timings = j->timings;
   e.timings_len = j->timings_len;
-  j->store_err = fm_store_put(j->store, &e);
+  /* One transaction: the entry served until now stays whole until the new one replaces it. */
+  j->store_err = fm_store_put_unless(j->store, &e, j->keep_states, &j->kept);
   if (j->store_err) {
     fm_diag why = {{0}};
     fm_store_last_error(j->store, &why);
@@ -245,19 +255,26 @@ static void store_result(fm_tune_job *j, const fm_compile_job *c, fm_kstate stat
   }
 }
 
-void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) {
+static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, int (*yield)(void *), void *yield_ctx) {
   double t0 = now_ms(), default_ms = -1;
   double base_ms = (opts->deadline_s > 0 ? opts->deadline_s : FM_TUNE_DEFAULT_DEADLINE_S) * 1000.0;
-  session s = {.w = w, .opts = opts, .job = j};
+  session s = {.w = w, .opts = opts, .job = j, .yield = yield, .yield_ctx = yield_ctx};
   int first_compiled = -1, err = FM_OK;
 
   s.seed = opts->seed ? opts->seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)j << 7);
   j->winner = -1;
   j->tuned = 1;
+  j->kept = -1;
+  j->stopped = 0;
+  j->restarts = j->bad = 0;   /* counted per round by the loop thread */
+  free(j->timings);   /* an earlier round's (the one candidate served first) */
+  j->timings = NULL;
+  j->timings_len = 0;
   for (size_t i = 0; i < j->n; i++) {
     fm_tune_result *r = &j->res[i];
     r->verdict = FM_VERDICT_PENDING;
     r->rel_err = r->ms = r->wall_ms = -1;
+    if (!fm_tune_job_judges(j, i)) continue;
     if (j->cands[i]->err) {
       r->verdict = FM_VERDICT_COMPILE_FAILED;
       snprintf(r->detail, sizeof r->detail, "%.250s", j->cands[i]->diag.text);
@@ -274,7 +291,14 @@ void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) 
   for (size_t i = 0; i < j->n; i++) {
     fm_tune_result *r = &j->res[i];
     fm_diag d = {{0}};
-    if (r->verdict == FM_VERDICT_COMPILE_FAILED) continue;
+    if (!fm_tune_job_judges(j, i) || r->verdict == FM_VERDICT_COMPILE_FAILED) continue;
+    int yielded = s.yield ? s.yield(s.yield_ctx) : 0;
+    if (yielded < 0) {
+      j->stopped = 1;
+      j->tune_ms = now_ms() - t0;
+      return;
+    }
+    if (yielded) s.prepared = 0;   /* the worker holds a foreground fragment's inputs now */
     if ((err = ensure_worker(&s, &d)) == FM_OK && !s.prepared) err = prepare(&s, &d);
     if (err) {
       /* The worker cannot run this fragment at all: nothing was judged, serve untuned. A
@@ -300,21 +324,27 @@ void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) 
 out:
   j->tune_ms = now_ms() - t0;
   if (!j->tuned) {
-    store_result(j, j->cands[first_compiled >= 0 ? first_compiled : 0], FM_STATE_UNTUNED);
+    /* A background round leaves the verified entry it would have replaced. */
+    if (!j->background) store_result(j, j->cands[first_compiled >= 0 ? first_compiled : 0], FM_STATE_UNTUNED);
     return;
   }
   pack_timings(j, default_ms, w->device);
   if (j->winner >= 0) {
-    store_result(j, j->cands[j->winner], FM_STATE_TUNED);
+    store_result(j, j->cands[j->winner], j->judge ? FM_STATE_VERIFIED : FM_STATE_TUNED);
   } else {
     /* Summarise the verdicts for the error reply: the client falls back to eager. */
     char *p = j->diag.text;
     size_t cap = sizeof j->diag.text, used;
     used = (size_t)snprintf(p, cap, "no candidate verified:");
     for (size_t i = 0; i < j->n && used < cap; i++)
-      used += (size_t)snprintf(p + used, cap - used, " %s", fm_verdict_name(j->res[i].verdict));
-    store_result(j, j->cands[first_compiled], FM_STATE_BAD);
+      if (fm_tune_job_judges(j, i)) used += (size_t)snprintf(p + used, cap - used, " %s", fm_verdict_name(j->res[i].verdict));
+    /* Some candidates only: the others may still verify (the caller judges them next). */
+    if (!j->judge) store_result(j, j->cands[first_compiled], FM_STATE_BAD);
   }
+}
+
+void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) {
+  run_job(w, opts, j, NULL, NULL);
 }
 
 /* ---- the tuner thread ---- */
@@ -326,31 +356,64 @@ struct fm_tuner {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   fm_tune_job *queue, **queue_tail;
+  fm_tune_job *bg_queue, **bg_queue_tail;     /* background jobs: after every foreground one */
   fm_tune_job *done, **done_tail;
+  uint64_t bg_candidates;       /* background candidates started (what a foreground job waits for) */
   int stop, thread_started, async_ready;
   fm_tuner_opts opts;
   char exe[4096];
   fm_tworker worker;
 };
 
+/* The first job of a queue, taken out (mu held). */
+static fm_tune_job *pop(fm_tuner *t, fm_tune_job **head, fm_tune_job ***tail) {
+  fm_tune_job *j = *head;
+  *head = j->next;
+  if (!*head) *tail = head;
+  j->next = NULL;
+  j->waited_behind = (uint32_t)(t->bg_candidates - j->bg_mark);
+  return j;
+}
+
+/* A finished job, for the loop thread (mu held). */
+static void finished(fm_tuner *t, fm_tune_job *j) {
+  *t->done_tail = j;
+  t->done_tail = &j->next;
+  uv_async_send(&t->async);
+}
+
+/* Between two candidates of a background round: the foreground jobs first (session.yield). */
+static int yield_to_foreground(void *arg) {
+  fm_tuner *t = arg;
+  int ran = 0;
+  pthread_mutex_lock(&t->mu);
+  while (!t->stop && t->queue) {
+    fm_tune_job *j = pop(t, &t->queue, &t->queue_tail);
+    pthread_mutex_unlock(&t->mu);
+    fm_tuner_run_job(&t->worker, &t->opts, j);
+    pthread_mutex_lock(&t->mu);
+    finished(t, j);
+    ran = 1;
+  }
+  int stop = t->stop;
+  if (!stop) t->bg_candidates++;   /* the caller runs its next candidate now */
+  pthread_mutex_unlock(&t->mu);
+  return stop ? -1 : ran;
+}
+
 static void *tuner_main(void *arg) {
   fm_tuner *t = arg;
   pthread_mutex_lock(&t->mu);
   for (;;) {
-    while (!t->stop && !t->queue) pthread_cond_wait(&t->cv, &t->mu);
+    while (!t->stop && !t->queue && !t->bg_queue) pthread_cond_wait(&t->cv, &t->mu);
     if (t->stop) break;
-    fm_tune_job *j = t->queue;
-    t->queue = j->next;
-    if (!t->queue) t->queue_tail = &t->queue;
-    j->next = NULL;
+    fm_tune_job *j = t->queue ? pop(t, &t->queue, &t->queue_tail) : pop(t, &t->bg_queue, &t->bg_queue_tail);
     pthread_mutex_unlock(&t->mu);
 
-    fm_tuner_run_job(&t->worker, &t->opts, j);
+    run_job(&t->worker, &t->opts, j, j->background ? yield_to_foreground : NULL, t);
 
     pthread_mutex_lock(&t->mu);
-    *t->done_tail = j;
-    t->done_tail = &j->next;
-    uv_async_send(&t->async);
+    finished(t, j);
   }
   pthread_mutex_unlock(&t->mu);
   return NULL;
@@ -379,6 +442,7 @@ int fm_tuner_new(uv_loop_t *loop, const fm_tuner_opts *opts, fm_tuner **out, fm_
   snprintf(t->exe, sizeof t->exe, "%s", opts->worker_exe ? opts->worker_exe : "");
   t->opts.worker_exe = t->exe;
   t->queue_tail = &t->queue;
+  t->bg_queue_tail = &t->bg_queue;
   t->done_tail = &t->done;
   fm_tworker_init(&t->worker, t->exe);
   pthread_mutex_init(&t->mu, NULL);
@@ -406,8 +470,14 @@ void fm_tuner_submit(fm_tuner *t, fm_tune_job *job, fm_tune_done_fn done, void *
   job->ctx = ctx;
   job->next = NULL;
   pthread_mutex_lock(&t->mu);
-  *t->queue_tail = job;
-  t->queue_tail = &job->next;
+  job->bg_mark = t->bg_candidates;
+  if (job->background) {
+    *t->bg_queue_tail = job;
+    t->bg_queue_tail = &job->next;
+  } else {
+    *t->queue_tail = job;
+    t->queue_tail = &job->next;
+  }
   pthread_cond_signal(&t->cv);
   pthread_mutex_unlock(&t->mu);
 }
@@ -427,7 +497,7 @@ void fm_tuner_stop(fm_tuner *t) {
 void fm_tuner_free(fm_tuner *t) {
   if (!t) return;
   fm_tuner_stop(t);
-  for (fm_tune_job *lists[2] = {t->queue, t->done}, **l = lists; l < lists + 2; l++) {
+  for (fm_tune_job *lists[3] = {t->queue, t->bg_queue, t->done}, **l = lists; l < lists + 3; l++) {
     while (*l) {
       fm_tune_job *next = (*l)->next;
       fm_tune_job_free(*l);

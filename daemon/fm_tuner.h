@@ -28,7 +28,16 @@
  * compile-only mode and the reason logged. Every restart counts FM_STAT_WORKER_RESTARTS, every
  * candidate that is not ok (compile failures aside) FM_STAT_BAD_CANDIDATES, every judged job
  * (tuned or bad, not the untuned fallback) FM_STAT_TUNES; the loop thread counts them from
- * the job's fields. */
+ * the job's fields.
+ *
+ * A round may judge some candidates only (`judge`, a bit per candidate): serving first
+ * (--tune background) judges the one candidate the reply will carry. Its winner is stored in
+ * state verified; if none of them verifies nothing is stored (the caller judges the rest).
+ * A background round waits behind every foreground job, and between two of its candidates
+ * the tuner thread runs the foreground jobs that came meanwhile (the worker prepares the
+ * background fragment again afterwards): a foreground job waits for at most one background
+ * candidate. fm_tuner_stop ends a background round at its next candidate, storing nothing
+ * (`stopped`). */
 #ifndef FM_TUNER_H
 #define FM_TUNER_H
 
@@ -79,6 +88,11 @@ struct fm_tune_job {
   fm_compile_job *cands[FM_TUNE_MAX_CANDIDATES];
   size_t n;
   size_t pending;               /* compiles still running (loop thread) */
+  uint64_t judge;               /* bit i: this round judges cands[i]; 0: every candidate */
+  uint64_t compiled;            /* bit i: cands[i] went through its compile (loop thread) */
+  int background;               /* queued behind foreground jobs, yielding to them */
+  unsigned keep_states;         /* an entry stored meanwhile in one of these states is kept
+                                   (FM_STATE_BIT mask, fm_store_put_unless); 0: replaced */
   fm_store *store;              /* NULL: do not store */
   fm_tune_done_fn done;
   void *ctx;
@@ -91,9 +105,16 @@ struct fm_tune_job {
   size_t timings_len;
   int store_err;
   fm_diag store_diag;
+  int kept;                     /* the state of an entry keep_states kept, -1: stored */
+  uint64_t bg_mark;             /* (the tuner's) background candidates started before it queued */
+  uint32_t waited_behind;       /* foreground: background candidates started while it waited */
+  int stopped;                  /* the tuner stopped mid-round: nothing judged further, nothing stored */
   double tune_ms;
   uint32_t restarts, bad;       /* for the counters */
 };
+
+/* Whether the job's round judges cands[i] (judge). */
+int fm_tune_job_judges(const fm_tune_job *j, size_t i);
 
 /* A job owning no candidates yet; add compile jobs to cands[] (n). FM_ENOMEM. */
 int fm_tune_job_new(fm_tune_job **out);
@@ -110,16 +131,17 @@ typedef struct fm_tuner_opts {
 /* Starts the tuner thread (the worker starts lazily, with the first job). done callbacks run
  * on loop's thread. */
 int fm_tuner_new(uv_loop_t *loop, const fm_tuner_opts *opts, fm_tuner **out, fm_diag *d);
-/* Queues a job (loop thread). */
+/* Queues a job (loop thread): behind the other foreground jobs, or with job->background set
+ * behind every job. */
 void fm_tuner_submit(fm_tuner *t, fm_tune_job *job, fm_tune_done_fn done, void *ctx);
-/* Stops the thread after the job it is running (queued ones are dropped: their done is never
- * called), stops the worker and closes the async handle (the loop must run once more to
+/* Stops the thread after the job it is running, or the background candidate it is running
+ * (queued ones are dropped: their done is never called), stops the worker and closes the async handle (the loop must run once more to
  * finish the close). Then fm_tuner_free. */
 void fm_tuner_stop(fm_tuner *t);
 void fm_tuner_free(fm_tuner *t);
 
 /* The synchronous body of one job on a worker the caller owns (the tuner thread's, or a
- * test's): judges every candidate, picks the winner, builds the timings, stores. */
+ * test's): judges the round's candidates, picks the winner, builds the timings, stores. */
 struct fm_tworker;
 void fm_tuner_run_job(struct fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *job);
 

@@ -42,7 +42,10 @@ static void usage(FILE *f) {
           "  --frame-deadline SECS a request must arrive whole this long after its first byte (default 30)\n"
           "  --allow-uid LIST      serve only these uids (comma-separated; with --allow-gid: either)\n"
           "  --allow-gid LIST      serve only peers in these groups (primary or supplementary)\n"
-          "  --no-tune             GPU mode: serve the heuristic configuration, untuned\n"
+          "  --tune MODE           eager: time every candidate before the first reply; background\n"
+          "                        (default): answer with one candidate verified on the GPU, time\n"
+          "                        the rest afterwards, a tuned kernel replaces it; off: untuned\n"
+          "  --no-tune             the same as --tune off\n"
           "  --tuner-worker PATH   tuner worker executable (default: fusemld-tuner beside fusemld);\n"
           "                        given, it tunes even without a GPU (tests use stand-ins)\n"
           "  --tune-deadline SECS  per-candidate deadline: SECS + 50x the default's time (default 5)\n"
@@ -63,7 +66,7 @@ typedef struct setting {
 
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
-         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
+         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
          OPT_REMOTE, OPT_REMOTE_SECRET, OPT_MAXOUTPUT_TOTAL, OPT_FRAME_DEADLINE, OPT_COMPILE_DEADLINE,
          OPT_COMPILE_MEMORY, OPT_COMPILE_WORKER, OPT_MAX_CLIENT_COMPILES, OPT_MAX_COMPILE_COST,
          OPT_EXIT_WHEN_IDLE };
@@ -87,6 +90,7 @@ int main(int argc, char **argv) {
       {"frame-deadline", required_argument, NULL, OPT_FRAME_DEADLINE},
       {"allow-uid", required_argument, NULL, OPT_ALLOWUID},
       {"allow-gid", required_argument, NULL, OPT_ALLOWGID},
+      {"tune", required_argument, NULL, OPT_TUNE},
       {"no-tune", no_argument, NULL, OPT_NOTUNE},
       {"tuner-worker", required_argument, NULL, OPT_TUNER},
       {"tune-deadline", required_argument, NULL, OPT_TUNEDL},

@@ -14,17 +14,18 @@
  *          protocol_version and the connection is closed after the reply.
  *  ping    {} -> {pong: true}
  *  compile {fragment: map, arch?: str}
- *       -> {key: hex64, kind, state: "untuned"|"tuned", origin: "hit"|"compiled"|"joined",
+ *       -> {key: hex64, kind, state: "verified"|"tuned"|"untuned", origin: "hit"|"compiled"|"joined",
  *           meta: map (fm_meta.h), cubin: bin}
  *          Concurrent compiles of one key share one NVRTC run ("joined").
  *          compile_failed carries NVRTC's log in detail.
  *  lookup  {fragment: map} | {key: hex64}  -> as compile with origin "hit", or not_found.
- *  stats   {} -> {mode, device, uptime_s, clients, inflight, entries, bytes,
+ *  stats   {} -> {mode, device, uptime_s, clients, inflight, tune, background_tunes, entries, bytes,
  *                 stats: {name: i64, ...} (persistent, FM_STAT_MAP), session: {...} (since start)}
  *  list    {limit?: u32} -> {entries: [{key, device, kind, state, size, hits, created, last_used}]}
  *  show    {key: hex prefix of >= 4 digits}
  *       -> {entry: {key, device, kind, state, size, hits, created, last_used,
- *                   fragment: map (canonical), meta: map, source: str, timings: map|nil}}
+ *                   fragment: map (canonical), meta: map, source: str, timings: map|nil,
+ *                   background: {phase, ahead, candidates}|nil}}
  *  evict   {key: hex64} | {all: true} -> {evicted: u64}
  */
 #ifndef FM_PROTO_H

@@ -102,7 +102,8 @@ static char *show(const char *key) {
 static int start(const char *plan, const char *deadline) {
   setenv("FM_STANDIN_PLAN", plan, 1);
   setenv("FM_STANDIN_PIDDIR", piddir, 1);
-  const char *extra[] = {"--tuner-worker", standin, "--tune-deadline", deadline, NULL};
+  /* every candidate judged before the reply: tests/e2e/test_bgtune_e2e.c covers background */
+  const char *extra[] = {"--tuner-worker", standin, "--tune-deadline", deadline, "--tune", "eager", NULL};
   return e2e_start(&D, extra);
 }
 

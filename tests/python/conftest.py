@@ -49,12 +49,12 @@ def dead_socket(monkeypatch, tmp_path):
 
 
 class Daemon:
-    def __init__(self, exe, tmp):
+    def __init__(self, exe, tmp, extra=()):
         self.socket = os.path.join(tmp, "fusemld.sock")
         self.db = os.path.join(tmp, "kernels.db")
         self.log = open(os.path.join(tmp, "fusemld.log"), "wb")
         self.proc = subprocess.Popen([exe, "--foreground", "--socket", self.socket, "--db", self.db,
-                                      "--jobs", "2", "--log-level", "debug"],
+                                      "--jobs", "2", "--log-level", "debug", *extra],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while not os.path.exists(self.socket):

@@ -133,7 +133,8 @@ def start_daemon(out):
     sock = os.path.join(tmp, "fm.sock")
     log = open(os.path.join(out, "fusemld.log"), "ab")
     proc = subprocess.Popen([exe, "--foreground", "--socket", sock, "--db",
-                             os.path.join(tmp, "kernels.db"), "--log-level", "info"],
+                             os.path.join(tmp, "kernels.db"), "--log-level", "info",
+                             "--tune", "eager"],   # every kernel tuned in its first reply
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while not _answers(sock):

@@ -197,3 +197,25 @@ def test_what_the_fast_path_cannot_assume_stays_right(case, dead_socket, monkeyp
         assert ways and all("dynamic shapes" in w_ for w_ in ways), ways
     else:
         assert ways and all(w_ == "generated straight-line code" for w_ in ways), ways
+
+
+def test_upgraded_kernels_get_their_code_written_again(dead_socket, monkeypatch):
+    """An upgrade (the daemon's tuned kernels swapped in) makes the generated code stale: the
+    next call runs the FX graph, and the code is written again after it."""
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    torch._dynamo.reset()
+    f = lambda x: torch.relu(x * 2.0 + 1.0).t()  # noqa: E731
+    x = torch.randn(8, 4)
+    c = fuseml.FuseMLCompiler()
+    fn = torch.compile(f, backend=c)
+    with torch.no_grad():
+        for _ in range(3):
+            fn(x)
+        (plan,) = c.plans
+        assert plan.compiled.path == "generated straight-line code"
+        plan.compiled.rewrite_code()
+        assert plan.compiled.path.startswith("FX graph (kernels upgraded")
+        outs = [fn(x) for _ in range(3)]
+    assert plan.compiled.path == "generated straight-line code"
+    for out in outs:
+        assert torch.equal(out, f(x))

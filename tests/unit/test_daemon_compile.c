@@ -224,12 +224,47 @@ static void test_queue_serves_owners_in_turn(void) {
   CHECK_EQ_INT(uv_loop_close(&loop), 0);
 }
 
+/* Background compiles (a background tune's candidates) go only when no owner waits: with
+ * one worker, three background jobs queued before owners A (two) and B (one) run after them,
+ * except the first, which found the pool idle. */
+static void test_queue_background_after_owners(void) {
+  uv_loop_t loop;
+  fm_cqueue *q = NULL;
+  fm_devinfo dev;
+  fm_diag d = {{0}};
+  static const char names[] = "xyzAAB";
+  int owner_a, owner_b;
+  const void *owners[] = {NULL, NULL, NULL, &owner_a, &owner_a, &owner_b};
+  n_done = 0;
+  memset(order, 0, sizeof order);
+  CHECK_EQ_INT(uv_loop_init(&loop), 0);
+  CHECK_EQ_INT(fm_cqueue_new(&loop, 1, &q), FM_OK);
+  CHECK_EQ_INT(fm_device_init(&dev, "sm_90a", &d), FM_OK);
+  for (int i = 0; i < 6; i++) {
+    fm_compile_job *job = relu_job(&dev);
+    CHECK(job != NULL);
+    if (!job) break;
+    atomic_store(&job->cancel, 1);
+    if (owners[i]) CHECK_EQ_INT(fm_cqueue_submit(q, owners[i], job, record, (void *)&names[i]), FM_OK);
+    else fm_cqueue_submit_background(q, job, record, (void *)&names[i]);
+  }
+  CHECK_EQ_INT(fm_cqueue_waiting(q), 5);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  CHECK_EQ_INT(n_done, 6);
+  CHECK(strcmp(order, "xABAyz") == 0);
+  if (strcmp(order, "xABAyz") != 0) fprintf(stderr, "  order %s\n", order);
+  CHECK_EQ_INT(fm_cqueue_waiting(q), 0);
+  fm_cqueue_free(q);
+  CHECK_EQ_INT(uv_loop_close(&loop), 0);
+}
+
 int main(void) {
   if (!mkdtemp(dir)) return 1;
   RUN(test_device_compile_only);
   RUN(test_key_depends_on_arch);
   RUN(test_job_compiles_and_stores);
   RUN(test_queue_serves_owners_in_turn);
+  RUN(test_queue_background_after_owners);
   rmdir(dir);
   return FM_TEST_DONE();
 }

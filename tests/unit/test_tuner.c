@@ -269,14 +269,23 @@ static void test_config_options(void) {
   fm_config c;
   fm_diag d = {{0}};
   fm_config_defaults(&c);
-  CHECK_EQ_INT(c.no_tune, 0);
+  CHECK_EQ_INT(c.tune, FM_TUNE_BACKGROUND);
   CHECK(c.tune_deadline_s == 5);
   CHECK(c.tuner_worker[0] == '\0');
   CHECK_EQ_INT(fm_config_set(&c, "no-tune", NULL, &d), FM_OK);   /* the bare flag */
-  CHECK_EQ_INT(c.no_tune, 1);
+  CHECK_EQ_INT(c.tune, FM_TUNE_OFF);
   CHECK_EQ_INT(fm_config_set(&c, "no-tune", "no", &d), FM_OK);   /* the file's form */
-  CHECK_EQ_INT(c.no_tune, 0);
+  CHECK_EQ_INT(c.tune, FM_TUNE_BACKGROUND);
   CHECK_EQ_INT(fm_config_set(&c, "no-tune", "maybe", &d), FM_EINVAL);
+  CHECK_EQ_INT(fm_config_set(&c, "tune", "eager", &d), FM_OK);
+  CHECK_EQ_INT(c.tune, FM_TUNE_EAGER);
+  CHECK_EQ_INT(fm_config_set(&c, "no-tune", "no", &d), FM_OK);   /* "no" keeps a chosen mode */
+  CHECK_EQ_INT(c.tune, FM_TUNE_EAGER);
+  CHECK_EQ_INT(fm_config_set(&c, "tune", "off", &d), FM_OK);
+  CHECK_EQ_INT(c.tune, FM_TUNE_OFF);
+  CHECK_EQ_INT(fm_config_set(&c, "tune", "lazy", &d), FM_EINVAL);
+  CHECK_STR_CONTAINS(d.text, "eager, background, off");
+  CHECK_STR_CONTAINS(fm_tune_mode_name(FM_TUNE_BACKGROUND), "background");
   CHECK_EQ_INT(fm_config_set(&c, "tune-deadline", "0.5", &d), FM_OK);
   CHECK(c.tune_deadline_s == 0.5);
   CHECK_EQ_INT(fm_config_set(&c, "tune-deadline", "0", &d), FM_EINVAL);

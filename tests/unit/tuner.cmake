@@ -22,3 +22,15 @@ if(TARGET fusemld AND TARGET fusectl)
                                   $<TARGET_FILE:fusectl>)
   set_tests_properties(e2e_tuner PROPERTIES TIMEOUT 180 LABELS e2e)
 endif()
+
+# End to end: serving first and tuning in the background (--tune background) through the
+# stand-in: upgrades, one build per key, hang-ups, foreground first, kills mid-tune.
+if(TARGET fusemld AND TARGET fusectl)
+  add_executable(test_bgtune_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/test_bgtune_e2e.c ${CMAKE_CURRENT_SOURCE_DIR}/e2e/e2e_util.c)
+  target_include_directories(test_bgtune_e2e PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/unit ${CMAKE_CURRENT_SOURCE_DIR}/e2e)
+  target_link_libraries(test_bgtune_e2e PRIVATE fm_protocol PkgConfig::MSGPACK Threads::Threads)
+  add_dependencies(test_bgtune_e2e fusemld tuner_standin fusectl)
+  add_test(NAME e2e_bgtune COMMAND test_bgtune_e2e $<TARGET_FILE:fusemld> $<TARGET_FILE:tuner_standin>
+                                   $<TARGET_FILE:fusectl> ${CMAKE_SOURCE_DIR}/examples)
+  set_tests_properties(e2e_bgtune PROPERTIES TIMEOUT 600 LABELS e2e)
+endif()

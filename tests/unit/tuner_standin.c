@@ -12,7 +12,10 @@
  *                        load     verdict load_failed
  *                      an index past the list answers ok:(10 + index)
  *   FM_STANDIN_NOGPU   set: the ready message says there is no GPU
- *   FM_STANDIN_PIDDIR  set: each start creates PIDDIR/<pid> (tests check none is left) */
+ *   FM_STANDIN_PIDDIR  set: each start creates PIDDIR/<pid> (tests check none is left)
+ *   FM_STANDIN_TRACE   set: each request appends a line to this file, "prepare <fnv>" (a hash
+ *                      of the canonical fragment) or "run <index>", before it is answered
+ *   FM_STANDIN_RUN_MS  set: each run request takes this many milliseconds (a slow GPU) */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -83,6 +86,22 @@ static void plan_entry(uint64_t i, char *out, size_t cap) {
   }
 }
 
+static void trace(const char *fmt, unsigned long long v) {
+  const char *path = getenv("FM_STANDIN_TRACE");
+  if (!path) return;
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, fmt, v);
+  fclose(f);
+}
+
+/* FNV-1a of the canonical bytes: tells fragments apart in the trace. */
+static unsigned long long fnv(const uint8_t *p, size_t n) {
+  unsigned long long h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i++)
     if (strcmp(argv[i], "--fd") == 0) fd = atoi(argv[i + 1]);
@@ -120,10 +139,15 @@ int main(int argc, char **argv) {
     fm_msg_get_u64(&req, "id", &id, NULL);
     fm_msg_get_u64(&req, "index", &index, NULL);
     if (fm_msg_str_eq(fm_msg_get(&req, "op"), "prepare")) {
-      const uint8_t *c;
-      size_t len;
-      status(NULL, id, fm_msg_get_bin(&req, "canonical", &c, &len, NULL) == FM_OK && len > 0, "");
+      const uint8_t *c = NULL;
+      size_t len = 0;
+      int ok = fm_msg_get_bin(&req, "canonical", &c, &len, NULL) == FM_OK && len > 0;
+      trace("prepare %016llx\n", ok ? fnv(c, len) : 0);
+      status(NULL, id, ok, "");
     } else {
+      const char *run_ms = getenv("FM_STANDIN_RUN_MS");
+      trace("run %llu\n", (unsigned long long)index);
+      if (run_ms) usleep((useconds_t)(atoi(run_ms) * 1000));
       plan_entry(index, entry, sizeof entry);
       if (strncmp(entry, "ok:", 3) == 0) reply(id, "ok", 1e-4, atof(entry + 3));
       else if (strcmp(entry, "wrong") == 0) reply(id, "wrong", 0.5, -1);

@@ -3,13 +3,14 @@ each partitioned and fused on its own), fragment building, one pipelined round o
 requests per graph (and a second for the combined groups the daemon refused, split apart),
 and the graph rewrite that calls `fuseml::group` for each fused group."""
 import operator
+import weakref
 
 import torch
 from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
 
-from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport
+from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cat_rewrite import spell_cats
@@ -203,7 +204,7 @@ class FuseMLCompiler:
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
             return self._inductor(gm, example_inputs, fused, runners)
-        plan.compiled = Compiled(gm, fused, runners,
+        plan.compiled = Compiled(gm, fused, runners, socket=self.socket,
                                  apart=lambda dropped: self._epilogues_apart(dropped, runners, groups))
         return plan.compiled
 
@@ -352,8 +353,10 @@ class Compiled:
     kernel (refused, daemon unreachable) or one that measured routing sent to ATen is inlined
     back as its ATen ops, so it costs no more than eager: the graph is rebuilt once a decision
     drops a group. Once every group is routed, the graph runs as generated straight-line code
-    (straight_line.py) where it can; `path` says which way it runs and why."""
-    def __init__(self, gm, fused, runners, generate=True, apart=None):
+    (straight_line.py) where it can; `path` says which way it runs and why. Kernels served
+    "verified" are swapped for their tuned ones as the daemon finishes them (upgrade.py): the
+    generated code, which holds the launches it was written with, is written again then."""
+    def __init__(self, gm, fused, runners, generate=True, apart=None, socket=None):
         # an instance attribute: aot_autograd wraps a backward in dynamo's disable(), which
         # copies the callable's __dict__ (the boxed mark with it) but not its class's
         self._boxed_call = True
@@ -366,8 +369,13 @@ class Compiled:
         self.first = None                 # generated code, its first call (checks ATen layouts)
         self.fast = None                  # generated code, verified
         self.path = "FX graph (groups not routed yet)" if self.pending else "FX graph"
+        self.upgrader = upgrade.Upgrader([runners[g.gid] for g in self.kept], socket)
+        live.add(self)
 
     def __call__(self, args):
+        up = self.upgrader
+        if not up.done and up.tick():
+            self.rewrite_code()
         fast = self.fast
         if fast is not None:
             return fast(args)
@@ -386,6 +394,13 @@ class Compiled:
 
     def slow(self, args):
         return self.current(*args)
+
+    def rewrite_code(self):
+        """The kernels changed (an upgrade): the next call runs the FX graph, which loads them,
+        and the code is generated again after it."""
+        self.fast = self.first = None
+        self.generate = True
+        self.path = "FX graph (kernels upgraded; code written again after this call)"
 
     def _first_generated(self, args):
         first, self.first = self.first, None
@@ -425,9 +440,26 @@ class Compiled:
                     log.info("fuseml: epilogues of dropped GEMM groups not requested: %r", e)
                     epilogues = []
                 self.kept += epilogues
+                self.upgrader.add([self.runners[g.gid] for g in epilogues])
                 self.pending = self.pending or bool(epilogues)
             self.current = (rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept
                             else self.gm)
+
+
+live = weakref.WeakSet()   # every Compiled alive: pick_up_tuned() upgrades them all
+
+
+def pick_up_tuned(timeout_s=5.0):
+    """Swaps the tuned kernels the daemon has finished into every compiled graph now (one
+    lookup per kernel still "verified"), rather than at the next periodic check; returns how
+    many were swapped. For a step boundary, or a benchmark that wants tuned kernels."""
+    n = 0
+    for c in list(live):
+        got = upgrade.swap(upgrade.refresh(c.upgrader.runners, c.upgrader.socket, timeout_s))
+        if got:
+            c.rewrite_code()
+            n += got
+    return n
 
 
 def args_device(out, args):

@@ -6,7 +6,8 @@ def groups(compiler):
     """One dict per group of every graph `compiler` (a FuseMLCompiler) compiled, in compile
     order: which graph, group id, kind, ops, route, reason, the daemon's key/state/origin, the
     served kernel's template kind and entry symbol, and `strategy`, a short label:
-    "kernel <kind> (<state>)" for a group served a tuned kernel (launched on CUDA), "cublaslt
+    "kernel <kind> (<state>)" for a group served a kernel verified on the GPU (tuned, or verified
+    and waiting for its background tune; launched on CUDA), "cublaslt
     plan (<state>): ..." for a GEMM group the tuner served a cuBLASLt plan (direct: cuBLASLt's
     own epilogue; split: cuBLASLt + one generated epilogue kernel), "aten
     <kind>: ..." for one whose kernel the runtime measured slower than ATen and dropped,
@@ -32,15 +33,15 @@ def groups(compiler):
             if route == "apart":
                 strategy = (f"apart {kind}: {getattr(g, 'reason', '')}; "
                             "its two GEMM groups run as separate fragments")
-            elif route == "kernel" and kernel is not None and state == "tuned" and use is False:
+            elif route == "kernel" and kernel is not None and state in runtime.VERIFIED_STATES and use is False:
                 strategy = f"aten {kind}: measured slower than its ATen ops"
-            elif route == "kernel" and kernel is not None and state == "tuned" and meta.get("blas"):
+            elif route == "kernel" and kernel is not None and state in runtime.VERIFIED_STATES and meta.get("blas"):
                 # the tuner found cuBLASLt faster: its own epilogue, or + one epilogue kernel
                 form = meta["blas"].get("form")
                 strategy = (f"cublaslt plan ({state}): " +
                             ("cuBLASLt with its own epilogue" if form == "direct"
                              else "cuBLASLt + a generated epilogue kernel"))
-            elif route == "kernel" and kernel is not None and state == "tuned":
+            elif route == "kernel" and kernel is not None and state in runtime.VERIFIED_STATES:
                 strategy = f"kernel {meta.get('kind', kind)} ({state})"
             elif route == "kernel":
                 why = getattr(r, "why_eager", None) if r is not None else None

@@ -1,9 +1,11 @@
 """Running a fused group: the custom op `fuseml::group` that the rewritten graph calls, and
 the runner behind it, which launches the served kernel or runs the group's ATen ops.
 
-Launch needs: CUDA tensors on one device, a kernel in state "tuned" (or FUSEML_ALLOW_UNTUNED=1,
-a testing aid only), libfusemld, and inputs with the strides and alignment the fragment was
-built for. Anything else runs the ATen ops, with one warning per cause."""
+Launch needs: CUDA tensors on one device, a kernel verified on the GPU by the daemon (state
+"tuned", or "verified": served before its background tune, which upgrade.py picks up; any
+other state only with FUSEML_ALLOW_UNTUNED=1, a testing aid), libfusemld, and inputs with the
+strides and alignment the fragment was built for. Anything else runs the ATen ops, with one
+warning per cause."""
 import torch
 
 from . import launcher, settings
@@ -13,6 +15,7 @@ from .bmm_fragment import collapse
 _registry = {}
 _next_gid = [0]
 _modules = {}   # (key, device index) -> launcher.Module: one load per process and device
+VERIFIED_STATES = ("tuned", "verified")   # checked against the reference on the GPU by the daemon
 counters = {"launches": 0, "eager": 0, "module_loads": 0}   # for tests and explain()
 
 _lib = torch.library.Library("fuseml", "DEF")
@@ -120,7 +123,7 @@ class GroupRunner:
             warn_once("cpu", "%s: tensors on %s, kernels run on CUDA only", self.name, dev)
             return self.eager(xs)
         key, state, cubin, meta = self.kernel
-        if state != "tuned" and not settings.allow_untuned():
+        if state not in VERIFIED_STATES and not settings.allow_untuned():
             warn_once("untuned", "kernel %s is %s (not verified on a GPU yet)", key[:12], state)
             self._never()
             return self.eager(xs)

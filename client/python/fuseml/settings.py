@@ -6,6 +6,8 @@ import os
 
 # Seconds an autostarted daemon waits with no client and no compile before it exits.
 DEFAULT_IDLE_EXIT_S = 600
+# Seconds between two re-asks for the kernels a running graph holds "verified" (upgrade.py).
+DEFAULT_UPGRADE_S = 10.0
 
 
 def _get(name):
@@ -98,6 +100,15 @@ def straight_line():
 def graph_memory_mb():
     """FUSEML_GRAPH_MEMORY_MB, as written (graph_replay.memory_budget checks it); None: unset."""
     return _get("FUSEML_GRAPH_MEMORY_MB") or None
+
+
+def upgrade_s():
+    """FUSEML_UPGRADE_S: seconds between two re-asks for a graph's kernels the daemon is still
+    tuning in the background (upgrade.py); 0: never (keep the verified kernels)."""
+    try:
+        return max(0.0, float(_get("FUSEML_UPGRADE_S") or DEFAULT_UPGRADE_S))
+    except ValueError:
+        return DEFAULT_UPGRADE_S
 
 
 def fast_launch():

@@ -1,0 +1,85 @@
+"""A running graph picks up the kernels fusemld tunes in the background (fuseml/upgrade.py),
+against a real fusemld whose tuner is the stand-in worker (tests/unit/tuner_standin.c: no GPU;
+its third candidate is the fastest): the kernels come back "verified", the client launches them
+without FUSEML_ALLOW_UNTUNED, and the graph's calls swap in the tuned ones by key, without
+recompiling, retiring the modules they replace."""
+import logging
+import os
+import shutil
+import tempfile
+import time
+import types
+
+import pytest
+import torch
+
+from conftest import Daemon, _fusemld_bin
+
+import fuseml
+from fuseml import runtime, upgrade
+
+
+def _runners(c):
+    ids = {id(g.built) for p in c.plans for g in p.kernels()}
+    return [r for r in runtime._registry.values() if r.built is not None and id(r.built) in ids]
+
+
+@pytest.fixture
+def tuning_daemon(monkeypatch):
+    exe = _fusemld_bin()
+    standin = exe and os.path.join(os.path.dirname(os.path.dirname(exe)), "tests", "tuner_standin")
+    if not exe or not os.path.exists(standin):
+        pytest.skip("no fusemld and tuner_standin built")
+    monkeypatch.setenv("FM_STANDIN_PLAN", "ok:5,ok:4,ok:1")
+    monkeypatch.setenv("FM_STANDIN_RUN_MS", "20")
+    tmp = tempfile.mkdtemp(prefix="fuseml-py-")
+    d = Daemon(exe, tmp, ("--tuner-worker", standin))
+    monkeypatch.setenv("FUSEML_SOCKET", d.socket)
+    monkeypatch.setenv("FUSEML_NO_AUTOSTART", "1")
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_verified_kernels_launch_without_the_testing_flag(dead_socket, caplog):
+    caplog.set_level(logging.WARNING, logger="fuseml")
+    c = fuseml.FuseMLCompiler()
+    f = lambda x: torch.relu(x * 2.0)  # noqa: E731
+    torch.compile(f, backend=c)(torch.randn(4, 8))
+    (r,) = _runners(c)
+    r.kernel = ("k" * 64, "verified", b"", {})
+    decided = []
+    r._decide = lambda xs, dev, key, cubin, meta: decided.append(key) or ["out"]
+    fake = types.SimpleNamespace(device=torch.device("cuda", 0))
+    assert r.run([fake]) == ["out"]
+    assert decided and "untuned" not in caplog.text and "not verified" not in caplog.text
+
+
+def test_running_graph_picks_up_tuned_kernels(tuning_daemon, monkeypatch):
+    monkeypatch.setenv("FUSEML_UPGRADE_S", "0.05")
+    monkeypatch.setattr(upgrade, "CHECK_CALLS", 1)
+    c = fuseml.FuseMLCompiler(socket=tuning_daemon.socket)
+    f = lambda x: torch.sigmoid(x * 3.0) + x  # noqa: E731
+    x = torch.randn(6, 32)
+    fn = torch.compile(f, backend=c)
+    torch.testing.assert_close(fn(x), f(x))
+    rs = _runners(c)
+    assert rs and all(r.kernel[1] == "verified" for r in rs), [r.kernel[1] for r in rs]
+    first = {r.kernel[0]: r.kernel[2] for r in rs}
+    # as if the verified kernels had been loaded on device 0
+    loaded = {r.kernel[0]: object() for r in rs}
+    for key, mod in loaded.items():
+        runtime._modules[(key, 0)] = mod
+    deadline = time.monotonic() + 120
+    while any(r.kernel[1] != "tuned" for r in rs) and time.monotonic() < deadline:
+        torch.testing.assert_close(fn(x), f(x))   # each call ticks; no recompile
+        time.sleep(0.02)
+    assert all(r.kernel[1] == "tuned" for r in rs), [r.kernel[1] for r in rs]
+    for r in rs:
+        key = r.kernel[0]
+        assert key in first and r.kernel[2] != first[key]   # another candidate's CUBIN
+        assert (key, 0) not in runtime._modules and loaded[key] in upgrade.retired
+        assert r.group.state == "tuned"
+    assert len(c.plans) == 1   # one compile of the graph
