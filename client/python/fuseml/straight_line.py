@@ -231,12 +231,15 @@ def _generate(gm, device_index, slow):
                     out.append("        " + line[1])
                 continue
             out += ["        " + part for part in line.split("\n")]
+        if w.launches:   # the launch count tests and explain() read (runtime.counters)
+            out.append(f"        counters['launches'] += {w.launches}")
         out.append(f"        return {ret}")
         return "\n".join(out) + "\n"
 
     env = dict(w.consts)
     env.update(check=_assert_layout, reinterpret=_reinterpret, empty=_empty_cuda,
-               device_guard=_device_guard, raw_stream=runtime._raw_stream, slow=slow)
+               device_guard=_device_guard, raw_stream=runtime._raw_stream, slow=slow,
+               counters=runtime.counters)
     fns = []
     for first_call in (True, False):
         src = source(first_call)
@@ -387,6 +390,7 @@ def _launch(w, n, runner):
     lines = [f"{pn} = {p}" for pn, p, _ in runtime_align]
     lines.append(f"if {test}:")
     lines.append(f"    {eager_outs} = {R}.eager({xs_src})")
+    lines.append("    counters['launches'] -= 1")
     if unused:
         lines.append("    del " + ", ".join(unused))
     lines.append("else:")
