@@ -8,7 +8,7 @@ import weakref
 import torch
 from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
-from functorch.compile import make_boxed_func
+from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
 from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade
 from ._log import info_once, log, warn_once
@@ -151,8 +151,12 @@ class FuseMLCompiler:
             capture.note(g, fn)
             return fn
 
+        # Which values the forward saves for the backward: the min-cut partitioner (Inductor's)
+        # saves the inputs of cheap pointwise chains and recomputes them inside the backward's
+        # fused groups, instead of saving every intermediate the backward reads (the default).
+        extra = {"partition_fn": min_cut_rematerialization_partition} if settings.recompute() else {}
         wrapped = aot_autograd(fw_compiler=compile_as("forward"), bw_compiler=compile_as("backward"),
-                               inference_compiler=inference,
+                               inference_compiler=inference, **extra,
                                decompositions=self._decompositions())(gm, example_inputs)
         fn = capture.callable(wrapped)
         for p in plans:

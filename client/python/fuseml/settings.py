@@ -91,6 +91,14 @@ def direct():
     return _get("FUSEML_DIRECT") != "0"
 
 
+def recompute():
+    """FUSEML_RECOMPUTE=1: a training graph's forward saves the inputs of cheap pointwise
+    chains and the backward recomputes them (the min-cut partition Inductor uses), instead of
+    saving every intermediate the backward reads (aot_autograd's default partition; the
+    default until its GPU time and memory are measured on whole models)."""
+    return _get("FUSEML_RECOMPUTE") == "1"
+
+
 def straight_line():
     """FUSEML_STRAIGHT_LINE=0: run compiled graphs as FX graphs, never as generated code (on by
     default)."""
