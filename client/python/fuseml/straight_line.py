@@ -27,7 +27,9 @@ tested where a kernel reads a graph input, and a misaligned call runs that group
 The argument list is cleared on entry and each value deleted after its last use, so saved
 activations are freed as the backward consumes them.
 
-    fn, why_not = generate(gm, device_index, slow)   # fn(args) -> list, or None and why"""
+    (first, fast), why_not = generate(gm, device_index, slow)   # or (None, why)
+    first(args) -> list: the checked variant, for the first call (keeps args)
+    fast(args) -> list: every later call (clears args)"""
 import operator
 
 import torch
@@ -114,16 +116,17 @@ class _Writer:
         self.device_index = device_index
         self.names = {n: f"v{i}" for i, n in enumerate(gm.graph.nodes)}
         self.consts = {}
+        self.const_names = {}   # id(obj) -> its name in consts
         self.values = {}
         self.input_checks = []
         self.launches = 0
 
     def const(self, obj, hint="k"):
-        for name, v in self.consts.items():
-            if v is obj:
-                return name
-        name = f"{hint}{len(self.consts)}"
-        self.consts[name] = obj
+        """The global name the code reads obj by: one per object (kept alive in consts)."""
+        name = self.const_names.get(id(obj))
+        if name is None:
+            name = self.const_names[id(obj)] = f"{hint}{len(self.consts)}"
+            self.consts[name] = obj
         return name
 
     def literal(self, a):
