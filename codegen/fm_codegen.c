@@ -280,7 +280,10 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
                c->p[3]);
       return;
     case FM_TMPL_ROWS:
-      snprintf(out, cap, "rows %s block=%u vec=%u", c->p[0] == FM_ROWS_BLOCK ? "block-per-row" : "warp-per-row",
+      snprintf(out, cap, "rows %s block=%u vec=%u",
+               c->p[0] == FM_ROWS_STREAM  ? "block-per-row streamed"
+               : c->p[0] == FM_ROWS_BLOCK ? "block-per-row"
+                                          : "warp-per-row",
                c->p[1], c->p[2]);
       return;
     case FM_TMPL_GEMM:

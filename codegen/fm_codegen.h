@@ -92,20 +92,25 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
                          char **src, fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the rows template (row fragments: reductions over the last dim) ------------------
- * One row is read once into fp32 registers (elements per thread a compile-time constant,
+ * One row (up to FM_MAX_ROW_HELD elements) is read once into fp32 registers (elements per thread a compile-time constant,
  * 16-byte vector loads where every row tensor allows them, masked edges for any N), reduced
- * by warp shuffles (+ shared memory across warps), normalised there and written once.
+ * by warp shuffles (+ shared memory across warps), normalised there and written once. A
+ * longer row streams: each pass reads it tile by tile (from L2 after the first), one pass
+ * per level of dependent reductions plus one that writes (log_softmax: 3 reads, 1 write).
  * Launch metadata: kind "rows", grid rule "rows" (fm_meta.h). */
 
 typedef enum {
   FM_ROWS_WARP = 1,   /* one warp per row, block/32 rows per block: short rows */
   FM_ROWS_BLOCK = 2,  /* one block per row: long rows */
+  FM_ROWS_STREAM = 3, /* one block per row, the row streamed through registers in tiles, one
+                         pass per level of reductions: rows longer than registers hold (a
+                         vocabulary's logits); no var */
 } fm_rows_variant;
 
 /* One point of the rows template's tuning space (candidate p[0..2], in this order). */
 typedef struct fm_rows_config {
   uint32_t variant;   /* fm_rows_variant */
-  uint32_t block;     /* threads per block: 32..1024, multiple of 32 (power of two for BLOCK) */
+  uint32_t block;     /* threads per block: 32..1024, multiple of 32 (power of two for BLOCK, STREAM) */
   uint32_t vec;       /* elements per access: 0 = widest legal, else a cap (power of two) */
 } fm_rows_config;
 

@@ -18,13 +18,11 @@
 
 #define MAX_SOURCE (1u << 20)
 #define MAX_EPT 64u              /* registers per thread per row value */
+#define STREAM_EPT 8u            /* elements per thread per tile of a streamed row: 8
+                                    independent loads in flight, few registers per value */
 #define DEFAULT_SMS 132u
 
-/* The shape of one kernel: threads per row, rows per block, vector and chunk counts. */
-typedef struct shape {
-  uint32_t tpr, rpb, vec, chunks, ept;
-  int exact;                     /* every column a thread visits is inside the row */
-} shape;
+typedef fm_cg_rows_shape shape;
 
 /* (count, sum, shifted sum, M2) partials of a row value for var. Each warp shifts by one
  * value, its lane 0's first element k, so the means the merges subtract are small (a mean
@@ -173,12 +171,13 @@ static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s,
 }
 
 /* "true" or the runtime test that element i of this thread is inside the row. */
-static void emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, const char *i) {
+void fm_cg_rows_emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, const char *i) {
+  const char *t0 = s->stream ? "fm_t0 + " : "";
   if (s->exact) fm_strbuf_append(sb, "true");
   else if (s->vec == 1)
-    fm_strbuf_printf(sb, "(%s * %u + lane < %lld)", i, s->tpr, (long long)rp->n);
+    fm_strbuf_printf(sb, "(%s%s * %u + lane < %lld)", t0, i, s->tpr, (long long)rp->n);
   else
-    fm_strbuf_printf(sb, "((%s / %u * %u + lane) * %u < %lld)", i, s->vec, s->tpr, s->vec,
+    fm_strbuf_printf(sb, "(%s(%s / %u * %u + lane) * %u < %lld)", t0, i, s->vec, s->tpr, s->vec,
                      (long long)rp->n);
 }
 
@@ -219,13 +218,13 @@ static void emit_chunk_head(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shap
   fm_strbuf_printf(sb,
                    "#pragma unroll\n"
                    "    for (int c = 0; c < %u; ++c) {\n"
-                   "      const long long j = ((long long)c * %u + lane) * %u;\n",
-                   s->chunks, s->tpr, s->vec);
+                   "      const long long j = %s((long long)c * %u + lane) * %u;\n",
+                   s->chunks, s->stream ? "fm_t0 + " : "", s->tpr, s->vec);
   if (!s->exact) fm_strbuf_printf(sb, "      if (j < %lldLL) {\n", (long long)rp->n);
   else fm_strbuf_append(sb, "      {\n");
 }
 
-static void emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
+void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
   const fm_cg_plan *p = &rp->base;
   fm_dtype dt = p->t[k].dtype;
   char e[64];
@@ -282,14 +281,14 @@ static void emit_msum(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, 
   if (s->exact) fm_strbuf_printf(sb, ";\n      const float n = %u.0f;\n", s->ept);
   else fm_strbuf_append(sb, ", n = 0.0f;\n");
   fm_strbuf_printf(sb, "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (", s->ept);
-  emit_valid(sb, rp, s, "i");
+  fm_cg_rows_emit_valid(sb, rp, s, "i");
   fm_strbuf_printf(sb, ") { a += v%u[i]; h += v%u[i] - k;%s }\n", x, x, s->exact ? "" : " n += 1.0f;");
   fm_strbuf_printf(sb,
                    "      const float ctr = k + (n > 0.0f ? fm_cdiv(h, n) : 0.0f);\n"
                    "      float q = 0.0f;\n"
                    "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
                    s->ept);
-  emit_valid(sb, rp, s, "i");
+  fm_cg_rows_emit_valid(sb, rp, s, "i");
   fm_strbuf_printf(sb, ") { const float t = v%u[i] - ctr; q += t * t; }\n", x);
   fm_strbuf_append(sb,
                    "      const fm_msum p = {n, a, h, q};\n"
@@ -341,7 +340,7 @@ static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
   fm_strbuf_printf(sb, "    float v%u;  /* %s */\n    {\n", pos, fm_op_name(op->op));
   fm_strbuf_printf(sb, "      float a = %s;\n#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
                    is_max ? "__int_as_float(0xff800000)" : "0.0f", s->ept);
-  emit_valid(sb, rp, s, "i");
+  fm_cg_rows_emit_valid(sb, rp, s, "i");
   if (is_max) fm_strbuf_printf(sb, ") a = fm_maximum(a, v%u[i]);\n", x);
   else fm_strbuf_printf(sb, ") a += v%u[i];\n", x);
   if (is_max || op->op == FM_OP_SUM)
@@ -357,7 +356,7 @@ static int has_var(const fm_fragment *f, const fm_cg_plan *p) {
   return 0;
 }
 
-static void emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
+void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
   const fm_cg_plan *p = &rp->base;
   uint32_t t = p->n_in + k, pos = p->t[t].value;
   fm_dtype dt = p->t[t].dtype;
@@ -386,30 +385,14 @@ static void emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape
   fm_strbuf_append(sb, "      }\n    }\n");
 }
 
-static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
-                        const fm_rows_config *c, const shape *s, const char *entry) {
+/* The held body: load whole rows into registers, every op on them, store each output once. */
+static void emit_held_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const shape *s) {
   const fm_cg_plan *p = &rp->base;
-  fm_cg_emit_signature(sb, p, c->block, 0, entry);
-  if (rp->symbolic)
-    fm_strbuf_printf(sb, "  const long long rows = outer * %lldLL;\n", (long long)rp->rows_per_outer);
-  else
-    fm_strbuf_printf(sb, "  const long long rows = %lldLL;\n  (void)outer;\n",
-                     (long long)(rp->outer * rp->rows_per_outer));
-  if (c->variant == FM_ROWS_WARP)
-    fm_strbuf_append(sb, "  const int lane = threadIdx.x & 31;\n  float *fm_red = nullptr;\n  int fm_par = 0;\n");
-  else
-    fm_strbuf_printf(sb, "  const int lane = threadIdx.x;\n  __shared__ float fm_red[%u];\n  int fm_par = 0;\n",
-                     2 * red_half(s, has_var(f, p)));
-  fm_strbuf_printf(sb,
-                   "  for (long long row = (long long)blockIdx.x * %u + threadIdx.x / %u; row < rows;\n"
-                   "       row += (long long)gridDim.x * %u) {\n",
-                   s->rpb, s->tpr, s->rpb);
-  emit_bases(sb, rp, f);
   fm_strbuf_append(sb, "    /* 1. load: whole rows into registers, per-row values once */\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!p->live[k]) continue;
     if (p->rowval[k]) {
-      emit_load_row(sb, rp, s, k);
+      fm_cg_rows_emit_load_row(sb, rp, s, k);
     } else {
       char e[32];
       snprintf(e, sizeof e, "in%u[b%u]", k, k);
@@ -439,7 +422,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
   for (uint32_t k = 0; k < p->n_out; k++) {
     uint32_t t = p->n_in + k, pos = p->t[t].value;
     if (p->rowval[pos]) {
-      emit_store_row(sb, rp, s, k);
+      fm_cg_rows_emit_store_row(sb, rp, s, k);
     } else {
       char v[16];
       snprintf(v, sizeof v, "v%u", pos);
@@ -448,23 +431,59 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
       fm_strbuf_append(sb, ";\n");
     }
   }
+}
+
+static int emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
+                       const fm_rows_config *c, const shape *s, const char *entry, fm_diag *d) {
+  const fm_cg_plan *p = &rp->base;
+  fm_cg_emit_signature(sb, p, c->block, 0, entry);
+  if (rp->symbolic)
+    fm_strbuf_printf(sb, "  const long long rows = outer * %lldLL;\n", (long long)rp->rows_per_outer);
+  else
+    fm_strbuf_printf(sb, "  const long long rows = %lldLL;\n  (void)outer;\n",
+                     (long long)(rp->outer * rp->rows_per_outer));
+  if (c->variant == FM_ROWS_WARP)
+    fm_strbuf_append(sb, "  const int lane = threadIdx.x & 31;\n  float *fm_red = nullptr;\n  int fm_par = 0;\n");
+  else
+    fm_strbuf_printf(sb, "  const int lane = threadIdx.x;\n  __shared__ float fm_red[%u];\n  int fm_par = 0;\n",
+                     2 * red_half(s, has_var(f, p)));
+  fm_strbuf_printf(sb,
+                   "  for (long long row = (long long)blockIdx.x * %u + threadIdx.x / %u; row < rows;\n"
+                   "       row += (long long)gridDim.x * %u) {\n",
+                   s->rpb, s->tpr, s->rpb);
+  emit_bases(sb, rp, f);
+  if (s->stream) {
+    int rc = fm_cg_rows_emit_stream_body(sb, f, rp, s, d);
+    if (rc) return rc;
+  } else {
+    emit_held_body(sb, f, rp, s);
+  }
   fm_strbuf_append(sb, "  }\n}\n");
+  return FM_OK;
 }
 
 static int make_shape(const fm_cg_rows_plan *rp, const fm_rows_config *c, shape *s, fm_diag *d) {
-  if (c->variant != FM_ROWS_WARP && c->variant != FM_ROWS_BLOCK)
-    return fm_diag_set(d, FM_EINVAL, "config: variant %u is not warp (1) or block (2)", c->variant);
+  if (c->variant != FM_ROWS_WARP && c->variant != FM_ROWS_BLOCK && c->variant != FM_ROWS_STREAM)
+    return fm_diag_set(d, FM_EINVAL, "config: variant %u is not warp (1), block (2) or stream (3)",
+                       c->variant);
   if (c->block < 32 || c->block > 1024 || c->block % 32)
     return fm_diag_set(d, FM_EINVAL, "config: block %u is not a multiple of 32 in 32..1024", c->block);
-  if (c->variant == FM_ROWS_BLOCK && (c->block & (c->block - 1)))
+  if (c->variant != FM_ROWS_WARP && (c->block & (c->block - 1)))
     return fm_diag_set(d, FM_EINVAL, "config: block %u is not a power of two", c->block);
   if (c->vec > 16 || (c->vec & (c->vec - 1)))
     return fm_diag_set(d, FM_EINVAL, "config: vec %u is not 0 or a power of two <= 16", c->vec);
+  s->stream = c->variant == FM_ROWS_STREAM;
   s->tpr = c->variant == FM_ROWS_WARP ? 32 : c->block;
   s->rpb = c->block / s->tpr;
   s->vec = rp->max_vec;
   while (c->vec && s->vec > c->vec) s->vec >>= 1;
   uint64_t per_chunk = (uint64_t)s->tpr * s->vec;
+  if (s->stream) {   /* a tile: STREAM_EPT elements per thread, whatever the row's length */
+    s->chunks = s->vec >= STREAM_EPT ? 1 : STREAM_EPT / s->vec;
+    s->ept = s->chunks * s->vec;
+    s->exact = (uint64_t)rp->n % (per_chunk * s->chunks) == 0;
+    return FM_OK;
+  }
   s->chunks = (uint32_t)(((uint64_t)rp->n + per_chunk - 1) / per_chunk);
   s->ept = s->chunks * s->vec;
   s->exact = (uint64_t)s->chunks * per_chunk == (uint64_t)rp->n;
@@ -501,12 +520,13 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
                    " * Generated from a canonical fragment: every name and number below comes "
                    "from its\n * typed fields. One self-contained translation unit (NVRTC has "
                    "no include path). */\n",
-                   FM_CODEGEN_VERSION, c.variant == FM_ROWS_WARP ? "a warp" : "a block", c.block,
+                   FM_CODEGEN_VERSION,
+                   c.variant == FM_ROWS_WARP ? "a warp" : s.stream ? "a block streaming" : "a block", c.block,
                    (long long)rp->n, s.vec, s.ept);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   emit_helpers(&sb, &c, &s, has_var(canon, &rp->base));
   fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
-  emit_kernel(&sb, canon, rp, &c, &s, entry);
+  if ((rc = emit_kernel(&sb, canon, rp, &c, &s, entry, d))) goto out;
   if (fm_strbuf_error(&sb)) {
     rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s", fm_strerror(fm_strbuf_error(&sb)));
     goto out;
@@ -530,7 +550,9 @@ out:
  * each, the smallest power-of-two block that keeps <= 32 elements per thread: on an H200,
  * [16384, 4096] bf16, 128 threads (32 each) reached 99/86/88% of copy bandwidth for
  * RMSNorm/LayerNorm/softmax where 256 threads (16 each) reached 96/85/77% (bench/rows_bw):
- * more independent 16-byte loads in flight per thread, and fewer warps per barrier. */
+ * more independent 16-byte loads in flight per thread, and fewer warps per barrier. Rows
+ * longer than 1024 threads hold that way stream, 1024 threads each: the fewest rows in flight
+ * keep the re-read tiles in L2 (264 rows of 50304 bf16 logits on 132 SMs: 26 MB). */
 fm_rows_config fm_codegen_rows_default(const fm_fragment *canon) {
   fm_rows_config c = {FM_ROWS_WARP, 256, 0};
   fm_cg_rows_plan *rp = canon ? malloc(sizeof *rp) : NULL;
@@ -538,13 +560,15 @@ fm_rows_config fm_codegen_rows_default(const fm_fragment *canon) {
     c.variant = FM_ROWS_BLOCK;
     c.block = 128;
     while (c.block < 1024 && (uint64_t)rp->n > (uint64_t)c.block * 32) c.block *= 2;
+    if ((uint64_t)rp->n > (uint64_t)c.block * 32) c.variant = FM_ROWS_STREAM;
   }
   free(rp);
   return c;
 }
 
-/* The default first; then the warp variant at 128/256/512 threads for rows up to 2048, and
- * the block variant at 128..1024 threads where it fits in registers and uses most threads. */
+/* The default first; then the warp variant at 128/256/512 threads for rows up to 2048, the
+ * block variant at 128..1024 threads where it fits in registers and uses most threads, and
+ * the stream variant at 256..1024 threads for rows the block variant cannot hold. */
 size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out, size_t max) {
   static const uint32_t blocks[] = {128, 256, 512, 1024};
   size_t n = 0;
@@ -553,11 +577,13 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
   out[n++] = def;
   fm_cg_rows_plan *rp = canon ? malloc(sizeof *rp) : NULL;
   if (!rp || fm_cg_rows_plan_build(canon, rp, NULL) != FM_OK) goto done;
-  for (int v = FM_ROWS_WARP; v <= FM_ROWS_BLOCK; v++)
+  for (int v = FM_ROWS_WARP; v <= FM_ROWS_STREAM; v++)
     for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
       fm_rows_config c = {(uint32_t)v, blocks[b], 0};
       shape s = {0};
       if (v == FM_ROWS_WARP && (blocks[b] > 512 || rp->n > 2048)) continue;
+      if (v == FM_ROWS_STREAM && (blocks[b] < 256 || rp->n <= FM_MAX_ROW_HELD)) continue;
+      if (v == FM_ROWS_BLOCK && rp->n > FM_MAX_ROW_HELD) continue;   /* spills: streamed instead */
       if (make_shape(rp, &c, &s, NULL) != FM_OK) continue;
       if (v == FM_ROWS_BLOCK && (uint64_t)blocks[b] * s.vec > 2 * (uint64_t)rp->n) continue;
       if (c.variant == def.variant && c.block == def.block && c.vec == def.vec) continue;

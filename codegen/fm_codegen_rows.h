@@ -1,7 +1,9 @@
 /* fm_codegen_rows.h: INTERNAL to codegen/ (the API is fm_codegen.h): the rows template's
- * plan, shared by its two files:
- *   fm_codegen_rows_plan.c  fragment -> plan (values, classes, row shape, addressing, vector);
- *   fm_codegen_rows.c       the kernel around the plan, configs, candidates and metadata.
+ * plan and kernel shape, shared by its three files:
+ *   fm_codegen_rows_plan.c    fragment -> plan (values, classes, row shape, addressing, vector);
+ *   fm_codegen_rows.c         the kernel around the plan: the row held in registers, configs,
+ *                             candidates and metadata;
+ *   fm_codegen_rows_stream.c  the body of the STREAM variant (rows longer than registers hold).
  * The per-op expressions come from fm_codegen_ops.c (fm_cg_emit_op): one op table. */
 #ifndef FM_CODEGEN_ROWS_H
 #define FM_CODEGEN_ROWS_H
@@ -22,5 +24,28 @@ typedef struct fm_cg_rows_plan {
 } fm_cg_rows_plan;
 
 int fm_cg_rows_plan_build(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d);
+
+/* The shape of one kernel: threads per row, rows per block, vector and chunk counts. A held
+ * row is `chunks` chunks of `vec` elements per thread, the whole row; a streamed row is tiles
+ * of tpr * ept elements, column j of a tile at fm_t0 + j. */
+typedef struct fm_cg_rows_shape {
+  uint32_t tpr, rpb, vec, chunks, ept;
+  int exact;                     /* every column a thread visits is inside the row */
+  int stream;                    /* the row is streamed in tiles (FM_ROWS_STREAM) */
+} fm_cg_rows_shape;
+
+/* Emitters shared by the two bodies (fm_codegen_rows.c): a row input's tile loaded into the
+ * register array v<k>[ept], a row output's tile stored from its value's array, and "true" or
+ * the test that element i of this thread is inside the row. */
+void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, uint32_t k);
+void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, uint32_t k);
+void fm_cg_rows_emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, const char *i);
+
+/* The STREAM body, inside the row loop after the row bases (fm_codegen_rows_stream.c):
+ * passes over the row's tiles, reductions accumulated per thread then across the block,
+ * per-row values as soon as their reductions are done, then a pass that stores. FM_EUNSUPPORTED
+ * for a live var. */
+int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
+                                const fm_cg_rows_shape *s, fm_diag *d);
 
 #endif

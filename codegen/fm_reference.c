@@ -239,6 +239,11 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
       is_row[pos] = 0;
     }
   }
+  /* one row of every value in fp64: 288 values of a 2^20-element row would be 2.4 GB, so
+     streamed rows are bounded by bytes too (1 GiB: GPT-2's log_softmax needs 4 MB) */
+  if ((uint64_t)n_val * (uint64_t)n * sizeof(double) > ((uint64_t)1 << 30))
+    return fm_diag_set(d, FM_ELIMIT, "reference: %u values of rows of %lld exceed 1 GiB", n_val,
+                       (long long)n);
   double *v = malloc((size_t)n_val * (size_t)n * sizeof *v);
   if (!v) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
   int64_t idx[FM_MAX_RANK] = {0};

@@ -63,9 +63,12 @@
  * a vocabulary is added. */
 #define FM_VOCAB_KEY 1
 
-/* Row fragments (vocab 2): the reduced (last) dimension is held in registers, so it is
- * bounded; longer rows are FM_EUNSUPPORTED (the client runs them unfused). */
-#define FM_MAX_ROW 32768
+/* Row fragments (vocab 2): a reduced (last) dimension up to FM_MAX_ROW_HELD is held in
+ * registers and read once; a longer one, up to FM_MAX_ROW (a vocabulary of a million), is
+ * streamed through them in passes, which cannot compute var (its exact two-pass form needs
+ * the row held): var over a longer row is FM_EUNSUPPORTED (the client runs it unfused). */
+#define FM_MAX_ROW_HELD 32768
+#define FM_MAX_ROW (1 << 20)
 
 /* Hard limits: anything beyond is refused with FM_ELIMIT before any work is done. */
 #define FM_MAX_RANK 8

@@ -615,9 +615,14 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
                          k < f->n_inputs ? k : k - f->n_inputs);
   }
   if (n > FM_MAX_ROW)
-    return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "rows of %" PRId64 " elements exceed the %d a row kernel holds in registers",
+    return fm_diag_set(d, FM_EUNSUPPORTED, "rows of %" PRId64 " elements exceed the limit of %d",
                        n, FM_MAX_ROW);
+  for (uint32_t i = 0; n > FM_MAX_ROW_HELD && i < f->n_ops; i++)
+    if (f->ops[i].op == FM_OP_VAR)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%u]: var over rows of %" PRId64 " elements: a row longer than the "
+                         "%d a kernel holds in registers is streamed, and var needs it held",
+                         i, n, FM_MAX_ROW_HELD);
   /* classes: inputs by their last dim, ops by their operands */
   for (uint32_t v = 0; v < vs->n; v++) {
     value *x = &vs->v[v];

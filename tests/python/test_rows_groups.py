@@ -176,3 +176,26 @@ def test_softmax_backwards_are_rows_groups(dead_socket):
         unfused = [n.target for n in bw.groups[0].members[0].graph.nodes
                    if "softmax_backward" in str(n.target)]
         assert not unfused, unfused
+
+
+def test_cross_entropy_over_a_long_vocabulary(daemon):
+    """Rows longer than registers hold (a vocabulary of 40 000 > 32 768) are streamed: the
+    log_softmax forward and its backward are rows groups, and a real fusemld accepts both
+    fragments; the var of a LayerNorm over such rows stays ATen."""
+    torch.manual_seed(0)
+    vocab = 40000
+    labels = torch.randint(0, vocab, (6,))
+    f = lambda x: torch.nn.functional.cross_entropy(x.float(), labels)  # noqa: E731
+    c, got, want = compile_run(Fn(f), torch.randn(6, vocab, dtype=BF16), fuseml.FuseMLCompiler())
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    for phase, reduce_with in (("forward", "amax"), ("backward", "exp")):
+        groups = rows(plan(c, phase))
+        assert any(reduce_with in g.op_names for g in groups), plan(c, phase).describe()
+        for g in groups:
+            assert g.key and g.state in ("untuned", "tuned"), g.describe()
+            assert [vocab] == sorted({o["shape"][-1] for o in g.built.wire["outputs"]} - {1})
+    torch._dynamo.reset()
+    ln = nn.LayerNorm(vocab).to(BF16)
+    c, got, want = compile_run(ln, torch.randn(2, vocab, dtype=BF16), train=False)
+    (p,) = c.plans
+    assert not any("var" in g.op_names for g in rows(p)), p.describe()

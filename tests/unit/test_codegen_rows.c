@@ -13,6 +13,12 @@
 
 static fm_fragment canon;
 
+static size_t count(const char *s, const char *needle) {
+  size_t n = 0;
+  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
 static void check_golden(int which) {
   char *src = NULL;
   fm_kernel_meta meta;
@@ -32,11 +38,49 @@ static void check_golden(int which) {
 static void test_golden_layer_norm_bf16(void) { check_golden(0); }
 static void test_golden_rms_norm_residual(void) { check_golden(1); }
 static void test_golden_softmax_f32(void) { check_golden(2); }
+static void test_golden_log_softmax_stream(void) { check_golden(7); }
 
-static size_t count(const char *s, const char *needle) {
-  size_t n = 0;
-  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
-  return n;
+/* A row longer than registers hold streams: the default and every candidate is the STREAM
+ * variant; log_softmax makes two reduction passes (amax; sum of exp) and one that stores,
+ * each a loop over tiles; the per-row output is stored once per row. */
+static void test_stream(void) {
+  fm_candidate c[32];
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  char *src = NULL;
+  CHECK_EQ_INT(rf_fragment(7, &canon), FM_OK);
+  size_t n = fm_codegen_candidates(&canon, c, 32);
+  CHECK_EQ_INT(n, 3);   /* 1024 (the default), 256, 512 threads */
+  for (size_t i = 0; i < n; i++) CHECK_EQ_INT(c[i].p[0], FM_ROWS_STREAM);
+  CHECK_EQ_INT(c[0].p[1], 1024);
+  fm_rows_config stream = {FM_ROWS_STREAM, 512, 0};
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &stream, 132, &src, &m, &d), FM_OK);
+  if (!src) return;
+  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 4096LL)"), 3);
+  CHECK_STR_CONTAINS(src, "/* pass 1: the reductions of level 1 */");
+  CHECK_STR_CONTAINS(src, "/* pass 2: the reductions of level 2 */");
+  CHECK(strstr(src, "pass 3") == NULL);
+  CHECK_STR_CONTAINS(src, "v0[c] = fm_bf16_to_f32(in0[b0 + j]);");   /* N odd: scalar loads */
+  CHECK_EQ_INT(m.items_per_block, 1);
+  CHECK_EQ_INT(m.block[0], 512);
+  free(src);
+  src = NULL;
+  /* whole tiles of a vectorised row: no bounds tests; the mean stored per row */
+  CHECK_EQ_INT(rf_fragment(8, &canon), FM_OK);
+  stream.block = 1024;
+  CHECK_EQ_INT(fm_codegen_rows(&canon, &stream, 132, &src, &m, &d), FM_OK);
+  if (!src) return;
+  CHECK_STR_CONTAINS(src, "vec 8, 8 elements per thread");
+  CHECK_EQ_INT(count(src, "fm_t0 += 8192LL"), 2);   /* one reduction pass (mean, amax), the stores */
+  CHECK(strstr(src, "< 40960)") == NULL);
+  CHECK_STR_CONTAINS(src, "if (lane == 0) out1[");
+  free(src);
+  src = NULL;
+  /* only streamed candidates for it; a row that registers hold is never streamed */
+  CHECK_EQ_INT(fm_codegen_candidates(&canon, c, 32), 3);
+  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);
+  n = fm_codegen_candidates(&canon, c, 32);
+  for (size_t i = 0; i < n; i++) CHECK(c[i].p[0] != FM_ROWS_STREAM);
 }
 
 /* layer_norm's mean and var are ONE cross-thread reduction of (count, sum, shifted sum, M2),
@@ -106,7 +150,7 @@ static void test_meta(void) {
   CHECK_EQ_INT(fm_codegen_rows(&canon, &warp, 132, &src, &m, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "per thread");
   CHECK(src == NULL);
-  fm_rows_config bad = {3, 256, 0};
+  fm_rows_config bad = {4, 256, 0};
   CHECK_EQ_INT(fm_codegen_rows(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
 }
 
@@ -146,6 +190,8 @@ int main(void) {
   RUN(test_golden_layer_norm_bf16);
   RUN(test_golden_rms_norm_residual);
   RUN(test_golden_softmax_f32);
+  RUN(test_golden_log_softmax_stream);
+  RUN(test_stream);
   RUN(test_layer_norm_one_reduction);
   RUN(test_meta);
   RUN(test_candidates);

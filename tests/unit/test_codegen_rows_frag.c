@@ -9,7 +9,7 @@
 const char *const rf_name[RF_N_FRAGMENTS] = {
     "rows_layer_norm_bf16", "rows_rms_norm_residual", "rows_softmax_f32",
     "rows_stats_f16",       "rows_transposed_f32",    "rows_padded_bf16",
-    "rows_one_bf16"};
+    "rows_one_bf16",        "rows_log_softmax_stream", "rows_center_stream"};
 
 void rf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg, uint32_t correction) {
   tf_op(f, op, out, 1, arg, 0, 0);
@@ -105,6 +105,30 @@ int rf_fragment(int which, fm_fragment *canon) {
       rf_reduce(&raw, FM_OP_VAR, 2, 0, 1);
       tf_output(&raw, 1, FM_DT_BF16, 2, x, NULL, 2);
       tf_output(&raw, 2, FM_DT_BF16, 2, x, NULL, 2);
+      break;
+    }
+    case 7: {   /* GPT-2's padded logits: log_softmax in fp32, rows of 50257 at stride 50304 */
+      int64_t x[2] = {-1, 50257}, st[2] = {50304, 1};
+      tf_input(&raw, 0, FM_DT_BF16, 2, x, st, 16);
+      tf_cast(&raw, 1, 0, FM_DT_F32);
+      rf_reduce(&raw, FM_OP_AMAX, 2, 1, 0);
+      tf_op(&raw, FM_OP_SUB, 3, 2, 1, 2, 0);
+      tf_op(&raw, FM_OP_EXP, 4, 1, 3, 0, 0);
+      rf_reduce(&raw, FM_OP_SUM, 5, 4, 0);
+      tf_op(&raw, FM_OP_LOG, 6, 1, 5, 0, 0);
+      tf_op(&raw, FM_OP_SUB, 7, 2, 3, 6, 0);
+      tf_output(&raw, 7, FM_DT_F32, 2, x, NULL, 16);
+      break;
+    }
+    case 8: {   /* whole tiles: (x - mean) / amax with the mean as a per-row output */
+      int64_t x[2] = {-1, 40960}, s[2] = {-1, 1};
+      tf_input(&raw, 0, FM_DT_BF16, 2, x, NULL, 16);
+      rf_reduce(&raw, FM_OP_MEAN, 1, 0, 0);
+      rf_reduce(&raw, FM_OP_AMAX, 2, 0, 0);
+      tf_op(&raw, FM_OP_SUB, 3, 2, 0, 1, 0);
+      tf_op(&raw, FM_OP_DIV, 4, 2, 3, 2, 0);
+      tf_output(&raw, 4, FM_DT_BF16, 2, x, NULL, 16);
+      tf_output(&raw, 1, FM_DT_BF16, 2, s, NULL, 2);
       break;
     }
     default: return FM_EINVAL;

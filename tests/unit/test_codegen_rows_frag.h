@@ -23,9 +23,14 @@ int rf_finish(fm_fragment *f, fm_fragment *canon);
  *     also keepdim=false);
  *   4 a transposed f32 [8, 33] input (last stride 8: scalar, strided path), sum + x / sum;
  *   5 a padded bf16 [-1, 127] input (row stride 128) with a per-row scale [-1, 1] input;
- *   6 rows of one element, bf16 [-1, 1]: softmax and var with correction 1 (NaN). */
+ *   6 rows of one element, bf16 [-1, 1]: softmax and var with correction 1 (NaN);
+ * and two streamed rows (longer than registers hold):
+ *   7 rows_log_softmax_stream: log_softmax in f32 of bf16 [-1, 50257] logits at row stride
+ *     50304 (a padded vocabulary; golden too);
+ *   8 rows_center_stream: (x - mean) / amax, bf16 [-1, 40960] (whole tiles), the mean also
+ *     a per-row output. */
 #define RF_N_REPRESENTATIVE 3
-#define RF_N_FRAGMENTS 7
+#define RF_N_FRAGMENTS 9
 int rf_fragment(int which, fm_fragment *canon);
 extern const char *const rf_name[RF_N_FRAGMENTS];
 

@@ -132,8 +132,25 @@ static void test_nan_and_per_row_input(void) {
   CHECK(scaled[0] == 10.0f && scaled[3] == 100.0f && scaled[4] == 500.0f);
 }
 
+/* A streamed row (longer than registers hold): log_softmax of the padded-logits fragment on
+ * a row of 50257 equal values is -log(50257) everywhere, and the padding is never read. */
+static void test_long_row(void) {
+  enum { N = 50257, STRIDE = 50304 };
+  static uint16_t in[2 * STRIDE];
+  static float out[2 * N];
+  for (int i = 0; i < 2 * STRIDE; i++)
+    in[i] = fm_reference_f32_to_bf16(i % STRIDE < N ? (float)(i / STRIDE) : NAN);
+  CHECK_EQ_INT(rf_fragment(7, &canon), FM_OK);
+  const void *ins[1] = {in};
+  void *outs[1] = {out};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 2, ins, outs, NULL), FM_OK);
+  CHECK(close_to(out[0], -log(50257.0)) && close_to(out[N - 1], -log(50257.0)));
+  CHECK(close_to(out[N], -log(50257.0)) && close_to(out[2 * N - 1], -log(50257.0)));
+}
+
 int main(void) {
   RUN(test_softmax_123);
+  RUN(test_long_row);
   RUN(test_layer_norm_known_row);
   RUN(test_rms_norm_known_row);
   RUN(test_statistics);

@@ -155,7 +155,8 @@ _ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device"}
 # Row reductions over the last dim (vocabulary 2): ATen op -> fragment op.
 ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
                   aten.var.correction: "var"}
-MAX_ROW = 32768   # FM_MAX_ROW: a row is held in registers
+MAX_ROW = 1 << 20       # FM_MAX_ROW: longer rows than registers hold are streamed (logits)
+MAX_ROW_HELD = 32768    # FM_MAX_ROW_HELD: var needs its row held in registers
 
 
 def _is_static_scalar(v):
@@ -237,7 +238,7 @@ def row_reduction(node):
     if name == "var":
         correction = node.kwargs.get("correction", 1)
         correction = 1 if correction is None else correction
-        if correction not in (0, 1):
+        if correction not in (0, 1) or n > MAX_ROW_HELD:
             return None
     return name, int(correction)
 
