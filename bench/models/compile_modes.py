@@ -30,6 +30,9 @@ MODES = {m.name: m for m in (
     Mode("fuseml_graphs", "fuseml", True,
          lambda model: torch.compile(model, backend="fuseml", mode="reduce-overhead")),
     Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
+    # training graphs split by the min-cut partitioner (recompute instead of save)
+    Mode("fuseml_recompute", "fuseml", False,
+         lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=True))),
 )}
 
 

@@ -10,7 +10,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
-from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade
+from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade, view_motion
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cat_rewrite import spell_cats
@@ -98,10 +98,12 @@ class FuseMLCompiler:
     aot_autograd's runtime wrappers when they would do nothing for it: direct_call.py; default True
     unless FUSEML_DIRECT=0; with rest="inductor" the wrappers always stay), pad_gemm ("auto",
     "all" or "off": which GEMMs with a dimension not a multiple of 8 are padded, pad_gemm.py;
-    default FUSEML_PAD_GEMM, else "auto")."""
+    default FUSEML_PAD_GEMM, else "auto"), recompute (split training graphs with the min-cut
+    partitioner, recomputing cheap pointwise chains in the backward instead of saving them;
+    default FUSEML_RECOMPUTE=1, else off)."""
 
     def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
-                 chains=None, direct=None, pad_gemm=None):
+                 chains=None, direct=None, pad_gemm=None, recompute=None):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
@@ -114,6 +116,7 @@ class FuseMLCompiler:
         if pad_gemm not in (None, "auto", "all", "off"):
             raise ValueError(f"pad_gemm must be 'auto', 'all' or 'off', not {pad_gemm!r}")
         self.pad_gemm = pad_gemm   # None: FUSEML_PAD_GEMM, read per graph
+        self.recompute = recompute   # None: FUSEML_RECOMPUTE, read per graph
         self.plans = []
 
     def _decompositions(self):
@@ -154,7 +157,8 @@ class FuseMLCompiler:
         # Which values the forward saves for the backward: the min-cut partitioner (Inductor's)
         # saves the inputs of cheap pointwise chains and recomputes them inside the backward's
         # fused groups, instead of saving every intermediate the backward reads (the default).
-        extra = {"partition_fn": min_cut_rematerialization_partition} if settings.recompute() else {}
+        recompute = settings.recompute() if self.recompute is None else bool(self.recompute)
+        extra = {"partition_fn": min_cut_rematerialization_partition} if recompute else {}
         wrapped = aot_autograd(fw_compiler=compile_as("forward"), bw_compiler=compile_as("backward"),
                                inference_compiler=inference, **extra,
                                decompositions=self._decompositions())(gm, example_inputs)
@@ -195,6 +199,7 @@ class FuseMLCompiler:
         padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
+        view_motion.move(gm)   # reshapes off the seams of elementwise chains
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
