@@ -15,6 +15,7 @@ class Mode:
     family: str        # the caches it shares with other modes: "eager", "inductor" or "fuseml"
     graphs: bool       # replays CUDA graphs (memory is taken at capture, not per step)
     make: object       # model -> the callable a step calls
+    by_default: bool = True   # in a run that names no modes
 
 
 def _fuseml_inductor(model):
@@ -30,17 +31,18 @@ MODES = {m.name: m for m in (
     Mode("fuseml_graphs", "fuseml", True,
          lambda model: torch.compile(model, backend="fuseml", mode="reduce-overhead")),
     Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
-    # training graphs split by the min-cut partitioner (recompute instead of save)
+    # training graphs split by the min-cut partitioner (recompute instead of save): asked by name
     Mode("fuseml_recompute", "fuseml", False,
-         lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=True))),
+         lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=True)),
+         by_default=False),
 )}
 
 
 def select(names):
-    """The modes named in a comma-separated string (all when empty), in the table's order.
-    An unknown name is a ValueError."""
+    """The modes named in a comma-separated string (those run by default when empty), in the
+    table's order. An unknown name is a ValueError."""
     if not names:
-        return list(MODES.values())
+        return [m for m in MODES.values() if m.by_default]
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in wanted if n not in MODES]
     if unknown:
