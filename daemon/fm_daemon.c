@@ -348,8 +348,13 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   }
   if ((err = fm_remote_tier_new(cfg->remote, cfg->remote_secret_file, dd->store, &dd->dev, &dd->remote, d)))
     goto out;
-  if (dd->remote->remote)
-    fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", cfg->remote, FM_REMOTE_IO_MS);
+  if (dd->remote->remote) {
+    fm_diag why = {{0}};
+    fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", fm_remote_url(dd->remote->remote),
+                FM_REMOTE_IO_MS);
+    /* Not fatal: the local tier serves on; but said now, not at the first lookup. */
+    if (fm_remote_check_network(fm_remote_host(dd->remote->remote), &why)) fm_log_error("%s", why.text);
+  }
   if ((err = start_tuner(dd, d))) goto out;
   find_nvrtc_worker(dd);
   int listen_fd = fm_sd_listen_fd();
