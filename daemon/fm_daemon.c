@@ -339,7 +339,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   dd->cfg = cfg;
 
   /* Read (and cleared) before the tuner worker is forked: it must not inherit the watchdog. */
-  dd->watchdog_usec = fm_sd_watchdog_usec();
+  if ((err = fm_sd_watchdog_usec(&dd->watchdog_usec, d))) goto out;
   if ((err = fm_device_init(&dd->dev, cfg->arch, d))) goto out;
   if ((err = open_store(dd, d))) goto out;
   if ((err = fm_inflight_new(&dd->inflight)) || (err = fm_cqueue_new(loop, cfg->jobs, &dd->cqueue))) {
@@ -357,7 +357,8 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   }
   if ((err = start_tuner(dd, d))) goto out;
   find_nvrtc_worker(dd);
-  int listen_fd = fm_sd_listen_fd();
+  int listen_fd;
+  if ((err = fm_sd_listen_fd(&listen_fd, d))) goto out;
   fm_server_opts so = {
       .socket_path = cfg->socket_path,
       .listen_fd = listen_fd,
