@@ -499,8 +499,18 @@ static void test_auth(void) {
   int have_v6 = v6 >= 0 && connect(v6, (struct sockaddr *)&a6, sizeof a6) == 0;
   if (v6 >= 0) close(v6);
   if (!have_v6) printf("note: no IPv6 loopback here; [::1] is tested by the unit test only\n");
-  snprintf(url, sizeof url, "redis://:%s@%s:%d/0", DEFAULT_PW, have_v6 ? "[::1]" : "127.0.0.1", auth_port);
-  CHECK_EQ_INT(start_auth_daemon(&Q, url), 0);
+  /* ... from the config file, where a password belongs (on the command line, ps shows it). */
+  char conf[320];
+  snprintf(conf, sizeof conf, "%s/auth.conf", dir);
+  FILE *f = fopen(conf, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fprintf(f, "remote = redis://:%s@%s:%d/0\nremote-secret-file = %s\narch = sm_90a\n", DEFAULT_PW,
+          have_v6 ? "[::1]" : "127.0.0.1", auth_port, secret);
+  fclose(f);
+  const char *conf_args[] = {"--config", conf, NULL};
+  CHECK_EQ_INT(e2e_setup(&Q, fusemld), 0);
+  CHECK_EQ_INT(e2e_start(&Q, conf_args), 0);
   int fq = e2e_connect_hello(&Q);
   CHECK_EQ_INT(e2e_compile(fq, 101, 100.0, 2, origin, key2), 0);
   CHECK(strcmp(origin, "remote") == 0);   /* what P published, read with the default user */
@@ -515,6 +525,8 @@ static void test_auth(void) {
   CHECK_EQ_INT(e2e_stat(fw, "remote", "outages"), 1);
   CHECK(e2e_log_contains(&W, "AUTH failed: WRONGPASS"));
 
+  CHECK(e2e_log_contains(&P, "a password on the command line can be read by every user"));
+  CHECK(!e2e_log_contains(&Q, "a password on the command line"));
   /* Nowhere a password: not the logs (at debug level), not fusectl stats. */
   e2e_daemon *all[] = {&P, &Q, &W};
   for (int i = 0; i < 3; i++) {
