@@ -4,9 +4,10 @@
  *
  * as Redis's own clients read it: the userinfo is RFC 3986's, user and password
  * percent-encoded, `:password@` alone meaning Redis's default user (requirepass); an IPv6
- * host is written in brackets. The authority ends at the first '/', and the userinfo at its
- * last '@' (a password with a raw '@' still parses, as in redis-py). Nothing that is not
- * understood is ignored: a query, a fragment, a zone id or a stray character is an error. */
+ * host is written in brackets. The userinfo ends at the URL's last '@' (a password with a raw
+ * '@', '/' or '?' still parses; redis-py reads a raw '@' the same way), the host and port at
+ * the next '/'. Nothing that is not understood is ignored: a query, a fragment, a zone id or
+ * a stray character is an error. */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <stdio.h>
@@ -17,25 +18,19 @@
 #define DB_MAX 1000000
 #define BRACKETS " (an IPv6 address goes in brackets: [::1])"
 
-/* shown: url with the text between the userinfo's first ':' and its last '@' replaced by
- * "***" (all of the userinfo when it has no ':': it may be a password missing its colon).
- * Done first, from the structure alone, so no error message can quote a password. */
+/* shown: url with the text between the userinfo's first ':' and the URL's last '@' replaced by
+ * "***" (all of the userinfo when it has no ':': it may be a password missing its colon). Done
+ * first, from the '@' alone, whatever else is wrong with the URL (no scheme, say), so no error
+ * message can quote a password. */
 static void redact(const char *url, char *shown, size_t cap) {
-  const char *auth = strstr(url, "://");
-  if (!auth) {
-    snprintf(shown, cap, "%s", url);
-    return;
-  }
-  auth += 3;
-  const char *auth_end = auth + strcspn(auth, "/?#"), *at = NULL;
-  for (const char *p = auth; p < auth_end; p++)
-    if (*p == '@') at = p;
+  const char *at = strrchr(url, '@'), *start = strstr(url, "://");
   if (!at) {
     snprintf(shown, cap, "%s", url);
     return;
   }
-  const char *colon = memchr(auth, ':', (size_t)(at - auth));
-  const char *keep_to = colon ? colon + 1 : auth;
+  start = start && start < at ? start + 3 : url;
+  const char *colon = memchr(start, ':', (size_t)(at - start));
+  const char *keep_to = colon ? colon + 1 : start;
   snprintf(shown, cap, "%.*s***%s", (int)(keep_to - url), url, at);
 }
 
@@ -158,12 +153,14 @@ int fm_remote_parse_url(const char *url, fm_redis_url *u, fm_diag *d) {
   if (!p)
     return fm_diag_set(d, FM_EINVAL, "remote %.64s: only redis://[[user]:password@]host[:port][/db] is supported",
                        u->shown);
-  const char *auth_end = p + strcspn(p, "/?#"), *at = NULL;
-  for (const char *c = p; c < auth_end; c++)
-    if (*c == '@') at = c;
+  /* The userinfo ends at the last '@' (no later part may hold one), as redact() reads it:
+   * every part an error quotes comes after it. */
+  const char *at = strrchr(p, '@');
   int err;
   if (at && (err = parse_userinfo(p, (size_t)(at - p), u, d))) return err;
-  if ((err = parse_hostport(at ? at + 1 : p, (size_t)(auth_end - (at ? at + 1 : p)), u, d))) return err;
+  if (at) p = at + 1;
+  const char *auth_end = p + strcspn(p, "/?#");
+  if ((err = parse_hostport(p, (size_t)(auth_end - p), u, d))) return err;
   p = auth_end;
   if (*p == '?' || *p == '#')
     return fm_diag_set(d, FM_EINVAL, "remote %s: a query or fragment (\"%.32s\") is not supported", u->shown, p);

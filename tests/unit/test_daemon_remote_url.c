@@ -28,6 +28,7 @@ static void test_accepted(void) {
       {"redis://al%69ce:p%40ss%3Aw%2fo%25rd%20x@cache", "cache", "alice", "p@ss:w/o%rd x", "redis://al%69ce:***@cache",
        6379, 0, 0},
       {"redis://u:a:b@c@cache", "cache", "u", "a:b@c", "redis://u:***@cache", 6379, 0, 0},
+      {"redis://u:a/b?c#d@cache/1", "cache", "u", "a/b?c#d", "redis://u:***@cache/1", 6379, 1, 0},
       {"rediss://u:pw@cache:6380", "cache", "u", "pw", "rediss://u:***@cache:6380", 6380, 0, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -136,6 +137,8 @@ static void test_reason_never_holds_the_password(void) {
       "redis://Hunter2pw@cache",                "redis://alice:Hunter2pw%zz@cache",
       "redis://alice:Hunter2pw@cache?x",        "redis://a:b:Hunter2pw@c@ca%che",
       "http://alice:Hunter2pw@cache",           "redis://alice:Hunter2pw@",
+      "alice:Hunter2pw@cache",                  "redis:/alice:Hunter2pw@cache",
+      "redis://u:Hunter2pw/x@cache:0",          "redis://u:Hunter2pw?x@cache/x",
   };
   for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
     fm_redis_url u;
