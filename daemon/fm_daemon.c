@@ -339,7 +339,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   dd->cfg = cfg;
 
   /* Read (and cleared) before the tuner worker is forked: it must not inherit the watchdog. */
-  dd->watchdog_usec = fm_sd_watchdog_usec();
+  if ((err = fm_sd_watchdog_usec(&dd->watchdog_usec, d))) goto out;
   if ((err = fm_device_init(&dd->dev, cfg->arch, d))) goto out;
   if ((err = open_store(dd, d))) goto out;
   if ((err = fm_inflight_new(&dd->inflight)) || (err = fm_cqueue_new(loop, cfg->jobs, &dd->cqueue))) {
@@ -348,11 +348,17 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   }
   if ((err = fm_remote_tier_new(cfg->remote, cfg->remote_secret_file, dd->store, &dd->dev, &dd->remote, d)))
     goto out;
-  if (dd->remote->remote)
-    fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", cfg->remote, FM_REMOTE_IO_MS);
+  if (dd->remote->remote) {
+    fm_diag why = {{0}};
+    fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", fm_remote_url(dd->remote->remote),
+                FM_REMOTE_IO_MS);
+    /* Not fatal: the local tier serves on; but said now, not at the first lookup. */
+    if (fm_remote_check_network(fm_remote_host(dd->remote->remote), &why)) fm_log_error("%s", why.text);
+  }
   if ((err = start_tuner(dd, d))) goto out;
   find_nvrtc_worker(dd);
-  int listen_fd = fm_sd_listen_fd();
+  int listen_fd;
+  if ((err = fm_sd_listen_fd(&listen_fd, d))) goto out;
   fm_server_opts so = {
       .socket_path = cfg->socket_path,
       .listen_fd = listen_fd,

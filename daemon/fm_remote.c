@@ -14,9 +14,7 @@
 
 struct fm_remote {
   pthread_mutex_t mu;
-  char url[FM_REMOTE_URL_MAX];
-  char host[256];
-  int port, db;
+  fm_redis_url u;
   redisContext *ctx;            /* NULL while disconnected */
   int state;                    /* -1 unknown (never tried), 0 down, 1 up */
   uint64_t retry_at_ms;         /* no connect attempt before this */
@@ -32,16 +30,16 @@ static uint64_t now_us(void) {
 int fm_remote_new(const char *url, fm_remote **out, fm_diag *d) {
   fm_remote *r = calloc(1, sizeof *r);
   if (!r) return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  if (strlen(url) >= sizeof r->url) {
-    free(r);
-    return fm_diag_set(d, FM_EINVAL, "remote URL too long");
-  }
-  int err = fm_remote_parse_url(url, r->host, sizeof r->host, &r->port, &r->db, d);
+  int err = fm_remote_parse_url(url, &r->u, d);
+  /* hiredis_ssl is not linked: TLS would need it and its own tests (docs/REMOTE.md). */
+  if (!err && r->u.tls)
+    err = fm_diag_set(d, FM_EUNSUPPORTED, "remote %s: TLS (rediss://) is not supported by this fusemld (built "
+                      "without hiredis_ssl); use redis:// on a private network, or a TLS tunnel", r->u.shown);
   if (err) {
+    explicit_bzero(&r->u, sizeof r->u);
     free(r);
     return err;
   }
-  snprintf(r->url, sizeof r->url, "%s", url);
   pthread_mutex_init(&r->mu, NULL);
   r->state = -1;
   *out = r;
@@ -52,11 +50,16 @@ void fm_remote_free(fm_remote *r) {
   if (!r) return;
   if (r->ctx) redisFree(r->ctx);
   pthread_mutex_destroy(&r->mu);
+  explicit_bzero(&r->u, sizeof r->u);
   free(r);
 }
 
 const char *fm_remote_url(const fm_remote *r) {
-  return r->url;
+  return r->u.shown;
+}
+
+const char *fm_remote_host(const fm_remote *r) {
+  return r->u.host;
 }
 
 /* Under mu. One log line per change of state. */
@@ -67,8 +70,8 @@ static void went_down(fm_remote *r, const char *why) {
   }
   r->retry_at_ms = now_us() / 1000 + FM_REMOTE_RETRY_MS;
   if (r->state != 0) {
-    fm_log_warn("remote %s unreachable (%s); serving from the local store, retrying every %d ms", r->url, why,
-                FM_REMOTE_RETRY_MS);
+    fm_log_warn("remote %s unreachable (%s); serving from the local store, retrying every %d ms%s", r->u.shown,
+                why, FM_REMOTE_RETRY_MS, fm_remote_net_denied(why) ? "; " FM_REMOTE_NET_HINT : "");
     r->st.outages++;
   }
   r->state = 0;
@@ -76,9 +79,31 @@ static void went_down(fm_remote *r, const char *why) {
 }
 
 static void went_up(fm_remote *r) {
-  if (r->state != 1) fm_log_info("remote %s reachable", r->url);
+  if (r->state != 1) fm_log_info("remote %s reachable", r->u.shown);
   r->state = 1;
   r->st.up = 1;
+}
+
+/* Whether a setup command's reply is +OK; why otherwise. */
+static int ok_reply(redisContext *c, redisReply *rep, const char *what, char *why, size_t cap) {
+  int ok = rep && rep->type == REDIS_REPLY_STATUS;
+  if (!ok)
+    snprintf(why, cap, "%s failed: %s", what,
+             rep && rep->type == REDIS_REPLY_ERROR ? rep->str : c->err ? c->errstr : "unexpected reply");
+  if (rep) freeReplyObject(rep);
+  return ok;
+}
+
+/* Under mu, on a fresh connection: AUTH when the URL has a password (with its user name for
+ * a Redis 6 ACL user), then SELECT. Each argument travels as its own bulk string, so a
+ * password is never parsed as part of a command line; Redis's error replies never quote it. */
+static int prepared(fm_remote *r, redisContext *c, char *why, size_t cap) {
+  if (r->u.user[0] &&
+      !ok_reply(c, redisCommand(c, "AUTH %s %s", r->u.user, r->u.password), "AUTH", why, cap))
+    return 0;
+  if (!r->u.user[0] && r->u.password[0] && !ok_reply(c, redisCommand(c, "AUTH %s", r->u.password), "AUTH", why, cap))
+    return 0;
+  return r->u.db == 0 || ok_reply(c, redisCommand(c, "SELECT %d", r->u.db), "SELECT", why, cap);
 }
 
 /* Under mu: a usable context, or NULL (down, or too soon to retry). */
@@ -86,9 +111,9 @@ static redisContext *connected(fm_remote *r) {
   if (r->ctx) return r->ctx;
   if (r->state == 0 && now_us() / 1000 < r->retry_at_ms) return NULL;
   struct timeval ct = {0, FM_REMOTE_CONNECT_MS * 1000}, io = {0, FM_REMOTE_IO_MS * 1000};
-  redisContext *c = redisConnectWithTimeout(r->host, r->port, ct);
+  redisContext *c = redisConnectWithTimeout(r->u.host, r->u.port, ct);
+  char why[200];
   if (!c || c->err) {
-    char why[160];
     snprintf(why, sizeof why, "%s", c ? c->errstr : "out of memory");
     if (c) redisFree(c);
     went_down(r, why);
@@ -96,14 +121,9 @@ static redisContext *connected(fm_remote *r) {
   }
   redisSetTimeout(c, io);
   r->ctx = c;
-  if (r->db != 0) {
-    redisReply *rep = redisCommand(c, "SELECT %d", r->db);
-    int ok = rep && rep->type == REDIS_REPLY_STATUS;
-    if (rep) freeReplyObject(rep);
-    if (!ok) {
-      went_down(r, "SELECT failed");
-      return NULL;
-    }
+  if (!prepared(r, c, why, sizeof why)) {
+    went_down(r, why);
+    return NULL;
   }
   return r->ctx;
 }

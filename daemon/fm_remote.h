@@ -30,13 +30,43 @@ typedef struct fm_remote_stats {
   uint64_t lookup_us_total, lookup_us_max, lookups;   /* latency of answered lookups */
 } fm_remote_stats;
 
-/* Parses redis://host[:port][/db] (port 6379, db 0 by default). FM_EINVAL with the reason. */
-int fm_remote_parse_url(const char *url, char *host, size_t host_cap, int *port, int *db, fm_diag *d);
+/* A parsed redis[s]://[[user]:password@]host[:port][/db] (docs/REMOTE.md). */
+typedef struct fm_redis_url {
+  int tls;                          /* rediss:// */
+  char host[256];                   /* a name, an IPv4 address, or an IPv6 one without brackets */
+  int port, db;                     /* 6379 and 0 when left out */
+  char user[128];                   /* "": AUTH with the password alone (Redis's default user) */
+  char password[256];               /* "": no AUTH; percent-decoded */
+  char shown[FM_REMOTE_URL_MAX];    /* the URL with its password as "***": what logs and stats show */
+} fm_redis_url;
+
+/* Parses url into *u; FM_EINVAL with the reason otherwise. The password never appears in a
+ * reason (they quote u->shown, filled before anything is checked). */
+int fm_remote_parse_url(const char *url, fm_redis_url *u, fm_diag *d);
 
 /* Does not connect (the first call does): a Redis down at startup is not a startup error. */
 int fm_remote_new(const char *url, fm_remote **out, fm_diag *d);
 void fm_remote_free(fm_remote *r);
+/* The URL as logs and stats show it: its password replaced by "***". */
 const char *fm_remote_url(const fm_remote *r);
+
+/* The host the URL names (for fm_remote_check_network). */
+const char *fm_remote_host(const fm_remote *r);
+
+/* What to do when the sandbox keeps the daemon off the network (systemd/fusemld-remote.conf). */
+#define FM_REMOTE_NET_HINT                                                                      \
+  "if fusemld runs under systemd/fusemld.service, whose sandbox allows Unix sockets only, install the " \
+  "drop-in fusemld-remote.conf (docs/REMOTE.md, \"systemd\")"
+
+/* Asked once at startup, without connecting: whether this process can reach host at all. A
+ * socket of its address family must open (RestrictAddressFamilies=AF_UNIX makes socket()
+ * fail with EAFNOSUPPORT), and for a host other than loopback some interface other than
+ * loopback must be up with an address (PrivateNetwork=yes leaves none). FM_EDENIED with why
+ * and FM_REMOTE_NET_HINT otherwise. */
+int fm_remote_check_network(const char *host, fm_diag *d);
+/* Whether a connection error's text is one a sandbox gives (EPERM, EACCES, EAFNOSUPPORT,
+ * ENETUNREACH: IPAddressDeny= fails connect() with EPERM), so the log adds the hint. */
+int fm_remote_net_denied(const char *why);
 
 /* GET rkey: FM_OK with a malloc'd value, FM_ENOT_FOUND, or FM_EIO (unreachable, timeout). */
 int fm_remote_get(fm_remote *r, const char *rkey, uint8_t **val, size_t *len);

@@ -4,9 +4,9 @@
 #include <string.h>
 
 int fm_remote_new(const char *url, fm_remote **out, fm_diag *d) {
-  char host[256];
-  int port, db;
-  int err = fm_remote_parse_url(url, host, sizeof host, &port, &db, d);
+  fm_redis_url u;
+  int err = fm_remote_parse_url(url, &u, d);
+  explicit_bzero(&u, sizeof u);
   if (err) return err;
   *out = NULL;
   return fm_diag_set(d, FM_EUNSUPPORTED,
@@ -18,6 +18,11 @@ void fm_remote_free(fm_remote *r) {
 }
 
 const char *fm_remote_url(const fm_remote *r) {
+  (void)r;
+  return "";
+}
+
+const char *fm_remote_host(const fm_remote *r) {
   (void)r;
   return "";
 }

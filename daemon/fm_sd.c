@@ -1,8 +1,8 @@
-/* fm_sd.c: socket activation and sd_notify without libsystemd (the protocols are tiny). */
+/* fm_sd.c: what every build has (fm_sd.h): whether systemd started us, and a notify that
+ * never blocks. */
 #include "fm_sd.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +12,9 @@
 
 #include "fm_error.h"
 
-/* Whether the variable holds our pid: systemd's way of addressing one process, where the
- * others its environment reaches (every descendant of a service) must not take it as theirs. */
-static int names_us(const char *name) {
+/* systemd's way of addressing one process, where the others its environment reaches (every
+ * descendant of a service) must not take it as theirs. */
+int fm_sd_names_us(const char *name) {
   const char *s = getenv(name);
   char *end;
   if (!s || !*s) return 0;
@@ -28,28 +28,8 @@ int fm_sd_under_systemd(void) {
    * the service, and the autostarted one would never detach. SYSTEMD_EXEC_PID (systemd 248+)
    * names the process systemd ran; before it, a Type=notify service is known by
    * NOTIFY_SOCKET alone. */
-  if (names_us("LISTEN_PID") || names_us("SYSTEMD_EXEC_PID")) return 1;
+  if (fm_sd_names_us("LISTEN_PID") || fm_sd_names_us("SYSTEMD_EXEC_PID")) return 1;
   return getenv("NOTIFY_SOCKET") && !getenv("SYSTEMD_EXEC_PID");
-}
-
-int fm_sd_listen_fd(void) {
-  const char *pid_s = getenv("LISTEN_PID"), *fds_s = getenv("LISTEN_FDS");
-  int fd = -1;
-  if (pid_s && fds_s) {
-    char *end;
-    long pid = strtol(pid_s, &end, 10);
-    long n = strtol(fds_s, &end, 10);
-    /* LISTEN_PID guards against a variable inherited by a child of the activated process. */
-    if (pid == (long)getpid() && n >= 1 && n < 64) {
-      for (long i = 0; i < n; i++)
-        fcntl((int)(FM_SD_LISTEN_FDS_START + i), F_SETFD, FD_CLOEXEC);
-      fd = FM_SD_LISTEN_FDS_START;
-    }
-  }
-  unsetenv("LISTEN_PID");
-  unsetenv("LISTEN_FDS");
-  unsetenv("LISTEN_FDNAMES");
-  return fd;
 }
 
 int fm_sd_notify(const char *state) {
@@ -74,21 +54,4 @@ int fm_sd_notify(const char *state) {
   } while (n < 0 && errno == EINTR);
   close(fd);
   return n < 0 ? FM_EIO : 1;
-}
-
-uint64_t fm_sd_watchdog_usec(void) {
-  const char *usec_s = getenv("WATCHDOG_USEC"), *pid_s = getenv("WATCHDOG_PID");
-  uint64_t usec = 0;
-  if (usec_s && *usec_s) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(usec_s, &end, 10);
-    int ok = !errno && !*end && v > 0;
-    /* WATCHDOG_PID guards, like LISTEN_PID, against a variable meant for another process. */
-    if (ok && pid_s && *pid_s) ok = strtol(pid_s, &end, 10) == (long)getpid() && !*end;
-    if (ok) usec = (uint64_t)v;
-  }
-  unsetenv("WATCHDOG_USEC");
-  unsetenv("WATCHDOG_PID");
-  return usec;
 }

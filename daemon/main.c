@@ -10,6 +10,7 @@
 #include "fm_detach.h"
 #include "fm_log.h"
 #include "fm_proto.h"
+#include "fm_remote.h"
 #include "fm_sd.h"
 
 static void usage(FILE *f) {
@@ -51,7 +52,8 @@ static void usage(FILE *f) {
           "  --tune-deadline SECS  per-candidate deadline: SECS + 50x the default's time (default 5)\n"
           "  --tune-only TEXT      tune only the candidates whose description (fusectl show) contains\n"
           "                        TEXT, e.g. \"cublaslt\" (experiments and tests)\n"
-          "  --remote URL          share kernels through Redis: redis://host[:port][/db] (docs/REMOTE.md)\n"
+          "  --remote URL          share kernels through Redis: redis://[[user]:password@]host[:port][/db]\n"
+          "                        (docs/REMOTE.md; a password belongs in the config file, not here)\n"
           "  --remote-secret-file PATH  the cluster secret that signs shared and exported entries\n"
           "  --exit-when-idle SECS exit after SECS with no client connected and no compile running\n"
           "                        (default 0: never; clients that start a daemon pass it)\n"
@@ -63,6 +65,16 @@ static void usage(FILE *f) {
 typedef struct setting {
   const char *key, *value;
 } setting;
+
+/* A password given in --remote is in /proc/PID/cmdline, which every local user can read. */
+static void warn_password_in_argv(const char *url) {
+  fm_redis_url u;
+  fm_diag ignored = {{0}};
+  if (fm_remote_parse_url(url, &u, &ignored) == FM_OK && u.password[0])
+    fm_log_warn("--remote %s: a password on the command line can be read by every user of this machine (ps); "
+                "put `remote = URL` in the config file instead, readable by fusemld's user only", u.shown);
+  explicit_bzero(&u, sizeof u);
+}
 
 int main(int argc, char **argv) {
   enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
@@ -180,6 +192,8 @@ int main(int argc, char **argv) {
       cfg.log_file[0] = '\0'; /* too long to say: stay silent rather than log to a truncated path */
   }
   if (fm_log_open(cfg.log_level, cfg.log_file, &d)) goto fail;
+  for (size_t i = 0; i < n_settings; i++)
+    if (strcmp(settings[i].key, "remote") == 0) warn_password_in_argv(settings[i].value);
 
   /* libuv reads this when its pool first starts (the first compile), never again. */
   char jobs[16];

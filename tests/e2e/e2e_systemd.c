@@ -186,6 +186,19 @@ static void test_unread_notify_socket_never_blocks(void) {
   e2e_teardown(&d, fm_test_failed_checks_ > 0);
 }
 
+/* A build without libsystemd asked for a watchdog refuses to start, saying why, rather than be
+ * killed for pings it never sends. */
+static void test_no_libsystemd_refuses_watchdog(void) {
+  e2e_daemon d;
+  CHECK_EQ_INT(e2e_setup(&d, exe), 0);
+  setenv("WATCHDOG_USEC", "400000", 1);
+  int st = e2e_run(&d, NULL, 20000);
+  unsetenv("WATCHDOG_USEC");
+  CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) != 0);
+  CHECK(e2e_log_contains(&d, "built without libsystemd: no watchdog"));
+  e2e_teardown(&d, 0);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s <fusemld>\n", argv[0]);
@@ -193,8 +206,12 @@ int main(int argc, char **argv) {
   }
   exe = argv[1];
   signal(SIGPIPE, SIG_IGN);
-  RUN(test_ready_watchdog_stopping);
-  RUN(test_watchdog_pid_not_ours);
-  RUN(test_unread_notify_socket_never_blocks);
+  if (FM_HAVE_LIBSYSTEMD) {
+    RUN(test_ready_watchdog_stopping);
+    RUN(test_watchdog_pid_not_ours);
+    RUN(test_unread_notify_socket_never_blocks);
+  } else {
+    RUN(test_no_libsystemd_refuses_watchdog);
+  }
   return FM_TEST_DONE();
 }

@@ -1,4 +1,7 @@
-/* test_daemon_sd.c: sd_notify to real datagram sockets (path and abstract), socket activation. */
+/* test_daemon_sd.c: sd_notify to real datagram sockets (path and abstract), socket activation
+ * and the watchdog interval (through libsystemd, or refused by a build without it). */
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,21 +68,73 @@ static void test_notify_abstract(void) {
 
 static void test_listen_fds(void) {
   char pid[32];
+  int fd = 0;
+  fm_diag d = {{0}};
   unsetenv("INVOCATION_ID");
   unsetenv("NOTIFY_SOCKET");
   snprintf(pid, sizeof pid, "%ld", (long)getpid() + 1);
   setenv("LISTEN_PID", pid, 1);
   setenv("LISTEN_FDS", "1", 1);
   CHECK(!fm_sd_under_systemd());   /* another process's socket: not ours to serve as systemd's */
-  /* Meant for another process (inherited): ignored, and cleared. */
-  CHECK_EQ_INT(fm_sd_listen_fd(), -1);
+  /* Meant for another process (inherited): ignored, and cleared, in every build. */
+  CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK);
+  CHECK_EQ_INT(fd, -1);
   CHECK(getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL);
   CHECK(!fm_sd_under_systemd());
   snprintf(pid, sizeof pid, "%ld", (long)getpid());
   setenv("LISTEN_PID", pid, 1);
   setenv("LISTEN_FDS", "1", 1);
-  CHECK_EQ_INT(fm_sd_listen_fd(), FM_SD_LISTEN_FDS_START);
-  CHECK(getenv("LISTEN_FDS") == NULL);
+  setenv("LISTEN_FDNAMES", "fusemld.socket", 1);
+  /* As systemd passes it: a listening socket at fd 3, close-on-exec cleared. */
+  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  CHECK(lfd >= 0 && dup2(lfd, FM_SD_LISTEN_FDS_START) == FM_SD_LISTEN_FDS_START);
+  if (lfd != FM_SD_LISTEN_FDS_START) close(lfd);
+#if FM_HAVE_LIBSYSTEMD
+  CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK);
+  CHECK_EQ_INT(fd, FM_SD_LISTEN_FDS_START);
+  CHECK(fcntl(FM_SD_LISTEN_FDS_START, F_GETFD) & FD_CLOEXEC);   /* the daemon's children never hold it */
+#else
+  CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(d.text, "built without libsystemd");
+#endif
+  CHECK(getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL && getenv("LISTEN_FDNAMES") == NULL);
+  CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK);   /* asked again: nothing passed any more */
+  CHECK_EQ_INT(fd, -1);
+  close(FM_SD_LISTEN_FDS_START);
+}
+
+/* WATCHDOG_USEC is ours unless WATCHDOG_PID names another process; both are cleared. */
+static void test_watchdog(void) {
+  char me[32], other[32];
+  snprintf(me, sizeof me, "%ld", (long)getpid());
+  snprintf(other, sizeof other, "%ld", (long)getpid() + 1);
+  static const struct {
+    const char *usec, *pid;
+    uint64_t want;   /* with libsystemd */
+  } cases[] = {
+      {NULL, NULL, 0},        {"400000", NULL, 400000}, {"400000", "me", 400000},
+      {"400000", "other", 0}, {"junk", NULL, 0},        {"0", NULL, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint64_t usec = 1;
+    fm_diag d = {{0}};
+    const char *pid = cases[i].pid ? (strcmp(cases[i].pid, "me") == 0 ? me : other) : NULL;
+    if (cases[i].usec) setenv("WATCHDOG_USEC", cases[i].usec, 1);
+    else unsetenv("WATCHDOG_USEC");
+    if (pid) setenv("WATCHDOG_PID", pid, 1);
+    else unsetenv("WATCHDOG_PID");
+    int err = fm_sd_watchdog_usec(&usec, &d);
+#if FM_HAVE_LIBSYSTEMD
+    int ok = err == FM_OK && usec == cases[i].want;
+#else
+    int meant_for_us = cases[i].usec && (!pid || pid == me);
+    int ok = usec == 0 && err == (meant_for_us ? FM_EUNSUPPORTED : FM_OK);
+#endif
+    if (!ok || getenv("WATCHDOG_USEC") || getenv("WATCHDOG_PID")) {
+      fprintf(stderr, "  case %zu: err %d, usec %llu (%s)\n", i, err, (unsigned long long)usec, d.text);
+      CHECK(0);
+    }
+  }
 }
 
 /* Which environments make us the process systemd started (never detaching) and which are
@@ -126,5 +181,6 @@ int main(void) {
   RUN(test_notify_path);
   RUN(test_notify_abstract);
   RUN(test_listen_fds);
+  RUN(test_watchdog);
   return FM_TEST_DONE();
 }
