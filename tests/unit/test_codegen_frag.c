@@ -200,6 +200,12 @@ static char *read_text(const char *path) {
 }
 
 int tf_golden(const char *name, const char *src) {
+  char file[256];
+  snprintf(file, sizeof file, "%s.cu", name);
+  return tf_golden_file(file, src);
+}
+
+int tf_golden_file(const char *file, const char *src) {
   const char *root = getenv("FM_SOURCE_DIR");
 #ifdef FM_CG_SOURCE_DIR
   if (!root) root = FM_CG_SOURCE_DIR;   /* run by hand, outside ctest */
@@ -207,7 +213,7 @@ int tf_golden(const char *name, const char *src) {
   const char *update = getenv("FM_UPDATE_GOLDEN");
   char path[1024];
   if (!root || !src) return 0;
-  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, name);
+  snprintf(path, sizeof path, "%s/tests/unit/golden/%s", root, file);
   if (update && strcmp(update, "1") == 0) {
     FILE *f = fopen(path, "wb");
     int ok = f && fwrite(src, 1, strlen(src), f) == strlen(src);

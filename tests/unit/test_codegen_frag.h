@@ -37,6 +37,8 @@ int tf_compile_every(const fm_fragment *canon, const char *name, int *compiled);
  * source dir outside ctest), byte for byte, reporting the first differing line; with
  * FM_UPDATE_GOLDEN=1 it writes the file instead. 1 when they agree (or it was written). */
 int tf_golden(const char *name, const char *src);
+/* The same for tests/unit/golden/<file> (any text, the name with its extension). */
+int tf_golden_file(const char *file, const char *src);
 
 /* Contiguous strides of shape (a symbolic dim 0 gets the product of the others). */
 void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides);
