@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_codegen_gemm.h"
 
 const char *fm_template_name(fm_template t) {
   switch (t) {
@@ -285,20 +286,14 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       return;
     case FM_TMPL_GEMM:
     {
-      uint32_t mode = c->p[7] & 0xffu, rt = (c->p[7] >> 8) & 0xffu, cl = c->p[7] >> 16;
+      uint32_t rt = (c->p[7] >> 8) & 0xffu, cl = c->p[7] >> 16;
+      const fm_gemm_mainloop *ml = fm_cg_gemm_mainloop(c->p[7] & 0xffu);
       char tiles[40] = "";
       if (rt > 1) snprintf(tiles, sizeof tiles, " tiles=%u", rt);
       if (cl > 1) snprintf(tiles + strlen(tiles), sizeof tiles - strlen(tiles), " cluster=%u", cl);
       snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s%s", c->p[0], c->p[1], c->p[2],
                c->p[3], c->p[4], c->p[5], c->p[6],
-               mode == 1   ? " wgmma"
-               : mode == 2 ? " wgmma inflight=1"
-               : mode == 3 ? " wgmma ws"
-               : mode == 4 ? " wgmma tma"
-               : mode == 5 ? " wgmma tma persistent"
-               : mode == 6 ? " wgmma tma pingpong"
-                           : "",
-               tiles);
+               ml ? ml->describe : "", tiles);
       return;
     }
     case FM_TMPL_CUBLASLT:

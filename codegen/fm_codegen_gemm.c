@@ -92,6 +92,30 @@ static const fm_gemm_config wgmma_configs[] = {
 };
 #define N_WGMMA (sizeof wgmma_configs / sizeof wgmma_configs[0])
 
+static const fm_gemm_mainloop mainloops[FM_GEMM_MODES] = {
+    [FM_GEMM_MMA_SYNC] = {.describe = "", .suffix = "", .min_stages = 2, .consumers = 1, .siblings = 1},
+    [FM_GEMM_WGMMA] = {.describe = " wgmma", .suffix = "_wgmma", .wgmma = 1, .min_stages = 2, .consumers = 1,
+                       .row_tiles = 1},
+    [FM_GEMM_WGMMA_INFLIGHT] = {.describe = " wgmma inflight=1", .suffix = "_wgmma_i1", .wgmma = 1, .inflight = 1,
+                                .min_stages = 3, .consumers = 1, .row_tiles = 1},
+    [FM_GEMM_WGMMA_WS] = {.describe = " wgmma ws", .suffix = "_wgmma_ws", .wgmma = 1, .inflight = 1,
+                          .min_stages = 2, .specialized = 1, .loader_threads = 128, .consumers = 1},
+    [FM_GEMM_WGMMA_TMA] = {.describe = " wgmma tma", .suffix = "_wgmma_tma", .wgmma = 1, .inflight = 1,
+                           .min_stages = 2, .specialized = 1, .loader_threads = 32, .tma = 1, .consumers = 1,
+                           .cluster_pair = 1, .siblings = 1},
+    [FM_GEMM_WGMMA_PERSISTENT] = {.describe = " wgmma tma persistent", .suffix = "_wgmma_tmap", .wgmma = 1,
+                                  .inflight = 1, .min_stages = 2, .specialized = 1, .loader_threads = 32, .tma = 1,
+                                  .persistent = 1, .consumers = 1, .cluster_pair = 1, .siblings = 1},
+    [FM_GEMM_WGMMA_PINGPONG] = {.describe = " wgmma tma pingpong", .suffix = "_wgmma_pp", .wgmma = 1,
+                                .inflight = 1, .min_stages = 2, .specialized = 1, .loader_threads = 32, .tma = 1,
+                                .persistent = 1, .pingpong = 1, .consumers = 2, .siblings = 1},
+};
+
+const fm_gemm_mainloop *fm_cg_gemm_mainloop(uint32_t mode) { return mode < FM_GEMM_MODES ? &mainloops[mode] : NULL; }
+
+/* The mainloop of a config check_config accepted (its mode is in the table). */
+static const fm_gemm_mainloop *mainloop_of(const fm_gemm_config *c) { return &mainloops[c->wgmma]; }
+
 int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id) {
   for (uint32_t k = limit; k-- > 0;) {
     uint32_t have = k < f->n_inputs ? f->inputs[k].id : f->ops[k - f->n_inputs].out;
@@ -254,24 +278,24 @@ int fm_cg_gemm_plan_build_any(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag
 }
 
 static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
-  if (c->wgmma > 6) return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..6)", c->wgmma);
+  const fm_gemm_mainloop *ml = mainloop_of(c);
   if (!gp->a_kmajor || !gp->b_kmajor)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: the wgmma mainloop needs K-major A and B");
   /* ping-pong: each of the two consumer warpgroups (4 warps) owns a whole tile, its
      accumulators (BM / 64) x BN / 2 a thread */
-  if (c->wgmma == 6 && (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) ||
+  if (ml->pingpong && (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) ||
                         c->bm / 64 * c->bn > 256))
     return fm_diag_set(d, FM_EINVAL, "config: ping-pong wgmma takes BK 64, 4 x 1 warps, BM 64 or 128, (BM/64) x BN <= 256");
-  if (c->wgmma != 6 && (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16))
+  if (!ml->pingpong && (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16))
     return fm_diag_set(d, FM_EINVAL, "config: wgmma takes BK 64, BM 64 or 128 with BM/16 x 1 warps");
   if (c->bn < 64 || c->bn > 256 || c->bn % 64)
     return fm_diag_set(d, FM_EINVAL, "config: wgmma BN %u (64, 128, 192 or 256)", c->bn);
-  if (c->stages < (c->wgmma == 2 ? 3 : 2) || c->stages > 6)
+  if (c->stages < ml->min_stages || c->stages > 6)
     return fm_diag_set(d, FM_EINVAL, "config: %u stages for wgmma mode %u", c->stages, c->wgmma);
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
-  if (c->rtiles > 8 || (c->rtiles > 1 && c->wgmma >= 3))
+  if (c->rtiles > 8 || (c->rtiles > 1 && !ml->row_tiles))
     return fm_diag_set(d, FM_EINVAL, "config: %u row tiles per block (1..8, not warp-specialised)", c->rtiles);
-  if (c->cluster > 2 || (c->cluster == 2 && c->wgmma != 4 && c->wgmma != 5))
+  if (c->cluster > 2 || (c->cluster == 2 && !ml->cluster_pair))
     return fm_diag_set(d, FM_EINVAL, "config: cluster %u (0..2; 2 with TMA loads, not ping-pong)", c->cluster);
   return FM_OK;
 }
@@ -283,7 +307,7 @@ static uint32_t slab_cols(const fm_gemm_config *c);
  * TMA forms (not the cp.async wgmma forms, row tiles or clusters). */
 static int check_siblings(const fm_gemm_config *c, fm_diag *d) {
   uint32_t wcols = c->bn / c->wn;
-  if ((c->wgmma >= 1 && c->wgmma <= 3) || c->rtiles > 1 || c->cluster > 1)
+  if (!mainloop_of(c)->siblings || c->rtiles > 1 || c->cluster > 1)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: sibling products take the sm_80 or the TMA mainloop");
   if (wcols % 16 || slab_cols(c) != wcols)
     return fm_diag_set(d, FM_EUNSUPPORTED,
@@ -294,10 +318,13 @@ static int check_siblings(const fm_gemm_config *c, fm_diag *d) {
 
 static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d) {
   int rc;
+  /* first, so that every check below may ask the mainloop for its properties */
+  if (!fm_cg_gemm_mainloop(c->wgmma))
+    return fm_diag_set(d, FM_EINVAL, "config: wgmma mode %u (0..%u)", c->wgmma, FM_GEMM_MODES - 1u);
   if (gp->op2 >= 0 && (rc = check_siblings(c, d))) return rc;
-  if (gp->batched && c->wgmma >= 4)
+  if (gp->batched && mainloop_of(c)->tma)
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: a tensor map addresses one matrix, not a batch (bmm)");
-  if (c->wgmma) return check_wgmma(gp, c, d);
+  if (mainloop_of(c)->wgmma) return check_wgmma(gp, c, d);
   if (c->wm < 1 || c->wn < 1 || c->wm * c->wn > 16)
     return fm_diag_set(d, FM_EINVAL, "config: %ux%u warps (1..16 in all)", c->wm, c->wn);
   if (c->bm < 16 || c->bm > 256 || c->bm % (16 * c->wm))
@@ -322,17 +349,17 @@ static int check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_d
 
 /* Bytes of the epilogue's slabs (16 rows of scols fp32 per warp, padded by 8). */
 static uint32_t slab_bytes(const fm_gemm_config *c, uint32_t scols) {
-  return (c->wgmma == 6 ? 2u : 1u) * c->wm * c->wn * 16u * (scols + 8u) * 4u;   /* ping-pong: two warpgroups */
+  return mainloop_of(c)->consumers * c->wm * c->wn * 16u * (scols + 8u) * 4u;   /* ping-pong: two warpgroups */
 }
 
 /* Whether the slabs sit beside the stages rather than in them: the next tile loads during
  * the epilogue (several row tiles per block; the persistent form, wgmma mode 5). */
-static int slabs_apart(const fm_gemm_config *c) { return c->rtiles > 1 || c->wgmma >= 5; }
+static int slabs_apart(const fm_gemm_config *c) { return c->rtiles > 1 || mainloop_of(c)->persistent; }
 
 /* The wgmma stages (1 KiB of slack to align them for the swizzle) and, for the
  * warp-specialised forms, their two mbarriers each. */
 static uint32_t wgmma_stage_bytes(const fm_gemm_config *c) {
-  return c->stages * (c->bm + c->bn) * 128u + 1024u + (c->wgmma >= 3 ? 16u * c->stages : 0u);
+  return c->stages * (c->bm + c->bn) * 128u + 1024u + (mainloop_of(c)->specialized ? 16u * c->stages : 0u);
 }
 
 /* Where the slabs start in the dynamic shared memory (bytes). */
@@ -351,7 +378,7 @@ static uint32_t slab_cols(const fm_gemm_config *c) {
 }
 
 static uint32_t smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
-  if (c->wgmma) {
+  if (mainloop_of(c)->wgmma) {
     /* the stages, or the slabs if larger where they reuse them */
     uint32_t mainloop = wgmma_stage_bytes(c);
     uint32_t staging = slab_bytes(c, slab_cols(c));
@@ -698,7 +725,7 @@ void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, cons
 /* The block: the MMA warps, plus the loaders of the warp-specialised forms (a warpgroup; one
  * warp for TMA). */
 static uint32_t block_threads(const fm_gemm_config *c) {
-  return (c->wgmma == 6 ? 2u : 1u) * c->wm * c->wn * 32 + (c->wgmma >= 4 ? 32u : c->wgmma == 3 ? 128u : 0u);
+  return mainloop_of(c)->consumers * c->wm * c->wn * 32 + mainloop_of(c)->loader_threads;
 }
 
 /* Two blocks per SM when the shared memory allows it (sm_90's 227 KiB) and the accumulators
@@ -843,20 +870,20 @@ static void emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const c
                    indent, indent, indent, indent, indent, indent);
 }
 
-/* specialized: warpgroup 0 of the block only loads (the wgmma mainloop's warp-specialised
- * form); it leaves after the barrier and the epilogue's warps count from 4. tma: the
+/* The kernel around mainloop ml. Specialised (cp.async): warpgroup 0 of the block only
+ * loads; it leaves after the barrier and the epilogue's warps count from 4. TMA: the
  * mainloop reads A and B through the tensor maps fm_tma and fm_tmb, and its one loader warp
  * comes after the MMA warps (it leaves after the barrier). rtiles > 1: the
  * block walks that many row tiles, the next one's first k-tiles loading during the
- * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). persistent (TMA only): at
+ * epilogue (the slabs then sit beside the stages, FM_SLAB_OFF). Persistent (TMA only): at
  * most the blocks the device holds, each walking tiles blockIdx.x, + gridDim.x, ... while its
- * loader runs ahead (fm_cg_wgmma_persistent; slabs beside the stages too); pingpong: its two
- * consumer warpgroups take the tiles in turn (mode 6; the epilogue loop is rolled). */
+ * loader runs ahead (fm_cg_wgmma_persistent; slabs beside the stages too); ping-pong: its two
+ * consumer warpgroups take the tiles in turn (the epilogue loop is rolled). */
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
-                        int specialized, int tma, int persistent, int pingpong, uint32_t cluster,
-                        uint32_t min_blocks, uint32_t rtiles) {
+                        const fm_gemm_mainloop *ml, uint32_t cluster, uint32_t min_blocks, uint32_t rtiles) {
+  const int tma = ml->tma, specialized = ml->specialized, pingpong = ml->pingpong;
   kernel_open(sb, f, gp, entry, min_blocks, tma, cluster, NULL);
-  if (persistent) {
+  if (ml->persistent) {
     fm_strbuf_append(sb,
                      "  const int tiles_m = (int)((M + FM_BM - 1) / FM_BM), units = fm_units(tiles_m);\n"
                      "  fm_pipe_init();\n"
@@ -1008,7 +1035,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     goto out;
   }
   if ((rc = fm_cg_gemm_plan_build(canon, gp, d)) || (rc = check_config(gp, cfg, d))) goto out;
-  uint32_t smem = smem_bytes(gp, cfg), cap = cfg->wgmma ? MAX_SMEM_SM90 : MAX_SMEM;
+  const fm_gemm_mainloop *ml = mainloop_of(cfg);
+  uint32_t smem = smem_bytes(gp, cfg), cap = ml->wgmma ? MAX_SMEM_SM90 : MAX_SMEM;
   if (smem > cap) {
     rc = fm_diag_set(d, FM_EUNSUPPORTED, "config: %u bytes of shared memory exceed %u", smem, cap);
     goto out;
@@ -1019,15 +1047,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   if (rt > 1) snprintf(tiles, sizeof tiles, "_t%u", rt);
   if (cfg->cluster == 2) snprintf(tiles, sizeof tiles, "_c2");
   snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s%s", cfg->bm, cfg->bn, cfg->bk,
-           cfg->stages, cfg->wm, cfg->wn, cfg->raster,
-           cfg->wgmma == 1   ? "_wgmma"
-           : cfg->wgmma == 2 ? "_wgmma_i1"
-           : cfg->wgmma == 3 ? "_wgmma_ws"
-           : cfg->wgmma == 4 ? "_wgmma_tma"
-           : cfg->wgmma == 5 ? "_wgmma_tmap"
-           : cfg->wgmma == 6 ? "_wgmma_pp"
-                             : "",
-           tiles);
+           cfg->stages, cfg->wm, cfg->wn, cfg->raster, ml->suffix, tiles);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
                    gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
@@ -1046,10 +1066,10 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   if (cfg->cluster == 2) fm_strbuf_append(&sb, "#define FM_CLUSTER 2\n");
   if (gp->op2 >= 0) fm_strbuf_append(&sb, "#define FM_SIB 1\n");   /* two products (fm_codegen_gemm.h) */
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
-  if (cfg->wgmma) {
+  if (ml->wgmma) {
     fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n"
                      "#define FM_WG_PINGPONG %d\n",
-                     cfg->wgmma == 1 ? 0u : 1u, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma == 6);
+                     ml->inflight, ml->specialized, ml->tma, ml->pingpong);
     fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
     fm_strbuf_append(&sb, fm_cg_wgmma_body);
   } else {
@@ -1057,11 +1077,9 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     fm_strbuf_append(&sb, fm_cg_gemm_body);
   }
   fm_strbuf_append(&sb, fm_cg_gemm_tail);
-  if (cfg->wgmma >= 5) fm_strbuf_append(&sb, fm_cg_wgmma_persistent);
+  if (ml->persistent) fm_strbuf_append(&sb, fm_cg_wgmma_persistent);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
-  emit_kernel(&sb, canon, gp, entry, cfg->wgmma >= 3, cfg->wgmma >= 4, cfg->wgmma >= 5, cfg->wgmma == 6,
-              cfg->cluster,
-              min_blocks(cfg, smem), rt);
+  emit_kernel(&sb, canon, gp, entry, ml, cfg->cluster, min_blocks(cfg, smem), rt);
   if ((rc = fm_strbuf_error(&sb))) {
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
@@ -1070,7 +1088,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                         block_threads(cfg),
                         smem, cfg->bm * rt,              /* a block's rows: rt tiles */
                         gp->op2 >= 0 ? cfg->bn / 2 : cfg->bn);   /* siblings: half are B2's */
-  if (cfg->wgmma >= 4) tma_meta(meta, gp, cfg);
+  if (ml->tma) tma_meta(meta, gp, cfg);
   if (gp->batched) {
     /* grid (column tiles, row tiles of one product, products): M is static, the batch the
        launch's outer when symbolic */
@@ -1083,7 +1101,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     meta->items_per_block = 2u * cfg->bm;
     meta->max_blocks *= 2u;
   }
-  if (cfg->wgmma >= 5) {
+  if (ml->persistent) {
     /* blocks stride over ceil(M / rows) x column tiles (a cluster: pairs of row tiles, two
        blocks each); at most the blocks the device holds, an even number for clusters */
     uint32_t sms = sm_count ? sm_count : DEFAULT_SMS;

@@ -56,6 +56,44 @@ int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, f
  * d = A B; ty "bf16" or "f16". */
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
 
+/* The gemm template's mainloops, by fm_gemm_config.wgmma (the number is the candidate's wire
+ * form, p[7] bits 0..7: never renumber). Code asks a mainloop for the property it needs
+ * (fm_cg_gemm_mainloop(c->wgmma)->tma), never compares mode numbers. */
+typedef enum fm_gemm_mode {
+  FM_GEMM_MMA_SYNC = 0,          /* sm_80+: ldmatrix + mma.sync, cp.async stages */
+  FM_GEMM_WGMMA = 1,             /* sm_90a: cp.async stages, wgmma, no batch in flight */
+  FM_GEMM_WGMMA_INFLIGHT = 2,    /* the same with one wgmma batch in flight */
+  FM_GEMM_WGMMA_WS = 3,          /* + a loader warpgroup (warp-specialised, mbarriers) */
+  FM_GEMM_WGMMA_TMA = 4,         /* a loader warp issues TMA boxes (two tensor maps) */
+  FM_GEMM_WGMMA_PERSISTENT = 5,  /* the same, persistent: blocks stride over the tiles */
+  FM_GEMM_WGMMA_PINGPONG = 6,    /* persistent, two consumer warpgroups taking tiles in turn */
+  FM_GEMM_MODES
+} fm_gemm_mode;
+
+typedef struct fm_gemm_mainloop {
+  const char *describe;     /* fm_candidate_describe's words after the tile (" wgmma tma") */
+  const char *suffix;       /* the kernel entry's suffix ("_wgmma_tma") */
+  uint8_t wgmma;            /* warpgroup MMA (fm_cg_wgmma_body, sm_90a, 227 KiB of shared
+                               memory); else the mma.sync mainloop (fm_cg_gemm_body, sm_80+) */
+  uint8_t inflight;         /* wgmma batches left in flight while the next stage issues */
+  uint8_t min_stages;       /* the fewest stages it runs with */
+  uint8_t specialized;      /* loaders apart from the MMA warps, each stage with two mbarriers */
+  uint32_t loader_threads;  /* those loaders: a warpgroup (cp.async) or one warp (TMA) */
+  uint8_t tma;              /* loads through the launch's tensor maps (metadata "tmaps"); a
+                               map addresses one matrix, so no batch (bmm) */
+  uint8_t persistent;       /* at most the blocks the device holds, each striding over the
+                               tiles (fm_cg_wgmma_persistent, grid rule "persistent"); the
+                               slabs sit beside the stages so the next tile loads meanwhile */
+  uint8_t pingpong;         /* two consumer warpgroups, each owning whole tiles in turn */
+  uint8_t consumers;        /* consumer warpgroup sets (2 for ping-pong): slabs and threads */
+  uint8_t row_tiles;        /* takes rtiles > 1 (several row tiles a block) */
+  uint8_t cluster_pair;     /* takes cluster 2 (blocks in pairs sharing B by multicast) */
+  uint8_t siblings;         /* takes sibling products (two B's: through pointers or maps) */
+} fm_gemm_mainloop;
+
+/* The mainloop of mode (fm_gemm_config.wgmma); NULL past the table. */
+const fm_gemm_mainloop *fm_cg_gemm_mainloop(uint32_t mode);
+
 /* What the generators need to know about a GEMM fragment. */
 typedef struct fm_cg_gemm_plan {
   fm_cg_plan base;        /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
