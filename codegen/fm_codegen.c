@@ -18,100 +18,66 @@ const char *fm_template_name(fm_template t) {
   return "none";
 }
 
+/* ---- each template's config <-> the candidate's wire form -------------------------------
+ * fm_candidate.p[] is stored in the cache beside each timing and sent to fusectl (the
+ * tuner's "params"), so these orders never change; nothing outside this pair of functions
+ * per template reads p[] by index. Unused parameters are 0. */
+
 static fm_candidate from_pw(fm_pw_config c) {
-  fm_candidate k;
-  memset(&k, 0, sizeof k);
-  k.tmpl = FM_TMPL_POINTWISE;
-  k.p[0] = c.block;
-  k.p[1] = c.vec;
-  k.p[2] = c.unroll;
-  k.p[3] = c.blocks_per_sm;
-  return k;
+  return (fm_candidate){.tmpl = FM_TMPL_POINTWISE, .p = {c.block, c.vec, c.unroll, c.blocks_per_sm}};
 }
 
 static fm_pw_config to_pw(const fm_candidate *k) {
-  fm_pw_config c = {k->p[0], k->p[1], k->p[2], k->p[3]};
-  return c;
+  return (fm_pw_config){.block = k->p[0], .vec = k->p[1], .unroll = k->p[2], .blocks_per_sm = k->p[3]};
 }
 
 static fm_candidate from_rows(fm_rows_config c) {
-  fm_candidate k;
-  memset(&k, 0, sizeof k);
-  k.tmpl = FM_TMPL_ROWS;
-  k.p[0] = c.variant;
-  k.p[1] = c.block;
-  k.p[2] = c.vec;
-  return k;
+  return (fm_candidate){.tmpl = FM_TMPL_ROWS, .p = {c.variant, c.block, c.vec}};
 }
 
 static fm_rows_config to_rows(const fm_candidate *k) {
-  fm_rows_config c = {k->p[0], k->p[1], k->p[2]};
-  return c;
+  return (fm_rows_config){.variant = k->p[0], .block = k->p[1], .vec = k->p[2]};
 }
 
+/* The gemm candidate's last word packs three fields (the cache holds it so): the mainloop
+ * mode in bits 0..7, the row tiles a block in bits 8..15 (0: one) and the cluster from bit
+ * 16 (0: none). Written by from_gemm and read by to_gemm only. */
+enum { GEMM_MODE_MASK = 0xffu, GEMM_RTILES_SHIFT = 8, GEMM_RTILES_MASK = 0xffu, GEMM_CLUSTER_SHIFT = 16 };
+
 static fm_candidate from_gemm(fm_gemm_config c) {
-  fm_candidate k;
-  memset(&k, 0, sizeof k);
-  k.tmpl = FM_TMPL_GEMM;
-  k.p[0] = c.bm;
-  k.p[1] = c.bn;
-  k.p[2] = c.bk;
-  k.p[3] = c.stages;
-  k.p[4] = c.wm;
-  k.p[5] = c.wn;
-  k.p[6] = c.raster;
-  k.p[7] = c.wgmma | (c.rtiles > 1 ? c.rtiles << 8 : 0u) | (c.cluster > 1 ? c.cluster << 16 : 0u);
-  return k;
+  uint32_t extras = c.wgmma | (c.rtiles > 1 ? c.rtiles << GEMM_RTILES_SHIFT : 0u) |
+                    (c.cluster > 1 ? c.cluster << GEMM_CLUSTER_SHIFT : 0u);
+  return (fm_candidate){.tmpl = FM_TMPL_GEMM, .p = {c.bm, c.bn, c.bk, c.stages, c.wm, c.wn, c.raster, extras}};
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
-  fm_gemm_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4], k->p[5], k->p[6], k->p[7] & 0xffu,
-                      (k->p[7] >> 8) & 0xffu, k->p[7] >> 16};
-  return c;
+  return (fm_gemm_config){.bm = k->p[0], .bn = k->p[1], .bk = k->p[2], .stages = k->p[3], .wm = k->p[4],
+                          .wn = k->p[5], .raster = k->p[6], .wgmma = k->p[7] & GEMM_MODE_MASK,
+                          .rtiles = (k->p[7] >> GEMM_RTILES_SHIFT) & GEMM_RTILES_MASK,
+                          .cluster = k->p[7] >> GEMM_CLUSTER_SHIFT};
 }
 
 static fm_candidate from_skinny(fm_skinny_config c) {
-  fm_candidate k;
-  memset(&k, 0, sizeof k);
-  k.tmpl = FM_TMPL_SKINNY;
-  k.p[0] = c.cols;
-  k.p[1] = c.warps;
-  k.p[2] = c.unroll;
-  k.p[3] = c.pipe;
-  k.p[4] = c.split > 1 ? c.split : 0;
-  return k;
+  return (fm_candidate){.tmpl = FM_TMPL_SKINNY, .p = {c.cols, c.warps, c.unroll, c.pipe, c.split > 1 ? c.split : 0}};
 }
 
 static fm_skinny_config to_skinny(const fm_candidate *k) {
-  fm_skinny_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4]};
-  return c;
+  return (fm_skinny_config){.cols = k->p[0], .warps = k->p[1], .unroll = k->p[2], .pipe = k->p[3], .split = k->p[4]};
 }
 
 static fm_candidate from_cols(fm_cols_config c) {
-  fm_candidate k;
-  memset(&k, 0, sizeof k);
-  k.tmpl = FM_TMPL_COLS;
-  k.p[0] = c.width;
-  k.p[1] = c.cluster;
-  k.p[2] = c.vec;
-  k.p[3] = c.unroll;
-  k.p[4] = c.block;
-  return k;
+  return (fm_candidate){.tmpl = FM_TMPL_COLS, .p = {c.width, c.cluster, c.vec, c.unroll, c.block}};
 }
 
 static fm_cols_config to_cols(const fm_candidate *k) {
-  fm_cols_config c = {k->p[0], k->p[1], k->p[2], k->p[3], k->p[4]};
-  return c;
+  return (fm_cols_config){.width = k->p[0], .cluster = k->p[1], .vec = k->p[2], .unroll = k->p[3], .block = k->p[4]};
 }
 
 static fm_candidate from_b2b(fm_b2b_config c) {
-  fm_candidate k;
-  memset(&k, 0, sizeof k);
-  k.tmpl = FM_TMPL_B2B;
-  k.p[0] = c.bm;
-  k.p[1] = c.form;
-  return k;
+  return (fm_candidate){.tmpl = FM_TMPL_B2B, .p = {c.bm, c.form}};
 }
+
+static fm_b2b_config to_b2b(const fm_candidate *k) { return (fm_b2b_config){.bm = k->p[0], .form = k->p[1]}; }
 
 /* Which template serves a fragment: a chain of two products the b2b one, any other with a
  * matrix product is a GEMM fragment, one reducing over dim 0 a column fragment, one with
@@ -256,7 +222,7 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
     }
     case FM_TMPL_CUBLASLT: return fm_codegen_blas(canon, c->p[0], sm_count, src, meta, d);
     case FM_TMPL_B2B: {
-      fm_b2b_config bc = {c->p[0], c->p[1]};
+      fm_b2b_config bc = to_b2b(c);
       return fm_codegen_b2b(canon, &bc, sm_count, src, meta, d);
     }
     default: break;
@@ -265,9 +231,12 @@ int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_
 }
 
 int fm_candidate_runs_on(const fm_candidate *c, const char *arch) {
-  if (c && ((c->tmpl == FM_TMPL_GEMM && c->p[7]) || c->tmpl == FM_TMPL_B2B)) return arch && strcmp(arch, "sm_90a") == 0;
+  /* the wgmma mainloops, and row tiles or clusters (which only they take), need sm_90a */
+  fm_gemm_config gc = c && c->tmpl == FM_TMPL_GEMM ? to_gemm(c) : (fm_gemm_config){0};
+  if (c && ((c->tmpl == FM_TMPL_GEMM && (gc.wgmma || gc.rtiles || gc.cluster)) || c->tmpl == FM_TMPL_B2B))
+    return arch && strcmp(arch, "sm_90a") == 0;
   /* thread block clusters: sm_90 and later */
-  if (c && ((c->tmpl == FM_TMPL_COLS && c->p[1] > 1) || (c->tmpl == FM_TMPL_SKINNY && c->p[4] > 1))) {
+  if (c && ((c->tmpl == FM_TMPL_COLS && to_cols(c).cluster > 1) || (c->tmpl == FM_TMPL_SKINNY && to_skinny(c).split > 1))) {
     int sm = 0;
     return arch && sscanf(arch, "sm_%d", &sm) == 1 && sm >= 90;
   }
@@ -286,14 +255,13 @@ void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
       return;
     case FM_TMPL_GEMM:
     {
-      uint32_t rt = (c->p[7] >> 8) & 0xffu, cl = c->p[7] >> 16;
-      const fm_gemm_mainloop *ml = fm_cg_gemm_mainloop(c->p[7] & 0xffu);
+      fm_gemm_config g = to_gemm(c);
+      const fm_gemm_mainloop *ml = fm_cg_gemm_mainloop(g.wgmma);
       char tiles[40] = "";
-      if (rt > 1) snprintf(tiles, sizeof tiles, " tiles=%u", rt);
-      if (cl > 1) snprintf(tiles + strlen(tiles), sizeof tiles - strlen(tiles), " cluster=%u", cl);
-      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s%s", c->p[0], c->p[1], c->p[2],
-               c->p[3], c->p[4], c->p[5], c->p[6],
-               ml ? ml->describe : "", tiles);
+      if (g.rtiles > 1) snprintf(tiles, sizeof tiles, " tiles=%u", g.rtiles);
+      if (g.cluster > 1) snprintf(tiles + strlen(tiles), sizeof tiles - strlen(tiles), " cluster=%u", g.cluster);
+      snprintf(out, cap, "gemm %ux%ux%u stages=%u warps=%ux%u raster=%u%s%s", g.bm, g.bn, g.bk, g.stages, g.wm, g.wn,
+               g.raster, ml ? ml->describe : "", tiles);
       return;
     }
     case FM_TMPL_CUBLASLT:

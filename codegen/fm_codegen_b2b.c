@@ -523,7 +523,9 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
 static const fm_b2b_config configs[] = {
-    {128, FM_B2B_TMA}, {64, FM_B2B_TMA}, {128, FM_B2B_CPASYNC}, {64, FM_B2B_CPASYNC}, {128, FM_B2B_TMA_PAIR},
+    {.bm = 128, .form = FM_B2B_TMA},      {.bm = 64, .form = FM_B2B_TMA},
+    {.bm = 128, .form = FM_B2B_CPASYNC},  {.bm = 64, .form = FM_B2B_CPASYNC},
+    {.bm = 128, .form = FM_B2B_TMA_PAIR},
 };
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {

@@ -449,7 +449,11 @@ out:
  * bytes in flight. */
 static fm_cols_config config(const fm_cg_cols_plan *cp, uint32_t w, uint32_t s) {
   uint32_t v = cp && cp->vec_ok ? FM_COLS_VEC : 1u;
-  fm_cols_config c = {w ? w : 16u, s, v, cp && v * cp->col_bytes + cp->row_bytes > 32 ? 4u : 8u, DEFAULT_BLOCK};
+  fm_cols_config c = {.width = w ? w : 16u,
+                      .cluster = s,
+                      .vec = v,
+                      .unroll = cp && v * cp->col_bytes + cp->row_bytes > 32 ? 4u : 8u,
+                      .block = DEFAULT_BLOCK};
   return c;
 }
 

@@ -24,24 +24,27 @@
  * that counts; 128x128x64 with 3 stages and 8 warps of 64x32 was the fastest from 256 to
  * 8192 rows, the 16-row tiles at M <= 16. */
 static const fm_gemm_config configs[] = {
-    {128, 128, 64, 3, 2, 4, 8, 0, 0, 0},   /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
-    {64, 64, 64, 4, 2, 2, 0, 0, 0, 0},     /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
-    {16, 64, 128, 4, 1, 4, 0, 0, 0, 0},    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
-    {128, 128, 32, 3, 2, 4, 0, 0, 0, 0},   /* the first pass's default (60 KiB) */
-    {128, 256, 32, 3, 2, 4, 0, 0, 0, 0},   /* 8 warps of 64x64 (90 KiB) */
-    {128, 64, 32, 4, 2, 2, 0, 0, 0, 0},    /* 4 warps of 64x32 (60 KiB) */
-    {64, 128, 32, 4, 2, 2, 0, 0, 0, 0},    /* 4 warps of 32x64 (60 KiB) */
+    /* 8 warps of 64x32: the large-GEMM default (108 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 3, .wm = 2, .wn = 4, .raster = 8},
+    /* 4 warps of 32x32: more blocks for small grids (72 KiB) */
+    {.bm = 64, .bn = 64, .bk = 64, .stages = 4, .wm = 2, .wn = 2},
+    /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
+    {.bm = 16, .bn = 64, .bk = 128, .stages = 4, .wm = 1, .wn = 4},
+    {.bm = 128, .bn = 128, .bk = 32, .stages = 3, .wm = 2, .wn = 4},   /* the first pass's default (60 KiB) */
+    {.bm = 128, .bn = 256, .bk = 32, .stages = 3, .wm = 2, .wn = 4},   /* 8 warps of 64x64 (90 KiB) */
+    {.bm = 128, .bn = 64, .bk = 32, .stages = 4, .wm = 2, .wn = 2},   /* 4 warps of 64x32 (60 KiB) */
+    {.bm = 64, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 2},   /* 4 warps of 32x64 (60 KiB) */
     /* deeper pipelines and BK 64 for Hopper's latency, grouped rasterisation for L2 */
-    {128, 256, 32, 4, 2, 4, 8, 0, 0, 0},   /* (120 KiB) */
-    {128, 256, 64, 2, 2, 4, 8, 0, 0, 0},   /* (108 KiB) */
-    {256, 128, 32, 4, 4, 2, 8, 0, 0, 0},   /* 8 warps of 64x64 (120 KiB) */
-    {256, 128, 64, 2, 4, 2, 8, 0, 0, 0},   /* (108 KiB) */
-    {128, 128, 32, 4, 2, 4, 8, 0, 0, 0},   /* (80 KiB) */
-    {128, 128, 64, 4, 2, 2, 8, 0, 0, 0},   /* 4 warps of 64x64 (144 KiB) */
+    {.bm = 128, .bn = 256, .bk = 32, .stages = 4, .wm = 2, .wn = 4, .raster = 8},   /* (120 KiB) */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 2, .wm = 2, .wn = 4, .raster = 8},   /* (108 KiB) */
+    {.bm = 256, .bn = 128, .bk = 32, .stages = 4, .wm = 4, .wn = 2, .raster = 8},   /* 8 warps of 64x64 (120 KiB) */
+    {.bm = 256, .bn = 128, .bk = 64, .stages = 2, .wm = 4, .wn = 2, .raster = 8},   /* (108 KiB) */
+    {.bm = 128, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 4, .raster = 8},   /* (80 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 2, .raster = 8},   /* 4 warps of 64x64 (144 KiB) */
     /* skinny and small grids: more, smaller blocks keep every SM busy */
-    {64, 128, 64, 4, 2, 2, 0, 0, 0, 0},    /* (108 KiB) */
-    {128, 64, 64, 4, 2, 2, 0, 0, 0, 0},    /* (108 KiB) */
-    {32, 128, 64, 4, 1, 4, 0, 0, 0, 0},    /* 4 warps of 32x32: M <= 32 (90 KiB) */
+    {.bm = 64, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 2},   /* (108 KiB) */
+    {.bm = 128, .bn = 64, .bk = 64, .stages = 4, .wm = 2, .wn = 2},   /* (108 KiB) */
+    {.bm = 32, .bn = 128, .bk = 64, .stages = 4, .wm = 1, .wn = 4},   /* 4 warps of 32x32: M <= 32 (90 KiB) */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
@@ -54,38 +57,53 @@ static const fm_gemm_config configs[] = {
  * (bench/NOTES.md, "wgmma mainloop") stay for the tuner to compare and as a fallback should
  * a tensor map be refused. */
 static const fm_gemm_config wgmma_configs[] = {
-    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups. */
-    {128, 256, 64, 4, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
-    {128, 256, 64, 4, 8, 1, 16, 4, 0, 0},  /* taller raster groups: 3-5% at 16384 x 16384 and 4096 x 11008 */
+    /* TMA loads (one thread issues a box per operand and k-tile) + 2 consumer warpgroups
+       (193 KiB) */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_TMA},
+    /* taller raster groups: 3-5% at 16384 x 16384 and 4096 x 11008 */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 16, .wgmma = FM_GEMM_WGMMA_TMA},
     /* A cluster of two blocks sharing B (each loads half of B's box into both by multicast):
        0.6-0.7x of the same tile until its stage releases stopped fencing at cluster scope;
        since, at parity: 1.13x faster than it at 16384 x 16384 x 4096 in one run and 1% slower
        in another, even at 8192^3, 0.85-0.95x at 4096^3, the tuner's pick for 16384 x 256 x
        1024 + residual (bench/NOTES.md, "Cluster pairs, released"). It took the place of
-       128x192 with 5 stages, the fastest at no shape measured. */
-    {128, 256, 64, 4, 8, 1, 8, 4, 0, 2},   /* (193 KiB a block) */
-    {128, 128, 64, 6, 8, 1, 8, 4, 0, 0},   /* (193 KiB) */
-    {128, 128, 64, 3, 8, 1, 8, 4, 0, 0},   /* 97 KiB: two blocks per SM, one's epilogue under the other's loads */
+       128x192 with 5 stages, the fastest at no shape measured. (193 KiB a block) */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_TMA,
+     .cluster = 2},
+    /* (193 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_TMA},
+    /* 97 KiB: two blocks per SM, one's epilogue under the other's loads */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 3, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_TMA},
     /* The persistent form: one block per SM walks its tiles while the loader fills the next
        tile's stages during the epilogue; the slabs sit beside the stages, so fewer stages or
        narrower slabs (more epilogue passes) than above. */
     /* 4 stages + 32-column slabs (213 KiB), in place of 3 stages + 128-column slabs: the
        fastest at 8192^3 in the last run (1.00x of cuBLASLt's plain GEMM); at 16384 x 16384 x
-       4096 8% faster than mode 4 in one run, 2% slower in another */
-    {128, 256, 64, 4, 8, 1, 8, 5, 0, 0},
-    {128, 192, 64, 4, 8, 1, 8, 5, 0, 0},   /* 4 stages + 96-column slabs (213 KiB) */
-    {128, 128, 64, 5, 8, 1, 8, 5, 0, 0},   /* 5 stages + 64-column slabs (197 KiB) */
+       4096 8% faster than the TMA form in one run, 2% slower in another */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_PERSISTENT},
+    /* 4 stages + 96-column slabs (213 KiB) */
+    {.bm = 128, .bn = 192, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_PERSISTENT},
+    /* 5 stages + 64-column slabs (197 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 5, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_PERSISTENT},
     /* Ping-pong: two consumer warpgroups, each a whole tile, take turns, so one's epilogue
        runs under the other's multiplies. Measured on an H100 (bench/NOTES.md, "Persistent
        and ping-pong"): the fastest at M=16384, N=1024, K=256 (0.035 against 0.039-0.040 ms). */
-    {128, 128, 64, 4, 4, 1, 8, 6, 0, 0},   /* 4 stages + 128-column slabs (194 KiB) */
-    {128, 128, 64, 5, 4, 1, 8, 6, 0, 0},   /* 5 stages + 64-column slabs (197 KiB) */
-    {64, 256, 64, 4, 4, 1, 8, 6, 0, 0},    /* 4 stages + 64-column slabs (197 KiB) */
-    {128, 256, 64, 4, 8, 1, 8, 2, 0, 0},   /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
-    {128, 256, 64, 4, 8, 1, 8, 3, 0, 0},   /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
-    {128, 128, 64, 6, 8, 1, 8, 2, 0, 0},   /* deeper pipeline, 64 accumulators per thread (193 KiB) */
-    {128, 128, 64, 3, 8, 1, 8, 2, 0, 0},   /* 97 KiB: two blocks per SM overlap each other's waits */
-    {64, 128, 64, 4, 4, 1, 0, 2, 0, 0},    /* 1 warpgroup: more blocks for small grids (97 KiB) */
+    /* 4 stages + 128-column slabs (194 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 4, .wm = 4, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_PINGPONG},
+    /* 5 stages + 64-column slabs (197 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 5, .wm = 4, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_PINGPONG},
+    /* 4 stages + 64-column slabs (197 KiB) */
+    {.bm = 64, .bn = 256, .bk = 64, .stages = 4, .wm = 4, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_PINGPONG},
+    /* 2 warpgroups, 1 batch in flight: fastest from 2048 rows up (193 KiB) */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_INFLIGHT},
+    /* + a loader warpgroup: no block barrier per k-tile (193 KiB) */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_WS},
+    /* deeper pipeline, 64 accumulators per thread (193 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_INFLIGHT},
+    /* 97 KiB: two blocks per SM overlap each other's waits */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 3, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_INFLIGHT},
+    /* 1 warpgroup: more blocks for small grids (97 KiB) */
+    {.bm = 64, .bn = 128, .bk = 64, .stages = 4, .wm = 4, .wn = 1, .wgmma = FM_GEMM_WGMMA_INFLIGHT},
     /* Several row tiles per block (rtiles, the next tile loading during this one's
        epilogue) are supported but offered nowhere: every such config lost to these at
        every shape measured (bench/NOTES.md, "Short-K GEMMs: the epilogue made free"). */

@@ -57,15 +57,15 @@
  * ~10% at 1 and 32 rows; two kept so the path stays verified). Dropped after the runs:
  * 16 warps of 8 columns and four more ring shapes, slower than another everywhere. */
 static const fm_skinny_config configs[] = {
-    {8, 8, 4, 0, 0},
-    {16, 8, 1, 1, 0},
-    {8, 8, 2, 1, 0},
-    {8, 4, 4, 0, 0},
-    {16, 4, 2, 1, 0},
-    {32, 4, 1, 1, 0},
-    {24, 4, 2, 1, 0},
-    {16, 8, 1, 3, 0},   /* 48 KiB ring */
-    {8, 8, 1, 4, 0},    /* 32 KiB ring */
+    {.cols = 8, .warps = 8, .unroll = 4, .pipe = 0},
+    {.cols = 16, .warps = 8, .unroll = 1, .pipe = 1},
+    {.cols = 8, .warps = 8, .unroll = 2, .pipe = 1},
+    {.cols = 8, .warps = 4, .unroll = 4, .pipe = 0},
+    {.cols = 16, .warps = 4, .unroll = 2, .pipe = 1},
+    {.cols = 32, .warps = 4, .unroll = 1, .pipe = 1},
+    {.cols = 24, .warps = 4, .unroll = 2, .pipe = 1},
+    {.cols = 16, .warps = 8, .unroll = 1, .pipe = 3},   /* 48 KiB ring */
+    {.cols = 8, .warps = 8, .unroll = 1, .pipe = 4},    /* 32 KiB ring */
     /* The split form (2 or 4 blocks of a cluster along K) is supported but offered nowhere:
        correct (the decode suite with three split candidates, 428/428) and at best level with
        these (8 x 4096 x 11008: 0.0429-0.0435 ms against 0.0425-0.0438), slower at 8 x 11008
