@@ -19,7 +19,7 @@
  * thread's 4 values per 8 columns), so the epilogue's staging (fm_stage) is unchanged, with
  * FM_WM = BM / 16 warps along M and FM_WN = 1.
  *
- * FM_WG_TMA (always warp-specialised; modes 4 and 5, the persistent form below): the loader
+ * FM_WG_TMA (always warp-specialised; FM_GEMM_WGMMA_TMA and the persistent forms below): the loader
  * is one thread of a warp after the consumer warpgroups, issuing TMA boxes through two tensor maps the launch encodes (launch
  * metadata "tmaps", fm_meta.h); fm_mainloop then takes the maps' addresses in place of A
  * and B. One loader warp rather than a warpgroup leaves registers for two blocks per SM.
@@ -333,7 +333,7 @@ const char fm_cg_wgmma_body[] =
     "#endif\n"
     ;
 
-/* The persistent TMA forms (wgmma modes 5 and 6), appended after fm_cg_gemm_tail (they
+/* The persistent TMA forms (FM_GEMM_WGMMA_PERSISTENT and _PINGPONG), appended after fm_cg_gemm_tail (they
  * order tiles with fm_tile_of). */
 const char fm_cg_wgmma_persistent[] =
     "/* ---- persistent schedule: the grid holds at most the blocks the device runs at once and\n"
