@@ -80,37 +80,8 @@ static int build(int which) {
     tf_output(&raw, 7, FM_DT_BF16, 2, o, NULL, 16);
     raw.m_hint = 2048;
   }
-  if (which == FRAG_SCORES) {
-    int64_t q[3] = {-1, 128, 64}, k[3] = {-1, 64, 128}, kst[3] = {8192, 1, 64}, mask[2] = {128, 128},
-            o[3] = {-1, 128, 128};
-    tf_init(&raw);
-    tf_input(&raw, 1, FM_DT_BF16, 3, q, NULL, 16);
-    tf_input(&raw, 2, FM_DT_BF16, 3, k, kst, 16);
-    tf_input(&raw, 3, FM_DT_BF16, 2, mask, NULL, 16);
-    tf_op(&raw, FM_OP_BMM, 4, 2, 1, 2, 0);
-    tf_const(&raw, 5, 0.125);
-    tf_op(&raw, FM_OP_MUL, 6, 2, 4, 5, 0);
-    tf_op(&raw, FM_OP_ADD, 7, 2, 6, 3, 0);
-    tf_output(&raw, 7, FM_DT_BF16, 3, o, NULL, 16);
-    raw.m_hint = 48;
-  }
-  if (which == FRAG_MLP) {
-    int64_t x[2] = {-1, 256}, w1[2] = {256, 1024}, w1s[2] = {1, 256}, b1[1] = {1024};
-    int64_t w2[2] = {1024, 256}, w2s[2] = {1, 1024}, b2[1] = {256}, o[2] = {-1, 256};
-    tf_init(&raw);
-    tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
-    tf_input(&raw, 2, FM_DT_BF16, 2, w1, w1s, 16);
-    tf_input(&raw, 3, FM_DT_BF16, 1, b1, NULL, 16);
-    tf_input(&raw, 4, FM_DT_BF16, 2, w2, w2s, 16);
-    tf_input(&raw, 5, FM_DT_BF16, 1, b2, NULL, 16);
-    tf_input(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
-    tf_op(&raw, FM_OP_ADDMM, 7, 3, 3, 1, 2);
-    tf_op(&raw, FM_OP_GELU, 8, 1, 7, 0, 0);
-    tf_op(&raw, FM_OP_ADDMM, 9, 3, 5, 8, 4);
-    tf_op(&raw, FM_OP_ADD, 10, 2, 9, 6, 0);
-    tf_output(&raw, 10, FM_DT_BF16, 2, o, NULL, 16);
-    raw.m_hint = 16384;
-  }
+  if (which == FRAG_SCORES) return tf_attention_scores(&raw, &canon);
+  if (which == FRAG_MLP) return tf_mlp_chain(&raw, &canon, 256, 1024, 256);
   return tf_finish(&raw, &canon);
 }
 
