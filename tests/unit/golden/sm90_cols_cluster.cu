@@ -1,4 +1,4 @@
-/* fusemld codegen v29: cols kernel over [M, 1024], strips of 16 columns, cluster 2, vec 8, unroll 8, block 256 (2 x 128).
+/* fusemld codegen v<VERSION>: cols kernel over [M, 1024], strips of 16 columns, cluster 2, vec 8, unroll 8, block 256 (2 x 128).
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
@@ -154,7 +154,7 @@ __device__ __forceinline__ float fm_dsmem_load(const float *x, unsigned int rank
   return v;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(256) fm_cols_v29(
+extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(256) fm_cols_v<VERSION>(
     const unsigned short *__restrict__ in0,
     unsigned short *__restrict__ out0,
     long long outer) {
