@@ -14,7 +14,9 @@
  *                               form's epilogue kernel, which reuses the generated epilogue;
  *   fm_codegen_skinny.c         the skinny template (small M: weight streaming), which reuses
  *                               the plan, the epilogue and fm_mma();
- *   fm_codegen_b2b.c            back-to-back GEMMs, which reuse fm_cg_gemm_values.
+ *   fm_codegen_b2b.c            back-to-back GEMMs, which reuse fm_cg_gemm_values;
+ *   cuda/sm90.cuh               the sm_90 helpers (TMA, mbarriers, clusters) the wgmma
+ *                               mainloops, b2b, skinny's split form and cols share (fm_cg_sm90).
  * The epilogue's per-op expressions come from fm_codegen_ops.c (fm_cg_emit_op). */
 #ifndef FM_CODEGEN_GEMM_H
 #define FM_CODEGEN_GEMM_H

@@ -366,11 +366,6 @@ static const char body[] =
     "  (void)rank;\n"
     "  return *(const float4 *)(red + i);\n"
     "#endif\n"
-    "}\n"
-    "/* Every block of the cluster reaches it before any goes on: its partial sums are staged\n"
-    "   (first), or no other block still reads them (last). */\n"
-    "__device__ __forceinline__ void fm_cluster_sync() {\n"
-    "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
     "}\n";
 
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
@@ -454,6 +449,9 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
                    cfg->cols, cfg->warps, cfg->unroll, cfg->pipe, split, gp->m < 0 || gp->m > 8, gp->k,
                    gp->n, gp->lda, gp->ldb);
   fm_cg_gemm_emit_mma(&sb, ty);
+  /* the split form's blocks meet at fm_cluster_sync: when its partial sums are staged, and
+     when no other block still reads them */
+  if (split > 1) fm_strbuf_append(&sb, fm_cg_sm90);
   fm_strbuf_append(&sb, body);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
   emit_kernel(&sb, canon, gp, entry, split);

@@ -240,16 +240,44 @@ template <int N> __device__ __forceinline__ void fm_wg_wait() {
 __device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {
   return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+/* ---- sm_90 helpers (codegen/cuda/sm90.cuh): tensor-map loads, mbarriers, clusters ---- */
+/* A CUtensorMap, passed by value (__grid_constant__): the TMA unit reads it through its
+   generic address. */
 struct __align__(64) fm_tmap { unsigned long long opaque[16]; };
+/* One box (64 elements of K by the map's box rows) at (k, row) into shared memory at dst,
+   128-byte swizzled, zero-filled past the matrix; its bytes complete on mbarrier bar. */
 __device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {
   asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                " [%0], [%1, {%2, %3}], [%4];\n"
                :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar) : "memory");
 }
+/* The same box into dst of both blocks of a cluster pair, completing on each one's bar. */
+__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar), "h"((unsigned short)3)
+               : "memory");
+}
 __device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {
   asm volatile("{\n.reg .pred P;\nFM_WAIT:\n"
                "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
                "@!P bra FM_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+/* One arrival on mbarrier bar of the other block of a cluster pair (blockIdx.x & 1 is the
+   rank). CTA-scope release, as for a local arrival: what it announces is that wgmma reads of
+   a stage retired (wgmma.wait_group), not writes the peer must see, and a cluster-scope
+   release fences every prior access of the thread at cluster scope on each k-tile (it cost
+   the GEMM template's pairs 35%, bench/NOTES.md "Cluster pairs, released"). */
+__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"((blockIdx.x & 1) ^ 1));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+}
+/* Every thread of every block of the cluster: the writes before it (shared memory included)
+   are seen by the reads after it in any block, and no block goes on (or leaves) while another
+   may still use it. */
+__device__ __forceinline__ void fm_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 __device__ __forceinline__ void fm_mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
@@ -260,29 +288,10 @@ __device__ __forceinline__ void fm_mbar_expect(unsigned bar, unsigned bytes) {
 __device__ __forceinline__ void fm_mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 }
-#if FM_CLUSTER == 2
 /* A pair of blocks (a cluster of 2: blockIdx.x is the rank) shares the weights: each loads
-   half of every chunk into both (multicast), so L2 serves each chunk once per pair; a buffer
-   is refilled once the consumers of both released it (empty counts both blocks' warpgroups). */
-__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-               " [%0], [%1, {%2, %3}], [%4], %5;\n"
-               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar), "h"((unsigned short)3)
-               : "memory");
-}
-/* One arrival on mbarrier bar of the other block of the pair, a CTA-scope release like a
-   local one: it announces retired wgmma reads, nothing the peer must see (a cluster-scope
-   release here cost the GEMM template's pairs 35%, bench/NOTES.md "Cluster pairs, released"). */
-__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(blockIdx.x ^ 1));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
-}
-/* Every thread of both blocks: neither goes on (or leaves) while the other may still use it. */
-__device__ __forceinline__ void fm_pair_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-#endif
+   half of every chunk into both (fm_tma_load_both), so L2 serves each chunk once per pair; a
+   buffer is refilled once the consumers of both released it (empty counts both blocks'
+   warpgroups). */
 /* one consumer warpgroup done with a buffer: an arrival on its empty barrier, in both
    blocks of a pair (each block's loader refills its own copy) */
 __device__ __forceinline__ void fm_release(unsigned bar) {
@@ -519,7 +528,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(FM_THREAD
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
 #if FM_CLUSTER == 2
-  fm_pair_sync();   /* neither block fills or signals the other before both initialised */
+  fm_cluster_sync();   /* neither block fills or signals the other before both initialised */
 #else
   __syncthreads();
 #endif
@@ -530,7 +539,7 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(FM_THREAD
     if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, w1s, w2s, bars, (int)m0);
 #if FM_CLUSTER == 2
     __syncwarp();
-    fm_pair_sync();
+    fm_cluster_sync();
 #endif
     return;
   }
@@ -567,5 +576,5 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(FM_THREAD
     }
   }
   fm_stage2_staged(acc2, M, m0, wg, wr, lane, (const void *)in5 == (const void *)in0 ? xs : 0u FM_STAGE2_ARGS);
-  fm_pair_sync();   /* the partner may still arrive on our barriers */
+  fm_cluster_sync();   /* the partner may still arrive on our barriers */
 }

@@ -199,6 +199,45 @@ __device__ __forceinline__ void fm_wgmma(float (&d)[16][4], unsigned long long d
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
       : "l"(da), "l"(db), "r"(add));
 }
+/* ---- sm_90 helpers (codegen/cuda/sm90.cuh): tensor-map loads, mbarriers, clusters ---- */
+/* A CUtensorMap, passed by value (__grid_constant__): the TMA unit reads it through its
+   generic address. */
+struct __align__(64) fm_tmap { unsigned long long opaque[16]; };
+/* One box (64 elements of K by the map's box rows) at (k, row) into shared memory at dst,
+   128-byte swizzled, zero-filled past the matrix; its bytes complete on mbarrier bar. */
+__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar) : "memory");
+}
+/* The same box into dst of both blocks of a cluster pair, completing on each one's bar. */
+__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar), "h"((unsigned short)3)
+               : "memory");
+}
+__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred P;\nFM_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+               "@!P bra FM_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+/* One arrival on mbarrier bar of the other block of a cluster pair (blockIdx.x & 1 is the
+   rank). CTA-scope release, as for a local arrival: what it announces is that wgmma reads of
+   a stage retired (wgmma.wait_group), not writes the peer must see, and a cluster-scope
+   release fences every prior access of the thread at cluster scope on each k-tile (it cost
+   the GEMM template's pairs 35%, bench/NOTES.md "Cluster pairs, released"). */
+__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"((blockIdx.x & 1) ^ 1));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+}
+/* Every thread of every block of the cluster: the writes before it (shared memory included)
+   are seen by the reads after it in any block, and no block goes on (or leaves) while another
+   may still use it. */
+__device__ __forceinline__ void fm_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 /* ---- gemm mainloop (sm_90a: cp.async into 128-byte-swizzled tiles, wgmma) ---- */
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "the wgmma mainloop needs sm_90a"
@@ -263,42 +302,11 @@ __device__ __forceinline__ void fm_load_tile(unsigned sa, const unsigned short *
     fm_cp16(sb + r * 128 + ((kc ^ (r & 7)) << 4), ok ? B + (long long)gn * FM_LDB + gk : B, ok ? 16 : 0);
   }
 }
-__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {
-  asm volatile("{\n.reg .pred P;\nFM_WAIT:\n"
-               "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
-               "@!P bra FM_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
-}
+/* fm_mbar_wait, and for the TMA forms fm_tmap, fm_tma_load(_both), fm_arrive_peer and
+   fm_cluster_sync: the sm_90 helpers above */
 #if FM_WG_TMA
 #ifndef FM_CLUSTER
 #define FM_CLUSTER 1
-#endif
-/* A CUtensorMap, passed by value (__grid_constant__): the TMA unit reads it through its
-   generic address. */
-struct __align__(64) fm_tmap { unsigned long long opaque[16]; };
-/* One box (64 elements of K by the map's box rows) at (k, row) into shared memory at dst,
-   128-byte swizzled, zero-filled past the matrix; its bytes complete on mbarrier bar. */
-__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];\n"
-               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar) : "memory");
-}
-#if FM_CLUSTER == 2
-/* The same box into dst of both blocks of the cluster, completing on each one's bar. */
-__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-               " [%0], [%1, {%2, %3}], [%4], %5;\n"
-               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar), "h"((unsigned short)3)
-               : "memory");
-}
-/* One arrival on mbarrier bar of the other block of the cluster. CTA-scope release, as
-   for a local arrival: what it announces is that this warpgroup's wgmma reads of a stage
-   retired (wgmma.wait_group), not writes the peer must see, and a cluster-scope release
-   fences every prior access of the thread at cluster scope on each k-tile. */
-__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"((blockIdx.x & 1) ^ 1));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
-}
 #endif
 /* The stages (1024-byte aligned for the swizzle) and their two mbarriers each, after them. */
 __device__ __forceinline__ void fm_pipe_bars(unsigned &base, unsigned &full, unsigned &empty) {
@@ -333,7 +341,7 @@ __device__ __forceinline__ void fm_pipe_init() {
    arrive on its barriers (every thread of both takes part). */
 __device__ __forceinline__ void fm_pipe_done() {
 #if FM_CLUSTER == 2
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+  fm_cluster_sync();
 #endif
 }
 /* Every thread of a consumer warpgroup calls this once its wgmma batch that read a stage

@@ -365,11 +365,6 @@ __device__ __forceinline__ float4 fm_red4(const float *red, int rank, int i) {
   return *(const float4 *)(red + i);
 #endif
 }
-/* Every block of the cluster reaches it before any goes on: its partial sums are staged
-   (first), or no other block still reads them (last). */
-__device__ __forceinline__ void fm_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
 /* One 16-byte store of four words. Through a uint4 cast, the compiler split some of
    these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32
    bytes used per stored sector). */

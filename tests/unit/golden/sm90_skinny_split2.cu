@@ -148,6 +148,45 @@ __device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/* ---- sm_90 helpers (codegen/cuda/sm90.cuh): tensor-map loads, mbarriers, clusters ---- */
+/* A CUtensorMap, passed by value (__grid_constant__): the TMA unit reads it through its
+   generic address. */
+struct __align__(64) fm_tmap { unsigned long long opaque[16]; };
+/* One box (64 elements of K by the map's box rows) at (k, row) into shared memory at dst,
+   128-byte swizzled, zero-filled past the matrix; its bytes complete on mbarrier bar. */
+__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar) : "memory");
+}
+/* The same box into dst of both blocks of a cluster pair, completing on each one's bar. */
+__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar), "h"((unsigned short)3)
+               : "memory");
+}
+__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred P;\nFM_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+               "@!P bra FM_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+/* One arrival on mbarrier bar of the other block of a cluster pair (blockIdx.x & 1 is the
+   rank). CTA-scope release, as for a local arrival: what it announces is that wgmma reads of
+   a stage retired (wgmma.wait_group), not writes the peer must see, and a cluster-scope
+   release fences every prior access of the thread at cluster scope on each k-tile (it cost
+   the GEMM template's pairs 35%, bench/NOTES.md "Cluster pairs, released"). */
+__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"((blockIdx.x & 1) ^ 1));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+}
+/* Every thread of every block of the cluster: the writes before it (shared memory included)
+   are seen by the reads after it in any block, and no block goes on (or leaves) while another
+   may still use it. */
+__device__ __forceinline__ void fm_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
 /* ---- skinny mainloop (sm_80+: W streamed into registers or a warp-private cp.async ring, mma.sync) ---- */
 #define FM_THREADS (FM_WARPS * 32)
 #define FM_NT (FM_BN / 8)
@@ -364,11 +403,6 @@ __device__ __forceinline__ float4 fm_red4(const float *red, int rank, int i) {
   (void)rank;
   return *(const float4 *)(red + i);
 #endif
-}
-/* Every block of the cluster reaches it before any goes on: its partial sums are staged
-   (first), or no other block still reads them (last). */
-__device__ __forceinline__ void fm_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 /* One 16-byte store of four words. Through a uint4 cast, the compiler split some of
    these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32
