@@ -243,18 +243,9 @@ static const char b2b_body[] =
  * with whole chunks the two buffers that fit beside A's rows left the loads no lead at all
  * (bench/NOTES.md, "The b2b rings"). The consumer warpgroups never meet at a barrier, so
  * one's stage 1 runs on the ALUs while the other's products run on the tensor cores. */
+/* After fm_cg_sm90 (fm_tmap, fm_tma_load(_both), fm_mbar_wait, fm_arrive_peer,
+ * fm_cluster_sync). */
 static const char b2b_tma[] =
-    "struct __align__(64) fm_tmap { unsigned long long opaque[16]; };\n"
-    "__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
-    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes\"\n"
-    "               \" [%0], [%1, {%2, %3}], [%4];\\n\"\n"
-    "               :: \"r\"(dst), \"l\"((unsigned long long)map), \"r\"(k), \"r\"(row), \"r\"(bar) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {\n"
-    "  asm volatile(\"{\\n.reg .pred P;\\nFM_WAIT:\\n\"\n"
-    "               \"mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\\n\"\n"
-    "               \"@!P bra FM_WAIT;\\n}\\n\" :: \"r\"(bar), \"r\"(parity) : \"memory\");\n"
-    "}\n"
     "__device__ __forceinline__ void fm_mbar_init(unsigned bar, unsigned count) {\n"
     "  asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\\n\" :: \"r\"(bar), \"r\"(count) : \"memory\");\n"
     "}\n"
@@ -264,29 +255,10 @@ static const char b2b_tma[] =
     "__device__ __forceinline__ void fm_mbar_arrive(unsigned bar) {\n"
     "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(bar) : \"memory\");\n"
     "}\n"
-    "#if FM_CLUSTER == 2\n"
     "/* A pair of blocks (a cluster of 2: blockIdx.x is the rank) shares the weights: each loads\n"
-    "   half of every chunk into both (multicast), so L2 serves each chunk once per pair; a buffer\n"
-    "   is refilled once the consumers of both released it (empty counts both blocks' warpgroups). */\n"
-    "__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
-    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster\"\n"
-    "               \" [%0], [%1, {%2, %3}], [%4], %5;\\n\"\n"
-    "               :: \"r\"(dst), \"l\"((unsigned long long)map), \"r\"(k), \"r\"(row), \"r\"(bar), \"h\"((unsigned short)3)\n"
-    "               : \"memory\");\n"
-    "}\n"
-    "/* One arrival on mbarrier bar of the other block of the pair, a CTA-scope release like a\n"
-    "   local one: it announces retired wgmma reads, nothing the peer must see (a cluster-scope\n"
-    "   release here cost the GEMM template's pairs 35%, bench/NOTES.md \"Cluster pairs, released\"). */\n"
-    "__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {\n"
-    "  unsigned remote;\n"
-    "  asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\\n\" : \"=r\"(remote) : \"r\"(bar), \"r\"(blockIdx.x ^ 1));\n"
-    "  asm volatile(\"mbarrier.arrive.shared::cluster.b64 _, [%0];\\n\" :: \"r\"(remote) : \"memory\");\n"
-    "}\n"
-    "/* Every thread of both blocks: neither goes on (or leaves) while the other may still use it. */\n"
-    "__device__ __forceinline__ void fm_pair_sync() {\n"
-    "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
-    "}\n"
-    "#endif\n"
+    "   half of every chunk into both (fm_tma_load_both), so L2 serves each chunk once per pair; a\n"
+    "   buffer is refilled once the consumers of both released it (empty counts both blocks'\n"
+    "   warpgroups). */\n"
     "/* one consumer warpgroup done with a buffer: an arrival on its empty barrier, in both\n"
     "   blocks of a pair (each block's loader refills its own copy) */\n"
     "__device__ __forceinline__ void fm_release(unsigned bar) {\n"
@@ -523,7 +495,9 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
 static const fm_b2b_config configs[] = {
-    {128, FM_B2B_TMA}, {64, FM_B2B_TMA}, {128, FM_B2B_CPASYNC}, {64, FM_B2B_CPASYNC}, {128, FM_B2B_TMA_PAIR},
+    {.bm = 128, .form = FM_B2B_TMA},      {.bm = 64, .form = FM_B2B_TMA},
+    {.bm = 128, .form = FM_B2B_CPASYNC},  {.bm = 64, .form = FM_B2B_CPASYNC},
+    {.bm = 128, .form = FM_B2B_TMA_PAIR},
 };
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
@@ -862,7 +836,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
                      "  }\n"
                      "#if FM_CLUSTER == 2\n"
-                     "  fm_pair_sync();   /* neither block fills or signals the other before both initialised */\n"
+                     "  fm_cluster_sync();   /* neither block fills or signals the other before both initialised */\n"
                      "#else\n"
                      "  __syncthreads();\n"
                      "#endif\n"
@@ -873,7 +847,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, w1s, w2s, bars, (int)m0);\n"
                      "#if FM_CLUSTER == 2\n"
                      "    __syncwarp();\n"
-                     "    fm_pair_sync();\n"
+                     "    fm_cluster_sync();\n"
                      "#endif\n"
                      "    return;\n"
                      "  }\n"
@@ -925,7 +899,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      bp->x_twin, bp->ia);
   else
     fm_strbuf_append(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane FM_STAGE2_ARGS);\n");
-  if (cfg->form == FM_B2B_TMA_PAIR) fm_strbuf_append(sb, "  fm_pair_sync();   /* the partner may still arrive on our barriers */\n");
+  if (cfg->form == FM_B2B_TMA_PAIR) fm_strbuf_append(sb, "  fm_cluster_sync();   /* the partner may still arrive on our barriers */\n");
   fm_strbuf_append(sb, "}\n");
 }
 
@@ -973,7 +947,10 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
-  if (cfg->form != FM_B2B_CPASYNC) fm_strbuf_append(&sb, b2b_tma);
+  if (cfg->form != FM_B2B_CPASYNC) {
+    fm_strbuf_append(&sb, fm_cg_sm90);
+    fm_strbuf_append(&sb, b2b_tma);
+  }
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
   fm_strbuf_append(&sb, b2b_products);

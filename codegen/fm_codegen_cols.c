@@ -91,18 +91,16 @@ static void column_ref(char *out, size_t cap, const fm_cg_plan *p, uint32_t k, c
   else snprintf(out, cap, "in%u[(%s) * %lldLL]", k, col, (long long)s1);
 }
 
+/* The cluster's helpers: fm_cg_sm90 (fm_cluster_sync), then the rank and distributed shared
+ * memory loads. */
 static void emit_cluster_helpers(fm_strbuf *sb) {
+  fm_strbuf_append(sb, fm_cg_sm90);
   fm_strbuf_append(sb,
-                   "/* ---- the cluster: rank, barrier, distributed shared memory ---- */\n"
+                   "/* ---- the cluster: rank, distributed shared memory ---- */\n"
                    "__device__ __forceinline__ unsigned int fm_cluster_rank() {\n"
                    "  unsigned int r;\n"
                    "  asm volatile(\"mov.u32 %0, %%cluster_ctarank;\" : \"=r\"(r));\n"
                    "  return r;\n"
-                   "}\n"
-                   "/* Every thread of every block of the cluster: the writes before it (shared memory\n"
-                   " * included) are seen by the reads after it in any block. */\n"
-                   "__device__ __forceinline__ void fm_cluster_sync() {\n"
-                   "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
                    "}\n"
                    "/* *x as it is in the shared memory of the cluster's block `rank`. */\n"
                    "__device__ __forceinline__ float fm_dsmem_load(const float *x, unsigned int rank) {\n"
@@ -449,7 +447,11 @@ out:
  * bytes in flight. */
 static fm_cols_config config(const fm_cg_cols_plan *cp, uint32_t w, uint32_t s) {
   uint32_t v = cp && cp->vec_ok ? FM_COLS_VEC : 1u;
-  fm_cols_config c = {w ? w : 16u, s, v, cp && v * cp->col_bytes + cp->row_bytes > 32 ? 4u : 8u, DEFAULT_BLOCK};
+  fm_cols_config c = {.width = w ? w : 16u,
+                      .cluster = s,
+                      .vec = v,
+                      .unroll = cp && v * cp->col_bytes + cp->row_bytes > 32 ? 4u : 8u,
+                      .block = DEFAULT_BLOCK};
   return c;
 }
 

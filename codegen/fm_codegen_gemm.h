@@ -1,14 +1,22 @@
-/* fm_codegen_gemm.h: INTERNAL to codegen/ (the API is fm_codegen.h): the two GEMM templates'
+/* fm_codegen_gemm.h: INTERNAL to codegen/ (the API is fm_codegen.h): the GEMM templates'
  * shared parts. Files:
- *   fm_codegen_gemm_body.c  the gemm template's fixed sm_80+ mainloop (CUDA text, configured
- *                           by macros);
- *   fm_codegen_gemm.c       the plan (layouts, leading dims), the generated epilogue, and the
- *                           gemm template's kernel around the mainloop, configs, candidates
- *                           and metadata;
- *   fm_codegen_blas.c       cuBLASLt plans (the library as a candidate) and the split form's
- *                           epilogue kernel, which reuses the generated epilogue;
- *   fm_codegen_skinny.c     the skinny template (small M: weight streaming), which reuses the
- *                           plan, the epilogue and fm_mma() from fm_codegen_gemm.c.
+ *   fm_codegen_gemm_plan.c      a GEMM fragment -> its plan (layouts, leading dims, batch
+ *                               strides, the epilogue's tensors);
+ *   fm_codegen_gemm_config.c    the gemm template's tuning space: the mainloop table, the
+ *                               configs offered, their checks, shared memory and threads;
+ *   fm_codegen_gemm_epilogue.c  the generated epilogue (fm_epilogue) and the tile epilogues
+ *                               around it;
+ *   fm_codegen_gemm.c           the gemm template's kernel around the mainloop and its
+ *                               launch metadata;
+ *   fm_codegen_gemm_body.c      the fixed sm_80+ mainloop (CUDA text, configured by macros);
+ *   fm_codegen_gemm_wgmma.c     the fixed sm_90a mainloops (CUDA text, configured by macros);
+ *   fm_codegen_blas.c           cuBLASLt plans (the library as a candidate) and the split
+ *                               form's epilogue kernel, which reuses the generated epilogue;
+ *   fm_codegen_skinny.c         the skinny template (small M: weight streaming), which reuses
+ *                               the plan, the epilogue and fm_mma();
+ *   fm_codegen_b2b.c            back-to-back GEMMs, which reuse fm_cg_gemm_values;
+ *   cuda/sm90.cuh               the sm_90 helpers (TMA, mbarriers, clusters) the wgmma
+ *                               mainloops, b2b, skinny's split form and cols share (fm_cg_sm90).
  * The epilogue's per-op expressions come from fm_codegen_ops.c (fm_cg_emit_op). */
 #ifndef FM_CODEGEN_GEMM_H
 #define FM_CODEGEN_GEMM_H
@@ -20,7 +28,7 @@ extern const char fm_cg_gemm_cp_async[];
 extern const char fm_cg_gemm_body[];
 /* The Hopper mainloop (fm_codegen_gemm_wgmma.c): the same contract as fm_cg_gemm_body. */
 extern const char fm_cg_wgmma_body[];
-/* wgmma modes 5 (persistent) and 6 (ping-pong), after fm_cg_gemm_tail: work units
+/* The persistent mainloops (FM_GEMM_WGMMA_PERSISTENT, _PINGPONG), after fm_cg_gemm_tail: work units
  * (fm_units, fm_unit_tile), ping-pong turns, fm_load_tiles (the loader) and
  * fm_mainloop_tile (the consumers, one tile at a time). */
 extern const char fm_cg_wgmma_persistent[];
@@ -55,6 +63,46 @@ int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, f
 /* fm_wgmma(d, da, db, add): one wgmma m64n<bn>k16 on descriptors, d += A B (add != 0) or
  * d = A B; ty "bf16" or "f16". */
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
+
+/* The gemm template's mainloops, by fm_gemm_config.wgmma (the number is the candidate's wire
+ * form, p[7] bits 0..7: never renumber). Code asks a mainloop for the property it needs
+ * (fm_cg_gemm_mainloop(c->wgmma)->tma), never compares mode numbers. */
+typedef enum fm_gemm_mode {
+  FM_GEMM_MMA_SYNC = 0,          /* sm_80+: ldmatrix + mma.sync, cp.async stages */
+  FM_GEMM_WGMMA = 1,             /* sm_90a: cp.async stages, wgmma, no batch in flight */
+  FM_GEMM_WGMMA_INFLIGHT = 2,    /* the same with one wgmma batch in flight */
+  FM_GEMM_WGMMA_WS = 3,          /* + a loader warpgroup (warp-specialised, mbarriers) */
+  FM_GEMM_WGMMA_TMA = 4,         /* a loader warp issues TMA boxes (two tensor maps) */
+  FM_GEMM_WGMMA_PERSISTENT = 5,  /* the same, persistent: blocks stride over the tiles */
+  FM_GEMM_WGMMA_PINGPONG = 6,    /* persistent, two consumer warpgroups taking tiles in turn */
+  FM_GEMM_MODES
+} fm_gemm_mode;
+
+typedef struct fm_gemm_mainloop {
+  const char *describe;     /* fm_candidate_describe's words after the tile (" wgmma tma") */
+  const char *suffix;       /* the kernel entry's suffix ("_wgmma_tma") */
+  uint8_t wgmma;            /* warpgroup MMA (fm_cg_wgmma_body, sm_90a, 227 KiB of shared
+                               memory); else the mma.sync mainloop (fm_cg_gemm_body, sm_80+) */
+  uint8_t inflight;         /* wgmma batches left in flight while the next stage issues */
+  uint8_t min_stages;       /* the fewest stages it runs with */
+  uint8_t specialized;      /* loaders apart from the MMA warps, each stage with two mbarriers */
+  uint32_t loader_threads;  /* those loaders: a warpgroup (cp.async) or one warp (TMA) */
+  uint8_t tma;              /* loads through the launch's tensor maps (metadata "tmaps"); a
+                               map addresses one matrix, so no batch (bmm) */
+  uint8_t persistent;       /* at most the blocks the device holds, each striding over the
+                               tiles (fm_cg_wgmma_persistent, grid rule "persistent"); the
+                               slabs sit beside the stages so the next tile loads meanwhile */
+  uint8_t pingpong;         /* two consumer warpgroups, each owning whole tiles in turn */
+  uint8_t consumers;        /* consumer warpgroup sets (2 for ping-pong): slabs and threads */
+  uint8_t row_tiles;        /* takes rtiles > 1 (several row tiles a block) */
+  uint8_t cluster_pair;     /* takes cluster 2 (blocks in pairs sharing B by multicast) */
+  uint8_t siblings;         /* takes sibling products (two B's: through pointers or maps) */
+} fm_gemm_mainloop;
+
+/* The mainloop of mode (fm_gemm_config.wgmma); NULL past the table. */
+const fm_gemm_mainloop *fm_cg_gemm_mainloop(uint32_t mode);
+/* The mainloop of a config fm_cg_gemm_check_config accepted (its mode is in the table). */
+const fm_gemm_mainloop *fm_cg_gemm_mainloop_of(const fm_gemm_config *c);
 
 /* What the generators need to know about a GEMM fragment. */
 typedef struct fm_cg_gemm_plan {
@@ -111,6 +159,38 @@ void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, cons
 void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,
                            const char *entry, uint32_t threads, uint32_t smem, uint32_t rows,
                            uint32_t cols);
+/* ---- the gemm template's tuning space (fm_codegen_gemm_config.c) ---- */
+/* Shared memory a block may take: the portable cap of the mma.sync configs (an sm_80 block
+ * may opt in to 163 KiB; the tuner runs on one device, but the candidate list must not
+ * depend on which), and sm_90a's 227 KiB for the wgmma ones. */
+#define FM_CG_GEMM_SMEM_SM80 (163u * 1024u)
+#define FM_CG_GEMM_SMEM_SM90 (227u * 1024u)
+/* The SMs assumed where the caller has no GPU (an H100 SXM). */
+#define FM_CG_GEMM_DEFAULT_SMS 132u
+/* Whether cfg runs gp (FM_EINVAL / FM_EUNSUPPORTED with the reason); first of all its mode. */
+int fm_cg_gemm_check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_diag *d);
+/* Dynamic shared memory of an accepted config, in bytes: stages and slabs. */
+uint32_t fm_cg_gemm_smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c);
+/* Whether the epilogue's slabs sit beside the stages (the next tile loads during the
+ * epilogue: several row tiles a block, the persistent forms), and then where they start. */
+int fm_cg_gemm_slabs_apart(const fm_gemm_config *c);
+uint32_t fm_cg_gemm_slab_offset(const fm_gemm_config *c);
+/* The slabs' columns (FM_SCOLS): a warp's whole width, or a part where they sit apart. */
+uint32_t fm_cg_gemm_slab_cols(const fm_gemm_config *c);
+/* Threads of a block: the MMA warps and the loaders. */
+uint32_t fm_cg_gemm_block_threads(const fm_gemm_config *c);
+/* __launch_bounds__' blocks per SM: 2 where two fit and the accumulators are few, else 0. */
+uint32_t fm_cg_gemm_min_blocks(const fm_gemm_config *c, uint32_t smem);
+
+/* ---- the tile epilogues (fm_codegen_gemm_epilogue.c) ---- */
+/* Input k is a bias-like row vector of 16-bit elements whose 8 move as one 16-byte load:
+ * the ping-pong kernel reads a lane's 8 before its mainloop (pre<k>). */
+int fm_cg_gemm_row_vector16(const fm_cg_gemm_plan *gp, uint32_t k);
+/* The epilogue of the tile at row m0 (block-uniform; needs m0, n0, M, acc, slab, lane, wm,
+ * wn in scope): each warp stages its accumulators through its slab and runs fm_epilogue on
+ * 8 columns of a row; rolled: the ping-pong form's loop (and its preloaded biases). */
+void fm_cg_gemm_emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, const char *indent, int rolled);
+
 /* fm_mma(c, a, b0, b1): one mma.sync m16n8k16 (row.col, fp32 accumulators); ty "bf16"/"f16". */
 void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty);
 

@@ -19,14 +19,14 @@
  * thread's 4 values per 8 columns), so the epilogue's staging (fm_stage) is unchanged, with
  * FM_WM = BM / 16 warps along M and FM_WN = 1.
  *
- * FM_WG_TMA (always warp-specialised; modes 4 and 5, the persistent form below): the loader
+ * FM_WG_TMA (always warp-specialised; FM_GEMM_WGMMA_TMA and the persistent forms below): the loader
  * is one thread of a warp after the consumer warpgroups, issuing TMA boxes through two tensor maps the launch encodes (launch
  * metadata "tmaps", fm_meta.h); fm_mainloop then takes the maps' addresses in place of A
  * and B. One loader warp rather than a warpgroup leaves registers for two blocks per SM.
  *
  * The generated part defines FM_BM, FM_BN, FM_BK (64), FM_STAGES, FM_WM, FM_WN, FM_RASTER,
  * FM_K, FM_N, FM_LDA, FM_LDB, FM_SCOLS (slab columns), FM_WG_INFLIGHT, FM_WG_SPECIALIZED,
- * FM_WG_TMA and fm_wgmma() before
+ * FM_WG_TMA, fm_wgmma() and the sm_90 helpers (fm_cg_sm90: fm_mbar_wait, fm_tma_load, ...) before
  * this text (FM_SLAB_OFF too when the slabs sit beside the stages: several row tiles per
  * block, FM_RT, or the persistent forms, FM_WG_PINGPONG telling ping-pong). Changing it
  * changes generated source: bump FM_CODEGEN_VERSION. */
@@ -90,42 +90,11 @@ const char fm_cg_wgmma_body[] =
     "    fm_cp16(sb + r * 128 + ((kc ^ (r & 7)) << 4), ok ? B + (long long)gn * FM_LDB + gk : B, ok ? 16 : 0);\n"
     "  }\n"
     "}\n"
-    "__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {\n"
-    "  asm volatile(\"{\\n.reg .pred P;\\nFM_WAIT:\\n\"\n"
-    "               \"mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\\n\"\n"
-    "               \"@!P bra FM_WAIT;\\n}\\n\" :: \"r\"(bar), \"r\"(parity) : \"memory\");\n"
-    "}\n"
+    "/* fm_mbar_wait, and for the TMA forms fm_tmap, fm_tma_load(_both), fm_arrive_peer and\n"
+    "   fm_cluster_sync: the sm_90 helpers above */\n"
     "#if FM_WG_TMA\n"
     "#ifndef FM_CLUSTER\n"
     "#define FM_CLUSTER 1\n"
-    "#endif\n"
-    "/* A CUtensorMap, passed by value (__grid_constant__): the TMA unit reads it through its\n"
-    "   generic address. */\n"
-    "struct __align__(64) fm_tmap { unsigned long long opaque[16]; };\n"
-    "/* One box (64 elements of K by the map's box rows) at (k, row) into shared memory at dst,\n"
-    "   128-byte swizzled, zero-filled past the matrix; its bytes complete on mbarrier bar. */\n"
-    "__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
-    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes\"\n"
-    "               \" [%0], [%1, {%2, %3}], [%4];\\n\"\n"
-    "               :: \"r\"(dst), \"l\"((unsigned long long)map), \"r\"(k), \"r\"(row), \"r\"(bar) : \"memory\");\n"
-    "}\n"
-    "#if FM_CLUSTER == 2\n"
-    "/* The same box into dst of both blocks of the cluster, completing on each one's bar. */\n"
-    "__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {\n"
-    "  asm volatile(\"cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster\"\n"
-    "               \" [%0], [%1, {%2, %3}], [%4], %5;\\n\"\n"
-    "               :: \"r\"(dst), \"l\"((unsigned long long)map), \"r\"(k), \"r\"(row), \"r\"(bar), \"h\"((unsigned short)3)\n"
-    "               : \"memory\");\n"
-    "}\n"
-    "/* One arrival on mbarrier bar of the other block of the cluster. CTA-scope release, as\n"
-    "   for a local arrival: what it announces is that this warpgroup's wgmma reads of a stage\n"
-    "   retired (wgmma.wait_group), not writes the peer must see, and a cluster-scope release\n"
-    "   fences every prior access of the thread at cluster scope on each k-tile. */\n"
-    "__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {\n"
-    "  unsigned remote;\n"
-    "  asm volatile(\"mapa.shared::cluster.u32 %0, %1, %2;\\n\" : \"=r\"(remote) : \"r\"(bar), \"r\"((blockIdx.x & 1) ^ 1));\n"
-    "  asm volatile(\"mbarrier.arrive.shared::cluster.b64 _, [%0];\\n\" :: \"r\"(remote) : \"memory\");\n"
-    "}\n"
     "#endif\n"
     "/* The stages (1024-byte aligned for the swizzle) and their two mbarriers each, after them. */\n"
     "__device__ __forceinline__ void fm_pipe_bars(unsigned &base, unsigned &full, unsigned &empty) {\n"
@@ -160,7 +129,7 @@ const char fm_cg_wgmma_body[] =
     "   arrive on its barriers (every thread of both takes part). */\n"
     "__device__ __forceinline__ void fm_pipe_done() {\n"
     "#if FM_CLUSTER == 2\n"
-    "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
+    "  fm_cluster_sync();\n"
     "#endif\n"
     "}\n"
     "/* Every thread of a consumer warpgroup calls this once its wgmma batch that read a stage\n"
@@ -333,7 +302,7 @@ const char fm_cg_wgmma_body[] =
     "#endif\n"
     ;
 
-/* The persistent TMA forms (wgmma modes 5 and 6), appended after fm_cg_gemm_tail (they
+/* The persistent TMA forms (FM_GEMM_WGMMA_PERSISTENT and _PINGPONG), appended after fm_cg_gemm_tail (they
  * order tiles with fm_tile_of). */
 const char fm_cg_wgmma_persistent[] =
     "/* ---- persistent schedule: the grid holds at most the blocks the device runs at once and\n"

@@ -114,4 +114,10 @@ void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, ui
 void fm_cg_meta_begin(fm_kernel_meta *m, const char *kind, const char *rule, const char *entry, uint32_t block,
                       const fm_cg_plan *p);
 
+/* The sm_90 helpers every kernel that uses tensor maps, mbarriers or clusters shares
+ * (codegen/cuda/sm90.cuh, embedded at build time): fm_tmap, fm_tma_load, fm_tma_load_both,
+ * fm_mbar_wait, fm_arrive_peer, fm_cluster_sync. One copy, emitted once per kernel; changing
+ * it changes generated source: bump FM_CODEGEN_VERSION. */
+extern const char fm_cg_sm90[];
+
 #endif

@@ -57,15 +57,15 @@
  * ~10% at 1 and 32 rows; two kept so the path stays verified). Dropped after the runs:
  * 16 warps of 8 columns and four more ring shapes, slower than another everywhere. */
 static const fm_skinny_config configs[] = {
-    {8, 8, 4, 0, 0},
-    {16, 8, 1, 1, 0},
-    {8, 8, 2, 1, 0},
-    {8, 4, 4, 0, 0},
-    {16, 4, 2, 1, 0},
-    {32, 4, 1, 1, 0},
-    {24, 4, 2, 1, 0},
-    {16, 8, 1, 3, 0},   /* 48 KiB ring */
-    {8, 8, 1, 4, 0},    /* 32 KiB ring */
+    {.cols = 8, .warps = 8, .unroll = 4, .pipe = 0},
+    {.cols = 16, .warps = 8, .unroll = 1, .pipe = 1},
+    {.cols = 8, .warps = 8, .unroll = 2, .pipe = 1},
+    {.cols = 8, .warps = 4, .unroll = 4, .pipe = 0},
+    {.cols = 16, .warps = 4, .unroll = 2, .pipe = 1},
+    {.cols = 32, .warps = 4, .unroll = 1, .pipe = 1},
+    {.cols = 24, .warps = 4, .unroll = 2, .pipe = 1},
+    {.cols = 16, .warps = 8, .unroll = 1, .pipe = 3},   /* 48 KiB ring */
+    {.cols = 8, .warps = 8, .unroll = 1, .pipe = 4},    /* 32 KiB ring */
     /* The split form (2 or 4 blocks of a cluster along K) is supported but offered nowhere:
        correct (the decode suite with three split candidates, 428/428) and at best level with
        these (8 x 4096 x 11008: 0.0429-0.0435 ms against 0.0425-0.0438), slower at 8 x 11008
@@ -366,11 +366,6 @@ static const char body[] =
     "  (void)rank;\n"
     "  return *(const float4 *)(red + i);\n"
     "#endif\n"
-    "}\n"
-    "/* Every block of the cluster reaches it before any goes on: its partial sums are staged\n"
-    "   (first), or no other block still reads them (last). */\n"
-    "__device__ __forceinline__ void fm_cluster_sync() {\n"
-    "  asm volatile(\"barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n\" ::: \"memory\");\n"
     "}\n";
 
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
@@ -454,6 +449,9 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
                    cfg->cols, cfg->warps, cfg->unroll, cfg->pipe, split, gp->m < 0 || gp->m > 8, gp->k,
                    gp->n, gp->lda, gp->ldb);
   fm_cg_gemm_emit_mma(&sb, ty);
+  /* the split form's blocks meet at fm_cluster_sync: when its partial sums are staged, and
+     when no other block still reads them */
+  if (split > 1) fm_strbuf_append(&sb, fm_cg_sm90);
   fm_strbuf_append(&sb, body);
   fm_cg_gemm_emit_epilogue(&sb, canon, gp);
   emit_kernel(&sb, canon, gp, entry, split);

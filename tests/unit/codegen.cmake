@@ -55,3 +55,9 @@ fm_unit_test(test_codegen_cat
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_cat.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
 target_compile_definitions(test_codegen_cat PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# the GEMM-family kernels served on sm_90a, pinned byte for byte (source and candidate lists)
+fm_unit_test(test_codegen_golden_sm90
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_golden_sm90.c ${FM_CG_TEST_DIR}/test_codegen_cols_frag.c
+          ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen)
+target_compile_definitions(test_codegen_golden_sm90 PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -18,26 +18,8 @@
 
 static fm_fragment raw, canon;
 
-/* y = gelu(x @ W1.t() + b1) @ W2.t() + b2 + r: x [-1, k1] bf16, W1.t() [k1, n1] and W2.t()
- * [n1, n2] column-major (nn.Linear's weights), b1 [n1], b2 [n2], r [-1, n2]. */
-static int build_mlp(int64_t k1, int64_t n1, int64_t n2) {
-  int64_t x[2] = {-1, k1}, w1[2] = {k1, n1}, w1s[2] = {1, k1}, b1[1] = {n1};
-  int64_t w2[2] = {n1, n2}, w2s[2] = {1, n1}, b2[1] = {n2}, o[2] = {-1, n2};
-  tf_init(&raw);
-  tf_input(&raw, 1, FM_DT_BF16, 2, x, NULL, 16);
-  tf_input(&raw, 2, FM_DT_BF16, 2, w1, w1s, 16);
-  tf_input(&raw, 3, FM_DT_BF16, 1, b1, NULL, 16);
-  tf_input(&raw, 4, FM_DT_BF16, 2, w2, w2s, 16);
-  tf_input(&raw, 5, FM_DT_BF16, 1, b2, NULL, 16);
-  tf_input(&raw, 6, FM_DT_BF16, 2, o, NULL, 16);
-  tf_op(&raw, FM_OP_ADDMM, 7, 3, 3, 1, 2);
-  tf_op(&raw, FM_OP_GELU, 8, 1, 7, 0, 0);
-  tf_op(&raw, FM_OP_ADDMM, 9, 3, 5, 8, 4);
-  tf_op(&raw, FM_OP_ADD, 10, 2, 9, 6, 0);
-  tf_output(&raw, 10, FM_DT_BF16, 2, o, NULL, 16);
-  raw.m_hint = 16384;
-  return tf_finish(&raw, &canon);
-}
+/* y = gelu(x @ W1.t() + b1) @ W2.t() + b2 + r (tf_mlp_chain), m_hint 16384. */
+static int build_mlp(int64_t k1, int64_t n1, int64_t n2) { return tf_mlp_chain(&raw, &canon, k1, n1, n2); }
 
 static void expect_reject(int rc_want, const char *why) { CHECK(tf_rejects(&raw, rc_want, why)); }
 

@@ -16,23 +16,8 @@
 
 static fm_fragment raw, canon;
 
-/* Attention scores: q [-1, 128, 64] bf16 @ k.transpose(-1, -2) (B [-1, 64, 128], strides
- * [8192, 1, 64]: column-major per product) * 0.125 + mask [128, 128] -> [-1, 128, 128]. */
-static int build_scores(void) {
-  int64_t q[3] = {-1, 128, 64}, k[3] = {-1, 64, 128}, kst[3] = {8192, 1, 64}, mask[2] = {128, 128},
-          o[3] = {-1, 128, 128};
-  tf_init(&raw);
-  tf_input(&raw, 1, FM_DT_BF16, 3, q, NULL, 16);
-  tf_input(&raw, 2, FM_DT_BF16, 3, k, kst, 16);
-  tf_input(&raw, 3, FM_DT_BF16, 2, mask, NULL, 16);
-  tf_op(&raw, FM_OP_BMM, 4, 2, 1, 2, 0);
-  tf_const(&raw, 5, 0.125);
-  tf_op(&raw, FM_OP_MUL, 6, 2, 4, 5, 0);
-  tf_op(&raw, FM_OP_ADD, 7, 2, 6, 3, 0);
-  tf_output(&raw, 7, FM_DT_BF16, 3, o, NULL, 16);
-  raw.m_hint = 48;
-  return tf_finish(&raw, &canon);
-}
+/* Attention scores (tf_attention_scores), m_hint 48. */
+static int build_scores(void) { return tf_attention_scores(&raw, &canon); }
 
 static void expect_reject(int rc_want, const char *why) { CHECK(tf_rejects(&raw, rc_want, why)); }
 

@@ -200,6 +200,12 @@ static char *read_text(const char *path) {
 }
 
 int tf_golden(const char *name, const char *src) {
+  char file[256];
+  snprintf(file, sizeof file, "%s.cu", name);
+  return tf_golden_file(file, src);
+}
+
+int tf_golden_file(const char *file, const char *src) {
   const char *root = getenv("FM_SOURCE_DIR");
 #ifdef FM_CG_SOURCE_DIR
   if (!root) root = FM_CG_SOURCE_DIR;   /* run by hand, outside ctest */
@@ -207,7 +213,7 @@ int tf_golden(const char *name, const char *src) {
   const char *update = getenv("FM_UPDATE_GOLDEN");
   char path[1024];
   if (!root || !src) return 0;
-  snprintf(path, sizeof path, "%s/tests/unit/golden/%s.cu", root, name);
+  snprintf(path, sizeof path, "%s/tests/unit/golden/%s", root, file);
   if (update && strcmp(update, "1") == 0) {
     FILE *f = fopen(path, "wb");
     int ok = f && fwrite(src, 1, strlen(src), f) == strlen(src);
@@ -231,4 +237,39 @@ int tf_golden(const char *name, const char *src) {
   }
   free(want);
   return same;
+}
+
+int tf_mlp_chain(fm_fragment *raw, fm_fragment *canon, int64_t k1, int64_t n1, int64_t n2) {
+  int64_t x[2] = {-1, k1}, w1[2] = {k1, n1}, w1s[2] = {1, k1}, b1[1] = {n1};
+  int64_t w2[2] = {n1, n2}, w2s[2] = {1, n1}, b2[1] = {n2}, o[2] = {-1, n2};
+  tf_init(raw);
+  tf_input(raw, 1, FM_DT_BF16, 2, x, NULL, 16);
+  tf_input(raw, 2, FM_DT_BF16, 2, w1, w1s, 16);
+  tf_input(raw, 3, FM_DT_BF16, 1, b1, NULL, 16);
+  tf_input(raw, 4, FM_DT_BF16, 2, w2, w2s, 16);
+  tf_input(raw, 5, FM_DT_BF16, 1, b2, NULL, 16);
+  tf_input(raw, 6, FM_DT_BF16, 2, o, NULL, 16);
+  tf_op(raw, FM_OP_ADDMM, 7, 3, 3, 1, 2);
+  tf_op(raw, FM_OP_GELU, 8, 1, 7, 0, 0);
+  tf_op(raw, FM_OP_ADDMM, 9, 3, 5, 8, 4);
+  tf_op(raw, FM_OP_ADD, 10, 2, 9, 6, 0);
+  tf_output(raw, 10, FM_DT_BF16, 2, o, NULL, 16);
+  raw->m_hint = 16384;
+  return tf_finish(raw, canon);
+}
+
+int tf_attention_scores(fm_fragment *raw, fm_fragment *canon) {
+  int64_t q[3] = {-1, 128, 64}, k[3] = {-1, 64, 128}, kst[3] = {8192, 1, 64}, mask[2] = {128, 128},
+          o[3] = {-1, 128, 128};
+  tf_init(raw);
+  tf_input(raw, 1, FM_DT_BF16, 3, q, NULL, 16);
+  tf_input(raw, 2, FM_DT_BF16, 3, k, kst, 16);
+  tf_input(raw, 3, FM_DT_BF16, 2, mask, NULL, 16);
+  tf_op(raw, FM_OP_BMM, 4, 2, 1, 2, 0);
+  tf_const(raw, 5, 0.125);
+  tf_op(raw, FM_OP_MUL, 6, 2, 4, 5, 0);
+  tf_op(raw, FM_OP_ADD, 7, 2, 6, 3, 0);
+  tf_output(raw, 7, FM_DT_BF16, 3, o, NULL, 16);
+  raw->m_hint = 48;
+  return tf_finish(raw, canon);
 }

@@ -37,9 +37,21 @@ int tf_compile_every(const fm_fragment *canon, const char *name, int *compiled);
  * source dir outside ctest), byte for byte, reporting the first differing line; with
  * FM_UPDATE_GOLDEN=1 it writes the file instead. 1 when they agree (or it was written). */
 int tf_golden(const char *name, const char *src);
+/* The same for tests/unit/golden/<file> (any text, the name with its extension). */
+int tf_golden_file(const char *file, const char *src);
 
 /* Contiguous strides of shape (a symbolic dim 0 gets the product of the others). */
 void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides);
+
+/* Two GEMM-family fragments several tests build (raw filled, canon its canonical form):
+ *   an MLP block as one chain (the b2b template): y = gelu(x @ W1.t() + b1) @ W2.t() + b2 + r,
+ *     x [-1, k1] bf16, W1.t() [k1, n1] and W2.t() [n1, n2] column-major (nn.Linear's
+ *     weights), b1 [n1], b2 [n2], r [-1, n2]; m_hint 16384;
+ *   attention scores (a bmm): q [-1, 128, 64] bf16 @ k.transpose(-1, -2) (B [-1, 64, 128],
+ *     strides [8192, 1, 64]: column-major per product) * 0.125 + mask [128, 128] ->
+ *     [-1, 128, 128]; m_hint 48. */
+int tf_mlp_chain(fm_fragment *raw, fm_fragment *canon, int64_t k1, int64_t n1, int64_t n2);
+int tf_attention_scores(fm_fragment *raw, fm_fragment *canon);
 
 /* The three representative fragments of the golden tests (also used by other tests):
  *   0 flat bf16: y = gelu(x + b) * 0.5, x [4096, 1024] dense, b a [1, 1] scalar;

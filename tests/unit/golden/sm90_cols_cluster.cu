@@ -1,0 +1,278 @@
+/* fusemld codegen v<VERSION>: cols kernel over [M, 1024], strips of 16 columns, cluster 2, vec 8, unroll 8, block 256 (2 x 128).
+ * Generated from a canonical fragment: every name and number below comes from its
+ * typed fields. One self-contained translation unit (NVRTC has no include path). */
+#define FM_FAST_MATH 2
+/* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
+__device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ unsigned short fm_f32_to_bf16(float f) {
+  /* one instruction on sm_80+ (every target): round to nearest even, NaN stays NaN */
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_f16_to_f32(unsigned short h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+__device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
+__device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
+/* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+__device__ __forceinline__ float fm_maximum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+}
+__device__ __forceinline__ float fm_minimum(float a, float b) {
+  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+}
+__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
+/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to
+ * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp
+ * approximations) cannot change a result beyond that rounding, and they are several
+ * times cheaper than the IEEE-exact library versions, which would make a fused chain
+ * compute-bound. It is 2 when every output is bf16: GELU then takes a shorter fit
+ * (below). With any f32 output the exact library functions are used. */
+#if FM_FAST_MATH
+__device__ __forceinline__ float fm_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }
+__device__ __forceinline__ float fm_tanh(float x) {
+  /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3
+   * (truncation error < 2e-7 relative) avoids the cancellation. */
+  const float a = fabsf(x);
+  const float big = 1.0f - 2.0f * fm_rcp(1.0f + __expf(2.0f * a));
+  const float small = a - 0.333333343f * a * a * a;
+  return copysignf(a < 0.0625f ? small : big, x);
+}
+__device__ __forceinline__ float fm_gelu(float x) {
+  /* x Phi(x) = relu(x) - |x| Phi(-|x|) (both signs: x - x Phi(-x) = x Phi(x) for x >= 0),
+   * with Phi(-a) = 0.5 erfc(a / sqrt 2) = 2^q(a): q a degree-7 fit of log2 Phi(-a) on
+   * [0, 4.5 sqrt 2] (relative error of Phi(-a) <= 1e-5 evaluated in fp32), decreasing
+   * monotonically beyond it (q < -33 there; -inf past fp32, where 2^q = 0), so it needs no
+   * clamp. No cancellation on either side, one rounding in the last step, one MUFU op (the
+   * ex2), no branch, |x| an operand modifier: 11 instructions an element where the
+   * degree-9 erfc form took 15. That matters: GELU is the cost of a short-K GEMM's
+   * epilogue (16384 x 1024 x 256 + bias 0.026 ms; + GELU 0.033 before). |x| is capped at
+   * FLT_MAX in the product so that +inf gives +inf (inf x 2^-inf would be NaN). */
+  const float a = fabsf(x);
+#if FM_FAST_MATH == 2
+  /* bf16 outputs only: a degree-5 fit on the same range, relative error of Phi(-a)
+   * <= 4.8e-4, an eighth of a bf16 ulp (it would be a whole f16 one), still decreasing past
+   * the range: 9 instructions an element. GELU is the issue time of a short-K GEMM's
+   * epilogue, each instruction an element ~2% of 16384 x 1024 x 256 (bench/NOTES.md). */
+  float q = -1.815963312e-04f;
+  q = fmaf(q, a, 4.192861628e-03f);
+  q = fmaf(q, a, -4.153857518e-02f);
+  q = fmaf(q, a, -4.752223230e-01f);
+  q = fmaf(q, a, -1.142837962e+00f);
+  q = fmaf(q, a, -1.000686284e+00f);
+#else
+  float q = -1.805704528e-06f;
+  q = fmaf(q, a, 6.097363439e-05f);
+  q = fmaf(q, a, -9.252218297e-04f);
+  q = fmaf(q, a, 8.485276252e-03f);
+  q = fmaf(q, a, -5.390930921e-02f);
+  q = fmaf(q, a, -4.585215449e-01f);
+  q = fmaf(q, a, -1.151223660e+00f);
+  q = fmaf(q, a, -9.999988675e-01f);
+#endif
+  float h;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(h) : "f"(q));
+  return fmaf(-fminf(a, 3.402823466e+38f), h, fmaxf(x, 0.0f));
+}
+#else
+__device__ __forceinline__ float fm_exp(float x) { return expf(x); }
+__device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }
+__device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ float fm_gelu(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+}
+#endif
+__device__ __forceinline__ float fm_gelu_tanh(float x) {
+  /* PyTorch's approximate='tanh': sqrt(2/pi) * (x + 0.044715 x^3) */
+  return 0.5f * x * (1.0f + fm_tanh(0.797884561f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float fm_sigmoid(float x) { return fm_rcp(1.0f + fm_exp(-x)); }
+__device__ __forceinline__ float fm_silu(float x) { return x * fm_sigmoid(x); }
+/* ---- prelude: elements of a vector register (k, e are constants after unrolling) ---- */
+__device__ __forceinline__ unsigned int fm_word(const uint4 &r, int k) {
+  return k == 0 ? r.x : k == 1 ? r.y : k == 2 ? r.z : r.w;
+}
+__device__ __forceinline__ unsigned int fm_word(const uint2 &r, int k) { return k == 0 ? r.x : r.y; }
+__device__ __forceinline__ unsigned int fm_word(unsigned int r, int) { return r; }
+__device__ __forceinline__ unsigned int fm_word(unsigned short r, int) { return r; }
+__device__ __forceinline__ void fm_or_word(uint4 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else if (k == 1) r.y |= b; else if (k == 2) r.z |= b; else r.w |= b;
+}
+__device__ __forceinline__ void fm_or_word(uint2 &r, int k, unsigned int b) {
+  if (k == 0) r.x |= b; else r.y |= b;
+}
+__device__ __forceinline__ void fm_or_word(unsigned int &r, int, unsigned int b) { r |= b; }
+__device__ __forceinline__ void fm_or_word(unsigned short &r, int, unsigned int b) {
+  r = (unsigned short)(r | b);
+}
+template <typename V> __device__ __forceinline__ float fm_get_f32(const V &r, int e) {
+  return __uint_as_float(fm_word(r, e));
+}
+template <typename V> __device__ __forceinline__ unsigned short fm_get_u16(const V &r, int e) {
+  return (unsigned short)(fm_word(r, e >> 1) >> ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ unsigned char fm_get_u8(const V &r, int e) {
+  return (unsigned char)(fm_word(r, e >> 2) >> ((e & 3) * 8));
+}
+template <typename V> __device__ __forceinline__ void fm_put_f32(V &r, int e, float x) {
+  fm_or_word(r, e, __float_as_uint(x));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u16(V &r, int e, unsigned short x) {
+  fm_or_word(r, e >> 1, (unsigned int)x << ((e & 1) * 16));
+}
+template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, unsigned char x) {
+  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
+}
+/* ---- sm_90 helpers (codegen/cuda/sm90.cuh): tensor-map loads, mbarriers, clusters ---- */
+/* A CUtensorMap, passed by value (__grid_constant__): the TMA unit reads it through its
+   generic address. */
+struct __align__(64) fm_tmap { unsigned long long opaque[16]; };
+/* One box (64 elements of K by the map's box rows) at (k, row) into shared memory at dst,
+   128-byte swizzled, zero-filled past the matrix; its bytes complete on mbarrier bar. */
+__device__ __forceinline__ void fm_tma_load(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar) : "memory");
+}
+/* The same box into dst of both blocks of a cluster pair, completing on each one's bar. */
+__device__ __forceinline__ void fm_tma_load_both(unsigned dst, const void *map, int k, int row, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3}], [%4], %5;\n"
+               :: "r"(dst), "l"((unsigned long long)map), "r"(k), "r"(row), "r"(bar), "h"((unsigned short)3)
+               : "memory");
+}
+__device__ __forceinline__ void fm_mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile("{\n.reg .pred P;\nFM_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P, [%0], %1;\n"
+               "@!P bra FM_WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+/* One arrival on mbarrier bar of the other block of a cluster pair (blockIdx.x & 1 is the
+   rank). CTA-scope release, as for a local arrival: what it announces is that wgmma reads of
+   a stage retired (wgmma.wait_group), not writes the peer must see, and a cluster-scope
+   release fences every prior access of the thread at cluster scope on each k-tile (it cost
+   the GEMM template's pairs 35%, bench/NOTES.md "Cluster pairs, released"). */
+__device__ __forceinline__ void fm_arrive_peer(unsigned bar) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"((blockIdx.x & 1) ^ 1));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
+}
+/* Every thread of every block of the cluster: the writes before it (shared memory included)
+   are seen by the reads after it in any block, and no block goes on (or leaves) while another
+   may still use it. */
+__device__ __forceinline__ void fm_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+/* ---- the cluster: rank, distributed shared memory ---- */
+__device__ __forceinline__ unsigned int fm_cluster_rank() {
+  unsigned int r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+/* *x as it is in the shared memory of the cluster's block `rank`. */
+__device__ __forceinline__ float fm_dsmem_load(const float *x, unsigned int rank) {
+  unsigned int a = (unsigned int)__cvta_generic_to_shared(x), r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  return v;
+}
+/* ---- the kernel ---- */
+extern "C" __global__ void __cluster_dims__(1, 2, 1) __launch_bounds__(256) fm_cols_v<VERSION>(
+    const unsigned short *__restrict__ in0,
+    unsigned short *__restrict__ out0,
+    long long outer) {
+  const long long M = outer;
+  constexpr int W = 16;   /* columns of the strip */
+  const int tx = threadIdx.x % 2, ty = threadIdx.x / 2;
+  const unsigned int rank = fm_cluster_rank();
+  const long long n0 = (long long)blockIdx.x * W + tx * 8;   /* the thread's first column */
+  __shared__ float fm_sh[2048];   /* TY rows of the strip's partials */
+  __shared__ float fm_red[256];   /* their sums, V rows each */
+  __shared__ float fm_part[16];   /* the folded partials, read by rank 0 */
+  float fm_a1[8], fm_c1 = 0.0f;  /* sum */
+#pragma unroll
+  for (int i = 0; i < 8; ++i) fm_a1[i] = 0.0f;
+  if (n0 < 1024LL) {
+    /* 2. the rows: rank * 128 + ty, stepping by 256 (the cluster's 2 blocks share them) */
+    long long m = (long long)rank * 128 + ty;
+    for (; m + 1792LL < M; m += 2048LL) {
+      uint4 r0[8][1];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const long long mu = m + (long long)u * 256;
+        r0[u][0] = *reinterpret_cast<const uint4 *>(in0 + mu * 1024LL + n0 + 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        float v0[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v0[e] = fm_bf16_to_f32(fm_get_u16(r0[u][e / 8], e % 8));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) fm_a1[i] += v0[i];
+      }
+    }
+    for (; m < M; m += 256) {
+      uint4 r0[1][1];
+#pragma unroll
+      for (int u = 0; u < 1; ++u) {
+        const long long mu = m + (long long)u * 256;
+        r0[u][0] = *reinterpret_cast<const uint4 *>(in0 + mu * 1024LL + n0 + 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 1; ++u) {
+        float v0[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v0[e] = fm_bf16_to_f32(fm_get_u16(r0[u][e / 8], e % 8));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) fm_a1[i] += v0[i];
+      }
+    }
+  }
+  /* 3. the block's partials of each column, folded in a fixed order */
+#pragma unroll
+  for (int i = 0; i < 8; ++i) fm_sh[ty * W + tx * 8 + i] = fm_a1[i];
+  __syncthreads();
+  {
+    const int c = threadIdx.x % W, g = threadIdx.x / W * 8;
+    float t = fm_sh[g * W + c];
+#pragma unroll
+    for (int j = 1; j < 8; ++j) t = t + fm_sh[(g + j) * W + c];
+    fm_red[threadIdx.x] = t;
+  }
+  __syncthreads();
+  if (threadIdx.x < W) {
+    float t = fm_red[threadIdx.x];
+#pragma unroll
+    for (int y = 1; y < 16; ++y) t = t + fm_red[y * W + threadIdx.x];
+    fm_c1 = t;
+    fm_part[0 * W + threadIdx.x] = t;
+  }
+  /* 4. the cluster's 2 blocks meet in rank 0, in rank order */
+  fm_cluster_sync();
+  if (rank == 0 && threadIdx.x < W) {
+#pragma unroll
+    for (unsigned int q = 1; q < 2; ++q) {
+      fm_c1 = fm_c1 + fm_dsmem_load(&fm_part[0 * W + threadIdx.x], q);
+    }
+  }
+  fm_cluster_sync();   /* no block leaves while rank 0 may still read it */
+  /* 5. the per-column epilogue and the stores, each output once */
+  if (rank == 0 && threadIdx.x < W) {
+    const long long n = (long long)blockIdx.x * W + threadIdx.x;
+    if (n < 1024LL) {
+      const float v1 = fm_c1;  /* sum */
+      out0[n] = fm_f32_to_bf16(v1);
+    }
+  }
+}
