@@ -50,6 +50,19 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 
 DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
 
+
+def _safe_softmax(x, dim, dtype=None):
+    """SDPA's math path (T5's attention with its learned bias): softmax with rows that are all
+    -inf zeroed instead of NaN. torch's own decomposition fills a zeros_like tensor for the
+    where; masked_fill by a scalar keeps the whole of it one rows group (softmax, the -inf
+    test, the all-reduction of the row)."""
+    out = aten._softmax.default(x if dtype is None else x.to(dtype), dim, False)
+    masked_rows = aten.all.dim(aten.eq.Scalar(x, float("-inf")), dim, True)
+    return aten.masked_fill.Scalar(out, masked_rows, 0.0)
+
+
+DECOMPOSITIONS[aten._safe_softmax.default] = _safe_softmax
+
 # Ops of DECOMPOSITIONS left whole under rest="inductor": Inductor's table rewrites clamp into
 # clamp_min and clamp_max and lowers those itself, while ours spells them as clamp again, so
 # the two tables together recurse without end (Mixtral's expert routing, `ids.clamp_(max=7)`).

@@ -118,6 +118,44 @@ def _masked_fill(e, n):
     return e.op("where", e.arg(n.args[1]), e.arg(n.args[2]), e.arg(n.args[0]))
 
 
+def _masked_fill_tensor(e, n):
+    # the fill value a 0-dim tensor (broadcast like any operand); torch keeps x's dtype
+    return e.op("where", e.arg(n.args[1]), e.arg(n.args[2]), e.arg(n.args[0]))
+
+
+def _is_value(target):
+    """isneginf(x) = x == -inf and isposinf(x) = x == inf (NaN compares false, as torch)."""
+    return lambda e, n: e.op("eq", e.arg(n.args[0]), e.const(target))
+
+
+def _isinf(e, n):
+    return e.op("eq", e.op("abs", e.arg(n.args[0])), e.const(float("inf")))
+
+
+def _isfinite(e, n):
+    # |x| < inf: false for ±inf and for NaN (a NaN compares false)
+    return e.op("lt", e.op("abs", e.arg(n.args[0])), e.const(float("inf")))
+
+
+def _isnan(e, n):
+    x = e.arg(n.args[0])
+    return e.op("ne", x, x)
+
+
+def _truth(e, x):
+    """x as torch's truth value: x != 0, NaN true (the protocol's cast to bool)."""
+    return e.cast(e.arg(x), "bool")
+
+
+def _logical_not(e, n):
+    return e.op("eq", _truth(e, n.args[0]), e.const(0.0))
+
+
+def _logical(name):
+    # and: a * b, or: max(a, b) over 0/1 (cast back to bool by emit_node); xor: a != b
+    return lambda e, n: e.op(name, _truth(e, n.args[0]), _truth(e, n.args[1]))
+
+
 POINTWISE = {
     aten.add.Tensor: _add_like("add"), aten.add.Scalar: _add_like("add"),
     aten.sub.Tensor: _add_like("sub"), aten.sub.Scalar: _add_like("sub"),
@@ -142,7 +180,17 @@ POINTWISE = {
     aten.silu_backward.default: _silu_backward,
     aten.gelu_backward.default: _gelu_backward,
     aten.erf.default: _unary("erf"),
+    aten.masked_fill.Tensor: _masked_fill_tensor,
+    aten.isneginf.default: _is_value(float("-inf")), aten.isposinf.default: _is_value(float("inf")),
+    aten.isinf.default: _isinf, aten.isfinite.default: _isfinite, aten.isnan.default: _isnan,
+    aten.logical_not.default: _logical_not, aten.logical_and.default: _logical("mul"),
+    aten.logical_or.default: _logical("maximum"), aten.logical_xor.default: _logical("ne"),
 }
+# bitwise ops on bool tensors are the logical ones (on integers, which no fragment holds, the
+# dtype check of why_not_pointwise keeps them out)
+BOOL_ONLY = {aten.bitwise_not.default: _logical_not, aten.bitwise_and.Tensor: _logical("mul"),
+             aten.bitwise_or.Tensor: _logical("maximum"), aten.bitwise_xor.Tensor: _logical("ne")}
+POINTWISE.update(BOOL_ONLY)
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Tensor] = _binary(_name)
     POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
@@ -154,7 +202,11 @@ _ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device"}
 
 # Row reductions over the last dim (vocabulary 2): ATen op -> fragment op.
 ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
-                  aten.var.correction: "var"}
+                  aten.var.correction: "var", aten.all.dim: "all", aten.any.dim: "any",
+                  aten.all.dims: "all", aten.any.dims: "any"}
+# Truth reductions: of a bool or float operand (its truth value), into bool. Spelled with amax
+# (Emitter.reduce): all(b) = amax(b ? 0 : 1) == 0, any(b) = amax(b ? 1 : 0) != 0.
+LOGICAL_REDUCTIONS = {"all", "any"}
 MAX_ROW = 32768   # FM_MAX_ROW: a row is held in registers
 
 
@@ -171,6 +223,10 @@ def why_not_pointwise(node):
         return "no tensor metadata"
     if val.dtype not in DTYPES:
         return f"dtype {val.dtype} not supported"
+    if node.target in BOOL_ONLY and (val.dtype != torch.bool or any(
+            isinstance(a, torch.fx.Node) and getattr(a.meta.get("val"), "dtype", None) != torch.bool
+            for a in node.args)):
+        return "bitwise op on integers"
     if set(node.kwargs) - _ALLOWED_KWARGS:
         return f"unsupported arguments {sorted(set(node.kwargs) - _ALLOWED_KWARGS)}"
     if node.target in (aten._to_copy.default,):
@@ -208,9 +264,12 @@ def _reduction(node, table):
     if not isinstance(x, torch.fx.Node) or not isinstance(val, torch.Tensor):
         return None
     t = x.meta.get("val")
-    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dtype == torch.bool:
+    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dim() < 1:
         return None
-    if t.dim() < 1 or val.dtype != t.dtype:
+    if name in LOGICAL_REDUCTIONS:
+        if val.dtype != torch.bool:
+            return None
+    elif t.dtype == torch.bool or val.dtype != t.dtype:
         return None
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if isinstance(dims, int):
