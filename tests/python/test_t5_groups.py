@@ -56,6 +56,30 @@ def left_to_aten(gm, groups):
             getattr(n.meta.get("val"), "dtype", None) in ops.DTYPES]
 
 
+# library calls and what feeds them (token ids, integer bucket arithmetic): not fuseml's
+LIBRARY = {aten.mm.default, aten.bmm.default, aten.embedding.default, aten.embedding_dense_backward.default,
+           aten.nll_loss_forward.default, aten.nll_loss_backward.default,
+           aten._scaled_dot_product_flash_attention_for_cpu.default,
+           aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+
+
+def elementwise_left(gm, groups):
+    """Ops over float or bool values computed from float or bool operands, outside every
+    group routed to a kernel: what still runs as one ATen kernel each."""
+    fused = {n for g in groups if g.route == "kernel" for n in g.members}
+    left = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n in fused or n.target in LIBRARY or \
+                n.target in ops.VIEW_OPS or n.target in ops.RESHAPE_OPS:
+            continue
+        val = n.meta.get("val")
+        if getattr(val, "dtype", None) not in ops.DTYPES or not n.all_input_nodes:
+            continue
+        if all(getattr(a.meta.get("val"), "dtype", None) in ops.DTYPES for a in n.all_input_nodes):
+            left.append(n)
+    return left
+
+
 def masked_softmax_groups(groups):
     return [g for g in groups if g.kind == "rows" and {"all", "amax", "exp", "masked_fill"} <= set(g.op_names)]
 
@@ -80,6 +104,11 @@ def test_t5_forward_mask_path_is_fused(dead_socket, graphs):
     assert all(g.built is not None and g.built.wire["vocab"] == 2 for g in gs)
     # the learned bias is added inside the softmax's group
     assert all(g.op_names[0] == "add" for g in gs)
+    # q, k and v cast to fp32, scaled and copied for the bmms, the result cast back and its
+    # heads merged: all in groups; left is the copy of the bias gathered from its embedding
+    # (encoder and decoder: [1, H, S, S] permuted to contiguous)
+    left = elementwise_left(gm, groups)
+    assert [n.target for n in left] == [aten.clone.default] * 2, [n.format_node() for n in left]
 
 
 def test_t5_training_step_mask_path_is_fused(dead_socket, graphs):
@@ -109,6 +138,12 @@ def test_t5_training_step_mask_path_is_fused(dead_socket, graphs):
     assert not left_to_aten(fw, fw_groups)
     assert not left_to_aten(bw, bw_groups)
     assert len(masked_softmax_groups(fw_groups)) >= 2
+    left = elementwise_left(fw, fw_groups)
+    assert [n.target for n in left] == [aten.clone.default] * 2, [n.format_node() for n in left]
+    # backward: the weight gradients' sums over batch and tokens ([B, S, D] -> D, and the
+    # bias's [B, H, S, S] -> [H, S, S]) are reductions over leading dims no fragment spells
+    left = elementwise_left(bw, bw_groups)
+    assert {n.target for n in left} == {aten.sum.dim_IntList}, [n.format_node() for n in left]
     # softmax's backward, out * (g - sum(out * g)), is a rows group in the backward graph
     back = [g for g in bw_groups if g.kind == "rows" and g.route == "kernel" and "sum" in g.op_names
             and "bmm" not in g.op_names]

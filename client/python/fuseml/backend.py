@@ -13,6 +13,7 @@ from functorch.compile import make_boxed_func, min_cut_rematerialization_partiti
 from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
+from .cast_sink import sink_casts
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .fragment import Unfusable, build
@@ -208,6 +209,7 @@ class FuseMLCompiler:
         padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
+        sink_casts(gm)   # a cast read through views moves next to its reader (cast_sink.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

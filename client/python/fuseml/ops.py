@@ -191,14 +191,24 @@ POINTWISE = {
 BOOL_ONLY = {aten.bitwise_not.default: _logical_not, aten.bitwise_and.Tensor: _logical("mul"),
              aten.bitwise_or.Tensor: _logical("maximum"), aten.bitwise_xor.Tensor: _logical("ne")}
 POINTWISE.update(BOOL_ONLY)
+
+
+def _same_elements(e, n):
+    # clone, and an expand to the operand's own shape: the same value, stored with the
+    # node's strides when it leaves the group (SDPA's math path: cast, scale, expand, clone)
+    return e.arg(n.args[0])
+
+
+ALIASES = {aten.clone.default: _same_elements, aten.expand.default: _same_elements}
+POINTWISE.update(ALIASES)
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Tensor] = _binary(_name)
     POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
 
-# kwargs an entry may carry; anything else (out=, rounding_mode=, memory_format=...) keeps
-# the node out of a group. layout/device only on a _to_copy that is a dtype conversion
-# (checked below: strided, same device).
-_ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device"}
+# kwargs an entry may carry; anything else (out=, rounding_mode=...) keeps the node out of a
+# group; memory_format on a clone only (its output strides are the node's). layout/device
+# only on a _to_copy that is a dtype conversion (checked below: strided, same device).
+_ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device", "memory_format"}
 
 # Row reductions over the last dim (vocabulary 2): ATen op -> fragment op.
 ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
@@ -223,6 +233,10 @@ def why_not_pointwise(node):
         return "no tensor metadata"
     if val.dtype not in DTYPES:
         return f"dtype {val.dtype} not supported"
+    if node.target in ALIASES:
+        why = _why_not_alias(node, val)
+        if why:
+            return why
     if node.target in BOOL_ONLY and (val.dtype != torch.bool or any(
             isinstance(a, torch.fx.Node) and getattr(a.meta.get("val"), "dtype", None) != torch.bool
             for a in node.args)):
@@ -235,9 +249,14 @@ def why_not_pointwise(node):
             return "_to_copy that is not a dtype conversion"
         if node.kwargs.get("layout", torch.strided) != torch.strided:
             return "_to_copy to another layout"
+        if "memory_format" in node.kwargs:
+            return "unsupported arguments ['memory_format']"
     elif set(node.kwargs) & {"layout", "device"}:
         return "unsupported arguments ['device', 'layout']"
-    for a in list(node.args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
+    elif "memory_format" in node.kwargs and node.target is not aten.clone.default:
+        return "unsupported arguments ['memory_format']"
+    args = node.args[:1] if node.target in ALIASES else node.args   # not an expand's sizes
+    for a in list(args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
         if isinstance(a, torch.fx.Node):
             t = a.meta.get("val")
             if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
@@ -251,6 +270,44 @@ def why_not_pointwise(node):
         elif not _is_static_scalar(a):
             return f"non-static operand {type(a).__name__}"
     return None
+
+
+def _why_not_alias(node, val):
+    """None when a clone or expand node can join a group as the value it copies or views."""
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(src, torch.Tensor) or not same_size(src.shape, val.shape):
+        return "expand that broadcasts"
+    if node.target is aten.clone.default:
+        if node.kwargs.get("memory_format", torch.preserve_format) not in (
+                torch.contiguous_format, torch.preserve_format):
+            return "clone to another memory format"
+        return None
+    # An expand to its own shape is a view: worth joining only where the ops reading it join
+    # too (else the group would store a second copy of its operand), and only where its
+    # strides describe a dense tensor a kernel can write.
+    if node.kwargs or not all(u.op == "call_function" and u.target in POINTWISE and
+                              u.target is not aten.expand.default for u in node.users):
+        return "expand read by ops outside the pointwise vocabulary"
+    if not _dense(val):
+        return "expand of an overlapping or sparse layout"
+    return None
+
+
+def _dense(t):
+    """Static sizes and strides that are a permutation of a contiguous layout."""
+    dims = [(st, d) for d, st in zip(t.shape, t.stride()) if not (_static_int(d) and d == 1)]
+    if not all(_static_int(d) and _static_int(st) for st, d in dims):
+        return False
+    expected = 1
+    for st, d in sorted(dims):
+        if st != expected:
+            return False
+        expected *= d
+    return True
+
+
+def same_size(a, b):
+    return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
 
 
 def _reduction(node, table):
