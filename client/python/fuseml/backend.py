@@ -16,6 +16,7 @@ from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
+from .column_rewrite import spell_columns
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
@@ -210,6 +211,7 @@ class FuseMLCompiler:
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         sink_casts(gm)   # a cast read through views moves next to its reader (cast_sink.py)
+        spell_columns(gm)   # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
