@@ -118,11 +118,6 @@ def _masked_fill(e, n):
     return e.op("where", e.arg(n.args[1]), e.arg(n.args[2]), e.arg(n.args[0]))
 
 
-def _masked_fill_tensor(e, n):
-    # the fill value a 0-dim tensor (broadcast like any operand); torch keeps x's dtype
-    return e.op("where", e.arg(n.args[1]), e.arg(n.args[2]), e.arg(n.args[0]))
-
-
 def _is_value(target):
     """isneginf(x) = x == -inf and isposinf(x) = x == inf (NaN compares false, as torch)."""
     return lambda e, n: e.op("eq", e.arg(n.args[0]), e.const(target))
@@ -180,7 +175,7 @@ POINTWISE = {
     aten.silu_backward.default: _silu_backward,
     aten.gelu_backward.default: _gelu_backward,
     aten.erf.default: _unary("erf"),
-    aten.masked_fill.Tensor: _masked_fill_tensor,
+    aten.masked_fill.Tensor: _masked_fill,   # the value a 0-dim tensor, broadcast
     aten.isneginf.default: _is_value(float("-inf")), aten.isposinf.default: _is_value(float("inf")),
     aten.isinf.default: _isinf, aten.isfinite.default: _isfinite, aten.isnan.default: _isnan,
     aten.logical_not.default: _logical_not, aten.logical_and.default: _logical("mul"),
