@@ -9,24 +9,10 @@ import torch
 from helpers import Fn, compile_run
 
 import fuseml
-from fuseml import backend, cast_sink
+from fuseml import cast_sink
 
 aten = torch.ops.aten
 BF16 = torch.bfloat16
-
-
-@pytest.fixture
-def graphs(monkeypatch):
-    """(graph module, groups) of every graph the backend partitions."""
-    seen = []
-    find = backend.find_groups
-
-    def record(gm, *a, **k):
-        groups = find(gm, *a, **k)
-        seen.append((gm, groups))
-        return groups
-    monkeypatch.setattr(backend, "find_groups", record)
-    return seen
 
 
 def aten_ops(gm, groups, targets):
@@ -39,7 +25,7 @@ def aten_ops(gm, groups, targets):
 COPIES = {aten._to_copy.default, aten.clone.default, aten.mul.Scalar, aten.mul.Tensor}
 
 
-def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, graphs):
+def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, partitioned):
     """k.float(), transposed, scaled and made contiguous for the fp32 bmm: one kernel."""
     def f(k):
         return (k.float().transpose(-2, -1) * 1.0).contiguous() * 1
@@ -47,7 +33,7 @@ def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, graphs):
     k = torch.randn(2, 4, 8, 16, dtype=BF16)
     c, got, want = compile_run(Fn(f), k, train=False)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     assert not aten_ops(gm, groups, COPIES), [g.describe() for g in groups]
     (g,) = [g for g in groups if g.route == "kernel"]
     assert {"_to_copy", "mul", "clone"} <= set(g.op_names), g.describe()
@@ -55,7 +41,7 @@ def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, graphs):
     assert all(n.meta["val"].dtype == BF16 for n in g.inputs)
 
 
-def test_output_cast_and_head_merge_are_one_kernel(dead_socket, graphs):
+def test_output_cast_and_head_merge_are_one_kernel(dead_socket, partitioned):
     """The attention output: fp32 scaled, back to bf16, heads moved next to each other."""
     def f(o):
         o = o * 2.0
@@ -65,14 +51,14 @@ def test_output_cast_and_head_merge_are_one_kernel(dead_socket, graphs):
     c, got, want = compile_run(Fn(f), o)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
-    gm, groups = graphs[0]
+    gm, groups = partitioned[0]
     assert not aten_ops(gm, groups, COPIES), [g.describe() for g in groups]
     # the backward too: the gradient's cast to fp32 and its scale read through the views
-    gm, groups = graphs[1]
+    gm, groups = partitioned[1]
     assert not aten_ops(gm, groups, COPIES), [g.describe() for g in groups]
 
 
-def test_casts_that_gain_nothing_stay_before_their_views(dead_socket, graphs):
+def test_casts_that_gain_nothing_stay_before_their_views(dead_socket, partitioned):
     """Read by a product through a view, or through an expand that broadcasts: unchanged."""
     w = torch.randn(16, 8)
 
@@ -85,7 +71,7 @@ def test_casts_that_gain_nothing_stay_before_their_views(dead_socket, graphs):
     c, got, want = compile_run(Fn(f), x, train=False)
     for a, b in zip(got[0], want[0]):
         torch.testing.assert_close(a, b)
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     casts = [n for n in gm.graph.nodes if n.target is aten._to_copy.default]
     assert casts and all(tuple(n.meta["val"].shape) == (8, 16) for n in casts), \
         [n.format_node() for n in casts]
@@ -96,7 +82,7 @@ def test_sink_casts_leaves_other_graphs_alone():
     assert not cast_sink.sink_casts(gm)
 
 
-def test_clone_and_expand_join_as_aliases(dead_socket, graphs):
+def test_clone_and_expand_join_as_aliases(dead_socket, partitioned):
     s = torch.randn(16)
 
     def f(q):
@@ -107,7 +93,7 @@ def test_clone_and_expand_join_as_aliases(dead_socket, graphs):
     c, got, want = compile_run(Fn(f), q, train=False)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
     assert got[0].is_contiguous()
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     (g,) = [g for g in groups if g.route == "kernel"]
     assert g.op_names == ["_to_copy", "mul", "expand", "clone"], g.describe()
     # one output (the clone's, contiguous), no second copy for the expand
@@ -115,7 +101,7 @@ def test_clone_and_expand_join_as_aliases(dead_socket, graphs):
     assert out["strides"] == [512, 128, 16, 1]
 
 
-def test_aliases_that_cannot_join_stay_out(dead_socket, graphs):
+def test_aliases_that_cannot_join_stay_out(dead_socket, partitioned):
     def f(x):
         y = x * 2
         e = y.expand(4, 8)                               # read by a view: not worth joining
@@ -126,7 +112,7 @@ def test_aliases_that_cannot_join_stay_out(dead_socket, graphs):
     c, got, want = compile_run(Fn(f), x, train=False)
     torch.testing.assert_close(got[0][0], want[0][0])
     torch.testing.assert_close(got[0][1], want[0][1])
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     expands = [n for n in gm.graph.nodes if n.target is aten.expand.default]
     fused = {n for g in groups if g.route == "kernel" for n in g.members}
     assert expands and not any(n in fused for n in expands)

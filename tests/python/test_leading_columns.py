@@ -8,22 +8,8 @@ import torch
 from helpers import Fn, compile_run
 
 import fuseml
-from fuseml import backend
 
 aten = torch.ops.aten
-
-
-@pytest.fixture
-def graphs(monkeypatch):
-    seen = []
-    find = backend.find_groups
-
-    def record(gm, *a, **k):
-        groups = find(gm, *a, **k)
-        seen.append((gm, groups))
-        return groups
-    monkeypatch.setattr(backend, "find_groups", record)
-    return seen
 
 
 def columns(groups):
@@ -37,7 +23,7 @@ def columns(groups):
     lambda y: y.amax([1, 0], keepdim=True),
     lambda y: y.sum([0]),
 ], ids=["sum_keepdim", "sum_negative_dims", "mean", "amax_unordered_dims", "sum_dim0_of_3d"])
-def test_leading_dims_are_a_column_group(dead_socket, graphs, reduce):
+def test_leading_dims_are_a_column_group(dead_socket, partitioned, reduce):
     g = torch.randn(2, 8, 64)
 
     def f(x):
@@ -47,7 +33,7 @@ def test_leading_dims_are_a_column_group(dead_socket, graphs, reduce):
     c, got, want = compile_run(Fn(f), x, train=False)
     torch.testing.assert_close(got[0], want[0])
     assert got[0].shape == want[0].shape
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     (col,) = columns(groups)
     assert col.route == "kernel", col.describe()
     (inp,) = [i for i in col.built.wire["inputs"]]
@@ -55,7 +41,7 @@ def test_leading_dims_are_a_column_group(dead_socket, graphs, reduce):
     assert inp["shape"] == [reduced, 1024 // reduced * 1], inp
 
 
-def test_attention_bias_gradient_over_the_batch(dead_socket, graphs):
+def test_attention_bias_gradient_over_the_batch(dead_socket, partitioned):
     """[B, H, S, S] summed over B: columns of the [B, H * S * S] view, bf16 in and out."""
     def f(s):
         return (s * 3).sum([0], keepdim=True).to(torch.bfloat16)
@@ -63,12 +49,12 @@ def test_attention_bias_gradient_over_the_batch(dead_socket, graphs):
     s = torch.randn(2, 4, 8, 8, dtype=torch.float32)
     c, got, want = compile_run(Fn(f), s, train=False)
     torch.testing.assert_close(got[0], want[0])
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     (col,) = columns(groups)
     assert col.built.wire["inputs"][0]["shape"] == [2, 256]
 
 
-def test_what_the_rewrite_cannot_take_stays(dead_socket, graphs):
+def test_what_the_rewrite_cannot_take_stays(dead_socket, partitioned):
     def f(x):
         a = x.transpose(0, 1).sum([0, 1])           # not contiguous
         b = (x * 2).sum([1])                        # not a leading dim
@@ -79,11 +65,11 @@ def test_what_the_rewrite_cannot_take_stays(dead_socket, graphs):
     c, got, want = compile_run(Fn(f), x, train=False)
     for a, b in zip(got[0], want[0]):
         torch.testing.assert_close(a, b)
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     assert not columns(groups), [g.describe() for g in groups]
 
 
-def test_daemon_accepts_leading_column_groups(daemon, graphs):
+def test_daemon_accepts_leading_column_groups(daemon, partitioned):
     w = torch.randn(64)
 
     def f(x):

@@ -12,7 +12,7 @@ import torch
 from helpers import rel_err
 
 import fuseml
-from fuseml import backend, ops
+from fuseml import ops
 
 aten = torch.ops.aten
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "models")
@@ -31,20 +31,6 @@ def t5_tiny():
     zoo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo)
     return zoo.build("t5", "tiny", "cpu")
-
-
-@pytest.fixture
-def graphs(monkeypatch):
-    """(graph module, groups) of every graph the backend partitions."""
-    seen = []
-    find = backend.find_groups
-
-    def record(gm, *a, **k):
-        groups = find(gm, *a, **k)
-        seen.append((gm, groups))
-        return groups
-    monkeypatch.setattr(backend, "find_groups", record)
-    return seen
 
 
 def left_to_aten(gm, groups):
@@ -84,7 +70,7 @@ def masked_softmax_groups(groups):
     return [g for g in groups if g.kind == "rows" and {"all", "amax", "exp", "masked_fill"} <= set(g.op_names)]
 
 
-def test_t5_forward_mask_path_is_fused(dead_socket, graphs):
+def test_t5_forward_mask_path_is_fused(dead_socket, partitioned):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     w = t5_tiny()
     c = fuseml.FuseMLCompiler()
@@ -94,7 +80,7 @@ def test_t5_forward_mask_path_is_fused(dead_socket, graphs):
         want = w.forward(w.model, w.inputs)
         got = w.forward(torch.compile(w.model, backend=c), w.inputs)
     assert rel_err(got, want) < 1e-2
-    ((gm, groups),) = graphs
+    ((gm, groups),) = partitioned
     assert not left_to_aten(gm, groups)
     # every attention (self and cross, encoder and decoder) runs the math path: one group each
     n_math = sum(n.target is aten.all.dim for n in gm.graph.nodes)
@@ -111,7 +97,7 @@ def test_t5_forward_mask_path_is_fused(dead_socket, graphs):
     assert [n.target for n in left] == [aten.clone.default] * 2, [n.format_node() for n in left]
 
 
-def test_t5_training_step_mask_path_is_fused(dead_socket, graphs):
+def test_t5_training_step_mask_path_is_fused(dead_socket, partitioned):
     w = t5_tiny()
     params = [p for p in w.model.parameters() if p.requires_grad]
 
@@ -134,7 +120,7 @@ def test_t5_training_step_mask_path_is_fused(dead_socket, graphs):
         assert err == err and err < 3e-2, err
     whiches = [p.which for p in c.plans]
     assert whiches == ["forward", "backward"], whiches
-    (fw, fw_groups), (bw, bw_groups) = graphs
+    (fw, fw_groups), (bw, bw_groups) = partitioned
     assert not left_to_aten(fw, fw_groups)
     assert not left_to_aten(bw, bw_groups)
     assert len(masked_softmax_groups(fw_groups)) >= 2
