@@ -47,9 +47,13 @@ def _chain(cast):
         return None
     x = cast.args[0]
     src, val = x.meta.get("val"), cast.meta.get("val")
-    if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor) or \
-            tuple(src.stride()) != tuple(val.stride()):
-        return None     # the views must see the same layout in the uncast tensor
+    if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor):
+        return None
+    strides = list(src.stride()) + list(val.stride())
+    # the views must see the same layout in the operand (decided without a guard on a
+    # symbolic stride: those are left as they are)
+    if not all(ops._static_int(s) for s in strides) or src.stride() != val.stride():
+        return None
     chain, node = [], cast
     while len(node.users) == 1 and _is_view(next(iter(node.users))):
         node = next(iter(node.users))
