@@ -139,3 +139,19 @@ def test_per_row_values_join_their_rows_group(dead_socket):
     (p,) = c.plans
     (g,) = p.groups
     assert g.kind == "rows" and g.route == "kernel" and "pow" in g.op_names, g.describe()
+
+
+def test_dynamic_shapes_keep_results(dead_socket):
+    """Symbolic sizes and strides: the rewrites leave what they cannot decide without a guard,
+    and three batch sizes run through one compiled function with eager's results."""
+    def f(k, g):
+        return ((k.float().transpose(-2, -1) * 1.0).contiguous() * 2, (g * k.float()).sum([0, 1]),
+                torch.isneginf(k).all(-1, keepdim=True))
+
+    cf = torch.compile(f, backend=fuseml.FuseMLCompiler(), dynamic=True)
+    g = torch.randn(8, 8)
+    for b in (2, 3, 5):
+        k = torch.randn(b, 4, 8, 8, dtype=BF16)
+        k[0, 0, 0] = float("-inf")
+        for got, want in zip(cf(k, g), f(k, g)):
+            torch.testing.assert_close(got, want)
