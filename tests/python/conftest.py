@@ -111,3 +111,18 @@ def served(dead_socket, monkeypatch):
     monkeypatch.setattr(fuseml.backend.transport, "compile_all", compile_all)
     compile_all.rounds = rounds
     return compile_all
+
+
+@pytest.fixture
+def partitioned(monkeypatch):
+    """(graph module, groups) of every graph the backend partitions, in order: what a test
+    reads to see which nodes were left outside the groups."""
+    seen = []
+    find = fuseml.backend.find_groups
+
+    def record(gm, *a, **k):
+        groups = find(gm, *a, **k)
+        seen.append((gm, groups))
+        return groups
+    monkeypatch.setattr(fuseml.backend, "find_groups", record)
+    return seen

@@ -13,8 +13,10 @@ from functorch.compile import make_boxed_func, min_cut_rematerialization_partiti
 from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade, view_motion
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
+from .cast_sink import sink_casts
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
+from .column_rewrite import spell_columns
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
@@ -49,6 +51,19 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 
 
 DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
+
+
+def _safe_softmax(x, dim, dtype=None):
+    """SDPA's math path (T5's attention with its learned bias): softmax with rows that are all
+    -inf zeroed instead of NaN. torch's own decomposition fills a zeros_like tensor for the
+    where; masked_fill by a scalar keeps the whole of it one rows group (softmax, the -inf
+    test, the all-reduction of the row)."""
+    out = aten._softmax.default(x if dtype is None else x.to(dtype), dim, False)
+    masked_rows = aten.all.dim(aten.eq.Scalar(x, float("-inf")), dim, True)
+    return aten.masked_fill.Scalar(out, masked_rows, 0.0)
+
+
+DECOMPOSITIONS[aten._safe_softmax.default] = _safe_softmax
 
 # Ops of DECOMPOSITIONS left whole under rest="inductor": Inductor's table rewrites clamp into
 # clamp_min and clamp_max and lowers those itself, while ours spells them as clamp again, so
@@ -199,7 +214,9 @@ class FuseMLCompiler:
         padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
-        view_motion.move(gm)   # reshapes off the seams of elementwise chains
+        sink_casts(gm)   # a cast read through views moves next to its reader (cast_sink.py)
+        view_motion.move(gm)   # reshapes off the other seams of elementwise chains (view_motion.py)
+        spell_columns(gm)   # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

@@ -7,7 +7,7 @@ which is exact when every tensor is either dense across them or broadcast over a
 import torch
 from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
-from .ops import DTYPES, POINTWISE, cat_dim, column_reduction, row_reduction
+from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction
 
 VOCAB = 1
 VOCAB_ROWS = 2
@@ -118,7 +118,15 @@ class Emitter:
 
     def reduce(self, name, vid, correction, dim=-1):
         """A reduction with keepdim, of the last dim (vocabulary 2) or of dim 0 of a 2-D
-        value (vocabulary 5); the result keeps the dtype."""
+        value (vocabulary 5); the result keeps the dtype, but all/any's (ops.LOGICAL_REDUCTIONS)
+        is bool."""
+        if name in LOGICAL_REDUCTIONS:
+            # all: no element false (the largest of b ? 0 : 1 is 0); any: some element true
+            truth = self.cast(vid, "bool")
+            every = name == "all"
+            flags = self.op("where", truth, self.const(0.0 if every else 1.0), self.const(1.0 if every else 0.0))
+            top = self.reduce("amax", flags, 0, dim)
+            return self.op("eq" if every else "ne", top, self.const(0.0))
         if self.dtype[vid] in ("const", "bool"):
             vid = self.cast(vid, "f32")
         out = self._new(self.dtype[vid])

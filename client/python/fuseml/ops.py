@@ -118,6 +118,39 @@ def _masked_fill(e, n):
     return e.op("where", e.arg(n.args[1]), e.arg(n.args[2]), e.arg(n.args[0]))
 
 
+def _is_value(target):
+    """isneginf(x) = x == -inf and isposinf(x) = x == inf (NaN compares false, as torch)."""
+    return lambda e, n: e.op("eq", e.arg(n.args[0]), e.const(target))
+
+
+def _isinf(e, n):
+    return e.op("eq", e.op("abs", e.arg(n.args[0])), e.const(float("inf")))
+
+
+def _isfinite(e, n):
+    # |x| < inf: false for ±inf and for NaN (a NaN compares false)
+    return e.op("lt", e.op("abs", e.arg(n.args[0])), e.const(float("inf")))
+
+
+def _isnan(e, n):
+    x = e.arg(n.args[0])
+    return e.op("ne", x, x)
+
+
+def _truth(e, x):
+    """x as torch's truth value: x != 0, NaN true (the protocol's cast to bool)."""
+    return e.cast(e.arg(x), "bool")
+
+
+def _logical_not(e, n):
+    return e.op("eq", _truth(e, n.args[0]), e.const(0.0))
+
+
+def _logical(name):
+    # and: a * b, or: max(a, b) over 0/1 (cast back to bool by emit_node); xor: a != b
+    return lambda e, n: e.op(name, _truth(e, n.args[0]), _truth(e, n.args[1]))
+
+
 POINTWISE = {
     aten.add.Tensor: _add_like("add"), aten.add.Scalar: _add_like("add"),
     aten.sub.Tensor: _add_like("sub"), aten.sub.Scalar: _add_like("sub"),
@@ -142,19 +175,43 @@ POINTWISE = {
     aten.silu_backward.default: _silu_backward,
     aten.gelu_backward.default: _gelu_backward,
     aten.erf.default: _unary("erf"),
+    aten.masked_fill.Tensor: _masked_fill,   # the value a 0-dim tensor, broadcast
+    aten.isneginf.default: _is_value(float("-inf")), aten.isposinf.default: _is_value(float("inf")),
+    aten.isinf.default: _isinf, aten.isfinite.default: _isfinite, aten.isnan.default: _isnan,
+    aten.logical_not.default: _logical_not, aten.logical_and.default: _logical("mul"),
+    aten.logical_or.default: _logical("maximum"), aten.logical_xor.default: _logical("ne"),
 }
+# bitwise ops on bool tensors are the logical ones (on integers, which no fragment holds, the
+# dtype check of why_not_pointwise keeps them out)
+BOOL_ONLY = {aten.bitwise_not.default: _logical_not, aten.bitwise_and.Tensor: _logical("mul"),
+             aten.bitwise_or.Tensor: _logical("maximum"), aten.bitwise_xor.Tensor: _logical("ne")}
+POINTWISE.update(BOOL_ONLY)
+
+
+def _same_elements(e, n):
+    # clone, and an expand to the operand's own shape: the same value, stored with the
+    # node's strides when it leaves the group (SDPA's math path: cast, scale, expand, clone)
+    return e.arg(n.args[0])
+
+
+ALIASES = {aten.clone.default: _same_elements, aten.expand.default: _same_elements}
+POINTWISE.update(ALIASES)
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Tensor] = _binary(_name)
     POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
 
-# kwargs an entry may carry; anything else (out=, rounding_mode=, memory_format=...) keeps
-# the node out of a group. layout/device only on a _to_copy that is a dtype conversion
-# (checked below: strided, same device).
-_ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device"}
+# kwargs an entry may carry; anything else (out=, rounding_mode=...) keeps the node out of a
+# group; memory_format on a clone only (its output strides are the node's). layout/device
+# only on a _to_copy that is a dtype conversion (checked below: strided, same device).
+_ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device", "memory_format"}
 
 # Row reductions over the last dim (vocabulary 2): ATen op -> fragment op.
 ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
-                  aten.var.correction: "var"}
+                  aten.var.correction: "var", aten.all.dim: "all", aten.any.dim: "any",
+                  aten.all.dims: "all", aten.any.dims: "any"}
+# Truth reductions: of a bool or float operand (its truth value), into bool. Spelled with amax
+# (Emitter.reduce): all(b) = amax(b ? 0 : 1) == 0, any(b) = amax(b ? 1 : 0) != 0.
+LOGICAL_REDUCTIONS = {"all", "any"}
 MAX_ROW = 1 << 20       # FM_MAX_ROW: longer rows than registers hold are streamed (logits)
 MAX_ROW_HELD = 32768    # FM_MAX_ROW_HELD: var needs its row held in registers
 
@@ -172,6 +229,14 @@ def why_not_pointwise(node):
         return "no tensor metadata"
     if val.dtype not in DTYPES:
         return f"dtype {val.dtype} not supported"
+    if node.target in ALIASES:
+        why = _why_not_alias(node, val)
+        if why:
+            return why
+    if node.target in BOOL_ONLY and (val.dtype != torch.bool or any(
+            isinstance(a, torch.fx.Node) and getattr(a.meta.get("val"), "dtype", None) != torch.bool
+            for a in node.args)):
+        return "bitwise op on integers"
     if set(node.kwargs) - _ALLOWED_KWARGS:
         return f"unsupported arguments {sorted(set(node.kwargs) - _ALLOWED_KWARGS)}"
     if node.target in (aten._to_copy.default,):
@@ -180,9 +245,14 @@ def why_not_pointwise(node):
             return "_to_copy that is not a dtype conversion"
         if node.kwargs.get("layout", torch.strided) != torch.strided:
             return "_to_copy to another layout"
+        if "memory_format" in node.kwargs:
+            return "unsupported arguments ['memory_format']"
     elif set(node.kwargs) & {"layout", "device"}:
         return "unsupported arguments ['device', 'layout']"
-    for a in list(node.args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
+    elif "memory_format" in node.kwargs and node.target is not aten.clone.default:
+        return "unsupported arguments ['memory_format']"
+    args = node.args[:1] if node.target in ALIASES else node.args   # not an expand's sizes
+    for a in list(args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
         if isinstance(a, torch.fx.Node):
             t = a.meta.get("val")
             if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
@@ -198,6 +268,44 @@ def why_not_pointwise(node):
     return None
 
 
+def _why_not_alias(node, val):
+    """None when a clone or expand node can join a group as the value it copies or views."""
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not isinstance(src, torch.Tensor) or not same_size(src.shape, val.shape):
+        return "expand that broadcasts"
+    if node.target is aten.clone.default:
+        if node.kwargs.get("memory_format", torch.preserve_format) not in (
+                torch.contiguous_format, torch.preserve_format):
+            return "clone to another memory format"
+        return None
+    # An expand to its own shape is a view: worth joining only where the ops reading it join
+    # too (else the group would store a second copy of its operand), and only where its
+    # strides describe a dense tensor a kernel can write.
+    if node.kwargs or not all(u.op == "call_function" and u.target in POINTWISE and
+                              u.target is not aten.expand.default for u in node.users):
+        return "expand read by ops outside the pointwise vocabulary"
+    if not _dense(val):
+        return "expand of an overlapping or sparse layout"
+    return None
+
+
+def _dense(t):
+    """Static sizes and strides that are a permutation of a contiguous layout."""
+    dims = [(st, d) for d, st in zip(t.shape, t.stride()) if not (_static_int(d) and d == 1)]
+    if not all(_static_int(d) and _static_int(st) for st, d in dims):
+        return False
+    expected = 1
+    for st, d in sorted(dims):
+        if st != expected:
+            return False
+        expected *= d
+    return True
+
+
+def same_size(a, b):
+    return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
+
+
 def _reduction(node, table):
     """(fragment op, operand's fake tensor, reduced dim) when node is an op of `table` that
     reduces one dim of a float tensor into its own dtype, else None: what row and column
@@ -209,9 +317,12 @@ def _reduction(node, table):
     if not isinstance(x, torch.fx.Node) or not isinstance(val, torch.Tensor):
         return None
     t = x.meta.get("val")
-    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dtype == torch.bool:
+    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dim() < 1:
         return None
-    if t.dim() < 1 or val.dtype != t.dtype:
+    if name in LOGICAL_REDUCTIONS:
+        if val.dtype != torch.bool:
+            return None
+    elif t.dtype == torch.bool or val.dtype != t.dtype:
         return None
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if isinstance(dims, int):

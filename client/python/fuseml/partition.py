@@ -315,7 +315,12 @@ def find_groups(gm, min_ops=2, chains=True):
                 merge(chosen, h)
                 break      # two products at most
         for h in cands[1:]:
-            if chosen.kind == "gemm" or h.kind == "gemm" or not (cat or same_shape(chosen.shape, h.shape)):
+            # a pointwise group of per-row values (a statistic saved by the forward, raised to
+            # a power in the backward) joins the rows group, as a per-row node would
+            per_row = chosen.kind == "rows" and h.kind == "pointwise" and \
+                len(h.shape) == len(chosen.shape) and same_shape(_per_row(chosen.shape), h.shape)
+            if chosen.kind == "gemm" or h.kind == "gemm" or \
+                    not (cat or per_row or same_shape(chosen.shape, h.shape)):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
@@ -448,7 +453,8 @@ def _finish(g, min_ops):
     elif g.kind == "columns":   # one op, but a kernel of its own against ATen's reduction
         g.route, g.reason = "kernel", ""
     elif g.kind in ("pointwise", "rows"):
-        compute = [n for n in g.members]
+        # an expand to its own shape moves nothing: a group of views alone is no kernel
+        compute = [n for n in g.members if n.target is not ops.aten.expand.default]
         if len(compute) < min_ops:
             g.reason = "single op: nothing to fuse"
         else:

@@ -1,0 +1,120 @@
+"""A graph rewrite before partitioning: a dtype cast (or another pointwise op of one tensor
+operand, a scale by a constant) read only through a chain of views moves past the views, next
+to the pointwise op that reads them, so that the two fuse.
+
+SDPA's math path (T5's attention) casts q, k and v to fp32 and the result back, each through
+views that a group cannot look through (a transpose, a view of the heads):
+  k32 = _to_copy(k); kt = transpose(k32); mul(kt, scale) ...    -> the cast alone is a kernel
+  o16 = _to_copy(o32); clone(transpose(view(o16)))              -> so is the cast, and the clone
+Rewritten as transpose(k) -> _to_copy -> mul, and view -> transpose -> _to_copy -> clone, each
+cast joins the group of the op after it (the backward's scales by 1.0 likewise). Exact: the
+op is elementwise, a view only re-indexes the same elements (the views now read the operand,
+whose strides are the op's result's).
+Nothing else changes: a graph without this pattern is left as it was."""
+import torch
+from torch._guards import detect_fake_mode
+
+from . import ops
+from ._log import log
+
+aten = torch.ops.aten
+VIEWS = {aten.transpose.int, aten.permute.default, aten.t.default, aten.unsqueeze.default,
+         aten.squeeze.dim, aten.squeeze.default, aten.view.default, aten._unsafe_view.default,
+         aten.expand.default}
+_MAX_PASSES = 4
+
+
+def _is_view(node):
+    if node.op != "call_function" or node.target not in VIEWS or node.kwargs or \
+            any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
+        return False
+    # an expand that broadcasts would have the op computed once per copy
+    return node.target is not aten.expand.default or ops.same_size(
+        node.args[0].meta["val"].shape, node.meta["val"].shape)
+
+
+def _movable(node):
+    """A pointwise op of one tensor operand (a cast, a scale by a constant)."""
+    if node.op != "call_function" or node.target in ops.ALIASES or ops.why_not_pointwise(node):
+        return False
+    return isinstance(node.args[0], torch.fx.Node) and len(node.all_input_nodes) == 1
+
+
+def _chain(cast):
+    """The views cast's value goes through to reach pointwise ops (each read only by the
+    next), or None when it is not such an op."""
+    if not _movable(cast):
+        return None
+    x = cast.args[0]
+    src, val = x.meta.get("val"), cast.meta.get("val")
+    if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor):
+        return None
+    strides = list(src.stride()) + list(val.stride())
+    # the views must see the same layout in the operand (decided without a guard on a
+    # symbolic stride: those are left as they are)
+    if not all(ops._static_int(s) for s in strides) or src.stride() != val.stride():
+        return None
+    chain, node = [], cast
+    while len(node.users) == 1 and _is_view(next(iter(node.users))):
+        node = next(iter(node.users))
+        chain.append(node)
+    if not chain or not all(u.op == "call_function" and u.target in ops.POINTWISE and
+                            ops.why_not_pointwise(u) is None for u in node.users):
+        return None
+    return chain
+
+
+def _fake(fake_mode, target, args, kwargs):
+    with fake_mode:
+        return target(*args, **kwargs)
+
+
+def sink_casts(gm):
+    """Rewrites gm in place (above); returns whether anything changed."""
+    if not any(_movable(n) for n in gm.graph.nodes):
+        return False
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    if fake_mode is None:
+        return False
+    changed = False
+    # a pass moves each op past its views; an op moved next to one that moves later (a scale
+    # before a cast, both behind views) follows it in the next pass
+    for _ in range(_MAX_PASSES):
+        if not _sink(gm, fake_mode):
+            break
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed
+
+
+def _sink(gm, fake_mode):
+    changed = False
+    for cast in [n for n in gm.graph.nodes if _movable(n)]:
+        chain = _chain(cast)
+        if chain is None:
+            continue
+        last, new = chain[-1], []
+        try:
+            with gm.graph.inserting_before(last):
+                value = cast.args[0]
+                for v in chain:
+                    w = gm.graph.call_function(v.target, (value,) + tuple(v.args[1:]))
+                    w.meta["val"] = _fake(fake_mode, v.target, (value.meta["val"],) + tuple(v.args[1:]), {})
+                    new.append(w)
+                    value = w
+                moved = gm.graph.call_function(cast.target, (value,) + tuple(cast.args[1:]), dict(cast.kwargs))
+                new.append(moved)
+                moved.meta["val"] = _fake(fake_mode, cast.target, (value.meta["val"],) + tuple(cast.args[1:]),
+                                          dict(cast.kwargs))
+        except Exception as e:   # a view the uncast layout cannot take: leave the chain as it was
+            log.debug("fuseml: %s stays before its views: %s", cast.name, e)
+            for w in reversed(new):
+                gm.graph.erase_node(w)
+            continue
+        last.replace_all_uses_with(moved)
+        for v in reversed([cast] + chain):
+            gm.graph.erase_node(v)
+        changed = True
+    return changed

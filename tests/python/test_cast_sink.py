@@ -1,0 +1,157 @@
+"""Casts and copies of SDPA's math path (T5's attention in bf16): a cast (or a scale) read
+through views moves past them and fuses with the op that reads them (cast_sink.py); a clone,
+and an expand to its own shape, join a group as the value they copy or view; a pointwise
+group of per-row values joins the rows group that reads it. Results as eager's; what cannot
+be moved or joined stays as it was."""
+import pytest
+import torch
+
+from helpers import Fn, compile_run
+
+import fuseml
+from fuseml import cast_sink
+
+aten = torch.ops.aten
+BF16 = torch.bfloat16
+
+
+def aten_ops(gm, groups, targets):
+    """Nodes of `targets` in gm left outside every group routed to a kernel."""
+    fused = {n for g in groups if g.route == "kernel" for n in g.members}
+    return [n.name for n in gm.graph.nodes
+            if n.op == "call_function" and n.target in targets and n not in fused]
+
+
+COPIES = {aten._to_copy.default, aten.clone.default, aten.mul.Scalar, aten.mul.Tensor}
+
+
+def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, partitioned):
+    """k.float(), transposed, scaled and made contiguous for the fp32 bmm: one kernel."""
+    def f(k):
+        return (k.float().transpose(-2, -1) * 1.0).contiguous() * 1
+
+    k = torch.randn(2, 4, 8, 16, dtype=BF16)
+    c, got, want = compile_run(Fn(f), k, train=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    ((gm, groups),) = partitioned
+    assert not aten_ops(gm, groups, COPIES), [g.describe() for g in groups]
+    (g,) = [g for g in groups if g.route == "kernel"]
+    assert {"_to_copy", "mul", "clone"} <= set(g.op_names), g.describe()
+    # the group reads k itself, transposed in place
+    assert all(n.meta["val"].dtype == BF16 for n in g.inputs)
+
+
+def test_output_cast_and_head_merge_are_one_kernel(dead_socket, partitioned):
+    """The attention output: fp32 scaled, back to bf16, heads moved next to each other."""
+    def f(o):
+        o = o * 2.0
+        return o.to(BF16).view(2, -1, 8, 16).transpose(1, 2).contiguous().view(2, 8, 64)
+
+    o = torch.randn(2, 4, 8, 16)
+    c, got, want = compile_run(Fn(f), o)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+    gm, groups = partitioned[0]
+    assert not aten_ops(gm, groups, COPIES), [g.describe() for g in groups]
+    # the backward too: the gradient's cast to fp32 and its scale read through the views
+    gm, groups = partitioned[1]
+    assert not aten_ops(gm, groups, COPIES), [g.describe() for g in groups]
+
+
+def test_casts_that_gain_nothing_stay_before_their_views(dead_socket, partitioned):
+    """Read by a product through a view, or through an expand that broadcasts: unchanged."""
+    w = torch.randn(16, 8)
+
+    def f(x):
+        a = x.float().t() @ w.t()                        # a cast read by a GEMM
+        b = x.float().expand(3, 8, 16) + torch.ones(3, 1, 1)   # would be cast 3 times
+        return a, b
+
+    x = torch.randn(8, 16, dtype=BF16)
+    c, got, want = compile_run(Fn(f), x, train=False)
+    for a, b in zip(got[0], want[0]):
+        torch.testing.assert_close(a, b)
+    ((gm, groups),) = partitioned
+    casts = [n for n in gm.graph.nodes if n.target is aten._to_copy.default]
+    assert casts and all(tuple(n.meta["val"].shape) == (8, 16) for n in casts), \
+        [n.format_node() for n in casts]
+
+
+def test_sink_casts_leaves_other_graphs_alone():
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    assert not cast_sink.sink_casts(gm)
+
+
+def test_clone_and_expand_join_as_aliases(dead_socket, partitioned):
+    s = torch.randn(16)
+
+    def f(q):
+        x = q.float() * s          # two operands: stays where it is (no cast_sink)
+        return x.expand(2, 4, 8, 16).contiguous()
+
+    q = torch.randn(2, 4, 8, 16, dtype=BF16).transpose(1, 2).contiguous().transpose(1, 2)
+    c, got, want = compile_run(Fn(f), q, train=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert got[0].is_contiguous()
+    ((gm, groups),) = partitioned
+    (g,) = [g for g in groups if g.route == "kernel"]
+    assert g.op_names == ["_to_copy", "mul", "expand", "clone"], g.describe()
+    # one output (the clone's, contiguous), no second copy for the expand
+    (out,) = g.built.wire["outputs"]
+    assert out["strides"] == [512, 128, 16, 1]
+
+
+def test_aliases_that_cannot_join_stay_out(dead_socket, partitioned):
+    def f(x):
+        y = x * 2
+        e = y.expand(4, 8)                               # read by a view: not worth joining
+        z = (x + 1).contiguous(memory_format=torch.channels_last) if x.dim() == 4 else None
+        return e.view(32) + 0, y.clone() * 3, z
+
+    x = torch.randn(4, 8)
+    c, got, want = compile_run(Fn(f), x, train=False)
+    torch.testing.assert_close(got[0][0], want[0][0])
+    torch.testing.assert_close(got[0][1], want[0][1])
+    ((gm, groups),) = partitioned
+    expands = [n for n in gm.graph.nodes if n.target is aten.expand.default]
+    fused = {n for g in groups if g.route == "kernel" for n in g.members}
+    assert expands and not any(n in fused for n in expands)
+    # a clone is an ordinary member: y -> clone -> mul is one group
+    assert any({"clone", "mul"} <= set(g.op_names) for g in groups if g.route == "kernel")
+    c4 = lambda x: (x + 1).contiguous(memory_format=torch.channels_last) * 2   # noqa: E731
+    torch._dynamo.reset()
+    x4 = torch.randn(2, 3, 4, 5)
+    c, got, want = compile_run(Fn(c4), x4, train=False)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[0].stride() == want[0].stride()
+
+
+def test_per_row_values_join_their_rows_group(dead_socket):
+    """RMSNorm's backward raises the saved rstd to a power: a pointwise group of per-row
+    values (it reads only an input) that the row sum's group takes in."""
+    def f(x, r):
+        return (x * x).sum(-1, keepdim=True) * r.pow(3) * -0.5 + x
+
+    x, r = torch.randn(8, 64), torch.rand(8, 1) + 0.5
+    c = fuseml.FuseMLCompiler()
+    got = torch.compile(f, backend=c)(x, r)
+    torch.testing.assert_close(got, f(x, r))
+    (p,) = c.plans
+    (g,) = p.groups
+    assert g.kind == "rows" and g.route == "kernel" and "pow" in g.op_names, g.describe()
+
+
+def test_dynamic_shapes_keep_results(dead_socket):
+    """Symbolic sizes and strides: the rewrites leave what they cannot decide without a guard,
+    and three batch sizes run through one compiled function with eager's results."""
+    def f(k, g):
+        return ((k.float().transpose(-2, -1) * 1.0).contiguous() * 2, (g * k.float()).sum([0, 1]),
+                torch.isneginf(k).all(-1, keepdim=True))
+
+    cf = torch.compile(f, backend=fuseml.FuseMLCompiler(), dynamic=True)
+    g = torch.randn(8, 8)
+    for b in (2, 3, 5):
+        k = torch.randn(b, 4, 8, 8, dtype=BF16)
+        k[0, 0, 0] = float("-inf")
+        for got, want in zip(cf(k, g), f(k, g)):
+            torch.testing.assert_close(got, want)
