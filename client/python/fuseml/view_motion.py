@@ -12,7 +12,8 @@ commutes with a reshape (same elements, same order), so:
 
   - *hoist*: view(P(x)) -> P(view(x)) when P is a one-operand elementwise op that only the view
     reads and x is not itself a fusible op's value (P then has nothing to join above the view,
-    and joins the group below it);
+    and joins the group below it), nor a GEMM's product or a reshape (a GEMM group takes P into
+    its epilogue through one reshape of its product);
   - *sink*: U(view(y)) -> view(U(y)) when U is a one-operand elementwise op that is the view's
     only reader and y is a fusible op's value (U joins y's group).
 
@@ -89,6 +90,10 @@ def _hoist(gm, mode, view):
         return False
     x = _unary(p)
     if x is None or x is not p.args[0] or _fusible(x):
+        return False
+    # a GEMM group sees through one reshape of its product into its epilogue: a reshape
+    # hoisted onto a product, or onto another reshape, would cut P off from that epilogue
+    if x.op == "call_function" and (x.target in ops.RESHAPE_OPS or ops.kind_of(x) == "gemm"):
         return False
     return _exchange(gm, mode, p, view)
 
