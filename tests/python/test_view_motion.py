@@ -61,6 +61,10 @@ def test_hoist_and_sink_and_their_limits():
     assert ts[-1] == aten.view.default, ts
     x = torch.randn(8, 16, dtype=BF16)
     torch.testing.assert_close(gm(x), f(x))
+    # no sink when the op below the view has a fusible reader: it fuses there already
+    f2 = lambda x, t: (x.float() - x.float().amax(-1, keepdim=True)).view(2, 4, 16).to(BF16) + t  # noqa: E731
+    gm = _graph(f2, torch.randn(8, 16, dtype=BF16), torch.randn(2, 4, 16, dtype=BF16))
+    assert view_motion.move(gm) == 0
     # no view of the new operand: the cast of a padded slice is contiguous, the slice is not,
     # so flattening it is no view: the pair stays
     g = lambda x: x[:, :16].float().view(-1).amax(-1, keepdim=True)  # noqa: E731

@@ -15,7 +15,8 @@ commutes with a reshape (same elements, same order), so:
     and joins the group below it), nor a GEMM's product or a reshape (a GEMM group takes P into
     its epilogue through one reshape of its product);
   - *sink*: U(view(y)) -> view(U(y)) when U is a one-operand elementwise op that is the view's
-    only reader and y is a fusible op's value (U joins y's group).
+    only reader, y is a fusible op's value and no reader of U is one (U, alone below the view,
+    joins y's group above it).
 
 The two conditions exclude each other for one view (hoisting leaves the view reading a
 non-fusible value, sinking leaves it reading a fusible one), so the passes never undo each
@@ -105,6 +106,9 @@ def _sink(gm, mode, view):
         return False
     (u,) = view.users
     if _unary(u) is not view or u.args[0] is not view:
+        return False
+    # U would leave a group below the view that it joins now (a cast feeding an add)
+    if any(_fusible(r) for r in u.users):
         return False
     return _exchange(gm, mode, view, u)
 
