@@ -109,8 +109,8 @@ VECTORS = [
     ("reduce_dim0", "a sum over dim 0",
      ("reject", "unsupported", "only the last dim (-1) can be reduced")),
     ("nested_reduction", "amax of a sum", ("reject", "unsupported", "nested reduction")),
-    ("row_too_long", "softmax over rows of 65536",
-     ("reject", "unsupported", "rows of 65536 elements exceed the 32768")),
+    ("row_too_long", "softmax over rows of 2097152 (rows up to 2^20 are streamed)",
+     ("reject", "unsupported", "rows of 2097152 elements exceed the limit of 1048576")),
     # ---- vocabulary 5: column reductions (over dim 0) ----
     ("cols_bias_grad", "a bias gradient: grad.sum(0, keepdim=True) of a bf16 [-1, 256] (symbolic M)",
      ("accept", None)),
