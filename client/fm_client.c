@@ -341,12 +341,6 @@ static void fm_pack_fragment(msgpack_packer *pk, void *ctx) {
   pk->callback(pk->data, (const char *)f->fragment, f->len);
 }
 
-void fm_compiled_free(fm_compiled *k) {
-  if (!k) return;
-  free(k->cubin);
-  memset(k, 0, sizeof *k);
-}
-
 static int fm_parse_compiled(const msgpack_object *r, const char *op, fm_compiled *out, fm_diag *d) {
   const char *hex = NULL;
   const uint8_t *bin = NULL;

@@ -35,7 +35,7 @@ static addend_kind addend(const fm_fragment *f, const fm_cg_gemm_plan *gp, uint3
   /* one row added to every row: a [1, N] bias, or an [M, N] view of one row (row stride 0,
      an expanded [N]), which is no C: cuBLASLt would read M rows of it */
   if ((t->shape[0] == 1 || t->strides[0] == 0) && gp->m != 1)
-    /* the plan promises cuBLASLt a 16-byte aligned bias (fm_client_blas.c): a less aligned
+    /* the plan promises cuBLASLt a 16-byte aligned bias (gpu/fm_blas.c): a less aligned
        one leaves the epilogue to the split form */
     return t->align >= 16 ? ADDEND_BIAS : ADDEND_NONE;
   /* both symbolic, or the same static M; cuBLASLt takes no C whose rows overlap (ldc < N) */

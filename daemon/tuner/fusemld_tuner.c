@@ -49,11 +49,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fm_client.h"
 #include "fm_cuda.h"
 #include "fm_fragment.h"
 #include "fm_frame.h"
 #include "fm_meta.h"
+#include "fm_module.h"
 #include "fm_msg.h"
 #include "fm_reference.h"
 

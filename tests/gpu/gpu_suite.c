@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fm_client.h"
 #include "fm_codegen.h"
+#include "fm_module.h"
 #include "fm_reference.h"
 
 #define MAX_JOBS 1024

@@ -19,9 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fm_client.h"
 #include "fm_codegen.h"
 #include "fm_fragment.h"
+#include "fm_module.h"
 #include "gpu_suite.h"
 
 enum { K_PLAIN, K_PROLOGUE, K__N };

@@ -29,10 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fm_client.h"
 #include "fm_codegen.h"
 #include "fm_cuda.h"
 #include "fm_fragment.h"
+#include "fm_module.h"
 #include "fm_nvrtc.h"
 #include "fm_reference.h"
 #include "gpu_util.h"

@@ -1,13 +1,10 @@
-# client/ unit tests: fusectl's JSON reader and writer (+ the shipped examples), the
-# dlopen'ed driver without a GPU, and libfusemld's framing against a fake server thread.
+# client/ unit tests: fusectl's JSON reader and writer (+ the shipped examples) and
+# libfusemld's framing against a fake server thread.
 fm_unit_test(test_client_json
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_client_json.c
           ${PROJECT_SOURCE_DIR}/client/fusectl_json.c
           ${PROJECT_SOURCE_DIR}/client/fusectl_print.c
   LIBS fusemld_static PkgConfig::JANSSON m)
-fm_unit_test(test_client_cuda
-  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_client_cuda.c
-  LIBS fusemld_static)
 fm_unit_test(test_client_net
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/unit/test_client_net.c
   LIBS fusemld_static Threads::Threads)

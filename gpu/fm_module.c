@@ -1,14 +1,14 @@
-/* fm_client_launch.c: the GPU side of libfusemld: load a served CUBIN into the caller's
- * CUDA context and launch it per its metadata (fm_meta.h). No template knowledge here: the
- * metadata says everything (entry symbol, block, grid rule, parameter order). */
-#include "fm_client.h"
+/* fm_module.c: load a served CUBIN into the caller's CUDA context and launch it per its
+ * metadata (fm_module.h, fm_meta.h). No template knowledge here: the metadata says
+ * everything (entry symbol, block, grid rule, parameter order). */
+#include "fm_module.h"
 
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fm_client_blas.h"
+#include "fm_blas.h"
 #include "fm_cuda.h"
 
 struct fm_module {
@@ -19,7 +19,7 @@ struct fm_module {
   fm_CUmodule mod;
   fm_CUfunction fn;
   fm_kernel_meta meta;
-  fm_blas *blas;             /* kind "cublaslt": the plan (fm_client_blas.h) */
+  fm_blas *blas;             /* kind "cublaslt": the plan (fm_blas.h) */
   /* The last tensor map encoded per metadata entry, reused while its input's address and
    * rows stay the same (a weight's always do): encoding costs host time on every launch
    * otherwise. Locked: a module may be launched from several threads. */
@@ -61,6 +61,12 @@ static int fm_attach_context(fm_module *m, fm_diag *d) {
 out:
   pthread_mutex_unlock(&fm_primary_lock);
   return err;
+}
+
+void fm_compiled_free(fm_compiled *k) {
+  if (!k) return;
+  free(k->cubin);
+  memset(k, 0, sizeof *k);
 }
 
 int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {

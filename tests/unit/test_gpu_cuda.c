@@ -1,10 +1,10 @@
-/* test_client_cuda.c: the dlopen'ed driver. Without a GPU (CI, this build machine) every GPU
+/* test_gpu_cuda.c: the dlopen'ed driver. Without a GPU (CI, this build machine) every GPU
  * entry point must answer FM_ENOGPU with a reason, not crash or abort; on a GPU machine the
  * same test checks the device identity instead. */
 #include <string.h>
 
-#include "fm_client.h"
 #include "fm_cuda.h"
+#include "fm_module.h"
 #include "fm_test.h"
 
 static int have_gpu;

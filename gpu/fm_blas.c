@@ -1,6 +1,6 @@
-/* fm_client_blas.c: a cuBLASLt plan, loaded and run (fm_client_blas.h). */
+/* fm_blas.c: a cuBLASLt plan, loaded and run (fm_blas.h). */
 #define _GNU_SOURCE
-#include "fm_client_blas.h"
+#include "fm_blas.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -1,4 +1,4 @@
-/* fm_client_blas.h: INTERNAL to libfusemld: running a cuBLASLt plan (fm_meta.h "blas").
+/* fm_blas.h: INTERNAL to gpu/ (fm_module.c): running a cuBLASLt plan (fm_meta.h "blas").
  *
  * cuBLASLt is loaded with dlopen, preferring the copy the process already has (PyTorch's:
  * RTLD_NOLOAD), so a process never holds two. One plan: a handle, the matmul descriptor
@@ -6,8 +6,8 @@
  * that runs at that M: the stored one where cublasLtMatmulAlgoCheck accepts it, else the
  * heuristic's first choice. Row-major C = A@B is column-major C^T = B^T A^T, so cuBLASLt's
  * "A" is the fragment's B and its "B" the fragment's A. Thread-safe (one lock per plan). */
-#ifndef FM_CLIENT_BLAS_H
-#define FM_CLIENT_BLAS_H
+#ifndef FM_BLAS_H
+#define FM_BLAS_H
 
 #include <stddef.h>
 #include <stdint.h>

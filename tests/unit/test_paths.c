@@ -1,4 +1,4 @@
-/* test_protocol_paths.c: default socket, database and config paths under different
+/* test_paths.c: default socket, database and config paths under different
  * environments, the private /tmp directory check, fm_mkdirs. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,8 +1,9 @@
-/* fm_client_bytes.c: load a served kernel from the raw reply fields (CUBIN bytes and the
+/* fm_module_bytes.c: load a served kernel from the raw reply fields (CUBIN bytes and the
  * msgpack launch metadata), for clients that speak the protocol themselves (the Python
  * backend through ctypes) and so never hold an fm_compiled. */
-#include "fm_client.h"
+#include "fm_module.h"
 
+#include <msgpack.h>
 #include <string.h>
 
 int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *meta,
