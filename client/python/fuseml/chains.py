@@ -16,9 +16,10 @@ aot_autograd writes nn.Linear on a [B, S, D] input with a view of the first grou
 value itself on a 2-D input), which joins the chain group as an alias of the same elements."""
 import torch
 
-from .fragment import Unfusable, _align_of, same_shape
+from .fragment import Unfusable, _align_of
 from .gemm_fragment import _hint
 from .ops import RESHAPE_OPS, aten
+from .shapes import is_plain_int, same_known_shape
 
 # Vocabulary 3's products; a bmm chain is not a chain shape.
 PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
@@ -27,10 +28,6 @@ PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
 # and at least MIN_ROWS rows (M, or the M at hand when it is symbolic): with fewer the GPU is
 # mostly idle and the two GEMM kernels win, so the daemon answers bypass (bench/NOTES.md).
 MAX_K1, MAX_N2, MIN_ROWS = 256, 256, 8192
-
-
-def _static(x):
-    return isinstance(x, int) and not isinstance(x, torch.SymInt)
 
 
 def link(p2):
@@ -52,10 +49,10 @@ def why_not_link(view, p1):
     if not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
         return "no tensor metadata"
     size = view.args[1] if len(view.args) > 1 else None
-    if not isinstance(size, (list, tuple)) or not all(_static(d) for d in size):
+    if not isinstance(size, (list, tuple)) or not all(is_plain_int(d) for d in size):
         # a symbolic size names a SymInt node the group would have to take as an input
         return "the view between the products has symbolic sizes"
-    if not same_shape(val.shape, p1.meta["val"].shape) or not src.is_contiguous():
+    if not same_known_shape(val.shape, p1.meta["val"].shape) or not src.is_contiguous():
         return "the view between the products is not the first product's [M, N1]"
     return None
 
@@ -71,7 +68,7 @@ def _rows(m):
 def _k_major(t):
     """B [K, N] as nn.Linear's weight.t(): K contiguous, the leading dim a multiple of 8."""
     st = t.stride()
-    return all(_static(s) for s in st) and st[0] == 1 and st[1] % 8 == 0
+    return all(is_plain_int(s) for s in st) and st[0] == 1 and st[1] % 8 == 0
 
 
 def why_not_pair(p1, p2, value):
@@ -93,7 +90,7 @@ def why_not_pair(p1, p2, value):
         # the intermediate is rounded to the first product's dtype before the second product
         return "the products, their operands and the intermediate differ in dtype"
     k1, n1, n1b, n2 = tx.shape[1], t1.shape[1], t2.shape[0], t2.shape[1]
-    if not all(_static(d) for d in (k1, n1, n2)):
+    if not all(is_plain_int(d) for d in (k1, n1, n2)):
         return "symbolic K1, N1 or N2"
     if n1b != n1:
         return "the second product's K is not the first's N"
@@ -108,7 +105,7 @@ def why_not_pair(p1, p2, value):
     if rows is not None and rows < MIN_ROWS:
         return f"M = {rows} (the chain kernel pays from {MIN_ROWS} rows; below, the two GEMMs win)"
     sx = tx.stride()
-    if not all(_static(s) for s in sx) or sx[1] != 1 or sx[0] % 8:
+    if not all(is_plain_int(s) for s in sx) or sx[1] != 1 or sx[0] % 8:
         return "x is not row-major with a leading dim that is a multiple of 8"
     if not (_k_major(t1) and _k_major(t2)):
         return "a weight is not K-major (nn.Linear's weight.t())"
@@ -127,6 +124,6 @@ def reads_fit(stage_inputs, n1, n2):
             t = b.meta.get("val")
             if not isinstance(t, torch.Tensor):
                 return "a non-tensor operand"
-            if t.dim() and not (_static(t.shape[-1]) and int(t.shape[-1]) in (1, n)):
+            if t.dim() and not (is_plain_int(t.shape[-1]) and int(t.shape[-1]) in (1, n)):
                 return f"stage {s + 1} reads {b.name}, which does not broadcast to [M, {n}]"
     return None

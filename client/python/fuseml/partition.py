@@ -33,7 +33,7 @@ import torch
 
 from . import chains as chain_rules, ops, siblings
 from ._log import log
-from .fragment import same_shape
+from .shapes import same_known_shape
 
 
 @dataclass
@@ -110,14 +110,14 @@ def _fits(g, shape, reduce):
     if reduce and _has_cat(g):
         return False      # a cat runs in a pointwise fragment only
     if g.kind == "gemm":
-        return not reduce and same_shape(g.shape, shape)
+        return not reduce and same_known_shape(g.shape, shape)
     if g.kind not in ("pointwise", "rows"):
         return False
-    if same_shape(g.shape, shape):
+    if same_known_shape(g.shape, shape):
         return True
     # a per-row value (a statistic and what is computed from it) joins its rows group
     return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and \
-        same_shape(_per_row(g.shape), shape)
+        same_known_shape(_per_row(g.shape), shape)
 
 
 def _absorbs(g, operand, cat):
@@ -125,7 +125,7 @@ def _absorbs(g, operand, cat):
     pointwise group over the operand's shape without a cat of its own (the daemon refuses a
     cat of a cat), none of whose values is read outside it but by the cat: its values have
     the operand's size, and a group's outputs have the group's (the cat's) shape."""
-    if g.kind != "pointwise" or not same_shape(g.shape, operand.meta["val"].shape) or _has_cat(g):
+    if g.kind != "pointwise" or not same_known_shape(g.shape, operand.meta["val"].shape) or _has_cat(g):
         return False
     mset = set(g.members)
     return all(u in mset or u is cat for n in g.members for u in n.users)
@@ -221,7 +221,7 @@ def find_groups(gm, min_ops=2, chains=True):
         why = siblings.why_not_pair(pg[0], ph[0])
         if why:
             return why
-        if not same_shape(g.shape, h.shape):
+        if not same_known_shape(g.shape, h.shape):
             return "the groups run over different shapes"
         if reads_from(g, h) or reads_from(h, g):
             return "one group depends on the other"   # merged, the group would wait on itself
@@ -318,9 +318,9 @@ def find_groups(gm, min_ops=2, chains=True):
             # a pointwise group of per-row values (a statistic saved by the forward, raised to
             # a power in the backward) joins the rows group, as a per-row node would
             per_row = chosen.kind == "rows" and h.kind == "pointwise" and \
-                len(h.shape) == len(chosen.shape) and same_shape(_per_row(chosen.shape), h.shape)
+                len(h.shape) == len(chosen.shape) and same_known_shape(_per_row(chosen.shape), h.shape)
             if chosen.kind == "gemm" or h.kind == "gemm" or \
-                    not (cat or per_row or same_shape(chosen.shape, h.shape)):
+                    not (cat or per_row or same_known_shape(chosen.shape, h.shape)):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
@@ -391,7 +391,7 @@ def find_groups(gm, min_ops=2, chains=True):
                                     int(w2.meta["val"].shape[1]))
         if why:
             return why
-        if not same_shape(p1.meta["val"].shape[:1], p2.meta["val"].shape[:1]):
+        if not same_known_shape(p1.meta["val"].shape[:1], p2.meta["val"].shape[:1]):
             return "the products have different M"
         # merged, the group would wait on itself if the second reads the first another way
         if reads_from(g1, g2) or any(b is not lnk and depends(b, g1.gid) for b in stage_inputs[1]):
@@ -494,7 +494,7 @@ def epilogue_apart(g, gid, min_ops=2):
     if any(n.target in ops.RESHAPE_OPS for n in members):
         return None
     shape = members[-1].meta["val"].shape if members else None
-    if not members or any(not same_shape(n.meta["val"].shape, shape) for n in members):
+    if not members or any(not same_known_shape(n.meta["val"].shape, shape) for n in members):
         return None
     h = Group(gid, "pointwise", members, shape=shape)
     h.apart_of = g

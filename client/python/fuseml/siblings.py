@@ -19,6 +19,7 @@ import operator
 import torch
 
 from .ops import RESHAPE_OPS, VIEW_OPS, aten
+from .shapes import is_plain_int
 
 # The products a sibling group takes: vocabulary 3's (a bmm pair is not a sibling shape).
 PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
@@ -50,19 +51,15 @@ def same_value(a, b, depth=6):
             all(same_value(a.kwargs[k], b.kwargs[k], depth - 1) for k in a.kwargs))
 
 
-def _static(x):
-    return isinstance(x, int) and not isinstance(x, torch.SymInt)
-
-
 def _chunked(t):
     """The generated templates read A and B in 16-byte chunks (8 bf16/f16 elements): every
     stepped stride but the unit one a multiple of 8. A pair the templates cannot run is left
     as two GEMM groups: the daemon's sibling cuBLASLt plan (two matmuls and one epilogue
     kernel) would be its only candidate, no better than each GEMM served apart."""
     for size, stride in zip(t.shape, t.stride()):
-        if not _static(stride):
+        if not is_plain_int(stride):
             return False
-        if _static(size) and int(size) == 1 or stride == 1:
+        if is_plain_int(size) and int(size) == 1 or stride == 1:
             continue
         if stride % 8:
             return False
@@ -93,7 +90,7 @@ def why_not_pair(p, q):
     if p.meta["val"].dtype != q.meta["val"].dtype:
         return "the products differ in dtype"
     k = ta.shape[-1]
-    if not _static(k) or int(k) % 8 or not all(_chunked(t) for t in (ta, t1)):
+    if not is_plain_int(k) or int(k) % 8 or not all(_chunked(t) for t in (ta, t1)):
         return "K or a leading dimension is not a multiple of 8 (no template runs the pair)"
     return None
 
