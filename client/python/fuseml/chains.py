@@ -16,10 +16,9 @@ aot_autograd writes nn.Linear on a [B, S, D] input with a view of the first grou
 value itself on a 2-D input), which joins the chain group as an alias of the same elements."""
 import torch
 
-from .fragment import Unfusable, _align_of
-from .gemm_fragment import _hint
+from .fragment import _align_of
 from .ops import RESHAPE_OPS, aten, products
-from .shapes import is_plain_int, same_known_shape
+from .shapes import is_plain_int, same_known_shape, size_at_hand
 
 # Vocabulary 3's products; a bmm chain is not a chain shape.
 PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
@@ -55,14 +54,6 @@ def why_not_link(view, p1):
     if not same_known_shape(val.shape, p1.meta["val"].shape) or not src.is_contiguous():
         return "the view between the products is not the first product's [M, N1]"
     return None
-
-
-def _rows(m):
-    """The M at hand: a static M, or a symbolic one's hint (None when it has none)."""
-    try:
-        return _hint(m)
-    except Unfusable:
-        return None
 
 
 def _k_major(t):
@@ -101,7 +92,7 @@ def why_not_pair(p1, p2, value):
         return f"N1 = {n1} (the chain kernel takes a multiple of 64)"
     if n2 % 16 or n2 > MAX_N2:
         return f"N2 = {n2} (the chain kernel takes a multiple of 16 up to {MAX_N2})"
-    rows = _rows(tx.shape[0])
+    rows = size_at_hand(tx.shape[0])   # the M at hand: a symbolic M's hint
     if rows is not None and rows < MIN_ROWS:
         return f"M = {rows} (the chain kernel pays from {MIN_ROWS} rows; below, the two GEMMs win)"
     sx = tx.stride()
