@@ -13,11 +13,11 @@ The batch is sent as the symbolic dim 0 (-1) whenever no stride depends on its s
 batch is every tensor's outermost dim), with `m_hint` = the batch count at hand: the daemon
 tunes at its power-of-two bucket and another batch size in the bucket reuses the kernel. M, K
 and N are static."""
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .fragment import Built, Emitter, Unfusable, _align_of, _same, _static
+from .fragment import Built, Emitter, Unfusable, _align_of
 from .gemm_fragment import _hint, _strides
 from .ops import DTYPES, RESHAPE_OPS, aten
+from .shapes import is_known_int, known_equal, known_true
 
 VOCAB = 4
 
@@ -31,12 +31,8 @@ class BmmLayout:
         self.shape = [bt, m, n]
 
 
-def _known(expr):
-    return bool(expr) if isinstance(expr, bool) else statically_known_true(expr)
-
-
 def _is_one(d):
-    return d is not None and _static(d) and int(d) == 1
+    return d is not None and is_known_int(d) and int(d) == 1
 
 
 def collapse(size, stride, rank):
@@ -55,28 +51,28 @@ def collapse(size, stride, rank):
     b, bs = 1, 0
     if lead:
         for i, j in zip(lead, lead[1:]):
-            if not _known(stride[i] == stride[j] * size[j]):
+            if not known_true(stride[i] == stride[j] * size[j]):
                 raise ValueError("not dense across its batch dims")
         for i in lead:
             b = b * size[i]
         bs = stride[lead[-1]]
-        if _static(bs) and int(bs) == 0:
+        if is_known_int(bs) and int(bs) == 0:
             b = 1          # every batch dim broadcast: one [M, N] matrix for all
     return [b] + size[-2:], [bs] + stride[-2:]
 
 
 def _outer_batch(size, stride):
     """The batch is the outermost dim: the other strides cannot depend on its size."""
-    if _is_one(size[0]) or (_static(stride[0]) and int(stride[0]) == 0):
+    if _is_one(size[0]) or (is_known_int(stride[0]) and int(stride[0]) == 0):
         return True
     return all(_is_one(size[d]) or int(stride[d]) * int(size[d]) <= int(stride[0]) for d in (1, 2))
 
 
 def _dense_row_major(t):
     size, stride = list(t.shape), list(t.stride())
-    if not _known(stride[-1] == 1) and not _is_one(size[-1]):
+    if not known_true(stride[-1] == 1) and not _is_one(size[-1]):
         return False
-    return all(_is_one(size[i + 1]) or _known(stride[i] == stride[i + 1] * size[i + 1])
+    return all(_is_one(size[i + 1]) or known_true(stride[i] == stride[i + 1] * size[i + 1])
                for i in range(len(size) - 1))
 
 
@@ -115,8 +111,8 @@ def build_bmm(members, in_nodes, out_nodes):
     with_batch = [(list(ta.shape), _strides(ta)), (list(tb.shape), _strides(tb))] + \
         [(sz, st) for sz, st in mapped.values()]
     outer_ok = all(_outer_batch(sz, st) for sz, st in with_batch)
-    symbolic = (not _static(bt)) or outer_ok
-    if not _static(bt) and not outer_ok:
+    symbolic = (not is_known_int(bt)) or outer_ok
+    if not is_known_int(bt) and not outer_ok:
         raise Unfusable("a symbolic batch with an operand whose strides depend on it")
     bt_dim = -1 if symbolic else int(bt)
 
@@ -158,10 +154,10 @@ def build_bmm(members, in_nodes, out_nodes):
             # (-1 for the one symbolic batch dim: view infers it)
             if not _dense_row_major(t):
                 raise Unfusable(f"output {node.name} is not a dense view of [Bt, M, N]")
-            view = tuple(int(d) if _static(d) else -1 for d in t.shape)
+            view = tuple(int(d) if is_known_int(d) else -1 for d in t.shape)
             strides = [m * n, n, 1]
         else:
-            if not (_same(t.shape[0], bt) and int(t.shape[1]) == m and int(t.shape[2]) == n):
+            if not (known_equal(t.shape[0], bt) and int(t.shape[1]) == m and int(t.shape[2]) == n):
                 raise Unfusable(f"output {node.name} is not [Bt, M, N]")
             strides = _strides(t)
             if symbolic and not _outer_batch(list(t.shape), strides):
@@ -209,12 +205,12 @@ def _epilogue_operand(t, rank, bt, m, n, where):
     except ValueError as e:
         raise Unfusable(f"{where}: {e}") from None
     b, rows, cols = size
-    if not _is_one(b) and not _same(b, bt):
+    if not _is_one(b) and not known_equal(b, bt):
         raise Unfusable(f"{where}: broadcast over part of the batch dims (e.g. a [B, 1, S, S] "
                         f"mask beside [B, H, S, S]): one batch stride cannot express it")
-    if not _is_one(rows) and not (_static(rows) and int(rows) == m):
+    if not _is_one(rows) and not (is_known_int(rows) and int(rows) == m):
         raise Unfusable(f"{where}: dim -2 is {rows}, not M or 1")
-    if not _is_one(cols) and not (_static(cols) and int(cols) == n):
+    if not _is_one(cols) and not (is_known_int(cols) and int(cols) == n):
         raise Unfusable(f"{where}: dim -1 is {cols}, not N or 1")
     # wire-ready but for the batch: None where it is Bt (sent as -1 or Bt once the builder
     # knows whether the batch goes symbolic), 1 where broadcast; plain ints, so that two
@@ -225,7 +221,7 @@ def _epilogue_operand(t, rank, bt, m, n, where):
             out_size.append(1)
             out_stride.append(0)
             continue
-        if not _static(s):
+        if not is_known_int(s):
             raise Unfusable(f"{where}: symbolic stride")
         out_size.append(None if len(out_size) == 0 else int(d))
         out_stride.append(int(s))

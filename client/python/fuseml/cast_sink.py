@@ -16,6 +16,7 @@ from torch._guards import detect_fake_mode
 
 from . import ops
 from ._log import log
+from .shapes import is_plain_int, same_plain_shape
 
 aten = torch.ops.aten
 VIEWS = {aten.transpose.int, aten.permute.default, aten.t.default, aten.unsqueeze.default,
@@ -29,7 +30,7 @@ def _is_view(node):
             any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
         return False
     # an expand that broadcasts would have the op computed once per copy
-    return node.target is not aten.expand.default or ops.same_size(
+    return node.target is not aten.expand.default or same_plain_shape(
         node.args[0].meta["val"].shape, node.meta["val"].shape)
 
 
@@ -52,7 +53,7 @@ def _chain(cast):
     strides = list(src.stride()) + list(val.stride())
     # the views must see the same layout in the operand (decided without a guard on a
     # symbolic stride: those are left as they are)
-    if not all(ops._static_int(s) for s in strides) or src.stride() != val.stride():
+    if not all(is_plain_int(s) for s in strides) or src.stride() != val.stride():
         return None
     chain, node = [], cast
     while len(node.users) == 1 and _is_view(next(iter(node.users))):

@@ -17,6 +17,7 @@ from torch._guards import detect_fake_mode
 
 from . import ops
 from ._log import log
+from .shapes import is_plain_int
 
 aten = torch.ops.aten
 _SLICE = aten.slice.Tensor
@@ -36,7 +37,7 @@ def _range(node):
         return None
     dim %= t.dim()
     n = t.shape[dim]
-    if not ops._static_int(n) or not all(v is None or isinstance(v, int) for v in (start, end)):
+    if not is_plain_int(n) or not all(v is None or isinstance(v, int) for v in (start, end)):
         return None
     start = 0 if start is None else (start + n if start < 0 else start)
     end = n if end is None else (end + n if end < 0 else end)
@@ -57,7 +58,7 @@ def _tile(node):
         return None
     dim %= val.dim()
     n = val.shape[dim]
-    if not ops._static_int(n):
+    if not is_plain_int(n):
         return None
     start = start + n if start < 0 else start
     end = min(end + n if end < 0 else end, n)

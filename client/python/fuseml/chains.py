@@ -6,19 +6,19 @@ they are one vocabulary-3 fragment with two products (protocol/PROTOCOL.md, GEMM
 writing it to memory and reading it back. gemm_fragment.build_chain spells it.
 
 This module decides, for the partitioner, whether two GEMM groups *can* be a chain by what
-their products read: the shapes, dtypes and layouts the generated kernel runs (a chain it
-cannot run would only be answered bypass, and then sent again as two fragments). Whether the
-merge is legal in the graph (the intermediate escapes nowhere, no cycle, no mutation in
-between) is the partitioner's to check: it holds the dependency state.
+they compute and read: the shapes, dtypes and layouts the generated kernel runs (a chain it
+cannot run would only be answered bypass, and then sent again as two fragments), and an
+intermediate that escapes nowhere. Whether the merge is legal in the graph (no cycle, no
+mutation in between) is the partitioner's to check: it holds the dependency state.
 
 aot_autograd writes nn.Linear on a [B, S, D] input with a view of the first group's
 [B, S, N1] value back to [B*S, N1] before the second product; `link` finds that view (or the
 value itself on a 2-D input), which joins the chain group as an alias of the same elements."""
 import torch
 
-from .fragment import Unfusable, _align_of, same_shape
-from .gemm_fragment import _hint
-from .ops import RESHAPE_OPS, aten
+from .fragment import _align_of
+from .ops import RESHAPE_OPS, aten, products
+from .shapes import is_plain_int, same_known_shape, size_at_hand
 
 # Vocabulary 3's products; a bmm chain is not a chain shape.
 PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
@@ -27,10 +27,6 @@ PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
 # and at least MIN_ROWS rows (M, or the M at hand when it is symbolic): with fewer the GPU is
 # mostly idle and the two GEMM kernels win, so the daemon answers bypass (bench/NOTES.md).
 MAX_K1, MAX_N2, MIN_ROWS = 256, 256, 8192
-
-
-def _static(x):
-    return isinstance(x, int) and not isinstance(x, torch.SymInt)
 
 
 def link(p2):
@@ -52,26 +48,18 @@ def why_not_link(view, p1):
     if not isinstance(val, torch.Tensor) or not isinstance(src, torch.Tensor):
         return "no tensor metadata"
     size = view.args[1] if len(view.args) > 1 else None
-    if not isinstance(size, (list, tuple)) or not all(_static(d) for d in size):
+    if not isinstance(size, (list, tuple)) or not all(is_plain_int(d) for d in size):
         # a symbolic size names a SymInt node the group would have to take as an input
         return "the view between the products has symbolic sizes"
-    if not same_shape(val.shape, p1.meta["val"].shape) or not src.is_contiguous():
+    if not same_known_shape(val.shape, p1.meta["val"].shape) or not src.is_contiguous():
         return "the view between the products is not the first product's [M, N1]"
     return None
-
-
-def _rows(m):
-    """The M at hand: a static M, or a symbolic one's hint (None when it has none)."""
-    try:
-        return _hint(m)
-    except Unfusable:
-        return None
 
 
 def _k_major(t):
     """B [K, N] as nn.Linear's weight.t(): K contiguous, the leading dim a multiple of 8."""
     st = t.stride()
-    return all(_static(s) for s in st) and st[0] == 1 and st[1] % 8 == 0
+    return all(is_plain_int(s) for s in st) and st[0] == 1 and st[1] % 8 == 0
 
 
 def why_not_pair(p1, p2, value):
@@ -93,7 +81,7 @@ def why_not_pair(p1, p2, value):
         # the intermediate is rounded to the first product's dtype before the second product
         return "the products, their operands and the intermediate differ in dtype"
     k1, n1, n1b, n2 = tx.shape[1], t1.shape[1], t2.shape[0], t2.shape[1]
-    if not all(_static(d) for d in (k1, n1, n2)):
+    if not all(is_plain_int(d) for d in (k1, n1, n2)):
         return "symbolic K1, N1 or N2"
     if n1b != n1:
         return "the second product's K is not the first's N"
@@ -104,11 +92,11 @@ def why_not_pair(p1, p2, value):
         return f"N1 = {n1} (the chain kernel takes a multiple of 64)"
     if n2 % 16 or n2 > MAX_N2:
         return f"N2 = {n2} (the chain kernel takes a multiple of 16 up to {MAX_N2})"
-    rows = _rows(tx.shape[0])
+    rows = size_at_hand(tx.shape[0])   # the M at hand: a symbolic M's hint
     if rows is not None and rows < MIN_ROWS:
         return f"M = {rows} (the chain kernel pays from {MIN_ROWS} rows; below, the two GEMMs win)"
     sx = tx.stride()
-    if not all(_static(s) for s in sx) or sx[1] != 1 or sx[0] % 8:
+    if not all(is_plain_int(s) for s in sx) or sx[1] != 1 or sx[0] % 8:
         return "x is not row-major with a leading dim that is a multiple of 8"
     if not (_k_major(t1) and _k_major(t2)):
         return "a weight is not K-major (nn.Linear's weight.t())"
@@ -127,6 +115,64 @@ def reads_fit(stage_inputs, n1, n2):
             t = b.meta.get("val")
             if not isinstance(t, torch.Tensor):
                 return "a non-tensor operand"
-            if t.dim() and not (_static(t.shape[-1]) and int(t.shape[-1]) in (1, n)):
+            if t.dim() and not (is_plain_int(t.shape[-1]) and int(t.shape[-1]) in (1, n)):
                 return f"stage {s + 1} reads {b.name}, which does not broadcast to [M, {n}]"
+    return None
+
+
+def stage_inputs(g1, g2, lnk):
+    """What each stage of a chain of GEMM groups g1 -> g2 reads from outside both (the
+    first's value `value` reaching the second product through the reshape `lnk`, or lnk is
+    value), besides its product's matrix operands: two lists of nodes. The second stage may
+    read x (the residual), sent as an input of its own (gemm_fragment.build_chain)."""
+    (p1,), (p2,) = products(g1.members), products(g2.members)
+    x, w1, w2 = p1.args[-2], p1.args[-1], p2.args[-1]
+    both = set(g1.members) | set(g2.members) | {lnk}
+    return [[b for n in g1.members for b in n.all_input_nodes
+             if b not in both and not (n is p1 and b in (x, w1))],
+            [b for n in g2.members for b in n.all_input_nodes
+             if b not in both and not (n is p2 and b is w2)]]
+
+
+def why_not_groups(g1, g2, value, lnk):
+    """None when GEMM group g1, whose value `value` is the A of g2's product (through the
+    reshape `lnk`, or lnk is value), can be one chain group with g2 by what their products
+    and epilogues compute and read; else why not. The graph's side (no cycle, no mutation in
+    between, the view in no group) is the partitioner's."""
+    if g1 is g2 or g1.kind != "gemm" or g2.kind != "gemm":
+        return "not two GEMM groups"
+    p1s, p2s = products(g1.members), products(g2.members)
+    if len(p1s) != 1 or len(p2s) != 1:
+        return "a chain holds two products, no siblings"
+    (p1,), (p2,) = p1s, p2s
+    why = why_not_pair(p1, p2, value)
+    if why:
+        return why
+    if lnk is not value:
+        why = why_not_link(lnk, p1)
+        if why:
+            return why
+    # the intermediate stays on chip: nothing but the second product may read it (not
+    # another op, not a graph output, not autograd's saved tensors, which are outputs)
+    mset = set(g1.members)
+    reader = p2 if lnk is value else lnk
+    for n in g1.members:
+        outside = set(n.users) - mset
+        if n is value and outside != {reader}:
+            return "the intermediate has other users (an output or saved for backward)"
+        if n is not value and outside:
+            return f"{n.name} of the first group is read outside it"
+    if lnk is not value and set(lnk.users) != {p2}:
+        return "the intermediate has other users (an output or saved for backward)"
+    w1, w2 = p1.args[-1], p2.args[-1]
+    # an epilogue never reads a weight (streamed through shared memory)
+    if any(b is w2 for n in g1.members for b in n.all_input_nodes) or \
+            any(b in (w1, w2) for n in g2.members if n is not p2 for b in n.all_input_nodes):
+        return "an epilogue op reads a weight"
+    why = reads_fit(stage_inputs(g1, g2, lnk), int(w1.meta["val"].shape[1]),
+                    int(w2.meta["val"].shape[1]))
+    if why:
+        return why
+    if not same_known_shape(p1.meta["val"].shape[:1], p2.meta["val"].shape[:1]):
+        return "the products have different M"
     return None

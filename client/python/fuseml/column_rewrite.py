@@ -14,6 +14,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from . import ops
+from .shapes import is_plain_int
 
 aten = torch.ops.aten
 
@@ -37,7 +38,7 @@ def _leading(node):
     k = len(dims)
     if sorted(d % t.dim() for d in dims) != list(range(k)) or k >= t.dim():
         return None
-    if not all(ops._static_int(d) for d in t.shape) or not all(ops._static_int(s) for s in t.stride()):
+    if not all(is_plain_int(d) for d in t.shape) or not all(is_plain_int(s) for s in t.stride()):
         return None
     if not t.is_contiguous():
         return None

@@ -4,8 +4,9 @@ shape, dtype, device and strides, which fragments bake in), so a pass that chang
 node computes recomputes the value here, under the graph's own fake mode (its shape
 environment, when sizes are symbolic), never leaving a stale one behind."""
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.utils import _pytree as pytree
+
+from .shapes import provably_same_ints
 
 
 def mode_of(gm):
@@ -28,9 +29,10 @@ def same_layout(a, b):
     """Whether two values have the same shape, strides, offset, dtype and device (tensors,
     or anything else compared as it is)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.dtype == b.dtype and a.device == b.device and _same_ints(a.shape, b.shape)
-                and _same_ints(a.stride(), b.stride())
-                and _same_ints([a.storage_offset()], [b.storage_offset()]))
+        return (a.dtype == b.dtype and a.device == b.device
+                and provably_same_ints(a.shape, b.shape)
+                and provably_same_ints(a.stride(), b.stride())
+                and provably_same_ints([a.storage_offset()], [b.storage_offset()]))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_layout(x, y) for x, y in zip(a, b))
     plain = (int, float, bool)
@@ -38,15 +40,3 @@ def same_layout(a, b):
         return type(a) is type(b) and a == b
     return a is b   # symbolic values compared by identity: comparing them would add a guard
 
-
-def _same_ints(xs, ys):
-    """Equal sizes, symbolic ones only where provably equal (no guard added)."""
-    if len(xs) != len(ys):
-        return False
-    for x, y in zip(xs, ys):
-        if isinstance(x, int) and isinstance(y, int):
-            if x != y:
-                return False
-        elif not statically_known_true(x == y):
-            return False
-    return True

@@ -5,9 +5,10 @@ Shapes come from the fake-tensor metadata. Leading symbolic dims ([s0, s1, 4096]
 batch and sequence are dynamic) are collapsed into the one symbolic dim 0 the protocol has,
 which is exact when every tensor is either dense across them or broadcast over all of them."""
 import torch
-from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction
+from .shapes import is_known_int, known_equal
 
 VOCAB = 1
 VOCAB_ROWS = 2
@@ -17,22 +18,6 @@ VOCAB_CAT = 6
 
 class Unfusable(Exception):
     """The group cannot be spelled as a fragment; the message says why."""
-
-
-def _static(x):
-    return isinstance(x, int) or is_concrete_int(x)
-
-
-def _same(a, b):
-    if _static(a) and _static(b):
-        return int(a) == int(b)
-    if _static(a) or _static(b):
-        return False
-    return statically_known_true(a == b)
-
-
-def same_shape(a, b):
-    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
 
 
 _RANK = {"bool": 0, "f16": 1, "bf16": 1, "f32": 2}
@@ -175,7 +160,7 @@ class Emitter:
 
 
 def _align_of(t):
-    off = int(t.storage_offset()) * t.element_size() if _static(t.storage_offset()) else 1
+    off = int(t.storage_offset()) * t.element_size() if is_known_int(t.storage_offset()) else 1
     align = 16
     while align > t.element_size() and off % align:
         align //= 2
@@ -191,9 +176,9 @@ class Layout:
         # a cat group: its tensors may be smaller than the group along a static dim (a cat's
         # operands); the daemon checks that every size adds up (vocabulary 6)
         self.ragged = ragged
-        sym = [i for i, d in enumerate(self.shape) if not _static(d)]
+        sym = [i for i, d in enumerate(self.shape) if not is_known_int(d)]
         self.k = 0
-        while self.k < len(self.shape) and not _static(self.shape[self.k]):
+        while self.k < len(self.shape) and not is_known_int(self.shape[self.k]):
             self.k += 1
         if any(i >= self.k for i in sym):
             raise Unfusable("a symbolic dim after a static one")
@@ -210,14 +195,14 @@ class Layout:
         full = False
         if self.k:
             lead = size[: self.k]
-            if all(_static(d) and int(d) == 1 for d in lead):
+            if all(is_known_int(d) and int(d) == 1 for d in lead):
                 shape.append(1)
                 strides.append(0)
-            elif all(_same(a, b) for a, b in zip(lead, self.shape[: self.k])):
+            elif all(known_equal(a, b) for a, b in zip(lead, self.shape[: self.k])):
                 for i in range(self.k - 1):
                     if not statically_known_true(stride[i] == stride[i + 1] * size[i + 1]):
                         raise Unfusable(f"{where}: not dense across the symbolic dims")
-                if not _static(stride[self.k - 1]):
+                if not is_known_int(stride[self.k - 1]):
                     raise Unfusable(f"{where}: symbolic stride")
                 shape.append(-1)
                 strides.append(int(stride[self.k - 1]))
@@ -226,7 +211,7 @@ class Layout:
                 raise Unfusable(f"{where}: broadcast over part of the symbolic dims")
         for i in range(self.k, r):
             d, g = size[i], self.shape[i]
-            if not _static(d):
+            if not is_known_int(d):
                 raise Unfusable(f"{where}: symbolic dim {i}")
             if int(d) != int(g) and int(d) != 1 and not (self.ragged and int(d) < int(g)):
                 raise Unfusable(f"{where}: dim {i} is {int(d)}, not {int(g)} or 1")
@@ -234,7 +219,7 @@ class Layout:
                 shape.append(1)
                 strides.append(0)
             else:
-                if not _static(stride[i]):
+                if not is_known_int(stride[i]):
                     raise Unfusable(f"{where}: symbolic stride")
                 shape.append(int(d))
                 strides.append(int(stride[i]))

@@ -11,20 +11,19 @@ first: build_chain spells it, ops in graph order.
 M is sent as the symbolic dim 0 whenever no stride depends on it (A and every [M, N] operand
 row-major), with `m_hint` = the M at hand: the daemon tunes for that M's power-of-two bucket,
 and another batch size in the bucket reuses the kernel instead of compiling a new one."""
-from .fragment import Built, Emitter, Unfusable, _align_of, _same, _static
+from .fragment import Built, Emitter, Unfusable, _align_of
 from .ops import DTYPES, RESHAPE_OPS, products
+from .shapes import is_known_int, known_equal, size_at_hand
 
 VOCAB = 3
 
 
 def _hint(x):
     """The concrete value of a size, symbolic or not."""
-    if _static(x):
-        return int(x)
-    try:
-        return int(x.node.hint)
-    except (AttributeError, TypeError):
-        raise Unfusable("a symbolic size without a hint") from None
+    v = size_at_hand(x)
+    if v is None:
+        raise Unfusable("a symbolic size without a hint")
+    return v
 
 
 class GemmLayout:
@@ -106,7 +105,7 @@ def _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, s
                 raise Unfusable(f"output {node.name} is not a dense view of [M, N]")
             view = tuple(int(d) for d in t.shape)
             strides = [n, 1]
-        elif not _same(t.shape[0], m) or int(t.shape[1]) != n:
+        elif not known_equal(t.shape[0], m) or int(t.shape[1]) != n:
             raise Unfusable(f"output {node.name} is not [M, N]")
         else:
             strides = _strides(t)
@@ -130,8 +129,8 @@ def _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, s
 
 def _symbolic_m(m, with_m):
     """Whether M goes symbolic: every tensor with the M dim row-major (static strides)."""
-    symbolic = (not _static(m)) or all(_row_major(t) for t in with_m)
-    if not _static(m) and not symbolic:
+    symbolic = (not is_known_int(m)) or all(_row_major(t) for t in with_m)
+    if not is_known_int(m) and not symbolic:
         raise Unfusable("a symbolic M with a column-major operand")
     return symbolic, (-1 if symbolic else int(m))
 
@@ -218,7 +217,7 @@ def _rows(t):
 
 def _strides(t):
     st = t.stride()
-    if not all(_static(s) for s in st):
+    if not all(is_known_int(s) for s in st):
         raise Unfusable("symbolic strides")
     return [int(s) for s in st]
 
@@ -229,7 +228,7 @@ def _broadcast(t, m, n, m_dim, where):
     if len(size) > 2:
         # [B, S, N] beside a GEMM seen through a view: dense across the leading dims, it is
         # [M, N] with the stride of its second-to-last dim (or a row broadcast: [1, N])
-        if not all(_static(d) for d in size[:-1]) or not all(_static(s) for s in stride):
+        if not all(is_known_int(d) for d in size[:-1]) or not all(is_known_int(s) for s in stride):
             raise Unfusable(f"{where}: symbolic sizes in a GEMM epilogue operand of rank {len(size)}")
         lead = [int(d) for d in size[:-2]]
         if all(d == 1 for d in lead):
@@ -246,15 +245,15 @@ def _broadcast(t, m, n, m_dim, where):
     stride = [0] * (2 - len(stride)) + stride
     shape, strides = [], []
     for d, (sz, st) in enumerate(zip(size, stride)):
-        if _static(sz) and int(sz) == 1:
+        if is_known_int(sz) and int(sz) == 1:
             shape.append(1)
             strides.append(0)
             continue
-        if d == 0 and not _same(sz, m):
+        if d == 0 and not known_equal(sz, m):
             raise Unfusable(f"{where}: dim 0 is {sz}, not M or 1")
-        if d == 1 and (not _static(sz) or int(sz) != n):
+        if d == 1 and (not is_known_int(sz) or int(sz) != n):
             raise Unfusable(f"{where}: dim 1 is {sz}, not N or 1")
-        if not _static(st):
+        if not is_known_int(st):
             raise Unfusable(f"{where}: symbolic stride")
         shape.append(m_dim if d == 0 else int(sz))
         strides.append(int(st))

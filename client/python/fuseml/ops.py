@@ -4,10 +4,10 @@ kinds of the ops that later kernel templates will take (GEMMs, reductions).
 Each pointwise entry is a function emit(e, node) that spells the node with the emitter's
 primitives (fragment.Emitter): e.arg(x) for a tensor or scalar operand, e.op(name, *ids),
 e.const(v), e.cast(id, dtype)."""
-import numbers
-
 import torch
-from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from .shapes import (is_finite_plain_real, is_plain_int, is_plain_real, known_true, plain_equal,
+                     same_plain_shape)
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -216,10 +216,6 @@ MAX_ROW = 1 << 20       # FM_MAX_ROW: longer rows than registers hold are stream
 MAX_ROW_HELD = 32768    # FM_MAX_ROW_HELD: var needs its row held in registers
 
 
-def _is_static_scalar(v):
-    return isinstance(v, numbers.Real) and not isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool)
-
-
 def why_not_pointwise(node):
     """None when the node can join a pointwise group, else the reason it cannot."""
     if node.op != "call_function" or node.target not in POINTWISE:
@@ -263,7 +259,7 @@ def why_not_pointwise(node):
             continue
         elif isinstance(a, float) and a != a:
             return "NaN constant"
-        elif not _is_static_scalar(a):
+        elif not is_plain_real(a):
             return f"non-static operand {type(a).__name__}"
     return None
 
@@ -271,7 +267,7 @@ def why_not_pointwise(node):
 def _why_not_alias(node, val):
     """None when a clone or expand node can join a group as the value it copies or views."""
     src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-    if not isinstance(src, torch.Tensor) or not same_size(src.shape, val.shape):
+    if not isinstance(src, torch.Tensor) or not same_plain_shape(src.shape, val.shape):
         return "expand that broadcasts"
     if node.target is aten.clone.default:
         if node.kwargs.get("memory_format", torch.preserve_format) not in (
@@ -291,8 +287,8 @@ def _why_not_alias(node, val):
 
 def _dense(t):
     """Static sizes and strides that are a permutation of a contiguous layout."""
-    dims = [(st, d) for d, st in zip(t.shape, t.stride()) if not (_static_int(d) and d == 1)]
-    if not all(_static_int(d) and _static_int(st) for st, d in dims):
+    dims = [(st, d) for d, st in zip(t.shape, t.stride()) if not (is_plain_int(d) and d == 1)]
+    if not all(is_plain_int(d) and is_plain_int(st) for st, d in dims):
         return False
     expected = 1
     for st, d in sorted(dims):
@@ -300,10 +296,6 @@ def _dense(t):
             return False
         expected *= d
     return True
-
-
-def same_size(a, b):
-    return len(a) == len(b) and all(_same_size(x, y) for x, y in zip(a, b))
 
 
 def _reduction(node, table):
@@ -340,7 +332,7 @@ def row_reduction(node):
         return None
     name, t, dim = red
     n = t.shape[-1]
-    if not _static_int(n) or not 1 < n <= MAX_ROW or dim not in (-1, t.dim() - 1):
+    if not is_plain_int(n) or not 1 < n <= MAX_ROW or dim not in (-1, t.dim() - 1):
         return None
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     if keepdim is not True or set(node.kwargs) - {"dim", "keepdim", "correction"}:
@@ -365,7 +357,7 @@ def column_reduction(node):
     if red is None:
         return None
     name, t, dim = red
-    if t.dim() != 2 or not _static_int(t.shape[1]) or dim not in (0, -2):
+    if t.dim() != 2 or not is_plain_int(t.shape[1]) or dim not in (0, -2):
         return None
     if set(node.kwargs) - {"dim", "keepdim"}:
         return None
@@ -394,7 +386,7 @@ def cat_dim(node):
     for x in xs:
         t = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
         if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dim() != val.dim() or \
-                t.device != val.device or not _static_int(t.shape[dim]):
+                t.device != val.device or not is_plain_int(t.shape[dim]):
             return None
     return dim
 
@@ -412,7 +404,7 @@ def splits_rows(node, shape):
     if not isinstance(val, torch.Tensor) or val.dim() < 3 or len(shape) != 2:
         return False
     lead = val.shape[:-1]
-    if not all(_static_int(d) for d in lead) or not _static_int(shape[0]):
+    if not all(is_plain_int(d) for d in lead) or not is_plain_int(shape[0]):
         return False   # symbolic leading dims: the runtime could not rebuild the shape
     m = 1
     for d in lead:
@@ -420,17 +412,9 @@ def splits_rows(node, shape):
     return m == int(shape[0]) and val.shape[-1] == shape[1] and val.is_contiguous()
 
 
-def _static_int(x):
-    return isinstance(x, int) and not isinstance(x, torch.SymInt)
-
-
 def is_batched_gemm(node):
     """bmm or baddbmm: a GEMM group of vocabulary 4 (bmm_fragment.py)."""
     return node.op == "call_function" and node.target in (aten.bmm.default, aten.baddbmm.default)
-
-
-def _static_real(x):
-    return _is_static_scalar(x) and x == x and abs(x) != float("inf")
 
 
 def why_not_gemm(node):
@@ -446,7 +430,7 @@ def why_not_gemm(node):
         # spelled as bmm, * alpha, + beta * input (bmm_fragment.py): any finite static scalars
         alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
         if any(k not in ("beta", "alpha") for k in node.kwargs) or \
-                not _static_real(alpha) or not _static_real(beta):
+                not is_finite_plain_real(alpha) or not is_finite_plain_real(beta):
             return "baddbmm with non-static beta/alpha"
         if alpha == 0:
             return "baddbmm with alpha 0"   # torch skips the product (its NaNs) entirely
@@ -462,13 +446,13 @@ def why_not_gemm(node):
     if ta.dim() != rank or tb.dim() != rank:
         return "operands are not batches of matrices" if batched else "operands are not matrices"
     k, n = tb.shape[-2:]
-    if not (_static_int(k) and _static_int(n)) or not _static_int(ta.shape[-1]):
+    if not (is_plain_int(k) and is_plain_int(n)) or not is_plain_int(ta.shape[-1]):
         return "symbolic K or N"
-    if batched and not _static_int(ta.shape[1]):
+    if batched and not is_plain_int(ta.shape[1]):
         return "symbolic M in a batched GEMM (only the batch may be symbolic)"
     for name, t in (("A", ta), ("B", tb)):
         st = t.stride()
-        if not all(_static_int(x) for x in st):
+        if not all(is_plain_int(x) for x in st):
             return f"{name} has symbolic strides"
         # any K and leading dim: where the generated templates need 8-element chunks, the
         # daemon serves a cuBLASLt plan instead; each batch's matrix (the last two dims) must
@@ -498,35 +482,22 @@ def batched_view(node, shape):
     if not isinstance(val, torch.Tensor) or val.dim() < 3:
         return None
     size, stride = list(val.shape), list(val.stride())
-    if not (_same_size(size[-1], shape[2]) and _same_size(size[-2], shape[1])):
+    if not (plain_equal(size[-1], shape[2]) and plain_equal(size[-2], shape[1])):
         return None
-    if sum(not _static_int(d) for d in size[:-2]) > 1:
+    if sum(not is_plain_int(d) for d in size[:-2]) > 1:
         return None   # one symbolic batch dim at most: the runtime views the result with -1
     lead = 1
     for d in size[:-2]:
         lead = lead * d
-    if not _same_size(lead, shape[0]):
+    if not plain_equal(lead, shape[0]):
         return None
     # row-major dense, decided without guards on the symbolic batch dim (its stride is free)
-    if not _known(stride[-1] == 1):
+    if not known_true(stride[-1] == 1):
         return None
     for i in range(len(size) - 2, 0, -1):
-        if not _known(stride[i] == stride[i + 1] * size[i + 1]):
+        if not known_true(stride[i] == stride[i + 1] * size[i + 1]):
             return None
     return size
-
-
-def _known(expr):
-    """True only when provable without a guard on a symbolic size."""
-    return bool(expr) if isinstance(expr, bool) else statically_known_true(expr)
-
-
-def _same_size(a, b):
-    if _static_int(a) and _static_int(b):
-        return int(a) == int(b)
-    if _static_int(a) != _static_int(b):
-        return False
-    return _known(a == b)
 
 
 def products(members):

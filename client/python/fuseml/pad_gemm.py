@@ -33,10 +33,10 @@ compute-bound:
 A size of 1 is never padded (a vector needs no alignment). Mode "all" pads every unaligned
 bf16/f16 GEMM (a testing aid, and a way to measure small ones); "off" none."""
 import torch
-from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from . import fake_meta
 from ._log import log
+from .shapes import is_known_int
 
 aten = torch.ops.aten
 
@@ -56,10 +56,6 @@ def padded_size(d):
         return d
     step = BIG_ALIGN if d >= BIG else ALIGN
     return -(-d // step) * step
-
-
-def _static(x):
-    return isinstance(x, int) or is_concrete_int(x)
 
 
 def _operands(node):
@@ -84,7 +80,7 @@ def _why_not(node, mode):
         return f"{ta.dtype} GEMM"
     if ta.dim() != rank or tb.dim() != rank:
         return "operands of another rank"
-    if not all(_static(d) for d in list(ta.shape) + list(tb.shape)):
+    if not all(is_known_int(d) for d in list(ta.shape) + list(tb.shape)):
         return "symbolic sizes"
     if bias is not None and not (isinstance(bias, torch.fx.Node) and
                                  isinstance(bias.meta.get("val"), torch.Tensor)):

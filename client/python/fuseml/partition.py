@@ -33,7 +33,7 @@ import torch
 
 from . import chains as chain_rules, ops, siblings
 from ._log import log
-from .fragment import same_shape
+from .shapes import same_known_shape
 
 
 @dataclass
@@ -110,14 +110,14 @@ def _fits(g, shape, reduce):
     if reduce and _has_cat(g):
         return False      # a cat runs in a pointwise fragment only
     if g.kind == "gemm":
-        return not reduce and same_shape(g.shape, shape)
+        return not reduce and same_known_shape(g.shape, shape)
     if g.kind not in ("pointwise", "rows"):
         return False
-    if same_shape(g.shape, shape):
+    if same_known_shape(g.shape, shape):
         return True
     # a per-row value (a statistic and what is computed from it) joins its rows group
     return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and \
-        same_shape(_per_row(g.shape), shape)
+        same_known_shape(_per_row(g.shape), shape)
 
 
 def _absorbs(g, operand, cat):
@@ -125,7 +125,7 @@ def _absorbs(g, operand, cat):
     pointwise group over the operand's shape without a cat of its own (the daemon refuses a
     cat of a cat), none of whose values is read outside it but by the cat: its values have
     the operand's size, and a group's outputs have the group's (the cat's) shape."""
-    if g.kind != "pointwise" or not same_shape(g.shape, operand.meta["val"].shape) or _has_cat(g):
+    if g.kind != "pointwise" or not same_known_shape(g.shape, operand.meta["val"].shape) or _has_cat(g):
         return False
     mset = set(g.members)
     return all(u in mset or u is cat for n in g.members for u in n.users)
@@ -212,29 +212,19 @@ def find_groups(gm, min_ops=2, chains=True):
 
     def why_not_siblings(g, h, node):
         """None when GEMM groups g and h may merge into one sibling group that `node` (a
-        pointwise op reading both) joins; else why not."""
-        if g.kind != "gemm" or h.kind != "gemm":
-            return "not two GEMM groups"
-        pg, ph = ops.products(g.members), ops.products(h.members)
-        if len(pg) != 1 or len(ph) != 1:
-            return "a GEMM group holds two products at most"
-        why = siblings.why_not_pair(pg[0], ph[0])
+        pointwise op reading both) joins; else why not: the sibling rules (siblings.py),
+        then what the dependency state says."""
+        why = siblings.why_not_groups(g, h, node)
         if why:
             return why
-        if not same_shape(g.shape, h.shape):
-            return "the groups run over different shapes"
         if reads_from(g, h) or reads_from(h, g):
             return "one group depends on the other"   # merged, the group would wait on itself
         # the merged group runs where its first value is needed, its inputs pulled ahead:
         # a mutation in its span could be reordered against a read
+        pg, ph = ops.products(g.members), ops.products(h.members)
         lo = min(pos(n) for n in g.members + h.members + [pg[0].args[-2], ph[0].args[-2]])
         if any(lo < m < pos(node) for m in mutations):
             return "a mutating op lies between them"
-        # the epilogue never reads a product's operands (streamed, not addressable per element)
-        operands = {x for p in (pg[0], ph[0]) for x in p.args[-2:]}
-        if any(b in operands for n in g.members + h.members + [node]
-               if n not in (pg[0], ph[0]) for b in n.all_input_nodes):
-            return "an epilogue op reads a product's operand"
         return None
 
     for node in gm.graph.nodes:
@@ -318,9 +308,9 @@ def find_groups(gm, min_ops=2, chains=True):
             # a pointwise group of per-row values (a statistic saved by the forward, raised to
             # a power in the backward) joins the rows group, as a per-row node would
             per_row = chosen.kind == "rows" and h.kind == "pointwise" and \
-                len(h.shape) == len(chosen.shape) and same_shape(_per_row(chosen.shape), h.shape)
+                len(h.shape) == len(chosen.shape) and same_known_shape(_per_row(chosen.shape), h.shape)
             if chosen.kind == "gemm" or h.kind == "gemm" or \
-                    not (cat or per_row or same_shape(chosen.shape, h.shape)):
+                    not (cat or per_row or same_known_shape(chosen.shape, h.shape)):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
@@ -347,56 +337,18 @@ def find_groups(gm, min_ops=2, chains=True):
     def why_not_chain(g1, g2, value, lnk):
         """None when GEMM group g1, whose value `value` is the A of g2's product (through the
         reshape `lnk`, or lnk is value), may merge with g2 into one chain group; else why
-        not."""
-        if g1 is g2 or g1.kind != "gemm" or g2.kind != "gemm":
-            return "not two GEMM groups"
-        p1s, p2s = ops.products(g1.members), ops.products(g2.members)
-        if len(p1s) != 1 or len(p2s) != 1:
-            return "a chain holds two products, no siblings"
-        (p1,), (p2,) = p1s, p2s
-        why = chain_rules.why_not_pair(p1, p2, value)
+        not: the chain rules (chains.py), then what the dependency state says."""
+        why = chain_rules.why_not_groups(g1, g2, value, lnk)
         if why:
             return why
-        if lnk is not value:
-            if lnk in group_of:
-                return "the view between the products belongs to a group"
-            why = chain_rules.why_not_link(lnk, p1)
-            if why:
-                return why
-        # the intermediate stays on chip: nothing but the second product may read it (not
-        # another op, not a graph output, not autograd's saved tensors, which are outputs)
-        mset = set(g1.members)
-        reader = p2 if lnk is value else lnk
-        for n in g1.members:
-            outside = set(n.users) - mset
-            if n is value and outside != {reader}:
-                return "the intermediate has other users (an output or saved for backward)"
-            if n is not value and outside:
-                return f"{n.name} of the first group is read outside it"
-        if lnk is not value and set(lnk.users) != {p2}:
-            return "the intermediate has other users (an output or saved for backward)"
-        x, w1, w2 = p1.args[-2], p1.args[-1], p2.args[-1]
-        # an epilogue never reads a weight (streamed through shared memory); the second
-        # stage may read x (the residual), sent as an input of its own (build_chain)
-        if any(b is w2 for n in g1.members for b in n.all_input_nodes) or \
-                any(b in (w1, w2) for n in g2.members if n is not p2 for b in n.all_input_nodes):
-            return "an epilogue op reads a weight"
-        both = mset | set(g2.members) | {lnk}
-        stage_inputs = [
-            [b for n in g1.members for b in n.all_input_nodes
-             if b not in both and not (n is p1 and b in (x, w1))],
-            [b for n in g2.members for b in n.all_input_nodes
-             if b not in both and not (n is p2 and b is w2)]]
-        why = chain_rules.reads_fit(stage_inputs, int(w1.meta["val"].shape[1]),
-                                    int(w2.meta["val"].shape[1]))
-        if why:
-            return why
-        if not same_shape(p1.meta["val"].shape[:1], p2.meta["val"].shape[:1]):
-            return "the products have different M"
+        if lnk is not value and lnk in group_of:
+            return "the view between the products belongs to a group"
         # merged, the group would wait on itself if the second reads the first another way
-        if reads_from(g1, g2) or any(b is not lnk and depends(b, g1.gid) for b in stage_inputs[1]):
+        p1 = ops.products(g1.members)[0]
+        second_reads = chain_rules.stage_inputs(g1, g2, lnk)[1]
+        if reads_from(g1, g2) or any(b is not lnk and depends(b, g1.gid) for b in second_reads):
             return "the second group reads the first through another path"
-        lo = min(pos(n) for n in g1.members + [x])
+        lo = min(pos(n) for n in g1.members + [p1.args[-2]])
         hi = max(pos(n) for n in g2.members)
         if any(lo < m < hi for m in mutations):
             return "a mutating op lies between them"
@@ -494,7 +446,7 @@ def epilogue_apart(g, gid, min_ops=2):
     if any(n.target in ops.RESHAPE_OPS for n in members):
         return None
     shape = members[-1].meta["val"].shape if members else None
-    if not members or any(not same_shape(n.meta["val"].shape, shape) for n in members):
+    if not members or any(not same_known_shape(n.meta["val"].shape, shape) for n in members):
         return None
     h = Group(gid, "pointwise", members, shape=shape)
     h.apart_of = g

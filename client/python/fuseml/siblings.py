@@ -6,9 +6,10 @@ is an ordinary vocabulary-3 GEMM fragment with two products sharing A's value id
 (protocol/fm_fragment.h, "Siblings"); gemm_fragment.build_gemm spells it.
 
 This module decides, for the partitioner, whether two GEMM groups *can* be siblings by what
-their products read (the same A, two B's of one shape, dtype and layout, within the
-generated templates' limits). Whether the merge is legal in the graph (no cycle, no mutation
-in between) is the partitioner's to check: it holds the dependency state.
+they compute and read (the same A, two B's of one shape, dtype and layout, within the
+generated templates' limits; an epilogue that never reads a product's operand). Whether the
+merge is legal in the graph (no cycle, no mutation in between) is the partitioner's to
+check: it holds the dependency state.
 
 aot_autograd writes nn.Linear on a [B, S, D] input as a separate `view(x, [B*S, D])` per
 projection, so the two A's are usually two nodes. They are one value when they are the same
@@ -18,7 +19,8 @@ import operator
 
 import torch
 
-from .ops import RESHAPE_OPS, VIEW_OPS, aten
+from .ops import RESHAPE_OPS, VIEW_OPS, aten, products
+from .shapes import is_plain_int, same_known_shape
 
 # The products a sibling group takes: vocabulary 3's (a bmm pair is not a sibling shape).
 PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
@@ -50,19 +52,15 @@ def same_value(a, b, depth=6):
             all(same_value(a.kwargs[k], b.kwargs[k], depth - 1) for k in a.kwargs))
 
 
-def _static(x):
-    return isinstance(x, int) and not isinstance(x, torch.SymInt)
-
-
 def _chunked(t):
     """The generated templates read A and B in 16-byte chunks (8 bf16/f16 elements): every
     stepped stride but the unit one a multiple of 8. A pair the templates cannot run is left
     as two GEMM groups: the daemon's sibling cuBLASLt plan (two matmuls and one epilogue
     kernel) would be its only candidate, no better than each GEMM served apart."""
     for size, stride in zip(t.shape, t.stride()):
-        if not _static(stride):
+        if not is_plain_int(stride):
             return False
-        if _static(size) and int(size) == 1 or stride == 1:
+        if is_plain_int(size) and int(size) == 1 or stride == 1:
             continue
         if stride % 8:
             return False
@@ -93,10 +91,32 @@ def why_not_pair(p, q):
     if p.meta["val"].dtype != q.meta["val"].dtype:
         return "the products differ in dtype"
     k = ta.shape[-1]
-    if not _static(k) or int(k) % 8 or not all(_chunked(t) for t in (ta, t1)):
+    if not is_plain_int(k) or int(k) % 8 or not all(_chunked(t) for t in (ta, t1)):
         return "K or a leading dimension is not a multiple of 8 (no template runs the pair)"
     return None
 
+
+
+def why_not_groups(g, h, node):
+    """None when GEMM groups g and h can be one sibling group that `node` (a pointwise op
+    reading both) joins, by what their products and epilogues compute and read; else why
+    not. The graph's side (no cycle, no mutation in between) is the partitioner's."""
+    if g.kind != "gemm" or h.kind != "gemm":
+        return "not two GEMM groups"
+    pg, ph = products(g.members), products(h.members)
+    if len(pg) != 1 or len(ph) != 1:
+        return "a GEMM group holds two products at most"
+    why = why_not_pair(pg[0], ph[0])
+    if why:
+        return why
+    if not same_known_shape(g.shape, h.shape):
+        return "the groups run over different shapes"
+    # the epilogue never reads a product's operands (streamed, not addressable per element)
+    operands = {x for p in (pg[0], ph[0]) for x in p.args[-2:]}
+    if any(b in operands for n in g.members + h.members + [node]
+           if n not in (pg[0], ph[0]) for b in n.all_input_nodes):
+        return "an epilogue op reads a product's operand"
+    return None
 
 def share_a(p, q):
     """Points the later of products p, q at the earlier one's A node (same_value has proved

@@ -35,6 +35,7 @@ import operator
 import torch
 
 from . import runtime
+from .shapes import has_plain_layout
 
 _guards = torch._C._dynamo.guards
 _reinterpret = getattr(_guards, "_reinterpret_tensor", None)
@@ -52,16 +53,6 @@ _UNMARKED_VIEWS = {torch.ops.aten._unsafe_view.default}
 
 class NotStraight(Exception):
     """Why a graph keeps running as its FX graph."""
-
-
-def _static(v):
-    """Whether v is a tensor whose size, stride and offset are plain ints."""
-    if not isinstance(v, torch.Tensor):
-        return False
-    try:
-        return all(isinstance(s, int) for s in (*v.shape, *v.stride(), v.storage_offset()))
-    except (RuntimeError, NotImplementedError):   # a sparse or opaque tensor
-        return False
 
 
 def _same_layout(shape_a, stride_a, shape_b, stride_b):
@@ -182,7 +173,7 @@ def _generate(gm, device_index, slow):
             if n not in last_use:
                 unused_inputs.append(name)
             if isinstance(val, torch.Tensor):
-                if not _static(val):
+                if not has_plain_layout(val):
                     raise NotStraight("a symbolic size (dynamic shapes)")
                 w.input_checks.append(_check_line(name, val))
             elif isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -281,11 +272,11 @@ def _call(w, n, name, val, matters):
         if n not in w.values:
             raise NotStraight("an output of a group read before its launch")
         return []
-    if _is_view(n.target) and _static(val) and n.args and isinstance(n.args[0], torch.fx.Node):
+    if _is_view(n.target) and has_plain_layout(val) and n.args and isinstance(n.args[0], torch.fx.Node):
         base = n.args[0]
         bval = base.meta.get("val")
         known = w.values[base]
-        if known.layout_known and _static(bval) and bval.dtype == val.dtype:
+        if known.layout_known and has_plain_layout(bval) and bval.dtype == val.dtype:
             delta = val.storage_offset() - bval.storage_offset()
             align = None if known.align is None else min(known.align, _lowbit(delta * val.element_size()))
             w.values[n] = _Value(name, True, align)
@@ -294,15 +285,15 @@ def _call(w, n, name, val, matters):
     args = ", ".join([w.literal(a) for a in n.args] +
                      [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
     fn = w.const(n.target, "f")
-    fresh = _static(val) and not _returns_alias(n.target)
+    fresh = has_plain_layout(val) and not _returns_alias(n.target)
     if n.target is operator.getitem:
         src = n.args[0]
-        fresh = _static(val) and isinstance(src, torch.fx.Node) and src.op == "call_function" \
+        fresh = has_plain_layout(val) and isinstance(src, torch.fx.Node) and src.op == "call_function" \
             and not _returns_alias(src.target)
     align = _lowbit(val.storage_offset() * val.element_size()) if fresh else None
-    w.values[n] = _Value(name, _static(val), align)
+    w.values[n] = _Value(name, has_plain_layout(val), align)
     lines = [f"{name} = {fn}({args})"]
-    if n in matters and _static(val):
+    if n in matters and has_plain_layout(val):
         lines.append(("check", _check_line(name, val)))
     return lines
 
@@ -323,7 +314,7 @@ def _launch(w, n, runner):
         if not isinstance(x, torch.fx.Node):
             raise NotStraight(f"{runner.name}: input {i} is not a graph value")
         val, known = x.meta.get("val"), w.values[x]
-        if not _static(val) or not known.layout_known:
+        if not has_plain_layout(val) or not known.layout_known:
             raise NotStraight(f"{runner.name}: input {i} has no known layout")
         dtype, strides = runner.in_meta[i]
         if val.dtype != dtype:
@@ -369,7 +360,7 @@ def _launch(w, n, runner):
                          f"{tuple(final_strides)!r}, 0)")
         if u is not None:
             uval = u.meta.get("val")
-            same = _static(uval) and _same_layout(final_shape, final_strides, uval.shape, uval.stride())
+            same = has_plain_layout(uval) and _same_layout(final_shape, final_strides, uval.shape, uval.stride())
             w.values[u] = _Value(names[j], same, _ALLOCATION_ALIGN)
     outs = [f"{x}.data_ptr()" for x in names]
     scratch = []
