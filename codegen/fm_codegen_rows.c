@@ -385,21 +385,36 @@ void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const s
   fm_strbuf_append(sb, "      }\n    }\n");
 }
 
+/* A per-row input's one element, decoded once per row. */
+void fm_cg_rows_emit_load_per_row(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k) {
+  char e[32];
+  snprintf(e, sizeof e, "in%u[b%u]", k, k);
+  fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[k]), k);
+  fm_cg_emit_decode(sb, p->vdt[k], e);
+  fm_strbuf_append(sb, ";\n");
+}
+
+/* Op i (not a reduction): a register array of ept elements for a row value, else a scalar. */
+void fm_cg_rows_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
+                        const shape *s, uint32_t i) {
+  uint32_t pos = p->n_in + i;
+  if (p->rowval[pos])
+    fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
+                     fm_cg_val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);
+  else
+    fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[pos]), pos);
+  fm_cg_emit_op(sb, f, p, i);
+  fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+}
+
 /* The held body: load whole rows into registers, every op on them, store each output once. */
 static void emit_held_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const shape *s) {
   const fm_cg_plan *p = &rp->base;
   fm_strbuf_append(sb, "    /* 1. load: whole rows into registers, per-row values once */\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!p->live[k]) continue;
-    if (p->rowval[k]) {
-      fm_cg_rows_emit_load_row(sb, rp, s, k);
-    } else {
-      char e[32];
-      snprintf(e, sizeof e, "in%u[b%u]", k, k);
-      fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[k]), k);
-      fm_cg_emit_decode(sb, p->vdt[k], e);
-      fm_strbuf_append(sb, ";\n");
-    }
+    if (p->rowval[k]) fm_cg_rows_emit_load_row(sb, rp, s, k);
+    else fm_cg_rows_emit_load_per_row(sb, p, k);
   }
   fm_strbuf_append(sb, "    /* 2. the ops, in fp32 registers */\n");
   for (uint32_t i = 0; i < p->n_ops; i++) {
@@ -407,15 +422,8 @@ static void emit_held_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows
     if (!p->live[pos]) continue;
     if (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) {
       emit_reduce(sb, f, rp, s, i);
-    } else if (p->rowval[pos]) {
-      fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
-                       fm_cg_val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);
-      fm_cg_emit_op(sb, f, p, i);
-      fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
     } else {
-      fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[pos]), pos);
-      fm_cg_emit_op(sb, f, p, i);
-      fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+      fm_cg_rows_emit_op(sb, f, p, s, i);
     }
   }
   fm_strbuf_append(sb, "    /* 3. store: each output once */\n");

@@ -40,6 +40,10 @@ typedef struct fm_cg_rows_shape {
 void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, uint32_t k);
 void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, uint32_t k);
 void fm_cg_rows_emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, const char *i);
+/* A per-row input's element, and op i (not a reduction) as a register array or a scalar. */
+void fm_cg_rows_emit_load_per_row(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k);
+void fm_cg_rows_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
+                        const fm_cg_rows_shape *s, uint32_t i);
 
 /* The STREAM body, inside the row loop after the row bases (fm_codegen_rows_stream.c):
  * passes over the row's tiles, reductions accumulated per thread then across the block,

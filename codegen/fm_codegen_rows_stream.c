@@ -52,34 +52,21 @@ static void emit_tile_values(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
     if (need[k] && p->rowval[k]) fm_cg_rows_emit_load_row(sb, rp, s, k);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
-    if (!need[pos] || !p->rowval[pos] || fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE) continue;
-    fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
-                     fm_cg_val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);
-    fm_cg_emit_op(sb, f, p, i);
-    fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+    if (need[pos] && p->rowval[pos] && fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE)
+      fm_cg_rows_emit_op(sb, f, p, s, i);
   }
 }
 
 /* The per-row (scalar) ops of one level, in order; level 0 also loads the per-row inputs. */
 static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
-                         const uint32_t *level, uint32_t l) {
+                         const fm_cg_rows_shape *s, const uint32_t *level, uint32_t l) {
   if (l == 0)
-    for (uint32_t k = 0; k < p->n_in; k++) {
-      if (!p->live[k] || p->rowval[k]) continue;
-      char e[32];
-      snprintf(e, sizeof e, "in%u[b%u]", k, k);
-      fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[k]), k);
-      fm_cg_emit_decode(sb, p->vdt[k], e);
-      fm_strbuf_append(sb, ";\n");
-    }
+    for (uint32_t k = 0; k < p->n_in; k++)
+      if (p->live[k] && !p->rowval[k]) fm_cg_rows_emit_load_per_row(sb, p, k);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
-    if (!p->live[pos] || p->rowval[pos] || level[pos] != l ||
-        fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE)
-      continue;
-    fm_strbuf_printf(sb, "    const %s v%u = ", fm_cg_val_type(p->vdt[pos]), pos);
-    fm_cg_emit_op(sb, f, p, i);
-    fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
+    if (p->live[pos] && !p->rowval[pos] && level[pos] == l && fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE)
+      fm_cg_rows_emit_op(sb, f, p, s, i);
   }
 }
 
@@ -122,7 +109,7 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
       fm_strbuf_printf(sb, "    const float v%u = fm_row_sum(fm_a%u, fm_red, fm_par) / %lld.0f;  /* mean */\n",
                        pos, pos, (long long)rp->n);
   }
-  emit_scalars(sb, f, p, level, l);
+  emit_scalars(sb, f, p, s, level, l);
 }
 
 int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
@@ -140,7 +127,7 @@ int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg
   for (uint32_t v = 0; v < n_values; v++)
     if (p->live[v] && level[v] > top) top = level[v];
   fm_strbuf_append(sb, "    /* the per-row inputs and values no reduction precedes */\n");
-  emit_scalars(sb, f, p, level, 0);
+  emit_scalars(sb, f, p, s, level, 0);
   for (uint32_t l = 1; l <= top; l++) emit_reduce_pass(sb, f, rp, s, level, l, targets, need);
 
   fm_strbuf_append(sb, "    /* the last pass: the row outputs, tile by tile */\n");

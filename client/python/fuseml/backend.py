@@ -10,7 +10,7 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
-from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade, view_motion
+from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts
@@ -214,8 +214,7 @@ class FuseMLCompiler:
         padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
-        sink_casts(gm)   # a cast read through views moves next to its reader (cast_sink.py)
-        view_motion.move(gm)   # reshapes off the other seams of elementwise chains (view_motion.py)
+        sink_casts(gm)   # a cast read through views moves next to its fused reader or producer (cast_sink.py)
         spell_columns(gm)   # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []

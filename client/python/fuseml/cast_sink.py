@@ -10,12 +10,22 @@ Rewritten as transpose(k) -> _to_copy -> mul, and view -> transpose -> _to_copy 
 cast joins the group of the op after it (the backward's scales by 1.0 likewise). Exact: the
 op is elementwise, a view only re-indexes the same elements (the views now read the operand,
 whose strides are the op's result's).
-Nothing else changes: a graph without this pattern is left as it was."""
+The reader may also be a row reduction: Hugging Face's causal-LM loss upcasts the logits and
+flattens them for cross-entropy, log_softmax(view(_to_copy(logits), [-1, V])), and the cast
+joins log_softmax's rows group once it reads the view.
+
+The other direction (rise_casts): a cast after a reshape of a fused value, whose readers
+nothing fuses with (cross-entropy's backward: _to_copy(view(log_softmax_backward(...))) into
+the graph's gradient output), moves above the reshape and joins the group that makes the
+value: view(_to_copy(y)). Each direction leaves the cast next to a fusible op and a reshape
+between it and nothing fusible, so neither undoes the other.
+Nothing else changes: a graph without these patterns is left as it was."""
 import torch
 from torch._guards import detect_fake_mode
 
 from . import ops
 from ._log import log
+from .fake_meta import same_layout
 from .shapes import is_plain_int, same_plain_shape
 
 aten = torch.ops.aten
@@ -59,10 +69,16 @@ def _chain(cast):
     while len(node.users) == 1 and _is_view(next(iter(node.users))):
         node = next(iter(node.users))
         chain.append(node)
-    if not chain or not all(u.op == "call_function" and u.target in ops.POINTWISE and
-                            ops.why_not_pointwise(u) is None for u in node.users):
+    if not chain or not all(_fusible(u) for u in node.users):
         return None
     return chain
+
+
+def _fusible(node):
+    """Is node an op a pointwise or rows group computes (so a cast next to it joins it)?"""
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
+        (node.target in ops.POINTWISE and ops.why_not_pointwise(node) is None)
+        or ops.row_reduction(node) is not None)
 
 
 def _fake(fake_mode, target, args, kwargs):
@@ -84,6 +100,7 @@ def sink_casts(gm):
         if not _sink(gm, fake_mode):
             break
         changed = True
+    changed |= _rise(gm, fake_mode)
     if changed:
         gm.graph.lint()
         gm.recompile()
@@ -117,5 +134,43 @@ def _sink(gm, fake_mode):
         last.replace_all_uses_with(moved)
         for v in reversed([cast] + chain):
             gm.graph.erase_node(v)
+        changed = True
+    return changed
+
+
+RESHAPES = {aten.view.default, aten._unsafe_view.default}
+
+
+def _rise(gm, fake_mode):
+    """cast(reshape(y)) -> reshape(cast(y)) where y is a fused value, the reshape is read only
+    by the cast, and no reader of the cast is fusible (see the module's docstring)."""
+    changed = False
+    for view in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in RESHAPES]:
+        y = view.args[0]
+        if len(view.users) != 1 or not _fusible(y):
+            continue
+        (cast,) = view.users
+        if not _movable(cast) or cast.args[0] is not view or any(_fusible(r) for r in cast.users):
+            continue
+        new = []
+        try:
+            with gm.graph.inserting_before(cast):
+                moved = gm.graph.call_function(cast.target, (y,) + tuple(cast.args[1:]), dict(cast.kwargs))
+                new.append(moved)
+                moved.meta["val"] = _fake(fake_mode, cast.target, (y.meta["val"],) + tuple(cast.args[1:]),
+                                          dict(cast.kwargs))
+                w = gm.graph.call_function(view.target, (moved,) + tuple(view.args[1:]))
+                new.append(w)
+                w.meta["val"] = _fake(fake_mode, view.target, (moved.meta["val"],) + tuple(view.args[1:]), {})
+            if not same_layout(w.meta["val"], cast.meta["val"]):
+                raise ValueError("the result would change layout")
+        except Exception as e:   # no view of the cast value, or another layout: leave the pair
+            log.debug("fuseml: %s stays after its reshape: %s", cast.name, e)
+            for n in reversed(new):
+                gm.graph.erase_node(n)
+            continue
+        cast.replace_all_uses_with(w)
+        gm.graph.erase_node(cast)
+        gm.graph.erase_node(view)
         changed = True
     return changed
