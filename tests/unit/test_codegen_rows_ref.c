@@ -148,8 +148,28 @@ static void test_long_row(void) {
   CHECK(close_to(out[N], -log(50257.0)) && close_to(out[2 * N - 1], -log(50257.0)));
 }
 
+/* The reference holds one row of every value in fp64: a fragment whose row set would pass
+ * 1 GiB (140 values of a 2^20-element row) is refused before anything is allocated or read. */
+static void test_row_set_cap(void) {
+  int64_t x[2] = {1, 1 << 20}, s1[2] = {1, 1};
+  tf_init(&raw);
+  tf_input(&raw, 0, FM_DT_F32, 2, x, NULL, 4);
+  uint32_t last = 0;
+  for (uint32_t i = 0; i < 138; i++, last = 10 + i - 1) tf_op(&raw, FM_OP_ADD, 10 + i, 2, last, 0, 0);
+  rf_reduce(&raw, FM_OP_SUM, 500, last, 0);
+  tf_output(&raw, 500, FM_DT_F32, 2, s1, NULL, 4);
+  CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
+  float in = 0, out = 0;
+  const void *ins[1] = {&in};
+  void *outs[1] = {&out};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 1, ins, outs, &d), FM_ELIMIT);
+  CHECK_STR_CONTAINS(d.text, "exceed 1 GiB");
+}
+
 int main(void) {
   RUN(test_softmax_123);
+  RUN(test_row_set_cap);
   RUN(test_long_row);
   RUN(test_layer_norm_known_row);
   RUN(test_rms_norm_known_row);
