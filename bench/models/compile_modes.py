@@ -61,3 +61,8 @@ def allow_many_graphs():
         cfg.accumulated_recompile_limit = 4096
     elif hasattr(cfg, "accumulated_cache_size_limit"):
         cfg.accumulated_cache_size_limit = 4096
+    # Dynamo's automatic dynamic shapes remember, per code object, the sizes and strides each
+    # compile saw: the loss function's logits at Inductor's padded stride (50264) and then at
+    # another backend's (50304, or contiguous) would make the later backend's graph dynamic,
+    # which no user of one backend sees. Every mode compiles static graphs for its own layouts.
+    cfg.automatic_dynamic_shapes = False

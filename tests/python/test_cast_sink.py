@@ -219,6 +219,24 @@ def test_casts_move_to_a_rows_reader_or_producer_and_their_limits():
     assert not cast_sink.sink_casts(gm)
     x = torch.randn(8, 20, dtype=BF16)
     torch.testing.assert_close(gm(x), g(x))
+    # an operand laid out otherwise than the cast's result (a padded GEMM output's rows, the
+    # logits): the cast moves when the views take the padded layout and its result comes out
+    # laid out as before (a flattening of whole rows) ...
+    p = lambda x: x[..., :16].float().view(-1, 16).amax(-1, keepdim=True)  # noqa: E731
+    gm = _graph(p, torch.randn(2, 4, 20, dtype=BF16))
+    assert cast_sink.sink_casts(gm)
+    ts = _targets(gm)
+    assert ts.index(aten.view.default) < ts.index(aten._to_copy.default), ts
+    x = torch.randn(2, 4, 20, dtype=BF16)
+    torch.testing.assert_close(gm(x), p(x))
+    # ... and stays where the moved cast's result would be laid out otherwise than the value
+    # its readers were traced with (here that value's recorded layout is made column-major)
+    gm = _graph(p, torch.randn(2, 4, 20, dtype=BF16))
+    view = next(n for n in gm.graph.nodes if n.target is aten.view.default)
+    traced = view.meta["val"]
+    view.meta["val"] = traced.as_strided(traced.shape, (1, traced.shape[0]))
+    assert not cast_sink.sink_casts(gm)
+    assert _targets(gm).index(aten._to_copy.default) < _targets(gm).index(aten.view.default)
     # a cast read twice stays (moving it would compute it twice)
     def h(x):
         y = x.float()

@@ -147,6 +147,30 @@ def test_readers_see_the_padded_layout():
         assert a.is_contiguous() and rel_err(a, b) < 1e-2
 
 
+def test_a_user_output_keeps_the_padded_layout():
+    """An output slot the caller says is the user's keeps the padded row stride (no copy, as
+    Inductor returns logits); a slot it does not own is copied back; two slots reached from
+    one GEMM (an output and a view of it: they alias) are both copied back."""
+    def f(h, w):
+        logits = (h @ w.t()).view(2, 12, 1001)
+        return logits.float().sum(-1), logits
+    for slots, kept in ((lambda p: p == 1, True), (lambda p: p == 0, False), (lambda p: False, False)):
+        gm, xs = _trace(f, (24, 64), (1001, 64))
+        want = _run(gm, xs)
+        pad_gemm.pad(gm, "all", slots)
+        got = _run(gm, xs)
+        assert (aten.clone.default in _targets(gm)) is not kept
+        assert got[1].stride() == ((12 * 1008, 1008, 1) if kept else (12 * 1001, 1001, 1))
+        for a, b in zip(got, want):
+            assert rel_err(a, b) < 1e-2
+    def aliased(h, w):
+        y = h @ w.t()
+        return y, y.view(2, 12, 1001)
+    gm, xs = _trace(aliased, (24, 64), (1001, 64))
+    pad_gemm.pad(gm, "all", lambda p: True)
+    assert all(o.is_contiguous() for o in _run(gm, xs))
+
+
 def test_option_must_be_known():
     with pytest.raises(ValueError, match="pad_gemm"):
         fuseml.FuseMLCompiler(pad_gemm="yes")
@@ -199,8 +223,11 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
         return [loss.detach(), logits.detach()] + [p.grad.clone() for p in model.parameters()]
     want = step(model)
     got = step(torch.compile(model, backend=compiler))
-    for a, b in zip(got, want):
-        assert a.shape == b.shape and a.stride() == b.stride()
+    for i, (a, b) in enumerate(zip(got, want)):
+        # the logits (slot 1, a user output of the training forward) come back at the padded
+        # row stride, as Inductor's do; the loss and every gradient as eager's
+        stride = (24 * 1008, 1008, 1) if padding and i == 1 else b.stride()
+        assert a.shape == b.shape and a.stride() == stride
         assert rel_err(a, b) < 1e-2
     fw, bw = plan(compiler, "forward"), plan(compiler, "backward")
     if not padding:
@@ -209,6 +236,22 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
     assert fw.padded == ["mm (N 1001 -> 1008)"] and "padded mm (N 1001" in fw.describe()
     assert sorted(d.split(" (")[1] for d in bw.padded) == ["K 1001 -> 1008)", "M 1001 -> 1008)"]
     assert any(g.built for g in fw.groups) and any(g.built for g in bw.groups)
+
+
+def test_inference_logits_keep_the_padded_layout(dead_socket):
+    """Under no_grad the inference graph's logits come back at the padded row stride (no copy
+    back), equal to eager's."""
+    torch.manual_seed(0)
+    model = TiedLM().to(BF16)
+    ids, labels = torch.randint(0, 1001, (2, 24)), torch.randint(0, 1001, (2, 24))
+    compiler = fuseml.FuseMLCompiler(pad_gemm="all")
+    with torch.no_grad():
+        want = model(ids, labels)
+        got = torch.compile(model, backend=compiler)(ids, labels)
+    assert got[1].stride() == (24 * 1008, 1008, 1) and want[1].is_contiguous()
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-2
+    assert not [g for g in plan(compiler, "inference").groups if "clone" in g.op_names]
 
 
 def test_a_reader_that_cannot_take_the_padded_layout_keeps_the_gemm():

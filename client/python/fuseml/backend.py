@@ -211,7 +211,7 @@ class FuseMLCompiler:
             return make_boxed_func(gm)
         # before partitioning: the padded GEMMs' slices and the copies of their values are
         # what the groups around them read
-        padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm())
+        padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), _user_output_slots(which))
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         sink_casts(gm)   # a cast read through views moves next to its fused reader or producer (cast_sink.py)
@@ -359,6 +359,26 @@ class FuseMLCompiler:
         finally:
             conn.close()
         return conn.hello, done
+
+
+def _user_output_slots(which):
+    """keeps_layout for pad_gemm.pad: which output slots of the graph being compiled reach the
+    user (or an input aot_autograd copies into), so that they may keep a padded row stride as
+    Inductor's outputs do. An inference graph's every slot; a training forward's first
+    num_forward_returns (after them come the values saved for the backward, which is compiled
+    for their traced layout), known only while aot_autograd compiles it (its tracing context
+    holds the graph's metadata then); a backward's none (a parameter's gradient in another
+    layout would be copied by autograd's accumulation)."""
+    if which == "inference":
+        return lambda position: True
+    if which == "forward":
+        from torch._guards import TracingContext
+        tc = TracingContext.try_get()
+        meta = tc.fw_metadata if tc is not None and tc.output_strides is not None else None
+        returns = getattr(meta, "num_forward_returns", None)
+        if isinstance(returns, int):
+            return lambda position: position < returns
+    return lambda position: False
 
 
 def _has_cuda_tensor(gm, example_inputs):

@@ -61,9 +61,10 @@ def _chain(cast):
     if not isinstance(src, torch.Tensor) or not isinstance(val, torch.Tensor):
         return None
     strides = list(src.stride()) + list(val.stride())
-    # the views must see the same layout in the operand (decided without a guard on a
-    # symbolic stride: those are left as they are)
-    if not all(is_plain_int(s) for s in strides) or src.stride() != val.stride():
+    # layouts are compared without a guard on a symbolic stride: those are left as they are
+    # (the operand may be laid out otherwise than the op's result, a padded GEMM output cast
+    # to fp32: _sink checks that the moved op's result has the old result's layout)
+    if not all(is_plain_int(s) for s in strides):
         return None
     chain, node = [], cast
     while len(node.users) == 1 and _is_view(next(iter(node.users))):
@@ -126,6 +127,9 @@ def _sink(gm, fake_mode):
                 new.append(moved)
                 moved.meta["val"] = _fake(fake_mode, cast.target, (value.meta["val"],) + tuple(cast.args[1:]),
                                           dict(cast.kwargs))
+            # its readers were traced (and their fragments are built) for the old layout
+            if not same_layout(moved.meta["val"], last.meta.get("val")):
+                raise ValueError("the moved op's result would be laid out otherwise")
         except Exception as e:   # a view the uncast layout cannot take: leave the chain as it was
             log.debug("fuseml: %s stays before its views: %s", cast.name, e)
             for w in reversed(new):
