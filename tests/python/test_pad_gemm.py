@@ -49,7 +49,7 @@ def _run(gm, xs):
 def _check_numerics(f, *shapes, padded_dims):
     gm, xs = _trace(f, *shapes)
     want = _run(gm, xs)
-    done = pad_gemm.pad(gm, "all")
+    done, _ = pad_gemm.pad(gm, "all")
     assert len(done) == 1 and all(d in done[0] for d in padded_dims), done
     _all_have_meta(gm)
     got = _run(gm, xs)
@@ -100,7 +100,7 @@ def test_which_gemms_are_padded():
     for mode in ("auto", "all", "off"):
         for name, (f, shapes, dtype) in cases.items():
             gm, _ = _trace(f, *shapes, dtype=dtype, fake=True)
-            padded[mode, name] = pad_gemm.pad(gm, mode)
+            padded[mode, name] = pad_gemm.pad(gm, mode)[0]
             _all_have_meta(gm)
     assert padded["auto", "lm_head"] == ["mm (N 50257 -> 50304)"]
     assert padded["auto", "grad_h"] == ["mm (K 50257 -> 50304)"]
@@ -119,7 +119,7 @@ def test_weight_padded_before_its_transpose_and_shared():
     padded copy of it."""
     gm, xs = _trace(lambda g, w, x: (g @ w, g.t() @ x), (24, 1001), (1001, 40), (24, 32))
     want = _run(gm, xs)
-    assert len(pad_gemm.pad(gm, "all")) == 2
+    assert len(pad_gemm.pad(gm, "all")[0]) == 2
     pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
     g = next(n for n in gm.graph.nodes if n.op == "placeholder")
     assert [p.args[0] for p in pads].count(g) == 1        # g padded once, along its columns
@@ -148,16 +148,17 @@ def test_readers_see_the_padded_layout():
 
 
 def test_a_user_output_keeps_the_padded_layout():
-    """An output slot the caller says is the user's keeps the padded row stride (no copy, as
-    Inductor returns logits); a slot it does not own is copied back; two slots reached from
-    one GEMM (an output and a view of it: they alias) are both copied back."""
+    """The output slots the caller allows keep the padded row stride (no copy, as Inductor
+    returns logits) and are listed; slots it does not allow are copied back; under the
+    inference policy (one slot), two slots reached from one GEMM (an output and a view of it:
+    they alias) are both copied back."""
     def f(h, w):
         logits = (h @ w.t()).view(2, 12, 1001)
         return logits.float().sum(-1), logits
-    for slots, kept in ((lambda p: p == 1, True), (lambda p: p == 0, False), (lambda p: False, False)):
+    for slots, kept in ((lambda ps: ps == [1], True), (lambda ps: 0 in ps, False), (lambda ps: False, False)):
         gm, xs = _trace(f, (24, 64), (1001, 64))
         want = _run(gm, xs)
-        pad_gemm.pad(gm, "all", slots)
+        assert pad_gemm.pad(gm, "all", slots)[1] == ([1] if kept else [])
         got = _run(gm, xs)
         assert (aten.clone.default in _targets(gm)) is not kept
         assert got[1].stride() == ((12 * 1008, 1008, 1) if kept else (12 * 1001, 1001, 1))
@@ -167,8 +168,25 @@ def test_a_user_output_keeps_the_padded_layout():
         y = h @ w.t()
         return y, y.view(2, 12, 1001)
     gm, xs = _trace(aliased, (24, 64), (1001, 64))
-    pad_gemm.pad(gm, "all", lambda p: True)
+    pad_gemm.pad(gm, "all", lambda ps: len(ps) == 1)
     assert all(o.is_contiguous() for o in _run(gm, xs))
+
+
+def test_graph_adopts_the_layouts_of_its_example_inputs():
+    """fake_meta.adopt_input_layouts: an example input at another stride (what aot_autograd
+    passes a backward whose saved value the forward kept padded) recomputes every value from
+    it; examples as traced change nothing."""
+    from fuseml import fake_meta
+    gm, _ = _trace(lambda x: (x * 2).sum(-1), (4, 6), fake=True)
+    (ph,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    traced = ph.meta["val"]
+    assert not fake_meta.adopt_input_layouts(gm, [traced])
+    with fake_meta.mode_of(gm):
+        padded = torch.empty(4, 8, dtype=BF16, device="cuda")[:, :6]
+    assert fake_meta.adopt_input_layouts(gm, [padded])
+    assert ph.meta["val"].stride() == (8, 1)
+    mul = next(n for n in gm.graph.nodes if n.target is aten.mul.Tensor)
+    assert mul.meta["val"].shape == (4, 6)
 
 
 def test_option_must_be_known():
@@ -224,8 +242,9 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
     want = step(model)
     got = step(torch.compile(model, backend=compiler))
     for i, (a, b) in enumerate(zip(got, want)):
-        # the logits (slot 1, a user output of the training forward) come back at the padded
-        # row stride, as Inductor's do; the loss and every gradient as eager's
+        # the logits (slot 1) come back at the padded row stride, as Inductor's do; they are
+        # also saved for the backward (cross_entropy.py keeps them, not fp32 log-probabilities),
+        # which is compiled for the strides the forward reported
         stride = (24 * 1008, 1008, 1) if padding and i == 1 else b.stride()
         assert a.shape == b.shape and a.stride() == stride
         assert rel_err(a, b) < 1e-2
@@ -234,6 +253,9 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
         assert fw.padded == [] and bw.padded == []
         return
     assert fw.padded == ["mm (N 1001 -> 1008)"] and "padded mm (N 1001" in fw.describe()
+    # the backward was compiled for the saved logits at the padded stride the forward reported
+    saved = [n.meta["val"] for n in bw.compiled.gm.graph.nodes if n.op == "placeholder"]
+    assert [v.stride() for v in saved if isinstance(v, torch.Tensor) and 1008 in v.stride()]
     assert sorted(d.split(" (")[1] for d in bw.padded) == ["K 1001 -> 1008)", "M 1001 -> 1008)"]
     assert any(g.built for g in fw.groups) and any(g.built for g in bw.groups)
 
@@ -261,7 +283,7 @@ def test_a_reader_that_cannot_take_the_padded_layout_keeps_the_gemm():
         return (a @ b).view(-1), a @ c
     gm, xs = _trace(f, (24, 64), (64, 1001), (64, 1001))
     want = _run(gm, xs)
-    assert pad_gemm.pad(gm, "all") == ["mm_1 (N 1001 -> 1008)"]
+    assert pad_gemm.pad(gm, "all") == (["mm_1 (N 1001 -> 1008)"], [])
     assert [n.name for n in gm.graph.nodes if n.target is aten.mm.default] == ["mm", "mm_default"]
     for a, b in zip(_run(gm, xs), want):
         assert rel_err(a, b) < 1e-2

@@ -124,12 +124,17 @@ def test_t5_training_step_mask_path_is_fused(dead_socket, partitioned):
     assert not left_to_aten(fw, fw_groups)
     assert not left_to_aten(bw, bw_groups)
     assert len(masked_softmax_groups(fw_groups)) >= 2
+    # left: two clones, and the loss's tail over one value per token (cross_entropy.py: the
+    # masked sum of per-token losses, the count, the target bounds check), never a row set
     left = elementwise_left(fw, fw_groups)
-    assert [n.target for n in left] == [aten.clone.default] * 2, [n.format_node() for n in left]
-    # backward: nothing; the weight gradients' sums over batch and tokens ([B, S, D] -> D, and
-    # the bias's [B, H, S, S] -> [H, S, S]) are column groups
+    tokens = w.inputs["labels"].numel()
+    rows_left = [n for n in left if n.meta["val"].numel() > tokens]
+    assert [n.target for n in rows_left] == [aten.clone.default] * 2, [n.format_node() for n in left]
+    # backward: nothing over a row set (the loss's per-token weights aside); the weight
+    # gradients' sums over batch and tokens ([B, S, D] -> D, and the bias's [B, H, S, S] ->
+    # [H, S, S]) are column groups
     left = elementwise_left(bw, bw_groups)
-    assert not left, [n.format_node() for n in left]
+    assert not [n for n in left if n.meta["val"].numel() > tokens], [n.format_node() for n in left]
     assert len([g for g in bw_groups if g.kind == "columns" and g.route == "kernel"]) >= 12
     # softmax's backward, out * (g - sum(out * g)), is a rows group in the backward graph
     back = [g for g in bw_groups if g.kind == "rows" and g.route == "kernel" and "sum" in g.op_names

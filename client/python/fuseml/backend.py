@@ -10,7 +10,8 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
-from . import cudagraphs, direct_call, pad_gemm, settings, straight_line, transport, upgrade
+from . import (cross_entropy, cudagraphs, direct_call, fake_meta, pad_gemm, settings, straight_line,
+               transport, upgrade)
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts
@@ -148,6 +149,9 @@ class FuseMLCompiler:
         as keywords; what else it may pass is ignored."""
         if kwargs:
             log.debug("fuseml: ignoring backend keywords %s", sorted(kwargs))
+        # before aot_autograd traces it: a cross_entropy that saves no fp32 log-probabilities
+        # (cross_entropy.py)
+        cross_entropy.rewrite(gm)
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
         capture = direct_call.Capture(gm, example_inputs,
                                       self.rest == "aten" and direct_call.wanted(self.direct))
@@ -211,7 +215,12 @@ class FuseMLCompiler:
             return make_boxed_func(gm)
         # before partitioning: the padded GEMMs' slices and the copies of their values are
         # what the groups around them read
-        padded = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), _user_output_slots(which))
+        if which == "backward":   # saved values the forward left at a padded layout
+            fake_meta.adopt_input_layouts(gm, example_inputs)
+        keeps_layout, report_to = _layout_policy(which)
+        padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
+        if kept and report_to is not None:
+            _report_output_strides(gm, kept, report_to)
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         sink_casts(gm)   # a cast read through views moves next to its fused reader or producer (cast_sink.py)
@@ -361,24 +370,38 @@ class FuseMLCompiler:
         return conn.hello, done
 
 
-def _user_output_slots(which):
-    """keeps_layout for pad_gemm.pad: which output slots of the graph being compiled reach the
-    user (or an input aot_autograd copies into), so that they may keep a padded row stride as
-    Inductor's outputs do. An inference graph's every slot; a training forward's first
-    num_forward_returns (after them come the values saved for the backward, which is compiled
-    for their traced layout), known only while aot_autograd compiles it (its tracing context
-    holds the graph's metadata then); a backward's none (a parameter's gradient in another
-    layout would be copied by autograd's accumulation)."""
+def _layout_policy(which):
+    """(keeps_layout for pad_gemm.pad, the tracing context to report kept strides to or None):
+    which output slots of the graph being compiled may keep a padded GEMM's row stride, as
+    Inductor's outputs do. An inference graph: one slot reached from a GEMM (two would be
+    outputs that alias, which aot_autograd rebuilds from their traced strides). A training
+    forward, known only while aot_autograd compiles it (its tracing context holds the graph's
+    metadata and collects output strides then): at most one of its first num_forward_returns
+    slots, the user's, and any of the values saved for the backward after them, whose strides
+    are reported so that the backward is compiled for them. A backward: none (a parameter's
+    gradient in another layout would be copied by autograd's accumulation)."""
     if which == "inference":
-        return lambda position: True
+        return (lambda positions: len(positions) == 1), None
     if which == "forward":
         from torch._guards import TracingContext
         tc = TracingContext.try_get()
         meta = tc.fw_metadata if tc is not None and tc.output_strides is not None else None
         returns = getattr(meta, "num_forward_returns", None)
         if isinstance(returns, int):
-            return lambda position: position < returns
-    return lambda position: False
+            return (lambda positions: sum(p < returns for p in positions) <= 1), tc
+    return (lambda positions: False), None
+
+
+def _report_output_strides(gm, kept, tc):
+    """The strides of gm's output slots at positions `kept` (None for the others: aot_autograd
+    then keeps their traced layout), to the tracing context aot_autograd reads them from."""
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    if tc.output_strides:   # someone reported already: theirs stand
+        return
+    tc.output_strides.extend(
+        tuple(v.meta["val"].stride()) if i in kept and isinstance(v, torch.fx.Node) else None
+        for i, v in enumerate(values))
 
 
 def _has_cuda_tensor(gm, example_inputs):

@@ -40,3 +40,22 @@ def same_layout(a, b):
         return type(a) is type(b) and a == b
     return a is b   # symbolic values compared by identity: comparing them would add a guard
 
+
+def adopt_input_layouts(gm, example_inputs):
+    """Where an example input is laid out otherwise than its placeholder's traced value (a
+    backward's saved logits, kept at a padded GEMM's row stride by the forward, which reported
+    the strides so that aot_autograd restrides the backward's example inputs), every value of
+    gm is recomputed from the examples; returns whether anything was."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(phs) != len(example_inputs):
+        return False
+    differ = [p for p, e in zip(phs, example_inputs)
+              if isinstance(e, torch.Tensor) and isinstance(p.meta.get("val"), torch.Tensor)
+              and not provably_same_ints(e.stride(), p.meta["val"].stride())]
+    mode = mode_of(gm)
+    if not differ or mode is None:
+        return False
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
+    return True
+

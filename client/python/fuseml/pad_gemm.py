@@ -15,13 +15,14 @@ read one value both ways (a backward's `grad @ w` and `grad.t() @ x`) share one 
 
 What the rewrite changes downstream is known before the graph changes: the values of the
 nodes after it are recomputed on fake tensors (fake_meta.py), since fragments bake in their
-inputs' strides; a GEMM whose rewrite any reader cannot take is left as it was. A value that
-leaves the graph keeps the padded row stride when it is the one output slot the GEMM reaches
-and the caller says that slot is the user's (`keeps_layout`): a model's logits, returned as
-Inductor returns them (a view at the padded stride; copying GPT-2's 4096 x 50257 bf16 logits
-back took 0.47-0.49 ms on an H200, as long as the lm_head GEMM itself). Everywhere else (a
-value saved for the backward, which was compiled for the old layout; a gradient; two outputs
-that alias) it is copied back to its old contiguous layout.
+inputs' strides; a GEMM whose rewrite any reader cannot take is left as it was. The values
+that leave the graph keep the padded row stride when the caller says the output slots they
+reach may (`keeps_layout`): a model's logits, returned as Inductor returns them (a view at the
+padded stride; copying GPT-2's 4096 x 50257 bf16 logits back took 0.47-0.49 ms on an H200, as
+long as the lm_head GEMM itself), and in a training forward the same logits saved for the
+backward (the caller reports their strides, so that the backward is compiled for them).
+Otherwise (a gradient; two user outputs that alias) they are copied back to their old
+contiguous layout.
 
 Which GEMMs (mode "auto", FUSEML_PAD_GEMM): bf16/f16 only, where the align1 penalty is
 measured; fp32 GEMMs run on kernels that care little for alignment unless TF32 is on. Static
@@ -122,6 +123,7 @@ class _Rewrite:
         self.vals = {}              # new value of each node after the rewrite
         self.clones = {}            # output value -> its contiguous copy's step index
         self.out_slots = []         # (position, value) of each output slot whose value changed
+        self.kept = []              # the positions of out_slots left at the padded layout
 
     def describe(self):
         dims = ", ".join(f"{name} {d} -> {p}" for name, d, p in
@@ -172,8 +174,8 @@ class _Rewrite:
 
     def compute(self, keeps_layout):
         """The new nodes' values and those of every node after the GEMM whose value changes;
-        raises when a reader cannot take the new layout. keeps_layout(position): whether the
-        output slot at that position may keep the padded layout."""
+        raises when a reader cannot take the new layout. keeps_layout(positions): whether the
+        output slots at those positions may keep the padded layout."""
         a, b, bias = _operands(self.node)
         lead = [int(d) for d in a.meta["val"].shape[:-2]]
         pa = self._pad(a, lead + [self.mp, self.kp])
@@ -193,7 +195,8 @@ class _Rewrite:
         self.result = out
         self.vals[self.node] = self._value(out)
         self._propagate()
-        if len(self.out_slots) == 1 and keeps_layout(self.out_slots[0][0]):
+        if self.out_slots and keeps_layout([i for i, _ in self.out_slots]):
+            self.kept = [i for i, _ in self.out_slots]
             return
         for _, x in self.out_slots:
             old = x.meta.get("val")
@@ -278,16 +281,17 @@ def _permutation(node):
     return [d % rank for d in node.args[1]]
 
 
-def pad(gm, mode, keeps_layout=lambda position: False):
-    """Pads gm's unaligned GEMMs in place (mode "auto", "all" or "off"); returns a description
-    of each one padded. keeps_layout(position): whether the graph's output slot at that
-    position is the user's, free to keep a padded row stride (default: none is)."""
+def pad(gm, mode, keeps_layout=lambda positions: False):
+    """Pads gm's unaligned GEMMs in place (mode "auto", "all" or "off"); returns (a
+    description of each one padded, the output positions left at a padded layout).
+    keeps_layout(positions): whether the graph's output slots at those positions, all reached
+    from one padded GEMM, may keep its padded row stride (default: none may)."""
     if mode == "off":
-        return []
+        return [], []
     fake = fake_meta.mode_of(gm)
     if fake is None:
-        return []
-    done, padded = [], {}
+        return [], []
+    done, padded, kept = [], {}, []
     for node in list(gm.graph.nodes):
         why = _why_not(node, mode)
         if why is not None:
@@ -303,8 +307,9 @@ def pad(gm, mode, keeps_layout=lambda position: False):
         rewrite.apply()
         padded.update(rewrite.padded)
         done.append(rewrite.describe())
+        kept += rewrite.kept
     if done:
         gm.graph.lint()
         gm.recompile()
         log.debug("fuseml: padded GEMMs: %s", "; ".join(done))
-    return done
+    return done, sorted(kept)
