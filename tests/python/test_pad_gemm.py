@@ -65,16 +65,39 @@ def _check_numerics(f, *shapes, padded_dims):
                                         (48, 1001, 40, ["K 1001 -> 1008"]),
                                         (33, 17, 1001, ["M 33 -> 40", "K 17 -> 24", "N 1001 -> 1008"])])
 def test_mm_numerics(m, k, n, dims):
+    """An operand padded along one dim is a cat with zeros; along two, constant_pad_nd."""
     gm = _check_numerics(lambda a, b: a @ b, (m, k), (k, n), padded_dims=dims)
-    assert aten.constant_pad_nd.default in _targets(gm)
+    one_dim = len(dims) == 1
+    assert (aten.cat.default in _targets(gm)) is one_dim
+    assert (aten.constant_pad_nd.default in _targets(gm)) is not one_dim
+
+
+def _pads(gm):
+    """The padded copies in gm: constant_pad_nd and cat-with-zeros nodes."""
+    return [n for n in gm.graph.nodes if n.target in (aten.constant_pad_nd.default, aten.cat.default)]
+
+
+def test_one_dim_padded_as_cat_with_contiguous_zeros():
+    """cat([x, full(0)]) along the padded dim, the zeros a contiguous tensor of their own
+    (ATen's cat takes contiguous operands in one pass), equal to constant_pad_nd's copy; a
+    lone cat of contiguous operands stays ATen's."""
+    gm, xs = _trace(lambda a, w: a @ w.t(), (24, 64), (1001, 64))
+    pad_gemm.pad(gm, "all")
+    cat = next(n for n in gm.graph.nodes if n.target is aten.cat.default)
+    src, zeros = cat.args[0]
+    assert src.op == "placeholder" and cat.args[1] == 0 and list(cat.meta["val"].shape) == [1008, 64]
+    assert zeros.target is aten.full.default and zeros.meta["val"].is_contiguous()
+    assert list(zeros.meta["val"].shape) == [7, 64]
+    w = xs[1]
+    torch.testing.assert_close(torch.cat([w, torch.zeros(7, 64, dtype=BF16)]),
+                               torch.nn.functional.pad(w, (0, 0, 0, 7)), rtol=0, atol=0)
 
 
 def test_addmm_pads_its_bias():
     def f(bias, a, w):
         return torch.addmm(bias, a, w.t()) * 2
     gm = _check_numerics(f, (1001,), (24, 40), (1001, 40), padded_dims=["N 1001 -> 1008"])
-    pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
-    assert sorted(list(n.meta["val"].shape) for n in pads) == [[1008], [1008, 40]]
+    assert sorted(list(n.meta["val"].shape) for n in _pads(gm)) == [[1008], [1008, 40]]
 
 
 def test_bmm_numerics():
@@ -120,9 +143,9 @@ def test_weight_padded_before_its_transpose_and_shared():
     gm, xs = _trace(lambda g, w, x: (g @ w, g.t() @ x), (24, 1001), (1001, 40), (24, 32))
     want = _run(gm, xs)
     assert len(pad_gemm.pad(gm, "all")[0]) == 2
-    pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
+    pads = _pads(gm)
     g = next(n for n in gm.graph.nodes if n.op == "placeholder")
-    assert [p.args[0] for p in pads].count(g) == 1        # g padded once, along its columns
+    assert [p.args[0][0] for p in pads].count(g) == 1     # g padded once, along its columns
     assert list(pads[0].meta["val"].shape) == [24, 1008]
     for a, b in zip(_run(gm, xs), want):
         assert rel_err(a, b) < 1e-2
@@ -253,6 +276,10 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
         assert fw.padded == [] and bw.padded == []
         return
     assert fw.padded == ["mm (N 1001 -> 1008)"] and "padded mm (N 1001" in fw.describe()
+    # each padded copy is a cat of contiguous operands, left to ATen's cat (one pass)
+    for p in (fw, bw):
+        cats = [g for g in p.groups if "cat" in g.op_names]
+        assert cats and all(g.route == "bypass" for g in cats), p.describe()
     # the backward was compiled for the saved logits at the padded stride the forward reported
     saved = [n.meta["val"] for n in bw.compiled.gm.graph.nodes if n.op == "placeholder"]
     assert [v.stride() for v in saved if isinstance(v, torch.Tensor) and 1008 in v.stride()]

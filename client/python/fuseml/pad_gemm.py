@@ -9,7 +9,8 @@ lm_head (vocabulary 50257) took 3.36 ms against 0.44 ms padded on an H200, and 9
 
 Zeros pad K in both operands (they add nothing to any product); M pads A's rows and N B's
 columns (and a bias along the padded dims), and the result is sliced back: a view, so its
-readers take it in place, at the padded row stride. An operand that is a transpose of a value
+readers take it in place, at the padded row stride. An operand padded along one dim is
+`cat([x, zeros])` (below), along two `constant_pad_nd`. An operand that is a transpose of a value
 (`weight.t()`) is padded before the transpose, so a weight keeps its layout and two GEMMs that
 read one value both ways (a backward's `grad @ w` and `grad.t() @ x`) share one padded copy.
 
@@ -166,11 +167,28 @@ class _Rewrite:
         have = [int(d) for d in node.meta["val"].shape]
         key = (node, tuple(want))
         if key not in self.padded:
-            pads = []
-            for h, w in reversed(list(zip(have, want))):   # constant_pad_nd: last dim first
-                pads += [0, w - h]
-            self.padded[key] = self._step(aten.constant_pad_nd.default, (node, pads, 0.0))
+            grown = [d for d, (h, w) in enumerate(zip(have, want)) if h != w]
+            if len(grown) == 1:
+                self.padded[key] = self._cat_zeros(node, grown[0], want[grown[0]] - have[grown[0]])
+            else:
+                pads = []
+                for h, w in reversed(list(zip(have, want))):   # constant_pad_nd: last dim first
+                    pads += [0, w - h]
+                self.padded[key] = self._step(aten.constant_pad_nd.default, (node, pads, 0.0))
         return self.padded[key]
+
+    def _cat_zeros(self, node, dim, extra):
+        """node padded by `extra` zeros along dim, as cat([node, zeros]) with the zeros a
+        contiguous tensor of their own: ATen's cat of contiguous operands reads and writes
+        each element once, where constant_pad_nd fills the whole result and then copies into
+        it (padding a 4096 x 50257 bf16 gradient: 0.44 against 0.60 ms on an H200; a cat with
+        the zeros expanded from one row took 0.75, copied operand by operand)."""
+        val = node.meta["val"]
+        sizes = [int(d) for d in val.shape]
+        sizes[dim] = extra
+        zeros = self._step(aten.full.default, (sizes, 0.0),
+                           {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+        return self._step(aten.cat.default, ([node, zeros], dim))
 
     def compute(self, keeps_layout):
         """The new nodes' values and those of every node after the GEMM whose value changes;
