@@ -151,6 +151,25 @@ def test_weight_padded_before_its_transpose_and_shared():
         assert rel_err(a, b) < 1e-2
 
 
+def test_a_transposed_input_is_padded_in_its_memory_order():
+    """A GEMM operand reached through transposes of an input that is itself a transpose (a
+    weight the forward saved as w.t() for the backward) is padded as the contiguous value it
+    views: the cat reads and writes contiguous rows, and the operand is a permuted view of
+    the padded copy."""
+    torch.manual_seed(0)
+    g, w = torch.randn(24, 1001, dtype=BF16), torch.randn(1001, 40, dtype=BF16)
+    f = lambda g, wt: g @ wt.t()  # noqa: E731
+    gm = make_fx(f, tracing_mode="fake")(g, w.t())
+    want = gm(g, w.t())
+    assert pad_gemm.pad(gm, "all")[0] == ["mm (K 1001 -> 1008)"]
+    wt = [n for n in gm.graph.nodes if n.op == "placeholder"][1]
+    (cat,) = [n for n in gm.graph.nodes if n.target is aten.cat.default
+              and n.args[0][0].target is aten.permute.default and n.args[0][0].args[0] is wt]
+    assert cat.args[0][0].meta["val"].is_contiguous()
+    assert list(cat.meta["val"].shape) == [1008, 40]
+    assert rel_err(gm(g, w.t()), want) < 1e-2
+
+
 def test_readers_see_the_padded_layout():
     """The slice is read in place: a reader's metadata carries the padded row stride (what a
     fused group's fragment bakes in), and an output copied back is contiguous again."""

@@ -148,27 +148,42 @@ class _Rewrite:
         return x
 
     def _pad(self, node, want):
-        """node (a tensor value) padded to the sizes `want`; through a transpose when it is one."""
+        """node (a tensor value) padded to the sizes `want`; through the transposes it is of
+        a value, down to that value (a weight's `t(t(w))` in a backward is w: padding w keeps
+        the copy contiguous, where padding the transposed view copied it element by element,
+        0.36 ms against 0.04 for GPT-2's tied weight on an H200)."""
         have = [int(d) for d in node.meta["val"].shape]
         if have == list(want):
             return node
-        base, perm = node, None
-        if node.op == "call_function" and node.target in TRANSPOSES:
-            base, perm = node.args[0], _permutation(node)
-        if perm is not None:
-            base_want = [0] * len(want)
-            for i, p in enumerate(perm):
-                base_want[p] = want[i]
-            padded = self._padded(base, base_want)
-            return self._step(node.target, (padded,) + tuple(node.args[1:]))
-        return self._padded(node, want)
+        base, perm = node, list(range(len(want)))   # node's dim i is base's dim perm[i]
+        while base.op == "call_function" and base.target in TRANSPOSES:
+            step = _permutation(base)
+            perm = [step[k] for k in perm]
+            base = base.args[0]
+        if base is node:
+            return self._padded(node, want)
+        base_want = [0] * len(want)
+        for i, p in enumerate(perm):
+            base_want[p] = want[i]
+        padded = self._padded(base, base_want)
+        if perm == sorted(perm):
+            return padded
+        return self._step(aten.permute.default, (padded, perm))
 
     def _padded(self, node, want):
         have = [int(d) for d in node.meta["val"].shape]
         key = (node, tuple(want))
         if key not in self.padded:
             grown = [d for d, (h, w) in enumerate(zip(have, want)) if h != w]
-            if len(grown) == 1:
+            order = _dense_order(node.meta["val"])
+            if len(grown) == 1 and order is not None:
+                # a permuted view of a contiguous value (a transposed weight the forward saved
+                # for the backward): padded in its memory order, so the copy is contiguous
+                inverse = [order.index(d) for d in range(len(order))]
+                flat = self._step(aten.permute.default, (node, order))
+                cat = self._cat_zeros(flat, inverse[grown[0]], want[grown[0]] - have[grown[0]])
+                self.padded[key] = self._step(aten.permute.default, (cat, inverse))
+            elif len(grown) == 1:
                 self.padded[key] = self._cat_zeros(node, grown[0], want[grown[0]] - have[grown[0]])
             else:
                 pads = []
@@ -183,7 +198,7 @@ class _Rewrite:
         each element once, where constant_pad_nd fills the whole result and then copies into
         it (padding a 4096 x 50257 bf16 gradient: 0.44 against 0.60 ms on an H200; a cat with
         the zeros expanded from one row took 0.75, copied operand by operand)."""
-        val = node.meta["val"]
+        val = self._value(node)
         sizes = [int(d) for d in val.shape]
         sizes[dim] = extra
         zeros = self._step(aten.full.default, (sizes, 0.0),
@@ -278,6 +293,23 @@ class _Ref:
 
     def __init__(self, index):
         self.index = index
+
+
+def _dense_order(val):
+    """The dims of val, outermost first, that lay it out contiguously when it is a permuted
+    dense layout other than row-major (a transpose of a contiguous value); else None."""
+    if not isinstance(val, torch.Tensor) or val.is_contiguous():
+        return None
+    sizes, strides = list(val.shape), list(val.stride())
+    if not all(is_known_int(x) for x in sizes + strides):
+        return None
+    order = sorted(range(val.dim()), key=lambda d: (-int(strides[d]), d))
+    expect = 1
+    for d in reversed(order):
+        if int(sizes[d]) != 1 and int(strides[d]) != expect:
+            return None
+        expect *= int(sizes[d])
+    return order
 
 
 def _output_values(output):
