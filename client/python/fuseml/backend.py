@@ -396,9 +396,9 @@ def _report_output_strides(gm, kept, tc):
     """The strides of gm's output slots at positions `kept` (None for the others: aot_autograd
     then keeps their traced layout), to the tracing context aot_autograd reads them from."""
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    values = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
     if tc.output_strides:   # someone reported already: theirs stand
         return
+    values = pad_gemm.output_values(output)
     tc.output_strides.extend(
         tuple(v.meta["val"].stride()) if i in kept and isinstance(v, torch.fx.Node) else None
         for i, v in enumerate(values))

@@ -246,7 +246,7 @@ class _Rewrite:
             if not ins:
                 continue
             if u.op == "output":
-                self.out_slots = [(i, x) for i, x in enumerate(_output_values(u)) if x in self.vals]
+                self.out_slots = [(i, x) for i, x in enumerate(output_values(u)) if x in self.vals]
                 continue
             if u.op != "call_function":
                 raise ValueError(f"{u.name} ({u.op}) reads a padded GEMM's value")
@@ -312,8 +312,9 @@ def _dense_order(val):
     return order
 
 
-def _output_values(output):
-    """The values an output node returns, one per slot, in order."""
+def output_values(output):
+    """The values an output node returns, one per slot, in order (the positions keeps_layout
+    and pad's kept list count)."""
     args = output.args[0]
     return list(args) if isinstance(args, (list, tuple)) else [args]
 
