@@ -13,10 +13,14 @@
  *    the reference only the strips' rows (one thread each), and only they are read back and
  *    compared. Rows of a GEMM are independent, so a row is the same fragment with M = 1
  *    over operands offset to it;
+ *  - a static pointwise, row or cat fragment of more than FM_SAMPLE_MIN_ELEMENTS is checked
+ *    on a sample of blocks (fm_reference_sample.h: strips at the start, middle and end of its
+ *    leading dims and random blocks between, each on a thread): the kernel computes every
+ *    element, the reference only the blocks', and only they are read back and compared;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1; a product's matrix
  *    operands scaled so that its sums stay the size of an epilogue input, operand_scale)
- *    from the daemon's seed, and the reference outputs from fm_reference_eval (fp64, rounded
- *    as the kernels store);
+ *    from the daemon's seed, filled in parallel chunks, and the reference outputs from
+ *    fm_reference_eval (fp64, rounded as the kernels store);
  *  - twins: in a chain, an input laid out like the first product's A (the MLP's x, which the
  *    client sends as that operand and again as the residual: one memory through two
  *    parameters) gets a second reference with A's values in its place; a b2b kernel takes
@@ -56,6 +60,7 @@
 #include "fm_module.h"
 #include "fm_msg.h"
 #include "fm_reference.h"
+#include "fm_reference_sample.h"
 
 #define VERIFY_ELEMENTS (1ll << 20)
 #define TIMING_ELEMENTS (64ll << 20)
@@ -88,9 +93,8 @@ static struct {
   fm_fragment *canon;
   int symbolic;
   int64_t outer_v, outer_t;
-  /* rows of outputs the reference computed (strips of a large GEMM); n_strips 0: all */
-  int n_strips;
-  int64_t strip_row[MAX_STRIPS], strip_len[MAX_STRIPS];
+  /* the blocks of the outputs the reference computed (fm_reference_sample.h); n 0: all */
+  fm_sample sample;
   size_t in_bytes_v[FM_MAX_INPUTS], out_bytes_v[FM_MAX_OUTPUTS];
   size_t in_bytes_t[FM_MAX_INPUTS], out_bytes_t[FM_MAX_OUTPUTS];
   uint8_t *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
@@ -280,6 +284,51 @@ static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng,
   }
 }
 
+/* Input k's random values in chunks of FILL_CHUNK elements, each from its own stream (the
+ * seed and the chunk's index), filled by up to FILL_THREADS threads: a 4096 x 50304 logits
+ * input is 200M values, seconds of one core. The values depend on the seed only, not on how
+ * many threads ran. */
+#define FILL_CHUNK ((size_t)1 << 20)
+#define FILL_THREADS 16
+
+typedef struct fill_job {
+  const fm_tensor *t;
+  uint8_t *p;
+  size_t n, first, step;   /* chunks first, first + step, ... */
+  uint64_t seed;
+  double scale;
+} fill_job;
+
+static void *fill_main(void *arg) {
+  fill_job *j = arg;
+  size_t es = fm_dtype_size(j->t->dtype);
+  for (size_t c = j->first; c * FILL_CHUNK < j->n; c += j->step) {
+    uint64_t rng = (j->seed ^ (c * 0x9e3779b97f4a7c15ull)) | 1;   /* xorshift: never 0 */
+    for (int w = 0; w < 4; w++) rng_next(&rng);                    /* spread nearby seeds */
+    size_t len = j->n - c * FILL_CHUNK < FILL_CHUNK ? j->n - c * FILL_CHUNK : FILL_CHUNK;
+    fill_random(j->t, j->p + c * FILL_CHUNK * es, len, &rng, j->scale);
+  }
+  return NULL;
+}
+
+static void fill_input(const fm_tensor *t, uint8_t *p, size_t n, uint64_t seed, double scale) {
+  size_t chunks = (n + FILL_CHUNK - 1) / FILL_CHUNK;
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  size_t threads = chunks < FILL_THREADS ? chunks : FILL_THREADS;
+  if (cpus > 0 && threads > (size_t)cpus) threads = (size_t)cpus;
+  fill_job jobs[FILL_THREADS];
+  pthread_t th[FILL_THREADS];
+  int started[FILL_THREADS] = {0};
+  if (threads < 1) threads = 1;
+  for (size_t i = 0; i < threads; i++) {
+    jobs[i] = (fill_job){t, p, n, i, threads, seed, scale};
+    if (i + 1 < threads && pthread_create(&th[i], NULL, fill_main, &jobs[i]) == 0) started[i] = 1;
+    else fill_main(&jobs[i]);   /* the last here, or any whose thread would not start */
+  }
+  for (size_t i = 0; i < threads; i++)
+    if (started[i]) pthread_join(th[i], NULL);
+}
+
 static int alloc_dev(fm_CUdeviceptr *p, size_t bytes, char *why, size_t cap) {
   fm_CUresult r = W.cu->cuMemAlloc(p, bytes ? bytes : 1);
   if (r) {
@@ -302,164 +351,62 @@ static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src
   return 0;
 }
 
-/* One row of a large GEMM's reference: the fragment cut to that row (see reference_gemm). */
-typedef struct ref_row {
-  const fm_fragment *f;
-  const fm_tensor *b, *b2;   /* the B of each product (b2: a sibling's, or NULL) */
-  const void *const *ins;
-  void *const *outs;
-  int64_t M, row;
-  fm_fragment *s;      /* scratch copy */
-  int rc;
-  fm_diag d;
-} ref_row;
-
-static void *ref_row_main(void *arg) {
-  ref_row *t = arg;
-  const fm_fragment *f = t->f;
-  const void *sin[FM_MAX_INPUTS];
-  void *sout[FM_MAX_OUTPUTS];
-  memcpy(t->s, f, sizeof *t->s);
-  /* every tensor with the M dim (A, the [M, N] operands and outputs) starts at this row and
-   * has one row; broadcast rows ([1, N]) stay as they are. B is told apart by position: with
-   * a static M equal to K its shape alone would not. */
-  for (uint32_t k = 0; k < f->n_inputs; k++) {
-    fm_tensor *x = &t->s->inputs[k];
-    int has_m = x->rank == 2 && (x->shape[0] == FM_DIM_SYMBOLIC ||
-                                 (x->shape[0] == t->M && &f->inputs[k] != t->b && &f->inputs[k] != t->b2));
-    size_t off = has_m ? (size_t)(t->row * x->strides[0]) * fm_dtype_size(x->dtype) : 0;
-    sin[k] = t->ins[k] ? (const uint8_t *)t->ins[k] + off : NULL;
-    if (has_m && x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
-  }
-  for (uint32_t k = 0; k < f->n_outputs; k++) {
-    fm_tensor *x = &t->s->outputs[k];
-    sout[k] = (uint8_t *)t->outs[k] + (size_t)(t->row * x->strides[0]) * fm_dtype_size(x->dtype);
-    if (x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
-  }
-  t->rc = fm_reference_eval(t->s, 1, sin, sout, &t->d);
-  return NULL;
-}
-
-/* One product of a bmm's reference: the fragment cut to product z (see reference_bmm). */
-typedef struct ref_batch {
-  const fm_fragment *f;
-  const void *const *ins;
-  void *const *outs;
-  int64_t z;
-  fm_fragment *s;      /* scratch copy */
-  int rc;
-  fm_diag d;
-} ref_batch;
-
-static void *ref_batch_main(void *arg) {
-  ref_batch *t = arg;
-  const void *sin[FM_MAX_INPUTS];
-  void *sout[FM_MAX_OUTPUTS];
-  memcpy(t->s, t->f, sizeof *t->s);
-  /* every tensor with a batch dim starts at product z and holds one; a broadcast one (batch
-     dim 1) is the same for every product */
-  for (uint32_t k = 0; k < t->f->n_inputs + t->f->n_outputs; k++) {
-    int in = k < t->f->n_inputs;
-    fm_tensor *x = in ? &t->s->inputs[k] : &t->s->outputs[k - t->f->n_inputs];
-    size_t off = x->shape[0] == 1 ? 0 : (size_t)(t->z * x->strides[0]) * fm_dtype_size(x->dtype);
-    if (in) sin[k] = t->ins[k] ? (const uint8_t *)t->ins[k] + off : NULL;
-    else sout[k - t->f->n_inputs] = (uint8_t *)t->outs[k - t->f->n_inputs] + off;
-    if (x->shape[0] != FM_DIM_SYMBOLIC) x->shape[0] = 1;
-  }
-  t->rc = fm_reference_eval(t->s, 1, sin, sout, &t->d);
-  return NULL;
-}
-
-/* The reference outputs of a bmm fragment whose kernel runs n products: each product on a
- * thread of its own (products are independent: each is the fragment with a batch of one over
- * tensors offset to it); every product when n <= cap, else three strips of products (first,
- * middle, last), which alone are then read back and compared. */
+/* The reference outputs of a bmm fragment whose kernel runs n products: every product when
+ * n <= cap, else three strips of products (first, middle, last), which alone are then read
+ * back and compared; each product on a thread of its own (fm_sample_reference: a product is
+ * the fragment with a batch of one over tensors offset to it). */
 static int reference_bmm(const fm_fragment *f, int64_t n, int64_t cap, const void *const *ins,
                          void *const *outs, fm_diag *d) {
-  int64_t which[BMM_VERIFY_BATCHES];
-  int count = 0, rc = FM_OK;
-  W.n_strips = 0;
+  memset(&W.sample, 0, sizeof W.sample);
+  W.sample.cut = 1;
   if (cap > BMM_VERIFY_BATCHES) cap = BMM_VERIFY_BATCHES;
   if (n <= cap) {
-    for (int64_t z = 0; z < n; z++) which[count++] = z;
+    for (int64_t z = 0; z < n; z++) fm_sample_add(&W.sample, z);
   } else {
     int64_t len = cap / MAX_STRIPS > 0 ? cap / MAX_STRIPS : 1;
     int64_t starts[MAX_STRIPS] = {0, n / 2 - len / 2, n - len};
-    for (int i = 0; i < MAX_STRIPS; i++) {
-      W.strip_row[i] = starts[i];
-      W.strip_len[i] = len;
-      for (int64_t z = 0; z < len; z++) which[count++] = starts[i] + z;
-    }
-    W.n_strips = MAX_STRIPS;
+    for (int i = 0; i < MAX_STRIPS; i++)
+      for (int64_t z = 0; z < len; z++) fm_sample_add(&W.sample, starts[i] + z);
   }
-  ref_batch bs[BMM_VERIFY_BATCHES];
-  pthread_t th[BMM_VERIFY_BATCHES];
-  int started[BMM_VERIFY_BATCHES] = {0};
-  for (int i = 0; i < count; i++) {
-    bs[i] = (ref_batch){f, ins, outs, which[i], malloc(sizeof *bs[i].s), FM_OK, {{0}}};
-    if (!bs[i].s) {
-      rc = fm_diag_set(d, FM_ENOMEM, "out of memory");
-      count = i + 1;
-      break;
-    }
-    if (pthread_create(&th[i], NULL, ref_batch_main, &bs[i]) == 0) started[i] = 1;
-    else ref_batch_main(&bs[i]);   /* no thread: this one here */
-  }
-  for (int i = 0; i < count; i++) {
-    if (started[i]) pthread_join(th[i], NULL);
-    if (rc == FM_OK && bs[i].s && bs[i].rc) rc = fm_diag_set(d, bs[i].rc, "%s", bs[i].d.text);
-    free(bs[i].s);
-  }
-  return rc;
+  return fm_sample_reference(f, n, &W.sample, 0, ins, outs, d);
 }
 
 /* The reference outputs of GEMM fragment f (its matmul is ops[gemm]) at M = W.outer_v: all
- * rows when that is cheap, else the strips (W.n_strips, W.strip_row/len), each row evaluated
- * on a thread of its own as f with M = 1 over operands offset to that row (the fp64 dot
- * products of a large K are seconds of one core). */
+ * rows when that is cheap, else the strips' rows (first, middle, last GEMM_STRIP_ROWS), each
+ * row on a thread of its own as f with M = 1 over operands offset to that row (the fp64 dot
+ * products of a large K are seconds of one core). B is told apart by position, never offset:
+ * with a static M equal to K its shape alone would not tell it. */
 static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs,
                           fm_diag *d) {
   const fm_opnode *mm = &f->ops[gemm];
-  const fm_tensor *b = NULL, *b2 = NULL;
+  const fm_tensor *b = NULL;
+  uint32_t fixed = 0;
   int g2 = fm_fragment_gemm_op2(f);
   for (uint32_t k = 0; k < f->n_inputs; k++) {
-    if (f->inputs[k].id == mm->args[mm->nargs - 1]) b = &f->inputs[k];
-    if (g2 >= 0 && f->inputs[k].id == f->ops[g2].args[f->ops[g2].nargs - 1]) b2 = &f->inputs[k];
+    int is_b = f->inputs[k].id == mm->args[mm->nargs - 1];
+    if (is_b) b = &f->inputs[k];
+    if (is_b || (g2 >= 0 && f->inputs[k].id == f->ops[g2].args[f->ops[g2].nargs - 1])) fixed |= 1u << k;
   }
   if (!b) return fm_diag_set(d, FM_EINVAL, "the matmul's B is not an input");
   int64_t M = W.outer_v, K = b->shape[0], N = b->shape[1];
-  W.n_strips = 0;
+  memset(&W.sample, 0, sizeof W.sample);
   if (M * N * K <= REF_MACS || M <= MAX_STRIPS * GEMM_STRIP_ROWS)
     return fm_reference_eval(f, M, ins, outs, d);
   int64_t starts[MAX_STRIPS] = {0, (M / 2) & ~(int64_t)(GEMM_STRIP_ROWS - 1), M - GEMM_STRIP_ROWS};
-  enum { ROWS = MAX_STRIPS * GEMM_STRIP_ROWS };
-  ref_row *rows = calloc(ROWS, sizeof *rows);
-  pthread_t th[ROWS];
-  int started[ROWS] = {0}, rc = FM_OK;
-  if (!rows) return fm_diag_set(d, FM_ENOMEM, "out of memory");
-  for (int i = 0; i < ROWS; i++) {
-    rows[i] = (ref_row){f, b, b2, ins, outs, M, starts[i / GEMM_STRIP_ROWS] + i % GEMM_STRIP_ROWS, NULL, FM_OK, {{0}}};
-    rows[i].s = malloc(sizeof *rows[i].s);
-    if (!rows[i].s) {
-      rc = fm_diag_set(d, FM_ENOMEM, "out of memory");
-      break;
-    }
-    if (pthread_create(&th[i], NULL, ref_row_main, &rows[i]) == 0) started[i] = 1;
-    else ref_row_main(&rows[i]);   /* no thread: this one here */
-  }
-  for (int i = 0; i < ROWS; i++) {
-    if (started[i]) pthread_join(th[i], NULL);
-    if (rc == FM_OK && rows[i].s && rows[i].rc) rc = fm_diag_set(d, rows[i].rc, "%s", rows[i].d.text);
-    free(rows[i].s);
-  }
-  free(rows);
-  if (rc) return rc;
-  for (int i = 0; i < MAX_STRIPS; i++) {
-    W.strip_row[i] = starts[i];
-    W.strip_len[i] = GEMM_STRIP_ROWS;
-  }
-  W.n_strips = MAX_STRIPS;
-  return FM_OK;
+  W.sample.cut = 1;
+  for (int i = 0; i < MAX_STRIPS; i++)
+    for (int64_t r = 0; r < GEMM_STRIP_ROWS; r++) fm_sample_add(&W.sample, starts[i] + r);
+  return fm_sample_reference(f, M, &W.sample, fixed, ins, outs, d);
+}
+
+/* The reference outputs at the verification size: a GEMM's (above), or a sample of a large
+ * pointwise, row or cat fragment's blocks (fm_sample_choose), or every element. */
+static int reference_outputs(const fm_fragment *f, int gemm, int bmm, int64_t bmm_cap, uint64_t seed,
+                             const void *const *ins, void *const *outs, fm_diag *d) {
+  if (bmm) return reference_bmm(f, W.outer_v, bmm_cap, ins, outs, d);
+  if (gemm >= 0) return reference_gemm(f, gemm, ins, outs, d);
+  fm_sample_choose(f, W.outer_v, seed, &W.sample);
+  return fm_sample_reference(f, W.outer_v, &W.sample, 0, ins, outs, d);
 }
 
 /* Marks W.twin_of for a chain: an input laid out like the first product's A (dtype, rank,
@@ -505,7 +452,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   const fm_fragment *f = W.canon;
   int64_t inner = f->outputs[0].rank ? inner_elems(f) : 1;
   W.symbolic = fm_fragment_is_symbolic(f);
-  W.n_strips = 0;
+  memset(&W.sample, 0, sizeof W.sample);
   int gemm = fm_fragment_gemm_op(f), bmm = fm_fragment_is_bmm(f);
   int64_t bmm_cap = 0;   /* bmm: the products whose reference fits REF_MACS (2..BMM_VERIFY_BATCHES) */
   if (bmm) {
@@ -564,8 +511,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     W.in_bytes_t[k] = span_elems(&f->inputs[k], W.outer_t) * es;
     W.h_in[k] = malloc(W.in_bytes_v[k] ? W.in_bytes_v[k] : 1);
     if (!W.h_in[k]) goto oom;
-    rng ^= (uint64_t)(k + 1) * 0x2545F4914F6CDD1Dull;
-    fill_random(&f->inputs[k], W.h_in[k], n, &rng, operand_scale(f, k));
+    fill_input(&f->inputs[k], W.h_in[k], n, rng ^ (uint64_t)(k + 1) * 0x2545F4914F6CDD1Dull, operand_scale(f, k));
     ins[k] = W.h_in[k];
   }
   for (uint32_t k = 0; k < f->n_outputs; k++) {
@@ -577,8 +523,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     if (!W.h_ref[k] || !W.h_out[k]) goto oom;
     outs[k] = W.h_ref[k];
   }
-  if (bmm ? reference_bmm(f, W.outer_v, bmm_cap, ins, outs, &d)
-          : gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
+  if (reference_outputs(f, gemm, bmm, bmm_cap, seed, ins, outs, &d)) {
     snprintf(why, cap, "reference: %.400s", d.text);
     goto out;
   }
@@ -590,7 +535,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
       if (!W.h_ref_twins[k]) goto oom;
       outs[k] = W.h_ref_twins[k];
     }
-    if (gemm >= 0 ? reference_gemm(f, gemm, ins, outs, &d) : fm_reference_eval(f, W.outer_v, ins, outs, &d)) {
+    if (reference_outputs(f, gemm, bmm, bmm_cap, seed, ins, outs, &d)) {
       snprintf(why, cap, "reference (twins): %.400s", d.text);
       goto out;
     }
@@ -650,48 +595,40 @@ static double tolerance(fm_dtype dt) {
   }
 }
 
-/* Compares output k over the iteration shape; returns its relative error (INFINITY for a
- * NaN where the reference is finite, a differing infinity, or a wrong bool). */
+/* Compares output k over the iteration shape, or over the sample's blocks when the reference
+ * computed only those; returns its relative error (INFINITY for a NaN where the reference is
+ * finite, a differing infinity, or a wrong bool). */
 static double compare_output(uint32_t k, const uint8_t *ref, char *why, size_t cap) {
   const fm_tensor *t = &W.canon->outputs[k];
   size_t es = fm_dtype_size(t->dtype);
-  int64_t idx[FM_MAX_RANK] = {0}, size[FM_MAX_RANK];
-  int64_t n = 1;
-  for (uint32_t d = 0; d < t->rank; d++) {
+  int64_t size[FM_MAX_RANK];
+  for (uint32_t d = 0; d < t->rank; d++)
     size[d] = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? W.outer_v : t->shape[d];
-    n *= size[d];
-  }
+  uint32_t cut = W.sample.n ? W.sample.cut : 0;
+  int blocks = W.sample.n ? W.sample.n : 1;
   double num = 0, den = 0;
-  /* Strips: only their rows were computed by the reference; walk each strip's rows. */
-  int strip = 0;
-  if (W.n_strips && t->rank > 0) {
-    idx[0] = W.strip_row[0];
-    n = 0;
-    for (int i = 0; i < W.n_strips; i++) n += W.strip_len[i];
-    for (uint32_t d = 1; d < t->rank; d++) n *= size[d];
-  }
-  for (int64_t e = 0; e < n; e++) {
-    int64_t off = 0;
-    for (uint32_t d = 0; d < t->rank; d++) off += idx[d] * t->strides[d];
-    double r = load_elem(t->dtype, ref + (size_t)off * es);
-    double o = load_elem(t->dtype, W.h_out[k] + (size_t)off * es);
-    if (t->dtype == FM_DT_BOOL ? r != o : (isinf(r) ? o != r : (isfinite(r) && !isfinite(o)))) {
-      snprintf(why, cap, "outputs[%u] element %lld: got %g, reference %g", k, (long long)e, o, r);
-      return INFINITY;
-    }
-    if (isfinite(r)) {
-      num += (o - r) * (o - r);
-      den += r * r;
-    }
-    for (int d = (int)t->rank - 1; d >= 0; d--) {
-      if (d == 0 && W.n_strips) {
-        /* the next row of this strip, else the first row of the next one */
-        if (++idx[0] >= W.strip_row[strip] + W.strip_len[strip] && ++strip < W.n_strips)
-          idx[0] = W.strip_row[strip];
-        break;
+  int64_t e = 0;
+  for (int b = 0; b < blocks; b++) {
+    int64_t base = W.sample.n ? fm_sample_offset(W.canon, W.outer_v, &W.sample, b, t) : 0;
+    int64_t idx[FM_MAX_RANK] = {0}, n = 1;
+    for (uint32_t d = cut; d < t->rank; d++) n *= size[d];
+    for (int64_t i = 0; i < n; i++, e++) {
+      int64_t off = base;
+      for (uint32_t d = cut; d < t->rank; d++) off += idx[d] * t->strides[d];
+      double r = load_elem(t->dtype, ref + (size_t)off * es);
+      double o = load_elem(t->dtype, W.h_out[k] + (size_t)off * es);
+      if (t->dtype == FM_DT_BOOL ? r != o : (isinf(r) ? o != r : (isfinite(r) && !isfinite(o)))) {
+        snprintf(why, cap, "outputs[%u] element %lld: got %g, reference %g", k, (long long)e, o, r);
+        return INFINITY;
       }
-      if (++idx[d] < size[d]) break;
-      idx[d] = 0;
+      if (isfinite(r)) {
+        num += (o - r) * (o - r);
+        den += r * r;
+      }
+      for (int d = (int)t->rank - 1; d >= (int)cut; d--) {
+        if (++idx[d] < size[d]) break;
+        idx[d] = 0;
+      }
     }
   }
   return den > 0 ? sqrt(num / den) : sqrt(num);
@@ -708,18 +645,23 @@ static void launch_failed(uint64_t id, const char *what) {
   exit(3);
 }
 
-/* Copies output k back to the host: only the strips' rows when the reference computed strips
- * (a large GEMM: 24 rows instead of every row). */
+/* Copies output k back to the host: only the memory spans of the sample's blocks when the
+ * reference computed a sample (a large GEMM: 24 rows instead of every row) and they are
+ * smaller than the whole. */
 static fm_CUresult read_back(uint32_t k) {
   const fm_tensor *t = &W.canon->outputs[k];
-  size_t es = fm_dtype_size(t->dtype);
-  /* a strip's rows are one span of memory only in a row-major output */
-  int rows_apart = t->rank == 2 && (t->shape[1] == 1 || t->strides[1] == 1) && t->strides[0] >= t->shape[1];
-  if (!W.n_strips || !rows_apart)
+  size_t es = fm_dtype_size(t->dtype), spans = 0;
+  int64_t extent = 1;   /* elements a block spans: the last element of the uncut dims, plus one */
+  for (uint32_t d = W.sample.cut; d < t->rank; d++) {
+    int64_t size = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? W.outer_v : t->shape[d];
+    if (size > 1) extent += (size - 1) * t->strides[d];
+  }
+  if (W.sample.n) spans = (size_t)W.sample.n * (size_t)extent * es;
+  if (!W.sample.n || spans >= W.out_bytes_v[k])
     return W.cu->cuMemcpyDtoH(W.h_out[k], W.verify.out[k], W.out_bytes_v[k]);
-  for (int i = 0; i < W.n_strips; i++) {
-    size_t off = (size_t)W.strip_row[i] * (size_t)t->strides[0] * es;
-    size_t len = (size_t)W.strip_len[i] * (size_t)t->strides[0] * es;
+  for (int b = 0; b < W.sample.n; b++) {
+    size_t off = (size_t)fm_sample_offset(W.canon, W.outer_v, &W.sample, b, t) * es;
+    size_t len = (size_t)extent * es;
     if (off >= W.out_bytes_v[k]) continue;
     if (len > W.out_bytes_v[k] - off) len = W.out_bytes_v[k] - off;
     fm_CUresult r = W.cu->cuMemcpyDtoH(W.h_out[k] + off, W.verify.out[k] + off, len);

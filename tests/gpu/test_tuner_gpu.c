@@ -21,8 +21,12 @@
  *  6. twins (test_chain_twins): an MLP chain whose residual is laid out like x; its b2b kernel
  *     verifies, and the same kernel with its shared-memory residual read planted wrong (a
  *     neighbour row of x: right whenever the residual has a memory of its own) is marked
- *     wrong "with the twin inputs sharing memory".
- * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5, FM_TUNER_GPU_ONLY=twins only 6.
+ *     wrong "with the twin inputs sharing memory";
+ *  7. sampled verification (test_sampled_verification): a static fragment of 8M elements is
+ *     checked on a sample of blocks; a kernel wrong only in the last row, or only in a sixth
+ *     of the rows inside, is wrong, and one right everywhere verifies.
+ * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5, FM_TUNER_GPU_ONLY=twins
+ * only 6, FM_TUNER_GPU_ONLY=sampled only 7.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -365,6 +369,76 @@ static void test_chain_twins(void) {
   free(bytes);
 }
 
+/* 7. A large static fragment is verified on a sample of blocks (fm_reference_sample.h):
+ * y = x + b, x [8192, 1024] bf16 (8M elements), b [1, 1024]. The default candidate verifies;
+ * a kernel right everywhere but the last row, or but a sixth of the rows a third of the way
+ * in, is wrong (the strips hold the last rows; every stretch of a twelfth holds a random
+ * row). */
+static const char *sampled_src =
+    "__device__ unsigned short to_bf16(float f) {\n"
+    "  unsigned u = __float_as_uint(f);\n"
+    "  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
+    "}\n"
+    "__device__ void add_rows(const void *x, const void *b, void *y, long long lo, long long hi) {\n"
+    "  const unsigned short *xs = (const unsigned short *)x, *bs = (const unsigned short *)b;\n"
+    "  unsigned short *o = (unsigned short *)y;\n"
+    "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < 8192ll * 1024;\n"
+    "       i += (long long)gridDim.x * blockDim.x) {\n"
+    "    float v = __uint_as_float((unsigned)xs[i] << 16) + __uint_as_float((unsigned)bs[i % 1024] << 16);\n"
+    "    long long row = i / 1024;\n"
+    "    o[i] = row >= lo && row < hi ? 0 : to_bf16(v);\n"
+    "  }\n"
+    "}\n"
+    "extern \"C\" __global__ void wrong_last_row(const void *x, const void *b, void *y, long long outer) {\n"
+    "  add_rows(x, b, y, 8191, 8192);\n"
+    "}\n"
+    "extern \"C\" __global__ void wrong_middle(const void *x, const void *b, void *y, long long outer) {\n"
+    "  add_rows(x, b, y, 8192 / 3, 8192 / 3 + 8192 / 6);\n"
+    "}\n"
+    "extern \"C\" __global__ void right_everywhere(const void *x, const void *b, void *y, long long outer) {\n"
+    "  add_rows(x, b, y, 0, 0);\n"
+    "}\n";
+
+static void test_sampled_verification(void) {
+  static fm_fragment f, scanon;
+  uint8_t *bytes = NULL, *cubin = NULL;
+  size_t clen = 0;
+  char *log = NULL;
+  memset(&f, 0, sizeof f);
+  f.vocab = 1;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 8192, 1024, 0);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, FM_DT_BF16, 1, 1024, 0);
+  gs_op(&f, FM_OP_ADD, 3, 2, 1, 2, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 3, FM_DT_BF16, 8192, 1024, 0);
+  if (use_fragment(&f, &scanon, &bytes, "sampled")) return;
+  int rc = fm_nvrtc_compile(sampled_src, "sampled.cu", dev.arch, &cubin, &clen, &log);
+  CHECK_EQ_INT(rc, FM_OK);
+  if (rc) fprintf(stderr, "%s\n", log ? log : "");
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&scanon, cands, FM_TUNE_MAX_CANDIDATES);
+  fm_tune_job *tj;
+  if (!rc && n >= 1 && fm_tune_job_new(&tj) == 0) {
+    fm_compile_job *g0 = compile_candidate(&cands[0]);
+    tj->cands[tj->n++] = g0;
+    tj->cands[tj->n++] = planted(g0, cubin, clen, "wrong_last_row");
+    tj->cands[tj->n++] = planted(g0, cubin, clen, "wrong_middle");
+    tj->cands[tj->n++] = planted(g0, cubin, clen, "right_everywhere");
+    run_job(tj, 15);
+    printf("sampled verification (8M elements): tune %.0f ms\n", tj->tune_ms);
+    print_job(tj);
+    CHECK_EQ_INT(tj->res[0].verdict, FM_VERDICT_OK);
+    CHECK_EQ_INT(tj->res[1].verdict, FM_VERDICT_WRONG);
+    CHECK_EQ_INT(tj->res[2].verdict, FM_VERDICT_WRONG);
+    CHECK_EQ_INT(tj->res[3].verdict, FM_VERDICT_OK);
+    CHECK_EQ_INT(gu_count_child_tuners(), 0);
+    fm_tune_job_free(tj);
+  }
+  free(log);
+  free(cubin);
+  restore_fragment();
+  free(bytes);
+}
+
 static const char *sock, *fusectl, *examples;
 
 static void test_daemon_tunes(void) {
@@ -554,6 +628,11 @@ int main(int argc, char **argv) {
     free(canon_bytes);
     return FM_TEST_DONE();
   }
+  if (only && strcmp(only, "sampled") == 0) {
+    RUN(test_sampled_verification);
+    free(canon_bytes);
+    return FM_TEST_DONE();
+  }
   if (only && strcmp(only, "faults") == 0) {
     RUN(test_fault_repetition);
     free(canon_bytes);
@@ -563,6 +642,7 @@ int main(int argc, char **argv) {
   RUN(test_full_tune);
   RUN(test_decode_gemm_tune);
   RUN(test_chain_twins);
+  RUN(test_sampled_verification);
   if (argc >= 5) {
     sock = argv[2];
     fusectl = argv[3];

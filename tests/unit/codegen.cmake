@@ -61,3 +61,8 @@ fm_unit_test(test_codegen_golden_sm90
           ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen)
 target_compile_definitions(test_codegen_golden_sm90 PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# the reference at a sample of blocks, the tuner's check of large fragments
+fm_unit_test(test_reference_sample
+  SOURCES ${FM_CG_TEST_DIR}/test_reference_sample.c ${FM_CG_TEST_DIR}/test_codegen_rows_frag.c
+          ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)

@@ -1,0 +1,179 @@
+/* fm_reference_sample.c: the reference at a sample of blocks (fm_reference_sample.h). */
+#include "fm_reference_sample.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fm_reference.h"
+
+/* Strips of STRIP_BLOCKS at the start, middle and end; RANDOM_BLOCKS drawn between. */
+#define STRIP_BLOCKS 4
+#define RANDOM_BLOCKS 12
+
+int64_t fm_sample_dim(const fm_fragment *f, int64_t outer, uint32_t d) {
+  const fm_tensor *o = &f->outputs[0];
+  int64_t v = o->shape[d];
+  if (d + 1 == o->rank && fm_fragment_is_rows(f))   /* the row's length: the longest last dim */
+    for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
+      const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
+      if (t->rank == o->rank && t->shape[d] > v) v = t->shape[d];
+    }
+  return v == FM_DIM_SYMBOLIC ? outer : v;
+}
+
+int fm_sample_add(fm_sample *s, int64_t lead) {
+  int i = 0;
+  while (i < s->n && s->lead[i] < lead) i++;
+  if (i < s->n && s->lead[i] == lead) return 0;
+  if (s->n >= FM_SAMPLE_MAX_BLOCKS) return -1;
+  memmove(&s->lead[i + 1], &s->lead[i], sizeof s->lead[0] * (size_t)(s->n - i));
+  s->lead[i] = lead;
+  s->n++;
+  return 0;
+}
+
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* The most leading dims a block may fix: every one of a pointwise fragment, all but the
+ * reduced last of a row fragment, those before the first cat's dim; 0 where none may. */
+static uint32_t max_cut(const fm_fragment *f) {
+  if (fm_fragment_is_gemm(f) || fm_fragment_is_bmm(f) || fm_fragment_is_cols(f)) return 0;
+  uint32_t rank = f->outputs[0].rank, cut = rank;
+  if (fm_fragment_is_rows(f)) cut = rank ? rank - 1 : 0;
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (f->ops[i].op == FM_OP_CAT && f->ops[i].dim >= 0 && (uint32_t)f->ops[i].dim < cut) cut = (uint32_t)f->ops[i].dim;
+  return cut;
+}
+
+void fm_sample_choose(const fm_fragment *f, int64_t outer, uint64_t seed, fm_sample *s) {
+  memset(s, 0, sizeof *s);
+  uint32_t rank = f->n_outputs ? f->outputs[0].rank : 0, cmax = rank ? max_cut(f) : 0;
+  if (cmax == 0) return;
+  int64_t total = 1;
+  for (uint32_t d = 0; d < rank; d++) total *= fm_sample_dim(f, outer, d);
+  if (total < FM_SAMPLE_MIN_ELEMENTS) return;
+  /* the fewest cut dims that bring a block under FM_SAMPLE_BLOCK_ELEMENTS */
+  uint32_t cut = 1;
+  int64_t lead = fm_sample_dim(f, outer, 0), inner = total / (lead ? lead : 1);
+  while (cut < cmax && inner > FM_SAMPLE_BLOCK_ELEMENTS) {
+    int64_t next = fm_sample_dim(f, outer, cut);
+    lead *= next;
+    inner /= next ? next : 1;
+    cut++;
+  }
+  s->cut = cut;
+  if (lead <= 2 * STRIP_BLOCKS * 3) {   /* as few blocks as a sample holds: all of them */
+    for (int64_t i = 0; i < lead && i < FM_SAMPLE_MAX_BLOCKS; i++) fm_sample_add(s, i);
+    return;
+  }
+  for (int64_t i = 0; i < STRIP_BLOCKS; i++) {
+    fm_sample_add(s, i);
+    fm_sample_add(s, lead / 2 - STRIP_BLOCKS / 2 + i);
+    fm_sample_add(s, lead - STRIP_BLOCKS + i);
+  }
+  /* one block from each of RANDOM_BLOCKS equal stretches of the space between the strips */
+  uint64_t rng = seed ^ 0x5a3f0c1e2d4b6987ull;
+  int64_t lo = STRIP_BLOCKS, span = lead - 2 * STRIP_BLOCKS;
+  for (int64_t j = 0; j < RANDOM_BLOCKS; j++) {
+    int64_t a = lo + span * j / RANDOM_BLOCKS, b = lo + span * (j + 1) / RANDOM_BLOCKS;
+    if (b > a) fm_sample_add(s, a + (int64_t)(splitmix(&rng) % (uint64_t)(b - a)));
+  }
+}
+
+/* Block b's index along each cut dim. */
+static void block_index(const fm_fragment *f, int64_t outer, const fm_sample *s, int b, int64_t *idx) {
+  int64_t rest = s->lead[b];
+  for (int d = (int)s->cut - 1; d >= 0; d--) {
+    int64_t size = fm_sample_dim(f, outer, (uint32_t)d);
+    idx[d] = size > 0 ? rest % size : 0;
+    rest = size > 0 ? rest / size : 0;
+  }
+}
+
+static int64_t offset_at(const fm_tensor *t, uint32_t cut, const int64_t *idx) {
+  int64_t off = 0;
+  for (uint32_t d = 0; d < cut && d < t->rank; d++)
+    if (t->shape[d] != 1) off += idx[d] * t->strides[d];
+  return off;
+}
+
+int64_t fm_sample_offset(const fm_fragment *f, int64_t outer, const fm_sample *s, int b, const fm_tensor *t) {
+  int64_t idx[FM_MAX_RANK] = {0};
+  block_index(f, outer, s, b, idx);
+  return offset_at(t, s->cut, idx);
+}
+
+typedef struct block_job {
+  const fm_fragment *f;
+  int64_t outer;
+  const fm_sample *s;
+  int b;
+  uint32_t fixed;
+  const void *const *ins;
+  void *const *outs;
+  fm_fragment *cut;   /* scratch: f cut to the block */
+  int rc;
+  fm_diag d;
+} block_job;
+
+/* A tensor cut to the block at idx: its cut dims of size 1 (a symbolic one stays symbolic,
+ * evaluated at outer 1); returns its element offset. */
+static int64_t cut_tensor(fm_tensor *t, uint32_t cut, const int64_t *idx) {
+  int64_t off = offset_at(t, cut, idx);
+  for (uint32_t d = 0; d < cut && d < t->rank; d++)
+    if (t->shape[d] != FM_DIM_SYMBOLIC) t->shape[d] = 1;
+  return off;
+}
+
+static void *block_main(void *arg) {
+  block_job *j = arg;
+  const fm_fragment *f = j->f;
+  const void *ins[FM_MAX_INPUTS];
+  void *outs[FM_MAX_OUTPUTS];
+  int64_t idx[FM_MAX_RANK] = {0};
+  block_index(f, j->outer, j->s, j->b, idx);
+  memcpy(j->cut, f, sizeof *j->cut);
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    size_t off = 0;
+    if (!(j->fixed >> k & 1u))
+      off = (size_t)cut_tensor(&j->cut->inputs[k], j->s->cut, idx) * fm_dtype_size(f->inputs[k].dtype);
+    ins[k] = j->ins[k] ? (const uint8_t *)j->ins[k] + off : NULL;
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    size_t off = (size_t)cut_tensor(&j->cut->outputs[k], j->s->cut, idx) * fm_dtype_size(f->outputs[k].dtype);
+    outs[k] = (uint8_t *)j->outs[k] + off;
+  }
+  j->rc = fm_reference_eval(j->cut, 1, ins, outs, &j->d);
+  return NULL;
+}
+
+int fm_sample_reference(const fm_fragment *f, int64_t outer, const fm_sample *s, uint32_t fixed,
+                        const void *const *inputs, void *const *outputs, fm_diag *d) {
+  if (s->n == 0) return fm_reference_eval(f, outer, inputs, outputs, d);
+  if (s->n > FM_SAMPLE_MAX_BLOCKS) return fm_diag_set(d, FM_EINVAL, "a sample of %d blocks", s->n);
+  block_job jobs[FM_SAMPLE_MAX_BLOCKS];
+  pthread_t th[FM_SAMPLE_MAX_BLOCKS];
+  int started[FM_SAMPLE_MAX_BLOCKS] = {0}, count = 0, rc = FM_OK;
+  for (int b = 0; b < s->n; b++) {
+    jobs[b] = (block_job){f, outer, s, b, fixed, inputs, outputs, malloc(sizeof(fm_fragment)), FM_OK, {{0}}};
+    count = b + 1;
+    if (!jobs[b].cut) {
+      rc = fm_diag_set(d, FM_ENOMEM, "out of memory");
+      break;
+    }
+    if (pthread_create(&th[b], NULL, block_main, &jobs[b]) == 0) started[b] = 1;
+    else block_main(&jobs[b]);   /* no thread: this one here */
+  }
+  for (int b = 0; b < count; b++) {
+    if (started[b]) pthread_join(th[b], NULL);
+    if (rc == FM_OK && jobs[b].cut && jobs[b].rc) rc = fm_diag_set(d, jobs[b].rc, "%s", jobs[b].d.text);
+    free(jobs[b].cut);
+  }
+  return rc;
+}
