@@ -22,6 +22,11 @@ into one with both products, each one's epilogue and the combining node, provide
 group depends on the other and no mutating op lies between them; otherwise the node joins
 one of them, as for any two candidates.
 
+Light epilogues: a GEMM group whose epilogue is only a residual add, casts and the square a
+norm reduces (LIGHT_OPS), feeding one rows group, hands that epilogue to the rows group, and
+its product runs on cuBLAS: the residual stream and the next RMSNorm / LayerNorm are one rows
+kernel (_light_epilogue_into_rows says why that wins).
+
 Chains (chains.py): after the groups are formed, a GEMM group whose only value feeds another
 GEMM group's product as its A (nothing else reads it: not a graph output, not saved for
 backward) merges with it into one group of two stages, when the chain kernel can run the
@@ -374,6 +379,9 @@ def find_groups(gm, min_ops=2, chains=True):
             gdeps[g2.gid].discard(g1.gid)
             g2.chain, g2.parts = True, parts
 
+    for g in [g for g in groups if g.kind == "gemm" and not g.chain and not g.parts]:
+        _light_epilogue_into_rows(g, group_of, pos)
+
     for i, g in enumerate(groups):
         g.gid = i
     for g in groups:
@@ -382,6 +390,69 @@ def find_groups(gm, min_ops=2, chains=True):
             g.parts[0] = [n for n in g.members if n not in second]
         _finish(g, min_ops)
     return groups
+
+
+# The ops of a light epilogue: what a residual stream does between a GEMM and the next norm.
+LIGHT_OPS = {ops.aten.add.Tensor, ops.aten.sub.Tensor, ops.aten.mul.Tensor, ops.aten.div.Tensor,
+             ops.aten._to_copy.default, ops.aten.pow.Tensor_Scalar, ops.aten.neg.default,
+             ops.aten.clone.default}
+
+
+def _product_and_views(g):
+    """The product of single-product GEMM group g and the views of it that g looks through."""
+    prods = set(ops.products(g.members))
+    views = set()
+    for n in g.members:
+        if n.target in ops.RESHAPE_OPS and n.args and (n.args[0] in prods or n.args[0] in views):
+            views.add(n)
+    return prods | views
+
+
+def _light_epilogue_into_rows(g, group_of, pos):
+    """Moves the epilogue of GEMM group g into the rows group it feeds, when the epilogue is
+    light (LIGHT_OPS: the residual add, casts, the square a norm reduces). The GEMM is then
+    lone and runs on cuBLAS, and the rows kernel reads the product once where it would have
+    read what the epilogue wrote: the bytes moved are the same or fewer (the epilogue wrote
+    the residual sum and often an fp32 copy for the norm), the mainloop is cuBLAS's (at a
+    Llama's shapes ours is 1.1-1.2x slower, and measured routing dropped these groups, whose
+    epilogue then ran as one more pointwise kernel), and a launch goes. A heavy epilogue
+    (an activation) stays: there the fused kernel earns its mainloop. Moved only when it
+    cannot make a group wait on itself: nothing the rows group reads may be computed from
+    the epilogue outside the rows group (a group runs as one call, so every member of a
+    group on such a path counts)."""
+    if len(ops.products(g.members)) != 1 or ops.is_batched_gemm(ops.products(g.members)[0]):
+        return
+    base = _product_and_views(g)
+    epi = [n for n in g.members if n not in base]
+    if not epi or any(n.target not in LIGHT_OPS for n in epi):
+        return
+    shape = epi[0].meta["val"].shape
+    if any(not same_known_shape(n.meta["val"].shape, shape) for n in epi):
+        return
+    rows = []
+    for h in (group_of.get(u) for n in epi for u in n.users):
+        if h is not None and h is not g and h.kind == "rows" and all(h is not x for x in rows):
+            rows.append(h)
+    if len(rows) != 1 or not same_known_shape(rows[0].shape, shape):
+        return
+    r = rows[0]
+    rset, eset = set(r.members), set(epi)
+    # everything computed from the epilogue outside r (whole groups on the way)
+    seen, stack = set(), [u for n in epi for u in n.users if u not in rset and u not in eset]
+    while stack:
+        x = stack.pop()
+        if x in seen or x in rset or x in eset:
+            continue
+        seen.add(x)
+        h = group_of.get(x)
+        stack.extend(h.members if h is not None and h is not g else [])
+        stack.extend(x.users)
+    if any(a in seen for n in r.members for a in n.all_input_nodes):
+        return
+    g.members = [n for n in g.members if n in base]
+    r.members = sorted(r.members + epi, key=pos)
+    for n in epi:
+        group_of[n] = r
 
 
 def _finish(g, min_ops):
