@@ -15,6 +15,7 @@ from . import (cross_entropy, cudagraphs, direct_call, fake_meta, pad_gemm, sett
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts
+from .view_sink import sink_views
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .column_rewrite import spell_columns
@@ -224,6 +225,7 @@ class FuseMLCompiler:
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         sink_casts(gm)   # a cast read through views moves next to its fused reader or producer (cast_sink.py)
+        sink_views(gm)   # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
         spell_columns(gm)   # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []

@@ -1,0 +1,212 @@
+"""A graph rewrite before partitioning: a reshape between two pointwise ops moves below the
+second, whose other operands are reshaped the same way, so that the two ops fuse. A group
+runs over one iteration shape, and a reshape between its ops splits it in two kernels, the
+first writing its whole value for the second to read back.
+
+Cross-entropy's backward on a causal LM's flattened logits (Hugging Face returns the logits
+too, so the graph adds their own gradient):
+  g = mul(where(eq, exp - 1, exp), w)                     [N, V] fp32, the loss's rows
+  d = add(tangent, _to_copy(view(g, [B, S, V]), bf16))    [B, S, V] bf16
+ran as two kernels, the first writing g in fp32 (4 bytes an element over the whole
+vocabulary) for the second to read. Rewritten as
+  d = view(add(view(tangent, [N, V]), _to_copy(g, bf16)), [B, S, V])
+the cast and the add join g's group: one pass writes the bf16 gradient.
+
+Exact: the ops are elementwise, and a view of a contiguous value re-indexes the same elements
+in the same order. Moved only where every value involved is contiguous (the views exist),
+where the reshape's source is itself computed by a pointwise op or a row reduction (a GEMM's
+product keeps the view its group looks through, siblings.py and chains.py read that form),
+and where each other operand of the op has the reshape's shape or one element.
+
+A broadcast (an expand of a per-row value to its rows) moves the same way: a pointwise op of
+one tensor operand runs before it (per row, not per element), and an op with another operand
+of the broadcast shape reads the unexpanded value, broadcasting as the expand did. The
+backward of Hugging Face's RMSNorm expands a per-row sum to the rows before dividing and
+scaling it; the expand, an op no group takes, cut the norm's backward in two kernels, the
+first writing an fp32 row-shaped value for the second. Exact for the same reason: an
+elementwise op of a broadcast value is the broadcast of the op's value."""
+import torch
+from torch._guards import detect_fake_mode
+
+from . import ops
+from ._log import log
+from .fake_meta import same_layout
+from .shapes import is_plain_int
+
+aten = torch.ops.aten
+RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+EXPANDS = {aten.expand.default}
+_MAX_PASSES = 8
+
+
+def _fake(fake_mode, target, args, kwargs):
+    with fake_mode:
+        return target(*args, **kwargs)
+
+
+def _val(node):
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _plain_contiguous(t):
+    return t is not None and all(is_plain_int(d) for d in t.shape) and t.is_contiguous()
+
+
+def _fusible_source(node):
+    """Is node computed by an op a pointwise or rows group takes (not a GEMM's product)?"""
+    return node.op == "call_function" and (
+        (node.target in ops.POINTWISE and ops.why_not_pointwise(node) is None)
+        or ops.row_reduction(node) is not None)
+
+
+def _pointwise(node):
+    return node.op == "call_function" and node.target not in ops.ALIASES and ops.why_not_pointwise(node) is None
+
+
+def _broadcast_reader(expand):
+    """For an expand: ("before", reader) when its one reader is a pointwise op of no other
+    tensor operand (it moves before the expand), ("drop", reader) when a reader has another
+    operand of the expanded shape (it reads the value unexpanded), else None."""
+    if expand.op != "call_function" or expand.target not in EXPANDS or not expand.users:
+        return None
+    x, y = expand.args[0], _val(expand)
+    if not isinstance(x, torch.fx.Node) or _val(x) is None or y is None or \
+            not all(is_plain_int(d) for d in y.shape) or any(isinstance(a, torch.fx.Node) for a in expand.args[1:]):
+        return None
+    for reader in expand.users:
+        if not _pointwise(reader) or _val(reader) is None or tuple(_val(reader).shape) != tuple(y.shape):
+            continue
+        others = [a for a in reader.all_input_nodes if a is not expand]
+        if not others and len(expand.users) == 1:
+            return "before", reader
+        if any(_val(a) is not None and tuple(_val(a).shape) == tuple(y.shape) for a in others):
+            return "drop", reader
+    return None
+
+
+def _movable(view):
+    """The pointwise reader the reshape `view` can move below, or None."""
+    if view.op != "call_function" or view.target not in RESHAPES or len(view.users) != 1:
+        return None
+    x, y = view.args[0], _val(view)
+    if not isinstance(x, torch.fx.Node) or not _fusible_source(x):
+        return None
+    if not (_plain_contiguous(_val(x)) and _plain_contiguous(y)):
+        return None
+    (reader,) = view.users
+    if reader.op != "call_function" or reader.target in ops.ALIASES or ops.why_not_pointwise(reader):
+        return None
+    out = _val(reader)
+    if not _plain_contiguous(out) or tuple(out.shape) != tuple(y.shape):
+        return None
+    for a in reader.all_input_nodes:
+        if a is view:
+            continue
+        t = _val(a)
+        if t is None or not (t.numel() == 1 or (tuple(t.shape) == tuple(y.shape) and t.is_contiguous())):
+            return None
+    return reader
+
+
+def _call(gm, fake_mode, target, args, kwargs, new):
+    """A new node target(*args, **kwargs) with its fake value (appended to new)."""
+    n = gm.graph.call_function(target, tuple(args), dict(kwargs))
+    new.append(n)
+    n.meta["val"] = _fake(fake_mode, target, tuple(_val(a) if isinstance(a, torch.fx.Node) else a for a in args),
+                          dict(kwargs))
+    return n
+
+
+def _reorder(gm, fake_mode, view, reader, operand):
+    """Replaces view -> reader with reader' -> view': reader' reads view's source where reader
+    read view, each other tensor operand through operand(gm, node, new); view' is view's op
+    over reader's value with reader's shape. False (the graph as it was) when the result
+    would differ in shape, dtype or layout."""
+    x, new = view.args[0], []
+    try:
+        with gm.graph.inserting_before(reader):
+            args = [x if a is view else operand(a, new) if isinstance(a, torch.fx.Node) else a
+                    for a in reader.args]
+            op = _call(gm, fake_mode, reader.target, args, reader.kwargs, new)
+            size = list(_val(reader).shape) if view.target in RESHAPES else view.args[1]
+            back = _call(gm, fake_mode, view.target, (op, size) + tuple(view.args[2:]), {}, new)
+        got, want = back.meta["val"], _val(reader)
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or \
+                (view.target in RESHAPES and not same_layout(got, want)):
+            raise ValueError("the result would differ in shape, dtype or layout")
+    except Exception as e:   # leave the pair as it was
+        log.debug("fuseml: %s stays before %s: %s", view.name, reader.name, e)
+        for w in reversed(new):
+            gm.graph.erase_node(w)
+        return False
+    reader.replace_all_uses_with(back)
+    gm.graph.erase_node(reader)
+    gm.graph.erase_node(view)
+    return True
+
+
+def _sink_one(gm, fake_mode, view, reader):
+    """A reshape below its reader; the reader's other operands reshaped to its source shape."""
+    shape = list(_val(view.args[0]).shape)
+
+    def operand(a, new):
+        ones = [1] * len(shape) if _val(a).numel() == 1 else shape
+        return _call(gm, fake_mode, aten.view.default, (a, ones), {}, new)
+    return _reorder(gm, fake_mode, view, reader, operand)
+
+
+def _move_broadcast(gm, fake_mode, expand, how, reader):
+    """A broadcast below its one-operand reader, or dropped for a reader that broadcasts."""
+    if how == "drop":   # the reader broadcasts the source as the expand did
+        reader.args = tuple(expand.args[0] if a is expand else a for a in reader.args)
+        if not expand.users:
+            gm.graph.erase_node(expand)
+        return True
+    return _reorder(gm, fake_mode, expand, reader, lambda a, new: a)
+
+
+def _moves(gm):
+    """(node, how, reader) for each reshape or broadcast that can move now."""
+    out = []
+    for n in gm.graph.nodes:
+        r = _movable(n)
+        if r is not None:
+            out.append((n, "reshape", r))
+            continue
+        b = _broadcast_reader(n)
+        if b is not None:
+            out.append((n, b[0], b[1]))
+    return out
+
+
+def sink_views(gm):
+    """Rewrites gm in place (above); returns whether anything changed."""
+    pairs = _moves(gm)
+    if not pairs:
+        return False
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    if fake_mode is None:
+        return False
+    changed = False
+    # each move leaves the reshape below the op, where the next op may take it further
+    for _ in range(_MAX_PASSES):
+        erased, moved = set(), False
+        for view, how, reader in pairs:
+            if view in erased or reader in erased:
+                continue
+            if how == "reshape":
+                ok = _movable(view) is reader and _sink_one(gm, fake_mode, view, reader)
+            else:
+                ok = _broadcast_reader(view) == (how, reader) and _move_broadcast(gm, fake_mode, view, how, reader)
+            if ok:
+                erased |= {view, reader} if how != "drop" else set()
+                moved = True
+        if not moved:
+            break
+        changed = True
+        pairs = _moves(gm)
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed

@@ -1,0 +1,87 @@
+"""A reshape or a broadcast between two pointwise ops moves below the second, so that the two
+fuse (view_sink.py): cross-entropy's gradient reshaped to [B, S, V], cast and added to the
+logits' own gradient in one pass; the backward of an RMSNorm, whose per-row sum is expanded to
+its rows before it is scaled, in one rows kernel. Results as eager's; what cannot move (a
+GEMM's product, a value laid out otherwise) stays."""
+import torch
+
+from helpers import Fn, compile_run
+
+from fuseml import view_sink
+
+aten = torch.ops.aten
+BF16 = torch.bfloat16
+
+
+def kernels(groups):
+    return [g for g in groups if g.route == "kernel"]
+
+
+class _GradPlusTangent(torch.nn.Module):
+    """The logits' gradient as cross-entropy's backward leaves it: rows of [N, V] in fp32,
+    reshaped to [B, S, V], cast, and added to a [B, S, V] tensor from outside the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("tangent", torch.randn(2, 4, 32, dtype=BF16))
+
+    def forward(self, x):
+        x32 = x.float()
+        g = torch.exp(x32 - x32[:, :1]) * 0.5                     # [N, V] fp32, per-row shift
+        return self.tangent + g.view(2, 4, 32).to(BF16)
+
+
+def test_reshaped_gradient_is_cast_and_added_in_one_pass(dead_socket, partitioned):
+    """[N, V] fp32 rows -> view [B, S, V] -> bf16 -> + the logits' gradient: one group."""
+    x = torch.randn(8, 32, dtype=BF16)
+    c, got, want = compile_run(_GradPlusTangent(), x, train=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    ((gm, groups),) = partitioned
+    (k,) = kernels(groups)
+    assert {"sub", "exp", "_to_copy", "add"} <= set(k.op_names), [g.describe() for g in groups]
+    # one output, bf16: nothing fp32 of [N, V] is written
+    assert [n.meta["val"].dtype for n in k.outputs] == [BF16]
+
+
+def test_broadcast_per_row_value_joins_the_rows_group(dead_socket, partitioned):
+    """An RMSNorm-style backward: s = sum(x * y) per row, expanded to the rows, then scaled
+    and combined with x: one rows group, no ATen expand between two kernels."""
+    def f(x):
+        y = x * 1.5
+        s = (x * y).sum(-1, keepdim=True) * -0.5
+        e = s.expand(2, 4, 32)
+        return e / 32 * (x * 2.0) + y
+
+    x = torch.randn(2, 4, 32)
+    c, got, want = compile_run(Fn(f), x, train=False)
+    torch.testing.assert_close(got[0], want[0])
+    ((gm, groups),) = partitioned
+    (k,) = kernels(groups)
+    assert k.kind == "rows" and "div" in k.op_names and "sum" in k.op_names, [g.describe() for g in groups]
+    assert not [n for n in gm.graph.nodes if n.op == "call_function" and n.target is aten.expand.default]
+
+
+def test_gemm_view_stays_for_its_group(dead_socket, partitioned):
+    """mm -> view -> add: the GEMM group looks through its own view; nothing moves."""
+    w = torch.randn(32, 16, dtype=BF16)
+
+    def f(x):
+        return (x.view(8, 32) @ w).view(2, 4, 16) + 1.0
+
+    x = torch.randn(2, 4, 32, dtype=BF16)
+    compile_run(Fn(f), x, train=False)
+    ((gm, groups),) = partitioned
+    (g,) = [g for g in groups if g.kind == "gemm"]
+    assert any(n.target in view_sink.RESHAPES for n in g.members)
+
+
+def test_strided_values_are_left_as_they_were(dead_socket, partitioned):
+    """A transposed operand has no view to the reshape's source shape: the pair stays, and the
+    result is eager's."""
+    def f(x):
+        g = torch.exp(x - x[:, :1]) * 0.5                         # [8, 32]
+        return g.view(2, 4, 32) + x.view(4, 2, 32).transpose(0, 1)
+
+    x = torch.randn(8, 32)
+    c, got, want = compile_run(Fn(f), x, train=False)
+    torch.testing.assert_close(got[0], want[0])
