@@ -10,12 +10,11 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
-from . import (cross_entropy, cudagraphs, direct_call, fake_meta, pad_gemm, settings, straight_line,
-               transport, upgrade)
+from . import (const_fold, cross_entropy, cudagraphs, direct_call, fake_meta, pad_gemm, settings,
+               straight_line, transport, upgrade)
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts
-from .view_sink import sink_views
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .column_rewrite import spell_columns
@@ -24,6 +23,7 @@ from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
 from .partition import epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
+from .view_sink import sink_views
 
 aten = torch.ops.aten
 
@@ -218,6 +218,8 @@ class FuseMLCompiler:
         # what the groups around them read
         if which == "backward":   # saved values the forward left at a padded layout
             fake_meta.adopt_input_layouts(gm, example_inputs)
+        if self.rest != "inductor":   # Inductor traces the graph again, with fake tensors only
+            const_fold.fold(gm)   # values no input reaches (a causal mask) computed once (const_fold.py)
         keeps_layout, report_to = _layout_policy(which)
         padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
         if kept and report_to is not None:

@@ -183,7 +183,10 @@ def _generate(gm, device_index, slow):
             obj = gm
             for part in n.target.split("."):
                 obj = getattr(obj, part)
-            w.values[n] = _Value(w.const(obj, "c"), False, None)
+            # a tensor held by the graph (a folded constant): its layout and pointer are fixed
+            fixed = isinstance(obj, torch.Tensor) and isinstance(val, torch.Tensor) and has_plain_layout(val) and \
+                tuple(obj.shape) == tuple(val.shape) and tuple(obj.stride()) == tuple(val.stride())
+            w.values[n] = _Value(w.const(obj, "c"), fixed, _lowbit(obj.data_ptr()) if fixed else None)
         elif n.op == "call_function":
             body += _call(w, n, name, val, matters)
         elif n.op == "output":
