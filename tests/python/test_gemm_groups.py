@@ -203,3 +203,27 @@ def test_a_dropped_gemm_group_runs_its_epilogue_as_one_kernel(daemon, monkeypatc
     assert h in comp.kept and g not in comp.kept
     assert f"apart from group {g.gid}" in p.describe()
     torch.testing.assert_close(out, f(x))
+
+
+def test_a_dropped_sibling_group_runs_silu_times_up_as_one_kernel(daemon, monkeypatch):
+    """Siblings too: when SwiGLU's gate/up kernel loses to cuBLAS, both products go to cuBLAS
+    and silu(gate) * up is one pointwise kernel, not an ATen silu and an ATen mul."""
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    torch.manual_seed(0)
+    mlp = LlamaMLP().to(BF16)
+    x = x_bf16()
+    c = fuseml.FuseMLCompiler()
+    fn = torch.compile(mlp, backend=c)
+    with torch.no_grad():
+        fn(x)
+        (p,) = c.plans
+        (g,) = [g for g in p.kernels() if g.siblings]
+        comp = p.compiled
+        comp.runners[g.gid].use_kernel = False       # what _decide does when ATen wins
+        comp.pending = True
+        out = fn(x)
+    (h,) = [h for h in p.groups if h.apart_of is g]
+    assert h.kind == "pointwise" and h.route == "kernel" and h.key
+    assert h.op_names == ["silu", "mul"]
+    assert h in comp.kept and g not in comp.kept
+    torch.testing.assert_close(out, mlp(x))

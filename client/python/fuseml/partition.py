@@ -399,7 +399,7 @@ LIGHT_OPS = {ops.aten.add.Tensor, ops.aten.sub.Tensor, ops.aten.mul.Tensor, ops.
 
 
 def _product_and_views(g):
-    """The product of single-product GEMM group g and the views of it that g looks through."""
+    """The products of GEMM group g and the views of them that g looks through."""
     prods = set(ops.products(g.members))
     views = set()
     for n in g.members:
@@ -504,16 +504,13 @@ def epilogue_apart(g, gid, min_ops=2):
     when measured routing finds g's fused kernel slower than its ATen ops. The product then
     runs on cuBLAS and its epilogue (bias, activation, residual, casts, the values saved for
     backward) as one kernel instead of one ATen kernel per op. A view of the product is in
-    neither group (it runs as the ATen view it is); a combined group, or an epilogue with a
-    reshape inside, has none."""
-    if g.kind != "gemm" or g.chain or g.parts or g.siblings:
+    neither group (it runs as the ATen view it is). Siblings' shared epilogue (SwiGLU's
+    silu(gate) * up over both products) is one group as well; a chain, whose epilogue holds
+    its second product, or an epilogue with a reshape inside, has none."""
+    if g.kind != "gemm" or g.chain:
         return None
-    prods = set(ops.products(g.members))
-    views = set()
-    for n in g.members:
-        if n.target in ops.RESHAPE_OPS and n.args and (n.args[0] in prods or n.args[0] in views):
-            views.add(n)
-    members = [n for n in g.members if n not in prods and n not in views]
+    base = _product_and_views(g)
+    members = [n for n in g.members if n not in base]
     if any(n.target in ops.RESHAPE_OPS for n in members):
         return None
     shape = members[-1].meta["val"].shape if members else None
