@@ -31,9 +31,10 @@ MODES = {m.name: m for m in (
     Mode("fuseml_graphs", "fuseml", True,
          lambda model: torch.compile(model, backend="fuseml", mode="reduce-overhead")),
     Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
-    # training graphs split by the min-cut partitioner (recompute instead of save): asked by name
-    Mode("fuseml_recompute", "fuseml", False,
-         lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=True)),
+    # training graphs split by aot_autograd's default partition (every intermediate the
+    # backward reads saved, none recomputed; fuseml recomputes by default): asked by name
+    Mode("fuseml_saved", "fuseml", False,
+         lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=False)),
          by_default=False),
 )}
 

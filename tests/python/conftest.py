@@ -126,3 +126,10 @@ def partitioned(monkeypatch):
         return groups
     monkeypatch.setattr(fuseml.backend, "find_groups", record)
     return seen
+
+
+@pytest.fixture
+def saves_every_intermediate(monkeypatch):
+    """Training graphs split by aot_autograd's default partition (FUSEML_RECOMPUTE=0): the
+    tests of what a forward group saves for its backward read that partition's escapes."""
+    monkeypatch.setenv("FUSEML_RECOMPUTE", "0")

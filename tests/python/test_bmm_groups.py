@@ -148,6 +148,7 @@ def test_masked_fill_joins_the_epilogue(dead_socket):
     assert any(op["op"] == "const" and op["value"] == float("-inf") for op in w["ops"])
 
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_bmm_bias_gelu_training(dead_socket):
     torch.manual_seed(0)
     model = BmmBiasGelu().to(BF16)

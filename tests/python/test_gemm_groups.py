@@ -1,6 +1,7 @@
 """GEMM + epilogue groups: what the partitioner finds in bf16 models (forward and backward),
 the vocabulary-3 fragments it builds (symbolic M with an M bucket), the reasons GEMMs stay
 with cuBLAS, and round trips of those fragments through a real fusemld (compile-only here)."""
+import pytest
 import torch
 import torch.nn as nn
 
@@ -55,6 +56,7 @@ def test_backward_mm_with_residual_gradient(dead_socket):
     assert lone and all("lone GEMM" in g.reason for g in lone)
 
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_llama_gate_and_up_are_one_sibling_group(dead_socket):
     """gate and up read one x: one group with both products (test_sibling_groups.py)."""
     c, got, want = compile_run(LlamaMLP().to(BF16), x_bf16())

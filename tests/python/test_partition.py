@@ -1,4 +1,5 @@
 """Fusion discovery on the ATen graphs aot_autograd gives for the reference models."""
+import pytest
 import torch
 
 from helpers import compile_run, plan
@@ -58,6 +59,7 @@ def test_stacked_mlp_four_blocks(dead_socket):
     assert [g.op_names for g in fw.kernels()] == [["gelu"], ["add"]] * 4
 
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_llama_swiglu_escape_for_backward(dead_socket):
     c, _, _ = compile_run(LlamaMLP(), x2d())
     fw = plan(c, "forward")

@@ -1,6 +1,7 @@
-"""FUSEML_RECOMPUTE=1: a training graph is split by the min-cut partitioner, which saves the
-inputs of cheap pointwise chains for the backward and recomputes the chains there, instead of
-saving every intermediate the backward reads. Gradients stay eager's; fewer tensors are saved."""
+"""A training graph is split by the min-cut partitioner (the default; FUSEML_RECOMPUTE=0 turns
+it off), which saves the inputs of cheap pointwise chains for the backward and recomputes the
+chains there, instead of saving every intermediate the backward reads. Gradients stay eager's;
+fewer tensors are saved."""
 import pytest
 import torch
 
@@ -20,7 +21,10 @@ class Block(torch.nn.Module):
 
 
 def _saved_and_grads(monkeypatch, recompute):
-    monkeypatch.setenv("FUSEML_RECOMPUTE", recompute)
+    if recompute is None:
+        monkeypatch.delenv("FUSEML_RECOMPUTE", raising=False)
+    else:
+        monkeypatch.setenv("FUSEML_RECOMPUTE", recompute)
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Block()
@@ -54,3 +58,8 @@ def test_recompute_saves_fewer_tensors(dead_socket, monkeypatch):
     saved_default = _saved_and_grads(monkeypatch, "0")[0]
     saved_min_cut = _saved_and_grads(monkeypatch, "1")[0]
     assert saved_min_cut < saved_default, (saved_min_cut, saved_default)
+
+
+def test_recompute_is_the_default(dead_socket, monkeypatch):
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    assert _saved_and_grads(monkeypatch, None)[0] == _saved_and_grads(monkeypatch, "1")[0]

@@ -104,6 +104,7 @@ def test_swiglu_inference_is_one_sibling_group(dead_socket):
     assert sib.built.layout.k == 1 and sib.built.full_input == 0
 
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_swiglu_training_forward_saves_what_backward_needs(dead_socket):
     c, got, want = compile_run(model(), x3d())
     exact(got, want)
@@ -126,6 +127,7 @@ def test_swiglu_training_forward_saves_what_backward_needs(dead_socket):
     assert any("silu_backward" in g.op_names and g.route == "kernel" for g in bw.groups)
 
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_two_d_input_escapes_the_products_themselves(dead_socket):
     c, got, want = compile_run(model(), torch.randn(16, D).to(BF16))
     exact(got, want)
@@ -308,6 +310,7 @@ def test_a_mutation_between_the_products_keeps_them_apart():
 
 # -- the rewritten graph, the launch layout, explain ---------------------------------------
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_rewritten_graph_matches_eager_forward_and_gradients(served, caplog):
     """The sibling group as one fuseml::group call in the forward graph (its saved values
     handed to backward as its extra outputs): outputs and every gradient as eager."""
@@ -366,6 +369,7 @@ def test_explain_shows_the_sibling_group(dead_socket):
 
 # -- a real fusemld (compile-only without a GPU) --------------------------------------------
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_daemon_accepts_sibling_fragments(daemon):
     """SwiGLU (inference and training forward, with its four outputs) and biased GeGLU: the
     daemon answers each sibling fragment with a kernel; a second M in the bucket is a hit."""

@@ -97,6 +97,7 @@ def test_t5_forward_mask_path_is_fused(dead_socket, partitioned):
     assert [n.target for n in left] == [aten.clone.default] * 2, [n.format_node() for n in left]
 
 
+@pytest.mark.usefixtures("saves_every_intermediate")
 def test_t5_training_step_mask_path_is_fused(dead_socket, partitioned):
     w = t5_tiny()
     params = [p for p in w.model.parameters() if p.requires_grad]

@@ -117,7 +117,7 @@ class FuseMLCompiler:
     "all" or "off": which GEMMs with a dimension not a multiple of 8 are padded, pad_gemm.py;
     default FUSEML_PAD_GEMM, else "auto"), recompute (split training graphs with the min-cut
     partitioner, recomputing cheap pointwise chains in the backward instead of saving them;
-    default FUSEML_RECOMPUTE=1, else off)."""
+    default on, off with FUSEML_RECOMPUTE=0)."""
 
     def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
                  chains=None, direct=None, pad_gemm=None, recompute=None):
@@ -174,9 +174,10 @@ class FuseMLCompiler:
             capture.note(g, fn)
             return fn
 
-        # Which values the forward saves for the backward: the min-cut partitioner (Inductor's)
-        # saves the inputs of cheap pointwise chains and recomputes them inside the backward's
-        # fused groups, instead of saving every intermediate the backward reads (the default).
+        # Which values the forward saves for the backward: the min-cut partitioner (Inductor's;
+        # fuseml's default) saves the inputs of cheap pointwise chains and recomputes them inside
+        # the backward's fused groups, instead of saving every intermediate the backward reads
+        # (aot_autograd's default partition, FUSEML_RECOMPUTE=0).
         recompute = settings.recompute() if self.recompute is None else bool(self.recompute)
         extra = {"partition_fn": min_cut_rematerialization_partition} if recompute else {}
         wrapped = aot_autograd(fw_compiler=compile_as("forward"), bw_compiler=compile_as("backward"),

@@ -92,11 +92,12 @@ def direct():
 
 
 def recompute():
-    """FUSEML_RECOMPUTE=1: a training graph's forward saves the inputs of cheap pointwise
-    chains and the backward recomputes them (the min-cut partition Inductor uses), instead of
-    saving every intermediate the backward reads (aot_autograd's default partition; the
-    default until its GPU time and memory are measured on whole models)."""
-    return _get("FUSEML_RECOMPUTE") == "1"
+    """A training graph's forward saves the inputs of cheap pointwise chains and the backward
+    recomputes them (the min-cut partition Inductor uses): peak memory at Inductor's on the
+    decoders and T5, for 1-3% more GPU time (bench/NOTES.md, "Recompute by default").
+    FUSEML_RECOMPUTE=0 saves every intermediate the backward reads instead (aot_autograd's
+    default partition)."""
+    return _get("FUSEML_RECOMPUTE") != "0"
 
 
 def straight_line():
