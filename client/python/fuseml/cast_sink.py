@@ -23,7 +23,7 @@ Nothing else changes: a graph without these patterns is left as it was."""
 import torch
 from torch._guards import detect_fake_mode
 
-from . import ops
+from . import fake_meta, ops
 from ._log import log
 from .fake_meta import same_layout
 from .shapes import is_plain_int, same_plain_shape
@@ -70,21 +70,9 @@ def _chain(cast):
     while len(node.users) == 1 and _is_view(next(iter(node.users))):
         node = next(iter(node.users))
         chain.append(node)
-    if not chain or not all(_fusible(u) for u in node.users):
+    if not chain or not all(ops.fusible(u) for u in node.users):
         return None
     return chain
-
-
-def _fusible(node):
-    """Is node an op a pointwise or rows group computes (so a cast next to it joins it)?"""
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
-        (node.target in ops.POINTWISE and ops.why_not_pointwise(node) is None)
-        or ops.row_reduction(node) is not None)
-
-
-def _fake(fake_mode, target, args, kwargs):
-    with fake_mode:
-        return target(*args, **kwargs)
 
 
 def sink_casts(gm):
@@ -120,12 +108,12 @@ def _sink(gm, fake_mode):
                 value = cast.args[0]
                 for v in chain:
                     w = gm.graph.call_function(v.target, (value,) + tuple(v.args[1:]))
-                    w.meta["val"] = _fake(fake_mode, v.target, (value.meta["val"],) + tuple(v.args[1:]), {})
+                    w.meta["val"] = fake_meta.run(fake_mode, v.target, (value.meta["val"],) + tuple(v.args[1:]), {})
                     new.append(w)
                     value = w
                 moved = gm.graph.call_function(cast.target, (value,) + tuple(cast.args[1:]), dict(cast.kwargs))
                 new.append(moved)
-                moved.meta["val"] = _fake(fake_mode, cast.target, (value.meta["val"],) + tuple(cast.args[1:]),
+                moved.meta["val"] = fake_meta.run(fake_mode, cast.target, (value.meta["val"],) + tuple(cast.args[1:]),
                                           dict(cast.kwargs))
             # its readers were traced (and their fragments are built) for the old layout
             if not same_layout(moved.meta["val"], last.meta.get("val")):
@@ -151,21 +139,21 @@ def _rise(gm, fake_mode):
     changed = False
     for view in [n for n in gm.graph.nodes if n.op == "call_function" and n.target in RESHAPES]:
         y = view.args[0]
-        if len(view.users) != 1 or not _fusible(y):
+        if len(view.users) != 1 or not ops.fusible(y):
             continue
         (cast,) = view.users
-        if not _movable(cast) or cast.args[0] is not view or any(_fusible(r) for r in cast.users):
+        if not _movable(cast) or cast.args[0] is not view or any(ops.fusible(r) for r in cast.users):
             continue
         new = []
         try:
             with gm.graph.inserting_before(cast):
                 moved = gm.graph.call_function(cast.target, (y,) + tuple(cast.args[1:]), dict(cast.kwargs))
                 new.append(moved)
-                moved.meta["val"] = _fake(fake_mode, cast.target, (y.meta["val"],) + tuple(cast.args[1:]),
+                moved.meta["val"] = fake_meta.run(fake_mode, cast.target, (y.meta["val"],) + tuple(cast.args[1:]),
                                           dict(cast.kwargs))
                 w = gm.graph.call_function(view.target, (moved,) + tuple(view.args[1:]))
                 new.append(w)
-                w.meta["val"] = _fake(fake_mode, view.target, (moved.meta["val"],) + tuple(view.args[1:]), {})
+                w.meta["val"] = fake_meta.run(fake_mode, view.target, (moved.meta["val"],) + tuple(view.args[1:]), {})
             if not same_layout(w.meta["val"], cast.meta["val"]):
                 raise ValueError("the result would change layout")
         except Exception as e:   # no view of the cast value, or another layout: leave the pair

@@ -103,10 +103,6 @@ def _kept(folds):
     return kept
 
 
-def _nbytes(t):
-    return t.untyped_storage().nbytes() if t is not None else 0
-
-
 def fold(gm):
     """Folds gm's constant values (above) in place; returns the names of the nodes replaced by
     constants. Nothing changes where nothing folds or the graph has no fake mode."""
@@ -119,13 +115,13 @@ def fold(gm):
     mode = fake_meta.mode_of(gm)
     if not kept or mode is None:
         return []
-    need, stack = set(), list(kept)
+    fold_set, need, stack = set(folds), set(), list(kept)
     while stack:   # what computing the kept values takes
         n = stack.pop()
         if n in need:
             continue
         need.add(n)
-        stack.extend(a for a in n.all_input_nodes if a in set(folds))
+        stack.extend(a for a in n.all_input_nodes if a in fold_set)
     values = {}
     try:
         with unset_fake_temporarily():
@@ -153,7 +149,7 @@ def fold(gm):
             continue
         if value.stride() != want.stride():   # the layout the graph was traced with
             value = torch.empty_strided(want.shape, want.stride(), dtype=want.dtype, device=want.device).copy_(value)
-        total += _nbytes(value)
+        total += value.untyped_storage().nbytes()
         if total > MAX_TOTAL_BYTES:
             break
         name = f"_fuseml_constant{i}"

@@ -350,6 +350,12 @@ def row_reduction(node):
 COLUMN_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax"}
 
 
+
+def fusible(node):
+    """Is node an op a pointwise or rows group computes (a node next to it may join it)?"""
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
+        (node.target in POINTWISE and why_not_pointwise(node) is None) or row_reduction(node) is not None)
+
 def column_reduction(node):
     """The fragment op when node reduces dim 0 of a 2-D float tensor with a static dim 1
     (keepdim or not; what a column kernel computes), else None."""

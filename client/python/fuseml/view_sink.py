@@ -26,9 +26,8 @@ scaling it; the expand, an op no group takes, cut the norm's backward in two ker
 first writing an fp32 row-shaped value for the second. Exact for the same reason: an
 elementwise op of a broadcast value is the broadcast of the op's value."""
 import torch
-from torch._guards import detect_fake_mode
 
-from . import ops
+from . import fake_meta, ops
 from ._log import log
 from .fake_meta import same_layout
 from .shapes import is_plain_int
@@ -39,11 +38,6 @@ EXPANDS = {aten.expand.default}
 _MAX_PASSES = 8
 
 
-def _fake(fake_mode, target, args, kwargs):
-    with fake_mode:
-        return target(*args, **kwargs)
-
-
 def _val(node):
     v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return v if isinstance(v, torch.Tensor) else None
@@ -51,13 +45,6 @@ def _val(node):
 
 def _plain_contiguous(t):
     return t is not None and all(is_plain_int(d) for d in t.shape) and t.is_contiguous()
-
-
-def _fusible_source(node):
-    """Is node computed by an op a pointwise or rows group takes (not a GEMM's product)?"""
-    return node.op == "call_function" and (
-        (node.target in ops.POINTWISE and ops.why_not_pointwise(node) is None)
-        or ops.row_reduction(node) is not None)
 
 
 def _pointwise(node):
@@ -90,7 +77,7 @@ def _movable(view):
     if view.op != "call_function" or view.target not in RESHAPES or len(view.users) != 1:
         return None
     x, y = view.args[0], _val(view)
-    if not isinstance(x, torch.fx.Node) or not _fusible_source(x):
+    if not isinstance(x, torch.fx.Node) or not ops.fusible(x):
         return None
     if not (_plain_contiguous(_val(x)) and _plain_contiguous(y)):
         return None
@@ -113,8 +100,8 @@ def _call(gm, fake_mode, target, args, kwargs, new):
     """A new node target(*args, **kwargs) with its fake value (appended to new)."""
     n = gm.graph.call_function(target, tuple(args), dict(kwargs))
     new.append(n)
-    n.meta["val"] = _fake(fake_mode, target, tuple(_val(a) if isinstance(a, torch.fx.Node) else a for a in args),
-                          dict(kwargs))
+    vals = tuple(_val(a) if isinstance(a, torch.fx.Node) else a for a in args)
+    n.meta["val"] = fake_meta.run(fake_mode, target, vals, dict(kwargs))
     return n
 
 
@@ -185,7 +172,7 @@ def sink_views(gm):
     pairs = _moves(gm)
     if not pairs:
         return False
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
+    fake_mode = fake_meta.mode_of(gm)
     if fake_mode is None:
         return False
     changed = False
