@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers import Fn, close_bf16, compile_run, plan
+from helpers import Fn, close_bf16, compile_run, fp32_step, plan
 
 import fuseml
 
@@ -89,8 +89,9 @@ def test_layer_norm_forward_is_one_rows_group(dead_socket):
     with torch.no_grad():
         ln.weight.add_(0.1 * torch.randn(64, dtype=BF16))
         ln.bias.add_(0.1 * torch.randn(64, dtype=BF16))
-    c, got, want = compile_run(ln, torch.randn(16, 64, dtype=BF16))
-    close_bf16(got, want)
+    x = torch.randn(16, 64, dtype=BF16)
+    c, got, want = compile_run(ln, x)
+    close_bf16(got, want, fp32_step(ln, x))
     (g,) = rows(plan(c, "forward"))
     assert g.route == "kernel"
     assert {"var", "mean", "rsqrt"} <= set(g.op_names)
@@ -101,8 +102,9 @@ def test_layer_norm_forward_is_one_rows_group(dead_socket):
 
 
 def test_daemon_accepts_layer_norm(daemon):
-    c, got, want = compile_run(nn.LayerNorm(64).to(BF16), torch.randn(12, 64, dtype=BF16))
-    close_bf16(got, want)
+    ln, x = nn.LayerNorm(64).to(BF16), torch.randn(12, 64, dtype=BF16)
+    c, got, want = compile_run(ln, x)
+    close_bf16(got, want, fp32_step(ln, x))
     (g,) = rows(plan(c, "forward"))
     assert g.key and g.state in ("untuned", "tuned"), g.describe()
 
@@ -135,8 +137,9 @@ def test_small_transformer_layer(dead_socket):
     probabilities @ V bmm (nothing after it) stays with cuBLAS; outputs and gradients match
     eager."""
     torch.manual_seed(0)
-    c, got, want = compile_run(_TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16))
-    close_bf16(got, want)
+    layer, x = _TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16)
+    c, got, want = compile_run(layer, x)
+    close_bf16(got, want, fp32_step(layer, x))
     fw = plan(c, "forward")
     rg = rows(fw)
     assert len(rg) == 3 and all(g.route == "kernel" for g in rg)
@@ -159,8 +162,9 @@ def test_small_transformer_layer(dead_socket):
 
 def test_daemon_accepts_every_transformer_layer_group(daemon):
     torch.manual_seed(0)
-    c, got, want = compile_run(_TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16))
-    close_bf16(got, want)
+    layer, x = _TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16)
+    c, got, want = compile_run(layer, x)
+    close_bf16(got, want, fp32_step(layer, x))
     ks = [g for p in c.plans for g in p.kernels()]
     assert len(ks) >= 7   # 3 row groups and 4 GEMM epilogues forward, more in backward
     assert all(g.key and g.state in ("untuned", "tuned") for g in ks), \

@@ -38,6 +38,10 @@ DECOMPOSITIONS = get_decompositions([
     # (cross-entropy's backward over the vocabulary; attention written without SDPA)
     aten._log_softmax_backward_data, aten._softmax_backward_data,
     aten.native_layer_norm,             # var_mean (below), rsqrt, scale, shift: one rows group
+    # x_hat recomputed, two row sums and the input's gradient: one rows group; the weight's
+    # and bias's gradients: column sums (ATen runs it as three kernels, the weight's the
+    # costliest: 39 us a call at ViT-S's 12.6k x 384 on an H200)
+    aten.native_layer_norm_backward,
     aten.hardsigmoid, aten.hardswish, aten.leaky_relu, aten.elu, aten.clamp_min, aten.clamp_max,
     aten.addcmul, aten.addcdiv, aten.lerp, aten.mish, aten.softplus,
 ])

@@ -201,7 +201,7 @@ for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
 
 # kwargs an entry may carry; anything else (out=, rounding_mode=...) keeps the node out of a
-# group; memory_format on a clone only (its output strides are the node's). layout/device
+# group; memory_format on a clone or cast only (its output strides are the node's). layout/device
 # only on a _to_copy that is a dtype conversion (checked below: strided, same device).
 _ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device", "memory_format"}
 
@@ -241,8 +241,11 @@ def why_not_pointwise(node):
             return "_to_copy that is not a dtype conversion"
         if node.kwargs.get("layout", torch.strided) != torch.strided:
             return "_to_copy to another layout"
-        if "memory_format" in node.kwargs:
-            return "unsupported arguments ['memory_format']"
+        # LayerNorm's backward decomposition casts to contiguous fp32: as for a clone, the
+        # output is written at the node's own strides
+        if node.kwargs.get("memory_format", torch.preserve_format) not in (
+                torch.contiguous_format, torch.preserve_format):
+            return "_to_copy to another memory format"
     elif set(node.kwargs) & {"layout", "device"}:
         return "unsupported arguments ['device', 'layout']"
     elif "memory_format" in node.kwargs and node.target is not aten.clone.default:

@@ -3,7 +3,8 @@ the groups of its operands, and the group goes on over the cat's shape: rotary e
 cat([-x2, x1]) * sin + x * cos is one group); a GEMM (mm, addmm,
 bmm, baddbmm) starts a group that absorbs the pointwise ops after it as its epilogue (seen
 through one view of its result: [M, N] as [B, S, N], a bmm's [B*H, S, S] as [B, H, S, S]);
-a reduction over dim 0 of a 2-D value (a bias gradient) is a column group of its own; other
+a reduction over dim 0 of a 2-D value (a bias gradient) is a column group, with the pointwise
+ops before it that nothing else reads and the per-column ops after it; other
 reductions are recorded as groups of their own kind, routed "bypass" until the client spells
 them.
 
@@ -116,6 +117,8 @@ def _fits(g, shape, reduce):
         return False      # a cat runs in a pointwise fragment only
     if g.kind == "gemm":
         return not reduce and same_known_shape(g.shape, shape)
+    if g.kind == "columns":   # a per-column value after the reductions (a cast of the sum)
+        return not reduce and _per_column(g.shape, shape)
     if g.kind not in ("pointwise", "rows"):
         return False
     if same_known_shape(g.shape, shape):
@@ -123,6 +126,37 @@ def _fits(g, shape, reduce):
     # a per-row value (a statistic and what is computed from it) joins its rows group
     return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and \
         same_known_shape(_per_row(g.shape), shape)
+
+
+def _inside_rows(row_shape, shape):
+    """Can a pointwise group over `shape` run inside a rows group over `row_shape`: the same
+    shape, one value per row, or one per column ([N])?"""
+    return same_known_shape(row_shape, shape) or (
+        len(shape) == len(row_shape) and same_known_shape(_per_row(row_shape), shape)) or (
+        len(shape) == 1 and same_known_shape(row_shape[-1:], shape))
+
+
+def _per_column(space, shape):
+    """Is shape that of a per-column value of column space [M, N] ([N] or [1, N]), which a
+    column group computes after its reductions (M > 1: with one row, every value would be)?"""
+    m, n = space
+    return not same_known_shape([m], [1]) and (same_known_shape(shape, [n]) or same_known_shape(shape, [1, n]))
+
+
+def _column_prologue(g, space):
+    """g, when a column reduction over `space` may join it: a column group over that space,
+    or a pointwise group over it (no cat) none of whose values is read but by its own members
+    and column reductions over that space; else None."""
+    if g is None or g.kind not in ("columns", "pointwise") or not same_known_shape(g.shape, space) or _has_cat(g):
+        return None
+    if g.kind == "columns":   # its column-space values were checked when it took them in
+        return g
+    mset = set(g.members)
+    for n in g.members:
+        for u in n.users:
+            if u not in mset and not (ops.column_reduction(u) and u.args[0] in mset):
+                return None
+    return g
 
 
 def _absorbs(g, operand, cat):
@@ -242,12 +276,19 @@ def find_groups(gm, min_ops=2, chains=True):
         if node.op != "call_function" or _is_mutating(node):
             continue
         if ops.column_reduction(node):
-            # a bias gradient's grad.sum(0): a column group of its own (nothing joins it; the
-            # view to [N] after it runs as the ATen op it is)
-            g = Group(next(next_gid), "columns", [node], shape=node.args[0].meta["val"].shape)
-            groups.append(g)
+            # a bias gradient's grad.sum(0): a column group, which takes in the pointwise
+            # group computing its operand when nothing else reads that group's values (its
+            # prologue), and other column reductions of that prologue (a LayerNorm's weight
+            # and bias gradients: column_rewrite.py)
+            space = node.args[0].meta["val"].shape
+            g = _column_prologue(group_of.get(node.args[0]), space)
+            if g is None:
+                g = Group(next(next_gid), "columns", [], shape=space)
+                groups.append(g)
+                gdeps[g.gid] = set(d)
+            g.kind = "columns"
+            g.members.append(node)
             group_of[node] = g
-            gdeps[g.gid] = set(d)
             continue
         reduce = ops.row_reduction(node)
         kind = None if reduce else ops.kind_of(node)
@@ -381,6 +422,22 @@ def find_groups(gm, min_ops=2, chains=True):
 
     for g in [g for g in groups if g.kind == "gemm" and not g.chain and not g.parts]:
         _light_epilogue_into_rows(g, group_of, pos)
+
+    # A pointwise group read by one rows group alone, over its shape, one value per row or
+    # one per column, runs inside it: its values are never written and its launch goes.
+    # (LayerNorm's backward: x_hat recomputed when the op that would have joined the two went
+    # to a GEMM's epilogue first and that epilogue moved into the rows group above; rstd / N;
+    # the weight's cast to fp32.) Not when it waits on the rows group itself.
+    for p in [g for g in groups if g.kind == "pointwise" and not _has_cat(g)]:
+        mset = set(p.members)
+        readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
+        r = readers.popitem()[1] if len(readers) == 1 else None
+        if r is None or r.kind != "rows" or _has_cat(r) or not _inside_rows(r.shape, p.shape):
+            continue
+        if reaches(gdeps.get(p.gid, ()), r.gid):
+            continue
+        merge(r, p)
+        gdeps[r.gid].discard(p.gid)
 
     for i, g in enumerate(groups):
         g.gid = i

@@ -1,0 +1,104 @@
+"""Where the first (compiling) training step's peak memory goes: the step runs with the CUDA
+caching allocator's history recorded, the history is replayed to the moment of the peak, and
+the blocks alive then are summed by the Python frames that allocated them.
+
+    python3 first_step_memory.py --model llama --size small --modes fuseml,inductor [--top 8]
+
+Prints, per mode: the peak of the first step and of a later one above what was allocated
+before it, then the largest groups of blocks alive at the first step's peak. A mode's first
+step compiles (and, under fuseml, measures each group's kernel against its ATen ops), so its
+peak can differ from a steady step's, which is what bench/models reports."""
+import argparse
+import collections
+import os
+import sys
+import tempfile
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fm-first-memory-"))
+
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import compile_modes  # noqa: E402
+import model_zoo as models  # noqa: E402
+from run_model import start_daemon  # noqa: E402   (a private fusemld for the fuseml modes)
+
+
+def _where(frames, depth=3):
+    """The innermost frames of an allocation outside torch's own files: who asked for it."""
+    mine = [f for f in frames if f.get("filename", "").endswith(".py")
+            and "/torch/" not in f["filename"] or "/fuseml/" in f.get("filename", "")]
+    return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in mine[:depth]) or "?"
+
+
+def peak_blocks(snapshot, device):
+    """(peak bytes above the start, {where: bytes} alive at that moment) from the history."""
+    live, total, peak, at_peak = {}, 0, 0, {}
+    for e in snapshot["device_traces"][device]:
+        action = e["action"]
+        if action == "alloc":
+            live[e["addr"]] = (e["size"], e.get("frames", []))
+            total += e["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif action in ("free_requested", "free") and e["addr"] in live:
+            total -= live.pop(e["addr"])[0]
+    groups = collections.Counter()
+    for size, frames in at_peak.values():
+        groups[_where(frames)] += size
+    return peak, groups
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="llama")
+    ap.add_argument("--size", default="small")
+    ap.add_argument("--modes", default="fuseml,inductor")
+    ap.add_argument("--top", type=int, default=8)
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    compile_modes.allow_many_graphs()
+    work = models.build(args.model, args.size, dev)
+    params = [p for p in work.model.parameters() if p.requires_grad]
+    selected = compile_modes.select(args.modes)
+    daemon = start_daemon(selected, dev)
+    for mode in selected:
+        fn = mode.make(work.model)
+
+        def step():
+            for p in params:
+                p.grad = None
+            work.loss(fn, work.inputs).backward()
+            torch.cuda.synchronize(dev)
+
+        for p in params:
+            p.grad = None
+        torch.cuda.synchronize(dev)
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+        step()
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        first = torch.cuda.max_memory_allocated(dev) - base
+        for p in params:
+            p.grad = None
+        torch.cuda.synchronize(dev)
+        base = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        step()
+        later = torch.cuda.max_memory_allocated(dev) - base
+        peak, groups = peak_blocks(snapshot, dev.index or 0)
+        print(f"== {mode.name}: {work.describe}: first step peak {first / 1e9:.2f} GB "
+              f"(history: {peak / 1e9:.2f} GB), a later step {later / 1e9:.2f} GB")
+        for where, size in groups.most_common(args.top):
+            print(f"   {size / 1e9:7.3f} GB  {where}")
+        torch._dynamo.reset()
+    if daemon is not None:
+        daemon.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
