@@ -173,3 +173,55 @@ def test_hf_llama_rope_fuses_forward_and_backward(dead_socket):
         rope = [g for g in cat_groups(plan(c, which)) if "neg" in g.op_names]
         assert len(rope) == 2, plan(c, which).describe()
         assert all(g.route == "kernel" and {"cat", "mul", "add"} <= set(g.op_names) for g in rope)
+
+
+def _qkv_gradient_layout(x):
+    """What autograd writes for the backward of timm's q, k, v = qkv.permute(2, 0, 3, 1,
+    4).unbind(0): the three [B, H, N, D] gradients stacked and copied into [B, N, 3, H, D]."""
+    return torch.stack([x[0], x[1], x[2]], 0).permute(1, 3, 0, 2, 4).contiguous()
+
+
+def test_stack_copied_into_a_transposed_layout_is_one_cat(dead_socket, partitioned):
+    """stack + permute + contiguous is one cat of the permuted operands (cat_rewrite.py), a
+    kernel of its own though it is one op (a copy of every byte: partition.LARGE_CAT)."""
+    x = torch.randn(3, 2, 4, 128, 32)
+    got = torch.compile(_qkv_gradient_layout, backend=fuseml.FuseMLCompiler())(x)
+    want = _qkv_gradient_layout(x)
+    assert got.is_contiguous() and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    ((gm, groups),) = partitioned
+    targets = {n.target for n in gm.graph.nodes}
+    assert torch.ops.aten.stack.default not in targets and torch.ops.aten.clone.default not in targets
+    (g,) = [g for g in groups if any(ops.cat_dim(n) is not None for n in g.members)]
+    assert g.route == "kernel" and g.op_names == ["cat"], g.describe()
+    w = g.built.wire
+    assert w["vocab"] == 6 and len(w["inputs"]) == 3
+    assert all(i["strides"] != sorted(i["strides"], reverse=True) for i in w["inputs"]), w["inputs"]  # read transposed
+
+
+def test_small_or_unpermuted_stacks_stay_as_they_are(dead_socket, partitioned):
+    """Below partition.LARGE_CAT a lone cat is launch-bound either way: ATen's; so is a large
+    one of contiguous operands (ATen's cat kernel copies those at full speed); a stack not
+    copied into a permuted layout is left as it was."""
+    small = torch.randn(3, 2, 4, 8, 8)
+    torch.testing.assert_close(torch.compile(_qkv_gradient_layout, backend=fuseml.FuseMLCompiler())(small),
+                               _qkv_gradient_layout(small))
+    f = lambda x: torch.stack([x[0] * 2, x[1]], 0)  # noqa: E731
+    x = torch.randn(2, 4, 8)
+    torch.testing.assert_close(torch.compile(f, backend=fuseml.FuseMLCompiler())(x), f(x))
+    big = torch.randn(2, 256, 256)
+    h = lambda x: torch.cat([x[0], x[1]], -1)  # noqa: E731
+    torch.testing.assert_close(torch.compile(h, backend=fuseml.FuseMLCompiler())(big), h(big))
+    (gm0, groups0), (gm1, _), (gm2, groups2) = partitioned
+    for groups in (groups0, groups2):
+        (g,) = [g for g in groups if any(ops.cat_dim(n) is not None for n in g.members)]
+        assert g.route == "bypass", g.describe()
+    assert torch.ops.aten.stack.default in {n.target for n in gm1.graph.nodes}
+
+
+def test_daemon_accepts_the_transposed_stack(daemon):
+    x = torch.randn(3, 2, 4, 128, 32, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    torch.testing.assert_close(torch.compile(_qkv_gradient_layout, backend=c)(x), _qkv_gradient_layout(x))
+    (g,) = [g for p in c.plans for g in p.kernels()]
+    assert g.key and g.state in ("untuned", "tuned"), g.describe()

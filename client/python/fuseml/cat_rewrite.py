@@ -11,7 +11,15 @@ the tile), turn it into one pointwise group:
   * a slice along d of a pointwise node read only by slices, on its way to a cat: the node
     applied to slices of its operands (an operand of size 1 along d is not sliced), so the
     slices reach the graph's inputs, where they are views the kernel reads in place.
-Nothing else changes: a graph without this pattern is left as it was."""
+And a stack copied into a transposed layout, what the backward of q, k, v = qkv.unbind()
+after a permute writes (timm's attention: the three gradients of SDPA into the QKV
+projection's [B, N, 3, H, D] layout),
+  clone(permute(stack([dq, dk, dv], d), perm))   (the clone contiguous)
+is the cat of the permuted operands along d's new place, which is contiguous too:
+  cat([permute(unsqueeze(dq, d), perm), ...], perm.index(d))
+one pass that reads each gradient in place where ATen ran two copies (the stack, then the
+clone of its permuted view).
+Nothing else changes: a graph without these patterns is left as it was."""
 import torch
 from torch._guards import detect_fake_mode
 
@@ -156,18 +164,69 @@ def _fake(fake_mode, target, args, kwargs):
         return target(*args, **kwargs)
 
 
+def _stack_copy(node):
+    """(operands, d, perm) when node is clone(permute(stack(operands, d), perm)) into a
+    contiguous tensor, each of stack and permute read by the next alone; else None."""
+    val = node.meta.get("val")
+    if node.target is not aten.clone.default or not isinstance(val, torch.Tensor) or not val.is_contiguous():
+        return None
+    p = node.args[0]
+    if not isinstance(p, torch.fx.Node) or p.target is not aten.permute.default or len(p.users) != 1:
+        return None
+    s = p.args[0]
+    if not isinstance(s, torch.fx.Node) or s.target is not aten.stack.default or len(s.users) != 1:
+        return None
+    xs = s.args[0]
+    d = s.args[1] if len(s.args) > 1 else s.kwargs.get("dim", 0)
+    if not isinstance(xs, (list, tuple)) or not 2 <= len(xs) <= ops.MAX_CAT or not isinstance(d, int):
+        return None
+    rank = s.meta["val"].dim()
+    return list(xs), d % rank, [int(i) % rank for i in p.args[1]]
+
+
+def _stacks_to_cat(gm, fake_mode):
+    changed = False
+    for node in list(gm.graph.nodes):
+        found = _stack_copy(node)
+        if found is None:
+            continue
+        xs, d, perm = found
+        permute, stack = node.args[0], node.args[0].args[0]
+        with gm.graph.inserting_before(node):
+            parts = []
+            for x in xs:
+                u = gm.graph.call_function(aten.unsqueeze.default, (x, d))
+                u.meta["val"] = _fake(fake_mode, aten.unsqueeze.default, (x.meta["val"], d), {})
+                v = gm.graph.call_function(aten.permute.default, (u, perm))
+                v.meta["val"] = _fake(fake_mode, aten.permute.default, (u.meta["val"], perm), {})
+                parts.append(v)
+            cat = gm.graph.call_function(aten.cat.default, (parts, perm.index(d)))
+            cat.meta["val"] = _fake(fake_mode, aten.cat.default, ([v.meta["val"] for v in parts], perm.index(d)), {})
+        if cat.meta["val"].shape != node.meta["val"].shape or cat.meta["val"].stride() != node.meta["val"].stride():
+            for n in [cat] + parts[::-1] + [v.args[0] for v in parts[::-1]]:
+                gm.graph.erase_node(n)
+            continue
+        node.replace_all_uses_with(cat)
+        for n in (node, permute, stack):
+            gm.graph.erase_node(n)
+        changed = True
+    return changed
+
+
 def spell_cats(gm):
     """Rewrites gm in place (above); returns whether anything changed."""
-    if not any(n.target is _SLICE_BACKWARD for n in gm.graph.nodes):
+    if not any(n.target in (_SLICE_BACKWARD, aten.stack.default) for n in gm.graph.nodes):
         return False
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     if fake_mode is None:
         return False
+    stacks = _stacks_to_cat(gm, fake_mode)
     changed = _tiles_to_cat(gm)
     # each pass moves a slice one op towards the inputs
     for _ in range(_MAX_HOPS if changed else 0):
         if not _push_slices(gm, fake_mode):
             break
+    changed |= stacks
     if changed:
         gm.graph.lint()
         gm.recompile()

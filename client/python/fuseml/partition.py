@@ -512,6 +512,23 @@ def _light_epilogue_into_rows(g, group_of, pos):
         group_of[n] = r
 
 
+LARGE_CAT = 1 << 16    # elements of a lone cat worth a kernel of its own
+
+
+def _large_cat(g):
+    """A lone cat of at least LARGE_CAT elements with an operand read transposed (the
+    attention gradients of a ViT stacked into the QKV projection's layout, cat_rewrite.py):
+    ATen copies such operands in two passes at a fraction of the bandwidth (stack and clone:
+    0.11 ms a layer of a ViT-S on an H200), a kernel of its own reads each in place. A cat of
+    contiguous operands stays ATen's: its cat kernel ran GPT-2's padded logits gradient at
+    1.9 TB/s, where ours gained nothing and the first step paid its compile and verification
+    (13.6 -> 19.0 s)."""
+    cats = [n for n in g.members if ops.cat_dim(n) is not None]
+    if len(cats) != 1 or cats[0].meta["val"].numel() < LARGE_CAT:
+        return False
+    return any(isinstance(x, torch.fx.Node) and not x.meta["val"].is_contiguous() for x in cats[0].args[0])
+
+
 def _finish(g, min_ops):
     """Fills in a formed group's inputs, outputs and escapes, and routes it."""
     mset = set(g.members)
@@ -535,7 +552,7 @@ def _finish(g, min_ops):
     elif g.kind in ("pointwise", "rows"):
         # an expand to its own shape moves nothing: a group of views alone is no kernel
         compute = [n for n in g.members if n.target is not ops.aten.expand.default]
-        if len(compute) < min_ops:
+        if len(compute) < min_ops and not _large_cat(g):
             g.reason = "single op: nothing to fuse"
         else:
             g.route = "kernel"
