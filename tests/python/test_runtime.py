@@ -209,3 +209,31 @@ def test_an_aten_call_of_a_group_frees_its_values_at_once(dead_socket, standin):
         assert len(made) >= 3 and all(ref() is None for ref in made), [ref() is None for ref in made]
     finally:
         gc.enable()
+
+
+def test_aten_ops_that_write_far_more_are_not_timed(dead_socket, standin, monkeypatch):
+    """Measured routing does not run a group's ATen ops when they would write far more than
+    its kernel moves (runtime.ATEN_HEAVY_BYTES, ATEN_HEAVY_RATIO): the kernel is chosen
+    without timing, so the first step allocates no ATen intermediates; explain() says so. A
+    group below the bar is timed as before."""
+    monkeypatch.setenv("FUSEML_ROUTE", "measure")
+    c = fuseml.FuseMLCompiler()
+    # eight ops over the input's size: ATen writes 4x what the kernel reads and writes
+    f = lambda x: (((((x * 2.0 + 1.0).exp() * 3.0) - 1.0).tanh() + 0.5) * 0.25)  # noqa: E731
+    x = torch.randn(64, 64)
+    torch.compile(f, backend=c)(x)
+    (r,) = _runners(c)
+    assert r.aten_heavy is None                 # 98 KB: far below the default bar
+    monkeypatch.setattr(runtime, "ATEN_HEAVY_BYTES", 1024)
+    heavy = runtime._aten_heavy(r.group, r.built)
+    assert heavy == 8 * x.numel() * x.element_size(), heavy
+    monkeypatch.setattr(runtime, "ATEN_HEAVY_RATIO", 100)
+    assert runtime._aten_heavy(r.group, r.built) is None     # not 100x: timed
+    r.aten_heavy = heavy
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    eager_calls = []
+    monkeypatch.setattr(r, "eager", lambda xs: eager_calls.append(1))
+    (out,) = r._decide([x], torch.device("cpu"), "k" * 64, b"", {})
+    assert r.use_kernel and not eager_calls and _StandIn.calls
+    assert r.group.route_measured == ("kernel", None, None)
+    assert "ATen not timed" in r.group.describe()

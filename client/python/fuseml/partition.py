@@ -57,7 +57,8 @@ class Group:
     origin: str = None
     built: object = None
     shape: object = None             # the iteration shape (rows: the row shape)
-    # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms)
+    # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms); the times
+    # None where the ATen ops were not timed (runtime.ATEN_HEAVY_BYTES)
     route_measured: tuple = None
     chain: bool = False              # a GEMM group of two back-to-back products (chains.py)
     # a combined GEMM group (siblings or chain): the member lists of the two groups it was
@@ -87,7 +88,9 @@ class Group:
             s += f"; apart from group {self.apart_of.gid}"
         if self.escapes:
             s += f"; escapes {[n.name for n in self.escapes]}"
-        if self.route_measured:
+        if self.route_measured and self.route_measured[1] is None:
+            s += "; kernel, ATen not timed (its ops would write far more)"
+        elif self.route_measured:
             s += "; measured: kernel %.4f ms, ATen %.4f ms -> %s" % (
                 self.route_measured[1], self.route_measured[2], self.route_measured[0])
         return s

@@ -97,7 +97,9 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
             last = r["graph"]
         g = by_gid.get((r["graph"], r["gid"]))
         timing = ""
-        if g is not None and g.route_measured:
+        if g is not None and g.route_measured and g.route_measured[1] is None:
+            timing = "; kernel, ATen not timed (its ops would write far more)"
+        elif g is not None and g.route_measured:
             timing = f"; measured kernel {g.route_measured[1]:.4f} ms vs ATen {g.route_measured[2]:.4f} ms"
         kind = r["kind"] + (" siblings" if r["siblings"] else " chain" if r["chain"] else "")
         indent = "    " if r["apart_of"] is not None else "  "   # under the group it split from

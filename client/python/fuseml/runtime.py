@@ -8,7 +8,7 @@ strides and alignment the fragment was built for. Anything else runs the ATen op
 warning per cause."""
 import torch
 
-from . import launcher, settings
+from . import launcher, ops, settings
 from ._log import log, warn_once
 from .bmm_fragment import collapse
 
@@ -75,6 +75,40 @@ def _operand(a, xs, vals):
     return a
 
 
+# Measured routing does not time a group's ATen ops when they would write ATEN_HEAVY_BYTES
+# more than its kernel reads and writes, and ATEN_HEAVY_RATIO times as much: a pointwise or
+# rows kernel moving a fraction of the bytes wins anyway, and the timed ATen calls would
+# allocate every intermediate at the first step (a cross-entropy group over a Llama's fp32
+# logits: 3.8 GB for one call, where the step itself peaks at 1.4 GB).
+ATEN_HEAVY_BYTES = 1 << 30
+ATEN_HEAVY_RATIO = 4
+
+
+def _static_bytes(nodes):
+    """Bytes of the nodes' values when every shape is static, else None."""
+    total = 0
+    for n in nodes:
+        v = n.meta.get("val")
+        if not isinstance(v, torch.Tensor) or not all(isinstance(d, int) for d in v.shape):
+            return None
+        total += v.numel() * v.element_size()
+    return total
+
+
+def _aten_heavy(group, built):
+    """The bytes a group's ATen ops would write when measured routing should not time them
+    (above; never a GEMM group, whose kernel can lose to cuBLAS whatever the bytes), else None."""
+    if built is None or built.gemm:
+        return None
+    written = _static_bytes([n for n in group.members if n.target not in ops.VIEW_OPS])
+    moved = _static_bytes(list(built.in_nodes) + list(built.out_nodes))
+    if written is None or moved is None:
+        return None
+    if written - moved < ATEN_HEAVY_BYTES or written < ATEN_HEAVY_RATIO * moved:
+        return None
+    return written
+
+
 class GroupRunner:
     def __init__(self, group):
         self.name = f"group {group.gid} ({' -> '.join(group.op_names)})"
@@ -104,6 +138,7 @@ class GroupRunner:
             self.out_dtypes = [n.meta["val"].dtype for n in b.out_nodes]
         self._out_layouts = {}  # lead dims -> [(shape, strides)] per output: once per shape
         self.group = group
+        self.aten_heavy = _aten_heavy(group, b)   # bytes when ATen is not timed, else None
         self.use_kernel = None  # measured routing: None until the first launch decides
         self.timing = None      # (kernel ms, ATen ms) of that decision
         gid = _next_gid[0]
@@ -161,12 +196,19 @@ class GroupRunner:
     def _decide(self, xs, dev, key, cubin, meta):
         """Measured routing, once per group: the kernel and the ATen ops it replaces, timed on
         these inputs (median of a few runs each); the slower one is never run again. Skipped
-        (kernel chosen) in FUSEML_ROUTE=kernel mode and while a CUDA graph is captured, where
-        timing is impossible. Returns the kernel's outputs of the first run, or None."""
+        (kernel chosen) in FUSEML_ROUTE=kernel mode, while a CUDA graph is captured, where
+        timing is impossible, and where the ATen ops would write far more than the kernel
+        moves (ATEN_HEAVY_BYTES). Returns the kernel's outputs of the first run, or None."""
         outs = self._launch(xs, dev, key, cubin, meta)   # a failure raises before any decision
         stream = torch.cuda.current_stream(dev)
         if settings.route() == "kernel" or torch.cuda.is_current_stream_capturing():
             self.use_kernel = True
+            return outs
+        if self.aten_heavy is not None:
+            self.use_kernel = True
+            self.group.route_measured = ("kernel", None, None)
+            log.info("fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name,
+                     self.aten_heavy / 1e9)
             return outs
         saved = counters["launches"], counters["eager"]
         self.eager(xs)   # untimed: a first ATen call of a shape may set up cuBLAS or allocate
