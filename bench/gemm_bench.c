@@ -47,23 +47,34 @@ typedef struct shape {
 } shape;
 
 static const shape shapes[] = {
-    {4096, 4096, 4096}, {8192, 8192, 8192}, {16384, 1024, 256}, {16384, 256, 1024},
-    {2048, 4096, 1024}, {2048, 1024, 4096}, {8, 11008, 4096},   {8, 4096, 11008},
-    {1, 4096, 4096},    {16, 4096, 4096},   {32, 4096, 4096},
+    {4096, 4096, 4096},
+    {8192, 8192, 8192},
+    {16384, 1024, 256},
+    {16384, 256, 1024},
+    {2048, 4096, 1024},
+    {2048, 1024, 4096},
+    {8, 11008, 4096},
+    {8, 4096, 11008},
+    {1, 4096, 4096},
+    {16, 4096, 4096},
+    {32, 4096, 4096},
     /* the benchmark table's large and prefill MLP GEMMs */
-    {16384, 16384, 4096}, {16384, 4096, 16384}, {4096, 11008, 4096}, {4096, 4096, 11008},
+    {16384, 16384, 4096},
+    {16384, 4096, 16384},
+    {4096, 11008, 4096},
+    {4096, 4096, 11008},
 };
-#define N_SHAPES (sizeof shapes / sizeof shapes[0])
-#define MAX_CANDS 32
-#define MAX_EXTRA 8
-#define MAX_JOBS (N_SHAPES * (MAX_CANDS + MAX_EXTRA))
-#define MAX_REPS 200
-#define N_THREADS 16
+#define N_SHAPES     (sizeof shapes / sizeof shapes[0])
+#define MAX_CANDS    32
+#define MAX_EXTRA    8
+#define MAX_JOBS     (N_SHAPES * (MAX_CANDS + MAX_EXTRA))
+#define MAX_REPS     200
+#define N_THREADS    16
 #define ROTATE_BYTES (256ull << 20)
-#define MAX_ROT 64
-#define WORKSPACE (64u << 20)
-#define N_ALGOS 4
-#define SAMPLES 512
+#define MAX_ROT      64
+#define WORKSPACE    (64u << 20)
+#define N_ALGOS      4
+#define SAMPLES      512
 
 typedef struct job {
   int s;
@@ -104,9 +115,9 @@ static int build(const shape *s, fm_fragment *out) {
   fm_diag d = {{0}};
   memset(&f, 0, sizeof f);
   f.vocab = 3;
-  f.m_hint = (uint64_t)s->m;                       /* the batch size, as the client sends it */
-  tensor2(&f.inputs[0], 1, -1, s->k, s->k, 1);     /* x [M, K] */
-  tensor2(&f.inputs[1], 2, s->k, s->n, 1, s->k);   /* W.t(): [K, N], K contiguous */
+  f.m_hint = (uint64_t)s->m;                     /* the batch size, as the client sends it */
+  tensor2(&f.inputs[0], 1, -1, s->k, s->k, 1);   /* x [M, K] */
+  tensor2(&f.inputs[1], 2, s->k, s->n, 1, s->k); /* W.t(): [K, N], K contiguous */
   fm_tensor *b = &f.inputs[2];
   memset(b, 0, sizeof *b);
   b->id = 3;
@@ -116,8 +127,8 @@ static int build(const shape *s, fm_fragment *out) {
   b->strides[0] = 1;
   b->align = 16;
   f.n_inputs = 3;
-  if (ours_epi == EPI_RESIDUAL) tensor2(&f.inputs[f.n_inputs++], 4, -1, s->n, s->n, 1);   /* r [M, N] */
-  if (ours_epi == EPI_PLAIN) f.n_inputs = 2;   /* no bias */
+  if (ours_epi == EPI_RESIDUAL) tensor2(&f.inputs[f.n_inputs++], 4, -1, s->n, s->n, 1); /* r [M, N] */
+  if (ours_epi == EPI_PLAIN) f.n_inputs = 2;                                            /* no bias */
   fm_opnode *o = &f.ops[0];
   memset(o, 0, 2 * sizeof *o);
   o[0].op = FM_OP_ADDMM;
@@ -126,7 +137,7 @@ static int build(const shape *s, fm_fragment *out) {
   o[0].args[0] = 3;
   o[0].args[1] = 1;
   o[0].args[2] = 2;
-  if (ours_epi == EPI_PLAIN) {   /* mm(x, W.t()) */
+  if (ours_epi == EPI_PLAIN) { /* mm(x, W.t()) */
     o[0].op = FM_OP_MM;
     o[0].nargs = 2;
     o[0].args[0] = 1;
@@ -155,8 +166,8 @@ static void *compile_worker(void *arg) {
     pthread_mutex_unlock(&lock);
     if (i < 0) return NULL;
     job *j = &jobs[i];
-    j->rc = gu_build_candidate(&canon[j->s], &j->cand, dev.sm_count, dev.arch, "gemm.cu", &j->k.cubin,
-                               &j->k.cubin_len, &j->k.meta, &j->err);
+    j->rc = gu_build_candidate(&canon[j->s], &j->cand, dev.sm_count, dev.arch, "gemm.cu", &j->k.cubin, &j->k.cubin_len,
+                               &j->k.meta, &j->err);
   }
 }
 
@@ -212,16 +223,13 @@ static size_t extra_candidates(fm_candidate *out, size_t max) {
 /* ---- data and verification --------------------------------------------------------- */
 
 typedef struct bufs {
-  uint16_t *hx, *hw, *hb, *hr, *hout;   /* hr: the residual (EPI_RESIDUAL), rotated with x */
+  uint16_t *hx, *hw, *hb, *hr, *hout; /* hr: the residual (EPI_RESIDUAL), rotated with x */
   fm_CUdeviceptr x[MAX_ROT], w[MAX_ROT], r[MAX_ROT], bias, out, ws;
   int rot;
 } bufs;
 
 static double gelu_erf(double v) { return 0.5 * v * (1.0 + erf(v * M_SQRT1_2)); }
-static double gelu_tanh(double v) {
-  return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-}
-
+static double gelu_tanh(double v) { return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
 
 /* Every element finite (NaN poison catches unwritten ones) and SAMPLES elements, the last
  * row and column among them, within 1e-2 of fp64. Returns the relative error (inf: bad). */
@@ -259,7 +267,7 @@ static int bufs_init(const shape *s, bufs *b) {
   b->hr = nr ? malloc(nr * 2) : NULL;
   if (!b->hx || !b->hw || !b->hb || !b->hout || (nr && !b->hr)) return -1;
   gu_rng rng = {0x6e33 ^ (uint64_t)(s->m * 31 + s->n * 7 + s->k)};
-  double scale = 1.0 / sqrt(sqrt((double)s->k));   /* sums over K stay O(1) */
+  double scale = 1.0 / sqrt(sqrt((double)s->k)); /* sums over K stay O(1) */
   for (size_t i = 0; i < nx; i++) b->hx[i] = gu_f32_to_bf16((float)(gu_uniform(&rng, -1, 1) * scale));
   for (size_t i = 0; i < nw; i++) b->hw[i] = gu_f32_to_bf16((float)(gu_uniform(&rng, -1, 1) * scale));
   for (int64_t i = 0; i < s->n; i++) b->hb[i] = gu_f32_to_bf16((float)gu_uniform(&rng, -0.5, 0.5));
@@ -272,10 +280,8 @@ static int bufs_init(const shape *s, bufs *b) {
     if (gu_h2d(cu, b->x[r], b->hx, nx * 2) || gu_h2d(cu, b->w[r], b->hw, nw * 2)) return -1;
     if (nr && (!(b->r[r] = gu_dalloc(cu, nr * 2)) || gu_h2d(cu, b->r[r], b->hr, nr * 2))) return -1;
   }
-  if (!(b->bias = gu_dalloc(cu, (size_t)s->n * 2)) || gu_h2d(cu, b->bias, b->hb, (size_t)s->n * 2))
-    return -1;
-  if (!(b->out = gu_dalloc(cu, (size_t)(s->m * s->n) * 2)) || !(b->ws = gu_dalloc(cu, WORKSPACE)))
-    return -1;
+  if (!(b->bias = gu_dalloc(cu, (size_t)s->n * 2)) || gu_h2d(cu, b->bias, b->hb, (size_t)s->n * 2)) return -1;
+  if (!(b->out = gu_dalloc(cu, (size_t)(s->m * s->n) * 2)) || !(b->ws = gu_dalloc(cu, WORKSPACE))) return -1;
   return 0;
 }
 
@@ -307,9 +313,9 @@ typedef int (*launch_fn)(void *ctx, const bufs *b, int r);
  * and its wall-clock window (CLOCK_REALTIME) lets bench/device/gemm-power match a power
  * and clock log to it (bench/NOTES.md, "Timed back to back"). */
 typedef struct sustained {
-  double ms;       /* per launch; < 0: not run or failed */
+  double ms; /* per launch; < 0: not run or failed */
   int launches;
-  double t0, t1;   /* wall clock, seconds since the epoch */
+  double t0, t1; /* wall clock, seconds since the epoch */
 } sustained;
 static double sustain_ms;
 /* FM_BENCH_SUSTAIN_SPLIT=1: a 4-byte memset of the output between the back-to-back launches,
@@ -390,15 +396,14 @@ static int lt_launch(void *vctx, const bufs *b, int r) {
   lt_ctx *c = vctx;
   const float alpha = 1.0f, beta = 0.0f;
   int i = r % b->rot;
-  return cublasLtMatmul(c->h, c->op, &alpha, dp(b->w[i]), c->la, dp(b->x[i]), c->lb, &beta, dp(b->out),
-                        c->lc, dp(b->out), c->lc, &c->algo, dp(b->ws), WORKSPACE, NULL) !=
-         CUBLAS_STATUS_SUCCESS;
+  return cublasLtMatmul(c->h, c->op, &alpha, dp(b->w[i]), c->la, dp(b->x[i]), c->lb, &beta, dp(b->out), c->lc,
+                        dp(b->out), c->lc, &c->algo, dp(b->ws), WORKSPACE, NULL) != CUBLAS_STATUS_SUCCESS;
 }
 
 /* Best verified time of cuBLASLt's first N_ALGOS heuristic algorithms (ms; < 0: none);
  * *best_sus: the best sustained time among them (FM_BENCH_SUSTAIN_MS; < 0: not run). */
-static double time_cublaslt(cublasLtHandle_t h, const shape *s, bufs *b, int gelu_bias, char *desc,
-                            size_t cap, double *best_sus) {
+static double time_cublaslt(cublasLtHandle_t h, const shape *s, bufs *b, int gelu_bias, char *desc, size_t cap,
+                            double *best_sus) {
   lt_ctx c;
   memset(&c, 0, sizeof c);
   c.h = h;
@@ -422,8 +427,7 @@ static double time_cublaslt(cublasLtHandle_t h, const shape *s, bufs *b, int gel
       cublasLtMatrixLayoutCreate(&c.lc, CUDA_R_16BF, (uint64_t)s->n, (uint64_t)s->m, s->n) ||
       cublasLtMatmulPreferenceCreate(&pref) ||
       cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsz, sizeof wsz) ||
-      cublasLtMatmulAlgoGetHeuristic(h, c.op, c.la, c.lb, c.lc, c.lc, pref, N_ALGOS, res, &nres) ||
-      nres == 0) {
+      cublasLtMatmulAlgoGetHeuristic(h, c.op, c.la, c.lb, c.lc, c.lc, pref, N_ALGOS, res, &nres) || nres == 0) {
     printf("FAIL cublaslt%s: setup or heuristic failed\n", gelu_bias ? " gelu_bias" : "");
     failed++;
     goto out;
@@ -496,7 +500,7 @@ static void host_launch_cost(fm_ctx *c, const bufs *b, double *cached_us, double
 
 typedef struct result {
   double plain, gelu, ours, ours_default, copy;
-  double plain_sus, gelu_sus, ours_sus;   /* best sustained times (FM_BENCH_SUSTAIN_MS) */
+  double plain_sus, gelu_sus, ours_sus; /* best sustained times (FM_BENCH_SUSTAIN_MS) */
   char plain_desc[32], gelu_desc[32], ours_desc[96], ours_sus_desc[96];
 } result;
 
@@ -582,17 +586,17 @@ static double tf(const shape *s, double ms) {
 int main(int argc, char **argv) {
   fm_diag d = {{0}};
   int pick[N_SHAPES], n_pick = 0;
-  setvbuf(stdout, NULL, _IOLBF, 0);   /* a run cut short still leaves its lines */
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a run cut short still leaves its lines */
   if (argc > 1) reps = atoi(argv[1]);
   if (reps < 20) reps = 20;
   if (reps > MAX_REPS) reps = MAX_REPS;
   const char *epi_env = getenv("FM_BENCH_EPI");
-  ours_epi = !epi_env || !*epi_env            ? EPI_GELU_ERF
+  ours_epi = !epi_env || !*epi_env              ? EPI_GELU_ERF
              : strcmp(epi_env, "bias") == 0     ? EPI_BIAS
              : strcmp(epi_env, "residual") == 0 ? EPI_RESIDUAL
              : strcmp(epi_env, "plain") == 0    ? EPI_PLAIN
                                                 : EPI_NONE;
-  if (ours_epi == EPI_NONE) {   /* a typo must not time the default epilogue under another name */
+  if (ours_epi == EPI_NONE) { /* a typo must not time the default epilogue under another name */
     fprintf(stderr, "FM_BENCH_EPI=%s: expected bias, residual or plain (unset: bias + GELU)\n", epi_env);
     return 2;
   }
@@ -637,8 +641,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cublasLtCreate failed\n");
     return 2;
   }
-  printf("device %s (%s, %u SMs), cuBLASLt %zu, %d reps, bf16, nn.Linear layouts\n", dev.name,
-         dev.arch, dev.sm_count, cublasLtGetVersion(), reps);
+  printf("device %s (%s, %u SMs), cuBLASLt %zu, %d reps, bf16, nn.Linear layouts\n", dev.name, dev.arch, dev.sm_count,
+         cublasLtGetVersion(), reps);
   /* every candidate of every picked shape, compiled in parallel first */
   for (size_t si = 0; si < N_SHAPES; si++) {
     if (!pick[si]) continue;
@@ -667,9 +671,10 @@ int main(int argc, char **argv) {
                          : ours_epi == EPI_RESIDUAL ? "bias+residual"
                          : ours_epi == EPI_PLAIN    ? "plain"
                                                     : "bias+GELU";
-  printf("\n| M | N | K | cuBLASLt plain ms (TFLOP/s) | cuBLASLt GELU_BIAS ms (TFLOP/s) | ours %s best ms "
-         "(TFLOP/s) | ours default ms | ours/plain time | best candidate |\n|---|---|---|---|---|---|---|---|---|\n",
-         epi_name);
+  printf(
+      "\n| M | N | K | cuBLASLt plain ms (TFLOP/s) | cuBLASLt GELU_BIAS ms (TFLOP/s) | ours %s best ms "
+      "(TFLOP/s) | ours default ms | ours/plain time | best candidate |\n|---|---|---|---|---|---|---|---|---|\n",
+      epi_name);
   for (size_t si = 0; si < N_SHAPES; si++) {
     if (!pick[si]) continue;
     const shape *s = &shapes[si];
@@ -679,8 +684,10 @@ int main(int argc, char **argv) {
            r->ours_default, r->plain > 0 && r->ours > 0 ? r->ours / r->plain : 0, r->ours_desc);
   }
   if (sustain_ms > 0) {
-    printf("\n| M | N | K | sustained: cuBLASLt plain ms | cuBLASLt GELU_BIAS ms | ours %s best ms | ours/plain time | "
-           "best candidate |\n|---|---|---|---|---|---|---|---|\n", epi_name);
+    printf(
+        "\n| M | N | K | sustained: cuBLASLt plain ms | cuBLASLt GELU_BIAS ms | ours %s best ms | ours/plain time | "
+        "best candidate |\n|---|---|---|---|---|---|---|---|\n",
+        epi_name);
     for (size_t si = 0; si < N_SHAPES; si++) {
       const shape *s = &shapes[si];
       const result *r = &res[si];
@@ -690,16 +697,18 @@ int main(int argc, char **argv) {
              r->plain_sus > 0 && r->ours_sus > 0 ? r->ours_sus / r->plain_sus : 0, r->ours_sus_desc);
     }
   }
-  printf("\n| M | N | K | W MB | copy floor ms | cuBLASLt plain ms (GB/s of W) | ours best ms (GB/s of W) | ours %% of copy | "
-         "cuBLASLt %% of copy | best candidate |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  printf(
+      "\n| M | N | K | W MB | copy floor ms | cuBLASLt plain ms (GB/s of W) | ours best ms (GB/s of W) | ours %% of copy | "
+      "cuBLASLt %% of copy | best candidate |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t si = 0; si < N_SHAPES; si++) {
     const shape *s = &shapes[si];
     const result *r = &res[si];
     if (!pick[si] || r->copy <= 0) continue;
     double wb = (double)(s->n * s->k) * 2;
-    printf("| %" PRId64 " | %" PRId64 " | %" PRId64 " | %.1f | %.4f | %.4f (%.0f) | %.4f (%.0f) | %.0f%% | %.0f%% | %s |\n",
-           s->m, s->n, s->k, wb * 1e-6, r->copy, r->plain, r->plain > 0 ? wb / (r->plain * 1e-3) / 1e9 : 0,
-           r->ours, r->ours > 0 ? wb / (r->ours * 1e-3) / 1e9 : 0, r->ours > 0 ? 100.0 * r->copy / r->ours : 0,
+    printf("| %" PRId64 " | %" PRId64 " | %" PRId64
+           " | %.1f | %.4f | %.4f (%.0f) | %.4f (%.0f) | %.0f%% | %.0f%% | %s |\n",
+           s->m, s->n, s->k, wb * 1e-6, r->copy, r->plain, r->plain > 0 ? wb / (r->plain * 1e-3) / 1e9 : 0, r->ours,
+           r->ours > 0 ? wb / (r->ours * 1e-3) / 1e9 : 0, r->ours > 0 ? 100.0 * r->copy / r->ours : 0,
            r->plain > 0 ? 100.0 * r->copy / r->plain : 0, r->ours_desc);
   }
   for (int i = 0; i < n_jobs; i++) {

@@ -26,9 +26,9 @@
 #include "frag_builder.h"
 #include "gpu_util.h"
 
-#define ROWS 32768
-#define COLS 4096
-#define REPS 30
+#define ROWS   32768
+#define COLS   4096
+#define REPS   30
 #define WARMUP 5
 
 static const fm_cuda *cu;
@@ -93,7 +93,7 @@ typedef struct step {
  * alone. Timed from an idle GPU they also held the host's calls (a few microseconds a call:
  * bench/NOTES.md, "Timed back to back"). */
 static float time_steps(step *s, int n, timer *t) {
-  for (int i = 0; i < n; i++) fm_module_launch(s[i].m, s[i].in, s[i].out, ROWS, NULL, NULL);   /* the primer */
+  for (int i = 0; i < n; i++) fm_module_launch(s[i].m, s[i].in, s[i].out, ROWS, NULL, NULL); /* the primer */
   cu->cuEventRecord(t->a, NULL);
   for (int i = 0; i < n; i++) fm_module_launch(s[i].m, s[i].in, s[i].out, ROWS, NULL, NULL);
   cu->cuEventRecord(t->b, NULL);
@@ -101,7 +101,7 @@ static float time_steps(step *s, int n, timer *t) {
 }
 
 static float time_copy(fm_CUdeviceptr dst, fm_CUdeviceptr src, size_t bytes, timer *t) {
-  cu->cuMemcpyDtoD(dst, src, bytes);   /* the primer (time_steps); device to device it does not block */
+  cu->cuMemcpyDtoD(dst, src, bytes); /* the primer (time_steps); device to device it does not block */
   cu->cuEventRecord(t->a, NULL);
   cu->cuMemcpyDtoD(dst, src, bytes);
   cu->cuEventRecord(t->b, NULL);
@@ -155,10 +155,14 @@ int main(int argc, char **argv) {
     if (i == 3) {
       uint32_t x2 = fb_input(&u, FM_DT_BF16, 2, s, NULL, 16);
       y = fb_op2(&u, FM_OP_MUL, x, x2);
-    } else if (i == 0) y = fb_op2(&u, FM_OP_MUL, x, fb_const(&u, 1.5));
-    else if (i == 1) y = fb_op2(&u, FM_OP_ADD, x, fb_const(&u, 0.25));
-    else if (i == 2) y = fb_op1(&u, FM_OP_GELU, x);
-    else y = fb_op1(&u, FM_OP_SILU, x);
+    } else if (i == 0)
+      y = fb_op2(&u, FM_OP_MUL, x, fb_const(&u, 1.5));
+    else if (i == 1)
+      y = fb_op2(&u, FM_OP_ADD, x, fb_const(&u, 0.25));
+    else if (i == 2)
+      y = fb_op1(&u, FM_OP_GELU, x);
+    else
+      y = fb_op1(&u, FM_OP_SILU, x);
     fb_output(&u, y, 2, s);
     if (compile_remote(c, &u.f, &singles[i], &d) || fm_module_load(&singles[i], &single[i], &d)) {
       fprintf(stderr, "single op %d: %s\n", i, d.text);
@@ -209,7 +213,9 @@ int main(int argc, char **argv) {
     void *outs[1] = {ref};
     if (fm_reference_eval(&canon, sample_rows, ins, outs, &d) == 0)
       rel_err = gu_rel_err(ys, FM_DT_BF16, ref, FM_DT_F32, (size_t)sample_rows * COLS);
-    free(xs); free(ys); free(ref);
+    free(xs);
+    free(ys);
+    free(ref);
   }
   printf("fused chain rel_err %.3e\n", rel_err);
 
@@ -226,22 +232,32 @@ int main(int argc, char **argv) {
   for (int i = 0; i < REPS; i++) { /* rotate the order so no version always runs after another */
     arith_ms[i] = time_steps(&arith_step, 1, &t);
     switch (i % 3) {
-      case 0: copy_ms[i] = time_copy(dc, dx, bytes, &t); fused_ms[i] = time_steps(&fused_step, 1, &t);
-              chain_ms[i] = time_steps(chain, 5, &t); break;
-      case 1: fused_ms[i] = time_steps(&fused_step, 1, &t); chain_ms[i] = time_steps(chain, 5, &t);
-              copy_ms[i] = time_copy(dc, dx, bytes, &t); break;
-      default: chain_ms[i] = time_steps(chain, 5, &t); copy_ms[i] = time_copy(dc, dx, bytes, &t);
-               fused_ms[i] = time_steps(&fused_step, 1, &t); break;
+      case 0:
+        copy_ms[i] = time_copy(dc, dx, bytes, &t);
+        fused_ms[i] = time_steps(&fused_step, 1, &t);
+        chain_ms[i] = time_steps(chain, 5, &t);
+        break;
+      case 1:
+        fused_ms[i] = time_steps(&fused_step, 1, &t);
+        chain_ms[i] = time_steps(chain, 5, &t);
+        copy_ms[i] = time_copy(dc, dx, bytes, &t);
+        break;
+      default:
+        chain_ms[i] = time_steps(chain, 5, &t);
+        copy_ms[i] = time_copy(dc, dx, bytes, &t);
+        fused_ms[i] = time_steps(&fused_step, 1, &t);
+        break;
     }
   }
   float copy_med = gu_median(copy_ms, REPS), fused_med = gu_median(fused_ms, REPS),
         chain_med = gu_median(chain_ms, REPS), arith_med = gu_median(arith_ms, REPS);
   double moved = 2.0 * (double)bytes; /* read x once, write y once */
   double copy_gbps = moved / (copy_med * 1e6), fused_gbps = moved / (fused_med * 1e6);
-  printf("device %s\ncopy %.3f ms (%.0f GB/s)\nfused %.3f ms (%.0f GB/s) = %.1f%% of copy\n"
-         "unfused 5 kernels %.3f ms (fused speedup %.2fx)\n",
-         dev.name, copy_med, copy_gbps, fused_med, fused_gbps, 100.0 * copy_med / fused_med, chain_med,
-         chain_med / fused_med);
+  printf(
+      "device %s\ncopy %.3f ms (%.0f GB/s)\nfused %.3f ms (%.0f GB/s) = %.1f%% of copy\n"
+      "unfused 5 kernels %.3f ms (fused speedup %.2fx)\n",
+      dev.name, copy_med, copy_gbps, fused_med, fused_gbps, 100.0 * copy_med / fused_med, chain_med,
+      chain_med / fused_med);
   printf("arith chain %.3f ms = %.1f%% of copy\n", arith_med, 100.0 * copy_med / arith_med);
 
   /* Every candidate of the template, compiled here and timed the same way. */
@@ -260,9 +276,11 @@ int main(int argc, char **argv) {
   fprintf(js, " \"copy_ms\": %.4f, \"copy_gbps\": %.1f, \"fused_ms\": %.4f, \"fused_gbps\": %.1f,\n", copy_med,
           copy_gbps, fused_med, fused_gbps);
   fprintf(js, " \"arith_chain_ms\": %.4f, \"arith_fraction_of_copy\": %.4f,\n", arith_med, copy_med / arith_med);
-  fprintf(js, " \"fused_fraction_of_copy\": %.4f, \"unfused_5_kernels_ms\": %.4f, \"fused_speedup_vs_unfused\": %.3f,\n",
+  fprintf(js,
+          " \"fused_fraction_of_copy\": %.4f, \"unfused_5_kernels_ms\": %.4f, \"fused_speedup_vs_unfused\": %.3f,\n",
           copy_med / fused_med, chain_med, chain_med / fused_med);
-  fprintf(js, " \"rel_err\": %.3e, \"served_config\": {\"block\": %u, \"items_per_block\": %" PRIu64
+  fprintf(js,
+          " \"rel_err\": %.3e, \"served_config\": {\"block\": %u, \"items_per_block\": %" PRIu64
           ", \"max_blocks\": %u},\n \"candidates\": [",
           rel_err, fused.meta.block[0], fused.meta.items_per_block, fused.meta.max_blocks);
   for (size_t i = 0; i < nc; i++) {
@@ -275,7 +293,9 @@ int main(int argc, char **argv) {
     if (fm_codegen_pointwise(&canon, &cands[i], dev.sm_count, &src, &k.meta, &d) ||
         fm_nvrtc_compile(src, "cand.cu", dev.arch, &cubin, &k.cubin_len, &log)) {
       fprintf(stderr, "candidate %zu: %s %s\n", i, d.text, log ? log : "");
-      free(src); free(log); free(cubin);
+      free(src);
+      free(log);
+      free(cubin);
       continue;
     }
     k.cubin = cubin;
@@ -284,20 +304,23 @@ int main(int argc, char **argv) {
       for (int w = 0; w < WARMUP; w++) time_steps(&st, 1, &t);
       for (int rr = 0; rr < REPS; rr++) ms[rr] = time_steps(&st, 1, &t);
       float med = gu_median(ms, REPS);
-      printf("candidate block=%u vec=%u unroll=%u bps=%u: %.3f ms (%.1f%% of copy)\n", cands[i].block,
-             cands[i].vec, cands[i].unroll, cands[i].blocks_per_sm, med, 100.0 * copy_med / med);
+      printf("candidate block=%u vec=%u unroll=%u bps=%u: %.3f ms (%.1f%% of copy)\n", cands[i].block, cands[i].vec,
+             cands[i].unroll, cands[i].blocks_per_sm, med, 100.0 * copy_med / med);
       fprintf(js, "%s\n  {\"block\": %u, \"vec\": %u, \"unroll\": %u, \"blocks_per_sm\": %u, \"ms\": %.4f}",
               i ? "," : "", cands[i].block, cands[i].vec, cands[i].unroll, cands[i].blocks_per_sm, med);
       fm_module_unload(m);
     }
-    free(src); free(log); free(cubin);
+    free(src);
+    free(log);
+    free(cubin);
   }
   fprintf(js, "]}\n");
   fclose(js);
   fm_client_close(c);
   int ok = rel_err <= 1e-2 && copy_med / fused_med >= 0.8 && copy_med / arith_med >= 0.8;
-  printf("%s: activation chain at %.1f%%, arithmetic chain at %.1f%% of copy bandwidth (goal 80%%), "
-         "rel_err %.2e\n", ok ? "PASS" : "MISS", 100.0 * copy_med / fused_med, 100.0 * copy_med / arith_med,
-         rel_err);
+  printf(
+      "%s: activation chain at %.1f%%, arithmetic chain at %.1f%% of copy bandwidth (goal 80%%), "
+      "rel_err %.2e\n",
+      ok ? "PASS" : "MISS", 100.0 * copy_med / fused_med, 100.0 * copy_med / arith_med, rel_err);
   return ok ? 0 : 1;
 }

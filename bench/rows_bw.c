@@ -20,11 +20,11 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define ROWS 16384
-#define COLS 4096
+#define ROWS       16384
+#define COLS       4096
 #define CHECK_ROWS 64
-#define REPS 30
-#define WARMUP 5
+#define REPS       30
+#define WARMUP     5
 
 static const fm_cuda *cu;
 static fm_device_id dev;
@@ -53,8 +53,12 @@ static int build(int which, fm_fragment *canon) {
   tensor(&f.inputs[0], 0, FM_DIM_SYMBOLIC);
   for (uint32_t k = 1; k < f.n_inputs; k++) tensor(&f.inputs[k], k, 1);
   f.n_ops = 1;
-  f.ops[0] = (fm_opnode){.op = ops[which], .out = 10, .nargs = f.n_inputs, .args = {0, 1, 2},
-                         .value = which == 0 ? 1e-6 : 1e-5, .dim = -1};
+  f.ops[0] = (fm_opnode){.op = ops[which],
+                         .out = 10,
+                         .nargs = f.n_inputs,
+                         .args = {0, 1, 2},
+                         .value = which == 0 ? 1e-6 : 1e-5,
+                         .dim = -1};
   f.n_outputs = 1;
   tensor(&f.outputs[0], 10, FM_DIM_SYMBOLIC);
   int rc = fm_fragment_expand(&f, &d);
@@ -70,7 +74,7 @@ static int build(int which, fm_fragment *canon) {
  * the copy than for a kernel launch: bench/NOTES.md, "Timed back to back"). */
 static float time_launch(fm_module *m, void **in, void **out) {
   float ms = 0;
-  fm_module_launch(m, in, out, ROWS, NULL, NULL);   /* the primer */
+  fm_module_launch(m, in, out, ROWS, NULL, NULL); /* the primer */
   cu->cuEventRecord(ev_a, NULL);
   fm_module_launch(m, in, out, ROWS, NULL, NULL);
   cu->cuEventRecord(ev_b, NULL);
@@ -81,7 +85,7 @@ static float time_launch(fm_module *m, void **in, void **out) {
 
 static float time_copy(fm_CUdeviceptr dst, fm_CUdeviceptr src, size_t bytes) {
   float ms = 0;
-  cu->cuMemcpyDtoD(dst, src, bytes);   /* the primer (time_launch); device to device it does not block */
+  cu->cuMemcpyDtoD(dst, src, bytes); /* the primer (time_launch); device to device it does not block */
   cu->cuEventRecord(ev_a, NULL);
   cu->cuMemcpyDtoD(dst, src, bytes);
   cu->cuEventRecord(ev_b, NULL);
@@ -135,10 +139,12 @@ int main(int argc, char **argv) {
   for (int r = 0; r < REPS; r++) ms[r] = time_copy(dy, dx, xbytes);
   float copy_ms = gu_median(ms, REPS);
   double copy_gbps = 2.0 * (double)xbytes / (copy_ms * 1e-3) / 1e9;
-  printf("device %s (%s): copy of %zu MiB: %.3f ms (%.0f GB/s read+write)\n", dev.name, dev.arch,
-         xbytes >> 20, copy_ms, copy_gbps);
-  fprintf(js, "{\"device\": \"%s\", \"shape\": [%d, %d], \"dtype\": \"bf16\", \"copy_ms\": %.4f,"
-              " \"copy_gbps\": %.1f, \"ops\": [", dev.name, ROWS, COLS, copy_ms, copy_gbps);
+  printf("device %s (%s): copy of %zu MiB: %.3f ms (%.0f GB/s read+write)\n", dev.name, dev.arch, xbytes >> 20, copy_ms,
+         copy_gbps);
+  fprintf(js,
+          "{\"device\": \"%s\", \"shape\": [%d, %d], \"dtype\": \"bf16\", \"copy_ms\": %.4f,"
+          " \"copy_gbps\": %.1f, \"ops\": [",
+          dev.name, ROWS, COLS, copy_ms, copy_gbps);
   int all_ok = 1;
   for (int which = 0; which < 3; which++) {
     if (build(which, &canon)) return 1;
@@ -155,8 +161,7 @@ int main(int argc, char **argv) {
       memset(&k, 0, sizeof k);
       fm_candidate_describe(&cand[i], desc, sizeof desc);
       if (fm_codegen_generate(&canon, &cand[i], dev.sm_count, &src, &k.meta, &d) ||
-          fm_nvrtc_compile(src, "rows.cu", dev.arch, &k.cubin, &k.cubin_len, &log) ||
-          fm_module_load(&k, &m, &d)) {
+          fm_nvrtc_compile(src, "rows.cu", dev.arch, &k.cubin, &k.cubin_len, &log) || fm_module_load(&k, &m, &d)) {
         fprintf(stderr, "%s [%s]: %s %s\n", names[which], desc, d.text, log ? log : "");
         free(src), free(log), free(k.cubin);
         continue;
@@ -164,7 +169,7 @@ int main(int argc, char **argv) {
       for (int w = 0; w < WARMUP; w++) time_launch(m, in, out);
       for (int r = 0; r < REPS; r++) ms[r] = time_launch(m, in, out);
       float med = gu_median(ms, REPS);
-      if (i == 0) {   /* the default: check it against the reference */
+      if (i == 0) { /* the default: check it against the reference */
         def_ms = med;
         gu_d2h(cu, hy, dy, (size_t)CHECK_ROWS * COLS * 2);
         const void *rin[3] = {hx, hw, hb};
@@ -177,18 +182,19 @@ int main(int argc, char **argv) {
         snprintf(best_desc, sizeof best_desc, "%s", desc);
       }
       printf("  %-10s %-40s %.3f ms  %5.1f%% of copy\n", names[which], desc, med, 100.0 * copy_ms / med);
-      fprintf(js, "%s{\"config\": \"%s\", \"ms\": %.4f, \"fraction_of_copy\": %.4f}", i ? ", " : "", desc,
-              med, copy_ms / med);
+      fprintf(js, "%s{\"config\": \"%s\", \"ms\": %.4f, \"fraction_of_copy\": %.4f}", i ? ", " : "", desc, med,
+              copy_ms / med);
       fm_module_unload(m);
       free(src), free(log), free(k.cubin);
     }
     int ok = err <= 1e-2 && copy_ms / def_ms >= 0.85;
     all_ok &= ok;
     printf("%s: %s default %.1f%%, best %.1f%% (%s) of copy bandwidth (goal 85%%), rel_err %.2e\n",
-           ok ? "PASS" : "MISS", names[which], 100.0 * copy_ms / def_ms, 100.0 * copy_ms / best,
-           best_desc, err);
-    fprintf(js, "], \"default_fraction_of_copy\": %.4f, \"best_fraction_of_copy\": %.4f, \"best\": \"%s\","
-                " \"rel_err\": %.3e}", copy_ms / def_ms, copy_ms / best, best_desc, err);
+           ok ? "PASS" : "MISS", names[which], 100.0 * copy_ms / def_ms, 100.0 * copy_ms / best, best_desc, err);
+    fprintf(js,
+            "], \"default_fraction_of_copy\": %.4f, \"best_fraction_of_copy\": %.4f, \"best\": \"%s\","
+            " \"rel_err\": %.3e}",
+            copy_ms / def_ms, copy_ms / best, best_desc, err);
   }
   fprintf(js, "]}\n");
   fclose(js);

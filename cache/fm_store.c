@@ -51,20 +51,26 @@
 const char *fm_stat_name(fm_stat s) {
   switch (s) {
 #define FM_STAT_NAME_(n, name, str) \
-  case FM_STAT_##name: return str;
+  case FM_STAT_##name:              \
+    return str;
     FM_STAT_MAP(FM_STAT_NAME_)
 #undef FM_STAT_NAME_
-    default: break;
+    default:
+      break;
   }
   return "unknown";
 }
 
 const char *fm_kstate_name(fm_kstate s) {
   switch (s) {
-    case FM_STATE_UNTUNED: return "untuned";
-    case FM_STATE_TUNED: return "tuned";
-    case FM_STATE_BAD: return "bad";
-    case FM_STATE_VERIFIED: return "verified";
+    case FM_STATE_UNTUNED:
+      return "untuned";
+    case FM_STATE_TUNED:
+      return "tuned";
+    case FM_STATE_BAD:
+      return "bad";
+    case FM_STATE_VERIFIED:
+      return "verified";
   }
   return "unknown";
 }
@@ -158,8 +164,7 @@ static int tx_commit(fm_store *s) { return step_done(s, s->st[FM_ST_COMMIT], "CO
 
 static int stat_add_locked(fm_store *s, fm_stat stat, int64_t delta) {
   sqlite3_stmt *st = s->st[FM_ST_STAT_ADD];
-  if (sqlite3_bind_int(st, 1, (int)stat) != SQLITE_OK ||
-      sqlite3_bind_int64(st, 2, delta) != SQLITE_OK) {
+  if (sqlite3_bind_int(st, 1, (int)stat) != SQLITE_OK || sqlite3_bind_int64(st, 2, delta) != SQLITE_OK) {
     int err = fm_store_fail_sqlite(s, "binding a statistic");
     reset(st);
     return err;
@@ -187,25 +192,36 @@ static void put_u64be(uint8_t *p, uint64_t v) {
 }
 
 /* The fields the grammar's checksum covers, in its order. */
-enum { SUM_KEY, SUM_DEVICE, SUM_KIND, SUM_STATE, SUM_CANONICAL, SUM_META, SUM_CUBIN, SUM_SOURCE,
-       SUM_TIMINGS, SUM__COUNT };
+enum {
+  SUM_KEY,
+  SUM_DEVICE,
+  SUM_KIND,
+  SUM_STATE,
+  SUM_CANONICAL,
+  SUM_META,
+  SUM_CUBIN,
+  SUM_SOURCE,
+  SUM_TIMINGS,
+  SUM__COUNT
+};
 
 typedef struct sum_part {
   const void *p;
   size_t n;
-  int absent;        /* a NULL source: hashed as the length 2^64-1 and no bytes */
+  int absent; /* a NULL source: hashed as the length 2^64-1 and no bytes */
 } sum_part;
 
 /* The grammar's checksum, streamed through one digest (no copy of the blobs). */
 static int entry_checksum(const sum_part part[SUM__COUNT], uint8_t out[32]) {
-  static const char domain[] = "fusemld-entry-2";   /* the grammar's format 2 */
+  static const char domain[] = "fusemld-entry-2"; /* the grammar's format 2 */
   EVP_MD_CTX *c = EVP_MD_CTX_new();
   unsigned len = 0;
   int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) && EVP_DigestUpdate(c, domain, sizeof domain - 1);
   for (int i = 0; ok && i < SUM__COUNT; i++) {
     uint8_t be[8];
     put_u64be(be, part[i].absent ? UINT64_MAX : (uint64_t)part[i].n);
-    ok = EVP_DigestUpdate(c, be, sizeof be) && (part[i].absent || !part[i].n || EVP_DigestUpdate(c, part[i].p, part[i].n));
+    ok = EVP_DigestUpdate(c, be, sizeof be) &&
+         (part[i].absent || !part[i].n || EVP_DigestUpdate(c, part[i].p, part[i].n));
   }
   ok = ok && EVP_DigestFinal_ex(c, out, &len) && len == 32;
   EVP_MD_CTX_free(c);
@@ -230,12 +246,10 @@ static void entry_parts(const fm_entry *e, uint8_t state_be[8], sum_part part[SU
 
 /* A reason the entry cannot be stored, or NULL. */
 static const char *invalid_entry(const fm_entry *e) {
-  if (!memchr(e->device, '\0', sizeof e->device) || !e->device[0])
-    return "device label is empty or not NUL-terminated";
-  if (!memchr(e->kind, '\0', sizeof e->kind) || !e->kind[0])
-    return "kind is empty or not NUL-terminated";
-  if ((e->canonical_len && !e->canonical) || (e->cubin_len && !e->cubin) ||
-      (e->meta_len && !e->meta) || (e->timings_len && !e->timings))
+  if (!memchr(e->device, '\0', sizeof e->device) || !e->device[0]) return "device label is empty or not NUL-terminated";
+  if (!memchr(e->kind, '\0', sizeof e->kind) || !e->kind[0]) return "kind is empty or not NUL-terminated";
+  if ((e->canonical_len && !e->canonical) || (e->cubin_len && !e->cubin) || (e->meta_len && !e->meta) ||
+      (e->timings_len && !e->timings))
     return "a blob has a length but no data";
   if (!fm_kstate_valid(e->state)) return "state is not an fm_kstate";
   if (e->cubin_len > (uint64_t)INT64_MAX) return "cubin too large";
@@ -252,7 +266,7 @@ static int evict_lru(fm_store *s, sqlite3_int64 keep_rowid) {
     sqlite3_stmt *st = s->st[FM_ST_LRU_VICTIM];
     sqlite3_bind_int64(st, 1, keep_rowid);
     int rc = sqlite3_step(st);
-    if (rc == SQLITE_DONE) {   /* only the new entry is left: it stays even if over the cap */
+    if (rc == SQLITE_DONE) { /* only the new entry is left: it stays even if over the cap */
       reset(st);
       break;
     }
@@ -321,13 +335,12 @@ int fm_store_put_unless(fm_store *s, const fm_entry *e, unsigned keep_states, in
   if (rc == SQLITE_OK) rc = sqlite3_bind_int(st, FM_COL_STATE + 1, (int)e->state);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, FM_COL_SIZE + 1, (sqlite3_int64)e->cubin_len);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, FM_COL_CREATED + 1, e->created ? e->created : now);
-  if (rc == SQLITE_OK)
-    rc = sqlite3_bind_int64(st, FM_COL_LAST_USED + 1, e->last_used ? e->last_used : now);
+  if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, FM_COL_LAST_USED + 1, e->last_used ? e->last_used : now);
   if (rc == SQLITE_OK) rc = sqlite3_bind_int64(st, FM_COL_HITS + 1, e->hits);
   if (rc == SQLITE_OK) rc = sqlite3_bind_blob(st, FM_COL_CHECKSUM + 1, sum, 32, SQLITE_STATIC);
   if (rc == SQLITE_OK) rc = bind_blob(st, FM_COL_CANONICAL + 1, e->canonical, e->canonical_len);
   if (rc == SQLITE_OK) rc = bind_blob(st, FM_COL_META + 1, e->meta, e->meta_len);
-  if (rc == SQLITE_OK)   /* NULL source binds SQL NULL, as the schema allows */
+  if (rc == SQLITE_OK) /* NULL source binds SQL NULL, as the schema allows */
     rc = sqlite3_bind_text(st, FM_COL_SOURCE + 1, e->source, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
     rc = e->timings_len ? bind_blob(st, FM_COL_TIMINGS + 1, e->timings, e->timings_len)
@@ -370,8 +383,7 @@ static int read_entry(fm_store *s, sqlite3_stmt *st, fm_entry *out) {
   const void *sum = sqlite3_column_blob(st, FM_COL_CHECKSUM);
   int sum_len = sqlite3_column_bytes(st, FM_COL_CHECKSUM);
   if (key_len != FM_KEY_BYTES || sum_len != 32)
-    return fm_store_fail(s, FM_ECORRUPT, "entry has a %d-byte key and a %d-byte checksum",
-                         key_len, sum_len);
+    return fm_store_fail(s, FM_ECORRUPT, "entry has a %d-byte key and a %d-byte checksum", key_len, sum_len);
   memcpy(out->key.bytes, key, FM_KEY_BYTES);
   copy_text(out->device, sizeof out->device, sqlite3_column_text(st, FM_COL_DEVICE));
   copy_text(out->kind, sizeof out->kind, sqlite3_column_text(st, FM_COL_KIND));
@@ -394,10 +406,9 @@ static int read_entry(fm_store *s, sqlite3_stmt *st, fm_entry *out) {
   if (sqlite3_errcode(s->db) == SQLITE_NOMEM) return fm_store_fail(s, FM_ENOMEM, "reading an entry");
 
   if (size < 0 || (uint64_t)size != cubin_len)
-    return fm_store_fail(s, FM_ECORRUPT, "entry's cubin is %zu bytes but its size says %lld",
-                         cubin_len, (long long)size);
-  if (!fm_kstate_valid(out->state))
-    return fm_store_fail(s, FM_ECORRUPT, "entry has unknown state %d", (int)out->state);
+    return fm_store_fail(s, FM_ECORRUPT, "entry's cubin is %zu bytes but its size says %lld", cubin_len,
+                         (long long)size);
+  if (!fm_kstate_valid(out->state)) return fm_store_fail(s, FM_ECORRUPT, "entry has unknown state %d", (int)out->state);
   /* Hashed as the row holds them (device and kind before any truncation to out's fields). */
   uint8_t want[32], state_be[8];
   put_u64be(state_be, (uint64_t)sqlite3_column_int64(st, FM_COL_STATE));
@@ -412,23 +423,18 @@ static int read_entry(fm_store *s, sqlite3_stmt *st, fm_entry *out) {
       [SUM_SOURCE] = {source, source_len, !source},
       [SUM_TIMINGS] = {timings, timings_len, 0},
   };
-  if (entry_checksum(part, want) != FM_OK)
-    return fm_store_fail(s, FM_ENOMEM, "out of memory verifying an entry");
-  if (memcmp(want, sum, 32) != 0)
-    return fm_store_fail(s, FM_ECORRUPT, "entry failed its checksum");
+  if (entry_checksum(part, want) != FM_OK) return fm_store_fail(s, FM_ENOMEM, "out of memory verifying an entry");
+  if (memcmp(want, sum, 32) != 0) return fm_store_fail(s, FM_ECORRUPT, "entry failed its checksum");
 
-  if (dup_blob(canonical, canonical_len, &out->canonical) != FM_OK ||
-      dup_blob(meta, meta_len, &out->meta) != FM_OK ||
-      dup_blob(timings, timings_len, &out->timings) != FM_OK ||
-      dup_blob(cubin, cubin_len, &out->cubin) != FM_OK)
+  if (dup_blob(canonical, canonical_len, &out->canonical) != FM_OK || dup_blob(meta, meta_len, &out->meta) != FM_OK ||
+      dup_blob(timings, timings_len, &out->timings) != FM_OK || dup_blob(cubin, cubin_len, &out->cubin) != FM_OK)
     return fm_store_fail(s, FM_ENOMEM, "out of memory copying an entry");
   out->canonical_len = canonical_len;
   out->meta_len = meta_len;
   out->timings_len = timings_len;
   out->cubin_len = cubin_len;
   if (source) {
-    if (!(out->source = malloc(source_len + 1)))
-      return fm_store_fail(s, FM_ENOMEM, "out of memory copying an entry");
+    if (!(out->source = malloc(source_len + 1))) return fm_store_fail(s, FM_ENOMEM, "out of memory copying an entry");
     memcpy(out->source, source, source_len + 1);
   }
   return FM_OK;
@@ -445,20 +451,19 @@ static void drop_corrupt(fm_store *s, const fm_key *key, const char *device) {
   if (err == FM_OK) err = tx_commit(s);
   if (err != FM_OK) {
     tx_abort(s);
-    return;   /* s->err now says why the delete failed; the next get finds it corrupt again */
+    return; /* s->err now says why the delete failed; the next get finds it corrupt again */
   }
   memcpy(s->err, reason, sizeof reason);
 }
 
-static int get_locked(fm_store *s, const fm_key *key, const char *device, int touch,
-                      fm_entry *out) {
+static int get_locked(fm_store *s, const fm_key *key, const char *device, int touch, fm_entry *out) {
   sqlite3_stmt *st = s->st[FM_ST_GET];
   int err = bind_key_device(s, st, key, device);
   if (err != FM_OK) return err;
   int rc = sqlite3_step(st);
   if (rc == SQLITE_DONE) {
     reset(st);
-    return FM_ENOT_FOUND;   /* a miss is not a failure: s->err keeps the last real one */
+    return FM_ENOT_FOUND; /* a miss is not a failure: s->err keeps the last real one */
   }
   err = rc == SQLITE_ROW ? read_entry(s, st, out) : fm_store_fail_sqlite(s, "get: reading the entry");
   reset(st);
@@ -587,8 +592,7 @@ int fm_store_list(fm_store *s, uint32_t limit, fm_store_list_fn fn, void *ctx) {
     }
     fm_entry *e = &rows[n++];
     memset(e, 0, sizeof *e);
-    if (sqlite3_column_bytes(st, 0) == FM_KEY_BYTES)
-      memcpy(e->key.bytes, sqlite3_column_blob(st, 0), FM_KEY_BYTES);
+    if (sqlite3_column_bytes(st, 0) == FM_KEY_BYTES) memcpy(e->key.bytes, sqlite3_column_blob(st, 0), FM_KEY_BYTES);
     copy_text(e->device, sizeof e->device, sqlite3_column_text(st, 1));
     copy_text(e->kind, sizeof e->kind, sqlite3_column_text(st, 2));
     e->state = (fm_kstate)sqlite3_column_int(st, 3);

@@ -10,28 +10,28 @@
 #include "fm_fingerprint.h"
 
 /* Numbered statistics (as ccache): the numbers are stable; tests and fusectl rely on them. */
-#define FM_STAT_MAP(XX)                    \
-  XX(1, HITS, "hits")                      \
-  XX(2, MISSES, "misses")                  \
-  XX(3, COMPILES, "compiles")              \
-  XX(4, COMPILE_ERRORS, "compile_errors")  \
-  XX(5, EVICTIONS, "evictions")            \
-  XX(6, CORRUPT, "corrupt_entries")        \
-  XX(7, STORE_ERRORS, "store_errors")      \
-  XX(8, JOINED, "joined_inflight")         \
-  XX(9, REQUESTS, "requests")              \
-  XX(10, BAD_REQUESTS, "bad_requests")    \
-  XX(11, TUNES, "tunes")                  \
-  XX(12, BAD_CANDIDATES, "bad_candidates") \
+#define FM_STAT_MAP(XX)                      \
+  XX(1, HITS, "hits")                        \
+  XX(2, MISSES, "misses")                    \
+  XX(3, COMPILES, "compiles")                \
+  XX(4, COMPILE_ERRORS, "compile_errors")    \
+  XX(5, EVICTIONS, "evictions")              \
+  XX(6, CORRUPT, "corrupt_entries")          \
+  XX(7, STORE_ERRORS, "store_errors")        \
+  XX(8, JOINED, "joined_inflight")           \
+  XX(9, REQUESTS, "requests")                \
+  XX(10, BAD_REQUESTS, "bad_requests")       \
+  XX(11, TUNES, "tunes")                     \
+  XX(12, BAD_CANDIDATES, "bad_candidates")   \
   XX(13, WORKER_RESTARTS, "worker_restarts") \
-  XX(14, VERIFIED, "verified")            \
+  XX(14, VERIFIED, "verified")               \
   XX(15, UPGRADES, "upgrades")
 
 typedef enum {
 #define FM_STAT_ENUM_(n, name, str) FM_STAT_##name = (n),
   FM_STAT_MAP(FM_STAT_ENUM_)
 #undef FM_STAT_ENUM_
-  FM_STAT__COUNT
+      FM_STAT__COUNT
 } fm_stat;
 
 const char *fm_stat_name(fm_stat s);
@@ -49,15 +49,19 @@ int fm_kstate_valid(int64_t s);
  * released by fm_entry_free (an empty blob comes back as NULL with length 0). */
 typedef struct fm_entry {
   fm_key key;
-  char device[192];              /* fm_device_label */
-  char kind[16];                 /* "pointwise" ... */
-  uint8_t *canonical; size_t canonical_len;   /* canonical fragment bytes */
-  uint8_t *cubin; size_t cubin_len;
-  uint8_t *meta; size_t meta_len;             /* fm_meta_pack bytes */
-  char *source;                  /* generated CUDA C (for `fusectl show --source`), may be NULL */
+  char device[192]; /* fm_device_label */
+  char kind[16];    /* "pointwise" ... */
+  uint8_t *canonical;
+  size_t canonical_len; /* canonical fragment bytes */
+  uint8_t *cubin;
+  size_t cubin_len;
+  uint8_t *meta;
+  size_t meta_len; /* fm_meta_pack bytes */
+  char *source;    /* generated CUDA C (for `fusectl show --source`), may be NULL */
   fm_kstate state;
-  uint8_t *timings; size_t timings_len;       /* msgpack, may be empty */
-  int64_t created, last_used;    /* unix seconds */
+  uint8_t *timings;
+  size_t timings_len;         /* msgpack, may be empty */
+  int64_t created, last_used; /* unix seconds */
   int64_t hits;
 } fm_entry;
 

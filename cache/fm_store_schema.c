@@ -48,9 +48,7 @@ static int exec_sql(sqlite3 *db, const char *sql, const char *what, fm_diag *d) 
 /* Version 0 is what SQLite creates for a new or empty file: no tables at all. Plain CREATE
  * (not IF NOT EXISTS): a version-0 file holding someone else's "kernels" table must fail
  * loudly here, not be half-adopted. */
-static int migrate_0_to_1(sqlite3 *db, fm_diag *d) {
-  return exec_sql(db, schema_v1, "creating schema version 1", d);
-}
+static int migrate_0_to_1(sqlite3 *db, fm_diag *d) { return exec_sql(db, schema_v1, "creating schema version 1", d); }
 
 /* Version 2 keeps version 1's tables; only the checksum changed: version 1's covered the
  * canonical fragment, the cubin and the meta, not the key, device, kind, state, source or
@@ -64,8 +62,10 @@ static int migrate_1_to_2(sqlite3 *db, fm_diag *d) {
   int err = exec_sql(db, "DELETE FROM kernels", "dropping version 1 entries", d);
   sqlite3_int64 n = sqlite3_changes64(db);
   if (err == FM_OK && n > 0)
-    fm_diag_set(d, FM_OK, "dropped %lld entries written by an older fusemld (their checksum did not cover "
-                "state and key); each is rebuilt on its next request", (long long)n);
+    fm_diag_set(d, FM_OK,
+                "dropped %lld entries written by an older fusemld (their checksum did not cover "
+                "state and key); each is rebuilt on its next request",
+                (long long)n);
   return err;
 }
 
@@ -105,8 +105,7 @@ static int migrate(sqlite3 *db, const char *path, fm_diag *d) {
       err = refuse_newer(path, v, d);
       goto rollback;
     }
-    if (v == FM_STORE_SCHEMA_VERSION)
-      return exec_sql(db, "COMMIT", "finishing the schema check", d);
+    if (v == FM_STORE_SCHEMA_VERSION) return exec_sql(db, "COMMIT", "finishing the schema check", d);
     if ((err = migrations[v](db, d)) != FM_OK) goto rollback;
     char sql[64];
     snprintf(sql, sizeof sql, "PRAGMA user_version = %d", v + 1);
@@ -137,13 +136,12 @@ static int check_integrity(sqlite3 *db, char *why, size_t cap) {
       if (verdict == CHECK_OK) snprintf(why, cap, "quick_check: %s", row ? row : "(null)");
       verdict = CHECK_DAMAGED;
     }
-    rc = SQLITE_OK;   /* next row */
+    rc = SQLITE_OK; /* next row */
   }
   if (rc != SQLITE_OK && rc != SQLITE_DONE) {
     int primary = sqlite3_errcode(db) & 0xff;
     snprintf(why, cap, "%s", sqlite3_errmsg(db));
-    verdict = (primary == SQLITE_NOTADB || primary == SQLITE_CORRUPT) ? CHECK_DAMAGED
-                                                                      : CHECK_FAILED;
+    verdict = (primary == SQLITE_NOTADB || primary == SQLITE_CORRUPT) ? CHECK_DAMAGED : CHECK_FAILED;
   }
   sqlite3_finalize(st);
   return verdict;
@@ -152,7 +150,7 @@ static int check_integrity(sqlite3 *db, char *why, size_t cap) {
 static void remove_sidecar(const char *path, const char *suffix) {
   char name[4096];
   if ((size_t)snprintf(name, sizeof name, "%s%s", path, suffix) >= sizeof name) return;
-  unlink(name);   /* ENOENT is the usual case; anything else surfaces at the reopen */
+  unlink(name); /* ENOENT is the usual case; anything else surfaces at the reopen */
 }
 
 /* Renames path to path.corrupt-<unix time> (suffixed -N if that name is taken) and drops
@@ -168,12 +166,11 @@ static int move_aside(const char *path, const char *why, fm_diag *d) {
     if (n == 100) return fm_diag_set(d, FM_ESTORE, "cannot find a free name for %s", dest);
   }
   if (rename(path, dest) != 0)
-    return fm_diag_set(d, FM_ESTORE, "%s is damaged (%s) and could not be moved to %s: %s",
-                       path, why, dest, strerror(errno));
+    return fm_diag_set(d, FM_ESTORE, "%s is damaged (%s) and could not be moved to %s: %s", path, why, dest,
+                       strerror(errno));
   remove_sidecar(path, "-wal");
   remove_sidecar(path, "-shm");
-  fm_diag_set(d, FM_OK, "kernel store %s was damaged (%s); moved it to %s and started an empty one",
-              path, why, dest);
+  fm_diag_set(d, FM_OK, "kernel store %s was damaged (%s); moved it to %s and started an empty one", path, why, dest);
   return FM_OK;
 }
 
@@ -186,8 +183,10 @@ static int parent_missing(const char *path) {
   if ((size_t)snprintf(dir, sizeof dir, "%s", path) >= sizeof dir) return 0;
   char *slash = strrchr(dir, '/');
   if (!slash) return 0;
-  if (slash == dir) slash[1] = '\0';
-  else *slash = '\0';
+  if (slash == dir)
+    slash[1] = '\0';
+  else
+    *slash = '\0';
   struct stat sb;
   return stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode);
 }
@@ -199,11 +198,9 @@ static int open_connection(const char *path, sqlite3 **db, fm_diag *d) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd >= 0) close(fd);
   }
-  int rc = sqlite3_open_v2(path, db,
-                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
+  int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL);
   if (rc != SQLITE_OK) {
-    fm_diag_set(d, FM_ESTORE, "cannot open kernel store %s: %s%s", path,
-                *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc),
+    fm_diag_set(d, FM_ESTORE, "cannot open kernel store %s: %s%s", path, *db ? sqlite3_errmsg(*db) : sqlite3_errstr(rc),
                 parent_missing(path) ? " (its directory does not exist)" : "");
     sqlite3_close(*db);
     *db = NULL;
@@ -262,8 +259,7 @@ int fm_store_prepare_all(fm_store *s, fm_diag *d) {
            "INSERT OR REPLACE INTO kernels(%s) "
            "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
            entry_columns);
-  snprintf(get, sizeof get, "SELECT %s FROM kernels WHERE key = ?1 AND device = ?2",
-           entry_columns);
+  snprintf(get, sizeof get, "SELECT %s FROM kernels WHERE key = ?1 AND device = ?2", entry_columns);
   /* Ties in LRU order fall to created, then rowid (insertion order, as REPLACE re-inserts). */
   const char *sql[FM_ST__COUNT] = {
       [FM_ST_BEGIN] = "BEGIN IMMEDIATE",
@@ -272,28 +268,32 @@ int fm_store_prepare_all(fm_store *s, fm_diag *d) {
       [FM_ST_PUT] = put,
       [FM_ST_STATE] = "SELECT state FROM kernels WHERE key = ?1 AND device = ?2",
       [FM_ST_USAGE] = "SELECT count(*), COALESCE(SUM(size), 0) FROM kernels",
-      [FM_ST_LRU_VICTIM] = "SELECT rowid, size FROM kernels WHERE rowid <> ?1 "
-                           "ORDER BY last_used, created, rowid LIMIT 1",
+      [FM_ST_LRU_VICTIM] =
+          "SELECT rowid, size FROM kernels WHERE rowid <> ?1 "
+          "ORDER BY last_used, created, rowid LIMIT 1",
       [FM_ST_DEL_ROWID] = "DELETE FROM kernels WHERE rowid = ?1",
       [FM_ST_GET] = get,
-      [FM_ST_TOUCH] = "UPDATE kernels SET last_used = ?3, hits = hits + 1 "
-                      "WHERE key = ?1 AND device = ?2",
+      [FM_ST_TOUCH] =
+          "UPDATE kernels SET last_used = ?3, hits = hits + 1 "
+          "WHERE key = ?1 AND device = ?2",
       [FM_ST_DEL_KEY_DEV] = "DELETE FROM kernels WHERE key = ?1 AND device = ?2",
-      [FM_ST_PREFIX] = "SELECT key, device FROM kernels WHERE key BETWEEN ?1 AND ?2 "
-                       "ORDER BY last_used DESC, created DESC, rowid DESC",
+      [FM_ST_PREFIX] =
+          "SELECT key, device FROM kernels WHERE key BETWEEN ?1 AND ?2 "
+          "ORDER BY last_used DESC, created DESC, rowid DESC",
       /* length() of a blob column reads only the record header, not the blob. */
-      [FM_ST_LIST] = "SELECT key, device, kind, state, size, created, last_used, hits, "
-                     "length(canonical), length(meta), length(timings) FROM kernels "
-                     "ORDER BY last_used DESC, created DESC, rowid DESC LIMIT ?1",
+      [FM_ST_LIST] =
+          "SELECT key, device, kind, state, size, created, last_used, hits, "
+          "length(canonical), length(meta), length(timings) FROM kernels "
+          "ORDER BY last_used DESC, created DESC, rowid DESC LIMIT ?1",
       [FM_ST_DEL_KEY] = "DELETE FROM kernels WHERE key = ?1",
       [FM_ST_DEL_ALL] = "DELETE FROM kernels",
-      [FM_ST_STAT_ADD] = "INSERT INTO stats(id, value) VALUES(?1, ?2) "
-                         "ON CONFLICT(id) DO UPDATE SET value = value + excluded.value",
+      [FM_ST_STAT_ADD] =
+          "INSERT INTO stats(id, value) VALUES(?1, ?2) "
+          "ON CONFLICT(id) DO UPDATE SET value = value + excluded.value",
       [FM_ST_STATS] = "SELECT id, value FROM stats",
   };
   for (int i = 0; i < FM_ST__COUNT; i++) {
-    if (sqlite3_prepare_v3(s->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i], NULL) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v3(s->db, sql[i], -1, SQLITE_PREPARE_PERSISTENT, &s->st[i], NULL) != SQLITE_OK)
       return fm_diag_set(d, FM_ESTORE, "preparing \"%s\": %s", sql[i], sqlite3_errmsg(s->db));
   }
   return FM_OK;
@@ -325,7 +325,7 @@ int fm_store_open(const char *path, uint64_t size_cap, fm_store **out, fm_diag *
     err = fm_diag_set(d, FM_ESTORE, "checking kernel store %s: %s", path, why);
     goto fail;
   }
-  fm_diag notice = {{0}};   /* the "moved aside" message, reported only if the rest succeeds */
+  fm_diag notice = {{0}}; /* the "moved aside" message, reported only if the rest succeeds */
   if (verdict == CHECK_DAMAGED) {
     sqlite3_close(s->db);
     s->db = NULL;

@@ -25,8 +25,8 @@ struct fm_client {
   int fd;
   int timeout_ms;
   uint64_t next_id;
-  size_t max_request;       /* the daemon's max_frame from hello */
-  int broken;               /* nonzero after a failure that desynchronised the stream */
+  size_t max_request; /* the daemon's max_frame from hello */
+  int broken;         /* nonzero after a failure that desynchronised the stream */
   fm_diag broken_why;
   msgpack_zone *hello_zone;
   msgpack_object hello;
@@ -47,9 +47,7 @@ static int fm_wbuf_write(void *data, const char *buf, size_t len) {
   return w->oom ? -1 : 0;
 }
 
-static int fm_is_map_byte(uint8_t b) {
-  return (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf;
-}
+static int fm_is_map_byte(uint8_t b) { return (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf; }
 
 /* ---- one request/reply exchange ---- */
 
@@ -60,8 +58,8 @@ static int fm_mark_broken(fm_client *c, int err, const fm_diag *d) {
 }
 
 /* Builds the frame {op, id, fields...} in w (header included). */
-static int fm_build_request(fm_client *c, const char *op, uint64_t id, uint32_t n_fields,
-                            fm_pack_fields_fn pack_fields, void *ctx, fm_wbuf *w, fm_diag *d) {
+static int fm_build_request(fm_client *c, const char *op, uint64_t id, uint32_t n_fields, fm_pack_fields_fn pack_fields,
+                            void *ctx, fm_wbuf *w, fm_diag *d) {
   msgpack_packer pk;
   static const uint8_t zero_header[FM_FRAME_HEADER_BYTES];
   const uint8_t *payload;
@@ -69,7 +67,7 @@ static int fm_build_request(fm_client *c, const char *op, uint64_t id, uint32_t 
   int err;
 
   msgpack_packer_init(&pk, w, fm_wbuf_write);
-  fm_wbuf_write(w, (const char *)zero_header, sizeof zero_header);  /* patched below */
+  fm_wbuf_write(w, (const char *)zero_header, sizeof zero_header); /* patched below */
   msgpack_pack_map(&pk, 2 + n_fields);
   fm_pack_cstr(&pk, "op");
   fm_pack_cstr(&pk, op);
@@ -81,17 +79,16 @@ static int fm_build_request(fm_client *c, const char *op, uint64_t id, uint32_t 
   payload = (const uint8_t *)w->sb.data + FM_FRAME_HEADER_BYTES;
   len = w->sb.size - FM_FRAME_HEADER_BYTES;
   if (len > c->max_request)
-    return fm_diag_set(d, FM_ETOOBIG, "%s request is %zu bytes; fusemld accepts at most %zu",
-                       op, len, c->max_request);
+    return fm_diag_set(d, FM_ETOOBIG, "%s request is %zu bytes; fusemld accepts at most %zu", op, len, c->max_request);
   /* Catches a pack_fields that packed a different number of pairs than it declared: such a
    * frame would be refused by the daemon with a far less useful message. */
   err = fm_msg_check(payload, len, &fm_msg_request_limits, d);
   if (err) {
     fm_diag why = *d;
-    if (err == FM_ELIMIT)  /* well-formed, but the daemon would refuse it: say which limit */
+    if (err == FM_ELIMIT) /* well-formed, but the daemon would refuse it: say which limit */
       return fm_diag_set(d, FM_ELIMIT, "%s request exceeds a protocol limit: %s", op, why.text);
-    return fm_diag_set(d, FM_EINVAL, "%s request is not one well-formed map of %u fields: %s",
-                       op, 2 + n_fields, why.text);
+    return fm_diag_set(d, FM_EINVAL, "%s request is not one well-formed map of %u fields: %s", op, 2 + n_fields,
+                       why.text);
   }
   fm_frame_header((uint8_t *)w->sb.data, (uint32_t)len);
   return FM_OK;
@@ -99,8 +96,7 @@ static int fm_build_request(fm_client *c, const char *op, uint64_t id, uint32_t 
 
 /* Reads one reply frame into zone-owned memory and unpacks it. The payload is copied into the
  * zone so every object in *reply (strings, bins) lives exactly as long as the zone. */
-static int fm_read_reply(fm_client *c, int64_t deadline, msgpack_zone *zone, msgpack_object *reply,
-                         fm_diag *d) {
+static int fm_read_reply(fm_client *c, int64_t deadline, msgpack_zone *zone, msgpack_object *reply, fm_diag *d) {
   uint8_t hdr[FM_FRAME_HEADER_BYTES];
   uint8_t *buf;
   uint32_t len;
@@ -110,8 +106,7 @@ static int fm_read_reply(fm_client *c, int64_t deadline, msgpack_zone *zone, msg
   if (err) return fm_mark_broken(c, err, d);
   len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
   if (len > FM_FRAME_MAX_REPLY) {
-    err = fm_diag_set(d, FM_ETOOBIG, "fusemld announced a %u-byte reply; the limit is %u",
-                      len, FM_FRAME_MAX_REPLY);
+    err = fm_diag_set(d, FM_ETOOBIG, "fusemld announced a %u-byte reply; the limit is %u", len, FM_FRAME_MAX_REPLY);
     return fm_mark_broken(c, err, d);
   }
   if (len == 0) return fm_diag_set(d, FM_EPROTOCOL, "fusemld sent an empty reply frame");
@@ -139,7 +134,7 @@ static int fm_error_reply(const msgpack_object *r, fm_diag *d) {
   if (fm_msg_get_str(r, "code", &code, &code_len, NULL) != FM_OK)
     return fm_diag_set(d, FM_EPROTOCOL, "fusemld sent an error reply without a code");
   err = fm_err_from_slug(code, code_len);
-  if (err >= 0) err = FM_EPROTOCOL;  /* an "error" must carry a failure code */
+  if (err >= 0) err = FM_EPROTOCOL; /* an "error" must carry a failure code */
   if (fm_msg_get_str(r, "message", &msg, &msg_len, NULL) != FM_OK || msg_len == 0) {
     msg = fm_strerror(err);
     msg_len = strlen(msg);
@@ -162,33 +157,34 @@ static int fm_error_reply(const msgpack_object *r, fm_diag *d) {
  * a connection (permission_denied, busy) answers and closes at once, maybe before the request
  * went out: that answer, still queued on the socket, says more than the failed write. Returns
  * its error code (d and *reply set from it), or send_err when nothing was queued. */
-static int fm_answer_before_close(fm_client *c, int64_t deadline, msgpack_zone *zone,
-                                  msgpack_object *reply, int send_err, fm_diag *d) {
+static int fm_answer_before_close(fm_client *c, int64_t deadline, msgpack_zone *zone, msgpack_object *reply,
+                                  int send_err, fm_diag *d) {
   fm_diag unread;
   bool ok = true;
-  if (fm_read_reply(c, deadline, zone, reply, &unread) != FM_OK ||
-      fm_msg_get_bool(reply, "ok", &ok, NULL) != FM_OK || ok) {
+  if (fm_read_reply(c, deadline, zone, reply, &unread) != FM_OK || fm_msg_get_bool(reply, "ok", &ok, NULL) != FM_OK ||
+      ok) {
     reply->type = MSGPACK_OBJECT_NIL;
     return send_err;
   }
   return fm_error_reply(reply, d);
 }
 
-static int fm_call_until(fm_client *c, const char *op, uint32_t n_fields,
-                         fm_pack_fields_fn pack_fields, void *ctx, msgpack_zone *zone,
-                         msgpack_object *reply, int64_t deadline, fm_diag *d) {
+static int fm_call_until(fm_client *c, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields, void *ctx,
+                         msgpack_zone *zone, msgpack_object *reply, int64_t deadline, fm_diag *d) {
   fm_wbuf w = {.oom = 0};
   fm_diag scratch;
   uint64_t id, rid = 0;
   bool ok = false;
   int err;
 
-  if (!d) d = &scratch;  /* the helpers below copy d's text, so it must exist */
+  if (!d) d = &scratch; /* the helpers below copy d's text, so it must exist */
   if (reply) reply->type = MSGPACK_OBJECT_NIL;
   if (!c || !op || !zone || !reply) return fm_diag_set(d, FM_EINVAL, "fm_client_call: bad argument");
   if (c->broken)
-    return fm_diag_set(d, FM_ECLOSED, "connection to fusemld unusable after an earlier failure "
-                       "(%s); reconnect", c->broken_why.text);
+    return fm_diag_set(d, FM_ECLOSED,
+                       "connection to fusemld unusable after an earlier failure "
+                       "(%s); reconnect",
+                       c->broken_why.text);
   msgpack_sbuffer_init(&w.sb);
   id = c->next_id++;
   err = fm_build_request(c, op, id, n_fields, pack_fields, ctx, &w, d);
@@ -202,16 +198,15 @@ static int fm_call_until(fm_client *c, const char *op, uint32_t n_fields,
   err = fm_read_reply(c, deadline, zone, reply, d);
   if (err) goto out;
 
-  if (fm_msg_get_u64(reply, "id", &rid, NULL) != FM_OK ||
-      fm_msg_get_bool(reply, "ok", &ok, NULL) != FM_OK) {
+  if (fm_msg_get_u64(reply, "id", &rid, NULL) != FM_OK || fm_msg_get_bool(reply, "ok", &ok, NULL) != FM_OK) {
     err = fm_diag_set(d, FM_EPROTOCOL, "fusemld's reply to %s lacks id or ok", op);
     goto out;
   }
   /* id 0 is how the daemon answers a request it could not read far enough to learn the id;
    * with one request outstanding, such an error is ours. */
   if (rid != id && !(rid == 0 && !ok)) {
-    err = fm_diag_set(d, FM_EPROTOCOL, "fusemld answered request %llu with id %llu",
-                      (unsigned long long)id, (unsigned long long)rid);
+    err = fm_diag_set(d, FM_EPROTOCOL, "fusemld answered request %llu with id %llu", (unsigned long long)id,
+                      (unsigned long long)rid);
     fm_mark_broken(c, err, d);
     goto out;
   }
@@ -222,10 +217,9 @@ out:
   return err;
 }
 
-int fm_client_call(fm_client *c, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields,
-                   void *ctx, msgpack_zone *zone, msgpack_object *reply, fm_diag *d) {
-  return fm_call_until(c, op, n_fields, pack_fields, ctx, zone, reply,
-                       fm_client_io_deadline(c ? c->timeout_ms : 0), d);
+int fm_client_call(fm_client *c, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields, void *ctx,
+                   msgpack_zone *zone, msgpack_object *reply, fm_diag *d) {
+  return fm_call_until(c, op, n_fields, pack_fields, ctx, zone, reply, fm_client_io_deadline(c ? c->timeout_ms : 0), d);
 }
 
 /* ---- connect + hello ---- */
@@ -243,8 +237,7 @@ static void fm_pack_hello(msgpack_packer *pk, void *ctx) {
   fm_pack_kv_u64(pk, "pid", (uint64_t)getpid());
 }
 
-int fm_client_connect(const char *socket_path, const char *client_name, int timeout_ms,
-                      fm_client **out, fm_diag *d) {
+int fm_client_connect(const char *socket_path, const char *client_name, int timeout_ms, fm_client **out, fm_diag *d) {
   char defpath[512];
   fm_client *c = NULL;
   fm_hello_ctx hello = {0};
@@ -261,8 +254,7 @@ int fm_client_connect(const char *socket_path, const char *client_name, int time
     if (err) return err;
     socket_path = defpath;
   }
-  if (strlen(socket_path) >= sizeof c->path)
-    return fm_diag_set(d, FM_ELIMIT, "socket path too long: %s", socket_path);
+  if (strlen(socket_path) >= sizeof c->path) return fm_diag_set(d, FM_ELIMIT, "socket path too long: %s", socket_path);
   /* Whatever answers there is trusted with our fragments and sends the GPU code we run. */
   if ((err = fm_check_socket_dir(socket_path, d))) return err;
 
@@ -288,8 +280,7 @@ int fm_client_connect(const char *socket_path, const char *client_name, int time
   hello.name_len = strlen(hello.name);
   if (hello.name_len > FM_CLIENT_NAME_MAX) {
     hello.name_len = FM_CLIENT_NAME_MAX;
-    while (hello.name_len > 0 && ((unsigned char)hello.name[hello.name_len] & 0xC0) == 0x80)
-      hello.name_len--;
+    while (hello.name_len > 0 && ((unsigned char)hello.name[hello.name_len] & 0xC0) == 0x80) hello.name_len--;
   }
   err = fm_call_until(c, "hello", 3, fm_pack_hello, &hello, c->hello_zone, &c->hello, deadline, d);
   if (err) {
@@ -298,8 +289,10 @@ int fm_client_connect(const char *socket_path, const char *client_name, int time
     goto fail;
   }
   if (fm_msg_get_u64(&c->hello, "proto", &proto, NULL) != FM_OK || proto != FM_PROTO_VERSION) {
-    err = fm_diag_set(d, FM_EPROTO_VERSION, "fusemld at %s speaks protocol %llu; this client "
-                      "speaks %d", socket_path, (unsigned long long)proto, FM_PROTO_VERSION);
+    err = fm_diag_set(d, FM_EPROTO_VERSION,
+                      "fusemld at %s speaks protocol %llu; this client "
+                      "speaks %d",
+                      socket_path, (unsigned long long)proto, FM_PROTO_VERSION);
     goto fail;
   }
   if (fm_msg_get_u64(&c->hello, "max_frame", &max_frame, NULL) == FM_OK && max_frame > 0)
@@ -319,9 +312,7 @@ void fm_client_close(fm_client *c) {
   free(c);
 }
 
-const msgpack_object *fm_client_hello(const fm_client *c) {
-  return c ? &c->hello : NULL;
-}
+const msgpack_object *fm_client_hello(const fm_client *c) { return c ? &c->hello : NULL; }
 
 void fm_client_set_timeout(fm_client *c, int timeout_ms) {
   if (c) c->timeout_ms = timeout_ms;
@@ -358,7 +349,7 @@ static int fm_parse_compiled(const msgpack_object *r, const char *op, fm_compile
   if ((err = fm_msg_copy_str(r, "state", out->state, sizeof out->state, &why)) != FM_OK) goto bad;
   err = fm_msg_copy_str(r, "origin", out->origin, sizeof out->origin, &why);
   if (err == FM_ENOT_FOUND && strcmp(op, "lookup") == 0)
-    snprintf(out->origin, sizeof out->origin, "hit");  /* lookup can only be a hit */
+    snprintf(out->origin, sizeof out->origin, "hit"); /* lookup can only be a hit */
   else if (err)
     goto bad;
   meta = fm_msg_get(r, "meta");
@@ -384,8 +375,8 @@ bad:
   return fm_diag_set(d, FM_EPROTOCOL, "fusemld's %s reply: %s", op, why.text);
 }
 
-static int fm_fragment_request(fm_client *c, const char *op, const uint8_t *fragment, size_t len,
-                               fm_compiled *out, fm_diag *d) {
+static int fm_fragment_request(fm_client *c, const char *op, const uint8_t *fragment, size_t len, fm_compiled *out,
+                               fm_diag *d) {
   msgpack_zone zone;
   msgpack_object reply;
   fm_frag_ctx ctx = {fragment, len};
@@ -394,17 +385,14 @@ static int fm_fragment_request(fm_client *c, const char *op, const uint8_t *frag
 
   if (!d) d = &scratch;
   if (out) memset(out, 0, sizeof *out);
-  if (!c || !fragment || !out || len == 0)
-    return fm_diag_set(d, FM_EINVAL, "fm_client_%s: bad argument", op);
-  if (!fm_is_map_byte(fragment[0]))
-    return fm_diag_set(d, FM_EINVAL, "fragment must be a msgpack map");
+  if (!c || !fragment || !out || len == 0) return fm_diag_set(d, FM_EINVAL, "fm_client_%s: bad argument", op);
+  if (!fm_is_map_byte(fragment[0])) return fm_diag_set(d, FM_EINVAL, "fragment must be a msgpack map");
   err = fm_msg_check(fragment, len, &fm_msg_request_limits, d);
   if (err) {
     fm_diag why = *d;
     return fm_diag_set(d, err, "fragment: %s", why.text);
   }
-  if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE))
-    return fm_diag_set(d, FM_ENOMEM, "out of memory");
+  if (!msgpack_zone_init(&zone, MSGPACK_ZONE_CHUNK_SIZE)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
   err = fm_client_call(c, op, 1, fm_pack_fragment, &ctx, &zone, &reply, d);
   if (err == FM_OK) err = fm_parse_compiled(&reply, op, out, d);
   if (err) fm_compiled_free(out);

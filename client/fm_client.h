@@ -17,8 +17,7 @@ typedef struct fm_client fm_client;
 
 /* Connects to socket_path (NULL: FUSEML_SOCKET or the per-user default) and performs the
  * hello handshake, both within timeout_ms. The hello reply is kept (fm_client_hello). */
-int fm_client_connect(const char *socket_path, const char *client_name, int timeout_ms,
-                      fm_client **out, fm_diag *d);
+int fm_client_connect(const char *socket_path, const char *client_name, int timeout_ms, fm_client **out, fm_diag *d);
 void fm_client_close(fm_client *c);
 /* The daemon's hello reply (valid until close). */
 const msgpack_object *fm_client_hello(const fm_client *c);
@@ -30,8 +29,8 @@ void fm_client_set_timeout(fm_client *c, int timeout_ms);
  * returned as its negative error code (slug mapped back) with message+detail in d, and *reply
  * is still set. pack_fields packs n_fields key/value pairs (it gets the packer and ctx). */
 typedef void (*fm_pack_fields_fn)(msgpack_packer *pk, void *ctx);
-int fm_client_call(fm_client *c, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields,
-                   void *ctx, msgpack_zone *zone, msgpack_object *reply, fm_diag *d);
+int fm_client_call(fm_client *c, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields, void *ctx,
+                   msgpack_zone *zone, msgpack_object *reply, fm_diag *d);
 
 /* compile / lookup (a served kernel: fm_compiled, fm_module.h) with a fragment already in msgpack wire form (one map). */
 int fm_client_compile(fm_client *c, const uint8_t *fragment, size_t len, fm_compiled *out, fm_diag *d);

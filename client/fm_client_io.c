@@ -16,9 +16,7 @@ static int64_t fm_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int64_t fm_client_io_deadline(int timeout_ms) {
-  return timeout_ms <= 0 ? -1 : fm_now_ms() + timeout_ms;
-}
+int64_t fm_client_io_deadline(int timeout_ms) { return timeout_ms <= 0 ? -1 : fm_now_ms() + timeout_ms; }
 
 /* Milliseconds left for poll(): -1 (forever), or >= 0. */
 static int fm_left_ms(int64_t deadline) {
@@ -51,8 +49,10 @@ int fm_client_io_connect(const char *path, int64_t deadline, int *fd_out, fm_dia
   *fd_out = -1;
   if (plen == 0) return fm_diag_set(d, FM_EINVAL, "empty socket path");
   if (plen >= sizeof sa.sun_path)
-    return fm_diag_set(d, FM_ELIMIT, "socket path is %zu bytes, longer than the %zu a Unix "
-                       "socket allows: %s", plen, sizeof sa.sun_path - 1, path);
+    return fm_diag_set(d, FM_ELIMIT,
+                       "socket path is %zu bytes, longer than the %zu a Unix "
+                       "socket allows: %s",
+                       plen, sizeof sa.sun_path - 1, path);
   memset(&sa, 0, sizeof sa);
   sa.sun_family = AF_UNIX;
   memcpy(sa.sun_path, path, plen + 1);
@@ -114,8 +114,7 @@ int fm_client_io_send_all(int fd, const void *buf, size_t n, int64_t deadline, f
   return FM_OK;
 }
 
-int fm_client_io_recv_exact(int fd, void *buf, size_t n, int64_t deadline, const char *what,
-                            fm_diag *d) {
+int fm_client_io_recv_exact(int fd, void *buf, size_t n, int64_t deadline, const char *what, fm_diag *d) {
   char *p = buf;
   size_t got = 0;
   while (got < n) {
@@ -125,10 +124,11 @@ int fm_client_io_recv_exact(int fd, void *buf, size_t n, int64_t deadline, const
       continue;
     }
     if (r == 0 || (r < 0 && errno == ECONNRESET)) {
-      if (got == 0)
-        return fm_diag_set(d, FM_ECLOSED, "fusemld closed the connection before sending %s", what);
-      return fm_diag_set(d, FM_ECLOSED, "fusemld closed the connection in the middle of %s "
-                         "(%zu of %zu bytes)", what, got, n);
+      if (got == 0) return fm_diag_set(d, FM_ECLOSED, "fusemld closed the connection before sending %s", what);
+      return fm_diag_set(d, FM_ECLOSED,
+                         "fusemld closed the connection in the middle of %s "
+                         "(%zu of %zu bytes)",
+                         what, got, n);
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {

@@ -23,7 +23,6 @@ int fm_client_io_send_all(int fd, const void *buf, size_t n, int64_t deadline, f
 
 /* Reads exactly n bytes. FM_ECLOSED on end of stream (d says how many of n arrived),
  * FM_ETIMEOUT, FM_EIO. what names the thing being read, for d. */
-int fm_client_io_recv_exact(int fd, void *buf, size_t n, int64_t deadline, const char *what,
-                            fm_diag *d);
+int fm_client_io_recv_exact(int fd, void *buf, size_t n, int64_t deadline, const char *what, fm_diag *d);
 
 #endif

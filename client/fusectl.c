@@ -23,50 +23,50 @@
 #include "fm_proto.h"
 
 #define FM_CTL_TIMEOUT_SHORT 5000
-#define FM_CTL_TIMEOUT_LONG 120000
+#define FM_CTL_TIMEOUT_LONG  120000
 
 static int fm_ctl_cmd_help(fm_ctl *ctl, int argc, char **argv);
 
 /* Every command accepts --json (as the global option does) and --help. */
 static const fm_ctl_cmd fm_ctl_cmds[] = {
-  {"ping", fm_ctl_cmd_ping, "", "check that fusemld answers", 0,
-   "Connects, says hello and pings: prints the daemon's version, socket, mode and device.\n"},
-  {"stats", fm_ctl_cmd_stats, "[--zero]", "daemon and cache counters", 0,
-   "Prints the daemon's mode, device, pid, uptime, database and clients, the store's entries\n"
-   "and size against its cap, the hit rate, and each counter since the database was created\n"
-   "(or last zeroed) beside its value since this start.\n"
-   "  --zero        set every counter back to 0 (only root and the daemon's own user)\n"},
-  {"ls", fm_ctl_cmd_ls, "[--limit N]", "list cached kernels, most recently used first", 0,
-   "  --limit N     at most N entries (default: all, up to the daemon's 10000)\n"},
-  {"show", fm_ctl_cmd_show, "KEY [--source]", "one entry (KEY: >= 4 hex digits); --source: its CUDA C", 0,
-   "KEY is the entry's key or an unambiguous prefix of at least 4 hex digits (see `fusectl ls`).\n"
-   "  --source      print only the stored CUDA C, so that `show KEY --source > k.cu` compiles\n"},
-  {"evict", fm_ctl_cmd_evict, "KEY | --all", "remove one cached kernel, or all of them", 0,
-   "KEY as for show. Only root and the daemon's own user may evict.\n"
-   "  --all         remove every entry\n"},
-  {"compile", fm_ctl_cmd_compile, "FRAGMENT.json [--arch ARCH]",
-   "compile (or fetch) a fragment's kernel", FM_CTL_LONG,
-   "FRAGMENT.json is a fragment in its JSON form (examples/ has some).\n"
-   "  --arch ARCH   compile for ARCH (e.g. sm_90a) instead of the daemon's own target\n"},
-  {"warm", fm_ctl_cmd_warm, "MANIFEST [--jobs N]",
-   "compile each fragment MANIFEST lists (a path a line)", FM_CTL_LONG,
-   "MANIFEST lists one fragment file a line (relative to the manifest's folder); blank lines\n"
-   "and lines starting with # are skipped. A progress bar is drawn when stderr is a terminal.\n"
-   "  --jobs N      compile requests in flight at once, each on its own connection (1 to 64;\n"
-   "                default: the daemon's compile workers)\n"},
-  {"export", fm_ctl_cmd_export, "FILE [--device LABEL]",
-   "write the store's entries (or one device's) to FILE, a portable snapshot", FM_CTL_LONG,
-   "  --device LABEL  only the entries of this device (the DEVICE column of `fusectl ls`)\n"},
-  {"import", fm_ctl_cmd_import, "FILE",
-   "send FILE's entries to fusemld, which verifies each and stores it", FM_CTL_LONG,
-   "FILE is a snapshot from `fusectl export`. The daemon accepts only entries signed with its\n"
-   "own secret (--remote-secret-file). Only root and the daemon's own user may import.\n"},
-  {"shutdown", fm_ctl_cmd_shutdown, "[--no-wait]", "stop this daemon (the one on the socket) gracefully", 0,
-   "The daemon stops accepting, finishes the compiles in flight (up to 30 s), answers their\n"
-   "clients, closes the database and exits 0. Only root and the daemon's own user may stop it;\n"
-   "other daemons (other users', other sockets) are not touched.\n"
-   "  --no-wait     return once the daemon has agreed, not when it has finished\n"},
-  {"help", fm_ctl_cmd_help, "[COMMAND]", "this help, or one command's", FM_CTL_LOCAL, ""},
+    {"ping", fm_ctl_cmd_ping, "", "check that fusemld answers", 0,
+     "Connects, says hello and pings: prints the daemon's version, socket, mode and device.\n"},
+    {"stats", fm_ctl_cmd_stats, "[--zero]", "daemon and cache counters", 0,
+     "Prints the daemon's mode, device, pid, uptime, database and clients, the store's entries\n"
+     "and size against its cap, the hit rate, and each counter since the database was created\n"
+     "(or last zeroed) beside its value since this start.\n"
+     "  --zero        set every counter back to 0 (only root and the daemon's own user)\n"},
+    {"ls", fm_ctl_cmd_ls, "[--limit N]", "list cached kernels, most recently used first", 0,
+     "  --limit N     at most N entries (default: all, up to the daemon's 10000)\n"},
+    {"show", fm_ctl_cmd_show, "KEY [--source]", "one entry (KEY: >= 4 hex digits); --source: its CUDA C", 0,
+     "KEY is the entry's key or an unambiguous prefix of at least 4 hex digits (see `fusectl ls`).\n"
+     "  --source      print only the stored CUDA C, so that `show KEY --source > k.cu` compiles\n"},
+    {"evict", fm_ctl_cmd_evict, "KEY | --all", "remove one cached kernel, or all of them", 0,
+     "KEY as for show. Only root and the daemon's own user may evict.\n"
+     "  --all         remove every entry\n"},
+    {"compile", fm_ctl_cmd_compile, "FRAGMENT.json [--arch ARCH]", "compile (or fetch) a fragment's kernel",
+     FM_CTL_LONG,
+     "FRAGMENT.json is a fragment in its JSON form (examples/ has some).\n"
+     "  --arch ARCH   compile for ARCH (e.g. sm_90a) instead of the daemon's own target\n"},
+    {"warm", fm_ctl_cmd_warm, "MANIFEST [--jobs N]", "compile each fragment MANIFEST lists (a path a line)",
+     FM_CTL_LONG,
+     "MANIFEST lists one fragment file a line (relative to the manifest's folder); blank lines\n"
+     "and lines starting with # are skipped. A progress bar is drawn when stderr is a terminal.\n"
+     "  --jobs N      compile requests in flight at once, each on its own connection (1 to 64;\n"
+     "                default: the daemon's compile workers)\n"},
+    {"export", fm_ctl_cmd_export, "FILE [--device LABEL]",
+     "write the store's entries (or one device's) to FILE, a portable snapshot", FM_CTL_LONG,
+     "  --device LABEL  only the entries of this device (the DEVICE column of `fusectl ls`)\n"},
+    {"import", fm_ctl_cmd_import, "FILE", "send FILE's entries to fusemld, which verifies each and stores it",
+     FM_CTL_LONG,
+     "FILE is a snapshot from `fusectl export`. The daemon accepts only entries signed with its\n"
+     "own secret (--remote-secret-file). Only root and the daemon's own user may import.\n"},
+    {"shutdown", fm_ctl_cmd_shutdown, "[--no-wait]", "stop this daemon (the one on the socket) gracefully", 0,
+     "The daemon stops accepting, finishes the compiles in flight (up to 30 s), answers their\n"
+     "clients, closes the database and exits 0. Only root and the daemon's own user may stop it;\n"
+     "other daemons (other users', other sockets) are not touched.\n"
+     "  --no-wait     return once the daemon has agreed, not when it has finished\n"},
+    {"help", fm_ctl_cmd_help, "[COMMAND]", "this help, or one command's", FM_CTL_LOCAL, ""},
 };
 #define FM_CTL_N_CMDS (sizeof fm_ctl_cmds / sizeof fm_ctl_cmds[0])
 
@@ -77,11 +77,12 @@ static const fm_ctl_cmd *fm_ctl_find_cmd(const char *name) {
 }
 
 static void fm_ctl_cmd_usage_help(FILE *f, const fm_ctl_cmd *cmd) {
-  fprintf(f, "usage: fusectl [options] %s%s%s [--json]\n\n%s.\n", cmd->name, cmd->usage[0] ? " " : "",
-          cmd->usage, cmd->help);
+  fprintf(f, "usage: fusectl [options] %s%s%s [--json]\n\n%s.\n", cmd->name, cmd->usage[0] ? " " : "", cmd->usage,
+          cmd->help);
   if (cmd->details[0]) fprintf(f, "\n%s", cmd->details);
-  fprintf(f, "  --json        print the reply as JSON (also before the command)\n"
-             "\nGlobal options and exit status: fusectl --help\n");
+  fprintf(f,
+          "  --json        print the reply as JSON (also before the command)\n"
+          "\nGlobal options and exit status: fusectl --help\n");
 }
 
 static void fm_ctl_help(FILE *f) {
@@ -122,10 +123,14 @@ static void fm_ctl_help(FILE *f) {
 /* The code --json gives a failure fusectl found itself, by its exit status. */
 static const char *fm_ctl_exit_code_name(int exit_code) {
   switch (exit_code) {
-    case FM_CTL_EXIT_USAGE: return "usage";
-    case FM_CTL_EXIT_UNREACHABLE: return "unreachable";
-    case FM_CTL_EXIT_INPUT: return "bad_input";
-    default: return "failed";
+    case FM_CTL_EXIT_USAGE:
+      return "usage";
+    case FM_CTL_EXIT_UNREACHABLE:
+      return "unreachable";
+    case FM_CTL_EXIT_INPUT:
+      return "bad_input";
+    default:
+      return "failed";
   }
 }
 
@@ -159,8 +164,7 @@ int fm_ctl_usage_error(fm_ctl *ctl, const char *fmt, ...) {
   if (ctl && ctl->cmd)
     fprintf(stderr, "usage: fusectl [options] %s %s\n", ctl->cmd->name, ctl->cmd->usage);
   else
-    fputs("usage: fusectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS] (see --help)\n",
-          stderr);
+    fputs("usage: fusectl [--socket PATH] [--json] [--timeout MS] COMMAND [ARGS] (see --help)\n", stderr);
   return FM_CTL_EXIT_USAGE;
 }
 
@@ -233,18 +237,18 @@ int fm_ctl_connect(fm_ctl *ctl) {
   int refused = err == FM_EDENIED || err == FM_EBUSY;
   const char *code = refused ? fm_err_slug(err) : NULL;
   if (strstr(d.text, ctl->socket_path))
-    fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, code, "%s%s%s", refused ? fm_err_slug(err) : "",
-                 refused ? ": " : "", d.text);
+    fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, code, "%s%s%s", refused ? fm_err_slug(err) : "", refused ? ": " : "",
+                 d.text);
   else
     fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, code, "cannot reach fusemld at %s: %s", ctl->socket_path, d.text);
   if (err != FM_EPROTO_VERSION && !refused)
-    fprintf(stderr, "fusectl: is fusemld running? Start it with `fusemld` (or `systemctl --user "
-                    "start fusemld.socket`), or point --socket or FUSEML_SOCKET at its socket.\n");
+    fprintf(stderr,
+            "fusectl: is fusemld running? Start it with `fusemld` (or `systemctl --user "
+            "start fusemld.socket`), or point --socket or FUSEML_SOCKET at its socket.\n");
   return FM_CTL_EXIT_UNREACHABLE;
 }
 
-int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply,
-                  const fm_diag *d) {
+int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply, const fm_diag *d) {
   if (reply && reply->type == MSGPACK_OBJECT_MAP)
     return fm_ctl_error(ctl, FM_CTL_EXIT_DAEMON, fm_err_slug(err), "%s: %s", fm_err_slug(err), d->text);
   switch (err) {
@@ -260,8 +264,8 @@ int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *
   }
 }
 
-int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields,
-                void *ctx, msgpack_zone *zone, msgpack_object *reply) {
+int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields, void *ctx,
+                msgpack_zone *zone, msgpack_object *reply) {
   fm_diag d = {{0}};
   int rc = fm_ctl_connect(ctl), err;
   reply->type = MSGPACK_OBJECT_NIL;
@@ -283,12 +287,9 @@ static int fm_ctl_parse_timeout(const char *s, int *out) {
 
 int main(int argc, char **argv) {
   static const struct option opts[] = {
-    {"socket", required_argument, NULL, 's'},
-    {"json", no_argument, NULL, 'j'},
-    {"timeout", required_argument, NULL, 't'},
-    {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, 'V'},
-    {NULL, 0, NULL, 0},
+      {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
+      {"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
   };
   fm_ctl ctl = {0};
   char sock[512];
@@ -300,15 +301,21 @@ int main(int argc, char **argv) {
    * missing argument apart from an unknown option. */
   while ((c = getopt_long(argc, argv, "+:s:jt:hV", opts, NULL)) != -1) {
     switch (c) {
-      case 's': ctl.socket_path = optarg; break;
-      case 'j': ctl.json = 1; break;
+      case 's':
+        ctl.socket_path = optarg;
+        break;
+      case 'j':
+        ctl.json = 1;
+        break;
       case 't':
         if (fm_ctl_parse_timeout(optarg, &timeout)) {
           rc = fm_ctl_usage_error(&ctl, "--timeout wants milliseconds (an integer >= 0), got '%s'", optarg);
           goto out;
         }
         break;
-      case 'h': fm_ctl_help(stdout); return FM_CTL_EXIT_OK;
+      case 'h':
+        fm_ctl_help(stdout);
+        return FM_CTL_EXIT_OK;
       case 'V':
         printf("fusectl %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION);
         return FM_CTL_EXIT_OK;
@@ -340,8 +347,7 @@ int main(int argc, char **argv) {
   if (!ctl.socket_path) {
     fm_diag d = {{0}};
     if (fm_default_socket_path(sock, sizeof sock, 1, 0, &d) != FM_OK) {
-      rc = fm_ctl_error(&ctl, FM_CTL_EXIT_UNREACHABLE, NULL, "cannot determine the default socket path: %s",
-                        d.text);
+      rc = fm_ctl_error(&ctl, FM_CTL_EXIT_UNREACHABLE, NULL, "cannot determine the default socket path: %s", d.text);
       goto out;
     }
     ctl.socket_path = sock;

@@ -27,40 +27,39 @@ enum {
 
 typedef struct fm_ctl {
   const char *socket_path;
-  int json;                    /* --json */
-  int json_done;               /* the command printed its JSON (a failure prints none then) */
-  int timeout_ms;              /* 0: wait forever */
+  int json;       /* --json */
+  int json_done;  /* the command printed its JSON (a failure prints none then) */
+  int timeout_ms; /* 0: wait forever */
   const struct fm_ctl_cmd *cmd;
   fm_client *client;
-  char err_code[32];           /* the run's first failure, for --json ("" when none) */
+  char err_code[32]; /* the run's first failure, for --json ("" when none) */
   char err_text[sizeof(fm_diag) + 256];
 } fm_ctl;
 
 typedef int (*fm_ctl_handler)(fm_ctl *ctl, int argc, char **argv);
 
-#define FM_CTL_PATH_TEXT 4200      /* a path as text, escaped (the daemon's paths: 4096) */
+#define FM_CTL_PATH_TEXT 4200 /* a path as text, escaped (the daemon's paths: 4096) */
 
-#define FM_CTL_LONG 0x1          /* compiles: the long default timeout */
+#define FM_CTL_LONG 0x1 /* compiles: the long default timeout */
 
-#define FM_CTL_LOCAL 0x2         /* never talks to the daemon (help) */
+#define FM_CTL_LOCAL 0x2 /* never talks to the daemon (help) */
 
 typedef struct fm_ctl_cmd {
   const char *name;
   fm_ctl_handler handler;
-  const char *usage;           /* arguments after the name */
-  const char *help;            /* one line */
+  const char *usage; /* arguments after the name */
+  const char *help;  /* one line */
   int flags;
-  const char *details;         /* `fusectl help CMD`: its options and what it prints */
+  const char *details; /* `fusectl help CMD`: its options and what it prints */
 } fm_ctl_cmd;
 
 /* fusectl.c: connect (once) and call; on failure each prints the error and returns the
  * exit code to use, else 0. *reply lives in zone (caller inits/destroys). */
 int fm_ctl_connect(fm_ctl *ctl);
-int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields,
-                void *ctx, msgpack_zone *zone, msgpack_object *reply);
+int fm_ctl_call(fm_ctl *ctl, const char *op, uint32_t n_fields, fm_pack_fields_fn pack_fields, void *ctx,
+                msgpack_zone *zone, msgpack_object *reply);
 /* Prints a failed call's error; returns the exit code (1 if the daemon answered, else 3). */
-int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply,
-                  const fm_diag *d);
+int fm_ctl_report(fm_ctl *ctl, const char *what, int err, const msgpack_object *reply, const fm_diag *d);
 /* Every failure goes through here: "fusectl: <message>" on stderr; the run's first failure is
  * kept, and with --json main prints it on stdout as {"error": code, "message": ...} unless the
  * command printed its own JSON. code NULL: named after exit_code (usage, unreachable,
@@ -97,9 +96,9 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv);
 
 /* ---- fusectl_compile.c ---- */
 typedef struct fm_ctl_compile_req {
-  const char *fragment;        /* msgpack map */
+  const char *fragment; /* msgpack map */
   size_t len;
-  const char *arch;            /* NULL: the daemon's own */
+  const char *arch; /* NULL: the daemon's own */
 } fm_ctl_compile_req;
 
 /* fm_pack_fields_fn of a compile request (ctx: an fm_ctl_compile_req); 1 field, 2 with arch. */
@@ -109,15 +108,14 @@ void fm_ctl_pack_compile(msgpack_packer *pk, void *ctx);
 int fm_ctl_load_fragment(const char *path, msgpack_sbuffer *sb, fm_diag *d);
 
 /* ---- fusectl_json.c ---- */
-#define FM_CTL_JSON_MAX_DEPTH 16            /* the top-level value is depth 1 */
-#define FM_CTL_JSON_MAX_FILE (1u << 20)
+#define FM_CTL_JSON_MAX_DEPTH 16 /* the top-level value is depth 1 */
+#define FM_CTL_JSON_MAX_FILE  (1u << 20)
 
 /* Converts a JSON document to msgpack, appended to out: objects -> maps (key order kept),
  * arrays -> arrays, integers -> ints, reals -> float64, strings -> str, true/false/null.
  * name labels errors ("frag.json:3:14: ..."). FM_EMALFORMED (not JSON, duplicate key),
  * FM_ELIMIT (deeper than FM_CTL_JSON_MAX_DEPTH), FM_ENOMEM. */
-int fm_ctl_json_to_msgpack(const char *text, size_t len, const char *name, msgpack_sbuffer *out,
-                           fm_diag *d);
+int fm_ctl_json_to_msgpack(const char *text, size_t len, const char *name, msgpack_sbuffer *out, fm_diag *d);
 /* Reads path (at most FM_CTL_JSON_MAX_FILE bytes, else FM_ELIMIT; unreadable: FM_EIO) and
  * converts it as above. */
 int fm_ctl_json_file_to_msgpack(const char *path, msgpack_sbuffer *out, fm_diag *d);
@@ -133,9 +131,9 @@ void fm_ctl_print_json(FILE *f, const msgpack_object *o, int inline_depth, const
 /* A table of rows of cells, printed with each column padded to its widest cell. */
 typedef struct fm_ctl_table {
   size_t ncols, nrows, cap;
-  char **cells;                /* nrows * ncols, malloc'd strings */
-  unsigned right_align;        /* bit i: column i is right-aligned (numbers) */
-  int oom;                     /* sticky: checked once at print time */
+  char **cells;         /* nrows * ncols, malloc'd strings */
+  unsigned right_align; /* bit i: column i is right-aligned (numbers) */
+  int oom;              /* sticky: checked once at print time */
 } fm_ctl_table;
 
 void fm_ctl_table_init(fm_ctl_table *t, size_t ncols, unsigned right_align);
@@ -145,7 +143,7 @@ void fm_ctl_table_row(fm_ctl_table *t, const char *const *cells);
 int fm_ctl_table_print(fm_ctl_table *t, FILE *f);
 
 /* Human formats. */
-void fm_ctl_fmt_bytes(uint64_t n, char *out, size_t cap);           /* "12.3 KiB" */
+void fm_ctl_fmt_bytes(uint64_t n, char *out, size_t cap);              /* "12.3 KiB" */
 void fm_ctl_fmt_age(int64_t then, int64_t now, char *out, size_t cap); /* "5m ago" */
 /* A scalar as text (str, ints, floats, bool, nil; containers as compact JSON). A string is
  * escaped for the terminal (fm_text.h): every human printer shows the daemon's strings this

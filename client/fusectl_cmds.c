@@ -18,9 +18,12 @@ static int fm_ctl_flag_only(fm_ctl *ctl, int argc, char **argv, const char *flag
   int c;
   optind = 0;
   while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'f') *set = 1;
-    else return fm_ctl_bad_option(ctl, c, argv);
+    if (c == 'j')
+      ctl->json = 1;
+    else if (c == 'f')
+      *set = 1;
+    else
+      return fm_ctl_bad_option(ctl, c, argv);
   }
   if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
   return FM_CTL_EXIT_OK;
@@ -47,18 +50,21 @@ static void fm_ctl_fmt_device(const msgpack_object *dev, char *out, size_t cap) 
   }
   fm_ctl_fmt_scalar(fm_msg_get(dev, "name"), name, sizeof name);
   fm_ctl_fmt_scalar(fm_msg_get(dev, "arch"), arch, sizeof arch);
-  if (fm_ctl_i64(dev, "sm_count") <= 0)  /* compile-only mode: a target, not a device */
+  if (fm_ctl_i64(dev, "sm_count") <= 0) /* compile-only mode: a target, not a device */
     snprintf(out, cap, "no GPU (compiling for %s)", arch[0] ? arch : "?");
   else
-    snprintf(out, cap, "%s (%s, %" PRId64 " SMs)", name, arch[0] ? arch : "?",
-             fm_ctl_i64(dev, "sm_count"));
+    snprintf(out, cap, "%s (%s, %" PRId64 " SMs)", name, arch[0] ? arch : "?", fm_ctl_i64(dev, "sm_count"));
 }
 
 static void fm_ctl_fmt_duration(int64_t s, char *out, size_t cap) {
-  if (s < 60) snprintf(out, cap, "%" PRId64 "s", s);
-  else if (s < 3600) snprintf(out, cap, "%" PRId64 "m %02" PRId64 "s", s / 60, s % 60);
-  else if (s < 86400) snprintf(out, cap, "%" PRId64 "h %02" PRId64 "m", s / 3600, s / 60 % 60);
-  else snprintf(out, cap, "%" PRId64 "d %02" PRId64 "h", s / 86400, s / 3600 % 24);
+  if (s < 60)
+    snprintf(out, cap, "%" PRId64 "s", s);
+  else if (s < 3600)
+    snprintf(out, cap, "%" PRId64 "m %02" PRId64 "s", s / 60, s % 60);
+  else if (s < 86400)
+    snprintf(out, cap, "%" PRId64 "h %02" PRId64 "m", s / 3600, s / 60 % 60);
+  else
+    snprintf(out, cap, "%" PRId64 "d %02" PRId64 "h", s / 86400, s / 3600 % 24);
 }
 
 static void fm_ctl_fmt_time(int64_t t, char *out, size_t cap) {
@@ -103,8 +109,10 @@ out:
 static void fm_ctl_fmt_hit_rate(const msgpack_object *counters, char *out, size_t cap) {
   int64_t hits = counters ? fm_ctl_i64(counters, "hits") : 0;
   int64_t misses = counters ? fm_ctl_i64(counters, "misses") : 0;
-  if (hits + misses <= 0) snprintf(out, cap, "-");
-  else snprintf(out, cap, "%.1f%%", 100.0 * (double)hits / (double)(hits + misses));
+  if (hits + misses <= 0)
+    snprintf(out, cap, "-");
+  else
+    snprintf(out, cap, "%.1f%%", 100.0 * (double)hits / (double)(hits + misses));
 }
 
 int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
@@ -120,8 +128,10 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   if (zero) {
     rc = fm_ctl_call(ctl, "stats_zero", 0, NULL, NULL, &zone, &reply);
     if (rc) goto out;
-    if (ctl->json) fm_ctl_print_reply(ctl, &reply, 2, NULL);
-    else printf("counters zeroed\n");
+    if (ctl->json)
+      fm_ctl_print_reply(ctl, &reply, 2, NULL);
+    else
+      printf("counters zeroed\n");
     goto out;
   }
   rc = fm_ctl_call(ctl, "stats", 0, NULL, NULL, &zone, &reply);
@@ -131,10 +141,10 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
     goto out;
   }
   fm_ctl_table_init(&t, 2, 0);
-#define ROW(name, value)                               \
-  do {                                                 \
-    const char *row_[2] = {(name), (value)};           \
-    fm_ctl_table_row(&t, row_);                        \
+#define ROW(name, value)                     \
+  do {                                       \
+    const char *row_[2] = {(name), (value)}; \
+    fm_ctl_table_row(&t, row_);              \
   } while (0)
   fm_ctl_fmt_scalar(fm_msg_get(&reply, "mode"), val, sizeof val);
   ROW("mode", val);
@@ -150,7 +160,7 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
   ROW("clients", val);
   snprintf(val, sizeof val, "%" PRId64, fm_ctl_i64(&reply, "inflight"));
   ROW("inflight", val);
-  if (fm_msg_get(&reply, "tune")) {   /* an older daemon has no tuning modes */
+  if (fm_msg_get(&reply, "tune")) { /* an older daemon has no tuning modes */
     fm_ctl_fmt_scalar(fm_msg_get(&reply, "tune"), tmp, sizeof tmp);
     snprintf(val, sizeof val, "%s (%" PRId64 " background tune(s) queued or running)", tmp,
              fm_ctl_i64(&reply, "background_tunes"));
@@ -162,8 +172,10 @@ int fm_ctl_cmd_stats(fm_ctl *ctl, int argc, char **argv) {
     uint64_t bytes = (uint64_t)fm_ctl_i64(&reply, "bytes"), cap = (uint64_t)fm_ctl_i64(&reply, "cache_size");
     fm_ctl_fmt_bytes(bytes, tmp, sizeof tmp);
     fm_ctl_fmt_bytes(cap, tmp2, sizeof tmp2);
-    if (cap) snprintf(val, sizeof val, "%s of %s (%.1f%%)", tmp, tmp2, 100.0 * (double)bytes / (double)cap);
-    else snprintf(val, sizeof val, "%s (no cap)", tmp);
+    if (cap)
+      snprintf(val, sizeof val, "%s of %s (%.1f%%)", tmp, tmp2, 100.0 * (double)bytes / (double)cap);
+    else
+      snprintf(val, sizeof val, "%s (no cap)", tmp);
     ROW("size", val);
   }
   fm_ctl_fmt_hit_rate(fm_msg_get(&reply, "stats"), tmp, sizeof tmp);
@@ -224,13 +236,11 @@ out:
 
 /* ---- ls ---- */
 
-static void fm_ctl_pack_limit(msgpack_packer *pk, void *ctx) {
-  fm_pack_kv_u64(pk, "limit", *(const uint32_t *)ctx);
-}
+static void fm_ctl_pack_limit(msgpack_packer *pk, void *ctx) { fm_pack_kv_u64(pk, "limit", *(const uint32_t *)ctx); }
 
 int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"limit", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
+      {"json", no_argument, NULL, 'j'}, {"limit", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
   static const char *header[] = {"KEY", "KIND", "STATE", "SIZE", "HITS", "LAST-USED", "DEVICE"};
   msgpack_zone zone;
   msgpack_object reply;
@@ -245,21 +255,23 @@ int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
     char *end;
     unsigned long v;
     switch (c) {
-      case 'j': ctl->json = 1; break;
+      case 'j':
+        ctl->json = 1;
+        break;
       case 'n':
         v = strtoul(optarg, &end, 10);
         if (end == optarg || *end || v == 0 || v > UINT32_MAX || optarg[0] == '-')
           return fm_ctl_usage_error(ctl, "--limit wants a positive integer, got '%s'", optarg);
         limit = (uint32_t)v;
         break;
-      default: return fm_ctl_bad_option(ctl, c, argv);
+      default:
+        return fm_ctl_bad_option(ctl, c, argv);
     }
   }
   if (optind < argc) return fm_ctl_usage_error(ctl, "unexpected argument '%s'", argv[optind]);
 
   msgpack_zone_init(&zone, 4096);
-  rc = fm_ctl_call(ctl, "list", limit ? 1 : 0, limit ? fm_ctl_pack_limit : NULL, &limit, &zone,
-                   &reply);
+  rc = fm_ctl_call(ctl, "list", limit ? 1 : 0, limit ? fm_ctl_pack_limit : NULL, &limit, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
     fm_ctl_print_reply(ctl, &reply, 3, NULL);
@@ -282,7 +294,7 @@ int fm_ctl_cmd_ls(fm_ctl *ctl, int argc, char **argv) {
     char key[FM_KEY_HEX], kind[32], state[32], size[32], hits[32], used[32], dev[256];
     const char *row[7] = {key, kind, state, size, hits, used, dev};
     fm_ctl_fmt_scalar(fm_msg_get(e, "key"), key, sizeof key);
-    key[16] = '\0';  /* the first 16 hex digits tell entries apart at a glance */
+    key[16] = '\0'; /* the first 16 hex digits tell entries apart at a glance */
     fm_ctl_fmt_scalar(fm_msg_get(e, "kind"), kind, sizeof kind);
     fm_ctl_fmt_scalar(fm_msg_get(e, "state"), state, sizeof state);
     fm_ctl_fmt_bytes((uint64_t)fm_ctl_i64(e, "size"), size, sizeof size);
@@ -307,13 +319,11 @@ static int fm_ctl_is_hex(const char *s, size_t min_len, size_t max_len) {
   return 1;
 }
 
-static void fm_ctl_pack_key(msgpack_packer *pk, void *ctx) {
-  fm_pack_kv_cstr(pk, "key", ctx);
-}
+static void fm_ctl_pack_key(msgpack_packer *pk, void *ctx) { fm_pack_kv_cstr(pk, "key", ctx); }
 
 /* Asks show for a key prefix; *entry points into zone. */
-static int fm_ctl_show_entry(fm_ctl *ctl, const char *key, msgpack_zone *zone,
-                             msgpack_object *reply, const msgpack_object **entry) {
+static int fm_ctl_show_entry(fm_ctl *ctl, const char *key, msgpack_zone *zone, msgpack_object *reply,
+                             const msgpack_object **entry) {
   int rc = fm_ctl_call(ctl, "show", 1, fm_ctl_pack_key, (void *)key, zone, reply);
   if (rc) return rc;
   *entry = fm_msg_get(reply, "entry");
@@ -340,8 +350,10 @@ static void fm_ctl_print_timings(const msgpack_object *o, const char *state) {
   fm_msg_get_f64(o, "tune_ms", &tune_ms, NULL);
   fm_ctl_fmt_scalar(fm_msg_get(o, "device"), dev, sizeof dev);
   if (strcmp(state, "verified") == 0)
-    printf("\ncandidates (served one verified on %s in %.0f ms; the pending ones are timed in the "
-           "background; * = served):\n", dev[0] ? dev : "?", tune_ms);
+    printf(
+        "\ncandidates (served one verified on %s in %.0f ms; the pending ones are timed in the "
+        "background; * = served):\n",
+        dev[0] ? dev : "?", tune_ms);
   else
     printf("\ncandidates (tuned on %s in %.0f ms; * = chosen):\n", dev[0] ? dev : "?", tune_ms);
   fm_ctl_table t;
@@ -372,8 +384,10 @@ static void fm_ctl_print_source_json(fm_ctl *ctl, const msgpack_object *key, con
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 2);
   fm_pack_cstr(&pk, "key");
-  if (key) msgpack_pack_object(&pk, *key);
-  else msgpack_pack_nil(&pk);
+  if (key)
+    msgpack_pack_object(&pk, *key);
+  else
+    msgpack_pack_nil(&pk);
   fm_pack_cstr(&pk, "source");
   msgpack_pack_object(&pk, *source);
   fm_ctl_print_packed(ctl, &sb, 1);
@@ -381,7 +395,7 @@ static void fm_ctl_print_source_json(fm_ctl *ctl, const msgpack_object *key, con
 
 int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
+      {"json", no_argument, NULL, 'j'}, {"source", no_argument, NULL, 'S'}, {NULL, 0, NULL, 0}};
   msgpack_zone zone;
   msgpack_object reply;
   const msgpack_object *e = NULL, *o;
@@ -390,14 +404,16 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
 
   optind = 0;
   while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'S') source = 1;
-    else return fm_ctl_bad_option(ctl, c, argv);
+    if (c == 'j')
+      ctl->json = 1;
+    else if (c == 'S')
+      source = 1;
+    else
+      return fm_ctl_bad_option(ctl, c, argv);
   }
   if (argc - optind != 1) return fm_ctl_usage_error(ctl, "show wants one KEY");
   key = argv[optind];
-  if (!fm_ctl_is_hex(key, 4, 64))
-    return fm_ctl_usage_error(ctl, "KEY must be 4 to 64 hex digits, got '%s'", key);
+  if (!fm_ctl_is_hex(key, 4, 64)) return fm_ctl_usage_error(ctl, "KEY must be 4 to 64 hex digits, got '%s'", key);
 
   msgpack_zone_init(&zone, 4096);
   rc = fm_ctl_show_entry(ctl, key, &zone, &reply, &e);
@@ -438,9 +454,11 @@ int fm_ctl_cmd_show(fm_ctl *ctl, int argc, char **argv) {
       const char *row[2] = {"tuning", v};
       char phase[32];
       fm_ctl_fmt_scalar(fm_msg_get(o, "phase"), phase, sizeof phase);
-      snprintf(v, sizeof v, "background tune %s (%" PRId64 " candidates; %" PRId64 " tune(s) ahead); "
-               "the served kernel is replaced when it ends", phase, fm_ctl_i64(o, "candidates"),
-               fm_ctl_i64(o, "ahead"));
+      snprintf(v, sizeof v,
+               "background tune %s (%" PRId64 " candidates; %" PRId64
+               " tune(s) ahead); "
+               "the served kernel is replaced when it ends",
+               phase, fm_ctl_i64(o, "candidates"), fm_ctl_i64(o, "ahead"));
       fm_ctl_table_row(&t, row);
     }
     {
@@ -489,13 +507,11 @@ out:
 
 /* ---- evict ---- */
 
-static void fm_ctl_pack_all(msgpack_packer *pk, void *ctx) {
-  fm_pack_kv_bool(pk, "all", true);
-}
+static void fm_ctl_pack_all(msgpack_packer *pk, void *ctx) { fm_pack_kv_bool(pk, "all", true); }
 
 int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"all", no_argument, NULL, 'a'}, {NULL, 0, NULL, 0}};
+      {"json", no_argument, NULL, 'j'}, {"all", no_argument, NULL, 'a'}, {NULL, 0, NULL, 0}};
   msgpack_zone zone;
   msgpack_object reply;
   char full[FM_KEY_HEX] = "";
@@ -505,16 +521,18 @@ int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv) {
 
   optind = 0;
   while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'a') all = 1;
-    else return fm_ctl_bad_option(ctl, c, argv);
+    if (c == 'j')
+      ctl->json = 1;
+    else if (c == 'a')
+      all = 1;
+    else
+      return fm_ctl_bad_option(ctl, c, argv);
   }
   if (all && optind != argc) return fm_ctl_usage_error(ctl, "give either KEY or --all, not both");
   if (!all) {
     if (argc - optind != 1) return fm_ctl_usage_error(ctl, "evict wants one KEY, or --all");
     key = argv[optind];
-    if (!fm_ctl_is_hex(key, 4, 64))
-      return fm_ctl_usage_error(ctl, "KEY must be 4 to 64 hex digits, got '%s'", key);
+    if (!fm_ctl_is_hex(key, 4, 64)) return fm_ctl_usage_error(ctl, "KEY must be 4 to 64 hex digits, got '%s'", key);
   }
 
   msgpack_zone_init(&zone, 4096);
@@ -527,16 +545,20 @@ int fm_ctl_cmd_evict(fm_ctl *ctl, int argc, char **argv) {
     fm_ctl_fmt_scalar(fm_msg_get(e, "key"), full, sizeof full);
     key = full;
   }
-  if (all) rc = fm_ctl_call(ctl, "evict", 1, fm_ctl_pack_all, NULL, &zone, &reply);
-  else rc = fm_ctl_call(ctl, "evict", 1, fm_ctl_pack_key, (void *)key, &zone, &reply);
+  if (all)
+    rc = fm_ctl_call(ctl, "evict", 1, fm_ctl_pack_all, NULL, &zone, &reply);
+  else
+    rc = fm_ctl_call(ctl, "evict", 1, fm_ctl_pack_key, (void *)key, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
     fm_ctl_print_reply(ctl, &reply, 2, NULL);
     goto out;
   }
   fm_msg_get_u64(&reply, "evicted", &n, NULL);
-  if (all) printf("evicted %" PRIu64 " entr%s\n", n, n == 1 ? "y" : "ies");
-  else printf("evicted %s\n", key);
+  if (all)
+    printf("evicted %" PRIu64 " entr%s\n", n, n == 1 ? "y" : "ies");
+  else
+    printf("evicted %s\n", key);
 out:
   msgpack_zone_destroy(&zone);
   return rc;
@@ -544,7 +566,7 @@ out:
 
 /* ---- shutdown ---- */
 
-#define FM_CTL_SHUTDOWN_WAIT_MS 60000  /* above the daemon's drain (30 s) and flush (2 s) */
+#define FM_CTL_SHUTDOWN_WAIT_MS 60000 /* above the daemon's drain (30 s) and flush (2 s) */
 #define FM_CTL_SHUTDOWN_POLL_MS 100
 
 /* Until the daemon closes this connection: it does so once its compiles have finished. A
@@ -578,11 +600,13 @@ int fm_ctl_cmd_shutdown(fm_ctl *ctl, int argc, char **argv) {
     printf("fusemld (pid %" PRId64 ") at %s is stopping; %" PRId64 " compile(s) in flight finish first\n", pid,
            ctl->socket_path, inflight);
   if (wait && !fm_ctl_wait_closed(ctl)) {
-    rc = fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "still_serving", "fusemld (pid %" PRId64 ") still serves after %d s",
-                      pid, FM_CTL_SHUTDOWN_WAIT_MS / 1000);
+    rc = fm_ctl_error(ctl, FM_CTL_EXIT_UNREACHABLE, "still_serving",
+                      "fusemld (pid %" PRId64 ") still serves after %d s", pid, FM_CTL_SHUTDOWN_WAIT_MS / 1000);
   }
-  if (ctl->json && !rc) fm_ctl_print_reply(ctl, &reply, 2, NULL);
-  else if (wait && !rc) printf("fusemld (pid %" PRId64 ") has finished and closed its connections\n", pid);
+  if (ctl->json && !rc)
+    fm_ctl_print_reply(ctl, &reply, 2, NULL);
+  else if (wait && !rc)
+    printf("fusemld (pid %" PRId64 ") has finished and closed its connections\n", pid);
 out:
   msgpack_zone_destroy(&zone);
   return rc;

@@ -14,7 +14,7 @@
 void fm_ctl_pack_compile(msgpack_packer *pk, void *ctx) {
   const fm_ctl_compile_req *r = ctx;
   fm_pack_cstr(pk, "fragment");
-  pk->callback(pk->data, r->fragment, r->len);  /* already msgpack */
+  pk->callback(pk->data, r->fragment, r->len); /* already msgpack */
   if (r->arch) fm_pack_kv_cstr(pk, "arch", r->arch);
 }
 
@@ -22,8 +22,8 @@ int fm_ctl_load_fragment(const char *path, msgpack_sbuffer *sb, fm_diag *d) {
   int err = fm_ctl_json_file_to_msgpack(path, sb, d);
   if (err) return err;
   /* A JSON object always becomes a map header: fixmap, map16 or map32. */
-  if (sb->size == 0 || !(((uint8_t)sb->data[0] & 0xf0) == 0x80 || (uint8_t)sb->data[0] == 0xde ||
-                         (uint8_t)sb->data[0] == 0xdf))
+  if (sb->size == 0 ||
+      !(((uint8_t)sb->data[0] & 0xf0) == 0x80 || (uint8_t)sb->data[0] == 0xde || (uint8_t)sb->data[0] == 0xdf))
     return fm_diag_set(d, FM_ESCHEMA, "%s: a fragment must be a JSON object", path);
   return FM_OK;
 }
@@ -32,7 +32,7 @@ int fm_ctl_load_fragment(const char *path, msgpack_sbuffer *sb, fm_diag *d) {
 
 int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"arch", required_argument, NULL, 'a'}, {NULL, 0, NULL, 0}};
+      {"json", no_argument, NULL, 'j'}, {"arch", required_argument, NULL, 'a'}, {NULL, 0, NULL, 0}};
   msgpack_sbuffer sb;
   msgpack_zone zone;
   msgpack_object reply;
@@ -43,9 +43,12 @@ int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv) {
 
   optind = 0;
   while ((c = getopt_long(argc, argv, ":j", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'a') req.arch = optarg;
-    else return fm_ctl_bad_option(ctl, c, argv);
+    if (c == 'j')
+      ctl->json = 1;
+    else if (c == 'a')
+      req.arch = optarg;
+    else
+      return fm_ctl_bad_option(ctl, c, argv);
   }
   if (argc - optind != 1) return fm_ctl_usage_error(ctl, "compile wants one FRAGMENT.json");
   path = argv[optind];
@@ -61,7 +64,7 @@ int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv) {
   rc = fm_ctl_call(ctl, "compile", req.arch ? 2 : 1, fm_ctl_pack_compile, &req, &zone, &reply);
   if (rc) goto out;
   if (ctl->json) {
-    fm_ctl_print_reply(ctl, &reply, 2, "cubin");  /* the CUBIN is binary: left out */
+    fm_ctl_print_reply(ctl, &reply, 2, "cubin"); /* the CUBIN is binary: left out */
     goto out;
   }
   {
@@ -77,8 +80,7 @@ int fm_ctl_cmd_compile(fm_ctl *ctl, int argc, char **argv) {
     }
     {
       const char *row[2] = {"cubin", v};
-      snprintf(v, sizeof v, "%" PRIu32 " bytes",
-               cubin && cubin->type == MSGPACK_OBJECT_BIN ? cubin->via.bin.size : 0);
+      snprintf(v, sizeof v, "%" PRIu32 " bytes", cubin && cubin->type == MSGPACK_OBJECT_BIN ? cubin->via.bin.size : 0);
       fm_ctl_table_row(&t, row);
     }
     fm_ctl_table_print(&t, stdout);

@@ -58,21 +58,29 @@ static int fm_json_pack(fm_jw *w, const json_t *j, int depth, const char *name, 
       msgpack_pack_str_body(pk, json_string_value(j), n);
       return FM_OK;
     }
-    case JSON_INTEGER: msgpack_pack_int64(pk, (int64_t)json_integer_value(j)); return FM_OK;
-    case JSON_REAL: msgpack_pack_double(pk, json_real_value(j)); return FM_OK;
-    case JSON_TRUE: msgpack_pack_true(pk); return FM_OK;
-    case JSON_FALSE: msgpack_pack_false(pk); return FM_OK;
-    case JSON_NULL: msgpack_pack_nil(pk); return FM_OK;
+    case JSON_INTEGER:
+      msgpack_pack_int64(pk, (int64_t)json_integer_value(j));
+      return FM_OK;
+    case JSON_REAL:
+      msgpack_pack_double(pk, json_real_value(j));
+      return FM_OK;
+    case JSON_TRUE:
+      msgpack_pack_true(pk);
+      return FM_OK;
+    case JSON_FALSE:
+      msgpack_pack_false(pk);
+      return FM_OK;
+    case JSON_NULL:
+      msgpack_pack_nil(pk);
+      return FM_OK;
   }
   return fm_diag_set(d, FM_EMALFORMED, "%s: unexpected JSON value type", name);
 
 too_deep:
-  return fm_diag_set(d, FM_ELIMIT, "%s: JSON nested deeper than %d levels", name,
-                     FM_CTL_JSON_MAX_DEPTH);
+  return fm_diag_set(d, FM_ELIMIT, "%s: JSON nested deeper than %d levels", name, FM_CTL_JSON_MAX_DEPTH);
 }
 
-int fm_ctl_json_to_msgpack(const char *text, size_t len, const char *name, msgpack_sbuffer *out,
-                           fm_diag *d) {
+int fm_ctl_json_to_msgpack(const char *text, size_t len, const char *name, msgpack_sbuffer *out, fm_diag *d) {
   json_error_t jerr;
   json_t *root;
   fm_jw w = {.sb = out, .oom = 0};
@@ -81,16 +89,14 @@ int fm_ctl_json_to_msgpack(const char *text, size_t len, const char *name, msgpa
 
   if (!name) name = "<json>";
   if (len > FM_CTL_JSON_MAX_FILE)
-    return fm_diag_set(d, FM_ELIMIT, "%s: %zu bytes; the limit is %u", name, len,
-                       FM_CTL_JSON_MAX_FILE);
+    return fm_diag_set(d, FM_ELIMIT, "%s: %zu bytes; the limit is %u", name, len, FM_CTL_JSON_MAX_FILE);
   /* Duplicate keys are refused: which one wins would be the parser's accident. */
   root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root)
-    return fm_diag_set(d, FM_EMALFORMED, "%s:%d:%d: %s", name, jerr.line, jerr.column, jerr.text);
+  if (!root) return fm_diag_set(d, FM_EMALFORMED, "%s:%d:%d: %s", name, jerr.line, jerr.column, jerr.text);
   msgpack_packer_init(&w.pk, &w, fm_jw_write);
   err = fm_json_pack(&w, root, 1, name, d);
   if (!err && w.oom) err = fm_diag_set(d, FM_ENOMEM, "%s: out of memory", name);
-  if (err) out->size = start;  /* leave out as it was */
+  if (err) out->size = start; /* leave out as it was */
   json_decref(root);
   return err;
 }
@@ -116,8 +122,8 @@ int fm_ctl_json_file_to_msgpack(const char *path, msgpack_sbuffer *out, fm_diag 
     goto out;
   }
   if (n > FM_CTL_JSON_MAX_FILE) {
-    err = fm_diag_set(d, FM_ELIMIT, "%s is larger than %u bytes (1 MiB): refusing to read it",
-                      path, FM_CTL_JSON_MAX_FILE);
+    err = fm_diag_set(d, FM_ELIMIT, "%s is larger than %u bytes (1 MiB): refusing to read it", path,
+                      FM_CTL_JSON_MAX_FILE);
     goto out;
   }
   err = fm_ctl_json_to_msgpack(buf, n, path, out, d);

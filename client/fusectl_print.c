@@ -23,12 +23,28 @@ static void fm_json_str(FILE *f, const char *p, size_t n) {
     unsigned char c = s[i];
     size_t ul;
     switch (c) {
-      case '"': fputs("\\\"", f); i++; continue;
-      case '\\': fputs("\\\\", f); i++; continue;
-      case '\n': fputs("\\n", f); i++; continue;
-      case '\r': fputs("\\r", f); i++; continue;
-      case '\t': fputs("\\t", f); i++; continue;
-      default: break;
+      case '"':
+        fputs("\\\"", f);
+        i++;
+        continue;
+      case '\\':
+        fputs("\\\\", f);
+        i++;
+        continue;
+      case '\n':
+        fputs("\\n", f);
+        i++;
+        continue;
+      case '\r':
+        fputs("\\r", f);
+        i++;
+        continue;
+      case '\t':
+        fputs("\\t", f);
+        i++;
+        continue;
+      default:
+        break;
     }
     if (c < 0x20 || c == 0x7f) {
       fprintf(f, "\\u%04x", c);
@@ -72,8 +88,7 @@ static void fm_json_indent(FILE *f, int depth) {
   for (int i = 0; i < depth; i++) fputs("  ", f);
 }
 
-static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inline_depth,
-                          const char *const *omit);
+static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inline_depth, const char *const *omit);
 
 static int fm_json_omitted(const msgpack_object *key, const char *const *omit) {
   for (; omit && *omit; omit++)
@@ -100,18 +115,31 @@ static void fm_json_key(FILE *f, const msgpack_object *k) {
   free(text);
 }
 
-static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inline_depth,
-                          const char *const *omit) {
+static void fm_json_value(FILE *f, const msgpack_object *o, int depth, int inline_depth, const char *const *omit) {
   int multi = depth < inline_depth;
   switch (o->type) {
-    case MSGPACK_OBJECT_NIL: fputs("null", f); return;
-    case MSGPACK_OBJECT_BOOLEAN: fputs(o->via.boolean ? "true" : "false", f); return;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: fprintf(f, "%" PRIu64, o->via.u64); return;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: fprintf(f, "%" PRId64, o->via.i64); return;
+    case MSGPACK_OBJECT_NIL:
+      fputs("null", f);
+      return;
+    case MSGPACK_OBJECT_BOOLEAN:
+      fputs(o->via.boolean ? "true" : "false", f);
+      return;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+      fprintf(f, "%" PRIu64, o->via.u64);
+      return;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+      fprintf(f, "%" PRId64, o->via.i64);
+      return;
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: fm_json_double(f, o->via.f64); return;
-    case MSGPACK_OBJECT_STR: fm_json_str(f, o->via.str.ptr, o->via.str.size); return;
-    case MSGPACK_OBJECT_BIN: fprintf(f, "{\"bin_bytes\": %" PRIu32 "}", o->via.bin.size); return;
+    case MSGPACK_OBJECT_FLOAT64:
+      fm_json_double(f, o->via.f64);
+      return;
+    case MSGPACK_OBJECT_STR:
+      fm_json_str(f, o->via.str.ptr, o->via.str.size);
+      return;
+    case MSGPACK_OBJECT_BIN:
+      fprintf(f, "{\"bin_bytes\": %" PRIu32 "}", o->via.bin.size);
+      return;
     case MSGPACK_OBJECT_EXT:
       fprintf(f, "{\"ext_type\": %d, \"ext_bytes\": %" PRIu32 "}", o->via.ext.type, o->via.ext.size);
       return;
@@ -205,9 +233,12 @@ int fm_ctl_table_print(fm_ctl_table *t, FILE *f) {
       const char *s = t->cells[r * t->ncols + c];
       int last = c + 1 == ncols;
       if (c) fputs("  ", f);
-      if (t->right_align & (1u << c)) fprintf(f, "%*s", (int)width[c], s);
-      else if (last) fputs(s, f);  /* no trailing blanks */
-      else fprintf(f, "%-*s", (int)width[c], s);
+      if (t->right_align & (1u << c))
+        fprintf(f, "%*s", (int)width[c], s);
+      else if (last)
+        fputs(s, f); /* no trailing blanks */
+      else
+        fprintf(f, "%-*s", (int)width[c], s);
     }
     fputc('\n', f);
   }
@@ -236,12 +267,18 @@ void fm_ctl_fmt_bytes(uint64_t n, char *out, size_t cap) {
 
 void fm_ctl_fmt_age(int64_t then, int64_t now, char *out, size_t cap) {
   int64_t s = now - then;
-  if (then <= 0) snprintf(out, cap, "never");
-  else if (s < 0) snprintf(out, cap, "just now");
-  else if (s < 60) snprintf(out, cap, "%" PRId64 "s ago", s);
-  else if (s < 3600) snprintf(out, cap, "%" PRId64 "m ago", s / 60);
-  else if (s < 86400) snprintf(out, cap, "%" PRId64 "h ago", s / 3600);
-  else snprintf(out, cap, "%" PRId64 "d ago", s / 86400);
+  if (then <= 0)
+    snprintf(out, cap, "never");
+  else if (s < 0)
+    snprintf(out, cap, "just now");
+  else if (s < 60)
+    snprintf(out, cap, "%" PRId64 "s ago", s);
+  else if (s < 3600)
+    snprintf(out, cap, "%" PRId64 "m ago", s / 60);
+  else if (s < 86400)
+    snprintf(out, cap, "%" PRId64 "h ago", s / 3600);
+  else
+    snprintf(out, cap, "%" PRId64 "d ago", s / 86400);
 }
 
 void fm_ctl_fmt_scalar(const msgpack_object *o, char *out, size_t cap) {

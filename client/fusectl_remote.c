@@ -16,7 +16,7 @@
 
 #include "fm_msg.h"
 
-#define FM_CTL_SNAPSHOT_MAGIC "FMX1"
+#define FM_CTL_SNAPSHOT_MAGIC     "FMX1"
 #define FM_CTL_SNAPSHOT_MAX_ENTRY (64u << 20)
 
 typedef struct key_arg {
@@ -41,9 +41,12 @@ static int parse_file_args(fm_ctl *ctl, int argc, char **argv, const char **devi
   int c;
   optind = 0;
   while ((c = getopt_long(argc, argv, ":jd:", lo, NULL)) != -1) {
-    if (c == 'j') ctl->json = 1;
-    else if (c == 'd' && device) *device = optarg;
-    else return fm_ctl_bad_option(ctl, c, argv);
+    if (c == 'j')
+      ctl->json = 1;
+    else if (c == 'd' && device)
+      *device = optarg;
+    else
+      return fm_ctl_bad_option(ctl, c, argv);
   }
   if (optind + 1 != argc) return fm_ctl_usage_error(ctl, "wants one FILE");
   *file = argv[optind];
@@ -89,7 +92,7 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
     const uint8_t *val;
     size_t len;
     if (err == FM_ENOT_FOUND) {
-      vanished++;   /* evicted since the list: not an error */
+      vanished++; /* evicted since the list: not an error */
     } else if (err && er.type == MSGPACK_OBJECT_MAP) {
       /* The daemon could not give this entry (it failed its checksum, say): said here, the
        * others still exported, and the exit status tells that the snapshot lacks it. */
@@ -115,8 +118,7 @@ int fm_ctl_cmd_export(fm_ctl *ctl, int argc, char **argv) {
     printf("{\"exported\": %u, \"vanished\": %u, \"skipped\": %u}\n", n, vanished, skipped);
     ctl->json_done = 1;
   } else {
-    printf("exported %u entr%s to %s%s", n, n == 1 ? "y" : "ies", path,
-           vanished ? " (some vanished meanwhile)" : "");
+    printf("exported %u entr%s to %s%s", n, n == 1 ? "y" : "ies", path, vanished ? " (some vanished meanwhile)" : "");
     if (skipped) printf("; %u skipped (see above)", skipped);
     putchar('\n');
   }
@@ -170,7 +172,7 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
     val = NULL;
     if (rc == FM_CTL_EXIT_DAEMON) {
       msgpack_zone_destroy(&zone);
-      refused++;   /* fm_ctl_call printed why */
+      refused++; /* fm_ctl_call printed why */
       rc = FM_CTL_EXIT_OK;
       continue;
     }
@@ -194,9 +196,8 @@ int fm_ctl_cmd_import(fm_ctl *ctl, int argc, char **argv) {
     if (ctl->json) {
       printf("{\"imported\": %u, \"skipped\": %u, \"refused\": %u}\n", ok, skipped, refused);
       ctl->json_done = 1;
-    }
-    else printf("imported %u entr%s from %s; %u skipped, %u refused\n", ok, ok == 1 ? "y" : "ies", path, skipped,
-                refused);
+    } else
+      printf("imported %u entr%s from %s; %u skipped, %u refused\n", ok, ok == 1 ? "y" : "ies", path, skipped, refused);
     if (refused) rc = FM_CTL_EXIT_DAEMON;
   }
   return rc;

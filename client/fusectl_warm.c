@@ -15,22 +15,21 @@
 
 #include "fm_msg.h"
 
-#define FM_CTL_WARM_MAX_JOBS 64
-#define FM_CTL_WARM_DEFAULT_JOBS 4   /* when the daemon does not say how many workers it has */
+#define FM_CTL_WARM_MAX_JOBS     64
+#define FM_CTL_WARM_DEFAULT_JOBS 4 /* when the daemon does not say how many workers it has */
 
 typedef struct fm_ctl_warm_item {
-  char *path;                  /* resolved against the manifest's folder */
+  char *path; /* resolved against the manifest's folder */
   char key[FM_KEY_HEX];
   char origin[16];
   char error[sizeof(fm_diag) + 32]; /* "slug: message: detail"; "" when it succeeded */
-  int bad_input;               /* error: the file, not the daemon */
+  int bad_input;                    /* error: the file, not the daemon */
 } fm_ctl_warm_item;
 
 /* Reads the manifest: one path per line; blank lines and lines starting with '#' (after
  * leading blanks) are skipped; relative paths are relative to the manifest's folder, so a
  * manifest works from any working directory. */
-static int fm_ctl_read_manifest(const char *manifest, fm_ctl_warm_item **items, size_t *n,
-                                fm_diag *d) {
+static int fm_ctl_read_manifest(const char *manifest, fm_ctl_warm_item **items, size_t *n, fm_diag *d) {
   FILE *f;
   char *text = NULL, *line, *save = NULL, *dir = NULL, *slash;
   size_t len, cap = 0;
@@ -57,8 +56,10 @@ static int fm_ctl_read_manifest(const char *manifest, fm_ctl_warm_item **items, 
   }
   text[len] = '\0';
   slash = strrchr(dir, '/');
-  if (slash) slash[slash == dir ? 1 : 0] = '\0';  /* keep "/" for a manifest at the root */
-  else strcpy(dir, ".");
+  if (slash)
+    slash[slash == dir ? 1 : 0] = '\0'; /* keep "/" for a manifest at the root */
+  else
+    strcpy(dir, ".");
 
   for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
     char *end;
@@ -112,8 +113,8 @@ static void fm_ctl_progress(size_t done, size_t total, const char *path) {
   fflush(stderr);
 }
 
-static void fm_ctl_warm_json(fm_ctl *ctl, const fm_ctl_warm_item *items, size_t n, size_t compiled,
-                             size_t hits, size_t failed) {
+static void fm_ctl_warm_json(fm_ctl *ctl, const fm_ctl_warm_item *items, size_t n, size_t compiled, size_t hits,
+                             size_t failed) {
   msgpack_sbuffer sb;
   msgpack_packer pk;
   msgpack_sbuffer_init(&sb);
@@ -146,7 +147,7 @@ typedef struct fm_ctl_warm_run {
   size_t n, next, done;
   size_t compiled, hits, failed, bad_input;
   int tty;
-  int lost_err;                /* a connection lost (the daemon gone or hung): no more sent */
+  int lost_err; /* a connection lost (the daemon gone or hung): no more sent */
   fm_diag lost_diag;
   const char *lost_path;
   pthread_mutex_t mu;
@@ -226,8 +227,10 @@ static void *fm_ctl_warm_worker_main(void *arg) {
       run->failed++;
       if (it->bad_input) run->bad_input++;
       if (run->tty) fputs("\r\033[K", stderr);
-      if (!strstr(it->error, it->path)) fprintf(stderr, "fusectl: %s: %s\n", it->path, it->error);
-      else fprintf(stderr, "fusectl: %s\n", it->error);
+      if (!strstr(it->error, it->path))
+        fprintf(stderr, "fusectl: %s: %s\n", it->path, it->error);
+      else
+        fprintf(stderr, "fusectl: %s\n", it->error);
     } else if (strcmp(it->origin, "hit") == 0) {
       run->hits++;
     } else {
@@ -254,7 +257,7 @@ static unsigned fm_ctl_daemon_jobs(fm_ctl *ctl) {
 
 int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
   static const struct option lo[] = {
-    {"json", no_argument, NULL, 'j'}, {"jobs", required_argument, NULL, 'J'}, {NULL, 0, NULL, 0}};
+      {"json", no_argument, NULL, 'j'}, {"jobs", required_argument, NULL, 'J'}, {NULL, 0, NULL, 0}};
   fm_ctl_warm_run run = {.tty = isatty(STDERR_FILENO)};
   fm_ctl_warm_worker workers[FM_CTL_WARM_MAX_JOBS];
   unsigned jobs = 0, started = 0;
@@ -266,7 +269,9 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
     char *end;
     unsigned long v;
     switch (c) {
-      case 'j': ctl->json = 1; break;
+      case 'j':
+        ctl->json = 1;
+        break;
       case 'J':
         errno = 0;
         v = strtoul(optarg, &end, 10);
@@ -274,7 +279,8 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
           return fm_ctl_usage_error(ctl, "--jobs wants 1 to %d, got '%s'", FM_CTL_WARM_MAX_JOBS, optarg);
         jobs = (unsigned)v;
         break;
-      default: return fm_ctl_bad_option(ctl, c, argv);
+      default:
+        return fm_ctl_bad_option(ctl, c, argv);
     }
   }
   if (argc - optind != 1) return fm_ctl_usage_error(ctl, "warm wants one MANIFEST");
@@ -302,7 +308,7 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
   if (run.tty) fm_ctl_progress(0, run.n, run.items[0].path);
   for (started = 0; started < jobs; started++)
     if (pthread_create(&workers[started].thread, NULL, fm_ctl_warm_worker_main, &workers[started]) != 0) break;
-  if (started == 0) fm_ctl_warm_worker_main(&workers[0]);   /* no thread to be had: this one works */
+  if (started == 0) fm_ctl_warm_worker_main(&workers[0]); /* no thread to be had: this one works */
   for (unsigned i = 0; i < started; i++) pthread_join(workers[i].thread, NULL);
   for (unsigned i = 1; i < jobs; i++) fm_client_close(workers[i].client);
   pthread_mutex_destroy(&run.mu);
@@ -312,12 +318,17 @@ int fm_ctl_cmd_warm(fm_ctl *ctl, int argc, char **argv) {
     rc = fm_ctl_report(ctl, run.lost_path, run.lost_err, NULL, &run.lost_diag);
     goto out;
   }
-  if (ctl->json) fm_ctl_warm_json(ctl, run.items, run.n, run.compiled, run.hits, run.failed);
-  else printf("%zu compiled, %zu hits, %zu failed\n", run.compiled, run.hits, run.failed);
+  if (ctl->json)
+    fm_ctl_warm_json(ctl, run.items, run.n, run.compiled, run.hits, run.failed);
+  else
+    printf("%zu compiled, %zu hits, %zu failed\n", run.compiled, run.hits, run.failed);
   /* A refusal by the daemon outranks unreadable files in the exit status. */
-  if (run.failed > run.bad_input) rc = FM_CTL_EXIT_DAEMON;
-  else if (run.bad_input) rc = FM_CTL_EXIT_INPUT;
-  else rc = FM_CTL_EXIT_OK;
+  if (run.failed > run.bad_input)
+    rc = FM_CTL_EXIT_DAEMON;
+  else if (run.bad_input)
+    rc = FM_CTL_EXIT_INPUT;
+  else
+    rc = FM_CTL_EXIT_OK;
 
 out:
   for (size_t i = 0; i < run.n; i++) free(run.items[i].path);

@@ -13,10 +13,12 @@
 const char *fm_template_name(fm_template t) {
   switch (t) {
 #define FM_TMPL_NAME_(n, name, str) \
-  case FM_TMPL_##name: return str;
+  case FM_TMPL_##name:              \
+    return str;
     FM_TEMPLATE_MAP(FM_TMPL_NAME_)
 #undef FM_TMPL_NAME_
-    case FM_TMPL_NONE: break;
+    case FM_TMPL_NONE:
+      break;
   }
   return "none";
 }
@@ -55,8 +57,14 @@ static fm_candidate from_gemm(fm_gemm_config c) {
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
-  return (fm_gemm_config){.bm = k->p[0], .bn = k->p[1], .bk = k->p[2], .stages = k->p[3], .wm = k->p[4],
-                          .wn = k->p[5], .raster = k->p[6], .wgmma = k->p[7] & GEMM_MODE_MASK,
+  return (fm_gemm_config){.bm = k->p[0],
+                          .bn = k->p[1],
+                          .bk = k->p[2],
+                          .stages = k->p[3],
+                          .wm = k->p[4],
+                          .wn = k->p[5],
+                          .raster = k->p[6],
+                          .wgmma = k->p[7] & GEMM_MODE_MASK,
                           .rtiles = (k->p[7] >> GEMM_RTILES_SHIFT) & GEMM_RTILES_MASK,
                           .cluster = k->p[7] >> GEMM_CLUSTER_SHIFT};
 }
@@ -77,9 +85,7 @@ static fm_cols_config to_cols(const fm_candidate *k) {
   return (fm_cols_config){.width = k->p[0], .cluster = k->p[1], .vec = k->p[2], .unroll = k->p[3], .block = k->p[4]};
 }
 
-static fm_candidate from_b2b(fm_b2b_config c) {
-  return (fm_candidate){.tmpl = FM_TMPL_B2B, .p = {c.bm, c.form}};
-}
+static fm_candidate from_b2b(fm_b2b_config c) { return (fm_candidate){.tmpl = FM_TMPL_B2B, .p = {c.bm, c.form}}; }
 
 static fm_b2b_config to_b2b(const fm_candidate *k) { return (fm_b2b_config){.bm = k->p[0], .form = k->p[1]}; }
 
@@ -102,7 +108,7 @@ typedef struct template_ops {
   generate_fn generate;
   /* "<template> <parameters>", for logs and `fusectl show` */
   void (*describe)(const fm_candidate *c, char *out, size_t cap);
-  runs_where (*runs)(const fm_candidate *c);   /* NULL: anywhere */
+  runs_where (*runs)(const fm_candidate *c); /* NULL: anywhere */
 } template_ops;
 
 /* A default is generated once where the template may refuse the fragment, so that the
@@ -245,7 +251,10 @@ static int skinny_generate(const fm_fragment *canon, const fm_candidate *c, uint
 static void skinny_describe(const fm_candidate *c, char *out, size_t cap) {
   fm_skinny_config sc = to_skinny(c);
   snprintf(out, cap, "skinny cols=%u warps=%u unroll=%u pipe=%u%s", sc.cols, sc.warps, sc.unroll, sc.pipe,
-           sc.split == 2 ? " split=2" : sc.split == 4 ? " split=4" : sc.split > 1 ? " split=?" : "");
+           sc.split == 2   ? " split=2"
+           : sc.split == 4 ? " split=4"
+           : sc.split > 1  ? " split=?"
+                           : "");
 }
 static runs_where skinny_runs(const fm_candidate *c) { return to_skinny(c).split > 1 ? RUNS_SM90_UP : RUNS_ANYWHERE; }
 
@@ -277,7 +286,9 @@ static int b2b_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) 
 static void b2b_describe(const fm_candidate *c, char *out, size_t cap) {
   fm_b2b_config bc = to_b2b(c);
   snprintf(out, cap, "b2b bm=%u%s", bc.bm,
-           bc.form == FM_B2B_TMA_PAIR ? " tma cluster=2" : bc.form == FM_B2B_TMA ? " tma" : "");
+           bc.form == FM_B2B_TMA_PAIR ? " tma cluster=2"
+           : bc.form == FM_B2B_TMA    ? " tma"
+                                      : "");
 }
 static runs_where b2b_runs(const fm_candidate *c) {
   (void)c;
@@ -285,19 +296,31 @@ static runs_where b2b_runs(const fm_candidate *c) {
 }
 
 static const template_ops templates[] = {
-    [FM_TMPL_POINTWISE] = {.default_of = pw_default, .list = pw_list, .generate = pw_generate,
-                           .describe = pw_describe},
-    [FM_TMPL_ROWS] = {.default_of = rows_default, .list = rows_list, .generate = rows_generate,
+    [FM_TMPL_POINTWISE] = {.default_of = pw_default, .list = pw_list, .generate = pw_generate, .describe = pw_describe},
+    [FM_TMPL_ROWS] = {.default_of = rows_default,
+                      .list = rows_list,
+                      .generate = rows_generate,
                       .describe = rows_describe},
-    [FM_TMPL_COLS] = {.default_of = cols_default, .list = cols_list, .generate = cols_generate,
-                      .describe = cols_describe, .runs = cols_runs},
-    [FM_TMPL_GEMM] = {.default_of = gemm_default, .list = gemm_family_list, .generate = gemm_generate,
-                      .describe = gemm_describe, .runs = gemm_runs},
-    [FM_TMPL_SKINNY] = {.list = gemm_family_list, .generate = skinny_generate, .describe = skinny_describe,
+    [FM_TMPL_COLS] = {.default_of = cols_default,
+                      .list = cols_list,
+                      .generate = cols_generate,
+                      .describe = cols_describe,
+                      .runs = cols_runs},
+    [FM_TMPL_GEMM] = {.default_of = gemm_default,
+                      .list = gemm_family_list,
+                      .generate = gemm_generate,
+                      .describe = gemm_describe,
+                      .runs = gemm_runs},
+    [FM_TMPL_SKINNY] = {.list = gemm_family_list,
+                        .generate = skinny_generate,
+                        .describe = skinny_describe,
                         .runs = skinny_runs},
     [FM_TMPL_CUBLASLT] = {.generate = blas_generate, .describe = blas_describe},
-    [FM_TMPL_B2B] = {.default_of = b2b_default, .list = b2b_list, .generate = b2b_generate,
-                     .describe = b2b_describe, .runs = b2b_runs},
+    [FM_TMPL_B2B] = {.default_of = b2b_default,
+                     .list = b2b_list,
+                     .generate = b2b_generate,
+                     .describe = b2b_describe,
+                     .runs = b2b_runs},
 };
 #define N_TEMPLATES (sizeof templates / sizeof templates[0])
 
@@ -336,12 +359,12 @@ size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t
   fm_candidate more[LIST_MAX];
   size_t m = ops->list(canon, more, LIST_MAX);
   for (size_t i = 0; i < m && n < max; i++)
-    if (memcmp(&more[i], &def, sizeof def) != 0) out[n++] = more[i];   /* the default is already first */
+    if (memcmp(&more[i], &def, sizeof def) != 0) out[n++] = more[i]; /* the default is already first */
   return n;
 }
 
-int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
-                        char **src, fm_kernel_meta *meta, fm_diag *d) {
+int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count, char **src,
+                        fm_kernel_meta *meta, fm_diag *d) {
   if (!c) return fm_diag_set(d, FM_EINVAL, "codegen: NULL candidate");
   const template_ops *ops = ops_of(c->tmpl);
   if (!ops) return fm_diag_set(d, FM_EUNSUPPORTED, "unknown kernel template %d", (int)c->tmpl);
@@ -361,6 +384,8 @@ int fm_candidate_runs_on(const fm_candidate *c, const char *arch) {
 
 void fm_candidate_describe(const fm_candidate *c, char *out, size_t cap) {
   const template_ops *ops = ops_of(c->tmpl);
-  if (ops) ops->describe(c, out, cap);
-  else snprintf(out, cap, "%s", fm_template_name(c->tmpl));
+  if (ops)
+    ops->describe(c, out, cap);
+  else
+    snprintf(out, cap, "%s", fm_template_name(c->tmpl));
 }

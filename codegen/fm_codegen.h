@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 30   /* what each version changed: codegen/CHANGES.md */
+#define FM_CODEGEN_VERSION 30 /* what each version changed: codegen/CHANGES.md */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -27,7 +27,7 @@
   XX(3, GEMM, "gemm")           \
   XX(4, SKINNY, "skinny")       \
   XX(5, CUBLASLT, "cublaslt")   \
-  XX(6, B2B, "b2b")              \
+  XX(6, B2B, "b2b")             \
   XX(7, COLS, "cols")
 
 typedef enum {
@@ -53,8 +53,8 @@ int fm_codegen_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d);
 /* Every candidate worth timing for this fragment (the default first), at most max. */
 size_t fm_codegen_candidates(const fm_fragment *canon, fm_candidate *out, size_t max);
 /* Source + launch metadata for one candidate (as fm_codegen_pointwise). */
-int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
-                        char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_generate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count, char **src,
+                        fm_kernel_meta *meta, fm_diag *d);
 /* What compiling the fragment's generated code costs, in units of about one cheap op: each
  * op weighs what its code costs NVRTC (measured: a general `pow` is ~30 times an add, erf
  * ~6). The daemon refuses a fragment above its bound (--max-compile-cost, default
@@ -73,10 +73,10 @@ int fm_candidate_runs_on(const fm_candidate *c, const char *arch);
 
 /* One point of the pointwise template's tuning space (candidate p[0..3], in this order). */
 typedef struct fm_pw_config {
-  uint32_t block;          /* threads per block: 128..1024, multiple of 32 */
-  uint32_t vec;            /* elements per access: 1 or the 16-byte width; 0 = widest legal */
-  uint32_t unroll;         /* vectors per thread per grid-stride step: 1..8 */
-  uint32_t blocks_per_sm;  /* grid cap = blocks_per_sm * sm_count */
+  uint32_t block;         /* threads per block: 128..1024, multiple of 32 */
+  uint32_t vec;           /* elements per access: 1 or the 16-byte width; 0 = widest legal */
+  uint32_t unroll;        /* vectors per thread per grid-stride step: 1..8 */
+  uint32_t blocks_per_sm; /* grid cap = blocks_per_sm * sm_count */
 } fm_pw_config;
 
 /* The heuristic configuration used when nothing is tuned (compile-only mode). */
@@ -88,8 +88,8 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
 /* Generates the kernel for a canonical fragment (fm_fragment_canonicalize) and fills its
  * launch metadata. *src is malloc'd (free()). sm_count sizes the grid cap (0: assume 132).
  * FM_EUNSUPPORTED (with the reason in d) for fragments this template cannot run. */
-int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count,
-                         char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
+                         fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the rows template (row fragments: reductions over the last dim) ------------------
  * One row (up to FM_MAX_ROW_HELD elements) is read once into fp32 registers (elements per thread a compile-time constant,
@@ -109,16 +109,16 @@ typedef enum {
 
 /* One point of the rows template's tuning space (candidate p[0..2], in this order). */
 typedef struct fm_rows_config {
-  uint32_t variant;   /* fm_rows_variant */
-  uint32_t block;     /* threads per block: 32..1024, multiple of 32 (power of two for BLOCK, STREAM) */
-  uint32_t vec;       /* elements per access: 0 = widest legal, else a cap (power of two) */
+  uint32_t variant; /* fm_rows_variant */
+  uint32_t block;   /* threads per block: 32..1024, multiple of 32 (power of two for BLOCK, STREAM) */
+  uint32_t vec;     /* elements per access: 0 = widest legal, else a cap (power of two) */
 } fm_rows_config;
 
 fm_rows_config fm_codegen_rows_default(const fm_fragment *canon);
 size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out, size_t max);
 /* As fm_codegen_pointwise, for a canonical row fragment (fm_fragment_is_rows). */
-int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count,
-                    char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count, char **src,
+                    fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the cols template (column fragments: reductions over dim 0, bias gradients) -------
  * Blocks own a strip of `width` columns; the M rows of a strip are split across the S
@@ -134,13 +134,13 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
 
 /* One point of the cols template's tuning space (candidate p[0..4], in this order). */
 typedef struct fm_cols_config {
-  uint32_t width;     /* columns per block (its strip): a power of two, 8..1024, <= block;
+  uint32_t width;   /* columns per block (its strip): a power of two, 8..1024, <= block;
                          the candidates take 16..256 */
-  uint32_t cluster;   /* S: blocks of a cluster sharing a strip's rows: 1, 2, 4 or 8 (> 1: sm_90+) */
-  uint32_t vec;       /* columns per thread: 8 (vector loads; the plan must allow them) or 1 */
-  uint32_t unroll;    /* rows a thread loads before it adds them: 1..8 (candidates: 8, or 4
+  uint32_t cluster; /* S: blocks of a cluster sharing a strip's rows: 1, 2, 4 or 8 (> 1: sm_90+) */
+  uint32_t vec;     /* columns per thread: 8 (vector loads; the plan must allow them) or 1 */
+  uint32_t unroll;  /* rows a thread loads before it adds them: 1..8 (candidates: 8, or 4
                          when that is more than 32 bytes of registers a row) */
-  uint32_t block;     /* threads per block: 128..1024, a multiple of width / vec */
+  uint32_t block;   /* threads per block: 128..1024, a multiple of width / vec */
 } fm_cols_config;
 
 fm_cols_config fm_codegen_cols_default(const fm_fragment *canon);
@@ -148,8 +148,8 @@ fm_cols_config fm_codegen_cols_default(const fm_fragment *canon);
  * sizes worth timing for canon's N and M. */
 size_t fm_codegen_cols_candidates(const fm_fragment *canon, fm_cols_config *out, size_t max);
 /* As fm_codegen_pointwise, for a canonical column fragment (fm_fragment_is_cols). */
-int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_t sm_count,
-                    char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_t sm_count, char **src,
+                    fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the gemm template (GEMM fragments: one mm/addmm + a pointwise epilogue) ----------
  * sm_80+ (also runs on sm_90a): BM x BN x BK tiles, mma.sync m16n8k16 with fp32
@@ -164,11 +164,11 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
 
 /* One point of the gemm template's tuning space (candidate p[0..6], in this order). */
 typedef struct fm_gemm_config {
-  uint32_t bm, bn, bk;   /* block tile */
-  uint32_t stages;       /* cp.async buffers: 2..4 */
-  uint32_t wm, wn;       /* warps along M and N (block = wm * wn * 32 threads) */
-  uint32_t raster;       /* tile rows per launch-order group (L2 reuse); 0 or 1: row by row */
-  uint32_t wgmma;        /* 0: the sm_80+ mma.sync mainloop; 1 + n: the sm_90a wgmma one with
+  uint32_t bm, bn, bk; /* block tile */
+  uint32_t stages;     /* cp.async buffers: 2..4 */
+  uint32_t wm, wn;     /* warps along M and N (block = wm * wn * 32 threads) */
+  uint32_t raster;     /* tile rows per launch-order group (L2 reuse); 0 or 1: row by row */
+  uint32_t wgmma;      /* 0: the sm_80+ mma.sync mainloop; 1 + n: the sm_90a wgmma one with
                             n (0 or 1) wgmma batches in flight (wm = BM / 16, wn = 1, BK 64);
                             3: the same, warp-specialised (+ a loader warpgroup);
                             4: warp-specialised with TMA loads (the launch encodes two tensor
@@ -177,11 +177,11 @@ typedef struct fm_gemm_config {
                             "persistent"; the next tile loads during the epilogue); 6: the
                             same with two consumer warpgroups of 4 warps (wm = 4), each
                             owning whole BM x BN tiles in turn (ping-pong) */
-  uint32_t rtiles;       /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
+  uint32_t rtiles;     /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
                             the block walks rtiles consecutive BM-row tiles, loading the next
                             tile's first k-tiles while the epilogue of this one runs; stored
                             in candidate p[7] bits 8..15 */
-  uint32_t cluster;      /* 0 or 1: none; 2 (wgmma modes 4 and 5): blocks in pairs along M that
+  uint32_t cluster;    /* 0 or 1: none; 2 (wgmma modes 4 and 5): blocks in pairs along M that
                             share B, each loading half of its tile and multicasting it to both
                             (a cluster of 2, compiled in; candidate p[7] bits 16..) */
 } fm_gemm_config;
@@ -189,8 +189,8 @@ typedef struct fm_gemm_config {
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);
 size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out, size_t max);
 /* As fm_codegen_pointwise, for a canonical GEMM fragment (fm_fragment_is_gemm). */
-int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
-                    char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count, char **src,
+                    fm_kernel_meta *meta, fm_diag *d);
 /* Dynamic shared memory of cfg for canon's layouts, in bytes (0 for an invalid config). */
 uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cfg);
 
@@ -207,12 +207,12 @@ uint32_t fm_codegen_gemm_smem(const fm_fragment *canon, const fm_gemm_config *cf
 
 /* One point of the skinny template's tuning space (candidate p[0..3], in this order). */
 typedef struct fm_skinny_config {
-  uint32_t cols;     /* output columns per block: 8, 16, 24 or 32 */
-  uint32_t warps;    /* warps splitting K: 1..16 */
-  uint32_t unroll;   /* 64-wide K chunks per warp and step: 1..8 */
-  uint32_t pipe;     /* 0: load then multiply; 1: next step's W prefetched into registers;
+  uint32_t cols;   /* output columns per block: 8, 16, 24 or 32 */
+  uint32_t warps;  /* warps splitting K: 1..16 */
+  uint32_t unroll; /* 64-wide K chunks per warp and step: 1..8 */
+  uint32_t pipe;   /* 0: load then multiply; 1: next step's W prefetched into registers;
                         2..4: a cp.async ring of that many steps per warp */
-  uint32_t split;    /* 0 or 1: a block covers all of K; 2 or 4 (sm_90): a cluster of that many
+  uint32_t split;  /* 0 or 1: a block covers all of K; 2 or 4 (sm_90): a cluster of that many
                         blocks shares the columns, each a 1/split of K's chunks, their partial
                         sums added through distributed shared memory (candidate p[4]) */
 } fm_skinny_config;
@@ -228,8 +228,8 @@ fm_skinny_config fm_codegen_skinny_default(const fm_fragment *canon);
 /* Up to max candidates (the default first); 0 unless 1 <= fm_codegen_skinny_rows() <= 32. */
 size_t fm_codegen_skinny_candidates(const fm_fragment *canon, fm_skinny_config *out, size_t max);
 /* As fm_codegen_pointwise, for a canonical GEMM fragment (fm_fragment_is_gemm). */
-int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count,
-                      char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count, char **src,
+                      fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the b2b template (chained GEMM fragments: back-to-back GEMMs, sm_90a) ------------
  * fm_fragment_is_chain: gelu(x @ W1 + b1) @ W2 + ... in one kernel, the [M, N1] intermediate
@@ -237,22 +237,24 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
  * multiple of 64 <= 256, N1 a multiple of 64, N2 a multiple of 16 <= 256, A row-major, B and
  * B2 K-major, leading dims multiples of 8, 16-byte aligned operands. Launch metadata: kind
  * "gemm", grid rule "tiles" with one column tile (a block owns BM whole output rows). */
-#define FM_B2B_CPASYNC 0    /* every thread loads with cp.async; each chunk's steps in order */
-#define FM_B2B_TMA 1        /* a loader warpgroup issues TMA through mbarriers (launch metadata
+#define FM_B2B_CPASYNC 0 /* every thread loads with cp.async; each chunk's steps in order */
+#define FM_B2B_TMA \
+  1 /* a loader warpgroup issues TMA through mbarriers (launch metadata
                                "tmaps": A, B, B2); two consumer warpgroups in ping-pong turns */
-#define FM_B2B_TMA_PAIR 2   /* the same in clusters of two blocks (adjacent row tiles), each
+#define FM_B2B_TMA_PAIR \
+  2 /* the same in clusters of two blocks (adjacent row tiles), each
                                loading half of every weight chunk into both (multicast); grid
                                (2, row-tile pairs) */
 typedef struct fm_b2b_config {
-  uint32_t bm;     /* output rows per block: 64 or 128 (a warpgroup per 64) */
-  uint32_t form;   /* FM_B2B_CPASYNC, FM_B2B_TMA or FM_B2B_TMA_PAIR */
+  uint32_t bm;   /* output rows per block: 64 or 128 (a warpgroup per 64) */
+  uint32_t form; /* FM_B2B_CPASYNC, FM_B2B_TMA or FM_B2B_TMA_PAIR */
 } fm_b2b_config;
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon);
 /* Up to max candidates (the default first); 0 when the template cannot serve canon. */
 size_t fm_codegen_b2b_candidates(const fm_fragment *canon, fm_b2b_config *out, size_t max);
-int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t sm_count,
-                   char **src, fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t sm_count, char **src,
+                   fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- cuBLASLt plans (GEMM fragments): the library competes ------------------------------
  * Candidate p[0] is the form (fm_meta.h "blas"): FM_BLAS_DIRECT, cuBLASLt runs the whole
@@ -261,9 +263,9 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
  * scratch and a generated kernel runs the epilogue on it. No algorithm is chosen here: the
  * metadata leaves algo nil, the tuner's worker times the heuristic's first choices and the
  * winner's algo is stored. Never the default (an untuned plan has no algo to serve). */
-#define FM_BLAS_DIRECT 1
-#define FM_BLAS_SPLIT 2
-#define FM_BLAS_WORKSPACE (4u << 20)   /* bytes of workspace a plan may use */
+#define FM_BLAS_DIRECT    1
+#define FM_BLAS_SPLIT     2
+#define FM_BLAS_WORKSPACE (4u << 20) /* bytes of workspace a plan may use */
 
 /* The one cuBLASLt candidate of a GEMM fragment (direct where possible, else split) in out[0]:
  * 1, or 0 when the fragment is no GEMM a plan can run. Plans take any K, leading dims and
@@ -272,7 +274,7 @@ size_t fm_codegen_blas_candidates(const fm_fragment *canon, fm_candidate *out, s
 /* Metadata of kind "cublaslt" and, for the split form, the epilogue kernel's source (*src
  * NULL for the direct form: nothing to compile). FM_EUNSUPPORTED for a direct form the
  * fragment's epilogue does not allow. */
-int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, char **src,
-                    fm_kernel_meta *meta, fm_diag *d);
+int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, char **src, fm_kernel_meta *meta,
+                    fm_diag *d);
 
 #endif

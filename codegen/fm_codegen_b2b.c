@@ -44,20 +44,20 @@
 
 #include "fm_codegen_gemm.h"
 
-#define MAX_SOURCE (1u << 20)
+#define MAX_SOURCE    (1u << 20)
 #define MAX_SMEM_SM90 (227u * 1024u)
-#define CHUNK 64u   /* columns of N1 per step: one 128-byte swizzle row of B2's K */
-#define MIN_ROWS 8192   /* the fewest rows (static M or M bucket) served: see plan_build */
+#define CHUNK         64u  /* columns of N1 per step: one 128-byte swizzle row of B2's K */
+#define MIN_ROWS      8192 /* the fewest rows (static M or M bucket) served: see plan_build */
 
 typedef struct b2b_plan {
-  fm_cg_plan base;          /* n_in/n_out/n_ops, vdt, args (positions); t[k] dtype/align */
+  fm_cg_plan base; /* n_in/n_out/n_ops, vdt, args (positions); t[k] dtype/align */
   fm_chain_info ci;
-  uint32_t ia, ib, ib2;     /* input positions of A, B, B2 */
+  uint32_t ia, ib, ib2; /* input positions of A, B, B2 */
   fm_dtype dt;
-  int64_t m, k1, n1, n2;    /* m = -1 when symbolic */
+  int64_t m, k1, n1, n2; /* m = -1 when symbolic */
   int64_t lda, ldb, ldb2;
-  int64_t es[FM_CG_MAX_TENSORS][2];   /* [M, N] strides of epilogue tensors (0: broadcast) */
-  int x_twin;               /* a stage-2 input laid out like A (the MLP's residual x), or -1 */
+  int64_t es[FM_CG_MAX_TENSORS][2]; /* [M, N] strides of epilogue tensors (0: broadcast) */
+  int x_twin;                       /* a stage-2 input laid out like A (the MLP's residual x), or -1 */
 } b2b_plan;
 
 /* A K-major operand of the template: stride 1 along K (kdim), leading dim a multiple of 8. */
@@ -68,11 +68,9 @@ static int kmajor(const fm_tensor *t, uint32_t kdim, const char *name, int64_t *
                        kdim ? "A row-major" : "nn.Linear's weight.t()");
   *ld = t->shape[odim] == 1 ? 0 : t->strides[odim];
   if (*ld % 8)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s's leading dimension %" PRId64 " is not a multiple of 8",
-                       name, *ld);
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s's leading dimension %" PRId64 " is not a multiple of 8", name, *ld);
   if (t->align < 16)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s is only %u-byte aligned; the template needs 16", name,
-                       t->align);
+    return fm_diag_set(d, FM_EUNSUPPORTED, "b2b: %s is only %u-byte aligned; the template needs 16", name, t->align);
   return FM_OK;
 }
 
@@ -121,8 +119,8 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
   const int64_t rows = bp->m >= 0 ? bp->m : (int64_t)f->m_hint;
   if (rows < MIN_ROWS)
     return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "b2b: M = %" PRId64 " (%s) is under %d rows: too few blocks to beat the two GEMM kernels",
-                       rows, bp->m >= 0 ? "static" : "its bucket; 0: none given", MIN_ROWS);
+                       "b2b: M = %" PRId64 " (%s) is under %d rows: too few blocks to beat the two GEMM kernels", rows,
+                       bp->m >= 0 ? "static" : "its bucket; 0: none given", MIN_ROWS);
   if (bp->k1 % 64 || bp->k1 > 256)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "b2b: K1 = %" PRId64 " (A's rows stay on chip: a multiple of 64, at most 256)", bp->k1);
@@ -158,28 +156,34 @@ static int plan_build(const fm_fragment *f, b2b_plan *bp, fm_diag *d) {
 static void emit_wgmma(fm_strbuf *sb, const char *name, const char *ty, uint32_t n, int a_regs) {
   uint32_t regs = n / 2, next = regs;
   if (a_regs)
-    fm_strbuf_printf(sb, "__device__ __forceinline__ void %s(float (&d)[%u][4], const unsigned (&a)[4], unsigned long long db,\n"
-                         "    int accumulate) {\n"
-                         "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
-                         "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
-                     name, n / 8, regs + 5, n, ty, ty);
+    fm_strbuf_printf(
+        sb,
+        "__device__ __forceinline__ void %s(float (&d)[%u][4], const unsigned (&a)[4], unsigned long long db,\n"
+        "    int accumulate) {\n"
+        "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
+        "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
+        name, n / 8, regs + 5, n, ty, ty);
   else
-    fm_strbuf_printf(sb, "__device__ __forceinline__ void %s(float (&d)[%u][4], unsigned long long da, unsigned long long db,\n"
-                         "    int accumulate) {\n"
-                         "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
-                         "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
-                     name, n / 8, regs + 2, n, ty, ty);
+    fm_strbuf_printf(
+        sb,
+        "__device__ __forceinline__ void %s(float (&d)[%u][4], unsigned long long da, unsigned long long db,\n"
+        "    int accumulate) {\n"
+        "  asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, %%%u, 0;\\n\"\n"
+        "      \"wgmma.mma_async.sync.aligned.m64n%uk16.f32.%s.%s {",
+        name, n / 8, regs + 2, n, ty, ty);
   for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s%%%u", i ? ", " : "", i);
   if (a_regs) {
-    fm_strbuf_printf(sb, "}, {%%%u, %%%u, %%%u, %%%u}, %%%u, p, 1, 1, 0;\\n}\\n\"\n      : ", next, next + 1,
-                     next + 2, next + 3, next + 4);
-  } else {   /* scale-d from `accumulate`: 0 on a product's first k-step, so no zeroing is needed */
+    fm_strbuf_printf(sb, "}, {%%%u, %%%u, %%%u, %%%u}, %%%u, p, 1, 1, 0;\\n}\\n\"\n      : ", next, next + 1, next + 2,
+                     next + 3, next + 4);
+  } else { /* scale-d from `accumulate`: 0 on a product's first k-step, so no zeroing is needed */
     fm_strbuf_printf(sb, "}, %%%u, %%%u, p, 1, 1, 0, 0;\\n}\\n\"\n      : ", next, next + 1);
   }
   for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s\"+f\"(d[%u][%u])", i ? ", " : "", i / 4, i % 4);
   if (a_regs)
-    fm_strbuf_append(sb, "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(accumulate));\n}\n");
-  else fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(accumulate));\n}\n");
+    fm_strbuf_append(
+        sb, "\n      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(db), \"r\"(accumulate));\n}\n");
+  else
+    fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(accumulate));\n}\n");
 }
 
 /* The fixed part: wgmma and cp.async helpers and the loads. Needs FM_BM, FM_K1, FM_N1,
@@ -361,8 +365,10 @@ static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *n
   fm_strbuf_printf(sb, "%s[", name);
   for (uint32_t j = 0; j < 2; j++) {
     if (!bp->es[k][j]) continue;
-    if (j && bp->es[k][j] == 1) fm_strbuf_printf(sb, "%s%s", any ? " + " : "", col);   /* col is an int */
-    else fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? col : "m", bp->es[k][j]);
+    if (j && bp->es[k][j] == 1)
+      fm_strbuf_printf(sb, "%s%s", any ? " + " : "", col); /* col is an int */
+    else
+      fm_strbuf_printf(sb, "%s%s * %" PRId64 "LL", any ? " + " : "", j ? col : "m", bp->es[k][j]);
     any = 1;
   }
   fm_strbuf_append(sb, any ? "]" : "0]");
@@ -373,7 +379,9 @@ static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *n
 static void emit_input_open(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *ind) {
   fm_dtype dt = bp->base.vdt[k];
   fm_strbuf_printf(sb, "%sconst %s v%u = %s", ind, dt == FM_DT_BOOL ? "bool" : "float", k,
-                   dt == FM_DT_F16 ? "fm_f16_to_f32(" : dt == FM_DT_BF16 ? "fm_bf16_to_f32(" : "(");
+                   dt == FM_DT_F16    ? "fm_f16_to_f32("
+                   : dt == FM_DT_BF16 ? "fm_bf16_to_f32("
+                                      : "(");
 }
 
 static void emit_input_close(fm_strbuf *sb, const b2b_plan *bp, uint32_t k) {
@@ -392,8 +400,10 @@ static void emit_stage_ops(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
     if ((int)i == bp->ci.op1 || (int)i == bp->ci.op2) {
       if (f->ops[i].nargs == 3) {
         uint32_t b = p->args[i][0];
-        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(fm_a + (v%u ? 1.0f : 0.0f))", b);
-        else fm_strbuf_printf(sb, "(fm_a + v%u)", b);
+        if (p->vdt[b] == FM_DT_BOOL)
+          fm_strbuf_printf(sb, "(fm_a + (v%u ? 1.0f : 0.0f))", b);
+        else
+          fm_strbuf_printf(sb, "(fm_a + v%u)", b);
       } else {
         fm_strbuf_append(sb, "fm_a");
       }
@@ -421,7 +431,7 @@ static void emit_stage1(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
 }
 
 static uint64_t stage_bytes(const b2b_plan *bp) {
-  return (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u;   /* B's chunk + B2's */
+  return (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + (uint64_t)bp->n2 * 128u; /* B's chunk + B2's */
 }
 
 /* The TMA forms' rings: buffers of B's chunks (s1) and of B2's (s2). */
@@ -430,7 +440,8 @@ typedef struct tma_rings {
 } tma_rings;
 
 static uint64_t rings_bytes(const b2b_plan *bp, uint32_t bm, tma_rings r) {
-  return (uint64_t)bm * (uint64_t)bp->k1 * 2u + 1024u + 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2)) +   /* A, alignment, mbarriers */
+  return (uint64_t)bm * (uint64_t)bp->k1 * 2u + 1024u +
+         8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2)) + /* A, alignment, mbarriers */
          r.s1 * (uint64_t)CHUNK * (uint64_t)bp->k1 * 2u + r.s2 * (uint64_t)bp->n2 * 128u;
 }
 
@@ -442,9 +453,11 @@ static tma_rings tma_rings_for(const b2b_plan *bp, uint32_t bm) {
   if (rings_bytes(bp, bm, r) > MAX_SMEM_SM90) return (tma_rings){0, 0};
   for (;;) {
     tma_rings more = r;
-    if (more.s1 <= more.s2) more.s1++;
-    else more.s2++;
-    if (more.s1 > 4 || rings_bytes(bp, bm, more) > MAX_SMEM_SM90) break;   /* (4, 4) at most */
+    if (more.s1 <= more.s2)
+      more.s1++;
+    else
+      more.s2++;
+    if (more.s1 > 4 || rings_bytes(bp, bm, more) > MAX_SMEM_SM90) break; /* (4, 4) at most */
     r = more;
   }
   return r;
@@ -455,7 +468,7 @@ static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
   if (c->form != FM_B2B_CPASYNC) {
     tma_rings r = tma_rings_for(bp, c->bm);
     total = rings_bytes(bp, c->bm, r.s1 ? r : (tma_rings){2, 2});
-  } else {   /* A's rows and two buffers of each chunk, + alignment of the swizzled buffers */
+  } else { /* A's rows and two buffers of each chunk, + alignment of the swizzled buffers */
     total = (uint64_t)c->bm * (uint64_t)bp->k1 * 2u + 2u * stage_bytes(bp) + 1024u;
   }
   return total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
@@ -467,10 +480,10 @@ static uint32_t smem_bytes(const b2b_plan *bp, const fm_b2b_config *c) {
  * never reach it: two passes fit every shape they allow, test_codegen_b2b). */
 static uint32_t stage2_passes(const b2b_plan *bp, const fm_b2b_config *c) {
   uint64_t room = smem_bytes(bp, c) - 1024u, n2 = (uint64_t)bp->n2;
-  if (bp->x_twin >= 0) room -= (uint64_t)c->bm * (uint64_t)bp->k1 * 2u;   /* A's rows stay: x_twin */
+  if (bp->x_twin >= 0) room -= (uint64_t)c->bm * (uint64_t)bp->k1 * 2u; /* A's rows stay: x_twin */
   if (c->form != FM_B2B_CPASYNC) {
     tma_rings r = tma_rings_for(bp, c->bm);
-    room -= 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2));   /* the mbarriers stay */
+    room -= 8u * ((uint64_t)bp->k1 / 64u + 2u * (r.s1 + r.s2)); /* the mbarriers stay */
   }
   for (uint32_t p = 1; p <= n2 / 8; p++)
     if (n2 % (8u * p) == 0 && (uint64_t)c->bm * (n2 / p + 8) * 4u <= room) return p;
@@ -495,9 +508,8 @@ static int check_config(const b2b_plan *bp, const fm_b2b_config *c, fm_diag *d) 
 /* Tried in this order; the first that fits is the default. Two warpgroups of 64 rows share
  * each chunk of the weights (128 rows: M = 16384 is 128 blocks, one wave of an H100). */
 static const fm_b2b_config configs[] = {
-    {.bm = 128, .form = FM_B2B_TMA},      {.bm = 64, .form = FM_B2B_TMA},
-    {.bm = 128, .form = FM_B2B_CPASYNC},  {.bm = 64, .form = FM_B2B_CPASYNC},
-    {.bm = 128, .form = FM_B2B_TMA_PAIR},
+    {.bm = 128, .form = FM_B2B_TMA},    {.bm = 64, .form = FM_B2B_TMA},       {.bm = 128, .form = FM_B2B_CPASYNC},
+    {.bm = 64, .form = FM_B2B_CPASYNC}, {.bm = 128, .form = FM_B2B_TMA_PAIR},
 };
 
 fm_b2b_config fm_codegen_b2b_default(const fm_fragment *canon) {
@@ -521,8 +533,10 @@ size_t fm_codegen_b2b_candidates(const fm_fragment *canon, fm_b2b_config *out, s
 static void emit_stage1_params(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, int decl) {
   for (uint32_t k = 0; k < bp->base.n_in; k++) {
     if (!(bp->ci.in_need[k] & 1)) continue;
-    if (decl) fm_strbuf_printf(sb, ", const %s *__restrict__ in%u", fm_cg_storage_type(f->inputs[k].dtype), k);
-    else fm_strbuf_printf(sb, ", in%u", k);
+    if (decl)
+      fm_strbuf_printf(sb, ", const %s *__restrict__ in%u", fm_cg_storage_type(f->inputs[k].dtype), k);
+    else
+      fm_strbuf_printf(sb, ", in%u", k);
   }
 }
 
@@ -533,21 +547,23 @@ static void emit_stage1_params(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
  * (row, 2c + 8), (row + 8, 2c + 8). */
 static void emit_stage1_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp) {
   const char *cvt = bp->dt == FM_DT_BF16 ? "fm_f32_to_bf16" : "fm_f32_to_f16";
-  fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage1(const float (&acc)[8][4], unsigned (&af)[4][4],\n"
-                       "    const long long M, const long long mw, const int j, const int lane");
+  fm_strbuf_append(sb,
+                   "__device__ __forceinline__ void fm_stage1(const float (&acc)[8][4], unsigned (&af)[4][4],\n"
+                   "    const long long M, const long long mw, const int j, const int lane");
   emit_stage1_params(sb, f, bp, 1);
-  fm_strbuf_append(sb, ") {\n"
-                       "  unsigned short hv[8][4];\n"
-                       "#pragma unroll\n"
-                       "  for (int t = 0; t < 8; t++)\n"
-                       "#pragma unroll\n"
-                       "    for (int e = 0; e < 4; e++) {\n"
-                       "      const long long m = mw + (e >> 1) * 8 < M ? mw + (e >> 1) * 8 : M - 1;\n"
-                       "      const int n = j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);   /* N1 < 2^31 */\n"
-                       "      const float fm_a = acc[t][e];\n"
-                       "      float fm_h;\n"
-                       "      (void)m; (void)n;\n"
-                       "      {\n");
+  fm_strbuf_append(sb,
+                   ") {\n"
+                   "  unsigned short hv[8][4];\n"
+                   "#pragma unroll\n"
+                   "  for (int t = 0; t < 8; t++)\n"
+                   "#pragma unroll\n"
+                   "    for (int e = 0; e < 4; e++) {\n"
+                   "      const long long m = mw + (e >> 1) * 8 < M ? mw + (e >> 1) * 8 : M - 1;\n"
+                   "      const int n = j * 64 + t * 8 + 2 * (lane & 3) + (e & 1);   /* N1 < 2^31 */\n"
+                   "      const float fm_a = acc[t][e];\n"
+                   "      float fm_h;\n"
+                   "      (void)m; (void)n;\n"
+                   "      {\n");
   emit_stage1(sb, f, bp, "        ");
   fm_strbuf_printf(sb,
                    "      }\n"
@@ -580,12 +596,16 @@ static void emit_stage2_params(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
   const fm_cg_plan *p = &bp->base;
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!(bp->ci.in_need[k] & 2)) continue;
-    if (decl) fm_strbuf_printf(sb, ", const %s *__restrict__ in%u", fm_cg_storage_type(f->inputs[k].dtype), k);
-    else fm_strbuf_printf(sb, ", in%u", k);
+    if (decl)
+      fm_strbuf_printf(sb, ", const %s *__restrict__ in%u", fm_cg_storage_type(f->inputs[k].dtype), k);
+    else
+      fm_strbuf_printf(sb, ", in%u", k);
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
-    if (decl) fm_strbuf_printf(sb, ", %s *__restrict__ out%u", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-    else fm_strbuf_printf(sb, ", out%u", k);
+    if (decl)
+      fm_strbuf_printf(sb, ", %s *__restrict__ out%u", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+    else
+      fm_strbuf_printf(sb, ", out%u", k);
   }
 }
 
@@ -601,13 +621,15 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
   const fm_cg_plan *p = &bp->base;
   char name[16];
   if (bp->x_twin >= 0)
-    fm_strbuf_append(sb, "__device__ __forceinline__ uint4 fm_lds16(unsigned a) {\n"
-                         "  uint4 v;\n"
-                         "  asm volatile(\"ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\\n\"\n"
-                         "               : \"=r\"(v.x), \"=r\"(v.y), \"=r\"(v.z), \"=r\"(v.w) : \"r\"(a) : \"memory\");\n"
-                         "  return v;\n"
-                         "}\n");
-  fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage2(const float (&acc)[8], const long long m, const int n");
+    fm_strbuf_append(sb,
+                     "__device__ __forceinline__ uint4 fm_lds16(unsigned a) {\n"
+                     "  uint4 v;\n"
+                     "  asm volatile(\"ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\\n\"\n"
+                     "               : \"=r\"(v.x), \"=r\"(v.y), \"=r\"(v.z), \"=r\"(v.w) : \"r\"(a) : \"memory\");\n"
+                     "  return v;\n"
+                     "}\n");
+  fm_strbuf_append(sb,
+                   "__device__ __forceinline__ void fm_stage2(const float (&acc)[8], const long long m, const int n");
   if (bp->x_twin >= 0) fm_strbuf_append(sb, ", const unsigned fm_xa, const int fm_rl");
   emit_stage2_params(sb, f, bp, 1);
   fm_strbuf_append(sb, ") {\n");
@@ -616,14 +638,17 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
     const char *st = fm_cg_storage_type(f->inputs[k].dtype);
     size_t es = fm_dtype_size(f->inputs[k].dtype);
     snprintf(name, sizeof name, "in%u", k);
-    if (bp->es[k][1] == 0) {   /* one value for the whole row piece */
+    if (bp->es[k][1] == 0) { /* one value for the whole row piece */
       fm_strbuf_printf(sb, "  const %s r%u = ", st, k);
       emit_at(sb, bp, k, name, "n");
       fm_strbuf_append(sb, ";\n");
-    } else if ((int)k == bp->x_twin) {   /* one 16-byte piece: from A's rows when fm_xa names them */
-      fm_strbuf_printf(sb, "  __align__(16) %s r%u[8];\n"
-                           "  if (fm_xa) *(uint4 *)r%u = fm_lds16(FM_SW(fm_xa + (n >> 6) * (FM_BM * 128), fm_rl, (n >> 3) & 7));\n"
-                           "  else *(uint4 *)r%u = *(const uint4 *)(&", st, k, k, k);
+    } else if ((int)k == bp->x_twin) { /* one 16-byte piece: from A's rows when fm_xa names them */
+      fm_strbuf_printf(
+          sb,
+          "  __align__(16) %s r%u[8];\n"
+          "  if (fm_xa) *(uint4 *)r%u = fm_lds16(FM_SW(fm_xa + (n >> 6) * (FM_BM * 128), fm_rl, (n >> 3) & 7));\n"
+          "  else *(uint4 *)r%u = *(const uint4 *)(&",
+          st, k, k, k);
       emit_at(sb, bp, k, name, "n");
       fm_strbuf_append(sb, ");\n");
     } else if (vector_ok(bp, k)) {
@@ -634,7 +659,8 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
         fm_strbuf_printf(sb, " + %zu);\n", v * 16 / es);
       }
     } else {
-      fm_strbuf_printf(sb, "  %s r%u[8];\n#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const int ne = n + e;\n", st, k);
+      fm_strbuf_printf(sb, "  %s r%u[8];\n#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const int ne = n + e;\n",
+                       st, k);
       fm_strbuf_printf(sb, "    r%u[e] = ", k);
       emit_at(sb, bp, k, name, "ne");
       fm_strbuf_append(sb, ";\n  }\n");
@@ -672,7 +698,8 @@ static void emit_stage2_fn(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *
         fm_strbuf_append(sb, ");\n");
       }
     } else {
-      fm_strbuf_append(sb, "#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const int ne = n + e;\n    (void)ne;\n    ");
+      fm_strbuf_append(
+          sb, "#pragma unroll\n  for (int e = 0; e < 8; e++) {\n    const int ne = n + e;\n    (void)ne;\n    ");
       emit_at(sb, bp, t, name, "ne");
       fm_strbuf_printf(sb, " = o%u[e];\n  }\n", k);
     }
@@ -691,43 +718,48 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
   fm_strbuf_append(sb, "#define FM_STAGE2_ARGS ");
   emit_stage2_params(sb, f, bp, 0);
   fm_strbuf_append(sb, "\n");
-  const int twin = bp->x_twin >= 0;   /* it reads A's rows: the staging goes after them */
-  fm_strbuf_append(sb, "__device__ __forceinline__ void fm_stage2_staged(const float (&acc2)[FM_N2 / 8][4], const long long M,\n"
-                       "    const long long m0, const int wg, const int wr, const int lane");
+  const int twin = bp->x_twin >= 0; /* it reads A's rows: the staging goes after them */
+  fm_strbuf_append(
+      sb,
+      "__device__ __forceinline__ void fm_stage2_staged(const float (&acc2)[FM_N2 / 8][4], const long long M,\n"
+      "    const long long m0, const int wg, const int wr, const int lane");
   if (twin) fm_strbuf_append(sb, ", const unsigned fm_xa");
   emit_stage2_params(sb, f, bp, 1);
-  fm_strbuf_printf(sb,
-                   ") {\n"
-                   "  asm volatile(\"bar.sync 3, %%0;\\n\" :: \"n\"(FM_MMA_THREADS) : \"memory\");\n"
-                   "  float *const stg = (float *)((char *)fm_smem + (fm_stage_base()%s - fm_saddr(fm_smem))) + wg * 64 * FM_SROW;\n",
-                   twin ? " + FM_X_BYTES" : "");
-  fm_strbuf_append(sb,
-                   "  const int wt = wr * 32 + lane;\n"
-                   "#pragma unroll\n"
-                   "  for (int pass = 0; pass < FM_PASSES; pass++) {\n"
-                   "    if (pass) asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
-                   "#pragma unroll\n"
-                   "    for (int t = pass * (FM_PCOLS / 8); t < (pass + 1) * (FM_PCOLS / 8); t++) {\n"
-                   "      const int r = wr * 16 + (lane >> 2), c = t * 8 - pass * FM_PCOLS + 2 * (lane & 3);\n"
-                   "      *(float2 *)&stg[r * FM_SROW + FM_SPOS(c)] = make_float2(acc2[t][0], acc2[t][1]);\n"
-                   "      *(float2 *)&stg[(r + 8) * FM_SROW + FM_SPOS(c)] = make_float2(acc2[t][2], acc2[t][3]);\n"
-                   "    }\n"
-                   "    asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
-                   "    /* unrolled whole (16 trips at N2 = 256), so that every input's loads are in flight at once */\n"
-                   "#pragma unroll\n"
-                   "    for (int g = wt; g < 64 * (FM_PCOLS / 8); g += 128) {\n"
-                   "      const int r = g / (FM_PCOLS / 8), c = g % (FM_PCOLS / 8) * 8;\n"
-                   "      const long long m = m0 + wg * 64 + r;\n"
-                   "      if (m >= M) continue;\n"
-                   "      float v[8];\n"
-                   "      *(float4 *)&v[0] = *(const float4 *)&stg[r * FM_SROW + FM_SPOS(c)];\n"
-                   "      *(float4 *)&v[4] = *(const float4 *)&stg[r * FM_SROW + FM_SPOS(c + 4)];\n"
-                   "      fm_stage2(v, m, pass * FM_PCOLS + c");
+  fm_strbuf_printf(
+      sb,
+      ") {\n"
+      "  asm volatile(\"bar.sync 3, %%0;\\n\" :: \"n\"(FM_MMA_THREADS) : \"memory\");\n"
+      "  float *const stg = (float *)((char *)fm_smem + (fm_stage_base()%s - fm_saddr(fm_smem))) + wg * 64 * FM_SROW;\n",
+      twin ? " + FM_X_BYTES" : "");
+  fm_strbuf_append(
+      sb,
+      "  const int wt = wr * 32 + lane;\n"
+      "#pragma unroll\n"
+      "  for (int pass = 0; pass < FM_PASSES; pass++) {\n"
+      "    if (pass) asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
+      "#pragma unroll\n"
+      "    for (int t = pass * (FM_PCOLS / 8); t < (pass + 1) * (FM_PCOLS / 8); t++) {\n"
+      "      const int r = wr * 16 + (lane >> 2), c = t * 8 - pass * FM_PCOLS + 2 * (lane & 3);\n"
+      "      *(float2 *)&stg[r * FM_SROW + FM_SPOS(c)] = make_float2(acc2[t][0], acc2[t][1]);\n"
+      "      *(float2 *)&stg[(r + 8) * FM_SROW + FM_SPOS(c)] = make_float2(acc2[t][2], acc2[t][3]);\n"
+      "    }\n"
+      "    asm volatile(\"bar.sync %0, 128;\\n\" :: \"r\"(4 + wg) : \"memory\");\n"
+      "    /* unrolled whole (16 trips at N2 = 256), so that every input's loads are in flight at once */\n"
+      "#pragma unroll\n"
+      "    for (int g = wt; g < 64 * (FM_PCOLS / 8); g += 128) {\n"
+      "      const int r = g / (FM_PCOLS / 8), c = g % (FM_PCOLS / 8) * 8;\n"
+      "      const long long m = m0 + wg * 64 + r;\n"
+      "      if (m >= M) continue;\n"
+      "      float v[8];\n"
+      "      *(float4 *)&v[0] = *(const float4 *)&stg[r * FM_SROW + FM_SPOS(c)];\n"
+      "      *(float4 *)&v[4] = *(const float4 *)&stg[r * FM_SROW + FM_SPOS(c + 4)];\n"
+      "      fm_stage2(v, m, pass * FM_PCOLS + c");
   fm_strbuf_append(sb, twin ? ", fm_xa, wg * 64 + r" : "");
-  fm_strbuf_append(sb, " FM_STAGE2_ARGS);\n"
-                       "    }\n"
-                       "  }\n"
-                       "}\n");
+  fm_strbuf_append(sb,
+                   " FM_STAGE2_ARGS);\n"
+                   "    }\n"
+                   "  }\n"
+                   "}\n");
 }
 
 /* One chunk of the cp.async form (FM_B2B_CPASYNC): every warpgroup multiplies, runs stage 1, multiplies
@@ -801,105 +833,111 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
   if (cfg->form != FM_B2B_CPASYNC)
-    fm_strbuf_append(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tmx,\n"
-                         "    const __grid_constant__ fm_tmap fm_tmw1, const __grid_constant__ fm_tmap fm_tmw2) {\n");
+    fm_strbuf_append(sb,
+                     "    long long outer, const __grid_constant__ fm_tmap fm_tmx,\n"
+                     "    const __grid_constant__ fm_tmap fm_tmw1, const __grid_constant__ fm_tmap fm_tmw2) {\n");
   else
     fm_strbuf_append(sb, "    long long outer) {\n");
-  if (bp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
-  else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", bp->m);
+  if (bp->m < 0)
+    fm_strbuf_append(sb, "  const long long M = outer;\n");
+  else
+    fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", bp->m);
   if (cfg->form != FM_B2B_CPASYNC) {
-    fm_strbuf_append(sb,
+    fm_strbuf_append(
+        sb,
+        "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
+        "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
+        "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
+        "#if FM_CLUSTER == 2\n"
+        "  /* grid (2, row-tile pairs): a block past M still runs (its partner needs its half\n"
+        "     of the weights); TMA reads it zeros and nothing is stored */\n"
+        "  const long long m0 = ((long long)blockIdx.y * 2 + blockIdx.x) * FM_BM;\n"
+        "#else\n"
+        "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
+        "#endif\n"
+        "  /* A's rows, the two rings (1024-byte aligned for the swizzle), the mbarriers: A's,\n"
+        "     then full and empty of B's ring, then of B2's */\n"
+        "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, w1s = xs + FM_X_BYTES;\n"
+        "  const unsigned w2s = w1s + FM_S1 * FM_W1_BYTES, bars = w2s + FM_S2 * FM_W2_BYTES;\n"
+        "  const unsigned full1 = bars + 8 * (FM_K1 / 64), empty1 = full1 + 8 * FM_S1;\n"
+        "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
+        "  if (tid == 0) {\n"
+        "    for (int kt = 0; kt < FM_K1 / 64; kt++) fm_mbar_init(bars + 8 * kt, 1);   /* A's slices */\n"
+        "    for (int s = 0; s < FM_S1 + FM_S2; s++) {\n"
+        "      const unsigned full = s < FM_S1 ? full1 + 8 * s : full2 + 8 * (s - FM_S1);\n"
+        "      fm_mbar_init(full, 1);\n"
+        "      fm_mbar_init(full + 8 * (s < FM_S1 ? FM_S1 : FM_S2), FM_MMA_THREADS / 128 * FM_CLUSTER);\n"
+        "    }\n"
+        "    /* the barriers are completed by the async proxy (TMA's complete_tx) */\n"
+        "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
+        "  }\n"
+        "#if FM_CLUSTER == 2\n"
+        "  fm_cluster_sync();   /* neither block fills or signals the other before both initialised */\n"
+        "#else\n"
+        "  __syncthreads();\n"
+        "#endif\n"
+        "  if (tid >= FM_MMA_THREADS) {   /* the loader warpgroup: one thread issues every box */\n"
+        "#if FM_MMA_THREADS == 256\n"
+        "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\\n\" ::: \"memory\");\n"
+        "#endif\n"
+        "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, w1s, w2s, bars, (int)m0);\n"
+        "#if FM_CLUSTER == 2\n"
+        "    __syncwarp();\n"
+        "    fm_cluster_sync();\n"
+        "#endif\n"
+        "    return;\n"
+        "  }\n"
+        "#if FM_MMA_THREADS == 256\n"
+        "  asm volatile(\"setmaxnreg.inc.sync.aligned.u32 240;\\n\" ::: \"memory\");\n"
+        "#endif\n"
+        "  float acc2[FM_N2 / 8][4];\n"
+        "  /* this thread's rows of the accumulators: mw and mw + 8 */\n"
+        "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
+        "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
+        "  unsigned af[4][4];\n"
+        "  float acc1[8][4];\n"
+        "  fm_mbar_wait(full1, 0);\n"
+        "  fm_gemm1(acc1, da, w1s, bars);   /* each slice of A's rows waited for */\n"
+        "  fm_wg_wait<0>();\n"
+        "  if (tid % 128 == 0) fm_release(empty1);\n"
+        "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
+        "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
+    emit_step(sb, step_tma, "acc1");
+    fm_strbuf_append(sb, "  }\n");
+  } else {
+    fm_strbuf_printf(sb,
                      "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
                      "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
                      "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
-                     "#if FM_CLUSTER == 2\n"
-                     "  /* grid (2, row-tile pairs): a block past M still runs (its partner needs its half\n"
-                     "     of the weights); TMA reads it zeros and nothing is stored */\n"
-                     "  const long long m0 = ((long long)blockIdx.y * 2 + blockIdx.x) * FM_BM;\n"
-                     "#else\n"
                      "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
-                     "#endif\n"
-                     "  /* A's rows, the two rings (1024-byte aligned for the swizzle), the mbarriers: A's,\n"
-                     "     then full and empty of B's ring, then of B2's */\n"
+                     "  /* A's rows, B's two chunk buffers, B2's two (1024-byte aligned for the swizzle) */\n"
                      "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, w1s = xs + FM_X_BYTES;\n"
-                     "  const unsigned w2s = w1s + FM_S1 * FM_W1_BYTES, bars = w2s + FM_S2 * FM_W2_BYTES;\n"
-                     "  const unsigned full1 = bars + 8 * (FM_K1 / 64), empty1 = full1 + 8 * FM_S1;\n"
-                     "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
-                     "  if (tid == 0) {\n"
-                     "    for (int kt = 0; kt < FM_K1 / 64; kt++) fm_mbar_init(bars + 8 * kt, 1);   /* A's slices */\n"
-                     "    for (int s = 0; s < FM_S1 + FM_S2; s++) {\n"
-                     "      const unsigned full = s < FM_S1 ? full1 + 8 * s : full2 + 8 * (s - FM_S1);\n"
-                     "      fm_mbar_init(full, 1);\n"
-                     "      fm_mbar_init(full + 8 * (s < FM_S1 ? FM_S1 : FM_S2), FM_MMA_THREADS / 128 * FM_CLUSTER);\n"
-                     "    }\n"
-                     "    /* the barriers are completed by the async proxy (TMA's complete_tx) */\n"
-                     "    asm volatile(\"fence.mbarrier_init.release.cluster;\\n\" ::: \"memory\");\n"
-                     "  }\n"
-                     "#if FM_CLUSTER == 2\n"
-                     "  fm_cluster_sync();   /* neither block fills or signals the other before both initialised */\n"
-                     "#else\n"
-                     "  __syncthreads();\n"
-                     "#endif\n"
-                     "  if (tid >= FM_MMA_THREADS) {   /* the loader warpgroup: one thread issues every box */\n"
-                     "#if FM_MMA_THREADS == 256\n"
-                     "    asm volatile(\"setmaxnreg.dec.sync.aligned.u32 24;\\n\" ::: \"memory\");\n"
-                     "#endif\n"
-                     "    if (tid == FM_MMA_THREADS) fm_loader(&fm_tmx, &fm_tmw1, &fm_tmw2, xs, w1s, w2s, bars, (int)m0);\n"
-                     "#if FM_CLUSTER == 2\n"
-                     "    __syncwarp();\n"
-                     "    fm_cluster_sync();\n"
-                     "#endif\n"
-                     "    return;\n"
-                     "  }\n"
-                     "#if FM_MMA_THREADS == 256\n"
-                     "  asm volatile(\"setmaxnreg.inc.sync.aligned.u32 240;\\n\" ::: \"memory\");\n"
-                     "#endif\n"
+                     "  const unsigned w2s = w1s + 2 * FM_W1_BYTES;\n"
+                     "  fm_load_a(xs, in%u, M, m0, tid);\n"
+                     "  fm_load_w1(w1s, FM_B, 0, tid);\n"
+                     "  fm_cp_commit();\n",
+                     bp->ia);
+    fm_strbuf_append(sb,
+                     "  fm_load_w2(w2s, FM_B2, 0, tid);\n"
+                     "  fm_cp_commit();\n"
                      "  float acc2[FM_N2 / 8][4];\n"
                      "  /* this thread's rows of the accumulators: mw and mw + 8 */\n"
                      "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
                      "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
-                     "  unsigned af[4][4];\n"
-                     "  float acc1[8][4];\n"
-                     "  fm_mbar_wait(full1, 0);\n"
-                     "  fm_gemm1(acc1, da, w1s, bars);   /* each slice of A's rows waited for */\n"
-                     "  fm_wg_wait<0>();\n"
-                     "  if (tid % 128 == 0) fm_release(empty1);\n"
-                     "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
-                     "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, step_tma, "acc1");
+                     "  unsigned af[4][4];\n");
+    fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
+    emit_step(sb, step_simple, "acc1");
     fm_strbuf_append(sb, "  }\n");
-  } else {
-  fm_strbuf_printf(sb,
-                   "  const int tid = threadIdx.x, lane = tid & 31, wr = (tid >> 5) & 3;\n"
-                   "  /* warp-uniform through a shuffle, else ptxas serialises the wgmma */\n"
-                   "  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);\n"
-                   "  const long long m0 = (long long)blockIdx.y * FM_BM;\n"
-                   "  /* A's rows, B's two chunk buffers, B2's two (1024-byte aligned for the swizzle) */\n"
-                   "  const unsigned xs = (fm_saddr(fm_smem) + 1023u) & ~1023u, w1s = xs + FM_X_BYTES;\n"
-                   "  const unsigned w2s = w1s + 2 * FM_W1_BYTES;\n"
-                   "  fm_load_a(xs, in%u, M, m0, tid);\n"
-                   "  fm_load_w1(w1s, FM_B, 0, tid);\n"
-                   "  fm_cp_commit();\n",
-                   bp->ia);
-  fm_strbuf_append(sb,
-                   "  fm_load_w2(w2s, FM_B2, 0, tid);\n"
-                   "  fm_cp_commit();\n"
-                   "  float acc2[FM_N2 / 8][4];\n"
-                   "  /* this thread's rows of the accumulators: mw and mw + 8 */\n"
-                   "  const long long mw = m0 + wg * 64 + wr * 16 + (lane >> 2);\n"
-                   "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
-                   "  unsigned af[4][4];\n");
-  fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-  emit_step(sb, step_simple, "acc1");
-  fm_strbuf_append(sb, "  }\n");
   }
-  if (bp->x_twin >= 0)   /* one memory through two parameters: read it from A's rows */
-    fm_strbuf_printf(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane, (const void *)in%d == (const void *)in%u ? xs : 0u"
-                         " FM_STAGE2_ARGS);\n",
+  if (bp->x_twin >= 0) /* one memory through two parameters: read it from A's rows */
+    fm_strbuf_printf(sb,
+                     "  fm_stage2_staged(acc2, M, m0, wg, wr, lane, (const void *)in%d == (const void *)in%u ? xs : 0u"
+                     " FM_STAGE2_ARGS);\n",
                      bp->x_twin, bp->ia);
   else
     fm_strbuf_append(sb, "  fm_stage2_staged(acc2, M, m0, wg, wr, lane FM_STAGE2_ARGS);\n");
-  if (cfg->form == FM_B2B_TMA_PAIR) fm_strbuf_append(sb, "  fm_cluster_sync();   /* the partner may still arrive on our barriers */\n");
+  if (cfg->form == FM_B2B_TMA_PAIR)
+    fm_strbuf_append(sb, "  fm_cluster_sync();   /* the partner may still arrive on our barriers */\n");
   fm_strbuf_append(sb, "}\n");
 }
 
@@ -908,7 +946,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   b2b_plan *bp = NULL;
   fm_strbuf sb;
   int rc;
-  (void)sm_count;   /* one block per BM rows: the grid needs no device size */
+  (void)sm_count; /* one block per BM rows: the grid needs no device size */
   if (src) *src = NULL;
   if (!canon || !cfg || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   fm_strbuf_init(&sb, MAX_SOURCE);
@@ -920,17 +958,22 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   if ((rc = plan_build(canon, bp, d)) || (rc = check_config(bp, cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
   snprintf(entry, sizeof entry, "fm_b2b_%u%s", cfg->bm,
-           cfg->form == FM_B2B_TMA_PAIR ? "_tma_c2" : cfg->form == FM_B2B_TMA ? "_tma" : "");
+           cfg->form == FM_B2B_TMA_PAIR ? "_tma_c2"
+           : cfg->form == FM_B2B_TMA    ? "_tma"
+                                        : "");
   const char *ty = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld b2b kernel: %s, chained GEMMs %" PRId64 " -> %" PRId64 " -> %" PRId64 ", %s */\n",
                    entry, bp->k1, bp->n1, bp->n2, ty);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   fm_strbuf_printf(&sb,
-                   "#define FM_BM %u\n#define FM_K1 %" PRId64 "\n#define FM_N1 %" PRId64 "\n"
-                   "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
+                   "#define FM_BM %u\n#define FM_K1 %" PRId64 "\n#define FM_N1 %" PRId64
+                   "\n"
+                   "#define FM_N2 %" PRId64 "\n#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64
+                   "LL\n"
                    "#define FM_LDB2 %" PRId64 "LL\n",
                    cfg->bm, bp->k1, bp->n1, bp->n2, bp->lda, bp->ldb, bp->ldb2);
-  fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->form != FM_B2B_CPASYNC, cfg->form == FM_B2B_TMA_PAIR ? 2 : 1);
+  fm_strbuf_printf(&sb, "#define FM_WS %d\n#define FM_CLUSTER %d\n", cfg->form != FM_B2B_CPASYNC,
+                   cfg->form == FM_B2B_TMA_PAIR ? 2 : 1);
   if (cfg->form != FM_B2B_CPASYNC) {
     tma_rings r = tma_rings_for(bp, cfg->bm);
     fm_strbuf_printf(&sb, "#define FM_S1 %u\n#define FM_S2 %u\n", r.s1, r.s2);
@@ -944,7 +987,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    "#define FM_PASSES %u\n#define FM_PCOLS %u\n#define FM_SROW (FM_PCOLS + 8)\n"
                    "#define FM_SPOS(c) (((c) & 4) * (FM_PCOLS / 8 + 1) + ((c) >> 3) * 4 + ((c) & 3))\n",
                    passes, (uint32_t)bp->n2 / passes);
-  fm_strbuf_append(&sb, fm_cg_gemm_cp_async);   /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
+  fm_strbuf_append(&sb, fm_cg_gemm_cp_async); /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
   fm_strbuf_append(&sb, b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
   if (cfg->form != FM_B2B_CPASYNC) {
@@ -972,7 +1015,7 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
   snprintf(meta->grid_rule, sizeof meta->grid_rule, "tiles");
   meta->inner = (uint64_t)bp->n2;
   meta->items_per_block = cfg->bm;
-  meta->max_blocks = 1;   /* one column tile: a block owns whole output rows */
+  meta->max_blocks = 1; /* one column tile: a block owns whole output rows */
   meta->outer = bp->m;
   meta->n_inputs = canon->n_inputs;
   meta->n_outputs = canon->n_outputs;
@@ -986,10 +1029,16 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
        rows in one box of N2; 64 columns a box (one swizzle row). A leading dim of 0 (a
        single row, never stepped) becomes the row length: TMA wants a real stride. */
     const char *dt = bp->dt == FM_DT_BF16 ? "bf16" : "f16";
-    const struct { uint32_t input; int64_t rows; int64_t cols, ld; uint32_t box_rows; } maps[3] = {
+    const struct {
+      uint32_t input;
+      int64_t rows;
+      int64_t cols, ld;
+      uint32_t box_rows;
+    } maps[3] = {
         {bp->ia, bp->m, bp->k1, bp->lda ? bp->lda : bp->k1, cfg->bm},
         {bp->ib, bp->n1, bp->k1, bp->ldb ? bp->ldb : bp->k1, cfg->form == FM_B2B_TMA_PAIR ? CHUNK / 2 : CHUNK},
-        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1, (uint32_t)bp->n2 / (cfg->form == FM_B2B_TMA_PAIR ? 2u : 1u)},
+        {bp->ib2, bp->n2, bp->n1, bp->ldb2 ? bp->ldb2 : bp->n1,
+         (uint32_t)bp->n2 / (cfg->form == FM_B2B_TMA_PAIR ? 2u : 1u)},
     };
     meta->n_tmaps = 3;
     for (int i = 0; i < 3; i++) {

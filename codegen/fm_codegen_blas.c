@@ -15,10 +15,10 @@
 #include "fm_codegen.h"
 #include "fm_codegen_gemm.h"
 
-#define MAX_SOURCE (256u * 1024u)
-#define EPI_THREADS 256u
+#define MAX_SOURCE        (256u * 1024u)
+#define EPI_THREADS       256u
 #define EPI_BLOCKS_PER_SM 8u
-#define DEFAULT_SMS 132u
+#define DEFAULT_SMS       132u
 
 /* Where a tensor added to the product sits for cuBLASLt: a [1, N] row vector (its BIAS
  * epilogue), an [M, N] row-major matrix (C with beta = 1), or neither. */
@@ -28,7 +28,7 @@ typedef enum { ADDEND_NONE, ADDEND_BIAS, ADDEND_C } addend_kind;
 static int64_t row_stride(const fm_tensor *t, int64_t n) { return t->strides[0] ? t->strides[0] : n; }
 
 static addend_kind addend(const fm_fragment *f, const fm_cg_gemm_plan *gp, uint32_t value) {
-  if (value >= f->n_inputs) return ADDEND_NONE;   /* a computed value: not cuBLASLt's */
+  if (value >= f->n_inputs) return ADDEND_NONE; /* a computed value: not cuBLASLt's */
   const fm_tensor *t = &f->inputs[value];
   if (t->dtype != gp->dt || t->rank != 2 || t->shape[1] != gp->n) return ADDEND_NONE;
   if (gp->n > 1 && t->strides[1] != 1) return ADDEND_NONE;
@@ -48,7 +48,7 @@ static addend_kind addend(const fm_fragment *f, const fm_cg_gemm_plan *gp, uint3
  * stored once, row-major, in A's dtype, and nothing else is computed: then cuBLASLt runs it
  * all (C is added before the activation in cuBLASLt, as in this chain). 0 when not. */
 static int direct_form(const fm_fragment *f, const fm_cg_gemm_plan *gp, fm_meta_blas *b) {
-  uint32_t cur = f->n_inputs + (uint32_t)gp->op;   /* canonical ids: op i defines n_inputs + i */
+  uint32_t cur = f->n_inputs + (uint32_t)gp->op; /* canonical ids: op i defines n_inputs + i */
   int act = 0;
   b->bias = b->c = -1;
   snprintf(b->act, sizeof b->act, "none");
@@ -58,7 +58,7 @@ static int direct_form(const fm_fragment *f, const fm_cg_gemm_plan *gp, fm_meta_
     uint32_t other;
     if ((int)i == gp->op) {
       if (o->nargs < 3) continue;
-      other = o->args[0];   /* addmm's bias */
+      other = o->args[0]; /* addmm's bias */
     } else if (o->op == FM_OP_ADD && o->nargs == 2 && (o->args[0] == cur || o->args[1] == cur) && !act) {
       other = o->args[0] == cur ? o->args[1] : o->args[0];
     } else if ((o->op == FM_OP_RELU || o->op == FM_OP_GELU_TANH) && o->args[0] == cur && !act) {
@@ -80,7 +80,8 @@ static int direct_form(const fm_fragment *f, const fm_cg_gemm_plan *gp, fm_meta_
         b->ldc = (uint64_t)row_stride(&f->inputs[other], gp->n);
         b->align[2] = f->inputs[other].align;
         break;
-      default: return 0;
+      default:
+        return 0;
     }
     if ((int)i != gp->op) cur = f->n_inputs + i;
   }
@@ -98,7 +99,7 @@ static int direct_form(const fm_fragment *f, const fm_cg_gemm_plan *gp, fm_meta_
  * extent where rows overlap: neither is a matrix cuBLASLt takes. */
 static int bad_operand(const fm_tensor *t, uint32_t kdim, int kmajor, int64_t ld) {
   uint32_t contig = kmajor ? kdim : 1 - kdim;
-  const int64_t *shape = t->shape + (t->rank - 2);   /* the matrix dims (a bmm's: after the batch) */
+  const int64_t *shape = t->shape + (t->rank - 2); /* the matrix dims (a bmm's: after the batch) */
   if (shape[1 - contig] == 1) return 0;
   return ld == 0 || (shape[contig] > 0 && ld < shape[contig]);
 }
@@ -133,16 +134,16 @@ static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_meta_blas *b, 
   b->k = (uint64_t)gp->k;
   b->align[0] = canon->inputs[gp->ia].align;
   b->align[1] = canon->inputs[gp->ib].align;
-  b->align[2] = b->align[3] = 256;   /* the scratch, or unused */
+  b->align[2] = b->align[3] = 256; /* the scratch, or unused */
   b->ldc = b->ldd = b->n;
   b->workspace = FM_BLAS_WORKSPACE;
   b->bias = b->c = -1;
   snprintf(b->act, sizeof b->act, "none");
-  if (gp->op2 >= 0) {   /* siblings: A@B2 too, written after A@B (fm_meta.h) */
+  if (gp->op2 >= 0) { /* siblings: A@B2 too, written after A@B (fm_meta.h) */
     b->has_b2 = 1;
     b->b2 = gp->ib2;
   }
-  if (gp->batched) {   /* strided batched: every product at its own offset, D dense */
+  if (gp->batched) { /* strided batched: every product at its own offset, D dense */
     b->batched = 1;
     b->stride_a = (uint64_t)gp->ez[gp->ia];
     b->stride_b = (uint64_t)gp->ez[gp->ib];
@@ -178,7 +179,7 @@ out:
 static void emit_epilogue_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const char *ty = fm_cg_storage_type(gp->dt);
   const char *dec = gp->dt == FM_DT_BF16 ? "fm_bf16_to_f32" : "fm_f16_to_f32";
-  fm_cg_gemm_emit_kernel_open_extra(sb, f, gp, "fm_blas_epi", ty);   /* siblings: fm_scratch2 too */
+  fm_cg_gemm_emit_kernel_open_extra(sb, f, gp, "fm_blas_epi", ty); /* siblings: fm_scratch2 too */
   if (gp->batched)
     fm_strbuf_append(sb,
                      "  fm_scratch += fm_z * M * FM_N;\n"
@@ -208,7 +209,7 @@ static void emit_epilogue_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_c
                    "#pragma unroll\n"
                    "    for (int e = 0; e < 8; e++) acc[e] = n + e < FM_N ? %s(raw[e]) : 0.0f;\n",
                    ty, ty, dec);
-  if (gp->op2 >= 0)   /* the second product's same 8 elements */
+  if (gp->op2 >= 0) /* the second product's same 8 elements */
     fm_strbuf_printf(sb,
                      "    const %s *p2 = fm_scratch2 + m * FM_N + n;\n"
                      "    float acc2[8];\n"
@@ -235,8 +236,8 @@ static uint32_t batched_rows(const fm_cg_gemm_plan *gp) {
   return (uint32_t)rows;
 }
 
-int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, char **src,
-                    fm_kernel_meta *meta, fm_diag *d) {
+int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, char **src, fm_kernel_meta *meta,
+                    fm_diag *d) {
   fm_cg_gemm_plan *gp = NULL;
   fm_strbuf sb;
   int rc;
@@ -265,7 +266,7 @@ int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, 
     }
     snprintf(meta->blas.form, sizeof meta->blas.form, "direct");
     snprintf(meta->grid_rule, sizeof meta->grid_rule, "none");
-    goto out;   /* nothing to compile */
+    goto out; /* nothing to compile */
   }
   snprintf(meta->blas.form, sizeof meta->blas.form, "split");
   fm_strbuf_printf(&sb, "/* fusemld cuBLASLt split epilogue: A@B from the scratch, then the fragment's epilogue */\n");
@@ -284,7 +285,7 @@ int fm_codegen_blas(const fm_fragment *canon, uint32_t form, uint32_t sm_count, 
   meta->inner = (uint64_t)(gp->n + 7) / 8;
   meta->items_per_block = EPI_THREADS;
   meta->max_blocks = (sm_count ? sm_count : DEFAULT_SMS) * EPI_BLOCKS_PER_SM;
-  if (gp->batched) {   /* (1, row blocks of one product, the products) */
+  if (gp->batched) { /* (1, row blocks of one product, the products) */
     snprintf(meta->grid_rule, sizeof meta->grid_rule, "batched");
     meta->inner = (uint64_t)gp->m;
     meta->items_per_block = batched_rows(gp);

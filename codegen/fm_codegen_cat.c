@@ -19,8 +19,8 @@
 
 #include "fm_codegen_int.h"
 
-#define FM_CG_MAX_SOURCE (1u << 20)
-#define FM_CG_DEFAULT_SMS 132u   /* H100 SXM: sizes the grid cap when the caller has no GPU */
+#define FM_CG_MAX_SOURCE  (1u << 20)
+#define FM_CG_DEFAULT_SMS 132u /* H100 SXM: sizes the grid cap when the caller has no GPU */
 
 typedef struct cat_gen {
   const fm_fragment *f;
@@ -39,7 +39,8 @@ typedef struct cat_ctx {
 static void mark_needs(const cat_gen *g, int arg, uint8_t *need) {
   const uint32_t n_in = g->p.n_in, n_val = n_in + g->p.n_ops;
   memset(need, 0, n_val);
-  if (arg >= 0) need[arg] = 1;
+  if (arg >= 0)
+    need[arg] = 1;
   else
     for (uint32_t k = 0; k < g->p.n_out; k++) need[g->p.t[n_in + k].value] = 1;
   for (uint32_t pos = n_val; pos-- > n_in;) {
@@ -54,8 +55,10 @@ static void emit_offset(fm_strbuf *sb, const fm_tensor *t, const cat_ctx *cx) {
   const char *sep = "";
   for (uint32_t j = 0; j < t->rank; j++) {
     if (t->shape[j] == 1 || t->strides[j] == 0) continue;
-    if (t->strides[j] == 1) fm_strbuf_printf(sb, "%s%s", sep, cx->coord[j]);
-    else fm_strbuf_printf(sb, "%s%s * %lldLL", sep, cx->coord[j], (long long)t->strides[j]);
+    if (t->strides[j] == 1)
+      fm_strbuf_printf(sb, "%s%s", sep, cx->coord[j]);
+    else
+      fm_strbuf_printf(sb, "%s%s * %lldLL", sep, cx->coord[j], (long long)t->strides[j]);
     sep = " + ";
   }
   if (!*sep) fm_strbuf_append(sb, "0");
@@ -76,17 +79,17 @@ static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx 
   for (uint32_t a = 0; a < op->nargs; a++) {
     const uint32_t arg = g->p.args[i][a];
     const int64_t size = g->ci.ext[arg][dim];
-    if (a == 0) fm_strbuf_printf(sb, "%sif (%s < %lldLL) {\n", cx->ind, cx->coord[dim], (long long)size);
+    if (a == 0)
+      fm_strbuf_printf(sb, "%sif (%s < %lldLL) {\n", cx->ind, cx->coord[dim], (long long)size);
     else if (a + 1 < op->nargs)
-      fm_strbuf_printf(sb, "%s} else if (%s < %lldLL) {\n", cx->ind, cx->coord[dim],
-                       (long long)(start + size));
-    else fm_strbuf_printf(sb, "%s} else {\n", cx->ind);
+      fm_strbuf_printf(sb, "%s} else if (%s < %lldLL) {\n", cx->ind, cx->coord[dim], (long long)(start + size));
+    else
+      fm_strbuf_printf(sb, "%s} else {\n", cx->ind);
     cat_ctx in = *cx;
     in.ind = ind;
     if (start > 0) {
       snprintf(in.coord[dim], sizeof in.coord[dim], "b%u", dim);
-      fm_strbuf_printf(sb, "%sconst long long b%u = %s - %lldLL;\n", ind, dim, cx->coord[dim],
-                       (long long)start);
+      fm_strbuf_printf(sb, "%sconst long long b%u = %s - %lldLL;\n", ind, dim, cx->coord[dim], (long long)start);
     }
     mark_needs(g, (int)arg, need);
     emit_values(sb, g, need, &in);
@@ -94,7 +97,8 @@ static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx 
     snprintf(v, sizeof v, "v%u", arg);
     if (vdt != FM_DT_BOOL && g->p.vdt[arg] == FM_DT_BOOL)
       fm_strbuf_printf(sb, "%sv%u = %s ? 1.0f : 0.0f;\n", ind, pos, v);
-    else fm_strbuf_printf(sb, "%sv%u = %s;\n", ind, pos, v);
+    else
+      fm_strbuf_printf(sb, "%sv%u = %s;\n", ind, pos, v);
     start += size;
   }
   fm_strbuf_printf(sb, "%s}\n", cx->ind);
@@ -107,7 +111,7 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
     if (!need[pos]) continue;
     if (pos < n_in) {
       const fm_tensor *t = &g->f->inputs[pos];
-      fm_strbuf tmp;   /* the load, which the decode wraps */
+      fm_strbuf tmp; /* the load, which the decode wraps */
       fm_strbuf_init(&tmp, 1024);
       fm_strbuf_printf(&tmp, "in%u[", pos);
       emit_offset(&tmp, t, cx);
@@ -135,8 +139,10 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
   const fm_tensor *it = &g->f->outputs[0];
   const uint32_t r = it->rank, per_step = cfg->block * cfg->unroll;
   fm_cg_emit_signature(sb, &g->p, cfg->block, 0, entry);
-  if (g->p.symbolic) fm_strbuf_printf(sb, "  const long long n = outer * %lldLL;\n", (long long)g->p.inner);
-  else fm_strbuf_printf(sb, "  const long long n = %lldLL;\n", (long long)(g->p.outer * g->p.inner));
+  if (g->p.symbolic)
+    fm_strbuf_printf(sb, "  const long long n = outer * %lldLL;\n", (long long)g->p.inner);
+  else
+    fm_strbuf_printf(sb, "  const long long n = %lldLL;\n", (long long)(g->p.outer * g->p.inner));
   fm_strbuf_printf(sb,
                    "  for (long long e0 = (long long)blockIdx.x * %u + threadIdx.x; e0 < n;\n"
                    "       e0 += (long long)gridDim.x * %u) {\n"
@@ -152,16 +158,17 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
   const char *suffix = g->p.inner <= (int64_t)UINT32_MAX ? "u" : "ull";
   if (r > 0) {
     snprintf(cx.coord[0], sizeof cx.coord[0], "c0");
-    if (r == 1 || g->p.inner == 1) fm_strbuf_append(sb, "      const long long c0 = e;\n");
-    else fm_strbuf_printf(sb, "      const long long c0 = e / %lldLL;\n", (long long)g->p.inner);
+    if (r == 1 || g->p.inner == 1)
+      fm_strbuf_append(sb, "      const long long c0 = e;\n");
+    else
+      fm_strbuf_printf(sb, "      const long long c0 = e / %lldLL;\n", (long long)g->p.inner);
     if (r > 1 && g->p.inner > 1)
       fm_strbuf_printf(sb, "      %s r = (%s)(e - c0 * %lldLL);\n", rt, rt, (long long)g->p.inner);
   }
   for (uint32_t j = r; j-- > 1;) {
     snprintf(cx.coord[j], sizeof cx.coord[j], "c%u", j);
     if (it->shape[j] == 1) continue;
-    fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j,
-                     (long long)it->shape[j], suffix);
+    fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j, (long long)it->shape[j], suffix);
     fm_strbuf_printf(sb, "      r /= %lld%s;\n", (long long)it->shape[j], suffix);
   }
   uint8_t need[FM_CG_MAX_VALUES];
@@ -184,8 +191,8 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
 static int build(const fm_fragment *f, cat_gen *g, fm_diag *d) {
   memset(&g->p, 0, sizeof g->p);
   g->f = f;
-  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs < 1 ||
-      f->n_outputs > FM_MAX_OUTPUTS || f->outputs[0].rank > FM_MAX_RANK)
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS ||
+      f->outputs[0].rank > FM_MAX_RANK)
     return fm_diag_set(d, FM_EINVAL, "codegen: fragment exceeds the limits");
   g->p.n_in = f->n_inputs;
   g->p.n_out = f->n_outputs;
@@ -194,8 +201,7 @@ static int build(const fm_fragment *f, cat_gen *g, fm_diag *d) {
   if (rc) return rc;
   if ((rc = fm_fragment_cat_info(f, &g->ci, d))) return rc == FM_EUNSUPPORTED ? rc : FM_EINVAL;
   for (uint32_t i = 0; i < f->n_ops; i++)
-    if (fm_op_kind(f->ops[i].op) == FM_OPK_CAT &&
-        (f->ops[i].dim < 0 || (uint32_t)f->ops[i].dim >= f->outputs[0].rank))
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_CAT && (f->ops[i].dim < 0 || (uint32_t)f->ops[i].dim >= f->outputs[0].rank))
       return fm_diag_set(d, FM_EINVAL, "codegen: ops[%u]: a cat's dim is not canonical", i);
   for (uint32_t k = 0; k < g->p.n_in + g->p.n_out; k++) {
     const fm_tensor *t = k < g->p.n_in ? &f->inputs[k] : &f->outputs[k - g->p.n_in];

@@ -19,14 +19,14 @@
 
 #include "fm_codegen_cols.h"
 
-#define MAX_SOURCE (1u << 20)
-#define MAX_SMEM (48u * 1024u)   /* static shared memory */
+#define MAX_SOURCE    (1u << 20)
+#define MAX_SMEM      (48u * 1024u) /* static shared memory */
 #define DEFAULT_BLOCK 256u
 
 /* The shape of one kernel. */
 typedef struct shape {
-  uint32_t w, s, v, u, block;    /* strip width, cluster, columns per thread, unroll, threads */
-  uint32_t tx, ty;               /* threads across the strip, rows at a time */
+  uint32_t w, s, v, u, block; /* strip width, cluster, columns per thread, unroll, threads */
+  uint32_t tx, ty;            /* threads across the strip, rows at a time */
 } shape;
 
 static int pow2(uint32_t x) { return x && !(x & (x - 1)); }
@@ -52,13 +52,17 @@ static int make_shape(const fm_cg_cols_plan *cp, const fm_cols_config *c, shape 
                        c->width, c->vec);
   s->ty = c->block / s->tx;
   if (c->vec > 1 && !cp->vec_ok)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "cols: the column-space inputs do not allow %u-column vector loads "
-                       "(N a multiple of 8, stride 1 along the columns, aligned rows)", FM_COLS_VEC);
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "cols: the column-space inputs do not allow %u-column vector loads "
+                       "(N a multiple of 8, stride 1 along the columns, aligned rows)",
+                       FM_COLS_VEC);
   uint64_t smem = (uint64_t)s->block * s->v * 4 + (s->v > 1 ? (uint64_t)s->block * 4 : 0) +
                   (s->s > 1 ? (uint64_t)cp->n_red * s->w * 4 : 0);
   if (smem > MAX_SMEM)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "cols: %u reductions over strips of %u columns need %llu bytes of "
-                       "shared memory (at most %u)", cp->n_red, s->w, (unsigned long long)smem, MAX_SMEM);
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "cols: %u reductions over strips of %u columns need %llu bytes of "
+                       "shared memory (at most %u)",
+                       cp->n_red, s->w, (unsigned long long)smem, MAX_SMEM);
   return FM_OK;
 }
 
@@ -75,8 +79,8 @@ static void emit_value(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
   uint32_t pos = p->n_in + i;
   const char *ty = fm_cg_val_type(p->vdt[pos]);
   if (p->rowval[pos])
-    fm_strbuf_printf(sb, "%s%s v%u[%u];\n#pragma unroll\n%sfor (int i = 0; i < %u; ++i) v%u[i] = ", indent, ty,
-                     pos, v, indent, v, pos);
+    fm_strbuf_printf(sb, "%s%s v%u[%u];\n#pragma unroll\n%sfor (int i = 0; i < %u; ++i) v%u[i] = ", indent, ty, pos, v,
+                     indent, v, pos);
   else
     fm_strbuf_printf(sb, "%sconst %s v%u = ", indent, ty, pos);
   fm_cg_emit_op(sb, f, p, i);
@@ -86,9 +90,12 @@ static void emit_value(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
 /* Element `col` of input k's row 0 (a per-column input): in<k>[col * stride]. */
 static void column_ref(char *out, size_t cap, const fm_cg_plan *p, uint32_t k, const char *col) {
   int64_t s1 = p->t[k].es[1];
-  if (s1 == 0) snprintf(out, cap, "in%u[0]", k);
-  else if (s1 == 1) snprintf(out, cap, "in%u[%s]", k, col);
-  else snprintf(out, cap, "in%u[(%s) * %lldLL]", k, col, (long long)s1);
+  if (s1 == 0)
+    snprintf(out, cap, "in%u[0]", k);
+  else if (s1 == 1)
+    snprintf(out, cap, "in%u[%s]", k, col);
+  else
+    snprintf(out, cap, "in%u[(%s) * %lldLL]", k, col, (long long)s1);
 }
 
 /* The cluster's helpers: fm_cg_sm90 (fm_cluster_sync), then the rank and distributed shared
@@ -148,8 +155,8 @@ static void emit_rows(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan
       uint32_t ab = access_bytes(p, k, s), per = ab / (uint32_t)fm_dtype_size(t->dtype);
       const char *vt = fm_cg_vec_type(ab);
       for (uint32_t w = 0; w < s->v / per; w++)
-        fm_strbuf_printf(sb, "        r%u[u][%u] = *reinterpret_cast<const %s *>(in%u + mu * %lldLL + n0 + %u);\n",
-                         k, w, vt, k, (long long)t->es[0], w * per);
+        fm_strbuf_printf(sb, "        r%u[u][%u] = *reinterpret_cast<const %s *>(in%u + mu * %lldLL + n0 + %u);\n", k,
+                         w, vt, k, (long long)t->es[0], w * per);
     }
   }
   fm_strbuf_append(sb, "      }\n");
@@ -180,8 +187,9 @@ static void emit_rows(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan
       char x[32];
       operand(x, sizeof x, p, p->args[i][0]);
       if (f->ops[i].op == FM_OP_AMAX)
-        fm_strbuf_printf(sb, "#pragma unroll\n        for (int i = 0; i < %u; ++i) fm_a%u[i] = fm_maximum(fm_a%u[i], %s);\n",
-                         s->v, pos, pos, x);
+        fm_strbuf_printf(
+            sb, "#pragma unroll\n        for (int i = 0; i < %u; ++i) fm_a%u[i] = fm_maximum(fm_a%u[i], %s);\n", s->v,
+            pos, pos, x);
       else
         fm_strbuf_printf(sb, "#pragma unroll\n        for (int i = 0; i < %u; ++i) fm_a%u[i] += %s;\n", s->v, pos, x);
     } else if (cp->cls[pos] == FM_COLS_SPACE) {
@@ -242,7 +250,7 @@ static void combine(char *out, size_t cap, int is_max, const char *a, const char
  * which owns column c of the strip; step 4 (S > 1): rank 0 adds the other blocks' in rank order. */
 static void emit_fold(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const shape *s) {
   const fm_cg_plan *p = &cp->base;
-  const uint32_t groups = s->block / s->w;   /* TY / V */
+  const uint32_t groups = s->block / s->w; /* TY / V */
   char e[96];
   fm_strbuf_append(sb, "  /* 3. the block's partials of each column, folded in a fixed order */\n");
   uint32_t r = 0;
@@ -342,9 +350,12 @@ static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_
     const fm_cg_tensor *t = &p->t[p->n_in + k];
     char v[16];
     snprintf(v, sizeof v, "v%u", t->value);
-    if (t->es[1] == 0) fm_strbuf_printf(sb, "      out%u[0] = ", k);
-    else if (t->es[1] == 1) fm_strbuf_printf(sb, "      out%u[n] = ", k);
-    else fm_strbuf_printf(sb, "      out%u[n * %lldLL] = ", k, (long long)t->es[1]);
+    if (t->es[1] == 0)
+      fm_strbuf_printf(sb, "      out%u[0] = ", k);
+    else if (t->es[1] == 1)
+      fm_strbuf_printf(sb, "      out%u[n] = ", k);
+    else
+      fm_strbuf_printf(sb, "      out%u[n * %lldLL] = ", k, (long long)t->es[1]);
     fm_cg_emit_encode(sb, t->dtype, p->vdt[t->value], v);
     fm_strbuf_append(sb, ";\n");
   }
@@ -355,8 +366,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_pl
                         const shape *s, const char *entry) {
   const fm_cg_plan *p = &cp->base;
   fm_cg_emit_signature(sb, p, s->block, s->s, entry);
-  if (p->symbolic) fm_strbuf_append(sb, "  const long long M = outer;\n");
-  else fm_strbuf_printf(sb, "  const long long M = %lldLL;\n  (void)outer;\n", (long long)cp->info.m);
+  if (p->symbolic)
+    fm_strbuf_append(sb, "  const long long M = outer;\n");
+  else
+    fm_strbuf_printf(sb, "  const long long M = %lldLL;\n  (void)outer;\n", (long long)cp->info.m);
   fm_strbuf_printf(sb,
                    "  constexpr int W = %u;   /* columns of the strip */\n"
                    "  const int tx = threadIdx.x %% %u, ty = threadIdx.x / %u;\n"
@@ -365,13 +378,15 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_pl
                    "  __shared__ float fm_sh[%u];   /* TY rows of the strip's partials */\n",
                    s->w, s->tx, s->tx, s->s > 1 ? "fm_cluster_rank()" : "0", s->v, s->ty * s->w);
   if (s->v > 1) fm_strbuf_printf(sb, "  __shared__ float fm_red[%u];   /* their sums, V rows each */\n", s->block);
-  if (s->s > 1) fm_strbuf_printf(sb, "  __shared__ float fm_part[%u];   /* the folded partials, read by rank 0 */\n",
-                                 cp->n_red * s->w);
+  if (s->s > 1)
+    fm_strbuf_printf(sb, "  __shared__ float fm_part[%u];   /* the folded partials, read by rank 0 */\n",
+                     cp->n_red * s->w);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
     if (!p->live[pos] || !is_reduce(f, i)) continue;
-    fm_strbuf_printf(sb, "  float fm_a%u[%u], fm_c%u = 0.0f;  /* %s */\n#pragma unroll\n"
-                         "  for (int i = 0; i < %u; ++i) fm_a%u[i] = %s;\n",
+    fm_strbuf_printf(sb,
+                     "  float fm_a%u[%u], fm_c%u = 0.0f;  /* %s */\n#pragma unroll\n"
+                     "  for (int i = 0; i < %u; ++i) fm_a%u[i] = %s;\n",
                      pos, s->v, pos, fm_op_name(f->ops[i].op), s->v, pos,
                      f->ops[i].op == FM_OP_AMAX ? "__int_as_float(0xff800000)" : "0.0f");
   }
@@ -388,7 +403,7 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   int rc = FM_OK;
   shape s = {0};
   char entry[FM_META_ENTRY_MAX], m_text[32];
-  (void)sm_count;   /* the grid is the strips times the cluster: no cap to size */
+  (void)sm_count; /* the grid is the strips times the cluster: no cap to size */
   if (!canon || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   *src = NULL;
   fm_strbuf_init(&sb, MAX_SOURCE);
@@ -402,10 +417,12 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   if ((rc = fm_cg_cols_plan_build(canon, cp, d))) goto out;
   if ((rc = make_shape(cp, &c, &s, d))) goto out;
   *epi = cp->base;
-  memset(epi->rowval, 0, sizeof epi->rowval);   /* the epilogue holds one column per thread */
+  memset(epi->rowval, 0, sizeof epi->rowval); /* the epilogue holds one column per thread */
   snprintf(entry, sizeof entry, "fm_cols_v%d", FM_CODEGEN_VERSION);
-  if (cp->base.symbolic) snprintf(m_text, sizeof m_text, "M");
-  else snprintf(m_text, sizeof m_text, "%lld", (long long)cp->info.m);
+  if (cp->base.symbolic)
+    snprintf(m_text, sizeof m_text, "M");
+  else
+    snprintf(m_text, sizeof m_text, "%lld", (long long)cp->info.m);
 
   fm_strbuf_printf(&sb,
                    "/* fusemld codegen v%d: cols kernel over [%s, %lld], strips of %u columns, cluster %u,"
@@ -426,7 +443,7 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   meta->inner = (uint64_t)cp->info.n;
   meta->items_per_block = s.w;
   meta->max_blocks = (uint32_t)(((uint64_t)cp->info.n + s.w - 1) / s.w);
-  meta->outer = cp->info.m;   /* FM_DIM_SYMBOLIC is -1: the launch's */
+  meta->outer = cp->info.m; /* FM_DIM_SYMBOLIC is -1: the launch's */
   if (s.s > 1) {
     meta->cluster[0] = meta->cluster[2] = 1;
     meta->cluster[1] = s.s;

@@ -95,13 +95,11 @@ int fm_cg_cols_plan_build(const fm_fragment *f, fm_cg_cols_plan *cp, fm_diag *d)
   int rc;
   memset(cp, 0, sizeof *cp);
   fm_cg_plan *p = &cp->base;
-  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS ||
-      f->n_outputs == 0)
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS || f->n_outputs == 0)
     return fm_diag_set(d, FM_EINVAL, "fragment counts out of range");
   if ((rc = fm_fragment_cols_info(f, &cp->info, d))) return rc;
   if (cp->info.n < 1 || cp->info.n >= FM_MAX_DIM || (cp->info.m < 1 && cp->info.m != FM_DIM_SYMBOLIC))
-    return fm_diag_set(d, FM_EINVAL, "a column space of [%lld, %lld]", (long long)cp->info.m,
-                       (long long)cp->info.n);
+    return fm_diag_set(d, FM_EINVAL, "a column space of [%lld, %lld]", (long long)cp->info.m, (long long)cp->info.n);
   p->n_in = f->n_inputs;
   p->n_out = f->n_outputs;
   p->n_ops = f->n_ops;

@@ -15,14 +15,15 @@
 
 /* fm_mma(): one mma.sync m16n8k16 (row.col, fp32 accumulators) on ty ("bf16" or "f16"). */
 void fm_cg_gemm_emit_mma(fm_strbuf *sb, const char *ty) {
-  fm_strbuf_printf(sb,
-                   "__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {\n"
-                   "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, \"\n"
-                   "      \"{%%8, %%9}, {%%0, %%1, %%2, %%3};\\n\"\n"
-                   "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
-                   "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
-                   "}\n",
-                   ty, ty);
+  fm_strbuf_printf(
+      sb,
+      "__device__ __forceinline__ void fm_mma(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {\n"
+      "  asm(\"mma.sync.aligned.m16n8k16.row.col.f32.%s.%s.f32 {%%0, %%1, %%2, %%3}, {%%4, %%5, %%6, %%7}, \"\n"
+      "      \"{%%8, %%9}, {%%0, %%1, %%2, %%3};\\n\"\n"
+      "      : \"+f\"(c[0]), \"+f\"(c[1]), \"+f\"(c[2]), \"+f\"(c[3])\n"
+      "      : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"r\"(b0), \"r\"(b1));\n"
+      "}\n",
+      ty, ty);
 }
 
 /* min_blocks > 1 caps the registers so that many blocks fit on an SM (0: no cap); tma: the
@@ -41,31 +42,35 @@ static void kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
   if (tma)
-    fm_strbuf_printf(sb, "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
-                         "    const __grid_constant__ fm_tmap fm_tmb%s) {\n",
+    fm_strbuf_printf(sb,
+                     "    long long outer, const __grid_constant__ fm_tmap fm_tma,\n"
+                     "    const __grid_constant__ fm_tmap fm_tmb%s) {\n",
                      gp->op2 >= 0 ? ", const __grid_constant__ fm_tmap fm_tmb2" : "");
-  else if (scratch_ty && gp->op2 >= 0)   /* siblings' plan: both products */
-    fm_strbuf_printf(sb, "    long long outer, const %s *__restrict__ fm_scratch,\n"
-                         "    const %s *__restrict__ fm_scratch2) {\n", scratch_ty, scratch_ty);
+  else if (scratch_ty && gp->op2 >= 0) /* siblings' plan: both products */
+    fm_strbuf_printf(sb,
+                     "    long long outer, const %s *__restrict__ fm_scratch,\n"
+                     "    const %s *__restrict__ fm_scratch2) {\n",
+                     scratch_ty, scratch_ty);
   else if (scratch_ty)
     fm_strbuf_printf(sb, "    long long outer, const %s *__restrict__ fm_scratch) {\n", scratch_ty);
   else
     fm_strbuf_append(sb, "    long long outer) {\n");
-  if (gp->m < 0) fm_strbuf_append(sb, "  const long long M = outer;\n");
-  else fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
+  if (gp->m < 0)
+    fm_strbuf_append(sb, "  const long long M = outer;\n");
+  else
+    fm_strbuf_printf(sb, "  const long long M = %" PRId64 "LL;\n  (void)outer;\n", gp->m);
   if (!gp->batched) return;
   /* bmm: blockIdx.z is this block's product; every tensor moves to it (a broadcast one,
      batch stride 0, stays), and the rest of the kernel is that of one GEMM */
   fm_strbuf_append(sb, "  const long long fm_z = blockIdx.z;\n");
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     if (!gp->ez[k] || (k < p->n_in && !gp->used[k] && k != gp->ia && k != gp->ib)) continue;
-    fm_strbuf_printf(sb, "  %s%u += fm_z * %" PRId64 "LL;\n", k < p->n_in ? "in" : "out",
-                     k < p->n_in ? k : k - p->n_in, gp->ez[k]);
+    fm_strbuf_printf(sb, "  %s%u += fm_z * %" PRId64 "LL;\n", k < p->n_in ? "in" : "out", k < p->n_in ? k : k - p->n_in,
+                     gp->ez[k]);
   }
 }
 
-void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
-                                 const char *entry) {
+void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry) {
   kernel_open(sb, f, gp, entry, 0, 0, 0, NULL);
 }
 
@@ -99,39 +104,41 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
                      "  if (threadIdx.x >= FM_MMA_THREADS) {   /* the loader warp: one thread issues every box */\n");
     fm_strbuf_printf(sb, "    if (threadIdx.x == FM_MMA_THREADS) fm_load_tiles(&fm_tma, &fm_tmb%s, tiles_m, units);\n",
                      gp->op2 >= 0 ? ", &fm_tmb2" : "");
-    fm_strbuf_append(sb,
-                     "    fm_pipe_done();\n"
-                     "    return;\n"
-                     "  }\n"
-                     "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
-                     "  /* consumer wg takes the block's tiles j = wg, wg + FM_CONSUMERS, ...; read through a\n"
-                     "     shuffle so the compiler knows it is warp-uniform (else it serialises wgmma) */\n"
-                     "  const int wg = __shfl_sync(0xffffffffu, warp / (FM_WM * FM_WN), 0);\n"
-                     "  const int wm = warp % (FM_WM * FM_WN) / FM_WN, wn = warp % FM_WN;\n"
-                     "  float *slab = (float *)((char *)fm_smem + FM_SLAB_OFF) + warp * 16 * FM_SLAB_LD;\n"
-                     "  for (int j = wg, u = FM_UNIT0 + wg * FM_UNIT_STRIDE; u < units; j += FM_CONSUMERS, u += FM_CONSUMERS * FM_UNIT_STRIDE) {\n"
-                     "    /* declared per tile: where the first wgmma ignores their values (FM_ACC_BY_WGMMA)\n"
-                     "       none is live from the tile before */\n"
-                     "    float acc[FM_MT][FM_NT][4];\n"
-                     "    unsigned it = (unsigned)j * FM_KT;\n"
-                     "    int tm, tn;\n"
-                     "    fm_unit_tile(u, tiles_m, tm, tn);\n"
-                     "    const long long m0 = (long long)tm * FM_BM;\n"
-                     "    const int n0 = tn * FM_BN;\n");
-  if (pingpong && gp->op2 < 0) {   /* (the siblings' epilogue takes no preloaded bias) */
-    /* a lane's 8 columns of each bias, read before the mainloop: loaded just before their first
+    fm_strbuf_append(
+        sb,
+        "    fm_pipe_done();\n"
+        "    return;\n"
+        "  }\n"
+        "  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;\n"
+        "  /* consumer wg takes the block's tiles j = wg, wg + FM_CONSUMERS, ...; read through a\n"
+        "     shuffle so the compiler knows it is warp-uniform (else it serialises wgmma) */\n"
+        "  const int wg = __shfl_sync(0xffffffffu, warp / (FM_WM * FM_WN), 0);\n"
+        "  const int wm = warp % (FM_WM * FM_WN) / FM_WN, wn = warp % FM_WN;\n"
+        "  float *slab = (float *)((char *)fm_smem + FM_SLAB_OFF) + warp * 16 * FM_SLAB_LD;\n"
+        "  for (int j = wg, u = FM_UNIT0 + wg * FM_UNIT_STRIDE; u < units; j += FM_CONSUMERS, u += FM_CONSUMERS * FM_UNIT_STRIDE) {\n"
+        "    /* declared per tile: where the first wgmma ignores their values (FM_ACC_BY_WGMMA)\n"
+        "       none is live from the tile before */\n"
+        "    float acc[FM_MT][FM_NT][4];\n"
+        "    unsigned it = (unsigned)j * FM_KT;\n"
+        "    int tm, tn;\n"
+        "    fm_unit_tile(u, tiles_m, tm, tn);\n"
+        "    const long long m0 = (long long)tm * FM_BM;\n"
+        "    const int n0 = tn * FM_BN;\n");
+    if (pingpong && gp->op2 < 0) { /* (the siblings' epilogue takes no preloaded bias) */
+      /* a lane's 8 columns of each bias, read before the mainloop: loaded just before their first
        use in the epilogue they were 3% of the kernel's stall samples (ncu, 16384 x 1024 x
        256); the epilogue's one pass keeps a lane on these columns */
-    fm_strbuf_append(sb, "#if FM_EPI_PRELOAD\n");
-    for (uint32_t k = 0; k < gp->base.n_in; k++)
-      if (fm_cg_gemm_row_vector16(gp, k))
-        fm_strbuf_printf(sb,
-                         "    const uint4 pre%u = n0 + FM_BN <= FM_N   /* used by whole tiles only: past N, read nothing */\n"
-                         "        ? fm_ld_nc16(in%u + n0 + wn * FM_WCOLS + lane %% (FM_SCOLS / 8) * 8) : make_uint4(0u, 0u, 0u, 0u);\n",
-                         k, k);
-    fm_strbuf_append(sb, "#endif\n");
-  }
-  fm_strbuf_append(sb,
+      fm_strbuf_append(sb, "#if FM_EPI_PRELOAD\n");
+      for (uint32_t k = 0; k < gp->base.n_in; k++)
+        if (fm_cg_gemm_row_vector16(gp, k))
+          fm_strbuf_printf(
+              sb,
+              "    const uint4 pre%u = n0 + FM_BN <= FM_N   /* used by whole tiles only: past N, read nothing */\n"
+              "        ? fm_ld_nc16(in%u + n0 + wn * FM_WCOLS + lane %% (FM_SCOLS / 8) * 8) : make_uint4(0u, 0u, 0u, 0u);\n",
+              k, k);
+      fm_strbuf_append(sb, "#endif\n");
+    }
+    fm_strbuf_append(sb,
                      "    fm_turn_wait(j);\n"
                      "    fm_mainloop_tile(acc, it);\n"
                      "    fm_turn_pass(j, u + FM_UNIT_STRIDE < units);\n");
@@ -165,9 +172,12 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   }
   char opa[16], opb[32];
   snprintf(opa, sizeof opa, tma ? "&fm_tma" : "in%u", gp->ia);
-  if (gp->op2 >= 0 && tma) snprintf(opb, sizeof opb, "&fm_tmb, &fm_tmb2");
-  else if (gp->op2 >= 0) snprintf(opb, sizeof opb, "in%u, in%u", gp->ib, gp->ib2);
-  else snprintf(opb, sizeof opb, tma ? "&fm_tmb" : "in%u", gp->ib);
+  if (gp->op2 >= 0 && tma)
+    snprintf(opb, sizeof opb, "&fm_tmb, &fm_tmb2");
+  else if (gp->op2 >= 0)
+    snprintf(opb, sizeof opb, "in%u, in%u", gp->ib, gp->ib2);
+  else
+    snprintf(opb, sizeof opb, tma ? "&fm_tmb" : "in%u", gp->ib);
   fm_strbuf_printf(sb,
                    "  const long long m0 = (long long)tm * FM_BM;\n"
                    "  float acc[FM_MT][FM_NT][4];\n"
@@ -185,9 +195,8 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_pl
   fm_strbuf_append(sb, "}\n");
 }
 
-void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,
-                           const char *entry, uint32_t threads, uint32_t smem, uint32_t rows,
-                           uint32_t cols) {
+void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp, const char *entry,
+                           uint32_t threads, uint32_t smem, uint32_t rows, uint32_t cols) {
   memset(meta, 0, sizeof *meta);
   snprintf(meta->kind, sizeof meta->kind, "gemm");
   snprintf(meta->entry, sizeof meta->entry, "%s", entry);
@@ -212,26 +221,26 @@ static void tma_meta(fm_kernel_meta *meta, const fm_cg_gemm_plan *gp, const fm_g
   meta->n_tmaps = gp->op2 >= 0 ? 3 : 2;
   a->input = gp->ia;
   b->input = gp->ib;
-  a->rows = gp->m;   /* -1: outer */
+  a->rows = gp->m; /* -1: outer */
   b->rows = gp->n;
   a->cols = b->cols = (uint64_t)gp->k;
   a->ld = (uint64_t)(gp->lda ? gp->lda : gp->k);
   b->ld = (uint64_t)(gp->ldb ? gp->ldb : gp->k);
   a->box[0] = b->box[0] = 64;
   a->box[1] = cfg->bm;
-  b->box[1] = cfg->cluster == 2 ? cfg->bn / 2 : cfg->bn;   /* a pair loads half each */
+  b->box[1] = cfg->cluster == 2 ? cfg->bn / 2 : cfg->bn; /* a pair loads half each */
   a->elem_bytes = b->elem_bytes = 2;
   snprintf(a->dtype, sizeof a->dtype, "%s", dt);
   snprintf(b->dtype, sizeof b->dtype, "%s", dt);
-  if (gp->op2 >= 0) {   /* siblings: B and B2 in boxes of half the tile's rows each */
+  if (gp->op2 >= 0) { /* siblings: B and B2 in boxes of half the tile's rows each */
     b->box[1] = cfg->bn / 2;
     meta->tmaps[2] = *b;
     meta->tmaps[2].input = gp->ib2;
   }
 }
 
-int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count,
-                    char **src, fm_kernel_meta *meta, fm_diag *d) {
+int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_t sm_count, char **src,
+                    fm_kernel_meta *meta, fm_diag *d) {
   fm_cg_gemm_plan *gp = NULL;
   fm_strbuf sb;
   int rc;
@@ -255,8 +264,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   char tiles[16] = "";
   if (rt > 1) snprintf(tiles, sizeof tiles, "_t%u", rt);
   if (cfg->cluster == 2) snprintf(tiles, sizeof tiles, "_c2");
-  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s%s", cfg->bm, cfg->bn, cfg->bk,
-           cfg->stages, cfg->wm, cfg->wn, cfg->raster, ml->suffix, tiles);
+  snprintf(entry, sizeof entry, "fm_gemm_%ux%ux%u_s%u_w%ux%u_r%u%s%s", cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm,
+           cfg->wn, cfg->raster, ml->suffix, tiles);
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld gemm kernel: %s, A %s-major, B %s-major, %s */\n", entry,
                    gp->a_kmajor ? "row" : "column", gp->b_kmajor ? "column" : "row", ty);
@@ -264,19 +273,22 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
   fm_strbuf_printf(&sb,
                    "#define FM_BM %u\n#define FM_BN %u\n#define FM_BK %u\n#define FM_STAGES %u\n"
                    "#define FM_WM %u\n#define FM_WN %u\n#define FM_RASTER %u\n"
-                   "#define FM_K %" PRId64 "\n#define FM_N %" PRId64 "\n"
-                   "#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n"
+                   "#define FM_K %" PRId64 "\n#define FM_N %" PRId64
+                   "\n"
+                   "#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64
+                   "LL\n"
                    "#define FM_A_KMAJOR %d\n#define FM_B_KMAJOR %d\n",
-                   cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k,
-                   gp->n, gp->lda, gp->ldb, gp->a_kmajor, gp->b_kmajor);
+                   cfg->bm, cfg->bn, cfg->bk, cfg->stages, cfg->wm, cfg->wn, cfg->raster, gp->k, gp->n, gp->lda,
+                   gp->ldb, gp->a_kmajor, gp->b_kmajor);
   fm_strbuf_printf(&sb, "#define FM_SCOLS %u\n", fm_cg_gemm_slab_cols(cfg));
   if (rt > 1) fm_strbuf_printf(&sb, "#define FM_RT %u\n", rt);
   if (fm_cg_gemm_slabs_apart(cfg)) fm_strbuf_printf(&sb, "#define FM_SLAB_OFF %u\n", fm_cg_gemm_slab_offset(cfg));
   if (cfg->cluster == 2) fm_strbuf_append(&sb, "#define FM_CLUSTER 2\n");
-  if (gp->op2 >= 0) fm_strbuf_append(&sb, "#define FM_SIB 1\n");   /* two products (fm_codegen_gemm.h) */
+  if (gp->op2 >= 0) fm_strbuf_append(&sb, "#define FM_SIB 1\n"); /* two products (fm_codegen_gemm.h) */
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async);
   if (ml->wgmma) {
-    fm_strbuf_printf(&sb, "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n"
+    fm_strbuf_printf(&sb,
+                     "#define FM_WG_INFLIGHT %u\n#define FM_WG_SPECIALIZED %d\n#define FM_WG_TMA %d\n"
                      "#define FM_WG_PINGPONG %d\n",
                      ml->inflight, ml->specialized, ml->tma, ml->pingpong);
     fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
@@ -294,10 +306,9 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
     rc = fm_diag_set(d, rc, "codegen: the kernel source exceeds %u bytes", MAX_SOURCE);
     goto out;
   }
-  fm_cg_gemm_tiles_meta(meta, canon, gp, entry,
-                        fm_cg_gemm_block_threads(cfg),
-                        smem, cfg->bm * rt,              /* a block's rows: rt tiles */
-                        gp->op2 >= 0 ? cfg->bn / 2 : cfg->bn);   /* siblings: half are B2's */
+  fm_cg_gemm_tiles_meta(meta, canon, gp, entry, fm_cg_gemm_block_threads(cfg), smem,
+                        cfg->bm * rt,                          /* a block's rows: rt tiles */
+                        gp->op2 >= 0 ? cfg->bn / 2 : cfg->bn); /* siblings: half are B2's */
   if (ml->tma) tma_meta(meta, gp, cfg);
   if (gp->batched) {
     /* grid (column tiles, row tiles of one product, products): M is static, the batch the
@@ -316,7 +327,7 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
        blocks each); at most the blocks the device holds, an even number for clusters */
     uint32_t sms = sm_count ? sm_count : FM_CG_GEMM_DEFAULT_SMS;
     snprintf(meta->grid_rule, sizeof meta->grid_rule, "persistent");
-    meta->inner = meta->max_blocks;   /* column tiles (twice, for a cluster's two blocks) */
+    meta->inner = meta->max_blocks; /* column tiles (twice, for a cluster's two blocks) */
     meta->max_blocks = (cfg->cluster == 2 ? sms & ~1u : sms) * (fm_cg_gemm_min_blocks(cfg, smem) > 1 ? 2u : 1u);
   }
   *src = fm_strbuf_take(&sb);
@@ -326,4 +337,3 @@ out:
   free(gp);
   return rc;
 }
-

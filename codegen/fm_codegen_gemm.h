@@ -41,16 +41,16 @@ extern const char fm_cg_gemm_tail[];
 /* The warpgroup-MMA helpers both sm_90a templates use (fm_wg_fence, fm_wg_commit,
  * fm_wg_wait<N>, fm_desc: the 128-byte-swizzled K-major operand descriptor); a macro so that
  * fm_cg_wgmma_body holds it in place (the gemm template's source stays as it was). */
-#define FM_CG_WGMMA_OPS                                                                                      \
-  "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n" \
+#define FM_CG_WGMMA_OPS                                                                                                        \
+  "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"         \
   "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n" \
-  "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"                                           \
-  "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"                  \
-  "}\n"                                                                                                     \
-  "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"             \
-  "   between 8-row groups, swizzle mode 1 (128 B). */\n"                                                    \
-  "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"                                 \
-  "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"   \
+  "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"                                                          \
+  "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"                                       \
+  "}\n"                                                                                                                        \
+  "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"                              \
+  "   between 8-row groups, swizzle mode 1 (128 B). */\n"                                                                      \
+  "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"                                                   \
+  "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"                     \
   "}\n"
 extern const char fm_cg_wgmma_ops[];
 /* The index (inputs 0..n_inputs-1, then ops) of the value id defined last before position
@@ -68,35 +68,35 @@ void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
  * form, p[7] bits 0..7: never renumber). Code asks a mainloop for the property it needs
  * (fm_cg_gemm_mainloop(c->wgmma)->tma), never compares mode numbers. */
 typedef enum fm_gemm_mode {
-  FM_GEMM_MMA_SYNC = 0,          /* sm_80+: ldmatrix + mma.sync, cp.async stages */
-  FM_GEMM_WGMMA = 1,             /* sm_90a: cp.async stages, wgmma, no batch in flight */
-  FM_GEMM_WGMMA_INFLIGHT = 2,    /* the same with one wgmma batch in flight */
-  FM_GEMM_WGMMA_WS = 3,          /* + a loader warpgroup (warp-specialised, mbarriers) */
-  FM_GEMM_WGMMA_TMA = 4,         /* a loader warp issues TMA boxes (two tensor maps) */
-  FM_GEMM_WGMMA_PERSISTENT = 5,  /* the same, persistent: blocks stride over the tiles */
-  FM_GEMM_WGMMA_PINGPONG = 6,    /* persistent, two consumer warpgroups taking tiles in turn */
+  FM_GEMM_MMA_SYNC = 0,         /* sm_80+: ldmatrix + mma.sync, cp.async stages */
+  FM_GEMM_WGMMA = 1,            /* sm_90a: cp.async stages, wgmma, no batch in flight */
+  FM_GEMM_WGMMA_INFLIGHT = 2,   /* the same with one wgmma batch in flight */
+  FM_GEMM_WGMMA_WS = 3,         /* + a loader warpgroup (warp-specialised, mbarriers) */
+  FM_GEMM_WGMMA_TMA = 4,        /* a loader warp issues TMA boxes (two tensor maps) */
+  FM_GEMM_WGMMA_PERSISTENT = 5, /* the same, persistent: blocks stride over the tiles */
+  FM_GEMM_WGMMA_PINGPONG = 6,   /* persistent, two consumer warpgroups taking tiles in turn */
   FM_GEMM_MODES
 } fm_gemm_mode;
 
 typedef struct fm_gemm_mainloop {
-  const char *describe;     /* fm_candidate_describe's words after the tile (" wgmma tma") */
-  const char *suffix;       /* the kernel entry's suffix ("_wgmma_tma") */
-  uint8_t wgmma;            /* warpgroup MMA (fm_cg_wgmma_body, sm_90a, 227 KiB of shared
+  const char *describe;    /* fm_candidate_describe's words after the tile (" wgmma tma") */
+  const char *suffix;      /* the kernel entry's suffix ("_wgmma_tma") */
+  uint8_t wgmma;           /* warpgroup MMA (fm_cg_wgmma_body, sm_90a, 227 KiB of shared
                                memory); else the mma.sync mainloop (fm_cg_gemm_body, sm_80+) */
-  uint8_t inflight;         /* wgmma batches left in flight while the next stage issues */
-  uint8_t min_stages;       /* the fewest stages it runs with */
-  uint8_t specialized;      /* loaders apart from the MMA warps, each stage with two mbarriers */
-  uint32_t loader_threads;  /* those loaders: a warpgroup (cp.async) or one warp (TMA) */
-  uint8_t tma;              /* loads through the launch's tensor maps (metadata "tmaps"); a
+  uint8_t inflight;        /* wgmma batches left in flight while the next stage issues */
+  uint8_t min_stages;      /* the fewest stages it runs with */
+  uint8_t specialized;     /* loaders apart from the MMA warps, each stage with two mbarriers */
+  uint32_t loader_threads; /* those loaders: a warpgroup (cp.async) or one warp (TMA) */
+  uint8_t tma;             /* loads through the launch's tensor maps (metadata "tmaps"); a
                                map addresses one matrix, so no batch (bmm) */
-  uint8_t persistent;       /* at most the blocks the device holds, each striding over the
+  uint8_t persistent;      /* at most the blocks the device holds, each striding over the
                                tiles (fm_cg_wgmma_persistent, grid rule "persistent"); the
                                slabs sit beside the stages so the next tile loads meanwhile */
-  uint8_t pingpong;         /* two consumer warpgroups, each owning whole tiles in turn */
-  uint8_t consumers;        /* consumer warpgroup sets (2 for ping-pong): slabs and threads */
-  uint8_t row_tiles;        /* takes rtiles > 1 (several row tiles a block) */
-  uint8_t cluster_pair;     /* takes cluster 2 (blocks in pairs sharing B by multicast) */
-  uint8_t siblings;         /* takes sibling products (two B's: through pointers or maps) */
+  uint8_t pingpong;        /* two consumer warpgroups, each owning whole tiles in turn */
+  uint8_t consumers;       /* consumer warpgroup sets (2 for ping-pong): slabs and threads */
+  uint8_t row_tiles;       /* takes rtiles > 1 (several row tiles a block) */
+  uint8_t cluster_pair;    /* takes cluster 2 (blocks in pairs sharing B by multicast) */
+  uint8_t siblings;        /* takes sibling products (two B's: through pointers or maps) */
 } fm_gemm_mainloop;
 
 /* The mainloop of mode (fm_gemm_config.wgmma); NULL past the table. */
@@ -106,19 +106,19 @@ const fm_gemm_mainloop *fm_cg_gemm_mainloop_of(const fm_gemm_config *c);
 
 /* What the generators need to know about a GEMM fragment. */
 typedef struct fm_cg_gemm_plan {
-  fm_cg_plan base;        /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
-  int op;                 /* index of the mm/addmm op */
-  uint32_t ia, ib;        /* input positions of A and B */
+  fm_cg_plan base; /* n_in/n_out/n_ops, vdt, args (positions), live; rowval all 0 */
+  int op;          /* index of the mm/addmm op */
+  uint32_t ia, ib; /* input positions of A and B */
   /* Siblings (fm_fragment.h): the second product's op (-1: none) and its B's position; B2
    * has B's layout and leading dim (else the templates refuse). A tile of BN columns holds
    * BN / 2 output columns: each warp's first half of its columns from B, the second half
    * the same columns from B2, so one thread's accumulators pair them for the epilogue. */
   int op2;
   uint32_t ib2;
-  fm_dtype dt;            /* A's and B's dtype */
-  int a_kmajor, b_kmajor; /* K is the contiguous dim of A / of B */
-  int64_t lda, ldb;       /* the other dim's stride */
-  int64_t m, k, n;        /* m = -1 when symbolic */
+  fm_dtype dt;                      /* A's and B's dtype */
+  int a_kmajor, b_kmajor;           /* K is the contiguous dim of A / of B */
+  int64_t lda, ldb;                 /* the other dim's stride */
+  int64_t m, k, n;                  /* m = -1 when symbolic */
   int64_t es[FM_CG_MAX_TENSORS][2]; /* [M, N] strides of epilogue tensors (0 where broadcast) */
   /* A batched GEMM (bmm): Bt products, blockIdx.z the product; each tensor's batch stride
    * (0 where broadcast; A's and B's too), batch the static Bt or -1 (the launch's outer).
@@ -127,7 +127,7 @@ typedef struct fm_cg_gemm_plan {
   int batched;
   int64_t batch;
   int64_t ez[FM_CG_MAX_TENSORS];
-  uint8_t used[FM_MAX_INPUTS];      /* input read by the epilogue */
+  uint8_t used[FM_MAX_INPUTS]; /* input read by the epilogue */
 } fm_cg_gemm_plan;
 
 /* The plan of a canonical GEMM fragment; FM_EINVAL / FM_EUNSUPPORTED with the reason in d
@@ -144,8 +144,7 @@ void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_g
 /* The epilogue's extra parameters: declarations (decl) or the arguments of a call. */
 void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int decl);
 /* The kernel's signature (inputs, outputs, outer) and its M, up to the body: both templates. */
-void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
-                                 const char *entry);
+void fm_cg_gemm_emit_kernel_open(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry);
 /* The same with __cluster_dims__(cluster, 1, 1) compiled in (cluster > 1): the skinny
  * template's split form. */
 void fm_cg_gemm_emit_kernel_open_cluster(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp,
@@ -156,15 +155,14 @@ void fm_cg_gemm_emit_kernel_open_extra(fm_strbuf *sb, const fm_fragment *f, cons
                                        const char *entry, const char *scratch_ty);
 /* The launch metadata of a GEMM kernel whose blocks each own rows x cols of the output
  * (grid rule "tiles"), after src is generated. */
-void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp,
-                           const char *entry, uint32_t threads, uint32_t smem, uint32_t rows,
-                           uint32_t cols);
+void fm_cg_gemm_tiles_meta(fm_kernel_meta *meta, const fm_fragment *canon, const fm_cg_gemm_plan *gp, const char *entry,
+                           uint32_t threads, uint32_t smem, uint32_t rows, uint32_t cols);
 /* ---- the gemm template's tuning space (fm_codegen_gemm_config.c) ---- */
 /* Shared memory a block may take: the portable cap of the mma.sync configs (an sm_80 block
  * may opt in to 163 KiB; the tuner runs on one device, but the candidate list must not
  * depend on which), and sm_90a's 227 KiB for the wgmma ones. */
-#define FM_CG_GEMM_SMEM_SM80 (163u * 1024u)
-#define FM_CG_GEMM_SMEM_SM90 (227u * 1024u)
+#define FM_CG_GEMM_SMEM_SM80   (163u * 1024u)
+#define FM_CG_GEMM_SMEM_SM90   (227u * 1024u)
 /* The SMs assumed where the caller has no GPU (an H100 SXM). */
 #define FM_CG_GEMM_DEFAULT_SMS 132u
 /* Whether cfg runs gp (FM_EINVAL / FM_EUNSUPPORTED with the reason); first of all its mode. */

@@ -60,8 +60,7 @@ const char fm_cg_gemm_cp_async[] =
     "    for (int nt = 0; nt < NT; nt++)\n"
     "#pragma unroll\n"
     "      for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;\n"
-    "}\n"
-    ;
+    "}\n";
 
 const char fm_cg_gemm_body[] =
     "/* ---- gemm mainloop (sm_80+: cp.async, ldmatrix, mma.sync) ---- */\n"
@@ -220,8 +219,7 @@ const char fm_cg_gemm_body[] =
     "    fm_tile_mma(acc, As + cs * FM_A_STAGE, Bs + cs * FM_B_STAGE, wm, wn, lane);\n"
     "  }\n"
     "  fm_cp_wait<0>();\n"
-    "}\n"
-    ;
+    "}\n";
 
 /* Shared by both mainloops (appended after either): tile order and accumulator staging. */
 const char fm_cg_gemm_tail[] =

@@ -20,21 +20,21 @@ static const fm_gemm_config configs[] = {
     {.bm = 64, .bn = 64, .bk = 64, .stages = 4, .wm = 2, .wn = 2},
     /* 4 warps of 16x16, long K steps: decode, M <= 16 (85 KiB) */
     {.bm = 16, .bn = 64, .bk = 128, .stages = 4, .wm = 1, .wn = 4},
-    {.bm = 128, .bn = 128, .bk = 32, .stages = 3, .wm = 2, .wn = 4},   /* the first pass's default (60 KiB) */
-    {.bm = 128, .bn = 256, .bk = 32, .stages = 3, .wm = 2, .wn = 4},   /* 8 warps of 64x64 (90 KiB) */
-    {.bm = 128, .bn = 64, .bk = 32, .stages = 4, .wm = 2, .wn = 2},   /* 4 warps of 64x32 (60 KiB) */
-    {.bm = 64, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 2},   /* 4 warps of 32x64 (60 KiB) */
+    {.bm = 128, .bn = 128, .bk = 32, .stages = 3, .wm = 2, .wn = 4}, /* the first pass's default (60 KiB) */
+    {.bm = 128, .bn = 256, .bk = 32, .stages = 3, .wm = 2, .wn = 4}, /* 8 warps of 64x64 (90 KiB) */
+    {.bm = 128, .bn = 64, .bk = 32, .stages = 4, .wm = 2, .wn = 2},  /* 4 warps of 64x32 (60 KiB) */
+    {.bm = 64, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 2},  /* 4 warps of 32x64 (60 KiB) */
     /* deeper pipelines and BK 64 for Hopper's latency, grouped rasterisation for L2 */
-    {.bm = 128, .bn = 256, .bk = 32, .stages = 4, .wm = 2, .wn = 4, .raster = 8},   /* (120 KiB) */
-    {.bm = 128, .bn = 256, .bk = 64, .stages = 2, .wm = 2, .wn = 4, .raster = 8},   /* (108 KiB) */
-    {.bm = 256, .bn = 128, .bk = 32, .stages = 4, .wm = 4, .wn = 2, .raster = 8},   /* 8 warps of 64x64 (120 KiB) */
-    {.bm = 256, .bn = 128, .bk = 64, .stages = 2, .wm = 4, .wn = 2, .raster = 8},   /* (108 KiB) */
-    {.bm = 128, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 4, .raster = 8},   /* (80 KiB) */
-    {.bm = 128, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 2, .raster = 8},   /* 4 warps of 64x64 (144 KiB) */
+    {.bm = 128, .bn = 256, .bk = 32, .stages = 4, .wm = 2, .wn = 4, .raster = 8}, /* (120 KiB) */
+    {.bm = 128, .bn = 256, .bk = 64, .stages = 2, .wm = 2, .wn = 4, .raster = 8}, /* (108 KiB) */
+    {.bm = 256, .bn = 128, .bk = 32, .stages = 4, .wm = 4, .wn = 2, .raster = 8}, /* 8 warps of 64x64 (120 KiB) */
+    {.bm = 256, .bn = 128, .bk = 64, .stages = 2, .wm = 4, .wn = 2, .raster = 8}, /* (108 KiB) */
+    {.bm = 128, .bn = 128, .bk = 32, .stages = 4, .wm = 2, .wn = 4, .raster = 8}, /* (80 KiB) */
+    {.bm = 128, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 2, .raster = 8}, /* 4 warps of 64x64 (144 KiB) */
     /* skinny and small grids: more, smaller blocks keep every SM busy */
-    {.bm = 64, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 2},   /* (108 KiB) */
-    {.bm = 128, .bn = 64, .bk = 64, .stages = 4, .wm = 2, .wn = 2},   /* (108 KiB) */
-    {.bm = 32, .bn = 128, .bk = 64, .stages = 4, .wm = 1, .wn = 4},   /* 4 warps of 32x32: M <= 32 (90 KiB) */
+    {.bm = 64, .bn = 128, .bk = 64, .stages = 4, .wm = 2, .wn = 2}, /* (108 KiB) */
+    {.bm = 128, .bn = 64, .bk = 64, .stages = 4, .wm = 2, .wn = 2}, /* (108 KiB) */
+    {.bm = 32, .bn = 128, .bk = 64, .stages = 4, .wm = 1, .wn = 4}, /* 4 warps of 32x32: M <= 32 (90 KiB) */
 };
 #define N_CONFIGS (sizeof configs / sizeof configs[0])
 
@@ -58,7 +58,14 @@ static const fm_gemm_config wgmma_configs[] = {
        in another, even at 8192^3, 0.85-0.95x at 4096^3, the tuner's pick for 16384 x 256 x
        1024 + residual (bench/NOTES.md, "Cluster pairs, released"). It took the place of
        128x192 with 5 stages, the fastest at no shape measured. (193 KiB a block) */
-    {.bm = 128, .bn = 256, .bk = 64, .stages = 4, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_TMA,
+    {.bm = 128,
+     .bn = 256,
+     .bk = 64,
+     .stages = 4,
+     .wm = 8,
+     .wn = 1,
+     .raster = 8,
+     .wgmma = FM_GEMM_WGMMA_TMA,
      .cluster = 2},
     /* (193 KiB) */
     {.bm = 128, .bn = 128, .bk = 64, .stages = 6, .wm = 8, .wn = 1, .raster = 8, .wgmma = FM_GEMM_WGMMA_TMA},
@@ -102,21 +109,58 @@ static const fm_gemm_config wgmma_configs[] = {
 
 static const fm_gemm_mainloop mainloops[FM_GEMM_MODES] = {
     [FM_GEMM_MMA_SYNC] = {.describe = "", .suffix = "", .min_stages = 2, .consumers = 1, .siblings = 1},
-    [FM_GEMM_WGMMA] = {.describe = " wgmma", .suffix = "_wgmma", .wgmma = 1, .min_stages = 2, .consumers = 1,
-                       .row_tiles = 1},
-    [FM_GEMM_WGMMA_INFLIGHT] = {.describe = " wgmma inflight=1", .suffix = "_wgmma_i1", .wgmma = 1, .inflight = 1,
-                                .min_stages = 3, .consumers = 1, .row_tiles = 1},
-    [FM_GEMM_WGMMA_WS] = {.describe = " wgmma ws", .suffix = "_wgmma_ws", .wgmma = 1, .inflight = 1,
-                          .min_stages = 2, .specialized = 1, .loader_threads = 128, .consumers = 1},
-    [FM_GEMM_WGMMA_TMA] = {.describe = " wgmma tma", .suffix = "_wgmma_tma", .wgmma = 1, .inflight = 1,
-                           .min_stages = 2, .specialized = 1, .loader_threads = 32, .tma = 1, .consumers = 1,
-                           .cluster_pair = 1, .siblings = 1},
-    [FM_GEMM_WGMMA_PERSISTENT] = {.describe = " wgmma tma persistent", .suffix = "_wgmma_tmap", .wgmma = 1,
-                                  .inflight = 1, .min_stages = 2, .specialized = 1, .loader_threads = 32, .tma = 1,
-                                  .persistent = 1, .consumers = 1, .cluster_pair = 1, .siblings = 1},
-    [FM_GEMM_WGMMA_PINGPONG] = {.describe = " wgmma tma pingpong", .suffix = "_wgmma_pp", .wgmma = 1,
-                                .inflight = 1, .min_stages = 2, .specialized = 1, .loader_threads = 32, .tma = 1,
-                                .persistent = 1, .pingpong = 1, .consumers = 2, .siblings = 1},
+    [FM_GEMM_WGMMA] =
+        {.describe = " wgmma", .suffix = "_wgmma", .wgmma = 1, .min_stages = 2, .consumers = 1, .row_tiles = 1},
+    [FM_GEMM_WGMMA_INFLIGHT] = {.describe = " wgmma inflight=1",
+                                .suffix = "_wgmma_i1",
+                                .wgmma = 1,
+                                .inflight = 1,
+                                .min_stages = 3,
+                                .consumers = 1,
+                                .row_tiles = 1},
+    [FM_GEMM_WGMMA_WS] = {.describe = " wgmma ws",
+                          .suffix = "_wgmma_ws",
+                          .wgmma = 1,
+                          .inflight = 1,
+                          .min_stages = 2,
+                          .specialized = 1,
+                          .loader_threads = 128,
+                          .consumers = 1},
+    [FM_GEMM_WGMMA_TMA] = {.describe = " wgmma tma",
+                           .suffix = "_wgmma_tma",
+                           .wgmma = 1,
+                           .inflight = 1,
+                           .min_stages = 2,
+                           .specialized = 1,
+                           .loader_threads = 32,
+                           .tma = 1,
+                           .consumers = 1,
+                           .cluster_pair = 1,
+                           .siblings = 1},
+    [FM_GEMM_WGMMA_PERSISTENT] = {.describe = " wgmma tma persistent",
+                                  .suffix = "_wgmma_tmap",
+                                  .wgmma = 1,
+                                  .inflight = 1,
+                                  .min_stages = 2,
+                                  .specialized = 1,
+                                  .loader_threads = 32,
+                                  .tma = 1,
+                                  .persistent = 1,
+                                  .consumers = 1,
+                                  .cluster_pair = 1,
+                                  .siblings = 1},
+    [FM_GEMM_WGMMA_PINGPONG] = {.describe = " wgmma tma pingpong",
+                                .suffix = "_wgmma_pp",
+                                .wgmma = 1,
+                                .inflight = 1,
+                                .min_stages = 2,
+                                .specialized = 1,
+                                .loader_threads = 32,
+                                .tma = 1,
+                                .persistent = 1,
+                                .pingpong = 1,
+                                .consumers = 2,
+                                .siblings = 1},
 };
 
 const fm_gemm_mainloop *fm_cg_gemm_mainloop(uint32_t mode) { return mode < FM_GEMM_MODES ? &mainloops[mode] : NULL; }
@@ -130,9 +174,10 @@ static int check_wgmma(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, fm_di
     return fm_diag_set(d, FM_EUNSUPPORTED, "config: the wgmma mainloop needs K-major A and B");
   /* ping-pong: each of the two consumer warpgroups (4 warps) owns a whole tile, its
      accumulators (BM / 64) x BN / 2 a thread */
-  if (ml->pingpong && (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) ||
-                        c->bm / 64 * c->bn > 256))
-    return fm_diag_set(d, FM_EINVAL, "config: ping-pong wgmma takes BK 64, 4 x 1 warps, BM 64 or 128, (BM/64) x BN <= 256");
+  if (ml->pingpong &&
+      (c->bk != 64 || c->wn != 1 || c->wm != 4 || (c->bm != 64 && c->bm != 128) || c->bm / 64 * c->bn > 256))
+    return fm_diag_set(d, FM_EINVAL,
+                       "config: ping-pong wgmma takes BK 64, 4 x 1 warps, BM 64 or 128, (BM/64) x BN <= 256");
   if (!ml->pingpong && (c->bk != 64 || c->wn != 1 || (c->bm != 64 && c->bm != 128) || c->wm != c->bm / 16))
     return fm_diag_set(d, FM_EINVAL, "config: wgmma takes BK 64, BM 64 or 128 with BM/16 x 1 warps");
   if (c->bn < 64 || c->bn > 256 || c->bn % 64)
@@ -157,7 +202,8 @@ static int check_siblings(const fm_gemm_config *c, fm_diag *d) {
   if (wcols % 16 || fm_cg_gemm_slab_cols(c) != wcols)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "config: sibling products need a warp's %u columns in halves of 8-column groups, "
-                       "staged at once", wcols);
+                       "staged at once",
+                       wcols);
   return FM_OK;
 }
 
@@ -173,15 +219,12 @@ int fm_cg_gemm_check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, 
   if (c->wm < 1 || c->wn < 1 || c->wm * c->wn > 16)
     return fm_diag_set(d, FM_EINVAL, "config: %ux%u warps (1..16 in all)", c->wm, c->wn);
   if (c->bm < 16 || c->bm > 256 || c->bm % (16 * c->wm))
-    return fm_diag_set(d, FM_EINVAL, "config: BM %u is not a multiple of 16 x %u warps (<= 256)",
-                       c->bm, c->wm);
+    return fm_diag_set(d, FM_EINVAL, "config: BM %u is not a multiple of 16 x %u warps (<= 256)", c->bm, c->wm);
   if (c->bn < 16 || c->bn > 256 || c->bn % (16 * c->wn))
-    return fm_diag_set(d, FM_EINVAL, "config: BN %u is not a multiple of 16 x %u warps (<= 256)",
-                       c->bn, c->wn);
+    return fm_diag_set(d, FM_EINVAL, "config: BN %u is not a multiple of 16 x %u warps (<= 256)", c->bn, c->wn);
   if (c->bk < 16 || c->bk > 128 || c->bk % 16)
     return fm_diag_set(d, FM_EINVAL, "config: BK %u is not a multiple of 16 in 16..128", c->bk);
-  if (c->stages < 2 || c->stages > 4)
-    return fm_diag_set(d, FM_EINVAL, "config: %u stages (2..4)", c->stages);
+  if (c->stages < 2 || c->stages > 4) return fm_diag_set(d, FM_EINVAL, "config: %u stages (2..4)", c->stages);
   if (c->raster > 64) return fm_diag_set(d, FM_EINVAL, "config: raster group %u (0..64)", c->raster);
   if (c->rtiles > 1) return fm_diag_set(d, FM_EINVAL, "config: row tiles per block need the wgmma mainloop");
   if (c->cluster > 1) return fm_diag_set(d, FM_EINVAL, "config: clusters need the TMA mainloop");
@@ -194,7 +237,7 @@ int fm_cg_gemm_check_config(const fm_cg_gemm_plan *gp, const fm_gemm_config *c, 
 
 /* Bytes of the epilogue's slabs (16 rows of scols fp32 per warp, padded by 8). */
 static uint32_t slab_bytes(const fm_gemm_config *c, uint32_t scols) {
-  return fm_cg_gemm_mainloop_of(c)->consumers * c->wm * c->wn * 16u * (scols + 8u) * 4u;   /* ping-pong: two warpgroups */
+  return fm_cg_gemm_mainloop_of(c)->consumers * c->wm * c->wn * 16u * (scols + 8u) * 4u; /* ping-pong: two warpgroups */
 }
 
 /* Whether the slabs sit beside the stages rather than in them: the next tile loads during
@@ -208,7 +251,9 @@ static uint32_t wgmma_stage_bytes(const fm_gemm_config *c) {
 }
 
 /* Where the slabs start in the dynamic shared memory (bytes). */
-uint32_t fm_cg_gemm_slab_offset(const fm_gemm_config *c) { return fm_cg_gemm_slabs_apart(c) ? wgmma_stage_bytes(c) : 0u; }
+uint32_t fm_cg_gemm_slab_offset(const fm_gemm_config *c) {
+  return fm_cg_gemm_slabs_apart(c) ? wgmma_stage_bytes(c) : 0u;
+}
 
 /* The slabs' columns: a warp's whole width, except where the slabs sit beside the stages:
  * the widest of the whole, a half, a quarter or an eighth (more passes) that fits, in
@@ -217,9 +262,10 @@ uint32_t fm_cg_gemm_slab_cols(const fm_gemm_config *c) {
   uint32_t w = c->bn / c->wn;
   if (!fm_cg_gemm_slabs_apart(c)) return w;
   for (uint32_t part = 1; part <= 8; part *= 2)
-    if ((w / part) % 32 == 0 && w % part == 0 && fm_cg_gemm_slab_offset(c) + slab_bytes(c, w / part) <= FM_CG_GEMM_SMEM_SM90)
+    if ((w / part) % 32 == 0 && w % part == 0 &&
+        fm_cg_gemm_slab_offset(c) + slab_bytes(c, w / part) <= FM_CG_GEMM_SMEM_SM90)
       return w / part;
-  return w;   /* too large either way: smem_bytes says so */
+  return w; /* too large either way: smem_bytes says so */
 }
 
 uint32_t fm_cg_gemm_smem_bytes(const fm_cg_gemm_plan *gp, const fm_gemm_config *c) {
@@ -256,11 +302,11 @@ fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon) {
     const fm_opnode *mm = &canon->ops[g];
     int ia = fm_cg_value_position(canon, canon->n_inputs, mm->args[mm->nargs - 2]);
     int ib = fm_cg_value_position(canon, canon->n_inputs, mm->args[mm->nargs - 1]);
-    uint32_t r = mm->op == FM_OP_BMM ? 3 : 2;   /* bmm: [Bt, M, K] @ [Bt, K, N] */
+    uint32_t r = mm->op == FM_OP_BMM ? 3 : 2; /* bmm: [Bt, M, K] @ [Bt, K, N] */
     if (ia >= 0 && ib >= 0 && canon->inputs[ia].rank == r && canon->inputs[ib].rank == r) {
       m = canon->inputs[ia].shape[r - 2];
       n = canon->inputs[ib].shape[r - 1];
-      if (r == 3) batch = canon->outputs[0].shape[0];   /* -1: symbolic, assumed large */
+      if (r == 3) batch = canon->outputs[0].shape[0]; /* -1: symbolic, assumed large */
     }
   }
   if (m > 0 && m <= 16) return configs[2];
@@ -279,11 +325,13 @@ size_t fm_codegen_gemm_candidates(const fm_fragment *canon, fm_gemm_config *out,
   for (size_t i = 0; i < N_WGMMA && n < max; i++) {
     const fm_gemm_config *c = &wgmma_configs[i];
     int64_t rows = (int64_t)c->bm * (c->rtiles > 1 ? c->rtiles : 1);
-    if (!fm_cg_gemm_check_config(gp, c, NULL) && fm_cg_gemm_smem_bytes(gp, c) <= FM_CG_GEMM_SMEM_SM90 && (gp->m < 0 || rows < 4 * m_eff))
+    if (!fm_cg_gemm_check_config(gp, c, NULL) && fm_cg_gemm_smem_bytes(gp, c) <= FM_CG_GEMM_SMEM_SM90 &&
+        (gp->m < 0 || rows < 4 * m_eff))
       out[n++] = *c;
   }
   for (size_t i = 0; i < N_CONFIGS && n < max; i++)
-    if (!fm_cg_gemm_check_config(gp, &configs[i], NULL) && fm_cg_gemm_smem_bytes(gp, &configs[i]) <= FM_CG_GEMM_SMEM_SM80 &&
+    if (!fm_cg_gemm_check_config(gp, &configs[i], NULL) &&
+        fm_cg_gemm_smem_bytes(gp, &configs[i]) <= FM_CG_GEMM_SMEM_SM80 &&
         (gp->m < 0 || (int64_t)configs[i].bm < 4 * m_eff))
       out[n++] = configs[i];
 done:

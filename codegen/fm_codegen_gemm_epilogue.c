@@ -13,23 +13,41 @@
 /* The start of "raw element -> value" (the caller writes the element and the close). */
 static void emit_decode_open(fm_strbuf *sb, fm_dtype dt) {
   switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_append(sb, "("); return;
-    case FM_DT_F16: fm_strbuf_append(sb, "fm_f16_to_f32("); return;
-    case FM_DT_BF16: fm_strbuf_append(sb, "fm_bf16_to_f32("); return;
-    default: return;
+    case FM_DT_BOOL:
+      fm_strbuf_append(sb, "(");
+      return;
+    case FM_DT_F16:
+      fm_strbuf_append(sb, "fm_f16_to_f32(");
+      return;
+    case FM_DT_BF16:
+      fm_strbuf_append(sb, "fm_bf16_to_f32(");
+      return;
+    default:
+      return;
   }
 }
 
 static void emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, uint32_t pos) {
   char a[48];
-  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(a, sizeof a, "(v%u ? 1.0f : 0.0f)", pos);
-  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(a, sizeof a, "(v%u != 0.0f)", pos);
-  else snprintf(a, sizeof a, "v%u", pos);
+  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL)
+    snprintf(a, sizeof a, "(v%u ? 1.0f : 0.0f)", pos);
+  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL)
+    snprintf(a, sizeof a, "(v%u != 0.0f)", pos);
+  else
+    snprintf(a, sizeof a, "v%u", pos);
   switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
-    default: fm_strbuf_append(sb, a); return;
+    case FM_DT_BOOL:
+      fm_strbuf_printf(sb, "(unsigned char)%s", a);
+      return;
+    case FM_DT_F16:
+      fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a);
+      return;
+    case FM_DT_BF16:
+      fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a);
+      return;
+    default:
+      fm_strbuf_append(sb, a);
+      return;
   }
 }
 
@@ -62,13 +80,16 @@ void fm_cg_gemm_emit_epi_params(fm_strbuf *sb, const fm_cg_gemm_plan *gp, int de
   const fm_cg_plan *p = &gp->base;
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!gp->used[k]) continue;
-    if (decl) fm_strbuf_printf(sb, ",\n    const %s *__restrict__ in%u", fm_cg_storage_type(p->t[k].dtype), k);
-    else fm_strbuf_printf(sb, ", in%u", k);
+    if (decl)
+      fm_strbuf_printf(sb, ",\n    const %s *__restrict__ in%u", fm_cg_storage_type(p->t[k].dtype), k);
+    else
+      fm_strbuf_printf(sb, ", in%u", k);
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
     if (decl)
       fm_strbuf_printf(sb, ",\n    %s *__restrict__ out%u", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-    else fm_strbuf_printf(sb, ", out%u", k);
+    else
+      fm_strbuf_printf(sb, ", out%u", k);
   }
 }
 
@@ -83,7 +104,7 @@ int fm_cg_gemm_row_vector16(const fm_cg_gemm_plan *gp, uint32_t k) {
 static void emit_epi_load(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) {
   const char *st = fm_cg_storage_type(gp->base.t[k].dtype);
   size_t es = fm_dtype_size(gp->base.t[k].dtype);
-  if (gp->es[k][1] == 0) {   /* one value for the whole row piece */
+  if (gp->es[k][1] == 0) { /* one value for the whole row piece */
     fm_strbuf_printf(sb, "  const %s r%u = in%u[", st, k, k);
     emit_offset(sb, gp, k, "n");
     fm_strbuf_append(sb, "];\n");
@@ -111,8 +132,10 @@ static void emit_epi_load(fm_strbuf *sb, const fm_cg_gemm_plan *gp, uint32_t k) 
 void fm_cg_emit_st16_words(fm_strbuf *sb, uint32_t k, size_t es, size_t v) {
   for (size_t w = 0; w < 4; w++) {
     size_t e = v * 16 / es + w * 4 / es;
-    if (es == 2) fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
-    else fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
+    if (es == 2)
+      fm_strbuf_printf(sb, ", (unsigned)o%u[%zu] | (unsigned)o%u[%zu] << 16", k, e, k, e + 1);
+    else
+      fm_strbuf_printf(sb, ", __float_as_uint(o%u[%zu])", k, e);
   }
 }
 
@@ -165,11 +188,12 @@ void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_g
       fm_strbuf_append(sb, ld_nc16);
       break;
     }
-  fm_strbuf_append(sb, "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
-                       "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;\n"
-                       "   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */\n"
-                       "template <bool WHOLE = false>\n"
-                       "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], ");
+  fm_strbuf_append(sb,
+                   "/* ---- the epilogue: the fragment's ops on 8 accumulators of one row (columns\n"
+                   "   n .. n+7, n a multiple of 8, those past N ignored), each output stored once;\n"
+                   "   WHOLE: the caller knows all 8 columns are inside N (no masking compiled in) ---- */\n"
+                   "template <bool WHOLE = false>\n"
+                   "__device__ __forceinline__ void fm_epilogue(const float (&acc)[8], ");
   /* siblings: the second product's 8 accumulators of the same columns */
   if (gp->op2 >= 0) fm_strbuf_append(sb, "const float (&acc2)[8], ");
   fm_strbuf_append(sb, "const long long m, const long long n");
@@ -199,8 +223,10 @@ void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_g
       const char *acc = (int)i == gp->op ? "acc" : "acc2";
       if (f->ops[i].nargs == 3) {
         uint32_t b = p->args[i][0];
-        if (p->vdt[b] == FM_DT_BOOL) fm_strbuf_printf(sb, "(%s[e] + (v%u ? 1.0f : 0.0f))", acc, b);
-        else fm_strbuf_printf(sb, "(%s[e] + v%u)", acc, b);
+        if (p->vdt[b] == FM_DT_BOOL)
+          fm_strbuf_printf(sb, "(%s[e] + (v%u ? 1.0f : 0.0f))", acc, b);
+        else
+          fm_strbuf_printf(sb, "(%s[e] + v%u)", acc, b);
       } else {
         fm_strbuf_printf(sb, "%s[e]", acc);
       }
@@ -256,8 +282,8 @@ static void emit_sibling_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, cons
                    "%s      fm_unstage(v, slab, r, c);\n"
                    "%s      fm_unstage(v2, slab, r, c + FM_WCOLS / 2);\n"
                    "%s      if (whole) fm_epilogue<true>(v, v2, mw + r, nw + c",
-                   indent, indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent, indent,
-                   indent, indent, indent, indent, indent);
+                   indent, indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent, indent, indent,
+                   indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
   fm_strbuf_printf(sb, ");\n%s      else fm_epilogue<false>(v, v2, mw + r, nw + c", indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
@@ -275,54 +301,54 @@ void fm_cg_gemm_emit_tile_epilogue(fm_strbuf *sb, const fm_cg_gemm_plan *gp, con
     emit_sibling_epilogue(sb, gp, indent, rolled);
     return;
   }
-  fm_strbuf_printf(sb,
-                   "%s{\n"
-                   "%s  /* A tile wholly inside M and N (all but the edges) runs a branch-free copy of\n"
-                   "%s     the loop: its loads, independent across iterations, are scheduled ahead\n"
-                   "%s     of earlier iterations' math instead of one round trip per 8 columns. */\n"
-                   "%s  const bool whole = m0 + FM_BM <= M && n0 + FM_BN <= FM_N;\n"
-                   "#pragma unroll\n"
-                   "%s  for (int mt = 0; mt < FM_MT; mt++) {\n"
-                   "#pragma unroll\n"
-                   "%s  for (int pass = 0; pass < FM_WCOLS / FM_SCOLS; pass++) {\n"
-                   "%s    fm_stage(slab, acc[mt], lane, pass);\n"
-                   "%s    __syncwarp();\n"
-                   "%s    const long long mw = m0 + FM_WARP_ROW(wm, mt);\n"
-                   "%s    const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;\n"
-                   "%s    if (whole) {\n"
-                   "#if 32 %% (FM_SCOLS / 8) == 0\n"
-                   "%s      /* 16 rows x FM_SCOLS / 8 groups, lane + 32 i each: where FM_SCOLS / 8 divides 32 a\n"
-                   "%s         lane keeps its 8 columns (c) and steps down the rows by a constant, so its\n"
-                   "%s         addresses advance by a constant too (with s0 / s1 below: 449 instructions a trip\n"
-                   "%s         of 32 bias + GELU elements where the per-trip indexing took 497) */\n"
-                   "%s      const int c = lane %% (FM_SCOLS / 8) * 8, r0 = lane / (FM_SCOLS / 8);\n"
-                   "%s      /* the slab's swizzle depends on a row's parity, the same on every trip when the\n"
-                   "%s         rows step by an even number */\n"
-                   "%s      const int s0 = fm_swz(r0, c), s1 = fm_swz(r0, c + 4), even = (32 / (FM_SCOLS / 8)) %% 2 == 0;\n"
-                   "#pragma unroll%s\n"
-                   "%s      for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {\n"
-                   "%s        const int r = r0 + i * (32 / (FM_SCOLS / 8));\n"
-                   "%s        float v[8];\n"
-                   "%s        if (even) {\n"
-                   "%s          *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + s0);\n"
-                   "%s          *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + s1);\n"
-                   "%s        } else {\n"
-                   "%s          fm_unstage(v, slab, r, c);\n"
-                   "%s        }\n"
-                   "#else\n"
-                   "#pragma unroll%s\n"
-                   "%s      for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {\n"
-                   "%s        const int g = lane + 32 * i, r = g / (FM_SCOLS / 8), c = g %% (FM_SCOLS / 8) * 8;\n"
-                   "%s        float v[8];\n"
-                   "%s        fm_unstage(v, slab, r, c);\n"
-                   "#endif\n"
-                   "%s        fm_epilogue<true>(v, mw + r, nw + c",
-                   indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent,
-                   indent, indent, indent, indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent,
-                   indent, indent, indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent,
-                   indent, indent, indent, indent);
+  fm_strbuf_printf(
+      sb,
+      "%s{\n"
+      "%s  /* A tile wholly inside M and N (all but the edges) runs a branch-free copy of\n"
+      "%s     the loop: its loads, independent across iterations, are scheduled ahead\n"
+      "%s     of earlier iterations' math instead of one round trip per 8 columns. */\n"
+      "%s  const bool whole = m0 + FM_BM <= M && n0 + FM_BN <= FM_N;\n"
+      "#pragma unroll\n"
+      "%s  for (int mt = 0; mt < FM_MT; mt++) {\n"
+      "#pragma unroll\n"
+      "%s  for (int pass = 0; pass < FM_WCOLS / FM_SCOLS; pass++) {\n"
+      "%s    fm_stage(slab, acc[mt], lane, pass);\n"
+      "%s    __syncwarp();\n"
+      "%s    const long long mw = m0 + FM_WARP_ROW(wm, mt);\n"
+      "%s    const long long nw = n0 + wn * FM_WCOLS + pass * FM_SCOLS;\n"
+      "%s    if (whole) {\n"
+      "#if 32 %% (FM_SCOLS / 8) == 0\n"
+      "%s      /* 16 rows x FM_SCOLS / 8 groups, lane + 32 i each: where FM_SCOLS / 8 divides 32 a\n"
+      "%s         lane keeps its 8 columns (c) and steps down the rows by a constant, so its\n"
+      "%s         addresses advance by a constant too (with s0 / s1 below: 449 instructions a trip\n"
+      "%s         of 32 bias + GELU elements where the per-trip indexing took 497) */\n"
+      "%s      const int c = lane %% (FM_SCOLS / 8) * 8, r0 = lane / (FM_SCOLS / 8);\n"
+      "%s      /* the slab's swizzle depends on a row's parity, the same on every trip when the\n"
+      "%s         rows step by an even number */\n"
+      "%s      const int s0 = fm_swz(r0, c), s1 = fm_swz(r0, c + 4), even = (32 / (FM_SCOLS / 8)) %% 2 == 0;\n"
+      "#pragma unroll%s\n"
+      "%s      for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {\n"
+      "%s        const int r = r0 + i * (32 / (FM_SCOLS / 8));\n"
+      "%s        float v[8];\n"
+      "%s        if (even) {\n"
+      "%s          *(float4 *)v = *(const float4 *)(slab + r * FM_SLAB_LD + s0);\n"
+      "%s          *(float4 *)(v + 4) = *(const float4 *)(slab + r * FM_SLAB_LD + s1);\n"
+      "%s        } else {\n"
+      "%s          fm_unstage(v, slab, r, c);\n"
+      "%s        }\n"
+      "#else\n"
+      "#pragma unroll%s\n"
+      "%s      for (int i = 0; i < 2 * FM_SCOLS / 32; i++) {\n"
+      "%s        const int g = lane + 32 * i, r = g / (FM_SCOLS / 8), c = g %% (FM_SCOLS / 8) * 8;\n"
+      "%s        float v[8];\n"
+      "%s        fm_unstage(v, slab, r, c);\n"
+      "#endif\n"
+      "%s        fm_epilogue<true>(v, mw + r, nw + c",
+      indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent, indent,
+      indent, indent, indent, indent, indent, indent, epi_unroll(rolled), indent, indent, indent, indent, indent,
+      indent, indent, indent, indent, epi_unroll(rolled), indent, indent, indent, indent, indent);
   fm_cg_gemm_emit_epi_params(sb, gp, 0);
-  if (rolled) {   /* the ping-pong kernel's biases, read before its mainloop */
+  if (rolled) { /* the ping-pong kernel's biases, read before its mainloop */
     fm_strbuf_append(sb, "\n#if FM_EPI_PRELOAD\n");
     for (uint32_t k = 0; k < gp->base.n_in; k++)
       if (fm_cg_gemm_row_vector16(gp, k)) fm_strbuf_printf(sb, "            , &pre%u\n", k);

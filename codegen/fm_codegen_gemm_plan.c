@@ -45,24 +45,20 @@ int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, f
 /* One operand's layout: K-major when the K dim has stride 1 (a size-1 dim counts as
  * contiguous), else the other dim must; its stride (the leading dim) then steps by 16-byte
  * chunks, and so must the base. */
-static int operand(const fm_tensor *t, uint32_t kdim, char name, int strict, int *kmajor, int64_t *ld,
-                   fm_diag *d) {
+static int operand(const fm_tensor *t, uint32_t kdim, char name, int strict, int *kmajor, int64_t *ld, fm_diag *d) {
   uint32_t odim = 1 - kdim;
   int k_unit = t->shape[kdim] == 1 || t->strides[kdim] == 1;
   int o_unit = t->shape[odim] == 1 || t->strides[odim] == 1;
-  if (!k_unit && !o_unit)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "%c is neither row- nor column-major", name);
+  if (!k_unit && !o_unit) return fm_diag_set(d, FM_EUNSUPPORTED, "%c is neither row- nor column-major", name);
   *kmajor = k_unit;
   *ld = k_unit ? t->strides[odim] : t->strides[kdim];
-  if (t->shape[*kmajor ? odim : kdim] == 1) *ld = 0;   /* never stepped */
+  if (t->shape[*kmajor ? odim : kdim] == 1) *ld = 0; /* never stepped */
   if (!strict) return FM_OK;
   if (*ld % 8)
-    return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "%c's leading dimension %" PRId64 " is not a multiple of 8 (16-byte chunks)",
+    return fm_diag_set(d, FM_EUNSUPPORTED, "%c's leading dimension %" PRId64 " is not a multiple of 8 (16-byte chunks)",
                        name, *ld);
   if (t->align < 16)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "%c is only %u-byte aligned; the gemm template needs 16",
-                       name, t->align);
+    return fm_diag_set(d, FM_EUNSUPPORTED, "%c is only %u-byte aligned; the gemm template needs 16", name, t->align);
   return FM_OK;
 }
 
@@ -71,21 +67,19 @@ static int operand(const fm_tensor *t, uint32_t kdim, char name, int strict, int
 static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_diag *d) {
   fm_cg_plan *p = &gp->base;
   memset(gp, 0, sizeof *gp);
-  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS ||
-      f->n_outputs == 0)
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS || f->n_outputs == 0)
     return fm_diag_set(d, FM_EINVAL, "fragment exceeds the limits");
   gp->op = fm_fragment_gemm_op(f);
   gp->op2 = fm_fragment_gemm_op2(f);
   if (gp->op < 0) return fm_diag_set(d, FM_EUNSUPPORTED, "not a GEMM fragment (no mm or addmm)");
-  if (fm_fragment_is_chain(f))   /* fm_codegen_b2b.c keeps the intermediate on chip */
+  if (fm_fragment_is_chain(f)) /* fm_codegen_b2b.c keeps the intermediate on chip */
     return fm_diag_set(d, FM_EUNSUPPORTED, "a chain of two products: only the b2b template serves it");
   int rc = fm_cg_gemm_values(f, gp->op, gp->op2, "gemm epilogue", p, d);
   if (rc) return rc;
   const fm_opnode *mm = &f->ops[gp->op];
   gp->ia = p->args[gp->op][mm->nargs - 2];
   gp->ib = p->args[gp->op][mm->nargs - 1];
-  if (gp->ia >= p->n_in || gp->ib >= p->n_in)
-    return fm_diag_set(d, FM_EINVAL, "the matrix operands are not inputs");
+  if (gp->ia >= p->n_in || gp->ib >= p->n_in) return fm_diag_set(d, FM_EINVAL, "the matrix operands are not inputs");
   /* bmm: rank-3 tensors whose dim 0 is the batch; the matrix code below sees each one's
      last two dims (views of rank 2) and the batch strides go to ez */
   const uint32_t r = f->ops[gp->op].op == FM_OP_BMM ? 3 : 2;
@@ -115,8 +109,7 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   gp->m = a->shape[0];
   gp->k = a->shape[1];
   gp->n = b->shape[1];
-  if (strict && gp->k % 8)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "K not a multiple of 8 (K = %" PRId64 ")", gp->k);
+  if (strict && gp->k % 8) return fm_diag_set(d, FM_EUNSUPPORTED, "K not a multiple of 8 (K = %" PRId64 ")", gp->k);
   rc = operand(a, 1, 'A', strict, &gp->a_kmajor, &gp->lda, d);
   if (!rc) rc = operand(b, 0, 'B', strict, &gp->b_kmajor, &gp->ldb, d);
   if (rc) return rc;
@@ -132,13 +125,14 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
        of cuBLASLt layouts */
     if (kmajor2 != gp->b_kmajor || ldb2 != gp->ldb)
       return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "the sibling B's differ in layout (leading dims %" PRId64 " and %" PRId64 ")",
-                         gp->ldb, ldb2);
+                         "the sibling B's differ in layout (leading dims %" PRId64 " and %" PRId64 ")", gp->ldb, ldb2);
   }
   if (strict && gp->batched && (gp->ez[gp->ia] % 8 || gp->ez[gp->ib] % 8))
     return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "a batch stride of A or B (%" PRId64 ", %" PRId64 ") is not a multiple of 8 "
-                       "(16-byte chunks)", gp->ez[gp->ia], gp->ez[gp->ib]);
+                       "a batch stride of A or B (%" PRId64 ", %" PRId64
+                       ") is not a multiple of 8 "
+                       "(16-byte chunks)",
+                       gp->ez[gp->ia], gp->ez[gp->ib]);
   for (uint32_t i = 0; i < p->n_ops; i++)
     for (uint32_t x = 0; x < f->ops[i].nargs; x++)
       if (((int)i != gp->op && (int)i != gp->op2) || x + 2 < f->ops[i].nargs)
@@ -163,10 +157,6 @@ static int plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, int strict, fm_
   return FM_OK;
 }
 
-int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) {
-  return plan_build(f, gp, 1, d);
-}
+int fm_cg_gemm_plan_build(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) { return plan_build(f, gp, 1, d); }
 
-int fm_cg_gemm_plan_build_any(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) {
-  return plan_build(f, gp, 0, d);
-}
+int fm_cg_gemm_plan_build_any(const fm_fragment *f, fm_cg_gemm_plan *gp, fm_diag *d) { return plan_build(f, gp, 0, d); }

@@ -67,8 +67,7 @@ const char fm_cg_wgmma_body[] =
     "#define FM_A_BYTES (FM_BM * 128)\n"
     "#define FM_STAGE_BYTES ((FM_BM + FM_BN) * 128)\n"
     "#define FM_AHEAD (FM_STAGES - 1 - FM_WG_INFLIGHT)\n"
-    "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
-    FM_CG_WGMMA_OPS
+    "extern __shared__ __align__(1024) unsigned short fm_smem[];\n" FM_CG_WGMMA_OPS
     "/* One k-tile of A (BM rows) and B (BN rows), 64 elements of K each, into the stage at\n"
     "   shared address sa; chunks past M, N or K are zero-filled. */\n"
     "__device__ __forceinline__ void fm_load_tile(unsigned sa, const unsigned short *__restrict__ A,\n"
@@ -299,8 +298,7 @@ const char fm_cg_wgmma_body[] =
     "  fm_prologue(A, B, M, m0, n0);\n"
     "  fm_mainloop_rest(acc, A, B, M, m0, n0);\n"
     "}\n"
-    "#endif\n"
-    ;
+    "#endif\n";
 
 /* The persistent TMA forms (FM_GEMM_WGMMA_PERSISTENT and _PINGPONG), appended after fm_cg_gemm_tail (they
  * order tiles with fm_tile_of). */
@@ -430,7 +428,6 @@ void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn) {
                    bn, bn / 8, regs + 2, bn, ty, ty);
   for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s%%%u", i ? ", " : "", i);
   fm_strbuf_printf(sb, "}, %%%u, %%%u, p, 1, 1, 0, 0;\\n}\\n\"\n      : ", regs, regs + 1);
-  for (uint32_t i = 0; i < regs; i++)
-    fm_strbuf_printf(sb, "%s\"+f\"(d[%u][%u])", i ? ", " : "", i / 4, i % 4);
+  for (uint32_t i = 0; i < regs; i++) fm_strbuf_printf(sb, "%s\"+f\"(d[%u][%u])", i ? ", " : "", i / 4, i % 4);
   fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(add));\n}\n");
 }

@@ -16,40 +16,40 @@
 #include "fm_codegen.h"
 #include "fm_strbuf.h"
 
-#define FM_CG_MAX_VALUES (FM_MAX_INPUTS + FM_MAX_OPS)
+#define FM_CG_MAX_VALUES  (FM_MAX_INPUTS + FM_MAX_OPS)
 #define FM_CG_MAX_TENSORS (FM_MAX_INPUTS + FM_MAX_OUTPUTS)
 
 /* How a kernel parameter is accessed in the main loop. */
 typedef enum {
-  FM_CG_UNUSED,    /* input no live value reads: never loaded */
-  FM_CG_SCALAR,    /* one element broadcast everywhere: loaded once per thread */
-  FM_CG_VECTOR,    /* VEC consecutive elements per access (VEC == 1: plain scalar access) */
-  FM_CG_SPLAT,     /* strided path, innermost stride 0: one element per vector, splatted */
+  FM_CG_UNUSED, /* input no live value reads: never loaded */
+  FM_CG_SCALAR, /* one element broadcast everywhere: loaded once per thread */
+  FM_CG_VECTOR, /* VEC consecutive elements per access (VEC == 1: plain scalar access) */
+  FM_CG_SPLAT,  /* strided path, innermost stride 0: one element per vector, splatted */
 } fm_cg_access;
 
 typedef struct fm_cg_tensor {
   fm_dtype dtype;
   uint32_t align;
-  uint32_t value;                /* position of the value read (input) or stored (output) */
+  uint32_t value; /* position of the value read (input) or stored (output) */
   fm_cg_access access;
-  int64_t es[FM_MAX_RANK];       /* strides per coalesced dim (0 where broadcast) */
+  int64_t es[FM_MAX_RANK]; /* strides per coalesced dim (0 where broadcast) */
 } fm_cg_tensor;
 
 typedef struct fm_cg_plan {
   uint32_t n_in, n_out, n_ops;
-  fm_cg_tensor t[FM_CG_MAX_TENSORS];          /* inputs, then outputs */
-  fm_dtype vdt[FM_CG_MAX_VALUES];             /* dtype of each value */
-  uint8_t live[FM_CG_MAX_VALUES];             /* value needs a variable in fm_compute */
-  uint16_t args[FM_MAX_OPS][FM_MAX_ARGS];     /* op operands as value positions */
-  int symbolic;                               /* dim 0 is a launch argument */
-  int64_t inner;                              /* product of iteration dims 1.. */
-  int64_t outer;                              /* static dim 0 (1 for rank 0), -1 symbolic */
-  int flat;                                   /* FLAT path; else STRIDED */
-  uint32_t rank;                              /* STRIDED: coalesced rank (>= 1) */
-  int64_t dims[FM_MAX_RANK];                  /* STRIDED: coalesced sizes; dims[0] is a
+  fm_cg_tensor t[FM_CG_MAX_TENSORS];      /* inputs, then outputs */
+  fm_dtype vdt[FM_CG_MAX_VALUES];         /* dtype of each value */
+  uint8_t live[FM_CG_MAX_VALUES];         /* value needs a variable in fm_compute */
+  uint16_t args[FM_MAX_OPS][FM_MAX_ARGS]; /* op operands as value positions */
+  int symbolic;                           /* dim 0 is a launch argument */
+  int64_t inner;                          /* product of iteration dims 1.. */
+  int64_t outer;                          /* static dim 0 (1 for rank 0), -1 symbolic */
+  int flat;                               /* FLAT path; else STRIDED */
+  uint32_t rank;                          /* STRIDED: coalesced rank (>= 1) */
+  int64_t dims[FM_MAX_RANK];              /* STRIDED: coalesced sizes; dims[0] is a
                                                  multiplier of outer when symbolic */
-  uint32_t max_vec;                           /* widest legal vector (>= 1) */
-  uint8_t rowval[FM_CG_MAX_VALUES];           /* rows template: value is a register array,
+  uint32_t max_vec;                       /* widest legal vector (>= 1) */
+  uint8_t rowval[FM_CG_MAX_VALUES];       /* rows template: value is a register array,
                                                  read as v<pos>[i] (pointwise: all 0) */
 } fm_cg_plan;
 
@@ -79,7 +79,7 @@ const char *fm_cg_storage_type(fm_dtype dt);
  * math is exact enough; 2 when every output is bf16 (GELU's fit then ~5e-4, an eighth of
  * its ulp); 0 otherwise (the exact library functions). */
 int fm_cg_fast_math(const fm_fragment *f);
-void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math);   /* fast_math: that level, 0..2 */
+void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math); /* fast_math: that level, 0..2 */
 
 /* fm_compute(): raw input elements (used inputs, in order) -> raw output elements. */
 int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d);
@@ -105,8 +105,7 @@ const char *fm_cg_put_fn(fm_dtype dt);
 /* `extern "C" __global__ void [__cluster_dims__(1, cluster_y, 1)] __launch_bounds__(block)
  * entry(` then a pointer per input and output (in<k>, out<k>) and `long long outer) {`;
  * cluster_y <= 1: no cluster. */
-void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y,
-                          const char *entry);
+void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y, const char *entry);
 
 /* Launch metadata of a one-dimensional block of `block` threads: cleared, then kind, grid
  * rule, entry symbol, block and the plan's input and output counts (the caller adds the grid

@@ -15,10 +15,10 @@
 
 /* How operands are presented to an op's format. */
 typedef enum {
-  ARGS_FLOAT,     /* every operand as float (bool -> 0/1) */
-  ARGS_COMPARE,   /* float, unless every operand is bool */
-  ARGS_WHERE,     /* operand 0 as bool, the others as the result's kind */
-  ARGS_SPECIAL,   /* const, pow, cast: formatted by code below */
+  ARGS_FLOAT,   /* every operand as float (bool -> 0/1) */
+  ARGS_COMPARE, /* float, unless every operand is bool */
+  ARGS_WHERE,   /* operand 0 as bool, the others as the result's kind */
+  ARGS_SPECIAL, /* const, pow, cast: formatted by code below */
 } args_mode;
 
 /* "$0".."$2" stand for the operands. NaN-propagating and composite ops are prelude
@@ -63,9 +63,8 @@ static const struct {
   double exponent;
   const char *fmt;
 } pow_code[] = {
-    {2.0, "($0 * $0)"},        {3.0, "($0 * $0 * $0)"},       {1.0, "($0)"},
-    {0.5, "sqrtf($0)"},        {-0.5, "rsqrtf($0)"},          {-1.0, "(1.0f / $0)"},
-    {-2.0, "(1.0f / ($0 * $0))"},
+    {2.0, "($0 * $0)"},    {3.0, "($0 * $0 * $0)"},      {1.0, "($0)"}, {0.5, "sqrtf($0)"}, {-0.5, "rsqrtf($0)"},
+    {-1.0, "(1.0f / $0)"}, {-2.0, "(1.0f / ($0 * $0))"},
 };
 
 /* What each op's code costs NVRTC, in units of a cheap op (fm_codegen_cost); 0 = 1 unit.
@@ -73,11 +72,10 @@ static const struct {
  * per unit; a general pow (powf) ~160 ms. Compile time grows faster than linearly with
  * the kernel's size, so these err high. */
 static const uint8_t op_cost[FM_OP__COUNT] = {
-    [FM_OP_DIV] = 2,     [FM_OP_EXP] = 2,       [FM_OP_TANH] = 2,  [FM_OP_SQRT] = 2,
-    [FM_OP_RSQRT] = 2,   [FM_OP_SIGMOID] = 4,   [FM_OP_SILU] = 4,  [FM_OP_GELU_TANH] = 4,
-    [FM_OP_GELU] = 6,    [FM_OP_ERF] = 6,       [FM_OP_LOG] = 6,   [FM_OP_SUM] = 2,
-    [FM_OP_MEAN] = 2,    [FM_OP_AMAX] = 2,      [FM_OP_VAR] = 4,   [FM_OP_SOFTMAX] = 8,
-    [FM_OP_LAYER_NORM] = 8, [FM_OP_RMS_NORM] = 8, [FM_OP_POW] = 32,   /* powf; see pow_cost */
+    [FM_OP_DIV] = 2,     [FM_OP_EXP] = 2,        [FM_OP_TANH] = 2,      [FM_OP_SQRT] = 2, [FM_OP_RSQRT] = 2,
+    [FM_OP_SIGMOID] = 4, [FM_OP_SILU] = 4,       [FM_OP_GELU_TANH] = 4, [FM_OP_GELU] = 6, [FM_OP_ERF] = 6,
+    [FM_OP_LOG] = 6,     [FM_OP_SUM] = 2,        [FM_OP_MEAN] = 2,      [FM_OP_AMAX] = 2, [FM_OP_VAR] = 4,
+    [FM_OP_SOFTMAX] = 8, [FM_OP_LAYER_NORM] = 8, [FM_OP_RMS_NORM] = 8,  [FM_OP_POW] = 32, /* powf; see pow_cost */
 };
 
 /* pow by an exponent pow_code special-cases costs what its multiplication or root does. */
@@ -285,11 +283,15 @@ void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math) {
 
 const char *fm_cg_storage_type(fm_dtype dt) {
   switch (dt) {
-    case FM_DT_BOOL: return "unsigned char";
+    case FM_DT_BOOL:
+      return "unsigned char";
     case FM_DT_F16:
-    case FM_DT_BF16: return "unsigned short";
-    case FM_DT_F32: return "float";
-    case FM_DT__COUNT: break;
+    case FM_DT_BF16:
+      return "unsigned short";
+    case FM_DT_F32:
+      return "float";
+    case FM_DT__COUNT:
+      break;
   }
   return "float";
 }
@@ -311,7 +313,7 @@ void fm_cg_emit_float(fm_strbuf *sb, double v) {
     v = v < 0 ? -(double)FLT_MAX : (double)FLT_MAX;
   }
   char num[48];
-  snprintf(num, sizeof num, "%.9g", (double)(float)v);   /* 9 digits round-trip a float */
+  snprintf(num, sizeof num, "%.9g", (double)(float)v); /* 9 digits round-trip a float */
   int has_point = strpbrk(num, ".e") != NULL;
   fm_strbuf_printf(sb, v < 0 || signbit(v) ? "(%s%sf)" : "%s%sf", num, has_point ? "" : ".0");
 }
@@ -332,32 +334,47 @@ static void render(fm_strbuf *sb, const char *fmt, char ops[][48]) {
 static const char *idx(const fm_cg_plan *p, uint32_t pos) { return p->rowval[pos] ? "[i]" : ""; }
 
 static void as_float(char out[48], const fm_cg_plan *p, uint32_t pos) {
-  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "(v%u%s ? 1.0f : 0.0f)", pos, idx(p, pos));
-  else snprintf(out, 48, "v%u%s", pos, idx(p, pos));
+  if (p->vdt[pos] == FM_DT_BOOL)
+    snprintf(out, 48, "(v%u%s ? 1.0f : 0.0f)", pos, idx(p, pos));
+  else
+    snprintf(out, 48, "v%u%s", pos, idx(p, pos));
 }
 
 static void as_bool(char out[48], const fm_cg_plan *p, uint32_t pos) {
-  if (p->vdt[pos] == FM_DT_BOOL) snprintf(out, 48, "v%u%s", pos, idx(p, pos));
-  else snprintf(out, 48, "(v%u%s != 0.0f)", pos, idx(p, pos));
+  if (p->vdt[pos] == FM_DT_BOOL)
+    snprintf(out, 48, "v%u%s", pos, idx(p, pos));
+  else
+    snprintf(out, 48, "(v%u%s != 0.0f)", pos, idx(p, pos));
 }
 
 static void as_kind(char out[48], const fm_cg_plan *p, uint32_t pos, fm_dtype kind) {
-  if (kind == FM_DT_BOOL) as_bool(out, p, pos);
-  else as_float(out, p, pos);
+  if (kind == FM_DT_BOOL)
+    as_bool(out, p, pos);
+  else
+    as_float(out, p, pos);
 }
 
 static void emit_cast(fm_strbuf *sb, const fm_cg_plan *p, uint32_t src, fm_dtype to) {
   char a[48];
   switch (to) {
-    case FM_DT_BOOL: as_bool(a, p, src); fm_strbuf_append(sb, a); return;
-    case FM_DT_F32: as_float(a, p, src); fm_strbuf_append(sb, a); return;
+    case FM_DT_BOOL:
+      as_bool(a, p, src);
+      fm_strbuf_append(sb, a);
+      return;
+    case FM_DT_F32:
+      as_float(a, p, src);
+      fm_strbuf_append(sb, a);
+      return;
     case FM_DT_BF16:
     case FM_DT_F16:
       as_float(a, p, src);
-      if (p->vdt[src] == FM_DT_BOOL) fm_strbuf_append(sb, a);   /* 0 and 1 are exact */
-      else fm_strbuf_printf(sb, "%s(%s)", to == FM_DT_BF16 ? "fm_round_bf16" : "fm_round_f16", a);
+      if (p->vdt[src] == FM_DT_BOOL)
+        fm_strbuf_append(sb, a); /* 0 and 1 are exact */
+      else
+        fm_strbuf_printf(sb, "%s(%s)", to == FM_DT_BF16 ? "fm_round_bf16" : "fm_round_f16", a);
       return;
-    case FM_DT__COUNT: break;
+    case FM_DT__COUNT:
+      break;
   }
 }
 
@@ -372,8 +389,10 @@ void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uin
     case ARGS_COMPARE: {
       int all_bool = p->vdt[args[0]] == FM_DT_BOOL && p->vdt[args[1]] == FM_DT_BOOL;
       for (uint32_t a = 0; a < 2; a++) {
-        if (all_bool) snprintf(ops[a], 48, "v%u%s", args[a], idx(p, args[a]));
-        else as_float(ops[a], p, args[a]);
+        if (all_bool)
+          snprintf(ops[a], 48, "v%u%s", args[a], idx(p, args[a]));
+        else
+          as_float(ops[a], p, args[a]);
       }
       break;
     }
@@ -384,8 +403,10 @@ void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uin
       break;
     case ARGS_SPECIAL:
       if (op->op == FM_OP_CONST) {
-        if (op->dtype == FM_DT_BOOL) fm_strbuf_append(sb, op->value != 0 ? "true" : "false");
-        else fm_cg_emit_float(sb, op->value);
+        if (op->dtype == FM_DT_BOOL)
+          fm_strbuf_append(sb, op->value != 0 ? "true" : "false");
+        else
+          fm_cg_emit_float(sb, op->value);
         return;
       }
       if (op->op == FM_OP_CAST) {
@@ -416,11 +437,19 @@ void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uin
 /* Raw element -> value, and value -> raw element. */
 static void emit_load_value(fm_strbuf *sb, fm_dtype dt, uint32_t k) {
   switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(i%u != 0)", k); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f16_to_f32(i%u)", k); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_bf16_to_f32(i%u)", k); return;
+    case FM_DT_BOOL:
+      fm_strbuf_printf(sb, "(i%u != 0)", k);
+      return;
+    case FM_DT_F16:
+      fm_strbuf_printf(sb, "fm_f16_to_f32(i%u)", k);
+      return;
+    case FM_DT_BF16:
+      fm_strbuf_printf(sb, "fm_bf16_to_f32(i%u)", k);
+      return;
     case FM_DT_F32:
-    case FM_DT__COUNT: fm_strbuf_printf(sb, "i%u", k); return;
+    case FM_DT__COUNT:
+      fm_strbuf_printf(sb, "i%u", k);
+      return;
   }
 }
 
@@ -428,18 +457,27 @@ static void emit_store_value(fm_strbuf *sb, const fm_cg_plan *p, fm_dtype dt, ui
   char a[48];
   as_kind(a, p, pos, dt);
   switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
+    case FM_DT_BOOL:
+      fm_strbuf_printf(sb, "(unsigned char)%s", a);
+      return;
+    case FM_DT_F16:
+      fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a);
+      return;
+    case FM_DT_BF16:
+      fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a);
+      return;
     case FM_DT_F32:
-    case FM_DT__COUNT: fm_strbuf_append(sb, a); return;
+    case FM_DT__COUNT:
+      fm_strbuf_append(sb, a);
+      return;
   }
 }
 
 int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d) {
   (void)d;
-  fm_strbuf_append(sb, "/* ---- the fused op chain for one element ---- */\n"
-                       "__device__ __forceinline__ void fm_compute(");
+  fm_strbuf_append(sb,
+                   "/* ---- the fused op chain for one element ---- */\n"
+                   "__device__ __forceinline__ void fm_compute(");
   const char *sep = "";
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (p->t[k].access == FM_CG_UNUSED) continue;
@@ -478,11 +516,16 @@ int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
 
 const char *fm_cg_vec_type(uint32_t bytes) {
   switch (bytes) {
-    case 16: return "uint4";
-    case 8: return "uint2";
-    case 4: return "unsigned int";
-    case 2: return "unsigned short";
-    default: return "unsigned char";
+    case 16:
+      return "uint4";
+    case 8:
+      return "uint2";
+    case 4:
+      return "unsigned int";
+    case 2:
+      return "unsigned short";
+    default:
+      return "unsigned char";
   }
 }
 
@@ -490,23 +533,42 @@ const char *fm_cg_val_type(fm_dtype dt) { return dt == FM_DT_BOOL ? "bool" : "fl
 
 void fm_cg_emit_decode(fm_strbuf *sb, fm_dtype dt, const char *e) {
   switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(%s != 0)", e); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f16_to_f32(%s)", e); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_bf16_to_f32(%s)", e); return;
-    default: fm_strbuf_append(sb, e); return;
+    case FM_DT_BOOL:
+      fm_strbuf_printf(sb, "(%s != 0)", e);
+      return;
+    case FM_DT_F16:
+      fm_strbuf_printf(sb, "fm_f16_to_f32(%s)", e);
+      return;
+    case FM_DT_BF16:
+      fm_strbuf_printf(sb, "fm_bf16_to_f32(%s)", e);
+      return;
+    default:
+      fm_strbuf_append(sb, e);
+      return;
   }
 }
 
 void fm_cg_emit_encode(fm_strbuf *sb, fm_dtype dt, fm_dtype vdt, const char *v) {
   char a[64];
-  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL) snprintf(a, sizeof a, "(%s ? 1.0f : 0.0f)", v);
-  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL) snprintf(a, sizeof a, "(%s != 0.0f)", v);
-  else snprintf(a, sizeof a, "%s", v);
+  if (vdt == FM_DT_BOOL && dt != FM_DT_BOOL)
+    snprintf(a, sizeof a, "(%s ? 1.0f : 0.0f)", v);
+  else if (vdt != FM_DT_BOOL && dt == FM_DT_BOOL)
+    snprintf(a, sizeof a, "(%s != 0.0f)", v);
+  else
+    snprintf(a, sizeof a, "%s", v);
   switch (dt) {
-    case FM_DT_BOOL: fm_strbuf_printf(sb, "(unsigned char)%s", a); return;
-    case FM_DT_F16: fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a); return;
-    case FM_DT_BF16: fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a); return;
-    default: fm_strbuf_append(sb, a); return;
+    case FM_DT_BOOL:
+      fm_strbuf_printf(sb, "(unsigned char)%s", a);
+      return;
+    case FM_DT_F16:
+      fm_strbuf_printf(sb, "fm_f32_to_f16(%s)", a);
+      return;
+    case FM_DT_BF16:
+      fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a);
+      return;
+    default:
+      fm_strbuf_append(sb, a);
+      return;
   }
 }
 
@@ -520,8 +582,7 @@ const char *fm_cg_put_fn(fm_dtype dt) {
   return s == 4 ? "fm_put_f32" : s == 2 ? "fm_put_u16" : "fm_put_u8";
 }
 
-void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y,
-                          const char *entry) {
+void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y, const char *entry) {
   fm_strbuf_append(sb, "extern \"C\" __global__ void ");
   if (cluster_y > 1) fm_strbuf_printf(sb, "__cluster_dims__(1, %u, 1) ", cluster_y);
   fm_strbuf_printf(sb, "__launch_bounds__(%u) %s(\n", block, entry);

@@ -8,7 +8,7 @@
 
 #include "fm_codegen_int.h"
 
-#define FM_CG_WIDEST_BYTES 16u   /* one uint4: the widest global access */
+#define FM_CG_WIDEST_BYTES 16u /* one uint4: the widest global access */
 
 /* Position of the value named id among positions [0, limit), latest definition first. */
 static int find_value(const uint32_t *ids, uint32_t limit, uint32_t id) {
@@ -17,20 +17,18 @@ static int find_value(const uint32_t *ids, uint32_t limit, uint32_t id) {
   return -1;
 }
 
-static int check_tensor(const fm_tensor *t, const fm_tensor *it, int is_output, const char *what,
-                        uint32_t k, fm_diag *d) {
-  if ((unsigned)t->dtype >= FM_DT__COUNT)
-    return fm_diag_set(d, FM_EINVAL, "%s[%u]: invalid dtype", what, k);
+static int check_tensor(const fm_tensor *t, const fm_tensor *it, int is_output, const char *what, uint32_t k,
+                        fm_diag *d) {
+  if ((unsigned)t->dtype >= FM_DT__COUNT) return fm_diag_set(d, FM_EINVAL, "%s[%u]: invalid dtype", what, k);
   if (t->align == 0 || (t->align & (t->align - 1)) != 0)
     return fm_diag_set(d, FM_EINVAL, "%s[%u]: align %u is not a power of two", what, k, t->align);
   if (t->rank != it->rank)
-    return fm_diag_set(d, FM_EINVAL, "%s[%u]: rank %u differs from the iteration rank %u", what,
-                       k, t->rank, it->rank);
+    return fm_diag_set(d, FM_EINVAL, "%s[%u]: rank %u differs from the iteration rank %u", what, k, t->rank, it->rank);
   for (uint32_t j = 0; j < t->rank; j++) {
     int64_t n = it->shape[j], m = t->shape[j];
     if (m != n && (is_output || m != 1))
-      return fm_diag_set(d, FM_EINVAL, "%s[%u]: dim %u is %lld, iteration dim is %lld", what, k,
-                         j, (long long)m, (long long)n);
+      return fm_diag_set(d, FM_EINVAL, "%s[%u]: dim %u is %lld, iteration dim is %lld", what, k, j, (long long)m,
+                         (long long)n);
     if (t->strides[j] < 0 || t->strides[j] > FM_MAX_STRIDE)
       return fm_diag_set(d, FM_EINVAL, "%s[%u]: stride %u out of range", what, k, j);
   }
@@ -39,17 +37,14 @@ static int check_tensor(const fm_tensor *t, const fm_tensor *it, int is_output, 
 
 /* Shapes: dim 0 may be symbolic, every other dim static and >= 1. */
 static int check_iteration(const fm_tensor *it, fm_diag *d) {
-  if (it->rank > FM_MAX_RANK)
-    return fm_diag_set(d, FM_EINVAL, "rank %u exceeds %d", it->rank, FM_MAX_RANK);
+  if (it->rank > FM_MAX_RANK) return fm_diag_set(d, FM_EINVAL, "rank %u exceeds %d", it->rank, FM_MAX_RANK);
   int64_t total = 1;
   for (uint32_t j = 0; j < it->rank; j++) {
     int64_t n = it->shape[j];
     if (n == FM_DIM_SYMBOLIC && j == 0) continue;
-    if (n < 1 || n >= FM_MAX_DIM)
-      return fm_diag_set(d, FM_EINVAL, "iteration dim %u is %lld", j, (long long)n);
+    if (n < 1 || n >= FM_MAX_DIM) return fm_diag_set(d, FM_EINVAL, "iteration dim %u is %lld", j, (long long)n);
     if (total > FM_MAX_ELEMENTS / n)
-      return fm_diag_set(d, FM_EINVAL, "iteration shape exceeds %lld elements",
-                         (long long)FM_MAX_ELEMENTS);
+      return fm_diag_set(d, FM_EINVAL, "iteration shape exceeds %lld elements", (long long)FM_MAX_ELEMENTS);
     total *= n;
   }
   return FM_OK;
@@ -68,19 +63,15 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
     /* reserved, composites, products; reductions where the template runs none */
     if (fm_op_vocab(op->op) != 1 && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
         !(cat && fm_op_kind(op->op) == FM_OPK_CAT))
-      return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "ops[%u]: '%s' is not elementwise; the %s template cannot run it",
-                         i, fm_op_name(op->op), reduce ? "cols" : "pointwise");
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: '%s' is not elementwise; the %s template cannot run it", i,
+                         fm_op_name(op->op), reduce ? "cols" : "pointwise");
     int arity = fm_op_arity(op->op);
     if (!fm_op_nargs_ok(op->op, op->nargs))
-      return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' takes %d args, has %u", i,
-                         fm_op_name(op->op), arity, op->nargs);
-    if ((unsigned)op->dtype >= FM_DT__COUNT)
-      return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid result dtype", i);
+      return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' takes %d args, has %u", i, fm_op_name(op->op), arity, op->nargs);
+    if ((unsigned)op->dtype >= FM_DT__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid result dtype", i);
     for (uint32_t a = 0; a < op->nargs; a++) {
       int pos = find_value(ids, p->n_in + i, op->args[a]);
-      if (pos < 0)
-        return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: value not defined before use", i, a);
+      if (pos < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: value not defined before use", i, a);
       p->args[i][a] = (uint16_t)pos;
     }
     ids[p->n_in + i] = op->out;
@@ -100,9 +91,7 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
     const fm_opnode *op = &f->ops[i];
     for (uint32_t a = 0; a < op->nargs; a++) {
       uint32_t pos = p->args[i][a];
-      if (op->op == FM_OP_POW && a == 1 && pos >= p->n_in &&
-          f->ops[pos - p->n_in].op == FM_OP_CONST)
-        continue;
+      if (op->op == FM_OP_POW && a == 1 && pos >= p->n_in && f->ops[pos - p->n_in].op == FM_OP_CONST) continue;
       p->live[pos] = 1;
     }
   }
@@ -140,10 +129,14 @@ static int plan_flat(const fm_fragment *f, fm_cg_plan *p) {
       if (t->shape[j] != it->shape[j] || es != cs[j]) dense = 0;
     }
     int is_out = k >= p->n_in;
-    if (!is_out && !p->live[k]) acc[k] = FM_CG_UNUSED;
-    else if (!is_out && scalar) acc[k] = FM_CG_SCALAR;
-    else if (dense) acc[k] = FM_CG_VECTOR;
-    else return 0;
+    if (!is_out && !p->live[k])
+      acc[k] = FM_CG_UNUSED;
+    else if (!is_out && scalar)
+      acc[k] = FM_CG_SCALAR;
+    else if (dense)
+      acc[k] = FM_CG_VECTOR;
+    else
+      return 0;
   }
   for (uint32_t k = 0; k < n_t; k++) p->t[k].access = acc[k];
   p->flat = 1;
@@ -157,7 +150,7 @@ static void plan_strided(const fm_fragment *f, fm_cg_plan *p) {
   const fm_tensor *it = &f->outputs[0];
   uint32_t n_t = p->n_in + p->n_out;
   int64_t gdim[FM_MAX_RANK], ges[FM_MAX_RANK][FM_CG_MAX_TENSORS];
-  uint32_t ng = 0;   /* groups, innermost first */
+  uint32_t ng = 0; /* groups, innermost first */
   for (uint32_t j = it->rank; j-- > 0;) {
     int64_t n = it->shape[j];
     if (n == 1) continue;
@@ -183,11 +176,16 @@ static void plan_strided(const fm_fragment *f, fm_cg_plan *p) {
     int all_zero = 1;
     for (uint32_t g = 0; g < ng; g++)
       if (t->es[g]) all_zero = 0;
-    if (k >= p->n_in) t->access = FM_CG_VECTOR;
-    else if (!p->live[k]) t->access = FM_CG_UNUSED;
-    else if (all_zero) t->access = FM_CG_SCALAR;
-    else if (t->es[ng - 1] == 0) t->access = FM_CG_SPLAT;
-    else t->access = FM_CG_VECTOR;
+    if (k >= p->n_in)
+      t->access = FM_CG_VECTOR;
+    else if (!p->live[k])
+      t->access = FM_CG_UNUSED;
+    else if (all_zero)
+      t->access = FM_CG_SCALAR;
+    else if (t->es[ng - 1] == 0)
+      t->access = FM_CG_SPLAT;
+    else
+      t->access = FM_CG_VECTOR;
   }
 }
 
@@ -209,8 +207,7 @@ static int vec_legal(const fm_cg_plan *p, uint32_t w) {
 static uint32_t widest_vec(const fm_cg_plan *p) {
   size_t widest = 1;
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++)
-    if (p->t[k].access == FM_CG_VECTOR && fm_dtype_size(p->t[k].dtype) > widest)
-      widest = fm_dtype_size(p->t[k].dtype);
+    if (p->t[k].access == FM_CG_VECTOR && fm_dtype_size(p->t[k].dtype) > widest) widest = fm_dtype_size(p->t[k].dtype);
   uint32_t w = FM_CG_WIDEST_BYTES / (uint32_t)widest;
   while (w > 1 && !vec_legal(p, w)) w /= 2;
   return w;
@@ -229,7 +226,7 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
   if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS)
     return fm_diag_set(d, FM_EINVAL, "fragment exceeds the limits");
   if (f->n_outputs == 0) return fm_diag_set(d, FM_EINVAL, "fragment has no outputs");
-  if (fm_fragment_is_gemm(f))   /* its operands are not pointwise over the output shape */
+  if (fm_fragment_is_gemm(f)) /* its operands are not pointwise over the output shape */
     return fm_diag_set(d, FM_EUNSUPPORTED, "a GEMM fragment is served by the gemm template");
   p->n_in = f->n_inputs;
   p->n_out = f->n_outputs;

@@ -18,8 +18,8 @@
 
 #include "fm_codegen_int.h"
 
-#define FM_CG_MAX_SOURCE (1u << 20)
-#define FM_CG_DEFAULT_SMS 132u   /* H100 SXM: sizes the grid cap when the caller has no GPU */
+#define FM_CG_MAX_SOURCE     (1u << 20)
+#define FM_CG_DEFAULT_SMS    132u /* H100 SXM: sizes the grid cap when the caller has no GPU */
 #define FM_CG_THREADS_PER_SM 2048u
 
 static const uint32_t cand_block[] = {128, 256, 512};
@@ -31,10 +31,14 @@ static const char *reg_type(const fm_cg_plan *p, uint32_t k, uint32_t vec) {
   const fm_cg_tensor *t = &p->t[k];
   if (t->access != FM_CG_VECTOR || vec == 1) return fm_cg_storage_type(t->dtype);
   switch (vec * fm_dtype_size(t->dtype)) {
-    case 16: return "uint4";
-    case 8: return "uint2";
-    case 4: return "unsigned int";
-    default: return "unsigned short";
+    case 16:
+      return "uint4";
+    case 8:
+      return "uint2";
+    case 4:
+      return "unsigned int";
+    default:
+      return "unsigned short";
   }
 }
 
@@ -48,9 +52,12 @@ static const char *reg_zero(const char *type) {
 
 static const char *elem_fn(fm_dtype dt, int put) {
   switch (fm_dtype_size(dt)) {
-    case 4: return put ? "fm_put_f32" : "fm_get_f32";
-    case 2: return put ? "fm_put_u16" : "fm_get_u16";
-    default: return put ? "fm_put_u8" : "fm_get_u8";
+    case 4:
+      return put ? "fm_put_f32" : "fm_get_f32";
+    case 2:
+      return put ? "fm_put_u16" : "fm_get_u16";
+    default:
+      return put ? "fm_put_u8" : "fm_get_u8";
   }
 }
 
@@ -66,8 +73,10 @@ static int coord_used(const fm_cg_plan *p, uint32_t g) {
 /* Element offset of tensor k for vector v (FLAT) or coordinates c0.. (STRIDED). */
 static void emit_offset(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k, uint32_t vec) {
   if (p->flat) {
-    if (vec == 1) fm_strbuf_append(sb, "v");
-    else fm_strbuf_printf(sb, "v * %u", vec);
+    if (vec == 1)
+      fm_strbuf_append(sb, "v");
+    else
+      fm_strbuf_printf(sb, "v * %u", vec);
     return;
   }
   const char *sep = "";
@@ -75,8 +84,10 @@ static void emit_offset(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k, uint32_t
   for (uint32_t g = 0; g < p->rank; g++) {
     int64_t s = p->t[k].es[g];
     if (s == 0) continue;
-    if (s == 1) fm_strbuf_printf(sb, "%sc%u", sep, g);
-    else fm_strbuf_printf(sb, "%sc%u * %lldLL", sep, g, (long long)s);
+    if (s == 1)
+      fm_strbuf_printf(sb, "%sc%u", sep, g);
+    else
+      fm_strbuf_printf(sb, "%sc%u * %lldLL", sep, g, (long long)s);
     sep = " + ";
   }
   if (!*sep) fm_strbuf_append(sb, "0");
@@ -86,30 +97,30 @@ static void emit_offset(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k, uint32_t
 /* STRIDED: coordinates of the first element of vector v. */
 static void emit_coords(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
   if (p->rank == 1) {
-    if (vec == 1) fm_strbuf_append(sb, "        const long long c0 = v;\n");
-    else fm_strbuf_printf(sb, "        const long long c0 = v * %u;\n", vec);
+    if (vec == 1)
+      fm_strbuf_append(sb, "        const long long c0 = v;\n");
+    else
+      fm_strbuf_printf(sb, "        const long long c0 = v * %u;\n", vec);
     return;
   }
-  if (vec == 1) fm_strbuf_append(sb, "        unsigned long long r = (unsigned long long)v;\n");
-  else fm_strbuf_printf(sb, "        unsigned long long r = (unsigned long long)v * %uu;\n", vec);
+  if (vec == 1)
+    fm_strbuf_append(sb, "        unsigned long long r = (unsigned long long)v;\n");
+  else
+    fm_strbuf_printf(sb, "        unsigned long long r = (unsigned long long)v * %uu;\n", vec);
   for (uint32_t g = p->rank; g-- > 1;) {
     if (coord_used(p, g))
-      fm_strbuf_printf(sb, "        const long long c%u = (long long)(r %% %lldull);\n", g,
-                       (long long)p->dims[g]);
+      fm_strbuf_printf(sb, "        const long long c%u = (long long)(r %% %lldull);\n", g, (long long)p->dims[g]);
     fm_strbuf_printf(sb, "        r /= %lldull;\n", (long long)p->dims[g]);
   }
   if (coord_used(p, 0)) fm_strbuf_append(sb, "        const long long c0 = (long long)r;\n");
 }
 
-static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg,
-                           const char *entry) {
-  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(%u) %s(\n", cfg->block,
-                   entry);
+static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, const char *entry) {
+  fm_strbuf_printf(sb, "extern \"C\" __global__ void __launch_bounds__(%u) %s(\n", cfg->block, entry);
   for (uint32_t k = 0; k < p->n_in; k++)
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(p->t[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n",
-                     fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+    fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
   fm_strbuf_append(sb, "    long long outer) {\n");
 }
 
@@ -120,19 +131,28 @@ static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, 
   for (uint32_t k = 0; k < p->n_in; k++) {
     const fm_cg_tensor *t = &p->t[k];
     switch (t->access) {
-      case FM_CG_UNUSED: continue;
-      case FM_CG_SCALAR: fm_strbuf_printf(sb, "%ss%u", sep, k); break;
-      case FM_CG_SPLAT: fm_strbuf_printf(sb, "%sr%u[u]", sep, k); break;
+      case FM_CG_UNUSED:
+        continue;
+      case FM_CG_SCALAR:
+        fm_strbuf_printf(sb, "%ss%u", sep, k);
+        break;
+      case FM_CG_SPLAT:
+        fm_strbuf_printf(sb, "%sr%u[u]", sep, k);
+        break;
       case FM_CG_VECTOR:
-        if (vec == 1) fm_strbuf_printf(sb, "%sr%u[u]", sep, k);
-        else fm_strbuf_printf(sb, "%s%s(r%u[u], e)", sep, elem_fn(t->dtype, 0), k);
+        if (vec == 1)
+          fm_strbuf_printf(sb, "%sr%u[u]", sep, k);
+        else
+          fm_strbuf_printf(sb, "%s%s(r%u[u], e)", sep, elem_fn(t->dtype, 0), k);
         break;
     }
     sep = ", ";
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
-    if (vec == 1) fm_strbuf_printf(sb, "%sw%u[u]", sep, k);
-    else fm_strbuf_printf(sb, "%so%u", sep, k);
+    if (vec == 1)
+      fm_strbuf_printf(sb, "%sw%u[u]", sep, k);
+    else
+      fm_strbuf_printf(sb, "%so%u", sep, k);
     sep = ", ";
   }
   fm_strbuf_append(sb, ");\n");
@@ -147,12 +167,9 @@ static void emit_step_head(fm_strbuf *sb, const fm_pw_config *cfg) {
                    cfg->unroll, cfg->block);
 }
 
-static void emit_step_tail(fm_strbuf *sb) {
-  fm_strbuf_append(sb, "      }\n    }\n");
-}
+static void emit_step_tail(fm_strbuf *sb) { fm_strbuf_append(sb, "      }\n    }\n"); }
 
-static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg,
-                           uint32_t vec) {
+static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec) {
   uint32_t per_block = cfg->block * cfg->unroll;
   fm_strbuf_printf(sb,
                    "  for (long long v0 = (long long)blockIdx.x * %u + threadIdx.x; v0 < nv;\n"
@@ -174,8 +191,7 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
     fm_cg_access a = p->t[k].access;
     if (a != FM_CG_VECTOR && a != FM_CG_SPLAT) continue;
     if (a == FM_CG_VECTOR && vec > 1) {
-      fm_strbuf_printf(sb, "        r%u[u] = *reinterpret_cast<const %s *>(in%u + ", k,
-                       reg_type(p, k, vec), k);
+      fm_strbuf_printf(sb, "        r%u[u] = *reinterpret_cast<const %s *>(in%u + ", k, reg_type(p, k, vec), k);
       emit_offset(sb, p, k, vec);
       fm_strbuf_append(sb, ");\n");
     } else {
@@ -207,8 +223,7 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
       fm_strbuf_printf(sb, "          %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
     emit_compute_call(sb, p, vec, "          ");
     for (uint32_t k = 0; k < p->n_out; k++)
-      fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1),
-                       k, k);
+      fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1), k, k);
     fm_strbuf_append(sb, "        }\n");
   }
   emit_step_tail(sb);
@@ -218,13 +233,17 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
     uint32_t t = p->n_in + k;
     if (vec > 1) {
       fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + ", reg_type(p, t, vec), k);
-      if (p->flat) emit_offset(sb, p, t, vec);
-      else fm_strbuf_printf(sb, "p%u[u]", k);
+      if (p->flat)
+        emit_offset(sb, p, t, vec);
+      else
+        fm_strbuf_printf(sb, "p%u[u]", k);
       fm_strbuf_printf(sb, ") = w%u[u];\n", k);
     } else {
       fm_strbuf_printf(sb, "        out%u[", k);
-      if (p->flat) emit_offset(sb, p, t, vec);
-      else fm_strbuf_printf(sb, "p%u[u]", k);
+      if (p->flat)
+        emit_offset(sb, p, t, vec);
+      else
+        fm_strbuf_printf(sb, "p%u[u]", k);
       fm_strbuf_printf(sb, "] = w%u[u];\n", k);
     }
   }
@@ -246,8 +265,10 @@ static void emit_flat_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
   for (uint32_t k = 0; k < p->n_in; k++) {
     fm_cg_access a = p->t[k].access;
     if (a == FM_CG_UNUSED) continue;
-    if (a == FM_CG_SCALAR) fm_strbuf_printf(sb, "%ss%u", sep, k);
-    else fm_strbuf_printf(sb, "%sin%u[i]", sep, k);
+    if (a == FM_CG_SCALAR)
+      fm_strbuf_printf(sb, "%ss%u", sep, k);
+    else
+      fm_strbuf_printf(sb, "%sin%u[i]", sep, k);
     sep = ", ";
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
@@ -259,31 +280,32 @@ static void emit_flat_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
   fm_strbuf_append(sb, "  }\n");
 }
 
-static void emit_kernel(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg,
-                        uint32_t vec, const char *entry) {
+static void emit_kernel(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, const char *entry) {
   emit_signature(sb, p, cfg, entry);
   if (p->symbolic) {
-    if (p->inner == 1) fm_strbuf_append(sb, "  const long long n = outer;\n");
-    else fm_strbuf_printf(sb, "  const long long n = outer * %lldLL;\n", (long long)p->inner);
+    if (p->inner == 1)
+      fm_strbuf_append(sb, "  const long long n = outer;\n");
+    else
+      fm_strbuf_printf(sb, "  const long long n = outer * %lldLL;\n", (long long)p->inner);
   } else {
     fm_strbuf_printf(sb, "  const long long n = %lldLL;\n", (long long)(p->outer * p->inner));
   }
-  if (vec == 1) fm_strbuf_append(sb, "  const long long nv = n;\n");
-  else fm_strbuf_printf(sb, "  const long long nv = n / %u;  /* whole vectors */\n", vec);
+  if (vec == 1)
+    fm_strbuf_append(sb, "  const long long nv = n;\n");
+  else
+    fm_strbuf_printf(sb, "  const long long nv = n / %u;  /* whole vectors */\n", vec);
   for (uint32_t k = 0; k < p->n_in; k++)
     if (p->t[k].access == FM_CG_SCALAR)
-      fm_strbuf_printf(sb, "  const %s s%u = in%u[0];  /* broadcast scalar */\n",
-                       fm_cg_storage_type(p->t[k].dtype), k, k);
+      fm_strbuf_printf(sb, "  const %s s%u = in%u[0];  /* broadcast scalar */\n", fm_cg_storage_type(p->t[k].dtype), k,
+                       k);
   emit_main_loop(sb, p, cfg, vec);
   /* STRIDED never has a tail: VEC divides the innermost dim. A static n that VEC divides
    * needs none either. */
-  if (p->flat && vec > 1 && (p->symbolic || (p->outer * p->inner) % vec != 0))
-    emit_flat_tail(sb, p, vec);
+  if (p->flat && vec > 1 && (p->symbolic || (p->outer * p->inner) % vec != 0)) emit_flat_tail(sb, p, vec);
   fm_strbuf_append(sb, "}\n");
 }
 
-static void emit_header(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg,
-                        uint32_t vec) {
+static void emit_header(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec) {
   fm_strbuf_printf(sb,
                    "/* fusemld codegen v%d: pointwise kernel, %s path, vec %u, unroll %u, "
                    "block %u.\n"
@@ -294,9 +316,12 @@ static void emit_header(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *
   if (!p->flat) {
     fm_strbuf_append(sb, "/* coalesced dims: [");
     for (uint32_t g = 0; g < p->rank; g++) {
-      if (g == 0 && p->symbolic && p->dims[0] == 1) fm_strbuf_append(sb, "outer");
-      else if (g == 0 && p->symbolic) fm_strbuf_printf(sb, "outer x %lld", (long long)p->dims[0]);
-      else fm_strbuf_printf(sb, "%s%lld", g ? ", " : "", (long long)p->dims[g]);
+      if (g == 0 && p->symbolic && p->dims[0] == 1)
+        fm_strbuf_append(sb, "outer");
+      else if (g == 0 && p->symbolic)
+        fm_strbuf_printf(sb, "outer x %lld", (long long)p->dims[0]);
+      else
+        fm_strbuf_printf(sb, "%s%lld", g ? ", " : "", (long long)p->dims[g]);
     }
     fm_strbuf_append(sb, "] */\n");
   }
@@ -304,10 +329,8 @@ static void emit_header(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *
 
 static int check_config(const fm_pw_config *c, fm_diag *d) {
   if (c->block < 32 || c->block > 1024 || c->block % 32)
-    return fm_diag_set(d, FM_EINVAL, "config: block %u is not a multiple of 32 in 32..1024",
-                       c->block);
-  if (c->unroll < 1 || c->unroll > 8)
-    return fm_diag_set(d, FM_EINVAL, "config: unroll %u is not in 1..8", c->unroll);
+    return fm_diag_set(d, FM_EINVAL, "config: block %u is not a multiple of 32 in 32..1024", c->block);
+  if (c->unroll < 1 || c->unroll > 8) return fm_diag_set(d, FM_EINVAL, "config: unroll %u is not in 1..8", c->unroll);
   if (c->vec > 16 || (c->vec & (c->vec - 1)))
     return fm_diag_set(d, FM_EINVAL, "config: vec %u is not 0 or a power of two <= 16", c->vec);
   if (c->blocks_per_sm < 1 || c->blocks_per_sm > 64)
@@ -315,8 +338,8 @@ static int check_config(const fm_pw_config *c, fm_diag *d) {
   return FM_OK;
 }
 
-static void fill_meta(const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec,
-                      uint32_t sm_count, const char *entry, fm_kernel_meta *m) {
+static void fill_meta(const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, uint32_t sm_count, const char *entry,
+                      fm_kernel_meta *m) {
   memset(m, 0, sizeof *m);
   snprintf(m->kind, sizeof m->kind, "pointwise");
   snprintf(m->entry, sizeof m->entry, "%s", entry);
@@ -333,8 +356,8 @@ static void fill_meta(const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec
   m->n_outputs = p->n_out;
 }
 
-int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count,
-                         char **src, fm_kernel_meta *meta, fm_diag *d) {
+int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
+                         fm_kernel_meta *meta, fm_diag *d) {
   fm_strbuf sb;
   fm_strbuf_init(&sb, FM_CG_MAX_SOURCE);
   fm_cg_plan *p = NULL;
@@ -345,7 +368,7 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
   *src = NULL;
   fm_pw_config c = cfg ? *cfg : fm_codegen_pointwise_default(canon);
   if ((rc = check_config(&c, d))) goto out;
-  if (fm_fragment_is_cat(canon)) {   /* loads at computed indices: a form of its own */
+  if (fm_fragment_is_cat(canon)) { /* loads at computed indices: a form of its own */
     rc = fm_codegen_cat(canon, &c, sm_count, src, meta, d);
     goto out;
   }
@@ -365,8 +388,7 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
   fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
   emit_kernel(&sb, p, &c, vec, entry);
   if (fm_strbuf_error(&sb)) {
-    rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s",
-                     fm_strerror(fm_strbuf_error(&sb)));
+    rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s", fm_strerror(fm_strbuf_error(&sb)));
     goto out;
   }
   fill_meta(p, &c, vec, sm_count, entry, meta);
@@ -407,8 +429,7 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
       for (size_t s = 0; s < sizeof cand_bps / sizeof cand_bps[0]; s++) {
         fm_pw_config c = {cand_block[b], 0, cand_unroll[u], cand_bps[s]};
         if (c.block * c.blocks_per_sm > FM_CG_THREADS_PER_SM) continue;
-        if (c.block == def.block && c.unroll == def.unroll && c.blocks_per_sm == def.blocks_per_sm &&
-            c.vec == def.vec)
+        if (c.block == def.block && c.unroll == def.unroll && c.blocks_per_sm == def.blocks_per_sm && c.vec == def.vec)
           continue;
         if (n == max) return n;
         out[n++] = c;

@@ -17,8 +17,9 @@
 #include "fm_codegen_rows.h"
 
 #define MAX_SOURCE (1u << 20)
-#define MAX_EPT 64u              /* registers per thread per row value */
-#define STREAM_EPT 8u            /* elements per thread per tile of a streamed row: 8
+#define MAX_EPT    64u /* registers per thread per row value */
+#define STREAM_EPT \
+  8u /* elements per thread per tile of a streamed row: 8
                                     independent loads in flight, few registers per value */
 #define DEFAULT_SMS 132u
 
@@ -33,7 +34,7 @@ typedef fm_cg_rows_shape shape;
  * leaves identical bits in every lane. The plain sum is carried too and added exactly as
  * fm_row_sum adds it, so the mean is bit-identical to fm_row_sum's (and inf where it is). With
  * an exact shape every count is a constant: not exchanged, and the divisions fold. */
-static uint32_t msum_stride(const shape *s) { return s->exact ? 4 : 5; }   /* floats per warp */
+static uint32_t msum_stride(const shape *s) { return s->exact ? 4 : 5; } /* floats per warp */
 
 /* Floats in one half of the double-buffered shared array fm_red (block variant). */
 static uint32_t red_half(const shape *s, int msum) { return s->tpr / 32 * (msum ? msum_stride(s) : 1); }
@@ -70,7 +71,9 @@ static void emit_msum_helpers(fm_strbuf *sb, const fm_rows_config *c, const shap
                    "}\n",
                    s->exact ? "x.n" : "__shfl_xor_sync(0xffffffffu, x.n, o)");
   if (c->variant == FM_ROWS_WARP) {
-    fm_strbuf_append(sb, "__device__ __forceinline__ fm_msum fm_row_msum(fm_msum x, float, float *, int &) { return fm_warp_msum(x); }\n");
+    fm_strbuf_append(
+        sb,
+        "__device__ __forceinline__ fm_msum fm_row_msum(fm_msum x, float, float *, int &) { return fm_warp_msum(x); }\n");
     return;
   }
   /* One shared-memory exchange carries every warp's (k, s, h, M2) and, where the shape is
@@ -138,9 +141,10 @@ static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s,
                    "  return x;\n"
                    "}\n");
   if (c->variant == FM_ROWS_WARP) {
-    fm_strbuf_append(sb,
-                     "__device__ __forceinline__ float fm_row_sum(float x, float *, int &) { return fm_warp_sum(x); }\n"
-                     "__device__ __forceinline__ float fm_row_max(float x, float *, int &) { return fm_warp_max(x); }\n");
+    fm_strbuf_append(
+        sb,
+        "__device__ __forceinline__ float fm_row_sum(float x, float *, int &) { return fm_warp_sum(x); }\n"
+        "__device__ __forceinline__ float fm_row_max(float x, float *, int &) { return fm_warp_max(x); }\n");
   } else {
     fm_strbuf_printf(sb,
                      "__device__ __forceinline__ float fm_row_sum(float x, float *red, int &par) {\n"
@@ -173,20 +177,23 @@ static void emit_helpers(fm_strbuf *sb, const fm_rows_config *c, const shape *s,
 /* "true" or the runtime test that element i of this thread is inside the row. */
 void fm_cg_rows_emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, const char *i) {
   const char *t0 = s->stream ? "fm_t0 + " : "";
-  if (s->exact) fm_strbuf_append(sb, "true");
+  if (s->exact)
+    fm_strbuf_append(sb, "true");
   else if (s->vec == 1)
     fm_strbuf_printf(sb, "(%s%s * %u + lane < %lld)", t0, i, s->tpr, (long long)rp->n);
   else
-    fm_strbuf_printf(sb, "(%s(%s / %u * %u + lane) * %u < %lld)", t0, i, s->vec, s->tpr, s->vec,
-                     (long long)rp->n);
+    fm_strbuf_printf(sb, "(%s(%s / %u * %u + lane) * %u < %lld)", t0, i, s->vec, s->tpr, s->vec, (long long)rp->n);
 }
 
 /* "<ptr>[b<k> + column j]": tensor k's element at column j (scalar access) */
 static void elem_ref(char *out, size_t cap, const fm_cg_rows_plan *rp, const char *ptr, uint32_t k) {
   int64_t s = rp->base.t[k].es[rp->rank - 1];
-  if (s == 0) snprintf(out, cap, "%s[b%u]", ptr, k);
-  else if (s == 1) snprintf(out, cap, "%s[b%u + j]", ptr, k);
-  else snprintf(out, cap, "%s[b%u + j * %lldLL]", ptr, k, (long long)s);
+  if (s == 0)
+    snprintf(out, cap, "%s[b%u]", ptr, k);
+  else if (s == 1)
+    snprintf(out, cap, "%s[b%u + j]", ptr, k);
+  else
+    snprintf(out, cap, "%s[b%u + j * %lldLL]", ptr, k, (long long)s);
 }
 
 /* Row index -> coordinates of dims 0..r-2 -> each used tensor's row base offset b<k>. */
@@ -220,8 +227,10 @@ static void emit_chunk_head(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shap
                    "    for (int c = 0; c < %u; ++c) {\n"
                    "      const long long j = %s((long long)c * %u + lane) * %u;\n",
                    s->chunks, s->stream ? "fm_t0 + " : "", s->tpr, s->vec);
-  if (!s->exact) fm_strbuf_printf(sb, "      if (j < %lldLL) {\n", (long long)rp->n);
-  else fm_strbuf_append(sb, "      {\n");
+  if (!s->exact)
+    fm_strbuf_printf(sb, "      if (j < %lldLL) {\n", (long long)rp->n);
+  else
+    fm_strbuf_append(sb, "      {\n");
 }
 
 void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
@@ -239,8 +248,7 @@ void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const sh
     fm_strbuf_append(sb, ";\n");
   } else {
     const char *vt = fm_cg_vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
-    fm_strbuf_printf(sb, "        const %s r = *reinterpret_cast<const %s *>(in%u + b%u + j);\n", vt,
-                     vt, k, k);
+    fm_strbuf_printf(sb, "        const %s r = *reinterpret_cast<const %s *>(in%u + b%u + j);\n", vt, vt, k, k);
     fm_strbuf_printf(sb,
                      "#pragma unroll\n"
                      "        for (int e = 0; e < %u; ++e) v%u[c * %u + e] = ",
@@ -252,7 +260,8 @@ void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const sh
   /* outside the row: a defined value that no reduction reads and no store writes */
   fm_strbuf_printf(sb, "      }%s\n", s->exact ? "" : " else {");
   if (!s->exact) {
-    if (s->vec == 1) fm_strbuf_printf(sb, "        v%u[c] = 0;\n      }\n", k);
+    if (s->vec == 1)
+      fm_strbuf_printf(sb, "        v%u[c] = 0;\n      }\n", k);
     else
       fm_strbuf_printf(sb,
                        "#pragma unroll\n"
@@ -278,8 +287,10 @@ static void emit_msum(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, 
                    "      const float k = __shfl_sync(0xffffffffu, (float)v%u[0], 0);  /* the warp's shift */\n"
                    "      float a = 0.0f, h = 0.0f",
                    x);
-  if (s->exact) fm_strbuf_printf(sb, ";\n      const float n = %u.0f;\n", s->ept);
-  else fm_strbuf_append(sb, ", n = 0.0f;\n");
+  if (s->exact)
+    fm_strbuf_printf(sb, ";\n      const float n = %u.0f;\n", s->ept);
+  else
+    fm_strbuf_append(sb, ", n = 0.0f;\n");
   fm_strbuf_printf(sb, "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (", s->ept);
   fm_cg_rows_emit_valid(sb, rp, s, "i");
   fm_strbuf_printf(sb, ") { a += v%u[i]; h += v%u[i] - k;%s }\n", x, x, s->exact ? "" : " n += 1.0f;");
@@ -296,16 +307,14 @@ static void emit_msum(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, 
 }
 
 /* var from the merged M2 q (an expression): q / (N - correction) */
-static void emit_var_from(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_opnode *op, uint32_t pos,
-                          const char *q) {
+static void emit_var_from(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_opnode *op, uint32_t pos, const char *q) {
   if (rp->n > op->correction)
     fm_strbuf_printf(sb, "      v%u = %s / %lld.0f;\n", pos, q, (long long)(rp->n - op->correction));
-  else   /* one element, correction 1: 0/0, NaN as in torch (spelled out: no division by 0) */
+  else /* one element, correction 1: 0/0, NaN as in torch (spelled out: no division by 0) */
     fm_strbuf_printf(sb, "      v%u = %s * __int_as_float(0x7fc00000);\n", pos, q);
 }
 
-static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
-                        const shape *s, uint32_t i) {
+static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const shape *s, uint32_t i) {
   const fm_opnode *op = &f->ops[i];
   const fm_cg_plan *p = &rp->base;
   uint32_t pos = p->n_in + i, x = p->args[i][0];
@@ -314,8 +323,7 @@ static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
    * carried: one reduction fewer */
   int32_t mean_at = -1;
   for (uint32_t k = 0; op->op == FM_OP_VAR && k < i; k++)
-    if (f->ops[k].op == FM_OP_MEAN && p->live[p->n_in + k] && p->args[k][0] == x)
-      mean_at = (int32_t)(p->n_in + k);
+    if (f->ops[k].op == FM_OP_MEAN && p->live[p->n_in + k] && p->args[k][0] == x) mean_at = (int32_t)(p->n_in + k);
   if (op->op == FM_OP_VAR && mean_at >= 0) {
     char q[32];
     snprintf(q, sizeof q, "fm_q%d", mean_at);
@@ -341,8 +349,10 @@ static void emit_reduce(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pl
   fm_strbuf_printf(sb, "      float a = %s;\n#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (",
                    is_max ? "__int_as_float(0xff800000)" : "0.0f", s->ept);
   fm_cg_rows_emit_valid(sb, rp, s, "i");
-  if (is_max) fm_strbuf_printf(sb, ") a = fm_maximum(a, v%u[i]);\n", x);
-  else fm_strbuf_printf(sb, ") a += v%u[i];\n", x);
+  if (is_max)
+    fm_strbuf_printf(sb, ") a = fm_maximum(a, v%u[i]);\n", x);
+  else
+    fm_strbuf_printf(sb, ") a += v%u[i];\n", x);
   if (is_max || op->op == FM_OP_SUM)
     fm_strbuf_printf(sb, "      v%u = fm_row_%s(a, fm_red, fm_par);\n    }\n", pos, is_max ? "max" : "sum");
   else
@@ -373,10 +383,10 @@ void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const s
   } else {
     const char *vt = fm_cg_vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
     fm_strbuf_printf(sb, "        %s w = %s;\n", vt,
-                     !strcmp(vt, "uint4") ? "make_uint4(0u, 0u, 0u, 0u)"
-                     : !strcmp(vt, "uint2") ? "make_uint2(0u, 0u)" : "0");
-    fm_strbuf_printf(sb, "#pragma unroll\n        for (int e = 0; e < %u; ++e) %s(w, e, ", s->vec,
-                     fm_cg_put_fn(dt));
+                     !strcmp(vt, "uint4")   ? "make_uint4(0u, 0u, 0u, 0u)"
+                     : !strcmp(vt, "uint2") ? "make_uint2(0u, 0u)"
+                                            : "0");
+    fm_strbuf_printf(sb, "#pragma unroll\n        for (int e = 0; e < %u; ++e) %s(w, e, ", s->vec, fm_cg_put_fn(dt));
     snprintf(v, sizeof v, "v%u[c * %u + e]", pos, s->vec);
     fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
     fm_strbuf_append(sb, ");\n");
@@ -395,8 +405,7 @@ void fm_cg_rows_emit_load_per_row(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k
 }
 
 /* Op i (not a reduction): a register array of ept elements for a row value, else a scalar. */
-void fm_cg_rows_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
-                        const shape *s, uint32_t i) {
+void fm_cg_rows_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, const shape *s, uint32_t i) {
   uint32_t pos = p->n_in + i;
   if (p->rowval[pos])
     fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
@@ -413,8 +422,10 @@ static void emit_held_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows
   fm_strbuf_append(sb, "    /* 1. load: whole rows into registers, per-row values once */\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!p->live[k]) continue;
-    if (p->rowval[k]) fm_cg_rows_emit_load_row(sb, rp, s, k);
-    else fm_cg_rows_emit_load_per_row(sb, p, k);
+    if (p->rowval[k])
+      fm_cg_rows_emit_load_row(sb, rp, s, k);
+    else
+      fm_cg_rows_emit_load_per_row(sb, p, k);
   }
   fm_strbuf_append(sb, "    /* 2. the ops, in fp32 registers */\n");
   for (uint32_t i = 0; i < p->n_ops; i++) {
@@ -441,8 +452,8 @@ static void emit_held_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows
   }
 }
 
-static int emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
-                       const fm_rows_config *c, const shape *s, const char *entry, fm_diag *d) {
+static int emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const fm_rows_config *c,
+                       const shape *s, const char *entry, fm_diag *d) {
   const fm_cg_plan *p = &rp->base;
   fm_cg_emit_signature(sb, p, c->block, 0, entry);
   if (rp->symbolic)
@@ -472,8 +483,7 @@ static int emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_pla
 
 static int make_shape(const fm_cg_rows_plan *rp, const fm_rows_config *c, shape *s, fm_diag *d) {
   if (c->variant != FM_ROWS_WARP && c->variant != FM_ROWS_BLOCK && c->variant != FM_ROWS_STREAM)
-    return fm_diag_set(d, FM_EINVAL, "config: variant %u is not warp (1), block (2) or stream (3)",
-                       c->variant);
+    return fm_diag_set(d, FM_EINVAL, "config: variant %u is not warp (1), block (2) or stream (3)", c->variant);
   if (c->block < 32 || c->block > 1024 || c->block % 32)
     return fm_diag_set(d, FM_EINVAL, "config: block %u is not a multiple of 32 in 32..1024", c->block);
   if (c->variant != FM_ROWS_WARP && (c->block & (c->block - 1)))
@@ -486,7 +496,7 @@ static int make_shape(const fm_cg_rows_plan *rp, const fm_rows_config *c, shape 
   s->vec = rp->max_vec;
   while (c->vec && s->vec > c->vec) s->vec >>= 1;
   uint64_t per_chunk = (uint64_t)s->tpr * s->vec;
-  if (s->stream) {   /* a tile: STREAM_EPT elements per thread, whatever the row's length */
+  if (s->stream) { /* a tile: STREAM_EPT elements per thread, whatever the row's length */
     s->chunks = s->vec >= STREAM_EPT ? 1 : STREAM_EPT / s->vec;
     s->ept = s->chunks * s->vec;
     s->exact = (uint64_t)rp->n % (per_chunk * s->chunks) == 0;
@@ -498,12 +508,13 @@ static int make_shape(const fm_cg_rows_plan *rp, const fm_rows_config *c, shape 
   if (s->ept > MAX_EPT)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "rows: %lld elements need %u per thread with %u threads per row (at most %u "
-                       "fit in registers)", (long long)rp->n, s->ept, s->tpr, MAX_EPT);
+                       "fit in registers)",
+                       (long long)rp->n, s->ept, s->tpr, MAX_EPT);
   return FM_OK;
 }
 
-int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count,
-                    char **src, fm_kernel_meta *meta, fm_diag *d) {
+int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_t sm_count, char **src,
+                    fm_kernel_meta *meta, fm_diag *d) {
   fm_strbuf sb;
   fm_cg_rows_plan *rp = NULL;
   int rc = FM_OK;
@@ -529,8 +540,10 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
                    "from its\n * typed fields. One self-contained translation unit (NVRTC has "
                    "no include path). */\n",
                    FM_CODEGEN_VERSION,
-                   c.variant == FM_ROWS_WARP ? "a warp" : s.stream ? "a block streaming" : "a block", c.block,
-                   (long long)rp->n, s.vec, s.ept);
+                   c.variant == FM_ROWS_WARP ? "a warp"
+                   : s.stream                ? "a block streaming"
+                                             : "a block",
+                   c.block, (long long)rp->n, s.vec, s.ept);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
   emit_helpers(&sb, &c, &s, has_var(canon, &rp->base));
   fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
@@ -591,7 +604,7 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
       shape s = {0};
       if (v == FM_ROWS_WARP && (blocks[b] > 512 || rp->n > 2048)) continue;
       if (v == FM_ROWS_STREAM && (blocks[b] < 256 || rp->n <= FM_MAX_ROW_HELD)) continue;
-      if (v == FM_ROWS_BLOCK && rp->n > FM_MAX_ROW_HELD) continue;   /* spills: streamed instead */
+      if (v == FM_ROWS_BLOCK && rp->n > FM_MAX_ROW_HELD) continue; /* spills: streamed instead */
       if (make_shape(rp, &c, &s, NULL) != FM_OK) continue;
       if (v == FM_ROWS_BLOCK && (uint64_t)blocks[b] * s.vec > 2 * (uint64_t)rp->n) continue;
       if (c.variant == def.variant && c.block == def.block && c.vec == def.vec) continue;

@@ -38,25 +38,20 @@ static int plan_values(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
     fm_opkind kind = fm_op_kind(op->op);
     if (kind == FM_OPK_RESERVED || kind == FM_OPK_COMPOSITE)
-      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the rows template cannot run '%s'", i,
-                         fm_op_name(op->op));
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: the rows template cannot run '%s'", i, fm_op_name(op->op));
     int arity = fm_op_arity(op->op);
     if (arity < 0 || op->nargs != (uint32_t)arity)
-      return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' takes %d args, has %u", i, fm_op_name(op->op),
-                         arity, op->nargs);
-    if ((unsigned)op->dtype >= FM_DT__COUNT)
-      return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid result dtype", i);
+      return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' takes %d args, has %u", i, fm_op_name(op->op), arity, op->nargs);
+    if ((unsigned)op->dtype >= FM_DT__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid result dtype", i);
     p->rowval[pos] = 0;
     for (uint32_t a = 0; a < op->nargs; a++) {
       int at = find_value(ids, pos, op->args[a]);
-      if (at < 0)
-        return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: value not defined before use", i, a);
+      if (at < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: value not defined before use", i, a);
       p->args[i][a] = (uint16_t)at;
       if (p->rowval[at]) p->rowval[pos] = 1;
     }
     if (kind == FM_OPK_REDUCE) {
-      if (!p->rowval[pos])
-        return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: nested reduction of a per-row value", i);
+      if (!p->rowval[pos]) return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: nested reduction of a per-row value", i);
       p->rowval[pos] = 0;
     }
     ids[pos] = op->out;
@@ -87,23 +82,19 @@ static int plan_shape(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_tensor *t = tensor_of(f, p->n_in, k);
     if (t->rank != r)
-      return fm_diag_set(d, FM_EINVAL, "tensor %u: rank %u differs from the row rank %u", k,
-                         t->rank, r);
+      return fm_diag_set(d, FM_EINVAL, "tensor %u: rank %u differs from the row rank %u", k, t->rank, r);
     if (t->shape[last] > rp->n) rp->n = t->shape[last];
   }
   if (rp->n < 1 || rp->n > FM_MAX_ROW)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "rows of %lld elements (the limit is %d)",
-                       (long long)rp->n, FM_MAX_ROW);
+    return fm_diag_set(d, FM_EUNSUPPORTED, "rows of %lld elements (the limit is %d)", (long long)rp->n, FM_MAX_ROW);
   rp->symbolic = r >= 2 && it->shape[0] == FM_DIM_SYMBOLIC;
   rp->rows_per_outer = 1;
   for (uint32_t g = 0; g + 1 < r; g++) {
     int64_t dim = it->shape[g];
     if (g == 0 && dim == FM_DIM_SYMBOLIC) continue;
-    if (dim < 1 || dim >= FM_MAX_DIM)
-      return fm_diag_set(d, FM_EINVAL, "row dim %u is %lld", g, (long long)dim);
+    if (dim < 1 || dim >= FM_MAX_DIM) return fm_diag_set(d, FM_EINVAL, "row dim %u is %lld", g, (long long)dim);
     if (g > 0) rp->rows_per_outer *= dim;
-    if (rp->rows_per_outer > FM_MAX_ELEMENTS)
-      return fm_diag_set(d, FM_EINVAL, "too many rows");
+    if (rp->rows_per_outer > FM_MAX_ELEMENTS) return fm_diag_set(d, FM_EINVAL, "too many rows");
   }
   rp->outer = r == 1 ? 1 : rp->symbolic ? -1 : it->shape[0];
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
@@ -117,8 +108,8 @@ static int plan_shape(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
     for (uint32_t g = 0; g < r; g++) {
       int64_t want = g == last ? rp->n : it->shape[g], have = t->shape[g];
       if (have != want && have != 1)
-        return fm_diag_set(d, FM_EINVAL, "tensor %u: dim %u is %lld, the row dim is %lld", k, g,
-                           (long long)have, (long long)want);
+        return fm_diag_set(d, FM_EINVAL, "tensor %u: dim %u is %lld, the row dim is %lld", k, g, (long long)have,
+                           (long long)want);
       if (t->strides[g] < 0 || t->strides[g] > FM_MAX_STRIDE)
         return fm_diag_set(d, FM_EINVAL, "tensor %u: stride %u out of range", k, g);
       ct->es[g] = (have == 1 && want != 1) ? 0 : t->strides[g];
@@ -135,7 +126,7 @@ static int plan_shape(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
 static uint32_t plan_vec(const fm_cg_rows_plan *rp) {
   const fm_cg_plan *p = &rp->base;
   uint32_t v = 16;
-  if (rp->n == 1) return 1;   /* no tensor has a row to vectorize */
+  if (rp->n == 1) return 1; /* no tensor has a row to vectorize */
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_cg_tensor *t = &p->t[k];
     if (!rp->row_t[k] || (k < p->n_in && !p->live[k])) continue;
@@ -155,8 +146,7 @@ int fm_cg_rows_plan_build(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d)
   int rc;
   memset(rp, 0, sizeof *rp);
   fm_cg_plan *p = &rp->base;
-  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS ||
-      f->n_outputs == 0)
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS || f->n_outputs == 0)
     return fm_diag_set(d, FM_EINVAL, "fragment counts out of range");
   p->n_in = f->n_inputs;
   p->n_out = f->n_outputs;

@@ -30,8 +30,7 @@ static void value_levels(const fm_fragment *f, const fm_cg_plan *p, uint32_t *le
 
 /* need[pos] = 1 for every whole-row value a target reads, through whole-row operands only
  * (per-row operands are already in scope as scalars). targets[pos] marks the roots. */
-static void mark_row_needs(const fm_fragment *f, const fm_cg_plan *p, const uint8_t *targets,
-                           uint8_t *need) {
+static void mark_row_needs(const fm_fragment *f, const fm_cg_plan *p, const uint8_t *targets, uint8_t *need) {
   uint32_t n_values = p->n_in + p->n_ops;
   for (uint32_t v = 0; v < n_values; v++) need[v] = targets[v];
   for (uint32_t i = p->n_ops; i-- > 0;) {
@@ -45,21 +44,20 @@ static void mark_row_needs(const fm_fragment *f, const fm_cg_plan *p, const uint
 }
 
 /* One tile's whole-row values that `need` marks: row inputs loaded, row ops computed. */
-static void emit_tile_values(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
-                             const fm_cg_rows_shape *s, const uint8_t *need) {
+static void emit_tile_values(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s,
+                             const uint8_t *need) {
   const fm_cg_plan *p = &rp->base;
   for (uint32_t k = 0; k < p->n_in; k++)
     if (need[k] && p->rowval[k]) fm_cg_rows_emit_load_row(sb, rp, s, k);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
-    if (need[pos] && p->rowval[pos] && fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE)
-      fm_cg_rows_emit_op(sb, f, p, s, i);
+    if (need[pos] && p->rowval[pos] && fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE) fm_cg_rows_emit_op(sb, f, p, s, i);
   }
 }
 
 /* The per-row (scalar) ops of one level, in order; level 0 also loads the per-row inputs. */
-static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
-                         const fm_cg_rows_shape *s, const uint32_t *level, uint32_t l) {
+static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, const fm_cg_rows_shape *s,
+                         const uint32_t *level, uint32_t l) {
   if (l == 0)
     for (uint32_t k = 0; k < p->n_in; k++)
       if (p->live[k] && !p->rowval[k]) fm_cg_rows_emit_load_per_row(sb, p, k);
@@ -71,9 +69,8 @@ static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *
 }
 
 /* Pass l: every live reduction of level l, accumulated over the tiles, then across the block. */
-static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
-                             const fm_cg_rows_shape *s, const uint32_t *level, uint32_t l,
-                             uint8_t *targets, uint8_t *need) {
+static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s,
+                             const uint32_t *level, uint32_t l, uint8_t *targets, uint8_t *need) {
   const fm_cg_plan *p = &rp->base;
   uint32_t n_values = p->n_in + p->n_ops;
   for (uint32_t v = 0; v < n_values; v++) targets[v] = 0;
@@ -94,8 +91,10 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
     if (!p->live[pos] || level[pos] != l || fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE) continue;
     fm_strbuf_printf(sb, "#pragma unroll\n    for (int i = 0; i < %u; ++i)\n      if (", s->ept);
     fm_cg_rows_emit_valid(sb, rp, s, "i");
-    if (f->ops[i].op == FM_OP_AMAX) fm_strbuf_printf(sb, ") fm_a%u = fm_maximum(fm_a%u, v%u[i]);\n", pos, pos, x);
-    else fm_strbuf_printf(sb, ") fm_a%u += v%u[i];\n", pos, x);
+    if (f->ops[i].op == FM_OP_AMAX)
+      fm_strbuf_printf(sb, ") fm_a%u = fm_maximum(fm_a%u, v%u[i]);\n", pos, pos, x);
+    else
+      fm_strbuf_printf(sb, ") fm_a%u += v%u[i];\n", pos, x);
   }
   fm_strbuf_append(sb, "    }\n");
   for (uint32_t i = 0; i < p->n_ops; i++) {
@@ -106,8 +105,8 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
     else if (f->ops[i].op == FM_OP_SUM)
       fm_strbuf_printf(sb, "    const float v%u = fm_row_sum(fm_a%u, fm_red, fm_par);  /* sum */\n", pos, pos);
     else
-      fm_strbuf_printf(sb, "    const float v%u = fm_row_sum(fm_a%u, fm_red, fm_par) / %lld.0f;  /* mean */\n",
-                       pos, pos, (long long)rp->n);
+      fm_strbuf_printf(sb, "    const float v%u = fm_row_sum(fm_a%u, fm_red, fm_par) / %lld.0f;  /* mean */\n", pos,
+                       pos, (long long)rp->n);
   }
   emit_scalars(sb, f, p, s, level, l);
 }
@@ -120,8 +119,7 @@ int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg
   uint32_t n_values = p->n_in + p->n_ops, top = 0;
   for (uint32_t i = 0; i < p->n_ops; i++)
     if (f->ops[i].op == FM_OP_VAR && p->live[p->n_in + i])
-      return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "rows: var over a streamed row of %lld elements (it needs the row held)",
+      return fm_diag_set(d, FM_EUNSUPPORTED, "rows: var over a streamed row of %lld elements (it needs the row held)",
                          (long long)rp->n);
   value_levels(f, p, level);
   for (uint32_t v = 0; v < n_values; v++)

@@ -34,17 +34,17 @@
 
 #include "fm_codegen_gemm.h"
 
-#define MAX_SOURCE (1u << 20)
-#define ROWS 16u              /* rows of x per block: the mma's M */
+#define MAX_SOURCE    (1u << 20)
+#define ROWS          16u /* rows of x per block: the mma's M */
 /* Candidates and the default up to this M (bucket): at 32 rows (two row tiles, W read twice)
  * the default still took 0.029 ms at 32 x 4096 x 4096 against 0.033 ms for the gemm
  * template's best (0.077 ms its symbolic default); beyond, W's reads multiply. */
-#define MAX_ROWS 32
+#define MAX_ROWS      32
 /* Load registers per thread per step: unroll x (W: cols / 8 x 8, twice when prefetched in
  * registers, + x: 16); beyond 128 the kernel spills or runs at a quarter of the SM's warps. */
 #define MAX_LOAD_REGS 128u
 /* A cp.async ring beyond this leaves too few blocks per SM for one wave at N = 4096. */
-#define MAX_RING (64u * 1024u)
+#define MAX_RING      (64u * 1024u)
 
 /* The candidates, the default first. Measured on an H100 (two runs, bench/gemm_bench at
  * M = 1, 8, 16, 32 with N, K of 4096 and 11008, and the tuner at M = 8): 8 warps of 8
@@ -64,8 +64,8 @@ static const fm_skinny_config configs[] = {
     {.cols = 16, .warps = 4, .unroll = 2, .pipe = 1},
     {.cols = 32, .warps = 4, .unroll = 1, .pipe = 1},
     {.cols = 24, .warps = 4, .unroll = 2, .pipe = 1},
-    {.cols = 16, .warps = 8, .unroll = 1, .pipe = 3},   /* 48 KiB ring */
-    {.cols = 8, .warps = 8, .unroll = 1, .pipe = 4},    /* 32 KiB ring */
+    {.cols = 16, .warps = 8, .unroll = 1, .pipe = 3}, /* 48 KiB ring */
+    {.cols = 8, .warps = 8, .unroll = 1, .pipe = 4},  /* 32 KiB ring */
     /* The split form (2 or 4 blocks of a cluster along K) is supported but offered nowhere:
        correct (the decode suite with three split candidates, 428/428) and at best level with
        these (8 x 4096 x 11008: 0.0429-0.0435 ms against 0.0425-0.0438), slower at 8 x 11008
@@ -88,20 +88,16 @@ static uint32_t smem_bytes(const fm_skinny_config *c) {
 static int check_config(const fm_skinny_config *c, fm_diag *d) {
   if (c->cols < 8 || c->cols > 32 || c->cols % 8)
     return fm_diag_set(d, FM_EINVAL, "config: %u columns per block (8, 16, 24 or 32)", c->cols);
-  if (c->warps < 1 || c->warps > 16)
-    return fm_diag_set(d, FM_EINVAL, "config: %u warps (1..16)", c->warps);
-  if (c->unroll < 1 || c->unroll > 8)
-    return fm_diag_set(d, FM_EINVAL, "config: unroll %u (1..8)", c->unroll);
+  if (c->warps < 1 || c->warps > 16) return fm_diag_set(d, FM_EINVAL, "config: %u warps (1..16)", c->warps);
+  if (c->unroll < 1 || c->unroll > 8) return fm_diag_set(d, FM_EINVAL, "config: unroll %u (1..8)", c->unroll);
   if (c->pipe > 4) return fm_diag_set(d, FM_EINVAL, "config: pipe %u (0..4)", c->pipe);
   if (c->split > 1 && c->split != 2 && c->split != 4)
     return fm_diag_set(d, FM_EINVAL, "config: split %u (1, 2 or 4 blocks along K)", c->split);
   uint32_t regs = c->unroll * (c->cols * (c->pipe == 1 ? 2 : 1) + 16);
   if (regs > MAX_LOAD_REGS)
-    return fm_diag_set(d, FM_EINVAL, "config: %u load registers per thread exceed %u", regs,
-                       MAX_LOAD_REGS);
+    return fm_diag_set(d, FM_EINVAL, "config: %u load registers per thread exceed %u", regs, MAX_LOAD_REGS);
   if (ring_bytes(c) > MAX_RING)
-    return fm_diag_set(d, FM_EINVAL, "config: a %u-byte cp.async ring exceeds %u", ring_bytes(c),
-                       MAX_RING);
+    return fm_diag_set(d, FM_EINVAL, "config: a %u-byte cp.async ring exceeds %u", ring_bytes(c), MAX_RING);
   return FM_OK;
 }
 
@@ -113,8 +109,7 @@ static int plan(const fm_fragment *canon, fm_cg_gemm_plan *gp, fm_diag *d) {
   if (gp->batched || gp->op2 >= 0)
     return fm_diag_set(d, FM_EUNSUPPORTED, "the skinny template runs one product (not a batch, not siblings)");
   if (!gp->a_kmajor || !gp->b_kmajor)
-    return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "the skinny template needs K-major A and B (x [M, K] @ W.t(), nn.Linear)");
+    return fm_diag_set(d, FM_EUNSUPPORTED, "the skinny template needs K-major A and B (x [M, K] @ W.t(), nn.Linear)");
   return FM_OK;
 }
 
@@ -132,7 +127,7 @@ int fm_codegen_skinny_preferred(const fm_fragment *canon) {
 }
 
 fm_skinny_config fm_codegen_skinny_default(const fm_fragment *canon) {
-  (void)canon;   /* one configuration was best or close at every decode shape measured */
+  (void)canon; /* one configuration was best or close at every decode shape measured */
   return configs[0];
 }
 
@@ -371,59 +366,61 @@ static const char body[] =
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp, const char *entry,
                         uint32_t split) {
   fm_cg_gemm_emit_kernel_open_cluster(sb, f, gp, entry, split);
-  fm_strbuf_printf(sb,
-                   "#if FM_PIPE >= 2\n"
-                   "  /* the partial sums reuse the drained ring: one dynamic allocation, so a\n"
-                   "     launch needs no shared memory beyond the metadata's smem */\n"
-                   "  float *red = (float *)fm_ring;\n"
-                   "#else\n"
-                   "  __shared__ __align__(16) float red[FM_WARPS * 16 * FM_RED_LD];\n"
-                   "#endif\n"
-                   "  const long long m0 = (long long)blockIdx.y * 16;\n"
-                   "  const int n0 = (int)(blockIdx.x / FM_SPLIT) * FM_BN;   /* a split's blocks share it */\n"
-                   "  float acc[FM_NT][4];\n"
-                   "  fm_skinny_mainloop(acc, in%u, in%u, M, m0, n0);\n"
-                   "#if FM_PIPE >= 2\n"
-                   "  __syncthreads();   /* every warp is done with its part of the ring */\n"
-                   "#endif\n"
-                   "  fm_skinny_stage(red, acc);\n"
+  fm_strbuf_printf(
+      sb,
+      "#if FM_PIPE >= 2\n"
+      "  /* the partial sums reuse the drained ring: one dynamic allocation, so a\n"
+      "     launch needs no shared memory beyond the metadata's smem */\n"
+      "  float *red = (float *)fm_ring;\n"
+      "#else\n"
+      "  __shared__ __align__(16) float red[FM_WARPS * 16 * FM_RED_LD];\n"
+      "#endif\n"
+      "  const long long m0 = (long long)blockIdx.y * 16;\n"
+      "  const int n0 = (int)(blockIdx.x / FM_SPLIT) * FM_BN;   /* a split's blocks share it */\n"
+      "  float acc[FM_NT][4];\n"
+      "  fm_skinny_mainloop(acc, in%u, in%u, M, m0, n0);\n"
+      "#if FM_PIPE >= 2\n"
+      "  __syncthreads();   /* every warp is done with its part of the ring */\n"
+      "#endif\n"
+      "  fm_skinny_stage(red, acc);\n"
+      "#if FM_SPLIT > 1\n"
+      "  fm_cluster_sync();\n"
+      "#else\n"
+      "  __syncthreads();\n"
+      "#endif\n"
+      "  /* one thread per (row, 8 columns), spread over the split's blocks: the sum over\n"
+      "     blocks and warps, then the epilogue */\n"
+      "  for (int t = threadIdx.x + fm_krank() * FM_THREADS; t < 16 * FM_NT; t += FM_THREADS * FM_SPLIT) {\n"
+      "    const int r = t / FM_NT, c = t %% FM_NT * 8;\n"
+      "    const long long m = m0 + r;\n"
+      "    const long long n = n0 + c;\n"
+      "    if (m >= M || n >= FM_N) continue;\n"
+      "    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n"
+      "    for (int b = 0; b < FM_SPLIT; b++)\n"
+      "#pragma unroll\n"
+      "      for (int w = 0; w < FM_WARPS; w++) {\n"
+      "        const float4 lo = fm_red4(red, b, (w * 16 + r) * FM_RED_LD + c);\n"
+      "        const float4 hi = fm_red4(red, b, (w * 16 + r) * FM_RED_LD + c + 4);\n"
+      "        v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w;\n"
+      "        v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;\n"
+      "      }\n"
+      "    fm_epilogue(v, m, n",
+      gp->ia, gp->ib);
+  fm_cg_gemm_emit_epi_params(sb, gp, 0);
+  fm_strbuf_append(sb,
+                   ");\n  }\n"
                    "#if FM_SPLIT > 1\n"
                    "  fm_cluster_sync();\n"
-                   "#else\n"
-                   "  __syncthreads();\n"
                    "#endif\n"
-                   "  /* one thread per (row, 8 columns), spread over the split's blocks: the sum over\n"
-                   "     blocks and warps, then the epilogue */\n"
-                   "  for (int t = threadIdx.x + fm_krank() * FM_THREADS; t < 16 * FM_NT; t += FM_THREADS * FM_SPLIT) {\n"
-                   "    const int r = t / FM_NT, c = t %% FM_NT * 8;\n"
-                   "    const long long m = m0 + r;\n"
-                   "    const long long n = n0 + c;\n"
-                   "    if (m >= M || n >= FM_N) continue;\n"
-                   "    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};\n"
-                   "    for (int b = 0; b < FM_SPLIT; b++)\n"
-                   "#pragma unroll\n"
-                   "      for (int w = 0; w < FM_WARPS; w++) {\n"
-                   "        const float4 lo = fm_red4(red, b, (w * 16 + r) * FM_RED_LD + c);\n"
-                   "        const float4 hi = fm_red4(red, b, (w * 16 + r) * FM_RED_LD + c + 4);\n"
-                   "        v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w;\n"
-                   "        v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;\n"
-                   "      }\n"
-                   "    fm_epilogue(v, m, n",
-                   gp->ia, gp->ib);
-  fm_cg_gemm_emit_epi_params(sb, gp, 0);
-  fm_strbuf_append(sb, ");\n  }\n"
-                       "#if FM_SPLIT > 1\n"
-                       "  fm_cluster_sync();\n"
-                       "#endif\n"
-                       "}\n");
+                   "}\n");
 }
 
-int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count,
-                      char **src, fm_kernel_meta *meta, fm_diag *d) {
+int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uint32_t sm_count, char **src,
+                      fm_kernel_meta *meta, fm_diag *d) {
   fm_cg_gemm_plan *gp = NULL;
   fm_strbuf sb;
   int rc;
-  (void)sm_count;   /* the grid is the column count; nothing to cap */
+  (void)sm_count; /* the grid is the column count; nothing to cap */
   if (src) *src = NULL;
   if (!canon || !cfg || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   fm_strbuf_init(&sb, MAX_SOURCE);
@@ -435,8 +432,10 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
   if ((rc = plan(canon, gp, d)) || (rc = check_config(cfg, d))) goto out;
   char entry[FM_META_ENTRY_MAX];
   uint32_t split = cfg->split > 1 ? cfg->split : 1;
-  snprintf(entry, sizeof entry, "fm_skinny_c%u_w%u_u%u_p%u%s", cfg->cols, cfg->warps, cfg->unroll,
-           cfg->pipe, split == 2 ? "_k2" : split == 4 ? "_k4" : "");
+  snprintf(entry, sizeof entry, "fm_skinny_c%u_w%u_u%u_p%u%s", cfg->cols, cfg->warps, cfg->unroll, cfg->pipe,
+           split == 2   ? "_k2"
+           : split == 4 ? "_k4"
+                        : "");
   const char *ty = gp->dt == FM_DT_BF16 ? "bf16" : "f16";
   fm_strbuf_printf(&sb, "/* fusemld skinny gemm kernel: %s, A row-major, B column-major, %s */\n", entry, ty);
   fm_cg_emit_prelude(&sb, fm_cg_fast_math(canon));
@@ -444,10 +443,11 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
   fm_strbuf_printf(&sb,
                    "#define FM_BN %u\n#define FM_WARPS %u\n#define FM_UNROLL %u\n#define FM_PIPE %u\n"
                    "#define FM_SPLIT %u\n"
-                   "#define FM_X1 %d\n#define FM_K %" PRId64 "\n#define FM_N %" PRId64 "\n"
+                   "#define FM_X1 %d\n#define FM_K %" PRId64 "\n#define FM_N %" PRId64
+                   "\n"
                    "#define FM_LDA %" PRId64 "LL\n#define FM_LDB %" PRId64 "LL\n",
-                   cfg->cols, cfg->warps, cfg->unroll, cfg->pipe, split, gp->m < 0 || gp->m > 8, gp->k,
-                   gp->n, gp->lda, gp->ldb);
+                   cfg->cols, cfg->warps, cfg->unroll, cfg->pipe, split, gp->m < 0 || gp->m > 8, gp->k, gp->n, gp->lda,
+                   gp->ldb);
   fm_cg_gemm_emit_mma(&sb, ty);
   /* the split form's blocks meet at fm_cluster_sync: when its partial sums are staged, and
      when no other block still reads them */
@@ -460,7 +460,7 @@ int fm_codegen_skinny(const fm_fragment *canon, const fm_skinny_config *cfg, uin
     goto out;
   }
   fm_cg_gemm_tiles_meta(meta, canon, gp, entry, cfg->warps * 32, smem_bytes(cfg), ROWS, cfg->cols);
-  meta->max_blocks *= split;   /* grid.x: a cluster of split blocks per column block */
+  meta->max_blocks *= split; /* grid.x: a cluster of split blocks per column block */
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
 out:

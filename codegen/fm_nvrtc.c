@@ -17,7 +17,7 @@ static const struct {
   const char *name;
   int sm;
 } known_archs[] = {
-    {"sm_80", 80}, {"sm_86", 86},   {"sm_89", 89},   {"sm_90", 90},
+    {"sm_80", 80},  {"sm_86", 86},   {"sm_89", 89},    {"sm_90", 90},
     {"sm_90a", 90}, {"sm_100", 100}, {"sm_100a", 100}, {"sm_120", 120},
 };
 
@@ -50,11 +50,10 @@ int fm_nvrtc_arch_supported(const char *arch) {
 }
 
 /* The options as separate strings (what NVRTC takes) into storage `arch_opt`. */
-static void make_options(const char *arch, char *arch_opt, size_t cap,
-                         const char *opts[FM_NVRTC_NOPTS]) {
+static void make_options(const char *arch, char *arch_opt, size_t cap, const char *opts[FM_NVRTC_NOPTS]) {
   snprintf(arch_opt, cap, "--gpu-architecture=%s", arch);
   opts[0] = arch_opt;
-  opts[1] = "-default-device";   /* unannotated functions are device code */
+  opts[1] = "-default-device"; /* unannotated functions are device code */
   opts[2] = "--std=c++17";
 }
 
@@ -91,17 +90,21 @@ static char *dup_str(const char *s) {
 
 static int map_result(nvrtcResult r) {
   switch (r) {
-    case NVRTC_SUCCESS: return FM_OK;
-    case NVRTC_ERROR_OUT_OF_MEMORY: return FM_ENOMEM;
+    case NVRTC_SUCCESS:
+      return FM_OK;
+    case NVRTC_ERROR_OUT_OF_MEMORY:
+      return FM_ENOMEM;
     case NVRTC_ERROR_INVALID_INPUT:
     case NVRTC_ERROR_INVALID_PROGRAM:
-    case NVRTC_ERROR_INVALID_OPTION: return FM_EINVAL;
-    default: return FM_ECOMPILE;
+    case NVRTC_ERROR_INVALID_OPTION:
+      return FM_EINVAL;
+    default:
+      return FM_ECOMPILE;
   }
 }
 
-int fm_nvrtc_compile(const char *src, const char *name, const char *arch, uint8_t **cubin,
-                     size_t *cubin_len, char **log) {
+int fm_nvrtc_compile(const char *src, const char *name, const char *arch, uint8_t **cubin, size_t *cubin_len,
+                     char **log) {
   nvrtcProgram prog = NULL;
   char arch_opt[64];
   const char *opts[FM_NVRTC_NOPTS];

@@ -20,7 +20,7 @@ const char *fm_nvrtc_options(const char *arch, char *buf, size_t cap);
 /* Compiles src (one translation unit, no #include of files) for arch to CUBIN.
  * On success *cubin and *cubin_len are malloc'd. On FM_ECOMPILE *log holds NVRTC's log
  * (malloc'd, may be NULL for other errors); free() both. */
-int fm_nvrtc_compile(const char *src, const char *name, const char *arch,
-                     uint8_t **cubin, size_t *cubin_len, char **log);
+int fm_nvrtc_compile(const char *src, const char *name, const char *arch, uint8_t **cubin, size_t *cubin_len,
+                     char **log);
 
 #endif

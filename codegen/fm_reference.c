@@ -29,9 +29,12 @@ float fm_reference_f16_to_f32(uint16_t h) {
   int exp = (h >> 10) & 0x1f;
   int mant = h & 0x3ff;
   double v;
-  if (exp == 0) v = ldexp((double)mant, -24);
-  else if (exp == 31) v = mant ? NAN : INFINITY;
-  else v = ldexp((double)(mant | 0x400), exp - 25);
+  if (exp == 0)
+    v = ldexp((double)mant, -24);
+  else if (exp == 31)
+    v = mant ? NAN : INFINITY;
+  else
+    v = ldexp((double)(mant | 0x400), exp - 25);
   return (float)((h & 0x8000) ? -v : v);
 }
 
@@ -40,16 +43,16 @@ uint16_t fm_reference_f32_to_f16(float f) {
   memcpy(&u, &f, sizeof u);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));   /* NaN */
-  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);   /* >= 65520 rounds to inf */
-  if (a >= 0x38800000u) {                                       /* normal: >= 2^-14 */
+  if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
+  if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                       /* >= 65520 rounds to inf */
+  if (a >= 0x38800000u) {                                                        /* normal: >= 2^-14 */
     uint32_t h = (((a >> 23) - 112u) << 10) | ((a & 0x7fffffu) >> 13);
     uint32_t rem = a & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;   /* a carry bumps the exponent */
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* a carry bumps the exponent */
     return (uint16_t)(sign | h);
   }
-  uint32_t e = a >> 23;                                         /* subnormal or zero */
-  uint32_t shift = 126u - e;                                    /* to units of 2^-24 */
+  uint32_t e = a >> 23;      /* subnormal or zero */
+  uint32_t shift = 126u - e; /* to units of 2^-24 */
   if (e == 0 || shift >= 25) return sign;
   uint32_t m = (a & 0x7fffffu) | 0x800000u;
   uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
@@ -70,33 +73,52 @@ float fm_reference_f64_to_f32(double x) {
 
 static double round_to(fm_dtype dt, double x) {
   switch (dt) {
-    case FM_DT_BOOL: return x != 0 ? 1.0 : 0.0;
-    case FM_DT_F16: return fm_reference_f16_to_f32(fm_reference_f32_to_f16(fm_reference_f64_to_f32(x)));
-    case FM_DT_BF16: return fm_reference_bf16_to_f32(fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)));
-    case FM_DT_F32: return fm_reference_f64_to_f32(x);
-    case FM_DT__COUNT: break;
+    case FM_DT_BOOL:
+      return x != 0 ? 1.0 : 0.0;
+    case FM_DT_F16:
+      return fm_reference_f16_to_f32(fm_reference_f32_to_f16(fm_reference_f64_to_f32(x)));
+    case FM_DT_BF16:
+      return fm_reference_bf16_to_f32(fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)));
+    case FM_DT_F32:
+      return fm_reference_f64_to_f32(x);
+    case FM_DT__COUNT:
+      break;
   }
   return x;
 }
 
 double fm_ref_load(fm_dtype dt, const void *base, int64_t off) {
   switch (dt) {
-    case FM_DT_BOOL: return ((const uint8_t *)base)[off] ? 1.0 : 0.0;
-    case FM_DT_F16: return fm_reference_f16_to_f32(((const uint16_t *)base)[off]);
-    case FM_DT_BF16: return fm_reference_bf16_to_f32(((const uint16_t *)base)[off]);
-    case FM_DT_F32: return ((const float *)base)[off];
-    case FM_DT__COUNT: break;
+    case FM_DT_BOOL:
+      return ((const uint8_t *)base)[off] ? 1.0 : 0.0;
+    case FM_DT_F16:
+      return fm_reference_f16_to_f32(((const uint16_t *)base)[off]);
+    case FM_DT_BF16:
+      return fm_reference_bf16_to_f32(((const uint16_t *)base)[off]);
+    case FM_DT_F32:
+      return ((const float *)base)[off];
+    case FM_DT__COUNT:
+      break;
   }
   return 0;
 }
 
 void fm_ref_store(fm_dtype dt, void *base, int64_t off, double x) {
   switch (dt) {
-    case FM_DT_BOOL: ((uint8_t *)base)[off] = x != 0 ? 1 : 0; return;
-    case FM_DT_F16: ((uint16_t *)base)[off] = fm_reference_f32_to_f16(fm_reference_f64_to_f32(x)); return;
-    case FM_DT_BF16: ((uint16_t *)base)[off] = fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)); return;
-    case FM_DT_F32: ((float *)base)[off] = fm_reference_f64_to_f32(x); return;
-    case FM_DT__COUNT: return;
+    case FM_DT_BOOL:
+      ((uint8_t *)base)[off] = x != 0 ? 1 : 0;
+      return;
+    case FM_DT_F16:
+      ((uint16_t *)base)[off] = fm_reference_f32_to_f16(fm_reference_f64_to_f32(x));
+      return;
+    case FM_DT_BF16:
+      ((uint16_t *)base)[off] = fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x));
+      return;
+    case FM_DT_F32:
+      ((float *)base)[off] = fm_reference_f64_to_f32(x);
+      return;
+    case FM_DT__COUNT:
+      return;
   }
 }
 
@@ -128,38 +150,66 @@ double fm_ref_op(const fm_opnode *op, double a, double b, double c) {
   switch (op->op) {
     case FM_OP_CONST:
       return op->dtype == FM_DT_BOOL ? (op->value != 0) : (double)fm_reference_f64_to_f32(op->value);
-    case FM_OP_ADD: return a + b;
-    case FM_OP_SUB: return a - b;
-    case FM_OP_MUL: return a * b;
-    case FM_OP_DIV: return a / b;
-    case FM_OP_MAXIMUM: return fm_ref_nan_max(a, b);
-    case FM_OP_MINIMUM: return nan_min(a, b);
-    case FM_OP_POW: return ref_pow(a, b);   /* b: the const exponent, fp32-rounded */
-    case FM_OP_NEG: return -a;
-    case FM_OP_ABS: return fabs(a);
-    case FM_OP_RELU: return isnan(a) ? a : (a > 0 ? a : 0.0);
-    case FM_OP_GELU: return 0.5 * a * (1.0 + erf(a * M_SQRT1_2));
+    case FM_OP_ADD:
+      return a + b;
+    case FM_OP_SUB:
+      return a - b;
+    case FM_OP_MUL:
+      return a * b;
+    case FM_OP_DIV:
+      return a / b;
+    case FM_OP_MAXIMUM:
+      return fm_ref_nan_max(a, b);
+    case FM_OP_MINIMUM:
+      return nan_min(a, b);
+    case FM_OP_POW:
+      return ref_pow(a, b); /* b: the const exponent, fp32-rounded */
+    case FM_OP_NEG:
+      return -a;
+    case FM_OP_ABS:
+      return fabs(a);
+    case FM_OP_RELU:
+      return isnan(a) ? a : (a > 0 ? a : 0.0);
+    case FM_OP_GELU:
+      return 0.5 * a * (1.0 + erf(a * M_SQRT1_2));
     case FM_OP_GELU_TANH: {
       double k = sqrt(2.0 / M_PI);
       return 0.5 * a * (1.0 + tanh(k * (a + 0.044715 * a * a * a)));
     }
-    case FM_OP_SILU: return a / (1.0 + exp(-a));
-    case FM_OP_SIGMOID: return 1.0 / (1.0 + exp(-a));
-    case FM_OP_TANH: return tanh(a);
-    case FM_OP_EXP: return exp(a);
-    case FM_OP_LOG: return log(a);
-    case FM_OP_SQRT: return sqrt(a);
-    case FM_OP_RSQRT: return 1.0 / sqrt(a);
-    case FM_OP_ERF: return erf(a);
-    case FM_OP_GT: return a > b;
-    case FM_OP_GE: return a >= b;
-    case FM_OP_LT: return a < b;
-    case FM_OP_LE: return a <= b;
-    case FM_OP_EQ: return a == b;
-    case FM_OP_NE: return a != b;
-    case FM_OP_WHERE: return a != 0 ? b : c;
-    case FM_OP_CAST: return round_to(op->dtype, a);
-    default: return NAN;   /* reserved ops are refused before evaluation */
+    case FM_OP_SILU:
+      return a / (1.0 + exp(-a));
+    case FM_OP_SIGMOID:
+      return 1.0 / (1.0 + exp(-a));
+    case FM_OP_TANH:
+      return tanh(a);
+    case FM_OP_EXP:
+      return exp(a);
+    case FM_OP_LOG:
+      return log(a);
+    case FM_OP_SQRT:
+      return sqrt(a);
+    case FM_OP_RSQRT:
+      return 1.0 / sqrt(a);
+    case FM_OP_ERF:
+      return erf(a);
+    case FM_OP_GT:
+      return a > b;
+    case FM_OP_GE:
+      return a >= b;
+    case FM_OP_LT:
+      return a < b;
+    case FM_OP_LE:
+      return a <= b;
+    case FM_OP_EQ:
+      return a == b;
+    case FM_OP_NE:
+      return a != b;
+    case FM_OP_WHERE:
+      return a != 0 ? b : c;
+    case FM_OP_CAST:
+      return round_to(op->dtype, a);
+    default:
+      return NAN; /* reserved ops are refused before evaluation */
   }
 }
 
@@ -203,13 +253,13 @@ static double reduce_row(const fm_opnode *op, const double *x, int64_t n) {
   if (op->op == FM_OP_MEAN) return mean;
   double q = 0.0;
   for (int64_t j = 0; j < n; j++) q += (x[j] - mean) * (x[j] - mean);
-  return q / (double)(n - op->correction);   /* n == correction: 0/0 = NaN, as torch */
+  return q / (double)(n - op->correction); /* n == correction: 0/0 = NaN, as torch */
 }
 
 /* Row fragments (fm_fragment.h): the row shape is outputs[0]'s with the last dim replaced by
  * N, the longest last dim; each value is a whole row (N numbers) or one per row. */
-static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
-                     const void *const *inputs, void *const *outputs, fm_diag *d) {
+static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer, const void *const *inputs,
+                     void *const *outputs, fm_diag *d) {
   const fm_tensor *it = &f->outputs[0];
   uint32_t r = it->rank, last = r - 1, n_val = f->n_inputs + f->n_ops;
   if (r < 1) return fm_diag_set(d, FM_EINVAL, "reference: a row fragment has rank >= 1");
@@ -242,8 +292,7 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
   /* one row of every value in fp64: 288 values of a 2^20-element row would be 2.4 GB, so
      streamed rows are bounded by bytes too (1 GiB: GPT-2's log_softmax needs 4 MB) */
   if ((uint64_t)n_val * (uint64_t)n * sizeof(double) > ((uint64_t)1 << 30))
-    return fm_diag_set(d, FM_ELIMIT, "reference: %u values of rows of %lld exceed 1 GiB", n_val,
-                       (long long)n);
+    return fm_diag_set(d, FM_ELIMIT, "reference: %u values of rows of %lld exceed 1 GiB", n_val, (long long)n);
   double *v = malloc((size_t)n_val * (size_t)n * sizeof *v);
   if (!v) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
   int64_t idx[FM_MAX_RANK] = {0};
@@ -268,8 +317,7 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
       }
       for (int64_t j = 0; j < (is_row[f->n_inputs + o] ? n : 1); j++) {
         double arg[3] = {0, 0, 0};
-        for (uint32_t q = 0; q < op->nargs; q++)
-          arg[q] = v[(size_t)a[q] * (size_t)n + (size_t)(is_row[a[q]] ? j : 0)];
+        for (uint32_t q = 0; q < op->nargs; q++) arg[q] = v[(size_t)a[q] * (size_t)n + (size_t)(is_row[a[q]] ? j : 0)];
         x[j] = fm_ref_op(op, arg[0], arg[1], arg[2]);
       }
     }
@@ -277,9 +325,9 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
       uint32_t pos = pr->out_value[k], t = f->n_inputs + k;
       for (int64_t j = 0; j < (is_row[pos] ? n : 1); j++)
         fm_ref_store(f->outputs[k].dtype, outputs[k], base[t] + j * es[t][last],
-              v[(size_t)pos * (size_t)n + (size_t)j]);
+                     v[(size_t)pos * (size_t)n + (size_t)j]);
     }
-    for (uint32_t j = last; j-- > 0;) {   /* odometer over the leading dims */
+    for (uint32_t j = last; j-- > 0;) { /* odometer over the leading dims */
       if (++idx[j] < lead[j]) break;
       idx[j] = 0;
     }
@@ -290,10 +338,10 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer,
 
 /* One element of a GEMM's product: fp64 sum over k of A[m, k] * B[k, n]; for bmm (rank-3
  * operands) those of product z: A[z, m, k] * B[z, k, n]. */
-static double gemm_dot(const fm_fragment *f, uint32_t ia, uint32_t ib, const void *a, const void *b,
-                       int64_t z, int64_t m, int64_t n) {
+static double gemm_dot(const fm_fragment *f, uint32_t ia, uint32_t ib, const void *a, const void *b, int64_t z,
+                       int64_t m, int64_t n) {
   const fm_tensor *ta = &f->inputs[ia], *tb = &f->inputs[ib];
-  const uint32_t r = ta->rank, md = r - 2, nd = r - 1;   /* the matrix dims: the last two */
+  const uint32_t r = ta->rank, md = r - 2, nd = r - 1; /* the matrix dims: the last two */
   int64_t K = tb->shape[md];
   int64_t sa0 = ta->shape[md] == 1 ? 0 : ta->strides[md], sa1 = ta->strides[nd];
   int64_t sb0 = tb->strides[md], sb1 = tb->shape[nd] == 1 ? 0 : tb->strides[nd];
@@ -307,7 +355,7 @@ static double gemm_dot(const fm_fragment *f, uint32_t ia, uint32_t ib, const voi
 
 double fm_ref_load_mn(const fm_fragment *f, const void *const *inputs, uint32_t k, int64_t m, int64_t n) {
   const fm_tensor *t = &f->inputs[k];
-  if (!inputs[k]) return NAN;   /* promised unused: poison, so a wrong promise shows */
+  if (!inputs[k]) return NAN; /* promised unused: poison, so a wrong promise shows */
   int64_t off = (t->shape[0] == 1 ? 0 : m * t->strides[0]) + (t->shape[1] == 1 ? 0 : n * t->strides[1]);
   return fm_ref_load(t->dtype, inputs[k], off);
 }
@@ -326,8 +374,8 @@ static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t outer, c
   const fm_opnode *m1 = &f->ops[ci.op1], *m2 = &f->ops[ci.op2];
   uint32_t ia = pr->args[ci.op1][m1->nargs - 2], ib = pr->args[ci.op1][m1->nargs - 1];
   uint32_t ib2 = pr->args[ci.op2][m2->nargs - 1];
-  if (ia >= f->n_inputs || ib >= f->n_inputs || ib2 >= f->n_inputs || !inputs[ia] || !inputs[ib] ||
-      !inputs[ib2] || f->inputs[ib].rank != 2 || f->inputs[ib2].rank != 2)
+  if (ia >= f->n_inputs || ib >= f->n_inputs || ib2 >= f->n_inputs || !inputs[ia] || !inputs[ib] || !inputs[ib2] ||
+      f->inputs[ib].rank != 2 || f->inputs[ib2].rank != 2)
     return fm_diag_set(d, FM_EINVAL, "reference: malformed chain");
   const fm_tensor *tb2 = &f->inputs[ib2];
   const int64_t N1 = f->inputs[ib].shape[1], N2 = tb2->shape[1];
@@ -374,27 +422,28 @@ static int eval_chain(const fm_fragment *f, const ref_prog *pr, int64_t outer, c
   return FM_OK;
 }
 
-int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *inputs,
-                      void *const *outputs, fm_diag *d) {
+int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *inputs, void *const *outputs,
+                      fm_diag *d) {
   ref_prog *pr = NULL;
   int rc = FM_OK;
-  if (!f || !outputs || (f->n_inputs && !inputs))
-    return fm_diag_set(d, FM_EINVAL, "reference: NULL argument");
-  if (f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS || f->n_inputs > FM_MAX_INPUTS ||
-      f->n_ops > FM_MAX_OPS || f->outputs[0].rank > FM_MAX_RANK)
+  if (!f || !outputs || (f->n_inputs && !inputs)) return fm_diag_set(d, FM_EINVAL, "reference: NULL argument");
+  if (f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS || f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS ||
+      f->outputs[0].rank > FM_MAX_RANK)
     return fm_diag_set(d, FM_EINVAL, "reference: fragment exceeds the limits");
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
   int rows = fm_fragment_is_rows(f), cols = !rows && fm_fragment_is_cols(f);
   int chain = !rows && !cols && fm_fragment_is_chain(f);
   int cat = !rows && !cols && !chain && fm_fragment_is_cat(f);
-  if (rows || cols || chain || cat) {   /* they walk rows (columns, branches) themselves */
+  if (rows || cols || chain || cat) { /* they walk rows (columns, branches) themselves */
     pr = malloc(sizeof *pr);
     if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
     rc = fm_ref_compile(f, pr, d);
     if (!rc)
-      rc = (rows ? eval_rows : cols ? fm_ref_eval_cols : chain ? eval_chain : fm_ref_eval_cat)(
-          f, pr, outer, inputs, outputs, d);
+      rc = (rows    ? eval_rows
+            : cols  ? fm_ref_eval_cols
+            : chain ? eval_chain
+                    : fm_ref_eval_cat)(f, pr, outer, inputs, outputs, d);
     free(pr);
     return rc;
   }
@@ -436,12 +485,13 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
   if (g >= 0) {
     ia = pr->args[g][f->ops[g].nargs - 2];
     ib = pr->args[g][f->ops[g].nargs - 1];
-    if (rank != (f->ops[g].op == FM_OP_BMM ? 3u : 2u) || ia >= f->n_inputs || ib >= f->n_inputs || !inputs[ia] || !inputs[ib]) {
+    if (rank != (f->ops[g].op == FM_OP_BMM ? 3u : 2u) || ia >= f->n_inputs || ib >= f->n_inputs || !inputs[ia] ||
+        !inputs[ib]) {
       rc = fm_diag_set(d, FM_EINVAL, "reference: malformed GEMM fragment");
       goto out;
     }
   }
-  if (g2 >= 0) {   /* siblings: the same A by a second B */
+  if (g2 >= 0) { /* siblings: the same A by a second B */
     ib2 = pr->args[g2][f->ops[g2].nargs - 1];
     if (pr->args[g2][f->ops[g2].nargs - 2] != ia || ib2 >= f->n_inputs || !inputs[ib2]) {
       rc = fm_diag_set(d, FM_EINVAL, "reference: malformed sibling GEMM");
@@ -457,7 +507,7 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
         continue;
       }
       if (!inputs[k]) {
-        v[k] = NAN;   /* promised unused: poison, so a wrong promise shows */
+        v[k] = NAN; /* promised unused: poison, so a wrong promise shows */
         continue;
       }
       int64_t off = 0;
@@ -470,19 +520,18 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
       if ((int)o == g || (int)o == g2) {
         const uint32_t b = (int)o == g ? ib : ib2;
         v[f->n_inputs + o] = (rank == 3 ? gemm_dot(f, ia, b, inputs[ia], inputs[b], idx[0], idx[1], idx[2])
-                                         : gemm_dot(f, ia, b, inputs[ia], inputs[b], 0, idx[0], idx[1])) +
+                                        : gemm_dot(f, ia, b, inputs[ia], inputs[b], 0, idx[0], idx[1])) +
                              (na == 3 ? v[a[0]] : 0.0);
         continue;
       }
-      v[f->n_inputs + o] = fm_ref_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0,
-                                   na > 2 ? v[a[2]] : 0);
+      v[f->n_inputs + o] = fm_ref_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0, na > 2 ? v[a[2]] : 0);
     }
     for (uint32_t k = 0; k < f->n_outputs; k++) {
       int64_t off = 0;
       for (uint32_t j = 0; j < rank; j++) off += idx[j] * es[f->n_inputs + k][j];
       fm_ref_store(f->outputs[k].dtype, outputs[k], off, v[pr->out_value[k]]);
     }
-    for (uint32_t j = rank; j-- > 0;) {   /* odometer: next multi-index, last dim fastest */
+    for (uint32_t j = rank; j-- > 0;) { /* odometer: next multi-index, last dim fastest */
       if (++idx[j] < shape[j]) break;
       idx[j] = 0;
     }

@@ -46,8 +46,8 @@
  * k's first element (may be NULL for an input no output depends on); outputs[k] at output
  * k's. outer: the size of dim 0 when the fragment is symbolic (>= 0; 0 does nothing),
  * ignored otherwise. FM_EINVAL with the reason in d for a malformed fragment or argument. */
-int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const *inputs,
-                      void *const *outputs, fm_diag *d);
+int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const *inputs, void *const *outputs,
+                      fm_diag *d);
 
 /* The storage conversions it uses (also handy for building test data). */
 float fm_reference_bf16_to_f32(uint16_t h);

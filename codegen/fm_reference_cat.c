@@ -15,14 +15,15 @@ typedef struct cat_ref {
   const void *const *inputs;
   uint32_t rank, n_val;
   fm_cat_info ci;
-  uint8_t *need;   /* [op * FM_MAX_ARGS + a][value]: what operand a of cat op `op` reads */
+  uint8_t *need; /* [op * FM_MAX_ARGS + a][value]: what operand a of cat op `op` reads */
 } cat_ref;
 
 /* need[] of what value `root` reads (a cat's operands left to its branches); root < 0: the
  * outputs' values. */
 static void mark(const cat_ref *c, int root, uint8_t *need) {
   memset(need, 0, c->n_val);
-  if (root >= 0) need[root] = 1;
+  if (root >= 0)
+    need[root] = 1;
   else
     for (uint32_t k = 0; k < c->pr->n_out; k++) need[c->pr->out_value[k]] = 1;
   for (uint32_t pos = c->n_val; pos-- > c->f->n_inputs;) {
@@ -49,8 +50,7 @@ static void eval_at(const cat_ref *c, const uint8_t *need, const int64_t *idx, d
     const fm_opnode *op = &f->ops[o];
     const uint16_t *a = c->pr->args[o];
     if (fm_op_kind(op->op) != FM_OPK_CAT) {
-      v[pos] = fm_ref_op(op, op->nargs > 0 ? v[a[0]] : 0, op->nargs > 1 ? v[a[1]] : 0,
-                         op->nargs > 2 ? v[a[2]] : 0);
+      v[pos] = fm_ref_op(op, op->nargs > 0 ? v[a[0]] : 0, op->nargs > 1 ? v[a[1]] : 0, op->nargs > 2 ? v[a[2]] : 0);
       continue;
     }
     const uint32_t dim = (uint32_t)(op->dim < 0 ? op->dim + (int32_t)c->rank : op->dim);
@@ -69,8 +69,7 @@ int fm_ref_eval_cat(const fm_fragment *f, const ref_prog *pr, int64_t outer, con
                     void *const *outputs, fm_diag *d) {
   cat_ref *c = malloc(sizeof *c);
   if (!c) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");
-  *c = (cat_ref){.f = f, .pr = pr, .inputs = inputs, .rank = f->outputs[0].rank,
-                 .n_val = f->n_inputs + f->n_ops};
+  *c = (cat_ref){.f = f, .pr = pr, .inputs = inputs, .rank = f->outputs[0].rank, .n_val = f->n_inputs + f->n_ops};
   int rc = fm_fragment_cat_info(f, &c->ci, d);
   const fm_tensor *it = &f->outputs[0];
   int64_t shape[FM_MAX_RANK], n = 1;
@@ -98,7 +97,7 @@ int fm_ref_eval_cat(const fm_fragment *f, const ref_prog *pr, int64_t outer, con
         if (t->shape[j] != 1) off += idx[j] * t->strides[j];
       fm_ref_store(t->dtype, outputs[k], off, v[pr->out_value[k]]);
     }
-    for (uint32_t j = c->rank; j-- > 0;) {   /* odometer: next multi-index, last dim fastest */
+    for (uint32_t j = c->rank; j-- > 0;) { /* odometer: next multi-index, last dim fastest */
       if (++idx[j] < shape[j]) break;
       idx[j] = 0;
     }

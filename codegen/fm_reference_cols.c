@@ -28,9 +28,9 @@ int fm_ref_eval_cols(const fm_fragment *f, const ref_prog *pr, int64_t outer, co
       for (uint32_t o = 0; o < f->n_ops; o++) {
         const fm_opnode *op = &f->ops[o];
         if (fm_op_kind(op->op) == FM_OPK_REDUCE && phase == 1)
-          v[n_in + o] = op->op == FM_OP_AMAX ? -INFINITY : 0.0;   /* the accumulator */
+          v[n_in + o] = op->op == FM_OP_AMAX ? -INFINITY : 0.0; /* the accumulator */
         if (fm_op_kind(op->op) == FM_OPK_REDUCE && phase == 2 && op->op == FM_OP_MEAN)
-          v[n_in + o] /= (double)M;   /* M = 0: 0 / 0, NaN as torch */
+          v[n_in + o] /= (double)M; /* M = 0: 0 / 0, NaN as torch */
       }
       for (int64_t m = 0; m < (phase == 1 ? M : 1); m++) {
         if (phase == 1)

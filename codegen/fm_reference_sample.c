@@ -8,13 +8,13 @@
 #include "fm_reference.h"
 
 /* Strips of STRIP_BLOCKS at the start, middle and end; RANDOM_BLOCKS drawn between. */
-#define STRIP_BLOCKS 4
+#define STRIP_BLOCKS  4
 #define RANDOM_BLOCKS 12
 
 int64_t fm_sample_dim(const fm_fragment *f, int64_t outer, uint32_t d) {
   const fm_tensor *o = &f->outputs[0];
   int64_t v = o->shape[d];
-  if (d + 1 == o->rank && fm_fragment_is_rows(f))   /* the row's length: the longest last dim */
+  if (d + 1 == o->rank && fm_fragment_is_rows(f)) /* the row's length: the longest last dim */
     for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
       const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
       if (t->rank == o->rank && t->shape[d] > v) v = t->shape[d];
@@ -68,7 +68,7 @@ void fm_sample_choose(const fm_fragment *f, int64_t outer, uint64_t seed, fm_sam
     cut++;
   }
   s->cut = cut;
-  if (lead <= 2 * STRIP_BLOCKS * 3) {   /* as few blocks as a sample holds: all of them */
+  if (lead <= 2 * STRIP_BLOCKS * 3) { /* as few blocks as a sample holds: all of them */
     for (int64_t i = 0; i < lead && i < FM_SAMPLE_MAX_BLOCKS; i++) fm_sample_add(s, i);
     return;
   }
@@ -117,7 +117,7 @@ typedef struct block_job {
   uint32_t fixed;
   const void *const *ins;
   void *const *outs;
-  fm_fragment *cut;   /* scratch: f cut to the block */
+  fm_fragment *cut; /* scratch: f cut to the block */
   int rc;
   fm_diag d;
 } block_job;
@@ -167,8 +167,10 @@ int fm_sample_reference(const fm_fragment *f, int64_t outer, const fm_sample *s,
       rc = fm_diag_set(d, FM_ENOMEM, "out of memory");
       break;
     }
-    if (pthread_create(&th[b], NULL, block_main, &jobs[b]) == 0) started[b] = 1;
-    else block_main(&jobs[b]);   /* no thread: this one here */
+    if (pthread_create(&th[b], NULL, block_main, &jobs[b]) == 0)
+      started[b] = 1;
+    else
+      block_main(&jobs[b]); /* no thread: this one here */
   }
   for (int b = 0; b < count; b++) {
     if (started[b]) pthread_join(th[b], NULL);

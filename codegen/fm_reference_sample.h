@@ -28,16 +28,16 @@
 #include "fm_error.h"
 #include "fm_fragment.h"
 
-#define FM_SAMPLE_MAX_BLOCKS 32
+#define FM_SAMPLE_MAX_BLOCKS     32
 /* Below this many elements in the iteration space the reference computes every one. */
-#define FM_SAMPLE_MIN_ELEMENTS (1ll << 22)
+#define FM_SAMPLE_MIN_ELEMENTS   (1ll << 22)
 /* The most elements one block should hold: the chooser cuts the fewest leading dims that get
  * a block under it (a row fragment's block is at least one row). */
 #define FM_SAMPLE_BLOCK_ELEMENTS (1ll << 18)
 
 typedef struct fm_sample {
-  uint32_t cut;   /* leading dims each block fixes */
-  int n;          /* blocks; 0: every element (cut is then 0) */
+  uint32_t cut; /* leading dims each block fixes */
+  int n;        /* blocks; 0: every element (cut is then 0) */
   /* each block's index flattened over the cut dims (row-major), ascending, distinct */
   int64_t lead[FM_SAMPLE_MAX_BLOCKS];
 } fm_sample;

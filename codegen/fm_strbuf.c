@@ -38,7 +38,7 @@ static int reserve(fm_strbuf *sb, size_t n) {
   if (need <= sb->cap) return 0;
   size_t cap = sb->cap ? sb->cap : 256;
   while (cap < need) cap = cap > ((size_t)-1) / 4 ? need : cap * 2;
-  if (cap > sb->max + 1) cap = sb->max + 1;   /* never allocate what we may not use */
+  if (cap > sb->max + 1) cap = sb->max + 1; /* never allocate what we may not use */
   char *p = realloc(sb->data, cap);
   if (!p) {
     sb->err = FM_ENOMEM;
@@ -56,9 +56,7 @@ void fm_strbuf_appendn(fm_strbuf *sb, const char *s, size_t n) {
   sb->data[sb->len] = '\0';
 }
 
-void fm_strbuf_append(fm_strbuf *sb, const char *s) {
-  fm_strbuf_appendn(sb, s, strlen(s));
-}
+void fm_strbuf_append(fm_strbuf *sb, const char *s) { fm_strbuf_appendn(sb, s, strlen(s)); }
 
 void fm_strbuf_printf(fm_strbuf *sb, const char *fmt, ...) {
   if (sb->err) return;
@@ -77,9 +75,7 @@ void fm_strbuf_printf(fm_strbuf *sb, const char *fmt, ...) {
   sb->len += (size_t)n;
 }
 
-int fm_strbuf_error(const fm_strbuf *sb) {
-  return sb->err;
-}
+int fm_strbuf_error(const fm_strbuf *sb) { return sb->err; }
 
 char *fm_strbuf_take(fm_strbuf *sb) {
   char *s = NULL;

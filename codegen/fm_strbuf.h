@@ -6,10 +6,10 @@
 #include <stddef.h>
 
 typedef struct fm_strbuf {
-  char *data;       /* NUL-terminated when len > 0 */
+  char *data; /* NUL-terminated when len > 0 */
   size_t len, cap;
-  size_t max;       /* refuse to grow beyond this (FM_ELIMIT) */
-  int err;          /* first error, 0 if none */
+  size_t max; /* refuse to grow beyond this (FM_ELIMIT) */
+  int err;    /* first error, 0 if none */
 } fm_strbuf;
 
 void fm_strbuf_init(fm_strbuf *sb, size_t max);

@@ -131,9 +131,7 @@ size_t fm_bgtune_stop(fm_bgtune *b) {
   return dropped;
 }
 
-size_t fm_bgtune_pending(const fm_bgtune *b) {
-  return b ? b->count : 0;
-}
+size_t fm_bgtune_pending(const fm_bgtune *b) { return b ? b->count : 0; }
 
 int fm_bgtune_find(const fm_bgtune *b, const fm_key *key, fm_bg_phase *phase, size_t *ahead, size_t *candidates) {
   size_t before = 0;

@@ -27,7 +27,7 @@ int fm_child_spawn(const char *exe, char *const argv[], char *const envp[], int 
     return fm_diag_set(d, FM_EIO, "socketpair: %s", strerror(errno));
   sigset_t all, old;
   sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);   /* no handler of ours runs in the child */
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* no handler of ours runs in the child */
   pid_t p = fork();
   if (p == 0) {
     /* The child: async-signal-safe calls only. */

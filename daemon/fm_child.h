@@ -18,7 +18,7 @@
 #include "fm_error.h"
 #include "fm_frame.h"
 
-#define FM_CHILD_FD 3            /* the child's end of the socketpair, after exec */
+#define FM_CHILD_FD 3 /* the child's end of the socketpair, after exec */
 
 /* Starts exe with argv (argv[0] included, NULL-terminated) and envp; *fd is the daemon's end
  * of the socketpair (close-on-exec), *pid the child. FM_EIO / FM_ENOMEM with the reason in d. */

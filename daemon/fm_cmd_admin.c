@@ -12,7 +12,7 @@
 #include "fm_remote_tier.h"
 #include "fm_reply.h"
 
-#define FM_LIST_DEFAULT_LIMIT 10000u   /* a reply stays far below a client's frame cap */
+#define FM_LIST_DEFAULT_LIMIT 10000u /* a reply stays far below a client's frame cap */
 
 /* d = "what: <the store's reason>" for a failed store call; returns err. */
 static int store_fail(fm_daemon *dd, int err, const char *what, fm_diag *d) {
@@ -39,10 +39,8 @@ int fm_cmd_stats(fm_request *rq, fm_diag *d) {
   int err;
   fm_daemon_save_stats(dd);
   /* Stats are most wanted when something is wrong: report what can be read. */
-  if ((err = fm_store_stats(dd->store, persistent)))
-    fm_log_warn("reading persistent statistics: %s", fm_strerror(err));
-  if ((err = fm_store_usage(dd->store, &entries, &bytes)))
-    fm_log_warn("reading store usage: %s", fm_strerror(err));
+  if ((err = fm_store_stats(dd->store, persistent))) fm_log_warn("reading persistent statistics: %s", fm_strerror(err));
+  if ((err = fm_store_usage(dd->store, &entries, &bytes))) fm_log_warn("reading store usage: %s", fm_strerror(err));
 
   fm_reply r;
   int remote = dd->remote && dd->remote->remote;
@@ -110,7 +108,7 @@ static void pack_summary(msgpack_packer *pk, const fm_entry *e) {
 }
 
 typedef struct list_acc {
-  fm_reply body;      /* the packed entries, spliced after the array header */
+  fm_reply body; /* the packed entries, spliced after the array header */
   uint32_t n;
 } list_acc;
 
@@ -155,8 +153,7 @@ static int get_prefix(const msgpack_object *msg, char out[FM_KEY_HEX], fm_diag *
   if (n < 4 || n > FM_KEY_BYTES * 2)
     return fm_diag_set(d, FM_ESCHEMA, "\"key\" must be 4 to 64 hex digits, got %zu characters", n);
   for (size_t i = 0; i < n; i++) {
-    if (!isxdigit((unsigned char)s[i]))
-      return fm_diag_set(d, FM_ESCHEMA, "\"key\" must be hex digits");
+    if (!isxdigit((unsigned char)s[i])) return fm_diag_set(d, FM_ESCHEMA, "\"key\" must be hex digits");
     out[i] = (char)tolower((unsigned char)s[i]);
   }
   out[n] = '\0';
@@ -201,7 +198,8 @@ int fm_cmd_show(fm_request *rq, fm_diag *d) {
   fm_reply_raw(&r, e.canonical, e.canonical_len);
   fm_pack_cstr(&r.pk, "meta");
   fm_reply_raw(&r, e.meta, e.meta_len);
-  if (e.source) fm_pack_kv_cstr(&r.pk, "source", e.source);
+  if (e.source)
+    fm_pack_kv_cstr(&r.pk, "source", e.source);
   else {
     fm_pack_cstr(&r.pk, "source");
     msgpack_pack_nil(&r.pk);
@@ -220,8 +218,7 @@ int fm_cmd_evict(fm_request *rq, fm_diag *d) {
   int err = fm_msg_get_bool(rq->msg, "all", &all, d);
   if (err && err != FM_ENOT_FOUND) return err;
   if (all) {
-    if ((err = fm_store_evict_all(dd->store, &evicted)))
-      return store_fail(dd, err, "evicting all entries failed", d);
+    if ((err = fm_store_evict_all(dd->store, &evicted))) return store_fail(dd, err, "evicting all entries failed", d);
     fm_log_info("evicted all %llu entries", (unsigned long long)evicted);
   } else {
     /* A full key, or (for fusectl's convenience) an unambiguous prefix like show takes. */

@@ -20,12 +20,12 @@
 #include "fm_reply.h"
 #include "fm_tuner.h"
 
-#define FM_COMPILE_LOG_MAX (32u << 10)   /* NVRTC log bytes carried in a compile_failed reply */
+#define FM_COMPILE_LOG_MAX (32u << 10) /* NVRTC log bytes carried in a compile_failed reply */
 
 /* A request's fragment, made ready for the store and the compiler. */
 typedef struct prepared {
   fm_fragment *canon;
-  uint8_t *bytes;              /* canonical bytes */
+  uint8_t *bytes; /* canonical bytes */
   size_t len;
   fm_device_id dev;
   char label[192];
@@ -106,8 +106,8 @@ static int store_lookup(fm_daemon *dd, const prepared *p, fm_entry *e) {
 
 /* {ok, id, key, kind, state, origin, meta, cubin} */
 static void reply_kernel(fm_conn *c, uint64_t id, const fm_key *key, const char *kind, fm_kstate state,
-                         const char *origin, const uint8_t *meta, size_t meta_len,
-                         const uint8_t *cubin, size_t cubin_len) {
+                         const char *origin, const uint8_t *meta, size_t meta_len, const uint8_t *cubin,
+                         size_t cubin_len) {
   fm_reply r;
   fm_reply_begin(&r, id, 6);
   fm_pack_cstr(&r.pk, "key");
@@ -155,8 +155,8 @@ static void answer_waiters(fm_waiter *w, const char *hex, int err, const char *d
       if (err)
         fm_reply_error(w->conn, w->id, err, detail);
       else
-        reply_kernel(w->conn, w->id, &j->key, j->meta.kind, state, w->joined ? "joined" : "compiled",
-                     j->meta_bytes, j->meta_len, j->cubin, j->cubin_len);
+        reply_kernel(w->conn, w->id, &j->key, j->meta.kind, state, w->joined ? "joined" : "compiled", j->meta_bytes,
+                     j->meta_len, j->cubin, j->cubin_len);
     } else {
       fm_log_debug("%s: gone before its compile of %.16s ended; reply dropped", fm_conn_name(w->conn), hex);
     }
@@ -192,8 +192,8 @@ static void on_compile_done(fm_compile_job *j) {
       fm_daemon_count(dd, FM_STAT_STORE_ERRORS, 1);
       fm_log_error("%s; serving it uncached", j->store_diag.text);
     }
-    fm_log_info("compiled %.16s (%s, %zu-byte cubin, %s) in %.0f ms", hex, j->meta.kind, j->cubin_len,
-                j->device.arch, j->compile_ms);
+    fm_log_info("compiled %.16s (%s, %zu-byte cubin, %s) in %.0f ms", hex, j->meta.kind, j->cubin_len, j->device.arch,
+                j->compile_ms);
     if (!j->store_err && j->store) fm_remote_publish(dd->loop, dd->remote, &j->key, j->label, j->device.arch);
   }
   answer_waiters(w, hex, j->err ? j->err : FM_OK, detail ? detail : j->diag.text, j, FM_STATE_UNTUNED);
@@ -213,9 +213,7 @@ static void on_compile_done(fm_compile_job *j) {
  * candidate, as eager does: never an unverified kernel. */
 
 /* Whose line a flight's compiles wait in (fm_compile_queue.h): the connection that started it. */
-static const void *owner_of(const fm_flight *f) {
-  return f->waiters ? (const void *)f->waiters->conn : NULL;
-}
+static const void *owner_of(const fm_flight *f) { return f->waiters ? (const void *)f->waiters->conn : NULL; }
 
 /* The candidate served first: the library plan where the fragment has one (never slower than
  * what eager runs, and nothing for NVRTC to build in its direct form), else the heuristic
@@ -324,20 +322,22 @@ static void on_tune_done(fm_tune_job *tj) {
     fm_candidate_describe(&win->cand, desc, sizeof desc);
     if (tj->judge) {
       fm_daemon_count(dd, FM_STAT_VERIFIED, 1);
-      fm_log_info("verified %.16s: serving %s (%.4f ms) in %.0f ms; %zu candidates to tune in the background",
-                  hex, desc, tj->res[tj->winner].ms, tj->tune_ms, tj->n);
+      fm_log_info("verified %.16s: serving %s (%.4f ms) in %.0f ms; %zu candidates to tune in the background", hex,
+                  desc, tj->res[tj->winner].ms, tj->tune_ms, tj->n);
       answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_VERIFIED);
       if (f) {
-        queue_background(dd, tj);   /* takes tj, or frees it */
+        queue_background(dd, tj); /* takes tj, or frees it */
         dd->jobs_running--;
         fm_daemon_job_ended(dd);
         return;
       }
     } else {
       fm_daemon_count(dd, FM_STAT_TUNES, 1);
-      fm_log_info("tuned %.16s: %zu candidates in %.0f ms; chose %s (%.4f ms; default %.4f ms, %s); "
-                  "%u bad, %u worker restarts", hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms,
-                  tj->res[0].ms, fm_verdict_name(tj->res[0].verdict), tj->bad, tj->restarts);
+      fm_log_info(
+          "tuned %.16s: %zu candidates in %.0f ms; chose %s (%.4f ms; default %.4f ms, %s); "
+          "%u bad, %u worker restarts",
+          hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms, tj->res[0].ms, fm_verdict_name(tj->res[0].verdict),
+          tj->bad, tj->restarts);
       answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_TUNED);
     }
   } else {
@@ -403,9 +403,10 @@ static void on_bg_tune_done(fm_tune_job *tj) {
     fm_candidate_describe(&tj->cands[tj->winner]->cand, desc, sizeof desc);
     fm_daemon_count(dd, FM_STAT_TUNES, 1);
     fm_daemon_count(dd, FM_STAT_UPGRADES, 1);
-    fm_log_info("tuned %.16s in the background: %zu candidates in %.0f ms; chose %s (%.4f ms); %u bad, "
-                "%u worker restarts; served from now on", hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms,
-                tj->bad, tj->restarts);
+    fm_log_info(
+        "tuned %.16s in the background: %zu candidates in %.0f ms; chose %s (%.4f ms); %u bad, "
+        "%u worker restarts; served from now on",
+        hex, tj->n, tj->tune_ms, desc, tj->res[tj->winner].ms, tj->bad, tj->restarts);
     fm_remote_publish(dd->loop, dd->remote, &c0->key, c0->label, c0->device.arch);
   } else {
     /* The candidate served verified failed its second check: the rule of eager tuning. */
@@ -445,20 +446,16 @@ static void bg_start(fm_tune_job *tj, void *ctx) {
 static void queue_background(fm_daemon *dd, fm_tune_job *tj) {
   tj->judge = 0;
   tj->background = 1;
-  tj->keep_states = FM_STATE_BIT(FM_STATE_TUNED);   /* an import meanwhile */
+  tj->keep_states = FM_STATE_BIT(FM_STATE_TUNED); /* an import meanwhile */
   tj->pending = 0;
   /* a stopping daemon starts nothing new: the next start tunes it on its first hit */
   if (dd->stopping || fm_bgtune_add(dd->bgtune, tj) != 1) fm_tune_job_free(tj);
 }
 
-int fm_cmd_bgtune_new(fm_daemon *dd) {
-  return fm_bgtune_new(FM_BGTUNE_ACTIVE, bg_start, dd, &dd->bgtune);
-}
+int fm_cmd_bgtune_new(fm_daemon *dd) { return fm_bgtune_new(FM_BGTUNE_ACTIVE, bg_start, dd, &dd->bgtune); }
 
 /* fm_flight.cancel for each kind of build. */
-static void cancel_compile(void *job) {
-  atomic_store(&((fm_compile_job *)job)->cancel, 1);
-}
+static void cancel_compile(void *job) { atomic_store(&((fm_compile_job *)job)->cancel, 1); }
 
 static void cancel_tuning(void *job) {
   fm_tune_job *tj = job;
@@ -477,8 +474,7 @@ static int start_tuning(fm_daemon *dd, const prepared *p, fm_tune_job **out) {
   for (size_t i = 0; i < n; i++) {
     char desc[160];
     fm_candidate_describe(&cands[i], desc, sizeof desc);
-    if (fm_candidate_runs_on(&cands[i], p->dev.arch) && (!only[0] || strstr(desc, only)))
-      cands[kept++] = cands[i];
+    if (fm_candidate_runs_on(&cands[i], p->dev.arch) && (!only[0] || strstr(desc, only))) cands[kept++] = cands[i];
   }
   n = kept < FM_TUNE_MAX_CANDIDATES ? kept : FM_TUNE_MAX_CANDIDATES;
   if (n == 0) {
@@ -540,8 +536,8 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
     dd->jobs_running++;
     fm_daemon_count(dd, FM_STAT_COMPILES, 1);
     if (dd->cfg->tune == FM_TUNE_BACKGROUND) tj->judge = served_first(tj);
-    fm_log_debug("compiling %s of %zu candidates of %.16s for %s, then tuning", tj->judge ? "one" : "all",
-                 tj->n, p->hex, p->dev.arch);
+    fm_log_debug("compiling %s of %zu candidates of %.16s for %s, then tuning", tj->judge ? "one" : "all", tj->n,
+                 p->hex, p->dev.arch);
     if (!compile_round(dd, tj, owner_of(f), on_candidate_compiled)) candidates_compiled(tj);
     return FM_OK;
   }
@@ -551,7 +547,7 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
   f->job = job;
   f->cancel = cancel_compile;
   fm_log_debug("compiling %.16s for %s", p->hex, p->dev.arch);
-  dd->jobs_running++;   /* first: a job the pool refuses ends (on_compile_done) right away */
+  dd->jobs_running++; /* first: a job the pool refuses ends (on_compile_done) right away */
   if ((err = fm_cqueue_submit(dd->cqueue, owner_of(f), job, on_compile_done, dd))) {
     dd->jobs_running--;
     fm_compile_job_free(job);
@@ -566,7 +562,7 @@ static int start_build(fm_daemon *dd, prepared *p, fm_flight *f, fm_diag *d) {
 typedef struct remote_wait {
   fm_remote_lookup lk;
   fm_daemon *dd;
-  prepared p;                  /* owned */
+  prepared p; /* owned */
 } remote_wait;
 
 static void on_remote_done(fm_remote_lookup *lk) {
@@ -587,8 +583,8 @@ static void on_remote_done(fm_remote_lookup *lk) {
         if (lk->e.state == FM_STATE_BAD)
           reply_entry(w->conn, w->id, &lk->e);
         else
-          reply_kernel(w->conn, w->id, &lk->e.key, lk->e.kind, lk->e.state, "remote", lk->e.meta,
-                       lk->e.meta_len, lk->e.cubin, lk->e.cubin_len);
+          reply_kernel(w->conn, w->id, &lk->e.key, lk->e.kind, lk->e.state, "remote", lk->e.meta, lk->e.meta_len,
+                       lk->e.cubin, lk->e.cubin_len);
       }
       fm_conn_unref(w->conn);
       free(w);
@@ -637,12 +633,15 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   /* One client must not queue work without bound ahead of everyone else: past its limit it
    * is told to wait for answers first (the connection stays). */
   if (waiting >= dd->cfg->max_client_compiles)
-    return fm_diag_set(d, FM_EBUSY, "this connection already has %u compiles waiting (--max-client-compiles %u); "
-                       "send more once some are answered", waiting, dd->cfg->max_client_compiles);
+    return fm_diag_set(d, FM_EBUSY,
+                       "this connection already has %u compiles waiting (--max-client-compiles %u); "
+                       "send more once some are answered",
+                       waiting, dd->cfg->max_client_compiles);
   if (!f && (cost = fm_codegen_cost(p->canon)) > dd->cfg->max_compile_cost)
-    return fm_diag_set(d, FM_ELIMIT, "fragment too costly to compile: cost %u, over the bound of %u "
-                       "(--max-compile-cost; a general pow costs 32, erf 6, an add 1)", cost,
-                       dd->cfg->max_compile_cost);
+    return fm_diag_set(d, FM_ELIMIT,
+                       "fragment too costly to compile: cost %u, over the bound of %u "
+                       "(--max-compile-cost; a general pow costs 32, erf 6, an add 1)",
+                       cost, dd->cfg->max_compile_cost);
   if (f) {
     if (fm_inflight_join(dd->inflight, f, rq->conn, rq->id, 1)) return fm_diag_set(d, FM_ENOMEM, "out of memory");
     fm_conn_ref(rq->conn);
@@ -656,8 +655,10 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
   }
   /* Referenced before starting: a build whose every candidate fails to queue answers at once. */
   fm_conn_ref(rq->conn);
-  if (dd->remote && dd->remote->remote) err = start_remote(dd, p, f, d);
-  else err = start_build(dd, p, f, d);
+  if (dd->remote && dd->remote->remote)
+    err = start_remote(dd, p, f, d);
+  else
+    err = start_build(dd, p, f, d);
   if (err) {
     drop_flight(dd, f);
     fm_conn_unref(rq->conn);
@@ -669,9 +670,7 @@ static int join_or_start(fm_request *rq, prepared *p, fm_diag *d) {
 
 /* ---- work nobody waits for (fm_commands.h) ---- */
 
-static int conn_open(const struct fm_conn *c) {
-  return fm_conn_is_open(c);
-}
+static int conn_open(const struct fm_conn *c) { return fm_conn_is_open(c); }
 
 typedef struct sweep {
   fm_daemon *dd;
@@ -732,20 +731,21 @@ static int check_key(fm_daemon *dd, const fm_key *key, const fm_entry *e, fm_dia
   if (err == FM_ENOMEM) return fm_diag_set(d, err, "%s", why.text);
   if (err == FM_OK && memcmp(want.bytes, key->bytes, sizeof want.bytes) == 0) return FM_OK;
   fm_key_to_hex(key, hex);
-  fm_log_warn("entry %.16s does not hold the fragment its key names (%s); removed",
-              hex, err ? why.text : "another fragment's kernel");
+  fm_log_warn("entry %.16s does not hold the fragment its key names (%s); removed", hex,
+              err ? why.text : "another fragment's kernel");
   fm_store_evict(dd->store, key);
   fm_store_stat_add(dd->store, FM_STAT_CORRUPT, 1);
-  return fm_diag_set(d, FM_ECORRUPT, "the entry under key %.16s holds another fragment's kernel and was removed; "
-                     "compile the fragment to rebuild it", hex);
+  return fm_diag_set(d, FM_ECORRUPT,
+                     "the entry under key %.16s holds another fragment's kernel and was removed; "
+                     "compile the fragment to rebuild it",
+                     hex);
 }
 
 static int lookup_by_key(fm_request *rq, const char *hex, size_t hex_len, fm_diag *d) {
   fm_daemon *dd = rq->dd;
   fm_key key;
   fm_entry e;
-  if (fm_key_from_hex(hex, hex_len, &key))
-    return fm_diag_set(d, FM_ESCHEMA, "\"key\" must be 64 hex digits");
+  if (fm_key_from_hex(hex, hex_len, &key)) return fm_diag_set(d, FM_ESCHEMA, "\"key\" must be 64 hex digits");
   int err = fm_store_get(dd->store, &key, dd->dev.label, 1, &e);
   if (err == FM_ENOT_FOUND) {
     /* The key already covers the device; the store still wants its label, so learn it. */
@@ -759,7 +759,8 @@ static int lookup_by_key(fm_request *rq, const char *hex, size_t hex_len, fm_dia
   }
   if (err == FM_ENOT_FOUND) return fm_diag_set(d, FM_ENOT_FOUND, "no kernel with key %.*s", (int)hex_len, hex);
   if (err == FM_ECORRUPT)
-    return fm_diag_set(d, FM_ECORRUPT, "the entry failed its checksum and was removed; compile the fragment to rebuild it");
+    return fm_diag_set(d, FM_ECORRUPT,
+                       "the entry failed its checksum and was removed; compile the fragment to rebuild it");
   if (err) {
     fm_diag why = {{0}};
     fm_store_last_error(dd->store, &why);
@@ -785,8 +786,7 @@ int fm_cmd_lookup(fm_request *rq, fm_diag *d) {
   int err = fm_msg_get_str(rq->msg, "key", &hex, &hex_len, d);
   if (err == FM_OK) return lookup_by_key(rq, hex, hex_len, d);
   if (err != FM_ENOT_FOUND) return err;
-  if (!fm_msg_get(rq->msg, "fragment"))
-    return fm_diag_set(d, FM_ESCHEMA, "lookup needs \"fragment\" or \"key\"");
+  if (!fm_msg_get(rq->msg, "fragment")) return fm_diag_set(d, FM_ESCHEMA, "lookup needs \"fragment\" or \"key\"");
   if ((err = prepare(dd, rq->msg, &p, d))) return err;
   if (store_lookup(dd, &p, &e) != FM_OK) {
     err = fm_diag_set(d, FM_ENOT_FOUND, "no kernel for this fragment on %s (key %.16s)", p.label, p.hex);

@@ -16,7 +16,7 @@ typedef struct fm_request {
   fm_daemon *dd;
   fm_conn *conn;
   uint64_t id;
-  const msgpack_object *msg;   /* the whole request map; valid during the call only */
+  const msgpack_object *msg; /* the whole request map; valid during the call only */
 } fm_request;
 
 typedef int (*fm_command_fn)(fm_request *rq, fm_diag *d);

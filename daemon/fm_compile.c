@@ -9,9 +9,8 @@
 #include "fm_codegen.h"
 #include "fm_nvrtc.h"
 
-int fm_compile_job_new(const fm_fragment *canon, const uint8_t *canonical, size_t canonical_len,
-                       const fm_key *key, const fm_device_id *device, fm_store *store,
-                       fm_compile_job **out) {
+int fm_compile_job_new(const fm_fragment *canon, const uint8_t *canonical, size_t canonical_len, const fm_key *key,
+                       const fm_device_id *device, fm_store *store, fm_compile_job **out) {
   fm_compile_job *j = calloc(1, sizeof *j);
   if (!j) return FM_ENOMEM;
   j->canonical = malloc(canonical_len ? canonical_len : 1);
@@ -101,8 +100,10 @@ void fm_compile_run(fm_compile_job *j) {
   snprintf(name, sizeof name, "fm_%.16s.cu", key_hex);
 
   fm_candidate cand;
-  if (j->has_cand) cand = j->cand;
-  else j->err = fm_codegen_default(&j->canon, &cand, &j->diag);
+  if (j->has_cand)
+    cand = j->cand;
+  else
+    j->err = fm_codegen_default(&j->canon, &cand, &j->diag);
   if (!j->err) j->err = fm_codegen_generate(&j->canon, &cand, j->device.sm_count, &j->source, &j->meta, &j->diag);
   if (j->err) {
     if (!j->diag.text[0]) fm_diag_set(&j->diag, j->err, "code generation failed: %s", fm_strerror(j->err));
@@ -111,9 +112,9 @@ void fm_compile_run(fm_compile_job *j) {
   /* A direct cuBLASLt plan has no kernel: nothing to compile, an empty CUBIN. */
   if (j->source && j->nvrtc) {
     fm_diag why = {{0}};
-    j->err = fm_nvrtc_child_compile(j->nvrtc, j->source, name, j->device.arch, &j->cancel, &j->cubin,
-                                    &j->cubin_len, &j->log, &why);
-    if (j->err && why.text[0]) {   /* the worker's own failure (deadline, cancel, memory) */
+    j->err = fm_nvrtc_child_compile(j->nvrtc, j->source, name, j->device.arch, &j->cancel, &j->cubin, &j->cubin_len,
+                                    &j->log, &why);
+    if (j->err && why.text[0]) { /* the worker's own failure (deadline, cancel, memory) */
       j->diag = why;
       goto out;
     }
@@ -138,7 +139,7 @@ void fm_compile_run(fm_compile_job *j) {
     j->store_err = fm_store_put(j->store, &e);
     if (j->store_err) {
       fm_diag why = {{0}};
-      fm_store_last_error(j->store, &why);   /* now: other threads share the store */
+      fm_store_last_error(j->store, &why); /* now: other threads share the store */
       fm_diag_set(&j->store_diag, j->store_err, "cannot store kernel %.16s: %s", key_hex,
                   why.text[0] ? why.text : fm_strerror(j->store_err));
     }
@@ -147,9 +148,7 @@ out:
   if (!j->compile_ms) j->compile_ms = now_ms() - t0;
 }
 
-static void work_cb(uv_work_t *req) {
-  fm_compile_run((fm_compile_job *)req->data);
-}
+static void work_cb(uv_work_t *req) { fm_compile_run((fm_compile_job *)req->data); }
 
 static void after_work_cb(uv_work_t *req, int status) {
   fm_compile_job *j = req->data;

@@ -35,14 +35,14 @@ struct fm_compile_job {
   size_t canonical_len;
   fm_key key;
   fm_device_id device;
-  char label[192];            /* fm_device_label(device): the store's device column */
-  fm_store *store;            /* NULL: do not store */
-  int has_cand;               /* 1: build `cand` (a tuning candidate), 0: the default */
+  char label[192]; /* fm_device_label(device): the store's device column */
+  fm_store *store; /* NULL: do not store */
+  int has_cand;    /* 1: build `cand` (a tuning candidate), 0: the default */
   fm_candidate cand;
-  const fm_nvrtc_limits *nvrtc;   /* NVRTC in a killable child with these limits; NULL: in this
+  const fm_nvrtc_limits *nvrtc; /* NVRTC in a killable child with these limits; NULL: in this
                                      process, unbounded (tests of codegen alone) */
   fm_compile_done_fn done;
-  void *ctx;                  /* the caller's */
+  void *ctx; /* the caller's */
   /* Set by the loop thread when nobody waits for the result any more: a job that has not
    * started skips everything, one inside NVRTC has its worker killed (err FM_ECLOSED). A job
    * past NVRTC finishes (nearly done: its store is kept). */
@@ -51,26 +51,25 @@ struct fm_compile_job {
   struct fm_compile_job *queue_next;
   fm_compile_done_fn queue_done;
   void *queue_ctx;
-  int queue_background;       /* waits in the background line */
+  int queue_background; /* waits in the background line */
   /* results */
-  int err;                    /* FM_OK, or why the kernel could not be built */
-  fm_diag diag;               /* the reason, for err */
-  char *log;                  /* NVRTC's log on FM_ECOMPILE (malloc'd, may be NULL) */
+  int err;      /* FM_OK, or why the kernel could not be built */
+  fm_diag diag; /* the reason, for err */
+  char *log;    /* NVRTC's log on FM_ECOMPILE (malloc'd, may be NULL) */
   char *source;
   fm_kernel_meta meta;
-  uint8_t *meta_bytes;        /* fm_meta_pack */
+  uint8_t *meta_bytes; /* fm_meta_pack */
   size_t meta_len;
   uint8_t *cubin;
   size_t cubin_len;
-  int store_err;              /* FM_OK if stored */
+  int store_err; /* FM_OK if stored */
   fm_diag store_diag;
-  double compile_ms;          /* codegen + NVRTC wall time */
+  double compile_ms; /* codegen + NVRTC wall time */
 };
 
 /* A job for canon (copied); canonical bytes are copied. FM_ENOMEM. */
-int fm_compile_job_new(const fm_fragment *canon, const uint8_t *canonical, size_t canonical_len,
-                       const fm_key *key, const fm_device_id *device, fm_store *store,
-                       fm_compile_job **out);
+int fm_compile_job_new(const fm_fragment *canon, const uint8_t *canonical, size_t canonical_len, const fm_key *key,
+                       const fm_device_id *device, fm_store *store, fm_compile_job **out);
 void fm_compile_job_free(fm_compile_job *job);
 
 /* Queues the job on loop's thread pool; done(job) runs on the loop thread when it ends

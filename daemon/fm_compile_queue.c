@@ -5,17 +5,17 @@
 
 /* An owner with jobs waiting: its line, and its place in the turn. */
 typedef struct owner_line {
-  struct owner_line *next;      /* the next owner in turn */
+  struct owner_line *next; /* the next owner in turn */
   const void *owner;
-  fm_compile_job *head, *tail;  /* linked through queue_next */
+  fm_compile_job *head, *tail; /* linked through queue_next */
 } owner_line;
 
 struct fm_cqueue {
   uv_loop_t *loop;
   uint32_t workers, running;
-  owner_line *turn, *last;      /* owners with work, the next to be served first */
+  owner_line *turn, *last; /* owners with work, the next to be served first */
   size_t waiting;
-  owner_line background;        /* served only when turn is empty (fm_compile_queue.h) */
+  owner_line background; /* served only when turn is empty (fm_compile_queue.h) */
   uint32_t background_running, background_max;
 };
 
@@ -39,9 +39,7 @@ void fm_cqueue_free(fm_cqueue *q) {
   free(q);
 }
 
-size_t fm_cqueue_waiting(const fm_cqueue *q) {
-  return q->waiting;
-}
+size_t fm_cqueue_waiting(const fm_cqueue *q) { return q->waiting; }
 
 static void pump(fm_cqueue *q);
 
@@ -52,7 +50,7 @@ static void on_job_done(fm_compile_job *job) {
   if (job->queue_background) q->background_running--;
   job->done = job->queue_done;
   job->ctx = job->queue_ctx;
-  job->done(job);   /* may free job, and may queue more */
+  job->done(job); /* may free job, and may queue more */
   pump(q);
 }
 
@@ -82,8 +80,10 @@ static void pump(fm_cqueue *q) {
       if (!q->turn) q->last = NULL;
       if (line->head) {
         line->next = NULL;
-        if (q->last) q->last->next = line;
-        else q->turn = line;
+        if (q->last)
+          q->last->next = line;
+        else
+          q->turn = line;
         q->last = line;
       } else {
         free(line);
@@ -94,7 +94,7 @@ static void pump(fm_cqueue *q) {
     if (fm_compile_submit(q->loop, job, on_job_done, q)) {
       job->err = fm_diag_set(&job->diag, FM_EIO, "cannot queue the compile on the worker pool");
       on_job_done(job);
-      return;   /* on_job_done pumped */
+      return; /* on_job_done pumped */
     }
   }
 }
@@ -105,16 +105,20 @@ int fm_cqueue_submit(fm_cqueue *q, const void *owner, fm_compile_job *job, fm_co
   if (!line) {
     if (!(line = calloc(1, sizeof *line))) return FM_ENOMEM;
     line->owner = owner;
-    if (q->last) q->last->next = line;
-    else q->turn = line;
+    if (q->last)
+      q->last->next = line;
+    else
+      q->turn = line;
     q->last = line;
   }
   job->queue_done = done;
   job->queue_ctx = ctx;
   job->queue_next = NULL;
   job->queue_background = 0;
-  if (line->tail && line->head) line->tail->queue_next = job;
-  else line->head = job;
+  if (line->tail && line->head)
+    line->tail->queue_next = job;
+  else
+    line->head = job;
   line->tail = job;
   q->waiting++;
   pump(q);
@@ -126,8 +130,10 @@ void fm_cqueue_submit_background(fm_cqueue *q, fm_compile_job *job, fm_compile_d
   job->queue_ctx = ctx;
   job->queue_next = NULL;
   job->queue_background = 1;
-  if (q->background.tail) q->background.tail->queue_next = job;
-  else q->background.head = job;
+  if (q->background.tail)
+    q->background.tail->queue_next = job;
+  else
+    q->background.head = job;
   q->background.tail = job;
   q->waiting++;
   pump(q);

@@ -52,15 +52,30 @@ int fm_config_parse_size(const char *s, uint64_t *out) {
   if (errno) return FM_EINVAL;
   unsigned shift = 0;
   switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10; end++; break;
-    case 'M': shift = 20; end++; break;
-    case 'G': shift = 30; end++; break;
-    case 'T': shift = 40; end++; break;
-    default: break;
+    case 'K':
+      shift = 10;
+      end++;
+      break;
+    case 'M':
+      shift = 20;
+      end++;
+      break;
+    case 'G':
+      shift = 30;
+      end++;
+      break;
+    case 'T':
+      shift = 40;
+      end++;
+      break;
+    default:
+      break;
   }
   /* Accept "G", "GB" and "GiB" alike: all mean binary multiples here. */
-  if (shift && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'B' || end[1] == 'b')) end += 2;
-  else if (shift && (*end == 'B' || *end == 'b')) end++;
+  if (shift && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'B' || end[1] == 'b'))
+    end += 2;
+  else if (shift && (*end == 'B' || *end == 'b'))
+    end++;
   if (*end) return FM_EINVAL;
   if (shift && v > (UINT64_MAX >> shift)) return FM_EINVAL;
   *out = (uint64_t)v << shift;
@@ -92,8 +107,7 @@ static int add_id_list(uint32_t *ids, uint32_t *n, const char *key, const char *
     item[len] = '\0';
     if (parse_u32(item, 0, UINT32_MAX - 1, &id))
       return fm_diag_set(d, FM_EINVAL, "%s: \"%s\" is not a numeric id", key, item);
-    if (*n >= FM_CONFIG_MAX_ALLOW)
-      return fm_diag_set(d, FM_EINVAL, "%s: more than %d ids", key, FM_CONFIG_MAX_ALLOW);
+    if (*n >= FM_CONFIG_MAX_ALLOW) return fm_diag_set(d, FM_EINVAL, "%s: more than %d ids", key, FM_CONFIG_MAX_ALLOW);
     ids[(*n)++] = id;
     p += len;
     if (*p == ',') {
@@ -315,7 +329,7 @@ static int make_parent(const char *path, int mode, fm_diag *d) {
   char dir[FM_CONFIG_PATH_MAX];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (!slash || slash == dir) return FM_OK;   /* relative name in cwd, or under "/" */
+  if (!slash || slash == dir) return FM_OK; /* relative name in cwd, or under "/" */
   *slash = '\0';
   return fm_mkdirs(dir, mode, d);
 }
@@ -326,12 +340,16 @@ int fm_config_finish(fm_config *c, fm_diag *d) {
    * per-user everything stays private. */
   int dir_mode = c->system_mode ? 0755 : 0700;
   if (!c->socket_path[0]) {
-    if (c->system_mode) snprintf(c->socket_path, sizeof c->socket_path, "%s", FM_SYSTEM_SOCKET);
-    else if ((err = fm_default_socket_path(c->socket_path, sizeof c->socket_path, 0, 1, d))) return err;
+    if (c->system_mode)
+      snprintf(c->socket_path, sizeof c->socket_path, "%s", FM_SYSTEM_SOCKET);
+    else if ((err = fm_default_socket_path(c->socket_path, sizeof c->socket_path, 0, 1, d)))
+      return err;
   }
   if (!c->db_path[0]) {
-    if (c->system_mode) snprintf(c->db_path, sizeof c->db_path, "%s", FM_SYSTEM_DB);
-    else if ((err = fm_default_db_path(c->db_path, sizeof c->db_path, 1, d))) return err;
+    if (c->system_mode)
+      snprintf(c->db_path, sizeof c->db_path, "%s", FM_SYSTEM_DB);
+    else if ((err = fm_default_db_path(c->db_path, sizeof c->db_path, 1, d)))
+      return err;
   }
   if ((err = make_parent(c->socket_path, dir_mode, d))) return err;
   if ((err = make_parent(c->db_path, c->system_mode ? 0750 : 0700, d))) return err;

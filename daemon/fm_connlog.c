@@ -44,8 +44,10 @@ void fm_connlog_event(fm_connlog *l, fm_conn_event e, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
   va_end(ap);
-  if (level == FM_LOG_DEBUG) fm_log_write(level, "%s", line);
-  else fm_log_write(level, "%s (more like this are only counted, until the next summary)", line);
+  if (level == FM_LOG_DEBUG)
+    fm_log_write(level, "%s", line);
+  else
+    fm_log_write(level, "%s (more like this are only counted, until the next summary)", line);
 }
 
 void fm_connlog_summary(fm_connlog *l) {
@@ -54,8 +56,7 @@ void fm_connlog_summary(fm_connlog *l) {
   if (any) {
     char line[1024];
     size_t n = (size_t)snprintf(line, sizeof line, "connections in the last %.0f s: %llu opened, %llu closed",
-                                (double)(now_ns() - l->started_ns) / 1e9,
-                                (unsigned long long)l->count[FM_CONN_OPENED],
+                                (double)(now_ns() - l->started_ns) / 1e9, (unsigned long long)l->count[FM_CONN_OPENED],
                                 (unsigned long long)l->count[FM_CONN_CLOSED]);
     const char *sep = "; ";
     for (int e = FM_CONN_CLOSED + 1; e < FM_CONN__EVENTS && n < sizeof line; e++) {

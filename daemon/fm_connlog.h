@@ -14,20 +14,20 @@
 
 typedef enum {
   FM_CONN_OPENED,
-  FM_CONN_CLOSED,      /* every close, whatever its reason (the reasons below are counted too) */
-  FM_CONN_BUSY,        /* refused at max-clients */
-  FM_CONN_DENIED,      /* refused by the allow-list */
-  FM_CONN_TOOBIG,      /* a frame header over the size limit */
-  FM_CONN_MIDFRAME,    /* hung up, or stalled, in the middle of a frame */
-  FM_CONN_DEADLINE,    /* a frame not complete within the frame deadline */
+  FM_CONN_CLOSED,   /* every close, whatever its reason (the reasons below are counted too) */
+  FM_CONN_BUSY,     /* refused at max-clients */
+  FM_CONN_DENIED,   /* refused by the allow-list */
+  FM_CONN_TOOBIG,   /* a frame header over the size limit */
+  FM_CONN_MIDFRAME, /* hung up, or stalled, in the middle of a frame */
+  FM_CONN_DEADLINE, /* a frame not complete within the frame deadline */
   FM_CONN_IDLE,
-  FM_CONN_UNREAD,      /* cut off for replies queued unread */
+  FM_CONN_UNREAD, /* cut off for replies queued unread */
   FM_CONN__EVENTS
 } fm_conn_event;
 
 typedef struct fm_connlog {
-  uint64_t count[FM_CONN__EVENTS];      /* in this interval */
-  uint64_t started_ns;                  /* the interval's start (CLOCK_MONOTONIC) */
+  uint64_t count[FM_CONN__EVENTS]; /* in this interval */
+  uint64_t started_ns;             /* the interval's start (CLOCK_MONOTONIC) */
 } fm_connlog;
 
 void fm_connlog_init(fm_connlog *l);

@@ -21,7 +21,7 @@
 #include "fm_sd.h"
 #include "fm_tuner.h"
 
-#define FM_STATS_SAVE_MS 1000
+#define FM_STATS_SAVE_MS           1000
 /* A database on a read-only location: kernels are kept in memory, at most this many bytes of
  * CUBINs (or --cache-size, if smaller). */
 #define FM_DAEMON_MEMORY_STORE_MAX (256ull << 20)
@@ -45,15 +45,11 @@ void fm_daemon_save_stats(fm_daemon *dd) {
   }
 }
 
-static void on_stats_timer(uv_timer_t *t) {
-  fm_daemon_save_stats(t->data);
-}
+static void on_stats_timer(uv_timer_t *t) { fm_daemon_save_stats(t->data); }
 
 /* The server tells nobody when a peer hangs up, so the builds it waited for are found here
  * (a walk of the in-flight table, nothing when it is empty). */
-static void on_sweep_timer(uv_timer_t *t) {
-  fm_cmd_sweep_abandoned(t->data);
-}
+static void on_sweep_timer(uv_timer_t *t) { fm_cmd_sweep_abandoned(t->data); }
 
 /* Pinged from the loop itself: a loop that stops turning stops the pings, and systemd
  * restarts the service (Restart=on-failure covers a watchdog timeout). */
@@ -67,8 +63,7 @@ static void on_watchdog_timer(uv_timer_t *t) {
 static void on_flush_deadline(uv_timer_t *t) {
   fm_daemon *dd = t->data;
   if (!dd->drained)
-    fm_log_error("%u compile(s) still running after %d s; exiting without them", dd->jobs_running,
-                 FM_DAEMON_DRAIN_S);
+    fm_log_error("%u compile(s) still running after %d s; exiting without them", dd->jobs_running, FM_DAEMON_DRAIN_S);
   else
     fm_log_warn("some clients did not read their last replies within %d s; closing them", FM_DAEMON_FLUSH_S);
   uv_stop(dd->loop);
@@ -91,9 +86,7 @@ static void maybe_drained(fm_daemon *dd) {
   uv_unref((uv_handle_t *)&dd->deadline);
 }
 
-void fm_daemon_job_ended(fm_daemon *dd) {
-  maybe_drained(dd);
-}
+void fm_daemon_job_ended(fm_daemon *dd) { maybe_drained(dd); }
 
 void fm_daemon_shutdown(fm_daemon *dd, const char *why) {
   if (dd->stopping) return;
@@ -126,8 +119,10 @@ static void on_signal(uv_signal_t *h, int signum) {
   fm_daemon *dd = h->data;
   if (signum == SIGHUP) {
     fm_diag d = {{0}};
-    if (fm_log_reopen(&d)) fm_log_error("SIGHUP: %s", d.text);
-    else fm_log_info("SIGHUP: log reopened");
+    if (fm_log_reopen(&d))
+      fm_log_error("SIGHUP: %s", d.text);
+    else
+      fm_log_info("SIGHUP: log reopened");
     return;
   }
   begin_shutdown(dd, strsignal(signum));
@@ -181,8 +176,8 @@ static int start_handles(fm_daemon *dd, fm_diag *d) {
     uv_timer_init(dd->loop, &dd->watchdog);
     uv_timer_start(&dd->watchdog, on_watchdog_timer, ms, ms);
     uv_unref((uv_handle_t *)&dd->watchdog);
-    fm_log_info("systemd watchdog: %llu ms, pinging every %llu ms",
-                (unsigned long long)(dd->watchdog_usec / 1000), (unsigned long long)ms);
+    fm_log_info("systemd watchdog: %llu ms, pinging every %llu ms", (unsigned long long)(dd->watchdog_usec / 1000),
+                (unsigned long long)ms);
   }
   if (dd->cfg->exit_when_idle_s) {
     /* Unreferenced: it never holds the loop open (a shutdown ends as it otherwise would). */
@@ -205,16 +200,17 @@ static void log_startup(fm_daemon *dd, int activated) {
                 activated ? " (socket from systemd)" : "", (long)getpid(), dd->dev.label);
   else
     fm_log_info("fusemld %s serving %s%s (pid %ld): compile-only mode for %s (kernels stored untuned): %s",
-                FM_VERSION_STRING, cfg->socket_path, activated ? " (socket from systemd)" : "",
-                (long)getpid(), dd->dev.id.arch, dd->dev.why_no_gpu);
+                FM_VERSION_STRING, cfg->socket_path, activated ? " (socket from systemd)" : "", (long)getpid(),
+                dd->dev.id.arch, dd->dev.why_no_gpu);
   fm_log_info("db %s (%llu entries, %llu bytes, cap %llu); NVRTC %u.%u; cuBLASLt %llu; %u compile threads",
-              cfg->db_path, (unsigned long long)entries, (unsigned long long)bytes,
-              (unsigned long long)cfg->cache_size, dd->dev.nvrtc_major, dd->dev.nvrtc_minor,
-              (unsigned long long)dd->dev.cublaslt_version, cfg->jobs);
+              cfg->db_path, (unsigned long long)entries, (unsigned long long)bytes, (unsigned long long)cfg->cache_size,
+              dd->dev.nvrtc_major, dd->dev.nvrtc_minor, (unsigned long long)dd->dev.cublaslt_version, cfg->jobs);
   if (dd->nvrtc.exe)
-    fm_log_info("compiles in %s: deadline %.1f s, memory %llu MiB (0 = unbounded), %u waiting per client, "
-                "cost bound %u", dd->nvrtc.exe, cfg->compile_deadline_s,
-                (unsigned long long)(cfg->compile_memory >> 20), cfg->max_client_compiles, cfg->max_compile_cost);
+    fm_log_info(
+        "compiles in %s: deadline %.1f s, memory %llu MiB (0 = unbounded), %u waiting per client, "
+        "cost bound %u",
+        dd->nvrtc.exe, cfg->compile_deadline_s, (unsigned long long)(cfg->compile_memory >> 20),
+        cfg->max_client_compiles, cfg->max_compile_cost);
 }
 
 /* name beside this executable (installed together), in out. 0 if that path cannot be made. */
@@ -257,11 +253,13 @@ static int db_location_read_only(const char *path) {
   char dir[FM_CONFIG_PATH_MAX];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) slash[1] = '\0';
-  else *slash = '\0';
-  if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 && errno != ENOENT)
-    return errno == EROFS || errno == EACCES;
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    slash[1] = '\0';
+  else
+    *slash = '\0';
+  if (faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) != 0 && errno != ENOENT) return errno == EROFS || errno == EACCES;
   return faccessat(AT_FDCWD, dir, W_OK, AT_EACCESS) != 0 && (errno == EROFS || errno == EACCES);
 }
 
@@ -277,9 +275,10 @@ static int open_store(fm_daemon *dd, fm_diag *d) {
     if (cfg->cache_size && cfg->cache_size < cap) cap = cfg->cache_size;
     fm_diag mem = {{0}};
     if (fm_store_open(FM_STORE_MEMORY, cap, &dd->store, &mem) == FM_OK) {
-      fm_log_warn("kernel store %s is on a read-only location (%s): serving uncached, kernels kept in "
-                  "memory only (at most %llu MiB) until fusemld stops", cfg->db_path, why.text,
-                  (unsigned long long)(cap >> 20));
+      fm_log_warn(
+          "kernel store %s is on a read-only location (%s): serving uncached, kernels kept in "
+          "memory only (at most %llu MiB) until fusemld stops",
+          cfg->db_path, why.text, (unsigned long long)(cap >> 20));
       return FM_OK;
     }
   }
@@ -293,11 +292,15 @@ static int open_store(fm_daemon *dd, fm_diag *d) {
  * loudly, but still serving (a missing file must not take every client's kernels away). */
 static void find_nvrtc_worker(fm_daemon *dd) {
   const fm_config *cfg = dd->cfg;
-  if (cfg->compile_worker[0]) snprintf(dd->nvrtc_exe, sizeof dd->nvrtc_exe, "%s", cfg->compile_worker);
-  else if (!beside_self("fusemld-nvrtc", dd->nvrtc_exe, sizeof dd->nvrtc_exe)) dd->nvrtc_exe[0] = '\0';
+  if (cfg->compile_worker[0])
+    snprintf(dd->nvrtc_exe, sizeof dd->nvrtc_exe, "%s", cfg->compile_worker);
+  else if (!beside_self("fusemld-nvrtc", dd->nvrtc_exe, sizeof dd->nvrtc_exe))
+    dd->nvrtc_exe[0] = '\0';
   if (!dd->nvrtc_exe[0] || access(dd->nvrtc_exe, X_OK) != 0) {
-    fm_log_error("cannot run the NVRTC worker %s: compiles run inside the daemon, with no deadline and no "
-                 "memory bound", dd->nvrtc_exe[0] ? dd->nvrtc_exe : "fusemld-nvrtc");
+    fm_log_error(
+        "cannot run the NVRTC worker %s: compiles run inside the daemon, with no deadline and no "
+        "memory bound",
+        dd->nvrtc_exe[0] ? dd->nvrtc_exe : "fusemld-nvrtc");
     return;
   }
   dd->nvrtc.exe = dd->nvrtc_exe;
@@ -346,8 +349,7 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
     fm_diag_set(d, err, "out of memory");
     goto out;
   }
-  if ((err = fm_remote_tier_new(cfg->remote, cfg->remote_secret_file, dd->store, &dd->dev, &dd->remote, d)))
-    goto out;
+  if ((err = fm_remote_tier_new(cfg->remote, cfg->remote_secret_file, dd->store, &dd->dev, &dd->remote, d))) goto out;
   if (dd->remote->remote) {
     fm_diag why = {{0}};
     fm_log_info("remote tier %s (lookups time out after %d ms; entries signed)", fm_remote_url(dd->remote->remote),
@@ -402,15 +404,17 @@ int fm_daemon_run(const fm_config *cfg, int ready_fd, fm_diag *d) {
   fm_daemon_save_stats(dd);
   fm_log_info("stopped");
 out:
-  fm_tuner_stop(dd->tuner);   /* joins its thread, stops the worker, closes its handle */
-  if (dd->handles_ready || dd->server || dd->tuner) close_loop(dd);
-  else uv_run(loop, UV_RUN_DEFAULT);   /* a server that failed to start closes its listener */
+  fm_tuner_stop(dd->tuner); /* joins its thread, stops the worker, closes its handle */
+  if (dd->handles_ready || dd->server || dd->tuner)
+    close_loop(dd);
+  else
+    uv_run(loop, UV_RUN_DEFAULT); /* a server that failed to start closes its listener */
   if (dd->server) fm_server_free(dd->server);
   fm_tuner_free(dd->tuner);
-  fm_bgtune_free(dd->bgtune);   /* after the tuner: the jobs it held are freed there */
+  fm_bgtune_free(dd->bgtune); /* after the tuner: the jobs it held are freed there */
   fm_inflight_free(dd->inflight);
   fm_cqueue_free(dd->cqueue);
-  fm_remote_tier_free(dd->remote);   /* after close_loop: no lookup or publish still runs */
+  fm_remote_tier_free(dd->remote); /* after close_loop: no lookup or publish still runs */
   if (dd->store) fm_store_close(dd->store);
   if (uv_loop_close(loop) != 0) fm_log_debug("event loop still had handles at exit");
   free(loop);

@@ -18,10 +18,10 @@
 #include "fm_server.h"
 #include "fm_store.h"
 
-#define FM_DAEMON_DRAIN_S 30      /* how long running compiles may delay a shutdown */
-#define FM_DAEMON_FLUSH_S 2       /* then how long the last replies may take to be written */
-#define FM_DAEMON_STALL_S 10      /* a client stalled mid-frame */
-#define FM_DAEMON_SWEEP_MS 100    /* how soon a build nobody waits for is cancelled */
+#define FM_DAEMON_DRAIN_S  30  /* how long running compiles may delay a shutdown */
+#define FM_DAEMON_FLUSH_S  2   /* then how long the last replies may take to be written */
+#define FM_DAEMON_STALL_S  10  /* a client stalled mid-frame */
+#define FM_DAEMON_SWEEP_MS 100 /* how soon a build nobody waits for is cancelled */
 
 typedef struct fm_daemon {
   uv_loop_t *loop;
@@ -30,27 +30,27 @@ typedef struct fm_daemon {
   fm_devinfo dev;
   fm_server *server;
   fm_inflight *inflight;
-  struct fm_cqueue *cqueue;           /* compiles waiting for a worker, owners in turn */
-  struct fm_tuner *tuner;             /* NULL: no tuning (compile-only, --tune off) */
-  struct fm_bgtune *bgtune;           /* full tunes after a verified first answer (with tuner) */
-  struct fm_remote_tier *remote;      /* import/export; its remote is NULL without --remote */
-  fm_nvrtc_limits nvrtc;              /* exe NULL: no fusemld-nvrtc, NVRTC runs in-process */
+  struct fm_cqueue *cqueue;      /* compiles waiting for a worker, owners in turn */
+  struct fm_tuner *tuner;        /* NULL: no tuning (compile-only, --tune off) */
+  struct fm_bgtune *bgtune;      /* full tunes after a verified first answer (with tuner) */
+  struct fm_remote_tier *remote; /* import/export; its remote is NULL without --remote */
+  fm_nvrtc_limits nvrtc;         /* exe NULL: no fusemld-nvrtc, NVRTC runs in-process */
   char nvrtc_exe[FM_CONFIG_PATH_MAX];
-  uint32_t jobs_running;              /* compile jobs queued or running on the pool */
-  int64_t session[FM_STAT__COUNT];    /* counters since this start (FM_STAT_MAP) */
-  int64_t unsaved[FM_STAT__COUNT];    /* counted but not yet added to the store's counters */
-  uint64_t started_ms;                /* uv_now at start */
-  int stopping;                       /* a shutdown signal arrived */
-  int drained;                        /* in-flight work finished; connections closing */
+  uint32_t jobs_running;           /* compile jobs queued or running on the pool */
+  int64_t session[FM_STAT__COUNT]; /* counters since this start (FM_STAT_MAP) */
+  int64_t unsaved[FM_STAT__COUNT]; /* counted but not yet added to the store's counters */
+  uint64_t started_ms;             /* uv_now at start */
+  int stopping;                    /* a shutdown signal arrived */
+  int drained;                     /* in-flight work finished; connections closing */
   uv_signal_t sig_term, sig_int, sig_hup;
   uv_timer_t deadline;
-  uv_timer_t stats_timer;             /* saves the counters once a second */
-  uv_timer_t sweep_timer;             /* cancels builds nobody waits for (fm_cmd_sweep_abandoned) */
-  uv_timer_t watchdog;                /* WATCHDOG=1 every half WATCHDOG_USEC (fm_sd.h) */
-  uint64_t watchdog_usec;             /* 0: systemd set no watchdog */
-  int handles_ready;                  /* signals and timer initialized */
-  uv_timer_t idle_exit;               /* --exit-when-idle: looks once a second */
-  uint64_t busy_ms;                   /* uv_now when a client or a compile was last seen */
+  uv_timer_t stats_timer; /* saves the counters once a second */
+  uv_timer_t sweep_timer; /* cancels builds nobody waits for (fm_cmd_sweep_abandoned) */
+  uv_timer_t watchdog;    /* WATCHDOG=1 every half WATCHDOG_USEC (fm_sd.h) */
+  uint64_t watchdog_usec; /* 0: systemd set no watchdog */
+  int handles_ready;      /* signals and timer initialized */
+  uv_timer_t idle_exit;   /* --exit-when-idle: looks once a second */
+  uint64_t busy_ms;       /* uv_now when a client or a compile was last seen */
 } fm_daemon;
 
 /* Runs the daemon until a shutdown signal (or, with --exit-when-idle, until it has had no

@@ -1,5 +1,5 @@
 /* fm_detach.c: fork into the background, with the parent waiting for the child's verdict. */
-#define _GNU_SOURCE   /* pipe2 */
+#define _GNU_SOURCE /* pipe2 */
 #include "fm_detach.h"
 
 #include <errno.h>
@@ -20,7 +20,7 @@ int fm_detach_start(int *ready_fd, int *exit_status, fm_diag *d) {
   }
   if (pid == 0) {
     close(p[0]);
-    setsid();   /* leave the terminal's session: no SIGHUP when it closes */
+    setsid(); /* leave the terminal's session: no SIGHUP when it closes */
     *ready_fd = p[1];
     return FM_OK;
   }

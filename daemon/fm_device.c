@@ -25,8 +25,8 @@ int fm_device_init(fm_devinfo *dev, const char *arch, fm_diag *d) {
   fm_diag why = {{0}};
   if (fm_cuda_load(&cu, &why) == FM_OK && fm_cuda_device_id(0, &dev->id, &why) == FM_OK) {
     if (!fm_nvrtc_arch_supported(dev->id.arch))
-      return fm_diag_set(d, FM_EUNSUPPORTED, "GPU 0 (%s) needs %s, which this NVRTC %u.%u cannot target",
-                         dev->id.name, dev->id.arch, dev->nvrtc_major, dev->nvrtc_minor);
+      return fm_diag_set(d, FM_EUNSUPPORTED, "GPU 0 (%s) needs %s, which this NVRTC %u.%u cannot target", dev->id.name,
+                         dev->id.arch, dev->nvrtc_major, dev->nvrtc_minor);
     dev->gpu = 1;
   } else {
     snprintf(dev->why_no_gpu, sizeof dev->why_no_gpu, "%s", why.text[0] ? why.text : "no usable GPU");
@@ -50,8 +50,8 @@ int fm_device_for_arch(const fm_devinfo *dev, const char *arch, fm_device_id *ou
   return FM_OK;
 }
 
-int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *canonical,
-                  size_t canonical_len, fm_key *out) {
+int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *canonical, size_t canonical_len,
+                  fm_key *out) {
   char opts[512];
   fm_key_inputs in = {
       .canonical = canonical,
@@ -68,6 +68,4 @@ int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *
   return fm_fingerprint(&in, out);
 }
 
-const char *fm_device_mode(const fm_devinfo *dev) {
-  return dev->gpu ? "gpu" : "compile-only";
-}
+const char *fm_device_mode(const fm_devinfo *dev) { return dev->gpu ? "gpu" : "compile-only"; }

@@ -15,12 +15,12 @@
 #include "fm_fingerprint.h"
 
 typedef struct fm_devinfo {
-  int gpu;                      /* 1: GPU mode; 0: compile-only */
-  fm_device_id id;              /* the default target */
-  char label[192];              /* fm_device_label(id) */
+  int gpu;         /* 1: GPU mode; 0: compile-only */
+  fm_device_id id; /* the default target */
+  char label[192]; /* fm_device_label(id) */
   uint32_t nvrtc_major, nvrtc_minor;
-  uint64_t cublaslt_version;    /* cublasLtGetVersion(), e.g. 130100 */
-  char why_no_gpu[sizeof(fm_diag)];         /* compile-only: the reason, for the startup log */
+  uint64_t cublaslt_version;        /* cublasLtGetVersion(), e.g. 130100 */
+  char why_no_gpu[sizeof(fm_diag)]; /* compile-only: the reason, for the startup log */
 } fm_devinfo;
 
 /* Probes the driver and NVRTC. arch is the compile-only target (ignored in GPU mode, where the
@@ -32,8 +32,8 @@ int fm_device_init(fm_devinfo *dev, const char *arch, fm_diag *d);
 int fm_device_for_arch(const fm_devinfo *dev, const char *arch, fm_device_id *out, fm_diag *d);
 
 /* The cache key of canonical fragment bytes compiled for id. */
-int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *canonical,
-                  size_t canonical_len, fm_key *out);
+int fm_device_key(const fm_devinfo *dev, const fm_device_id *id, const uint8_t *canonical, size_t canonical_len,
+                  fm_key *out);
 
 /* "gpu" | "compile-only" */
 const char *fm_device_mode(const fm_devinfo *dev);

@@ -20,7 +20,7 @@
  * or stops the daemon they share (shutdown): only the daemon's own uid and root. In system
  * mode every member of the socket's group can connect, and none of them may change what the
  * others run. */
-#define FM_CMD_ADMIN 2u
+#define FM_CMD_ADMIN       2u
 
 static int cmd_hello(fm_request *rq, fm_diag *d);
 static int cmd_ping(fm_request *rq, fm_diag *d);
@@ -52,8 +52,15 @@ static const struct fm_command *find_command(const char *name, size_t len) {
 
 int fm_dispatch_is_client_error(int err) {
   switch (err) {
-    case FM_EINVAL: case FM_ETOOBIG: case FM_EMALFORMED: case FM_ESCHEMA: case FM_ELIMIT:
-    case FM_EUNKNOWN_OP: case FM_EUNKNOWN_REQ: case FM_EHANDSHAKE: case FM_EPROTO_VERSION:
+    case FM_EINVAL:
+    case FM_ETOOBIG:
+    case FM_EMALFORMED:
+    case FM_ESCHEMA:
+    case FM_ELIMIT:
+    case FM_EUNKNOWN_OP:
+    case FM_EUNKNOWN_REQ:
+    case FM_EHANDSHAKE:
+    case FM_EPROTO_VERSION:
     case FM_EUNSUPPORTED:
       return 1;
     default:
@@ -72,10 +79,10 @@ static int check_admin(const fm_conn *c, const char *op, fm_diag *d) {
   if (fm_conn_peer_uid(c, &uid) != FM_OK)
     return fm_diag_set(d, FM_EDENIED, "\"%s\" needs the peer's uid, which could not be read", op);
   if (uid == 0 || uid == (uint32_t)geteuid()) return FM_OK;
-  fm_log_warn("%s: \"%s\" refused: uid %u is neither root nor the daemon's uid %u", fm_conn_name(c), op,
-              (unsigned)uid, (unsigned)geteuid());
-  return fm_diag_set(d, FM_EDENIED, "\"%s\" is allowed only to root and to the daemon's own uid %u, not uid %u",
-                     op, (unsigned)geteuid(), (unsigned)uid);
+  fm_log_warn("%s: \"%s\" refused: uid %u is neither root nor the daemon's uid %u", fm_conn_name(c), op, (unsigned)uid,
+              (unsigned)geteuid());
+  return fm_diag_set(d, FM_EDENIED, "\"%s\" is allowed only to root and to the daemon's own uid %u, not uid %u", op,
+                     (unsigned)geteuid(), (unsigned)uid);
 }
 
 void fm_dispatch_frame(fm_conn *c, const uint8_t *payload, size_t len, void *ctx) {
@@ -122,8 +129,8 @@ void fm_dispatch_frame(fm_conn *c, const uint8_t *payload, size_t len, void *ctx
 reply_error:
   if (fm_dispatch_is_client_error(err)) fm_daemon_count(dd, FM_STAT_BAD_REQUESTS, 1);
   if (!d.text[0]) snprintf(d.text, sizeof d.text, "%s", fm_strerror(err));
-  fm_log_debug("%s: %s id %llu: %s: %s", fm_conn_name(c), cmd ? cmd->name : "request",
-               (unsigned long long)id, fm_err_slug(err), d.text);
+  fm_log_debug("%s: %s id %llu: %s: %s", fm_conn_name(c), cmd ? cmd->name : "request", (unsigned long long)id,
+               fm_err_slug(err), d.text);
   fm_reply_error(c, id, err, d.text);
   /* A peer that speaks another protocol version cannot be understood further. */
   if (err == FM_EPROTO_VERSION) fm_conn_close_after_flush(c);

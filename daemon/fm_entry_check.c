@@ -12,8 +12,8 @@
 #include "fm_msg.h"
 #include "fm_remote_tier.h"
 
-int fm_entry_expected_key(const fm_devinfo *dev, const char *label, const uint8_t *canonical,
-                          size_t canonical_len, fm_key *key, fm_diag *d) {
+int fm_entry_expected_key(const fm_devinfo *dev, const char *label, const uint8_t *canonical, size_t canonical_len,
+                          fm_key *key, fm_diag *d) {
   char arch[16], mine[192];
   fm_device_id id;
   fm_diag why = {{0}};
@@ -22,8 +22,7 @@ int fm_entry_expected_key(const fm_devinfo *dev, const char *label, const uint8_
   if (fm_device_for_arch(dev, arch, &id, &why) != FM_OK)
     return fm_diag_set(d, FM_EINVAL, "entry is for %.64s, which this daemon cannot target", label);
   fm_device_label(&id, mine, sizeof mine);
-  if (strcmp(mine, label) != 0)
-    return fm_diag_set(d, FM_EINVAL, "entry is for device %.64s, not %.64s", label, mine);
+  if (strcmp(mine, label) != 0) return fm_diag_set(d, FM_EINVAL, "entry is for device %.64s, not %.64s", label, mine);
   int err = fm_device_key(dev, &id, canonical, canonical_len, key);
   return err ? fm_diag_set(d, err, "cannot compute the key: %s", fm_strerror(err)) : FM_OK;
 }
@@ -71,8 +70,8 @@ static int check_meta(const fm_entry *e, uint32_t n_inputs, uint32_t n_outputs, 
   else if (strcmp(m.kind, e->kind) != 0)
     err = fm_diag_set(d, FM_EINVAL, "entry of kind %.16s has metadata of kind %.16s", e->kind, m.kind);
   else if (m.n_inputs != n_inputs || m.n_outputs != n_outputs)
-    err = fm_diag_set(d, FM_EINVAL, "entry's metadata has %u inputs and %u outputs, its fragment %u and %u",
-                      m.n_inputs, m.n_outputs, n_inputs, n_outputs);
+    err = fm_diag_set(d, FM_EINVAL, "entry's metadata has %u inputs and %u outputs, its fragment %u and %u", m.n_inputs,
+                      m.n_outputs, n_inputs, n_outputs);
   msgpack_zone_destroy(&zone);
   return err;
 }
@@ -92,8 +91,7 @@ static int check_timings(const fm_entry *e, fm_diag *d) {
 int fm_entry_check_content(const fm_entry *e, fm_diag *d) {
   uint32_t n_inputs = 0, n_outputs = 0;
   int err;
-  if (!fm_kstate_valid(e->state))
-    return fm_diag_set(d, FM_EINVAL, "entry has unknown state %d", (int)e->state);
+  if (!fm_kstate_valid(e->state)) return fm_diag_set(d, FM_EINVAL, "entry has unknown state %d", (int)e->state);
   if ((err = check_canonical(e, &n_inputs, &n_outputs, d))) return err;
   if ((err = check_meta(e, n_inputs, n_outputs, d))) return err;
   return check_timings(e, d);

@@ -16,8 +16,8 @@
 /* The key this daemon computes for canonical bytes on the device that label names (a label
  * of one of its own targets, fm_device_label). FM_EINVAL (reason in d) for a label this
  * daemon does not target; FM_ENOMEM. */
-int fm_entry_expected_key(const fm_devinfo *dev, const char *label, const uint8_t *canonical,
-                          size_t canonical_len, fm_key *key, fm_diag *d);
+int fm_entry_expected_key(const fm_devinfo *dev, const char *label, const uint8_t *canonical, size_t canonical_len,
+                          fm_key *key, fm_diag *d);
 
 /* Checks e's content as strictly as the generator's own output: the state is an fm_kstate;
  * canonical is one canonical fragment (it decodes, validates and re-canonicalizes to the same

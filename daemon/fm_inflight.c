@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FM_INFLIGHT_BUCKETS 256u   /* power of two; flights are few (bounded by clients) */
+#define FM_INFLIGHT_BUCKETS 256u /* power of two; flights are few (bounded by clients) */
 
 /* A connection's count of waiting requests. */
 typedef struct conn_count {
@@ -141,21 +141,19 @@ fm_waiter *fm_inflight_finish(fm_inflight *t, fm_flight *f) {
   return w;
 }
 
-size_t fm_inflight_count(const fm_inflight *t) {
-  return t->count;
-}
+size_t fm_inflight_count(const fm_inflight *t) { return t->count; }
 
 uint32_t fm_inflight_waiting(const fm_inflight *t, const struct fm_conn *conn) {
   const conn_count *c = find_conn(t, conn);
   return c ? c->n : 0;
 }
 
-void fm_inflight_sweep(fm_inflight *t, int (*is_open)(const struct fm_conn *),
-                       void (*abandon)(fm_flight *f, void *ctx), void *ctx) {
+void fm_inflight_sweep(fm_inflight *t, int (*is_open)(const struct fm_conn *), void (*abandon)(fm_flight *f, void *ctx),
+                       void *ctx) {
   for (size_t i = 0; i < FM_INFLIGHT_BUCKETS && t->count; i++) {
     fm_flight *f = t->buckets[i];
     while (f) {
-      fm_flight *next = f->next;   /* abandon may take f out */
+      fm_flight *next = f->next; /* abandon may take f out */
       int waited_for = 0;
       for (const fm_waiter *w = f->waiters; w && !waited_for; w = w->next) waited_for = is_open(w->conn);
       if (f->cancel && !waited_for) abandon(f, ctx);

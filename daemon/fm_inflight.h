@@ -23,13 +23,13 @@ struct fm_conn;
 
 typedef struct fm_waiter {
   struct fm_waiter *next;
-  struct fm_conn *conn;      /* referenced by the caller */
-  uint64_t id;               /* request id to answer */
-  int joined;                /* 0: the request that started the job */
+  struct fm_conn *conn; /* referenced by the caller */
+  uint64_t id;          /* request id to answer */
+  int joined;           /* 0: the request that started the job */
 } fm_waiter;
 
 typedef struct fm_flight {
-  struct fm_flight *next;    /* hash chain */
+  struct fm_flight *next; /* hash chain */
   fm_key key;
   fm_waiter *waiters, **tail;
   uint32_t n_waiters;
@@ -59,7 +59,7 @@ uint32_t fm_inflight_waiting(const fm_inflight *t, const struct fm_conn *conn);
 
 /* Calls abandon(f, ctx) for every cancellable flight (f->cancel set) none of whose waiters'
  * connections is open any more (is_open); abandon may finish f. */
-void fm_inflight_sweep(fm_inflight *t, int (*is_open)(const struct fm_conn *),
-                       void (*abandon)(fm_flight *f, void *ctx), void *ctx);
+void fm_inflight_sweep(fm_inflight *t, int (*is_open)(const struct fm_conn *), void (*abandon)(fm_flight *f, void *ctx),
+                       void *ctx);
 
 #endif

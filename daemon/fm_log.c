@@ -14,8 +14,8 @@
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static fm_log_level log_level = FM_LOG_INFO;
-static int log_fd = -1;        /* -1: stderr */
-static char *log_path;         /* NULL: stderr */
+static int log_fd = -1; /* -1: stderr */
+static char *log_path;  /* NULL: stderr */
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 static const char *const level_tags[] = {"ERROR", "WARN", "INFO", "DEBUG"};
@@ -104,16 +104,16 @@ void fm_log_write(fm_log_level level, const char *fmt, ...) {
   struct tm tm;
   gettimeofday(&tv, NULL);
   gmtime_r(&tv.tv_sec, &tm);
-  int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ fusemld[%ld] %s: ",
-                   tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                   (int)(tv.tv_usec / 1000), (long)getpid(), level_tags[level]);
+  int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ fusemld[%ld] %s: ", tm.tm_year + 1900,
+                   tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000),
+                   (long)getpid(), level_tags[level]);
   if (n < 0) return;
   va_list ap;
   va_start(ap, fmt);
   int m = vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
   va_end(ap);
   size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-  if (len > sizeof line - 2) len = sizeof line - 2;   /* truncated: keep the newline */
+  if (len > sizeof line - 2) len = sizeof line - 2; /* truncated: keep the newline */
   line[len++] = '\n';
   pthread_mutex_lock(&log_mu);
   int fd = log_fd >= 0 ? log_fd : STDERR_FILENO;

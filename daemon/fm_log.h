@@ -26,9 +26,11 @@ int fm_log_enabled(fm_log_level level);
 void fm_log_write(fm_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define fm_log_error(...) fm_log_write(FM_LOG_ERROR, __VA_ARGS__)
-#define fm_log_warn(...) fm_log_write(FM_LOG_WARN, __VA_ARGS__)
-#define fm_log_info(...) fm_log_write(FM_LOG_INFO, __VA_ARGS__)
-#define fm_log_debug(...) \
-  do { if (fm_log_enabled(FM_LOG_DEBUG)) fm_log_write(FM_LOG_DEBUG, __VA_ARGS__); } while (0)
+#define fm_log_warn(...)  fm_log_write(FM_LOG_WARN, __VA_ARGS__)
+#define fm_log_info(...)  fm_log_write(FM_LOG_INFO, __VA_ARGS__)
+#define fm_log_debug(...)                                                      \
+  do {                                                                         \
+    if (fm_log_enabled(FM_LOG_DEBUG)) fm_log_write(FM_LOG_DEBUG, __VA_ARGS__); \
+  } while (0)
 
 #endif

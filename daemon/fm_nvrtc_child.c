@@ -54,8 +54,10 @@ static int take_reply(const fm_nvrtc_limits *lim, const uint8_t *payload, size_t
   }
   err = (int)rc;
   if (err == FM_ENOMEM && lim->memory)
-    fm_diag_set(d, FM_ENOMEM, "NVRTC ran out of memory: the compile needs more than its %llu MiB memory bound "
-                "(--compile-memory)", (unsigned long long)(lim->memory >> 20));
+    fm_diag_set(d, FM_ENOMEM,
+                "NVRTC ran out of memory: the compile needs more than its %llu MiB memory bound "
+                "(--compile-memory)",
+                (unsigned long long)(lim->memory >> 20));
   if (err == FM_OK) {
     if (!(*cubin = malloc(bin_len ? bin_len : 1))) {
       err = fm_diag_set(d, FM_ENOMEM, "out of memory");
@@ -70,8 +72,7 @@ out:
 }
 
 int fm_nvrtc_child_compile(const fm_nvrtc_limits *lim, const char *src, const char *name, const char *arch,
-                           const atomic_int *cancel, uint8_t **cubin, size_t *cubin_len, char **log,
-                           fm_diag *d) {
+                           const atomic_int *cancel, uint8_t **cubin, size_t *cubin_len, char **log, fm_diag *d) {
   char fd_s[16], mem_s[32], cpu_s[32], how[128] = "";
   int64_t start = fm_child_now_ms();
   int64_t deadline = lim->deadline_s > 0 ? start + (int64_t)(lim->deadline_s * 1000) : INT64_MAX / 2;
@@ -89,8 +90,8 @@ int fm_nvrtc_child_compile(const fm_nvrtc_limits *lim, const char *src, const ch
   snprintf(mem_s, sizeof mem_s, "%llu", (unsigned long long)lim->memory);
   /* RLIMIT_CPU is only a backstop for a worker the daemon can no longer kill. */
   snprintf(cpu_s, sizeof cpu_s, "%llu", lim->deadline_s > 0 ? (unsigned long long)lim->deadline_s + 2 : 0ull);
-  char *argv[] = {(char *)lim->exe, "--fd", fd_s, "--arch", (char *)arch, "--name", (char *)name,
-                  "--memory", mem_s, "--cpu", cpu_s, NULL};
+  char *argv[] = {(char *)lim->exe, "--fd",     fd_s,  "--arch", (char *)arch, "--name",
+                  (char *)name,     "--memory", mem_s, "--cpu",  cpu_s,        NULL};
   if ((err = fm_child_spawn(lim->exe, argv, environ, &fd, &pid, d))) return err;
   fm_frame_reader_init(&rd, FM_FRAME_MAX_REPLY);
 
@@ -101,12 +102,13 @@ int fm_nvrtc_child_compile(const fm_nvrtc_limits *lim, const char *src, const ch
     const uint8_t *payload;
     size_t len;
     int64_t now = fm_child_now_ms();
-    int r = err ? err : fm_child_read_frame(fd, &rd, now + FM_NVRTC_CANCEL_POLL_MS < deadline
-                                                        ? now + FM_NVRTC_CANCEL_POLL_MS : deadline,
-                                            &payload, &len);
+    int r = err ? err
+                : fm_child_read_frame(
+                      fd, &rd, now + FM_NVRTC_CANCEL_POLL_MS < deadline ? now + FM_NVRTC_CANCEL_POLL_MS : deadline,
+                      &payload, &len);
     if (r == 1) {
       err = take_reply(lim, payload, len, cubin, cubin_len, log, d);
-      fm_child_reap(pid, SIGKILL, NULL, 0);   /* it is exiting; nothing of it may linger */
+      fm_child_reap(pid, SIGKILL, NULL, 0); /* it is exiting; nothing of it may linger */
       break;
     }
     if (r == FM_ETIMEOUT && cancel && atomic_load(cancel)) {
@@ -129,9 +131,10 @@ int fm_nvrtc_child_compile(const fm_nvrtc_limits *lim, const char *src, const ch
     if (WIFEXITED(status) && WEXITSTATUS(status) >= 126)
       err = fm_diag_set(d, FM_EIO, "cannot run the NVRTC worker %s (%s)", lim->exe, how);
     else if (lim->memory && WIFSIGNALED(status))
-      err = fm_diag_set(d, FM_ENOMEM, "the NVRTC worker was %s: the compile needs more than its %llu MiB "
-                        "memory bound (--compile-memory), or NVRTC crashed", how,
-                        (unsigned long long)(lim->memory >> 20));
+      err = fm_diag_set(d, FM_ENOMEM,
+                        "the NVRTC worker was %s: the compile needs more than its %llu MiB "
+                        "memory bound (--compile-memory), or NVRTC crashed",
+                        how, (unsigned long long)(lim->memory >> 20));
     else
       err = fm_diag_set(d, FM_EIO, "the NVRTC worker %s without an answer", how);
     break;

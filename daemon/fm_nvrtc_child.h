@@ -21,9 +21,9 @@
 #include "fm_error.h"
 
 typedef struct fm_nvrtc_limits {
-  const char *exe;          /* the fusemld-nvrtc executable */
-  double deadline_s;        /* wall clock for the whole compile, worker start included */
-  uint64_t memory;          /* bytes of address space the worker may add; 0 = unbounded */
+  const char *exe;   /* the fusemld-nvrtc executable */
+  double deadline_s; /* wall clock for the whole compile, worker start included */
+  uint64_t memory;   /* bytes of address space the worker may add; 0 = unbounded */
 } fm_nvrtc_limits;
 
 /* As fm_nvrtc_compile (fm_nvrtc.h), in a child. Beyond its results:
@@ -34,7 +34,6 @@ typedef struct fm_nvrtc_limits {
  *   FM_EIO               the worker could not be started, or it died or answered nonsense
  * with the reason in d for each of them (and for the fm_nvrtc_compile errors, "" there). */
 int fm_nvrtc_child_compile(const fm_nvrtc_limits *lim, const char *src, const char *name, const char *arch,
-                           const atomic_int *cancel, uint8_t **cubin, size_t *cubin_len, char **log,
-                           fm_diag *d);
+                           const atomic_int *cancel, uint8_t **cubin, size_t *cubin_len, char **log, fm_diag *d);
 
 #endif

@@ -15,9 +15,9 @@
 struct fm_remote {
   pthread_mutex_t mu;
   fm_redis_url u;
-  redisContext *ctx;            /* NULL while disconnected */
-  int state;                    /* -1 unknown (never tried), 0 down, 1 up */
-  uint64_t retry_at_ms;         /* no connect attempt before this */
+  redisContext *ctx;    /* NULL while disconnected */
+  int state;            /* -1 unknown (never tried), 0 down, 1 up */
+  uint64_t retry_at_ms; /* no connect attempt before this */
   fm_remote_stats st;
 };
 
@@ -33,8 +33,10 @@ int fm_remote_new(const char *url, fm_remote **out, fm_diag *d) {
   int err = fm_remote_parse_url(url, &r->u, d);
   /* hiredis_ssl is not linked: TLS would need it and its own tests (docs/REMOTE.md). */
   if (!err && r->u.tls)
-    err = fm_diag_set(d, FM_EUNSUPPORTED, "remote %s: TLS (rediss://) is not supported by this fusemld (built "
-                      "without hiredis_ssl); use redis:// on a private network, or a TLS tunnel", r->u.shown);
+    err = fm_diag_set(d, FM_EUNSUPPORTED,
+                      "remote %s: TLS (rediss://) is not supported by this fusemld (built "
+                      "without hiredis_ssl); use redis:// on a private network, or a TLS tunnel",
+                      r->u.shown);
   if (err) {
     explicit_bzero(&r->u, sizeof r->u);
     free(r);
@@ -54,13 +56,9 @@ void fm_remote_free(fm_remote *r) {
   free(r);
 }
 
-const char *fm_remote_url(const fm_remote *r) {
-  return r->u.shown;
-}
+const char *fm_remote_url(const fm_remote *r) { return r->u.shown; }
 
-const char *fm_remote_host(const fm_remote *r) {
-  return r->u.host;
-}
+const char *fm_remote_host(const fm_remote *r) { return r->u.host; }
 
 /* Under mu. One log line per change of state. */
 static void went_down(fm_remote *r, const char *why) {
@@ -70,8 +68,8 @@ static void went_down(fm_remote *r, const char *why) {
   }
   r->retry_at_ms = now_us() / 1000 + FM_REMOTE_RETRY_MS;
   if (r->state != 0) {
-    fm_log_warn("remote %s unreachable (%s); serving from the local store, retrying every %d ms%s", r->u.shown,
-                why, FM_REMOTE_RETRY_MS, fm_remote_net_denied(why) ? "; " FM_REMOTE_NET_HINT : "");
+    fm_log_warn("remote %s unreachable (%s); serving from the local store, retrying every %d ms%s", r->u.shown, why,
+                FM_REMOTE_RETRY_MS, fm_remote_net_denied(why) ? "; " FM_REMOTE_NET_HINT : "");
     r->st.outages++;
   }
   r->state = 0;
@@ -89,7 +87,9 @@ static int ok_reply(redisContext *c, redisReply *rep, const char *what, char *wh
   int ok = rep && rep->type == REDIS_REPLY_STATUS;
   if (!ok)
     snprintf(why, cap, "%s failed: %s", what,
-             rep && rep->type == REDIS_REPLY_ERROR ? rep->str : c->err ? c->errstr : "unexpected reply");
+             rep && rep->type == REDIS_REPLY_ERROR ? rep->str
+             : c->err                              ? c->errstr
+                                                   : "unexpected reply");
   if (rep) freeReplyObject(rep);
   return ok;
 }
@@ -98,9 +98,7 @@ static int ok_reply(redisContext *c, redisReply *rep, const char *what, char *wh
  * a Redis 6 ACL user), then SELECT. Each argument travels as its own bulk string, so a
  * password is never parsed as part of a command line; Redis's error replies never quote it. */
 static int prepared(fm_remote *r, redisContext *c, char *why, size_t cap) {
-  if (r->u.user[0] &&
-      !ok_reply(c, redisCommand(c, "AUTH %s %s", r->u.user, r->u.password), "AUTH", why, cap))
-    return 0;
+  if (r->u.user[0] && !ok_reply(c, redisCommand(c, "AUTH %s %s", r->u.user, r->u.password), "AUTH", why, cap)) return 0;
   if (!r->u.user[0] && r->u.password[0] && !ok_reply(c, redisCommand(c, "AUTH %s", r->u.password), "AUTH", why, cap))
     return 0;
   return r->u.db == 0 || ok_reply(c, redisCommand(c, "SELECT %d", r->u.db), "SELECT", why, cap);
@@ -132,8 +130,10 @@ static redisContext *connected(fm_remote *r) {
  * and would answer the next command). */
 static void failed(fm_remote *r, redisReply *rep) {
   char why[160];
-  if (rep && rep->type == REDIS_REPLY_ERROR) snprintf(why, sizeof why, "%.*s", (int)rep->len, rep->str);
-  else snprintf(why, sizeof why, "%s", r->ctx && r->ctx->err ? r->ctx->errstr : "unexpected reply");
+  if (rep && rep->type == REDIS_REPLY_ERROR)
+    snprintf(why, sizeof why, "%.*s", (int)rep->len, rep->str);
+  else
+    snprintf(why, sizeof why, "%s", r->ctx && r->ctx->err ? r->ctx->errstr : "unexpected reply");
   if (rep) freeReplyObject(rep);
   went_down(r, why);
 }
@@ -185,9 +185,12 @@ int fm_remote_get(fm_remote *r, const char *rkey, uint8_t **val, size_t *len) {
   r->st.lookup_us_total += us;
   if (us > r->st.lookup_us_max) r->st.lookup_us_max = us;
 out:
-  if (err == FM_OK) r->st.hits++;
-  else if (err == FM_ENOT_FOUND) r->st.misses++;
-  else r->st.errors++;
+  if (err == FM_OK)
+    r->st.hits++;
+  else if (err == FM_ENOT_FOUND)
+    r->st.misses++;
+  else
+    r->st.errors++;
   pthread_mutex_unlock(&r->mu);
   return err;
 }
@@ -205,8 +208,10 @@ int fm_remote_put(fm_remote *r, const char *rkey, const uint8_t *val, size_t len
   went_up(r);
   err = FM_OK;
 out:
-  if (err) r->st.publish_errors++;
-  else r->st.published++;
+  if (err)
+    r->st.publish_errors++;
+  else
+    r->st.published++;
   pthread_mutex_unlock(&r->mu);
   return err;
 }

@@ -14,9 +14,9 @@
 #include "fm_error.h"
 
 #define FM_REMOTE_CONNECT_MS 200
-#define FM_REMOTE_IO_MS 300
-#define FM_REMOTE_RETRY_MS 1000
-#define FM_REMOTE_URL_MAX 512
+#define FM_REMOTE_IO_MS      300
+#define FM_REMOTE_RETRY_MS   1000
+#define FM_REMOTE_URL_MAX    512
 
 typedef struct fm_remote fm_remote;
 
@@ -26,18 +26,18 @@ typedef struct fm_remote_stats {
   uint64_t hits, misses, errors; /* lookups: found, absent, failed (down, timeout, protocol) */
   uint64_t refused;              /* found but failed verification (counted by the caller) */
   uint64_t published, publish_errors;
-  uint64_t outages;              /* transitions to unreachable */
-  uint64_t lookup_us_total, lookup_us_max, lookups;   /* latency of answered lookups */
+  uint64_t outages;                                 /* transitions to unreachable */
+  uint64_t lookup_us_total, lookup_us_max, lookups; /* latency of answered lookups */
 } fm_remote_stats;
 
 /* A parsed redis[s]://[[user]:password@]host[:port][/db] (docs/REMOTE.md). */
 typedef struct fm_redis_url {
-  int tls;                          /* rediss:// */
-  char host[256];                   /* a name, an IPv4 address, or an IPv6 one without brackets */
-  int port, db;                     /* 6379 and 0 when left out */
-  char user[128];                   /* "": AUTH with the password alone (Redis's default user) */
-  char password[256];               /* "": no AUTH; percent-decoded */
-  char shown[FM_REMOTE_URL_MAX];    /* the URL with its password as "***": what logs and stats show */
+  int tls;                       /* rediss:// */
+  char host[256];                /* a name, an IPv4 address, or an IPv6 one without brackets */
+  int port, db;                  /* 6379 and 0 when left out */
+  char user[128];                /* "": AUTH with the password alone (Redis's default user) */
+  char password[256];            /* "": no AUTH; percent-decoded */
+  char shown[FM_REMOTE_URL_MAX]; /* the URL with its password as "***": what logs and stats show */
 } fm_redis_url;
 
 /* Parses url into *u; FM_EINVAL with the reason otherwise. The password never appears in a
@@ -54,7 +54,7 @@ const char *fm_remote_url(const fm_remote *r);
 const char *fm_remote_host(const fm_remote *r);
 
 /* What to do when the sandbox keeps the daemon off the network (systemd/fusemld-remote.conf). */
-#define FM_REMOTE_NET_HINT                                                                      \
+#define FM_REMOTE_NET_HINT                                                                              \
   "if fusemld runs under systemd/fusemld.service, whose sandbox allows Unix sockets only, install the " \
   "drop-in fusemld-remote.conf (docs/REMOTE.md, \"systemd\")"
 

@@ -56,8 +56,10 @@ int fm_cmd_import(fm_request *rq, fm_diag *d) {
     fm_log_warn("%s: import of %.16s refused: %s", fm_conn_name(rq->conn), hex, d->text);
     return err;
   }
-  if (skipped) fm_log_info("%s: import of %.16s skipped: %s", fm_conn_name(rq->conn), hex, skipped);
-  else fm_log_info("%s: imported %.16s", fm_conn_name(rq->conn), hex);
+  if (skipped)
+    fm_log_info("%s: import of %.16s skipped: %s", fm_conn_name(rq->conn), hex, skipped);
+  else
+    fm_log_info("%s: imported %.16s", fm_conn_name(rq->conn), hex);
   fm_reply r;
   fm_reply_begin(&r, rq->id, skipped ? 3 : 2);
   fm_pack_cstr(&r.pk, "key");

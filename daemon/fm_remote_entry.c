@@ -14,7 +14,7 @@
 #include "fm_msg.h"
 
 #define MAGIC_LEN 4
-#define N_FIELDS 16
+#define N_FIELDS  16
 
 int fm_remote_secret_load(const char *path, fm_remote_secret *s, fm_diag *d) {
   memset(s, 0, sizeof *s);
@@ -43,8 +43,10 @@ static int blob_sum(const fm_entry *e, uint8_t out[32]) {
   EVP_MD_CTX *c = EVP_MD_CTX_new();
   unsigned len = 0;
   int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL);
-  const struct { const void *p; size_t n; } parts[] = {
-      {e->canonical, e->canonical_len}, {e->meta, e->meta_len}, {e->cubin, e->cubin_len}};
+  const struct {
+    const void *p;
+    size_t n;
+  } parts[] = {{e->canonical, e->canonical_len}, {e->meta, e->meta_len}, {e->cubin, e->cubin_len}};
   for (size_t i = 0; ok && i < 3; i++) {
     put_len(c, parts[i].n);
     if (parts[i].n) ok = EVP_DigestUpdate(c, parts[i].p, parts[i].n);
@@ -64,8 +66,8 @@ static int make_tag(const uint8_t *p, size_t n, const fm_remote_secret *secret, 
   return FM_OK;
 }
 
-int fm_remote_entry_encode(const fm_entry *e, const fm_remote_build *b, const fm_remote_secret *secret,
-                           uint8_t **out, size_t *out_len) {
+int fm_remote_entry_encode(const fm_entry *e, const fm_remote_build *b, const fm_remote_secret *secret, uint8_t **out,
+                           size_t *out_len) {
   uint8_t sum[32], tag[32];
   msgpack_sbuffer sb;
   msgpack_packer pk;
@@ -131,7 +133,8 @@ static int get_u32(const msgpack_object *m, const char *k, uint32_t *v, fm_diag 
 }
 
 static int get_cstr(const msgpack_object *m, const char *k, char *out, size_t cap, fm_diag *d) {
-  if (fm_msg_copy_str(m, k, out, cap, d)) return fm_diag_set(d, FM_EMALFORMED, "entry field \"%s\" missing or invalid", k);
+  if (fm_msg_copy_str(m, k, out, cap, d))
+    return fm_diag_set(d, FM_EMALFORMED, "entry field \"%s\" missing or invalid", k);
   return FM_OK;
 }
 
@@ -222,8 +225,7 @@ out:
 }
 
 int fm_remote_entry_verify(const fm_entry *e, const fm_remote_build *b, const fm_key *key, const char *label,
-                           const fm_remote_build *mine, const uint8_t *canonical, size_t canonical_len,
-                           fm_diag *d) {
+                           const fm_remote_build *mine, const uint8_t *canonical, size_t canonical_len, fm_diag *d) {
   if (strcmp(e->device, label) != 0)
     return fm_diag_set(d, FM_EINVAL, "entry is for device %.64s, not %.64s", e->device, label);
   if (strcmp(b->arch, mine->arch) != 0)
@@ -250,8 +252,8 @@ void fm_remote_entry_rkey(const char *label, const fm_key *key, char *out, size_
   size_t i = 0;
   for (; label[i] && i + 1 < sizeof dev; i++) {
     char c = label[i];
-    int keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-               c == '-' || c == '_';
+    int keep =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' || c == '_';
     dev[i] = keep ? c : '_';
   }
   dev[i] = '\0';

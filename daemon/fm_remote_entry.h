@@ -21,9 +21,9 @@
 #include "fm_fingerprint.h"
 #include "fm_store.h"
 
-#define FM_REMOTE_FORMAT "v1"         /* the <format> part of Redis keys; bump with the magic */
-#define FM_REMOTE_MAGIC "FMR1"
-#define FM_REMOTE_TAG_LEN 32
+#define FM_REMOTE_FORMAT     "v1" /* the <format> part of Redis keys; bump with the magic */
+#define FM_REMOTE_MAGIC      "FMR1"
+#define FM_REMOTE_TAG_LEN    32
 #define FM_REMOTE_SECRET_MAX 4096
 
 /* Who built an entry: compared with the reader's own on verification. */
@@ -45,8 +45,8 @@ typedef struct fm_remote_secret {
 int fm_remote_secret_load(const char *path, fm_remote_secret *s, fm_diag *d);
 
 /* Encodes e (its blobs must be present) built by b into a malloc'd value. FM_ENOMEM. */
-int fm_remote_entry_encode(const fm_entry *e, const fm_remote_build *b, const fm_remote_secret *secret,
-                           uint8_t **out, size_t *out_len);
+int fm_remote_entry_encode(const fm_entry *e, const fm_remote_build *b, const fm_remote_secret *secret, uint8_t **out,
+                           size_t *out_len);
 
 /* Decodes a value into *e (malloc'd blobs: fm_entry_free) and *b. Checks the magic, the
  * msgpack, the sum (FM_ECORRUPT) and the tag: with a non-empty secret the value must be
@@ -59,8 +59,7 @@ int fm_remote_entry_decode(const uint8_t *val, size_t len, const fm_remote_secre
  * codegen/NVRTC/vocabulary versions equal, and (canonical != NULL) the canonical fragment
  * equal. FM_EINVAL with the first difference in d. */
 int fm_remote_entry_verify(const fm_entry *e, const fm_remote_build *b, const fm_key *key, const char *label,
-                           const fm_remote_build *mine, const uint8_t *canonical, size_t canonical_len,
-                           fm_diag *d);
+                           const fm_remote_build *mine, const uint8_t *canonical, size_t canonical_len, fm_diag *d);
 
 /* The Redis key: fusemld:<format>:<device label, [A-Za-z0-9._-] kept, others '_'>:<hex key>. */
 void fm_remote_entry_rkey(const char *label, const fm_key *key, char *out, size_t cap);

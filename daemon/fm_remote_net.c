@@ -45,13 +45,17 @@ int fm_remote_check_network(const char *host, fm_diag *d) {
   int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     int e = errno;
-    if (e != EAFNOSUPPORT && e != EPERM && e != EACCES) return FM_OK;   /* not the sandbox: e.g. out of fds */
-    return fm_diag_set(d, FM_EDENIED, "remote %s: this process may not open %s sockets (%s), so Redis can never "
-                       "be reached; %s", host, family == AF_INET6 ? "IPv6" : "IPv4", strerror(e), FM_REMOTE_NET_HINT);
+    if (e != EAFNOSUPPORT && e != EPERM && e != EACCES) return FM_OK; /* not the sandbox: e.g. out of fds */
+    return fm_diag_set(d, FM_EDENIED,
+                       "remote %s: this process may not open %s sockets (%s), so Redis can never "
+                       "be reached; %s",
+                       host, family == AF_INET6 ? "IPv6" : "IPv4", strerror(e), FM_REMOTE_NET_HINT);
   }
   close(fd);
   if (!is_loopback(host, family) && !has_network())
-    return fm_diag_set(d, FM_EDENIED, "remote %s: this process sees no network interface but loopback (a private "
-                       "network namespace?), so Redis can never be reached; %s", host, FM_REMOTE_NET_HINT);
+    return fm_diag_set(d, FM_EDENIED,
+                       "remote %s: this process sees no network interface but loopback (a private "
+                       "network namespace?), so Redis can never be reached; %s",
+                       host, FM_REMOTE_NET_HINT);
   return FM_OK;
 }

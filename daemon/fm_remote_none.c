@@ -13,9 +13,7 @@ int fm_remote_new(const char *url, fm_remote **out, fm_diag *d) {
                      "this fusemld was built without hiredis: the remote tier (--remote) is unavailable");
 }
 
-void fm_remote_free(fm_remote *r) {
-  (void)r;
-}
+void fm_remote_free(fm_remote *r) { (void)r; }
 
 const char *fm_remote_url(const fm_remote *r) {
   (void)r;
@@ -37,9 +35,7 @@ int fm_remote_put(fm_remote *r, const char *rkey, const uint8_t *val, size_t len
   return FM_EIO;
 }
 
-void fm_remote_count_refused(fm_remote *r) {
-  (void)r;
-}
+void fm_remote_count_refused(fm_remote *r) { (void)r; }
 
 void fm_remote_get_stats(fm_remote *r, fm_remote_stats *out) {
   (void)r;

@@ -22,7 +22,8 @@ int fm_remote_tier_new(const char *url, const char *secret_path, fm_store *store
   if (url && url[0]) {
     /* Unsigned entries would let any host that can reach Redis serve code to every node. */
     if (!t->secret.len) {
-      err = fm_diag_set(d, FM_EINVAL, "--remote needs --remote-secret-file (the cluster secret entries are signed with)");
+      err =
+          fm_diag_set(d, FM_EINVAL, "--remote needs --remote-secret-file (the cluster secret entries are signed with)");
       goto fail;
     }
     if ((err = fm_remote_new(url, &t->remote, d))) goto fail;
@@ -92,13 +93,13 @@ static void lookup_work(uv_work_t *req) {
   }
   lk->found = 1;
   lk->e.hits = 0;
-  lk->e.created = lk->e.last_used = 0;   /* now, locally */
+  lk->e.created = lk->e.last_used = 0; /* now, locally */
   lk->store_err = fm_store_put(t->store, &lk->e);
 }
 
 static void lookup_after(uv_work_t *req, int status) {
   fm_remote_lookup *lk = req->data;
-  (void)status;   /* never cancelled; a job that did not run simply found nothing */
+  (void)status; /* never cancelled; a job that did not run simply found nothing */
   lk->done(lk);
 }
 
@@ -182,20 +183,22 @@ int fm_remote_tier_export(fm_remote_tier *t, const fm_key *key, uint8_t **val, s
  * ever trying it, so it is skipped. And it never displaces a local entry it does not improve
  * on: a tuned one replaces a local untuned or verified one only; anything else already here
  * is kept. (Entries travel untuned, tuned or bad: a verified one is never published.) */
-static const unsigned local_states_kept[] = {   /* by the imported entry's state */
+static const unsigned local_states_kept[] = {
+    /* by the imported entry's state */
     [FM_STATE_UNTUNED] = FM_STATE_BIT(FM_STATE_UNTUNED) | FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD) |
                          FM_STATE_BIT(FM_STATE_VERIFIED),
     [FM_STATE_TUNED] = FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD),
 };
-static const char *const kept_reason[] = {   /* by the local entry's state */
+static const char *const kept_reason[] = {
+    /* by the local entry's state */
     [FM_STATE_UNTUNED] = "a local untuned entry is kept",
     [FM_STATE_TUNED] = "a local tuned entry is kept",
     [FM_STATE_BAD] = "a local bad entry is kept (evict it to take the import)",
     [FM_STATE_VERIFIED] = "a local verified entry is kept (its background tune replaces it)",
 };
 
-int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out,
-                          const char **skipped, fm_diag *d) {
+int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out, const char **skipped,
+                          fm_diag *d) {
   fm_entry e;
   fm_remote_build b, mine;
   fm_key key;
@@ -205,7 +208,8 @@ int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_
   /* Without a secret nothing can tell an exported entry from a forged one: anyone can
    * recompute an unkeyed digest. */
   if (!t->secret.len)
-    return fm_diag_set(d, FM_EDENIED, "import is disabled: this daemon has no --remote-secret-file, and only "
+    return fm_diag_set(d, FM_EDENIED,
+                       "import is disabled: this daemon has no --remote-secret-file, and only "
                        "entries signed with this node's secret are accepted");
   int err = fm_remote_entry_decode(val, len, &t->secret, &e, &b, d);
   if (err) return err;
@@ -229,7 +233,7 @@ int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_
     fm_diag_set(d, FM_ESTORE, "cannot store the entry: %s", why.text[0] ? why.text : fm_strerror(err));
     err = FM_ESTORE;
   } else if (kept >= 0) {
-    *skipped = kept_reason[kept];   /* put_unless reports only states in the mask */
+    *skipped = kept_reason[kept]; /* put_unless reports only states in the mask */
   }
 out:
   fm_entry_free(&e);

@@ -23,8 +23,8 @@
 #include "fm_store.h"
 
 typedef struct fm_remote_tier {
-  fm_remote *remote;            /* NULL: no --remote (import/export still work) */
-  fm_remote_secret secret;      /* len 0: none */
+  fm_remote *remote;       /* NULL: no --remote (import/export still work) */
+  fm_remote_secret secret; /* len 0: none */
   fm_store *store;
   const fm_devinfo *dev;
 } fm_remote_tier;
@@ -41,9 +41,9 @@ struct fm_remote_lookup {
   fm_key key;
   char label[192];
   char arch[16];
-  const uint8_t *canonical;     /* borrowed: alive until done() */
+  const uint8_t *canonical; /* borrowed: alive until done() */
   size_t canonical_len;
-  int found;                    /* 1: e is a verified entry (stored locally unless store_err) */
+  int found; /* 1: e is a verified entry (stored locally unless store_err) */
   fm_entry e;
   int store_err;
   void (*done)(fm_remote_lookup *lk);
@@ -66,8 +66,8 @@ int fm_remote_tier_export(fm_remote_tier *t, const fm_key *key, uint8_t **val, s
  * improve on, is skipped (FM_OK, *skipped says why; NULL when stored). FM_EDENIED (no secret
  * configured, unsigned, HMAC mismatch), FM_ECORRUPT, FM_EINVAL (not for this daemon, invalid
  * content), FM_ESTORE. *key_out: the entry's key. */
-int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out,
-                          const char **skipped, fm_diag *d);
+int fm_remote_tier_import(fm_remote_tier *t, const uint8_t *val, size_t len, fm_key *key_out, const char **skipped,
+                          fm_diag *d);
 
 /* The "remote" map of the stats reply. */
 void fm_remote_tier_pack_stats(fm_remote_tier *t, msgpack_packer *pk);

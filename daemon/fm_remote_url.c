@@ -15,7 +15,7 @@
 
 #include "fm_remote.h"
 
-#define DB_MAX 1000000
+#define DB_MAX   1000000
 #define BRACKETS " (an IPv6 address goes in brackets: [::1])"
 
 /* shown: url with the text between the userinfo's first ':' and the URL's last '@' replaced by
@@ -61,9 +61,7 @@ static const char *unescape(const char *s, size_t n, char *out, size_t cap) {
 }
 
 /* A host name: letters, digits, '-', '.', '_'. */
-static int name_char(char c) {
-  return isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_';
-}
+static int name_char(char c) { return isalnum((unsigned char)c) || c == '-' || c == '.' || c == '_'; }
 
 /* Digits only (no sign, no space, unlike strtol), at most max; -1 otherwise. */
 static long digits(const char *s, size_t n, long max) {
@@ -79,8 +77,10 @@ static long digits(const char *s, size_t n, long max) {
 static int parse_userinfo(const char *s, size_t n, fm_redis_url *u, fm_diag *d) {
   const char *colon = memchr(s, ':', n), *why;
   if (!colon)
-    return fm_diag_set(d, FM_EINVAL, "remote %s: the part before '@' needs a password: user:password@, or "
-                       ":password@ for Redis's default user", u->shown);
+    return fm_diag_set(d, FM_EINVAL,
+                       "remote %s: the part before '@' needs a password: user:password@, or "
+                       ":password@ for Redis's default user",
+                       u->shown);
   if ((why = unescape(s, (size_t)(colon - s), u->user, sizeof u->user)))
     return fm_diag_set(d, FM_EINVAL, "remote %s: user name: %s", u->shown, why);
   if ((why = unescape(colon + 1, (size_t)(s + n - colon - 1), u->password, sizeof u->password)))
@@ -109,8 +109,7 @@ static int parse_hostport(const char *s, size_t n, fm_redis_url *u, fm_diag *d) 
                          (int)(end - p), p);
   } else {
     for (p = s; p < end && *p != ':'; p++)
-      if (!name_char(*p))
-        return fm_diag_set(d, FM_EINVAL, "remote %s: '%c' cannot be in a host name", u->shown, *p);
+      if (!name_char(*p)) return fm_diag_set(d, FM_EINVAL, "remote %s: '%c' cannot be in a host name", u->shown, *p);
     if (p == s)
       return fm_diag_set(d, FM_EINVAL, "remote %s: no host%s", u->shown,
                          n > 1 && memchr(s + 1, ':', n - 1) ? BRACKETS : "");
@@ -119,7 +118,7 @@ static int parse_hostport(const char *s, size_t n, fm_redis_url *u, fm_diag *d) 
     memcpy(u->host, s, (size_t)(p - s));
     u->host[p - s] = '\0';
   }
-  if (p < end) {   /* ':' */
+  if (p < end) { /* ':' */
     long port = digits(p + 1, (size_t)(end - p - 1), 65535);
     if (port <= 0)
       return fm_diag_set(d, FM_EINVAL, "remote %s: bad port \"%.*s\" (1 to 65535)%s", u->shown, (int)(end - p - 1),

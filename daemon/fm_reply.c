@@ -42,9 +42,7 @@ void fm_reply_raw(fm_reply *r, const uint8_t *bytes, size_t len) {
     msgpack_pack_nil(&r->pk);
 }
 
-void fm_reply_discard(fm_reply *r) {
-  msgpack_sbuffer_destroy(&r->sb);
-}
+void fm_reply_discard(fm_reply *r) { msgpack_sbuffer_destroy(&r->sb); }
 
 int fm_reply_send(fm_reply *r, fm_conn *c, uint64_t id) {
   int err;

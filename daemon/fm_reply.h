@@ -18,7 +18,7 @@
 typedef struct fm_reply {
   msgpack_sbuffer sb;
   msgpack_packer pk;
-  int err;                   /* first allocation failure */
+  int err; /* first allocation failure */
 } fm_reply;
 
 /* Starts {ok: true, id: id, <n_fields more pairs>}; the caller packs exactly n_fields pairs. */

@@ -14,7 +14,8 @@ int fm_sd_listen_fd(int *fd, fm_diag *d) {
   unsetenv("LISTEN_FDNAMES");
   *fd = -1;
   if (passed)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "systemd passed a listening socket (LISTEN_FDS), but this fusemld was "
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "systemd passed a listening socket (LISTEN_FDS), but this fusemld was "
                        "built without libsystemd: no socket activation; " REBUILD);
   return FM_OK;
 }
@@ -25,7 +26,8 @@ int fm_sd_watchdog_usec(uint64_t *usec, fm_diag *d) {
   unsetenv("WATCHDOG_PID");
   *usec = 0;
   if (asked)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "systemd asks for a watchdog (WATCHDOG_USEC), but this fusemld was "
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "systemd asks for a watchdog (WATCHDOG_USEC), but this fusemld was "
                        "built without libsystemd: no watchdog; " REBUILD);
   return FM_OK;
 }

@@ -1,5 +1,5 @@
 /* fm_server.c: the listening socket, per-connection framing, write queues and timers. */
-#define _GNU_SOURCE   /* struct ucred, SO_PEERCRED */
+#define _GNU_SOURCE /* struct ucred, SO_PEERCRED */
 #include "fm_server.h"
 
 #include <errno.h>
@@ -18,30 +18,30 @@
 #include "fm_log.h"
 #include "fm_msg.h"
 
-#define FM_SERVER_BACKLOG 128
-#define FM_SERVER_READ_CHUNK 65536
-#define FM_SERVER_DRAIN_TIMEOUT_S 10   /* a draining peer that never reads its last reply */
-#define FM_CONN_NAME_SAFE 72
-#define FM_PEER_GROUPS_MAX 256   /* supplementary groups looked at (NGROUPS_MAX is 65536) */
+#define FM_SERVER_BACKLOG         128
+#define FM_SERVER_READ_CHUNK      65536
+#define FM_SERVER_DRAIN_TIMEOUT_S 10 /* a draining peer that never reads its last reply */
+#define FM_CONN_NAME_SAFE         72
+#define FM_PEER_GROUPS_MAX        256 /* supplementary groups looked at (NGROUPS_MAX is 65536) */
 /* Connections accepted before the listener pauses for one loop turn. libuv accepts until the
  * backlog is empty, and a storm of connects and closes refills it as fast: without a pause,
  * no hang-up would be read (and no slot freed) while the storm lasts. */
-#define FM_SERVER_ACCEPT_BATCH 32
-#define FM_SERVER_SUMMARY_MS 60000   /* the connection summary's interval (fm_connlog.h) */
+#define FM_SERVER_ACCEPT_BATCH    32
+#define FM_SERVER_SUMMARY_MS      60000 /* the connection summary's interval (fm_connlog.h) */
 
 struct fm_server {
   uv_loop_t *loop;
   uv_pipe_t listener;
-  uv_idle_t accept_resume;   /* resumes accepting at the next loop turn */
-  uv_timer_t summary;        /* writes the connection summary */
-  int listening;             /* listener open */
-  int open_handles;          /* listener, accept_resume, summary: close callbacks not yet run */
-  uint32_t accepted;         /* since accepting last paused */
+  uv_idle_t accept_resume; /* resumes accepting at the next loop turn */
+  uv_timer_t summary;      /* writes the connection summary */
+  int listening;           /* listener open */
+  int open_handles;        /* listener, accept_resume, summary: close callbacks not yet run */
+  uint32_t accepted;       /* since accepting last paused */
   fm_server_opts opts;
   char *socket_path;
-  fm_conn *conns;            /* open connections (not yet closing) */
+  fm_conn *conns; /* open connections (not yet closing) */
   uint32_t n_clients;
-  size_t pending_total;      /* bytes queued for writing on the open connections */
+  size_t pending_total; /* bytes queued for writing on the open connections */
   uint64_t next_id;
   fm_connlog connlog;
   /* Reads are consumed synchronously by on_read (copied into the connection's frame reader),
@@ -54,17 +54,17 @@ struct fm_conn {
   fm_conn *next, *prev;
   uv_pipe_t pipe;
   uv_timer_t timer;
-  int handles;               /* libuv handles not yet closed (pipe, timer) */
-  int refs;                  /* fm_conn_ref holders (requests waiting on a compile) */
-  int closing;               /* uv_close issued */
-  int draining;              /* close once the write queue is empty */
-  size_t pending;            /* payload bytes queued for writing */
+  int handles;    /* libuv handles not yet closed (pipe, timer) */
+  int refs;       /* fm_conn_ref holders (requests waiting on a compile) */
+  int closing;    /* uv_close issued */
+  int draining;   /* close once the write queue is empty */
+  size_t pending; /* payload bytes queued for writing */
   uint32_t n_writes;
   fm_frame_reader reader;
   uint64_t frame_started_ms; /* when the incomplete frame's first byte came (uv_now) */
   int hello;
   uint64_t id;
-  int have_cred;             /* SO_PEERCRED answered */
+  int have_cred; /* SO_PEERCRED answered */
   struct ucred cred;
   char name[128];
 };
@@ -95,8 +95,10 @@ static void on_conn_handle_closed(uv_handle_t *h) {
 
 static void conn_unlink(fm_conn *c) {
   fm_server *s = c->srv;
-  if (c->prev) c->prev->next = c->next;
-  else if (s->conns == c) s->conns = c->next;
+  if (c->prev)
+    c->prev->next = c->next;
+  else if (s->conns == c)
+    s->conns = c->next;
   if (c->next) c->next->prev = c->prev;
   c->next = c->prev = NULL;
   s->n_clients--;
@@ -109,7 +111,8 @@ static void conn_close(fm_conn *c) {
   c->closing = 1;
   fm_connlog *log = &c->srv->connlog;
   size_t partial = fm_frame_reader_pending(&c->reader);
-  if (partial) fm_connlog_event(log, FM_CONN_MIDFRAME, "%s: closed with %zu bytes of an incomplete frame", c->name, partial);
+  if (partial)
+    fm_connlog_event(log, FM_CONN_MIDFRAME, "%s: closed with %zu bytes of an incomplete frame", c->name, partial);
   fm_connlog_event(log, FM_CONN_CLOSED, "%s: closed", c->name);
   conn_unlink(c);
   /* Pending writes are cancelled by libuv before these close callbacks run, so the write
@@ -118,18 +121,14 @@ static void conn_close(fm_conn *c) {
   uv_close((uv_handle_t *)&c->timer, on_conn_handle_closed);
 }
 
-void fm_conn_ref(fm_conn *c) {
-  c->refs++;
-}
+void fm_conn_ref(fm_conn *c) { c->refs++; }
 
 void fm_conn_unref(fm_conn *c) {
   c->refs--;
   conn_maybe_free(c);
 }
 
-int fm_conn_is_open(const fm_conn *c) {
-  return !c->closing && !c->draining;
-}
+int fm_conn_is_open(const fm_conn *c) { return !c->closing && !c->draining; }
 
 /* ---- timers ---- */
 
@@ -148,7 +147,8 @@ static void arm_timer(fm_conn *c) {
   if (c->draining) {
     ms = FM_SERVER_DRAIN_TIMEOUT_S * 1000;
   } else if (fm_frame_reader_pending(&c->reader) > 0) {
-    uint32_t secs = o->idle_timeout_s && o->idle_timeout_s < o->stall_timeout_s ? o->idle_timeout_s : o->stall_timeout_s;
+    uint32_t secs =
+        o->idle_timeout_s && o->idle_timeout_s < o->stall_timeout_s ? o->idle_timeout_s : o->stall_timeout_s;
     ms = (uint64_t)secs * 1000;
     /* The stall timer starts again with every byte; the frame's deadline does not, so a
      * trickle of bytes cannot hold the connection forever. */
@@ -176,8 +176,9 @@ static void on_timer(uv_timer_t *t) {
   if (c->draining)
     fm_connlog_event(log, FM_CONN_UNREAD, "%s: peer did not read its last reply; closing", c->name);
   else if (partial && c->srv->opts.frame_deadline_s && frame_ms_left(c) == 0)
-    fm_connlog_event(log, FM_CONN_DEADLINE, "%s: frame not complete %u s after its first byte (%zu bytes so far); closing",
-                     c->name, c->srv->opts.frame_deadline_s, partial);
+    fm_connlog_event(log, FM_CONN_DEADLINE,
+                     "%s: frame not complete %u s after its first byte (%zu bytes so far); closing", c->name,
+                     c->srv->opts.frame_deadline_s, partial);
   else if (partial)
     fm_log_debug("%s: stalled in the middle of a frame; closing", c->name);
   else
@@ -191,7 +192,7 @@ static void on_write(uv_write_t *req, int status) {
   fm_wreq *w = req->data;
   fm_conn *c = w->c;
   c->pending -= w->len;
-  if (!c->closing) c->srv->pending_total -= w->len;   /* a closing one was taken off at once */
+  if (!c->closing) c->srv->pending_total -= w->len; /* a closing one was taken off at once */
   c->n_writes--;
   free(w->payload);
   free(w);
@@ -218,7 +219,8 @@ static int make_room(fm_conn *c, size_t len) {
       if (o != c && o->pending > most) worst = o, most = o->pending;
     fm_connlog_event(&s->connlog, FM_CONN_UNREAD,
                      "%s: the queued output of all clients would pass %zu bytes, and %zu of them are this "
-                     "client's, the most of any; dropping the client", worst->name, bound, most);
+                     "client's, the most of any; dropping the client",
+                     worst->name, bound, most);
     conn_close(worst);
     if (worst == c) return 0;
   }
@@ -234,8 +236,9 @@ static int conn_write(fm_conn *c, char *payload, size_t len) {
   /* A reply larger than the cap still goes out when nothing else is queued: the cap is about
    * replies piling up unread, not about one big CUBIN. */
   if (len > UINT32_MAX || (c->pending > 0 && c->pending + len > o->max_pending_output)) {
-    fm_connlog_event(&c->srv->connlog, FM_CONN_UNREAD, "%s: %zu bytes of replies queued unread (cap %zu); dropping the client",
-                     c->name, c->pending + len, o->max_pending_output);
+    fm_connlog_event(&c->srv->connlog, FM_CONN_UNREAD,
+                     "%s: %zu bytes of replies queued unread (cap %zu); dropping the client", c->name, c->pending + len,
+                     o->max_pending_output);
     free(payload);
     conn_close(c);
     return FM_ELIMIT;
@@ -285,8 +288,10 @@ void fm_conn_close_after_flush(fm_conn *c) {
   if (c->closing || c->draining) return;
   c->draining = 1;
   uv_read_stop((uv_stream_t *)&c->pipe);
-  if (c->n_writes == 0) conn_close(c);
-  else arm_timer(c);
+  if (c->n_writes == 0)
+    conn_close(c);
+  else
+    arm_timer(c);
 }
 
 /* An error reply the server sends by itself (no request was decoded: id 0). */
@@ -321,9 +326,9 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   int err = fm_frame_reader_feed(&c->reader, buf->base, (size_t)nread);
   if (err == FM_ETOOBIG) {
     char detail[128];
-    snprintf(detail, sizeof detail, "a frame may hold at most %zu bytes; closing the connection",
-             s->opts.max_frame);
-    fm_connlog_event(&s->connlog, FM_CONN_TOOBIG, "%s: frame header over the %zu-byte limit", c->name, s->opts.max_frame);
+    snprintf(detail, sizeof detail, "a frame may hold at most %zu bytes; closing the connection", s->opts.max_frame);
+    fm_connlog_event(&s->connlog, FM_CONN_TOOBIG, "%s: frame header over the %zu-byte limit", c->name,
+                     s->opts.max_frame);
     if (s->opts.on_refused) s->opts.on_refused(FM_ETOOBIG, s->opts.ctx);
     send_error(c, FM_ETOOBIG, detail);
     fm_conn_close_after_flush(c);
@@ -353,11 +358,11 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
 static void describe_peer(fm_conn *c) {
   uv_os_fd_t fd;
   socklen_t n = sizeof c->cred;
-  c->have_cred = uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 &&
-                 getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &n) == 0;
+  c->have_cred =
+      uv_fileno((uv_handle_t *)&c->pipe, &fd) == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c->cred, &n) == 0;
   if (c->have_cred)
-    snprintf(c->name, sizeof c->name, "#%llu pid %ld uid %ld", (unsigned long long)c->id,
-             (long)c->cred.pid, (long)c->cred.uid);
+    snprintf(c->name, sizeof c->name, "#%llu pid %ld uid %ld", (unsigned long long)c->id, (long)c->cred.pid,
+             (long)c->cred.uid);
   else
     snprintf(c->name, sizeof c->name, "#%llu", (unsigned long long)c->id);
 }
@@ -433,8 +438,10 @@ static void on_connection(uv_stream_t *listener, int status) {
   }
   /* Not accepting now pauses libuv's listener until accept_one takes this connection, at the
    * next loop turn, after the reads (hang-ups included) of those just accepted. */
-  if (s->accepted >= FM_SERVER_ACCEPT_BATCH) uv_idle_start(&s->accept_resume, on_accept_resume);
-  else accept_one(s);
+  if (s->accepted >= FM_SERVER_ACCEPT_BATCH)
+    uv_idle_start(&s->accept_resume, on_accept_resume);
+  else
+    accept_one(s);
 }
 
 /* Takes the connection libuv has accepted on the listener. */
@@ -482,7 +489,7 @@ static void accept_one(fm_server *s) {
   }
   if (s->n_clients > s->opts.max_clients) {
     reap_hung_up(s);
-    if (c->closing) return;   /* this one was gone already */
+    if (c->closing) return; /* this one was gone already */
   }
   if (s->n_clients > s->opts.max_clients) {
     char detail[96];
@@ -526,8 +533,7 @@ static int clear_stale_socket(const char *path, fm_diag *d) {
   /* EAGAIN: a live listener whose backlog is full is still a live daemon. */
   if (r == 0 || e == EAGAIN || e == EINPROGRESS)
     return fm_diag_set(d, FM_EBUSY, "another fusemld is already serving %s; stop it first or use --socket", path);
-  if (e != ECONNREFUSED)
-    return fm_diag_set(d, FM_EIO, "cannot probe the existing socket %s: %s", path, strerror(e));
+  if (e != ECONNREFUSED) return fm_diag_set(d, FM_EIO, "cannot probe the existing socket %s: %s", path, strerror(e));
   if (unlink(path) != 0 && errno != ENOENT)
     return fm_diag_set(d, FM_EIO, "cannot remove the stale socket %s: %s", path, strerror(errno));
   fm_log_info("removed stale socket %s (no daemon answered there)", path);
@@ -655,13 +661,9 @@ void fm_server_free(fm_server *s) {
   free(s);
 }
 
-uint32_t fm_server_clients(const fm_server *s) {
-  return s->n_clients;
-}
+uint32_t fm_server_clients(const fm_server *s) { return s->n_clients; }
 
-int fm_conn_hello_done(const fm_conn *c) {
-  return c->hello;
-}
+int fm_conn_hello_done(const fm_conn *c) { return c->hello; }
 
 void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid) {
   c->hello = 1;
@@ -680,9 +682,7 @@ void fm_conn_set_hello(fm_conn *c, const char *client_name, uint64_t pid) {
              (unsigned long long)pid);
 }
 
-const char *fm_conn_name(const fm_conn *c) {
-  return c->name;
-}
+const char *fm_conn_name(const fm_conn *c) { return c->name; }
 
 int fm_conn_peer_uid(const fm_conn *c, uint32_t *uid) {
   if (!c->have_cred) return FM_ENOT_FOUND;

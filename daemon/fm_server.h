@@ -48,23 +48,23 @@ typedef void (*fm_server_frame_fn)(fm_conn *c, const uint8_t *payload, size_t le
 typedef void (*fm_server_refused_fn)(int err, void *ctx);
 
 typedef struct fm_server_opts {
-  const char *socket_path;     /* bound unless listen_fd >= 0 */
-  int listen_fd;               /* an already listening socket (systemd activation), or -1 */
-  int system_mode;             /* socket mode 0660 instead of 0600 */
+  const char *socket_path; /* bound unless listen_fd >= 0 */
+  int listen_fd;           /* an already listening socket (systemd activation), or -1 */
+  int system_mode;         /* socket mode 0660 instead of 0600 */
   uint32_t max_clients;
-  uint32_t idle_timeout_s;     /* 0: never */
-  uint32_t stall_timeout_s;    /* partial frame pending, no byte for this long */
-  uint32_t frame_deadline_s;   /* partial frame pending this long since its first byte; 0: none */
-  size_t max_frame;            /* FM_FRAME_MAX_REQUEST */
-  size_t max_pending_output;   /* bytes queued unread before the connection is dropped (a
+  uint32_t idle_timeout_s;    /* 0: never */
+  uint32_t stall_timeout_s;   /* partial frame pending, no byte for this long */
+  uint32_t frame_deadline_s;  /* partial frame pending this long since its first byte; 0: none */
+  size_t max_frame;           /* FM_FRAME_MAX_REQUEST */
+  size_t max_pending_output;  /* bytes queued unread before the connection is dropped (a
                                   reply is always queued when nothing else is) */
-  size_t max_total_output;     /* bytes queued across all connections; 0: no bound */
-  const uint32_t *allow_uids;  /* both lists empty: every peer that can connect is served */
+  size_t max_total_output;    /* bytes queued across all connections; 0: no bound */
+  const uint32_t *allow_uids; /* both lists empty: every peer that can connect is served */
   uint32_t n_allow_uids;
   const uint32_t *allow_gids;
   uint32_t n_allow_gids;
   fm_server_frame_fn on_frame;
-  fm_server_refused_fn on_refused;   /* may be NULL */
+  fm_server_refused_fn on_refused; /* may be NULL */
   void *ctx;
 } fm_server_opts;
 

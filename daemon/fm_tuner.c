@@ -64,17 +64,15 @@ typedef struct session {
   const fm_tuner_opts *opts;
   fm_tune_job *job;
   uint64_t seed;
-  int prepared;          /* the running worker holds this fragment's inputs */
-  int lost;              /* the worker was killed or died: the next start is a restart */
+  int prepared; /* the running worker holds this fragment's inputs */
+  int lost;     /* the worker was killed or died: the next start is a restart */
   /* Called before each candidate of a background round: runs the foreground jobs waiting;
    * returns 1 if it ran any (the worker holds their inputs now), 0 if none, -1 to stop. */
   int (*yield)(void *ctx);
   void *yield_ctx;
 } session;
 
-int fm_tune_job_judges(const fm_tune_job *j, size_t i) {
-  return !j->judge || ((j->judge >> i) & 1u);
-}
+int fm_tune_job_judges(const fm_tune_job *j, size_t i) { return !j->judge || ((j->judge >> i) & 1u); }
 
 static void pack_begin(msgpack_sbuffer *sb, msgpack_packer *pk) {
   msgpack_sbuffer_init(sb);
@@ -111,16 +109,17 @@ static int prepare(session *s, fm_diag *d) {
   fm_pack_bin(&pk, c0->canonical, c0->canonical_len);
   fm_pack_kv_u64(&pk, "seed", s->seed);
   msgpack_zone_init(&zone, 4096);
-  int err = sb.data ? fm_tworker_call(s->w, (const uint8_t *)sb.data, sb.size, id, FM_TUNE_PREPARE_MS, &zone,
-                                      &reply, d)
+  int err = sb.data ? fm_tworker_call(s->w, (const uint8_t *)sb.data, sb.size, id, FM_TUNE_PREPARE_MS, &zone, &reply, d)
                     : fm_diag_set(d, FM_ENOMEM, "out of memory");
   if (err == FM_OK) {
     bool ok = false;
     char detail[512] = "";
     fm_msg_get_bool(&reply, "ok", &ok, NULL);
     fm_msg_copy_str(&reply, "detail", detail, sizeof detail, NULL);
-    if (!ok) err = fm_diag_set(d, FM_EUNSUPPORTED, "the tuner worker cannot prepare the fragment: %s", detail);
-    else s->prepared = 1;
+    if (!ok)
+      err = fm_diag_set(d, FM_EUNSUPPORTED, "the tuner worker cannot prepare the fragment: %s", detail);
+    else
+      s->prepared = 1;
   } else if (err != FM_ENOMEM) {
     fm_tworker_kill(s->w);
     s->lost = 1;
@@ -150,8 +149,7 @@ static void run_one(session *s, size_t i, double deadline_ms, fm_tune_result *r)
   msgpack_sbuffer_write(&sb, (const char *)c->meta_bytes, c->meta_len);
   msgpack_zone_init(&zone, 4096);
   double t0 = now_ms();
-  int err = sb.data ? fm_tworker_call(s->w, (const uint8_t *)sb.data, sb.size, id, (int)deadline_ms, &zone,
-                                      &reply, &d)
+  int err = sb.data ? fm_tworker_call(s->w, (const uint8_t *)sb.data, sb.size, id, (int)deadline_ms, &zone, &reply, &d)
                     : fm_diag_set(&d, FM_ENOMEM, "out of memory");
   r->wall_ms = now_ms() - t0;
   if (err == FM_OK) {
@@ -266,8 +264,8 @@ static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, in
   j->tuned = 1;
   j->kept = -1;
   j->stopped = 0;
-  j->restarts = j->bad = 0;   /* counted per round by the loop thread */
-  free(j->timings);   /* an earlier round's (the one candidate served first) */
+  j->restarts = j->bad = 0; /* counted per round by the loop thread */
+  free(j->timings);         /* an earlier round's (the one candidate served first) */
   j->timings = NULL;
   j->timings_len = 0;
   for (size_t i = 0; i < j->n; i++) {
@@ -298,7 +296,7 @@ static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, in
       j->tune_ms = now_ms() - t0;
       return;
     }
-    if (yielded) s.prepared = 0;   /* the worker holds a foreground fragment's inputs now */
+    if (yielded) s.prepared = 0; /* the worker holds a foreground fragment's inputs now */
     if ((err = ensure_worker(&s, &d)) == FM_OK && !s.prepared) err = prepare(&s, &d);
     if (err) {
       /* The worker cannot run this fragment at all: nothing was judged, serve untuned. A
@@ -337,15 +335,14 @@ out:
     size_t cap = sizeof j->diag.text, used;
     used = (size_t)snprintf(p, cap, "no candidate verified:");
     for (size_t i = 0; i < j->n && used < cap; i++)
-      if (fm_tune_job_judges(j, i)) used += (size_t)snprintf(p + used, cap - used, " %s", fm_verdict_name(j->res[i].verdict));
+      if (fm_tune_job_judges(j, i))
+        used += (size_t)snprintf(p + used, cap - used, " %s", fm_verdict_name(j->res[i].verdict));
     /* Some candidates only: the others may still verify (the caller judges them next). */
     if (!j->judge) store_result(j, j->cands[first_compiled], FM_STATE_BAD);
   }
 }
 
-void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) {
-  run_job(w, opts, j, NULL, NULL);
-}
+void fm_tuner_run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j) { run_job(w, opts, j, NULL, NULL); }
 
 /* ---- the tuner thread ---- */
 
@@ -356,9 +353,9 @@ struct fm_tuner {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   fm_tune_job *queue, **queue_tail;
-  fm_tune_job *bg_queue, **bg_queue_tail;     /* background jobs: after every foreground one */
+  fm_tune_job *bg_queue, **bg_queue_tail; /* background jobs: after every foreground one */
   fm_tune_job *done, **done_tail;
-  uint64_t bg_candidates;       /* background candidates started (what a foreground job waits for) */
+  uint64_t bg_candidates; /* background candidates started (what a foreground job waits for) */
   int stop, thread_started, async_ready;
   fm_tuner_opts opts;
   char exe[4096];
@@ -396,7 +393,7 @@ static int yield_to_foreground(void *arg) {
     ran = 1;
   }
   int stop = t->stop;
-  if (!stop) t->bg_candidates++;   /* the caller runs its next candidate now */
+  if (!stop) t->bg_candidates++; /* the caller runs its next candidate now */
   pthread_mutex_unlock(&t->mu);
   return stop ? -1 : ran;
 }
@@ -457,7 +454,7 @@ int fm_tuner_new(uv_loop_t *loop, const fm_tuner_opts *opts, fm_tuner **out, fm_
   uv_unref((uv_handle_t *)&t->async);
   if (pthread_create(&t->thread, NULL, tuner_main, t) != 0) {
     fm_tuner_stop(t);
-    *out = t;   /* the caller frees it after the loop closed the handle */
+    *out = t; /* the caller frees it after the loop closed the handle */
     return fm_diag_set(d, FM_EIO, "cannot start the tuner thread");
   }
   t->thread_started = 1;

@@ -51,10 +51,10 @@
 
 /* Timed per fragment: the default, the cuBLASLt plan and the 16 wgmma + 16 mma.sync GEMM
  * candidates all fit. */
-#define FM_TUNE_MAX_CANDIDATES 33
+#define FM_TUNE_MAX_CANDIDATES     33
 #define FM_TUNE_DEFAULT_DEADLINE_S 5
-#define FM_TUNE_PREPARE_MS 120000     /* inputs + fp64 reference for ~64M elements */
-#define FM_TUNE_READY_MS 60000        /* worker start: CUDA init */
+#define FM_TUNE_PREPARE_MS         120000 /* inputs + fp64 reference for ~64M elements */
+#define FM_TUNE_READY_MS           60000  /* worker start: CUDA init */
 
 typedef enum {
   FM_VERDICT_PENDING = 0,
@@ -73,9 +73,9 @@ fm_verdict fm_verdict_parse(const char *s, size_t len);
 
 typedef struct fm_tune_result {
   fm_verdict verdict;
-  double rel_err;      /* -1 when not verified */
-  double ms;           /* -1 when not timed */
-  double wall_ms;      /* the worker's whole answer (load, verify, time), -1: not sent */
+  double rel_err; /* -1 when not verified */
+  double ms;      /* -1 when not timed */
+  double wall_ms; /* the worker's whole answer (load, verify, time), -1: not sent */
   char detail[256];
 } fm_tune_result;
 
@@ -83,34 +83,34 @@ typedef struct fm_tune_job fm_tune_job;
 typedef void (*fm_tune_done_fn)(fm_tune_job *job);
 
 struct fm_tune_job {
-  fm_tune_job *next;            /* queue link */
+  fm_tune_job *next; /* queue link */
   /* inputs: the compiled candidates (owned; cands[0] is the default) */
   fm_compile_job *cands[FM_TUNE_MAX_CANDIDATES];
   size_t n;
-  size_t pending;               /* compiles still running (loop thread) */
-  uint64_t judge;               /* bit i: this round judges cands[i]; 0: every candidate */
-  uint64_t compiled;            /* bit i: cands[i] went through its compile (loop thread) */
-  int background;               /* queued behind foreground jobs, yielding to them */
-  unsigned keep_states;         /* an entry stored meanwhile in one of these states is kept
+  size_t pending;       /* compiles still running (loop thread) */
+  uint64_t judge;       /* bit i: this round judges cands[i]; 0: every candidate */
+  uint64_t compiled;    /* bit i: cands[i] went through its compile (loop thread) */
+  int background;       /* queued behind foreground jobs, yielding to them */
+  unsigned keep_states; /* an entry stored meanwhile in one of these states is kept
                                    (FM_STATE_BIT mask, fm_store_put_unless); 0: replaced */
-  fm_store *store;              /* NULL: do not store */
+  fm_store *store;      /* NULL: do not store */
   fm_tune_done_fn done;
   void *ctx;
   /* results (tuner thread, read by done on the loop thread) */
   fm_tune_result res[FM_TUNE_MAX_CANDIDATES];
-  int winner;                   /* index into cands, -1: none */
-  int tuned;                    /* 1: candidates were judged; 0: worker unavailable (untuned) */
-  fm_diag diag;                 /* why not tuned / why none verified */
-  uint8_t *timings;             /* the blob stored (malloc'd) */
+  int winner;       /* index into cands, -1: none */
+  int tuned;        /* 1: candidates were judged; 0: worker unavailable (untuned) */
+  fm_diag diag;     /* why not tuned / why none verified */
+  uint8_t *timings; /* the blob stored (malloc'd) */
   size_t timings_len;
   int store_err;
   fm_diag store_diag;
-  int kept;                     /* the state of an entry keep_states kept, -1: stored */
-  uint64_t bg_mark;             /* (the tuner's) background candidates started before it queued */
-  uint32_t waited_behind;       /* foreground: background candidates started while it waited */
-  int stopped;                  /* the tuner stopped mid-round: nothing judged further, nothing stored */
+  int kept;               /* the state of an entry keep_states kept, -1: stored */
+  uint64_t bg_mark;       /* (the tuner's) background candidates started before it queued */
+  uint32_t waited_behind; /* foreground: background candidates started while it waited */
+  int stopped;            /* the tuner stopped mid-round: nothing judged further, nothing stored */
   double tune_ms;
-  uint32_t restarts, bad;       /* for the counters */
+  uint32_t restarts, bad; /* for the counters */
 };
 
 /* Whether the job's round judges cands[i] (judge). */
@@ -123,9 +123,9 @@ void fm_tune_job_free(fm_tune_job *job);
 typedef struct fm_tuner fm_tuner;
 
 typedef struct fm_tuner_opts {
-  const char *worker_exe;       /* fusemld-tuner or a stand-in */
-  double deadline_s;            /* base per-candidate deadline (s); 0: the default 5 */
-  uint64_t seed;                /* input seed (0: time-based per job) */
+  const char *worker_exe; /* fusemld-tuner or a stand-in */
+  double deadline_s;      /* base per-candidate deadline (s); 0: the default 5 */
+  uint64_t seed;          /* input seed (0: time-based per job) */
 } fm_tuner_opts;
 
 /* Starts the tuner thread (the worker starts lazily, with the first job). done callbacks run

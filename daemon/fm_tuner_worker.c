@@ -25,13 +25,9 @@ void fm_tworker_init(fm_tworker *w, const char *exe) {
   w->next_id = 1;
 }
 
-int fm_tworker_running(const fm_tworker *w) {
-  return w->pid > 0;
-}
+int fm_tworker_running(const fm_tworker *w) { return w->pid > 0; }
 
-static int64_t now_ms(void) {
-  return fm_child_now_ms();
-}
+static int64_t now_ms(void) { return fm_child_now_ms(); }
 
 static int reap(fm_tworker *w, int sig, char *how, size_t cap) {
   if (w->pid <= 0) return 0;
@@ -128,8 +124,7 @@ int fm_tworker_start(fm_tworker *w, int timeout_ms, fm_diag *d) {
   int r = fm_child_read_frame(w->fd, &w->rd, now_ms() + timeout_ms, &payload, &len);
   if (r == FM_ETIMEOUT) {
     fm_tworker_kill(w);
-    return fm_diag_set(d, FM_ETIMEOUT, "the tuner worker %s did not become ready within %d ms", w->exe,
-                       timeout_ms);
+    return fm_diag_set(d, FM_ETIMEOUT, "the tuner worker %s did not become ready within %d ms", w->exe, timeout_ms);
   }
   if (r != 1) return lost(w, "before it was ready (is it executable?)", d);
   msgpack_zone_init(&zone, 4096);
@@ -150,8 +145,8 @@ int fm_tworker_start(fm_tworker *w, int timeout_ms, fm_diag *d) {
   return err;
 }
 
-int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, int timeout_ms,
-                    msgpack_zone *zone, msgpack_object *reply, fm_diag *d) {
+int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, int timeout_ms, msgpack_zone *zone,
+                    msgpack_object *reply, fm_diag *d) {
   uint8_t hdr[FM_FRAME_HEADER_BYTES];
   int64_t deadline = now_ms() + timeout_ms;
   const uint8_t *payload;
@@ -162,7 +157,8 @@ int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, 
   fm_frame_header(hdr, (uint32_t)len);
   if ((r = fm_child_write(w->fd, hdr, sizeof hdr, deadline)) == FM_OK) r = fm_child_write(w->fd, req, len, deadline);
   if (r == FM_ECLOSED) return lost(w, "while being sent a request", d);
-  if (r == FM_ETIMEOUT) return fm_diag_set(d, FM_ETIMEOUT, "the tuner worker did not take a request within %d ms", timeout_ms);
+  if (r == FM_ETIMEOUT)
+    return fm_diag_set(d, FM_ETIMEOUT, "the tuner worker did not take a request within %d ms", timeout_ms);
   for (;;) {
     r = fm_child_read_frame(w->fd, &w->rd, deadline, &payload, &plen);
     if (r == FM_ETIMEOUT) return fm_diag_set(d, FM_ETIMEOUT, "no answer within %.1f s", timeout_ms / 1000.0);

@@ -33,14 +33,14 @@
 #include "fm_error.h"
 #include "fm_frame.h"
 
-#define FM_TWORKER_FD 3          /* the worker's end of the socketpair, after exec */
+#define FM_TWORKER_FD 3 /* the worker's end of the socketpair, after exec */
 
 typedef struct fm_tworker {
   char exe[4096];
-  pid_t pid;                     /* 0: not running */
-  int fd;                        /* -1: not running */
+  pid_t pid; /* 0: not running */
+  int fd;    /* -1: not running */
   fm_frame_reader rd;
-  char device[192];              /* from its ready message */
+  char device[192]; /* from its ready message */
   uint64_t next_id;
 } fm_tworker;
 
@@ -54,8 +54,8 @@ int fm_tworker_running(const fm_tworker *w);
  * (the caller packed it; pass it as id). FM_ETIMEOUT: no reply in time (the caller kills the
  * worker); FM_ECLOSED: the worker died or hung up (it was reaped; d says how it ended);
  * FM_EPROTOCOL: a reply that does not parse. The reply is unpacked into zone. */
-int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, int timeout_ms,
-                    msgpack_zone *zone, msgpack_object *reply, fm_diag *d);
+int fm_tworker_call(fm_tworker *w, const uint8_t *req, size_t len, uint64_t id, int timeout_ms, msgpack_zone *zone,
+                    msgpack_object *reply, fm_diag *d);
 /* SIGKILL, reap, close: nothing is left behind. No-op when not running. */
 void fm_tworker_kill(fm_tworker *w);
 /* Polite stop: closes its fd (it exits on EOF), waits up to timeout_ms, then kills. */

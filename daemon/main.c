@@ -71,17 +71,48 @@ static void warn_password_in_argv(const char *url) {
   fm_redis_url u;
   fm_diag ignored = {{0}};
   if (fm_remote_parse_url(url, &u, &ignored) == FM_OK && u.password[0])
-    fm_log_warn("--remote %s: a password on the command line can be read by every user of this machine (ps); "
-                "put `remote = URL` in the config file instead, readable by fusemld's user only", u.shown);
+    fm_log_warn(
+        "--remote %s: a password on the command line can be read by every user of this machine (ps); "
+        "put `remote = URL` in the config file instead, readable by fusemld's user only",
+        u.shown);
   explicit_bzero(&u, sizeof u);
 }
 
 int main(int argc, char **argv) {
-  enum { OPT_SOCKET = 256, OPT_DB, OPT_CACHE, OPT_LEVEL, OPT_LOGFILE, OPT_JOBS, OPT_ARCH,
-         OPT_MAXCLIENTS, OPT_IDLE, OPT_MAXOUTPUT, OPT_ALLOWUID, OPT_ALLOWGID, OPT_NOTUNE, OPT_TUNE, OPT_TUNER, OPT_TUNEDL, OPT_TUNEONLY, OPT_FOREGROUND, OPT_SYSTEM, OPT_CONFIG, OPT_HELP, OPT_VERSION,
-         OPT_REMOTE, OPT_REMOTE_SECRET, OPT_MAXOUTPUT_TOTAL, OPT_FRAME_DEADLINE, OPT_COMPILE_DEADLINE,
-         OPT_COMPILE_MEMORY, OPT_COMPILE_WORKER, OPT_MAX_CLIENT_COMPILES, OPT_MAX_COMPILE_COST,
-         OPT_EXIT_WHEN_IDLE };
+  enum {
+    OPT_SOCKET = 256,
+    OPT_DB,
+    OPT_CACHE,
+    OPT_LEVEL,
+    OPT_LOGFILE,
+    OPT_JOBS,
+    OPT_ARCH,
+    OPT_MAXCLIENTS,
+    OPT_IDLE,
+    OPT_MAXOUTPUT,
+    OPT_ALLOWUID,
+    OPT_ALLOWGID,
+    OPT_NOTUNE,
+    OPT_TUNE,
+    OPT_TUNER,
+    OPT_TUNEDL,
+    OPT_TUNEONLY,
+    OPT_FOREGROUND,
+    OPT_SYSTEM,
+    OPT_CONFIG,
+    OPT_HELP,
+    OPT_VERSION,
+    OPT_REMOTE,
+    OPT_REMOTE_SECRET,
+    OPT_MAXOUTPUT_TOTAL,
+    OPT_FRAME_DEADLINE,
+    OPT_COMPILE_DEADLINE,
+    OPT_COMPILE_MEMORY,
+    OPT_COMPILE_WORKER,
+    OPT_MAX_CLIENT_COMPILES,
+    OPT_MAX_COMPILE_COST,
+    OPT_EXIT_WHEN_IDLE
+  };
   static const struct option longopts[] = {
       {"socket", required_argument, NULL, OPT_SOCKET},
       {"db", required_argument, NULL, OPT_DB},
@@ -117,7 +148,7 @@ int main(int argc, char **argv) {
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0},
   };
-  static fm_config cfg;   /* large (paths): not on the stack */
+  static fm_config cfg; /* large (paths): not on the stack */
   setting *settings = calloc((size_t)argc + 1, sizeof *settings);
   size_t n_settings = 0;
   const char *config_file = NULL;
@@ -130,14 +161,26 @@ int main(int argc, char **argv) {
     fprintf(stderr, "fusemld: out of memory\n");
     return 1;
   }
-  opterr = 0;   /* one line of our own below, not getopt's and then the whole usage */
+  opterr = 0; /* one line of our own below, not getopt's and then the whole usage */
   while ((opt = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
     switch (opt) {
-      case OPT_FOREGROUND: foreground = 1; break;
-      case OPT_SYSTEM: system_mode = 1; break;
-      case OPT_CONFIG: config_file = optarg; break;
-      case OPT_HELP: usage(stdout); status = 0; goto out;
-      case OPT_VERSION: printf("fusemld %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION); status = 0; goto out;
+      case OPT_FOREGROUND:
+        foreground = 1;
+        break;
+      case OPT_SYSTEM:
+        system_mode = 1;
+        break;
+      case OPT_CONFIG:
+        config_file = optarg;
+        break;
+      case OPT_HELP:
+        usage(stdout);
+        status = 0;
+        goto out;
+      case OPT_VERSION:
+        printf("fusemld %s (protocol %d)\n", FM_VERSION_STRING, FM_PROTO_VERSION);
+        status = 0;
+        goto out;
       case ':':
       case '?':
         fprintf(stderr, "fusemld: %s '%s'; see `fusemld --help`\n",

@@ -12,6 +12,7 @@ time them on), and the model runs as its ATen ops on CPU.
 
 scripts/quickstart runs it against the daemon it started. Exits 0 without torch (it says how
 to install it), 1 if fuseml's result is not close to eager's."""
+
 import logging
 import os
 import statistics
@@ -19,9 +20,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOLERANCE = 2e-2      # ||fuseml - eager|| / ||eager||: bf16 rounding stays well below this
-REPS = 50             # timed steps per variant on a GPU (the median is printed)
-WARMUP = 3            # untimed steps first: compiles, the daemon's tuning, measured routing
+TOLERANCE = 2e-2  # ||fuseml - eager|| / ||eager||: bf16 rounding stays well below this
+REPS = 50  # timed steps per variant on a GPU (the median is printed)
+WARMUP = 3  # untimed steps first: compiles, the daemon's tuning, measured routing
 
 
 def imports():
@@ -29,18 +30,19 @@ def imports():
     try:
         import torch
     except ImportError:
-        print("model demo skipped: torch is not installed (scripts/setup installs it, or "
-              "`pip install torch`), then `pip install -e client/python`")
+        print(
+            "model demo skipped: torch is not installed (scripts/setup installs it, or "
+            "`pip install torch`), then `pip install -e client/python`"
+        )
         return None
     try:
         import fuseml
     except ImportError:
-        sys.path.insert(0, os.path.join(ROOT, "client", "python"))   # run from a checkout
+        sys.path.insert(0, os.path.join(ROOT, "client", "python"))  # run from a checkout
         try:
             import fuseml
         except ImportError:
-            print("model demo skipped: the fuseml client is not installed: "
-                  "`pip install -e client/python`")
+            print("model demo skipped: the fuseml client is not installed: " "`pip install -e client/python`")
             return None
     return torch, fuseml
 
@@ -58,6 +60,7 @@ def block_class(torch):
 
         def forward(self, x):
             return x + self.fc2(self.act(self.fc1(self.norm(x))))
+
     return MLPBlock
 
 
@@ -67,7 +70,7 @@ def rel_err(got, want):
 
 
 def fuseml_backend(torch, fuseml):
-    """"fuseml" as torch.compile knows it (the package's entry point); the same function when
+    """ "fuseml" as torch.compile knows it (the package's entry point); the same function when
     the package runs from the checkout uninstalled, without its entry point."""
     return "fuseml" if "fuseml" in torch._dynamo.list_backends() else fuseml.fuseml_backend
 
@@ -81,7 +84,7 @@ class QuietCpuNote(logging.Filter):
 
 def compile_only(torch, fuseml, model, x):
     """No GPU: send the fragments anyway, list the groups, check the result on CPU."""
-    os.environ["FUSEML_REQUEST_CPU_GRAPHS"] = "1"   # a testing aid: CPU graphs go to fusemld too
+    os.environ["FUSEML_REQUEST_CPU_GRAPHS"] = "1"  # a testing aid: CPU graphs go to fusemld too
     logging.getLogger("fuseml").addFilter(QuietCpuNote())
     with torch.no_grad():
         rows = fuseml.explain(model, x)
@@ -90,8 +93,10 @@ def compile_only(torch, fuseml, model, x):
     keys = [r["key"][:12] for r in rows if r["key"]]
     states = ", ".join(sorted({r["state"] for r in rows if r["state"]}))
     if keys:
-        print(f"fusemld compiled {len(keys)} of the {len(rows)} groups ({states}): "
-              f"`fusectl ls` lists them, `fusectl show {keys[0]}` shows one")
+        print(
+            f"fusemld compiled {len(keys)} of the {len(rows)} groups ({states}): "
+            f"`fusectl ls` lists them, `fusectl show {keys[0]}` shows one"
+        )
     else:
         print(f"fusemld compiled none of the {len(rows)} groups (see fuseml's warning)")
     print(f"result on CPU (ATen): relative error against eager {err:.1e}")
@@ -115,13 +120,16 @@ def step_ms(torch, step):
 def on_gpu(torch, fuseml, model, x):
     """Explain, then time eager, Inductor and fuseml for inference and a training step."""
     print("compiling (the first time, fusemld tunes each kernel on this GPU: a minute or more)")
-    with torch.no_grad():   # the daemon's replies wait for its tuning: a generous timeout
+    with torch.no_grad():  # the daemon's replies wait for its tuning: a generous timeout
         fuseml.explain(model, x, compiler=fuseml.FuseMLCompiler(timeout_s=600))
     torch._dynamo.reset()
     params = list(model.parameters())
     grad_out = torch.randn_like(x)
-    variants = {"eager": model, "inductor": torch.compile(model),
-                "fuseml": torch.compile(model, backend=fuseml_backend(torch, fuseml))}
+    variants = {
+        "eager": model,
+        "inductor": torch.compile(model),
+        "fuseml": torch.compile(model, backend=fuseml_backend(torch, fuseml)),
+    }
 
     def infer(fn):
         with torch.no_grad():
@@ -135,8 +143,7 @@ def on_gpu(torch, fuseml, model, x):
         y.backward(grad_out)
         return [y.detach(), xi.grad] + [p.grad for p in params]
 
-    print(f"{'step (median of %d, ms)' % REPS:<26}{'eager':>9}{'inductor':>10}{'fuseml':>9}"
-          f"{'fuseml err':>12}")
+    print(f"{'step (median of %d, ms)' % REPS:<26}{'eager':>9}{'inductor':>10}{'fuseml':>9}" f"{'fuseml err':>12}")
     worst = 0.0
     for label, run in (("inference", infer), ("training step", train)):
         want = run(model)
@@ -146,10 +153,10 @@ def on_gpu(torch, fuseml, model, x):
         got = got if isinstance(got, list) else [got]
         err = max(rel_err(a, b) for a, b in zip(got, want))
         worst = max(worst, err)
-        print(f"{label:<26}{ms['eager']:>9.4f}{ms['inductor']:>10.4f}{ms['fuseml']:>9.4f}"
-              f"{err:>12.1e}")
-    print("fuseml err: the largest ||fuseml - eager|| / ||eager|| over the output (and, for "
-          "training, every gradient)")
+        print(f"{label:<26}{ms['eager']:>9.4f}{ms['inductor']:>10.4f}{ms['fuseml']:>9.4f}" f"{err:>12.1e}")
+    print(
+        "fuseml err: the largest ||fuseml - eager|| / ||eager|| over the output (and, for " "training, every gradient)"
+    )
     return worst
 
 
@@ -159,22 +166,23 @@ def main():
         return 0
     torch, fuseml = found
     gpu = torch.cuda.is_available()
-    rows = 16384 if gpu else 256   # on a GPU, a size where memory traffic dominates
+    rows = 16384 if gpu else 256  # on a GPU, a size where memory traffic dominates
     d_model, d_ff = 256, 1024
     torch.manual_seed(0)
     device = "cuda" if gpu else "cpu"
     model = block_class(torch)(d_model, d_ff).to(device, torch.bfloat16)
     x = torch.randn(rows // 128, 128, d_model, device=device, dtype=torch.bfloat16)
-    print(f"torch.compile(model, backend=\"fuseml\"), model: x + fc2(gelu(fc1(layer_norm(x)))) "
-          f"in bf16, x {list(x.shape)}, d_ff {d_ff}")
+    print(
+        f"torch.compile(model, backend=\"fuseml\"), model: x + fc2(gelu(fc1(layer_norm(x)))) "
+        f"in bf16, x {list(x.shape)}, d_ff {d_ff}"
+    )
     if gpu:
         print(f"GPU: {torch.cuda.get_device_name()}")
         err = on_gpu(torch, fuseml, model, x)
     else:
-        print("no GPU (torch.cuda.is_available() is False): compile only; the model runs on "
-              "CPU as ATen")
+        print("no GPU (torch.cuda.is_available() is False): compile only; the model runs on " "CPU as ATen")
         err = compile_only(torch, fuseml, model, x)
-    if not err <= TOLERANCE:   # NaN fails too
+    if not err <= TOLERANCE:  # NaN fails too
         print(f"model demo: fuseml's result is off (relative error {err:.1e} > {TOLERANCE})")
         return 1
     return 0

@@ -33,18 +33,16 @@ static struct {
   cublasStatus_t (*layout_set)(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t, const void *, size_t);
   cublasStatus_t (*pref_create)(cublasLtMatmulPreference_t *);
   cublasStatus_t (*pref_destroy)(cublasLtMatmulPreference_t);
-  cublasStatus_t (*pref_set)(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *,
-                             size_t);
-  cublasStatus_t (*heuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
-                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                              cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *);
+  cublasStatus_t (*pref_set)(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t, const void *, size_t);
+  cublasStatus_t (*heuristic)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,
+                              cublasLtMatmulHeuristicResult_t *, int *);
   cublasStatus_t (*check)(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
                           cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,
                           cublasLtMatmulHeuristicResult_t *);
-  cublasStatus_t (*matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,
-                           cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *, const void *,
-                           cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,
-                           void *, size_t, cudaStream_t);
+  cublasStatus_t (*matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *, cublasLtMatrixLayout_t,
+                           const void *, cublasLtMatrixLayout_t, const void *, const void *, cublasLtMatrixLayout_t,
+                           void *, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t);
 } lt;
 static pthread_once_t lt_once = PTHREAD_ONCE_INIT;
 
@@ -58,10 +56,10 @@ static void lt_load(void) {
     snprintf(lt.why, sizeof lt.why, "cannot load cuBLASLt (libcublasLt.so.13/.12)");
     return;
   }
-#define SYM(field, name)                                                    \
-  if (!(*(void **)&lt.field = dlsym(h, name))) {                            \
-    snprintf(lt.why, sizeof lt.why, "cuBLASLt has no %s", name);            \
-    return;                                                                 \
+#define SYM(field, name)                                         \
+  if (!(*(void **)&lt.field = dlsym(h, name))) {                 \
+    snprintf(lt.why, sizeof lt.why, "cuBLASLt has no %s", name); \
+    return;                                                      \
   }
   SYM(create, "cublasLtCreate")
   SYM(destroy, "cublasLtDestroy")
@@ -89,12 +87,12 @@ struct fm_blas {
   cublasLtMatmulPreference_t pref;
   cudaDataType_t dt;
   /* the layouts of the last M (and batch) launched, and the algorithm that runs there */
-  int64_t m;                         /* -1: none built yet */
-  int64_t batch;                     /* products (1 unless the plan is batched) */
+  int64_t m;     /* -1: none built yet */
+  int64_t batch; /* products (1 unless the plan is batched) */
   cublasLtMatrixLayout_t la, lb, lc, ld;
   cublasLtMatmulAlgo_t algo;
   size_t algo_workspace;
-  const void *bias_set;              /* the bias pointer the descriptor holds (NULL: stand-in) */
+  const void *bias_set; /* the bias pointer the descriptor holds (NULL: stand-in) */
   /* the search's results (tuner only) */
   cublasLtMatmulHeuristicResult_t found[MAX_SEARCH];
   int n_found;
@@ -217,8 +215,8 @@ int fm_blas_open(const fm_kernel_meta *meta, fm_blas **out, fm_diag *d) {
       (s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) ||
       (s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) ||
       (s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi)) ||
-      (p->bias >= 0 && (s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_stand_in,
-                                        sizeof bias_stand_in))) ||
+      (p->bias >= 0 &&
+       (s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_stand_in, sizeof bias_stand_in))) ||
       (s = lt.pref_create(&b->pref)) ||
       (s = lt.pref_set(b->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws)) ||
       (s = lt.pref_set(b->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a)) ||
@@ -253,11 +251,11 @@ int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, i
   int64_t m = p->m >= 0 ? p->m : outer, batch = p->batched ? outer : 1;
   cublasStatus_t s;
   int err;
-  if (m <= 0 || batch <= 0) return FM_OK;   /* an empty product */
+  if (m <= 0 || batch <= 0) return FM_OK; /* an empty product */
   if (batch > INT32_MAX) return fm_diag_set(d, FM_ELIMIT, "cuBLASLt: %lld products", (long long)batch);
   pthread_mutex_lock(&b->lock);
   if ((err = prepare_m(b, m, batch, d))) goto out;
-  if (p->bias >= 0 && inputs[p->bias] != b->bias_set) {   /* a weight: set once, usually */
+  if (p->bias >= 0 && inputs[p->bias] != b->bias_set) { /* a weight: set once, usually */
     const void *bias = inputs[p->bias];
     if ((s = lt.desc_set(b->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias))) {
       err = lt_fail(s, "bias pointer", d);
@@ -266,13 +264,12 @@ int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, i
     b->bias_set = bias;
   }
   const void *c = p->c >= 0 ? inputs[p->c] : d_out;
-  s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b], b->la, inputs[p->a], b->lb, &beta, c, b->lc, d_out,
-                b->ld, &b->algo, b->algo_workspace ? workspace : NULL, b->algo_workspace, (cudaStream_t)stream);
-  if (!s && p->has_b2) {   /* siblings: A@B2 right after A@B (the same shapes and layouts) */
+  s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b], b->la, inputs[p->a], b->lb, &beta, c, b->lc, d_out, b->ld,
+                &b->algo, b->algo_workspace ? workspace : NULL, b->algo_workspace, (cudaStream_t)stream);
+  if (!s && p->has_b2) { /* siblings: A@B2 right after A@B (the same shapes and layouts) */
     void *d_out2 = (char *)d_out + (size_t)m * p->n * 2;
-    s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b2], b->la, inputs[p->a], b->lb, &beta, d_out2, b->lc,
-                  d_out2, b->ld, &b->algo, b->algo_workspace ? workspace : NULL, b->algo_workspace,
-                  (cudaStream_t)stream);
+    s = lt.matmul(b->handle, b->desc, &alpha, inputs[p->b2], b->la, inputs[p->a], b->lb, &beta, d_out2, b->lc, d_out2,
+                  b->ld, &b->algo, b->algo_workspace ? workspace : NULL, b->algo_workspace, (cudaStream_t)stream);
   }
   if (s) err = lt_fail(s, "matmul", d);
 out:
@@ -304,7 +301,7 @@ int fm_blas_choose(fm_blas *b, int i, fm_diag *d) {
   pthread_mutex_lock(&b->lock);
   memcpy(b->plan.algo, &b->found[i].algo, FM_META_ALGO_BYTES);
   b->plan.has_algo = 1;
-  b->m = -1;   /* the next launch re-checks it at its own M */
+  b->m = -1; /* the next launch re-checks it at its own M */
   pthread_mutex_unlock(&b->lock);
   return FM_OK;
 }

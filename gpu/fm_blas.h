@@ -25,8 +25,7 @@ void fm_blas_close(fm_blas *b);
 /* The product for dim 0 = outer on stream: inputs per the metadata, d_out the matrix written
  * (the output, or the split form's place in the scratch), workspace at the scratch's start.
  * Asynchronous. */
-int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, int64_t outer,
-                void *stream, fm_diag *d);
+int fm_blas_run(fm_blas *b, void *const *inputs, void *d_out, void *workspace, int64_t outer, void *stream, fm_diag *d);
 
 /* The tuner's search: the heuristic's first choices (at most max) at dim 0 = outer; returns
  * how many (>= 1) or a negative error. fm_blas_choose(i) makes choice i the plan's algorithm

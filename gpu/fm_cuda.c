@@ -14,8 +14,8 @@
 
 /* Device attributes from the driver's CUdevice_attribute enum (stable ABI values). */
 #define FM_CU_ATTR_MULTIPROCESSOR_COUNT 16
-#define FM_CU_ATTR_CC_MAJOR 75
-#define FM_CU_ATTR_CC_MINOR 76
+#define FM_CU_ATTR_CC_MAJOR             75
+#define FM_CU_ATTR_CC_MINOR             76
 
 /* Where each entry point goes. Versioned names where the driver kept an old ABI under the
  * plain name (cuMemAlloc is the 32-bit-size one; cuMemAlloc_v2 takes size_t). */
@@ -23,36 +23,37 @@ static const struct {
   size_t offset;
   const char *symbol;
 } fm_cuda_syms[] = {
-#define FM_SYM_(field, name) {offsetof(fm_cuda, field), name}
-  FM_SYM_(cuInit, "cuInit"),
-  FM_SYM_(cuDriverGetVersion, "cuDriverGetVersion"),
-  FM_SYM_(cuDeviceGetCount, "cuDeviceGetCount"),
-  FM_SYM_(cuDeviceGet, "cuDeviceGet"),
-  FM_SYM_(cuDeviceGetName, "cuDeviceGetName"),
-  FM_SYM_(cuDeviceGetAttribute, "cuDeviceGetAttribute"),
-  FM_SYM_(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
-  FM_SYM_(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
-  FM_SYM_(cuCtxGetCurrent, "cuCtxGetCurrent"),
-  FM_SYM_(cuCtxSetCurrent, "cuCtxSetCurrent"),
-  FM_SYM_(cuCtxSynchronize, "cuCtxSynchronize"),
-  FM_SYM_(cuModuleLoadData, "cuModuleLoadData"),
-  FM_SYM_(cuModuleUnload, "cuModuleUnload"),
-  FM_SYM_(cuModuleGetFunction, "cuModuleGetFunction"),
-  FM_SYM_(cuLaunchKernel, "cuLaunchKernel"),
-  FM_SYM_(cuMemAlloc, "cuMemAlloc_v2"),
-  FM_SYM_(cuMemFree, "cuMemFree_v2"),
-  FM_SYM_(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
-  FM_SYM_(cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
-  FM_SYM_(cuMemcpyDtoD, "cuMemcpyDtoD_v2"),
-  FM_SYM_(cuMemsetD8, "cuMemsetD8_v2"),
-  FM_SYM_(cuEventCreate, "cuEventCreate"),
-  FM_SYM_(cuEventRecord, "cuEventRecord"),
-  FM_SYM_(cuEventSynchronize, "cuEventSynchronize"),
-  FM_SYM_(cuEventElapsedTime, "cuEventElapsedTime"),
-  FM_SYM_(cuEventDestroy, "cuEventDestroy_v2"),
-  FM_SYM_(cuGetErrorString, "cuGetErrorString"),
-  FM_SYM_(cuFuncSetAttribute, "cuFuncSetAttribute"),
-  FM_SYM_(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
+#define FM_SYM_(field, name) \
+  { offsetof(fm_cuda, field), name }
+    FM_SYM_(cuInit, "cuInit"),
+    FM_SYM_(cuDriverGetVersion, "cuDriverGetVersion"),
+    FM_SYM_(cuDeviceGetCount, "cuDeviceGetCount"),
+    FM_SYM_(cuDeviceGet, "cuDeviceGet"),
+    FM_SYM_(cuDeviceGetName, "cuDeviceGetName"),
+    FM_SYM_(cuDeviceGetAttribute, "cuDeviceGetAttribute"),
+    FM_SYM_(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
+    FM_SYM_(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"),
+    FM_SYM_(cuCtxGetCurrent, "cuCtxGetCurrent"),
+    FM_SYM_(cuCtxSetCurrent, "cuCtxSetCurrent"),
+    FM_SYM_(cuCtxSynchronize, "cuCtxSynchronize"),
+    FM_SYM_(cuModuleLoadData, "cuModuleLoadData"),
+    FM_SYM_(cuModuleUnload, "cuModuleUnload"),
+    FM_SYM_(cuModuleGetFunction, "cuModuleGetFunction"),
+    FM_SYM_(cuLaunchKernel, "cuLaunchKernel"),
+    FM_SYM_(cuMemAlloc, "cuMemAlloc_v2"),
+    FM_SYM_(cuMemFree, "cuMemFree_v2"),
+    FM_SYM_(cuMemcpyHtoD, "cuMemcpyHtoD_v2"),
+    FM_SYM_(cuMemcpyDtoH, "cuMemcpyDtoH_v2"),
+    FM_SYM_(cuMemcpyDtoD, "cuMemcpyDtoD_v2"),
+    FM_SYM_(cuMemsetD8, "cuMemsetD8_v2"),
+    FM_SYM_(cuEventCreate, "cuEventCreate"),
+    FM_SYM_(cuEventRecord, "cuEventRecord"),
+    FM_SYM_(cuEventSynchronize, "cuEventSynchronize"),
+    FM_SYM_(cuEventElapsedTime, "cuEventElapsedTime"),
+    FM_SYM_(cuEventDestroy, "cuEventDestroy_v2"),
+    FM_SYM_(cuGetErrorString, "cuGetErrorString"),
+    FM_SYM_(cuFuncSetAttribute, "cuFuncSetAttribute"),
+    FM_SYM_(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled"),
 #undef FM_SYM_
 };
 
@@ -78,14 +79,12 @@ static int fm_cuda_load_impl(void) {
   if (!h) h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char *why = dlerror();
-    return fm_diag_set(d, FM_ENOGPU, "cannot load the CUDA driver (libcuda.so.1): %s",
-                       why ? why : "not found");
+    return fm_diag_set(d, FM_ENOGPU, "cannot load the CUDA driver (libcuda.so.1): %s", why ? why : "not found");
   }
   for (size_t i = 0; i < sizeof fm_cuda_syms / sizeof fm_cuda_syms[0]; i++) {
     void *sym = dlsym(h, fm_cuda_syms[i].symbol);
     if (!sym) {
-      err = fm_diag_set(d, FM_ENOGPU, "the CUDA driver lacks %s (driver too old?)",
-                        fm_cuda_syms[i].symbol);
+      err = fm_diag_set(d, FM_ENOGPU, "the CUDA driver lacks %s (driver too old?)", fm_cuda_syms[i].symbol);
       goto fail;
     }
     /* POSIX guarantees a data pointer from dlsym converts to a function pointer;
@@ -94,8 +93,7 @@ static int fm_cuda_load_impl(void) {
   }
   r = fm_cuda_table.cuInit(0);
   if (r != 0) {
-    err = fm_diag_set(d, FM_ENOGPU, "cuInit failed: %s (CUresult %d)",
-                      fm_cuda_errstr(&fm_cuda_table, r), r);
+    err = fm_diag_set(d, FM_ENOGPU, "cuInit failed: %s (CUresult %d)", fm_cuda_errstr(&fm_cuda_table, r), r);
     goto fail;
   }
   r = fm_cuda_table.cuDeviceGetCount(&count);
@@ -104,7 +102,7 @@ static int fm_cuda_load_impl(void) {
                       r != 0 ? fm_cuda_errstr(&fm_cuda_table, r) : "count 0");
     goto fail;
   }
-  return FM_OK;  /* the handle stays open for the life of the process */
+  return FM_OK; /* the handle stays open for the life of the process */
 
 fail:
   memset(&fm_cuda_table, 0, sizeof fm_cuda_table);
@@ -112,9 +110,7 @@ fail:
   return err;
 }
 
-static void fm_cuda_once_fn(void) {
-  fm_cuda_err = fm_cuda_load_impl();
-}
+static void fm_cuda_once_fn(void) { fm_cuda_err = fm_cuda_load_impl(); }
 
 int fm_cuda_load(const fm_cuda **out, fm_diag *d) {
   if (out) *out = NULL;
@@ -125,8 +121,7 @@ int fm_cuda_load(const fm_cuda **out, fm_diag *d) {
 }
 
 int fm_cuda_fail(const fm_cuda *cu, fm_CUresult r, const char *what, fm_diag *d) {
-  return fm_diag_set(d, FM_ECUDA, "%s failed: %s (CUresult %d)", what ? what : "CUDA call",
-                     fm_cuda_errstr(cu, r), r);
+  return fm_diag_set(d, FM_ECUDA, "%s failed: %s (CUresult %d)", what ? what : "CUDA call", fm_cuda_errstr(cu, r), r);
 }
 
 /* NVRTC target for a compute capability. The "a" variants unlock the arch-specific
@@ -148,8 +143,7 @@ int fm_cuda_device_id(int ordinal, fm_device_id *out, fm_diag *d) {
   err = fm_cuda_load(&cu, d);
   if (err) return err;
   if ((r = cu->cuDeviceGetCount(&count)) != 0) return fm_cuda_fail(cu, r, "cuDeviceGetCount", d);
-  if (ordinal >= count)
-    return fm_diag_set(d, FM_ENOGPU, "no CUDA device %d (the driver sees %d)", ordinal, count);
+  if (ordinal >= count) return fm_diag_set(d, FM_ENOGPU, "no CUDA device %d (the driver sees %d)", ordinal, count);
   if ((r = cu->cuDeviceGet(&dev, ordinal)) != 0) return fm_cuda_fail(cu, r, "cuDeviceGet", d);
   if ((r = cu->cuDeviceGetName(out->name, (int)sizeof out->name, dev)) != 0)
     return fm_cuda_fail(cu, r, "cuDeviceGetName", d);

@@ -11,7 +11,7 @@
 #include "fm_error.h"
 #include "fm_fingerprint.h"
 
-typedef int fm_CUresult;                 /* CUDA_SUCCESS == 0 */
+typedef int fm_CUresult; /* CUDA_SUCCESS == 0 */
 typedef int fm_CUdevice;
 typedef struct fm_CUctx_st *fm_CUcontext;
 typedef struct fm_CUmod_st *fm_CUmodule;
@@ -25,12 +25,12 @@ typedef struct fm_CUtensorMap {
   _Alignas(64) uint64_t opaque[16];
 } fm_CUtensorMap;
 /* the cuTensorMapEncodeTiled enum values fusemld passes (cuda.h) */
-#define FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16 6
-#define FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 9
-#define FM_CU_TENSOR_MAP_INTERLEAVE_NONE 0
-#define FM_CU_TENSOR_MAP_SWIZZLE_128B 3
+#define FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16    6
+#define FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16   9
+#define FM_CU_TENSOR_MAP_INTERLEAVE_NONE      0
+#define FM_CU_TENSOR_MAP_SWIZZLE_128B         3
 #define FM_CU_TENSOR_MAP_L2_PROMOTION_L2_256B 3
-#define FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE 0   /* out-of-bounds elements read as zero */
+#define FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE  0 /* out-of-bounds elements read as zero */
 
 typedef struct fm_cuda {
   fm_CUresult (*cuInit)(unsigned);
@@ -47,8 +47,8 @@ typedef struct fm_cuda {
   fm_CUresult (*cuModuleLoadData)(fm_CUmodule *, const void *);
   fm_CUresult (*cuModuleUnload)(fm_CUmodule);
   fm_CUresult (*cuModuleGetFunction)(fm_CUfunction *, fm_CUmodule, const char *);
-  fm_CUresult (*cuLaunchKernel)(fm_CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                unsigned, unsigned, fm_CUstream, void **, void **);
+  fm_CUresult (*cuLaunchKernel)(fm_CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                fm_CUstream, void **, void **);
   fm_CUresult (*cuMemAlloc)(fm_CUdeviceptr *, size_t);
   fm_CUresult (*cuMemFree)(fm_CUdeviceptr);
   fm_CUresult (*cuMemcpyHtoD)(fm_CUdeviceptr, const void *, size_t);
@@ -64,9 +64,8 @@ typedef struct fm_cuda {
   /* GEMM kernels: dynamic shared memory above 48 KiB must be allowed per function */
   fm_CUresult (*cuFuncSetAttribute)(fm_CUfunction, int, int);
   /* the TMA mainloop's operands (driver 12.0+) */
-  fm_CUresult (*cuTensorMapEncodeTiled)(fm_CUtensorMap *, int, uint32_t, void *, const uint64_t *,
-                                        const uint64_t *, const uint32_t *, const uint32_t *, int,
-                                        int, int, int);
+  fm_CUresult (*cuTensorMapEncodeTiled)(fm_CUtensorMap *, int, uint32_t, void *, const uint64_t *, const uint64_t *,
+                                        const uint32_t *, const uint32_t *, int, int, int, int);
 } fm_cuda;
 
 /* Loads the driver once per process (thread-safe) and calls cuInit(0). FM_ENOGPU with the

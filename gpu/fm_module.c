@@ -13,13 +13,13 @@
 
 struct fm_module {
   const fm_cuda *cu;
-  fm_CUcontext ctx;          /* the context the module was loaded into */
-  fm_CUdevice device;        /* valid when retained_primary */
-  int retained_primary;      /* holds a reference to device 0's primary context */
+  fm_CUcontext ctx;     /* the context the module was loaded into */
+  fm_CUdevice device;   /* valid when retained_primary */
+  int retained_primary; /* holds a reference to device 0's primary context */
   fm_CUmodule mod;
   fm_CUfunction fn;
   fm_kernel_meta meta;
-  fm_blas *blas;             /* kind "cublaslt": the plan (fm_blas.h) */
+  fm_blas *blas; /* kind "cublaslt": the plan (fm_blas.h) */
   /* The last tensor map encoded per metadata entry, reused while its input's address and
    * rows stay the same (a weight's always do): encoding costs host time on every launch
    * otherwise. Locked: a module may be launched from several threads. */
@@ -46,7 +46,7 @@ static int fm_attach_context(fm_module *m, fm_diag *d) {
 
   if ((r = cu->cuCtxGetCurrent(&m->ctx)) != 0) return fm_cuda_fail(cu, r, "cuCtxGetCurrent", d);
   pthread_mutex_lock(&fm_primary_lock);
-  if (m->ctx && m->ctx != fm_primary_ctx) goto out;  /* the caller's own context */
+  if (m->ctx && m->ctx != fm_primary_ctx) goto out; /* the caller's own context */
   if ((r = cu->cuDeviceGet(&m->device, 0)) != 0) {
     err = fm_cuda_fail(cu, r, "cuDeviceGet(0)", d);
     goto out;
@@ -77,17 +77,16 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
 
   if (out) *out = NULL;
   if (!k || !out) return fm_diag_set(d, FM_EINVAL, "fm_module_load: bad argument");
-  int kernel = strcmp(k->meta.grid_rule, "none") != 0;   /* a direct cuBLASLt plan has none */
+  int kernel = strcmp(k->meta.grid_rule, "none") != 0; /* a direct cuBLASLt plan has none */
   if (kernel && (!k->cubin || k->cubin_len == 0))
     return fm_diag_set(d, FM_EINVAL, "kernel of kind %s has no CUBIN to load", k->kind);
   /* A rule fm_meta_grid_x does not know would launch with a wrong grid: refuse it before
    * touching the GPU. */
   if (!fm_meta_rule_known(k->meta.grid_rule))
-    return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client",
-                       k->meta.grid_rule);
+    return fm_diag_set(d, FM_EUNSUPPORTED, "grid rule \"%s\" is not supported by this client", k->meta.grid_rule);
   if ((uint64_t)k->meta.n_inputs + k->meta.n_outputs + 3 + k->meta.n_tmaps > FM_META_MAX_PARAMS)
-    return fm_diag_set(d, FM_ELIMIT, "kernel takes %u inputs and %u outputs; at most %d params",
-                       k->meta.n_inputs, k->meta.n_outputs, FM_META_MAX_PARAMS);
+    return fm_diag_set(d, FM_ELIMIT, "kernel takes %u inputs and %u outputs; at most %d params", k->meta.n_inputs,
+                       k->meta.n_outputs, FM_META_MAX_PARAMS);
   err = fm_cuda_load(&cu, d);
   if (err) return err;
 
@@ -116,8 +115,7 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
   }
   /* Above 48 KiB of dynamic shared memory a launch fails unless the function opts in. */
   if (k->meta.smem > 48u * 1024u &&
-      (r = cu->cuFuncSetAttribute(m->fn, FM_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                  (int)k->meta.smem)) != 0) {
+      (r = cu->cuFuncSetAttribute(m->fn, FM_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)k->meta.smem)) != 0) {
     err = fm_cuda_fail(cu, r, "cuFuncSetAttribute(max dynamic shared memory)", d);
     goto fail;
   }
@@ -153,16 +151,15 @@ void fm_module_unload(fm_module *m) {
 /* The tensor map of metadata entry i over the input at ptr, for a launch of dim 0 = outer:
  * the cached one when ptr and the rows match the last launch, else encoded (host work only,
  * no driver round trip) and cached. */
-static int tensor_map(fm_module *m, uint32_t i, void *ptr, int64_t outer, fm_CUtensorMap *map,
-                      fm_diag *d) {
+static int tensor_map(fm_module *m, uint32_t i, void *ptr, int64_t outer, fm_CUtensorMap *map, fm_diag *d) {
   const fm_meta_tmap *t = &m->meta.tmaps[i];
   uint64_t dims[2] = {t->cols, t->rows < 0 ? (uint64_t)outer : (uint64_t)t->rows};
-  uint64_t stride = t->ld * t->elem_bytes;   /* bytes between rows; dim 0 is contiguous */
+  uint64_t stride = t->ld * t->elem_bytes; /* bytes between rows; dim 0 is contiguous */
   uint32_t elem_strides[2] = {1, 1};
   fm_CUresult r;
   if (((uintptr_t)ptr & 15u) != 0)
-    return fm_diag_set(d, FM_EINVAL, "kernel %s: input %u at %p is not 16-byte aligned (TMA)",
-                       m->meta.entry, t->input, ptr);
+    return fm_diag_set(d, FM_EINVAL, "kernel %s: input %u at %p is not 16-byte aligned (TMA)", m->meta.entry, t->input,
+                       ptr);
   pthread_mutex_lock(&m->tmap_lock);
   if (m->tmap_cache[i].ptr == ptr && m->tmap_cache[i].rows == dims[1]) {
     *map = m->tmap_cache[i].map;
@@ -170,13 +167,10 @@ static int tensor_map(fm_module *m, uint32_t i, void *ptr, int64_t outer, fm_CUt
     return FM_OK;
   }
   pthread_mutex_unlock(&m->tmap_lock);
-  r = m->cu->cuTensorMapEncodeTiled(map,
-                                    strcmp(t->dtype, "bf16") == 0 ? FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                  : FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                    2, ptr, dims, &stride, t->box, elem_strides,
-                                    FM_CU_TENSOR_MAP_INTERLEAVE_NONE, FM_CU_TENSOR_MAP_SWIZZLE_128B,
-                                    FM_CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                    FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  r = m->cu->cuTensorMapEncodeTiled(
+      map, strcmp(t->dtype, "bf16") == 0 ? FM_CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : FM_CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+      ptr, dims, &stride, t->box, elem_strides, FM_CU_TENSOR_MAP_INTERLEAVE_NONE, FM_CU_TENSOR_MAP_SWIZZLE_128B,
+      FM_CU_TENSOR_MAP_L2_PROMOTION_L2_256B, FM_CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuTensorMapEncodeTiled", d);
   pthread_mutex_lock(&m->tmap_lock);
   m->tmap_cache[i].ptr = ptr;
@@ -186,8 +180,7 @@ static int tensor_map(fm_module *m, uint32_t i, void *ptr, int64_t outer, fm_CUt
   return FM_OK;
 }
 
-int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer,
-                     void *stream, fm_diag *d) {
+int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer, void *stream, fm_diag *d) {
   fm_CUdeviceptr ptrs[FM_META_MAX_PARAMS];
   void *params[FM_META_MAX_PARAMS];
   fm_CUtensorMap maps[FM_META_MAX_TMAPS];
@@ -203,25 +196,25 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   if (m->meta.outer >= 0) {
     outer = m->meta.outer;
   } else if (outer < 0) {
-    return fm_diag_set(d, FM_EINVAL, "kernel %s has a symbolic dim 0: outer must be >= 0, got %lld",
-                       m->meta.entry, (long long)outer);
+    return fm_diag_set(d, FM_EINVAL, "kernel %s has a symbolic dim 0: outer must be >= 0, got %lld", m->meta.entry,
+                       (long long)outer);
   }
   if (m->blas) {
     /* the product first (on the same stream, so the epilogue kernel below sees it) */
     void *scratch = outputs[m->meta.n_outputs];
     int err;
     if (!scratch || ((uintptr_t)scratch & 255u))
-      return fm_diag_set(d, FM_EINVAL, "cuBLASLt plan: the scratch buffer (outputs[%u]) must be a 256-byte aligned pointer",
+      return fm_diag_set(d, FM_EINVAL,
+                         "cuBLASLt plan: the scratch buffer (outputs[%u]) must be a 256-byte aligned pointer",
                          m->meta.n_outputs);
     scratch_result = (char *)scratch + fm_meta_scratch_result_offset(&m->meta);
-    err = fm_blas_run(m->blas, inputs, m->mod ? scratch_result : outputs[m->meta.blas.out], scratch, outer,
-                      stream, d);
+    err = fm_blas_run(m->blas, inputs, m->mod ? scratch_result : outputs[m->meta.blas.out], scratch, outer, stream, d);
     if (err || !m->mod) return err;
   }
   grid = fm_meta_grid_x(&m->meta, outer);
   grid_y = fm_meta_grid_y(&m->meta, outer);
   grid_z = fm_meta_grid_z(&m->meta, outer);
-  if (grid == 0 || grid_y == 0 || grid_z == 0) return FM_OK;  /* an empty tensor: nothing to launch */
+  if (grid == 0 || grid_y == 0 || grid_z == 0) return FM_OK; /* an empty tensor: nothing to launch */
   if (grid > 0x7fffffffu || grid_y > 65535u || grid_z > 65535u)
     return fm_diag_set(d, FM_ELIMIT, "grid of %llu x %llu x %llu blocks exceeds the CUDA limit",
                        (unsigned long long)grid, (unsigned long long)grid_y, (unsigned long long)grid_z);
@@ -244,14 +237,14 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
     if (err) return err;
     params[n] = &maps[i];
   }
-  if (m->blas) params[n++] = &scratch_result;   /* the split form's epilogue reads the product */
-  if (m->blas && m->meta.blas.has_b2) {          /* and, siblings, the second one after it */
+  if (m->blas) params[n++] = &scratch_result; /* the split form's epilogue reads the product */
+  if (m->blas && m->meta.blas.has_b2) {       /* and, siblings, the second one after it */
     scratch_result2 = (char *)scratch_result + fm_meta_scratch_second_offset(&m->meta, outer);
     params[n++] = &scratch_result2;
   }
 
-  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, (unsigned)grid_z, m->meta.block[0], m->meta.block[1],
-                            m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
+  r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, (unsigned)grid_z, m->meta.block[0],
+                            m->meta.block[1], m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel", d);
   return FM_OK;
 }

@@ -18,8 +18,8 @@
 typedef struct fm_compiled {
   fm_key key;
   char kind[16];
-  char state[16];       /* "untuned" | "tuned" */
-  char origin[16];      /* "hit" | "compiled" | "joined" | "remote" */
+  char state[16];  /* "untuned" | "tuned" */
+  char origin[16]; /* "hit" | "compiled" | "joined" | "remote" */
   fm_kernel_meta meta;
   uint8_t *cubin;
   size_t cubin_len;
@@ -33,16 +33,15 @@ typedef struct fm_module fm_module;
 int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d);
 /* The same from a compile/lookup reply's raw fields: the CUBIN and the msgpack-packed `meta`
  * map (borrowed for the call only). FM_EMALFORMED / FM_ESCHEMA for bad metadata. */
-int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *meta,
-                         size_t meta_len, fm_module **out, fm_diag *d);
+int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *meta, size_t meta_len, fm_module **out,
+                         fm_diag *d);
 void fm_module_unload(fm_module *m);
 /* Launches on stream (a CUstream; NULL = the legacy default stream) per the metadata:
  * inputs[n_inputs] and outputs[n_outputs] are device pointers; outer is dim 0's size
  * (ignored unless the fragment's dim 0 is symbolic). A cuBLASLt plan (kind "cublaslt") also
  * takes outputs[n_outputs]: a scratch buffer of fm_module_scratch_bytes(outer), 256-byte
  * aligned, the caller's until the launch's work on stream is done. Asynchronous. */
-int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer,
-                     void *stream, fm_diag *d);
+int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, int64_t outer, void *stream, fm_diag *d);
 /* Bytes of scratch a launch at outer needs (0: none). */
 uint64_t fm_module_scratch_bytes(const fm_module *m, int64_t outer);
 

@@ -6,8 +6,8 @@
 #include <msgpack.h>
 #include <string.h>
 
-int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *meta,
-                         size_t meta_len, fm_module **out, fm_diag *d) {
+int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *meta, size_t meta_len, fm_module **out,
+                         fm_diag *d) {
   msgpack_unpacked u;
   fm_compiled k;
   size_t off = 0;
@@ -19,8 +19,7 @@ int fm_module_load_bytes(const uint8_t *cubin, size_t cubin_len, const uint8_t *
     return fm_diag_set(d, FM_EINVAL, "fm_module_load_bytes: bad argument");
   memset(&k, 0, sizeof k);
   msgpack_unpacked_init(&u);
-  if (msgpack_unpack_next(&u, (const char *)meta, meta_len, &off) != MSGPACK_UNPACK_SUCCESS ||
-      off != meta_len) {
+  if (msgpack_unpack_next(&u, (const char *)meta, meta_len, &off) != MSGPACK_UNPACK_SUCCESS || off != meta_len) {
     err = fm_diag_set(d, FM_EMALFORMED, "meta: not exactly one msgpack object (%zu bytes)", meta_len);
     goto out;
   }

@@ -17,19 +17,15 @@ static const char *env_abs(const char *name) {
   return v && v[0] == '/' ? v : NULL;
 }
 
-static int os_err(int e) {
-  return (e == EACCES || e == EPERM || e == EROFS) ? FM_EDENIED : FM_EIO;
-}
+static int os_err(int e) { return (e == EACCES || e == EPERM || e == EROFS) ? FM_EDENIED : FM_EIO; }
 
-static int fmt_path(char *out, size_t cap, fm_diag *d, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static int fmt_path(char *out, size_t cap, fm_diag *d, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static int fmt_path(char *out, size_t cap, fm_diag *d, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   int n = out && cap ? vsnprintf(out, cap, fmt, ap) : -1;
   va_end(ap);
-  if (n < 0 || (size_t)n >= cap)
-    return fm_diag_set(d, FM_ELIMIT, "path does not fit in %zu bytes", cap);
+  if (n < 0 || (size_t)n >= cap) return fm_diag_set(d, FM_ELIMIT, "path does not fit in %zu bytes", cap);
   return FM_OK;
 }
 
@@ -41,8 +37,7 @@ static int home_dir(char *buf, size_t cap, fm_diag *d) {
   char tmp[4096];
   int e = getpwuid_r(getuid(), &pw, tmp, sizeof tmp, &res);
   if (e || !res || !pw.pw_dir || pw.pw_dir[0] != '/')
-    return fm_diag_set(d, FM_EINVAL, "no home directory: HOME is unset and uid %u has no entry",
-                       (unsigned)getuid());
+    return fm_diag_set(d, FM_EINVAL, "no home directory: HOME is unset and uid %u has no entry", (unsigned)getuid());
   return fmt_path(buf, cap, d, "%s", pw.pw_dir);
 }
 
@@ -78,25 +73,29 @@ int fm_check_socket_dir(const char *socket_path, fm_diag *d) {
   int rc = fmt_path(dir, sizeof dir, d, "%s", socket_path ? socket_path : "");
   if (rc) return rc;
   char *slash = strrchr(dir, '/');
-  if (!slash) snprintf(dir, sizeof dir, ".");
-  else if (slash == dir) slash[1] = '\0';
-  else *slash = '\0';
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    slash[1] = '\0';
+  else
+    *slash = '\0';
   /* stat, not lstat: the directory as the connect will reach it, through any symlink (a
    * symlinked $XDG_RUNTIME_DIR is judged by where it leads). */
   struct stat st;
-  if (stat(dir, &st) != 0) return FM_OK;   /* nothing there: connect says so in its own words */
+  if (stat(dir, &st) != 0) return FM_OK; /* nothing there: connect says so in its own words */
   rc = check_dir_owner(dir, &st, 1, d);
   /* A directory others may write into (/tmp): the socket itself must be ours or root's too. */
   struct stat sock;
-  if (!rc && (st.st_mode & (S_IWGRP | S_IWOTH)) && lstat(socket_path, &sock) == 0 &&
-      sock.st_uid != getuid() && sock.st_uid != 0)
-    rc = fm_diag_set(d, FM_EDENIED, "%s may be written by others and the socket is owned by uid %u, "
-                     "not by us (uid %u) or root: refusing it", dir, (unsigned)sock.st_uid,
-                     (unsigned)getuid());
+  if (!rc && (st.st_mode & (S_IWGRP | S_IWOTH)) && lstat(socket_path, &sock) == 0 && sock.st_uid != getuid() &&
+      sock.st_uid != 0)
+    rc = fm_diag_set(d, FM_EDENIED,
+                     "%s may be written by others and the socket is owned by uid %u, "
+                     "not by us (uid %u) or root: refusing it",
+                     dir, (unsigned)sock.st_uid, (unsigned)getuid());
   if (rc) {
     fm_diag why = *d;
-    return fm_diag_set(d, rc, "the socket %s: %s (another user could have put an impostor there)",
-                       socket_path, why.text);
+    return fm_diag_set(d, rc, "the socket %s: %s (another user could have put an impostor there)", socket_path,
+                       why.text);
   }
   return FM_OK;
 }
@@ -114,8 +113,7 @@ int fm_default_socket_path(char *out, size_t cap, int from_env, int create_dirs,
   if (create_dirs) {
     if (mkdir(dir, 0700) == 0) {
       /* mkdir's mode is filtered by the umask; make it exactly 0700 */
-      if (chmod(dir, 0700) != 0)
-        return fm_diag_set(d, os_err(errno), "chmod %s: %s", dir, strerror(errno));
+      if (chmod(dir, 0700) != 0) return fm_diag_set(d, os_err(errno), "chmod %s: %s", dir, strerror(errno));
     } else if (errno != EEXIST) {
       return fm_diag_set(d, os_err(errno), "mkdir %s: %s", dir, strerror(errno));
     }
@@ -126,8 +124,7 @@ int fm_default_socket_path(char *out, size_t cap, int from_env, int create_dirs,
 }
 
 /* base/rel, where base is $var if set, else $HOME/home_rel. */
-static int xdg_path(char *out, size_t cap, const char *var, const char *home_rel, const char *rel,
-                    fm_diag *d) {
+static int xdg_path(char *out, size_t cap, const char *var, const char *home_rel, const char *rel, fm_diag *d) {
   const char *base = env_abs(var);
   if (base) return fmt_path(out, cap, d, "%s/%s", base, rel);
   char home[PATH_MAX];

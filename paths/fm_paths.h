@@ -13,7 +13,7 @@
 #include "fm_error.h"
 
 #define FM_SYSTEM_SOCKET "/run/fusemld/fusemld.sock"
-#define FM_SYSTEM_DB "/var/lib/fusemld/kernels.db"
+#define FM_SYSTEM_DB     "/var/lib/fusemld/kernels.db"
 #define FM_SYSTEM_CONFIG "/etc/fusemld/fusemld.conf"
 
 /* The per-user socket path (honours FUSEML_SOCKET when from_env). With create_dirs the

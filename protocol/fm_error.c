@@ -7,10 +7,12 @@
 
 const char *fm_strerror(int err) {
   switch (err) {
-    case FM_OK: return "success";
+    case FM_OK:
+      return "success";
 #define FM_ERR_MSG_(value, name, slug, msg) \
-  case FM_##name: return msg;
-    FM_ERR_MAP(FM_ERR_MSG_)
+  case FM_##name:                           \
+    return msg;
+      FM_ERR_MAP(FM_ERR_MSG_)
 #undef FM_ERR_MSG_
   }
   return "unknown error";
@@ -18,10 +20,12 @@ const char *fm_strerror(int err) {
 
 const char *fm_err_slug(int err) {
   switch (err) {
-    case FM_OK: return "ok";
+    case FM_OK:
+      return "ok";
 #define FM_ERR_SLUG_(value, name, slug, msg) \
-  case FM_##name: return slug;
-    FM_ERR_MAP(FM_ERR_SLUG_)
+  case FM_##name:                            \
+    return slug;
+      FM_ERR_MAP(FM_ERR_SLUG_)
 #undef FM_ERR_SLUG_
   }
   return "unknown";

@@ -9,32 +9,32 @@
 #include <stddef.h>
 
 /* XX(value, NAME, "slug", "message") */
-#define FM_ERR_MAP(XX)                                                                 \
-  XX(-1, EINVAL, "invalid_argument", "invalid argument")                               \
-  XX(-2, ENOMEM, "out_of_memory", "out of memory")                                     \
-  XX(-3, ETOOBIG, "frame_too_large", "frame exceeds the maximum size")                 \
-  XX(-4, EMALFORMED, "malformed", "malformed msgpack")                                 \
-  XX(-5, ESCHEMA, "bad_request", "request does not match the schema")                  \
-  XX(-6, ELIMIT, "limit_exceeded", "a protocol limit was exceeded")                    \
-  XX(-7, EUNKNOWN_OP, "unknown_op", "unknown operation in fragment")                   \
-  XX(-8, EUNKNOWN_REQ, "unknown_request", "unknown request")                           \
-  XX(-9, EHANDSHAKE, "handshake_required", "send hello first")                         \
-  XX(-10, EPROTO_VERSION, "protocol_version", "unsupported protocol version")          \
-  XX(-11, EUNSUPPORTED, "unsupported", "fragment not supported by this codegen")       \
-  XX(-12, ECODEGEN, "codegen_failed", "code generation failed")                        \
-  XX(-13, ECOMPILE, "compile_failed", "NVRTC compile failed")                          \
-  XX(-14, ENOT_FOUND, "not_found", "no such entry")                                    \
-  XX(-15, ESTORE, "store_error", "kernel store error")                                 \
-  XX(-16, ECORRUPT, "corrupt_entry", "cache entry failed its checksum")                \
-  XX(-17, EIO, "io_error", "input/output error")                                       \
-  XX(-18, ETIMEOUT, "timeout", "operation timed out")                                  \
-  XX(-19, ENOGPU, "no_gpu", "no usable GPU")                                           \
-  XX(-20, ECUDA, "cuda_error", "CUDA driver error")                                    \
-  XX(-21, EBUSY, "busy", "server busy")                                                \
-  XX(-22, ESHUTDOWN, "shutting_down", "daemon is shutting down")                       \
-  XX(-23, ECLOSED, "connection_closed", "connection closed")                           \
-  XX(-24, EPROTOCOL, "protocol_error", "protocol error")                               \
-  XX(-25, EDENIED, "permission_denied", "permission denied")                           \
+#define FM_ERR_MAP(XX)                                                           \
+  XX(-1, EINVAL, "invalid_argument", "invalid argument")                         \
+  XX(-2, ENOMEM, "out_of_memory", "out of memory")                               \
+  XX(-3, ETOOBIG, "frame_too_large", "frame exceeds the maximum size")           \
+  XX(-4, EMALFORMED, "malformed", "malformed msgpack")                           \
+  XX(-5, ESCHEMA, "bad_request", "request does not match the schema")            \
+  XX(-6, ELIMIT, "limit_exceeded", "a protocol limit was exceeded")              \
+  XX(-7, EUNKNOWN_OP, "unknown_op", "unknown operation in fragment")             \
+  XX(-8, EUNKNOWN_REQ, "unknown_request", "unknown request")                     \
+  XX(-9, EHANDSHAKE, "handshake_required", "send hello first")                   \
+  XX(-10, EPROTO_VERSION, "protocol_version", "unsupported protocol version")    \
+  XX(-11, EUNSUPPORTED, "unsupported", "fragment not supported by this codegen") \
+  XX(-12, ECODEGEN, "codegen_failed", "code generation failed")                  \
+  XX(-13, ECOMPILE, "compile_failed", "NVRTC compile failed")                    \
+  XX(-14, ENOT_FOUND, "not_found", "no such entry")                              \
+  XX(-15, ESTORE, "store_error", "kernel store error")                           \
+  XX(-16, ECORRUPT, "corrupt_entry", "cache entry failed its checksum")          \
+  XX(-17, EIO, "io_error", "input/output error")                                 \
+  XX(-18, ETIMEOUT, "timeout", "operation timed out")                            \
+  XX(-19, ENOGPU, "no_gpu", "no usable GPU")                                     \
+  XX(-20, ECUDA, "cuda_error", "CUDA driver error")                              \
+  XX(-21, EBUSY, "busy", "server busy")                                          \
+  XX(-22, ESHUTDOWN, "shutting_down", "daemon is shutting down")                 \
+  XX(-23, ECLOSED, "connection_closed", "connection closed")                     \
+  XX(-24, EPROTOCOL, "protocol_error", "protocol error")                         \
+  XX(-25, EDENIED, "permission_denied", "permission denied")                     \
   XX(-26, ECOMPILE_TIMEOUT, "compile_timeout", "compile deadline passed")
 
 typedef enum {

@@ -46,17 +46,13 @@ static int field_u(EVP_MD_CTX *ctx, uint8_t tag, uint64_t v) {
   return field(ctx, tag, 'u', b, sizeof b);
 }
 
-static int field_s(EVP_MD_CTX *ctx, uint8_t tag, const char *s) {
-  return field(ctx, tag, 's', s, strlen(s));
-}
+static int field_s(EVP_MD_CTX *ctx, uint8_t tag, const char *s) { return field(ctx, tag, 's', s, strlen(s)); }
 
 int fm_fingerprint(const fm_key_inputs *in, fm_key *out) {
-  if (!in || !out || !in->device || !in->nvrtc_options || (!in->canonical && in->canonical_len))
-    return FM_EINVAL;
+  if (!in || !out || !in->device || !in->nvrtc_options || (!in->canonical && in->canonical_len)) return FM_EINVAL;
   const fm_device_id *dev = in->device;
   /* The fixed-size char arrays must be terminated within their size. */
-  if (!memchr(dev->name, '\0', sizeof dev->name) || !memchr(dev->arch, '\0', sizeof dev->arch))
-    return FM_EINVAL;
+  if (!memchr(dev->name, '\0', sizeof dev->name) || !memchr(dev->arch, '\0', sizeof dev->arch)) return FM_EINVAL;
 
   EVP_MD_CTX *ctx = EVP_MD_CTX_new();
   if (!ctx) return FM_ENOMEM;
@@ -120,8 +116,8 @@ void fm_device_label(const fm_device_id *dev, char *out, size_t cap) {
   if (dev->name[0] == '\0' || strncmp(dev->name, "none", sizeof dev->name) == 0)
     snprintf(out, cap, "none/%.*s", (int)sizeof dev->arch, dev->arch);
   else
-    snprintf(out, cap, "%.*s/%.*s/%usm", (int)sizeof dev->name, dev->name, (int)sizeof dev->arch,
-             dev->arch, dev->sm_count);
+    snprintf(out, cap, "%.*s/%.*s/%usm", (int)sizeof dev->name, dev->name, (int)sizeof dev->arch, dev->arch,
+             dev->sm_count);
 }
 
 void fm_sha256(const void *data, size_t len, uint8_t out[32]) {

@@ -22,8 +22,8 @@
 #include <stdint.h>
 
 #define FM_KEY_FORMAT 2
-#define FM_KEY_BYTES 32
-#define FM_KEY_HEX (2 * FM_KEY_BYTES + 1)
+#define FM_KEY_BYTES  32
+#define FM_KEY_HEX    (2 * FM_KEY_BYTES + 1)
 
 typedef struct fm_key {
   uint8_t bytes[FM_KEY_BYTES];
@@ -34,7 +34,7 @@ typedef struct fm_device_id {
   char name[128];
   uint32_t cc_major, cc_minor;
   uint32_t sm_count;
-  char arch[16];               /* NVRTC target, e.g. "sm_90a" */
+  char arch[16]; /* NVRTC target, e.g. "sm_90a" */
 } fm_device_id;
 
 typedef struct fm_key_inputs {

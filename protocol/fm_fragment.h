@@ -55,33 +55,33 @@
  * of vocabulary 5 refuses a fragment that says vocab 6 (FM_ESCHEMA, "vocab 6 not supported"),
  * and the client runs the group unfused. */
 #define FM_VOCAB_VERSION 6
-#define FM_VOCAB_MIN 1
-#define FM_VOCAB_COLS 5   /* the vocabulary of column fragments */
-#define FM_VOCAB_CAT 6    /* the vocabulary of `cat` */
+#define FM_VOCAB_MIN     1
+#define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
+#define FM_VOCAB_CAT     6 /* the vocabulary of `cat` */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
-#define FM_VOCAB_KEY 1
+#define FM_VOCAB_KEY     1
 
 /* Row fragments (vocab 2): a reduced (last) dimension up to FM_MAX_ROW_HELD is held in
  * registers and read once; a longer one, up to FM_MAX_ROW (a vocabulary of a million), is
  * streamed through them in passes, which cannot compute var (its exact two-pass form needs
  * the row held): var over a longer row is FM_EUNSUPPORTED (the client runs it unfused). */
 #define FM_MAX_ROW_HELD 32768
-#define FM_MAX_ROW (1 << 20)
+#define FM_MAX_ROW      (1 << 20)
 
 /* Hard limits: anything beyond is refused with FM_ELIMIT before any work is done. */
-#define FM_MAX_RANK 8
-#define FM_MAX_INPUTS 32
-#define FM_MAX_OUTPUTS 16
-#define FM_MAX_OPS 256
-#define FM_MAX_ARGS 8                            /* operands of one op (cat's most) */
+#define FM_MAX_RANK     8
+#define FM_MAX_INPUTS   32
+#define FM_MAX_OUTPUTS  16
+#define FM_MAX_OPS      256
+#define FM_MAX_ARGS     8 /* operands of one op (cat's most) */
 #define FM_MIN_CAT_ARGS 2
-#define FM_MAX_VALUE_ID 0xFFFFFFu                /* client-chosen ids are 0..this */
-#define FM_MAX_DIM ((int64_t)1 << 31)            /* one dimension: 1..FM_MAX_DIM-1 */
-#define FM_MAX_ELEMENTS ((int64_t)1 << 40)       /* product of a static shape */
-#define FM_MAX_STRIDE ((int64_t)1 << 40)
-#define FM_MAX_ALIGN 256u
+#define FM_MAX_VALUE_ID 0xFFFFFFu          /* client-chosen ids are 0..this */
+#define FM_MAX_DIM      ((int64_t)1 << 31) /* one dimension: 1..FM_MAX_DIM-1 */
+#define FM_MAX_ELEMENTS ((int64_t)1 << 40) /* product of a static shape */
+#define FM_MAX_STRIDE   ((int64_t)1 << 40)
+#define FM_MAX_ALIGN    256u
 #define FM_DIM_SYMBOLIC (-1)
 
 #define FM_DTYPE_MAP(XX) \
@@ -94,7 +94,7 @@ typedef enum {
 #define FM_DTYPE_ENUM_(name, str, size) FM_DT_##name,
   FM_DTYPE_MAP(FM_DTYPE_ENUM_)
 #undef FM_DTYPE_ENUM_
-  FM_DT__COUNT
+      FM_DT__COUNT
 } fm_dtype;
 
 const char *fm_dtype_name(fm_dtype dt);
@@ -104,74 +104,74 @@ int fm_dtype_parse(const char *s, size_t len, fm_dtype *out);
 
 /* Op classes: how many args, how the result dtype is inferred. */
 typedef enum {
-  FM_OPK_CONST,    /* no args; `value` (double) */
-  FM_OPK_UNARY,    /* 1 float arg -> same float dtype */
-  FM_OPK_BINARY,   /* 2 args -> promoted dtype */
-  FM_OPK_COMPARE,  /* 2 args -> bool */
-  FM_OPK_WHERE,    /* (bool cond, a, b) -> promote(a, b) */
-  FM_OPK_CAST,     /* 1 arg -> `dtype` */
-  FM_OPK_POW,      /* (x, c) where c is a `const` value: pow by scalar */
-  FM_OPK_RESERVED, /* a known name of a later vocabulary: refused as FM_EUNSUPPORTED */
-  FM_OPK_REDUCE,   /* vocab 2: 1 float arg, reduced over its last dim -> same dtype
+  FM_OPK_CONST,     /* no args; `value` (double) */
+  FM_OPK_UNARY,     /* 1 float arg -> same float dtype */
+  FM_OPK_BINARY,    /* 2 args -> promoted dtype */
+  FM_OPK_COMPARE,   /* 2 args -> bool */
+  FM_OPK_WHERE,     /* (bool cond, a, b) -> promote(a, b) */
+  FM_OPK_CAST,      /* 1 arg -> `dtype` */
+  FM_OPK_POW,       /* (x, c) where c is a `const` value: pow by scalar */
+  FM_OPK_RESERVED,  /* a known name of a later vocabulary: refused as FM_EUNSUPPORTED */
+  FM_OPK_REDUCE,    /* vocab 2: 1 float arg, reduced over its last dim -> same dtype
                       (sum, mean, amax; var also takes `correction`); vocab 5: sum, mean
                       and amax over dim 0 of a rank-2 value (column fragments) */
-  FM_OPK_COMPOSITE,/* vocab 2, wire form only: expanded into primitives by
+  FM_OPK_COMPOSITE, /* vocab 2, wire form only: expanded into primitives by
                       fm_fragment_expand (softmax, layer_norm, rms_norm) */
-  FM_OPK_MATMUL,   /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments;
+  FM_OPK_MATMUL,    /* vocab 3: mm (A, B) and addmm (bias, A, B) = bias + A@B; GEMM fragments;
                       vocab 4: bmm (A, B), a batch of products (batched GEMM fragments) */
-  FM_OPK_CAT,      /* vocab 6: cat (FM_MIN_CAT_ARGS..FM_MAX_ARGS values) along `dim` ->
+  FM_OPK_CAT,       /* vocab 6: cat (FM_MIN_CAT_ARGS..FM_MAX_ARGS values) along `dim` ->
                       promoted dtype (cat fragments, below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
  * canonical form spells names, and changing a name changes every fingerprint. */
-#define FM_OP_MAP(XX)                        \
-  XX(CONST, "const", FM_OPK_CONST)           \
-  XX(ADD, "add", FM_OPK_BINARY)              \
-  XX(SUB, "sub", FM_OPK_BINARY)              \
-  XX(MUL, "mul", FM_OPK_BINARY)              \
-  XX(DIV, "div", FM_OPK_BINARY)              \
-  XX(MAXIMUM, "maximum", FM_OPK_BINARY)      \
-  XX(MINIMUM, "minimum", FM_OPK_BINARY)      \
-  XX(POW, "pow", FM_OPK_POW)                 \
-  XX(NEG, "neg", FM_OPK_UNARY)               \
-  XX(ABS, "abs", FM_OPK_UNARY)               \
-  XX(RELU, "relu", FM_OPK_UNARY)             \
-  XX(GELU, "gelu", FM_OPK_UNARY)             \
-  XX(GELU_TANH, "gelu_tanh", FM_OPK_UNARY)   \
-  XX(SILU, "silu", FM_OPK_UNARY)             \
-  XX(SIGMOID, "sigmoid", FM_OPK_UNARY)       \
-  XX(TANH, "tanh", FM_OPK_UNARY)             \
-  XX(EXP, "exp", FM_OPK_UNARY)               \
-  XX(LOG, "log", FM_OPK_UNARY)               \
-  XX(SQRT, "sqrt", FM_OPK_UNARY)             \
-  XX(RSQRT, "rsqrt", FM_OPK_UNARY)           \
-  XX(GT, "gt", FM_OPK_COMPARE)               \
-  XX(GE, "ge", FM_OPK_COMPARE)               \
-  XX(LT, "lt", FM_OPK_COMPARE)               \
-  XX(LE, "le", FM_OPK_COMPARE)               \
-  XX(EQ, "eq", FM_OPK_COMPARE)               \
-  XX(NE, "ne", FM_OPK_COMPARE)               \
-  XX(WHERE, "where", FM_OPK_WHERE)           \
-  XX(CAST, "cast", FM_OPK_CAST)              \
-  XX(MM, "mm", FM_OPK_MATMUL)                \
-  XX(ADDMM, "addmm", FM_OPK_MATMUL)          \
-  XX(BMM, "bmm", FM_OPK_MATMUL)              \
-  XX(SUM, "sum", FM_OPK_REDUCE)              \
-  XX(MEAN, "mean", FM_OPK_REDUCE)            \
-  XX(AMAX, "amax", FM_OPK_REDUCE)            \
-  XX(VAR, "var", FM_OPK_REDUCE)              \
-  XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)   \
+#define FM_OP_MAP(XX)                            \
+  XX(CONST, "const", FM_OPK_CONST)               \
+  XX(ADD, "add", FM_OPK_BINARY)                  \
+  XX(SUB, "sub", FM_OPK_BINARY)                  \
+  XX(MUL, "mul", FM_OPK_BINARY)                  \
+  XX(DIV, "div", FM_OPK_BINARY)                  \
+  XX(MAXIMUM, "maximum", FM_OPK_BINARY)          \
+  XX(MINIMUM, "minimum", FM_OPK_BINARY)          \
+  XX(POW, "pow", FM_OPK_POW)                     \
+  XX(NEG, "neg", FM_OPK_UNARY)                   \
+  XX(ABS, "abs", FM_OPK_UNARY)                   \
+  XX(RELU, "relu", FM_OPK_UNARY)                 \
+  XX(GELU, "gelu", FM_OPK_UNARY)                 \
+  XX(GELU_TANH, "gelu_tanh", FM_OPK_UNARY)       \
+  XX(SILU, "silu", FM_OPK_UNARY)                 \
+  XX(SIGMOID, "sigmoid", FM_OPK_UNARY)           \
+  XX(TANH, "tanh", FM_OPK_UNARY)                 \
+  XX(EXP, "exp", FM_OPK_UNARY)                   \
+  XX(LOG, "log", FM_OPK_UNARY)                   \
+  XX(SQRT, "sqrt", FM_OPK_UNARY)                 \
+  XX(RSQRT, "rsqrt", FM_OPK_UNARY)               \
+  XX(GT, "gt", FM_OPK_COMPARE)                   \
+  XX(GE, "ge", FM_OPK_COMPARE)                   \
+  XX(LT, "lt", FM_OPK_COMPARE)                   \
+  XX(LE, "le", FM_OPK_COMPARE)                   \
+  XX(EQ, "eq", FM_OPK_COMPARE)                   \
+  XX(NE, "ne", FM_OPK_COMPARE)                   \
+  XX(WHERE, "where", FM_OPK_WHERE)               \
+  XX(CAST, "cast", FM_OPK_CAST)                  \
+  XX(MM, "mm", FM_OPK_MATMUL)                    \
+  XX(ADDMM, "addmm", FM_OPK_MATMUL)              \
+  XX(BMM, "bmm", FM_OPK_MATMUL)                  \
+  XX(SUM, "sum", FM_OPK_REDUCE)                  \
+  XX(MEAN, "mean", FM_OPK_REDUCE)                \
+  XX(AMAX, "amax", FM_OPK_REDUCE)                \
+  XX(VAR, "var", FM_OPK_REDUCE)                  \
+  XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)       \
   XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE) \
-  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE) \
-  XX(ERF, "erf", FM_OPK_UNARY)               \
+  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE)     \
+  XX(ERF, "erf", FM_OPK_UNARY)                   \
   XX(CAT, "cat", FM_OPK_CAT)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
   FM_OP_MAP(FM_OP_ENUM_)
 #undef FM_OP_ENUM_
-  FM_OP__COUNT
+      FM_OP__COUNT
 } fm_op;
 
 const char *fm_op_name(fm_op op);
@@ -189,21 +189,21 @@ uint32_t fm_op_vocab(fm_op op);
 int fm_op_parse(const char *s, size_t len, fm_op *out);
 
 typedef struct fm_tensor {
-  uint32_t id;                    /* value id */
+  uint32_t id; /* value id */
   fm_dtype dtype;
   uint32_t rank;
-  int64_t shape[FM_MAX_RANK];     /* FM_DIM_SYMBOLIC allowed in shape[0] only */
-  int64_t strides[FM_MAX_RANK];   /* elements */
-  uint32_t align;                 /* bytes, power of two, 1..FM_MAX_ALIGN */
+  int64_t shape[FM_MAX_RANK];   /* FM_DIM_SYMBOLIC allowed in shape[0] only */
+  int64_t strides[FM_MAX_RANK]; /* elements */
+  uint32_t align;               /* bytes, power of two, 1..FM_MAX_ALIGN */
 } fm_tensor;
 
 typedef struct fm_opnode {
   fm_op op;
-  uint32_t out;                   /* value id defined here */
+  uint32_t out; /* value id defined here */
   uint32_t nargs;
-  uint32_t args[FM_MAX_ARGS];     /* value ids defined earlier (nargs of them) */
-  double value;                   /* FM_OP_CONST; eps of layer_norm/rms_norm (wire only) */
-  fm_dtype dtype;                 /* result dtype: inferred by validation; given for cast */
+  uint32_t args[FM_MAX_ARGS]; /* value ids defined earlier (nargs of them) */
+  double value;               /* FM_OP_CONST; eps of layer_norm/rms_norm (wire only) */
+  fm_dtype dtype;             /* result dtype: inferred by validation; given for cast */
   /* Reductions (vocab 2). `dim` is the reduced dim as the client wrote it (-1 or rank-1;
    * vocab 5: 0 or -2 of a rank-2 value, a column reduction; any other is refused); canonical
    * form: -1, or 0 for a column reduction (the only case it is packed). `keepdim` only says
@@ -334,10 +334,10 @@ int fm_fragment_is_rows(const fm_fragment *f);
 enum { FM_COLS_SPACE = 1, FM_COLS_PRE = 2, FM_COLS_POST = 3 };
 int fm_fragment_is_cols(const fm_fragment *f);
 typedef struct fm_cols_info {
-  int64_t m;                      /* M: static, or FM_DIM_SYMBOLIC (the launch's outer) */
-  int64_t n;                      /* N: static */
-  uint8_t in_cls[FM_MAX_INPUTS];  /* FM_COLS_SPACE or FM_COLS_PRE */
-  uint8_t op_cls[FM_MAX_OPS];     /* FM_COLS_SPACE, FM_COLS_PRE or FM_COLS_POST */
+  int64_t m;                     /* M: static, or FM_DIM_SYMBOLIC (the launch's outer) */
+  int64_t n;                     /* N: static */
+  uint8_t in_cls[FM_MAX_INPUTS]; /* FM_COLS_SPACE or FM_COLS_PRE */
+  uint8_t op_cls[FM_MAX_OPS];    /* FM_COLS_SPACE, FM_COLS_PRE or FM_COLS_POST */
 } fm_cols_info;
 /* The column space and every value's class of a column fragment whose tensors are rank 2
  * (validation has prepended the 1s, or is doing so: it calls this); FM_EUNSUPPORTED with the

@@ -66,8 +66,7 @@ static void canon_tensor(fm_tensor *t) {
 }
 
 /* The new id of an old one: inputs keep their position, live ops follow in walk order. */
-static int renumber(const fm_fragment *in, const uint32_t newpos[FM_MAX_OPS], uint32_t id,
-                    uint32_t *out) {
+static int renumber(const fm_fragment *in, const uint32_t newpos[FM_MAX_OPS], uint32_t id, uint32_t *out) {
   int k = find_input(in, id);
   if (k >= 0) {
     *out = (uint32_t)k;
@@ -89,8 +88,7 @@ static uint64_t bucket_of(uint64_t hint) {
 
 static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   uint32_t order[FM_MAX_OPS], newpos[FM_MAX_OPS];
-  if (in->n_inputs > FM_MAX_INPUTS || in->n_ops > FM_MAX_OPS || in->n_outputs > FM_MAX_OUTPUTS)
-    return FM_EINVAL;
+  if (in->n_inputs > FM_MAX_INPUTS || in->n_ops > FM_MAX_OPS || in->n_outputs > FM_MAX_OUTPUTS) return FM_EINVAL;
   uint32_t n = live_order(in, order);
   for (uint32_t j = 0; j < FM_MAX_OPS; j++) newpos[j] = UINT32_MAX;
   for (uint32_t p = 0; p < n; p++) newpos[order[p]] = p;
@@ -127,9 +125,8 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
     /* the last dim, or dim 0 of a column fragment: the only dim ever packed */
     dst->dim = cols && fm_op_kind(src->op) == FM_OPK_REDUCE ? 0 : -1;
     /* a cat's dim, non-negative (validation made it so) */
-    if (fm_op_kind(src->op) == FM_OPK_CAT)
-      dst->dim = src->dim < 0 ? src->dim + (int32_t)in->outputs[0].rank : src->dim;
-    dst->keepdim = 0;                                           /* the output shapes say it */
+    if (fm_op_kind(src->op) == FM_OPK_CAT) dst->dim = src->dim < 0 ? src->dim + (int32_t)in->outputs[0].rank : src->dim;
+    dst->keepdim = 0; /* the output shapes say it */
     dst->correction = src->op == FM_OP_VAR ? src->correction : 0;
   }
   for (uint32_t k = 0; k < in->n_outputs; k++) {
@@ -143,8 +140,7 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
   /* Only a symbolic GEMM or column fragment is tuned per M bucket (the candidates that win
    * depend on M: tiles, or a column strip's cluster); anywhere else the hint would split
    * keys for nothing. */
-  if (!(fm_fragment_is_gemm(out) || fm_fragment_is_cols(out)) || !fm_fragment_is_symbolic(out))
-    out->m_hint = 0;
+  if (!(fm_fragment_is_gemm(out) || fm_fragment_is_cols(out)) || !fm_fragment_is_symbolic(out)) out->m_hint = 0;
   return FM_OK;
 }
 
@@ -178,7 +174,7 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   /* dim only on a column reduction (0): row reductions are over the last dim, and packing
      their -1 would change every vocab-2 key */
   int dim0 = kind == FM_OPK_REDUCE && op->dim == 0;
-  int cat = kind == FM_OPK_CAT;   /* always packs its dim */
+  int cat = kind == FM_OPK_CAT; /* always packs its dim */
   size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + cat + (op->op == FM_OP_VAR);
   int rc = msgpack_pack_map(pk, n);
   fm_pack_kv_cstr(pk, "op", fm_op_name(op->op));
@@ -197,8 +193,7 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
 }
 
 int fm_fragment_pack(const fm_fragment *f, msgpack_packer *pk) {
-  if (!f || !pk || f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS ||
-      f->n_outputs > FM_MAX_OUTPUTS)
+  if (!f || !pk || f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs > FM_MAX_OUTPUTS)
     return FM_EINVAL;
   int rc = msgpack_pack_map(pk, f->m_hint ? 5 : 4);
   fm_pack_kv_u64(pk, "vocab", f->vocab);
@@ -252,11 +247,10 @@ done:
 }
 
 int fm_fragment_is_symbolic(const fm_fragment *f) {
-  if (fm_fragment_is_cols(f)) {   /* the outputs are [1, N]: M is the inputs' */
+  if (fm_fragment_is_cols(f)) { /* the outputs are [1, N]: M is the inputs' */
     for (uint32_t k = 0; k < f->n_inputs; k++)
       if (f->inputs[k].rank > 0 && f->inputs[k].shape[0] == FM_DIM_SYMBOLIC) return 1;
     return 0;
   }
-  return f && f->n_outputs > 0 && f->outputs[0].rank > 0 &&
-         f->outputs[0].shape[0] == FM_DIM_SYMBOLIC;
+  return f && f->n_outputs > 0 && f->outputs[0].rank > 0 && f->outputs[0].shape[0] == FM_DIM_SYMBOLIC;
 }

@@ -36,17 +36,16 @@ static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, ui
   int64_t *e = ci->ext[pos];
   char a_s[160], b_s[160];
   if (is_cat && c < 0)
-    return fm_diag_set(d, FM_ESCHEMA, "ops[%u].dim: %d is not a dim of the rank-%u iteration space",
-                       i, op->dim, r);
+    return fm_diag_set(d, FM_ESCHEMA, "ops[%u].dim: %d is not a dim of the rank-%u iteration space", i, op->dim, r);
   for (uint32_t j = 0; j < r; j++) e[j] = (int)j == c ? 0 : 1;
   for (uint32_t a = 0; a < op->nargs; a++) {
     int q = fm_fragment_find_value(f, op->args[a]);
-    if (q < 0 || q >= (int)pos)
-      return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
+    if (q < 0 || q >= (int)pos) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: undefined value", i, a);
     if (has_cat[q] && is_cat)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%u].args[%u]: value %u is computed from a cat; a cat of a cat is not "
-                         "supported", i, a, op->args[a]);
+                         "supported",
+                         i, a, op->args[a]);
     has_cat[pos] |= has_cat[q];
     const int64_t *x = ci->ext[q];
     for (uint32_t j = 0; j < r; j++) {
@@ -54,11 +53,12 @@ static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, ui
         if (x[j] == FM_DIM_SYMBOLIC)
           return fm_diag_set(d, FM_ESCHEMA,
                              "ops[%u].args[%u]: cat along dim 0, which is symbolic (its operands' "
-                             "sizes must be static)", i, a);
-        e[j] += x[j];   /* each < 2^31, at most FM_MAX_ARGS of them: no overflow */
+                             "sizes must be static)",
+                             i, a);
+        e[j] += x[j]; /* each < 2^31, at most FM_MAX_ARGS of them: no overflow */
         if (e[j] >= FM_MAX_DIM)
-          return fm_diag_set(d, FM_ELIMIT, "ops[%u]: the cat is %" PRId64 " long along dim %d, above 2^31-1",
-                             i, e[j], c);
+          return fm_diag_set(d, FM_ELIMIT, "ops[%u]: the cat is %" PRId64 " long along dim %d, above 2^31-1", i, e[j],
+                             c);
         continue;
       }
       if (x[j] == 1 || x[j] == e[j]) continue;
@@ -70,7 +70,8 @@ static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, ui
       format_ext(e, r, b_s, sizeof b_s);
       return fm_diag_set(d, FM_ESCHEMA,
                          "ops[%u].args[%u]: value %u is %s, which does not broadcast with the other "
-                         "operands (%s so far) along dim %u", i, a, op->args[a], a_s, b_s, j);
+                         "operands (%s so far) along dim %u",
+                         i, a, op->args[a], a_s, b_s, j);
     }
   }
   if (is_cat) has_cat[pos] = 1;
@@ -83,8 +84,8 @@ int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d) {
   char want[160], got[160];
   uint8_t has_cat[FM_MAX_INPUTS + FM_MAX_OPS] = {0};
   uint8_t read[FM_MAX_INPUTS] = {0};
-  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs < 1 ||
-      f->n_outputs > FM_MAX_OUTPUTS || r > FM_MAX_RANK)
+  if (f->n_inputs > FM_MAX_INPUTS || f->n_ops > FM_MAX_OPS || f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS ||
+      r > FM_MAX_RANK)
     return fm_diag_set(d, FM_EINVAL, "cat fragment exceeds the limits");
   ci->rank = r;
   format_ext(it->shape, r, want, sizeof want);
@@ -94,8 +95,7 @@ int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d) {
     for (uint32_t j = 0; same && j < r; j++) same = t->shape[j] == it->shape[j];
     if (!same) {
       format_ext(t->shape, t->rank, got, sizeof got);
-      return fm_diag_set(d, FM_ESCHEMA,
-                         "outputs[%u].shape: %s differs from the iteration shape %s (outputs[0])", k,
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: %s differs from the iteration shape %s (outputs[0])", k,
                          got, want);
     }
   }
@@ -104,7 +104,8 @@ int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d) {
     if (t->rank != r)
       return fm_diag_set(d, FM_ESCHEMA,
                          "inputs[%u].shape: rank %u differs from the iteration rank %u (broadcast "
-                         "with size-1 dims)", k, t->rank, r);
+                         "with size-1 dims)",
+                         k, t->rank, r);
     for (uint32_t j = 0; j < r; j++) ci->ext[k][j] = t->shape[j];
   }
   for (uint32_t i = 0; i < f->n_ops; i++) {
@@ -131,8 +132,8 @@ int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d) {
                            "outputs[%u]: value %u is %s, which does not broadcast to the iteration "
                            "shape %s along dim %u (a cat's operand sizes must add up to the output's)",
                            idx, f->outputs[idx].id, got, want, j);
-      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: %s does not broadcast to the iteration shape %s",
-                         idx, got, want);
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: %s does not broadcast to the iteration shape %s", idx, got,
+                         want);
     }
   }
   return FM_OK;

@@ -11,7 +11,7 @@
 #include "fm_fragment.h"
 #include "fm_msg.h"
 
-#define PATH_MAX_ 64
+#define PATH_MAX_  64
 #define MAX_FIELDS 5
 
 /* Copies a client string into a diag-safe form: printable ASCII only, bounded. */
@@ -31,25 +31,34 @@ static const char *shown(const char *s, size_t n, char out[52]) {
 
 static const char *kind_of(const msgpack_object *o) {
   switch (o->type) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "a bool";
+    case MSGPACK_OBJECT_NIL:
+      return "nil";
+    case MSGPACK_OBJECT_BOOLEAN:
+      return "a bool";
     case MSGPACK_OBJECT_POSITIVE_INTEGER:
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "an integer";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+      return "an integer";
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return "a float";
-    case MSGPACK_OBJECT_STR: return "a str";
-    case MSGPACK_OBJECT_ARRAY: return "an array";
-    case MSGPACK_OBJECT_MAP: return "a map";
-    case MSGPACK_OBJECT_BIN: return "a bin";
-    case MSGPACK_OBJECT_EXT: return "an ext";
+    case MSGPACK_OBJECT_FLOAT64:
+      return "a float";
+    case MSGPACK_OBJECT_STR:
+      return "a str";
+    case MSGPACK_OBJECT_ARRAY:
+      return "an array";
+    case MSGPACK_OBJECT_MAP:
+      return "a map";
+    case MSGPACK_OBJECT_BIN:
+      return "a bin";
+    case MSGPACK_OBJECT_EXT:
+      return "an ext";
   }
   return "an unknown type";
 }
 
 /* Splits a map into the named fields (NULL when absent), refusing other keys, non-str keys
  * and duplicates. required is a bitmask over names. */
-static int fields(const msgpack_object *obj, const char *path, const char *const *names,
-                  int n_names, unsigned required, const msgpack_object **out, fm_diag *d) {
+static int fields(const msgpack_object *obj, const char *path, const char *const *names, int n_names, unsigned required,
+                  const msgpack_object **out, fm_diag *d) {
   char buf[52];
   if (obj->type != MSGPACK_OBJECT_MAP)
     return fm_diag_set(d, FM_ESCHEMA, "%s: expected a map, got %s", path, kind_of(obj));
@@ -61,21 +70,18 @@ static int fields(const msgpack_object *obj, const char *path, const char *const
     int i = 0;
     while (i < n_names && !fm_msg_str_eq(key, names[i])) i++;
     if (i == n_names)
-      return fm_diag_set(d, FM_ESCHEMA, "%s: unknown key '%s'", path,
-                         shown(key->via.str.ptr, key->via.str.size, buf));
+      return fm_diag_set(d, FM_ESCHEMA, "%s: unknown key '%s'", path, shown(key->via.str.ptr, key->via.str.size, buf));
     if (out[i]) return fm_diag_set(d, FM_ESCHEMA, "%s: key '%s' appears twice", path, names[i]);
     out[i] = &obj->via.map.ptr[k].val;
   }
   for (int i = 0; i < n_names; i++)
-    if ((required & (1u << i)) && !out[i])
-      return fm_diag_set(d, FM_ESCHEMA, "%s: missing key '%s'", path, names[i]);
+    if ((required & (1u << i)) && !out[i]) return fm_diag_set(d, FM_ESCHEMA, "%s: missing key '%s'", path, names[i]);
   return FM_OK;
 }
 
 static int get_u64(const msgpack_object *o, const char *path, uint64_t *v, fm_diag *d) {
   if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-    return fm_diag_set(d, FM_ESCHEMA, "%s: expected a non-negative integer, got %" PRId64, path,
-                       o->via.i64);
+    return fm_diag_set(d, FM_ESCHEMA, "%s: expected a non-negative integer, got %" PRId64, path, o->via.i64);
   if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
     return fm_diag_set(d, FM_ESCHEMA, "%s: expected an integer, got %s", path, kind_of(o));
   *v = o->via.u64;
@@ -100,8 +106,7 @@ static int get_id(const msgpack_object *o, const char *path, uint32_t *id, fm_di
   int rc = get_u64(o, path, &v, d);
   if (rc) return rc;
   if (v > FM_MAX_VALUE_ID)
-    return fm_diag_set(d, FM_ELIMIT, "%s: value id %" PRIu64 " exceeds the maximum %u", path, v,
-                       FM_MAX_VALUE_ID);
+    return fm_diag_set(d, FM_ELIMIT, "%s: value id %" PRIu64 " exceeds the maximum %u", path, v, FM_MAX_VALUE_ID);
   *id = (uint32_t)v;
   return FM_OK;
 }
@@ -111,8 +116,8 @@ static int get_dtype(const msgpack_object *o, const char *path, fm_dtype *dt, fm
   if (o->type != MSGPACK_OBJECT_STR)
     return fm_diag_set(d, FM_ESCHEMA, "%s: expected a dtype name (str), got %s", path, kind_of(o));
   if (fm_dtype_parse(o->via.str.ptr, o->via.str.size, dt))
-    return fm_diag_set(d, FM_ESCHEMA, "%s: unknown dtype '%s' (expected bool, f16, bf16 or f32)",
-                       path, shown(o->via.str.ptr, o->via.str.size, buf));
+    return fm_diag_set(d, FM_ESCHEMA, "%s: unknown dtype '%s' (expected bool, f16, bf16 or f32)", path,
+                       shown(o->via.str.ptr, o->via.str.size, buf));
   return FM_OK;
 }
 
@@ -146,8 +151,8 @@ static int decode_tensor(const msgpack_object *obj, const char *path, fm_tensor 
   if (shape->type != MSGPACK_OBJECT_ARRAY)
     return fm_diag_set(d, FM_ESCHEMA, "%s.shape: expected an array, got %s", path, kind_of(shape));
   if (shape->via.array.size > FM_MAX_RANK)
-    return fm_diag_set(d, FM_ELIMIT, "%s.shape: rank %u exceeds the limit of %d", path,
-                       shape->via.array.size, FM_MAX_RANK);
+    return fm_diag_set(d, FM_ELIMIT, "%s.shape: rank %u exceeds the limit of %d", path, shape->via.array.size,
+                       FM_MAX_RANK);
   t->rank = shape->via.array.size;
   for (uint32_t i = 0; i < t->rank; i++) {
     snprintf(p, sizeof p, "%s.shape[%u]", path, i);
@@ -157,11 +162,10 @@ static int decode_tensor(const msgpack_object *obj, const char *path, fm_tensor 
   const msgpack_object *strides = f[T_STRIDES];
   if (strides) {
     if (strides->type != MSGPACK_OBJECT_ARRAY)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.strides: expected an array, got %s", path,
-                         kind_of(strides));
+      return fm_diag_set(d, FM_ESCHEMA, "%s.strides: expected an array, got %s", path, kind_of(strides));
     if (strides->via.array.size != t->rank)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.strides: %u entries for a shape of rank %u", path,
-                         strides->via.array.size, t->rank);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.strides: %u entries for a shape of rank %u", path, strides->via.array.size,
+                         t->rank);
     for (uint32_t i = 0; i < t->rank; i++) {
       snprintf(p, sizeof p, "%s.strides[%u]", path, i);
       if ((rc = get_i64(&strides->via.array.ptr[i], p, &t->strides[i], d))) return rc;
@@ -176,22 +180,19 @@ static int decode_tensor(const msgpack_object *obj, const char *path, fm_tensor 
     snprintf(p, sizeof p, "%s.align", path);
     if ((rc = get_u64(f[T_ALIGN], p, &a, d))) return rc;
     if (a > FM_MAX_ALIGN)
-      return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRIu64 " is not a power of two in 1..%u", p, a,
-                         FM_MAX_ALIGN);
+      return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRIu64 " is not a power of two in 1..%u", p, a, FM_MAX_ALIGN);
     t->align = (uint32_t)a;
   }
   return FM_OK;
 }
 
 enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O_DIM, O_KEEPDIM, O_CORRECTION, O__N };
-static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype",
-                                          "dim", "keepdim", "correction"};
+static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype", "dim", "keepdim", "correction"};
 
 /* The vocabulary-2 attributes: dim (reductions, softmax; cat, vocab 6, where it is required),
  * keepdim (reductions), correction (var). Absent: dim -1, keepdim false, correction 1, as in
  * torch. */
-static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm_opnode *op,
-                            fm_diag *d) {
+static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm_opnode *op, fm_diag *d) {
   char p[PATH_MAX_ + 32];
   const char *opname = fm_op_name(op->op);
   fm_opkind kind = fm_op_kind(op->op);
@@ -199,34 +200,28 @@ static int decode_row_attrs(const msgpack_object *const *f, const char *path, fm
   op->dim = -1;
   op->keepdim = 0;
   op->correction = 1;
-  if (kind == FM_OPK_CAT && !f[O_DIM])
-    return fm_diag_set(d, FM_ESCHEMA, "%s: cat needs a 'dim'", path);
+  if (kind == FM_OPK_CAT && !f[O_DIM]) return fm_diag_set(d, FM_ESCHEMA, "%s: cat needs a 'dim'", path);
   if (f[O_DIM]) {
     int64_t dim = 0;
     if (kind != FM_OPK_REDUCE && kind != FM_OPK_CAT && op->op != FM_OP_SOFTMAX)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.dim: only reductions, softmax and cat take a dim, not '%s'",
-                         path, opname);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.dim: only reductions, softmax and cat take a dim, not '%s'", path, opname);
     snprintf(p, sizeof p, "%s.dim", path);
     if ((rc = get_i64(f[O_DIM], p, &dim, d))) return rc;
     if (dim < -FM_MAX_RANK || dim >= FM_MAX_RANK)
-      return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRId64 " is not a dim of a rank <= %d tensor", p,
-                         dim, FM_MAX_RANK);
+      return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRId64 " is not a dim of a rank <= %d tensor", p, dim, FM_MAX_RANK);
     op->dim = (int32_t)dim;
   }
   if (f[O_KEEPDIM]) {
     if (kind != FM_OPK_REDUCE)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.keepdim: only reductions take keepdim, not '%s'", path,
-                         opname);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.keepdim: only reductions take keepdim, not '%s'", path, opname);
     if (f[O_KEEPDIM]->type != MSGPACK_OBJECT_BOOLEAN)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.keepdim: expected a bool, got %s", path,
-                         kind_of(f[O_KEEPDIM]));
+      return fm_diag_set(d, FM_ESCHEMA, "%s.keepdim: expected a bool, got %s", path, kind_of(f[O_KEEPDIM]));
     op->keepdim = f[O_KEEPDIM]->via.boolean ? 1 : 0;
   }
   if (f[O_CORRECTION]) {
     uint64_t c = 0;
     if (op->op != FM_OP_VAR)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.correction: only var takes a correction, not '%s'",
-                         path, opname);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.correction: only var takes a correction, not '%s'", path, opname);
     snprintf(p, sizeof p, "%s.correction", path);
     if ((rc = get_u64(f[O_CORRECTION], p, &c, d))) return rc;
     if (c > 1) return fm_diag_set(d, FM_ESCHEMA, "%s: %" PRIu64 " is not 0 or 1", p, c);
@@ -243,8 +238,7 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
 
   const msgpack_object *name = f[O_OP];
   if (name->type != MSGPACK_OBJECT_STR)
-    return fm_diag_set(d, FM_ESCHEMA, "%s.op: expected an op name (str), got %s", path,
-                       kind_of(name));
+    return fm_diag_set(d, FM_ESCHEMA, "%s.op: expected an op name (str), got %s", path, kind_of(name));
   if (fm_op_parse(name->via.str.ptr, name->via.str.size, &op->op))
     return fm_diag_set(d, FM_EUNKNOWN_OP, "%s.op: unknown op '%s'", path,
                        shown(name->via.str.ptr, name->via.str.size, buf));
@@ -253,7 +247,8 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
   if (kind == FM_OPK_RESERVED)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "%s.op: op '%s' is reserved for a later vocabulary version (this daemon "
-                       "speaks vocab %d)", path, opname, FM_VOCAB_VERSION);
+                       "speaks vocab %d)",
+                       path, opname, FM_VOCAB_VERSION);
 
   snprintf(p, sizeof p, "%s.out", path);
   if ((rc = get_id(f[O_OUT], p, &op->out, d))) return rc;
@@ -287,12 +282,17 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
                          kind == FM_OPK_CONST ? "" : " (its eps)");
     switch (value->type) {
       case MSGPACK_OBJECT_FLOAT32:
-      case MSGPACK_OBJECT_FLOAT64: op->value = value->via.f64; break;
-      case MSGPACK_OBJECT_POSITIVE_INTEGER: op->value = (double)value->via.u64; break;
-      case MSGPACK_OBJECT_NEGATIVE_INTEGER: op->value = (double)value->via.i64; break;
+      case MSGPACK_OBJECT_FLOAT64:
+        op->value = value->via.f64;
+        break;
+      case MSGPACK_OBJECT_POSITIVE_INTEGER:
+        op->value = (double)value->via.u64;
+        break;
+      case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+        op->value = (double)value->via.i64;
+        break;
       default:
-        return fm_diag_set(d, FM_ESCHEMA, "%s.value: expected a number, got %s", path,
-                           kind_of(value));
+        return fm_diag_set(d, FM_ESCHEMA, "%s.value: expected a number, got %s", path, kind_of(value));
     }
   } else if (value) {
     return fm_diag_set(d, FM_ESCHEMA, "%s.value: only const takes a value (and layer_norm/rms_norm an eps), not '%s'",
@@ -305,21 +305,17 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
     snprintf(p, sizeof p, "%s.dtype", path);
     if ((rc = get_dtype(dtype, p, &op->dtype, d))) return rc;
   } else if (dtype) {
-    return fm_diag_set(d, FM_ESCHEMA,
-                       "%s.dtype: only cast takes a dtype ('%s' infers its result dtype)", path,
-                       opname);
+    return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: only cast takes a dtype ('%s' infers its result dtype)", path, opname);
   }
   return decode_row_attrs(f, path, op, d);
 }
 
 /* An array field of at most max elements. */
-static int get_array(const msgpack_object *o, const char *name, uint32_t max, const char *what,
-                     fm_diag *d) {
+static int get_array(const msgpack_object *o, const char *name, uint32_t max, const char *what, fm_diag *d) {
   if (o->type != MSGPACK_OBJECT_ARRAY)
     return fm_diag_set(d, FM_ESCHEMA, "%s: expected an array, got %s", name, kind_of(o));
   if (o->via.array.size > max)
-    return fm_diag_set(d, FM_ELIMIT, "%s: %u %s exceed the limit of %u", name, o->via.array.size,
-                       what, max);
+    return fm_diag_set(d, FM_ELIMIT, "%s: %u %s exceed the limit of %u", name, o->via.array.size, what, max);
   return FM_OK;
 }
 
@@ -340,15 +336,14 @@ int fm_fragment_decode(const msgpack_object *obj, fm_fragment *out, fm_diag *d) 
   uint64_t vocab = 0;
   if ((rc = get_u64(f[F_VOCAB], "vocab", &vocab, d))) return rc;
   if (vocab < FM_VOCAB_MIN || vocab > FM_VOCAB_VERSION)
-    return fm_diag_set(d, FM_ESCHEMA, "vocab %" PRIu64 " not supported, this daemon speaks %d to %d",
-                       vocab, FM_VOCAB_MIN, FM_VOCAB_VERSION);
+    return fm_diag_set(d, FM_ESCHEMA, "vocab %" PRIu64 " not supported, this daemon speaks %d to %d", vocab,
+                       FM_VOCAB_MIN, FM_VOCAB_VERSION);
   out->vocab = (uint32_t)vocab;
   if (f[F_M_HINT]) {
     uint64_t hint = 0;
     if ((rc = get_u64(f[F_M_HINT], "m_hint", &hint, d))) return rc;
     if (hint < 1 || hint >= (uint64_t)FM_MAX_DIM)
-      return fm_diag_set(d, FM_ELIMIT, "m_hint: %" PRIu64 " is outside 1..%" PRId64, hint,
-                         FM_MAX_DIM - 1);
+      return fm_diag_set(d, FM_ELIMIT, "m_hint: %" PRIu64 " is outside 1..%" PRId64, hint, FM_MAX_DIM - 1);
     out->m_hint = hint;
   }
 

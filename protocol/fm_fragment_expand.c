@@ -8,14 +8,13 @@
 #include "fm_fragment.h"
 
 typedef struct emitter {
-  fm_opnode *ops;     /* the new op list */
+  fm_opnode *ops; /* the new op list */
   uint32_t n;
-  uint32_t next_id;   /* fresh ids, above every id a client may choose */
+  uint32_t next_id; /* fresh ids, above every id a client may choose */
   int overflow;
 } emitter;
 
-static uint32_t emit(emitter *e, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
-                     int32_t dim) {
+static uint32_t emit(emitter *e, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, int32_t dim) {
   if (e->n == FM_MAX_OPS) {
     e->overflow = 1;
     return out;
@@ -100,23 +99,29 @@ int fm_fragment_expand(fm_fragment *f, fm_diag *d) {
       continue;
     }
     if (f->vocab < 2)
-      return fm_diag_set(d, FM_ESCHEMA, "ops[%u].op: '%s' needs vocab 2 (the fragment says vocab %u)",
-                         j, fm_op_name(c->op), f->vocab);
+      return fm_diag_set(d, FM_ESCHEMA, "ops[%u].op: '%s' needs vocab 2 (the fragment says vocab %u)", j,
+                         fm_op_name(c->op), f->vocab);
     uint32_t arity = (uint32_t)fm_op_arity(c->op);
     if (c->nargs < 1 || c->nargs > arity)
-      return fm_diag_set(d, FM_ESCHEMA, "ops[%u].args: '%s' takes 1 to %u args, got %u", j,
-                         fm_op_name(c->op), arity, c->nargs);
+      return fm_diag_set(d, FM_ESCHEMA, "ops[%u].args: '%s' takes 1 to %u args, got %u", j, fm_op_name(c->op), arity,
+                         c->nargs);
     switch (c->op) {
-      case FM_OP_SOFTMAX: expand_softmax(&e, c); break;
-      case FM_OP_LAYER_NORM: expand_layer_norm(&e, c); break;
-      case FM_OP_RMS_NORM: expand_rms_norm(&e, c); break;
-      default: return fm_diag_set(d, FM_EINVAL, "ops[%u]: unknown composite op", j);
+      case FM_OP_SOFTMAX:
+        expand_softmax(&e, c);
+        break;
+      case FM_OP_LAYER_NORM:
+        expand_layer_norm(&e, c);
+        break;
+      case FM_OP_RMS_NORM:
+        expand_rms_norm(&e, c);
+        break;
+      default:
+        return fm_diag_set(d, FM_EINVAL, "ops[%u]: unknown composite op", j);
     }
     if (e.overflow) break;
   }
   if (e.overflow)
-    return fm_diag_set(d, FM_ELIMIT, "ops: expanding the composite ops exceeds the limit of %d ops",
-                       FM_MAX_OPS);
+    return fm_diag_set(d, FM_ELIMIT, "ops: expanding the composite ops exceeds the limit of %d ops", FM_MAX_OPS);
   memcpy(f->ops, ops, e.n * sizeof ops[0]);
   f->n_ops = e.n;
   return FM_OK;

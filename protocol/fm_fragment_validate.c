@@ -17,10 +17,10 @@
 typedef struct value {
   uint32_t id;
   fm_dtype dtype;
-  bool weak;        /* a `const`: a Python scalar, which does not promote */
+  bool weak; /* a `const`: a Python scalar, which does not promote */
   bool is_input;
-  uint32_t index;   /* into inputs[] or ops[] */
-  uint8_t cls;      /* row fragments: CLS_ROW or CLS_PERROW (set by check_rows) */
+  uint32_t index; /* into inputs[] or ops[] */
+  uint8_t cls;    /* row fragments: CLS_ROW or CLS_PERROW (set by check_rows) */
 } value;
 
 enum { CLS_PERROW = 0, CLS_ROW = 1 };
@@ -57,28 +57,25 @@ static int check_tensor(const fm_tensor *t, const char *path, fm_diag *d) {
   if ((unsigned)t->dtype >= FM_DT__COUNT)
     return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: %d is not a dtype", path, (int)t->dtype);
   if (t->id > FM_MAX_VALUE_ID)
-    return fm_diag_set(d, FM_ELIMIT, "%s.id: value id %u exceeds the maximum %u", path, t->id,
-                       FM_MAX_VALUE_ID);
+    return fm_diag_set(d, FM_ELIMIT, "%s.id: value id %u exceeds the maximum %u", path, t->id, FM_MAX_VALUE_ID);
   if (t->rank > FM_MAX_RANK)
-    return fm_diag_set(d, FM_ELIMIT, "%s.shape: rank %u exceeds the limit of %d", path, t->rank,
-                       FM_MAX_RANK);
+    return fm_diag_set(d, FM_ELIMIT, "%s.shape: rank %u exceeds the limit of %d", path, t->rank, FM_MAX_RANK);
   int64_t elements = 1;
   for (uint32_t i = 0; i < t->rank; i++) {
     int64_t dim = t->shape[i];
     if (dim == FM_DIM_SYMBOLIC) {
-      if (i != 0)
-        return fm_diag_set(d, FM_ESCHEMA, "%s.shape[%u]: only dim 0 may be symbolic (-1)", path, i);
+      if (i != 0) return fm_diag_set(d, FM_ESCHEMA, "%s.shape[%u]: only dim 0 may be symbolic (-1)", path, i);
       continue;
     }
     if (dim < 1)
       return fm_diag_set(d, FM_ESCHEMA,
-                         "%s.shape[%u]: %" PRId64 " is not a size (dims are >= 1, or -1 for a "
-                         "symbolic dim 0; empty tensors have nothing to fuse)", path, i, dim);
-    if (dim >= FM_MAX_DIM)
-      return fm_diag_set(d, FM_ELIMIT, "%s.shape[%u]: %" PRId64 " exceeds the limit of 2^31-1",
+                         "%s.shape[%u]: %" PRId64
+                         " is not a size (dims are >= 1, or -1 for a "
+                         "symbolic dim 0; empty tensors have nothing to fuse)",
                          path, i, dim);
-    if (elements > FM_MAX_ELEMENTS / dim)
-      return fm_diag_set(d, FM_ELIMIT, "%s.shape: more than 2^40 elements", path);
+    if (dim >= FM_MAX_DIM)
+      return fm_diag_set(d, FM_ELIMIT, "%s.shape[%u]: %" PRId64 " exceeds the limit of 2^31-1", path, i, dim);
+    if (elements > FM_MAX_ELEMENTS / dim) return fm_diag_set(d, FM_ELIMIT, "%s.shape: more than 2^40 elements", path);
     elements *= dim;
   }
   /* Bounding the reach of one tensor keeps every offset codegen computes inside 64 bits. */
@@ -86,20 +83,18 @@ static int check_tensor(const fm_tensor *t, const char *path, fm_diag *d) {
   for (uint32_t i = 0; i < t->rank; i++) {
     int64_t st = t->strides[i], term;
     if (st < 0)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.strides[%u]: negative strides are not supported (%" PRId64 ")",
-                         path, i, st);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.strides[%u]: negative strides are not supported (%" PRId64 ")", path, i,
+                         st);
     if (st > FM_MAX_STRIDE)
-      return fm_diag_set(d, FM_ELIMIT, "%s.strides[%u]: %" PRId64 " exceeds the limit of 2^40",
-                         path, i, st);
+      return fm_diag_set(d, FM_ELIMIT, "%s.strides[%u]: %" PRId64 " exceeds the limit of 2^40", path, i, st);
     if (t->shape[i] <= 1) continue;
-    if (__builtin_mul_overflow(t->shape[i] - 1, st, &term) ||
-        __builtin_add_overflow(span, term, &span) || span > FM_MAX_STRIDE)
+    if (__builtin_mul_overflow(t->shape[i] - 1, st, &term) || __builtin_add_overflow(span, term, &span) ||
+        span > FM_MAX_STRIDE)
       return fm_diag_set(d, FM_ELIMIT, "%s.strides: the layout spans more than 2^40 elements", path);
   }
   uint32_t a = t->align;
   if (a == 0 || a > FM_MAX_ALIGN || (a & (a - 1)))
-    return fm_diag_set(d, FM_ESCHEMA, "%s.align: %u is not a power of two in 1..%u", path, a,
-                       FM_MAX_ALIGN);
+    return fm_diag_set(d, FM_ESCHEMA, "%s.align: %u is not a power of two in 1..%u", path, a, FM_MAX_ALIGN);
   if (a < fm_dtype_size(t->dtype))
     return fm_diag_set(d, FM_ESCHEMA, "%s.align: %u is less than the %zu-byte size of %s", path, a,
                        fm_dtype_size(t->dtype), fm_dtype_name(t->dtype));
@@ -126,8 +121,7 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
   *weak = false;
   switch (fm_op_kind(op->op)) {
     case FM_OPK_CONST:
-      if (isnan(op->value))
-        return fm_diag_set(d, FM_ESCHEMA, "%s.value: NaN is not a valid constant", path);
+      if (isnan(op->value)) return fm_diag_set(d, FM_ESCHEMA, "%s.value: NaN is not a valid constant", path);
       op->dtype = FM_DT_F32;
       *weak = true;
       return FM_OK;
@@ -135,7 +129,8 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       if (!arg[0]->weak && !is_float(arg[0]->dtype))
         return fm_diag_set(d, FM_ESCHEMA,
                            "%s.args[0]: '%s' needs a floating-point operand, value %u is %s "
-                           "(cast it first)", path, name, arg[0]->id, fm_dtype_name(arg[0]->dtype));
+                           "(cast it first)",
+                           path, name, arg[0]->id, fm_dtype_name(arg[0]->dtype));
       op->dtype = arg[0]->weak ? FM_DT_F32 : arg[0]->dtype;
       return FM_OK;
     case FM_OPK_BINARY:
@@ -146,8 +141,8 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       return FM_OK;
     case FM_OPK_WHERE:
       if (arg[0]->weak || arg[0]->dtype != FM_DT_BOOL)
-        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: where's condition must be bool, value %u is %s",
-                           path, arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: where's condition must be bool, value %u is %s", path,
+                           arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
       op->dtype = promote(arg[1], arg[2]);
       return FM_OK;
     case FM_OPK_CAST:
@@ -156,15 +151,13 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       return FM_OK;
     case FM_OPK_POW:
       if (!arg[1]->weak)
-        return fm_diag_set(d, FM_ESCHEMA,
-                           "%s.args[1]: pow's exponent must be a const value, value %u is not", path,
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[1]: pow's exponent must be a const value, value %u is not", path,
                            arg[1]->id);
       op->dtype = promote(arg[0], arg[1]);
       return FM_OK;
     case FM_OPK_REDUCE:
       if (arg[0]->weak || !is_float(arg[0]->dtype))
-        return fm_diag_set(d, FM_ESCHEMA,
-                           "%s.args[0]: '%s' reduces a floating-point tensor, value %u is %s", path,
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: '%s' reduces a floating-point tensor, value %u is %s", path,
                            name, arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
       if (op->op == FM_OP_VAR && op->correction > 1)
         return fm_diag_set(d, FM_ESCHEMA, "%s.correction: %u is not 0 or 1", path, op->correction);
@@ -175,13 +168,12 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
        * one 16-bit float dtype, which the product keeps */
       const value *a = arg[op->nargs - 2], *b = arg[op->nargs - 1];
       if (a->weak || b->weak || (a->dtype != FM_DT_BF16 && a->dtype != FM_DT_F16))
-        return fm_diag_set(d, FM_EUNSUPPORTED,
-                           "%s.args: '%s' multiplies bf16 or f16 tensors, got %s and %s", path, name,
-                           a->weak ? "a const" : fm_dtype_name(a->dtype),
+        return fm_diag_set(d, FM_EUNSUPPORTED, "%s.args: '%s' multiplies bf16 or f16 tensors, got %s and %s", path,
+                           name, a->weak ? "a const" : fm_dtype_name(a->dtype),
                            b->weak ? "a const" : fm_dtype_name(b->dtype));
       if (a->dtype != b->dtype)
-        return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' operands differ in dtype (%s and %s)", path,
-                           name, fm_dtype_name(a->dtype), fm_dtype_name(b->dtype));
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' operands differ in dtype (%s and %s)", path, name,
+                           fm_dtype_name(a->dtype), fm_dtype_name(b->dtype));
       if (op->op == FM_OP_ADDMM && !arg[0]->weak && arg[0]->dtype != a->dtype)
         return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: addmm's bias is %s, its operands %s", path,
                            fm_dtype_name(arg[0]->dtype), fm_dtype_name(a->dtype));
@@ -202,14 +194,12 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       return FM_OK;
     }
     case FM_OPK_COMPOSITE:
-      return fm_diag_set(d, FM_ESCHEMA,
-                         "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)",
-                         path, name);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)", path,
+                         name);
     case FM_OPK_RESERVED:
       break;
   }
-  return fm_diag_set(d, FM_EUNSUPPORTED, "%s.op: op '%s' is reserved for a later vocabulary version",
-                     path, name);
+  return fm_diag_set(d, FM_EUNSUPPORTED, "%s.op: op '%s' is reserved for a later vocabulary version", path, name);
 }
 
 static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_diag *d) {
@@ -220,37 +210,34 @@ static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_di
   if (fm_op_kind(op->op) == FM_OPK_RESERVED)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "%s.op: op '%s' is reserved for a later vocabulary version (this daemon "
-                       "speaks vocab %d)", path, fm_op_name(op->op), FM_VOCAB_VERSION);
+                       "speaks vocab %d)",
+                       path, fm_op_name(op->op), FM_VOCAB_VERSION);
   if (fm_op_vocab(op->op) > vocab)
-    return fm_diag_set(d, FM_ESCHEMA, "%s.op: '%s' needs vocab %u (the fragment says vocab %u)",
-                       path, fm_op_name(op->op), fm_op_vocab(op->op), vocab);
+    return fm_diag_set(d, FM_ESCHEMA, "%s.op: '%s' needs vocab %u (the fragment says vocab %u)", path,
+                       fm_op_name(op->op), fm_op_vocab(op->op), vocab);
   /* ids above FM_MAX_VALUE_ID are the expansion's own (fm_fragment_expand) */
   if (op->out > FM_MAX_VALUE_ID + FM_MAX_OPS)
-    return fm_diag_set(d, FM_ELIMIT, "%s.out: value id %u exceeds the maximum %u", path, op->out,
-                       FM_MAX_VALUE_ID);
+    return fm_diag_set(d, FM_ELIMIT, "%s.out: value id %u exceeds the maximum %u", path, op->out, FM_MAX_VALUE_ID);
   int arity = fm_op_arity(op->op);
   if (!fm_op_nargs_ok(op->op, op->nargs)) {
     if (fm_op_kind(op->op) == FM_OPK_CAT)
       return fm_diag_set(d, op->nargs > FM_MAX_ARGS ? FM_ELIMIT : FM_ESCHEMA,
-                         "%s.args: 'cat' takes %d to %d args, got %u", path, FM_MIN_CAT_ARGS,
-                         FM_MAX_ARGS, op->nargs);
-    return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path,
-                       fm_op_name(op->op), arity, arity == 1 ? "" : "s", op->nargs);
+                         "%s.args: 'cat' takes %d to %d args, got %u", path, FM_MIN_CAT_ARGS, FM_MAX_ARGS, op->nargs);
+    return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' takes %d arg%s, got %u", path, fm_op_name(op->op), arity,
+                       arity == 1 ? "" : "s", op->nargs);
   }
   const value *arg[FM_MAX_ARGS] = {NULL};
   for (uint32_t k = 0; k < op->nargs; k++) {
     arg[k] = lookup(vs, op->args[k]);
     if (!arg[k])
-      return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k,
-                         op->args[k]);
+      return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k, op->args[k]);
   }
   bool weak;
   int rc = infer(op, arg, &weak, path, d);
   if (rc) return rc;
   char opath[40];
   snprintf(opath, sizeof opath, "%s.out", path);
-  return define(vs, (value){.id = op->out, .dtype = op->dtype, .weak = weak, .is_input = false, .index = i},
-                opath, d);
+  return define(vs, (value){.id = op->out, .dtype = op->dtype, .weak = weak, .is_input = false, .index = i}, opath, d);
 }
 
 /* Outputs are written, so two elements of one output must never share an address: sorted by
@@ -264,8 +251,7 @@ static int check_no_overlap(const fm_tensor *t, const char *path, fm_diag *d) {
     uint32_t x = order[a], b = a;
     while (b > 0) {
       uint32_t y = order[b - 1];
-      bool after = t->strides[y] > t->strides[x] ||
-                   (t->strides[y] == t->strides[x] && t->shape[y] == FM_DIM_SYMBOLIC);
+      bool after = t->strides[y] > t->strides[x] || (t->strides[y] == t->strides[x] && t->shape[y] == FM_DIM_SYMBOLIC);
       if (!after) break;
       order[b] = y;
       b--;
@@ -277,12 +263,13 @@ static int check_no_overlap(const fm_tensor *t, const char *path, fm_diag *d) {
     uint32_t i = order[k];
     if (t->strides[i] <= reach)
       return fm_diag_set(d, FM_ESCHEMA,
-                         "%s.strides: elements would overlap (dim %u, stride %" PRId64 ", lands on "
-                         "offsets the smaller dims already reach)", path, i, t->strides[i]);
+                         "%s.strides: elements would overlap (dim %u, stride %" PRId64
+                         ", lands on "
+                         "offsets the smaller dims already reach)",
+                         path, i, t->strides[i]);
     if (t->shape[i] == FM_DIM_SYMBOLIC) {
       if (k != n - 1)
-        return fm_diag_set(d, FM_ESCHEMA,
-                           "%s.strides[0]: the symbolic dim must have the largest stride", path);
+        return fm_diag_set(d, FM_ESCHEMA, "%s.strides[0]: the symbolic dim must have the largest stride", path);
       break;
     }
     reach += (t->shape[i] - 1) * t->strides[i]; /* bounded by check_tensor's span limit */
@@ -301,8 +288,7 @@ static int check_shapes(const fm_fragment *f, fm_diag *d) {
     for (uint32_t i = 0; same && i < t->rank; i++) same = t->shape[i] == it->shape[i];
     if (!same) {
       format_shape(t, got, sizeof got);
-      return fm_diag_set(d, FM_ESCHEMA,
-                         "outputs[%u].shape: %s differs from the iteration shape %s (outputs[0])", k,
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: %s differs from the iteration shape %s (outputs[0])", k,
                          got, want);
     }
   }
@@ -311,21 +297,25 @@ static int check_shapes(const fm_fragment *f, fm_diag *d) {
     if (t->rank != it->rank)
       return fm_diag_set(d, FM_ESCHEMA,
                          "inputs[%u].shape: rank %u differs from the iteration rank %u (broadcast "
-                         "with size-1 dims)", k, t->rank, it->rank);
+                         "with size-1 dims)",
+                         k, t->rank, it->rank);
     for (uint32_t i = 0; i < t->rank; i++) {
       int64_t dim = t->shape[i], want_dim = it->shape[i];
       if (dim == want_dim || dim == 1) continue;
       if (want_dim == FM_DIM_SYMBOLIC)
         return fm_diag_set(d, FM_ESCHEMA,
-                           "inputs[%u].shape[%u]: %" PRId64 " must be -1 (symbolic) or 1 "
-                           "(broadcast): the iteration dim 0 is symbolic", k, i, dim);
+                           "inputs[%u].shape[%u]: %" PRId64
+                           " must be -1 (symbolic) or 1 "
+                           "(broadcast): the iteration dim 0 is symbolic",
+                           k, i, dim);
       if (dim == FM_DIM_SYMBOLIC)
         return fm_diag_set(d, FM_ESCHEMA,
-                           "inputs[%u].shape[%u]: symbolic, but the iteration dim is static (%" PRId64 ")",
-                           k, i, want_dim);
+                           "inputs[%u].shape[%u]: symbolic, but the iteration dim is static (%" PRId64 ")", k, i,
+                           want_dim);
       return fm_diag_set(d, FM_ESCHEMA,
                          "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
-                         " (the iteration shape is %s)", k, i, dim, want_dim, want);
+                         " (the iteration shape is %s)",
+                         k, i, dim, want_dim, want);
     }
   }
   return FM_OK;
@@ -380,8 +370,7 @@ static int second_b_private(const fm_fragment *f, int g2, uint32_t b2, fm_diag *
     for (uint32_t k = 0; k < f->ops[i].nargs; k++)
       if ((int)i != g2 && f->ops[i].args[k] == b2)
         return fm_diag_set(d, FM_EUNSUPPORTED,
-                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
-                           i, k, b2);
+                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it", i, k, b2);
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (f->outputs[k].id == b2)
       return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
@@ -400,51 +389,51 @@ static int check_chain(const fm_fragment *f, const values *vs, int g, int g2, fm
   const value *a2 = lookup(vs, m2->args[m2->nargs - 2]), *b2 = lookup(vs, m2->args[m2->nargs - 1]);
   const value *a1 = lookup(vs, mm->args[mm->nargs - 2]);
   if (!b2->is_input)
-    return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "ops[%d].args[%u]: the second product's B must be a fragment input", g2,
+    return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d].args[%u]: the second product's B must be a fragment input", g2,
                        m2->nargs - 1);
   if (a2->dtype != a1->dtype || b2->dtype != a1->dtype)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "ops[%d]: the second product multiplies %s by %s; a chain keeps the first "
-                       "product's dtype (%s) for both operands (cast the intermediate)", g2,
-                       fm_dtype_name(a2->dtype), fm_dtype_name(b2->dtype), fm_dtype_name(a1->dtype));
+                       "product's dtype (%s) for both operands (cast the intermediate)",
+                       g2, fm_dtype_name(a2->dtype), fm_dtype_name(b2->dtype), fm_dtype_name(a1->dtype));
   return second_b_private(f, g2, b2->id, d);
 }
 
 /* A chain's shapes: B2 is [N1, N2], outputs [M, N2], each other input broadcasts to the
  * iteration of every stage that reads it (it1 is the first product's [M, N1]). */
-static int check_chain_shapes(fm_fragment *f, const values *vs, int g2, const int64_t it1[2],
-                              fm_diag *d) {
+static int check_chain_shapes(fm_fragment *f, const values *vs, int g2, const int64_t it1[2], fm_diag *d) {
   const fm_opnode *m2 = &f->ops[g2];
   const value *vb2 = lookup(vs, m2->args[m2->nargs - 1]);
   const fm_tensor *b2 = &f->inputs[vb2->index];
   if (b2->rank != 2)
-    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: 'mm' operands are rank 2, this one is rank %u",
-                       vb2->index, b2->rank);
+    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: 'mm' operands are rank 2, this one is rank %u", vb2->index,
+                       b2->rank);
   if (b2->shape[0] != it1[1])
     return fm_diag_set(d, FM_ESCHEMA,
-                       "inputs[%u].shape[0]: the second product's B has %" PRId64 " rows; the first "
-                       "product has %" PRId64 " columns", vb2->index, b2->shape[0], it1[1]);
+                       "inputs[%u].shape[0]: the second product's B has %" PRId64
+                       " rows; the first "
+                       "product has %" PRId64 " columns",
+                       vb2->index, b2->shape[0], it1[1]);
   if (!unit_dim(b2, 0) && !unit_dim(b2, 1))
     return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "inputs[%u].strides: B is neither row- nor column-major (no dim has stride 1)",
-                       vb2->index);
+                       "inputs[%u].strides: B is neither row- nor column-major (no dim has stride 1)", vb2->index);
   const int64_t it2[2] = {it1[0], b2->shape[1]};
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     const fm_tensor *t = &f->outputs[k];
     if (t->rank != 2 || t->shape[0] != it2[0] || t->shape[1] != it2[1])
-      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a chain's outputs are [M, N2] = "
-                         "[%" PRId64 ", %" PRId64 "]", k, it2[0], it2[1]);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "outputs[%u].shape: a chain's outputs are [M, N2] = "
+                         "[%" PRId64 ", %" PRId64 "]",
+                         k, it2[0], it2[1]);
   }
   fm_chain_info ci;
   int rc = fm_fragment_chain_info(f, &ci, d);
   if (rc) return rc;
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     fm_tensor *t = &f->inputs[k];
-    if (!ci.in_need[k]) continue;   /* a matrix operand, or unread */
+    if (!ci.in_need[k]) continue; /* a matrix operand, or unread */
     if (t->rank > 2)
-      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to [M, N]",
-                         k, t->rank);
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to [M, N]", k, t->rank);
     fm_fragment_prepend_ones(t, 2);
     for (int s = 0; s < 2; s++) {
       if (!(ci.in_need[k] & (1u << s))) continue;
@@ -453,8 +442,8 @@ static int check_chain_shapes(fm_fragment *f, const values *vs, int g2, const in
         if (t->shape[i] != it[i] && t->shape[i] != 1)
           return fm_diag_set(d, FM_ESCHEMA,
                              "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
-                             " (read in stage %d of the chain: [M, %s])", k, i, t->shape[i], it[i],
-                             s + 1, s ? "N2" : "N1");
+                             " (read in stage %d of the chain: [M, %s])",
+                             k, i, t->shape[i], it[i], s + 1, s ? "N2" : "N1");
     }
   }
   return FM_OK;
@@ -467,15 +456,17 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
   int g = -1, g2 = -1;
   for (uint32_t i = 0; i < f->n_ops; i++) {
     fm_opkind kind = fm_op_kind(f->ops[i].op);
-    if (kind == FM_OPK_REDUCE)
-      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: a GEMM fragment cannot also reduce", i);
+    if (kind == FM_OPK_REDUCE) return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: a GEMM fragment cannot also reduce", i);
     if (kind != FM_OPK_MATMUL) continue;
     if (g2 >= 0)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%u]: a GEMM fragment has one matrix product, or two that share A "
-                         "(ops[%d] and ops[%d] are two already)", i, g, g2);
-    if (g >= 0) g2 = (int)i;
-    else g = (int)i;
+                         "(ops[%d] and ops[%d] are two already)",
+                         i, g, g2);
+    if (g >= 0)
+      g2 = (int)i;
+    else
+      g = (int)i;
   }
   const fm_opnode *mm = &f->ops[g];
   const bool chain = g2 >= 0 && fm_fragment_is_chain(f);
@@ -489,9 +480,8 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     if (mm->op == FM_OP_BMM || m2->op == FM_OP_BMM)
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d]: a batched GEMM fragment has exactly one bmm", g2);
     if (m2->args[m2->nargs - 2] != mm->args[mm->nargs - 2])
-      return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "ops[%d]: a second matrix product must share A (value %u) with ops[%d]", g2,
-                         mm->args[mm->nargs - 2], g);
+      return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d]: a second matrix product must share A (value %u) with ops[%d]",
+                         g2, mm->args[mm->nargs - 2], g);
     const value *b1 = lookup(vs, mm->args[mm->nargs - 1]), *b2 = lookup(vs, m2->args[m2->nargs - 1]);
     if (b1 == b2)
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d]: the two products have the same B (compute it once)", g2);
@@ -500,21 +490,19 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     if (!b2->is_input)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%d].args[%u]: the matrix operands must be fragment inputs (nothing runs "
-                         "before the GEMM)", g2, m2->nargs - 1);
+                         "before the GEMM)",
+                         g2, m2->nargs - 1);
     int rc = second_b_private(f, g2, b2->id, d);
     if (rc) return rc;
     if (b1->is_input) {
       const fm_tensor *t1 = &f->inputs[b1->index], *t2 = &f->inputs[b2->index];
       if (t2->rank != 2 || t1->rank != 2 || t1->shape[0] != t2->shape[0] || t1->shape[1] != t2->shape[1])
-        return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: the two products' B's differ in shape",
-                           b2->index);
+        return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: the two products' B's differ in shape", b2->index);
       if (t2->dtype != t1->dtype)
-        return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].dtype: the two products' B's differ in dtype",
-                           b2->index);
+        return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].dtype: the two products' B's differ in dtype", b2->index);
       if (!unit_dim(t2, 0) && !unit_dim(t2, 1))
         return fm_diag_set(d, FM_EUNSUPPORTED,
-                           "inputs[%u].strides: B is neither row- nor column-major (no dim has stride 1)",
-                           b2->index);
+                           "inputs[%u].strides: B is neither row- nor column-major (no dim has stride 1)", b2->index);
     }
   }
   /* r: the rank of every GEMM tensor; the matrix dims are the last two, bmm's batch dim 0 */
@@ -524,36 +512,37 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
   if (!va->is_input || !vb->is_input)
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "ops[%d].args[%u]: the matrix operands must be fragment inputs (nothing runs "
-                       "before the GEMM)", g, va->is_input ? ib : ia);
-  if (va == vb)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d].args: A and B are the same tensor", g);
+                       "before the GEMM)",
+                       g, va->is_input ? ib : ia);
+  if (va == vb) return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%d].args: A and B are the same tensor", g);
   for (uint32_t i = 0; i < f->n_ops; i++)
     for (uint32_t k = 0; k < f->ops[i].nargs; k++)
       if ((int)i != g && (int)i != g2 && (f->ops[i].args[k] == va->id || f->ops[i].args[k] == vb->id))
         return fm_diag_set(d, FM_EUNSUPPORTED,
-                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it",
-                           i, k, f->ops[i].args[k]);
+                           "ops[%u].args[%u]: value %u is a matrix operand; the epilogue cannot read it", i, k,
+                           f->ops[i].args[k]);
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (f->outputs[k].id == va->id || f->outputs[k].id == vb->id)
       return fm_diag_set(d, FM_EUNSUPPORTED, "outputs[%u].id: a matrix operand cannot be an output", k);
   const fm_tensor *a = &f->inputs[va->index], *b = &f->inputs[vb->index];
   if (a->rank != r || b->rank != r)
     return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: '%s' operands are rank %u, this one is rank %u",
-                       a->rank != r ? va->index : vb->index, fm_op_name(mm->op), r,
-                       a->rank != r ? a->rank : b->rank);
+                       a->rank != r ? va->index : vb->index, fm_op_name(mm->op), r, a->rank != r ? a->rank : b->rank);
   /* only dim 0 may be symbolic (check_tensor): mm's M, or bmm's batch */
   if (r == 2 && b->shape[0] == FM_DIM_SYMBOLIC)
     return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape[0]: K must be static", vb->index);
   /* bmm pairs the batches; a batch dim of 1 is one matrix for every batch (broadcast) */
   int64_t batch = r == 3 ? (a->shape[0] == 1 ? b->shape[0] : a->shape[0]) : 1;
   if (r == 3 && ((a->shape[0] != batch && a->shape[0] != 1) || (b->shape[0] != batch && b->shape[0] != 1)))
-    return fm_diag_set(d, FM_ESCHEMA, "ops[%d]: A has %" PRId64 " matrices and B %" PRId64
-                       " (bmm pairs them; -1: the symbolic batch, 1: one for all)", g, a->shape[0], b->shape[0]);
+    return fm_diag_set(d, FM_ESCHEMA,
+                       "ops[%d]: A has %" PRId64 " matrices and B %" PRId64
+                       " (bmm pairs them; -1: the symbolic batch, 1: one for all)",
+                       g, a->shape[0], b->shape[0]);
   if (a->shape[ndim] != b->shape[mdim])
     return fm_diag_set(d, FM_ESCHEMA,
                        "ops[%d]: A is [.., %" PRId64 ", %" PRId64 "] and B [.., %" PRId64 ", %" PRId64
-                       "]: the inner dims differ", g, a->shape[mdim], a->shape[ndim], b->shape[mdim],
-                       b->shape[ndim]);
+                       "]: the inner dims differ",
+                       g, a->shape[mdim], a->shape[ndim], b->shape[mdim], b->shape[ndim]);
   for (int w = 0; w < 2; w++) {
     const fm_tensor *t = w ? b : a;
     if (!unit_dim(t, mdim) && !unit_dim(t, ndim))
@@ -561,7 +550,7 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
                          "inputs[%u].strides: %c is neither row- nor column-major (no dim has stride 1)",
                          w ? vb->index : va->index, w ? 'B' : 'A');
   }
-  int64_t it[3] = {batch, a->shape[mdim], b->shape[ndim]};   /* [Bt, M, N], or [M, N] */
+  int64_t it[3] = {batch, a->shape[mdim], b->shape[ndim]}; /* [Bt, M, N], or [M, N] */
   if (r == 2) it[0] = a->shape[0], it[1] = b->shape[1];
   if (chain) return check_chain_shapes(f, vs, g2, it, d);
   for (uint32_t k = 0; k < f->n_outputs; k++) {
@@ -570,10 +559,14 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     for (uint32_t i = 0; same && i < r; i++) same = t->shape[i] == it[i];
     if (!same) {
       if (r == 3)
-        return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a batched GEMM fragment's outputs are "
-                           "[Bt, M, N] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]", k, it[0], it[1], it[2]);
-      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: a GEMM fragment's outputs are [M, N] = "
-                         "[%" PRId64 ", %" PRId64 "]", k, it[0], it[1]);
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "outputs[%u].shape: a batched GEMM fragment's outputs are "
+                           "[Bt, M, N] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]",
+                           k, it[0], it[1], it[2]);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "outputs[%u].shape: a GEMM fragment's outputs are [M, N] = "
+                         "[%" PRId64 ", %" PRId64 "]",
+                         k, it[0], it[1]);
     }
   }
   int b2_index = g2 >= 0 ? (int)lookup(vs, f->ops[g2].args[f->ops[g2].nargs - 1])->index : -1;
@@ -581,15 +574,15 @@ static int check_gemm(fm_fragment *f, values *vs, fm_diag *d) {
     fm_tensor *t = &f->inputs[k];
     if (k == va->index || k == vb->index || (int)k == b2_index) continue;
     if (t->rank > r)
-      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to %s",
-                         k, t->rank, r == 3 ? "[Bt, M, N]" : "[M, N]");
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: rank %u; epilogue inputs broadcast to %s", k, t->rank,
+                         r == 3 ? "[Bt, M, N]" : "[M, N]");
     fm_fragment_prepend_ones(t, r);
     for (uint32_t i = 0; i < r; i++) {
       int64_t dim = t->shape[i];
       if (dim == it[i] || dim == 1) continue;
       return fm_diag_set(d, FM_ESCHEMA,
-                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
-                         " (the GEMM's %s)", k, i, dim, it[i], r == 3 ? "[Bt, M, N]" : "[M, N]");
+                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64 " (the GEMM's %s)", k, i,
+                         dim, it[i], r == 3 ? "[Bt, M, N]" : "[M, N]");
     }
   }
   return FM_OK;
@@ -602,25 +595,22 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
   uint32_t r = 0;
   for (uint32_t k = 0; k < f->n_inputs; k++) r = f->inputs[k].rank > r ? f->inputs[k].rank : r;
   for (uint32_t k = 0; k < f->n_outputs; k++) r = f->outputs[k].rank > r ? f->outputs[k].rank : r;
-  if (r == 0)
-    return fm_diag_set(d, FM_ESCHEMA, "a reduction needs a dim to reduce: every tensor is rank 0");
+  if (r == 0) return fm_diag_set(d, FM_ESCHEMA, "a reduction needs a dim to reduce: every tensor is rank 0");
   int64_t n = 1;
   for (uint32_t k = 0; k < f->n_inputs + f->n_outputs; k++) {
     const fm_tensor *t = k < f->n_inputs ? &f->inputs[k] : &f->outputs[k - f->n_inputs];
     if (t->rank == r && t->shape[r - 1] > n) n = t->shape[r - 1];
     if (t->rank == r && t->shape[r - 1] == FM_DIM_SYMBOLIC)
-      return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "%s[%u].shape: the reduced (last) dim must be static, not symbolic",
-                         k < f->n_inputs ? "inputs" : "outputs",
-                         k < f->n_inputs ? k : k - f->n_inputs);
+      return fm_diag_set(d, FM_EUNSUPPORTED, "%s[%u].shape: the reduced (last) dim must be static, not symbolic",
+                         k < f->n_inputs ? "inputs" : "outputs", k < f->n_inputs ? k : k - f->n_inputs);
   }
   if (n > FM_MAX_ROW)
-    return fm_diag_set(d, FM_EUNSUPPORTED, "rows of %" PRId64 " elements exceed the limit of %d",
-                       n, FM_MAX_ROW);
+    return fm_diag_set(d, FM_EUNSUPPORTED, "rows of %" PRId64 " elements exceed the limit of %d", n, FM_MAX_ROW);
   for (uint32_t i = 0; n > FM_MAX_ROW_HELD && i < f->n_ops; i++)
     if (f->ops[i].op == FM_OP_VAR)
       return fm_diag_set(d, FM_EUNSUPPORTED,
-                         "ops[%u]: var over rows of %" PRId64 " elements: a row longer than the "
+                         "ops[%u]: var over rows of %" PRId64
+                         " elements: a row longer than the "
                          "%d a kernel holds in registers is streamed, and var needs it held",
                          i, n, FM_MAX_ROW_HELD);
   /* classes: inputs by their last dim, ops by their operands */
@@ -639,11 +629,13 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
     if (op->dim != -1 && op->dim != (int32_t)r - 1)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%u].dim: '%s' over dim %d of a rank-%u row; only the last dim "
-                         "(-1) can be reduced", x->index, fm_op_name(op->op), op->dim, r);
+                         "(-1) can be reduced",
+                         x->index, fm_op_name(op->op), op->dim, r);
     if (x->cls != CLS_ROW)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%u].args[0]: nested reduction: value %u is already one value per "
-                         "row", x->index, op->args[0]);
+                         "row",
+                         x->index, op->args[0]);
     x->cls = CLS_PERROW;
   }
   /* outputs: keepdim=false shapes get their 1 back; the row shape comes from outputs[0] */
@@ -669,8 +661,7 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
     same = same && t->shape[r - 1] == (per_row ? 1 : n);
     if (!same) {
       format_shape(t, got, sizeof got);
-      return fm_diag_set(d, FM_ESCHEMA,
-                         "outputs[%u].shape: %s, but its value is %s of the row shape %s", k, got,
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: %s, but its value is %s of the row shape %s", k, got,
                          per_row ? "one per row (last dim 1)" : "a full row", want);
     }
   }
@@ -679,17 +670,20 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
     if (t->rank != r)
       return fm_diag_set(d, FM_ESCHEMA,
                          "inputs[%u].shape: rank %u differs from the row rank %u (broadcast with "
-                         "size-1 dims)", k, t->rank, r);
+                         "size-1 dims)",
+                         k, t->rank, r);
     for (uint32_t i = 0; i < r; i++) {
       int64_t dim = t->shape[i], want_dim = it.shape[i];
       if (dim == want_dim || dim == 1) continue;
       if (want_dim == FM_DIM_SYMBOLIC)
         return fm_diag_set(d, FM_ESCHEMA,
-                           "inputs[%u].shape[%u]: %" PRId64 " must be -1 (symbolic) or 1 "
-                           "(broadcast): the row dim 0 is symbolic", k, i, dim);
+                           "inputs[%u].shape[%u]: %" PRId64
+                           " must be -1 (symbolic) or 1 "
+                           "(broadcast): the row dim 0 is symbolic",
+                           k, i, dim);
       return fm_diag_set(d, FM_ESCHEMA,
-                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64
-                         " (the row shape is %s)", k, i, dim, want_dim, want);
+                         "inputs[%u].shape[%u]: %" PRId64 " does not broadcast to %" PRId64 " (the row shape is %s)", k,
+                         i, dim, want_dim, want);
     }
   }
   return FM_OK;
@@ -700,18 +694,15 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
   int rc;
   if (!f) return fm_diag_set(d, FM_EINVAL, "fm_fragment_validate: NULL fragment");
   if (f->vocab < FM_VOCAB_MIN || f->vocab > FM_VOCAB_VERSION)
-    return fm_diag_set(d, FM_ESCHEMA, "vocab %u not supported, this daemon speaks %d to %d",
-                       f->vocab, FM_VOCAB_MIN, FM_VOCAB_VERSION);
+    return fm_diag_set(d, FM_ESCHEMA, "vocab %u not supported, this daemon speaks %d to %d", f->vocab, FM_VOCAB_MIN,
+                       FM_VOCAB_VERSION);
   if (f->n_inputs > FM_MAX_INPUTS)
-    return fm_diag_set(d, FM_ELIMIT, "inputs: %u inputs exceed the limit of %d", f->n_inputs,
-                       FM_MAX_INPUTS);
+    return fm_diag_set(d, FM_ELIMIT, "inputs: %u inputs exceed the limit of %d", f->n_inputs, FM_MAX_INPUTS);
   if (f->n_ops > FM_MAX_OPS)
     return fm_diag_set(d, FM_ELIMIT, "ops: %u ops exceed the limit of %d", f->n_ops, FM_MAX_OPS);
   if (f->n_outputs > FM_MAX_OUTPUTS)
-    return fm_diag_set(d, FM_ELIMIT, "outputs: %u outputs exceed the limit of %d", f->n_outputs,
-                       FM_MAX_OUTPUTS);
-  if (f->n_outputs == 0)
-    return fm_diag_set(d, FM_ESCHEMA, "outputs: at least one output is required");
+    return fm_diag_set(d, FM_ELIMIT, "outputs: %u outputs exceed the limit of %d", f->n_outputs, FM_MAX_OUTPUTS);
+  if (f->n_outputs == 0) return fm_diag_set(d, FM_ESCHEMA, "outputs: at least one output is required");
 
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     snprintf(path, sizeof path, "inputs[%u]", k);
@@ -736,13 +727,10 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     const fm_tensor *t = &f->outputs[k];
     const value *v = lookup(&vs, t->id);
-    if (!v)
-      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].id: value %u is not defined by any input or op",
-                         k, t->id);
+    if (!v) return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].id: value %u is not defined by any input or op", k, t->id);
     if (v->dtype != t->dtype)
-      return fm_diag_set(d, FM_ESCHEMA,
-                         "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)",
-                         k, fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)", k,
+                         fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
   if (fm_fragment_is_cat(f) && (fm_fragment_is_gemm(f) || fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
     return fm_diag_set(d, FM_EUNSUPPORTED,

@@ -8,8 +8,8 @@
 #include <stdint.h>
 
 #define FM_FRAME_HEADER_BYTES 4
-#define FM_FRAME_MAX_REQUEST (1u << 20)   /* default cap on what the daemon accepts */
-#define FM_FRAME_MAX_REPLY (256u << 20)   /* default cap on what a client accepts (CUBINs) */
+#define FM_FRAME_MAX_REQUEST  (1u << 20)   /* default cap on what the daemon accepts */
+#define FM_FRAME_MAX_REPLY    (256u << 20) /* default cap on what a client accepts (CUBINs) */
 
 /* Writes the header for a payload of len bytes. */
 void fm_frame_header(uint8_t out[FM_FRAME_HEADER_BYTES], uint32_t len);
@@ -17,8 +17,8 @@ void fm_frame_header(uint8_t out[FM_FRAME_HEADER_BYTES], uint32_t len);
 /* Incremental reader for a byte stream (a socket). */
 typedef struct fm_frame_reader {
   uint8_t *buf;
-  size_t len, cap;      /* bytes buffered / allocated */
-  size_t consumed;      /* bytes of buf already handed out as frames */
+  size_t len, cap; /* bytes buffered / allocated */
+  size_t consumed; /* bytes of buf already handed out as frames */
   size_t max_frame;
 } fm_frame_reader;
 

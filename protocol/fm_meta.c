@@ -10,14 +10,14 @@
 #include "fm_fragment.h"
 #include "fm_msg.h"
 
-#define RULE_ELEMENTWISE "elementwise"
-#define RULE_ROWS "rows"
-#define RULE_TILES "tiles"
-#define RULE_PERSISTENT "persistent"
-#define RULE_NONE "none"
-#define RULE_BATCHED "batched"
-#define RULE_COLUMNS "columns"
-#define MAX_CLUSTER 8u   /* the portable cluster size */
+#define RULE_ELEMENTWISE  "elementwise"
+#define RULE_ROWS         "rows"
+#define RULE_TILES        "tiles"
+#define RULE_PERSISTENT   "persistent"
+#define RULE_NONE         "none"
+#define RULE_BATCHED      "batched"
+#define RULE_COLUMNS      "columns"
+#define MAX_CLUSTER       8u /* the portable cluster size */
 #define MAX_BLOCK_THREADS 1024u
 
 static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "split") == 0; }
@@ -72,14 +72,16 @@ static int pack_blas(const fm_kernel_meta *m, msgpack_packer *pk) {
   /* fixed + outer * row_bytes: the product's rows come from the launch's outer, which is the
      static M when there is one, so they are never part of fixed */
   rc |= msgpack_pack_uint64(pk, scratch_fixed(m));
-  rc |= msgpack_pack_uint64(pk, !is_split(m)   ? 0
+  rc |= msgpack_pack_uint64(pk, !is_split(m) ? 0
                                 : b->batched ? (uint64_t)b->m * b->n * 2
-                                             : b->n * 2 * (b->has_b2 ? 2u : 1u));   /* siblings: both products */
+                                             : b->n * 2 * (b->has_b2 ? 2u : 1u)); /* siblings: both products */
   fm_pack_cstr(pk, "algo");
-  if (b->has_algo) fm_pack_bin(pk, b->algo, FM_META_ALGO_BYTES);
-  else rc |= msgpack_pack_nil(pk);
+  if (b->has_algo)
+    fm_pack_bin(pk, b->algo, FM_META_ALGO_BYTES);
+  else
+    rc |= msgpack_pack_nil(pk);
   if (b->has_b2) fm_pack_kv_u64(pk, "b2", b->b2);
-  if (b->batched) {   /* last: a client that ignored it would run one product (see fm_meta.h) */
+  if (b->batched) { /* last: a client that ignored it would run one product (see fm_meta.h) */
     fm_pack_cstr(pk, "batch");
     rc |= msgpack_pack_array(pk, 2);
     rc |= msgpack_pack_uint64(pk, b->stride_a);
@@ -108,8 +110,7 @@ uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
      siblings; for a batch, outer products of [m, n] (a launch past 2^64 bytes fails its
      allocation) */
   uint64_t bytes = (uint64_t)rows * m->blas.n * 2 * (m->blas.has_b2 ? 2u : 1u);
-  if (m->blas.batched && __builtin_mul_overflow(bytes, (uint64_t)(outer > 0 ? outer : 0), &bytes))
-    return UINT64_MAX;
+  if (m->blas.batched && __builtin_mul_overflow(bytes, (uint64_t)(outer > 0 ? outer : 0), &bytes)) return UINT64_MAX;
   return fixed + bytes;
 }
 
@@ -141,7 +142,7 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   for (uint32_t i = 0; i < m->n_tmaps; i++) fm_pack_cstr(pk, "tmap");
   if (split) fm_pack_cstr(pk, "scratch");
   if (split && m->blas.has_b2) fm_pack_cstr(pk, "scratch2");
-  if (has_cluster(m)) {   /* only where there is one: every other kernel's bytes stay as they were */
+  if (has_cluster(m)) { /* only where there is one: every other kernel's bytes stay as they were */
     fm_pack_cstr(pk, "cluster");
     rc |= msgpack_pack_array(pk, 3);
     for (int i = 0; i < 3; i++) rc |= msgpack_pack_uint32(pk, cluster_dim(m, i));
@@ -181,8 +182,7 @@ static int required(int rc, const char *where, fm_diag *d) {
   return rc;
 }
 
-static int get_u32(const msgpack_object *map, const char *key, const char *where, uint32_t *v,
-                   fm_diag *d) {
+static int get_u32(const msgpack_object *map, const char *key, const char *where, uint32_t *v, fm_diag *d) {
   uint64_t x;
   int rc = required(fm_msg_get_u64(map, key, &x, d), where, d);
   if (rc) return rc;
@@ -200,14 +200,12 @@ static int unpack_block(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d
   for (int i = 0; i < 3; i++) {
     const msgpack_object *e = &b->via.array.ptr[i];
     if (e->type != MSGPACK_OBJECT_POSITIVE_INTEGER || e->via.u64 < 1 || e->via.u64 > MAX_BLOCK_THREADS)
-      return fm_diag_set(d, FM_ESCHEMA, "meta: block[%d] must be an integer in 1..%u", i,
-                         MAX_BLOCK_THREADS);
+      return fm_diag_set(d, FM_ESCHEMA, "meta: block[%d] must be an integer in 1..%u", i, MAX_BLOCK_THREADS);
     m->block[i] = (uint32_t)e->via.u64;
     threads *= e->via.u64;
   }
   if (threads > MAX_BLOCK_THREADS)
-    return fm_diag_set(d, FM_ESCHEMA, "meta: block of %" PRIu64 " threads exceeds %u", threads,
-                       MAX_BLOCK_THREADS);
+    return fm_diag_set(d, FM_ESCHEMA, "meta: block of %" PRIu64 " threads exceeds %u", threads, MAX_BLOCK_THREADS);
   return FM_OK;
 }
 
@@ -230,26 +228,24 @@ static int unpack_cluster(const msgpack_object *obj, fm_kernel_meta *m, fm_diag 
   if (blocks > MAX_CLUSTER)
     return fm_diag_set(d, FM_ESCHEMA, "meta: a cluster of %" PRIu64 " blocks exceeds %u", blocks, MAX_CLUSTER);
   if (strcmp(m->grid_rule, RULE_COLUMNS) != 0 || m->cluster[0] != 1 || m->cluster[2] != 1)
-    return fm_diag_set(d, FM_ESCHEMA, "meta: cluster [%u, %u, %u] with grid rule '%s' (only 'columns' takes "
-                       "one: [1, S, 1])", m->cluster[0], m->cluster[1], m->cluster[2], m->grid_rule);
+    return fm_diag_set(d, FM_ESCHEMA,
+                       "meta: cluster [%u, %u, %u] with grid rule '%s' (only 'columns' takes "
+                       "one: [1, S, 1])",
+                       m->cluster[0], m->cluster[1], m->cluster[2], m->grid_rule);
   return FM_OK;
 }
 
 static int unpack_grid(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *g = fm_msg_get(obj, "grid");
   int rc;
-  if (!g || g->type != MSGPACK_OBJECT_MAP)
-    return fm_diag_set(d, FM_ESCHEMA, "meta: 'grid' must be a map");
-  if ((rc = required(fm_msg_copy_str(g, "rule", m->grid_rule, sizeof m->grid_rule, d), "meta.grid", d)))
-    return rc;
+  if (!g || g->type != MSGPACK_OBJECT_MAP) return fm_diag_set(d, FM_ESCHEMA, "meta: 'grid' must be a map");
+  if ((rc = required(fm_msg_copy_str(g, "rule", m->grid_rule, sizeof m->grid_rule, d), "meta.grid", d))) return rc;
   /* A rule this client does not know cannot be launched correctly: refuse it here, where
    * the reason is clear, rather than compute a wrong grid later. */
   if (!fm_meta_rule_known(m->grid_rule))
-    return fm_diag_set(d, FM_ESCHEMA, "meta.grid: rule '%s' is not known to this client",
-                       m->grid_rule);
+    return fm_diag_set(d, FM_ESCHEMA, "meta.grid: rule '%s' is not known to this client", m->grid_rule);
   if ((rc = required(fm_msg_get_u64(g, "inner", &m->inner, d), "meta.grid", d))) return rc;
-  if ((rc = required(fm_msg_get_u64(g, "items_per_block", &m->items_per_block, d), "meta.grid", d)))
-    return rc;
+  if ((rc = required(fm_msg_get_u64(g, "items_per_block", &m->items_per_block, d), "meta.grid", d))) return rc;
   if ((rc = get_u32(g, "max_blocks", "meta.grid", &m->max_blocks, d))) return rc;
   if (m->items_per_block == 0 || m->max_blocks == 0)
     return fm_diag_set(d, FM_ESCHEMA, "meta.grid: items_per_block and max_blocks must be >= 1");
@@ -294,7 +290,7 @@ static int unpack_tmap(const msgpack_object *o, const fm_kernel_meta *m, fm_meta
 
 static int unpack_tmaps(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *a = fm_msg_get(obj, "tmaps");
-  if (!a) return FM_OK;   /* the usual case: no tensor maps */
+  if (!a) return FM_OK; /* the usual case: no tensor maps */
   if (a->type != MSGPACK_OBJECT_ARRAY || a->via.array.size > FM_META_MAX_TMAPS)
     return fm_diag_set(d, FM_ESCHEMA, "meta: 'tmaps' must be an array of at most %d maps", FM_META_MAX_TMAPS);
   m->n_tmaps = a->via.array.size;
@@ -305,12 +301,11 @@ static int unpack_tmaps(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d
   return FM_OK;
 }
 
-#define BLAS_MAX_DIM ((uint64_t)1 << 31)
-#define BLAS_MAX_LD ((uint64_t)1 << 40)
+#define BLAS_MAX_DIM       ((uint64_t)1 << 31)
+#define BLAS_MAX_LD        ((uint64_t)1 << 40)
 #define BLAS_MAX_WORKSPACE ((uint64_t)256 << 20)
 
-static int get_index(const msgpack_object *o, const char *key, uint32_t n, int optional, int32_t *v,
-                     fm_diag *d) {
+static int get_index(const msgpack_object *o, const char *key, uint32_t n, int optional, int32_t *v, fm_diag *d) {
   int64_t x;
   int rc = required(fm_msg_get_i64(o, key, &x, d), "meta.blas", d);
   if (rc) return rc;
@@ -331,7 +326,7 @@ static int get_ld(const msgpack_object *o, const char *key, uint64_t *v, fm_diag
 static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *o = fm_msg_get(obj, "blas");
   fm_meta_blas *b = &m->blas;
-  int32_t x = 0;   /* set by each get_index that succeeds (gcc -O2 cannot tell) */
+  int32_t x = 0; /* set by each get_index that succeeds (gcc -O2 cannot tell) */
   bool flag;
   int rc;
   if (!o) return FM_OK;
@@ -374,10 +369,9 @@ static int unpack_blas(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d)
   if ((rc = required(fm_msg_get_i64(o, "m", &b->m, d), "meta.blas", d))) return rc;
   if ((rc = required(fm_msg_get_u64(o, "n", &b->n, d), "meta.blas", d))) return rc;
   if ((rc = required(fm_msg_get_u64(o, "k", &b->k, d), "meta.blas", d))) return rc;
-  if (b->m < -1 || b->m == 0 || (b->m > 0 && (uint64_t)b->m >= BLAS_MAX_DIM) || b->n == 0 ||
-      b->n >= BLAS_MAX_DIM || b->k == 0 || b->k >= BLAS_MAX_DIM)
-    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: a %" PRId64 " x %" PRIu64 " x %" PRIu64 " product", b->m,
-                       b->n, b->k);
+  if (b->m < -1 || b->m == 0 || (b->m > 0 && (uint64_t)b->m >= BLAS_MAX_DIM) || b->n == 0 || b->n >= BLAS_MAX_DIM ||
+      b->k == 0 || b->k >= BLAS_MAX_DIM)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.blas: a %" PRId64 " x %" PRIu64 " x %" PRIu64 " product", b->m, b->n, b->k);
   const msgpack_object *al = fm_msg_get(o, "align");
   if (!al || al->type != MSGPACK_OBJECT_ARRAY || al->via.array.size != 4)
     return fm_diag_set(d, FM_ESCHEMA, "meta.blas: 'align' must be [a, b, c, d]");
@@ -442,11 +436,11 @@ static int check_params(const msgpack_object *obj, const fm_kernel_meta *m, fm_d
   if (!p || p->type != MSGPACK_OBJECT_ARRAY || p->via.array.size != n)
     return fm_diag_set(d, FM_ESCHEMA, "meta: 'params' must be an array of %u names", n);
   for (uint32_t i = 0; i < n; i++) {
-    const char *want = i < m->n_inputs                    ? "in"
-                       : i < m->n_inputs + m->n_outputs   ? "out"
+    const char *want = i < m->n_inputs                   ? "in"
+                       : i < m->n_inputs + m->n_outputs  ? "out"
                        : i == m->n_inputs + m->n_outputs ? "outer"
-                       : i < n - ns                       ? "tmap"
-                       : i == n - ns                      ? "scratch"
+                       : i < n - ns                      ? "tmap"
+                       : i == n - ns                     ? "scratch"
                                                          : "scratch2";
     if (!fm_msg_str_eq(&p->via.array.ptr[i], want))
       return fm_diag_set(d, FM_ESCHEMA, "meta: params[%u] must be \"%s\"", i, want);
@@ -460,8 +454,7 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   memset(m, 0, sizeof *m);
   if (obj->type != MSGPACK_OBJECT_MAP) return fm_diag_set(d, FM_ESCHEMA, "meta: expected a map");
   if ((rc = required(fm_msg_copy_str(obj, "kind", m->kind, sizeof m->kind, d), "meta", d))) return rc;
-  if ((rc = required(fm_msg_copy_str(obj, "entry", m->entry, sizeof m->entry, d), "meta", d)))
-    return rc;
+  if ((rc = required(fm_msg_copy_str(obj, "entry", m->entry, sizeof m->entry, d), "meta", d))) return rc;
   if ((rc = unpack_block(obj, m, d))) return rc;
   if ((rc = get_u32(obj, "smem", "meta", &m->smem, d))) return rc;
   if ((rc = unpack_grid(obj, m, d))) return rc;
@@ -470,8 +463,8 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
   if ((rc = get_u32(obj, "n_inputs", "meta", &m->n_inputs, d))) return rc;
   if ((rc = get_u32(obj, "n_outputs", "meta", &m->n_outputs, d))) return rc;
   if (m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS)
-    return fm_diag_set(d, FM_ESCHEMA, "meta: %u inputs / %u outputs exceed %d / %d", m->n_inputs,
-                       m->n_outputs, FM_MAX_INPUTS, FM_MAX_OUTPUTS);
+    return fm_diag_set(d, FM_ESCHEMA, "meta: %u inputs / %u outputs exceed %d / %d", m->n_inputs, m->n_outputs,
+                       FM_MAX_INPUTS, FM_MAX_OUTPUTS);
   if ((rc = unpack_cluster(obj, m, d))) return rc;
   if ((rc = unpack_tmaps(obj, m, d))) return rc;
   if ((rc = unpack_blas(obj, m, d))) return rc;
@@ -481,22 +474,15 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
 
 int fm_meta_rule_known(const char *rule) {
   return rule && (strcmp(rule, RULE_ELEMENTWISE) == 0 || strcmp(rule, RULE_ROWS) == 0 ||
-                  strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0 ||
-                  strcmp(rule, RULE_NONE) == 0 || strcmp(rule, RULE_BATCHED) == 0 ||
-                  strcmp(rule, RULE_COLUMNS) == 0);
+                  strcmp(rule, RULE_TILES) == 0 || strcmp(rule, RULE_PERSISTENT) == 0 || strcmp(rule, RULE_NONE) == 0 ||
+                  strcmp(rule, RULE_BATCHED) == 0 || strcmp(rule, RULE_COLUMNS) == 0);
 }
 
-static int is_tiles(const fm_kernel_meta *m) {
-  return strncmp(m->grid_rule, RULE_TILES, sizeof m->grid_rule) == 0;
-}
+static int is_tiles(const fm_kernel_meta *m) { return strncmp(m->grid_rule, RULE_TILES, sizeof m->grid_rule) == 0; }
 
-static int is_batched(const fm_kernel_meta *m) {
-  return strncmp(m->grid_rule, RULE_BATCHED, sizeof m->grid_rule) == 0;
-}
+static int is_batched(const fm_kernel_meta *m) { return strncmp(m->grid_rule, RULE_BATCHED, sizeof m->grid_rule) == 0; }
 
-static int is_columns(const fm_kernel_meta *m) {
-  return strncmp(m->grid_rule, RULE_COLUMNS, sizeof m->grid_rule) == 0;
-}
+static int is_columns(const fm_kernel_meta *m) { return strncmp(m->grid_rule, RULE_COLUMNS, sizeof m->grid_rule) == 0; }
 
 /* "columns": a block per strip of columns (max_blocks strips) times the cluster's S blocks
  * sharing its rows (grid.y); launched for every M >= 0, M = 0 too (the results are still
@@ -518,7 +504,7 @@ uint64_t fm_meta_grid_z(const fm_kernel_meta *m, int64_t outer) {
 
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer) {
   if (m && is_columns(m)) return columns_grid(m, outer, 1);
-  if (m && is_batched(m)) {   /* the row tiles of one product: inner = its static M */
+  if (m && is_batched(m)) { /* the row tiles of one product: inner = its static M */
     if (!fm_meta_grid_z(m, outer)) return 0;
     return m->inner / m->items_per_block + (m->inner % m->items_per_block != 0);
   }
@@ -544,9 +530,11 @@ uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer) {
   if (m && strncmp(m->grid_rule, RULE_PERSISTENT, sizeof m->grid_rule) == 0) return persistent_grid(m, outer);
   /* "rows" counts rows (inner = rows per unit of dim 0, items_per_block = rows per block)
    * where "elementwise" counts elements: the arithmetic is the same. */
-  if (!m || (strncmp(m->grid_rule, RULE_ELEMENTWISE, sizeof m->grid_rule) != 0 &&
-             strncmp(m->grid_rule, RULE_ROWS, sizeof m->grid_rule) != 0) ||
-      m->items_per_block == 0) return 0;
+  if (!m ||
+      (strncmp(m->grid_rule, RULE_ELEMENTWISE, sizeof m->grid_rule) != 0 &&
+       strncmp(m->grid_rule, RULE_ROWS, sizeof m->grid_rule) != 0) ||
+      m->items_per_block == 0)
+    return 0;
   /* A static fragment's launch size is fixed by the kernel, whatever the caller passes. */
   int64_t o = m->outer >= 0 ? m->outer : outer;
   if (o <= 0 || m->inner == 0) return 0;

@@ -93,38 +93,38 @@
 
 #include "fm_error.h"
 
-#define FM_META_ENTRY_MAX 64
-#define FM_META_MAX_TMAPS 3   /* A, B, and a sibling's B2 */
-#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 2)   /* + a plan's scratch (two: siblings) */
-#define FM_META_ALGO_BYTES 64           /* sizeof(cublasLtMatmulAlgo_t) */
+#define FM_META_ENTRY_MAX  64
+#define FM_META_MAX_TMAPS  3                                     /* A, B, and a sibling's B2 */
+#define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 2) /* + a plan's scratch (two: siblings) */
+#define FM_META_ALGO_BYTES 64                                    /* sizeof(cublasLtMatmulAlgo_t) */
 
 /* One tensor map the launch encodes (see tmaps above). */
 typedef struct fm_meta_tmap {
-  uint32_t input;        /* which input pointer */
-  uint32_t elem_bytes;   /* 2: "bf16" or "f16" (dtype below) */
+  uint32_t input;      /* which input pointer */
+  uint32_t elem_bytes; /* 2: "bf16" or "f16" (dtype below) */
   char dtype[8];
-  int64_t rows;          /* -1: the launch's outer */
-  uint64_t cols, ld;     /* elements; ld >= cols, ld * elem_bytes a multiple of 16 */
-  uint32_t box[2];       /* box_cols (box_cols * elem_bytes == 128: one swizzle row), box_rows */
+  int64_t rows;      /* -1: the launch's outer */
+  uint64_t cols, ld; /* elements; ld >= cols, ld * elem_bytes a multiple of 16 */
+  uint32_t box[2];   /* box_cols (box_cols * elem_bytes == 128: one swizzle row), box_rows */
 } fm_meta_tmap;
 
 /* A cuBLASLt plan (see blas above); form[0] == 0: none. */
 typedef struct fm_meta_blas {
-  char form[8];                  /* "direct" | "split" */
-  char dtype[8];                 /* "bf16" | "f16" */
-  uint32_t a, b;                 /* input positions of A and B */
-  int32_t bias, c;               /* input positions, -1: none (direct form only) */
-  uint32_t out;                  /* direct form: the output written */
-  char act[12];                  /* "none" | "relu" | "gelu_tanh" */
+  char form[8];    /* "direct" | "split" */
+  char dtype[8];   /* "bf16" | "f16" */
+  uint32_t a, b;   /* input positions of A and B */
+  int32_t bias, c; /* input positions, -1: none (direct form only) */
+  uint32_t out;    /* direct form: the output written */
+  char act[12];    /* "none" | "relu" | "gelu_tanh" */
   uint32_t a_kmajor, b_kmajor;
   uint64_t lda, ldb, ldc, ldd;
-  int64_t m;                     /* -1: the launch's outer */
+  int64_t m; /* -1: the launch's outer */
   uint64_t n, k;
-  uint32_t align[4];             /* bytes: A, B, C, D */
-  uint64_t workspace;            /* bytes */
-  uint32_t has_b2, b2;           /* siblings: the second product's B (input position) */
-  uint32_t batched;              /* bmm: outer products, batch strides below */
-  uint64_t stride_a, stride_b;   /* elements between products (0: one for all) */
+  uint32_t align[4];           /* bytes: A, B, C, D */
+  uint64_t workspace;          /* bytes */
+  uint32_t has_b2, b2;         /* siblings: the second product's B (input position) */
+  uint32_t batched;            /* bmm: outer products, batch strides below */
+  uint64_t stride_a, stride_b; /* elements between products (0: one for all) */
   uint32_t has_algo;
   uint8_t algo[FM_META_ALGO_BYTES];
 } fm_meta_blas;
@@ -133,18 +133,18 @@ typedef struct fm_kernel_meta {
   char kind[16];                 /* "pointwise", "rows", "columns", "gemm", "cublaslt" */
   char entry[FM_META_ENTRY_MAX]; /* kernel symbol (extern "C") */
   uint32_t block[3];
-  uint32_t smem;                 /* dynamic shared memory bytes */
-  char grid_rule[16];            /* "elementwise", "rows", "tiles", "persistent", "batched",
+  uint32_t smem;      /* dynamic shared memory bytes */
+  char grid_rule[16]; /* "elementwise", "rows", "tiles", "persistent", "batched",
                                     "columns", "none" */
-  uint64_t inner;                /* elements per unit of dim 0 */
+  uint64_t inner;     /* elements per unit of dim 0 */
   uint64_t items_per_block;
   uint32_t max_blocks;
-  int64_t outer;                 /* static dim-0 size, or -1 when symbolic */
+  int64_t outer; /* static dim-0 size, or -1 when symbolic */
   uint32_t n_inputs, n_outputs;
-  uint32_t cluster[3];           /* compiled-in cluster dims; 0 or 1 each: none (key `cluster`) */
-  uint32_t n_tmaps;              /* tensor-map parameters after outer (0 .. FM_META_MAX_TMAPS) */
+  uint32_t cluster[3]; /* compiled-in cluster dims; 0 or 1 each: none (key `cluster`) */
+  uint32_t n_tmaps;    /* tensor-map parameters after outer (0 .. FM_META_MAX_TMAPS) */
   fm_meta_tmap tmaps[FM_META_MAX_TMAPS];
-  fm_meta_blas blas;             /* kind "cublaslt" */
+  fm_meta_blas blas; /* kind "cublaslt" */
 } fm_kernel_meta;
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);

@@ -5,23 +5,33 @@
 
 static const char *type_name(const msgpack_object *o) {
   switch (o->type) {
-    case MSGPACK_OBJECT_NIL: return "nil";
-    case MSGPACK_OBJECT_BOOLEAN: return "bool";
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "unsigned integer";
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "negative integer";
+    case MSGPACK_OBJECT_NIL:
+      return "nil";
+    case MSGPACK_OBJECT_BOOLEAN:
+      return "bool";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+      return "unsigned integer";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+      return "negative integer";
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: return "float";
-    case MSGPACK_OBJECT_STR: return "str";
-    case MSGPACK_OBJECT_ARRAY: return "array";
-    case MSGPACK_OBJECT_MAP: return "map";
-    case MSGPACK_OBJECT_BIN: return "bin";
-    case MSGPACK_OBJECT_EXT: return "ext";
+    case MSGPACK_OBJECT_FLOAT64:
+      return "float";
+    case MSGPACK_OBJECT_STR:
+      return "str";
+    case MSGPACK_OBJECT_ARRAY:
+      return "array";
+    case MSGPACK_OBJECT_MAP:
+      return "map";
+    case MSGPACK_OBJECT_BIN:
+      return "bin";
+    case MSGPACK_OBJECT_EXT:
+      return "ext";
   }
   return "unknown";
 }
 
-int fm_msg_unpack(const uint8_t *buf, size_t len, const fm_msg_limits *lim, msgpack_zone *zone,
-                  msgpack_object *obj, fm_diag *d) {
+int fm_msg_unpack(const uint8_t *buf, size_t len, const fm_msg_limits *lim, msgpack_zone *zone, msgpack_object *obj,
+                  fm_diag *d) {
   if (!zone || !obj) return fm_diag_set(d, FM_EINVAL, "fm_msg_unpack: no zone or result");
   int rc = fm_msg_check(buf, len, lim, d);
   if (rc) return rc;
@@ -54,8 +64,7 @@ const msgpack_object *fm_msg_get(const msgpack_object *map, const char *key) {
 }
 
 /* The common head of every typed getter: the field, or FM_ENOT_FOUND. */
-static int get_field(const msgpack_object *map, const char *key, const msgpack_object **o,
-                     fm_diag *d) {
+static int get_field(const msgpack_object *map, const char *key, const msgpack_object **o, fm_diag *d) {
   *o = fm_msg_get(map, key);
   if (!*o) return fm_diag_set(d, FM_ENOT_FOUND, "missing field '%s'", key);
   return FM_OK;
@@ -65,8 +74,7 @@ static int wrong_type(const char *key, const msgpack_object *o, const char *want
   return fm_diag_set(d, FM_ESCHEMA, "field '%s': expected %s, got %s", key, want, type_name(o));
 }
 
-int fm_msg_get_str(const msgpack_object *map, const char *key, const char **s, size_t *len,
-                   fm_diag *d) {
+int fm_msg_get_str(const msgpack_object *map, const char *key, const char **s, size_t *len, fm_diag *d) {
   const msgpack_object *o;
   int rc = get_field(map, key, &o, d);
   if (rc) return rc;
@@ -107,10 +115,17 @@ int fm_msg_get_f64(const msgpack_object *map, const char *key, double *v, fm_dia
   if (rc) return rc;
   switch (o->type) {
     case MSGPACK_OBJECT_FLOAT32:
-    case MSGPACK_OBJECT_FLOAT64: *v = o->via.f64; return FM_OK;
-    case MSGPACK_OBJECT_POSITIVE_INTEGER: *v = (double)o->via.u64; return FM_OK;
-    case MSGPACK_OBJECT_NEGATIVE_INTEGER: *v = (double)o->via.i64; return FM_OK;
-    default: return wrong_type(key, o, "a number", d);
+    case MSGPACK_OBJECT_FLOAT64:
+      *v = o->via.f64;
+      return FM_OK;
+    case MSGPACK_OBJECT_POSITIVE_INTEGER:
+      *v = (double)o->via.u64;
+      return FM_OK;
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER:
+      *v = (double)o->via.i64;
+      return FM_OK;
+    default:
+      return wrong_type(key, o, "a number", d);
   }
 }
 
@@ -123,8 +138,7 @@ int fm_msg_get_bool(const msgpack_object *map, const char *key, bool *v, fm_diag
   return FM_OK;
 }
 
-int fm_msg_get_bin(const msgpack_object *map, const char *key, const uint8_t **p, size_t *len,
-                   fm_diag *d) {
+int fm_msg_get_bin(const msgpack_object *map, const char *key, const uint8_t **p, size_t *len, fm_diag *d) {
   const msgpack_object *o;
   int rc = get_field(map, key, &o, d);
   if (rc) return rc;
@@ -140,12 +154,10 @@ int fm_msg_copy_str(const msgpack_object *map, const char *key, char *out, size_
   int rc = fm_msg_get_str(map, key, &s, &n, d);
   if (rc) return rc;
   if (n >= cap)
-    return fm_diag_set(d, FM_ELIMIT, "field '%s': %zu bytes, at most %zu allowed", key, n,
-                       cap ? cap - 1 : 0);
+    return fm_diag_set(d, FM_ELIMIT, "field '%s': %zu bytes, at most %zu allowed", key, n, cap ? cap - 1 : 0);
   /* A NUL inside would silently cut the C string short: what we use would differ from what
    * was sent. */
-  if (n && memchr(s, '\0', n))
-    return fm_diag_set(d, FM_ESCHEMA, "field '%s': contains a NUL byte", key);
+  if (n && memchr(s, '\0', n)) return fm_diag_set(d, FM_ESCHEMA, "field '%s': contains a NUL byte", key);
   if (n) memcpy(out, s, n);
   out[n] = '\0';
   return FM_OK;

@@ -15,10 +15,10 @@
 #include "fm_error.h"
 
 typedef struct fm_msg_limits {
-  uint32_t max_depth;      /* nesting of arrays/maps; the top-level map is depth 1 */
-  uint32_t max_objects;    /* total objects (every scalar, key, value, container) */
-  uint32_t max_str;        /* bytes of one str */
-  uint32_t max_bin;        /* bytes of one bin */
+  uint32_t max_depth;   /* nesting of arrays/maps; the top-level map is depth 1 */
+  uint32_t max_objects; /* total objects (every scalar, key, value, container) */
+  uint32_t max_str;     /* bytes of one str */
+  uint32_t max_bin;     /* bytes of one bin */
 } fm_msg_limits;
 
 /* Limits for requests (tight) and replies (bins large enough for a CUBIN). */
@@ -32,8 +32,8 @@ int fm_msg_check(const uint8_t *buf, size_t len, const fm_msg_limits *lim, fm_di
 
 /* fm_msg_check, then msgpack_unpack into zone; the top-level object must be a map
  * (FM_ESCHEMA otherwise). obj points into zone. */
-int fm_msg_unpack(const uint8_t *buf, size_t len, const fm_msg_limits *lim,
-                  msgpack_zone *zone, msgpack_object *obj, fm_diag *d);
+int fm_msg_unpack(const uint8_t *buf, size_t len, const fm_msg_limits *lim, msgpack_zone *zone, msgpack_object *obj,
+                  fm_diag *d);
 
 /* Map lookup by string key; NULL if map is not a map or has no such key. */
 const msgpack_object *fm_msg_get(const msgpack_object *map, const char *key);

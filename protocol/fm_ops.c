@@ -21,13 +21,9 @@ static const struct {
 #undef FM_OP_ROW_
 };
 
-const char *fm_dtype_name(fm_dtype dt) {
-  return (unsigned)dt < FM_DT__COUNT ? dtypes[dt].name : "?";
-}
+const char *fm_dtype_name(fm_dtype dt) { return (unsigned)dt < FM_DT__COUNT ? dtypes[dt].name : "?"; }
 
-size_t fm_dtype_size(fm_dtype dt) {
-  return (unsigned)dt < FM_DT__COUNT ? dtypes[dt].size : 0;
-}
+size_t fm_dtype_size(fm_dtype dt) { return (unsigned)dt < FM_DT__COUNT ? dtypes[dt].size : 0; }
 
 static int name_eq(const char *name, const char *s, size_t len) {
   return strlen(name) == len && memcmp(name, s, len) == 0;
@@ -43,28 +39,33 @@ int fm_dtype_parse(const char *s, size_t len, fm_dtype *out) {
   return FM_ESCHEMA;
 }
 
-const char *fm_op_name(fm_op op) {
-  return (unsigned)op < FM_OP__COUNT ? ops[op].name : "?";
-}
+const char *fm_op_name(fm_op op) { return (unsigned)op < FM_OP__COUNT ? ops[op].name : "?"; }
 
-fm_opkind fm_op_kind(fm_op op) {
-  return (unsigned)op < FM_OP__COUNT ? ops[op].kind : FM_OPK_RESERVED;
-}
+fm_opkind fm_op_kind(fm_op op) { return (unsigned)op < FM_OP__COUNT ? ops[op].kind : FM_OPK_RESERVED; }
 
 int fm_op_arity(fm_op op) {
   switch (fm_op_kind(op)) {
-    case FM_OPK_CONST: return 0;
+    case FM_OPK_CONST:
+      return 0;
     case FM_OPK_UNARY:
-    case FM_OPK_CAST: return 1;
+    case FM_OPK_CAST:
+      return 1;
     case FM_OPK_BINARY:
     case FM_OPK_COMPARE:
-    case FM_OPK_POW: return 2;
-    case FM_OPK_WHERE: return 3;
-    case FM_OPK_REDUCE: return 1;
-    case FM_OPK_COMPOSITE: return op == FM_OP_LAYER_NORM ? 3 : op == FM_OP_RMS_NORM ? 2 : 1;
-    case FM_OPK_MATMUL: return op == FM_OP_ADDMM ? 3 : 2;
-    case FM_OPK_CAT: return FM_MAX_ARGS;
-    case FM_OPK_RESERVED: return -1;
+    case FM_OPK_POW:
+      return 2;
+    case FM_OPK_WHERE:
+      return 3;
+    case FM_OPK_REDUCE:
+      return 1;
+    case FM_OPK_COMPOSITE:
+      return op == FM_OP_LAYER_NORM ? 3 : op == FM_OP_RMS_NORM ? 2 : 1;
+    case FM_OPK_MATMUL:
+      return op == FM_OP_ADDMM ? 3 : 2;
+    case FM_OPK_CAT:
+      return FM_MAX_ARGS;
+    case FM_OPK_RESERVED:
+      return -1;
   }
   return -1;
 }
@@ -77,12 +78,17 @@ int fm_op_nargs_ok(fm_op op, uint32_t n) {
 
 uint32_t fm_op_vocab(fm_op op) {
   switch (fm_op_kind(op)) {
-    case FM_OPK_RESERVED: return 0;
+    case FM_OPK_RESERVED:
+      return 0;
     case FM_OPK_REDUCE:
-    case FM_OPK_COMPOSITE: return 2;
-    case FM_OPK_MATMUL: return op == FM_OP_BMM ? 4 : 3;
-    case FM_OPK_CAT: return FM_VOCAB_CAT;
-    default: return 1;
+    case FM_OPK_COMPOSITE:
+      return 2;
+    case FM_OPK_MATMUL:
+      return op == FM_OP_BMM ? 4 : 3;
+    case FM_OPK_CAT:
+      return FM_VOCAB_CAT;
+    default:
+      return 1;
   }
 }
 

@@ -31,8 +31,8 @@
 #ifndef FM_PROTO_H
 #define FM_PROTO_H
 
-#define FM_PROTO_VERSION 1
-#define FM_VERSION_STRING "0.1.0"
+#define FM_PROTO_VERSION   1
+#define FM_VERSION_STRING  "0.1.0"
 #define FM_CLIENT_NAME_MAX 64
 
 #endif

@@ -7,10 +7,14 @@ size_t fm_text_utf8_len(const unsigned char *s, size_t n) {
   size_t len, i;
   uint32_t cp;
   if (s[0] < 0x80) return 1;
-  if ((s[0] & 0xE0) == 0xC0) len = 2, cp = s[0] & 0x1F;
-  else if ((s[0] & 0xF0) == 0xE0) len = 3, cp = s[0] & 0x0F;
-  else if ((s[0] & 0xF8) == 0xF0) len = 4, cp = s[0] & 0x07;
-  else return 0;
+  if ((s[0] & 0xE0) == 0xC0)
+    len = 2, cp = s[0] & 0x1F;
+  else if ((s[0] & 0xF0) == 0xE0)
+    len = 3, cp = s[0] & 0x0F;
+  else if ((s[0] & 0xF8) == 0xF0)
+    len = 4, cp = s[0] & 0x07;
+  else
+    return 0;
   if (len > n) return 0;
   for (i = 1; i < len; i++) {
     if ((s[i] & 0xC0) != 0x80) return 0;
@@ -24,14 +28,13 @@ size_t fm_text_utf8_len(const unsigned char *s, size_t n) {
 
 /* One character of s as it is shown: written to out (at most 7 bytes + NUL), its length in
  * *out_len. Returns the bytes of s it stands for (>= 1). */
-static size_t escape_one(const unsigned char *s, size_t n, unsigned flags, char out[8],
-                         size_t *out_len) {
+static size_t escape_one(const unsigned char *s, size_t n, unsigned flags, char out[8], size_t *out_len) {
   static const char hex[] = "0123456789abcdef";
   size_t ul = fm_text_utf8_len(s, n);
   unsigned char c = s[0];
-  int keep = ul > 0 && (c >= 0x80 || (c >= 0x20 && c != 0x7f) ||
-                        ((flags & FM_TEXT_KEEP_LINES) && (c == '\n' || c == '\t')));
-  if (ul == 2 && c == 0xC2 && s[1] < 0xA0) {   /* a C1 control */
+  int keep =
+      ul > 0 && (c >= 0x80 || (c >= 0x20 && c != 0x7f) || ((flags & FM_TEXT_KEEP_LINES) && (c == '\n' || c == '\t')));
+  if (ul == 2 && c == 0xC2 && s[1] < 0xA0) { /* a C1 control */
     out[0] = '\\', out[1] = 'u', out[2] = '0', out[3] = '0';
     out[4] = hex[s[1] >> 4], out[5] = hex[s[1] & 15];
     *out_len = 6;

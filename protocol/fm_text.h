@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#define FM_TEXT_KEEP_LINES 0x1u   /* keep \n and \t: multi-line text such as source code */
+#define FM_TEXT_KEEP_LINES 0x1u /* keep \n and \t: multi-line text such as source code */
 
 /* Length of the valid UTF-8 sequence at s (n bytes available, n >= 1), or 0 if it is not
  * valid UTF-8 (overlong forms, surrogates and code points past U+10FFFF are not). */

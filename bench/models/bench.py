@@ -10,6 +10,7 @@ merged JSON, the Markdown report and the charts.
 with the reason in "error". `merge` combines documents (a later row for the same model,
 size, mode and phase replaces an earlier one), writes <device>-<date>.json and .md in DIR,
 and draws the charts when matplotlib is there."""
+
 import argparse
 import datetime
 import glob
@@ -25,8 +26,17 @@ sys.path.insert(0, HERE)
 import model_report as report  # noqa: E402
 
 # The set, in the order a full run takes it: (model, size)
-DEFAULT = [("llama", "small"), ("llama", "large"), ("gqa", "small"), ("gpt2", "small"), ("bert", "small"),
-           ("t5", "small"), ("vit", "small"), ("convnet", "small"), ("moe", "small")]
+DEFAULT = [
+    ("llama", "small"),
+    ("llama", "large"),
+    ("gqa", "small"),
+    ("gpt2", "small"),
+    ("bert", "small"),
+    ("t5", "small"),
+    ("vit", "small"),
+    ("convnet", "small"),
+    ("moe", "small"),
+]
 MODE_NAMES = ("eager", "inductor", "inductor_graphs", "fuseml", "fuseml_graphs", "fuseml_inductor")
 
 
@@ -50,7 +60,7 @@ def part_of(items, part):
     if not 1 <= i <= n:
         raise ValueError(f"--part {part}: want i/n with 1 <= i <= n")
     per = -(-len(items) // n)
-    return items[(i - 1) * per:i * per]
+    return items[(i - 1) * per : i * per]
 
 
 def failed_rows(model, size, modes, phases, why):
@@ -66,22 +76,36 @@ def cmd_run(args):
     phases = args.phases.split(",")
     os.makedirs(args.out, exist_ok=True)
     import torch
+
     # what a model that never finished is filed under: this machine, today
-    head = {"device": report.device_slug(), "date": datetime.date.today().isoformat(),
-            "torch": torch.__version__}
+    head = {"device": report.device_slug(), "date": datetime.date.today().isoformat(), "torch": torch.__version__}
     docs = []
     for model, size in items:
         left = args.budget_s - (time.monotonic() - t0)
         path = os.path.join(args.out, f"{model}-{size}.json")
         if os.path.exists(path):
-            os.remove(path)   # a file left by an earlier run is not this run's result
+            os.remove(path)  # a file left by an earlier run is not this run's result
         if left < args.min_model_s:
             why = f"not run: {left:.0f} s of the run's budget left (a model needs {args.min_model_s:.0f} s)"
             print(f"bench: {model}/{size}: {why}", flush=True)
             docs.append({**head, "rows": failed_rows(model, size, args.modes, phases, why)})
             continue
-        cmd = [sys.executable, os.path.join(HERE, "run_model.py"), "--model", model, "--size", size, "--out", args.out,
-               "--phases", args.phases, "--reps", str(args.reps), "--budget-s", str(left - 15)]
+        cmd = [
+            sys.executable,
+            os.path.join(HERE, "run_model.py"),
+            "--model",
+            model,
+            "--size",
+            size,
+            "--out",
+            args.out,
+            "--phases",
+            args.phases,
+            "--reps",
+            str(args.reps),
+            "--budget-s",
+            str(left - 15),
+        ]
         if args.modes:
             cmd += ["--modes", args.modes]
         if args.smoke:
@@ -106,8 +130,9 @@ def cmd_run(args):
         doc = json.load(open(path)) if os.path.exists(path) else {**head, "rows": []}
         if why:
             have = {(r["mode"], r["phase"]) for r in doc["rows"]}
-            doc["rows"] += [r for r in failed_rows(model, size, args.modes, phases, why)
-                            if (r["mode"], r["phase"]) not in have]
+            doc["rows"] += [
+                r for r in failed_rows(model, size, args.modes, phases, why) if (r["mode"], r["phase"]) not in have
+            ]
         docs.append(doc)
     merged = report.merge(docs)
     report.write(merged, args.out, charts=not args.smoke)
@@ -144,6 +169,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.cmd == "run":
         import model_zoo
+
         try:
             items = parse_models(args.models, args.smoke)
             if args.part:

@@ -4,6 +4,7 @@ under no_grad recompiles for itself, as it would for a user).
 
 fuseml's modes talk to the fusemld on FUSEML_SOCKET (run_model.py starts a private one);
 `backend="fuseml"` is the name a user types and reads that variable."""
+
 import dataclasses
 
 import torch
@@ -12,31 +13,43 @@ import torch
 @dataclasses.dataclass(frozen=True)
 class Mode:
     name: str
-    family: str        # the caches it shares with other modes: "eager", "inductor" or "fuseml"
-    graphs: bool       # replays CUDA graphs (memory is taken at capture, not per step)
-    make: object       # model -> the callable a step calls
-    by_default: bool = True   # in a run that names no modes
+    family: str  # the caches it shares with other modes: "eager", "inductor" or "fuseml"
+    graphs: bool  # replays CUDA graphs (memory is taken at capture, not per step)
+    make: object  # model -> the callable a step calls
+    by_default: bool = True  # in a run that names no modes
 
 
 def _fuseml_inductor(model):
     import fuseml
+
     return torch.compile(model, backend=fuseml.FuseMLCompiler(rest="inductor"))
 
 
-MODES = {m.name: m for m in (
-    Mode("eager", "eager", False, lambda model: model),
-    Mode("inductor", "inductor", False, lambda model: torch.compile(model)),
-    Mode("inductor_graphs", "inductor", True, lambda model: torch.compile(model, mode="reduce-overhead")),
-    Mode("fuseml", "fuseml", False, lambda model: torch.compile(model, backend="fuseml")),
-    Mode("fuseml_graphs", "fuseml", True,
-         lambda model: torch.compile(model, backend="fuseml", mode="reduce-overhead")),
-    Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
-    # training graphs split by aot_autograd's default partition (every intermediate the
-    # backward reads saved, none recomputed; fuseml recomputes by default): asked by name
-    Mode("fuseml_saved", "fuseml", False,
-         lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=False)),
-         by_default=False),
-)}
+MODES = {
+    m.name: m
+    for m in (
+        Mode("eager", "eager", False, lambda model: model),
+        Mode("inductor", "inductor", False, lambda model: torch.compile(model)),
+        Mode("inductor_graphs", "inductor", True, lambda model: torch.compile(model, mode="reduce-overhead")),
+        Mode("fuseml", "fuseml", False, lambda model: torch.compile(model, backend="fuseml")),
+        Mode(
+            "fuseml_graphs",
+            "fuseml",
+            True,
+            lambda model: torch.compile(model, backend="fuseml", mode="reduce-overhead"),
+        ),
+        Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
+        # training graphs split by aot_autograd's default partition (every intermediate the
+        # backward reads saved, none recomputed; fuseml recomputes by default): asked by name
+        Mode(
+            "fuseml_saved",
+            "fuseml",
+            False,
+            lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=False)),
+            by_default=False,
+        ),
+    )
+}
 
 
 def select(names):
@@ -55,6 +68,7 @@ def allow_many_graphs():
     """Every mode compiles the same forward code once per phase: 10 compiled entries on one
     code object, past Dynamo's default limit of 8, after which it would silently run eager."""
     import torch._dynamo.config as cfg
+
     for key in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, key):
             setattr(cfg, key, 64)

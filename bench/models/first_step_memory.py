@@ -8,6 +8,7 @@ Prints, per mode: the peak of the first step and of a later one above what was a
 before it, then the largest groups of blocks alive at the first step's peak. A mode's first
 step compiles (and, under fuseml, measures each group's kernel against its ATen ops), so its
 peak can differ from a steady step's, which is what bench/models reports."""
+
 import argparse
 import collections
 import os
@@ -27,8 +28,13 @@ from run_model import start_daemon  # noqa: E402   (a private fusemld for the fu
 
 def _where(frames, depth=3):
     """The innermost frames of an allocation outside torch's own files: who asked for it."""
-    mine = [f for f in frames if f.get("filename", "").endswith(".py")
-            and "/torch/" not in f["filename"] or "/fuseml/" in f.get("filename", "")]
+    mine = [
+        f
+        for f in frames
+        if f.get("filename", "").endswith(".py")
+        and "/torch/" not in f["filename"]
+        or "/fuseml/" in f.get("filename", "")
+    ]
     return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in mine[:depth]) or "?"
 
 
@@ -90,8 +96,10 @@ def main(argv=None):
         step()
         later = torch.cuda.max_memory_allocated(dev) - base
         peak, groups = peak_blocks(snapshot, dev.index or 0)
-        print(f"== {mode.name}: {work.describe}: first step peak {first / 1e9:.2f} GB "
-              f"(history: {peak / 1e9:.2f} GB), a later step {later / 1e9:.2f} GB")
+        print(
+            f"== {mode.name}: {work.describe}: first step peak {first / 1e9:.2f} GB "
+            f"(history: {peak / 1e9:.2f} GB), a later step {later / 1e9:.2f} GB"
+        )
         for where, size in groups.most_common(args.top):
             print(f"   {size / 1e9:7.3f} GB  {where}")
         torch._dynamo.reset()

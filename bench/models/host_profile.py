@@ -7,6 +7,7 @@ spends its time in, heaviest first).
 
 A diagnostic for the default call path (bench/NOTES.md, "Host time per kernel"); the figures
 that count are bench.py's."""
+
 import argparse
 import cProfile
 import io
@@ -19,7 +20,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.append(os.path.join(os.path.dirname(HERE), "table"))   # daemon.py
+sys.path.append(os.path.join(os.path.dirname(HERE), "table"))  # daemon.py
 import compile_modes as modes_mod  # noqa: E402
 import model_zoo as models  # noqa: E402
 import run_model  # noqa: E402
@@ -45,6 +46,7 @@ def op_table(step, dev, steps, top):
     """Host time by ATen op and CUDA runtime call (torch.profiler, CPU side), heaviest first:
     what cProfile shows only as calls of torch's op dispatcher."""
     from torch.profiler import ProfilerActivity, profile
+
     measure.sync(dev)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
@@ -87,18 +89,20 @@ def main(argv=None):
                     step()
                 wall = measure.wall_ms({"s": step}, dev, 21)["s"]["ms"]
                 prof = measure.profile(step, dev)
-                head = (f"== {args.model}/{args.size} {phase} {mode.name}: wall {wall:.3f} ms, "
-                        f"GPU {prof['gpu_ms']:.3f} ms, {prof['kernels']} kernels, "
-                        f"host/kernel {(wall - prof['gpu_ms']) * 1e3 / max(1, prof['kernels']):.1f} us, "
-                        f"first call {compile_s:.1f} s")
+                head = (
+                    f"== {args.model}/{args.size} {phase} {mode.name}: wall {wall:.3f} ms, "
+                    f"GPU {prof['gpu_ms']:.3f} ms, {prof['kernels']} kernels, "
+                    f"host/kernel {(wall - prof['gpu_ms']) * 1e3 / max(1, prof['kernels']):.1f} us, "
+                    f"first call {compile_s:.1f} s"
+                )
                 print(head, flush=True)
                 report.append(head)
                 if mode.family == "fuseml":
                     import collections
                     from fuseml import backend
+
                     plans = backend._default.plans if backend._default else []
-                    ways = collections.Counter(p.compiled.path if p.compiled else str(p.skipped)
-                                               for p in plans)
+                    ways = collections.Counter(p.compiled.path if p.compiled else str(p.skipped) for p in plans)
                     for way, n in ways.most_common():
                         line = f"   {n} graph(s) run as {way}"
                         print(line, flush=True)

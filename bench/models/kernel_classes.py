@@ -5,15 +5,46 @@ elementwise kernel by its template but counts as a copy."""
 
 CLASSES = (
     # class                      substrings of the kernel name
-    ("fuseml",                   ("fm_",)),            # tested as a prefix, below
-    ("triton",                   ("triton",)),
-    ("cublas/cudnn/flash",       ("nvjet", "xmma", "cutlass", "gemm", "gemv", "cublas", "flash",
-                                  "fmha", "cudnn", "conv", "dgrad", "wgrad", "splitk", "attention")),
-    ("aten copy/cat",            ("copy", "catarray", "transpose", "permute")),
-    ("aten elementwise",         ("elementwise_kernel",)),
-    ("aten reduction/norm",      ("reduce", "softmax", "norm", "cross_entropy", "nll_loss", "welford",
-                                  "batch_norm", "moments", "scan", "sort", "topk")),
-    ("aten index/embedding",     ("index", "gather", "scatter", "embedding")),
+    ("fuseml", ("fm_",)),  # tested as a prefix, below
+    ("triton", ("triton",)),
+    (
+        "cublas/cudnn/flash",
+        (
+            "nvjet",
+            "xmma",
+            "cutlass",
+            "gemm",
+            "gemv",
+            "cublas",
+            "flash",
+            "fmha",
+            "cudnn",
+            "conv",
+            "dgrad",
+            "wgrad",
+            "splitk",
+            "attention",
+        ),
+    ),
+    ("aten copy/cat", ("copy", "catarray", "transpose", "permute")),
+    ("aten elementwise", ("elementwise_kernel",)),
+    (
+        "aten reduction/norm",
+        (
+            "reduce",
+            "softmax",
+            "norm",
+            "cross_entropy",
+            "nll_loss",
+            "welford",
+            "batch_norm",
+            "moments",
+            "scan",
+            "sort",
+            "topk",
+        ),
+    ),
+    ("aten index/embedding", ("index", "gather", "scatter", "embedding")),
 )
 MEMCPY = "memcpy/memset"
 OTHER = "other"

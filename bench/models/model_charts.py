@@ -5,6 +5,7 @@
 - <stem>-breakdown.png: GPU time per step by kernel class, Inductor and fuseml for each model.
 
     python3 model_charts.py RESULTS.json"""
+
 import json
 import sys
 
@@ -12,14 +13,21 @@ import kernel_classes
 import model_report as report
 
 SHOWN = ("eager", "inductor_graphs", "fuseml", "fuseml_graphs", "fuseml_inductor")
-COLOURS = {"eager": "#9e9e9e", "inductor_graphs": "#6a8caf", "fuseml": "#d9534f", "fuseml_graphs": "#f0ad4e",
-           "fuseml_inductor": "#5cb85c"}
+COLOURS = {
+    "eager": "#9e9e9e",
+    "inductor_graphs": "#6a8caf",
+    "fuseml": "#d9534f",
+    "fuseml_graphs": "#f0ad4e",
+    "fuseml_inductor": "#5cb85c",
+}
 
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 

@@ -3,18 +3,28 @@
 The Markdown has, per phase, fuseml against Inductor (GPU time and wall time) for each model;
 every cell's figures; the GPU-time breakdown by kernel class, fuseml beside Inductor; and the
 ATen ops that ran unfused under fuseml, costliest first (what the coverage work reads)."""
+
 import collections
 import json
 import os
 
 KEY = ("model", "size", "mode", "phase")
-FIGURES = ("wall_ms", "gpu_ms", "kernels", "peak_mem_gb", "compile_cold_s", "compile_warm_s", "rel_err",
-           "eager_bf16_rel_err")
+FIGURES = (
+    "wall_ms",
+    "gpu_ms",
+    "kernels",
+    "peak_mem_gb",
+    "compile_cold_s",
+    "compile_warm_s",
+    "rel_err",
+    "eager_bf16_rel_err",
+)
 
 
 def device_slug(dev=None):
     """The device part of a result's file name: "nvidia-h200", "nvidia-h100", or "cpu"."""
     import torch
+
     if dev is None:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type != "cuda":
@@ -38,8 +48,13 @@ def merge(docs):
             models[name]["describe"] = m.get("describe") or models[name]["describe"]
             for mode, phases in m.get("breakdown", {}).items():
                 models[name]["breakdown"].setdefault(mode, {}).update(phases)
-    return {"device": head.get("device", "unknown"), "date": head.get("date", ""), "torch": head.get("torch", ""),
-            "rows": list(rows.values()), "models": models}
+    return {
+        "device": head.get("device", "unknown"),
+        "date": head.get("date", ""),
+        "torch": head.get("torch", ""),
+        "rows": list(rows.values()),
+        "models": models,
+    }
 
 
 def _cell(rows, model, size, mode, phase):
@@ -53,7 +68,7 @@ def _fmt(v, digits=2):
     if v is None:
         return "-"
     if isinstance(v, float):
-        if v != 0 and abs(v) < 10 ** -digits:
+        if v != 0 and abs(v) < 10**-digits:
             return f"{v:.1e}"
         return f"{v:.{digits}f}"
     return str(v)
@@ -77,45 +92,59 @@ def ratio_table(doc, phase):
     """fuseml's GPU time and wall time over Inductor's, per model, for one phase; the graph
     modes against each other beside them; eager's wall over fuseml's."""
     rows = doc["rows"]
-    out = [f"| model | fuseml / Inductor GPU time | fuseml / Inductor wall | fuseml_graphs / inductor_graphs wall "
-           f"| fuseml_inductor / Inductor wall | eager / fuseml wall |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| model | fuseml / Inductor GPU time | fuseml / Inductor wall | fuseml_graphs / inductor_graphs wall "
+        "| fuseml_inductor / Inductor wall | eager / fuseml wall |",
+        "|---|---|---|---|---|---|",
+    ]
     for model, size in model_sizes(rows):
-        c = {m: _cell(rows, model, size, m, phase) for m in
-             ("eager", "inductor", "inductor_graphs", "fuseml", "fuseml_graphs", "fuseml_inductor")}
+        c = {
+            m: _cell(rows, model, size, m, phase)
+            for m in ("eager", "inductor", "inductor_graphs", "fuseml", "fuseml_graphs", "fuseml_inductor")
+        }
 
         def q(a, b, key):
             pair = _ratio(c[a], c[b])
             if not pair or not pair[0].get(key) or not pair[1].get(key):
                 return "-" if not (c[a] and "error" in c[a]) else "error"
             return f"{pair[0][key] / pair[1][key]:.2f}"
-        out.append(f"| {model}/{size} | {q('fuseml', 'inductor', 'gpu_ms')} | {q('fuseml', 'inductor', 'wall_ms')} | "
-                   f"{q('fuseml_graphs', 'inductor_graphs', 'wall_ms')} | {q('fuseml_inductor', 'inductor', 'wall_ms')} | "
-                   f"{q('eager', 'fuseml', 'wall_ms')} |")
+
+        out.append(
+            f"| {model}/{size} | {q('fuseml', 'inductor', 'gpu_ms')} | {q('fuseml', 'inductor', 'wall_ms')} | "
+            f"{q('fuseml_graphs', 'inductor_graphs', 'wall_ms')} | {q('fuseml_inductor', 'inductor', 'wall_ms')} | "
+            f"{q('eager', 'fuseml', 'wall_ms')} |"
+        )
     return "\n".join(out)
 
 
 def cell_table(doc):
-    out = ["| model | phase | mode | wall ms | GPU ms | kernels | peak GB | cold s | warm s | rel err | eager bf16 err |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| model | phase | mode | wall ms | GPU ms | kernels | peak GB | cold s | warm s | rel err | eager bf16 err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, size in model_sizes(doc["rows"]):
         for phase in ("fwd", "train"):
             for r in doc["rows"]:
                 if (r["model"], r["size"], r["phase"]) != (model, size, phase):
                     continue
                 if "error" in r:
-                    out.append(f"| {model}/{size} | {phase} | {r['mode']} | error: "
-                               f"{r['error'][:140].replace('|', '/').replace(chr(10), ' ')} | | | | | | | |")
+                    out.append(
+                        f"| {model}/{size} | {phase} | {r['mode']} | error: "
+                        f"{r['error'][:140].replace('|', '/').replace(chr(10), ' ')} | | | | | | | |"
+                    )
                     continue
-                out.append(f"| {model}/{size} | {phase} | {r['mode']} | {_fmt(r['wall_ms'])} | {_fmt(r['gpu_ms'])} | "
-                           f"{_fmt(r['kernels'], 0)} | {_fmt(r['peak_mem_gb'])} | {_fmt(r['compile_cold_s'], 1)} | "
-                           f"{_fmt(r['compile_warm_s'], 1)} | {_fmt(r['rel_err'], 4)} | {_fmt(r['eager_bf16_rel_err'], 4)} |")
+                out.append(
+                    f"| {model}/{size} | {phase} | {r['mode']} | {_fmt(r['wall_ms'])} | {_fmt(r['gpu_ms'])} | "
+                    f"{_fmt(r['kernels'], 0)} | {_fmt(r['peak_mem_gb'])} | {_fmt(r['compile_cold_s'], 1)} | "
+                    f"{_fmt(r['compile_warm_s'], 1)} | {_fmt(r['rel_err'], 4)} | {_fmt(r['eager_bf16_rel_err'], 4)} |"
+                )
     return "\n".join(out)
 
 
 def breakdown_table(doc, phase, modes=("inductor", "fuseml")):
     """GPU ms per step by kernel class, fuseml beside Inductor, per model."""
     import kernel_classes
+
     classes = kernel_classes.ORDER
     head = "| model | mode | " + " | ".join(classes) + " | total |"
     out = [head, "|" + "---|" * (len(classes) + 3)]
@@ -144,8 +173,10 @@ def unfused_ops(doc, mode="fuseml"):
 
 
 def unfused_table(doc, top=20):
-    out = ["| ATen op under fuseml | ms per step (sum over models and phases) | calls per step | where |",
-           "|---|---|---|---|"]
+    out = [
+        "| ATen op under fuseml | ms per step (sum over models and phases) | calls per step | where |",
+        "|---|---|---|---|",
+    ]
     for op, ms, calls, where in unfused_ops(doc)[:top]:
         shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
         out.append(f"| `{op}` | {ms:.3f} | {calls:.0f} | {shown} |")
@@ -153,11 +184,15 @@ def unfused_table(doc, top=20):
 
 
 def markdown(doc):
-    parts = [f"# Whole models: {doc['device']}, {doc['date']} (torch {doc['torch']})", "",
-             "Ratios below 1 favour fuseml in the first four columns; above 1 in the last. GPU time is the sum "
-             "of kernel, memcpy and memset time from the profiler (host excluded); wall time is the median of "
-             "interleaved samples. A training step is loss forward + backward (no optimizer step). Method: "
-             "bench/models/README.md.", ""]
+    parts = [
+        f"# Whole models: {doc['device']}, {doc['date']} (torch {doc['torch']})",
+        "",
+        "Ratios below 1 favour fuseml in the first four columns; above 1 in the last. GPU time is the sum "
+        "of kernel, memcpy and memset time from the profiler (host excluded); wall time is the median of "
+        "interleaved samples. A training step is loss forward + backward (no optimizer step). Method: "
+        "bench/models/README.md.",
+        "",
+    ]
     for phase, title in (("fwd", "Inference (forward under no_grad)"), ("train", "Training step")):
         parts += [f"## {title}: fuseml against Inductor", "", ratio_table(doc, phase), ""]
     parts += ["## Every cell", "", cell_table(doc), ""]
@@ -167,8 +202,9 @@ def markdown(doc):
     errors = [r for r in doc["rows"] if "error" in r]
     if errors:
         parts += ["## Cells that failed", ""]
-        parts += [f"- {r['model']}/{r['size']} {r['mode']} {r['phase']}: {' '.join(r['error'].split())[:300]}"
-                  for r in errors]
+        parts += [
+            f"- {r['model']}/{r['size']} {r['mode']} {r['phase']}: {' '.join(r['error'].split())[:300]}" for r in errors
+        ]
         parts.append("")
     return "\n".join(parts)
 

@@ -8,6 +8,7 @@ differentiates. Three sizes:
 - tiny: a few hundred parameters' worth of each architecture, for the CPU smoke test.
 
 Dropout is 0 everywhere, so a step is deterministic and comparable with its fp32 copy."""
+
 import copy
 import dataclasses
 
@@ -20,6 +21,7 @@ class Workload:
     """One model at one size: `model` (bf16), `inputs` (the keyword arguments of one step),
     `forward(fn, inputs)` (the tensor an inference step returns), `loss(fn, inputs)` (the
     scalar a training step differentiates), `describe` (shapes, for the tables)."""
+
     name: str
     size: str
     model: torch.nn.Module
@@ -38,8 +40,15 @@ class Workload:
 def _hf(cls, cfg):
     """A transformers model from its config with SDPA attention, random weights."""
     cfg.use_cache = False
-    for key in ("attention_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob",
-                "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout_rate"):
+    for key in (
+        "attention_dropout",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "resid_pdrop",
+        "embd_pdrop",
+        "attn_pdrop",
+        "dropout_rate",
+    ):
         if hasattr(cfg, key):
             setattr(cfg, key, 0.0)
     cfg._attn_implementation = "sdpa"
@@ -60,6 +69,7 @@ def _causal_lm(model, vocab, batch, seq, dev):
 
     def loss(fn, inp):
         return fn(**inp).loss
+
     return inputs, forward, loss
 
 
@@ -83,22 +93,39 @@ _DECODERS = {
 _DECODER_KINDS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}, "Llama"),
     "gqa": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}, "Mistral (GQA)"),
-    "moe": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 8, "num_experts_per_tok": 2,
-                                                    "sliding_window": None, "output_router_logits": False},
-            "Mixtral 8x top-2"),
+    "moe": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None, "output_router_logits": False},
+        "Mixtral 8x top-2",
+    ),
 }
 
 
 def _decoder(key):
     def build(size, dev):
         import transformers as tf
+
         config, cls, extra, label = _DECODER_KINDS[key]
         d, inter, heads, kv, layers, vocab, batch, seq = _DECODERS[(key, size)]
-        cfg = getattr(tf, config)(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_attention_heads=heads,
-                                  num_key_value_heads=kv, num_hidden_layers=layers, head_dim=d // heads,
-                                  max_position_embeddings=max(2048, seq), **extra)
-        return _hf(getattr(tf, cls), cfg), _causal_lm, (vocab, batch, seq), \
-            f"{label} d{d} ff{inter} h{heads}/{kv} L{layers}, {batch}x{seq} tokens"
+        cfg = getattr(tf, config)(
+            vocab_size=vocab,
+            hidden_size=d,
+            intermediate_size=inter,
+            num_attention_heads=heads,
+            num_key_value_heads=kv,
+            num_hidden_layers=layers,
+            head_dim=d // heads,
+            max_position_embeddings=max(2048, seq),
+            **extra,
+        )
+        return (
+            _hf(getattr(tf, cls), cfg),
+            _causal_lm,
+            (vocab, batch, seq),
+            f"{label} d{d} ff{inter} h{heads}/{kv} L{layers}, {batch}x{seq} tokens",
+        )
+
     return build
 
 
@@ -107,11 +134,23 @@ _GPT2 = {"small": (768, 12, 4, 50257, 8, 512), "tiny": (64, 4, 2, 256, 2, 16)}
 
 def gpt2(size, dev):
     import transformers as tf
+
     d, heads, layers, vocab, batch, seq = _GPT2[size]
-    cfg = tf.GPT2Config(vocab_size=vocab, n_embd=d, n_head=heads, n_layer=layers, n_positions=max(1024, seq),
-                        bos_token_id=vocab - 1, eos_token_id=vocab - 1)
-    return _hf(tf.GPT2LMHeadModel, cfg), _causal_lm, (vocab, batch, seq), \
-        f"GPT-2 d{d} h{heads} L{layers}, {batch}x{seq} tokens"
+    cfg = tf.GPT2Config(
+        vocab_size=vocab,
+        n_embd=d,
+        n_head=heads,
+        n_layer=layers,
+        n_positions=max(1024, seq),
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+    )
+    return (
+        _hf(tf.GPT2LMHeadModel, cfg),
+        _causal_lm,
+        (vocab, batch, seq),
+        f"GPT-2 d{d} h{heads} L{layers}, {batch}x{seq} tokens",
+    )
 
 
 _BERT = {"small": (768, 3072, 12, 4, 30522, 8, 512), "tiny": (64, 128, 4, 2, 256, 2, 16)}
@@ -122,7 +161,7 @@ def _masked_lm(model, vocab, batch, seq, dev):
     quarter of tokens padded (attention mask 0, labels ignored), as a real batch would."""
     ids = _tokens(vocab, batch, seq, dev)
     mask = torch.ones(batch, seq, dtype=torch.long, device=dev)
-    mask[batch // 2:, seq - seq // 4:] = 0
+    mask[batch // 2 :, seq - seq // 4 :] = 0
     labels = ids.masked_fill(mask == 0, -100)
     inputs = {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
@@ -131,16 +170,28 @@ def _masked_lm(model, vocab, batch, seq, dev):
 
     def loss(fn, inp):
         return fn(**inp).loss
+
     return inputs, forward, loss
 
 
 def bert(size, dev):
     import transformers as tf
+
     d, inter, heads, layers, vocab, batch, seq = _BERT[size]
-    cfg = tf.BertConfig(vocab_size=vocab, hidden_size=d, intermediate_size=inter, num_attention_heads=heads,
-                        num_hidden_layers=layers, max_position_embeddings=max(512, seq))
-    return _hf(tf.BertForMaskedLM, cfg), _masked_lm, (vocab, batch, seq), \
-        f"BERT d{d} ff{inter} h{heads} L{layers}, {batch}x{seq} tokens (padded)"
+    cfg = tf.BertConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_hidden_layers=layers,
+        max_position_embeddings=max(512, seq),
+    )
+    return (
+        _hf(tf.BertForMaskedLM, cfg),
+        _masked_lm,
+        (vocab, batch, seq),
+        f"BERT d{d} ff{inter} h{heads} L{layers}, {batch}x{seq} tokens (padded)",
+    )
 
 
 # d, d_ff, heads, layers (each stack), vocab, batch, encoder seq, decoder seq
@@ -150,12 +201,27 @@ _T5 = {"small": (768, 2048, 12, 4, 32128, 8, 512, 128), "tiny": (64, 128, 4, 2, 
 def t5(size, dev):
     """T5 v1.1 style: gated GELU feed-forward, relative attention bias, encoder + decoder."""
     import transformers as tf
+
     d, ff, heads, layers, vocab, batch, seq, dec = _T5[size]
-    cfg = tf.T5Config(vocab_size=vocab, d_model=d, d_kv=d // heads, d_ff=ff, num_heads=heads,
-                      num_layers=layers, num_decoder_layers=layers, feed_forward_proj="gated-gelu",
-                      tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0)
-    return _hf(tf.T5ForConditionalGeneration, cfg), _seq2seq(dec), (vocab, batch, seq), \
-        f"T5 (gated GELU) d{d} ff{ff} h{heads} L{layers}+{layers}, {batch}x{seq} -> {batch}x{dec} tokens"
+    cfg = tf.T5Config(
+        vocab_size=vocab,
+        d_model=d,
+        d_kv=d // heads,
+        d_ff=ff,
+        num_heads=heads,
+        num_layers=layers,
+        num_decoder_layers=layers,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    return (
+        _hf(tf.T5ForConditionalGeneration, cfg),
+        _seq2seq(dec),
+        (vocab, batch, seq),
+        f"T5 (gated GELU) d{d} ff{ff} h{heads} L{layers}+{layers}, {batch}x{seq} -> {batch}x{dec} tokens",
+    )
 
 
 def _seq2seq(dec):
@@ -172,15 +238,21 @@ def _seq2seq(dec):
 
         def loss(fn, inp):
             return fn(**inp).loss
+
         return inputs, forward, loss
+
     return make
 
 
 # timm: model name, its keyword arguments, batch, image side
 _TIMM = {
     ("vit", "small"): ("vit_small_patch16_224", {"depth": 4}, 64, 224),
-    ("vit", "tiny"): ("vit_small_patch16_224", {"depth": 1, "embed_dim": 64, "num_heads": 4,
-                                                 "img_size": 32, "num_classes": 10}, 2, 32),
+    ("vit", "tiny"): (
+        "vit_small_patch16_224",
+        {"depth": 1, "embed_dim": 64, "num_heads": 4, "img_size": 32, "num_classes": 10},
+        2,
+        32,
+    ),
     ("convnet", "small"): ("resnet50", {}, 64, 224),
     # batch statistics over 4 images of 64 x 64 pixels: the last stage's BatchNorm sees 16
     # values a channel (at 2 x 32 x 32 it saw 2, and bf16 against fp32 gradients drifted apart)
@@ -199,17 +271,20 @@ def _classifier(model, classes, batch, side, dev):
 
     def loss(fn, inp):
         return F.cross_entropy(fn(inp["x"]).float(), inp["y"])
+
     return inputs, forward, loss
 
 
 def _timm(key):
     def build(size, dev):
         import timm
+
         name, kwargs, batch, side = _TIMM[(key, size)]
         model = timm.create_model(name, pretrained=False, **kwargs)
         shape = f"{batch}x3x{side}x{side}"
         extra = f" depth {kwargs['depth']}" if "depth" in kwargs else ""
         return model, _classifier, (model.num_classes, batch, side), f"timm {name}{extra}, {shape}"
+
     return build
 
 

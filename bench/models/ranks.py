@@ -16,6 +16,7 @@ while fusemld still tunes in the background and once every kernel is tuned, each
 peak memory, the first step's loss against eager's on the same weights, and (fuseml) how
 each rank's kernels were served. The steps go on until every rank holds only tuned kernels
 and 30 more steps ran (200 steps at the least), or --seconds pass."""
+
 import argparse
 import json
 import os
@@ -26,14 +27,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-STEADY_STEPS = 30     # steps timed once every kernel is tuned (the last ones of a run)
-MIN_STEPS = 200       # a run's steps at the least: the steady ones come after the warm-up
+STEADY_STEPS = 30  # steps timed once every kernel is tuned (the last ones of a run)
+MIN_STEPS = 200  # a run's steps at the least: the steady ones come after the warm-up
 
 
 def _kernel_states():
     """{state: count} over the fuseml groups of this process: "tuned", "verified", "untuned",
     or "eager" (no kernel: the group runs its ATen ops)."""
     from fuseml import backend
+
     out = {}
     for c in list(backend.live):
         for r in c.runners.values():
@@ -46,12 +48,15 @@ def _verified_left():
     """Kernels launched by this process that the daemon has not yet tuned (as run_model's
     _wait_tuned counts them: those a graph keeps, not those measured routing gave to ATen)."""
     from fuseml import backend
-    return sum(1 for c in list(backend.live) for r in c.upgrader.runners
-               if r.kernel is not None and r.kernel[1] == "verified")
+
+    return sum(
+        1 for c in list(backend.live) for r in c.upgrader.runners if r.kernel is not None and r.kernel[1] == "verified"
+    )
 
 
 def _paths():
     from fuseml import backend
+
     plans = list(backend._default.plans) if backend._default is not None else []
     out = {}
     for p in plans:
@@ -66,7 +71,7 @@ def train(args):
     from torch.nn.parallel import DistributedDataParallel as DDP
     import model_zoo as models
 
-    cuda = torch.cuda.is_available()   # without a GPU: gloo on the CPU (a smoke test)
+    cuda = torch.cuda.is_available()  # without a GPU: gloo on the CPU (a smoke test)
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -77,6 +82,7 @@ def train(args):
     def sync():
         if cuda:
             torch.cuda.synchronize(dev)
+
     work = models.build(args.model, args.size, dev)
     with torch.no_grad():
         eager_loss = work.loss(work.model, work.inputs).float().item()
@@ -95,7 +101,7 @@ def train(args):
         opt.zero_grad(set_to_none=True)
         return loss
 
-    def flag(*values):   # the ranks agree (sum) between steps: not inside a timed step
+    def flag(*values):  # the ranks agree (sum) between steps: not inside a timed step
         t = torch.tensor(values, dtype=torch.float64, device=dev)
         dist.all_reduce(t)
         return t.tolist()
@@ -111,7 +117,7 @@ def train(args):
     firsts = [None] * world
     dist.all_gather_object(firsts, first_s)
 
-    series = []           # (ms, verified kernels left on all ranks when it ran)
+    series = []  # (ms, verified kernels left on all ranks when it ran)
     start = time.monotonic()
     steady_left = STEADY_STEPS
     left = flag(_verified_left() if args.mode == "fuseml" else 0)[0]
@@ -145,10 +151,16 @@ def train(args):
     dist.all_gather_object(ranks, mine)
     if rank == 0:
         out = {
-            "model": args.model, "size": args.size, "describe": work.describe, "mode": args.mode,
-            "ranks": world, "device": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": torch.__version__,
+            "model": args.model,
+            "size": args.size,
+            "describe": work.describe,
+            "mode": args.mode,
+            "ranks": world,
+            "device": torch.cuda.get_device_name(dev) if cuda else "cpu",
+            "torch": torch.__version__,
             "first_step_s": max(firsts),
-            "eager_loss": eager_loss, "first_loss": first_loss,
+            "eager_loss": eager_loss,
+            "first_loss": first_loss,
             "loss_rel_diff": abs(first_loss - eager_loss) / max(abs(eager_loss), 1e-12),
             "steps": len(series),
             "step_ms_tuning": statistics.median(tuning) if tuning else None,
@@ -180,7 +192,7 @@ def report(folder):
             continue
         with open(os.path.join(folder, name)) as f:
             r = json.load(f)
-        if not isinstance(r, dict) or "per_rank" not in r:   # fusectl's stats and ls
+        if not isinstance(r, dict) or "per_rank" not in r:  # fusectl's stats and ls
             continue
         stats = os.path.join(folder, "stats-" + name)
         s = json.load(open(stats)) if os.path.exists(stats) else None
@@ -188,22 +200,29 @@ def report(folder):
     if not rows:
         return "no runs\n"
     r0 = rows[0][1]
-    lines = [f"{r0['describe']}, DDP + AdamW, {r0['device']}, torch {r0['torch']}", "",
-             "| run | ranks | first step s | step ms while tuning | steady step ms | peak GB (max rank) "
-             "| first loss vs eager | kernels per rank | store entries | compiles | tunes | verified "
-             "| joined in flight | requests |",
-             "|" + "---|" * 14]
+    lines = [
+        f"{r0['describe']}, DDP + AdamW, {r0['device']}, torch {r0['torch']}",
+        "",
+        "| run | ranks | first step s | step ms while tuning | steady step ms | peak GB (max rank) "
+        "| first loss vs eager | kernels per rank | store entries | compiles | tunes | verified "
+        "| joined in flight | requests |",
+        "|" + "---|" * 14,
+    ]
     for name, r, s in rows:
         per = r["per_rank"]
-        kern = "; ".join(",".join(f"{k} {v}" for k, v in sorted((p["kernels"] or {}).items())) for p in per) \
-            if r["mode"] == "fuseml" else "-"
+        kern = (
+            "; ".join(",".join(f"{k} {v}" for k, v in sorted((p["kernels"] or {}).items())) for p in per)
+            if r["mode"] == "fuseml"
+            else "-"
+        )
         sess = (s or {}).get("session", {})
         lines.append(
             f"| {name[:-5]} | {r['ranks']} | {r['first_step_s']:.1f} | {_fmt(r['step_ms_tuning'], '.2f')} "
             f"| {_fmt(r['step_ms_steady'], '.2f')} | {max(p['peak_gb'] for p in per):.2f} "
             f"| {r['loss_rel_diff']:.1e} | {kern} | {_fmt((s or {}).get('entries'), 'd')} "
             f"| {_fmt(sess.get('compiles'), 'd')} | {_fmt(sess.get('tunes'), 'd')} | {_fmt(sess.get('verified'), 'd')} "
-            f"| {_fmt(sess.get('joined_inflight'), 'd')} | {_fmt(sess.get('requests'), 'd')} |")
+            f"| {_fmt(sess.get('joined_inflight'), 'd')} | {_fmt(sess.get('requests'), 'd')} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -212,8 +231,12 @@ def main(argv=None):
     ap.add_argument("--model", default="llama")
     ap.add_argument("--size", default="small")
     ap.add_argument("--mode", choices=("fuseml", "inductor"), default="fuseml")
-    ap.add_argument("--seconds", type=float, default=90.0,
-                    help="stop the steps after this long even if kernels are still being tuned")
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=90.0,
+        help="stop the steps after this long even if kernels are still being tuned",
+    )
     ap.add_argument("--out", default="ranks.json")
     ap.add_argument("--report", metavar="DIR", help="print the runs in DIR as a table and exit")
     args = ap.parse_args(argv)

@@ -12,6 +12,7 @@ the warm compile.
 
 A training step is the loss forward and backward, gradients set to None before it; no
 optimizer step. An inference step runs under no_grad with the model in eval mode."""
+
 import argparse
 import datetime
 import json
@@ -30,7 +31,7 @@ import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.append(os.path.join(os.path.dirname(HERE), "table"))   # daemon.py
+sys.path.append(os.path.join(os.path.dirname(HERE), "table"))  # daemon.py
 import step_measure as measure  # noqa: E402
 import model_zoo as models  # noqa: E402
 import compile_modes as modes_mod  # noqa: E402
@@ -116,6 +117,7 @@ def start_daemon(selected, dev):
     if not any(m.family == "fuseml" for m in selected) or os.environ.get("FUSEML_SOCKET"):
         return None
     from daemon import Daemon, find_fusemld
+
     exe = find_fusemld()
     if not exe:
         print("run: no fusemld built; the fuseml modes run without a daemon", file=sys.stderr)
@@ -148,8 +150,12 @@ def _wait_tuned(deadline, limit_s=240.0):
     end = min(t0 + limit_s, deadline - 60)
     while True:
         backend.pick_up_tuned()
-        left = sum(1 for c in list(backend.live) for r in c.upgrader.runners
-                   if r.kernel is not None and r.kernel[1] == "verified")
+        left = sum(
+            1
+            for c in list(backend.live)
+            for r in c.upgrader.runners
+            if r.kernel is not None and r.kernel[1] == "verified"
+        )
         if not left or time.monotonic() > end:
             return time.monotonic() - t0
         time.sleep(1.0)
@@ -170,7 +176,7 @@ def measure_model(args, dev, selected, deadline, save):
     work = models.build(args.model, args.size, dev)
     compiled = {}
     rows, breakdown = [], {}
-    compiled_before = {}   # family -> ["mode/phase", ...] compiled earlier in this process
+    compiled_before = {}  # family -> ["mode/phase", ...] compiled earlier in this process
     for phase in args.phases:
         ph = Phase(work, phase)
         work.model.train(phase == "train")
@@ -182,7 +188,7 @@ def measure_model(args, dev, selected, deadline, save):
         cold_after = {}
         errs = {}
         fail = {}
-        plans = {}     # mode -> the fuseml plans its first calls compiled (backend="fuseml")
+        plans = {}  # mode -> the fuseml plans its first calls compiled (backend="fuseml")
         tune_wait = {}  # mode -> seconds until the daemon's background tunes were picked up
         for mode in selected:
             if time.monotonic() > deadline:
@@ -203,7 +209,7 @@ def measure_model(args, dev, selected, deadline, save):
                 compiled_before.setdefault(mode.family, []).append(f"{mode.name}/{phase}")
                 if mode.family == "fuseml":
                     tune_wait[mode.name] = _wait_tuned(deadline)
-                for _ in range(3):   # the graph modes record on their second or third call
+                for _ in range(3):  # the graph modes record on their second or third call
                     ph.step(fn, mode.graphs)
                 measure.sync(dev)
                 if dev.type == "cuda" and mode.graphs:
@@ -215,8 +221,7 @@ def measure_model(args, dev, selected, deadline, save):
                 ok[mode.name] = mode
             except Exception as e:  # one mode's failure must not hide the others
                 fail[mode.name] = f"{type(e).__name__}: {str(e)[:600]}"
-                print(f"run: {args.model}/{args.size} {mode.name} {phase} failed: {fail[mode.name]}",
-                      file=sys.stderr)
+                print(f"run: {args.model}/{args.size} {mode.name} {phase} failed: {fail[mode.name]}", file=sys.stderr)
         eager_err = errs.get("eager", (None, None))[0]
         steps = {name: (lambda fn=compiled[name], g=m.graphs: ph.step(fn, g)) for name, m in ok.items()}
         try:
@@ -239,23 +244,33 @@ def measure_model(args, dev, selected, deadline, save):
                 rows.append({**row, "error": f"profiling failed: {type(e).__name__}: {str(e)[:400]}"})
                 continue
             err, parts = errs[mode.name]
-            rows.append({**row,
-                         "wall_ms": walls[mode.name]["ms"], "wall_iqr_ms": walls[mode.name]["iqr_ms"],
-                         "gpu_ms": prof["gpu_ms"], "kernels": prof["kernels"], "peak_mem_gb": peak,
-                         "first_call_s": first[mode.name],
-                         # eager compiles nothing: its first call is not a compile time
-                         "compile_cold_s": None if mode.family == "eager" else first[mode.name],
-                         "cold_after": cold_after[mode.name] if mode.family != "eager" else [],
-                         "compile_warm_s": None,
-                         "rel_err": _finite(err), "rel_err_parts": {k: _finite(v) for k, v in parts.items()},
-                         "eager_bf16_rel_err": _finite(eager_err),
-                         "nonfinite": err == float("inf")})
+            rows.append(
+                {
+                    **row,
+                    "wall_ms": walls[mode.name]["ms"],
+                    "wall_iqr_ms": walls[mode.name]["iqr_ms"],
+                    "gpu_ms": prof["gpu_ms"],
+                    "kernels": prof["kernels"],
+                    "peak_mem_gb": peak,
+                    "first_call_s": first[mode.name],
+                    # eager compiles nothing: its first call is not a compile time
+                    "compile_cold_s": None if mode.family == "eager" else first[mode.name],
+                    "cold_after": cold_after[mode.name] if mode.family != "eager" else [],
+                    "compile_warm_s": None,
+                    "rel_err": _finite(err),
+                    "rel_err_parts": {k: _finite(v) for k, v in parts.items()},
+                    "eager_bf16_rel_err": _finite(eager_err),
+                    "nonfinite": err == float("inf"),
+                }
+            )
             if mode.name in tune_wait:
                 rows[-1]["tune_wait_s"] = tune_wait[mode.name]
             if plans.get(mode.name):
                 rows[-1]["graphs_run_as"] = _paths(plans[mode.name])
-                print(f"run: {args.model}/{args.size} {mode.name} {phase}: graphs run as "
-                      f"{rows[-1]['graphs_run_as']}", file=sys.stderr)
+                print(
+                    f"run: {args.model}/{args.size} {mode.name} {phase}: graphs run as " f"{rows[-1]['graphs_run_as']}",
+                    file=sys.stderr,
+                )
             breakdown.setdefault(mode.name, {})[phase] = prof
         ph.clear()
         del want
@@ -290,9 +305,21 @@ def warm_child(args, dev, selected):
 
 
 def run_warm_child(args, selected, timeout_s):
-    cmd = [sys.executable, os.path.abspath(__file__), "--warm-child", "--model", args.model, "--size", args.size,
-           "--device", args.device, "--modes", ",".join(m.name for m in selected),
-           "--phases", ",".join(args.phases)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--warm-child",
+        "--model",
+        args.model,
+        "--size",
+        args.size,
+        "--device",
+        args.device,
+        "--modes",
+        ",".join(m.name for m in selected),
+        "--phases",
+        ",".join(args.phases),
+    ]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1, timeout_s), env=dict(os.environ))
     except subprocess.TimeoutExpired:
@@ -314,8 +341,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--target-ms", type=float, default=25.0)
     ap.add_argument("--profile-steps", type=int, default=3)
-    ap.add_argument("--budget-s", type=float, default=540.0,
-                    help="stop starting modes past this; the warm child gets what is left")
+    ap.add_argument(
+        "--budget-s", type=float, default=540.0, help="stop starting modes past this; the warm child gets what is left"
+    )
     ap.add_argument("--no-warm", action="store_true", help="skip the warm-compile child")
     ap.add_argument("--warm-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -341,8 +369,13 @@ def main(argv=None):
     path = os.path.join(args.out, f"{args.model}-{args.size}.json")
 
     def save(describe, rows, breakdown):
-        doc = {"device": report.device_slug(dev), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-               "rows": rows, "models": {f"{args.model}/{args.size}": {"describe": describe, "breakdown": breakdown}}}
+        doc = {
+            "device": report.device_slug(dev),
+            "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
+            "rows": rows,
+            "models": {f"{args.model}/{args.size}": {"describe": describe, "breakdown": breakdown}},
+        }
         with open(path + ".tmp", "w") as f:
             json.dump(doc, f, indent=1)
         os.replace(path + ".tmp", path)
@@ -366,8 +399,10 @@ def main(argv=None):
     finally:
         if daemon:
             daemon.stop(keep_log_to=os.path.join(args.out, f"fusemld-{args.model}-{args.size}.log"))
-    print(f"run: {args.model}/{args.size}: {len(rows)} rows, {sum('error' in r for r in rows)} errors, "
-          f"{time.monotonic() - t0:.0f} s -> {path}")
+    print(
+        f"run: {args.model}/{args.size}: {len(rows)} rows, {sum('error' in r for r in rows)} errors, "
+        f"{time.monotonic() - t0:.0f} s -> {path}"
+    )
     return 0
 
 

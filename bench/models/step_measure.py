@@ -2,6 +2,7 @@
 profiler's GPU time with its breakdown by kernel class and the ATen ops that ran, the peak
 memory of a step, and the relative error against the fp32 copy. Works on the CPU too (the
 smoke test): what only a GPU has (GPU time, kernels, memory) is None there."""
+
 import collections
 import math
 import statistics
@@ -50,8 +51,12 @@ def wall_ms(steps, dev, reps, target_ms=25.0):
     out = {}
     for name, s in samples.items():
         s = sorted(s)
-        out[name] = {"ms": statistics.median(s), "iqr_ms": s[(3 * len(s)) // 4] - s[len(s) // 4],
-                     "inner": inner[name], "samples": len(s)}
+        out[name] = {
+            "ms": statistics.median(s),
+            "iqr_ms": s[(3 * len(s)) // 4] - s[len(s) // 4],
+            "inner": inner[name],
+            "samples": len(s),
+        }
     return out
 
 
@@ -84,6 +89,7 @@ def profile(step, dev, steps=3, top=25):
     with their own (self) device time: what a fused backend left to ATen. Off the GPU, the
     ATen ops with their CPU time and no GPU figures."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
+
     cuda = dev.type == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     step()
@@ -116,8 +122,13 @@ def profile(step, dev, steps=3, top=25):
         if us > 0:
             ops.append({"op": avg.key, "calls": avg.count / steps, "ms": us / steps / 1e3})
     ops.sort(key=lambda o: -o["ms"])
-    kernels = sorted(({"kernel": name[:160], "class": kernel_classes.classify(name), "calls": c / steps,
-                       "ms": us / steps / 1e3} for name, (c, us) in by_kernel.items()), key=lambda k: -k["ms"])
+    kernels = sorted(
+        (
+            {"kernel": name[:160], "class": kernel_classes.classify(name), "calls": c / steps, "ms": us / steps / 1e3}
+            for name, (c, us) in by_kernel.items()
+        ),
+        key=lambda k: -k["ms"],
+    )
     return {
         "gpu_ms": gpu_us / steps / 1e3 if cuda else None,
         "kernels": n_kernels / steps if cuda else None,

@@ -5,6 +5,7 @@
 writes <stem>-speedup.png (fuseml's speedup per workload and preset, against eager and
 against the best peer), <stem>-hbm.png (analytical HBM bytes per step, eager vs fused) and
 <stem>-compile.png (fuseml compile time, cold vs warm cache). Empty cells are left out."""
+
 import argparse
 import os
 import sys
@@ -16,8 +17,10 @@ import workloads as W  # noqa: E402
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -39,8 +42,7 @@ def _grouped(ax, labels, series, ylabel, log=False, hline=None):
         bars = ax.bar(xs, ys, width, label=name)
         if hline is not None:
             for b, y in zip(bars, ys):
-                ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center",
-                            va="bottom", fontsize=6)
+                ax.annotate(f"{y:.2f}", (b.get_x() + b.get_width() / 2, y), ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel(ylabel)
@@ -57,12 +59,21 @@ def speedup(rows, path):
     fig, axes = plt.subplots(len(wls), 1, figsize=(8, 2.6 * len(wls)), squeeze=False)
     for ax, w in zip(axes[:, 0], wls):
         rs = [r for r in rows if r["workload"] == w]
-        _grouped(ax, [r["preset"] for r in rs],
-                 [("vs eager", [r.get("speedup_vs_eager") for r in rs]),
-                  ("vs best peer", [r.get("speedup_vs_best_peer") for r in rs])] +
-                 ([("vs Inductor with CUDA graphs", [r.get("speedup_vs_inductor_cudagraphs") for r in rs])]
-                  if any(r.get("speedup_vs_inductor_cudagraphs") for r in rs) else []),
-                 "speedup (x)", hline=1.0)
+        _grouped(
+            ax,
+            [r["preset"] for r in rs],
+            [
+                ("vs eager", [r.get("speedup_vs_eager") for r in rs]),
+                ("vs best peer", [r.get("speedup_vs_best_peer") for r in rs]),
+            ]
+            + (
+                [("vs Inductor with CUDA graphs", [r.get("speedup_vs_inductor_cudagraphs") for r in rs])]
+                if any(r.get("speedup_vs_inductor_cudagraphs") for r in rs)
+                else []
+            ),
+            "speedup (x)",
+            hline=1.0,
+        )
         ax.set_title(W.LABELS.get(w, w), fontsize=9)
     fig.suptitle("fuseml speedup: " + _title(rows), fontsize=9)
     fig.tight_layout()
@@ -78,11 +89,20 @@ def hbm(rows, path):
     plt = _plt()
     rows = [r for r in rows if r.get("hbm_bytes_eager") is not None]
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
-    _grouped(ax, _labels(rows),
-             [("eager", [r["hbm_bytes_eager"] / 1e6 for r in rows]),
-              ("fused (fuseml groups)", [r["hbm_bytes_fused"] / 1e6 if r.get("hbm_bytes_fused") is not None else None for r in rows]),
-              ("floor (inputs + outputs once)", [r["floor_bytes"] / 1e6 if r.get("floor_bytes") else None for r in rows])],
-             "MB per step (analytical)", log=True)
+    _grouped(
+        ax,
+        _labels(rows),
+        [
+            ("eager", [r["hbm_bytes_eager"] / 1e6 for r in rows]),
+            (
+                "fused (fuseml groups)",
+                [r["hbm_bytes_fused"] / 1e6 if r.get("hbm_bytes_fused") is not None else None for r in rows],
+            ),
+            ("floor (inputs + outputs once)", [r["floor_bytes"] / 1e6 if r.get("floor_bytes") else None for r in rows]),
+        ],
+        "MB per step (analytical)",
+        log=True,
+    )
     ax.set_title("HBM traffic per step\n" + _title(rows) if rows else "no HBM figures", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
@@ -93,9 +113,15 @@ def compile_time(rows, path):
     plt = _plt()
     rows = [r for r in rows if r.get("compile_cold_s") is not None or r.get("compile_warm_s") is not None]
     fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows) + 2), 4))
-    _grouped(ax, _labels(rows), [("cold (empty fusemld cache)", [r.get("compile_cold_s") for r in rows]),
-                                 ("warm (second process, filled cache)", [r.get("compile_warm_s") for r in rows])],
-             "seconds to the first step's end")
+    _grouped(
+        ax,
+        _labels(rows),
+        [
+            ("cold (empty fusemld cache)", [r.get("compile_cold_s") for r in rows]),
+            ("warm (second process, filled cache)", [r.get("compile_warm_s") for r in rows]),
+        ],
+        "seconds to the first step's end",
+    )
     ax.set_title("fuseml compile time\n" + _title(rows) if rows else "no compile times", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)

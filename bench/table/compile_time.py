@@ -8,6 +8,7 @@ the first row.
 
     python3 compile_time.py SPEC.json OUT.json     (SPEC: {"device", "rows": [{workload,
                                                     preset, M, d_model, d_intermediate, socket}]})"""
+
 import json
 import os
 import sys
@@ -46,11 +47,9 @@ def main():
     out = []
     for row in spec["rows"]:
         try:
-            out.append({"workload": row["workload"], "preset": row["preset"],
-                        "s": one(row, dev, row["socket"])})
+            out.append({"workload": row["workload"], "preset": row["preset"], "s": one(row, dev, row["socket"])})
         except Exception as e:  # one row must not hide the others
-            out.append({"workload": row["workload"], "preset": row["preset"], "s": None,
-                        "error": repr(e)[:300]})
+            out.append({"workload": row["workload"], "preset": row["preset"], "s": None, "error": repr(e)[:300]})
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     with open(sys.argv[2], "w") as f:

@@ -1,5 +1,6 @@
 """A private fusemld for the benchmark: its own socket and a fresh database in a temp
 directory, so the first compile of a row is cold (empty cache) by construction."""
+
 import os
 import shutil
 import signal
@@ -30,8 +31,21 @@ class Daemon:
         self.db = os.path.join(self.dir, "kernels.db")
         self.log = os.path.join(self.dir, "fusemld.log")
         self.proc = subprocess.Popen(
-            [exe, "--foreground", "--socket", self.socket, "--db", self.db, "--log-level", "info",
-             "--log-file", self.log], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                exe,
+                "--foreground",
+                "--socket",
+                self.socket,
+                "--db",
+                self.db,
+                "--log-level",
+                "info",
+                "--log-file",
+                self.log,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -2,6 +2,7 @@
 the columns, kernel launches per step (torch.profiler), relative error against an fp32
 reference, and the analytical HBM model (eager: every op reads its inputs and writes its
 outputs; fused: a served group reads its inputs and writes its outputs once)."""
+
 import math
 import operator
 import statistics
@@ -11,12 +12,20 @@ import torch
 
 try:
     from fuseml import ops as _fm_ops
+
     _FREE_OPS = set(_fm_ops.VIEW_OPS)
 except ImportError:  # the HBM model does not need fuseml; the fused column does
     _FREE_OPS = set()
 _aten = torch.ops.aten
-_FREE_OPS |= {_aten.alias.default, _aten.detach.default, _aten._unsafe_view.default,
-              _aten.view.default, _aten.t.default, _aten.expand.default, operator.getitem}
+_FREE_OPS |= {
+    _aten.alias.default,
+    _aten.detach.default,
+    _aten._unsafe_view.default,
+    _aten.view.default,
+    _aten.t.default,
+    _aten.expand.default,
+    operator.getitem,
+}
 
 
 def _sync(dev):
@@ -50,7 +59,7 @@ def ceilings(dev, smoke=False):
     """Copy bandwidth (bytes read + written per second, of a device-to-device copy far larger
     than L2) and the bf16 GEMM rate (flop/s of a large torch.mm), medians, in this run."""
     clock = Clock(dev)
-    n = (8 << 20) if smoke else (512 << 20)   # bytes per buffer
+    n = (8 << 20) if smoke else (512 << 20)  # bytes per buffer
     src = torch.empty(n // 2, dtype=torch.bfloat16, device=dev).normal_()
     dst = torch.empty_like(src)
     for _ in range(3):
@@ -66,9 +75,8 @@ def ceilings(dev, smoke=False):
         torch.mm(a, b)
     _sync(dev)
     t = statistics.median(clock.time_ms(lambda i: torch.mm(a, b), 1) for _ in range(10 if not smoke else 3))
-    rate = 2 * s ** 3 / (t * 1e-3)
-    return {"copy_bytes_per_s": bw, "bf16_gemm_flops_per_s": rate, "copy_buffer_bytes": n,
-            "gemm_size": s}
+    rate = 2 * s**3 / (t * 1e-3)
+    return {"copy_bytes_per_s": bw, "bf16_gemm_flops_per_s": rate, "copy_buffer_bytes": n, "gemm_size": s}
 
 
 def time_columns(steps, xs, dev, reps, target_ms=2.0, warmup=3):
@@ -98,8 +106,7 @@ def time_columns(steps, xs, dev, reps, target_ms=2.0, warmup=3):
     for name, s in samples.items():
         s = sorted(s)
         q1, q3 = s[len(s) // 4], s[(3 * len(s)) // 4]
-        out[name] = {"ms": statistics.median(s), "iqr_ms": q3 - q1, "samples": len(s),
-                     "inner": inner[name]}
+        out[name] = {"ms": statistics.median(s), "iqr_ms": q3 - q1, "samples": len(s), "inner": inner[name]}
     return out
 
 
@@ -109,6 +116,7 @@ def count_kernels(step, x, dev, steps=3):
     if dev.type != "cuda":
         return None
     from torch.profiler import ProfilerActivity, profile
+
     step(x)
     _sync(dev)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -139,6 +147,7 @@ def rel_err(got, want):
 
 
 # -- the analytical HBM model --------------------------------------------------------------
+
 
 def _bytes(v):
     """Bytes of the distinct elements of a tensor value (a broadcast dim, stride 0, is read

@@ -8,6 +8,7 @@ GPU times (torch.profiler, after every timing), and the top of a cProfile of the
 
     python3 bench/table/profile_row.py --workloads mlp,heavy --presets small,memory_bound OUT.json
 (run by bench/table/run-profile on the device: a private fusemld per row, like table.py)"""
+
 import argparse
 import cProfile
 import io
@@ -64,6 +65,7 @@ def table_ms(step, xs, n=50):
 
 def kernels(step, x, steps=5):
     from torch.profiler import ProfilerActivity, profile
+
     step(x)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -96,8 +98,10 @@ def host_profile(step, x, n=200):
 
 def _dynamo_only(gm, example_inputs):
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    outs = [torch.empty(v.shape, dtype=v.dtype, device=v.device) if isinstance(v, torch.Tensor) else v
-            for v in (n.meta.get("example_value") for n in out_node.all_input_nodes)]
+    outs = [
+        torch.empty(v.shape, dtype=v.dtype, device=v.device) if isinstance(v, torch.Tensor) else v
+        for v in (n.meta.get("example_value") for n in out_node.all_input_nodes)
+    ]
     return lambda *args: outs
 
 
@@ -111,37 +115,44 @@ def profile_row(w, p, exe):
     direct = fuseml.FuseMLCompiler(socket=dmn.socket)
     wrapped = fuseml.FuseMLCompiler(socket=dmn.socket, direct=False)
     try:
-        cols = {"eager": model,
-                "inductor_cudagraphs": torch.compile(model, mode="reduce-overhead"),
-                "fuseml_nographs": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket)),
-                "fuseml": torch.compile(model, backend=direct, mode="reduce-overhead"),
-                # the same with aot_autograd's runtime wrappers kept (direct_call.py)
-                "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead")}
+        cols = {
+            "eager": model,
+            "inductor_cudagraphs": torch.compile(model, mode="reduce-overhead"),
+            "fuseml_nographs": torch.compile(model, backend=fuseml.FuseMLCompiler(socket=dmn.socket)),
+            "fuseml": torch.compile(model, backend=direct, mode="reduce-overhead"),
+            # the same with aot_autograd's runtime wrappers kept (direct_call.py)
+            "fuseml_wrapped": torch.compile(model, backend=wrapped, mode="reduce-overhead"),
+        }
         if not W.is_train(w):
             # dynamo's own path: a backend whose graph returns a tensor made at compile time,
             # no GPU work (the host floor of any torch.compile backend; no backward to run)
             cols["dynamo_only"] = torch.compile(model, backend=_dynamo_only)
         steps = {c: W.make_step(w, fn, model, gy) for c, fn in cols.items()}
-        for s in steps.values():   # compile, tune, warm up, record (fuseml's replay: each
-            for i in range(2 * len(xs)):   # input buffer is recorded at its second call)
+        for s in steps.values():  # compile, tune, warm up, record (fuseml's replay: each
+            for i in range(2 * len(xs)):  # input buffer is recorded at its second call)
                 s(xs[i % len(xs)])
         torch.cuda.synchronize()
         row = {"workload": w, "preset": p, "columns": {}}
         host, table, same = {c: [] for c in steps}, {c: [] for c in steps}, {c: [] for c in steps}
-        for _ in range(7):   # the columns interleaved, so a drifting host shifts them all
+        for _ in range(7):  # the columns interleaved, so a drifting host shifts them all
             for c, s in steps.items():
                 host[c].append(host_ms(s, xs[0]))
                 table[c].append(table_ms(s, xs))
-                same[c].append(table_ms(s, xs[:1]))   # the table's measure on one input buffer
+                same[c].append(table_ms(s, xs[:1]))  # the table's measure on one input buffer
         for c, s in steps.items():
-            row["columns"][c] = {"host_ms": statistics.median(host[c]), "gpu_ms": gpu_ms(s, xs[0]),
-                                 "table_ms": statistics.median(table[c]),
-                                 "table_one_input_ms": statistics.median(same[c])}
-        row["fuseml_graphs"] = {c: [p.describe().splitlines()[0] for p in comp.plans]
-                                for c, comp in (("fuseml", direct), ("fuseml_wrapped", wrapped))}
+            row["columns"][c] = {
+                "host_ms": statistics.median(host[c]),
+                "gpu_ms": gpu_ms(s, xs[0]),
+                "table_ms": statistics.median(table[c]),
+                "table_one_input_ms": statistics.median(same[c]),
+            }
+        row["fuseml_graphs"] = {
+            c: [p.describe().splitlines()[0] for p in comp.plans]
+            for c, comp in (("fuseml", direct), ("fuseml_wrapped", wrapped))
+        }
         row["fuseml_host_profile"] = host_profile(steps["fuseml"], xs[0])
         row["fuseml_nographs_host_profile"] = host_profile(steps["fuseml_nographs"], xs[0])
-        for c in ("eager", "fuseml_nographs", "fuseml"):   # profiler last: it slows launches
+        for c in ("eager", "fuseml_nographs", "fuseml"):  # profiler last: it slows launches
             row["columns"][c]["kernels"] = kernels(steps[c], xs[0])
         return row
     finally:
@@ -161,7 +172,7 @@ def main():
         for w in args.workloads.split(","):
             try:
                 rows.append(profile_row(w, p, exe))
-            except Exception as e:   # one row must not hide the others
+            except Exception as e:  # one row must not hide the others
                 rows.append({"workload": w, "preset": p, "error": repr(e)[:500]})
             r = rows[-1]
             print(f"== {w}/{p}", flush=True)
@@ -169,8 +180,10 @@ def main():
                 print("  error:", r["error"])
                 continue
             for c, v in r["columns"].items():
-                print(f"  {c:20s} host {v['host_ms']:.4f}  gpu {v['gpu_ms']:.4f}  table {v['table_ms']:.4f}"
-                      f"  (one input {v['table_one_input_ms']:.4f}) ms")
+                print(
+                    f"  {c:20s} host {v['host_ms']:.4f}  gpu {v['gpu_ms']:.4f}  table {v['table_ms']:.4f}"
+                    f"  (one input {v['table_one_input_ms']:.4f}) ms"
+                )
             for c, heads in r["fuseml_graphs"].items():
                 print(f"  {c}: {' | '.join(heads)}")
             for c in ("eager", "fuseml"):

@@ -6,6 +6,7 @@ calls issued back to back (one sync after), median of 7 rounds, the rows interle
 round (the device hosts drift by tens of percent within a minute).
 
     python3 bench/table/replay_cost.py     (on the device; bench/table/run-device replay)"""
+
 import statistics
 import time
 
@@ -27,18 +28,20 @@ def host_us(fn, n=2000):
 def main():
     dev = torch.device("cuda")
     x = torch.randn(16384, 256, device=dev, dtype=torch.bfloat16)
-    params = [torch.randn(1024, 256, device=dev, dtype=torch.bfloat16),
-              torch.randn(1024, device=dev, dtype=torch.bfloat16),
-              torch.randn(256, 1024, device=dev, dtype=torch.bfloat16),
-              torch.randn(256, device=dev, dtype=torch.bfloat16)]
-    args = params[:2] + [x] + params[2:]     # the MLP graph's order: x third
+    params = [
+        torch.randn(1024, 256, device=dev, dtype=torch.bfloat16),
+        torch.randn(1024, device=dev, dtype=torch.bfloat16),
+        torch.randn(256, 1024, device=dev, dtype=torch.bfloat16),
+        torch.randn(256, device=dev, dtype=torch.bfloat16),
+    ]
+    args = params[:2] + [x] + params[2:]  # the MLP graph's order: x third
 
     def graph_fn(a):
         return [torch.add(a[2], 1.0)]
 
     replay = graph_replay.GraphReplay(graph_fn, {0, 1, 3, 4}, dev.index or 0)
     boxed = cudagraphs._boxed(replay)
-    for _ in range(3):            # warm-up, record, replay
+    for _ in range(3):  # warm-up, record, replay
         outs = replay(list(args))
     del outs
     g = torch.cuda.CUDAGraph()

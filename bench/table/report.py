@@ -1,14 +1,20 @@
 """The table's files: merging rows into bench/results/<device>-<date>.json (a list of rows,
 one per device x workload x preset; a newer row replaces an older one) and the Markdown
 table written beside it, with a closing list of the rows where fuseml loses."""
+
 import json
 import os
 
 import workloads as W
 
-COLUMNS = [("eager", "Eager"), ("inductor", "Inductor"), ("inductor_max_autotune", "Inductor MA"),
-           ("inductor_cudagraphs", "Inductor RO"), ("fuseml_nographs", "fuseml, no graphs"),
-           ("fuseml", "fuseml")]
+COLUMNS = [
+    ("eager", "Eager"),
+    ("inductor", "Inductor"),
+    ("inductor_max_autotune", "Inductor MA"),
+    ("inductor_cudagraphs", "Inductor RO"),
+    ("fuseml_nographs", "fuseml, no graphs"),
+    ("fuseml", "fuseml"),
+]
 
 
 def _key(r):
@@ -18,9 +24,11 @@ def _key(r):
 def _order(r):
     w = r.get("workload")
     p = r.get("preset")
-    return (r.get("device") or "",
-            W.WORKLOADS.index(w) if w in W.WORKLOADS else 99,
-            list(W.PRESETS).index(p) if p in W.PRESETS else 99)
+    return (
+        r.get("device") or "",
+        W.WORKLOADS.index(w) if w in W.WORKLOADS else 99,
+        list(W.PRESETS).index(p) if p in W.PRESETS else 99,
+    )
 
 
 NOT_MEASURED = "not measured (--no-compile-time)"
@@ -35,13 +43,18 @@ def merge(rows_lists):
         for r in rows:
             prev = by.get(_key(r))
             notes = r.get("notes") or {}
-            if prev and notes.get("compile_time") == NOT_MEASURED and \
-                    (prev.get("compile_cold_s") is not None or prev.get("compile_warm_s") is not None):
-                r = dict(r, compile_cold_s=prev.get("compile_cold_s"),
-                         compile_warm_s=prev.get("compile_warm_s"))
-                r["notes"] = dict(notes, compile_time=(
-                    f"from an earlier run of this row ({prev.get('date')}; this one ran with "
-                    "--no-compile-time)"))
+            if (
+                prev
+                and notes.get("compile_time") == NOT_MEASURED
+                and (prev.get("compile_cold_s") is not None or prev.get("compile_warm_s") is not None)
+            ):
+                r = dict(r, compile_cold_s=prev.get("compile_cold_s"), compile_warm_s=prev.get("compile_warm_s"))
+                r["notes"] = dict(
+                    notes,
+                    compile_time=(
+                        f"from an earlier run of this row ({prev.get('date')}; this one ran with " "--no-compile-time)"
+                    ),
+                )
             by[_key(r)] = r
     return sorted(by.values(), key=_order)
 
@@ -94,28 +107,36 @@ def markdown(rows):
         c = r0.get("ceilings") or {}
         dates = sorted({r.get("date") for r in rs if r.get("date")})
         out.append(f"# fuseml benchmark table: {dev}, {', '.join(dates)}\n")
-        out.append(f"bf16; torch {r0.get('torch')}; ceilings measured in the same run: copy "
-                   f"{c.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s, bf16 GEMM "
-                   f"{c.get('bf16_gemm_flops_per_s', 0) / 1e12:.0f} TFLOP/s. Times are medians "
-                   "(ms per step) of interleaved, order-rotated repetitions in one process; "
-                   "speedups are fuseml against eager and against the best of eager, Inductor "
-                   "and Inductor max-autotune-no-cudagraphs (MA). HBM: analytical model, MB per "
-                   "step. Compile: fuseml, seconds, cold (empty fusemld cache) / warm (a second "
-                   "process on the filled cache).\n")
+        out.append(
+            f"bf16; torch {r0.get('torch')}; ceilings measured in the same run: copy "
+            f"{c.get('copy_bytes_per_s', 0) / 1e12:.2f} TB/s, bf16 GEMM "
+            f"{c.get('bf16_gemm_flops_per_s', 0) / 1e12:.0f} TFLOP/s. Times are medians "
+            "(ms per step) of interleaved, order-rotated repetitions in one process; "
+            "speedups are fuseml against eager and against the best of eager, Inductor "
+            "and Inductor max-autotune-no-cudagraphs (MA). HBM: analytical model, MB per "
+            "step. Compile: fuseml, seconds, cold (empty fusemld cache) / warm (a second "
+            "process on the filled cache).\n"
+        )
         if any(r.get("fuseml_cudagraphs") for r in rs):
-            out.append("fuseml runs with CUDA graphs (`mode=\"reduce-overhead\"`); the three "
-                       "peers do not. So that the graphs are not mistaken for fusion, two more "
-                       "columns were timed in the same run: Inductor with CUDA graphs "
-                       "(`mode=\"reduce-overhead\"`, RO; \"vs RO\" is fuseml against it) and "
-                       "fuseml without graphs.\n")
+            out.append(
+                "fuseml runs with CUDA graphs (`mode=\"reduce-overhead\"`); the three "
+                "peers do not. So that the graphs are not mistaken for fusion, two more "
+                "columns were timed in the same run: Inductor with CUDA graphs "
+                "(`mode=\"reduce-overhead\"`, RO; \"vs RO\" is fuseml against it) and "
+                "fuseml without graphs.\n"
+            )
             plain = [f"{r['workload']}/{r['preset']}" for r in rs if not r.get("fuseml_cudagraphs")]
             if plain:
-                out.append("Rows whose fuseml column ran without graphs (`--fuseml-graphs off`; "
-                           "their Inductor RO column is still measured): " + ", ".join(plain) + ".\n")
-        out.append("| Workload | Preset | Eager | Inductor | Inductor MA | Inductor RO "
-                   "| fuseml, no graphs | fuseml | vs eager | vs best peer | vs RO | floor "
-                   "| HBM eager → fused (saved) | kernels eager → fuseml "
-                   "| rel err | compile cold / warm | strategy |")
+                out.append(
+                    "Rows whose fuseml column ran without graphs (`--fuseml-graphs off`; "
+                    "their Inductor RO column is still measured): " + ", ".join(plain) + ".\n"
+                )
+        out.append(
+            "| Workload | Preset | Eager | Inductor | Inductor MA | Inductor RO "
+            "| fuseml, no graphs | fuseml | vs eager | vs best peer | vs RO | floor "
+            "| HBM eager → fused (saved) | kernels eager → fuseml "
+            "| rel err | compile cold / warm | strategy |"
+        )
         out.append("|" + "---|" * 17)
         for r in rs:
             hbm = f"{_mb(r.get('hbm_bytes_eager'))} → {_mb(r.get('hbm_bytes_fused'))}"
@@ -132,17 +153,19 @@ def markdown(rows):
                 f"| {_ms(r.get('floor_ms'))} | {hbm} "
                 f"| {_n(r.get('kernels_eager'))} → {_n(r.get('kernels_fuseml'))} | {err} "
                 f"| {_s(r.get('compile_cold_s'))} / {_s(r.get('compile_warm_s'))} "
-                f"| {r.get('strategy') or '—'} |")
+                f"| {r.get('strategy') or '—'} |"
+            )
         out.append("")
-        lose = [r for r in rs if r.get("speedup_vs_best_peer") is not None
-                and r["speedup_vs_best_peer"] < 1.0]
+        lose = [r for r in rs if r.get("speedup_vs_best_peer") is not None and r["speedup_vs_best_peer"] < 1.0]
         if lose:
             out.append("Rows where fuseml is slower than the best peer:\n")
             for r in lose:
-                out.append(f"- {r['workload']} / {r['preset']}: {r['speedup_vs_best_peer']:.2f}x "
-                           f"of {r.get('best_peer')} ({_ms(r.get('fuseml_ms'))} vs "
-                           f"{_ms(r.get(r.get('best_peer', '') + '_ms'))} ms); "
-                           f"{r.get('why_slower') or ''}")
+                out.append(
+                    f"- {r['workload']} / {r['preset']}: {r['speedup_vs_best_peer']:.2f}x "
+                    f"of {r.get('best_peer')} ({_ms(r.get('fuseml_ms'))} vs "
+                    f"{_ms(r.get(r.get('best_peer', '') + '_ms'))} ms); "
+                    f"{r.get('why_slower') or ''}"
+                )
             out.append("")
         nulls = [(r, k, v) for r in rs for k, v in sorted((r.get("notes") or {}).items())]
         if nulls:

@@ -10,6 +10,7 @@ already holds) and the .md table beside it. See README.md in this folder.
                                  [--out bench/results] [--reps 30] [--budget-s 480]
     python3 bench/table/table.py --smoke --out /tmp/t      # CPU, tiny shapes, a few reps
     python3 bench/table/table.py --merge A.json B.json --out DIR   # merge runs, rewrite .md"""
+
 import argparse
 import collections
 import copy
@@ -26,7 +27,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-os.environ.setdefault("FUSEML_NO_AUTOSTART", "1")   # only the private daemons started here
+os.environ.setdefault("FUSEML_NO_AUTOSTART", "1")  # only the private daemons started here
 
 import torch  # noqa: E402
 
@@ -46,12 +47,13 @@ PEERS = ["eager", "inductor", "inductor_max_autotune"]
 # without them.
 EXTRA = ["inductor_cudagraphs", "fuseml_nographs"]
 COLUMNS = PEERS + EXTRA + ["fuseml"]
-GRAPH_COLUMNS = {"inductor_cudagraphs", "fuseml"}   # their first calls are warm-up only
+GRAPH_COLUMNS = {"inductor_cudagraphs", "fuseml"}  # their first calls are warm-up only
 
 
 def _recording_compiler():
     """A FuseMLCompiler that also keeps each ATen graph it compiled (before the rewrite), for
     the HBM model; plans and graphs are appended in the same order."""
+
     class Recording(fuseml.FuseMLCompiler):
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
@@ -60,6 +62,7 @@ def _recording_compiler():
         def compile_graph(self, gm, example_inputs, which):
             self.graphs.append(gm)
             return super().compile_graph(gm, example_inputs, which)
+
     return Recording
 
 
@@ -85,34 +88,51 @@ def select_rows(args):
         if not 1 <= i <= n:
             sys.exit("--part i/n with 1 <= i <= n")
         per = math.ceil(len(rows) / n)
-        rows = rows[(i - 1) * per:i * per]
+        rows = rows[(i - 1) * per : i * per]
     return rows
 
 
 def compile_times(rows, sockets, dev, workdir, budget_left):
     """{(workload, preset): (cold_s, warm_s, error)} from two child processes: the first on
     the empty caches of the rows' daemons, the second on the caches the first filled."""
-    spec = {"device": str(dev), "rows": [
-        {"workload": w, "preset": p, "M": W.PRESETS[p][0], "d_model": W.PRESETS[p][1],
-         "d_intermediate": W.PRESETS[p][2], "socket": sockets[(w, p)]} for w, p in rows]}
+    spec = {
+        "device": str(dev),
+        "rows": [
+            {
+                "workload": w,
+                "preset": p,
+                "M": W.PRESETS[p][0],
+                "d_model": W.PRESETS[p][1],
+                "d_intermediate": W.PRESETS[p][2],
+                "socket": sockets[(w, p)],
+            }
+            for w, p in rows
+        ],
+    }
     path = os.path.join(workdir, "spec.json")
     with open(path, "w") as f:
         json.dump(spec, f)
     res = {}
     for phase, share in (("cold", 0.35), ("warm", 0.3)):
-        timeout = max(60.0, budget_left() * share)   # the rows' timing needs the rest
+        timeout = max(60.0, budget_left() * share)  # the rows' timing needs the rest
         out = os.path.join(workdir, f"{phase}.json")
         log = os.path.join(workdir, f"{phase}.log")
         try:
             with open(log, "wb") as lf:
-                subprocess.run([sys.executable, os.path.join(HERE, "compile_time.py"), path, out],
-                               timeout=timeout, check=True, stdout=lf, stderr=subprocess.STDOUT,
-                               env=dict(os.environ, FUSEML_NO_AUTOSTART="1"))
+                subprocess.run(
+                    [sys.executable, os.path.join(HERE, "compile_time.py"), path, out],
+                    timeout=timeout,
+                    check=True,
+                    stdout=lf,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, FUSEML_NO_AUTOSTART="1"),
+                )
             got = json.load(open(out))
         except (subprocess.SubprocessError, OSError, ValueError) as e:
             tail = open(log, errors="replace").read()[-300:] if os.path.exists(log) else ""
-            got = [{"workload": w, "preset": p, "s": None,
-                    "error": f"{phase} run: {e!r}: {tail}"[-500:]} for w, p in rows]
+            got = [
+                {"workload": w, "preset": p, "s": None, "error": f"{phase} run: {e!r}: {tail}"[-500:]} for w, p in rows
+            ]
         for g in got:
             k = (g["workload"], g["preset"])
             cur = res.setdefault(k, {"cold": None, "warm": None, "error": None})
@@ -168,9 +188,11 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
             if args.max_autotune == "off":
                 notes[col] = "skipped (--max-autotune off)"
             elif budget_left() < args.max_autotune_reserve_s:
-                notes[col] = (f"skipped: under {args.max_autotune_reserve_s:.0f} s of the part's "
-                              "time budget left (max-autotune compiles are slow); run this row "
-                              "in a part of its own")
+                notes[col] = (
+                    f"skipped: under {args.max_autotune_reserve_s:.0f} s of the part's "
+                    "time budget left (max-autotune compiles are slow); run this row "
+                    "in a part of its own"
+                )
             else:
                 fn = torch.compile(model, mode="max-autotune-no-cudagraphs")
         elif col == "inductor_cudagraphs":
@@ -186,8 +208,11 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
                 notes[col] = f"fuseml not importable: {_FUSEML_ERR}"
             else:
                 fm_compiler = _recording_compiler()(socket=socket)
-                fn = (torch.compile(model, backend=fm_compiler, mode="reduce-overhead") if graphs
-                      else torch.compile(model, backend=fm_compiler))
+                fn = (
+                    torch.compile(model, backend=fm_compiler, mode="reduce-overhead")
+                    if graphs
+                    else torch.compile(model, backend=fm_compiler)
+                )
         if fn is None:
             continue
         step = W.make_step(w, fn, model, gy)
@@ -211,14 +236,14 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
 
     replay0 = _replay_stats()
     timed = measure.time_columns(steps, xs, dev, args.reps)
-    if replay0 is not None:   # what fuseml's CUDA-graph replay did while the columns were timed
+    if replay0 is not None:  # what fuseml's CUDA-graph replay did while the columns were timed
         after = _replay_stats()
         row["fuseml_replay"] = {k: after.get(k, 0) - replay0.get(k, 0) for k in after}
     for col in cols:
         t = timed.get(col)
         row[f"{col}_ms"] = t["ms"] if t else None
         row[f"{col}_iqr_ms"] = t["iqr_ms"] if t else None
-        row[f"kernels_{col}"] = None     # counted after every row is timed: count_kernels()
+        row[f"kernels_{col}"] = None  # counted after every row is timed: count_kernels()
         row[f"{col}_first_call_s"] = compile_s.get(col)
 
     peers = {c: row[f"{c}_ms"] for c in PEERS if row.get(f"{c}_ms") is not None}
@@ -249,8 +274,9 @@ def measure_row(w, p, dev, args, ceil, socket, budget_left):
         # plan_view.groups lists the plans' groups in order: a group counts as fused when its
         # strategy is a launched kernel (served tuned, not dropped by the runtime).
         labels = iter(groups)
-        served = [[g for g in plan.groups if next(labels)["strategy"].startswith("kernel ")]
-                  for plan in fm_compiler.plans]
+        served = [
+            [g for g in plan.groups if next(labels)["strategy"].startswith("kernel ")] for plan in fm_compiler.plans
+        ]
         if len(fm_compiler.graphs) == len(fm_compiler.plans):
             e, f = measure.hbm_bytes(fm_compiler.graphs, served)
             row["hbm_bytes_eager"], row["hbm_bytes_fused"] = e, f
@@ -273,12 +299,16 @@ def count_kernels(row, dev, socket):
     model = W.make_model(w, row["d_model"], row["d_intermediate"], dev, torch.bfloat16)
     xs, gy = W.make_inputs(w, row["M"], row["d_model"], dev, torch.bfloat16, 1)
     graphs = row.get("fuseml_cudagraphs")
-    fns = {"eager": lambda: model, "inductor": lambda: torch.compile(model),
-           "inductor_max_autotune": lambda: torch.compile(model, mode="max-autotune-no-cudagraphs"),
-           "inductor_cudagraphs": lambda: torch.compile(model, mode="reduce-overhead"),
-           "fuseml_nographs": lambda: torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket)),
-           "fuseml": lambda: torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket),
-                                           mode="reduce-overhead" if graphs else None)}
+    fns = {
+        "eager": lambda: model,
+        "inductor": lambda: torch.compile(model),
+        "inductor_max_autotune": lambda: torch.compile(model, mode="max-autotune-no-cudagraphs"),
+        "inductor_cudagraphs": lambda: torch.compile(model, mode="reduce-overhead"),
+        "fuseml_nographs": lambda: torch.compile(model, backend=fuseml.FuseMLCompiler(socket=socket)),
+        "fuseml": lambda: torch.compile(
+            model, backend=fuseml.FuseMLCompiler(socket=socket), mode="reduce-overhead" if graphs else None
+        ),
+    }
     for col, make in fns.items():
         if row.get(f"{col}_ms") is None:
             continue
@@ -313,13 +343,17 @@ def measure_first_again(first, dev, args, ceil, socket, budget_left):
         if k not in again or k.endswith("_first_call_s"):
             again[k] = v
     again["notes"] = dict(first["notes"], **again["notes"])
-    again["notes"]["first_row"] = ("timed again after the other rows (the first position ran slow); "
-                                   "first timing: " + ", ".join(
-                                       f"{c} {first.get(f'{c}_ms') or 0:.4f} ms" for c in COLUMNS))
+    again["notes"]["first_row"] = (
+        "timed again after the other rows (the first position ran slow); "
+        "first timing: " + ", ".join(f"{c} {first.get(f'{c}_ms') or 0:.4f} ms" for c in COLUMNS)
+    )
     again["row_s"] = first["row_s"] + time.monotonic() - t0
-    print(f"{first['workload']}/{first['preset']} again: eager {again['eager_ms']} "
-          f"fuseml {again['fuseml_ms']} ms; x{again['speedup_vs_best_peer'] or 0:.2f} vs best peer "
-          f"(first: x{first['speedup_vs_best_peer'] or 0:.2f})", flush=True)
+    print(
+        f"{first['workload']}/{first['preset']} again: eager {again['eager_ms']} "
+        f"fuseml {again['fuseml_ms']} ms; x{again['speedup_vs_best_peer'] or 0:.2f} vs best peer "
+        f"(first: x{first['speedup_vs_best_peer'] or 0:.2f})",
+        flush=True,
+    )
     return again
 
 
@@ -350,9 +384,12 @@ def run(args):
     ceil = measure.ceilings(dev, smoke=args.smoke)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    print(f"{name}: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 mm "
-          f"{ceil['bf16_gemm_flops_per_s'] / 1e12:.0f} TFLOP/s; rows: "
-          f"{', '.join(f'{w}/{p}' for w, p in rows)}", flush=True)
+    print(
+        f"{name}: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 mm "
+        f"{ceil['bf16_gemm_flops_per_s'] / 1e12:.0f} TFLOP/s; rows: "
+        f"{', '.join(f'{w}/{p}' for w, p in rows)}",
+        flush=True,
+    )
 
     exe = D.find_fusemld(args.fusemld)
     workdir = tempfile.mkdtemp(prefix="fm-table-")
@@ -380,8 +417,12 @@ def run(args):
             # kernels of every row afterwards (a few seconds each: cached compiles).
             if i and budget_left() < longest * 1.2 + args.count_s * (len(done) + 1):
                 left = rows[i:]
-                print("NOT RUN (time budget): " + ", ".join(f"{a}/{b}" for a, b in left) +
-                      "; run them with --workloads/--presets", flush=True)
+                print(
+                    "NOT RUN (time budget): "
+                    + ", ".join(f"{a}/{b}" for a, b in left)
+                    + "; run them with --workloads/--presets",
+                    flush=True,
+                )
                 break
             t0 = time.monotonic()
             row = measure_row(w, p, dev, args, ceil, sockets[(w, p)], budget_left)
@@ -393,18 +434,30 @@ def run(args):
                 row["notes"]["compile_time"] = report.NOT_MEASURED
             if daemon_note:
                 row["notes"]["fusemld"] = daemon_note
-            row.update({"device": slug, "device_name": name, "date": date, "torch": torch.__version__,
-                        "ceilings": ceil, "reps": args.reps,
-                        "smoke": bool(args.smoke), "row_s": time.monotonic() - t0})
+            row.update(
+                {
+                    "device": slug,
+                    "device_name": name,
+                    "date": date,
+                    "torch": torch.__version__,
+                    "ceilings": ceil,
+                    "reps": args.reps,
+                    "smoke": bool(args.smoke),
+                    "row_s": time.monotonic() - t0,
+                }
+            )
             report.save(report.merge([report.load(json_path), [row]]), json_path)
             done.append(row)
             longest = max(longest, time.monotonic() - t0)
-            print(f"{w}/{p}: eager {row['eager_ms']} inductor {row['inductor_ms']} "
-                  f"MA {row['inductor_max_autotune_ms']} inductor-RO {row['inductor_cudagraphs_ms']} "
-                  f"fuseml {row['fuseml_ms']} (no graphs {row['fuseml_nographs_ms']}) ms; "
-                  f"replay {row.get('fuseml_replay')}; "
-                  f"x{row['speedup_vs_best_peer'] or 0:.2f} vs best peer; "
-                  f"{row['row_s']:.0f} s", flush=True)
+            print(
+                f"{w}/{p}: eager {row['eager_ms']} inductor {row['inductor_ms']} "
+                f"MA {row['inductor_max_autotune_ms']} inductor-RO {row['inductor_cudagraphs_ms']} "
+                f"fuseml {row['fuseml_ms']} (no graphs {row['fuseml_nographs_ms']}) ms; "
+                f"replay {row.get('fuseml_replay')}; "
+                f"x{row['speedup_vs_best_peer'] or 0:.2f} vs best peer; "
+                f"{row['row_s']:.0f} s",
+                flush=True,
+            )
         if dev.type == "cuda" and done and budget_left() >= longest * 1.2 + args.count_s * len(done):
             done[0] = measure_first_again(done[0], dev, args, ceil, sockets[rows[0]], budget_left)
             report.save(report.merge([report.load(json_path), done[:1]]), json_path)
@@ -415,8 +468,11 @@ def run(args):
                 row["notes"]["kernels"] = "not counted: time budget"
             else:
                 count_kernels(row, dev, sockets[(row["workload"], row["preset"])])
-                print(f"{row['workload']}/{row['preset']}: kernels " + ", ".join(
-                    f"{c} {row[f'kernels_{c}']}" for c in COLUMNS), flush=True)
+                print(
+                    f"{row['workload']}/{row['preset']}: kernels "
+                    + ", ".join(f"{c} {row[f'kernels_{c}']}" for c in COLUMNS),
+                    flush=True,
+                )
         if done:
             report.save(report.merge([report.load(json_path), done]), json_path)
     finally:
@@ -435,17 +491,34 @@ def main(argv=None):
     ap.add_argument("--part", help="i/n: the i-th of n contiguous slices of the selected rows")
     ap.add_argument("--out", default=os.path.join(D.ROOT, "bench", "results"))
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per column (default 30; smoke 3)")
-    ap.add_argument("--budget-s", type=float, default=480.0,
-                    help="stop starting rows (and max-autotune compiles) past this many seconds")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=480.0,
+        help="stop starting rows (and max-autotune compiles) past this many seconds",
+    )
     ap.add_argument("--max-autotune", choices=["on", "off"], default="on")
-    ap.add_argument("--fuseml-graphs", choices=["on", "off"], default="on",
-                    help="fuseml with CUDA graphs (mode=reduce-overhead); 'on' also times it without")
-    ap.add_argument("--inductor-cudagraphs", choices=["on", "off"], default="on",
-                    help="also time Inductor with CUDA graphs (mode=reduce-overhead), beside the peers")
-    ap.add_argument("--max-autotune-reserve-s", type=float, default=150.0,
-                    help="skip a max-autotune compile when less than this is left of the budget")
-    ap.add_argument("--count-s", type=float, default=8.0,
-                    help="time reserved per row for counting its kernels after the timing")
+    ap.add_argument(
+        "--fuseml-graphs",
+        choices=["on", "off"],
+        default="on",
+        help="fuseml with CUDA graphs (mode=reduce-overhead); 'on' also times it without",
+    )
+    ap.add_argument(
+        "--inductor-cudagraphs",
+        choices=["on", "off"],
+        default="on",
+        help="also time Inductor with CUDA graphs (mode=reduce-overhead), beside the peers",
+    )
+    ap.add_argument(
+        "--max-autotune-reserve-s",
+        type=float,
+        default=150.0,
+        help="skip a max-autotune compile when less than this is left of the budget",
+    )
+    ap.add_argument(
+        "--count-s", type=float, default=8.0, help="time reserved per row for counting its kernels after the timing"
+    )
     ap.add_argument("--no-compile-time", action="store_true", help="skip the cold/warm compile runs")
     ap.add_argument("--fusemld", help="the fusemld binary (default $FUSEMLD_BIN or a build tree)")
     ap.add_argument("--keep-logs", action="store_true", help="copy each row's fusemld log to --out")

@@ -1,6 +1,7 @@
 """The workloads and presets of the benchmark table (issue 5): the models, one step of each
 (inference forward, or forward + backward for mlp_train), and the floor's two numbers (the
 fewest HBM bytes and the flops of one step)."""
+
 import torch
 import torch.nn as nn
 
@@ -16,8 +17,13 @@ PRESETS = {
 }
 TABLE_PRESETS = ["small", "memory_bound", "medium", "large", "decode", "prefill"]
 WORKLOADS = ["mlp", "heavy", "stacked", "llama_mlp", "mlp_train"]
-LABELS = {"mlp": "MLP block", "heavy": "Activation-heavy MLP", "stacked": "Stacked MLP x4",
-          "llama_mlp": "Llama MLP", "mlp_train": "MLP block train step"}
+LABELS = {
+    "mlp": "MLP block",
+    "heavy": "Activation-heavy MLP",
+    "stacked": "Stacked MLP x4",
+    "llama_mlp": "Llama MLP",
+    "mlp_train": "MLP block train step",
+}
 
 
 class TransformerMLP(nn.Module):
@@ -81,8 +87,13 @@ class LlamaBlockMLP(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(h)) * self.up_proj(h)) + x
 
 
-_MODELS = {"mlp": TransformerMLP, "heavy": ActivationHeavyMLP, "stacked": StackedMLP,
-           "llama_mlp": LlamaBlockMLP, "mlp_train": TransformerMLP}
+_MODELS = {
+    "mlp": TransformerMLP,
+    "heavy": ActivationHeavyMLP,
+    "stacked": StackedMLP,
+    "llama_mlp": LlamaBlockMLP,
+    "mlp_train": TransformerMLP,
+}
 
 
 def is_train(workload):
@@ -121,16 +132,18 @@ def make_step(workload, fn, model, gy):
             y = fn(x)
             y.backward(gy)
             return [y.detach(), x.grad] + [p.grad for p in params]
+
         return step
 
     def infer(x):
         with torch.no_grad():
             return [fn(x)]
+
     return infer
 
 
 def step_flops(workload, M, d, di):
-    gemm = 2 * M * d * di            # one [M, d] x [d, di] GEMM
+    gemm = 2 * M * d * di  # one [M, d] x [d, di] GEMM
     per = {"mlp": 2, "heavy": 2, "stacked": 8, "llama_mlp": 3, "mlp_train": 6}[workload]
     return per * gemm
 
@@ -141,5 +154,5 @@ def step_min_bytes(workload, model, M, d, elem=2):
     parameter gradients written). Intermediates cost nothing here: it is a floor."""
     params = sum(p.numel() for p in model.parameters())
     if is_train(workload):
-        return elem * (4 * M * d + 2 * params)   # x, gy read; y, dx written; params read, grads written
+        return elem * (4 * M * d + 2 * params)  # x, gy read; y, dx written; params read, grads written
     return elem * (2 * M * d + params)

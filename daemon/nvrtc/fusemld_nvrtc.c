@@ -24,14 +24,12 @@
 #include "fm_msg.h"
 #include "fm_nvrtc.h"
 
-#define LOG_MAX (64u << 10)   /* NVRTC log bytes sent back (the daemon keeps less) */
+#define LOG_MAX (64u << 10) /* NVRTC log bytes sent back (the daemon keeps less) */
 
 /* Under AddressSanitizer a failed allocation returns NULL (NVRTC then reports
  * out-of-memory) instead of ending the process with a sanitizer report. */
 const char *__asan_default_options(void);
-const char *__asan_default_options(void) {
-  return "allocator_may_return_null=1";
-}
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
 
 /* Bytes of address space this process holds now (/proc/self/statm: size in pages). */
 static unsigned long long address_space_now(void) {
@@ -143,8 +141,8 @@ static char *with_stderr(char *log, int fd) {
 /* NVRTC reports an allocation that failed as a compile error; under a memory bound that is
  * the bound, and the daemon must say so. */
 static int out_of_memory(const char *log) {
-  return log && (strstr(log, "Memory allocation failure") || strstr(log, "out of memory") ||
-                 strstr(log, "std::bad_alloc"));
+  return log &&
+         (strstr(log, "Memory allocation failure") || strstr(log, "out of memory") || strstr(log, "std::bad_alloc"));
 }
 
 static const char *flag(int argc, char **argv, const char *name) {
@@ -158,8 +156,9 @@ int main(int argc, char **argv) {
   const char *name = flag(argc, argv, "--name"), *mem_s = flag(argc, argv, "--memory");
   const char *cpu_s = flag(argc, argv, "--cpu");
   if (!fd_s || !arch || !name) {
-    fprintf(stderr, "usage: fusemld-nvrtc --fd N --arch ARCH --name NAME [--memory BYTES] [--cpu SECS]\n"
-                    "(started by fusemld for each compile)\n");
+    fprintf(stderr,
+            "usage: fusemld-nvrtc --fd N --arch ARCH --name NAME [--memory BYTES] [--cpu SECS]\n"
+            "(started by fusemld for each compile)\n");
     return 2;
   }
   int fd = atoi(fd_s);

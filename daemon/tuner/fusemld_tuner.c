@@ -62,20 +62,20 @@
 #include "fm_reference.h"
 #include "fm_reference_sample.h"
 
-#define VERIFY_ELEMENTS (1ll << 20)
-#define TIMING_ELEMENTS (64ll << 20)
-#define SET_BYTES_CAP (2ull << 30)
-#define MAX_SETS 16
+#define VERIFY_ELEMENTS                   (1ll << 20)
+#define TIMING_ELEMENTS                   (64ll << 20)
+#define SET_BYTES_CAP                     (2ull << 30)
+#define MAX_SETS                          16
 /* A GEMM verified at its M bucket still runs masked edge tiles: 1000 is no multiple of any
  * tile height. */
-#define GEMM_VERIFY_ROWS 1000
-#define REF_MACS (1ll << 28)
-#define GEMM_STRIP_ROWS 8
-#define MAX_STRIPS 3
-#define BMM_VERIFY_BATCHES 16
-#define WARMUPS 3
-#define BLAS_CHOICES 8     /* cuBLASLt heuristic choices a plan's search times */
-#define TIMED 20
+#define GEMM_VERIFY_ROWS                  1000
+#define REF_MACS                          (1ll << 28)
+#define GEMM_STRIP_ROWS                   8
+#define MAX_STRIPS                        3
+#define BMM_VERIFY_BATCHES                16
+#define WARMUPS                           3
+#define BLAS_CHOICES                      8 /* cuBLASLt heuristic choices a plan's search times */
+#define TIMED                             20
 #define CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE 38
 
 typedef struct tset {
@@ -128,7 +128,7 @@ static int write_all(const void *p, size_t n) {
 static void send_sb(msgpack_sbuffer *sb) {
   uint8_t hdr[FM_FRAME_HEADER_BYTES];
   fm_frame_header(hdr, (uint32_t)sb->size);
-  if (write_all(hdr, sizeof hdr) || write_all(sb->data, sb->size)) exit(1);   /* the daemon is gone */
+  if (write_all(hdr, sizeof hdr) || write_all(sb->data, sb->size)) exit(1); /* the daemon is gone */
 }
 
 /* 1 and the frame, or 0 at EOF. */
@@ -175,8 +175,10 @@ static void reply_status(const char *op, uint64_t id, int ok, const char *device
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, op ? 4 : 3);
   if (op) fm_pack_kv_cstr(&pk, "op", op);
-  if (op) fm_pack_kv_cstr(&pk, "device", device ? device : "");
-  else fm_pack_kv_u64(&pk, "id", id);
+  if (op)
+    fm_pack_kv_cstr(&pk, "device", device ? device : "");
+  else
+    fm_pack_kv_u64(&pk, "id", id);
   fm_pack_kv_bool(&pk, "ok", ok != 0);
   fm_pack_kv_cstr(&pk, "detail", detail ? detail : "");
   send_sb(&sb);
@@ -255,7 +257,7 @@ static double operand_scale(const fm_fragment *f, uint32_t k) {
       if (f->inputs[j].id == b) bt = &f->inputs[j];
       inputs += f->inputs[j].id == a || f->inputs[j].id == b;
     }
-    const fm_tensor *at = bt ? bt : &f->inputs[k];   /* K: B's rows, else A's columns */
+    const fm_tensor *at = bt ? bt : &f->inputs[k]; /* K: B's rows, else A's columns */
     const int64_t K = bt ? at->shape[at->rank - 2] : at->shape[at->rank - 1];
     return K > 1 ? pow((double)K, inputs >= 2 ? -0.25 : -0.5) : 1.0;
   }
@@ -267,8 +269,12 @@ static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng,
     uint64_t r = rng_next(rng);
     float f = (float)(((double)(r >> 11) / 9007199254740992.0 * 6.0 - 3.0) * scale);
     switch (t->dtype) {
-      case FM_DT_BOOL: p[i] = (uint8_t)(r >> 63); break;
-      case FM_DT_F32: memcpy(p + 4 * i, &f, 4); break;
+      case FM_DT_BOOL:
+        p[i] = (uint8_t)(r >> 63);
+        break;
+      case FM_DT_F32:
+        memcpy(p + 4 * i, &f, 4);
+        break;
       case FM_DT_BF16: {
         uint16_t h = fm_reference_f32_to_bf16(f);
         memcpy(p + 2 * i, &h, 2);
@@ -279,7 +285,8 @@ static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng,
         memcpy(p + 2 * i, &h, 2);
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
 }
@@ -288,13 +295,13 @@ static void fill_random(const fm_tensor *t, uint8_t *p, size_t n, uint64_t *rng,
  * seed and the chunk's index), filled by up to FILL_THREADS threads: a 4096 x 50304 logits
  * input is 200M values, seconds of one core. The values depend on the seed only, not on how
  * many threads ran. */
-#define FILL_CHUNK ((size_t)1 << 20)
+#define FILL_CHUNK   ((size_t)1 << 20)
 #define FILL_THREADS 16
 
 typedef struct fill_job {
   const fm_tensor *t;
   uint8_t *p;
-  size_t n, first, step;   /* chunks first, first + step, ... */
+  size_t n, first, step; /* chunks first, first + step, ... */
   uint64_t seed;
   double scale;
 } fill_job;
@@ -303,8 +310,8 @@ static void *fill_main(void *arg) {
   fill_job *j = arg;
   size_t es = fm_dtype_size(j->t->dtype);
   for (size_t c = j->first; c * FILL_CHUNK < j->n; c += j->step) {
-    uint64_t rng = (j->seed ^ (c * 0x9e3779b97f4a7c15ull)) | 1;   /* xorshift: never 0 */
-    for (int w = 0; w < 4; w++) rng_next(&rng);                    /* spread nearby seeds */
+    uint64_t rng = (j->seed ^ (c * 0x9e3779b97f4a7c15ull)) | 1; /* xorshift: never 0 */
+    for (int w = 0; w < 4; w++) rng_next(&rng);                 /* spread nearby seeds */
     size_t len = j->n - c * FILL_CHUNK < FILL_CHUNK ? j->n - c * FILL_CHUNK : FILL_CHUNK;
     fill_random(j->t, j->p + c * FILL_CHUNK * es, len, &rng, j->scale);
   }
@@ -322,8 +329,10 @@ static void fill_input(const fm_tensor *t, uint8_t *p, size_t n, uint64_t seed, 
   if (threads < 1) threads = 1;
   for (size_t i = 0; i < threads; i++) {
     jobs[i] = (fill_job){t, p, n, i, threads, seed, scale};
-    if (i + 1 < threads && pthread_create(&th[i], NULL, fill_main, &jobs[i]) == 0) started[i] = 1;
-    else fill_main(&jobs[i]);   /* the last here, or any whose thread would not start */
+    if (i + 1 < threads && pthread_create(&th[i], NULL, fill_main, &jobs[i]) == 0)
+      started[i] = 1;
+    else
+      fill_main(&jobs[i]); /* the last here, or any whose thread would not start */
   }
   for (size_t i = 0; i < threads; i++)
     if (started[i]) pthread_join(th[i], NULL);
@@ -355,8 +364,8 @@ static int tile(fm_CUdeviceptr dst, size_t bytes, fm_CUdeviceptr src, size_t src
  * n <= cap, else three strips of products (first, middle, last), which alone are then read
  * back and compared; each product on a thread of its own (fm_sample_reference: a product is
  * the fragment with a batch of one over tensors offset to it). */
-static int reference_bmm(const fm_fragment *f, int64_t n, int64_t cap, const void *const *ins,
-                         void *const *outs, fm_diag *d) {
+static int reference_bmm(const fm_fragment *f, int64_t n, int64_t cap, const void *const *ins, void *const *outs,
+                         fm_diag *d) {
   memset(&W.sample, 0, sizeof W.sample);
   W.sample.cut = 1;
   if (cap > BMM_VERIFY_BATCHES) cap = BMM_VERIFY_BATCHES;
@@ -376,8 +385,7 @@ static int reference_bmm(const fm_fragment *f, int64_t n, int64_t cap, const voi
  * row on a thread of its own as f with M = 1 over operands offset to that row (the fp64 dot
  * products of a large K are seconds of one core). B is told apart by position, never offset:
  * with a static M equal to K its shape alone would not tell it. */
-static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs,
-                          fm_diag *d) {
+static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins, void *const *outs, fm_diag *d) {
   const fm_opnode *mm = &f->ops[gemm];
   const fm_tensor *b = NULL;
   uint32_t fixed = 0;
@@ -390,8 +398,7 @@ static int reference_gemm(const fm_fragment *f, int gemm, const void *const *ins
   if (!b) return fm_diag_set(d, FM_EINVAL, "the matmul's B is not an input");
   int64_t M = W.outer_v, K = b->shape[0], N = b->shape[1];
   memset(&W.sample, 0, sizeof W.sample);
-  if (M * N * K <= REF_MACS || M <= MAX_STRIPS * GEMM_STRIP_ROWS)
-    return fm_reference_eval(f, M, ins, outs, d);
+  if (M * N * K <= REF_MACS || M <= MAX_STRIPS * GEMM_STRIP_ROWS) return fm_reference_eval(f, M, ins, outs, d);
   int64_t starts[MAX_STRIPS] = {0, (M / 2) & ~(int64_t)(GEMM_STRIP_ROWS - 1), M - GEMM_STRIP_ROWS};
   W.sample.cut = 1;
   for (int i = 0; i < MAX_STRIPS; i++)
@@ -424,8 +431,7 @@ static int find_twins(const fm_fragment *f) {
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     const fm_tensor *t = &f->inputs[k];
     int same = (int)k != a && e->dtype == t->dtype && e->rank == t->rank;
-    for (uint32_t d = 0; same && d < t->rank; d++)
-      same = e->shape[d] == t->shape[d] && e->strides[d] == t->strides[d];
+    for (uint32_t d = 0; same && d < t->rank; d++) same = e->shape[d] == t->shape[d] && e->strides[d] == t->strides[d];
     if (same) W.twin_of[k] = a;
     any |= same;
   }
@@ -444,8 +450,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     return -1;
   }
   msgpack_zone_init(&zone, 4096);
-  if (fm_msg_unpack(canonical, len, &fm_msg_reply_limits, &zone, &obj, &d) ||
-      fm_fragment_decode(&obj, W.canon, &d)) {
+  if (fm_msg_unpack(canonical, len, &fm_msg_reply_limits, &zone, &obj, &d) || fm_fragment_decode(&obj, W.canon, &d)) {
     snprintf(why, cap, "bad fragment: %.400s", d.text);
     goto out;
   }
@@ -454,7 +459,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   W.symbolic = fm_fragment_is_symbolic(f);
   memset(&W.sample, 0, sizeof W.sample);
   int gemm = fm_fragment_gemm_op(f), bmm = fm_fragment_is_bmm(f);
-  int64_t bmm_cap = 0;   /* bmm: the products whose reference fits REF_MACS (2..BMM_VERIFY_BATCHES) */
+  int64_t bmm_cap = 0; /* bmm: the products whose reference fits REF_MACS (2..BMM_VERIFY_BATCHES) */
   if (bmm) {
     const fm_tensor *o = &f->outputs[0];
     int64_t macs = o->shape[1] * o->shape[2];
@@ -481,7 +486,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
       W.outer_t = (int64_t)f->m_hint;
       if (W.outer_v > W.outer_t) W.outer_v = W.outer_t;
     }
-  } else if (fm_fragment_is_cols(f)) {   /* the outputs are [1, N]: M is the inputs' */
+  } else if (fm_fragment_is_cols(f)) { /* the outputs are [1, N]: M is the inputs' */
     fm_cols_info ci;
     W.outer_v = W.outer_t = fm_fragment_cols_info(f, &ci, NULL) == FM_OK ? ci.m : 1;
   } else {
@@ -490,8 +495,10 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
   /* Cap a timing set at SET_BYTES_CAP by shrinking the symbolic outer. */
   for (;;) {
     size_t set = 0;
-    for (uint32_t k = 0; k < f->n_inputs; k++) set += span_elems(&f->inputs[k], W.outer_t) * fm_dtype_size(f->inputs[k].dtype);
-    for (uint32_t k = 0; k < f->n_outputs; k++) set += span_elems(&f->outputs[k], W.outer_t) * fm_dtype_size(f->outputs[k].dtype);
+    for (uint32_t k = 0; k < f->n_inputs; k++)
+      set += span_elems(&f->inputs[k], W.outer_t) * fm_dtype_size(f->inputs[k].dtype);
+    for (uint32_t k = 0; k < f->n_outputs; k++)
+      set += span_elems(&f->outputs[k], W.outer_t) * fm_dtype_size(f->outputs[k].dtype);
     if (!W.symbolic || set <= SET_BYTES_CAP || W.outer_t <= W.outer_v) {
       W.n_sets = set ? (int)((3ull * (uint64_t)W.l2_bytes + set - 1) / set) : 1;
       if (W.n_sets < 1) W.n_sets = 1;
@@ -527,7 +534,7 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     snprintf(why, cap, "reference: %.400s", d.text);
     goto out;
   }
-  if (find_twins(f)) {   /* the second reference: each twin reads A's values */
+  if (find_twins(f)) { /* the second reference: each twin reads A's values */
     for (uint32_t k = 0; k < f->n_inputs; k++)
       if (W.twin_of[k] >= 0) ins[k] = W.h_in[W.twin_of[k]];
     for (uint32_t k = 0; k < f->n_outputs; k++) {
@@ -578,20 +585,32 @@ static double load_elem(fm_dtype dt, const uint8_t *p) {
   uint16_t h;
   float f;
   switch (dt) {
-    case FM_DT_BOOL: return p[0] ? 1.0 : 0.0;
-    case FM_DT_F32: memcpy(&f, p, 4); return f;
-    case FM_DT_BF16: memcpy(&h, p, 2); return fm_reference_bf16_to_f32(h);
-    case FM_DT_F16: memcpy(&h, p, 2); return fm_reference_f16_to_f32(h);
-    default: return NAN;
+    case FM_DT_BOOL:
+      return p[0] ? 1.0 : 0.0;
+    case FM_DT_F32:
+      memcpy(&f, p, 4);
+      return f;
+    case FM_DT_BF16:
+      memcpy(&h, p, 2);
+      return fm_reference_bf16_to_f32(h);
+    case FM_DT_F16:
+      memcpy(&h, p, 2);
+      return fm_reference_f16_to_f32(h);
+    default:
+      return NAN;
   }
 }
 
 static double tolerance(fm_dtype dt) {
   switch (dt) {
-    case FM_DT_BF16: return 1e-2;
-    case FM_DT_F16: return 2e-3;
-    case FM_DT_F32: return 1e-4;
-    default: return 0;
+    case FM_DT_BF16:
+      return 1e-2;
+    case FM_DT_F16:
+      return 2e-3;
+    case FM_DT_F32:
+      return 1e-4;
+    default:
+      return 0;
   }
 }
 
@@ -602,8 +621,7 @@ static double compare_output(uint32_t k, const uint8_t *ref, char *why, size_t c
   const fm_tensor *t = &W.canon->outputs[k];
   size_t es = fm_dtype_size(t->dtype);
   int64_t size[FM_MAX_RANK];
-  for (uint32_t d = 0; d < t->rank; d++)
-    size[d] = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? W.outer_v : t->shape[d];
+  for (uint32_t d = 0; d < t->rank; d++) size[d] = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? W.outer_v : t->shape[d];
   uint32_t cut = W.sample.n ? W.sample.cut : 0;
   int blocks = W.sample.n ? W.sample.n : 1;
   double num = 0, den = 0;
@@ -651,7 +669,7 @@ static void launch_failed(uint64_t id, const char *what) {
 static fm_CUresult read_back(uint32_t k) {
   const fm_tensor *t = &W.canon->outputs[k];
   size_t es = fm_dtype_size(t->dtype), spans = 0;
-  int64_t extent = 1;   /* elements a block spans: the last element of the uncut dims, plus one */
+  int64_t extent = 1; /* elements a block spans: the last element of the uncut dims, plus one */
   for (uint32_t d = W.sample.cut; d < t->rank; d++) {
     int64_t size = (d == 0 && t->shape[0] == FM_DIM_SYMBOLIC) ? W.outer_v : t->shape[d];
     if (size > 1) extent += (size - 1) * t->strides[d];
@@ -675,8 +693,8 @@ static fm_CUresult read_back(uint32_t k) {
  * never pass: the reference is the host's), each twin reading A's memory when
  * twins is set, the outputs poisoned, then compared with the reference (refs). 0 and the
  * worst relative error in *rel, or 1 with the reason in why. A launch failure exits. */
-static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int twins, uint8_t *const *refs,
-                        double *rel, char *why, size_t cap) {
+static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int twins, uint8_t *const *refs, double *rel,
+                        char *why, size_t cap) {
   const fm_cuda *cu = W.cu;
   const fm_fragment *f = W.canon;
   fm_diag d = {{0}};
@@ -741,7 +759,7 @@ static double time_launches(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, c
   outs[f->n_outputs] = (void *)(uintptr_t)scratch;
   for (int i = 0; i < WARMUPS + TIMED; i++) {
     const tset *s = &W.sets[i % W.n_sets];
-    for (uint32_t j = 0; j < f->n_inputs; j++)   /* twins share memory, as in a model */
+    for (uint32_t j = 0; j < f->n_inputs; j++) /* twins share memory, as in a model */
       ins[j] = (void *)(uintptr_t)s->in[W.twin_of[j] >= 0 ? (uint32_t)W.twin_of[j] : j];
     for (uint32_t j = 0; j < f->n_outputs; j++) outs[j] = (void *)(uintptr_t)s->out[j];
     int t = i - WARMUPS;
@@ -757,8 +775,8 @@ static double time_launches(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, c
     if (cu->cuEventElapsedTime(&times[t], W.ev[2 * t], W.ev[2 * t + 1])) times[t] = INFINITY;
   }
   qsort(times, TIMED, sizeof times[0], cmp_float);
-  snprintf(why, cap, "median of %d at outer %lld, %d buffer set(s); min %.4f max %.4f ms", TIMED,
-           (long long)W.outer_t, W.n_sets, times[0], times[TIMED - 1]);
+  snprintf(why, cap, "median of %d at outer %lld, %d buffer set(s); min %.4f max %.4f ms", TIMED, (long long)W.outer_t,
+           W.n_sets, times[0], times[TIMED - 1]);
   return (times[TIMED / 2 - 1] + times[TIMED / 2]) / 2.0;
 }
 
@@ -781,7 +799,7 @@ static void search_blas(uint64_t id, fm_module *m, fm_CUdeviceptr scratch) {
     if (fm_module_blas_choose(m, i, &d)) continue;
     if (verify(id, m, scratch, &rel, why, sizeof why)) {
       wrong++;
-      snprintf(best_why, sizeof best_why, "choice %d: %.480s", i, why);   /* kept if none verifies */
+      snprintf(best_why, sizeof best_why, "choice %d: %.480s", i, why); /* kept if none verifies */
       continue;
     }
     double ms = time_launches(id, m, scratch, why, sizeof why);

@@ -166,7 +166,7 @@ static int tmpfs_child(void) {
     /* what was stored before still hits */
     CHECK_EQ_INT(e2e_compile(fd, 2, 0.5, 6, origin, NULL), 0);
     CHECK(strcmp(origin, "hit") == 0);
-    CHECK_EQ_INT(unlink(filler), 0);   /* space returns */
+    CHECK_EQ_INT(unlink(filler), 0); /* space returns */
     check_recovered(fd, salt + 1000);
   }
   close(fd);

@@ -24,8 +24,8 @@
 #include "fm_msg.h"
 #include "fm_test.h"
 
-#define NOBODY 65534
-#define SLOW_POWS 30   /* chained general pows (cost 32 each: under the 1024 bound): a compile that lasts */
+#define NOBODY    65534
+#define SLOW_POWS 30 /* chained general pows (cost 32 each: under the 1024 bound): a compile that lasts */
 
 static const char *fusemld, *fusectl;
 static e2e_daemon A, B;
@@ -78,7 +78,7 @@ static void test_other_uid_refused(void) {
   CHECK_EQ_INT(chmod(A.sock, 0666), 0);
   char *out = NULL, *err = NULL, origin[16];
   int fd = e2e_connect_hello(&A);
-  CHECK_EQ_INT(e2e_compile(fd, 1, 0.5, 2, origin, NULL), 0);   /* a miss to count */
+  CHECK_EQ_INT(e2e_compile(fd, 1, 0.5, 2, origin, NULL), 0); /* a miss to count */
   CHECK_EQ_INT(ctl_as(A.sock, NOBODY, &out, &err, "stats", "--zero"), 1);
   CHECK_STR_CONTAINS(err, "permission_denied");
   free(out), free(err);
@@ -140,7 +140,7 @@ static void test_graceful_stop(void) {
   CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   CHECK(access(A.sock, F_OK) != 0);
   CHECK(e2e_log_contains(&A, "asked to shut down"));
-  CHECK(answers(&B));   /* the daemon beside it: untouched */
+  CHECK(answers(&B)); /* the daemon beside it: untouched */
 
   sqlite3 *db = NULL;
   sqlite3_stmt *st_check = NULL;

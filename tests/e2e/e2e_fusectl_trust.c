@@ -62,7 +62,9 @@ static int terminal_safe(const char *s) {
 /* ---- planted escapes ---- */
 
 #define HOSTILE_KIND "pw\x1b[31m\xff"
-#define HOSTILE_SOURCE "int x; /* \x1b]0;owned\x07 */\n\xc2\x9b" "2J\tdone\n"
+#define HOSTILE_SOURCE                      \
+  "int x; /* \x1b]0;owned\x07 */\n\xc2\x9b" \
+  "2J\tdone\n"
 #define HOSTILE_DEVICE "none/sm_90a\x1b[2J"
 
 static void plant(const char *key_hex, int new_device) {
@@ -81,7 +83,7 @@ static void plant(const char *key_hex, int new_device) {
     e.source = strdup(HOSTILE_SOURCE);
   }
   CHECK_EQ_INT(fm_store_put(s, &e), FM_OK);
-  if (new_device) CHECK_EQ_INT(fm_store_evict(s, &meta.key), FM_OK);   /* only the planted row */
+  if (new_device) CHECK_EQ_INT(fm_store_evict(s, &meta.key), FM_OK); /* only the planted row */
   if (new_device) CHECK_EQ_INT(fm_store_put(s, &e), FM_OK);
   fm_entry_free(&meta);
   fm_entry_free(&e);
@@ -139,8 +141,7 @@ static void test_export_skips_corrupt(void) {
   /* The cubin's bytes zeroed, its length kept: only the checksum can tell. */
   sqlite3 *db = NULL;
   char sql[256];
-  snprintf(sql, sizeof sql, "UPDATE kernels SET cubin = zeroblob(length(cubin)) WHERE hex(key) = upper('%s')",
-           key);
+  snprintf(sql, sizeof sql, "UPDATE kernels SET cubin = zeroblob(length(cubin)) WHERE hex(key) = upper('%s')", key);
   CHECK_EQ_INT(sqlite3_open(D.db, &db), SQLITE_OK);
   sqlite3_busy_timeout(db, 5000);
   CHECK_EQ_INT(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
@@ -151,7 +152,7 @@ static void test_export_skips_corrupt(void) {
   snprintf(snap, sizeof snap, "%s/snap.fmx", D.dir);
   CHECK_EQ_INT(ctl_run(D.sock, &out, &err, (const char *[]){"export", snap, NULL}), 1);
   CHECK_STR_CONTAINS(err, "corrupt_entry");
-  CHECK_STR_CONTAINS(out, "exported 2 entries");   /* the two sound ones of the test before */
+  CHECK_STR_CONTAINS(out, "exported 2 entries"); /* the two sound ones of the test before */
   CHECK_STR_CONTAINS(out, "1 skipped");
   free(out), free(err);
   /* The corrupt entry was dropped when read: the next export is whole, and says so. */
@@ -174,7 +175,7 @@ static int stop_at_first_send(pid_t pid, char *why, size_t cap) {
     sig = 0;
     if (waitpid(pid, &st, 0) != pid || !WIFSTOPPED(st)) return snprintf(why, cap, "fusectl ended first"), -1;
     if (WSTOPSIG(st) != (SIGTRAP | 0x80)) {
-      sig = WSTOPSIG(st) == SIGTRAP ? 0 : WSTOPSIG(st);   /* pass real signals on */
+      sig = WSTOPSIG(st) == SIGTRAP ? 0 : WSTOPSIG(st); /* pass real signals on */
       continue;
     }
     struct __ptrace_syscall_info info;

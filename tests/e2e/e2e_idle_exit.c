@@ -47,16 +47,16 @@ static void test_exits_once_idle(void) {
   CHECK(e2e_start(&d, extra) == 0);
   int fd = e2e_connect_hello(&d);
   CHECK(fd >= 0);
-  e2e_sleep_ms(3000);   /* three idle periods, but a client is connected */
+  e2e_sleep_ms(3000); /* three idle periods, but a client is connected */
   CHECK(still_running(&d));
   CHECK(ping(fd) == 0);
   close(fd);
   double left = e2e_now_ms();
-  int st = e2e_stop(&d, 0, 30000);   /* signal 0: only waits (killed, -1, after 30 s) */
+  int st = e2e_stop(&d, 0, 30000); /* signal 0: only waits (killed, -1, after 30 s) */
   fprintf(stderr, "  exited %.0f ms after its last client left (--exit-when-idle 1)\n", e2e_now_ms() - left);
   CHECK(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   CHECK(e2e_log_contains(&d, "no client and no compile for 1 s (--exit-when-idle): shutting down"));
-  CHECK(access(d.sock, F_OK) != 0);   /* the socket file went with it */
+  CHECK(access(d.sock, F_OK) != 0); /* the socket file went with it */
   e2e_teardown(&d, fm_test_failed_checks_ > 0);
 }
 
@@ -81,8 +81,9 @@ static void test_detaches_inside_a_service(void) {
   setenv("INVOCATION_ID", "0123456789abcdef0123456789abcdef", 1);
   setenv("SYSTEMD_EXEC_PID", other, 1);
   /* Three seconds of grace: the detached daemon must still serve when we connect. */
-  const char *argv[] = {exe, "--socket", d.sock, "--db", d.db, "--log-file", d.log, "--log-level", "debug",
-                        "--no-tune", "--jobs", "1", "--exit-when-idle", "3", NULL};
+  const char *argv[] = {exe,           "--socket", d.sock,      "--db",   d.db, "--log-file",       d.log,
+                        "--log-level", "debug",    "--no-tune", "--jobs", "1",  "--exit-when-idle", "3",
+                        NULL};
   double t0 = e2e_now_ms();
   int st = e2e_run_tool(argv, NULL, NULL, 60000);
   fprintf(stderr, "  under INVOCATION_ID: returned %d after %.0f ms\n", st, e2e_now_ms() - t0);

@@ -73,8 +73,8 @@ static int free_port(void) {
 
 static int tcp_connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in a = {
+      .sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (fd < 0) return -1;
   if (connect(fd, (struct sockaddr *)&a, sizeof a)) {
     close(fd);
@@ -90,8 +90,8 @@ static int tcp_connect(int port) {
  * its pid, or -1. */
 static pid_t redis_spawn(int port, const char *const *extra) {
   char port_s[16];
-  const char *argv[32] = {redis_exe, "--port", port_s, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", dir};
+  const char *argv[32] = {redis_exe, "--port",       port_s, "--bind", "127.0.0.1", "--save",
+                          "",        "--appendonly", "no",   "--dir",  dir};
   size_t n = 11;
   for (; extra && *extra && n < 31; extra++) argv[n++] = *extra;
   argv[n] = NULL;
@@ -228,7 +228,7 @@ static int start_daemon(e2e_daemon *d, const char *secret_path, const char *arch
 
 /* Waits until the daemon has published n entries (publishing is asynchronous). */
 static int wait_published(int fd, int64_t n) {
-  for (int i = 0; i < 1000; i++) {   /* 10 s: a loaded CI machine under ASan */
+  for (int i = 0; i < 1000; i++) { /* 10 s: a loaded CI machine under ASan */
     if (e2e_stat(fd, "remote", "published") >= n) return 0;
     sleep_ms(10);
   }
@@ -280,8 +280,10 @@ static void test_share(void) {
   for (int i = 0; i < 2000; i++) free(resp(r, 2, argv, lens, &n));
   double per = (now_ms() - t0) / 2000;
   close(r);
-  printf("figure: value %zu bytes for a 3-op pointwise fragment; loopback GET %.1f us (2000 sequential); "
-         "daemon lookup latency avg %lld us\n", len, per * 1e3, (long long)e2e_stat(fb, "remote", "latency_us_avg"));
+  printf(
+      "figure: value %zu bytes for a 3-op pointwise fragment; loopback GET %.1f us (2000 sequential); "
+      "daemon lookup latency avg %lld us\n",
+      len, per * 1e3, (long long)e2e_stat(fb, "remote", "latency_us_avg"));
 }
 
 static void test_tampered(void) {
@@ -293,7 +295,7 @@ static void test_tampered(void) {
   uint8_t *v = rget(rk, &len);
   CHECK(v != NULL && len > 200);
   if (!v) return;
-  v[len / 2] ^= 0x01;    /* one bit, inside the blobs */
+  v[len / 2] ^= 0x01; /* one bit, inside the blobs */
   CHECK_EQ_INT(rset(rk, v, len), 0);
   free(v);
   int64_t before = e2e_stat(fb, "remote", "refused");
@@ -355,15 +357,15 @@ static void test_outage(void) {
   CHECK_EQ_INT(failed, 0);
   CHECK_EQ_INT(e2e_stat(fb, "remote", "outages"), 1);
   CHECK(e2e_stat(fb, "remote", "errors") >= 1);
-  CHECK_EQ_INT(count_in_log(&B, "unreachable"), 1);   /* one line per change of state */
+  CHECK_EQ_INT(count_in_log(&B, "unreachable"), 1); /* one line per change of state */
   printf("figure: compiles during the outage: worst %.0f ms (local compile included)\n", worst);
 
   CHECK_EQ_INT(redis_start(), 0);
-  sleep_ms(1300);   /* past FM_REMOTE_RETRY_MS */
+  sleep_ms(1300); /* past FM_REMOTE_RETRY_MS */
   CHECK_EQ_INT(e2e_compile(fb, 50, 60.0, 2, origin, key), 0);
   CHECK_EQ_INT(e2e_compile(fb, 51, 61.0, 2, origin, key), 0);
-  CHECK_EQ_INT(wait_published(fb, 1), 0);   /* B publishes again: it reconnected */
-  CHECK(count_in_log(&B, "/0 reachable") == 2);   /* at the first lookup, and after the restart */
+  CHECK_EQ_INT(wait_published(fb, 1), 0);       /* B publishes again: it reconnected */
+  CHECK(count_in_log(&B, "/0 reachable") == 2); /* at the first lookup, and after the restart */
   CHECK_EQ_INT(count_in_log(&B, "unreachable"), 1);
   CHECK_EQ_INT(e2e_stat(fb, "remote", "outages"), 1);
   /* An entry published after the restart is shared again. */
@@ -435,9 +437,9 @@ static void test_needs_secret(void) {
 
 /* ---- AUTH (a Redis 6 ACL user, and the default user's requirepass), IPv6, no password shown ---- */
 
-#define ACL_PW "alice@pw"          /* '@' travels percent-encoded in the URL */
+#define ACL_PW     "alice@pw" /* '@' travels percent-encoded in the URL */
 #define DEFAULT_PW "defaultpw"
-#define WRONG_PW "wrongpw"
+#define WRONG_PW   "wrongpw"
 
 static int auth_port;
 static pid_t auth_pid;
@@ -478,8 +480,8 @@ static void test_auth(void) {
   e2e_daemon P, Q, W;
   auth_port = free_port();
   snprintf(port, sizeof port, "%d", auth_port);
-  const char *extra[] = {"--bind", "127.0.0.1", "-::1", "--requirepass", DEFAULT_PW, "--user", "alice", "on",
-                         ">" ACL_PW, "~*", "&*", "+@all", NULL};
+  const char *extra[] = {"--bind",   "127.0.0.1", "-::1", "--requirepass", DEFAULT_PW, "--user", "alice", "on",
+                         ">" ACL_PW, "~*",        "&*",   "+@all",         NULL};
   auth_pid = redis_spawn(auth_port, extra);
   CHECK(auth_pid > 0);
   if (auth_pid <= 0) return;
@@ -494,8 +496,8 @@ static void test_auth(void) {
 
   /* Q: the default user's password, over IPv6 loopback where this machine has it. */
   int v6 = socket(AF_INET6, SOCK_STREAM, 0);
-  struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)auth_port),
-                            .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+  struct sockaddr_in6 a6 = {
+      .sin6_family = AF_INET6, .sin6_port = htons((uint16_t)auth_port), .sin6_addr = IN6ADDR_LOOPBACK_INIT};
   int have_v6 = v6 >= 0 && connect(v6, (struct sockaddr *)&a6, sizeof a6) == 0;
   if (v6 >= 0) close(v6);
   if (!have_v6) printf("note: no IPv6 loopback here; [::1] is tested by the unit test only\n");
@@ -513,7 +515,7 @@ static void test_auth(void) {
   CHECK_EQ_INT(e2e_start(&Q, conf_args), 0);
   int fq = e2e_connect_hello(&Q);
   CHECK_EQ_INT(e2e_compile(fq, 101, 100.0, 2, origin, key2), 0);
-  CHECK(strcmp(origin, "remote") == 0);   /* what P published, read with the default user */
+  CHECK(strcmp(origin, "remote") == 0); /* what P published, read with the default user */
   CHECK(strcmp(key, key2) == 0);
 
   /* W: a wrong password: down with Redis's reason, every request still served. */
@@ -593,12 +595,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cannot start %s\n", redis_exe);
     return 1;
   }
-  if (start_daemon(&A, secret, "sm_90a") || start_daemon(&B, secret, "sm_90a") ||
-      start_daemon(&C, secret2, "sm_90a") || start_daemon(&D, secret, "sm_80") || (fa = e2e_connect_hello(&A)) < 0 ||
-      (fb = e2e_connect_hello(&B)) < 0 || (fc = e2e_connect_hello(&C)) < 0 || (fd_ = e2e_connect_hello(&D)) < 0) {
+  if (start_daemon(&A, secret, "sm_90a") || start_daemon(&B, secret, "sm_90a") || start_daemon(&C, secret2, "sm_90a") ||
+      start_daemon(&D, secret, "sm_80") || (fa = e2e_connect_hello(&A)) < 0 || (fb = e2e_connect_hello(&B)) < 0 ||
+      (fc = e2e_connect_hello(&C)) < 0 || (fd_ = e2e_connect_hello(&D)) < 0) {
     int no_tier = e2e_log_contains(&A, "built without hiredis");
-    if (no_tier) printf("SKIP: this fusemld was built without hiredis\n");
-    else fprintf(stderr, "cannot start the daemons\n");
+    if (no_tier)
+      printf("SKIP: this fusemld was built without hiredis\n");
+    else
+      fprintf(stderr, "cannot start the daemons\n");
     teardown(&A, !no_tier);
     teardown(&B, 1);
     teardown(&C, 1);

@@ -65,8 +65,10 @@ static void test_tampered_and_wrong_secret(void) {
   for (size_t i = 0; i < len; i++) {
     val[i] ^= 0x20;
     d.text[0] = '\0';
-    if (fm_remote_entry_decode(val, len, &s, &out, &bout, &d) != FM_OK) refused++;
-    else fm_entry_free(&out);
+    if (fm_remote_entry_decode(val, len, &s, &out, &bout, &d) != FM_OK)
+      refused++;
+    else
+      fm_entry_free(&out);
     val[i] ^= 0x20;
   }
   CHECK_EQ_INT(refused, (long long)len);

@@ -27,7 +27,7 @@
 #include "e2e_util.h"
 #include "fm_test.h"
 
-#define SKIP 77
+#define SKIP    77
 #define DROP_IN "fusemld-remote.conf"
 
 #if defined(__x86_64__)
@@ -49,7 +49,7 @@ static int restrict_address_families(char *why, size_t cap) {
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_socket, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),   /* the family */
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])), /* the family */
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET, 2, 0),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AF_INET6, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
@@ -79,7 +79,8 @@ static int private_network(char *why, size_t cap) {
   memset(&ifr, 0, sizeof ifr);
   snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
   int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  int ok = fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags |= IFF_UP, ioctl(fd, SIOCSIFFLAGS, &ifr) == 0);
+  int ok =
+      fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags |= IFF_UP, ioctl(fd, SIOCSIFFLAGS, &ifr) == 0);
   if (!ok) snprintf(why, cap, "bringing lo up: %s", strerror(errno));
   if (fd >= 0) close(fd);
   return ok ? 0 : -1;
@@ -121,12 +122,10 @@ static void sandboxed_restrict_families(void) {
 
 static void sandboxed_private_network(void) {
   check_daemon("redis://192.0.2.1:6379/0", "sees no network interface but loopback");
-  check_daemon("redis://127.0.0.1:1/0", NULL);   /* loopback is still there: nothing to report */
+  check_daemon("redis://127.0.0.1:1/0", NULL); /* loopback is still there: nothing to report */
 }
 
-static void unconfined(void) {
-  check_daemon("redis://127.0.0.1:1/0", NULL);
-}
+static void unconfined(void) { check_daemon("redis://127.0.0.1:1/0", NULL); }
 
 static int skipped;
 
@@ -149,8 +148,10 @@ static void run_in_child(const char *name, int (*confine)(char *, size_t), void 
     skipped++;
     return;
   }
-  if (rc) fm_test_failed_++;
-  else fm_test_passed_++;
+  if (rc)
+    fm_test_failed_++;
+  else
+    fm_test_passed_++;
   printf("%s %s\n", rc ? "FAIL" : "ok  ", name);
 }
 

@@ -34,13 +34,13 @@ static int count_in_log(const e2e_daemon *d, const char *text) {
 static void test_db_created_0600(void) {
   e2e_daemon d;
   CHECK_EQ_INT(e2e_setup(&d, exe), 0);
-  mode_t old = umask(022);   /* SQLite alone would create 0644 under it */
+  mode_t old = umask(022); /* SQLite alone would create 0644 under it */
   CHECK_EQ_INT(e2e_start(&d, NULL), 0);
   umask(old);
   int fd = e2e_connect(d.sock);
   char origin[16];
   CHECK(fd >= 0 && e2e_hello(fd) == 0);
-  CHECK_EQ_INT(e2e_compile(fd, 1, 0.25, 2, origin, NULL), 0);   /* something written */
+  CHECK_EQ_INT(e2e_compile(fd, 1, 0.25, 2, origin, NULL), 0); /* something written */
   close(fd);
   const char *suffix[] = {"", "-wal", "-shm"};
   for (int i = 0; i < 3; i++) {
@@ -48,7 +48,7 @@ static void test_db_created_0600(void) {
     struct stat st;
     snprintf(path, sizeof path, "%s%s", d.db, suffix[i]);
     if (stat(path, &st) != 0) {
-      CHECK(i > 0);   /* the database itself must exist */
+      CHECK(i > 0); /* the database itself must exist */
       continue;
     }
     printf("  %s: mode %04o\n", path, (unsigned)(st.st_mode & 07777));
@@ -89,7 +89,7 @@ static void check_served_from_memory(e2e_daemon *d) {
   CHECK_EQ_INT(e2e_compile(fd, 1, 0.5, 2, origin, NULL), 0);
   CHECK(strcmp(origin, "compiled") == 0);
   CHECK_EQ_INT(e2e_compile(fd, 2, 0.5, 2, origin, NULL), 0);
-  CHECK(strcmp(origin, "hit") == 0);   /* kept in memory while it runs */
+  CHECK(strcmp(origin, "hit") == 0); /* kept in memory while it runs */
   CHECK_EQ_INT(e2e_stat(fd, "stats", "store_errors"), 0);
   close(fd);
   /* Still that one warning: no store error per compile (as on a full disk). */
@@ -136,7 +136,7 @@ static int read_only_child(void) {
     check_served_from_memory(ds[i]);
   }
   if (!skipped) {
-    CHECK(access(fresh.db, F_OK) != 0);   /* nothing written there */
+    CHECK(access(fresh.db, F_OK) != 0); /* nothing written there */
     CHECK_EQ_INT(stat(old.db, &after), 0);
     CHECK(after.st_size == before.st_size && after.st_mtime == before.st_mtime);
   }

@@ -23,7 +23,7 @@
 #include "fm_test.h"
 
 #define WATCHDOG_MS 400
-#define LISTEN_MS 3000
+#define LISTEN_MS   3000
 
 static const char *exe;
 
@@ -39,7 +39,7 @@ static int notify_socket(const e2e_daemon *d, char *path, size_t cap) {
   sa.sun_family = AF_UNIX;
   snprintf(path, cap, "%s/notify.sock", d->dir);
   size_t n = strlen(path);
-  if (n >= sizeof sa.sun_path) return -1;   /* the temp dir is short: never truncate */
+  if (n >= sizeof sa.sun_path) return -1; /* the temp dir is short: never truncate */
   memcpy(sa.sun_path, path, n + 1);
   int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
@@ -66,7 +66,7 @@ static int start_notified(e2e_daemon *d, int *nfd, const char *pid_s) {
   if (e2e_setup(d, exe) != 0) return -1;
   *nfd = notify_socket(d, path, sizeof path);
   if (*nfd < 0) return -1;
-  const char *ms = getenv("FM_E2E_WATCHDOG_MS");   /* a test's own interval */
+  const char *ms = getenv("FM_E2E_WATCHDOG_MS"); /* a test's own interval */
   snprintf(usec, sizeof usec, "%d", (ms ? atoi(ms) : WATCHDOG_MS) * 1000);
   setenv("NOTIFY_SOCKET", path, 1);
   setenv("WATCHDOG_USEC", usec, 1);
@@ -113,8 +113,10 @@ static void test_ready_watchdog_stopping(void) {
     if (recv_msg(nfd, msg, sizeof msg, 100) < 0) continue;
     if (strcmp(msg, "WATCHDOG=1") == 0) {
       double t = now_ms();
-      if (pings++ == 0) first = t - t_ready;
-      else if (t - last > max_gap) max_gap = t - last;
+      if (pings++ == 0)
+        first = t - t_ready;
+      else if (t - last > max_gap)
+        max_gap = t - last;
       last = t;
     } else {
       other++;
@@ -135,7 +137,7 @@ static void test_ready_watchdog_stopping(void) {
   int stopping = 0;
   while (!stopping && recv_msg(nfd, msg, sizeof msg, 5000) >= 0) stopping = strstr(msg, "STOPPING=1") != NULL;
   CHECK(stopping);
-  st = e2e_stop(&d, 0, 20000);   /* signal 0: only wait for the exit */
+  st = e2e_stop(&d, 0, 20000); /* signal 0: only wait for the exit */
   CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   close(nfd);
   e2e_teardown(&d, fm_test_failed_checks_ > 0);

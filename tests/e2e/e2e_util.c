@@ -150,8 +150,8 @@ void e2e_teardown(e2e_daemon *d, int dump_log) {
       fclose(f);
     }
   }
-  const char *names[] = {"fusemld.sock", "kernels.db", "kernels.db-wal", "kernels.db-shm", "daemon.log",
-                         "activated.sock", "notify.sock"};
+  const char *names[] = {"fusemld.sock", "kernels.db",     "kernels.db-wal", "kernels.db-shm",
+                         "daemon.log",   "activated.sock", "notify.sock"};
   char path[400];
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", d->dir, names[i]);
@@ -315,8 +315,8 @@ static void pack_tensor(msgpack_packer *pk, uint32_t id) {
   fm_pack_kv_u64(pk, "align", 16);
 }
 
-static void pack_op(msgpack_packer *pk, const char *op, uint32_t out, int nargs, uint32_t a, uint32_t b,
-                    int has_value, double value) {
+static void pack_op(msgpack_packer *pk, const char *op, uint32_t out, int nargs, uint32_t a, uint32_t b, int has_value,
+                    double value) {
   msgpack_pack_map(pk, has_value ? 4 : 3);
   fm_pack_kv_cstr(pk, "op", op);
   fm_pack_kv_u64(pk, "out", out);
@@ -352,9 +352,15 @@ void e2e_pack_fragment(msgpack_packer *pk, double salt, int n_ops) {
   uint32_t v = 0, next = 2;
   for (int i = 0; i < n_ops; i++, next++) {
     switch (i % 3) {
-      case 0: pack_op(pk, "mul", next, 2, v, 1, 0, 0); break;
-      case 1: pack_op(pk, unary[(i / 3) % 5], next, 1, v, 0, 0, 0); break;
-      default: pack_op(pk, "add", next, 2, v, 0, 0, 0); break;
+      case 0:
+        pack_op(pk, "mul", next, 2, v, 1, 0, 0);
+        break;
+      case 1:
+        pack_op(pk, unary[(i / 3) % 5], next, 1, v, 0, 0, 0);
+        break;
+      default:
+        pack_op(pk, "add", next, 2, v, 0, 0, 0);
+        break;
     }
     v = next;
   }

@@ -10,11 +10,11 @@
 
 typedef struct e2e_daemon {
   const char *exe;
-  char dir[256];        /* mkdtemp */
+  char dir[256]; /* mkdtemp */
   char sock[320];
   char db[320];
   char log[320];
-  pid_t pid;            /* 0 when not running */
+  pid_t pid; /* 0 when not running */
 } e2e_daemon;
 
 /* Creates the temp directory. */

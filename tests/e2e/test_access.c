@@ -133,7 +133,7 @@ static void test_reader_that_never_reads_is_cut_off(void) {
   int good = e2e_connect(D.sock), bad = e2e_connect(D.sock);
   CHECK(good >= 0 && bad >= 0 && e2e_hello(good) == 0 && e2e_hello(bad) == 0);
   char origin[16];
-  CHECK_EQ_INT(e2e_compile(good, 1, 1.5, 3, origin, NULL), 0);   /* now a hit */
+  CHECK_EQ_INT(e2e_compile(good, 1, 1.5, 3, origin, NULL), 0); /* now a hit */
   double before = 1e9;
   for (int i = 0; i < 5; i++) {
     double t = hit_ms(good, 10 + (uint64_t)i);
@@ -154,7 +154,7 @@ static void test_reader_that_never_reads_is_cut_off(void) {
         send(bad, r.sb.data, r.sb.size, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)r.sb.size)
       break;
     sent++;
-    if (i % 10 == 9) {   /* the well-behaved client, meanwhile */
+    if (i % 10 == 9) { /* the well-behaved client, meanwhile */
       double t = hit_ms(good, 100000 + (uint64_t)i);
       CHECK(t >= 0);
       if (t > worst) worst = t;
@@ -169,8 +169,10 @@ static void test_reader_that_never_reads_is_cut_off(void) {
   CHECK(cut);
   double after = hit_ms(good, 999999);
   CHECK(after >= 0);
-  printf("  never-reading client: %d requests sent before the cut; good client's hit %.2f ms before, "
-         "worst %.2f ms during, %.2f ms after\n", sent, before, worst, after);
+  printf(
+      "  never-reading client: %d requests sent before the cut; good client's hit %.2f ms before, "
+      "worst %.2f ms during, %.2f ms after\n",
+      sent, before, worst, after);
   /* "Stays low": well under the 10 s reply timeout, and not dragged to the bad client's pace. */
   CHECK(worst < 1000 && after < 1000);
   close(bad);

@@ -23,15 +23,14 @@
 #include "fm_msg.h"
 #include "fm_test.h"
 
-#define GIVE_UP_MS 120000   /* how long a background tune may take under ASan on a busy machine */
+#define GIVE_UP_MS 120000 /* how long a background tune may take under ASan on a busy machine */
 
 static e2e_daemon D;
 static const char *standin, *fusectl, *examples;
 static char piddir[400], trace_path[400];
 
 /* One compile or lookup: 0 with state and key, 1 with the error code in state, -1 no reply. */
-static int request(int fd, const char *op, uint64_t id, double salt, const char *by_key, char state[16],
-                   char key[65]) {
+static int request(int fd, const char *op, uint64_t id, double salt, const char *by_key, char state[16], char key[65]) {
   e2e_req r;
   msgpack_zone z;
   msgpack_object o;
@@ -126,7 +125,6 @@ static int live_workers(pid_t *pids, int cap) {
   return n;
 }
 
-
 static char *fusectl_out(const char *args);
 
 static char *show(const char *key) {
@@ -152,8 +150,10 @@ static int start(const char *plan, const char *run_ms, const char *mode) {
   setenv("FM_STANDIN_PLAN", plan, 1);
   setenv("FM_STANDIN_PIDDIR", piddir, 1);
   setenv("FM_STANDIN_TRACE", trace_path, 1);
-  if (run_ms) setenv("FM_STANDIN_RUN_MS", run_ms, 1);
-  else unsetenv("FM_STANDIN_RUN_MS");
+  if (run_ms)
+    setenv("FM_STANDIN_RUN_MS", run_ms, 1);
+  else
+    unsetenv("FM_STANDIN_RUN_MS");
   unlink(trace_path);
   const char *extra[] = {"--tuner-worker", standin, "--tune-deadline", "5", mode ? "--tune" : NULL, mode, NULL};
   return e2e_start(&D, extra);
@@ -174,13 +174,13 @@ static void test_served_verified_then_upgraded(void) {
    * a candidate on the stand-in before its first run. */
   char *t = trace();
   CHECK_EQ_INT(count_lines(t, "run "), 1);
-  CHECK_EQ_INT(count_lines(t, "run 0"), 1);   /* the heuristic default */
+  CHECK_EQ_INT(count_lines(t, "run 0"), 1); /* the heuristic default */
   free(t);
   char *out = show(key);
   CHECK(out != NULL);
   if (out) {
     CHECK_STR_CONTAINS(out, "verified");
-    CHECK_STR_CONTAINS(out, "background tune");   /* the served one and the one being tuned */
+    CHECK_STR_CONTAINS(out, "background tune"); /* the served one and the one being tuned */
   }
   free(out);
   CHECK_EQ_INT(e2e_stat(fd, "session", "verified"), 1);
@@ -197,7 +197,7 @@ static void test_served_verified_then_upgraded(void) {
   CHECK(wait_stat(fd, NULL, "background_tunes", 0));
   out = fusectl_out("stats");
   CHECK(out != NULL);
-  const char *row = out ? strstr(out, "\nupgrades ") : NULL;   /* its own row of the table */
+  const char *row = out ? strstr(out, "\nupgrades ") : NULL; /* its own row of the table */
   CHECK(row != NULL);
   if (row) CHECK(strncmp(row + strspn(row + 1, "upgrades ") + 1, "1 (this session: 1)", 19) == 0);
   free(out);
@@ -205,7 +205,7 @@ static void test_served_verified_then_upgraded(void) {
   CHECK(out != NULL);
   if (out) {
     CHECK_STR_CONTAINS(out, "candidates (tuned on stand-in");
-    CHECK_STR_CONTAINS(out, "*  2 ");   /* the 1 ms candidate */
+    CHECK_STR_CONTAINS(out, "*  2 "); /* the 1 ms candidate */
     CHECK(strstr(out, "background tune") == NULL);
   }
   free(out);
@@ -218,7 +218,7 @@ static void test_served_verified_then_upgraded(void) {
 
 /* Clients asking for the same fragments at once: one build per key, all answered. */
 #define N_CLIENTS 6
-#define N_FRAGS 3
+#define N_FRAGS   3
 typedef struct client_run {
   int answered;
   char states[N_FRAGS][16];
@@ -228,7 +228,7 @@ static void *client_main(void *arg) {
   client_run *cr = arg;
   int fd = e2e_client(D.sock);
   if (fd < 0) return NULL;
-  for (int k = 0; k < N_FRAGS; k++) {   /* pipelined, as the Python client sends a graph */
+  for (int k = 0; k < N_FRAGS; k++) { /* pipelined, as the Python client sends a graph */
     e2e_req r;
     e2e_req_begin(&r, "compile", 10 + (uint64_t)k, 1);
     fm_pack_cstr(&r.pk, "fragment");
@@ -403,7 +403,7 @@ static void test_daemon_killed_mid_background(void) {
   if (fd < 0) return;
   CHECK_EQ_INT(request(fd, "lookup", 2, 0, key, state, NULL), 0);
   CHECK_STR_CONTAINS(state, "verified");
-  CHECK_EQ_INT(compile(fd, 3, 60.0, state, key), 0);   /* a hit, which queues the tune */
+  CHECK_EQ_INT(compile(fd, 3, 60.0, state, key), 0); /* a hit, which queues the tune */
   CHECK_STR_CONTAINS(state, "verified");
   CHECK_EQ_INT(e2e_stat(fd, "session", "hits"), 1);
   CHECK(wait_tuned(fd, key));
@@ -425,7 +425,7 @@ static void test_served_first_wrong_waits_for_all(void) {
   CHECK_STR_CONTAINS(state, "tuned");
   CHECK_EQ_INT(e2e_stat(fd, "session", "verified"), 0);
   CHECK_EQ_INT(e2e_stat(fd, "session", "tunes"), 1);
-  CHECK(e2e_stat(fd, "session", "bad_candidates") >= 2);   /* judged twice: alone, then with all */
+  CHECK(e2e_stat(fd, "session", "bad_candidates") >= 2); /* judged twice: alone, then with all */
   CHECK_EQ_INT(e2e_stat(fd, NULL, "background_tunes"), 0);
   char *out = show(key);
   CHECK(out != NULL);
@@ -460,10 +460,10 @@ static void test_library_plan_then_default(void) {
   const char *s = strstr(out, "\"state\"");
   if (s) sscanf(s, "\"state\": \"%63[a-z]", state);
   CHECK_STR_CONTAINS(state, "verified");
-  CHECK_EQ_INT(e2e_stat(fd, "session", "bad_candidates") - bad, 1);   /* the plan, alone */
+  CHECK_EQ_INT(e2e_stat(fd, "session", "bad_candidates") - bad, 1); /* the plan, alone */
   CHECK_EQ_INT(e2e_stat(fd, "session", "verified") - verified, 1);
   char *t = trace();
-  CHECK_EQ_INT(count_lines(t, "run 1"), 1);   /* the plan: right after the default */
+  CHECK_EQ_INT(count_lines(t, "run 1"), 1); /* the plan: right after the default */
   CHECK_EQ_INT(count_lines(t, "run 0"), 1);
   CHECK_EQ_INT(count_lines(t, "run "), 2);
   free(t);
@@ -481,7 +481,7 @@ static void test_eager_mode(void) {
   CHECK_EQ_INT(compile(fd, 1, 70.0, state, key), 0);
   CHECK_STR_CONTAINS(state, "tuned");
   char *t = trace();
-  CHECK(count_lines(t, "run ") >= 6);   /* every candidate before the reply */
+  CHECK(count_lines(t, "run ") >= 6); /* every candidate before the reply */
   free(t);
   CHECK_EQ_INT(e2e_stat(fd, "session", "verified"), 0);
   CHECK_EQ_INT(e2e_stat(fd, NULL, "background_tunes"), 0);

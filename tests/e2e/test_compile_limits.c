@@ -28,7 +28,7 @@
 #include "fm_test.h"
 
 #define PATHOLOGICAL_POWS 255
-#define NO_COST_BOUND "100000000"   /* --max-compile-cost that lets every fragment through */
+#define NO_COST_BOUND     "100000000" /* --max-compile-cost that lets every fragment through */
 
 static e2e_daemon D;
 
@@ -95,7 +95,7 @@ static int children_of(pid_t pid) {
     size_t len = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[len] = '\0';
-    char *paren = strrchr(buf, ')');   /* the name may hold spaces: fields follow its ')' */
+    char *paren = strrchr(buf, ')'); /* the name may hold spaces: fields follow its ')' */
     int ppid = 0;
     if (paren && sscanf(paren + 1, " %*c %d", &ppid) == 1 && ppid == pid) n++;
   }
@@ -126,10 +126,11 @@ static void test_departing_client_work_cancelled(void) {
   /* A sends four pathological fragments in one go; two of them take both compile threads. */
   int a = e2e_client(D.sock);
   CHECK(a >= 0);
-  for (int i = 0; i < 4; i++) CHECK_EQ_INT(send_pow_chain(a, 100 + (uint64_t)i, 1.25 + i * 0.125, PATHOLOGICAL_POWS), 0);
+  for (int i = 0; i < 4; i++)
+    CHECK_EQ_INT(send_pow_chain(a, 100 + (uint64_t)i, 1.25 + i * 0.125, PATHOLOGICAL_POWS), 0);
   for (int i = 0; i < 250 && e2e_stat(b, NULL, "inflight") != 4; i++) e2e_sleep_ms(20);
   CHECK_EQ_INT(e2e_stat(b, NULL, "inflight"), 4);
-  e2e_sleep_ms(300);   /* well into NVRTC */
+  e2e_sleep_ms(300); /* well into NVRTC */
   /* B's small compile is queued behind A's work; then A hangs up. */
   double t0 = e2e_now_ms();
   e2e_req r;
@@ -142,15 +143,15 @@ static void test_departing_client_work_cancelled(void) {
   CHECK_EQ_INT(reply_for(b, 20, 120000, code, detail), 0);
   double took = e2e_now_ms() - t0;
   CHECK(code[0] == '\0');
-  printf("  small compile: normal %.0f ms, behind a departed client's 4 pathological fragments %.0f ms\n",
-         normal, took);
+  printf("  small compile: normal %.0f ms, behind a departed client's 4 pathological fragments %.0f ms\n", normal,
+         took);
   CHECK(took <= normal + 2000);
   /* None of A's work went on or was stored; no worker is left. */
   for (int i = 0; i < 250 && (e2e_stat(b, NULL, "inflight") != 0 || children_of(D.pid) != 0); i++) e2e_sleep_ms(20);
   CHECK_EQ_INT(e2e_stat(b, NULL, "inflight"), 0);
   CHECK_EQ_INT(children_of(D.pid), 0);
   for (int i = 0; i < 4; i++) CHECK_EQ_INT(stored(b, 200 + (uint64_t)i, 1.25 + i * 0.125, PATHOLOGICAL_POWS), 0);
-  CHECK(e2e_log_contains(&D, "cancelled 4 build(s) whose requesters all hung up"));   /* one sweep, one line */
+  CHECK(e2e_log_contains(&D, "cancelled 4 build(s) whose requesters all hung up")); /* one sweep, one line */
   close(b);
 }
 
@@ -164,7 +165,7 @@ static void test_costly_fragment_refused(void) {
   CHECK_EQ_INT(reply_for(fd, 30, 10000, code, detail), 0);
   CHECK(strcmp(code, "limit_exceeded") == 0);
   CHECK(strstr(detail, "too costly to compile") && strstr(detail, "--max-compile-cost"));
-  CHECK(e2e_now_ms() - t0 < 5000);   /* refused, not compiled */
+  CHECK(e2e_now_ms() - t0 < 5000); /* refused, not compiled */
   CHECK_EQ_INT(children_of(D.pid), 0);
   /* A fragment the size of the largest real ones (30 ops, 10 of them transcendental) passes;
    * so does a short pow chain. */
@@ -183,7 +184,7 @@ static void test_compile_deadline(void) {
   CHECK(fd >= 0);
   char code[32], detail[512];
   double t0 = e2e_now_ms();
-  CHECK_EQ_INT(send_pow_chain(fd, 40, 1.625, 64), 0);   /* ~10 s of NVRTC */
+  CHECK_EQ_INT(send_pow_chain(fd, 40, 1.625, 64), 0); /* ~10 s of NVRTC */
   CHECK_EQ_INT(reply_for(fd, 40, 60000, code, detail), 0);
   double took = e2e_now_ms() - t0;
   CHECK(strcmp(code, "compile_timeout") == 0);
@@ -257,7 +258,8 @@ static int compiled_before(const char *key) {
   char line[1024];
   int n = -1;
   while (f && fgets(line, sizeof line, f)) {
-    if (strstr(line, " serving ")) n = 0;   /* this daemon's start: count afresh */
+    if (strstr(line, " serving "))
+      n = 0; /* this daemon's start: count afresh */
     else if (n >= 0 && strstr(line, "INFO: compiled ")) {
       if (strstr(line, key)) break;
       n++;

@@ -87,13 +87,15 @@ static void test_non_readers_bounded_total(void) {
   setenv("ASAN_OPTIONS", opts, 1);
   const char *extra[] = {"--max-output", "64M", "--max-output-total", "16M", NULL};
   CHECK_EQ_INT(e2e_restart(&D, extra), 0);
-  if (saved) setenv("ASAN_OPTIONS", saved, 1);
-  else unsetenv("ASAN_OPTIONS");
+  if (saved)
+    setenv("ASAN_OPTIONS", saved, 1);
+  else
+    unsetenv("ASAN_OPTIONS");
   free(saved);
   int good = e2e_connect(D.sock);
   CHECK(good >= 0 && e2e_hello(good) == 0);
   char origin[16];
-  CHECK_EQ_INT(e2e_compile(good, 1, 1.5, 3, origin, NULL), 0);   /* now a hit */
+  CHECK_EQ_INT(e2e_compile(good, 1, 1.5, 3, origin, NULL), 0); /* now a hit */
   for (int i = 0; i < 20; i++) CHECK_EQ_INT(e2e_compile(good, 2 + (uint64_t)i, 1.5, 3, origin, NULL), 0);
   long base_kb = e2e_rss_kb(D.pid);
   CHECK(base_kb > 0);
@@ -111,7 +113,7 @@ static void test_non_readers_bounded_total(void) {
       if (!cut[i] && pipeline(fds[i], &req, &sent[i]) < 0) cut[i] = 1, n_cut++;
     long kb = e2e_rss_kb(D.pid);
     if (kb > peak_kb) peak_kb = kb;
-    if (round % 50 == 49) {   /* the client that reads, meanwhile */
+    if (round % 50 == 49) { /* the client that reads, meanwhile */
       CHECK_EQ_INT(e2e_compile(good, 100000 + (uint64_t)round, 1.5, 3, origin, NULL), 0);
       good_hits++;
     }
@@ -124,10 +126,11 @@ static void test_non_readers_bounded_total(void) {
   CHECK(e2e_log_contains(&D, "queued output of all clients"));
   CHECK_EQ_INT(e2e_compile(good, 999999, 1.5, 3, origin, NULL), 0);
   CHECK(strcmp(origin, "hit") == 0);
-  printf("  %d non-readers: %ld hits pipelined, %d cut in %.1f s; daemon VmRSS %ld MB -> peak %ld MB "
-         "(bound 16 MB + margin %ld MB); the reading client got %d hits meanwhile\n",
-         NON_READERS, total_sent, n_cut, (e2e_now_ms() - t0) / 1e3, base_kb >> 10, peak_kb >> 10, margin_kb >> 10,
-         good_hits);
+  printf(
+      "  %d non-readers: %ld hits pipelined, %d cut in %.1f s; daemon VmRSS %ld MB -> peak %ld MB "
+      "(bound 16 MB + margin %ld MB); the reading client got %d hits meanwhile\n",
+      NON_READERS, total_sent, n_cut, (e2e_now_ms() - t0) / 1e3, base_kb >> 10, peak_kb >> 10, margin_kb >> 10,
+      good_hits);
   CHECK(peak_kb - base_kb < bound_kb + margin_kb);
   close(good);
 }
@@ -194,8 +197,10 @@ static void test_connect_close_storm(void) {
   int64_t clients = 0;
   char code[32], first_failure[32] = "";
   for (int i = 0; i < 40; i++) {
-    if (ping(code, &clients) == 0) answered++;
-    else if (!first_failure[0]) snprintf(first_failure, sizeof first_failure, "%s", code);
+    if (ping(code, &clients) == 0)
+      answered++;
+    else if (!first_failure[0])
+      snprintf(first_failure, sizeof first_failure, "%s", code);
     e2e_sleep_ms(50);
   }
   atomic_store(&storm_stop, 1);
@@ -204,7 +209,7 @@ static void test_connect_close_storm(void) {
          atomic_load(&storm_conns), answered, first_failure[0] ? ", first failure: " : "", first_failure,
          (long long)clients);
   CHECK_EQ_INT(answered, 40);
-  CHECK(atomic_load(&storm_conns) > 1000);   /* it was a storm */
+  CHECK(atomic_load(&storm_conns) > 1000); /* it was a storm */
 }
 
 /* ---- the log's cost per connection ---- */
@@ -224,8 +229,10 @@ static void test_log_cost_per_connection(void) {
     if (fd < 0) continue;
     connected++;
     /* A third say hello, a third leave half a frame behind, a third just hang up. */
-    if (i % 3 == 0) CHECK_EQ_INT(e2e_hello(fd), 0);
-    else if (i % 3 == 1) CHECK_EQ_INT(e2e_send_raw(fd, half, sizeof half), 0);
+    if (i % 3 == 0)
+      CHECK_EQ_INT(e2e_hello(fd), 0);
+    else if (i % 3 == 1)
+      CHECK_EQ_INT(e2e_send_raw(fd, half, sizeof half), 0);
     close(fd);
   }
   double secs = (e2e_now_ms() - t0) / 1e3;
@@ -235,8 +242,10 @@ static void test_log_cost_per_connection(void) {
   CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   long grew = log_bytes() - before;
   double per_100k = (double)grew * 100000.0 / (double)n;
-  printf("  %ld connections in %.1f s: the info log grew %ld bytes (shutdown lines included), "
-         "%.0f bytes per 100k connections\n", n, secs, grew, per_100k);
+  printf(
+      "  %ld connections in %.1f s: the info log grew %ld bytes (shutdown lines included), "
+      "%.0f bytes per 100k connections\n",
+      n, secs, grew, per_100k);
   CHECK(per_100k < 1e6);
   CHECK(e2e_log_contains(&D, "connections in the last"));
 }
@@ -253,11 +262,15 @@ static void test_frame_deadline(void) {
   double t0 = e2e_now_ms(), closed_at = -1;
   CHECK_EQ_INT(e2e_send_raw(fd, header, sizeof header), 0);
   for (int i = 0; i < 14 && closed_at < 0; i++) {
-    if (e2e_wait_closed(fd, 1000)) closed_at = e2e_now_ms() - t0;
-    else if (send(fd, "\x81", 1, MSG_NOSIGNAL) != 1) closed_at = e2e_now_ms() - t0;
+    if (e2e_wait_closed(fd, 1000))
+      closed_at = e2e_now_ms() - t0;
+    else if (send(fd, "\x81", 1, MSG_NOSIGNAL) != 1)
+      closed_at = e2e_now_ms() - t0;
   }
-  if (closed_at < 0) printf("  one byte a second: not cut in 14 s (frame deadline 3 s, stall timeout 10 s)\n");
-  else printf("  one byte a second: cut after %.1f s (frame deadline 3 s, stall timeout 10 s)\n", closed_at / 1e3);
+  if (closed_at < 0)
+    printf("  one byte a second: not cut in 14 s (frame deadline 3 s, stall timeout 10 s)\n");
+  else
+    printf("  one byte a second: cut after %.1f s (frame deadline 3 s, stall timeout 10 s)\n", closed_at / 1e3);
   /* Never before the deadline; and before the 14 s the trickle would last (the stall timer,
    * re-armed by every byte, would never fire). */
   CHECK(closed_at >= 2900 && closed_at < 9000);

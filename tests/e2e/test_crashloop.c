@@ -19,7 +19,7 @@
 #include "fm_msg.h"
 #include "fm_test.h"
 
-#define PER_ROUND 6        /* compiles in flight at each kill */
+#define PER_ROUND        6 /* compiles in flight at each kill */
 #define CALIBRATION_SALT 1e6
 
 static e2e_daemon D;
@@ -30,8 +30,7 @@ static int integrity_ok(const char *db) {
   sqlite3_stmt *st = NULL;
   int ok = 0;
   if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READWRITE, NULL) == SQLITE_OK &&
-      sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &st, NULL) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW) {
+      sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
     const unsigned char *t = sqlite3_column_text(st, 0);
     ok = t && strcmp((const char *)t, "ok") == 0;
   }
@@ -40,9 +39,7 @@ static int integrity_ok(const char *db) {
   return ok;
 }
 
-static double salt_of(int round, int j) {
-  return 10.0 + round * PER_ROUND + j;
-}
+static double salt_of(int round, int j) { return 10.0 + round * PER_ROUND + j; }
 
 /* Asks for every fragment sent in rounds [0, rounds): counts served and not found; anything
  * else (corrupt_entry above all) is a failure. */
@@ -63,10 +60,12 @@ static void verify_all(int rounds, int *served, int *missing) {
       msgpack_zone_init(&z, 65536);
       char code[32] = "";
       CHECK_EQ_INT(e2e_recv(fd, 30000, &z, &o), 0);
-      if (e2e_is_ok(&o)) (*served)++;
+      if (e2e_is_ok(&o))
+        (*served)++;
       else {
         e2e_str(&o, "code", code, sizeof code);
-        if (strcmp(code, "not_found") == 0) (*missing)++;
+        if (strcmp(code, "not_found") == 0)
+          (*missing)++;
         else {
           fprintf(stderr, "  round %d fragment %d: lookup answered %s\n", r, j, code);
           CHECK(0);
@@ -111,7 +110,7 @@ static void test_kill_loop(void) {
   /* A round's compiles run in parallel (--jobs), so they finish within the sequential time;
    * kills are spread over 0 .. 1.5x that (at most 1.2 s). */
   int max_kill_ms = calibrate_ms() * 3 / 2;
-  if (max_kill_ms > 1200) max_kill_ms = 1200;   /* a slow machine: keep the run bounded */
+  if (max_kill_ms > 1200) max_kill_ms = 1200; /* a slow machine: keep the run bounded */
   for (int r = 0; r < kills; r++) {
     if (e2e_start(&D, g_extra) != 0) {
       failed_starts++;
@@ -137,12 +136,13 @@ static void test_kill_loop(void) {
     if (!integrity_ok(D.db)) bad_integrity++;
     if ((r + 1) % 25 == 0 || r + 1 == kills) verify_all(r + 1, &served, &missing);
   }
-  printf("  %d SIGKILLs during compiles and stores (at 0-%d ms): %d failed starts, %d failed integrity checks; "
-         "afterwards %d fragments served (verified), %d never stored, 0 corrupt\n",
-         kills, max_kill_ms, failed_starts, bad_integrity, served, missing);
+  printf(
+      "  %d SIGKILLs during compiles and stores (at 0-%d ms): %d failed starts, %d failed integrity checks; "
+      "afterwards %d fragments served (verified), %d never stored, 0 corrupt\n",
+      kills, max_kill_ms, failed_starts, bad_integrity, served, missing);
   CHECK_EQ_INT(failed_starts, 0);
   CHECK_EQ_INT(bad_integrity, 0);
-  CHECK(served > 0 && missing > 0);   /* kills really landed both before and after stores */
+  CHECK(served > 0 && missing > 0); /* kills really landed both before and after stores */
 }
 
 static void remove_corrupt_copies(void) {

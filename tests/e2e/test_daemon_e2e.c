@@ -174,7 +174,7 @@ static void test_malformed_frame_keeps_connection(void) {
   int fd = client();
   char code[32];
   int64_t bad0 = e2e_stat(fd, "stats", "bad_requests");
-  const uint8_t junk[] = {0xc1, 0x00, 0x01};   /* 0xc1 is never valid msgpack */
+  const uint8_t junk[] = {0xc1, 0x00, 0x01}; /* 0xc1 is never valid msgpack */
   CHECK_EQ_INT(e2e_send_frame(fd, junk, sizeof junk), 0);
   CHECK_EQ_INT(read_code(fd, code, NULL), 0);
   CHECK(strcmp(code, "malformed") == 0);
@@ -191,7 +191,7 @@ static void test_malformed_frame_keeps_connection(void) {
 
 static void test_oversized_frame_closes(void) {
   int fd = client();
-  const uint8_t header[4] = {0x80, 0, 0, 0};   /* 2^31 bytes */
+  const uint8_t header[4] = {0x80, 0, 0, 0}; /* 2^31 bytes */
   char code[32];
   CHECK_EQ_INT(e2e_send_raw(fd, header, 4), 0);
   CHECK_EQ_INT(read_code(fd, code, NULL), 0);
@@ -206,7 +206,7 @@ static void test_oversized_frame_closes(void) {
 
 static void test_truncated_frame_then_hangup(void) {
   int fd = client();
-  const uint8_t part[] = {0, 0, 0, 100, 0x82, 0xa2, 'o', 'p'};   /* 4 of 100 bytes */
+  const uint8_t part[] = {0, 0, 0, 100, 0x82, 0xa2, 'o', 'p'}; /* 4 of 100 bytes */
   CHECK_EQ_INT(e2e_send_raw(fd, part, sizeof part), 0);
   close(fd);
   fd = client();
@@ -224,7 +224,7 @@ static void test_hangup_before_compile_reply(void) {
   fm_pack_cstr(&r.pk, "fragment");
   e2e_pack_fragment(&r.pk, 3.75, 24);
   CHECK_EQ_INT(e2e_req_send(&r, fd), 0);
-  close(fd);   /* gone before the compile ends */
+  close(fd); /* gone before the compile ends */
   fd = client();
   CHECK(fd >= 0);
   /* Wait for the abandoned compile to end: it is cancelled (test_compile_limits checks that),
@@ -241,7 +241,7 @@ static void test_hangup_before_compile_reply(void) {
 static void test_handshake_and_unknowns(void) {
   int fd = e2e_connect(D.sock);
   char code[32], detail[256];
-  CHECK_EQ_INT(simple_request(fd, "ping", 1, code), 0);   /* ping may precede hello */
+  CHECK_EQ_INT(simple_request(fd, "ping", 1, code), 0); /* ping may precede hello */
   CHECK(code[0] == '\0');
   CHECK_EQ_INT(simple_request(fd, "stats", 2, code), 0);
   CHECK(strcmp(code, "handshake_required") == 0);
@@ -357,8 +357,7 @@ static int integrity_ok(const char *db) {
   sqlite3_stmt *st = NULL;
   int ok = 0;
   if (sqlite3_open_v2(db, &h, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-      sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &st, NULL) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW) {
+      sqlite3_prepare_v2(h, "PRAGMA integrity_check", -1, &st, NULL) == SQLITE_OK && sqlite3_step(st) == SQLITE_ROW) {
     const unsigned char *t = sqlite3_column_text(st, 0);
     ok = t && strcmp((const char *)t, "ok") == 0;
   }
@@ -380,7 +379,7 @@ static void test_sigterm_during_compile(void) {
     seen = e2e_stat(watcher, NULL, "inflight") >= 1;
     if (!seen) sleep_ms(2);
   }
-  CHECK(seen);   /* the signal really arrives mid-compile */
+  CHECK(seen); /* the signal really arrives mid-compile */
   close(watcher);
   kill(D.pid, SIGTERM);
   /* The waiter still gets its kernel. */
@@ -394,10 +393,10 @@ static void test_sigterm_during_compile(void) {
   CHECK(strcmp(origin, "compiled") == 0);
   msgpack_zone_destroy(&z);
   close(fd);
-  int st = e2e_stop(&D, 0, 30000);   /* signal 0: just wait */
+  int st = e2e_stop(&D, 0, 30000); /* signal 0: just wait */
   CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   struct stat sb;
-  CHECK(stat(D.sock, &sb) != 0);   /* the socket file went with it */
+  CHECK(stat(D.sock, &sb) != 0); /* the socket file went with it */
   CHECK(integrity_ok(D.db));
 }
 
@@ -421,7 +420,7 @@ static void test_second_daemon_refused(void) {
   int st = e2e_run(&D, NULL, 20000);
   CHECK(st >= 0 && WIFEXITED(st) && WEXITSTATUS(st) != 0);
   CHECK(e2e_log_contains(&D, "another fusemld is already serving"));
-  int fd = client();   /* the first one is untouched */
+  int fd = client(); /* the first one is untouched */
   char code[32];
   CHECK(fd >= 0);
   CHECK_EQ_INT(simple_request(fd, "ping", 1, code), 0);
@@ -432,7 +431,7 @@ static void test_kill9_then_restart(void) {
   int st = e2e_stop(&D, SIGKILL, 10000);
   CHECK(st >= 0 && WIFSIGNALED(st));
   struct stat sb;
-  CHECK(stat(D.sock, &sb) == 0);   /* stale socket left behind */
+  CHECK(stat(D.sock, &sb) == 0); /* stale socket left behind */
   CHECK(integrity_ok(D.db));
   const char *extra[] = {"--idle-timeout", "1", "--max-clients", "3", NULL};
   failed_start = e2e_start(&D, extra);
@@ -458,7 +457,7 @@ static void test_limits_and_timeouts(void) {
   close(d);
   close(b);
   close(c);
-  sleep_ms(200);   /* let the daemon count them gone */
+  sleep_ms(200); /* let the daemon count them gone */
   /* A client stalled in the middle of a frame, and an idle one, are both dropped. */
   const uint8_t part[] = {0, 0, 0, 50, 0x81};
   CHECK_EQ_INT(e2e_send_raw(a, part, sizeof part), 0);
@@ -514,7 +513,7 @@ static void test_systemd_activation(void) {
     char pidbuf[32];
     int log = open(D.log, O_WRONLY | O_APPEND);
     if (log >= 0) dup2(log, STDERR_FILENO);
-    dup2(lfd, 3);   /* dup2 clears close-on-exec on the copy */
+    dup2(lfd, 3); /* dup2 clears close-on-exec on the copy */
     snprintf(pidbuf, sizeof pidbuf, "%ld", (long)getpid());
     setenv("LISTEN_PID", pidbuf, 1);
     setenv("LISTEN_FDS", "1", 1);
@@ -535,7 +534,7 @@ static void test_systemd_activation(void) {
   }
   CHECK(notified(nfd, "READY=1", 20000));
   int st = 0;
-  CHECK(waitpid(pid, &st, WNOHANG) == 0);   /* still ours: it did not fork away */
+  CHECK(waitpid(pid, &st, WNOHANG) == 0); /* still ours: it did not fork away */
   int fd = e2e_connect(sock);
   char code[32], origin[16];
   CHECK(fd >= 0 && e2e_hello(fd) == 0);
@@ -547,7 +546,7 @@ static void test_systemd_activation(void) {
   CHECK(notified(nfd, "STOPPING=1", 20000));
   CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
   struct stat sb;
-  CHECK(stat(sock, &sb) == 0);   /* systemd's socket file is systemd's to remove */
+  CHECK(stat(sock, &sb) == 0); /* systemd's socket file is systemd's to remove */
   close(nfd);
 }
 

@@ -36,7 +36,7 @@
 static const char *fusemld;
 static char secret_path[320], other_path[320];
 static fm_remote_secret secret, other;
-static e2e_daemon A, B, N;   /* A, B: the same secret; N: none */
+static e2e_daemon A, B, N; /* A, B: the same secret; N: none */
 static int fa = -1, fb = -1, fn = -1;
 
 /* ---- requests ---- */
@@ -238,7 +238,7 @@ static void test_local_entries_kept(void) {
   uint8_t *cubin = NULL;
   size_t cubin_len = 0;
   CHECK_EQ_INT(genuine(5.0, key, &e, &b), 0);
-  CHECK_EQ_INT(e2e_compile(fb, 6, 5.0, 2, origin, NULL), 0);   /* B's own, untuned */
+  CHECK_EQ_INT(e2e_compile(fb, 6, 5.0, 2, origin, NULL), 0); /* B's own, untuned */
   CHECK(strcmp(origin, "compiled") == 0);
   /* The same kernel tuned elsewhere improves on B's untuned one: replaced. */
   e.state = FM_STATE_TUNED;
@@ -280,11 +280,11 @@ static void test_invalid_content_refused(void) {
   reply rep;
   size_t len;
   CHECK_EQ_INT(genuine(7.0, key, &e, &b), 0);
-  const uint8_t garbage_meta[] = {0x81, 0xa1, 'k', 0x02};   /* {"k": 2} */
+  const uint8_t garbage_meta[] = {0x81, 0xa1, 'k', 0x02}; /* {"k": 2} */
   const uint8_t not_a_map[] = {0x92, 0x01, 0x02};
   struct {
     const char *what, *want;
-    int field;   /* 0 meta, 1 timings, 2 meta with a trailing byte, 3 canonical with a trailing byte */
+    int field; /* 0 meta, 1 timings, 2 meta with a trailing byte, 3 canonical with a trailing byte */
     const uint8_t *bytes;
     size_t n;
   } cases[] = {{"garbage meta", "metadata", 0, garbage_meta, sizeof garbage_meta},
@@ -302,8 +302,10 @@ static void test_invalid_content_refused(void) {
       copy = malloc(n + 1);
       memcpy(copy, src, n);
       copy[n] = 0xc0;
-      if (cases[i].field == 2) f.meta = copy, f.meta_len = n + 1;
-      else f.canonical = copy, f.canonical_len = n + 1;
+      if (cases[i].field == 2)
+        f.meta = copy, f.meta_len = n + 1;
+      else
+        f.canonical = copy, f.canonical_len = n + 1;
     }
     uint8_t *val = encode(&f, &b, &secret, &len);
     import_value(fb, val, len, &rep);
@@ -364,7 +366,7 @@ static void test_other_uid_refused(void) {
   CHECK_EQ_INT(chmod(B.dir, 0755), 0);
   CHECK_EQ_INT(chmod(B.sock, 0666), 0);
   char b_key[65];
-  CHECK_EQ_INT(e2e_compile(fb, 21, 4.0, 2, origin, b_key), 0);   /* one entry the child tries to evict */
+  CHECK_EQ_INT(e2e_compile(fb, 21, 4.0, 2, origin, b_key), 0); /* one entry the child tries to evict */
   fflush(NULL);
   pid_t pid = fork();
   if (pid == 0) _exit(other_uid_child(val, len, b_key));
@@ -476,9 +478,9 @@ static void test_moved_row_refused(void) {
   CHECK(strcmp(code, "corrupt_entry") == 0);
   CHECK(e2e_log_contains(&N, "does not hold the fragment its key names"));
   lookup_key(fn, q_key, code, state, NULL, NULL);
-  CHECK(strcmp(code, "not_found") == 0);   /* removed */
+  CHECK(strcmp(code, "not_found") == 0); /* removed */
   lookup_key(fn, p_key, code, state, NULL, NULL);
-  CHECK(code[0] == '\0' && strcmp(state, "untuned") == 0);   /* the real one is untouched */
+  CHECK(code[0] == '\0' && strcmp(state, "untuned") == 0); /* the real one is untouched */
 }
 
 static int write_secret(const char *path, const char *text, fm_remote_secret *s) {

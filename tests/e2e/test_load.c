@@ -20,12 +20,12 @@
 #include "fm_msg.h"
 #include "fm_test.h"
 
-#define N_CLIENTS 256
-#define MAX_CLIENTS 320          /* the daemon's --max-clients: room for the 256 and a few more */
-#define N_FLOOD 400              /* connections opened beyond it */
-#define N_WARM 8                 /* cached fragments the hits cycle through */
-#define MISS_EVERY 16            /* every 16th client also asks for new fragments */
-#define MAX_LAT 200000           /* hit latencies kept per client */
+#define N_CLIENTS         256
+#define MAX_CLIENTS       320    /* the daemon's --max-clients: room for the 256 and a few more */
+#define N_FLOOD           400    /* connections opened beyond it */
+#define N_WARM            8      /* cached fragments the hits cycle through */
+#define MISS_EVERY        16     /* every 16th client also asks for new fragments */
+#define MAX_LAT           200000 /* hit latencies kept per client */
 #define RSS_GROWTH_MAX_KB (256 * 1024)
 
 static e2e_daemon D;
@@ -104,7 +104,7 @@ static void do_junk(client_state *c) {
   uint8_t junk[64];
   size_t n = 1 + (size_t)rand_r(&c->seed) % sizeof junk;
   for (size_t i = 0; i < n; i++) junk[i] = (uint8_t)rand_r(&c->seed);
-  junk[0] = 0xc1;   /* never valid msgpack, so the reply is always an error */
+  junk[0] = 0xc1; /* never valid msgpack, so the reply is always an error */
   if (e2e_send_frame(c->fd, junk, n) || reply_code(c->fd, code) || code[0] == '\0') fail(c, "junk not refused");
 }
 
@@ -117,8 +117,10 @@ static void *client_main(void *arg) {
     char origin[16];
     if (c->idx % MISS_EVERY == 0 && r < 10) {
       double salt = 1000.0 + c->idx * 100000.0 + (double)(miss_no++);
-      if (e2e_compile(c->fd, id++, salt, 2, origin, NULL) != 0) fail(c, "miss failed");
-      else atomic_fetch_add(&g_misses, 1);
+      if (e2e_compile(c->fd, id++, salt, 2, origin, NULL) != 0)
+        fail(c, "miss failed");
+      else
+        atomic_fetch_add(&g_misses, 1);
     } else if (r < 10) {
       do_junk(c);
     } else {
@@ -154,7 +156,7 @@ static int flood(void) {
       if (p[i].fd < 0 || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       char code[32];
       if (reply_code(fds[i], code) == 0 && strcmp(code, "busy") == 0) busy++;
-      p[i].fd = -1;   /* answered (or closed): poll ignores it from now on */
+      p[i].fd = -1; /* answered (or closed): poll ignores it from now on */
     }
   }
   for (int i = 0; i < N_FLOOD; i++)
@@ -193,7 +195,7 @@ static void test_load(void) {
     cs[i] = (client_state){.idx = i, .seed = 12345u + (unsigned)i, .fd = -1, .lat = malloc(MAX_LAT * sizeof(double))};
     CHECK(cs[i].lat && pthread_create(&th[i], NULL, client_main, &cs[i]) == 0);
   }
-  usleep((useconds_t)(secs * 1000 * 1000 / 2));   /* half way: the flood */
+  usleep((useconds_t)(secs * 1000 * 1000 / 2)); /* half way: the flood */
   long hits_before = atomic_load(&g_hits), reconnects_before = atomic_load(&g_reconnects);
   int busy = flood();
   long reconnects_during = atomic_load(&g_reconnects) - reconnects_before;
@@ -214,12 +216,15 @@ static void test_load(void) {
   qsort(all, n, sizeof(double), cmp_double);
   double p50 = n ? all[n / 2] : -1, p99 = n ? all[(size_t)((double)n * 0.99)] : -1;
   free(all);
-  printf("  %d s, %d clients: %ld hits (p50 %.2f ms, p99 %.2f ms), %ld misses compiled, %ld junk, "
-         "%ld reconnects (%ld retried while full), %ld failures\n", secs, N_CLIENTS, atomic_load(&g_hits), p50,
-         p99, atomic_load(&g_misses), atomic_load(&g_junk), atomic_load(&g_reconnects),
-         atomic_load(&g_busy_retries), atomic_load(&g_failures));
-  printf("  flood of %d connections beyond --max-clients %d: %d answered busy; %ld hits served and %ld clients "
-         "reconnected meanwhile\n", N_FLOOD, MAX_CLIENTS, busy, hits_during, reconnects_during);
+  printf(
+      "  %d s, %d clients: %ld hits (p50 %.2f ms, p99 %.2f ms), %ld misses compiled, %ld junk, "
+      "%ld reconnects (%ld retried while full), %ld failures\n",
+      secs, N_CLIENTS, atomic_load(&g_hits), p50, p99, atomic_load(&g_misses), atomic_load(&g_junk),
+      atomic_load(&g_reconnects), atomic_load(&g_busy_retries), atomic_load(&g_failures));
+  printf(
+      "  flood of %d connections beyond --max-clients %d: %d answered busy; %ld hits served and %ld clients "
+      "reconnected meanwhile\n",
+      N_FLOOD, MAX_CLIENTS, busy, hits_during, reconnects_during);
   printf("  daemon VmRSS: %ld kB after warm-up, %ld kB at the end\n", rss0, rss1);
   CHECK_EQ_INT(atomic_load(&g_failures), 0);
   CHECK(atomic_load(&g_hits) > 1000 && atomic_load(&g_misses) > 0 && atomic_load(&g_junk) > 100);

@@ -73,13 +73,15 @@ static int scan_workers(int *alive, int *zombies) {
     char path[300], buf[512];
     snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
     FILE *f = fopen(path, "r");
-    if (!f) continue;   /* gone and reaped */
+    if (!f) continue; /* gone and reaped */
     size_t got = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[got] = '\0';
     const char *paren = strrchr(buf, ')');
-    if (paren && paren[1] == ' ' && paren[2] == 'Z') (*zombies)++;
-    else (*alive)++;
+    if (paren && paren[1] == ' ' && paren[2] == 'Z')
+      (*zombies)++;
+    else
+      (*alive)++;
   }
   closedir(d);
   return n;
@@ -131,7 +133,7 @@ static void test_tunes_and_isolates_bad_candidates(void) {
     CHECK_STR_CONTAINS(out, "timeout");
     CHECK_STR_CONTAINS(out, "wrong");
     CHECK_STR_CONTAINS(out, "launch_failed");
-    CHECK_STR_CONTAINS(out, "*  3 ");           /* the 1 ms candidate is chosen */
+    CHECK_STR_CONTAINS(out, "*  3 "); /* the 1 ms candidate is chosen */
     CHECK_STR_CONTAINS(out, "1.0000");
     CHECK_STR_CONTAINS(out, "pointwise block=");
   }

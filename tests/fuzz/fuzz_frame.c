@@ -21,7 +21,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define FUZZ_MAX_FRAME (64u << 10)   /* smaller than the daemon's cap: keeps runs fast */
+#define FUZZ_MAX_FRAME      (64u << 10) /* smaller than the daemon's cap: keeps runs fast */
 #define FUZZ_MAX_CANDIDATES 64
 
 static void check(int cond, const char *what) {
@@ -31,8 +31,7 @@ static void check(int cond, const char *what) {
 }
 
 /* Decodes, canonicalizes and packs one fragment object; *bytes is malloc'd. */
-static int canon_bytes(const msgpack_object *obj, fm_fragment *raw, fm_fragment *canon, uint8_t **bytes,
-                       size_t *len) {
+static int canon_bytes(const msgpack_object *obj, fm_fragment *raw, fm_fragment *canon, uint8_t **bytes, size_t *len) {
   fm_diag d;
   int err = fm_fragment_decode(obj, raw, &d);
   if (err) return err;
@@ -44,7 +43,7 @@ static void run_codegen(const fm_fragment *canon) {
   fm_candidate cands[FUZZ_MAX_CANDIDATES];
   fm_diag d;
   fm_candidate def;
-  if (fm_codegen_default(canon, &def, &d)) return;   /* unsupported: the client runs it unfused */
+  if (fm_codegen_default(canon, &def, &d)) return; /* unsupported: the client runs it unfused */
   size_t n = fm_codegen_candidates(canon, cands, FUZZ_MAX_CANDIDATES);
   if (n > FUZZ_MAX_CANDIDATES) n = FUZZ_MAX_CANDIDATES;
   /* The default, then at most two more: every candidate would make each input slow. */

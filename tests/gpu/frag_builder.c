@@ -24,15 +24,16 @@ static void contiguous(uint32_t rank, const int64_t *shape, int64_t *strides) {
   }
 }
 
-uint32_t fb_input(fb *b, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
-                  uint32_t align) {
+uint32_t fb_input(fb *b, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides, uint32_t align) {
   fm_tensor *t = &b->f.inputs[b->f.n_inputs++];
   t->id = b->next_id++;
   t->dtype = dt;
   t->rank = rank;
   memcpy(t->shape, shape, rank * sizeof *shape);
-  if (strides) memcpy(t->strides, strides, rank * sizeof *strides);
-  else contiguous(rank, shape, t->strides);
+  if (strides)
+    memcpy(t->strides, strides, rank * sizeof *strides);
+  else
+    contiguous(rank, shape, t->strides);
   t->align = align;
   b->dt[t->id - 100] = dt;
   return t->id;
@@ -71,9 +72,12 @@ uint32_t fb_op1(fb *b, fm_op op, uint32_t a) {
 
 uint32_t fb_op2(fb *b, fm_op op, uint32_t a, uint32_t c) {
   fm_dtype dt;
-  if (is_const(b, c)) dt = dt_of(b, a);
-  else if (is_const(b, a)) dt = dt_of(b, c);
-  else dt = promote(dt_of(b, a), dt_of(b, c));
+  if (is_const(b, c))
+    dt = dt_of(b, a);
+  else if (is_const(b, a))
+    dt = dt_of(b, c);
+  else
+    dt = promote(dt_of(b, a), dt_of(b, c));
   if (fm_op_kind(op) == FM_OPK_COMPARE) dt = FM_DT_BOOL;
   fm_opnode *o = new_op(b, op, dt);
   o->nargs = 2;
@@ -83,8 +87,7 @@ uint32_t fb_op2(fb *b, fm_op op, uint32_t a, uint32_t c) {
 }
 
 uint32_t fb_where(fb *b, uint32_t cond, uint32_t a, uint32_t c) {
-  fm_dtype dt = is_const(b, c) ? dt_of(b, a) : is_const(b, a) ? dt_of(b, c)
-                                                              : promote(dt_of(b, a), dt_of(b, c));
+  fm_dtype dt = is_const(b, c) ? dt_of(b, a) : is_const(b, a) ? dt_of(b, c) : promote(dt_of(b, a), dt_of(b, c));
   fm_opnode *o = new_op(b, FM_OP_WHERE, dt);
   o->nargs = 3;
   o->args[0] = cond;

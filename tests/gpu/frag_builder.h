@@ -15,8 +15,7 @@ typedef struct fb {
 void fb_init(fb *b);
 /* Adds an input with the given shape (dim0 may be FM_DIM_SYMBOLIC) and strides
  * (NULL = contiguous); returns its value id. */
-uint32_t fb_input(fb *b, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
-                  uint32_t align);
+uint32_t fb_input(fb *b, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides, uint32_t align);
 uint32_t fb_const(fb *b, double v);
 uint32_t fb_op1(fb *b, fm_op op, uint32_t a);
 uint32_t fb_op2(fb *b, fm_op op, uint32_t a, uint32_t c);

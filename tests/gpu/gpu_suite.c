@@ -12,17 +12,17 @@
 #include "fm_module.h"
 #include "fm_reference.h"
 
-#define MAX_JOBS 1024
-#define MAX_CANDS 48
-#define ROTATE_MAX 8   /* buffer sets gs_time launches in turn */
-#define MAX_CASES 64
-#define N_THREADS 16
+#define MAX_JOBS   1024
+#define MAX_CANDS  48
+#define ROTATE_MAX 8 /* buffer sets gs_time launches in turn */
+#define MAX_CASES  64
+#define N_THREADS  16
 
 typedef struct gs_case {
   char name[128];
   fm_fragment canon;
   int64_t outer, k;
-  int share;   /* gs_share_equal_inputs when the case was added */
+  int share; /* gs_share_equal_inputs when the case was added */
 } gs_case;
 
 typedef struct job {
@@ -47,8 +47,8 @@ typedef struct data {
   void *h_in[FM_MAX_INPUTS], *h_ref[FM_MAX_OUTPUTS], *h_out[FM_MAX_OUTPUTS];
   fm_CUdeviceptr d_in[FM_MAX_INPUTS], d_out[FM_MAX_OUTPUTS];
   size_t n_out[FM_MAX_OUTPUTS];
-  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1];   /* + a plan's scratch */
-  int twin_of[FM_MAX_INPUTS];   /* the earlier input whose memory this one reads, or -1 */
+  void *ins[FM_MAX_INPUTS], *outs[FM_MAX_OUTPUTS + 1]; /* + a plan's scratch */
+  int twin_of[FM_MAX_INPUTS];                          /* the earlier input whose memory this one reads, or -1 */
 } data;
 
 int gs_start(uint64_t seed) {
@@ -67,7 +67,6 @@ int gs_start(uint64_t seed) {
   rng.s = seed;
   return 0;
 }
-
 
 void gs_share_equal_inputs(int on) { share_equal = on; }
 
@@ -143,7 +142,8 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, i
     int operand = 0;
     for (int p = 0; p < 2; p++) {
       int o = p ? g2 : g;
-      if (o >= 0) operand |= t->id == f->ops[o].args[f->ops[o].nargs - 1] || t->id == f->ops[o].args[f->ops[o].nargs - 2];
+      if (o >= 0)
+        operand |= t->id == f->ops[o].args[f->ops[o].nargs - 1] || t->id == f->ops[o].args[f->ops[o].nargs - 2];
     }
     double scale = operand ? 1.0 / sqrt(sqrt((double)k)) : 1.0;
     x->h_in[i] = malloc(bytes);
@@ -202,20 +202,20 @@ static int check_job(gs_case *c, job *j, data *x) {
     printf("FAIL %s [%s]: load: %s\n", c->name, j->desc, d.text);
     return 0;
   }
-  for (uint32_t o = 0; o < f->n_outputs; o++)   /* NaN in every float dtype */
+  for (uint32_t o = 0; o < f->n_outputs; o++) /* NaN in every float dtype */
     cu->cuMemsetD8(x->d_out[o], 0xff, x->n_out[o] * fm_dtype_size(f->outputs[o].dtype));
   fm_CUdeviceptr scratch = scratch_for(m, x, f, c->outer);
   fm_CUresult r = 0;
   if (fm_module_launch(m, x->ins, x->outs, c->outer, NULL, &d) || (r = cu->cuCtxSynchronize())) {
     printf("FAIL %s [%s]: launch: %s (cuda %d)\n", c->name, j->desc, d.text, r);
-    if (r) exit(3);   /* the context is gone */
+    if (r) exit(3); /* the context is gone */
     ok = 0;
   }
   for (uint32_t o = 0; ok && o < f->n_outputs; o++) {
     const fm_tensor *t = &f->outputs[o];
     gu_d2h(cu, x->h_out[o], x->d_out[o], x->n_out[o] * fm_dtype_size(t->dtype));
     double e = gu_rel_err(x->h_out[o], t->dtype, x->h_ref[o], t->dtype, x->n_out[o]);
-    if (!(e <= tolerance(t->dtype))) {   /* NaN fails too */
+    if (!(e <= tolerance(t->dtype))) { /* NaN fails too */
       printf("FAIL %s [%s] out%u rel_err=%.3e (tol %.0e)\n", c->name, j->desc, o, e, tolerance(t->dtype));
       ok = 0;
     }
@@ -277,7 +277,7 @@ double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best_de
   memcpy(outs[0], x.outs, sizeof x.outs);
   for (int b = 1; b < sets; b++) {
     for (uint32_t i = 0; i < canon->n_inputs; i++) {
-      if (x.twin_of[i] >= 0) {   /* inputs come before their twins */
+      if (x.twin_of[i] >= 0) { /* inputs come before their twins */
         ins[b][i] = ins[b][x.twin_of[i]];
         continue;
       }
@@ -302,8 +302,8 @@ double gs_time(const fm_fragment *canon, int64_t outer, int64_t k, char *best_de
     fm_module *m = NULL;
     fm_candidate_describe(&cand[i], desc, sizeof desc);
     if (!gu_picked(desc)) continue;
-    if (gu_build_candidate(canon, &cand[i], dev.sm_count, dev.arch, "suite.cu", &kc.cubin, &kc.cubin_len,
-                           &kc.meta, &err) ||
+    if (gu_build_candidate(canon, &cand[i], dev.sm_count, dev.arch, "suite.cu", &kc.cubin, &kc.cubin_len, &kc.meta,
+                           &err) ||
         fm_module_load(&kc, &m, &d)) {
       printf("time [%s]: %s%s\n", desc, err ? err : "", d.text);
       free(err);
@@ -354,7 +354,7 @@ void gs_matrix(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, i
   t->rank = 2;
   t->shape[0] = d0;
   t->shape[1] = d1;
-  int64_t ld = colmajor ? (d0 + 7) / 8 * 8 : (d1 + 7) / 8 * 8;   /* 16-byte leading dims */
+  int64_t ld = colmajor ? (d0 + 7) / 8 * 8 : (d1 + 7) / 8 * 8; /* 16-byte leading dims */
   t->strides[0] = colmajor ? 1 : ld;
   t->strides[1] = colmajor ? ld : 1;
   t->align = 16;

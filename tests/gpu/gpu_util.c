@@ -54,21 +54,35 @@ float gu_f16_to_f32(uint16_t u) {
 
 double gu_load(const void *buf, fm_dtype dt, size_t i) {
   switch (dt) {
-    case FM_DT_BOOL: return ((const uint8_t *)buf)[i] ? 1.0 : 0.0;
-    case FM_DT_F16: return gu_f16_to_f32(((const uint16_t *)buf)[i]);
-    case FM_DT_BF16: return gu_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case FM_DT_F32: return ((const float *)buf)[i];
-    default: return NAN;
+    case FM_DT_BOOL:
+      return ((const uint8_t *)buf)[i] ? 1.0 : 0.0;
+    case FM_DT_F16:
+      return gu_f16_to_f32(((const uint16_t *)buf)[i]);
+    case FM_DT_BF16:
+      return gu_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case FM_DT_F32:
+      return ((const float *)buf)[i];
+    default:
+      return NAN;
   }
 }
 
 void gu_store(void *buf, fm_dtype dt, size_t i, double v) {
   switch (dt) {
-    case FM_DT_BOOL: ((uint8_t *)buf)[i] = v != 0.0; break;
-    case FM_DT_F16: ((uint16_t *)buf)[i] = gu_f32_to_f16((float)v); break;
-    case FM_DT_BF16: ((uint16_t *)buf)[i] = gu_f32_to_bf16((float)v); break;
-    case FM_DT_F32: ((float *)buf)[i] = (float)v; break;
-    default: break;
+    case FM_DT_BOOL:
+      ((uint8_t *)buf)[i] = v != 0.0;
+      break;
+    case FM_DT_F16:
+      ((uint16_t *)buf)[i] = gu_f32_to_f16((float)v);
+      break;
+    case FM_DT_BF16:
+      ((uint16_t *)buf)[i] = gu_f32_to_bf16((float)v);
+      break;
+    case FM_DT_F32:
+      ((float *)buf)[i] = (float)v;
+      break;
+    default:
+      break;
   }
 }
 
@@ -131,9 +145,8 @@ float gu_median(float *v, size_t n) {
   return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
 }
 
-int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
-                       const char *arch, const char *name, uint8_t **cubin, size_t *cubin_len,
-                       fm_kernel_meta *meta, char **err) {
+int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count, const char *arch,
+                       const char *name, uint8_t **cubin, size_t *cubin_len, fm_kernel_meta *meta, char **err) {
   char *src = NULL, *log = NULL;
   fm_diag d = {{0}};
   *err = NULL;
@@ -144,8 +157,10 @@ int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t
   }
   rc = fm_nvrtc_compile(src, name, arch, cubin, cubin_len, &log);
   free(src);
-  if (rc) *err = log ? log : strdup("nvrtc failed");
-  else free(log);
+  if (rc)
+    *err = log ? log : strdup("nvrtc failed");
+  else
+    free(log);
   return rc;
 }
 

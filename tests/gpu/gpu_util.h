@@ -13,7 +13,9 @@
 #include "fm_meta.h"
 
 /* xorshift64*: reproducible random inputs from a printed seed. */
-typedef struct { uint64_t s; } gu_rng;
+typedef struct {
+  uint64_t s;
+} gu_rng;
 uint64_t gu_next(gu_rng *r);
 double gu_uniform(gu_rng *r, double lo, double hi);
 uint32_t gu_below(gu_rng *r, uint32_t n);
@@ -46,9 +48,8 @@ float gu_median(float *v, size_t n);
 /* Generates candidate c of canon and compiles it with NVRTC for arch: FM_OK with *cubin
  * (malloc'd) and *meta, else the error code with *err (malloc'd: the codegen reason or
  * NVRTC's log). name: the translation unit's name in NVRTC messages. */
-int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count,
-                       const char *arch, const char *name, uint8_t **cubin, size_t *cubin_len,
-                       fm_kernel_meta *meta, char **err);
+int gu_build_candidate(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count, const char *arch,
+                       const char *name, uint8_t **cubin, size_t *cubin_len, fm_kernel_meta *meta, char **err);
 
 /* fusemld-tuner processes whose parent is this process (zombies included): a daemon running
  * beside the test has a worker of its own, which is not counted. */

@@ -40,7 +40,7 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t k1, int64
     gs_matrix(&f.inputs[f.n_inputs++], 1, dt, m, k1, 0);
     gs_matrix(&f.inputs[f.n_inputs++], 2, dt, k1, n1, 1);
   }
-  if (part == 2) gs_matrix(&f.inputs[f.n_inputs++], 9, dt, m, n1, 0);   /* h from memory */
+  if (part == 2) gs_matrix(&f.inputs[f.n_inputs++], 9, dt, m, n1, 0); /* h from memory */
   if (part != 1) gs_matrix(&f.inputs[f.n_inputs++], 3, dt, n1, n2, 1);
   uint32_t h = 9;
   if (part != 2) {
@@ -85,7 +85,7 @@ int main(int argc, char **argv) {
   /* the template serves M (or the M bucket) >= 8192 only: smaller M run as one symbolic
      kernel of bucket 16384 launched at M rows, so the row edges are checked all the same */
   static const int64_t ms[] = {1, 7, 64, 127, 200, 1000, 4099, 8200};
-  static const int64_t shapes[][3] = {{64, 64, 16},   {128, 192, 64},  {256, 1024, 256}, {64, 128, 48},
+  static const int64_t shapes[][3] = {{64, 64, 16},    {128, 192, 64}, {256, 1024, 256}, {64, 128, 48},
                                       {192, 256, 128}, {64, 128, 256}, {64, 128, 144},   {128, 256, 128}};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0xb2b;
   const char *mode = argc > 2 ? argv[2] : "both";
@@ -121,12 +121,16 @@ int main(int argc, char **argv) {
       int e = epis[r];
       char d0[96], d1[96], d2[96];
       double t0 = -1, t1 = -1, t2 = -1;
-      if (!build(e, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 0, &canon)) t0 = gs_time(&canon, m, 256, d0, sizeof d0);
-      if (!build(e, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 1, &canon)) t1 = gs_time(&canon, m, 256, d1, sizeof d1);
-      if (!build(e, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 2, &canon)) t2 = gs_time(&canon, m, 1024, d2, sizeof d2);
-      printf("%s M=%lld 256->1024->256 bf16: chain %.4f ms [%s]; apart %.4f + %.4f = %.4f ms [%s] [%s]; "
-             "%.2fx, chain at %.0f TFLOP/s\n",
-             epi_name[e], (long long)m, t0, d0, t1, t2, t1 + t2, d1, d2, (t1 + t2) / t0, 4.0 * m * 256 * 1024 / t0 / 1e9);
+      if (!build(e, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 0, &canon))
+        t0 = gs_time(&canon, m, 256, d0, sizeof d0);
+      if (!build(e, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 1, &canon))
+        t1 = gs_time(&canon, m, 256, d1, sizeof d1);
+      if (!build(e, FM_DT_BF16, -1, (uint64_t)m, 256, 1024, 256, 2, &canon))
+        t2 = gs_time(&canon, m, 1024, d2, sizeof d2);
+      printf(
+          "%s M=%lld 256->1024->256 bf16: chain %.4f ms [%s]; apart %.4f + %.4f = %.4f ms [%s] [%s]; "
+          "%.2fx, chain at %.0f TFLOP/s\n",
+          epi_name[e], (long long)m, t0, d0, t1, t2, t1 + t2, d1, d2, (t1 + t2) / t0, 4.0 * m * 256 * 1024 / t0 / 1e9);
     }
   }
   return gs_finish() || bad ? 1 : 0;

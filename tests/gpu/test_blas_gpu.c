@@ -31,18 +31,32 @@
 static const char *worker_exe;
 static fm_device_id dev;
 
-typedef enum { EPI_MM, EPI_BIAS, EPI_BIAS_RELU, EPI_BIAS_GELU_TANH, EPI_RESIDUAL, EPI_BIAS_RES_RELU,
-               EPI_BIAS_GELU, EPI_GELU_TWO_OUT } epi;
-static const char *const epi_name[] = {"mm", "bias", "bias+relu", "bias+gelu_tanh", "+residual",
-                                       "bias+residual+relu", "bias+gelu(erf)", "gelu, 2 outputs"};
+typedef enum {
+  EPI_MM,
+  EPI_BIAS,
+  EPI_BIAS_RELU,
+  EPI_BIAS_GELU_TANH,
+  EPI_RESIDUAL,
+  EPI_BIAS_RES_RELU,
+  EPI_BIAS_GELU,
+  EPI_GELU_TWO_OUT
+} epi;
+static const char *const epi_name[] = {"mm",
+                                       "bias",
+                                       "bias+relu",
+                                       "bias+gelu_tanh",
+                                       "+residual",
+                                       "bias+residual+relu",
+                                       "bias+gelu(erf)",
+                                       "gelu, 2 outputs"};
 
 typedef struct tcase {
   epi e;
-  int64_t m;           /* FM_DIM_SYMBOLIC: bucketed */
-  uint64_t hint, hint2;/* the M bucket tuned at, and the one judged again at */
+  int64_t m;            /* FM_DIM_SYMBOLIC: bucketed */
+  uint64_t hint, hint2; /* the M bucket tuned at, and the one judged again at */
   int64_t n, k;
-  int b_nmajor;        /* B as a row-major [K, N] (else nn.Linear's W.t(): K contiguous) */
-  int a_mmajor;        /* A as the transpose of a row-major [K, M] */
+  int b_nmajor; /* B as a row-major [K, N] (else nn.Linear's W.t(): K contiguous) */
+  int a_mmajor; /* A as the transpose of a row-major [K, M] */
   fm_dtype dt;
   int want_form;
 } tcase;
@@ -75,9 +89,10 @@ static int build(const tcase *c, uint64_t hint, fm_fragment *canon, uint8_t **by
     o->args[0] = bias;
     o->args[1] = x;
     o->args[2] = w;
-    b.dt[v - 100] = c->dt;   /* frag_builder numbers values from 100 */
+    b.dt[v - 100] = c->dt; /* frag_builder numbers values from 100 */
   }
-  if (c->e == EPI_RESIDUAL || c->e == EPI_BIAS_RES_RELU) v = fb_op2(&b, FM_OP_ADD, v, fb_input(&b, c->dt, 2, os, NULL, 16));
+  if (c->e == EPI_RESIDUAL || c->e == EPI_BIAS_RES_RELU)
+    v = fb_op2(&b, FM_OP_ADD, v, fb_input(&b, c->dt, 2, os, NULL, 16));
   if (c->e == EPI_BIAS_RELU || c->e == EPI_BIAS_RES_RELU) v = fb_op1(&b, FM_OP_RELU, v);
   if (c->e == EPI_BIAS_GELU_TANH) v = fb_op1(&b, FM_OP_GELU_TANH, v);
   if (c->e == EPI_BIAS_GELU) v = fb_op1(&b, FM_OP_GELU, v);
@@ -128,7 +143,7 @@ static fm_verdict judge(fm_compile_job *j, uint64_t seed, fm_tune_result *res) {
   if (!tj->tuned) fprintf(stderr, "  not tuned: %s\n", tj->diag.text);
   *res = tj->res[0];
   v = tj->tuned ? res->verdict : FM_VERDICT_PENDING;
-  tj->n = 0;   /* j is the caller's */
+  tj->n = 0; /* j is the caller's */
   fm_tune_job_free(tj);
   return v;
 }
@@ -241,7 +256,8 @@ static void full_tune(int64_t m, int64_t n, int64_t k) {
   fm_tworker_stop(&w, 5000);
   int plan = -1, best_kernel = -1;
   for (size_t i = 0; i < tj->n; i++) {
-    if (tj->cands[i]->cand.tmpl == FM_TMPL_CUBLASLT) plan = (int)i;
+    if (tj->cands[i]->cand.tmpl == FM_TMPL_CUBLASLT)
+      plan = (int)i;
     else if (tj->res[i].verdict == FM_VERDICT_OK && (best_kernel < 0 || tj->res[i].ms < tj->res[best_kernel].ms))
       best_kernel = (int)i;
   }
@@ -279,8 +295,9 @@ out:
 }
 
 static void test_full_tunes(void) {
-  printf("| M | N | K | cuBLASLt plan ms | best generated ms | generated/plan | chosen | tune ms |\n"
-         "|---|---|---|---|---|---|---|---|\n");
+  printf(
+      "| M | N | K | cuBLASLt plan ms | best generated ms | generated/plan | chosen | tune ms |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   full_tune(4096, 4096, 4096);
   full_tune(8192, 8192, 8192);
   full_tune(16384, 1024, 256);

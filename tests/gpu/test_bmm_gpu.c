@@ -21,14 +21,12 @@
 #include "gpu_suite.h"
 
 enum { E_BMM, E_SCORES, E_GELU, E_RESIDUAL, E_EXTRA, E__N };
-static const char *const epi_name[E__N] = {"bmm", "scale+mask", "bias+gelu", "residual+relu",
-                                           "bias+gelu+product"};
+static const char *const epi_name[E__N] = {"bmm", "scale+mask", "bias+gelu", "residual+relu", "bias+gelu+product"};
 
 /* A rank-3 tensor [z, r, c]: each matrix row-major (or column-major with colmajor), its
  * leading dim padded to 16 bytes when pad (the operands: the templates load 16-byte chunks),
  * dense across the batch; a batch dim of 1 gets stride 0. */
-static void tensor3(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t z, int64_t r, int64_t c, int colmajor,
-                    int pad) {
+static void tensor3(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t z, int64_t r, int64_t c, int colmajor, int pad) {
   memset(t, 0, sizeof *t);
   t->id = id;
   t->dtype = dt;
@@ -44,8 +42,8 @@ static void tensor3(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t z, int64_t r
 }
 
 /* [z, M, K] @ [zb, K, N] with epilogue e; z < 0: a symbolic batch (m_hint hint). */
-static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64_t m, int64_t n, int64_t k,
-                 int a_col, int b_col, fm_fragment *canon) {
+static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64_t m, int64_t n, int64_t k, int a_col,
+                 int b_col, fm_fragment *canon) {
   static fm_fragment f;
   fm_diag d = {{0}};
   memset(&f, 0, sizeof f);
@@ -57,7 +55,7 @@ static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64
   uint32_t y = 10;
   if (e == E_SCORES) {
     tensor3(&f.inputs[f.n_inputs++], 3, dt, 1, m, n, 0, 0);
-    f.inputs[f.n_inputs - 1].rank = 2;   /* [M, N]: validation right-aligns it */
+    f.inputs[f.n_inputs - 1].rank = 2; /* [M, N]: validation right-aligns it */
     memmove(&f.inputs[f.n_inputs - 1].shape[0], &f.inputs[f.n_inputs - 1].shape[1], 2 * sizeof(int64_t));
     memmove(&f.inputs[f.n_inputs - 1].strides[0], &f.inputs[f.n_inputs - 1].strides[1], 2 * sizeof(int64_t));
     fm_opnode *c = &f.ops[f.n_ops++];
@@ -69,7 +67,7 @@ static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64
     gs_op(&f, FM_OP_ADD, 13, 2, 12, 3, 0);
     y = 13;
   } else if (e == E_GELU || e == E_EXTRA) {
-    fm_tensor *b = &f.inputs[f.n_inputs++];   /* bias [N] */
+    fm_tensor *b = &f.inputs[f.n_inputs++]; /* bias [N] */
     memset(b, 0, sizeof *b);
     b->id = 3;
     b->dtype = dt;
@@ -96,7 +94,7 @@ static int build(int e, fm_dtype dt, int64_t z, int64_t zb, uint64_t hint, int64
 
 int main(int argc, char **argv) {
   static const int64_t ms[] = {1, 7, 64, 127, 200};
-  static const int64_t ns[] = {8, 64, 100, 136};   /* 100: rows not 16-byte aligned */
+  static const int64_t ns[] = {8, 64, 100, 136}; /* 100: rows not 16-byte aligned */
   static const int64_t ks[] = {8, 64, 136};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0xb33;
   const char *mode = argc > 2 ? argv[2] : "both";
@@ -114,9 +112,9 @@ int main(int argc, char **argv) {
         int64_t z = batch == 0 ? 1 : batch == 1 ? 3 : batch == 2 ? -1 : 4;
         int64_t zb = batch == 3 ? 1 : z, outer = batch == 2 ? 5 : z;
         char name[128];
-        snprintf(name, sizeof name, "%s %s Bt=%lld%s%s M=%lld N=%lld K=%lld A %s B %s", epi_name[e],
-                 fm_dtype_name(dt), (long long)outer, z < 0 ? " (sym)" : "", zb == 1 && outer > 1 ? " B shared" : "",
-                 (long long)m, (long long)n, (long long)k, a_col ? "col" : "row", b_col ? "col" : "row");
+        snprintf(name, sizeof name, "%s %s Bt=%lld%s%s M=%lld N=%lld K=%lld A %s B %s", epi_name[e], fm_dtype_name(dt),
+                 (long long)outer, z < 0 ? " (sym)" : "", zb == 1 && outer > 1 ? " B shared" : "", (long long)m,
+                 (long long)n, (long long)k, a_col ? "col" : "row", b_col ? "col" : "row");
         if (build(e, dt, z, zb, batch == 2 ? 8 : 0, m, n, k, a_col, b_col, &canon)) {
           bad++;
           continue;

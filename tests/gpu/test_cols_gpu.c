@@ -37,7 +37,7 @@ static int build(int kind, fm_op op, fm_dtype dt, int64_t m, int64_t n, int padd
   f.inputs[0].strides[0] = padded ? n + 1 : n;
   f.inputs[0].align = padded ? (uint32_t)fm_dtype_size(dt) : 16;
   uint32_t x = 1;
-  if (kind == K_PROLOGUE) {   /* x * s + r: per column, per row */
+  if (kind == K_PROLOGUE) { /* x * s + r: per column, per row */
     gs_vector(&f.inputs[f.n_inputs++], 2, FM_DT_F32, n);
     gs_matrix(&f.inputs[f.n_inputs++], 3, dt, m, 1, 0);
     f.inputs[2].strides[0] = 1;
@@ -49,7 +49,7 @@ static int build(int kind, fm_op op, fm_dtype dt, int64_t m, int64_t n, int padd
   gs_op(&f, op, 20, 1, x, 0, 0);
   f.ops[f.n_ops - 1].dim = 0;
   fm_dtype rdt = kind == K_PROLOGUE ? FM_DT_F32 : dt;
-  if (kind == K_PROLOGUE) {   /* + b, cast back; the f32 reduction too */
+  if (kind == K_PROLOGUE) { /* + b, cast back; the f32 reduction too */
     gs_op(&f, FM_OP_ADD, 21, 2, 20, 4, 0);
     gs_op(&f, FM_OP_CAST, 22, 1, 21, 0, 0);
     f.ops[f.n_ops - 1].dtype = dt;
@@ -115,9 +115,9 @@ static int check_empty(void) {
 
 /* The median ms of 20 launches (after 3) of candidate c of canon at m rows, each on the next
  * of n_sets input buffers; -1 when it does not build. */
-static double time_rotated(const fm_cuda *cu, const fm_device_id *dev, const fm_fragment *canon,
-                           const fm_candidate *c, int64_t m, const fm_CUdeviceptr *sets, int n_sets,
-                           fm_CUdeviceptr out, fm_CUevent e0, fm_CUevent e1) {
+static double time_rotated(const fm_cuda *cu, const fm_device_id *dev, const fm_fragment *canon, const fm_candidate *c,
+                           int64_t m, const fm_CUdeviceptr *sets, int n_sets, fm_CUdeviceptr out, fm_CUevent e0,
+                           fm_CUevent e1) {
   fm_compiled kc = {0};
   fm_module *mod = NULL;
   char *err = NULL;
@@ -153,7 +153,8 @@ static void time_bias_grad(int64_t m, int64_t n) {
   fm_device_id dev;
   fm_diag d = {{0}};
   static fm_fragment canon;
-  if (fm_cuda_load(&cu, &d) || fm_cuda_device_id(0, &dev, &d) || build(K_PLAIN, FM_OP_SUM, FM_DT_BF16, -1, n, 0, &canon))
+  if (fm_cuda_load(&cu, &d) || fm_cuda_device_id(0, &dev, &d) ||
+      build(K_PLAIN, FM_OP_SUM, FM_DT_BF16, -1, n, 0, &canon))
     return;
   size_t bytes = (size_t)(m * n * 2);
   int l2 = 50 << 20, n_sets;
@@ -163,7 +164,7 @@ static void time_bias_grad(int64_t m, int64_t n) {
   fm_CUdeviceptr sets[32], out = gu_dalloc(cu, (size_t)n * 2), dst = gu_dalloc(cu, bytes);
   for (int s = 0; s < n_sets; s++) {
     sets[s] = gu_dalloc(cu, bytes);
-    cu->cuMemsetD8(sets[s], 0x3c, bytes);   /* 0x3c3c: a bf16 near 0.0115, never zero */
+    cu->cuMemsetD8(sets[s], 0x3c, bytes); /* 0x3c3c: a bf16 near 0.0115, never zero */
   }
   fm_CUevent e0, e1;
   cu->cuEventCreate(&e0, 0);
@@ -195,10 +196,11 @@ static void time_bias_grad(int64_t m, int64_t n) {
       snprintf(best_desc, sizeof best_desc, "%s", desc);
     }
   }
-  printf("bias grad bf16 [%lld, %lld].sum(0): best %.4f ms [%s], default %.4f ms; copy of %.1f MiB %.4f ms "
-         "(%.0f GB/s read+write, %d buffer sets): floor %.4f ms, best at %.0f%% of copy bandwidth\n",
-         (long long)m, (long long)n, best, best_desc, def, bytes / 1048576.0, copy_ms, copy_gbps, n_sets, floor_ms,
-         100.0 * floor_ms / best);
+  printf(
+      "bias grad bf16 [%lld, %lld].sum(0): best %.4f ms [%s], default %.4f ms; copy of %.1f MiB %.4f ms "
+      "(%.0f GB/s read+write, %d buffer sets): floor %.4f ms, best at %.0f%% of copy bandwidth\n",
+      (long long)m, (long long)n, best, best_desc, def, bytes / 1048576.0, copy_ms, copy_gbps, n_sets, floor_ms,
+      100.0 * floor_ms / best);
   cu->cuEventDestroy(e0);
   cu->cuEventDestroy(e1);
   for (int s = 0; s < n_sets; s++) cu->cuMemFree(sets[s]);

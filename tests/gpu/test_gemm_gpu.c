@@ -37,19 +37,19 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define MAX_JOBS 2048
+#define MAX_JOBS  2048
 #define MAX_CANDS 48
 #define MAX_CASES 96
 #define N_THREADS 16
 
 enum { E_MM, E_BIAS, E_RELU, E_GELU, E_SILU, E_RESIDUAL, E_EXTRA, E__N };
-static const char *const epi_name[E__N] = {"mm", "bias", "bias+relu", "bias+gelu", "bias+silu",
-                                           "residual+relu", "bias+gelu+pre"};
+static const char *const epi_name[E__N] = {"mm",        "bias",          "bias+relu",    "bias+gelu",
+                                           "bias+silu", "residual+relu", "bias+gelu+pre"};
 
 typedef struct tcase {
   char name[128];
   fm_fragment canon;
-  int64_t outer;                 /* M at launch */
+  int64_t outer; /* M at launch */
 } tcase;
 
 typedef struct job {
@@ -70,8 +70,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* ---- fragments --------------------------------------------------------------------- */
 
-static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor,
-                   int64_t ld) {
+static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int colmajor, int64_t ld) {
   memset(t, 0, sizeof *t);
   t->id = id;
   t->dtype = dt;
@@ -83,8 +82,7 @@ static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d
   t->align = 16;
 }
 
-static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
-               uint32_t a2) {
+static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
   fm_opnode *n = &f->ops[f->n_ops++];
   memset(n, 0, sizeof *n);
   n->op = o;
@@ -99,8 +97,8 @@ static int64_t round8(int64_t x) { return (x + 7) / 8 * 8; }
 
 /* A [M, K] @ B [K, N] with epilogue e; M < 0: symbolic (A row-major then), m_hint its
  * expected M (0: none). */
-static int build(int e, fm_dtype dt, int64_t m, uint64_t m_hint, int64_t n, int64_t k, int a_col,
-                 int b_col, fm_fragment *canon) {
+static int build(int e, fm_dtype dt, int64_t m, uint64_t m_hint, int64_t n, int64_t k, int a_col, int b_col,
+                 fm_fragment *canon) {
   static fm_fragment f;
   fm_diag d = {{0}};
   memset(&f, 0, sizeof f);
@@ -113,7 +111,7 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t m_hint, int64_t n, int6
   if (e == E_MM || e == E_RESIDUAL) {
     op(&f, FM_OP_MM, 10, 2, 1, 2, 0);
   } else {
-    fm_tensor *b = &f.inputs[f.n_inputs++];   /* bias [N], torch's nn.Linear shape */
+    fm_tensor *b = &f.inputs[f.n_inputs++]; /* bias [N], torch's nn.Linear shape */
     memset(b, 0, sizeof *b);
     b->id = 3;
     b->dtype = dt;
@@ -125,17 +123,27 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t m_hint, int64_t n, int6
   }
   uint32_t y = acc;
   switch (e) {
-    case E_RELU: op(&f, FM_OP_RELU, 11, 1, 10, 0, 0); y = 11; break;
+    case E_RELU:
+      op(&f, FM_OP_RELU, 11, 1, 10, 0, 0);
+      y = 11;
+      break;
     case E_GELU:
-    case E_EXTRA: op(&f, FM_OP_GELU, 11, 1, 10, 0, 0); y = 11; break;
-    case E_SILU: op(&f, FM_OP_SILU, 11, 1, 10, 0, 0); y = 11; break;
+    case E_EXTRA:
+      op(&f, FM_OP_GELU, 11, 1, 10, 0, 0);
+      y = 11;
+      break;
+    case E_SILU:
+      op(&f, FM_OP_SILU, 11, 1, 10, 0, 0);
+      y = 11;
+      break;
     case E_RESIDUAL:
       tensor(&f.inputs[f.n_inputs++], 4, dt, m, n, 0, n);
       op(&f, FM_OP_ADD, 11, 2, 10, 4, 0);
       op(&f, FM_OP_RELU, 12, 1, 11, 0, 0);
       y = 12;
       break;
-    default: break;
+    default:
+      break;
   }
   tensor(&f.outputs[f.n_outputs++], y, dt, m, n, 0, n);
   if (e == E_EXTRA) tensor(&f.outputs[f.n_outputs++], 10, dt, m, n, 0, n);
@@ -178,8 +186,8 @@ static void data_host(data *x, const fm_fragment *f, int64_t outer, gu_rng *rng)
   for (uint32_t i = 0; i < f->n_inputs; i++) {
     const fm_tensor *t = &f->inputs[i];
     size_t n = gu_span(t, outer), bytes = n * fm_dtype_size(t->dtype);
-    int operand = t->rank == 2 && (t->id == f->ops[g].args[f->ops[g].nargs - 1] ||
-                                   t->id == f->ops[g].args[f->ops[g].nargs - 2]);
+    int operand =
+        t->rank == 2 && (t->id == f->ops[g].args[f->ops[g].nargs - 1] || t->id == f->ops[g].args[f->ops[g].nargs - 2]);
     double scale = operand ? 1.0 / sqrt(sqrt((double)k)) : 1.0;
     x->h_in[i] = malloc(bytes);
     for (size_t e = 0; e < n; e++) {
@@ -253,14 +261,14 @@ static void check_case(int ci, data *px, int ref_ok) {
       failed++;
       continue;
     }
-    for (uint32_t k = 0; k < f->n_outputs; k++)   /* NaN in every float dtype */
+    for (uint32_t k = 0; k < f->n_outputs; k++) /* NaN in every float dtype */
       cu->cuMemsetD8(x.d_out[k], 0xff, x.n_out[k] * fm_dtype_size(f->outputs[k].dtype));
     fm_CUresult r = 0;
     if (fm_module_launch(m, x.ins, x.outs, c->outer, NULL, &d) || (r = cu->cuCtxSynchronize())) {
       printf("FAIL %s [%s]: launch: %s (cuda %d)\n", c->name, j->desc, d.text, r);
       fm_module_unload(m);
       failed++;
-      if (r) exit(3);   /* the context is gone */
+      if (r) exit(3); /* the context is gone */
       continue;
     }
     for (uint32_t k = 0; ok && k < f->n_outputs; k++) {
@@ -268,14 +276,15 @@ static void check_case(int ci, data *px, int ref_ok) {
       gu_d2h(cu, x.h_out[k], x.d_out[k], x.n_out[k] * fm_dtype_size(t->dtype));
       double e = gu_rel_err(x.h_out[k], t->dtype, x.h_ref[k], t->dtype, x.n_out[k]);
       if (e > tolerance(t->dtype)) {
-        printf("FAIL %s [%s] out%u rel_err=%.3e (tol %.0e)\n", c->name, j->desc, k, e,
-               tolerance(t->dtype));
+        printf("FAIL %s [%s] out%u rel_err=%.3e (tol %.0e)\n", c->name, j->desc, k, e, tolerance(t->dtype));
         ok = 0;
       }
     }
     if (ok) printf("ok   %s [%s]\n", c->name, j->desc);
-    if (ok) passed++;
-    else failed++;
+    if (ok)
+      passed++;
+    else
+      failed++;
     fm_module_unload(m);
   }
   data_free(&x, f);
@@ -323,8 +332,8 @@ static void *prep_worker(void *arg) {
 /* Adds case (e, dt, m, hint, n, k) with its candidates (only the skinny ones unless all). */
 static void add_skinny_case(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t n, int64_t k, int all) {
   tcase *c = &cases[n_cases];
-  snprintf(c->name, sizeof c->name, "decode %s %s M=%lld%s N=%lld K=%lld", epi_name[e], fm_dtype_name(dt),
-           (long long)m, hint ? " (sym)" : "", (long long)n, (long long)k);
+  snprintf(c->name, sizeof c->name, "decode %s %s M=%lld%s N=%lld K=%lld", epi_name[e], fm_dtype_name(dt), (long long)m,
+           hint ? " (sym)" : "", (long long)n, (long long)k);
   c->outer = m;
   if (build(e, dt, hint ? -1 : m, hint, n, k, 0, 1, &c->canon)) {
     failed++;
@@ -334,7 +343,7 @@ static void add_skinny_case(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_
   size_t nc = fm_codegen_candidates(&c->canon, cand, MAX_CANDS), ns = 0;
   for (size_t i = 0; i < nc && n_jobs < MAX_JOBS; i++) {
     if (!all && cand[i].tmpl != FM_TMPL_SKINNY) continue;
-    if (cand[i].tmpl == FM_TMPL_CUBLASLT) continue;   /* plans: test_blas_gpu */
+    if (cand[i].tmpl == FM_TMPL_CUBLASLT) continue; /* plans: test_blas_gpu */
     job *j = &jobs[n_jobs++];
     memset(j, 0, sizeof *j);
     j->c = n_cases;
@@ -399,13 +408,11 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
     fm_module *mod = NULL;
     fm_diag d = {{0}};
     memset(&kc, 0, sizeof kc);
-    if (cand[i].tmpl == FM_TMPL_CUBLASLT) continue;   /* timed by the tuner: test_blas_gpu */
+    if (cand[i].tmpl == FM_TMPL_CUBLASLT) continue; /* timed by the tuner: test_blas_gpu */
     fm_candidate_describe(&cand[i], desc, sizeof desc);
     if (fm_codegen_generate(&canon, &cand[i], dev.sm_count, &src, &kc.meta, &d) ||
-        fm_nvrtc_compile(src, "gemm.cu", dev.arch, &kc.cubin, &kc.cubin_len, &log) ||
-        fm_module_load(&kc, &mod, &d)) {
-      printf("FAIL time %lldx%lldx%lld [%s]: %s\n", (long long)m, (long long)n, (long long)k, desc,
-             log ? log : d.text);
+        fm_nvrtc_compile(src, "gemm.cu", dev.arch, &kc.cubin, &kc.cubin_len, &log) || fm_module_load(&kc, &mod, &d)) {
+      printf("FAIL time %lldx%lldx%lld [%s]: %s\n", (long long)m, (long long)n, (long long)k, desc, log ? log : d.text);
       failed++;
       free(src);
       free(log);
@@ -439,8 +446,8 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
       int64_t r = (int64_t)gu_below(rng, (uint32_t)m), q = (int64_t)gu_below(rng, (uint32_t)n);
       double acc = gu_load(x.h_in[2], FM_DT_BF16, (size_t)q);
       for (int64_t kk = 0; kk < k; kk++)
-        acc += gu_load(x.h_in[0], FM_DT_BF16, (size_t)(r * k + kk)) *
-               gu_load(x.h_in[1], FM_DT_BF16, (size_t)(q * k + kk));
+        acc +=
+            gu_load(x.h_in[0], FM_DT_BF16, (size_t)(r * k + kk)) * gu_load(x.h_in[1], FM_DT_BF16, (size_t)(q * k + kk));
       double want = gelu(acc), got = gu_load(x.h_out[0], FM_DT_BF16, (size_t)(r * n + q));
       num += (got - want) * (got - want);
       den += want * want;
@@ -449,10 +456,11 @@ static void time_shape(int64_t m, int64_t n, int64_t k, gu_rng *rng) {
     double ms = gu_median(t, 20);
     int good = err <= 1e-2;
     printf("%s time M=%lld N=%lld K=%lld bias+gelu bf16 [%s]: %.4f ms, %.1f TFLOP/s, spot rel_err %.1e\n",
-           good ? "ok  " : "FAIL", (long long)m, (long long)n, (long long)k, desc, ms,
-           flops / (ms * 1e-3) / 1e12, err);
-    if (good) passed++;
-    else failed++;
+           good ? "ok  " : "FAIL", (long long)m, (long long)n, (long long)k, desc, ms, flops / (ms * 1e-3) / 1e12, err);
+    if (good)
+      passed++;
+    else
+      failed++;
     if (good && ms < best) {
       best = ms;
       snprintf(best_desc, sizeof best_desc, "%s", desc);
@@ -477,9 +485,9 @@ static void add_regular_case(int64_t m, int64_t n, int64_t k, int idx) {
   fm_dtype dt = idx % 2 ? FM_DT_F16 : FM_DT_BF16;
   int symbolic = idx % 3 == 0, a_col = (idx / 2) % 2, b_col = (idx / 4) % 2 == 0;
   tcase *c = &cases[n_cases];
-  snprintf(c->name, sizeof c->name, "%s %s M=%lld%s N=%lld K=%lld A %s B %s", epi_name[e],
-           fm_dtype_name(dt), (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k,
-           symbolic || !a_col ? "row" : "col", b_col ? "col" : "row");
+  snprintf(c->name, sizeof c->name, "%s %s M=%lld%s N=%lld K=%lld A %s B %s", epi_name[e], fm_dtype_name(dt),
+           (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k, symbolic || !a_col ? "row" : "col",
+           b_col ? "col" : "row");
   c->outer = m;
   if (build(e, dt, symbolic ? -1 : m, 0, n, k, a_col, b_col, &c->canon)) {
     failed++;
@@ -507,7 +515,7 @@ static void add_regular_case(int64_t m, int64_t n, int64_t k, int idx) {
 
 int main(int argc, char **argv) {
   static const int64_t ms[] = {1, 7, 64, 127, 128, 700, 4099};
-  static const int64_t ns[] = {8, 64, 100, 136, 1024};   /* 100: rows not 16-byte aligned */
+  static const int64_t ns[] = {8, 64, 100, 136, 1024}; /* 100: rows not 16-byte aligned */
   static const int64_t ks[] = {8, 64, 136, 1024};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x6e33;
   fm_diag d = {{0}};

@@ -20,11 +20,10 @@
 #include "fm_strbuf.h"
 #include "gpu_util.h"
 
-#define N_FUNCS 6
-#define SWEEP 2000001
-#define SPECIALS 3   /* NaN, +inf, -inf after the sweep */
-static const char *const func_name[N_FUNCS] = {"fm_gelu", "fm_gelu_tanh", "fm_tanh",
-                                               "fm_sigmoid", "fm_silu", "fm_exp"};
+#define N_FUNCS  6
+#define SWEEP    2000001
+#define SPECIALS 3 /* NaN, +inf, -inf after the sweep */
+static const char *const func_name[N_FUNCS] = {"fm_gelu", "fm_gelu_tanh", "fm_tanh", "fm_sigmoid", "fm_silu", "fm_exp"};
 
 static double ref_gelu(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
 static double ref_gelu_tanh(double x) {
@@ -33,12 +32,18 @@ static double ref_gelu_tanh(double x) {
 static double ref_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static double reference(int f, double x) {
   switch (f) {
-    case 0: return ref_gelu(x);
-    case 1: return ref_gelu_tanh(x);
-    case 2: return tanh(x);
-    case 3: return ref_sigmoid(x);
-    case 4: return x * ref_sigmoid(x);
-    default: return exp(x);
+    case 0:
+      return ref_gelu(x);
+    case 1:
+      return ref_gelu_tanh(x);
+    case 2:
+      return tanh(x);
+    case 3:
+      return ref_sigmoid(x);
+    case 4:
+      return x * ref_sigmoid(x);
+    default:
+      return exp(x);
   }
 }
 
@@ -47,12 +52,10 @@ static double reference(int f, double x) {
  * for negative x exactly as torch's fp32 kernels do: an absolute error of ~1e-7 times x / 2;
  * the fast tanh's absolute error near its switch; the fast GELU's fit beyond its range
  * (|x| > 6.36, where GELU is below 1e-9 and the fit still tracks it). */
-static const double rel_tol[3][N_FUNCS] = {{2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5},
-                                           {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5},
-                                           {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}};
-static const double abs_tol[3][N_FUNCS] = {{1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0},
-                                           {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0},
-                                           {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}};
+static const double rel_tol[3][N_FUNCS] = {
+    {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}, {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}, {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}};
+static const double abs_tol[3][N_FUNCS] = {
+    {1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0}, {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}, {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}};
 
 static char *source(int fast) {
   fm_strbuf sb;
@@ -90,8 +93,8 @@ static int special_ok(int f, int s, float got) {
   return got == want[f];
 }
 
-static int run_prelude(const fm_cuda *cu, const char *arch, int fast, const float *hx, float *hout,
-                       fm_CUdeviceptr dx, fm_CUdeviceptr dout, int n) {
+static int run_prelude(const fm_cuda *cu, const char *arch, int fast, const float *hx, float *hout, fm_CUdeviceptr dx,
+                       fm_CUdeviceptr dout, int n) {
   int failed = 0;
   char *src = source(fast), *log = NULL;
   uint8_t *cubin = NULL;
@@ -126,13 +129,12 @@ static int run_prelude(const fm_cuda *cu, const char *arch, int fast, const floa
     }
     for (int s = 0; s < SPECIALS; s++)
       if (!special_ok(f, s, hout[(size_t)f * n + SWEEP + s])) {
-        printf("FAIL fast_math=%d %s(%g) = %g\n", fast, func_name[f], hx[SWEEP + s],
-               hout[(size_t)f * n + SWEEP + s]);
+        printf("FAIL fast_math=%d %s(%g) = %g\n", fast, func_name[f], hx[SWEEP + s], hout[(size_t)f * n + SWEEP + s]);
         bad++;
       }
     if (bad) {
-      printf("FAIL fast_math=%d %s: %d points out of tolerance; worst at x = %.9g: got %.9g, fp64 %.9g\n",
-             fast, func_name[f], bad, worst_x, worst_got, reference(f, worst_x));
+      printf("FAIL fast_math=%d %s: %d points out of tolerance; worst at x = %.9g: got %.9g, fp64 %.9g\n", fast,
+             func_name[f], bad, worst_x, worst_got, reference(f, worst_x));
       failed++;
     } else {
       printf("ok   fast_math=%d %s: %d points within %.0e relative + %.0e\n", fast, func_name[f], SWEEP,
@@ -164,8 +166,7 @@ int main(void) {
   printf("device %s (%s)\n", dev.name, dev.arch);
   const int n = SWEEP + SPECIALS;
   float *hx = malloc((size_t)n * sizeof *hx), *hout = malloc((size_t)N_FUNCS * n * sizeof *hout);
-  fm_CUdeviceptr dx = gu_dalloc(cu, (size_t)n * sizeof *hx),
-                 dout = gu_dalloc(cu, (size_t)N_FUNCS * n * sizeof *hout);
+  fm_CUdeviceptr dx = gu_dalloc(cu, (size_t)n * sizeof *hx), dout = gu_dalloc(cu, (size_t)N_FUNCS * n * sizeof *hout);
   if (!hx || !hout || !dx || !dout) {
     fprintf(stderr, "out of memory\n");
     return 2;

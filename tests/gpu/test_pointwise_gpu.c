@@ -24,10 +24,14 @@ static int passed, failed;
 
 static double tolerance(fm_dtype dt) {
   switch (dt) {
-    case FM_DT_BF16: return 1e-2;
-    case FM_DT_F16: return 2e-3;
-    case FM_DT_F32: return 1e-4;
-    default: return 0; /* bool: exact */
+    case FM_DT_BF16:
+      return 1e-2;
+    case FM_DT_F16:
+      return 2e-3;
+    case FM_DT_F32:
+      return 1e-4;
+    default:
+      return 0; /* bool: exact */
   }
 }
 
@@ -171,12 +175,19 @@ static void random_case(gu_rng *r, int idx) {
     memcpy(s, ishape, sizeof s);
     int kind = i == 0 ? 0 : (int)gu_below(r, 5);
     int64_t st[3] = {0, 0, 0}, *stp = NULL;
-    if (kind == 1) for (uint32_t d = 0; d + 1 < rank; d++) s[d] = 1;        /* row broadcast */
-    if (kind == 2) s[rank - 1] = 1;                                          /* column broadcast */
-    if (kind == 3) for (uint32_t d = 0; d < rank; d++) s[d] = 1;            /* scalar */
-    if (kind == 4 && rank == 2 && !sym) { st[0] = 1; st[1] = shape[0]; stp = st; } /* transposed */
-    else if (kind == 4) kind = 0;
-    fm_dtype idt = (i > 0 && gu_below(r, 6) == 0) ? FM_DT_F32 : dt;          /* mixed dtypes */
+    if (kind == 1)
+      for (uint32_t d = 0; d + 1 < rank; d++) s[d] = 1; /* row broadcast */
+    if (kind == 2) s[rank - 1] = 1;                     /* column broadcast */
+    if (kind == 3)
+      for (uint32_t d = 0; d < rank; d++) s[d] = 1; /* scalar */
+    if (kind == 4 && rank == 2 && !sym) {
+      st[0] = 1;
+      st[1] = shape[0];
+      stp = st;
+    } /* transposed */
+    else if (kind == 4)
+      kind = 0;
+    fm_dtype idt = (i > 0 && gu_below(r, 6) == 0) ? FM_DT_F32 : dt; /* mixed dtypes */
     kinds[i] = "drcst"[kind];
     vals[i] = fb_input(&b, idt, rank, s, stp, misalign ? (uint32_t)fm_dtype_size(idt) : 16);
   }
@@ -187,12 +198,14 @@ static void random_case(gu_rng *r, int idx) {
     uint32_t other = vals[gu_below(r, n_in)];
     switch (gu_below(r, 9)) {
       case 0: {
-        static const fm_op safe[] = {FM_OP_NEG, FM_OP_ABS, FM_OP_RELU, FM_OP_GELU, FM_OP_GELU_TANH,
-                                     FM_OP_SILU, FM_OP_SIGMOID, FM_OP_TANH};
+        static const fm_op safe[] = {FM_OP_NEG,       FM_OP_ABS,  FM_OP_RELU,    FM_OP_GELU,
+                                     FM_OP_GELU_TANH, FM_OP_SILU, FM_OP_SIGMOID, FM_OP_TANH};
         cur = fb_op1(&b, safe[gu_below(r, 8)], cur);
         break;
       }
-      case 1: cur = fb_op1(&b, FM_OP_EXP, fb_op1(&b, FM_OP_TANH, cur)); break;
+      case 1:
+        cur = fb_op1(&b, FM_OP_EXP, fb_op1(&b, FM_OP_TANH, cur));
+        break;
       case 2: {
         static const fm_op dom[] = {FM_OP_LOG, FM_OP_SQRT, FM_OP_RSQRT};
         uint32_t pos = fb_op2(&b, FM_OP_ADD, fb_op1(&b, FM_OP_ABS, cur), fb_const(&b, 0.5));
@@ -204,8 +217,12 @@ static void random_case(gu_rng *r, int idx) {
         cur = fb_op2(&b, bin[gu_below(r, 5)], cur, other);
         break;
       }
-      case 4: cur = fb_op2(&b, FM_OP_MUL, cur, fb_const(&b, gu_uniform(r, -1.5, 1.5))); break;
-      case 5: cur = fb_op2(&b, FM_OP_ADD, fb_const(&b, 0.125), cur); break;
+      case 4:
+        cur = fb_op2(&b, FM_OP_MUL, cur, fb_const(&b, gu_uniform(r, -1.5, 1.5)));
+        break;
+      case 5:
+        cur = fb_op2(&b, FM_OP_ADD, fb_const(&b, 0.125), cur);
+        break;
       case 6: {
         uint32_t den = fb_op2(&b, FM_OP_ADD, fb_op1(&b, FM_OP_ABS, other), fb_const(&b, 1.0));
         cur = fb_op2(&b, FM_OP_DIV, cur, den);
@@ -232,9 +249,9 @@ static void random_case(gu_rng *r, int idx) {
   if (extra && extra != cur) fb_output(&b, extra, rank, ishape);
 
   char name[96];
-  snprintf(name, sizeof name, "rand%02d[%s r%u %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s in=%s]", idx,
-           fm_dtype_name(dt), rank, shape[0], rank > 1 ? shape[1] : 1, rank > 2 ? shape[2] : 1,
-           sym ? " sym" : "", misalign ? " misaligned" : "", kinds);
+  snprintf(name, sizeof name, "rand%02d[%s r%u %" PRId64 "x%" PRId64 "x%" PRId64 "%s%s in=%s]", idx, fm_dtype_name(dt),
+           rank, shape[0], rank > 1 ? shape[1] : 1, rank > 2 ? shape[2] : 1, sym ? " sym" : "",
+           misalign ? " misaligned" : "", kinds);
   run_case(name, &b, outer, r, misalign);
 }
 

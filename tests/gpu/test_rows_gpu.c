@@ -24,7 +24,7 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define MAX_JOBS 1024
+#define MAX_JOBS  1024
 #define MAX_CASES 256
 #define N_THREADS 16
 
@@ -34,11 +34,11 @@ static const char *const kind_name[K__N] = {"softmax", "layer_norm", "rms_norm",
 typedef struct tcase {
   char name[96];
   fm_fragment canon;
-  int64_t outer;                 /* launch dim 0 (symbolic) */
+  int64_t outer; /* launch dim 0 (symbolic) */
 } tcase;
 
 typedef struct job {
-  int c;                         /* case index */
+  int c; /* case index */
   fm_candidate cand;
   char desc[96];
   fm_compiled k;
@@ -69,8 +69,8 @@ static void tensor(fm_tensor *t, uint32_t id, fm_dtype dt, uint32_t rank, const 
   t->align = 16;
 }
 
-static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
-               uint32_t a2, double value) {
+static void op(fm_fragment *f, fm_op o, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2,
+               double value) {
   fm_opnode *n = &f->ops[f->n_ops++];
   memset(n, 0, sizeof *n);
   n->op = o;
@@ -121,7 +121,7 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       f.n_outputs = 1;
       tensor(&f.outputs[0], 10, dt, r, x);
       break;
-    case K_RMS_RESIDUAL:   /* s = x + res; y = rms_norm(s, w); outputs y and s */
+    case K_RMS_RESIDUAL: /* s = x + res; y = rms_norm(s, w); outputs y and s */
       f.n_inputs = 3;
       tensor(&f.inputs[1], 1, dt, r, x);
       tensor(&f.inputs[2], 2, dt, r, w);
@@ -131,7 +131,7 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       tensor(&f.outputs[0], 10, dt, r, x);
       tensor(&f.outputs[1], 9, dt, r, x);
       break;
-    case K_STATS: {        /* sum, mean, amax, var c=0, var c=1, (x - amax) * scale[.., 1] */
+    case K_STATS: { /* sum, mean, amax, var c=0, var c=1, (x - amax) * scale[.., 1] */
       static const fm_op st[5] = {FM_OP_SUM, FM_OP_MEAN, FM_OP_AMAX, FM_OP_VAR, FM_OP_VAR};
       f.n_inputs = 2;
       tensor(&f.inputs[1], 1, FM_DT_F32, r, s);
@@ -147,7 +147,8 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       tensor(&f.outputs[f.n_outputs++], 22, dt, r, x);
       break;
     }
-    default: return -1;
+    default:
+      return -1;
   }
   int rc = fm_fragment_expand(&f, &d);
   if (!rc) rc = fm_fragment_validate(&f, &d);
@@ -177,7 +178,7 @@ static double rel_err(const void *a, const void *b, fm_dtype dt, size_t n) {
   double num = 0, den = 0;
   for (size_t i = 0; i < n; i++) {
     double x = gu_load(a, dt, i), y = gu_load(b, dt, i);
-    if (isnan(y) && isnan(x)) continue;   /* torch's NaN (var of one element, c=1) */
+    if (isnan(y) && isnan(x)) continue; /* torch's NaN (var of one element, c=1) */
     if (!isfinite(x) || !isfinite(y)) {
       if (x != y) return INFINITY;
       continue;
@@ -189,9 +190,7 @@ static double rel_err(const void *a, const void *b, fm_dtype dt, size_t n) {
   return sqrt(num / den);
 }
 
-static double tolerance(fm_dtype dt) {
-  return dt == FM_DT_BF16 ? 1e-2 : dt == FM_DT_F16 ? 2e-3 : 1e-4;
-}
+static double tolerance(fm_dtype dt) { return dt == FM_DT_BF16 ? 1e-2 : dt == FM_DT_F16 ? 2e-3 : 1e-4; }
 
 static void fill(void *h, const fm_tensor *t, size_t n, gu_rng *rng, int which) {
   for (size_t i = 0; i < n; i++) {
@@ -238,7 +237,7 @@ static void run_job(job *j, gu_rng *rng) {
     h_out[k] = malloc(bytes);
     h_ref[k] = malloc(bytes);
     d_out[k] = gu_dalloc(cu, bytes);
-    cu->cuMemsetD8(d_out[k], 0xff, bytes);   /* NaN in every float dtype */
+    cu->cuMemsetD8(d_out[k], 0xff, bytes); /* NaN in every float dtype */
     outs[k] = (void *)(uintptr_t)d_out[k];
   }
   if (fm_module_launch(m, ins, outs, c->outer, NULL, &d) || cu->cuCtxSynchronize()) {
@@ -257,14 +256,16 @@ static void run_job(job *j, gu_rng *rng) {
     double e = rel_err(h_out[k], h_ref[k], t->dtype, n_out[k]);
     int good = e <= tolerance(t->dtype);
     if (!good)
-      printf("FAIL %s [%s] out%u %s n=%zu rel_err=%.3e (tol %.0e)\n", c->name, j->desc, k,
-             fm_dtype_name(t->dtype), n_out[k], e, tolerance(t->dtype));
+      printf("FAIL %s [%s] out%u %s n=%zu rel_err=%.3e (tol %.0e)\n", c->name, j->desc, k, fm_dtype_name(t->dtype),
+             n_out[k], e, tolerance(t->dtype));
     ok &= good;
   }
   if (ok) printf("ok   %s [%s]\n", c->name, j->desc);
 done:
-  if (ok) passed++;
-  else failed++;
+  if (ok)
+    passed++;
+  else
+    failed++;
   for (uint32_t k = 0; k < f->n_inputs; k++) {
     free(h_in[k]);
     if (d_in[k]) cu->cuMemFree(d_in[k]);
@@ -290,11 +291,11 @@ int main(int argc, char **argv) {
   for (int kind = 0; kind < K__N; kind++)
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
       for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
-        int symbolic = (ni + di + (size_t)kind) % 3 != 0;   /* two in three symbolic */
+        int symbolic = (ni + di + (size_t)kind) % 3 != 0; /* two in three symbolic */
         if (ns[ni] > FM_MAX_ROW_HELD && (kind == K_LAYER_NORM || kind == K_STATS)) continue;
         tcase *c = &cases[n_cases];
-        snprintf(c->name, sizeof c->name, "%s %s N=%lld %s", kind_name[kind], fm_dtype_name(dts[di]),
-                 (long long)ns[ni], symbolic ? "[-1 (37), N]" : "[3, 5, N]");
+        snprintf(c->name, sizeof c->name, "%s %s N=%lld %s", kind_name[kind], fm_dtype_name(dts[di]), (long long)ns[ni],
+                 symbolic ? "[-1 (37), N]" : "[3, 5, N]");
         c->outer = symbolic ? 37 : 3;
         if (build(kind, dts[di], ns[ni], symbolic, &c->canon)) {
           failed++;

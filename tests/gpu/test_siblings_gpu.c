@@ -47,7 +47,7 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t n, int64_
     gs_op(&f, FM_OP_MUL, 13, 2, 12, 11, 0);
   }
   gs_matrix(&f.outputs[f.n_outputs++], 13, dt, m, n, 0);
-  f.outputs[0].strides[0] = n;   /* dense outputs */
+  f.outputs[0].strides[0] = n; /* dense outputs */
   if (e == E_GATE_OUT) {
     gs_matrix(&f.outputs[f.n_outputs++], 10, dt, m, n, 0);
     f.outputs[1].strides[0] = n;
@@ -60,7 +60,7 @@ static int build(int e, fm_dtype dt, int64_t m, uint64_t hint, int64_t n, int64_
 
 int main(int argc, char **argv) {
   static const int64_t ms[] = {1, 7, 64, 127, 200, 1000};
-  static const int64_t ns[] = {8, 64, 100, 136};   /* 100: rows not 16-byte aligned */
+  static const int64_t ns[] = {8, 64, 100, 136}; /* 100: rows not 16-byte aligned */
   static const int64_t ks[] = {8, 64, 136};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x51b;
   const char *mode = argc > 2 ? argv[2] : "both";
@@ -76,8 +76,8 @@ int main(int argc, char **argv) {
         int64_t m = ms[mi], n = ns[ni], k = ks[(size_t)idx % 3];
         char name[128];
         snprintf(name, sizeof name, "%s %s M=%lld%s N=%lld K=%lld A %s B %s", epi_name[e], fm_dtype_name(dt),
-                 (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k,
-                 a_col && !symbolic ? "col" : "row", b_kmajor ? "K-major" : "N-major");
+                 (long long)m, symbolic ? " (sym)" : "", (long long)n, (long long)k, a_col && !symbolic ? "col" : "row",
+                 b_kmajor ? "K-major" : "N-major");
         if (build(e, dt, symbolic ? -1 : m, symbolic ? (uint64_t)m : 0, n, k, a_col, b_kmajor, &canon)) {
           bad++;
           continue;

@@ -337,7 +337,7 @@ static void test_chain_twins(void) {
   const char *at = NULL;
   if (n >= 1 && fm_codegen_generate(&ccanon, &cands[0], dev.sm_count, &src, &meta, &d) == FM_OK)
     at = strstr(src, read_x);
-  CHECK(at != NULL);   /* the default candidate reads a twin residual from x's rows */
+  CHECK(at != NULL); /* the default candidate reads a twin residual from x's rows */
   if (at) {
     size_t head = (size_t)(at - src), total = strlen(src) + 8;
     char *bad = malloc(total);
@@ -444,8 +444,8 @@ static const char *sock, *fusectl, *examples;
 static void test_daemon_tunes(void) {
   char cmd[2048], line[512], key[65] = "";
   int tuned = 0, listed = 0;
-  snprintf(cmd, sizeof cmd, "%s --socket %s --json --timeout 120000 compile %s/gelu_bias_bf16.json 2>&1", fusectl,
-           sock, examples);
+  snprintf(cmd, sizeof cmd, "%s --socket %s --json --timeout 120000 compile %s/gelu_bias_bf16.json 2>&1", fusectl, sock,
+           examples);
   double t0 = now_ms();
   FILE *p = popen(cmd, "r");
   while (p && fgets(line, sizeof line, p)) {
@@ -454,8 +454,8 @@ static void test_daemon_tunes(void) {
     if (strstr(line, "\"state\": \"tuned\"")) tuned = 1;
   }
   if (p) pclose(p);
-  printf("fusemld: compile of gelu_bias_bf16 (cold: 24 compiles + tuning) took %.0f ms; state %s\n",
-         now_ms() - t0, tuned ? "tuned" : "NOT tuned");
+  printf("fusemld: compile of gelu_bias_bf16 (cold: 24 compiles + tuning) took %.0f ms; state %s\n", now_ms() - t0,
+         tuned ? "tuned" : "NOT tuned");
   CHECK(tuned);
   CHECK(key[0]);
   snprintf(cmd, sizeof cmd, "%s --socket %s show %.16s 2>&1", fusectl, sock, key);
@@ -575,11 +575,12 @@ static void test_fault_repetition(void) {
     if (base < 0 || after <= base + 16) break;
     usleep(100 * 1000);
   }
-  printf("faults: %d rounds (%d ok), %d restarts, %d marked bad, %d good-after-fault rounds, "
-         "round mean %.0f ms max %.0f ms (deadline %.1f s + restarts), %d rounds with a stray process; "
-         "GPU memory used: baseline %ld MiB, first round %ld, last round %ld, after stop %ld\n",
-         rounds, rounds_ok, restarts, bad, ok_after, t_sum / (rounds ? rounds : 1), t_max, deadline_s, stray, base,
-         first_round, last_round, after);
+  printf(
+      "faults: %d rounds (%d ok), %d restarts, %d marked bad, %d good-after-fault rounds, "
+      "round mean %.0f ms max %.0f ms (deadline %.1f s + restarts), %d rounds with a stray process; "
+      "GPU memory used: baseline %ld MiB, first round %ld, last round %ld, after stop %ld\n",
+      rounds, rounds_ok, restarts, bad, ok_after, t_sum / (rounds ? rounds : 1), t_max, deadline_s, stray, base,
+      first_round, last_round, after);
   CHECK_EQ_INT(rounds_ok, rounds);
   CHECK_EQ_INT(restarts, 2 * rounds);
   CHECK_EQ_INT(bad, 2 * rounds);
@@ -589,7 +590,7 @@ static void test_fault_repetition(void) {
   CHECK(waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD);
   CHECK_EQ_INT(gu_count_child_tuners(), 0);
   if (base >= 0) {
-    CHECK(last_round <= first_round + 64);   /* no dead worker's memory piles up */
+    CHECK(last_round <= first_round + 64); /* no dead worker's memory piles up */
     CHECK(after <= base + 16);
   }
 out:

@@ -53,9 +53,23 @@ class Daemon:
         self.socket = os.path.join(tmp, "fusemld.sock")
         self.db = os.path.join(tmp, "kernels.db")
         self.log = open(os.path.join(tmp, "fusemld.log"), "wb")
-        self.proc = subprocess.Popen([exe, "--foreground", "--socket", self.socket, "--db", self.db,
-                                      "--jobs", "2", "--log-level", "debug", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--foreground",
+                "--socket",
+                self.socket,
+                "--db",
+                self.db,
+                "--jobs",
+                "2",
+                "--log-level",
+                "debug",
+                *extra,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 20
         while not os.path.exists(self.socket):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -94,6 +108,7 @@ def served(dead_socket, monkeypatch):
     the graph is rewritten with the fuseml groups in it; on CPU each group then runs its own
     ATen ops through the runner (the rewritten graph, not the original one, computes the
     result). `served.wires` lists the fragments of each round of requests."""
+
     class Conn:
         hello = None
 
@@ -104,8 +119,10 @@ def served(dead_socket, monkeypatch):
 
     def compile_all(conn, wires, timeout):
         rounds.append(list(wires))
-        return [{"ok": True, "key": "k" * 64, "state": "tuned", "origin": "compiled",
-                 "cubin": b"", "meta": {}} for _ in wires]
+        return [
+            {"ok": True, "key": "k" * 64, "state": "tuned", "origin": "compiled", "cubin": b"", "meta": {}}
+            for _ in wires
+        ]
 
     monkeypatch.setattr(fuseml.backend.transport, "connect", lambda *a, **k: Conn())
     monkeypatch.setattr(fuseml.backend.transport, "compile_all", compile_all)
@@ -124,6 +141,7 @@ def partitioned(monkeypatch):
         groups = find(gm, *a, **k)
         seen.append((gm, groups))
         return groups
+
     monkeypatch.setattr(fuseml.backend, "find_groups", record)
     return seen
 

@@ -6,6 +6,7 @@ served GEMM kernel of kind "cublaslt" (both forms seen), a second batch size ser
 same plan (libfusemld re-checks the algorithm at the new M), and the MLP block under
 mode="reduce-overhead" (each plan's scratch comes from torch's allocator inside the capture).
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... FUSEML_ROUTE=kernel python3 device_blas.py OUT.json"""
+
 import json
 import sys
 
@@ -32,10 +33,13 @@ def check(name, m, d, di, train, mode=None):
     torch.manual_seed(0)
     model = MODELS[name](d, di).cuda().to(torch.bfloat16)
     params = list(model.parameters())
-    compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(), mode=mode) if mode else \
-        torch.compile(model, backend=fuseml.FuseMLCompiler())
+    compiled = (
+        torch.compile(model, backend=fuseml.FuseMLCompiler(), mode=mode)
+        if mode
+        else torch.compile(model, backend=fuseml.FuseMLCompiler())
+    )
     out = {"model": name, "train": train, "M": m, "mode": mode, "errors": {}}
-    for rows in (m, m // 2 + 3):   # the second M: a new batch size, the same plans
+    for rows in (m, m // 2 + 3):  # the second M: a new batch size, the same plans
         x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16)
 
         def step(fn):
@@ -50,7 +54,7 @@ def check(name, m, d, di, train, mode=None):
             return [y.detach()] + [p.grad for p in params] + [xi.grad]
 
         before = runtime.counters["launches"]
-        for _ in range(3 if mode else 1):   # graphs: warm-up, record, replay
+        for _ in range(3 if mode else 1):  # graphs: warm-up, record, replay
             got = step(compiled)
         torch.cuda.synchronize()
         want = step(model)
@@ -61,9 +65,13 @@ def check(name, m, d, di, train, mode=None):
 
 def main():
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": []}
-    cases = [("mlp", 2048, 1024, 4096, False, None), ("mlp", 2048, 1024, 4096, True, None),
-             ("activation_heavy", 4096, 256, 1024, True, None), ("llama_mlp", 512, 1024, 2816, True, None),
-             ("mlp", 1024, 512, 2048, False, "reduce-overhead")]
+    cases = [
+        ("mlp", 2048, 1024, 4096, False, None),
+        ("mlp", 2048, 1024, 4096, True, None),
+        ("activation_heavy", 4096, 256, 1024, True, None),
+        ("llama_mlp", 512, 1024, 2816, True, None),
+        ("mlp", 1024, 512, 2048, False, "reduce-overhead"),
+    ]
     ok = True
     for case in cases:
         try:
@@ -79,8 +87,15 @@ def main():
     kinds = served_kinds()
     res["served"] = {k: list(v) for k, v in kinds.items()}
     forms = {v[1] for v in kinds.values()}
-    print(json.dumps({"served_gemm_kernels": len(kinds), "kinds": sorted({v[0] for v in kinds.values()}),
-                      "forms": sorted(f for f in forms if f)}))
+    print(
+        json.dumps(
+            {
+                "served_gemm_kernels": len(kinds),
+                "kinds": sorted({v[0] for v in kinds.values()}),
+                "forms": sorted(f for f in forms if f),
+            }
+        )
+    )
     if not kinds or any(v[0] != "cublaslt" for v in kinds.values()) or not {"direct", "split"} <= forms:
         ok = False
     res["ok"] = ok

@@ -16,6 +16,7 @@ The daemon: FUSEML_SOCKET if one answers there (bench/device/python starts one),
 private fusemld started here from FUSEMLD_BIN or build-gpu/ or build/ (with its tuner worker
 and libfusemld beside it), its log in OUT.
 Usage: python3 tests/python/device_bmm.py OUT_DIR      (writes OUT_DIR/device_bmm.json)"""
+
 import json
 import math
 import os
@@ -36,7 +37,7 @@ import torch.nn as nn  # noqa: E402
 
 try:
     import fuseml  # noqa: E402
-except ImportError:   # not installed: the source tree (the ctypes launch path)
+except ImportError:  # not installed: the source tree (the ctypes launch path)
     sys.path.insert(0, os.path.join(ROOT, "client", "python"))
     import fuseml  # noqa: E402
 from fuseml import runtime, transport  # noqa: E402
@@ -55,6 +56,7 @@ def _sync():
 
 
 # -- models -------------------------------------------------------------------------------
+
 
 class Scores(nn.Module):
     """softmax((q @ k^T) * scale + mask) on [B, H, S, D], the mask [1, 1, S, S]."""
@@ -100,14 +102,14 @@ def bmm_inputs(b, dtype, m=256, k=512, n=1024):
 
 # (name, model factory, inputs(batch, dtype), the two batch sizes: one M bucket of B*H / Bt)
 CASES = [
-    ("attention_scores", Scores, attention_inputs, (4, 3)),                       # 64, 48
-    ("causal_scores", CausalScores,
-     lambda b, dt: attention_inputs(b, dt, causal=True), (4, 3)),
+    ("attention_scores", Scores, attention_inputs, (4, 3)),  # 64, 48
+    ("causal_scores", CausalScores, lambda b, dt: attention_inputs(b, dt, causal=True), (4, 3)),
     ("bmm_bias_gelu", lambda: BmmBiasGelu(1024), bmm_inputs, (32, 24)),
 ]
 
 
 # -- the daemon ---------------------------------------------------------------------------
+
 
 def _answers(path):
     try:
@@ -132,19 +134,30 @@ def start_daemon(out):
     tmp = tempfile.mkdtemp(prefix="fm-bmm-")
     sock = os.path.join(tmp, "fm.sock")
     log = open(os.path.join(out, "fusemld.log"), "ab")
-    proc = subprocess.Popen([exe, "--foreground", "--socket", sock, "--db",
-                             os.path.join(tmp, "kernels.db"), "--log-level", "info",
-                             "--tune", "eager"],   # every kernel tuned in its first reply
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--foreground",
+            "--socket",
+            sock,
+            "--db",
+            os.path.join(tmp, "kernels.db"),
+            "--log-level",
+            "info",
+            "--tune",
+            "eager",
+        ],  # every kernel tuned in its first reply
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 30
     while not _answers(sock):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"fusemld did not start (see {log.name})")
         time.sleep(0.1)
     os.environ["FUSEML_SOCKET"] = sock
-    os.environ["FUSEML_DAEMON"] = exe   # libfusemld is found beside it
-    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(exe))), "client",
-                       "libfusemld.so")
+    os.environ["FUSEML_DAEMON"] = exe  # libfusemld is found beside it
+    lib = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(exe))), "client", "libfusemld.so")
     if "FUSEML_LIB" not in os.environ and os.path.exists(lib):
         os.environ["FUSEML_LIB"] = lib
     proc.tmp = tmp
@@ -173,15 +186,20 @@ def daemon_stats(sock):
 
 # -- one case -----------------------------------------------------------------------------
 
+
 def bmm_runners(compiler, plan_from):
     """The runners of the batched GEMM groups in compiler.plans[plan_from:]."""
-    ids = {id(g.built) for p in compiler.plans[plan_from:] for g in p.groups
-           if g.kind == "gemm" and g.built is not None and g.built.wire.get("vocab") == 4}
+    ids = {
+        id(g.built)
+        for p in compiler.plans[plan_from:]
+        for g in p.groups
+        if g.kind == "gemm" and g.built is not None and g.built.wire.get("vocab") == 4
+    }
     return [r for r in list(runtime._registry.values()) if r.built is not None and id(r.built) in ids]
 
 
 def _fp32(x):
-    return x.float() if x.is_floating_point() else x   # a bool mask stays bool
+    return x.float() if x.is_floating_point() else x  # a bool mask stays bool
 
 
 def run_step(fn, model, xs, train):
@@ -222,27 +240,39 @@ def check_case(name, factory, make_inputs, batches, dtype_name, sock, train=Fals
         fuseml32 = [rel_err(a, r) for a, r in zip(got, ref32)]
         eager32 = [rel_err(a, r) for a, r in zip(want, ref32)]
         runners = bmm_runners(c, n_plans)
-        served = [{"group": r.name, "key": (r.group.key or "")[:16], "state": r.group.state,
-                   "origin": r.group.origin, "use_kernel": r.use_kernel,
-                   "kind": r.kernel[3].get("kind") if r.kernel else None,
-                   "grid": (r.kernel[3].get("grid") or {}).get("rule") if r.kernel else None,
-                   "why_eager": r.why_eager[0] if r.why_eager else None} for r in runners]
-        rec = {"batch": b, "rel_err": errs, "launches": launched,
-               "daemon_compiles": (compiles1 - compiles0) if None not in (compiles0, compiles1) else None,
-               "bmm_groups": served,
-               "groups": [g.describe() for p in c.plans[n_plans:] for g in p.groups
-                          if g.route == "kernel" or g.kind == "gemm"]}
+        served = [
+            {
+                "group": r.name,
+                "key": (r.group.key or "")[:16],
+                "state": r.group.state,
+                "origin": r.group.origin,
+                "use_kernel": r.use_kernel,
+                "kind": r.kernel[3].get("kind") if r.kernel else None,
+                "grid": (r.kernel[3].get("grid") or {}).get("rule") if r.kernel else None,
+                "why_eager": r.why_eager[0] if r.why_eager else None,
+            }
+            for r in runners
+        ]
+        rec = {
+            "batch": b,
+            "rel_err": errs,
+            "launches": launched,
+            "daemon_compiles": (compiles1 - compiles0) if None not in (compiles0, compiles1) else None,
+            "bmm_groups": served,
+            "groups": [
+                g.describe() for p in c.plans[n_plans:] for g in p.groups if g.route == "kernel" or g.kind == "gemm"
+            ],
+        }
         rec["fuseml_vs_fp32"], rec["eager_vs_fp32"] = fuseml32, eager32
         problems = []
-        if not (errs[0] == errs[0] and errs[0] <= LIMIT):      # e == e: NaN never passes
+        if not (errs[0] == errs[0] and errs[0] <= LIMIT):  # e == e: NaN never passes
             problems.append(f"output: relative error {errs[0]} against eager above {LIMIT} or NaN")
         # Gradients through softmax's backward in bf16 differ between any two bf16 runs by
         # ~1e-2 (cancellation), so they are judged against fp32: no worse than eager's own.
         for j in range(1, len(errs)):
             f32, e32 = fuseml32[j], eager32[j]
             if not (f32 == f32 and (errs[j] <= LIMIT or f32 <= 1.5 * e32 + 1e-3)):
-                problems.append(f"gradient {j}: {errs[j]} from eager, {f32} from fp32 "
-                                f"(eager's own: {e32})")
+                problems.append(f"gradient {j}: {errs[j]} from eager, {f32} from fp32 " f"(eager's own: {e32})")
         if not runners:
             problems.append("no bmm group was fused")
         for s in served:
@@ -277,25 +307,36 @@ def main():
         return 2
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    res = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__,
-           "route": os.environ.get("FUSEML_ROUTE"), "rows": []}
+    res = {
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
+        "torch": torch.__version__,
+        "route": os.environ.get("FUSEML_ROUTE"),
+        "rows": [],
+    }
     sock, proc = start_daemon(out)
     ok = True
     try:
-        res["hello"] = {k: v for k, v in transport.connect(sock, timeout=10).hello.items()
-                        if k in ("version", "mode", "device", "vocab", "codegen")}
+        res["hello"] = {
+            k: v
+            for k, v in transport.connect(sock, timeout=10).hello.items()
+            if k in ("version", "mode", "device", "vocab", "codegen")
+        }
         if res["hello"].get("mode") != "gpu":
             ok = False
             res["error"] = f"fusemld is in {res['hello'].get('mode')} mode: kernels are not tuned"
         for name, factory, make_inputs, batches in CASES:
             for dtype_name in DTYPES:
-                for train in ((False, True) if name == "attention_scores" and dtype_name == "bf16"
-                              else (False,)):
+                for train in (False, True) if name == "attention_scores" and dtype_name == "bf16" else (False,):
                     try:
                         row = check_case(name, factory, make_inputs, batches, dtype_name, sock, train)
-                    except Exception as e:   # report and go on: one case must not hide the others
-                        row = {"case": name, "dtype": dtype_name, "train": train, "ok": False,
-                               "error": f"{type(e).__name__}: {e}"}
+                    except Exception as e:  # report and go on: one case must not hide the others
+                        row = {
+                            "case": name,
+                            "dtype": dtype_name,
+                            "train": train,
+                            "ok": False,
+                            "error": f"{type(e).__name__}: {e}",
+                        }
                     ok = ok and row["ok"]
                     res["rows"].append(row)
                     print(json.dumps(row), flush=True)

@@ -2,6 +2,7 @@
 pointwise chains on CUDA through a real fusemld in GPU mode, outputs and gradients against
 eager, three batch sizes without a new kernel compile, and the host time of one launch.
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... FUSEML_ALLOW_UNTUNED=1 python3 device_check.py OUT.json"""
+
 import json
 import sys
 import time
@@ -35,10 +36,17 @@ def run_model(name, dtype, dim=256, batch=64):
     eager = runtime.counters["eager"] - before["eager"]
     errs = [((a.float() - b.float()).abs().max() / (b.float().abs().max() + 1e-6)).item() for a, b in zip(got, want)]
     kernels = [g for p in c.plans for g in p.kernels()]
-    return {"model": name, "dtype": str(dtype), "max_rel_err": max(errs), "out_rel_err": errs[0],
-            "groups_fused": len(kernels), "launches": launched, "eager_group_runs": eager,
-            "states": sorted({g.state for g in kernels if g.state}),
-            "origins": sorted({g.origin for g in kernels if g.origin})}
+    return {
+        "model": name,
+        "dtype": str(dtype),
+        "max_rel_err": max(errs),
+        "out_rel_err": errs[0],
+        "groups_fused": len(kernels),
+        "launches": launched,
+        "eager_group_runs": eager,
+        "states": sorted({g.state for g in kernels if g.state}),
+        "origins": sorted({g.origin for g in kernels if g.origin}),
+    }
 
 
 def dynamic_batches():
@@ -52,8 +60,14 @@ def dynamic_batches():
         n = len(c.plans)
         before = runtime.counters["launches"]
         err = (compiled(x) - model(x)).abs().max().item()
-        out.append({"batch": b, "max_abs_err": err, "new_graphs": len(c.plans) - n,
-                    "launches": runtime.counters["launches"] - before})
+        out.append(
+            {
+                "batch": b,
+                "max_abs_err": err,
+                "new_graphs": len(c.plans) - n,
+                "launches": runtime.counters["launches"] - before,
+            }
+        )
     return out
 
 
@@ -61,8 +75,10 @@ def launch_overhead(n=5000):
     """Host time per launch of a tiny fused op (x * 2 + 1 over 1024 floats): the launch itself
     (ctypes into fm_module_launch), the runner (checks + output allocation + launch), the
     custom op through the dispatcher, and eager's two ATen kernels for scale."""
+
     def f(x):
         return x * 2.0 + 1.0
+
     c = fuseml.FuseMLCompiler()
     x = torch.randn(1, 1024, device="cuda")
     compiled = torch.compile(f, backend=c)

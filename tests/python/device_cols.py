@@ -9,6 +9,7 @@ only). The second batch size recompiles with M symbolic, so its column fragments
 
 The daemon: as tests/python/device_bmm.py (FUSEML_SOCKET, else a private fusemld).
 Usage: python3 tests/python/device_cols.py OUT_DIR      (writes OUT_DIR/device_cols.json)"""
+
 import json
 import os
 import sys
@@ -22,12 +23,13 @@ from fuseml import runtime  # noqa: E402
 from helpers import rel_err  # noqa: E402
 from models import MODELS  # noqa: E402
 
-BATCHES = (4096, 3000)   # the second: M symbolic, bucket 4096
+BATCHES = (4096, 3000)  # the second: M symbolic, bucket 4096
 
 
 def column_runners(compiler, plan_from):
-    ids = {id(g.built) for p in compiler.plans[plan_from:] for g in p.groups
-           if g.kind == "columns" and g.built is not None}
+    ids = {
+        id(g.built) for p in compiler.plans[plan_from:] for g in p.groups if g.kind == "columns" and g.built is not None
+    }
     return [r for r in list(runtime._registry.values()) if r.built is not None and id(r.built) in ids]
 
 
@@ -60,9 +62,16 @@ def main():
             want = step(model, model, x)
             errs = [rel_err(a, w) for a, w in zip(got, want)]
             runners = column_runners(c, n_plans)
-            served = [{"group": r.name, "state": r.group.state, "use_kernel": r.use_kernel,
-                       "m_hint": r.built.wire.get("m_hint"),
-                       "m": r.built.wire["inputs"][0]["shape"][0]} for r in runners]
+            served = [
+                {
+                    "group": r.name,
+                    "state": r.group.state,
+                    "use_kernel": r.use_kernel,
+                    "m_hint": r.built.wire.get("m_hint"),
+                    "m": r.built.wire["inputs"][0]["shape"][0],
+                }
+                for r in runners
+            ]
             problems = [f"gradient {j}: {e}" for j, e in enumerate(errs) if not e <= LIMIT]
             if not runners:
                 problems.append("no column group was fused")

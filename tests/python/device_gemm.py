@@ -4,6 +4,7 @@ bf16 at benchmark-like shapes through a real fusemld in GPU mode (tuned kernels
 only), inference and a training step against eager (relative error), the routing each group
 got from its measured timings, and eager vs fuseml step times (CUDA events, medians,
 interleaved). Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_gemm.py OUT.json"""
+
 import json
 import sys
 import time
@@ -49,13 +50,23 @@ def check(name, m, d, di, train):
     torch.cuda.synchronize()
     eager_ms, fuseml_ms = median_ms([lambda: step(model), lambda: step(compiled)])
     groups = [g for p in c.plans for g in p.groups]
-    return {"model": name, "train": train, "M": m, "d_model": d, "d_intermediate": di,
-            "rel_err_max": max(errs), "rel_err_out": errs[0], "first_call_s": first_s,
-            "eager_ms": eager_ms, "fuseml_ms": fuseml_ms, "speedup": eager_ms / fuseml_ms,
-            "launches_per_step": runtime.counters["launches"] - before["launches"],
-            "eager_group_runs_per_step": runtime.counters["eager"] - before["eager"],
-            "groups": [g.describe() for g in groups if g.route == "kernel" or g.kind == "gemm"],
-            "states": sorted({g.state for g in groups if g.state})}
+    return {
+        "model": name,
+        "train": train,
+        "M": m,
+        "d_model": d,
+        "d_intermediate": di,
+        "rel_err_max": max(errs),
+        "rel_err_out": errs[0],
+        "first_call_s": first_s,
+        "eager_ms": eager_ms,
+        "fuseml_ms": fuseml_ms,
+        "speedup": eager_ms / fuseml_ms,
+        "launches_per_step": runtime.counters["launches"] - before["launches"],
+        "eager_group_runs_per_step": runtime.counters["eager"] - before["eager"],
+        "groups": [g.describe() for g in groups if g.route == "kernel" or g.kind == "gemm"],
+        "states": sorted({g.state for g in groups if g.state}),
+    }
 
 
 class _Norms(torch.nn.Module):
@@ -83,9 +94,17 @@ def check_rows(m=16384, d=4096, rest="aten"):
         errs = [rel_err(a, b) for a, b in zip(got, want)]
         eager_ms, fuseml_ms = median_ms([lambda: model(x), lambda: compiled(x)])
     groups = [g for p in c.plans for g in p.groups]
-    return {"model": "norms", "rest": rest, "M": m, "d_model": d, "rel_err": errs,
-            "eager_ms": eager_ms, "fuseml_ms": fuseml_ms, "speedup": eager_ms / fuseml_ms,
-            "groups": [g.describe() for g in groups if g.kind == "rows"]}
+    return {
+        "model": "norms",
+        "rest": rest,
+        "M": m,
+        "d_model": d,
+        "rel_err": errs,
+        "eager_ms": eager_ms,
+        "fuseml_ms": fuseml_ms,
+        "speedup": eager_ms / fuseml_ms,
+        "groups": [g.describe() for g in groups if g.kind == "rows"],
+    }
 
 
 def check_inductor_rest(m=16384, d=256, di=1024):
@@ -97,9 +116,15 @@ def check_inductor_rest(m=16384, d=256, di=1024):
     with torch.no_grad():
         err = rel_err(compiled(x), model(x))
         eager_ms, fuseml_ms = median_ms([lambda: model(x), lambda: compiled(x)])
-    return {"model": "activation_heavy", "rest": "inductor", "M": m, "rel_err_out": err,
-            "eager_ms": eager_ms, "fuseml_ms": fuseml_ms,
-            "groups": [g.describe() for p in c.plans for g in p.groups if g.route == "kernel"]}
+    return {
+        "model": "activation_heavy",
+        "rest": "inductor",
+        "M": m,
+        "rel_err_out": err,
+        "eager_ms": eager_ms,
+        "fuseml_ms": fuseml_ms,
+        "groups": [g.describe() for p in c.plans for g in p.groups if g.route == "kernel"],
+    }
 
 
 def main():

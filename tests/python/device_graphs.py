@@ -9,6 +9,7 @@ and a training step's forward and backward), and what happens to an output kept 
 next step.
 Rows are written as they finish (FM_GRAPHS_BUDGET_S bounds the whole run).
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_graphs.py OUT.json"""
+
 import copy
 import json
 import os
@@ -24,8 +25,7 @@ import fuseml
 from fuseml import runtime
 
 SHAPES = {"small": (128, 256, 1024), "memory_bound": (16384, 256, 1024)}
-MODEL_NAMES = {"mlp": "mlp", "heavy": "activation_heavy", "stacked": "stacked",
-               "llama_mlp": "llama_mlp"}
+MODEL_NAMES = {"mlp": "mlp", "heavy": "activation_heavy", "stacked": "stacked", "llama_mlp": "llama_mlp"}
 T0 = time.monotonic()
 BUDGET_S = float(os.environ.get("FM_GRAPHS_BUDGET_S", "150"))
 
@@ -51,6 +51,7 @@ def make_step(model, x, train):
         y = fn(xi)
         y.float().square().mean().backward()
         return [y] + [p.grad for p in params] + [xi.grad]
+
     return step
 
 
@@ -69,18 +70,17 @@ def check(label, preset, train, rest="aten"):
     want = make_step(ref, x.float(), train)(ref)
     want2 = make_step(ref, x2.float(), train)(ref)[0]
 
-    row = {"model": label, "preset": preset, "M": m, "d_model": d, "d_intermediate": di,
-           "train": train, "rest": rest}
+    row = {"model": label, "preset": preset, "M": m, "d_model": d, "d_intermediate": di, "train": train, "rest": rest}
     t = time.perf_counter()
     got_plain = [g.detach().clone() for g in step(plain)]
     torch.cuda.synchronize()
     row["first_call_s"] = round(time.perf_counter() - t, 2)
     replay0, launches0 = _replay_counts(), runtime.counters["launches"]
-    first = [g.detach().clone() for g in step(graphs)]        # warm-up (routing measured here)
-    second = [g.detach().clone() for g in step(graphs)]       # recording
+    first = [g.detach().clone() for g in step(graphs)]  # warm-up (routing measured here)
+    second = [g.detach().clone() for g in step(graphs)]  # recording
     torch.cuda.synchronize()
     launches1 = runtime.counters["launches"]
-    third = [g.detach().clone() for g in step(graphs)]        # replay
+    third = [g.detach().clone() for g in step(graphs)]  # replay
     torch.cuda.synchronize()
     row["launches_warmup_and_record"] = launches1 - launches0
     row["launches_in_replay"] = runtime.counters["launches"] - launches1
@@ -92,8 +92,7 @@ def check(label, preset, train, rest="aten"):
     eager = step(model)
     row["rel_err_eager_bf16"] = max(rel_err(a, b) for a, b in zip(eager, want))
     row["rel_err_fuseml"] = max(rel_err(a, b) for a, b in zip(got_plain, want))
-    row["rel_err_graphs"] = [max(rel_err(a, b) for a, b in zip(o, want))
-                             for o in (first, second, third)]
+    row["rel_err_graphs"] = [max(rel_err(a, b) for a, b in zip(o, want)) for o in (first, second, third)]
     mine = {id(g) for p in c_graphs.plans for g in p.groups}
     runners = [r for r in runtime._registry.values() if id(r.group) in mine]
     row["graph_plans"] = [f"{p.which}: {p.graphs}" for p in c_graphs.plans]
@@ -108,8 +107,7 @@ def check(label, preset, train, rest="aten"):
     step(graphs, x2)
     try:
         err = rel_err(kept, want[0])
-        row["kept_output"] = {"outcome": "valid" if err < 2e-2 else "overwritten (silently)",
-                              "rel_err": err}
+        row["kept_output"] = {"outcome": "valid" if err < 2e-2 else "overwritten (silently)", "rel_err": err}
     except RuntimeError as e:
         row["kept_output"] = {"outcome": "raised", "error": str(e).splitlines()[0][:200]}
     row["rel_err_graphs_x2"] = rel_err(step(graphs, x2)[0], want2)
@@ -120,8 +118,7 @@ def check(label, preset, train, rest="aten"):
         before, saved = kept.clone(), x.clone()
         x.copy_(x2)
         new = step(graphs)[0]
-        row["kept_same_input"] = {"kept_unchanged": bool(torch.equal(kept, before)),
-                                  "rel_err_new": rel_err(new, want2)}
+        row["kept_same_input"] = {"kept_unchanged": bool(torch.equal(kept, before)), "rel_err_new": rel_err(new, want2)}
         x.copy_(saved)
         del kept, new
 
@@ -149,6 +146,7 @@ def replay_paths():
     def init(self, *a, **k):
         orig_init(self, *a, **k)
         runners.append(self)
+
     graph_replay.GraphReplay.__init__ = init
     res = {}
     try:
@@ -166,17 +164,24 @@ def replay_paths():
                     for i, x in enumerate(xs):
                         y = compiled(x)
                         if rnd == 2 and i % 3 == 0:
-                            kept.append((y, want[i]))   # held across the later calls
+                            kept.append((y, want[i]))  # held across the later calls
                         worst = max(worst, rel_err(y, want[i]))
                 worst_kept = max(rel_err(y, w) for y, w in kept)
             torch.cuda.synchronize()
             r = runners[-1] if runners else None
-            res[label] = {"rel_err_max": worst, "rel_err_kept_max": worst_kept,
-                          "recordings": r and r.recordings, "replays": r and r.replays,
-                          "direct": r and len(r.direct), "layouts": r and len(r.by_layout),
-                          "dropped": r and r.dropped, "over_budget": r and r.over_budget,
-                          "held_runs": r and r.held_runs,
-                          "pool_mb": r and round(r.pool_bytes / 2**20, 1), "off": r and r.off}
+            res[label] = {
+                "rel_err_max": worst,
+                "rel_err_kept_max": worst_kept,
+                "recordings": r and r.recordings,
+                "replays": r and r.replays,
+                "direct": r and len(r.direct),
+                "layouts": r and len(r.by_layout),
+                "dropped": r and r.dropped,
+                "over_budget": r and r.over_budget,
+                "held_runs": r and r.held_runs,
+                "pool_mb": r and round(r.pool_bytes / 2**20, 1),
+                "off": r and r.off,
+            }
             del kept, want
     finally:
         graph_replay.GraphReplay.__init__ = orig_init
@@ -193,15 +198,19 @@ def main():
     print(json.dumps({"replay_paths": out["replay_paths"]}), flush=True)
     try:
         from fuseml import cudagraphs
+
         cudagraphs._api()
         out["cudagraph_api"] = "ok"
     except Exception as e:
         out["cudagraph_api"] = repr(e)
     # the small shape first: host time is what graphs remove
-    plan = [("mlp", "small", False), ("mlp", "small", True), ("mlp", "memory_bound", False),
-            ("mlp", "memory_bound", True)]
-    plan += [(n, p, False) for p in ("small", "memory_bound")
-             for n in ("heavy", "stacked", "llama_mlp")]
+    plan = [
+        ("mlp", "small", False),
+        ("mlp", "small", True),
+        ("mlp", "memory_bound", False),
+        ("mlp", "memory_bound", True),
+    ]
+    plan += [(n, p, False) for p in ("small", "memory_bound") for n in ("heavy", "stacked", "llama_mlp")]
     plan += [("heavy", "small", False, "inductor")]
     for args in plan:
         if time.monotonic() - T0 > BUDGET_S:

@@ -9,6 +9,7 @@ no new graph and no new kernel after the first. Then two processes compiling the
 against one fusemld: the second is served every kernel from the cache ("hit").
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_hf.py OUT.json
 (FM_HF_DEVICE=cpu runs the same flow on the CPU, where fuseml runs eager: a dry run.)"""
+
 import copy
 import json
 import os
@@ -29,15 +30,31 @@ T0 = time.monotonic()
 
 def make_model(arch, d=256):
     import transformers as tf
+
     torch.manual_seed(0)
     if arch == "llama":
-        cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=d, intermediate_size=11 * d // 4,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                             max_position_embeddings=4 * SEQ)
+        cfg = tf.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=d,
+            intermediate_size=11 * d // 4,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=4 * SEQ,
+        )
         return tf.LlamaForCausalLM(cfg)
-    cfg = tf.GPT2Config(vocab_size=VOCAB, n_embd=d, n_layer=2, n_head=4, n_positions=4 * SEQ,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                        bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    cfg = tf.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=d,
+        n_layer=2,
+        n_head=4,
+        n_positions=4 * SEQ,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=VOCAB - 1,
+        eos_token_id=VOCAB - 1,
+    )
     return tf.GPT2LMHeadModel(cfg)
 
 
@@ -63,8 +80,11 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         out = self.fn(input_ids=ids, labels=ids)
         out.loss.backward()
-        got = {"loss": out.loss.detach().float().clone(), "logits": out.logits.detach().clone(),
-               "grads": flat([p.grad for p in self.params])}
+        got = {
+            "loss": out.loss.detach().float().clone(),
+            "logits": out.logits.detach().clone(),
+            "grads": flat([p.grad for p in self.params]),
+        }
         self.opt.step()
         got["params"] = flat([p.detach() for p in self.params])
         return got
@@ -103,11 +123,13 @@ def train_check(arch):
         served = [g for g in groups if g.route == "kernel" and g.key]
         row[name + "_plan"] = {
             "graphs": [f"{p.which}: {p.graphs}" for p in c.plans],
-            "groups": len(groups), "served": len(served),
+            "groups": len(groups),
+            "served": len(served),
             "kinds": sorted({g.kind for g in served}),
             "states": sorted({g.state for g in served if g.state}),
             "routed_aten": sum(1 for g in served if g.route_measured and g.route_measured[0] == "aten"),
-            "not_served": sorted({g.reason.split(":")[0] for g in groups if g.route != "kernel" and g.reason})[:12]}
+            "not_served": sorted({g.reason.split(":")[0] for g in groups if g.route != "kernel" and g.reason})[:12],
+        }
     # pass: every fuseml error within 1e-2 (the bf16 bar) or within 2x bf16 eager's own
     worst = {}
     for name in compilers:
@@ -115,7 +137,7 @@ def train_check(arch):
             e = max(s[name][k] for s in row["steps"])
             bar = max(1e-2, 2 * max(s["eager_bf16"][k] for s in row["steps"]))
             worst[f"{name}.{k}"] = e
-            if not e == e or e > bar:   # NaN never passes
+            if not e == e or e > bar:  # NaN never passes
                 row.setdefault("failures", []).append(f"{name} {k}: {e:.3g} > {bar:.3g}")
     row["worst"] = worst
     row["ok"] = "failures" not in row
@@ -135,12 +157,21 @@ def batch_sizes(arch="llama"):
         torch._dynamo.mark_dynamic(ids, 0)
         n, loads = len(c.plans), runtime.counters["module_loads"]
         got = tr.step(ids)
-        out.append({"batch": b, "new_graphs": len(c.plans) - n,
-                    "module_loads": runtime.counters["module_loads"] - loads,
-                    "loss": got["loss"].item()})
+        out.append(
+            {
+                "batch": b,
+                "new_graphs": len(c.plans) - n,
+                "module_loads": runtime.counters["module_loads"] - loads,
+                "loss": got["loss"].item(),
+            }
+        )
     origins = sorted({g.origin for p in c.plans for g in p.groups if g.origin})
-    return {"model": arch, "sizes": out, "origins": origins,
-            "ok": all(s["new_graphs"] == 0 and s["module_loads"] == 0 for s in out[1:])}
+    return {
+        "model": arch,
+        "sizes": out,
+        "origins": origins,
+        "ok": all(s["new_graphs"] == 0 and s["module_loads"] == 0 for s in out[1:]),
+    }
 
 
 def child():
@@ -152,15 +183,23 @@ def child():
     t = time.perf_counter()
     tr.step(batches(1)[0])
     served = [g for p in c.plans for g in p.groups if g.key]
-    print(json.dumps({"first_step_s": round(time.perf_counter() - t, 2), "served": len(served),
-                      "origins": sorted(g.origin for g in served)}))
+    print(
+        json.dumps(
+            {
+                "first_step_s": round(time.perf_counter() - t, 2),
+                "served": len(served),
+                "origins": sorted(g.origin for g in served),
+            }
+        )
+    )
 
 
 def two_processes():
     out = []
     for _ in range(2):
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child"], capture_output=True, text=True, timeout=300
+        )
         last = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
         out.append(json.loads(last[-1]) if last else {"error": (r.stderr or r.stdout)[-1500:]})
     second = out[1].get("origins", [])
@@ -168,14 +207,14 @@ def two_processes():
 
 
 def main():
-    res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV,
-           "torch": torch.__version__}
+    res = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__}
     try:
         import transformers
+
         res["transformers"] = transformers.__version__
     except ImportError as e:
         res["error"] = repr(e)
-    checks = [("two_processes", two_processes)]   # first: the cache must not hold its model yet
+    checks = [("two_processes", two_processes)]  # first: the cache must not hold its model yet
     checks += [(f"train_{a}", lambda a=a: train_check(a)) for a in ("llama", "gpt2")]
     checks += [("batch_sizes", batch_sizes)]
     for name, fn in checks:
@@ -185,7 +224,7 @@ def main():
         torch._dynamo.reset()
         try:
             res[name] = fn()
-        except Exception as e:   # report and go on: one check must not hide the others
+        except Exception as e:  # report and go on: one check must not hide the others
             res[name] = {"error": repr(e)[:2000]}
         res[name]["t_s"] = round(time.monotonic() - T0, 1)
         print(name, json.dumps(res[name])[:3000], flush=True)

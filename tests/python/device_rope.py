@@ -13,6 +13,7 @@ against a real fusemld in GPU mode (tuned kernels only):
   (no grad) and of forward + backward under eager, Inductor (torch.compile default) and
   fuseml, at Llama-3-8B's heads (32 q, 8 kv, D 128) over 4 x 2048 tokens.
 Usage: python3 tests/python/device_rope.py OUT_DIR   (writes OUT_DIR/device_rope.json)"""
+
 import json
 import os
 import sys
@@ -26,7 +27,7 @@ import torch  # noqa: E402
 
 try:
     import fuseml  # noqa: E402
-except ImportError:   # not installed: the source tree (the ctypes launch path)
+except ImportError:  # not installed: the source tree (the ctypes launch path)
     sys.path.insert(0, os.path.join(ROOT, "client", "python"))
     import fuseml  # noqa: E402
 from fuseml import runtime  # noqa: E402
@@ -143,8 +144,10 @@ def main(out):
         for fn in (ind, fus):
             step(fn, *args)
         both = median_ms([lambda f=f: step(f, *args) for f in (apply_rotary_pos_emb, ind, fus)])
-        res["ms"] = {"forward": dict(zip(("eager", "inductor", "fuseml"), fwd)),
-                     "forward_backward": dict(zip(("eager", "inductor", "fuseml"), both))}
+        res["ms"] = {
+            "forward": dict(zip(("eager", "inductor", "fuseml"), fwd)),
+            "forward_backward": dict(zip(("eager", "inductor", "fuseml"), both)),
+        }
         moved = 2 * (q.numel() + k.numel()) * q.element_size() + 2 * cos.numel() * cos.element_size()
         print(f"{'ms (median of 50)':28s} {'eager':>8s} {'inductor':>9s} {'fuseml':>8s}")
         for n, t in (("forward (no grad)", fwd), ("forward + backward", both)):

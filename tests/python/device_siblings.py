@@ -20,6 +20,7 @@ private fusemld started here from FUSEMLD_BIN or build-gpu/ or build/ (device_bm
 FM_SIBLINGS_DEVICE=cpu: a dry run of this script's own logic without a GPU (every group then
 runs eagerly and the checks that want kernels fail, as they should).
 Usage: python3 tests/python/device_siblings.py OUT_DIR   (writes OUT_DIR/device_siblings.json)"""
+
 import copy
 import json
 import os
@@ -36,7 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 
 try:
     import fuseml  # noqa: E402
-except ImportError:   # not installed: the source tree (the ctypes launch path)
+except ImportError:  # not installed: the source tree (the ctypes launch path)
     sys.path.insert(0, os.path.join(ROOT, "client", "python"))
     import fuseml  # noqa: E402
 from fuseml import runtime, transport  # noqa: E402
@@ -47,8 +48,8 @@ LIMIT = 1e-2
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICE = os.environ.get("FM_SIBLINGS_DEVICE", "cuda")
 D_MODEL, D_FF, SEQ = 512, 1408, 128
-BATCHES = (4, 3)            # M = 512 and 384: one M bucket (512)
-TIME_SHAPE = (4, 512, 1024, 4096)   # B, S, d_model, d_ff: M = 2048
+BATCHES = (4, 3)  # M = 512 and 384: one M bucket (512)
+TIME_SHAPE = (4, 512, 1024, 4096)  # B, S, d_model, d_ff: M = 2048
 
 
 class GLU(nn.Module):
@@ -63,15 +64,18 @@ class GLU(nn.Module):
 
     def forward(self, x):
         g = self.gate_proj(x)
-        g = F.silu(g) if self.act == "silu" else \
-            F.gelu(g, approximate="tanh" if self.act == "gelu_tanh" else "none")
+        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh" if self.act == "gelu_tanh" else "none")
         return self.down_proj(g * self.up_proj(x))
 
 
 # (name, act, bias, train)
-CASES = [("swiglu", "silu", False, False), ("swiglu_bias", "silu", True, False),
-         ("geglu_tanh", "gelu_tanh", False, False), ("geglu_bias", "gelu", True, False)]
-TRAIN_CASE = ("swiglu_train", "silu", False, True)   # bf16 only: gradients after backward
+CASES = [
+    ("swiglu", "silu", False, False),
+    ("swiglu_bias", "silu", True, False),
+    ("geglu_tanh", "gelu_tanh", False, False),
+    ("geglu_bias", "gelu", True, False),
+]
+TRAIN_CASE = ("swiglu_train", "silu", False, True)  # bf16 only: gradients after backward
 
 
 def _sync():
@@ -101,23 +105,35 @@ def run_step(fn, model, x, train):
 def sibling_runners(compiler, plan_from):
     """(group, runner) of each sibling group in compiler.plans[plan_from:]."""
     runners = {id(r.built): r for r in list(runtime._registry.values()) if r.built is not None}
-    return [(g, runners.get(id(g.built))) for p in compiler.plans[plan_from:] for g in p.groups
-            if getattr(g, "siblings", False)]
+    return [
+        (g, runners.get(id(g.built)))
+        for p in compiler.plans[plan_from:]
+        for g in p.groups
+        if getattr(g, "siblings", False)
+    ]
 
 
 def served_record(g, r):
     meta = r.kernel[3] if r is not None and r.kernel else {}
-    return {"group": g.describe(), "key": (g.key or "")[:16], "state": g.state, "origin": g.origin,
-            "route": g.route, "reason": g.reason, "kind": meta.get("kind"), "entry": meta.get("entry"),
-            "use_kernel": r.use_kernel if r is not None else None,
-            "why_eager": r.why_eager[0] if r is not None and r.why_eager else None}
+    return {
+        "group": g.describe(),
+        "key": (g.key or "")[:16],
+        "state": g.state,
+        "origin": g.origin,
+        "route": g.route,
+        "reason": g.reason,
+        "kind": meta.get("kind"),
+        "entry": meta.get("entry"),
+        "use_kernel": r.use_kernel if r is not None else None,
+        "why_eager": r.why_eager[0] if r is not None and r.why_eager else None,
+    }
 
 
 def judge(errs, f32, e32, names):
     """Problems with the errors: NaN, or above LIMIT and worse than eager's own (x1.5)."""
     out = []
     for name, err, f, e in zip(names, errs, f32, e32):
-        if not (f == f and (f <= LIMIT or f <= 1.5 * e + 1e-3)):     # f == f: NaN never passes
+        if not (f == f and (f <= LIMIT or f <= 1.5 * e + 1e-3)):  # f == f: NaN never passes
             out.append(f"{name}: {f:.3g} from fp32 (eager's own {e:.3g}; {err:.3g} from eager)")
     return out
 
@@ -150,14 +166,24 @@ def check_case(name, act, bias, dtype_name, train, sock):
         e32 = [rel_err(w, r) for w, r in zip(want, ref32)]
         sibs = sibling_runners(c, n_plans)
         served = [served_record(g, r) for g, r in sibs]
-        rec = {"batch": b, "M": b * SEQ, "rel_err_vs_eager": errs, "fuseml_vs_fp32": f32,
-               "eager_vs_fp32": e32, "launches": launched,
-               "daemon_compiles": (compiles1 - compiles0) if None not in (compiles0, compiles1) else None,
-               "siblings": served,
-               "groups": [f"{p.which}: {g.describe()}" for p in c.plans[n_plans:] for g in p.groups
-                          if g.route == "kernel" or g.kind == "gemm"]}
+        rec = {
+            "batch": b,
+            "M": b * SEQ,
+            "rel_err_vs_eager": errs,
+            "fuseml_vs_fp32": f32,
+            "eager_vs_fp32": e32,
+            "launches": launched,
+            "daemon_compiles": (compiles1 - compiles0) if None not in (compiles0, compiles1) else None,
+            "siblings": served,
+            "groups": [
+                f"{p.which}: {g.describe()}"
+                for p in c.plans[n_plans:]
+                for g in p.groups
+                if g.route == "kernel" or g.kind == "gemm"
+            ],
+        }
         problems = judge(errs, f32, e32, names)
-        if len(served) != 1:   # the forward (or inference) graph's; backward has none
+        if len(served) != 1:  # the forward (or inference) graph's; backward has none
             problems.append(f"{len(served)} sibling groups found, want 1 (gate/up + act + mul)")
         for s in served:
             if s["route"] != "kernel" or s["state"] != "tuned" or s["why_eager"] or not s["use_kernel"]:
@@ -206,22 +232,34 @@ def time_medium():
     compiled = torch.compile(model, backend=c, dynamic=False)
     xs = [torch.randn(b, s, d, device=DEVICE, dtype=torch.bfloat16) for _ in range(4)]
     with torch.no_grad():
-        compiled(xs[0])     # compile, tune, route
+        compiled(xs[0])  # compile, tune, route
         _sync()
         served = [served_record(g, r) for g, r in sibling_runners(c, 0)]
-        rec = {"shape": {"M": b * s, "d_model": d, "d_ff": ff, "dtype": "bf16"}, "siblings": served,
-               "groups": [g.describe() for p in c.plans for g in p.groups]}
+        rec = {
+            "shape": {"M": b * s, "d_model": d, "d_ff": ff, "dtype": "bf16"},
+            "siblings": served,
+            "groups": [g.describe() for p in c.plans for g in p.groups],
+        }
         problems = []
         if len(served) != 1 or any(x["state"] != "tuned" or not x["use_kernel"] for x in served):
             problems.append(f"the sibling group did not run a tuned kernel: {served}")
         if DEVICE == "cuda":
             (e_ms, f_ms), spread = timed_steps([lambda x: model(x), lambda x: compiled(x)], rotate=xs)
-            flops = 2 * b * s * d * ff * 3        # gate, up, down
-            rec.update(eager_ms=e_ms, fuseml_ms=f_ms, speedup=e_ms / f_ms,
-                       eager_tflops=flops / e_ms / 1e9, fuseml_tflops=flops / f_ms / 1e9,
-                       eager_min_max_ms=spread[0], fuseml_min_max_ms=spread[1])
-            print(f"timing M={b * s} d_model={d} d_ff={ff} bf16: eager {e_ms:.4f} ms, "
-                  f"fuseml {f_ms:.4f} ms ({e_ms / f_ms:.2f}x)", flush=True)
+            flops = 2 * b * s * d * ff * 3  # gate, up, down
+            rec.update(
+                eager_ms=e_ms,
+                fuseml_ms=f_ms,
+                speedup=e_ms / f_ms,
+                eager_tflops=flops / e_ms / 1e9,
+                fuseml_tflops=flops / f_ms / 1e9,
+                eager_min_max_ms=spread[0],
+                fuseml_min_max_ms=spread[1],
+            )
+            print(
+                f"timing M={b * s} d_model={d} d_ff={ff} bf16: eager {e_ms:.4f} ms, "
+                f"fuseml {f_ms:.4f} ms ({e_ms / f_ms:.2f}x)",
+                flush=True,
+            )
     rec["problems"] = problems
     rec["ok"] = not problems
     return rec
@@ -233,13 +271,20 @@ def main():
         return 2
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
-    res = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
-           "torch": torch.__version__, "route": os.environ.get("FUSEML_ROUTE"), "rows": []}
+    res = {
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
+        "torch": torch.__version__,
+        "route": os.environ.get("FUSEML_ROUTE"),
+        "rows": [],
+    }
     sock, proc = start_daemon(out)
     ok = True
     try:
-        res["hello"] = {k: v for k, v in transport.connect(sock, timeout=10).hello.items()
-                        if k in ("version", "mode", "device", "vocab", "codegen")}
+        res["hello"] = {
+            k: v
+            for k, v in transport.connect(sock, timeout=10).hello.items()
+            if k in ("version", "mode", "device", "vocab", "codegen")
+        }
         if res["hello"].get("mode") != "gpu":
             ok = False
             res["error"] = f"fusemld is in {res['hello'].get('mode')} mode: kernels are not tuned"
@@ -247,9 +292,14 @@ def main():
         for (name, act, bias, train), dtype_name in runs:
             try:
                 row = check_case(name, act, bias, dtype_name, train, sock)
-            except Exception as e:   # report and go on: one case must not hide the others
-                row = {"case": name, "dtype": dtype_name, "train": train, "ok": False,
-                       "error": f"{type(e).__name__}: {e}"}
+            except Exception as e:  # report and go on: one case must not hide the others
+                row = {
+                    "case": name,
+                    "dtype": dtype_name,
+                    "train": train,
+                    "ok": False,
+                    "error": f"{type(e).__name__}: {e}",
+                }
             ok = ok and row["ok"]
             res["rows"].append(row)
             print(json.dumps(row), flush=True)

@@ -4,6 +4,7 @@ as generated code after its first call, gives the same outputs and gradients as 
 kernels run from the FX graph (FUSEML_STRAIGHT_LINE=0), runs a misaligned input through the
 group's ATen ops, and costs less host time per call.
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_straight.py OUT.json"""
+
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import torch
 
 import fuseml
 
-os.environ["FUSEML_ROUTE"] = "kernel"   # the same kernels on both paths: outputs compare equal
+os.environ["FUSEML_ROUTE"] = "kernel"  # the same kernels on both paths: outputs compare equal
 
 
 class Block(torch.nn.Module):
@@ -58,7 +59,7 @@ def main(out_path):
     # inference: each compile runs its first calls before the next is made (the setting is
     # read when a graph's code is generated, after its first call)
     big = torch.randn(8 * 64 * 512 + 1, device="cuda", dtype=torch.bfloat16)
-    xm = big[1:].view(8, 64, 512)   # 2 bytes past an allocation: too little for the kernels
+    xm = big[1:].view(8, 64, 512)  # 2 bytes past an allocation: too little for the kernels
     runs = {}
     with torch.no_grad():
         for generated in (True, False):
@@ -100,8 +101,7 @@ def main(out_path):
         gb = grads(fx)
     result["train_paths"] = paths(cg)
     result["train_equal"] = all(torch.equal(p, q) for p, q in zip(ga, gb))
-    result["train_max_rel"] = max(((p.float() - q.float()).norm() / q.float().norm()).item()
-                                  for p, q in zip(ga, gb))
+    result["train_max_rel"] = max(((p.float() - q.float()).norm() / q.float().norm()).item() for p, q in zip(ga, gb))
     if sum(p.startswith("generated") for _, p in result["train_paths"]) < 2:
         failures.append("forward and backward graphs not both generated")
     if result["train_max_rel"] > 1e-3:

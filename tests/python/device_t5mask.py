@@ -12,6 +12,7 @@
 Usage: FUSEML_SOCKET=... FUSEML_NO_AUTOSTART=1 python3 device_t5mask.py OUT_DIR
 (FM_T5_DEVICE=cpu FM_T5_SIZE=tiny FUSEML_REQUEST_CPU_GRAPHS=1: the same flow on the CPU, where
 fuseml runs eager: a dry run, whose kernel checks fail by design.)"""
+
 import json
 import os
 import sys
@@ -26,13 +27,21 @@ import fuseml  # noqa: E402
 from fuseml import plan_view  # noqa: E402
 
 aten = torch.ops.aten
-DEV = torch.device(os.environ.get("FM_T5_DEVICE", "cuda"))   # cpu: a dry run of the flow
+DEV = torch.device(os.environ.get("FM_T5_DEVICE", "cuda"))  # cpu: a dry run of the flow
 SIZE = os.environ.get("FM_T5_SIZE", "small")
 INF, NAN = float("inf"), float("nan")
 # the mask path's own ops (where and masked_fill also run on T5's int64 bucket and label
 # arithmetic, which no fragment holds: they are listed, not checked)
-MASK_ATEN = ("aten::_safe_softmax", "aten::_softmax", "aten::_softmax_backward_data", "aten::isneginf",
-             "aten::all", "aten::any", "aten::isnan", "aten::isinf")
+MASK_ATEN = (
+    "aten::_safe_softmax",
+    "aten::_softmax",
+    "aten::_softmax_backward_data",
+    "aten::isneginf",
+    "aten::all",
+    "aten::any",
+    "aten::isnan",
+    "aten::isinf",
+)
 failures = []
 
 
@@ -48,8 +57,8 @@ def edge(shape, seed=0):
     flat = x.view(-1)
     idx = torch.randperm(flat.numel(), generator=g)[: flat.numel() // 3]
     flat[idx] = torch.tensor([INF, -INF, NAN, 0.0, -0.0, 1.0]).repeat(len(idx) // 6 + 1)[: len(idx)]
-    x[0] = -INF                 # a row of -inf: all() true, softmax's row zeroed
-    x[1] = 0.0                  # a row of zeros: all() of its truth false, any() false
+    x[0] = -INF  # a row of -inf: all() true, softmax's row zeroed
+    x[1] = 0.0  # a row of zeros: all() of its truth false, any() false
     return x.to(DEV)
 
 
@@ -68,7 +77,8 @@ def same(got, want):
         return torch.equal(got, want)
     low = want.dtype == torch.bfloat16
     return torch.equal(torch.isnan(got), torch.isnan(want)) and torch.allclose(
-        got.float().nan_to_num(), want.float().nan_to_num(), rtol=1e-2 if low else 1e-5, atol=1e-3 if low else 1e-6)
+        got.float().nan_to_num(), want.float().nan_to_num(), rtol=1e-2 if low else 1e-5, atol=1e-3 if low else 1e-6
+    )
 
 
 def op_checks():
@@ -78,14 +88,16 @@ def op_checks():
         "isneginf | isnan -> where": lambda x, y: torch.where(torch.isneginf(x) | torch.isnan(x), 0.0, x * 2),
         "isposinf, isinf, isfinite": lambda x, y: (torch.isposinf(x) ^ torch.isinf(y)) & torch.isfinite(x + y),
         "logical and/or/not": lambda x, y: torch.logical_and(x, y).logical_or(torch.logical_not(x + 1)),
-        "all/any over rows": lambda x, y: torch.cat([(x * 2).isneginf().all(-1, keepdim=True),
-                                                      (y + 1).eq(0).any(-1, keepdim=True)], -1),
+        "all/any over rows": lambda x, y: torch.cat(
+            [(x * 2).isneginf().all(-1, keepdim=True), (y + 1).eq(0).any(-1, keepdim=True)], -1
+        ),
         "masked_fill by a 0-dim tensor": lambda x, y: (x * 3).masked_fill(y > 0, torch.tensor(-INF, device=DEV)),
         # a clone's value is its operand's: stored twice, or an input stored as an output
         "clones escaping": lambda x, y: (lambda c: (c, c * 2, (x * 3).clone()))(y.nan_to_num().clone()),
         "safe softmax fp32": lambda x, y: aten._safe_softmax(x.nan_to_num(nan=1.0) + bias, -1),
         "safe softmax bf16 scores": lambda x, y: aten._safe_softmax(
-            x.nan_to_num(nan=1.0).to(torch.bfloat16).float() + bias, -1).to(torch.bfloat16),
+            x.nan_to_num(nan=1.0).to(torch.bfloat16).float() + bias, -1
+        ).to(torch.bfloat16),
     }
     out = {}
     for name, f in cases.items():
@@ -98,8 +110,10 @@ def op_checks():
         ks, rows = served(c)
         good = [r for r in ks if r["strategy"].startswith("kernel")]
         check(ok, f"{name}: results as eager's")
-        check(bool(ks) and len(good) == len(ks), f"{name}: every group served a verified kernel "
-              f"({[r['strategy'] for r in rows]})")
+        check(
+            bool(ks) and len(good) == len(ks),
+            f"{name}: every group served a verified kernel " f"({[r['strategy'] for r in rows]})",
+        )
         out[name] = {"equal": bool(ok), "groups": [(r["ops"], r["strategy"]) for r in rows]}
     return out
 
@@ -107,6 +121,7 @@ def op_checks():
 def t5_checks():
     import model_zoo
     import step_measure
+
     w = model_zoo.build("t5", SIZE, DEV.type)
     ref, ref_inputs = w.fp32_copy()
     params = [p for p in w.model.parameters() if p.requires_grad]
@@ -127,8 +142,10 @@ def t5_checks():
     want_f = fwd(ref, inputs=ref_inputs)
     want_t = train(ref, ref_params, ref_inputs)
     eager_f, eager_t = fwd(w.model), train(w.model)
-    err = {"eager_fwd": step_measure.rel_err([eager_f], [want_f]),
-           "eager_grads": step_measure.rel_err(eager_t[1:], want_t[1:])}
+    err = {
+        "eager_fwd": step_measure.rel_err([eager_f], [want_f]),
+        "eager_grads": step_measure.rel_err(eager_t[1:], want_t[1:]),
+    }
     modes = [("fuseml", lambda: torch.compile(w.model, backend=fuseml.FuseMLCompiler()))]
     if os.environ.get("FM_T5_INDUCTOR", "1") == "1":
         modes.append(("inductor", lambda: torch.compile(w.model)))
@@ -148,8 +165,10 @@ def t5_checks():
         res[f"{mode}_train"] = step_measure.profile(lambda: train(fn), DEV)
     res["errors"] = err
     for phase in ("fwd", "grads"):
-        check(err[f"fuseml_{phase}"] <= 1.25 * err[f"eager_{phase}"] + 1e-3,
-              f"T5 {phase}: fuseml error {err[f'fuseml_{phase}']:.4g} against eager bf16's {err[f'eager_{phase}']:.4g}")
+        check(
+            err[f"fuseml_{phase}"] <= 1.25 * err[f"eager_{phase}"] + 1e-3,
+            f"T5 {phase}: fuseml error {err[f'fuseml_{phase}']:.4g} against eager bf16's {err[f'eager_{phase}']:.4g}",
+        )
     for phase in ("fwd", "train"):
         p = res[f"fuseml_{phase}"]
         left = [o for o in p["aten_ops"] if o["op"] in MASK_ATEN]
@@ -160,7 +179,9 @@ def t5_checks():
                 q = res[f"inductor_{phase}"]
                 line += f"; Inductor {q['gpu_ms']:.3f} ms, {q['kernels']:.0f} kernels"
             print(line)
-        print("  ATen ops left:", ", ".join(f"{o['op']} x{o['calls']:.0f} {o['ms']:.3f} ms" for o in p["aten_ops"][:12]))
+        print(
+            "  ATen ops left:", ", ".join(f"{o['op']} x{o['calls']:.0f} {o['ms']:.3f} ms" for o in p["aten_ops"][:12])
+        )
     return res
 
 

@@ -73,7 +73,7 @@ def close_bf16(got, want, ref=None):
     refs = [None] * (1 + len(grads)) if ref is None else [ref[0]] + ref[1]
     for a, b, r in zip([y] + grads, [y0] + grads0, refs):
         err = rel_err(a, b)
-        assert err == err, err   # NaN never passes
+        assert err == err, err  # NaN never passes
         if err >= 1e-2 and r is not None:
             assert rel_err(a, r) <= rel_err(b, r) * 1.05 + 1e-3, (err, rel_err(a, r), rel_err(b, r))
             continue
@@ -86,7 +86,7 @@ def median_ms(fns, reps=30):
     times = [[] for _ in fns]
     for r in range(reps):
         order = list(range(len(fns)))
-        order = order[r % len(order):] + order[:r % len(order)]
+        order = order[r % len(order) :] + order[: r % len(order)]
         for i in order:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
@@ -114,8 +114,8 @@ class _FakeCuda:
         self.reserved = 0
         self.MB_PER_CAPTURE = 10
         self.fail = None
-        self.current = None      # (graph, fn, inputs) while capturing
-        self.holds = collections.Counter()   # storage -> captured inputs the fake keeps
+        self.current = None  # (graph, fn, inputs) while capturing
+        self.holds = collections.Counter()  # storage -> captured inputs the fake keeps
 
     def install(self, monkeypatch):
         fake = self
@@ -156,6 +156,7 @@ class _FakeCuda:
         def record(self, *a, **k):
             fake.fn = self.fn
             return orig_record(self, *a, **k)
+
         monkeypatch.setattr(graph_replay.GraphReplay, "_record", record)
         orig = graph_replay._Recorded.__init__
 
@@ -165,14 +166,14 @@ class _FakeCuda:
                 if isinstance(t, torch.Tensor):
                     fake.holds[t.untyped_storage()._cdata] += 1
             orig(self, g, outputs, inputs, buffers, nbytes)
+
         monkeypatch.setattr(graph_replay._Recorded, "__init__", init)
         # A real graph holds no Python reference to what it read: the fake's own references
         # to its captured inputs (a backward's are a forward recording's outputs) are not
         # counted as held by the caller
         real = graph_replay._use_count
         if real is not None:
-            monkeypatch.setattr(graph_replay, "_use_count",
-                                lambda cdata: real(cdata) - fake.holds[cdata])
+            monkeypatch.setattr(graph_replay, "_use_count", lambda cdata: real(cdata) - fake.holds[cdata])
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The reference models of ../shared/reference/fuseml-readme.txt (MLP block, activation-heavy
 MLP, stacked MLP x4) and a SwiGLU Llama MLP, small enough for CPU tests."""
-import torch
+
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -55,5 +55,9 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-MODELS = {"mlp": TransformerMLP, "activation_heavy": ActivationHeavyMLP,
-          "stacked": StackedTransformerMLP, "llama_mlp": LlamaMLP}
+MODELS = {
+    "mlp": TransformerMLP,
+    "activation_heavy": ActivationHeavyMLP,
+    "stacked": StackedTransformerMLP,
+    "llama_mlp": LlamaMLP,
+}

@@ -1,6 +1,7 @@
 """Starting a per-user daemon when none answers, with a real fusemld: the one built in this
 checkout is found without PATH, one line says where it runs and logs, it exits once idle,
 and it starts from inside a systemd service (INVOCATION_ID) without the 15 s hang."""
+
 import logging
 import os
 import time
@@ -56,7 +57,7 @@ def test_finds_the_checkout_build_without_path(auto, monkeypatch):
 def test_says_once_where_it_runs_and_logs(auto, caplog):
     caplog.set_level(logging.INFO, logger="fuseml")
     _connect_once()
-    _connect_once()   # the daemon answers now: nothing is started, nothing said
+    _connect_once()  # the daemon answers now: nothing is started, nothing said
     said = [r.getMessage() for r in caplog.records if r.name == "fuseml" and r.levelno >= logging.INFO]
     assert len(said) == 1, said
     home = os.environ["HOME"]

@@ -3,6 +3,7 @@ it runs end to end (one process per model, every mode, the warm-compile child, a
 fusemld when one is built), writes rows in the documented schema, records a failing mode or
 a model that runs out of time as error rows instead of dropping them, refuses unknown names
 clearly, and merges, reports and charts its results."""
+
 import importlib.util
 import json
 import os
@@ -16,9 +17,16 @@ BENCH = os.path.join(ROOT, "bench", "models")
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import _fusemld_bin  # noqa: E402
 
-ROW_FIGURES = {"wall_ms": float, "gpu_ms": (float, type(None)), "kernels": (float, type(None)),
-               "peak_mem_gb": (float, type(None)), "compile_cold_s": (float, type(None)),
-               "compile_warm_s": (float, type(None)), "rel_err": float, "eager_bf16_rel_err": float}
+ROW_FIGURES = {
+    "wall_ms": float,
+    "gpu_ms": (float, type(None)),
+    "kernels": (float, type(None)),
+    "peak_mem_gb": (float, type(None)),
+    "compile_cold_s": (float, type(None)),
+    "compile_warm_s": (float, type(None)),
+    "rel_err": float,
+    "eager_bf16_rel_err": float,
+}
 ALL_MODES = ["eager", "inductor", "inductor_graphs", "fuseml", "fuseml_graphs", "fuseml_inductor"]
 
 
@@ -43,8 +51,13 @@ def _env():
 
 
 def _bench(*args, timeout=1500):
-    return subprocess.run([sys.executable, os.path.join(BENCH, "bench.py"), *args], env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(BENCH, "bench.py"), *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +117,19 @@ def test_markdown_report(llama_all_modes):
 def test_every_architecture_runs(tmp_path):
     """The other seven architectures, eager and fuseml, both phases (Inductor is exercised
     on Llama above)."""
-    r = _bench("run", "--smoke", "--models", "gqa,gpt2,bert,t5,vit,convnet,moe", "--modes", "eager,fuseml",
-               "--no-warm", "--budget-s", "1400", "--out", str(tmp_path))
+    r = _bench(
+        "run",
+        "--smoke",
+        "--models",
+        "gqa,gpt2,bert,t5,vit,convnet,moe",
+        "--modes",
+        "eager,fuseml",
+        "--no-warm",
+        "--budget-s",
+        "1400",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = tmp_path.glob("cpu-*.json")
     rows = json.loads(path.read_text())["rows"]
@@ -119,8 +143,21 @@ def test_every_architecture_runs(tmp_path):
 
 def test_model_out_of_time_is_error_rows(tmp_path):
     """A model's process stopped at the run's budget leaves one error row per mode and phase."""
-    r = _bench("run", "--smoke", "--models", "gpt2", "--modes", "eager,fuseml", "--budget-s", "2",
-               "--min-model-s", "1", "--out", str(tmp_path), timeout=120)
+    r = _bench(
+        "run",
+        "--smoke",
+        "--models",
+        "gpt2",
+        "--modes",
+        "eager,fuseml",
+        "--budget-s",
+        "2",
+        "--min-model-s",
+        "1",
+        "--out",
+        str(tmp_path),
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (path,) = tmp_path.glob("cpu-*.json")
     rows = json.loads(path.read_text())["rows"]
@@ -129,12 +166,19 @@ def test_model_out_of_time_is_error_rows(tmp_path):
 
 def test_unknown_names_are_clear_errors(tmp_path):
     run = os.path.join(BENCH, "run_model.py")
-    for args, says in ((["--model", "nosuch"], "invalid choice: 'nosuch'"),
-                       (["--model", "gpt2", "--modes", "eager,warp"], "unknown mode(s) warp"),
-                       (["--model", "gpt2", "--size", "large"], "model gpt2 has no size large"),
-                       (["--model", "gpt2", "--phases", "fwd,step"], "unknown phase(s) step")):
-        r = subprocess.run([sys.executable, run, "--out", str(tmp_path), *args], env=_env(), capture_output=True,
-                           text=True, timeout=120)
+    for args, says in (
+        (["--model", "nosuch"], "invalid choice: 'nosuch'"),
+        (["--model", "gpt2", "--modes", "eager,warp"], "unknown mode(s) warp"),
+        (["--model", "gpt2", "--size", "large"], "model gpt2 has no size large"),
+        (["--model", "gpt2", "--phases", "fwd,step"], "unknown phase(s) step"),
+    ):
+        r = subprocess.run(
+            [sys.executable, run, "--out", str(tmp_path), *args],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 2 and says in r.stderr, (args, r.stderr[-500:])
     r = _bench("run", "--part", "3/2", "--out", str(tmp_path), timeout=60)
     assert r.returncode == 2 and "1 <= i <= n" in r.stderr
@@ -145,23 +189,27 @@ def test_unknown_names_are_clear_errors(tmp_path):
 def test_a_failing_mode_does_not_hide_the_others():
     """In process: a mode whose compile raises gets an error row; eager beside it is measured."""
     import torch
+
     run = _load("run_model")
     modes = _load("compile_modes")
 
     def broken(model):
         raise RuntimeError("this backend cannot compile anything")
+
     selected = [modes.MODES["eager"], modes.Mode("broken", "fuseml", False, broken)]
 
     class Args:
         model, size, phases, reps, target_ms, profile_steps = "gpt2", "tiny", ["fwd", "train"], 2, 1.0, 1
+
     saved = []
-    describe, rows, _ = run.measure_model(Args, torch.device("cpu"), selected, float("inf"),
-                                          lambda *a: saved.append(len(a[1])))
+    describe, rows, _ = run.measure_model(
+        Args, torch.device("cpu"), selected, float("inf"), lambda *a: saved.append(len(a[1]))
+    )
     assert describe.startswith("GPT-2")
     assert {(r["mode"], r["phase"]) for r in rows if "error" in r} == {("broken", "fwd"), ("broken", "train")}
     assert all("cannot compile anything" in r["error"] for r in rows if "error" in r)
     assert all(r["wall_ms"] > 0 for r in rows if r["mode"] == "eager")
-    assert saved == [2, 4]   # the result is saved after each phase
+    assert saved == [2, 4]  # the result is saved after each phase
 
 
 def test_kernel_classes():
@@ -176,8 +224,7 @@ def test_kernel_classes():
         "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7": "cublas/cudnn/flash",
         "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<"
         "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)": "aten copy/cat",
-        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>":
-            "aten copy/cat",
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>": "aten copy/cat",
         "void at::native::vectorized_elementwise_kernel<8, at::native::BinaryFunctor<c10::BFloat16>": "aten elementwise",
         "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t>": "aten reduction/norm",
         "void at::native::batch_norm_backward_kernel<c10::BFloat16, c10::BFloat16, float, int>": "aten reduction/norm",
@@ -191,12 +238,20 @@ def test_kernel_classes():
 
 def test_merge_replaces_rows_and_keeps_breakdowns():
     report = _load("model_report")
-    a = {"device": "nvidia-h200", "date": "2026-11-26", "torch": "2.11",
-         "rows": [{"model": "gpt2", "size": "small", "mode": "fuseml", "phase": "fwd", "error": "not run"}],
-         "models": {"gpt2/small": {"describe": "GPT-2", "breakdown": {"eager": {"fwd": {"gpu_ms": 1.0}}}}}}
-    b = {"device": "nvidia-h200", "date": "2026-11-27", "torch": "2.11",
-         "rows": [{"model": "gpt2", "size": "small", "mode": "fuseml", "phase": "fwd", "wall_ms": 2.0}],
-         "models": {"gpt2/small": {"describe": "GPT-2", "breakdown": {"fuseml": {"fwd": {"gpu_ms": 1.5}}}}}}
+    a = {
+        "device": "nvidia-h200",
+        "date": "2026-11-26",
+        "torch": "2.11",
+        "rows": [{"model": "gpt2", "size": "small", "mode": "fuseml", "phase": "fwd", "error": "not run"}],
+        "models": {"gpt2/small": {"describe": "GPT-2", "breakdown": {"eager": {"fwd": {"gpu_ms": 1.0}}}}},
+    }
+    b = {
+        "device": "nvidia-h200",
+        "date": "2026-11-27",
+        "torch": "2.11",
+        "rows": [{"model": "gpt2", "size": "small", "mode": "fuseml", "phase": "fwd", "wall_ms": 2.0}],
+        "models": {"gpt2/small": {"describe": "GPT-2", "breakdown": {"fuseml": {"fwd": {"gpu_ms": 1.5}}}}},
+    }
     m = report.merge([a, b])
     assert m["date"] == "2026-11-27" and m["rows"] == b["rows"]
     assert set(m["models"]["gpt2/small"]["breakdown"]) == {"eager", "fuseml"}

@@ -2,6 +2,7 @@
 Inductor on the CPU, Inductor max-autotune, fuseml falling back to eager; a real fusemld
 for the compile-time columns when one is built), writes the JSON with every key issue 5
 requires and the Markdown table, merges runs, and draws the charts."""
+
 import json
 import os
 import subprocess
@@ -14,23 +15,46 @@ TABLE = os.path.join(ROOT, "bench", "table")
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import _fusemld_bin  # noqa: E402
 
-REQUIRED = ["device", "workload", "preset", "M", "d_model", "d_intermediate", "eager_ms",
-            "inductor_ms", "inductor_max_autotune_ms", "fuseml_ms", "floor_ms", "fuseml_rel_err",
-            "kernels_eager", "kernels_fuseml", "compile_cold_s", "compile_warm_s",
-            # and the columns the issue names besides
-            "speedup_vs_eager", "speedup_vs_best_peer", "best_peer", "strategy", "hbm_bytes_eager",
-            "hbm_bytes_fused", "hbm_saved", "kernels_inductor", "kernels_inductor_max_autotune",
-            # fuseml with CUDA graphs, and the columns that keep that comparison fair
-            "fuseml_cudagraphs", "inductor_cudagraphs_ms", "fuseml_nographs_ms",
-            "speedup_vs_inductor_cudagraphs"]
+REQUIRED = [
+    "device",
+    "workload",
+    "preset",
+    "M",
+    "d_model",
+    "d_intermediate",
+    "eager_ms",
+    "inductor_ms",
+    "inductor_max_autotune_ms",
+    "fuseml_ms",
+    "floor_ms",
+    "fuseml_rel_err",
+    "kernels_eager",
+    "kernels_fuseml",
+    "compile_cold_s",
+    "compile_warm_s",
+    # and the columns the issue names besides
+    "speedup_vs_eager",
+    "speedup_vs_best_peer",
+    "best_peer",
+    "strategy",
+    "hbm_bytes_eager",
+    "hbm_bytes_fused",
+    "hbm_saved",
+    "kernels_inductor",
+    "kernels_inductor_max_autotune",
+    # fuseml with CUDA graphs, and the columns that keep that comparison fair
+    "fuseml_cudagraphs",
+    "inductor_cudagraphs_ms",
+    "fuseml_nographs_ms",
+    "speedup_vs_inductor_cudagraphs",
+]
 
 
 def _env():
     # the smoke run is on the CPU: its fuseml modes still take the whole path to the daemon
     env = dict(os.environ, FUSEML_NO_AUTOSTART="1", FUSEML_REQUEST_CPU_GRAPHS="1")
     # This checkout's client, after whatever PYTHONPATH already names.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"),
-                                                       os.path.join(ROOT, "client", "python")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), os.path.join(ROOT, "client", "python")]))
     exe = _fusemld_bin()
     if exe:
         env["FUSEMLD_BIN"] = exe
@@ -43,8 +67,13 @@ def smoke(tmp_path_factory):
     # mlp (an inference graph) and mlp_train (forward + backward graphs) cover both step
     # kinds; a second run adds heavy to the same file, as a second part would.
     for wl in ("mlp,mlp_train", "heavy"):
-        r = subprocess.run([sys.executable, os.path.join(TABLE, "table.py"), "--smoke", "--workloads", wl,
-                            "--out", str(out)], env=_env(), capture_output=True, text=True, timeout=1200)
+        r = subprocess.run(
+            [sys.executable, os.path.join(TABLE, "table.py"), "--smoke", "--workloads", wl, "--out", str(out)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = [p for p in out.iterdir() if p.suffix == ".json"]
     return out, path, json.loads(path.read_text())
@@ -54,7 +83,10 @@ def test_rows_have_the_issue_keys(smoke):
     _, _, rows = smoke
     assert isinstance(rows, list)
     assert sorted((r["workload"], r["preset"]) for r in rows) == [
-        ("heavy", "tiny"), ("mlp", "tiny"), ("mlp_train", "tiny")]
+        ("heavy", "tiny"),
+        ("mlp", "tiny"),
+        ("mlp_train", "tiny"),
+    ]
     for r in rows:
         missing = [k for k in REQUIRED if k not in r]
         assert not missing, f"{r['workload']}: missing {missing}"
@@ -100,8 +132,13 @@ def test_markdown_and_merge(smoke, tmp_path):
     md = path.with_suffix(".md").read_text()
     assert "| MLP block | tiny |" in md and "| Activation-heavy MLP | tiny |" in md
     # Merging the run into another folder rewrites the same rows and table there.
-    r = subprocess.run([sys.executable, os.path.join(TABLE, "table.py"), "--merge", str(path),
-                        "--out", str(tmp_path)], env=_env(), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, os.path.join(TABLE, "table.py"), "--merge", str(path), "--out", str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     merged = json.loads((tmp_path / path.name).read_text())
     assert [(m["workload"], m["eager_ms"]) for m in merged] == [(x["workload"], x["eager_ms"]) for x in rows]
@@ -110,10 +147,25 @@ def test_markdown_and_merge(smoke, tmp_path):
 def test_merge_keeps_compile_times_of_a_row_rerun_without_them():
     sys.path.insert(0, TABLE)
     import report
-    old = {"device": "d", "workload": "mlp", "preset": "small", "date": "2026-11-21",
-           "compile_cold_s": 2.5, "compile_warm_s": 0.1, "eager_ms": 1.0, "notes": {}}
-    new = dict(old, date="2026-11-22", compile_cold_s=None, compile_warm_s=None, eager_ms=0.9,
-               notes={"compile_time": report.NOT_MEASURED})
+
+    old = {
+        "device": "d",
+        "workload": "mlp",
+        "preset": "small",
+        "date": "2026-11-21",
+        "compile_cold_s": 2.5,
+        "compile_warm_s": 0.1,
+        "eager_ms": 1.0,
+        "notes": {},
+    }
+    new = dict(
+        old,
+        date="2026-11-22",
+        compile_cold_s=None,
+        compile_warm_s=None,
+        eager_ms=0.9,
+        notes={"compile_time": report.NOT_MEASURED},
+    )
     (m,) = report.merge([[old], [new]])
     assert (m["eager_ms"], m["compile_cold_s"], m["compile_warm_s"]) == (0.9, 2.5, 0.1)
     assert "earlier run" in m["notes"]["compile_time"] and "2026-11-21" in m["notes"]["compile_time"]
@@ -126,8 +178,13 @@ def test_merge_keeps_compile_times_of_a_row_rerun_without_them():
 def test_charts(smoke, tmp_path):
     pytest.importorskip("matplotlib")
     _, path, _ = smoke
-    r = subprocess.run([sys.executable, os.path.join(TABLE, "charts.py"), str(path), "--out", str(tmp_path)],
-                       env=_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, os.path.join(TABLE, "charts.py"), str(path), "--out", str(tmp_path)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     for kind in ("speedup", "hbm", "compile"):
         png = tmp_path / f"{path.stem}-{kind}.png"

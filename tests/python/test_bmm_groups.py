@@ -3,6 +3,7 @@ attention scores (torch.matmul on [B, H, S, D]: a bmm seen back through a [B, H,
 and in plain bmm models, the vocabulary-4 fragments it builds (a symbolic batch with its
 hint), the masks that cannot be spelled with one batch stride, the launch layout (outer = the
 batch count), and round trips of those fragments through a real fusemld (compile-only here)."""
+
 import logging
 import math
 
@@ -39,7 +40,7 @@ class MaskedScores(nn.Module):
 class BmmBiasGelu(nn.Module):
     def __init__(self, bt=3, k=32, n=24):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(bt, k, n) / k ** 0.5)
+        self.w = nn.Parameter(torch.randn(bt, k, n) / k**0.5)
         self.b = nn.Parameter(torch.randn(n) * 0.1)
 
     def forward(self, x):
@@ -80,7 +81,7 @@ def bmm_groups(c, which="inference"):
 
 def test_attention_scores_group_and_fragment(dead_socket):
     c, got, want = run(Scores(), *qkm())
-    torch.testing.assert_close(got, want, rtol=0, atol=0)   # no daemon: the same ATen ops
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # no daemon: the same ATen ops
     gs = groups(c)
     (g,) = bmm_groups(c)
     assert g.route == "kernel" and g.op_names == ["bmm", "view", "mul", "add", "_to_copy"]
@@ -100,19 +101,21 @@ def test_attention_scores_group_and_fragment(dead_socket):
     assert [op["op"] for op in w["ops"]] == ["bmm", "const", "mul", "add", "cast"]
     assert w["ops"][1]["value"] == pytest.approx(1 / math.sqrt(D))
     # the epilogue ends with softmax's upcast: an f32 [Bt, M, N] output, viewed back at launch
-    assert w["outputs"] == [{"id": 7, "dtype": "f32", "shape": [-1, S, S], "strides": [S * S, S, 1],
-                             "align": 16}]
+    assert w["outputs"] == [{"id": 7, "dtype": "f32", "shape": [-1, S, S], "strides": [S * S, S, 1], "align": 16}]
     assert g.built.out_views == [(B, H, S, S)]
     assert g.built.layout.k == 1 and g.built.full_input == 0
 
 
-@pytest.mark.parametrize("mask_shape,want", [
-    ((S, S), ([1, S, S], [0, S, 1])),                      # rank 2: right-aligned
-    ((S,), ([1, 1, S], [0, 0, 1])),                        # a per-key bias
-    ((B, H, S, S), ([-1, S, S], [S * S, S, 1])),           # one per batch and head: dense
-    ((1, H, 1, S), None),                                  # per head, not per batch (B > 1)
-    ((B, 1, S, S), None),                                  # per batch, not per head (H > 1)
-])
+@pytest.mark.parametrize(
+    "mask_shape,want",
+    [
+        ((S, S), ([1, S, S], [0, S, 1])),  # rank 2: right-aligned
+        ((S,), ([1, 1, S], [0, 0, 1])),  # a per-key bias
+        ((B, H, S, S), ([-1, S, S], [S * S, S, 1])),  # one per batch and head: dense
+        ((1, H, 1, S), None),  # per head, not per batch (B > 1)
+        ((B, 1, S, S), None),  # per batch, not per head (H > 1)
+    ],
+)
 def test_epilogue_masks_map_onto_one_batch_stride(dead_socket, mask_shape, want):
     c, got, want_out = run(Scores(), *qkm(mask_shape=mask_shape))
     torch.testing.assert_close(got, want_out, rtol=0, atol=0)
@@ -167,13 +170,13 @@ def test_bmm_bias_gelu_training(dead_socket):
     close_bf16(got, want)
     (g,) = bmm_groups(c, "forward")
     assert g.route == "kernel" and g.op_names == ["bmm", "add", "gelu"]
-    assert [n.name for n in g.escapes] == ["add"]           # saved for gelu_backward
+    assert [n.name for n in g.escapes] == ["add"]  # saved for gelu_backward
     w = g.built.wire
     assert w["vocab"] == 4 and w["m_hint"] == 3
     by_shape = {tuple(i["shape"]): i for i in w["inputs"]}
-    assert by_shape[(-1, 16, 32)]["strides"] == [512, 32, 1]        # x
-    assert by_shape[(-1, 32, 24)]["strides"] == [768, 24, 1]        # w
-    assert by_shape[(1, 1, 24)]["strides"] == [0, 0, 1]             # the bias [N]
+    assert by_shape[(-1, 16, 32)]["strides"] == [512, 32, 1]  # x
+    assert by_shape[(-1, 32, 24)]["strides"] == [768, 24, 1]  # w
+    assert by_shape[(1, 1, 24)]["strides"] == [0, 0, 1]  # the bias [N]
     assert [o["shape"] for o in w["outputs"]] == [[-1, 16, 24], [-1, 16, 24]]
     assert g.built.out_views is None
     # the backward products have nothing after them: cuBLAS
@@ -243,16 +246,19 @@ class Baddbmm(nn.Module):
         return torch.relu(torch.baddbmm(inp, x, w, beta=self.beta, alpha=self.alpha))
 
 
-@pytest.mark.parametrize("beta,alpha,ops", [
-    (1.0, 1.0, ["bmm", "add", "relu"]),
-    (0.5, 2.0, ["bmm", "const", "mul", "const", "mul", "add", "relu"]),
-    (0.0, 0.25, ["bmm", "const", "mul", "relu"]),           # beta 0: the input is not read
-])
+@pytest.mark.parametrize(
+    "beta,alpha,ops",
+    [
+        (1.0, 1.0, ["bmm", "add", "relu"]),
+        (0.5, 2.0, ["bmm", "const", "mul", "const", "mul", "add", "relu"]),
+        (0.0, 0.25, ["bmm", "const", "mul", "relu"]),  # beta 0: the input is not read
+    ],
+)
 def test_baddbmm_is_bmm_then_scale_then_add(dead_socket, beta, alpha, ops):
     g0 = torch.Generator().manual_seed(0)
     inp = torch.randn(1, 8, 8, generator=g0).to(BF16)
     if beta == 0:
-        inp[0, 0, 0] = float("nan")                          # torch ignores it: so must we
+        inp[0, 0, 0] = float("nan")  # torch ignores it: so must we
     x = torch.randn(3, 8, 16, generator=g0).to(BF16)
     w = torch.randn(3, 16, 8, generator=g0).to(BF16)
     c, got, want = run(Baddbmm(beta, alpha), inp, x, w)
@@ -296,7 +302,7 @@ def test_dynamic_batch_shares_the_fragment(dead_socket):
 def test_launch_outer_is_the_batch_count(dead_socket, standin):  # noqa: F811
     c = fuseml.FuseMLCompiler()
     f = torch.compile(Scores(), backend=c)
-    for b in (2, 3):   # static, then symbolic
+    for b in (2, 3):  # static, then symbolic
         with torch.no_grad():
             f(*qkm(b=b))
     runners = [r for r in _runners(c) if r.built.wire["vocab"] == 4]
@@ -306,14 +312,13 @@ def test_launch_outer_is_the_batch_count(dead_socket, standin):  # noqa: F811
     a = q.reshape(5 * H, S, D)
     bt = k.transpose(-2, -1).reshape(5 * H, D, S)
     standin.calls = []
-    for r in runners[1:]:   # the symbolic graph takes any batch
+    for r in runners[1:]:  # the symbolic graph takes any batch
         assert len(r.built.in_nodes) == 3
         xs = [a, bt, mask]
         r.kernel = ("k" * 64, "tuned", b"", {})
         got = r._launch(xs, torch.device("cpu"), r.kernel[0], b"", {})
         want = r.eager(xs)
-        assert [(o.shape, o.stride(), o.dtype) for o in got] == \
-            [(o.shape, o.stride(), o.dtype) for o in want]
+        assert [(o.shape, o.stride(), o.dtype) for o in got] == [(o.shape, o.stride(), o.dtype) for o in want]
         assert got[0].shape == (5, H, S, S)
     assert [outer for _, _, outer in standin.calls] == [5 * H]
     # the static graph's runner: outer is still taken from A's dim 0
@@ -334,7 +339,7 @@ def test_launch_refuses_a_mask_of_other_strides(dead_socket, standin):  # noqa: 
     q, k, mask = qkm()
     xs = [q.reshape(B * H, S, D), k.transpose(-2, -1).reshape(B * H, D, S), mask]
     r.kernel = ("k" * 64, "tuned", b"", {})
-    r._launch(xs, torch.device("cpu"), r.kernel[0], b"", {})          # traced strides: fine
+    r._launch(xs, torch.device("cpu"), r.kernel[0], b"", {})  # traced strides: fine
     xs[2] = mask.transpose(-1, -2)
     with pytest.raises(runtime._Layout, match="stride"):
         r._launch(xs, torch.device("cpu"), r.kernel[0], b"", {})
@@ -342,6 +347,7 @@ def test_launch_refuses_a_mask_of_other_strides(dead_socket, standin):  # noqa: 
 
 def test_explain_shows_the_batched_group(dead_socket):
     import io
+
     buf = io.StringIO()
     rows = fuseml.explain(Scores(), *qkm(), file=buf)
     text = buf.getvalue()
@@ -352,6 +358,7 @@ def test_explain_shows_the_batched_group(dead_socket):
 
 # -- a real fusemld (compile-only without a GPU) ---------------------------------------------
 
+
 def test_daemon_compiles_bmm_groups_and_hits_the_bucket(daemon):
     """The attention scores and bmm + bias + GELU groups are accepted (the C side speaks
     vocabulary 4); a second batch size in the same bucket is served the same key from the
@@ -359,7 +366,7 @@ def test_daemon_compiles_bmm_groups_and_hits_the_bucket(daemon):
     c = fuseml.FuseMLCompiler()
     f = torch.compile(Scores(), backend=c)
     keys = []
-    for b in (3, 4):   # B*H = 12, 16: both in the bucket 16
+    for b in (3, 4):  # B*H = 12, 16: both in the bucket 16
         q, k, mask = qkm(b=b)
         with torch.no_grad():
             torch.testing.assert_close(f(q, k, mask), Scores()(q, k, mask), rtol=0, atol=0)
@@ -376,11 +383,16 @@ def test_daemon_compiles_bmm_groups_and_hits_the_bucket(daemon):
 
 def test_daemon_refuses_a_strided_batch_matrix(daemon):
     """A batch matrix that is neither row- nor column-major is a clear refusal."""
-    bad = {"vocab": 4, "m_hint": 8,
-           "inputs": [{"id": 0, "dtype": "bf16", "shape": [-1, 16, 16], "strides": [512, 32, 2]},
-                      {"id": 1, "dtype": "bf16", "shape": [-1, 16, 16]}],
-           "ops": [{"op": "bmm", "out": 2, "args": [0, 1]}, {"op": "relu", "out": 3, "args": [2]}],
-           "outputs": [{"id": 3, "dtype": "bf16", "shape": [-1, 16, 16]}]}
+    bad = {
+        "vocab": 4,
+        "m_hint": 8,
+        "inputs": [
+            {"id": 0, "dtype": "bf16", "shape": [-1, 16, 16], "strides": [512, 32, 2]},
+            {"id": 1, "dtype": "bf16", "shape": [-1, 16, 16]},
+        ],
+        "ops": [{"op": "bmm", "out": 2, "args": [0, 1]}, {"op": "relu", "out": 3, "args": [2]}],
+        "outputs": [{"id": 3, "dtype": "bf16", "shape": [-1, 16, 16]}],
+    }
     conn = transport.connect(daemon.socket, timeout=30)
     try:
         (r,) = transport.compile_all(conn, [bad], 60)
@@ -421,6 +433,7 @@ def test_masked_fill_spelling_matches_aten():
 
     from fuseml.fragment import Emitter
     from fuseml.ops import POINTWISE
+
     aten = torch.ops.aten
     x = torch.randn(257, dtype=torch.float64)
     m = torch.rand(257) > 0.5

@@ -3,7 +3,7 @@ through views moves past them and fuses with the op that reads them (cast_sink.p
 and an expand to its own shape, join a group as the value they copy or view; a pointwise
 group of per-row values joins the rows group that reads it. Results as eager's; what cannot
 be moved or joined stays as it was."""
-import pytest
+
 import torch
 
 from helpers import Fn, close_bf16, compile_run, plan
@@ -18,8 +18,7 @@ BF16 = torch.bfloat16
 def aten_ops(gm, groups, targets):
     """Nodes of `targets` in gm left outside every group routed to a kernel."""
     fused = {n for g in groups if g.route == "kernel" for n in g.members}
-    return [n.name for n in gm.graph.nodes
-            if n.op == "call_function" and n.target in targets and n not in fused]
+    return [n.name for n in gm.graph.nodes if n.op == "call_function" and n.target in targets and n not in fused]
 
 
 COPIES = {aten._to_copy.default, aten.clone.default, aten.mul.Scalar, aten.mul.Tensor}
@@ -27,6 +26,7 @@ COPIES = {aten._to_copy.default, aten.clone.default, aten.mul.Scalar, aten.mul.T
 
 def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, partitioned):
     """k.float(), transposed, scaled and made contiguous for the fp32 bmm: one kernel."""
+
     def f(k):
         return (k.float().transpose(-2, -1) * 1.0).contiguous() * 1
 
@@ -43,6 +43,7 @@ def test_key_cast_and_scale_fuse_with_the_copy(dead_socket, partitioned):
 
 def test_output_cast_and_head_merge_are_one_kernel(dead_socket, partitioned):
     """The attention output: fp32 scaled, back to bf16, heads moved next to each other."""
+
     def f(o):
         o = o * 2.0
         return o.to(BF16).view(2, -1, 8, 16).transpose(1, 2).contiguous().view(2, 8, 64)
@@ -63,8 +64,8 @@ def test_casts_that_gain_nothing_stay_before_their_views(dead_socket, partitione
     w = torch.randn(16, 8)
 
     def f(x):
-        a = x.float().t() @ w.t()                        # a cast read by a GEMM
-        b = x.float().expand(3, 8, 16) + torch.ones(3, 1, 1)   # would be cast 3 times
+        a = x.float().t() @ w.t()  # a cast read by a GEMM
+        b = x.float().expand(3, 8, 16) + torch.ones(3, 1, 1)  # would be cast 3 times
         return a, b
 
     x = torch.randn(8, 16, dtype=BF16)
@@ -73,8 +74,7 @@ def test_casts_that_gain_nothing_stay_before_their_views(dead_socket, partitione
         torch.testing.assert_close(a, b)
     ((gm, groups),) = partitioned
     casts = [n for n in gm.graph.nodes if n.target is aten._to_copy.default]
-    assert casts and all(tuple(n.meta["val"].shape) == (8, 16) for n in casts), \
-        [n.format_node() for n in casts]
+    assert casts and all(tuple(n.meta["val"].shape) == (8, 16) for n in casts), [n.format_node() for n in casts]
 
 
 def test_sink_casts_leaves_other_graphs_alone():
@@ -86,7 +86,7 @@ def test_clone_and_expand_join_as_aliases(dead_socket, partitioned):
     s = torch.randn(16)
 
     def f(q):
-        x = q.float() * s          # two operands: stays where it is (no cast_sink)
+        x = q.float() * s  # two operands: stays where it is (no cast_sink)
         return x.expand(2, 4, 8, 16).contiguous()
 
     q = torch.randn(2, 4, 8, 16, dtype=BF16).transpose(1, 2).contiguous().transpose(1, 2)
@@ -104,7 +104,7 @@ def test_clone_and_expand_join_as_aliases(dead_socket, partitioned):
 def test_aliases_that_cannot_join_stay_out(dead_socket, partitioned):
     def f(x):
         y = x * 2
-        e = y.expand(4, 8)                               # read by a view: not worth joining
+        e = y.expand(4, 8)  # read by a view: not worth joining
         z = (x + 1).contiguous(memory_format=torch.channels_last) if x.dim() == 4 else None
         return e.view(32) + 0, y.clone() * 3, z
 
@@ -118,7 +118,7 @@ def test_aliases_that_cannot_join_stay_out(dead_socket, partitioned):
     assert expands and not any(n in fused for n in expands)
     # a clone is an ordinary member: y -> clone -> mul is one group
     assert any({"clone", "mul"} <= set(g.op_names) for g in groups if g.route == "kernel")
-    c4 = lambda x: (x + 1).contiguous(memory_format=torch.channels_last) * 2   # noqa: E731
+    c4 = lambda x: (x + 1).contiguous(memory_format=torch.channels_last) * 2  # noqa: E731
     torch._dynamo.reset()
     x4 = torch.randn(2, 3, 4, 5)
     c, got, want = compile_run(Fn(c4), x4, train=False)
@@ -129,6 +129,7 @@ def test_aliases_that_cannot_join_stay_out(dead_socket, partitioned):
 def test_per_row_values_join_their_rows_group(dead_socket):
     """RMSNorm's backward raises the saved rstd to a power: a pointwise group of per-row
     values (it reads only an input) that the row sum's group takes in."""
+
     def f(x, r):
         return (x * x).sum(-1, keepdim=True) * r.pow(3) * -0.5 + x
 
@@ -144,9 +145,13 @@ def test_per_row_values_join_their_rows_group(dead_socket):
 def test_dynamic_shapes_keep_results(dead_socket):
     """Symbolic sizes and strides: the rewrites leave what they cannot decide without a guard,
     and three batch sizes run through one compiled function with eager's results."""
+
     def f(k, g):
-        return ((k.float().transpose(-2, -1) * 1.0).contiguous() * 2, (g * k.float()).sum([0, 1]),
-                torch.isneginf(k).all(-1, keepdim=True))
+        return (
+            (k.float().transpose(-2, -1) * 1.0).contiguous() * 2,
+            (g * k.float()).sum([0, 1]),
+            torch.isneginf(k).all(-1, keepdim=True),
+        )
 
     cf = torch.compile(f, backend=fuseml.FuseMLCompiler(), dynamic=True)
     g = torch.randn(8, 8)
@@ -184,6 +189,7 @@ def _graph(f, *xs):
     """f's ATen graph with fake values (what the backend partitions)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
+
     mode = FakeTensorMode()
     with mode:
         fakes = [mode.from_tensor(x) for x in xs]
@@ -240,9 +246,11 @@ def test_casts_move_to_a_rows_reader_or_producer_and_their_limits():
     view.meta["val"] = traced.as_strided(traced.shape, (1, traced.shape[0]))
     assert not cast_sink.sink_casts(gm)
     assert _targets(gm).index(aten._to_copy.default) < _targets(gm).index(aten.view.default)
+
     # a cast read twice stays (moving it would compute it twice)
     def h(x):
         y = x.float()
         return y.view(-1, 16).amax(-1, keepdim=True), y
+
     gm = _graph(h, torch.randn(2, 4, 16, dtype=BF16))
     assert not cast_sink.sink_casts(gm)

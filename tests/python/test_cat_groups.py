@@ -4,6 +4,7 @@ group in the forward graph and one in the backward (autograd's slice_backward pa
 spelled as a cat), results as eager's, in a tiny Hugging Face Llama too; what cannot be
 spelled stays ATen; a real fusemld (compile-only here) accepts the fragments; explain() shows
 the groups."""
+
 import io
 
 import pytest
@@ -20,7 +21,7 @@ BF16 = torch.bfloat16
 def rotate_half(x):
     """transformers.models.llama.modeling_llama.rotate_half"""
     x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2:]
+    x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -72,7 +73,7 @@ def test_rope_forward_and_backward_are_one_group_each(dead_socket):
     close_bf16((got[0], got[1:]), (want[0], want[1:]))
     for which in ("forward", "backward"):
         gs = cat_groups(plan(c, which))
-        assert len(gs) == 2, plan(c, which).describe()        # q and k (other head counts)
+        assert len(gs) == 2, plan(c, which).describe()  # q and k (other head counts)
         for g in gs:
             assert g.route == "kernel" and g.kind == "pointwise", g.describe()
             # nothing of the rotation is left to ATen but the views it reads through
@@ -107,14 +108,14 @@ def test_rope_inference_graph(dead_socket):
 def test_cats_that_cannot_be_spelled_stay_aten(dead_socket):
     c = fuseml.FuseMLCompiler()
     # nine operands (above ops.MAX_CAT), and a cat of ints
-    f = lambda x: torch.cat([x * 2] * (ops.MAX_CAT + 1), -1) + 1   # noqa: E731
+    f = lambda x: torch.cat([x * 2] * (ops.MAX_CAT + 1), -1) + 1  # noqa: E731
     x = torch.randn(4, 8)
     got = torch.compile(f, backend=c)(x)
     torch.testing.assert_close(got, f(x))
     assert not cat_groups(c.plans[-1])
     torch._dynamo.reset()
     c = fuseml.FuseMLCompiler()
-    g = lambda x: torch.cat([x.long(), x.long() * 2], -1) * 3   # noqa: E731
+    g = lambda x: torch.cat([x.long(), x.long() * 2], -1) * 3  # noqa: E731
     torch.testing.assert_close(torch.compile(g, backend=c)(x), g(x))
     assert not cat_groups(c.plans[-1])
 
@@ -158,9 +159,15 @@ def test_hf_llama_rope_fuses_forward_and_backward(dead_socket):
     """A tiny Hugging Face Llama (GQA: 4 heads, 2 kv heads), trained one step: the rotary
     embedding of q and of k is one group each in the forward and in the backward graph."""
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                   num_key_value_heads=2, num_hidden_layers=1, vocab_size=128,
-                                   max_position_embeddings=64)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        vocab_size=128,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(BF16)
     ids = torch.randint(0, 128, (2, 16))
@@ -204,8 +211,9 @@ def test_small_or_unpermuted_stacks_stay_as_they_are(dead_socket, partitioned):
     one of contiguous operands (ATen's cat kernel copies those at full speed); a stack not
     copied into a permuted layout is left as it was."""
     small = torch.randn(3, 2, 4, 8, 8)
-    torch.testing.assert_close(torch.compile(_qkv_gradient_layout, backend=fuseml.FuseMLCompiler())(small),
-                               _qkv_gradient_layout(small))
+    torch.testing.assert_close(
+        torch.compile(_qkv_gradient_layout, backend=fuseml.FuseMLCompiler())(small), _qkv_gradient_layout(small)
+    )
     f = lambda x: torch.stack([x[0] * 2, x[1]], 0)  # noqa: E731
     x = torch.randn(2, 4, 8)
     torch.testing.assert_close(torch.compile(f, backend=fuseml.FuseMLCompiler())(x), f(x))

@@ -4,6 +4,7 @@ What the partitioner merges and what it must keep apart, the fragment, the rewri
 against eager, the launch layout, explain, and round trips through a real fusemld
 (compile-only here): a chain the daemon refuses runs as its two GEMM groups, never as ATen
 whole."""
+
 import io
 import logging
 
@@ -22,7 +23,7 @@ from fuseml import transport
 
 BF16 = torch.bfloat16
 aten = torch.ops.aten
-D, FF = 256, 1024        # bench's memory_bound shape (M = 16384 there; 64 rows here)
+D, FF = 256, 1024  # bench's memory_bound shape (M = 16384 there; 64 rows here)
 ROWS = 64
 
 
@@ -81,6 +82,7 @@ def products(wire):
 
 # -- partitioning and the fragment --------------------------------------------------------
 
+
 def test_mlp_block_inference_is_one_chain_group(dead_socket):
     c, got, want = compile_run(mlp(), x2d(), train=False)
     exact(got, want)
@@ -91,26 +93,28 @@ def test_mlp_block_inference_is_one_chain_group(dead_socket):
     assert not ch.escapes and [n.name for n in ch.outputs] == ["add"]
     p1, _, p2, add = ch.members
     x, w1t, w2t = p1.args[1], p1.args[2], p2.args[2]
-    assert p2.args[1] is ch.members[1]              # the second product's A is gelu(p1)
-    assert add.args[1] is x                         # the residual is x itself
+    assert p2.args[1] is ch.members[1]  # the second product's A is gelu(p1)
+    assert add.args[1] is x  # the residual is x itself
     # the group is called with x twice: once the first product's A, once the residual
     assert ch.inputs == [p1.args[0], x, w1t, p2.args[0], w2t, x]
     assert ch.parts == [[p1, ch.members[1]], [p2, add]]
     w = ch.built.wire
     assert w["vocab"] == 3 and w["m_hint"] == ROWS and ch.built.chain
     assert w["inputs"] == [
-        {"id": 0, "dtype": "bf16", "shape": [1, FF], "strides": [0, 1], "align": 16},   # b1
-        {"id": 1, "dtype": "bf16", "shape": [-1, D], "strides": [D, 1], "align": 16},   # x
-        {"id": 2, "dtype": "bf16", "shape": [D, FF], "strides": [1, D], "align": 16},   # W1.t()
-        {"id": 3, "dtype": "bf16", "shape": [1, D], "strides": [0, 1], "align": 16},    # b2
+        {"id": 0, "dtype": "bf16", "shape": [1, FF], "strides": [0, 1], "align": 16},  # b1
+        {"id": 1, "dtype": "bf16", "shape": [-1, D], "strides": [D, 1], "align": 16},  # x
+        {"id": 2, "dtype": "bf16", "shape": [D, FF], "strides": [1, D], "align": 16},  # W1.t()
+        {"id": 3, "dtype": "bf16", "shape": [1, D], "strides": [0, 1], "align": 16},  # b2
         {"id": 4, "dtype": "bf16", "shape": [FF, D], "strides": [1, FF], "align": 16},  # W2.t()
-        {"id": 5, "dtype": "bf16", "shape": [-1, D], "strides": [D, 1], "align": 16}]   # x again
-    assert w["ops"] == [{"op": "addmm", "out": 6, "args": [0, 1, 2]},
-                        {"op": "gelu", "out": 7, "args": [6]},
-                        {"op": "addmm", "out": 8, "args": [3, 7, 4]},
-                        {"op": "add", "out": 9, "args": [8, 5]}]
-    assert w["outputs"] == [{"id": 9, "dtype": "bf16", "shape": [-1, D], "strides": [D, 1],
-                             "align": 16}]
+        {"id": 5, "dtype": "bf16", "shape": [-1, D], "strides": [D, 1], "align": 16},
+    ]  # x again
+    assert w["ops"] == [
+        {"op": "addmm", "out": 6, "args": [0, 1, 2]},
+        {"op": "gelu", "out": 7, "args": [6]},
+        {"op": "addmm", "out": 8, "args": [3, 7, 4]},
+        {"op": "add", "out": 9, "args": [8, 5]},
+    ]
+    assert w["outputs"] == [{"id": 9, "dtype": "bf16", "shape": [-1, D], "strides": [D, 1], "align": 16}]
     assert ch.built.layout.k == 1 and ch.built.full_input == 1 and ch.built.out_views is None
 
 
@@ -125,7 +129,7 @@ def test_three_d_input_chains_through_the_views(dead_socket):
     w = ch.built.wire
     assert [o["op"] for o in w["ops"]] == ["addmm", "gelu", "addmm", "add"]
     first, second = products(w)
-    assert second["args"][1] == w["ops"][1]["out"]        # p2's A: gelu's value, no view op
+    assert second["args"][1] == w["ops"][1]["out"]  # p2's A: gelu's value, no view op
     assert w["inputs"][first["args"][1]]["shape"][1] == D
     assert w["inputs"][second["args"][2]]["shape"] == [FF, D]
     assert ch.built.out_views == [(2, ROWS // 2, D)]
@@ -164,8 +168,7 @@ def test_training_forward_saves_the_intermediate_no_chain(dead_socket):
     assert not chains(plan(c, "backward"))
 
 
-@pytest.mark.parametrize("d,ff,why", [(1024, 1024, "K1 = 1024"), (256, 1000, "N1 = 1000"),
-                                      (96, 1024, "K1 = 96")])
+@pytest.mark.parametrize("d,ff,why", [(1024, 1024, "K1 = 1024"), (256, 1000, "N1 = 1000"), (96, 1024, "K1 = 96")])
 def test_shapes_the_chain_kernel_cannot_run_stay_two_groups(dead_socket, caplog, d, ff, why):
     caplog.set_level(logging.DEBUG, logger="fuseml")
     c, got, want = compile_run(mlp(d=d, ff=ff), x2d(d=d), train=False)
@@ -177,8 +180,10 @@ def test_shapes_the_chain_kernel_cannot_run_stay_two_groups(dead_socket, caplog,
 
 
 def test_chains_option_and_environment(dead_socket, monkeypatch):
-    for compiler in (lambda: fuseml.FuseMLCompiler(chains=False),
-                     lambda: monkeypatch.setenv("FUSEML_CHAINS", "0") or fuseml.FuseMLCompiler()):
+    for compiler in (
+        lambda: fuseml.FuseMLCompiler(chains=False),
+        lambda: monkeypatch.setenv("FUSEML_CHAINS", "0") or fuseml.FuseMLCompiler(),
+    ):
         torch._dynamo.reset()
         c, got, want = compile_run(mlp(), x2d(), compiler(), train=False)
         exact(got, want)
@@ -213,8 +218,8 @@ class RowMajorWeights(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.w1 = nn.Parameter(torch.randn(D, FF) / D ** 0.5)
-        self.w2 = nn.Parameter(torch.randn(FF, D) / FF ** 0.5)
+        self.w1 = nn.Parameter(torch.randn(D, FF) / D**0.5)
+        self.w2 = nn.Parameter(torch.randn(FF, D) / FF**0.5)
 
     def forward(self, x):
         return F.relu(x @ self.w1) @ self.w2 + x
@@ -245,8 +250,7 @@ def test_a_mutation_between_the_groups_keeps_them_apart():
     gm = torch.fx.experimental.proxy_tensor.make_fx(f)(*args)
     groups = fuseml.find_groups(gm)
     assert not any(g.chain for g in groups) and len([g for g in groups if g.kind == "gemm"]) == 2
-    gm = torch.fx.experimental.proxy_tensor.make_fx(
-        lambda x, w1, w2: torch.relu(F.gelu(x @ w1) @ w2))(*args[:3])
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x, w1, w2: torch.relu(F.gelu(x @ w1) @ w2))(*args[:3])
     assert [g.op_names for g in fuseml.find_groups(gm) if g.chain] == [["mm", "gelu", "mm", "relu"]]
     assert not any(g.chain for g in fuseml.find_groups(gm, chains=False))
 
@@ -255,13 +259,12 @@ def test_a_mutation_between_the_groups_keeps_them_apart():
 def test_n2_limits(n2, chained):
     """N2 (the second product's columns) a multiple of 16 up to 256: the b2b kernel's rows."""
     args = [x2d(), torch.randn(FF, D).to(BF16).t(), torch.randn(n2, FF).to(BF16).t()]
-    gm = torch.fx.experimental.proxy_tensor.make_fx(
-        lambda x, w1, w2: torch.relu(F.gelu(x @ w1) @ w2))(*args)
-    assert [g.chain for g in fuseml.find_groups(gm) if g.kind == "gemm"] == \
-        ([True] if chained else [False, False])
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x, w1, w2: torch.relu(F.gelu(x @ w1) @ w2))(*args)
+    assert [g.chain for g in fuseml.find_groups(gm) if g.kind == "gemm"] == ([True] if chained else [False, False])
 
 
 # -- the rewritten graph, the launch layout, explain ---------------------------------------
+
 
 def test_rewritten_graph_matches_eager(served):
     """The chain group as one call in the rewritten graph; on CPU its runner runs the ATen
@@ -273,9 +276,8 @@ def test_rewritten_graph_matches_eager(served):
     assert ch.key and fuseml.runtime.counters["eager"] == before + 1
     (r,) = [r for r in _runners(c) if r.built.chain]
     # the ATen fallback: the two groups' nodes, nothing else
-    assert [t for t, _, _ in r.steps] == [aten.addmm.default, aten.gelu.default,
-                                          aten.addmm.default, aten.add.Tensor]
-    assert len(served.rounds) == 1 and len(served.rounds[0]) == 1     # one fragment, one round
+    assert [t for t, _, _ in r.steps] == [aten.addmm.default, aten.gelu.default, aten.addmm.default, aten.add.Tensor]
+    assert len(served.rounds) == 1 and len(served.rounds[0]) == 1  # one fragment, one round
     torch._dynamo.reset()
     c, got, want = compile_run(mlp(), x2d().view(2, ROWS // 2, D), train=False)
     exact(got, want)
@@ -294,22 +296,29 @@ def test_dynamic_m_shares_the_fragment(dead_socket):
         (ch,) = chains(c.plans[-1])
         wires.append(ch.built.wire)
     assert [w["m_hint"] for w in wires] == [16, 24]
-    assert not isinstance(ch.members[0].meta["val"].shape[0], int)     # the second: symbolic
-    assert [{k: v for k, v in w.items() if k != "m_hint"} for w in wires][0] == \
-        {k: v for k, v in wires[1].items() if k != "m_hint"}
+    assert not isinstance(ch.members[0].meta["val"].shape[0], int)  # the second: symbolic
+    assert [{k: v for k, v in w.items() if k != "m_hint"} for w in wires][0] == {
+        k: v for k, v in wires[1].items() if k != "m_hint"
+    }
 
 
 def test_launch_passes_x_twice(dead_socket, standin):  # noqa: F811
     c, _, _ = compile_run(mlp(), x2d(), train=False)
     (r,) = [r for r in _runners(c) if r.built.chain]
     x = x2d()
-    xs = [torch.randn(FF).to(BF16), x, torch.randn(FF, D).to(BF16).t(), torch.randn(D).to(BF16),
-          torch.randn(D, FF).to(BF16).t(), x]
+    xs = [
+        torch.randn(FF).to(BF16),
+        x,
+        torch.randn(FF, D).to(BF16).t(),
+        torch.randn(D).to(BF16),
+        torch.randn(D, FF).to(BF16).t(),
+        x,
+    ]
     r.kernel = ("k" * 64, "tuned", b"", {})
     got = r._launch(xs, torch.device("cpu"), r.kernel[0], b"", {})
     want = r.eager(xs)
     assert [(o.shape, o.stride(), o.dtype) for o in got] == [(o.shape, o.stride(), o.dtype) for o in want]
-    assert standin.calls == [(6, 1, ROWS)]      # six inputs, one output, outer = M
+    assert standin.calls == [(6, 1, ROWS)]  # six inputs, one output, outer = M
 
 
 def test_explain_shows_the_chain_group(dead_socket):
@@ -322,6 +331,7 @@ def test_explain_shows_the_chain_group(dead_socket):
 
 
 # -- a real fusemld (compile-only without a GPU) --------------------------------------------
+
 
 def _served_or_apart(ch, groups):
     """Chain group ch was answered with a kernel, or it was refused and its two GEMM groups
@@ -340,7 +350,7 @@ def _served_or_apart(ch, groups):
 
 def test_daemon_serves_the_chain_or_runs_it_apart(daemon):
     keys = []
-    for rows in (48, 60):           # one M bucket: the second is a store hit
+    for rows in (48, 60):  # one M bucket: the second is a store hit
         torch._dynamo.reset()
         c, got, want = compile_run(mlp(), x2d(rows), train=False)
         exact(got, want)
@@ -350,7 +360,7 @@ def test_daemon_serves_the_chain_or_runs_it_apart(daemon):
         keys.append(sorted((g.key, g.origin) for g in p.groups if g.key))
     assert [k for k, _ in keys[0]] == [k for k, _ in keys[1]]
     assert all(o == "hit" for _, o in keys[1])
-    if how == "apart":      # an older daemon: both parts served (compile-only: untuned)
+    if how == "apart":  # an older daemon: both parts served (compile-only: untuned)
         assert len(keys[0]) == 2
     torch._dynamo.reset()
     c, got, want = compile_run(mlp(StackedTransformerMLP), x2d(), train=False)
@@ -376,15 +386,23 @@ def test_refused_chain_runs_as_its_two_groups(daemon, caplog, monkeypatch):
         rounds.append([is_chain(w) for w in wires])
         mine = [w for w in wires if not is_chain(w)]
         got = iter(real(conn, mine, timeout) if mine else [])
-        return [{"ok": False, "code": "unsupported", "message": "fragment not supported",
-                 "detail": "ops[2].args[1]: the matrix operands must be fragment inputs"}
-                if is_chain(w) else next(got) for w in wires]
+        return [
+            {
+                "ok": False,
+                "code": "unsupported",
+                "message": "fragment not supported",
+                "detail": "ops[2].args[1]: the matrix operands must be fragment inputs",
+            }
+            if is_chain(w)
+            else next(got)
+            for w in wires
+        ]
 
     monkeypatch.setattr(fuseml.backend.transport, "compile_all", old_daemon)
     c, got, want = compile_run(mlp(StackedTransformerMLP), x2d(), train=False)
     exact(got, want)
     p = plan(c, "inference")
-    assert rounds == [[True] * 4, [False] * 8]      # 4 chains, then their 8 groups in one round
+    assert rounds == [[True] * 4, [False] * 8]  # 4 chains, then their 8 groups in one round
     assert all(_served_or_apart(ch, p.groups) == "apart" for ch in chains(p))
     assert all("matrix operands must be fragment inputs" in ch.reason for ch in chains(p))
     parts = [g for g in p.groups if g.apart_of is not None]
@@ -402,6 +420,7 @@ def test_refused_chain_runs_as_its_two_groups(daemon, caplog, monkeypatch):
 def test_a_chain_spelled_wrong_is_split_before_sending(served, monkeypatch):
     """A chain the fragment builder cannot spell is split at once: its two groups go in the
     first round, and nothing runs as ATen whole."""
+
     def refuse(*a, **k):
         raise fuseml.Unfusable("simulated")
 

@@ -3,6 +3,7 @@
 (one reduction over dim 0, a per-column [1, N] output at its own shape whatever M is); what is
 not a column reduction stays as it was; the rewritten graph computes eager's gradients on the
 CPU; a real fusemld (compile-only here) accepts the fragments and serves a columns kernel."""
+
 import pytest
 import torch
 
@@ -24,7 +25,7 @@ def test_bias_gradients_are_column_groups(dead_socket):
     close_bf16(got, want)
     bw = plan(c, "backward")
     gs = columns(bw)
-    assert len(gs) == 2                       # b1's and b2's gradients
+    assert len(gs) == 2  # b1's and b2's gradients
     widths = sorted(g.members[0].args[0].meta["val"].shape[1] for g in gs)
     assert widths == [32, 64]
     for g in gs:
@@ -39,7 +40,7 @@ def test_bias_gradients_are_column_groups(dead_socket):
         [o] = w["outputs"]
         assert o["shape"] == [1, n] and o["strides"] == [n, 1] and o["dtype"] == "bf16"
         assert g.built.out_fixed == [([1, n], [n, 1])]
-    assert not any(g.kind == "reduction" for g in bw.groups)   # no bias sum left unplanned
+    assert not any(g.kind == "reduction" for g in bw.groups)  # no bias sum left unplanned
 
 
 def test_symbolic_m_keeps_the_output_per_column(dead_socket):
@@ -59,14 +60,18 @@ def test_symbolic_m_keeps_the_output_per_column(dead_socket):
     assert static.built.wire["inputs"][0]["shape"] == [5, 48] and "m_hint" not in static.built.wire
 
 
-@pytest.mark.parametrize("f", [
-    lambda x: (x * 2).sum(-1, keepdim=True),                 # the last dim: a rows group
-    # dim 0 of a 3-D value not contiguous (a contiguous one is a column group of its 2-D
-    # view: test_leading_columns.py)
-    lambda x: (x * 2).view(2, 4, 16).transpose(1, 2).sum(0),
-    lambda x: (x * 2).sum(0, dtype=torch.float32),           # another dtype
-    lambda x: (x * 2).var(0),                                # var over dim 0
-], ids=["last-dim", "3-d-strided", "dtype", "var"])
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x: (x * 2).sum(-1, keepdim=True),  # the last dim: a rows group
+        # dim 0 of a 3-D value not contiguous (a contiguous one is a column group of its 2-D
+        # view: test_leading_columns.py)
+        lambda x: (x * 2).view(2, 4, 16).transpose(1, 2).sum(0),
+        lambda x: (x * 2).sum(0, dtype=torch.float32),  # another dtype
+        lambda x: (x * 2).var(0),  # var over dim 0
+    ],
+    ids=["last-dim", "3-d-strided", "dtype", "var"],
+)
 def test_what_is_not_a_column_reduction_is_no_column_group(dead_socket, f):
     c, got, want = compile_run(Fn(f), torch.randn(8, 16), train=False)
     (p,) = c.plans

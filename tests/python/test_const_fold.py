@@ -2,6 +2,7 @@
 causal mask built from aranges becomes a tensor attribute of the graph, its ops gone; what an
 input, a random op or a symbolic size reaches is computed on every call; a graph output is
 never the one constant tensor; a constant too large to keep is left to be computed."""
+
 import torch
 
 from helpers import Fn, compile_run
@@ -45,8 +46,8 @@ def test_causal_mask_is_computed_once(dead_socket, partitioned):
 
 def test_values_an_input_reaches_are_computed_each_call(dead_socket, partitioned):
     def f(x):
-        keep = x > 0                                            # from the input
-        ones = x.new_ones(x.shape)                              # reads only x's dtype and device
+        keep = x > 0  # from the input
+        ones = x.new_ones(x.shape)  # reads only x's dtype and device
         return torch.where(keep, x, ones * 2)
 
     x = torch.randn(4, 16)
@@ -75,7 +76,7 @@ def test_a_graph_output_is_a_new_tensor_each_call(dead_socket, partitioned):
     a = fn(torch.randn(4, 16))[1]
     b = fn(torch.randn(4, 16))[1]
     assert a.data_ptr() != b.data_ptr()
-    a.add_(1)                                                    # the caller owns it
+    a.add_(1)  # the caller owns it
     torch.testing.assert_close(fn(torch.randn(4, 16))[1], torch.arange(16) * 3)
 
 

@@ -1,5 +1,6 @@
 """A graph without CUDA tensors never talks to the daemon: fused kernels run on CUDA only, so
 it runs as its ATen ops, with one info note and no request (a real fusemld counts them)."""
+
 import io
 import logging
 
@@ -24,8 +25,9 @@ def _requests(socket):
 
 def _mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32),
-                               torch.nn.LayerNorm(32))
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32), torch.nn.LayerNorm(32)
+    )
 
 
 @pytest.mark.parametrize("train", [False, True])
@@ -46,7 +48,7 @@ def test_cpu_graph_sends_nothing(daemon, caplog, monkeypatch, train):
         else:
             with torch.no_grad():
                 torch.testing.assert_close(fn(x), model(x))
-    assert _requests(daemon.socket) - before == 2   # our own hello and stats, nothing else
+    assert _requests(daemon.socket) - before == 2  # our own hello and stats, nothing else
     assert compiler.plans and all(p.skipped and not p.groups for p in compiler.plans)
     assert {p.which for p in compiler.plans} == ({"forward", "backward"} if train else {"inference"})
     records = [r for r in caplog.records if r.name == "fuseml"]
@@ -65,7 +67,7 @@ def test_the_testing_aid_still_sends_them(daemon, monkeypatch):
     with torch.no_grad():
         torch.compile(model, backend=compiler)(x)
     kernels = [g for p in compiler.plans for g in p.kernels()]
-    assert kernels and _requests(daemon.socket) - before >= 2 + 1 + len(kernels)   # + hello + compiles
+    assert kernels and _requests(daemon.socket) - before >= 2 + 1 + len(kernels)  # + hello + compiles
 
 
 def test_no_daemon_needed_and_explain_says_why(dead_socket, monkeypatch, caplog):
@@ -75,4 +77,4 @@ def test_no_daemon_needed_and_explain_says_why(dead_socket, monkeypatch, caplog)
     rows = fuseml.explain(Fn(lambda x: torch.relu(x * 2 + 1)), torch.randn(4, 8), file=out)
     assert rows == []
     assert "no CUDA tensor: runs as ATen, nothing sent to fusemld" in out.getvalue(), out.getvalue()
-    assert not caplog.records   # no "fusemld unreachable": nothing tried to reach it
+    assert not caplog.records  # no "fusemld unreachable": nothing tried to reach it

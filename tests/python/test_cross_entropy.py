@@ -2,6 +2,7 @@
 matches torch's cross_entropy, loss and gradient, forward as one rows kernel and backward as
 one pointwise kernel, with no [N, C] fp32 value saved; the variants it does not take stay
 torch's; a target out of range fails as torch's does."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,7 @@ def _close(got, want):
     for a, b in zip(got, want):
         assert a.dtype == b.dtype and a.shape == b.shape
         err = rel_err(a, b)
-        assert err == err and err < 1e-2, err   # NaN never passes
+        assert err == err and err < 1e-2, err  # NaN never passes
 
 
 @pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"}, {"ignore_index": 5}])
@@ -63,8 +64,9 @@ def test_hugging_face_loss_matches_torch(dead_socket, kw):
     (rows,) = [g for g in fw.groups if g.kind == "rows"]
     assert rows.route == "kernel" and {"amax", "eq", "where"} <= set(rows.op_names), fw.describe()
     # the input it reads is the bf16 logits: no fp32 copy of them is made
-    assert {n.meta["val"].dtype for n in rows.inputs if n.meta["val"].dim() == 2 and
-            n.meta["val"].shape[-1] == C} == {BF16}
+    assert {n.meta["val"].dtype for n in rows.inputs if n.meta["val"].dim() == 2 and n.meta["val"].shape[-1] == C} == {
+        BF16
+    }
     (bwd,) = [g for g in bw.groups if g.kind == "pointwise" and "exp" in g.op_names]
     assert bwd.route == "kernel" and "eq" in bwd.op_names, bw.describe()
 
@@ -96,12 +98,15 @@ def test_no_fp32_row_set_is_saved(dead_socket):
     assert big and all(v.dtype == BF16 for v in big), [(v.shape, v.dtype) for v in saved]
 
 
-@pytest.mark.parametrize("f", [
-    lambda x, t: F.cross_entropy(x.float().view(-1, C), t.view(-1), label_smoothing=0.1),
-    lambda x, t: F.cross_entropy(x.float().view(-1, C), t.view(-1), weight=torch.linspace(0.5, 2, C)),
-    lambda x, t: F.cross_entropy(x.float().transpose(1, 2), t),                     # [B, C, S]
-    lambda x, t: F.cross_entropy(x.float().view(-1, C), F.one_hot(t.view(-1).clamp(min=0), C).float()),
-])
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x, t: F.cross_entropy(x.float().view(-1, C), t.view(-1), label_smoothing=0.1),
+        lambda x, t: F.cross_entropy(x.float().view(-1, C), t.view(-1), weight=torch.linspace(0.5, 2, C)),
+        lambda x, t: F.cross_entropy(x.float().transpose(1, 2), t),  # [B, C, S]
+        lambda x, t: F.cross_entropy(x.float().view(-1, C), F.one_hot(t.view(-1).clamp(min=0), C).float()),
+    ],
+)
 def test_variants_not_taken_stay_torch(dead_socket, f):
     """Label smoothing, class weights, a class dim that is not the last of a 2-D input,
     probability targets: torch's cross_entropy runs (nll_loss in the graph), results as eager."""
@@ -130,6 +135,7 @@ def test_rewrite_counts_and_leaves_other_graphs(dead_socket):
     def grab(gm, ex):
         graphs.append(gm)
         return gm
+
     x, t = _logits_and_targets()
     torch.compile(_hf_loss, backend=grab)(x, t)
     gm = graphs[-1]
@@ -150,5 +156,6 @@ def test_daemon_accepts_the_fragments(daemon, classes):
     c = fuseml.FuseMLCompiler()
     _run(_hf_loss, x, t, c)
     ks = [g for p in (plan(c, "forward"), plan(c, "backward")) for g in p.kernels()]
-    assert ks and all(g.key and g.state in ("untuned", "tuned") for g in ks), \
-        [(g.describe(), g.reason) for g in ks if not g.key]
+    assert ks and all(g.key and g.state in ("untuned", "tuned") for g in ks), [
+        (g.describe(), g.reason) for g in ks if not g.key
+    ]

@@ -6,6 +6,7 @@ every graph under fuseml's own replay: a training step's forward and backward (s
 results right every step with saved values and gradients held, gradients accumulated into a
 held p.grad), Inductor for the rest, a graph torch will not record, an inference graph. The
 replay's own rules are tested in test_graph_replay.py."""
+
 import logging
 
 import pytest
@@ -20,8 +21,7 @@ from fuseml import backend, cudagraphs, graph_replay
 
 
 def _graph_warnings(caplog):
-    return [r.getMessage() for r in caplog.records
-            if r.levelno >= logging.WARNING and "CUDA graph" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "CUDA graph" in r.getMessage()]
 
 
 def test_modes_and_options(monkeypatch):
@@ -34,14 +34,14 @@ def test_modes_and_options(monkeypatch):
     assert cudagraphs.wanted(options={"cudagraphs": True}) is True
     assert cudagraphs.wanted("reduce-overhead", {"cudagraphs": False}) is False
     assert cudagraphs.wanted(default=True) is True
-    assert cudagraphs.wanted("default", default=True) is False   # an explicit mode wins
+    assert cudagraphs.wanted("default", default=True) is False  # an explicit mode wins
     with pytest.raises(ValueError, match="reduce-overhead"):
         cudagraphs.wanted("fast")
     with pytest.raises(ValueError, match="cudagraphs"):
         cudagraphs.wanted(options={"triton.cudagraphs": True})
     monkeypatch.setenv("FUSEML_CUDAGRAPHS", "1")
     assert cudagraphs.wanted() is True
-    assert cudagraphs.wanted(default=False) is False             # the constructor wins
+    assert cudagraphs.wanted(default=False) is False  # the constructor wins
     assert cudagraphs.wanted("default") is False
     monkeypatch.setenv("FUSEML_CUDAGRAPHS", "0")
     assert cudagraphs.wanted() is False
@@ -60,8 +60,7 @@ def test_backend_takes_torch_compile_keywords(dead_socket):
     c = fuseml.FuseMLCompiler()
     compiler = lambda gm, ex, **kw: (seen.append(kw), c(gm, ex, **kw, name="m", later=1))[1]
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(model, backend=compiler, mode="max-autotune")(x),
-                                   model(x))
+        torch.testing.assert_close(torch.compile(model, backend=compiler, mode="max-autotune")(x), model(x))
     assert seen == [{"mode": "max-autotune"}] and c.plans[-1].graphs
 
 
@@ -87,10 +86,9 @@ def test_mode_reaches_the_backend_by_name(dead_socket, monkeypatch):
 @pytest.mark.parametrize("train", [False, True])
 def test_cpu_model_runs_eager_with_one_warning(daemon, caplog, train):
     caplog.set_level(logging.WARNING)
-    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32), train=train,
-                               mode="reduce-overhead")
+    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32), train=train, mode="reduce-overhead")
     assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert any(p.kernels() for p in c.plans)              # the daemon served its groups
+    assert any(p.kernels() for p in c.plans)  # the daemon served its groups
     assert all(p.graphs.startswith("no CUDA graphs") for p in c.plans)
     warned = _graph_warnings(caplog)
     assert len(warned) == 1 and "no CUDA tensors" in warned[0], warned
@@ -108,13 +106,14 @@ def test_env_turns_graphs_on(dead_socket, monkeypatch, caplog):
 def test_torch_without_the_api_runs_without_graphs(dead_socket, monkeypatch, caplog):
     caplog.set_level(logging.WARNING)
     monkeypatch.delattr(torch_cudagraphs, "check_for_skip")
-    c, got, want = compile_run(MODELS["llama_mlp"](), torch.randn(6, 32),
-                               fuseml.FuseMLCompiler(cudagraphs=True))
+    c, got, want = compile_run(MODELS["llama_mlp"](), torch.randn(6, 32), fuseml.FuseMLCompiler(cudagraphs=True))
     assert_close(got, want)
     warned = _graph_warnings(caplog)
     assert len(warned) == 1 and "unavailable" in warned[0], warned
-    assert all(p.graphs == "no CUDA graphs: torch API missing" or
-               p.graphs == "no CUDA graphs: forward not recorded" for p in c.plans)
+    assert all(
+        p.graphs == "no CUDA graphs: torch API missing" or p.graphs == "no CUDA graphs: forward not recorded"
+        for p in c.plans
+    )
 
 
 @pytest.fixture
@@ -129,6 +128,7 @@ def on_cuda(monkeypatch, fake_cuda):
     def init(self, *a, **k):
         orig(self, *a, **k)
         made.append(self)
+
     monkeypatch.setattr(graph_replay.GraphReplay, "__init__", init)
     fake_cuda.made = made
     return fake_cuda
@@ -187,8 +187,7 @@ def test_training_graphs_under_fuseml_replay(dead_socket, on_cuda, caplog):
     assert [tuple(key[i][1]) for i in range(len(key)) if i not in fw.static] == [(6, 32)]
     bkey = next(iter(bw.direct))
     assert bw.static
-    assert sorted(tuple(bkey[i][1]) for i in range(len(bkey)) if i not in bw.static) == \
-        [(6, 32), (6, 32)]
+    assert sorted(tuple(bkey[i][1]) for i in range(len(bkey)) if i not in bw.static) == [(6, 32), (6, 32)]
 
 
 def test_training_gradients_kept_across_steps_stay_right(dead_socket, on_cuda):
@@ -198,7 +197,7 @@ def test_training_gradients_kept_across_steps_stay_right(dead_socket, on_cuda):
     model = MODELS["mlp"]()
     compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(), mode="reduce-overhead")
     x = torch.randn(6, 32)
-    _train_steps(model, compiled, [x], 4)          # warm-up, recordings, replays
+    _train_steps(model, compiled, [x], 4)  # warm-up, recordings, replays
     fw, bw = on_cuda.made
     params = list(model.parameters())
     for p in params:
@@ -208,14 +207,14 @@ def test_training_gradients_kept_across_steps_stay_right(dead_socket, on_cuda):
     held = [p.grad for p in params]
     before = [g.clone() for g in held]
     r0 = bw.replays
-    for _ in range(3):                              # p.grad accumulates: the held ones grow
+    for _ in range(3):  # p.grad accumulates: the held ones grow
         compiled(x.detach().requires_grad_(True)).backward(gy)
     assert bw.replays >= r0 + 2
     for p, g0 in zip(params, before):
         torch.testing.assert_close(p.grad, 4 * g0, atol=1e-5, rtol=1e-5)
     for p in params:
         p.grad = None
-    _train_steps(model, compiled, [x, torch.randn(6, 32)], 6)   # and a new buffer after it
+    _train_steps(model, compiled, [x, torch.randn(6, 32)], 6)  # and a new buffer after it
     assert bw.off is None and fw.off is None
 
 
@@ -228,7 +227,7 @@ def test_micro_batches_forward_all_then_backward_all(dead_socket, on_cuda):
     compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(), mode="reduce-overhead")
     xs = [torch.randn(6, 32) for _ in range(3)]
     gy = torch.linspace(-1, 1, 6 * 32).view(6, 32)
-    _train_steps(model, compiled, [xs[0]], 4)          # warm-up and recordings of the input set
+    _train_steps(model, compiled, [xs[0]], 4)  # warm-up and recordings of the input set
     params = list(model.parameters())
 
     def accumulate(fn):
@@ -249,15 +248,15 @@ def test_micro_batches_forward_all_then_backward_all(dead_socket, on_cuda):
 
 
 def test_rest_inductor_under_fuseml_replay(dead_socket, on_cuda):
-    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32),
-                               fuseml.FuseMLCompiler(rest="inductor"), mode="reduce-overhead")
+    c, got, want = compile_run(
+        MODELS["activation_heavy"](), torch.randn(6, 32), fuseml.FuseMLCompiler(rest="inductor"), mode="reduce-overhead"
+    )
     assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert [r.which for r in on_cuda.made] == ["forward", "backward"]
 
 
 @pytest.mark.parametrize("skipped", ["forward", "backward"])
-def test_a_graph_torch_will_not_record_runs_as_compiled(dead_socket, on_cuda, monkeypatch,
-                                                        skipped):
+def test_a_graph_torch_will_not_record_runs_as_compiled(dead_socket, on_cuda, monkeypatch, skipped):
     """torch's rule refuses one graph (an op that cannot be captured): it runs as compiled,
     right; an unrecorded forward leaves its backward unrecorded too (its saved values would
     sit at new addresses every step)."""
@@ -267,6 +266,7 @@ def test_a_graph_torch_will_not_record_runs_as_compiled(dead_socket, on_cuda, mo
         seen.append(gm)
         which = "forward" if len(seen) == 1 else "backward"
         return "skipping cudagraphs due to incompatible op (x)" if which == skipped else None
+
     monkeypatch.setattr(torch_cudagraphs, "check_for_skip", check)
     model = MODELS["mlp"]()
     compiler = fuseml.FuseMLCompiler()
@@ -288,4 +288,4 @@ def test_inference_graph_under_fuseml_replay(dead_socket, on_cuda):
     assert_close(got, want)
     [plan] = c.plans
     assert plan.which == "inference" and plan.graphs.startswith("CUDA graphs (fuseml replay")
-    assert plan.graphs.count(",") == 3   # the 4 parameters are the static inputs
+    assert plan.graphs.count(",") == 3  # the 4 parameters are the static inputs

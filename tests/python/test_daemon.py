@@ -1,6 +1,7 @@
 """Round trips to a real fusemld (compile-only on a machine without a GPU): fragments built
 from the reference models are accepted, keys come back, a second compile is all cache hits;
 and the per-user daemon is started when none answers."""
+
 import logging
 import os
 import signal
@@ -54,9 +55,12 @@ def test_models_compile_then_hit(daemon, caplog):
 def test_pipelined_requests_and_errors(daemon):
     conn = transport.connect(daemon.socket, timeout=30)
     try:
-        good = {"vocab": 1, "inputs": [{"id": 0, "dtype": "f32", "shape": [-1, 16]}],
-                "ops": [{"op": "exp", "out": 1, "args": [0]}],
-                "outputs": [{"id": 1, "dtype": "f32", "shape": [-1, 16]}]}
+        good = {
+            "vocab": 1,
+            "inputs": [{"id": 0, "dtype": "f32", "shape": [-1, 16]}],
+            "ops": [{"op": "exp", "out": 1, "args": [0]}],
+            "outputs": [{"id": 1, "dtype": "f32", "shape": [-1, 16]}],
+        }
         # (bmm, once the reserved name here, is vocabulary 4's batched product now)
         bad = dict(good, ops=[{"op": "frobnicate", "out": 1, "args": [0]}])
         replies = transport.compile_all(conn, [good, bad, good], 60)
@@ -88,6 +92,7 @@ def test_compile_error_falls_back(daemon, caplog, monkeypatch):
 
 def test_connect_timeout_on_silent_socket(tmp_path):
     import socket
+
     path = str(tmp_path / "silent.sock")
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(path)

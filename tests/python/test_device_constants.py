@@ -3,6 +3,7 @@ CUDA graph (device_constants.py), and why the others stay: graphs traced on fake
 (no GPU here), a hand-made one and a tiny T5 training step, whose KV cache leaves an empty
 CPU constant per layer copied to the device. The move itself (a real device copy) and the
 recording run on the GPU (bench/device/pad-gemm/run)."""
+
 import pytest
 import torch
 import torch.fx.experimental.proxy_tensor as proxy_tensor
@@ -26,44 +27,54 @@ def _skip(gm, n_inputs=1):
     graph whose CPU values cannot all move stays as it is)."""
     api = cudagraphs._api()
     torch_says = api.check_for_skip(gm, 0)
-    dev, static, skip, moved = cudagraphs._plan(api, gm, [None] * n_inputs, "inference",
-                                                cudagraphs.State([None] * n_inputs))
+    dev, static, skip, moved = cudagraphs._plan(
+        api, gm, [None] * n_inputs, "inference", cudagraphs.State([None] * n_inputs)
+    )
     return torch_says, skip, moved
 
 
 def test_cpu_scalars_that_reach_the_gpu_move():
     def f(x):
-        y = x * torch.tensor(2.0)                              # a CPU scalar operand
+        y = x * torch.tensor(2.0)  # a CPU scalar operand
         return torch.where(y > 0, y, torch.tensor(-1.0)).sum(), x.float() + torch.tensor(0.5)
+
     gm = _trace(f, (4, 8))
     assert "cpu device (_tensor_constant0)" in str(cudagraphs._api().check_for_skip(gm, 0))
     movable, kept = device_constants.plan(gm)
     assert kept == {}
     assert [n.name for n in movable] == [
-        "_tensor_constant0", "lift_fresh_copy", "_tensor_constant1", "lift_fresh_copy_1",
-        "_tensor_constant2", "lift_fresh_copy_2"]
+        "_tensor_constant0",
+        "lift_fresh_copy",
+        "_tensor_constant1",
+        "lift_fresh_copy_1",
+        "_tensor_constant2",
+        "lift_fresh_copy_2",
+    ]
 
 
 def test_cpu_values_the_caller_or_host_sees_stay():
     def f(x):
-        c = torch.tensor(3.0) + 1          # a CPU result returned: the caller sees a CPU tensor
+        c = torch.tensor(3.0) + 1  # a CPU result returned: the caller sees a CPU tensor
         return x * torch.tensor(2.0), c
+
     gm = _trace(f, (4, 8))
     movable, kept = device_constants.plan(gm)
-    assert kept == {"add": "a graph output",
-                    "lift_fresh_copy": "used by add, which stays on the CPU",
-                    "_tensor_constant0": "used by lift_fresh_copy, which stays on the CPU"}
+    assert kept == {
+        "add": "a graph output",
+        "lift_fresh_copy": "used by add, which stays on the CPU",
+        "_tensor_constant0": "used by lift_fresh_copy, which stays on the CPU",
+    }
     assert [n.name for n in movable] == ["_tensor_constant1", "lift_fresh_copy_1"]
     torch_says, skip, moved = _skip(gm)
     # nothing moved (the graph stays refused either way), and the note says why
-    assert moved == [] and all(n.meta["val"].device.type == "cpu" for n in gm.graph.nodes
-                               if n.op == "get_attr")
+    assert moved == [] and all(n.meta["val"].device.type == "cpu" for n in gm.graph.nodes if n.op == "get_attr")
     assert skip.startswith("cpu device (_tensor_constant0): ")
 
 
 def test_a_real_cpu_input_keeps_the_graph_refused():
     def f(x, s):
         return x * s * torch.tensor(2.0)
+
     gm = _trace(f, (4, 8), cpu_scalar=True)
     movable, kept = device_constants.plan(gm)
     assert kept["s_1"] == "an input of the graph"
@@ -75,6 +86,7 @@ def test_a_real_cpu_input_keeps_the_graph_refused():
 def test_a_value_copied_to_the_host_stays():
     def f(x):
         return (x.to("cpu") * torch.tensor(2.0)).to(x.device)
+
     gm = _trace(f, (4, 8))
     movable, kept = device_constants.plan(gm)
     assert movable == []
@@ -85,9 +97,19 @@ def test_a_value_copied_to_the_host_stays():
 @pytest.fixture
 def tiny_t5():
     tf = pytest.importorskip("transformers")
-    cfg = tf.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_heads=4, num_layers=1,
-                      num_decoder_layers=1, feed_forward_proj="gated-gelu",
-                      tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0)
+    cfg = tf.T5Config(
+        vocab_size=64,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_heads=4,
+        num_layers=1,
+        num_decoder_layers=1,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     return tf.T5ForConditionalGeneration(cfg).to(torch.bfloat16)
 
@@ -107,6 +129,7 @@ def test_t5_training_graph_constants_all_move(tiny_t5, monkeypatch):
 
     def step(p, ids, labels):
         return torch.func.functional_call(tiny_t5, p, (), {"input_ids": ids, "labels": labels}).loss
+
     gm = make_fx(step, tracing_mode="fake", decomposition_table=backend.DECOMPOSITIONS)(params, ids, labels)
     assert "cpu device (_tensor_constant0)" in str(cudagraphs._api().check_for_skip(gm, 0))
     movable, kept = device_constants.plan(gm)
@@ -123,9 +146,11 @@ def test_move_changes_the_constants_and_their_metadata():
     """The move on a device this machine has without a GPU ("meta", which torch's check
     ignores as it holds no data): the constants, their values' metadata and a factory's device
     change, the graph's code with them, and torch's check then lets the graph be recorded."""
+
     def f(x):
-        s = torch.scalar_tensor(3.0, dtype=torch.float32, device="cpu")   # a CPU factory
+        s = torch.scalar_tensor(3.0, dtype=torch.float32, device="cpu")  # a CPU factory
         return torch.where(x > 0, x * torch.tensor(2.0), s)
+
     gm = _trace(f, (4, 8))
     assert "cpu device" in str(cudagraphs._api().check_for_skip(gm, 0))
     moved, kept = device_constants.move(gm, torch.device("meta"))

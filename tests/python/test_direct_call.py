@@ -1,6 +1,7 @@
 """Inference graphs called without aot_autograd's runtime wrappers (direct_call.py): taken
 only where the wrappers would do nothing, and every case where they do something (a mutated
 input, an output aliasing an input, autocast, grad mode) still computes what eager does."""
+
 import sys
 
 import pytest
@@ -19,8 +20,7 @@ def _ran_aot_wrappers(fn, *args):
 
     def probe(frame, event, arg):
         path = frame.f_code.co_filename.replace("\\", "/")
-        if event == "call" and path.endswith(("/_aot_autograd/runtime_wrappers.py",
-                                              "/_functorch/aot_autograd.py")):
+        if event == "call" and path.endswith(("/_aot_autograd/runtime_wrappers.py", "/_functorch/aot_autograd.py")):
             seen.append(frame.f_code.co_name)
 
     sys.setprofile(probe)
@@ -69,6 +69,7 @@ def test_turned_off_keeps_the_wrappers(served, monkeypatch, how):
 def test_grad_on_without_grad_inputs(served):
     """An inference graph compiled with grad on (no input requires grad) runs with grad off,
     as aot_autograd runs it, and leaves grad on for the caller."""
+
     def f(x, w):
         return torch.nn.functional.gelu(x @ w) * 2.0 + 1.0
 
@@ -90,7 +91,7 @@ def test_mutated_input_keeps_the_wrappers(served):
     c = fuseml.FuseMLCompiler()
     with torch.no_grad():
         got = torch.compile(f, backend=c)(x, y)
-    torch.testing.assert_close(x, x0 + 1.0)          # the mutation reached the caller's x
+    torch.testing.assert_close(x, x0 + 1.0)  # the mutation reached the caller's x
     torch.testing.assert_close(got, torch.sigmoid((x0 + 1.0) * y) + y)
     assert plan(c, "inference").called == "through aot_autograd (an input is mutated)"
 
@@ -103,7 +104,7 @@ def test_output_aliasing_an_input_keeps_the_wrappers(served):
     c = fuseml.FuseMLCompiler()
     with torch.no_grad():
         view, got = torch.compile(f, backend=c)(x, y)
-    assert view.data_ptr() == x.data_ptr() and view._base is x   # a view of x, as in eager
+    assert view.data_ptr() == x.data_ptr() and view._base is x  # a view of x, as in eager
     torch.testing.assert_close(got, torch.tanh(x * y) - y)
     assert plan(c, "inference").called.startswith("through aot_autograd (an output aliases")
 
@@ -132,13 +133,15 @@ def test_training_graphs_keep_the_wrappers(served):
 
 def test_explain_says_how_the_inference_graph_is_called(served):
     import io
+
     buf = io.StringIO()
     with torch.no_grad():
         fuseml.explain(MODELS["mlp"](), torch.randn(6, 32), file=buf)
     heads = [line for line in buf.getvalue().splitlines() if line.startswith("inference graph")]
     # explain() runs the model once: the graph's code is generated after that first call
-    assert heads == ["inference graph: (called directly; runs as generated straight-line code "
-                     "(first call pending))"], buf.getvalue()
+    assert heads == [
+        "inference graph: (called directly; runs as generated straight-line code " "(first call pending))"
+    ], buf.getvalue()
 
 
 def test_dynamic_shapes_keep_the_wrappers(served):

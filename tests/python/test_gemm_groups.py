@@ -1,6 +1,7 @@
 """GEMM + epilogue groups: what the partitioner finds in bf16 models (forward and backward),
 the vocabulary-3 fragments it builds (symbolic M with an M bucket), the reasons GEMMs stay
 with cuBLAS, and round trips of those fragments through a real fusemld (compile-only here)."""
+
 import pytest
 import torch
 import torch.nn as nn
@@ -24,7 +25,7 @@ def gemms(p):
 
 def test_mlp_forward_epilogues(dead_socket):
     c, got, want = compile_run(TransformerMLP().to(BF16), x_bf16())
-    close_bf16(got, want)      # no daemon: every group ran its ATen ops
+    close_bf16(got, want)  # no daemon: every group ran its ATen ops
     fw = plan(c, "forward")
     g1, g2 = fw.kernels()
     assert g1.kind == g2.kind == "gemm"
@@ -34,8 +35,8 @@ def test_mlp_forward_epilogues(dead_socket):
     w = g1.built.wire
     assert w["vocab"] == 3 and w["m_hint"] == 16
     a, b, bias = (w["inputs"][i] for i in (1, 2, 0))
-    assert a["shape"] == [-1, 32] and a["strides"] == [32, 1]        # x, row-major, M symbolic
-    assert b["shape"] == [32, 64] and b["strides"] == [1, 32]        # weight.t(): column-major
+    assert a["shape"] == [-1, 32] and a["strides"] == [32, 1]  # x, row-major, M symbolic
+    assert b["shape"] == [32, 64] and b["strides"] == [1, 32]  # weight.t(): column-major
     assert bias["shape"] == [1, 64] and bias["strides"] == [0, 1]
     assert [o["shape"] for o in w["outputs"]] == [[-1, 64], [-1, 64]]
     assert [op["op"] for op in w["ops"]] == ["addmm", "gelu"]
@@ -64,7 +65,7 @@ def test_llama_gate_and_up_are_one_sibling_group(dead_socket):
     fw = plan(c, "forward")
     (g,) = fw.kernels()
     assert g.siblings and g.op_names == ["mm", "silu", "mm", "mul"]
-    assert sorted(n.name for n in g.escapes) == ["mm", "mm_1", "silu"]   # saved for backward
+    assert sorted(n.name for n in g.escapes) == ["mm", "mm_1", "silu"]  # saved for backward
     assert not any(n.target == torch.ops.aten.mm.default for n in g.inputs)
 
 
@@ -90,8 +91,7 @@ def test_reasons_gemms_stay_with_cublas(dead_socket):
     # K not a multiple of 8: no longer a reason (the daemon serves a cuBLASLt plan), the
     # GEMMs group with their epilogues; without a daemon they run eager, correctly
     torch._dynamo.reset()
-    c, got, want = compile_run(TransformerMLP(d_model=20, d_intermediate=64).to(BF16),
-                               x_bf16(8, 20), train=False)
+    c, got, want = compile_run(TransformerMLP(d_model=20, d_intermediate=64).to(BF16), x_bf16(8, 20), train=False)
     close_bf16(got, want)
     (p,) = [p for p in c.plans if p.which == "inference"]
     assert not any("multiple of 8" in (g.reason or "") for g in gemms(p))
@@ -129,8 +129,7 @@ def test_m_bucket_shares_a_key_across_batch_sizes(daemon):
         close_bf16(got, want)
         (p,) = [p for p in c.plans if p.which == "inference"]
         ks = p.kernels()
-        assert len(ks) == 2 and all(g.key and g.state in ("untuned", "tuned") for g in ks), \
-            [g.describe() for g in ks]
+        assert len(ks) == 2 and all(g.key and g.state in ("untuned", "tuned") for g in ks), [g.describe() for g in ks]
         keys[m] = [g.key for g in ks]
     assert keys[48] == keys[60]
     assert keys[8] != keys[48]
@@ -143,16 +142,22 @@ def test_daemon_serves_a_plan_where_the_templates_cannot_run(daemon):
     eager)."""
     conn = transport.connect(daemon.socket, timeout=30)
     try:
-        frag = {"vocab": 3, "m_hint": 100,
-                "inputs": [{"id": 0, "dtype": "bf16", "shape": [-1, 12]},
-                           {"id": 1, "dtype": "bf16", "shape": [12, 16]}],
-                "ops": [{"op": "mm", "out": 2, "args": [0, 1]}, {"op": "relu", "out": 3, "args": [2]}],
-                "outputs": [{"id": 3, "dtype": "bf16", "shape": [-1, 16]}]}
-        bad = {"vocab": 3,
-               "inputs": [{"id": 0, "dtype": "bf16", "shape": [64, 16], "strides": [32, 2]},
-                          {"id": 1, "dtype": "bf16", "shape": [16, 16]}],
-               "ops": [{"op": "mm", "out": 2, "args": [0, 1]}],
-               "outputs": [{"id": 2, "dtype": "bf16", "shape": [64, 16]}]}
+        frag = {
+            "vocab": 3,
+            "m_hint": 100,
+            "inputs": [{"id": 0, "dtype": "bf16", "shape": [-1, 12]}, {"id": 1, "dtype": "bf16", "shape": [12, 16]}],
+            "ops": [{"op": "mm", "out": 2, "args": [0, 1]}, {"op": "relu", "out": 3, "args": [2]}],
+            "outputs": [{"id": 3, "dtype": "bf16", "shape": [-1, 16]}],
+        }
+        bad = {
+            "vocab": 3,
+            "inputs": [
+                {"id": 0, "dtype": "bf16", "shape": [64, 16], "strides": [32, 2]},
+                {"id": 1, "dtype": "bf16", "shape": [16, 16]},
+            ],
+            "ops": [{"op": "mm", "out": 2, "args": [0, 1]}],
+            "outputs": [{"id": 2, "dtype": "bf16", "shape": [64, 16]}],
+        }
         r, rb = transport.compile_all(conn, [frag, bad], 60)
     finally:
         conn.close()
@@ -167,6 +172,7 @@ def test_daemon_serves_a_plan_where_the_templates_cannot_run(daemon):
 
 def test_explain_prints_every_group_and_why(dead_socket):
     import io
+
     buf = io.StringIO()
     rows = fuseml.explain(TransformerMLP().to(BF16), x_bf16(), file=buf)
     text = buf.getvalue()
@@ -194,7 +200,7 @@ def test_a_dropped_gemm_group_runs_its_epilogue_as_one_kernel(daemon, monkeypatc
         (p,) = c.plans
         (g,) = [g for g in p.kernels() if g.kind == "gemm"]
         comp = p.compiled
-        comp.runners[g.gid].use_kernel = False       # what _decide does when ATen wins
+        comp.runners[g.gid].use_kernel = False  # what _decide does when ATen wins
         comp.pending = True
         out = fn(x)
     epilogues = [h for h in p.groups if h.apart_of is g]
@@ -221,7 +227,7 @@ def test_a_dropped_sibling_group_runs_silu_times_up_as_one_kernel(daemon, monkey
         (p,) = c.plans
         (g,) = [g for g in p.kernels() if g.siblings]
         comp = p.compiled
-        comp.runners[g.gid].use_kernel = False       # what _decide does when ATen wins
+        comp.runners[g.gid].use_kernel = False  # what _decide does when ATen wins
         comp.pending = True
         out = fn(x)
     (h,) = [h for h in p.groups if h.apart_of is g]

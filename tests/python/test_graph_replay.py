@@ -7,6 +7,7 @@ memory with a second recording while the caller holds the first one's (a kept ou
 right; with every recording's outputs held the call runs as compiled), graph-owned input
 copies past MAX_DIRECT input sets, and a failed capture that turns graphs off with one
 warning while the results stay right."""
+
 import logging
 
 import pytest
@@ -24,6 +25,7 @@ def _runner(fake, static=(1,)):
         calls.append(1)
         x, w_ = args
         return [torch.relu(x @ w_) + 1.0]
+
     return graph_replay.GraphReplay(fn, static, 0), calls, w
 
 
@@ -31,14 +33,14 @@ def test_warm_up_record_then_replay_without_python(fake_cuda):
     run, calls, w = _runner(fake_cuda)
     x = torch.randn(3, 4)
     want = torch.relu(x @ w) + 1.0
-    assert torch.equal(run([x, w])[0], want) and len(calls) == 1      # warm-up: run as compiled
+    assert torch.equal(run([x, w])[0], want) and len(calls) == 1  # warm-up: run as compiled
     assert fake_cuda.captures == 0
-    assert torch.equal(run([x, w])[0], want)                          # recorded, then replayed
+    assert torch.equal(run([x, w])[0], want)  # recorded, then replayed
     assert fake_cuda.captures == 1 and run.recordings == 1
     n = len(calls)
-    x.copy_(torch.randn(3, 4))                                         # same address, new values
+    x.copy_(torch.randn(3, 4))  # same address, new values
     assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
-    assert len(calls) == n + 1 and fake_cuda.captures == 1           # the fake replay's one call
+    assert len(calls) == n + 1 and fake_cuda.captures == 1  # the fake replay's one call
     assert run.replays == 2
 
 
@@ -46,27 +48,27 @@ def test_outputs_are_aliases_and_a_kept_one_is_not_overwritten(fake_cuda):
     run, calls, w = _runner(fake_cuda)
     x = torch.randn(3, 4)
     run([x, w])
-    y = run([x, w])[0]                          # recording A
+    y = run([x, w])[0]  # recording A
     [a] = run.direct[next(iter(run.direct))]
     assert y.untyped_storage().data_ptr() == a.mine[0].untyped_storage().data_ptr()
     del y
-    for _ in range(3):                          # nothing held: A again, no new recording
+    for _ in range(3):  # nothing held: A again, no new recording
         run([x, w])
     assert fake_cuda.captures == 1
-    kept = run([x, w])[0]                       # A's output, held
+    kept = run([x, w])[0]  # A's output, held
     before = kept.clone()
     x.copy_(torch.randn(3, 4))
-    y = run([x, w])[0]                          # A is held: recording B
-    assert fake_cuda.captures == 2 and fake_cuda.pools == 2   # a pool per recording
+    y = run([x, w])[0]  # A is held: recording B
+    assert fake_cuda.captures == 2 and fake_cuda.pools == 2  # a pool per recording
     assert torch.equal(y, torch.relu(x @ w) + 1.0) and torch.equal(kept, before)
-    view = y[1:]                                # a view holds B's output too
+    view = y[1:]  # a view holds B's output too
     del y
     n = len(calls)
-    z = run([x, w])[0]                          # A and B held: run as compiled, still right
+    z = run([x, w])[0]  # A and B held: run as compiled, still right
     assert len(calls) == n + 1 and run.held_runs == 1 and fake_cuda.captures == 2
     assert torch.equal(z, torch.relu(x @ w) + 1.0) and torch.equal(kept, before)
     del kept, view
-    for _ in range(4):                          # `y = model(x)`: alternates between A and B
+    for _ in range(4):  # `y = model(x)`: alternates between A and B
         z = run([x, w])[0]
     assert fake_cuda.captures == 2 and run.held_runs == 1
 
@@ -92,8 +94,8 @@ def test_past_max_direct_inputs_are_copied_into_graph_buffers(fake_cuda):
     assert len(run.direct) == graph_replay.MAX_DIRECT and len(run.by_layout) == 1
     assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
     [[rec]] = run.by_layout.values()
-    assert list(rec.buffers) == [0]                   # the parameter (static) is never copied
-    for x in xs:                                      # every input set now replays
+    assert list(rec.buffers) == [0]  # the parameter (static) is never copied
+    for x in xs:  # every input set now replays
         x.copy_(torch.randn(3, 4))
         assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
     assert fake_cuda.captures == graph_replay.MAX_DIRECT + 1
@@ -107,7 +109,7 @@ def test_inputs_at_a_new_address_every_call_are_copied(fake_cuda, monkeypatch):
     run, calls, w = _runner(fake_cuda)
     xs = []
     for i in range(9):
-        xs.append(torch.randn(3, 4))      # kept: every call's input at an address of its own
+        xs.append(torch.randn(3, 4))  # kept: every call's input at an address of its own
         assert torch.equal(run([xs[-1], w])[0], torch.relu(xs[-1] @ w) + 1.0)
     assert run.warmups == 4 and fake_cuda.captures == 1 and not run.direct
     [[rec]] = run.by_layout.values()
@@ -145,26 +147,28 @@ def test_outputs_that_are_inputs_come_from_this_call(fake_cuda):
     reference to the caller's tensors."""
     import gc
     import weakref
+
     w = torch.randn(4, 4)
 
     def fn(args):
         x, w_ = args
         return (x @ w_, x, x[1:], w_)
+
     fake_cuda.fn = fn
     run = graph_replay.GraphReplay(fn, (1,), 0)
     x = torch.randn(3, 4)
     run([x, w])
-    y, xo, xv, wo = run([x, w])                       # recorded reading x where it is
+    y, xo, xv, wo = run([x, w])  # recorded reading x where it is
     assert xo is x and wo is w and xv.data_ptr() == x[1:].data_ptr() and torch.equal(xv, x[1:])
     [[rec]] = run.direct.values()
     assert [e[0] for e in rec.spec] == ["graph", "input", "view", "input"]
     del y, xo, xv, wo
-    for _ in range(graph_replay.MAX_DIRECT):          # fill the direct recordings
+    for _ in range(graph_replay.MAX_DIRECT):  # fill the direct recordings
         xi = torch.randn(3, 4)
         run([xi, w]), run([xi, w])
     probe = torch.randn(3, 4)
     ref = weakref.ref(probe)
-    run([probe, w])                                   # a layout recording (copies probe in)
+    run([probe, w])  # a layout recording (copies probe in)
     [recs] = run.by_layout.values()
     assert all(list(r.buffers) == [0] for r in recs)
     y, xo, xv, _ = run([probe, w])
@@ -173,12 +177,12 @@ def test_outputs_that_are_inputs_come_from_this_call(fake_cuda):
     assert torch.equal(y, probe @ w)
     del y, xo, xv, probe
     gc.collect()
-    assert ref() is None                              # no recording holds the caller's input
+    assert ref() is None  # no recording holds the caller's input
 
 
 def test_layouts_beyond_the_limit_drop_the_least_recently_used(fake_cuda):
     run, _, w = _runner(fake_cuda)
-    for _ in range(graph_replay.MAX_DIRECT):          # fill the direct recordings
+    for _ in range(graph_replay.MAX_DIRECT):  # fill the direct recordings
         xi = torch.randn(3, 4)
         run([xi, w]), run([xi, w])
     first = torch.randn(1, 4)
@@ -189,16 +193,16 @@ def test_layouts_beyond_the_limit_drop_the_least_recently_used(fake_cuda):
         for _ in range(2):
             assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
         if m == 3:
-            run([first, w])                           # keeps the first layout recent
+            run([first, w])  # keeps the first layout recent
     assert len(run.by_layout) == graph_replay.MAX_LAYOUTS
     kept_rows = sorted(k[0][1][0] for k in run.by_layout)
-    assert 1 in kept_rows and 2 not in kept_rows       # LRU: the first stayed, size 2 went
+    assert 1 in kept_rows and 2 not in kept_rows  # LRU: the first stayed, size 2 went
 
 
 def test_recordings_stay_within_the_memory_budget(fake_cuda, monkeypatch):
     """Past FUSEML_GRAPH_MEMORY_MB the least recently used free recordings are dropped; when
     every recording's outputs are held, the call runs as compiled instead of recording."""
-    monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", "35")       # three 10 MB recordings fit
+    monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", "35")  # three 10 MB recordings fit
     run, _, w = _runner(fake_cuda)
     xs = [torch.randn(3, 4) for _ in range(5)]
     for x in xs:
@@ -206,12 +210,12 @@ def test_recordings_stay_within_the_memory_budget(fake_cuda, monkeypatch):
             assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
     assert fake_cuda.captures == 5 and run.dropped == 2
     assert run.pool_bytes == 30 << 20 and len(run.direct) == 3
-    kept = [run([x, w])[0] for x in xs[2:]]                  # hold all three recordings' outputs
-    for _ in range(3):                                       # x0 again: nothing free to drop
+    kept = [run([x, w])[0] for x in xs[2:]]  # hold all three recordings' outputs
+    for _ in range(3):  # x0 again: nothing free to drop
         assert torch.equal(run([xs[0], w])[0], torch.relu(xs[0] @ w) + 1.0)
     assert fake_cuda.captures == 5 and run.over_budget >= 1 and run.pool_bytes == 30 << 20
     assert all(torch.equal(k, torch.relu(x @ w) + 1.0) for k, x in zip(kept, xs[2:]))
-    del kept                                                 # now x0 may take the oldest's place
+    del kept  # now x0 may take the oldest's place
     for _ in range(2):
         run([xs[0], w])
     assert fake_cuda.captures == 6 and run.dropped == 3 and run.pool_bytes == 30 << 20
@@ -220,11 +224,12 @@ def test_recordings_stay_within_the_memory_budget(fake_cuda, monkeypatch):
 @pytest.mark.parametrize("bad", ["lots", "-5", "inf", "nan"])
 def test_a_bad_memory_budget_warns_once_and_uses_the_default(fake_cuda, monkeypatch, caplog, bad):
     import types
+
     caplog.set_level(logging.WARNING)
     monkeypatch.setenv("FUSEML_GRAPH_MEMORY_MB", bad)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: types.SimpleNamespace(total_memory=80 << 30))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(total_memory=80 << 30))
     from fuseml import _log
+
     monkeypatch.setattr(_log, "_warned", set(), raising=False)
     run, _, w = _runner(fake_cuda)
     x = torch.randn(3, 4)

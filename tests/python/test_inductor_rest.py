@@ -1,5 +1,6 @@
 """rest="inductor": the graph with fuseml::group calls is compiled by TorchInductor, which runs
 the groups as extern kernels and fuses what is left; forward and backward match eager."""
+
 import torch
 
 from helpers import assert_close, compile_run
@@ -10,8 +11,7 @@ from fuseml import runtime
 
 
 def test_rest_inductor_without_daemon(dead_socket):
-    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32),
-                               fuseml.FuseMLCompiler(rest="inductor"))
+    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32), fuseml.FuseMLCompiler(rest="inductor"))
     assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert c.plans and all(p.which in ("forward", "backward") for p in c.plans)
 
@@ -20,8 +20,7 @@ def test_rest_inductor_calls_fuseml_groups(daemon):
     """Served groups stay fuseml::group calls inside Inductor's code (on CPU they run their
     ATen ops inside the op: the call count shows Inductor kept them)."""
     before = runtime.counters["eager"]
-    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32),
-                               fuseml.FuseMLCompiler(rest="inductor"))
+    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32), fuseml.FuseMLCompiler(rest="inductor"))
     assert_close(got, want, atol=1e-4, rtol=1e-4)
     served = [g for p in c.plans for g in p.kernels() if g.key]
     assert served
@@ -57,7 +56,6 @@ class ClampedRouting(torch.nn.Module):
 def test_rest_inductor_traces_in_place_clamp(dead_socket):
     """Inductor's decompositions spell clamp as clamp_min and clamp_max; fuseml's own spell
     those as clamp: together they recursed without end (RecursionError tracing the clamp_)."""
-    c, got, want = compile_run(ClampedRouting(), torch.randn(6, 16),
-                               fuseml.FuseMLCompiler(rest="inductor"))
+    c, got, want = compile_run(ClampedRouting(), torch.randn(6, 16), fuseml.FuseMLCompiler(rest="inductor"))
     assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert {p.which for p in c.plans} == {"forward", "backward"}

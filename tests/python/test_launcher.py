@@ -1,6 +1,7 @@
 """launcher.Module without a GPU: a stand-in libfusemld (compiled here) records what
 fm_module_launch receives; the C extension fuseml._launch (compiled here too) and the ctypes
 fallback must pass it the same arguments and report a failure the same way."""
+
 import ctypes
 import importlib.machinery
 import importlib.util
@@ -60,8 +61,9 @@ def _extension(tmp_path):
     if not os.path.exists(os.path.join(inc, "Python.h")):
         pytest.skip("no Python headers")
     so = tmp_path / ("_launch" + importlib.machinery.EXTENSION_SUFFIXES[0])
-    subprocess.run([_cc(), "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-I" + inc, SRC,
-                    "-o", str(so)], check=True)
+    subprocess.run(
+        [_cc(), "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-I" + inc, SRC, "-o", str(so)], check=True
+    )
     spec = importlib.util.spec_from_file_location("fuseml._launch", so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -81,7 +83,7 @@ def test_launch_arguments_and_failure(standin, tmp_path, monkeypatch, fast):
     assert isinstance(m.launch, launcher.functools.partial) == fast
     m.launch([0x7F0000001000, 0x7F0000002000], [0x7F0000003000], 16384, 0x55AA)
     assert _last(standin) == [0x1234, 0x7F0000001000, 0x7F0000002000, 0x7F0000003000, 16384, 0x55AA]
-    m.launch((0x10, 0x20), (0x30,), 1, 0)   # tuples, and the default stream 0
+    m.launch((0x10, 0x20), (0x30,), 1, 0)  # tuples, and the default stream 0
     assert _last(standin) == [0x1234, 0x10, 0x20, 0x30, 1, 0]
     standin.standin_fail(1)
     with pytest.raises(RuntimeError, match=r"fm_module_launch: -7: planted failure"):
@@ -89,6 +91,6 @@ def test_launch_arguments_and_failure(standin, tmp_path, monkeypatch, fast):
     standin.standin_fail(0)
     if fast:
         with pytest.raises(ValueError):
-            m.launch([1] * 65, [3], 5, 0)    # more pointers than the stack array holds
+            m.launch([1] * 65, [3], 5, 0)  # more pointers than the stack array holds
         with pytest.raises(TypeError):
             m.launch([1, "x"], [3], 5, 0)

@@ -3,6 +3,7 @@ tokens: an RMSNorm weight's sum over [B, S], a learned attention bias's sum over
 column groups of the tensor's 2-D view (column_rewrite.py), with the pointwise ops that
 compute the reduced value written again over 2-D views of their operands (LayerNorm's weight
 gradient); results as eager's; what the rewrite cannot take stays as it was."""
+
 import pytest
 import torch
 
@@ -17,13 +18,17 @@ def columns(groups):
     return [g for g in groups if g.kind == "columns"]
 
 
-@pytest.mark.parametrize("reduce", [
-    lambda y: y.sum([0, 1], keepdim=True),
-    lambda y: y.sum([-3, -2]),
-    lambda y: y.mean([0, 1]),
-    lambda y: y.amax([1, 0], keepdim=True),
-    lambda y: y.sum([0]),
-], ids=["sum_keepdim", "sum_negative_dims", "mean", "amax_unordered_dims", "sum_dim0_of_3d"])
+@pytest.mark.parametrize(
+    "reduce",
+    [
+        lambda y: y.sum([0, 1], keepdim=True),
+        lambda y: y.sum([-3, -2]),
+        lambda y: y.mean([0, 1]),
+        lambda y: y.amax([1, 0], keepdim=True),
+        lambda y: y.sum([0]),
+    ],
+    ids=["sum_keepdim", "sum_negative_dims", "mean", "amax_unordered_dims", "sum_dim0_of_3d"],
+)
 def test_leading_dims_are_a_column_group(dead_socket, partitioned, reduce):
     g = torch.randn(2, 8, 64)
 
@@ -46,6 +51,7 @@ def test_leading_dims_are_a_column_group(dead_socket, partitioned, reduce):
 
 def test_attention_bias_gradient_over_the_batch(dead_socket, partitioned):
     """[B, H, S, S] summed over B: columns of the [B, H * S * S] view, bf16 in and out."""
+
     def f(s):
         return (s * 3).sum([0], keepdim=True).to(torch.bfloat16)
 
@@ -59,9 +65,9 @@ def test_attention_bias_gradient_over_the_batch(dead_socket, partitioned):
 
 def test_what_the_rewrite_cannot_take_stays(dead_socket, partitioned):
     def f(x):
-        a = x.transpose(0, 1).sum([0, 1])           # not contiguous
-        b = (x * 2).sum([1])                        # not a leading dim
-        c = (x * 3).sum([0, 1, 2])                  # every dim: no columns left
+        a = x.transpose(0, 1).sum([0, 1])  # not contiguous
+        b = (x * 2).sum([1])  # not a leading dim
+        c = (x * 3).sum([0, 1, 2])  # every dim: no columns left
         return a, b, c
 
     x = torch.randn(2, 8, 64)
@@ -109,12 +115,12 @@ def test_layer_norm_backward_is_one_rows_and_one_column_group(dead_socket):
     assert row.route == "kernel" and row.op_names.count("sum") == 2, bw.describe()
     assert all(g.route == "kernel" for g in bw.groups if g.kind in ("pointwise", "rows", "columns")), bw.describe()
     assert not [g for g in bw.groups if g.kind == "pointwise"], bw.describe()
-    assert not row.escapes, row.describe()                     # d_input alone leaves it
+    assert not row.escapes, row.describe()  # d_input alone leaves it
     assert col.route == "kernel" and col.op_names.count("sum") == 2 and "mul" in col.op_names
     outs = col.built.wire["outputs"]
     assert [(o["dtype"], o["shape"]) for o in outs] == [("bf16", [64]), ("bf16", [64])], outs
     ins = sorted(tuple(i["shape"]) for i in col.built.wire["inputs"])
-    assert ins == [(16, 1), (16, 1), (16, 64), (16, 64)], ins   # mean, rstd, g, x
+    assert ins == [(16, 1), (16, 1), (16, 64), (16, 64)], ins  # mean, rstd, g, x
 
 
 def test_daemon_accepts_layer_norm_backward(daemon):
@@ -148,8 +154,9 @@ def test_prologue_stops_where_an_operand_cannot_be_read_in_two_dims(dead_socket,
 def test_sixteen_bit_value_read_elsewhere_is_not_computed_again(dead_socket, partitioned):
     """A bf16 value other ops read too is written for them anyway: the column group reads it
     rather than computing it again from its operands."""
+
     def f(x):
-        y = x * 2                       # bf16, read by the sum and by the output
+        y = x * 2  # bf16, read by the sum and by the output
         return y.sum([0, 1]), y + 1
 
     x = torch.randn(2, 8, 64, dtype=torch.bfloat16)

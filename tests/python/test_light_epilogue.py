@@ -2,6 +2,7 @@
 group of the norm it feeds, the product on cuBLAS: the residual stream + RMSNorm / LayerNorm
 as one rows kernel, as Inductor makes it. A heavy epilogue (an activation) stays in the GEMM,
 and nothing moves where the rows group would then wait on itself."""
+
 import torch
 import torch.nn as nn
 
@@ -49,7 +50,7 @@ def test_residual_add_joins_the_rmsnorm(dead_socket):
     (norm,) = _groups(p, "rows")
     assert norm.route == "kernel"
     assert norm.op_names[:3] == ["add", "_to_copy", "pow"] and "mean" in norm.op_names
-    assert norm.members[0] in norm.escapes          # the residual stream leaves it too
+    assert norm.members[0] in norm.escapes  # the residual stream leaves it too
     o_proj = next(g for g in _groups(p, "gemm") if g.members[-1] in norm.inputs)
     assert o_proj.route == "bypass" and "lone GEMM" in o_proj.reason
 
@@ -58,7 +59,7 @@ def test_residual_add_joins_the_layer_norm_in_training(dead_socket):
     torch.manual_seed(0)
     model, x = _ResidualNorm(norm="ln").to(BF16), torch.randn(2, 8, 64, dtype=BF16)
     c, got, want = compile_run(model, x)
-    close_bf16(got, want, fp32_step(model, x))   # against eager, or nearer fp32 than eager
+    close_bf16(got, want, fp32_step(model, x))  # against eager, or nearer fp32 than eager
     fw = plan(c, "forward")
     (norm,) = [g for g in _groups(fw, "rows") if "var" in g.op_names]
     assert norm.op_names[0] == "add" and norm.route == "kernel"
@@ -112,4 +113,4 @@ def test_nothing_moves_when_the_rows_group_would_wait_on_itself(dead_socket):
     (o,) = _groups(p, "gemm")
     assert "add" in o.op_names and o.route == "kernel"
     (norm,) = _groups(p, "rows")
-    assert norm.op_names[0] == "var"        # the add and the cast stayed in the GEMM
+    assert norm.op_names[0] == "var"  # the add and the cast stayed in the GEMM

@@ -5,13 +5,13 @@ for T5's biased attention) as one rows group. Each spelling is evaluated by an f
 interpreter of the wire ops and compared with the ATen op on inputs with ±inf, NaN, ±0 and
 rows that are all true or all false; a real fusemld (compile-only here) accepts the
 fragments."""
+
 import pytest
 import torch
 
 from helpers import Fn, compile_run, plan
 from test_spellings import evaluate
 
-import fuseml
 from fuseml import ops
 from fuseml.fragment import Emitter
 
@@ -56,14 +56,22 @@ def spell(target, args, extra=()):
     e = Emitter(phs)
     vid = e.emit_node(n)
     assert e.dtype[vid] == ops.DTYPES[want.dtype]
-    values = evaluate_rows(e.ops, {i: a.to(torch.float64) if a.dtype != torch.bool else a
-                                   for i, a in enumerate(args)})
+    values = evaluate_rows(e.ops, {i: a.to(torch.float64) if a.dtype != torch.bool else a for i, a in enumerate(args)})
     return values[vid], want
 
 
-@pytest.mark.parametrize("target", [aten.isneginf.default, aten.isposinf.default, aten.isinf.default,
-                                    aten.isfinite.default, aten.isnan.default, aten.logical_not.default],
-                         ids=str)
+@pytest.mark.parametrize(
+    "target",
+    [
+        aten.isneginf.default,
+        aten.isposinf.default,
+        aten.isinf.default,
+        aten.isfinite.default,
+        aten.isnan.default,
+        aten.logical_not.default,
+    ],
+    ids=str,
+)
 def test_float_tests_are_comparisons(target):
     x = edge_values()
     got, want = spell(target, [x])
@@ -71,8 +79,9 @@ def test_float_tests_are_comparisons(target):
     assert torch.equal(got.to(torch.bool), want), (x, got, want)
 
 
-@pytest.mark.parametrize("target", [aten.logical_and.default, aten.logical_or.default,
-                                    aten.logical_xor.default], ids=str)
+@pytest.mark.parametrize(
+    "target", [aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default], ids=str
+)
 def test_logical_ops_take_truth_values(target):
     # NaN is true, ±0 false, as torch
     a, b = edge_values(seed=1), edge_values(seed=2)
@@ -82,8 +91,7 @@ def test_logical_ops_take_truth_values(target):
     assert torch.equal(got.to(torch.bool), want)
 
 
-@pytest.mark.parametrize("target", [aten.bitwise_and.Tensor, aten.bitwise_or.Tensor,
-                                    aten.bitwise_xor.Tensor], ids=str)
+@pytest.mark.parametrize("target", [aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor], ids=str)
 def test_bitwise_ops_on_bool(target):
     a, b = edge_values(seed=3) > 0, edge_values(seed=4) < 0
     got, want = spell(target, [a, b])
@@ -109,9 +117,16 @@ def test_masked_fill_by_a_tensor():
 
 def truth_rows():
     """Rows all true, all false, mixed, and of NaN (true) and -0.0 (false)."""
-    rows = torch.stack([torch.ones(16), torch.zeros(16), edge_values(16, seed=7).float(),
-                        torch.full((16,), NAN), torch.full((16,), -0.0),
-                        torch.tensor([0.0] * 15 + [NAN])])
+    rows = torch.stack(
+        [
+            torch.ones(16),
+            torch.zeros(16),
+            edge_values(16, seed=7).float(),
+            torch.full((16,), NAN),
+            torch.full((16,), -0.0),
+            torch.tensor([0.0] * 15 + [NAN]),
+        ]
+    )
     return rows
 
 
@@ -139,16 +154,16 @@ def masked_scores(b=2, h=3, s=8, seed=0):
     """Attention scores with some positions -inf, whole rows -inf, and a +inf."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, h, s, s, generator=g)
-    x[0, 0, :, 5:] = -INF        # padding: some columns masked
-    x[0, 1, 3] = -INF            # a row masked entirely: zeros, not NaN
+    x[0, 0, :, 5:] = -INF  # padding: some columns masked
+    x[0, 1, 3] = -INF  # a row masked entirely: zeros, not NaN
     x[1, 2, 6] = -INF
-    x[1, 0, 2, 4] = INF          # +inf: a NaN row, as torch
+    x[1, 0, 2, 4] = INF  # +inf: a NaN row, as torch
     return x
 
 
 def test_safe_softmax_is_one_rows_group(dead_socket):
     bias = torch.randn(1, 3, 8, 8)
-    f = lambda x: aten._safe_softmax(x + bias, -1)   # noqa: E731
+    f = lambda x: aten._safe_softmax(x + bias, -1)  # noqa: E731
     x = masked_scores()
     c, got, want = compile_run(Fn(f), x, train=False)
     torch.testing.assert_close(got[0], want[0], equal_nan=True)
@@ -159,8 +174,7 @@ def test_safe_softmax_is_one_rows_group(dead_socket):
     # the fragment itself computes _safe_softmax: rows of -inf give 0, a +inf gives NaN
     w = g.built.wire
     assert w["vocab"] == 2
-    feeds = {i: (x if tuple(n.meta["val"].shape) == tuple(x.shape) else bias).double()
-             for i, n in enumerate(g.inputs)}
+    feeds = {i: (x if tuple(n.meta["val"].shape) == tuple(x.shape) else bias).double() for i, n in enumerate(g.inputs)}
     values = evaluate_rows(w["ops"], feeds)
     got = values[w["outputs"][0]["id"]]
     want = aten._safe_softmax(x + bias, -1).double()
@@ -171,6 +185,7 @@ def test_safe_softmax_is_one_rows_group(dead_socket):
 def test_safe_softmax_forward_and_backward(dead_socket):
     def f(x):
         return aten._safe_softmax(x.float() * 2.0, -1).to(torch.bfloat16)
+
     x = masked_scores().to(torch.bfloat16)
     c, got, want = compile_run(Fn(f), x)
     for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
@@ -195,5 +210,6 @@ def test_daemon_accepts_mask_fragments(daemon):
     c, got, want = compile_run(Fn(f), x, train=False)
     ks = [g for p in c.plans for g in p.kernels()]
     assert {g.kind for g in ks} == {"rows", "pointwise"}, [g.describe() for g in ks]
-    assert all(g.key and g.state in ("untuned", "tuned") for g in ks), \
-        [(g.describe(), g.reason) for g in ks if not g.key]
+    assert all(g.key and g.state in ("untuned", "tuned") for g in ks), [
+        (g.describe(), g.reason) for g in ks if not g.key
+    ]

@@ -1,5 +1,6 @@
 """The rewritten graphs compute what eager computes (CPU: every fused group runs its ATen ops
 through the fuseml::group custom op)."""
+
 import logging
 
 import pytest
@@ -15,8 +16,7 @@ import fuseml
 @pytest.mark.parametrize("train", [True, False])
 def test_model_matches_eager(dead_socket, name, train):
     torch.manual_seed(0)
-    c, got, want = compile_run(MODELS[name](), torch.randn(6, 32), fuseml.FuseMLCompiler(min_ops=1),
-                               train=train)
+    c, got, want = compile_run(MODELS[name](), torch.randn(6, 32), fuseml.FuseMLCompiler(min_ops=1), train=train)
     assert_close(got, want)
     p = plan(c, "forward" if train else "inference")
     assert p.kernels(), "nothing went through fuseml::group"

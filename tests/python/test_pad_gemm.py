@@ -5,6 +5,7 @@ fragments read), values that leave the graph copied back to their layout, a padd
 shared by two GEMMs, and a training step of a tiny model with a tied lm_head (vocabulary
 1001) through torch.compile, its loss and gradients against eager. GEMMs run on the CPU
 here; the GPU script bench/device/pad-gemm/run measures GPT-2 with and without."""
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -55,15 +56,20 @@ def _check_numerics(f, *shapes, padded_dims):
     got = _run(gm, xs)
     exact = [f(*[x.float() for x in xs])] if not isinstance(f(*xs), tuple) else list(f(*[x.float() for x in xs]))
     for g, w, e in zip(got, want, exact):
-        assert g.shape == w.shape and g.is_contiguous()   # a graph output keeps its layout
+        assert g.shape == w.shape and g.is_contiguous()  # a graph output keeps its layout
         assert rel_err(g, w) < 1e-2 and rel_err(g, e) < 1e-2
     return gm
 
 
-@pytest.mark.parametrize("m,k,n,dims", [(48, 64, 1001, ["N 1001 -> 1008"]),
-                                        (1001, 64, 40, ["M 1001 -> 1008"]),
-                                        (48, 1001, 40, ["K 1001 -> 1008"]),
-                                        (33, 17, 1001, ["M 33 -> 40", "K 17 -> 24", "N 1001 -> 1008"])])
+@pytest.mark.parametrize(
+    "m,k,n,dims",
+    [
+        (48, 64, 1001, ["N 1001 -> 1008"]),
+        (1001, 64, 40, ["M 1001 -> 1008"]),
+        (48, 1001, 40, ["K 1001 -> 1008"]),
+        (33, 17, 1001, ["M 33 -> 40", "K 17 -> 24", "N 1001 -> 1008"]),
+    ],
+)
 def test_mm_numerics(m, k, n, dims):
     """An operand padded along one dim is a cat with zeros; along two, constant_pad_nd."""
     gm = _check_numerics(lambda a, b: a @ b, (m, k), (k, n), padded_dims=dims)
@@ -89,20 +95,23 @@ def test_one_dim_padded_as_cat_with_contiguous_zeros():
     assert zeros.target is aten.full.default and zeros.meta["val"].is_contiguous()
     assert list(zeros.meta["val"].shape) == [7, 64]
     w = xs[1]
-    torch.testing.assert_close(torch.cat([w, torch.zeros(7, 64, dtype=BF16)]),
-                               torch.nn.functional.pad(w, (0, 0, 0, 7)), rtol=0, atol=0)
+    torch.testing.assert_close(
+        torch.cat([w, torch.zeros(7, 64, dtype=BF16)]), torch.nn.functional.pad(w, (0, 0, 0, 7)), rtol=0, atol=0
+    )
 
 
 def test_addmm_pads_its_bias():
     def f(bias, a, w):
         return torch.addmm(bias, a, w.t()) * 2
+
     gm = _check_numerics(f, (1001,), (24, 40), (1001, 40), padded_dims=["N 1001 -> 1008"])
     assert sorted(list(n.meta["val"].shape) for n in _pads(gm)) == [[1008], [1008, 40]]
 
 
 def test_bmm_numerics():
-    _check_numerics(lambda a, b: torch.bmm(a, b), (3, 20, 1001), (3, 1001, 24),
-                    padded_dims=["M 20 -> 24", "K 1001 -> 1008"])
+    _check_numerics(
+        lambda a, b: torch.bmm(a, b), (3, 20, 1001), (3, 1001, 24), padded_dims=["M 20 -> 24", "K 1001 -> 1008"]
+    )
 
 
 def test_which_gemms_are_padded():
@@ -128,7 +137,7 @@ def test_which_gemms_are_padded():
     assert padded["auto", "lm_head"] == ["mm (N 50257 -> 50304)"]
     assert padded["auto", "grad_h"] == ["mm (K 50257 -> 50304)"]
     assert padded["auto", "grad_w"] == ["mm (M 50257 -> 50304)"]
-    assert padded["auto", "m_is_one"] == []   # 0.08 GFLOP: the padding would cost more
+    assert padded["auto", "m_is_one"] == []  # 0.08 GFLOP: the padding would cost more
     for name in ("aligned", "small", "fp32"):
         assert padded["auto", name] == [], name
     assert padded["all", "small"] == ["mm (N 1001 -> 1008)"]
@@ -145,7 +154,7 @@ def test_weight_padded_before_its_transpose_and_shared():
     assert len(pad_gemm.pad(gm, "all")[0]) == 2
     pads = _pads(gm)
     g = next(n for n in gm.graph.nodes if n.op == "placeholder")
-    assert [p.args[0][0] for p in pads].count(g) == 1     # g padded once, along its columns
+    assert [p.args[0][0] for p in pads].count(g) == 1  # g padded once, along its columns
     assert list(pads[0].meta["val"].shape) == [24, 1008]
     for a, b in zip(_run(gm, xs), want):
         assert rel_err(a, b) < 1e-2
@@ -163,8 +172,11 @@ def test_a_transposed_input_is_padded_in_its_memory_order():
     want = gm(g, w.t())
     assert pad_gemm.pad(gm, "all")[0] == ["mm (K 1001 -> 1008)"]
     wt = [n for n in gm.graph.nodes if n.op == "placeholder"][1]
-    (cat,) = [n for n in gm.graph.nodes if n.target is aten.cat.default
-              and n.args[0][0].target is aten.permute.default and n.args[0][0].args[0] is wt]
+    (cat,) = [
+        n
+        for n in gm.graph.nodes
+        if n.target is aten.cat.default and n.args[0][0].target is aten.permute.default and n.args[0][0].args[0] is wt
+    ]
     assert cat.args[0][0].meta["val"].is_contiguous()
     assert list(cat.meta["val"].shape) == [1008, 40]
     assert rel_err(gm(g, w.t()), want) < 1e-2
@@ -173,9 +185,11 @@ def test_a_transposed_input_is_padded_in_its_memory_order():
 def test_readers_see_the_padded_layout():
     """The slice is read in place: a reader's metadata carries the padded row stride (what a
     fused group's fragment bakes in), and an output copied back is contiguous again."""
+
     def f(h, w):
         logits = (h @ w.t()).view(2, 12, 1001)
         return logits.float().sum(-1), logits
+
     gm, xs = _trace(f, (24, 64), (1001, 64))
     want = _run(gm, xs)
     pad_gemm.pad(gm, "all")
@@ -194,9 +208,11 @@ def test_a_user_output_keeps_the_padded_layout():
     returns logits) and are listed; slots it does not allow are copied back; under the
     inference policy (one slot), two slots reached from one GEMM (an output and a view of it:
     they alias) are both copied back."""
+
     def f(h, w):
         logits = (h @ w.t()).view(2, 12, 1001)
         return logits.float().sum(-1), logits
+
     for slots, kept in ((lambda ps: ps == [1], True), (lambda ps: 0 in ps, False), (lambda ps: False, False)):
         gm, xs = _trace(f, (24, 64), (1001, 64))
         want = _run(gm, xs)
@@ -206,9 +222,11 @@ def test_a_user_output_keeps_the_padded_layout():
         assert got[1].stride() == ((12 * 1008, 1008, 1) if kept else (12 * 1001, 1001, 1))
         for a, b in zip(got, want):
             assert rel_err(a, b) < 1e-2
+
     def aliased(h, w):
         y = h @ w.t()
         return y, y.view(2, 12, 1001)
+
     gm, xs = _trace(aliased, (24, 64), (1001, 64))
     pad_gemm.pad(gm, "all", lambda ps: len(ps) == 1)
     assert all(o.is_contiguous() for o in _run(gm, xs))
@@ -219,6 +237,7 @@ def test_graph_adopts_the_layouts_of_its_example_inputs():
     passes a backward whose saved value the forward kept padded) recomputes every value from
     it; examples as traced change nothing."""
     from fuseml import fake_meta
+
     gm, _ = _trace(lambda x: (x * 2).sum(-1), (4, 6), fake=True)
     (ph,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
     traced = ph.meta["val"]
@@ -257,13 +276,13 @@ class TiedLM(torch.nn.Module):
     def forward(self, ids, labels):
         h = self.norm(torch.nn.functional.gelu(self.fc(self.emb(ids))))
         logits = h @ self.emb.weight.t()
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]),
-                                                 labels.view(-1))
+        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
         return loss, logits
 
 
-@pytest.mark.parametrize("env,option,padding", [("all", None, True), ("0", None, False),
-                                                 ("0", "all", True), ("all", "off", False)])
+@pytest.mark.parametrize(
+    "env,option,padding", [("all", None, True), ("0", None, False), ("0", "all", True), ("all", "off", False)]
+)
 def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
     """The forward pads the lm_head's N (the tied weight, before its transpose), the backward
     the gradient's M and K GEMMs; loss, logits and every gradient match eager, and the
@@ -281,6 +300,7 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
         loss, logits = fn(ids, labels)
         loss.backward()
         return [loss.detach(), logits.detach()] + [p.grad.clone() for p in model.parameters()]
+
     want = step(model)
     got = step(torch.compile(model, backend=compiler))
     for i, (a, b) in enumerate(zip(got, want)):
@@ -325,8 +345,10 @@ def test_inference_logits_keep_the_padded_layout(dead_socket):
 def test_a_reader_that_cannot_take_the_padded_layout_keeps_the_gemm():
     """`view(-1)` of the sliced [M, N] (row stride N + 7) has no view: that GEMM is left as
     it was, and the graph still runs; the other GEMM is padded."""
+
     def f(a, b, c):
         return (a @ b).view(-1), a @ c
+
     gm, xs = _trace(f, (24, 64), (64, 1001), (64, 1001))
     want = _run(gm, xs)
     assert pad_gemm.pad(gm, "all") == (["mm_1 (N 1001 -> 1008)"], [])

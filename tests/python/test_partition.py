@@ -1,4 +1,5 @@
 """Fusion discovery on the ATen graphs aot_autograd gives for the reference models."""
+
 import pytest
 import torch
 
@@ -38,7 +39,7 @@ def test_activation_heavy_chain_is_one_group(dead_socket):
     fw = plan(c, "forward")
     (k,) = fw.kernels()
     assert k.op_names == ["gelu", "mul", "add"]
-    assert k.escapes == []                       # gelu's output is not needed by backward
+    assert k.escapes == []  # gelu's output is not needed by backward
     assert len(k.inputs) == 1 and k.inputs[0].target == torch.ops.aten.addmm.default
     assert k.built.wire["outputs"][0]["shape"] == [8, 64]
     assert len(kinds(fw, "gemm")) == 2
@@ -92,6 +93,7 @@ def test_dynamic_batch_is_symbolic_dim0(dead_socket):
 def test_escape_used_between_members():
     """An intermediate read by a node that sits between the group's members (here a GEMM
     whose result the chain then uses) forces neither a cycle nor a wrong order."""
+
     def f(x, w):
         a = torch.sigmoid(x)
         m = a @ w

@@ -2,6 +2,7 @@
 it off), which saves the inputs of cheap pointwise chains for the backward and recomputes the
 chains there, instead of saving every intermediate the backward reads. Gradients stay eager's;
 fewer tensors are saved."""
+
 import pytest
 import torch
 

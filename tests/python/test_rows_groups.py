@@ -1,6 +1,7 @@
 """Row groups (vocabulary 2): RMSNorm as Llama writes it, softmax and its backward, found as
 one group each with their pointwise prologue/epilogue; per-row statistics saved for backward
 become [M, 1] outputs; a real fusemld (compile-only here) accepts every such fragment."""
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -98,7 +99,7 @@ def test_layer_norm_forward_is_one_rows_group(dead_socket):
     w = g.built.wire
     assert [op["op"] for op in w["ops"] if op["op"] in ("var", "mean")] == ["var", "mean"]
     assert [op.get("correction") for op in w["ops"] if op["op"] == "var"] == [0]
-    assert sorted(o["shape"] for o in w["outputs"]).count([16, 1]) == 2   # mean, rstd
+    assert sorted(o["shape"] for o in w["outputs"]).count([16, 1]) == 2  # mean, rstd
 
 
 def test_daemon_accepts_layer_norm(daemon):
@@ -143,15 +144,15 @@ def test_small_transformer_layer(dead_socket):
     fw = plan(c, "forward")
     rg = rows(fw)
     assert len(rg) == 3 and all(g.route == "kernel" for g in rg)
-    assert sum("amax" in g.op_names for g in rg) == 1                  # the softmax
-    assert sum("var" in g.op_names for g in rg) == 2                   # the LayerNorms
+    assert sum("amax" in g.op_names for g in rg) == 1  # the softmax
+    assert sum("var" in g.op_names for g in rg) == 2  # the LayerNorms
     fused = [g.op_names for g in fw.kernels() if g.kind == "gemm" and "bmm" not in g.op_names]
     assert ["addmm", "_unsafe_view", "gelu"] in fused
-    assert sum(ops[-1] in ("add", "_to_copy") for ops in fused) == 1          # fc2's residual
+    assert sum(ops[-1] in ("add", "_to_copy") for ops in fused) == 1  # fc2's residual
     ln2 = [g for g in rg if "var" in g.op_names][1]
-    assert ln2.op_names[0] == "add" and ln2.members[0] in ln2.escapes    # the residual stream
+    assert ln2.op_names[0] == "add" and ln2.members[0] in ln2.escapes  # the residual stream
     lone = [g for g in fw.groups if g.kind == "gemm" and g.route == "bypass" and "bmm" not in g.op_names]
-    assert len(lone) == 2 and all("lone GEMM" in g.reason for g in lone)     # QKV, out-proj
+    assert len(lone) == 2 and all("lone GEMM" in g.reason for g in lone)  # QKV, out-proj
     gemm3d = next(g for g in fw.kernels() if "gelu" in g.op_names)
     assert gemm3d.built.out_views and gemm3d.built.wire["outputs"][0]["shape"] == [-1, 128]
     scores, pv = [g for g in fw.groups if g.kind == "gemm" and "bmm" in g.op_names]
@@ -166,24 +167,26 @@ def test_daemon_accepts_every_transformer_layer_group(daemon):
     c, got, want = compile_run(layer, x)
     close_bf16(got, want, fp32_step(layer, x))
     ks = [g for p in c.plans for g in p.kernels()]
-    assert len(ks) >= 7   # 3 row groups and 4 GEMM epilogues forward, more in backward
-    assert all(g.key and g.state in ("untuned", "tuned") for g in ks), \
-        [(g.describe(), g.reason) for g in ks if not g.key]
+    assert len(ks) >= 7  # 3 row groups and 4 GEMM epilogues forward, more in backward
+    assert all(g.key and g.state in ("untuned", "tuned") for g in ks), [
+        (g.describe(), g.reason) for g in ks if not g.key
+    ]
 
 
 def test_softmax_backwards_are_rows_groups(dead_socket):
     """Cross-entropy's backward (_log_softmax_backward_data) and softmax's (_softmax_backward_data)
     are decomposed into one rows group each, not left to ATen's softmax-backward kernels."""
-    for f, reduce_with in ((lambda x: torch.log_softmax(x.float(), -1).to(BF16), "exp"),
-                           (lambda x: torch.softmax(x.float(), -1).to(BF16), "sum")):
+    for f, reduce_with in (
+        (lambda x: torch.log_softmax(x.float(), -1).to(BF16), "exp"),
+        (lambda x: torch.softmax(x.float(), -1).to(BF16), "sum"),
+    ):
         c, got, want = compile_run(Fn(f), torch.randn(8, 64, dtype=BF16))
         close_bf16(got, want)
         bw = plan(c, "backward")
         groups = rows(bw)
         assert groups and all(g.route == "kernel" for g in groups), bw.describe()
         assert any("sum" in g.op_names and reduce_with in g.op_names for g in groups), bw.describe()
-        unfused = [n.target for n in bw.groups[0].members[0].graph.nodes
-                   if "softmax_backward" in str(n.target)]
+        unfused = [n.target for n in bw.groups[0].members[0].graph.nodes if "softmax_backward" in str(n.target)]
         assert not unfused, unfused
 
 

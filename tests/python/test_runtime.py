@@ -2,6 +2,7 @@
 (pointer counts, outer) while the outputs come from torch.empty_strided as on CUDA. Checks
 the output shapes and strides against eager, the collapsing of symbolic dims into `outer`,
 the layout checks that send a group back to eager, and the registered backend name."""
+
 import logging
 import types
 
@@ -16,6 +17,7 @@ from fuseml import runtime
 
 class _StandIn:
     """launcher.Module's interface without a GPU: records each launch (and a plan's scratch)."""
+
     calls = []
 
     def __init__(self, cubin, meta):
@@ -118,6 +120,7 @@ def test_groups_routed_to_aten_are_inlined(dead_socket, standin):
     the graph is rebuilt with its ATen ops inline (no custom-op cost), and still computes the
     same; a group the daemon never served is inlined from the start."""
     from fuseml.backend import Compiled
+
     c = fuseml.FuseMLCompiler()
     f = lambda x: torch.relu(x * 2.0 + 1.0)  # noqa: E731
     x = torch.randn(4, 8)
@@ -137,8 +140,8 @@ def test_groups_routed_to_aten_are_inlined(dead_socket, standin):
         return any(getattr(n.target, "__self__", None) is r for n in m.graph.nodes)
 
     assert has_group(comp.current) and comp.pending
-    r.use_kernel = False                      # what _decide does when ATen wins
-    (out,) = comp([x])   # boxed: the argument list
+    r.use_kernel = False  # what _decide does when ATen wins
+    (out,) = comp([x])  # boxed: the argument list
     assert not has_group(comp.current) and not comp.pending
     torch.testing.assert_close(out, f(x))
 
@@ -172,6 +175,7 @@ def test_gemm_group_through_a_view_launch_layout(dead_socket, standin):
     assert standin.calls[-1] == (len(xs), n_out + 1, 16)
     # explain's view of a group served a plan: its strategy names the plan and its form
     from fuseml import plan_view
+
     r.kernel = ("p" * 64, "tuned", b"", plan)
     r.group.state, r.use_kernel = "tuned", True
     (row,) = [x for x in plan_view.groups(c) if x["gid"] == r.group.gid and x["plan"]]
@@ -186,6 +190,7 @@ def test_an_aten_call_of_a_group_frees_its_values_at_once(dead_socket, standin):
     intermediates are gigabytes."""
     import gc
     import weakref
+
     c = fuseml.FuseMLCompiler()
     f = lambda x: torch.relu(torch.sigmoid(x * 2.0) + 1.0)  # noqa: E731
     x = torch.randn(4, 8)
@@ -198,6 +203,7 @@ def test_an_aten_call_of_a_group_frees_its_values_at_once(dead_socket, standin):
             out = target(*args, **kwargs)
             made.append(weakref.ref(out))
             return out
+
         return step
 
     r.steps = [(recorded(t), a, k) for t, a, k in r.steps]
@@ -223,12 +229,12 @@ def test_aten_ops_that_write_far_more_are_not_timed(dead_socket, standin, monkey
     x = torch.randn(64, 64)
     torch.compile(f, backend=c)(x)
     (r,) = _runners(c)
-    assert r.aten_heavy is None                 # 98 KB: far below the default bar
+    assert r.aten_heavy is None  # 98 KB: far below the default bar
     monkeypatch.setattr(runtime, "ATEN_HEAVY_BYTES", 1024)
     heavy = runtime._aten_heavy(r.group, r.built)
     assert heavy == 8 * x.numel() * x.element_size(), heavy
     monkeypatch.setattr(runtime, "ATEN_HEAVY_RATIO", 100)
-    assert runtime._aten_heavy(r.group, r.built) is None     # not 100x: timed
+    assert runtime._aten_heavy(r.group, r.built) is None  # not 100x: timed
     r.aten_heavy = heavy
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     eager_calls = []

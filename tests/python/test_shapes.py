@@ -1,6 +1,7 @@
 """The size questions (shapes.py) by what each means: a plain int is a Python int, a known
 int may also be a SymInt whose value is a number. The partition rules ask the first, the
 fragment builders the second; the two differ exactly on such a SymInt."""
+
 import sympy
 import torch
 from torch.fx.experimental.sym_node import SymNode
@@ -11,7 +12,7 @@ from fuseml import shapes
 
 def _sizes():
     env = ShapeEnv()
-    known = torch.SymInt(SymNode(sympy.Integer(4), env, int, hint=4))   # a symbol since fixed
+    known = torch.SymInt(SymNode(sympy.Integer(4), env, int, hint=4))  # a symbol since fixed
     dynamic = env.create_symintnode(sympy.Symbol("s0", positive=True, integer=True), hint=8)
     return known, dynamic
 

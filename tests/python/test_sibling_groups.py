@@ -3,6 +3,7 @@ with the epilogue that combines them. What the partitioner merges (and what it m
 apart), the two-product vocabulary-3 fragment, the escapes autograd saves, the rewritten
 graph against eager (forward and gradients), the launch layout, and round trips through a
 real fusemld (compile-only here), including a daemon that predates siblings."""
+
 import io
 import logging
 
@@ -74,6 +75,7 @@ def exact(got, want):
 
 # -- partitioning and the fragment --------------------------------------------------------
 
+
 def test_swiglu_inference_is_one_sibling_group(dead_socket):
     c, got, want = compile_run(model(), x3d(), train=False)
     exact(got, want)
@@ -82,7 +84,7 @@ def test_swiglu_inference_is_one_sibling_group(dead_socket):
     assert sib.route == "kernel" and not sib.escapes
     assert sib.op_names == ["mm", "_unsafe_view", "silu", "mm", "_unsafe_view", "mul"]
     gate, up = (n for n in sib.members if n.target is aten.mm.default)
-    assert gate.args[0] is up.args[0]            # the two views of x are one A now
+    assert gate.args[0] is up.args[0]  # the two views of x are one A now
     # the down projection: a group of its own (a lone GEMM: cuBLAS)
     (down,) = [g for g in gemm_groups(p) if g is not sib]
     assert down.op_names[0] == "mm" and down.route == "bypass" and "lone GEMM" in down.reason
@@ -94,12 +96,13 @@ def test_swiglu_inference_is_one_sibling_group(dead_socket):
     # two nn.Linear weights .t(): K-major, one leading dim
     assert b == {"id": 1, "dtype": "bf16", "shape": [D, FF], "strides": [1, D], "align": 16}
     assert b2 == {"id": 2, "dtype": "bf16", "shape": [D, FF], "strides": [1, D], "align": 16}
-    assert w["ops"] == [{"op": "mm", "out": 3, "args": [0, 1]},
-                        {"op": "mm", "out": 4, "args": [0, 2]},
-                        {"op": "silu", "out": 5, "args": [3]},
-                        {"op": "mul", "out": 6, "args": [5, 4]}]
-    assert w["outputs"] == [{"id": 6, "dtype": "bf16", "shape": [-1, FF], "strides": [FF, 1],
-                             "align": 16}]
+    assert w["ops"] == [
+        {"op": "mm", "out": 3, "args": [0, 1]},
+        {"op": "mm", "out": 4, "args": [0, 2]},
+        {"op": "silu", "out": 5, "args": [3]},
+        {"op": "mul", "out": 6, "args": [5, 4]},
+    ]
+    assert w["outputs"] == [{"id": 6, "dtype": "bf16", "shape": [-1, FF], "strides": [FF, 1], "align": 16}]
     assert sib.built.siblings and sib.built.out_views == [(2, 8, FF)]
     assert sib.built.layout.k == 1 and sib.built.full_input == 0
 
@@ -137,8 +140,9 @@ def test_two_d_input_escapes_the_products_themselves(dead_socket):
     assert sib.built.out_views is None
 
 
-@pytest.mark.parametrize("act,bias,op", [("gelu_tanh", False, "gelu_tanh"), ("gelu", True, "gelu"),
-                                         ("silu", True, "silu")])
+@pytest.mark.parametrize(
+    "act,bias,op", [("gelu_tanh", False, "gelu_tanh"), ("gelu", True, "gelu"), ("silu", True, "silu")]
+)
 def test_geglu_and_biased_projections(dead_socket, act, bias, op):
     c, got, want = compile_run(model(GLU, act, bias), x3d(), train=False)
     exact(got, want)
@@ -153,7 +157,7 @@ def test_geglu_and_biased_projections(dead_socket, act, bias, op):
     assert w["inputs"][a]["shape"] == [-1, D]
     assert all(w["inputs"][b]["shape"] == [D, FF] for b in b_ids)
     assert [o["op"] for o in w["ops"][2:]] == [op, "mul"]
-    if bias:   # each bias an epilogue operand broadcast over the rows
+    if bias:  # each bias an epilogue operand broadcast over the rows
         biases = [w["inputs"][p["args"][0]] for p in prods]
         assert all(x["shape"] == [1, FF] and x["strides"] == [0, 1] for x in biases)
         assert len({p["args"][0] for p in prods}) == 2
@@ -167,6 +171,7 @@ def test_geglu_training_gradients(served):
 
 
 # -- what must stay apart -----------------------------------------------------------------
+
 
 class TwoInputs(nn.Module):
     """silu(gate(x1)) * up(x2): the products read different A's."""
@@ -201,8 +206,8 @@ class MixedLayouts(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.wg = nn.Parameter(torch.randn(FF, D) / D ** 0.5)
-        self.wu = nn.Parameter(torch.randn(D, FF) / D ** 0.5)
+        self.wg = nn.Parameter(torch.randn(FF, D) / D**0.5)
+        self.wu = nn.Parameter(torch.randn(D, FF) / D**0.5)
 
     def forward(self, x):
         return F.silu(x @ self.wg.t()) * (x @ self.wu)
@@ -242,12 +247,15 @@ def test_a_cycle_through_another_op_stays_apart(served):
     assert sorted(g.op_names for g in kernels) == [["mm", "add", "mul"], ["mm", "silu"]]
 
 
-@pytest.mark.parametrize("make,x", [
-    (lambda: MixedLayouts(), torch.randn(16, D)),
-    # K = 20: no generated template runs it, and siblings have no cuBLASLt plan; apart, each
-    # group can still be served one
-    (lambda: LlamaMLP(20, FF), torch.randn(16, 20)),
-])
+@pytest.mark.parametrize(
+    "make,x",
+    [
+        (lambda: MixedLayouts(), torch.randn(16, D)),
+        # K = 20: no generated template runs it, and siblings have no cuBLASLt plan; apart, each
+        # group can still be served one
+        (lambda: LlamaMLP(20, FF), torch.randn(16, 20)),
+    ],
+)
 def test_pairs_the_templates_cannot_run_stay_apart(dead_socket, make, x):
     torch.manual_seed(0)
     m = make().to(BF16)
@@ -258,6 +266,7 @@ def test_pairs_the_templates_cannot_run_stay_apart(dead_socket, make, x):
 
 def test_a_third_product_is_not_taken(dead_socket):
     """silu(g(x)) * u(x) * v(x): one sibling pair; the third product keeps its own group."""
+
     class Three(nn.Module):
         def __init__(self):
             super().__init__()
@@ -290,25 +299,25 @@ def test_batched_products_are_not_siblings(dead_socket):
 
 def test_a_mutation_between_the_products_keeps_them_apart():
     """Graphs with in-place ops (not functionalized): nothing is merged across one."""
+
     def f(x, wg, wu, y):
         g = x @ wg
         y.add_(1)
         return F.silu(g) * (x @ wu)
 
-    args = [torch.randn(16, D).to(BF16), torch.randn(D, FF).to(BF16),
-            torch.randn(D, FF).to(BF16), torch.randn(4)]
+    args = [torch.randn(16, D).to(BF16), torch.randn(D, FF).to(BF16), torch.randn(D, FF).to(BF16), torch.randn(4)]
     gm = torch.fx.experimental.proxy_tensor.make_fx(f)(*args)
     assert any(n.target is aten.add_.Tensor for n in gm.graph.nodes)
     groups = fuseml.find_groups(gm)
     assert not any(g.siblings for g in groups)
     assert len([g for g in groups if g.kind == "gemm"]) == 2
     # the same graph without the mutation pairs
-    gm = torch.fx.experimental.proxy_tensor.make_fx(
-        lambda x, wg, wu: F.silu(x @ wg) * (x @ wu))(*args[:3])
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x, wg, wu: F.silu(x @ wg) * (x @ wu))(*args[:3])
     assert [g.op_names for g in fuseml.find_groups(gm) if g.siblings] == [["mm", "silu", "mm", "mul"]]
 
 
 # -- the rewritten graph, the launch layout, explain ---------------------------------------
+
 
 @pytest.mark.usefixtures("saves_every_intermediate")
 def test_rewritten_graph_matches_eager_forward_and_gradients(served, caplog):
@@ -320,7 +329,7 @@ def test_rewritten_graph_matches_eager_forward_and_gradients(served, caplog):
     fw = plan(c, "forward")
     (sib,) = sibling_groups(fw)
     assert sib.key and len(sib.outputs) == 4
-    assert "kernels run on CUDA only" in caplog.text      # CPU tensors: the runner's ATen ops
+    assert "kernels run on CUDA only" in caplog.text  # CPU tensors: the runner's ATen ops
     torch._dynamo.reset()
     c, got, want = compile_run(model(GLU, "gelu", True), x3d(), train=False)
     exact(got, want)
@@ -338,8 +347,9 @@ def test_dynamic_m_shares_the_fragment(dead_socket):
         (sib,) = sibling_groups(c.plans[-1])
         wires.append(sib.built.wire)
     assert [w["m_hint"] for w in wires] == [16, 24]
-    assert [{k: v for k, v in w.items() if k != "m_hint"} for w in wires][0] == \
-        {k: v for k, v in wires[1].items() if k != "m_hint"}
+    assert [{k: v for k, v in w.items() if k != "m_hint"} for w in wires][0] == {
+        k: v for k, v in wires[1].items() if k != "m_hint"
+    }
 
 
 def test_launch_outer_is_m(dead_socket, standin):  # noqa: F811
@@ -364,10 +374,11 @@ def test_explain_shows_the_sibling_group(dead_socket):
     assert "[gemm siblings] mm -> _unsafe_view -> silu -> mm -> _unsafe_view -> mul" in text
     (r,) = [r for r in rows if r["siblings"]]
     assert r["kind"] == "gemm" and r["ops"].count("mm") == 2
-    assert r["strategy"].startswith("eager gemm")            # no daemon here
+    assert r["strategy"].startswith("eager gemm")  # no daemon here
 
 
 # -- a real fusemld (compile-only without a GPU) --------------------------------------------
+
 
 @pytest.mark.usefixtures("saves_every_intermediate")
 def test_daemon_accepts_sibling_fragments(daemon):
@@ -419,10 +430,17 @@ def test_daemon_without_siblings_runs_them_apart(daemon, caplog, monkeypatch):
         rounds.append([len(products(w)) for w in wires])
         mine = [w for w in wires if len(products(w)) < 2]
         got = iter(real(conn, mine, timeout) if mine else [])
-        return [next(got) if len(products(w)) < 2 else
-                {"ok": False, "code": "unsupported", "message": "fragment not supported",
-                 "detail": "ops[1]: a GEMM fragment has exactly one matrix product (ops[0] is one)"}
-                for w in wires]
+        return [
+            next(got)
+            if len(products(w)) < 2
+            else {
+                "ok": False,
+                "code": "unsupported",
+                "message": "fragment not supported",
+                "detail": "ops[1]: a GEMM fragment has exactly one matrix product (ops[0] is one)",
+            }
+            for w in wires
+        ]
 
     monkeypatch.setattr(fuseml.backend.transport, "compile_all", old_daemon)
     torch.manual_seed(0)
@@ -431,8 +449,7 @@ def test_daemon_without_siblings_runs_them_apart(daemon, caplog, monkeypatch):
     fw = plan(c, "forward")
     sibs = sibling_groups(fw)
     assert len(sibs) == 2
-    assert all(g.route == "apart" and g.key is None and "exactly one matrix product" in g.reason
-               for g in sibs)
+    assert all(g.route == "apart" and g.key is None and "exactly one matrix product" in g.reason for g in sibs)
     # the forward graph's second round: the parts worth a kernel, one-product fragments (a
     # third round is the backward graph's, which has no siblings: one-product fragments and
     # the bias gradients' column fragments, with none)

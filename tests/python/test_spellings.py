@@ -2,6 +2,7 @@
 fragment is evaluated here by a small fp64 interpreter of the wire ops and compared with the
 ATen op on random inputs (the C reference and the kernels are checked against each other by
 the C and GPU suites; this checks the Python side's algebra)."""
+
 import pytest
 import torch
 
@@ -9,14 +10,35 @@ from fuseml.fragment import Emitter
 
 aten = torch.ops.aten
 
-_UNARY = {"neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "exp": torch.exp,
-          "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "tanh": torch.tanh,
-          "sigmoid": torch.sigmoid, "erf": torch.erf, "silu": torch.nn.functional.silu,
-          "gelu": torch.nn.functional.gelu,
-          "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
-_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-           "maximum": torch.maximum, "minimum": torch.minimum, "le": torch.le, "lt": torch.lt,
-           "ge": torch.ge, "gt": torch.gt, "eq": torch.eq, "ne": torch.ne}
+_UNARY = {
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "relu": torch.relu,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "erf": torch.erf,
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+}
+_BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "le": torch.le,
+    "lt": torch.lt,
+    "ge": torch.ge,
+    "gt": torch.gt,
+    "eq": torch.eq,
+    "ne": torch.ne,
+}
 
 
 def evaluate(ops, values):
@@ -60,6 +82,7 @@ CASES = [
 @pytest.mark.parametrize("target,nargs,kwargs", CASES, ids=lambda c: str(c))
 def test_spelling_matches_aten(target, nargs, kwargs):
     from fuseml.ops import POINTWISE
+
     torch.manual_seed(0)
     xs = [torch.randn(257, dtype=torch.float64) * 3 for _ in range(nargs)]
     if target in (aten.sigmoid_backward.default,):

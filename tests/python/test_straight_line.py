@@ -1,6 +1,7 @@
 """Generated straight-line code (fuseml/straight_line.py) on the CPU: what it computes, when it
 is made, when it steps aside. The kernel launches it writes need a GPU:
 tests/python/device_straight.py checks those on the device machine."""
+
 import gc
 import weakref
 
@@ -57,14 +58,14 @@ def test_the_argument_list_is_cleared_and_values_freed_after_their_last_use():
     torch.manual_seed(0)
 
     def f(x, w):
-        return torch.mm(x.relu(), w)     # x is dead after relu
+        return torch.mm(x.relu(), w)  # x is dead after relu
 
     x, w = torch.randn(16, 16), torch.randn(16, 4)
     gm = _graph_of(f, x, w)
     first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
     args = [x, w]
     first(args)
-    assert len(args) == 2                 # the first call keeps them: it may still step aside
+    assert len(args) == 2  # the first call keeps them: it may still step aside
     dead = weakref.ref(x)
     del x
     args_fast = args
@@ -72,7 +73,7 @@ def test_the_argument_list_is_cleared_and_values_freed_after_their_last_use():
     out = fast(args_fast)
     assert args_fast == []
     gc.collect()
-    assert dead() is None                 # freed when relu had read it, not at return
+    assert dead() is None  # freed when relu had read it, not at return
     assert out[0].shape == (16, 4)
     assert "del v0" in fast.source
 
@@ -87,9 +88,9 @@ def test_inputs_of_another_layout_run_the_graph():
         return gm(*a)
 
     _, fast = straight_line.generate(gm, None, slow)[0]
-    transposed = torch.randn(16, 32).t()          # same size, other strides
+    transposed = torch.randn(16, 32).t()  # same size, other strides
     out = fast([transposed] + args[1:])
-    assert calls == [3]                            # the graph ran, with every argument
+    assert calls == [3]  # the graph ran, with every argument
     for a, b in zip(out, gm(transposed, *args[1:])):
         assert torch.equal(a, b)
 
@@ -104,6 +105,7 @@ def test_an_aten_result_whose_layout_is_not_its_trace_is_caught_on_the_first_cal
     """A view of an ATen result is reinterpreted from its traced layout: the first call
     checks that layout. A trace that lies (here, the meta of `add` says transposed) makes
     the first call fail instead of reading the wrong elements."""
+
     def f(x):
         return (x + 1).t().contiguous() * 2
 
@@ -124,8 +126,7 @@ def test_a_compiled_graph_says_how_it_runs(dead_socket, monkeypatch):
     monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
     f = lambda x: torch.relu(x.view(4, 8) * 2.0 + 1.0).t()  # noqa: E731
     x = torch.randn(32)
-    for setting, want in (("1", "generated straight-line code"),
-                          ("0", "FX graph (FUSEML_STRAIGHT_LINE=0)")):
+    for setting, want in (("1", "generated straight-line code"), ("0", "FX graph (FUSEML_STRAIGHT_LINE=0)")):
         monkeypatch.setenv("FUSEML_STRAIGHT_LINE", setting)
         torch._dynamo.reset()
         c = fuseml.FuseMLCompiler()
@@ -143,8 +144,7 @@ def _three_calls(fn, *args):
     return [fn(*args) for _ in range(3)]
 
 
-@pytest.mark.parametrize("case", ["graph_break", "autocast", "input_mutation", "aliased_output",
-                                  "dynamic"])
+@pytest.mark.parametrize("case", ["graph_break", "autocast", "input_mutation", "aliased_output", "dynamic"])
 def test_what_the_fast_path_cannot_assume_stays_right(case, dead_socket, monkeypatch):
     """Graph breaks (two graphs, each generated), autocast, a mutated input, an output that
     aliases an input, dynamic shapes (the FX graph, said why): three calls each give eager's
@@ -184,10 +184,9 @@ def test_what_the_fast_path_cannot_assume_stays_right(case, dead_socket, monkeyp
         x_eager, x_comp = x.clone(), x.clone()
         want = f(x_eager)
         got = fn(x_comp)
-        for a, b in zip(got if isinstance(got, tuple) else (got,),
-                        want if isinstance(want, tuple) else (want,)):
+        for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
             torch.testing.assert_close(a, b)
-        torch.testing.assert_close(x_comp, x_eager)      # the mutation is applied, once
+        torch.testing.assert_close(x_comp, x_eager)  # the mutation is applied, once
         if case == "aliased_output":
             assert got[0].data_ptr() == x_comp.data_ptr()  # still a view of the input
     ways = [p.compiled.path for p in c.plans]

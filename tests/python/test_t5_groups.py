@@ -2,6 +2,7 @@
 its attention runs SDPA's math path (the relative-position bias is learned), whose masked
 softmax (aten._safe_softmax: softmax, the -inf test of each row, the all-reduction, the fill)
 must end up in fused rows groups, forward and backward, with results as eager's."""
+
 import importlib.util
 import os
 import sys
@@ -18,11 +19,24 @@ aten = torch.ops.aten
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "models")
 
 # the ops of the mask path that must not be left to ATen
-MASK_OPS = {aten._safe_softmax.default, aten._softmax.default, aten._softmax_backward_data.default,
-            aten.isneginf.default, aten.isposinf.default, aten.isinf.default, aten.isnan.default,
-            aten.all.dim, aten.any.dim, aten.all.dims, aten.any.dims, aten.masked_fill.Scalar,
-            aten.masked_fill.Tensor, aten.logical_not.default, aten.logical_and.default,
-            aten.logical_or.default}
+MASK_OPS = {
+    aten._safe_softmax.default,
+    aten._softmax.default,
+    aten._softmax_backward_data.default,
+    aten.isneginf.default,
+    aten.isposinf.default,
+    aten.isinf.default,
+    aten.isnan.default,
+    aten.all.dim,
+    aten.any.dim,
+    aten.all.dims,
+    aten.any.dims,
+    aten.masked_fill.Scalar,
+    aten.masked_fill.Tensor,
+    aten.logical_not.default,
+    aten.logical_and.default,
+    aten.logical_or.default,
+}
 
 
 def t5_tiny():
@@ -37,16 +51,27 @@ def left_to_aten(gm, groups):
     """The mask-path nodes of gm outside every group routed to a kernel (of float or bool
     values: the labels' int64 masked_fill(-100 -> pad) is no fragment's)."""
     fused = {n for g in groups if g.route == "kernel" for n in g.members}
-    return [n.format_node() for n in gm.graph.nodes
-            if n.op == "call_function" and n.target in MASK_OPS and n not in fused and
-            getattr(n.meta.get("val"), "dtype", None) in ops.DTYPES]
+    return [
+        n.format_node()
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target in MASK_OPS
+        and n not in fused
+        and getattr(n.meta.get("val"), "dtype", None) in ops.DTYPES
+    ]
 
 
 # library calls and what feeds them (token ids, integer bucket arithmetic): not fuseml's
-LIBRARY = {aten.mm.default, aten.bmm.default, aten.embedding.default, aten.embedding_dense_backward.default,
-           aten.nll_loss_forward.default, aten.nll_loss_backward.default,
-           aten._scaled_dot_product_flash_attention_for_cpu.default,
-           aten._scaled_dot_product_flash_attention_for_cpu_backward.default}
+LIBRARY = {
+    aten.mm.default,
+    aten.bmm.default,
+    aten.embedding.default,
+    aten.embedding_dense_backward.default,
+    aten.nll_loss_forward.default,
+    aten.nll_loss_backward.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+}
 
 
 def elementwise_left(gm, groups):
@@ -55,8 +80,13 @@ def elementwise_left(gm, groups):
     fused = {n for g in groups if g.route == "kernel" for n in g.members}
     left = []
     for n in gm.graph.nodes:
-        if n.op != "call_function" or n in fused or n.target in LIBRARY or \
-                n.target in ops.VIEW_OPS or n.target in ops.RESHAPE_OPS:
+        if (
+            n.op != "call_function"
+            or n in fused
+            or n.target in LIBRARY
+            or n.target in ops.VIEW_OPS
+            or n.target in ops.RESHAPE_OPS
+        ):
             continue
         val = n.meta.get("val")
         if getattr(val, "dtype", None) not in ops.DTYPES or not n.all_input_nodes:
@@ -72,6 +102,7 @@ def masked_softmax_groups(groups):
 
 def test_t5_forward_mask_path_is_fused(dead_socket, partitioned):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     w = t5_tiny()
     c = fuseml.FuseMLCompiler()
     # without gradients the CPU picks its flash kernel for every attention: the math path is
@@ -138,8 +169,11 @@ def test_t5_training_step_mask_path_is_fused(dead_socket, partitioned):
     assert not [n for n in left if n.meta["val"].numel() > tokens], [n.format_node() for n in left]
     assert len([g for g in bw_groups if g.kind == "columns" and g.route == "kernel"]) >= 12
     # softmax's backward, out * (g - sum(out * g)), is a rows group in the backward graph
-    back = [g for g in bw_groups if g.kind == "rows" and g.route == "kernel" and "sum" in g.op_names
-            and "bmm" not in g.op_names]
+    back = [
+        g
+        for g in bw_groups
+        if g.kind == "rows" and g.route == "kernel" and "sum" in g.op_names and "bmm" not in g.op_names
+    ]
     assert back, [g.describe() for g in bw_groups]
 
 

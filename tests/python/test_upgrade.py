@@ -3,6 +3,7 @@ against a real fusemld whose tuner is the stand-in worker (tests/unit/tuner_stan
 its third candidate is the fastest): the kernels come back "verified", the client launches them
 without FUSEML_ALLOW_UNTUNED, and the graph's calls swap in the tuned ones by key, without
 recompiling, retiring the modules they replace."""
+
 import logging
 import os
 import shutil
@@ -74,12 +75,12 @@ def test_running_graph_picks_up_tuned_kernels(tuning_daemon, monkeypatch):
         runtime._modules[(key, 0)] = mod
     deadline = time.monotonic() + 120
     while any(r.kernel[1] != "tuned" for r in rs) and time.monotonic() < deadline:
-        torch.testing.assert_close(fn(x), f(x))   # each call ticks; no recompile
+        torch.testing.assert_close(fn(x), f(x))  # each call ticks; no recompile
         time.sleep(0.02)
     assert all(r.kernel[1] == "tuned" for r in rs), [r.kernel[1] for r in rs]
     for r in rs:
         key = r.kernel[0]
-        assert key in first and r.kernel[2] != first[key]   # another candidate's CUBIN
+        assert key in first and r.kernel[2] != first[key]  # another candidate's CUBIN
         assert (key, 0) not in runtime._modules and loaded[key] in upgrade.retired
         assert r.group.state == "tuned"
-    assert len(c.plans) == 1   # one compile of the graph
+    assert len(c.plans) == 1  # one compile of the graph

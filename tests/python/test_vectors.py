@@ -1,6 +1,7 @@
 """The shared protocol vectors (protocol/vectors): fragments built from FX graphs of the same
 computations equal the vectors' canonical forms, and every fragment the builder makes is
 accepted by a real daemon."""
+
 import json
 import os
 
@@ -52,15 +53,18 @@ def _multi(x):
 
 CASES = {
     "chain": lambda: built(lambda x: F.silu(x) * 2.0, torch.randn(8, 1024, dtype=torch.bfloat16)),
-    "bias_broadcast": lambda: compiled(lambda x, b: F.gelu(x + b), torch.randn(128, 768, dtype=torch.float16),
-                                    _bias_offset8()),
+    "bias_broadcast": lambda: compiled(
+        lambda x, b: F.gelu(x + b), torch.randn(128, 768, dtype=torch.float16), _bias_offset8()
+    ),
     # The slice inside the graph: a sliced graph input would get a symbolic stride.
-    "symbolic_dim0": lambda: compiled(lambda x, y: torch.relu(x + y[:, :4096]),
-                                      torch.randn(5, 4096, dtype=torch.bfloat16),
-                                      torch.randn(5, 8192, dtype=torch.bfloat16), dyn0=(0, 1)),
+    "symbolic_dim0": lambda: compiled(
+        lambda x, y: torch.relu(x + y[:, :4096]),
+        torch.randn(5, 4096, dtype=torch.bfloat16),
+        torch.randn(5, 8192, dtype=torch.bfloat16),
+        dyn0=(0, 1),
+    ),
     "multi_output": lambda: compiled(_multi, torch.randn(7, 256), dyn0=(0,)),
-    "where_compare": lambda: built(lambda x: torch.where(x > 0, x, x * 0.01),
-                                   torch.randn(64, 64, dtype=torch.float16)),
+    "where_compare": lambda: built(lambda x: torch.where(x > 0, x, x * 0.01), torch.randn(64, 64, dtype=torch.float16)),
 }
 
 

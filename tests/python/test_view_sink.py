@@ -3,6 +3,7 @@ fuse (view_sink.py): cross-entropy's gradient reshaped to [B, S, V], cast and ad
 logits' own gradient in one pass; the backward of an RMSNorm, whose per-row sum is expanded to
 its rows before it is scaled, in one rows kernel. Results as eager's; what cannot move (a
 GEMM's product, a value laid out otherwise) stays."""
+
 import torch
 
 from helpers import Fn, compile_run
@@ -27,7 +28,7 @@ class _GradPlusTangent(torch.nn.Module):
 
     def forward(self, x):
         x32 = x.float()
-        g = torch.exp(x32 - x32[:, :1]) * 0.5                     # [N, V] fp32, per-row shift
+        g = torch.exp(x32 - x32[:, :1]) * 0.5  # [N, V] fp32, per-row shift
         return self.tangent + g.view(2, 4, 32).to(BF16)
 
 
@@ -46,6 +47,7 @@ def test_reshaped_gradient_is_cast_and_added_in_one_pass(dead_socket, partitione
 def test_broadcast_per_row_value_joins_the_rows_group(dead_socket, partitioned):
     """An RMSNorm-style backward: s = sum(x * y) per row, expanded to the rows, then scaled
     and combined with x: one rows group, no ATen expand between two kernels."""
+
     def f(x):
         y = x * 1.5
         s = (x * y).sum(-1, keepdim=True) * -0.5
@@ -78,8 +80,9 @@ def test_gemm_view_stays_for_its_group(dead_socket, partitioned):
 def test_strided_values_are_left_as_they_were(dead_socket, partitioned):
     """A transposed operand has no view to the reshape's source shape: the pair stays, and the
     result is eager's."""
+
     def f(x):
-        g = torch.exp(x - x[:, :1]) * 0.5                         # [8, 32]
+        g = torch.exp(x - x[:, :1]) * 0.5  # [8, 32]
         return g.view(2, 4, 32) + x.view(4, 2, 32).transpose(0, 1)
 
     x = torch.randn(8, 32)

@@ -17,9 +17,7 @@
 
 static char g_dir[512];
 
-static void path_of(char *out, size_t cap, const char *name) {
-  snprintf(out, cap, "%s/%s", g_dir, name);
-}
+static void path_of(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", g_dir, name); }
 
 /* Runs one statement through a separate connection, as an outside tool would. */
 static int raw_exec(const char *path, const char *sql) {
@@ -211,11 +209,11 @@ static void test_put_unless(void) {
   untuned.state = FM_STATE_UNTUNED;
   int kept = 5;
   const unsigned keep = FM_STATE_BIT(FM_STATE_TUNED) | FM_STATE_BIT(FM_STATE_BAD);
-  CHECK_EQ_INT(fm_store_put_unless(s, &untuned, keep, &kept), FM_OK);   /* none: stored */
+  CHECK_EQ_INT(fm_store_put_unless(s, &untuned, keep, &kept), FM_OK); /* none: stored */
   CHECK_EQ_INT(kept, -1);
-  CHECK_EQ_INT(fm_store_put_unless(s, &tuned, keep, &kept), FM_OK);     /* untuned: replaced */
+  CHECK_EQ_INT(fm_store_put_unless(s, &tuned, keep, &kept), FM_OK); /* untuned: replaced */
   CHECK_EQ_INT(kept, -1);
-  CHECK_EQ_INT(fm_store_put_unless(s, &untuned, keep, &kept), FM_OK);   /* tuned: kept */
+  CHECK_EQ_INT(fm_store_put_unless(s, &untuned, keep, &kept), FM_OK); /* tuned: kept */
   CHECK_EQ_INT(kept, FM_STATE_TUNED);
   CHECK_EQ_INT(fm_store_get(s, &tuned.key, TC_DEVICE, 0, &got), FM_OK);
   CHECK(tc_same_content(&tuned, &got));
@@ -291,13 +289,13 @@ static void test_damaged_pages(void) {
   path_of(path, sizeof path, "pages.db");
   fm_store *s = open_ok(path, 0, &d);
   for (unsigned i = 0; i < 40; i++) put_seed(s, 100 + i, 2000);
-  fm_store_close(s);   /* checkpoints: everything is in the main file now */
+  fm_store_close(s); /* checkpoints: everything is in the main file now */
 
   int fd = open(path, O_WRONLY);
   CHECK(fd >= 0);
   uint8_t junk[4096];
   memset(junk, 0xA5, sizeof junk);
-  for (off_t off = 4096; off < 4096 * 6; off += 4096)   /* pages 2..6 keep the header valid */
+  for (off_t off = 4096; off < 4096 * 6; off += 4096) /* pages 2..6 keep the header valid */
     CHECK_EQ_INT(pwrite(fd, junk, sizeof junk, off), (ssize_t)sizeof junk);
   close(fd);
 
@@ -317,11 +315,11 @@ static void test_locked_not_moved(void) {
   path_of(path, sizeof path, "locked.db");
   sqlite3 *db = NULL;
   CHECK_EQ_INT(sqlite3_open(path, &db), SQLITE_OK);
-  CHECK_EQ_INT(sqlite3_exec(db, "CREATE TABLE t(x); BEGIN EXCLUSIVE; INSERT INTO t VALUES(1);",
-                            NULL, NULL, NULL), SQLITE_OK);
+  CHECK_EQ_INT(sqlite3_exec(db, "CREATE TABLE t(x); BEGIN EXCLUSIVE; INSERT INTO t VALUES(1);", NULL, NULL, NULL),
+               SQLITE_OK);
   fm_store *s = NULL;
   fm_diag d = {{0}};
-  CHECK_EQ_INT(fm_store_open(path, 0, &s, &d), FM_ESTORE);   /* after the 5 s busy timeout */
+  CHECK_EQ_INT(fm_store_open(path, 0, &s, &d), FM_ESTORE); /* after the 5 s busy timeout */
   CHECK(s == NULL);
   CHECK_STR_CONTAINS(d.text, "locked");
   CHECK_EQ_INT(count_corrupt_files("locked.db"), 0);
@@ -369,8 +367,7 @@ static void test_migrate_from_v0(void) {
 
   /* Version 0 with unrelated tables: they are left alone. */
   path_of(path, sizeof path, "v0.db");
-  CHECK_EQ_INT(raw_exec(path, "CREATE TABLE notes(t TEXT); INSERT INTO notes VALUES('keep me');"),
-               SQLITE_OK);
+  CHECK_EQ_INT(raw_exec(path, "CREATE TABLE notes(t TEXT); INSERT INTO notes VALUES('keep me');"), SQLITE_OK);
   s = open_ok(path, 0, &d);
   put_seed(s, 2, 100);
   CHECK_EQ_INT(get_seed(s, 2), FM_OK);
@@ -386,8 +383,7 @@ static void test_migrate_from_v0(void) {
 
   /* Version 0 holding a foreign "kernels" table: the migration fails, the file is untouched. */
   path_of(path, sizeof path, "foreign.db");
-  CHECK_EQ_INT(raw_exec(path, "CREATE TABLE kernels(a, b); INSERT INTO kernels VALUES(1, 2);"),
-               SQLITE_OK);
+  CHECK_EQ_INT(raw_exec(path, "CREATE TABLE kernels(a, b); INSERT INTO kernels VALUES(1, 2);"), SQLITE_OK);
   fm_store *t = NULL;
   CHECK_EQ_INT(fm_store_open(path, 0, &t, &d), FM_ESTORE);
   CHECK(t == NULL);
@@ -496,7 +492,7 @@ static void test_sigkill_writer(void) {
     }
     close(fds[1]);
     char c;
-    CHECK_EQ_INT(read(fds[0], &c, 1), 1);   /* the child is mid-stream */
+    CHECK_EQ_INT(read(fds[0], &c, 1), 1); /* the child is mid-stream */
     close(fds[0]);
     struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -511,7 +507,7 @@ static void test_sigkill_writer(void) {
     fm_diag d = {{0}};
     fm_store *s = open_ok(path, 200 * 1000, &d);
     if (!s) return;
-    CHECK_EQ_INT(d.text[0], 0);   /* recovered by WAL replay, not moved aside */
+    CHECK_EQ_INT(d.text[0], 0); /* recovered by WAL replay, not moved aside */
     verify_ctx vc = {s, 0, 0};
     CHECK_EQ_INT(fm_store_list(s, 0, verify_one, &vc), FM_OK);
     CHECK(vc.checked > 0);
@@ -522,7 +518,7 @@ static void test_sigkill_writer(void) {
     CHECK_EQ_INT((uint64_t)vc.checked, n);
     int64_t st[FM_STAT__COUNT];
     CHECK_EQ_INT(fm_store_stats(s, st), FM_OK);
-    CHECK(st[FM_STAT_COMPILES] > compiles_seen);   /* committed work from every round survives */
+    CHECK(st[FM_STAT_COMPILES] > compiles_seen); /* committed work from every round survives */
     CHECK_EQ_INT(st[FM_STAT_CORRUPT], 0);
     compiles_seen = st[FM_STAT_COMPILES];
     fm_store_close(s);
@@ -582,7 +578,7 @@ static void test_disk_full(void) {
   CHECK_EQ_INT(d.text[0], 0);
   for (unsigned i = 0; i < 5; i++) CHECK_EQ_INT(get_seed(s, 200 + i), FM_OK);
   CHECK_EQ_INT(get_seed(s, 300), FM_ENOT_FOUND);
-  put_seed(s, 300, 1024 * 1024);   /* with room again, the same put works */
+  put_seed(s, 300, 1024 * 1024); /* with room again, the same put works */
   CHECK_EQ_INT(get_seed(s, 300), FM_OK);
   fm_store_close(s);
 }

@@ -17,7 +17,7 @@ static fm_store *open_new(const char *name, uint64_t cap) {
   int err = fm_store_open(path, cap, &s, &d);
   if (err != FM_OK) fprintf(stderr, "  open %s: %s: %s\n", path, fm_strerror(err), d.text);
   CHECK_EQ_INT(err, FM_OK);
-  CHECK_EQ_INT(d.text[0], 0);   /* nothing to report on a clean open */
+  CHECK_EQ_INT(d.text[0], 0); /* nothing to report on a clean open */
   return s;
 }
 
@@ -174,7 +174,7 @@ static void test_list(void) {
   CHECK_EQ_INT(fm_store_list(s, 0, collect, &c), FM_OK);
   CHECK_EQ_INT(c.n, 5);
   for (int i = 0; i < 5; i++) {
-    CHECK_EQ_INT(c.last_used[i], 100 * (5 - i));   /* most recently used first */
+    CHECK_EQ_INT(c.last_used[i], 100 * (5 - i)); /* most recently used first */
     CHECK_EQ_INT(c.cubin_len[i], 100 * (5 - i));
   }
   CHECK(c.blobs_null);
@@ -218,21 +218,21 @@ static void test_find_prefix(void) {
   put_key(s, k1, TC_DEVICE);
   put_key(s, k2, TC_DEVICE);
   put_key(s, k3, TC_DEVICE);
-  put_key(s, k3, "none/sm_80");   /* one key on two devices is still one match */
+  put_key(s, k3, "none/sm_80"); /* one key on two devices is still one match */
   char hex[FM_KEY_HEX];
   CHECK_EQ_INT(find(s, "abcd01", hex), FM_OK);
   CHECK(strcmp(hex, k1) == 0);
   CHECK_EQ_INT(find(s, "ABCD02", hex), FM_OK);
   CHECK(strcmp(hex, k2) == 0);
-  CHECK_EQ_INT(find(s, "abcd0", hex), FM_EINVAL);   /* ambiguous, odd length */
-  CHECK_EQ_INT(find(s, "abcd", hex), FM_EINVAL);    /* ambiguous */
+  CHECK_EQ_INT(find(s, "abcd0", hex), FM_EINVAL); /* ambiguous, odd length */
+  CHECK_EQ_INT(find(s, "abcd", hex), FM_EINVAL);  /* ambiguous */
   fm_diag d;
   fm_store_last_error(s, &d);
   CHECK_STR_CONTAINS(d.text, "more than one");
   CHECK_EQ_INT(find(s, "ef00", hex), FM_OK);
   CHECK(strcmp(hex, k3) == 0);
-  CHECK_EQ_INT(find(s, "ef0", hex), FM_EINVAL);     /* too short */
-  CHECK_EQ_INT(find(s, k3, hex), FM_OK);            /* all 64 digits */
+  CHECK_EQ_INT(find(s, "ef0", hex), FM_EINVAL); /* too short */
+  CHECK_EQ_INT(find(s, k3, hex), FM_OK);        /* all 64 digits */
   CHECK_EQ_INT(find(s, "1234", hex), FM_ENOT_FOUND);
   CHECK_EQ_INT(find(s, "abce", hex), FM_ENOT_FOUND);
   CHECK_EQ_INT(find(s, "abcz", hex), FM_EINVAL);
@@ -255,7 +255,7 @@ static void test_evict(void) {
   fm_entry_free(&other);
 
   fm_key k = tc_key(30);
-  CHECK_EQ_INT(fm_store_evict(s, &k), FM_OK);    /* both devices */
+  CHECK_EQ_INT(fm_store_evict(s, &k), FM_OK); /* both devices */
   CHECK(!present(s, 30));
   fm_entry got;
   CHECK_EQ_INT(fm_store_get(s, &k, "none/sm_80", 0, &got), FM_ENOT_FOUND);
@@ -285,7 +285,7 @@ static void test_lru(void) {
   put_seed(s, 43, 1000, 30);
   uint64_t n = 0, bytes = 0;
   CHECK_EQ_INT(fm_store_usage(s, &n, &bytes), FM_OK);
-  CHECK_EQ_INT(bytes, 3000);   /* exactly at the cap: nothing evicted */
+  CHECK_EQ_INT(bytes, 3000); /* exactly at the cap: nothing evicted */
 
   /* Touching 41 makes 42 the least recently used. */
   fm_key k41 = tc_key(41);
@@ -316,7 +316,7 @@ static void test_lru(void) {
   /* Equal last_used and created: insertion order decides. */
   put_seed(s, 47, 1000, 50);
   put_seed(s, 48, 1000, 50);
-  put_seed(s, 49, 1000, 50);   /* 3100 bytes: one must go, and 46 was used later */
+  put_seed(s, 49, 1000, 50); /* 3100 bytes: one must go, and 46 was used later */
   CHECK(!present(s, 47));
   CHECK(present(s, 46) && present(s, 48) && present(s, 49));
   CHECK_EQ_INT(fm_store_stats(s, st), FM_OK);

@@ -7,15 +7,15 @@
 
 #include "fm_test.h"
 
-#define THREADS 4
-#define ROUNDS 150
+#define THREADS     4
+#define ROUNDS      150
 #define SHARED_SEED 9999u
 
 typedef struct {
   fm_store *s;
   unsigned id;
-  int capped;          /* entries may be evicted by other threads' puts */
-  int failures;        /* results no interleaving can explain */
+  int capped;   /* entries may be evicted by other threads' puts */
+  int failures; /* results no interleaving can explain */
 } worker;
 
 /* The shared key is written by every thread with its own version (= thread id), so a get
@@ -47,16 +47,14 @@ static void *work(void *p) {
     int err = fm_store_get(w->s, &e.key, TC_DEVICE, 1, &got);
     /* Only this thread writes this key, so it reads back what it just put (or, capped,
      * finds it evicted by a neighbour's put). */
-    if (err == FM_OK ? !tc_same_content(&e, &got) : !(w->capped && err == FM_ENOT_FOUND))
-      w->failures++;
+    if (err == FM_OK ? !tc_same_content(&e, &got) : !(w->capped && err == FM_ENOT_FOUND)) w->failures++;
     fm_entry_free(&got);
     fm_entry_free(&e);
 
     tc_entry(&e, SHARED_SEED, w->id, 512 + w->id);
     if (fm_store_put(w->s, &e) != FM_OK) w->failures++;
     err = fm_store_get(w->s, &e.key, TC_DEVICE, i % 2, &got);
-    if (err == FM_OK ? !matches_some_version(&got) : !(w->capped && err == FM_ENOT_FOUND))
-      w->failures++;
+    if (err == FM_OK ? !matches_some_version(&got) : !(w->capped && err == FM_ENOT_FOUND)) w->failures++;
     fm_entry_free(&got);
     fm_entry_free(&e);
 

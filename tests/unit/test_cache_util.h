@@ -4,7 +4,7 @@
 #define TEST_CACHE_UTIL_H
 
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE   /* nftw, mkdtemp */
+#define _GNU_SOURCE /* nftw, mkdtemp */
 #endif
 #include <ftw.h>
 #include <stdio.h>
@@ -27,7 +27,9 @@ static void tc_mkdtemp(char *dir, size_t cap) {
 }
 
 static int tc_rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb; (void)flag; (void)ftw;
+  (void)sb;
+  (void)flag;
+  (void)ftw;
   return remove(path);
 }
 
@@ -46,7 +48,9 @@ static uint8_t *tc_bytes(unsigned seed, unsigned salt, size_t n) {
   uint8_t *p = malloc(n ? n : 1);
   uint32_t x = seed * 2654435761u + salt * 40503u + 1;
   for (size_t i = 0; i < n; i++) {
-    x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
     p[i] = (uint8_t)x;
   }
   return p;
@@ -78,9 +82,9 @@ static int tc_blob_eq(const uint8_t *a, size_t an, const uint8_t *b, size_t bn) 
 
 /* Everything put stores, except the bookkeeping (created, last_used, hits). */
 static int tc_same_content(const fm_entry *a, const fm_entry *b) {
-  return memcmp(a->key.bytes, b->key.bytes, FM_KEY_BYTES) == 0 &&
-         strcmp(a->device, b->device) == 0 && strcmp(a->kind, b->kind) == 0 &&
-         a->state == b->state && tc_blob_eq(a->canonical, a->canonical_len, b->canonical, b->canonical_len) &&
+  return memcmp(a->key.bytes, b->key.bytes, FM_KEY_BYTES) == 0 && strcmp(a->device, b->device) == 0 &&
+         strcmp(a->kind, b->kind) == 0 && a->state == b->state &&
+         tc_blob_eq(a->canonical, a->canonical_len, b->canonical, b->canonical_len) &&
          tc_blob_eq(a->cubin, a->cubin_len, b->cubin, b->cubin_len) &&
          tc_blob_eq(a->meta, a->meta_len, b->meta, b->meta_len) &&
          tc_blob_eq(a->timings, a->timings_len, b->timings, b->timings_len) &&

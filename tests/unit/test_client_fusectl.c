@@ -9,7 +9,7 @@
 #include "fm_test.h"
 
 static char fusectl[1024], tmpdir[64], sock[128];
-static char out[8192];   /* stdout + stderr of the last run */
+static char out[8192]; /* stdout + stderr of the last run */
 
 /* Runs `fusectl ARGS` with FUSEML_SOCKET at a socket that does not exist; returns the exit
  * status and leaves the output in out. */
@@ -62,7 +62,7 @@ static void test_usage_errors(void) {
   CHECK_EQ_INT(run("show"), 2);
   CHECK_STR_CONTAINS(out, "usage: fusectl [options] show KEY [--source]");
   CHECK_EQ_INT(run("show xyz!"), 2);
-  CHECK_EQ_INT(run("show 12"), 2);   /* fewer than 4 hex digits */
+  CHECK_EQ_INT(run("show 12"), 2); /* fewer than 4 hex digits */
   CHECK_EQ_INT(run("evict 1234 --all"), 2);
   CHECK_EQ_INT(run("ls --limit 0"), 2);
   CHECK_EQ_INT(run("compile"), 2);
@@ -70,13 +70,13 @@ static void test_usage_errors(void) {
 
 static void test_unreachable(void) {
   CHECK_EQ_INT(run("ping"), 3);
-  CHECK_STR_CONTAINS(out, sock);          /* names the socket */
+  CHECK_STR_CONTAINS(out, sock); /* names the socket */
   CHECK_STR_CONTAINS(out, "Start it with `fusemld`");
   CHECK_EQ_INT(run("--json stats"), 3);
   char args[256];
   snprintf(args, sizeof args, "--socket %s/other.sock ls", tmpdir);
   CHECK_EQ_INT(run(args), 3);
-  CHECK_STR_CONTAINS(out, "other.sock");  /* --socket wins over FUSEML_SOCKET */
+  CHECK_STR_CONTAINS(out, "other.sock"); /* --socket wins over FUSEML_SOCKET */
 }
 
 static void test_bad_input(void) {

@@ -12,15 +12,12 @@
 #include "fusectl.h"
 
 /* Converts text; on success unpacks into zone and returns the root object. */
-static int convert(const char *text, msgpack_sbuffer *sb, msgpack_zone *zone, msgpack_object *obj,
-                   fm_diag *d) {
+static int convert(const char *text, msgpack_sbuffer *sb, msgpack_zone *zone, msgpack_object *obj, fm_diag *d) {
   int err = fm_ctl_json_to_msgpack(text, strlen(text), "t.json", sb, d);
   if (err) return err;
   size_t off = 0;
-  return msgpack_unpack(sb->data, sb->size, &off, zone, obj) == MSGPACK_UNPACK_SUCCESS &&
-                 off == sb->size
-             ? FM_OK
-             : -999;
+  return msgpack_unpack(sb->data, sb->size, &off, zone, obj) == MSGPACK_UNPACK_SUCCESS && off == sb->size ? FM_OK
+                                                                                                          : -999;
 }
 
 static void test_types(void) {
@@ -30,10 +27,11 @@ static void test_types(void) {
   fm_diag d = {{0}};
   msgpack_sbuffer_init(&sb);
   msgpack_zone_init(&zone, 1024);
-  int err = convert("{\"i\": -7, \"u\": 42, \"big\": 9007199254740993, \"r\": 0.5, \"r0\": 1.0,"
-                    " \"s\": \"h\\u00e9\", \"t\": true, \"f\": false, \"n\": null,"
-                    " \"a\": [1, [2, {}], []]}",
-                    &sb, &zone, &o, &d);
+  int err = convert(
+      "{\"i\": -7, \"u\": 42, \"big\": 9007199254740993, \"r\": 0.5, \"r0\": 1.0,"
+      " \"s\": \"h\\u00e9\", \"t\": true, \"f\": false, \"n\": null,"
+      " \"a\": [1, [2, {}], []]}",
+      &sb, &zone, &o, &d);
   CHECK_EQ_INT(err, FM_OK);
   CHECK(o.type == MSGPACK_OBJECT_MAP);
   CHECK_EQ_INT(o.via.map.size, 10);
@@ -45,15 +43,14 @@ static void test_types(void) {
   CHECK(v && v->type == MSGPACK_OBJECT_NEGATIVE_INTEGER && v->via.i64 == -7);
   v = fm_msg_get(&o, "u");
   CHECK(v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 == 42);
-  v = fm_msg_get(&o, "big");  /* beyond a double's exact range: must stay an exact integer */
+  v = fm_msg_get(&o, "big"); /* beyond a double's exact range: must stay an exact integer */
   CHECK(v && v->type == MSGPACK_OBJECT_POSITIVE_INTEGER && v->via.u64 == 9007199254740993ull);
   v = fm_msg_get(&o, "r");
   CHECK(v && v->type == MSGPACK_OBJECT_FLOAT64 && v->via.f64 == 0.5);
-  v = fm_msg_get(&o, "r0");  /* 1.0 is a real in JSON, so a float on the wire */
+  v = fm_msg_get(&o, "r0"); /* 1.0 is a real in JSON, so a float on the wire */
   CHECK(v && v->type == MSGPACK_OBJECT_FLOAT64 && v->via.f64 == 1.0);
   v = fm_msg_get(&o, "s");
-  CHECK(v && v->type == MSGPACK_OBJECT_STR && v->via.str.size == 3 &&
-        memcmp(v->via.str.ptr, "h\xc3\xa9", 3) == 0);
+  CHECK(v && v->type == MSGPACK_OBJECT_STR && v->via.str.size == 3 && memcmp(v->via.str.ptr, "h\xc3\xa9", 3) == 0);
   v = fm_msg_get(&o, "t");
   CHECK(v && v->type == MSGPACK_OBJECT_BOOLEAN && v->via.boolean);
   v = fm_msg_get(&o, "f");
@@ -90,7 +87,7 @@ static void test_depth_limit(void) {
   CHECK_EQ_INT(fm_ctl_json_to_msgpack(deep, strlen(deep), "deep.json", &sb, &d), FM_ELIMIT);
   CHECK_STR_CONTAINS(d.text, "deep.json");
   CHECK_STR_CONTAINS(d.text, "16");
-  CHECK_EQ_INT(sb.size, before);  /* a refused document leaves no partial output */
+  CHECK_EQ_INT(sb.size, before); /* a refused document leaves no partial output */
   free(ok);
   free(deep);
   msgpack_sbuffer_destroy(&sb);
@@ -185,7 +182,7 @@ static void test_print_json(void) {
   CHECK(msgpack_unpack(sb.data, sb.size, &off, &zone, &o) == MSGPACK_UNPACK_SUCCESS);
   char *t = render(&o, 0, (const char *const[]){"id", "cubin", NULL});
   CHECK_STR_CONTAINS(t, "\"s\": \"a\\\"b\\\\\\n\\u0001\\ufffd\"");
-  CHECK_STR_CONTAINS(t, "\"x\": 0.1,");               /* shortest round trip */
+  CHECK_STR_CONTAINS(t, "\"x\": 0.1,"); /* shortest round trip */
   CHECK_STR_CONTAINS(t, "\"u\": 18446744073709551615");
   CHECK_STR_CONTAINS(t, "\"b\": {\"bin_bytes\": 4}");
   CHECK_STR_CONTAINS(t, "\"nan\": null");
@@ -225,9 +222,10 @@ static void test_table(void) {
   fm_ctl_table_row(&t, r3);
   CHECK_EQ_INT(fm_ctl_table_print(&t, m), FM_OK);
   fclose(m);
-  CHECK(text && strcmp(text, "KEY        SIZE  DEVICE\n"
-                             "abcdef  1.5 KiB  none/sm_90a\n"
-                             "ab         12 B  x\n") == 0);
+  CHECK(text && strcmp(text,
+                       "KEY        SIZE  DEVICE\n"
+                       "abcdef  1.5 KiB  none/sm_90a\n"
+                       "ab         12 B  x\n") == 0);
   free(text);
   char buf[32];
   fm_ctl_fmt_bytes(1536, buf, sizeof buf);
@@ -255,7 +253,7 @@ static void test_examples_decode(void) {
     msgpack_zone zone;
     msgpack_object o;
     fm_diag d = {{0}};
-    static fm_fragment frag;  /* large: not on the stack */
+    static fm_fragment frag; /* large: not on the stack */
     snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
     msgpack_sbuffer_init(&sb);
     msgpack_zone_init(&zone, 4096);

@@ -18,14 +18,14 @@
 #include "fm_test.h"
 
 enum mode {
-  SILENT,          /* accepts, reads, never answers */
-  HELLO_ERROR,     /* answers hello, then an error reply */
-  WRONG_ID,        /* answers hello, then a reply with another id */
-  HANGUP,          /* answers hello, then closes */
-  COMPILE_OK,      /* answers hello, then a compile reply */
-  HUGE_REPLY,      /* answers hello, then announces a reply beyond FM_FRAME_MAX_REPLY */
-  OLD_PROTO,       /* answers hello with a protocol we do not speak */
-  BAD_HELLO_SLUG,  /* answers hello with protocol_version as an error */
+  SILENT,         /* accepts, reads, never answers */
+  HELLO_ERROR,    /* answers hello, then an error reply */
+  WRONG_ID,       /* answers hello, then a reply with another id */
+  HANGUP,         /* answers hello, then closes */
+  COMPILE_OK,     /* answers hello, then a compile reply */
+  HUGE_REPLY,     /* answers hello, then announces a reply beyond FM_FRAME_MAX_REPLY */
+  OLD_PROTO,      /* answers hello with a protocol we do not speak */
+  BAD_HELLO_SLUG, /* answers hello with protocol_version as an error */
 };
 
 typedef struct server {
@@ -34,9 +34,9 @@ typedef struct server {
   enum mode mode;
   pthread_t th;
   /* What the server saw, checked by the test after join. */
-  int got_hello_ok;       /* hello had op, id, proto, client, pid */
+  int got_hello_ok; /* hello had op, id, proto, client, pid */
   char client_name[80];
-  int got_fragment_ok;    /* compile request carried the fragment map intact */
+  int got_fragment_ok; /* compile request carried the fragment map intact */
   uint64_t last_id;
 } server;
 
@@ -155,8 +155,7 @@ static void *srv_main(void *arg) {
     uint64_t proto = 0, pid = 0;
     s->got_hello_ok = fm_msg_str_eq(fm_msg_get(&req, "op"), "hello") &&
                       fm_msg_get_u64(&req, "id", &id, NULL) == FM_OK &&
-                      fm_msg_get_u64(&req, "proto", &proto, NULL) == FM_OK &&
-                      proto == FM_PROTO_VERSION &&
+                      fm_msg_get_u64(&req, "proto", &proto, NULL) == FM_OK && proto == FM_PROTO_VERSION &&
                       fm_msg_copy_str(&req, "client", s->client_name, sizeof s->client_name, NULL) == FM_OK &&
                       fm_msg_get_u64(&req, "pid", &pid, NULL) == FM_OK && pid == (uint64_t)getpid();
   }
@@ -238,7 +237,7 @@ static void test_missing_socket(void) {
   int err = fm_client_connect("/tmp/fm_test_no_such_dir/fusemld.sock", "t", 2000, &c, &d);
   CHECK_EQ_INT(err, FM_EIO);
   CHECK(c == NULL);
-  CHECK(now_ms() - t0 < 2000);  /* fails at once, not after the timeout */
+  CHECK(now_ms() - t0 < 2000); /* fails at once, not after the timeout */
   CHECK_STR_CONTAINS(d.text, "/tmp/fm_test_no_such_dir/fusemld.sock");
   CHECK_STR_CONTAINS(d.text, "No such file");
 
@@ -280,7 +279,7 @@ static void test_error_reply_mapped(void) {
     int err = fm_client_call(c, "ping", 0, NULL, NULL, &zone, &reply, &d);
     CHECK_EQ_INT(err, FM_ECOMPILE);
     CHECK_STR_CONTAINS(d.text, "NVRTC compile failed: kernel.cu(12): error: identifier");
-    CHECK(reply.type == MSGPACK_OBJECT_MAP);  /* the error reply itself is still returned */
+    CHECK(reply.type == MSGPACK_OBJECT_MAP); /* the error reply itself is still returned */
     CHECK(fm_msg_str_eq(fm_msg_get(&reply, "code"), "compile_failed"));
     msgpack_zone_destroy(&zone);
     fm_client_close(c);
@@ -288,7 +287,7 @@ static void test_error_reply_mapped(void) {
   srv_stop(&s);
   CHECK(s.got_hello_ok);
   CHECK(strcmp(s.client_name, "test-client") == 0);
-  CHECK(s.last_id > 1);  /* ids increase: hello took the first */
+  CHECK(s.last_id > 1); /* ids increase: hello took the first */
 }
 
 static void test_wrong_id_is_protocol_error(void) {
@@ -310,7 +309,7 @@ static void test_wrong_id_is_protocol_error(void) {
     fm_client_close(c);
   }
   srv_stop(&s);
-  CHECK(strcmp(s.client_name, "libfusemld") == 0);  /* the default name */
+  CHECK(strcmp(s.client_name, "libfusemld") == 0); /* the default name */
 }
 
 typedef struct big_ctx {
@@ -333,7 +332,7 @@ static void test_hangup_no_sigpipe(void) {
   big_ctx b = {NULL, 900 * 1024};
   CHECK(srv_start(&s, HANGUP) == 0);
   CHECK_EQ_INT(fm_client_connect(s.path, "t", 2000, &c, &d), FM_OK);
-  srv_stop(&s);  /* the server has closed its end by now */
+  srv_stop(&s); /* the server has closed its end by now */
   if (c) {
     /* A request larger than the socket buffer: writing it to a closed peer raises SIGPIPE
      * unless the client suppresses it; this process must survive to see FM_ECLOSED. */
@@ -389,7 +388,10 @@ static void test_compile_reply_parsed(void) {
       CHECK_EQ_INT(k.meta.outer, -1);
       CHECK_EQ_INT(k.meta.n_inputs, 2);
       CHECK_EQ_INT(k.cubin_len, 5);
-      CHECK(k.cubin && memcmp(k.cubin, "\x7f" "ELF\x02", 5) == 0);
+      CHECK(k.cubin && memcmp(k.cubin,
+                              "\x7f"
+                              "ELF\x02",
+                              5) == 0);
       fm_compiled_free(&k);
       CHECK(k.cubin == NULL && k.cubin_len == 0);
     }

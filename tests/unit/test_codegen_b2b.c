@@ -25,7 +25,7 @@ static void expect_reject(int rc_want, const char *why) { CHECK(tf_rejects(&raw,
 
 static void test_validate(void) {
   CHECK_EQ_INT(build_mlp(256, 1024, 256), FM_OK);
-  CHECK_EQ_INT(canon.vocab, 3);   /* no new op */
+  CHECK_EQ_INT(canon.vocab, 3); /* no new op */
   CHECK(fm_fragment_is_gemm(&canon));
   CHECK(fm_fragment_is_chain(&canon));
   fm_chain_info ci;
@@ -38,7 +38,7 @@ static void test_validate(void) {
   CHECK_EQ_INT(ci.in_need[4], 2);
   CHECK_EQ_INT(ci.in_need[5], 2);
   CHECK_EQ_INT(ci.in_need[0] | ci.in_need[1] | ci.in_need[3], 0);
-  CHECK_EQ_INT(canon.inputs[2].rank, 2);   /* [N1] -> [1, N1] */
+  CHECK_EQ_INT(canon.inputs[2].rank, 2); /* [N1] -> [1, N1] */
 
   int64_t x[2] = {32, 64}, w1[2] = {64, 128}, w2[2] = {128, 64}, w2b[2] = {96, 64};
   int64_t o[2] = {32, 64}, h[2] = {32, 128}, r1[2] = {32, 128};
@@ -139,7 +139,7 @@ static void test_reference(void) {
         for (int k = 0; k < 4; k++)
           h += (double)fm_reference_bf16_to_f32(X[m * 4 + k]) * fm_reference_bf16_to_f32(W1[k * 2 + j]);
         h = h > 0 ? h : 0;
-        h = fm_reference_bf16_to_f32(fm_reference_f32_to_bf16((float)h));   /* the bf16 intermediate */
+        h = fm_reference_bf16_to_f32(fm_reference_f32_to_bf16((float)h)); /* the bf16 intermediate */
         acc += h * fm_reference_bf16_to_f32(W2[j * 3 + n]);
       }
       /* the add (bf16 in the IR) stays unrounded like any intermediate; the cast is to f32 */
@@ -158,10 +158,10 @@ static void test_candidates_and_source(void) {
     CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
     CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
   }
-  CHECK_EQ_INT(c[0].p[0], 128);   /* the default: two warpgroups fed by TMA */
+  CHECK_EQ_INT(c[0].p[0], 128); /* the default: two warpgroups fed by TMA */
   CHECK_EQ_INT(c[0].p[1], FM_B2B_TMA);
   fm_candidate blas[2];
-  CHECK_EQ_INT(fm_codegen_blas_candidates(&canon, blas, 2), 0);   /* no plan keeps h on chip */
+  CHECK_EQ_INT(fm_codegen_blas_candidates(&canon, blas, 2), 0); /* no plan keeps h on chip */
   char *src = NULL;
   fm_kernel_meta meta;
   fm_diag d = {{0}};
@@ -179,7 +179,7 @@ static void test_candidates_and_source(void) {
   CHECK_EQ_INT(meta.max_blocks, 1);
   CHECK_EQ_INT(meta.items_per_block, 128);
   CHECK_EQ_INT(meta.inner, 256);
-  CHECK_EQ_INT(meta.block[0], 384);   /* + the loader warpgroup */
+  CHECK_EQ_INT(meta.block[0], 384); /* + the loader warpgroup */
   CHECK(meta.smem > 48 * 1024 && meta.smem <= 227 * 1024);
   CHECK_EQ_INT(meta.outer, -1);
   /* the three tensor maps: x [M, 256] in boxes of 128 rows, W1 as [1024, 256] rows in boxes of
@@ -208,10 +208,10 @@ static void test_candidates_and_source(void) {
       CHECK_STR_CONTAINS(src, "fm_arrive_peer(bar);");
     }
     free(src);
-    CHECK_EQ_INT(meta.max_blocks, 2);   /* grid (2, row-tile pairs) */
+    CHECK_EQ_INT(meta.max_blocks, 2); /* grid (2, row-tile pairs) */
     CHECK_EQ_INT(meta.items_per_block, 2 * c[i].p[0]);
-    CHECK_EQ_INT(meta.tmaps[1].box[1], 32);    /* half of B's 64-row chunk */
-    CHECK_EQ_INT(meta.tmaps[2].box[1], 128);   /* half of B2's 256 rows */
+    CHECK_EQ_INT(meta.tmaps[1].box[1], 32);  /* half of B's 64-row chunk */
+    CHECK_EQ_INT(meta.tmaps[2].box[1], 128); /* half of B2's 256 rows */
   }
   CHECK(clusters >= 1);
   /* the cp.async form: every thread loads, no tensor maps */
@@ -287,8 +287,13 @@ static void test_candidates_and_source(void) {
       }
     }
   /* the limits, as the reasons a client sees with "bypass" */
-  struct { int64_t k1, n1, n2; const char *why; } refuse[] = {
-      {1024, 4096, 1024, "K1 = 1024"}, {256, 1000, 256, "N1 = 1000"}, {256, 1024, 512, "N2 = 512"},
+  struct {
+    int64_t k1, n1, n2;
+    const char *why;
+  } refuse[] = {
+      {1024, 4096, 1024, "K1 = 1024"},
+      {256, 1000, 256, "N1 = 1000"},
+      {256, 1024, 512, "N2 = 512"},
       {96, 1024, 256, "K1 = 96"},
   };
   /* too few rows: the two GEMM kernels win (the bucket of a symbolic M, or a static M) */

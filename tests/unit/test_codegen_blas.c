@@ -43,16 +43,29 @@ static int build_ex(int64_t m, int64_t n, const char *epi, layout l) {
   tf_input(&raw, 2, FM_DT_BF16, 2, ws, wst, 16);
   if (bias) tf_input(&raw, 3, FM_DT_BF16, 1, bs, NULL, 16);
   if (strchr(epi, 'c')) tf_input(&raw, 4, FM_DT_BF16, 2, os, rst, 16);
-  if (bias) tf_op(&raw, FM_OP_ADDMM, id, 3, 3, 1, 2);
-  else tf_op(&raw, FM_OP_MM, id, 2, 1, 2, 0);
+  if (bias)
+    tf_op(&raw, FM_OP_ADDMM, id, 3, 3, 1, 2);
+  else
+    tf_op(&raw, FM_OP_MM, id, 2, 1, 2, 0);
   for (const char *s = epi + bias; *s; s++) {
     switch (*s) {
-      case 'r': tf_op(&raw, FM_OP_RELU, ++id, 1, cur, 0, 0); break;
-      case 't': tf_op(&raw, FM_OP_GELU_TANH, ++id, 1, cur, 0, 0); break;
-      case 'g': tf_op(&raw, FM_OP_GELU, ++id, 1, cur, 0, 0); break;
-      case 'c': tf_op(&raw, FM_OP_ADD, ++id, 2, cur, 4, 0); break;
-      case 'f': tf_cast(&raw, ++id, cur, FM_DT_F32); break;
-      default: continue;
+      case 'r':
+        tf_op(&raw, FM_OP_RELU, ++id, 1, cur, 0, 0);
+        break;
+      case 't':
+        tf_op(&raw, FM_OP_GELU_TANH, ++id, 1, cur, 0, 0);
+        break;
+      case 'g':
+        tf_op(&raw, FM_OP_GELU, ++id, 1, cur, 0, 0);
+        break;
+      case 'c':
+        tf_op(&raw, FM_OP_ADD, ++id, 2, cur, 4, 0);
+        break;
+      case 'f':
+        tf_cast(&raw, ++id, cur, FM_DT_F32);
+        break;
+      default:
+        continue;
     }
     cur = id;
   }
@@ -72,7 +85,7 @@ static uint32_t blas_form(void) {
   CHECK(n >= 2);
   for (size_t i = 0; i < n; i++) seen += c[i].tmpl == FM_TMPL_CUBLASLT;
   CHECK_EQ_INT(seen, 1);
-  CHECK_EQ_INT(c[1].tmpl, FM_TMPL_CUBLASLT);   /* right after the default */
+  CHECK_EQ_INT(c[1].tmpl, FM_TMPL_CUBLASLT); /* right after the default */
   CHECK(memcmp(&c[1], &b, sizeof b) == 0);
   return b.p[0];
 }
@@ -246,7 +259,7 @@ static void test_broadcast_layouts(void) {
   }
   CHECK_EQ_INT(build_ex(64, 512, "c", (layout){0, -1, 8}), FM_OK);
   CHECK_EQ_INT(blas_form(), FM_BLAS_SPLIT);
-  for (int64_t x_ld = 0; x_ld <= 8; x_ld += 8) {   /* x expanded; x's rows overlapping */
+  for (int64_t x_ld = 0; x_ld <= 8; x_ld += 8) { /* x expanded; x's rows overlapping */
     fm_diag d = {{0}};
     CHECK_EQ_INT(build_ex(64, 512, "b", (layout){0, x_ld, -1}), FM_OK);
     CHECK_EQ_INT(fm_codegen_default(&canon, &c, NULL), FM_OK);
@@ -296,7 +309,7 @@ static void test_no_plan(void) {
   CHECK_EQ_INT(fm_codegen_default(&canon, &c[0], &d), FM_OK);
   CHECK_EQ_INT(c[0].tmpl, FM_TMPL_CUBLASLT);
   CHECK_EQ_INT(build(64, 512, "b"), FM_OK);
-  CHECK_EQ_INT((int)fm_codegen_blas_candidates(&canon, c, 0), 0);   /* no room */
+  CHECK_EQ_INT((int)fm_codegen_blas_candidates(&canon, c, 0), 0); /* no room */
 }
 
 /* Both forms' metadata packs and unpacks to the same plan (the fields that reach cuBLASLt). */

@@ -27,7 +27,7 @@ static void test_validate(void) {
   CHECK(fm_fragment_is_gemm(&canon));
   CHECK(fm_fragment_is_bmm(&canon));
   CHECK(fm_fragment_is_symbolic(&canon));
-  CHECK_EQ_INT((int)canon.m_hint, 64);   /* the batch's power-of-two bucket */
+  CHECK_EQ_INT((int)canon.m_hint, 64); /* the batch's power-of-two bucket */
   /* the [128, 128] mask right-aligned to [1, 128, 128] */
   CHECK_EQ_INT(canon.inputs[2].rank, 3);
   CHECK_EQ_INT(canon.inputs[2].shape[0], 1);
@@ -148,8 +148,7 @@ static void test_reference(void) {
     for (int m = 0; m < 2; m++)
       for (int n = 0; n < 3; n++) {
         double want = 0;
-        for (int k = 0; k < 4; k++)
-          want += (double)((z * 8 + m * 4 + k) % 7 - 3) * (double)((k * 3 + n) % 4) * 0.5;
+        for (int k = 0; k < 4; k++) want += (double)((z * 8 + m * 4 + k) % 7 - 3) * (double)((k * 3 + n) % 4) * 0.5;
         int at = z * 6 + m * 3 + n;
         CHECK(prod[at] == (float)want);
         CHECK(out[at] == (float)(want + n - 1.0));
@@ -177,7 +176,7 @@ static void test_meta_and_candidates(void) {
     CHECK((c[i].p[7] & 0xffu) < 4);
     wgmma += (c[i].p[7] & 0xffu) != 0;
   }
-  CHECK(wgmma > 0);   /* the cp.async wgmma forms */
+  CHECK(wgmma > 0); /* the cp.async wgmma forms */
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);
   CHECK(src != NULL);
   if (!src) return;
@@ -198,7 +197,7 @@ static void test_meta_and_candidates(void) {
   CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 48), (int)((128 + bn - 1) / bn));
   CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 48), (int)((128 + bm - 1) / bm));
   CHECK_EQ_INT((int)fm_meta_grid_z(&meta, 48), 48);
-  CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 0);   /* no products: no launch */
+  CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 0); /* no products: no launch */
   CHECK_EQ_INT((int)fm_meta_grid_z(&meta, 0), 0);
   /* the metadata survives its wire form */
   msgpack_sbuffer sb;
@@ -301,12 +300,12 @@ static void test_static_batch(void) {
   CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
   CHECK_EQ_INT(c.p[0], 64);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
-  CHECK(src && strstr(src, "in1 += fm_z") == NULL);   /* B is every product's */
+  CHECK(src && strstr(src, "in1 += fm_z") == NULL); /* B is every product's */
   free(src);
   CHECK_EQ_INT((int)meta.outer, 3);
-  CHECK_EQ_INT((int)fm_meta_grid_z(&meta, 99), 3);   /* a static batch ignores the caller's */
+  CHECK_EQ_INT((int)fm_meta_grid_z(&meta, 99), 3); /* a static batch ignores the caller's */
   tf_init(&raw);
-  tf_input(&raw, 1, FM_DT_F16, 3, a, ast, 16);   /* batch stride 970: not 16-byte chunks */
+  tf_input(&raw, 1, FM_DT_F16, 3, a, ast, 16); /* batch stride 970: not 16-byte chunks */
   tf_input(&raw, 2, FM_DT_F16, 3, b, NULL, 16);
   tf_op(&raw, FM_OP_BMM, 3, 2, 1, 2, 0);
   tf_output(&raw, 3, FM_DT_F16, 3, o, NULL, 16);
@@ -318,8 +317,8 @@ static void test_static_batch(void) {
   CHECK_EQ_INT(c.tmpl, FM_TMPL_CUBLASLT);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
   free(src);
-  CHECK_EQ_INT((int)meta.blas.align[0], 4);    /* A: 970 x 2 bytes apart */
-  CHECK_EQ_INT((int)meta.blas.align[1], 16);   /* B: one for all */
+  CHECK_EQ_INT((int)meta.blas.align[0], 4);  /* A: 970 x 2 bytes apart */
+  CHECK_EQ_INT((int)meta.blas.align[1], 16); /* B: one for all */
 }
 
 static void test_nvrtc_every_candidate(void) {

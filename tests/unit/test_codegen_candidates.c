@@ -43,7 +43,10 @@ static void test_describe_and_unknown(void) {
   fm_candidate c;
   memset(&c, 0, sizeof c);
   c.tmpl = FM_TMPL_POINTWISE;
-  c.p[0] = 256; c.p[1] = 0; c.p[2] = 4; c.p[3] = 8;
+  c.p[0] = 256;
+  c.p[1] = 0;
+  c.p[2] = 4;
+  c.p[3] = 8;
   char buf[96];
   fm_candidate_describe(&c, buf, sizeof buf);
   CHECK(strcmp(buf, "pointwise block=256 vec=0 unroll=4 blocks_per_sm=8") == 0);
@@ -86,7 +89,7 @@ static void test_compile_cost(void) {
   chain(FM_OP_POW, 255, 1.37, &canon);
   CHECK_EQ_INT(fm_codegen_cost(&canon), 1 + 255 * 32);
   CHECK(fm_codegen_cost(&canon) > FM_CODEGEN_MAX_COST);
-  chain(FM_OP_POW, 255, 2.0, &canon);   /* x * x */
+  chain(FM_OP_POW, 255, 2.0, &canon); /* x * x */
   CHECK_EQ_INT(fm_codegen_cost(&canon), 1 + 255 * 2);
   CHECK(fm_codegen_cost(&canon) <= FM_CODEGEN_MAX_COST);
   chain(FM_OP_ERF, 255, 1.0, &canon);

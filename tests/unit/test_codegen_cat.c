@@ -26,11 +26,11 @@ static void rope(fm_dtype dt) {
   int64_t xs[3] = {H * D, D, 1};
   tf_init(&raw);
   raw.vocab = 6;
-  tf_input(&raw, 0, dt, 3, half, xs, 16);                 /* x1 = x[..., :D/2] */
-  tf_input(&raw, 1, dt, 3, half, xs, 16);                 /* x2 = x[..., D/2:] (its own pointer) */
-  tf_input(&raw, 2, dt, 3, full, NULL, 16);               /* x */
-  tf_input(&raw, 3, dt, 3, cs, NULL, 16);                 /* cos */
-  tf_input(&raw, 4, dt, 3, cs, NULL, 16);                 /* sin */
+  tf_input(&raw, 0, dt, 3, half, xs, 16);   /* x1 = x[..., :D/2] */
+  tf_input(&raw, 1, dt, 3, half, xs, 16);   /* x2 = x[..., D/2:] (its own pointer) */
+  tf_input(&raw, 2, dt, 3, full, NULL, 16); /* x */
+  tf_input(&raw, 3, dt, 3, cs, NULL, 16);   /* cos */
+  tf_input(&raw, 4, dt, 3, cs, NULL, 16);   /* sin */
   tf_op(&raw, FM_OP_NEG, 5, 1, 1, 0, 0);
   tf_op(&raw, FM_OP_CAT, 6, 2, 5, 0, 0);
   set_dim(&raw, -1);
@@ -95,9 +95,9 @@ static void test_reference_three_middle(void) {
   for (int z = 0; z < 2; z++)
     for (int r = 0; r < 6; r++)
       for (int k = 0; k < 4; k++) {
-        double want = r < 3 ? exp((double)a[(z * 3 + r) * 4 + k])
-                      : r == 3 ? (double)(z * 4 + k) + 0.5     /* b[z, 0, k] */
-                               : (double)w[z * 2 + (r - 4)];   /* w[z, r-4, 0], broadcast */
+        double want = r < 3    ? exp((double)a[(z * 3 + r) * 4 + k])
+                      : r == 3 ? (double)(z * 4 + k) + 0.5   /* b[z, 0, k] */
+                               : (double)w[z * 2 + (r - 4)]; /* w[z, r-4, 0], broadcast */
         bad += fabs(out[(z * 6 + r) * 4 + k] - (float)want) > 1e-6 * fabs(want) + 1e-7;
       }
   CHECK_EQ_INT(bad, 0);
@@ -150,13 +150,16 @@ static void test_reference_computed(void) {
 static void test_compiles(void) {
   static const char *const names[] = {"cat rope bf16", "cat rope f32", "cat three middle", "cat computed"};
   for (int c = 0; c < 4; c++) {
-    if (c < 2) rope(c == 0 ? FM_DT_BF16 : FM_DT_F32);
-    else if (c == 2) three_middle();
-    else computed_broadcast();
+    if (c < 2)
+      rope(c == 0 ? FM_DT_BF16 : FM_DT_F32);
+    else if (c == 2)
+      three_middle();
+    else
+      computed_broadcast();
     CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
     int compiled = 0;
-    CHECK_EQ_INT(c == 0 ? tf_compile_every(&canon, names[c], &compiled)
-                        : tf_compile_candidates(&canon, names[c], &compiled), 0);
+    CHECK_EQ_INT(
+        c == 0 ? tf_compile_every(&canon, names[c], &compiled) : tf_compile_candidates(&canon, names[c], &compiled), 0);
     CHECK(compiled > 0);
     if (c != 0) continue;
     char *src = NULL;
@@ -181,7 +184,7 @@ static void test_cost(void) {
   CHECK_EQ_INT(fm_codegen_cost(&canon), 6);
   three_middle();
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
-  CHECK_EQ_INT(fm_codegen_cost(&canon), 2 + 1 + 2);   /* exp (2), cat, exp again */
+  CHECK_EQ_INT(fm_codegen_cost(&canon), 2 + 1 + 2); /* exp (2), cat, exp again */
 }
 
 int main(void) {

@@ -33,7 +33,7 @@ static void test_golden_bias_grad(void) {
   /* what the golden was chosen for, whatever the file says */
   CHECK(src && strstr(src, "#include") == NULL);
   CHECK_STR_CONTAINS(src, "reinterpret_cast<const uint4 *>(in0 + mu * 1024LL + n0 + 0)");
-  CHECK(count(src, "__cluster_dims__") == 0 && count(src, "fm_cluster_sync") == 0);   /* runs on sm_80 */
+  CHECK(count(src, "__cluster_dims__") == 0 && count(src, "fm_cluster_sync") == 0); /* runs on sm_80 */
   CHECK(count(src, "atomic") == 0);
   free(src);
 }
@@ -52,9 +52,9 @@ static void test_cluster_code(void) {
   CHECK_EQ_INT(count(body, "fm_cluster_sync();"), 2);
   CHECK_STR_CONTAINS(body, "for (unsigned int q = 1; q < 4; ++q)");
   CHECK_STR_CONTAINS(body, "fm_dsmem_load(&fm_part[0 * W + threadIdx.x], q)");
-  CHECK_STR_CONTAINS(body, "long long m = (long long)rank * 32 + ty;");   /* TY = 256 / (64 / 8) */
-  CHECK_STR_CONTAINS(body, "m += 512LL");                                 /* 4 rows of S * TY = 128 */
-  CHECK_STR_CONTAINS(body, "v1[i] = in1[n0 + i];");                      /* the scale, once per column */
+  CHECK_STR_CONTAINS(body, "long long m = (long long)rank * 32 + ty;"); /* TY = 256 / (64 / 8) */
+  CHECK_STR_CONTAINS(body, "m += 512LL");                               /* 4 rows of S * TY = 128 */
+  CHECK_STR_CONTAINS(body, "v1[i] = in1[n0 + i];");                     /* the scale, once per column */
   CHECK_EQ_INT(m.cluster[1], 4);
   free(src);
   src = NULL;
@@ -65,7 +65,7 @@ static void test_cluster_code(void) {
   CHECK_STR_CONTAINS(src, "r0[u] = in0[mu * 100LL + n0 * 1LL];");
   CHECK_STR_CONTAINS(src, "fm_maximum(t, fm_sh[y * W + threadIdx.x])");
   CHECK_STR_CONTAINS(src, " / (float)M;  /* mean */");
-  CHECK_EQ_INT(count(src, "__syncthreads();"), 5);   /* three folds: one barrier each, one between */
+  CHECK_EQ_INT(count(src, "__syncthreads();"), 5); /* three folds: one barrier each, one between */
   free(src);
   src = NULL;
   /* the vector form needs N % 8 == 0 and aligned rows: refused with the reason otherwise */
@@ -75,7 +75,7 @@ static void test_cluster_code(void) {
   CHECK(src == NULL);
   fm_cols_config bad = {96, 1, 1, 4, 256};
   CHECK_EQ_INT(fm_codegen_cols(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
-  fm_cols_config wide = {512, 1, 1, 4, 256};   /* wider than the block: columns nobody folds */
+  fm_cols_config wide = {512, 1, 1, 4, 256}; /* wider than the block: columns nobody folds */
   CHECK_EQ_INT(fm_codegen_cols(&canon, &wide, 132, &src, &m, &d), FM_EINVAL);
 }
 
@@ -85,7 +85,7 @@ static void test_meta(void) {
   fm_kernel_meta m;
   fm_diag d = {{0}};
   char *src = NULL;
-  CHECK_EQ_INT(cf_fragment(0, &canon), FM_OK);   /* [-1, 1024] */
+  CHECK_EQ_INT(cf_fragment(0, &canon), FM_OK); /* [-1, 1024] */
   CHECK_EQ_INT(fm_codegen_cols(&canon, &cfg, 132, &src, &m, &d), FM_OK);
   CHECK(strcmp(m.kind, "columns") == 0 && strcmp(m.grid_rule, "columns") == 0);
   CHECK_EQ_INT(m.block[0], 256);
@@ -97,15 +97,15 @@ static void test_meta(void) {
   CHECK_EQ_INT(m.n_outputs, 1);
   CHECK_EQ_INT(fm_meta_grid_x(&m, 16384), 8);
   CHECK_EQ_INT(fm_meta_grid_y(&m, 16384), 8);
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 8);   /* M = 0 launches: the outputs are written */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 8); /* M = 0 launches: the outputs are written */
   free(src);
   src = NULL;
-  CHECK_EQ_INT(cf_fragment(3, &canon), FM_OK);   /* static [300, 48] */
+  CHECK_EQ_INT(cf_fragment(3, &canon), FM_OK); /* static [300, 48] */
   fm_cols_config one = {32, 1, 1, 4, 256};
   CHECK_EQ_INT(fm_codegen_cols(&canon, &one, 132, &src, &m, &d), FM_OK);
   CHECK_EQ_INT(m.outer, 300);
   CHECK_EQ_INT(m.max_blocks, 2);
-  CHECK_EQ_INT(m.cluster[1], 0);                 /* none */
+  CHECK_EQ_INT(m.cluster[1], 0); /* none */
   CHECK_EQ_INT(fm_meta_grid_y(&m, 5), 1);
   CHECK_STR_CONTAINS(src, "const long long M = 300LL;");
   CHECK_STR_CONTAINS(src, "#define FM_FAST_MATH 0");
@@ -115,32 +115,32 @@ static void test_meta(void) {
 static void test_candidates(void) {
   fm_candidate c[40];
   char desc[128];
-  CHECK_EQ_INT(cf_fragment(0, &canon), FM_OK);   /* N 1024: every width, every cluster */
+  CHECK_EQ_INT(cf_fragment(0, &canon), FM_OK); /* N 1024: every width, every cluster */
   size_t n = fm_codegen_candidates(&canon, c, 40);
   CHECK_EQ_INT(n, 20);
   for (size_t i = 0; i < n; i++) {
     CHECK_EQ_INT(c[i].tmpl, FM_TMPL_COLS);
-    CHECK_EQ_INT(c[i].p[2], 8);   /* vectorised */
+    CHECK_EQ_INT(c[i].p[2], 8); /* vectorised */
     CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
     CHECK(fm_candidate_runs_on(&c[i], "sm_100"));
     CHECK_EQ_INT(fm_candidate_runs_on(&c[i], "sm_80"), c[i].p[1] == 1);
   }
   fm_candidate_describe(&c[0], desc, sizeof desc);
   CHECK_STR_CONTAINS(desc, "cols width=16 cluster=1 vec=8 unroll=8 block=256");
-  CHECK_EQ_INT(cf_fragment(5, &canon), FM_OK);   /* N 1: one strip of 16, clusters only */
+  CHECK_EQ_INT(cf_fragment(5, &canon), FM_OK); /* N 1: one strip of 16, clusters only */
   n = fm_codegen_candidates(&canon, c, 40);
   CHECK_EQ_INT(n, 4);
-  CHECK_EQ_INT(c[0].p[2], 1);                    /* the scalar form */
-  CHECK_EQ_INT(cf_fragment(3, &canon), FM_OK);   /* static M 300: 256-thread blocks of 8..256 rows */
+  CHECK_EQ_INT(c[0].p[2], 1);                  /* the scalar form */
+  CHECK_EQ_INT(cf_fragment(3, &canon), FM_OK); /* static M 300: 256-thread blocks of 8..256 rows */
   n = fm_codegen_candidates(&canon, c, 40);
   for (size_t i = 0; i < n; i++) {
     uint32_t ty = 256 / c[i].p[0];
-    CHECK(c[i].p[1] == 1 || c[i].p[1] * ty <= 300);   /* every block of a cluster has rows */
-    CHECK(c[i].p[0] / 2 < 48 || c[i].p[0] == 16);     /* no strip mostly past N */
+    CHECK(c[i].p[1] == 1 || c[i].p[1] * ty <= 300); /* every block of a cluster has rows */
+    CHECK(c[i].p[0] / 2 < 48 || c[i].p[0] == 16);   /* no strip mostly past N */
   }
   CHECK(n >= 4);
-  CHECK_EQ_INT(c[0].p[3], 8);                    /* 8 bytes a row: 8 rows in flight */
-  CHECK_EQ_INT(cf_fragment(1, &canon), FM_OK);   /* 16 bytes a row (the scale is per column) */
+  CHECK_EQ_INT(c[0].p[3], 8);                  /* 8 bytes a row: 8 rows in flight */
+  CHECK_EQ_INT(cf_fragment(1, &canon), FM_OK); /* 16 bytes a row (the scale is per column) */
   CHECK_EQ_INT(fm_codegen_cols_default(&canon).unroll, 8);
 }
 

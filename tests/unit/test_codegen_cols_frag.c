@@ -5,8 +5,8 @@
 
 #include "test_codegen_frag.h"
 
-const char *const cf_name[CF_N_FRAGMENTS] = {"cols_bias_grad_bf16", "cols_prologue_cast", "cols_stats_f16",
-                                             "cols_colmajor_static", "cols_mask_bf16", "cols_one_f32"};
+const char *const cf_name[CF_N_FRAGMENTS] = {"cols_bias_grad_bf16",  "cols_prologue_cast", "cols_stats_f16",
+                                             "cols_colmajor_static", "cols_mask_bf16",     "cols_one_f32"};
 
 void cf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg) {
   tf_op(f, op, out, 1, arg, 0, 0);
@@ -81,7 +81,8 @@ int cf_fragment(int which, fm_fragment *canon) {
       tf_output(&raw, 1, FM_DT_F32, 1, o, NULL, 4);
       break;
     }
-    default: return FM_EINVAL;
+    default:
+      return FM_EINVAL;
   }
   return tf_finish(&raw, canon);
 }

@@ -16,11 +16,10 @@ static int close_to(double got, double want) {
   return (isnan(want) && isnan(got)) || got == want || fabs(got - want) <= 1e-6 * (1 + fabs(want));
 }
 
-#define CHECK_COLS(got, ...)                                       \
-  do {                                                             \
-    const double want_[] = {__VA_ARGS__};                          \
-    for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++) \
-      CHECK(close_to((got)[i_], want_[i_]));                       \
+#define CHECK_COLS(got, ...)                                                                              \
+  do {                                                                                                    \
+    const double want_[] = {__VA_ARGS__};                                                                 \
+    for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++) CHECK(close_to((got)[i_], want_[i_])); \
   } while (0)
 
 /* x [M, 2] f32 (symbolic M): sum, mean, amax, each to an output of its own. */
@@ -41,18 +40,18 @@ static void statistics(int64_t m, const float *x, float out[3][2]) {
 }
 
 static void test_statistics(void) {
-  const float x[6] = {1, 2, 3, 4, 5, -6};   /* [[1, 2], [3, 4], [5, -6]] */
+  const float x[6] = {1, 2, 3, 4, 5, -6}; /* [[1, 2], [3, 4], [5, -6]] */
   float out[3][2];
   statistics(3, x, out);
   CHECK_COLS(out[0], 9, 0);
   CHECK_COLS(out[1], 3, 0);
   CHECK_COLS(out[2], 5, 4);
-  statistics(1, x, out);   /* the first row alone */
+  statistics(1, x, out); /* the first row alone */
   CHECK_COLS(out[0], 1, 2);
   CHECK_COLS(out[2], 1, 2);
   const float nan_row[4] = {1, NAN, 7, 3};
   statistics(2, nan_row, out);
-  CHECK_COLS(out[2], 7, NAN);   /* amax propagates NaN, as torch.amax */
+  CHECK_COLS(out[2], 7, NAN); /* amax propagates NaN, as torch.amax */
   CHECK_COLS(out[0], 8, NAN);
   /* M = 0: sum 0, mean 0 / 0 (NaN, as torch), amax -inf */
   statistics(0, x, out);
@@ -72,7 +71,7 @@ static void test_prologue_epilogue(void) {
   tf_input(&raw, 0, FM_DT_F32, 2, g, NULL, 4);
   tf_input(&raw, 1, FM_DT_F32, 1, s, NULL, 4);
   tf_input(&raw, 2, FM_DT_F32, 2, r, NULL, 4);
-  tf_input(&raw, 3, FM_DT_F32, 1, s, NULL, 4);   /* b */
+  tf_input(&raw, 3, FM_DT_F32, 1, s, NULL, 4); /* b */
   tf_op(&raw, FM_OP_MUL, 4, 2, 0, 1, 0);
   tf_op(&raw, FM_OP_MUL, 5, 2, 4, 2, 0);
   cf_reduce(&raw, FM_OP_SUM, 6, 5);
@@ -96,7 +95,7 @@ static void test_prologue_epilogue(void) {
  * sums; the mean divides by the static M. */
 static void test_layout_static(void) {
   int64_t xs[2] = {3, 2}, st[2] = {1, 4}, o[2] = {1, 2};
-  const float x[8] = {1, 3, 5, 99, 2, 4, -6, 99};   /* columns [1, 3, 5] and [2, 4, -6] */
+  const float x[8] = {1, 3, 5, 99, 2, 4, -6, 99}; /* columns [1, 3, 5] and [2, 4, -6] */
   float mean[2];
   tf_init(&raw);
   tf_input(&raw, 0, FM_DT_F32, 2, xs, st, 4);
@@ -105,7 +104,7 @@ static void test_layout_static(void) {
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   const void *ins[1] = {x};
   void *outs[1] = {mean};
-  CHECK_EQ_INT(fm_reference_eval(&canon, 12345, ins, outs, NULL), FM_OK);   /* outer ignored */
+  CHECK_EQ_INT(fm_reference_eval(&canon, 12345, ins, outs, NULL), FM_OK); /* outer ignored */
   CHECK_COLS(mean, 3, 0);
 }
 

@@ -21,8 +21,8 @@ void tf_contiguous(uint32_t rank, const int64_t *shape, int64_t *strides) {
   }
 }
 
-static void fill(fm_tensor *t, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
-                 const int64_t *strides, uint32_t align) {
+static void fill(fm_tensor *t, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
+                 uint32_t align) {
   memset(t, 0, sizeof *t);
   t->id = id;
   t->dtype = dt;
@@ -36,18 +36,17 @@ static void fill(fm_tensor *t, uint32_t id, fm_dtype dt, uint32_t rank, const in
   t->align = align;
 }
 
-void tf_input(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
-              const int64_t *strides, uint32_t align) {
+void tf_input(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
+              uint32_t align) {
   fill(&f->inputs[f->n_inputs++], id, dt, rank, shape, strides, align);
 }
 
-void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
-               const int64_t *strides, uint32_t align) {
+void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
+               uint32_t align) {
   fill(&f->outputs[f->n_outputs++], id, dt, rank, shape, strides, align);
 }
 
-void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
-           uint32_t a2) {
+void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2) {
   fm_opnode *n = &f->ops[f->n_ops++];
   memset(n, 0, sizeof *n);
   n->op = op;
@@ -80,11 +79,11 @@ int tf_finish(fm_fragment *f, fm_fragment *canon) {
   return rc;
 }
 
-const char *const tf_representative_name[TF_N_REPRESENTATIVE] = {
-    "pw_flat_bf16_gelu", "pw_strided_bias_symbolic", "pw_multi_where_cast"};
+const char *const tf_representative_name[TF_N_REPRESENTATIVE] = {"pw_flat_bf16_gelu", "pw_strided_bias_symbolic",
+                                                                 "pw_multi_where_cast"};
 
 int tf_representative(int which, fm_fragment *canon) {
-  static fm_fragment f;   /* large: keep it off the stack */
+  static fm_fragment f; /* large: keep it off the stack */
   tf_init(&f);
   switch (which) {
     case 0: {
@@ -141,7 +140,7 @@ static int compile_candidates(const fm_fragment *canon, const char *name, int ev
       failures++;
       continue;
     }
-    if (!src) continue;   /* a direct cuBLASLt plan: nothing to compile */
+    if (!src) continue; /* a direct cuBLASLt plan: nothing to compile */
     kernels++;
     for (int a = 0; a < 2; a++) {
       const char *arch = a ? "sm_80" : "sm_90a";
@@ -208,7 +207,7 @@ int tf_golden(const char *name, const char *src) {
 int tf_golden_file(const char *file, const char *src) {
   const char *root = getenv("FM_SOURCE_DIR");
 #ifdef FM_CG_SOURCE_DIR
-  if (!root) root = FM_CG_SOURCE_DIR;   /* run by hand, outside ctest */
+  if (!root) root = FM_CG_SOURCE_DIR; /* run by hand, outside ctest */
 #endif
   const char *update = getenv("FM_UPDATE_GOLDEN");
   char path[1024];

@@ -10,12 +10,11 @@
 
 void tf_init(fm_fragment *f);
 /* strides NULL: contiguous row-major over shape (size-1 dims included). */
-void tf_input(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
-              const int64_t *strides, uint32_t align);
-void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape,
-               const int64_t *strides, uint32_t align);
-void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1,
-           uint32_t a2);
+void tf_input(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
+              uint32_t align);
+void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *strides,
+               uint32_t align);
+void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2);
 void tf_const(fm_fragment *f, uint32_t out, double value);
 void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to);
 /* validate + canonicalize into canon; FM_OK or the error (printed with its reason). */

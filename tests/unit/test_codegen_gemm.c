@@ -20,8 +20,7 @@
 static fm_fragment raw, canon;
 
 #define N_FRAGS 3
-static const char *const names[N_FRAGS] = {"gemm_linear_gelu_bf16", "gemm_mm_residual_f16",
-                                           "gemm_small_rowscale"};
+static const char *const names[N_FRAGS] = {"gemm_linear_gelu_bf16", "gemm_mm_residual_f16", "gemm_small_rowscale"};
 
 /* 0: nn.Linear + gelu: x [-1, 256] bf16 @ W.t() (B [256, 512], strides [1, 256]) + bias [512];
  *    outputs gelu (bf16) and the pre-activation (bf16).
@@ -180,7 +179,7 @@ static void test_codegen_refusals(void) {
   CHECK_EQ_INT((int)fm_codegen_candidates(&canon, all, 8), 1);
   CHECK_EQ_INT(all[0].tmpl, FM_TMPL_CUBLASLT);
   tf_init(&raw);
-  tf_input(&raw, 1, FM_DT_BF16, 2, a2, a2s, 16);   /* column-major, lda 36 */
+  tf_input(&raw, 1, FM_DT_BF16, 2, a2, a2s, 16); /* column-major, lda 36 */
   tf_input(&raw, 2, FM_DT_BF16, 2, b2, NULL, 16);
   tf_op(&raw, FM_OP_MM, 3, 2, 1, 2, 0);
   tf_output(&raw, 3, FM_DT_BF16, 2, o, NULL, 16);
@@ -191,7 +190,7 @@ static void test_codegen_refusals(void) {
   CHECK_EQ_INT(fm_codegen_default(&canon, &c, &d), FM_OK);
   CHECK_EQ_INT(c.tmpl, FM_TMPL_CUBLASLT);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &meta, &d), FM_OK);
-  CHECK(src == NULL);   /* mm alone: the direct form */
+  CHECK(src == NULL); /* mm alone: the direct form */
   CHECK_EQ_INT((int)meta.blas.lda, 36);
   CHECK_EQ_INT((int)meta.blas.a_kmajor, 0);
 }
@@ -256,7 +255,7 @@ static void test_meta_and_candidates(void) {
   CHECK_STR_CONTAINS(meta.grid_rule, "tiles");
   CHECK_EQ_INT(meta.block[0], 128);
   CHECK_EQ_INT(meta.outer, 300);
-  CHECK_EQ_INT(meta.max_blocks, 4);            /* ceil(200 / 64) */
+  CHECK_EQ_INT(meta.max_blocks, 4); /* ceil(200 / 64) */
   CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 4);
   CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 0), 5); /* ceil(300 / 64) */
   /* A column-major (stage [64][72]) + B row-major (stage [64][72]), 4 stages, 2 bytes */
@@ -328,7 +327,7 @@ static void test_nvrtc_every_candidate(void) {
         fprintf(stderr, "  %s candidate %zu: %s\n", names[w], i, d.text);
         continue;
       }
-      if (!src) {   /* a direct cuBLASLt plan: no kernel to compile */
+      if (!src) { /* a direct cuBLASLt plan: no kernel to compile */
         CHECK_EQ_INT(c[i].tmpl, FM_TMPL_CUBLASLT);
         continue;
       }
@@ -344,20 +343,21 @@ static void test_nvrtc_every_candidate(void) {
         if (dt > worst) {
           worst = dt;
           fm_candidate_describe(&c[i], worst_desc, sizeof worst_desc);
-          snprintf(worst_desc + strlen(worst_desc), sizeof worst_desc - strlen(worst_desc), " %s",
-                   archs[a]);
+          snprintf(worst_desc + strlen(worst_desc), sizeof worst_desc - strlen(worst_desc), " %s", archs[a]);
         }
         CHECK_EQ_INT(rc, FM_OK);
-        if (rc) fprintf(stderr, "  %s candidate %zu %s:\n%s\n", names[w], i, archs[a], log ? log : "");
-        else compiled++;
+        if (rc)
+          fprintf(stderr, "  %s candidate %zu %s:\n%s\n", names[w], i, archs[a], log ? log : "");
+        else
+          compiled++;
         free(cubin);
         free(log);
       }
       free(src);
     }
   }
-  printf("  %d compiles, %.2f s each on average, %.2f s at worst (%s)\n", compiled,
-         compiled ? total / compiled : 0.0, worst, worst_desc);
+  printf("  %d compiles, %.2f s each on average, %.2f s at worst (%s)\n", compiled, compiled ? total / compiled : 0.0,
+         worst, worst_desc);
 }
 
 /* The Hopper mainloop: offered for K-major operands only, never the default, sm_90a only
@@ -366,7 +366,7 @@ static void test_nvrtc_every_candidate(void) {
 static void test_wgmma_candidates(void) {
   fm_candidate c[40], def;
   fm_diag d = {{0}};
-  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* symbolic M, nn.Linear layouts */
+  CHECK_EQ_INT(build(0, &raw), FM_OK); /* symbolic M, nn.Linear layouts */
   size_t n = fm_codegen_candidates(&canon, c, 40);
   CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
   CHECK_EQ_INT((int)def.p[7], 0);
@@ -399,7 +399,7 @@ static void test_wgmma_candidates(void) {
       uint32_t scols = (m.smem - stages) / per_col - 8;
       CHECK_EQ_INT(c[i].p[1] % scols, 0);
       CHECK_EQ_INT(scols % 32, 0);
-      CHECK(m.smem + per_col * scols > 227 * 1024 || scols == c[i].p[1]);   /* the widest */
+      CHECK(m.smem + per_col * scols > 227 * 1024 || scols == c[i].p[1]); /* the widest */
       CHECK(strcmp(m.grid_rule, "persistent") == 0);
       CHECK_STR_CONTAINS(src, "fm_load_tiles(&fm_tma, &fm_tmb");
       CHECK_STR_CONTAINS(m.entry, mode == 6 ? "_wgmma_pp" : "_wgmma_tmap");
@@ -414,8 +414,10 @@ static void test_wgmma_candidates(void) {
     /* the tile epilogue's loop is rolled in the ping-pong form only (its warps stalled on
        instruction fetch; the others measured faster whole), and whole rows of 8 outputs
        leave in one 16-byte store, never through a uint4 cast the compiler may split */
-    if (mode == 6) CHECK_STR_CONTAINS(src, "#pragma unroll 8\n");
-    else CHECK(!strstr(src, "#pragma unroll 8\n"));
+    if (mode == 6)
+      CHECK_STR_CONTAINS(src, "#pragma unroll 8\n");
+    else
+      CHECK(!strstr(src, "#pragma unroll 8\n"));
     CHECK_STR_CONTAINS(src, "fm_st16(out0 + ");
     CHECK(!strstr(src, "*(uint4 *)(out"));
     CHECK(m.smem <= 227 * 1024);
@@ -496,7 +498,7 @@ static void test_cluster_pairs(void) {
   char *src = NULL;
   fm_kernel_meta m;
   fm_diag d = {{0}};
-  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* N 512: 2 column tiles of 256 */
+  CHECK_EQ_INT(build(0, &raw), FM_OK); /* N 512: 2 column tiles of 256 */
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &pair, 132, &src, &m, &d), FM_OK);
   if (src) {
     CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
@@ -509,7 +511,7 @@ static void test_cluster_pairs(void) {
     CHECK_EQ_INT((int)m.tmaps[0].box[1], 128);
     CHECK_EQ_INT((int)m.tmaps[1].box[1], 128);
     CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 4);
-    CHECK_EQ_INT((int)fm_meta_grid_y(&m, 1000), 4);   /* 8 row tiles in 4 pairs */
+    CHECK_EQ_INT((int)fm_meta_grid_y(&m, 1000), 4); /* 8 row tiles in 4 pairs */
     compiles_for_sm90a(src, "cluster.cu");
   }
   free(src);
@@ -546,21 +548,21 @@ static void test_cluster_pairs(void) {
     CHECK_STR_CONTAINS(m.entry, "_wgmma_tmap_c2");
     CHECK(strcmp(m.grid_rule, "persistent") == 0);
     CHECK_EQ_INT((int)m.items_per_block, 256);
-    CHECK_EQ_INT((int)m.inner, 4);           /* 2 column tiles x 2 blocks */
-    CHECK_EQ_INT((int)m.max_blocks, 132);    /* 133 SMs: an even grid */
-    CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 16);   /* 4 pairs x 4 */
+    CHECK_EQ_INT((int)m.inner, 4);                   /* 2 column tiles x 2 blocks */
+    CHECK_EQ_INT((int)m.max_blocks, 132);            /* 133 SMs: an even grid */
+    CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1000), 16); /* 4 pairs x 4 */
     CHECK_EQ_INT((int)fm_meta_grid_x(&m, 1 << 20), 132);
     compiles_for_sm90a(src, "cluster_persistent.cu");
   }
   free(src);
   src = NULL;
-  bad = (fm_gemm_config){128, 128, 64, 4, 4, 1, 8, 6, 0, 2};   /* ping-pong: no clusters */
+  bad = (fm_gemm_config){128, 128, 64, 4, 4, 1, 8, 6, 0, 2}; /* ping-pong: no clusters */
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "ping-pong");
-  bad = (fm_gemm_config){128, 128, 64, 4, 8, 1, 8, 6, 0, 0};   /* ping-pong warpgroups are 4 warps */
+  bad = (fm_gemm_config){128, 128, 64, 4, 8, 1, 8, 6, 0, 0}; /* ping-pong warpgroups are 4 warps */
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "ping-pong");
-  bad = (fm_gemm_config){128, 256, 64, 4, 4, 1, 8, 6, 0, 0};   /* 256 accumulators a thread */
+  bad = (fm_gemm_config){128, 256, 64, 4, 4, 1, 8, 6, 0, 0}; /* 256 accumulators a thread */
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   bad = ppair;
   bad.wgmma = 7;
@@ -575,7 +577,7 @@ static void test_cluster_pairs(void) {
  * sm_90a. The mma.sync mainloop and the warp-specialised form refuse it. */
 static void test_row_tiles(void) {
   fm_diag d = {{0}};
-  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* symbolic M, nn.Linear layouts, K 256, two outputs */
+  CHECK_EQ_INT(build(0, &raw), FM_OK); /* symbolic M, nn.Linear layouts, K 256, two outputs */
   fm_gemm_config whole = {128, 128, 64, 4, 8, 1, 8, 2, 2, 0}, half = {128, 256, 64, 3, 8, 1, 8, 1, 4, 0};
   char *src = NULL;
   fm_kernel_meta m;
@@ -641,7 +643,7 @@ static char *ptxas_verbose_log(const char *src) {
 static void test_pingpong_wgmma_not_serialised(void) {
   fm_candidate c[40];
   fm_diag d = {{0}};
-  CHECK_EQ_INT(build(0, &raw), FM_OK);   /* K = 256, bias + GELU, two bf16 outputs */
+  CHECK_EQ_INT(build(0, &raw), FM_OK); /* K = 256, bias + GELU, two bf16 outputs */
   if (!fm_nvrtc_arch_supported("sm_90a")) return;
   size_t n = fm_codegen_candidates(&canon, c, 40);
   int checked = 0;
@@ -653,7 +655,7 @@ static void test_pingpong_wgmma_not_serialised(void) {
     char *log = src ? ptxas_verbose_log(src) : NULL;
     CHECK(log != NULL);
     if (log) {
-      CHECK_STR_CONTAINS(log, "registers");   /* the verbose log it is meant to be */
+      CHECK_STR_CONTAINS(log, "registers"); /* the verbose log it is meant to be */
       CHECK(strstr(log, "C7517") == NULL);
       CHECK(strstr(log, "serialized") == NULL);
       if (strstr(log, "C7517") || strstr(log, "serialized")) fprintf(stderr, "  %s\n", log);
@@ -662,7 +664,7 @@ static void test_pingpong_wgmma_not_serialised(void) {
     free(log);
     free(src);
   }
-  CHECK(checked >= 2);   /* the 4- and 5-stage 128x128 ping-pong candidates at least */
+  CHECK(checked >= 2); /* the 4- and 5-stage 128x128 ping-pong candidates at least */
 }
 
 int main(void) {

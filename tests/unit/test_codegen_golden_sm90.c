@@ -31,18 +31,17 @@
 static fm_fragment raw, canon;
 
 enum {
-  FRAG_LINEAR,      /* x [-1, 4096] bf16 @ W.t() (4096 x 4096) + bias, gelu; m_hint 16384 */
-  FRAG_SHORT_K,     /* x [16384, 256] bf16 @ W.t() (256 x 1024) + bias, gelu, + residual */
-  FRAG_SWIGLU,      /* silu(x @ Wg.t()) * (x @ Wu.t()), x [-1, 256], W 256 x 512; m_hint 2048 */
-  FRAG_SCORES,      /* bmm: q [-1, 128, 64] @ k [-1, 64, 128] * 0.125 + mask; m_hint 48 */
-  FRAG_DECODE,      /* x [8, 4096] bf16 @ W.t() (4096 x 4096) + bias, gelu (skinny) */
-  FRAG_MLP,         /* gelu(x @ W1.t() + b1) @ W2.t() + b2 + r, 256 -> 1024 -> 256 (b2b) */
-  FRAG_BIAS_GRAD,   /* grad.sum(0) of grad [-1, 1024] bf16 (cols) */
+  FRAG_LINEAR,    /* x [-1, 4096] bf16 @ W.t() (4096 x 4096) + bias, gelu; m_hint 16384 */
+  FRAG_SHORT_K,   /* x [16384, 256] bf16 @ W.t() (256 x 1024) + bias, gelu, + residual */
+  FRAG_SWIGLU,    /* silu(x @ Wg.t()) * (x @ Wu.t()), x [-1, 256], W 256 x 512; m_hint 2048 */
+  FRAG_SCORES,    /* bmm: q [-1, 128, 64] @ k [-1, 64, 128] * 0.125 + mask; m_hint 48 */
+  FRAG_DECODE,    /* x [8, 4096] bf16 @ W.t() (4096 x 4096) + bias, gelu (skinny) */
+  FRAG_MLP,       /* gelu(x @ W1.t() + b1) @ W2.t() + b2 + r, 256 -> 1024 -> 256 (b2b) */
+  FRAG_BIAS_GRAD, /* grad.sum(0) of grad [-1, 1024] bf16 (cols) */
   N_FRAGS
 };
-static const char *const frag_name[N_FRAGS] = {"linear_gelu",  "short_k_bias_gelu_residual", "swiglu",
-                                               "bmm_scores",   "decode_gelu",                "mlp_b2b",
-                                               "bias_grad"};
+static const char *const frag_name[N_FRAGS] = {
+    "linear_gelu", "short_k_bias_gelu_residual", "swiglu", "bmm_scores", "decode_gelu", "mlp_b2b", "bias_grad"};
 
 /* nn.Linear over x [m, k] (m < 0: symbolic with m_hint) and W [n, k]: + bias, gelu, and a
  * residual [m, n] added last when residual. */
@@ -118,11 +117,12 @@ static uint64_t fnv1a(const char *s) {
 
 /* One line of launch metadata: every field a launch reads. */
 static void describe_meta(fm_strbuf *sb, const fm_kernel_meta *m) {
-  fm_strbuf_printf(sb, "    meta %s %s block=%ux%ux%u smem=%u grid=%s inner=%" PRIu64 " items=%" PRIu64
-                       " max_blocks=%u outer=%" PRId64 " io=%u/%u cluster=%ux%ux%u\n",
+  fm_strbuf_printf(sb,
+                   "    meta %s %s block=%ux%ux%u smem=%u grid=%s inner=%" PRIu64 " items=%" PRIu64
+                   " max_blocks=%u outer=%" PRId64 " io=%u/%u cluster=%ux%ux%u\n",
                    m->kind, m->entry, m->block[0], m->block[1], m->block[2], m->smem, m->grid_rule, m->inner,
-                   m->items_per_block, m->max_blocks, m->outer, m->n_inputs, m->n_outputs, m->cluster[0],
-                   m->cluster[1], m->cluster[2]);
+                   m->items_per_block, m->max_blocks, m->outer, m->n_inputs, m->n_outputs, m->cluster[0], m->cluster[1],
+                   m->cluster[2]);
   for (uint32_t t = 0; t < m->n_tmaps; t++) {
     const fm_meta_tmap *a = &m->tmaps[t];
     fm_strbuf_printf(sb, "    tmap in%u %s rows=%" PRId64 " cols=%" PRIu64 " ld=%" PRIu64 " box=%ux%u\n", a->input,

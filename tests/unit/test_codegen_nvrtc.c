@@ -14,7 +14,7 @@
 #include "fm_test.h"
 #include "test_codegen_frag.h"
 
-#define MAX_JOBS 256
+#define MAX_JOBS  256
 #define N_THREADS 2
 
 static const char *const archs[] = {"sm_80", "sm_90a"};
@@ -61,7 +61,11 @@ static void *worker(void *arg) {
     job *j = &jobs[i];
     uint8_t *cubin = NULL;
     j->rc = fm_nvrtc_compile(j->src, "fusemld_test.cu", j->arch, &cubin, &j->cubin_len, &j->log);
-    j->elf = cubin && j->cubin_len >= 4 && memcmp(cubin, "\x7f" "ELF", 4) == 0;
+    j->elf = cubin && j->cubin_len >= 4 &&
+             memcmp(cubin,
+                    "\x7f"
+                    "ELF",
+                    4) == 0;
     free(cubin);
   }
 }
@@ -74,8 +78,7 @@ static void run_jobs(void) {
   for (int i = 0; i < n_jobs; i++) {
     job *j = &jobs[i];
     if (j->rc != FM_OK || !j->elf) {
-      fprintf(stderr, "  %s (%s): %s\n%s\n", j->name, j->arch, fm_strerror(j->rc),
-              j->log ? j->log : "");
+      fprintf(stderr, "  %s (%s): %s\n%s\n", j->name, j->arch, fm_strerror(j->rc), j->log ? j->log : "");
       fprintf(stderr, "---- source ----\n%s\n", j->src);
     }
     CHECK_EQ_INT(j->rc, FM_OK);
@@ -107,17 +110,17 @@ static void queue_every_op(void) {
     tf_init(&raw);
     snprintf(name, sizeof name, "op %s", fm_op_name((fm_op)op));
     switch (fm_op_kind((fm_op)op)) {
-      case FM_OPK_CONST:   /* a fill: no inputs at all */
+      case FM_OPK_CONST: /* a fill: no inputs at all */
         tf_const(&raw, 1, 3.0);
         tf_output(&raw, 1, FM_DT_F32, 2, sym, NULL, 16);
         break;
-      case FM_OPK_BINARY:  /* bf16 [-1, 256] op f32 bias [1, 256] -> f32: strided */
+      case FM_OPK_BINARY: /* bf16 [-1, 256] op f32 bias [1, 256] -> f32: strided */
         tf_input(&raw, 1, FM_DT_BF16, 2, sym, NULL, 16);
         tf_input(&raw, 2, FM_DT_F32, 2, row, NULL, 16);
         tf_op(&raw, (fm_op)op, 3, 2, 1, 2, 0);
         tf_output(&raw, 3, FM_DT_F32, 2, sym, NULL, 16);
         break;
-      case FM_OPK_POW:     /* every special-cased exponent and a general one */
+      case FM_OPK_POW: /* every special-cased exponent and a general one */
         tf_input(&raw, 1, FM_DT_F32, 2, odd, NULL, 16);
         {
           static const double e[] = {2.0, 3.0, 1.0, 0.5, -0.5, -1.0, -2.0, 1.5};
@@ -130,7 +133,7 @@ static void queue_every_op(void) {
           tf_output(&raw, prev, FM_DT_F32, 2, odd, NULL, 16);
         }
         break;
-      case FM_OPK_UNARY:   /* f16 [33, 65]: flat with a tail */
+      case FM_OPK_UNARY: /* f16 [33, 65]: flat with a tail */
         tf_input(&raw, 1, FM_DT_F16, 2, odd, NULL, 16);
         tf_op(&raw, (fm_op)op, 2, 1, 1, 0, 0);
         tf_output(&raw, 2, FM_DT_F16, 2, odd, NULL, 16);
@@ -141,14 +144,14 @@ static void queue_every_op(void) {
         tf_op(&raw, (fm_op)op, 3, 2, 1, 2, 0);
         tf_output(&raw, 3, FM_DT_BOOL, 2, sq, NULL, 16);
         break;
-      case FM_OPK_WHERE:   /* bool cond, bf16 x, const -> bf16 */
+      case FM_OPK_WHERE: /* bool cond, bf16 x, const -> bf16 */
         tf_input(&raw, 1, FM_DT_BOOL, 2, sym, NULL, 16);
         tf_input(&raw, 2, FM_DT_BF16, 2, sym, NULL, 16);
         tf_const(&raw, 3, -1e39);
         tf_op(&raw, (fm_op)op, 4, 3, 1, 2, 3);
         tf_output(&raw, 4, FM_DT_BF16, 2, sym, NULL, 16);
         break;
-      case FM_OPK_CAST:    /* f32 to every dtype, and bool back to f16 */
+      case FM_OPK_CAST: /* f32 to every dtype, and bool back to f16 */
         tf_input(&raw, 1, FM_DT_F32, 2, sq, NULL, 16);
         for (uint32_t dt = 0; dt < FM_DT__COUNT; dt++) {
           tf_cast(&raw, 10 + dt, 1, (fm_dtype)dt);
@@ -157,22 +160,21 @@ static void queue_every_op(void) {
         tf_cast(&raw, 20, 10 + FM_DT_BOOL, FM_DT_F16);
         tf_output(&raw, 20, FM_DT_F16, 2, sq, NULL, 16);
         break;
-      case FM_OPK_CAT:     /* bf16 [-1, 100] and a computed f32 [-1, 28] -> f32 [-1, 128] */
-        {
-          int64_t a[2] = {-1, 100}, b[2] = {-1, 28}, o[2] = {-1, 128};
-          raw.vocab = 6;
-          tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
-          tf_input(&raw, 2, FM_DT_F32, 2, b, NULL, 16);
-          tf_op(&raw, FM_OP_EXP, 3, 1, 2, 0, 0);
-          tf_op(&raw, (fm_op)op, 4, 2, 1, 3, 0);
-          raw.ops[raw.n_ops - 1].dim = 1;
-          tf_output(&raw, 4, FM_DT_F32, 2, o, NULL, 16);
-        }
-        break;   /* more in test_codegen_cat */
+      case FM_OPK_CAT: /* bf16 [-1, 100] and a computed f32 [-1, 28] -> f32 [-1, 128] */
+      {
+        int64_t a[2] = {-1, 100}, b[2] = {-1, 28}, o[2] = {-1, 128};
+        raw.vocab = 6;
+        tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+        tf_input(&raw, 2, FM_DT_F32, 2, b, NULL, 16);
+        tf_op(&raw, FM_OP_EXP, 3, 1, 2, 0, 0);
+        tf_op(&raw, (fm_op)op, 4, 2, 1, 3, 0);
+        raw.ops[raw.n_ops - 1].dim = 1;
+        tf_output(&raw, 4, FM_DT_F32, 2, o, NULL, 16);
+      } break; /* more in test_codegen_cat */
       case FM_OPK_RESERVED:
-      case FM_OPK_REDUCE:    /* row fragments: test_codegen_rows */
+      case FM_OPK_REDUCE: /* row fragments: test_codegen_rows */
       case FM_OPK_COMPOSITE:
-      case FM_OPK_MATMUL:    /* GEMM fragments: test_codegen_gemm */
+      case FM_OPK_MATMUL: /* GEMM fragments: test_codegen_gemm */
         continue;
     }
     covered[op] = 1;
@@ -200,36 +202,35 @@ static void test_configs_compile(void) {
   size_t n = fm_codegen_pointwise_candidates(&canon, c, 32);
   CHECK_EQ_INT(n, 24);
   for (size_t i = 0; i < n; i++) {
-    snprintf(name, sizeof name, "candidate %zu (%u/%u/%u)", i, c[i].block, c[i].unroll,
-             c[i].blocks_per_sm);
+    snprintf(name, sizeof name, "candidate %zu (%u/%u/%u)", i, c[i].block, c[i].unroll, c[i].blocks_per_sm);
     add_jobs(name, &canon, &c[i]);
   }
-  fm_pw_config scalar = {128, 1, 8, 8};   /* vec 1 on a flat fragment */
+  fm_pw_config scalar = {128, 1, 8, 8}; /* vec 1 on a flat fragment */
   add_jobs("flat scalar", &canon, &scalar);
   CHECK_EQ_INT(tf_representative(1, &canon), FM_OK);
-  fm_pw_config narrow = {512, 2, 3, 4};   /* 4-byte vectors on the strided path */
+  fm_pw_config narrow = {512, 2, 3, 4}; /* 4-byte vectors on the strided path */
   add_jobs("strided vec 2", &canon, &narrow);
 
   int64_t bs[2] = {-1, 256}, rs[2] = {64, 128}, cs[2] = {64, 1};
-  tf_init(&raw);   /* all-bool, 16 per access */
+  tf_init(&raw); /* all-bool, 16 per access */
   tf_input(&raw, 1, FM_DT_BOOL, 2, bs, NULL, 16);
   tf_input(&raw, 2, FM_DT_BOOL, 2, bs, NULL, 16);
   tf_op(&raw, FM_OP_EQ, 3, 2, 1, 2, 0);
   tf_output(&raw, 3, FM_DT_BOOL, 2, bs, NULL, 16);
   finish("bool vec 16");
-  tf_init(&raw);   /* a per-row f32 scale splatted over bf16 vectors */
+  tf_init(&raw); /* a per-row f32 scale splatted over bf16 vectors */
   tf_input(&raw, 1, FM_DT_BF16, 2, rs, NULL, 16);
   tf_input(&raw, 2, FM_DT_F32, 2, cs, NULL, 4);
   tf_op(&raw, FM_OP_MUL, 3, 2, 1, 2, 0);
   tf_cast(&raw, 4, 3, FM_DT_BF16);
   tf_output(&raw, 4, FM_DT_BF16, 2, rs, NULL, 16);
   finish("splat");
-  tf_init(&raw);   /* rank 0 */
+  tf_init(&raw); /* rank 0 */
   tf_input(&raw, 1, FM_DT_BF16, 0, NULL, NULL, 2);
   tf_op(&raw, FM_OP_SIGMOID, 2, 1, 1, 0, 0);
   tf_output(&raw, 2, FM_DT_BF16, 0, NULL, NULL, 2);
   finish("rank 0");
-  tf_init(&raw);   /* 4-D with a 2-D bias: coalesced to 2 dims, plus an unused input */
+  tf_init(&raw); /* 4-D with a 2-D bias: coalesced to 2 dims, plus an unused input */
   int64_t x4[4] = {2, 3, 4, 8}, b4[4] = {1, 1, 4, 8};
   tf_input(&raw, 1, FM_DT_F16, 4, x4, NULL, 16);
   tf_input(&raw, 2, FM_DT_F16, 4, b4, NULL, 16);
@@ -244,10 +245,10 @@ static void test_options_and_archs(void) {
   char buf[128];
   CHECK(fm_nvrtc_options("sm_90a", buf, sizeof buf) == buf);
   CHECK(strcmp(buf, "--gpu-architecture=sm_90a -default-device --std=c++17") == 0);
-  CHECK(fm_nvrtc_options("sm_80", buf, 10) == NULL);   /* does not fit */
+  CHECK(fm_nvrtc_options("sm_80", buf, 10) == NULL); /* does not fit */
   CHECK(fm_nvrtc_arch_supported("sm_80"));
   CHECK(fm_nvrtc_arch_supported("sm_90a"));
-  CHECK(!fm_nvrtc_arch_supported("sm_75"));            /* not a target of ours */
+  CHECK(!fm_nvrtc_arch_supported("sm_75")); /* not a target of ours */
   CHECK(!fm_nvrtc_arch_supported("sm_90a;rm -rf"));
   CHECK(!fm_nvrtc_arch_supported(NULL));
   uint32_t major = 0, minor = 0;
@@ -267,8 +268,7 @@ static void test_compile_error(void) {
   free(log);
   /* the fixed options mean #include of a file cannot resolve */
   log = NULL;
-  CHECK_EQ_INT(fm_nvrtc_compile("#include <stdio.h>\n", "inc.cu", "sm_80", &cubin, &len, &log),
-               FM_ECOMPILE);
+  CHECK_EQ_INT(fm_nvrtc_compile("#include <stdio.h>\n", "inc.cu", "sm_80", &cubin, &len, &log), FM_ECOMPILE);
   CHECK_STR_CONTAINS(log, "error");
   free(log);
   log = NULL;

@@ -12,8 +12,8 @@
 static fm_fragment raw, canon;
 
 /* Generates for canon with cfg (NULL: default); returns the source or NULL (rc in *rc). */
-static char *gen(const fm_fragment *f, const fm_pw_config *cfg, uint32_t sms, fm_kernel_meta *m,
-                 int *rc_out, fm_diag *d) {
+static char *gen(const fm_fragment *f, const fm_pw_config *cfg, uint32_t sms, fm_kernel_meta *m, int *rc_out,
+                 fm_diag *d) {
   char *src = NULL;
   fm_kernel_meta meta;
   fm_diag dd = {{0}};
@@ -73,7 +73,7 @@ static void test_meta_symbolic_and_multi(void) {
   free(src);
   CHECK_EQ_INT(tf_representative(2, &canon), FM_OK);
   src = gen(&canon, NULL, 132, &m, NULL, NULL);
-  CHECK_STR_CONTAINS(src, "FLAT path, vec 4, unroll 2");   /* f32 limits vec to 4 */
+  CHECK_STR_CONTAINS(src, "FLAT path, vec 4, unroll 2"); /* f32 limits vec to 4 */
   CHECK_EQ_INT(m.outer, 64);
   CHECK_EQ_INT(m.inner, 128);
   CHECK_EQ_INT(m.items_per_block, 256 * 4 * 2);
@@ -92,11 +92,11 @@ static void test_no_client_ids_in_source(void) {
   tf_init(&raw);
   tf_input(&raw, 123456, FM_DT_F16, 2, xs, NULL, 16);
   tf_input(&raw, 654321, FM_DT_F16, 2, bs, NULL, 16);
-  tf_input(&raw, 777777, FM_DT_F32, 2, bs, NULL, 16);   /* dead: no output reads it */
+  tf_input(&raw, 777777, FM_DT_F32, 2, bs, NULL, 16); /* dead: no output reads it */
   tf_op(&raw, FM_OP_MUL, 999999, 2, 123456, 654321, 0);
   tf_const(&raw, 888888, 2.5);
   tf_op(&raw, FM_OP_ADD, 424242, 2, 999999, 888888, 0);
-  tf_op(&raw, FM_OP_TANH, 313131, 1, 424242, 0, 0);     /* dead op */
+  tf_op(&raw, FM_OP_TANH, 313131, 1, 424242, 0, 0); /* dead op */
   tf_output(&raw, 424242, FM_DT_F16, 2, xs, NULL, 16);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   static const char *ids[] = {"123456", "654321", "777777", "999999", "888888", "424242", "313131"};
@@ -110,16 +110,15 @@ static void test_no_client_ids_in_source(void) {
       CHECK(strstr(src, ids[i]) == NULL);
     }
     CHECK_STR_CONTAINS(src, "2.5f");
-    CHECK(strstr(src, "tanhf(v") == NULL);   /* dead code is not generated */
-    CHECK(strstr(src, " i2") == NULL);       /* the dead input is never loaded */
-    CHECK_STR_CONTAINS(src, "const float *__restrict__ in2");   /* but keeps its parameter */
+    CHECK(strstr(src, "tanhf(v") == NULL);                    /* dead code is not generated */
+    CHECK(strstr(src, " i2") == NULL);                        /* the dead input is never loaded */
+    CHECK_STR_CONTAINS(src, "const float *__restrict__ in2"); /* but keeps its parameter */
     free(src);
   }
 }
 
 /* One f32/bf16/... input x -> relu -> output, with the given layout. */
-static int unary_frag(fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *in_strides,
-                      uint32_t align) {
+static int unary_frag(fm_dtype dt, uint32_t rank, const int64_t *shape, const int64_t *in_strides, uint32_t align) {
   tf_init(&raw);
   tf_input(&raw, 1, dt, rank, shape, in_strides, align);
   tf_op(&raw, FM_OP_RELU, 2, 1, 1, 0, 0);
@@ -188,7 +187,7 @@ static void test_bool_splat_and_coalescing(void) {
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   src = gen(&canon, NULL, 0, NULL, NULL, NULL);
   CHECK_STR_CONTAINS(src, "FLAT path, vec 16,");
-  CHECK_STR_CONTAINS(src, "const bool v2 = (v0 != v1);");   /* bool vs bool compares as bool */
+  CHECK_STR_CONTAINS(src, "const bool v2 = (v0 != v1);"); /* bool vs bool compares as bool */
   free(src);
   /* a per-row scale [64, 1]: stride 0 along the vector, one load splatted over it */
   int64_t xs[2] = {64, 128}, cs[2] = {64, 1};
@@ -200,7 +199,7 @@ static void test_bool_splat_and_coalescing(void) {
   tf_output(&raw, 4, FM_DT_BF16, 2, xs, NULL, 16);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   src = gen(&canon, NULL, 0, NULL, NULL, NULL);
-  CHECK_STR_CONTAINS(src, "STRIDED path, vec 8,");   /* the f32 splat does not narrow it */
+  CHECK_STR_CONTAINS(src, "STRIDED path, vec 8,"); /* the f32 splat does not narrow it */
   CHECK_STR_CONTAINS(src, "r1[u] = in1[(c0)];");
   CHECK_STR_CONTAINS(src, "fm_compute(fm_get_u16(r0[u], e), r1[u], o0);");
   free(src);
@@ -252,7 +251,7 @@ static void test_refusals(void) {
   CHECK(gen(&canon, NULL, 0, NULL, &rc, &d) == NULL);
   CHECK_EQ_INT(rc, FM_EINVAL);
   CHECK_EQ_INT(tf_representative(0, &canon), FM_OK);
-  canon.inputs[0].shape[1] = 7;   /* neither the iteration dim nor 1 */
+  canon.inputs[0].shape[1] = 7; /* neither the iteration dim nor 1 */
   CHECK(gen(&canon, NULL, 0, NULL, &rc, &d) == NULL);
   CHECK_EQ_INT(rc, FM_EINVAL);
   /* bad configs */
@@ -270,12 +269,12 @@ static void test_default_and_candidates(void) {
   fm_pw_config def = fm_codegen_pointwise_default(&canon);
   CHECK_EQ_INT(def.block, 256);
   CHECK_EQ_INT(def.vec, 0);
-  CHECK_EQ_INT(def.unroll, 4);   /* flat bf16 */
+  CHECK_EQ_INT(def.unroll, 4); /* flat bf16 */
   CHECK_EQ_INT(def.blocks_per_sm, 8);
   fm_pw_config c[64];
   size_t n = fm_codegen_pointwise_candidates(&canon, c, 64);
   CHECK_EQ_INT(n, 24);
-  CHECK(memcmp(&c[0], &def, sizeof def) == 0);   /* the default is tried first */
+  CHECK(memcmp(&c[0], &def, sizeof def) == 0); /* the default is tried first */
   for (size_t i = 0; i < n; i++) {
     CHECK(c[i].block * c[i].blocks_per_sm <= 2048);
     CHECK(c[i].unroll >= 1 && c[i].unroll <= 8);
@@ -284,15 +283,20 @@ static void test_default_and_candidates(void) {
   CHECK_EQ_INT(fm_codegen_pointwise_candidates(&canon, c, 5), 5);
   CHECK_EQ_INT(fm_codegen_pointwise_candidates(&canon, c, 0), 0);
   CHECK_EQ_INT(tf_representative(2, &canon), FM_OK);
-  CHECK_EQ_INT(fm_codegen_pointwise_default(&canon).unroll, 2);   /* f32 */
+  CHECK_EQ_INT(fm_codegen_pointwise_default(&canon).unroll, 2); /* f32 */
 }
 
 /* Constants: "%.9g" of the fp32 value + "f", inf by bit pattern, never a bare integer. */
 static void test_constants_and_pow(void) {
   static const double vals[] = {1.0, -0.0, 1e39, -1e39, 1e-10, 0.1, 3.4028235e38, 100.0};
-  static const char *want[] = {"1.0f", "(-0.0f)", "(__int_as_float(0x7f800000))",
-                               "(__int_as_float(0xff800000))", "1.00000001e-10f", "0.100000001f",
-                               "3.40282347e+38f", "100.0f"};
+  static const char *want[] = {"1.0f",
+                               "(-0.0f)",
+                               "(__int_as_float(0x7f800000))",
+                               "(__int_as_float(0xff800000))",
+                               "1.00000001e-10f",
+                               "0.100000001f",
+                               "3.40282347e+38f",
+                               "100.0f"};
   int64_t s[1] = {1000};
   tf_init(&raw);
   tf_input(&raw, 1, FM_DT_F32, 1, s, NULL, 16);

@@ -22,14 +22,16 @@ static void test_bf16_conversions(void) {
   for (uint32_t h = 0; h < 65536; h++) {
     float f = fm_reference_bf16_to_f32((uint16_t)h);
     uint16_t back = fm_reference_f32_to_bf16(f);
-    if (isnan(f)) CHECK(isnan(fm_reference_bf16_to_f32(back)) && (back & 0x0040));
-    else if (back != h) CHECK_EQ_INT(back, h);
+    if (isnan(f))
+      CHECK(isnan(fm_reference_bf16_to_f32(back)) && (back & 0x0040));
+    else if (back != h)
+      CHECK_EQ_INT(back, h);
   }
   CHECK_EQ_INT(fm_reference_f32_to_bf16(1.0f), 0x3f80);
-  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x3f808000)), 0x3f80);   /* tie -> even */
-  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x3f818000)), 0x3f82);   /* tie -> even */
-  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x3f808001)), 0x3f81);   /* above the tie */
-  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x7f7fffff)), 0x7f80);   /* FLT_MAX -> inf */
+  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x3f808000)), 0x3f80); /* tie -> even */
+  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x3f818000)), 0x3f82); /* tie -> even */
+  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x3f808001)), 0x3f81); /* above the tie */
+  CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x7f7fffff)), 0x7f80); /* FLT_MAX -> inf */
   /* a signalling NaN whose payload sits in the low bits stays a NaN (truncation would
    * make it inf) */
   CHECK_EQ_INT(fm_reference_f32_to_bf16(from_bits(0x7f800001)), 0x7fc0);
@@ -39,23 +41,25 @@ static void test_f16_conversions(void) {
   for (uint32_t h = 0; h < 65536; h++) {
     float f = fm_reference_f16_to_f32((uint16_t)h);
     uint16_t back = fm_reference_f32_to_f16(f);
-    if (isnan(f)) CHECK(isnan(fm_reference_f16_to_f32(back)));
-    else if (back != h) CHECK_EQ_INT(back, h);
+    if (isnan(f))
+      CHECK(isnan(fm_reference_f16_to_f32(back)));
+    else if (back != h)
+      CHECK_EQ_INT(back, h);
   }
   CHECK(fm_reference_f16_to_f32(0x3c00) == 1.0f);
   CHECK(fm_reference_f16_to_f32(0x7bff) == 65504.0f);
   CHECK(fm_reference_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
   CHECK(fm_reference_f16_to_f32(0xc000) == -2.0f);
   CHECK_EQ_INT(fm_reference_f32_to_f16(65519.0f), 0x7bff);
-  CHECK_EQ_INT(fm_reference_f32_to_f16(65520.0f), 0x7c00);          /* tie at max -> inf */
+  CHECK_EQ_INT(fm_reference_f32_to_f16(65520.0f), 0x7c00); /* tie at max -> inf */
   CHECK_EQ_INT(fm_reference_f32_to_f16(1e10f), 0x7c00);
   CHECK_EQ_INT(fm_reference_f32_to_f16(-1e10f), 0xfc00);
-  CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(1.0f, -25)), 0x0000);  /* tie -> even 0 */
+  CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(1.0f, -25)), 0x0000); /* tie -> even 0 */
   CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(1.5f, -25)), 0x0001);
-  CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);  /* 1.5 ulp: tie -> 2 */
-  CHECK_EQ_INT(fm_reference_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00);   /* tie -> even */
+  CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(3.0f, -25)), 0x0002);        /* 1.5 ulp: tie -> 2 */
+  CHECK_EQ_INT(fm_reference_f32_to_f16(1.0f + ldexpf(1.0f, -11)), 0x3c00); /* tie -> even */
   CHECK_EQ_INT(fm_reference_f32_to_f16(1.0f + 3 * ldexpf(1.0f, -11)), 0x3c02);
-  CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400);   /* rounds up to normal */
+  CHECK_EQ_INT(fm_reference_f32_to_f16(ldexpf(1023.5f, -24)), 0x0400); /* rounds up to normal */
   CHECK_EQ_INT(fm_reference_f32_to_f16(-0.0f), 0x8000);
   CHECK(isinf(fm_reference_f64_to_f32(1e39)) && fm_reference_f64_to_f32(-1e39) < 0);
   CHECK(fm_reference_f64_to_f32((double)FLT_MAX * (1 + 1e-9)) == FLT_MAX);
@@ -82,27 +86,34 @@ static void test_unary_values(void) {
     float x;
     double want;
   } cases[] = {
-      {FM_OP_GELU, 1.0f, 0.8413447460685429},       {FM_OP_GELU, -1.0f, -0.15865525393145707},
-      {FM_OP_GELU_TANH, 1.0f, 0.8411919906082768},  {FM_OP_SILU, 1.0f, 0.7310585786300049},
-      {FM_OP_SIGMOID, 0.0f, 0.5},                   {FM_OP_SIGMOID, 2.0f, 0.8807970779778823},
-      {FM_OP_TANH, 0.5f, 0.46211715726000974},      {FM_OP_EXP, 1.0f, 2.718281828459045},
-      {FM_OP_LOG, 2.0f, 0.6931471805599453},        {FM_OP_SQRT, 2.0f, 1.4142135623730951},
-      {FM_OP_RSQRT, 4.0f, 0.5},                     {FM_OP_RELU, -2.0f, 0.0},
-      {FM_OP_RELU, 3.5f, 3.5},                      {FM_OP_NEG, 1.5f, -1.5},
-      {FM_OP_ABS, -7.25f, 7.25},                    {FM_OP_EXP, 100.0f, INFINITY},
+      {FM_OP_GELU, 1.0f, 0.8413447460685429},
+      {FM_OP_GELU, -1.0f, -0.15865525393145707},
+      {FM_OP_GELU_TANH, 1.0f, 0.8411919906082768},
+      {FM_OP_SILU, 1.0f, 0.7310585786300049},
+      {FM_OP_SIGMOID, 0.0f, 0.5},
+      {FM_OP_SIGMOID, 2.0f, 0.8807970779778823},
+      {FM_OP_TANH, 0.5f, 0.46211715726000974},
+      {FM_OP_EXP, 1.0f, 2.718281828459045},
+      {FM_OP_LOG, 2.0f, 0.6931471805599453},
+      {FM_OP_SQRT, 2.0f, 1.4142135623730951},
+      {FM_OP_RSQRT, 4.0f, 0.5},
+      {FM_OP_RELU, -2.0f, 0.0},
+      {FM_OP_RELU, 3.5f, 3.5},
+      {FM_OP_NEG, 1.5f, -1.5},
+      {FM_OP_ABS, -7.25f, 7.25},
+      {FM_OP_EXP, 100.0f, INFINITY},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     float out = -12345.0f;
     CHECK_EQ_INT(eval_unary(cases[i].op, &cases[i].x, &out, 1), FM_OK);
     if (out != (float)cases[i].want) {
-      fprintf(stderr, "  %s(%g) = %.9g, want %.17g\n", fm_op_name(cases[i].op), cases[i].x, out,
-              cases[i].want);
+      fprintf(stderr, "  %s(%g) = %.9g, want %.17g\n", fm_op_name(cases[i].op), cases[i].x, out, cases[i].want);
       CHECK(out == (float)cases[i].want);
     }
   }
   float nan = NAN, out = 0;
   CHECK_EQ_INT(eval_unary(FM_OP_RELU, &nan, &out, 1), FM_OK);
-  CHECK(isnan(out));   /* relu propagates NaN like torch */
+  CHECK(isnan(out)); /* relu propagates NaN like torch */
 }
 
 static void test_binary_nan_and_pow(void) {
@@ -154,8 +165,7 @@ static void test_broadcast_strides_symbolic(void) {
   tf_output(&raw, 3, FM_DT_F32, 2, xs, (int64_t[]){3, 1}, 4);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   float x[8] = {1, 2, 3, -999, 4, 5, 6, -999};
-  uint16_t bias[3] = {fm_reference_f32_to_bf16(10), fm_reference_f32_to_bf16(20),
-                      fm_reference_f32_to_bf16(30)};
+  uint16_t bias[3] = {fm_reference_f32_to_bf16(10), fm_reference_f32_to_bf16(20), fm_reference_f32_to_bf16(30)};
   float out[7];
   for (int i = 0; i < 7; i++) out[i] = -1;
   const void *in[2] = {x, bias};
@@ -163,9 +173,9 @@ static void test_broadcast_strides_symbolic(void) {
   CHECK_EQ_INT(fm_reference_eval(&canon, 2, in, o, NULL), FM_OK);
   static const float want[6] = {11, 22, 33, 14, 25, 36};
   for (int i = 0; i < 6; i++) CHECK(out[i] == want[i]);
-  CHECK(out[6] == -1);   /* nothing past n = outer * inner */
+  CHECK(out[6] == -1); /* nothing past n = outer * inner */
   for (int i = 0; i < 7; i++) out[i] = -1;
-  CHECK_EQ_INT(fm_reference_eval(&canon, 0, in, o, NULL), FM_OK);   /* outer 0: nothing */
+  CHECK_EQ_INT(fm_reference_eval(&canon, 0, in, o, NULL), FM_OK); /* outer 0: nothing */
   CHECK(out[0] == -1);
   fm_diag d = {{0}};
   CHECK_EQ_INT(fm_reference_eval(&canon, -1, in, o, &d), FM_EINVAL);
@@ -176,7 +186,7 @@ static void test_broadcast_strides_symbolic(void) {
   tf_op(&raw, FM_OP_NEG, 2, 1, 1, 0, 0);
   tf_output(&raw, 2, FM_DT_F32, 2, sq, NULL, 4);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
-  float t[6] = {1, 2, 3, 4, 5, 6};   /* stored as a [3, 2] row-major matrix */
+  float t[6] = {1, 2, 3, 4, 5, 6}; /* stored as a [3, 2] row-major matrix */
   const void *ti[1] = {t};
   CHECK_EQ_INT(fm_reference_eval(&canon, 0, ti, o, NULL), FM_OK);
   static const float want_t[6] = {-1, -3, -5, -2, -4, -6};
@@ -204,14 +214,14 @@ static void test_where_compare_cast_multi_output(void) {
   const void *in[1] = {x};
   void *o[3] = {y, z, t};
   CHECK_EQ_INT(fm_reference_eval(&canon, 0, in, o, NULL), FM_OK);
-  CHECK(y[0] == (float)(-2.0 * (double)0.01f));   /* the const meets fp32 math as 0.01f */
+  CHECK(y[0] == (float)(-2.0 * (double)0.01f)); /* the const meets fp32 math as 0.01f */
   CHECK(y[1] == 0.0f && y[2] == 3.0f && y[3] == x[3]);
   CHECK_EQ_INT(t[0], 0);
   CHECK_EQ_INT(t[1], 0);
   CHECK_EQ_INT(t[2], 1);
   CHECK_EQ_INT(t[3], 1);
-  CHECK_EQ_INT(z[2], 0x4040);   /* 3.0 */
-  CHECK_EQ_INT(z[3], 0x3f80);   /* 1 + 2^-8 is a tie: to even */
+  CHECK_EQ_INT(z[2], 0x4040); /* 3.0 */
+  CHECK_EQ_INT(z[3], 0x3f80); /* 1 + 2^-8 is a tie: to even */
   /* a cast rounds mid-chain: cast(x, f16) * 1 stored as f32 keeps the f16 rounding */
   tf_init(&raw);
   tf_input(&raw, 1, FM_DT_F32, 1, s, NULL, 4);
@@ -227,7 +237,7 @@ static void test_where_compare_cast_multi_output(void) {
   CHECK_EQ_INT(fm_reference_eval(&canon, 0, in2, o2, NULL), FM_OK);
   CHECK(y2[0] == 1.0f);
   CHECK(isinf(y2[1]));
-  CHECK(y2[2] == fm_reference_f16_to_f32(0x2e66));   /* 0.1 in f16 */
+  CHECK(y2[2] == fm_reference_f16_to_f32(0x2e66)); /* 0.1 in f16 */
   CHECK(y2[3] == -3.0f);
   CHECK_EQ_INT(h[1], 0x7c00);
   CHECK_EQ_INT(h[2], 0x2e66);

@@ -50,7 +50,7 @@ static void test_stream(void) {
   char *src = NULL;
   CHECK_EQ_INT(rf_fragment(7, &canon), FM_OK);
   size_t n = fm_codegen_candidates(&canon, c, 32);
-  CHECK_EQ_INT(n, 3);   /* 1024 (the default), 256, 512 threads */
+  CHECK_EQ_INT(n, 3); /* 1024 (the default), 256, 512 threads */
   for (size_t i = 0; i < n; i++) CHECK_EQ_INT(c[i].p[0], FM_ROWS_STREAM);
   CHECK_EQ_INT(c[0].p[1], 1024);
   fm_rows_config stream = {FM_ROWS_STREAM, 512, 0};
@@ -60,7 +60,7 @@ static void test_stream(void) {
   CHECK_STR_CONTAINS(src, "/* pass 1: the reductions of level 1 */");
   CHECK_STR_CONTAINS(src, "/* pass 2: the reductions of level 2 */");
   CHECK(strstr(src, "pass 3") == NULL);
-  CHECK_STR_CONTAINS(src, "v0[c] = fm_bf16_to_f32(in0[b0 + j]);");   /* N odd: scalar loads */
+  CHECK_STR_CONTAINS(src, "v0[c] = fm_bf16_to_f32(in0[b0 + j]);"); /* N odd: scalar loads */
   CHECK_EQ_INT(m.items_per_block, 1);
   CHECK_EQ_INT(m.block[0], 512);
   free(src);
@@ -71,7 +71,7 @@ static void test_stream(void) {
   CHECK_EQ_INT(fm_codegen_rows(&canon, &stream, 132, &src, &m, &d), FM_OK);
   if (!src) return;
   CHECK_STR_CONTAINS(src, "vec 8, 8 elements per thread");
-  CHECK_EQ_INT(count(src, "fm_t0 += 8192LL"), 2);   /* one reduction pass (mean, amax), the stores */
+  CHECK_EQ_INT(count(src, "fm_t0 += 8192LL"), 2); /* one reduction pass (mean, amax), the stores */
   CHECK(strstr(src, "< 40960)") == NULL);
   CHECK_STR_CONTAINS(src, "if (lane == 0) out1[");
   free(src);
@@ -101,7 +101,7 @@ static void test_layer_norm_one_reduction(void) {
       CHECK_EQ_INT(count(body, "fm_row_sum("), 0);
       CHECK_EQ_INT(count(body, "fm_row_max("), 0);
     }
-    CHECK_EQ_INT(count(src, "__syncthreads()"), 3);   /* fm_row_sum, fm_row_max, fm_row_msum */
+    CHECK_EQ_INT(count(src, "__syncthreads()"), 3); /* fm_row_sum, fm_row_max, fm_row_msum */
     free(src);
     src = NULL;
   }
@@ -123,7 +123,7 @@ static void test_meta(void) {
   fm_diag d = {{0}};
   char *src = NULL;
   fm_rows_config warp = {FM_ROWS_WARP, 256, 0}, block = {FM_ROWS_BLOCK, 512, 0};
-  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);   /* [-1, 4096] */
+  CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK); /* [-1, 4096] */
   CHECK_EQ_INT(fm_codegen_rows(&canon, &block, 132, &src, &m, &d), FM_OK);
   CHECK(strcmp(m.kind, "rows") == 0 && strcmp(m.grid_rule, "rows") == 0);
   CHECK_EQ_INT(m.block[0], 512);
@@ -136,11 +136,11 @@ static void test_meta(void) {
   CHECK_STR_CONTAINS(src, "vec 8, 8 elements per thread");
   free(src);
   src = NULL;
-  CHECK_EQ_INT(rf_fragment(2, &canon), FM_OK);   /* [64, 1000] f32 */
+  CHECK_EQ_INT(rf_fragment(2, &canon), FM_OK); /* [64, 1000] f32 */
   CHECK_EQ_INT(fm_codegen_rows(&canon, &warp, 132, &src, &m, &d), FM_OK);
   CHECK_EQ_INT(m.items_per_block, 8);
   CHECK_EQ_INT(m.outer, 64);
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 5), 8);        /* static: 64 rows / 8 per block */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 5), 8); /* static: 64 rows / 8 per block */
   CHECK_STR_CONTAINS(src, "vec 4, 32 elements per thread");
   CHECK_STR_CONTAINS(src, "#define FM_FAST_MATH 0");
   free(src);
@@ -162,10 +162,10 @@ static void test_candidates(void) {
   CHECK(n >= 3);
   for (size_t i = 0; i < n; i++) {
     CHECK_EQ_INT(c[i].tmpl, FM_TMPL_ROWS);
-    CHECK_EQ_INT(c[i].p[0], FM_ROWS_BLOCK);      /* 4096 is too long for a warp */
+    CHECK_EQ_INT(c[i].p[0], FM_ROWS_BLOCK); /* 4096 is too long for a warp */
   }
   fm_candidate_describe(&c[0], desc, sizeof desc);
-  CHECK_STR_CONTAINS(desc, "rows block-per-row block=128");   /* 32 elements per thread */
+  CHECK_STR_CONTAINS(desc, "rows block-per-row block=128"); /* 32 elements per thread */
   CHECK_EQ_INT(rf_fragment(2, &canon), FM_OK);
   n = fm_codegen_candidates(&canon, c, 32);
   CHECK(n >= 4);

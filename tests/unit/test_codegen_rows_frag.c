@@ -6,10 +6,9 @@
 
 #include "test_codegen_frag.h"
 
-const char *const rf_name[RF_N_FRAGMENTS] = {
-    "rows_layer_norm_bf16", "rows_rms_norm_residual", "rows_softmax_f32",
-    "rows_stats_f16",       "rows_transposed_f32",    "rows_padded_bf16",
-    "rows_one_bf16",        "rows_log_softmax_stream", "rows_center_stream"};
+const char *const rf_name[RF_N_FRAGMENTS] = {"rows_layer_norm_bf16", "rows_rms_norm_residual",  "rows_softmax_f32",
+                                             "rows_stats_f16",       "rows_transposed_f32",     "rows_padded_bf16",
+                                             "rows_one_bf16",        "rows_log_softmax_stream", "rows_center_stream"};
 
 void rf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg, uint32_t correction) {
   tf_op(f, op, out, 1, arg, 0, 0);
@@ -17,8 +16,8 @@ void rf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg, uint32_t co
   f->ops[f->n_ops - 1].correction = (uint8_t)correction;
 }
 
-void rf_composite(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0,
-                  uint32_t a1, uint32_t a2, double eps) {
+void rf_composite(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2,
+                  double eps) {
   tf_op(f, op, out, nargs, a0, a1, a2);
   f->ops[f->n_ops - 1].dim = -1;
   f->ops[f->n_ops - 1].value = eps;
@@ -76,7 +75,7 @@ int rf_fragment(int which, fm_fragment *canon) {
         tf_cast(&raw, 20 + i, 10 + i, FM_DT_F32);
         tf_output(&raw, 20 + i, FM_DT_F32, 2, s, NULL, 4);
       }
-      tf_output(&raw, 11, FM_DT_F16, 1, flat, NULL, 2);   /* mean, keepdim=false */
+      tf_output(&raw, 11, FM_DT_F16, 1, flat, NULL, 2); /* mean, keepdim=false */
       break;
     }
     case 4: {
@@ -107,7 +106,7 @@ int rf_fragment(int which, fm_fragment *canon) {
       tf_output(&raw, 2, FM_DT_BF16, 2, x, NULL, 2);
       break;
     }
-    case 7: {   /* GPT-2's padded logits: log_softmax in fp32, rows of 50257 at stride 50304 */
+    case 7: { /* GPT-2's padded logits: log_softmax in fp32, rows of 50257 at stride 50304 */
       int64_t x[2] = {-1, 50257}, st[2] = {50304, 1};
       tf_input(&raw, 0, FM_DT_BF16, 2, x, st, 16);
       tf_cast(&raw, 1, 0, FM_DT_F32);
@@ -120,7 +119,7 @@ int rf_fragment(int which, fm_fragment *canon) {
       tf_output(&raw, 7, FM_DT_F32, 2, x, NULL, 16);
       break;
     }
-    case 8: {   /* whole tiles: (x - mean) / amax with the mean as a per-row output */
+    case 8: { /* whole tiles: (x - mean) / amax with the mean as a per-row output */
       int64_t x[2] = {-1, 40960}, s[2] = {-1, 1};
       tf_input(&raw, 0, FM_DT_BF16, 2, x, NULL, 16);
       rf_reduce(&raw, FM_OP_MEAN, 1, 0, 0);
@@ -131,7 +130,8 @@ int rf_fragment(int which, fm_fragment *canon) {
       tf_output(&raw, 1, FM_DT_BF16, 2, s, NULL, 2);
       break;
     }
-    default: return FM_EINVAL;
+    default:
+      return FM_EINVAL;
   }
   return rf_finish(&raw, canon);
 }

@@ -8,8 +8,8 @@
 /* A reduction of arg over the last dim (dim -1); correction only matters for var. */
 void rf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg, uint32_t correction);
 /* softmax / layer_norm / rms_norm with nargs args and eps (a composite, expanded later). */
-void rf_composite(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0,
-                  uint32_t a1, uint32_t a2, double eps);
+void rf_composite(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2,
+                  double eps);
 /* expand + validate + canonicalize */
 int rf_finish(fm_fragment *f, fm_fragment *canon);
 
@@ -30,7 +30,7 @@ int rf_finish(fm_fragment *f, fm_fragment *canon);
  *   8 rows_center_stream: (x - mean) / amax, bf16 [-1, 40960] (whole tiles), the mean also
  *     a per-row output. */
 #define RF_N_REPRESENTATIVE 3
-#define RF_N_FRAGMENTS 9
+#define RF_N_FRAGMENTS      9
 int rf_fragment(int which, fm_fragment *canon);
 extern const char *const rf_name[RF_N_FRAGMENTS];
 

@@ -13,11 +13,10 @@ static fm_fragment raw, canon;
 
 static int close_to(double got, double want) { return fabs(got - want) <= 1e-6 * (1 + fabs(want)); }
 
-#define CHECK_ROW(got, ...)                                     \
-  do {                                                          \
-    const double want_[] = {__VA_ARGS__};                       \
-    for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++) \
-      CHECK(close_to((got)[i_], want_[i_]));                    \
+#define CHECK_ROW(got, ...)                                                                               \
+  do {                                                                                                    \
+    const double want_[] = {__VA_ARGS__};                                                                 \
+    for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++) CHECK(close_to((got)[i_], want_[i_])); \
   } while (0)
 
 static void test_softmax_123(void) {
@@ -51,8 +50,8 @@ static void test_layer_norm_known_row(void) {
   fm_diag d = {{0}};
   CHECK_EQ_INT(fm_reference_eval(&canon, 2, ins, outs, &d), FM_OK);
   /* mean 2.5, population var 1.25: (x - 2.5) / sqrt(1.25) * w + b */
-  CHECK_ROW(out, -1.3416407865, -0.4472135955, 0.8944271910, 3.6832815730,
-            1.3416407865, 0.4472135955, -0.8944271910, -1.6832815730);
+  CHECK_ROW(out, -1.3416407865, -0.4472135955, 0.8944271910, 3.6832815730, 1.3416407865, 0.4472135955, -0.8944271910,
+            -1.6832815730);
 }
 
 static void test_rms_norm_known_row(void) {
@@ -66,7 +65,7 @@ static void test_rms_norm_known_row(void) {
   const void *ins[1] = {in};
   void *outs[1] = {out};
   CHECK_EQ_INT(fm_reference_eval(&canon, 0, ins, outs, NULL), FM_OK);
-  CHECK_ROW(out, 3 / sqrt(12.5), 4 / sqrt(12.5));   /* mean of squares 12.5 */
+  CHECK_ROW(out, 3 / sqrt(12.5), 4 / sqrt(12.5)); /* mean of squares 12.5 */
 }
 
 /* sum, mean, amax, var c=0, var c=1 of [1, 2, 3, 4] and of a one-element row; mean also
@@ -86,7 +85,7 @@ static void test_statistics(void) {
   tf_output(&raw, 20, FM_DT_F32, 2, x, NULL, 4);
   CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
   CHECK_EQ_INT(canon.vocab, 2);
-  CHECK_EQ_INT(canon.outputs[5].rank, 2);          /* keepdim=false got its 1 back */
+  CHECK_EQ_INT(canon.outputs[5].rank, 2); /* keepdim=false got its 1 back */
   const void *ins[1] = {in};
   void *outs[7] = {&st[0], &st[1], &st[2], &st[3], &st[4], &mean_flat, centred};
   fm_diag d = {{0}};
@@ -138,8 +137,7 @@ static void test_long_row(void) {
   enum { N = 50257, STRIDE = 50304 };
   static uint16_t in[2 * STRIDE];
   static float out[2 * N];
-  for (int i = 0; i < 2 * STRIDE; i++)
-    in[i] = fm_reference_f32_to_bf16(i % STRIDE < N ? (float)(i / STRIDE) : NAN);
+  for (int i = 0; i < 2 * STRIDE; i++) in[i] = fm_reference_f32_to_bf16(i % STRIDE < N ? (float)(i / STRIDE) : NAN);
   CHECK_EQ_INT(rf_fragment(7, &canon), FM_OK);
   const void *ins[1] = {in};
   void *outs[1] = {out};

@@ -40,10 +40,10 @@ static void expect_reject(int rc_want, const char *why) { CHECK(tf_rejects(&raw,
 
 static void test_validate(void) {
   CHECK_EQ_INT(build_swiglu(1, NULL), FM_OK);
-  CHECK_EQ_INT(canon.vocab, 3);   /* no new op: vocabulary 3 */
+  CHECK_EQ_INT(canon.vocab, 3); /* no new op: vocabulary 3 */
   CHECK(fm_fragment_is_gemm(&canon));
   CHECK_EQ_INT(fm_fragment_gemm_op(&canon), 0);
-  CHECK_EQ_INT(fm_fragment_gemm_op2(&canon), 2);   /* canonical order: mm, silu, mm, mul */
+  CHECK_EQ_INT(fm_fragment_gemm_op2(&canon), 2); /* canonical order: mm, silu, mm, mul */
   CHECK_EQ_INT(canon.ops[2].op, FM_OP_MM);
   int64_t a[2] = {32, 64}, b[2] = {64, 16}, b3[2] = {64, 24}, o[2] = {32, 16};
   /* a single-product fragment has no second */
@@ -150,13 +150,13 @@ static void test_candidates_and_source(void) {
   int tma = 0, sm80 = 0;
   for (size_t i = 0; i < n; i++) {
     uint32_t mode = c[i].p[7] & 0xffu;
-    if (i == 1) {   /* the cuBLASLt plan after the default: two matmuls, then the epilogue */
+    if (i == 1) { /* the cuBLASLt plan after the default: two matmuls, then the epilogue */
       CHECK_EQ_INT(c[i].tmpl, FM_TMPL_CUBLASLT);
       CHECK_EQ_INT(c[i].p[0], FM_BLAS_SPLIT);
       continue;
     }
-    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);   /* no skinny kernel */
-    CHECK(mode == 0 || mode >= 4);           /* not the cp.async wgmma forms */
+    CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM); /* no skinny kernel */
+    CHECK(mode == 0 || mode >= 4);         /* not the cp.async wgmma forms */
     tma += mode >= 4;
     sm80 += mode == 0;
   }

@@ -85,12 +85,12 @@ static void test_candidates(void) {
   CHECK_EQ_INT(fm_codegen_skinny_rows(&canon), 8);
   CHECK(count_skinny(&def) >= 5);
   CHECK_EQ_INT(def, FM_TMPL_SKINNY);
-  CHECK_EQ_INT(build(-1, 3, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK);   /* bucket 4 */
+  CHECK_EQ_INT(build(-1, 3, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK); /* bucket 4 */
   CHECK_EQ_INT(fm_codegen_skinny_rows(&canon), 4);
-  CHECK_EQ_INT(build(-1, 20, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK);  /* bucket 32 */
+  CHECK_EQ_INT(build(-1, 20, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK); /* bucket 32 */
   CHECK(count_skinny(&def) >= 5);
   CHECK_EQ_INT(def, FM_TMPL_SKINNY);
-  CHECK_EQ_INT(build(-1, 33, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK);  /* bucket 64 */
+  CHECK_EQ_INT(build(-1, 33, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK); /* bucket 64 */
   CHECK_EQ_INT(count_skinny(&def), 0);
   CHECK_EQ_INT(def, FM_TMPL_GEMM);
   CHECK_EQ_INT(build(-1, 4096, 4096, 4096, EPI_GELU, FM_DT_BF16, 0), FM_OK);
@@ -126,7 +126,7 @@ static void test_meta(void) {
   CHECK_STR_CONTAINS(src, "ld.global.nc.L1::no_allocate");
   CHECK_STR_CONTAINS(src, "fm_epilogue(");
   CHECK_STR_CONTAINS(src, "#define FM_PIPE 0\n");
-  CHECK_STR_CONTAINS(src, "#define FM_X1 0\n");   /* M = 8: rows 8..15 never loaded */
+  CHECK_STR_CONTAINS(src, "#define FM_X1 0\n"); /* M = 8: rows 8..15 never loaded */
   free(src);
   CHECK_STR_CONTAINS(meta.kind, "gemm");
   CHECK_STR_CONTAINS(meta.grid_rule, "tiles");
@@ -224,7 +224,7 @@ static void test_split(void) {
   fm_kernel_meta meta;
   char *src = NULL;
   fm_diag d = {{0}};
-  CHECK_EQ_INT(build(8, 0, 4096, 11008, EPI_RESIDUAL, FM_DT_BF16, 0), FM_OK);   /* a down projection */
+  CHECK_EQ_INT(build(8, 0, 4096, 11008, EPI_RESIDUAL, FM_DT_BF16, 0), FM_OK); /* a down projection */
   fm_skinny_config sc = {8, 8, 4, 0, 2};
   CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_OK);
   if (src) {
@@ -233,7 +233,7 @@ static void test_split(void) {
     CHECK_STR_CONTAINS(src, "ld.shared::cluster.v4.f32");
     CHECK_STR_CONTAINS(src, "barrier.cluster.arrive.release");
     CHECK_STR_CONTAINS(meta.entry, "fm_skinny_c8_w8_u4_p0_k2");
-    CHECK_EQ_INT(meta.max_blocks, 1024);   /* 512 column blocks x 2 */
+    CHECK_EQ_INT(meta.max_blocks, 1024); /* 512 column blocks x 2 */
     CHECK_EQ_INT((int)fm_meta_grid_x(&meta, 0), 1024);
     CHECK_EQ_INT((int)fm_meta_grid_y(&meta, 0), 1);
     if (fm_nvrtc_arch_supported("sm_90a")) {
@@ -255,7 +255,7 @@ static void test_split(void) {
   if (src) CHECK_STR_CONTAINS(src, "__cluster_dims__(4, 1, 1)");
   free(src);
   src = NULL;
-  sc.split = 1;   /* one block along K: no cluster, the sums of the block's own warps */
+  sc.split = 1; /* one block along K: no cluster, the sums of the block's own warps */
   CHECK_EQ_INT(fm_codegen_skinny(&canon, &sc, 132, &src, &meta, &d), FM_OK);
   if (src) {
     CHECK(strstr(src, "__cluster_dims__") == NULL);
@@ -298,14 +298,16 @@ static void test_nvrtc(void) {
         continue;
       }
       for (size_t a = 0; a < 2; a++) {
-        if (!fm_nvrtc_arch_supported(archs[a]) || (sc[i].split > 1 && a == 0)) continue;   /* clusters: sm_90 */
+        if (!fm_nvrtc_arch_supported(archs[a]) || (sc[i].split > 1 && a == 0)) continue; /* clusters: sm_90 */
         uint8_t *cubin = NULL;
         size_t len = 0;
         char *log = NULL;
         rc = fm_nvrtc_compile(src, "skinny.cu", archs[a], &cubin, &len, &log);
         CHECK_EQ_INT(rc, FM_OK);
-        if (rc) fprintf(stderr, "  fragment %d candidate %zu %s:\n%s\n", w, i, archs[a], log ? log : "");
-        else compiled++;
+        if (rc)
+          fprintf(stderr, "  fragment %d candidate %zu %s:\n%s\n", w, i, archs[a], log ? log : "");
+        else
+          compiled++;
         free(cubin);
         free(log);
       }

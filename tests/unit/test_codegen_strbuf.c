@@ -18,7 +18,7 @@ static void test_append_and_grow(void) {
   char *s = fm_strbuf_take(&sb);
   CHECK(s != NULL);
   CHECK_EQ_INT(strlen(s), 3003);
-  CHECK(sb.data == NULL && sb.len == 0);   /* take resets */
+  CHECK(sb.data == NULL && sb.len == 0); /* take resets */
   free(s);
 }
 
@@ -49,10 +49,10 @@ static void test_take_empty(void) {
 static void test_max_is_sticky(void) {
   fm_strbuf sb;
   fm_strbuf_init(&sb, 10);
-  fm_strbuf_append(&sb, "0123456789");   /* exactly max: fine */
+  fm_strbuf_append(&sb, "0123456789"); /* exactly max: fine */
   CHECK_EQ_INT(fm_strbuf_error(&sb), 0);
   CHECK_EQ_INT(sb.len, 10);
-  fm_strbuf_append(&sb, "a");            /* one past: refused */
+  fm_strbuf_append(&sb, "a"); /* one past: refused */
   CHECK_EQ_INT(fm_strbuf_error(&sb), FM_ELIMIT);
   CHECK_EQ_INT(sb.len, 10);
   /* sticky: nothing is appended after the first error, even what would fit */
@@ -65,7 +65,7 @@ static void test_max_is_sticky(void) {
   fm_strbuf_printf(&sb, "%d", 1);
   CHECK_EQ_INT(fm_strbuf_error(&sb), FM_ELIMIT);
   CHECK_EQ_INT(sb.len, 0);
-  CHECK(fm_strbuf_take(&sb) == NULL);    /* an errored buffer hands out nothing */
+  CHECK(fm_strbuf_take(&sb) == NULL); /* an errored buffer hands out nothing */
   CHECK(sb.data == NULL);
   CHECK_EQ_INT(fm_strbuf_error(&sb), 0); /* ... and is reset for reuse */
   fm_strbuf_append(&sb, "ok");

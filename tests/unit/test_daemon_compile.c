@@ -245,8 +245,10 @@ static void test_queue_background_after_owners(void) {
     CHECK(job != NULL);
     if (!job) break;
     atomic_store(&job->cancel, 1);
-    if (owners[i]) CHECK_EQ_INT(fm_cqueue_submit(q, owners[i], job, record, (void *)&names[i]), FM_OK);
-    else fm_cqueue_submit_background(q, job, record, (void *)&names[i]);
+    if (owners[i])
+      CHECK_EQ_INT(fm_cqueue_submit(q, owners[i], job, record, (void *)&names[i]), FM_OK);
+    else
+      fm_cqueue_submit_background(q, job, record, (void *)&names[i]);
   }
   CHECK_EQ_INT(fm_cqueue_waiting(q), 5);
   uv_run(&loop, UV_RUN_DEFAULT);

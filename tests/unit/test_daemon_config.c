@@ -64,7 +64,7 @@ static void test_set(void) {
   CHECK(c.cache_size == 1ull << 40);
   CHECK_EQ_INT(fm_config_set(&c, "frobs", "1", &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "unknown setting \"frobs\"");
-  CHECK(c.tune_only[0] == '\0');   /* default: every candidate */
+  CHECK(c.tune_only[0] == '\0'); /* default: every candidate */
   CHECK_EQ_INT(fm_config_set(&c, "tune-only", "cublaslt", &d), FM_OK);
   CHECK(strcmp(c.tune_only, "cublaslt") == 0);
   CHECK_EQ_INT(fm_config_set(&c, "tune-only", "", &d), FM_EINVAL);
@@ -73,7 +73,7 @@ static void test_set(void) {
   memset(longer, 'x', sizeof longer - 1);
   longer[sizeof longer - 1] = '\0';
   CHECK_EQ_INT(fm_config_set(&c, "tune-only", longer, &d), FM_EINVAL);
-  CHECK_EQ_INT(c.exit_when_idle_s, 0);   /* default: never */
+  CHECK_EQ_INT(c.exit_when_idle_s, 0); /* default: never */
   CHECK_EQ_INT(fm_config_set(&c, "exit-when-idle", "600", &d), FM_OK);
   CHECK_EQ_INT(c.exit_when_idle_s, 600);
   const char *bad_idle[] = {"", "-1", "1.5", "10s", "604801"};
@@ -91,7 +91,7 @@ static void test_access_and_output(void) {
   CHECK_EQ_INT(c.n_allow_gids, 0);
   CHECK(c.max_output == 512ull << 20);
   CHECK_EQ_INT(fm_config_set(&c, "allow-uid", "1000,0,65534", &d), FM_OK);
-  CHECK_EQ_INT(fm_config_set(&c, "allow-uid", "1001", &d), FM_OK);   /* lists add up */
+  CHECK_EQ_INT(fm_config_set(&c, "allow-uid", "1001", &d), FM_OK); /* lists add up */
   CHECK_EQ_INT(c.n_allow_uids, 4);
   CHECK(c.allow_uids[0] == 1000 && c.allow_uids[1] == 0 && c.allow_uids[2] == 65534 && c.allow_uids[3] == 1001);
   CHECK_EQ_INT(fm_config_set(&c, "allow-gid", "27", &d), FM_OK);
@@ -149,7 +149,7 @@ static void test_compile_limits(void) {
     CHECK_EQ_INT(fm_config_set(&c, "compile-deadline", bad_secs[i], &d), FM_EINVAL);
     CHECK_STR_CONTAINS(d.text, "compile-deadline");
   }
-  CHECK_EQ_INT(fm_config_set(&c, "compile-memory", "0", &d), FM_OK);   /* unbounded */
+  CHECK_EQ_INT(fm_config_set(&c, "compile-memory", "0", &d), FM_OK); /* unbounded */
   CHECK(c.compile_memory == 0);
   CHECK_EQ_INT(fm_config_set(&c, "compile-memory", "512M", &d), FM_OK);
   CHECK(c.compile_memory == 512ull << 20);

@@ -17,7 +17,7 @@ static fm_key key_of(uint8_t first, uint8_t last) {
 static void test_join_and_finish(void) {
   fm_inflight *t = NULL;
   CHECK_EQ_INT(fm_inflight_new(&t), FM_OK);
-  fm_key a = key_of(7, 1), b = key_of(7, 2);   /* same bucket */
+  fm_key a = key_of(7, 1), b = key_of(7, 2); /* same bucket */
   struct fm_conn *c1 = (struct fm_conn *)0x1000, *c2 = (struct fm_conn *)0x2000;
   int job_a, job_b;
   fm_flight *fa = NULL, *fb = NULL;
@@ -62,9 +62,7 @@ static void test_join_and_finish(void) {
 
 /* The sweep: c1 and c3 hung up, c2 did not. */
 static const struct fm_conn *open_conn;
-static int is_open(const struct fm_conn *c) {
-  return c == open_conn;
-}
+static int is_open(const struct fm_conn *c) { return c == open_conn; }
 static void abandon(fm_flight *f, void *ctx) {
   fm_inflight *t = ctx;
   fm_waiter *w = fm_inflight_finish(t, f);
@@ -74,9 +72,7 @@ static void abandon(fm_flight *f, void *ctx) {
     w = next;
   }
 }
-static void cancel_stub(void *job) {
-  (void)job;
-}
+static void cancel_stub(void *job) { (void)job; }
 
 static void test_sweep_finds_abandoned_flights(void) {
   fm_inflight *t = NULL;
@@ -87,16 +83,16 @@ static void test_sweep_finds_abandoned_flights(void) {
   fm_flight *f[4];
   int job;
   for (int i = 0; i < 4; i++) {
-    k[i] = key_of(9, (uint8_t)i);   /* one bucket: abandon unlinks from the chain being walked */
+    k[i] = key_of(9, (uint8_t)i); /* one bucket: abandon unlinks from the chain being walked */
     CHECK_EQ_INT(fm_inflight_start(t, &k[i], &job, &f[i]), FM_OK);
     f[i]->cancel = cancel_stub;
   }
-  CHECK_EQ_INT(fm_inflight_join(t, f[0], c1, 1, 0), FM_OK);   /* abandoned */
-  CHECK_EQ_INT(fm_inflight_join(t, f[1], c1, 2, 0), FM_OK);   /* c2 still waits */
+  CHECK_EQ_INT(fm_inflight_join(t, f[0], c1, 1, 0), FM_OK); /* abandoned */
+  CHECK_EQ_INT(fm_inflight_join(t, f[1], c1, 2, 0), FM_OK); /* c2 still waits */
   CHECK_EQ_INT(fm_inflight_join(t, f[1], c2, 3, 1), FM_OK);
-  CHECK_EQ_INT(fm_inflight_join(t, f[2], c3, 4, 0), FM_OK);   /* abandoned */
+  CHECK_EQ_INT(fm_inflight_join(t, f[2], c3, 4, 0), FM_OK); /* abandoned */
   CHECK_EQ_INT(fm_inflight_join(t, f[2], c1, 5, 1), FM_OK);
-  CHECK_EQ_INT(fm_inflight_join(t, f[3], c3, 6, 0), FM_OK);   /* abandoned, not cancellable */
+  CHECK_EQ_INT(fm_inflight_join(t, f[3], c3, 6, 0), FM_OK); /* abandoned, not cancellable */
   f[3]->cancel = NULL;
   fm_inflight_sweep(t, is_open, abandon, t);
   CHECK_EQ_INT(fm_inflight_count(t), 2);

@@ -132,13 +132,11 @@ static void test_refused(void) {
 /* Whatever is wrong with a URL that holds a password, the reason quotes it redacted. */
 static void test_reason_never_holds_the_password(void) {
   static const char *urls[] = {
-      "redis://alice:Hunter2pw@cache:0",        "redis://alice:Hunter2pw@ca che",
-      "redis://:Hunter2pw@[::1",                "redis://alice:Hunter2pw@cache/x",
-      "redis://Hunter2pw@cache",                "redis://alice:Hunter2pw%zz@cache",
-      "redis://alice:Hunter2pw@cache?x",        "redis://a:b:Hunter2pw@c@ca%che",
-      "http://alice:Hunter2pw@cache",           "redis://alice:Hunter2pw@",
-      "alice:Hunter2pw@cache",                  "redis:/alice:Hunter2pw@cache",
-      "redis://u:Hunter2pw/x@cache:0",          "redis://u:Hunter2pw?x@cache/x",
+      "redis://alice:Hunter2pw@cache:0", "redis://alice:Hunter2pw@ca che", "redis://:Hunter2pw@[::1",
+      "redis://alice:Hunter2pw@cache/x", "redis://Hunter2pw@cache",        "redis://alice:Hunter2pw%zz@cache",
+      "redis://alice:Hunter2pw@cache?x", "redis://a:b:Hunter2pw@c@ca%che", "http://alice:Hunter2pw@cache",
+      "redis://alice:Hunter2pw@",        "alice:Hunter2pw@cache",          "redis:/alice:Hunter2pw@cache",
+      "redis://u:Hunter2pw/x@cache:0",   "redis://u:Hunter2pw?x@cache/x",
   };
   for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
     fm_redis_url u;

@@ -75,7 +75,7 @@ static void test_listen_fds(void) {
   snprintf(pid, sizeof pid, "%ld", (long)getpid() + 1);
   setenv("LISTEN_PID", pid, 1);
   setenv("LISTEN_FDS", "1", 1);
-  CHECK(!fm_sd_under_systemd());   /* another process's socket: not ours to serve as systemd's */
+  CHECK(!fm_sd_under_systemd()); /* another process's socket: not ours to serve as systemd's */
   /* Meant for another process (inherited): ignored, and cleared, in every build. */
   CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK);
   CHECK_EQ_INT(fd, -1);
@@ -92,13 +92,13 @@ static void test_listen_fds(void) {
 #if FM_HAVE_LIBSYSTEMD
   CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK);
   CHECK_EQ_INT(fd, FM_SD_LISTEN_FDS_START);
-  CHECK(fcntl(FM_SD_LISTEN_FDS_START, F_GETFD) & FD_CLOEXEC);   /* the daemon's children never hold it */
+  CHECK(fcntl(FM_SD_LISTEN_FDS_START, F_GETFD) & FD_CLOEXEC); /* the daemon's children never hold it */
 #else
   CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "built without libsystemd");
 #endif
   CHECK(getenv("LISTEN_PID") == NULL && getenv("LISTEN_FDS") == NULL && getenv("LISTEN_FDNAMES") == NULL);
-  CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK);   /* asked again: nothing passed any more */
+  CHECK_EQ_INT(fm_sd_listen_fd(&fd, &d), FM_OK); /* asked again: nothing passed any more */
   CHECK_EQ_INT(fd, -1);
   close(FM_SD_LISTEN_FDS_START);
 }
@@ -110,7 +110,7 @@ static void test_watchdog(void) {
   snprintf(other, sizeof other, "%ld", (long)getpid() + 1);
   static const struct {
     const char *usec, *pid;
-    uint64_t want;   /* with libsystemd */
+    uint64_t want; /* with libsystemd */
   } cases[] = {
       {NULL, NULL, 0},        {"400000", NULL, 400000}, {"400000", "me", 400000},
       {"400000", "other", 0}, {"junk", NULL, 0},        {"0", NULL, 0},
@@ -119,10 +119,14 @@ static void test_watchdog(void) {
     uint64_t usec = 1;
     fm_diag d = {{0}};
     const char *pid = cases[i].pid ? (strcmp(cases[i].pid, "me") == 0 ? me : other) : NULL;
-    if (cases[i].usec) setenv("WATCHDOG_USEC", cases[i].usec, 1);
-    else unsetenv("WATCHDOG_USEC");
-    if (pid) setenv("WATCHDOG_PID", pid, 1);
-    else unsetenv("WATCHDOG_PID");
+    if (cases[i].usec)
+      setenv("WATCHDOG_USEC", cases[i].usec, 1);
+    else
+      unsetenv("WATCHDOG_USEC");
+    if (pid)
+      setenv("WATCHDOG_PID", pid, 1);
+    else
+      unsetenv("WATCHDOG_PID");
     int err = fm_sd_watchdog_usec(&usec, &d);
 #if FM_HAVE_LIBSYSTEMD
     int ok = err == FM_OK && usec == cases[i].want;
@@ -150,12 +154,12 @@ static void test_under_systemd(void) {
     int under;
   } cases[] = {
       {NULL, NULL, NULL, NULL, 0},
-      {"0123abcd", NULL, NULL, NULL, 0},              /* any descendant of a service */
+      {"0123abcd", NULL, NULL, NULL, 0}, /* any descendant of a service */
       {"0123abcd", NULL, NULL, "other", 0},
-      {"0123abcd", "/run/notify", NULL, "other", 0},  /* a child of a Type=notify service */
-      {"0123abcd", NULL, NULL, "me", 1},              /* the service itself (systemd 248+) */
-      {"0123abcd", "/run/notify", NULL, NULL, 1},     /* a Type=notify service, older systemd */
-      {NULL, NULL, "me", NULL, 1},                    /* socket-activated */
+      {"0123abcd", "/run/notify", NULL, "other", 0}, /* a child of a Type=notify service */
+      {"0123abcd", NULL, NULL, "me", 1},             /* the service itself (systemd 248+) */
+      {"0123abcd", "/run/notify", NULL, NULL, 1},    /* a Type=notify service, older systemd */
+      {NULL, NULL, "me", NULL, 1},                   /* socket-activated */
       {NULL, NULL, "other", NULL, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -164,8 +168,10 @@ static void test_under_systemd(void) {
       const char *val = values[v];
       if (val && strcmp(val, "me") == 0) val = me;
       if (val && strcmp(val, "other") == 0) val = other;
-      if (val) setenv(vars[v], val, 1);
-      else unsetenv(vars[v]);
+      if (val)
+        setenv(vars[v], val, 1);
+      else
+        unsetenv(vars[v]);
     }
     if (fm_sd_under_systemd() != cases[i].under) {
       fprintf(stderr, "case %zu: fm_sd_under_systemd() != %d\n", i, cases[i].under);

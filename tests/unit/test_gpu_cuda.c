@@ -28,7 +28,7 @@ static void test_load(void) {
   fm_diag d2 = {{0}};
   CHECK_EQ_INT(fm_cuda_load(NULL, &d2), FM_ENOGPU);
   CHECK(strcmp(d.text, d2.text) == 0);
-  CHECK_EQ_INT(fm_cuda_load(NULL, NULL), FM_ENOGPU);  /* d may be NULL */
+  CHECK_EQ_INT(fm_cuda_load(NULL, NULL), FM_ENOGPU); /* d may be NULL */
 }
 
 static void test_device_id(void) {
@@ -81,7 +81,7 @@ static void test_module_without_gpu(void) {
   snprintf(k.meta.grid_rule, sizeof k.meta.grid_rule, "elementwise");
   CHECK_EQ_INT(fm_module_launch(NULL, NULL, NULL, 1, NULL, &d), FM_EINVAL);
 
-  if (have_gpu) return;  /* a fake CUBIN would only test the driver's error path */
+  if (have_gpu) return; /* a fake CUBIN would only test the driver's error path */
   CHECK_EQ_INT(fm_module_load(&k, &m, &d), FM_ENOGPU);
   CHECK(m == NULL);
   CHECK(strlen(d.text) > 0);
@@ -103,23 +103,28 @@ static void test_module_load_bytes(void) {
   snprintf(meta.kind, sizeof meta.kind, "pointwise");
   snprintf(meta.entry, sizeof meta.entry, "fm_pw");
   snprintf(meta.grid_rule, sizeof meta.grid_rule, "elementwise");
-  meta.block[0] = 256; meta.block[1] = 1; meta.block[2] = 1;
-  meta.inner = 1024; meta.items_per_block = 2048; meta.max_blocks = 528; meta.outer = -1;
-  meta.n_inputs = 1; meta.n_outputs = 1;
+  meta.block[0] = 256;
+  meta.block[1] = 1;
+  meta.block[2] = 1;
+  meta.inner = 1024;
+  meta.items_per_block = 2048;
+  meta.max_blocks = 528;
+  meta.outer = -1;
+  meta.n_inputs = 1;
+  meta.n_outputs = 1;
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);
 
   CHECK_EQ_INT(fm_module_load_bytes(NULL, 0, NULL, 0, &m, &d), FM_EINVAL);
   CHECK(m == NULL);
-  CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, two_objects,
-                                    sizeof two_objects, &m, &d), FM_EMALFORMED);
-  CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, not_a_map,
-                                    sizeof not_a_map, &m, &d), FM_ESCHEMA);
+  CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, two_objects, sizeof two_objects, &m, &d),
+               FM_EMALFORMED);
+  CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, not_a_map, sizeof not_a_map, &m, &d), FM_ESCHEMA);
   CHECK_STR_CONTAINS(d.text, "meta");
   if (!have_gpu) {
-    CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, (const uint8_t *)sb.data,
-                                      sb.size, &m, &d), FM_ENOGPU);
+    CHECK_EQ_INT(fm_module_load_bytes(fake_cubin, sizeof fake_cubin, (const uint8_t *)sb.data, sb.size, &m, &d),
+                 FM_ENOGPU);
     CHECK(m == NULL);
   }
   msgpack_sbuffer_destroy(&sb);
@@ -157,7 +162,7 @@ static void test_plan_without_cubin(void) {
   b->k = 12;
   for (int i = 0; i < 4; i++) b->align[i] = 16;
   b->workspace = 1000;
-  CHECK(fm_meta_scratch_bytes(&meta, 100) == 1024);   /* the workspace, rounded to 256 */
+  CHECK(fm_meta_scratch_bytes(&meta, 100) == 1024); /* the workspace, rounded to 256 */
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   CHECK_EQ_INT(fm_meta_pack(&meta, &pk), FM_OK);

@@ -21,7 +21,7 @@
 #include "fm_nvrtc.h"
 #include "fm_test.h"
 
-#define LONG_LEN (200u << 10)     /* a 200 KB string: under the frame cap, far over any name */
+#define LONG_LEN  (200u << 10) /* a 200 KB string: under the frame cap, far over any name */
 #define N_HOSTILE 20
 
 typedef struct hstr {
@@ -41,14 +41,25 @@ static void add_hostile(const char *p, size_t len) {
 
 static void init_hostile(void) {
   static const char *const plain[] = {
-      "\"); system(\"rm -rf /\"); //", "*/ __global__ void evil() {} /*", "\n#include </etc/passwd>\n",
-      "#define float double", "\\\nint evil;", "int", "return", "__global__", "asm volatile(\"trap;\")",
-      "f32\"", "bf16 x; }", "gelu(x) + 1", "'", "${HOME}%s%n%x",
+      "\"); system(\"rm -rf /\"); //",
+      "*/ __global__ void evil() {} /*",
+      "\n#include </etc/passwd>\n",
+      "#define float double",
+      "\\\nint evil;",
+      "int",
+      "return",
+      "__global__",
+      "asm volatile(\"trap;\")",
+      "f32\"",
+      "bf16 x; }",
+      "gelu(x) + 1",
+      "'",
+      "${HOME}%s%n%x",
   };
   for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) add_hostile(plain[i], strlen(plain[i]));
   add_hostile("\xff\xfe\xc0\x80 not utf-8", 14);
-  add_hostile("add\0*/ evil", 11);        /* an embedded NUL after a valid op name */
-  add_hostile("bf16\0evil", 9);           /* and after a valid dtype */
+  add_hostile("add\0*/ evil", 11); /* an embedded NUL after a valid op name */
+  add_hostile("bf16\0evil", 9);    /* and after a valid dtype */
   add_hostile("", 0);
   long_str = malloc(LONG_LEN);
   for (size_t i = 0; i < LONG_LEN; i++) long_str[i] = "*/\n#A\"\\"[i % 7];
@@ -59,18 +70,16 @@ static void pk_str(msgpack_packer *pk, const char *s, size_t n) {
   msgpack_pack_str(pk, n);
   msgpack_pack_str_body(pk, s, n);
 }
-static void pk_cstr(msgpack_packer *pk, const char *s) {
-  pk_str(pk, s, strlen(s));
-}
+static void pk_cstr(msgpack_packer *pk, const char *s) { pk_str(pk, s, strlen(s)); }
 
 /* Where a hostile string goes. */
 typedef enum {
-  SLOT_NONE,        /* a clean fragment (numbers may still be hostile) */
-  SLOT_OPNAME,      /* the name of the pointwise op after the const */
-  SLOT_DTYPE,       /* input 0's dtype */
-  SLOT_OP_KEY,      /* an extra key in an op's map */
-  SLOT_TOP_VALUE,   /* an extra top-level field "name": <string> */
-  SLOT_INPUT_KEY,   /* an extra key in input 0's map */
+  SLOT_NONE,      /* a clean fragment (numbers may still be hostile) */
+  SLOT_OPNAME,    /* the name of the pointwise op after the const */
+  SLOT_DTYPE,     /* input 0's dtype */
+  SLOT_OP_KEY,    /* an extra key in an op's map */
+  SLOT_TOP_VALUE, /* an extra top-level field "name": <string> */
+  SLOT_INPUT_KEY, /* an extra key in input 0's map */
   SLOT__N
 } slot;
 
@@ -86,12 +95,14 @@ typedef struct hnum {
 } hnum;
 
 static void pack_num(msgpack_packer *pk, const hnum *v) {
-  if (v->is_int) msgpack_pack_int64(pk, v->i);
-  else msgpack_pack_double(pk, v->f);
+  if (v->is_int)
+    msgpack_pack_int64(pk, v->i);
+  else
+    msgpack_pack_double(pk, v->f);
 }
 
-static void pack_tensor(msgpack_packer *pk, uint32_t id, const char *dt, size_t dtlen, int rank,
-                        const int64_t *shape, const int64_t *strides, slot s, const hstr *h) {
+static void pack_tensor(msgpack_packer *pk, uint32_t id, const char *dt, size_t dtlen, int rank, const int64_t *shape,
+                        const int64_t *strides, slot s, const hstr *h) {
   int extra = s == SLOT_INPUT_KEY && h;
   msgpack_pack_map(pk, 3 + (strides != NULL) + extra);
   pk_cstr(pk, "id");
@@ -113,8 +124,8 @@ static void pack_tensor(msgpack_packer *pk, uint32_t id, const char *dt, size_t 
 }
 
 /* {op, out, args[, value]} plus the hostile key when asked. */
-static void pack_op(msgpack_packer *pk, const char *op, size_t oplen, uint32_t out, int nargs,
-                    const uint32_t *args, const hnum *value, const hstr *key) {
+static void pack_op(msgpack_packer *pk, const char *op, size_t oplen, uint32_t out, int nargs, const uint32_t *args,
+                    const hnum *value, const hstr *key) {
   msgpack_pack_map(pk, 2 + (nargs > 0) + (value != NULL) + (key != NULL));
   pk_cstr(pk, "op");
   pk_str(pk, op, oplen);
@@ -243,7 +254,7 @@ static int run_path(const msgpack_sbuffer *sb, const hstr *h, char **src_out) {
   CHECK(n == n2 && bytes && bytes2 && memcmp(bytes, bytes2, n) == 0);
 
   fm_candidate def, cands[64];
-  if (fm_codegen_default(canon, &def, &d) != FM_OK) goto out;   /* unsupported: run unfused */
+  if (fm_codegen_default(canon, &def, &d) != FM_OK) goto out; /* unsupported: run unfused */
   size_t nc = fm_codegen_candidates(canon, cands, 64);
   if (nc > 64) nc = 64;
   for (size_t i = 0; i <= nc && i < 3; i++) {
@@ -257,8 +268,10 @@ static int run_path(const msgpack_sbuffer *sb, const hstr *h, char **src_out) {
       fprintf(stderr, "  hostile string (%zu bytes) reached the source:\n%s\n", h->len, src);
       CHECK(0);
     }
-    if (i == 0) *src_out = src;
-    else free(src);
+    if (i == 0)
+      *src_out = src;
+    else
+      free(src);
   }
 out:
   msgpack_zone_destroy(&zone);
@@ -341,10 +354,14 @@ static void test_hostile_numbers_compile(void) {
         size_t len = 0;
         char *log = NULL;
         int rc = fm_nvrtc_compile(src, "hostile.cu", "sm_90a", &cubin, &len, &log);
-        if (rc) fprintf(stderr, "  %s %s: NVRTC: %s\n%s\n%s\n", base_name[b], nums[i].name, fm_strerror(rc),
-                        log ? log : "", src);
+        if (rc)
+          fprintf(stderr, "  %s %s: NVRTC: %s\n%s\n%s\n", base_name[b], nums[i].name, fm_strerror(rc), log ? log : "",
+                  src);
         CHECK_EQ_INT(rc, FM_OK);
-        CHECK(len > 4 && memcmp(cubin, "\x7f" "ELF", 4) == 0);
+        CHECK(len > 4 && memcmp(cubin,
+                                "\x7f"
+                                "ELF",
+                                4) == 0);
         n_compiled++;
         free(cubin);
         free(log);
@@ -368,8 +385,14 @@ static void test_hostile_arch_refused(void) {
     CHECK(!fm_nvrtc_arch_supported(z));
     free(z);
   }
-  const char *const archs[] = {"sm_90a --define-macro=float=double", "sm_90a\n", "sm_90a ", "sm_90a\"",
-                               "-Dx=y", "sm_", "compute_90a", "sm_9999"};
+  const char *const archs[] = {"sm_90a --define-macro=float=double",
+                               "sm_90a\n",
+                               "sm_90a ",
+                               "sm_90a\"",
+                               "-Dx=y",
+                               "sm_",
+                               "compute_90a",
+                               "sm_9999"};
   for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
     CHECK(!fm_nvrtc_arch_supported(archs[i]));
     uint8_t *cubin = NULL;

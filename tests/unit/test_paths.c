@@ -105,13 +105,13 @@ static void test_socket_dir_owner(void) {
   snprintf(sock, sizeof sock, "%s/fusemld.sock", dir);
   snprintf(link, sizeof link, "%s/sockdir-link", tmp);
   snprintf(lsock, sizeof lsock, "%s/fusemld.sock", link);
-  CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* no directory yet: connect will say */
+  CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK); /* no directory yet: connect will say */
   CHECK_EQ_INT(mkdir(dir, 0755), 0);
-  CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* ours */
-  CHECK_EQ_INT(fm_check_socket_dir("/fusemld.sock", &d), FM_OK);   /* root's */
+  CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);            /* ours */
+  CHECK_EQ_INT(fm_check_socket_dir("/fusemld.sock", &d), FM_OK); /* root's */
   CHECK_EQ_INT(symlink(dir, link), 0);
-  CHECK_EQ_INT(fm_check_socket_dir(lsock, &d), FM_OK);   /* a symlink to ours */
-  if (getuid() == 0) { /* only root can give the directory away */
+  CHECK_EQ_INT(fm_check_socket_dir(lsock, &d), FM_OK); /* a symlink to ours */
+  if (getuid() == 0) {                                 /* only root can give the directory away */
     CHECK(chown(dir, 4242, (gid_t)-1) == 0);
     CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_EDENIED);
     CHECK_STR_CONTAINS(d.text, "owned by uid 4242");
@@ -126,7 +126,7 @@ static void test_socket_dir_owner(void) {
     CHECK(strlen(sock) < sizeof sa.sun_path);
     memcpy(sa.sun_path, sock, strlen(sock) + 1 < sizeof sa.sun_path ? strlen(sock) + 1 : 0);
     CHECK(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
-    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK);   /* ours */
+    CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_OK); /* ours */
     CHECK(chown(sock, 4242, (gid_t)-1) == 0);
     CHECK_EQ_INT(fm_check_socket_dir(sock, &d), FM_EDENIED);
     CHECK_STR_CONTAINS(d.text, "socket is owned by uid 4242");

@@ -10,9 +10,8 @@
 #include "fm_test.h"
 #include "test_protocol_util.h"
 
-#define FRAG(inputs, ops, outputs) \
-  "{'vocab':1,'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
-#define T(id, dt, shape) "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
+#define FRAG(inputs, ops, outputs) "{'vocab':1,'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
+#define T(id, dt, shape)           "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
 
 /* relu(x) + exp(y), scaled */
 static const char *base = FRAG(T(0, "f16", "[-1,64]") "," T(1, "f16", "[1,64]"),
@@ -25,15 +24,16 @@ static const char *base = FRAG(T(0, "f16", "[-1,64]") "," T(1, "f16", "[1,64]"),
 
 /* the same computation: other ids, independent ops reordered, a dead op, strides given
  * explicitly (contiguous, and anything on the broadcast dim), align above 16, 2 vs 2.0 */
-static const char *same = FRAG("{'id':70,'dtype':'f16','shape':[-1,64],'strides':[64,1],'align':64},"
-                               "{'id':11,'dtype':'f16','shape':[1,64],'strides':[999,1]}",
-                               "{'op':'const','out':500,'value':2.0},"
-                               "{'op':'exp','out':90,'args':[11]},"
-                               "{'op':'sigmoid','out':91,'args':[90]},"
-                               "{'op':'relu','out':80,'args':[70]},"
-                               "{'op':'add','out':100,'args':[80,90]},"
-                               "{'op':'mul','out':7,'args':[100,500]}",
-                               "{'id':7,'dtype':'f16','shape':[-1,64],'align':32}");
+static const char *same = FRAG(
+    "{'id':70,'dtype':'f16','shape':[-1,64],'strides':[64,1],'align':64},"
+    "{'id':11,'dtype':'f16','shape':[1,64],'strides':[999,1]}",
+    "{'op':'const','out':500,'value':2.0},"
+    "{'op':'exp','out':90,'args':[11]},"
+    "{'op':'sigmoid','out':91,'args':[90]},"
+    "{'op':'relu','out':80,'args':[70]},"
+    "{'op':'add','out':100,'args':[80,90]},"
+    "{'op':'mul','out':7,'args':[100,500]}",
+    "{'id':7,'dtype':'f16','shape':[-1,64],'align':32}");
 
 static void test_equivalents_share_bytes(void) {
   size_t la, lb;
@@ -128,7 +128,8 @@ static void test_multi_output_order(void) {
                                    "{'op':'exp','out':8,'args':[5]},"
                                    "{'op':'add','out':7,'args':[8,9]}",
                                    T(9, "f32", "[16]") "," T(7, "f32", "[16]") "," T(5, "f32", "[16]")),
-                              &f, &d), FM_OK);
+                              &f, &d),
+               FM_OK);
   CHECK_EQ_INT(fm_fragment_canonicalize(&f, &c), FM_OK);
   CHECK_EQ_INT(c.n_ops, 3);
   CHECK(c.ops[0].op == FM_OP_TANH && c.ops[1].op == FM_OP_EXP && c.ops[2].op == FM_OP_ADD);
@@ -168,7 +169,9 @@ static void test_packed_keys(void) {
   CHECK_EQ_INT(tp_decode_json(FRAG(T(0, "f32", "[4]"),
                                    "{'op':'const','out':1,'value':3},{'op':'mul','out':2,'args':[0,1]},"
                                    "{'op':'cast','out':3,'args':[2],'dtype':'bf16'}",
-                                   T(3, "bf16", "[4]")), &f, &d), FM_OK);
+                                   T(3, "bf16", "[4]")),
+                              &f, &d),
+               FM_OK);
   uint8_t *cb;
   size_t cl;
   CHECK_EQ_INT(fm_fragment_canonical_bytes(&f, &cb, &cl), FM_OK);
@@ -211,8 +214,9 @@ static void test_invalid_refused(void) {
 }
 
 /* A symbolic GEMM (x @ W^T + b), with the M hint spliced in after the vocab. */
-#define GEMM(hint, m)                                                                       \
-  "{'vocab':3," hint "'inputs':[{'id':0,'dtype':'bf16','shape':[" m ",64]},"                \
+#define GEMM(hint, m)                                                                                 \
+  "{'vocab':3," hint "'inputs':[{'id':0,'dtype':'bf16','shape':[" m                                   \
+  ",64]},"                                                                                            \
   "{'id':1,'dtype':'bf16','shape':[64,128],'strides':[1,64]},{'id':2,'dtype':'bf16','shape':[128]}]," \
   "'ops':[{'op':'addmm','out':3,'args':[2,0,1]}],'outputs':[{'id':3,'dtype':'bf16','shape':[" m ",128]}]}"
 
@@ -227,9 +231,9 @@ static void test_m_hint_bucket(void) {
   uint8_t *s1 = tp_canon_json(GEMM("'m_hint':100,", "100"), &ls1);
   uint8_t *s2 = tp_canon_json(GEMM("", "100"), &ls2);
   CHECK(h3000 && h4000 && h4096 && h8 && none && s1 && s2);
-  CHECK(tp_bytes_eq(h3000, l3000, h4000, l4000));   /* one bucket: 4096 */
+  CHECK(tp_bytes_eq(h3000, l3000, h4000, l4000)); /* one bucket: 4096 */
   CHECK(tp_bytes_eq(h4000, l4000, h4096, l4096));
-  CHECK(!tp_bytes_eq(h4096, l4096, h8, l8));        /* another bucket, another key */
+  CHECK(!tp_bytes_eq(h4096, l4096, h8, l8)); /* another bucket, another key */
   CHECK(!tp_bytes_eq(h4096, l4096, none, lnone));
   CHECK(tp_bytes_eq(s1, ls1, s2, ls2));
   fm_fragment f, c;
@@ -242,17 +246,20 @@ static void test_m_hint_bucket(void) {
   /* a pointwise fragment drops it */
   CHECK(tp_decode_json("{'vocab':1,'m_hint':64,'inputs':[{'id':0,'dtype':'f32','shape':[-1,4]}],"
                        "'ops':[{'op':'relu','out':1,'args':[0]}],"
-                       "'outputs':[{'id':1,'dtype':'f32','shape':[-1,4]}]}", &f, &d) == FM_OK);
+                       "'outputs':[{'id':1,'dtype':'f32','shape':[-1,4]}]}",
+                       &f, &d) == FM_OK);
   CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 0);
   /* a column fragment (the bias gradient grad.sum(0)) with a symbolic M keeps its bucket,
      with a static M drops it */
   CHECK(tp_decode_json("{'vocab':5,'m_hint':3000,'inputs':[{'id':0,'dtype':'bf16','shape':[-1,64]}],"
                        "'ops':[{'op':'sum','out':1,'args':[0],'dim':0}],"
-                       "'outputs':[{'id':1,'dtype':'bf16','shape':[64]}]}", &f, &d) == FM_OK);
+                       "'outputs':[{'id':1,'dtype':'bf16','shape':[64]}]}",
+                       &f, &d) == FM_OK);
   CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 4096);
   CHECK(tp_decode_json("{'vocab':5,'m_hint':3000,'inputs':[{'id':0,'dtype':'bf16','shape':[3000,64]}],"
                        "'ops':[{'op':'sum','out':1,'args':[0],'dim':0}],"
-                       "'outputs':[{'id':1,'dtype':'bf16','shape':[64]}]}", &f, &d) == FM_OK);
+                       "'outputs':[{'id':1,'dtype':'bf16','shape':[64]}]}",
+                       &f, &d) == FM_OK);
   CHECK(fm_fragment_canonicalize(&f, &c) == FM_OK && c.m_hint == 0);
   /* out of range and mistyped hints are refused with their place */
   CHECK(tp_decode_json(GEMM("'m_hint':0,", "-1"), &f, &d) == FM_ELIMIT && strstr(d.text, "m_hint"));

@@ -11,14 +11,13 @@
 #include "fm_test.h"
 #include "test_protocol_util.h"
 
-#define FRAG(v, inputs, ops, outputs) \
-  "{'vocab':" #v ",'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
-#define FRAG6(inputs, ops, outputs) FRAG(6, inputs, ops, outputs)
-#define T(id, dt, shape) "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
+#define FRAG(v, inputs, ops, outputs) "{'vocab':" #v ",'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
+#define FRAG6(inputs, ops, outputs)   FRAG(6, inputs, ops, outputs)
+#define T(id, dt, shape)              "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
 /* rotate_half of x [-1, 4, 16]: x1 = x[..., :8], x2 = x[..., 8:] as views (strides of x) */
-#define X1 "{'id':0,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1]}"
-#define X2 "{'id':1,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1],'align':16}"
-#define ROT "{'op':'neg','out':2,'args':[1]},{'op':'cat','out':3,'args':[2,0],'dim':-1}"
+#define X1                            "{'id':0,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1]}"
+#define X2                            "{'id':1,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1],'align':16}"
+#define ROT                           "{'op':'neg','out':2,'args':[1]},{'op':'cat','out':3,'args':[2,0],'dim':-1}"
 
 static fm_fragment frag;
 
@@ -32,8 +31,7 @@ static void test_accepts(void) {
             T(9, "bf16", "[-1,4,16]")),
       /* three operands along a middle dim, one computed, one broadcast along the last dim */
       FRAG6(T(0, "f32", "[2,3,8]") "," T(1, "f32", "[2,1,8]") "," T(2, "f32", "[2,4,1]"),
-            "{'op':'exp','out':3,'args':[0]},{'op':'cat','out':4,'args':[3,1,2],'dim':1}",
-            T(4, "f32", "[2,8,8]")),
+            "{'op':'exp','out':3,'args':[0]},{'op':'cat','out':4,'args':[3,1,2],'dim':1}", T(4, "f32", "[2,8,8]")),
       /* a static dim 0 can be the cat dim; a bool operand promotes */
       FRAG6(T(0, "f16", "[3,8]") "," T(1, "bool", "[5,8]"), "{'op':'cat','out':2,'args':[0,1],'dim':0}",
             T(2, "f16", "[8,8]")),
@@ -57,37 +55,39 @@ static void test_extents(void) {
                                     T(4, "f32", "[2,8,8]")),
                               &frag, &d),
                FM_OK);
-  CHECK_EQ_INT(frag.ops[1].dim, 1);   /* made non-negative */
+  CHECK_EQ_INT(frag.ops[1].dim, 1); /* made non-negative */
   static fm_cat_info ci;
   CHECK_EQ_INT(fm_fragment_cat_info(&frag, &ci, &d), FM_OK);
   CHECK_EQ_INT(ci.rank, 3);
-  CHECK(ci.ext[3][0] == 2 && ci.ext[3][1] == 3 && ci.ext[3][2] == 8);   /* exp(x) */
-  CHECK(ci.ext[4][0] == 2 && ci.ext[4][1] == 8 && ci.ext[4][2] == 8);   /* 3 + 1 + 4 */
+  CHECK(ci.ext[3][0] == 2 && ci.ext[3][1] == 3 && ci.ext[3][2] == 8); /* exp(x) */
+  CHECK(ci.ext[4][0] == 2 && ci.ext[4][1] == 8 && ci.ext[4][2] == 8); /* 3 + 1 + 4 */
 }
 
 static void test_canonical(void) {
   size_t la, lb;
   uint8_t *a = tp_canon_json(FRAG6(X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), &la);
   /* the same with other ids, the dim spelt 2, a dead op */
-  uint8_t *b = tp_canon_json(
-      FRAG6("{'id':7,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1]},"
-            "{'id':9,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1],'align':64}",
-            "{'op':'exp','out':1,'args':[7]},{'op':'neg','out':20,'args':[9]},"
-            "{'op':'cat','out':21,'args':[20,7],'dim':2}",
-            T(21, "bf16", "[-1,4,16]")),
-      &lb);
+  uint8_t *b = tp_canon_json(FRAG6("{'id':7,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1]},"
+                                   "{'id':9,'dtype':'bf16','shape':[-1,4,8],'strides':[64,16,1],'align':64}",
+                                   "{'op':'exp','out':1,'args':[7]},{'op':'neg','out':20,'args':[9]},"
+                                   "{'op':'cat','out':21,'args':[20,7],'dim':2}",
+                                   T(21, "bf16", "[-1,4,16]")),
+                             &lb);
   CHECK(tp_bytes_eq(a, la, b, lb));
-  CHECK(a && la > 8 && a[7] == 6);   /* {"vocab": 6, ... */
-  static const char dim2[] = "\xa3" "dim\x02";
+  CHECK(a && la > 8 && a[7] == 6); /* {"vocab": 6, ... */
+  static const char dim2[] =
+      "\xa3"
+      "dim\x02";
   int found = 0;
   for (size_t i = 0; a && i + 5 <= la; i++) found |= memcmp(a + i, dim2, 5) == 0;
   CHECK(found);
   /* the canonical bytes decode to themselves */
   CHECK(tp_canonical_fixed_point(a, la, &frag));
   /* the operands' order is the data's order: another kernel */
-  uint8_t *c = tp_canon_json(FRAG6(X1 "," X2, "{'op':'neg','out':2,'args':[1]},{'op':'cat','out':3,'args':[0,2],'dim':-1}",
-                                   T(3, "bf16", "[-1,4,16]")),
-                             &lb);
+  uint8_t *c =
+      tp_canon_json(FRAG6(X1 "," X2, "{'op':'neg','out':2,'args':[1]},{'op':'cat','out':3,'args':[0,2],'dim':-1}",
+                          T(3, "bf16", "[-1,4,16]")),
+                    &lb);
   CHECK(c && !tp_bytes_eq(a, la, c, lb));
   free(c);
   free(a);
@@ -99,7 +99,8 @@ static void test_canonical(void) {
 static const tp_reject rejects[] = {
     /* what a vocabulary-5 fragment (or daemon) says */
     {FRAG(5, X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), FM_ESCHEMA, "ops[1].op: 'cat' needs vocab 6"},
-    {FRAG(7, X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), FM_ESCHEMA, "vocab 7 not supported, this daemon speaks 1 to 6"},
+    {FRAG(7, X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), FM_ESCHEMA,
+     "vocab 7 not supported, this daemon speaks 1 to 6"},
     /* operand sizes that do not add up to the output's */
     {FRAG6(X1 "," X2, ROT, T(3, "bf16", "[-1,4,17]")), FM_ESCHEMA,
      "outputs[0]: value 3 is [-1, 4, 16], which does not broadcast to the iteration shape [-1, 4, 17] along dim 2"},
@@ -143,8 +144,8 @@ static const tp_reject rejects[] = {
     /* with a reduction or a product */
     {FRAG6(T(0, "f32", "[4,8]"), CAT(1, "[0,0]", 1) ",{'op':'sum','out':2,'args':[1]}", T(2, "f32", "[4,1]")),
      FM_EUNSUPPORTED, "a cat runs in a pointwise fragment only"},
-    {FRAG6(T(0, "bf16", "[-1,64]") "," T(1, "bf16", "[64,32]"),
-           "{'op':'mm','out':2,'args':[0,1]}," CAT(3, "[2,2]", 1), T(3, "bf16", "[-1,64]")),
+    {FRAG6(T(0, "bf16", "[-1,64]") "," T(1, "bf16", "[64,32]"), "{'op':'mm','out':2,'args':[0,1]}," CAT(3, "[2,2]", 1),
+           T(3, "bf16", "[-1,64]")),
      FM_EUNSUPPORTED, "a cat runs in a pointwise fragment only"},
     /* sizes that overflow a dim */
     {FRAG6(T(0, "f32", "[2,2000000000]"), CAT(1, "[0,0]", 1), T(1, "f32", "[2,4000000000]")), FM_ELIMIT,
@@ -153,9 +154,7 @@ static const tp_reject rejects[] = {
      FM_ELIMIT, "ops[0]: the cat is 4000000000 long along dim 1, above 2^31-1"},
 };
 
-static void test_rejections(void) {
-  CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0);
-}
+static void test_rejections(void) { CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0); }
 
 int main(void) {
   RUN(test_accepts);

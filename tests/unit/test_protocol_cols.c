@@ -12,12 +12,11 @@
 #include "fm_test.h"
 #include "test_protocol_util.h"
 
-#define FRAG(v, inputs, ops, outputs) \
-  "{'vocab':" #v ",'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
-#define FRAG5(inputs, ops, outputs) FRAG(5, inputs, ops, outputs)
-#define T(id, dt, shape) "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
-#define G T(0, "bf16", "[-1,64]")
-#define SUM(out, arg) "{'op':'sum','out':" #out ",'args':[" #arg "],'dim':0,'keepdim':true}"
+#define FRAG(v, inputs, ops, outputs) "{'vocab':" #v ",'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
+#define FRAG5(inputs, ops, outputs)   FRAG(5, inputs, ops, outputs)
+#define T(id, dt, shape)              "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
+#define G                             T(0, "bf16", "[-1,64]")
+#define SUM(out, arg)                 "{'op':'sum','out':" #out ",'args':[" #arg "],'dim':0,'keepdim':true}"
 
 static fm_fragment frag, canon;
 
@@ -36,12 +35,11 @@ static void test_accepts(void) {
             T(1, "bf16", "[1,64]") "," T(2, "bf16", "[64]")),
       /* a prologue with a per-column [64] weight (rank 1: [1, 64]) and a [-1, 1] per-row scale */
       FRAG5(G "," T(1, "f32", "[64]") "," T(2, "bf16", "[-1,1]"),
-            "{'op':'mul','out':3,'args':[0,1]},{'op':'mul','out':4,'args':[3,2]}," SUM(5, 4),
-            T(5, "f32", "[1,64]")),
+            "{'op':'mul','out':3,'args':[0,1]},{'op':'mul','out':4,'args':[3,2]}," SUM(5, 4), T(5, "f32", "[1,64]")),
       /* an epilogue: cast, and a bias [1, 64] and a scalar (rank 0: [1, 1]) added per column */
       FRAG5(G "," T(1, "bf16", "[1,64]") "," T(2, "f32", "[]"),
             SUM(3, 0) ",{'op':'add','out':4,'args':[3,1]},{'op':'mul','out':5,'args':[4,2]},"
-            "{'op':'cast','out':6,'args':[5],'dtype':'bf16'}",
+                      "{'op':'cast','out':6,'args':[5],'dtype':'bf16'}",
             T(6, "bf16", "[1,64]") "," T(3, "bf16", "[64]")),
       /* static M, a column-major input */
       FRAG5("{'id':0,'dtype':'f16','shape':[300,64],'strides':[1,300]}", SUM(1, 0), T(1, "f16", "[1,64]")),
@@ -63,7 +61,7 @@ static void test_accepts(void) {
     CHECK_EQ_INT(canon.vocab, 5);
     CHECK(fm_fragment_is_cols(&canon));
     for (uint32_t k = 0; k < canon.n_inputs; k++) CHECK_EQ_INT(canon.inputs[k].rank, 2);
-    for (uint32_t k = 0; k < canon.n_outputs; k++) {   /* [1, N] everywhere */
+    for (uint32_t k = 0; k < canon.n_outputs; k++) { /* [1, N] everywhere */
       CHECK_EQ_INT(canon.outputs[k].rank, 2);
       CHECK_EQ_INT(canon.outputs[k].shape[0], 1);
     }
@@ -82,7 +80,7 @@ static void test_classes(void) {
   CHECK_EQ_INT(tp_decode_json(FRAG5(G "," T(1, "f32", "[64]"),
                                     "{'op':'const','out':2,'value':2.0},{'op':'mul','out':3,'args':[1,2]},"
                                     "{'op':'mul','out':4,'args':[0,3]}," SUM(5, 4) ","
-                                    "{'op':'add','out':6,'args':[5,3]}",
+                                                                                   "{'op':'add','out':6,'args':[5,3]}",
                                     T(6, "f32", "[1,64]")),
                               &frag, &d),
                FM_OK);
@@ -91,11 +89,11 @@ static void test_classes(void) {
   CHECK_EQ_INT(ci.n, 64);
   CHECK_EQ_INT(ci.in_cls[0], FM_COLS_SPACE);
   CHECK_EQ_INT(ci.in_cls[1], FM_COLS_PRE);
-  CHECK_EQ_INT(ci.op_cls[0], FM_COLS_PRE);    /* const */
-  CHECK_EQ_INT(ci.op_cls[1], FM_COLS_PRE);    /* w * 2 */
-  CHECK_EQ_INT(ci.op_cls[2], FM_COLS_SPACE);  /* g * (w * 2) */
-  CHECK_EQ_INT(ci.op_cls[3], FM_COLS_POST);   /* the sum */
-  CHECK_EQ_INT(ci.op_cls[4], FM_COLS_POST);   /* sum + w * 2 */
+  CHECK_EQ_INT(ci.op_cls[0], FM_COLS_PRE);   /* const */
+  CHECK_EQ_INT(ci.op_cls[1], FM_COLS_PRE);   /* w * 2 */
+  CHECK_EQ_INT(ci.op_cls[2], FM_COLS_SPACE); /* g * (w * 2) */
+  CHECK_EQ_INT(ci.op_cls[3], FM_COLS_POST);  /* the sum */
+  CHECK_EQ_INT(ci.op_cls[4], FM_COLS_POST);  /* sum + w * 2 */
   CHECK(fm_fragment_is_symbolic(&frag));
   CHECK_EQ_INT(tp_decode_json(FRAG5(T(0, "bf16", "[8,64]"), SUM(1, 0), T(1, "bf16", "[1,64]")), &frag, &d), FM_OK);
   CHECK(!fm_fragment_is_symbolic(&frag));
@@ -113,10 +111,16 @@ static void test_canonical(void) {
                                    "{'id':9,'dtype':'bf16','shape':[64],'strides':[1]}"),
                              &lb);
   CHECK(tp_bytes_eq(a, la, b, lb));
-  CHECK(a && la > 8 && a[7] == 5);   /* {"vocab": 5, ... */
-  CHECK(holds(a, la, "\xa3" "dim\x00", 5));   /* "dim": 0 */
+  CHECK(a && la > 8 && a[7] == 5); /* {"vocab": 5, ... */
+  CHECK(holds(a, la,
+              "\xa3"
+              "dim\x00",
+              5)); /* "dim": 0 */
   uint8_t *r = tp_canon_json(FRAG(2, G, "{'op':'sum','out':1,'args':[0],'dim':-1}", T(1, "bf16", "[-1,1]")), &lb);
-  CHECK(r && !holds(r, lb, "\xa3" "dim", 4));
+  CHECK(r && !holds(r, lb,
+                    "\xa3"
+                    "dim",
+                    4));
   free(r);
   /* the canonical bytes decode to themselves, and so does their key */
   CHECK(tp_canonical_fixed_point(a, la, &frag));
@@ -152,7 +156,8 @@ static const tp_reject rejects[] = {
     {FRAG5(G, SUM(1, 0), T(1, "bf16", "[]")), FM_ESCHEMA, "outputs[0].shape: rank 0"},
     {FRAG5(G "," T(1, "bf16", "[5,64]"), "{'op':'add','out':2,'args':[0,1]}," SUM(3, 2), T(3, "bf16", "[1,64]")),
      FM_ESCHEMA, "inputs[1].shape[0]: 5 must be -1 (symbolic) or 1 (broadcast)"},
-    {FRAG5(T(0, "bf16", "[5,64]") "," T(1, "bf16", "[-1,64]"), "{'op':'add','out':2,'args':[0,1]}," SUM(3, 2), T(3, "bf16", "[1,64]")),
+    {FRAG5(T(0, "bf16", "[5,64]") "," T(1, "bf16", "[-1,64]"), "{'op':'add','out':2,'args':[0,1]}," SUM(3, 2),
+           T(3, "bf16", "[1,64]")),
      FM_ESCHEMA, "inputs[1].shape[0]: symbolic, but M is static (5)"},
     {FRAG5(G "," T(1, "bf16", "[-1,32]"), "{'op':'add','out':2,'args':[0,1]}," SUM(3, 2), T(3, "bf16", "[1,64]")),
      FM_ESCHEMA, "inputs[1].shape[1]: 32 does not broadcast to N = 64"},
@@ -161,14 +166,12 @@ static const tp_reject rejects[] = {
     /* rank 3: dim 0 is no column reduction there, and the rows rule refuses it */
     {FRAG5(T(0, "f32", "[4,8,64]"), SUM(1, 0), T(1, "f32", "[1,8,64]")), FM_EUNSUPPORTED,
      "only the last dim (-1) can be reduced"},
-    {FRAG5(T(0, "bf16", "[-1,64]") "," T(1, "bf16", "[64,32]"),
-           "{'op':'mm','out':2,'args':[0,1]}," SUM(3, 2), T(3, "bf16", "[1,32]")),
+    {FRAG5(T(0, "bf16", "[-1,64]") "," T(1, "bf16", "[64,32]"), "{'op':'mm','out':2,'args':[0,1]}," SUM(3, 2),
+           T(3, "bf16", "[1,32]")),
      FM_EUNSUPPORTED, "a GEMM fragment cannot also reduce"},
 };
 
-static void test_rejections(void) {
-  CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0);
-}
+static void test_rejections(void) { CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0); }
 
 int main(void) {
   RUN(test_accepts);

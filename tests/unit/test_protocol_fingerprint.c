@@ -90,15 +90,17 @@ static void test_every_field_matters(void) {
 
   fm_device_id dev;
   int changed = 0, variants = 0;
-#define VARIANT(stmt)                                          \
-  do {                                                         \
-    dev = h100;                                                \
-    in = base_inputs(&dev);                                    \
-    stmt;                                                      \
-    CHECK_EQ_INT(fm_fingerprint(&in, &k), FM_OK);              \
-    variants++;                                                \
-    if (memcmp(ref.bytes, k.bytes, 32) != 0) changed++;        \
-    else fprintf(stderr, "  no change for: %s\n", #stmt);      \
+#define VARIANT(stmt)                                  \
+  do {                                                 \
+    dev = h100;                                        \
+    in = base_inputs(&dev);                            \
+    stmt;                                              \
+    CHECK_EQ_INT(fm_fingerprint(&in, &k), FM_OK);      \
+    variants++;                                        \
+    if (memcmp(ref.bytes, k.bytes, 32) != 0)           \
+      changed++;                                       \
+    else                                               \
+      fprintf(stderr, "  no change for: %s\n", #stmt); \
   } while (0)
   VARIANT(in.canonical_len--);
   VARIANT(strcpy(dev.name, "NVIDIA H100 PCIe"));

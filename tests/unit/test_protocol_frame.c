@@ -175,8 +175,7 @@ static void test_compaction_keeps_data(void) {
     const uint8_t *p;
     size_t len;
     while (fm_frame_reader_next(&r, &p, &len) == 1) {
-      if (len != got % 50 || (len && (p[0] != (uint8_t)got || p[len - 1] != (uint8_t)(got + len - 1))))
-        bad++;
+      if (len != got % 50 || (len && (p[0] != (uint8_t)got || p[len - 1] != (uint8_t)(got + len - 1)))) bad++;
       got++;
     }
     if (r.cap > max_cap) max_cap = r.cap;

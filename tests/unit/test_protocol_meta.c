@@ -82,8 +82,7 @@ static void test_wire_form(void) {
   fm_diag d = {{0}};
   msgpack_zone_init(&zone, 1024);
   CHECK_EQ_INT(fm_msg_unpack((uint8_t *)sb.data, sb.size, &fm_msg_reply_limits, &zone, &o, &d), FM_OK);
-  static const char *keys[] = {"kind", "entry", "block", "smem", "grid",
-                               "outer", "n_inputs", "n_outputs", "params"};
+  static const char *keys[] = {"kind", "entry", "block", "smem", "grid", "outer", "n_inputs", "n_outputs", "params"};
   CHECK_EQ_INT(o.via.map.size, 9);
   for (uint32_t i = 0; i < o.via.map.size && i < 9; i++) CHECK(fm_msg_str_eq(&o.via.map.ptr[i].key, keys[i]));
   const msgpack_object *p = fm_msg_get(&o, "params");
@@ -97,23 +96,24 @@ static void test_wire_form(void) {
 /* Packs fn over the value of `key` while copying map; with sub, edits key `sub` of the map
  * under `key` instead; a NULL fn drops the key. */
 typedef void (*override_fn)(msgpack_packer *pk);
-static void repack(msgpack_packer *pk, const msgpack_object *map, const char *key, const char *sub,
-                   override_fn fn) {
+static void repack(msgpack_packer *pk, const msgpack_object *map, const char *key, const char *sub, override_fn fn) {
   msgpack_pack_map(pk, map->via.map.size - (fn || sub ? 0 : 1));
   for (uint32_t i = 0; i < map->via.map.size; i++) {
     const msgpack_object_kv *kv = &map->via.map.ptr[i];
     int hit = fm_msg_str_eq(&kv->key, key);
     if (hit && !sub && !fn) continue;
     msgpack_pack_object(pk, kv->key);
-    if (!hit) msgpack_pack_object(pk, kv->val);
-    else if (sub) repack(pk, &kv->val, sub, NULL, fn);
-    else fn(pk);
+    if (!hit)
+      msgpack_pack_object(pk, kv->val);
+    else if (sub)
+      repack(pk, &kv->val, sub, NULL, fn);
+    else
+      fn(pk);
   }
 }
 
 /* Packs m with one field changed (repack) and unpacks it; returns the first error. */
-static int unpack_edit(const fm_kernel_meta *m, const char *key, const char *sub, override_fn fn,
-                       fm_diag *d) {
+static int unpack_edit(const fm_kernel_meta *m, const char *key, const char *sub, override_fn fn, fm_diag *d) {
   fm_kernel_meta out;
   msgpack_sbuffer sb, sb2;
   msgpack_packer pk, pk2;
@@ -275,22 +275,39 @@ static void test_tmaps(void) {
     int field;
     const char *diag;
   } bad[] = {
-      {0, "input 3 of 3 inputs"},       {1, "dtype 'f32'"},
-      {2, "not one 128-byte swizzle row"}, {3, "ld 100"},
-      {4, "a 0 x 4096 matrix"},          {5, "box[1] must be in 1..256"},
+      {0, "input 3 of 3 inputs"},
+      {1, "dtype 'f32'"},
+      {2, "not one 128-byte swizzle row"},
+      {3, "ld 100"},
+      {4, "a 0 x 4096 matrix"},
+      {5, "box[1] must be in 1..256"},
       {6, "ld 4100"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     m = with_tmaps();
     fm_meta_tmap *t = &m.tmaps[1];
     switch (bad[i].field) {
-      case 0: t->input = 3; break;
-      case 1: strcpy(t->dtype, "f32"); break;
-      case 2: t->box[0] = 32; break;
-      case 3: t->ld = 100; break;
-      case 4: t->rows = 0; break;
-      case 5: t->box[1] = 512; break;
-      case 6: t->ld = 4100; break;   /* 8200 bytes: rows not 16-byte aligned */
+      case 0:
+        t->input = 3;
+        break;
+      case 1:
+        strcpy(t->dtype, "f32");
+        break;
+      case 2:
+        t->box[0] = 32;
+        break;
+      case 3:
+        t->ld = 100;
+        break;
+      case 4:
+        t->rows = 0;
+        break;
+      case 5:
+        t->box[1] = 512;
+        break;
+      case 6:
+        t->ld = 4100;
+        break; /* 8200 bytes: rows not 16-byte aligned */
     }
     memset(&d, 0, sizeof d);
     expect_schema("tmap", i, round_trip(&m, &back, &d), &d, bad[i].diag);
@@ -305,12 +322,12 @@ static void test_grid_x(void) {
   fm_kernel_meta m = sample(); /* inner 768, 2048 per block, cap 528, symbolic */
   CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 0);
   CHECK_EQ_INT(fm_meta_grid_x(&m, -5), 0);
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 1), 1);            /* 768 items */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 8), 3);            /* 6144 / 2048 */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 9), 4);            /* 6912: rounds up */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 1 << 20), 528);    /* capped */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, INT64_MAX), 528);  /* no overflow */
-  m.outer = 8; /* static: the argument is ignored */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 1), 1);           /* 768 items */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 8), 3);           /* 6144 / 2048 */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 9), 4);           /* 6912: rounds up */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 1 << 20), 528);   /* capped */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, INT64_MAX), 528); /* no overflow */
+  m.outer = 8;                                      /* static: the argument is ignored */
   CHECK_EQ_INT(fm_meta_grid_x(&m, 1000), 3);
   m.inner = 0;
   CHECK_EQ_INT(fm_meta_grid_x(&m, 8), 0);
@@ -325,22 +342,22 @@ static void test_grid_persistent(void) {
   fm_kernel_meta m = sample(), back;
   fm_diag d;
   strcpy(m.grid_rule, "persistent");
-  m.inner = 4;              /* column tiles */
-  m.items_per_block = 128;  /* BM */
-  m.max_blocks = 132;       /* one block per SM */
+  m.inner = 4;             /* column tiles */
+  m.items_per_block = 128; /* BM */
+  m.max_blocks = 132;      /* one block per SM */
   CHECK(fm_meta_rule_known("persistent"));
   CHECK(!fm_meta_rule_known("persistent2"));
   CHECK(!fm_meta_rule_known(NULL));
   CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 0);
   CHECK_EQ_INT(fm_meta_grid_x(&m, -1), 0);
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 1), 4);            /* one row tile */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 129), 8);          /* a partial second row tile */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 4096), 128);       /* 32 x 4 tiles: fewer than the cap */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 16384), 132);      /* 512 tiles: capped */
-  CHECK_EQ_INT(fm_meta_grid_x(&m, INT64_MAX), 132);  /* no overflow */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 1), 4);           /* one row tile */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 129), 8);         /* a partial second row tile */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 4096), 128);      /* 32 x 4 tiles: fewer than the cap */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 16384), 132);     /* 512 tiles: capped */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, INT64_MAX), 132); /* no overflow */
   CHECK_EQ_INT(fm_meta_grid_y(&m, 16384), 1);
   CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 0);
-  m.outer = 200;   /* static: the argument is ignored */
+  m.outer = 200; /* static: the argument is ignored */
   CHECK_EQ_INT(fm_meta_grid_x(&m, 1 << 20), 8);
   CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
   CHECK(strcmp(back.grid_rule, "persistent") == 0);
@@ -355,16 +372,16 @@ static void test_grid_columns(void) {
   fm_diag d = {{0}};
   strcpy(m.kind, "columns");
   strcpy(m.grid_rule, "columns");
-  m.inner = 1000;            /* N */
-  m.items_per_block = 64;    /* columns per strip */
-  m.max_blocks = 16;         /* ceil(1000 / 64) */
+  m.inner = 1000;         /* N */
+  m.items_per_block = 64; /* columns per strip */
+  m.max_blocks = 16;      /* ceil(1000 / 64) */
   CHECK(fm_meta_rule_known("columns"));
   CHECK(!fm_meta_rule_known("column"));
-  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 16);   /* M = 0 still launches */
-  CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 1);    /* no cluster */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 0), 16); /* M = 0 still launches */
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 1);  /* no cluster */
   CHECK_EQ_INT(fm_meta_grid_z(&m, 0), 1);
   CHECK_EQ_INT(fm_meta_grid_x(&m, 16384), 16);
-  CHECK_EQ_INT(fm_meta_grid_x(&m, -1), 0);   /* a symbolic kernel needs an M */
+  CHECK_EQ_INT(fm_meta_grid_x(&m, -1), 0); /* a symbolic kernel needs an M */
   CHECK_EQ_INT(fm_meta_grid_y(&m, -1), 0);
   m.cluster[0] = m.cluster[2] = 1;
   m.cluster[1] = 4;
@@ -376,7 +393,7 @@ static void test_grid_columns(void) {
   CHECK_EQ_INT(back.cluster[2], 1);
   CHECK_EQ_INT(fm_meta_grid_x(&back, 7), 16);
   CHECK_EQ_INT(fm_meta_grid_y(&back, 7), 4);
-  m.outer = 300;   /* static M: the argument is ignored */
+  m.outer = 300; /* static M: the argument is ignored */
   CHECK_EQ_INT(fm_meta_grid_y(&m, -1), 4);
   /* without a cluster no key is packed (every other kernel's bytes stay as they were), and
      unpacking gives [1, 1, 1] */
@@ -425,7 +442,7 @@ static fm_kernel_meta blas_sample(int split) {
   if (split) {
     strcpy(m.entry, "fm_blas_epi");
     m.outer = 40;
-    m.inner = 64;   /* ceil(N / 8) */
+    m.inner = 64; /* ceil(N / 8) */
     m.items_per_block = 256;
     return m;
   }
@@ -493,7 +510,7 @@ static void test_blas_round_trip(void) {
   wire_scratch(&m, &fixed, &row);
   CHECK_EQ_INT(fixed, 4u << 20);
   CHECK_EQ_INT(row, 0);
-  m.blas.workspace = 0;   /* a direct plan's scratch is never empty */
+  m.blas.workspace = 0; /* a direct plan's scratch is never empty */
   CHECK_EQ_INT(fm_meta_scratch_bytes(&m, 5), 256);
   CHECK_EQ_INT(fm_meta_scratch_result_offset(&m), 0);
   m.blas.workspace = 257;
@@ -580,35 +597,95 @@ static void test_blas_refusals(void) {
     fm_kernel_meta m = blas_sample(bad[i].split), back;
     fm_meta_blas *b = &m.blas;
     switch (i) {
-      case 0: strcpy(m.kind, "gemm"); break;
-      case 1: b->form[0] = '\0'; break;
-      case 2: m = sample(); strcpy(m.grid_rule, "none"); break;
-      case 3: strcpy(m.grid_rule, "none"); break;
-      case 4: strcpy(m.entry, "fm_k"), strcpy(m.grid_rule, "elementwise"); break;
-      case 5: strcpy(b->form, "foo"); break;
-      case 6: strcpy(b->dtype, "f32"); break;
-      case 7: b->a = 4; break;
-      case 8: b->b = 7; break;
-      case 9: b->out = 1; break;
-      case 10: b->bias = -2; break;
-      case 11: b->c = 4; break;
-      case 12: strcpy(b->act, "silu"); break;
-      case 13: b->bias = 2; break;
-      case 14: strcpy(b->act, "relu"); break;
-      case 15: b->align[0] = 3; break;
-      case 16: b->align[3] = 512; break;
-      case 17: b->workspace = (256u << 20) + 1; break;
-      case 18: b->n = 0; break;
-      case 19: b->m = 0; break;
-      case 20: b->lda = 1ull << 40; break;
-      case 21: m.entry[0] = '\0'; break;
-      case 22: m = sample(); m.entry[0] = '\0'; break;
-      case 23: m.n_tmaps = 1, m.tmaps[0] = (fm_meta_tmap){0, 2, "bf16", -1, 256, 256, {64, 64}}; break;
-      case 24: b->has_b2 = 1, b->b2 = 1; break;   /* siblings on a direct plan */
-      case 25: b->has_b2 = 1, b->b2 = 4; break;
-      case 26: b->batched = 1, b->stride_a = b->stride_b = 64; break;   /* rule "elementwise" */
-      case 27: b->batched = 1; break;                                   /* on a direct plan */
-      case 28: b->batched = 1, b->m = -1; break;                        /* a symbolic M */
+      case 0:
+        strcpy(m.kind, "gemm");
+        break;
+      case 1:
+        b->form[0] = '\0';
+        break;
+      case 2:
+        m = sample();
+        strcpy(m.grid_rule, "none");
+        break;
+      case 3:
+        strcpy(m.grid_rule, "none");
+        break;
+      case 4:
+        strcpy(m.entry, "fm_k"), strcpy(m.grid_rule, "elementwise");
+        break;
+      case 5:
+        strcpy(b->form, "foo");
+        break;
+      case 6:
+        strcpy(b->dtype, "f32");
+        break;
+      case 7:
+        b->a = 4;
+        break;
+      case 8:
+        b->b = 7;
+        break;
+      case 9:
+        b->out = 1;
+        break;
+      case 10:
+        b->bias = -2;
+        break;
+      case 11:
+        b->c = 4;
+        break;
+      case 12:
+        strcpy(b->act, "silu");
+        break;
+      case 13:
+        b->bias = 2;
+        break;
+      case 14:
+        strcpy(b->act, "relu");
+        break;
+      case 15:
+        b->align[0] = 3;
+        break;
+      case 16:
+        b->align[3] = 512;
+        break;
+      case 17:
+        b->workspace = (256u << 20) + 1;
+        break;
+      case 18:
+        b->n = 0;
+        break;
+      case 19:
+        b->m = 0;
+        break;
+      case 20:
+        b->lda = 1ull << 40;
+        break;
+      case 21:
+        m.entry[0] = '\0';
+        break;
+      case 22:
+        m = sample();
+        m.entry[0] = '\0';
+        break;
+      case 23:
+        m.n_tmaps = 1, m.tmaps[0] = (fm_meta_tmap){0, 2, "bf16", -1, 256, 256, {64, 64}};
+        break;
+      case 24:
+        b->has_b2 = 1, b->b2 = 1;
+        break; /* siblings on a direct plan */
+      case 25:
+        b->has_b2 = 1, b->b2 = 4;
+        break;
+      case 26:
+        b->batched = 1, b->stride_a = b->stride_b = 64;
+        break; /* rule "elementwise" */
+      case 27:
+        b->batched = 1;
+        break; /* on a direct plan */
+      case 28:
+        b->batched = 1, b->m = -1;
+        break; /* a symbolic M */
     }
     fm_diag d = {{0}};
     expect_schema("blas", i, round_trip(&m, &back, &d), &d, bad[i].diag);

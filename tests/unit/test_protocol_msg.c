@@ -16,7 +16,8 @@ typedef struct {
   size_t len;
 } typed_value;
 
-#define V(name, lit) {name, lit, sizeof(lit) - 1}
+#define V(name, lit) \
+  { name, lit, sizeof(lit) - 1 }
 
 static const typed_value every_type[] = {
     V("positive fixint", "\x05"),
@@ -45,24 +46,44 @@ static const typed_value every_type[] = {
     V("fixext4", "\xd6\x05\xaa\xbb\xcc\xdd"),
     V("fixext8", "\xd7\x05\x01\x02\x03\x04\x05\x06\x07\x08"),
     V("fixext16", "\xd8\x05\x01\x02\x03\x04\x05\x06\x07\x08\x01\x02\x03\x04\x05\x06\x07\x08"),
-    V("fixstr", "\xa3" "abc"),
+    V("fixstr",
+      "\xa3"
+      "abc"),
     V("empty fixstr", "\xa0"),
-    V("str8", "\xd9\x03" "abc"),
-    V("str16", "\xda\x00\x03" "abc"),
-    V("str32", "\xdb\x00\x00\x00\x03" "abc"),
+    V("str8",
+      "\xd9\x03"
+      "abc"),
+    V("str16",
+      "\xda\x00\x03"
+      "abc"),
+    V("str32",
+      "\xdb\x00\x00\x00\x03"
+      "abc"),
     V("fixarray", "\x92\x01\x02"),
     V("empty fixarray", "\x90"),
     V("array16", "\xdc\x00\x02\x01\x02"),
     V("array32", "\xdd\x00\x00\x00\x02\x01\x02"),
-    V("fixmap", "\x81\xa1" "b" "\x01"),
+    V("fixmap",
+      "\x81\xa1"
+      "b"
+      "\x01"),
     V("empty fixmap", "\x80"),
-    V("map16", "\xde\x00\x01\xa1" "b" "\x01"),
-    V("map32", "\xdf\x00\x00\x00\x01\xa1" "b" "\x01"),
+    V("map16",
+      "\xde\x00\x01\xa1"
+      "b"
+      "\x01"),
+    V("map32",
+      "\xdf\x00\x00\x00\x01\xa1"
+      "b"
+      "\x01"),
 };
 
 /* {"a": value} */
 static size_t wrap(uint8_t *out, const typed_value *v) {
-  memcpy(out, "\x81\xa1" "a", 3);
+  memcpy(out,
+         "\x81\xa1"
+         "a",
+         3);
   memcpy(out + 3, v->bytes, v->len);
   return 3 + v->len;
 }
@@ -127,8 +148,7 @@ static void test_hostile_counts(void) {
   msgpack_zone zone;
   msgpack_object obj;
   msgpack_zone_init(&zone, 256);
-  CHECK_EQ_INT(fm_msg_unpack(arr32, sizeof arr32, &fm_msg_request_limits, &zone, &obj, &d),
-               FM_EMALFORMED);
+  CHECK_EQ_INT(fm_msg_unpack(arr32, sizeof arr32, &fm_msg_request_limits, &zone, &obj, &d), FM_EMALFORMED);
   msgpack_zone_destroy(&zone);
 
   const uint8_t map32[] = {0xdf, 0x80, 0x00, 0x00, 0x00, 0xa1, 'a', 0x01};
@@ -212,8 +232,7 @@ static void test_unpack_requires_map(void) {
   msgpack_object obj;
   fm_diag d = {{0}};
   msgpack_zone_init(&zone, 256);
-  CHECK_EQ_INT(fm_msg_unpack((const uint8_t *)"\x92\x01\x02", 3, &fm_msg_request_limits, &zone,
-                             &obj, &d), FM_ESCHEMA);
+  CHECK_EQ_INT(fm_msg_unpack((const uint8_t *)"\x92\x01\x02", 3, &fm_msg_request_limits, &zone, &obj, &d), FM_ESCHEMA);
   CHECK_STR_CONTAINS(d.text, "must be a map");
   msgpack_zone_destroy(&zone);
 }

@@ -10,12 +10,11 @@
 #include "fm_test.h"
 #include "test_protocol_util.h"
 
-#define FRAG2(inputs, ops, outputs) \
-  "{'vocab':2,'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
-#define T(id, dt, shape) "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
-#define X T(0, "bf16", "[-1,64]")
-#define W T(1, "bf16", "[1,64]")
-#define B T(2, "bf16", "[1,64]")
+#define FRAG2(inputs, ops, outputs) "{'vocab':2,'inputs':[" inputs "],'ops':[" ops "],'outputs':[" outputs "]}"
+#define T(id, dt, shape)            "{'id':" #id ",'dtype':'" dt "','shape':" shape "}"
+#define X                           T(0, "bf16", "[-1,64]")
+#define W                           T(1, "bf16", "[1,64]")
+#define B                           T(2, "bf16", "[1,64]")
 
 static fm_fragment frag, canon;
 
@@ -58,7 +57,7 @@ static void test_accepts(void) {
     CHECK(fm_fragment_is_rows(&frag));
     CHECK_EQ_INT(fm_fragment_canonicalize(&frag, &canon), FM_OK);
     CHECK_EQ_INT(canon.vocab, 2);
-    for (uint32_t k = 0; k < canon.n_outputs; k++)   /* keepdim shapes everywhere */
+    for (uint32_t k = 0; k < canon.n_outputs; k++) /* keepdim shapes everywhere */
       CHECK_EQ_INT(canon.outputs[k].rank, canon.inputs[0].rank);
   }
 }
@@ -67,24 +66,26 @@ static void test_accepts(void) {
  * key); keepdim and dim spellings do not split it either. */
 static void test_shared_keys(void) {
   size_t la, lb;
-  uint8_t *a = tp_canon_json(FRAG2(X "," W "," B, "{'op':'layer_norm','out':3,'args':[0,1,2],'value':1e-5}",
-                                   T(3, "bf16", "[-1,64]")), &la);
-  uint8_t *b = tp_canon_json(
-      FRAG2(X "," W "," B,
-            "{'op':'var','out':12,'args':[0],'correction':0},{'op':'mean','out':10,'args':[0]},"
-            "{'op':'sub','out':11,'args':[0,10]},{'op':'const','out':13,'value':1e-5},"
-            "{'op':'add','out':14,'args':[12,13]},{'op':'rsqrt','out':15,'args':[14]},"
-            "{'op':'mul','out':16,'args':[11,15]},{'op':'mul','out':17,'args':[16,1]},"
-            "{'op':'add','out':3,'args':[17,2]}",
-            T(3, "bf16", "[-1,64]")), &lb);
+  uint8_t *a = tp_canon_json(
+      FRAG2(X "," W "," B, "{'op':'layer_norm','out':3,'args':[0,1,2],'value':1e-5}", T(3, "bf16", "[-1,64]")), &la);
+  uint8_t *b = tp_canon_json(FRAG2(X "," W "," B,
+                                   "{'op':'var','out':12,'args':[0],'correction':0},{'op':'mean','out':10,'args':[0]},"
+                                   "{'op':'sub','out':11,'args':[0,10]},{'op':'const','out':13,'value':1e-5},"
+                                   "{'op':'add','out':14,'args':[12,13]},{'op':'rsqrt','out':15,'args':[14]},"
+                                   "{'op':'mul','out':16,'args':[11,15]},{'op':'mul','out':17,'args':[16,1]},"
+                                   "{'op':'add','out':3,'args':[17,2]}",
+                                   T(3, "bf16", "[-1,64]")),
+                             &lb);
   CHECK(tp_bytes_eq(a, la, b, lb));
   free(a);
   free(b);
   a = tp_canon_json(FRAG2(X, "{'op':'softmax','out':1,'args':[0]}", T(1, "bf16", "[-1,64]")), &la);
-  b = tp_canon_json(FRAG2(X, "{'op':'amax','out':5,'args':[0],'keepdim':true,'dim':1},{'op':'sub','out':6,'args':[0,5]},"
-                             "{'op':'exp','out':7,'args':[6]},{'op':'sum','out':8,'args':[7],'dim':-1},"
-                             "{'op':'div','out':1,'args':[7,8]}",
-                          T(1, "bf16", "[-1,64]")), &lb);
+  b = tp_canon_json(FRAG2(X,
+                          "{'op':'amax','out':5,'args':[0],'keepdim':true,'dim':1},{'op':'sub','out':6,'args':[0,5]},"
+                          "{'op':'exp','out':7,'args':[6]},{'op':'sum','out':8,'args':[7],'dim':-1},"
+                          "{'op':'div','out':1,'args':[7,8]}",
+                          T(1, "bf16", "[-1,64]")),
+                    &lb);
   CHECK(tp_bytes_eq(a, la, b, lb));
   free(a);
   free(b);
@@ -104,11 +105,13 @@ static void test_shared_keys(void) {
 /* vocab 2 without reductions canonicalizes to vocab 1: the same bytes as the vocab-1 form. */
 static void test_lowest_vocab(void) {
   size_t la, lb;
-  uint8_t *a = tp_canon_json("{'vocab':1,'inputs':[" X "],'ops':[{'op':'relu','out':1,'args':[0]}],"
-                             "'outputs':[" T(1, "bf16", "[-1,64]") "]}", &la);
+  uint8_t *a = tp_canon_json("{'vocab':1,'inputs':[" X
+                             "],'ops':[{'op':'relu','out':1,'args':[0]}],"
+                             "'outputs':[" T(1, "bf16", "[-1,64]") "]}",
+                             &la);
   uint8_t *b = tp_canon_json(FRAG2(X, "{'op':'relu','out':1,'args':[0]}", T(1, "bf16", "[-1,64]")), &lb);
   CHECK(tp_bytes_eq(a, la, b, lb));
-  CHECK(a && a[7] == 1);   /* {"vocab": 1, ...: fixfixmap, fixstr "vocab", fixint 1 */
+  CHECK(a && a[7] == 1); /* {"vocab": 1, ...: fixfixmap, fixstr "vocab", fixint 1 */
   free(a);
   free(b);
 }
@@ -118,16 +121,16 @@ static const tp_reject rejects[] = {
      "ops[0].dim: 'sum' over dim 0 of a rank-2 row; only the last dim (-1) can be reduced"},
     {FRAG2(X, "{'op':'sum','out':1,'args':[0]},{'op':'amax','out':2,'args':[1]}", T(2, "bf16", "[-1,1]")),
      FM_EUNSUPPORTED, "ops[1].args[0]: nested reduction"},
-    {FRAG2(T(0, "f32", "[2,1048577]"), "{'op':'sum','out':1,'args':[0]}", T(1, "f32", "[2,1]")),
-     FM_EUNSUPPORTED, "rows of 1048577 elements exceed the limit of 1048576"},
+    {FRAG2(T(0, "f32", "[2,1048577]"), "{'op':'sum','out':1,'args':[0]}", T(1, "f32", "[2,1]")), FM_EUNSUPPORTED,
+     "rows of 1048577 elements exceed the limit of 1048576"},
     /* a row longer than registers hold is streamed, and var needs it held */
-    {FRAG2(T(0, "f32", "[2,40000]"), "{'op':'var','out':1,'args':[0]}", T(1, "f32", "[2,1]")),
-     FM_EUNSUPPORTED, "ops[0]: var over rows of 40000 elements"},
+    {FRAG2(T(0, "f32", "[2,40000]"), "{'op':'var','out':1,'args':[0]}", T(1, "f32", "[2,1]")), FM_EUNSUPPORTED,
+     "ops[0]: var over rows of 40000 elements"},
     {FRAG2(T(0, "bf16", "[-1,40000]") "," T(1, "bf16", "[1,40000]") "," T(2, "bf16", "[1,40000]"),
            "{'op':'layer_norm','out':3,'args':[0,1,2],'value':1e-5}", T(3, "bf16", "[-1,40000]")),
      FM_EUNSUPPORTED, "var over rows of 40000 elements"},
-    {FRAG2(T(0, "f32", "[-1]"), "{'op':'sum','out':1,'args':[0]}", T(1, "f32", "[1]")),
-     FM_EUNSUPPORTED, "the reduced (last) dim must be static"},
+    {FRAG2(T(0, "f32", "[-1]"), "{'op':'sum','out':1,'args':[0]}", T(1, "f32", "[1]")), FM_EUNSUPPORTED,
+     "the reduced (last) dim must be static"},
     {"{'vocab':1,'inputs':[" X "],'ops':[{'op':'sum','out':1,'args':[0]}],'outputs':[" T(1, "bf16", "[-1,1]") "]}",
      FM_ESCHEMA, "ops[0].op: 'sum' needs vocab 2 (the fragment says vocab 1)"},
     {FRAG2(X, "{'op':'sum','out':1,'args':[0],'keepdim':1}", T(1, "bf16", "[-1,1]")), FM_ESCHEMA,
@@ -144,7 +147,8 @@ static const tp_reject rejects[] = {
      "ops[0].args: 'softmax' takes 1 to 1 args, got 2"},
     {FRAG2(X, "{'op':'sum','out':1,'args':[0]}", T(1, "bf16", "[-1,64]")), FM_ESCHEMA,
      "outputs[0].shape: [-1, 64], but its value is one per row (last dim 1)"},
-    {FRAG2(X, "{'op':'exp','out':1,'args':[0]},{'op':'sum','out':2,'args':[0]}", T(1, "bf16", "[-1,1]") "," T(2, "bf16", "[-1,1]")),
+    {FRAG2(X, "{'op':'exp','out':1,'args':[0]},{'op':'sum','out':2,'args':[0]}",
+           T(1, "bf16", "[-1,1]") "," T(2, "bf16", "[-1,1]")),
      FM_ESCHEMA, "outputs[0].shape: [-1, 1], but its value is a full row"},
     {FRAG2(X "," T(1, "bf16", "[-1,32]"), "{'op':'sum','out':2,'args':[0]}", T(2, "bf16", "[-1,1]")), FM_ESCHEMA,
      "inputs[1].shape[1]: 32 does not broadcast to 64"},
@@ -153,9 +157,7 @@ static const tp_reject rejects[] = {
     {"{'vocab':7,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 7 not supported, this daemon speaks 1 to 6"},
 };
 
-static void test_rejections(void) {
-  CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0);
-}
+static void test_rejections(void) { CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0); }
 
 /* The expansion is bounded by FM_MAX_OPS like any fragment. */
 static void test_expansion_limit(void) {
@@ -171,7 +173,7 @@ static void test_expansion_limit(void) {
   CHECK_STR_CONTAINS(d.text, "exceeds the limit of 256 ops");
   frag.n_ops = 2;
   CHECK_EQ_INT(fm_fragment_expand(&frag, &d), FM_OK);
-  CHECK_EQ_INT(frag.n_ops, 14);   /* 7 ops per layer_norm without weight and bias */
+  CHECK_EQ_INT(frag.n_ops, 14); /* 7 ops per layer_norm without weight and bias */
   CHECK_EQ_INT(frag.ops[13].out, 2);
   frag.n_outputs = 1;
   frag.outputs[0] = frag.inputs[0];

@@ -15,8 +15,11 @@ static const char *esc(const char *s, size_t n, unsigned flags) {
 static void test_escaped(void) {
   CHECK(strcmp(esc("a\x1b[31mb", 7, 0), "a\\x1b[31mb") == 0);
   CHECK(strcmp(esc("\x07\x7f\r", 3, 0), "\\x07\\x7f\\x0d") == 0);
-  CHECK(strcmp(esc("x\0y", 3, 0), "x\\x00y") == 0);                 /* a NUL is shown, not an end */
-  CHECK(strcmp(esc("\xc2\x9b" "2J", 4, 0), "\\u009b2J") == 0);      /* C1 CSI */
+  CHECK(strcmp(esc("x\0y", 3, 0), "x\\x00y") == 0); /* a NUL is shown, not an end */
+  CHECK(strcmp(esc("\xc2\x9b"
+                   "2J",
+                   4, 0),
+               "\\u009b2J") == 0);                                  /* C1 CSI */
   CHECK(strcmp(esc("\xff\xc3", 2, 0), "\\xff\\xc3") == 0);          /* invalid, truncated UTF-8 */
   CHECK(strcmp(esc("\xc0\xaf", 2, 0), "\\xc0\\xaf") == 0);          /* overlong '/' */
   CHECK(strcmp(esc("\xed\xa0\x80", 3, 0), "\\xed\\xa0\\x80") == 0); /* a surrogate */
@@ -36,7 +39,7 @@ static void test_short_buffer(void) {
   CHECK_EQ_INT(fm_text_escape(out, sizeof out, "ab\x1b", 3, 0), 2);
   CHECK(strcmp(out, "ab") == 0);
   CHECK_EQ_INT(fm_text_escape(out, sizeof out, "a\xe2\x82\xac\xe2\x82\xac", 7, 0), 4);
-  CHECK(strcmp(out, "a\xe2\x82\xac") == 0);   /* the second euro sign would not fit whole */
+  CHECK(strcmp(out, "a\xe2\x82\xac") == 0); /* the second euro sign would not fit whole */
   CHECK_EQ_INT(fm_text_escape(out, 1, "abc", 3, 0), 0);
   CHECK(out[0] == '\0');
 }
@@ -50,7 +53,7 @@ static void test_fwrite_long(void) {
   FILE *m = open_memstream(&got, &got_len);
   fm_text_fwrite(m, s, n, 0);
   fclose(m);
-  size_t want = n + 3 * ((n + 6) / 7);   /* each ESC becomes 4 characters */
+  size_t want = n + 3 * ((n + 6) / 7); /* each ESC becomes 4 characters */
   CHECK_EQ_INT(got_len, want);
   CHECK(got && !strchr(got, '\x1b'));
   free(s);

@@ -37,11 +37,16 @@ TP_FN int tp_pack_json(msgpack_packer *pk, const json_t *j) {
     }
     case JSON_STRING:
       return msgpack_pack_str_with_body(pk, json_string_value(j), json_string_length(j));
-    case JSON_INTEGER: return msgpack_pack_int64(pk, json_integer_value(j));
-    case JSON_REAL: return msgpack_pack_double(pk, json_real_value(j));
-    case JSON_TRUE: return msgpack_pack_true(pk);
-    case JSON_FALSE: return msgpack_pack_false(pk);
-    case JSON_NULL: return msgpack_pack_nil(pk);
+    case JSON_INTEGER:
+      return msgpack_pack_int64(pk, json_integer_value(j));
+    case JSON_REAL:
+      return msgpack_pack_double(pk, json_real_value(j));
+    case JSON_TRUE:
+      return msgpack_pack_true(pk);
+    case JSON_FALSE:
+      return msgpack_pack_false(pk);
+    case JSON_NULL:
+      return msgpack_pack_nil(pk);
   }
   return -1;
 }
@@ -114,8 +119,8 @@ TP_FN int tp_check_rejects(const tp_reject *cases, size_t n) {
     fm_diag d = {{0}};
     int rc = tp_decode_json(cases[i].json, &f, &d);
     if (rc == cases[i].rc && strstr(d.text, cases[i].diag)) continue;
-    fprintf(stderr, "  case %zu: got %s \"%s\", want %s \"%s\"\n", i, fm_err_slug(rc), d.text,
-            fm_err_slug(cases[i].rc), cases[i].diag);
+    fprintf(stderr, "  case %zu: got %s \"%s\", want %s \"%s\"\n", i, fm_err_slug(rc), d.text, fm_err_slug(cases[i].rc),
+            cases[i].diag);
     bad++;
   }
   return bad;
@@ -139,24 +144,22 @@ TP_FN int tp_canonical_fixed_point(const uint8_t *bytes, size_t len, fm_fragment
   fm_diag d = {{0}};
   uint8_t *again = NULL;
   size_t alen = 0;
-  int ok = tp_decode_mp(bytes, len, f, &d) == FM_OK &&
-           fm_fragment_canonical_bytes(f, &again, &alen) == FM_OK && tp_bytes_eq(again, alen, bytes, len);
+  int ok = tp_decode_mp(bytes, len, f, &d) == FM_OK && fm_fragment_canonical_bytes(f, &again, &alen) == FM_OK &&
+           tp_bytes_eq(again, alen, bytes, len);
   free(again);
   return ok;
 }
 
 /* Field-by-field equality of two fragments (padding and unused slots are not compared). */
 TP_FN int tp_fragment_eq(const fm_fragment *a, const fm_fragment *b) {
-  if (a->vocab != b->vocab || a->n_inputs != b->n_inputs || a->n_ops != b->n_ops ||
-      a->n_outputs != b->n_outputs)
+  if (a->vocab != b->vocab || a->n_inputs != b->n_inputs || a->n_ops != b->n_ops || a->n_outputs != b->n_outputs)
     return 0;
   for (int side = 0; side < 2; side++) {
     uint32_t n = side ? a->n_outputs : a->n_inputs;
     for (uint32_t k = 0; k < n; k++) {
       const fm_tensor *x = side ? &a->outputs[k] : &a->inputs[k];
       const fm_tensor *y = side ? &b->outputs[k] : &b->inputs[k];
-      if (x->id != y->id || x->dtype != y->dtype || x->rank != y->rank || x->align != y->align)
-        return 0;
+      if (x->id != y->id || x->dtype != y->dtype || x->rank != y->rank || x->align != y->align) return 0;
       for (uint32_t i = 0; i < x->rank; i++)
         if (x->shape[i] != y->shape[i] || x->strides[i] != y->strides[i]) return 0;
     }

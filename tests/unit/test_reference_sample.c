@@ -135,7 +135,7 @@ static void test_pointwise_blocks(void) {
   fm_sample_choose(&canon, 1, 7, &s);
   /* one dim leaves 512K-element blocks, two leave 64K */
   CHECK_EQ_INT((int)s.cut, 2);
-  CHECK(s.n >= 16 && s.n <= 24);   /* a random block may fall in a strip */
+  CHECK(s.n >= 16 && s.n <= 24); /* a random block may fall in a strip */
   check_shape_of(&s);
   int64_t n = check_blocks(&s, 0);
   CHECK(n == 2 * (int64_t)s.n * 65536);
@@ -144,7 +144,7 @@ static void test_pointwise_blocks(void) {
 
 static void test_small_is_whole(void) {
   fm_sample s;
-  build_pointwise(4);   /* 2M elements: under the threshold */
+  build_pointwise(4); /* 2M elements: under the threshold */
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   fm_sample_choose(&canon, 1, 7, &s);
   CHECK_EQ_INT(s.n, 0);
@@ -197,11 +197,11 @@ static void test_rows_blocks(void) {
   build_lse(4096);
   CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
   fm_sample_choose(&canon, 1, 3, &s);
-  CHECK(s.n == 0);   /* 4096 x 1000 = 4.1M elements (the padding not counted): under the threshold */
+  CHECK(s.n == 0); /* 4096 x 1000 = 4.1M elements (the padding not counted): under the threshold */
   build_lse(4400);
   CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
   fm_sample_choose(&canon, 1, 3, &s);
-  CHECK_EQ_INT((int)s.cut, 1);   /* never the reduced dim */
+  CHECK_EQ_INT((int)s.cut, 1); /* never the reduced dim */
   CHECK(s.n >= 16 && s.n <= 24);
   check_shape_of(&s);
   int64_t n = check_blocks(&s, 0);
@@ -219,7 +219,7 @@ static void test_rows_long_row(void) {
   CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
   fm_sample_choose(&canon, 1, 3, &s);
   CHECK_EQ_INT((int)s.cut, 1);
-  CHECK_EQ_INT(s.n, 6);   /* fewer rows than a sample takes: all of them, in parallel */
+  CHECK_EQ_INT(s.n, 6); /* fewer rows than a sample takes: all of them, in parallel */
   CHECK(check_blocks(&s, 0) == 6);
 }
 
@@ -286,7 +286,7 @@ static void test_gemm_fixed_operand(void) {
   s.cut = 1;
   const int64_t rows[] = {0, 1, 2, 3, 300, 508, 509, 510, 511};
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) CHECK_EQ_INT(fm_sample_add(&s, rows[i]), 0);
-  CHECK_EQ_INT(fm_sample_add(&s, 300), 0);   /* a block already there is not added twice */
+  CHECK_EQ_INT(fm_sample_add(&s, 300), 0); /* a block already there is not added twice */
   CHECK_EQ_INT(s.n, 9);
   CHECK(check_blocks(&s, 1u << 1) == 9 * 256);
 }

@@ -32,9 +32,7 @@ static int count_fds(void) {
 }
 
 /* No child of ours is left, running or zombie. */
-static int no_children(void) {
-  return waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD;
-}
+static int no_children(void) { return waitpid(-1, NULL, WNOHANG) < 0 && errno == ECHILD; }
 
 static double now_s(void) {
   struct timespec ts;
@@ -200,7 +198,7 @@ static void test_bad_candidates_isolated(void) {
   CHECK_EQ_INT(tj->res[8].verdict, FM_VERDICT_OK);
   CHECK_EQ_INT(tj->winner, 4);
   CHECK_EQ_INT(tj->bad, 5);
-  CHECK_EQ_INT(tj->restarts, 3);   /* after abort, hang and launch_failed */
+  CHECK_EQ_INT(tj->restarts, 3); /* after abort, hang and launch_failed */
   /* The hang cost its deadline: 0.5 s + 50 x 2 ms, not more than a few seconds. */
   CHECK(took > 0.5 && took < 5.0);
   fm_tune_job_free(tj);
@@ -272,14 +270,14 @@ static void test_config_options(void) {
   CHECK_EQ_INT(c.tune, FM_TUNE_BACKGROUND);
   CHECK(c.tune_deadline_s == 5);
   CHECK(c.tuner_worker[0] == '\0');
-  CHECK_EQ_INT(fm_config_set(&c, "no-tune", NULL, &d), FM_OK);   /* the bare flag */
+  CHECK_EQ_INT(fm_config_set(&c, "no-tune", NULL, &d), FM_OK); /* the bare flag */
   CHECK_EQ_INT(c.tune, FM_TUNE_OFF);
-  CHECK_EQ_INT(fm_config_set(&c, "no-tune", "no", &d), FM_OK);   /* the file's form */
+  CHECK_EQ_INT(fm_config_set(&c, "no-tune", "no", &d), FM_OK); /* the file's form */
   CHECK_EQ_INT(c.tune, FM_TUNE_BACKGROUND);
   CHECK_EQ_INT(fm_config_set(&c, "no-tune", "maybe", &d), FM_EINVAL);
   CHECK_EQ_INT(fm_config_set(&c, "tune", "eager", &d), FM_OK);
   CHECK_EQ_INT(c.tune, FM_TUNE_EAGER);
-  CHECK_EQ_INT(fm_config_set(&c, "no-tune", "no", &d), FM_OK);   /* "no" keeps a chosen mode */
+  CHECK_EQ_INT(fm_config_set(&c, "no-tune", "no", &d), FM_OK); /* "no" keeps a chosen mode */
   CHECK_EQ_INT(c.tune, FM_TUNE_EAGER);
   CHECK_EQ_INT(fm_config_set(&c, "tune", "off", &d), FM_OK);
   CHECK_EQ_INT(c.tune, FM_TUNE_OFF);

@@ -46,8 +46,8 @@ static void test_mps_variables_scrubbed(void) {
   fm_diag d = {{0}};
   fm_tworker_init(&w, script);
   int err = fm_tworker_start(&w, 10000, &d);
-  CHECK(err != FM_OK);                 /* it never said ready */
-  CHECK(!fm_tworker_running(&w));      /* and nothing is left running */
+  CHECK(err != FM_OK);            /* it never said ready */
+  CHECK(!fm_tworker_running(&w)); /* and nothing is left running */
   const char *env = read_all(dump);
   CHECK(env != NULL);
   if (env) {

@@ -62,8 +62,10 @@ static void status(const char *op, uint64_t id, int ok, const char *detail) {
   msgpack_sbuffer_init(&sb);
   msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
   msgpack_pack_map(&pk, 4);
-  if (op) fm_pack_kv_cstr(&pk, "op", op);
-  else fm_pack_kv_u64(&pk, "id", id);
+  if (op)
+    fm_pack_kv_cstr(&pk, "op", op);
+  else
+    fm_pack_kv_u64(&pk, "id", id);
   fm_pack_kv_bool(&pk, "ok", ok != 0);
   fm_pack_kv_cstr(&pk, "device", "stand-in");
   fm_pack_kv_cstr(&pk, "detail", detail);
@@ -149,17 +151,23 @@ int main(int argc, char **argv) {
       trace("run %llu\n", (unsigned long long)index);
       if (run_ms) usleep((useconds_t)(atoi(run_ms) * 1000));
       plan_entry(index, entry, sizeof entry);
-      if (strncmp(entry, "ok:", 3) == 0) reply(id, "ok", 1e-4, atof(entry + 3));
-      else if (strcmp(entry, "wrong") == 0) reply(id, "wrong", 0.5, -1);
-      else if (strcmp(entry, "load") == 0) reply(id, "load_failed", -1, -1);
-      else if (strcmp(entry, "abort") == 0) abort();
-      else if (strcmp(entry, "hang") == 0) for (;;) pause();
+      if (strncmp(entry, "ok:", 3) == 0)
+        reply(id, "ok", 1e-4, atof(entry + 3));
+      else if (strcmp(entry, "wrong") == 0)
+        reply(id, "wrong", 0.5, -1);
+      else if (strcmp(entry, "load") == 0)
+        reply(id, "load_failed", -1, -1);
+      else if (strcmp(entry, "abort") == 0)
+        abort();
+      else if (strcmp(entry, "hang") == 0)
+        for (;;) pause();
       else if (strcmp(entry, "launch") == 0) {
         reply(id, "launch_failed", -1, -1);
         msgpack_zone_destroy(&z);
         fm_frame_reader_free(&rd);
         return 3;
-      } else reply(id, "ok", 1e-4, 10.0 + (double)index);
+      } else
+        reply(id, "ok", 1e-4, 10.0 + (double)index);
     }
     msgpack_zone_destroy(&z);
   }

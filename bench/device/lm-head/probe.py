@@ -1,6 +1,7 @@
 """What an unaligned vocabulary costs cuBLAS, and what Inductor does about it (GPT-2's lm_head:
 4096 tokens x 768 -> 50257, bf16). Prints one line per variant: median ms by CUDA events, and
 output strides where a compiled function returns the logits."""
+
 import torch
 import torch.nn.functional as F
 
@@ -61,4 +62,3 @@ for name, fn in rows:
 f = torch.compile(lambda x, w: torch.mm(x, w.t()))
 y = f(a, W)
 print(f"inductor mm out stride {y.stride()} contiguous {y.is_contiguous()}; {t(lambda: f(a, W)):.4f} ms")
-

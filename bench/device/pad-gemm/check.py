@@ -18,6 +18,7 @@ fusemld and installs the client first). Parts, in order, any subset:
     python3 check.py [gemm] [gpt2] [t5]      (all three when none is named)
     python3 check.py --cpu gpt2 t5          (a dry run of the code on the CPU, tiny models:
                                              nothing is padded or recorded there, so it FAILs)"""
+
 import os
 import sys
 import time
@@ -27,7 +28,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "..", "models")
 sys.path.insert(0, MODELS)
-sys.path.append(os.path.join(MODELS, "..", "table"))   # daemon.py
+sys.path.append(os.path.join(MODELS, "..", "table"))  # daemon.py
 import compile_modes as modes_mod  # noqa: E402
 import model_zoo as models  # noqa: E402
 import run_model  # noqa: E402
@@ -64,9 +65,11 @@ def part_gemm():
     print("== gemm: cuBLAS at GPT-2's lm_head shapes (bf16, 4096 tokens, d 768), ms per GEMM")
     t, d = 4096, 768
     print(f"{'GEMM':<34} {'50257':>8} {'50264':>8} {'50304':>8}")
-    for name, shapes in (("fwd  h[t,d] @ w[v,d].t()", lambda v: ((t, d), (v, d), "nt")),
-                         ("bwd  g[t,v] @ w[v,d]      (K=v)", lambda v: ((t, v), (v, d), "nn")),
-                         ("bwd  g[t,v].t() @ h[t,d]  (M=v)", lambda v: ((t, v), (t, d), "tn"))):
+    for name, shapes in (
+        ("fwd  h[t,d] @ w[v,d].t()", lambda v: ((t, d), (v, d), "nt")),
+        ("bwd  g[t,v] @ w[v,d]      (K=v)", lambda v: ((t, v), (v, d), "nn")),
+        ("bwd  g[t,v].t() @ h[t,d]  (M=v)", lambda v: ((t, v), (t, d), "tn")),
+    ):
         row = []
         for v in (50257, 50264, 50304):
             sa, sb, form = shapes(v)
@@ -89,12 +92,18 @@ def _measure(work, phase, fn, want, graphs=False):
     got = ph.result(ph.step(fn, graphs))
     err, _ = run_model.errors(got, want, phase)
     del got
-    step = lambda: ph.step(fn, graphs)   # noqa: E731
+    step = lambda: ph.step(fn, graphs)  # noqa: E731
     wall = measure.wall_ms({"s": step}, DEV, 11)["s"]["ms"]
     prof = measure.profile(step, DEV)
     ph.clear()
-    return {"first_s": first, "wall_ms": wall, "gpu_ms": prof["gpu_ms"], "kernels": prof["kernels"],
-            "err": err, "top": prof["top_kernels"][:3]}
+    return {
+        "first_s": first,
+        "wall_ms": wall,
+        "gpu_ms": prof["gpu_ms"],
+        "kernels": prof["kernels"],
+        "err": err,
+        "top": prof["top_kernels"][:3],
+    }
 
 
 def _fuseml(pad):
@@ -107,8 +116,12 @@ def part_gpt2():
     print(f"== gpt2: {work.describe}")
     off, make_off = _fuseml("off")
     auto, make_auto = _fuseml("auto")
-    variants = [("eager", lambda m: m), ("inductor", torch.compile),
-                ("fuseml pad off", make_off), ("fuseml pad auto", make_auto)]
+    variants = [
+        ("eager", lambda m: m),
+        ("inductor", torch.compile),
+        ("fuseml pad off", make_off),
+        ("fuseml pad auto", make_auto),
+    ]
     made = {name: make(work.model) for name, make in variants}
     for phase in ("fwd", "train"):
         work.model.train(phase == "train")
@@ -117,17 +130,21 @@ def part_gpt2():
         for name, _ in variants:
             try:
                 res[name] = _measure(work, phase, made[name], want)
-            except Exception as e:   # one variant's failure must not hide the others
+            except Exception as e:  # one variant's failure must not hide the others
                 failures.append(f"gpt2 {phase} {name}: {type(e).__name__}: {str(e)[:300]}")
                 print(f"  {phase} {name}: FAILED {type(e).__name__}: {str(e)[:300]}")
         print(f"-- {phase}: {'variant':<16} {'wall ms':>8} {'GPU ms':>8} {'kernels':>8} {'rel err':>9} {'first s':>8}")
         for name, r in res.items():
-            print(f"   {'':<5}{name:<16} {_ms(r['wall_ms'])} {_ms(r['gpu_ms'])} {r['kernels'] or 0:8.0f} "
-                  f"{r['err']:9.2e} {r['first_s']:8.1f}")
+            print(
+                f"   {'':<5}{name:<16} {_ms(r['wall_ms'])} {_ms(r['gpu_ms'])} {r['kernels'] or 0:8.0f} "
+                f"{r['err']:9.2e} {r['first_s']:8.1f}"
+            )
         for name in ("fuseml pad off", "fuseml pad auto"):
             if name in res:
-                print(f"   {name} costliest kernels: " + "; ".join(
-                    f"{k['kernel'][:70]} {k['ms']:.3f} ms" for k in res[name]["top"]))
+                print(
+                    f"   {name} costliest kernels: "
+                    + "; ".join(f"{k['kernel'][:70]} {k['ms']:.3f} ms" for k in res[name]["top"])
+                )
         eager, padded = res.get("eager"), res.get("fuseml pad auto")
         if padded and eager and padded["err"] > max(2 * eager["err"], 1e-2):
             failures.append(f"gpt2 {phase}: padded error {padded['err']:.2e} against eager's {eager['err']:.2e}")
@@ -166,8 +183,10 @@ def part_t5():
     for p in c.plans:
         print(f"   {p.which} graph: {p.graphs}")
     replays = after.get("replays", 0) - before.get("replays", 0)
-    print(f"   worst rel err of loss and gradients against eager over 8 steps: {worst:.2e}; "
-          f"replays {replays}, recordings {after.get('recordings', 0) - before.get('recordings', 0)}")
+    print(
+        f"   worst rel err of loss and gradients against eager over 8 steps: {worst:.2e}; "
+        f"replays {replays}, recordings {after.get('recordings', 0) - before.get('recordings', 0)}"
+    )
     if worst > 2e-2:
         failures.append(f"t5 tiny: loss/gradients differ from eager's (rel err {worst:.2e})")
     unrecorded = [p for p in c.plans if not (p.graphs or "").startswith("CUDA graphs")]
@@ -186,8 +205,10 @@ def part_t5():
             failures.append(f"t5 small graphs={graphs}: {type(e).__name__}: {str(e)[:300]}")
             continue
         notes = sorted({p.graphs or "no graphs asked" for p in c.plans})
-        print(f"   graphs={graphs!s:<5} wall {_ms(r['wall_ms'])} ms, GPU {_ms(r['gpu_ms'])} ms, "
-              f"rel err {r['err']:.2e}, first call {r['first_s']:.1f} s; graphs: {notes}")
+        print(
+            f"   graphs={graphs!s:<5} wall {_ms(r['wall_ms'])} ms, GPU {_ms(r['gpu_ms'])} ms, "
+            f"rel err {r['err']:.2e}, first call {r['first_s']:.1f} s; graphs: {notes}"
+        )
         if graphs and any(not n.startswith("CUDA graphs") for n in notes):
             failures.append(f"t5 small: a graph not recorded: {notes}")
 

@@ -14,14 +14,13 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define MAX_PTRS 64               /* inputs or outputs per kernel (FM_MAX_TENSORS is lower) */
+#define MAX_PTRS 64 /* inputs or outputs per kernel (FM_MAX_TENSORS is lower) */
 
-typedef struct diag {             /* layout of fm_diag (protocol/fm_error.h) */
+typedef struct diag { /* layout of fm_diag (protocol/fm_error.h) */
   char text[1024];
 } diag;
 
-typedef int (*launch_fn)(void *m, void *const *inputs, void *const *outputs, int64_t outer,
-                         void *stream, diag *d);
+typedef int (*launch_fn)(void *m, void *const *inputs, void *const *outputs, int64_t outer, void *stream, diag *d);
 
 static launch_fn fm_launch;
 
@@ -90,13 +89,11 @@ static PyObject *launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(address of fm_module_launch)"},
-    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
-     "launch(handle, in_ptrs, out_ptrs, outer, stream)"},
+    {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, "launch(handle, in_ptrs, out_ptrs, outer, stream)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "fuseml._launch",
-                                    "fm_module_launch without ctypes", -1, methods,
-                                    NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "fuseml._launch", "fm_module_launch without ctypes", -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__launch(void) { return PyModule_Create(&module); }

@@ -9,6 +9,7 @@ FUSEML_LOG, warnings reach stderr through logging's last resort, as for any libr
 The logger is also registered with torch's logging as "fuseml", so TORCH_LOGS=+fuseml (debug)
 or TORCH_LOGS=fuseml (info) and torch._logging.set_logs(modules={"fuseml": level}) configure
 it like one of torch's own logs (torch then owns its level and handler)."""
+
 import logging
 import sys
 import threading
@@ -53,7 +54,7 @@ def _register_with_torch():
         if not log_registry.is_log("fuseml"):
             register_log("fuseml", "fuseml")
         return True
-    except Exception:   # another torch's internals: logging must never stop an import
+    except Exception:  # another torch's internals: logging must never stop an import
         return False
 
 

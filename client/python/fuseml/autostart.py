@@ -10,6 +10,7 @@ this client's protocol.
 An autostarted daemon exits once it has had no client and no compile for FUSEML_IDLE_EXIT
 seconds (default 600; its --exit-when-idle), so a job that started one leaves nothing
 running for long; its kernels stay in the store for the next start."""
+
 import glob
 import os
 import shutil
@@ -34,7 +35,7 @@ class StartError(Exception):
 
 def _checkout_root():
     """The source tree this package was imported from, or None (an installed copy)."""
-    here = os.path.dirname(os.path.abspath(__file__))          # <root>/client/python/fuseml
+    here = os.path.dirname(os.path.abspath(__file__))  # <root>/client/python/fuseml
     root = os.path.dirname(os.path.dirname(os.path.dirname(here)))
     if os.path.exists(os.path.join(root, "daemon", "main.c")):
         return root
@@ -91,8 +92,9 @@ def _run(argv):
     # has failed, so waiting on it is short.
     # A file, not a pipe: the detached daemon may keep our stderr open for its whole life.
     with tempfile.TemporaryFile() as errf:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=errf, start_new_session=True)
+        p = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errf, start_new_session=True
+        )
         try:
             p.wait(timeout=START_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -107,8 +109,10 @@ def start(path):
     """Starts the daemon on socket path (it detaches once listening). Raises StartError."""
     exe = daemon_binary()
     if not exe:
-        raise StartError("connection_closed", "no daemon at " + path + ", none built in this "
-                         "checkout and no fusemld on PATH (set FUSEML_DAEMON)")
+        raise StartError(
+            "connection_closed",
+            "no daemon at " + path + ", none built in this " "checkout and no fusemld on PATH (set FUSEML_DAEMON)",
+        )
     idle = settings.idle_exit_s()
     argv = [exe, "--socket", path]
     rc, err = _run(argv + (["--exit-when-idle", str(idle)] if idle else []))
@@ -127,6 +131,13 @@ def say_started(exe, path, idle, sock):
     goes away."""
     pid = _peer_pid(sock)
     where = _log_of(pid) if pid else None
-    warn_once("autostart", "started %s (pid %s) on %s; it logs to %s%s", exe, pid or "?", path,
-              where or "its --log-file (fusemld --help)",
-              f" and exits after {idle} s without clients" if idle else "", suffix="")
+    warn_once(
+        "autostart",
+        "started %s (pid %s) on %s; it logs to %s%s",
+        exe,
+        pid or "?",
+        path,
+        where or "its --log-file (fusemld --help)",
+        f" and exits after {idle} s without clients" if idle else "",
+        suffix="",
+    )

@@ -2,6 +2,7 @@
 each partitioned and fused on its own), fragment building, one pipelined round of compile
 requests per graph (and a second for the combined groups the daemon refused, split apart),
 and the graph rewrite that calls `fuseml::group` for each fused group."""
+
 import operator
 import weakref
 
@@ -10,8 +11,18 @@ from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
-from . import (const_fold, cross_entropy, cudagraphs, direct_call, fake_meta, pad_gemm, settings,
-               straight_line, transport, upgrade)
+from . import (
+    const_fold,
+    cross_entropy,
+    cudagraphs,
+    direct_call,
+    fake_meta,
+    pad_gemm,
+    settings,
+    straight_line,
+    transport,
+    upgrade,
+)
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts
@@ -32,28 +43,39 @@ aten = torch.ops.aten
 # tanh_backward, threshold_backward, gelu_backward), and gelu/silu/sigmoid stay undecomposed
 # so each maps to one vocabulary op; a group left unfused is then still one ATen op each.
 # What is decomposed: composites whose parts we fuse.
-DECOMPOSITIONS = get_decompositions([
-    aten._softmax, aten._log_softmax,   # amax, sub, exp, sum, div/log: one rows group
-    # their backwards: g - exp(out) * sum(g), out * (g - sum(out * g)): one rows group each
-    # (cross-entropy's backward over the vocabulary; attention written without SDPA)
-    aten._log_softmax_backward_data, aten._softmax_backward_data,
-    aten.native_layer_norm,             # var_mean (below), rsqrt, scale, shift: one rows group
-    # x_hat recomputed, two row sums and the input's gradient: one rows group; the weight's
-    # and bias's gradients: column sums (ATen runs it as three kernels, the weight's the
-    # costliest: 39 us a call at ViT-S's 12.6k x 384 on an H200)
-    aten.native_layer_norm_backward,
-    aten.hardsigmoid, aten.hardswish, aten.leaky_relu, aten.elu, aten.clamp_min, aten.clamp_max,
-    aten.addcmul, aten.addcdiv, aten.lerp, aten.mish, aten.softplus,
-])
-
+DECOMPOSITIONS = get_decompositions(
+    [
+        aten._softmax,
+        aten._log_softmax,  # amax, sub, exp, sum, div/log: one rows group
+        # their backwards: g - exp(out) * sum(g), out * (g - sum(out * g)): one rows group each
+        # (cross-entropy's backward over the vocabulary; attention written without SDPA)
+        aten._log_softmax_backward_data,
+        aten._softmax_backward_data,
+        aten.native_layer_norm,  # var_mean (below), rsqrt, scale, shift: one rows group
+        # x_hat recomputed, two row sums and the input's gradient: one rows group; the weight's
+        # and bias's gradients: column sums (ATen runs it as three kernels, the weight's the
+        # costliest: 39 us a call at ViT-S's 12.6k x 384 on an H200)
+        aten.native_layer_norm_backward,
+        aten.hardsigmoid,
+        aten.hardswish,
+        aten.leaky_relu,
+        aten.elu,
+        aten.clamp_min,
+        aten.clamp_max,
+        aten.addcmul,
+        aten.addcdiv,
+        aten.lerp,
+        aten.mish,
+        aten.softplus,
+    ]
+)
 
 
 def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     """var_mean as its two row reductions (each one op of vocabulary 2): the pair returns a
     tuple, which a group cannot hold, and LayerNorm's decomposition computes its statistics
     with it."""
-    return (aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
-            aten.mean.dim(x, dim, keepdim))
+    return (aten.var.correction(x, dim, correction=correction, keepdim=keepdim), aten.mean.dim(x, dim, keepdim))
 
 
 DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
@@ -81,14 +103,14 @@ class Plan:
     """What one compiled graph became: its groups, for tests and explain()."""
 
     def __init__(self, which, groups, hello=None):
-        self.which = which          # "forward" | "backward" | "inference"
+        self.which = which  # "forward" | "backward" | "inference"
         self.groups = groups
         self.hello = hello
-        self.graphs = None          # with CUDA graphs asked for: whether this graph got them
-        self.called = None          # an inference graph: "directly", or why not (direct_call.py)
-        self.skipped = None         # why the graph was not partitioned (no CUDA tensor)
-        self.compiled = None        # the Compiled it runs as (its `path`: generated code or FX)
-        self.padded = []            # the GEMMs padded to aligned sizes (pad_gemm.py)
+        self.graphs = None  # with CUDA graphs asked for: whether this graph got them
+        self.called = None  # an inference graph: "directly", or why not (direct_call.py)
+        self.skipped = None  # why the graph was not partitioned (no CUDA tensor)
+        self.compiled = None  # the Compiled it runs as (its `path`: generated code or FX)
+        self.padded = []  # the GEMMs padded to aligned sizes (pad_gemm.py)
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
@@ -96,8 +118,7 @@ class Plan:
     def describe(self):
         padded = self.padded and "padded " + ", ".join(self.padded)
         runs = self.compiled and "runs as " + self.compiled.path
-        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called,
-                             padded, runs) if n]
+        notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called, padded, runs) if n]
         head = f"{self.which} graph:" + (f" ({'; '.join(notes)})" if notes else "")
         return "\n".join([head] + ["  " + g.describe() for g in self.groups])
 
@@ -123,8 +144,18 @@ class FuseMLCompiler:
     partitioner, recomputing cheap pointwise chains in the backward instead of saving them;
     default on, off with FUSEML_RECOMPUTE=0)."""
 
-    def __init__(self, socket=None, timeout_s=120.0, min_ops=2, rest="aten", cudagraphs=None,
-                 chains=None, direct=None, pad_gemm=None, recompute=None):
+    def __init__(
+        self,
+        socket=None,
+        timeout_s=120.0,
+        min_ops=2,
+        rest="aten",
+        cudagraphs=None,
+        chains=None,
+        direct=None,
+        pad_gemm=None,
+        recompute=None,
+    ):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
         self.socket = socket
@@ -132,12 +163,12 @@ class FuseMLCompiler:
         self.min_ops = min_ops
         self.rest = rest
         self.cudagraphs = cudagraphs
-        self.chains = chains       # None: FUSEML_CHAINS, read per graph (the default backend is long-lived)
-        self.direct = direct       # None: FUSEML_DIRECT, read per graph
+        self.chains = chains  # None: FUSEML_CHAINS, read per graph (the default backend is long-lived)
+        self.direct = direct  # None: FUSEML_DIRECT, read per graph
         if pad_gemm not in (None, "auto", "all", "off"):
             raise ValueError(f"pad_gemm must be 'auto', 'all' or 'off', not {pad_gemm!r}")
-        self.pad_gemm = pad_gemm   # None: FUSEML_PAD_GEMM, read per graph
-        self.recompute = recompute   # None: FUSEML_RECOMPUTE, read per graph
+        self.pad_gemm = pad_gemm  # None: FUSEML_PAD_GEMM, read per graph
+        self.recompute = recompute  # None: FUSEML_RECOMPUTE, read per graph
         self.plans = []
 
     def _decompositions(self):
@@ -145,8 +176,8 @@ class FuseMLCompiler:
             return DECOMPOSITIONS
         # Inductor lowers only what its own table leaves, so its graph must be traced with it
         from torch._inductor.decomposition import select_decomp_table
-        ours = {op: f for op, f in DECOMPOSITIONS.items()
-                if getattr(op, "overloadpacket", op) not in INDUCTOR_LOWERS}
+
+        ours = {op: f for op, f in DECOMPOSITIONS.items() if getattr(op, "overloadpacket", op) not in INDUCTOR_LOWERS}
         return {**select_decomp_table(), **ours}
 
     def __call__(self, gm, example_inputs, mode=None, options=None, **kwargs):
@@ -158,9 +189,9 @@ class FuseMLCompiler:
         # (cross_entropy.py)
         cross_entropy.rewrite(gm)
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
-        capture = direct_call.Capture(gm, example_inputs,
-                                      self.rest == "aten" and direct_call.wanted(self.direct))
+        capture = direct_call.Capture(gm, example_inputs, self.rest == "aten" and direct_call.wanted(self.direct))
         if not cudagraphs.wanted(mode, options, self.cudagraphs):
+
             def compile_as(which):
                 return lambda g, ex: self.compile_graph(g, ex, which)
         else:
@@ -184,9 +215,13 @@ class FuseMLCompiler:
         # (aot_autograd's default partition, FUSEML_RECOMPUTE=0).
         recompute = settings.recompute() if self.recompute is None else bool(self.recompute)
         extra = {"partition_fn": min_cut_rematerialization_partition} if recompute else {}
-        wrapped = aot_autograd(fw_compiler=compile_as("forward"), bw_compiler=compile_as("backward"),
-                               inference_compiler=inference, **extra,
-                               decompositions=self._decompositions())(gm, example_inputs)
+        wrapped = aot_autograd(
+            fw_compiler=compile_as("forward"),
+            bw_compiler=compile_as("backward"),
+            inference_compiler=inference,
+            **extra,
+            decompositions=self._decompositions(),
+        )(gm, example_inputs)
         fn = capture.callable(wrapped)
         for p in plans:
             p.called = "directly" if fn is not wrapped else f"through aot_autograd ({capture.why_not})"
@@ -197,7 +232,7 @@ class FuseMLCompiler:
 
         def compile_fn():
             fn = self.compile_graph(gm, example_inputs, which)
-            plans.append(self.plans[-1])   # the one compile_graph just made
+            plans.append(self.plans[-1])  # the one compile_graph just made
             return fn
 
         fn, note = cudagraphs.wrap(gm, example_inputs, which, state, compile_fn)
@@ -214,26 +249,29 @@ class FuseMLCompiler:
             plan = Plan(which, [])
             plan.skipped = "no CUDA tensor: runs as ATen, nothing sent to fusemld"
             self._record(plan)
-            info_once("cpu-graph", "a graph without CUDA tensors runs as ATen (fused kernels run "
-                      "on CUDA only); nothing is sent to fusemld")
+            info_once(
+                "cpu-graph",
+                "a graph without CUDA tensors runs as ATen (fused kernels run "
+                "on CUDA only); nothing is sent to fusemld",
+            )
             if self.rest == "inductor":
                 return self._inductor(gm, example_inputs, [], {})
             return make_boxed_func(gm)
         # before partitioning: the padded GEMMs' slices and the copies of their values are
         # what the groups around them read
-        if which == "backward":   # saved values the forward left at a padded layout
+        if which == "backward":  # saved values the forward left at a padded layout
             fake_meta.adopt_input_layouts(gm, example_inputs)
-        if self.rest != "inductor":   # Inductor traces the graph again, with fake tensors only
-            const_fold.fold(gm)   # values no input reaches (a causal mask) computed once (const_fold.py)
+        if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
+            const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
         keeps_layout, report_to = _layout_policy(which)
         padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
         if kept and report_to is not None:
             _report_output_strides(gm, kept, report_to)
         chains = settings.chains() if self.chains is None else bool(self.chains)
-        spell_cats(gm)   # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
-        sink_casts(gm)   # a cast read through views moves next to its fused reader or producer (cast_sink.py)
-        sink_views(gm)   # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
-        spell_columns(gm)   # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
+        spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
+        sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
+        sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
+        spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
@@ -247,8 +285,13 @@ class FuseMLCompiler:
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
             return self._inductor(gm, example_inputs, fused, runners)
-        plan.compiled = Compiled(gm, fused, runners, socket=self.socket,
-                                 apart=lambda dropped: self._epilogues_apart(dropped, runners, groups))
+        plan.compiled = Compiled(
+            gm,
+            fused,
+            runners,
+            socket=self.socket,
+            apart=lambda dropped: self._epilogues_apart(dropped, runners, groups),
+        )
         return plan.compiled
 
     def _record(self, plan):
@@ -261,6 +304,7 @@ class FuseMLCompiler:
         implementation for shapes) is compiled by Inductor's post-autograd compiler. The
         groups' measured routing still happens inside fuseml::group at the first call."""
         from torch._inductor.compile_fx import compile_fx_inner
+
         kept = [g for g in fused if runners[g.gid].kernel is not None]
         if kept:
             gm = rewrite(gm, kept, runners)
@@ -277,7 +321,7 @@ class FuseMLCompiler:
                 g.built = build_bmm(g.members, g.inputs, g.outputs)
             elif g.kind == "gemm" and g.chain:
                 g.built = build_chain(g.members, g.inputs, g.outputs)
-                g.inputs = list(g.built.in_nodes)   # x twice when stage 2 reads it
+                g.inputs = list(g.built.in_nodes)  # x twice when stage 2 reads it
             elif g.kind == "gemm":
                 g.built = build_gemm(g.members, g.inputs, g.outputs)
             elif g.kind == "columns":
@@ -359,9 +403,14 @@ class FuseMLCompiler:
                     if g.parts:
                         # not a fallback to eager: its GEMMs are requested apart, each served
                         # or refused (and said) on its own
-                        warn_once(f"apart:{g.label}:{r.get('code')}",
-                                  "fusemld refused a %s group (%s): its two GEMM groups are "
-                                  "requested as separate fragments", g.label, why, suffix="")
+                        warn_once(
+                            f"apart:{g.label}:{r.get('code')}",
+                            "fusemld refused a %s group (%s): its two GEMM groups are "
+                            "requested as separate fragments",
+                            g.label,
+                            why,
+                            suffix="",
+                        )
                         for p in self._apart(g, why, groups):
                             new = self._build(p, groups)
                             for h in new:
@@ -369,9 +418,12 @@ class FuseMLCompiler:
                             retry += new
                         continue
                     g.reason = why
-                    runners[g.gid].why_eager = ("compile:" + str(r.get("code")),
-                                                "fusemld refused a fragment: %s", g.reason)
-                    warn_once(*runners[g.gid].why_eager)   # the group runs inlined ATen: said now
+                    runners[g.gid].why_eager = (
+                        "compile:" + str(r.get("code")),
+                        "fusemld refused a fragment: %s",
+                        g.reason,
+                    )
+                    warn_once(*runners[g.gid].why_eager)  # the group runs inlined ATen: said now
                     done.append(g)
                 todo = retry
         finally:
@@ -393,6 +445,7 @@ def _layout_policy(which):
         return (lambda positions: len(positions) == 1), None
     if which == "forward":
         from torch._guards import TracingContext
+
         tc = TracingContext.try_get()
         meta = tc.fw_metadata if tc is not None and tc.output_strides is not None else None
         returns = getattr(meta, "num_forward_returns", None)
@@ -405,12 +458,13 @@ def _report_output_strides(gm, kept, tc):
     """The strides of gm's output slots at positions `kept` (None for the others: aot_autograd
     then keeps their traced layout), to the tracing context aot_autograd reads them from."""
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    if tc.output_strides:   # someone reported already: theirs stand
+    if tc.output_strides:  # someone reported already: theirs stand
         return
     values = pad_gemm.output_values(output)
     tc.output_strides.extend(
         tuple(v.meta["val"].stride()) if i in kept and isinstance(v, torch.fx.Node) else None
-        for i, v in enumerate(values))
+        for i, v in enumerate(values)
+    )
 
 
 def _has_cuda_tensor(gm, example_inputs):
@@ -418,7 +472,7 @@ def _has_cuda_tensor(gm, example_inputs):
     device."""
     for node in gm.graph.nodes:
         val = node.meta.get("val")
-        for v in (val if isinstance(val, (list, tuple)) else (val,)):
+        for v in val if isinstance(val, (list, tuple)) else (val,):
             if isinstance(v, torch.Tensor) and v.device.type == "cuda":
                 return True
     return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
@@ -433,6 +487,7 @@ class Compiled:
     (straight_line.py) where it can; `path` says which way it runs and why. Kernels served
     "verified" are swapped for their tuned ones as the daemon finishes them (upgrade.py): the
     generated code, which holds the launches it was written with, is written again then."""
+
     def __init__(self, gm, fused, runners, generate=True, apart=None, socket=None):
         # an instance attribute: aot_autograd wraps a backward in dynamo's disable(), which
         # copies the callable's __dict__ (the boxed mark with it) but not its class's
@@ -440,11 +495,11 @@ class Compiled:
         self.gm, self.runners = gm, runners
         self.kept = [g for g in fused if runners[g.gid].kernel is not None]
         self.current = rewrite(gm, self.kept, runners, direct=True) if self.kept else gm
-        self.pending = bool(self.kept)    # some kept group has not been routed yet
+        self.pending = bool(self.kept)  # some kept group has not been routed yet
         self.generate = generate
-        self.apart = apart                # dropped GEMM groups -> their epilogue groups served
-        self.first = None                 # generated code, its first call (checks ATen layouts)
-        self.fast = None                  # generated code, verified
+        self.apart = apart  # dropped GEMM groups -> their epilogue groups served
+        self.first = None  # generated code, its first call (checks ATen layouts)
+        self.fast = None  # generated code, verified
         self.path = "FX graph (groups not routed yet)" if self.pending else "FX graph"
         self.upgrader = upgrade.Upgrader([runners[g.gid] for g in self.kept], socket)
         live.add(self)
@@ -513,17 +568,16 @@ class Compiled:
             if self.apart is not None:
                 try:
                     epilogues = self.apart([g for g in dropped if g.kind == "gemm"])
-                except Exception as e:   # never a failed job: the dropped groups run as ATen
+                except Exception as e:  # never a failed job: the dropped groups run as ATen
                     log.info("fuseml: epilogues of dropped GEMM groups not requested: %r", e)
                     epilogues = []
                 self.kept += epilogues
                 self.upgrader.add([self.runners[g.gid] for g in epilogues])
                 self.pending = self.pending or bool(epilogues)
-            self.current = (rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept
-                            else self.gm)
+            self.current = rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept else self.gm
 
 
-live = weakref.WeakSet()   # every Compiled alive: pick_up_tuned() upgrades them all
+live = weakref.WeakSet()  # every Compiled alive: pick_up_tuned() upgrades them all
 
 
 def pick_up_tuned(timeout_s=5.0):
@@ -575,8 +629,11 @@ def rewrite(gm, fused, runners, direct=False):
             emit(unit.get(a, a))
         xs = [env[a] for a in u.inputs]
         runner = runners[u.gid]
-        call = (new.call_function(runner.run, (xs,)) if direct else
-                new.call_function(torch.ops.fuseml.group.default, (runner.gid, xs)))
+        call = (
+            new.call_function(runner.run, (xs,))
+            if direct
+            else new.call_function(torch.ops.fuseml.group.default, (runner.gid, xs))
+        )
         call.meta["val"] = [o.meta.get("val") for o in u.outputs]
         for i, o in enumerate(u.outputs):
             env[o] = new.call_function(operator.getitem, (call, i))

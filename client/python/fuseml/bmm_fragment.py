@@ -57,7 +57,7 @@ def collapse(size, stride, rank):
             b = b * size[i]
         bs = stride[lead[-1]]
         if is_known_int(bs) and int(bs) == 0:
-            b = 1          # every batch dim broadcast: one [M, N] matrix for all
+            b = 1  # every batch dim broadcast: one [M, N] matrix for all
     return [b] + size[-2:], [bs] + stride[-2:]
 
 
@@ -72,8 +72,9 @@ def _dense_row_major(t):
     size, stride = list(t.shape), list(t.stride())
     if not known_true(stride[-1] == 1) and not _is_one(size[-1]):
         return False
-    return all(_is_one(size[i + 1]) or known_true(stride[i] == stride[i + 1] * size[i + 1])
-               for i in range(len(size) - 1))
+    return all(
+        _is_one(size[i + 1]) or known_true(stride[i] == stride[i + 1] * size[i + 1]) for i in range(len(size) - 1)
+    )
 
 
 def build_bmm(members, in_nodes, out_nodes):
@@ -88,7 +89,7 @@ def build_bmm(members, in_nodes, out_nodes):
     bt, m, n = ta.shape[0], int(ta.shape[1]), int(tb.shape[2])
     # the view of the result, if any: the members from it on read and write its shape
     view_at = next((i for i, x in enumerate(members) if x.target in RESHAPE_OPS), len(members))
-    space = {}   # member -> the shape of the space it runs in
+    space = {}  # member -> the shape of the space it runs in
     for i, x in enumerate(members):
         space[x] = members[view_at].meta["val"].shape if i >= view_at else mm.meta["val"].shape
 
@@ -108,8 +109,9 @@ def build_bmm(members, in_nodes, out_nodes):
 
     # The batch goes symbolic when no stride depends on it (always when it is symbolic in
     # the graph already, where a stride depending on it would itself be symbolic).
-    with_batch = [(list(ta.shape), _strides(ta)), (list(tb.shape), _strides(tb))] + \
-        [(sz, st) for sz, st in mapped.values()]
+    with_batch = [(list(ta.shape), _strides(ta)), (list(tb.shape), _strides(tb))] + [
+        (sz, st) for sz, st in mapped.values()
+    ]
     outer_ok = all(_outer_batch(sz, st) for sz, st in with_batch)
     symbolic = (not is_known_int(bt)) or outer_ok
     if not is_known_int(bt) and not outer_ok:
@@ -119,7 +121,7 @@ def build_bmm(members, in_nodes, out_nodes):
     e = Emitter(in_nodes)
     e.ids[mm] = _emit_product(e, mm)
     for node in members[1:]:
-        if node.target in RESHAPE_OPS:      # [Bt, M, N] seen as [B, H, M, N]: same elements
+        if node.target in RESHAPE_OPS:  # [Bt, M, N] seen as [B, H, M, N]: same elements
             e.ids[node] = e.ids[node.args[0]]
             continue
         e.emit_node(node)
@@ -142,8 +144,7 @@ def build_bmm(members, in_nodes, out_nodes):
         in_ranks.append(rank)
         align = _align_of(t)
         in_align.append(align)
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
-                       "align": align})
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides, "align": align})
 
     outputs, out_strides, out_views = [], [], []
     for node in out_nodes:
@@ -161,19 +162,19 @@ def build_bmm(members, in_nodes, out_nodes):
                 raise Unfusable(f"output {node.name} is not [Bt, M, N]")
             strides = _strides(t)
             if symbolic and not _outer_batch(list(t.shape), strides):
-                strides = [m * n, n, 1]   # the runtime allocates outputs; row-major frees Bt
+                strides = [m * n, n, 1]  # the runtime allocates outputs; row-major frees Bt
         out_views.append(view)
-        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": [bt_dim, m, n],
-                        "strides": strides, "align": 16})
+        outputs.append(
+            {"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": [bt_dim, m, n], "strides": strides, "align": 16}
+        )
         out_strides.append(strides)
 
     wire = {"vocab": VOCAB, "inputs": inputs, "ops": e.ops, "outputs": outputs}
     if symbolic:
         wire["m_hint"] = max(1, _hint(bt))
-    built = Built(wire, BmmLayout(bt, m, n, symbolic), in_nodes, out_nodes, full_input,
-                  out_strides, in_align)
+    built = Built(wire, BmmLayout(bt, m, n, symbolic), in_nodes, out_nodes, full_input, out_strides, in_align)
     built.gemm = True
-    built.in_ranks = in_ranks      # the runtime's stride check collapses each input the same way
+    built.in_ranks = in_ranks  # the runtime's stride check collapses each input the same way
     built.out_views = out_views if any(out_views) else None
     return built
 
@@ -206,8 +207,10 @@ def _epilogue_operand(t, rank, bt, m, n, where):
         raise Unfusable(f"{where}: {e}") from None
     b, rows, cols = size
     if not _is_one(b) and not known_equal(b, bt):
-        raise Unfusable(f"{where}: broadcast over part of the batch dims (e.g. a [B, 1, S, S] "
-                        f"mask beside [B, H, S, S]): one batch stride cannot express it")
+        raise Unfusable(
+            f"{where}: broadcast over part of the batch dims (e.g. a [B, 1, S, S] "
+            f"mask beside [B, H, S, S]): one batch stride cannot express it"
+        )
     if not _is_one(rows) and not (is_known_int(rows) and int(rows) == m):
         raise Unfusable(f"{where}: dim -2 is {rows}, not M or 1")
     if not _is_one(cols) and not (is_known_int(cols) and int(cols) == n):

@@ -20,6 +20,7 @@ the graph's gradient output), moves above the reshape and joins the group that m
 value: view(_to_copy(y)). Each direction leaves the cast next to a fusible op and a reshape
 between it and nothing fusible, so neither undoes the other.
 Nothing else changes: a graph without these patterns is left as it was."""
+
 import torch
 from torch._guards import detect_fake_mode
 
@@ -29,19 +30,32 @@ from .fake_meta import same_layout
 from .shapes import is_plain_int, same_plain_shape
 
 aten = torch.ops.aten
-VIEWS = {aten.transpose.int, aten.permute.default, aten.t.default, aten.unsqueeze.default,
-         aten.squeeze.dim, aten.squeeze.default, aten.view.default, aten._unsafe_view.default,
-         aten.expand.default}
+VIEWS = {
+    aten.transpose.int,
+    aten.permute.default,
+    aten.t.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.expand.default,
+}
 _MAX_PASSES = 4
 
 
 def _is_view(node):
-    if node.op != "call_function" or node.target not in VIEWS or node.kwargs or \
-            any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
+    if (
+        node.op != "call_function"
+        or node.target not in VIEWS
+        or node.kwargs
+        or any(isinstance(a, torch.fx.Node) for a in node.args[1:])
+    ):
         return False
     # an expand that broadcasts would have the op computed once per copy
     return node.target is not aten.expand.default or same_plain_shape(
-        node.args[0].meta["val"].shape, node.meta["val"].shape)
+        node.args[0].meta["val"].shape, node.meta["val"].shape
+    )
 
 
 def _movable(node):
@@ -113,12 +127,13 @@ def _sink(gm, fake_mode):
                     value = w
                 moved = gm.graph.call_function(cast.target, (value,) + tuple(cast.args[1:]), dict(cast.kwargs))
                 new.append(moved)
-                moved.meta["val"] = fake_meta.run(fake_mode, cast.target, (value.meta["val"],) + tuple(cast.args[1:]),
-                                          dict(cast.kwargs))
+                moved.meta["val"] = fake_meta.run(
+                    fake_mode, cast.target, (value.meta["val"],) + tuple(cast.args[1:]), dict(cast.kwargs)
+                )
             # its readers were traced (and their fragments are built) for the old layout
             if not same_layout(moved.meta["val"], last.meta.get("val")):
                 raise ValueError("the moved op's result would be laid out otherwise")
-        except Exception as e:   # a view the uncast layout cannot take: leave the chain as it was
+        except Exception as e:  # a view the uncast layout cannot take: leave the chain as it was
             log.debug("fuseml: %s stays before its views: %s", cast.name, e)
             for w in reversed(new):
                 gm.graph.erase_node(w)
@@ -149,14 +164,15 @@ def _rise(gm, fake_mode):
             with gm.graph.inserting_before(cast):
                 moved = gm.graph.call_function(cast.target, (y,) + tuple(cast.args[1:]), dict(cast.kwargs))
                 new.append(moved)
-                moved.meta["val"] = fake_meta.run(fake_mode, cast.target, (y.meta["val"],) + tuple(cast.args[1:]),
-                                          dict(cast.kwargs))
+                moved.meta["val"] = fake_meta.run(
+                    fake_mode, cast.target, (y.meta["val"],) + tuple(cast.args[1:]), dict(cast.kwargs)
+                )
                 w = gm.graph.call_function(view.target, (moved,) + tuple(view.args[1:]))
                 new.append(w)
                 w.meta["val"] = fake_meta.run(fake_mode, view.target, (moved.meta["val"],) + tuple(view.args[1:]), {})
             if not same_layout(w.meta["val"], cast.meta["val"]):
                 raise ValueError("the result would change layout")
-        except Exception as e:   # no view of the cast value, or another layout: leave the pair
+        except Exception as e:  # no view of the cast value, or another layout: leave the pair
             log.debug("fuseml: %s stays after its reshape: %s", cast.name, e)
             for n in reversed(new):
                 gm.graph.erase_node(n)

@@ -20,6 +20,7 @@ is the cat of the permuted operands along d's new place, which is contiguous too
 one pass that reads each gradient in place where ATen ran two copies (the stack, then the
 clone of its permuted view).
 Nothing else changes: a graph without these patterns is left as it was."""
+
 import torch
 from torch._guards import detect_fake_mode
 
@@ -30,7 +31,7 @@ from .shapes import is_plain_int
 aten = torch.ops.aten
 _SLICE = aten.slice.Tensor
 _SLICE_BACKWARD = aten.slice_backward.default
-_MAX_HOPS = 8        # pointwise ops between a slice and the cat it feeds
+_MAX_HOPS = 8  # pointwise ops between a slice and the cat it feeds
 
 
 def _range(node):
@@ -138,9 +139,9 @@ def _push_slices(gm, fake_mode):
             t = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
             if not isinstance(t, torch.Tensor):
                 return a
-            d = dim - (rank - t.dim())            # broadcasting aligns dims from the right
+            d = dim - (rank - t.dim())  # broadcasting aligns dims from the right
             if d < 0 or t.shape[d] == 1:
-                return a                          # broadcast along the sliced dim: as it is
+                return a  # broadcast along the sliced dim: as it is
             s = gm.graph.call_function(_SLICE, (a, d, start, end))
             s.meta["val"] = _fake(fake_mode, _SLICE, (t, d, start, end), {})
             return s

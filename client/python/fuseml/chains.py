@@ -14,6 +14,7 @@ mutation in between) is the partitioner's to check: it holds the dependency stat
 aot_autograd writes nn.Linear on a [B, S, D] input with a view of the first group's
 [B, S, N1] value back to [B*S, N1] before the second product; `link` finds that view (or the
 value itself on a 2-D input), which joins the chain group as an alias of the same elements."""
+
 import torch
 
 from .fragment import _align_of
@@ -92,7 +93,7 @@ def why_not_pair(p1, p2, value):
         return f"N1 = {n1} (the chain kernel takes a multiple of 64)"
     if n2 % 16 or n2 > MAX_N2:
         return f"N2 = {n2} (the chain kernel takes a multiple of 16 up to {MAX_N2})"
-    rows = size_at_hand(tx.shape[0])   # the M at hand: a symbolic M's hint
+    rows = size_at_hand(tx.shape[0])  # the M at hand: a symbolic M's hint
     if rows is not None and rows < MIN_ROWS:
         return f"M = {rows} (the chain kernel pays from {MIN_ROWS} rows; below, the two GEMMs win)"
     sx = tx.stride()
@@ -128,10 +129,10 @@ def stage_inputs(g1, g2, lnk):
     (p1,), (p2,) = products(g1.members), products(g2.members)
     x, w1, w2 = p1.args[-2], p1.args[-1], p2.args[-1]
     both = set(g1.members) | set(g2.members) | {lnk}
-    return [[b for n in g1.members for b in n.all_input_nodes
-             if b not in both and not (n is p1 and b in (x, w1))],
-            [b for n in g2.members for b in n.all_input_nodes
-             if b not in both and not (n is p2 and b is w2)]]
+    return [
+        [b for n in g1.members for b in n.all_input_nodes if b not in both and not (n is p1 and b in (x, w1))],
+        [b for n in g2.members for b in n.all_input_nodes if b not in both and not (n is p2 and b is w2)],
+    ]
 
 
 def why_not_groups(g1, g2, value, lnk):
@@ -166,11 +167,11 @@ def why_not_groups(g1, g2, value, lnk):
         return "the intermediate has other users (an output or saved for backward)"
     w1, w2 = p1.args[-1], p2.args[-1]
     # an epilogue never reads a weight (streamed through shared memory)
-    if any(b is w2 for n in g1.members for b in n.all_input_nodes) or \
-            any(b in (w1, w2) for n in g2.members if n is not p2 for b in n.all_input_nodes):
+    if any(b is w2 for n in g1.members for b in n.all_input_nodes) or any(
+        b in (w1, w2) for n in g2.members if n is not p2 for b in n.all_input_nodes
+    ):
         return "an epilogue op reads a weight"
-    why = reads_fit(stage_inputs(g1, g2, lnk), int(w1.meta["val"].shape[1]),
-                    int(w2.meta["val"].shape[1]))
+    why = reads_fit(stage_inputs(g1, g2, lnk), int(w1.meta["val"].shape[1]), int(w2.meta["val"].shape[1]))
     if why:
         return why
     if not same_known_shape(p1.meta["val"].shape[:1], p2.meta["val"].shape[:1]):

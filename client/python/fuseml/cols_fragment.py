@@ -5,6 +5,7 @@ from g, x and the per-row statistics, with a cast of each result. Its outputs ar
 ([1, N], or [N] without keepdim) whatever M is, so the runtime allocates them at the nodes'
 own static shapes (Built.out_fixed) while `outer` (M) still comes from the input. With M symbolic, `m_hint`
 is the M at hand: the daemon tunes for its power-of-two bucket, as for GEMM fragments."""
+
 import math
 
 from .fragment import VOCAB_COLUMNS, Built, Emitter, Layout, Unfusable, wire_inputs
@@ -31,11 +32,10 @@ def build_columns(members, in_nodes, out_nodes):
         shape, strides = [int(d) for d in val.shape], [int(s) for s in val.stride()]
         if shape not in ([n], [1, n]):
             raise Unfusable(f"output {node.name} is not one value per column")
-        outputs.append({"id": e.ids[node], "dtype": DTYPES[val.dtype], "shape": shape,
-                        "strides": strides, "align": 16})
+        outputs.append({"id": e.ids[node], "dtype": DTYPES[val.dtype], "shape": shape, "strides": strides, "align": 16})
         fixed.append((shape, strides))
     wire = {"vocab": VOCAB_COLUMNS, "inputs": inputs, "ops": e.ops, "outputs": outputs}
-    if layout.k:   # M: the symbolic leading dims, collapsed into fragment dim 0
+    if layout.k:  # M: the symbolic leading dims, collapsed into fragment dim 0
         wire["m_hint"] = max(1, math.prod(_hint(d) for d in layout.shape[: layout.k]))
     built = Built(wire, layout, in_nodes, out_nodes, full_input, [s for _, s in fixed], in_align)
     built.out_fixed = fixed

@@ -19,6 +19,7 @@ reading a materialised copy: LayerNorm's weight gradient (g * x_hat).sum([0, 1])
 and the per-row mean and rstd, not an fp32 g * x_hat that the rows group beside it would have
 to write for it. The chain's original ops stay for their other readers (that rows group) and
 go where nothing else reads them."""
+
 import math
 
 import torch
@@ -61,7 +62,7 @@ def _fake(fake_mode, target, *args, **kwargs):
         return target(*args, **kwargs)
 
 
-MAX_PROLOGUE = 24   # ops of a chain written again over the 2-D views (a longer one: x as is)
+MAX_PROLOGUE = 24  # ops of a chain written again over the 2-D views (a longer one: x as is)
 
 
 def _in_space(node, shape):
@@ -105,7 +106,7 @@ def _prologue(x, shape, k, m, n):
         if len(chain) >= MAX_PROLOGUE or not _in_space(node, shape):
             return False
         if node.meta["val"].element_size() < 4 and len(node.users) > 1:
-            return False    # a 16-bit value read elsewhere too: written anyway, read as is
+            return False  # a 16-bit value read elsewhere too: written anyway, read as is
         for a in node.all_input_nodes:
             if not visit(a) and _leaf_view(a, shape, k, m, n) is None:
                 return False
@@ -114,7 +115,7 @@ def _prologue(x, shape, k, m, n):
 
     if not visit(x):
         return None
-    used, leaves, stack = set(), {}, [x]   # the chain's nodes that x is computed from
+    used, leaves, stack = set(), {}, [x]  # the chain's nodes that x is computed from
     while stack:
         node = stack.pop()
         if node in used:
@@ -153,7 +154,7 @@ def _flatten(gm, x, shape, k, m, n, fake_mode, made):
             continue
         v = new[leaf] = made[(leaf, m, n)] = gm.graph.call_function(aten.view.default, (leaf, at))
         v.meta["val"] = _fake(fake_mode, aten.view.default, leaf.meta["val"], at)
-    for node in x.graph.nodes:    # graph order: operands before their readers
+    for node in x.graph.nodes:  # graph order: operands before their readers
         if node not in chain or node in new:
             continue
         args = torch.fx.node.map_arg(node.args, new.__getitem__)
@@ -182,7 +183,7 @@ def spell_columns(gm):
     replaced, made = set(), {}
     for node, (m, n, k) in found:
         x, shape = node.args[0], [int(d) for d in node.meta["val"].shape]
-        columns_only = shape == [n]     # no keepdim: the 2-D reduction's own [n] result
+        columns_only = shape == [n]  # no keepdim: the 2-D reduction's own [n] result
         with gm.graph.inserting_before(node):
             flat, chain = _flatten(gm, x, [int(d) for d in x.meta["val"].shape], k, m, n, fake_mode, made)
             red = gm.graph.call_function(node.target, (flat, [0], not columns_only))

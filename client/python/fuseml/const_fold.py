@@ -15,6 +15,7 @@ node that does not fold reads; a view of a folded value stays a view (it costs n
 base is what is kept. A value larger than MAX_BYTES (a constant expanded to a large shape)
 is not kept: its inputs are, where they fit. The folded values are computed with real
 tensors outside any fake mode, once per compiled graph; the nodes they replace go."""
+
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -23,15 +24,31 @@ from ._log import log
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
-MAX_BYTES = 64 << 20          # one kept constant
-MAX_TOTAL_BYTES = 256 << 20   # every constant of one graph
+MAX_BYTES = 64 << 20  # one kept constant
+MAX_TOTAL_BYTES = 256 << 20  # every constant of one graph
 # ops that read only the dtype and device of their first operand
 TEMPLATES = {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default}
-VIEWS = {aten.view.default, aten._unsafe_view.default, aten.expand.default, aten.unsqueeze.default,
-         aten.squeeze.dim, aten.squeeze.default, aten.slice.Tensor, aten.permute.default,
-         aten.transpose.int, aten.t.default, aten.alias.default, aten.select.int}
-NEVER = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default,
-         aten.new_empty.default, aten.new_empty_strided.default}
+VIEWS = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.default,
+    aten.slice.Tensor,
+    aten.permute.default,
+    aten.transpose.int,
+    aten.t.default,
+    aten.alias.default,
+    aten.select.int,
+}
+NEVER = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_like.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+}
 
 
 def _val(node):
@@ -67,6 +84,7 @@ def _plain(a):
         if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             ok[0] = False
         return x
+
     torch.fx.node.map_aggregate(a, leaf)
     return ok[0]
 
@@ -77,7 +95,7 @@ def _folding(gm):
     folds = set()
     for n in gm.graph.nodes:
         if n.op == "get_attr" and _constant(gm, n) is not None:
-            folds.add(n)      # a tensor the trace kept (`torch.tensor(0.0)`): already constant
+            folds.add(n)  # a tensor the trace kept (`torch.tensor(0.0)`): already constant
             continue
         if not _op_folds(n) or any(u.op == "output" for u in n.users):
             continue
@@ -110,13 +128,19 @@ def fold(gm):
     if not folds:
         return []
     kept = _kept(folds)
-    kept = [n for n in kept if n.op == "call_function" and _val(n) is not None and n.target not in VIEWS and
-            _val(n).numel() * _val(n).element_size() <= MAX_BYTES]
+    kept = [
+        n
+        for n in kept
+        if n.op == "call_function"
+        and _val(n) is not None
+        and n.target not in VIEWS
+        and _val(n).numel() * _val(n).element_size() <= MAX_BYTES
+    ]
     mode = fake_meta.mode_of(gm)
     if not kept or mode is None:
         return []
     fold_set, need, stack = set(folds), set(), list(kept)
-    while stack:   # what computing the kept values takes
+    while stack:  # what computing the kept values takes
         n = stack.pop()
         if n in need:
             continue
@@ -133,11 +157,12 @@ def fold(gm):
                 def real(a, n=n):
                     if a in values:
                         return values[a]
-                    v = _val(a)   # a template operand: only its dtype and device are read
+                    v = _val(a)  # a template operand: only its dtype and device are read
                     return torch.empty(0, dtype=v.dtype, device=v.device)
+
                 args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), real)
                 values[n] = n.target(*args, **kwargs)
-    except Exception as e:   # an op that cannot run here: nothing folds
+    except Exception as e:  # an op that cannot run here: nothing folds
         log.debug("fuseml: constant folding skipped: %s", e)
         return []
     total = 0
@@ -147,7 +172,7 @@ def fold(gm):
         value = values[n]
         if not isinstance(value, torch.Tensor) or value.shape != want.shape or value.dtype != want.dtype:
             continue
-        if value.stride() != want.stride():   # the layout the graph was traced with
+        if value.stride() != want.stride():  # the layout the graph was traced with
             value = torch.empty_strided(want.shape, want.stride(), dtype=want.dtype, device=want.device).copy_(value)
         total += value.untyped_storage().nbytes()
         if total > MAX_TOTAL_BYTES:

@@ -28,6 +28,7 @@ written nor saved; the gradient it returns is the downcast autograd would have m
 Taken: a 2-D input [N, C] of a floating dtype, an int64 target [N], no class weights, no label
 smoothing, reduction "mean", "sum" or "none", no deprecated size_average/reduce. Anything else
 is left to torch's own cross_entropy (and so to the partitioner as before)."""
+
 import inspect
 
 import torch
@@ -36,7 +37,7 @@ from ._log import log
 
 _CROSS_ENTROPY = torch.nn.functional.cross_entropy
 _REDUCTIONS = ("mean", "sum", "none")
-_UPCASTS = ("float",)                     # call_method names that cast to fp32
+_UPCASTS = ("float",)  # call_method names that cast to fp32
 _VIEWS = ("view", "reshape")
 _SIGNATURE = inspect.signature(_CROSS_ENTROPY)
 
@@ -51,8 +52,7 @@ class _CrossEntropy(torch.autograd.Function):
         top = x32.amax(-1, keepdim=True)
         lse = (x32 - top).exp().sum(-1, keepdim=True).log() + top
         valid = target != ignore_index
-        torch._assert_async(((target >= 0) & (target < classes) | ~valid).all(),
-                            "cross_entropy: target out of bounds")
+        torch._assert_async(((target >= 0) & (target < classes) | ~valid).all(), "cross_entropy: target out of bounds")
         t = torch.where(valid, target, -1).to(torch.float32).unsqueeze(-1)
         cols = torch.arange(classes, device=x.device, dtype=torch.float32)
         picked = torch.where(cols == t, x32, 0.0).sum(-1, keepdim=True)
@@ -74,7 +74,7 @@ class _CrossEntropy(torch.autograd.Function):
         grad = grad.float()
         if ctx.reduction == "mean":
             grad = grad / count
-        w = torch.where(valid, grad, 0.0).unsqueeze(-1)     # [N, 1]: a scalar grad broadcasts
+        w = torch.where(valid, grad, 0.0).unsqueeze(-1)  # [N, 1]: a scalar grad broadcasts
         cols = torch.arange(x.shape[-1], device=x.device, dtype=torch.float32)
         p = (x.float() - lse).exp()
         dx = torch.where(cols == t, p - 1.0, p) * w
@@ -129,8 +129,14 @@ def _source(x):
     if x.op != "call_method" or x.target not in _VIEWS or len(x.args) < 2:
         return x, None
     up = x.args[0]
-    if not (isinstance(up, torch.fx.Node) and up.op == "call_method" and up.target in _UPCASTS
-            and len(up.users) == 1 and len(up.args) == 1 and not up.kwargs):
+    if not (
+        isinstance(up, torch.fx.Node)
+        and up.op == "call_method"
+        and up.target in _UPCASTS
+        and len(up.users) == 1
+        and len(up.args) == 1
+        and not up.kwargs
+    ):
         return x, None
     low = _example(up.args[0])
     if low is None or low.dtype not in (torch.float16, torch.bfloat16):
@@ -157,9 +163,11 @@ def rewrite(gm):
         with gm.graph.inserting_before(node):
             if view is not None:
                 x = gm.graph.call_method("reshape", (low,) + tuple(view.args[1:]))
-            new = gm.graph.call_function(fused_cross_entropy, (x, target),
-                                         {"ignore_index": ignore_index, "reduction": reduction,
-                                          "out_dtype": out_dtype})
+            new = gm.graph.call_function(
+                fused_cross_entropy,
+                (x, target),
+                {"ignore_index": ignore_index, "reduction": reduction, "out_dtype": out_dtype},
+            )
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

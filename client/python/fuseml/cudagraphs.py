@@ -15,6 +15,7 @@ GPU were moved to it (device_constants.py: T5's KV cache leaves some), and which
 aot_autograd. Those two pieces are torch-private: they are looked up in _api(); anything
 missing makes the graph run without CUDA graphs (one warning), never fails the job. The one
 entry point is wrap()."""
+
 import re
 import types
 
@@ -24,8 +25,13 @@ from . import device_constants, graph_replay, settings
 from ._log import log, warn_once
 
 # torch.compile's modes: which ones record CUDA graphs
-MODES = {None: False, "default": False, "reduce-overhead": True, "max-autotune": True,
-         "max-autotune-no-cudagraphs": False}
+MODES = {
+    None: False,
+    "default": False,
+    "reduce-overhead": True,
+    "max-autotune": True,
+    "max-autotune-no-cudagraphs": False,
+}
 OPTIONS = ("cudagraphs",)
 
 
@@ -63,8 +69,10 @@ class State:
 def _api():
     """The torch-private pieces used, or raises (ImportError, AttributeError)."""
     from torch._dynamo.backends import cudagraphs as backend
-    return types.SimpleNamespace(check_for_skip=backend.check_for_skip,
-                                 tracing_context=torch._guards.TracingContext.try_get)
+
+    return types.SimpleNamespace(
+        check_for_skip=backend.check_for_skip, tracing_context=torch._guards.TracingContext.try_get
+    )
 
 
 def _cuda_index(gm):
@@ -98,8 +106,7 @@ def _bw_static(gm, state):
         saved += 1
         if n.meta.get("is_static_input") is False:
             continue
-        if n.name.startswith("primals_") and n.name[8:].isdigit() and \
-                int(n.name[8:]) - 1 not in state.fw_static:
+        if n.name.startswith("primals_") and n.name[8:].isdigit() and int(n.name[8:]) - 1 not in state.fw_static:
             continue
         out.append(i)
     return tuple(out), saved
@@ -107,8 +114,14 @@ def _bw_static(gm, state):
 
 def _unavailable(state, e):
     state.recorded = False
-    warn_once("cudagraphs-api", "CUDA graphs unavailable with torch %s (%s: %s); compiled "
-              "graphs run without them", torch.__version__, type(e).__name__, e, suffix="")
+    warn_once(
+        "cudagraphs-api",
+        "CUDA graphs unavailable with torch %s (%s: %s); compiled " "graphs run without them",
+        torch.__version__,
+        type(e).__name__,
+        e,
+        suffix="",
+    )
     return "no CUDA graphs: torch API missing"
 
 
@@ -120,7 +133,7 @@ def _plan(api, gm, example_inputs, which, state):
         static, fixed = _bw_static(gm, state)
     else:
         static = state.fw_static = _fw_static(api, len(example_inputs), state)
-        fixed = max(0, len(example_inputs) - state.n_dynamo_inputs)   # as torch's backend
+        fixed = max(0, len(example_inputs) - state.n_dynamo_inputs)  # as torch's backend
     if dev is None:
         return None, static, "no CUDA tensors", []
     try:
@@ -131,7 +144,7 @@ def _plan(api, gm, example_inputs, which, state):
     skip = api.check_for_skip(gm, fixed)
     skip = skip and str(skip).replace("skipping cudagraphs due to ", "")
     cpu = skip and re.match(r"cpu device \((\w+)\)", skip)
-    if cpu and cpu.group(1) in kept:   # why the CPU value torch names stays there
+    if cpu and cpu.group(1) in kept:  # why the CPU value torch names stays there
         skip = f"{cpu.group(0)}: {kept[cpu.group(1)]}"
     return dev, static, skip, moved
 
@@ -152,21 +165,27 @@ def wrap(gm, example_inputs, which, state, compile_fn):
     if skip:
         if which != "backward":
             state.recorded = False
-            warn_once("cudagraphs-skip", "%s graph not recorded as a CUDA graph: %s", which,
-                      skip.splitlines()[0], suffix="")
+            warn_once(
+                "cudagraphs-skip", "%s graph not recorded as a CUDA graph: %s", which, skip.splitlines()[0], suffix=""
+            )
         return fn, "no CUDA graphs: " + skip
-    log.debug("fuseml: %s graph under fuseml's CUDA-graph replay (device %d, static inputs %s)",
-              which, dev, list(static))
+    log.debug(
+        "fuseml: %s graph under fuseml's CUDA-graph replay (device %d, static inputs %s)", which, dev, list(static)
+    )
     consts = f"; CPU constants moved to the device: {', '.join(moved)}" if moved else ""
-    return (_boxed(graph_replay.GraphReplay(fn, static, dev, which)),
-            f"CUDA graphs (fuseml replay; static inputs {list(static)}{consts})")
+    return (
+        _boxed(graph_replay.GraphReplay(fn, static, dev, which)),
+        f"CUDA graphs (fuseml replay; static inputs {list(static)}{consts})",
+    )
 
 
 def _boxed(replay):
     """replay as a plain function marked boxed: aot_autograd wraps a backward in dynamo's
     disable(), which copies a function's attributes (the mark) but not a class's."""
+
     def run(args):
         return replay(args)
+
     run._boxed_call = True
     run.replay = replay
     return run

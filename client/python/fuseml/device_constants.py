@@ -14,6 +14,7 @@ tensor the same way) or copies it to the device first (now a device copy, which 
 can hold). A CPU value the caller receives (a graph output), one read on the host (`item()`),
 or one computed from a real CPU input or from a CUDA value stays, and so does the graph's
 refusal; nothing moves then."""
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -67,7 +68,7 @@ def plan(gm):
             kept[n.name] = why
     movable = {n for n in cpu if n.name not in kept}
     changed = True
-    while changed:   # until every CPU input and user of a movable node moves too, or is on the device
+    while changed:  # until every CPU input and user of a movable node moves too, or is on the device
         changed = False
         for n in [n for n in cpu if n in movable]:
             why = None
@@ -107,8 +108,9 @@ def move(gm, device):
             continue
         if "device" in n.kwargs:
             kwargs[n] = {**n.kwargs, "device": device}
-        vals[n] = fake_meta.run(mode, n.target, *torch.fx.node.map_arg(
-            (n.args, kwargs.get(n, n.kwargs)), lambda a: vals.get(a, _val(a))))
+        vals[n] = fake_meta.run(
+            mode, n.target, *torch.fx.node.map_arg((n.args, kwargs.get(n, n.kwargs)), lambda a: vals.get(a, _val(a)))
+        )
     for n, t in tensors.items():
         owner, _, name = n.target.rpartition(".")
         setattr(gm.get_submodule(owner) if owner else gm, name, t)

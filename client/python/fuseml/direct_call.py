@@ -17,6 +17,7 @@ field renamed) keeps the wrapped callable: slower, never wrong.
     capture = direct_call.Capture(gm, example_inputs)  # before aot_autograd
     ... inference_compiler: fn = ...; capture.note(graph, fn)
     return capture.callable(wrapped)                   # after: direct, or `wrapped`"""
+
 import torch
 
 from . import settings
@@ -42,7 +43,7 @@ def _is_subclass(t):
     try:
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
     except ImportError:
-        return True   # cannot tell: assume the worst
+        return True  # cannot tell: assume the worst
     return is_traceable_wrapper_subclass(t)
 
 
@@ -51,19 +52,25 @@ def _metadata_says_plain(meta):
     unchanged, else why not. A missing mutation field counts as a mutation; the other
     fields are newer than some torch versions, which then lack what they describe."""
     from torch._functorch._aot_autograd.schemas import OutputType
+
     for info in meta.input_info:
-        if (getattr(info, "mutates_data", True) or getattr(info, "mutates_metadata", True)
-                or getattr(info, "mutates_storage_metadata", False)):
+        if (
+            getattr(info, "mutates_data", True)
+            or getattr(info, "mutates_metadata", True)
+            or getattr(info, "mutates_storage_metadata", False)
+        ):
             return "an input is mutated"
     if any(o.output_type != OutputType.non_alias for o in meta.output_info):
         return "an output aliases an input or an intermediate"
     # fields a torch may lack (then it lacks the feature too); each must be empty or false
-    for field, why in (("num_intermediate_bases", "intermediate bases"),
-                       ("unsafe_view_out_indices", "unsafe views among the outputs"),
-                       ("tokens", "effect tokens"),
-                       ("is_rng_op_functionalized", "functionalised RNG"),
-                       ("dynamic_outputs", "outputs marked dynamic"),
-                       ("act_input_paths", "async collective inputs")):
+    for field, why in (
+        ("num_intermediate_bases", "intermediate bases"),
+        ("unsafe_view_out_indices", "unsafe views among the outputs"),
+        ("tokens", "effect tokens"),
+        ("is_rng_op_functionalized", "functionalised RNG"),
+        ("dynamic_outputs", "outputs marked dynamic"),
+        ("act_input_paths", "async collective inputs"),
+    ):
         if getattr(meta, field, None):
             return why
     if getattr(meta, "grad_enabled_mutation", None) is not None:
@@ -82,7 +89,7 @@ class Capture:
         self.fn = None
         self.why_not = None if enabled else "not asked for"
         self.example_inputs = example_inputs
-        self.grad_enabled = torch.is_grad_enabled()   # dynamo guards it: the same at every call
+        self.grad_enabled = torch.is_grad_enabled()  # dynamo guards it: the same at every call
         if self.why_not is None:
             self.why_not = self._why_not_module(gm, example_inputs)
 
@@ -92,14 +99,14 @@ class Capture:
         if utils is not None and isinstance(gm, getattr(utils, "GmWrapper", ())):
             return "boxed dynamo inputs"
         if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
-            return "lifted parameters"      # aot_autograd prepends them to every call
+            return "lifted parameters"  # aot_autograd prepends them to every call
         tensors = [a for a in example_inputs if isinstance(a, torch.Tensor)]
         if len({id(a) for a in tensors}) != len(tensors):
             return "a tensor passed twice"  # aot_autograd dedupes: the graph takes fewer
         if any(_is_subclass(a) for a in tensors):
             return "a tensor subclass input"
         if _autocast_on():
-            return "autocast"               # the wrapper runs the graph with autocast off
+            return "autocast"  # the wrapper runs the graph with autocast off
         return None
 
     def note(self, graph, fn):
@@ -115,7 +122,7 @@ class Capture:
                 self.why_not = "the graph's inputs are not dynamo's"
             elif self.why_not is None and len(outputs) != len(meta.output_info):
                 self.why_not = "the graph returns more than the user's outputs"
-        except Exception as e:   # a torch whose internals differ: keep the wrappers
+        except Exception as e:  # a torch whose internals differ: keep the wrappers
             self.why_not = f"aot_autograd metadata unreadable ({type(e).__name__}: {e})"
         if self.why_not is None:
             self.fn = fn
@@ -130,6 +137,7 @@ class Capture:
         fn = self.fn
         boxed = getattr(fn, "_boxed_call", False)
         if not self.grad_enabled:
+
             def direct(*args):
                 return fn(list(args)) if boxed else fn(*args)
         else:
@@ -143,4 +151,5 @@ class Capture:
                     return fn(list(args)) if boxed else fn(*args)
                 finally:
                     set_grad(True)
+
         return direct

@@ -3,6 +3,7 @@ device_constants.py). Partitioning and fragment building read every node's meta[
 shape, dtype, device and strides, which fragments bake in), so a pass that changes what a
 node computes recomputes the value here, under the graph's own fake mode (its shape
 environment, when sizes are symbolic), never leaving a stale one behind."""
+
 import torch
 from torch.utils import _pytree as pytree
 
@@ -12,6 +13,7 @@ from .shapes import provably_same_ints
 def mode_of(gm):
     """The FakeTensorMode of gm's metadata; None when no node carries a fake tensor."""
     from torch._subclasses.fake_tensor import FakeTensor
+
     for node in gm.graph.nodes:
         for v in pytree.tree_leaves(node.meta.get("val")):
             if isinstance(v, FakeTensor):
@@ -29,16 +31,19 @@ def same_layout(a, b):
     """Whether two values have the same shape, strides, offset, dtype and device (tensors,
     or anything else compared as it is)."""
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.dtype == b.dtype and a.device == b.device
-                and provably_same_ints(a.shape, b.shape)
-                and provably_same_ints(a.stride(), b.stride())
-                and provably_same_ints([a.storage_offset()], [b.storage_offset()]))
+        return (
+            a.dtype == b.dtype
+            and a.device == b.device
+            and provably_same_ints(a.shape, b.shape)
+            and provably_same_ints(a.stride(), b.stride())
+            and provably_same_ints([a.storage_offset()], [b.storage_offset()])
+        )
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_layout(x, y) for x, y in zip(a, b))
     plain = (int, float, bool)
     if isinstance(a, plain) and isinstance(b, plain):
         return type(a) is type(b) and a == b
-    return a is b   # symbolic values compared by identity: comparing them would add a guard
+    return a is b  # symbolic values compared by identity: comparing them would add a guard
 
 
 def adopt_input_layouts(gm, example_inputs):
@@ -49,13 +54,17 @@ def adopt_input_layouts(gm, example_inputs):
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(phs) != len(example_inputs):
         return False
-    differ = [p for p, e in zip(phs, example_inputs)
-              if isinstance(e, torch.Tensor) and isinstance(p.meta.get("val"), torch.Tensor)
-              and not provably_same_ints(e.stride(), p.meta["val"].stride())]
+    differ = [
+        p
+        for p, e in zip(phs, example_inputs)
+        if isinstance(e, torch.Tensor)
+        and isinstance(p.meta.get("val"), torch.Tensor)
+        and not provably_same_ints(e.stride(), p.meta["val"].stride())
+    ]
     mode = mode_of(gm)
     if not differ or mode is None:
         return False
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
     return True
-

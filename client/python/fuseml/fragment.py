@@ -4,6 +4,7 @@ runtime needs to launch it (which input gives the symbolic sizes, the output str
 Shapes come from the fake-tensor metadata. Leading symbolic dims ([s0, s1, 4096] when both
 batch and sequence are dynamic) are collapsed into the one symbolic dim 0 the protocol has,
 which is exact when every tensor is either dense across them or broadcast over all of them."""
+
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -234,12 +235,12 @@ class Built:
         self.layout = layout
         self.in_nodes = in_nodes
         self.out_nodes = out_nodes
-        self.full_input = full_input      # index of an input whose leading dims give `outer`
-        self.out_strides = out_strides    # fragment strides of each output
+        self.full_input = full_input  # index of an input whose leading dims give `outer`
+        self.out_strides = out_strides  # fragment strides of each output
         self.in_align = in_align
-        self.gemm = False                 # a GEMM fragment (gemm_fragment, bmm_fragment)
-        self.siblings = False             # a GEMM fragment with two products sharing A
-        self.chain = False                # a GEMM fragment with two products in sequence
+        self.gemm = False  # a GEMM fragment (gemm_fragment, bmm_fragment)
+        self.siblings = False  # a GEMM fragment with two products sharing A
+        self.chain = False  # a GEMM fragment with two products in sequence
         # GEMM: per output, the shape to view it as ([B, S, N] of an [M, N] product; [B, H, M, N]
         # of a [Bt, M, N] batched one, -1 where its batch dim is symbolic)
         self.out_views = None
@@ -248,7 +249,7 @@ class Built:
         self.in_ranks = None
         # each output's static dims after the collapsed symbolic ones (a rows fragment's
         # per-row outputs end in 1 where the iteration shape has N)
-        self.out_tails = [[int(d) for d in layout.shape[layout.k:]] for _ in out_nodes]
+        self.out_tails = [[int(d) for d in layout.shape[layout.k :]] for _ in out_nodes]
         # (shape, strides) of each output when they do not follow the launch's M (a column
         # fragment's per-column results: cols_fragment)
         self.out_fixed = None
@@ -264,8 +265,7 @@ def wire_inputs(layout, in_nodes):
         if full and full_input is None:
             full_input = i
         in_align.append(_align_of(t))
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides,
-                       "align": in_align[-1]})
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides, "align": in_align[-1]})
     if layout.k and full_input is None:
         raise Unfusable("no input carries the symbolic dims")
     return inputs, full_input, in_align
@@ -290,19 +290,22 @@ def build(members, in_nodes, out_nodes, shape=None):
         want = _frag_dims(layout)
         per_row = rows and fshape[-1] == 1 and len(fshape) == len(want)
         if per_row:
-            want = want[:-1] + [1]     # a statistic (or a value computed from one) per row
+            want = want[:-1] + [1]  # a statistic (or a value computed from one) per row
         if len(fshape) != len(want) or any(a != b and a != -1 for a, b in zip(fshape, want)):
             raise Unfusable(f"output {node.name} is not of the group's shape")
-        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": fshape,
-                        "strides": fstrides, "align": 16})
+        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides, "align": 16})
         out_strides.append(fstrides)
-        out_tails.append([int(d) for d in want[1 if layout.k else 0:]])
-    wire = {"vocab": VOCAB_CAT if cats else VOCAB_ROWS if rows else VOCAB, "inputs": inputs, "ops": e.ops,
-            "outputs": outputs}
+        out_tails.append([int(d) for d in want[1 if layout.k else 0 :]])
+    wire = {
+        "vocab": VOCAB_CAT if cats else VOCAB_ROWS if rows else VOCAB,
+        "inputs": inputs,
+        "ops": e.ops,
+        "outputs": outputs,
+    }
     built = Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)
     built.out_tails = out_tails
     return built
 
 
 def _frag_dims(layout):
-    return ([-1] if layout.k else []) + [int(d) for d in layout.shape[layout.k:]]
+    return ([-1] if layout.k else []) + [int(d) for d in layout.shape[layout.k :]]

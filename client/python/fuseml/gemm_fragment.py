@@ -11,6 +11,7 @@ first: build_chain spells it, ops in graph order.
 M is sent as the symbolic dim 0 whenever no stride depends on it (A and every [M, N] operand
 row-major), with `m_hint` = the M at hand: the daemon tunes for that M's power-of-two bucket,
 and another batch size in the bucket reuses the kernel instead of compiling a new one."""
+
 from .fragment import Built, Emitter, Unfusable, _align_of
 from .ops import DTYPES, RESHAPE_OPS, products
 from .shapes import is_known_int, known_equal, size_at_hand
@@ -55,9 +56,11 @@ def build_gemm(members, in_nodes, out_nodes):
     ta, tb = a_node.meta["val"], b_nodes[0].meta["val"]
     m, n = ta.shape[0], int(tb.shape[1])
     # Every tensor with the M dim must allow a symbolic M: row-major, static strides.
-    with_m = [a_node.meta["val"]] + [x.meta["val"] for x in in_nodes
-                                      if x is not a_node and x not in b_nodes
-                                      and x.meta["val"].dim() >= 2 and x.meta["val"].shape[-2] != 1]
+    with_m = [a_node.meta["val"]] + [
+        x.meta["val"]
+        for x in in_nodes
+        if x is not a_node and x not in b_nodes and x.meta["val"].dim() >= 2 and x.meta["val"].shape[-2] != 1
+    ]
     symbolic, m_dim = _symbolic_m(m, with_m)
 
     e = Emitter(in_nodes)
@@ -67,7 +70,7 @@ def build_gemm(members, in_nodes, out_nodes):
     for node in members:
         if node in prods:
             continue
-        if node.target in RESHAPE_OPS:      # [M, N] seen as [B, S, N]: the same elements
+        if node.target in RESHAPE_OPS:  # [M, N] seen as [B, S, N]: the same elements
             e.ids[node] = e.ids[node.args[0]]
             continue
         e.emit_node(node)
@@ -87,20 +90,19 @@ def build_gemm(members, in_nodes, out_nodes):
             shape, strides = _broadcast(t, m, n, m_dim, f"input {node.name}")
         align = _align_of(t)
         in_align.append(align)
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
-                       "align": align})
-    return _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, symbolic,
-                   siblings=len(prods) == 2)
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides, "align": align})
+    return _finish(
+        e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, symbolic, siblings=len(prods) == 2
+    )
 
 
-def _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, symbolic,
-            siblings=False, chain=False):
+def _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, symbolic, siblings=False, chain=False):
     """The outputs ([M, N] each, or a dense [B, S, N] view of it) and the Built."""
     outputs, out_strides, out_views = [], [], []
     for node in out_nodes:
         t = node.meta["val"]
         view = None
-        if t.dim() > 2:                     # [B, S, N] after a view: stored as [M, N]
+        if t.dim() > 2:  # [B, S, N] after a view: stored as [M, N]
             if not t.is_contiguous() or _rows(t) != _hint(m) or int(t.shape[-1]) != n:
                 raise Unfusable(f"output {node.name} is not a dense view of [M, N]")
             view = tuple(int(d) for d in t.shape)
@@ -111,15 +113,15 @@ def _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n, m_dim, s
             strides = _strides(t)
         out_views.append(view)
         if symbolic and not _row_major(t):
-            strides = [n, 1]   # the runtime allocates outputs; row-major keeps M free
-        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": [m_dim, n],
-                        "strides": strides, "align": 16})
+            strides = [n, 1]  # the runtime allocates outputs; row-major keeps M free
+        outputs.append(
+            {"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": [m_dim, n], "strides": strides, "align": 16}
+        )
         out_strides.append(strides)
     wire = {"vocab": VOCAB, "inputs": inputs, "ops": e.ops, "outputs": outputs}
     if symbolic:
         wire["m_hint"] = max(1, _hint(m))
-    built = Built(wire, GemmLayout(m, n, symbolic), in_nodes, out_nodes, full_input,
-                  out_strides, in_align)
+    built = Built(wire, GemmLayout(m, n, symbolic), in_nodes, out_nodes, full_input, out_strides, in_align)
     built.gemm = True
     built.siblings = siblings
     built.chain = chain
@@ -155,7 +157,7 @@ def build_chain(members, in_nodes, out_nodes):
     for node in members:
         if node is p2 or any(a in stage2 for a in node.all_input_nodes):
             stage2.add(node)
-    reads = {}                      # input node -> the stages that read it as an epilogue operand
+    reads = {}  # input node -> the stages that read it as an epilogue operand
     for node in members:
         for b in node.all_input_nodes:
             if (node is p1 and b in (x, w1)) or (node is p2 and b in (p2.args[-2], w2)):
@@ -166,20 +168,19 @@ def build_chain(members, in_nodes, out_nodes):
     in_nodes = list(in_nodes) + ([x] if x in reads else [])
     tx, t1, t2 = x.meta["val"], w1.meta["val"], w2.meta["val"]
     m, n1, n2 = tx.shape[0], int(t1.shape[1]), int(t2.shape[1])
-    with_m = [tx] + [b.meta["val"] for b in reads if b.meta["val"].dim() >= 2
-                     and b.meta["val"].shape[-2] != 1]
+    with_m = [tx] + [b.meta["val"] for b in reads if b.meta["val"].dim() >= 2 and b.meta["val"].shape[-2] != 1]
     symbolic, m_dim = _symbolic_m(m, with_m)
 
     e = Emitter(in_nodes)
-    a_id = in_nodes.index(x)        # the first x: the matrix operand (e.ids names the last)
+    a_id = in_nodes.index(x)  # the first x: the matrix operand (e.ids names the last)
     for node in members:
         if node is p1:
-            e.ids[node] = e.op("addmm" if len(node.args) == 3 else "mm",
-                               *[e.arg(b) for b in node.args[:-2]], a_id, e.arg(w1))
+            e.ids[node] = e.op(
+                "addmm" if len(node.args) == 3 else "mm", *[e.arg(b) for b in node.args[:-2]], a_id, e.arg(w1)
+            )
         elif node is p2:
-            e.ids[node] = e.op("addmm" if len(node.args) == 3 else "mm",
-                               *[e.arg(b) for b in node.args])
-        elif node.target in RESHAPE_OPS:    # [M, N] seen as [B, S, N] and back: one value
+            e.ids[node] = e.op("addmm" if len(node.args) == 3 else "mm", *[e.arg(b) for b in node.args])
+        elif node.target in RESHAPE_OPS:  # [M, N] seen as [B, S, N] and back: one value
             e.ids[node] = e.ids[node.args[0]]
         else:
             e.emit_node(node)
@@ -193,19 +194,17 @@ def build_chain(members, in_nodes, out_nodes):
             shape, strides = [m_dim, int(t.shape[1])], _strides(t)
             full_input = i
         else:
-            specs = {tuple(map(tuple, _broadcast(t, m, (n1, n2)[s - 1], m_dim,
-                                                 f"input {node.name} (stage {s})")))
-                     for s in sorted(reads[node])}
+            specs = {
+                tuple(map(tuple, _broadcast(t, m, (n1, n2)[s - 1], m_dim, f"input {node.name} (stage {s})")))
+                for s in sorted(reads[node])
+            }
             if len(specs) != 1:
-                raise Unfusable(f"input {node.name} is read in both stages and broadcasts "
-                                "differently to each")
+                raise Unfusable(f"input {node.name} is read in both stages and broadcasts " "differently to each")
             shape, strides = (list(v) for v in specs.pop())
         align = _align_of(t)
         in_align.append(align)
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides,
-                       "align": align})
-    return _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n2, m_dim, symbolic,
-                   chain=True)
+        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": shape, "strides": strides, "align": align})
+    return _finish(e, inputs, in_nodes, in_align, full_input, out_nodes, m, n2, m_dim, symbolic, chain=True)
 
 
 def _rows(t):

@@ -33,6 +33,7 @@ them), and the backward reads them where its forward's recording keeps them:
   nobody holds are dropped first, and if that is not enough the call runs as compiled.
 - A capture that fails (an op that synchronises, a CPU tensor) turns graphs off for this
   graph with one warning; it then runs as it would without them."""
+
 import collections
 import itertools
 import weakref
@@ -42,14 +43,14 @@ import torch
 from . import settings
 from ._log import log, warn_once
 
-MAX_DIRECT = 8     # input sets keyed by addresses, per compiled graph
-MAX_COPIES = 2     # recordings per input set (outputs the caller still holds)
-MAX_LAYOUTS = 8    # layouts with graph-owned input copies, least recently used dropped
-MAX_WARM = 64      # keys remembered as warmed up but not yet recorded
-MAX_FRESH = 16     # input sets of one layout warmed up, not seen again: addresses churn
+MAX_DIRECT = 8  # input sets keyed by addresses, per compiled graph
+MAX_COPIES = 2  # recordings per input set (outputs the caller still holds)
+MAX_LAYOUTS = 8  # layouts with graph-owned input copies, least recently used dropped
+MAX_WARM = 64  # keys remembered as warmed up but not yet recorded
+MAX_FRESH = 16  # input sets of one layout warmed up, not seen again: addresses churn
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
-_clock = itertools.count()   # recency of recordings, for dropping the least recently used
-instances = weakref.WeakSet()   # every live GraphReplay, for stats()
+_clock = itertools.count()  # recency of recordings, for dropping the least recently used
+instances = weakref.WeakSet()  # every live GraphReplay, for stats()
 
 
 def stats():
@@ -57,9 +58,16 @@ def stats():
     (outputs held, over budget), recordings dropped, replays turned off, pool bytes."""
     out = collections.Counter()
     for g in list(instances):
-        out.update(recordings=g.recordings, replays=g.replays, held_runs=g.held_runs,
-                   over_budget=g.over_budget, dropped=g.dropped, off=g.off is not None,
-                   pool_bytes=g.pool_bytes, warmups=g.warmups)
+        out.update(
+            recordings=g.recordings,
+            replays=g.replays,
+            held_runs=g.held_runs,
+            over_budget=g.over_budget,
+            dropped=g.dropped,
+            off=g.off is not None,
+            pool_bytes=g.pool_bytes,
+            warmups=g.warmups,
+        )
     return dict(out)
 
 
@@ -75,22 +83,34 @@ def memory_budget(device_index):
             pass
     default = torch.cuda.get_device_properties(device_index).total_memory // 10
     if mb:
-        warn_once("graph-memory", "FUSEML_GRAPH_MEMORY_MB=%r is not a size in MiB (a number >= 0); "
-                  "using %d MiB", mb, default >> 20, suffix="")
+        warn_once(
+            "graph-memory",
+            "FUSEML_GRAPH_MEMORY_MB=%r is not a size in MiB (a number >= 0); " "using %d MiB",
+            mb,
+            default >> 20,
+            suffix="",
+        )
     return default
 
 
 def _direct_key(args, static):
     """Every tensor's address and layout; a static input's address alone (its shape is fixed
     by dynamo's guards: a new shape is a new compiled graph)."""
-    return tuple((a.data_ptr() if i in static else
-                  (a.data_ptr(), a.shape, a.stride(), a.storage_offset()))
-                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
+    return tuple(
+        (a.data_ptr() if i in static else (a.data_ptr(), a.shape, a.stride(), a.storage_offset()))
+        if isinstance(a, torch.Tensor)
+        else a
+        for i, a in enumerate(args)
+    )
 
 
 def _layout_key(args, static):
-    return tuple(((a.data_ptr() if i in static else None), a.shape, a.stride(), a.storage_offset())
-                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args))
+    return tuple(
+        ((a.data_ptr() if i in static else None), a.shape, a.stride(), a.storage_offset())
+        if isinstance(a, torch.Tensor)
+        else a
+        for i, a in enumerate(args)
+    )
 
 
 def _output_spec(outputs, inputs):
@@ -101,8 +121,11 @@ def _output_spec(outputs, inputs):
     caller's tensors (their memory stays free to hold the next step's inputs) and never
     hands out a graph-owned copy of an input; ("value", v) anything else."""
     ident = {id(a): i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor)}
-    storage = {a.untyped_storage().data_ptr(): i for i, a in enumerate(inputs)
-               if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes()}
+    storage = {
+        a.untyped_storage().data_ptr(): i
+        for i, a in enumerate(inputs)
+        if isinstance(a, torch.Tensor) and a.untyped_storage().nbytes()
+    }
     spec = []
     for o in outputs:
         if not isinstance(o, torch.Tensor):
@@ -110,8 +133,9 @@ def _output_spec(outputs, inputs):
         elif id(o) in ident:
             spec.append(("input", ident[id(o)]))
         elif o.untyped_storage().nbytes() and o.untyped_storage().data_ptr() in storage:
-            spec.append(("view", storage[o.untyped_storage().data_ptr()], tuple(o.shape),
-                         o.stride(), o.storage_offset()))
+            spec.append(
+                ("view", storage[o.untyped_storage().data_ptr()], tuple(o.shape), o.stride(), o.storage_offset())
+            )
         else:
             spec.append(("graph", o))
     return spec
@@ -128,7 +152,7 @@ class _Recorded:
         self.tuple = isinstance(outputs, tuple)
         self.spec = _output_spec(outputs, inputs)
         self.mine = [e[1] for e in self.spec if e[0] == "graph"]
-        self.only_mine = len(self.mine) == len(self.spec)   # replay's common case
+        self.only_mine = len(self.mine) == len(self.spec)  # replay's common case
         # the outputs' storages by address (this recording keeps them alive through self.mine),
         # so a call reads their use counts without making a Python storage object each
         self.storages = [t.untyped_storage()._cdata for t in self.mine] if _use_count else None
@@ -176,20 +200,20 @@ class GraphReplay:
         self.which = which
         self.static = frozenset(static)
         self.device_index = device_index
-        self.direct = {}      # direct key -> _Recorded
-        self.by_layout = collections.OrderedDict()   # layout key -> recordings, LRU order
-        self.warm = set()     # keys run once eagerly, recorded on their next call
-        self.fresh = collections.Counter()   # layout -> its keys in warm (not seen again yet)
-        self.off = None       # why graphs were turned off for this graph
+        self.direct = {}  # direct key -> _Recorded
+        self.by_layout = collections.OrderedDict()  # layout key -> recordings, LRU order
+        self.warm = set()  # keys run once eagerly, recorded on their next call
+        self.fresh = collections.Counter()  # layout -> its keys in warm (not seen again yet)
+        self.off = None  # why graphs were turned off for this graph
         self.recordings = 0
         self.replays = 0
-        self.held_runs = 0    # calls run without graphs: every recording's outputs held
-        self.budget = None    # bytes of pool memory (memory_budget), read at the first capture
-        self.pool_bytes = 0   # what the recordings hold now
-        self.last_bytes = 0   # the last capture's, the estimate of the next one's
-        self.dropped = 0      # recordings dropped to stay within the budget
+        self.held_runs = 0  # calls run without graphs: every recording's outputs held
+        self.budget = None  # bytes of pool memory (memory_budget), read at the first capture
+        self.pool_bytes = 0  # what the recordings hold now
+        self.last_bytes = 0  # the last capture's, the estimate of the next one's
+        self.dropped = 0  # recordings dropped to stay within the budget
         self.over_budget = 0  # captures not made: nothing free to drop
-        self.warmups = 0      # calls run as compiled: a new input set's first
+        self.warmups = 0  # calls run as compiled: a new input set's first
         instances.add(self)
 
     def __call__(self, args):
@@ -199,11 +223,11 @@ class GraphReplay:
         recs = self.direct.get(key)
         if recs is None:
             recs = self._miss(args, key)
-            if recs is None:           # a warm-up, or graphs just turned off
+            if recs is None:  # a warm-up, or graphs just turned off
                 self.warmups += 1
                 return self.fn(args)
         rec = self._free(recs, args)
-        if rec is None:                # every recording's outputs still held: run as compiled
+        if rec is None:  # every recording's outputs still held: run as compiled
             self.held_runs += 1
             return self.fn(args)
         self.replays += 1
@@ -244,7 +268,7 @@ class GraphReplay:
             rec = self._record(args, copy=True)
             if rec is not None:
                 recs = self.by_layout[layout] = [rec]
-                if len(self.by_layout) > MAX_LAYOUTS:   # its graphs and pools go with it
+                if len(self.by_layout) > MAX_LAYOUTS:  # its graphs and pools go with it
                     _, gone = self.by_layout.popitem(last=False)
                     self.pool_bytes -= sum(r.nbytes for r in gone)
         return recs
@@ -293,9 +317,11 @@ class GraphReplay:
         if like is not None:
             buffers = like.buffers
         else:
-            buffers = {i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
-                       for i, a in enumerate(args)
-                       if copy and i not in self.static and isinstance(a, torch.Tensor)}
+            buffers = {
+                i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
+                for i, a in enumerate(args)
+                if copy and i not in self.static and isinstance(a, torch.Tensor)
+            }
         inputs = list(args)
         for i, buf in buffers.items():
             buf.copy_(args[i])
@@ -303,21 +329,30 @@ class GraphReplay:
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.device(self.device_index):
-                with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(),
-                                      capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
                     outputs = self.fn(list(inputs))
         except Exception as e:  # never a failed job: this graph runs without CUDA graphs
             self.off = f"{type(e).__name__}: {e}"
             self.direct.clear()
             self.by_layout.clear()
-            warn_once("cudagraphs-capture", "a%s %s graph could not be recorded as a CUDA "
-                      "graph (%s); it runs without CUDA graphs", "n" if self.which[0] == "i" else "",
-                      self.which, self.off.splitlines()[0][:200], suffix="")
+            warn_once(
+                "cudagraphs-capture",
+                "a%s %s graph could not be recorded as a CUDA " "graph (%s); it runs without CUDA graphs",
+                "n" if self.which[0] == "i" else "",
+                self.which,
+                self.off.splitlines()[0][:200],
+                suffix="",
+            )
             return None
         self.recordings += 1
         nbytes = max(0, torch.cuda.memory_reserved(self.device_index) - reserved)
         self.pool_bytes += nbytes
         self.last_bytes = nbytes
-        log.debug("fuseml: %s graph recorded (%s inputs copied per replay; %d recorded, "
-                  "%d bytes)", self.which, len(buffers), self.recordings, nbytes)
+        log.debug(
+            "fuseml: %s graph recorded (%s inputs copied per replay; %d recorded, " "%d bytes)",
+            self.which,
+            len(buffers),
+            self.recordings,
+            nbytes,
+        )
         return _Recorded(graph, outputs, inputs, buffers, nbytes)

@@ -1,6 +1,7 @@
 """libfusemld: load a served CUBIN once per process and device (fm_module_load_bytes, through
 ctypes) and launch it on torch's current stream (fm_module_launch: through the C extension
 fuseml._launch where setup.py could build it, else ctypes; FUSEML_NO_FAST_LAUNCH=1 forces ctypes)."""
+
 import ctypes
 import ctypes.util
 import functools
@@ -10,7 +11,7 @@ import msgpack
 
 from . import autostart, settings
 
-_fast = None   # the C launch path (setup.py builds it when it can); ctypes otherwise
+_fast = None  # the C launch path (setup.py builds it when it can); ctypes otherwise
 if settings.fast_launch():
     try:
         from . import _launch as _fast
@@ -53,12 +54,23 @@ def library():
         except OSError as e:
             tried.append(f"{path}: {e}")
             continue
-        lib.fm_module_load_bytes.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p,
-                                             ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p),
-                                             ctypes.POINTER(_Diag)]
+        lib.fm_module_load_bytes.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_void_p),
+            ctypes.POINTER(_Diag),
+        ]
         lib.fm_module_load_bytes.restype = ctypes.c_int
-        lib.fm_module_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                         ctypes.c_int64, ctypes.c_void_p, ctypes.POINTER(_Diag)]
+        lib.fm_module_launch.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.POINTER(_Diag),
+        ]
         lib.fm_module_launch.restype = ctypes.c_int
         if _fast is not None:
             _fast.bind(ctypes.cast(lib.fm_module_launch, ctypes.c_void_p).value)
@@ -83,8 +95,9 @@ class Module:
         self.diag = _Diag()
         handle = ctypes.c_void_p()
         meta_bytes = msgpack.packb(meta, use_bin_type=True)
-        rc = lib.fm_module_load_bytes(cubin, len(cubin), meta_bytes, len(meta_bytes),
-                                      ctypes.byref(handle), ctypes.byref(self.diag))
+        rc = lib.fm_module_load_bytes(
+            cubin, len(cubin), meta_bytes, len(meta_bytes), ctypes.byref(handle), ctypes.byref(self.diag)
+        )
         if rc != 0:
             raise RuntimeError(f"fm_module_load_bytes: {rc}: {self.diag.text.decode(errors='replace')}")
         self.handle = handle.value
@@ -94,7 +107,7 @@ class Module:
         # fixed + outer * per_row bytes (fm_meta.h "blas"), the caller's to allocate.
         blas = meta.get("blas")
         self.scratch = tuple(blas["scratch"]) if blas else None
-        self.static_outer = meta.get("outer", -1)   # -1: dim 0 is the launch's
+        self.static_outer = meta.get("outer", -1)  # -1: dim 0 is the launch's
         self._ins = (ctypes.c_void_p * max(1, self.n_in))()
         self._outs = (ctypes.c_void_p * (max(1, self.n_out) + 1))()
         self._launch = lib.fm_module_launch

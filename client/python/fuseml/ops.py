@@ -4,10 +4,10 @@ kinds of the ops that later kernel templates will take (GEMMs, reductions).
 Each pointwise entry is a function emit(e, node) that spells the node with the emitter's
 primitives (fragment.Emitter): e.arg(x) for a tensor or scalar operand, e.op(name, *ids),
 e.const(v), e.cast(id, dtype)."""
+
 import torch
 
-from .shapes import (is_finite_plain_real, is_plain_int, is_plain_real, known_true, plain_equal,
-                     same_plain_shape)
+from .shapes import is_finite_plain_real, is_plain_int, is_plain_real, known_true, plain_equal, same_plain_shape
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -16,16 +16,33 @@ DTYPES = {torch.bool: "bool", torch.float16: "f16", torch.bfloat16: "bf16", torc
 
 GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 REDUCTION_OPS = {
-    aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.amax.default,
-    aten.var.correction, aten._softmax.default, aten._log_softmax.default,
-    aten.native_layer_norm.default, aten._softmax_backward_data.default,
+    aten.sum.dim_IntList,
+    aten.sum.default,
+    aten.mean.dim,
+    aten.mean.default,
+    aten.amax.default,
+    aten.var.correction,
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten.native_layer_norm.default,
+    aten._softmax_backward_data.default,
     aten.native_layer_norm_backward.default,
 }
 # Metadata-only ops: they never join a group (a group's inputs are whatever tensors reach it,
 # with the strides these views gave them), so they run as ATen at no cost.
-VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.expand.default,
-            aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.permute.default,
-            aten.t.default, aten.transpose.int, aten.slice.Tensor, aten.detach.default}
+VIEW_OPS = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.default,
+    aten.permute.default,
+    aten.t.default,
+    aten.transpose.int,
+    aten.slice.Tensor,
+    aten.detach.default,
+}
 
 
 def _unary(name):
@@ -43,6 +60,7 @@ def _add_like(name):
         if alpha != 1:
             b = e.op("mul", b, e.const(alpha))
         return e.op(name, e.arg(n.args[0]), b)
+
     return emit
 
 
@@ -152,39 +170,60 @@ def _logical(name):
 
 
 POINTWISE = {
-    aten.add.Tensor: _add_like("add"), aten.add.Scalar: _add_like("add"),
-    aten.sub.Tensor: _add_like("sub"), aten.sub.Scalar: _add_like("sub"),
-    aten.rsub.Scalar: _rsub, aten.rsub.Tensor: _rsub,
-    aten.mul.Tensor: _binary("mul"), aten.mul.Scalar: _binary("mul"),
-    aten.div.Tensor: _binary("div"), aten.div.Scalar: _binary("div"),
-    aten.maximum.default: _binary("maximum"), aten.minimum.default: _binary("minimum"),
+    aten.add.Tensor: _add_like("add"),
+    aten.add.Scalar: _add_like("add"),
+    aten.sub.Tensor: _add_like("sub"),
+    aten.sub.Scalar: _add_like("sub"),
+    aten.rsub.Scalar: _rsub,
+    aten.rsub.Tensor: _rsub,
+    aten.mul.Tensor: _binary("mul"),
+    aten.mul.Scalar: _binary("mul"),
+    aten.div.Tensor: _binary("div"),
+    aten.div.Scalar: _binary("div"),
+    aten.maximum.default: _binary("maximum"),
+    aten.minimum.default: _binary("minimum"),
     aten.pow.Tensor_Scalar: _binary("pow"),
-    aten.neg.default: _unary("neg"), aten.abs.default: _unary("abs"),
-    aten.relu.default: _unary("relu"), aten.gelu.default: _gelu,
-    aten.silu.default: _unary("silu"), aten.sigmoid.default: _unary("sigmoid"),
-    aten.tanh.default: _unary("tanh"), aten.exp.default: _unary("exp"),
-    aten.log.default: _unary("log"), aten.sqrt.default: _unary("sqrt"),
+    aten.neg.default: _unary("neg"),
+    aten.abs.default: _unary("abs"),
+    aten.relu.default: _unary("relu"),
+    aten.gelu.default: _gelu,
+    aten.silu.default: _unary("silu"),
+    aten.sigmoid.default: _unary("sigmoid"),
+    aten.tanh.default: _unary("tanh"),
+    aten.exp.default: _unary("exp"),
+    aten.log.default: _unary("log"),
+    aten.sqrt.default: _unary("sqrt"),
     aten.rsqrt.default: _unary("rsqrt"),
     aten.reciprocal.default: lambda e, n: e.op("div", e.const(1.0), e.arg(n.args[0])),
     aten.where.self: _where,
     aten.masked_fill.Scalar: _masked_fill,
-    aten._to_copy.default: _cast, prims.convert_element_type.default: _cast,
+    aten._to_copy.default: _cast,
+    prims.convert_element_type.default: _cast,
     aten.threshold_backward.default: _threshold_backward,
     aten.sigmoid_backward.default: _sigmoid_backward,
     aten.tanh_backward.default: _tanh_backward,
     aten.silu_backward.default: _silu_backward,
     aten.gelu_backward.default: _gelu_backward,
     aten.erf.default: _unary("erf"),
-    aten.masked_fill.Tensor: _masked_fill,   # the value a 0-dim tensor, broadcast
-    aten.isneginf.default: _is_value(float("-inf")), aten.isposinf.default: _is_value(float("inf")),
-    aten.isinf.default: _isinf, aten.isfinite.default: _isfinite, aten.isnan.default: _isnan,
-    aten.logical_not.default: _logical_not, aten.logical_and.default: _logical("mul"),
-    aten.logical_or.default: _logical("maximum"), aten.logical_xor.default: _logical("ne"),
+    aten.masked_fill.Tensor: _masked_fill,  # the value a 0-dim tensor, broadcast
+    aten.isneginf.default: _is_value(float("-inf")),
+    aten.isposinf.default: _is_value(float("inf")),
+    aten.isinf.default: _isinf,
+    aten.isfinite.default: _isfinite,
+    aten.isnan.default: _isnan,
+    aten.logical_not.default: _logical_not,
+    aten.logical_and.default: _logical("mul"),
+    aten.logical_or.default: _logical("maximum"),
+    aten.logical_xor.default: _logical("ne"),
 }
 # bitwise ops on bool tensors are the logical ones (on integers, which no fragment holds, the
 # dtype check of why_not_pointwise keeps them out)
-BOOL_ONLY = {aten.bitwise_not.default: _logical_not, aten.bitwise_and.Tensor: _logical("mul"),
-             aten.bitwise_or.Tensor: _logical("maximum"), aten.bitwise_xor.Tensor: _logical("ne")}
+BOOL_ONLY = {
+    aten.bitwise_not.default: _logical_not,
+    aten.bitwise_and.Tensor: _logical("mul"),
+    aten.bitwise_or.Tensor: _logical("maximum"),
+    aten.bitwise_xor.Tensor: _logical("ne"),
+}
 POINTWISE.update(BOOL_ONLY)
 
 
@@ -206,14 +245,21 @@ for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
 _ALLOWED_KWARGS = {"alpha", "approximate", "dtype", "layout", "device", "memory_format"}
 
 # Row reductions over the last dim (vocabulary 2): ATen op -> fragment op.
-ROW_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax",
-                  aten.var.correction: "var", aten.all.dim: "all", aten.any.dim: "any",
-                  aten.all.dims: "all", aten.any.dims: "any"}
+ROW_REDUCTIONS = {
+    aten.sum.dim_IntList: "sum",
+    aten.mean.dim: "mean",
+    aten.amax.default: "amax",
+    aten.var.correction: "var",
+    aten.all.dim: "all",
+    aten.any.dim: "any",
+    aten.all.dims: "all",
+    aten.any.dims: "any",
+}
 # Truth reductions: of a bool or float operand (its truth value), into bool. Spelled with amax
 # (Emitter.reduce): all(b) = amax(b ? 0 : 1) == 0, any(b) = amax(b ? 1 : 0) != 0.
 LOGICAL_REDUCTIONS = {"all", "any"}
-MAX_ROW = 1 << 20       # FM_MAX_ROW: longer rows than registers hold are streamed (logits)
-MAX_ROW_HELD = 32768    # FM_MAX_ROW_HELD: var needs its row held in registers
+MAX_ROW = 1 << 20  # FM_MAX_ROW: longer rows than registers hold are streamed (logits)
+MAX_ROW_HELD = 32768  # FM_MAX_ROW_HELD: var needs its row held in registers
 
 
 def why_not_pointwise(node):
@@ -229,9 +275,12 @@ def why_not_pointwise(node):
         why = _why_not_alias(node, val)
         if why:
             return why
-    if node.target in BOOL_ONLY and (val.dtype != torch.bool or any(
-            isinstance(a, torch.fx.Node) and getattr(a.meta.get("val"), "dtype", None) != torch.bool
-            for a in node.args)):
+    if node.target in BOOL_ONLY and (
+        val.dtype != torch.bool
+        or any(
+            isinstance(a, torch.fx.Node) and getattr(a.meta.get("val"), "dtype", None) != torch.bool for a in node.args
+        )
+    ):
         return "bitwise op on integers"
     if set(node.kwargs) - _ALLOWED_KWARGS:
         return f"unsupported arguments {sorted(set(node.kwargs) - _ALLOWED_KWARGS)}"
@@ -244,13 +293,15 @@ def why_not_pointwise(node):
         # LayerNorm's backward decomposition casts to contiguous fp32: as for a clone, the
         # output is written at the node's own strides
         if node.kwargs.get("memory_format", torch.preserve_format) not in (
-                torch.contiguous_format, torch.preserve_format):
+            torch.contiguous_format,
+            torch.preserve_format,
+        ):
             return "_to_copy to another memory format"
     elif set(node.kwargs) & {"layout", "device"}:
         return "unsupported arguments ['device', 'layout']"
     elif "memory_format" in node.kwargs and node.target is not aten.clone.default:
         return "unsupported arguments ['memory_format']"
-    args = node.args[:1] if node.target in ALIASES else node.args   # not an expand's sizes
+    args = node.args[:1] if node.target in ALIASES else node.args  # not an expand's sizes
     for a in list(args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
         if isinstance(a, torch.fx.Node):
             t = a.meta.get("val")
@@ -258,7 +309,7 @@ def why_not_pointwise(node):
                 return "operand of unsupported dtype"
             if t.device != val.device:
                 return "operand on another device"
-        elif isinstance(a, (str, torch.dtype)):   # prims.convert_element_type(x, dtype)
+        elif isinstance(a, (str, torch.dtype)):  # prims.convert_element_type(x, dtype)
             continue
         elif isinstance(a, float) and a != a:
             return "NaN constant"
@@ -274,14 +325,17 @@ def _why_not_alias(node, val):
         return "expand that broadcasts"
     if node.target is aten.clone.default:
         if node.kwargs.get("memory_format", torch.preserve_format) not in (
-                torch.contiguous_format, torch.preserve_format):
+            torch.contiguous_format,
+            torch.preserve_format,
+        ):
             return "clone to another memory format"
         return None
     # An expand to its own shape is a view: worth joining only where the ops reading it join
     # too (else the group would store a second copy of its operand), and only where its
     # strides describe a dense tensor a kernel can write.
-    if node.kwargs or not all(u.op == "call_function" and u.target in POINTWISE and
-                              u.target is not aten.expand.default for u in node.users):
+    if node.kwargs or not all(
+        u.op == "call_function" and u.target in POINTWISE and u.target is not aten.expand.default for u in node.users
+    ):
         return "expand read by ops outside the pointwise vocabulary"
     if not _dense(val):
         return "expand of an overlapping or sparse layout"
@@ -353,11 +407,14 @@ def row_reduction(node):
 COLUMN_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax"}
 
 
-
 def fusible(node):
     """Is node an op a pointwise or rows group computes (a node next to it may join it)?"""
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and (
-        (node.target in POINTWISE and why_not_pointwise(node) is None) or row_reduction(node) is not None)
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and ((node.target in POINTWISE and why_not_pointwise(node) is None) or row_reduction(node) is not None)
+    )
+
 
 def column_reduction(node):
     """The fragment op when node reduces dim 0 of a 2-D float tensor with a static dim 1
@@ -394,8 +451,13 @@ def cat_dim(node):
     dim %= val.dim()
     for x in xs:
         t = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
-        if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES or t.dim() != val.dim() or \
-                t.device != val.device or not is_plain_int(t.shape[dim]):
+        if (
+            not isinstance(t, torch.Tensor)
+            or t.dtype not in DTYPES
+            or t.dim() != val.dim()
+            or t.device != val.device
+            or not is_plain_int(t.shape[dim])
+        ):
             return None
     return dim
 
@@ -414,7 +476,7 @@ def splits_rows(node, shape):
         return False
     lead = val.shape[:-1]
     if not all(is_plain_int(d) for d in lead) or not is_plain_int(shape[0]):
-        return False   # symbolic leading dims: the runtime could not rebuild the shape
+        return False  # symbolic leading dims: the runtime could not rebuild the shape
     m = 1
     for d in lead:
         m *= int(d)
@@ -432,17 +494,22 @@ def why_not_gemm(node):
     cuBLAS instead."""
     batched = is_batched_gemm(node)
     if node.target in (aten.addmm.default,) and (
-            any(k not in ("beta", "alpha") for k in node.kwargs) or
-            node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1):
+        any(k not in ("beta", "alpha") for k in node.kwargs)
+        or node.kwargs.get("beta", 1) != 1
+        or node.kwargs.get("alpha", 1) != 1
+    ):
         return "addmm with beta/alpha"
     if node.target is aten.baddbmm.default:
         # spelled as bmm, * alpha, + beta * input (bmm_fragment.py): any finite static scalars
         alpha, beta = node.kwargs.get("alpha", 1), node.kwargs.get("beta", 1)
-        if any(k not in ("beta", "alpha") for k in node.kwargs) or \
-                not is_finite_plain_real(alpha) or not is_finite_plain_real(beta):
+        if (
+            any(k not in ("beta", "alpha") for k in node.kwargs)
+            or not is_finite_plain_real(alpha)
+            or not is_finite_plain_real(beta)
+        ):
             return "baddbmm with non-static beta/alpha"
         if alpha == 0:
-            return "baddbmm with alpha 0"   # torch skips the product (its NaNs) entirely
+            return "baddbmm with alpha 0"  # torch skips the product (its NaNs) entirely
     a, b = node.args[-2], node.args[-1]
     if not all(isinstance(x, torch.fx.Node) for x in (a, b)):
         return "operands are not tensors"
@@ -494,7 +561,7 @@ def batched_view(node, shape):
     if not (plain_equal(size[-1], shape[2]) and plain_equal(size[-2], shape[1])):
         return None
     if sum(not is_plain_int(d) for d in size[:-2]) > 1:
-        return None   # one symbolic batch dim at most: the runtime views the result with -1
+        return None  # one symbolic batch dim at most: the runtime views the result with -1
     lead = 1
     for d in size[:-2]:
         lead = lead * d

@@ -38,6 +38,7 @@ compute-bound:
     ~100. GPT-2's lm_head: 2000 forward, 320-390 for the backward's two GEMMs.
 A size of 1 is never padded (a vector needs no alignment). Mode "all" pads every unaligned
 bf16/f16 GEMM (a testing aid, and a way to measure small ones); "off" none."""
+
 import torch
 
 from . import fake_meta
@@ -46,13 +47,13 @@ from .shapes import is_known_int
 
 aten = torch.ops.aten
 
-ALIGN = 8           # elements: 16 bytes of bf16/f16, what cuBLAS's fast kernels need
-BIG = 4096          # from this size a dimension is padded to a multiple of BIG_ALIGN:
-BIG_ALIGN = 64      # 128 bytes, whole cache lines and whole 64-wide tiles, for < 1.6% more work
+ALIGN = 8  # elements: 16 bytes of bf16/f16, what cuBLAS's fast kernels need
+BIG = 4096  # from this size a dimension is padded to a multiple of BIG_ALIGN:
+BIG_ALIGN = 64  # 128 bytes, whole cache lines and whole 64-wide tiles, for < 1.6% more work
 MIN_FLOPS = 2 << 30
 MIN_INTENSITY = 100
 DTYPES = (torch.bfloat16, torch.float16)
-GEMMS = {aten.mm.default: 2, aten.addmm.default: 2, aten.bmm.default: 3}   # -> operand rank
+GEMMS = {aten.mm.default: 2, aten.addmm.default: 2, aten.bmm.default: 3}  # -> operand rank
 TRANSPOSES = {aten.t.default, aten.transpose.int, aten.permute.default}
 
 
@@ -88,8 +89,7 @@ def _why_not(node, mode):
         return "operands of another rank"
     if not all(is_known_int(d) for d in list(ta.shape) + list(tb.shape)):
         return "symbolic sizes"
-    if bias is not None and not (isinstance(bias, torch.fx.Node) and
-                                 isinstance(bias.meta.get("val"), torch.Tensor)):
+    if bias is not None and not (isinstance(bias, torch.fx.Node) and isinstance(bias.meta.get("val"), torch.Tensor)):
         return "bias is not a tensor"
     m, k, n = int(ta.shape[-2]), int(ta.shape[-1]), int(tb.shape[-1])
     if min(m, k, n) == 0:
@@ -102,8 +102,11 @@ def _why_not(node, mode):
     flops = 2 * batch * m * n * k
     if flops < MIN_FLOPS:
         return f"{flops / 1e9:.2g} GFLOP, under {MIN_FLOPS / 1e9:.2g}"
-    moved = sum(2 * t.numel() * t.element_size() for t, dims in
-                ((ta, (m, k)), (tb, (k, n))) if tuple(padded_size(d) for d in dims) != dims)
+    moved = sum(
+        2 * t.numel() * t.element_size()
+        for t, dims in ((ta, (m, k)), (tb, (k, n)))
+        if tuple(padded_size(d) for d in dims) != dims
+    )
     if flops < MIN_INTENSITY * moved:
         return f"{flops / moved:.0f} FLOP per byte padded, under {MIN_INTENSITY}"
     return None
@@ -114,21 +117,24 @@ class _Rewrite:
 
     def __init__(self, gm, node, mode, padded):
         self.gm, self.node, self.mode = gm, node, mode
-        self.padded = padded        # (base node, pads) -> its padded node, shared by GEMMs
+        self.padded = padded  # (base node, pads) -> its padded node, shared by GEMMs
         a, b, bias = _operands(node)
         ta, tb = a.meta["val"], b.meta["val"]
         self.rank = ta.dim()
         self.m, self.k, self.n = int(ta.shape[-2]), int(ta.shape[-1]), int(tb.shape[-1])
         self.mp, self.kp, self.np = (padded_size(d) for d in (self.m, self.k, self.n))
-        self.steps = []             # (target, args, kwargs, val): the new nodes, in order
-        self.vals = {}              # new value of each node after the rewrite
-        self.clones = {}            # output value -> its contiguous copy's step index
-        self.out_slots = []         # (position, value) of each output slot whose value changed
-        self.kept = []              # the positions of out_slots left at the padded layout
+        self.steps = []  # (target, args, kwargs, val): the new nodes, in order
+        self.vals = {}  # new value of each node after the rewrite
+        self.clones = {}  # output value -> its contiguous copy's step index
+        self.out_slots = []  # (position, value) of each output slot whose value changed
+        self.kept = []  # the positions of out_slots left at the padded layout
 
     def describe(self):
-        dims = ", ".join(f"{name} {d} -> {p}" for name, d, p in
-                         (("M", self.m, self.mp), ("K", self.k, self.kp), ("N", self.n, self.np)) if p != d)
+        dims = ", ".join(
+            f"{name} {d} -> {p}"
+            for name, d, p in (("M", self.m, self.mp), ("K", self.k, self.kp), ("N", self.n, self.np))
+            if p != d
+        )
         return f"{self.node.name} ({dims})"
 
     # -- the new values --------------------------------------------------------------------
@@ -155,7 +161,7 @@ class _Rewrite:
         have = [int(d) for d in node.meta["val"].shape]
         if have == list(want):
             return node
-        base, perm = node, list(range(len(want)))   # node's dim i is base's dim perm[i]
+        base, perm = node, list(range(len(want)))  # node's dim i is base's dim perm[i]
         while base.op == "call_function" and base.target in TRANSPOSES:
             step = _permutation(base)
             perm = [step[k] for k in perm]
@@ -187,7 +193,7 @@ class _Rewrite:
                 self.padded[key] = self._cat_zeros(node, grown[0], want[grown[0]] - have[grown[0]])
             else:
                 pads = []
-                for h, w in reversed(list(zip(have, want))):   # constant_pad_nd: last dim first
+                for h, w in reversed(list(zip(have, want))):  # constant_pad_nd: last dim first
                     pads += [0, w - h]
                 self.padded[key] = self._step(aten.constant_pad_nd.default, (node, pads, 0.0))
         return self.padded[key]
@@ -201,8 +207,9 @@ class _Rewrite:
         val = self._value(node)
         sizes = [int(d) for d in val.shape]
         sizes[dim] = extra
-        zeros = self._step(aten.full.default, (sizes, 0.0),
-                           {"dtype": val.dtype, "device": val.device, "pin_memory": False})
+        zeros = self._step(
+            aten.full.default, (sizes, 0.0), {"dtype": val.dtype, "device": val.device, "pin_memory": False}
+        )
         return self._step(aten.cat.default, ([node, zeros], dim))
 
     def compute(self, keeps_layout):
@@ -215,9 +222,8 @@ class _Rewrite:
         pb = self._pad(b, lead + [self.kp, self.np])
         if bias is not None:
             tbias = bias.meta["val"]
-            out = [self.mp, self.np]   # a bias broadcasts from the right; a size-1 dim stays
-            want = [int(d) if int(d) == 1 else out[len(out) - tbias.dim() + i]
-                    for i, d in enumerate(tbias.shape)]
+            out = [self.mp, self.np]  # a bias broadcasts from the right; a size-1 dim stays
+            want = [int(d) if int(d) == 1 else out[len(out) - tbias.dim() + i] for i, d in enumerate(tbias.shape)]
             args = (self._pad(bias, want), pa, pb)
         else:
             args = (pa, pb)
@@ -236,12 +242,11 @@ class _Rewrite:
             if not (isinstance(old, torch.Tensor) and old.is_contiguous()):
                 raise ValueError(f"output {x.name} had a layout a copy cannot restore")
             if x not in self.clones:
-                self.clones[x] = self._step(aten.clone.default, (x,),
-                                            {"memory_format": torch.contiguous_format})
+                self.clones[x] = self._step(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
 
     def _propagate(self):
         nodes = list(self.gm.graph.nodes)
-        for u in nodes[nodes.index(self.node) + 1:]:
+        for u in nodes[nodes.index(self.node) + 1 :]:
             ins = [x for x in u.all_input_nodes if x in self.vals]
             if not ins:
                 continue
@@ -250,8 +255,7 @@ class _Rewrite:
                 continue
             if u.op != "call_function":
                 raise ValueError(f"{u.name} ({u.op}) reads a padded GEMM's value")
-            new = fake_meta.run(self.mode, u.target, *torch.fx.node.map_arg(
-                (u.args, u.kwargs), self._value))
+            new = fake_meta.run(self.mode, u.target, *torch.fx.node.map_arg((u.args, u.kwargs), self._value))
             if not fake_meta.same_layout(new, u.meta.get("val")):
                 self.vals[u] = new
 
@@ -279,7 +283,7 @@ class _Rewrite:
         graph.erase_node(self.node)
         for i, x in clones.items():
             x = new if x is self.node else x
-            with graph.inserting_after(x):   # made beside the value, not at the graph's end
+            with graph.inserting_after(x):  # made beside the value, not at the graph's end
                 copy = graph.call_function(aten.clone.default, (x,), self.steps[i][2])
             copy.meta["val"] = self.steps[i][3]
             output.args = torch.fx.node.map_arg(output.args, lambda y: copy if y is x else y)

@@ -33,6 +33,7 @@ GEMM group's product as its A (nothing else reads it: not a graph output, not sa
 backward) merges with it into one group of two stages, when the chain kernel can run the
 pair. A combined group (siblings or a chain) remembers its two original groups (`parts`):
 if the daemon refuses it, split_apart() gives them back and they are requested apart."""
+
 from dataclasses import dataclass, field
 
 import torch
@@ -45,26 +46,26 @@ from .shapes import same_known_shape
 @dataclass
 class Group:
     gid: int
-    kind: str                        # "pointwise" | "rows" | "gemm" | "columns" | "reduction"
-    members: list                    # FX nodes, graph order
-    inputs: list = field(default_factory=list)    # nodes read from outside, first use order
-    outputs: list = field(default_factory=list)   # members used outside (incl. graph outputs)
-    escapes: list = field(default_factory=list)   # outputs other than the last member
-    route: str = "bypass"            # "kernel" | "bypass"
+    kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "reduction"
+    members: list  # FX nodes, graph order
+    inputs: list = field(default_factory=list)  # nodes read from outside, first use order
+    outputs: list = field(default_factory=list)  # members used outside (incl. graph outputs)
+    escapes: list = field(default_factory=list)  # outputs other than the last member
+    route: str = "bypass"  # "kernel" | "bypass"
     reason: str = ""
     key: str = None
     state: str = None
     origin: str = None
     built: object = None
-    shape: object = None             # the iteration shape (rows: the row shape)
+    shape: object = None  # the iteration shape (rows: the row shape)
     # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms); the times
     # None where the ATen ops were not timed (runtime.ATEN_HEAVY_BYTES)
     route_measured: tuple = None
-    chain: bool = False              # a GEMM group of two back-to-back products (chains.py)
+    chain: bool = False  # a GEMM group of two back-to-back products (chains.py)
     # a combined GEMM group (siblings or chain): the member lists of the two groups it was
     # made of, which run apart if the daemon refuses it (split_apart)
     parts: list = None
-    apart_of: object = None          # a group split from a refused combined group: that group
+    apart_of: object = None  # a group split from a refused combined group: that group
 
     @property
     def op_names(self):
@@ -92,7 +93,10 @@ class Group:
             s += "; kernel, ATen not timed (its ops would write far more)"
         elif self.route_measured:
             s += "; measured: kernel %.4f ms, ATen %.4f ms -> %s" % (
-                self.route_measured[1], self.route_measured[2], self.route_measured[0])
+                self.route_measured[1],
+                self.route_measured[2],
+                self.route_measured[0],
+            )
         return s
 
 
@@ -117,26 +121,27 @@ def _has_cat(g):
 def _fits(g, shape, reduce):
     """Can a node over `shape` (a reduction: of its operand's rows) join group g?"""
     if reduce and _has_cat(g):
-        return False      # a cat runs in a pointwise fragment only
+        return False  # a cat runs in a pointwise fragment only
     if g.kind == "gemm":
         return not reduce and same_known_shape(g.shape, shape)
-    if g.kind == "columns":   # a per-column value after the reductions (a cast of the sum)
+    if g.kind == "columns":  # a per-column value after the reductions (a cast of the sum)
         return not reduce and _per_column(g.shape, shape)
     if g.kind not in ("pointwise", "rows"):
         return False
     if same_known_shape(g.shape, shape):
         return True
     # a per-row value (a statistic and what is computed from it) joins its rows group
-    return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and \
-        same_known_shape(_per_row(g.shape), shape)
+    return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and same_known_shape(_per_row(g.shape), shape)
 
 
 def _inside_rows(row_shape, shape):
     """Can a pointwise group over `shape` run inside a rows group over `row_shape`: the same
     shape, one value per row, or one per column ([N])?"""
-    return same_known_shape(row_shape, shape) or (
-        len(shape) == len(row_shape) and same_known_shape(_per_row(row_shape), shape)) or (
-        len(shape) == 1 and same_known_shape(row_shape[-1:], shape))
+    return (
+        same_known_shape(row_shape, shape)
+        or (len(shape) == len(row_shape) and same_known_shape(_per_row(row_shape), shape))
+        or (len(shape) == 1 and same_known_shape(row_shape[-1:], shape))
+    )
 
 
 def _per_column(space, shape):
@@ -152,7 +157,7 @@ def _column_prologue(g, space):
     and column reductions over that space; else None."""
     if g is None or g.kind not in ("columns", "pointwise") or not same_known_shape(g.shape, space) or _has_cat(g):
         return None
-    if g.kind == "columns":   # its column-space values were checked when it took them in
+    if g.kind == "columns":  # its column-space values were checked when it took them in
         return g
     mset = set(g.members)
     for n in g.members:
@@ -197,7 +202,7 @@ def _sees_through(view, g):
         size[syms[0]] = -1
         view.args = (view.args[0], size) + tuple(view.args[2:])
         if view.graph.owning_module is not None:
-            view.graph.owning_module.recompile()   # its code must say what its graph says
+            view.graph.owning_module.recompile()  # its code must say what its graph says
     return True
 
 
@@ -205,10 +210,10 @@ def find_groups(gm, min_ops=2, chains=True):
     """Returns the groups of gm.graph (every pointwise group, fused or not, and every
     GEMM/reduction), with inputs, outputs and escapes filled in. chains: merge back-to-back
     GEMM groups (chains.py)."""
-    group_of = {}      # node -> Group
-    deps = {}          # node -> gids it depends on, through any path
-    gdeps = {}         # gid -> gids its external inputs depend on
-    root = {}          # gid -> the gid it was merged into (union-find)
+    group_of = {}  # node -> Group
+    deps = {}  # node -> gids it depends on, through any path
+    gdeps = {}  # gid -> gids its external inputs depend on
+    root = {}  # gid -> the gid it was merged into (union-find)
     groups = []
     next_gid = iter(range(1 << 30))
 
@@ -245,6 +250,7 @@ def find_groups(gm, min_ops=2, chains=True):
         gdeps[g.gid] = gdeps.get(g.gid, set()) | gdeps.pop(h.gid, set())
         root[h.gid] = g.gid
         groups.remove(h)
+
     mutations = [pos(n) for n in gm.graph.nodes if n.op == "call_function" and _is_mutating(n)]
 
     def reads_from(g, h):
@@ -260,7 +266,7 @@ def find_groups(gm, min_ops=2, chains=True):
         if why:
             return why
         if reads_from(g, h) or reads_from(h, g):
-            return "one group depends on the other"   # merged, the group would wait on itself
+            return "one group depends on the other"  # merged, the group would wait on itself
         # the merged group runs where its first value is needed, its inputs pulled ahead:
         # a mutation in its span could be reordered against a read
         pg, ph = ops.products(g.members), ops.products(h.members)
@@ -307,8 +313,7 @@ def find_groups(gm, min_ops=2, chains=True):
             gdeps[g.gid] = set(d)
             continue
         src = group_of.get(node.args[0]) if node.args and isinstance(node.args[0], torch.fx.Node) else None
-        if src is not None and src.kind == "gemm" and node.args[0] is src.members[-1] and \
-                _sees_through(node, src):
+        if src is not None and src.kind == "gemm" and node.args[0] is src.members[-1] and _sees_through(node, src):
             # nn.Linear on [B, S, D]: the epilogue continues over the [B, S, N] view;
             # torch.matmul on [B, H, S, D]: over the [B, H, S, S] view of the bmm's result
             src.members.append(node)
@@ -328,8 +333,9 @@ def find_groups(gm, min_ops=2, chains=True):
             g = group_of.get(a)
             if g is None or g in cands or not (_absorbs(g, a, node) if cat else _fits(g, shape, reduce)):
                 continue
-            if g.kind == "gemm" and any(b in p.args[-2:] for p in ops.products(g.members)
-                                        for b in node.all_input_nodes):
+            if g.kind == "gemm" and any(
+                b in p.args[-2:] for p in ops.products(g.members) for b in node.all_input_nodes
+            ):
                 continue
             others = [b for b in node.all_input_nodes if group_of.get(b) is not g]
             if any(depends(b, g.gid) for b in others):
@@ -344,27 +350,33 @@ def find_groups(gm, min_ops=2, chains=True):
             for h in [h for h in cands[1:] if h.kind == "gemm"]:
                 why = why_not_siblings(chosen, h, node)
                 if why:
-                    log.debug("fuseml: %s: GEMM groups %d and %d stay apart: %s", node.name,
-                              chosen.gid, h.gid, why)
+                    log.debug("fuseml: %s: GEMM groups %d and %d stay apart: %s", node.name, chosen.gid, h.gid, why)
                     continue
                 siblings.share_a(ops.products(chosen.members)[0], ops.products(h.members)[0])
                 # apart again, h is its own group and everything else (what joins later
                 # too) is chosen's, as it would be without siblings: part 0 is filled in last
                 chosen.parts = [None, list(h.members)]
                 merge(chosen, h)
-                break      # two products at most
+                break  # two products at most
         for h in cands[1:]:
             # a pointwise group of per-row values (a statistic saved by the forward, raised to
             # a power in the backward) joins the rows group, as a per-row node would
-            per_row = chosen.kind == "rows" and h.kind == "pointwise" and \
-                len(h.shape) == len(chosen.shape) and same_known_shape(_per_row(chosen.shape), h.shape)
-            if chosen.kind == "gemm" or h.kind == "gemm" or \
-                    not (cat or per_row or same_known_shape(chosen.shape, h.shape)):
+            per_row = (
+                chosen.kind == "rows"
+                and h.kind == "pointwise"
+                and len(h.shape) == len(chosen.shape)
+                and same_known_shape(_per_row(chosen.shape), h.shape)
+            )
+            if (
+                chosen.kind == "gemm"
+                or h.kind == "gemm"
+                or not (cat or per_row or same_known_shape(chosen.shape, h.shape))
+            ):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
             if "rows" in (chosen.kind, h.kind) and (_has_cat(chosen) or _has_cat(h)):
-                continue   # a cat runs in a pointwise fragment only
+                continue  # a cat runs in a pointwise fragment only
             merge(chosen, h)
             if h.kind == "rows":
                 chosen.kind = "rows"
@@ -372,7 +384,7 @@ def find_groups(gm, min_ops=2, chains=True):
             chosen = Group(next(next_gid), "pointwise", [], shape=shape)
             groups.append(chosen)
         if cat:
-            chosen.shape = shape   # the operands' groups now run over the cat's shape
+            chosen.shape = shape  # the operands' groups now run over the cat's shape
         if reduce:
             chosen.kind = "rows"
         chosen.members.append(node)
@@ -417,7 +429,7 @@ def find_groups(gm, min_ops=2, chains=True):
                 continue
             parts = [list(g1.members), list(g2.members)]
             merge(g2, g1)
-            if lnk is not value:     # the view is the same elements: an alias in the fragment
+            if lnk is not value:  # the view is the same elements: an alias in the fragment
                 g2.members = sorted(g2.members + [lnk], key=pos)
                 group_of[lnk] = g2
             gdeps[g2.gid].discard(g1.gid)
@@ -453,9 +465,16 @@ def find_groups(gm, min_ops=2, chains=True):
 
 
 # The ops of a light epilogue: what a residual stream does between a GEMM and the next norm.
-LIGHT_OPS = {ops.aten.add.Tensor, ops.aten.sub.Tensor, ops.aten.mul.Tensor, ops.aten.div.Tensor,
-             ops.aten._to_copy.default, ops.aten.pow.Tensor_Scalar, ops.aten.neg.default,
-             ops.aten.clone.default}
+LIGHT_OPS = {
+    ops.aten.add.Tensor,
+    ops.aten.sub.Tensor,
+    ops.aten.mul.Tensor,
+    ops.aten.div.Tensor,
+    ops.aten._to_copy.default,
+    ops.aten.pow.Tensor_Scalar,
+    ops.aten.neg.default,
+    ops.aten.clone.default,
+}
 
 
 def _product_and_views(g):
@@ -515,7 +534,7 @@ def _light_epilogue_into_rows(g, group_of, pos):
         group_of[n] = r
 
 
-LARGE_CAT = 1 << 16    # elements of a lone cat worth a kernel of its own
+LARGE_CAT = 1 << 16  # elements of a lone cat worth a kernel of its own
 
 
 def _large_cat(g):
@@ -550,7 +569,7 @@ def _finish(g, min_ops):
             g.reason = "lone GEMM: cuBLAS runs it"
         else:
             g.route = "kernel"
-    elif g.kind == "columns":   # one op, but a kernel of its own against ATen's reduction
+    elif g.kind == "columns":  # one op, but a kernel of its own against ATen's reduction
         g.route, g.reason = "kernel", ""
     elif g.kind in ("pointwise", "rows"):
         # an expand to its own shape moves nothing: a group of views alone is no kernel

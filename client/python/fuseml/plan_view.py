@@ -19,8 +19,8 @@ def groups(compiler):
     client could not spell) has strategy "apart <kind>: <why>" and is followed by its two
     GEMM groups, each with `apart_of` its gid. Fields a plan lacks are None."""
     from . import runtime
-    runners = {id(r.built): r for r in list(runtime._registry.values())
-               if getattr(r, "built", None) is not None}
+
+    runners = {id(r.built): r for r in list(runtime._registry.values()) if getattr(r, "built", None) is not None}
     out = []
     for plan in list(getattr(compiler, "plans", ())):
         for g in plan.groups:
@@ -31,16 +31,15 @@ def groups(compiler):
             state = getattr(g, "state", None)
             use = getattr(r, "use_kernel", None) if r is not None else None
             if route == "apart":
-                strategy = (f"apart {kind}: {getattr(g, 'reason', '')}; "
-                            "its two GEMM groups run as separate fragments")
+                strategy = f"apart {kind}: {getattr(g, 'reason', '')}; " "its two GEMM groups run as separate fragments"
             elif route == "kernel" and kernel is not None and state in runtime.VERIFIED_STATES and use is False:
                 strategy = f"aten {kind}: measured slower than its ATen ops"
             elif route == "kernel" and kernel is not None and state in runtime.VERIFIED_STATES and meta.get("blas"):
                 # the tuner found cuBLASLt faster: its own epilogue, or + one epilogue kernel
                 form = meta["blas"].get("form")
-                strategy = (f"cublaslt plan ({state}): " +
-                            ("cuBLASLt with its own epilogue" if form == "direct"
-                             else "cuBLASLt + a generated epilogue kernel"))
+                strategy = f"cublaslt plan ({state}): " + (
+                    "cuBLASLt with its own epilogue" if form == "direct" else "cuBLASLt + a generated epilogue kernel"
+                )
             elif route == "kernel" and kernel is not None and state in runtime.VERIFIED_STATES:
                 strategy = f"kernel {meta.get('kind', kind)} ({state})"
             elif route == "kernel":
@@ -49,15 +48,27 @@ def groups(compiler):
                 strategy = f"eager {kind}: {why}"
             else:
                 strategy = f"bypass {kind}: {getattr(g, 'reason', '')}"
-            out.append({"graph": plan.which, "gid": g.gid, "kind": kind, "ops": list(g.op_names),
-                        "route": route, "reason": getattr(g, "reason", None),
-                        "key": getattr(g, "key", None), "state": state,
-                        "origin": getattr(g, "origin", None), "template": meta.get("kind"),
-                        "entry": meta.get("entry"), "use_kernel": use, "strategy": strategy,
-                        "plan": (meta.get("blas") or {}).get("form"),
-                        "siblings": bool(getattr(g, "siblings", False)),
-                        "chain": bool(getattr(g, "chain", False)),
-                        "apart_of": getattr(getattr(g, "apart_of", None), "gid", None)})
+            out.append(
+                {
+                    "graph": plan.which,
+                    "gid": g.gid,
+                    "kind": kind,
+                    "ops": list(g.op_names),
+                    "route": route,
+                    "reason": getattr(g, "reason", None),
+                    "key": getattr(g, "key", None),
+                    "state": state,
+                    "origin": getattr(g, "origin", None),
+                    "template": meta.get("kind"),
+                    "entry": meta.get("entry"),
+                    "use_kernel": use,
+                    "strategy": strategy,
+                    "plan": (meta.get("blas") or {}).get("form"),
+                    "siblings": bool(getattr(g, "siblings", False)),
+                    "chain": bool(getattr(g, "chain", False)),
+                    "apart_of": getattr(getattr(g, "apart_of", None), "gid", None),
+                }
+            )
     return out
 
 
@@ -72,6 +83,7 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
     import torch
 
     from .backend import FuseMLCompiler
+
     compiler = compiler or FuseMLCompiler()
     out = torch.compile(model, backend=compiler, **compile_kwargs)(*inputs)
     if isinstance(out, torch.Tensor) and out.is_cuda:
@@ -79,15 +91,17 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
     rows = groups(compiler)
     file = file or sys.stdout
     fused = [r for r in rows if r["strategy"].startswith(("kernel", "cublaslt"))]
-    launches = sum(2 if r["plan"] == "split" else 1 for r in fused)   # split: cuBLASLt + a kernel
-    print(f"fuseml: {len(rows)} groups, {len(fused)} run as fused kernels "
-          f"({launches} launches per call for them)", file=file)
+    launches = sum(2 if r["plan"] == "split" else 1 for r in fused)  # split: cuBLASLt + a kernel
+    print(
+        f"fuseml: {len(rows)} groups, {len(fused)} run as fused kernels " f"({launches} launches per call for them)",
+        file=file,
+    )
     for plan in compiler.plans:
         if plan.skipped:
             print(plan.describe(), file=file)
     by_gid, heads = {}, {}
     for plan in compiler.plans:
-        heads[plan.which] = plan.describe().splitlines()[0]   # with its CUDA graphs and call notes
+        heads[plan.which] = plan.describe().splitlines()[0]  # with its CUDA graphs and call notes
         for g in plan.groups:
             by_gid[(plan.which, g.gid)] = g
     last = None
@@ -102,6 +116,6 @@ def explain(model, *inputs, compiler=None, file=None, **compile_kwargs):
         elif g is not None and g.route_measured:
             timing = f"; measured kernel {g.route_measured[1]:.4f} ms vs ATen {g.route_measured[2]:.4f} ms"
         kind = r["kind"] + (" siblings" if r["siblings"] else " chain" if r["chain"] else "")
-        indent = "    " if r["apart_of"] is not None else "  "   # under the group it split from
+        indent = "    " if r["apart_of"] is not None else "  "  # under the group it split from
         print(f"{indent}[{kind}] {' -> '.join(r['ops'])}: {r['strategy']}{timing}", file=file)
     return rows

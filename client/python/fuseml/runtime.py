@@ -6,6 +6,7 @@ Launch needs: CUDA tensors on one device, a kernel verified on the GPU by the da
 other state only with FUSEML_ALLOW_UNTUNED=1, a testing aid), libfusemld, and inputs with the
 strides and alignment the fragment was built for. Anything else runs the ATen ops, with one
 warning per cause."""
+
 import torch
 
 from . import launcher, ops, settings
@@ -14,9 +15,9 @@ from .bmm_fragment import collapse
 
 _registry = {}
 _next_gid = [0]
-_modules = {}   # (key, device index) -> launcher.Module: one load per process and device
-VERIFIED_STATES = ("tuned", "verified")   # checked against the reference on the GPU by the daemon
-counters = {"launches": 0, "eager": 0, "module_loads": 0}   # for tests and explain()
+_modules = {}  # (key, device index) -> launcher.Module: one load per process and device
+VERIFIED_STATES = ("tuned", "verified")  # checked against the reference on the GPU by the daemon
+counters = {"launches": 0, "eager": 0, "module_loads": 0}  # for tests and explain()
 
 _lib = torch.library.Library("fuseml", "DEF")
 _lib.define("group(int gid, Tensor[] xs) -> Tensor[]")
@@ -70,7 +71,7 @@ def _operand(a, xs, vals):
     peak at 1.43 GB)."""
     if isinstance(a, tuple) and len(a) == 2 and a[0] in ("in", "val") and isinstance(a[1], int):
         return xs[a[1]] if a[0] == "in" else vals[a[1]]
-    if isinstance(a, list):   # a cat's operands
+    if isinstance(a, list):  # a cat's operands
         return [_operand(x, xs, vals) for x in a]
     return a
 
@@ -124,23 +125,33 @@ class GroupRunner:
             return a
 
         for j, n in enumerate(group.members):
-            self.steps.append((n.target, tuple(torch.fx.node.map_aggregate(n.args, ref)),
-                               dict(torch.fx.node.map_aggregate(n.kwargs, ref))))
+            self.steps.append(
+                (
+                    n.target,
+                    tuple(torch.fx.node.map_aggregate(n.args, ref)),
+                    dict(torch.fx.node.map_aggregate(n.kwargs, ref)),
+                )
+            )
             slot[n] = j
         self.out_slots = [slot[n] for n in group.outputs]
-        self.kernel = None      # (key, state, cubin, meta) once the daemon served one
-        self.why_eager = None   # (cause, message) when there is no kernel to launch
+        self.kernel = None  # (key, state, cubin, meta) once the daemon served one
+        self.why_eager = None  # (cause, message) when there is no kernel to launch
         b = group.built
         self.built = b
         if b is not None:
-            self.in_meta = [(n.meta["val"].dtype, tuple(n.meta["val"].stride()) if all(
-                isinstance(s, int) for s in n.meta["val"].stride()) else None) for n in b.in_nodes]
+            self.in_meta = [
+                (
+                    n.meta["val"].dtype,
+                    tuple(n.meta["val"].stride()) if all(isinstance(s, int) for s in n.meta["val"].stride()) else None,
+                )
+                for n in b.in_nodes
+            ]
             self.out_dtypes = [n.meta["val"].dtype for n in b.out_nodes]
         self._out_layouts = {}  # lead dims -> [(shape, strides)] per output: once per shape
         self.group = group
-        self.aten_heavy = _aten_heavy(group, b)   # bytes when ATen is not timed, else None
+        self.aten_heavy = _aten_heavy(group, b)  # bytes when ATen is not timed, else None
         self.use_kernel = None  # measured routing: None until the first launch decides
-        self.timing = None      # (kernel ms, ATen ms) of that decision
+        self.timing = None  # (kernel ms, ATen ms) of that decision
         gid = _next_gid[0]
         _next_gid[0] += 1
         self.gid = gid
@@ -199,7 +210,7 @@ class GroupRunner:
         (kernel chosen) in FUSEML_ROUTE=kernel mode, while a CUDA graph is captured, where
         timing is impossible, and where the ATen ops would write far more than the kernel
         moves (ATEN_HEAVY_BYTES). Returns the kernel's outputs of the first run, or None."""
-        outs = self._launch(xs, dev, key, cubin, meta)   # a failure raises before any decision
+        outs = self._launch(xs, dev, key, cubin, meta)  # a failure raises before any decision
         stream = torch.cuda.current_stream(dev)
         if settings.route() == "kernel" or torch.cuda.is_current_stream_capturing():
             self.use_kernel = True
@@ -207,19 +218,25 @@ class GroupRunner:
         if self.aten_heavy is not None:
             self.use_kernel = True
             self.group.route_measured = ("kernel", None, None)
-            log.info("fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name,
-                     self.aten_heavy / 1e9)
+            log.info(
+                "fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name, self.aten_heavy / 1e9
+            )
             return outs
         saved = counters["launches"], counters["eager"]
-        self.eager(xs)   # untimed: a first ATen call of a shape may set up cuBLAS or allocate
+        self.eager(xs)  # untimed: a first ATen call of a shape may set up cuBLAS or allocate
         k_ms = _median_ms(lambda: self._launch(xs, dev, key, cubin, meta), 7, stream)
         e_ms = _median_ms(lambda: self.eager(xs), 7, stream)
         counters["launches"], counters["eager"] = saved
         self.timing = (k_ms, e_ms)
         self.use_kernel = k_ms <= e_ms
         self.group.route_measured = ("kernel" if self.use_kernel else "aten", k_ms, e_ms)
-        log.info("fuseml: %s: kernel %.4f ms, ATen %.4f ms: %s", self.name, k_ms, e_ms,
-                 "kernel" if self.use_kernel else "ATen (the kernel is slower here)")
+        log.info(
+            "fuseml: %s: kernel %.4f ms, ATen %.4f ms: %s",
+            self.name,
+            k_ms,
+            e_ms,
+            "kernel" if self.use_kernel else "ATen (the kernel is slower here)",
+        )
         return outs if self.use_kernel else self.eager(xs)
 
     def _launch(self, xs, dev, key, cubin, meta):
@@ -256,13 +273,16 @@ class GroupRunner:
             lead, outer = (), -1
         layouts = b.out_fixed or self._out_layouts.get(lead)
         if layouts is None:
-            if len(self._out_layouts) >= 64:   # dynamic shapes: keep the cache bounded
+            if len(self._out_layouts) >= 64:  # dynamic shapes: keep the cache bounded
                 self._out_layouts.clear()
-            layouts = self._out_layouts[lead] = [self._out_layout(lead, f, tail)
-                                                 for f, tail in zip(b.out_strides, b.out_tails)]
+            layouts = self._out_layouts[lead] = [
+                self._out_layout(lead, f, tail) for f, tail in zip(b.out_strides, b.out_tails)
+            ]
         stream = _raw_stream(idx)
-        outs = [torch.empty_strided(shape, strides, dtype=dt, device=dev)
-                for (shape, strides), dt in zip(layouts, self.out_dtypes)]
+        outs = [
+            torch.empty_strided(shape, strides, dtype=dt, device=dev)
+            for (shape, strides), dt in zip(layouts, self.out_dtypes)
+        ]
         out_ptrs = [o.data_ptr() for o in outs]
         if mod.scratch is not None:
             # a cuBLASLt plan's workspace (+ product): from torch's allocator on this stream, so
@@ -293,9 +313,9 @@ class GroupRunner:
         spec = b.wire["inputs"][i]
         k = b.layout.k
         size, stride = list(x.shape), list(x.stride())
-        if b.gemm:   # every dim of a GEMM fragment's input is one the kernel strides
+        if b.gemm:  # every dim of a GEMM fragment's input is one the kernel strides
             ranks = b.in_ranks
-            if ranks:    # a batched GEMM: the input's batch dims collapse as when it was built
+            if ranks:  # a batched GEMM: the input's batch dims collapse as when it was built
                 try:
                     size, stride = collapse(size, stride, ranks[i])
                 except ValueError as e:
@@ -316,7 +336,7 @@ class GroupRunner:
                         raise _Layout(f"input {i} is not dense across dims 0..{k - 1}")
                 if stride[k - 1] != spec["strides"][0] and size[k - 1] > 1:
                     raise _Layout(f"input {i} has stride {stride[k - 1]} in dim {k - 1}")
-            size, stride = size[k - 1:], stride[k - 1:]
+            size, stride = size[k - 1 :], stride[k - 1 :]
             size, stride = size[1:], stride[1:]
             fs, fst = spec["shape"][1:], spec["strides"][1:]
         else:
@@ -337,7 +357,7 @@ def _raw_stream(idx):
 
 def _dense(shape, i):
     s = 1
-    for d in shape[i + 1:]:
+    for d in shape[i + 1 :]:
         s *= d
     return s
 

@@ -2,6 +2,7 @@
 client/python/README.md says the same for users). Each is read when it is used, so a test or
 a long-lived process that changes one sees the change, except FUSEML_LOG and
 FUSEML_NO_FAST_LAUNCH, which take effect when fuseml is imported."""
+
 import os
 
 # Seconds an autostarted daemon waits with no client and no compile before it exits.

@@ -8,6 +8,7 @@ Two words say how much a size is trusted:
 The partition rules (ops.py, chains.py, siblings.py) ask for plain sizes, which the fragment
 and the runtime can bake in; the fragment builders (fragment.py and its vocabularies) accept
 known ones, which they turn into ints themselves."""
+
 import numbers
 
 import torch
@@ -89,7 +90,7 @@ def has_plain_layout(v):
         return False
     try:
         return all(isinstance(s, int) for s in (*v.shape, *v.stride(), v.storage_offset()))
-    except (RuntimeError, NotImplementedError):   # a sparse or opaque tensor
+    except (RuntimeError, NotImplementedError):  # a sparse or opaque tensor
         return False
 
 

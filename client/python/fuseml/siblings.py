@@ -15,6 +15,7 @@ aot_autograd writes nn.Linear on a [B, S, D] input as a separate `view(x, [B*S, 
 projection, so the two A's are usually two nodes. They are one value when they are the same
 pure function of the same inputs (`same_value`); `share_a` then points the later product at
 the earlier node, so that the group, the fragment and the ATen fallback all read one tensor."""
+
 import operator
 
 import torch
@@ -28,8 +29,7 @@ PRODUCT_OPS = {aten.mm.default, aten.addmm.default}
 # Ops that compute the same value from the same arguments and never copy data another op
 # could have changed in between: views, and the SymInt arithmetic that sizes them under
 # dynamic shapes.
-_PURE = VIEW_OPS | RESHAPE_OPS | {aten.sym_size.int, operator.mul, operator.add,
-                                   operator.sub, operator.floordiv}
+_PURE = VIEW_OPS | RESHAPE_OPS | {aten.sym_size.int, operator.mul, operator.add, operator.sub, operator.floordiv}
 
 
 def same_value(a, b, depth=6):
@@ -40,16 +40,16 @@ def same_value(a, b, depth=6):
     if isinstance(a, torch.fx.Node) != isinstance(b, torch.fx.Node):
         return False
     if isinstance(a, (list, tuple)):
-        return (isinstance(b, (list, tuple)) and len(a) == len(b) and
-                all(same_value(x, y, depth) for x, y in zip(a, b)))
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_value(x, y, depth) for x, y in zip(a, b))
     if not isinstance(a, torch.fx.Node):
         return type(a) is type(b) and a == b
     if depth == 0 or a.op != "call_function" or b.op != "call_function" or a.target is not b.target:
         return False
     if a.target not in _PURE or set(a.kwargs) != set(b.kwargs):
         return False
-    return (same_value(list(a.args), list(b.args), depth - 1) and
-            all(same_value(a.kwargs[k], b.kwargs[k], depth - 1) for k in a.kwargs))
+    return same_value(list(a.args), list(b.args), depth - 1) and all(
+        same_value(a.kwargs[k], b.kwargs[k], depth - 1) for k in a.kwargs
+    )
 
 
 def _chunked(t):
@@ -96,7 +96,6 @@ def why_not_pair(p, q):
     return None
 
 
-
 def why_not_groups(g, h, node):
     """None when GEMM groups g and h can be one sibling group that `node` (a pointwise op
     reading both) joins, by what their products and epilogues compute and read; else why
@@ -113,10 +112,10 @@ def why_not_groups(g, h, node):
         return "the groups run over different shapes"
     # the epilogue never reads a product's operands (streamed, not addressable per element)
     operands = {x for p in (pg[0], ph[0]) for x in p.args[-2:]}
-    if any(b in operands for n in g.members + h.members + [node]
-           if n not in (pg[0], ph[0]) for b in n.all_input_nodes):
+    if any(b in operands for n in g.members + h.members + [node] if n not in (pg[0], ph[0]) for b in n.all_input_nodes):
         return "an epilogue op reads a product's operand"
     return None
+
 
 def share_a(p, q):
     """Points the later of products p, q at the earlier one's A node (same_value has proved

@@ -30,6 +30,7 @@ activations are freed as the backward consumes them.
     (first, fast), why_not = generate(gm, device_index, slow)   # or (None, why)
     first(args) -> list: the checked variant, for the first call (keeps args)
     fast(args) -> list: every later call (clears args)"""
+
 import operator
 
 import torch
@@ -85,18 +86,18 @@ def _is_view(target):
     if schema is None or len(schema.returns) != 1:
         return False
     ret = schema.returns[0]
-    return (ret.alias_info is not None and not ret.alias_info.is_write
-            and str(ret.type) == "Tensor")
+    return ret.alias_info is not None and not ret.alias_info.is_write and str(ret.type) == "Tensor"
 
 
 class _Value:
     """What the generated code knows about one graph value at run time."""
+
     __slots__ = ("name", "layout_known", "align")
 
     def __init__(self, name, layout_known, align):
         self.name = name
-        self.layout_known = layout_known   # its size and stride are the traced ones
-        self.align = align                 # bytes its pointer is known aligned to; None: unknown
+        self.layout_known = layout_known  # its size and stride are the traced ones
+        self.align = align  # bytes its pointer is known aligned to; None: unknown
 
 
 class _Writer:
@@ -107,7 +108,7 @@ class _Writer:
         self.device_index = device_index
         self.names = {n: f"v{i}" for i, n in enumerate(gm.graph.nodes)}
         self.consts = {}
-        self.const_names = {}   # id(obj) -> its name in consts
+        self.const_names = {}  # id(obj) -> its name in consts
         self.values = {}
         self.input_checks = []
         self.launches = 0
@@ -184,8 +185,13 @@ def _generate(gm, device_index, slow):
             for part in n.target.split("."):
                 obj = getattr(obj, part)
             # a tensor held by the graph (a folded constant): its layout and pointer are fixed
-            fixed = isinstance(obj, torch.Tensor) and isinstance(val, torch.Tensor) and has_plain_layout(val) and \
-                tuple(obj.shape) == tuple(val.shape) and tuple(obj.stride()) == tuple(val.stride())
+            fixed = (
+                isinstance(obj, torch.Tensor)
+                and isinstance(val, torch.Tensor)
+                and has_plain_layout(val)
+                and tuple(obj.shape) == tuple(val.shape)
+                and tuple(obj.stride()) == tuple(val.stride())
+            )
             w.values[n] = _Value(w.const(obj, "c"), fixed, _lowbit(obj.data_ptr()) if fixed else None)
         elif n.op == "call_function":
             body += _call(w, n, name, val, matters)
@@ -195,8 +201,11 @@ def _generate(gm, device_index, slow):
         else:
             raise NotStraight(f"a {n.op} node")
         # free each value after its last use (a constant is a global: never deleted)
-        dead = [w.values[a].name for a in n.all_input_nodes
-                if last_use.get(a) == i and a in w.values and a.op in ("placeholder", "call_function")]
+        dead = [
+            w.values[a].name
+            for a in n.all_input_nodes
+            if last_use.get(a) == i and a in w.values and a.op in ("placeholder", "call_function")
+        ]
         if dead:
             body.append("del " + ", ".join(dead))
     if output is None:
@@ -220,23 +229,29 @@ def _generate(gm, device_index, slow):
         if w.launches:
             out.append(f"    with device_guard({device_index}):")
             out.append(f"        stream = raw_stream({device_index})")
-        else:    # no kernel of ours: nothing needs the device current or its stream
+        else:  # no kernel of ours: nothing needs the device current or its stream
             out.append("    if True:")
         for line in body:
-            if isinstance(line, tuple):      # a check of an ATen result: the first call's only
+            if isinstance(line, tuple):  # a check of an ATen result: the first call's only
                 if first_call:
                     out.append("        " + line[1])
                 continue
             out += ["        " + part for part in line.split("\n")]
-        if w.launches:   # the launch count tests and explain() read (runtime.counters)
+        if w.launches:  # the launch count tests and explain() read (runtime.counters)
             out.append(f"        counters['launches'] += {w.launches}")
         out.append(f"        return {ret}")
         return "\n".join(out) + "\n"
 
     env = dict(w.consts)
-    env.update(check=_assert_layout, reinterpret=_reinterpret, empty=_empty_cuda,
-               device_guard=_device_guard, raw_stream=runtime._raw_stream, slow=slow,
-               counters=runtime.counters)
+    env.update(
+        check=_assert_layout,
+        reinterpret=_reinterpret,
+        empty=_empty_cuda,
+        device_guard=_device_guard,
+        raw_stream=runtime._raw_stream,
+        slow=slow,
+        counters=runtime.counters,
+    )
     fns = []
     for first_call in (True, False):
         src = source(first_call)
@@ -270,8 +285,7 @@ def _call(w, n, name, val, matters):
     runner = _runner_of(n)
     if runner is not None:
         return _launch(w, n, runner)
-    if n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) \
-            and _runner_of(n.args[0]) is not None:
+    if n.target is operator.getitem and isinstance(n.args[0], torch.fx.Node) and _runner_of(n.args[0]) is not None:
         if n not in w.values:
             raise NotStraight("an output of a group read before its launch")
         return []
@@ -283,16 +297,18 @@ def _call(w, n, name, val, matters):
             delta = val.storage_offset() - bval.storage_offset()
             align = None if known.align is None else min(known.align, _lowbit(delta * val.element_size()))
             w.values[n] = _Value(name, True, align)
-            return [f"{name} = reinterpret({known.name}, {tuple(val.shape)!r}, "
-                    f"{tuple(val.stride())!r}, {delta})"]
-    args = ", ".join([w.literal(a) for a in n.args] +
-                     [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
+            return [f"{name} = reinterpret({known.name}, {tuple(val.shape)!r}, " f"{tuple(val.stride())!r}, {delta})"]
+    args = ", ".join([w.literal(a) for a in n.args] + [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
     fn = w.const(n.target, "f")
     fresh = has_plain_layout(val) and not _returns_alias(n.target)
     if n.target is operator.getitem:
         src = n.args[0]
-        fresh = has_plain_layout(val) and isinstance(src, torch.fx.Node) and src.op == "call_function" \
+        fresh = (
+            has_plain_layout(val)
+            and isinstance(src, torch.fx.Node)
+            and src.op == "call_function"
             and not _returns_alias(src.target)
+        )
     align = _lowbit(val.storage_offset() * val.element_size()) if fresh else None
     w.values[n] = _Value(name, has_plain_layout(val), align)
     lines = [f"{name} = {fn}({args})"]
@@ -342,8 +358,7 @@ def _launch(w, n, runner):
             outer *= d
     else:
         lead, outer = (), -1
-    layouts = b.out_fixed or [runner._out_layout(lead, f, tail)
-                              for f, tail in zip(b.out_strides, b.out_tails)]
+    layouts = b.out_fixed or [runner._out_layout(lead, f, tail) for f, tail in zip(b.out_strides, b.out_tails)]
     getitems = {u.args[1]: u for u in n.users if u.target is operator.getitem}
     names = [w.names[getitems[j]] if j in getitems else f"{w.names[n]}_{j}" for j in range(len(layouts))]
     if w.device_index is None:
@@ -359,8 +374,9 @@ def _launch(w, n, runner):
         if b.out_views and b.out_views[j]:
             t = torch.empty_strided(shape, strides, dtype=dtype, device="meta").view(b.out_views[j])
             final_shape, final_strides = list(t.shape), list(t.stride())
-            views.append(f"{names[j]} = reinterpret({names[j]}, {tuple(final_shape)!r}, "
-                         f"{tuple(final_strides)!r}, 0)")
+            views.append(
+                f"{names[j]} = reinterpret({names[j]}, {tuple(final_shape)!r}, " f"{tuple(final_strides)!r}, 0)"
+            )
         if u is not None:
             uval = u.meta.get("val")
             same = has_plain_layout(uval) and _same_layout(final_shape, final_strides, uval.shape, uval.stride())
@@ -371,7 +387,7 @@ def _launch(w, n, runner):
         nbytes = mod.scratch_bytes(outer)
         scratch = [f"scratch = empty(({nbytes},), (1,), {w.const(torch.uint8, 'dt')})"]
         outs.append("scratch.data_ptr()")
-    tup = lambda xs: f"({', '.join(xs)},)" if len(xs) == 1 else f"({', '.join(xs)})"   # noqa: E731
+    tup = lambda xs: f"({', '.join(xs)},)" if len(xs) == 1 else f"({', '.join(xs)})"  # noqa: E731
     launch_lines = alloc + scratch + [f"{launch}({tup(ptrs)}, {tup(outs)}, {outer}, stream)"] + views
     if scratch:
         launch_lines.append("del scratch")

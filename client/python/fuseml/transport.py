@@ -1,6 +1,7 @@
 """Talking to fusemld: the Unix socket, frames (u32 big-endian length + one msgpack map), the
 hello handshake, pipelined compile requests matched to replies by id, timeouts, and starting
 a per-user daemon when none answers (autostart.py)."""
+
 import itertools
 import os
 import socket

@@ -20,14 +20,15 @@ there, so the next launch loads the tuned CUBIN. The modules replaced are kept l
 picks up the tuned kernel only when it is recorded again). A runner's measured routing (kernel
 or ATen) is kept: the tuned kernel is at least as fast as the one measured. Once no runner is
 verified (all tuned, or the daemon refused one), tick() does nothing more."""
+
 import threading
 import time
 
 from . import runtime, settings, transport
 from ._log import log
 
-CHECK_CALLS = 64          # calls between two looks at the clock
-retired = []              # launcher.Modules replaced by an upgrade: kept loaded (CUDA graphs)
+CHECK_CALLS = 64  # calls between two looks at the clock
+retired = []  # launcher.Modules replaced by an upgrade: kept loaded (CUDA graphs)
 
 
 def refresh(runners, socket=None, timeout=5.0):
@@ -81,15 +82,14 @@ class Upgrader:
         self.calls = 0
         self.last = time.monotonic()
         self.thread = None
-        self.ready = None        # refresh()'s result, waiting for the next tick
+        self.ready = None  # refresh()'s result, waiting for the next tick
         self.upgraded = 0
         self.done = not any(r.kernel is not None and r.kernel[1] == "verified" for r in self.runners)
 
     def add(self, runners):
         """More runners of the same graph (groups requested after its first call)."""
         self.runners += list(runners)
-        self.done = self.done and not any(r.kernel is not None and r.kernel[1] == "verified"
-                                          for r in runners)
+        self.done = self.done and not any(r.kernel is not None and r.kernel[1] == "verified" for r in runners)
 
     def tick(self):
         """Returns how many kernels were swapped in by this call (0 nearly always)."""

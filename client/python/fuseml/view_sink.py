@@ -25,6 +25,7 @@ backward of Hugging Face's RMSNorm expands a per-row sum to the rows before divi
 scaling it; the expand, an op no group takes, cut the norm's backward in two kernels, the
 first writing an fp32 row-shaped value for the second. Exact for the same reason: an
 elementwise op of a broadcast value is the broadcast of the op's value."""
+
 import torch
 
 from . import fake_meta, ops
@@ -58,8 +59,13 @@ def _broadcast_reader(expand):
     if expand.op != "call_function" or expand.target not in EXPANDS or not expand.users:
         return None
     x, y = expand.args[0], _val(expand)
-    if not isinstance(x, torch.fx.Node) or _val(x) is None or y is None or \
-            not all(is_plain_int(d) for d in y.shape) or any(isinstance(a, torch.fx.Node) for a in expand.args[1:]):
+    if (
+        not isinstance(x, torch.fx.Node)
+        or _val(x) is None
+        or y is None
+        or not all(is_plain_int(d) for d in y.shape)
+        or any(isinstance(a, torch.fx.Node) for a in expand.args[1:])
+    ):
         return None
     for reader in expand.users:
         if not _pointwise(reader) or _val(reader) is None or tuple(_val(reader).shape) != tuple(y.shape):
@@ -113,16 +119,18 @@ def _reorder(gm, fake_mode, view, reader, operand):
     x, new = view.args[0], []
     try:
         with gm.graph.inserting_before(reader):
-            args = [x if a is view else operand(a, new) if isinstance(a, torch.fx.Node) else a
-                    for a in reader.args]
+            args = [x if a is view else operand(a, new) if isinstance(a, torch.fx.Node) else a for a in reader.args]
             op = _call(gm, fake_mode, reader.target, args, reader.kwargs, new)
             size = list(_val(reader).shape) if view.target in RESHAPES else view.args[1]
             back = _call(gm, fake_mode, view.target, (op, size) + tuple(view.args[2:]), {}, new)
         got, want = back.meta["val"], _val(reader)
-        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or \
-                (view.target in RESHAPES and not same_layout(got, want)):
+        if (
+            tuple(got.shape) != tuple(want.shape)
+            or got.dtype != want.dtype
+            or (view.target in RESHAPES and not same_layout(got, want))
+        ):
             raise ValueError("the result would differ in shape, dtype or layout")
-    except Exception as e:   # leave the pair as it was
+    except Exception as e:  # leave the pair as it was
         log.debug("fuseml: %s stays before %s: %s", view.name, reader.name, e)
         for w in reversed(new):
             gm.graph.erase_node(w)
@@ -140,12 +148,13 @@ def _sink_one(gm, fake_mode, view, reader):
     def operand(a, new):
         ones = [1] * len(shape) if _val(a).numel() == 1 else shape
         return _call(gm, fake_mode, aten.view.default, (a, ones), {}, new)
+
     return _reorder(gm, fake_mode, view, reader, operand)
 
 
 def _move_broadcast(gm, fake_mode, expand, how, reader):
     """A broadcast below its one-operand reader, or dropped for a reader that broadcasts."""
-    if how == "drop":   # the reader broadcasts the source as the expand did
+    if how == "drop":  # the reader broadcasts the source as the expand did
         reader.args = tuple(expand.args[0] if a is expand else a for a in reader.args)
         if not expand.users:
             gm.graph.erase_node(expand)
