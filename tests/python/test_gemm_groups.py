@@ -235,3 +235,44 @@ def test_a_dropped_sibling_group_runs_silu_times_up_as_one_kernel(daemon, monkey
     assert h.op_names == ["silu", "mul"]
     assert h in comp.kept and g not in comp.kept
     torch.testing.assert_close(out, mlp(x))
+
+
+class _GeluTanhMLP(nn.Module):
+    """GPT-2's MLP with its GELU written out (transformers' NewGELUActivation): its backward
+    computes 0.5 * x and 1 + tanh(u) from the forward's saved tensors before the gradient's
+    GEMM is reached."""
+
+    def __init__(self, d=32, di=128):
+        super().__init__()
+        self.fc, self.proj = nn.Linear(d, di), nn.Linear(di, d)
+
+    def forward(self, x):
+        h = self.fc(x)
+        a = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return self.proj(a)
+
+
+def _lone_pointwise(p):
+    return [g for g in p.groups if g.kind == "pointwise" and g.route == "bypass"]
+
+
+def test_pointwise_producers_join_the_gemm_epilogue(dead_socket):
+    """The pointwise ops the epilogue reads, computed from tensors of its shape that are not
+    the product's operands, join the GEMM group instead of running as kernels of their own."""
+    torch.manual_seed(0)
+    model, x = _GeluTanhMLP().to(BF16), torch.randn(2, 8, 32, dtype=BF16)
+    c, got, want = compile_run(model, x)
+    close_bf16(got, want)
+    bw = plan(c, "backward")
+    assert not _lone_pointwise(bw), bw.describe()
+    (g,) = [g for g in gemms(bw) if "tanh_backward" in g.op_names]
+    assert g.route == "kernel" and g.op_names.count("mul") >= 4, g.describe()
+
+
+def test_daemon_accepts_the_gemm_epilogue_with_producers(daemon):
+    torch.manual_seed(0)
+    model, x = _GeluTanhMLP().to(BF16), torch.randn(2, 8, 32, dtype=BF16)
+    c, got, want = compile_run(model, x)
+    close_bf16(got, want)
+    (g,) = [g for g in gemms(plan(c, "backward")) if "tanh_backward" in g.op_names]
+    assert g.key and g.state in ("untuned", "tuned"), g.describe()

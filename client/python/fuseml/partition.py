@@ -275,6 +275,28 @@ def find_groups(gm, min_ops=2, chains=True):
             return "a mutating op lies between them"
         return None
 
+    def why_not_prologue(g, h, node):
+        """None when pointwise group h, computed from tensors of GEMM group g's epilogue shape
+        and read only by g and `node` (which joins g), may join g: the epilogue computes h's
+        values per output element (GELU-tanh's backward in GPT-2 computes 0.5 * x and
+        1 + tanh(u) from the forward's saved tensors, two more kernels over [M, 4D] a layer
+        otherwise); else why not."""
+        if _has_cat(h) or any(not same_known_shape(n.meta["val"].shape, g.shape) for n in h.members):
+            return "not of the epilogue's shape"
+        operands = {a for p in ops.products(g.members) for a in p.args[-2:]}
+        if any(a in operands for n in h.members for a in n.all_input_nodes):
+            return "it reads the product's operands (streamed through shared memory)"
+        inside = set(g.members) | set(h.members) | {node}
+        if any(u not in inside for n in h.members for u in n.users):
+            return "its values are read elsewhere"
+        if reaches(gdeps.get(h.gid, ()), g.gid) or reaches(gdeps.get(g.gid, ()), h.gid):
+            return "one group depends on the other"
+        # the merged group runs where its first member was, its inputs pulled ahead
+        lo = min(pos(n) for n in h.members + g.members)
+        if any(lo < m < pos(node) for m in mutations):
+            return "a mutating op lies between them"
+        return None
+
     for node in gm.graph.nodes:
         d = set()
         for a in node.all_input_nodes:
@@ -359,6 +381,19 @@ def find_groups(gm, min_ops=2, chains=True):
                 merge(chosen, h)
                 break  # two products at most
         for h in cands[1:]:
+            if chosen.kind == "gemm" and h.kind == "pointwise":
+                why = why_not_prologue(chosen, h, node)
+                if why is None:
+                    merge(chosen, h)
+                else:
+                    log.debug(
+                        "fuseml: %s: pointwise group %d stays out of GEMM group %d: %s",
+                        node.name,
+                        h.gid,
+                        chosen.gid,
+                        why,
+                    )
+                continue
             # a pointwise group of per-row values (a statistic saved by the forward, raised to
             # a power in the backward) joins the rows group, as a per-row node would
             per_row = (
