@@ -28,13 +28,11 @@ from run_model import start_daemon  # noqa: E402   (a private fusemld for the fu
 
 def _where(frames, depth=3):
     """The innermost frames of an allocation outside torch's own files: who asked for it."""
-    mine = [
-        f
-        for f in frames
-        if f.get("filename", "").endswith(".py")
-        and "/torch/" not in f["filename"]
-        or "/fuseml/" in f.get("filename", "")
-    ]
+
+    def asked(name):  # our code or the model's, not torch's internals
+        return "/fuseml/" in name or (name.endswith(".py") and "/torch/" not in name)
+
+    mine = [f for f in frames if asked(f.get("filename", ""))]
     return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in mine[:depth]) or "?"
 
 
@@ -63,11 +61,16 @@ def main(argv=None):
     ap.add_argument("--modes", default="fuseml,inductor")
     ap.add_argument("--top", type=int, default=8)
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("first_step_memory: no GPU (torch.cuda.is_available() is False): nothing to measure")
+    try:
+        selected = compile_modes.select(args.modes)
+    except ValueError as e:
+        raise SystemExit(f"first_step_memory: {e}")
     dev = torch.device("cuda")
     compile_modes.allow_many_graphs()
     work = models.build(args.model, args.size, dev)
     params = [p for p in work.model.parameters() if p.requires_grad]
-    selected = compile_modes.select(args.modes)
     daemon = start_daemon(selected, dev)
     for mode in selected:
         fn = mode.make(work.model)

@@ -26,43 +26,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import fuseml_state  # noqa: E402
 
 STEADY_STEPS = 30  # steps timed once every kernel is tuned (the last ones of a run)
 MIN_STEPS = 200  # a run's steps at the least: the steady ones come after the warm-up
-
-
-def _kernel_states():
-    """{state: count} over the fuseml groups of this process: "tuned", "verified", "untuned",
-    or "eager" (no kernel: the group runs its ATen ops)."""
-    from fuseml import backend
-
-    out = {}
-    for c in list(backend.live):
-        for r in c.runners.values():
-            state = r.kernel[1] if r.kernel is not None else "eager"
-            out[state] = out.get(state, 0) + 1
-    return out
-
-
-def _verified_left():
-    """Kernels launched by this process that the daemon has not yet tuned (as run_model's
-    _wait_tuned counts them: those a graph keeps, not those measured routing gave to ATen)."""
-    from fuseml import backend
-
-    return sum(
-        1 for c in list(backend.live) for r in c.upgrader.runners if r.kernel is not None and r.kernel[1] == "verified"
-    )
-
-
-def _paths():
-    from fuseml import backend
-
-    plans = list(backend._default.plans) if backend._default is not None else []
-    out = {}
-    for p in plans:
-        way = p.compiled.path if p.compiled is not None else (p.skipped or "inductor")
-        out[way] = out.get(way, 0) + 1
-    return out
 
 
 def train(args):
@@ -120,7 +87,7 @@ def train(args):
     series = []  # (ms, verified kernels left on all ranks when it ran)
     start = time.monotonic()
     steady_left = STEADY_STEPS
-    left = flag(_verified_left() if args.mode == "fuseml" else 0)[0]
+    left = flag(fuseml_state.verified_left() if args.mode == "fuseml" else 0)[0]
     while True:
         sync()
         t = time.perf_counter()
@@ -128,7 +95,7 @@ def train(args):
         sync()
         series.append(((time.perf_counter() - t) * 1e3, left))
         if len(series) % 10 == 0:
-            verified = _verified_left() if args.mode == "fuseml" else 0
+            verified = fuseml_state.verified_left() if args.mode == "fuseml" else 0
             timeout = 1.0 if time.monotonic() - start > args.seconds else 0.0
             left, timeout = flag(verified, timeout)
             if timeout:
@@ -144,8 +111,8 @@ def train(args):
         "rank": rank,
         "first_step_s": first_s,
         "peak_gb": torch.cuda.max_memory_allocated(dev) / 1e9 if cuda else 0.0,
-        "kernels": _kernel_states() if args.mode == "fuseml" else None,
-        "paths": _paths() if args.mode == "fuseml" else None,
+        "kernels": fuseml_state.kernel_states() if args.mode == "fuseml" else None,
+        "paths": fuseml_state.paths(fuseml_state.plans()) if args.mode == "fuseml" else None,
     }
     ranks = [None] * world
     dist.all_gather_object(ranks, mine)
@@ -186,6 +153,8 @@ def _fmt(x, spec):
 def report(folder):
     """A markdown table of every run in folder (NAME.json from train, with stats-NAME.json,
     fusectl's counters, beside a fuseml run)."""
+    if not os.path.isdir(folder):
+        raise SystemExit(f"ranks: {folder} is not a directory of runs")
     rows = []
     for name in sorted(os.listdir(folder)):
         if not name.endswith(".json"):

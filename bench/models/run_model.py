@@ -35,6 +35,7 @@ sys.path.append(os.path.join(os.path.dirname(HERE), "table"))  # daemon.py
 import step_measure as measure  # noqa: E402
 import model_zoo as models  # noqa: E402
 import compile_modes as modes_mod  # noqa: E402
+import fuseml_state  # noqa: E402
 import model_report as report  # noqa: E402
 
 PHASES = ("fwd", "train")
@@ -128,15 +129,6 @@ def start_daemon(selected, dev):
     return d
 
 
-def _fuseml_plans():
-    """The plans of the compiler behind backend="fuseml" (none before its first use)."""
-    try:
-        from fuseml import backend
-    except ImportError:
-        return []
-    return list(backend._default.plans) if backend._default is not None else []
-
-
 def _wait_tuned(deadline, limit_s=240.0):
     """fusemld answers first with a verified kernel and tunes in the background: the steady
     step is measured once every compiled graph holds its tuned kernels. Swaps them in as the
@@ -150,24 +142,9 @@ def _wait_tuned(deadline, limit_s=240.0):
     end = min(t0 + limit_s, deadline - 60)
     while True:
         backend.pick_up_tuned()
-        left = sum(
-            1
-            for c in list(backend.live)
-            for r in c.upgrader.runners
-            if r.kernel is not None and r.kernel[1] == "verified"
-        )
-        if not left or time.monotonic() > end:
+        if not fuseml_state.verified_left() or time.monotonic() > end:
             return time.monotonic() - t0
         time.sleep(1.0)
-
-
-def _paths(plans):
-    """How each compiled graph runs (generated code, or the FX graph and why), counted."""
-    out = {}
-    for p in plans:
-        way = p.compiled.path if p.compiled is not None else (p.skipped or "inductor")
-        out[way] = out.get(way, 0) + 1
-    return out
 
 
 def measure_model(args, dev, selected, deadline, save):
@@ -199,7 +176,7 @@ def measure_model(args, dev, selected, deadline, save):
                     compiled[mode.name] = mode.make(work.model)
                 fn = compiled[mode.name]
                 ph.clear()
-                known = {id(p) for p in _fuseml_plans()}
+                known = {id(p) for p in fuseml_state.plans()}
                 measure.sync(dev)
                 base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
                 if dev.type == "cuda":
@@ -215,7 +192,7 @@ def measure_model(args, dev, selected, deadline, save):
                 if dev.type == "cuda" and mode.graphs:
                     capture_peak[mode.name] = torch.cuda.max_memory_allocated(dev) - base
                 got = ph.result(ph.step(fn, mode.graphs))
-                plans[mode.name] = [p for p in _fuseml_plans() if id(p) not in known]
+                plans[mode.name] = [p for p in fuseml_state.plans() if id(p) not in known]
                 errs[mode.name] = errors(got, want, phase)
                 del got
                 ok[mode.name] = mode
@@ -266,7 +243,7 @@ def measure_model(args, dev, selected, deadline, save):
             if mode.name in tune_wait:
                 rows[-1]["tune_wait_s"] = tune_wait[mode.name]
             if plans.get(mode.name):
-                rows[-1]["graphs_run_as"] = _paths(plans[mode.name])
+                rows[-1]["graphs_run_as"] = fuseml_state.paths(plans[mode.name])
                 print(
                     f"run: {args.model}/{args.size} {mode.name} {phase}: graphs run as " f"{rows[-1]['graphs_run_as']}",
                     file=sys.stderr,

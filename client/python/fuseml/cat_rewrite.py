@@ -24,7 +24,7 @@ Nothing else changes: a graph without these patterns is left as it was."""
 import torch
 from torch._guards import detect_fake_mode
 
-from . import ops
+from . import fake_meta, ops
 from ._log import log
 from .shapes import is_plain_int
 
@@ -143,7 +143,7 @@ def _push_slices(gm, fake_mode):
             if d < 0 or t.shape[d] == 1:
                 return a  # broadcast along the sliced dim: as it is
             s = gm.graph.call_function(_SLICE, (a, d, start, end))
-            s.meta["val"] = _fake(fake_mode, _SLICE, (t, d, start, end), {})
+            s.meta["val"] = fake_meta.run(fake_mode, _SLICE, (t, d, start, end), {})
             return s
 
         with gm.graph.inserting_before(node):
@@ -151,18 +151,13 @@ def _push_slices(gm, fake_mode):
             kwargs = torch.fx.node.map_arg(x.kwargs, sliced)
             y = gm.graph.call_function(x.target, args, kwargs)
         vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-        y.meta["val"] = _fake(fake_mode, x.target, *vals)
+        y.meta["val"] = fake_meta.run(fake_mode, x.target, *vals)
         node.replace_all_uses_with(y)
         gm.graph.erase_node(node)
         if not x.users:
             gm.graph.erase_node(x)
         changed = True
     return changed
-
-
-def _fake(fake_mode, target, args, kwargs):
-    with fake_mode:
-        return target(*args, **kwargs)
 
 
 def _stack_copy(node):
@@ -197,12 +192,14 @@ def _stacks_to_cat(gm, fake_mode):
             parts = []
             for x in xs:
                 u = gm.graph.call_function(aten.unsqueeze.default, (x, d))
-                u.meta["val"] = _fake(fake_mode, aten.unsqueeze.default, (x.meta["val"], d), {})
+                u.meta["val"] = fake_meta.run(fake_mode, aten.unsqueeze.default, (x.meta["val"], d), {})
                 v = gm.graph.call_function(aten.permute.default, (u, perm))
-                v.meta["val"] = _fake(fake_mode, aten.permute.default, (u.meta["val"], perm), {})
+                v.meta["val"] = fake_meta.run(fake_mode, aten.permute.default, (u.meta["val"], perm), {})
                 parts.append(v)
             cat = gm.graph.call_function(aten.cat.default, (parts, perm.index(d)))
-            cat.meta["val"] = _fake(fake_mode, aten.cat.default, ([v.meta["val"] for v in parts], perm.index(d)), {})
+            cat.meta["val"] = fake_meta.run(
+                fake_mode, aten.cat.default, ([v.meta["val"] for v in parts], perm.index(d)), {}
+            )
         if cat.meta["val"].shape != node.meta["val"].shape or cat.meta["val"].stride() != node.meta["val"].stride():
             for n in [cat] + parts[::-1] + [v.args[0] for v in parts[::-1]]:
                 gm.graph.erase_node(n)

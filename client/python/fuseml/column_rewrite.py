@@ -25,7 +25,7 @@ import math
 import torch
 from torch._guards import detect_fake_mode
 
-from . import ops
+from . import fake_meta, ops
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
@@ -55,11 +55,6 @@ def _leading(node):
     if not t.is_contiguous():
         return None
     return math.prod(int(d) for d in t.shape[:k]), math.prod(int(d) for d in t.shape[k:]), k
-
-
-def _fake(fake_mode, target, *args, **kwargs):
-    with fake_mode:
-        return target(*args, **kwargs)
 
 
 MAX_PROLOGUE = 24  # ops of a chain written again over the 2-D views (a longer one: x as is)
@@ -142,7 +137,7 @@ def _flatten(gm, x, shape, k, m, n, fake_mode, made):
     found = _prologue(x, shape, k, m, n)
     if found is None:
         flat = gm.graph.call_function(aten.view.default, (x, [m, n]))
-        flat.meta["val"] = _fake(fake_mode, aten.view.default, x.meta["val"], [m, n])
+        flat.meta["val"] = fake_meta.run(fake_mode, aten.view.default, (x.meta["val"], [m, n]))
         return flat, set()
     chain, leaves = found
     new = {a: made[(a, m, n)] for a in list(chain) + list(leaves) if (a, m, n) in made}
@@ -153,7 +148,7 @@ def _flatten(gm, x, shape, k, m, n, fake_mode, made):
             new[leaf] = leaf
             continue
         v = new[leaf] = made[(leaf, m, n)] = gm.graph.call_function(aten.view.default, (leaf, at))
-        v.meta["val"] = _fake(fake_mode, aten.view.default, leaf.meta["val"], at)
+        v.meta["val"] = fake_meta.run(fake_mode, aten.view.default, (leaf.meta["val"], at))
     for node in x.graph.nodes:  # graph order: operands before their readers
         if node not in chain or node in new:
             continue
@@ -161,7 +156,7 @@ def _flatten(gm, x, shape, k, m, n, fake_mode, made):
         kwargs = torch.fx.node.map_arg(node.kwargs, new.__getitem__)
         c = new[node] = made[(node, m, n)] = gm.graph.call_function(node.target, args, kwargs)
         vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-        c.meta["val"] = _fake(fake_mode, node.target, *vals[0], **vals[1])
+        c.meta["val"] = fake_meta.run(fake_mode, node.target, *vals)
     return new[x], chain
 
 
@@ -187,11 +182,11 @@ def spell_columns(gm):
         with gm.graph.inserting_before(node):
             flat, chain = _flatten(gm, x, [int(d) for d in x.meta["val"].shape], k, m, n, fake_mode, made)
             red = gm.graph.call_function(node.target, (flat, [0], not columns_only))
-            red.meta["val"] = _fake(fake_mode, node.target, flat.meta["val"], [0], not columns_only)
+            red.meta["val"] = fake_meta.run(fake_mode, node.target, (flat.meta["val"], [0], not columns_only))
             out = red
             if not columns_only:
                 out = gm.graph.call_function(aten.view.default, (red, shape))
-                out.meta["val"] = _fake(fake_mode, aten.view.default, red.meta["val"], shape)
+                out.meta["val"] = fake_meta.run(fake_mode, aten.view.default, (red.meta["val"], shape))
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
         replaced |= chain

@@ -1,0 +1,49 @@
+"""What the fuseml backend of this process holds, for the benchmarks: its plans, how each
+compiled graph runs, its kernels by state. Empty answers where fuseml is not installed or
+not used yet."""
+
+
+def _backend():
+    try:
+        from fuseml import backend
+    except ImportError:
+        return None
+    return backend
+
+
+def plans():
+    """The plans of the compiler behind backend="fuseml" (none before its first use)."""
+    backend = _backend()
+    return list(backend._default.plans) if backend is not None and backend._default is not None else []
+
+
+def paths(of_plans):
+    """How each compiled graph runs (generated code, or the FX graph and why), counted."""
+    out = {}
+    for p in of_plans:
+        way = p.compiled.path if p.compiled is not None else (p.skipped or "inductor")
+        out[way] = out.get(way, 0) + 1
+    return out
+
+
+def verified_left():
+    """Kernels the graphs launch that fusemld has served verified and not yet tuned (not those
+    measured routing gave to ATen, which are never launched)."""
+    backend = _backend()
+    if backend is None:
+        return 0
+    return sum(
+        1 for c in list(backend.live) for r in c.upgrader.runners if r.kernel is not None and r.kernel[1] == "verified"
+    )
+
+
+def kernel_states():
+    """{state: count} over every fuseml group of this process: "tuned", "verified", "untuned",
+    or "eager" (no kernel: the group runs its ATen ops)."""
+    backend = _backend()
+    out = {}
+    for c in list(backend.live) if backend is not None else []:
+        for r in c.runners.values():
+            state = r.kernel[1] if r.kernel is not None else "eager"
+            out[state] = out.get(state, 0) + 1
+    return out
