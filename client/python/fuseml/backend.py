@@ -12,6 +12,7 @@ from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
 
 from . import (
+    channels_last,
     const_fold,
     cross_entropy,
     cudagraphs,
@@ -34,6 +35,8 @@ from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
 from .partition import epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
+from .short_sums import spell_short_sums
+from .transpose_rewrite import compute_in_copy_layout
 from .view_sink import sink_views
 
 aten = torch.ops.aten
@@ -263,12 +266,16 @@ class FuseMLCompiler:
             fake_meta.adopt_input_layouts(gm, example_inputs)
         if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
             const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
-        keeps_layout, report_to = _layout_policy(which)
+        keeps_layout, report_to, saved = _layout_policy(which)
         padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
+        # after the padding: a padded GEMM's slot it kept is not one the convolutions change
+        kept += channels_last.convert(gm, settings.channels_last(), saved) or []
         if kept and report_to is not None:
-            _report_output_strides(gm, kept, report_to)
+            _report_output_strides(gm, sorted(set(kept)), report_to)
         chains = settings.chains() if self.chains is None else bool(self.chains)
+        spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
         spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
+        compute_in_copy_layout(gm)  # a copy of a transposed pointwise value computes it there (transpose_rewrite.py)
         sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
         sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
         spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
@@ -432,17 +439,19 @@ class FuseMLCompiler:
 
 
 def _layout_policy(which):
-    """(keeps_layout for pad_gemm.pad, the tracing context to report kept strides to or None):
-    which output slots of the graph being compiled may keep a padded GEMM's row stride, as
-    Inductor's outputs do. An inference graph: one slot reached from a GEMM (two would be
-    outputs that alias, which aot_autograd rebuilds from their traced strides). A training
+    """(keeps_layout for pad_gemm.pad, the tracing context to report kept strides to or None,
+    saved for channels_last.convert): which output slots of the graph being compiled may
+    leave it in another layout than they were traced in. A padded GEMM's row stride, as
+    Inductor's outputs do: in an inference graph, one slot reached from a GEMM (two would be
+    outputs that alias, which aot_autograd rebuilds from their traced strides); in a training
     forward, known only while aot_autograd compiles it (its tracing context holds the graph's
-    metadata and collects output strides then): at most one of its first num_forward_returns
+    metadata and collects output strides then), at most one of its first num_forward_returns
     slots, the user's, and any of the values saved for the backward after them, whose strides
-    are reported so that the backward is compiled for them. A backward: none (a parameter's
-    gradient in another layout would be copied by autograd's accumulation)."""
+    are reported so that the backward is compiled for them. Channels-last values: the saved
+    ones only. A backward: none (a parameter's gradient in another layout would be copied by
+    autograd's accumulation)."""
     if which == "inference":
-        return (lambda positions: len(positions) == 1), None
+        return (lambda positions: len(positions) == 1), None, (lambda position: False)
     if which == "forward":
         from torch._guards import TracingContext
 
@@ -450,8 +459,8 @@ def _layout_policy(which):
         meta = tc.fw_metadata if tc is not None and tc.output_strides is not None else None
         returns = getattr(meta, "num_forward_returns", None)
         if isinstance(returns, int):
-            return (lambda positions: sum(p < returns for p in positions) <= 1), tc
-    return (lambda positions: False), None
+            return (lambda positions: sum(p < returns for p in positions) <= 1), tc, (lambda p: p >= returns)
+    return (lambda positions: False), None, (lambda position: False)
 
 
 def _report_output_strides(gm, kept, tc):

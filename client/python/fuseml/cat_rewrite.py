@@ -8,9 +8,10 @@ Two rewrites, each exact (elementwise ops commute with slicing; zeros added to a
 the tile), turn it into one pointwise group:
   * two slice_backward of one shape whose ranges tile dim d, summed: cat of the two, in
     range order (the only difference: -0.0 stays -0.0 where 0.0 + -0.0 gave 0.0);
-  * a slice along d of a pointwise node read only by slices, on its way to a cat: the node
-    applied to slices of its operands (an operand of size 1 along d is not sliced), so the
-    slices reach the graph's inputs, where they are views the kernel reads in place.
+  * a slice along d of a pointwise node read only by slices and pointwise ops, on its way to
+    a cat: the node applied to slices of its operands (an operand of size 1 along d is not
+    sliced), so the slices reach the graph's inputs, where they are views the kernel reads
+    in place.
 And a stack copied into a transposed layout, what the backward of q, k, v = qkv.unbind()
 after a permute writes (timm's attention: the three gradients of SDPA into the QKV
 projection's [B, N, 3, H, D] layout),
@@ -119,9 +120,19 @@ def _feeds_cat(node):
     return False
 
 
+def _only_pointwise_readers(x):
+    """Are x's readers slices and pointwise ops? A slice of x that moves above x then makes
+    the cat's group compute its part of x again, where a pointwise reader's group computes
+    x whole: the same reads in one kernel instead of x written by one group for the next
+    (a GQA key's gradient, summed over the repeated heads, read by the rotation's backward
+    both sliced and whole). A reader that is neither (a GEMM, a reduction) needs x
+    written anyway, and its slices are views of it."""
+    return all(u.target is _SLICE or (u.op == "call_function" and ops.why_not_pointwise(u) is None) for u in x.users)
+
+
 def _push_slices(gm, fake_mode):
     """slice(f(a, b), d, s, e) -> f(slice(a), slice(b)) for a pointwise f read only by slices
-    that feed a cat."""
+    that feed a cat and by pointwise ops (_only_pointwise_readers)."""
     changed = False
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not _SLICE:
@@ -130,7 +141,7 @@ def _push_slices(gm, fake_mode):
         if not isinstance(x, torch.fx.Node) or x.op != "call_function" or ops.why_not_pointwise(x) is not None:
             continue
         rng = _range(node)
-        if rng is None or any(u.target is not _SLICE for u in x.users) or not _feeds_cat(node):
+        if rng is None or not _only_pointwise_readers(x) or not _feeds_cat(node):
             continue
         dim, start, end = rng
         rank = x.meta["val"].dim()

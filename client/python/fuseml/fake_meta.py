@@ -27,6 +27,26 @@ def run(mode, target, args, kwargs=None):
         return target(*args, **(kwargs or {}))
 
 
+def call(gm, mode, target, args, kwargs=None, made=None):
+    """A new node target(*args, **kwargs) at gm's insertion point with its fake value; appended
+    to `made` when given, so that a rewrite that gives up can erase what it made."""
+    kwargs = dict(kwargs or {})
+    n = gm.graph.call_function(target, tuple(args), kwargs)
+    if made is not None:
+        made.append(n)
+    vals, kvals = torch.fx.node.map_arg((tuple(args), kwargs), lambda a: a.meta["val"])
+    n.meta["val"] = run(mode, target, vals, kvals)
+    return n
+
+
+def matches(gm, match):
+    """(gm's fake mode, [(node, match(node))] for the nodes where match gives something): what
+    a rewrite works on; (None, []) when nothing matches or gm has no fake values."""
+    found = [(n, m) for n, m in ((n, match(n)) for n in gm.graph.nodes) if m is not None]
+    mode = mode_of(gm) if found else None
+    return (mode, found) if mode is not None else (None, [])
+
+
 def same_layout(a, b):
     """Whether two values have the same shape, strides, offset, dtype and device (tensors,
     or anything else compared as it is)."""

@@ -82,6 +82,14 @@ def pad_gemm():
     return {"0": "off", "off": "off", "all": "all"}.get(mode, "auto")
 
 
+def channels_last():
+    """FUSEML_CHANNELS_LAST: "auto" (the default, also for any other value: bf16/f16 2-D
+    convolutions of CUDA graphs run on channels-last values, channels_last.py), "on" (any
+    2-D convolution, the CPU's too) or "0" (none)."""
+    mode = (_get("FUSEML_CHANNELS_LAST") or "auto").lower()
+    return {"0": "off", "off": "off", "on": "on", "1": "on"}.get(mode, "auto")
+
+
 def cudagraphs():
     """FUSEML_CUDAGRAPHS=1: record compiled graphs as CUDA graphs."""
     return _get("FUSEML_CUDAGRAPHS") == "1"

@@ -102,15 +102,6 @@ def _movable(view):
     return reader
 
 
-def _call(gm, fake_mode, target, args, kwargs, new):
-    """A new node target(*args, **kwargs) with its fake value (appended to new)."""
-    n = gm.graph.call_function(target, tuple(args), dict(kwargs))
-    new.append(n)
-    vals = tuple(_val(a) if isinstance(a, torch.fx.Node) else a for a in args)
-    n.meta["val"] = fake_meta.run(fake_mode, target, vals, dict(kwargs))
-    return n
-
-
 def _reorder(gm, fake_mode, view, reader, operand):
     """Replaces view -> reader with reader' -> view': reader' reads view's source where reader
     read view, each other tensor operand through operand(gm, node, new); view' is view's op
@@ -120,9 +111,9 @@ def _reorder(gm, fake_mode, view, reader, operand):
     try:
         with gm.graph.inserting_before(reader):
             args = [x if a is view else operand(a, new) if isinstance(a, torch.fx.Node) else a for a in reader.args]
-            op = _call(gm, fake_mode, reader.target, args, reader.kwargs, new)
+            op = fake_meta.call(gm, fake_mode, reader.target, args, reader.kwargs, new)
             size = list(_val(reader).shape) if view.target in RESHAPES else view.args[1]
-            back = _call(gm, fake_mode, view.target, (op, size) + tuple(view.args[2:]), {}, new)
+            back = fake_meta.call(gm, fake_mode, view.target, (op, size) + tuple(view.args[2:]), None, new)
         got, want = back.meta["val"], _val(reader)
         if (
             tuple(got.shape) != tuple(want.shape)
@@ -147,7 +138,7 @@ def _sink_one(gm, fake_mode, view, reader):
 
     def operand(a, new):
         ones = [1] * len(shape) if _val(a).numel() == 1 else shape
-        return _call(gm, fake_mode, aten.view.default, (a, ones), {}, new)
+        return fake_meta.call(gm, fake_mode, aten.view.default, (a, ones), None, new)
 
     return _reorder(gm, fake_mode, view, reader, operand)
 

@@ -1,0 +1,118 @@
+"""2-D convolutions run on channels-last values (channels_last.py): the first convolution's
+input is copied once, every op after it keeps the layout, the values a training forward
+saves reach the backward channels-last (their strides reported to aot_autograd), and what
+the user gets back is laid out as eager's. Results as eager's. FUSEML_CHANNELS_LAST=on runs
+the rewrite on the CPU, where these tests run; "auto" converts CUDA bf16/f16 convolutions
+only."""
+
+import pytest
+import torch
+
+from helpers import close_bf16, fp32_step, run_step
+
+import fuseml
+
+aten = torch.ops.aten
+BF16 = torch.bfloat16
+CL = torch.channels_last
+
+
+class Block(torch.nn.Module):
+    """conv-bn-relu twice with a residual, pooled and classified: ResNet's shape."""
+
+    def __init__(self, c=8, classes=5):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn0 = torch.nn.BatchNorm2d(c)
+        self.conv = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(c)
+        self.head = torch.nn.Linear(c, classes)
+
+    def features(self, x):
+        x = torch.relu(self.bn0(self.stem(x)))
+        return torch.relu(self.bn1(self.conv(x)) + x)
+
+    def forward(self, x):
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class Features(Block):
+    def __init__(self):
+        super().__init__()
+        del self.head
+
+    def forward(self, x):
+        return self.features(x)
+
+
+def convolutions(gm):
+    return [n for n in gm.graph.nodes if n.target is aten.convolution.default]
+
+
+def layout_copies(gm):
+    return [n for n in gm.graph.nodes if n.target is aten.clone.default and n.kwargs.get("memory_format") is CL]
+
+
+@pytest.fixture
+def channels_last_on(monkeypatch):
+    monkeypatch.setenv("FUSEML_CHANNELS_LAST", "on")
+
+
+def test_training_step_runs_channels_last(dead_socket, partitioned, channels_last_on):
+    torch.manual_seed(0)
+    model = Block().to(BF16)
+    x = torch.randn(4, 3, 12, 12, dtype=BF16)
+    ref = fp32_step(model, x)
+    want = run_step(model, list(model.parameters()), x)
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    close_bf16(got, want, ref)
+    (fw, _), (bw, _) = partitioned
+    # one copy, of the image; every convolution reads a channels-last value
+    (copy,) = layout_copies(fw)
+    assert copy.args[0].op == "placeholder"
+    assert len(convolutions(fw)) == 2
+    assert all(c.args[0].meta["val"].is_contiguous(memory_format=CL) for c in convolutions(fw))
+    # the backward was compiled for the saved values as the forward leaves them
+    saved = [
+        p.meta["val"]
+        for p in bw.graph.nodes
+        if p.op == "placeholder" and p.meta["val"].dim() == 4 and not p.name.startswith(("primals", "tangents"))
+    ]
+    assert saved and all(v.is_contiguous(memory_format=CL) for v in saved), [v.stride() for v in saved]
+    # the gradients autograd accumulates are laid out as eager's
+    for g, g0 in zip(got[1], want[1]):
+        assert g.stride() == g0.stride()
+
+
+def test_outputs_keep_eager_layout(dead_socket, partitioned, channels_last_on):
+    """A feature map returned to the user is copied back to the contiguous layout it was
+    traced in; inference and training alike."""
+    torch.manual_seed(1)
+    model = Features().to(BF16)
+    x = torch.randn(2, 3, 10, 10, dtype=BF16)
+    for train in (False, True):
+        want = run_step(model, list(model.parameters()), x, train)
+        got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x, train)
+        assert got[0].is_contiguous() and got[0].stride() == want[0].stride()
+        close_bf16(got, want)
+        torch._dynamo.reset()
+    (fw, _) = partitioned[0]
+    outs = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+    (out,) = [o for o in outs if o.meta["val"].dim() == 4]  # the others: batch norm's running stats
+    assert out.target is aten.clone.default and out.kwargs["memory_format"] is torch.contiguous_format
+
+
+def test_what_is_left_as_it_was(dead_socket, partitioned, monkeypatch):
+    """'auto' on the CPU, 'off', and a transposed convolution: no layout copy."""
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 8, 8, dtype=BF16)
+    model = Block().to(BF16).eval()
+    up = torch.nn.ConvTranspose2d(3, 4, 2, stride=2).to(BF16)
+    for mode, m in (("auto", model), ("off", model), ("on", up)):
+        monkeypatch.setenv("FUSEML_CHANNELS_LAST", mode)
+        with torch.no_grad():
+            got = torch.compile(m, backend=fuseml.FuseMLCompiler())(x)
+            want = m(x)
+        close_bf16((got, []), (want, []))
+        torch._dynamo.reset()
+    assert all(not layout_copies(gm) for gm, _ in partitioned)
