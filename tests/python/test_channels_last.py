@@ -8,7 +8,7 @@ only."""
 import pytest
 import torch
 
-from helpers import close_bf16, fp32_step, run_step
+from helpers import close_bf16, fp32_step, rel_err, run_step
 
 import fuseml
 
@@ -94,7 +94,7 @@ def test_outputs_keep_eager_layout(dead_socket, partitioned, channels_last_on):
         want = run_step(model, list(model.parameters()), x, train)
         got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x, train)
         assert got[0].is_contiguous() and got[0].stride() == want[0].stride()
-        close_bf16(got, want)
+        close_bf16(got, want, fp32_step(model, x, train))
         torch._dynamo.reset()
     (fw, _) = partitioned[0]
     outs = next(n for n in fw.graph.nodes if n.op == "output").args[0]
@@ -116,3 +116,49 @@ def test_what_is_left_as_it_was(dead_socket, partitioned, monkeypatch):
         close_bf16((got, []), (want, []))
         torch._dynamo.reset()
     assert all(not layout_copies(gm) for gm, _ in partitioned)
+
+
+def test_batch_norm_runs_as_column_and_pointwise_kernels(dead_socket, channels_last_on, partitioned):
+    """Batch norm in an inference graph whose convolutions run channels-last is decomposed:
+    its statistics are column reductions of the [N * H * W, C] values as stored
+    (memory_order.py, column_rewrite.py), its normalisation joins the ReLU after it, and the
+    kernels read their channels-last tensors flat (channels innermost). A training graph
+    keeps ATen's batch norm (channels-last kernels) for now."""
+    torch.manual_seed(3)
+    model = Block().to(BF16)  # training mode: batch statistics, also under no_grad
+    x = torch.randn(4, 3, 12, 12, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    with torch.no_grad():
+        got = torch.compile(model, backend=c)(x)
+        want = model(x)
+    close_bf16((got, []), (want, []), (fp32_step(model, x, train=False)[0], []))
+    (p,) = c.plans
+    assert not any("batch_norm" in n for g in p.groups for n in g.op_names)
+    stats = [g for g in p.groups if g.kind == "columns"]
+    assert len(stats) == 4 and all(g.route == "kernel" and g.op_names[-1] == "mean" for g in stats)
+    assert all(g.built.wire["inputs"][0]["shape"] == [4 * 12 * 12, 8] for g in stats)
+    norm_relu = [g for g in p.groups if g.op_names[-1] == "relu"]
+    assert norm_relu and all({"sub", "mul", "add"} <= set(g.op_names) for g in norm_relu)
+    for t in norm_relu[0].built.wire["inputs"] + norm_relu[0].built.wire["outputs"]:
+        assert t["strides"][-1] in (0, 1), t  # channels innermost: the kernel walks memory in order
+    # training: ATen's batch norm, on channels-last values
+    torch._dynamo.reset()
+    run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    fw = partitioned[-2][0]
+    bns = [n for n in fw.graph.nodes if "batch_norm" in str(n.target)]
+    assert len(bns) == 2 and all(n.args[0].meta["val"].is_contiguous(memory_format=CL) for n in bns)
+
+
+def test_batch_norm_rewrites_are_exact_in_fp32(dead_socket, channels_last_on):
+    """The same network in fp32 (FUSEML_CHANNELS_LAST=on converts it too): the decomposed,
+    channels-last batch norm gives eager's values up to rounding, and a training step
+    eager's gradients."""
+    torch.manual_seed(4)
+    model = Block(c=16)
+    x = torch.randn(8, 3, 16, 16)
+    for train in (False, True):
+        got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x, train)
+        want = run_step(model, list(model.parameters()), x, train)
+        for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
+            assert rel_err(a, b) < 1e-4, rel_err(a, b)
+        torch._dynamo.reset()

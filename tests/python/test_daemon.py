@@ -71,6 +71,35 @@ def test_pipelined_requests_and_errors(daemon):
         conn.close()
 
 
+def test_more_fragments_than_a_connection_may_have_waiting(daemon):
+    """A graph with more groups than fusemld lets one connection keep waiting (256) is asked
+    in windows: every fragment is served, none refused as busy; identical fragments (a
+    model's repeated layers) are asked once and each gets its own reply."""
+    n = 2 * transport.WINDOW + 50  # 306 distinct: more than 256 in flight if sent at once
+    frags = [
+        {
+            "vocab": 1,
+            "inputs": [{"id": 0, "dtype": "f32", "shape": [-1, 8]}],
+            "ops": [{"op": "const", "out": 1, "value": float(i + 2)}, {"op": "mul", "out": 2, "args": [0, 1]}],
+            "outputs": [{"id": 2, "dtype": "f32", "shape": [-1, 8]}],
+        }
+        for i in range(n)
+    ]
+    asked = []
+    conn = transport.connect(daemon.socket, timeout=60)
+    real = conn.send
+    conn.send = lambda req: asked.append(req) or real(req)
+    try:
+        replies = transport.compile_all(conn, frags + frags[:10], 120)
+    finally:
+        conn.close()
+    assert len(replies) == n + 10 and all(r["ok"] for r in replies), [r for r in replies if not r["ok"]][:2]
+    assert len(asked) == n  # the ten repeats were not asked again
+    assert [r["key"] for r in replies[n:]] == [r["key"] for r in replies[:10]]
+    assert replies[n] is not replies[0]  # a reply of its own to each group
+    assert len({r["key"] for r in replies}) == n
+
+
 def test_compile_error_falls_back(daemon, caplog, monkeypatch):
     """A fragment the daemon refuses leaves its group eager, correct, with one warning."""
     caplog.set_level(logging.WARNING, logger="fuseml")

@@ -129,18 +129,35 @@ def _leaf_view(a, shape, k, m, n):
     return _read_as(t, shape, k, m, n) if isinstance(t, torch.Tensor) else None
 
 
-def _flatten(gm, x, shape, k, m, n, fake_mode, made):
+def _reads(leaves, results, hops=64):
+    """Is any of leaves computed from one of results (within `hops` nodes upwards)?"""
+    seen, todo = set(), list(leaves)
+    while todo and len(seen) < hops:
+        a = todo.pop()
+        if a in results:
+            return True
+        if a not in seen:
+            seen.add(a)
+            todo += a.all_input_nodes
+    return False
+
+
+def _flatten(gm, x, shape, k, m, n, fake_mode, made, results):
     """(the 2-D [m, n] node whose elements are x's, inserted at the graph's insertion point;
     the nodes of x's prologue it replaces): x's prologue written again over the 2-D views
     (above), or a view of x. made: {(node, m, n): its 2-D node} of the reductions before this
-    one, reused (the weight's and the bias's gradients of one LayerNorm read one g)."""
+    one, reused (the weight's and the bias's gradients of one LayerNorm read one g) unless x
+    reads one of their results: a reduction after another (batch norm's variance after its
+    mean) runs in a column group of its own, which computes its prologue again rather than
+    read a value the first group would then have to write for it."""
     found = _prologue(x, shape, k, m, n)
     if found is None:
         flat = gm.graph.call_function(aten.view.default, (x, [m, n]))
         flat.meta["val"] = fake_meta.run(fake_mode, aten.view.default, (x.meta["val"], [m, n]))
         return flat, set()
     chain, leaves = found
-    new = {a: made[(a, m, n)] for a in list(chain) + list(leaves) if (a, m, n) in made}
+    shared = list(leaves) if _reads(leaves, results) else list(chain) + list(leaves)
+    new = {a: made[(a, m, n)] for a in shared if (a, m, n) in made}
     for leaf, at in leaves.items():
         if leaf in new:
             continue
@@ -175,12 +192,12 @@ def spell_columns(gm):
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     if fake_mode is None:
         return False
-    replaced, made = set(), {}
+    replaced, made, results = set(), {}, set()
     for node, (m, n, k) in found:
         x, shape = node.args[0], [int(d) for d in node.meta["val"].shape]
         columns_only = shape == [n]  # no keepdim: the 2-D reduction's own [n] result
         with gm.graph.inserting_before(node):
-            flat, chain = _flatten(gm, x, [int(d) for d in x.meta["val"].shape], k, m, n, fake_mode, made)
+            flat, chain = _flatten(gm, x, [int(d) for d in x.meta["val"].shape], k, m, n, fake_mode, made, results)
             red = gm.graph.call_function(node.target, (flat, [0], not columns_only))
             red.meta["val"] = fake_meta.run(fake_mode, node.target, (flat.meta["val"], [0], not columns_only))
             out = red
@@ -190,6 +207,7 @@ def spell_columns(gm):
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
         replaced |= chain
+        results |= {red, out}
     _drop_unread(gm, replaced)
     gm.graph.lint()
     gm.recompile()

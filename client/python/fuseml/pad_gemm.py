@@ -43,7 +43,7 @@ import torch
 
 from . import fake_meta
 from ._log import log
-from .shapes import is_known_int
+from .shapes import dense_order, is_known_int
 
 aten = torch.ops.aten
 
@@ -181,7 +181,7 @@ class _Rewrite:
         key = (node, tuple(want))
         if key not in self.padded:
             grown = [d for d, (h, w) in enumerate(zip(have, want)) if h != w]
-            order = _dense_order(node.meta["val"])
+            order = dense_order(node.meta["val"])
             if len(grown) == 1 and order is not None:
                 # a permuted view of a contiguous value (a transposed weight the forward saved
                 # for the backward): padded in its memory order, so the copy is contiguous
@@ -297,23 +297,6 @@ class _Ref:
 
     def __init__(self, index):
         self.index = index
-
-
-def _dense_order(val):
-    """The dims of val, outermost first, that lay it out contiguously when it is a permuted
-    dense layout other than row-major (a transpose of a contiguous value); else None."""
-    if not isinstance(val, torch.Tensor) or val.is_contiguous():
-        return None
-    sizes, strides = list(val.shape), list(val.stride())
-    if not all(is_known_int(x) for x in sizes + strides):
-        return None
-    order = sorted(range(val.dim()), key=lambda d: (-int(strides[d]), d))
-    expect = 1
-    for d in reversed(order):
-        if int(sizes[d]) != 1 and int(strides[d]) != expect:
-            return None
-        expect *= int(sizes[d])
-    return order
 
 
 def output_values(output):

@@ -489,6 +489,24 @@ def find_groups(gm, min_ops=2, chains=True):
         merge(r, p)
         gdeps[r.gid].discard(p.gid)
 
+    # A column group reading a value another column group of its space computes for its own
+    # reduction runs inside that one: sibling reductions of one prologue (batch norm's
+    # backward sums g and g * (x - mean) of one g), which the walk above split when the
+    # first met the prologue before the second's ops had joined it. Not when it waits on the
+    # other group's results by another way (a variance after its mean).
+    for c2 in [g for g in groups if g.kind == "columns"]:
+        mset = set(c2.members)
+        inside = {id(h): h for h in (group_of.get(b) for n in c2.members for b in n.all_input_nodes if b not in mset)}
+        for c1 in [h for h in inside.values() if h is not None and h.kind == "columns" and h is not c2]:
+            if not same_known_shape(c1.shape, c2.shape):
+                continue
+            others = {find(d) for d in gdeps.get(c2.gid, ())} - {find(c1.gid)}
+            if reaches(others, find(c1.gid)):
+                continue
+            merge(c1, c2)
+            gdeps[c1.gid].discard(c1.gid)
+            break
+
     for i, g in enumerate(groups):
         g.gid = i
     for g in groups:

@@ -103,3 +103,20 @@ def size_at_hand(x):
         return int(x.node.hint)
     except (AttributeError, TypeError):
         return None
+
+
+def dense_order(val):
+    """The dims of val, outermost first, that lay it out contiguously when it is a permuted
+    dense layout other than row-major (a transpose of a contiguous value); else None."""
+    if not isinstance(val, torch.Tensor) or val.is_contiguous():
+        return None
+    sizes, strides = list(val.shape), list(val.stride())
+    if not all(is_known_int(x) for x in sizes + strides):
+        return None
+    order = sorted(range(val.dim()), key=lambda d: (-int(strides[d]), d))
+    expect = 1
+    for d in reversed(order):
+        if int(sizes[d]) != 1 and int(strides[d]) != expect:
+            return None
+        expect *= int(sizes[d])
+    return order
