@@ -162,3 +162,42 @@ def test_batch_norm_rewrites_are_exact_in_fp32(dead_socket, channels_last_on):
         for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
             assert rel_err(a, b) < 1e-4, rel_err(a, b)
         torch._dynamo.reset()
+
+
+def _eval_step(model, x, compiler):
+    with torch.no_grad():
+        return torch.compile(model, backend=compiler)(x)
+
+
+def test_eval_batch_norm_is_one_kernel_with_its_activation(dead_socket, channels_last_on):
+    """With running statistics, batch norm is pointwise: rsqrt(var + eps), the statistics'
+    casts (per channel, memory_order._small) and the normalisation run in the one kernel
+    with the ReLU (and the residual add) after it; exact in fp32."""
+    torch.manual_seed(5)
+    model = Block(c=16).eval()
+    for bn in (model.bn0, model.bn1):  # running statistics that are not the defaults
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 10, 10)
+    c = fuseml.FuseMLCompiler()
+    got = _eval_step(model, x, c)
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    (p,) = c.plans
+    kernels = [g for g in p.groups if g.route == "kernel"]
+    assert len(kernels) == 2, p.describe()  # one per batch norm: no per-channel kernels beside
+    for g in kernels:
+        assert {"rsqrt", "relu"} <= set(g.op_names), g.describe()
+
+
+def test_daemon_accepts_batch_norm_kernels(daemon, channels_last_on):
+    torch.manual_seed(6)
+    model = Block().to(BF16).eval()
+    x = torch.randn(2, 3, 10, 10, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    _eval_step(model, x, c)
+    with torch.no_grad():
+        _eval_step(model.train(), x, c)  # batch statistics: the column kernels
+    gs = [g for p in c.plans for g in p.groups if g.route == "kernel"]
+    assert any(g.kind == "columns" for g in gs) and any("rsqrt" in g.op_names for g in gs)
+    # the daemon answered ok with a kernel (compile-only here: not yet tuned on a GPU)
+    assert all(g.key and g.state in ("untuned", "tuned") for g in gs), [g.describe() for g in gs]

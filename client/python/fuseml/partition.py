@@ -34,6 +34,7 @@ backward) merges with it into one group of two stages, when the chain kernel can
 pair. A combined group (siblings or a chain) remembers its two original groups (`parts`):
 if the daemon refuses it, split_apart() gives them back and they are requested apart."""
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -132,6 +133,19 @@ def _fits(g, shape, reduce):
         return True
     # a per-row value (a statistic and what is computed from it) joins its rows group
     return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and same_known_shape(_per_row(g.shape), shape)
+
+
+SMALL_BROADCAST = 1 << 12  # elements of a pointwise group a reader computes again per element
+
+
+def _broadcasts_small(shape, into):
+    """Is `shape` (static, at most SMALL_BROADCAST elements, not `into` itself) broadcast to
+    `into`: of its rank, each dim `into`'s or 1?"""
+    if shape is None or into is None or len(shape) != len(into) or same_known_shape(shape, into):
+        return False
+    if not all(isinstance(d, int) for d in shape) or math.prod(shape) > SMALL_BROADCAST:
+        return False
+    return all(d == 1 or same_known_shape([d], [e]) for d, e in zip(shape, into))
 
 
 def _inside_rows(row_shape, shape):
@@ -483,6 +497,21 @@ def find_groups(gm, min_ops=2, chains=True):
         readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
         r = readers.popitem()[1] if len(readers) == 1 else None
         if r is None or r.kind != "rows" or _has_cat(r) or not _inside_rows(r.shape, p.shape):
+            continue
+        if reaches(gdeps.get(p.gid, ()), r.gid):
+            continue
+        merge(r, p)
+        gdeps[r.gid].discard(p.gid)
+
+    # A small pointwise group (per channel: batch norm's rsqrt(var + eps), its statistics cast
+    # to fp32) read by one pointwise group alone, over a shape that broadcasts to that
+    # group's, runs inside it: the reader computes its few ops again per element, and two
+    # launches a batch norm go. Not when it waits on the reader itself.
+    for p in [g for g in groups if g.kind == "pointwise" and not _has_cat(g)]:
+        mset = set(p.members)
+        readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
+        r = readers.popitem()[1] if len(readers) == 1 else None
+        if r is None or r.kind != "pointwise" or _has_cat(r) or not _broadcasts_small(p.shape, r.shape):
             continue
         if reaches(gdeps.get(p.gid, ()), r.gid):
             continue
