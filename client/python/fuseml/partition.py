@@ -487,33 +487,28 @@ def find_groups(gm, min_ops=2, chains=True):
     for g in [g for g in groups if g.kind == "gemm" and not g.chain and not g.parts]:
         _light_epilogue_into_rows(g, group_of, pos)
 
-    # A pointwise group read by one rows group alone, over its shape, one value per row or
-    # one per column, runs inside it: its values are never written and its launch goes.
-    # (LayerNorm's backward: x_hat recomputed when the op that would have joined the two went
-    # to a GEMM's epilogue first and that epilogue moved into the rows group above; rstd / N;
-    # the weight's cast to fp32.) Not when it waits on the rows group itself.
-    for p in [g for g in groups if g.kind == "pointwise" and not _has_cat(g)]:
-        mset = set(p.members)
-        readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
-        r = readers.popitem()[1] if len(readers) == 1 else None
-        if r is None or r.kind != "rows" or _has_cat(r) or not _inside_rows(r.shape, p.shape):
-            continue
-        if reaches(gdeps.get(p.gid, ()), r.gid):
-            continue
-        merge(r, p)
-        gdeps[r.gid].discard(p.gid)
+    # A pointwise group read by one group alone runs inside it, its values never written and
+    # its launch gone, when that group is
+    #  - a rows group over its shape, one value per row or one per column (LayerNorm's
+    #    backward: x_hat recomputed when the op that would have joined the two went to a
+    #    GEMM's epilogue first and that epilogue moved into the rows group above; rstd / N;
+    #    the weight's cast to fp32);
+    #  - a pointwise group over a shape its own broadcasts to, when it is small (per channel:
+    #    batch norm's rsqrt(var + eps), its statistics cast to fp32; the reader computes those
+    #    few ops again per element, and two launches a batch norm go).
+    # Not when it waits on the reader itself.
+    def runs_inside(r, p):
+        if r is None or _has_cat(r):
+            return False
+        if r.kind == "rows":
+            return _inside_rows(r.shape, p.shape)
+        return r.kind == "pointwise" and _broadcasts_small(p.shape, r.shape)
 
-    # A small pointwise group (per channel: batch norm's rsqrt(var + eps), its statistics cast
-    # to fp32) read by one pointwise group alone, over a shape that broadcasts to that
-    # group's, runs inside it: the reader computes its few ops again per element, and two
-    # launches a batch norm go. Not when it waits on the reader itself.
     for p in [g for g in groups if g.kind == "pointwise" and not _has_cat(g)]:
         mset = set(p.members)
         readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
         r = readers.popitem()[1] if len(readers) == 1 else None
-        if r is None or r.kind != "pointwise" or _has_cat(r) or not _broadcasts_small(p.shape, r.shape):
-            continue
-        if reaches(gdeps.get(p.gid, ()), r.gid):
+        if not runs_inside(r, p) or reaches(gdeps.get(p.gid, ()), r.gid):
             continue
         merge(r, p)
         gdeps[r.gid].discard(p.gid)
