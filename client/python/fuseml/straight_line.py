@@ -92,12 +92,15 @@ def _is_view(target):
 class _Value:
     """What the generated code knows about one graph value at run time."""
 
-    __slots__ = ("name", "layout_known", "align")
+    __slots__ = ("name", "layout_known", "align", "root")
 
-    def __init__(self, name, layout_known, align):
+    def __init__(self, name, layout_known, align, root=None):
         self.name = name
         self.layout_known = layout_known  # its size and stride are the traced ones
         self.align = align  # bytes its pointer is known aligned to; None: unknown
+        # a view the code never makes (_call): (the input it is a view of, that input's
+        # traced storage offset), from which the views of it are made directly
+        self.root = root
 
 
 class _Writer:
@@ -107,6 +110,7 @@ class _Writer:
         self.gm = gm
         self.device_index = device_index
         self.names = {n: f"v{i}" for i, n in enumerate(gm.graph.nodes)}
+        self.roots = set()  # inputs that views never made are views of: never deleted
         self.consts = {}
         self.const_names = {}  # id(obj) -> its name in consts
         self.values = {}
@@ -204,7 +208,11 @@ def _generate(gm, device_index, slow):
         dead = [
             w.values[a].name
             for a in n.all_input_nodes
-            if last_use.get(a) == i and a in w.values and a.op in ("placeholder", "call_function")
+            if last_use.get(a) == i
+            and a in w.values
+            and a.op in ("placeholder", "call_function")
+            and w.values[a].root is None
+            and w.values[a].name not in w.roots
         ]
         if dead:
             body.append("del " + ", ".join(dead))
@@ -276,6 +284,22 @@ def _layout_matters(nodes):
     return out
 
 
+def _read_by_views_alone(n):
+    """Is every reader of n a view of it that _call makes by reinterpreting (so none ever
+    names n itself)?"""
+    val = n.meta.get("val")
+    return bool(n.users) and all(
+        u.op == "call_function"
+        and _is_view(u.target)
+        and u.args
+        and u.args[0] is n
+        and len(u.all_input_nodes) == 1
+        and has_plain_layout(u.meta.get("val"))
+        and u.meta["val"].dtype == val.dtype
+        for u in n.users
+    )
+
+
 def _runner_of(n):
     runner = getattr(n.target, "__self__", None)
     return runner if isinstance(runner, runtime.GroupRunner) else None
@@ -294,10 +318,18 @@ def _call(w, n, name, val, matters):
         bval = base.meta.get("val")
         known = w.values[base]
         if known.layout_known and has_plain_layout(bval) and bval.dtype == val.dtype:
-            delta = val.storage_offset() - bval.storage_offset()
+            root, offset = known.root or (known.name, bval.storage_offset())
+            delta = val.storage_offset() - offset
             align = None if known.align is None else min(known.align, _lowbit(delta * val.element_size()))
+            if (known.root is not None or base.op == "placeholder") and _read_by_views_alone(n):
+                # a view only views read (batch norm's per-channel parameters: three unsqueezes
+                # and a permute, ~1 us each, a thousand a ResNet-50 step): never made; each view
+                # of it is made from the input directly, which stays referenced to the end
+                w.values[n] = _Value(name, True, align, (root, offset))
+                w.roots.add(root)
+                return []
             w.values[n] = _Value(name, True, align)
-            return [f"{name} = reinterpret({known.name}, {tuple(val.shape)!r}, " f"{tuple(val.stride())!r}, {delta})"]
+            return [f"{name} = reinterpret({root}, {tuple(val.shape)!r}, " f"{tuple(val.stride())!r}, {delta})"]
     args = ", ".join([w.literal(a) for a in n.args] + [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
     fn = w.const(n.target, "f")
     fresh = has_plain_layout(val) and not _returns_alias(n.target)
