@@ -13,6 +13,7 @@ from models import MODELS
 
 import fuseml
 from fuseml import runtime
+from fuseml.partition import Served
 
 
 class _StandIn:
@@ -177,7 +178,7 @@ def test_gemm_group_through_a_view_launch_layout(dead_socket, standin):
     from fuseml import plan_view
 
     r.kernel = ("p" * 64, "tuned", b"", plan)
-    r.group.state, r.use_kernel = "tuned", True
+    r.group.served, r.use_kernel = Served("p" * 64, "tuned", "compiled"), True
     (row,) = [x for x in plan_view.groups(c) if x["gid"] == r.group.gid and x["plan"]]
     assert row["strategy"] == "cublaslt plan (tuned): cuBLASLt + a generated epilogue kernel"
     assert row["plan"] == "split" and row["template"] == "cublaslt"

@@ -34,7 +34,7 @@ from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
 from .memory_order import run_in_memory_order
-from .partition import epilogue_apart, find_groups, split_apart
+from .partition import Served, epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
@@ -452,7 +452,7 @@ class FuseMLCompiler:
                 retry = []
                 for g, r in zip(todo, replies):
                     if r.get("ok"):
-                        g.key, g.state, g.origin = r["key"], r["state"], r["origin"]
+                        g.served = Served(r["key"], r["state"], r["origin"])
                         runners[g.gid].kernel = (r["key"], r["state"], r["cubin"], r["meta"])
                         done.append(g)
                         continue

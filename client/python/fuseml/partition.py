@@ -45,7 +45,33 @@ from .shapes import same_known_shape
 
 
 @dataclass
+class Served:
+    """What happens to a group once its graph is compiled: the daemon's answer for its
+    fragment, then what the runtime decides and learns while the graph runs. The partition
+    result (Group) holds it; only the backend, the runtime and the upgrade path write it."""
+
+    key: str  # the kernel's key in the daemon's store
+    state: str  # "untuned" | "verified" | "tuned" (upgrade.py moves it on)
+    origin: str  # "compiled" | "joined" | "hit"
+    # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms); the times
+    # None where the ATen ops were not timed (runtime.ATEN_HEAVY_BYTES)
+    route_measured: tuple = None
+
+
+def served(group, kernel):
+    """group.served, made from a runner's kernel (key, state, ...) where the daemon's answer
+    was not recorded on the group (a runner given its kernel directly)."""
+    if group.served is None:
+        group.served = Served(kernel[0], kernel[1], None)
+    return group.served
+
+
+@dataclass
 class Group:
+    """A fused group as the partition made it (its members, inputs, outputs, shape, the
+    route it asks for and why) and, once built, its fragment. What the daemon and the
+    runtime decide later is `served` (None until the daemon answers)."""
+
     gid: int
     kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "reduction"
     members: list  # FX nodes, graph order
@@ -54,19 +80,20 @@ class Group:
     escapes: list = field(default_factory=list)  # outputs other than the last member
     route: str = "bypass"  # "kernel" | "bypass"
     reason: str = ""
-    key: str = None
-    state: str = None
-    origin: str = None
     built: object = None
     shape: object = None  # the iteration shape (rows: the row shape)
-    # measured routing on the first launch: ("kernel" | "aten", kernel ms, ATen ms); the times
-    # None where the ATen ops were not timed (runtime.ATEN_HEAVY_BYTES)
-    route_measured: tuple = None
+    served: Served = None
     chain: bool = False  # a GEMM group of two back-to-back products (chains.py)
     # a combined GEMM group (siblings or chain): the member lists of the two groups it was
     # made of, which run apart if the daemon refuses it (split_apart)
     parts: list = None
     apart_of: object = None  # a group split from a refused combined group: that group
+
+    # read-only views of `served`, for explain(), describe() and tests
+    key = property(lambda self: self.served and self.served.key)
+    state = property(lambda self: self.served and self.served.state)
+    origin = property(lambda self: self.served and self.served.origin)
+    route_measured = property(lambda self: self.served and self.served.route_measured)
 
     @property
     def op_names(self):

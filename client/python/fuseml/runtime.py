@@ -12,6 +12,7 @@ import torch
 from . import launcher, ops, settings
 from ._log import log, warn_once
 from .bmm_fragment import collapse
+from .partition import served
 
 _registry = {}
 _next_gid = [0]
@@ -217,7 +218,7 @@ class GroupRunner:
             return outs
         if self.aten_heavy is not None:
             self.use_kernel = True
-            self.group.route_measured = ("kernel", None, None)
+            served(self.group, self.kernel or (key, None)).route_measured = ("kernel", None, None)
             log.info(
                 "fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name, self.aten_heavy / 1e9
             )
@@ -229,7 +230,11 @@ class GroupRunner:
         counters["launches"], counters["eager"] = saved
         self.timing = (k_ms, e_ms)
         self.use_kernel = k_ms <= e_ms
-        self.group.route_measured = ("kernel" if self.use_kernel else "aten", k_ms, e_ms)
+        served(self.group, self.kernel or (key, None)).route_measured = (
+            "kernel" if self.use_kernel else "aten",
+            k_ms,
+            e_ms,
+        )
         log.info(
             "fuseml: %s: kernel %.4f ms, ATen %.4f ms: %s",
             self.name,

@@ -26,6 +26,7 @@ import time
 
 from . import runtime, settings, transport
 from ._log import log
+from .partition import served
 
 CHECK_CALLS = 64  # calls between two looks at the clock
 retired = []  # launcher.Modules replaced by an upgrade: kept loaded (CUDA graphs)
@@ -68,7 +69,7 @@ def swap(upgrades):
             retired.append(runtime._modules.pop(k))
         r.kernel = kernel
         if getattr(r, "group", None) is not None:
-            r.group.state = kernel[1]
+            served(r.group, kernel).state = kernel[1]
         log.info("fuseml: %s: tuned kernel %s picked up", r.name, key[:12])
     return len(upgrades)
 
