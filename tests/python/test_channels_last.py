@@ -201,3 +201,21 @@ def test_daemon_accepts_batch_norm_kernels(daemon, channels_last_on):
     assert any(g.kind == "columns" for g in gs) and any("rsqrt" in g.op_names for g in gs)
     # the daemon answered ok with a kernel (compile-only here: not yet tuned on a GPU)
     assert all(g.key and g.state in ("untuned", "tuned") for g in gs), [g.describe() for g in gs]
+
+
+def test_dynamic_batch_sizes_stay_right(dead_socket, channels_last_on):
+    """Compiled with dynamic=True: the rewrites take symbolic sizes as they are (or leave the
+    graph as it was); training and eval steps at three batch sizes match eager's."""
+    torch.manual_seed(8)
+    model = Block(c=16)
+    fn = torch.compile(model, backend=fuseml.FuseMLCompiler(), dynamic=True)
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 3, 10, 10)
+        got = run_step(fn, list(model.parameters()), x)
+        want = run_step(model, list(model.parameters()), x)
+        for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
+            assert rel_err(a, b) < 1e-4, (batch, rel_err(a, b))
+        model.eval()
+        with torch.no_grad():
+            assert rel_err(fn(x), model(x)) < 1e-5
+        model.train()
