@@ -219,3 +219,22 @@ def test_dynamic_batch_sizes_stay_right(dead_socket, channels_last_on):
         with torch.no_grad():
             assert rel_err(fn(x), model(x)) < 1e-5
         model.train()
+
+
+def test_the_setting_reads_as_documented(monkeypatch):
+    """FUSEML_CHANNELS_LAST: 0/off none, on/1 any convolution, anything else (a typo too) the
+    default, auto."""
+    from fuseml import settings
+
+    for value, mode in (
+        ("0", "off"),
+        ("OFF", "off"),
+        ("on", "on"),
+        ("1", "on"),
+        ("auto", "auto"),
+        ("yes please", "auto"),
+    ):
+        monkeypatch.setenv("FUSEML_CHANNELS_LAST", value)
+        assert settings.channels_last() == mode, value
+    monkeypatch.delenv("FUSEML_CHANNELS_LAST")
+    assert settings.channels_last() == "auto"

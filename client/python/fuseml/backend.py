@@ -93,7 +93,7 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
         n *= x.shape[d]
     c = 1 if correction is None else correction
     if c:
-        var = aten.mul.Tensor(var, n / max(n - c, 0)) if n > c else aten.mul.Tensor(var, float("nan"))
+        var = aten.mul.Tensor(var, n / (n - c) if n > c else float("nan"))
     return var, (mean if keepdim else aten.squeeze.dims(mean, dims))
 
 
@@ -115,11 +115,12 @@ DECOMPOSITIONS[aten._safe_softmax.default] = _safe_softmax
 # Batch norm as reductions and pointwise ops, for inference graphs whose convolutions run
 # channels-last (channels_last.py): its statistics are then column reductions of the
 # [N * H * W, C] values (memory_order.py, column_rewrite.py) and the normalisation joins the
-# activation after it (ResNet-50's forward on an H200: 3.16 ms of GPU time against 6.52 with
-# ATen's kernels, Inductor 2.93). Not in training graphs yet: there the decomposed backward's
-# column kernels and what measured routing gave back to ATen took 32.6 ms against ATen's
-# channels-last batch norm kernels' ~12 (bench/NOTES.md). Elsewhere ATen's batch norm
-# kernels stay (NCHW statistics would be reductions no kernel template takes).
+# activation after it (ResNet-50's inference on an H100: 3.67 ms of GPU time, Inductor 3.26).
+# Not in training graphs yet: a ResNet-50 training step decomposed so took 32.6 ms against
+# 17.0 with ATen's channels-last batch norm kernels (H100; the column kernels at 64-256
+# channels, and the groups measured routing gave back to ATen: bench/NOTES.md, "ConvNets").
+# Elsewhere ATen's batch norm kernels stay (NCHW statistics would be reductions no kernel
+# template takes).
 BATCH_NORM = get_decompositions(
     [
         aten._native_batch_norm_legit_functional,

@@ -26,15 +26,11 @@ import torch
 
 from . import fake_meta
 from ._log import log
+from .fake_meta import tensor_val
 
 aten = torch.ops.aten
 CL = torch.channels_last
 DTYPES = (torch.bfloat16, torch.float16)
-
-
-def _val(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _is_cl(t):
@@ -45,7 +41,7 @@ def _converts(node, mode):
     """Is node a convolution this rewrite gives a channels-last input?"""
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
-    x, y = _val(node.args[0]), _val(node)
+    x, y = tensor_val(node.args[0]), tensor_val(node)
     if x is None or y is None or x.dim() != 4 or node.args[6]:  # args[6]: transposed
         return False
     return mode == "on" or (x.dtype in DTYPES and x.device.type == "cuda")
@@ -85,7 +81,7 @@ def convert(gm, mode, keeps_layout=lambda position: False):
         _undo(gm, copies, before)
         return None
     for c in copies:  # a copy of a value already channels-last (made so by an earlier one)
-        if _is_cl(_val(c.args[0])):
+        if _is_cl(tensor_val(c.args[0])):
             c.replace_all_uses_with(c.args[0])
             gm.graph.erase_node(c)
     gm.graph.lint()
@@ -101,7 +97,7 @@ def _restore_outputs(gm, fake, before, keeps_layout):
     output, values = _output_slots(gm)
     kept, copies = [], {}
     for i, v in enumerate(values):
-        old, new = before.get(v) if isinstance(v, torch.fx.Node) else None, _val(v)
+        old, new = before.get(v) if isinstance(v, torch.fx.Node) else None, tensor_val(v)
         if not isinstance(old, torch.Tensor) or new is None or fake_meta.same_layout(old, new):
             continue
         if keeps_layout(i):

@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import fake_meta
 from ._log import log
+from .fake_meta import tensor_val
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
@@ -51,11 +52,6 @@ NEVER = {
 }
 
 
-def _val(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
-
-
 def _op_folds(node):
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
@@ -64,7 +60,7 @@ def _op_folds(node):
     schema = node.target._schema
     if schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags:
         return False
-    v = _val(node)
+    v = tensor_val(node)
     return v is not None and all(is_plain_int(d) for d in v.shape) and all(is_plain_int(s) for s in v.stride())
 
 
@@ -132,9 +128,9 @@ def fold(gm):
         n
         for n in kept
         if n.op == "call_function"
-        and _val(n) is not None
+        and tensor_val(n) is not None
         and n.target not in VIEWS
-        and _val(n).numel() * _val(n).element_size() <= MAX_BYTES
+        and tensor_val(n).numel() * tensor_val(n).element_size() <= MAX_BYTES
     ]
     mode = fake_meta.mode_of(gm)
     if not kept or mode is None:
@@ -157,7 +153,7 @@ def fold(gm):
                 def real(a, n=n):
                     if a in values:
                         return values[a]
-                    v = _val(a)  # a template operand: only its dtype and device are read
+                    v = tensor_val(a)  # a template operand: only its dtype and device are read
                     return torch.empty(0, dtype=v.dtype, device=v.device)
 
                 args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), real)
@@ -168,7 +164,7 @@ def fold(gm):
     total = 0
     replaced = []
     for i, n in enumerate(kept):
-        want = _val(n)
+        want = tensor_val(n)
         value = values[n]
         if not isinstance(value, torch.Tensor) or value.shape != want.shape or value.dtype != want.dtype:
             continue

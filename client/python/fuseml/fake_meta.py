@@ -10,6 +10,12 @@ from torch.utils import _pytree as pytree
 from .shapes import provably_same_ints
 
 
+def tensor_val(node):
+    """node's fake tensor value; None for a node of another value, or a non-node argument."""
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
 def mode_of(gm):
     """The FakeTensorMode of gm's metadata; None when no node carries a fake tensor."""
     from torch._subclasses.fake_tensor import FakeTensor

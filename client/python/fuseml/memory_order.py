@@ -24,15 +24,11 @@ import torch
 
 from . import fake_meta, ops
 from ._log import log
+from .fake_meta import tensor_val
 from .shapes import dense_order
 
 aten = torch.ops.aten
 REDUCTIONS = {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default}
-
-
-def _val(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 CHANNELS_LAST = [0, 2, 3, 1]
@@ -57,7 +53,7 @@ def _pointwise(node):
         return None
     if any(isinstance(a, (list, tuple)) for a in list(node.args) + list(node.kwargs.values())):
         return None
-    return _order(_val(node))
+    return _order(tensor_val(node))
 
 
 def _reduction(node):
@@ -66,7 +62,7 @@ def _reduction(node):
     if node.op != "call_function" or node.target not in REDUCTIONS or set(node.kwargs) - {"keepdim"}:
         return None
     x = node.args[0]
-    order = _order(_val(x))
+    order = _order(tensor_val(x))
     dims = node.args[1] if len(node.args) > 1 else None
     if order is None or not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) for d in dims):
         return None
@@ -88,14 +84,14 @@ def _small(node, rank):
     reading it in memory order compute it again from its operands, seen in that order, so
     that its chain joins their group instead of running as kernels of its own over a few
     hundred elements (a ResNet-50 inference step: two such kernels per batch norm)."""
-    t = _val(node)
+    t = tensor_val(node)
     if t is None or t.numel() > SMALL or t.dim() > rank or node.op != "call_function":
         return False
     if node.target in ops.ALIASES or ops.why_not_pointwise(node) is not None or "memory_format" in node.kwargs:
         return False
     if any(isinstance(a, (list, tuple)) for a in list(node.args) + list(node.kwargs.values())):
         return False
-    return all(_val(a) is not None and _val(a).dim() <= t.dim() for a in node.all_input_nodes)
+    return all(tensor_val(a) is not None and tensor_val(a).dim() <= t.dim() for a in node.all_input_nodes)
 
 
 def _same_value(a, b):
@@ -115,7 +111,7 @@ class _Rewrite:
         """a as the op in `order` reads it: the source of a permute back; a small pointwise
         value (per channel) computed again from its operands so read (_small); else a
         permuted view (of a value of lower rank, unsqueezed on the left first)."""
-        t = _val(a)
+        t = tensor_val(a)
         if t is None or t.dim() == 0:
             return a
         if a in self.source and self.source[a][1] == order:

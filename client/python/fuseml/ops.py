@@ -589,3 +589,16 @@ def kind_of(node):
     if node.target in REDUCTION_OPS:
         return "reduction"
     return None
+
+
+def permutation(node):
+    """The dims of node's input that node's dims are (a t, transpose or permute node)."""
+    rank = node.meta["val"].dim()
+    if node.target is aten.t.default:
+        return [1, 0] if rank == 2 else list(range(rank))
+    if node.target is aten.transpose.int:
+        perm = list(range(rank))
+        d0, d1 = (d % rank for d in node.args[1:3])
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return perm
+    return [d % rank for d in node.args[1]]

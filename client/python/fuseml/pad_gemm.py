@@ -41,7 +41,7 @@ bf16/f16 GEMM (a testing aid, and a way to measure small ones); "off" none."""
 
 import torch
 
-from . import fake_meta
+from . import fake_meta, ops
 from ._log import log
 from .shapes import dense_order, is_known_int
 
@@ -163,7 +163,7 @@ class _Rewrite:
             return node
         base, perm = node, list(range(len(want)))  # node's dim i is base's dim perm[i]
         while base.op == "call_function" and base.target in TRANSPOSES:
-            step = _permutation(base)
+            step = ops.permutation(base)
             perm = [step[k] for k in perm]
             base = base.args[0]
         if base is node:
@@ -304,19 +304,6 @@ def output_values(output):
     and pad's kept list count)."""
     args = output.args[0]
     return list(args) if isinstance(args, (list, tuple)) else [args]
-
-
-def _permutation(node):
-    """The dims of node's input that node's dims are (a transpose or permute)."""
-    rank = node.meta["val"].dim()
-    if node.target is aten.t.default:
-        return [1, 0] if rank == 2 else list(range(rank))
-    if node.target is aten.transpose.int:
-        perm = list(range(rank))
-        d0, d1 = (d % rank for d in node.args[1:3])
-        perm[d0], perm[d1] = perm[d1], perm[d0]
-        return perm
-    return [d % rank for d in node.args[1]]
 
 
 def pad(gm, mode, keeps_layout=lambda positions: False):

@@ -22,15 +22,11 @@ import torch
 
 from . import fake_meta, ops
 from ._log import log
+from .fake_meta import tensor_val
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
 MAX_TERMS = 8
-
-
-def _val(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _short_sum(node):
@@ -38,7 +34,7 @@ def _short_sum(node):
     into x's dtype, else None."""
     if node.op != "call_function" or node.target is not aten.sum.dim_IntList:
         return None
-    x, t, val = node.args[0], _val(node.args[0]), _val(node)
+    x, t, val = node.args[0], tensor_val(node.args[0]), tensor_val(node)
     if t is None or val is None or t.dtype not in ops.DTYPES or t.dtype == torch.bool or val.dtype != t.dtype:
         return None
     if set(node.kwargs) - {"keepdim"} or len(node.args) < 2:
@@ -57,7 +53,7 @@ def _short_sum(node):
 
 def _as_adds(gm, fake_mode, node, x, d, keepdim):
     """The nodes that replace `node`: the fp32 sum of x's slices along d, in x's dtype."""
-    t = _val(x)
+    t = tensor_val(x)
     wide = t.dtype != torch.float32
     terms = []
     for i in range(t.shape[d]):
@@ -77,7 +73,7 @@ def _drop_squeezes(node, d):
     """squeeze(unsqueeze(v, d), d) -> v for node = unsqueeze(v, d): the squeezed readers read
     the sum itself, so a pointwise reader meets it without a view between them."""
     for u in list(node.users):
-        if u.target is aten.squeeze.dim and len(u.args) == 2 and u.args[1] % _val(u.args[0]).dim() == d:
+        if u.target is aten.squeeze.dim and len(u.args) == 2 and u.args[1] % tensor_val(u.args[0]).dim() == d:
             u.replace_all_uses_with(node.args[0])
             node.graph.erase_node(u)
 

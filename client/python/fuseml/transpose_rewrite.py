@@ -25,39 +25,28 @@ import torch
 
 from . import fake_meta, ops
 from ._log import log
-from .fake_meta import same_layout
+from .fake_meta import same_layout, tensor_val
 
 aten = torch.ops.aten
 _MAX_OPS = 48  # ops moved under one copy: a pointwise chain, not a whole graph
 
 
-def _val(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
-
-
 def _perm(view):
-    """The permutation of a permute or transpose node, else None."""
-    t = _val(view.args[0]) if view.args else None
+    """The permutation of a permute or transpose node other than the identity, else None."""
+    t = tensor_val(view.args[0]) if view.args else None
     if view.op != "call_function" or t is None or view.kwargs:
         return None
-    rank = t.dim()
-    if view.target is aten.permute.default:
-        perm = [int(d) % rank for d in view.args[1]]
-    elif view.target is aten.transpose.int:
-        perm = list(range(rank))
-        i, j = (int(d) % rank for d in view.args[1:3])
-        perm[i], perm[j] = perm[j], perm[i]
-    else:
+    if view.target not in (aten.permute.default, aten.transpose.int):
         return None
-    return perm if sorted(perm) == list(range(rank)) and perm != list(range(rank)) else None
+    perm = ops.permutation(view)
+    return perm if sorted(perm) == list(range(t.dim())) and perm != list(range(t.dim())) else None
 
 
 def _transposed_copy(node):
     """(value, perm) when node is clone(permute(value)) into a contiguous tensor, the permute
     read by the clone alone and value computed by a pointwise op or a cat read by the permute
     alone; else None."""
-    val = _val(node)
+    val = tensor_val(node)
     if node.op != "call_function" or node.target is not aten.clone.default or val is None:
         return None
     if not val.is_contiguous() or node.kwargs.get("memory_format", torch.preserve_format) not in (
@@ -70,7 +59,7 @@ def _transposed_copy(node):
         return None
     perm = _perm(view)
     value = view.args[0]
-    if perm is None or not _movable(value, _val(value).dim()) or len(value.users) != 1:
+    if perm is None or not _movable(value, tensor_val(value).dim()) or len(value.users) != 1:
         return None
     return value, perm
 
@@ -79,7 +68,7 @@ def _movable(node, rank):
     """Can the permutation move above node: a pointwise op (not a broadcast) or a cat, of the
     value's rank, with no argument but tensors, numbers and dtypes (no sizes or dims a
     permutation would have to rewrite; a cat's dim is rewritten)?"""
-    v = _val(node)
+    v = tensor_val(node)
     if v is None or v.dim() != rank or node.op != "call_function":
         return False
     if ops.cat_dim(node) is not None:
@@ -115,7 +104,7 @@ def _hoist(gm, fake_mode, copy, value, perm):
     moved, leaves, new = {}, {}, []
 
     def leaf(a, new):
-        t = _val(a)
+        t = tensor_val(a)
         if t is None or t.dim() == 0:
             return a  # a scalar broadcasts the same either way
         if a not in leaves:

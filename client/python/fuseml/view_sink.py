@@ -30,18 +30,13 @@ import torch
 
 from . import fake_meta, ops
 from ._log import log
-from .fake_meta import same_layout
+from .fake_meta import same_layout, tensor_val
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
 RESHAPES = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 EXPANDS = {aten.expand.default}
 _MAX_PASSES = 8
-
-
-def _val(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _plain_contiguous(t):
@@ -58,22 +53,22 @@ def _broadcast_reader(expand):
     operand of the expanded shape (it reads the value unexpanded), else None."""
     if expand.op != "call_function" or expand.target not in EXPANDS or not expand.users:
         return None
-    x, y = expand.args[0], _val(expand)
+    x, y = expand.args[0], tensor_val(expand)
     if (
         not isinstance(x, torch.fx.Node)
-        or _val(x) is None
+        or tensor_val(x) is None
         or y is None
         or not all(is_plain_int(d) for d in y.shape)
         or any(isinstance(a, torch.fx.Node) for a in expand.args[1:])
     ):
         return None
     for reader in expand.users:
-        if not _pointwise(reader) or _val(reader) is None or tuple(_val(reader).shape) != tuple(y.shape):
+        if not _pointwise(reader) or tensor_val(reader) is None or tuple(tensor_val(reader).shape) != tuple(y.shape):
             continue
         others = [a for a in reader.all_input_nodes if a is not expand]
         if not others and len(expand.users) == 1:
             return "before", reader
-        if any(_val(a) is not None and tuple(_val(a).shape) == tuple(y.shape) for a in others):
+        if any(tensor_val(a) is not None and tuple(tensor_val(a).shape) == tuple(y.shape) for a in others):
             return "drop", reader
     return None
 
@@ -82,21 +77,21 @@ def _movable(view):
     """The pointwise reader the reshape `view` can move below, or None."""
     if view.op != "call_function" or view.target not in RESHAPES or len(view.users) != 1:
         return None
-    x, y = view.args[0], _val(view)
+    x, y = view.args[0], tensor_val(view)
     if not isinstance(x, torch.fx.Node) or not ops.fusible(x):
         return None
-    if not (_plain_contiguous(_val(x)) and _plain_contiguous(y)):
+    if not (_plain_contiguous(tensor_val(x)) and _plain_contiguous(y)):
         return None
     (reader,) = view.users
     if reader.op != "call_function" or reader.target in ops.ALIASES or ops.why_not_pointwise(reader):
         return None
-    out = _val(reader)
+    out = tensor_val(reader)
     if not _plain_contiguous(out) or tuple(out.shape) != tuple(y.shape):
         return None
     for a in reader.all_input_nodes:
         if a is view:
             continue
-        t = _val(a)
+        t = tensor_val(a)
         if t is None or not (t.numel() == 1 or (tuple(t.shape) == tuple(y.shape) and t.is_contiguous())):
             return None
     return reader
@@ -112,9 +107,9 @@ def _reorder(gm, fake_mode, view, reader, operand):
         with gm.graph.inserting_before(reader):
             args = [x if a is view else operand(a, new) if isinstance(a, torch.fx.Node) else a for a in reader.args]
             op = fake_meta.call(gm, fake_mode, reader.target, args, reader.kwargs, new)
-            size = list(_val(reader).shape) if view.target in RESHAPES else view.args[1]
+            size = list(tensor_val(reader).shape) if view.target in RESHAPES else view.args[1]
             back = fake_meta.call(gm, fake_mode, view.target, (op, size) + tuple(view.args[2:]), None, new)
-        got, want = back.meta["val"], _val(reader)
+        got, want = back.meta["val"], tensor_val(reader)
         if (
             tuple(got.shape) != tuple(want.shape)
             or got.dtype != want.dtype
@@ -134,10 +129,10 @@ def _reorder(gm, fake_mode, view, reader, operand):
 
 def _sink_one(gm, fake_mode, view, reader):
     """A reshape below its reader; the reader's other operands reshaped to its source shape."""
-    shape = list(_val(view.args[0]).shape)
+    shape = list(tensor_val(view.args[0]).shape)
 
     def operand(a, new):
-        ones = [1] * len(shape) if _val(a).numel() == 1 else shape
+        ones = [1] * len(shape) if tensor_val(a).numel() == 1 else shape
         return fake_meta.call(gm, fake_mode, aten.view.default, (a, ones), None, new)
 
     return _reorder(gm, fake_mode, view, reader, operand)
