@@ -5,14 +5,20 @@ spends its time in, heaviest first).
     python3 host_profile.py --model llama --size small --modes inductor,fuseml --phases fwd,train
                             [--steps 20] [--top 35] [--out DIR]
 
+With --out, each fuseml graph's generated straight-line code is written beside the report
+(sources/<model>-<phase>-<n>.py, the graph and its groups beside it): what a step's host runs, line by line.
+
 A diagnostic for the default call path (bench/NOTES.md, "Host time per kernel"); the figures
 that count are bench.py's."""
 
 import argparse
+import collections
 import cProfile
+import gc
 import io
 import os
 import pstats
+import re
 import sys
 import time
 
@@ -53,6 +59,128 @@ def op_table(step, dev, steps, top):
             step()
         measure.sync(dev)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def _line_kind(text, scope):
+    """What one line of generated code does, for the line table."""
+    t = text.strip()
+    m = re.match(r"[\w, ]+= (f\d+)\(", t)
+    if m:
+        target = scope.get(m.group(1))
+        return f"ATen {getattr(target, '__name__', None) or str(target)}"
+    for key, kind in (
+        ("& 15", "launch with its alignment test"),
+        ("check(", "input check"),
+        ("reinterpret(", "view (reinterpret)"),
+        ("empty(", "output allocation"),
+        ("launch_", "kernel launch (ours)"),
+        (".eager(", "group's ATen ops"),
+        (".data_ptr()", "pointer read"),
+        ("del ", "del"),
+    ):
+        if key in t:
+            return kind
+    return "other"
+
+
+def _timed_source(source):
+    """The generated function with a clock read before each statement of its body (a block
+    of the body, an `if` with its branches, counts as one statement), and the kinds of those
+    statements: (source, kinds); segment i is kinds[i]'s time."""
+    out, kinds, inside = [], [], False
+    for line in source.split("\n"):
+        # the body proper: after the entry checks (whose `return slow(args)` never runs)
+        inside = inside or line.startswith(("    with ", "    if True:"))
+        body = inside and line.startswith("        ") and not line.startswith("         ")
+        if body and not line.strip().startswith(("else", "elif", "except")):
+            out.append("        _T.append(_clock())")
+            kinds.append(line)
+        out.append(line)
+    return "\n".join(out), kinds
+
+
+def issue_time(step, dev, steps=3):
+    """Host seconds per step: a few steps queued without a sync between them (few enough that
+    the launch queue does not fill)."""
+    measure.sync(dev)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    issue = (time.perf_counter() - t0) / steps
+    measure.sync(dev)
+    return issue
+
+
+def line_table(step, dev, plans, steps):
+    """Host time of each kind of statement of the generated code, from clock reads compiled
+    in between them (~0.1 us each), beside the step's issue time without a sync: what the
+    straight-line code costs by kind, and what the step spends outside it."""
+    timed = []
+    for plan in plans:
+        c = plan.compiled
+        fast = getattr(c, "fast", None) if c is not None else None
+        if fast is None or not getattr(fast, "source", None):
+            continue
+        src, kinds = _timed_source(fast.source)
+        scope = dict(fast.__globals__)
+        stamps = []
+        scope.update(_T=stamps, _clock=time.perf_counter)
+        exec(compile(src, "<fuseml straight line, timed>", "exec"), scope)
+        timed.append((c, fast, scope["call"], kinds, stamps, fast.__globals__))
+    if not timed:
+        return "no generated code to time"
+    issue = issue_time(step, dev)
+    gc.disable()
+    try:
+        issue_no_gc = issue_time(step, dev)
+    finally:
+        gc.enable()
+    totals, counts = collections.defaultdict(float), collections.Counter()
+    for c, fast, timed_call, kinds, stamps, scope in timed:
+        c.fast = timed_call
+    try:
+        for _ in range(steps):
+            for *_, stamps, _scope in timed:
+                stamps.clear()
+            step()
+            measure.sync(dev)
+            for c, fast, timed_call, kinds, stamps, scope in timed:
+                for i in range(min(len(stamps), len(kinds)) - 1):
+                    kind = _line_kind(kinds[i], scope)
+                    totals[kind] += stamps[i + 1] - stamps[i]
+                    counts[kind] += 1
+    finally:
+        for c, fast, *_ in timed:
+            c.fast = fast
+    rows = [
+        f"issue time per step, no sync between steps: {issue * 1e3:.3f} ms "
+        f"({issue_no_gc * 1e3:.3f} ms with the garbage collector off)",
+        "",
+        "| statement kind | us per step | statements per step | us each |",
+        "|---|---|---|---|",
+    ]
+    traced = 0.0
+    for kind, sec in sorted(totals.items(), key=lambda kv: -kv[1]):
+        per_step = sec * 1e6 / steps
+        traced += per_step
+        n = counts[kind] / steps
+        rows.append(f"| {kind} | {per_step:.0f} | {n:.0f} | {per_step / max(n, 1):.2f} |")
+    rows.append(f"| all statements | {traced:.0f} | {sum(counts.values()) / steps:.0f} | |")
+    return "\n".join(rows)
+
+
+def write_sources(plans, out, tag):
+    """Each compiled graph's generated code (the function's `source`), one file a graph."""
+    out = os.path.join(out, "sources")
+    os.makedirs(out, exist_ok=True)
+    for i, plan in enumerate(plans):
+        fast = getattr(plan.compiled, "fast", None) if plan.compiled is not None else None
+        src = getattr(fast, "source", None)
+        if src:
+            with open(os.path.join(out, f"{tag}-{i}.py"), "w") as f:
+                f.write(src)
+            with open(os.path.join(out, f"{tag}-{i}-graph.txt"), "w") as f:
+                f.write(plan.describe() + "\n\n" + plan.compiled.gm.code)
 
 
 def main(argv=None):
@@ -98,7 +226,6 @@ def main(argv=None):
                 print(head, flush=True)
                 report.append(head)
                 if mode.family == "fuseml":
-                    import collections
                     from fuseml import backend
 
                     plans = backend._default.plans if backend._default else []
@@ -107,6 +234,11 @@ def main(argv=None):
                         line = f"   {n} graph(s) run as {way}"
                         print(line, flush=True)
                         report.append(line)
+                    if args.out:
+                        write_sources(plans, args.out, f"{args.model}-{phase}")
+                    table = line_table(step, dev, plans, args.steps)
+                    print(table, flush=True)
+                    report.append(table)
                 if mode.family != "eager":
                     report.append(profile_steps(step, dev, args.steps, args.top))
                     report.append(op_table(step, dev, args.steps, args.top))

@@ -2,7 +2,9 @@
 bf16 block (Linear + GELU, residual, LayerNorm; GEMM and row groups) compiled by fuseml runs
 as generated code after its first call, gives the same outputs and gradients as the same
 kernels run from the FX graph (FUSEML_STRAIGHT_LINE=0), runs a misaligned input through the
-group's ATen ops, and costs less host time per call.
+group's ATen ops, and costs less host time per call. A kernel reading views the code never
+makes (a slice of the input at an offset, a parameter through unsqueezes: the launch takes
+the root's pointer plus the view's offset) gives the FX graph's outputs.
 Usage: FUSEML_SOCKET=... FUSEML_LIB=... python3 device_straight.py OUT.json"""
 
 import json
@@ -27,6 +29,20 @@ class Block(torch.nn.Module):
     def forward(self, x):
         h = self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
         return self.norm(x + h * 0.5)
+
+
+class ViewsIntoKernels(torch.nn.Module):
+    """A rows kernel reading a slice of its input one row in and a parameter through two
+    unsqueezes: views the generated code never makes."""
+
+    def __init__(self, d=512):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.rand(d) + 0.5)
+
+    def forward(self, x):
+        y = x[:, 1:, :]
+        s = self.scale.unsqueeze(0).unsqueeze(0)
+        return torch.nn.functional.layer_norm(y * s + 1.0, (y.shape[-1],))
 
 
 def compiled(model, generated):
@@ -85,6 +101,20 @@ def main(out_path):
         failures.append("inference outputs differ between generated code and the FX graph")
     if result["misaligned_rel_err"] > 1e-2:
         failures.append("misaligned input wrong")
+
+    views_model = ViewsIntoKernels().cuda().to(torch.bfloat16)
+    xv = torch.randn(8, 65, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        outs = {}
+        for generated in (True, False):
+            fn, c = compiled(views_model, generated)
+            outs[generated] = ([fn(xv) for _ in range(3)][-1], paths(c))
+    result["views_paths"] = outs[True][1]
+    result["views_equal"] = bool(torch.equal(outs[True][0], outs[False][0]))
+    if not any(p.startswith("generated") for _, p in result["views_paths"]):
+        failures.append("the views graph not generated")
+    if not result["views_equal"]:
+        failures.append("a kernel reading views never made differs from the FX graph")
 
     # training: loss forward and backward, gradients compared
     def grads(fn):

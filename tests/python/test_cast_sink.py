@@ -254,3 +254,16 @@ def test_casts_move_to_a_rows_reader_or_producer_and_their_limits():
 
     gm = _graph(h, torch.randn(2, 4, 16, dtype=BF16))
     assert not cast_sink.sink_casts(gm)
+
+
+def test_a_per_channel_cast_moves_past_the_views_memory_order_makes():
+    """Batch norm's running variance cast to fp32, then seen per channel through the
+    unsqueezes and the permute that memory order makes for a channels-last reader: the cast
+    moves next to the reader (the backend runs sink_casts again after memory order)."""
+    f = lambda x, v: x * v.float().unsqueeze(-1).unsqueeze(-1).unsqueeze(0).permute(0, 2, 3, 1)  # noqa: E731
+    x, v = torch.randn(2, 5, 6, 8), torch.randn(8, dtype=BF16)
+    gm = _graph(f, x, v)
+    assert cast_sink.sink_casts(gm)
+    ts = _targets(gm)
+    assert ts.index(aten.permute.default) < ts.index(aten._to_copy.default), ts
+    torch.testing.assert_close(gm(x, v), f(x, v))

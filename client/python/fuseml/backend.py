@@ -330,6 +330,10 @@ class FuseMLCompiler:
         sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
         sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
         run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
+        # again: a per-channel cast that memory order now reads through unsqueezes and a permute
+        # (batch norm's running variance as torch 2.11 decomposes it: a kernel of its own and a
+        # launch per batch norm otherwise)
+        sink_casts(gm)
         spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []

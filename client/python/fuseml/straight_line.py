@@ -52,6 +52,18 @@ _ALLOCATION_ALIGN = 512
 _UNMARKED_VIEWS = {torch.ops.aten._unsafe_view.default}
 
 
+# ATen ops called through torch's generated Python bindings, where one takes the op's
+# positional arguments as they are: an OpOverload's call parses its arguments against the
+# schema in Python's stead and costs more (a ResNet-50 convolution on an H200: 18 against 27
+# us of host; Inductor's wrapper calls these bindings too).
+_BINDINGS = {
+    torch.ops.aten.convolution.default: torch.convolution,
+    torch.ops.aten.mm.default: torch.mm,
+    torch.ops.aten.addmm.default: torch.addmm,
+    torch.ops.aten.bmm.default: torch.bmm,
+}
+
+
 class NotStraight(Exception):
     """Why a graph keeps running as its FX graph."""
 
@@ -110,8 +122,9 @@ class _Writer:
         self.gm = gm
         self.device_index = device_index
         self.names = {n: f"v{i}" for i, n in enumerate(gm.graph.nodes)}
-        self.roots = set()  # inputs that views never made are views of: never deleted
         self.consts = {}
+        self.root_node = {}  # a view never made -> the node its root names
+        self.death = None  # _Deaths, set by _generate
         self.const_names = {}  # id(obj) -> its name in consts
         self.values = {}
         self.input_checks = []
@@ -124,6 +137,26 @@ class _Writer:
             name = self.const_names[id(obj)] = f"{hint}{len(self.consts)}"
             self.consts[name] = obj
         return name
+
+    def tensor(self, a):
+        """An expression for value a as a tensor: its name, or for a view the code never made
+        (a kernel launch reads it by pointer) a reinterpretation of its root made here."""
+        known = self.values[a]
+        if known.root is None:
+            return known.name
+        root, offset = known.root
+        val = a.meta["val"]
+        return f"reinterpret({root}, {tuple(val.shape)!r}, {tuple(val.stride())!r}, {val.storage_offset() - offset})"
+
+    def pointer(self, a):
+        """An expression for the address of value a's first element."""
+        known = self.values[a]
+        if known.root is None:
+            return f"{known.name}.data_ptr()"
+        root, offset = known.root
+        val = a.meta["val"]
+        delta = (val.storage_offset() - offset) * val.element_size()
+        return f"{root}.data_ptr() + {delta}" if delta else f"{root}.data_ptr()"
 
     def literal(self, a):
         if isinstance(a, torch.fx.Node):
@@ -167,6 +200,8 @@ def _generate(gm, device_index, slow):
     for i, n in enumerate(nodes):
         for a in n.all_input_nodes:
             last_use[a] = i
+    w.death = _Deaths(last_use)
+    unmade = _unmade_views(nodes)
     matters = _layout_matters(nodes)
     placeholders, unused_inputs, body = [], [], []
     output = None
@@ -198,21 +233,18 @@ def _generate(gm, device_index, slow):
             )
             w.values[n] = _Value(w.const(obj, "c"), fixed, _lowbit(obj.data_ptr()) if fixed else None)
         elif n.op == "call_function":
-            body += _call(w, n, name, val, matters)
+            body += _call(w, n, name, val, matters, unmade)
         elif n.op == "output":
             output = n
             break
         else:
             raise NotStraight(f"a {n.op} node")
-        # free each value after its last use (a constant is a global: never deleted)
+        # free each value after its last use (a constant is a global: never deleted; a view
+        # never made has no name)
         dead = [
             w.values[a].name
-            for a in n.all_input_nodes
-            if last_use.get(a) == i
-            and a in w.values
-            and a.op in ("placeholder", "call_function")
-            and w.values[a].root is None
-            and w.values[a].name not in w.roots
+            for a in w.death.at(i)
+            if a in w.values and a.op in ("placeholder", "call_function") and w.values[a].root is None
         ]
         if dead:
             body.append("del " + ", ".join(dead))
@@ -284,20 +316,61 @@ def _layout_matters(nodes):
     return out
 
 
-def _read_by_views_alone(n):
-    """Is every reader of n a view of it that _call makes by reinterpreting (so none ever
-    names n itself)?"""
-    val = n.meta.get("val")
-    return bool(n.users) and all(
+def _unmade_views(nodes):
+    """The views the code never makes: every reader is a kernel launch (which reads the
+    root's pointer plus the view's offset) or a view of it that _call reinterprets from the
+    root directly. A view costs ~1 us of host and a tensor object for the garbage collector
+    to count: batch norm's per-channel parameters seen through three unsqueezes and a
+    permute, a kernel's input seen through a reshape, ~500 a ResNet-50 inference step. _call
+    still makes one whose base has no known layout."""
+    out = set()
+    for n in nodes:
+        if n.op != "call_function" or not _is_view(n.target) or not n.args or not isinstance(n.args[0], torch.fx.Node):
+            continue
+        val, bval = n.meta.get("val"), n.args[0].meta.get("val")
+        if not (has_plain_layout(val) and has_plain_layout(bval) and val.dtype == bval.dtype):
+            continue
+        if n.users and all(_runner_of(u) is not None or _reinterpreted_view_of(u, n) for u in n.users):
+            out.add(n)
+    return out
+
+
+def _reinterpreted_view_of(u, n):
+    """Is u a view of n alone, of the same dtype and a plain layout (made by reinterpreting)?"""
+    return (
         u.op == "call_function"
         and _is_view(u.target)
         and u.args
         and u.args[0] is n
         and len(u.all_input_nodes) == 1
         and has_plain_layout(u.meta.get("val"))
-        and u.meta["val"].dtype == val.dtype
-        for u in n.users
+        and u.meta["val"].dtype == n.meta["val"].dtype
     )
+
+
+class _Deaths:
+    """When each value is deleted: after its last reader, or, for the root of views never
+    made, after the last reader of any of them (extended as each such view is written)."""
+
+    def __init__(self, last_use):
+        self.when = dict(last_use)
+        self.by_index = {}
+        for a, i in last_use.items():
+            self.by_index.setdefault(i, set()).add(a)
+
+    def extend(self, root, view):
+        """root (a node) lives as long as view, which is read through it."""
+        i, j = self.when.get(root), self.when.get(view)
+        if j is None or (i is not None and i >= j):
+            return
+        if i is not None:
+            self.by_index[i].discard(root)
+        self.when[root] = j
+        self.by_index.setdefault(j, set()).add(root)
+
+    def at(self, i):
+        """The values deleted after node i, in a fixed order (by name)."""
+        return sorted(self.by_index.get(i, ()), key=lambda a: a.name)
 
 
 def _runner_of(n):
@@ -305,7 +378,7 @@ def _runner_of(n):
     return runner if isinstance(runner, runtime.GroupRunner) else None
 
 
-def _call(w, n, name, val, matters):
+def _call(w, n, name, val, matters, unmade):
     runner = _runner_of(n)
     if runner is not None:
         return _launch(w, n, runner)
@@ -321,17 +394,15 @@ def _call(w, n, name, val, matters):
             root, offset = known.root or (known.name, bval.storage_offset())
             delta = val.storage_offset() - offset
             align = None if known.align is None else min(known.align, _lowbit(delta * val.element_size()))
-            if (known.root is not None or base.op == "placeholder") and _read_by_views_alone(n):
-                # a view only views read (batch norm's per-channel parameters: three unsqueezes
-                # and a permute, ~1 us each, a thousand a ResNet-50 step): never made; each view
-                # of it is made from the input directly, which stays referenced to the end
+            if n in unmade:  # read by pointer, or through views made from its root
                 w.values[n] = _Value(name, True, align, (root, offset))
-                w.roots.add(root)
+                w.root_node[n] = w.root_node.get(base, base)
+                w.death.extend(w.root_node[n], n)
                 return []
             w.values[n] = _Value(name, True, align)
             return [f"{name} = reinterpret({root}, {tuple(val.shape)!r}, " f"{tuple(val.stride())!r}, {delta})"]
     args = ", ".join([w.literal(a) for a in n.args] + [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
-    fn = w.const(n.target, "f")
+    fn = w.const(_BINDINGS.get(n.target, n.target) if not n.kwargs else n.target, "f")
     fresh = has_plain_layout(val) and not _returns_alias(n.target)
     if n.target is operator.getitem:
         src = n.args[0]
@@ -375,7 +446,7 @@ def _launch(w, n, runner):
                 runner._check_strides(i, val)
             except runtime._Layout as e:
                 raise NotStraight(f"{runner.name}: {e}") from None
-        p = f"{known.name}.data_ptr()"
+        p = w.pointer(x)
         need = b.in_align[i]
         if known.align is None or known.align % need:
             pname = f"{w.names[n]}_p{i}"
@@ -430,7 +501,7 @@ def _launch(w, n, runner):
         return launch_lines
     # A graph input (or a view of one) the kernel reads: its alignment is the caller's.
     eager_outs = ", ".join(names) + ("," if len(names) == 1 else "")
-    xs_src = "[" + ", ".join(w.values[x].name for x in xs) + "]"
+    xs_src = "[" + ", ".join(w.tensor(x) for x in xs) + "]"
     test = " or ".join(f"{pn} & {mask}" for pn, _, mask in runtime_align)
     lines = [f"{pn} = {p}" for pn, p, _ in runtime_align]
     lines.append(f"if {test}:")
