@@ -78,11 +78,13 @@ static fm_skinny_config to_skinny(const fm_candidate *k) {
 }
 
 static fm_candidate from_cols(fm_cols_config c) {
-  return (fm_candidate){.tmpl = FM_TMPL_COLS, .p = {c.width, c.cluster, c.vec, c.unroll, c.block}};
+  return (fm_candidate){.tmpl = FM_TMPL_COLS,
+                        .p = {c.width, c.cluster, c.vec, c.unroll, c.block, c.split > 1 ? c.split : 0}};
 }
 
 static fm_cols_config to_cols(const fm_candidate *k) {
-  return (fm_cols_config){.width = k->p[0], .cluster = k->p[1], .vec = k->p[2], .unroll = k->p[3], .block = k->p[4]};
+  return (fm_cols_config){
+      .width = k->p[0], .cluster = k->p[1], .vec = k->p[2], .unroll = k->p[3], .block = k->p[4], .split = k->p[5]};
 }
 
 static fm_candidate from_b2b(fm_b2b_config c) { return (fm_candidate){.tmpl = FM_TMPL_B2B, .p = {c.bm, c.form}}; }
@@ -174,8 +176,8 @@ static void rows_describe(const fm_candidate *c, char *out, size_t cap) {
 
 /* cols */
 static size_t cols_list(const fm_fragment *canon, fm_candidate *out, size_t max) {
-  fm_cols_config cc[32];
-  size_t m = fm_codegen_cols_candidates(canon, cc, 32), n = 0;
+  fm_cols_config cc[48];
+  size_t m = fm_codegen_cols_candidates(canon, cc, 48), n = 0;
   for (size_t i = 0; i < m && n < max; i++) out[n++] = from_cols(cc[i]);
   return n;
 }
@@ -190,8 +192,10 @@ static int cols_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d)
 }
 static void cols_describe(const fm_candidate *c, char *out, size_t cap) {
   fm_cols_config cc = to_cols(c);
-  snprintf(out, cap, "cols width=%u cluster=%u vec=%u unroll=%u block=%u", cc.width, cc.cluster, cc.vec, cc.unroll,
-           cc.block);
+  char split[24] = "";
+  if (cc.split > 1) snprintf(split, sizeof split, " split=%u", cc.split);
+  snprintf(out, cap, "cols width=%u cluster=%u vec=%u unroll=%u block=%u%s", cc.width, cc.cluster, cc.vec, cc.unroll,
+           cc.block, split);
 }
 static runs_where cols_runs(const fm_candidate *c) { return to_cols(c).cluster > 1 ? RUNS_SM90_UP : RUNS_ANYWHERE; }
 

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 30 /* what each version changed: codegen/CHANGES.md */
+#define FM_CODEGEN_VERSION 31 /* what each version changed: codegen/CHANGES.md */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -132,7 +132,7 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
  * stores: deterministic, one launch, no scratch, no atomics. Launch metadata: kind "columns",
  * grid rule "columns", cluster [1, S, 1] when S > 1 (fm_meta.h). */
 
-/* One point of the cols template's tuning space (candidate p[0..4], in this order). */
+/* One point of the cols template's tuning space (candidate p[0..5], in this order). */
 typedef struct fm_cols_config {
   uint32_t width;   /* columns per block (its strip): a power of two, 8..1024, <= block;
                          the candidates take 16..256 */
@@ -141,6 +141,8 @@ typedef struct fm_cols_config {
   uint32_t unroll;  /* rows a thread loads before it adds them: 1..8 (candidates: 8, or 4
                          when that is more than 32 bytes of registers a row) */
   uint32_t block;   /* threads per block: 128..1024, a multiple of width / vec */
+  uint32_t split;   /* G: groups of clusters sharing the rows, their partials added by a second
+                         kernel (fm_meta.h, finish); 0 or 1: one kernel. A power of two <= 256 */
 } fm_cols_config;
 
 fm_cols_config fm_codegen_cols_default(const fm_fragment *canon);

@@ -12,21 +12,35 @@
  * order, then (S > 1) rank 0 adds the other blocks' results through distributed shared
  * memory in rank order, between two cluster barriers (the second keeps every block alive
  * until rank 0 has read it), and runs the per-column epilogue and the stores. The result is
- * deterministic; one launch, no scratch, no atomics. M = 0 still writes every output. */
+ * deterministic; one launch, no scratch, no atomics. M = 0 still writes every output.
+ *
+ * The split form (G > 1 groups): with few columns the strips times the cluster are too few
+ * blocks to fill the GPU (64 channels of a batch norm over 800k rows: 8 blocks at most, 50 us
+ * where the bytes take 25). G clusters then share the rows (block y of the grid takes rows
+ * y * TY + ty, stepping by G * S * TY), each cluster's rank 0 writes its fp32 partials to a
+ * scratch buffer the caller allocates ([G][reductions][N]), and a second kernel (one thread
+ * per column) adds the G partials in group order and runs the epilogue: still deterministic,
+ * no atomics, two launches (fm_meta.h, finish). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fm_codegen_cols.h"
 
-#define MAX_SOURCE    (1u << 20)
-#define MAX_SMEM      (48u * 1024u) /* static shared memory */
-#define DEFAULT_BLOCK 256u
+#define MAX_SOURCE          (1u << 20)
+#define MAX_SMEM            (48u * 1024u) /* static shared memory */
+#define DEFAULT_BLOCK       256u
+#define FINISH_BLOCK        256u
+#define MAX_GROUPS          256u
+/* The blocks a split form aims at: two waves of the largest GPUs' SMs (132 on an H100 or
+ * H200); the tuner times the candidates, so the figure only picks which to time. */
+#define SPLIT_TARGET_BLOCKS 264u
 
 /* The shape of one kernel. */
 typedef struct shape {
   uint32_t w, s, v, u, block; /* strip width, cluster, columns per thread, unroll, threads */
   uint32_t tx, ty;            /* threads across the strip, rows at a time */
+  uint32_t g;                 /* groups of clusters sharing the rows (1: not split) */
 } shape;
 
 static int pow2(uint32_t x) { return x && !(x & (x - 1)); }
@@ -41,11 +55,14 @@ static int make_shape(const fm_cg_cols_plan *cp, const fm_cols_config *c, shape 
   if (c->unroll < 1 || c->unroll > 8) return fm_diag_set(d, FM_EINVAL, "config: unroll %u is not in 1..8", c->unroll);
   if (c->block < 32 || c->block > 1024 || c->block % 32)
     return fm_diag_set(d, FM_EINVAL, "config: block %u is not a multiple of 32 in 32..1024", c->block);
+  if (c->split > 1 && (!pow2(c->split) || c->split > MAX_GROUPS))
+    return fm_diag_set(d, FM_EINVAL, "config: split %u is not 0, 1 or a power of two up to %u", c->split, MAX_GROUPS);
   s->w = c->width;
   s->s = c->cluster;
   s->v = c->vec;
   s->u = c->unroll;
   s->block = c->block;
+  s->g = c->split > 1 ? c->split : 1;
   s->tx = c->width / c->vec;
   if (s->tx == 0 || c->block % s->tx || c->width > c->block)
     return fm_diag_set(d, FM_EINVAL, "config: %u threads cannot cover a strip of %u columns, %u each", c->block,
@@ -130,7 +147,7 @@ static uint32_t access_bytes(const fm_cg_plan *p, uint32_t k, const shape *s) {
 static void emit_rows(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const shape *s,
                       uint32_t u_count) {
   const fm_cg_plan *p = &cp->base;
-  const uint32_t step = s->s * s->ty;
+  const uint32_t step = s->g * s->s * s->ty;
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!p->live[k] || cp->cls[k] != FM_COLS_SPACE) continue;
     if (p->rowval[k] && s->v > 1) {
@@ -202,7 +219,7 @@ static void emit_rows(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan
 /* Steps 1 and 2, for the thread's columns n0 .. n0 + V - 1 (all inside: N % V == 0). */
 static void emit_accumulate(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const shape *s) {
   const fm_cg_plan *p = &cp->base;
-  const uint32_t step = s->s * s->ty;
+  const uint32_t step = s->g * s->s * s->ty;
   fm_strbuf_printf(sb, "  if (n0 < %lldLL) {\n", (long long)cp->info.n);
   int pre = 0;
   for (uint32_t v = 0; v < p->n_in + p->n_ops; v++) pre |= cp->loop[v] && cp->cls[v] == FM_COLS_PRE;
@@ -222,12 +239,20 @@ static void emit_accumulate(fm_strbuf *sb, const fm_fragment *f, const fm_cg_col
   }
   for (uint32_t i = 0; i < p->n_ops; i++)
     if (cp->loop[p->n_in + i] && cp->cls[p->n_in + i] == FM_COLS_PRE) emit_value(sb, f, p, i, s->v, "    ");
-  if (s->s > 1)
-    fm_strbuf_printf(sb, "    /* 2. the rows: rank * %u + ty, stepping by %u (the cluster's %u blocks share them) */\n",
-                     s->ty, step, s->s);
-  else
-    fm_strbuf_printf(sb, "    /* 2. the rows: ty, stepping by %u */\n", step);
-  fm_strbuf_printf(sb, "    long long m = (long long)rank * %u + ty;\n", s->ty);
+  if (s->g > 1) {
+    fm_strbuf_printf(
+        sb, "    /* 2. the rows: blockIdx.y * %u + ty, stepping by %u (%u groups of %u blocks share them) */\n", s->ty,
+        step, s->g, s->s);
+    fm_strbuf_printf(sb, "    long long m = (long long)blockIdx.y * %u + ty;\n", s->ty);
+  } else {
+    if (s->s > 1)
+      fm_strbuf_printf(sb,
+                       "    /* 2. the rows: rank * %u + ty, stepping by %u (the cluster's %u blocks share them) */\n",
+                       s->ty, step, s->s);
+    else
+      fm_strbuf_printf(sb, "    /* 2. the rows: ty, stepping by %u */\n", step);
+    fm_strbuf_printf(sb, "    long long m = (long long)rank * %u + ty;\n", s->ty);
+  }
   if (s->u > 1) {
     fm_strbuf_printf(sb, "    for (; m + %lldLL < M; m += %lldLL) {\n", (long long)(s->u - 1) * step,
                      (long long)s->u * step);
@@ -317,17 +342,10 @@ static void emit_fold(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan
   fm_strbuf_append(sb, "    }\n  }\n  fm_cluster_sync();   /* no block leaves while rank 0 may still read it */\n");
 }
 
-/* Step 5: rank 0's thread c: column n = strip * W + c, its per-column values recomputed as
- * one number each (epi: the plan with nothing varying), then every output once. */
-static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const fm_cg_plan *epi,
-                          const shape *s) {
+/* Column n's per-column values recomputed as one number each (epi: the plan with nothing
+ * varying) from its reductions' results fm_c<pos>, then every output once. */
+static void emit_column_outputs(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const fm_cg_plan *epi) {
   const fm_cg_plan *p = &cp->base;
-  fm_strbuf_printf(sb,
-                   "  /* 5. the per-column epilogue and the stores, each output once */\n"
-                   "  if (rank == 0 && threadIdx.x < W) {\n"
-                   "    const long long n = (long long)blockIdx.x * W + threadIdx.x;\n"
-                   "    if (n < %lldLL) {\n",
-                   (long long)cp->info.n);
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (!cp->epi[k] || cp->cls[k] != FM_COLS_PRE) continue;
     char e[64];
@@ -359,17 +377,85 @@ static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_
     fm_cg_emit_encode(sb, t->dtype, p->vdt[t->value], v);
     fm_strbuf_append(sb, ";\n");
   }
+}
+
+/* Step 5: rank 0's thread c takes column n = strip * W + c: the epilogue and the stores or,
+ * split, the cluster's partials into the scratch (group blockIdx.y / S). */
+static void emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const fm_cg_plan *epi,
+                          const shape *s) {
+  const fm_cg_plan *p = &cp->base;
+  fm_strbuf_printf(sb,
+                   "  /* 5. %s */\n"
+                   "  if (rank == 0 && threadIdx.x < W) {\n"
+                   "    const long long n = (long long)blockIdx.x * W + threadIdx.x;\n"
+                   "    if (n < %lldLL) {\n",
+                   s->g > 1 ? "the cluster's partials, to be added by the finishing kernel"
+                            : "the per-column epilogue and the stores, each output once",
+                   (long long)cp->info.n);
+  if (s->g > 1) {
+    fm_strbuf_printf(sb, "      float *part = fm_scratch + (long long)(blockIdx.y / %u) * %lldLL + n;\n", s->s,
+                     (long long)cp->n_red * cp->info.n);
+    uint32_t r = 0;
+    for (uint32_t i = 0; i < p->n_ops; i++)
+      if (p->live[p->n_in + i] && is_reduce(f, i))
+        fm_strbuf_printf(sb, "      part[%lldLL] = fm_c%u;\n", (long long)(r++) * cp->info.n, p->n_in + i);
+  } else {
+    emit_column_outputs(sb, f, cp, epi);
+  }
   fm_strbuf_append(sb, "    }\n  }\n}\n");
+}
+
+/* `M`: the launch's outer, or the static M. */
+static void emit_rows_count(fm_strbuf *sb, const fm_cg_cols_plan *cp) {
+  if (cp->base.symbolic)
+    fm_strbuf_append(sb, "  const long long M = outer;\n");
+  else
+    fm_strbuf_printf(sb, "  const long long M = %lldLL;\n  (void)outer;\n", (long long)cp->info.m);
+}
+
+/* The split form's second kernel: a thread per column adds the G groups' partials of each
+ * reduction in group order, then runs the epilogue and the stores. */
+static void emit_finish(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const fm_cg_plan *epi,
+                        const shape *s, const char *entry) {
+  const fm_cg_plan *p = &cp->base;
+  fm_cg_emit_signature_scratch(sb, p, FINISH_BLOCK, 0, entry);
+  emit_rows_count(sb, cp);
+  fm_strbuf_printf(sb,
+                   "  (void)M;\n"
+                   "  const long long n = (long long)blockIdx.x * %u + threadIdx.x;\n"
+                   "  if (n >= %lldLL) return;\n",
+                   FINISH_BLOCK, (long long)cp->info.n);
+  uint32_t r = 0;
+  for (uint32_t i = 0; i < p->n_ops; i++) {
+    uint32_t pos = p->n_in + i;
+    if (!p->live[pos] || !is_reduce(f, i)) continue;
+    char e[96], term[96];
+    snprintf(term, sizeof term, "fm_scratch[(long long)g * %lldLL + %lldLL + n]", (long long)cp->n_red * cp->info.n,
+             (long long)r * cp->info.n);
+    combine(e, sizeof e, f->ops[i].op == FM_OP_AMAX, "t", term);
+    fm_strbuf_printf(sb,
+                     "  float fm_c%u;  /* %s: the groups' partials, in group order */\n"
+                     "  {\n"
+                     "    float t = fm_scratch[%lldLL + n];\n"
+                     "    for (int g = 1; g < %u; ++g) t = %s;\n"
+                     "    fm_c%u = t;\n"
+                     "  }\n",
+                     pos, fm_op_name(f->ops[i].op), (long long)r * cp->info.n, s->g, e, pos);
+    r++;
+  }
+  fm_strbuf_append(sb, "  {\n");
+  emit_column_outputs(sb, f, cp, epi);
+  fm_strbuf_append(sb, "  }\n}\n");
 }
 
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const fm_cg_cols_plan *cp, const fm_cg_plan *epi,
                         const shape *s, const char *entry) {
   const fm_cg_plan *p = &cp->base;
-  fm_cg_emit_signature(sb, p, s->block, s->s, entry);
-  if (p->symbolic)
-    fm_strbuf_append(sb, "  const long long M = outer;\n");
+  if (s->g > 1)
+    fm_cg_emit_signature_scratch(sb, p, s->block, s->s, entry);
   else
-    fm_strbuf_printf(sb, "  const long long M = %lldLL;\n  (void)outer;\n", (long long)cp->info.m);
+    fm_cg_emit_signature(sb, p, s->block, s->s, entry);
+  emit_rows_count(sb, cp);
   fm_strbuf_printf(sb,
                    "  constexpr int W = %u;   /* columns of the strip */\n"
                    "  const int tx = threadIdx.x %% %u, ty = threadIdx.x / %u;\n"
@@ -402,7 +488,7 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   fm_cg_plan *epi = NULL;
   int rc = FM_OK;
   shape s = {0};
-  char entry[FM_META_ENTRY_MAX], m_text[32];
+  char entry[FM_META_ENTRY_MAX], finish[FM_META_ENTRY_MAX], m_text[32];
   (void)sm_count; /* the grid is the strips times the cluster: no cap to size */
   if (!canon || !src || !meta) return fm_diag_set(d, FM_EINVAL, "codegen: NULL argument");
   *src = NULL;
@@ -419,6 +505,7 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   *epi = cp->base;
   memset(epi->rowval, 0, sizeof epi->rowval); /* the epilogue holds one column per thread */
   snprintf(entry, sizeof entry, "fm_cols_v%d", FM_CODEGEN_VERSION);
+  snprintf(finish, sizeof finish, "fm_cols_v%d_finish", FM_CODEGEN_VERSION);
   if (cp->base.symbolic)
     snprintf(m_text, sizeof m_text, "M");
   else
@@ -435,6 +522,10 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   if (s.s > 1) emit_cluster_helpers(&sb);
   fm_strbuf_append(&sb, "/* ---- the kernel ---- */\n");
   emit_kernel(&sb, canon, cp, epi, &s, entry);
+  if (s.g > 1) {
+    fm_strbuf_printf(&sb, "/* ---- the finishing kernel: %u groups' partials per column ---- */\n", s.g);
+    emit_finish(&sb, canon, cp, epi, &s, finish);
+  }
   if (fm_strbuf_error(&sb)) {
     rc = fm_diag_set(d, FM_ECODEGEN, "codegen: source buffer: %s", fm_strerror(fm_strbuf_error(&sb)));
     goto out;
@@ -447,6 +538,13 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
   if (s.s > 1) {
     meta->cluster[0] = meta->cluster[2] = 1;
     meta->cluster[1] = s.s;
+  }
+  if (s.g > 1) {
+    snprintf(meta->finish.entry, sizeof meta->finish.entry, "%s", finish);
+    meta->finish.block = FINISH_BLOCK;
+    meta->finish.grid = (uint32_t)(((uint64_t)cp->info.n + FINISH_BLOCK - 1) / FINISH_BLOCK);
+    meta->finish.groups = s.g;
+    meta->finish.scratch = ((uint64_t)s.g * cp->n_red * (uint64_t)cp->info.n * 4 + 255) & ~(uint64_t)255;
   }
   *src = fm_strbuf_take(&sb);
   if (!*src) rc = fm_diag_set(d, FM_ENOMEM, "codegen: out of memory");
@@ -486,10 +584,22 @@ fm_cols_config fm_codegen_cols_default(const fm_fragment *canon) {
   return c;
 }
 
+/* The groups a split form of config c takes: enough that the strips times the cluster times
+ * the groups reach SPLIT_TARGET_BLOCKS, each block still adding at least `unroll` rows of
+ * each thread's; 1 (no split) where the strips and clusters are enough or M too short. */
+static uint32_t split_groups(const fm_cg_cols_plan *cp, const fm_cols_config *c, const shape *s) {
+  uint64_t blocks = ((uint64_t)cp->info.n + c->width - 1) / c->width * c->cluster, g = 1;
+  while (blocks * g < SPLIT_TARGET_BLOCKS && g < MAX_GROUPS) g *= 2;
+  if (!cp->base.symbolic)
+    while (g > 1 && (uint64_t)cp->info.m < g * c->cluster * s->ty * c->unroll) g /= 2;
+  return (uint32_t)g;
+}
+
 /* The default first; then strips of 16..256 columns (none with more than half of it past N)
  * times clusters of 1, 2, 4 and 8 blocks (a static M gives each block rows to add). On an
  * H100 the clusters win (S 8 at [16384, 1024] bf16: 0.0197 ms, S 1: 0.069 ms); S 1 stays for
- * the GPUs without clusters. */
+ * the GPUs without clusters. Where those leave the GPU short of blocks (fewer than 528
+ * columns), the split form of strips of 16, 32 and 64 with clusters of 1 and 8. */
 size_t fm_codegen_cols_candidates(const fm_fragment *canon, fm_cols_config *out, size_t max) {
   static const uint32_t widths[] = {16, 32, 64, 128, 256}, clusters[] = {1, 2, 4, 8};
   size_t n = 0;
@@ -506,6 +616,19 @@ size_t fm_codegen_cols_candidates(const fm_fragment *canon, fm_cols_config *out,
       if (make_shape(cp, &c, &s, NULL) != FM_OK) continue;
       if (c.cluster > 1 && !cp->base.symbolic && cp->info.m < (int64_t)c.cluster * s.ty) continue;
       if (!memcmp(&c, &def, sizeof c)) continue;
+      if (n == max) goto done;
+      out[n++] = c;
+    }
+  /* split: only where the narrowest strips in clusters of 8 are too few blocks, in strips
+     of at most 64 columns */
+  uint64_t most = ((uint64_t)cp->info.n + 15) / 16 * 8;
+  for (size_t wi = 0; most < SPLIT_TARGET_BLOCKS && wi < 3; wi++)
+    for (uint32_t si = 1; si <= 8; si += 7) {
+      fm_cols_config c = config(cp, widths[wi], si);
+      shape s = {0};
+      if (wi > 0 && (int64_t)widths[wi] / 2 >= cp->info.n) continue;
+      if (make_shape(cp, &c, &s, NULL) != FM_OK) continue;
+      if ((c.split = split_groups(cp, &c, &s)) < 2) continue;
       if (n == max) goto done;
       out[n++] = c;
     }

@@ -106,6 +106,10 @@ const char *fm_cg_put_fn(fm_dtype dt);
  * entry(` then a pointer per input and output (in<k>, out<k>) and `long long outer) {`;
  * cluster_y <= 1: no cluster. */
 void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y, const char *entry);
+/* The same with `float *__restrict__ fm_scratch` after outer: a split column reduction's
+ * partial sums (fm_meta.h, finish). */
+void fm_cg_emit_signature_scratch(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y,
+                                  const char *entry);
 
 /* Launch metadata of a one-dimensional block of `block` threads: cleared, then kind, grid
  * rule, entry symbol, block and the plan's input and output counts (the caller adds the grid

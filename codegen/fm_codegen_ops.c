@@ -582,7 +582,8 @@ const char *fm_cg_put_fn(fm_dtype dt) {
   return s == 4 ? "fm_put_f32" : s == 2 ? "fm_put_u16" : "fm_put_u8";
 }
 
-void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y, const char *entry) {
+static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y, const char *entry,
+                           const char *last) {
   fm_strbuf_append(sb, "extern \"C\" __global__ void ");
   if (cluster_y > 1) fm_strbuf_printf(sb, "__cluster_dims__(1, %u, 1) ", cluster_y);
   fm_strbuf_printf(sb, "__launch_bounds__(%u) %s(\n", block, entry);
@@ -590,7 +591,16 @@ void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, ui
     fm_strbuf_printf(sb, "    const %s *__restrict__ in%u,\n", fm_cg_storage_type(p->t[k].dtype), k);
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "    %s *__restrict__ out%u,\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "    long long outer) {\n");
+  fm_strbuf_append(sb, last);
+}
+
+void fm_cg_emit_signature(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y, const char *entry) {
+  emit_signature(sb, p, block, cluster_y, entry, "    long long outer) {\n");
+}
+
+void fm_cg_emit_signature_scratch(fm_strbuf *sb, const fm_cg_plan *p, uint32_t block, uint32_t cluster_y,
+                                  const char *entry) {
+  emit_signature(sb, p, block, cluster_y, entry, "    long long outer,\n    float *__restrict__ fm_scratch) {\n");
 }
 
 void fm_cg_meta_begin(fm_kernel_meta *m, const char *kind, const char *rule, const char *entry, uint32_t block,

@@ -18,6 +18,7 @@ struct fm_module {
   int retained_primary; /* holds a reference to device 0's primary context */
   fm_CUmodule mod;
   fm_CUfunction fn;
+  fm_CUfunction finish; /* a split column reduction's second kernel (meta.finish), or NULL */
   fm_kernel_meta meta;
   fm_blas *blas; /* kind "cublaslt": the plan (fm_blas.h) */
   /* The last tensor map encoded per metadata entry, reused while its input's address and
@@ -107,10 +108,12 @@ int fm_module_load(const fm_compiled *k, fm_module **out, fm_diag *d) {
     err = fm_cuda_fail(cu, r, "cuModuleLoadData", d);
     goto fail;
   }
-  if ((r = cu->cuModuleGetFunction(&m->fn, m->mod, k->meta.entry)) != 0) {
+  if ((r = cu->cuModuleGetFunction(&m->fn, m->mod, k->meta.entry)) != 0 ||
+      (k->meta.finish.entry[0] && (r = cu->cuModuleGetFunction(&m->finish, m->mod, k->meta.finish.entry)) != 0)) {
     fm_diag why;
     fm_cuda_fail(cu, r, "cuModuleGetFunction", &why);
-    err = fm_diag_set(d, FM_ECUDA, "%s (entry \"%s\")", why.text, k->meta.entry);
+    err = fm_diag_set(d, FM_ECUDA, "%s (entry \"%s\"%s%s)", why.text, k->meta.entry,
+                      k->meta.finish.entry[0] ? ", finish " : "", k->meta.finish.entry);
     goto fail;
   }
   /* Above 48 KiB of dynamic shared memory a launch fails unless the function opts in. */
@@ -185,7 +188,7 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
   void *params[FM_META_MAX_PARAMS];
   fm_CUtensorMap maps[FM_META_MAX_TMAPS];
   long long outer_arg;
-  void *scratch_result = NULL, *scratch_result2 = NULL;
+  void *scratch_result = NULL, *scratch_result2 = NULL, *partials = NULL;
   uint64_t grid, grid_y, grid_z;
   uint32_t n = 0;
   fm_CUresult r;
@@ -210,6 +213,13 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
     scratch_result = (char *)scratch + fm_meta_scratch_result_offset(&m->meta);
     err = fm_blas_run(m->blas, inputs, m->mod ? scratch_result : outputs[m->meta.blas.out], scratch, outer, stream, d);
     if (err || !m->mod) return err;
+  }
+  if (m->finish) {
+    partials = outputs[m->meta.n_outputs];
+    if (!partials || ((uintptr_t)partials & 255u))
+      return fm_diag_set(d, FM_EINVAL,
+                         "split column reduction: the scratch buffer (outputs[%u]) must be a 256-byte aligned pointer",
+                         m->meta.n_outputs);
   }
   grid = fm_meta_grid_x(&m->meta, outer);
   grid_y = fm_meta_grid_y(&m->meta, outer);
@@ -242,10 +252,16 @@ int fm_module_launch(fm_module *m, void *const *inputs, void *const *outputs, in
     scratch_result2 = (char *)scratch_result + fm_meta_scratch_second_offset(&m->meta, outer);
     params[n++] = &scratch_result2;
   }
+  if (m->finish) params[n++] = &partials; /* both kernels: the groups' partial sums */
 
   r = m->cu->cuLaunchKernel(m->fn, (unsigned)grid, (unsigned)grid_y, (unsigned)grid_z, m->meta.block[0],
                             m->meta.block[1], m->meta.block[2], m->meta.smem, (fm_CUstream)stream, params, NULL);
   if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel", d);
+  if (m->finish) { /* the groups' partials, added per column, and the outputs: same stream, after it */
+    r = m->cu->cuLaunchKernel(m->finish, m->meta.finish.grid, 1, 1, m->meta.finish.block, 1, 1, 0, (fm_CUstream)stream,
+                              params, NULL);
+    if (r != 0) return fm_cuda_fail(m->cu, r, "cuLaunchKernel(finish)", d);
+  }
   return FM_OK;
 }
 

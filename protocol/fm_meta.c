@@ -22,8 +22,13 @@
 
 static int is_split(const fm_kernel_meta *m) { return strcmp(m->blas.form, "split") == 0; }
 
-/* The split form's product parameters: "scratch", and "scratch2" for siblings. */
-static uint32_t n_scratch(const fm_kernel_meta *m) { return is_split(m) ? (m->blas.has_b2 ? 2u : 1u) : 0u; }
+static int has_finish(const fm_kernel_meta *m) { return m->finish.entry[0] != '\0'; }
+
+/* The scratch parameters: a split plan's product ("scratch", and "scratch2" for siblings), a
+ * split column reduction's partials ("scratch"). */
+static uint32_t n_scratch(const fm_kernel_meta *m) {
+  return is_split(m) ? (m->blas.has_b2 ? 2u : 1u) : has_finish(m) ? 1u : 0u;
+}
 
 /* Cluster dim i of the compiled-in cluster (1: none; a struct from codegen may say 0). */
 static uint32_t cluster_dim(const fm_kernel_meta *m, int i) { return m->cluster[i] ? m->cluster[i] : 1u; }
@@ -101,6 +106,7 @@ uint64_t fm_meta_scratch_second_offset(const fm_kernel_meta *m, int64_t outer) {
 }
 
 uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer) {
+  if (m && has_finish(m)) return m->finish.scratch;
   if (!m || !m->blas.form[0]) return 0;
   uint64_t fixed = scratch_fixed(m);
   if (!is_split(m)) return fixed;
@@ -118,7 +124,8 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   if (!m || !pk || m->n_inputs > FM_MAX_INPUTS || m->n_outputs > FM_MAX_OUTPUTS) return FM_EINVAL;
   if (m->n_tmaps > FM_META_MAX_TMAPS) return FM_EINVAL;
   int split = is_split(m);
-  int rc = msgpack_pack_map(pk, 9 + (has_cluster(m) ? 1 : 0) + (m->n_tmaps ? 1 : 0) + (m->blas.form[0] ? 1 : 0));
+  int rc = msgpack_pack_map(
+      pk, 9 + (has_cluster(m) ? 1 : 0) + (has_finish(m) ? 1 : 0) + (m->n_tmaps ? 1 : 0) + (m->blas.form[0] ? 1 : 0));
   fm_pack_kv_cstr(pk, "kind", m->kind);
   fm_pack_kv_cstr(pk, "entry", m->entry);
   fm_pack_cstr(pk, "block");
@@ -140,12 +147,21 @@ int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk) {
   for (uint32_t i = 0; i < m->n_outputs; i++) fm_pack_cstr(pk, "out");
   fm_pack_cstr(pk, "outer");
   for (uint32_t i = 0; i < m->n_tmaps; i++) fm_pack_cstr(pk, "tmap");
-  if (split) fm_pack_cstr(pk, "scratch");
+  if (split || has_finish(m)) fm_pack_cstr(pk, "scratch");
   if (split && m->blas.has_b2) fm_pack_cstr(pk, "scratch2");
   if (has_cluster(m)) { /* only where there is one: every other kernel's bytes stay as they were */
     fm_pack_cstr(pk, "cluster");
     rc |= msgpack_pack_array(pk, 3);
     for (int i = 0; i < 3; i++) rc |= msgpack_pack_uint32(pk, cluster_dim(m, i));
+  }
+  if (has_finish(m)) {
+    fm_pack_cstr(pk, "finish");
+    rc |= msgpack_pack_map(pk, 5);
+    fm_pack_kv_cstr(pk, "entry", m->finish.entry);
+    fm_pack_kv_u64(pk, "block", m->finish.block);
+    fm_pack_kv_u64(pk, "grid", m->finish.grid);
+    fm_pack_kv_u64(pk, "groups", m->finish.groups);
+    fm_pack_kv_u64(pk, "scratch", m->finish.scratch);
   }
   if (m->n_tmaps) {
     fm_pack_cstr(pk, "tmaps");
@@ -232,6 +248,38 @@ static int unpack_cluster(const msgpack_object *obj, fm_kernel_meta *m, fm_diag 
                        "meta: cluster [%u, %u, %u] with grid rule '%s' (only 'columns' takes "
                        "one: [1, S, 1])",
                        m->cluster[0], m->cluster[1], m->cluster[2], m->grid_rule);
+  return FM_OK;
+}
+
+#define FINISH_MAX_SCRATCH ((uint64_t)1 << 32)
+
+/* A split column reduction's second kernel: rule "columns" only; its grid and the groups'
+ * scratch are bounded, so no reply can make a client launch a runaway grid or allocate
+ * without bound (the partials: groups x reductions x N fp32, at most 4 GiB). */
+static int unpack_finish(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
+  const msgpack_object *o = fm_msg_get(obj, "finish");
+  fm_meta_finish *f = &m->finish;
+  uint64_t grid, groups;
+  int rc;
+  if (!o) return FM_OK;
+  if (o->type != MSGPACK_OBJECT_MAP) return fm_diag_set(d, FM_ESCHEMA, "meta: 'finish' must be a map");
+  if (strcmp(m->grid_rule, RULE_COLUMNS) != 0)
+    return fm_diag_set(d, FM_ESCHEMA, "meta: 'finish' with grid rule '%s' (only 'columns' takes one)", m->grid_rule);
+  if ((rc = required(fm_msg_copy_str(o, "entry", f->entry, sizeof f->entry, d), "meta.finish", d))) return rc;
+  if (!f->entry[0]) return fm_diag_set(d, FM_ESCHEMA, "meta.finish: 'entry' is empty");
+  if ((rc = get_u32(o, "block", "meta.finish", &f->block, d))) return rc;
+  if (f->block < 32 || f->block > MAX_BLOCK_THREADS || f->block % 32)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.finish: block %u (a multiple of 32 up to %u)", f->block, MAX_BLOCK_THREADS);
+  if ((rc = required(fm_msg_get_u64(o, "grid", &grid, d), "meta.finish", d))) return rc;
+  if ((rc = required(fm_msg_get_u64(o, "groups", &groups, d), "meta.finish", d))) return rc;
+  if (grid < 1 || grid > 0x7fffffffu) return fm_diag_set(d, FM_ESCHEMA, "meta.finish: grid %" PRIu64, grid);
+  if (groups < 2 || groups > FM_META_MAX_GROUPS)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.finish: groups %" PRIu64 " (2..%u)", groups, FM_META_MAX_GROUPS);
+  f->grid = (uint32_t)grid;
+  f->groups = (uint32_t)groups;
+  if ((rc = required(fm_msg_get_u64(o, "scratch", &f->scratch, d), "meta.finish", d))) return rc;
+  if (f->scratch == 0 || f->scratch > FINISH_MAX_SCRATCH)
+    return fm_diag_set(d, FM_ESCHEMA, "meta.finish: scratch of %" PRIu64 " bytes", f->scratch);
   return FM_OK;
 }
 
@@ -429,7 +477,8 @@ static int check_plan(const fm_kernel_meta *m, fm_diag *d) {
 }
 
 /* params must be exactly the documented order: "in" x n_inputs, "out" x n_outputs, "outer",
- * "tmap" x n_tmaps, then "scratch" (and "scratch2") for a split cuBLASLt plan. */
+ * "tmap" x n_tmaps, then "scratch" (and "scratch2") for a split cuBLASLt plan or a split
+ * column reduction. */
 static int check_params(const msgpack_object *obj, const fm_kernel_meta *m, fm_diag *d) {
   const msgpack_object *p = fm_msg_get(obj, "params");
   uint32_t ns = n_scratch(m), n = m->n_inputs + m->n_outputs + 1 + m->n_tmaps + ns;
@@ -466,6 +515,7 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d) {
     return fm_diag_set(d, FM_ESCHEMA, "meta: %u inputs / %u outputs exceed %d / %d", m->n_inputs, m->n_outputs,
                        FM_MAX_INPUTS, FM_MAX_OUTPUTS);
   if ((rc = unpack_cluster(obj, m, d))) return rc;
+  if ((rc = unpack_finish(obj, m, d))) return rc;
   if ((rc = unpack_tmaps(obj, m, d))) return rc;
   if ((rc = unpack_blas(obj, m, d))) return rc;
   if ((rc = check_plan(m, d))) return rc;
@@ -485,12 +535,13 @@ static int is_batched(const fm_kernel_meta *m) { return strncmp(m->grid_rule, RU
 static int is_columns(const fm_kernel_meta *m) { return strncmp(m->grid_rule, RULE_COLUMNS, sizeof m->grid_rule) == 0; }
 
 /* "columns": a block per strip of columns (max_blocks strips) times the cluster's S blocks
- * sharing its rows (grid.y); launched for every M >= 0, M = 0 too (the results are still
- * written: sum 0, mean NaN, amax -inf). */
+ * sharing its rows, times the G groups of a split reduction (grid.y); launched for every
+ * M >= 0, M = 0 too (the results are still written: sum 0, mean NaN, amax -inf). */
 static uint64_t columns_grid(const fm_kernel_meta *m, int64_t outer, int dim) {
   int64_t o = m->outer >= 0 ? m->outer : outer;
   if (o < 0 || m->max_blocks == 0) return 0;
-  return dim == 0 ? m->max_blocks : dim == 1 ? cluster_dim(m, 1) : 1;
+  uint64_t groups = has_finish(m) ? m->finish.groups : 1;
+  return dim == 0 ? m->max_blocks : dim == 1 ? cluster_dim(m, 1) * groups : 1;
 }
 
 /* "batched": the products (grid.z) of the launch: outer, or the static batch. */

@@ -34,8 +34,21 @@
  * [M, N] space): inner is N, items_per_block the columns of one block's strip, max_blocks the
  * strips (ceil(N / items_per_block)); the M rows of a strip are shared by the S blocks of a
  * thread block cluster along y (the kernel's compiled-in cluster, key `cluster` below):
- *   grid.x = max_blocks;  grid.y = S (cluster[1], 1 without a cluster);  grid.z = 1
- * launched for every M = outer >= 0, 0 included (the outputs are still written).
+ *   grid.x = max_blocks;  grid.y = S (cluster[1], 1 without a cluster) * G;  grid.z = 1
+ * launched for every M = outer >= 0, 0 included (the outputs are still written). G is 1
+ * unless the key `finish` (below) says otherwise.
+ *
+ * Split column reductions: an optional key (after cluster, before tmaps and blas)
+ *   finish: {entry: str, block: u32, grid: u32, groups: u32, scratch: u64}
+ * (rule "columns" only) says the M rows are shared by G = groups clusters, each of which
+ * writes its fp32 partial sums into a scratch buffer the CALLER allocates per launch
+ * (`scratch` bytes, 256-byte aligned, passed as outputs[n_outputs], and the last parameter,
+ * "scratch", of both kernels); then the kernel `entry` of this key, launched on the same
+ * stream with grid.x = grid and `block` threads (grid.y = grid.z = 1, no dynamic shared
+ * memory) and the same parameters, adds the G partials of each column in a fixed order and
+ * writes the outputs. Without the second launch no output is written: a client that does not
+ * know the key refuses the parameter list (it ends with "scratch"). Few columns over many
+ * rows (a batch norm's statistics: 64 channels of 800k rows) fill the GPU this way.
  * Grid rule "none": no kernel at all (a kind "cublaslt" plan in its direct form, below).
  *
  * Clusters: an optional key `cluster: [x, y, z]` (after params, before tmaps and blas; each
@@ -96,6 +109,7 @@
 #define FM_META_ENTRY_MAX  64
 #define FM_META_MAX_TMAPS  3                                     /* A, B, and a sibling's B2 */
 #define FM_META_MAX_PARAMS (32 + 16 + 1 + FM_META_MAX_TMAPS + 2) /* + a plan's scratch (two: siblings) */
+#define FM_META_MAX_GROUPS 1024u                                 /* finish.groups */
 #define FM_META_ALGO_BYTES 64                                    /* sizeof(cublasLtMatmulAlgo_t) */
 
 /* One tensor map the launch encodes (see tmaps above). */
@@ -107,6 +121,13 @@ typedef struct fm_meta_tmap {
   uint64_t cols, ld; /* elements; ld >= cols, ld * elem_bytes a multiple of 16 */
   uint32_t box[2];   /* box_cols (box_cols * elem_bytes == 128: one swizzle row), box_rows */
 } fm_meta_tmap;
+
+/* A split column reduction's second kernel (see finish above); entry[0] == 0: none. */
+typedef struct fm_meta_finish {
+  char entry[FM_META_ENTRY_MAX];
+  uint32_t block, grid, groups;
+  uint64_t scratch; /* bytes */
+} fm_meta_finish;
 
 /* A cuBLASLt plan (see blas above); form[0] == 0: none. */
 typedef struct fm_meta_blas {
@@ -144,7 +165,8 @@ typedef struct fm_kernel_meta {
   uint32_t cluster[3]; /* compiled-in cluster dims; 0 or 1 each: none (key `cluster`) */
   uint32_t n_tmaps;    /* tensor-map parameters after outer (0 .. FM_META_MAX_TMAPS) */
   fm_meta_tmap tmaps[FM_META_MAX_TMAPS];
-  fm_meta_blas blas; /* kind "cublaslt" */
+  fm_meta_blas blas;     /* kind "cublaslt" */
+  fm_meta_finish finish; /* rule "columns", split over row groups */
 } fm_kernel_meta;
 
 int fm_meta_pack(const fm_kernel_meta *m, msgpack_packer *pk);
@@ -154,13 +176,13 @@ int fm_meta_unpack(const msgpack_object *obj, fm_kernel_meta *m, fm_diag *d);
 int fm_meta_rule_known(const char *rule);
 /* Grid size for `outer` per the rule; 0 when there is nothing to do. */
 uint64_t fm_meta_grid_x(const fm_kernel_meta *m, int64_t outer);
-/* Bytes of the scratch buffer a launch at `outer` needs (0: none; see blas above). */
+/* Bytes of the scratch buffer a launch at `outer` needs (0: none; see blas and finish above). */
 uint64_t fm_meta_scratch_bytes(const fm_kernel_meta *m, int64_t outer);
 /* Offset of the split form's matmul result in the scratch: the workspace, rounded up to 256. */
 uint64_t fm_meta_scratch_result_offset(const fm_kernel_meta *m);
 /* Bytes from the first product to the second (siblings' b2) for a launch at outer; 0: none. */
 uint64_t fm_meta_scratch_second_offset(const fm_kernel_meta *m, int64_t outer);
-/* grid.y: the row tiles for rules "tiles" and "batched", the cluster's S for "columns", 1 for
+/* grid.y: the row tiles for rules "tiles" and "batched", S * G for "columns", 1 for
  * the 1-D rules, 0 when nothing to do. */
 uint64_t fm_meta_grid_y(const fm_kernel_meta *m, int64_t outer);
 /* grid.z: the products for rule "batched", 1 for the others, 0 when nothing to do. */

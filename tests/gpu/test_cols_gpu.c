@@ -11,7 +11,9 @@
  * four (a static M prunes the clusters that would leave a block without rows; a symbolic one
  * keeps them all, so M = 1 runs clusters whose other blocks add nothing). Timing: bf16 sum at
  * M = 16384, N = 1024 and 256, input buffers rotated so no launch finds them in L2; the floor
- * is the input's bytes at the copy's bandwidth (read + write of the same bytes).
+ * is the input's bytes at the copy's bandwidth (read + write of the same bytes). Then a batch
+ * norm's statistics shapes (64 and 256 channels of 802 816 and 200 704 rows, bf16), where
+ * only the split form (G clusters' partials added by a second kernel) fills the GPU.
  *
  * Usage: test_cols_gpu [SEED [check|time|both]]   One line per kernel and "N passed, N failed". */
 #include <math.h>
@@ -61,6 +63,12 @@ static int build(int kind, fm_op op, fm_dtype dt, int64_t m, int64_t n, int padd
 
 /* M = 0 through every candidate of sum, mean and amax of a [-1, 256] bf16: the kernel still
  * launches and writes 0, NaN and -inf (torch's sum and mean; amax of nothing is -inf here). */
+/* A split candidate's scratch (the groups' partials), as outs[n_outputs]; 0 when none. */
+static fm_CUdeviceptr scratch_of(const fm_cuda *cu, fm_module *m, int64_t outer) {
+  uint64_t bytes = m ? fm_module_scratch_bytes(m, outer) : 0;
+  return bytes ? gu_dalloc(cu, (size_t)bytes) : 0;
+}
+
 static int check_empty(void) {
   const fm_cuda *cu;
   fm_device_id dev;
@@ -87,7 +95,7 @@ static int check_empty(void) {
     char *err = NULL, desc[96];
     fm_candidate_describe(&cand[i], desc, sizeof desc);
     if (!gu_picked(desc)) continue;
-    void *ins[1] = {(void *)(uintptr_t)in}, *outs[3];
+    void *ins[1] = {(void *)(uintptr_t)in}, *outs[4];
     uint16_t h[3][256];
     int ok = !gu_build_candidate(&canon, &cand[i], dev.sm_count, dev.arch, "empty.cu", &kc.cubin, &kc.cubin_len,
                                  &kc.meta, &err) &&
@@ -96,7 +104,10 @@ static int check_empty(void) {
       cu->cuMemsetD8(out[k], 0x55, 256 * 2);
       outs[k] = (void *)(uintptr_t)out[k];
     }
+    fm_CUdeviceptr scratch = ok ? scratch_of(cu, m, 0) : 0;
+    outs[3] = (void *)(uintptr_t)scratch;
     ok = ok && !fm_module_launch(m, ins, outs, 0, NULL, &d) && !cu->cuCtxSynchronize();
+    if (scratch) cu->cuMemFree(scratch);
     for (int k = 0; ok && k < 3; k++) ok = !gu_d2h(cu, h[k], out[k], sizeof h[k]);
     for (int e = 0; ok && e < 256; e++) {
       double s = gu_load(h[0], FM_DT_BF16, e), mn = gu_load(h[1], FM_DT_BF16, e), mx = gu_load(h[2], FM_DT_BF16, e);
@@ -127,7 +138,8 @@ static double time_rotated(const fm_cuda *cu, const fm_device_id *dev, const fm_
   if (gu_build_candidate(canon, c, dev->sm_count, dev->arch, "time.cu", &kc.cubin, &kc.cubin_len, &kc.meta, &err) ||
       fm_module_load(&kc, &mod, &d))
     goto out;
-  void *outs[1] = {(void *)(uintptr_t)out};
+  fm_CUdeviceptr scratch = scratch_of(cu, mod, m);
+  void *outs[2] = {(void *)(uintptr_t)out, (void *)(uintptr_t)scratch};
   for (int r = -3; r < 20; r++) {
     void *ins[1] = {(void *)(uintptr_t)sets[(r + 3) % n_sets]};
     if (r >= 0) cu->cuEventRecord(e0, NULL);
@@ -139,6 +151,7 @@ static double time_rotated(const fm_cuda *cu, const fm_device_id *dev, const fm_
     }
   }
   ms = gu_median(t, 20);
+  if (scratch) cu->cuMemFree(scratch);
 out:
   fm_module_unload(mod);
   free(kc.cubin);
@@ -239,6 +252,8 @@ int main(int argc, char **argv) {
   if (strcmp(mode, "check") != 0) {
     time_bias_grad(16384, 1024);
     time_bias_grad(16384, 256);
+    time_bias_grad(802816, 64); /* ResNet-50's first batch norms at batch 64 */
+    time_bias_grad(200704, 256);
   }
   return gs_finish() || bad ? 1 : 0;
 }

@@ -238,3 +238,44 @@ def test_the_setting_reads_as_documented(monkeypatch):
         assert settings.channels_last() == mode, value
     monkeypatch.delenv("FUSEML_CHANNELS_LAST")
     assert settings.channels_last() == "auto"
+
+
+def test_batch_norm_setting_decomposes_training_graphs(dead_socket, channels_last_on, partitioned, monkeypatch):
+    """FUSEML_BATCH_NORM=fused: a training graph's batch norm is decomposed too (its
+    statistics column reductions of the channels-last values, its backward's sums too), and
+    the step gives the loss and gradients of torch's own decomposition of batch norm (what
+    Inductor runs; in bf16 its gradients of a network this small can be up to ~3x farther
+    from fp32 than eager's fused kernels, so this setting is opt-in); "aten" keeps ATen's
+    batch norm in inference graphs as well."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    from fuseml import settings
+    from fuseml.backend import BATCH_NORM, DECOMPOSITIONS
+
+    torch.manual_seed(9)
+    model = Block(c=16).to(BF16)
+    x = torch.randn(8, 3, 16, 16, dtype=BF16)
+    monkeypatch.setenv("FUSEML_BATCH_NORM", "fused")
+    assert settings.batch_norm() == "fused"
+    ref = fp32_step(model, x)
+    decomposed = aot_autograd(
+        fw_compiler=lambda gm, ex: make_boxed_func(gm), decompositions={**DECOMPOSITIONS, **BATCH_NORM}
+    )
+    want = run_step(torch.compile(model, backend=decomposed), list(model.parameters()), x)
+    torch._dynamo.reset()
+    del partitioned[:]
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    close_bf16(got, want, ref)
+    (fw, fw_groups), (bw, bw_groups) = partitioned[-2:]
+    assert not [n for n in fw.graph.nodes if "batch_norm" in str(n.target)]
+    assert not [n for n in bw.graph.nodes if "batch_norm" in str(n.target)]
+    assert [g for g in fw_groups if g.kind == "columns"] and [g for g in bw_groups if g.kind == "columns"]
+    torch._dynamo.reset()
+    monkeypatch.setenv("FUSEML_BATCH_NORM", "aten")
+    with torch.no_grad():
+        torch.compile(model.eval(), backend=fuseml.FuseMLCompiler())(x)
+    assert [n for n in partitioned[-1][0].graph.nodes if "batch_norm" in str(n.target)]
+    for value, mode in (("fused", "fused"), ("ATEN", "aten"), ("auto", "auto"), ("typo", "auto")):
+        monkeypatch.setenv("FUSEML_BATCH_NORM", value)
+        assert settings.batch_norm() == mode

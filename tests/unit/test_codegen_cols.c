@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_meta.h"
 #include "fm_test.h"
 #include "test_codegen_cols_frag.h"
 #include "test_codegen_frag.h"
@@ -40,7 +41,7 @@ static void test_golden_bias_grad(void) {
 
 /* S > 1: two cluster barriers around rank 0's reads of the others' partials, in rank order. */
 static void test_cluster_code(void) {
-  fm_cols_config cfg = {64, 4, 8, 4, 256};
+  fm_cols_config cfg = {64, 4, 8, 4, 256, 0};
   fm_kernel_meta m;
   fm_diag d = {{0}};
   char *src = NULL;
@@ -59,7 +60,7 @@ static void test_cluster_code(void) {
   free(src);
   src = NULL;
   /* the scalar form (N = 100) and amax's NaN-propagating fold */
-  fm_cols_config scalar = {128, 2, 1, 2, 256};
+  fm_cols_config scalar = {128, 2, 1, 2, 256, 0};
   CHECK_EQ_INT(cf_fragment(2, &canon), FM_OK);
   CHECK_EQ_INT(fm_codegen_cols(&canon, &scalar, 132, &src, &m, &d), FM_OK);
   CHECK_STR_CONTAINS(src, "r0[u] = in0[mu * 100LL + n0 * 1LL];");
@@ -69,19 +70,19 @@ static void test_cluster_code(void) {
   free(src);
   src = NULL;
   /* the vector form needs N % 8 == 0 and aligned rows: refused with the reason otherwise */
-  fm_cols_config vec = {128, 1, 8, 4, 256};
+  fm_cols_config vec = {128, 1, 8, 4, 256, 0};
   CHECK_EQ_INT(fm_codegen_cols(&canon, &vec, 132, &src, &m, &d), FM_EUNSUPPORTED);
   CHECK_STR_CONTAINS(d.text, "vector loads");
   CHECK(src == NULL);
-  fm_cols_config bad = {96, 1, 1, 4, 256};
+  fm_cols_config bad = {96, 1, 1, 4, 256, 0};
   CHECK_EQ_INT(fm_codegen_cols(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
-  fm_cols_config wide = {512, 1, 1, 4, 256}; /* wider than the block: columns nobody folds */
+  fm_cols_config wide = {512, 1, 1, 4, 256, 0}; /* wider than the block: columns nobody folds */
   CHECK_EQ_INT(fm_codegen_cols(&canon, &wide, 132, &src, &m, &d), FM_EINVAL);
 }
 
 /* What a client launches by: kind and rule "columns", a block per strip, the cluster. */
 static void test_meta(void) {
-  fm_cols_config cfg = {128, 8, 8, 4, 256};
+  fm_cols_config cfg = {128, 8, 8, 4, 256, 0};
   fm_kernel_meta m;
   fm_diag d = {{0}};
   char *src = NULL;
@@ -101,7 +102,7 @@ static void test_meta(void) {
   free(src);
   src = NULL;
   CHECK_EQ_INT(cf_fragment(3, &canon), FM_OK); /* static [300, 48] */
-  fm_cols_config one = {32, 1, 1, 4, 256};
+  fm_cols_config one = {32, 1, 1, 4, 256, 0};
   CHECK_EQ_INT(fm_codegen_cols(&canon, &one, 132, &src, &m, &d), FM_OK);
   CHECK_EQ_INT(m.outer, 300);
   CHECK_EQ_INT(m.max_blocks, 2);
@@ -127,9 +128,10 @@ static void test_candidates(void) {
   }
   fm_candidate_describe(&c[0], desc, sizeof desc);
   CHECK_STR_CONTAINS(desc, "cols width=16 cluster=1 vec=8 unroll=8 block=256");
-  CHECK_EQ_INT(cf_fragment(5, &canon), FM_OK); /* N 1: one strip of 16, clusters only */
+  CHECK_EQ_INT(cf_fragment(5, &canon), FM_OK); /* N 1: one strip of 16, clusters only, split too */
   n = fm_codegen_candidates(&canon, c, 40);
-  CHECK_EQ_INT(n, 4);
+  CHECK_EQ_INT(n, 6);
+  CHECK(c[4].p[5] > 1 && c[5].p[5] > 1);
   CHECK_EQ_INT(c[0].p[2], 1);                  /* the scalar form */
   CHECK_EQ_INT(cf_fragment(3, &canon), FM_OK); /* static M 300: 256-thread blocks of 8..256 rows */
   n = fm_codegen_candidates(&canon, c, 40);
@@ -145,6 +147,58 @@ static void test_candidates(void) {
 }
 
 /* Every candidate of every test fragment compiles for both target generations where it runs. */
+/* The split form: G clusters' partials into the caller's scratch, a second kernel adds them
+ * per column and runs the epilogue; the metadata says so (finish), round-trips, and sizes the
+ * grid (y: S * G) and the scratch (G x reductions x N fp32). */
+static void test_split(void) {
+  fm_candidate c[40];
+  char desc[128];
+  CHECK_EQ_INT(cf_fragment(6, &canon), FM_OK); /* 64 columns, 2 reductions */
+  size_t n = fm_codegen_candidates(&canon, c, 40), split = 0;
+  for (size_t i = 0; i < n; i++) split += c[i].p[5] > 1;
+  CHECK_EQ_INT(split, 6); /* strips of 16, 32, 64 x clusters of 1 and 8 */
+  fm_cols_config cfg = {16, 8, 8, 8, 256, 4};
+  char *src = NULL;
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_codegen_cols(&canon, &cfg, 132, &src, &m, &d), FM_OK);
+  if (!src) return;
+  char want[64];
+  snprintf(want, sizeof want, "fm_cols_v%d_finish(", FM_CODEGEN_VERSION);
+  CHECK_STR_CONTAINS(src, want);
+  CHECK_STR_CONTAINS(src, "float *__restrict__ fm_scratch) {");
+  CHECK_STR_CONTAINS(src, "long long m = (long long)blockIdx.y * 128 + ty;"); /* TY 128, stepping by 4 x 8 x 128 */
+  CHECK_STR_CONTAINS(src, "for (int g = 1; g < 4; ++g)");
+  CHECK_EQ_INT(m.finish.groups, 4);
+  CHECK_EQ_INT(m.finish.grid, 1);
+  CHECK_EQ_INT(m.finish.block, 256);
+  CHECK_EQ_INT((long long)(m.finish.scratch), (long long)(4 * 2 * 64 * 4));
+  CHECK_EQ_INT((long long)(fm_meta_grid_y(&m, 1000)), (long long)(8 * 4));
+  CHECK_EQ_INT((long long)(fm_meta_scratch_bytes(&m, 1000)), (long long)(4 * 2 * 64 * 4));
+  /* packed and read back: the same launch */
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  CHECK_EQ_INT(fm_meta_pack(&m, &pk), FM_OK);
+  msgpack_unpacked u;
+  msgpack_unpacked_init(&u);
+  CHECK(msgpack_unpack_next(&u, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
+  fm_kernel_meta back;
+  CHECK_EQ_INT(fm_meta_unpack(&u.data, &back, &d), FM_OK);
+  CHECK(strcmp(back.finish.entry, m.finish.entry) == 0);
+  CHECK_EQ_INT(back.finish.groups, 4);
+  CHECK_EQ_INT((long long)(fm_meta_scratch_bytes(&back, 7)), (long long)(m.finish.scratch));
+  msgpack_unpacked_destroy(&u);
+  msgpack_sbuffer_destroy(&sb);
+  free(src);
+  fm_candidate k = {.tmpl = FM_TMPL_COLS, .p = {16, 8, 8, 8, 256, 4}};
+  fm_candidate_describe(&k, desc, sizeof desc);
+  CHECK_STR_CONTAINS(desc, "split=4");
+  fm_cols_config bad = {16, 8, 8, 8, 256, 3}; /* not a power of two */
+  CHECK_EQ_INT(fm_codegen_cols(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
+}
+
 static void test_nvrtc_every_candidate(void) {
   int compiled = 0, total = 0;
   for (int w = 0; w < CF_N_FRAGMENTS; w++) {
@@ -160,6 +214,7 @@ int main(void) {
   RUN(test_cluster_code);
   RUN(test_meta);
   RUN(test_candidates);
+  RUN(test_split);
   RUN(test_nvrtc_every_candidate);
   return FM_TEST_DONE();
 }

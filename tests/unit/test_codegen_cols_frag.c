@@ -6,7 +6,8 @@
 #include "test_codegen_frag.h"
 
 const char *const cf_name[CF_N_FRAGMENTS] = {"cols_bias_grad_bf16",  "cols_prologue_cast", "cols_stats_f16",
-                                             "cols_colmajor_static", "cols_mask_bf16",     "cols_one_f32"};
+                                             "cols_colmajor_static", "cols_mask_bf16",     "cols_one_f32",
+                                             "cols_batch_norm_stats"};
 
 void cf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg) {
   tf_op(f, op, out, 1, arg, 0, 0);
@@ -79,6 +80,25 @@ int cf_fragment(int which, fm_fragment *canon) {
       tf_input(&raw, 0, FM_DT_F32, 2, x, NULL, 4);
       cf_reduce(&raw, FM_OP_SUM, 1, 0);
       tf_output(&raw, 1, FM_DT_F32, 1, o, NULL, 4);
+      break;
+    }
+    case 6: { /* a batch norm's statistics over [N * H * W, 64] channels-last values: the mean,
+                 the mean of squared deviations from a per-column centre, rsqrt(var + eps) */
+      int64_t x[2] = {-1, 64}, c[1] = {64}, o[1] = {64};
+      tf_input(&raw, 0, FM_DT_BF16, 2, x, NULL, 16);
+      tf_input(&raw, 1, FM_DT_F32, 1, c, NULL, 16);
+      tf_cast(&raw, 9, 0, FM_DT_F32);
+      tf_op(&raw, FM_OP_SUB, 2, 2, 9, 1, 0);
+      tf_op(&raw, FM_OP_MUL, 3, 2, 2, 2, 0);
+      cf_reduce(&raw, FM_OP_MEAN, 4, 9);
+      cf_reduce(&raw, FM_OP_MEAN, 5, 3);
+      raw.ops[3].keepdim = raw.ops[4].keepdim = 0;
+      tf_const(&raw, 6, 1e-5);
+      tf_op(&raw, FM_OP_ADD, 7, 2, 5, 6, 0);
+      tf_op(&raw, FM_OP_RSQRT, 8, 1, 7, 0, 0);
+      tf_output(&raw, 4, FM_DT_F32, 1, o, NULL, 16);
+      tf_output(&raw, 5, FM_DT_F32, 1, o, NULL, 16);
+      tf_output(&raw, 8, FM_DT_F32, 1, o, NULL, 16);
       break;
     }
     default:

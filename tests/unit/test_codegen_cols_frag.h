@@ -20,7 +20,7 @@ void cf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg);
  *     mean and amax, then amax * 0.5 + bias [1, 48];
  *   4 where(mask, x, 0).sum(0) of a bool mask and x, [-1, 256] bf16 (bool vector loads);
  *   5 one column: x [-1, 1] f32, sum. */
-#define CF_N_FRAGMENTS 6
+#define CF_N_FRAGMENTS 7
 int cf_fragment(int which, fm_fragment *canon);
 extern const char *const cf_name[CF_N_FRAGMENTS];
 

@@ -419,6 +419,56 @@ static void test_grid_columns(void) {
   }
 }
 
+/* A split column reduction: G groups of clusters (grid.y S * G), a second kernel (finish)
+ * and a scratch of the groups' partials the caller allocates, the last parameter of both;
+ * the key round-trips and every field a launch depends on is bounded. */
+static void test_grid_columns_split(void) {
+  fm_kernel_meta m = sample(), back;
+  fm_diag d = {{0}};
+  strcpy(m.kind, "columns");
+  strcpy(m.grid_rule, "columns");
+  m.inner = 64, m.items_per_block = 16, m.max_blocks = 4;
+  m.cluster[0] = m.cluster[2] = 1;
+  m.cluster[1] = 8;
+  strcpy(m.finish.entry, "fm_cols_finish");
+  m.finish.block = 256, m.finish.grid = 1, m.finish.groups = 16, m.finish.scratch = 16 * 2 * 64 * 4;
+  CHECK_EQ_INT(fm_meta_grid_x(&m, 802816), 4);
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 802816), 8 * 16);
+  CHECK_EQ_INT(fm_meta_grid_y(&m, 0), 8 * 16); /* M = 0 still writes the outputs */
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&m, 802816), 16 * 2 * 64 * 4);
+  CHECK_EQ_INT(round_trip(&m, &back, &d), FM_OK);
+  CHECK(strcmp(back.finish.entry, "fm_cols_finish") == 0);
+  CHECK_EQ_INT(back.finish.block, 256);
+  CHECK_EQ_INT(back.finish.grid, 1);
+  CHECK_EQ_INT(back.finish.groups, 16);
+  CHECK_EQ_INT(fm_meta_scratch_bytes(&back, 5), 16 * 2 * 64 * 4);
+  CHECK_EQ_INT(fm_meta_grid_y(&back, 5), 128);
+  static const struct {
+    const char *rule;
+    uint32_t block, grid, groups;
+    uint64_t scratch;
+    const char *diag;
+  } bad[] = {
+      {"elementwise", 256, 1, 16, 8192, "only 'columns' takes one"},
+      {"columns", 33, 1, 16, 8192, "meta.finish: block 33"},
+      {"columns", 2048, 1, 16, 8192, "meta.finish: block 2048"},
+      {"columns", 256, 0, 16, 8192, "meta.finish: grid 0"},
+      {"columns", 256, 1, 1, 8192, "meta.finish: groups 1"},
+      {"columns", 256, 1, 4096, 8192, "meta.finish: groups 4096"},
+      {"columns", 256, 1, 16, 0, "meta.finish: scratch of 0 bytes"},
+      {"columns", 256, 1, 16, (uint64_t)1 << 40, "meta.finish: scratch of"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    fm_kernel_meta b = m;
+    strcpy(b.grid_rule, bad[i].rule);
+    if (strcmp(bad[i].rule, "columns") != 0) memset(b.cluster, 0, sizeof b.cluster);
+    b.finish.block = bad[i].block, b.finish.grid = bad[i].grid, b.finish.groups = bad[i].groups;
+    b.finish.scratch = bad[i].scratch;
+    memset(&d, 0, sizeof d);
+    expect_schema("finish", i, round_trip(&b, &back, &d), &d, bad[i].diag);
+  }
+}
+
 /* A cuBLASLt plan for x [M, 256] @ W.t() (K-major B, N 512) with inputs x, W, bias, residual.
  * direct: bias, c and relu through cuBLASLt, no kernel, an algorithm chosen; split: the
  * epilogue kernel's launch, no algorithm yet, a static M. */
@@ -745,6 +795,7 @@ int main(void) {
   RUN(test_grid_x);
   RUN(test_grid_persistent);
   RUN(test_grid_columns);
+  RUN(test_grid_columns_split);
   RUN(test_blas_round_trip);
   RUN(test_blas_refusals);
   RUN(test_grid_none);

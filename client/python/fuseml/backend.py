@@ -133,13 +133,16 @@ BATCH_NORM = get_decompositions(
 
 
 def _decomposes_batch_norm(gm, example_inputs):
-    """Will this dynamo graph be an inference graph (no input needs a gradient) in which
-    channels_last.convert finds a convolution (a 2-D one and, in mode "auto", a bf16/f16
-    CUDA input)?"""
-    mode = settings.channels_last()
-    if mode == "off" or not any("conv2d" in str(n.target) for n in gm.graph.nodes):
+    """Will this dynamo graph be one in which channels_last.convert finds a convolution (a
+    2-D one and, in mode "auto", a bf16/f16 CUDA input), and an inference graph (no input
+    needs a gradient) unless FUSEML_BATCH_NORM=fused?"""
+    mode, norm = settings.channels_last(), settings.batch_norm()
+    if mode == "off" or norm == "aten" or not any("conv2d" in str(n.target) for n in gm.graph.nodes):
         return False
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+    training = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
+    if training and norm != "fused":
         return False
     return mode == "on" or any(
         isinstance(x, torch.Tensor) and x.device.type == "cuda" and x.dtype in channels_last.DTYPES

@@ -104,9 +104,10 @@ class Module:
         self.n_in = meta["n_inputs"]
         self.n_out = meta["n_outputs"]
         # A cuBLASLt plan (kind "cublaslt") takes a scratch buffer after the outputs:
-        # fixed + outer * per_row bytes (fm_meta.h "blas"), the caller's to allocate.
-        blas = meta.get("blas")
-        self.scratch = tuple(blas["scratch"]) if blas else None
+        # fixed + outer * per_row bytes (fm_meta.h "blas"), the caller's to allocate; so does
+        # a split column reduction (its groups' partials: "finish", fixed bytes).
+        blas, finish = meta.get("blas"), meta.get("finish")
+        self.scratch = tuple(blas["scratch"]) if blas else (finish["scratch"], 0) if finish else None
         self.static_outer = meta.get("outer", -1)  # -1: dim 0 is the launch's
         self._ins = (ctypes.c_void_p * max(1, self.n_in))()
         self._outs = (ctypes.c_void_p * (max(1, self.n_out) + 1))()

@@ -90,6 +90,15 @@ def channels_last():
     return {"0": "off", "off": "off", "on": "on", "1": "on"}.get(mode, "auto")
 
 
+def batch_norm():
+    """FUSEML_BATCH_NORM: "auto" (the default, also for any other value: batch norm is
+    decomposed into fused kernels in inference graphs whose convolutions run channels-last,
+    ATen's kernels run it in training graphs), "fused" (decomposed in training graphs too) or
+    "aten" (never decomposed)."""
+    mode = (_get("FUSEML_BATCH_NORM") or "auto").lower()
+    return mode if mode in ("fused", "aten") else "auto"
+
+
 def cudagraphs():
     """FUSEML_CUDAGRAPHS=1: record compiled graphs as CUDA graphs."""
     return _get("FUSEML_CUDAGRAPHS") == "1"
