@@ -130,7 +130,10 @@ int fm_codegen_rows(const fm_fragment *canon, const fm_rows_config *cfg, uint32_
  * partials reduce across TY in shared memory, then the cluster's blocks meet in rank 0 through
  * distributed shared memory in a fixed rank order, which runs the per-column epilogue and
  * stores: deterministic, one launch, no scratch, no atomics. Launch metadata: kind "columns",
- * grid rule "columns", cluster [1, S, 1] when S > 1 (fm_meta.h). */
+ * grid rule "columns", cluster [1, S, 1] when S > 1 (fm_meta.h). The split form (`split` G >
+ * 1): G clusters share the rows, each writes its partials to a scratch buffer the caller
+ * allocates, and a second kernel adds them per column in group order and runs the epilogue
+ * (metadata key finish): two launches, still no atomics. */
 
 /* One point of the cols template's tuning space (candidate p[0..5], in this order). */
 typedef struct fm_cols_config {

@@ -84,3 +84,32 @@ def test_running_graph_picks_up_tuned_kernels(tuning_daemon, monkeypatch):
         assert (key, 0) not in runtime._modules and loaded[key] in upgrade.retired
         assert r.group.state == "tuned"
     assert len(c.plans) == 1  # one compile of the graph
+
+
+def test_a_group_aten_won_against_its_verified_kernel_is_measured_again(tuning_daemon, monkeypatch):
+    """Measured routing compared ATen with the verified kernel (the heuristic default, which
+    can be many times slower than the tuned one) and ATen won: when the tuned kernel arrives,
+    the group goes back into the graph and its routing is open again (measured at the next
+    call on a GPU); the results stay right and the graph is not recompiled."""
+    from fuseml import backend
+
+    monkeypatch.setenv("FUSEML_UPGRADE_S", "0.05")
+    monkeypatch.setattr(upgrade, "CHECK_CALLS", 1)
+    c = fuseml.FuseMLCompiler(socket=tuning_daemon.socket)
+    f = lambda x: torch.tanh(x * 2.0) - x  # noqa: E731
+    x = torch.randn(6, 32)
+    fn = torch.compile(f, backend=c)
+    torch.testing.assert_close(fn(x), f(x))
+    (r,) = _runners(c)
+    (compiled,) = [k for k in backend.live if r in k.runners.values()]
+    r.use_kernel = False  # as if ATen had won against the verified kernel
+    compiled._reroute()
+    assert r.group not in compiled.kept
+    deadline = time.monotonic() + 120
+    while r.kernel[1] != "tuned" and time.monotonic() < deadline:
+        torch.testing.assert_close(fn(x), f(x))
+        time.sleep(0.02)
+    assert r.kernel[1] == "tuned"
+    torch.testing.assert_close(fn(x), f(x))
+    assert r.group in compiled.kept and r.use_kernel is None  # on the CPU nothing decides it
+    assert len(c.plans) == 1

@@ -561,6 +561,7 @@ class Compiled:
         # copies the callable's __dict__ (the boxed mark with it) but not its class's
         self._boxed_call = True
         self.gm, self.runners = gm, runners
+        self.fused = list(fused)
         self.kept = [g for g in fused if runners[g.gid].kernel is not None]
         self.current = rewrite(gm, self.kept, runners, direct=True) if self.kept else gm
         self.pending = bool(self.kept)  # some kept group has not been routed yet
@@ -597,10 +598,21 @@ class Compiled:
 
     def rewrite_code(self):
         """The kernels changed (an upgrade): the next call runs the FX graph, which loads them,
-        and the code is generated again after it."""
+        and the code is generated again after it. A group measured routing had given to ATen
+        whose tuned kernel arrived (its runner's use_kernel back to None, upgrade.swap) is put
+        back, to be measured again at that call."""
         self.fast = self.first = None
         self.generate = True
         self.path = "FX graph (kernels upgraded; code written again after this call)"
+        back = [
+            g
+            for g in self.fused
+            if g not in self.kept and self.runners[g.gid].kernel is not None and self.runners[g.gid].use_kernel is None
+        ]
+        if back:
+            self.kept = sorted(self.kept + back, key=lambda g: g.gid)
+            self.pending = True
+            self.current = rewrite(self.gm, self.kept, self.runners, direct=True)
 
     def _first_generated(self, args):
         first, self.first = self.first, None
