@@ -94,3 +94,31 @@ def test_launch_arguments_and_failure(standin, tmp_path, monkeypatch, fast):
             m.launch([1] * 65, [3], 5, 0)  # more pointers than the stack array holds
         with pytest.raises(TypeError):
             m.launch([1, "x"], [3], 5, 0)
+
+
+def test_flat_launch_takes_the_pointers_as_arguments(standin, tmp_path, monkeypatch):
+    """What generated code calls: launch_flat(*inputs, *outputs, outer, stream), the handle,
+    the input count and the pointer count bound by Module; a wrong count, a non-integer or a
+    failure is an error, never a launch with pointers it was not given."""
+    monkeypatch.setattr(launcher, "_fast", _extension(tmp_path))
+    m = launcher.Module(b"\0" * 16, {"n_inputs": 2, "n_outputs": 1})
+    m.launch_flat(0x7F0000001000, 0x7F0000002000, 0x7F0000003000, 16384, 0x55AA)
+    assert _last(standin) == [0x1234, 0x7F0000001000, 0x7F0000002000, 0x7F0000003000, 16384, 0x55AA]
+    with pytest.raises(ValueError, match="2 pointers \\(3 expected\\)"):
+        m.launch_flat(0x10, 0x20, 1, 0)  # an output missing
+    with pytest.raises(TypeError):
+        m.launch_flat(0x10, "x", 0x30, 1, 0)
+    standin.standin_fail(1)
+    with pytest.raises(RuntimeError, match=r"fm_module_launch: -7: planted failure"):
+        m.launch_flat(1, 2, 3, 5, 0)
+    standin.standin_fail(0)
+    # a split column reduction's scratch is one more pointer, after the outputs
+    split = launcher.Module(b"\0" * 16, {"n_inputs": 2, "n_outputs": 1, "finish": {"scratch": 4096}})
+    assert split.scratch_bytes(7) == 4096
+    split.launch_flat(0x10, 0x20, 0x30, 0x40, 7, 0)
+    assert _last(standin) == [0x1234, 0x10, 0x20, 0x30, 7, 0]
+    with pytest.raises(ValueError):
+        split.launch_flat(0x10, 0x20, 0x30, 7, 0)  # the scratch missing
+    # without the extension there is no flat form: generated code uses the tuple one
+    monkeypatch.setattr(launcher, "_fast", None)
+    assert launcher.Module(b"\0" * 16, {"n_inputs": 2, "n_outputs": 1}).launch_flat is None

@@ -247,3 +247,63 @@ def test_upgraded_kernels_get_their_code_written_again(dead_socket, monkeypatch)
     assert plan.compiled.path == "generated straight-line code"
     for out in outs:
         assert torch.equal(out, f(x))
+
+
+class _FakeGuard:
+    def __init__(self, index):
+        self.index = index
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_launches_get_their_pointers_and_views_are_not_made(daemon, monkeypatch):
+    """The launch lines of generated code, on the CPU: each kernel (a stand-in module that
+    records its arguments) is called with its pointers as arguments (launch_flat, no tuples),
+    and an input it reads through views (a slice one row in, a parameter through an
+    unsqueeze) gets its root's pointer plus the view's offset: no view is made."""
+    import types
+
+    from fuseml import runtime
+
+    torch.manual_seed(0)
+    c = fuseml.FuseMLCompiler()
+
+    def f(x, w):
+        return torch.relu(x[1:] * w.unsqueeze(0) + 1.0)
+
+    x, w = torch.randn(9, 64), torch.randn(64)
+    torch.testing.assert_close(torch.compile(f, backend=c)(x, w), f(x, w))
+    (plan,) = c.plans
+    compiled = plan.compiled
+    runners = [r for r in compiled.runners.values() if r.kernel is not None]
+    assert len(runners) == 1, plan.describe()
+    (r,) = runners
+    r.use_kernel = True
+    calls = []
+    fake = types.SimpleNamespace(
+        launch=None, launch_flat=lambda *a: calls.append(a), scratch=None, scratch_bytes=lambda outer: 0
+    )
+    monkeypatch.setitem(runtime._modules, (r.kernel[0], 0), fake)
+    monkeypatch.setattr(straight_line, "_empty_cuda", lambda s, st, dt: torch.empty_strided(s, st, dtype=dt))
+    monkeypatch.setattr(straight_line, "_device_guard", _FakeGuard)
+    monkeypatch.setattr(runtime, "_raw_stream", lambda index: 0x5A)
+    fns, why = straight_line.generate(compiled.current, 0, compiled.slow)
+    assert fns is not None, why
+    first, fast = fns
+    # views are made only in the branch a misaligned input takes (the group's ATen ops)
+    assert all(".eager(" in line for line in fast.source.split("\n") if "reinterpret(" in line), fast.source
+    assert "data_ptr() + 256" in fast.source, fast.source
+    outs = fast([x, w])
+    ((*ptrs, outer, stream),) = calls
+    assert stream == 0x5A
+    want_in = {x.data_ptr() + 64 * x.element_size(), w.data_ptr()}  # x[1:] by pointer, one row in
+    assert set(ptrs[:2]) == want_in, (ptrs, want_in)
+    assert ptrs[2] == outs[0].data_ptr() and len(ptrs) == 3
+    # an input 4 bytes off its allocation: the group's ATen ops, on views made from the root
+    xm = torch.randn(9 * 64 + 1)[1:].view(9, 64)
+    torch.testing.assert_close(fast([xm, w])[0], f(xm, w))
+    assert len(calls) == 1

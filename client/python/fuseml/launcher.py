@@ -113,9 +113,15 @@ class Module:
         self._outs = (ctypes.c_void_p * (max(1, self.n_out) + 1))()
         self._launch = lib.fm_module_launch
         self._diag_ref = ctypes.byref(self.diag)
+        # launch_flat(*in_ptrs, *out_ptrs[, scratch], outer, stream): what generated code
+        # calls (no tuple per launch); None without the C extension
+        self.launch_flat = None
         if _fast is not None:
             # an instance attribute shadows the ctypes method below: no per-call test
             self.launch = functools.partial(_fast.launch, self.handle)
+            if hasattr(_fast, "launch_flat"):
+                n_ptrs = self.n_in + self.n_out + (1 if self.scratch is not None else 0)
+                self.launch_flat = functools.partial(_fast.launch_flat, self.handle, self.n_in, n_ptrs)
 
     def scratch_bytes(self, outer):
         """Bytes of scratch a launch at outer needs (0: none)."""

@@ -15,7 +15,7 @@ module writes one Python function per graph with those facts as constants:
 
     v3 = reinterpret(v0, (4096, 1024), (1024, 1), 0)         # a view op: no dispatcher
     v5 = empty((4096, 1024), (1024, 1), bf16)                 # a group's output
-    launch_2((v3.data_ptr(), v1.data_ptr()), (v5.data_ptr(),), -1, stream)
+    launch_2(v3.data_ptr(), v1.data_ptr(), v5.data_ptr(), -1, stream)  # inputs, outputs
     v6 = aten_mm_default(v5, v2)                              # an op left to ATen
     del v3
 
@@ -400,7 +400,7 @@ def _call(w, n, name, val, matters, unmade):
                 w.death.extend(w.root_node[n], n)
                 return []
             w.values[n] = _Value(name, True, align)
-            return [f"{name} = reinterpret({root}, {tuple(val.shape)!r}, " f"{tuple(val.stride())!r}, {delta})"]
+            return [f"{name} = reinterpret({root}, {tuple(val.shape)!r}, {tuple(val.stride())!r}, {delta})"]
     args = ", ".join([w.literal(a) for a in n.args] + [f"{k}={w.literal(v)}" for k, v in n.kwargs.items()])
     fn = w.const(_BINDINGS.get(n.target, n.target) if not n.kwargs else n.target, "f")
     fresh = has_plain_layout(val) and not _returns_alias(n.target)
@@ -467,7 +467,8 @@ def _launch(w, n, runner):
     if w.device_index is None:
         raise NotStraight("kernels but no CUDA device")
     w.launches += 1
-    launch = w.const(mod.launch, "launch_")
+    flat = getattr(mod, "launch_flat", None)  # the C extension's: the pointers as arguments
+    launch = w.const(flat or mod.launch, "launch_")
     R = w.const(runner, "group_")
     alloc, views = [], []
     for j, ((shape, strides), dtype) in enumerate(zip(layouts, runner.out_dtypes)):
@@ -477,9 +478,7 @@ def _launch(w, n, runner):
         if b.out_views and b.out_views[j]:
             t = torch.empty_strided(shape, strides, dtype=dtype, device="meta").view(b.out_views[j])
             final_shape, final_strides = list(t.shape), list(t.stride())
-            views.append(
-                f"{names[j]} = reinterpret({names[j]}, {tuple(final_shape)!r}, " f"{tuple(final_strides)!r}, 0)"
-            )
+            views.append(f"{names[j]} = reinterpret({names[j]}, {tuple(final_shape)!r}, {tuple(final_strides)!r}, 0)")
         if u is not None:
             uval = u.meta.get("val")
             same = has_plain_layout(uval) and _same_layout(final_shape, final_strides, uval.shape, uval.stride())
@@ -491,7 +490,12 @@ def _launch(w, n, runner):
         scratch = [f"scratch = empty(({nbytes},), (1,), {w.const(torch.uint8, 'dt')})"]
         outs.append("scratch.data_ptr()")
     tup = lambda xs: f"({', '.join(xs)},)" if len(xs) == 1 else f"({', '.join(xs)})"  # noqa: E731
-    launch_lines = alloc + scratch + [f"{launch}({tup(ptrs)}, {tup(outs)}, {outer}, stream)"] + views
+    call = (
+        f"{launch}({', '.join(ptrs + outs)}, {outer}, stream)"
+        if flat
+        else f"{launch}({tup(ptrs)}, {tup(outs)}, {outer}, stream)"
+    )
+    launch_lines = alloc + scratch + [call] + views
     if scratch:
         launch_lines.append("del scratch")
     unused = [names[j] for j in range(len(names)) if j not in getitems]
