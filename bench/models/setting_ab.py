@@ -37,8 +37,10 @@ def main(argv=None):
     p.add_argument("--tune-wait-s", type=float, default=240.0, help="most seconds to wait for tuned kernels, per value")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    name, values = args.env.split("=", 1)
-    values = values.split(",")
+    name, _, values = args.env.partition("=")
+    values = [v for v in values.split(",") if v]
+    if not name.startswith("FUSEML_") or len(values) < 2:
+        p.error(f"--env {args.env!r}: expected FUSEML_NAME=value,value[,...] (two values or more)")
     dev = torch.device("cuda")
     modes_mod.allow_many_graphs()
     selected = modes_mod.select("fuseml")

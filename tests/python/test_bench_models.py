@@ -186,6 +186,19 @@ def test_unknown_names_are_clear_errors(tmp_path):
     assert r.returncode == 2 and "unknown model 'nosuch'" in r.stderr
 
 
+def test_setting_ab_refuses_a_setting_it_cannot_compare():
+    ab = os.path.join(BENCH, "setting_ab.py")
+    for env in ("FUSEML_BATCH_NORM=fused", "junk", "PATH=a,b", "FUSEML_BATCH_NORM="):
+        r = subprocess.run(
+            [sys.executable, ab, "--model", "convnet", "--env", env],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 2 and "expected FUSEML_NAME=value,value" in r.stderr, (env, r.stderr[-500:])
+
+
 def test_a_failing_mode_does_not_hide_the_others():
     """In process: a mode whose compile raises gets an error row; eager beside it is measured."""
     import torch

@@ -176,21 +176,11 @@ static void test_split(void) {
   CHECK_EQ_INT((long long)(fm_meta_grid_y(&m, 1000)), (long long)(8 * 4));
   CHECK_EQ_INT((long long)(fm_meta_scratch_bytes(&m, 1000)), (long long)(4 * 2 * 64 * 4));
   /* packed and read back: the same launch */
-  msgpack_sbuffer sb;
-  msgpack_packer pk;
-  msgpack_sbuffer_init(&sb);
-  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-  CHECK_EQ_INT(fm_meta_pack(&m, &pk), FM_OK);
-  msgpack_unpacked u;
-  msgpack_unpacked_init(&u);
-  CHECK(msgpack_unpack_next(&u, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS);
   fm_kernel_meta back;
-  CHECK_EQ_INT(fm_meta_unpack(&u.data, &back, &d), FM_OK);
+  CHECK_EQ_INT(tf_meta_round_trip(&m, &back, &d), FM_OK);
   CHECK(strcmp(back.finish.entry, m.finish.entry) == 0);
   CHECK_EQ_INT(back.finish.groups, 4);
   CHECK_EQ_INT((long long)(fm_meta_scratch_bytes(&back, 7)), (long long)(m.finish.scratch));
-  msgpack_unpacked_destroy(&u);
-  msgpack_sbuffer_destroy(&sb);
   free(src);
   fm_candidate k = {.tmpl = FM_TMPL_COLS, .p = {16, 8, 8, 8, 256, 4}};
   fm_candidate_describe(&k, desc, sizeof desc);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_meta.h"
 #include "fm_nvrtc.h"
 
 void tf_init(fm_fragment *f) {
@@ -271,4 +272,19 @@ int tf_attention_scores(fm_fragment *raw, fm_fragment *canon) {
   tf_output(raw, 7, FM_DT_BF16, 3, o, NULL, 16);
   raw->m_hint = 48;
   return tf_finish(raw, canon);
+}
+
+int tf_meta_round_trip(const fm_kernel_meta *m, fm_kernel_meta *back, fm_diag *d) {
+  msgpack_sbuffer sb;
+  msgpack_packer pk;
+  msgpack_unpacked u;
+  int rc = FM_ENOMEM;
+  msgpack_sbuffer_init(&sb);
+  msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+  msgpack_unpacked_init(&u);
+  if (fm_meta_pack(m, &pk) == FM_OK && msgpack_unpack_next(&u, sb.data, sb.size, NULL) == MSGPACK_UNPACK_SUCCESS)
+    rc = fm_meta_unpack(&u.data, back, d);
+  msgpack_unpacked_destroy(&u);
+  msgpack_sbuffer_destroy(&sb);
+  return rc;
 }

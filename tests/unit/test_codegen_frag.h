@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "fm_fragment.h"
+#include "fm_meta.h"
 
 void tf_init(fm_fragment *f);
 /* strides NULL: contiguous row-major over shape (size-1 dims included). */
@@ -31,6 +32,10 @@ int tf_rejects(fm_fragment *f, int rc_want, const char *why);
 int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compiled);
 /* The same, every candidate for sm_80 too (each that runs there). */
 int tf_compile_every(const fm_fragment *canon, const char *name, int *compiled);
+
+/* m packed to its wire form and read back into *back (fm_meta_pack, fm_meta_unpack): what
+ * fm_meta_unpack returned, or FM_ENOMEM when packing failed. */
+int tf_meta_round_trip(const fm_kernel_meta *m, fm_kernel_meta *back, fm_diag *d);
 
 /* Compares src with tests/unit/golden/<name>.cu (found through FM_SOURCE_DIR, or the build's
  * source dir outside ctest), byte for byte, reporting the first differing line; with
