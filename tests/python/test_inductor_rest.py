@@ -59,3 +59,31 @@ def test_rest_inductor_traces_in_place_clamp(dead_socket):
     c, got, want = compile_run(ClampedRouting(), torch.randn(6, 16), fuseml.FuseMLCompiler(rest="inductor"))
     assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert {p.which for p in c.plans} == {"forward", "backward"}
+
+
+class ConvNet(torch.nn.Module):
+    """A ResNet stem in miniature: conv, batch norm, ReLU, max pool, then a classifier."""
+
+    def __init__(self, c=8, classes=5):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, c, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(c)
+        self.head = torch.nn.Linear(c, classes)
+
+    def forward(self, x):
+        y = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 3, 2, 1)
+        return self.head(y.mean((2, 3)))
+
+
+def test_rest_inductor_trains_channels_last_convnet(served, monkeypatch):
+    """A training graph whose convolutions run channels-last under rest="inductor". Two
+    failures are fixed:
+    - fuseml reported the saved values' strides to aot_autograd, and Inductor then asserted
+      that no one had reported before it;
+    - Inductor's max_pool2d decomposition reads torch._inductor.lowering, which nothing had
+      imported yet."""
+    monkeypatch.setenv("FUSEML_CHANNELS_LAST", "on")
+    torch.manual_seed(0)
+    c, got, want = compile_run(ConvNet(), torch.randn(2, 3, 12, 12), fuseml.FuseMLCompiler(rest="inductor"))
+    assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert {p.which for p in c.plans} == {"forward", "backward"}

@@ -231,7 +231,10 @@ class FuseMLCompiler:
     def _decompositions(self, batch_norm=False):
         if self.rest != "inductor":
             return {**DECOMPOSITIONS, **BATCH_NORM} if batch_norm else DECOMPOSITIONS
-        # Inductor lowers only what its own table leaves, so its graph must be traced with it
+        # Inductor lowers only what its own table leaves, so its graph must be traced with it.
+        # Some of its decompositions ask its lowerings what they take (max_pool2d's asks
+        # torch._inductor.lowering), which only compile_fx imports: import it before tracing.
+        import torch._inductor.compile_fx  # noqa: F401
         from torch._inductor.decomposition import select_decomp_table
 
         ours = {op: f for op, f in DECOMPOSITIONS.items() if getattr(op, "overloadpacket", op) not in INDUCTOR_LOWERS}
@@ -317,14 +320,27 @@ class FuseMLCompiler:
         # before partitioning: the padded GEMMs' slices and the copies of their values are
         # what the groups around them read
         if which == "backward":  # saved values the forward left at a padded layout
-            fake_meta.adopt_input_layouts(gm, example_inputs)
+            try:
+                fake_meta.adopt_input_layouts(gm, example_inputs)
+            except Exception as e:
+                if self.rest != "inductor":
+                    raise
+                # Inductor's forward chose the saved values' layouts (channels-last), and a view
+                # in its own decompositions (max_pool2d's indices) cannot take them: Inductor,
+                # which knows its layouts, compiles this backward whole
+                plan = Plan(which, [])
+                plan.skipped = f"Inductor's saved layouts: {type(e).__name__}; the graph went to Inductor whole"
+                self._record(plan)
+                return self._inductor(gm, example_inputs, [], {})
         if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
             const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
         keeps_layout, report_to, saved = _layout_policy(which)
         padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
         # after the padding: a padded GEMM's slot it kept is not one the convolutions change
         kept += channels_last.convert(gm, settings.channels_last(), saved) or []
-        if kept and report_to is not None:
+        # Inductor reports the strides of the graph it compiles itself (and asserts that no
+        # one did before it): under rest="inductor" the report is left to it
+        if kept and report_to is not None and self.rest != "inductor":
             _report_output_strides(gm, sorted(set(kept)), report_to)
         chains = settings.chains() if self.chains is None else bool(self.chains)
         spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
