@@ -203,6 +203,20 @@ def test_daemon_accepts_batch_norm_kernels(daemon, channels_last_on):
     assert all(g.key and g.state in ("untuned", "tuned") for g in gs), [g.describe() for g in gs]
 
 
+def test_daemon_accepts_training_batch_norm_kernels(daemon, channels_last_on, monkeypatch):
+    """FUSEML_BATCH_NORM=fused: every group of the forward and backward (the statistics, the
+    backward's two sums in one column kernel, the per-channel epilogues) is a fragment the
+    daemon generates and compiles."""
+    monkeypatch.setenv("FUSEML_BATCH_NORM", "fused")
+    torch.manual_seed(7)
+    model = Block(c=16).to(BF16)
+    c = fuseml.FuseMLCompiler()
+    run_step(torch.compile(model, backend=c), list(model.parameters()), torch.randn(4, 3, 10, 10, dtype=BF16))
+    gs = [g for p in c.plans for g in p.groups if g.route == "kernel"]
+    assert any(g.kind == "columns" and g.op_names.count("sum") == 2 for g in gs)
+    assert all(g.key and g.state in ("untuned", "tuned") for g in gs), [g.describe() for g in gs]
+
+
 def test_dynamic_batch_sizes_stay_right(dead_socket, channels_last_on):
     """Compiled with dynamic=True: the rewrites take symbolic sizes as they are (or leave the
     graph as it was); training and eval steps at three batch sizes match eager's."""
@@ -270,7 +284,13 @@ def test_batch_norm_setting_decomposes_training_graphs(dead_socket, channels_las
     (fw, fw_groups), (bw, bw_groups) = partitioned[-2:]
     assert not [n for n in fw.graph.nodes if "batch_norm" in str(n.target)]
     assert not [n for n in bw.graph.nodes if "batch_norm" in str(n.target)]
-    assert [g for g in fw_groups if g.kind == "columns"] and [g for g in bw_groups if g.kind == "columns"]
+    assert [g for g in fw_groups if g.kind == "columns"]
+    # each batch norm's two backward sums (of g and of g * (x - mean)) are one column kernel,
+    # which reads g and x once, though each sum took its own copy of g's prologue (before:
+    # four column kernels where the second norm's sums were apart)
+    bw_columns = [g for g in bw_groups if g.kind == "columns"]
+    sums = sorted(g.op_names.count("sum") for g in bw_columns)
+    assert sums == [1, 2, 2], [g.describe() for g in bw_columns]  # the head's bias gradient, the two norms
     torch._dynamo.reset()
     monkeypatch.setenv("FUSEML_BATCH_NORM", "aten")
     with torch.no_grad():

@@ -558,6 +558,35 @@ def find_groups(gm, min_ops=2, chains=True):
             gdeps[c1.gid].discard(c1.gid)
             break
 
+    # Column groups of one space that read the same value of that space from outside run as
+    # one: batch norm's backward sums g and g * (x - mean) where each took its own copy of g's
+    # prologue (threshold_backward of the same two views), so no value of one reaches the
+    # other. One kernel reads the shared values once, and a launch goes. Not when either
+    # waits on the other.
+    def space_inputs(c):
+        mset = set(c.members)
+        return {
+            b
+            for n in c.members
+            for b in n.all_input_nodes
+            if b not in mset
+            and isinstance(b.meta.get("val"), torch.Tensor)
+            and same_known_shape(b.meta["val"].shape, c.shape)
+        }
+
+    columns = [g for g in groups if g.kind == "columns"]
+    shared = {g.gid: space_inputs(g) for g in columns}
+    for i, c2 in enumerate(columns):
+        for c1 in columns[:i]:
+            if c1 not in groups or not same_known_shape(c1.shape, c2.shape) or not shared[c1.gid] & shared[c2.gid]:
+                continue
+            if reaches(gdeps.get(c2.gid, ()), c1.gid) or reaches(gdeps.get(c1.gid, ()), c2.gid):
+                continue
+            merge(c1, c2)
+            gdeps[c1.gid].discard(c1.gid)
+            shared[c1.gid] |= shared[c2.gid]
+            break
+
     for i, g in enumerate(groups):
         g.gid = i
     for g in groups:
