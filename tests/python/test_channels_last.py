@@ -5,6 +5,8 @@ the user gets back is laid out as eager's. Results as eager's. FUSEML_CHANNELS_L
 the rewrite on the CPU, where these tests run; "auto" converts CUDA bf16/f16 convolutions
 only."""
 
+import math
+
 import pytest
 import torch
 
@@ -135,7 +137,10 @@ def test_batch_norm_runs_as_column_and_pointwise_kernels(dead_socket, channels_l
     (p,) = c.plans
     assert not any("batch_norm" in n for g in p.groups for n in g.op_names)
     stats = [g for g in p.groups if g.kind == "columns"]
-    assert len(stats) == 4 and all(g.route == "kernel" and g.op_names[-1] == "mean" for g in stats)
+    # each statistic's kernel: its mean, then per channel (column_shape.py) the running
+    # statistic's update and, for the variance, rsqrt(var + eps)
+    assert len(stats) == 4 and all(g.route == "kernel" and "mean" in g.op_names for g in stats)
+    assert sum("rsqrt" in g.op_names for g in stats) == 2
     assert all(g.built.wire["inputs"][0]["shape"] == [4 * 12 * 12, 8] for g in stats)
     norm_relu = [g for g in p.groups if g.op_names[-1] == "relu"]
     assert norm_relu and all({"sub", "mul", "add"} <= set(g.op_names) for g in norm_relu)
@@ -162,6 +167,35 @@ def test_batch_norm_rewrites_are_exact_in_fp32(dead_socket, channels_last_on):
         for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
             assert rel_err(a, b) < 1e-4, rel_err(a, b)
         torch._dynamo.reset()
+
+
+def test_training_batch_norm_is_three_kernels(dead_socket, channels_last_on, partitioned, monkeypatch):
+    """FUSEML_BATCH_NORM=fused, fp32: a training forward runs each batch norm as its two
+    statistics kernels (whose epilogues compute rsqrt(var + eps), the running statistics'
+    updates and the saved statistics' casts, per channel) and one normalising kernel with
+    the activation; nothing per channel runs alone. The step gives eager's loss, gradients
+    and running statistics up to rounding."""
+    import copy
+
+    monkeypatch.setenv("FUSEML_BATCH_NORM", "fused")
+    torch.manual_seed(8)
+    model = Block(c=16)
+    twin = copy.deepcopy(model)
+    x = torch.randn(8, 3, 16, 16)
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    want = run_step(twin, list(twin.parameters()), x)
+    for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
+        assert rel_err(a, b) < 1e-4, rel_err(a, b)
+    for bn, bn_eager in ((model.bn0, twin.bn0), (model.bn1, twin.bn1)):
+        torch.testing.assert_close(bn.running_mean, bn_eager.running_mean, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bn.running_var, bn_eager.running_var, rtol=1e-5, atol=1e-6)
+        assert bn.num_batches_tracked.item() == bn_eager.num_batches_tracked.item() == 1
+    fw_groups = partitioned[-2][1]
+    small = [g for g in fw_groups if g.kind == "pointwise" and g.shape is not None and math.prod(g.shape) <= 16]
+    assert not small, [g.describe() for g in small]
+    columns = [g for g in fw_groups if g.kind == "columns"]
+    assert len(columns) == 4, [g.describe() for g in columns]
+    assert sum("rsqrt" in g.op_names for g in columns) == 2
 
 
 def _eval_step(model, x, compiler):

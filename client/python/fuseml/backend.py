@@ -30,6 +30,7 @@ from .cast_sink import sink_casts
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .column_rewrite import spell_columns
+from .column_shape import keep_column_shape
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
@@ -354,6 +355,7 @@ class FuseMLCompiler:
         # launch per batch norm otherwise)
         sink_casts(gm)
         spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
+        keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

@@ -443,10 +443,13 @@ def find_groups(gm, min_ops=2, chains=True):
                 and len(h.shape) == len(chosen.shape)
                 and same_known_shape(_per_row(chosen.shape), h.shape)
             )
+            # per-column ops of other inputs (0.9 * running_mean) join a column group's
+            # epilogue, as a per-column node would
+            per_column = chosen.kind == "columns" and h.kind == "pointwise" and _per_column(chosen.shape, h.shape)
             if (
                 chosen.kind == "gemm"
                 or h.kind == "gemm"
-                or not (cat or per_row or same_known_shape(chosen.shape, h.shape))
+                or not (cat or per_row or per_column or same_known_shape(chosen.shape, h.shape))
             ):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
