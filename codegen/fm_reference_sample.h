@@ -60,10 +60,15 @@ int64_t fm_sample_dim(const fm_fragment *f, int64_t outer, uint32_t d);
  * input that is not broadcast across the cut dims as a whole). */
 int64_t fm_sample_offset(const fm_fragment *f, int64_t outer, const fm_sample *s, int b, const fm_tensor *t);
 
+/* A column fragment of at least FM_SAMPLE_MIN_ELEMENTS is evaluated whole, in this many
+ * stripes of columns on threads of their own (its columns are independent). */
+#define FM_SAMPLE_COL_STRIPES    16
+
 /* The reference outputs of f (fm_reference_eval's contract) at the sample's blocks only: each
  * block on a thread of its own, written where the whole evaluation would write it. The
  * inputs in `fixed` (a bit per input: a GEMM's B, whose rows are K, not M) are never offset.
- * With s->n == 0, fm_reference_eval over every element. */
+ * With s->n == 0, every element: a large column fragment in stripes of columns (above),
+ * bit for bit what fm_reference_eval computes; anything else by fm_reference_eval. */
 int fm_sample_reference(const fm_fragment *f, int64_t outer, const fm_sample *s, uint32_t fixed,
                         const void *const *inputs, void *const *outputs, fm_diag *d);
 

@@ -266,6 +266,51 @@ static void test_not_sampled(void) {
   CHECK_EQ_INT(s.n, 0);
 }
 
+/* A column fragment over [65536, 83] (5.4M elements: evaluated whole, in stripes of columns
+ * on threads): sum((x - r) * g) and mean(x * x) + g, with a per-row r [M, 1] (left whole in
+ * every stripe) and a per-column g [1, 83] (cut with the columns); 83 columns make stripes of
+ * 6 and a last one of 5. Every output element is bit for bit the whole evaluation's. */
+static void test_cols_stripes(void) {
+  enum { M = 65536, N = 83 };
+  int64_t xs[2] = {M, N}, rs[2] = {M, 1}, gs[2] = {1, N};
+  tf_init(&raw);
+  tf_input(&raw, 0, FM_DT_BF16, 2, xs, NULL, 16);
+  tf_input(&raw, 1, FM_DT_F32, 2, rs, NULL, 16);
+  tf_input(&raw, 2, FM_DT_F32, 2, gs, NULL, 16);
+  tf_op(&raw, FM_OP_SUB, 3, 2, 0, 1, 0);
+  tf_op(&raw, FM_OP_MUL, 4, 2, 3, 2, 0);
+  tf_op(&raw, FM_OP_SUM, 5, 1, 4, 0, 0);
+  raw.ops[raw.n_ops - 1].dim = 0;
+  raw.ops[raw.n_ops - 1].keepdim = 1;
+  tf_op(&raw, FM_OP_MUL, 6, 2, 0, 0, 0);
+  tf_op(&raw, FM_OP_MEAN, 7, 1, 6, 0, 0);
+  raw.ops[raw.n_ops - 1].dim = 0;
+  raw.ops[raw.n_ops - 1].keepdim = 1;
+  tf_op(&raw, FM_OP_ADD, 8, 2, 7, 2, 0);
+  tf_output(&raw, 5, FM_DT_F32, 2, gs, NULL, 16);
+  tf_output(&raw, 8, FM_DT_F32, 2, gs, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK(fm_fragment_is_cols(&canon));
+  const void *ins[3];
+  void *whole[2], *part[2];
+  fm_diag d = {{0}};
+  for (uint32_t k = 0; k < 3; k++) ins[k] = random_tensor(&canon.inputs[k]);
+  for (uint32_t k = 0; k < 2; k++) {
+    whole[k] = calloc(N, 4);
+    part[k] = malloc(N * 4);
+    memset(part[k], 0xAB, N * 4);
+  }
+  fm_sample none = {0};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 1, ins, whole, &d), FM_OK);
+  CHECK_EQ_INT(fm_sample_reference(&canon, 1, &none, 0, ins, part, &d), FM_OK);
+  for (uint32_t k = 0; k < 2; k++) {
+    CHECK(memcmp(whole[k], part[k], N * 4) == 0);
+    free(whole[k]);
+    free(part[k]);
+  }
+  for (uint32_t k = 0; k < 3; k++) free((void *)ins[k]);
+}
+
 /* out = relu(A @ B + r), A [512, 512], B [512, 256] (K = M: B must stay fixed), r [512, 256];
  * rows 0..3, 300 and 508..511 as the tuner's GEMM strips would take them. */
 static void test_gemm_fixed_operand(void) {
@@ -299,6 +344,7 @@ int main(void) {
   RUN(test_rows_long_row);
   RUN(test_cat_blocks);
   RUN(test_not_sampled);
+  RUN(test_cols_stripes);
   RUN(test_gemm_fixed_operand);
   return FM_TEST_DONE();
 }
