@@ -52,11 +52,12 @@ def main(argv=None):
     eager_err, _ = run_model.errors(ph.result(ph.step(work.model)), want, args.phase)
     import fuseml
 
-    steps, rows = {}, {}
+    steps, rows, compilers = {}, {}, {}
     try:
         for v in values:
             os.environ[name] = v
-            fn = torch.compile(work.model, backend=fuseml.FuseMLCompiler())
+            compilers[v] = fuseml.FuseMLCompiler()
+            fn = torch.compile(work.model, backend=compilers[v])
 
             def step(fn=fn):
                 return ph.step(fn)
@@ -89,6 +90,7 @@ def main(argv=None):
                 breakdown_ms=prof["breakdown_ms"],
                 top_kernels=prof["top_kernels"][:12],
                 aten_ops=prof["aten_ops"][:12],
+                strategies=strategies(compilers[v]),
             )
     finally:
         if daemon is not None:
@@ -103,11 +105,24 @@ def main(argv=None):
         lines.append("   by class: " + ", ".join(f"{c} {ms:.2f}" for c, ms in r["breakdown_ms"].items()))
         for k in r["top_kernels"][:8]:
             lines.append(f"     {k['ms']:.3f} ms {k['calls']:.0f}x {k['class']}: {k['kernel'][:90]}")
+        lines.append("   groups by strategy: " + "; ".join(f"{n} {s}" for s, n in r["strategies"].items()))
     print("\n".join(lines), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"ab-{args.model}-{args.phase}-{name}.json"), "w") as f:
             json.dump({"device": device, "eager_err": eager_err, "rows": rows}, f, indent=1)
+
+
+def strategies(compiler):
+    """How many groups of the compiled graphs run under each strategy (fuseml.explain's
+    labels, without their details after the colon): which groups measured routing gave
+    back to ATen, which still wait for a kernel."""
+    from collections import Counter
+
+    from fuseml import plan_view
+
+    counts = Counter(g["strategy"].split(":")[0] for g in plan_view.groups(compiler))
+    return dict(counts.most_common())
 
 
 if __name__ == "__main__":
