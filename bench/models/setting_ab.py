@@ -4,7 +4,7 @@ breakdown by kernel class, the costliest kernels, and the error against the fp32
 eager bf16's. A setting is read when a graph is compiled, so each value gets its own compiled
 model; one process keeps the comparison inside one host's drift.
 
-    python3 setting_ab.py --model convnet --phase train --env FUSEML_BATCH_NORM=auto,fused [--out DIR]
+    python3 setting_ab.py --model convnet --phase train --env FUSEML_BATCH_NORM=auto,aten [--out DIR]
 
 A diagnostic for a choice not yet made (which default a setting should have); the figures
 that count are bench.py's."""

@@ -188,7 +188,7 @@ def test_unknown_names_are_clear_errors(tmp_path):
 
 def test_setting_ab_refuses_a_setting_it_cannot_compare():
     ab = os.path.join(BENCH, "setting_ab.py")
-    for env in ("FUSEML_BATCH_NORM=fused", "junk", "PATH=a,b", "FUSEML_BATCH_NORM="):
+    for env in ("FUSEML_BATCH_NORM=aten", "junk", "PATH=a,b", "FUSEML_BATCH_NORM="):
         r = subprocess.run(
             [sys.executable, ab, "--model", "convnet", "--env", env],
             env=_env(),

@@ -120,12 +120,12 @@ def test_what_is_left_as_it_was(dead_socket, partitioned, monkeypatch):
     assert all(not layout_copies(gm) for gm, _ in partitioned)
 
 
-def test_batch_norm_runs_as_column_and_pointwise_kernels(dead_socket, channels_last_on, partitioned):
+def test_batch_norm_runs_as_column_and_pointwise_kernels(dead_socket, channels_last_on, partitioned, monkeypatch):
     """Batch norm in an inference graph whose convolutions run channels-last is decomposed:
     its statistics are column reductions of the [N * H * W, C] values as stored
     (memory_order.py, column_rewrite.py), its normalisation joins the ReLU after it, and the
-    kernels read their channels-last tensors flat (channels innermost). A training graph
-    keeps ATen's batch norm (channels-last kernels) for now."""
+    kernels read their channels-last tensors flat (channels innermost). With
+    FUSEML_BATCH_NORM=aten a training graph keeps ATen's batch norm (channels-last kernels)."""
     torch.manual_seed(3)
     model = Block().to(BF16)  # training mode: batch statistics, also under no_grad
     x = torch.randn(4, 3, 12, 12, dtype=BF16)
@@ -146,8 +146,9 @@ def test_batch_norm_runs_as_column_and_pointwise_kernels(dead_socket, channels_l
     assert norm_relu and all({"sub", "mul", "add"} <= set(g.op_names) for g in norm_relu)
     for t in norm_relu[0].built.wire["inputs"] + norm_relu[0].built.wire["outputs"]:
         assert t["strides"][-1] in (0, 1), t  # channels innermost: the kernel walks memory in order
-    # training: ATen's batch norm, on channels-last values
+    # training with FUSEML_BATCH_NORM=aten: ATen's batch norm, on channels-last values
     torch._dynamo.reset()
+    monkeypatch.setenv("FUSEML_BATCH_NORM", "aten")
     run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
     fw = partitioned[-2][0]
     bns = [n for n in fw.graph.nodes if "batch_norm" in str(n.target)]
@@ -170,14 +171,13 @@ def test_batch_norm_rewrites_are_exact_in_fp32(dead_socket, channels_last_on):
 
 
 def test_training_batch_norm_is_three_kernels(dead_socket, channels_last_on, partitioned, monkeypatch):
-    """FUSEML_BATCH_NORM=fused, fp32: a training forward runs each batch norm as its two
+    """fp32: a training forward runs each batch norm as its two
     statistics kernels (whose epilogues compute rsqrt(var + eps), the running statistics'
     updates and the saved statistics' casts, per channel) and one normalising kernel with
     the activation; nothing per channel runs alone. The step gives eager's loss, gradients
     and running statistics up to rounding."""
     import copy
 
-    monkeypatch.setenv("FUSEML_BATCH_NORM", "fused")
     torch.manual_seed(8)
     model = Block(c=16)
     twin = copy.deepcopy(model)
@@ -238,10 +238,9 @@ def test_daemon_accepts_batch_norm_kernels(daemon, channels_last_on):
 
 
 def test_daemon_accepts_training_batch_norm_kernels(daemon, channels_last_on, monkeypatch):
-    """FUSEML_BATCH_NORM=fused: every group of the forward and backward (the statistics, the
+    """A training step: every group of the forward and backward (the statistics, the
     backward's two sums in one column kernel, the per-channel epilogues) is a fragment the
     daemon generates and compiles."""
-    monkeypatch.setenv("FUSEML_BATCH_NORM", "fused")
     torch.manual_seed(7)
     model = Block(c=16).to(BF16)
     c = fuseml.FuseMLCompiler()
@@ -289,12 +288,12 @@ def test_the_setting_reads_as_documented(monkeypatch):
 
 
 def test_batch_norm_setting_decomposes_training_graphs(dead_socket, channels_last_on, partitioned, monkeypatch):
-    """FUSEML_BATCH_NORM=fused: a training graph's batch norm is decomposed too (its
-    statistics column reductions of the channels-last values, its backward's sums too), and
-    the step gives the loss and gradients of torch's own decomposition of batch norm (what
-    Inductor runs; in bf16 its gradients of a network this small can be up to ~3x farther
-    from fp32 than eager's fused kernels, so this setting is opt-in); "aten" keeps ATen's
-    batch norm in inference graphs as well."""
+    """By default a training graph's batch norm is decomposed too (its statistics column
+    reductions of the channels-last values, its backward's sums too), and the step gives the
+    loss and gradients of torch's own decomposition of batch norm (what Inductor runs; on the
+    CPU, where this runs, the decomposition rounds the saved statistics to bf16 as the CPU's
+    kernels do, so its gradients are compared with the decomposition's; on CUDA they stay fp32,
+    as eager's); "aten" keeps ATen's batch norm everywhere."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
@@ -304,8 +303,7 @@ def test_batch_norm_setting_decomposes_training_graphs(dead_socket, channels_las
     torch.manual_seed(9)
     model = Block(c=16).to(BF16)
     x = torch.randn(8, 3, 16, 16, dtype=BF16)
-    monkeypatch.setenv("FUSEML_BATCH_NORM", "fused")
-    assert settings.batch_norm() == "fused"
+    assert settings.batch_norm() == "auto"
     ref = fp32_step(model, x)
     decomposed = aot_autograd(
         fw_compiler=lambda gm, ex: make_boxed_func(gm), decompositions={**DECOMPOSITIONS, **BATCH_NORM}
@@ -330,6 +328,6 @@ def test_batch_norm_setting_decomposes_training_graphs(dead_socket, channels_las
     with torch.no_grad():
         torch.compile(model.eval(), backend=fuseml.FuseMLCompiler())(x)
     assert [n for n in partitioned[-1][0].graph.nodes if "batch_norm" in str(n.target)]
-    for value, mode in (("fused", "fused"), ("ATEN", "aten"), ("auto", "auto"), ("typo", "auto")):
+    for value, mode in (("fused", "auto"), ("ATEN", "aten"), ("auto", "auto"), ("typo", "auto")):
         monkeypatch.setenv("FUSEML_BATCH_NORM", value)
         assert settings.batch_norm() == mode

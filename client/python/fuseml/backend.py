@@ -113,13 +113,13 @@ def _safe_softmax(x, dim, dtype=None):
 
 DECOMPOSITIONS[aten._safe_softmax.default] = _safe_softmax
 
-# Batch norm as reductions and pointwise ops, for inference graphs whose convolutions run
-# channels-last (channels_last.py): its statistics are then column reductions of the
-# [N * H * W, C] values (memory_order.py, column_rewrite.py) and the normalisation joins the
-# activation after it (ResNet-50's inference on an H100: 3.67 ms of GPU time, Inductor 3.26).
-# Not in training graphs yet: a ResNet-50 training step decomposed so took 32.6 ms against
-# 17.0 with ATen's channels-last batch norm kernels (H100; the column kernels at 64-256
-# channels, and the groups measured routing gave back to ATen: bench/NOTES.md, "ConvNets").
+# Batch norm as reductions and pointwise ops, in graphs whose convolutions run channels-last
+# (channels_last.py): its statistics are then column reductions of the [N * H * W, C] values
+# (memory_order.py, column_rewrite.py), whose epilogues compute what is per channel
+# (column_shape.py), and the normalisation joins the activation after it. ResNet-50 on an
+# H200: inference 3.23 ms of GPU time (Inductor 2.99); a training step 11.6 ms against 15.0
+# with ATen's channels-last batch norm kernels, whose statistics kernel alone reads at a
+# sixth of the bandwidth (bench/NOTES.md, "Batch norm in training, decomposed").
 # Elsewhere ATen's batch norm kernels stay (NCHW statistics would be reductions no kernel
 # template takes).
 BATCH_NORM = get_decompositions(
@@ -135,15 +135,9 @@ BATCH_NORM = get_decompositions(
 
 def _decomposes_batch_norm(gm, example_inputs):
     """Will this dynamo graph be one in which channels_last.convert finds a convolution (a
-    2-D one and, in mode "auto", a bf16/f16 CUDA input), and an inference graph (no input
-    needs a gradient) unless FUSEML_BATCH_NORM=fused?"""
+    2-D one and, in mode "auto", a bf16/f16 CUDA input), with FUSEML_BATCH_NORM not "aten"?"""
     mode, norm = settings.channels_last(), settings.batch_norm()
     if mode == "off" or norm == "aten" or not any("conv2d" in str(n.target) for n in gm.graph.nodes):
-        return False
-    training = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
-    )
-    if training and norm != "fused":
         return False
     return mode == "on" or any(
         isinstance(x, torch.Tensor) and x.device.type == "cuda" and x.dtype in channels_last.DTYPES

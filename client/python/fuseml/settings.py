@@ -92,11 +92,10 @@ def channels_last():
 
 def batch_norm():
     """FUSEML_BATCH_NORM: "auto" (the default, also for any other value: batch norm is
-    decomposed into fused kernels in inference graphs whose convolutions run channels-last,
-    ATen's kernels run it in training graphs), "fused" (decomposed in training graphs too) or
-    "aten" (never decomposed)."""
+    decomposed into fused kernels, inference and training, in graphs whose convolutions run
+    channels-last) or "aten" (ATen's batch norm kernels everywhere)."""
     mode = (_get("FUSEML_BATCH_NORM") or "auto").lower()
-    return mode if mode in ("fused", "aten") else "auto"
+    return "aten" if mode == "aten" else "auto"
 
 
 def cudagraphs():
