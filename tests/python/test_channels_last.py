@@ -198,6 +198,26 @@ def test_training_batch_norm_is_three_kernels(dead_socket, channels_last_on, par
     assert sum("rsqrt" in g.op_names for g in columns) == 2
 
 
+@pytest.mark.parametrize("affine,track", [(False, True), (True, False), (False, False)])
+def test_training_batch_norm_variants_match_eager(dead_socket, channels_last_on, affine, track):
+    """Decomposed in training: batch norm without weight and bias, without running
+    statistics (batch statistics only), or neither, gives eager's values and gradients."""
+    import copy
+
+    torch.manual_seed(10)
+    model = Block(c=16)
+    for name in ("bn0", "bn1"):
+        setattr(model, name, torch.nn.BatchNorm2d(16, affine=affine, track_running_stats=track))
+    twin = copy.deepcopy(model)
+    x = torch.randn(8, 3, 16, 16)
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    want = run_step(twin, list(twin.parameters()), x)
+    for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
+        assert rel_err(a, b) < 1e-4, rel_err(a, b)
+    if track:
+        torch.testing.assert_close(model.bn1.running_var, twin.bn1.running_var, rtol=1e-5, atol=1e-6)
+
+
 def _eval_step(model, x, compiler):
     with torch.no_grad():
         return torch.compile(model, backend=compiler)(x)

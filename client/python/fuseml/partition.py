@@ -259,22 +259,27 @@ def find_groups(gm, min_ops=2, chains=True):
     next_gid = iter(range(1 << 30))
 
     def find(gid):
-        while root.get(gid, gid) != gid:
-            gid = root[gid]
-        return gid
+        top = gid
+        while root.get(top, top) != top:
+            top = root[top]
+        while gid != top:  # path compression: the walks below call this millions of times
+            root[gid], gid = top, root[gid]
+        return top
 
     def reaches(gids, gid):
         """Is group gid one of `gids` or upstream of one of them? A group runs as one call
         (all its outputs wait on all its inputs), so the walk goes through each group's
         external inputs (gdeps), not only along the nodes' own edges."""
-        seen, stack = set(), [find(x) for x in gids]
-        while stack:
-            x = stack.pop()
-            if x == gid:
+        # level by level, each level's gdeps united in C: a group's gdeps already hold most
+        # of its ancestry (deps are transitive along the nodes), so a walk one edge at a time
+        # visited each ancestor's thousands of entries again (ResNet-50's backward: ~10M)
+        seen, frontier = set(), {find(x) for x in gids}
+        while frontier:
+            if gid in frontier:
                 return True
-            if x not in seen:
-                seen.add(x)
-                stack.extend(find(y) for y in gdeps.get(x, ()))
+            seen |= frontier
+            upstream = set().union(*(gdeps.get(x, ()) for x in frontier))
+            frontier = {find(y) for y in upstream - seen} - seen
         return False
 
     def depends(node, gid):
