@@ -170,22 +170,28 @@ def test_batch_norm_rewrites_are_exact_in_fp32(dead_socket, channels_last_on):
         torch._dynamo.reset()
 
 
+def _train_step_matches_eager(model, x):
+    """One compiled training step of model and one eager step of its copy: output and
+    gradients agree up to fp32 rounding. Returns the eager copy (its running statistics)."""
+    import copy
+
+    twin = copy.deepcopy(model)
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    want = run_step(twin, list(twin.parameters()), x)
+    for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
+        assert rel_err(a, b) < 1e-4, rel_err(a, b)
+    return twin
+
+
 def test_training_batch_norm_is_three_kernels(dead_socket, channels_last_on, partitioned, monkeypatch):
     """fp32: a training forward runs each batch norm as its two
     statistics kernels (whose epilogues compute rsqrt(var + eps), the running statistics'
     updates and the saved statistics' casts, per channel) and one normalising kernel with
     the activation; nothing per channel runs alone. The step gives eager's loss, gradients
     and running statistics up to rounding."""
-    import copy
-
     torch.manual_seed(8)
     model = Block(c=16)
-    twin = copy.deepcopy(model)
-    x = torch.randn(8, 3, 16, 16)
-    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
-    want = run_step(twin, list(twin.parameters()), x)
-    for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
-        assert rel_err(a, b) < 1e-4, rel_err(a, b)
+    twin = _train_step_matches_eager(model, torch.randn(8, 3, 16, 16))
     for bn, bn_eager in ((model.bn0, twin.bn0), (model.bn1, twin.bn1)):
         torch.testing.assert_close(bn.running_mean, bn_eager.running_mean, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(bn.running_var, bn_eager.running_var, rtol=1e-5, atol=1e-6)
@@ -202,18 +208,11 @@ def test_training_batch_norm_is_three_kernels(dead_socket, channels_last_on, par
 def test_training_batch_norm_variants_match_eager(dead_socket, channels_last_on, affine, track):
     """Decomposed in training: batch norm without weight and bias, without running
     statistics (batch statistics only), or neither, gives eager's values and gradients."""
-    import copy
-
     torch.manual_seed(10)
     model = Block(c=16)
     for name in ("bn0", "bn1"):
         setattr(model, name, torch.nn.BatchNorm2d(16, affine=affine, track_running_stats=track))
-    twin = copy.deepcopy(model)
-    x = torch.randn(8, 3, 16, 16)
-    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
-    want = run_step(twin, list(twin.parameters()), x)
-    for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
-        assert rel_err(a, b) < 1e-4, rel_err(a, b)
+    twin = _train_step_matches_eager(model, torch.randn(8, 3, 16, 16))
     if track:
         torch.testing.assert_close(model.bn1.running_var, twin.bn1.running_var, rtol=1e-5, atol=1e-6)
 
