@@ -48,6 +48,10 @@ static const struct {
     [FM_OP_SQRT] = {"sqrtf($0)", ARGS_FLOAT},
     [FM_OP_RSQRT] = {"rsqrtf($0)", ARGS_FLOAT},
     [FM_OP_ERF] = {"erff($0)", ARGS_FLOAT},
+    /* the full-range forms torch's own kernels use: rotary angles reach thousands of radians,
+     * where __cosf's error is no longer bounded */
+    [FM_OP_COS] = {"cosf($0)", ARGS_FLOAT},
+    [FM_OP_SIN] = {"sinf($0)", ARGS_FLOAT},
     [FM_OP_GT] = {"($0 > $1)", ARGS_COMPARE},
     [FM_OP_GE] = {"($0 >= $1)", ARGS_COMPARE},
     [FM_OP_LT] = {"($0 < $1)", ARGS_COMPARE},
@@ -73,7 +77,7 @@ static const struct {
  * the kernel's size, so these err high. */
 static const uint8_t op_cost[FM_OP__COUNT] = {
     [FM_OP_DIV] = 2,     [FM_OP_EXP] = 2,        [FM_OP_TANH] = 2,      [FM_OP_SQRT] = 2, [FM_OP_RSQRT] = 2,
-    [FM_OP_SIGMOID] = 4, [FM_OP_SILU] = 4,       [FM_OP_GELU_TANH] = 4, [FM_OP_GELU] = 6, [FM_OP_ERF] = 6,
+    [FM_OP_SIGMOID] = 4, [FM_OP_SILU] = 4,       [FM_OP_GELU_TANH] = 4, [FM_OP_GELU] = 6, [FM_OP_ERF] = 6, [FM_OP_COS] = 4, [FM_OP_SIN] = 4,
     [FM_OP_LOG] = 6,     [FM_OP_SUM] = 2,        [FM_OP_MEAN] = 2,      [FM_OP_AMAX] = 2, [FM_OP_VAR] = 4,
     [FM_OP_SOFTMAX] = 8, [FM_OP_LAYER_NORM] = 8, [FM_OP_RMS_NORM] = 8,  [FM_OP_POW] = 32, /* powf; see pow_cost */
 };

@@ -192,6 +192,10 @@ double fm_ref_op(const fm_opnode *op, double a, double b, double c) {
       return 1.0 / sqrt(a);
     case FM_OP_ERF:
       return erf(a);
+    case FM_OP_COS:
+      return cos(a);
+    case FM_OP_SIN:
+      return sin(a);
     case FM_OP_GT:
       return a > b;
     case FM_OP_GE:

@@ -53,7 +53,9 @@
  * dim (-1) can be reduced") and the client runs them unfused. Vocabulary 6 adds `cat`
  * (concatenation along a static dim of a pointwise fragment: cat fragments, below); a daemon
  * of vocabulary 5 refuses a fragment that says vocab 6 (FM_ESCHEMA, "vocab 6 not supported"),
- * and the client runs the group unfused. */
+ * and the client runs the group unfused. `cos` and `sin` (rotary embeddings' angles) were
+ * appended to the elementwise ops of vocabulary 1 as `erf` was: a daemon built before them
+ * answers unknown_op. */
 #define FM_VOCAB_VERSION 6
 #define FM_VOCAB_MIN     1
 #define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
@@ -165,7 +167,9 @@ typedef enum {
   XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE) \
   XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE)     \
   XX(ERF, "erf", FM_OPK_UNARY)                   \
-  XX(CAT, "cat", FM_OPK_CAT)
+  XX(CAT, "cat", FM_OPK_CAT)                     \
+  XX(COS, "cos", FM_OPK_UNARY)                   \
+  XX(SIN, "sin", FM_OPK_UNARY)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,

@@ -61,6 +61,37 @@ def op_table(step, dev, steps, top):
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
+def kernel_trace(step, dev):
+    """One step's GPU work in the order it ran: each kernel, memcpy and memset with its time
+    and the ATen op or fuseml launch that issued it (where the profiler links them). Read
+    beside the generated code (--out) to tell which group each kernel is."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    measure.sync(dev)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        measure.sync(dev)
+    issuer = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU:
+            for k in getattr(e, "kernels", None) or ():
+                issuer.setdefault(id(k), e.name)
+    rows = ["| # | start us | us | kernel | issued by |", "|---|---|---|---|---|"]
+    gpu = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    t0 = gpu[0].time_range.start if gpu else 0
+    for i, e in enumerate(gpu):
+        parent = getattr(e, "cpu_parent", None)
+        by = parent.name if parent is not None else issuer.get(id(e), "")
+        rows.append(
+            f"| {i} | {e.time_range.start - t0:.0f} | {e.time_range.elapsed_us():.1f} | {e.name[:90]} | {by[:60]} |"
+        )
+    return "\n".join(rows)
+
+
 def _line_kind(text, scope):
     """What one line of generated code does, for the line table."""
     t = text.strip()
@@ -192,6 +223,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--top", type=int, default=35)
     p.add_argument("--out", default=None)
+    p.add_argument("--kernels", action="store_true", help="list one step's kernels in order")
     args = p.parse_args(argv)
     dev = torch.device("cuda")
     modes_mod.allow_many_graphs()
@@ -213,6 +245,8 @@ def main(argv=None):
                 step()
                 measure.sync(dev)
                 compile_s = time.perf_counter() - t0
+                if mode.family == "fuseml":
+                    run_model._wait_tuned(time.monotonic() + 400)  # the steady step runs tuned kernels
                 for _ in range(3):
                     step()
                 wall = measure.wall_ms({"s": step}, dev, 21)["s"]["ms"]
@@ -239,6 +273,8 @@ def main(argv=None):
                     table = line_table(step, dev, plans, args.steps)
                     print(table, flush=True)
                     report.append(table)
+                if args.kernels and mode.family != "eager":
+                    report.append(f"kernels of one step, {mode.name} {phase}:\n" + kernel_trace(step, dev))
                 if mode.family != "eager":
                     report.append(profile_steps(step, dev, args.steps, args.top))
                     report.append(op_table(step, dev, args.steps, args.top))

@@ -198,9 +198,9 @@ static void random_case(gu_rng *r, int idx) {
     uint32_t other = vals[gu_below(r, n_in)];
     switch (gu_below(r, 9)) {
       case 0: {
-        static const fm_op safe[] = {FM_OP_NEG,       FM_OP_ABS,  FM_OP_RELU,    FM_OP_GELU,
-                                     FM_OP_GELU_TANH, FM_OP_SILU, FM_OP_SIGMOID, FM_OP_TANH};
-        cur = fb_op1(&b, safe[gu_below(r, 8)], cur);
+        static const fm_op safe[] = {FM_OP_NEG,  FM_OP_ABS,     FM_OP_RELU, FM_OP_GELU, FM_OP_GELU_TANH,
+                                     FM_OP_SILU, FM_OP_SIGMOID, FM_OP_TANH, FM_OP_COS,  FM_OP_SIN};
+        cur = fb_op1(&b, safe[gu_below(r, 10)], cur);
         break;
       }
       case 1:

@@ -155,9 +155,11 @@ def test_daemon_accepts_rope_and_explain_shows_it(daemon):
     assert sum("cat" in r["ops"] for r in rows) == 2
 
 
-def test_hf_llama_rope_fuses_forward_and_backward(dead_socket):
+def test_hf_llama_rope_fuses_forward_and_backward(dead_socket, partitioned):
     """A tiny Hugging Face Llama (GQA: 4 heads, 2 kv heads), trained one step: the rotary
-    embedding of q and of k is one group each in the forward and in the backward graph."""
+    embedding of q and of k is one group each in the forward and in the backward graph; the
+    angles (a product over K = 1, outer_product.py), their cat, cos and sin are one group of
+    the forward, and no bmm, cos or sin is left outside a group in either graph."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(
         hidden_size=64,
@@ -180,6 +182,12 @@ def test_hf_llama_rope_fuses_forward_and_backward(dead_socket):
         rope = [g for g in cat_groups(plan(c, which)) if "neg" in g.op_names]
         assert len(rope) == 2, plan(c, which).describe()
         assert all(g.route == "kernel" and {"cat", "mul", "add"} <= set(g.op_names) for g in rope)
+    aten = torch.ops.aten
+    for gm, groups in partitioned:
+        grouped = {n for g in groups for n in g.members}
+        left = {n.target for n in gm.graph.nodes if n.op == "call_function" and n not in grouped}
+        assert not left & {aten.bmm.default, aten.cos.default, aten.sin.default}, left
+    assert any({"cat", "cos", "sin"} <= set(g.op_names) for g in partitioned[0][1])
 
 
 def _qkv_gradient_layout(x):

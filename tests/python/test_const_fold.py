@@ -99,3 +99,32 @@ def test_symbolic_sizes_are_not_folded(dead_socket, partitioned):
     # the mask's size is symbolic: it is computed on each call; the two scalars fold
     assert any("arange" in str(t) for t in targets(gm))
     assert all(getattr(gm, k.target).dim() == 0 for k in constants(gm))
+
+
+class PositionsSaved(torch.nn.Module):
+    """GPT-2's embedding of positions in training: the position ids (a view of an arange)
+    are saved for the embedding's backward, so the forward returns them, and a mask is built
+    from them too (HF's packed-sequence test: diff, ne, cumsum, compare)."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Embedding(8, 4)
+
+    def forward(self, x):
+        ids = torch.arange(x.shape[1])[None]
+        first = ids[:, :1] - 1
+        starts = (torch.cat([first, ids], -1).diff(dim=-1) != 1).cumsum(-1)
+        same = starts[:, :, None] == starts[:, None, :]
+        mask = torch.where(same, 0.0, -1.0)  # added: the backward needs none of it
+        return (x @ x.transpose(1, 2) + mask).sum(-1) + self.pos(ids).sum(-1)
+
+
+def test_an_output_view_of_a_constant_still_lets_its_readers_fold(dead_socket, partitioned):
+    x = torch.randn(2, 8, 4, requires_grad=True)
+    c, got, want = compile_run(PositionsSaved(), x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    gm, groups = partitioned[0]  # the forward: it returns the ids for the backward
+    assert aten.cumsum.default not in targets(gm) and aten.cat.default not in targets(gm)
+    assert aten.ne.Scalar not in targets(gm) and aten.eq.Tensor not in targets(gm)
+    assert constants(gm)

@@ -38,9 +38,9 @@ def _inputs():
     return [torch.randn(32, 16), torch.randn(8, 16), torch.randn(8)]
 
 
-def test_generated_code_computes_what_the_graph_does():
-    args = _inputs()
-    gm = _graph_of(_views_and_ops, *args)
+def _generated(gm, args):
+    """The generated (first, fast) functions of gm, each checked to give gm's values on args
+    in gm's layouts."""
     first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
     want = gm(*args)
     for fn in (first, fast):
@@ -48,6 +48,13 @@ def test_generated_code_computes_what_the_graph_does():
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert torch.equal(a, b) and a.stride() == b.stride()
+    return first, fast
+
+
+def test_generated_code_computes_what_the_graph_does():
+    args = _inputs()
+    gm = _graph_of(_views_and_ops, *args)
+    first, fast = _generated(gm, args)
     # views are reinterpreted, not dispatched: no aten.view/permute/t/slice call is left
     assert "reinterpret(" in fast.source
     # a library call goes through torch's binding, not the OpOverload's schema parsing
@@ -71,16 +78,28 @@ def test_a_chain_of_views_of_an_input_is_made_once():
     torch.manual_seed(0)
     args = [torch.randn(2, 5, 6, 8), torch.randn(8), torch.randn(8)]
     gm = _graph_of(_per_channel, *args)
-    first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
-    want = gm(*args)
-    for fn in (first, fast):
-        got = fn(list(args))
-        for a, b in zip(got, want):
-            assert torch.equal(a, b) and a.stride() == b.stride()
+    first, fast = _generated(gm, args)
     views = sum(n.target in (torch.ops.aten.unsqueeze.default, torch.ops.aten.permute.default) for n in gm.graph.nodes)
     assert views == 8
     assert fast.source.count("reinterpret(") == 3, fast.source  # scale; shift; its unsqueeze and permute
     assert "del v1" in fast.source and "del v2" in fast.source
+
+
+def _qkv(x, w):
+    """GPT-2's attention input: one projection split in three, each read as heads."""
+    q, k, v = torch.mm(x, w).split(16, dim=1)
+    return q.relu(), k.view(4, 2, 8).transpose(0, 1).sum(0), v.exp(), torch.mm(x, w).unbind(1)[3].neg()
+
+
+def test_a_split_is_made_by_reinterpreting_its_operand():
+    """split and unbind give views of their operand: each part read is a reinterpretation of
+    it (no split call, nothing for the split itself to delete), with the values of the graph."""
+    torch.manual_seed(0)
+    args = [torch.randn(4, 16), torch.randn(16, 48)]
+    gm = _graph_of(_qkv, *args)
+    first, fast = _generated(gm, args)
+    assert "split" not in fast.source and "unbind" not in fast.source, fast.source
+    assert fast.source.count("reinterpret(") >= 4, fast.source
 
 
 def test_the_argument_list_is_cleared_and_values_freed_after_their_last_use():

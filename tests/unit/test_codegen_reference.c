@@ -102,6 +102,9 @@ static void test_unary_values(void) {
       {FM_OP_NEG, 1.5f, -1.5},
       {FM_OP_ABS, -7.25f, 7.25},
       {FM_OP_EXP, 100.0f, INFINITY},
+      {FM_OP_COS, 1.0f, 0.5403023058681398},
+      {FM_OP_SIN, 1.0f, 0.8414709848078965},
+      {FM_OP_COS, 1000.0f, 0.5623790762907029}, /* a rotary angle: range reduction */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     float out = -12345.0f;

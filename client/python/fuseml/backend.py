@@ -31,9 +31,11 @@ from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .column_rewrite import spell_columns
 from .column_shape import keep_column_shape
+from .embedding_grad import rewrite_embedding_grads
 from .fragment import Unfusable, build
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
+from .outer_product import spell_outer_products
 from .memory_order import run_in_memory_order
 from .partition import Served, epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
@@ -331,6 +333,11 @@ class FuseMLCompiler:
             const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
         keeps_layout, report_to, saved = _layout_policy(which)
         padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
+        if padded and self.rest != "inductor":
+            # the zeros a padding concatenates (GPT-2's tied lm_head: [47, 768] forward and
+            # backward, [4096, 47] for the logits' gradient) are constants too: an ATen `full`
+            # each, ~80 us of host a step on an H200's host otherwise
+            const_fold.fold(gm)
         # after the padding: a padded GEMM's slot it kept is not one the convolutions change
         kept += channels_last.convert(gm, settings.channels_last(), saved) or []
         # Inductor reports the strides of the graph it compiles itself (and asserts that no
@@ -338,6 +345,7 @@ class FuseMLCompiler:
         if kept and report_to is not None and self.rest != "inductor":
             _report_output_strides(gm, sorted(set(kept)), report_to)
         chains = settings.chains() if self.chains is None else bool(self.chains)
+        spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
         spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
         spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
         compute_in_copy_layout(gm)  # a copy of a transposed pointwise value computes it there (transpose_rewrite.py)
@@ -350,6 +358,8 @@ class FuseMLCompiler:
         sink_casts(gm)
         spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
         keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
+        if self.rest != "inductor":  # Inductor decomposes it its own way
+            rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

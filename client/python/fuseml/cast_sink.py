@@ -65,6 +65,18 @@ def _movable(node):
     return isinstance(node.args[0], torch.fx.Node) and len(node.all_input_nodes) == 1
 
 
+def _joins_producer(cast):
+    """Is cast's operand made by a pointwise op or a cat of the cast's shape? Then the cast
+    already fuses with what makes its operand, and moving it pays only where it then fuses
+    with its readers instead (_chain)."""
+    x = cast.args[0]
+    if x.op != "call_function" or x.target in ops.ALIASES:
+        return False
+    if ops.why_not_pointwise(x) is not None and ops.cat_dim(x) is None:
+        return False
+    return same_plain_shape(x.meta["val"].shape, cast.meta["val"].shape)
+
+
 def _chain(cast):
     """The views cast's value goes through to reach pointwise ops (each read only by the
     next), or None when it is not such an op."""
@@ -85,6 +97,13 @@ def _chain(cast):
         node = next(iter(node.users))
         chain.append(node)
     if not chain or not all(ops.fusible(u) for u in node.users):
+        return None
+    # Readers over a larger shape (a broadcast) take the moved op in no group of theirs: it
+    # would only leave the group that makes its operand. Rotary embeddings' cos(cat(freqs,
+    # freqs)) cast to bf16, read through an unsqueeze by q's and k's [B, H, S, D] groups, is
+    # one kernel where it stands and three moved.
+    shape = node.meta["val"].shape
+    if _joins_producer(cast) and not all(same_plain_shape(u.meta["val"].shape, shape) for u in node.users):
         return None
     return chain
 

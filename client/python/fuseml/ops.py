@@ -191,6 +191,8 @@ POINTWISE = {
     aten.sigmoid.default: _unary("sigmoid"),
     aten.tanh.default: _unary("tanh"),
     aten.exp.default: _unary("exp"),
+    aten.cos.default: _unary("cos"),
+    aten.sin.default: _unary("sin"),
     aten.log.default: _unary("log"),
     aten.sqrt.default: _unary("sqrt"),
     aten.rsqrt.default: _unary("rsqrt"),

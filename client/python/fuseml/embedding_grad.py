@@ -1,0 +1,70 @@
+"""The weight gradient of an embedding as one scatter-add into fp32, where ATen sorts.
+
+ATen's `embedding_dense_backward` on CUDA sorts the token ids and reduces each run of equal
+ids (a deterministic sum): a radix sort, segment offsets, partial sums and a scatter, a dozen
+launches and allocations. On an H200's host it took 305-412 us of host time a step (Llama's
+and GPT-2's training steps, bench/NOTES.md, "A training step's host time"), for ~0.13 ms of
+GPU work; GPT-2 has two of them. Inductor makes of it what this module does: an fp32 buffer
+of zeros, every token's gradient row added into its id's row (atomic adds), the buffer cast
+to the gradient's dtype. Four launches and ~120 us of host.
+
+    rewrite_embedding_grads(gm) -> int     # nodes rewritten (before partitioning)
+    embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq) -> Tensor
+
+The sums are in fp32 as ATen's are, in whatever order the atomics land: the result may differ
+from ATen's in the last bits of fp32 before the cast and is not bitwise reproducible. So the
+rewrite is not made when `torch.use_deterministic_algorithms(True)` is in force when the graph
+is compiled, and the function itself calls ATen's op when it is in force at the call. A
+gradient scaled by frequency (`scale_grad_by_freq`) stays ATen's. Rows at `padding_idx` get
+no gradient, as ATen's: that row is zeroed after the adds (only its own tokens reach it)."""
+
+import torch
+
+from ._log import log
+from .fake_meta import tensor_val
+
+aten = torch.ops.aten
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """aten.embedding_dense_backward's value, by scatter-add (above)."""
+    if scale_grad_by_freq or torch.are_deterministic_algorithms_enabled():
+        return aten.embedding_dense_backward.default(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+    d = grad.shape[-1]
+    out = torch.zeros((num_weights, d), dtype=torch.float32, device=grad.device)
+    out.index_add_(0, indices.reshape(-1), grad.reshape(-1, d).float())
+    if padding_idx >= 0:
+        out[padding_idx] = 0
+    return out.to(grad.dtype)
+
+
+def _rewritable(node):
+    if node.op != "call_function" or node.target is not aten.embedding_dense_backward.default:
+        return False
+    grad, indices = tensor_val(node.args[0]), tensor_val(node.args[1])
+    scale = node.args[4] if len(node.args) > 4 else node.kwargs.get("scale_grad_by_freq", False)
+    return (
+        grad is not None
+        and indices is not None
+        and grad.dtype in DTYPES
+        and indices.dtype in (torch.int32, torch.int64)
+        and scale is False
+        and not node.kwargs
+    )
+
+
+def rewrite_embedding_grads(gm):
+    """Each embedding_dense_backward node of gm that can be (above) calls embedding_grad
+    instead; its traced value is unchanged. Returns how many were rewritten."""
+    if torch.are_deterministic_algorithms_enabled():
+        return 0
+    n = 0
+    for node in gm.graph.nodes:
+        if _rewritable(node):
+            node.target = embedding_grad
+            n += 1
+    if n:
+        gm.recompile()
+        log.debug("fuseml: %d embedding gradient(s) as fp32 scatter-adds", n)
+    return n

@@ -1,0 +1,91 @@
+"""An embedding's weight gradient as an fp32 scatter-add (fuseml/embedding_grad.py): the same
+values as ATen's embedding_dense_backward (repeated ids, padding_idx, 2-D ids, bf16 and fp32),
+ATen's own op where the gradient is scaled by frequency or deterministic algorithms are on, and
+a compiled training step of a model with two embeddings (GPT-2's token and position tables)
+whose graph calls it, with eager's gradients."""
+
+import pytest
+import torch
+
+from helpers import rel_err
+
+import fuseml
+from fuseml import embedding_grad as eg
+
+aten = torch.ops.aten
+
+
+def _aten(grad, idx, num, pad):
+    return aten.embedding_dense_backward.default(grad, idx, num, pad, False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pad", [-1, 3])
+def test_values_match_aten(dtype, pad):
+    g = torch.Generator().manual_seed(0)
+    num, d = 50, 24
+    idx = torch.randint(0, 10, (4, 33), generator=g)  # ids repeat: rows sum many tokens
+    idx[0, :5] = 3
+    grad = torch.randn(4, 33, d, generator=g).to(dtype)
+    got = eg.embedding_grad(grad, idx, num, pad, False)
+    want = _aten(grad, idx, num, pad)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    exact = _aten(grad.double(), idx, num, pad)  # fp64 sums
+    # fp32 sums rounded once: as close to the exact sums as ATen's, to within a bf16 rounding
+    assert rel_err(got.double(), exact) <= max(rel_err(want.double(), exact), 1e-7) + (1e-6 if dtype == torch.float32 else 4e-3)
+    if dtype == torch.float32:
+        assert rel_err(got, want) < 1e-6
+    if pad >= 0:
+        assert not got[pad].any()
+    assert not got[10:].any()  # ids no token has get no gradient
+
+
+def test_scaled_by_frequency_and_deterministic_stay_aten(monkeypatch):
+    calls = []
+    real = aten.embedding_dense_backward.default
+
+    class Spy:
+        default = staticmethod(lambda *a: calls.append(a) or real(*a))
+
+    monkeypatch.setattr(eg, "aten", type("A", (), {"embedding_dense_backward": Spy}))
+    grad, idx = torch.randn(8, 4), torch.randint(0, 5, (8,))
+    eg.embedding_grad(grad, idx, 5, -1, True)
+    assert len(calls) == 1
+    torch.use_deterministic_algorithms(True)
+    try:
+        eg.embedding_grad(grad, idx, 5, -1, False)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert len(calls) == 2
+
+
+class TwoTables(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(64, 32, padding_idx=0)
+        self.pos = torch.nn.Embedding(16, 32)
+        self.out = torch.nn.Linear(32, 8)
+
+    def forward(self, ids):
+        pos = torch.arange(ids.shape[1])
+        return self.out(torch.tanh(self.tok(ids) + self.pos(pos)))
+
+
+def test_compiled_step_calls_it(served):
+    torch.manual_seed(0)
+    m = TwoTables()
+    ref = TwoTables()
+    ref.load_state_dict(m.state_dict())
+    ids = torch.randint(0, 64, (4, 16))
+    ids[:, -3:] = 0  # padding tokens
+    c = fuseml.FuseMLCompiler()
+    torch.compile(m, backend=c)(ids).square().sum().backward()
+    ref(ids).square().sum().backward()
+    backward = [p for p in c.plans if p.which == "backward"]
+    assert backward, "no backward graph compiled"
+    targets = [n.target for p in backward for n in p.compiled.gm.graph.nodes if p.compiled is not None]
+    assert targets.count(eg.embedding_grad) == 2
+    assert aten.embedding_dense_backward.default not in targets
+    for a, b in ((m.tok.weight.grad, ref.tok.weight.grad), (m.pos.weight.grad, ref.pos.weight.grad)):
+        assert rel_err(a, b) < 1e-5
+    assert not m.tok.weight.grad[0].any()
