@@ -11,6 +11,10 @@ to the gradient's dtype. Four launches and ~120 us of host.
     rewrite_embedding_grads(gm) -> int     # nodes rewritten (before partitioning)
     embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq) -> Tensor
 
+In the graph the function returns the fp32 sums and an `aten._to_copy` node casts them, so
+that the cast joins a fused reader: GPT-2's tied weight adds the lm_head's gradient to the
+embedding's, one kernel reading the fp32 sums where it was a cast and an add.
+
 The sums are in fp32 as ATen's are, in whatever order the atomics land: the result may differ
 from ATen's in the last bits of fp32 before the cast and is not bitwise reproducible. So the
 rewrite is not made when `torch.use_deterministic_algorithms(True)` is in force when the graph
@@ -20,6 +24,7 @@ no gradient, as ATen's: that row is zeroed after the adds (only its own tokens r
 
 import torch
 
+from . import fake_meta
 from ._log import log
 from .fake_meta import tensor_val
 
@@ -29,14 +34,20 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 def embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     """aten.embedding_dense_backward's value, by scatter-add (above)."""
+    return embedding_grad_fp32(grad, indices, num_weights, padding_idx, scale_grad_by_freq).to(grad.dtype)
+
+
+def embedding_grad_fp32(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """embedding_grad's value before its cast: the sums in fp32."""
     if scale_grad_by_freq or torch.are_deterministic_algorithms_enabled():
-        return aten.embedding_dense_backward.default(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+        out = aten.embedding_dense_backward.default(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
+        return out.float()
     d = grad.shape[-1]
     out = torch.zeros((num_weights, d), dtype=torch.float32, device=grad.device)
     out.index_add_(0, indices.reshape(-1), grad.reshape(-1, d).float())
     if padding_idx >= 0:
         out[padding_idx] = 0
-    return out.to(grad.dtype)
+    return out
 
 
 def _rewritable(node):
@@ -55,15 +66,29 @@ def _rewritable(node):
 
 
 def rewrite_embedding_grads(gm):
-    """Each embedding_dense_backward node of gm that can be (above) calls embedding_grad
-    instead; its traced value is unchanged. Returns how many were rewritten."""
+    """Each embedding_dense_backward node of gm that can be (above) becomes embedding_grad_fp32
+    and a cast to its dtype; the cast's value is the old node's. Returns how many were
+    rewritten."""
     if torch.are_deterministic_algorithms_enabled():
         return 0
+    mode, found = fake_meta.matches(gm, lambda node: True if _rewritable(node) else None)
     n = 0
-    for node in gm.graph.nodes:
-        if _rewritable(node):
-            node.target = embedding_grad
-            n += 1
+    for node, _ in found:
+        made = []
+        try:
+            with gm.graph.inserting_before(node):
+                sums = fake_meta.call(gm, mode, embedding_grad_fp32, node.args, made=made)
+                cast = fake_meta.call(gm, mode, aten._to_copy.default, (sums,), {"dtype": node.meta["val"].dtype}, made)
+            if not fake_meta.same_layout(cast.meta["val"], node.meta["val"]):
+                raise ValueError("another layout than the traced gradient's")
+        except Exception as e:  # leave ATen's op
+            log.debug("fuseml: %s stays ATen's: %s", node.name, e)
+            for m in reversed(made):
+                gm.graph.erase_node(m)
+            continue
+        node.replace_all_uses_with(cast)
+        gm.graph.erase_node(node)
+        n += 1
     if n:
         gm.recompile()
         log.debug("fuseml: %d embedding gradient(s) as fp32 scatter-adds", n)
