@@ -76,10 +76,11 @@ static const struct {
  * per unit; a general pow (powf) ~160 ms. Compile time grows faster than linearly with
  * the kernel's size, so these err high. */
 static const uint8_t op_cost[FM_OP__COUNT] = {
-    [FM_OP_DIV] = 2,     [FM_OP_EXP] = 2,        [FM_OP_TANH] = 2,      [FM_OP_SQRT] = 2, [FM_OP_RSQRT] = 2,
-    [FM_OP_SIGMOID] = 4, [FM_OP_SILU] = 4,       [FM_OP_GELU_TANH] = 4, [FM_OP_GELU] = 6, [FM_OP_ERF] = 6, [FM_OP_COS] = 4, [FM_OP_SIN] = 4,
-    [FM_OP_LOG] = 6,     [FM_OP_SUM] = 2,        [FM_OP_MEAN] = 2,      [FM_OP_AMAX] = 2, [FM_OP_VAR] = 4,
-    [FM_OP_SOFTMAX] = 8, [FM_OP_LAYER_NORM] = 8, [FM_OP_RMS_NORM] = 8,  [FM_OP_POW] = 32, /* powf; see pow_cost */
+    [FM_OP_DIV] = 2,     [FM_OP_EXP] = 2,  [FM_OP_TANH] = 2,      [FM_OP_SQRT] = 2,       [FM_OP_RSQRT] = 2,
+    [FM_OP_SIGMOID] = 4, [FM_OP_SILU] = 4, [FM_OP_GELU_TANH] = 4, [FM_OP_GELU] = 6,       [FM_OP_ERF] = 6,
+    [FM_OP_COS] = 4,     [FM_OP_SIN] = 4,  [FM_OP_LOG] = 6,       [FM_OP_SUM] = 2,        [FM_OP_MEAN] = 2,
+    [FM_OP_AMAX] = 2,    [FM_OP_VAR] = 4,  [FM_OP_SOFTMAX] = 8,   [FM_OP_LAYER_NORM] = 8, [FM_OP_RMS_NORM] = 8,
+    [FM_OP_POW] = 32, /* powf; see pow_cost */
 };
 
 /* pow by an exponent pow_code special-cases costs what its multiplication or root does. */

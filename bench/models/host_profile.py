@@ -79,8 +79,7 @@ def kernel_trace(step, dev):
                 issuer.setdefault(id(k), e.name)
     rows = ["| # | start us | us | kernel | issued by |", "|---|---|---|---|---|"]
     gpu = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-        key=lambda e: e.time_range.start,
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
     )
     t0 = gpu[0].time_range.start if gpu else 0
     for i, e in enumerate(gpu):

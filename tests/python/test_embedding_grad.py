@@ -32,7 +32,9 @@ def test_values_match_aten(dtype, pad):
     assert got.dtype == want.dtype and got.shape == want.shape
     exact = _aten(grad.double(), idx, num, pad)  # fp64 sums
     # fp32 sums rounded once: as close to the exact sums as ATen's, to within a bf16 rounding
-    assert rel_err(got.double(), exact) <= max(rel_err(want.double(), exact), 1e-7) + (1e-6 if dtype == torch.float32 else 4e-3)
+    assert rel_err(got.double(), exact) <= max(rel_err(want.double(), exact), 1e-7) + (
+        1e-6 if dtype == torch.float32 else 4e-3
+    )
     if dtype == torch.float32:
         assert rel_err(got, want) < 1e-6
     if pad >= 0:

@@ -4,7 +4,6 @@ the angles, their cat, cos and sin are one fused group (cos and sin are elementw
 fragment vocabulary); the values are eager's; a product over K > 1 stays a GEMM; a real
 fusemld (compile-only here) accepts the fragment with cos and sin."""
 
-import pytest
 import torch
 
 from helpers import rel_err
@@ -55,7 +54,7 @@ def test_rotary_angles_fuse(served, partitioned):
     got = torch.compile(m, backend=c)(x, pos)
     want = m(x, pos)
     assert rel_err(got.float(), want.float()) < 1e-2
-    (gm, groups), = partitioned
+    ((gm, groups),) = partitioned
     fused = {n for g in groups if g.route == "kernel" for n in g.members}
     left = [n.target for n in gm.graph.nodes if n.op == "call_function" and n not in fused]
     for op in (aten.bmm.default, aten.cos.default, aten.sin.default, aten.cat.default):
@@ -90,4 +89,3 @@ def test_daemon_accepts_cos_and_sin(daemon):
     gs = [g for p in c.plans for g in p.kernels() if {"cos", "sin"} <= set(g.op_names)]
     assert gs, [p.describe() for p in c.plans]
     assert all(g.key and g.state in ("untuned", "tuned") for g in gs), [g.describe() for g in gs]
-

@@ -136,3 +136,19 @@ def test_daemon_accepts_the_rotation_in_the_copy_layout(daemon):
     assert rope.op_names[-1] == "clone"
     # the daemon answered ok with a kernel (compile-only here: not yet tuned on a GPU)
     assert rope.key and rope.state in ("untuned", "tuned"), rope.describe()
+
+
+def test_a_clone_of_an_input_or_a_constant_is_left_alone():
+    """A clone whose operand has no arguments (a graph input; a constant folded at compile
+    time, as T5's position bias is on a GPU) is no transposed copy: the rewrite passes it by."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fuseml.transpose_rewrite import compute_in_copy_layout
+
+    gm = make_fx(lambda x, y: (x.clone(), y.t().contiguous() * 2), tracing_mode="fake")(
+        torch.randn(4, 6), torch.randn(3, 5)
+    )
+    assert not compute_in_copy_layout(gm)
+    x, y = torch.randn(4, 6), torch.randn(3, 5)
+    got = gm(x, y)
+    torch.testing.assert_close(got[0], x)

@@ -58,8 +58,10 @@ def _transposed_copy(node):
     if not isinstance(view, torch.fx.Node) or len(view.users) != 1:
         return None
     perm = _perm(view)
+    if perm is None:  # also a clone of an input or of a folded constant (no args)
+        return None
     value = view.args[0]
-    if perm is None or not _movable(value, tensor_val(value).dim()) or len(value.users) != 1:
+    if not _movable(value, tensor_val(value).dim()) or len(value.users) != 1:
         return None
     return value, perm
 
