@@ -267,3 +267,25 @@ def test_a_per_channel_cast_moves_past_the_views_memory_order_makes():
     ts = _targets(gm)
     assert ts.index(aten.permute.default) < ts.index(aten._to_copy.default), ts
     torch.testing.assert_close(gm(x, v), f(x, v))
+
+
+def test_a_large_value_read_by_several_groups_stays_with_its_producer(dead_socket, partitioned):
+    """Rotary angles at a real size ([512, 64] per position): cos and sin of the cat, cast to
+    bf16, read through an unsqueeze by q's and k's groups. Moved past the unsqueeze, the casts
+    and cos/sin would join neither reader (each would compute 32768 cosines again per head)
+    and only leave the cat's group: they stay, one group for the angles."""
+
+    def f(freqs, q, k):
+        emb = torch.cat((freqs, freqs), -1)
+        cos, sin = (emb.cos() * 1.0).to(BF16).unsqueeze(1), (emb.sin() * 1.0).to(BF16).unsqueeze(1)
+        return q * cos + k * sin, k * cos - q * sin
+
+    torch.manual_seed(0)
+    freqs = torch.randn(1, 512, 32)
+    q, k = torch.randn(1, 2, 512, 64, dtype=BF16), torch.randn(1, 2, 512, 64, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    got = torch.compile(f, backend=c)(freqs, q, k)
+    for a, b in zip(got, f(freqs, q, k)):
+        torch.testing.assert_close(a, b)
+    ((gm, groups),) = partitioned
+    assert any({"cat", "cos", "sin", "_to_copy"} <= set(g.op_names) for g in groups), [g.describe() for g in groups]

@@ -27,6 +27,7 @@ from torch._guards import detect_fake_mode
 from . import fake_meta, ops
 from ._log import log
 from .fake_meta import same_layout
+from .partition import SMALL_BROADCAST
 from .shapes import is_plain_int, same_plain_shape
 
 aten = torch.ops.aten
@@ -98,12 +99,12 @@ def _chain(cast):
         chain.append(node)
     if not chain or not all(ops.fusible(u) for u in node.users):
         return None
-    # Readers over a larger shape (a broadcast) take the moved op in no group of theirs: it
-    # would only leave the group that makes its operand. Rotary embeddings' cos(cat(freqs,
-    # freqs)) cast to bf16, read through an unsqueeze by q's and k's [B, H, S, D] groups, is
-    # one kernel where it stands and three moved.
-    shape = node.meta["val"].shape
-    if _joins_producer(cast) and not all(same_plain_shape(u.meta["val"].shape, shape) for u in node.users):
+    # A large value read by several groups joins none of them (each would compute it again
+    # per element; a small one, a batch norm's per-channel statistics, they do compute again):
+    # moved, it would only leave the group that makes its operand. Rotary embeddings'
+    # cos(cat(freqs, freqs)) cast to bf16, read through an unsqueeze by every layer's q and k
+    # groups, is one kernel where it stands and three moved.
+    if _joins_producer(cast) and len(node.users) > 1 and node.meta["val"].numel() > SMALL_BROADCAST:
         return None
     return chain
 
