@@ -86,7 +86,8 @@ def test_compiled_step_calls_it(served):
     backward = [p for p in c.plans if p.which == "backward"]
     assert backward, "no backward graph compiled"
     targets = [n.target for p in backward for n in p.compiled.gm.graph.nodes if p.compiled is not None]
-    assert targets.count(eg.embedding_grad_fp32) == 2
+    # each gradient goes straight out: one call each, the cast inside
+    assert targets.count(eg.embedding_grad) == 2
     assert aten.embedding_dense_backward.default not in targets
     for a, b in ((m.tok.weight.grad, ref.tok.weight.grad), (m.pos.weight.grad, ref.pos.weight.grad)):
         assert rel_err(a, b) < 1e-5
@@ -120,3 +121,32 @@ def test_a_table_many_ids_read_stays_aten(served):
     targets = [n.target for p in c.plans if p.compiled is not None for n in p.compiled.gm.graph.nodes]
     assert aten.embedding_dense_backward.default in targets and eg.embedding_grad_fp32 not in targets
     assert rel_err(m.table.weight.grad, ref.table.weight.grad) < 1e-5
+
+
+class Tied(torch.nn.Module):
+    """A language model's tied table: the embedding's gradient and the output projection's
+    are added."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(64, 32)
+
+    def forward(self, ids):
+        h = torch.tanh(self.tok(ids))
+        return h @ self.tok.weight.t()
+
+
+def test_a_tied_table_adds_in_the_cast_kernel(served, partitioned):
+    """The fp32 sums and their cast are two nodes where a fusible op (the tied weight's add)
+    reads the gradient: the cast runs in the add's group."""
+    torch.manual_seed(0)
+    m, ref = Tied(), Tied()
+    ref.load_state_dict(m.state_dict())
+    ids = torch.randint(0, 64, (4, 16))
+    torch.compile(m, backend=fuseml.FuseMLCompiler())(ids).square().sum().backward()
+    ref(ids).square().sum().backward()
+    assert rel_err(m.tok.weight.grad, ref.tok.weight.grad) < 1e-5
+    gm, groups = partitioned[-1]
+    (sums,) = [n for n in gm.graph.nodes if n.target is eg.embedding_grad_fp32]
+    (cast,) = sums.users
+    assert any(cast in g.members and "add" in g.op_names for g in groups), [g.describe() for g in groups]

@@ -13,7 +13,7 @@ import torch
 from helpers import rel_err
 
 import fuseml
-from fuseml import ops
+from fuseml import embedding_grad, ops
 
 aten = torch.ops.aten
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "models")
@@ -71,6 +71,8 @@ LIBRARY = {
     aten.nll_loss_backward.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    embedding_grad.embedding_grad,  # embedding_dense_backward as a scatter-add
+    embedding_grad.embedding_grad_fp32,
 }
 
 

@@ -11,9 +11,10 @@ to the gradient's dtype. Four launches and ~120 us of host.
     rewrite_embedding_grads(gm) -> int     # nodes rewritten (before partitioning)
     embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq) -> Tensor
 
-In the graph the function returns the fp32 sums and an `aten._to_copy` node casts them, so
-that the cast joins a fused reader: GPT-2's tied weight adds the lm_head's gradient to the
-embedding's, one kernel reading the fp32 sums where it was a cast and an add.
+Where a fusible op reads the gradient, the graph gets the fp32 sums (embedding_grad_fp32) and
+an `aten._to_copy` node that casts them, so that the cast joins its reader: GPT-2's tied
+weight adds the lm_head's gradient to the embedding's, one kernel reading the fp32 sums where
+it was a cast and an add.
 
 The sums are in fp32 as ATen's are, in whatever order the atomics land: the result may differ
 from ATen's in the last bits of fp32 before the cast and is not bitwise reproducible. So the
@@ -25,7 +26,7 @@ no gradient, as ATen's: that row is zeroed after the adds (only its own tokens r
 
 import torch
 
-from . import fake_meta
+from . import fake_meta, ops
 from ._log import log
 from .fake_meta import tensor_val
 
@@ -77,13 +78,17 @@ def _rewritable(node):
 
 def rewrite_embedding_grads(gm):
     """Each embedding_dense_backward node of gm that can be (above) becomes embedding_grad_fp32
-    and a cast to its dtype; the cast's value is the old node's. Returns how many were
-    rewritten."""
+    and a cast to its dtype where a fusible op reads it (the cast's value is the old node's),
+    else one call of embedding_grad. Returns how many were rewritten."""
     if torch.are_deterministic_algorithms_enabled():
         return 0
     mode, found = fake_meta.matches(gm, lambda node: True if _rewritable(node) else None)
     n = 0
     for node, _ in found:
+        if not any(ops.fusible(u) for u in node.users):  # a gradient no kernel reads: one call
+            node.target = embedding_grad
+            n += 1
+            continue
         made = []
         try:
             with gm.graph.inserting_before(node):
