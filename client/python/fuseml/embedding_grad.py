@@ -21,8 +21,8 @@ from ATen's in the last bits of fp32 before the cast and is not bitwise reproduc
 rewrite is not made when `torch.use_deterministic_algorithms(True)` is in force when the graph
 is compiled, and the function itself calls ATen's op when it is in force at the call. A
 gradient scaled by frequency (`scale_grad_by_freq`) stays ATen's, and so does a table read by
-many ids a row (MAX_IDS_PER_ROW). Rows at `padding_idx` get
-no gradient, as ATen's: that row is zeroed after the adds (only its own tokens reach it)."""
+many ids a row (MAX_IDS_PER_ROW). Rows at `padding_idx` get no gradient, as ATen's: that row
+is zeroed after the adds (only its own tokens reach it)."""
 
 import torch
 
