@@ -3,10 +3,12 @@ wall time beside its GPU time, then cProfile over a few steps (the Python frames
 spends its time in, heaviest first).
 
     python3 host_profile.py --model llama --size small --modes inductor,fuseml --phases fwd,train
-                            [--steps 20] [--top 35] [--out DIR]
+                            [--steps 20] [--top 35] [--out DIR] [--kernels]
 
 With --out, each fuseml graph's generated straight-line code is written beside the report
 (sources/<model>-<phase>-<n>.py, the graph and its groups beside it): what a step's host runs, line by line.
+With --kernels, each report also lists one step's kernels in the order they ran, with their
+times. fuseml's steps are measured once the daemon's background tunes have arrived.
 
 A diagnostic for the default call path (bench/NOTES.md, "Host time per kernel"); the figures
 that count are bench.py's."""
