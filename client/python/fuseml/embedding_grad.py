@@ -94,16 +94,12 @@ def rewrite_embedding_grads(gm):
             with gm.graph.inserting_before(node):
                 sums = fake_meta.call(gm, mode, embedding_grad_fp32, node.args, made=made)
                 cast = fake_meta.call(gm, mode, aten._to_copy.default, (sums,), {"dtype": node.meta["val"].dtype}, made)
-            if not fake_meta.same_layout(cast.meta["val"], node.meta["val"]):
-                raise ValueError("another layout than the traced gradient's")
         except Exception as e:  # leave ATen's op
             log.debug("fuseml: %s stays ATen's: %s", node.name, e)
             for m in reversed(made):
                 gm.graph.erase_node(m)
             continue
-        node.replace_all_uses_with(cast)
-        gm.graph.erase_node(node)
-        n += 1
+        n += fake_meta.substitute(gm, node, cast, made)  # not in another layout than the traced one
     if n:
         gm.recompile()
         log.debug("fuseml: %d embedding gradient(s) as fp32 scatter-adds", n)

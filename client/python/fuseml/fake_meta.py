@@ -45,6 +45,19 @@ def call(gm, mode, target, args, kwargs=None, made=None):
     return n
 
 
+def substitute(gm, node, value, made):
+    """Replaces node by `value`, a node a rewrite made (`made`: every node it made), when value
+    has node's traced layout, which node's readers were traced (and their fragments built)
+    for; otherwise erases what was made and leaves node. Returns whether it replaced."""
+    if not same_layout(value.meta["val"], node.meta["val"]):
+        for m in reversed(made):
+            gm.graph.erase_node(m)
+        return False
+    node.replace_all_uses_with(value)
+    gm.graph.erase_node(node)
+    return True
+
+
 def matches(gm, match):
     """(gm's fake mode, [(node, match(node))] for the nodes where match gives something): what
     a rewrite works on; (None, []) when nothing matches or gm has no fake values."""

@@ -43,14 +43,10 @@ def spell_outer_products(gm):
     mode, found = fake_meta.matches(gm, _outer)
     n = 0
     for node, (a, b) in found:
+        made = []
         with gm.graph.inserting_before(node):
-            mul = fake_meta.call(gm, mode, aten.mul.Tensor, (a, b))
-        if not fake_meta.same_layout(mul.meta["val"], node.meta["val"]):
-            gm.graph.erase_node(mul)  # a layout its readers were not traced with
-            continue
-        node.replace_all_uses_with(mul)
-        gm.graph.erase_node(node)
-        n += 1
+            mul = fake_meta.call(gm, mode, aten.mul.Tensor, (a, b), made=made)
+        n += fake_meta.substitute(gm, node, mul, made)
     if n:
         gm.recompile()
         log.debug("fuseml: %d product(s) over an inner dimension of 1 as multiplies", n)
