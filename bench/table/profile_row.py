@@ -1,10 +1,11 @@
-"""Where a row's step time goes (issue 7's host-overhead lever): for each column, the host time
-of issuing one step (perf_counter over steps issued back to back, one sync at the end: the
-GPU queue never fills at these sizes), the GPU time of one step (CUDA events around a step
-whose launches were queued behind a spin kernel, so host issue time is hidden), the step time
-the table would report (max of the two, roughly; and the same on one input buffer, where
-every step replays one recording), the kernels of the fuseml step with their
-GPU times (torch.profiler, after every timing), and the top of a cProfile of the fuseml step.
+"""Where a row's step time goes, host against GPU (to find host overhead to cut): for each
+column, the host time of issuing one step (perf_counter over steps issued back to back, one
+sync at the end: the GPU queue never fills at these sizes), the GPU time of one step (CUDA
+events around a step whose launches were queued behind a spin kernel, so host issue time is
+hidden), the step time the table would report (max of the two, roughly; and the same on one
+input buffer, where every step replays one recording), the kernels of the fuseml step with
+their GPU times (torch.profiler, after every timing), and the top of a cProfile of the
+fuseml step.
 
     python3 bench/table/profile_row.py --workloads mlp,heavy --presets small,memory_bound OUT.json
 (run by bench/table/run-profile on the device: a private fusemld per row, like table.py)"""

@@ -1,5 +1,5 @@
-"""The host cost of fuseml's CUDA-graph replay, piece by piece (issue 7's host lever): a graph
-of one kernel (out = x + 1, x 16384 x 256 bf16, four more inputs at fixed addresses, as a
+"""The host cost of fuseml's CUDA-graph replay, piece by piece (where its host time goes): a
+graph of one kernel (out = x + 1, x 16384 x 256 bf16, four more inputs at fixed addresses, as a
 compiled MLP block has) replayed by torch's CUDAGraph and by graph_replay.GraphReplay, and
 the pieces of GraphReplay's call timed alone. Host microseconds per call: perf_counter over
 calls issued back to back (one sync after), median of 7 rounds, the rows interleaved in each

@@ -1,10 +1,11 @@
-"""The fuseml benchmark table (issue 5): every workload x preset in bf16, columns eager,
+"""The fuseml benchmark table: every workload x preset in bf16, columns eager,
 Inductor (torch.compile default), Inductor max-autotune-no-cudagraphs and fuseml (with CUDA
 graphs, mode="reduce-overhead", unless --fuseml-graphs off), in one process, timed
-interleaved; beside them, reported but not counted as "the best peer" (issue 5's three),
-Inductor with CUDA graphs (mode="reduce-overhead") and fuseml without graphs, so what the
-graphs alone are worth is in the same run. Writes OUT/<device>-<date>.json (rows merged into what the file
-already holds) and the .md table beside it. See README.md in this folder.
+interleaved; beside them, reported but not counted among the peers (eager and the two
+Inductor columns above), Inductor with CUDA graphs (mode="reduce-overhead") and fuseml
+without graphs, so what the graphs alone are worth is in the same run. Writes
+OUT/<device>-<date>.json (rows merged into what the file already holds) and the .md table
+beside it. See README.md in this folder.
 
     python3 bench/table/table.py [--workloads mlp,heavy] [--presets small,medium] [--part 1/3]
                                  [--out bench/results] [--reps 30] [--budget-s 480]

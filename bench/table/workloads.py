@@ -1,4 +1,4 @@
-"""The workloads and presets of the benchmark table (issue 5): the models, one step of each
+"""The workloads and presets of the benchmark table: the models, one step of each
 (inference forward, or forward + backward for mlp_train), and the floor's two numbers (the
 fewest HBM bytes and the flops of one step)."""
 

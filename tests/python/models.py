@@ -1,5 +1,6 @@
-"""The reference models of ../shared/reference/fuseml-readme.txt (MLP block, activation-heavy
-MLP, stacked MLP x4) and a SwiGLU Llama MLP, small enough for CPU tests."""
+"""The reference models of the Triton-based FuseML project's README, whose benchmark table
+ours extends (MLP block, activation-heavy MLP, stacked MLP x4), and a SwiGLU Llama MLP, small
+enough for CPU tests."""
 
 import torch.nn as nn
 import torch.nn.functional as F

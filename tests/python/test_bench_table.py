@@ -1,7 +1,7 @@
 """The benchmark table harness (bench/table) in its CPU smoke mode: it runs end to end (eager,
 Inductor on the CPU, Inductor max-autotune, fuseml falling back to eager; a real fusemld
-for the compile-time columns when one is built), writes the JSON with every key issue 5
-requires and the Markdown table, merges runs, and draws the charts."""
+for the compile-time columns when one is built), writes the JSON with every key the table
+defines and the Markdown table, merges runs, and draws the charts."""
 
 import json
 import os

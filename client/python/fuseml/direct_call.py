@@ -1,5 +1,5 @@
-"""Inference graphs called directly, without aot_autograd's runtime wrappers (issue 7's host
-lever). An inference step of a small model is host-bound: on the H100 machines a compiled MLP
+"""Inference graphs called directly, without aot_autograd's runtime wrappers, to cut host
+time. An inference step of a small model is host-bound: on the H100 machines a compiled MLP
 block spends ~0.05 ms of host time per call for ~0.04 ms of GPU time, and under cProfile
 about a third of the compiled call went through aot_autograd's layers around the graph
 (its argument list, the runtime wrapper, a grad-mode switch, a second dynamo-disable
