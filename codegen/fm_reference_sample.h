@@ -62,7 +62,7 @@ int64_t fm_sample_offset(const fm_fragment *f, int64_t outer, const fm_sample *s
 
 /* A column fragment of at least FM_SAMPLE_MIN_ELEMENTS is evaluated whole, in this many
  * stripes of columns on threads of their own (its columns are independent). */
-#define FM_SAMPLE_COL_STRIPES    16
+#define FM_SAMPLE_COL_STRIPES 16
 
 /* The reference outputs of f (fm_reference_eval's contract) at the sample's blocks only: each
  * block on a thread of its own, written where the whole evaluation would write it. The
