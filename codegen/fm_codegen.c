@@ -47,7 +47,8 @@ static fm_rows_config to_rows(const fm_candidate *k) {
 
 /* The gemm candidate's last word packs three fields (the cache holds it so): the mainloop
  * mode in bits 0..7, the row tiles a block in bits 8..15 (0: one) and the cluster from bit
- * 16 (0: none). Written by from_gemm and read by to_gemm only. */
+ * 16 (0: none). Written by from_gemm and read by to_gemm only (fm_cg_gemm_candidate_of and
+ * fm_cg_gemm_config_of, below, are the two for code outside this file). */
 enum { GEMM_MODE_MASK = 0xffu, GEMM_RTILES_SHIFT = 8, GEMM_RTILES_MASK = 0xffu, GEMM_CLUSTER_SHIFT = 16 };
 
 static fm_candidate from_gemm(fm_gemm_config c) {
@@ -68,6 +69,9 @@ static fm_gemm_config to_gemm(const fm_candidate *k) {
                           .rtiles = (k->p[7] >> GEMM_RTILES_SHIFT) & GEMM_RTILES_MASK,
                           .cluster = k->p[7] >> GEMM_CLUSTER_SHIFT};
 }
+
+fm_candidate fm_cg_gemm_candidate_of(fm_gemm_config c) { return from_gemm(c); }
+fm_gemm_config fm_cg_gemm_config_of(const fm_candidate *c) { return to_gemm(c); }
 
 static fm_candidate from_skinny(fm_skinny_config c) {
   return (fm_candidate){.tmpl = FM_TMPL_SKINNY, .p = {c.cols, c.warps, c.unroll, c.pipe, c.split > 1 ? c.split : 0}};

@@ -103,6 +103,12 @@ typedef struct fm_gemm_mainloop {
 const fm_gemm_mainloop *fm_cg_gemm_mainloop(uint32_t mode);
 /* The mainloop of a config fm_cg_gemm_check_config accepted (its mode is in the table). */
 const fm_gemm_mainloop *fm_cg_gemm_mainloop_of(const fm_gemm_config *c);
+/* A gemm config as its candidate, and a gemm candidate (FM_TMPL_GEMM) as its config
+ * (fm_codegen.c; p[7]'s packing of the mode, row tiles and cluster is theirs): code that
+ * reads or writes a candidate's mainloop goes through these, then the table above. Only
+ * test_codegen_golden_sm90.c writes the packed word by hand, to pin the wire form. */
+fm_candidate fm_cg_gemm_candidate_of(fm_gemm_config c);
+fm_gemm_config fm_cg_gemm_config_of(const fm_candidate *c);
 
 /* What the generators need to know about a GEMM fragment. */
 typedef struct fm_cg_gemm_plan {

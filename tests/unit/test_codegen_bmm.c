@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_codegen_gemm.h"
 #include "fm_meta.h"
 #include "fm_nvrtc.h"
 #include "fm_reference.h"
@@ -173,8 +174,9 @@ static void test_meta_and_candidates(void) {
       continue;
     }
     CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM);
-    CHECK((c[i].p[7] & 0xffu) < 4);
-    wgmma += (c[i].p[7] & 0xffu) != 0;
+    const fm_gemm_mainloop *ml = tf_gemm_mainloop(&c[i]);
+    CHECK(ml && !ml->tma);
+    if (ml) wgmma += ml->wgmma;
   }
   CHECK(wgmma > 0); /* the cp.async wgmma forms */
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &meta, &d), FM_OK);

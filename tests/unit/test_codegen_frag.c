@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_codegen_gemm.h"
 #include "fm_meta.h"
 #include "fm_nvrtc.h"
 
@@ -272,6 +273,10 @@ int tf_attention_scores(fm_fragment *raw, fm_fragment *canon) {
   tf_output(raw, 7, FM_DT_BF16, 3, o, NULL, 16);
   raw->m_hint = 48;
   return tf_finish(raw, canon);
+}
+
+const fm_gemm_mainloop *tf_gemm_mainloop(const fm_candidate *c) {
+  return c->tmpl == FM_TMPL_GEMM ? fm_cg_gemm_mainloop(fm_cg_gemm_config_of(c).wgmma) : NULL;
 }
 
 int tf_meta_round_trip(const fm_kernel_meta *m, fm_kernel_meta *back, fm_diag *d) {

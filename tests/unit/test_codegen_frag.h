@@ -33,6 +33,13 @@ int tf_compile_candidates(const fm_fragment *canon, const char *name, int *compi
 /* The same, every candidate for sm_80 too (each that runs there). */
 int tf_compile_every(const fm_fragment *canon, const char *name, int *compiled);
 
+/* The mainloop of a gemm candidate (fm_codegen_gemm.h's table of named properties: wgmma,
+ * tma, persistent, pingpong, ...), through the config the candidate encodes; NULL for a
+ * candidate of another template. */
+struct fm_candidate;
+struct fm_gemm_mainloop;
+const struct fm_gemm_mainloop *tf_gemm_mainloop(const struct fm_candidate *c);
+
 /* m packed to its wire form and read back into *back (fm_meta_pack, fm_meta_unpack): what
  * fm_meta_unpack returned, or FM_ENOMEM when packing failed. */
 int tf_meta_round_trip(const fm_kernel_meta *m, fm_kernel_meta *back, fm_diag *d);

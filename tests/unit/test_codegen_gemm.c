@@ -12,6 +12,7 @@
 #include <nvrtc.h>
 
 #include "fm_codegen.h"
+#include "fm_codegen_gemm.h"
 #include "fm_nvrtc.h"
 #include "fm_reference.h"
 #include "fm_test.h"
@@ -369,10 +370,11 @@ static void test_wgmma_candidates(void) {
   CHECK_EQ_INT(build(0, &raw), FM_OK); /* symbolic M, nn.Linear layouts */
   size_t n = fm_codegen_candidates(&canon, c, 40);
   CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
-  CHECK_EQ_INT((int)def.p[7], 0);
+  CHECK(tf_gemm_mainloop(&def) && !tf_gemm_mainloop(&def)->wgmma);
   int wg = 0;
   for (size_t i = 0; i < n; i++) {
-    if (!c[i].p[7]) continue;
+    const fm_gemm_mainloop *ml = tf_gemm_mainloop(&c[i]);
+    if (!ml || !ml->wgmma) continue;
     wg++;
     CHECK(fm_candidate_runs_on(&c[i], "sm_90a"));
     CHECK(!fm_candidate_runs_on(&c[i], "sm_80"));
@@ -383,14 +385,15 @@ static void test_wgmma_candidates(void) {
     if (!src) continue;
     CHECK_STR_CONTAINS(src, "wgmma.mma_async.sync.aligned.m64n");
     CHECK_STR_CONTAINS(m.entry, "_wgmma");
-    /* BM / 16 warps of 32 threads, and the loader warpgroup when warp-specialised */
-    uint32_t mode = c[i].p[7] & 0xffu, cluster = c[i].p[7] >> 16;
+    /* BM / 16 warps of 32 threads, and the loaders when warp-specialised (a warpgroup for
+       cp.async, one warp for TMA), each stage then with two mbarriers */
+    uint32_t cluster = fm_cg_gemm_config_of(&c[i]).cluster;
     /* ping-pong: two warpgroups of 4 warps whatever BM */
-    uint32_t mma_warps = mode == 6 ? 8 : c[i].p[0] / 16;
-    CHECK_EQ_INT(m.block[0], mma_warps * 32 + (mode >= 4 ? 32 : mode == 3 ? 128 : 0));
-    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (mode >= 3 ? 16 * c[i].p[3] : 0);
+    uint32_t mma_warps = ml->pingpong ? 8 : c[i].p[0] / 16;
+    CHECK_EQ_INT(m.block[0], mma_warps * 32 + (ml->specialized ? (ml->tma ? 32 : 128) : 0));
+    uint32_t stages = c[i].p[3] * (c[i].p[0] + c[i].p[1]) * 128 + 1024 + (ml->specialized ? 16 * c[i].p[3] : 0);
     uint32_t slabs = c[i].p[0] / 16 * 16 * (c[i].p[1] + 8) * 4;
-    if (mode >= 5) {
+    if (ml->persistent) {
       /* persistent: the slabs (16 rows a warp) sit after the stages and their mbarriers, as
          wide as fits */
       uint32_t per_col = mma_warps * 16 * 4;
@@ -402,8 +405,8 @@ static void test_wgmma_candidates(void) {
       CHECK(m.smem + per_col * scols > 227 * 1024 || scols == c[i].p[1]); /* the widest */
       CHECK(strcmp(m.grid_rule, "persistent") == 0);
       CHECK_STR_CONTAINS(src, "fm_load_tiles(&fm_tma, &fm_tmb");
-      CHECK_STR_CONTAINS(m.entry, mode == 6 ? "_wgmma_pp" : "_wgmma_tmap");
-      CHECK_STR_CONTAINS(src, mode == 6 ? "#define FM_WG_PINGPONG 1" : "#define FM_WG_PINGPONG 0");
+      CHECK_STR_CONTAINS(m.entry, ml->pingpong ? "_wgmma_pp" : "_wgmma_tmap");
+      CHECK_STR_CONTAINS(src, ml->pingpong ? "#define FM_WG_PINGPONG 1" : "#define FM_WG_PINGPONG 0");
       /* inner: the column tiles; at most one block per SM of the 132 passed */
       CHECK_EQ_INT((int)m.inner, (int)((m.tmaps[1].rows + c[i].p[1] - 1) / c[i].p[1]));
       CHECK_EQ_INT((int)m.max_blocks, 132);
@@ -414,7 +417,7 @@ static void test_wgmma_candidates(void) {
     /* the tile epilogue's loop is rolled in the ping-pong form only (its warps stalled on
        instruction fetch; the others measured faster whole), and whole rows of 8 outputs
        leave in one 16-byte store, never through a uint4 cast the compiler may split */
-    if (mode == 6)
+    if (ml->pingpong)
       CHECK_STR_CONTAINS(src, "#pragma unroll 8\n");
     else
       CHECK(!strstr(src, "#pragma unroll 8\n"));
@@ -423,7 +426,7 @@ static void test_wgmma_candidates(void) {
     CHECK(m.smem <= 227 * 1024);
     /* the TMA form: two tensor maps after outer, A [M (outer), K] in 64 x BM boxes and
        B [N, K] in 64 x BN boxes, K-major with their leading dims */
-    if (mode >= 4) {
+    if (ml->tma) {
       CHECK_STR_CONTAINS(m.entry, "_wgmma_");
       CHECK_STR_CONTAINS(src, "cp.async.bulk.tensor.2d");
       CHECK_STR_CONTAINS(src, "const __grid_constant__ fm_tmap fm_tmb");
@@ -432,11 +435,11 @@ static void test_wgmma_candidates(void) {
       CHECK_EQ_INT((int)m.tmaps[0].rows, -1);
       CHECK_EQ_INT((int)m.tmaps[0].box[1], (int)c[i].p[0]);
       CHECK_EQ_INT((int)m.tmaps[1].input, 1);
-      if (mode == 4) CHECK_EQ_INT((int)m.tmaps[1].rows, (int)m.inner);
+      if (!ml->persistent) CHECK_EQ_INT((int)m.tmaps[1].rows, (int)m.inner);
       /* a cluster pair loads half of B each, and its grid pairs blocks along x */
       CHECK_EQ_INT((int)m.tmaps[1].box[1], (int)(cluster == 2 ? c[i].p[1] / 2 : c[i].p[1]));
       CHECK_EQ_INT((int)m.items_per_block, (int)(cluster == 2 ? 2 * c[i].p[0] : c[i].p[0]));
-      if (mode == 4)
+      if (!ml->persistent)
         CHECK_EQ_INT((int)m.max_blocks, (int)((cluster == 2 ? 2 : 1) * ((m.inner + c[i].p[1] - 1) / c[i].p[1])));
       if (cluster == 2) {
         CHECK_STR_CONTAINS(src, "__cluster_dims__(2, 1, 1)");
@@ -464,7 +467,7 @@ static void test_wgmma_candidates(void) {
   /* a bad wgmma config is refused with its reason */
   fm_candidate bad = c[1];
   for (size_t i = 0; i < n; i++)
-    if (c[i].p[7]) bad = c[i];
+    if (tf_gemm_mainloop(&c[i]) && tf_gemm_mainloop(&c[i])->wgmma) bad = c[i];
   bad.p[2] = 32;
   char *src = NULL;
   fm_kernel_meta m;
@@ -473,7 +476,7 @@ static void test_wgmma_candidates(void) {
   /* M/N-major operands (the backward's layouts): the mma.sync mainloop only */
   CHECK_EQ_INT(build(1, &raw), FM_OK);
   n = fm_codegen_candidates(&canon, c, 32);
-  for (size_t i = 0; i < n; i++) CHECK_EQ_INT((int)c[i].p[7], 0);
+  for (size_t i = 0; i < n; i++) CHECK(!tf_gemm_mainloop(&c[i]) || !tf_gemm_mainloop(&c[i])->wgmma);
 }
 
 /* src compiles for sm_90a (where this NVRTC has it); the log is printed on failure. */
@@ -526,12 +529,9 @@ static void test_cluster_pairs(void) {
   bad = (fm_gemm_config){128, 128, 64, 3, 2, 4, 8, 0, 0, 2};
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "TMA");
-  /* the candidate form carries it in p[7] bits 16.. */
-  fm_candidate c;
+  /* the candidate form carries it too */
+  fm_candidate c = fm_cg_gemm_candidate_of(pair);
   char desc[96];
-  memset(&c, 0, sizeof c);
-  c.tmpl = FM_TMPL_GEMM;
-  c.p[0] = 128, c.p[1] = 256, c.p[2] = 64, c.p[3] = 4, c.p[4] = 8, c.p[5] = 1, c.p[6] = 8, c.p[7] = 4 | 2u << 16;
   fm_candidate_describe(&c, desc, sizeof desc);
   CHECK_STR_CONTAINS(desc, "wgmma tma cluster=2");
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c, 132, &src, &m, &d), FM_OK);
@@ -604,10 +604,7 @@ static void test_row_tiles(void) {
   bad = (fm_gemm_config){128, 128, 64, 3, 2, 4, 8, 0, 2, 0};
   CHECK_EQ_INT(fm_codegen_gemm(&canon, &bad, 132, &src, &m, &d), FM_EINVAL);
   CHECK_STR_CONTAINS(d.text, "row tiles");
-  fm_candidate c;
-  memset(&c, 0, sizeof c);
-  c.tmpl = FM_TMPL_GEMM;
-  c.p[0] = 128, c.p[1] = 128, c.p[2] = 64, c.p[3] = 4, c.p[4] = 8, c.p[5] = 1, c.p[6] = 8, c.p[7] = 2 | 2u << 8;
+  fm_candidate c = fm_cg_gemm_candidate_of(whole);
   char desc[96];
   fm_candidate_describe(&c, desc, sizeof desc);
   CHECK_STR_CONTAINS(desc, "wgmma inflight=1 tiles=2");
@@ -648,7 +645,7 @@ static void test_pingpong_wgmma_not_serialised(void) {
   size_t n = fm_codegen_candidates(&canon, c, 40);
   int checked = 0;
   for (size_t i = 0; i < n; i++) {
-    if (c[i].tmpl != FM_TMPL_GEMM || (c[i].p[7] & 0xff) != 6) continue;
+    if (!tf_gemm_mainloop(&c[i]) || !tf_gemm_mainloop(&c[i])->pingpong) continue;
     char *src = NULL;
     fm_kernel_meta m;
     CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &m, &d), FM_OK);

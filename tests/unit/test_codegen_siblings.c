@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_codegen_gemm.h"
 #include "fm_meta.h"
 #include "fm_nvrtc.h"
 #include "fm_reference.h"
@@ -149,16 +150,17 @@ static void test_candidates_and_source(void) {
   CHECK(n >= 8);
   int tma = 0, sm80 = 0;
   for (size_t i = 0; i < n; i++) {
-    uint32_t mode = c[i].p[7] & 0xffu;
     if (i == 1) { /* the cuBLASLt plan after the default: two matmuls, then the epilogue */
       CHECK_EQ_INT(c[i].tmpl, FM_TMPL_CUBLASLT);
       CHECK_EQ_INT(c[i].p[0], FM_BLAS_SPLIT);
       continue;
     }
     CHECK_EQ_INT(c[i].tmpl, FM_TMPL_GEMM); /* no skinny kernel */
-    CHECK(mode == 0 || mode >= 4);         /* not the cp.async wgmma forms */
-    tma += mode >= 4;
-    sm80 += mode == 0;
+    const fm_gemm_mainloop *ml = tf_gemm_mainloop(&c[i]);
+    if (!ml) continue;
+    CHECK(!ml->wgmma || ml->tma); /* not the cp.async wgmma forms */
+    tma += ml->tma;
+    sm80 += !ml->wgmma;
   }
   CHECK(tma > 0 && sm80 > 0);
   /* the default (sm_80 mainloop): half of a block's BN columns per product */
@@ -176,7 +178,8 @@ static void test_candidates_and_source(void) {
   CHECK_EQ_INT((int)meta.max_blocks, (int)((512 + c[0].p[1] / 2 - 1) / (c[0].p[1] / 2)));
   /* a TMA form: a third map for B2, each B box half the tile's rows */
   for (size_t i = 0; i < n; i++) {
-    if ((c[i].p[7] & 0xffu) != 4) continue;
+    const fm_gemm_mainloop *ml = tf_gemm_mainloop(&c[i]);
+    if (!ml || !ml->tma || ml->persistent) continue; /* one tile a block */
     CHECK_EQ_INT(fm_codegen_generate(&canon, &c[i], 132, &src, &meta, &d), FM_OK);
     free(src);
     CHECK_EQ_INT((int)meta.n_tmaps, 3);
