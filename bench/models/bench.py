@@ -114,7 +114,11 @@ def cmd_run(args):
             cmd += ["--no-warm"]
         print(f"bench: {model}/{size} ({left:.0f} s left)", flush=True)
         # each model in a fresh process: its own empty compile caches, and no state from the last
-        env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "FUSEML_ROUTE_CACHE")
+        }
         # its own process group: a process stopped at the budget takes its fusemld with it
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         try:

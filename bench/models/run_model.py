@@ -26,6 +26,7 @@ import time
 # set before torch is imported, which reads them.
 _CACHE = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fm-models-inductor-"))
 os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_CACHE, "triton"))
+os.environ.setdefault("FUSEML_ROUTE_CACHE", os.path.join(_CACHE, "fuseml-routes.db"))
 
 import torch  # noqa: E402
 

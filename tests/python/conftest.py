@@ -27,6 +27,9 @@ def _fusemld_bin():
     return None
 
 
+_ROUTES = os.path.join(tempfile.mkdtemp(prefix="fuseml-test-routes-"), "routes.db")
+
+
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     """Each test compiles from scratch and hears every warning again. These tests run CPU
@@ -36,6 +39,8 @@ def _fresh(monkeypatch):
     _log.reset_warnings()
     monkeypatch.delenv("FUSEML_ALLOW_UNTUNED", raising=False)
     monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")
+    # routing decisions remembered by the tests' own GPU runs stay out of the user's cache
+    monkeypatch.setenv("FUSEML_ROUTE_CACHE", _ROUTES)
     yield
     torch._dynamo.reset()
 

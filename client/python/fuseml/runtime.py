@@ -9,7 +9,7 @@ warning per cause."""
 
 import torch
 
-from . import launcher, ops, settings
+from . import launcher, ops, routes, settings
 from ._log import log, warn_once
 from .bmm_fragment import collapse
 from .partition import served
@@ -18,7 +18,7 @@ _registry = {}
 _next_gid = [0]
 _modules = {}  # (key, device index) -> launcher.Module: one load per process and device
 VERIFIED_STATES = ("tuned", "verified")  # checked against the reference on the GPU by the daemon
-counters = {"launches": 0, "eager": 0, "module_loads": 0}  # for tests and explain()
+counters = {"launches": 0, "eager": 0, "module_loads": 0, "routes_recalled": 0}  # for tests and explain()
 
 _lib = torch.library.Library("fuseml", "DEF")
 _lib.define("group(int gid, Tensor[] xs) -> Tensor[]")
@@ -207,7 +207,9 @@ class GroupRunner:
 
     def _decide(self, xs, dev, key, cubin, meta):
         """Measured routing, once per group: the kernel and the ATen ops it replaces, timed on
-        these inputs (median of a few runs each); the slower one is never run again. Skipped
+        these inputs (median of a few runs each); the slower one is never run again. A decision
+        an earlier process made for the same kernel, ops, inputs and GPU is taken instead of
+        timing again (routes.py). Skipped
         (kernel chosen) in FUSEML_ROUTE=kernel mode, while a CUDA graph is captured, where
         timing is impossible, and where the ATen ops would write far more than the kernel
         moves (ATEN_HEAVY_BYTES). Returns the kernel's outputs of the first run, or None."""
@@ -223,23 +225,28 @@ class GroupRunner:
                 "fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name, self.aten_heavy / 1e9
             )
             return outs
-        saved = counters["launches"], counters["eager"]
-        self.eager(xs)  # untimed: a first ATen call of a shape may set up cuBLAS or allocate
-        k_ms = _median_ms(lambda: self._launch(xs, dev, key, cubin, meta), 7, stream)
-        e_ms = _median_ms(lambda: self.eager(xs), 7, stream)
-        counters["launches"], counters["eager"] = saved
+        sig = routes.signature(cubin, self.steps, xs, routes.gpu_identity(dev))
+        known = routes.recall(sig)
+        if known is not None:
+            route, k_ms, e_ms = known
+            counters["routes_recalled"] += 1
+        else:
+            saved = counters["launches"], counters["eager"]
+            self.eager(xs)  # untimed: a first ATen call of a shape may set up cuBLAS or allocate
+            k_ms = _median_ms(lambda: self._launch(xs, dev, key, cubin, meta), 7, stream)
+            e_ms = _median_ms(lambda: self.eager(xs), 7, stream)
+            counters["launches"], counters["eager"] = saved
+            route = "kernel" if k_ms <= e_ms else "aten"
+            routes.remember(sig, route, k_ms, e_ms)
         self.timing = (k_ms, e_ms)
-        self.use_kernel = k_ms <= e_ms
-        served(self.group, self.kernel or (key, None)).route_measured = (
-            "kernel" if self.use_kernel else "aten",
-            k_ms,
-            e_ms,
-        )
+        self.use_kernel = route == "kernel"
+        served(self.group, self.kernel or (key, None)).route_measured = (route, k_ms, e_ms)
         log.info(
-            "fuseml: %s: kernel %.4f ms, ATen %.4f ms: %s",
+            "fuseml: %s: kernel %s ms, ATen %s ms%s: %s",
             self.name,
-            k_ms,
-            e_ms,
+            "?" if k_ms is None else f"{k_ms:.4f}",
+            "?" if e_ms is None else f"{e_ms:.4f}",
+            " (remembered)" if known is not None else "",
             "kernel" if self.use_kernel else "ATen (the kernel is slower here)",
         )
         return outs if self.use_kernel else self.eager(xs)

@@ -69,6 +69,19 @@ def route():
     return mode if mode in ("measure", "kernel") else "measure"
 
 
+def route_cache():
+    """FUSEML_ROUTE_CACHE: the file where measured routing is remembered across processes
+    (routes.py); "off": not remembered. Default $XDG_CACHE_HOME/fuseml/routes.db, else
+    ~/.cache/fuseml/routes.db. None when off."""
+    value = _get("FUSEML_ROUTE_CACHE")
+    if value == "off":
+        return None
+    if value:
+        return value
+    base = _get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fuseml", "routes.db")
+
+
 def chains():
     """FUSEML_CHAINS=0: no back-to-back GEMM chains (on by default)."""
     return _get("FUSEML_CHAINS") != "0"
