@@ -18,6 +18,7 @@ from . import (
     cudagraphs,
     direct_call,
     fake_meta,
+    graph_code,
     pad_gemm,
     settings,
     straight_line,
@@ -329,37 +330,41 @@ class FuseMLCompiler:
                 plan.skipped = f"Inductor's saved layouts: {type(e).__name__}; the graph went to Inductor whole"
                 self._record(plan)
                 return self._inductor(gm, example_inputs, [], {})
-        if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
-            const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
-        keeps_layout, report_to, saved = _layout_policy(which)
-        padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
-        if padded and self.rest != "inductor":
-            # the zeros a padding concatenates (GPT-2's tied lm_head: [47, 768] forward and
-            # backward, [4096, 47] for the logits' gradient) are constants too: an ATen `full`
-            # each, ~80 us of host a step on an H200's host otherwise
-            const_fold.fold(gm)
-        # after the padding: a padded GEMM's slot it kept is not one the convolutions change
-        kept += channels_last.convert(gm, settings.channels_last(), saved) or []
-        # Inductor reports the strides of the graph it compiles itself (and asserts that no
-        # one did before it): under rest="inductor" the report is left to it
-        if kept and report_to is not None and self.rest != "inductor":
-            _report_output_strides(gm, sorted(set(kept)), report_to)
-        chains = settings.chains() if self.chains is None else bool(self.chains)
-        spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
-        spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
-        spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
-        compute_in_copy_layout(gm)  # a copy of a transposed pointwise value computes it there (transpose_rewrite.py)
-        sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
-        sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
-        run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
-        # again: a per-channel cast that memory order now reads through unsqueezes and a permute
-        # (batch norm's running variance as torch 2.11 decomposes it: a kernel of its own and a
-        # launch per batch norm otherwise)
-        sink_casts(gm)
-        spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
-        keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
-        if self.rest != "inductor":  # Inductor decomposes it its own way
-            rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
+        # the passes edit the graph; its code is regenerated once, after the last (graph_code.py)
+        with graph_code.deferred():
+            if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
+                const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
+            keeps_layout, report_to, saved = _layout_policy(which)
+            padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
+            if padded and self.rest != "inductor":
+                # the zeros a padding concatenates (GPT-2's tied lm_head: [47, 768] forward and
+                # backward, [4096, 47] for the logits' gradient) are constants too: an ATen `full`
+                # each, ~80 us of host a step on an H200's host otherwise
+                const_fold.fold(gm)
+            # after the padding: a padded GEMM's slot it kept is not one the convolutions change
+            kept += channels_last.convert(gm, settings.channels_last(), saved) or []
+            # Inductor reports the strides of the graph it compiles itself (and asserts that no
+            # one did before it): under rest="inductor" the report is left to it
+            if kept and report_to is not None and self.rest != "inductor":
+                _report_output_strides(gm, sorted(set(kept)), report_to)
+            chains = settings.chains() if self.chains is None else bool(self.chains)
+            spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
+            spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
+            spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
+            compute_in_copy_layout(
+                gm
+            )  # a copy of a transposed pointwise value computes it there (transpose_rewrite.py)
+            sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
+            sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
+            run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
+            # again: a per-channel cast that memory order now reads through unsqueezes and a permute
+            # (batch norm's running variance as torch 2.11 decomposes it: a kernel of its own and a
+            # launch per batch norm otherwise)
+            sink_casts(gm)
+            spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
+            keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
+            if self.rest != "inductor":  # Inductor decomposes it its own way
+                rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

@@ -25,7 +25,7 @@ Nothing else changes: a graph without these patterns is left as it was."""
 import torch
 from torch._guards import detect_fake_mode
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .shapes import is_plain_int
 
@@ -238,6 +238,6 @@ def spell_cats(gm):
     changed |= stacks
     if changed:
         gm.graph.lint()
-        gm.recompile()
-        log.debug("fuseml: concatenations spelled as aten.cat:\n%s", gm.code)
+        graph_code.edited(gm)
+        log.debug("fuseml: concatenations spelled as aten.cat:\n%s", graph_code.source(gm))
     return changed

@@ -24,7 +24,7 @@ none."""
 
 import torch
 
-from . import fake_meta
+from . import fake_meta, graph_code
 from ._log import log
 from .fake_meta import tensor_val
 
@@ -85,7 +85,7 @@ def convert(gm, mode, keeps_layout=lambda position: False):
             c.replace_all_uses_with(c.args[0])
             gm.graph.erase_node(c)
     gm.graph.lint()
-    gm.recompile()
+    graph_code.edited(gm)
     log.debug("fuseml: %d convolutions run channels-last; output slots kept so: %s", len(convs), kept)
     return kept
 

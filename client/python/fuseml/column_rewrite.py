@@ -25,7 +25,7 @@ import math
 import torch
 from torch._guards import detect_fake_mode
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
@@ -210,5 +210,5 @@ def spell_columns(gm):
         results |= {red, out}
     _drop_unread(gm, replaced)
     gm.graph.lint()
-    gm.recompile()
+    graph_code.edited(gm)
     return True

@@ -19,7 +19,7 @@ tensors outside any fake mode, once per compiled graph; the nodes they replace g
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import fake_meta
+from . import fake_meta, graph_code
 from ._log import log
 from .fake_meta import tensor_val
 from .shapes import is_plain_int
@@ -191,5 +191,5 @@ def fold(gm):
             if not n.users:
                 gm.graph.erase_node(n)
         gm.graph.lint()
-        gm.recompile()
+        graph_code.edited(gm)
     return replaced

@@ -33,6 +33,7 @@ import inspect
 
 import torch
 
+from . import graph_code
 from ._log import log
 
 _CROSS_ENTROPY = torch.nn.functional.cross_entropy
@@ -179,5 +180,5 @@ def rewrite(gm):
         done += 1
     if done:
         gm.graph.lint()
-        gm.recompile()
+        graph_code.edited(gm)
     return done

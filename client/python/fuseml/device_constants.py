@@ -18,7 +18,7 @@ refusal; nothing moves then."""
 import torch
 from torch.utils import _pytree as pytree
 
-from . import fake_meta
+from . import fake_meta, graph_code
 
 
 def _cpu(v):
@@ -118,5 +118,5 @@ def move(gm, device):
         n.kwargs = kw
     for n, v in vals.items():
         n.meta["val"] = v
-    gm.recompile()
+    graph_code.edited(gm)
     return [n.name for n in movable], {}

@@ -26,7 +26,7 @@ is zeroed after the adds (only its own tokens reach it)."""
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import tensor_val
 
@@ -101,6 +101,6 @@ def rewrite_embedding_grads(gm):
             continue
         n += fake_meta.substitute(gm, node, cast, made)  # not in another layout than the traced one
     if n:
-        gm.recompile()
+        graph_code.edited(gm)
         log.debug("fuseml: %d embedding gradient(s) as fp32 scatter-adds", n)
     return n

@@ -22,7 +22,7 @@ it keeps stay in their order."""
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import tensor_val
 from .shapes import dense_order
@@ -181,6 +181,6 @@ def run_in_memory_order(gm):
     if changed:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
-        gm.recompile()
-        log.debug("fuseml: ops run in their values' memory order:\n%s", gm.code)
+        graph_code.edited(gm)
+        log.debug("fuseml: ops run in their values' memory order:\n%s", graph_code.source(gm))
     return changed

@@ -15,7 +15,7 @@ as the GEMM's epilogue rounds). Only static shapes, operands of one floating dty
 
 import torch
 
-from . import fake_meta
+from . import fake_meta, graph_code
 from ._log import log
 from .fake_meta import tensor_val
 
@@ -48,6 +48,6 @@ def spell_outer_products(gm):
             mul = fake_meta.call(gm, mode, aten.mul.Tensor, (a, b), made=made)
         n += fake_meta.substitute(gm, node, mul, made)
     if n:
-        gm.recompile()
+        graph_code.edited(gm)
         log.debug("fuseml: %d product(s) over an inner dimension of 1 as multiplies", n)
     return n

@@ -41,7 +41,7 @@ bf16/f16 GEMM (a testing aid, and a way to measure small ones); "off" none."""
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .shapes import dense_order, is_known_int
 
@@ -335,6 +335,6 @@ def pad(gm, mode, keeps_layout=lambda positions: False):
         kept += rewrite.kept
     if done:
         gm.graph.lint()
-        gm.recompile()
+        graph_code.edited(gm)
         log.debug("fuseml: padded GEMMs: %s", "; ".join(done))
     return done, sorted(kept)

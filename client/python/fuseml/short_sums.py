@@ -20,7 +20,7 @@ a reduction's work) that is neither the first (a column sum, column_rewrite.py) 
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import tensor_val
 from .shapes import is_plain_int
@@ -93,6 +93,6 @@ def spell_short_sums(gm):
             if not out.users:
                 gm.graph.erase_node(out)
     gm.graph.lint()
-    gm.recompile()
-    log.debug("fuseml: short sums spelled as adds:\n%s", gm.code)
+    graph_code.edited(gm)
+    log.debug("fuseml: short sums spelled as adds:\n%s", graph_code.source(gm))
     return True

@@ -20,6 +20,7 @@ import operator
 
 import torch
 
+from . import graph_code
 from .ops import RESHAPE_OPS, VIEW_OPS, aten, products
 from .shapes import is_plain_int, same_known_shape
 
@@ -129,4 +130,4 @@ def share_a(p, q):
     second.args = tuple(second.args[:-2]) + (a, second.args[-1])
     gm = second.graph.owning_module
     if gm is not None:
-        gm.recompile()
+        graph_code.edited(gm)

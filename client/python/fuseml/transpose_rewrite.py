@@ -23,7 +23,7 @@ the result would not have the copy's shape, dtype and strides."""
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import same_layout, tensor_val
 
@@ -155,6 +155,6 @@ def compute_in_copy_layout(gm):
         changed |= _hoist(gm, fake_mode, copy, value, perm)
     if changed:
         gm.graph.lint()
-        gm.recompile()
-        log.debug("fuseml: transposed copies computed in their layout:\n%s", gm.code)
+        graph_code.edited(gm)
+        log.debug("fuseml: transposed copies computed in their layout:\n%s", graph_code.source(gm))
     return changed

@@ -28,7 +28,7 @@ elementwise op of a broadcast value is the broadcast of the op's value."""
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import same_layout, tensor_val
 from .shapes import is_plain_int
@@ -190,5 +190,5 @@ def sink_views(gm):
         pairs = _moves(gm)
     if changed:
         gm.graph.lint()
-        gm.recompile()
+        graph_code.edited(gm)
     return changed
