@@ -204,6 +204,33 @@ def test_training_batch_norm_is_three_kernels(dead_socket, channels_last_on, par
     assert sum("rsqrt" in g.op_names for g in columns) == 2
 
 
+def test_bf16_training_batch_norm_has_no_lone_casts(dead_socket, channels_last_on, partitioned):
+    """bf16: the backward casts each saved mean to fp32 for the column kernel of batch norm's
+    two sums (through the [1, C] view of its column space) and for the pointwise kernel of the
+    input gradient. Each reader gets its own cast (cast_sink.spread_small_casts) and computes
+    it inside its kernel: no cast runs as a kernel of its own. The step is as far from fp32's
+    as eager bf16's, within half again: on the CPU the groups run their ATen ops, in bf16
+    between the decomposition's casts (on the GPU, in fp32 inside the kernels)."""
+    torch.manual_seed(9)
+    model = Block(c=16).to(BF16)
+    x = torch.randn(8, 3, 16, 16, dtype=BF16)
+    import copy
+
+    twin = copy.deepcopy(model)
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    want = run_step(twin, list(twin.parameters()), x)
+    ref = fp32_step(twin, x)
+    for a, b, r in zip([got[0]] + got[1], [want[0]] + want[1], [ref[0]] + ref[1]):
+        assert rel_err(a, r) <= 1.5 * rel_err(b, r) + 1e-3, (rel_err(a, r), rel_err(b, r))
+    bw_gm, bw_groups = partitioned[-1]
+    assert any(g.kind == "columns" for g in bw_groups)
+    casts = [n for n in bw_gm.graph.nodes if n.target is aten._to_copy.default]
+    fused = {n for g in bw_groups if g.route == "kernel" for n in g.members}
+    assert casts and all(n in fused for n in casts), [n.name for n in casts if n not in fused]
+    lone = [g.describe() for g in bw_groups if len(g.members) == 1 and g.route != "kernel"]
+    assert not any("_to_copy" in d for d in lone), lone
+
+
 @pytest.mark.parametrize("affine,track", [(False, True), (True, False), (False, False)])
 def test_training_batch_norm_variants_match_eager(dead_socket, channels_last_on, affine, track):
     """Decomposed in training: batch norm without weight and bias, without running

@@ -27,7 +27,7 @@ from . import (
 )
 from ._log import info_once, log, warn_once
 from .bmm_fragment import build_bmm
-from .cast_sink import sink_casts
+from .cast_sink import sink_casts, spread_small_casts
 from .cat_rewrite import spell_cats
 from .cols_fragment import build_columns
 from .column_rewrite import spell_columns
@@ -363,6 +363,7 @@ class FuseMLCompiler:
             sink_casts(gm)
             spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
             keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
+            spread_small_casts(gm)  # a small cast a column view shares, one per reader (cast_sink.py)
             if self.rest != "inductor":  # Inductor decomposes it its own way
                 rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
         groups = find_groups(gm, self.min_ops, chains=chains)

@@ -17,7 +17,7 @@ kind are touched, and only ops whose every tensor operand is one (no broadcast c
 
 import torch
 
-from . import fake_meta, ops
+from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import tensor_val
 from .shapes import is_plain_int
@@ -104,7 +104,7 @@ def keep_column_shape(gm):
             if node.op == "call_function" and node.target in VIEWS and not node.users:
                 gm.graph.erase_node(node)
         gm.graph.lint()
-        gm.recompile()
+        graph_code.edited(gm)
         log.debug("fuseml: %d per-column ops run in their column reduction's shape", moved)
     return moved
 
@@ -114,10 +114,16 @@ def _in_shape(gm, mode, node, shape, roots):
     viewed back to node's shape for its users; the new op, or None (the graph as it was)
     when the value would differ in dtype."""
     made = []
+    seen = {}  # an operand read twice (x * x) is pulled once: the pull erases it
 
     def operand(a):
         if not isinstance(a, torch.fx.Node):
             return a
+        if a not in seen:
+            seen[a] = _operand(a)
+        return seen[a]
+
+    def _operand(a):
         if a in roots and list(tensor_val(roots[a]).shape) == shape:
             return roots[a]
         if _follows(a, node):  # an op of node's alone (0.9 * running_mean) moves with it

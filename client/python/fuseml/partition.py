@@ -530,13 +530,17 @@ def find_groups(gm, min_ops=2, chains=True):
     #    the weight's cast to fp32);
     #  - a pointwise group over a shape its own broadcasts to, when it is small (per channel:
     #    batch norm's rsqrt(var + eps), its statistics cast to fp32; the reader computes those
-    #    few ops again per element, and two launches a batch norm go).
+    #    few ops again per element, and two launches a batch norm go);
+    #  - a column group, when it is small and per column (batch norm's backward: the saved
+    #    mean cast to fp32 for the sums' prologue, computed again per element likewise).
     # Not when it waits on the reader itself.
     def runs_inside(r, p):
         if r is None or _has_cat(r):
             return False
         if r.kind == "rows":
             return _inside_rows(r.shape, p.shape)
+        if r.kind == "columns":
+            return _per_column(r.shape, p.shape) and _broadcasts_small(p.shape, r.shape)
         return r.kind == "pointwise" and _broadcasts_small(p.shape, r.shape)
 
     for p in [g for g in groups if g.kind == "pointwise" and not _has_cat(g)]:
