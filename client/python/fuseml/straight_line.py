@@ -61,6 +61,14 @@ _BINDINGS = {
     torch.ops.aten.mm.default: torch.mm,
     torch.ops.aten.addmm.default: torch.addmm,
     torch.ops.aten.bmm.default: torch.bmm,
+    # what stays ATen between groups: a batch norm's num_batches_tracked + 1 (53 a ResNet-50
+    # training step), a pooling mean and its gradient's division
+    torch.ops.aten.add.Tensor: torch.add,
+    torch.ops.aten.sub.Tensor: torch.sub,
+    torch.ops.aten.mul.Tensor: torch.mul,
+    torch.ops.aten.div.Tensor: torch.div,
+    torch.ops.aten.div.Scalar: torch.div,
+    torch.ops.aten.mean.dim: torch.mean,
 }
 
 
