@@ -34,6 +34,7 @@ from .column_rewrite import spell_columns
 from .column_shape import keep_column_shape
 from .embedding_grad import rewrite_embedding_grads
 from .fragment import Unfusable, build
+from .input_updates import batch_input_updates
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
 from .outer_product import spell_outer_products
@@ -248,7 +249,8 @@ class FuseMLCompiler:
         cross_entropy.rewrite(gm)
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
         capture = direct_call.Capture(gm, example_inputs, self.rest == "aten" and direct_call.wanted(self.direct))
-        if not cudagraphs.wanted(mode, options, self.cudagraphs):
+        graphed = cudagraphs.wanted(mode, options, self.cudagraphs)
+        if not graphed:
 
             def compile_as(which):
                 return lambda g, ex: self.compile_graph(g, ex, which)
@@ -279,6 +281,11 @@ class FuseMLCompiler:
             inference_compiler=inference,
             **extra,
             decompositions=self._decompositions(_decomposes_batch_norm(gm, example_inputs)),
+            # the inputs a graph updates without autograd seeing it (batch norm's running
+            # statistics) are written by the graph itself (copy_ nodes at its end, applied at
+            # once: straight_line.py), not one by one by aot_autograd's wrapper after the call
+            # (159 copies a ResNet-50 training step); recorded graphs keep the wrapper's
+            keep_inference_input_mutations=not graphed,
         )(gm, example_inputs)
         fn = capture.callable(wrapped)
         for p in plans:
@@ -364,6 +371,8 @@ class FuseMLCompiler:
             spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
             keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
             spread_small_casts(gm)  # a small cast a column view shares, one per reader (cast_sink.py)
+            if self.rest != "inductor":  # Inductor writes them in its own kernels
+                batch_input_updates(gm)  # the inputs the graph updates, written at once (input_updates.py)
             if self.rest != "inductor":  # Inductor decomposes it its own way
                 rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
