@@ -63,6 +63,10 @@ def test_an_entry_that_is_not_a_route_is_ignored(cache):
     with sqlite3.connect(cache) as db:
         db.execute("UPDATE routes SET route = 'launch anything' WHERE sig = ?", (sig,))
     assert routes.recall(sig) is None
+    routes.remember(sig, "kernel", 0.1, 0.2)
+    with sqlite3.connect(cache) as db:
+        db.execute("UPDATE routes SET aten_ms = NULL WHERE sig = ?", (sig,))
+    assert routes.recall(sig) is None  # a route without its two times is measured again
 
 
 def test_a_damaged_file_turns_remembering_off(cache):

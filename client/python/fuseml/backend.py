@@ -282,8 +282,8 @@ class FuseMLCompiler:
             **extra,
             decompositions=self._decompositions(_decomposes_batch_norm(gm, example_inputs)),
             # the inputs a graph updates without autograd seeing it (batch norm's running
-            # statistics) are written by the graph itself (copy_ nodes at its end, applied at
-            # once: straight_line.py), not one by one by aot_autograd's wrapper after the call
+            # statistics) are written by the graph itself (copy_ nodes at its end, batched by
+            # input_updates.py), not one by one by aot_autograd's wrapper after the call
             # (159 copies a ResNet-50 training step); recorded graphs keep the wrapper's
             keep_inference_input_mutations=not graphed,
         )(gm, example_inputs)
@@ -358,9 +358,7 @@ class FuseMLCompiler:
             spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
             spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
             spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
-            compute_in_copy_layout(
-                gm
-            )  # a copy of a transposed pointwise value computes it there (transpose_rewrite.py)
+            compute_in_copy_layout(gm)  # a transposed pointwise value's copy computes it there (transpose_rewrite.py)
             sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
             sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
             run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
@@ -371,9 +369,8 @@ class FuseMLCompiler:
             spell_columns(gm)  # sums over leading dims as column sums of a 2-D view (column_rewrite.py)
             keep_column_shape(gm)  # per-column ops on a column sum read it in its shape (column_shape.py)
             spread_small_casts(gm)  # a small cast a column view shares, one per reader (cast_sink.py)
-            if self.rest != "inductor":  # Inductor writes them in its own kernels
+            if self.rest != "inductor":  # Inductor writes both its own way
                 batch_input_updates(gm)  # the inputs the graph updates, written at once (input_updates.py)
-            if self.rest != "inductor":  # Inductor decomposes it its own way
                 rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []

@@ -102,10 +102,9 @@ def recall(sig):
     except sqlite3.Error as e:
         log.debug("fuseml: remembered routing unreadable: %s", e)
         return None
-    if row is None or row[0] not in ROUTES:
-        return None
-    k, e = (v if isinstance(v, float) else None for v in row[1:])
-    return row[0], k, e
+    if row is None or row[0] not in ROUTES or not all(isinstance(v, float) for v in row[1:]):
+        return None  # none, or not a route with its two times: measured again
+    return row
 
 
 def remember(sig, route, kernel_ms, aten_ms):

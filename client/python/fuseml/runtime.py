@@ -209,10 +209,10 @@ class GroupRunner:
         """Measured routing, once per group: the kernel and the ATen ops it replaces, timed on
         these inputs (median of a few runs each); the slower one is never run again. A decision
         an earlier process made for the same kernel, ops, inputs and GPU is taken instead of
-        timing again (routes.py). Skipped
-        (kernel chosen) in FUSEML_ROUTE=kernel mode, while a CUDA graph is captured, where
-        timing is impossible, and where the ATen ops would write far more than the kernel
-        moves (ATEN_HEAVY_BYTES). Returns the kernel's outputs of the first run, or None."""
+        timing again (routes.py). Skipped (kernel chosen) in FUSEML_ROUTE=kernel mode, while a
+        CUDA graph is captured, where timing is impossible, and where the ATen ops would write
+        far more than the kernel moves (ATEN_HEAVY_BYTES). Returns the kernel's outputs of the
+        first run, or None."""
         outs = self._launch(xs, dev, key, cubin, meta)  # a failure raises before any decision
         stream = torch.cuda.current_stream(dev)
         if settings.route() == "kernel" or torch.cuda.is_current_stream_capturing():
@@ -242,10 +242,10 @@ class GroupRunner:
         self.use_kernel = route == "kernel"
         served(self.group, self.kernel or (key, None)).route_measured = (route, k_ms, e_ms)
         log.info(
-            "fuseml: %s: kernel %s ms, ATen %s ms%s: %s",
+            "fuseml: %s: kernel %.4f ms, ATen %.4f ms%s: %s",
             self.name,
-            "?" if k_ms is None else f"{k_ms:.4f}",
-            "?" if e_ms is None else f"{e_ms:.4f}",
+            k_ms,
+            e_ms,
             " (remembered)" if known is not None else "",
             "kernel" if self.use_kernel else "ATen (the kernel is slower here)",
         )
