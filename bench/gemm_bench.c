@@ -17,7 +17,8 @@
  *
  * Usage: gemm_bench [REPS]   env FM_BENCH_SHAPES=0,3,...  picks shapes (indices below);
  * FM_BENCH_CANDS="sub;sub" keeps the candidates whose description contains one of them;
- * FM_BENCH_EXTRA="p0,...,p7;..." adds gemm candidates by their raw parameters ("s" before
+ * FM_BENCH_EXTRA="p0,...,p9;..." adds gemm candidates by their raw parameters (fm_gemm_config
+ * field by field) ("s" before
  * one: a skinny-template candidate);
  * FM_BENCH_EPI=bias fuses the bias alone into ours (no GELU); FM_BENCH_EPI=residual the bias
  * and a residual [M, N] added after it (an MLP's second GEMM: out = x @ W.t() + b + r, r
@@ -194,7 +195,7 @@ static int picked(const fm_candidate *c) {
   return 0;
 }
 
-/* FM_BENCH_EXTRA="p0,p1,...,p7;...": gemm candidates beyond the template's list (raw
+/* FM_BENCH_EXTRA="p0,p1,...,p9;...": gemm candidates beyond the template's list (raw
  * candidate parameters, fm_codegen.h), each verified and timed like the others; an entry
  * that starts with 's' ("s8,16,2,1") is a skinny-template one (cols, warps, unroll, pipe). */
 static size_t extra_candidates(fm_candidate *out, size_t max) {

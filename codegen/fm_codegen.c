@@ -45,16 +45,12 @@ static fm_rows_config to_rows(const fm_candidate *k) {
   return (fm_rows_config){.variant = k->p[0], .block = k->p[1], .vec = k->p[2]};
 }
 
-/* The gemm candidate's last word packs three fields (the cache holds it so): the mainloop
- * mode in bits 0..7, the row tiles a block in bits 8..15 (0: one) and the cluster from bit
- * 16 (0: none). Written by from_gemm and read by to_gemm only (fm_cg_gemm_candidate_of and
- * fm_cg_gemm_config_of, below, are the two for code outside this file). */
-enum { GEMM_MODE_MASK = 0xffu, GEMM_RTILES_SHIFT = 8, GEMM_RTILES_MASK = 0xffu, GEMM_CLUSTER_SHIFT = 16 };
-
+/* One row tile and no cluster are written 0, as they were before either existed (fm_cg_gemm_candidate_of
+ * and fm_cg_gemm_config_of, below, are the two for code outside this file). */
 static fm_candidate from_gemm(fm_gemm_config c) {
-  uint32_t extras = c.wgmma | (c.rtiles > 1 ? c.rtiles << GEMM_RTILES_SHIFT : 0u) |
-                    (c.cluster > 1 ? c.cluster << GEMM_CLUSTER_SHIFT : 0u);
-  return (fm_candidate){.tmpl = FM_TMPL_GEMM, .p = {c.bm, c.bn, c.bk, c.stages, c.wm, c.wn, c.raster, extras}};
+  return (fm_candidate){.tmpl = FM_TMPL_GEMM,
+                        .p = {c.bm, c.bn, c.bk, c.stages, c.wm, c.wn, c.raster, c.wgmma, c.rtiles > 1 ? c.rtiles : 0,
+                              c.cluster > 1 ? c.cluster : 0}};
 }
 
 static fm_gemm_config to_gemm(const fm_candidate *k) {
@@ -65,9 +61,9 @@ static fm_gemm_config to_gemm(const fm_candidate *k) {
                           .wm = k->p[4],
                           .wn = k->p[5],
                           .raster = k->p[6],
-                          .wgmma = k->p[7] & GEMM_MODE_MASK,
-                          .rtiles = (k->p[7] >> GEMM_RTILES_SHIFT) & GEMM_RTILES_MASK,
-                          .cluster = k->p[7] >> GEMM_CLUSTER_SHIFT};
+                          .wgmma = k->p[7],
+                          .rtiles = k->p[8],
+                          .cluster = k->p[9]};
 }
 
 fm_candidate fm_cg_gemm_candidate_of(fm_gemm_config c) { return from_gemm(c); }

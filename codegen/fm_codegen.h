@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 31 /* what each version changed: codegen/CHANGES.md */
+#define FM_CODEGEN_VERSION 32 /* what each version changed: codegen/CHANGES.md */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -39,9 +39,10 @@ typedef enum {
 
 const char *fm_template_name(fm_template t);
 
-#define FM_CANDIDATE_PARAMS 8
-/* A template and its parameters (meaning per template; unused ones 0). Plain data: stored
- * in the cache beside each timing, so the numbers of an existing template never change. */
+#define FM_CANDIDATE_PARAMS 10
+/* A template and its parameters, one field of its config a word (meaning per template, in
+ * the order of the config's fields; unused ones 0). Plain data: stored in the cache beside
+ * each timing, so the numbers of an existing template never change. */
 typedef struct fm_candidate {
   fm_template tmpl;
   uint32_t p[FM_CANDIDATE_PARAMS];
@@ -167,7 +168,7 @@ int fm_codegen_cols(const fm_fragment *canon, const fm_cols_config *cfg, uint32_
  * tiles in groups of `raster` tile rows. Launch metadata: kind "gemm", grid rule
  * "tiles" (fm_meta.h), dynamic shared memory (may exceed 48 KiB). */
 
-/* One point of the gemm template's tuning space (candidate p[0..6], in this order). */
+/* One point of the gemm template's tuning space (candidate p[0..9], in this order). */
 typedef struct fm_gemm_config {
   uint32_t bm, bn, bk; /* block tile */
   uint32_t stages;     /* cp.async buffers: 2..4 */
@@ -184,11 +185,10 @@ typedef struct fm_gemm_config {
                             owning whole BM x BN tiles in turn (ping-pong) */
   uint32_t rtiles;     /* row tiles per block (0 or 1: one; > 1: wgmma modes 1 and 2 only):
                             the block walks rtiles consecutive BM-row tiles, loading the next
-                            tile's first k-tiles while the epilogue of this one runs; stored
-                            in candidate p[7] bits 8..15 */
+                            tile's first k-tiles while the epilogue of this one runs */
   uint32_t cluster;    /* 0 or 1: none; 2 (wgmma modes 4 and 5): blocks in pairs along M that
                             share B, each loading half of its tile and multicasting it to both
-                            (a cluster of 2, compiled in; candidate p[7] bits 16..) */
+                            (a cluster of 2, compiled in) */
 } fm_gemm_config;
 
 fm_gemm_config fm_codegen_gemm_default(const fm_fragment *canon);

@@ -186,178 +186,6 @@ static void emit_wgmma(fm_strbuf *sb, const char *name, const char *ty, uint32_t
     fm_strbuf_append(sb, "\n      : \"l\"(da), \"l\"(db), \"r\"(accumulate));\n}\n");
 }
 
-/* The fixed part: wgmma and cp.async helpers and the loads. Needs FM_BM, FM_K1, FM_N1,
- * FM_N2, FM_LDA, FM_LDB, FM_LDB2 before it. */
-static const char b2b_body[] =
-    "#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
-    "#error \"the b2b template needs sm_90a\"\n"
-    "#endif\n"
-    "#define FM_MMA_THREADS (FM_BM / 64 * 128)\n"
-    "/* the TMA form (FM_WS): a loader warpgroup after the consumer warpgroups (one thread of it\n"
-    "   issues every box), so that registers can move to the consumers (setmaxnreg works per\n"
-    "   warpgroup: 384 threads start at 168 registers, the two consumer warpgroups take 240) */\n"
-    "#define FM_THREADS (FM_MMA_THREADS + (FM_WS ? 128 : 0))\n"
-    "#define FM_X_BYTES (FM_BM * FM_K1 * 2)\n"
-    "#define FM_W1_BYTES (64 * FM_K1 * 2)\n"
-    "#define FM_W2_BYTES (FM_N2 * 128)\n"
-    "#define FM_CHUNKS (FM_N1 / 64)\n"
-    "extern __shared__ __align__(1024) unsigned short fm_smem[];\n"
-    "/* where A's rows start, then the chunk buffers: 1024-byte aligned for the swizzle */\n"
-    "__device__ __forceinline__ unsigned fm_stage_base() { return (fm_saddr(fm_smem) + 1023u) & ~1023u; }\n"
-    "/* 16-byte chunk c (of 8 per 128-byte row) of row r of a 64-wide K slice at s, swizzled */\n"
-    "#define FM_SW(s, r, c) ((s) + (r) * 128 + ((((c) ^ ((r) & 7))) << 4))\n"
-    "/* The block's A rows: K1 / 64 slices of BM rows; rows past M are zeros. */\n"
-    "__device__ __forceinline__ void fm_load_a(unsigned xs, const unsigned short *__restrict__ A, long long M,\n"
-    "    long long m0, int tid) {\n"
-    "#pragma unroll 4\n"
-    "  for (int c = tid; c < FM_BM * (FM_K1 / 8); c += FM_MMA_THREADS) {\n"
-    "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
-    "    const long long gm = m0 + r;\n"
-    "    const bool ok = gm < M;\n"
-    "    fm_cp16(FM_SW(xs + (kc >> 3) * (FM_BM * 128), r, kc & 7), ok ? A + gm * FM_LDA + kc * 8 : A, ok ? 16 : 0);\n"
-    "  }\n"
-    "}\n"
-    "/* Chunk j of B: its 64 columns j*64.. as 64 K-major rows (K1 / 64 slices of 64 rows). */\n"
-    "__device__ __forceinline__ void fm_load_w1(unsigned ws, const unsigned short *__restrict__ B, int j, int tid) {\n"
-    "#pragma unroll 4\n"
-    "  for (int c = tid; c < 64 * (FM_K1 / 8); c += FM_MMA_THREADS) {\n"
-    "    const int r = c / (FM_K1 / 8), kc = c % (FM_K1 / 8);\n"
-    "    fm_cp16(FM_SW(ws + (kc >> 3) * (64 * 128), r, kc & 7), B + (long long)(j * 64 + r) * FM_LDB + kc * 8, 16);\n"
-    "  }\n"
-    "}\n"
-    "/* Chunk j of B2: its rows j*64 .. j*64+63 as N2 K-major rows of one 64-wide slice. */\n"
-    "__device__ __forceinline__ void fm_load_w2(unsigned ws, const unsigned short *__restrict__ B2, int j, int tid) {\n"
-    "#pragma unroll 4\n"
-    "  for (int c = tid; c < FM_N2 * 8; c += FM_MMA_THREADS) {\n"
-    "    const int r = c >> 3, kc = c & 7;\n"
-    "    fm_cp16(FM_SW(ws, r, kc), B2 + (long long)r * FM_LDB2 + j * 64 + kc * 8, 16);\n"
-    "  }\n"
-    "}\n"
-    "__device__ __forceinline__ unsigned fm_pack(unsigned short lo, unsigned short hi) {\n"
-    "  return (unsigned)lo | ((unsigned)hi << 16);\n"
-    "}\n";
-
-/* The TMA forms (FM_B2B_TMA, FM_B2B_TMA_PAIR): tensor maps of A [M, K1], B as [N1, K1] and B2 as [N2, N1] rows
- * (launch metadata "tmaps", boxes of 64 columns: one 128-byte swizzle row). B's chunks and
- * B2's stream through two rings of buffers (FM_S1 of B's 64 rows in K1 / 64 slices, FM_S2 of
- * B2's N2 rows), each buffer with two mbarriers: full (the loader's expect-tx, completed by
- * the bytes) and empty (one arrival per consumer warpgroup once its products left it). Two
- * rings, not one of whole chunks, because the products of a chunk run a tensor turn apart
- * (B's chunk j + 1 with B2's chunk j): a buffer of B is free a turn before its B2 half, and
- * with whole chunks the two buffers that fit beside A's rows left the loads no lead at all
- * (bench/NOTES.md, "The b2b rings"). The consumer warpgroups never meet at a barrier, so
- * one's stage 1 runs on the ALUs while the other's products run on the tensor cores. */
-/* After fm_cg_sm90 (fm_tmap, fm_tma_load(_both), fm_mbar_wait, fm_arrive_peer,
- * fm_cluster_sync). */
-static const char b2b_tma[] =
-    "__device__ __forceinline__ void fm_mbar_init(unsigned bar, unsigned count) {\n"
-    "  asm volatile(\"mbarrier.init.shared::cta.b64 [%0], %1;\\n\" :: \"r\"(bar), \"r\"(count) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_mbar_expect(unsigned bar, unsigned bytes) {\n"
-    "  asm volatile(\"mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n\" :: \"r\"(bar), \"r\"(bytes) : \"memory\");\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_mbar_arrive(unsigned bar) {\n"
-    "  asm volatile(\"mbarrier.arrive.shared::cta.b64 _, [%0];\\n\" :: \"r\"(bar) : \"memory\");\n"
-    "}\n"
-    "/* A pair of blocks (a cluster of 2: blockIdx.x is the rank) shares the weights: each loads\n"
-    "   half of every chunk into both (fm_tma_load_both), so L2 serves each chunk once per pair; a\n"
-    "   buffer is refilled once the consumers of both released it (empty counts both blocks'\n"
-    "   warpgroups). */\n"
-    "/* one consumer warpgroup done with a buffer: an arrival on its empty barrier, in both\n"
-    "   blocks of a pair (each block's loader refills its own copy) */\n"
-    "__device__ __forceinline__ void fm_release(unsigned bar) {\n"
-    "  fm_mbar_arrive(bar);\n"
-    "#if FM_CLUSTER == 2\n"
-    "  fm_arrive_peer(bar);\n"
-    "#endif\n"
-    "}\n"
-    "/* tensor turns of two consumer warpgroups (named barrier 1 + w: w's turn) */\n"
-    "#if FM_MMA_THREADS == 256\n"
-    "#define FM_TURN_WAIT(w) asm volatile(\"bar.sync %0, 256;\\n\" :: \"r\"(1 + (w)) : \"memory\")\n"
-    "#define FM_TURN_PASS(w) asm volatile(\"bar.arrive %0, 256;\\n\" :: \"r\"(1 + (w)) : \"memory\")\n"
-    "#else\n"
-    "#define FM_TURN_WAIT(w) ((void)0)\n"
-    "#define FM_TURN_PASS(w) ((void)0)\n"
-    "#endif\n"
-    "/* The loader: A's rows once (slice kt of 64 columns on mbarrier bars + 8 kt, so the first\n"
-    "   product starts on the first slice), then the chunks in the order the consumers\n"
-    "   need them (B's chunk j + 1 goes with B2's chunk j into the same tensor turn), each into\n"
-    "   its ring's next buffer once the consumers released what it held. Rows past M read as\n"
-    "   zeros (the map's bounds). */\n"
-    "__device__ __forceinline__ void fm_tma_w1(const void *tmw1, unsigned w1s, unsigned full1, unsigned empty1, int j) {\n"
-    "  const int s = j % FM_S1;\n"
-    "  if (j >= FM_S1) fm_mbar_wait(empty1 + 8 * s, ((j / FM_S1) - 1) & 1);\n"
-    "  const unsigned b = w1s + s * FM_W1_BYTES;\n"
-    "  fm_mbar_expect(full1 + 8 * s, FM_W1_BYTES);\n"
-    "#if FM_CLUSTER == 2\n"
-    "  /* this block's half (rows r*32 ..) into both blocks */\n"
-    "  const int r = blockIdx.x;\n"
-    "#pragma unroll\n"
-    "  for (int kt = 0; kt < FM_K1 / 64; kt++)\n"
-    "    fm_tma_load_both(b + kt * (64 * 128) + r * (32 * 128), tmw1, kt * 64, j * 64 + r * 32, full1 + 8 * s);\n"
-    "#else\n"
-    "#pragma unroll\n"
-    "  for (int kt = 0; kt < FM_K1 / 64; kt++) fm_tma_load(b + kt * (64 * 128), tmw1, kt * 64, j * 64, full1 + 8 * s);\n"
-    "#endif\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_tma_w2(const void *tmw2, unsigned w2s, unsigned full2, unsigned empty2, int j) {\n"
-    "  const int s = j % FM_S2;\n"
-    "  if (j >= FM_S2) fm_mbar_wait(empty2 + 8 * s, ((j / FM_S2) - 1) & 1);\n"
-    "  const unsigned b = w2s + s * FM_W2_BYTES;\n"
-    "  fm_mbar_expect(full2 + 8 * s, FM_W2_BYTES);\n"
-    "#if FM_CLUSTER == 2\n"
-    "  /* this block's half (rows r*N2/2 ..) into both blocks */\n"
-    "  fm_tma_load_both(b + blockIdx.x * (FM_N2 / 2 * 128), tmw2, j * 64, blockIdx.x * (FM_N2 / 2), full2 + 8 * s);\n"
-    "#else\n"
-    "  fm_tma_load(b, tmw2, j * 64, 0, full2 + 8 * s);\n"
-    "#endif\n"
-    "}\n"
-    "__device__ __forceinline__ void fm_loader(const void *tmx, const void *tmw1, const void *tmw2, unsigned xs,\n"
-    "    unsigned w1s, unsigned w2s, unsigned bars, int m0) {\n"
-    "  const unsigned full1 = bars + 8 * (FM_K1 / 64), empty1 = full1 + 8 * FM_S1;\n"
-    "  const unsigned full2 = empty1 + 8 * FM_S1, empty2 = full2 + 8 * FM_S2;\n"
-    "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw1) : \"memory\");\n"
-    "  asm volatile(\"prefetch.tensormap [%0];\\n\" :: \"l\"((unsigned long long)tmw2) : \"memory\");\n"
-    "#pragma unroll\n"
-    "  for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
-    "    fm_mbar_expect(bars + 8 * kt, FM_BM * 128);\n"
-    "    fm_tma_load(xs + kt * (FM_BM * 128), tmx, kt * 64, m0, bars + 8 * kt);\n"
-    "  }\n"
-    "  fm_tma_w1(tmw1, w1s, full1, empty1, 0);\n"
-    "  for (int j = 0; j < FM_CHUNKS; j++) {\n"
-    "    if (j + 1 < FM_CHUNKS) fm_tma_w1(tmw1, w1s, full1, empty1, j + 1);\n"
-    "    fm_tma_w2(tmw2, w2s, full2, empty2, j);\n"
-    "  }\n"
-    "}\n";
-
-/* The two products of one chunk, issued and committed (the caller waits): after fm_wgmma1/2. */
-static const char b2b_products[] =
-    "/* acc = this warpgroup's A rows x B's chunk at w1: the first k-step does not accumulate, so\n"
-    "   no other instruction writes acc (that would make ptxas serialise the wgmma) */\n"
-    "__device__ __forceinline__ void fm_gemm1(float (&acc)[8][4], unsigned long long da, unsigned w1,\n"
-    "    unsigned xbars = 0) {\n"
-    "  fm_wg_fence();\n"
-    "#pragma unroll\n"
-    "  for (int kt = 0; kt < FM_K1 / 64; kt++) {\n"
-    "#if FM_WS\n"
-    "    if (xbars) fm_mbar_wait(xbars + 8 * kt, 0);   /* the first product: A's slice kt landed */\n"
-    "#endif\n"
-    "    const unsigned long long db = fm_desc(w1 + kt * (64 * 128));\n"
-    "#pragma unroll\n"
-    "    for (int kk = 0; kk < 4; kk++) fm_wgmma1(acc, da + kt * (FM_BM * 128 / 16) + 2 * kk, db + 2 * kk, kt | kk);\n"
-    "  }\n"
-    "  fm_wg_commit();\n"
-    "}\n"
-    "/* acc2 += the packed stage-1 values x B2's chunk at w2 (chunk 0 starts it: never zeroed) */\n"
-    "__device__ __forceinline__ void fm_gemm2(float (&acc2)[FM_N2 / 8][4], const unsigned (&af)[4][4], unsigned w2,\n"
-    "    int j) {\n"
-    "  fm_wg_fence();\n"
-    "  const unsigned long long db = fm_desc(w2);\n"
-    "#pragma unroll\n"
-    "  for (int kk = 0; kk < 4; kk++) fm_wgmma2(acc2, af[kk], db + 2 * kk, j | kk);\n"
-    "  fm_wg_commit();\n"
-    "}\n";
-
 /* "in3[m * 1024LL + n]" for tensor k, column expression col (a broadcast dim contributes
  * nothing). */
 static void emit_at(fm_strbuf *sb, const b2b_plan *bp, uint32_t k, const char *name, const char *col) {
@@ -762,52 +590,6 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
                    "}\n");
 }
 
-/* One chunk of the cp.async form (FM_B2B_CPASYNC): every warpgroup multiplies, runs stage 1, multiplies
- * again, one after the other; chunk j + 1 loads meanwhile. */
-static const char step_simple[] =
-    "    /* chunk j + 1 into the other buffers (every warp left them at the barrier ending the\n"
-    "       last step); always a group, so the wait count is fixed */\n"
-    "    if (j + 1 < FM_CHUNKS) {\n"
-    "      fm_load_w1(w1s + ((j + 1) & 1) * FM_W1_BYTES, FM_B, j + 1, tid);\n"
-    "      fm_load_w2(w2s + ((j + 1) & 1) * FM_W2_BYTES, FM_B2, j + 1, tid);\n"
-    "    }\n"
-    "    fm_cp_commit();\n"
-    "    fm_cp_wait<1>();\n"
-    "    /* the loads were generic-proxy writes; wgmma reads through the async proxy */\n"
-    "    asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\");\n"
-    "    __syncthreads();\n"
-    "    fm_gemm1(acc1, da, w1s + (j & 1) * FM_W1_BYTES);\n"
-    "    fm_wg_wait<0>();\n"
-    "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
-    "    fm_gemm2(acc2, af, w2s + (j & 1) * FM_W2_BYTES, j);\n"
-    "    fm_wg_wait<0>();\n"
-    "    __syncthreads();\n";
-
-/* One chunk of the TMA forms, ping-pong: stage 1 of chunk j on the ALUs, then this
- * warpgroup's tensor turn: chunk j's second product and chunk j + 1's first issued back to
- * back (acc1 is free again: stage 1 has read it into af), the turn passed to the other
- * warpgroup, both products waited for and the buffer released (one arrival per warp). With
- * two consumer warpgroups the turns alternate (named barriers 1 and 2, FM_TURN_*), so one
- * warpgroup's stage 1 runs while the other's products run; each barrier is synced and
- * arrived at the same number of times (warpgroup 1 passes once up front, not after its last). */
-static const char step_tma[] =
-    "    fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);\n"
-    "    FM_TURN_WAIT(wg);\n"
-    "    const int s2 = j % FM_S2;\n"
-    "    fm_mbar_wait(full2 + 8 * s2, (j / FM_S2) & 1);\n"
-    "    fm_gemm2(acc2, af, w2s + s2 * FM_W2_BYTES, j);\n"
-    "    const int s1 = (j + 1) % FM_S1;\n"
-    "    if (j + 1 < FM_CHUNKS) {\n"
-    "      fm_mbar_wait(full1 + 8 * s1, ((j + 1) / FM_S1) & 1);\n"
-    "      fm_gemm1(acc1, da, w1s + s1 * FM_W1_BYTES);\n"
-    "    }\n"
-    "    if (!(wg == 1 && j + 1 == FM_CHUNKS)) FM_TURN_PASS(1 - wg);\n"
-    "    fm_wg_wait<0>();\n"
-    "    if (tid % 128 == 0) {   /* the warpgroup's products retired: one arrival each */\n"
-    "      fm_release(empty2 + 8 * s2);\n"
-    "      if (j + 1 < FM_CHUNKS) fm_release(empty1 + 8 * s1);\n"
-    "    }\n";
-
 /* A step's text with CUR spelled as the accumulator set's name. */
 static void emit_step(fm_strbuf *sb, const char *step, const char *cur) {
   for (const char *c = step; *c;) {
@@ -899,10 +681,10 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
         "  fm_mbar_wait(full1, 0);\n"
         "  fm_gemm1(acc1, da, w1s, bars);   /* each slice of A's rows waited for */\n"
         "  fm_wg_wait<0>();\n"
-        "  if (tid % 128 == 0) fm_release(empty1);\n"
+        "  if (tid % 128 == 0) fm_release_by_thread(empty1);\n"
         "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
         "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, step_tma, "acc1");
+    emit_step(sb, fm_cg_b2b_step_tma, "acc1");
     fm_strbuf_append(sb, "  }\n");
   } else {
     fm_strbuf_printf(sb,
@@ -926,7 +708,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
                      "  unsigned af[4][4];\n");
     fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, step_simple, "acc1");
+    emit_step(sb, fm_cg_b2b_step_cpasync, "acc1");
     fm_strbuf_append(sb, "  }\n");
   }
   if (bp->x_twin >= 0) /* one memory through two parameters: read it from A's rows */
@@ -988,15 +770,15 @@ int fm_codegen_b2b(const fm_fragment *canon, const fm_b2b_config *cfg, uint32_t 
                    "#define FM_SPOS(c) (((c) & 4) * (FM_PCOLS / 8 + 1) + ((c) >> 3) * 4 + ((c) & 3))\n",
                    passes, (uint32_t)bp->n2 / passes);
   fm_strbuf_append(&sb, fm_cg_gemm_cp_async); /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait */
-  fm_strbuf_append(&sb, b2b_body);
+  fm_strbuf_append(&sb, fm_cg_b2b_body);
   fm_strbuf_append(&sb, fm_cg_wgmma_ops);
   if (cfg->form != FM_B2B_CPASYNC) {
     fm_strbuf_append(&sb, fm_cg_sm90);
-    fm_strbuf_append(&sb, b2b_tma);
+    fm_strbuf_append(&sb, fm_cg_b2b_tma);
   }
   emit_wgmma(&sb, "fm_wgmma1", ty, CHUNK, 0);
   emit_wgmma(&sb, "fm_wgmma2", ty, (uint32_t)bp->n2, 1);
-  fm_strbuf_append(&sb, b2b_products);
+  fm_strbuf_append(&sb, fm_cg_b2b_products);
   emit_stage1_fn(&sb, canon, bp);
   fm_strbuf_append(&sb, fm_cg_st16);
   emit_stage2_fn(&sb, canon, bp);

@@ -293,6 +293,8 @@ int fm_codegen_gemm(const fm_fragment *canon, const fm_gemm_config *cfg, uint32_
                      ml->inflight, ml->specialized, ml->tma, ml->pingpong);
     fm_cg_gemm_emit_wgmma(&sb, ty, cfg->bn);
     fm_strbuf_append(&sb, fm_cg_sm90);
+    fm_strbuf_append(&sb, fm_cg_wgmma_head);
+    fm_strbuf_append(&sb, fm_cg_wgmma_ops);
     fm_strbuf_append(&sb, fm_cg_wgmma_body);
   } else {
     fm_cg_gemm_emit_mma(&sb, ty);

@@ -8,25 +8,34 @@
  *                               around it;
  *   fm_codegen_gemm.c           the gemm template's kernel around the mainloop and its
  *                               launch metadata;
- *   fm_codegen_gemm_body.c      the fixed sm_80+ mainloop (CUDA text, configured by macros);
- *   fm_codegen_gemm_wgmma.c     the fixed sm_90a mainloops (CUDA text, configured by macros);
+ *   fm_codegen_gemm_wgmma.c     fm_wgmma(), the generated instruction of the sm_90a mainloops;
  *   fm_codegen_blas.c           cuBLASLt plans (the library as a candidate) and the split
  *                               form's epilogue kernel, which reuses the generated epilogue;
  *   fm_codegen_skinny.c         the skinny template (small M: weight streaming), which reuses
  *                               the plan, the epilogue and fm_mma();
  *   fm_codegen_b2b.c            back-to-back GEMMs, which reuse fm_cg_gemm_values;
- *   cuda/sm90.cuh               the sm_90 helpers (TMA, mbarriers, clusters) the wgmma
- *                               mainloops, b2b, skinny's split form and cols share (fm_cg_sm90).
+ *   cuda/<name>.cuh             the fixed CUDA text, configured by the macros the generated
+ *                               part defines before it (embedded at build time as fm_cg_<name>,
+ *                               each file's leading // lines saying what it needs): the sm_80+
+ *                               mainloop (gemm_body), the sm_90a ones (wgmma_head, wgmma_ops,
+ *                               wgmma_body, wgmma_persistent), the pieces around either
+ *                               (gemm_cp_async, gemm_tail, st16), skinny's and b2b's fixed
+ *                               parts, and the sm_90 helpers (TMA, mbarriers, clusters) the
+ *                               wgmma mainloops, b2b, skinny's split form and cols share (sm90).
  * The epilogue's per-op expressions come from fm_codegen_ops.c (fm_cg_emit_op). */
 #ifndef FM_CODEGEN_GEMM_H
 #define FM_CODEGEN_GEMM_H
 
 #include "fm_codegen_int.h"
 
-/* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait: emitted before either mainloop. */
-extern const char fm_cg_gemm_cp_async[];
-extern const char fm_cg_gemm_body[];
-/* The Hopper mainloop (fm_codegen_gemm_wgmma.c): the same contract as fm_cg_gemm_body. */
+/* The fixed CUDA text (cuda/<name>.cuh, embedded at build time). */
+extern const char fm_cg_gemm_cp_async[]; /* fm_saddr, fm_cp16, fm_cp_commit, fm_cp_wait: before either mainloop */
+extern const char fm_cg_gemm_body[];     /* the sm_80+ mainloop (fm_mainloop and the slab macros) */
+/* The Hopper mainloop, the same contract as fm_cg_gemm_body, in three parts in this order: its
+ * macros and shared memory, the warpgroup-MMA helpers b2b shares (fm_wg_fence, fm_wg_commit,
+ * fm_wg_wait<N>, fm_desc), the loads and the mainloop. */
+extern const char fm_cg_wgmma_head[];
+extern const char fm_cg_wgmma_ops[];
 extern const char fm_cg_wgmma_body[];
 /* The persistent mainloops (FM_GEMM_WGMMA_PERSISTENT, _PINGPONG), after fm_cg_gemm_tail: work units
  * (fm_units, fm_unit_tile), ping-pong turns, fm_load_tiles (the loader) and
@@ -38,21 +47,15 @@ extern const char fm_cg_st16[];
 void fm_cg_emit_st16_words(fm_strbuf *sb, uint32_t k, size_t es, size_t v);
 /* fm_tile_of, fm_tile_coords and fm_stage, appended after either mainloop. */
 extern const char fm_cg_gemm_tail[];
-/* The warpgroup-MMA helpers both sm_90a templates use (fm_wg_fence, fm_wg_commit,
- * fm_wg_wait<N>, fm_desc: the 128-byte-swizzled K-major operand descriptor); a macro so that
- * fm_cg_wgmma_body holds it in place (the gemm template's source stays as it was). */
-#define FM_CG_WGMMA_OPS                                                                                                        \
-  "__device__ __forceinline__ void fm_wg_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }\n"         \
-  "__device__ __forceinline__ void fm_wg_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }\n" \
-  "template <int N> __device__ __forceinline__ void fm_wg_wait() {\n"                                                          \
-  "  asm volatile(\"wgmma.wait_group.sync.aligned %0;\\n\" :: \"n\"(N) : \"memory\");\n"                                       \
-  "}\n"                                                                                                                        \
-  "/* A K-major operand in 128-byte swizzle: start >> 4, leading offset unused (1), 1024 bytes\n"                              \
-  "   between 8-row groups, swizzle mode 1 (128 B). */\n"                                                                      \
-  "__device__ __forceinline__ unsigned long long fm_desc(unsigned addr) {\n"                                                   \
-  "  return (unsigned long long)((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);\n"                     \
-  "}\n"
-extern const char fm_cg_wgmma_ops[];
+/* The skinny template's fixed part: loads, the K loop, the cross-warp sum. */
+extern const char fm_cg_skinny_body[];
+/* b2b's fixed parts: helpers and loads; the TMA forms' loader; a chunk's two products; one
+ * chunk's step in the cp.async form and in the TMA forms. */
+extern const char fm_cg_b2b_body[];
+extern const char fm_cg_b2b_tma[];
+extern const char fm_cg_b2b_products[];
+extern const char fm_cg_b2b_step_cpasync[];
+extern const char fm_cg_b2b_step_tma[];
 /* The index (inputs 0..n_inputs-1, then ops) of the value id defined last before position
  * limit, or -1: operands by position, never by the client's ids. */
 int fm_cg_value_position(const fm_fragment *f, uint32_t limit, uint32_t id);
@@ -65,7 +68,7 @@ int fm_cg_gemm_values(const fm_fragment *f, int op1, int op2, const char *who, f
 void fm_cg_gemm_emit_wgmma(fm_strbuf *sb, const char *ty, uint32_t bn);
 
 /* The gemm template's mainloops, by fm_gemm_config.wgmma (the number is the candidate's wire
- * form, p[7] bits 0..7: never renumber). Code asks a mainloop for the property it needs
+ * form, p[7]: never renumber). Code asks a mainloop for the property it needs
  * (fm_cg_gemm_mainloop(c->wgmma)->tma), never compares mode numbers. */
 typedef enum fm_gemm_mode {
   FM_GEMM_MMA_SYNC = 0,         /* sm_80+: ldmatrix + mma.sync, cp.async stages */
@@ -104,9 +107,8 @@ const fm_gemm_mainloop *fm_cg_gemm_mainloop(uint32_t mode);
 /* The mainloop of a config fm_cg_gemm_check_config accepted (its mode is in the table). */
 const fm_gemm_mainloop *fm_cg_gemm_mainloop_of(const fm_gemm_config *c);
 /* A gemm config as its candidate, and a gemm candidate (FM_TMPL_GEMM) as its config
- * (fm_codegen.c; p[7]'s packing of the mode, row tiles and cluster is theirs): code that
- * reads or writes a candidate's mainloop goes through these, then the table above. Only
- * test_codegen_golden_sm90.c writes the packed word by hand, to pin the wire form. */
+ * (fm_codegen.c): code that reads or writes a candidate's mainloop goes through these, then
+ * the table above. */
 fm_candidate fm_cg_gemm_candidate_of(fm_gemm_config c);
 fm_gemm_config fm_cg_gemm_config_of(const fm_candidate *c);
 

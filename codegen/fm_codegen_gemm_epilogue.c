@@ -171,15 +171,6 @@ static const char ld_nc16[] =
     "  return r;\n"
     "}\n";
 
-const char fm_cg_st16[] =
-    "/* One 16-byte store of four words. Through a uint4 cast, the compiler split some of\n"
-    "   these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32\n"
-    "   bytes used per stored sector). */\n"
-    "__device__ __forceinline__ void fm_st16(void *p, unsigned a, unsigned b, unsigned c, unsigned d) {\n"
-    "  asm volatile(\"st.global.v4.b32 [%0], {%1, %2, %3, %4};\" ::\n"
-    "               \"l\"(__cvta_generic_to_global(p)), \"r\"(a), \"r\"(b), \"r\"(c), \"r\"(d));\n"
-    "}\n";
-
 void fm_cg_gemm_emit_epilogue(fm_strbuf *sb, const fm_fragment *f, const fm_cg_gemm_plan *gp) {
   const fm_cg_plan *p = &gp->base;
   fm_strbuf_append(sb, fm_cg_st16);

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "fm_codegen.h"
+#include "fm_codegen_gemm.h" /* fm_cg_gemm_candidate_of, the mainloop modes */
 #include "fm_strbuf.h"
 #include "fm_test.h"
 #include "test_codegen_cols_frag.h"
@@ -171,27 +172,27 @@ static void list_candidates(fm_strbuf *sb, int which) {
  * tiles a block), and configs each refused for its own reason, on the linear fragment and
  * on the batched one (no tensor maps there). */
 static void list_unoffered(fm_strbuf *sb) {
-  static const uint32_t forms[][8] = {
-      {128, 256, 64, 4, 8, 1, 8, 1},            /* the plain wgmma mainloop */
-      {128, 128, 64, 4, 8, 1, 8, 2 | 2u << 8},  /* 2 row tiles a block, 1 batch in flight */
-      {64, 128, 64, 3, 4, 1, 0, 1 | 4u << 8},   /* 4 row tiles a block */
-      {128, 256, 64, 4, 8, 1, 8, 3},            /* warp-specialised (cp.async) */
-      {128, 256, 64, 4, 8, 1, 8, 5 | 2u << 16}, /* persistent in a cluster pair */
-      {128, 256, 64, 4, 8, 1, 8, 7},            /* refused: no mode 7 */
-      {128, 128, 64, 4, 4, 1, 8, 6 | 2u << 16}, /* refused: ping-pong in a cluster */
-      {128, 256, 64, 4, 8, 1, 8, 3 | 2u << 8},  /* refused: row tiles warp-specialised */
-      {128, 256, 64, 2, 8, 1, 8, 2},            /* refused: 1 in flight needs 3 stages */
-      {128, 128, 64, 4, 8, 1, 8, 6},            /* refused: ping-pong takes 4 x 1 warps */
-      {128, 256, 64, 4, 8, 1, 8, 1 | 2u << 16}, /* refused: a cluster without TMA */
-      {256, 128, 64, 3, 16, 1, 8, 2},           /* refused: BM 256 */
+#define FORM(bm_, bn_, stages_, wm_, raster_, mode_) \
+  .bm = bm_, .bn = bn_, .bk = 64, .stages = stages_, .wm = wm_, .wn = 1, .raster = raster_, .wgmma = FM_GEMM_##mode_
+  static const fm_gemm_config forms[] = {
+      {FORM(128, 256, 4, 8, 8, WGMMA)},                          /* the plain wgmma mainloop */
+      {FORM(128, 128, 4, 8, 8, WGMMA_INFLIGHT), .rtiles = 2},    /* 2 row tiles a block, 1 batch in flight */
+      {FORM(64, 128, 3, 4, 0, WGMMA), .rtiles = 4},              /* 4 row tiles a block */
+      {FORM(128, 256, 4, 8, 8, WGMMA_WS)},                       /* warp-specialised (cp.async) */
+      {FORM(128, 256, 4, 8, 8, WGMMA_PERSISTENT), .cluster = 2}, /* persistent in a cluster pair */
+      {FORM(128, 256, 4, 8, 8, MODES)},                          /* refused: no mode 7 */
+      {FORM(128, 128, 4, 4, 8, WGMMA_PINGPONG), .cluster = 2},   /* refused: ping-pong in a cluster */
+      {FORM(128, 256, 4, 8, 8, WGMMA_WS), .rtiles = 2},          /* refused: row tiles warp-specialised */
+      {FORM(128, 256, 2, 8, 8, WGMMA_INFLIGHT)},                 /* refused: 1 in flight needs 3 stages */
+      {FORM(128, 128, 4, 8, 8, WGMMA_PINGPONG)},                 /* refused: ping-pong takes 4 x 1 warps */
+      {FORM(128, 256, 4, 8, 8, WGMMA), .cluster = 2},            /* refused: a cluster without TMA */
+      {FORM(256, 128, 3, 16, 8, WGMMA_INFLIGHT)},                /* refused: BM 256 */
   };
+#undef FORM
   const int frags[] = {FRAG_LINEAR, FRAG_SCORES, FRAG_SWIGLU};
   for (size_t w = 0; w < sizeof frags / sizeof frags[0]; w++) {
     fm_candidate c[sizeof forms / sizeof forms[0]];
-    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
-      c[i].tmpl = FM_TMPL_GEMM;
-      memcpy(c[i].p, forms[i], sizeof c[i].p);
-    }
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) c[i] = fm_cg_gemm_candidate_of(forms[i]);
     CHECK_EQ_INT(build(frags[w]), FM_OK);
     fm_strbuf_printf(sb, "%s: gemm forms offered nowhere\n", frag_name[frags[w]]);
     list(sb, c, sizeof forms / sizeof forms[0]);
@@ -232,34 +233,42 @@ static void check_kernel(int which, const fm_candidate *c, const char *name, con
   free(src);
 }
 
-/* A gemm candidate in its wire form: the tile, the mainloop mode and its extras. */
-static fm_candidate gemm(uint32_t bm, uint32_t bn, uint32_t stages, uint32_t wm, uint32_t mode, uint32_t cluster) {
-  fm_candidate c = {.tmpl = FM_TMPL_GEMM, .p = {bm, bn, 64, stages, wm, 1, 8, mode | cluster << 16}};
-  return c;
+/* A gemm candidate: the tile, the mainloop mode and the cluster. */
+static fm_candidate gemm(uint32_t bm, uint32_t bn, uint32_t stages, uint32_t wm, fm_gemm_mode mode, uint32_t cluster) {
+  fm_gemm_config c = {.bm = bm,
+                      .bn = bn,
+                      .bk = 64,
+                      .stages = stages,
+                      .wm = wm,
+                      .wn = 1,
+                      .raster = 8,
+                      .wgmma = mode,
+                      .cluster = cluster};
+  return fm_cg_gemm_candidate_of(c);
 }
 
 static void test_gemm_tma(void) {
-  fm_candidate c = gemm(128, 256, 4, 8, 4, 0);
+  fm_candidate c = gemm(128, 256, 4, 8, FM_GEMM_WGMMA_TMA, 0);
   check_kernel(FRAG_LINEAR, &c, "gemm_tma", "fm_tma_load");
 }
 static void test_gemm_tma_cluster2(void) {
-  fm_candidate c = gemm(128, 256, 4, 8, 4, 2);
+  fm_candidate c = gemm(128, 256, 4, 8, FM_GEMM_WGMMA_TMA, 2);
   check_kernel(FRAG_LINEAR, &c, "gemm_tma_cluster2", "__cluster_dims__(2, 1, 1)");
 }
 static void test_gemm_persistent(void) {
-  fm_candidate c = gemm(128, 256, 4, 8, 5, 0);
+  fm_candidate c = gemm(128, 256, 4, 8, FM_GEMM_WGMMA_PERSISTENT, 0);
   check_kernel(FRAG_LINEAR, &c, "gemm_persistent", "fm_load_tiles");
 }
 static void test_gemm_pingpong(void) {
-  fm_candidate c = gemm(128, 128, 4, 4, 6, 0);
+  fm_candidate c = gemm(128, 128, 4, 4, FM_GEMM_WGMMA_PINGPONG, 0);
   check_kernel(FRAG_SHORT_K, &c, "gemm_pingpong", "#define FM_WG_PINGPONG 1");
 }
 static void test_gemm_wgmma_cpasync(void) {
-  fm_candidate c = gemm(128, 256, 4, 8, 2, 0);
+  fm_candidate c = gemm(128, 256, 4, 8, FM_GEMM_WGMMA_INFLIGHT, 0);
   check_kernel(FRAG_LINEAR, &c, "gemm_wgmma_cpasync", "#define FM_WG_TMA 0");
 }
 static void test_gemm_siblings_tma(void) {
-  fm_candidate c = gemm(128, 256, 4, 8, 4, 0);
+  fm_candidate c = gemm(128, 256, 4, 8, FM_GEMM_WGMMA_TMA, 0);
   check_kernel(FRAG_SWIGLU, &c, "gemm_siblings_tma", "fm_tmb2");
 }
 static void test_b2b_tma(void) {

@@ -292,9 +292,10 @@ __device__ __forceinline__ void fm_mbar_arrive(unsigned bar) {
    half of every chunk into both (fm_tma_load_both), so L2 serves each chunk once per pair; a
    buffer is refilled once the consumers of both released it (empty counts both blocks'
    warpgroups). */
-/* one consumer warpgroup done with a buffer: an arrival on its empty barrier, in both
-   blocks of a pair (each block's loader refills its own copy) */
-__device__ __forceinline__ void fm_release(unsigned bar) {
+/* one consumer warpgroup done with a buffer, called by the one thread that speaks for it:
+   an arrival on its empty barrier, in both blocks of a pair (each block's loader refills its
+   own copy) */
+__device__ __forceinline__ void fm_release_by_thread(unsigned bar) {
   fm_mbar_arrive(bar);
 #if FM_CLUSTER == 2
   fm_arrive_peer(bar);
@@ -555,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS, 1) fm_b2b_128_tma(
   fm_mbar_wait(full1, 0);
   fm_gemm1(acc1, da, w1s, bars);   /* each slice of A's rows waited for */
   fm_wg_wait<0>();
-  if (tid % 128 == 0) fm_release(empty1);
+  if (tid % 128 == 0) fm_release_by_thread(empty1);
   if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */
   for (int j = 0; j < FM_CHUNKS; j++) {
     fm_stage1(acc1, af, M, mw, j, lane FM_STAGE1_ARGS);
@@ -571,8 +572,8 @@ extern "C" __global__ void __launch_bounds__(FM_THREADS, 1) fm_b2b_128_tma(
     if (!(wg == 1 && j + 1 == FM_CHUNKS)) FM_TURN_PASS(1 - wg);
     fm_wg_wait<0>();
     if (tid % 128 == 0) {   /* the warpgroup's products retired: one arrival each */
-      fm_release(empty2 + 8 * s2);
-      if (j + 1 < FM_CHUNKS) fm_release(empty1 + 8 * s1);
+      fm_release_by_thread(empty2 + 8 * s2);
+      if (j + 1 < FM_CHUNKS) fm_release_by_thread(empty1 + 8 * s1);
     }
   }
   fm_stage2_staged(acc2, M, m0, wg, wr, lane, (const void *)in5 == (const void *)in0 ? xs : 0u FM_STAGE2_ARGS);

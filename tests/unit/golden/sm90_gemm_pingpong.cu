@@ -317,7 +317,7 @@ __device__ __forceinline__ void fm_pipe_bars(unsigned &base, unsigned &full, uns
 /* full[s]: armed by the loader with the stage's bytes; empty[s]: one arrival per warpgroup
    reading it (in a cluster, of both blocks: B's box lands in both). A warpgroup's
    wgmma.wait_group retires the whole warpgroup's batch, so one thread of it speaks for all
-   four warps (fm_release). */
+   four warps (fm_release_by_warpgroup). */
 #define FM_STAGE_READERS (FM_WM / 4)
 __device__ __forceinline__ void fm_pipe_init() {
   unsigned base, full, empty;
@@ -347,7 +347,7 @@ __device__ __forceinline__ void fm_pipe_done() {
 /* Every thread of a consumer warpgroup calls this once its wgmma batch that read a stage
    retired: one thread arrives on the stage's empty barrier and, in a cluster, another on
    the other block's (whose loader multicasts into this block too). */
-__device__ __forceinline__ void fm_release(unsigned bar) {
+__device__ __forceinline__ void fm_release_by_warpgroup(unsigned bar) {
   const int t = threadIdx.x & 127;
   if (t == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
 #if FM_CLUSTER == 2
@@ -416,7 +416,7 @@ __device__ __forceinline__ void fm_mainloop(float (&acc)[FM_MT][FM_NT][4], const
     fm_wg_commit();
     fm_wg_wait<1>();
     /* this warpgroup's reads of the previous k-tile's stage are done: release it if refilled */
-    if (kt > 0 && kt - 1 + FM_STAGES < FM_KT) fm_release(empty + 8 * ((kt - 1) % FM_STAGES));
+    if (kt > 0 && kt - 1 + FM_STAGES < FM_KT) fm_release_by_warpgroup(empty + 8 * ((kt - 1) % FM_STAGES));
   }
   fm_wg_wait<0>();
 }
@@ -667,10 +667,10 @@ __device__ __forceinline__ void fm_mainloop_tile(float (&acc)[FM_MT][FM_NT][4], 
       for (int mt = 0; mt < FM_MT; mt++) fm_wgmma(acc[mt], da + mt * 512 + 2 * kk, db + 2 * kk, FM_ACC_ADD(kt, kk));
     fm_wg_commit();
     fm_wg_wait<1>();
-    if (kt > 0) fm_release(empty + 8 * ((it - 1) % FM_STAGES));
+    if (kt > 0) fm_release_by_warpgroup(empty + 8 * ((it - 1) % FM_STAGES));
   }
   fm_wg_wait<0>();
-  fm_release(empty + 8 * ((it - 1) % FM_STAGES));
+  fm_release_by_warpgroup(empty + 8 * ((it - 1) % FM_STAGES));
 }
 /* One 16-byte store of four words. Through a uint4 cast, the compiler split some of
    these into four 4-byte stores (PTX of the ping-pong kernel; ncu: 12.8 of 32
