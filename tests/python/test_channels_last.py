@@ -81,6 +81,12 @@ def test_training_step_runs_channels_last(dead_socket, partitioned, channels_las
         if p.op == "placeholder" and p.meta["val"].dim() == 4 and not p.name.startswith(("primals", "tangents"))
     ]
     assert saved and all(v.is_contiguous(memory_format=CL) for v in saved), [v.stride() for v in saved]
+    # the image is saved as its copy (channels-last): the backward's convolution reads its
+    # input in its gradient's layout, and the forward returns no input of its own for it
+    outs = next(n for n in fw.graph.nodes if n.op == "output").args[0]
+    assert copy in outs and copy.args[0] not in outs
+    (image,) = [p.meta["val"] for p in bw.graph.nodes if p.op == "placeholder" and p.meta["val"].shape == x.shape]
+    assert image.is_contiguous(memory_format=CL), image.stride()
     # the gradients autograd accumulates are laid out as eager's
     for g, g0 in zip(got[1], want[1]):
         assert g.stride() == g0.stride()
