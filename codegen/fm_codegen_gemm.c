@@ -1,6 +1,6 @@
 /* fm_codegen_gemm.c: the gemm template's kernel: a GEMM fragment + a config -> the source
  * (the prelude, the configuration as macros, the mainloop of the config's mode:
- * fm_codegen_gemm_body.c or fm_codegen_gemm_wgmma.c, the generated epilogue,
+ * cuda/gemm_body.cuh or the cuda/wgmma_*.cuh texts, the generated epilogue,
  * fm_codegen_gemm_epilogue.c) and its launch metadata (grid rule, tensor maps, clusters).
  * The plan is fm_codegen_gemm_plan.c's, the tuning space fm_codegen_gemm_config.c's. Values
  * are named by position (inputs, then ops), never by the client's ids. */
