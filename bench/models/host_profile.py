@@ -8,7 +8,9 @@ spends its time in, heaviest first).
 With --out, each fuseml graph's generated straight-line code is written beside the report
 (sources/<model>-<phase>-<n>.py, the graph and its groups beside it): what a step's host runs, line by line.
 With --kernels, each report also lists one step's kernels in the order they ran, with their
-times. fuseml's steps are measured once the daemon's background tunes have arrived.
+times. fuseml's steps are measured once the daemon's background tunes have arrived. Every mode
+is compiled before any is timed, and the wall times of one phase are taken interleaved (the
+order rotated each repetition), so that they compare.
 
 A diagnostic for the default call path (bench/NOTES.md, "Host time per kernel"); the figures
 that count are bench.py's."""
@@ -232,15 +234,20 @@ def main(argv=None):
     daemon = run_model.start_daemon(selected, dev)
     work = models.build(args.model, args.size, dev)
     report = []
+    phases = args.phases.split(",")
     try:
+        # every mode compiled first, so that the wall times below are taken interleaved in one
+        # process state: timed one mode after another, the host drifted by up to a third
+        # between them (bench/NOTES.md, "Host figures taken one mode after another")
+        runs = []  # (mode, phase, step, first-call seconds)
         for mode in selected:
             fn = mode.make(work.model)
-            for phase in args.phases.split(","):
+            for phase in phases:
                 ph = run_model.Phase(work, phase)
                 work.model.train(phase == "train")
 
-                def step():
-                    return ph.step(fn, graphs=mode.graphs)
+                def step(ph=ph, fn=fn, graphs=mode.graphs):
+                    return ph.step(fn, graphs=graphs)
 
                 t0 = time.perf_counter()
                 step()
@@ -250,7 +257,13 @@ def main(argv=None):
                     run_model._wait_tuned(time.monotonic() + 400)  # the steady step runs tuned kernels
                 for _ in range(3):
                     step()
-                wall = measure.wall_ms({"s": step}, dev, 21)["s"]["ms"]
+                runs.append((mode, phase, step, compile_s))
+        for phase in phases:
+            work.model.train(phase == "train")
+            here = [r for r in runs if r[1] == phase]
+            walls = measure.wall_ms({mode.name: step for mode, _, step, _ in here}, dev, 21)
+            for mode, _, step, compile_s in here:
+                wall = walls[mode.name]["ms"]
                 prof = measure.profile(step, dev)
                 head = (
                     f"== {args.model}/{args.size} {phase} {mode.name}: wall {wall:.3f} ms, "
