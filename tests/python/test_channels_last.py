@@ -92,6 +92,64 @@ def test_training_step_runs_channels_last(dead_socket, partitioned, channels_las
         assert g.stride() == g0.stride()
 
 
+class ConvAndFlatten(torch.nn.Module):
+    """The image read by a convolution and, flattened, by a linear layer: the backward
+    flattens the saved image again (the partitioner recomputes views there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.lin = torch.nn.Linear(3 * 6 * 6, 5, bias=False)
+
+    def forward(self, x):
+        return self.conv(x).mean((2, 3)).sum(1) + self.lin(x.flatten(1)).sum(1)
+
+
+def test_a_view_of_a_saved_copy_reads_it_in_its_traced_layout(dead_socket, partitioned, channels_last_on):
+    """The image is saved as its channels-last copy; the backward's flatten of it, which those
+    strides cannot give as a view, reads a contiguous copy, and its convolution the saved one."""
+    torch.manual_seed(2)
+    model = ConvAndFlatten().to(BF16)
+    x = torch.randn(2, 3, 6, 6, dtype=BF16)
+    want = run_step(model, list(model.parameters()), x)
+    got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler()), list(model.parameters()), x)
+    close_bf16(got, want, fp32_step(model, x))
+    (_, _), (bw, _) = partitioned
+    (back,) = [n for n in bw.graph.nodes if n.target is aten.convolution_backward.default]
+    assert back.args[1].meta["val"].is_contiguous(memory_format=CL)
+    views = [n for n in bw.graph.nodes if n.target is aten.view.default and n.args[0].target is aten.clone.default]
+    assert views and all(v.args[0].args[0] is back.args[1] for v in views)
+    assert all(v.args[0].meta["val"].is_contiguous() for v in views)
+
+
+def _adopt_channels_last(f):
+    """f traced on a contiguous [2, 3, 4, 4] input, then given a channels-last example of it
+    (what a backward gets for a value the forward saved channels-last): (graph, adopted)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fuseml import fake_meta
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(2, 3, 4, 4))
+    (ph,) = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    with fake_meta.mode_of(gm):
+        example = torch.empty(2, 3, 4, 4).to(memory_format=CL)
+    return gm, fake_meta.adopt_input_layouts(gm, [example])
+
+
+def test_an_input_read_through_views_it_cannot_give_is_copied_for_them():
+    """fake_meta.adopt_input_layouts: a view the new strides cannot give reads a contiguous
+    copy (first the views alone, then every reader, as needed); the rest reads the input."""
+    gm, adopted = _adopt_channels_last(lambda x: x.view(2, 48) * 2 + x.sum())
+    assert adopted
+    (copy,) = [n for n in gm.graph.nodes if n.target is aten.clone.default]
+    assert [u.target for u in copy.users] == [aten.view.default]
+    assert copy.meta["val"].is_contiguous() and copy.args[0].meta["val"].is_contiguous(memory_format=CL)
+    gm, adopted = _adopt_channels_last(lambda x: x.unsqueeze(0).view(2, 48) * 2)  # no direct view: every reader
+    (copy,) = [n for n in gm.graph.nodes if n.target is aten.clone.default]
+    assert adopted and [u.target for u in copy.users] == [aten.unsqueeze.default]
+    assert next(n for n in gm.graph.nodes if n.target is aten.view.default).meta["val"].shape == (2, 48)
+
+
 def test_outputs_keep_eager_layout(dead_socket, partitioned, channels_last_on):
     """A feature map returned to the user is copied back to the contiguous layout it was
     traced in; inference and training alike."""

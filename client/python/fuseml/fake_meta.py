@@ -7,6 +7,7 @@ environment, when sizes are symbolic), never leaving a stale one behind."""
 import torch
 from torch.utils import _pytree as pytree
 
+from . import graph_code
 from .shapes import provably_same_ints
 
 
@@ -88,8 +89,12 @@ def same_layout(a, b):
 def adopt_input_layouts(gm, example_inputs):
     """Where an example input is laid out otherwise than its placeholder's traced value (a
     backward's saved logits, kept at a padded GEMM's row stride by the forward, which reported
-    the strides so that aot_autograd restrides the backward's example inputs), every value of
-    gm is recomputed from the examples; returns whether anything was."""
+    the strides so that aot_autograd restrides the backward's example inputs; the forward's
+    channels-last values), every value of gm is recomputed from the examples; returns whether
+    anything was. A view the graph takes of such an input that its new strides cannot give (a
+    flatten the partitioner recomputes in the backward from a saved channels-last value) reads
+    a copy of the input in its traced layout instead: first only the views, then, if the
+    values still do not follow, every reader of those inputs. Raises when neither does."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(phs) != len(example_inputs):
         return False
@@ -105,5 +110,49 @@ def adopt_input_layouts(gm, example_inputs):
         return False
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
-    return True
+    traced = {n: n.meta.get("val") for n in gm.graph.nodes}
+    copies, error = [], None
+    for readers in (_NONE, _VIEWS, _ALL):  # which readers of those inputs read a traced copy
+        for c in copies:  # the last try's
+            c.replace_all_uses_with(c.args[0])
+            gm.graph.erase_node(c)
+        for n, v in traced.items():
+            n.meta["val"] = v
+        copies = _traced_copies(gm, differ, readers)
+        if readers is not _NONE and not copies:
+            continue
+        try:
+            FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*example_inputs)
+        except Exception as e:
+            error = error or e
+            continue
+        if copies:
+            graph_code.edited(gm)
+        return True
+    for c in copies:
+        c.replace_all_uses_with(c.args[0])
+        gm.graph.erase_node(c)
+    for n, v in traced.items():
+        n.meta["val"] = v
+    raise error
+
+
+_NONE, _VIEWS, _ALL = (), (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default), None
+
+
+def _traced_copies(gm, inputs, readers):
+    """For each of `inputs` traced contiguous, a contiguous copy that its readers of the ops
+    `readers` (_ALL: every reader) read instead; the copies made."""
+    made = []
+    for p in inputs:
+        if not p.meta["val"].is_contiguous():
+            continue
+        users = [u for u in p.users if readers is _ALL or u.target in readers]
+        if not users:
+            continue
+        with gm.graph.inserting_after(p):
+            c = gm.graph.call_function(torch.ops.aten.clone.default, (p,), {"memory_format": torch.contiguous_format})
+        for u in users:
+            u.replace_input_with(p, c)
+        made.append(c)
+    return made
