@@ -66,11 +66,13 @@ def served(group, kernel):
     return group.served
 
 
-@dataclass
+@dataclass(eq=False)
 class Group:
     """A fused group as the partition made it (its members, inputs, outputs, shape, the
     route it asks for and why) and, once built, its fragment. What the daemon and the
-    runtime decide later is `served` (None until the daemon answers)."""
+    runtime decide later is `served` (None until the daemon answers). A group is itself
+    (compared and hashed by identity): comparing every field made the partition's list
+    removals cost 0.3 s of a ResNet-50 training graph's compile."""
 
     gid: int
     kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "reduction"
