@@ -279,6 +279,66 @@ class _FakeGuard:
         return False
 
 
+def test_kernels_share_one_scratch_buffer_a_call(daemon, monkeypatch):
+    """Kernels that need scratch (a split column reduction, a cuBLASLt plan's split epilogue)
+    get one buffer a call, the largest any needs, allocated once before the first launch and
+    alive until the call returns; a need above SHARED_SCRATCH_BYTES keeps a buffer of its own."""
+    import types
+
+    from fuseml import runtime
+
+    torch.manual_seed(0)
+    c = fuseml.FuseMLCompiler()
+
+    def f(x, w):
+        y = torch.relu(x * w + 1.0)
+        return torch.tanh(torch.cumsum(y, 0) * 2.0 + 1.0)  # cumsum: no kernel, so two groups
+
+    x, w = torch.randn(9, 64), torch.randn(64)
+    torch.testing.assert_close(torch.compile(f, backend=c)(x, w), f(x, w))
+    (plan,) = c.plans
+    compiled = plan.compiled
+    runners = [r for r in compiled.runners.values() if r.kernel is not None]
+    assert len(runners) == 2, plan.describe()
+    calls, sizes = [], iter([4096, 1 << 20])
+    for r in runners:
+        r.use_kernel = True
+        need = next(sizes)
+        fake = types.SimpleNamespace(
+            launch=None,
+            launch_flat=lambda *a: calls.append(a),
+            scratch=(need, 0),
+            scratch_bytes=lambda outer, need=need: need,
+        )
+        monkeypatch.setitem(runtime._modules, (r.kernel[0], 0), fake)
+    made = []
+
+    def empty(shape, strides, dtype):
+        made.append(tuple(shape))
+        return torch.empty_strided(shape, strides, dtype=dtype)
+
+    monkeypatch.setattr(straight_line, "_empty_cuda", empty)
+    monkeypatch.setattr(straight_line, "_device_guard", _FakeGuard)
+    monkeypatch.setattr(runtime, "_raw_stream", lambda index: 0x5A)
+    fns, why = straight_line.generate(compiled.current, 0, compiled.slow)
+    assert fns is not None, why
+    _, fast = fns
+    assert fast.source.count("shared_scratch = empty(") == 1 and "del scratch" not in fast.source, fast.source
+    fast([x, w])
+    assert len(calls) == 2
+    # the scratch pointer is the last before (outer, stream): the same buffer for both
+    assert calls[0][-3] == calls[1][-3]
+    assert (1 << 20,) in made and (4096,) not in made
+    # a need above the limit: its own buffer, made and freed around its launch
+    monkeypatch.setattr(straight_line, "SHARED_SCRATCH_BYTES", 1 << 16)
+    fns, why = straight_line.generate(compiled.current, 0, compiled.slow)
+    _, fast = fns
+    assert fast.source.count("shared_scratch = empty(") == 1 and fast.source.count("del scratch") == 1, fast.source
+    calls.clear()
+    fast([x, w])
+    assert len(calls) == 2 and calls[0][-3] != calls[1][-3]
+
+
 def test_launches_get_their_pointers_and_views_are_not_made(daemon, monkeypatch):
     """The launch lines of generated code, on the CPU: each kernel (a stand-in module that
     records its arguments) is called with its pointers as arguments (launch_flat, no tuples),
