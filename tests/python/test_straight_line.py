@@ -279,6 +279,15 @@ class _FakeGuard:
         return False
 
 
+def _compiled_with_kernels(f, *args):
+    """f compiled through the daemon and checked against eager on args: (its compiled graph,
+    the runners the daemon served a kernel)."""
+    c = fuseml.FuseMLCompiler()
+    torch.testing.assert_close(torch.compile(f, backend=c)(*args), f(*args))
+    (plan,) = c.plans
+    return plan.compiled, [r for r in plan.compiled.runners.values() if r.kernel is not None]
+
+
 def test_kernels_share_one_scratch_buffer_a_call(daemon, monkeypatch):
     """Kernels that need scratch (a split column reduction, a cuBLASLt plan's split epilogue)
     get one buffer a call, the largest any needs, allocated once before the first launch and
@@ -288,18 +297,14 @@ def test_kernels_share_one_scratch_buffer_a_call(daemon, monkeypatch):
     from fuseml import runtime
 
     torch.manual_seed(0)
-    c = fuseml.FuseMLCompiler()
 
     def f(x, w):
         y = torch.relu(x * w + 1.0)
         return torch.tanh(torch.cumsum(y, 0) * 2.0 + 1.0)  # cumsum: no kernel, so two groups
 
     x, w = torch.randn(9, 64), torch.randn(64)
-    torch.testing.assert_close(torch.compile(f, backend=c)(x, w), f(x, w))
-    (plan,) = c.plans
-    compiled = plan.compiled
-    runners = [r for r in compiled.runners.values() if r.kernel is not None]
-    assert len(runners) == 2, plan.describe()
+    compiled, runners = _compiled_with_kernels(f, x, w)
+    assert len(runners) == 2, compiled.runners
     calls, sizes = [], iter([4096, 1 << 20])
     for r in runners:
         r.use_kernel = True
@@ -349,17 +354,13 @@ def test_launches_get_their_pointers_and_views_are_not_made(daemon, monkeypatch)
     from fuseml import runtime
 
     torch.manual_seed(0)
-    c = fuseml.FuseMLCompiler()
 
     def f(x, w):
         return torch.relu(x[1:] * w.unsqueeze(0) + 1.0)
 
     x, w = torch.randn(9, 64), torch.randn(64)
-    torch.testing.assert_close(torch.compile(f, backend=c)(x, w), f(x, w))
-    (plan,) = c.plans
-    compiled = plan.compiled
-    runners = [r for r in compiled.runners.values() if r.kernel is not None]
-    assert len(runners) == 1, plan.describe()
+    compiled, runners = _compiled_with_kernels(f, x, w)
+    assert len(runners) == 1, compiled.runners
     (r,) = runners
     r.use_kernel = True
     calls = []
