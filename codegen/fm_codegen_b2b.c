@@ -590,19 +590,6 @@ static void emit_stage2_staged(fm_strbuf *sb, const fm_fragment *f, const b2b_pl
                    "}\n");
 }
 
-/* A step's text with CUR spelled as the accumulator set's name. */
-static void emit_step(fm_strbuf *sb, const char *step, const char *cur) {
-  for (const char *c = step; *c;) {
-    if (!strncmp(c, "CUR", 3)) {
-      fm_strbuf_append(sb, cur);
-      c += 3;
-    } else {
-      fm_strbuf_appendn(sb, c, 1);
-      c++;
-    }
-  }
-}
-
 static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp, const fm_b2b_config *cfg,
                         const char *entry) {
   const fm_cg_plan *p = &bp->base;
@@ -684,7 +671,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
         "  if (tid % 128 == 0) fm_release_by_thread(empty1);\n"
         "  if (wg == 1) FM_TURN_PASS(0);   /* warpgroup 0 takes the first turn */\n"
         "  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, fm_cg_b2b_step_tma, "acc1");
+    fm_strbuf_append(sb, fm_cg_b2b_step_tma);
     fm_strbuf_append(sb, "  }\n");
   } else {
     fm_strbuf_printf(sb,
@@ -708,7 +695,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_fragment *f, const b2b_plan *bp,
                      "  const unsigned long long da = fm_desc(xs + wg * 64 * 128);\n"
                      "  unsigned af[4][4];\n");
     fm_strbuf_append(sb, "  float acc1[8][4];\n  for (int j = 0; j < FM_CHUNKS; j++) {\n");
-    emit_step(sb, fm_cg_b2b_step_cpasync, "acc1");
+    fm_strbuf_append(sb, fm_cg_b2b_step_cpasync);
     fm_strbuf_append(sb, "  }\n");
   }
   if (bp->x_twin >= 0) /* one memory through two parameters: read it from A's rows */
