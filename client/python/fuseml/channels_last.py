@@ -108,10 +108,10 @@ def _save_copies(gm, output, values, copy_of, keeps_layout, before):
         copy_of[v] if isinstance(v, torch.fx.Node) and v in copy_of and keeps_layout(i) else v
         for i, v in enumerate(values)
     ]
-    for a, b in zip(swapped, values):
-        if a is not b:
-            before[a] = before[b]
-    if any(a is not b for a, b in zip(swapped, values)):
+    changed = [(a, b) for a, b in zip(swapped, values) if a is not b]
+    for a, b in changed:
+        before[a] = before[b]
+    if changed:
         args = output.args[0]
         output.args = (type(args)(swapped) if isinstance(args, (list, tuple)) else swapped[0],)
 
