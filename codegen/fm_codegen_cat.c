@@ -1,14 +1,19 @@
-/* fm_codegen_cat.c: the pointwise template's form for fragments with a `cat` (vocabulary 6),
- * such as rotary embeddings' x * cos + cat([-x2, x1]) * sin.
+/* fm_codegen_cat.c: the pointwise template's form for extent fragments: a `cat` (vocabulary
+ * 6), such as rotary embeddings' x * cos + cat([-x2, x1]) * sin, or a window op (vocabulary 7,
+ * max pooling and its backward: fm_codegen_window.c).
  *
  * Shape of the generated kernel (candidate parameters as the pointwise template's; vec is
  * always 1):
  *   for each grid-wide step, thread t of block b owns elements e0 + u*BLOCK, u < UNROLL:
- *     1. the element's coordinates c0.. in the iteration shape (divisions by constants);
+ *     1. the element's coordinates c0.. in the iteration shape (divisions by constants): dim 0
+ *        outermost, the others in outputs[0]'s memory order, the smallest stride fastest, so
+ *        that consecutive threads store to consecutive addresses (a channels-last output
+ *        too); a row-major output decomposes with the last dim fastest;
  *     2. every value the outputs need, in op order, each input loaded at its own strides;
  *        a cat picks the branch its coordinate along dim falls in and there evaluates the
  *        operand's whole subtree again, that coordinate shifted by the sizes before it
  *        (names are shadowed in the branch's block, so the op table's v<pos> names work);
+ *        a window op loads its inputs at its taps, each load bounds-checked;
  *     3. the stores.
  * Validation checked every value's extent (fm_fragment_cat_info), so a branch's inputs are
  * read inside their own shapes. No vector accesses: which input an element reads depends on
@@ -30,12 +35,19 @@ typedef struct cat_gen {
 
 /* The names of the coordinates where values are being emitted. */
 typedef struct cat_ctx {
-  char coord[FM_MAX_RANK][16];
+  fm_cg_coord coord[FM_MAX_RANK];
   const char *ind;
 } cat_ctx;
 
+/* Whether op's operands are read at other coordinates than its own: a cat's (in its
+ * branches), a window op's (at its taps, by the op's own block). */
+static int reads_elsewhere(const fm_opnode *op) {
+  const fm_opkind kind = fm_op_kind(op->op);
+  return kind == FM_OPK_CAT || kind == FM_OPK_WINDOW;
+}
+
 /* need[] of values an output (root) or a cat operand (arg >= 0) reads, cats' operands left to
- * their branches. */
+ * their branches and window ops' to the ops. */
 static void mark_needs(const cat_gen *g, int arg, uint8_t *need) {
   const uint32_t n_in = g->p.n_in, n_val = n_in + g->p.n_ops;
   memset(need, 0, n_val);
@@ -45,20 +57,19 @@ static void mark_needs(const cat_gen *g, int arg, uint8_t *need) {
     for (uint32_t k = 0; k < g->p.n_out; k++) need[g->p.t[n_in + k].value] = 1;
   for (uint32_t pos = n_val; pos-- > n_in;) {
     const fm_opnode *op = &g->f->ops[pos - n_in];
-    if (!need[pos] || fm_op_kind(op->op) == FM_OPK_CAT) continue;
+    if (!need[pos] || reads_elsewhere(op)) continue;
     for (uint32_t a = 0; a < op->nargs; a++) need[g->p.args[pos - n_in][a]] = 1;
   }
 }
 
-/* Element offset of tensor t at the context's coordinates (dims of size 1 never move). */
-static void emit_offset(fm_strbuf *sb, const fm_tensor *t, const cat_ctx *cx) {
+void fm_cg_emit_offset(fm_strbuf *sb, const fm_tensor *t, const fm_cg_coord *coord, uint32_t ndims) {
   const char *sep = "";
-  for (uint32_t j = 0; j < t->rank; j++) {
+  for (uint32_t j = 0; j < ndims && j < t->rank; j++) {
     if (t->shape[j] == 1 || t->strides[j] == 0) continue;
     if (t->strides[j] == 1)
-      fm_strbuf_printf(sb, "%s%s", sep, cx->coord[j]);
+      fm_strbuf_printf(sb, "%s%s", sep, coord[j]);
     else
-      fm_strbuf_printf(sb, "%s%s * %lldLL", sep, cx->coord[j], (long long)t->strides[j]);
+      fm_strbuf_printf(sb, "%s%s * %lldLL", sep, coord[j], (long long)t->strides[j]);
     sep = " + ";
   }
   if (!*sep) fm_strbuf_append(sb, "0");
@@ -114,7 +125,7 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
       fm_strbuf tmp; /* the load, which the decode wraps */
       fm_strbuf_init(&tmp, 1024);
       fm_strbuf_printf(&tmp, "in%u[", pos);
-      emit_offset(&tmp, t, cx);
+      fm_cg_emit_offset(&tmp, t, cx->coord, t->rank);
       fm_strbuf_append(&tmp, "]");
       fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(t->dtype), pos);
       char *e = fm_strbuf_take(&tmp);
@@ -129,10 +140,31 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
       emit_cat(sb, g, i, cx);
       continue;
     }
+    if (fm_op_kind(g->f->ops[i].op) == FM_OPK_WINDOW) {
+      fm_cg_emit_window(sb, g->f, &g->p, i, cx->coord, cx->ind);
+      continue;
+    }
     fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(g->p.vdt[pos]), pos);
     fm_cg_emit_op(sb, g->f, &g->p, i);
     fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(g->f->ops[i].op));
   }
+}
+
+/* Dims 1..rank-1 of the iteration shape t (outputs[0]) that move (size > 1), fastest first:
+ * ascending stride, ties to the higher dim (a row-major t gives rank-1, rank-2, ..., 1). Dim 0
+ * stays outermost (a symbolic one has the largest stride). Returns how many. */
+static uint32_t memory_order(const fm_tensor *t, uint32_t order[FM_MAX_RANK]) {
+  uint32_t n = 0;
+  for (uint32_t j = t->rank; j-- > 1;) {
+    if (t->shape[j] == 1) continue;
+    uint32_t k = n++; /* insertion: those with a larger stride move up */
+    while (k > 0 && t->strides[order[k - 1]] > t->strides[j]) {
+      order[k] = order[k - 1];
+      k--;
+    }
+    order[k] = j;
+  }
+  return n;
 }
 
 static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg, const char *entry) {
@@ -165,9 +197,11 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
     if (r > 1 && g->p.inner > 1)
       fm_strbuf_printf(sb, "      %s r = (%s)(e - c0 * %lldLL);\n", rt, rt, (long long)g->p.inner);
   }
-  for (uint32_t j = r; j-- > 1;) {
-    snprintf(cx.coord[j], sizeof cx.coord[j], "c%u", j);
-    if (it->shape[j] == 1) continue;
+  uint32_t order[FM_MAX_RANK];
+  const uint32_t n_order = memory_order(it, order);
+  for (uint32_t j = 1; j < r; j++) snprintf(cx.coord[j], sizeof cx.coord[j], "c%u", j);
+  for (uint32_t k = 0; k < n_order; k++) {
+    const uint32_t j = order[k];
     fm_strbuf_printf(sb, "      const long long c%u = (long long)(r %% %lld%s);\n", j, (long long)it->shape[j], suffix);
     fm_strbuf_printf(sb, "      r /= %lld%s;\n", (long long)it->shape[j], suffix);
   }
@@ -179,7 +213,7 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
     char v[16];
     snprintf(v, sizeof v, "v%u", t->value);
     fm_strbuf_printf(sb, "      out%u[", k);
-    emit_offset(sb, &g->f->outputs[k], &cx);
+    fm_cg_emit_offset(sb, &g->f->outputs[k], cx.coord, g->f->outputs[k].rank);
     fm_strbuf_append(sb, "] = ");
     fm_cg_emit_encode(sb, t->dtype, g->p.vdt[t->value], v);
     fm_strbuf_append(sb, ";\n");
@@ -197,7 +231,7 @@ static int build(const fm_fragment *f, cat_gen *g, fm_diag *d) {
   g->p.n_in = f->n_inputs;
   g->p.n_out = f->n_outputs;
   g->p.n_ops = f->n_ops;
-  int rc = fm_cg_plan_values(f, &g->p, FM_CG_ALLOW_CAT, d);
+  int rc = fm_cg_plan_values(f, &g->p, FM_CG_ALLOW_EXTENT, d);
   if (rc) return rc;
   if ((rc = fm_fragment_cat_info(f, &g->ci, d))) return rc == FM_EUNSUPPORTED ? rc : FM_EINVAL;
   for (uint32_t i = 0; i < f->n_ops; i++)

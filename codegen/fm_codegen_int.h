@@ -59,14 +59,29 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d);
 /* Operands -> positions (args), result dtypes (vdt), the value each output stores (t[n_in + k]
  * .value) and liveness, for p->n_in / n_ops / n_out of f. Elementwise ops only (vocabulary
  * 1), and what `allow` lets through too: FM_CG_ALLOW_REDUCE (the cols template),
- * FM_CG_ALLOW_CAT (the cat form of the pointwise template); else FM_EUNSUPPORTED. */
-enum { FM_CG_ALLOW_REDUCE = 1, FM_CG_ALLOW_CAT = 2 };
+ * FM_CG_ALLOW_EXTENT (cats and window ops: the extent form of the pointwise template); else
+ * FM_EUNSUPPORTED. */
+enum { FM_CG_ALLOW_REDUCE = 1, FM_CG_ALLOW_EXTENT = 2 };
 int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d);
 
-/* The pointwise template for a fragment with a cat (fm_codegen_cat.c): one element per
- * thread and step, each operand of a cat evaluated in its own branch at the shifted index. */
+/* The pointwise template for an extent fragment (a cat or a window op; fm_codegen_cat.c): one
+ * element per thread and step, each operand of a cat evaluated in its own branch at the
+ * shifted index, each window op a block of its own (fm_codegen_window.c). */
 int fm_codegen_cat(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
                    fm_kernel_meta *meta, fm_diag *d);
+
+/* The coordinate names of the extent form: coord[j] names the element's index along dim j. */
+typedef char fm_cg_coord[16];
+/* Element offset of tensor t at coordinates coord along its first `ndims` dims (size-1 and
+ * stride-0 dims never move; "0" when none does). */
+void fm_cg_emit_offset(fm_strbuf *sb, const fm_tensor *t, const fm_cg_coord *coord, uint32_t ndims);
+/* `v<pos>` of window op i (fm_codegen_window.c): a block at indentation ind that loads the
+ * op's inputs at its taps, every load inside the input's shape, and assigns v<pos>. */
+void fm_cg_emit_window(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i, const fm_cg_coord *coord,
+                       const char *ind);
+/* What a window op's code costs NVRTC (fm_codegen_cost): a unit per tap, the backward's
+ * times the windows that can cover one element. */
+uint32_t fm_cg_window_cost(const fm_opnode *op);
 
 /* Largest width <= want (0: no limit) that every vector tensor of the plan allows. */
 uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);

@@ -96,6 +96,7 @@ static uint32_t pow_cost(const fm_fragment *f, const fm_opnode *op) {
 
 static uint32_t one_cost(const fm_fragment *f, const fm_opnode *op) {
   if (op->op == FM_OP_POW) return pow_cost(f, op);
+  if (fm_op_kind(op->op) == FM_OPK_WINDOW) return fm_cg_window_cost(op);
   return op_cost[op->op] ? op_cost[op->op] : 1;
 }
 
@@ -108,8 +109,8 @@ static int defining_op(const fm_fragment *f, uint32_t limit, uint32_t id) {
 
 /* A cat's operands are generated again in their branches (fm_codegen_cat.c): the ops each
  * one reads cost once more per operand. */
-static uint32_t cat_cost(const fm_fragment *f, uint32_t i) {
-  uint32_t cost = 0;
+static uint64_t cat_cost(const fm_fragment *f, uint32_t i) {
+  uint64_t cost = 0;
   for (uint32_t a = 0; a < f->ops[i].nargs && a < FM_MAX_ARGS; a++) {
     uint8_t need[FM_MAX_OPS] = {0};
     int root = defining_op(f, i, f->ops[i].args[a]);
@@ -127,13 +128,13 @@ static uint32_t cat_cost(const fm_fragment *f, uint32_t i) {
 }
 
 uint32_t fm_codegen_cost(const fm_fragment *f) {
-  uint32_t cost = 0;
+  uint64_t cost = 0; /* a window op's taps can be millions: saturate, never wrap */
   for (uint32_t i = 0; i < f->n_ops && i < FM_MAX_OPS; i++) {
     const fm_opnode *op = &f->ops[i];
     cost += one_cost(f, op);
     if (fm_op_kind(op->op) == FM_OPK_CAT) cost += cat_cost(f, i);
   }
-  return cost;
+  return cost > UINT32_MAX ? UINT32_MAX : (uint32_t)cost;
 }
 
 /* The prelude: identical in every kernel (so it costs nothing in the golden files to read

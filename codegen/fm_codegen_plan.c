@@ -51,7 +51,7 @@ static int check_iteration(const fm_tensor *it, fm_diag *d) {
 }
 
 int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d) {
-  const int reduce = allow & FM_CG_ALLOW_REDUCE, cat = allow & FM_CG_ALLOW_CAT;
+  const int reduce = allow & FM_CG_ALLOW_REDUCE, extent = allow & FM_CG_ALLOW_EXTENT;
   uint32_t ids[FM_CG_MAX_VALUES];
   for (uint32_t k = 0; k < p->n_in; k++) {
     ids[k] = f->inputs[k].id;
@@ -62,7 +62,7 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
     /* reserved, composites, products; reductions where the template runs none */
     if (fm_op_vocab(op->op) != 1 && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
-        !(cat && fm_op_kind(op->op) == FM_OPK_CAT))
+        !(extent && (fm_op_kind(op->op) == FM_OPK_CAT || fm_op_kind(op->op) == FM_OPK_WINDOW)))
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: '%s' is not elementwise; the %s template cannot run it", i,
                          fm_op_name(op->op), reduce ? "cols" : "pointwise");
     int arity = fm_op_arity(op->op);

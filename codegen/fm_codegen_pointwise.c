@@ -368,7 +368,7 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
   *src = NULL;
   fm_pw_config c = cfg ? *cfg : fm_codegen_pointwise_default(canon);
   if ((rc = check_config(&c, d))) goto out;
-  if (fm_fragment_is_cat(canon)) { /* loads at computed indices: a form of its own */
+  if (fm_fragment_is_extent(canon)) { /* loads at computed indices: a form of its own */
     rc = fm_codegen_cat(canon, &c, sm_count, src, meta, d);
     goto out;
   }

@@ -438,7 +438,7 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
   int rows = fm_fragment_is_rows(f), cols = !rows && fm_fragment_is_cols(f);
   int chain = !rows && !cols && fm_fragment_is_chain(f);
-  int cat = !rows && !cols && !chain && fm_fragment_is_cat(f);
+  int cat = !rows && !cols && !chain && fm_fragment_is_extent(f);
   if (rows || cols || chain || cat) { /* they walk rows (columns, branches) themselves */
     pr = malloc(sizeof *pr);
     if (!pr) return fm_diag_set(d, FM_ENOMEM, "reference: out of memory");

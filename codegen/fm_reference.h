@@ -32,6 +32,10 @@
  *  - cat fragments (vocabulary 6; fm_fragment.h): element by element as above, except that
  *    a cat at index i along its dim evaluates the operand whose range holds i, at i minus
  *    the sizes of the operands before it, and that operand's inputs are read there.
+ *  - window ops (vocabulary 7; fm_fragment.h): max_pool2d scans its window's in-bounds taps
+ *    of x (NaN sticks); max_pool2d_backward sums, in fp64 and ascending (oh, ow), gy over
+ *    the windows covering its element whose argmax scan (the first in-bounds tap, replaced
+ *    when the max is) ends on it.
  * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
  * the final rounding), not bit for bit. */
 #ifndef FM_REFERENCE_H
@@ -48,6 +52,13 @@
  * ignored otherwise. FM_EINVAL with the reason in d for a malformed fragment or argument. */
 int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const *inputs, void *const *outputs,
                       fm_diag *d);
+
+/* Rewrites, in place, the verification inputs that must follow the client's contract: each
+ * max_pool2d_backward's maxima (its third operand, y) become max_pool2d of its x, as the
+ * forward gave them, so that every window routes its gradient (random maxima would match no
+ * tap). inputs as for fm_reference_eval, each holding its whole span at `outer`; the other
+ * inputs are untouched. FM_EINVAL for an operand that is not an input. */
+int fm_reference_window_maxima(const fm_fragment *canon, int64_t outer, void *const *inputs);
 
 /* The storage conversions it uses (also handy for building test data). */
 float fm_reference_bf16_to_f32(uint16_t h);

@@ -1,6 +1,7 @@
-/* fm_reference_cat.c: the CPU reference for cat fragments (semantics in fm_reference.h):
- * element by element over the iteration shape; a cat evaluates the operand whose range holds
- * the element's index along its dim, at the index shifted into that operand's range. Its own
+/* fm_reference_cat.c: the CPU reference for extent fragments (cat and window ops; semantics
+ * in fm_reference.h): element by element over the iteration shape; a cat evaluates the
+ * operand whose range holds the element's index along its dim, at the index shifted into that
+ * operand's range; a window op reads its inputs at its taps (fm_reference_window.c). Its own
  * walk of what each operand needs, not the generator's. */
 #include <math.h>
 #include <stdlib.h>
@@ -18,8 +19,15 @@ typedef struct cat_ref {
   uint8_t *need; /* [op * FM_MAX_ARGS + a][value]: what operand a of cat op `op` reads */
 } cat_ref;
 
-/* need[] of what value `root` reads (a cat's operands left to its branches); root < 0: the
- * outputs' values. */
+/* Whether op's operands are read at other indices than its own: a cat's (in its branches), a
+ * window op's (at its taps, by fm_ref_window). */
+static int reads_elsewhere(const fm_opnode *op) {
+  const fm_opkind kind = fm_op_kind(op->op);
+  return kind == FM_OPK_CAT || kind == FM_OPK_WINDOW;
+}
+
+/* need[] of what value `root` reads (a cat's operands left to its branches, a window op's to
+ * the op); root < 0: the outputs' values. */
 static void mark(const cat_ref *c, int root, uint8_t *need) {
   memset(need, 0, c->n_val);
   if (root >= 0)
@@ -28,7 +36,7 @@ static void mark(const cat_ref *c, int root, uint8_t *need) {
     for (uint32_t k = 0; k < c->pr->n_out; k++) need[c->pr->out_value[k]] = 1;
   for (uint32_t pos = c->n_val; pos-- > c->f->n_inputs;) {
     const uint32_t o = pos - c->f->n_inputs;
-    if (!need[pos] || fm_op_kind(c->f->ops[o].op) == FM_OPK_CAT) continue;
+    if (!need[pos] || reads_elsewhere(&c->f->ops[o])) continue;
     for (uint32_t a = 0; a < c->f->ops[o].nargs; a++) need[c->pr->args[o][a]] = 1;
   }
 }
@@ -49,6 +57,10 @@ static void eval_at(const cat_ref *c, const uint8_t *need, const int64_t *idx, d
     const uint32_t o = pos - f->n_inputs;
     const fm_opnode *op = &f->ops[o];
     const uint16_t *a = c->pr->args[o];
+    if (fm_op_kind(op->op) == FM_OPK_WINDOW) {
+      v[pos] = fm_ref_window(f, o, a, c->inputs, idx);
+      continue;
+    }
     if (fm_op_kind(op->op) != FM_OPK_CAT) {
       v[pos] = fm_ref_op(op, op->nargs > 0 ? v[a[0]] : 0, op->nargs > 1 ? v[a[1]] : 0, op->nargs > 2 ? v[a[2]] : 0);
       continue;

@@ -36,9 +36,15 @@ double fm_ref_nan_max(double a, double b);
 int fm_ref_eval_cols(const fm_fragment *f, const ref_prog *pr, int64_t outer, const void *const *inputs,
                      void *const *outputs, fm_diag *d);
 
-/* Cat fragments (fm_fragment_is_cat): element by element, each cat's operand evaluated at the
- * index shifted into its own range (fm_reference.h). */
+/* Extent fragments (fm_fragment_is_extent): element by element, each cat's operand evaluated
+ * at the index shifted into its own range, each window op from its inputs (fm_reference.h). */
 int fm_ref_eval_cat(const fm_fragment *f, const ref_prog *pr, int64_t outer, const void *const *inputs,
                     void *const *outputs, fm_diag *d);
+
+/* Window op o (max_pool2d, max_pool2d_backward; operands args, positions of inputs) at idx,
+ * the element's coordinates in the iteration rank (0 read along the op's size-1 dims). NaN
+ * when an operand's buffer is NULL. */
+double fm_ref_window(const fm_fragment *f, uint32_t o, const uint16_t *args, const void *const *inputs,
+                     const int64_t *idx);
 
 #endif

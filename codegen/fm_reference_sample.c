@@ -41,13 +41,17 @@ static uint64_t splitmix(uint64_t *x) {
 }
 
 /* The most leading dims a block may fix: every one of a pointwise fragment, all but the
- * reduced last of a row fragment, those before the first cat's dim; 0 where none may. */
+ * reduced last of a row fragment, those before the first cat's dim, those before a window
+ * op's pooled two (its taps reach along them); 0 where none may. */
 static uint32_t max_cut(const fm_fragment *f) {
   if (fm_fragment_is_gemm(f) || fm_fragment_is_bmm(f) || fm_fragment_is_cols(f)) return 0;
   uint32_t rank = f->outputs[0].rank, cut = rank;
   if (fm_fragment_is_rows(f)) cut = rank ? rank - 1 : 0;
   for (uint32_t i = 0; i < f->n_ops; i++)
-    if (f->ops[i].op == FM_OP_CAT && f->ops[i].dim >= 0 && (uint32_t)f->ops[i].dim < cut) cut = (uint32_t)f->ops[i].dim;
+    if (f->ops[i].op == FM_OP_CAT && f->ops[i].dim >= 0 && (uint32_t)f->ops[i].dim < cut)
+      cut = (uint32_t)f->ops[i].dim;
+    else if (fm_op_kind(f->ops[i].op) == FM_OPK_WINDOW && rank >= 2 && rank - 2 < cut)
+      cut = rank - 2;
   return cut;
 }
 

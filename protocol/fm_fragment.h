@@ -8,13 +8,15 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1 | 2 | 3 | 4 | 5 | 6,
+ *   {vocab: 1 | 2 | 3 | 4 | 5 | 6 | 7,
  *    m_hint?: int   (GEMM and column fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
  *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
- *              dim?: int, keepdim?: bool, correction?: 0|1}, ...],   (the last three: vocab 2;
+ *              dim?: int, keepdim?: bool, correction?: 0|1,     (these three: vocab 2;
  *                                                   dim 0 of a rank-2 value: vocab 5, columns;
  *                                                   a cat's dim: vocab 6, required there)
+ *              window?: [kh, kw, sh, sw, ph, pw, dh, dw], ceil_mode?: bool}, ...],
+ *                                                  (window ops only, vocab 7; window required)
  *    outputs: [{id, dtype, shape, strides, align}, ...]}
  *
  * Shapes: rank 0..FM_MAX_RANK; each dim an int >= 1, or FM_DIM_SYMBOLIC (-1) for the one
@@ -55,11 +57,14 @@
  * of vocabulary 5 refuses a fragment that says vocab 6 (FM_ESCHEMA, "vocab 6 not supported"),
  * and the client runs the group unfused. `cos` and `sin` (rotary embeddings' angles) were
  * appended to the elementwise ops of vocabulary 1 as `erf` was: a daemon built before them
- * answers unknown_op. */
-#define FM_VOCAB_VERSION 6
+ * answers unknown_op. Vocabulary 7 adds the window ops max_pool2d and max_pool2d_backward
+ * (2-D max pooling over the last two dims, read from fragment inputs: extent fragments,
+ * below); a daemon of vocabulary 6 refuses a fragment that says vocab 7. */
+#define FM_VOCAB_VERSION 7
 #define FM_VOCAB_MIN     1
 #define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
 #define FM_VOCAB_CAT     6 /* the vocabulary of `cat` */
+#define FM_VOCAB_WINDOW  7 /* the vocabulary of the window ops (max_pool2d and its backward) */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -85,6 +90,13 @@
 #define FM_MAX_STRIDE   ((int64_t)1 << 40)
 #define FM_MAX_ALIGN    256u
 #define FM_DIM_SYMBOLIC (-1)
+
+/* A window op's `window`: [kh, kw, sh, sw, ph, pw, dh, dw] (kernel, stride, padding, dilation;
+ * H then W), indexed by these. Limits: 1 <= k <= FM_WINDOW_MAX_KERNEL, 1 <= s <=
+ * FM_WINDOW_MAX_STEP, 1 <= d <= FM_WINDOW_MAX_STEP, 0 <= p <= k / 2 (PyTorch's rule). */
+enum { FM_WIN_KH, FM_WIN_KW, FM_WIN_SH, FM_WIN_SW, FM_WIN_PH, FM_WIN_PW, FM_WIN_DH, FM_WIN_DW, FM_WIN__N };
+#define FM_WINDOW_MAX_KERNEL 64
+#define FM_WINDOW_MAX_STEP   (1 << 20)
 
 #define FM_DTYPE_MAP(XX) \
   XX(BOOL, "bool", 1)    \
@@ -123,6 +135,9 @@ typedef enum {
                       vocab 4: bmm (A, B), a batch of products (batched GEMM fragments) */
   FM_OPK_CAT,       /* vocab 6: cat (FM_MIN_CAT_ARGS..FM_MAX_ARGS values) along `dim` ->
                       promoted dtype (cat fragments, below) */
+  FM_OPK_WINDOW,    /* vocab 7: max_pool2d (x) -> x's dtype; max_pool2d_backward (gy, x, y) -> x's
+                      dtype; `window`, `ceil_mode`; operands are fragment inputs (extent
+                      fragments, below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -169,7 +184,9 @@ typedef enum {
   XX(ERF, "erf", FM_OPK_UNARY)                   \
   XX(CAT, "cat", FM_OPK_CAT)                     \
   XX(COS, "cos", FM_OPK_UNARY)                   \
-  XX(SIN, "sin", FM_OPK_UNARY)
+  XX(SIN, "sin", FM_OPK_UNARY)                   \
+  XX(MAX_POOL2D, "max_pool2d", FM_OPK_WINDOW)    \
+  XX(MAX_POOL2D_BACKWARD, "max_pool2d_backward", FM_OPK_WINDOW)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -180,14 +197,14 @@ typedef enum {
 
 const char *fm_op_name(fm_op op);
 fm_opkind fm_op_kind(fm_op op);
-/* Number of args the op takes (0..3); -1 for reserved ops; for a composite op the most
- * it takes (layer_norm: x[, weight[, bias]]; rms_norm: x[, weight]; softmax: x); for cat
+/* Number of args the op takes (0..3; max_pool2d 1, its backward 2); -1 for reserved ops;
+ * for a composite op the most it takes (layer_norm: x[, weight[, bias]]; rms_norm: x[, weight]; softmax: x); for cat
  * the most, FM_MAX_ARGS (it takes FM_MIN_CAT_ARGS or more). */
 int fm_op_arity(fm_op op);
 /* True when a primitive op takes n args (cat: FM_MIN_CAT_ARGS..FM_MAX_ARGS; others: their
  * arity). */
 int fm_op_nargs_ok(fm_op op, uint32_t n);
-/* The vocabulary version that introduced op (1 or 2; 0 for reserved ops). */
+/* The vocabulary version that introduced op (1 to FM_VOCAB_VERSION; 0 for reserved ops). */
 uint32_t fm_op_vocab(fm_op op);
 /* FM_OK, or FM_EUNKNOWN_OP for a name not in FM_OP_MAP. */
 int fm_op_parse(const char *s, size_t len, fm_op *out);
@@ -219,6 +236,10 @@ typedef struct fm_opnode {
   int32_t dim;
   uint8_t keepdim;
   uint8_t correction;
+  /* Window ops (vocab 7): [kh, kw, sh, sw, ph, pw, dh, dw] (FM_WIN_*) and PyTorch's ceil_mode;
+   * zero on every other op (the canonical form packs them on window ops only). */
+  int32_t window[FM_WIN__N];
+  uint8_t ceil_mode;
 } fm_opnode;
 
 typedef struct fm_fragment {
@@ -351,23 +372,56 @@ int fm_fragment_cols_info(const fm_fragment *f, fm_cols_info *ci, fm_diag *d);
 /* Cat fragments (vocab 6, fm_fragment_is_cat): pointwise fragments with a `cat`. Each value
  * has an *extent*, a shape of the iteration rank: an input's is its shape; a const's is all 1s;
  * an elementwise op's is the broadcast of its operands' (each dim equal, or 1); a cat's is its
- * operands' broadcast with their sizes along `dim` added up. Evaluating a value at an index
- * evaluates its operands at the same index (index 0 along their size-1 dims: broadcast), and a
- * cat at index i along dim evaluates the operand whose range holds i at i minus the sizes
+ * operands' broadcast with their sizes along `dim` added up (a window op's: below). Evaluating
+ * a value at an index evaluates its operands at the same index (index 0 along their size-1
+ * dims: broadcast; a window op loads its inputs itself, at its taps), and a cat at index i
+ * along dim evaluates the operand whose range holds i at i minus the sizes
  * before it, so every input is read inside its shape. Rules (FM_ESCHEMA unless said): every
  * tensor has the rank of outputs[0]; an op's operands broadcast; a cat's operands are static
  * along dim (not the symbolic dim 0); each output's value broadcasts to the output's shape (the
  * iteration shape); an input no op reads broadcasts to it too. FM_EUNSUPPORTED: a cat whose
  * operand depends on another cat (nested), a cat in a row, column or GEMM fragment. */
 int fm_fragment_is_cat(const fm_fragment *f);
+
+/* Window ops (vocab 7, FM_OPK_WINDOW): 2-D max pooling over the last two dims (H, W) of a
+ * rank >= 3 fragment input x, as torch.nn.functional.max_pool2d(x, kernel, stride, padding,
+ * dilation, ceil_mode) and its gradient, computed from x and the pooled maxima (no indices).
+ * Window (oh, ow) has taps (i, j), i < kh outer, j < kw inner, at h = oh*sh - ph + i*dh,
+ * w = ow*sw - pw + j*dw; taps outside x are skipped (padding never wins).
+ *   max_pool2d [x]: m = -inf; over the in-bounds taps in scan order, m = x[t] when x[t] > m
+ *     or x[t] is NaN (NaN propagates; a window without an in-bounds tap gives -inf).
+ *   max_pool2d_backward [gy, x, y]: grad_x[.., h, w] = the sum (fp32, ascending (oh, ow)) of
+ *     gy[.., oh, ow] over the windows that select (h, w) for their maximum y[.., oh, ow]: the
+ *     first in-bounds tap equal to it, or, when it is NaN, the last NaN tap; none when no tap
+ *     matches. With y = max_pool2d(x) (what the client sends: the forward's result) that is
+ *     the scan's argmax (best = the first in-bounds tap, replaced whenever m is), PyTorch's,
+ *     and a kernel finds it from one compare per covering window (the earlier taps are read
+ *     only when it matches). gy, x and y share one float dtype.
+ * Each pooled size is PyTorch's pooling_output_shape (fm_window_pooled) and at least 1; both
+ * operands are fragment inputs (FM_EUNSUPPORTED otherwise), whose dims the op reads whole.
+ * A window op makes the fragment an *extent fragment* (below): max_pool2d's extent is x's with
+ * the last two dims pooled, the backward's is x's, and gy's and y's extents must be x's
+ * leading dims and pooled(x) in the last two. A window op in a row, column or GEMM fragment is
+ * FM_EUNSUPPORTED, as a cat is. The window's limits are FM_ELIMIT, its other rules (and
+ * `window` or `ceil_mode` on another op) FM_ESCHEMA. */
+/* The pooled size of a dim of size `in` (axis 0: H, 1: W) under window (FM_WIN_* layout):
+ * floor_or_ceil((in + 2p - d*(k-1) - 1) / s) + 1, with ceil_mode one less when the last
+ * window would start at or past in + p; < 1 when no window fits. */
+int64_t fm_window_pooled(int64_t in, const int32_t *window, int axis, int ceil_mode);
+
+/* Extent fragments: a pointwise fragment with a cat or a window op, whose values each have
+ * an extent (below) so that every input is read inside its shape; served by the pointwise
+ * template's extent ("CAT path") form and evaluated by the reference element by element. */
+int fm_fragment_is_extent(const fm_fragment *f);
 typedef struct fm_cat_info {
   uint32_t rank;
   /* each value's extent: inputs 0..n_inputs-1, then ops (FM_DIM_SYMBOLIC in dim 0 follows
    * the launch's outer) */
   int64_t ext[FM_MAX_INPUTS + FM_MAX_OPS][FM_MAX_RANK];
 } fm_cat_info;
-/* The extents of a cat fragment's values (validation has checked it, or is checking it: it
- * calls this and normalizes each cat's dim); the reason in d for a rule broken. */
+/* The extents of an extent fragment's values (validation has checked it, or is checking it:
+ * it calls this and normalizes each cat's dim); the reason in d for a rule broken (a window
+ * op: rank >= 3, each pooled size >= 1, gy's extent; FM_ESCHEMA). */
 int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d);
 
 /* Decodes the wire form (a msgpack map) into *out and validates it (fm_fragment_validate).
@@ -392,7 +446,7 @@ int fm_fragment_canonicalize(const fm_fragment *in, fm_fragment *out);
 
 /* Packs f in wire form with a fixed key order (the order in the header comment); optional
  * fields only where meaningful (value for const, dtype for cast, dim 0 for a reduction over
- * dim 0, correction for var). For a canonical fragment
+ * dim 0, a cat's dim, correction for var, window and ceil_mode for a window op). For a canonical fragment
  * these are the canonical bytes that go into the fingerprint and the cache. */
 int fm_fragment_pack(const fm_fragment *f, msgpack_packer *pk);
 

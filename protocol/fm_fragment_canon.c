@@ -128,6 +128,10 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
     if (fm_op_kind(src->op) == FM_OPK_CAT) dst->dim = src->dim < 0 ? src->dim + (int32_t)in->outputs[0].rank : src->dim;
     dst->keepdim = 0; /* the output shapes say it */
     dst->correction = src->op == FM_OP_VAR ? src->correction : 0;
+    if (fm_op_kind(src->op) == FM_OPK_WINDOW) { /* zero on every other op (memset above) */
+      memcpy(dst->window, src->window, sizeof dst->window);
+      dst->ceil_mode = src->ceil_mode ? 1 : 0;
+    }
   }
   for (uint32_t k = 0; k < in->n_outputs; k++) {
     out->outputs[k] = in->outputs[k];
@@ -174,8 +178,9 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   /* dim only on a column reduction (0): row reductions are over the last dim, and packing
      their -1 would change every vocab-2 key */
   int dim0 = kind == FM_OPK_REDUCE && op->dim == 0;
-  int cat = kind == FM_OPK_CAT; /* always packs its dim */
-  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + cat + (op->op == FM_OP_VAR);
+  int cat = kind == FM_OPK_CAT;       /* always packs its dim */
+  int window = kind == FM_OPK_WINDOW; /* always packs window and ceil_mode */
+  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + cat + (op->op == FM_OP_VAR) + 2 * window;
   int rc = msgpack_pack_map(pk, n);
   fm_pack_kv_cstr(pk, "op", fm_op_name(op->op));
   fm_pack_kv_u64(pk, "out", op->out);
@@ -189,6 +194,12 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   if (dim0) fm_pack_kv_i64(pk, "dim", 0);
   if (cat) fm_pack_kv_i64(pk, "dim", op->dim);
   if (op->op == FM_OP_VAR) fm_pack_kv_u64(pk, "correction", op->correction);
+  if (window) {
+    fm_pack_cstr(pk, "window");
+    rc |= msgpack_pack_array(pk, FM_WIN__N);
+    for (int k = 0; k < FM_WIN__N; k++) rc |= msgpack_pack_int64(pk, op->window[k]);
+    fm_pack_kv_bool(pk, "ceil_mode", op->ceil_mode != 0);
+  }
   return rc;
 }
 

@@ -1,6 +1,7 @@
-/* fm_fragment_cat.c: the rules of cat fragments (vocabulary 6; fm_fragment.h): every value's
- * extent, so that a cat's operands are evaluated only inside their own sizes and no input is
- * ever read outside its shape, whatever sizes a client sends. */
+/* fm_fragment_cat.c: the rules of extent fragments (cat, vocabulary 6; the window ops,
+ * vocabulary 7: fm_fragment_window.c; fm_fragment.h): every value's extent, so that a cat's
+ * operands are evaluated only inside their own sizes and no input is ever read outside its
+ * shape, whatever sizes a client sends. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,7 +15,16 @@ int fm_fragment_is_cat(const fm_fragment *f) {
   return 0;
 }
 
-static void format_ext(const int64_t *e, uint32_t r, char *out, size_t cap) {
+int fm_fragment_is_extent(const fm_fragment *f) {
+  if (!f || f->n_ops > FM_MAX_OPS) return 0;
+  for (uint32_t i = 0; i < f->n_ops; i++) {
+    const fm_opkind kind = fm_op_kind(f->ops[i].op);
+    if (kind == FM_OPK_CAT || kind == FM_OPK_WINDOW) return 1;
+  }
+  return 0;
+}
+
+void fm_fragment_format_extent(const int64_t *e, uint32_t r, char *out, size_t cap) {
   size_t k = (size_t)snprintf(out, cap, "[");
   for (uint32_t i = 0; i < r && k < cap; i++)
     k += (size_t)snprintf(out + k, cap - k, "%s%" PRId64, i ? ", " : "", e[i]);
@@ -35,6 +45,8 @@ static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, ui
   const int c = is_cat ? cat_dim(op, r) : -1;
   int64_t *e = ci->ext[pos];
   char a_s[160], b_s[160];
+  /* a window op reads its inputs whole at pooled coordinates: no broadcast between them */
+  if (fm_op_kind(op->op) == FM_OPK_WINDOW) return fm_fragment_window_extent(f, ci, i, e, d);
   if (is_cat && c < 0)
     return fm_diag_set(d, FM_ESCHEMA, "ops[%u].dim: %d is not a dim of the rank-%u iteration space", i, op->dim, r);
   for (uint32_t j = 0; j < r; j++) e[j] = (int)j == c ? 0 : 1;
@@ -66,8 +78,8 @@ static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, ui
         e[j] = x[j];
         continue;
       }
-      format_ext(x, r, a_s, sizeof a_s);
-      format_ext(e, r, b_s, sizeof b_s);
+      fm_fragment_format_extent(x, r, a_s, sizeof a_s);
+      fm_fragment_format_extent(e, r, b_s, sizeof b_s);
       return fm_diag_set(d, FM_ESCHEMA,
                          "ops[%u].args[%u]: value %u is %s, which does not broadcast with the other "
                          "operands (%s so far) along dim %u",
@@ -88,13 +100,13 @@ int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d) {
       r > FM_MAX_RANK)
     return fm_diag_set(d, FM_EINVAL, "cat fragment exceeds the limits");
   ci->rank = r;
-  format_ext(it->shape, r, want, sizeof want);
+  fm_fragment_format_extent(it->shape, r, want, sizeof want);
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     const fm_tensor *t = &f->outputs[k];
     int same = t->rank == r;
     for (uint32_t j = 0; same && j < r; j++) same = t->shape[j] == it->shape[j];
     if (!same) {
-      format_ext(t->shape, t->rank, got, sizeof got);
+      fm_fragment_format_extent(t->shape, t->rank, got, sizeof got);
       return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].shape: %s differs from the iteration shape %s (outputs[0])", k,
                          got, want);
     }
@@ -126,7 +138,7 @@ int fm_fragment_cat_info(const fm_fragment *f, fm_cat_info *ci, fm_diag *d) {
     const int64_t *x = ci->ext[q];
     for (uint32_t j = 0; j < r; j++) {
       if (x[j] == it->shape[j] || x[j] == 1) continue;
-      format_ext(x, r, got, sizeof got);
+      fm_fragment_format_extent(x, r, got, sizeof got);
       if (out)
         return fm_diag_set(d, FM_ESCHEMA,
                            "outputs[%u]: value %u is %s, which does not broadcast to the iteration "

@@ -186,8 +186,45 @@ static int decode_tensor(const msgpack_object *obj, const char *path, fm_tensor 
   return FM_OK;
 }
 
-enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O_DIM, O_KEEPDIM, O_CORRECTION, O__N };
-static const char *const op_keys[O__N] = {"op", "out", "args", "value", "dtype", "dim", "keepdim", "correction"};
+enum { O_OP, O_OUT, O_ARGS, O_VALUE, O_DTYPE, O_DIM, O_KEEPDIM, O_CORRECTION, O_WINDOW, O_CEIL_MODE, O__N };
+static const char *const op_keys[O__N] = {"op",  "out",     "args",       "value",  "dtype",
+                                          "dim", "keepdim", "correction", "window", "ceil_mode"};
+
+/* The vocabulary-7 attributes of the window ops: window (required there, 8 integers; their
+ * ranges are validation's) and ceil_mode (a bool, default false); refused on every other op. */
+static int decode_window_attrs(const msgpack_object *const *f, const char *path, fm_opnode *op, fm_diag *d) {
+  char p[PATH_MAX_ + 32];
+  const char *opname = fm_op_name(op->op);
+  const msgpack_object *w = f[O_WINDOW], *c = f[O_CEIL_MODE];
+  int rc;
+  memset(op->window, 0, sizeof op->window);
+  op->ceil_mode = 0;
+  if (fm_op_kind(op->op) != FM_OPK_WINDOW) {
+    if (w || c)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.%s: only max_pool2d and max_pool2d_backward take a %s, not '%s'", path,
+                         w ? "window" : "ceil_mode", w ? "window" : "ceil_mode", opname);
+    return FM_OK;
+  }
+  if (!w) return fm_diag_set(d, FM_ESCHEMA, "%s: %s needs a 'window' [kh, kw, sh, sw, ph, pw, dh, dw]", path, opname);
+  if (w->type != MSGPACK_OBJECT_ARRAY)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.window: expected an array of 8 integers, got %s", path, kind_of(w));
+  if (w->via.array.size != FM_WIN__N)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.window: expected 8 integers [kh, kw, sh, sw, ph, pw, dh, dw], got %u", path,
+                       w->via.array.size);
+  for (uint32_t k = 0; k < FM_WIN__N; k++) {
+    int64_t v = 0;
+    snprintf(p, sizeof p, "%s.window[%u]", path, k);
+    if ((rc = get_i64(&w->via.array.ptr[k], p, &v, d))) return rc;
+    if (v < INT32_MIN || v > INT32_MAX) return fm_diag_set(d, FM_ELIMIT, "%s: %" PRId64 " is out of range", p, v);
+    op->window[k] = (int32_t)v;
+  }
+  if (c) {
+    if (c->type != MSGPACK_OBJECT_BOOLEAN)
+      return fm_diag_set(d, FM_ESCHEMA, "%s.ceil_mode: expected a bool, got %s", path, kind_of(c));
+    op->ceil_mode = c->via.boolean ? 1 : 0;
+  }
+  return FM_OK;
+}
 
 /* The vocabulary-2 attributes: dim (reductions, softmax; cat, vocab 6, where it is required),
  * keepdim (reductions), correction (var). Absent: dim -1, keepdim false, correction 1, as in
@@ -307,7 +344,8 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
   } else if (dtype) {
     return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: only cast takes a dtype ('%s' infers its result dtype)", path, opname);
   }
-  return decode_row_attrs(f, path, op, d);
+  if ((rc = decode_row_attrs(f, path, op, d))) return rc;
+  return decode_window_attrs(f, path, op, d);
 }
 
 /* An array field of at most max elements. */

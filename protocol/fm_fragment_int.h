@@ -18,8 +18,18 @@ void fm_fragment_prepend_ones(fm_tensor *t, uint32_t rank);
  * outputs. */
 int fm_fragment_check_cols(fm_fragment *f, fm_diag *d);
 
-/* Cat fragments' rules (fm_fragment.h), for fm_fragment_validate once the dataflow is
+/* Extent fragments' rules (fm_fragment.h), for fm_fragment_validate once the dataflow is
  * checked: every value's extent (fm_fragment_cat_info), each cat's dim made non-negative. */
 int fm_fragment_check_cat(fm_fragment *f, fm_diag *d);
+
+/* An extent as "[2, -1, 8]" into out (cap bytes), for diagnostics. */
+void fm_fragment_format_extent(const int64_t *e, uint32_t r, char *out, size_t cap);
+
+/* Window ops (fm_fragment.h): the ranges of op's window (path names the op in d), for
+ * fm_fragment_validate; and the extent e of window op i of an extent fragment from its
+ * operands' extents in ci (its operands inputs, each pooled size >= 1, gy's extent), for
+ * fm_fragment_cat_info. */
+int fm_fragment_check_window(const fm_opnode *op, const char *path, fm_diag *d);
+int fm_fragment_window_extent(const fm_fragment *f, const fm_cat_info *ci, uint32_t i, int64_t *e, fm_diag *d);
 
 #endif

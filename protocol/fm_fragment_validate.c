@@ -193,6 +193,24 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       op->dtype = acc.dtype;
       return FM_OK;
     }
+    case FM_OPK_WINDOW: {
+      /* the kernel loads its inputs itself, at the window's taps: nothing runs before it */
+      for (uint32_t k = 0; k < op->nargs; k++)
+        if (!arg[k]->is_input)
+          return fm_diag_set(d, FM_EUNSUPPORTED, "%s.args[%u]: a %s reads fragment inputs only", path, k, name);
+      /* [x], or the backward's [gy, x, y]: all of x's dtype, a float one */
+      const value *x = arg[op->nargs == 1 ? 0 : 1];
+      for (uint32_t k = 0; k < op->nargs; k++) {
+        if (!is_float(arg[k]->dtype))
+          return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' pools a floating-point tensor, value %u is %s", path, name,
+                             arg[k]->id, fm_dtype_name(arg[k]->dtype));
+        if (arg[k]->dtype != x->dtype)
+          return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' needs gy, x and y of one dtype, got %s and %s", path, name,
+                             fm_dtype_name(arg[k]->dtype), fm_dtype_name(x->dtype));
+      }
+      op->dtype = x->dtype;
+      return fm_fragment_check_window(op, path, d);
+    }
     case FM_OPK_COMPOSITE:
       return fm_diag_set(d, FM_ESCHEMA, "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)", path,
                          name);
@@ -689,6 +707,18 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
   return FM_OK;
 }
 
+/* A cat or a window op beside a reduction or a product: the templates that run those have no
+ * extent form. Names the first such op (a cat keeps the words vocabulary 6 answered). */
+static int extent_op_elsewhere(const fm_fragment *f, fm_diag *d) {
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_WINDOW)
+      return fm_diag_set(d, FM_EUNSUPPORTED,
+                         "ops[%u]: a %s runs in a pointwise fragment only (not with a reduction or a matrix product)",
+                         i, fm_op_name(f->ops[i].op));
+  return fm_diag_set(d, FM_EUNSUPPORTED,
+                     "ops: a cat runs in a pointwise fragment only (not with a reduction or a matrix product)");
+}
+
 int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
   char path[32];
   int rc;
@@ -732,15 +762,13 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
       return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)", k,
                          fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
-  if (fm_fragment_is_cat(f) && (fm_fragment_is_gemm(f) || fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
-    return fm_diag_set(d, FM_EUNSUPPORTED,
-                       "ops: a cat runs in a pointwise fragment only (not with a reduction or a "
-                       "matrix product)");
-  rc = fm_fragment_is_gemm(f)   ? check_gemm(f, &vs, d)
-       : fm_fragment_is_cols(f) ? fm_fragment_check_cols(f, d)
-       : fm_fragment_is_rows(f) ? check_rows(f, &vs, d)
-       : fm_fragment_is_cat(f)  ? fm_fragment_check_cat(f, d)
-                                : check_shapes(f, d);
+  if (fm_fragment_is_extent(f) && (fm_fragment_is_gemm(f) || fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
+    return extent_op_elsewhere(f, d);
+  rc = fm_fragment_is_gemm(f)     ? check_gemm(f, &vs, d)
+       : fm_fragment_is_cols(f)   ? fm_fragment_check_cols(f, d)
+       : fm_fragment_is_rows(f)   ? check_rows(f, &vs, d)
+       : fm_fragment_is_extent(f) ? fm_fragment_check_cat(f, d)
+                                  : check_shapes(f, d);
   if (rc) return rc;
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     snprintf(path, sizeof path, "outputs[%u]", k);

@@ -64,6 +64,8 @@ int fm_op_arity(fm_op op) {
       return op == FM_OP_ADDMM ? 3 : 2;
     case FM_OPK_CAT:
       return FM_MAX_ARGS;
+    case FM_OPK_WINDOW:
+      return op == FM_OP_MAX_POOL2D_BACKWARD ? 3 : 1; /* [gy, x, y] : [x] */
     case FM_OPK_RESERVED:
       return -1;
   }
@@ -87,6 +89,8 @@ uint32_t fm_op_vocab(fm_op op) {
       return op == FM_OP_BMM ? 4 : 3;
     case FM_OPK_CAT:
       return FM_VOCAB_CAT;
+    case FM_OPK_WINDOW:
+      return FM_VOCAB_WINDOW;
     default:
       return 1;
   }

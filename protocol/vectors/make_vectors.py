@@ -89,9 +89,9 @@ VECTORS = [
         ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32"),
     ),
     (
-        "vocab7",
+        "vocab8",
         "a fragment of a newer vocabulary",
-        ("reject", "bad_request", "vocab 7 not supported, this daemon speaks 1 to 6"),
+        ("reject", "bad_request", "vocab 8 not supported, this daemon speaks 1 to 7"),
     ),
     # ---- vocabulary 3: GEMM fragments ----
     (
@@ -217,6 +217,23 @@ VECTORS = [
         "cat_sizes_mismatch",
         "a cat of 8 + 8 stored into an output of 12",
         ("reject", "bad_request", "a cat's operand sizes must add up to the output's"),
+    ),
+    # ---- vocabulary 7: window ops ----
+    (
+        "max_pool_stem",
+        "ResNet's stem max pool: max_pool2d 3x3 stride 2 padding 1 over a channels-last bf16 "
+        "x [-1, 64, 12, 12] (strides [9216, 1, 768, 64]) into a channels-last [-1, 64, 6, 6]; "
+        "ceil_mode absent (false)",
+        ("accept", None),
+    ),
+    (
+        "max_pool_pad_too_large",
+        "max_pool2d 3x3 with padding 2 along H (PyTorch: pad at most half of the kernel)",
+        (
+            "reject",
+            "bad_request",
+            "ops[0].window[4]: the padding height (ph) is 2; pad should be at most half of kernel size 3",
+        ),
     ),
     (
         "malformed_c1",
@@ -366,6 +383,9 @@ def keepdim_outputs(inputs, ops, outputs):
     return fixed
 
 
+WINDOW_OPS = ("max_pool2d", "max_pool2d_backward")
+
+
 def canonical(frag):
     inputs, ops = frag["inputs"], expand(frag["ops"])
     cols = is_columns(inputs, ops, frag["outputs"])
@@ -409,11 +429,16 @@ def canonical(frag):
             o["dim"] = op["dim"] % len(outputs[0]["shape"])
         if op["op"] == "var":
             o["correction"] = op.get("correction", 1)
+        if op["op"] in WINDOW_OPS:  # always both, after every other field
+            o["window"] = list(op["window"])
+            o["ceil_mode"] = bool(op.get("ceil_mode", False))
         out_ops.append(o)
     # the lowest vocabulary that covers the live ops
     vocab = 5 if cols else 2 if any(ops[j]["op"] in REDUCTIONS for j in order) else 1
     if any(ops[j]["op"] == "cat" for j in order):
         vocab = 6
+    if any(ops[j]["op"] in WINDOW_OPS for j in order):
+        vocab = 7
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;

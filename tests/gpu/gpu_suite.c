@@ -136,7 +136,6 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, i
     if (x->twin_of[i] >= 0) {
       x->h_in[i] = malloc(bytes);
       memcpy(x->h_in[i], x->h_in[x->twin_of[i]], bytes);
-      x->ins[i] = x->ins[x->twin_of[i]];
       continue;
     }
     int operand = 0;
@@ -151,6 +150,15 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, i
       double v = gu_uniform(&rng, 0.25, 1.0) * scale;
       gu_store(x->h_in[i], t->dtype, e, gu_below(&rng, 2) ? v : -v);
     }
+  }
+  /* a pooling gradient's maxima are its x's (the client sends the forward's), as the tuner's */
+  fm_reference_window_maxima(f, outer, (void *const *)x->h_in);
+  for (uint32_t i = 0; i < f->n_inputs; i++) {
+    if (x->twin_of[i] >= 0) { /* an earlier input's memory (and values) */
+      x->ins[i] = x->ins[x->twin_of[i]];
+      continue;
+    }
+    size_t bytes = gu_span(&f->inputs[i], outer) * fm_dtype_size(f->inputs[i].dtype);
     x->d_in[i] = gu_dalloc(cu, bytes);
     gu_h2d(cu, x->d_in[i], x->h_in[i], bytes);
     x->ins[i] = (void *)(uintptr_t)x->d_in[i];

@@ -66,3 +66,8 @@ fm_unit_test(test_reference_sample
   SOURCES ${FM_CG_TEST_DIR}/test_reference_sample.c ${FM_CG_TEST_DIR}/test_codegen_rows_frag.c
           ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
+# window ops (vocabulary 7: max_pool2d and its backward): reference, golden sources, NVRTC
+fm_unit_test(test_codegen_window
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_window.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_window PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -259,6 +259,34 @@ int tf_mlp_chain(fm_fragment *raw, fm_fragment *canon, int64_t k1, int64_t n1, i
   return tf_finish(raw, canon);
 }
 
+/* [n, c, h, w] channels-last: c fastest, then w, then h (a symbolic n is still outermost). */
+static void nhwc_strides(const int64_t *s, int64_t *st) {
+  st[1] = 1;
+  st[3] = s[1];
+  st[2] = s[3] * s[1];
+  st[0] = s[2] * s[3] * s[1];
+}
+
+int tf_max_pool(fm_fragment *raw, fm_fragment *canon, fm_dtype dt, const int64_t nchw[4], const int32_t window[8],
+                int ceil_mode, int channels_last, int backward) {
+  int64_t pooled[4] = {nchw[0], nchw[1], fm_window_pooled(nchw[2], window, 0, ceil_mode),
+                       fm_window_pooled(nchw[3], window, 1, ceil_mode)};
+  int64_t xs[4], ps[4];
+  nhwc_strides(nchw, xs);
+  nhwc_strides(pooled, ps);
+  tf_init(raw);
+  raw->vocab = FM_VOCAB_WINDOW;
+  if (backward) tf_input(raw, 1, dt, 4, pooled, channels_last ? ps : NULL, 16); /* gy */
+  tf_input(raw, 0, dt, 4, nchw, channels_last ? xs : NULL, 16);
+  if (backward) tf_input(raw, 3, dt, 4, pooled, channels_last ? ps : NULL, 16); /* y, the maxima */
+  tf_op(raw, backward ? FM_OP_MAX_POOL2D_BACKWARD : FM_OP_MAX_POOL2D, 2, backward ? 3 : 1, backward ? 1 : 0, 0, 3);
+  fm_opnode *op = &raw->ops[raw->n_ops - 1];
+  memcpy(op->window, window, sizeof op->window);
+  op->ceil_mode = (uint8_t)ceil_mode;
+  tf_output(raw, 2, dt, 4, backward ? nchw : pooled, channels_last ? (backward ? xs : ps) : NULL, 16);
+  return tf_finish(raw, canon);
+}
+
 int tf_attention_scores(fm_fragment *raw, fm_fragment *canon) {
   int64_t q[3] = {-1, 128, 64}, k[3] = {-1, 64, 128}, kst[3] = {8192, 1, 64}, mask[2] = {128, 128},
           o[3] = {-1, 128, 128};

@@ -170,7 +170,14 @@ static void queue_every_op(void) {
         tf_op(&raw, (fm_op)op, 4, 2, 1, 3, 0);
         raw.ops[raw.n_ops - 1].dim = 1;
         tf_output(&raw, 4, FM_DT_F32, 2, o, NULL, 16);
-      } break; /* more in test_codegen_cat */
+      } break;            /* more in test_codegen_cat */
+      case FM_OPK_WINDOW: /* ResNet's stem max pool and its backward, channels-last bf16 (the
+                             goldens of test_codegen_window) */
+      {
+        static const int64_t stem[4] = {-1, 64, 12, 12};
+        static const int32_t window[8] = {3, 3, 2, 2, 1, 1, 1, 1};
+        CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, op == FM_OP_MAX_POOL2D_BACKWARD), FM_OK);
+      } break;
       case FM_OPK_RESERVED:
       case FM_OPK_REDUCE: /* row fragments: test_codegen_rows */
       case FM_OPK_COMPOSITE:

@@ -167,7 +167,8 @@ TP_FN int tp_fragment_eq(const fm_fragment *a, const fm_fragment *b) {
   for (uint32_t j = 0; j < a->n_ops; j++) {
     const fm_opnode *x = &a->ops[j], *y = &b->ops[j];
     if (x->op != y->op || x->out != y->out || x->nargs != y->nargs || x->dtype != y->dtype ||
-        memcmp(&x->value, &y->value, sizeof x->value) != 0)
+        memcmp(&x->value, &y->value, sizeof x->value) != 0 || memcmp(x->window, y->window, sizeof x->window) != 0 ||
+        x->ceil_mode != y->ceil_mode)
       return 0;
     for (uint32_t i = 0; i < x->nargs; i++)
       if (x->args[i] != y->args[i]) return 0;

@@ -19,6 +19,7 @@ from . import (
     direct_call,
     fake_meta,
     graph_code,
+    max_pool,
     pad_gemm,
     settings,
     straight_line,
@@ -247,6 +248,7 @@ class FuseMLCompiler:
         # before aot_autograd traces it: a cross_entropy that saves no fp32 log-probabilities
         # (cross_entropy.py)
         cross_entropy.rewrite(gm)
+        max_pool.rewrite(gm)  # max pooling whose backward reads no saved indices (max_pool.py)
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
         capture = direct_call.Capture(gm, example_inputs, self.rest == "aten" and direct_call.wanted(self.direct))
         graphed = cudagraphs.wanted(mode, options, self.cudagraphs)

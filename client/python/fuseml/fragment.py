@@ -8,13 +8,14 @@ which is exact when every tensor is either dense across them or broadcast over a
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction
+from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction, window_op
 from .shapes import is_known_int, known_equal
 
 VOCAB = 1
 VOCAB_ROWS = 2
 VOCAB_COLUMNS = 5
 VOCAB_CAT = 6
+VOCAB_WINDOW = 7
 
 
 class Unfusable(Exception):
@@ -134,7 +135,18 @@ class Emitter:
         self.ops.append({"op": "cat", "out": out, "args": list(vids), "dim": dim})
         return out
 
+    def window(self, node):
+        """A window op (vocabulary 7) of node's tensor operands, which are fragment inputs."""
+        name, window, ceil_mode = window_op(node)
+        args = [self.ids[a] for a in node.args if isinstance(a, torch.fx.Node)]
+        out = self._new(self.dtype[args[0]])
+        self.ops.append({"op": name, "out": out, "args": args, "window": window, "ceil_mode": ceil_mode})
+        self.ids[node] = out
+        return out
+
     def emit_node(self, node, layout=None):
+        if window_op(node):
+            return self.window(node)
         dim = cat_dim(node)
         if dim is not None:
             if layout is None or dim < layout.k:
@@ -172,11 +184,14 @@ class Layout:
     """How the group's iteration space maps onto the fragment's: `k` leading dims (symbolic,
     or 0 when static) collapse into fragment dim 0."""
 
-    def __init__(self, shape, ragged=False):
+    def __init__(self, shape, ragged=False, pooled=False):
         self.shape = list(shape)
         # a cat group: its tensors may be smaller than the group along a static dim (a cat's
         # operands); the daemon checks that every size adds up (vocabulary 6)
         self.ragged = ragged
+        # a window group: its tensors may be of any size along the last two dims (a pooled
+        # input is larger than its output, a gradient smaller); the daemon checks them
+        self.pooled = pooled
         sym = [i for i, d in enumerate(self.shape) if not is_known_int(d)]
         self.k = 0
         while self.k < len(self.shape) and not is_known_int(self.shape[self.k]):
@@ -214,7 +229,8 @@ class Layout:
             d, g = size[i], self.shape[i]
             if not is_known_int(d):
                 raise Unfusable(f"{where}: symbolic dim {i}")
-            if int(d) != int(g) and int(d) != 1 and not (self.ragged and int(d) < int(g)):
+            pooled = self.pooled and i >= r - 2
+            if int(d) != int(g) and int(d) != 1 and not (self.ragged and int(d) < int(g)) and not pooled:
                 raise Unfusable(f"{where}: dim {i} is {int(d)}, not {int(g)} or 1")
             if int(d) == 1:
                 shape.append(1)
@@ -277,7 +293,8 @@ def build(members, in_nodes, out_nodes, shape=None):
     iteration shape (a rows group's row shape; default: the last member's shape)."""
     shape = shape if shape is not None else members[-1].meta["val"].shape
     cats = any(cat_dim(n) is not None for n in members)
-    layout = Layout(shape, ragged=cats)
+    windows = any(window_op(n) for n in members)
+    layout = Layout(shape, ragged=cats or windows, pooled=windows)
     rows = any(row_reduction(n) for n in members)
     e = Emitter(in_nodes)
     for node in members:
@@ -297,7 +314,7 @@ def build(members, in_nodes, out_nodes, shape=None):
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0 :]])
     wire = {
-        "vocab": VOCAB_CAT if cats else VOCAB_ROWS if rows else VOCAB,
+        "vocab": VOCAB_WINDOW if windows else VOCAB_CAT if cats else VOCAB_ROWS if rows else VOCAB,
         "inputs": inputs,
         "ops": e.ops,
         "outputs": outputs,

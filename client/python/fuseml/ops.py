@@ -7,6 +7,7 @@ e.const(v), e.cast(id, dtype)."""
 
 import torch
 
+from . import max_pool
 from .shapes import is_finite_plain_real, is_plain_int, is_plain_real, known_true, plain_equal, same_plain_shape
 
 aten = torch.ops.aten
@@ -462,6 +463,27 @@ def cat_dim(node):
         ):
             return None
     return dim
+
+
+# Window ops (vocabulary 7): max pooling over the last two dims and its gradient computed
+# from the pooled input (max_pool.py), each a kernel of its own reading fragment inputs.
+WINDOW_OPS = {max_pool.FORWARD: "max_pool2d", max_pool.BACKWARD: "max_pool2d_backward"}
+
+
+def window_op(node):
+    """(wire op name, window [kh, kw, sh, sw, ph, pw, dh, dw], ceil_mode) of a window op
+    node whose tensors a fragment can spell (float, one device, static pooled dims), else
+    None."""
+    if node.op != "call_function" or node.target not in WINDOW_OPS:
+        return None
+    tensors = [node] + [a for a in node.args if isinstance(a, torch.fx.Node)]
+    vals = [t.meta.get("val") for t in tensors]
+    if not all(isinstance(v, torch.Tensor) and v.dtype in DTYPES and v.dtype is not torch.bool for v in vals):
+        return None
+    if any(v.device != vals[0].device or not all(is_plain_int(d) for d in v.shape[-2:]) for v in vals):
+        return None
+    pairs, ceil_mode = max_pool.window_of(node)
+    return WINDOW_OPS[node.target], [p[i] for p in pairs for i in (0, 1)], ceil_mode
 
 
 RESHAPE_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}

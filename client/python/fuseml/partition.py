@@ -4,7 +4,8 @@ cat([-x2, x1]) * sin + x * cos is one group); a GEMM (mm, addmm,
 bmm, baddbmm) starts a group that absorbs the pointwise ops after it as its epilogue (seen
 through one view of its result: [M, N] as [B, S, N], a bmm's [B*H, S, S] as [B, H, S, S]);
 a reduction over dim 0 of a 2-D value (a bias gradient) is a column group, with the pointwise
-ops before it that nothing else reads and the per-column ops after it; other
+ops before it that nothing else reads and the per-column ops after it; max pooling
+and its gradient (window ops) are groups of one op each; other
 reductions are recorded as groups of their own kind, routed "bypass" until the client spells
 them.
 
@@ -75,7 +76,7 @@ class Group:
     removals cost 0.3 s of a ResNet-50 training graph's compile."""
 
     gid: int
-    kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "reduction"
+    kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "window" | "reduction"
     members: list  # FX nodes, graph order
     inputs: list = field(default_factory=list)  # nodes read from outside, first use order
     outputs: list = field(default_factory=list)  # members used outside (incl. graph outputs)
@@ -99,7 +100,7 @@ class Group:
 
     @property
     def op_names(self):
-        return [str(n.target).replace("aten.", "").split(".")[0] for n in self.members]
+        return [str(n.target).replace("aten.", "").replace("fuseml.", "").split(".")[0] for n in self.members]
 
     @property
     def siblings(self):
@@ -353,6 +354,14 @@ def find_groups(gm, min_ops=2, chains=True):
                 d.add(group_of[a].gid)
         deps[node] = d
         if node.op != "call_function" or _is_mutating(node):
+            continue
+        if ops.window_op(node):
+            # max pooling and its gradient (vocabulary 7): a kernel of its own, whose
+            # operands are its inputs (the daemon loads each window's taps from memory)
+            g = Group(next(next_gid), "window", [node], shape=node.meta["val"].shape)
+            groups.append(g)
+            group_of[node] = g
+            gdeps[g.gid] = set(d)
             continue
         if ops.column_reduction(node):
             # a bias gradient's grad.sum(0): a column group, which takes in the pointwise
@@ -716,7 +725,7 @@ def _finish(g, min_ops):
             g.reason = "lone GEMM: cuBLAS runs it"
         else:
             g.route = "kernel"
-    elif g.kind == "columns":  # one op, but a kernel of its own against ATen's reduction
+    elif g.kind in ("columns", "window"):  # one op, but a kernel of its own against ATen's
         g.route, g.reason = "kernel", ""
     elif g.kind in ("pointwise", "rows"):
         # an expand to its own shape moves nothing: a group of views alone is no kernel
