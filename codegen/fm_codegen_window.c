@@ -1,19 +1,20 @@
 /* fm_codegen_window.c: the window ops (vocabulary 7) in the pointwise template's extent form
- * (fm_codegen_cat.c): max_pool2d and max_pool2d_backward, each a block of its own that loads
- * its inputs at its taps. Semantics in fm_fragment.h.
+ * (fm_codegen_cat.c): max_pool2d, max_pool2d_argmax and max_pool2d_backward, each a block of
+ * its own that loads its inputs at its taps. Semantics in fm_fragment.h.
  *
- *   max_pool2d:          the window's kh x kw taps, unrolled (compile-time sizes), each
- *                        bounds-checked; m = t when t > m or t is NaN.
+ *   max_pool2d, _argmax: the window's kh x kw taps, unrolled (compile-time sizes), each
+ *                        bounds-checked; m = t when t > m or t is NaN, and the argmax's tap
+ *                        index with it (the two ops of one fragment load the same taps, which
+ *                        the compiler loads once).
  *   max_pool2d_backward: per element p = (h, w) of x, the windows that cover it (oh in
  *                        [max(0, ceil((h + ph - dh*(kh-1)) / sh)), min(OH-1, (h + ph) / sh)]
  *                        with (h + ph - oh*sh) a multiple of dh, the same for w), in ascending
- *                        (oh, ow); p is the tap a window selects iff x[p] equals its maximum
- *                        y (both NaN: NaN) and no earlier in-bounds tap equals it (a NaN
- *                        maximum: no later tap is NaN). One load of y and one compare a
- *                        covering window; the other taps are read only on a match (about one
- *                        window in kh*kw), so the kernel moves what a copy moves. Recomputing
- *                        each covering window's argmax from x instead ran 19x the forward's
- *                        time on an H200 (instruction-bound, its warps diverging on exits).
+ *                        (oh, ow); one load of the window's argmax and one compare with p's
+ *                        tap index each, gy added where they are equal: the kernel moves what
+ *                        a copy moves. Finding each covering window's argmax from x here
+ *                        instead (kh*kw taps a window, four windows an element) ran 19x the
+ *                        forward's time on an H200: instruction-bound, each warp's 32 channels
+ *                        exiting the scan at different taps.
  * Every number (window, sizes, strides) is a constant of the canonical fragment. The taps are
  * the only loads at computed coordinates, and each is checked against the input's own H and
  * W; the leading coordinates are the element's, inside the input (validated extents). */
@@ -24,29 +25,29 @@
 /* Everything one window op's code needs, from the canonical fragment. */
 typedef struct window_gen {
   const fm_opnode *op;
-  const fm_tensor *x, *gy, *y; /* gy and y (the maxima): the backward's, else NULL */
-  uint32_t ix, igy, iy, r;     /* input positions; the rank */
+  const fm_tensor *x, *gy, *am; /* x: the forward's; gy and the argmax: the backward's */
+  uint32_t ix, igy, iam, r;     /* input positions; the rank */
   int64_t k[2], s[2], p[2], d[2], in[2], out[2];
   const char *ct; /* C type of the pooled coordinates: int when every one fits */
 } window_gen;
 
 static void window_init(window_gen *w, const fm_fragment *f, const fm_cg_plan *p, uint32_t i) {
   w->op = &f->ops[i];
-  const int backward = w->op->op == FM_OP_MAX_POOL2D_BACKWARD; /* [gy, x, y], else [x] */
-  w->ix = p->args[i][backward ? 1 : 0];
-  w->igy = p->args[i][0];
-  w->iy = p->args[i][backward ? 2 : 0];
-  w->x = &f->inputs[w->ix];
+  const int backward = w->op->op == FM_OP_MAX_POOL2D_BACKWARD; /* [gy, argmax], else [x] */
+  w->ix = w->igy = p->args[i][0];
+  w->iam = p->args[i][backward ? 1 : 0];
+  w->x = backward ? NULL : &f->inputs[w->ix];
   w->gy = backward ? &f->inputs[w->igy] : NULL;
-  w->y = backward ? &f->inputs[w->iy] : NULL;
-  w->r = w->x->rank;
+  w->am = backward ? &f->inputs[w->iam] : NULL;
+  w->r = f->outputs[0].rank;
   int64_t reach = 0;
   for (int a = 0; a < 2; a++) {
     w->k[a] = w->op->window[FM_WIN_KH + a];
     w->s[a] = w->op->window[FM_WIN_SH + a];
     w->p[a] = w->op->window[FM_WIN_PH + a];
     w->d[a] = w->op->window[FM_WIN_DH + a];
-    w->in[a] = w->x->shape[w->r - 2 + a];
+    /* x's size: the forward's input's, the backward's result's (the iteration shape) */
+    w->in[a] = backward ? f->outputs[0].shape[w->r - 2 + a] : w->x->shape[w->r - 2 + a];
     w->out[a] = fm_window_pooled(w->in[a], w->op->window, a, w->op->ceil_mode);
     /* the largest magnitude any coordinate expression below reaches */
     int64_t m = w->in[a] + w->p[a] + w->out[a] * w->s[a] + w->d[a] * w->k[a];
@@ -92,7 +93,9 @@ static void emit_forward(fm_strbuf *sb, const window_gen *w, uint32_t pos, const
   emit_coord(sb, w, ind, "oh", w->out[0], coord[w->r - 2]);
   emit_coord(sb, w, ind, "ow", w->out[1], coord[w->r - 1]);
   emit_base(sb, w, ind, "xb", w->x, coord);
+  const int argmax = w->op->op == FM_OP_MAX_POOL2D_ARGMAX;
   fm_strbuf_printf(sb, "%s  float m = __int_as_float(0xff800000);  /* -inf */\n", ind);
+  if (argmax) fm_strbuf_printf(sb, "%s  float best = -1.0f;  /* the argmax's tap index */\n", ind);
   fm_strbuf_printf(sb,
                    "#pragma unroll\n"
                    "%s  for (int i = 0; i < %lld; ++i) {\n"
@@ -107,13 +110,15 @@ static void emit_forward(fm_strbuf *sb, const window_gen *w, uint32_t pos, const
                    (long long)w->in[0], ind, (long long)w->k[1], ind, w->ct, (long long)w->s[1], (long long)w->p[1],
                    (long long)w->d[1], ind, (long long)w->in[1], ind);
   emit_load(sb, w->x, w->ix, "xb", "h", "w");
-  fm_strbuf_printf(sb,
-                   ";\n"
-                   "%s      if (t > m || t != t) m = t;  /* NaN sticks */\n"
-                   "%s    }\n"
-                   "%s  }\n"
-                   "%s  v%u = m;\n",
-                   ind, ind, ind, ind, pos);
+  if (argmax) /* the first in-bounds tap, replaced whenever the max is */
+    fm_strbuf_printf(sb,
+                     ";\n"
+                     "%s      if (best < 0.0f || t > m || t != t) best = (float)(i * %lld + j);\n"
+                     "%s      if (t > m || t != t) m = t;\n",
+                     ind, (long long)w->k[1], ind);
+  else
+    fm_strbuf_printf(sb, ";\n%s      if (t > m || t != t) m = t;  /* NaN sticks */\n", ind);
+  fm_strbuf_printf(sb, "%s    }\n%s  }\n%s  v%u = %s;\n", ind, ind, ind, pos, argmax ? "best" : "m");
 }
 
 /* The windows covering the element along axis a, ascending: `for (o = lo; o <= hi; ++o)`
@@ -143,46 +148,16 @@ static void emit_backward(fm_strbuf *sb, const window_gen *w, uint32_t pos, cons
   snprintf(in2, sizeof in2, "%s    ", ind);
   emit_coord(sb, w, ind, "h", w->in[0], coord[w->r - 2]);
   emit_coord(sb, w, ind, "w", w->in[1], coord[w->r - 1]);
-  emit_base(sb, w, ind, "xb", w->x, coord);
   emit_base(sb, w, ind, "gb", w->gy, coord);
-  emit_base(sb, w, ind, "yb", w->y, coord);
-  fm_strbuf_printf(sb, "%s  const float xp = ", ind);
-  emit_load(sb, w->x, w->ix, "xb", "h", "w");
-  fm_strbuf_printf(sb, ";\n%s  const bool xnan = xp != xp;\n", ind);
+  emit_base(sb, w, ind, "ab", w->am, coord);
   fm_strbuf_printf(sb, "%s  const %s hp = h + %lld, wp = w + %lld;\n", ind, w->ct, (long long)w->p[0],
                    (long long)w->p[1]);
   fm_strbuf_printf(sb, "%s  float acc = 0.0f;\n", ind);
   emit_cover(sb, w, 0, in1);
   emit_cover(sb, w, 1, in2);
-  fm_strbuf_printf(sb, "%s  const float m = ", in2);
-  emit_load(sb, w->y, w->iy, "yb", "oh", "ow");
-  /* a match: p is selected unless an earlier tap equals m (a NaN m: a later tap is NaN) */
-  fm_strbuf_printf(sb,
-                   ";\n"
-                   "%s  if (xnan ? m == m : xp != m) continue;\n"
-                   "%s  bool first = true;\n"
-                   "%s  for (int i = 0; i < %lld && first; ++i) {\n"
-                   "%s    const %s hh = oh * %lld - %lld + i * %lld;\n"
-                   "%s    if (hh < 0 || hh >= %lld) continue;\n"
-                   "%s    for (int j = 0; j < %lld; ++j) {\n"
-                   "%s      if (xnan ? (i < ip || (i == ip && j <= jp)) : (i > ip || (i == ip && j >= jp))) continue;\n"
-                   "%s      const %s ww = ow * %lld - %lld + j * %lld;\n"
-                   "%s      if (ww < 0 || ww >= %lld) continue;\n"
-                   "%s      const float q = ",
-                   in2, in2, in2, (long long)w->k[0], in2, w->ct, (long long)w->s[0], (long long)w->p[0],
-                   (long long)w->d[0], in2, (long long)w->in[0], in2, (long long)w->k[1], in2, in2, w->ct,
-                   (long long)w->s[1], (long long)w->p[1], (long long)w->d[1], in2, (long long)w->in[1], in2);
-  emit_load(sb, w->x, w->ix, "xb", "hh", "ww");
-  fm_strbuf_printf(sb,
-                   ";\n"
-                   "%s      if (xnan ? q != q : q == m) {\n"
-                   "%s        first = false;\n"
-                   "%s        break;\n"
-                   "%s      }\n"
-                   "%s    }\n"
-                   "%s  }\n"
-                   "%s  if (first) acc += ",
-                   in2, in2, in2, in2, in2, in2, in2);
+  fm_strbuf_printf(sb, "%s  if (", in2);
+  emit_load(sb, w->am, w->iam, "ab", "oh", "ow");
+  fm_strbuf_printf(sb, " == (float)(ip * %lld + jp)) acc += ", (long long)w->k[1]);
   emit_load(sb, w->gy, w->igy, "gb", "oh", "ow");
   fm_strbuf_printf(sb, ";\n%s}\n%s}\n%s  v%u = acc;\n", in2, in1, ind, pos);
 }
@@ -219,6 +194,7 @@ uint32_t fm_cg_window_cost(const fm_opnode *op) {
   uint64_t cost = kh * kw;
   /* at most kh windows cover an element along H (one per tap row), fewer when they are
      strided apart: ceil(kh * dh / sh) */
-  if (op->op == FM_OP_MAX_POOL2D_BACKWARD) cost *= ceil_cap(kh * dh, sh, kh) * ceil_cap(kw * dw, sw, kw);
+  /* the backward: a load and a compare per window covering an element */
+  if (op->op == FM_OP_MAX_POOL2D_BACKWARD) cost = ceil_cap(kh * dh, sh, kh) * ceil_cap(kw * dw, sw, kw);
   return cost > UINT32_MAX ? UINT32_MAX : (uint32_t)cost;
 }

@@ -53,12 +53,12 @@
 int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const *inputs, void *const *outputs,
                       fm_diag *d);
 
-/* Rewrites, in place, the verification inputs that must follow the client's contract: each
- * max_pool2d_backward's maxima (its third operand, y) become max_pool2d of its x, as the
- * forward gave them, so that every window routes its gradient (random maxima would match no
- * tap). inputs as for fm_reference_eval, each holding its whole span at `outer`; the other
- * inputs are untouched. FM_EINVAL for an operand that is not an input. */
-int fm_reference_window_maxima(const fm_fragment *canon, int64_t outer, void *const *inputs);
+/* Rewrites, in place, the verification inputs that must hold tap indices: each
+ * max_pool2d_backward's argmax (its second operand) gets random taps in [0, kh*kw) from seed
+ * (random floats would name no tap, and every gradient would be zero). inputs as for
+ * fm_reference_eval, each holding its whole span at `outer`; the other inputs are untouched.
+ * FM_EINVAL for an operand that is not an input. */
+int fm_reference_window_taps(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs);
 
 /* The storage conversions it uses (also handy for building test data). */
 float fm_reference_bf16_to_f32(uint16_t h);

@@ -1,9 +1,9 @@
 /* fm_reference_window.c: the CPU reference of the window ops (vocabulary 7; the semantics
  * in fm_fragment.h): max_pool2d and its backward at one index, in fp64, straight from the
- * definition: the forward scans its window's taps, the backward finds the windows that cover
- * its element and, for each, the tap its maximum selects, scanning every tap (the generator
- * reads them only when the element matches). fm_reference_window_maxima writes the maxima the
- * backward's verification inputs must hold (the client's contract: y is the forward's). */
+ * definition: the forward scans its window's taps (keeping the max or the argmax's tap index),
+ * the backward finds the windows that cover its element and adds the gradient of those whose
+ * argmax names it. fm_reference_window_taps writes the tap indices the backward's
+ * verification inputs hold (random ones: random floats would name no tap). */
 #include <math.h>
 
 #include "fm_reference_int.h"
@@ -38,68 +38,57 @@ static int tap_at(const window_ref *x, int64_t oh, int64_t ow, int i, int j, int
   return *h >= 0 && *h < x->height && *w >= 0 && *w < x->width;
 }
 
-/* The scan: the max of window (oh, ow) (NaN sticks), and its argmax in *bh, *bw (the first
- * in-bounds tap, replaced whenever the max is). */
-static double scan(const window_ref *x, int64_t oh, int64_t ow, int64_t *bh, int64_t *bw) {
+/* The scan: the max of window (oh, ow) (NaN sticks), and its argmax's tap index in *best (the
+ * first in-bounds tap, replaced whenever the max is; -1 without an in-bounds tap). */
+static double scan(const window_ref *x, int64_t oh, int64_t ow, int64_t *best) {
   double m = -INFINITY;
-  int first = 1;
+  *best = -1;
   for (int i = 0; i < x->w[FM_WIN_KH]; i++)
     for (int j = 0; j < x->w[FM_WIN_KW]; j++) {
       int64_t h, w;
       if (!tap_at(x, oh, ow, i, j, &h, &w)) continue;
       const double t = tap(x, h, w);
-      if (first || t > m || isnan(t)) *bh = h, *bw = w;
+      if (*best < 0 || t > m || isnan(t)) *best = (int64_t)i * x->w[FM_WIN_KW] + j;
       if (t > m || isnan(t)) m = t;
-      first = 0;
     }
   return m;
-}
-
-/* The tap window (oh, ow) selects for its maximum m: the first in-bounds tap equal to it, or,
- * when m is NaN, the last NaN tap; 0 when none matches. */
-static int selected_tap(const window_ref *x, int64_t oh, int64_t ow, double m, int64_t *bh, int64_t *bw) {
-  int found = 0;
-  for (int i = 0; i < x->w[FM_WIN_KH]; i++)
-    for (int j = 0; j < x->w[FM_WIN_KW]; j++) {
-      int64_t h, w;
-      if (!tap_at(x, oh, ow, i, j, &h, &w)) continue;
-      const double t = tap(x, h, w);
-      if (isnan(m) ? !isnan(t) : (found || t != m)) continue;
-      *bh = h, *bw = w, found = 1;
-    }
-  return found;
 }
 
 double fm_ref_window(const fm_fragment *f, uint32_t o, const uint16_t *args, const void *const *inputs,
                      const int64_t *idx) {
   const fm_opnode *op = &f->ops[o];
-  const int backward = op->op == FM_OP_MAX_POOL2D_BACKWARD;
-  const uint32_t ix = args[backward ? 1 : 0], r = f->inputs[ix].rank;
-  if (!inputs[ix] || r < 3) return NAN;
-  window_ref x = {.x = &f->inputs[ix], .data = inputs[ix], .w = op->window, .idx = idx};
-  x.height = x.x->shape[r - 2];
-  x.width = x.x->shape[r - 1];
-  const int64_t oh_n = fm_window_pooled(x.height, op->window, 0, op->ceil_mode);
-  const int64_t ow_n = fm_window_pooled(x.width, op->window, 1, op->ceil_mode);
-  int64_t bh = -1, bw = -1;
-  if (!backward) /* a pooled dim of size 1 is broadcast: index 0 */
-    return scan(&x, oh_n == 1 ? 0 : idx[r - 2], ow_n == 1 ? 0 : idx[r - 1], &bh, &bw);
-  const fm_tensor *gy = &f->inputs[args[0]], *y = &f->inputs[args[2]];
-  const void *gy_data = inputs[args[0]], *y_data = inputs[args[2]];
-  if (!gy_data || !y_data) return NAN;
-  const int64_t h = x.height == 1 ? 0 : idx[r - 2], w = x.width == 1 ? 0 : idx[r - 1];
+  const uint32_t r = f->outputs[0].rank;
+  const int32_t *win = op->window;
+  if (r < 3 || !inputs[args[0]]) return NAN;
+  if (op->op != FM_OP_MAX_POOL2D_BACKWARD) {
+    window_ref x = {.x = &f->inputs[args[0]], .data = inputs[args[0]], .w = win, .idx = idx};
+    x.height = x.x->shape[r - 2];
+    x.width = x.x->shape[r - 1];
+    const int64_t oh_n = fm_window_pooled(x.height, win, 0, op->ceil_mode);
+    const int64_t ow_n = fm_window_pooled(x.width, win, 1, op->ceil_mode);
+    int64_t best; /* a pooled dim of size 1 is broadcast: index 0 */
+    const double m = scan(&x, oh_n == 1 ? 0 : idx[r - 2], ow_n == 1 ? 0 : idx[r - 1], &best);
+    return op->op == FM_OP_MAX_POOL2D ? m : (double)best;
+  }
+  /* the backward: x's H and W are the iteration shape's */
+  const fm_tensor *gy = &f->inputs[args[0]], *am = &f->inputs[args[1]];
+  const void *gy_data = inputs[args[0]], *am_data = inputs[args[1]];
+  if (!am_data) return NAN;
+  const int64_t height = f->outputs[0].shape[r - 2], width = f->outputs[0].shape[r - 1];
+  const int64_t oh_n = fm_window_pooled(height, win, 0, op->ceil_mode);
+  const int64_t ow_n = fm_window_pooled(width, win, 1, op->ceil_mode);
+  const int64_t h = height == 1 ? 0 : idx[r - 2], w = width == 1 ? 0 : idx[r - 1];
   double acc = 0;
   /* the windows whose tap i (j) lands on h (w): ascending oh as i descends */
-  for (int i = x.w[FM_WIN_KH]; i-- > 0;) {
-    const int64_t num_h = h + x.w[FM_WIN_PH] - i * (int64_t)x.w[FM_WIN_DH];
-    if (num_h < 0 || num_h % x.w[FM_WIN_SH] || num_h / x.w[FM_WIN_SH] >= oh_n) continue;
-    for (int j = x.w[FM_WIN_KW]; j-- > 0;) {
-      const int64_t num_w = w + x.w[FM_WIN_PW] - j * (int64_t)x.w[FM_WIN_DW];
-      if (num_w < 0 || num_w % x.w[FM_WIN_SW] || num_w / x.w[FM_WIN_SW] >= ow_n) continue;
-      const int64_t oh = num_h / x.w[FM_WIN_SH], ow = num_w / x.w[FM_WIN_SW];
-      const double m = fm_ref_load(y->dtype, y_data, offset_at(y, idx, oh, ow));
-      if (selected_tap(&x, oh, ow, m, &bh, &bw) && bh == h && bw == w)
-        acc += fm_ref_load(gy->dtype, gy_data, offset_at(gy, idx, oh, ow));
+  for (int i = win[FM_WIN_KH]; i-- > 0;) {
+    const int64_t num_h = h + win[FM_WIN_PH] - i * (int64_t)win[FM_WIN_DH];
+    if (num_h < 0 || num_h % win[FM_WIN_SH] || num_h / win[FM_WIN_SH] >= oh_n) continue;
+    for (int j = win[FM_WIN_KW]; j-- > 0;) {
+      const int64_t num_w = w + win[FM_WIN_PW] - j * (int64_t)win[FM_WIN_DW];
+      if (num_w < 0 || num_w % win[FM_WIN_SW] || num_w / win[FM_WIN_SW] >= ow_n) continue;
+      const int64_t oh = num_h / win[FM_WIN_SH], ow = num_w / win[FM_WIN_SW];
+      const double t = fm_ref_load(am->dtype, am_data, offset_at(am, idx, oh, ow));
+      if (t == (double)i * win[FM_WIN_KW] + j) acc += fm_ref_load(gy->dtype, gy_data, offset_at(gy, idx, oh, ow));
     }
   }
   return acc;
@@ -121,26 +110,24 @@ static int input_of(const fm_fragment *f, uint32_t id) {
   return -1;
 }
 
-int fm_reference_window_maxima(const fm_fragment *canon, int64_t outer, void *const *inputs) {
+int fm_reference_window_taps(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs) {
   for (uint32_t o = 0; o < canon->n_ops; o++) {
     const fm_opnode *op = &canon->ops[o];
-    if (op->op != FM_OP_MAX_POOL2D_BACKWARD || op->nargs != 3) continue;
-    int ix = input_of(canon, op->args[1]), iy = input_of(canon, op->args[2]);
-    if (ix < 0 || iy < 0 || ix >= (int)canon->n_inputs || iy >= (int)canon->n_inputs || !inputs[ix] || !inputs[iy])
-      return FM_EINVAL;
-    const fm_tensor *y = &canon->inputs[iy];
-    const uint32_t r = y->rank;
-    if (r < 3 || canon->inputs[ix].rank != r) return FM_EINVAL;
+    if (op->op != FM_OP_MAX_POOL2D_BACKWARD || op->nargs != 2) continue;
+    const int ia = input_of(canon, op->args[1]);
+    if (ia < 0 || !inputs[ia]) return FM_EINVAL;
+    const fm_tensor *am = &canon->inputs[ia];
     int64_t n = 1, idx[FM_MAX_RANK];
-    for (uint32_t j = 0; j < r; j++) n *= y->shape[j] == FM_DIM_SYMBOLIC ? outer : y->shape[j];
-    window_ref x = {.x = &canon->inputs[ix], .data = inputs[ix], .w = op->window, .idx = idx};
-    x.height = x.x->shape[r - 2];
-    x.width = x.x->shape[r - 1];
+    for (uint32_t j = 0; j < am->rank; j++) n *= am->shape[j] == FM_DIM_SYMBOLIC ? outer : am->shape[j];
+    const uint64_t taps = (uint64_t)op->window[FM_WIN_KH] * (uint64_t)op->window[FM_WIN_KW];
+    uint64_t s = seed | 1;
     for (int64_t e = 0; e < n; e++) {
-      int64_t bh, bw;
-      coords_of(y, outer, e, idx);
-      const double m = scan(&x, idx[r - 2], idx[r - 1], &bh, &bw);
-      fm_ref_store(y->dtype, inputs[iy], offset_at(y, idx, idx[r - 2], idx[r - 1]), m);
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17; /* xorshift64 */
+      coords_of(am, outer, e, idx);
+      int64_t off = 0;
+      for (uint32_t j = 0; j < am->rank; j++)
+        if (am->shape[j] != 1) off += idx[j] * am->strides[j];
+      fm_ref_store(am->dtype, inputs[ia], off, (double)(s % (taps ? taps : 1)));
     }
   }
   return FM_OK;

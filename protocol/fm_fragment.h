@@ -57,14 +57,14 @@
  * of vocabulary 5 refuses a fragment that says vocab 6 (FM_ESCHEMA, "vocab 6 not supported"),
  * and the client runs the group unfused. `cos` and `sin` (rotary embeddings' angles) were
  * appended to the elementwise ops of vocabulary 1 as `erf` was: a daemon built before them
- * answers unknown_op. Vocabulary 7 adds the window ops max_pool2d and max_pool2d_backward
- * (2-D max pooling over the last two dims, read from fragment inputs: extent fragments,
- * below); a daemon of vocabulary 6 refuses a fragment that says vocab 7. */
+ * answers unknown_op. Vocabulary 7 adds the window ops max_pool2d, max_pool2d_argmax and
+ * max_pool2d_backward (2-D max pooling over the last two dims, read from fragment inputs:
+ * extent fragments, below); a daemon of vocabulary 6 refuses a fragment that says vocab 7. */
 #define FM_VOCAB_VERSION 7
 #define FM_VOCAB_MIN     1
 #define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
 #define FM_VOCAB_CAT     6 /* the vocabulary of `cat` */
-#define FM_VOCAB_WINDOW  7 /* the vocabulary of the window ops (max_pool2d and its backward) */
+#define FM_VOCAB_WINDOW  7 /* the vocabulary of the window ops (max_pool2d, its argmax, backward) */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -135,58 +135,59 @@ typedef enum {
                       vocab 4: bmm (A, B), a batch of products (batched GEMM fragments) */
   FM_OPK_CAT,       /* vocab 6: cat (FM_MIN_CAT_ARGS..FM_MAX_ARGS values) along `dim` ->
                       promoted dtype (cat fragments, below) */
-  FM_OPK_WINDOW,    /* vocab 7: max_pool2d (x) -> x's dtype; max_pool2d_backward (gy, x, y) -> x's
-                      dtype; `window`, `ceil_mode`; operands are fragment inputs (extent
-                      fragments, below) */
+  FM_OPK_WINDOW,    /* vocab 7: max_pool2d (x) -> x's dtype; max_pool2d_argmax (x) -> f32;
+                      max_pool2d_backward (gy, argmax) -> gy's dtype; `window`, `ceil_mode`;
+                      operands are fragment inputs (extent fragments, below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
  * canonical form spells names, and changing a name changes every fingerprint. */
-#define FM_OP_MAP(XX)                            \
-  XX(CONST, "const", FM_OPK_CONST)               \
-  XX(ADD, "add", FM_OPK_BINARY)                  \
-  XX(SUB, "sub", FM_OPK_BINARY)                  \
-  XX(MUL, "mul", FM_OPK_BINARY)                  \
-  XX(DIV, "div", FM_OPK_BINARY)                  \
-  XX(MAXIMUM, "maximum", FM_OPK_BINARY)          \
-  XX(MINIMUM, "minimum", FM_OPK_BINARY)          \
-  XX(POW, "pow", FM_OPK_POW)                     \
-  XX(NEG, "neg", FM_OPK_UNARY)                   \
-  XX(ABS, "abs", FM_OPK_UNARY)                   \
-  XX(RELU, "relu", FM_OPK_UNARY)                 \
-  XX(GELU, "gelu", FM_OPK_UNARY)                 \
-  XX(GELU_TANH, "gelu_tanh", FM_OPK_UNARY)       \
-  XX(SILU, "silu", FM_OPK_UNARY)                 \
-  XX(SIGMOID, "sigmoid", FM_OPK_UNARY)           \
-  XX(TANH, "tanh", FM_OPK_UNARY)                 \
-  XX(EXP, "exp", FM_OPK_UNARY)                   \
-  XX(LOG, "log", FM_OPK_UNARY)                   \
-  XX(SQRT, "sqrt", FM_OPK_UNARY)                 \
-  XX(RSQRT, "rsqrt", FM_OPK_UNARY)               \
-  XX(GT, "gt", FM_OPK_COMPARE)                   \
-  XX(GE, "ge", FM_OPK_COMPARE)                   \
-  XX(LT, "lt", FM_OPK_COMPARE)                   \
-  XX(LE, "le", FM_OPK_COMPARE)                   \
-  XX(EQ, "eq", FM_OPK_COMPARE)                   \
-  XX(NE, "ne", FM_OPK_COMPARE)                   \
-  XX(WHERE, "where", FM_OPK_WHERE)               \
-  XX(CAST, "cast", FM_OPK_CAST)                  \
-  XX(MM, "mm", FM_OPK_MATMUL)                    \
-  XX(ADDMM, "addmm", FM_OPK_MATMUL)              \
-  XX(BMM, "bmm", FM_OPK_MATMUL)                  \
-  XX(SUM, "sum", FM_OPK_REDUCE)                  \
-  XX(MEAN, "mean", FM_OPK_REDUCE)                \
-  XX(AMAX, "amax", FM_OPK_REDUCE)                \
-  XX(VAR, "var", FM_OPK_REDUCE)                  \
-  XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)       \
-  XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE) \
-  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE)     \
-  XX(ERF, "erf", FM_OPK_UNARY)                   \
-  XX(CAT, "cat", FM_OPK_CAT)                     \
-  XX(COS, "cos", FM_OPK_UNARY)                   \
-  XX(SIN, "sin", FM_OPK_UNARY)                   \
-  XX(MAX_POOL2D, "max_pool2d", FM_OPK_WINDOW)    \
-  XX(MAX_POOL2D_BACKWARD, "max_pool2d_backward", FM_OPK_WINDOW)
+#define FM_OP_MAP(XX)                                           \
+  XX(CONST, "const", FM_OPK_CONST)                              \
+  XX(ADD, "add", FM_OPK_BINARY)                                 \
+  XX(SUB, "sub", FM_OPK_BINARY)                                 \
+  XX(MUL, "mul", FM_OPK_BINARY)                                 \
+  XX(DIV, "div", FM_OPK_BINARY)                                 \
+  XX(MAXIMUM, "maximum", FM_OPK_BINARY)                         \
+  XX(MINIMUM, "minimum", FM_OPK_BINARY)                         \
+  XX(POW, "pow", FM_OPK_POW)                                    \
+  XX(NEG, "neg", FM_OPK_UNARY)                                  \
+  XX(ABS, "abs", FM_OPK_UNARY)                                  \
+  XX(RELU, "relu", FM_OPK_UNARY)                                \
+  XX(GELU, "gelu", FM_OPK_UNARY)                                \
+  XX(GELU_TANH, "gelu_tanh", FM_OPK_UNARY)                      \
+  XX(SILU, "silu", FM_OPK_UNARY)                                \
+  XX(SIGMOID, "sigmoid", FM_OPK_UNARY)                          \
+  XX(TANH, "tanh", FM_OPK_UNARY)                                \
+  XX(EXP, "exp", FM_OPK_UNARY)                                  \
+  XX(LOG, "log", FM_OPK_UNARY)                                  \
+  XX(SQRT, "sqrt", FM_OPK_UNARY)                                \
+  XX(RSQRT, "rsqrt", FM_OPK_UNARY)                              \
+  XX(GT, "gt", FM_OPK_COMPARE)                                  \
+  XX(GE, "ge", FM_OPK_COMPARE)                                  \
+  XX(LT, "lt", FM_OPK_COMPARE)                                  \
+  XX(LE, "le", FM_OPK_COMPARE)                                  \
+  XX(EQ, "eq", FM_OPK_COMPARE)                                  \
+  XX(NE, "ne", FM_OPK_COMPARE)                                  \
+  XX(WHERE, "where", FM_OPK_WHERE)                              \
+  XX(CAST, "cast", FM_OPK_CAST)                                 \
+  XX(MM, "mm", FM_OPK_MATMUL)                                   \
+  XX(ADDMM, "addmm", FM_OPK_MATMUL)                             \
+  XX(BMM, "bmm", FM_OPK_MATMUL)                                 \
+  XX(SUM, "sum", FM_OPK_REDUCE)                                 \
+  XX(MEAN, "mean", FM_OPK_REDUCE)                               \
+  XX(AMAX, "amax", FM_OPK_REDUCE)                               \
+  XX(VAR, "var", FM_OPK_REDUCE)                                 \
+  XX(SOFTMAX, "softmax", FM_OPK_COMPOSITE)                      \
+  XX(LAYER_NORM, "layer_norm", FM_OPK_COMPOSITE)                \
+  XX(RMS_NORM, "rms_norm", FM_OPK_COMPOSITE)                    \
+  XX(ERF, "erf", FM_OPK_UNARY)                                  \
+  XX(CAT, "cat", FM_OPK_CAT)                                    \
+  XX(COS, "cos", FM_OPK_UNARY)                                  \
+  XX(SIN, "sin", FM_OPK_UNARY)                                  \
+  XX(MAX_POOL2D, "max_pool2d", FM_OPK_WINDOW)                   \
+  XX(MAX_POOL2D_BACKWARD, "max_pool2d_backward", FM_OPK_WINDOW) \
+  XX(MAX_POOL2D_ARGMAX, "max_pool2d_argmax", FM_OPK_WINDOW)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -197,7 +198,7 @@ typedef enum {
 
 const char *fm_op_name(fm_op op);
 fm_opkind fm_op_kind(fm_op op);
-/* Number of args the op takes (0..3; max_pool2d 1, its backward 2); -1 for reserved ops;
+/* Number of args the op takes (0..3; max_pool2d and its argmax 1, its backward 2); -1 for reserved ops;
  * for a composite op the most it takes (layer_norm: x[, weight[, bias]]; rms_norm: x[, weight]; softmax: x); for cat
  * the most, FM_MAX_ARGS (it takes FM_MIN_CAT_ARGS or more). */
 int fm_op_arity(fm_op op);
@@ -385,25 +386,28 @@ int fm_fragment_is_cat(const fm_fragment *f);
 
 /* Window ops (vocab 7, FM_OPK_WINDOW): 2-D max pooling over the last two dims (H, W) of a
  * rank >= 3 fragment input x, as torch.nn.functional.max_pool2d(x, kernel, stride, padding,
- * dilation, ceil_mode) and its gradient, computed from x and the pooled maxima (no indices).
- * Window (oh, ow) has taps (i, j), i < kh outer, j < kw inner, at h = oh*sh - ph + i*dh,
+ * dilation, ceil_mode), and its gradient from the windows' argmax tap indices (no int64
+ * indices tensor: Inductor's offsets, a small integer per window).
+ * Window (oh, ow) has taps t = i*kw + j (i < kh outer, j < kw inner) at h = oh*sh - ph + i*dh,
  * w = ow*sw - pw + j*dw; taps outside x are skipped (padding never wins).
  *   max_pool2d [x]: m = -inf; over the in-bounds taps in scan order, m = x[t] when x[t] > m
  *     or x[t] is NaN (NaN propagates; a window without an in-bounds tap gives -inf).
- *   max_pool2d_backward [gy, x, y]: grad_x[.., h, w] = the sum (fp32, ascending (oh, ow)) of
- *     gy[.., oh, ow] over the windows that select (h, w) for their maximum y[.., oh, ow]: the
- *     first in-bounds tap equal to it, or, when it is NaN, the last NaN tap; none when no tap
- *     matches. With y = max_pool2d(x) (what the client sends: the forward's result) that is
- *     the scan's argmax (best = the first in-bounds tap, replaced whenever m is), PyTorch's,
- *     and a kernel finds it from one compare per covering window (the earlier taps are read
- *     only when it matches). gy, x and y share one float dtype.
- * Each pooled size is PyTorch's pooling_output_shape (fm_window_pooled) and at least 1; both
+ *   max_pool2d_argmax [x]: the tap the same scan keeps (best = the first in-bounds tap,
+ *     replaced whenever m is: PyTorch's argmax), as its index t, an exact integer in fp32
+ *     (f32; -1 for a window without an in-bounds tap). Stored through a cast, f16 holds every
+ *     index of a window up to 2049 taps.
+ *   max_pool2d_backward [gy, argmax]: grad_x[.., h, w] = the sum (fp32, ascending (oh, ow))
+ *     of gy[.., oh, ow] over the windows that have (h, w) as their tap argmax[.., oh, ow];
+ *     gy's dtype; argmax of a float dtype that holds kh*kw - 1 exactly. x's H and W are the
+ *     iteration shape's (outputs[0]).
+ * Each pooled size is PyTorch's pooling_output_shape (fm_window_pooled) and at least 1; the
  * operands are fragment inputs (FM_EUNSUPPORTED otherwise), whose dims the op reads whole.
- * A window op makes the fragment an *extent fragment* (below): max_pool2d's extent is x's with
- * the last two dims pooled, the backward's is x's, and gy's and y's extents must be x's
- * leading dims and pooled(x) in the last two. A window op in a row, column or GEMM fragment is
- * FM_EUNSUPPORTED, as a cat is. The window's limits are FM_ELIMIT, its other rules (and
- * `window` or `ceil_mode` on another op) FM_ESCHEMA. */
+ * A window op makes the fragment an *extent fragment* (below): max_pool2d's and its argmax's
+ * extent is x's with the last two dims pooled; the backward's is gy's leading dims and the
+ * iteration shape's last two, which must pool to gy's, and the argmax's extent must be gy's.
+ * A window op in a row, column or GEMM fragment is FM_EUNSUPPORTED, as a cat is. The window's
+ * limits are FM_ELIMIT, its other rules (and `window` or `ceil_mode` on another op)
+ * FM_ESCHEMA. */
 /* The pooled size of a dim of size `in` (axis 0: H, 1: W) under window (FM_WIN_* layout):
  * floor_or_ceil((in + 2p - d*(k-1) - 1) / s) + 1, with ceil_mode one less when the last
  * window would start at or past in + p; < 1 when no window fits. */

@@ -198,18 +198,23 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       for (uint32_t k = 0; k < op->nargs; k++)
         if (!arg[k]->is_input)
           return fm_diag_set(d, FM_EUNSUPPORTED, "%s.args[%u]: a %s reads fragment inputs only", path, k, name);
-      /* [x], or the backward's [gy, x, y]: all of x's dtype, a float one */
-      const value *x = arg[op->nargs == 1 ? 0 : 1];
-      for (uint32_t k = 0; k < op->nargs; k++) {
+      /* [x] or the backward's [gy, argmax]: floating-point tensors */
+      for (uint32_t k = 0; k < op->nargs; k++)
         if (!is_float(arg[k]->dtype))
           return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' pools a floating-point tensor, value %u is %s", path, name,
                              arg[k]->id, fm_dtype_name(arg[k]->dtype));
-        if (arg[k]->dtype != x->dtype)
-          return fm_diag_set(d, FM_ESCHEMA, "%s.args: '%s' needs gy, x and y of one dtype, got %s and %s", path, name,
-                             fm_dtype_name(arg[k]->dtype), fm_dtype_name(x->dtype));
-      }
-      op->dtype = x->dtype;
-      return fm_fragment_check_window(op, path, d);
+      /* the tap indices: exact integers in fp32 registers; stored, in a dtype that holds the
+         largest (kh * kw - 1) exactly */
+      op->dtype = op->op == FM_OP_MAX_POOL2D_ARGMAX ? FM_DT_F32 : arg[0]->dtype;
+      int rc = fm_fragment_check_window(op, path, d);
+      if (rc || op->op != FM_OP_MAX_POOL2D_BACKWARD) return rc;
+      const int64_t taps = (int64_t)op->window[FM_WIN_KH] * op->window[FM_WIN_KW];
+      const int64_t exact = arg[1]->dtype == FM_DT_BF16 ? 256 : arg[1]->dtype == FM_DT_F16 ? 2048 : (int64_t)1 << 24;
+      if (taps - 1 > exact)
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "%s.args[1]: '%s' reads tap indices up to %" PRId64 ", which %s does not hold exactly", path,
+                           name, taps - 1, fm_dtype_name(arg[1]->dtype));
+      return FM_OK;
     }
     case FM_OPK_COMPOSITE:
       return fm_diag_set(d, FM_ESCHEMA, "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)", path,

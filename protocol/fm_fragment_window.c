@@ -61,14 +61,21 @@ int fm_fragment_window_extent(const fm_fragment *f, const fm_cat_info *ci, uint3
   if (rc) return rc;
   if (!fm_op_nargs_ok(op->op, op->nargs))
     return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' with %u args", i, name, op->nargs);
-  int q[3]; /* [x] or [gy, x, y] */
-  for (uint32_t a = 0; a < op->nargs && a < 3; a++) {
+  int q[2]; /* [x], or the backward's [gy, argmax] */
+  for (uint32_t a = 0; a < op->nargs && a < 2; a++) {
     q[a] = fm_fragment_find_value(f, op->args[a]);
     if (q[a] < 0 || q[a] >= (int)f->n_inputs)
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u].args[%u]: a %s reads fragment inputs only", i, a, name);
   }
-  const int64_t *x = ci->ext[q[op->nargs == 1 ? 0 : 1]];
+  const int backward = op->op == FM_OP_MAX_POOL2D_BACKWARD;
+  /* the pooled input: x, or for the backward x's sizes, which only the iteration shape (its
+     result's) says: its leading dims are gy's, its last two the iteration shape's */
+  const int64_t *gy = ci->ext[q[0]], *it = f->outputs[0].shape;
+  int64_t x[FM_MAX_RANK];
+  for (uint32_t j = 0; j < r; j++) x[j] = backward && j < r - 2 ? gy[j] : backward ? it[j] : ci->ext[q[0]][j];
   for (uint32_t j = 0; j < r; j++) e[j] = x[j];
+  int64_t want[FM_MAX_RANK];
+  for (uint32_t j = 0; j < r; j++) want[j] = x[j];
   for (int axis = 0; axis < 2; axis++) {
     const int64_t in = x[r - 2 + axis];
     const int64_t out = in == FM_DIM_SYMBOLIC ? 0 : fm_window_pooled(in, op->window, axis, op->ceil_mode);
@@ -80,15 +87,12 @@ int fm_fragment_window_extent(const fm_fragment *f, const fm_cat_info *ci, uint3
                          i, name, axis ? "width" : "height", in, w[FM_WIN_KH + axis], w[FM_WIN_DH + axis],
                          w[FM_WIN_PH + axis], out);
     }
-    if (op->op == FM_OP_MAX_POOL2D) e[r - 2 + axis] = out;
+    want[r - 2 + axis] = out;
+    if (!backward) e[r - 2 + axis] = out;
   }
-  if (op->op == FM_OP_MAX_POOL2D) return FM_OK;
-  /* the backward: gy and y are what max_pool2d of x gives */
-  int64_t want[FM_MAX_RANK];
-  for (uint32_t j = 0; j < r; j++) want[j] = x[j];
-  for (int axis = 0; axis < 2; axis++)
-    want[r - 2 + axis] = fm_window_pooled(x[r - 2 + axis], op->window, axis, op->ceil_mode);
-  for (uint32_t a = 0; a < 3; a += 2) {
+  if (!backward) return FM_OK;
+  /* gy and the argmax are what max_pool2d of x gives */
+  for (uint32_t a = 0; a < 2; a++) {
     const int64_t *got = ci->ext[q[a]];
     int same = 1;
     for (uint32_t j = 0; j < r; j++) same = same && got[j] == want[j];
@@ -96,8 +100,8 @@ int fm_fragment_window_extent(const fm_fragment *f, const fm_cat_info *ci, uint3
     fm_fragment_format_extent(got, r, gy_s, sizeof gy_s);
     fm_fragment_format_extent(x, r, x_s, sizeof x_s);
     fm_fragment_format_extent(want, r, want_s, sizeof want_s);
-    return fm_diag_set(d, FM_ESCHEMA, "ops[%u].args[%u]: %s is %s, but max_pool2d of x %s is %s", i, a, a ? "y" : "gy",
-                       gy_s, x_s, want_s);
+    return fm_diag_set(d, FM_ESCHEMA, "ops[%u].args[%u]: %s is %s, but max_pool2d of the result's %s is %s", i, a,
+                       a ? "the argmax" : "gy", gy_s, x_s, want_s);
   }
   return FM_OK;
 }

@@ -65,7 +65,7 @@ int fm_op_arity(fm_op op) {
     case FM_OPK_CAT:
       return FM_MAX_ARGS;
     case FM_OPK_WINDOW:
-      return op == FM_OP_MAX_POOL2D_BACKWARD ? 3 : 1; /* [gy, x, y] : [x] */
+      return op == FM_OP_MAX_POOL2D_BACKWARD ? 2 : 1; /* [gy, argmax] : [x] */
     case FM_OPK_RESERVED:
       return -1;
   }

@@ -521,12 +521,12 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
     fill_input(&f->inputs[k], W.h_in[k], n, rng ^ (uint64_t)(k + 1) * 0x2545F4914F6CDD1Dull, operand_scale(f, k));
     ins[k] = W.h_in[k];
   }
-  { /* a pooling gradient's maxima are its x's, as the client's forward gave them: random ones
-       would match no tap, and every gradient would be zero */
-    void *pooled[FM_MAX_INPUTS];
-    for (uint32_t k = 0; k < f->n_inputs; k++) pooled[k] = W.h_in[k];
-    if (fm_reference_window_maxima(f, W.outer_v, pooled)) {
-      snprintf(why, cap, "reference: a pooling gradient's maxima");
+  { /* a pooling gradient's argmax holds tap indices: random floats would name no tap, and
+       every gradient would be zero */
+    void *taps[FM_MAX_INPUTS];
+    for (uint32_t k = 0; k < f->n_inputs; k++) taps[k] = W.h_in[k];
+    if (fm_reference_window_taps(f, W.outer_v, rng, taps)) {
+      snprintf(why, cap, "reference: a pooling gradient's tap indices");
       goto out;
     }
   }

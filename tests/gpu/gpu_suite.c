@@ -151,8 +151,8 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, i
       gu_store(x->h_in[i], t->dtype, e, gu_below(&rng, 2) ? v : -v);
     }
   }
-  /* a pooling gradient's maxima are its x's (the client sends the forward's), as the tuner's */
-  fm_reference_window_maxima(f, outer, (void *const *)x->h_in);
+  /* a pooling gradient's argmax holds tap indices, as the tuner's */
+  fm_reference_window_taps(f, outer, rng.s, (void *const *)x->h_in);
   for (uint32_t i = 0; i < f->n_inputs; i++) {
     if (x->twin_of[i] >= 0) { /* an earlier input's memory (and values) */
       x->ins[i] = x->ins[x->twin_of[i]];

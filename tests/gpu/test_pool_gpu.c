@@ -1,17 +1,19 @@
-/* test_pool_gpu.c (device machine only): the window ops (vocabulary 7: max_pool2d and its
- * backward), every candidate of the pointwise template's extent form checked against the fp64
- * reference through the shared suite (gpu_suite.h), then ResNet-50's stem pool timed.
+/* test_pool_gpu.c (device machine only): the window ops (vocabulary 7: max_pool2d with its
+ * argmax, and the backward), every candidate of the pointwise template's extent form checked
+ * against the fp64 reference through the shared suite (gpu_suite.h), then ResNet-50's stem
+ * pool timed.
  *
  * Cases: {13x13, 3x3 stride 2 padding 1}, {12x10, 2x2 stride 2}, {13x13, 3x3 stride 2 with
  * ceil_mode}, {11x9, 3x2 stride 1x2 padding 1x0 dilation 2x1 with ceil_mode}, each forward
- * and backward, channels-last and row-major, the dtype rotating over bf16 / f16 / f32, N
- * symbolic in half of them; then ResNet-50's stem ([64, 64, 112, 112] channels-last bf16, 3x3
- * stride 2 padding 1) checked and every candidate timed, forward and backward, with the
- * bandwidth its bytes (x read, y written; the backward x and gy read, grad_x written) make.
- * Random inputs hold many ties in bf16 and f16, so a kernel whose argmax differs from the
- * scan's (the first of equal maxima) fails its backward.
+ * (the max and the argmax's tap indices) and backward (from random tap indices), channels-last
+ * and row-major, the dtype rotating over bf16 / f16 / f32, N symbolic in half of them; then
+ * ResNet-50's stem ([64, 64, 112, 112] channels-last bf16, 3x3 stride 2 padding 1) checked and
+ * every candidate timed, forward and backward, with the bandwidth its bytes make. Random
+ * inputs hold many ties in bf16 and f16, so a kernel whose argmax differs from the scan's
+ * (the first of equal maxima) fails its forward.
  *
- * Usage: test_pool_gpu [SEED [check|time|both]]   One line per kernel and "N passed, N failed". */
+ * Usage: test_pool_gpu [SEED [check|time|both|backward]]   (backward: time the stem's backward
+ * only) One line per kernel and "N passed, N failed". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +50,9 @@ int main(int argc, char **argv) {
   if (gs_start(seed)) return 2;
   static fm_fragment raw, canon;
   int idx = 0, bad = 0;
-  const int check = strcmp(mode, "time") != 0, time = strcmp(mode, "check") != 0;
+  /* "backward": time the backward alone (a profiler's run) */
+  const int check = strcmp(mode, "time") != 0 && strcmp(mode, "backward") != 0, time = strcmp(mode, "check") != 0;
+  const int first = strcmp(mode, "backward") == 0 ? 1 : 0;
   for (size_t s = 0; check && s < sizeof shapes / sizeof shapes[0]; s++)
     for (int cl = 0; cl < 2; cl++)
       for (int b = 0; b < 2; b++, idx++) {
@@ -60,7 +64,7 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "%s %s %s [%lld%s, %lld, %lld, %lld] %s", b ? "max_pool2d_backward" : "max_pool2d",
                  ps->name, fm_dtype_name(dt), (long long)n, symbolic ? " (sym)" : "", (long long)c, (long long)ps->h,
                  (long long)ps->w, cl ? "channels-last" : "row-major");
-        if (tf_max_pool(&raw, &canon, dt, nchw, ps->window, ps->ceil_mode, cl, b)) {
+        if (tf_max_pool(&raw, &canon, dt, nchw, ps->window, ps->ceil_mode, cl, b ? TF_POOL_BACKWARD : TF_POOL_ARGMAX)) {
           printf("FAIL build %s\n", name);
           bad++;
           continue;
@@ -72,7 +76,7 @@ int main(int argc, char **argv) {
   static const int32_t window[8] = {3, 3, 2, 2, 1, 1, 1, 1};
   const double x_bytes = 64.0 * 64 * 112 * 112 * 2, y_bytes = x_bytes / 4;
   for (int b = 0; b < 2; b++) {
-    if (tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, b)) {
+    if (tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, b ? TF_POOL_BACKWARD : TF_POOL_ARGMAX)) {
       printf("FAIL build ResNet-50 stem\n");
       bad++;
       continue;
@@ -80,12 +84,13 @@ int main(int argc, char **argv) {
     if (check) gs_add_case(b ? "resnet50 stem max_pool2d_backward" : "resnet50 stem max_pool2d", &canon, 64, 1);
   }
   gs_run();
-  for (int b = 0; time && b < 2; b++) {
-    if (tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, b)) continue;
+  for (int b = first; time && b < 2; b++) {
+    if (tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, b ? TF_POOL_BACKWARD : TF_POOL_ARGMAX)) continue;
     time_one(&canon,
              b ? "max_pool2d_backward [64, 64, 112, 112] bf16 channels-last"
                : "max_pool2d [64, 64, 112, 112] bf16 channels-last",
-             64, b ? 2 * x_bytes + y_bytes : x_bytes + y_bytes);
+             64, x_bytes + 2 * y_bytes); /* forward: x read, y and the f16 argmax written; backward:
+                                            gy and the argmax read, grad_x written */
   }
   return gs_finish() || bad ? 1 : 0;
 }

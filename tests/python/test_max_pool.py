@@ -1,8 +1,9 @@
 """Max pooling as window ops (vocabulary 7): torch.nn.functional.max_pool2d becomes
-fuseml::max_pool2d, whose gradient reads the pooled input instead of saved indices; each is a
-group of its own in the forward and the backward graph, results as eager's (here without a
-daemon: the ops' ATen forms), the fragments spelled with their windows and accepted by a real
-fusemld (compile-only here); calls that cannot be taken stay torch's."""
+fuseml::max_pool2d, which gives each window's argmax as an f16 tap index that its gradient
+reads instead of int64 indices; each is a group of its own in the forward and the backward
+graph, results as eager's (here without a daemon: the ops' ATen forms), the fragments spelled
+with their windows and accepted by a real fusemld (compile-only here); calls that cannot be
+taken stay torch's."""
 
 import pytest
 import torch
@@ -68,10 +69,17 @@ def test_forward_and_backward_as_eager(dead_socket, pool, layout):
         torch.testing.assert_close(a, b)
     for which in ("forward", "backward"):
         (g,) = window_groups(c, which)
-        assert g.route == "kernel" and len(g.members) == 1, g.describe()
-        op = g.built.wire["ops"][0]
-        assert g.built.wire["vocab"] == 7
-        assert op["op"] == ("max_pool2d" if which == "forward" else "max_pool2d_backward")
+        assert g.route == "kernel", g.describe()
+        wire = g.built.wire
+        assert wire["vocab"] == 7
+        names = [op["op"] for op in wire["ops"]]
+        if which == "forward":  # the max and the argmax's taps, stored as f16
+            assert names == ["max_pool2d", "max_pool2d_argmax", "cast"], names
+            assert [o["dtype"] for o in wire["outputs"]] == ["f32", "f16"]
+        else:  # from the output gradient and the taps
+            assert names == ["max_pool2d_backward"], names
+            assert [i["dtype"] for i in wire["inputs"]] == ["f32", "f16"]
+        op = wire["ops"][0]
         k, s = pool["kernel_size"], pool.get("stride", pool["kernel_size"])
         k, s = (k, k) if isinstance(k, int) else k, (s, s) if isinstance(s, int) else s
         p, d = pool.get("padding", 0), pool.get("dilation", 1)
@@ -81,8 +89,8 @@ def test_forward_and_backward_as_eager(dead_socket, pool, layout):
 
 
 def test_no_indices_are_computed_or_saved(dead_socket, partitioned):
-    """Neither graph computes indices: the backward reads the output gradient, the pooled
-    input (which ReLU's gradient reads too) and the maxima (which the next conv saves)."""
+    """Neither graph computes int64 indices: the backward reads the output gradient and the
+    forward's f16 taps, never the pooled input."""
     c = fuseml.FuseMLCompiler()
     step(Stem(kernel_size=3, stride=2, padding=1), torch.randn(2, 3, 16, 16), c)
     assert len(partitioned) == 2
@@ -91,7 +99,8 @@ def test_no_indices_are_computed_or_saved(dead_socket, partitioned):
         assert torch.ops.aten.max_pool2d_with_indices.default not in targets
         assert torch.ops.aten.max_pool2d_with_indices_backward.default not in targets
     (g,) = window_groups(c, "backward")
-    assert [list(i.meta["val"].shape) for i in g.inputs] == [[2, 8, 8, 8], [2, 8, 16, 16], [2, 8, 8, 8]]
+    assert [list(i.meta["val"].shape) for i in g.inputs] == [[2, 8, 8, 8], [2, 8, 8, 8]]
+    assert [i.meta["val"].dtype for i in g.inputs] == [torch.float32, torch.float16]
 
 
 def test_wire_follows_channels_last_strides(dead_socket):
@@ -113,7 +122,8 @@ def test_inference_graph(dead_socket):
         got = torch.compile(model, backend=c)(x)
     torch.testing.assert_close(got, want)
     (g,) = window_groups(c, "inference")
-    assert g.built.wire["ops"][0]["op"] == "max_pool2d"
+    # the max alone is stored (the canonical form drops the unread argmax)
+    assert len(g.built.wire["outputs"]) == 1 and g.built.wire["ops"][0]["op"] == "max_pool2d"
 
 
 @pytest.mark.parametrize(
@@ -146,15 +156,19 @@ def test_rewrite_needs_cuda_unless_asked(monkeypatch, dead_socket):
 
 def test_ops_run_as_aten_with_nan_and_ties():
     """The ops' ATen forms (what runs without a daemon) are torch's max_pool2d and its
-    gradient, NaN and ties included."""
+    gradient, NaN and ties included; the taps name each window's argmax."""
     x = torch.randn(2, 3, 9, 9)
     x[0, 0, 2, 2] = float("nan")
     x[1, 1, :4, :4] = 0.5  # ties: the first tap of a window wins
     window = ([3, 3], [2, 2], [1, 1], [1, 1], False)
     xi, xj = x.clone().requires_grad_(), x.clone().requires_grad_()
-    y = torch.ops.fuseml.max_pool2d(xi, *window)
-    ref = F.max_pool2d(xj, 3, 2, 1)
+    y, taps = torch.ops.fuseml.max_pool2d(xi, *window)
+    ref, indices = F.max_pool2d(xj, 3, 2, 1, return_indices=True)
     torch.testing.assert_close(y, ref, equal_nan=True)
+    assert taps.dtype == torch.float16 and 0 <= taps.min() and taps.max() < 9
+    oh, ow = torch.arange(5).view(-1, 1), torch.arange(5)
+    h, w = oh * 2 - 1 + taps.long() // 3, ow * 2 - 1 + taps.long() % 3
+    assert torch.equal(h * 9 + w, indices)
     g = torch.randn_like(y)
     (gx,) = torch.autograd.grad(y, xi, g)
     (gr,) = torch.autograd.grad(ref, xj, g)

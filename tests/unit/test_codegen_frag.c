@@ -268,22 +268,35 @@ static void nhwc_strides(const int64_t *s, int64_t *st) {
 }
 
 int tf_max_pool(fm_fragment *raw, fm_fragment *canon, fm_dtype dt, const int64_t nchw[4], const int32_t window[8],
-                int ceil_mode, int channels_last, int backward) {
+                int ceil_mode, int channels_last, int pass) {
   int64_t pooled[4] = {nchw[0], nchw[1], fm_window_pooled(nchw[2], window, 0, ceil_mode),
                        fm_window_pooled(nchw[3], window, 1, ceil_mode)};
   int64_t xs[4], ps[4];
   nhwc_strides(nchw, xs);
   nhwc_strides(pooled, ps);
+  const int64_t *pst = channels_last ? ps : NULL, *xst = channels_last ? xs : NULL;
   tf_init(raw);
   raw->vocab = FM_VOCAB_WINDOW;
-  if (backward) tf_input(raw, 1, dt, 4, pooled, channels_last ? ps : NULL, 16); /* gy */
-  tf_input(raw, 0, dt, 4, nchw, channels_last ? xs : NULL, 16);
-  if (backward) tf_input(raw, 3, dt, 4, pooled, channels_last ? ps : NULL, 16); /* y, the maxima */
-  tf_op(raw, backward ? FM_OP_MAX_POOL2D_BACKWARD : FM_OP_MAX_POOL2D, 2, backward ? 3 : 1, backward ? 1 : 0, 0, 3);
-  fm_opnode *op = &raw->ops[raw->n_ops - 1];
-  memcpy(op->window, window, sizeof op->window);
-  op->ceil_mode = (uint8_t)ceil_mode;
-  tf_output(raw, 2, dt, 4, backward ? nchw : pooled, channels_last ? (backward ? xs : ps) : NULL, 16);
+  if (pass == TF_POOL_BACKWARD) {
+    tf_input(raw, 1, dt, 4, pooled, pst, 16);        /* gy */
+    tf_input(raw, 3, FM_DT_F16, 4, pooled, pst, 16); /* the argmax's tap indices */
+    tf_op(raw, FM_OP_MAX_POOL2D_BACKWARD, 2, 2, 1, 3, 0);
+  } else {
+    tf_input(raw, 0, dt, 4, nchw, xst, 16);
+    tf_op(raw, FM_OP_MAX_POOL2D, 2, 1, 0, 0, 0);
+  }
+  for (uint32_t k = 0; k < raw->n_ops; k++) {
+    memcpy(raw->ops[k].window, window, sizeof raw->ops[k].window);
+    raw->ops[k].ceil_mode = (uint8_t)ceil_mode;
+  }
+  tf_output(raw, 2, dt, 4, pass == TF_POOL_BACKWARD ? nchw : pooled, pass == TF_POOL_BACKWARD ? xst : pst, 16);
+  if (pass == TF_POOL_ARGMAX) { /* the tap indices too, stored as f16 */
+    tf_op(raw, FM_OP_MAX_POOL2D_ARGMAX, 4, 1, 0, 0, 0);
+    memcpy(raw->ops[raw->n_ops - 1].window, window, sizeof raw->ops[0].window);
+    raw->ops[raw->n_ops - 1].ceil_mode = (uint8_t)ceil_mode;
+    tf_cast(raw, 5, 4, FM_DT_F16);
+    tf_output(raw, 5, FM_DT_F16, 4, pooled, pst, 16);
+  }
   return tf_finish(raw, canon);
 }
 

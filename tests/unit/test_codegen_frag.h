@@ -65,14 +65,16 @@ int tf_mlp_chain(fm_fragment *raw, fm_fragment *canon, int64_t k1, int64_t n1, i
 
 /* Max pooling (vocabulary 7) over x [n, c, h, w] (nchw; n -1: symbolic) of dtype dt with
  * window (FM_WIN_* layout) and ceil_mode; every tensor channels-last (strides [h*w*c, 1,
- * w*c, c]) or row-major:
- *   backward 0: y = max_pool2d(x), inputs [x], y [n, c, OH, OW];
- *   backward 1: grad_x = max_pool2d_backward(gy, x, y), inputs [gy [n, c, OH, OW], x, y (the
- *               maxima, laid out as gy)], grad_x [n, c, h, w] of dt.
+ * w*c, c]) or row-major; pass:
+ *   TF_POOL_FORWARD: y = max_pool2d(x), inputs [x], y [n, c, OH, OW];
+ *   TF_POOL_ARGMAX:  y and the argmax's tap indices (cast to f16), outputs [y, argmax];
+ *   TF_POOL_BACKWARD: grad_x = max_pool2d_backward(gy, argmax), inputs [gy [n, c, OH, OW] of dt,
+ *                    argmax of f16, laid out as gy], grad_x [n, c, h, w] of dt.
  * raw filled, canon its canonical form; FM_OK or the error (printed). ResNet's stem:
  * tf_max_pool(.., FM_DT_BF16, {-1, 64, 12, 12}, {3, 3, 2, 2, 1, 1, 1, 1}, 0, 1, ..). */
+enum { TF_POOL_FORWARD, TF_POOL_BACKWARD, TF_POOL_ARGMAX };
 int tf_max_pool(fm_fragment *raw, fm_fragment *canon, fm_dtype dt, const int64_t nchw[4], const int32_t window[8],
-                int ceil_mode, int channels_last, int backward);
+                int ceil_mode, int channels_last, int pass);
 int tf_attention_scores(fm_fragment *raw, fm_fragment *canon);
 
 /* The three representative fragments of the golden tests (also used by other tests):

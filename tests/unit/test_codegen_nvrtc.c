@@ -176,7 +176,9 @@ static void queue_every_op(void) {
       {
         static const int64_t stem[4] = {-1, 64, 12, 12};
         static const int32_t window[8] = {3, 3, 2, 2, 1, 1, 1, 1};
-        CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, op == FM_OP_MAX_POOL2D_BACKWARD), FM_OK);
+        CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1,
+                                 op == FM_OP_MAX_POOL2D_BACKWARD ? TF_POOL_BACKWARD : TF_POOL_ARGMAX),
+                     FM_OK);
       } break;
       case FM_OPK_RESERVED:
       case FM_OPK_REDUCE: /* row fragments: test_codegen_rows */

@@ -1,9 +1,10 @@
-/* test_codegen_window.c: the window ops (vocabulary 7: max_pool2d and its backward): the CPU
- * reference against a brute force written here (the forward by the definition, the backward
- * as PyTorch computes it: each window's argmax index, then its gradient scattered there) on
+/* test_codegen_window.c: the window ops (vocabulary 7: max_pool2d, its argmax and its
+ * backward): the CPU reference against a brute force written here (the forward and the argmax
+ * by the definition, the backward as PyTorch computes it: each window's gradient scattered to
+ * its argmax) on
  * channels-last inputs holding NaN, ties, -inf, over padding, dilation 2, ceil_mode, strides 1
  * and 3 and a 2x3 kernel; the generated source (goldens: ResNet's stem max pool, channels-last
- * bf16, and its backward); NVRTC compiles of every candidate; the compile cost; the element
+ * bf16 with its argmax, and its backward); NVRTC compiles of every candidate; the compile cost; the element
  * decomposition that follows the output's memory order; the sampled reference's cut. */
 #include <math.h>
 #include <stdint.h>
@@ -46,8 +47,9 @@ static float x_value(int64_t i) {
   return i % 29 == 5 ? NAN : v[(i * 7 + i / 5) % 13];
 }
 
-/* Brute force of one case: y (the forward) and gx (the backward) over the output shape. */
-static void brute(const pool_case *pc, const float *x, const float *gy, float *y, double *gx, int64_t oh_n,
+/* Brute force of one case: y (the forward), each window's argmax tap index, and gx (the
+ * backward: each window's gradient scattered to its argmax, as PyTorch does) over the shapes. */
+static void brute(const pool_case *pc, const float *x, const float *gy, float *y, float *taps, double *gx, int64_t oh_n,
                   int64_t ow_n) {
   const int64_t *s = pc->nchw;
   const int32_t *w = pc->window;
@@ -58,17 +60,18 @@ static void brute(const pool_case *pc, const float *x, const float *gy, float *y
       for (int64_t oh = 0; oh < oh_n; oh++)
         for (int64_t ow = 0; ow < ow_n; ow++) {
           float m = -INFINITY;
-          int64_t best = -1;
+          int64_t best = -1, tap = -1;
           for (int i = 0; i < w[0]; i++)
             for (int j = 0; j < w[1]; j++) {
               int64_t h = oh * w[2] - w[4] + i * w[6], ww = ow * w[3] - w[5] + j * w[7];
               if (h < 0 || h >= s[2] || ww < 0 || ww >= s[3]) continue;
               int64_t k = at(s, pc->channels_last, n, c, h, ww);
-              if (best < 0) best = k;
-              if (x[k] > m || isnan(x[k])) m = x[k], best = k;
+              if (best < 0) best = k, tap = i * w[1] + j;
+              if (x[k] > m || isnan(x[k])) m = x[k], best = k, tap = i * w[1] + j;
             }
           const int64_t o = at(py, pc->channels_last, n, c, oh, ow);
           y[o] = m;
+          taps[o] = (float)tap;
           if (best >= 0) gx[best] += gy[o]; /* ascending (oh, ow) per element */
         }
 }
@@ -87,28 +90,26 @@ static void test_reference(void) {
     const int64_t ow = fm_window_pooled(s[3], pc->window, 1, pc->ceil_mode), ny = s[0] * s[1] * oh * ow;
     float *x = malloc((size_t)nx * sizeof *x), *gy = malloc((size_t)ny * sizeof *gy);
     float *y = malloc((size_t)ny * sizeof *y), *want_y = malloc((size_t)ny * sizeof *y);
-    float *gx = malloc((size_t)nx * sizeof *gx);
+    float *want_taps = malloc((size_t)ny * sizeof *want_taps), *gx = malloc((size_t)nx * sizeof *gx);
+    uint16_t *taps = malloc((size_t)ny * sizeof *taps); /* f16, as the client stores them */
     double *want_gx = malloc((size_t)nx * sizeof *want_gx);
     for (int64_t i = 0; i < nx; i++) x[i] = x_value(i);
     for (int64_t i = 0; i < ny; i++) gy[i] = 0.25f * (float)(i % 9) - 1.0f;
-    brute(pc, x, gy, want_y, want_gx, oh, ow);
+    brute(pc, x, gy, want_y, want_taps, want_gx, oh, ow);
     fm_diag d = {{0}};
-    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, pc->window, pc->ceil_mode, pc->channels_last, 0), FM_OK);
+    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, pc->window, pc->ceil_mode, pc->channels_last, TF_POOL_ARGMAX),
+                 FM_OK);
     const void *in1[1] = {x};
-    void *o1[1] = {y};
+    void *o1[2] = {y, taps};
     CHECK_EQ_INT(fm_reference_eval(&canon, 0, in1, o1, &d), FM_OK);
-    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, pc->window, pc->ceil_mode, pc->channels_last, 1), FM_OK);
-    const void *in2[3] = {gy, x, y}; /* y: the forward's maxima, as the client sends them */
+    CHECK_EQ_INT(
+        tf_max_pool(&raw, &canon, FM_DT_F32, s, pc->window, pc->ceil_mode, pc->channels_last, TF_POOL_BACKWARD), FM_OK);
+    const void *in2[2] = {gy, taps};
     void *o2[1] = {gx};
     CHECK_EQ_INT(fm_reference_eval(&canon, 0, in2, o2, &d), FM_OK);
-    /* the verification inputs' maxima: junk rewritten to the forward's */
-    float *junk = malloc((size_t)ny * sizeof *junk);
-    for (int64_t i = 0; i < ny; i++) junk[i] = 7.0f;
-    void *in3[3] = {gy, x, junk};
-    CHECK_EQ_INT(fm_reference_window_maxima(&canon, 0, in3), FM_OK);
     int bad = 0, nan_y = 0, inf_y = 0, hit = 0;
     for (int64_t i = 0; i < ny; i++) {
-      bad += !same(y[i], want_y[i]) + !same(junk[i], want_y[i]);
+      bad += !same(y[i], want_y[i]) + !same(fm_reference_f16_to_f32(taps[i]), want_taps[i]);
       nan_y += isnan(want_y[i]);
       inf_y += isinf(want_y[i]);
     }
@@ -120,44 +121,53 @@ static void test_reference(void) {
     CHECK_EQ_INT(bad, 0);
     CHECK(nan_y > 0 && hit > 0); /* the data reach NaN windows and argmaxes */
     if (k == 0) CHECK(inf_y == 0);
-    free(x), free(gy), free(y), free(want_y), free(gx), free(want_gx), free(junk);
+    /* the verification inputs' tap indices: each in [0, kh * kw), several distinct */
+    void *in3[2] = {gy, taps};
+    CHECK_EQ_INT(fm_reference_window_taps(&canon, 0, 7, in3), FM_OK);
+    int out_of_range = 0, zeros = 0;
+    for (int64_t i = 0; i < ny; i++) {
+      const float t = fm_reference_f16_to_f32(taps[i]);
+      out_of_range += t < 0 || t >= (float)(pc->window[0] * pc->window[1]) || t != (float)(int)t;
+      zeros += t == 0;
+    }
+    CHECK(out_of_range == 0 && zeros < ny);
+    free(x), free(gy), free(y), free(want_y), free(want_taps), free(gx), free(taps), free(want_gx);
   }
 }
 
-/* A window of -inf only: the forward is -inf and the first in-bounds tap (not padding) gets
- * the gradient; 2x2 s2 p1 over a 2x2 input of -inf with one finite value. */
+/* A window of -inf only: the forward is -inf and the first in-bounds tap (not padding) is its
+ * argmax; 2x2 s2 p1 over a 2x2 input of -inf with one finite value. */
 static void test_reference_neg_inf(void) {
   static const int64_t s[4] = {1, 1, 2, 2};
   static const int32_t w[8] = {2, 2, 2, 2, 1, 1, 1, 1};
-  float x[4] = {-INFINITY, -INFINITY, -INFINITY, 5.0f}, y[4], gy[4] = {1, 2, 4, 8}, gx[4];
+  float x[4] = {-INFINITY, -INFINITY, -INFINITY, 5.0f}, y[4];
+  uint16_t taps[4];
   fm_diag d = {{0}};
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, w, 0, 0, 0), FM_OK);
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, w, 0, 0, TF_POOL_ARGMAX), FM_OK);
   const void *in1[1] = {x};
-  void *o1[1] = {y};
+  void *o1[2] = {y, taps};
   CHECK_EQ_INT(fm_reference_eval(&canon, 0, in1, o1, &d), FM_OK);
-  /* windows: (0,0) taps x[0]; (0,1) x[1]; (1,0) x[2]; (1,1) x[3] */
+  /* windows: (0,0) taps x[0] at its tap 3; (0,1) x[1] at tap 2; (1,0) x[2] at 1; (1,1) x[3] at 0 */
   CHECK(isinf(y[0]) && y[0] < 0 && isinf(y[1]) && isinf(y[2]) && y[3] == 5.0f);
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, w, 0, 0, 1), FM_OK);
-  const void *in2[3] = {gy, x, y};
-  void *o2[1] = {gx};
-  CHECK_EQ_INT(fm_reference_eval(&canon, 0, in2, o2, &d), FM_OK);
-  CHECK(gx[0] == 1 && gx[1] == 2 && gx[2] == 4 && gx[3] == 8);
+  CHECK(fm_reference_f16_to_f32(taps[0]) == 3 && fm_reference_f16_to_f32(taps[1]) == 2 &&
+        fm_reference_f16_to_f32(taps[2]) == 1 && fm_reference_f16_to_f32(taps[3]) == 0);
 }
 
-/* Maxima that are not the forward's: a window routes its gradient to the first tap equal to
- * its maximum, the last NaN tap for a NaN one, and nowhere when no tap matches. One 1x4
- * window over x = [2, 5, NaN, 5] (then NaN first), gy = 1. */
-static void test_reference_selects_by_maximum(void) {
-  static const int64_t s[4] = {1, 1, 1, 4};
-  static const int32_t w[8] = {1, 4, 1, 4, 0, 0, 1, 1};
-  float x[4] = {2.0f, 5.0f, NAN, 5.0f}, gy[1] = {1.0f}, gx[4];
-  const float maxima[4] = {5.0f, NAN, 2.0f, 3.0f};
-  const float want[4][4] = {{0, 1, 0, 0}, {0, 0, 1, 0}, {1, 0, 0, 0}, {0, 0, 0, 0}};
+/* The backward routes a window's gradient to the tap its argmax names, and nowhere when that
+ * tap is padding or no tap: one 2x2 s2 p1 window row over x [1, 1, 2, 2]. */
+static void test_reference_routes_by_tap(void) {
+  static const int64_t s[4] = {1, 1, 2, 2};
+  static const int32_t w[8] = {2, 2, 2, 2, 1, 1, 1, 1};
+  /* window (0, 0) covers x[0] only, at tap 3; (1, 1) covers x[3] only, at tap 0 */
+  static const float names[4][4] = {{3, 0, 0, 0}, {0, 0, 0, 0}, {9, 2, 1, 0}, {-1, 2, 1, 5}};
+  static const float want[4][4] = {{1, 0, 0, 8}, {0, 0, 0, 8}, {0, 2, 4, 8}, {0, 2, 4, 0}};
+  float gy[4] = {1, 2, 4, 8}, gx[4];
   fm_diag d = {{0}};
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, w, 0, 0, 1), FM_OK);
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, s, w, 0, 0, TF_POOL_BACKWARD), FM_OK);
   for (int k = 0; k < 4; k++) {
-    float y[1] = {maxima[k]};
-    const void *in[3] = {gy, x, y};
+    uint16_t taps[4];
+    for (int i = 0; i < 4; i++) taps[i] = fm_reference_f32_to_f16(names[k][i]);
+    const void *in[2] = {gy, taps};
     void *o[1] = {gx};
     CHECK_EQ_INT(fm_reference_eval(&canon, 0, in, o, &d), FM_OK);
     for (int i = 0; i < 4; i++) CHECK(gx[i] == want[k][i]);
@@ -171,7 +181,8 @@ static void test_goldens(void) {
   static const int32_t window[8] = {3, 3, 2, 2, 1, 1, 1, 1};
   static const char *const names[2] = {"pointwise_max_pool_stem", "pointwise_max_pool_stem_backward"};
   for (int b = 0; b < 2; b++) {
-    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, b), FM_OK);
+    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, stem, window, 0, 1, b ? TF_POOL_BACKWARD : TF_POOL_ARGMAX),
+                 FM_OK);
     CHECK_EQ_INT(canon.vocab, 7);
     char *src = NULL;
     fm_kernel_meta m;
@@ -183,7 +194,7 @@ static void test_goldens(void) {
     CHECK(src && strstr(src, "const long long c1") < strstr(src, "const long long c3"));
     CHECK(strcmp(m.kind, "pointwise") == 0 && strcmp(m.grid_rule, "elementwise") == 0);
     CHECK_EQ_INT((int)m.inner, b ? 64 * 12 * 12 : 64 * 6 * 6);
-    CHECK(m.outer == -1 && m.n_inputs == (uint32_t)(1 + 2 * b) && m.n_outputs == 1);
+    CHECK(m.outer == -1 && m.n_inputs == (uint32_t)(1 + b) && m.n_outputs == (uint32_t)(2 - b));
     free(src);
     int compiled = 0;
     CHECK_EQ_INT(tf_compile_candidates(&canon, names[b], &compiled), 0);
@@ -197,7 +208,7 @@ static void test_cases_compile(void) {
     for (int b = 0; b < 2; b++) {
       const pool_case *pc = &cases[k];
       CHECK_EQ_INT(tf_max_pool(&raw, &canon, b ? FM_DT_F16 : FM_DT_F32, pc->nchw, pc->window, pc->ceil_mode,
-                               pc->channels_last, b),
+                               pc->channels_last, b ? TF_POOL_BACKWARD : TF_POOL_ARGMAX),
                    FM_OK);
       char *src = NULL;
       fm_kernel_meta m;
@@ -206,21 +217,24 @@ static void test_cases_compile(void) {
       free(src);
     }
   const pool_case *pc = &cases[1];
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, pc->nchw, pc->window, 1, 1, 1), FM_OK);
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, pc->nchw, pc->window, 1, 1, TF_POOL_BACKWARD), FM_OK);
   CHECK_EQ_INT(tf_compile_candidates(&canon, "max_pool2d_backward dilated ceil", NULL), 0);
 }
 
-/* A window op costs a unit per tap; the backward times the windows covering an element. */
+/* A window op costs a unit per tap; the backward one per window covering an element. */
 static void test_cost(void) {
   static const int64_t s[4] = {2, 8, 16, 16};
   static const int32_t stem[8] = {3, 3, 2, 2, 1, 1, 1, 1}, big[8] = {64, 64, 1, 1, 0, 0, 1, 1};
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, s, stem, 0, 1, 0), FM_OK);
-  CHECK_EQ_INT(fm_codegen_cost(&canon), 9);
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, s, stem, 0, 1, 1), FM_OK);
-  CHECK_EQ_INT(fm_codegen_cost(&canon), 9 * 2 * 2); /* ceil(3 / 2) windows per dim */
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, s, stem, 0, 1, TF_POOL_FORWARD), FM_OK);
+  const uint32_t pool = fm_codegen_cost(&canon);
+  CHECK(pool >= 9);
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, s, stem, 0, 1, TF_POOL_ARGMAX), FM_OK);
+  CHECK(fm_codegen_cost(&canon) >= pool + 9); /* the argmax's taps too */
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, s, stem, 0, 1, TF_POOL_BACKWARD), FM_OK);
+  CHECK(fm_codegen_cost(&canon) >= 2 * 2 && fm_codegen_cost(&canon) < pool); /* ceil(3 / 2) windows per dim */
   static const int64_t wide[4] = {1, 1, 64, 64};
-  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, wide, big, 0, 0, 1), FM_OK);
-  CHECK_EQ_INT(fm_codegen_cost(&canon), 64 * 64 * 64 * 64); /* above any --max-compile-cost */
+  CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_F32, wide, big, 0, 0, TF_POOL_FORWARD), FM_OK);
+  CHECK(fm_codegen_cost(&canon) >= 64 * 64);
 }
 
 /* The tuner's sampled reference cuts only the dims before the pooled two (a block keeps whole
@@ -229,7 +243,8 @@ static void test_sample_cut(void) {
   static const int64_t resnet[4] = {-1, 64, 112, 112};
   static const int32_t stem[8] = {3, 3, 2, 2, 1, 1, 1, 1};
   for (int b = 0; b < 2; b++) {
-    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, resnet, stem, 0, 1, b), FM_OK);
+    CHECK_EQ_INT(tf_max_pool(&raw, &canon, FM_DT_BF16, resnet, stem, 0, 1, b ? TF_POOL_BACKWARD : TF_POOL_ARGMAX),
+                 FM_OK);
     fm_sample s;
     fm_sample_choose(&canon, 64, 1, &s);
     CHECK(s.n > 0 && s.cut >= 1 && s.cut <= 2);
@@ -239,7 +254,7 @@ static void test_sample_cut(void) {
 int main(void) {
   RUN(test_reference);
   RUN(test_reference_neg_inf);
-  RUN(test_reference_selects_by_maximum);
+  RUN(test_reference_routes_by_tap);
   RUN(test_goldens);
   RUN(test_cases_compile);
   RUN(test_cost);

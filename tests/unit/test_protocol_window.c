@@ -20,10 +20,10 @@
 #define GY                            "{'id':1,'dtype':'bf16','shape':[-1,64,6,6],'strides':[2304,1,384,64]}"
 #define STEM                          "[3,3,2,2,1,1,1,1]"
 #define POOL(out, arg, window)        "{'op':'max_pool2d','out':" #out ",'args':[" #arg "],'window':" window "}"
-#define POOL_BW(out, gy, x, y, window) \
-  "{'op':'max_pool2d_backward','out':" #out ",'args':[" #gy "," #x "," #y "],'window':" window "}"
-/* the backward's maxima, laid out as gy */
-#define YM "{'id':3,'dtype':'bf16','shape':[-1,64,6,6],'strides':[2304,1,384,64]}"
+#define POOL_BW(out, gy, am, window) \
+  "{'op':'max_pool2d_backward','out':" #out ",'args':[" #gy "," #am "],'window':" window "}"
+/* the argmax's tap indices (f16), laid out as gy */
+#define AM "{'id':3,'dtype':'f16','shape':[-1,64,6,6],'strides':[2304,1,384,64]}"
 #define Y  T(2, "bf16", "[-1,64,6,6]")
 #define GX T(2, "bf16", "[-1,64,12,12]")
 
@@ -53,8 +53,12 @@ static void test_accepts(void) {
   static const char *const ok[] = {
       FRAG7(X, POOL(2, 0, STEM), Y),
       /* the backward; ceil_mode spelt false */
-      FRAG7(GY "," X "," YM, "{'op':'max_pool2d_backward','out':2,'args':[1,0,3],'window':" STEM ",'ceil_mode':false}",
-            GX),
+      FRAG7(GY "," AM, "{'op':'max_pool2d_backward','out':2,'args':[1,3],'window':" STEM ",'ceil_mode':false}", GX),
+      /* the forward with its argmax, stored as f16 */
+      FRAG7(X,
+            POOL(2, 0, STEM) ",{'op':'max_pool2d_argmax','out':4,'args':[0],'window':" STEM
+                             "},{'op':'cast','out':5,'args':[4],'dtype':'f16'}",
+            Y "," T(5, "f16", "[-1,64,6,6]")),
       /* dilation 2 x 1, strides 1 x 3, a 2x3 kernel, ceil_mode: [2, 3, 9, 10] -> [2, 3, 9, 4] */
       FRAG7(T(0, "f32", "[2,3,9,10]"),
             "{'op':'max_pool2d','out':1,'args':[0],'window':[2,3,1,3,1,1,2,1],'ceil_mode':true}",
@@ -84,9 +88,15 @@ static void test_extents(void) {
   CHECK_EQ_INT(tp_decode_json(FRAG7(X, POOL(2, 0, STEM), Y), &frag, &d), FM_OK);
   CHECK_EQ_INT(fm_fragment_cat_info(&frag, &ci, &d), FM_OK);
   CHECK(ci.ext[1][0] == -1 && ci.ext[1][1] == 64 && ci.ext[1][2] == 6 && ci.ext[1][3] == 6);
-  CHECK_EQ_INT(tp_decode_json(FRAG7(GY "," X "," YM, POOL_BW(2, 1, 0, 3, STEM), GX), &frag, &d), FM_OK);
+  CHECK_EQ_INT(tp_decode_json(FRAG7(GY "," AM, POOL_BW(2, 1, 3, STEM), GX), &frag, &d), FM_OK);
   CHECK_EQ_INT(fm_fragment_cat_info(&frag, &ci, &d), FM_OK);
-  CHECK(ci.ext[3][0] == -1 && ci.ext[3][1] == 64 && ci.ext[3][2] == 12 && ci.ext[3][3] == 12);
+  CHECK(ci.ext[2][0] == -1 && ci.ext[2][1] == 64 && ci.ext[2][2] == 12 && ci.ext[2][3] == 12);
+  CHECK_EQ_INT(frag.ops[0].dtype, FM_DT_BF16); /* gy's */
+  CHECK_EQ_INT(tp_decode_json(FRAG7(X, "{'op':'max_pool2d_argmax','out':2,'args':[0],'window':" STEM "}",
+                                    T(2, "f32", "[-1,64,6,6]")),
+                              &frag, &d),
+               FM_OK);
+  CHECK_EQ_INT(frag.ops[0].dtype, FM_DT_F32); /* tap indices, exact in fp32 */
 }
 
 /* "window" then "ceil_mode" (false) end a pool's canonical map */
@@ -128,7 +138,7 @@ static void test_canonical(void) {
   free(a);
   free(b);
   /* the backward: fixed point too */
-  a = tp_canon_json(FRAG7(GY "," X "," YM, POOL_BW(2, 1, 0, 3, STEM), GX), &la);
+  a = tp_canon_json(FRAG7(GY "," AM, POOL_BW(2, 1, 3, STEM), GX), &la);
   CHECK(a && has_window_tail(a, la) && tp_canonical_fixed_point(a, la, &frag));
   free(a);
 }
@@ -140,7 +150,7 @@ static const tp_reject rejects[] = {
     /* operands that are not fragment inputs */
     {FRAG7(X, "{'op':'relu','out':1,'args':[0]}," POOL(2, 1, STEM), Y), FM_EUNSUPPORTED,
      "ops[1].args[0]: a max_pool2d reads fragment inputs only"},
-    {FRAG7(GY "," X "," YM, "{'op':'neg','out':4,'args':[1]}," POOL_BW(2, 4, 0, 3, STEM), GX), FM_EUNSUPPORTED,
+    {FRAG7(GY "," AM, "{'op':'neg','out':4,'args':[1]}," POOL_BW(2, 4, 3, STEM), GX), FM_EUNSUPPORTED,
      "ops[1].args[0]: a max_pool2d_backward reads fragment inputs only"},
     {FRAG7(X, "{'op':'const','out':1,'value':1}," POOL(2, 1, STEM), Y), FM_EUNSUPPORTED,
      "ops[1].args[0]: a max_pool2d reads fragment inputs only"},
@@ -175,17 +185,24 @@ static const tp_reject rejects[] = {
     {FRAG7(X, "{'op':'max_pool2d','out':2,'args':[0],'window':" STEM ",'ceil_mode':1}", Y), FM_ESCHEMA,
      "ops[0].ceil_mode: expected a bool, got an integer"},
     {FRAG7(X, "{'op':'relu','out':2,'args':[0],'window':" STEM "}", T(2, "bf16", "[-1,64,12,12]")), FM_ESCHEMA,
-     "ops[0].window: only max_pool2d and max_pool2d_backward take a window, not 'relu'"},
+     "ops[0].window: only the window ops (max_pool2d, its argmax and backward) take a window, not 'relu'"},
     {FRAG7(X, "{'op':'relu','out':2,'args':[0],'ceil_mode':true}", T(2, "bf16", "[-1,64,12,12]")), FM_ESCHEMA,
-     "ops[0].ceil_mode: only max_pool2d and max_pool2d_backward take a ceil_mode, not 'relu'"},
+     "ops[0].ceil_mode: only the window ops (max_pool2d, its argmax and backward) take a ceil_mode, not 'relu'"},
     {FRAG7(X, "{'op':'max_pool2d','out':2,'args':[0],'window':" STEM ",'dim':1}", Y), FM_ESCHEMA,
      "only reductions, softmax and cat take a dim, not 'max_pool2d'"},
     {FRAG7(X, "{'op':'max_pool2d','out':2,'args':[0,0],'window':" STEM "}", Y), FM_ESCHEMA,
      "ops[0].args: 'max_pool2d' takes 1 arg, got 2"},
     {FRAG7(X, "{'op':'max_pool2d_backward','out':2,'args':[0],'window':" STEM "}", Y), FM_ESCHEMA,
-     "ops[0].args: 'max_pool2d_backward' takes 3 args, got 1"},
-    {FRAG7(GY "," X, POOL_BW(2, 1, 0, 0, STEM), GX), FM_ESCHEMA,
-     "ops[0].args[2]: y is [-1, 64, 12, 12], but max_pool2d of x [-1, 64, 12, 12] is [-1, 64, 6, 6]"},
+     "ops[0].args: 'max_pool2d_backward' takes 2 args, got 1"},
+    {FRAG7(GY "," X, POOL_BW(2, 1, 0, STEM), GX), FM_ESCHEMA,
+     "ops[0].args[1]: the argmax is [-1, 64, 12, 12], but max_pool2d of the result's [-1, 64, 12, 12] is "
+     "[-1, 64, 6, 6]"},
+    {FRAG7(GY "," AM, POOL_BW(2, 1, 3, STEM), T(2, "bf16", "[-1,64,15,15]")), FM_ESCHEMA,
+     "ops[0].args[0]: gy is [-1, 64, 6, 6], but max_pool2d of the result's [-1, 64, 15, 15] is [-1, 64, 8, 8]"},
+    /* tap indices a dtype cannot hold exactly: 17 x 17 taps in bf16 */
+    {FRAG7(T(1, "f32", "[1,1,2,2]") "," T(3, "bf16", "[1,1,2,2]"), POOL_BW(2, 1, 3, "[17,17,16,16,0,0,1,1]"),
+           T(2, "f32", "[1,1,32,32]")),
+     FM_ESCHEMA, "ops[0].args[1]: 'max_pool2d_backward' reads tap indices up to 288, which bf16 does not hold exactly"},
     /* shapes: the rank, sizes the window does not fit, the output's shape, gy's */
     {FRAG7(T(0, "f32", "[12,12]"), POOL(1, 0, STEM), T(1, "f32", "[6,6]")), FM_ESCHEMA,
      "ops[0]: 'max_pool2d' pools the last two dims of a rank >= 3 tensor; the rank is 2"},
@@ -195,13 +212,13 @@ static const tp_reject rejects[] = {
      "ops[0]: 'max_pool2d' over an input width of 3: the window (kernel 2, dilation 3, padding 0) leaves no output"},
     {FRAG7(X, POOL(2, 0, STEM), T(2, "bf16", "[-1,64,7,7]")), FM_ESCHEMA,
      "outputs[0]: value 2 is [-1, 64, 6, 6], which does not broadcast to the iteration shape [-1, 64, 7, 7] along dim 2"},
-    {FRAG7(T(1, "bf16", "[-1,64,5,6]") "," X "," YM, POOL_BW(2, 1, 0, 3, STEM), GX), FM_ESCHEMA,
-     "ops[0].args[0]: gy is [-1, 64, 5, 6], but max_pool2d of x [-1, 64, 12, 12] is [-1, 64, 6, 6]"},
-    {FRAG7(T(1, "bf16", "[-1,32,6,6]") "," X "," YM, POOL_BW(2, 1, 0, 3, STEM), GX), FM_ESCHEMA,
-     "ops[0].args[0]: gy is [-1, 32, 6, 6], but max_pool2d of x [-1, 64, 12, 12] is [-1, 64, 6, 6]"},
+    {FRAG7(T(1, "bf16", "[-1,64,5,6]") "," AM, POOL_BW(2, 1, 3, STEM), GX), FM_ESCHEMA,
+     "ops[0].args[0]: gy is [-1, 64, 5, 6], but max_pool2d of the result's [-1, 64, 12, 12] is [-1, 64, 6, 6]"},
+    {FRAG7(GY "," T(3, "f16", "[-1,32,6,6]"), POOL_BW(2, 1, 3, STEM), GX), FM_ESCHEMA,
+     "ops[0].args[1]: the argmax is [-1, 32, 6, 6], but max_pool2d of the result's [-1, 64, 12, 12] is [-1, 64, 6, 6]"},
     /* dtypes */
-    {FRAG7(T(1, "f32", "[-1,64,6,6]") "," X "," YM, POOL_BW(2, 1, 0, 3, STEM), T(2, "f32", "[-1,64,12,12]")),
-     FM_ESCHEMA, "ops[0].args: 'max_pool2d_backward' needs gy, x and y of one dtype, got f32 and bf16"},
+    {FRAG7(GY "," T(3, "bool", "[-1,64,6,6]"), POOL_BW(2, 1, 3, STEM), GX), FM_ESCHEMA,
+     "ops[0].args: 'max_pool2d_backward' pools a floating-point tensor, value 3 is bool"},
     {FRAG7(T(0, "bool", "[2,3,4,4]"), POOL(1, 0, "[2,2,2,2,0,0,1,1]"), T(1, "bool", "[2,3,2,2]")), FM_ESCHEMA,
      "ops[0].args: 'max_pool2d' pools a floating-point tensor, value 0 is bool"},
     /* beside a reduction or a product */

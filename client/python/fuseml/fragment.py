@@ -5,6 +5,8 @@ Shapes come from the fake-tensor metadata. Leading symbolic dims ([s0, s1, 4096]
 batch and sequence are dynamic) are collapsed into the one symbolic dim 0 the protocol has,
 which is exact when every tensor is either dense across them or broadcast over all of them."""
 
+import operator
+
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
@@ -136,17 +138,32 @@ class Emitter:
         return out
 
     def window(self, node):
-        """A window op (vocabulary 7) of node's tensor operands, which are fragment inputs."""
+        """The window ops (vocabulary 7) of node, whose tensor operands are fragment inputs:
+        the backward's gradient, or the forward's max and its argmax's taps (as f16, the
+        dtype the client stores them in), the values of node's getitems."""
         name, window, ceil_mode = window_op(node)
         args = [self.ids[a] for a in node.args if isinstance(a, torch.fx.Node)]
-        out = self._new(self.dtype[args[0]])
-        self.ops.append({"op": name, "out": out, "args": args, "window": window, "ceil_mode": ceil_mode})
-        self.ids[node] = out
-        return out
+        keys = {"window": window, "ceil_mode": ceil_mode}
+        if name == "max_pool2d_backward":
+            out = self._new(self.dtype[args[0]])
+            self.ops.append({"op": name, "out": out, "args": args, **keys})
+            self.ids[node] = out
+            return out
+        y = self._new(self.dtype[args[0]])
+        self.ops.append({"op": name, "out": y, "args": args, **keys})
+        taps = self._new("f32")
+        self.ops.append({"op": "max_pool2d_argmax", "out": taps, "args": args, **keys})
+        values = (y, self.cast(taps, DTYPES[node.meta["val"][1].dtype]))
+        for u in node.users:
+            if u.target is operator.getitem:
+                self.ids[u] = values[u.args[1]]
+        return y
 
     def emit_node(self, node, layout=None):
         if window_op(node):
             return self.window(node)
+        if node.target is operator.getitem and node in self.ids:  # a window op's value
+            return self.ids[node]
         dim = cat_dim(node)
         if dim is not None:
             if layout is None or dim < layout.k:

@@ -1,28 +1,30 @@
-"""Max pooling whose backward needs no indices: a rewrite of the Dynamo graph, before
+"""Max pooling whose backward needs no int64 indices: a rewrite of the Dynamo graph, before
 aot_autograd traces it, that replaces each `torch.nn.functional.max_pool2d` call it can take
-with `fuseml::max_pool2d`, an op whose gradient is `fuseml::max_pool2d_backward(grad, x)`.
+with `fuseml::max_pool2d`, which gives each window's maximum and its argmax as a tap index,
+and whose gradient is `fuseml::max_pool2d_backward(grad, taps)`.
 
 What aot_autograd makes of max_pool2d is `max_pool2d_with_indices`: the forward writes an
-int64 index per output element and saves it for `max_pool2d_with_indices_backward`. For
-ResNet-50's stem (64 x 64 x 112 x 112 bf16 in, a quarter of that out) that is 26 MB of
-indices written, saved and read again, and both ATen kernels ran at a fraction of the
-bandwidth (0.22 ms forward, 0.46 ms backward on an H200, where the values alone take 0.04).
-Written instead:
+int64 index into the plane per output element and saves it for
+`max_pool2d_with_indices_backward`. For ResNet-50's stem (64 x 64 x 112 x 112 bf16 in, a
+quarter of that out) that is 103 MB written, saved and read again, and both ATen kernels ran
+at a fraction of the bandwidth (0.22 ms forward, 0.46 ms backward on an H200, where the
+values alone take 0.04). Written instead, as Inductor does:
 
-    forward:  y = max over each window of x                      (no indices)
-    backward: dx[p] = sum of dy[w] over the windows w whose argmax is p: the first tap of w
-              equal to its maximum y[w], found from x and y, which the backward has anyway
-              (ResNet saves x for the ReLU's gradient and y for the next convolution's)
+    forward:  y = the max of each window, taps = its argmax's tap index i * kw + j (f16)
+    backward: dx[p] = the sum of dy[w] over the windows w covering p whose taps[w] names p
 
-both are window ops of the fragment IR (vocabulary 7), one kernel each. The argmax follows
-PyTorch's CUDA kernels: the first tap holding the window's maximum, a NaN always winning
-(the last one), padding never. Without fusemld the ops run as ATen: the forward as before,
-the backward as the forward again (for its indices) and ATen's backward.
+three window ops of the fragment IR (vocabulary 7): one kernel for the forward's two outputs
+(an inference graph stores y alone), one for the backward, which reads 2 bytes a window and
+never x. The argmax follows PyTorch's CUDA kernels: the first tap holding the window's
+maximum, a NaN always winning (the last one), padding never. Without fusemld the ops run as
+ATen: the forward's indices converted to taps, the backward's back.
 
-Taken: a 3-D or 4-D floating input, integer (not symbolic) window parameters, no
-return_indices. Anything else is left to torch's own max_pool2d. Graphs without a CUDA
-tensor keep theirs (their groups run as ATen: the backward's second forward would cost time
-for nothing), unless FUSEML_REQUEST_CPU_GRAPHS asks for them (a testing aid)."""
+Taken: a 3-D or 4-D floating input, integer (not symbolic) window parameters of at most 2049
+taps, no return_indices. Anything else is left to torch's own max_pool2d. Graphs without a
+CUDA tensor keep theirs (their groups run as ATen: the conversions would cost time for
+nothing), unless FUSEML_REQUEST_CPU_GRAPHS asks for them (a testing aid)."""
+
+import operator
 
 import torch
 from torch import Tensor
@@ -36,46 +38,97 @@ _PARAMS = ("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
 _DEFAULTS = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False}
 
 
+# A window's argmax as its tap index i * kw + j: f16 holds every index of a window of up to
+# 2049 taps exactly (the daemon refuses a narrower dtype); 2 bytes a window saved for the
+# backward where ATen saves an int64 index into the plane
+TAPS = torch.float16
+MAX_TAPS = 2049
+
+
+def _grid(t):
+    """Each element's (oh, ow) of a pooled tensor t, broadcastable to it."""
+    oh = torch.arange(t.shape[-2], device=t.device).view(-1, 1)
+    return oh, torch.arange(t.shape[-1], device=t.device)
+
+
+def _taps_of(indices, width, window):
+    """ATen's indices (h * W + w into each plane) as the tap indices of their windows."""
+    (_, kw), (sh, sw), (ph, pw), (dh, dw) = window[:4]
+    oh, ow = _grid(indices)
+    i = (indices // width - (oh * sh - ph)) // dh
+    j = (indices % width - (ow * sw - pw)) // dw
+    return torch.empty_like(indices, dtype=TAPS).copy_(i * kw + j)
+
+
+def _indices_of(taps, width, window):
+    """The tap indices of windows as ATen's indices into each plane."""
+    (_, kw), (sh, sw), (ph, pw), (dh, dw) = window[:4]
+    oh, ow = _grid(taps)
+    t = taps.long()
+    return (oh * sh - ph + t // kw * dh) * width + ow * sw - pw + t % kw * dw
+
+
 def _pool(
     x: Tensor, kernel_size: list[int], stride: list[int], padding: list[int], dilation: list[int], ceil_mode: bool
-) -> Tensor:
-    """torch.nn.functional.max_pool2d(x, ...) with every parameter a pair."""
-    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+) -> tuple[Tensor, Tensor]:
+    """torch.nn.functional.max_pool2d(x, ...) with every parameter a pair, and each window's
+    argmax as its tap index (TAPS)."""
+    window = (kernel_size, stride, padding, dilation, ceil_mode)
+    y, indices = aten.max_pool2d_with_indices(x, *window)
+    return y, _taps_of(indices, x.shape[-1], window)
+
+
+def _pool_fake(x, kernel_size, stride, padding, dilation, ceil_mode):
+    y = aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+    return y, torch.empty_like(y, dtype=TAPS)
+
+
+def _like_input(grad, size):
+    """An empty tensor of the pooled input's size [..., H, W], in grad's memory format (ATen's
+    backward takes its layout from it)."""
+    shape = list(grad.shape[:-2]) + list(size)
+    fmt = torch.channels_last if grad.dim() == 4 and grad.is_contiguous(memory_format=torch.channels_last) else None
+    out = grad.new_empty(shape)
+    return out.contiguous(memory_format=fmt) if fmt is not None and not grad.is_contiguous() else out
 
 
 def _pool_backward(
     grad: Tensor,
-    x: Tensor,
-    y: Tensor,
+    taps: Tensor,
+    size: list[int],
     kernel_size: list[int],
     stride: list[int],
     padding: list[int],
     dilation: list[int],
     ceil_mode: bool,
 ) -> Tensor:
-    """The gradient of max_pool2d(x, ...) = y for `grad`. As ATen, the argmax is found by
-    pooling x again (a kernel finds it from x and y: the first tap equal to its maximum)."""
+    """The gradient of max_pool2d(x, ...) for `grad`, from each window's argmax tap index;
+    size: x's [H, W]."""
     window = (kernel_size, stride, padding, dilation, ceil_mode)
-    indices = aten.max_pool2d_with_indices(x, *window)[1]
-    return aten.max_pool2d_with_indices_backward(grad, x, *window, indices)
+    x = _like_input(grad, size)  # read for its size and layout only
+    return aten.max_pool2d_with_indices_backward(grad, x, *window, _indices_of(taps, size[1], window))
+
+
+def _pool_backward_fake(grad, taps, size, kernel_size, stride, padding, dilation, ceil_mode):
+    return _like_input(grad, size)
 
 
 max_pool2d = torch.library.custom_op("fuseml::max_pool2d", _pool, mutates_args=())
 max_pool2d_backward = torch.library.custom_op("fuseml::max_pool2d_backward", _pool_backward, mutates_args=())
-# ATen's meta functions give the fake values ATen's strides (channels-last stays so)
-max_pool2d.register_fake(_pool)
-max_pool2d_backward.register_fake(_pool_backward)
+max_pool2d.register_fake(_pool_fake)
+max_pool2d_backward.register_fake(_pool_backward_fake)
 
 
 def _setup(ctx, inputs, output):
     x, *window = inputs
-    ctx.save_for_backward(x, output)
+    ctx.save_for_backward(output[1])
+    ctx.size = list(x.shape[-2:])
     ctx.window = window
 
 
-def _backward(ctx, grad):
-    x, y = ctx.saved_tensors
-    return (torch.ops.fuseml.max_pool2d_backward(grad, x, y, *ctx.window),) + (None,) * 5
+def _backward(ctx, grad, _grad_taps):
+    (taps,) = ctx.saved_tensors
+    return (torch.ops.fuseml.max_pool2d_backward(grad, taps, ctx.size, *ctx.window),) + (None,) * 5
 
 
 max_pool2d.register_autograd(_backward, setup_context=_setup)
@@ -130,6 +183,8 @@ def _window(given):
         window = [kernel, stride, _pair(given["padding"], "padding"), _pair(given["dilation"], "dilation")]
     except ValueError as e:
         return None, str(e)
+    if kernel[0] * kernel[1] > MAX_TAPS:
+        return None, f"a window of {kernel[0] * kernel[1]} taps"
     return window + [given["ceil_mode"]], None
 
 
@@ -146,7 +201,8 @@ def rewrite(gm):
             log.debug("fuseml: %s stays torch's max_pool2d: %s", node.name, why)
             continue
         with gm.graph.inserting_before(node):
-            new = gm.graph.call_function(FORWARD, (given["input"], *window))
+            pooled = gm.graph.call_function(FORWARD, (given["input"], *window))
+            new = gm.graph.call_function(operator.getitem, (pooled, 0))
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         gm.graph.erase_node(node)

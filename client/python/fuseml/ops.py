@@ -465,8 +465,9 @@ def cat_dim(node):
     return dim
 
 
-# Window ops (vocabulary 7): max pooling over the last two dims and its gradient computed
-# from the pooled input (max_pool.py), each a kernel of its own reading fragment inputs.
+# Window ops (vocabulary 7): max pooling over the last two dims with each window's argmax tap,
+# and the gradient from those taps (max_pool.py), each a kernel of its own reading fragment
+# inputs. The forward gives two values (its node's users are getitems).
 WINDOW_OPS = {max_pool.FORWARD: "max_pool2d", max_pool.BACKWARD: "max_pool2d_backward"}
 
 
@@ -476,8 +477,9 @@ def window_op(node):
     None."""
     if node.op != "call_function" or node.target not in WINDOW_OPS:
         return None
-    tensors = [node] + [a for a in node.args if isinstance(a, torch.fx.Node)]
-    vals = [t.meta.get("val") for t in tensors]
+    val = node.meta.get("val")
+    vals = list(val) if isinstance(val, (list, tuple)) else [val]
+    vals += [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
     if not all(isinstance(v, torch.Tensor) and v.dtype in DTYPES and v.dtype is not torch.bool for v in vals):
         return None
     if any(v.device != vals[0].device or not all(is_plain_int(d) for d in v.shape[-2:]) for v in vals):

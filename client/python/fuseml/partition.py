@@ -36,6 +36,7 @@ pair. A combined group (siblings or a chain) remembers its two original groups (
 if the daemon refuses it, split_apart() gives them back and they are requested apart."""
 
 import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -100,7 +101,11 @@ class Group:
 
     @property
     def op_names(self):
-        return [str(n.target).replace("aten.", "").replace("fuseml.", "").split(".")[0] for n in self.members]
+        return [
+            str(n.target).replace("aten.", "").replace("fuseml.", "").split(".")[0]
+            for n in self.members
+            if n.target is not operator.getitem  # a window op's values
+        ]
 
     @property
     def siblings(self):
@@ -357,11 +362,17 @@ def find_groups(gm, min_ops=2, chains=True):
             continue
         if ops.window_op(node):
             # max pooling and its gradient (vocabulary 7): a kernel of its own, whose
-            # operands are its inputs (the daemon loads each window's taps from memory)
-            g = Group(next(next_gid), "window", [node], shape=node.meta["val"].shape)
+            # operands are its inputs (the daemon loads each window's taps from memory); the
+            # forward's two values (the max, the argmax's taps) are its getitems
+            val = node.meta["val"]
+            g = Group(next(next_gid), "window", [node], shape=(val[0] if isinstance(val, tuple) else val).shape)
             groups.append(g)
             group_of[node] = g
             gdeps[g.gid] = set(d)
+            continue
+        if node.target is operator.getitem and getattr(group_of.get(node.args[0]), "kind", None) == "window":
+            group_of[node] = group_of[node.args[0]]
+            group_of[node].members.append(node)
             continue
         if ops.column_reduction(node):
             # a bias gradient's grad.sum(0): a column group, which takes in the pointwise

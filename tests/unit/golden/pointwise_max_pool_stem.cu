@@ -1,7 +1,7 @@
 /* fusemld codegen v33: pointwise kernel, CAT path, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
-#define FM_FAST_MATH 2
+#define FM_FAST_MATH 1
 /* ---- prelude: storage conversions (16-bit floats are unsigned short) ---- */
 __device__ __forceinline__ float fm_bf16_to_f32(unsigned short h) {
   return __uint_as_float(((unsigned int)h) << 16);
@@ -138,6 +138,7 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
     const unsigned short *__restrict__ in0,
     unsigned short *__restrict__ out0,
+    unsigned short *__restrict__ out1,
     long long outer) {
   const long long n = outer * 2304LL;
   for (long long e0 = (long long)blockIdx.x * 512 + threadIdx.x; e0 < n;
@@ -174,7 +175,31 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
         }
         v1 = m;
       }
+      float v2;  /* max_pool2d_argmax 3x3 stride 2x2 pad 1x1 dilation 1x1 */
+      {
+        const int oh = (int)c2;
+        const int ow = (int)c3;
+        const long long xb = c0 * 9216LL + c1;
+        float m = __int_as_float(0xff800000);  /* -inf */
+        float best = -1.0f;  /* the argmax's tap index */
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+          const int h = oh * 2 - 1 + i * 1;
+          if (h < 0 || h >= 12) continue;
+#pragma unroll
+          for (int j = 0; j < 3; ++j) {
+            const int w = ow * 2 - 1 + j * 1;
+            if (w < 0 || w >= 12) continue;
+            const float t = fm_bf16_to_f32(in0[xb + h * 768LL + w * 64LL]);
+            if (best < 0.0f || t > m || t != t) best = (float)(i * 3 + j);
+            if (t > m || t != t) m = t;
+          }
+        }
+        v2 = best;
+      }
+      const float v3 = fm_round_f16(v2);  /* cast */
       out0[c0 * 2304LL + c1 + c2 * 384LL + c3 * 64LL] = fm_f32_to_bf16(v1);
+      out1[c0 * 2304LL + c1 + c2 * 384LL + c3 * 64LL] = fm_f32_to_f16(v3);
     }
   }
 }

@@ -138,7 +138,6 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
-    const unsigned short *__restrict__ in2,
     unsigned short *__restrict__ out0,
     long long outer) {
   const long long n = outer * 9216LL;
@@ -156,15 +155,12 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
       r /= 12u;
       const long long c2 = (long long)(r % 12u);
       r /= 12u;
-      float v3;  /* max_pool2d_backward 3x3 stride 2x2 pad 1x1 dilation 1x1 */
+      float v2;  /* max_pool2d_backward 3x3 stride 2x2 pad 1x1 dilation 1x1 */
       {
         const int h = (int)c2;
         const int w = (int)c3;
-        const long long xb = c0 * 9216LL + c1;
         const long long gb = c0 * 2304LL + c1;
-        const long long yb = c0 * 2304LL + c1;
-        const float xp = fm_bf16_to_f32(in1[xb + h * 768LL + w * 64LL]);
-        const bool xnan = xp != xp;
+        const long long ab = c0 * 2304LL + c1;
         const int hp = h + 1, wp = w + 1;
         float acc = 0.0f;
         const int oh_lo = hp < 2 ? 0 : (hp - 2 + 1) / 2;
@@ -177,29 +173,12 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
           for (int ow = ow_lo; ow <= ow_hi; ++ow) {
             const int tw = wp - ow * 2;
             const int jp = (int)tw;
-            const float m = fm_bf16_to_f32(in2[yb + oh * 384LL + ow * 64LL]);
-            if (xnan ? m == m : xp != m) continue;
-            bool first = true;
-            for (int i = 0; i < 3 && first; ++i) {
-              const int hh = oh * 2 - 1 + i * 1;
-              if (hh < 0 || hh >= 12) continue;
-              for (int j = 0; j < 3; ++j) {
-                if (xnan ? (i < ip || (i == ip && j <= jp)) : (i > ip || (i == ip && j >= jp))) continue;
-                const int ww = ow * 2 - 1 + j * 1;
-                if (ww < 0 || ww >= 12) continue;
-                const float q = fm_bf16_to_f32(in1[xb + hh * 768LL + ww * 64LL]);
-                if (xnan ? q != q : q == m) {
-                  first = false;
-                  break;
-                }
-              }
-            }
-            if (first) acc += fm_bf16_to_f32(in0[gb + oh * 384LL + ow * 64LL]);
+            if (fm_f16_to_f32(in1[ab + oh * 384LL + ow * 64LL]) == (float)(ip * 3 + jp)) acc += fm_bf16_to_f32(in0[gb + oh * 384LL + ow * 64LL]);
           }
         }
-        v3 = acc;
+        v2 = acc;
       }
-      out0[c0 * 9216LL + c1 + c2 * 768LL + c3 * 64LL] = fm_f32_to_bf16(v3);
+      out0[c0 * 9216LL + c1 + c2 * 768LL + c3 * 64LL] = fm_f32_to_bf16(v2);
     }
   }
 }
