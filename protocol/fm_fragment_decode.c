@@ -201,7 +201,8 @@ static int decode_window_attrs(const msgpack_object *const *f, const char *path,
   op->ceil_mode = 0;
   if (fm_op_kind(op->op) != FM_OPK_WINDOW) {
     if (w || c)
-      return fm_diag_set(d, FM_ESCHEMA, "%s.%s: only the window ops (max_pool2d, its argmax and backward) take a %s, not '%s'", path,
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "%s.%s: only the window ops (max_pool2d, its argmax and backward) take a %s, not '%s'", path,
                          w ? "window" : "ceil_mode", w ? "window" : "ceil_mode", opname);
     return FM_OK;
   }
