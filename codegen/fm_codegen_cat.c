@@ -118,8 +118,9 @@ static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx 
 /* Every needed value, in position order (operands before their ops). */
 static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx) {
   const uint32_t n_in = g->p.n_in;
+  uint8_t done[FM_MAX_OPS] = {0}; /* a max_pool2d's argmax, set by the max's scan */
   for (uint32_t pos = 0; pos < n_in + g->p.n_ops; pos++) {
-    if (!need[pos]) continue;
+    if (!need[pos] || (pos >= n_in && done[pos - n_in])) continue;
     if (pos < n_in) {
       const fm_tensor *t = &g->f->inputs[pos];
       fm_strbuf tmp; /* the load, which the decode wraps */
@@ -141,7 +142,10 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
       continue;
     }
     if (fm_op_kind(g->f->ops[i].op) == FM_OPK_WINDOW) {
-      fm_cg_emit_window(sb, g->f, &g->p, i, cx->coord, cx->ind);
+      int twin = fm_cg_window_twin(g->f, i);
+      if (twin >= 0 && !need[n_in + (uint32_t)twin]) twin = -1;
+      if (twin >= 0) done[twin] = 1;
+      fm_cg_emit_window(sb, g->f, &g->p, i, twin, cx->coord, cx->ind);
       continue;
     }
     fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(g->p.vdt[pos]), pos);

@@ -77,8 +77,11 @@ typedef char fm_cg_coord[16];
 void fm_cg_emit_offset(fm_strbuf *sb, const fm_tensor *t, const fm_cg_coord *coord, uint32_t ndims);
 /* `v<pos>` of window op i (fm_codegen_window.c): a block at indentation ind that loads the
  * op's inputs at its taps, every load inside the input's shape, and assigns v<pos>. */
-void fm_cg_emit_window(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i, const fm_cg_coord *coord,
-                       const char *ind);
+void fm_cg_emit_window(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i, int twin,
+                       const fm_cg_coord *coord, const char *ind);
+/* The op after max_pool2d op i that is the argmax of the same x and window (its scan's twin:
+ * emitted together, v<twin> set from the same loads), or -1. */
+int fm_cg_window_twin(const fm_fragment *f, uint32_t i);
 /* What a window op's code costs NVRTC (fm_codegen_cost): a unit per tap, the backward's
  * times the windows that can cover one element. */
 uint32_t fm_cg_window_cost(const fm_opnode *op);

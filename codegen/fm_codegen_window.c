@@ -19,6 +19,7 @@
  * the only loads at computed coordinates, and each is checked against the input's own H and
  * W; the leading coordinates are the element's, inside the input (validated extents). */
 #include <stdio.h>
+#include <string.h>
 
 #include "fm_codegen_int.h"
 
@@ -89,11 +90,15 @@ static void emit_base(fm_strbuf *sb, const window_gen *w, const char *ind, const
   fm_strbuf_append(sb, ";\n");
 }
 
-static void emit_forward(fm_strbuf *sb, const window_gen *w, uint32_t pos, const fm_cg_coord *coord, const char *ind) {
+/* The scan of the window's taps: v<pos> = the max, and v<twin> = the argmax's tap index when
+ * twin is a position (a fragment's max_pool2d and max_pool2d_argmax of one x and window share
+ * it: one load a tap); v<pos> is the argmax itself when the op is one. */
+static void emit_forward(fm_strbuf *sb, const window_gen *w, uint32_t pos, int twin, const fm_cg_coord *coord,
+                         const char *ind) {
+  const int only_argmax = w->op->op == FM_OP_MAX_POOL2D_ARGMAX, argmax = only_argmax || twin >= 0;
   emit_coord(sb, w, ind, "oh", w->out[0], coord[w->r - 2]);
   emit_coord(sb, w, ind, "ow", w->out[1], coord[w->r - 1]);
   emit_base(sb, w, ind, "xb", w->x, coord);
-  const int argmax = w->op->op == FM_OP_MAX_POOL2D_ARGMAX;
   fm_strbuf_printf(sb, "%s  float m = __int_as_float(0xff800000);  /* -inf */\n", ind);
   if (argmax) fm_strbuf_printf(sb, "%s  float best = -1.0f;  /* the argmax's tap index */\n", ind);
   fm_strbuf_printf(sb,
@@ -118,30 +123,38 @@ static void emit_forward(fm_strbuf *sb, const window_gen *w, uint32_t pos, const
                      ind, (long long)w->k[1], ind);
   else
     fm_strbuf_printf(sb, ";\n%s      if (t > m || t != t) m = t;  /* NaN sticks */\n", ind);
-  fm_strbuf_printf(sb, "%s    }\n%s  }\n%s  v%u = %s;\n", ind, ind, ind, pos, argmax ? "best" : "m");
+  fm_strbuf_printf(sb, "%s    }\n%s  }\n%s  v%u = %s;\n", ind, ind, ind, pos, only_argmax ? "best" : "m");
+  if (twin >= 0) fm_strbuf_printf(sb, "%s  v%d = best;\n", ind, twin);
 }
 
-/* The windows covering the element along axis a, ascending: `for (o = lo; o <= hi; ++o)`
- * (lo = max(0, ceil((hp - d*(k-1)) / s)), hi = min(out-1, hp / s), hp the coordinate plus the
- * padding), skipping a window whose taps step over the element (dilation); ip / jp: the
- * element's tap index in it, < k by lo. */
-static void emit_cover(fm_strbuf *sb, const window_gen *w, int a, const char *ind) {
-  const char *o = a ? "ow" : "oh", *cp = a ? "wp" : "hp", *t = a ? "tw" : "th", *tap = a ? "jp" : "ip";
+/* The first window covering the element along axis a and the most that can (compile-time):
+ * lo = max(0, ceil((hp - d*(k-1)) / s)), hi = min(out-1, hp / s), hp the coordinate plus the
+ * padding; at most (k-1)*d / s + 1 of them. */
+static int64_t emit_cover(fm_strbuf *sb, const window_gen *w, int a, const char *ind) {
+  const char *o = a ? "ow" : "oh", *cp = a ? "wp" : "hp";
   const long long span = (long long)(w->d[a] * (w->k[a] - 1)), s = (long long)w->s[a], last = (long long)w->out[a] - 1;
   fm_strbuf_printf(sb, "%sconst %s %s_lo = %s < %lld ? 0 : (%s - %lld + %lld) / %lld;\n", ind, w->ct, o, cp, span, cp,
                    span, s - 1, s);
   fm_strbuf_printf(sb, "%sconst %s %s_hi = %s / %lld < %lld ? %s / %lld : %lld;\n", ind, w->ct, o, cp, s, last, cp, s,
                    last);
-  fm_strbuf_printf(sb, "%sfor (%s %s = %s_lo; %s <= %s_hi; ++%s) {\n", ind, w->ct, o, o, o, o, o);
-  fm_strbuf_printf(sb, "%s  const %s %s = %s - %s * %lld;\n", ind, w->ct, t, cp, o, s);
-  if (w->d[a] > 1) {
-    fm_strbuf_printf(sb, "%s  if (%s %% %lld != 0) continue;\n", ind, t, (long long)w->d[a]);
-    fm_strbuf_printf(sb, "%s  const int %s = (int)(%s / %lld);\n", ind, tap, t, (long long)w->d[a]);
-  } else {
-    fm_strbuf_printf(sb, "%s  const int %s = (int)%s;\n", ind, tap, t);
-  }
+  return span / s + 1;
 }
 
+/* Window number n along axis a of the covering ones: its index o, whether it covers the
+ * element (`ok`), and the element's tap index in it (t / d). */
+static void emit_candidate(fm_strbuf *sb, const window_gen *w, int a, const char *ind) {
+  const char *o = a ? "ow" : "oh", *cp = a ? "wp" : "hp", *t = a ? "tw" : "th", *tap = a ? "jp" : "ip";
+  const char *n = a ? "nw" : "nh", *ok = a ? "ok" : "okh";
+  fm_strbuf_printf(sb, "%sconst %s %s = %s_lo + %s;\n", ind, w->ct, o, o, n);
+  fm_strbuf_printf(sb, "%sconst %s %s = %s - %s * %lld;\n", ind, w->ct, t, cp, o, (long long)w->s[a]);
+  fm_strbuf_printf(sb, "%sconst bool %s = %s%s <= %s_hi", ind, ok, a ? "okh && " : "", o, o);
+  if (w->d[a] > 1) fm_strbuf_printf(sb, " && %s %% %lld == 0", t, (long long)w->d[a]);
+  fm_strbuf_printf(sb, ";\n%sconst int %s = (int)(%s / %lld);\n", ind, tap, t, (long long)w->d[a]);
+}
+
+/* Per element, the covering windows unrolled over the most there can be, each one predicated
+ * (no branch: every load of every window is issued at once, the gradient's unconditionally,
+ * so a thread waits on memory once an element, not once a window) */
 static void emit_backward(fm_strbuf *sb, const window_gen *w, uint32_t pos, const fm_cg_coord *coord, const char *ind) {
   char in1[64], in2[64];
   snprintf(in1, sizeof in1, "%s  ", ind);
@@ -153,17 +166,35 @@ static void emit_backward(fm_strbuf *sb, const window_gen *w, uint32_t pos, cons
   fm_strbuf_printf(sb, "%s  const %s hp = h + %lld, wp = w + %lld;\n", ind, w->ct, (long long)w->p[0],
                    (long long)w->p[1]);
   fm_strbuf_printf(sb, "%s  float acc = 0.0f;\n", ind);
-  emit_cover(sb, w, 0, in1);
-  emit_cover(sb, w, 1, in2);
-  fm_strbuf_printf(sb, "%s  if (", in2);
+  const int64_t nh = emit_cover(sb, w, 0, in1), nw = emit_cover(sb, w, 1, in1);
+  fm_strbuf_printf(sb, "#pragma unroll\n%sfor (int nh = 0; nh < %lld; ++nh) {\n", in1, (long long)nh);
+  emit_candidate(sb, w, 0, in2);
+  fm_strbuf_printf(sb, "#pragma unroll\n%sfor (int nw = 0; nw < %lld; ++nw) {\n", in2, (long long)nw);
+  char in3[72];
+  snprintf(in3, sizeof in3, "%s  ", in2);
+  emit_candidate(sb, w, 1, in3);
+  fm_strbuf_printf(sb, "%sconst float t = ok ? ", in3);
   emit_load(sb, w->am, w->iam, "ab", "oh", "ow");
-  fm_strbuf_printf(sb, " == (float)(ip * %lld + jp)) acc += ", (long long)w->k[1]);
+  fm_strbuf_printf(sb, " : -1.0f;\n%sconst float g = ok ? ", in3);
   emit_load(sb, w->gy, w->igy, "gb", "oh", "ow");
-  fm_strbuf_printf(sb, ";\n%s}\n%s}\n%s  v%u = acc;\n", in2, in1, ind, pos);
+  fm_strbuf_printf(sb, " : 0.0f;\n%sif (t == (float)(ip * %lld + jp)) acc += g;\n", in3, (long long)w->k[1]);
+  fm_strbuf_printf(sb, "%s}\n%s}\n%s  v%u = acc;\n", in2, in1, ind, pos);
 }
 
-void fm_cg_emit_window(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i, const fm_cg_coord *coord,
-                       const char *ind) {
+int fm_cg_window_twin(const fm_fragment *f, uint32_t i) {
+  const fm_opnode *a = &f->ops[i];
+  if (a->op != FM_OP_MAX_POOL2D) return -1;
+  for (uint32_t j = i + 1; j < f->n_ops; j++) {
+    const fm_opnode *b = &f->ops[j];
+    if (b->op == FM_OP_MAX_POOL2D_ARGMAX && b->args[0] == a->args[0] && b->ceil_mode == a->ceil_mode &&
+        memcmp(b->window, a->window, sizeof a->window) == 0)
+      return (int)j;
+  }
+  return -1;
+}
+
+void fm_cg_emit_window(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uint32_t i, int twin,
+                       const fm_cg_coord *coord, const char *ind) {
   const uint32_t pos = p->n_in + i;
   window_gen w;
   window_init(&w, f, p, i);
@@ -171,11 +202,14 @@ void fm_cg_emit_window(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
                    fm_cg_val_type(p->vdt[pos]), pos, fm_op_name(w.op->op), (long long)w.k[0], (long long)w.k[1],
                    (long long)w.s[0], (long long)w.s[1], (long long)w.p[0], (long long)w.p[1], (long long)w.d[0],
                    (long long)w.d[1], w.op->ceil_mode ? " ceil_mode" : "");
+  if (twin >= 0)
+    fm_strbuf_printf(sb, "%s%s v%u;  /* %s, from the same scan */\n", ind, fm_cg_val_type(p->vdt[p->n_in + twin]),
+                     p->n_in + (uint32_t)twin, fm_op_name(f->ops[twin].op));
   fm_strbuf_printf(sb, "%s{\n", ind);
   if (w.gy)
     emit_backward(sb, &w, pos, coord, ind);
   else
-    emit_forward(sb, &w, pos, coord, ind);
+    emit_forward(sb, &w, pos, twin >= 0 ? (int)(p->n_in + (uint32_t)twin) : -1, coord, ind);
   fm_strbuf_printf(sb, "%s}\n", ind);
 }
 

@@ -156,26 +156,7 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
       const long long c2 = (long long)(r % 6u);
       r /= 6u;
       float v1;  /* max_pool2d 3x3 stride 2x2 pad 1x1 dilation 1x1 */
-      {
-        const int oh = (int)c2;
-        const int ow = (int)c3;
-        const long long xb = c0 * 9216LL + c1;
-        float m = __int_as_float(0xff800000);  /* -inf */
-#pragma unroll
-        for (int i = 0; i < 3; ++i) {
-          const int h = oh * 2 - 1 + i * 1;
-          if (h < 0 || h >= 12) continue;
-#pragma unroll
-          for (int j = 0; j < 3; ++j) {
-            const int w = ow * 2 - 1 + j * 1;
-            if (w < 0 || w >= 12) continue;
-            const float t = fm_bf16_to_f32(in0[xb + h * 768LL + w * 64LL]);
-            if (t > m || t != t) m = t;  /* NaN sticks */
-          }
-        }
-        v1 = m;
-      }
-      float v2;  /* max_pool2d_argmax 3x3 stride 2x2 pad 1x1 dilation 1x1 */
+      float v2;  /* max_pool2d_argmax, from the same scan */
       {
         const int oh = (int)c2;
         const int ow = (int)c3;
@@ -195,6 +176,7 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
             if (t > m || t != t) m = t;
           }
         }
+        v1 = m;
         v2 = best;
       }
       const float v3 = fm_round_f16(v2);  /* cast */

@@ -165,15 +165,23 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v33(
         float acc = 0.0f;
         const int oh_lo = hp < 2 ? 0 : (hp - 2 + 1) / 2;
         const int oh_hi = hp / 2 < 5 ? hp / 2 : 5;
-        for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+        const int ow_lo = wp < 2 ? 0 : (wp - 2 + 1) / 2;
+        const int ow_hi = wp / 2 < 5 ? wp / 2 : 5;
+#pragma unroll
+        for (int nh = 0; nh < 2; ++nh) {
+          const int oh = oh_lo + nh;
           const int th = hp - oh * 2;
-          const int ip = (int)th;
-          const int ow_lo = wp < 2 ? 0 : (wp - 2 + 1) / 2;
-          const int ow_hi = wp / 2 < 5 ? wp / 2 : 5;
-          for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+          const bool okh = oh <= oh_hi;
+          const int ip = (int)(th / 1);
+#pragma unroll
+          for (int nw = 0; nw < 2; ++nw) {
+            const int ow = ow_lo + nw;
             const int tw = wp - ow * 2;
-            const int jp = (int)tw;
-            if (fm_f16_to_f32(in1[ab + oh * 384LL + ow * 64LL]) == (float)(ip * 3 + jp)) acc += fm_bf16_to_f32(in0[gb + oh * 384LL + ow * 64LL]);
+            const bool ok = okh && ow <= ow_hi;
+            const int jp = (int)(tw / 1);
+            const float t = ok ? fm_f16_to_f32(in1[ab + oh * 384LL + ow * 64LL]) : -1.0f;
+            const float g = ok ? fm_bf16_to_f32(in0[gb + oh * 384LL + ow * 64LL]) : 0.0f;
+            if (t == (float)(ip * 3 + jp)) acc += g;
           }
         }
         v2 = acc;
