@@ -75,6 +75,7 @@ def test_forward_and_backward_as_eager(dead_socket, pool, layout):
         names = [op["op"] for op in wire["ops"]]
         if which == "forward":  # the max and the argmax's taps, stored as f16
             assert names == ["max_pool2d", "max_pool2d_argmax", "cast"], names
+            assert g.describe() == f"group {g.gid} [window] max_pool2d: kernel", g.describe()
             assert [o["dtype"] for o in wire["outputs"]] == ["f32", "f16"]
         else:  # from the output gradient and the taps
             assert names == ["max_pool2d_backward"], names

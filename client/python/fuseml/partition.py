@@ -728,7 +728,8 @@ def _finish(g, min_ops):
     for n in g.members:
         if any(u not in mset for u in n.users):
             g.outputs.append(n)
-    g.escapes = [n for n in g.outputs if n is not g.members[-1]]
+    # (a window op's getitems are its values, each an output, none escaping)
+    g.escapes = [n for n in g.outputs if n is not g.members[-1] and g.kind != "window"]
     if g.kind == "gemm_bypass":
         g.kind = "gemm"
     elif g.kind == "gemm" and g.route == "bypass" and not g.reason:
