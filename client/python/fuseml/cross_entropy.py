@@ -34,6 +34,7 @@ import inspect
 import torch
 
 from . import graph_code
+from .fake_meta import tensor_val
 from ._log import log
 
 _CROSS_ENTROPY = torch.nn.functional.cross_entropy
@@ -88,11 +89,6 @@ def fused_cross_entropy(x, target, ignore_index=-100, reduction="mean", out_dtyp
     return _CrossEntropy.apply(x, target, ignore_index, reduction, out_dtype or x.dtype)
 
 
-def _example(node):
-    val = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _arguments(node):
     """The call's arguments by name, defaults filled in (None when they do not bind)."""
     try:
@@ -106,7 +102,7 @@ def _arguments(node):
 def _why_not(given):
     """None when a cross_entropy call with these arguments is one this rewrite takes, else
     why not."""
-    x, target = _example(given["input"]), _example(given["target"])
+    x, target = tensor_val(given["input"], "example_value"), tensor_val(given["target"], "example_value")
     if x is None or target is None:
         return "no example values"
     if x.dim() != 2 or not x.dtype.is_floating_point:
@@ -139,7 +135,7 @@ def _source(x):
         and not up.kwargs
     ):
         return x, None
-    low = _example(up.args[0])
+    low = tensor_val(up.args[0], "example_value")
     if low is None or low.dtype not in (torch.float16, torch.bfloat16):
         return x, None
     return up.args[0], x
@@ -159,7 +155,7 @@ def rewrite(gm):
             continue
         x, target = given["input"], given["target"]
         ignore_index, reduction = given["ignore_index"], given["reduction"]
-        out_dtype = _example(x).dtype
+        out_dtype = tensor_val(x, "example_value").dtype
         low, view = _source(x)
         with gm.graph.inserting_before(node):
             if view is not None:

@@ -11,9 +11,10 @@ from . import graph_code
 from .shapes import provably_same_ints
 
 
-def tensor_val(node):
-    """node's fake tensor value; None for a node of another value, or a non-node argument."""
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+def tensor_val(node, key="val"):
+    """node's fake tensor value (key "example_value": in Dynamo's graph, before aot_autograd);
+    None for a node of another value, or a non-node argument."""
+    v = node.meta.get(key) if isinstance(node, torch.fx.Node) else None
     return v if isinstance(v, torch.Tensor) else None
 
 

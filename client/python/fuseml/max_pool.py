@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from . import graph_code, settings
+from .fake_meta import tensor_val
 from ._log import log
 
 aten = torch.ops.aten
@@ -87,9 +88,9 @@ def _like_input(grad, size):
     """An empty tensor of the pooled input's size [..., H, W], in grad's memory format (ATen's
     backward takes its layout from it)."""
     shape = list(grad.shape[:-2]) + list(size)
-    fmt = torch.channels_last if grad.dim() == 4 and grad.is_contiguous(memory_format=torch.channels_last) else None
-    out = grad.new_empty(shape)
-    return out.contiguous(memory_format=fmt) if fmt is not None and not grad.is_contiguous() else out
+    cl = grad.dim() == 4 and not grad.is_contiguous() and grad.is_contiguous(memory_format=torch.channels_last)
+    fmt = torch.channels_last if cl else torch.contiguous_format
+    return torch.empty(shape, dtype=grad.dtype, device=grad.device, memory_format=fmt)
 
 
 def _pool_backward(
@@ -153,11 +154,6 @@ def _pair(v, name):
     return v
 
 
-def _example(node):
-    val = node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _arguments(node):
     """The call's arguments by name, defaults filled in (None when they do not bind)."""
     if len(node.args) > len(_PARAMS) or set(node.kwargs) - set(_PARAMS):
@@ -170,7 +166,7 @@ def _arguments(node):
 
 def _window(given):
     """(the op's window arguments, None) for a call this rewrite takes, else (None, why)."""
-    x = _example(given["input"])
+    x = tensor_val(given["input"], "example_value")
     if x is None or x.dim() not in (3, 4) or not x.is_floating_point():
         return None, "not a 3-D or 4-D floating tensor"
     if given["return_indices"] is not False or type(given["ceil_mode"]) is not bool:
