@@ -16,12 +16,17 @@
 
 #include "fm_codegen_rows.h"
 
-#define MAX_SOURCE (1u << 20)
-#define MAX_EPT    64u /* registers per thread per row value */
-#define STREAM_EPT \
-  8u /* elements per thread per tile of a streamed row: 8
-                                    independent loads in flight, few registers per value */
-#define DEFAULT_SMS 132u
+#define MAX_SOURCE   (1u << 20)
+#define MAX_EPT      64u /* registers per thread per row value */
+/* Elements per thread per tile of a streamed row: 8 independent loads in flight, few
+ * registers per value (16 and 32 were slower on an H200: cross-entropy over 32000 and 50257
+ * logits, 2026-11-29). */
+#define STREAM_EPT   8u
+/* The default streams a row needing more elements per thread than this at 1024 threads. */
+#define STREAM_ABOVE 16u
+/* Stream candidates for rows longer than this. */
+#define STREAM_FROM  4096
+#define DEFAULT_SMS  132u
 
 typedef fm_cg_rows_shape shape;
 
@@ -572,8 +577,11 @@ out:
  * [16384, 4096] bf16, 128 threads (32 each) reached 99/86/88% of copy bandwidth for
  * RMSNorm/LayerNorm/softmax where 256 threads (16 each) reached 96/85/77% (bench/rows_bw):
  * more independent 16-byte loads in flight per thread, and fewer warps per barrier. Rows
- * longer than 1024 threads hold that way stream, 1024 threads each: the fewest rows in flight
- * keep the re-read tiles in L2 (264 rows of 50304 bf16 logits on 132 SMs: 26 MB). */
+ * that need more than STREAM_ABOVE elements per thread at 1024 threads stream, 1024 threads
+ * each: a 1024-thread block has at most 64 registers a thread, which 32 elements of a row
+ * and the values made from them overflow (cross-entropy's forward over Llama's 32000 logits
+ * spilled: 1.1 TB/s), and the fewest rows in flight keep re-read tiles in L2 (264 rows of
+ * 50304 bf16 logits on 132 SMs: 26 MB). */
 fm_rows_config fm_codegen_rows_default(const fm_fragment *canon) {
   fm_rows_config c = {FM_ROWS_WARP, 256, 0};
   fm_cg_rows_plan *rp = canon ? malloc(sizeof *rp) : NULL;
@@ -581,7 +589,7 @@ fm_rows_config fm_codegen_rows_default(const fm_fragment *canon) {
     c.variant = FM_ROWS_BLOCK;
     c.block = 128;
     while (c.block < 1024 && (uint64_t)rp->n > (uint64_t)c.block * 32) c.block *= 2;
-    if ((uint64_t)rp->n > (uint64_t)c.block * 32) c.variant = FM_ROWS_STREAM;
+    if ((uint64_t)rp->n > 1024u * STREAM_ABOVE && !has_var(canon, &rp->base)) c.variant = FM_ROWS_STREAM;
   }
   free(rp);
   return c;
@@ -589,7 +597,8 @@ fm_rows_config fm_codegen_rows_default(const fm_fragment *canon) {
 
 /* The default first; then the warp variant at 128/256/512 threads for rows up to 2048, the
  * block variant at 128..1024 threads where it fits in registers and uses most threads, and
- * the stream variant at 256..1024 threads for rows the block variant cannot hold. */
+ * the stream variant at 256..1024 threads for rows longer than STREAM_FROM (which of the two
+ * is faster where both run depends on how many values the kernel keeps per element). */
 size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out, size_t max) {
   static const uint32_t blocks[] = {128, 256, 512, 1024};
   size_t n = 0;
@@ -603,7 +612,7 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
       fm_rows_config c = {(uint32_t)v, blocks[b], 0};
       shape s = {0};
       if (v == FM_ROWS_WARP && (blocks[b] > 512 || rp->n > 2048)) continue;
-      if (v == FM_ROWS_STREAM && (blocks[b] < 256 || rp->n <= FM_MAX_ROW_HELD)) continue;
+      if (v == FM_ROWS_STREAM && (blocks[b] < 256 || rp->n <= STREAM_FROM || has_var(canon, &rp->base))) continue;
       if (v == FM_ROWS_BLOCK && rp->n > FM_MAX_ROW_HELD) continue; /* spills: streamed instead */
       if (make_shape(rp, &c, &s, NULL) != FM_OK) continue;
       if (v == FM_ROWS_BLOCK && (uint64_t)blocks[b] * s.vec > 2 * (uint64_t)rp->n) continue;

@@ -8,8 +8,20 @@
  * operand). Pass L computes, tile by tile, the whole-row values that level-L reductions read
  * and accumulates each in a per-thread fp32 partial, then reduces the partials across the
  * block; the per-row values of level L follow at once. A last pass computes the row outputs
- * and stores them. log_softmax (amax; sum of exp; x - max - log sum) reads its row three
- * times, the second and third from L2 when the rows in flight fit there, and writes it once.
+ * and stores them.
+ *
+ * A sum of exp(x - amax(x)) (softmax's, log_softmax's, cross-entropy's denominator) would be
+ * level 2, a second pass; it is accumulated in the amax's pass instead, as an *online* pair
+ * (the online normaliser of Milakov and Gimelshein, 2018): each thread keeps its running
+ * max m and s = sum exp(x - m), rescaling s when m grows, with one exp per element:
+ *   d = x - m;  e = exp(-|d|);  s = d > 0 ? s * e + 1 : s + e;  m = max(m, x)
+ * and the block combines them as S = sum_t s_t * exp(m_t - M) after M = max_t m_t. A thread
+ * that met only -inf keeps m = -inf (d is taken as 0 where x == m, so no inf - inf), and
+ * its count vanishes in exp(-inf - M) unless the whole row is -inf, where, as in the two-pass
+ * form, the sum is NaN (exp(-inf - -inf)); an inf in the row makes it NaN the same way.
+ * Cross-entropy's forward thus reads its row once; log_softmax (amax and sum; x - max - log
+ * sum) reads it twice, the second time from L2 when the rows in flight fit there, and writes
+ * it once.
  *
  * var is refused (FM_EUNSUPPORTED): its exact form centres on the row's mean, which a single
  * pass does not have (validation refuses var over rows this long before codegen sees it). */
@@ -17,15 +29,51 @@
 
 #include "fm_codegen_rows.h"
 
-/* Levels of every value (inputs, then ops), as above. */
-static void value_levels(const fm_fragment *f, const fm_cg_plan *p, uint32_t *level) {
-  for (uint32_t k = 0; k < p->n_in; k++) level[k] = 0;
+/* The op at value position pos, or NULL for an input. */
+static const fm_opnode *op_at(const fm_fragment *f, const fm_cg_plan *p, uint32_t pos) {
+  return pos < p->n_in ? NULL : &f->ops[pos - p->n_in];
+}
+
+/* The position of the live amax whose pass op i accumulates in, as an online pair (above):
+ * op i is sum(exp(sub(x, m))) with m = amax(x) of the same x; else 0 (no amax is an input). */
+static uint32_t online_max_of(const fm_fragment *f, const fm_cg_plan *p, uint32_t i) {
+  if (f->ops[i].op != FM_OP_SUM) return 0;
+  uint32_t e = p->args[i][0];
+  const fm_opnode *exp_op = op_at(f, p, e);
+  if (!exp_op || exp_op->op != FM_OP_EXP) return 0;
+  uint32_t diff = p->args[e - p->n_in][0];
+  const fm_opnode *sub_op = op_at(f, p, diff);
+  if (!sub_op || sub_op->op != FM_OP_SUB) return 0;
+  uint32_t x = p->args[diff - p->n_in][0], m = p->args[diff - p->n_in][1];
+  const fm_opnode *max_op = op_at(f, p, m);
+  if (!max_op || max_op->op != FM_OP_AMAX || !p->live[m] || p->args[m - p->n_in][0] != x) return 0;
+  return m;
+}
+
+/* Levels of every value (inputs, then ops), as above; pair[S] = M and pair[M] = S for each
+ * online pair (at most one sum per amax), 0 elsewhere. */
+static void value_levels(const fm_fragment *f, const fm_cg_plan *p, uint32_t *level, uint32_t *pair) {
+  for (uint32_t v = 0; v < p->n_in + p->n_ops; v++) level[v] = pair[v] = 0;
   for (uint32_t i = 0; i < p->n_ops; i++) {
-    uint32_t l = 0;
+    uint32_t pos = p->n_in + i, l = 0, m = p->live[pos] ? online_max_of(f, p, i) : 0;
+    if (m && !pair[m]) {
+      pair[m] = pos;
+      pair[pos] = m;
+      level[pos] = level[m];
+      continue;
+    }
     for (uint32_t a = 0; a < f->ops[i].nargs; a++)
       if (level[p->args[i][a]] > l) l = level[p->args[i][a]];
-    level[p->n_in + i] = l + (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE);
+    level[pos] = l + (fm_op_kind(f->ops[i].op) == FM_OPK_REDUCE);
   }
+}
+
+/* The whole-row value a reduction accumulates over its tiles: its operand, or for the sum of
+ * an online pair the x its amax reads. */
+static uint32_t reduced_value(const fm_cg_plan *p, uint32_t i, const uint32_t *pair) {
+  uint32_t pos = p->n_in + i, m = pair[pos];
+  int online_sum = m && m < pos;
+  return online_sum ? p->args[m - p->n_in][0] : p->args[i][0];
 }
 
 /* need[pos] = 1 for every whole-row value a target reads, through whole-row operands only
@@ -70,7 +118,7 @@ static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *
 
 /* Pass l: every live reduction of level l, accumulated over the tiles, then across the block. */
 static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s,
-                             const uint32_t *level, uint32_t l, uint8_t *targets, uint8_t *need) {
+                             const uint32_t *level, const uint32_t *pair, uint32_t l, uint8_t *targets, uint8_t *need) {
   const fm_cg_plan *p = &rp->base;
   uint32_t n_values = p->n_in + p->n_ops;
   for (uint32_t v = 0; v < n_values; v++) targets[v] = 0;
@@ -78,7 +126,7 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
     if (!p->live[pos] || level[pos] != l || fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE) continue;
-    targets[p->args[i][0]] = 1;
+    targets[reduced_value(p, i, pair)] = 1;
     fm_strbuf_printf(sb, "    float fm_a%u = %s;\n", pos,
                      f->ops[i].op == FM_OP_AMAX ? "__int_as_float(0xff800000)" : "0.0f");
   }
@@ -87,11 +135,21 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
                    (long long)rp->n, (unsigned long long)s->tpr * s->ept);
   emit_tile_values(sb, f, rp, s, need);
   for (uint32_t i = 0; i < p->n_ops; i++) {
-    uint32_t pos = p->n_in + i, x = p->args[i][0];
+    uint32_t pos = p->n_in + i, x = reduced_value(p, i, pair), m = pair[pos];
     if (!p->live[pos] || level[pos] != l || fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE) continue;
+    if (m > pos) continue; /* an amax its online sum updates */
     fm_strbuf_printf(sb, "#pragma unroll\n    for (int i = 0; i < %u; ++i)\n      if (", s->ept);
     fm_cg_rows_emit_valid(sb, rp, s, "i");
-    if (f->ops[i].op == FM_OP_AMAX)
+    if (m)
+      fm_strbuf_printf(sb,
+                       ") {  /* online: the sum of exp(x - running max) */\n"
+                       "        const float d = v%u[i] == fm_a%u ? 0.0f : v%u[i] - fm_a%u;\n"
+                       "        const float e = fm_exp(-fabsf(d));\n"
+                       "        fm_a%u = d > 0.0f ? fmaf(fm_a%u, e, 1.0f) : fm_a%u + e;\n"
+                       "        fm_a%u = fm_maximum(fm_a%u, v%u[i]);\n"
+                       "      }\n",
+                       x, m, x, m, pos, pos, pos, m, m, x);
+    else if (f->ops[i].op == FM_OP_AMAX)
       fm_strbuf_printf(sb, ") fm_a%u = fm_maximum(fm_a%u, v%u[i]);\n", pos, pos, x);
     else
       fm_strbuf_printf(sb, ") fm_a%u += v%u[i];\n", pos, x);
@@ -102,6 +160,10 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
     if (!p->live[pos] || level[pos] != l || fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE) continue;
     if (f->ops[i].op == FM_OP_AMAX)
       fm_strbuf_printf(sb, "    const float v%u = fm_row_max(fm_a%u, fm_red, fm_par);  /* amax */\n", pos, pos);
+    else if (f->ops[i].op == FM_OP_SUM && pair[pos] && pair[pos] < pos)
+      fm_strbuf_printf(
+          sb, "    const float v%u = fm_row_sum(fm_a%u * fm_exp(fm_a%u - v%u), fm_red, fm_par);  /* online sum */\n",
+          pos, pos, pair[pos], pair[pos]);
     else if (f->ops[i].op == FM_OP_SUM)
       fm_strbuf_printf(sb, "    const float v%u = fm_row_sum(fm_a%u, fm_red, fm_par);  /* sum */\n", pos, pos);
     else
@@ -114,19 +176,19 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
 int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
                                 const fm_cg_rows_shape *s, fm_diag *d) {
   const fm_cg_plan *p = &rp->base;
-  uint32_t level[FM_CG_MAX_VALUES];
+  uint32_t level[FM_CG_MAX_VALUES], pair[FM_CG_MAX_VALUES];
   uint8_t targets[FM_CG_MAX_VALUES], need[FM_CG_MAX_VALUES];
   uint32_t n_values = p->n_in + p->n_ops, top = 0;
   for (uint32_t i = 0; i < p->n_ops; i++)
     if (f->ops[i].op == FM_OP_VAR && p->live[p->n_in + i])
       return fm_diag_set(d, FM_EUNSUPPORTED, "rows: var over a streamed row of %lld elements (it needs the row held)",
                          (long long)rp->n);
-  value_levels(f, p, level);
+  value_levels(f, p, level, pair);
   for (uint32_t v = 0; v < n_values; v++)
     if (p->live[v] && level[v] > top) top = level[v];
   fm_strbuf_append(sb, "    /* the per-row inputs and values no reduction precedes */\n");
   emit_scalars(sb, f, p, s, level, 0);
-  for (uint32_t l = 1; l <= top; l++) emit_reduce_pass(sb, f, rp, s, level, l, targets, need);
+  for (uint32_t l = 1; l <= top; l++) emit_reduce_pass(sb, f, rp, s, level, pair, l, targets, need);
 
   fm_strbuf_append(sb, "    /* the last pass: the row outputs, tile by tile */\n");
   for (uint32_t v = 0; v < n_values; v++) targets[v] = 0;

@@ -39,10 +39,11 @@ static void test_golden_layer_norm_bf16(void) { check_golden(0); }
 static void test_golden_rms_norm_residual(void) { check_golden(1); }
 static void test_golden_softmax_f32(void) { check_golden(2); }
 static void test_golden_log_softmax_stream(void) { check_golden(7); }
+static void test_golden_cross_entropy_stream(void) { check_golden(9); }
 
 /* A row longer than registers hold streams: the default and every candidate is the STREAM
- * variant; log_softmax makes two reduction passes (amax; sum of exp) and one that stores,
- * each a loop over tiles; the per-row output is stored once per row. */
+ * variant; log_softmax makes one reduction pass (amax and the sum of exp as an online pair)
+ * and one that stores, each a loop over tiles; the per-row output is stored once per row. */
 static void test_stream(void) {
   fm_candidate c[32];
   fm_kernel_meta m;
@@ -56,10 +57,11 @@ static void test_stream(void) {
   fm_rows_config stream = {FM_ROWS_STREAM, 512, 0};
   CHECK_EQ_INT(fm_codegen_rows(&canon, &stream, 132, &src, &m, &d), FM_OK);
   if (!src) return;
-  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 4096LL)"), 3);
+  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 4096LL)"), 2);
   CHECK_STR_CONTAINS(src, "/* pass 1: the reductions of level 1 */");
-  CHECK_STR_CONTAINS(src, "/* pass 2: the reductions of level 2 */");
-  CHECK(strstr(src, "pass 3") == NULL);
+  CHECK_EQ_INT(count(src, "/* online: the sum of exp(x - running max) */"), 1);
+  CHECK_STR_CONTAINS(src, "/* online sum */");
+  CHECK(strstr(src, "pass 2") == NULL);
   CHECK_STR_CONTAINS(src, "v0[c] = fm_bf16_to_f32(in0[b0 + j]);"); /* N odd: scalar loads */
   CHECK_EQ_INT(m.items_per_block, 1);
   CHECK_EQ_INT(m.block[0], 512);
@@ -76,11 +78,38 @@ static void test_stream(void) {
   CHECK_STR_CONTAINS(src, "if (lane == 0) out1[");
   free(src);
   src = NULL;
-  /* only streamed candidates for it; a row that registers hold is never streamed */
+  /* only streamed candidates for it; a row of 4096 is never streamed */
   CHECK_EQ_INT(fm_codegen_candidates(&canon, c, 32), 3);
   CHECK_EQ_INT(rf_fragment(0, &canon), FM_OK);
   n = fm_codegen_candidates(&canon, c, 32);
   for (size_t i = 0; i < n; i++) CHECK(c[i].p[0] != FM_ROWS_STREAM);
+}
+
+/* Cross-entropy's forward over 32000 logits: the default streams it (1024 threads would hold
+ * 32 elements of each of the logits and the column index in 64 registers: it spilled), and
+ * its three reductions (amax, the online sum of exp, the picked logit) share ONE pass, so the
+ * row is read once; the held variant stays a candidate, timed against it. */
+static void test_stream_cross_entropy(void) {
+  fm_candidate c[32];
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  char *src = NULL;
+  CHECK_EQ_INT(rf_fragment(9, &canon), FM_OK);
+  size_t n = fm_codegen_candidates(&canon, c, 32);
+  CHECK(n >= 3);
+  CHECK_EQ_INT(c[0].p[0], FM_ROWS_STREAM);
+  CHECK_EQ_INT(c[0].p[1], 1024);
+  int held = 0;
+  for (size_t i = 0; i < n; i++) held += c[i].p[0] == FM_ROWS_BLOCK;
+  CHECK(held >= 1);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &m, &d), FM_OK);
+  if (!src) return;
+  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0;"), 1);
+  CHECK_EQ_INT(count(src, "/* online: the sum of exp(x - running max) */"), 1);
+  CHECK_EQ_INT(count(src, "fm_row_sum("), 3); /* the helper, the online sum, the picked logit */
+  CHECK_EQ_INT(count(src, "fm_row_max(fm_a"), 1);
+  CHECK(strstr(src, "pass 2") == NULL);
+  free(src);
 }
 
 /* layer_norm's mean and var are ONE cross-thread reduction of (count, sum, shifted sum, M2),
@@ -191,7 +220,9 @@ int main(void) {
   RUN(test_golden_rms_norm_residual);
   RUN(test_golden_softmax_f32);
   RUN(test_golden_log_softmax_stream);
+  RUN(test_golden_cross_entropy_stream);
   RUN(test_stream);
+  RUN(test_stream_cross_entropy);
   RUN(test_layer_norm_one_reduction);
   RUN(test_meta);
   RUN(test_candidates);

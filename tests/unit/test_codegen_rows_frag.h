@@ -28,9 +28,12 @@ int rf_finish(fm_fragment *f, fm_fragment *canon);
  *   7 rows_log_softmax_stream: log_softmax in f32 of bf16 [-1, 50257] logits at row stride
  *     50304 (a padded vocabulary; golden too);
  *   8 rows_center_stream: (x - mean) / amax, bf16 [-1, 40960] (whole tiles), the mean also
- *     a per-row output. */
+ *     a per-row output;
+ *   9 rows_cross_entropy_stream: cross-entropy's forward as the client sends it, bf16
+ *     [-1, 32000] logits, a [1, 32000] f32 column index and a [-1, 1] f32 target: the
+ *     log-sum-exp and the picked logit per row. */
 #define RF_N_REPRESENTATIVE 3
-#define RF_N_FRAGMENTS      9
+#define RF_N_FRAGMENTS      10
 int rf_fragment(int which, fm_fragment *canon);
 extern const char *const rf_name[RF_N_FRAGMENTS];
 

@@ -1,4 +1,4 @@
-/* fusemld codegen v33: rows kernel, a block streaming per row, block 1024, rows of 50257, vec 1, 8 elements per thread.
+/* fusemld codegen v34: rows kernel, a block streaming per row, block 1024, rows of 50257, vec 1, 8 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 0
@@ -168,7 +168,7 @@ __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(1024) fm_rows_v33(
+extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
     const unsigned short *__restrict__ in0,
     float *__restrict__ out0,
     long long outer) {
@@ -186,27 +186,6 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v33(
     /* the per-row inputs and values no reduction precedes */
     /* pass 1: the reductions of level 1 */
     float fm_a2 = __int_as_float(0xff800000);
-#pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 8192LL) {
-    float v0[8];
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
-      if (j < 50257LL) {
-        v0[c] = fm_bf16_to_f32(in0[b0 + j]);
-      } else {
-        v0[c] = 0;
-      }
-    }
-    float v1[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v1[i] = v0[i];  /* cast */
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + i * 1024 + lane < 50257)) fm_a2 = fm_maximum(fm_a2, v1[i]);
-    }
-    const float v2 = fm_row_max(fm_a2, fm_red, fm_par);  /* amax */
-    /* pass 2: the reductions of level 2 */
     float fm_a5 = 0.0f;
 #pragma unroll 1
     for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 8192LL) {
@@ -223,17 +202,17 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v33(
     float v1[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) v1[i] = v0[i];  /* cast */
-    float v3[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v3[i] = (v1[i] - v2);  /* sub */
-    float v4[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v4[i] = fm_exp(v3[i]);  /* exp */
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + i * 1024 + lane < 50257)) fm_a5 += v4[i];
+      if ((fm_t0 + i * 1024 + lane < 50257)) {  /* online: the sum of exp(x - running max) */
+        const float d = v1[i] == fm_a2 ? 0.0f : v1[i] - fm_a2;
+        const float e = fm_exp(-fabsf(d));
+        fm_a5 = d > 0.0f ? fmaf(fm_a5, e, 1.0f) : fm_a5 + e;
+        fm_a2 = fm_maximum(fm_a2, v1[i]);
+      }
     }
-    const float v5 = fm_row_sum(fm_a5, fm_red, fm_par);  /* sum */
+    const float v2 = fm_row_max(fm_a2, fm_red, fm_par);  /* amax */
+    const float v5 = fm_row_sum(fm_a5 * fm_exp(fm_a2 - v2), fm_red, fm_par);  /* online sum */
     const float v6 = logf(v5);  /* log */
     /* the last pass: the row outputs, tile by tile */
 #pragma unroll 1
