@@ -64,11 +64,15 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d);
 enum { FM_CG_ALLOW_REDUCE = 1, FM_CG_ALLOW_EXTENT = 2 };
 int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d);
 
-/* The pointwise template for an extent fragment (a cat or a window op; fm_codegen_cat.c): one
- * element per thread and step, each operand of a cat evaluated in its own branch at the
- * shifted index, each window op a block of its own (fm_codegen_window.c). */
+/* The pointwise template for an extent fragment (a cat or a window op; fm_codegen_cat.c): a
+ * unit of elements along the last dim per thread and step (one element, or a 16-byte store's
+ * worth where every output's rows hold whole aligned vectors), each operand of a cat
+ * evaluated in its own branch at the shifted index, each window op a block of its own
+ * (fm_codegen_window.c). */
 int fm_codegen_cat(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
                    fm_kernel_meta *meta, fm_diag *d);
+/* The widest unit an extent fragment's outputs store as one aligned vector (1: none). */
+uint32_t fm_cg_cat_widest_unit(const fm_fragment *canon);
 
 /* The coordinate names of the extent form: coord[j] names the element's index along dim j. */
 typedef char fm_cg_coord[16];

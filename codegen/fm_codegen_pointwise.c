@@ -418,7 +418,10 @@ fm_pw_config fm_codegen_pointwise_default(const fm_fragment *canon) {
 
 /* The default first, then block x unroll x blocks_per_sm, keeping only grids that fit in
  * one wave at full occupancy (block * blocks_per_sm <= 2048 threads per SM): a grid-stride
- * kernel gains nothing from a second wave, and this leaves 24 points. */
+ * kernel gains nothing from a second wave, and this leaves 24 points. An extent fragment's
+ * points store the widest units its outputs allow; the default at one element a thread is
+ * timed beside them (a unit's elements are computed one after another: where each is long,
+ * a thread per element may win). */
 size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *out, size_t max) {
   size_t n = 0;
   if (!out || max == 0) return 0;
@@ -434,5 +437,10 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
         if (n == max) return n;
         out[n++] = c;
       }
+  if (canon && fm_fragment_is_extent(canon) && fm_cg_cat_widest_unit(canon) > 1 && n < max) {
+    fm_pw_config one = def;
+    one.vec = 1;
+    out[n++] = one;
+  }
   return n;
 }

@@ -234,6 +234,36 @@ def test_small_or_unpermuted_stacks_stay_as_they_are(dead_socket, partitioned):
     assert torch.ops.aten.stack.default in {n.target for n in gm1.graph.nodes}
 
 
+def _pad_rows(x):
+    """A gradient padded for a GEMM as pad_gemm spells it: cat with zeros along the last dim."""
+    return torch.cat([x, torch.zeros(x.shape[0], 7, dtype=x.dtype)], -1)
+
+
+def test_rows_padded_to_whole_vectors_are_a_kernel(dead_socket, partitioned):
+    """A lone cat padding odd rows (257 bf16) to whole 16-byte vectors (264) is a kernel of its
+    own (its stores are 16 bytes each, ATen's cat ran such a pad at 1.9 TB/s); one whose rows
+    stay odd (260 -> 267 would not pad to vectors) is ATen's."""
+    x = torch.randn(512, 257, dtype=BF16)
+    pad = torch.compile(_pad_rows, backend=fuseml.FuseMLCompiler(), dynamic=False)
+    torch.testing.assert_close(pad(x), _pad_rows(x))
+    odd = torch.randn(512, 260, dtype=BF16)
+    torch.testing.assert_close(pad(odd), _pad_rows(odd))
+    (_, groups), (_, groups_odd) = partitioned
+    (g,) = [g for g in groups if any(ops.cat_dim(n) is not None for n in g.members)]
+    assert g.route == "kernel" and g.op_names == ["cat"], g.describe()
+    assert g.built.wire["outputs"][0]["shape"][-1] == 264
+    (h,) = [g for g in groups_odd if any(ops.cat_dim(n) is not None for n in g.members)]
+    assert h.route == "bypass", h.describe()
+
+
+def test_daemon_accepts_the_padded_rows(daemon):
+    x = torch.randn(512, 257, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    torch.testing.assert_close(torch.compile(_pad_rows, backend=c)(x), _pad_rows(x))
+    (g,) = [g for p in c.plans for g in p.kernels()]
+    assert g.op_names == ["cat"] and g.key and g.state in ("untuned", "tuned"), g.describe()
+
+
 def test_daemon_accepts_the_transposed_stack(daemon):
     x = torch.randn(3, 2, 4, 128, 32, dtype=BF16)
     c = fuseml.FuseMLCompiler()

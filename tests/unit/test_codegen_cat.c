@@ -1,7 +1,8 @@
 /* test_codegen_cat.c: fragments with a `cat` (vocabulary 6): the CPU reference against values
  * computed here by hand (rotary embeddings, three operands along a middle dim, computed
- * operands, a broadcast operand, a symbolic dim 0), the generated source (golden), NVRTC
- * compiles of every candidate for sm_80 and sm_90a, and the compile cost of the branches. */
+ * operands, a broadcast operand, a symbolic dim 0, a row padded with zeros), the generated
+ * source (golden; 16-byte stores where rows hold whole vectors), NVRTC compiles of every
+ * candidate for sm_80 and sm_90a, and the compile cost of the branches. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -167,13 +168,69 @@ static void test_compiles(void) {
     fm_diag d = {{0}};
     CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
     CHECK(src && tf_golden("pointwise_cat_rope", src));
-    /* one element a thread a step: the grid covers outer * H * D elements */
+    /* a unit of 8 elements (16 bytes of bf16 along D) a thread a step: the grid covers
+     * outer * H * D elements; capped at vec 1, one element a thread */
     CHECK(strcmp(m.kind, "pointwise") == 0 && strcmp(m.grid_rule, "elementwise") == 0);
     CHECK_EQ_INT((int)m.inner, H * D);
-    CHECK_EQ_INT((int)m.items_per_block, 256 * 2);
+    CHECK_EQ_INT((int)m.items_per_block, 256 * 2 * 8);
     CHECK(m.outer == -1 && m.n_inputs == 5 && m.n_outputs == 1);
     free(src);
+    src = NULL;
+    fm_pw_config one = fm_codegen_pointwise_default(&canon);
+    one.vec = 1;
+    CHECK_EQ_INT(fm_codegen_pointwise(&canon, &one, 132, &src, &m, &d), FM_OK);
+    CHECK_EQ_INT((int)m.items_per_block, 256 * 2);
+    CHECK(src && strstr(src, "reinterpret_cast") == NULL);
+    free(src);
   }
+}
+
+/* A gradient padded for a GEMM: cat([x, zeros], -1), x [-1, 13] bf16 (odd rows), zeros
+ * [-1, 3], into [-1, 16] rows. */
+static void pad_rows(int64_t cols_out) {
+  int64_t sx[2] = {-1, 13}, sz[2] = {-1, cols_out - 13}, so[2] = {-1, cols_out};
+  tf_init(&raw);
+  raw.vocab = 6;
+  tf_input(&raw, 0, FM_DT_BF16, 2, sx, NULL, 2);
+  tf_input(&raw, 1, FM_DT_BF16, 2, sz, NULL, 2);
+  tf_op(&raw, FM_OP_CAT, 2, 2, 0, 1, 0);
+  set_dim(&raw, 1);
+  tf_output(&raw, 2, FM_DT_BF16, 2, so, NULL, 16);
+}
+
+/* Rows of whole aligned vectors are stored a 16-byte unit at a time, each element of the unit
+ * read from its own branch (the reference agrees element by element); rows of an odd length
+ * keep one element a thread. Every candidate compiles. */
+static void test_pad_vectorised(void) {
+  enum { R = 3 };
+  uint16_t x[R * 13], z[R * 3], out[R * 16];
+  for (int i = 0; i < R * 13; i++) x[i] = fm_reference_f32_to_bf16((float)i - 7.5f);
+  for (int i = 0; i < R * 3; i++) z[i] = fm_reference_f32_to_bf16(100.0f + (float)i);
+  pad_rows(16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  const void *in[2] = {x, z};
+  void *o[1] = {out};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, R, in, o, &d), FM_OK);
+  int bad = 0;
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < 16; j++) bad += out[r * 16 + j] != (j < 13 ? x[r * 13 + j] : z[r * 3 + j - 13]);
+  CHECK_EQ_INT(bad, 0);
+  char *src = NULL;
+  fm_kernel_meta m;
+  CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
+  CHECK(src && strstr(src, "CAT path, vec 8,") && strstr(src, "*reinterpret_cast<uint4 *>(out0 + "));
+  CHECK(src && strstr(src, "const long long cl = c1 + q;"));
+  free(src);
+  src = NULL;
+  int compiled = 0;
+  CHECK_EQ_INT(tf_compile_every(&canon, "cat pad rows", &compiled), 0);
+  CHECK(compiled > 0);
+  pad_rows(15); /* [-1, 15] rows: no whole vectors */
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
+  CHECK(src && strstr(src, "CAT path, vec 1,") && !strstr(src, "reinterpret_cast"));
+  free(src);
 }
 
 /* A cat's operands are generated once more per branch, so they count again in the cost. */
@@ -192,6 +249,7 @@ int main(void) {
   RUN(test_reference_three_middle);
   RUN(test_reference_computed);
   RUN(test_compiles);
+  RUN(test_pad_vectorised);
   RUN(test_cost);
   return FM_TEST_DONE();
 }

@@ -705,17 +705,33 @@ LARGE_CAT = 1 << 16  # elements of a lone cat worth a kernel of its own
 
 
 def _large_cat(g):
-    """A lone cat of at least LARGE_CAT elements with an operand read transposed (the
-    attention gradients of a ViT stacked into the QKV projection's layout, cat_rewrite.py):
-    ATen copies such operands in two passes at a fraction of the bandwidth (stack and clone:
-    0.11 ms a layer of a ViT-S on an H200), a kernel of its own reads each in place. A cat of
-    contiguous operands stays ATen's: its cat kernel ran GPT-2's padded logits gradient at
-    1.9 TB/s, where ours gained nothing and the first step paid its compile and verification
-    (13.6 -> 19.0 s)."""
+    """A lone cat of at least LARGE_CAT elements that a kernel of its own writes faster than
+    ATen's cat (measured routing still times the two on the first call):
+    - an operand read transposed (the attention gradients of a ViT stacked into the QKV
+      projection's layout, cat_rewrite.py): ATen copies such operands in two passes at a
+      fraction of the bandwidth (stack and clone: 0.11 ms a layer of a ViT-S on an H200), a
+      kernel of its own reads each in place;
+    - rows padded to whole 16-byte vectors along the last dim from operands whose rows are not
+      (GPT-2's 4096 x 50257 logits gradient padded to 50304 for the lm_head's GEMMs, pad_gemm):
+      our kernel stores each row 16 bytes at a time, where ATen's cat ran at 1.9 TB/s.
+    Other cats of contiguous operands stay ATen's."""
     cats = [n for n in g.members if ops.cat_dim(n) is not None]
     if len(cats) != 1 or cats[0].meta["val"].numel() < LARGE_CAT:
         return False
-    return any(isinstance(x, torch.fx.Node) and not x.meta["val"].is_contiguous() for x in cats[0].args[0])
+    xs = [x for x in cats[0].args[0] if isinstance(x, torch.fx.Node)]
+    if any(not x.meta["val"].is_contiguous() for x in xs):
+        return True
+    return _pads_rows_to_vectors(cats[0], xs)
+
+
+def _pads_rows_to_vectors(cat, xs):
+    """cat along the last dim into contiguous rows of whole 16-byte vectors, from an operand
+    whose rows are not."""
+    val = cat.meta["val"]
+    row_bytes = val.shape[-1] * val.element_size()
+    if ops.cat_dim(cat) != val.dim() - 1 or not val.is_contiguous() or row_bytes % 16:
+        return False
+    return any(x.meta["val"].shape[-1] * x.meta["val"].element_size() % 16 for x in xs)
 
 
 def _finish(g, min_ops):

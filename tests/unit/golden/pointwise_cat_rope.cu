@@ -1,4 +1,4 @@
-/* fusemld codegen v34: pointwise kernel, CAT path, unroll 2, block 256.
+/* fusemld codegen v34: pointwise kernel, CAT path, vec 8, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
@@ -144,35 +144,42 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v34(
     unsigned short *__restrict__ out0,
     long long outer) {
   const long long n = outer * 24LL;
-  for (long long e0 = (long long)blockIdx.x * 512 + threadIdx.x; e0 < n;
+  const long long nu = n / 8;  /* units of 8 elements */
+  for (long long e0 = (long long)blockIdx.x * 512 + threadIdx.x; e0 < nu;
        e0 += (long long)gridDim.x * 512) {
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const long long e = e0 + u * 256;
-      if (e >= n) break;
+      if (e0 + u * 256 >= nu) break;
+      const long long e = (e0 + u * 256) * 8;  /* the unit's first element */
       const long long c0 = e / 24LL;
       unsigned int r = (unsigned int)(e - c0 * 24LL);
       const long long c2 = (long long)(r % 8u);
       r /= 8u;
       const long long c1 = (long long)(r % 3u);
       r /= 3u;
-      const float v2 = fm_bf16_to_f32(in2[c0 * 24LL + c1 * 8LL + c2]);
-      const float v3 = fm_bf16_to_f32(in3[c0 * 8LL + c2]);
-      const float v4 = fm_bf16_to_f32(in4[c0 * 8LL + c2]);
-      const float v5 = (v2 * v3);  /* mul */
-      float v7;  /* cat along dim 2 */
-      if (c2 < 4LL) {
-        const float v1 = fm_bf16_to_f32(in1[c0 * 24LL + c1 * 8LL + c2]);
-        const float v6 = (-v1);  /* neg */
-        v7 = v6;
-      } else {
-        const long long b2 = c2 - 4LL;
-        const float v0 = fm_bf16_to_f32(in0[c0 * 24LL + c1 * 8LL + b2]);
-        v7 = v0;
+      uint4 w0 = {};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const long long cl = c2 + q;
+        const float v2 = fm_bf16_to_f32(in2[c0 * 24LL + c1 * 8LL + cl]);
+        const float v3 = fm_bf16_to_f32(in3[c0 * 8LL + cl]);
+        const float v4 = fm_bf16_to_f32(in4[c0 * 8LL + cl]);
+        const float v5 = (v2 * v3);  /* mul */
+        float v7;  /* cat along dim 2 */
+        if (cl < 4LL) {
+          const float v1 = fm_bf16_to_f32(in1[c0 * 24LL + c1 * 8LL + cl]);
+          const float v6 = (-v1);  /* neg */
+          v7 = v6;
+        } else {
+          const long long b2 = cl - 4LL;
+          const float v0 = fm_bf16_to_f32(in0[c0 * 24LL + c1 * 8LL + b2]);
+          v7 = v0;
+        }
+        const float v8 = (v7 * v4);  /* mul */
+        const float v9 = (v5 + v8);  /* add */
+        fm_put_u16(w0, q, fm_f32_to_bf16(v9));
       }
-      const float v8 = (v7 * v4);  /* mul */
-      const float v9 = (v5 + v8);  /* add */
-      out0[c0 * 24LL + c1 * 8LL + c2] = fm_f32_to_bf16(v9);
+      *reinterpret_cast<uint4 *>(out0 + c0 * 24LL + c1 * 8LL + c2) = w0;
     }
   }
 }

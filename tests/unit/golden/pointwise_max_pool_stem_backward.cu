@@ -1,4 +1,4 @@
-/* fusemld codegen v34: pointwise kernel, CAT path, unroll 2, block 256.
+/* fusemld codegen v34: pointwise kernel, CAT path, vec 1, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
