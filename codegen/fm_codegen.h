@@ -96,15 +96,17 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
  * One row (up to FM_MAX_ROW_HELD elements) is read once into fp32 registers (elements per thread a compile-time constant,
  * 16-byte vector loads where every row tensor allows them, masked edges for any N), reduced
  * by warp shuffles (+ shared memory across warps), normalised there and written once. A
- * longer row streams: each pass reads it tile by tile (from L2 after the first), one pass
- * per level of dependent reductions plus one that writes (log_softmax: 3 reads, 1 write).
+ * longer row streams (by default past 16384 elements; a candidate past 4096): each pass
+ * reads it tile by tile (from L2 after the first), one pass per level of dependent
+ * reductions plus one that writes, a sum of exp(x - amax(x)) sharing its amax's pass
+ * (log_softmax: 2 reads, 1 write; cross-entropy's statistics: 1 read).
  * Launch metadata: kind "rows", grid rule "rows" (fm_meta.h). */
 
 typedef enum {
   FM_ROWS_WARP = 1,   /* one warp per row, block/32 rows per block: short rows */
   FM_ROWS_BLOCK = 2,  /* one block per row: long rows */
   FM_ROWS_STREAM = 3, /* one block per row, the row streamed through registers in tiles, one
-                         pass per level of reductions: rows longer than registers hold (a
+                         pass per level of reductions: rows longer than registers hold well (a
                          vocabulary's logits); no var */
 } fm_rows_variant;
 
