@@ -28,11 +28,17 @@
 #define MAX_CASES 256
 #define N_THREADS 16
 
-enum { K_SOFTMAX, K_LAYER_NORM, K_RMS_NORM, K_RMS_RESIDUAL, K_STATS, K__N };
-static const char *const kind_name[K__N] = {"softmax", "layer_norm", "rms_norm", "rms_residual", "stats"};
+/* K_MASKED: softmax of rows with -inf entries (an attention mask): the first third of a row
+ * and every fifth element after it, and every fourth row whole (NaN out, as torch's);
+ * K_XENT: cross-entropy's row statistics as the client sends them (the log-sum-exp and the
+ * picked logit, from a [.., n] f32 column index and a per-row f32 target, some -1). */
+enum { K_SOFTMAX, K_LAYER_NORM, K_RMS_NORM, K_RMS_RESIDUAL, K_STATS, K_MASKED, K_XENT, K__N };
+static const char *const kind_name[K__N] = {"softmax", "layer_norm", "rms_norm", "rms_residual",
+                                            "stats",   "masked",     "xent"};
 
 typedef struct tcase {
   char name[96];
+  int kind;
   fm_fragment canon;
   int64_t outer; /* launch dim 0 (symbolic) */
 } tcase;
@@ -102,6 +108,7 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
   tensor(&f.inputs[0], 0, dt, r, x);
   switch (kind) {
     case K_SOFTMAX:
+    case K_MASKED:
       op(&f, FM_OP_SOFTMAX, 10, 1, 0, 0, 0, 0);
       f.n_outputs = 1;
       tensor(&f.outputs[0], 10, dt, r, x);
@@ -145,6 +152,27 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       op(&f, FM_OP_CAST, 22, 1, 21, 0, 0, 0);
       f.ops[f.n_ops - 1].dtype = dt;
       tensor(&f.outputs[f.n_outputs++], 22, dt, r, x);
+      break;
+    }
+    case K_XENT: { /* x32 = f32(x); lse = log(sum(exp(x32 - amax))) + amax; picked = sum(where(cols == t, x32, 0)) */
+      f.n_inputs = 3;
+      tensor(&f.inputs[1], 1, FM_DT_F32, r, w);
+      tensor(&f.inputs[2], 2, FM_DT_F32, r, s);
+      op(&f, FM_OP_CAST, 3, 1, 0, 0, 0, 0);
+      f.ops[f.n_ops - 1].dtype = FM_DT_F32;
+      op(&f, FM_OP_AMAX, 4, 1, 3, 0, 0, 0);
+      op(&f, FM_OP_SUB, 5, 2, 3, 4, 0, 0);
+      op(&f, FM_OP_EXP, 6, 1, 5, 0, 0, 0);
+      op(&f, FM_OP_SUM, 7, 1, 6, 0, 0, 0);
+      op(&f, FM_OP_LOG, 8, 1, 7, 0, 0, 0);
+      op(&f, FM_OP_ADD, 9, 2, 8, 4, 0, 0);
+      op(&f, FM_OP_EQ, 11, 2, 1, 2, 0, 0);
+      op(&f, FM_OP_CONST, 12, 0, 0, 0, 0, 0.0);
+      op(&f, FM_OP_WHERE, 13, 3, 11, 3, 12, 0);
+      op(&f, FM_OP_SUM, 14, 1, 13, 0, 0, 0);
+      f.n_outputs = 2;
+      tensor(&f.outputs[0], 9, FM_DT_F32, r, s);
+      tensor(&f.outputs[1], 14, FM_DT_F32, r, s);
       break;
     }
     default:
@@ -199,6 +227,25 @@ static void fill(void *h, const fm_tensor *t, size_t n, gu_rng *rng, int which) 
   }
 }
 
+/* The kinds whose inputs are not plain random values: K_MASKED's -inf entries, K_XENT's column
+ * index (exact in f32: rows are at most 2^20 long) and targets. */
+static void fill_special(const tcase *c, void *const *h_in, const size_t *n_in, gu_rng *rng) {
+  const fm_fragment *f = &c->canon;
+  const int64_t n = f->inputs[0].shape[f->inputs[0].rank - 1];
+  if (c->kind == K_MASKED)
+    for (size_t i = 0; i < n_in[0]; i++) {
+      const int64_t row = (int64_t)i / n, j = (int64_t)i % n;
+      if (row % 4 == 3 || j < n / 3 || j % 5 == 1) gu_store(h_in[0], f->inputs[0].dtype, i, -INFINITY);
+    }
+  if (c->kind == K_XENT) {
+    for (size_t i = 0; i < n_in[1]; i++) gu_store(h_in[1], FM_DT_F32, i, (double)((int64_t)i % n));
+    for (size_t i = 0; i < n_in[2]; i++) {
+      const double t = floor(gu_uniform(rng, -0.2, 1.0) * (double)n); /* some below 0: ignored, -1 */
+      gu_store(h_in[2], FM_DT_F32, i, t < 0 ? -1.0 : t >= (double)n ? (double)(n - 1) : t);
+    }
+  }
+}
+
 static void run_job(job *j, gu_rng *rng) {
   tcase *c = &cases[j->c];
   const fm_fragment *f = &c->canon;
@@ -226,6 +273,10 @@ static void run_job(job *j, gu_rng *rng) {
     h_in[k] = malloc(bytes);
     /* rows (x, the residual) signed; weights, biases and per-row scales in [0.5, 1.5] */
     fill(h_in[k], t, n_in[k], rng, n_in[k] != gu_span(&f->inputs[0], c->outer));
+  }
+  fill_special(c, h_in, n_in, rng);
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    const size_t bytes = n_in[k] * fm_dtype_size(f->inputs[k].dtype);
     d_in[k] = gu_dalloc(cu, bytes);
     gu_h2d(cu, d_in[k], h_in[k], bytes);
     ins[k] = (void *)(uintptr_t)d_in[k];
@@ -293,7 +344,9 @@ int main(int argc, char **argv) {
       for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
         int symbolic = (ni + di + (size_t)kind) % 3 != 0; /* two in three symbolic */
         if (ns[ni] > FM_MAX_ROW_HELD && (kind == K_LAYER_NORM || kind == K_STATS)) continue;
+        if (kind == K_XENT && ns[ni] == 1) continue; /* a class index needs two classes to mean anything */
         tcase *c = &cases[n_cases];
+        c->kind = kind;
         snprintf(c->name, sizeof c->name, "%s %s N=%lld %s", kind_name[kind], fm_dtype_name(dts[di]), (long long)ns[ni],
                  symbolic ? "[-1 (37), N]" : "[3, 5, N]");
         c->outer = symbolic ? 37 : 3;
