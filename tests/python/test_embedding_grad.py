@@ -108,11 +108,11 @@ class Bias(torch.nn.Module):
 
 
 def test_a_table_many_ids_read_stays_aten(served):
-    """1024 ids a row (the bias above): atomic adds to a row would serialise; ATen's sort
-    stays, and the gradient is eager's."""
+    """96 x 96 ids into 4 rows (the bias above), 2304 a row: atomic adds to a row would
+    serialise; ATen's sort stays, and the gradient is eager's."""
     torch.manual_seed(0)
     m = Bias()
-    x = torch.randn(2, 64, 64)
+    x = torch.randn(2, 96, 96)
     c = fuseml.FuseMLCompiler()
     torch.compile(m, backend=c)(x).backward()
     ref = Bias()
@@ -121,6 +121,38 @@ def test_a_table_many_ids_read_stays_aten(served):
     targets = [n.target for p in c.plans if p.compiled is not None for n in p.compiled.gm.graph.nodes]
     assert aten.embedding_dense_backward.default in targets and eg.embedding_grad_fp32 not in targets
     assert rel_err(m.table.weight.grad, ref.table.weight.grad) < 1e-5
+
+
+class TokenTypes(torch.nn.Module):
+    """BERT's token-type table: 2 rows, every token reading one (most often row 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.types = torch.nn.Embedding(2, 32)
+        self.out = torch.nn.Linear(32, 4)
+
+    def forward(self, x, types):
+        return self.out(torch.tanh(x + self.types(types)))
+
+
+def test_a_few_row_table_in_a_small_batch_is_a_scatter_add(served):
+    """8 x 128 ids into 2 rows (512 a row, above MAX_IDS_PER_ROW) but no more than FEW_IDS in
+    all: the scatter-add, not ATen's sort, with eager's gradient."""
+    torch.manual_seed(0)
+    m = TokenTypes()
+    ref = TokenTypes()
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(8, 128, 32)
+    types = torch.zeros(8, 128, dtype=torch.long)
+    types[:, 100:] = 1
+    assert types.numel() > eg.MAX_IDS_PER_ROW * 2 and types.numel() <= eg.FEW_IDS
+    c = fuseml.FuseMLCompiler()
+    torch.compile(m, backend=c)(x, types).square().sum().backward()
+    ref(x, types).square().sum().backward()
+    targets = [n.target for p in c.plans if p.compiled is not None for n in p.compiled.gm.graph.nodes]
+    assert aten.embedding_dense_backward.default not in targets
+    assert eg.embedding_grad in targets or eg.embedding_grad_fp32 in targets
+    assert rel_err(m.types.weight.grad, ref.types.weight.grad) < 1e-5
 
 
 class Tied(torch.nn.Module):

@@ -21,8 +21,8 @@ from ATen's in the last bits of fp32 before the cast and is not bitwise reproduc
 rewrite is not made when `torch.use_deterministic_algorithms(True)` is in force when the graph
 is compiled, and the function itself calls ATen's op when it is in force at the call. A
 gradient scaled by frequency (`scale_grad_by_freq`) stays ATen's, and so does a table read by
-many ids a row (MAX_IDS_PER_ROW). Rows at `padding_idx` get no gradient, as ATen's: that row
-is zeroed after the adds (only its own tokens reach it)."""
+many ids a row (MAX_IDS_PER_ROW) in a large batch (FEW_IDS). Rows at `padding_idx` get no
+gradient, as ATen's: that row is zeroed after the adds (only its own tokens reach it)."""
 
 import torch
 
@@ -37,6 +37,11 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # row's run at once. A table with more ids than this many per row on average stays ATen's;
 # a vocabulary (4096 tokens into 32000 rows) is far below it.
 MAX_IDS_PER_ROW = 16
+# ...unless the whole batch is this few ids: then no row waits on more than that many adds
+# (~45 us at T5's rate), where ATen's sort costs ~0.3 ms of host a call. BERT's token-type
+# table (2 rows, 8 x 512 ids, usually all 0) was ATen's by the rule above: 227 kernels a
+# training step, wall 1.08x Inductor's (bench/NOTES.md, "Cross-entropy's row read once").
+FEW_IDS = 4096
 
 
 def embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
@@ -72,7 +77,7 @@ def _rewritable(node):
         and not node.kwargs
         and isinstance(num_weights, int)
         and isinstance(indices.numel(), int)
-        and indices.numel() <= MAX_IDS_PER_ROW * num_weights
+        and (indices.numel() <= MAX_IDS_PER_ROW * num_weights or indices.numel() <= FEW_IDS)
     )
 
 
