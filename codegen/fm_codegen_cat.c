@@ -179,9 +179,10 @@ static uint32_t memory_order(const fm_tensor *t, uint32_t order[FM_MAX_RANK]) {
  * output stores as one aligned vector: row-major along the last dim, a whole number of units
  * in it, every other stride and the alignment multiples of the unit. 1 with a window op. */
 uint32_t fm_cg_cat_widest_unit(const fm_fragment *f) {
+  if (f->n_outputs < 1 || f->n_outputs > FM_MAX_OUTPUTS || f->n_ops > FM_MAX_OPS) return 1;
   const uint32_t r = f->outputs[0].rank;
   size_t widest = 1;
-  if (r == 0) return 1;
+  if (r == 0 || r > FM_MAX_RANK) return 1;
   for (uint32_t i = 0; i < f->n_ops; i++)
     if (fm_op_kind(f->ops[i].op) == FM_OPK_WINDOW) return 1;
   for (uint32_t k = 0; k < f->n_outputs; k++)
