@@ -51,5 +51,8 @@ void fm_cg_rows_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p
  * for a live var. */
 int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
                                 const fm_cg_rows_shape *s, fm_diag *d);
+/* How many times the STREAM body reads each row: one pass per level of reductions (an online
+ * pair sharing its amax's), one more where a row value is stored. */
+uint32_t fm_cg_rows_stream_passes(const fm_fragment *f, const fm_cg_rows_plan *rp);
 
 #endif

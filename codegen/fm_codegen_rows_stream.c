@@ -173,6 +173,16 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
   emit_scalars(sb, f, p, s, level, l);
 }
 
+uint32_t fm_cg_rows_stream_passes(const fm_fragment *f, const fm_cg_rows_plan *rp) {
+  const fm_cg_plan *p = &rp->base;
+  uint32_t level[FM_CG_MAX_VALUES], pair[FM_CG_MAX_VALUES], top = 0, row_out = 0;
+  value_levels(f, p, level, pair);
+  for (uint32_t v = 0; v < p->n_in + p->n_ops; v++)
+    if (p->live[v] && level[v] > top) top = level[v];
+  for (uint32_t k = 0; k < p->n_out; k++) row_out |= p->rowval[p->t[p->n_in + k].value];
+  return top + row_out;
+}
+
 int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp,
                                 const fm_cg_rows_shape *s, fm_diag *d) {
   const fm_cg_plan *p = &rp->base;

@@ -88,7 +88,7 @@ static void test_stream(void) {
 /* Cross-entropy's forward over 32000 logits: the default streams it (1024 threads would hold
  * 32 elements of each of the logits and the column index in 64 registers: it spilled), and
  * its three reductions (amax, the online sum of exp, the picked logit) share ONE pass, so the
- * row is read once; the held variant stays a candidate, timed against it. */
+ * row is read once, by 256 threads; the held variant stays a candidate, timed against it. */
 static void test_stream_cross_entropy(void) {
   fm_candidate c[32];
   fm_kernel_meta m;
@@ -98,8 +98,10 @@ static void test_stream_cross_entropy(void) {
   size_t n = fm_codegen_candidates(&canon, c, 32);
   CHECK(n >= 3);
   CHECK_EQ_INT(c[0].p[0], FM_ROWS_STREAM);
-  CHECK_EQ_INT(c[0].p[1], 1024);
-  int held = 0;
+  CHECK_EQ_INT(c[0].p[1], 256);
+  int held = 0, stream_1024 = 0;
+  for (size_t i = 0; i < n; i++) stream_1024 += c[i].p[0] == FM_ROWS_STREAM && c[i].p[1] == 1024;
+  CHECK_EQ_INT(stream_1024, 1);
   for (size_t i = 0; i < n; i++) held += c[i].p[0] == FM_ROWS_BLOCK;
   CHECK(held >= 1);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &m, &d), FM_OK);

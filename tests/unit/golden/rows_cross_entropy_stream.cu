@@ -1,4 +1,4 @@
-/* fusemld codegen v34: rows kernel, a block streaming per row, block 1024, rows of 32000, vec 4, 8 elements per thread.
+/* fusemld codegen v34: rows kernel, a block streaming per row, block 256, rows of 32000, vec 4, 8 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 0
@@ -148,27 +148,27 @@ __device__ __forceinline__ float fm_warp_max(float x) {
 __device__ __forceinline__ float fm_row_sum(float x, float *red, int &par) {
   x = fm_warp_sum(x);
   float *r = red + par;
-  par ^= 32;
+  par ^= 8;
   if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;
   __syncthreads();
   float t = r[0];
 #pragma unroll
-  for (int w = 1; w < 32; ++w) t += r[w];
+  for (int w = 1; w < 8; ++w) t += r[w];
   return t;
 }
 __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   x = fm_warp_max(x);
   float *r = red + par;
-  par ^= 32;
+  par ^= 8;
   if ((threadIdx.x & 31) == 0) r[threadIdx.x >> 5] = x;
   __syncthreads();
   float t = r[0];
 #pragma unroll
-  for (int w = 1; w < 32; ++w) t = fm_maximum(t, r[w]);
+  for (int w = 1; w < 8; ++w) t = fm_maximum(t, r[w]);
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v34(
     const unsigned short *__restrict__ in0,
     const float *__restrict__ in1,
     const float *__restrict__ in2,
@@ -177,9 +177,9 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
     long long outer) {
   const long long rows = outer * 1LL;
   const int lane = threadIdx.x;
-  __shared__ float fm_red[64];
+  __shared__ float fm_red[16];
   int fm_par = 0;
-  for (long long row = (long long)blockIdx.x * 1 + threadIdx.x / 1024; row < rows;
+  for (long long row = (long long)blockIdx.x * 1 + threadIdx.x / 256; row < rows;
        row += (long long)gridDim.x * 1) {
     unsigned long long q = (unsigned long long)row;
     const long long c0 = (long long)q;
@@ -197,11 +197,11 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
     float fm_a7 = 0.0f;
     float fm_a13 = 0.0f;
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 32000LL; fm_t0 += 8192LL) {
+    for (long long fm_t0 = 0; fm_t0 < 32000LL; fm_t0 += 2048LL) {
     float v0[8];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const long long j = fm_t0 + ((long long)c * 1024 + lane) * 4;
+      const long long j = fm_t0 + ((long long)c * 256 + lane) * 4;
       if (j < 32000LL) {
         const uint2 r = *reinterpret_cast<const uint2 *>(in0 + b0 + j);
 #pragma unroll
@@ -214,7 +214,7 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
     float v1[8];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const long long j = fm_t0 + ((long long)c * 1024 + lane) * 4;
+      const long long j = fm_t0 + ((long long)c * 256 + lane) * 4;
       if (j < 32000LL) {
         const uint4 r = *reinterpret_cast<const uint4 *>(in1 + b1 + j);
 #pragma unroll
@@ -235,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
     for (int i = 0; i < 8; ++i) v12[i] = (v10[i] ? v3[i] : v11);  /* where */
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + (i / 4 * 1024 + lane) * 4 < 32000)) {  /* online: the sum of exp(x - running max) */
+      if ((fm_t0 + (i / 4 * 256 + lane) * 4 < 32000)) {  /* online: the sum of exp(x - running max) */
         const float d = v3[i] == fm_a4 ? 0.0f : v3[i] - fm_a4;
         const float e = fm_exp(-fabsf(d));
         fm_a7 = d > 0.0f ? fmaf(fm_a7, e, 1.0f) : fm_a7 + e;
@@ -243,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v34(
       }
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + (i / 4 * 1024 + lane) * 4 < 32000)) fm_a13 += v12[i];
+      if ((fm_t0 + (i / 4 * 256 + lane) * 4 < 32000)) fm_a13 += v12[i];
     }
     const float v4 = fm_row_max(fm_a4, fm_red, fm_par);  /* amax */
     const float v7 = fm_row_sum(fm_a7 * fm_exp(fm_a4 - v4), fm_red, fm_par);  /* online sum */
