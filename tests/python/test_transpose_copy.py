@@ -152,3 +152,42 @@ def test_a_clone_of_an_input_or_a_constant_is_left_alone():
     x, y = torch.randn(4, 6), torch.randn(3, 5)
     got = gm(x, y)
     torch.testing.assert_close(got[0], x)
+
+
+def repeat_kv(v, rep=4):
+    """Hugging Face's repeat_kv of a GQA decoder's values, read as heads: [B, S, kv, D] ->
+    [B, kv * rep, S, D], each head repeated rep times and copied."""
+    v = v.transpose(1, 2)
+    b, kv, s, d = v.shape
+    return v[:, :, None, :, :].expand(b, kv, rep, s, d).reshape(b, kv * rep, s, d)
+
+
+def test_a_large_copy_of_a_repeated_view_is_a_kernel(dead_socket, partitioned):
+    """The copy repeat_kv makes (a lone clone of a broadcast, transposed view, at least
+    partition.LARGE_CAT elements) is a kernel of its own: the fragment reads the view at its
+    strides (0 along the repeat) and has no ops. A small one, or a copy of a contiguous value,
+    stays ATen's."""
+    x = torch.randn(2, 256, 2, 64, dtype=BF16)
+    torch.testing.assert_close(
+        torch.compile(repeat_kv, backend=fuseml.FuseMLCompiler(), dynamic=False)(x), repeat_kv(x)
+    )
+    small = torch.randn(1, 8, 2, 16, dtype=BF16)
+    torch.testing.assert_close(
+        torch.compile(repeat_kv, backend=fuseml.FuseMLCompiler(), dynamic=False)(small), repeat_kv(small)
+    )
+    (_, groups), (_, groups_small) = partitioned
+    (g,) = groups
+    assert g.route == "kernel" and g.op_names == ["clone"], g.describe()
+    w = g.built.wire
+    assert w["ops"] == [] and w["outputs"][0]["id"] == w["inputs"][0]["id"]
+    assert w["inputs"][0]["strides"][2] == 0 and w["outputs"][0]["shape"] == [2, 2, 4, 256, 64]
+    (h,) = groups_small
+    assert h.route == "bypass", h.describe()
+
+
+def test_daemon_accepts_the_repeated_copy(daemon):
+    x = torch.randn(2, 256, 2, 64, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    torch.testing.assert_close(torch.compile(repeat_kv, backend=c, dynamic=False)(x), repeat_kv(x))
+    (g,) = [g for p in c.plans for g in p.kernels()]
+    assert g.op_names == ["clone"] and g.key and g.state in ("untuned", "tuned"), g.describe()

@@ -724,6 +724,21 @@ def _large_cat(g):
     return _pads_rows_to_vectors(cats[0], xs)
 
 
+def _large_copy(g):
+    """A lone clone of at least LARGE_CAT elements from a view that repeats or strides its
+    elements (Hugging Face's repeat_kv: a GQA decoder's keys and values expanded over the
+    query heads and copied, [B, kv, rep, S, D] from [B, S, kv, D]): ATen copies such a view
+    one element at a time (0.75 TB/s, 8 copies a step of the GQA decoder on an H200), a kernel
+    of its own reads it broadcast and stores 16 bytes at a time. Measured routing still times
+    the two on the first call."""
+    copies = [n for n in g.members if n.target is ops.aten.clone.default]
+    if len(copies) != 1 or len(g.members) != 1:
+        return False
+    src = copies[0].args[0]
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.numel() >= LARGE_CAT and not val.is_contiguous()
+
+
 def _pads_rows_to_vectors(cat, xs):
     """cat along the last dim into contiguous rows of whole 16-byte vectors, from an operand
     whose rows are not."""
@@ -758,7 +773,7 @@ def _finish(g, min_ops):
     elif g.kind in ("pointwise", "rows"):
         # an expand to its own shape moves nothing: a group of views alone is no kernel
         compute = [n for n in g.members if n.target is not ops.aten.expand.default]
-        if len(compute) < min_ops and not _large_cat(g):
+        if len(compute) < min_ops and not _large_cat(g) and not _large_copy(g):
             g.reason = "single op: nothing to fuse"
         else:
             g.route = "kernel"
