@@ -612,12 +612,13 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
   out[n++] = def;
   fm_cg_rows_plan *rp = canon ? malloc(sizeof *rp) : NULL;
   if (!rp || fm_cg_rows_plan_build(canon, rp, NULL) != FM_OK) goto done;
+  const int var = has_var(canon, &rp->base);
   for (int v = FM_ROWS_WARP; v <= FM_ROWS_STREAM; v++)
     for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
       fm_rows_config c = {(uint32_t)v, blocks[b], 0};
       shape s = {0};
       if (v == FM_ROWS_WARP && (blocks[b] > 512 || rp->n > 2048)) continue;
-      if (v == FM_ROWS_STREAM && (blocks[b] < 256 || rp->n <= STREAM_FROM || has_var(canon, &rp->base))) continue;
+      if (v == FM_ROWS_STREAM && (blocks[b] < 256 || rp->n <= STREAM_FROM || var)) continue;
       if (v == FM_ROWS_BLOCK && rp->n > FM_MAX_ROW_HELD) continue; /* spills: streamed instead */
       if (make_shape(rp, &c, &s, NULL) != FM_OK) continue;
       if (v == FM_ROWS_BLOCK && (uint64_t)blocks[b] * s.vec > 2 * (uint64_t)rp->n) continue;

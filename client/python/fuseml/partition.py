@@ -715,13 +715,14 @@ def _large_cat(g):
       (GPT-2's 4096 x 50257 logits gradient padded to 50304 for the lm_head's GEMMs, pad_gemm):
       our kernel stores each row 16 bytes at a time, where ATen's cat ran at 1.9 TB/s.
     Other cats of contiguous operands stay ATen's."""
-    cats = [n for n in g.members if ops.cat_dim(n) is not None]
-    if len(cats) != 1 or cats[0].meta["val"].numel() < LARGE_CAT:
+    cats = [(n, ops.cat_dim(n)) for n in g.members if ops.cat_dim(n) is not None]
+    if len(cats) != 1 or cats[0][0].meta["val"].numel() < LARGE_CAT:
         return False
-    xs = [x for x in cats[0].args[0] if isinstance(x, torch.fx.Node)]
+    ((cat, dim),) = cats
+    xs = [x for x in cat.args[0] if isinstance(x, torch.fx.Node)]
     if any(not x.meta["val"].is_contiguous() for x in xs):
         return True
-    return _pads_rows_to_vectors(cats[0], xs)
+    return _pads_rows_to_vectors(cat, dim, xs)
 
 
 def _large_copy(g):
@@ -731,20 +732,19 @@ def _large_copy(g):
     one element at a time (0.75 TB/s, 8 copies a step of the GQA decoder on an H200), a kernel
     of its own reads it broadcast and stores 16 bytes at a time. Measured routing still times
     the two on the first call."""
-    copies = [n for n in g.members if n.target is ops.aten.clone.default]
-    if len(copies) != 1 or len(g.members) != 1:
+    if len(g.members) != 1 or g.members[0].target is not ops.aten.clone.default:
         return False
-    src = copies[0].args[0]
+    src = g.members[0].args[0]
     val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
     return isinstance(val, torch.Tensor) and val.numel() >= LARGE_CAT and not val.is_contiguous()
 
 
-def _pads_rows_to_vectors(cat, xs):
-    """cat along the last dim into contiguous rows of whole 16-byte vectors, from an operand
-    whose rows are not."""
+def _pads_rows_to_vectors(cat, dim, xs):
+    """cat along the last dim (dim) into contiguous rows of whole 16-byte vectors, from an
+    operand whose rows are not."""
     val = cat.meta["val"]
     row_bytes = val.shape[-1] * val.element_size()
-    if ops.cat_dim(cat) != val.dim() - 1 or not val.is_contiguous() or row_bytes % 16:
+    if dim != val.dim() - 1 or not val.is_contiguous() or row_bytes % 16:
         return False
     return any(x.meta["val"].shape[-1] * x.meta["val"].element_size() % 16 for x in xs)
 
