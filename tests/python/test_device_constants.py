@@ -162,3 +162,20 @@ def test_move_changes_the_constants_and_their_metadata():
     assert nodes["where"].meta["val"].device.type == "cuda"
     assert "device = device(type='meta')" in gm.code
     assert cudagraphs._api().check_for_skip(gm, 0) is None
+
+
+def test_move_under_a_fake_mode_keeps_real_constants():
+    """aot_autograd calls a training graph's compiler under its fake mode: the constants moved
+    there are still real tensors (a fake one kept as the graph's attribute broke T5's training
+    step under CUDA graphs: "Please convert all Tensors to FakeTensors first" at folding)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def f(x):
+        return x * torch.tensor(2.0)
+
+    gm = _trace(f, (4, 8))
+    with FakeTensorMode():
+        moved, kept = device_constants.move(gm, torch.device("meta"))
+    assert moved and kept == {}
+    const = gm._tensor_constant0
+    assert const.device.type == "meta" and not isinstance(const, FakeTensor)

@@ -237,3 +237,59 @@ def test_a_bad_memory_budget_warns_once_and_uses_the_default(fake_cuda, monkeypa
         assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
     assert run.budget == (80 << 30) // 10 and run.recordings == 1
     assert [r for r in caplog.records if "FUSEML_GRAPH_MEMORY_MB" in r.getMessage()]
+
+
+class _Upgrading:
+    """A compiled graph whose kernels a test upgrades: poll_kernels() returns the version, as
+    backend.Compiled's does after an upgrade tick; the result depends on the version (as if
+    the tuned kernel were another computation), so a stale recording would show."""
+
+    def __init__(self):
+        self.kernels_version = 0
+        self.calls = 0
+        self.polls = 0
+
+    def poll_kernels(self):
+        self.polls += 1
+        return self.kernels_version
+
+    def __call__(self, args):
+        self.calls += 1
+        (x,) = args
+        return [x * 2.0 + self.kernels_version]
+
+
+def test_upgraded_kernels_are_recorded_again(fake_cuda):
+    """Tuned kernels arriving after a graph was recorded: the replay sees the compiled
+    graph's kernel version move, drops its recordings, warms the input set up again (the
+    call that loads the tuned modules runs as compiled, outside any capture) and records it
+    again; replays then run the new kernels."""
+    fn = _Upgrading()
+    run = graph_replay.GraphReplay(fn, (), 0)
+    x = torch.randn(3, 4)
+    run([x])  # warm-up
+    assert torch.equal(run([x])[0], x * 2.0)  # recorded
+    assert torch.equal(run([x])[0], x * 2.0) and fake_cuda.captures == 1
+    fn.kernels_version = 1  # an upgrade
+    calls = fn.calls
+    assert torch.equal(run([x])[0], x * 2.0 + 1.0)
+    assert fn.calls == calls + 1 and fake_cuda.captures == 1  # warmed up as compiled, not captured
+    assert torch.equal(run([x])[0], x * 2.0 + 1.0) and fake_cuda.captures == 2
+    assert torch.equal(run([x])[0], x * 2.0 + 1.0) and fake_cuda.captures == 2  # a replay
+    assert run.upgrades == 1 and graph_replay.stats()["upgrades"] >= 1
+    assert fn.polls >= 6  # asked at every call, replays included
+
+
+def test_held_output_survives_an_upgrade(fake_cuda):
+    """An output the caller holds across the upgrade keeps its values: dropping a recording
+    does not hand its memory to the next one while the output lives."""
+    fn = _Upgrading()
+    run = graph_replay.GraphReplay(fn, (), 0)
+    x = torch.randn(3, 4)
+    run([x])
+    kept = run([x])[0]
+    before = kept.clone()
+    fn.kernels_version = 1
+    for _ in range(3):
+        run([x])
+    assert torch.equal(kept, before)

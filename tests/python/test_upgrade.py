@@ -4,6 +4,7 @@ its third candidate is the fastest): the kernels come back "verified", the clien
 without FUSEML_ALLOW_UNTUNED, and the graph's calls swap in the tuned ones by key, without
 recompiling, retiring the modules they replace."""
 
+import contextlib
 import logging
 import os
 import shutil
@@ -112,4 +113,64 @@ def test_a_group_aten_won_against_its_verified_kernel_is_measured_again(tuning_d
     assert r.kernel[1] == "tuned"
     torch.testing.assert_close(fn(x), f(x))
     assert r.group in compiled.kept and r.use_kernel is None  # on the CPU nothing decides it
+    assert len(c.plans) == 1
+
+
+class _Runner:  # what swap() reads and writes of a runtime.GroupRunner (hashable)
+    kernel = ("u" * 64, "verified", b"old", {})
+    name = "g"
+    use_kernel = True
+
+
+def test_swap_loads_the_tuned_module_and_waits_out_a_capture(monkeypatch):
+    """The tuned CUBIN is loaded by the swap itself, on each device the verified one was
+    loaded on, so that a CUDA-graph capture right after it (which cannot load a module)
+    launches the tuned kernel; a swap that falls in a capture waits for the next call."""
+    from fuseml import launcher
+
+    loads = []
+    monkeypatch.setattr(launcher, "Module", lambda cubin, meta: loads.append(cubin) or ("module", cubin))
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda i=None: None)
+    key = "u" * 64
+    r = _Runner()
+    old = runtime._modules[(key, 1)] = ("module", b"old")
+    up = upgrade.Upgrader([r])
+    up.ready = {r: (key, "tuned", b"new", {})}
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    try:
+        assert up.tick() == 0 and r.kernel[1] == "verified" and not loads  # inside a capture
+        capturing[0] = False
+        assert up.tick() == 1 and r.kernel[2] == b"new"
+        assert loads == [b"new"] and runtime._modules[(key, 1)] == ("module", b"new")
+        assert old in upgrade.retired and up.done
+    finally:
+        runtime._modules.pop((key, 1), None)
+
+
+def test_inductor_rest_picks_up_tuned_kernels(tuning_daemon, monkeypatch):
+    """rest="inductor": Inductor's compiled code calls the runners, whose verified kernels are
+    swapped for the tuned ones between calls, without recompiling."""
+    from fuseml import backend
+
+    monkeypatch.setenv("FUSEML_UPGRADE_S", "0.05")
+    monkeypatch.setattr(upgrade, "CHECK_CALLS", 1)
+    c = fuseml.FuseMLCompiler(socket=tuning_daemon.socket, rest="inductor")
+    f = lambda x: torch.sigmoid(x * 3.0) + x  # noqa: E731
+    x = torch.randn(6, 32)
+    fn = torch.compile(f, backend=c)
+    torch.testing.assert_close(fn(x), f(x))
+    rs = _runners(c)
+    assert rs and all(r.kernel[1] == "verified" for r in rs)
+    wrapped = [
+        k for k in backend.live if isinstance(k, backend.InductorCompiled) and set(rs) <= set(k.upgrader.runners)
+    ]
+    assert len(wrapped) == 1
+    deadline = time.monotonic() + 120
+    while any(r.kernel[1] != "tuned" for r in rs) and time.monotonic() < deadline:
+        torch.testing.assert_close(fn(x), f(x))
+        time.sleep(0.02)
+    assert all(r.kernel[1] == "tuned" for r in rs) and wrapped[0].kernels_version >= 1
     assert len(c.plans) == 1

@@ -410,7 +410,9 @@ class FuseMLCompiler:
         kept = [g for g in fused if runners[g.gid].kernel is not None]
         if kept:
             gm = rewrite(gm, kept, runners)
-        return compile_fx_inner(gm, example_inputs)
+        fn = compile_fx_inner(gm, example_inputs)
+        up = upgrade.Upgrader([runners[g.gid] for g in kept], self.socket)
+        return fn if up.done else InductorCompiled(fn, up)
 
     def _build(self, g, groups):
         """The groups to request for group g (routed "kernel"): g with its fragment built, or,
@@ -607,7 +609,17 @@ class Compiled:
         self.fast = None  # generated code, verified
         self.path = "FX graph (groups not routed yet)" if self.pending else "FX graph"
         self.upgrader = upgrade.Upgrader([runners[g.gid] for g in self.kept], socket)
+        self.kernels_version = 0  # moves whenever tuned kernels are swapped in
         live.add(self)
+
+    def poll_kernels(self):
+        """Picks up the tuned kernels the daemon finished (upgrade.py) and returns the version
+        of this graph's kernels: for a caller that replays a recording of the graph instead of
+        calling it (graph_replay.py), which records it again when the version moves."""
+        up = self.upgrader
+        if not up.done and up.tick():
+            self.rewrite_code()
+        return self.kernels_version
 
     def __call__(self, args):
         up = self.upgrader
@@ -639,6 +651,7 @@ class Compiled:
         back, to be measured again at that call."""
         self.fast = self.first = None
         self.generate = True
+        self.kernels_version += 1
         self.path = "FX graph (kernels upgraded; code written again after this call)"
         back = [
             g
@@ -693,7 +706,33 @@ class Compiled:
             self.current = rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept else self.gm
 
 
-live = weakref.WeakSet()  # every Compiled alive: pick_up_tuned() upgrades them all
+class InductorCompiled:
+    """Inductor's compiled graph with fuseml's groups in it (rest="inductor"), whose runners
+    hold kernels served before their background tune: they are swapped for the tuned ones as
+    the daemon finishes them (upgrade.py). Inductor's code calls the runners at each call, so
+    nothing is written again; the version tells a CUDA-graph replay to record again."""
+
+    def __init__(self, fn, upgrader):
+        self._boxed_call = True  # an instance attribute, as Compiled's
+        self.fn, self.upgrader = fn, upgrader
+        self.kernels_version = 0
+        live.add(self)
+
+    def poll_kernels(self):
+        up = self.upgrader
+        if not up.done and up.tick():
+            self.kernels_version += 1
+        return self.kernels_version
+
+    def __call__(self, args):
+        self.poll_kernels()
+        return self.fn(args)
+
+    def rewrite_code(self):
+        self.kernels_version += 1
+
+
+live = weakref.WeakSet()  # every compiled graph alive: pick_up_tuned() upgrades them all
 
 
 def pick_up_tuned(timeout_s=5.0):

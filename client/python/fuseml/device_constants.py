@@ -16,6 +16,7 @@ or one computed from a real CPU input or from a CUDA value stays, and so does th
 refusal; nothing moves then."""
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils import _pytree as pytree
 
 from . import fake_meta, graph_code
@@ -103,7 +104,10 @@ def move(gm, device):
     vals, tensors, kwargs = {}, {}, {}
     for n in movable:
         if n.op == "get_attr":
-            tensors[n] = _attr(gm, n.target).to(device)
+            # a real copy even where the compiler is called under aot_autograd's fake mode (a
+            # training graph's): made in that mode it would be a fake tensor the graph keeps
+            with unset_fake_temporarily():
+                tensors[n] = _attr(gm, n.target).to(device)
             vals[n] = mode.from_tensor(tensors[n])
             continue
         if "device" in n.kwargs:

@@ -31,6 +31,11 @@ them), and the backward reads them where its forward's recording keeps them:
   (default a tenth of the device's memory; measured as the growth of torch's reserved
   memory across each capture): past it the least recently used recordings whose outputs
   nobody holds are dropped first, and if that is not enough the call runs as compiled.
+- Tuned kernels the daemon finishes after a graph was recorded (upgrade.py) are asked for
+  by the replay too (the compiled graph's poll_kernels(), a counter check per call): when
+  they arrive every recording is dropped, and each input set is warmed up and recorded
+  again with them. Outputs the caller still holds stay valid (their memory is freed only
+  when they are).
 - A capture that fails (an op that synchronises, a CPU tensor) turns graphs off for this
   graph with one warning; it then runs as it would without them."""
 
@@ -67,6 +72,7 @@ def stats():
             off=g.off is not None,
             pool_bytes=g.pool_bytes,
             warmups=g.warmups,
+            upgrades=g.upgrades,
         )
     return dict(out)
 
@@ -214,11 +220,16 @@ class GraphReplay:
         self.dropped = 0  # recordings dropped to stay within the budget
         self.over_budget = 0  # captures not made: nothing free to drop
         self.warmups = 0  # calls run as compiled: a new input set's first
+        self.poll = getattr(fn, "poll_kernels", None)  # the compiled graph's kernel version
+        self.version = getattr(fn, "kernels_version", None)
+        self.upgrades = 0  # times every recording was dropped for tuned kernels
         instances.add(self)
 
     def __call__(self, args):
         if self.off is not None:
             return self.fn(args)
+        if self.poll is not None and self.poll() != self.version:
+            self._forget()
         key = _direct_key(args, self.static)
         recs = self.direct.get(key)
         if recs is None:
@@ -235,6 +246,19 @@ class GraphReplay:
             with torch.cuda.device(self.device_index):
                 return rec.replay(args)
         return rec.replay(args)
+
+    def _forget(self):
+        """The compiled graph's kernels changed: every recording and warm-up is dropped, so
+        the next call of each input set runs as compiled (loading the tuned modules, measuring
+        the groups given back for it) and the one after records it again."""
+        self.version = self.fn.kernels_version
+        self.direct.clear()
+        self.by_layout.clear()
+        self.warm.clear()
+        self.fresh.clear()
+        self.pool_bytes = 0
+        self.upgrades += 1
+        log.debug("fuseml: %s graph's kernels upgraded: recorded again", self.which)
 
     def _free(self, recs, args):
         for rec in recs:

@@ -260,10 +260,7 @@ class GroupRunner:
                 # cuModuleLoadData is not a stream operation: never inside a capture (the
                 # CUDA-graph trees warm each graph up first, so this is a capture without one)
                 raise _Layout("kernel not loaded before CUDA graph capture")
-            with torch.cuda.device(idx):
-                torch.cuda.current_stream(idx)  # makes torch's context current on this thread
-                mod = _modules[(key, idx)] = launcher.Module(cubin, meta)
-                counters["module_loads"] += 1
+            mod = load_module(key, idx, cubin, meta)
         k = b.layout.k
         ptrs = []
         for i, x in enumerate(xs):
@@ -372,6 +369,17 @@ def _dense(shape, i):
     for d in shape[i + 1 :]:
         s *= d
     return s
+
+
+def load_module(key, device_index, cubin, meta):
+    """Loads kernel `key` on CUDA device `device_index` (replacing any module cached for it)
+    and returns it. Never while a CUDA graph is being captured: cuModuleLoadData is not a
+    stream operation."""
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream(device_index)  # makes torch's context current on this thread
+        mod = _modules[(key, device_index)] = launcher.Module(cubin, meta)
+    counters["module_loads"] += 1
+    return mod
 
 
 class _Layout(Exception):

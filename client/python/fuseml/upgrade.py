@@ -14,10 +14,11 @@ tick() costs a counter increment. Every CHECK_CALLS calls it looks at the clock,
 FUSEML_UPGRADE_S seconds (default 10; 0: never) have passed it starts one background thread
 that asks for every kernel still verified, on one connection. The replies are swapped in by
 the next tick(), on the calling thread, between two calls of the graph: never in the middle
-of a launch, and the module cache (runtime._modules, by key) is cleared for the swapped keys
-there, so the next launch loads the tuned CUBIN. The modules replaced are kept loaded
-(`retired`): a CUDA graph recorded with the verified kernel still replays it (such a graph
-picks up the tuned kernel only when it is recorded again). A runner measured routing sent to
+of a launch, and never while a CUDA graph is captured (the swap waits for the next call).
+The tuned CUBIN is loaded there, on every device the verified one was loaded on, so that a
+capture that follows (which cannot load a module) launches it. The modules replaced are kept
+loaded (`retired`): a CUDA graph recorded with the verified kernel still replays it until its
+replay (graph_replay.py) sees the graph's kernels changed and records it again. A runner measured routing sent to
 the kernel keeps it: the tuned kernel is at least as fast as the one measured. One it sent to
 ATen is measured again (use_kernel back to None; the graph puts its group back, backend's
 Compiled.rewrite_code): the verified kernel is the heuristic default, which can be many times
@@ -27,6 +28,8 @@ Once no runner is verified (all tuned, or the daemon refused one), tick() does n
 
 import threading
 import time
+
+import torch
 
 from . import runtime, settings, transport
 from ._log import log
@@ -65,12 +68,17 @@ def refresh(runners, socket=None, timeout=5.0):
 
 
 def swap(upgrades):
-    """Installs refresh()'s result: each runner's kernel replaced, its loaded modules retired.
-    Call between two launches (on the thread that launches)."""
+    """Installs refresh()'s result: each runner's kernel replaced, its loaded modules retired
+    and the tuned ones loaded in their place. Call between two launches (on the thread that
+    launches), never during a CUDA-graph capture."""
     for r, kernel in upgrades.items():
         key = kernel[0]
         for k in [k for k in runtime._modules if k[0] == key]:
             retired.append(runtime._modules.pop(k))
+            try:
+                runtime.load_module(key, k[1], kernel[2], kernel[3])
+            except Exception as e:  # loaded by the next launch outside a capture instead
+                log.info("fuseml: tuned kernel %s not loaded yet: %s", key[:12], e)
         r.kernel = kernel
         group = getattr(r, "group", None)
         if group is not None:
@@ -105,6 +113,8 @@ class Upgrader:
             return 0
         self.calls += 1
         if self.ready is not None:
+            if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+                return 0  # modules are loaded by the swap: at the next call, after this capture
             n = swap(self.ready)
             self.upgraded += n
             self.ready = None
