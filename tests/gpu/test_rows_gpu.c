@@ -8,7 +8,8 @@
  * before the launch so unwritten elements fail. NaN where the reference has NaN (var of one
  * element with correction 1) matches.
  *
- * Usage: test_rows_gpu [SEED]      Prints one line per case and "N passed, N failed". */
+ * Usage: test_rows_gpu [SEED [KINDS]]   KINDS: kind names, comma-separated (default: all).
+ * Prints one line per case and "N passed, N failed". */
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -329,6 +330,19 @@ done:
   fm_module_unload(m);
 }
 
+/* Whether kind `name` is in the comma-separated list (every kind when there is none). */
+static int wanted_kind(const char *list, const char *name) {
+  if (!list) return 1;
+  size_t n = strlen(name);
+  for (const char *p = list; *p;) {
+    const char *end = strchr(p, ',');
+    size_t len = end ? (size_t)(end - p) : strlen(p);
+    if (len == n && !strncmp(p, name, n)) return 1;
+    p += len + (end != NULL);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static const int64_t ns[] = {1, 7, 127, 1000, 4099, 8192, 50257, 131072};
   static const fm_dtype dts[] = {FM_DT_BF16, FM_DT_F16, FM_DT_F32};
@@ -339,8 +353,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   printf("device %s (%s, %u SMs), seed %#" PRIx64 "\n", dev.name, dev.arch, dev.sm_count, seed);
+  const char *kinds = argc > 2 ? argv[2] : NULL;
   for (int kind = 0; kind < K__N; kind++)
-    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+    for (size_t ni = 0; wanted_kind(kinds, kind_name[kind]) && ni < sizeof ns / sizeof ns[0]; ni++)
       for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
         int symbolic = (ni + di + (size_t)kind) % 3 != 0; /* two in three symbolic */
         if (ns[ni] > FM_MAX_ROW_HELD && (kind == K_LAYER_NORM || kind == K_STATS)) continue;

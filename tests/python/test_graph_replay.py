@@ -17,6 +17,13 @@ from fuseml import graph_replay
 from helpers import fake_cuda  # noqa: F401  (the fixture)
 
 
+@pytest.fixture(autouse=True)
+def addressed_inputs(monkeypatch):
+    """The tests' inputs are tiny: they are read where they are (keyed by address) as a large
+    input is, unless a test says otherwise."""
+    monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", -1)
+
+
 def _runner(fake, static=(1,)):
     calls = []
     w = torch.randn(4, 4)
@@ -293,3 +300,23 @@ def test_held_output_survives_an_upgrade(fake_cuda):
     for _ in range(3):
         run([x])
     assert torch.equal(kept, before)
+
+
+def test_small_inputs_at_a_new_address_every_call_are_copied_not_warmed_up(fake_cuda, monkeypatch):
+    """A backward's tangents, a batch's ids: small inputs at a new address each step are
+    copied into the recording's buffers and key it by layout, so that the graph is recorded
+    once and every later call replays it (no call runs as compiled, no new capture); a large
+    input keeps keying by address."""
+    monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", 256 << 10)
+    run, calls, w = _runner(fake_cuda)
+    xs = [torch.randn(3, 4) for _ in range(6)]
+    for x in xs:
+        assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    assert fake_cuda.captures == 1 and run.warmups == 1 and run.replays == 5
+    (recs,) = run.direct.values()
+    assert list(recs[0].buffers) == [0]  # x copied; w, static, read where it is
+    monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", 8)  # now x is large
+    big = [torch.randn(3, 4) for _ in range(2)]
+    for x in big:
+        run([x, w])
+    assert run.warmups == 3 and fake_cuda.captures == 1

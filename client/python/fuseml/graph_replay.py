@@ -12,6 +12,8 @@ them), and the backward reads them where its forward's recording keeps them:
   module loads happen there, never in a capture), then recorded reading the caller's
   tensors where they are, so a replay copies no input. Up to MAX_DIRECT such graphs; the
   caching allocator hands a loop the same few addresses, so a handful covers a loop.
+- A small non-static input (SMALL_INPUT_BYTES: a backward's tangents, a batch's ids) is
+  copied into a graph-owned buffer at every replay instead, whatever its address.
 - Past that, or once MAX_FRESH input sets of one layout were warmed up without coming back
   (inputs at a new address every call: a backward's tangents, where the loss is not computed
   the same way each step), one graph per layout reads graph-owned copies of the non-static
@@ -53,6 +55,11 @@ MAX_COPIES = 2  # recordings per input set (outputs the caller still holds)
 MAX_LAYOUTS = 8  # layouts with graph-owned input copies, least recently used dropped
 MAX_WARM = 64  # keys remembered as warmed up but not yet recorded
 MAX_FRESH = 16  # input sets of one layout warmed up, not seen again: addresses churn
+# A non-static input this small is always copied into the recording's own buffer (one copy
+# kernel of a few us) and keys the recording by its layout: a training backward's tangents,
+# allocated fresh each step, and a batch's ids and labels would otherwise make each step a new
+# input set, run without graphs (a warm-up) before it is recorded.
+SMALL_INPUT_BYTES = 256 << 10
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _clock = itertools.count()  # recency of recordings, for dropping the least recently used
 instances = weakref.WeakSet()  # every live GraphReplay, for stats()
@@ -99,11 +106,21 @@ def memory_budget(device_index):
     return default
 
 
+def _small(a):
+    """Whether input tensor a is read from a graph-owned copy whatever the input set."""
+    return a.numel() * a.element_size() <= SMALL_INPUT_BYTES
+
+
 def _direct_key(args, static):
     """Every tensor's address and layout; a static input's address alone (its shape is fixed
-    by dynamo's guards: a new shape is a new compiled graph)."""
+    by dynamo's guards: a new shape is a new compiled graph); a small one's layout alone (it
+    is copied)."""
     return tuple(
-        (a.data_ptr() if i in static else (a.data_ptr(), a.shape, a.stride(), a.storage_offset()))
+        (
+            a.data_ptr()
+            if i in static
+            else ((None if _small(a) else a.data_ptr()), a.shape, a.stride(), a.storage_offset())
+        )
         if isinstance(a, torch.Tensor)
         else a
         for i, a in enumerate(args)
@@ -332,8 +349,9 @@ class GraphReplay:
 
     def _record(self, args, like=None, copy=False):
         """A new recording for args: reading them where they are, or (copy, or like: another
-        recording of this layout, whose input buffers it shares) graph-owned copies. None when
-        the capture failed (graphs off) or does not fit the memory budget."""
+        recording of this layout, whose input buffers it shares) graph-owned copies; small
+        inputs (SMALL_INPUT_BYTES) are copied always. None when the capture failed (graphs
+        off) or does not fit the memory budget."""
         if not self._make_room():
             self.over_budget += 1
             return None
@@ -344,7 +362,7 @@ class GraphReplay:
             buffers = {
                 i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                 for i, a in enumerate(args)
-                if copy and i not in self.static and isinstance(a, torch.Tensor)
+                if i not in self.static and isinstance(a, torch.Tensor) and (copy or _small(a))
             }
         inputs = list(args)
         for i, buf in buffers.items():
