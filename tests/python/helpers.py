@@ -153,9 +153,15 @@ class _FakeCuda:
         # outputs: what a capture fixes
         orig_record = graph_replay.GraphReplay._record
 
-        def record(self, *a, **k):
+        def record(self, args, *a, **k):
             fake.fn = self.fn
-            return orig_record(self, *a, **k)
+            # a capture runs nothing on the GPU: what the fake's capture computed in place (a
+            # graph updating its inputs, batch norm's running statistics) is undone after it
+            before = [(t, t.detach().clone()) for t in args if isinstance(t, torch.Tensor)]
+            rec = orig_record(self, args, *a, **k)
+            for t, v in before:
+                t.data.copy_(v)
+            return rec
 
         monkeypatch.setattr(graph_replay.GraphReplay, "_record", record)
         orig = graph_replay._Recorded.__init__

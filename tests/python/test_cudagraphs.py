@@ -289,3 +289,61 @@ def test_inference_graph_under_fuseml_replay(dead_socket, on_cuda):
     [plan] = c.plans
     assert plan.which == "inference" and plan.graphs.startswith("CUDA graphs (fuseml replay")
     assert plan.graphs.count(",") == 3  # the 4 parameters are the static inputs
+
+
+class _Normed(torch.nn.Module):
+    """A training forward that updates buffers: batch norm's running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 16)
+        self.bn = torch.nn.BatchNorm1d(16)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.fc(x)))
+
+
+def test_buffer_updates_are_recorded_with_the_graph(dead_socket, on_cuda):
+    """The running statistics a training forward updates are inputs at fixed addresses: the
+    graph writes them itself inside its recording (no copy per buffer by aot_autograd's
+    wrapper after each call), and every replay updates them as eager does."""
+    torch.manual_seed(0)
+    model = _Normed()
+    ref = _Normed()
+    ref.load_state_dict(model.state_dict())
+    compiler = fuseml.FuseMLCompiler()
+    compiled = torch.compile(model, backend=compiler, mode="reduce-overhead")
+    x = torch.randn(8, 32)
+    for _ in range(6):
+        compiled(x).sum().backward()
+        ref(x).sum().backward()
+    fw = [r for r in on_cuda.made if r.which == "forward"]
+    assert fw and fw[0].replays >= 2 and fw[0].off is None
+    assert compiler.plans[0].graphs.startswith("CUDA graphs (fuseml replay")
+    updates = [
+        n.target
+        for n in compiler.plans[0].compiled.gm.graph.nodes
+        if n.target in (torch.ops.aten.copy_.default, torch._foreach_copy_, torch._foreach_add_)
+    ]
+    assert updates  # in the recorded graph, not aot_autograd's wrapper
+    torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean)
+    torch.testing.assert_close(model.bn.running_var, ref.bn.running_var)
+    assert int(model.bn.num_batches_tracked) == int(ref.bn.num_batches_tracked) == 6
+
+
+def test_a_mutated_input_that_moves_keeps_the_graph_unrecorded(dead_socket, on_cuda):
+    """An input the graph updates that is not at a fixed address (the caller's tensor) cannot
+    be written by a recording: the graph runs as compiled, and the update still lands."""
+
+    def f(x, acc):
+        acc.add_(x)
+        return torch.relu(acc * 2.0)
+
+    compiler = fuseml.FuseMLCompiler()
+    compiled = torch.compile(f, backend=compiler, mode="reduce-overhead")
+    x = torch.randn(6, 32)
+    acc, want = torch.zeros(6, 32), torch.zeros(6, 32)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, acc), f(x, want))
+    torch.testing.assert_close(acc, want)
+    assert "mutated inputs" in compiler.plans[0].graphs and on_cuda.made == []

@@ -9,8 +9,9 @@ outputs out as aliases of graph memory, with a second recording while the caller
 autograd, holding the forward's saved values until the backward) still holds the first one's.
 
 Which graphs can be recorded is torch's own rule (the cudagraphs backend's check_for_skip:
-CPU tensors, mutated inputs, ops that synchronise), after CPU constants that only reach the
-GPU were moved to it (device_constants.py: T5's KV cache leaves some), and which inputs sit at fixed addresses
+CPU tensors, ops that synchronise) with fuseml's for mutated inputs (an input at a fixed
+address, batch norm's running statistics, is updated inside the recording; any other
+mutated input refuses it), after CPU constants that only reach the GPU were moved to it (device_constants.py: T5's KV cache leaves some), and which inputs sit at fixed addresses
 (parameters, and in a backward the saved values the forward's recording owns) comes from
 aot_autograd. Those two pieces are torch-private: they are looked up in _api(); anything
 missing makes the graph run without CUDA graphs (one warning), never fails the job. The one
@@ -71,7 +72,10 @@ def _api():
     from torch._dynamo.backends import cudagraphs as backend
 
     return types.SimpleNamespace(
-        check_for_skip=backend.check_for_skip, tracing_context=torch._guards.TracingContext.try_get
+        check_for_skip=backend.check_for_skip,
+        find_input_mutations=backend.find_input_mutations,
+        mutations_allowed=lambda: torch._dynamo.config.patch(cudagraph_backend_support_input_mutation=True),
+        tracing_context=torch._guards.TracingContext.try_get,
     )
 
 
@@ -141,12 +145,25 @@ def _plan(api, gm, example_inputs, which, state):
     except Exception as e:  # a constant that cannot move: the graph is judged as it is
         log.debug("fuseml: CPU constants of a %s graph not moved: %s: %s", which, type(e).__name__, e)
         moved, kept = [], {}
-    skip = api.check_for_skip(gm, fixed)
+    with api.mutations_allowed():  # judged below, against the static inputs
+        skip = api.check_for_skip(gm, fixed)
+    if not skip:
+        skip = _mutates_moving_input(api, gm, static)
     skip = skip and str(skip).replace("skipping cudagraphs due to ", "")
     cpu = skip and re.match(r"cpu device \((\w+)\)", skip)
     if cpu and cpu.group(1) in kept:  # why the CPU value torch names stays there
         skip = f"{cpu.group(0)}: {kept[cpu.group(1)]}"
     return dev, static, skip, moved
+
+
+def _mutates_moving_input(api, gm, static):
+    """Why graph gm cannot be recorded for the inputs it updates, or None. An input at a fixed
+    address (batch norm's running statistics, a buffer) may be updated inside the recording:
+    each replay writes it where it is, as the graph itself would, with no copy after the call.
+    torch's own rule counts only a prefix of the inputs as fixed, which under dynamo's lifted
+    parameters and buffers is none of them."""
+    moving = api.find_input_mutations(gm.graph) - set(static)
+    return f"mutated inputs ({len(moving)} not at fixed addresses)" if moving else None
 
 
 def wrap(gm, example_inputs, which, state, compile_fn):
