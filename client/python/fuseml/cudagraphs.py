@@ -11,7 +11,8 @@ autograd, holding the forward's saved values until the backward) still holds the
 Which graphs can be recorded is torch's own rule (the cudagraphs backend's check_for_skip:
 CPU tensors, ops that synchronise) with fuseml's for mutated inputs (an input at a fixed
 address, batch norm's running statistics, is updated inside the recording; any other
-mutated input refuses it), after CPU constants that only reach the GPU were moved to it (device_constants.py: T5's KV cache leaves some), and which inputs sit at fixed addresses
+mutated input refuses it), after CPU constants that only reach the GPU were moved to it
+(device_constants.py: T5's KV cache leaves some), and which inputs sit at fixed addresses
 (parameters, and in a backward the saved values the forward's recording owns) comes from
 aot_autograd. Those two pieces are torch-private: they are looked up in _api(); anything
 missing makes the graph run without CUDA graphs (one warning), never fails the job. The one
