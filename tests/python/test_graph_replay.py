@@ -303,20 +303,36 @@ def test_held_output_survives_an_upgrade(fake_cuda):
 
 
 def test_small_inputs_at_a_new_address_every_call_are_copied_not_warmed_up(fake_cuda, monkeypatch):
-    """A backward's tangents, a batch's ids: small inputs at a new address each step are
-    copied into the recording's buffers and key it by layout, so that the graph is recorded
-    once and every later call replays it (no call runs as compiled, no new capture); a large
-    input keeps keying by address."""
+    """A backward's tangents, a batch's ids: a small input seen at a second address is copied
+    into the recording's buffers from then on and keys it by layout, so that the graph is
+    recorded once and every later call replays it, wherever the input is."""
     monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", 256 << 10)
     run, calls, w = _runner(fake_cuda)
-    xs = [torch.randn(3, 4) for _ in range(6)]
+    xs = [torch.randn(3, 4) for _ in range(8)]
     for x in xs:
         assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
-    assert fake_cuda.captures == 1 and run.warmups == 1 and run.replays == 5
+    # x0 warmed up by address; x1 moved it: warmed up by layout, x2 recorded, then replays
+    assert run.warmups == 2 and fake_cuda.captures == 1 and run.replays == 6
     (recs,) = run.direct.values()
     assert list(recs[0].buffers) == [0]  # x copied; w, static, read where it is
-    monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", 8)  # now x is large
-    big = [torch.randn(3, 4) for _ in range(2)]
-    for x in big:
+    assert run.copied == {0}
+
+
+def test_small_inputs_that_stay_are_read_where_they_are(fake_cuda, monkeypatch):
+    """A small input the caller keeps at one address (a buffer it refills) is not copied."""
+    monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", 256 << 10)
+    run, calls, w = _runner(fake_cuda)
+    x = torch.randn(3, 4)
+    for _ in range(4):
+        x.copy_(torch.randn(3, 4))
+        assert torch.equal(run([x, w])[0], torch.relu(x @ w) + 1.0)
+    (recs,) = run.direct.values()
+    assert recs[0].buffers == {} and run.copied == set() and fake_cuda.captures == 1
+
+
+def test_large_inputs_keep_keying_by_address(fake_cuda, monkeypatch):
+    monkeypatch.setattr(graph_replay, "SMALL_INPUT_BYTES", 8)
+    run, calls, w = _runner(fake_cuda)
+    for x in [torch.randn(3, 4) for _ in range(3)]:
         run([x, w])
-    assert run.warmups == 3 and fake_cuda.captures == 1
+    assert run.warmups == 3 and fake_cuda.captures == 0 and run.copied == set()

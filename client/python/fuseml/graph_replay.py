@@ -12,8 +12,10 @@ them), and the backward reads them where its forward's recording keeps them:
   module loads happen there, never in a capture), then recorded reading the caller's
   tensors where they are, so a replay copies no input. Up to MAX_DIRECT such graphs; the
   caching allocator hands a loop the same few addresses, so a handful covers a loop.
-- A small non-static input (SMALL_INPUT_BYTES: a backward's tangents, a batch's ids) is
-  copied into a graph-owned buffer at every replay instead, whatever its address.
+- A small non-static input (SMALL_INPUT_BYTES: a backward's tangents, a batch's ids) seen
+  at a second address is copied into a graph-owned buffer at every replay from then on,
+  whatever its address: one copy kernel, where each new address would cost a call without
+  graphs and a capture. One that stays where it is is read there, with no copy.
 - Past that, or once MAX_FRESH input sets of one layout were warmed up without coming back
   (inputs at a new address every call: a backward's tangents, where the loss is not computed
   the same way each step), one graph per layout reads graph-owned copies of the non-static
@@ -55,10 +57,10 @@ MAX_COPIES = 2  # recordings per input set (outputs the caller still holds)
 MAX_LAYOUTS = 8  # layouts with graph-owned input copies, least recently used dropped
 MAX_WARM = 64  # keys remembered as warmed up but not yet recorded
 MAX_FRESH = 16  # input sets of one layout warmed up, not seen again: addresses churn
-# A non-static input this small is always copied into the recording's own buffer (one copy
-# kernel of a few us) and keys the recording by its layout: a training backward's tangents,
-# allocated fresh each step, and a batch's ids and labels would otherwise make each step a new
-# input set, run without graphs (a warm-up) before it is recorded.
+# A non-static input this small, once seen at a second address, is copied into the
+# recording's own buffer (one copy kernel of a few us) and keys the recording by its layout:
+# a training backward's tangents, allocated fresh each step, and a batch's ids and labels would
+# otherwise make each step a new input set, run without graphs (a warm-up) before it is recorded.
 SMALL_INPUT_BYTES = 256 << 10
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
 _clock = itertools.count()  # recency of recordings, for dropping the least recently used
@@ -106,20 +108,14 @@ def memory_budget(device_index):
     return default
 
 
-def _small(a):
-    """Whether input tensor a is read from a graph-owned copy whatever the input set."""
-    return a.numel() * a.element_size() <= SMALL_INPUT_BYTES
-
-
-def _direct_key(args, static):
+def _direct_key(args, static, copied):
     """Every tensor's address and layout; a static input's address alone (its shape is fixed
-    by dynamo's guards: a new shape is a new compiled graph); a small one's layout alone (it
-    is copied)."""
+    by dynamo's guards: a new shape is a new compiled graph); a copied one's layout alone."""
     return tuple(
         (
             a.data_ptr()
             if i in static
-            else ((None if _small(a) else a.data_ptr()), a.shape, a.stride(), a.storage_offset())
+            else ((None if i in copied else a.data_ptr()), a.shape, a.stride(), a.storage_offset())
         )
         if isinstance(a, torch.Tensor)
         else a
@@ -240,6 +236,8 @@ class GraphReplay:
         self.poll = getattr(fn, "poll_kernels", None)  # the compiled graph's kernel version
         self.version = getattr(fn, "kernels_version", None)
         self.upgrades = 0  # times every recording was dropped for tuned kernels
+        self.watched = None  # small non-static inputs -> the address first seen
+        self.copied = set()  # small inputs seen at a second address: always copied
         instances.add(self)
 
     def __call__(self, args):
@@ -247,7 +245,17 @@ class GraphReplay:
             return self.fn(args)
         if self.poll is not None and self.poll() != self.version:
             self._forget()
-        key = _direct_key(args, self.static)
+        if self.watched is None:
+            self.watched = {
+                i: a.data_ptr()
+                for i, a in enumerate(args)
+                if i not in self.static
+                and isinstance(a, torch.Tensor)
+                and a.numel() * a.element_size() <= SMALL_INPUT_BYTES
+            }
+        elif self.watched:
+            self._note_moves(args)
+        key = _direct_key(args, self.static, self.copied)
         recs = self.direct.get(key)
         if recs is None:
             recs = self._miss(args, key)
@@ -263,6 +271,18 @@ class GraphReplay:
             with torch.cuda.device(self.device_index):
                 return rec.replay(args)
         return rec.replay(args)
+
+    def _note_moves(self, args):
+        """A small input at another address than first seen is copied from now on; the
+        recordings keyed by its address are dropped (no call will find them again)."""
+        for i, ptr in list(self.watched.items()):
+            a = args[i]
+            if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr:
+                del self.watched[i]
+                if isinstance(a, torch.Tensor) and a.numel() * a.element_size() <= SMALL_INPUT_BYTES:
+                    self.copied.add(i)
+                    self.pool_bytes -= sum(r.nbytes for recs in self.direct.values() for r in recs)
+                    self.direct.clear()
 
     def _forget(self):
         """The compiled graph's kernels changed: every recording and warm-up is dropped, so
@@ -349,9 +369,9 @@ class GraphReplay:
 
     def _record(self, args, like=None, copy=False):
         """A new recording for args: reading them where they are, or (copy, or like: another
-        recording of this layout, whose input buffers it shares) graph-owned copies; small
-        inputs (SMALL_INPUT_BYTES) are copied always. None when the capture failed (graphs
-        off) or does not fit the memory budget."""
+        recording of this layout, whose input buffers it shares) graph-owned copies; the
+        small inputs seen moving (self.copied) are copied always. None when the capture
+        failed (graphs off) or does not fit the memory budget."""
         if not self._make_room():
             self.over_budget += 1
             return None
@@ -362,7 +382,7 @@ class GraphReplay:
             buffers = {
                 i: torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device)
                 for i, a in enumerate(args)
-                if i not in self.static and isinstance(a, torch.Tensor) and (copy or _small(a))
+                if i not in self.static and isinstance(a, torch.Tensor) and (copy or i in self.copied)
             }
         inputs = list(args)
         for i, buf in buffers.items():
