@@ -348,12 +348,20 @@ int main(int argc, char **argv) {
   static const fm_dtype dts[] = {FM_DT_BF16, FM_DT_F16, FM_DT_F32};
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x5eed;
   fm_diag d = {{0}};
+  const char *kinds = argc > 2 ? argv[2] : NULL;
+  int known = !kinds;
+  for (int kind = 0; kind < K__N && !known; kind++) known = wanted_kind(kinds, kind_name[kind]);
+  if (!known) {
+    fprintf(stderr, "test_rows_gpu: no kind in \"%s\"; kinds:", kinds);
+    for (int kind = 0; kind < K__N; kind++) fprintf(stderr, " %s", kind_name[kind]);
+    fprintf(stderr, "\n");
+    return 2;
+  }
   if (fm_cuda_load(&cu, &d) || fm_cuda_device_id(0, &dev, &d)) {
     fprintf(stderr, "no GPU: %s\n", d.text);
     return 2;
   }
   printf("device %s (%s, %u SMs), seed %#" PRIx64 "\n", dev.name, dev.arch, dev.sm_count, seed);
-  const char *kinds = argc > 2 ? argv[2] : NULL;
   for (int kind = 0; kind < K__N; kind++)
     for (size_t ni = 0; wanted_kind(kinds, kind_name[kind]) && ni < sizeof ns / sizeof ns[0]; ni++)
       for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {

@@ -623,9 +623,7 @@ class Compiled:
         return self.kernels_version
 
     def __call__(self, args):
-        up = self.upgrader
-        if not up.done and up.tick():
-            self.rewrite_code()
+        self.poll_kernels()
         fast = self.fast
         if fast is not None:
             return fast(args)

@@ -108,6 +108,11 @@ def memory_budget(device_index):
     return default
 
 
+def _small(a):
+    """Whether tensor a is small enough to be copied into a recording (SMALL_INPUT_BYTES)."""
+    return a.numel() * a.element_size() <= SMALL_INPUT_BYTES
+
+
 def _direct_key(args, static, copied):
     """Every tensor's address and layout; a static input's address alone (its shape is fixed
     by dynamo's guards: a new shape is a new compiled graph); a copied one's layout alone."""
@@ -249,9 +254,7 @@ class GraphReplay:
             self.watched = {
                 i: a.data_ptr()
                 for i, a in enumerate(args)
-                if i not in self.static
-                and isinstance(a, torch.Tensor)
-                and a.numel() * a.element_size() <= SMALL_INPUT_BYTES
+                if i not in self.static and isinstance(a, torch.Tensor) and _small(a)
             }
         elif self.watched:
             self._note_moves(args)
@@ -275,14 +278,15 @@ class GraphReplay:
     def _note_moves(self, args):
         """A small input at another address than first seen is copied from now on; the
         recordings keyed by its address are dropped (no call will find them again)."""
-        for i, ptr in list(self.watched.items()):
-            a = args[i]
-            if not isinstance(a, torch.Tensor) or a.data_ptr() != ptr:
-                del self.watched[i]
-                if isinstance(a, torch.Tensor) and a.numel() * a.element_size() <= SMALL_INPUT_BYTES:
-                    self.copied.add(i)
-                    self.pool_bytes -= sum(r.nbytes for recs in self.direct.values() for r in recs)
-                    self.direct.clear()
+        moved = [
+            i for i, ptr in self.watched.items() if not isinstance(args[i], torch.Tensor) or args[i].data_ptr() != ptr
+        ]
+        for i in moved:  # nearly always none: a check of each watched address per call
+            del self.watched[i]
+            if isinstance(args[i], torch.Tensor) and _small(args[i]):
+                self.copied.add(i)
+                self.pool_bytes -= sum(r.nbytes for recs in self.direct.values() for r in recs)
+                self.direct.clear()
 
     def _forget(self):
         """The compiled graph's kernels changed: every recording and warm-up is dropped, so
