@@ -84,6 +84,9 @@ def test_every_mode_and_phase_has_a_row_in_the_schema(llama_all_modes):
         assert r["wall_ms"] > 0
         # bf16 against the fp32 copy: rounding, not a wrong result; eager's own error beside it
         assert 0 < r["rel_err"] < 5e-2 and 0 < r["eager_bf16_rel_err"] < 5e-2
+        if r["mode"].startswith("fuseml"):
+            # every kernel the step launched was tuned when it was timed (no background tune cut short)
+            assert r["untuned_left"] == 0 and r["tune_wait_s"] >= 0, r
         if r["mode"] == "eager":
             assert r["compile_cold_s"] is None
         else:
@@ -112,6 +115,16 @@ def test_markdown_report(llama_all_modes):
     assert "## Training step: fuseml against Inductor" in md
     assert "| llama/tiny | fwd | fuseml |" in md
     assert "## ATen ops that ran unfused under fuseml" in md
+
+
+def test_a_row_timed_before_its_tunes_arrived_says_so():
+    model_report = _load("model_report")
+    row = {"model": "llama", "size": "tiny", "phase": "train", "mode": "fuseml_graphs", "wall_ms": 1.0}
+    row.update(gpu_ms=1.0, kernels=3, peak_mem_gb=0.1, compile_cold_s=2.0, compile_warm_s=None)
+    row.update(rel_err=0.01, eager_bf16_rel_err=0.01, untuned_left=2)
+    assert "| fuseml_graphs (2 kernels untuned) |" in model_report.cell_table({"rows": [row]})
+    row["untuned_left"] = 0
+    assert "| fuseml_graphs |" in model_report.cell_table({"rows": [row]})
 
 
 def test_every_architecture_runs(tmp_path):
