@@ -229,7 +229,7 @@ static void *stripe_main(void *arg) {
 }
 
 /* A column fragment has nothing to sample (every row reaches every output), but its columns
- * are independent: over FM_SAMPLE_MIN_ELEMENTS, its reference runs in FM_SAMPLE_COL_STRIPES
+ * are independent: over FM_SAMPLE_THREADS_MIN_ELEMENTS, its reference runs in FM_SAMPLE_COL_STRIPES
  * stripes of columns, each on a thread of its own, every column summed in the order the
  * whole evaluation sums it. Batch norm's statistics over [802816, 64] kept the tuner ~10 s
  * on one core per fragment, and a ResNet-50 training graph has dozens of them. */
@@ -238,7 +238,7 @@ static int cols_reference(const fm_fragment *f, int64_t outer, const void *const
   fm_cols_info ci;
   if (fm_fragment_cols_info(f, &ci, NULL) != FM_OK || ci.n < 2) return fm_reference_eval(f, outer, inputs, outputs, d);
   int64_t rows = ci.m == FM_DIM_SYMBOLIC ? outer : ci.m;
-  if (rows * ci.n < FM_SAMPLE_MIN_ELEMENTS) return fm_reference_eval(f, outer, inputs, outputs, d);
+  if (rows * ci.n < FM_SAMPLE_THREADS_MIN_ELEMENTS) return fm_reference_eval(f, outer, inputs, outputs, d);
   int64_t width = (ci.n + FM_SAMPLE_COL_STRIPES - 1) / FM_SAMPLE_COL_STRIPES;
   int stripes = (int)((ci.n + width - 1) / width);
   stripe_job jobs[FM_SAMPLE_COL_STRIPES];
@@ -249,10 +249,68 @@ static int cols_reference(const fm_fragment *f, int64_t outer, const void *const
   return run_jobs(jobs, sizeof jobs[0], stripes, stripe_main, d);
 }
 
+/* A pointwise or row fragment's band [r0, r0 + len) along iteration dim `dim`: each tensor
+ * that spans that dim (as cut_tensor decides: size other than 1) is cut to len and offset
+ * to r0; a symbolic dim 0 is evaluated at outer = len. */
+typedef struct band_job {
+  job_head h;
+  const fm_fragment *f;
+  int64_t outer, r0, len;
+  uint32_t dim;
+  const void *const *ins;
+  void *const *outs;
+} band_job;
+
+static int64_t band_tensor(fm_tensor *t, uint32_t dim, int64_t r0, int64_t len) {
+  if (dim >= t->rank || t->shape[dim] == 1) return 0;
+  if (t->shape[dim] != FM_DIM_SYMBOLIC) t->shape[dim] = len;
+  return r0 * t->strides[dim];
+}
+
+static void *band_main(void *arg) {
+  band_job *j = arg;
+  const fm_fragment *f = j->f;
+  const void *ins[FM_MAX_INPUTS];
+  void *outs[FM_MAX_OUTPUTS];
+  fm_fragment *cut = j->h.cut;
+  memcpy(cut, f, sizeof *cut);
+  for (uint32_t k = 0; k < f->n_inputs; k++) {
+    size_t off = (size_t)band_tensor(&cut->inputs[k], j->dim, j->r0, j->len) * fm_dtype_size(f->inputs[k].dtype);
+    ins[k] = j->ins[k] ? (const uint8_t *)j->ins[k] + off : NULL;
+  }
+  for (uint32_t k = 0; k < f->n_outputs; k++) {
+    size_t off = (size_t)band_tensor(&cut->outputs[k], j->dim, j->r0, j->len) * fm_dtype_size(f->outputs[k].dtype);
+    outs[k] = (uint8_t *)j->outs[k] + off;
+  }
+  j->h.rc = fm_reference_eval(cut, j->dim == 0 ? j->len : j->outer, ins, outs, &j->h.d);
+  return NULL;
+}
+
+/* The whole reference of a pointwise or row fragment of at least FM_SAMPLE_THREADS_MIN_ELEMENTS
+ * in bands along the longest dim a block may cut, one thread each; fm_reference_eval for one
+ * with no such dim, or one too small to be worth the threads. */
+static int banded_reference(const fm_fragment *f, int64_t outer, const void *const *inputs, void *const *outputs,
+                            fm_diag *d) {
+  uint32_t rank = f->n_outputs ? f->outputs[0].rank : 0, cmax = rank ? max_cut(f) : 0, dim = 0;
+  int64_t total = 1, size = 0;
+  for (uint32_t i = 0; i < rank; i++) total *= fm_sample_dim(f, outer, i);
+  for (uint32_t i = 0; i < cmax; i++)
+    if (fm_sample_dim(f, outer, i) > size) size = fm_sample_dim(f, outer, i), dim = i;
+  if (size < 2 || total < FM_SAMPLE_THREADS_MIN_ELEMENTS) return fm_reference_eval(f, outer, inputs, outputs, d);
+  int64_t len = (size + FM_SAMPLE_BANDS - 1) / FM_SAMPLE_BANDS;
+  int bands = (int)((size + len - 1) / len);
+  band_job jobs[FM_SAMPLE_BANDS];
+  for (int b = 0; b < bands; b++) {
+    int64_t r0 = b * len;
+    jobs[b] = (band_job){{0}, f, outer, r0, size - r0 < len ? size - r0 : len, dim, inputs, outputs};
+  }
+  return run_jobs(jobs, sizeof jobs[0], bands, band_main, d);
+}
+
 int fm_sample_reference(const fm_fragment *f, int64_t outer, const fm_sample *s, uint32_t fixed,
                         const void *const *inputs, void *const *outputs, fm_diag *d) {
   if (s->n == 0 && fm_fragment_is_cols(f)) return cols_reference(f, outer, inputs, outputs, d);
-  if (s->n == 0) return fm_reference_eval(f, outer, inputs, outputs, d);
+  if (s->n == 0) return banded_reference(f, outer, inputs, outputs, d);
   if (s->n > FM_SAMPLE_MAX_BLOCKS) return fm_diag_set(d, FM_EINVAL, "a sample of %d blocks", s->n);
   block_job jobs[FM_SAMPLE_MAX_BLOCKS];
   for (int b = 0; b < s->n; b++) jobs[b] = (block_job){{0}, f, outer, s, b, fixed, inputs, outputs};

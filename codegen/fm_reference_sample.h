@@ -60,15 +60,22 @@ int64_t fm_sample_dim(const fm_fragment *f, int64_t outer, uint32_t d);
  * input that is not broadcast across the cut dims as a whole). */
 int64_t fm_sample_offset(const fm_fragment *f, int64_t outer, const fm_sample *s, int b, const fm_tensor *t);
 
-/* A column fragment of at least FM_SAMPLE_MIN_ELEMENTS is evaluated whole, in this many
- * stripes of columns on threads of their own (its columns are independent). */
-#define FM_SAMPLE_COL_STRIPES 16
+/* A fragment evaluated whole (no sample) of at least FM_SAMPLE_THREADS_MIN_ELEMENTS runs on
+ * threads: a column fragment in FM_SAMPLE_COL_STRIPES stripes of columns (its columns are
+ * independent), a pointwise or row fragment in up to FM_SAMPLE_BANDS bands along its longest
+ * dim that blocks may cut (its elements there are independent). Why: whole, the reference
+ * took 100-800 ms a fragment on one core at BERT's sizes (3M elements), and the fragments
+ * of a first training step are verified one after another. */
+#define FM_SAMPLE_THREADS_MIN_ELEMENTS (1ll << 18)
+#define FM_SAMPLE_COL_STRIPES          16
+#define FM_SAMPLE_BANDS                16
 
 /* The reference outputs of f (fm_reference_eval's contract) at the sample's blocks only: each
  * block on a thread of its own, written where the whole evaluation would write it. The
  * inputs in `fixed` (a bit per input: a GEMM's B, whose rows are K, not M) are never offset.
- * With s->n == 0, every element: a large column fragment in stripes of columns (above),
- * bit for bit what fm_reference_eval computes; anything else by fm_reference_eval. */
+ * With s->n == 0, every element: a large column fragment in stripes of columns, a large
+ * pointwise or row fragment in bands (above), bit for bit what fm_reference_eval computes;
+ * anything else by fm_reference_eval. */
 int fm_sample_reference(const fm_fragment *f, int64_t outer, const fm_sample *s, uint32_t fixed,
                         const void *const *inputs, void *const *outputs, fm_diag *d);
 

@@ -322,8 +322,10 @@ static void on_tune_done(fm_tune_job *tj) {
     fm_candidate_describe(&win->cand, desc, sizeof desc);
     if (tj->judge) {
       fm_daemon_count(dd, FM_STAT_VERIFIED, 1);
-      fm_log_info("verified %.16s: serving %s (%.4f ms) in %.0f ms; %zu candidates to tune in the background", hex,
-                  desc, tj->res[tj->winner].ms, tj->tune_ms, tj->n);
+      fm_log_info(
+          "verified %.16s: serving %s (%.4f ms) in %.0f ms (worker's prepare %.0f ms, run %.0f ms); "
+          "%zu candidates to tune in the background",
+          hex, desc, tj->res[tj->winner].ms, tj->tune_ms, tj->prepare_ms, tj->res[tj->winner].wall_ms, tj->n);
       answer_waiters(w, hex, FM_OK, NULL, win, FM_STATE_VERIFIED);
       if (f) {
         queue_background(dd, tj); /* takes tj, or frees it */

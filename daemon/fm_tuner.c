@@ -265,7 +265,8 @@ static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, in
   j->kept = -1;
   j->stopped = 0;
   j->restarts = j->bad = 0; /* counted per round by the loop thread */
-  free(j->timings);         /* an earlier round's (the one candidate served first) */
+  j->prepare_ms = 0;
+  free(j->timings); /* an earlier round's (the one candidate served first) */
   j->timings = NULL;
   j->timings_len = 0;
   for (size_t i = 0; i < j->n; i++) {
@@ -297,7 +298,11 @@ static void run_job(fm_tworker *w, const fm_tuner_opts *opts, fm_tune_job *j, in
       return;
     }
     if (yielded) s.prepared = 0; /* the worker holds a foreground fragment's inputs now */
-    if ((err = ensure_worker(&s, &d)) == FM_OK && !s.prepared) err = prepare(&s, &d);
+    if ((err = ensure_worker(&s, &d)) == FM_OK && !s.prepared) {
+      double p0 = now_ms();
+      err = prepare(&s, &d);
+      j->prepare_ms += now_ms() - p0;
+    }
     if (err) {
       /* The worker cannot run this fragment at all: nothing was judged, serve untuned. A
        * failure after some candidates ran is charged to the candidate at hand. */

@@ -110,6 +110,7 @@ struct fm_tune_job {
   uint32_t waited_behind; /* foreground: background candidates started while it waited */
   int stopped;            /* the tuner stopped mid-round: nothing judged further, nothing stored */
   double tune_ms;
+  double prepare_ms;      /* of tune_ms, the worker's prepare (inputs, the fp64 reference) */
   uint32_t restarts, bad; /* for the counters */
 };
 

@@ -17,6 +17,8 @@
  *    on a sample of blocks (fm_reference_sample.h: strips at the start, middle and end of its
  *    leading dims and random blocks between, each on a thread): the kernel computes every
  *    element, the reference only the blocks', and only they are read back and compared;
+ *    a smaller one (and a column fragment) is checked whole, its reference on threads in
+ *    bands (stripes of columns) once it passes FM_SAMPLE_THREADS_MIN_ELEMENTS;
  *  - fresh random inputs (never zeros: uniform in [-3, 3), bool 0/1; a product's matrix
  *    operands scaled so that its sums stay the size of an epilogue input, operand_scale)
  *    from the daemon's seed, filled in parallel chunks, and the reference outputs from

@@ -208,6 +208,73 @@ static void test_rows_blocks(void) {
   CHECK(n == (int64_t)s.n * 1001);
 }
 
+/* Evaluates canon whole at outer, then through fm_sample_reference with no sample (on
+ * threads once large enough), and compares every output byte; the second outputs start as
+ * 0xAB bytes, so an element no band wrote shows. */
+static void check_whole(int64_t outer) {
+  const void *ins[FM_MAX_INPUTS];
+  void *a[FM_MAX_OUTPUTS], *b[FM_MAX_OUTPUTS];
+  size_t bytes[FM_MAX_OUTPUTS];
+  fm_diag d = {{0}};
+  fm_sample none = {0};
+  fm_fragment at = canon; /* spans at outer: a symbolic dim 0 sized */
+  for (uint32_t k = 0; k < canon.n_inputs; k++) {
+    if (at.inputs[k].shape[0] == FM_DIM_SYMBOLIC) at.inputs[k].shape[0] = outer;
+    ins[k] = random_tensor(&at.inputs[k]);
+  }
+  for (uint32_t k = 0; k < canon.n_outputs; k++) {
+    if (at.outputs[k].shape[0] == FM_DIM_SYMBOLIC) at.outputs[k].shape[0] = outer;
+    bytes[k] = span(&at.outputs[k]) * fm_dtype_size(canon.outputs[k].dtype);
+    a[k] = calloc(1, bytes[k]);
+    b[k] = malloc(bytes[k]);
+    memset(b[k], 0xAB, bytes[k]);
+  }
+  CHECK_EQ_INT(fm_reference_eval(&canon, outer, ins, a, &d), FM_OK);
+  CHECK_EQ_INT(fm_sample_reference(&canon, outer, &none, 0, ins, b, &d), FM_OK);
+  for (uint32_t k = 0; k < canon.n_outputs; k++) {
+    /* a padded row's gap is written by neither: compare the elements of the layout only */
+    const fm_tensor *t = &at.outputs[k];
+    size_t es = fm_dtype_size(t->dtype), n = 1, bad = 0;
+    for (uint32_t i = 0; i < t->rank; i++) n *= (size_t)t->shape[i];
+    for (size_t e = 0; e < n; e++) {
+      size_t rest = e, off = 0;
+      for (int i = (int)t->rank - 1; i >= 0; i--) {
+        off += rest % (size_t)t->shape[i] * (size_t)t->strides[i];
+        rest /= (size_t)t->shape[i];
+      }
+      bad += memcmp((uint8_t *)a[k] + off * es, (uint8_t *)b[k] + off * es, es) != 0;
+    }
+    CHECK_EQ_INT((int)bad, 0);
+    free(a[k]);
+    free(b[k]);
+  }
+  for (uint32_t k = 0; k < canon.n_inputs; k++) free((void *)ins[k]);
+}
+
+/* Under the sample's threshold the reference is whole, on threads in bands: along dim 0 for
+ * rows of a padded stride; along the longest dim when dim 0 has size 1 (inputs broadcast
+ * there and along the band's dim are left whole); a symbolic dim 0 evaluated at outer. */
+static void test_whole_in_bands(void) {
+  build_lse(4096); /* 4.1M elements, 16 bands of 256 rows */
+  CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
+  check_whole(1);
+  build_lse(37); /* 37K elements: one thread */
+  CHECK_EQ_INT(rf_finish(&raw, &canon), FM_OK);
+  check_whole(1);
+  build_pointwise(1); /* [1, 8, 256, 256]: bands along dim 2 */
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  check_whole(1);
+  int64_t xs[2] = {-1, 1000}, gs[2] = {1, 1000};
+  tf_init(&raw);
+  tf_input(&raw, 0, FM_DT_BF16, 2, xs, NULL, 16);
+  tf_input(&raw, 1, FM_DT_BF16, 2, gs, NULL, 16);
+  tf_op(&raw, FM_OP_MUL, 2, 2, 0, 1, 0);
+  tf_op(&raw, FM_OP_SILU, 3, 1, 2, 0, 0);
+  tf_output(&raw, 3, FM_DT_BF16, 2, xs, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  check_whole(1001); /* 1M elements: 16 bands of 63 rows, the last of 56 */
+}
+
 /* A row of 2^20 elements is one block: the cut stops before the reduced dim. */
 static void test_rows_long_row(void) {
   fm_sample s;
@@ -342,6 +409,7 @@ int main(void) {
   RUN(test_seed_picks_random_blocks);
   RUN(test_rows_blocks);
   RUN(test_rows_long_row);
+  RUN(test_whole_in_bands);
   RUN(test_cat_blocks);
   RUN(test_not_sampled);
   RUN(test_cols_stripes);
