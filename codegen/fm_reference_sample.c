@@ -192,39 +192,47 @@ static void *block_main(void *arg) {
   return NULL;
 }
 
-/* A column fragment's stripe of columns [c0, c0 + width): each tensor whose last dim is the
- * column space's N is cut to width and offset to c0 (one of size 1 there is broadcast along
- * the columns: a per-row value, left whole). */
-typedef struct stripe_job {
+/* A part of the whole evaluation on a thread: the range [r0, r0 + len) of one dim. A column
+ * fragment's stripe of columns (columns: the last dim of each tensor whose last dim is the
+ * column space's n, one of size 1 there, a per-row value, left whole); a pointwise or row
+ * fragment's band along iteration dim `dim` (each tensor that spans that dim, as cut_tensor
+ * decides: size other than 1; a symbolic dim 0 is evaluated at outer = len). */
+typedef struct range_job {
   job_head h;
   const fm_fragment *f;
-  int64_t outer, n, c0, width;
+  int64_t outer, r0, len;
+  int columns;
+  int64_t n;    /* columns: the column space */
+  uint32_t dim; /* bands: the dim */
   const void *const *ins;
   void *const *outs;
-} stripe_job;
+} range_job;
 
-static int64_t stripe_tensor(fm_tensor *t, int64_t n, int64_t c0, int64_t width) {
-  if (t->rank == 0 || t->shape[t->rank - 1] != n) return 0;
-  t->shape[t->rank - 1] = width;
-  return c0 * t->strides[t->rank - 1];
+/* Cuts t to the job's range (its element offset there), or leaves it whole (0). */
+static int64_t range_tensor(fm_tensor *t, const range_job *j) {
+  uint32_t dim = j->columns ? t->rank - 1 : j->dim;
+  if (j->columns ? t->rank == 0 || t->shape[dim] != j->n : dim >= t->rank || t->shape[dim] == 1) return 0;
+  if (t->shape[dim] != FM_DIM_SYMBOLIC) t->shape[dim] = j->len;
+  return j->r0 * t->strides[dim];
 }
 
-static void *stripe_main(void *arg) {
-  stripe_job *j = arg;
+static void *range_main(void *arg) {
+  range_job *j = arg;
   const fm_fragment *f = j->f;
   const void *ins[FM_MAX_INPUTS];
   void *outs[FM_MAX_OUTPUTS];
   fm_fragment *cut = j->h.cut;
   memcpy(cut, f, sizeof *cut);
   for (uint32_t k = 0; k < f->n_inputs; k++) {
-    size_t off = (size_t)stripe_tensor(&cut->inputs[k], j->n, j->c0, j->width) * fm_dtype_size(f->inputs[k].dtype);
+    size_t off = (size_t)range_tensor(&cut->inputs[k], j) * fm_dtype_size(f->inputs[k].dtype);
     ins[k] = j->ins[k] ? (const uint8_t *)j->ins[k] + off : NULL;
   }
   for (uint32_t k = 0; k < f->n_outputs; k++) {
-    size_t off = (size_t)stripe_tensor(&cut->outputs[k], j->n, j->c0, j->width) * fm_dtype_size(f->outputs[k].dtype);
+    size_t off = (size_t)range_tensor(&cut->outputs[k], j) * fm_dtype_size(f->outputs[k].dtype);
     outs[k] = (uint8_t *)j->outs[k] + off;
   }
-  j->h.rc = fm_reference_eval(cut, j->outer, ins, outs, &j->h.d);
+  int64_t outer = !j->columns && j->dim == 0 ? j->len : j->outer;
+  j->h.rc = fm_reference_eval(cut, outer, ins, outs, &j->h.d);
   return NULL;
 }
 
@@ -241,49 +249,12 @@ static int cols_reference(const fm_fragment *f, int64_t outer, const void *const
   if (rows * ci.n < FM_SAMPLE_THREADS_MIN_ELEMENTS) return fm_reference_eval(f, outer, inputs, outputs, d);
   int64_t width = (ci.n + FM_SAMPLE_COL_STRIPES - 1) / FM_SAMPLE_COL_STRIPES;
   int stripes = (int)((ci.n + width - 1) / width);
-  stripe_job jobs[FM_SAMPLE_COL_STRIPES];
+  range_job jobs[FM_SAMPLE_COL_STRIPES];
   for (int b = 0; b < stripes; b++) {
     int64_t c0 = b * width, w = ci.n - c0 < width ? ci.n - c0 : width;
-    jobs[b] = (stripe_job){{0}, f, outer, ci.n, c0, w, inputs, outputs};
+    jobs[b] = (range_job){{0}, f, outer, c0, w, 1, ci.n, 0, inputs, outputs};
   }
-  return run_jobs(jobs, sizeof jobs[0], stripes, stripe_main, d);
-}
-
-/* A pointwise or row fragment's band [r0, r0 + len) along iteration dim `dim`: each tensor
- * that spans that dim (as cut_tensor decides: size other than 1) is cut to len and offset
- * to r0; a symbolic dim 0 is evaluated at outer = len. */
-typedef struct band_job {
-  job_head h;
-  const fm_fragment *f;
-  int64_t outer, r0, len;
-  uint32_t dim;
-  const void *const *ins;
-  void *const *outs;
-} band_job;
-
-static int64_t band_tensor(fm_tensor *t, uint32_t dim, int64_t r0, int64_t len) {
-  if (dim >= t->rank || t->shape[dim] == 1) return 0;
-  if (t->shape[dim] != FM_DIM_SYMBOLIC) t->shape[dim] = len;
-  return r0 * t->strides[dim];
-}
-
-static void *band_main(void *arg) {
-  band_job *j = arg;
-  const fm_fragment *f = j->f;
-  const void *ins[FM_MAX_INPUTS];
-  void *outs[FM_MAX_OUTPUTS];
-  fm_fragment *cut = j->h.cut;
-  memcpy(cut, f, sizeof *cut);
-  for (uint32_t k = 0; k < f->n_inputs; k++) {
-    size_t off = (size_t)band_tensor(&cut->inputs[k], j->dim, j->r0, j->len) * fm_dtype_size(f->inputs[k].dtype);
-    ins[k] = j->ins[k] ? (const uint8_t *)j->ins[k] + off : NULL;
-  }
-  for (uint32_t k = 0; k < f->n_outputs; k++) {
-    size_t off = (size_t)band_tensor(&cut->outputs[k], j->dim, j->r0, j->len) * fm_dtype_size(f->outputs[k].dtype);
-    outs[k] = (uint8_t *)j->outs[k] + off;
-  }
-  j->h.rc = fm_reference_eval(cut, j->dim == 0 ? j->len : j->outer, ins, outs, &j->h.d);
-  return NULL;
+  return run_jobs(jobs, sizeof jobs[0], stripes, range_main, d);
 }
 
 /* The whole reference of a pointwise or row fragment of at least FM_SAMPLE_THREADS_MIN_ELEMENTS
@@ -299,12 +270,12 @@ static int banded_reference(const fm_fragment *f, int64_t outer, const void *con
   if (size < 2 || total < FM_SAMPLE_THREADS_MIN_ELEMENTS) return fm_reference_eval(f, outer, inputs, outputs, d);
   int64_t len = (size + FM_SAMPLE_BANDS - 1) / FM_SAMPLE_BANDS;
   int bands = (int)((size + len - 1) / len);
-  band_job jobs[FM_SAMPLE_BANDS];
+  range_job jobs[FM_SAMPLE_BANDS];
   for (int b = 0; b < bands; b++) {
     int64_t r0 = b * len;
-    jobs[b] = (band_job){{0}, f, outer, r0, size - r0 < len ? size - r0 : len, dim, inputs, outputs};
+    jobs[b] = (range_job){{0}, f, outer, r0, size - r0 < len ? size - r0 : len, 0, 0, dim, inputs, outputs};
   }
-  return run_jobs(jobs, sizeof jobs[0], bands, band_main, d);
+  return run_jobs(jobs, sizeof jobs[0], bands, range_main, d);
 }
 
 int fm_sample_reference(const fm_fragment *f, int64_t outer, const fm_sample *s, uint32_t fixed,
