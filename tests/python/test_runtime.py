@@ -218,6 +218,40 @@ def test_an_aten_call_of_a_group_frees_its_values_at_once(dead_socket, standin):
         gc.enable()
 
 
+def test_an_aten_call_of_a_group_lets_go_of_each_value_after_its_last_read(dead_socket, standin):
+    """Inside a group run as its ATen ops, an intermediate is dropped once the last step that
+    reads it ran (the FX graph's rule): at the last step of a chain only the value it reads is
+    alive, and the result is eager's."""
+    import gc
+    import weakref
+
+    c = fuseml.FuseMLCompiler()
+    f = lambda x: torch.tanh(torch.relu(torch.sigmoid(x * 2.0) + 1.0) * x)  # noqa: E731
+    x = torch.randn(4, 8)
+    torch.compile(f, backend=c)(x)
+    (r,) = _runners(c)
+    made, alive = [], []
+
+    def recorded(target):
+        def step(*args, **kwargs):
+            alive.append(sum(ref() is not None for ref in made))
+            out = target(*args, **kwargs)
+            made.append(weakref.ref(out))
+            return out
+
+        return step
+
+    r.steps = [(recorded(t), a, k) for t, a, k in r.steps]
+    gc.disable()
+    try:
+        (out,) = r.eager([x])
+        torch.testing.assert_close(out, f(x))
+        assert len(made) >= 5, len(made)
+        assert alive[1:] == [1] * (len(made) - 1), alive  # only the previous step's value
+    finally:
+        gc.enable()
+
+
 def test_aten_ops_that_write_far_more_are_not_timed(dead_socket, standin, monkeypatch):
     """Measured routing does not run a group's ATen ops when they would write far more than
     its kernel moves (runtime.ATEN_HEAVY_BYTES, ATEN_HEAVY_RATIO): the kernel is chosen
