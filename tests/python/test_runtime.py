@@ -184,50 +184,14 @@ def test_gemm_group_through_a_view_launch_layout(dead_socket, standin):
     assert row["plan"] == "split" and row["template"] == "cublaslt"
 
 
-def test_an_aten_call_of_a_group_frees_its_values_at_once(dead_socket, standin):
-    """A group run as its ATen ops (no kernel, or measured routing's timed calls) holds no
-    value of its own after it returns, without waiting for the cycle collector: measured
-    routing times seven calls of a group in a row, and over a cross-entropy's logits each call's
-    intermediates are gigabytes."""
+def _eager_call_watched(f, x):
+    """Runs the one group of f compiled as its ATen ops, with the cycle collector off; returns
+    (its output, a weak reference to each step's value, how many of them were alive as each
+    step began)."""
     import gc
     import weakref
 
     c = fuseml.FuseMLCompiler()
-    f = lambda x: torch.relu(torch.sigmoid(x * 2.0) + 1.0)  # noqa: E731
-    x = torch.randn(4, 8)
-    torch.compile(f, backend=c)(x)
-    (r,) = _runners(c)
-    made = []
-
-    def recorded(target):
-        def step(*args, **kwargs):
-            out = target(*args, **kwargs)
-            made.append(weakref.ref(out))
-            return out
-
-        return step
-
-    r.steps = [(recorded(t), a, k) for t, a, k in r.steps]
-    gc.disable()
-    try:
-        (out,) = r.eager([x])
-        torch.testing.assert_close(out, f(x))
-        del out
-        assert len(made) >= 3 and all(ref() is None for ref in made), [ref() is None for ref in made]
-    finally:
-        gc.enable()
-
-
-def test_an_aten_call_of_a_group_lets_go_of_each_value_after_its_last_read(dead_socket, standin):
-    """Inside a group run as its ATen ops, an intermediate is dropped once the last step that
-    reads it ran (the FX graph's rule): at the last step of a chain only the value it reads is
-    alive, and the result is eager's."""
-    import gc
-    import weakref
-
-    c = fuseml.FuseMLCompiler()
-    f = lambda x: torch.tanh(torch.relu(torch.sigmoid(x * 2.0) + 1.0) * x)  # noqa: E731
-    x = torch.randn(4, 8)
     torch.compile(f, backend=c)(x)
     (r,) = _runners(c)
     made, alive = [], []
@@ -245,11 +209,34 @@ def test_an_aten_call_of_a_group_lets_go_of_each_value_after_its_last_read(dead_
     gc.disable()
     try:
         (out,) = r.eager([x])
-        torch.testing.assert_close(out, f(x))
-        assert len(made) >= 5, len(made)
-        assert alive[1:] == [1] * (len(made) - 1), alive  # only the previous step's value
+        return out, made, alive
     finally:
         gc.enable()
+
+
+def test_an_aten_call_of_a_group_frees_its_values_at_once(dead_socket, standin):
+    """A group run as its ATen ops (no kernel, or measured routing's timed calls) holds no
+    value of its own after it returns, without waiting for the cycle collector: measured
+    routing times seven calls of a group in a row, and over a cross-entropy's logits each call's
+    intermediates are gigabytes."""
+    f = lambda x: torch.relu(torch.sigmoid(x * 2.0) + 1.0)  # noqa: E731
+    x = torch.randn(4, 8)
+    out, made, _ = _eager_call_watched(f, x)
+    torch.testing.assert_close(out, f(x))
+    del out
+    assert len(made) >= 3 and all(ref() is None for ref in made), [ref() is None for ref in made]
+
+
+def test_an_aten_call_of_a_group_lets_go_of_each_value_after_its_last_read(dead_socket, standin):
+    """Inside a group run as its ATen ops, an intermediate is dropped once the last step that
+    reads it ran (the FX graph's rule): at each step of a chain only the value it reads is
+    alive, and the result is eager's."""
+    f = lambda x: torch.tanh(torch.relu(torch.sigmoid(x * 2.0) + 1.0) * x)  # noqa: E731
+    x = torch.randn(4, 8)
+    out, made, alive = _eager_call_watched(f, x)
+    torch.testing.assert_close(out, f(x))
+    assert len(made) >= 5, len(made)
+    assert alive[1:] == [1] * (len(made) - 1), alive  # only the previous step's value
 
 
 def test_aten_ops_that_write_far_more_are_not_timed(dead_socket, standin, monkeypatch):
