@@ -3,20 +3,18 @@ its attention runs SDPA's math path (the relative-position bias is learned), who
 softmax (aten._safe_softmax: softmax, the -inf test of each row, the all-reduction, the fill)
 must end up in fused rows groups, forward and backward, with results as eager's."""
 
-import importlib.util
-import os
 import sys
 
 import pytest
 import torch
 
+from graph_coverage import elementwise_left, zoo_model
 from helpers import rel_err
 
 import fuseml
-from fuseml import embedding_grad, ops
+from fuseml import ops
 
 aten = torch.ops.aten
-BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "models")
 
 # the ops of the mask path that must not be left to ATen
 MASK_OPS = {
@@ -40,11 +38,7 @@ MASK_OPS = {
 
 
 def t5_tiny():
-    pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("bench_models_zoo_t5", os.path.join(BENCH, "model_zoo.py"))
-    zoo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(zoo)
-    return zoo.build("t5", "tiny", "cpu")
+    return zoo_model("t5")
 
 
 def left_to_aten(gm, groups):
@@ -59,43 +53,6 @@ def left_to_aten(gm, groups):
         and n not in fused
         and getattr(n.meta.get("val"), "dtype", None) in ops.DTYPES
     ]
-
-
-# library calls and what feeds them (token ids, integer bucket arithmetic): not fuseml's
-LIBRARY = {
-    aten.mm.default,
-    aten.bmm.default,
-    aten.embedding.default,
-    aten.embedding_dense_backward.default,
-    aten.nll_loss_forward.default,
-    aten.nll_loss_backward.default,
-    aten._scaled_dot_product_flash_attention_for_cpu.default,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
-    embedding_grad.embedding_grad,  # embedding_dense_backward as a scatter-add
-    embedding_grad.embedding_grad_fp32,
-}
-
-
-def elementwise_left(gm, groups):
-    """Ops over float or bool values computed from float or bool operands, outside every
-    group routed to a kernel: what still runs as one ATen kernel each."""
-    fused = {n for g in groups if g.route == "kernel" for n in g.members}
-    left = []
-    for n in gm.graph.nodes:
-        if (
-            n.op != "call_function"
-            or n in fused
-            or n.target in LIBRARY
-            or n.target in ops.VIEW_OPS
-            or n.target in ops.RESHAPE_OPS
-        ):
-            continue
-        val = n.meta.get("val")
-        if getattr(val, "dtype", None) not in ops.DTYPES or not n.all_input_nodes:
-            continue
-        if all(getattr(a.meta.get("val"), "dtype", None) in ops.DTYPES for a in n.all_input_nodes):
-            left.append(n)
-    return left
 
 
 def masked_softmax_groups(groups):

@@ -1,0 +1,72 @@
+"""Whole models through the backend at their tiny sizes (bench/models' Llama, GPT-2, BERT and
+ViT configurations: Hugging Face `transformers` and timm, bf16, on the CPU): every op of the
+forward and training graphs ends up in a fused group, but library calls (matrix products,
+convolutions, attention, embeddings, the loss's gather), views, and these few, where a fused
+kernel would add a launch and save no traffic:
+
+- a training backward's `cat` of attention's three gradients into the packed q/k/v
+  projection's gradient (GPT-2's c_attn, ViT's qkv): a copy as ATen or as a kernel;
+- ViT's `select_backward` of its class token (one token a sequence).
+
+Values smaller than one activation (tokens x hidden) are not counted: the loss's tail over one
+value a token, per-channel vectors (a bias's or a class token's gradient summed over the batch,
+rotary frequencies cast once). A new op a model's graph leaves outside every group over an
+activation's worth of values fails here by name."""
+
+import pytest
+import torch
+
+from graph_coverage import elementwise_left, zoo_model
+from helpers import rel_err
+
+import fuseml
+
+aten = torch.ops.aten
+
+LEFT_BY_DESIGN = {
+    ("llama", "fwd"): set(),
+    ("llama", "train"): set(),
+    ("gpt2", "fwd"): set(),
+    ("gpt2", "train"): {aten.cat.default},
+    ("bert", "fwd"): set(),
+    ("bert", "train"): set(),
+    ("vit", "fwd"): set(),
+    ("vit", "train"): {aten.select_backward.default, aten.cat.default},
+}
+
+
+# tokens a step of each tiny workload runs (batch x sequence; ViT: 2 images of 4 patches and a
+# class token each), and their hidden size
+TOKENS = {"llama": 32, "gpt2": 32, "bert": 32, "vit": 10}
+HIDDEN = 64
+
+
+@pytest.mark.parametrize("model,phase", sorted(LEFT_BY_DESIGN))
+def test_every_op_of_a_real_model_is_fused(dead_socket, partitioned, model, phase):
+    w = zoo_model(model)
+    c = fuseml.FuseMLCompiler()
+    fn = torch.compile(w.model, backend=c)
+    if phase == "fwd":
+        w.model.eval()
+        with torch.no_grad():
+            want = w.forward(w.model, w.inputs)
+            got = w.forward(fn, w.inputs)
+        assert rel_err(got, want) < 2e-2
+    else:
+        w.model.train()
+        torch.manual_seed(0)
+        want = w.loss(w.model, w.inputs).item()
+        torch.manual_seed(0)
+        loss = w.loss(fn, w.inputs)
+        loss.backward()
+        assert abs(loss.item() - want) < 2e-2 * abs(want)
+        assert [p.which for p in c.plans][-1] == "backward"
+    assert partitioned and all(groups for _, groups in partitioned)
+    left = [
+        n
+        for gm, groups in partitioned
+        for n in elementwise_left(gm, groups)
+        if n.meta["val"].numel() >= TOKENS[model] * HIDDEN
+    ]
+    unexpected = [n.format_node() for n in left if n.target not in LEFT_BY_DESIGN[(model, phase)]]
+    assert not unexpected, unexpected
