@@ -142,28 +142,56 @@ static void test_pointwise_blocks(void) {
   printf("  pointwise: %d blocks of 64K elements, %lld compared\n", s.n, (long long)n);
 }
 
+/* Evaluates canon whole at outer, then through fm_sample_reference with no sample (on
+ * threads once large enough), and compares every output byte; the second outputs start as
+ * 0xAB bytes, so an element no band wrote shows. */
+static void check_whole(int64_t outer) {
+  const void *ins[FM_MAX_INPUTS];
+  void *a[FM_MAX_OUTPUTS], *b[FM_MAX_OUTPUTS];
+  size_t bytes[FM_MAX_OUTPUTS];
+  fm_diag d = {{0}};
+  fm_sample none = {0};
+  fm_fragment at = canon; /* spans at outer: a symbolic dim 0 sized */
+  for (uint32_t k = 0; k < canon.n_inputs; k++) {
+    if (at.inputs[k].shape[0] == FM_DIM_SYMBOLIC) at.inputs[k].shape[0] = outer;
+    ins[k] = random_tensor(&at.inputs[k]);
+  }
+  for (uint32_t k = 0; k < canon.n_outputs; k++) {
+    if (at.outputs[k].shape[0] == FM_DIM_SYMBOLIC) at.outputs[k].shape[0] = outer;
+    bytes[k] = span(&at.outputs[k]) * fm_dtype_size(canon.outputs[k].dtype);
+    a[k] = calloc(1, bytes[k]);
+    b[k] = malloc(bytes[k]);
+    memset(b[k], 0xAB, bytes[k]);
+  }
+  CHECK_EQ_INT(fm_reference_eval(&canon, outer, ins, a, &d), FM_OK);
+  CHECK_EQ_INT(fm_sample_reference(&canon, outer, &none, 0, ins, b, &d), FM_OK);
+  for (uint32_t k = 0; k < canon.n_outputs; k++) {
+    /* a padded row's gap is written by neither: compare the elements of the layout only */
+    const fm_tensor *t = &at.outputs[k];
+    size_t es = fm_dtype_size(t->dtype), n = 1, bad = 0;
+    for (uint32_t i = 0; i < t->rank; i++) n *= (size_t)t->shape[i];
+    for (size_t e = 0; e < n; e++) {
+      size_t rest = e, off = 0;
+      for (int i = (int)t->rank - 1; i >= 0; i--) {
+        off += rest % (size_t)t->shape[i] * (size_t)t->strides[i];
+        rest /= (size_t)t->shape[i];
+      }
+      bad += memcmp((uint8_t *)a[k] + off * es, (uint8_t *)b[k] + off * es, es) != 0;
+    }
+    CHECK_EQ_INT((int)bad, 0);
+    free(a[k]);
+    free(b[k]);
+  }
+  for (uint32_t k = 0; k < canon.n_inputs; k++) free((void *)ins[k]);
+}
+
 static void test_small_is_whole(void) {
   fm_sample s;
   build_pointwise(4); /* 2M elements: under the threshold */
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   fm_sample_choose(&canon, 1, 7, &s);
   CHECK_EQ_INT(s.n, 0);
-  /* n == 0 is the whole evaluation */
-  const void *ins[3];
-  void *a[2], *b[2];
-  fm_diag d = {{0}};
-  for (int k = 0; k < 3; k++) ins[k] = random_tensor(&canon.inputs[k]);
-  for (int k = 0; k < 2; k++) {
-    size_t bytes = span(&canon.outputs[k]) * fm_dtype_size(canon.outputs[k].dtype);
-    a[k] = calloc(1, bytes);
-    b[k] = calloc(1, bytes);
-  }
-  CHECK_EQ_INT(fm_reference_eval(&canon, 1, ins, a, &d), FM_OK);
-  CHECK_EQ_INT(fm_sample_reference(&canon, 1, &s, 0, ins, b, &d), FM_OK);
-  CHECK(memcmp(a[0], b[0], span(&canon.outputs[0]) * 2) == 0);
-  CHECK(memcmp(a[1], b[1], span(&canon.outputs[1]) * 4) == 0);
-  for (int k = 0; k < 3; k++) free((void *)ins[k]);
-  for (int k = 0; k < 2; k++) free(a[k]), free(b[k]);
+  check_whole(1); /* n == 0 is the whole evaluation (in bands: 4 along dim 0) */
 }
 
 static void test_seed_picks_random_blocks(void) {
@@ -206,49 +234,6 @@ static void test_rows_blocks(void) {
   check_shape_of(&s);
   int64_t n = check_blocks(&s, 0);
   CHECK(n == (int64_t)s.n * 1001);
-}
-
-/* Evaluates canon whole at outer, then through fm_sample_reference with no sample (on
- * threads once large enough), and compares every output byte; the second outputs start as
- * 0xAB bytes, so an element no band wrote shows. */
-static void check_whole(int64_t outer) {
-  const void *ins[FM_MAX_INPUTS];
-  void *a[FM_MAX_OUTPUTS], *b[FM_MAX_OUTPUTS];
-  size_t bytes[FM_MAX_OUTPUTS];
-  fm_diag d = {{0}};
-  fm_sample none = {0};
-  fm_fragment at = canon; /* spans at outer: a symbolic dim 0 sized */
-  for (uint32_t k = 0; k < canon.n_inputs; k++) {
-    if (at.inputs[k].shape[0] == FM_DIM_SYMBOLIC) at.inputs[k].shape[0] = outer;
-    ins[k] = random_tensor(&at.inputs[k]);
-  }
-  for (uint32_t k = 0; k < canon.n_outputs; k++) {
-    if (at.outputs[k].shape[0] == FM_DIM_SYMBOLIC) at.outputs[k].shape[0] = outer;
-    bytes[k] = span(&at.outputs[k]) * fm_dtype_size(canon.outputs[k].dtype);
-    a[k] = calloc(1, bytes[k]);
-    b[k] = malloc(bytes[k]);
-    memset(b[k], 0xAB, bytes[k]);
-  }
-  CHECK_EQ_INT(fm_reference_eval(&canon, outer, ins, a, &d), FM_OK);
-  CHECK_EQ_INT(fm_sample_reference(&canon, outer, &none, 0, ins, b, &d), FM_OK);
-  for (uint32_t k = 0; k < canon.n_outputs; k++) {
-    /* a padded row's gap is written by neither: compare the elements of the layout only */
-    const fm_tensor *t = &at.outputs[k];
-    size_t es = fm_dtype_size(t->dtype), n = 1, bad = 0;
-    for (uint32_t i = 0; i < t->rank; i++) n *= (size_t)t->shape[i];
-    for (size_t e = 0; e < n; e++) {
-      size_t rest = e, off = 0;
-      for (int i = (int)t->rank - 1; i >= 0; i--) {
-        off += rest % (size_t)t->shape[i] * (size_t)t->strides[i];
-        rest /= (size_t)t->shape[i];
-      }
-      bad += memcmp((uint8_t *)a[k] + off * es, (uint8_t *)b[k] + off * es, es) != 0;
-    }
-    CHECK_EQ_INT((int)bad, 0);
-    free(a[k]);
-    free(b[k]);
-  }
-  for (uint32_t k = 0; k < canon.n_inputs; k++) free((void *)ins[k]);
 }
 
 /* Under the sample's threshold the reference is whole, on threads in bands: along dim 0 for

@@ -585,6 +585,17 @@ def _has_cuda_tensor(gm, example_inputs):
     return any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
 
 
+def _poll_kernels(self):
+    """Picks up the tuned kernels the daemon finished (upgrade.py; rewrite_code() moves the
+    version) and returns the version of this graph's kernels: for a caller that replays a
+    recording of the graph instead of calling it (graph_replay.py), which records it again
+    when the version moves. A method of Compiled and InductorCompiled."""
+    up = self.upgrader
+    if not up.done and up.tick():
+        self.rewrite_code()
+    return self.kernels_version
+
+
 class Compiled:
     """What a graph compiles to: a boxed callable (it takes the argument list). Groups the
     daemon served run as calls of their runners (what fuseml::group calls); a group without a
@@ -613,14 +624,7 @@ class Compiled:
         self.kernels_version = 0  # moves whenever tuned kernels are swapped in
         live.add(self)
 
-    def poll_kernels(self):
-        """Picks up the tuned kernels the daemon finished (upgrade.py) and returns the version
-        of this graph's kernels: for a caller that replays a recording of the graph instead of
-        calling it (graph_replay.py), which records it again when the version moves."""
-        up = self.upgrader
-        if not up.done and up.tick():
-            self.rewrite_code()
-        return self.kernels_version
+    poll_kernels = _poll_kernels
 
     def __call__(self, args):
         self.poll_kernels()
@@ -717,11 +721,7 @@ class InductorCompiled:
         self.kernels_version = 0
         live.add(self)
 
-    def poll_kernels(self):
-        up = self.upgrader
-        if not up.done and up.tick():
-            self.kernels_version += 1
-        return self.kernels_version
+    poll_kernels = _poll_kernels
 
     def __call__(self, args):
         self.poll_kernels()
