@@ -4,16 +4,20 @@ the blocks alive then are summed by the Python frames that allocated them.
 
     python3 first_step_memory.py --model llama --size small --modes fuseml,inductor [--top 8]
 
-Prints, per mode: the peak of the first step and of a later one above what was allocated
-before it, then the largest groups of blocks alive at the first step's peak. A mode's first
-step compiles (and, under fuseml, measures each group's kernel against its ATen ops), so its
-peak can differ from a steady step's, which is what bench/models reports."""
+Prints, per mode: the peaks of the first three steps above what was allocated before each
+(under fuseml the next two follow the pickup of its background tunes, as in bench/models:
+the FX graph runs once more, then the generated code's checked variant), then the largest
+groups of blocks alive at the first step's peak (with --later, at the larger of the next
+two's too, and the largest blocks). A mode's first step compiles (and, under fuseml,
+measures each group's kernel against its ATen ops), so its peak can differ from a steady
+step's, which is what bench/models reports."""
 
 import argparse
 import collections
 import os
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="fm-first-memory-"))
 
@@ -23,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compile_modes  # noqa: E402
 import model_zoo as models  # noqa: E402
-from run_model import start_daemon  # noqa: E402   (a private fusemld for the fuseml modes)
+from run_model import _wait_tuned, start_daemon  # noqa: E402   (a private fusemld for the fuseml modes)
 
 
 def _where(frames, depth=3):
@@ -51,7 +55,13 @@ def peak_blocks(snapshot, device):
     groups = collections.Counter()
     for size, frames in at_peak.values():
         groups[_where(frames)] += size
-    return peak, groups
+    return peak, groups, sorted(at_peak.values(), key=lambda b: -b[0])
+
+
+def _anywhere(frames, depth=2):
+    """The innermost frames of an allocation, torch's own included (for blocks no model or
+    fuseml frame asked for: the autograd engine's, aot_autograd's)."""
+    return " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in frames[:depth]) or "C++"
 
 
 def main(argv=None):
@@ -60,6 +70,7 @@ def main(argv=None):
     ap.add_argument("--size", default="small")
     ap.add_argument("--modes", default="fuseml,inductor")
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--later", action="store_true", help="also break down the larger of the next two steps' peaks")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("first_step_memory: no GPU (torch.cuda.is_available() is False): nothing to measure")
@@ -81,30 +92,37 @@ def main(argv=None):
             work.loss(fn, work.inputs).backward()
             torch.cuda.synchronize(dev)
 
-        for p in params:
-            p.grad = None
-        torch.cuda.synchronize(dev)
-        base = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        torch.cuda.memory._record_memory_history(max_entries=2_000_000)
-        step()
-        snapshot = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-        first = torch.cuda.max_memory_allocated(dev) - base
-        for p in params:
-            p.grad = None
-        torch.cuda.synchronize(dev)
-        base = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        step()
-        later = torch.cuda.max_memory_allocated(dev) - base
-        peak, groups = peak_blocks(snapshot, dev.index or 0)
-        print(
-            f"== {mode.name}: {work.describe}: first step peak {first / 1e9:.2f} GB "
-            f"(history: {peak / 1e9:.2f} GB), a later step {later / 1e9:.2f} GB"
-        )
-        for where, size in groups.most_common(args.top):
-            print(f"   {size / 1e9:7.3f} GB  {where}")
+        def measured_step(record):
+            """(peak above the start, the allocator's history or None) of one step."""
+            for p in params:
+                p.grad = None
+            torch.cuda.synchronize(dev)
+            base = torch.cuda.memory_allocated(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            if record:
+                torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+            step()
+            snapshot = torch.cuda.memory._snapshot() if record else None
+            if record:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            return torch.cuda.max_memory_allocated(dev) - base, snapshot
+
+        steps = [measured_step(True)]
+        if mode.family == "fuseml":  # as bench/models does: the next calls run the tuned kernels
+            _wait_tuned(time.monotonic() + 180)
+        steps += [measured_step(args.later), measured_step(args.later)]
+        peaks = ", ".join(f"{p / 1e9:.2f}" for p, _ in steps)
+        print(f"== {mode.name}: {work.describe}: the first three steps' peaks {peaks} GB")
+        shown = [0] + ([max((1, 2), key=lambda i: steps[i][0])] if args.later else [])
+        for i in shown:  # the first step's, and the larger of the next two's
+            peak, groups, blocks = peak_blocks(steps[i][1], dev.index or 0)
+            print(f"   step {i + 1}'s peak (history: {peak / 1e9:.2f} GB):")
+            for where, size in groups.most_common(args.top):
+                print(f"   {size / 1e9:7.3f} GB  {where}")
+            if args.later:
+                print(f"   its {args.top} largest blocks:")
+                for size, frames in blocks[: args.top]:
+                    print(f"   {size / 1e6:9.1f} MB  {_where(frames)} | {_anywhere(frames)}")
         torch._dynamo.reset()
     if daemon is not None:
         daemon.stop()

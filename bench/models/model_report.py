@@ -119,7 +119,7 @@ def ratio_table(doc, phase):
 
 def cell_table(doc):
     out = [
-        "| model | phase | mode | wall ms | GPU ms | kernels | peak GB | first call peak GB | cold s | warm s | rel err "
+        "| model | phase | mode | wall ms | GPU ms | kernels | peak GB | first calls' peak GB | cold s | warm s | rel err "
         "| eager bf16 err |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -108,6 +108,9 @@ def test_peak_blocks_replays_the_history_to_the_peak():
         {"action": "free_requested", "addr": 99},  # a block from before the recording
         {"action": "alloc", "addr": 4, "size": 60, "frames": []},
     ]
-    peak, groups = first_step_memory.peak_blocks({"device_traces": [trace]}, 0)
+    peak, groups, blocks = first_step_memory.peak_blocks({"device_traces": [trace]}, 0)
     assert peak == 180  # blocks 2, 3 and 4 alive
     assert groups == {"runtime.py:120 eager": 70, "model_zoo.py:62 loss": 50, "?": 60}
+    assert [size for size, _ in blocks] == [70, 60, 50]  # the largest first
+    assert first_step_memory._anywhere(blocks[0][1]) == "runtime.py:120 eager < functional.py:1 f"
+    assert first_step_memory._anywhere(blocks[1][1]) == "C++"  # no Python frame: the engine's

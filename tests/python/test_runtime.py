@@ -3,8 +3,10 @@
 the output shapes and strides against eager, the collapsing of symbolic dims into `outer`,
 the layout checks that send a group back to eager, and the registered backend name."""
 
+import gc
 import logging
 import types
+import weakref
 
 import pytest
 import torch
@@ -265,3 +267,51 @@ def test_aten_ops_that_write_far_more_are_not_timed(dead_socket, standin, monkey
     assert r.use_kernel and not eager_calls and _StandIn.calls
     assert r.group.route_measured == ("kernel", None, None)
     assert "ATen not timed" in r.group.describe()
+
+
+@pytest.mark.parametrize("winner", ["kernel", "aten"])
+def test_measured_routing_never_holds_both_routes_outputs(dead_socket, standin, monkeypatch, winner):
+    """Measured routing times a group's kernel and its ATen ops; the kernel's first outputs
+    are gone before the ATen ops run, and the route taken runs once more for the call's
+    results, so the first step holds one set of the group's outputs at a time (as every later
+    step does). The trial launch is not counted as the call's."""
+    monkeypatch.setenv("FUSEML_ROUTE", "measure")
+    c = fuseml.FuseMLCompiler()
+    f = lambda x: (x * 2.0 + 1.0).exp()  # noqa: E731
+    x = torch.randn(64, 64)
+    torch.compile(f, backend=c)(x)
+    (r,) = _runners(c)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(runtime.routes, "recall", lambda sig: None)
+    monkeypatch.setattr(runtime.routes, "remember", lambda *a: None)
+    monkeypatch.setattr(runtime.routes, "gpu_identity", lambda dev: "stand-in GPU")
+    alive, seen_with_kernel_out, made = [], [], []
+
+    def launch(xs, dev, key, cubin, meta):
+        out = torch.empty(64, 64)
+        alive.append(weakref.ref(out))
+        made.append("kernel")
+        runtime.counters["launches"] += 1
+        return [out]
+
+    def eager(xs):
+        gc.collect()
+        seen_with_kernel_out.append(any(ref() is not None for ref in alive))
+        made.append("aten")
+        return [torch.empty(64, 64)]
+
+    times = {"kernel": 1.0, "aten": 2.0} if winner == "kernel" else {"kernel": 2.0, "aten": 1.0}
+
+    def median_ms(fn, reps, stream):
+        fn()
+        return times[made[-1]]
+
+    monkeypatch.setattr(runtime, "_median_ms", median_ms)
+    monkeypatch.setattr(r, "_launch", launch)
+    monkeypatch.setattr(r, "eager", eager)
+    launches = runtime.counters["launches"]
+    (out,) = r._decide([x], torch.device("cpu"), "k" * 64, b"", {})
+    assert seen_with_kernel_out and not any(seen_with_kernel_out)
+    assert r.use_kernel == (winner == "kernel")
+    assert made[-1] == winner  # the call's results come from the route taken, run last
+    assert runtime.counters["launches"] == launches + (winner == "kernel")

@@ -9,9 +9,10 @@ import weakref
 import torch
 from torch._decomp import get_decompositions
 from torch._dynamo.backends.common import aot_autograd
-from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+from functorch.compile import min_cut_rematerialization_partition
 
 from . import (
+    boxed_fx,
     channels_last,
     const_fold,
     cross_entropy,
@@ -324,7 +325,7 @@ class FuseMLCompiler:
             )
             if self.rest == "inductor":
                 return self._inductor(gm, example_inputs, [], {})
-            return make_boxed_func(gm)
+            return boxed_fx.boxed(gm)
         # before partitioning: the padded GEMMs' slices and the copies of their values are
         # what the groups around them read
         if which == "backward":  # saved values the forward left at a padded layout
@@ -613,7 +614,7 @@ class Compiled:
         self.gm, self.runners = gm, runners
         self.fused = list(fused)
         self.kept = [g for g in fused if runners[g.gid].kernel is not None]
-        self.current = rewrite(gm, self.kept, runners, direct=True) if self.kept else gm
+        self._set_current(rewrite(gm, self.kept, runners, direct=True) if self.kept else gm)
         self.pending = bool(self.kept)  # some kept group has not been routed yet
         self.generate = generate
         self.apart = apart  # dropped GEMM groups -> their epilogue groups served
@@ -635,17 +636,24 @@ class Compiled:
             return self._first_generated(args)
         if self.pending:
             self._reroute()
-        out = self.current(*args)
+        device_index = args_device((), args)
+        out = self.run_fx(args)  # clears args: each input dies at its last use
         if self.pending:
             # the first call decided: the graph is rebuilt now, so that the next call (under
             # CUDA graphs, the recording that follows the warm-up call) runs the final routing
             self._reroute()
         if not self.pending and self.generate:
-            self._write_code(args_device(out, args))
+            self._write_code(device_index if device_index is not None else args_device(out, ()))
         return out
 
     def slow(self, args):
-        return self.current(*args)
+        return self.run_fx(args)
+
+    def _set_current(self, gm):
+        """The graph that runs until code is generated (and when it cannot be): current, as
+        FX, and run_fx, its boxed form."""
+        self.current = gm
+        self.run_fx = boxed_fx.boxed(gm)
 
     def rewrite_code(self):
         """The kernels changed (an upgrade): the next call runs the FX graph, which loads them,
@@ -664,19 +672,24 @@ class Compiled:
         if back:
             self.kept = sorted(self.kept + back, key=lambda g: g.gid)
             self.pending = True
-            self.current = rewrite(self.gm, self.kept, self.runners, direct=True)
+            self._set_current(rewrite(self.gm, self.kept, self.runners, direct=True))
 
     def _first_generated(self, args):
         first, self.first = self.first, None
         try:
             out = first(args)
-        except AssertionError as e:
-            # an ATen result's layout differs from its trace: this graph keeps its FX form
-            self.path = f"FX graph (an ATen result's layout differs from its trace: {e})"
-            log.info("fuseml: generated code not used: %s", self.path)
-            return self.current(*args)
+        except AssertionError as e:  # only a variant that kept args raises it
+            return self._layout_missed(str(e), self.run_fx(args))
+        if first.missed:  # copied to the traced layouts: this call's results are right
+            return self._layout_missed("; ".join(first.missed), out)
         self.path = "generated straight-line code"
         self.fast = self.fast_next
+        return out
+
+    def _layout_missed(self, what, out):
+        # an ATen result's layout differs from its trace: this graph keeps its FX form
+        self.path = f"FX graph (an ATen result's layout differs from its trace: {what})"
+        log.info("fuseml: generated code not used: %s", self.path)
         return out
 
     def _write_code(self, device_index):
@@ -706,7 +719,7 @@ class Compiled:
                 self.kept += epilogues
                 self.upgrader.add([self.runners[g.gid] for g in epilogues])
                 self.pending = self.pending or bool(epilogues)
-            self.current = rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept else self.gm
+            self._set_current(rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept else self.gm)
 
 
 class InductorCompiled:

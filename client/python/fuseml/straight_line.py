@@ -28,9 +28,12 @@ The argument list is cleared on entry and each value deleted after its last use,
 activations are freed as the backward consumes them.
 
     (first, fast), why_not = generate(gm, device_index, slow)   # or (None, why)
-    first(args) -> list: the checked variant, for the first call (keeps args)
+    first(args) -> list: the checked variant, for the first call (first.missed: the ATen
+        results it found at another layout than traced and copied; first.keeps_args: it
+        does not clear args and raises AssertionError on such a result instead)
     fast(args) -> list: every later call (clears args)"""
 
+import functools
 import operator
 
 import torch
@@ -196,6 +199,35 @@ def _check_line(name, val):
     return f"check({name}, {tuple(val.shape)!r}, {tuple(val.stride())!r})"
 
 
+class _Check:
+    """The first call's check of an ATen result whose layout the code relies on. A result
+    that comes back at another layout is copied to the traced one, and the call goes on: the
+    first call can then free its inputs as it goes, as every later call does. Where that
+    result may alias another value that leaves the graph (a view op's result that is, or has
+    a view that is, a graph output), a copy would betray the aliasing: a graph with such a
+    check keeps its arguments on the first call and runs its FX graph again on a miss."""
+
+    def __init__(self, name, val, copyable):
+        self.name, self.copyable = name, copyable
+        self.size, self.stride = tuple(val.shape), tuple(val.stride())
+
+    def line(self, conform):
+        if conform:
+            return f"{self.name} = conform({self.name}, {self.size!r}, {self.stride!r}, {self.name!r})"
+        return f"check({self.name}, {self.size!r}, {self.stride!r})"
+
+
+def _conform_layout(missed, value, size, stride, name):
+    """value, or a copy of it at the traced layout when ATen returned another (noted in missed:
+    that graph keeps its FX form after this call)."""
+    if value.shape == size and value.stride() == stride:
+        return value
+    missed.append(f"{name} {tuple(value.shape)} {value.stride()}, traced {size} {stride}")
+    if value.shape != size:
+        raise RuntimeError(f"fuseml: an ATen result's shape differs from its trace: {missed[-1]}")
+    return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device).copy_(value)
+
+
 def generate(gm, device_index, slow):
     """(fn, None) where gm (whose fused groups are calls of their runners, every one routed to
     its kernel) can run as generated code, else (None, why). fn(args) is boxed: it clears
@@ -268,6 +300,9 @@ def _generate(gm, device_index, slow):
     results = output.args[0]
     ret = w.literal(list(results) if isinstance(results, (list, tuple)) else [results])
 
+    # the first call keeps its arguments only where a checked result may alias an output (_Check)
+    conform = all(line.copyable for line in body if isinstance(line, _Check))
+
     def source(first_call):
         out = ["def call(args):"]
         if placeholders:
@@ -277,7 +312,7 @@ def _generate(gm, device_index, slow):
             out += [f"        {c}" for c in w.input_checks]
             out.append("    except AssertionError:")
             out.append("        return slow(args)")
-        if not first_call:
+        if not first_call or conform:
             out.append("    args.clear()")
         if unused_inputs:
             out.append(f"    del {', '.join(unused_inputs)}")
@@ -290,9 +325,9 @@ def _generate(gm, device_index, slow):
         else:  # no kernel of ours: nothing needs the device current or its stream
             out.append("    if True:")
         for line in body:
-            if isinstance(line, tuple):  # a check of an ATen result: the first call's only
+            if isinstance(line, _Check):  # the first call's only
                 if first_call:
-                    out.append("        " + line[1])
+                    out.append("        " + line.line(conform))
                 continue
             out += ["        " + part for part in line.split("\n")]
         if w.launches:  # the launch count tests and explain() read (runtime.counters)
@@ -314,8 +349,12 @@ def _generate(gm, device_index, slow):
     for first_call in (True, False):
         src = source(first_call)
         scope = dict(env)
+        missed = []
+        scope["conform"] = functools.partial(_conform_layout, missed)
         exec(compile(src, "<fuseml straight line>", "exec"), scope)
         scope["call"].source = src
+        scope["call"].keeps_args = first_call and not conform
+        scope["call"].missed = missed
         fns.append(scope["call"])
     return fns[0], fns[1]
 
@@ -468,8 +507,26 @@ def _call(w, n, name, val, matters, unmade):
     w.values[n] = _Value(name, has_plain_layout(val), align)
     lines = [f"{name} = {fn}({args})"]
     if n in matters and has_plain_layout(val):
-        lines.append(("check", _check_line(name, val)))
+        lines.append(_Check(name, val, fresh or not _output_through_views(n)))
     return lines
+
+
+def _output_through_views(n):
+    """Whether n, or a view of it (of a view...), is an output of its graph: the values whose
+    storage a caller may rely on (aot_autograd remakes an output that aliases an input from
+    its base), which a copy to another buffer would betray."""
+    todo, seen = [n], set()
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        for u in x.users:
+            if u.op == "output":
+                return True
+            if u.op == "call_function" and (_returns_alias(u.target) or u.target is operator.getitem):
+                todo.append(u)
+    return False
 
 
 def _launch(w, n, runner):

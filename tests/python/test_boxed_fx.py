@@ -1,0 +1,51 @@
+"""An FX graph run boxed (fuseml/boxed_fx.py): the graph's inputs die at their last use, not
+when it returns, which is what lets a backward free its saved activations as it goes."""
+
+import gc
+import weakref
+
+import torch
+
+from fuseml.boxed_fx import boxed
+
+_seen = []
+
+
+def _probe(x):
+    """Notes whether the graph's first input is still alive when this runs (after its last
+    use), through the weak reference the test left in _seen."""
+    gc.collect()
+    _seen.append(_seen[0]() is None)
+    return x
+
+
+torch.fx.wrap("_probe")
+
+
+def _graph(x, w):
+    y = x.relu() * 2.0  # x's last use
+    return _probe(y) + w
+
+
+def test_an_input_is_freed_at_its_last_use_and_the_list_cleared():
+    gm = torch.fx.symbolic_trace(_graph)
+    run = boxed(gm)
+    assert run._boxed_call
+    x, w = torch.randn(64), torch.randn(64)
+    want = x.relu() * 2.0 + w
+    _seen[:] = [weakref.ref(x)]
+    args = [x, w]
+    del x
+    out = run(args)
+    assert args == []
+    assert _seen[1:] == [True]  # x was gone before the graph returned
+    assert torch.equal(out, want)
+
+
+def test_the_graph_given_is_left_unboxed():
+    gm = torch.fx.symbolic_trace(_graph)
+    boxed(gm)
+    x, w = torch.randn(8), torch.randn(8)
+    _seen[:] = [weakref.ref(x)]
+    assert torch.equal(gm(x, w), x.relu() * 2.0 + w)  # still called with its arguments
+    assert _seen[1:] == [False]  # x, held by the caller, alive throughout
