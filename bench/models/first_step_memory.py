@@ -4,11 +4,11 @@ the blocks alive then are summed by the Python frames that allocated them.
 
     python3 first_step_memory.py --model llama --size small --modes fuseml,inductor [--top 8]
 
-Prints, per mode: the peaks of the first three steps above what was allocated before each
+Prints, per mode: the peaks of the first four steps above what was allocated before each
 (under fuseml the next two follow the pickup of its background tunes, as in bench/models:
 the FX graph runs once more, then the generated code's checked variant), then the largest
 groups of blocks alive at the first step's peak (with --later, at the larger of the next
-two's too, and the largest blocks). A mode's first step compiles (and, under fuseml,
+two's and at the fourth's too, and the largest blocks). A mode's first step compiles (and, under fuseml,
 measures each group's kernel against its ATen ops), so its peak can differ from a steady
 step's, which is what bench/models reports."""
 
@@ -26,6 +26,7 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import compile_modes  # noqa: E402
+import fuseml_state  # noqa: E402
 import model_zoo as models  # noqa: E402
 from run_model import _wait_tuned, start_daemon  # noqa: E402   (a private fusemld for the fuseml modes)
 
@@ -110,11 +111,20 @@ def main(argv=None):
         steps = [measured_step(True)]
         if mode.family == "fuseml":  # as bench/models does: the next calls run the tuned kernels
             _wait_tuned(time.monotonic() + 180)
-        steps += [measured_step(args.later), measured_step(args.later)]
+        for _ in range(3):
+            if args.later:
+                for plan in fuseml_state.plans():
+                    c = getattr(plan, "compiled", None)
+                    first = getattr(c, "first", None)
+                    if first is not None:  # the generated code's checked variant runs next
+                        print(
+                            f"   step {len(steps) + 1}: {plan.which}: first call keeps its arguments: {first.keeps_args}"
+                        )
+            steps.append(measured_step(args.later))
         peaks = ", ".join(f"{p / 1e9:.2f}" for p, _ in steps)
-        print(f"== {mode.name}: {work.describe}: the first three steps' peaks {peaks} GB")
-        shown = [0] + ([max((1, 2), key=lambda i: steps[i][0])] if args.later else [])
-        for i in shown:  # the first step's, and the larger of the next two's
+        print(f"== {mode.name}: {work.describe}: the first four steps' peaks {peaks} GB")
+        shown = [0] + ([max((1, 2), key=lambda i: steps[i][0]), 3] if args.later else [])
+        for i in shown:  # the first step's, the larger of the next two's, the fourth's
             peak, groups, blocks = peak_blocks(steps[i][1], dev.index or 0)
             print(f"   step {i + 1}'s peak (history: {peak / 1e9:.2f} GB):")
             for where, size in groups.most_common(args.top):

@@ -175,13 +175,14 @@ def test_an_aten_result_whose_layout_is_not_its_trace_is_caught_on_the_first_cal
     assert len(first.missed) == 1 and "traced (8, 4) (1, 8)" in first.missed[0]
 
 
-@pytest.mark.parametrize("returned", [False, True])
-def test_a_checked_view_is_copied_unless_it_leaves_the_graph(returned):
+@pytest.mark.parametrize("returned, backward", [(False, False), (True, False), (True, True)])
+def test_a_checked_view_is_copied_unless_it_leaves_the_graph(returned, backward):
     """A view op's result (a dtype view, which ATen makes) read through a view is checked on
     the first call. Read only inside the graph, it may be copied to its traced layout like a
     fresh result, so the first call frees its arguments; returned (as a view of it), a copy
     would not alias the input as aot_autograd expects, so the first call keeps its arguments
-    and steps aside on a miss."""
+    and steps aside on a miss. A backward's outputs are gradients, which need alias nothing:
+    there it is copied all the same."""
 
     def f(x):
         shown = x.view(torch.int32).view(-1)
@@ -189,12 +190,13 @@ def test_a_checked_view_is_copied_unless_it_leaves_the_graph(returned):
 
     x = torch.randn(8, 4)
     gm = _graph_of(f, x)
-    first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
-    assert first.keeps_args == returned
-    assert ("conform(" in first.source) == (not returned) and ("check(v1" in first.source) == returned
+    first, fast = straight_line.generate(gm, None, lambda a: gm(*a), backward=backward)[0]
+    keeps = returned and not backward  # whether the first call must keep its arguments
+    assert first.keeps_args == keeps
+    assert ("conform(" in first.source) == (not keeps) and ("check(v1" in first.source) == keeps
     args = [x]
     got = first(args)
-    assert (args == [x]) == returned
+    assert (args == [x]) == keeps
     for a, b in zip(got, f(x)):
         assert torch.equal(a, b)
 

@@ -395,6 +395,7 @@ class FuseMLCompiler:
             runners,
             socket=self.socket,
             apart=lambda dropped: self._epilogues_apart(dropped, runners, groups),
+            backward=which == "backward",
         )
         return plan.compiled
 
@@ -607,7 +608,7 @@ class Compiled:
     "verified" are swapped for their tuned ones as the daemon finishes them (upgrade.py): the
     generated code, which holds the launches it was written with, is written again then."""
 
-    def __init__(self, gm, fused, runners, generate=True, apart=None, socket=None):
+    def __init__(self, gm, fused, runners, generate=True, apart=None, socket=None, backward=False):
         # an instance attribute: aot_autograd wraps a backward in dynamo's disable(), which
         # copies the callable's __dict__ (the boxed mark with it) but not its class's
         self._boxed_call = True
@@ -618,6 +619,7 @@ class Compiled:
         self.pending = bool(self.kept)  # some kept group has not been routed yet
         self.generate = generate
         self.apart = apart  # dropped GEMM groups -> their epilogue groups served
+        self.backward = backward  # its outputs are gradients (straight_line.generate)
         self.first = None  # generated code, its first call (checks ATen layouts)
         self.fast = None  # generated code, verified
         self.path = "FX graph (groups not routed yet)" if self.pending else "FX graph"
@@ -697,7 +699,7 @@ class Compiled:
         if not settings.straight_line():
             self.path = "FX graph (FUSEML_STRAIGHT_LINE=0)"
             return
-        fns, why = straight_line.generate(self.current, device_index, self.slow)
+        fns, why = straight_line.generate(self.current, device_index, self.slow, self.backward)
         if fns is None:
             self.path = f"FX graph ({why})"
             log.debug("fuseml: %s", self.path)

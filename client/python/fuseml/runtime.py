@@ -109,8 +109,9 @@ def _operand(a, xs, vals):
 # more than its kernel reads and writes, and ATEN_HEAVY_RATIO times as much: a pointwise or
 # rows kernel moving a fraction of the bytes wins anyway, and the timed ATen calls would
 # allocate every intermediate at the first step (a cross-entropy group over a Llama's fp32
-# logits: 3.8 GB for one call, where the step itself peaks at 1.4 GB).
-ATEN_HEAVY_BYTES = 1 << 30
+# logits: 3.8 GB for one call, where the step itself peaks at 1.4 GB; over T5's decoder
+# logits, 0.43 GB alive at once, which took its first step 0.3 GB above a later one's).
+ATEN_HEAVY_BYTES = 256 << 20
 ATEN_HEAVY_RATIO = 4
 
 

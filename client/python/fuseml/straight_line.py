@@ -142,6 +142,7 @@ class _Writer:
         self.consts = {}
         self.root_node = {}  # a view never made -> the node its root names
         self.death = None  # _Deaths, set by _generate
+        self.copy_any = False  # any checked result may be copied (a backward's: set by _generate)
         self.const_names = {}  # id(obj) -> its name in consts
         self.values = {}
         self.input_checks = []
@@ -204,8 +205,10 @@ class _Check:
     that comes back at another layout is copied to the traced one, and the call goes on: the
     first call can then free its inputs as it goes, as every later call does. Where that
     result may alias another value that leaves the graph (a view op's result that is, or has
-    a view that is, a graph output), a copy would betray the aliasing: a graph with such a
-    check keeps its arguments on the first call and runs its FX graph again on a miss."""
+    a view that is, an output of a forward or inference graph, which aot_autograd may remake
+    from its base), a copy would betray the aliasing: a graph with such a check keeps its
+    arguments on the first call and runs its FX graph again on a miss. A backward's outputs
+    are gradients, which nothing expects to alias anything: there a copy is always right."""
 
     def __init__(self, name, val, copyable):
         self.name, self.copyable = name, copyable
@@ -228,20 +231,23 @@ def _conform_layout(missed, value, size, stride, name):
     return torch.empty_strided(size, stride, dtype=value.dtype, device=value.device).copy_(value)
 
 
-def generate(gm, device_index, slow):
+def generate(gm, device_index, slow, backward=False):
     """(fn, None) where gm (whose fused groups are calls of their runners, every one routed to
     its kernel) can run as generated code, else (None, why). fn(args) is boxed: it clears
-    args. slow(args) runs gm; fn calls it when the inputs' layouts are not the traced ones."""
+    args. slow(args) runs gm; fn calls it when the inputs' layouts are not the traced ones.
+    backward: gm is a backward, whose outputs are gradients that nothing expects to alias
+    anything, so any result the first call checks may be copied (_Check)."""
     if None in (_reinterpret, _empty_cuda, _assert_layout):
         return None, "this torch lacks the helpers Inductor's generated code uses"
     try:
-        return _generate(gm, device_index, slow), None
+        return _generate(gm, device_index, slow, backward), None
     except NotStraight as e:
         return None, str(e)
 
 
-def _generate(gm, device_index, slow):
+def _generate(gm, device_index, slow, backward):
     w = _Writer(gm, device_index)
+    w.copy_any = backward
     nodes = list(gm.graph.nodes)
     last_use = {}
     for i, n in enumerate(nodes):
@@ -507,7 +513,7 @@ def _call(w, n, name, val, matters, unmade):
     w.values[n] = _Value(name, has_plain_layout(val), align)
     lines = [f"{name} = {fn}({args})"]
     if n in matters and has_plain_layout(val):
-        lines.append(_Check(name, val, fresh or not _output_through_views(n)))
+        lines.append(_Check(name, val, fresh or w.copy_any or not _output_through_views(n)))
     return lines
 
 
