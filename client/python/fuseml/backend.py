@@ -107,6 +107,18 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
 DECOMPOSITIONS[aten.var_mean.correction] = _var_mean
 
 
+def _detach(x):
+    """What autograd saves of an op's output (tanh's, exp's, softmax's) reaches the joint graph
+    as detach(out); the min-cut partitioner takes detach for an op nothing fuses with, so the
+    output counts as needed whole by the backward and is saved. As alias, a view to it (what
+    Inductor's table does), the output is recomputed from its inputs when that is cheaper:
+    T5's gated GELU saved its tanh a layer beside what Inductor saves."""
+    return aten.alias.default(x)
+
+
+DECOMPOSITIONS[aten.detach.default] = _detach
+
+
 def _safe_softmax(x, dim, dtype=None):
     """SDPA's math path (T5's attention with its learned bias): softmax with rows that are all
     -inf zeroed instead of NaN. torch's own decomposition fills a zeros_like tensor for the

@@ -43,6 +43,7 @@ VIEW_OPS = {
     aten.transpose.int,
     aten.slice.Tensor,
     aten.detach.default,
+    aten.alias.default,
 }
 
 
