@@ -28,6 +28,7 @@ from . import (
     upgrade,
 )
 from ._log import info_once, log, warn_once
+from .alias_drop import drop_aliases
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts, spread_small_casts
 from .cat_rewrite import spell_cats
@@ -371,6 +372,7 @@ class FuseMLCompiler:
             if kept and report_to is not None and self.rest != "inductor":
                 _report_output_strides(gm, sorted(set(kept)), report_to)
             chains = settings.chains() if self.chains is None else bool(self.chains)
+            drop_aliases(gm)  # an alias between two pointwise ops, read as its operand (alias_drop.py)
             spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
             spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
             spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
