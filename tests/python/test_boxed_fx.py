@@ -1,12 +1,13 @@
 """An FX graph run boxed (fuseml/boxed_fx.py): the graph's inputs die at their last use, not
 when it returns, which is what lets a backward free its saved activations as it goes."""
 
+import copy
 import gc
 import weakref
 
 import torch
 
-from fuseml.boxed_fx import boxed
+from fuseml.boxed_fx import boxed, boxed_module, runner
 
 _seen = []
 
@@ -49,3 +50,18 @@ def test_the_graph_given_is_left_unboxed():
     _seen[:] = [weakref.ref(x)]
     assert torch.equal(gm(x, w), x.relu() * 2.0 + w)  # still called with its arguments
     assert _seen[1:] == [False]  # x, held by the caller, alive throughout
+
+
+def test_a_module_written_boxed_is_its_own_runner():
+    """A graph built for one module (the backend's rewritten graphs) is written boxed once:
+    runner() returns the module itself, which frees its inputs as the copy does."""
+    gm = torch.fx.symbolic_trace(_graph)
+    own = boxed_module(gm, copy.deepcopy(gm.graph))
+    assert runner(own) is own and own._boxed_call
+    x, w = torch.randn(16), torch.randn(16)
+    want = x.relu() * 2.0 + w
+    _seen[:] = [weakref.ref(x)]
+    args = [x, w]
+    del x
+    assert torch.equal(own(args), want) and args == [] and _seen[1:] == [True]
+    assert not getattr(gm, "_boxed_call", False) and runner(gm) is not gm  # unboxed: wrapped

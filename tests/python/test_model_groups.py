@@ -41,6 +41,18 @@ TOKENS = {"llama": 32, "gpt2": 32, "bert": 32, "vit": 10}
 HIDDEN = 64
 
 
+def _train_step_matches_eager(w, fn):
+    """One training step of workload w through fn (loss forward and backward): its loss is
+    eager's on the same inputs."""
+    w.model.train()
+    torch.manual_seed(0)
+    want = w.loss(w.model, w.inputs).item()
+    torch.manual_seed(0)
+    loss = w.loss(fn, w.inputs)
+    loss.backward()
+    assert abs(loss.item() - want) < 2e-2 * abs(want)
+
+
 @pytest.mark.parametrize("model,phase", sorted(LEFT_BY_DESIGN))
 def test_every_op_of_a_real_model_is_fused(dead_socket, partitioned, model, phase):
     w = zoo_model(model)
@@ -53,13 +65,7 @@ def test_every_op_of_a_real_model_is_fused(dead_socket, partitioned, model, phas
             got = w.forward(fn, w.inputs)
         assert rel_err(got, want) < 2e-2
     else:
-        w.model.train()
-        torch.manual_seed(0)
-        want = w.loss(w.model, w.inputs).item()
-        torch.manual_seed(0)
-        loss = w.loss(fn, w.inputs)
-        loss.backward()
-        assert abs(loss.item() - want) < 2e-2 * abs(want)
+        _train_step_matches_eager(w, fn)
         assert [p.which for p in c.plans][-1] == "backward"
     assert partitioned and all(groups for _, groups in partitioned)
     left = [
@@ -79,14 +85,7 @@ def test_an_activation_autograd_saves_is_recomputed_like_inductor(dead_socket, p
     anyway, so the forward saves no tanh (it saved one a layer, 6% of T5's step peak)."""
     w = zoo_model("t5")
     c = fuseml.FuseMLCompiler()
-    fn = torch.compile(w.model, backend=c)
-    w.model.train()
-    torch.manual_seed(0)
-    want = w.loss(w.model, w.inputs).item()
-    torch.manual_seed(0)
-    loss = w.loss(fn, w.inputs)
-    loss.backward()
-    assert abs(loss.item() - want) < 2e-2 * abs(want)
+    _train_step_matches_eager(w, torch.compile(w.model, backend=c))
     forward = [gm for gm, _ in partitioned][0]
     assert any(n.target is aten.tanh.default for n in forward.graph.nodes)
     (out,) = [n for n in forward.graph.nodes if n.op == "output"]

@@ -269,12 +269,14 @@ def test_aten_ops_that_write_far_more_are_not_timed(dead_socket, standin, monkey
     assert "ATen not timed" in r.group.describe()
 
 
-@pytest.mark.parametrize("winner", ["kernel", "aten"])
-def test_measured_routing_never_holds_both_routes_outputs(dead_socket, standin, monkeypatch, winner):
+@pytest.mark.parametrize("winner, remembered", [("kernel", False), ("aten", False), ("kernel", True), ("aten", True)])
+def test_measured_routing_never_holds_both_routes_outputs(dead_socket, standin, monkeypatch, winner, remembered):
     """Measured routing times a group's kernel and its ATen ops; the kernel's first outputs
     are gone before the ATen ops run, and the route taken runs once more for the call's
     results, so the first step holds one set of the group's outputs at a time (as every later
-    step does). The trial launch is not counted as the call's."""
+    step does). The trial launch is not counted as the call's. A route an earlier process
+    remembered is taken untimed: the kernel's first outputs are the call's, or gone before
+    the ATen ops run."""
     monkeypatch.setenv("FUSEML_ROUTE", "measure")
     c = fuseml.FuseMLCompiler()
     f = lambda x: (x * 2.0 + 1.0).exp()  # noqa: E731
@@ -282,7 +284,7 @@ def test_measured_routing_never_holds_both_routes_outputs(dead_socket, standin, 
     torch.compile(f, backend=c)(x)
     (r,) = _runners(c)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(runtime.routes, "recall", lambda sig: None)
+    monkeypatch.setattr(runtime.routes, "recall", lambda sig: (winner, 1.0, 2.0) if remembered else None)
     monkeypatch.setattr(runtime.routes, "remember", lambda *a: None)
     monkeypatch.setattr(runtime.routes, "gpu_identity", lambda dev: "stand-in GPU")
     alive, seen_with_kernel_out, made = [], [], []
@@ -311,7 +313,10 @@ def test_measured_routing_never_holds_both_routes_outputs(dead_socket, standin, 
     monkeypatch.setattr(r, "eager", eager)
     launches = runtime.counters["launches"]
     (out,) = r._decide([x], torch.device("cpu"), "k" * 64, b"", {})
-    assert seen_with_kernel_out and not any(seen_with_kernel_out)
     assert r.use_kernel == (winner == "kernel")
     assert made[-1] == winner  # the call's results come from the route taken, run last
     assert runtime.counters["launches"] == launches + (winner == "kernel")
+    if remembered:  # nothing timed: one launch, and the ATen ops once where they won
+        assert made == ["kernel"] + (["aten"] if winner == "aten" else [])
+    if winner == "aten" or not remembered:
+        assert seen_with_kernel_out and not any(seen_with_kernel_out)

@@ -175,6 +175,24 @@ def test_an_aten_result_whose_layout_is_not_its_trace_is_caught_on_the_first_cal
     assert len(first.missed) == 1 and "traced (8, 4) (1, 8)" in first.missed[0]
 
 
+def test_an_aten_result_of_another_shape_than_traced_is_a_clear_error():
+    """A static trace fixes every result's shape: one that differs is fuseml's bug, which the
+    first call reports by name rather than copying or reading wrong elements."""
+
+    def f(x):
+        return (x + 1).t().contiguous() * 2
+
+    x = torch.randn(8, 4)
+    gm = _graph_of(f, x)
+    add = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.add.Tensor)
+    add.meta["val"] = torch.empty_strided((4, 8), (1, 4), device="meta")
+    (t,) = add.users
+    t.meta["val"] = torch.empty_strided((8, 4), (4, 1), device="meta")
+    first, _ = straight_line.generate(gm, None, lambda a: gm(*a))[0]
+    with pytest.raises(RuntimeError, match="shape differs from its trace: v1 .*traced \\(4, 8\\)"):
+        first([x])
+
+
 @pytest.mark.parametrize("returned, backward", [(False, False), (True, False), (True, True)])
 def test_a_checked_view_is_copied_unless_it_leaves_the_graph(returned, backward):
     """A view op's result (a dtype view, which ATen makes) read through a view is checked on

@@ -652,8 +652,8 @@ class Compiled:
             return self._first_generated(args)
         if self.pending:
             self._reroute()
-        device_index = args_device((), args)
-        out = self.run_fx(args)  # clears args: each input dies at its last use
+        device_index = args_device((), args) if self.generate else None  # args are cleared next
+        out = self.run_fx(args)  # each input dies at its last use
         if self.pending:
             # the first call decided: the graph is rebuilt now, so that the next call (under
             # CUDA graphs, the recording that follows the warm-up call) runs the final routing
@@ -667,9 +667,10 @@ class Compiled:
 
     def _set_current(self, gm):
         """The graph that runs until code is generated (and when it cannot be): current, as
-        FX, and run_fx, its boxed form."""
+        FX, and run_fx, its boxed call (a rewritten graph is written boxed; the graph as
+        aot_autograd gave it is copied)."""
         self.current = gm
-        self.run_fx = boxed_fx.boxed(gm)
+        self.run_fx = boxed_fx.runner(gm) if getattr(gm, "_boxed_call", False) else boxed_fx.boxed(gm)
 
     def rewrite_code(self):
         """The kernels changed (an upgrade): the next call runs the FX graph, which loads them,
@@ -824,7 +825,8 @@ def rewrite(gm, fused, runners, direct=False):
 
     for node in gm.graph.nodes:
         emit(unit.get(node, node))
-    out = torch.fx.GraphModule(gm, new)
+    # a graph that only runs is written boxed at once (its inputs die at their last use)
+    out = boxed_fx.boxed_module(gm, new) if direct else torch.fx.GraphModule(gm, new)
     out.graph.lint()
     return out
 

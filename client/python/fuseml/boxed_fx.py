@@ -7,7 +7,9 @@ end, and a step peaks far above one that frees them as it goes (a Llama training
 H200: 2.66 GB against 1.97). The boxed form takes the list, empties it after reading it, and
 FX's own code drops each value after its last use, as Inductor's generated code does.
 
-    run = boxed(gm)    # run(args) clears args; gm itself is left as it was
+    gm = boxed_module(root, graph)   # a module of a graph built for it (its code written once)
+    run = runner(gm)                 # run(args) clears args
+    run = boxed(gm)                  # for a module someone else also calls: a boxed copy
 """
 
 import copy
@@ -20,13 +22,23 @@ from functorch.compile import make_boxed_func
 _BOXED_CODEGEN = getattr(torch.fx.graph, "_BoxedCodeGen", None)
 
 
+def boxed_module(root, graph):
+    """A GraphModule of graph (taken over, not copied) whose code takes the argument list and
+    clears it, where torch can write it so."""
+    if _BOXED_CODEGEN is not None:
+        graph.set_codegen(_BOXED_CODEGEN())
+    return torch.fx.GraphModule(root, graph)
+
+
+def runner(gm):
+    """A callable of one list that runs gm: gm itself when its code is boxed (its _boxed_call,
+    a property of the codegen's, tells aot_autograd so too), else a wrapper."""
+    return gm if getattr(gm, "_boxed_call", False) else make_boxed_func(gm)
+
+
 def boxed(gm):
-    """A callable of one list that runs gm and clears the list once it has read it."""
+    """A callable of one list that runs gm and clears the list once it has read it; gm itself
+    is left as it was."""
     if _BOXED_CODEGEN is None:
         return make_boxed_func(gm)
-    graph = copy.deepcopy(gm.graph)  # nodes and codegen copied; node meta shared, not copied
-    graph.set_codegen(_BOXED_CODEGEN())
-    run = torch.fx.GraphModule(gm, graph)
-    if not getattr(run, "_boxed_call", False):  # a property of the codegen's, where torch has it
-        run._boxed_call = True  # how aot_autograd knows to pass the list
-    return run
+    return runner(boxed_module(gm, copy.deepcopy(gm.graph)))  # node meta shared, not copied

@@ -245,7 +245,7 @@ class GroupRunner:
         CUDA graph is captured, where timing is impossible, and where the ATen ops would write
         far more than the kernel moves (ATEN_HEAVY_BYTES). Returns the outputs of the route
         taken. The kernel's first outputs are dropped before the ATen ops run, and the winner
-        runs once more for the call's results: at most one set of the group's outputs is alive
+        runs once more for the call's results where it was timed: at most one set of the group's outputs is alive
         at a time, so measuring costs the first step no more memory than a later one (the
         cross-entropy gradient's group writes 0.25 GB in BERT)."""
         launched = counters["launches"]
@@ -261,14 +261,14 @@ class GroupRunner:
                 "fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name, self.aten_heavy / 1e9
             )
             return outs
-        del outs
-        counters["launches"] = launched  # a trial run, as the timed ones: not the call's launch
         sig = routes.signature(cubin, self.steps, xs, routes.gpu_identity(dev))
         known = routes.recall(sig)
         if known is not None:
             route, k_ms, e_ms = known
             counters["routes_recalled"] += 1
         else:
+            outs = None
+            counters["launches"] = launched  # a trial run, as the timed ones: not the call's launch
             saved = counters["launches"], counters["eager"]
             self.eager(xs)  # untimed: a first ATen call of a shape may set up cuBLAS or allocate
             k_ms = _median_ms(lambda: self._launch(xs, dev, key, cubin, meta), 7, stream)
@@ -287,7 +287,11 @@ class GroupRunner:
             " (remembered)" if known is not None else "",
             "kernel" if self.use_kernel else "ATen (the kernel is slower here)",
         )
-        return self._launch(xs, dev, key, cubin, meta) if self.use_kernel else self.eager(xs)
+        if not self.use_kernel:
+            outs = None  # gone before the ATen ops allocate theirs
+            counters["launches"] = launched
+            return self.eager(xs)
+        return outs if outs is not None else self._launch(xs, dev, key, cubin, meta)
 
     def _launch(self, xs, dev, key, cubin, meta):
         b = self.built
