@@ -3,6 +3,7 @@ each partitioned and fused on its own), fragment building, one pipelined round o
 requests per graph (and a second for the combined groups the daemon refused, split apart),
 and the graph rewrite that calls `fuseml::group` for each fused group."""
 
+import copy
 import operator
 import weakref
 
@@ -19,6 +20,7 @@ from . import (
     cudagraphs,
     direct_call,
     fake_meta,
+    graph_choice,
     graph_code,
     max_pool,
     pad_gemm,
@@ -182,6 +184,7 @@ class Plan:
         self.skipped = None  # why the graph was not partitioned (no CUDA tensor)
         self.compiled = None  # the Compiled it runs as (its `path`: generated code or FX)
         self.padded = []  # the GEMMs padded to aligned sizes (pad_gemm.py)
+        self.choice = None  # rest="inductor": which form runs, and why (graph_choice.py)
 
     def kernels(self):
         return [g for g in self.groups if g.route == "kernel"]
@@ -189,6 +192,7 @@ class Plan:
     def describe(self):
         padded = self.padded and "padded " + ", ".join(self.padded)
         runs = self.compiled and "runs as " + self.compiled.path
+        runs = runs or (self.choice and "runs as " + self.choice.why)
         notes = [n for n in (self.skipped, self.graphs, self.called and "called " + self.called, padded, runs) if n]
         head = f"{self.which} graph:" + (f" ({'; '.join(notes)})" if notes else "")
         return "\n".join([head] + ["  " + g.describe() for g in self.groups])
@@ -337,8 +341,11 @@ class FuseMLCompiler:
                 "on CUDA only); nothing is sent to fusemld",
             )
             if self.rest == "inductor":
-                return self._inductor(gm, example_inputs, [], {})
+                return self._inductor(gm, example_inputs)
             return boxed_fx.boxed(gm)
+        # Inductor alone compiles the graph as traced, before fuseml's passes edit it: the form
+        # that rest="inductor" measures its groups against (graph_choice.py)
+        alone = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if self.rest == "inductor" else None
         # before partitioning: the padded GEMMs' slices and the copies of their values are
         # what the groups around them read
         if which == "backward":  # saved values the forward left at a padded layout
@@ -353,7 +360,7 @@ class FuseMLCompiler:
                 plan = Plan(which, [])
                 plan.skipped = f"Inductor's saved layouts: {type(e).__name__}; the graph went to Inductor whole"
                 self._record(plan)
-                return self._inductor(gm, example_inputs, [], {})
+                return self._inductor(alone, example_inputs)
         # the passes edit the graph; its code is regenerated once, after the last (graph_code.py)
         with graph_code.deferred():
             if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
@@ -402,7 +409,7 @@ class FuseMLCompiler:
         self._record(plan)
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
-            return self._inductor(gm, example_inputs, fused, runners)
+            return self._inductor(alone, example_inputs, plan, gm, fused, runners)
         plan.compiled = Compiled(
             gm,
             fused,
@@ -417,19 +424,34 @@ class FuseMLCompiler:
         self.plans.append(plan)
         del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
 
-    def _inductor(self, gm, example_inputs, fused, runners):
-        """The rest to Inductor: the graph with the served groups as fuseml::group calls
-        (Inductor runs a custom op it does not know as an extern kernel, through its fake
-        implementation for shapes) is compiled by Inductor's post-autograd compiler. The
-        groups' measured routing still happens inside fuseml::group at the first call."""
+    def _inductor(self, alone, example_inputs, plan=None, gm=None, fused=(), runners=None):
+        """The rest to Inductor. `alone` is the graph as traced, compiled by Inductor by
+        itself; where the daemon served groups, `gm` (the graph fuseml's passes edited) is
+        compiled too, with each served group as a fuseml::group call (Inductor runs a custom op
+        it does not know as an extern kernel, through its fake implementation for shapes), and
+        the graph's first calls measure which form is faster (graph_choice.py). The groups'
+        own measured routing still happens inside fuseml::group at their first call."""
+        from torch._guards import TracingContext
         from torch._inductor.compile_fx import compile_fx_inner
 
         kept = [g for g in fused if runners[g.gid].kernel is not None]
-        if kept:
-            gm = rewrite(gm, kept, runners)
-        fn = compile_fx_inner(gm, example_inputs)
+        fn_alone = compile_fx_inner(alone, example_inputs)  # reports a forward's output strides
+        if not kept:
+            return fn_alone
+        # aot_autograd takes one report of the forward's output strides (the saved values' the
+        # backward is compiled for): Inductor alone's; the groups' form reports into a list
+        # dropped here, and is a candidate only where its strides are the same
+        with TracingContext.report_output_strides():
+            fn_grouped = compile_fx_inner(rewrite(gm, kept, runners), example_inputs)
+        strides = [getattr(f, "output_strides", None) for f in (fn_alone, fn_grouped)]
+        if plan.which == "forward" and (strides[0] is None or strides[0] != strides[1]):
+            plan.choice = graph_choice.Fixed(
+                0, "Inductor alone: with fuseml's groups the forward's outputs would take other strides"
+            )
+            return fn_alone
+        plan.choice = graph_choice.Choice(fn_alone, fn_grouped, plan.which)
         up = upgrade.Upgrader([runners[g.gid] for g in kept], self.socket)
-        return fn if up.done else InductorCompiled(fn, up)
+        return plan.choice if up.done else InductorCompiled(plan.choice, up)
 
     def _build(self, g, groups):
         """The groups to request for group g (routed "kernel"): g with its fragment built, or,
@@ -745,9 +767,9 @@ class InductorCompiled:
     the daemon finishes them (upgrade.py). Inductor's code calls the runners at each call, so
     nothing is written again; the version tells a CUDA-graph replay to record again."""
 
-    def __init__(self, fn, upgrader):
+    def __init__(self, choice, upgrader):
         self._boxed_call = True  # an instance attribute, as Compiled's
-        self.fn, self.upgrader = fn, upgrader
+        self.choice, self.upgrader = choice, upgrader
         self.kernels_version = 0
         live.add(self)
 
@@ -755,10 +777,11 @@ class InductorCompiled:
 
     def __call__(self, args):
         self.poll_kernels()
-        return self.fn(args)
+        return self.choice(args)
 
     def rewrite_code(self):
         self.kernels_version += 1
+        self.choice.reset()  # tuned kernels can turn the measured choice
 
 
 live = weakref.WeakSet()  # every compiled graph alive: pick_up_tuned() upgrades them all
