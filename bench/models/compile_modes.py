@@ -22,7 +22,11 @@ class Mode:
 def _fuseml_inductor(model):
     import fuseml
 
-    return torch.compile(model, backend=fuseml.FuseMLCompiler(rest="inductor"))
+    import fuseml_state
+
+    compiler = fuseml.FuseMLCompiler(rest="inductor")
+    fuseml_state.compilers.append(compiler)  # its plans are reported with the default's
+    return torch.compile(model, backend=compiler)
 
 
 MODES = {

@@ -11,17 +11,27 @@ def _backend():
     return backend
 
 
+compilers = []  # FuseMLCompiler instances a mode made itself (rest="inductor"), beside the default
+
+
 def plans():
-    """The plans of the compiler behind backend="fuseml" (none before its first use)."""
+    """The plans of the compiler behind backend="fuseml" (none before its first use) and of
+    the compilers in `compilers`."""
     backend = _backend()
-    return list(backend._default.plans) if backend is not None and backend._default is not None else []
+    default = [backend._default] if backend is not None and backend._default is not None else []
+    return [p for c in default + compilers for p in c.plans]
 
 
 def paths(of_plans):
     """How each compiled graph runs (generated code, or the FX graph and why), counted."""
     out = {}
     for p in of_plans:
-        way = p.compiled.path if p.compiled is not None else (p.skipped or "inductor")
+        if p.compiled is not None:
+            way = p.compiled.path
+        elif p.choice is not None:  # rest="inductor": the form its first calls measured faster
+            way = p.choice.why.split(":")[0]
+        else:
+            way = p.skipped or "inductor"
         out[way] = out.get(way, 0) + 1
     return out
 
@@ -47,3 +57,8 @@ def kernel_states():
             state = r.kernel[1] if r.kernel is not None else "eager"
             out[state] = out.get(state, 0) + 1
     return out
+
+
+def choices(of_plans):
+    """rest="inductor": each graph's form and why (its measured times), in compile order."""
+    return [f"{p.which}: {p.choice.why}" for p in of_plans if p.choice is not None]

@@ -260,6 +260,9 @@ def measure_model(args, dev, selected, deadline, save):
                 rows[-1]["untuned_left"] = untuned[mode.name]
             if plans.get(mode.name):
                 rows[-1]["graphs_run_as"] = fuseml_state.paths(plans[mode.name])
+                if fuseml_state.choices(plans[mode.name]):
+                    rows[-1]["forms_chosen"] = fuseml_state.choices(plans[mode.name])
+                    print(f"run: {mode.name} {phase}: {rows[-1]['forms_chosen']}", file=sys.stderr)
                 print(
                     f"run: {args.model}/{args.size} {mode.name} {phase}: graphs run as " f"{rows[-1]['graphs_run_as']}",
                     file=sys.stderr,

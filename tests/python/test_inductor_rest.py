@@ -1,6 +1,7 @@
 """rest="inductor": the graph with fuseml::group calls is compiled by TorchInductor, which runs
 the groups as extern kernels and fuses what is left; forward and backward match eager."""
 
+import pytest
 import torch
 
 from helpers import assert_close, compile_run
@@ -87,3 +88,33 @@ def test_rest_inductor_trains_channels_last_convnet(served, monkeypatch):
     c, got, want = compile_run(ConvNet(), torch.randn(2, 3, 12, 12), fuseml.FuseMLCompiler(rest="inductor"))
     assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert {p.which for p in c.plans} == {"forward", "backward"}
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["inductors-compilers", "compile_fx_inner"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "inference"])
+def test_rest_inductor_compiles_each_graph_as_inductor_would(served, monkeypatch, own, train):
+    """Each graph of rest="inductor" is compiled by Inductor's own forward and backward
+    compilers where this torch has them, by compile_fx_inner (an inference graph given
+    Inductor's joint passes first) where it does not; both forms of every graph (Inductor
+    alone and with the groups) go that way, and the results match eager either way."""
+    from fuseml import inductor_joint
+
+    if not own:
+        monkeypatch.setattr(inductor_joint, "_own_compilers", lambda: None)
+    compiled = []
+    compile_graph = inductor_joint.Compiler.compile
+
+    def spy(self, gm, example_inputs, which):
+        compiled.append((which, self.how))
+        return compile_graph(self, gm, example_inputs, which)
+
+    monkeypatch.setattr(inductor_joint.Compiler, "compile", spy)
+    torch.manual_seed(0)
+    model = MODELS["activation_heavy"]()
+    c, got, want = compile_run(model, torch.randn(6, 32), fuseml.FuseMLCompiler(rest="inductor"), train=train)
+    assert_close(got, want, atol=1e-4, rtol=1e-4)
+    whiches = {"forward", "backward"} if train else {"inference"}
+    assert {p.which for p in c.plans} == whiches
+    assert all(p.kernels() for p in c.plans)
+    how = "Inductor's forward and backward compilers" if own else "compile_fx_inner"
+    assert sorted(compiled) == sorted((w, how) for w in whiches for _ in range(2))

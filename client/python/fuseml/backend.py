@@ -22,6 +22,7 @@ from . import (
     fake_meta,
     graph_choice,
     graph_code,
+    inductor_joint,
     max_pool,
     pad_gemm,
     settings,
@@ -270,16 +271,18 @@ class FuseMLCompiler:
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
         capture = direct_call.Capture(gm, example_inputs, self.rest == "aten" and direct_call.wanted(self.direct))
         graphed = cudagraphs.wanted(mode, options, self.cudagraphs)
+        # rest="inductor": each graph compiled as Inductor's own compilers would (inductor_joint.py)
+        inductor = inductor_joint.Compiler(gm, example_inputs) if self.rest == "inductor" else None
         if not graphed:
 
             def compile_as(which):
-                return lambda g, ex: self.compile_graph(g, ex, which)
+                return lambda g, ex: self.compile_graph(g, ex, which, inductor)
         else:
             # forward and backward of this dynamo graph share one State (pairing, static inputs)
             state = cudagraphs.State(example_inputs)
 
             def compile_as(which):
-                return lambda g, ex: self._graphed(g, ex, which, state)
+                return lambda g, ex: self._graphed(g, ex, which, state, inductor)
 
         plans = []
 
@@ -295,6 +298,8 @@ class FuseMLCompiler:
         # (aot_autograd's default partition, FUSEML_RECOMPUTE=0).
         recompute = settings.recompute() if self.recompute is None else bool(self.recompute)
         extra = {"partition_fn": min_cut_rematerialization_partition} if recompute else {}
+        if self.rest == "inductor":  # the joint graph as Inductor's own would be (inductor_joint.py)
+            extra = {"partition_fn": inductor_joint.partition_fn()}
         wrapped = aot_autograd(
             fw_compiler=compile_as("forward"),
             bw_compiler=compile_as("backward"),
@@ -313,11 +318,11 @@ class FuseMLCompiler:
             p.called = "directly" if fn is not wrapped else f"through aot_autograd ({capture.why_not})"
         return fn
 
-    def _graphed(self, gm, example_inputs, which, state):
+    def _graphed(self, gm, example_inputs, which, state, inductor=None):
         plans = []
 
         def compile_fn():
-            fn = self.compile_graph(gm, example_inputs, which)
+            fn = self.compile_graph(gm, example_inputs, which, inductor)
             plans.append(self.plans[-1])  # the one compile_graph just made
             return fn
 
@@ -328,7 +333,12 @@ class FuseMLCompiler:
 
     # -- one ATen graph ------------------------------------------------------------------
 
-    def compile_graph(self, gm, example_inputs, which):
+    def compile_graph(self, gm, example_inputs, which, inductor=None):
+        """One graph aot_autograd made; `inductor` (rest="inductor"): the inductor_joint.Compiler
+        of its dynamo graph."""
+        if self.rest == "inductor":
+            inductor = inductor or inductor_joint.Compiler(gm, example_inputs)
+            gm = inductor.prepare(gm, which)
         if not _has_cuda_tensor(gm, example_inputs) and not settings.request_cpu_graphs():
             # Kernels run on CUDA only: partitioning and asking the daemon would buy nothing
             # but a daemon (perhaps started for it) and a fallback warning.
@@ -341,7 +351,7 @@ class FuseMLCompiler:
                 "on CUDA only); nothing is sent to fusemld",
             )
             if self.rest == "inductor":
-                return self._inductor(gm, example_inputs)
+                return self._inductor(inductor, gm, example_inputs, which)
             return boxed_fx.boxed(gm)
         # Inductor alone compiles the graph as traced, before fuseml's passes edit it: the form
         # that rest="inductor" measures its groups against (graph_choice.py)
@@ -360,7 +370,7 @@ class FuseMLCompiler:
                 plan = Plan(which, [])
                 plan.skipped = f"Inductor's saved layouts: {type(e).__name__}; the graph went to Inductor whole"
                 self._record(plan)
-                return self._inductor(alone, example_inputs)
+                return self._inductor(inductor, alone, example_inputs, which)
         # the passes edit the graph; its code is regenerated once, after the last (graph_code.py)
         with graph_code.deferred():
             if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
@@ -409,7 +419,7 @@ class FuseMLCompiler:
         self._record(plan)
         log.debug("fuseml: %s", plan.describe())
         if self.rest == "inductor":
-            return self._inductor(alone, example_inputs, plan, gm, fused, runners)
+            return self._inductor(inductor, alone, example_inputs, which, plan, gm, fused, runners)
         plan.compiled = Compiled(
             gm,
             fused,
@@ -424,7 +434,7 @@ class FuseMLCompiler:
         self.plans.append(plan)
         del self.plans[:-256]  # a long-lived default compiler keeps only recent plans
 
-    def _inductor(self, alone, example_inputs, plan=None, gm=None, fused=(), runners=None):
+    def _inductor(self, inductor, alone, example_inputs, which, plan=None, gm=None, fused=(), runners=None):
         """The rest to Inductor. `alone` is the graph as traced, compiled by Inductor by
         itself; where the daemon served groups, `gm` (the graph fuseml's passes edited) is
         compiled too, with each served group as a fuseml::group call (Inductor runs a custom op
@@ -432,17 +442,16 @@ class FuseMLCompiler:
         the graph's first calls measure which form is faster (graph_choice.py). The groups'
         own measured routing still happens inside fuseml::group at their first call."""
         from torch._guards import TracingContext
-        from torch._inductor.compile_fx import compile_fx_inner
 
         kept = [g for g in fused if runners[g.gid].kernel is not None]
-        fn_alone = compile_fx_inner(alone, example_inputs)  # reports a forward's output strides
+        fn_alone = inductor.compile(alone, example_inputs, which)  # reports a forward's output strides
         if not kept:
             return fn_alone
         # aot_autograd takes one report of the forward's output strides (the saved values' the
         # backward is compiled for): Inductor alone's; the groups' form reports into a list
         # dropped here, and is a candidate only where its strides are the same
         with TracingContext.report_output_strides():
-            fn_grouped = compile_fx_inner(rewrite(gm, kept, runners), example_inputs)
+            fn_grouped = inductor.compile(rewrite(gm, kept, runners), example_inputs, which)
         strides = [getattr(f, "output_strides", None) for f in (fn_alone, fn_grouped)]
         if plan.which == "forward" and (strides[0] is None or strides[0] != strides[1]):
             plan.choice = graph_choice.Fixed(
