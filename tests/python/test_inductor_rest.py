@@ -118,3 +118,49 @@ def test_rest_inductor_compiles_each_graph_as_inductor_would(served, monkeypatch
     assert all(p.kernels() for p in c.plans)
     how = "Inductor's forward and backward compilers" if own else "compile_fx_inner"
     assert sorted(compiled) == sorted((w, how) for w in whiches for _ in range(2))
+
+
+def test_rest_inductor_takes_torch_2_11s_compiler_config(served, monkeypatch):
+    """torch 2.11 makes the state its forward and backward compilers share from Inductor's
+    config module, later versions from the dynamo graph: each is called as it asks."""
+    import torch._inductor.config
+    from torch._inductor import compile_fx
+
+    made = compile_fx.create_compiler_config_extra
+    given = []
+
+    def from_config(config):  # 2.11's parameter; `made` reads no meta off a non-graph
+        given.append(config)
+        return made(config)
+
+    monkeypatch.setattr(compile_fx, "create_compiler_config_extra", from_config)
+    torch.manual_seed(0)
+    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32), fuseml.FuseMLCompiler(rest="inductor"))
+    assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert given == [torch._inductor.config]
+
+
+def test_rest_inductor_compilers_that_refuse_their_arguments_fall_back(served, monkeypatch, caplog):
+    """Inductor's forward and backward compilers are private functions: one that does not
+    take the arguments given (another torch's) leaves rest="inductor" on compile_fx_inner,
+    with one warning, and the results right."""
+    from torch._inductor import compile_fx
+
+    from fuseml import inductor_joint
+
+    def refuses(gm):
+        raise TypeError("create_compiler_config_extra() takes another argument")
+
+    monkeypatch.setattr(compile_fx, "create_compiler_config_extra", refuses)
+    hows = []
+    compile_graph = inductor_joint.Compiler.compile
+    monkeypatch.setattr(
+        inductor_joint.Compiler, "compile", lambda self, *a: hows.append(self.how) or compile_graph(self, *a)
+    )
+    fuseml._log.reset_warnings()
+    torch.manual_seed(0)
+    c, got, want = compile_run(MODELS["activation_heavy"](), torch.randn(6, 32), fuseml.FuseMLCompiler(rest="inductor"))
+    assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert hows and set(hows) == {"compile_fx_inner"}
+    warned = [r for r in caplog.records if r.levelname == "WARNING" and "compile_fx_inner" in r.getMessage()]
+    assert len(warned) == 1

@@ -19,6 +19,8 @@ inference graph given the joint passes first. `how` says which."""
 import contextlib
 import inspect
 
+from ._log import warn_once
+
 
 def partition_fn():
     from torch._inductor.compile_fx import partition_fn as inductor_partition
@@ -42,16 +44,43 @@ def _own_compilers():
     return compile_fx
 
 
+def _config_extra(create, dynamo_gm):
+    """What Inductor's forward and backward compilers share, made as this torch makes it: from
+    the dynamo graph (its annotations), or, in torch 2.11, from Inductor's config module."""
+    first = next(iter(inspect.signature(create).parameters))
+    if first == "config":
+        import torch._inductor.config
+
+        return create(torch._inductor.config)
+    return create(dynamo_gm)
+
+
 class Compiler:
     """Inductor's compile of the graphs aot_autograd makes from one dynamo graph."""
 
     def __init__(self, dynamo_gm, dynamo_inputs):
         self.own = _own_compilers()
-        self.how = "Inductor's forward and backward compilers" if self.own else "compile_fx_inner"
-        if self.own is not None:
-            self.outputs = self.own.get_num_model_outputs(dynamo_gm)
-            self.inputs = len(dynamo_inputs)
-            self.extra = self.own.create_compiler_config_extra(dynamo_gm)
+        self.how = "Inductor's forward and backward compilers"
+        try:
+            if self.own is not None:
+                self.outputs = self.own.get_num_model_outputs(dynamo_gm)
+                self.inputs = len(dynamo_inputs)
+                self.extra = _config_extra(self.own.create_compiler_config_extra, dynamo_gm)
+        except (TypeError, AttributeError) as e:  # private functions: another torch's may differ
+            self._without_own(e)
+        if self.own is None:
+            self.how = "compile_fx_inner"
+
+    def _without_own(self, e):
+        warn_once(
+            "inductor-compilers",
+            "Inductor's forward and backward compilers did not take their arguments (%s: %s); "
+            "rest=\"inductor\" compiles with compile_fx_inner",
+            type(e).__name__,
+            e,
+            suffix="",
+        )
+        self.own = None
 
     def prepare(self, gm, which):
         """The graph as Inductor's compiler for it would first make it: an inference graph's
