@@ -205,8 +205,9 @@ class FuseMLCompiler:
     Options: socket (path; default FUSEML_SOCKET or the per-user socket), timeout_s (per
     graph, for the daemon's replies; default 120), min_ops (the fewest ops worth one kernel;
     default 2; a lone op is one kernel either way), rest ("aten", the default: what is not
-    fused runs as ATen ops; "inductor": the rewritten graph goes to TorchInductor, which
-    calls the fuseml::group ops as extern kernels and fuses what is left), cudagraphs (record
+    fused runs as ATen ops; "inductor": each graph is compiled by TorchInductor alone and
+    with the fuseml::group ops in it as extern kernels, and its first calls keep the faster
+    form: graph_choice.py), cudagraphs (record
     each compiled graph as a CUDA graph, replayed by graph_replay.py; default
     FUSEML_CUDAGRAPHS=1, and torch.compile's mode="reduce-overhead" or options={"cudagraphs":
     True} turn it on per call: see cudagraphs.py), chains (merge back-to-back GEMM groups,
