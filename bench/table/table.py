@@ -60,9 +60,9 @@ def _recording_compiler():
             super().__init__(*a, **kw)
             self.graphs = []
 
-        def compile_graph(self, gm, example_inputs, which):
+        def compile_graph(self, gm, example_inputs, which, inductor=None):
             self.graphs.append(gm)
-            return super().compile_graph(gm, example_inputs, which)
+            return super().compile_graph(gm, example_inputs, which, inductor)
 
     return Recording
 

@@ -97,6 +97,12 @@ def test_every_mode_and_phase_has_a_row_in_the_schema(llama_all_modes):
     # the modes of one family say whose caches their cold compile found filled
     (graphs,) = [r for r in rows if (r["mode"], r["phase"]) == ("fuseml_graphs", "fwd")]
     assert "fuseml/fwd" in graphs["cold_after"]
+    # rest="inductor": each graph says which form its first calls kept, and why
+    for r in rows:
+        if r["mode"] == "fuseml_inductor":
+            assert r["forms_chosen"], r
+            assert set(r["graphs_run_as"]) <= {"Inductor alone", "Inductor with fuseml's groups"}, r
+            assert all(f.split(":")[0] in ("inference", "forward", "backward") for f in r["forms_chosen"]), r
 
 
 def test_breakdown_lists_the_aten_ops_that_ran(llama_all_modes):

@@ -50,6 +50,7 @@ from .runtime import GroupRunner
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
 from .view_sink import sink_views
+from .weight_layout import keep_weight_layouts
 
 aten = torch.ops.aten
 
@@ -385,6 +386,8 @@ class FuseMLCompiler:
                 const_fold.fold(gm)
             # after the padding: a padded GEMM's slot it kept is not one the convolutions change
             kept += channels_last.convert(gm, settings.channels_last(), saved) or []
+            if which == "inference" and self.rest != "inductor":
+                keep_weight_layouts(gm)  # converted once, not per call (weight_layout.py)
             # Inductor reports the strides of the graph it compiles itself (and asserts that no
             # one did before it): under rest="inductor" the report is left to it
             if kept and report_to is not None and self.rest != "inductor":
@@ -772,10 +775,11 @@ class Compiled:
 
 
 class InductorCompiled:
-    """Inductor's compiled graph with fuseml's groups in it (rest="inductor"), whose runners
-    hold kernels served before their background tune: they are swapped for the tuned ones as
-    the daemon finishes them (upgrade.py). Inductor's code calls the runners at each call, so
-    nothing is written again; the version tells a CUDA-graph replay to record again."""
+    """A graph of rest="inductor" (its graph_choice.Choice between Inductor alone and Inductor
+    with fuseml's groups) whose runners hold kernels served before their background tune: they
+    are swapped for the tuned ones as the daemon finishes them (upgrade.py). Inductor's code
+    calls the runners at each call, so nothing is written again; the choice is measured again
+    (tuned kernels can turn it), and the version tells a CUDA-graph replay to record again."""
 
     def __init__(self, choice, upgrader):
         self._boxed_call = True  # an instance attribute, as Compiled's
