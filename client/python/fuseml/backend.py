@@ -50,7 +50,6 @@ from .runtime import GroupRunner
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
 from .view_sink import sink_views
-from .weight_layout import keep_weight_layouts
 
 aten = torch.ops.aten
 
@@ -386,8 +385,6 @@ class FuseMLCompiler:
                 const_fold.fold(gm)
             # after the padding: a padded GEMM's slot it kept is not one the convolutions change
             kept += channels_last.convert(gm, settings.channels_last(), saved) or []
-            if which == "inference" and self.rest != "inductor":
-                keep_weight_layouts(gm)  # converted once, not per call (weight_layout.py)
             # Inductor reports the strides of the graph it compiles itself (and asserts that no
             # one did before it): under rest="inductor" the report is left to it
             if kept and report_to is not None and self.rest != "inductor":
