@@ -29,7 +29,7 @@ def paths(of_plans):
         if p.compiled is not None:
             way = p.compiled.path
         elif p.choice is not None:  # rest="inductor": the form its first calls measured faster
-            way = p.choice.why.split(":")[0]
+            way = p.choice.form
         else:
             way = p.skipped or "inductor"
         out[way] = out.get(way, 0) + 1

@@ -65,7 +65,7 @@ def test_the_faster_form_is_kept_and_a_tie_goes_to_inductor(clock, alone_ms, gro
     # one form per call, each call's own result; the groups' form first, then in turn
     assert calls == ["grouped", "alone"] * (MEASURING // 2)
     assert all(torch.equal(o, torch.full((2,), 2.0 * i)) for i, o in enumerate(outs))
-    assert choice.chosen == kept
+    assert choice.chosen == kept and choice.form == graph_choice.NAMES[kept]
     assert choice.why.startswith(graph_choice.NAMES[kept])
     assert [len(t) for t in choice.times] == [graph_choice.TIMED] * 2
     del calls[:]
@@ -79,7 +79,7 @@ def test_reset_measures_again(clock):
     run_calls(choice, MEASURING)
     assert choice.chosen == 0
     choice.reset()
-    assert choice.chosen is None and choice.why.startswith("measuring")
+    assert choice.chosen is None and choice.form == "measuring" and choice.why.startswith("measuring")
     del calls[:]
     run_calls(choice, MEASURING)
     assert calls == ["grouped", "alone"] * (MEASURING // 2) and choice.chosen == 0
@@ -126,4 +126,4 @@ def test_a_forward_whose_groups_change_saved_strides_is_inductor_alone(served, m
         assert_close(got, want, atol=1e-4, rtol=1e-4)
     forward = next(p for p in c.plans if p.which == "forward")
     assert forward.kernels() and isinstance(forward.choice, graph_choice.Fixed)
-    assert forward.choice.chosen == 0 and "strides" in forward.choice.why
+    assert forward.choice.chosen == 0 and forward.choice.form == "Inductor alone" and "strides" in forward.choice.why

@@ -164,3 +164,11 @@ def test_rest_inductor_compilers_that_refuse_their_arguments_fall_back(served, m
     assert hows and set(hows) == {"compile_fx_inner"}
     warned = [r for r in caplog.records if r.levelname == "WARNING" and "compile_fx_inner" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_a_graph_compiled_outside_torch_compile_takes_compile_fx_inner():
+    """Inductor's forward compiler counts the user's outputs on the dynamo graph: without one
+    (compile_graph called by hand), rest="inductor" compiles with compile_fx_inner."""
+    from fuseml import inductor_joint
+
+    assert inductor_joint.Compiler(None, ()).how == "compile_fx_inner"

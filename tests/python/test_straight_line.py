@@ -157,15 +157,8 @@ def test_an_aten_result_whose_layout_is_not_its_trace_is_caught_on_the_first_cal
     same, and say so (first.missed: its graph then keeps its FX form); the call still frees
     its arguments as it goes."""
 
-    def f(x):
-        return (x + 1).t().contiguous() * 2
-
-    x = torch.randn(8, 4)
-    gm = _graph_of(f, x)
-    add = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.add.Tensor)
-    add.meta["val"] = torch.empty_strided((8, 4), (1, 8), device="meta")
-    (t,) = add.users  # its transpose as a trace would have it then: row-major
-    t.meta["val"] = torch.empty_strided((4, 8), (8, 1), device="meta")
+    # the meta of `add` says transposed; its transpose, as a trace would have it then, row-major
+    f, x, gm = _lying_trace(((8, 4), (1, 8)), ((4, 8), (8, 1)))
     first, fast = straight_line.generate(gm, None, lambda a: gm(*a))[0]
     assert "conform(" in first.source and "conform(" not in fast.source
     args = [x]
@@ -175,9 +168,9 @@ def test_an_aten_result_whose_layout_is_not_its_trace_is_caught_on_the_first_cal
     assert len(first.missed) == 1 and "traced (8, 4) (1, 8)" in first.missed[0]
 
 
-def test_an_aten_result_of_another_shape_than_traced_is_a_clear_error():
-    """A static trace fixes every result's shape: one that differs is fuseml's bug, which the
-    first call reports by name rather than copying or reading wrong elements."""
+def _lying_trace(add_val, transpose_val):
+    """(f, x, graph of f) for f(x) = (x + 1).t().contiguous() * 2, its `add` and the transpose
+    of it traced as the (shape, stride) pairs given: a trace that lies about an ATen result."""
 
     def f(x):
         return (x + 1).t().contiguous() * 2
@@ -185,9 +178,17 @@ def test_an_aten_result_of_another_shape_than_traced_is_a_clear_error():
     x = torch.randn(8, 4)
     gm = _graph_of(f, x)
     add = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.add.Tensor)
-    add.meta["val"] = torch.empty_strided((4, 8), (1, 4), device="meta")
+    add.meta["val"] = torch.empty_strided(*add_val, device="meta")
     (t,) = add.users
-    t.meta["val"] = torch.empty_strided((8, 4), (4, 1), device="meta")
+    t.meta["val"] = torch.empty_strided(*transpose_val, device="meta")
+    return f, x, gm
+
+
+def test_an_aten_result_of_another_shape_than_traced_is_a_clear_error():
+    """A static trace fixes every result's shape: one that differs is fuseml's bug, which the
+    first call reports by name rather than copying or reading wrong elements."""
+
+    f, x, gm = _lying_trace(((4, 8), (1, 4)), ((8, 4), (4, 1)))
     first, _ = straight_line.generate(gm, None, lambda a: gm(*a))[0]
     with pytest.raises(RuntimeError, match="shape differs from its trace: v1 .*traced \\(4, 8\\)"):
         first([x])

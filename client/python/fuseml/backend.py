@@ -338,7 +338,7 @@ class FuseMLCompiler:
         """One graph aot_autograd made; `inductor` (rest="inductor"): the inductor_joint.Compiler
         of its dynamo graph."""
         if self.rest == "inductor":
-            inductor = inductor or inductor_joint.Compiler(gm, example_inputs)
+            inductor = inductor or inductor_joint.Compiler(None, ())  # no dynamo graph: compile_fx_inner
             gm = inductor.prepare(gm, which)
         if not _has_cuda_tensor(gm, example_inputs) and not settings.request_cpu_graphs():
             # Kernels run on CUDA only: partitioning and asking the daemon would buy nothing
@@ -454,12 +454,12 @@ class FuseMLCompiler:
         with TracingContext.report_output_strides():
             fn_grouped = inductor.compile(rewrite(gm, kept, runners), example_inputs, which)
         strides = [getattr(f, "output_strides", None) for f in (fn_alone, fn_grouped)]
-        if plan.which == "forward" and (strides[0] is None or strides[0] != strides[1]):
+        if which == "forward" and (strides[0] is None or strides[0] != strides[1]):
             plan.choice = graph_choice.Fixed(
                 0, "Inductor alone: with fuseml's groups the forward's outputs would take other strides"
             )
             return fn_alone
-        plan.choice = graph_choice.Choice(fn_alone, fn_grouped, plan.which)
+        plan.choice = graph_choice.Choice(fn_alone, fn_grouped, which)
         up = upgrade.Upgrader([runners[g.gid] for g in kept], self.socket)
         return plan.choice if up.done else InductorCompiled(plan.choice, up)
 

@@ -38,7 +38,8 @@ NAMES = ("Inductor alone", "Inductor with fuseml's groups")
 class Choice:
     """A boxed callable over two boxed forms of one graph: forms[0] Inductor alone, forms[1]
     with fuseml's groups. `chosen` is the index kept once measured (None before); `times`
-    the timed calls' milliseconds of each form; `why` says what was kept and why."""
+    the timed calls' milliseconds of each form; `form` names the one kept ("measuring"
+    before); `why` says what was kept and why."""
 
     def __init__(self, alone, grouped, name="graph"):
         self._boxed_call = True
@@ -50,6 +51,7 @@ class Choice:
         self.calls = 0
         self.times = ([], [])
         self.chosen = None
+        self.form = "measuring"
         self.why = "measuring: " + " against ".join(NAMES)
 
     def __call__(self, args):
@@ -74,6 +76,7 @@ class Choice:
     def _decide(self):
         alone, grouped = (statistics.median(t) for t in self.times)
         self.chosen = 1 if grouped <= MARGIN * alone else 0
+        self.form = NAMES[self.chosen]
         self.why = f"{NAMES[self.chosen]}: {grouped:.3f} ms with the groups, {alone:.3f} ms without (median of {TIMED})"
         log.info("fuseml: %s graph runs as %s", self.name, self.why)
 
@@ -82,7 +85,7 @@ class Fixed:
     """A choice made without measuring (one form only could run): what explain() shows."""
 
     def __init__(self, chosen, why):
-        self.chosen, self.why = chosen, why
+        self.chosen, self.form, self.why = chosen, NAMES[chosen], why
 
 
 def _synchronizer(args):

@@ -59,7 +59,9 @@ class Compiler:
     """Inductor's compile of the graphs aot_autograd makes from one dynamo graph."""
 
     def __init__(self, dynamo_gm, dynamo_inputs):
-        self.own = _own_compilers()
+        """dynamo_gm None: a graph compiled outside torch.compile's flow (no dynamo graph to
+        count the user's outputs of): compile_fx_inner."""
+        self.own = _own_compilers() if dynamo_gm is not None else None
         self.how = "Inductor's forward and backward compilers"
         try:
             if self.own is not None:
