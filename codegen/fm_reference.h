@@ -60,6 +60,14 @@ int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const
  * FM_EINVAL for an operand that is not an input. */
 int fm_reference_window_taps(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs);
 
+/* The largest ||out - ref|| / ||ref|| a kernel's output k may show against fm_reference_eval
+ * (NaN never passes): its dtype's rounding (bf16 1e-2, f16 2e-3, f32 1e-4; bool exact), or
+ * the loosest `cast` it is computed through, when that rounds coarser. A cast rounds a value
+ * the kernel summed in another order than the reference (a product's K, a reduction's row):
+ * where the two straddle a rounding step they differ by a step of the cast's dtype, and so
+ * may everything computed from it; an f32 output behind a bf16 cast is no closer than bf16. */
+double fm_reference_tolerance(const fm_fragment *canon, uint32_t k);
+
 /* The storage conversions it uses (also handy for building test data). */
 float fm_reference_bf16_to_f32(uint16_t h);
 uint16_t fm_reference_f32_to_bf16(float f);

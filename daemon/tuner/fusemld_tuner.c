@@ -39,7 +39,8 @@
  * made at prepare (a wrong kernel may have scribbled on them), poison the outputs with 0xFF
  * bytes, launch (a cuBLASLt plan with its scratch), synchronize
  * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
- * ||out - ref|| / ||ref|| <= tol (bf16 1e-2, f16 2e-3, f32 1e-4, bool exact) over the
+ * ||out - ref|| / ||ref|| <= tol (fm_reference_tolerance: bf16 1e-2, f16 2e-3, f32 1e-4, bool
+ * exact, or the loosest cast the output is computed through) over the
  * elements whose reference is finite, with no NaN among them, and infinities equal; with
  * twins, launched and compared again with each twin reading A's memory (both paths of the
  * kernel verified). Then time it (twins sharing memory, as in a model): 3 warm-ups, 20
@@ -612,19 +613,6 @@ static double load_elem(fm_dtype dt, const uint8_t *p) {
   }
 }
 
-static double tolerance(fm_dtype dt) {
-  switch (dt) {
-    case FM_DT_BF16:
-      return 1e-2;
-    case FM_DT_F16:
-      return 2e-3;
-    case FM_DT_F32:
-      return 1e-4;
-    default:
-      return 0;
-  }
-}
-
 /* Compares output k over the iteration shape, or over the sample's blocks when the reference
  * computed only those; returns its relative error (INFINITY for a NaN where the reference is
  * finite, a differing infinity, or a wrong bool). */
@@ -731,7 +719,7 @@ static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int t
       launch_failed(id, d.text);
     }
     double e = compare_output(i, refs[i], why, cap);
-    double tol = tolerance(f->outputs[i].dtype);
+    double tol = fm_reference_tolerance(f, i);
     if (!(e <= tol)) {
       if (!why[0]) snprintf(why, cap, "outputs[%u]: relative error %.3g > %.3g", i, e, tol);
       *rel = isfinite(e) ? e : -1;

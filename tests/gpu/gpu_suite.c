@@ -194,8 +194,6 @@ static fm_CUdeviceptr scratch_for(fm_module *m, data *x, const fm_fragment *f, i
   return p;
 }
 
-static double tolerance(fm_dtype dt) { return dt == FM_DT_BF16 ? 1e-2 : dt == FM_DT_F16 ? 2e-3 : 1e-4; }
-
 /* One kernel of case c on data x: 1 when every output matched the reference. */
 static int check_job(gs_case *c, job *j, data *x) {
   const fm_fragment *f = &c->canon;
@@ -223,8 +221,8 @@ static int check_job(gs_case *c, job *j, data *x) {
     const fm_tensor *t = &f->outputs[o];
     gu_d2h(cu, x->h_out[o], x->d_out[o], x->n_out[o] * fm_dtype_size(t->dtype));
     double e = gu_rel_err(x->h_out[o], t->dtype, x->h_ref[o], t->dtype, x->n_out[o]);
-    if (!(e <= tolerance(t->dtype))) { /* NaN fails too */
-      printf("FAIL %s [%s] out%u rel_err=%.3e (tol %.0e)\n", c->name, j->desc, o, e, tolerance(t->dtype));
+    if (!(e <= fm_reference_tolerance(f, o))) { /* NaN fails too */
+      printf("FAIL %s [%s] out%u rel_err=%.3e (tol %.0e)\n", c->name, j->desc, o, e, fm_reference_tolerance(f, o));
       ok = 0;
     }
   }

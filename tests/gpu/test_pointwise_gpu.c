@@ -22,19 +22,6 @@ static const fm_cuda *cu;
 static fm_client *client;
 static int passed, failed;
 
-static double tolerance(fm_dtype dt) {
-  switch (dt) {
-    case FM_DT_BF16:
-      return 1e-2;
-    case FM_DT_F16:
-      return 2e-3;
-    case FM_DT_F32:
-      return 1e-4;
-    default:
-      return 0; /* bool: exact */
-  }
-}
-
 /* Runs fragment b->f at dim-0 size `outer` (and again at a smaller outer when symbolic).
  * Returns 0 if every output matched. */
 static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int misalign) {
@@ -116,7 +103,7 @@ static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int mis
       size_t n = gu_span(t, ou);
       if (gu_d2h(cu, h_out[o], d_out[o], n * fm_dtype_size(t->dtype))) goto done;
       double e = gu_rel_err(h_out[o], t->dtype, h_ref[o], ref.outputs[o].dtype, n);
-      double tol = tolerance(t->dtype);
+      double tol = fm_reference_tolerance(&canon, o);
       int ok = e <= tol;
       printf("%-4s %s out%u %s outer=%" PRId64 " n=%zu rel_err=%.3e (tol %.0e)\n", ok ? "ok" : "FAIL", name, o,
              fm_dtype_name(t->dtype), ou, n, e, tol);

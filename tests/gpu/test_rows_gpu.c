@@ -219,8 +219,6 @@ static double rel_err(const void *a, const void *b, fm_dtype dt, size_t n) {
   return sqrt(num / den);
 }
 
-static double tolerance(fm_dtype dt) { return dt == FM_DT_BF16 ? 1e-2 : dt == FM_DT_F16 ? 2e-3 : 1e-4; }
-
 static void fill(void *h, const fm_tensor *t, size_t n, gu_rng *rng, int which) {
   for (size_t i = 0; i < n; i++) {
     double v = which == 0 ? gu_uniform(rng, -3, 3) : gu_uniform(rng, 0.5, 1.5);
@@ -306,10 +304,10 @@ static void run_job(job *j, gu_rng *rng) {
     const fm_tensor *t = &f->outputs[k];
     gu_d2h(cu, h_out[k], d_out[k], n_out[k] * fm_dtype_size(t->dtype));
     double e = rel_err(h_out[k], h_ref[k], t->dtype, n_out[k]);
-    int good = e <= tolerance(t->dtype);
+    int good = e <= fm_reference_tolerance(f, k);
     if (!good)
       printf("FAIL %s [%s] out%u %s n=%zu rel_err=%.3e (tol %.0e)\n", c->name, j->desc, k, fm_dtype_name(t->dtype),
-             n_out[k], e, tolerance(t->dtype));
+             n_out[k], e, fm_reference_tolerance(f, k));
     ok &= good;
   }
   if (ok) printf("ok   %s [%s]\n", c->name, j->desc);

@@ -31,7 +31,7 @@ LIBRARY = {
 }
 
 
-def _is_view(target):
+def is_view(target):
     """An op whose result aliases its input (its schema says so): no kernel runs."""
     schema = getattr(target, "_schema", None)
     return schema is not None and bool(schema.returns) and schema.returns[0].alias_info is not None
@@ -58,7 +58,7 @@ def elementwise_left(gm, groups):
             or n.target in LIBRARY
             or n.target in ops.VIEW_OPS
             or n.target in ops.RESHAPE_OPS
-            or _is_view(n.target)
+            or is_view(n.target)
         ):
             continue
         val = n.meta.get("val")

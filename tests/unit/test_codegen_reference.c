@@ -246,6 +246,35 @@ static void test_where_compare_cast_multi_output(void) {
   CHECK_EQ_INT(h[2], 0x2e66);
 }
 
+/* An output's tolerance is its dtype's, or the coarsest cast behind it: the norm's backward
+ * after a GEMM (f32 sum -> bf16 gradient -> f32 products) compares its f32 output at bf16's
+ * 1e-2; an f32 chain with no cast keeps 1e-4, an f16 output behind a bf16 cast gets bf16's,
+ * a cast that rounds finer than the output changes nothing, a bool stays exact. */
+static void test_tolerance_follows_casts(void) {
+  int64_t s[1] = {4};
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_F32, 1, s, NULL, 4);
+  tf_input(&raw, 2, FM_DT_F32, 1, s, NULL, 4);
+  tf_op(&raw, FM_OP_ADD, 3, 2, 1, 2, 0);         /* f32, no cast */
+  tf_cast(&raw, 4, 3, FM_DT_BF16);               /* rounds to bf16 */
+  tf_op(&raw, FM_OP_MUL, 5, 2, 4, 2, 0);         /* computed from it */
+  tf_cast(&raw, 6, 3, FM_DT_F16);                /* rounds to f16, off the bf16 path */
+  tf_op(&raw, FM_OP_GT, 7, 2, 4, 1, 0);          /* bool from the bf16 value */
+  tf_cast(&raw, 8, 5, FM_DT_F16);                /* f16 behind bf16 */
+  tf_cast(&raw, 9, 6, FM_DT_BF16);               /* bf16 behind f16 */
+  tf_output(&raw, 3, FM_DT_F32, 1, s, NULL, 4);  /* 0: f32 without a cast */
+  tf_output(&raw, 5, FM_DT_F32, 1, s, NULL, 4);  /* 1: f32 behind bf16 */
+  tf_output(&raw, 8, FM_DT_F16, 1, s, NULL, 2);  /* 2: f16 behind bf16 */
+  tf_output(&raw, 9, FM_DT_BF16, 1, s, NULL, 2); /* 3: bf16 behind f16 */
+  tf_output(&raw, 7, FM_DT_BOOL, 1, s, NULL, 1); /* 4: bool */
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK(fm_reference_tolerance(&canon, 0) == 1e-4);
+  CHECK(fm_reference_tolerance(&canon, 1) == 1e-2);
+  CHECK(fm_reference_tolerance(&canon, 2) == 1e-2);
+  CHECK(fm_reference_tolerance(&canon, 3) == 1e-2);
+  CHECK(fm_reference_tolerance(&canon, 4) == 0);
+}
+
 static void test_rank0_and_errors(void) {
   tf_init(&raw);
   tf_input(&raw, 1, FM_DT_F32, 0, NULL, NULL, 4);
@@ -271,6 +300,7 @@ int main(void) {
   RUN(test_binary_nan_and_pow);
   RUN(test_broadcast_strides_symbolic);
   RUN(test_where_compare_cast_multi_output);
+  RUN(test_tolerance_follows_casts);
   RUN(test_rank0_and_errors);
   return FM_TEST_DONE();
 }

@@ -23,6 +23,7 @@ from . import (
     graph_choice,
     graph_code,
     inductor_joint,
+    linear_cross_entropy,
     max_pool,
     pad_gemm,
     settings,
@@ -219,7 +220,9 @@ class FuseMLCompiler:
     "all" or "off": which GEMMs with a dimension not a multiple of 8 are padded, pad_gemm.py;
     default FUSEML_PAD_GEMM, else "auto"), recompute (split training graphs with the min-cut
     partitioner, recomputing cheap pointwise chains in the backward instead of saving them;
-    default on, off with FUSEML_RECOMPUTE=0)."""
+    default on, off with FUSEML_RECOMPUTE=0), logits ("save" or "recompute": whether the
+    backward of a language model's head and loss reads the forward's logits or computes them
+    again block by block, linear_cross_entropy.py; default FUSEML_LOGITS, else "save")."""
 
     def __init__(
         self,
@@ -232,6 +235,7 @@ class FuseMLCompiler:
         direct=None,
         pad_gemm=None,
         recompute=None,
+        logits=None,
     ):
         if rest not in ("aten", "inductor"):
             raise ValueError(f"rest must be 'aten' or 'inductor', not {rest!r}")
@@ -246,6 +250,9 @@ class FuseMLCompiler:
             raise ValueError(f"pad_gemm must be 'auto', 'all' or 'off', not {pad_gemm!r}")
         self.pad_gemm = pad_gemm  # None: FUSEML_PAD_GEMM, read per graph
         self.recompute = recompute  # None: FUSEML_RECOMPUTE, read per graph
+        if logits not in (None, "save", "recompute"):
+            raise ValueError(f"logits must be 'save' or 'recompute', not {logits!r}")
+        self.logits = logits  # None: FUSEML_LOGITS, read per graph
         self.plans = []
 
     def _decompositions(self, batch_norm=False):
@@ -265,8 +272,10 @@ class FuseMLCompiler:
         as keywords; what else it may pass is ignored."""
         if kwargs:
             log.debug("fuseml: ignoring backend keywords %s", sorted(kwargs))
-        # before aot_autograd traces it: a cross_entropy that saves no fp32 log-probabilities
-        # (cross_entropy.py)
+        # before aot_autograd traces it: a language model's head and loss whose backward never
+        # holds the logits' gradient whole (linear_cross_entropy.py), and any other
+        # cross_entropy saving no fp32 log-probabilities (cross_entropy.py)
+        linear_cross_entropy.rewrite(gm, self.logits)
         cross_entropy.rewrite(gm)
         max_pool.rewrite(gm)  # max pooling whose backward reads no saved indices (max_pool.py)
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly

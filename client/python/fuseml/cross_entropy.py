@@ -37,11 +37,51 @@ from . import graph_code
 from .fake_meta import tensor_val
 from ._log import log
 
-_CROSS_ENTROPY = torch.nn.functional.cross_entropy
+CROSS_ENTROPY = torch.nn.functional.cross_entropy
 _REDUCTIONS = ("mean", "sum", "none")
 _UPCASTS = ("float",)  # call_method names that cast to fp32
 _VIEWS = ("view", "reshape")
-_SIGNATURE = inspect.signature(_CROSS_ENTROPY)
+_SIGNATURE = inspect.signature(CROSS_ENTROPY)
+
+
+def row_loss(x, target, ignore_index, reduction):
+    """cross_entropy(x.float(), target) of a 2-D x [N, C] as above: (loss in fp32, and what
+    its gradient reads: lse [N, 1], t [N, 1] the target as fp32 (-1 where ignored), valid [N],
+    count the number of valid rows)."""
+    classes = x.shape[-1]
+    x32 = x.float()
+    top = x32.amax(-1, keepdim=True)
+    lse = (x32 - top).exp().sum(-1, keepdim=True).log() + top
+    valid = target != ignore_index
+    torch._assert_async(((target >= 0) & (target < classes) | ~valid).all(), "cross_entropy: target out of bounds")
+    t = torch.where(valid, target, -1).to(torch.float32).unsqueeze(-1)
+    cols = torch.arange(classes, device=x.device, dtype=torch.float32)
+    picked = torch.where(cols == t, x32, 0.0).sum(-1, keepdim=True)
+    nll = torch.where(valid, (lse - picked).squeeze(-1), 0.0)
+    count = valid.sum().to(torch.float32)
+    if reduction == "mean":
+        loss = nll.sum() / count
+    elif reduction == "sum":
+        loss = nll.sum()
+    else:
+        loss = nll
+    return loss, lse, t, valid, count
+
+
+def row_weights(grad, valid, count, reduction):
+    """Each row's weight in the loss [N, 1] (fp32), from the loss's gradient."""
+    grad = grad.float()
+    if reduction == "mean":
+        grad = grad / count
+    return torch.where(valid, grad, 0.0).unsqueeze(-1)  # a scalar grad broadcasts
+
+
+def logit_grad(x, lse, t, w, first=0):
+    """The fp32 gradient of the loss for logits x [N, c], the columns first..first+c of the
+    rows: (softmax - one-hot of the target) * the row's weight."""
+    cols = torch.arange(first, first + x.shape[-1], device=x.device, dtype=torch.float32)
+    p = (x.float() - lse).exp()
+    return torch.where(cols == t, p - 1.0, p) * w
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -49,23 +89,7 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, target, ignore_index, reduction, out_dtype):
-        classes = x.shape[-1]
-        x32 = x.float()
-        top = x32.amax(-1, keepdim=True)
-        lse = (x32 - top).exp().sum(-1, keepdim=True).log() + top
-        valid = target != ignore_index
-        torch._assert_async(((target >= 0) & (target < classes) | ~valid).all(), "cross_entropy: target out of bounds")
-        t = torch.where(valid, target, -1).to(torch.float32).unsqueeze(-1)
-        cols = torch.arange(classes, device=x.device, dtype=torch.float32)
-        picked = torch.where(cols == t, x32, 0.0).sum(-1, keepdim=True)
-        nll = torch.where(valid, (lse - picked).squeeze(-1), 0.0)
-        count = valid.sum().to(torch.float32)
-        if reduction == "mean":
-            loss = nll.sum() / count
-        elif reduction == "sum":
-            loss = nll.sum()
-        else:
-            loss = nll
+        loss, lse, t, valid, count = row_loss(x, target, ignore_index, reduction)
         ctx.save_for_backward(x, lse, t, valid, count)
         ctx.reduction = reduction
         return loss.to(out_dtype)
@@ -73,14 +97,8 @@ class _CrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, lse, t, valid, count = ctx.saved_tensors
-        grad = grad.float()
-        if ctx.reduction == "mean":
-            grad = grad / count
-        w = torch.where(valid, grad, 0.0).unsqueeze(-1)  # [N, 1]: a scalar grad broadcasts
-        cols = torch.arange(x.shape[-1], device=x.device, dtype=torch.float32)
-        p = (x.float() - lse).exp()
-        dx = torch.where(cols == t, p - 1.0, p) * w
-        return dx.to(x.dtype), None, None, None, None
+        w = row_weights(grad, valid, count, ctx.reduction)
+        return logit_grad(x, lse, t, w).to(x.dtype), None, None, None, None
 
 
 def fused_cross_entropy(x, target, ignore_index=-100, reduction="mean", out_dtype=None):
@@ -89,7 +107,7 @@ def fused_cross_entropy(x, target, ignore_index=-100, reduction="mean", out_dtyp
     return _CrossEntropy.apply(x, target, ignore_index, reduction, out_dtype or x.dtype)
 
 
-def _arguments(node):
+def arguments(node):
     """The call's arguments by name, defaults filled in (None when they do not bind)."""
     try:
         bound = _SIGNATURE.bind(*node.args, **node.kwargs)
@@ -99,7 +117,7 @@ def _arguments(node):
     return bound.arguments
 
 
-def _why_not(given):
+def why_not(given):
     """None when a cross_entropy call with these arguments is one this rewrite takes, else
     why not."""
     x, target = tensor_val(given["input"], "example_value"), tensor_val(given["target"], "example_value")
@@ -120,7 +138,7 @@ def _why_not(given):
     return None
 
 
-def _source(x):
+def source(x):
     """(node to take, whether it is the pre-upcast value): through `float()` behind a
     view/reshape when the upcast is read by nothing else."""
     if x.op != "call_method" or x.target not in _VIEWS or len(x.args) < 2:
@@ -146,17 +164,17 @@ def rewrite(gm):
     returns how many."""
     done = 0
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not _CROSS_ENTROPY:
+        if node.op != "call_function" or node.target is not CROSS_ENTROPY:
             continue
-        given = _arguments(node)
-        why = "arguments that do not bind" if given is None else _why_not(given)
+        given = arguments(node)
+        why = "arguments that do not bind" if given is None else why_not(given)
         if why is not None:
             log.debug("fuseml: %s stays torch's cross_entropy: %s", node.name, why)
             continue
         x, target = given["input"], given["target"]
         ignore_index, reduction = given["ignore_index"], given["reduction"]
         out_dtype = tensor_val(x, "example_value").dtype
-        low, view = _source(x)
+        low, view = source(x)
         with gm.graph.inserting_before(node):
             if view is not None:
                 x = gm.graph.call_method("reshape", (low,) + tuple(view.args[1:]))

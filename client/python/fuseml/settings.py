@@ -130,6 +130,15 @@ def recompute():
     return _get("FUSEML_RECOMPUTE") != "0"
 
 
+def logits():
+    """FUSEML_LOGITS: where the backward of a language model's head and loss gets the logits
+    it walks in column blocks (linear_cross_entropy.py): "save" (the default, also for any
+    other value: kept from the forward) or "recompute" (computed again block by block: no
+    [tokens, vocabulary] value held from the forward to the backward, for one more GEMM over
+    the vocabulary)."""
+    return "recompute" if (_get("FUSEML_LOGITS") or "").lower() == "recompute" else "save"
+
+
 def straight_line():
     """FUSEML_STRAIGHT_LINE=0: run compiled graphs as FX graphs, never as generated code (on by
     default)."""
