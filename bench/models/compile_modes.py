@@ -52,8 +52,15 @@ MODES = {
             lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=False)),
             by_default=False,
         ),
-        # a language model's head and loss whose backward computes the logits again block by
-        # block instead of keeping them from the forward (linear_cross_entropy.py): asked by name
+        # a language model's head and loss whose backward walks the saved logits in column blocks,
+        # or computes them again block by block (linear_cross_entropy.py): asked by name
+        Mode(
+            "fuseml_blocks",
+            "fuseml",
+            False,
+            lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(logits="blocks")),
+            by_default=False,
+        ),
         Mode(
             "fuseml_lean",
             "fuseml",

@@ -2,7 +2,7 @@
 run on the device machine by bench/device/cross-entropy/run, not by pytest): a Llama decoder's
 last RMSNorm, its head over 32000 words and Hugging Face's loss, 4 x 1024 tokens of width 2048,
 bf16, one training step compiled with torch.compile(backend=FuseMLCompiler(logits=...)) against
-a real fusemld in GPU mode (tuned kernels only), logits saved and recomputed:
+a real fusemld in GPU mode (tuned kernels only), logits saved ("blocks") and recomputed:
 - the loss and the gradients of the hidden states, the norm's weight and the head's weight
   against an fp32 eager copy: ||got - fp32|| / ||fp32|| no worse than eager bf16's own error
   (x 1.25 + 1e-3), NaN never;
@@ -115,7 +115,7 @@ def main(out):
         want = step(model, model, x, labels)
         ref = step(exact, exact, x.float(), labels)
         fns = {"eager": model, "inductor": torch.compile(model)}
-        for mode in ("save", "recompute"):
+        for mode in ("blocks", "recompute"):
             torch._dynamo.reset()
             c = fuseml.FuseMLCompiler(logits=mode)
             fn = fns[f"fuseml_{mode}"] = torch.compile(model, backend=c)

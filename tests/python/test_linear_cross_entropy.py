@@ -113,7 +113,7 @@ def _train(model, x, t, compiler=None, **kw):
     return [loss.detach(), x.grad] + [p.grad.clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("mode", ["save", "recompute"])
+@pytest.mark.parametrize("mode", ["blocks", "recompute"])
 def test_compiled_head_matches_torch_and_holds_no_logits_gradient(dead_socket, small_blocks, monkeypatch, mode):
     """Through the backend: the rewrite takes the head, results as eager's; the backward's
     inputs hold one [tokens, vocabulary] value besides the logits' own gradient when saved,
@@ -134,15 +134,16 @@ def test_compiled_head_matches_torch_and_holds_no_logits_gradient(dead_socket, s
     graph = bw.compiled.gm.graph
     big = lambda n: isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].numel() >= B * S * V  # noqa: E731
     inputs = [n for n in graph.nodes if n.op == "placeholder" and big(n)]
-    assert len(inputs) == (2 if mode == "save" else 1), [n.name for n in inputs]
+    assert len(inputs) == (2 if mode == "blocks" else 1), [n.name for n in inputs]
     made = [n for n in graph.nodes if n.op == "call_function" and big(n) and not is_view(n.target)]
     assert not made, bw.describe()
     blocks = [g for g in bw.groups if "exp" in g.op_names and "eq" in g.op_names]
     assert len(blocks) == -(-V // 48) and all(g.route == "kernel" for g in blocks), bw.describe()
 
 
-def _fused_calls(model, x, t, **kw):
-    """How many fused head calls the rewrite leaves in the Dynamo graph of model(x, t)."""
+def _fused_calls(model, x, t, mode="blocks", **kw):
+    """How many fused head calls the rewrite (in `mode`) leaves in the Dynamo graph of
+    model(x, t)."""
     graphs = []
 
     def grab(gm, ex):
@@ -151,7 +152,7 @@ def _fused_calls(model, x, t, **kw):
 
     torch.compile(model, backend=grab)(x, t, **kw)
     (gm,) = graphs
-    taken = linear_cross_entropy.rewrite(gm)
+    taken = linear_cross_entropy.rewrite(gm, mode)
     calls = [n for n in gm.graph.nodes if n.target is linear_cross_entropy.fused_linear_cross_entropy]
     assert len(calls) == taken
     return taken
@@ -174,18 +175,27 @@ def test_heads_not_taken_stay_cross_entropy(dead_socket, small_blocks, model, kw
     h, _, t = _inputs(dtype)
     t = t.clamp(max=model.lm_head.out_features - 1)
     assert _fused_calls(model, h, t, **kw) == 0
-    c = fuseml.FuseMLCompiler()
+    c = fuseml.FuseMLCompiler(logits="blocks")
     want, got = _train(model, h, t, **kw), _train(model, h, t, c, **kw)
     for g, e in zip(got, want):
         assert rel_err(g.float(), e.float()) < 2e-2
     assert [n for n in plan(c, "forward").compiled.gm.graph.nodes if "amax" in str(n.target)]
 
 
-def test_taken_head_in_the_dynamo_graph(dead_socket, small_blocks):
-    """One call replaced; the upcast and view it looked through gone, the logits output kept."""
+def test_taken_head_in_the_dynamo_graph(dead_socket, small_blocks, monkeypatch):
+    """One call replaced in either mode; none by default ("whole"), nor for an unknown value."""
     model = _Head().to(BF16)
     h, _, t = _inputs()
     assert _fused_calls(model, h, t) == 1
+    assert _fused_calls(model, h, t, mode="recompute") == 1
+    for value in (None, "whole", "save"):
+        if value is None:
+            monkeypatch.delenv("FUSEML_LOGITS", raising=False)
+        else:
+            monkeypatch.setenv("FUSEML_LOGITS", value)
+        assert _fused_calls(model, h, t, mode=None) == 0
+    with pytest.raises(ValueError, match="logits"):
+        fuseml.FuseMLCompiler(logits="save")
 
 
 def test_a_short_vocabulary_is_one_block_and_not_taken(dead_socket):
@@ -198,16 +208,15 @@ def test_target_out_of_range_fails(dead_socket, small_blocks):
     h, _, t = _inputs()
     t[0] = V
     with pytest.raises(Exception, match="out of bounds"):
-        torch.compile(_Head().to(BF16), backend=fuseml.FuseMLCompiler())(h, t)
+        torch.compile(_Head().to(BF16), backend=fuseml.FuseMLCompiler(logits="blocks"))(h, t)
 
 
 def test_daemon_accepts_the_fragments(daemon, small_blocks, monkeypatch):
     """A real fusemld (compile-only here) accepts every fragment of the head's forward and of
     its backward's blocks, saved and recomputed."""
     h, _, t = _inputs()
-    for mode in ("save", "recompute"):
-        monkeypatch.setenv("FUSEML_LOGITS", mode)
-        c = fuseml.FuseMLCompiler()
+    for mode in ("blocks", "recompute"):
+        c = fuseml.FuseMLCompiler(logits=mode)
         _train(_Head().to(BF16), h, t, c)
         ks = [g for p in (plan(c, "forward"), plan(c, "backward")) for g in p.kernels()]
         assert ks and all(g.key and g.state in ("untuned", "tuned") for g in ks), [

@@ -220,9 +220,10 @@ class FuseMLCompiler:
     "all" or "off": which GEMMs with a dimension not a multiple of 8 are padded, pad_gemm.py;
     default FUSEML_PAD_GEMM, else "auto"), recompute (split training graphs with the min-cut
     partitioner, recomputing cheap pointwise chains in the backward instead of saving them;
-    default on, off with FUSEML_RECOMPUTE=0), logits ("save" or "recompute": whether the
-    backward of a language model's head and loss reads the forward's logits or computes them
-    again block by block, linear_cross_entropy.py; default FUSEML_LOGITS, else "save")."""
+    default on, off with FUSEML_RECOMPUTE=0), logits ("whole", "blocks" or "recompute": how the
+    backward of a language model's head and loss gets the logits' gradient, whole or in
+    column blocks of saved or recomputed logits, linear_cross_entropy.py; default
+    FUSEML_LOGITS, else "whole")."""
 
     def __init__(
         self,
@@ -250,8 +251,8 @@ class FuseMLCompiler:
             raise ValueError(f"pad_gemm must be 'auto', 'all' or 'off', not {pad_gemm!r}")
         self.pad_gemm = pad_gemm  # None: FUSEML_PAD_GEMM, read per graph
         self.recompute = recompute  # None: FUSEML_RECOMPUTE, read per graph
-        if logits not in (None, "save", "recompute"):
-            raise ValueError(f"logits must be 'save' or 'recompute', not {logits!r}")
+        if logits not in (None, "whole", "blocks", "recompute"):
+            raise ValueError(f"logits must be 'whole', 'blocks' or 'recompute', not {logits!r}")
         self.logits = logits  # None: FUSEML_LOGITS, read per graph
         self.plans = []
 

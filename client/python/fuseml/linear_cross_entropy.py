@@ -17,10 +17,13 @@ columns. dW's blocks
 are its rows in order, joined once. The forward still writes the logits whole: a Hugging Face
 decoder returns them beside the loss.
 
-Where x_c comes from is a setting (FUSEML_LOGITS): "save" (the default) keeps the logits for
-the backward, as the loss alone does; "recompute" keeps only h and W and computes each block
-again in the backward (x_c = h W_c^T, one GEMM over the vocabulary more, ~6% of a Llama
-training step) so that no [N, V] value is held from the forward to the backward at all.
+Whether and how is a setting (FUSEML_LOGITS, or FuseMLCompiler's logits): "whole" (the
+default) leaves the head to cross_entropy.py; "blocks" keeps the logits for the backward, as
+the loss alone does, and walks them; "recompute" keeps only h and W and computes each block
+again in the backward (x_c = h W_c^T, one GEMM over the vocabulary more) so that no [N, V]
+value is held from the forward to the backward at all. Neither is the default: on an H200
+(bench/NOTES.md, "A language model's head in vocabulary blocks") "blocks" took a Llama
+training step's peak 2-9% lower for 0-3% more GPU time, "recompute" 6-21% lower for 4-8%.
 
 Taken: a call that cross_entropy.py takes, whose input is, through an upcast and a flattening
 view, the output of a bias-free linear of a 2-D weight, static sizes, a vocabulary that is a
@@ -151,9 +154,12 @@ def _why_not(linear, view):
 
 def rewrite(gm, mode=None):
     """Replaces in Dynamo's graph gm, in place, each cross_entropy call on a language model's
-    head that this rewrite takes (above); returns how many. mode: "save" or "recompute"
-    (default FUSEML_LOGITS)."""
-    keep = (mode or settings.logits()) == "save"
+    head that this rewrite takes (above); returns how many. mode: "whole" (nothing replaced),
+    "blocks" or "recompute" (default FUSEML_LOGITS)."""
+    mode = mode or settings.logits()
+    if mode == "whole":
+        return 0
+    keep = mode == "blocks"
     done = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not cross_entropy.CROSS_ENTROPY:

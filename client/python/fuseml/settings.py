@@ -131,12 +131,14 @@ def recompute():
 
 
 def logits():
-    """FUSEML_LOGITS: where the backward of a language model's head and loss gets the logits
-    it walks in column blocks (linear_cross_entropy.py): "save" (the default, also for any
-    other value: kept from the forward) or "recompute" (computed again block by block: no
-    [tokens, vocabulary] value held from the forward to the backward, for one more GEMM over
-    the vocabulary)."""
-    return "recompute" if (_get("FUSEML_LOGITS") or "").lower() == "recompute" else "save"
+    """FUSEML_LOGITS: how the backward of a language model's head and loss
+    (linear_cross_entropy.py) gets the logits' gradient: "whole" (the default, also for any
+    other value: written whole, cross_entropy.py), "blocks" (walked in column blocks of the
+    saved logits: the gradient never held whole) or "recompute" (the blocks computed again
+    from the head's input: no [tokens, vocabulary] value held from the forward to the
+    backward, for one more GEMM over the vocabulary)."""
+    value = (_get("FUSEML_LOGITS") or "").lower()
+    return value if value in ("blocks", "recompute") else "whole"
 
 
 def straight_line():
