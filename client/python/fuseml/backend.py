@@ -22,6 +22,7 @@ from . import (
     fake_meta,
     graph_choice,
     graph_code,
+    head_output,
     inductor_joint,
     linear_cross_entropy,
     max_pool,
@@ -273,9 +274,12 @@ class FuseMLCompiler:
         as keywords; what else it may pass is ignored."""
         if kwargs:
             log.debug("fuseml: ignoring backend keywords %s", sorted(kwargs))
-        # before aot_autograd traces it: a language model's head and loss whose backward never
-        # holds the logits' gradient whole (linear_cross_entropy.py), and any other
+        # before aot_autograd traces it: the logits a model returns beside its loss given their
+        # gradient outside the compiled graph, so that no zeros are made for them when nobody
+        # differentiates them (head_output.py); a language model's head and loss whose backward
+        # never holds the logits' gradient whole (linear_cross_entropy.py), and any other
         # cross_entropy saving no fp32 log-probabilities (cross_entropy.py)
+        reattach = head_output.rewrite(gm)
         linear_cross_entropy.rewrite(gm, self.logits)
         cross_entropy.rewrite(gm)
         max_pool.rewrite(gm)  # max pooling whose backward reads no saved indices (max_pool.py)
@@ -327,7 +331,7 @@ class FuseMLCompiler:
         fn = capture.callable(wrapped)
         for p in plans:
             p.called = "directly" if fn is not wrapped else f"through aot_autograd ({capture.why_not})"
-        return fn
+        return reattach(fn) if reattach is not None else fn
 
     def _graphed(self, gm, example_inputs, which, state, inductor=None):
         plans = []

@@ -69,11 +69,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         loss, lse, t, valid, count = cross_entropy.row_loss(x, target, ignore_index, reduction)
         ctx.save_for_backward(h, weight, lse, t, valid, count, x if keep_logits else None)
         ctx.reduction, ctx.block = reduction, block
+        # the logits' gradient stays None when none reaches them (head_output.py detaches a
+        # returned head): no zeros of their size are made, and none is added to the blocks
+        ctx.set_materialize_grads(False)
         return logits, loss.to(out_dtype)
 
     @staticmethod
     def backward(ctx, grad_logits, grad_loss):
         h, weight, lse, t, valid, count, x = ctx.saved_tensors
+        if grad_loss is None:  # only the logits were differentiated
+            grad_loss = torch.zeros((), device=h.device)
         need_h, need_w = ctx.needs_input_grad[:2]
         hr = h.reshape(-1, h.shape[-1])
         classes = weight.shape[0]

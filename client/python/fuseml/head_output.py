@@ -1,0 +1,147 @@
+"""A large head output (a language model's logits) given its gradient by an autograd node of its
+own, so that a training step that never differentiates it allocates no zeros for it.
+
+Hugging Face's causal and masked LMs return the logits beside the loss, and a trainer reads
+only the loss. The compiled graph is one autograd node (aot_autograd's function) with the loss
+and the logits among its outputs, and the autograd engine hands its backward a gradient for
+every output: for the logits nobody differentiated, a tensor of zeros the logits' size (Llama's
+4096 x 32000 in bf16: 262 MB, held for the whole backward, and a fill kernel). Inductor's steps
+pay it too.
+
+A rewrite of the Dynamo graph, before aot_autograd traces it. For a graph output
+O = linear(h, W[, b]) much larger than h (RATIO) and large (MIN_BYTES):
+
+    the output becomes detach(O), and h is appended to the graph's outputs;
+
+and the compiled callable is wrapped: it takes the appended h values off its outputs and puts
+back in O's place Reattach(O, h, W[, b]), whose backward runs only when a gradient reaches the
+logits: dh = g W, dW = g^T h, db = the sum of g. So the loss's gradient flows inside the compiled
+backward as before, a gradient through the logits reaches h, W and b through the new node (and
+h's into the compiled backward, which adds it to what the loss gives h), and a step that never
+differentiates the logits has the engine make zeros for h instead (16 MB for Llama d2048).
+
+Taken in a graph compiled with gradients on, for an output that is the result of a linear whose
+input or weight requires grad, returned once, with static sizes; the weight and bias are the
+graph's own inputs (Dynamo lifts a module's parameters into them). Anything else is left as it
+was."""
+
+import functools
+
+import torch
+
+from . import graph_code
+from ._log import log
+from .fake_meta import tensor_val
+from .shapes import is_plain_int
+
+_LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
+RATIO = 4  # the output's last dim against its input's: a head, not a projection
+MIN_BYTES = 32 << 20  # an output smaller than this costs its zeros little
+
+
+class _Reattach(torch.autograd.Function):
+    """out (no autograd history) given the history of linear(h, weight, bias)."""
+
+    @staticmethod
+    def forward(ctx, out, h, weight, bias):
+        ctx.save_for_backward(h, weight)
+        ctx.has_bias = bias is not None
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.shape[-1])
+        dh = (g @ weight).view(h.shape) if ctx.needs_input_grad[1] else None
+        dw = g.t() @ h.reshape(-1, h.shape[-1]) if ctx.needs_input_grad[2] else None
+        db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
+        return None, dh, dw, db
+
+
+def _linear(node):
+    """(h, weight, bias or None) of a linear call node, else None."""
+    if node.op != "call_function" or node.target not in _LINEARS:
+        return None
+    args = list(node.args)
+    h = args[0] if args else node.kwargs.get("input")
+    weight = args[1] if len(args) > 1 else node.kwargs.get("weight")
+    bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
+    if not all(isinstance(n, torch.fx.Node) for n in (h, weight)) or not isinstance(bias, (torch.fx.Node, type(None))):
+        return None
+    return h, weight, bias
+
+
+def _why_not(out, linear, positions):
+    """None when graph output `out`, the result of `linear` (h, weight, bias), is one this
+    rewrite takes; `positions`: the graph inputs by node."""
+    h, weight, bias = linear
+    vo, vh, vw = (tensor_val(n, "example_value") for n in (out, h, weight))
+    if vo is None or vh is None or vw is None:
+        return "no example values"
+    if not all(is_plain_int(s) for s in (*vo.shape, *vh.shape)):
+        return "symbolic sizes"
+    if not (vh.requires_grad or vw.requires_grad):
+        return "nothing to differentiate"
+    if vo.shape[-1] < RATIO * vh.shape[-1] or vo.numel() * vo.element_size() < MIN_BYTES:
+        return f"{tuple(vo.shape)} from {tuple(vh.shape)}: not a large head"
+    if weight not in positions or (bias is not None and bias not in positions):
+        return "a weight that is not a graph input"
+    return None
+
+
+def rewrite(gm):
+    """Detaches each large head output of Dynamo's graph gm (above), in place; returns the
+    wrapper to put around the compiled callable (None when nothing was taken)."""
+    if not isinstance(gm, torch.fx.GraphModule) or not torch.is_grad_enabled():
+        return None
+    graph = gm.graph
+    (output,) = [n for n in graph.nodes if n.op == "output"]
+    outs = output.args[0]
+    if not isinstance(outs, (tuple, list)):
+        return None
+    positions = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
+    heads = []  # (output index, h's extra output index, weight input, bias input or None)
+    outs = list(outs)
+    extra = []
+    for i, out in enumerate(list(outs)):
+        linear = _linear(out) if isinstance(out, torch.fx.Node) else None
+        if linear is None or outs.count(out) != 1:
+            continue
+        why = _why_not(out, linear, positions)
+        if why is not None:
+            log.debug("fuseml: output %s keeps its gradient in the graph: %s", out.name, why)
+            continue
+        h, weight, bias = linear
+        with graph.inserting_before(output):
+            detached = graph.call_function(torch.Tensor.detach, (out,))
+        detached.meta.update(out.meta)
+        outs[i] = detached
+        heads.append((i, len(outs) + len(extra), positions[weight], None if bias is None else positions[bias]))
+        extra.append(h)
+    if not heads:
+        return None
+    output.args = (type(output.args[0])(outs + extra),)
+    graph.lint()
+    graph_code.edited(gm)
+    log.debug("fuseml: %d head output(s) given their gradient outside the compiled graph", len(heads))
+    return functools.partial(_wrap, heads=tuple(heads), given=len(outs))
+
+
+def _wrap(fn, heads, given):
+    """fn, compiled from the rewritten graph, returning the graph's outputs as Dynamo expects
+    them (`given` of them, each head reattached); Dynamo calls both with the graph's inputs as
+    arguments."""
+
+    def call(*args):
+        params = [(args[w], None if b is None else args[b]) for _, _, w, b in heads]
+        got = fn(*args)
+        outs = list(got)
+        for (i, j, _, _), (weight, bias) in zip(heads, params):
+            outs[i] = _Reattach.apply(outs[i], outs[j], weight, bias)
+        outs = outs[:given]
+        return tuple(outs) if isinstance(got, tuple) else outs
+
+    # what aot_autograd hangs on its callable (zero_grad, named_parameters, ...), but a
+    # `_boxed_call` it copied from the function inside: neither takes a boxed list
+    call.__dict__.update({k: v for k, v in getattr(fn, "__dict__", {}).items() if k != "_boxed_call"})
+    return call
