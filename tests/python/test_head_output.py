@@ -92,7 +92,8 @@ def test_backward_takes_no_tangent_for_the_logits(dead_socket, small_heads):
 
 def test_graphs_not_taken(dead_socket):
     """At the real threshold these outputs are too small; a projection no wider than RATIO
-    times its input and a graph compiled without gradients are left as they were."""
+    times its input, a vocabulary not a multiple of 8 (pad_gemm.py's) and a graph compiled
+    without gradients are left as they were."""
     x, labels = _inputs()
     graphs = []
 
@@ -107,6 +108,9 @@ def test_graphs_not_taken(dead_socket):
     try:
         narrow = _Decoder(classes=2 * D).to(BF16)
         torch.compile(narrow, backend=grab)(x, labels.clamp(max=2 * D - 1))
+        assert head_output.rewrite(graphs[-1]) is None
+        odd = _Decoder(classes=V + 2).to(BF16)
+        torch.compile(odd, backend=grab)(x, labels)
         assert head_output.rewrite(graphs[-1]) is None
         with torch.no_grad():
             assert head_output.rewrite(graphs[0]) is None

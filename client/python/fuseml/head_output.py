@@ -21,9 +21,9 @@ h's into the compiled backward, which adds it to what the loss gives h), and a s
 differentiates the logits has the engine make zeros for h instead (16 MB for Llama d2048).
 
 Taken in a graph compiled with gradients on, for an output that is the result of a linear whose
-input or weight requires grad, returned once, with static sizes; the weight and bias are the
-graph's own inputs (Dynamo lifts a module's parameters into them). Anything else is left as it
-was."""
+input or weight requires grad, returned once, with static sizes and a width that is a multiple
+of 8 (pad_gemm.py pads the others); the weight and bias are the graph's own inputs (Dynamo
+lifts a module's parameters into them). Anything else is left as it was."""
 
 import functools
 
@@ -84,6 +84,11 @@ def _why_not(out, linear, positions):
         return "nothing to differentiate"
     if vo.shape[-1] < RATIO * vh.shape[-1] or vo.numel() * vo.element_size() < MIN_BYTES:
         return f"{tuple(vo.shape)} from {tuple(vh.shape)}: not a large head"
+    if vo.shape[-1] % 8:
+        # pad_gemm.py pads such a head's GEMMs, reading the logits' gradient at the padded
+        # stride: detached, GPT-2's (50257) ran its two gradient GEMMs unpadded, 1.75x the
+        # step's GPU time (bench/NOTES.md, "The logits' zeros")
+        return f"a vocabulary of {vo.shape[-1]}, not a multiple of 8"
     if weight not in positions or (bias is not None and bias not in positions):
         return "a weight that is not a graph input"
     return None
