@@ -49,6 +49,7 @@ from .outer_product import spell_outer_products
 from .memory_order import run_in_memory_order
 from .partition import Served, epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
+from .scatter_add import rewrite_index_put_adds
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
 from .view_sink import sink_views
@@ -422,6 +423,7 @@ class FuseMLCompiler:
             if self.rest != "inductor":  # Inductor writes both its own way
                 batch_input_updates(gm)  # the inputs the graph updates, written at once (input_updates.py)
                 rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
+                rewrite_index_put_adds(gm)  # a gathered rows' gradient as a scatter-add (scatter_add.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):

@@ -1,0 +1,113 @@
+"""An accumulating index_put over rows as a scatter-add (scatter_add.py): the function matches
+ATen's index_put with accumulate (repeated indices, a non-zero buffer, fp32 and bf16); the
+backward of a gather of rows and a mixture-of-experts decoder's training step keep no
+accumulating index_put and match eager; what it does not take stays ATen's, and nothing is
+rewritten under deterministic algorithms."""
+
+import pytest
+import torch
+
+from graph_coverage import zoo_model
+from helpers import plan, rel_err
+
+import fuseml
+from fuseml import scatter_add
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_function_matches_aten(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(10, 6).to(dtype)
+    idx = torch.tensor([3, 1, 3, 9, 0, 3, 1])  # repeated rows take several adds
+    values = torch.randn(7, 6).to(dtype)
+    want = aten.index_put.default(x, [idx], values, True)
+    got = scatter_add.index_put_add(x, idx, values)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert rel_err(got.float(), want.float()) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def _gather_loss(x, idx, w):
+    """Rows of x gathered (each twice: a top-2 router's dispatch), weighted and summed."""
+    return (x[idx].float() * w).sum()
+
+
+def _graphs(fn, *args):
+    graphs = []
+
+    def grab(gm, ex):
+        graphs.append(gm)
+        return gm
+
+    torch.compile(fn, backend=grab)(*args)
+    return graphs[-1]
+
+
+def test_gather_backward_is_a_scatter_add(dead_socket):
+    torch.manual_seed(0)
+    x = torch.randn(16, 8, dtype=torch.bfloat16)
+    idx = torch.randperm(16).repeat(2)
+    w = torch.randn(32, 8)
+    want = torch.autograd.grad(_gather_loss(x.requires_grad_(True), idx, w), x)[0]
+    c = fuseml.FuseMLCompiler()
+    xi = x.detach().requires_grad_(True)
+    got = torch.autograd.grad(torch.compile(_gather_loss, backend=c)(xi, idx, w), xi)[0]
+    assert got.dtype == want.dtype and rel_err(got.float(), want.float()) < 1e-2
+    targets = [n.target for n in plan(c, "backward").compiled.gm.graph.nodes if n.op == "call_function"]
+    assert scatter_add.index_put_add_fp32 in targets and aten.index_put.default not in targets
+
+
+def _index_puts(gm):
+    return [n for n in gm.graph.nodes if n.target is aten.index_put.default]
+
+
+def test_what_is_not_taken_stays_aten():
+    """Two index tensors, a value that is not [len(idx), *rows], an int buffer, more ids per row
+    than MAX_IDS_PER_ROW in a large batch; and anything under deterministic algorithms."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, v = torch.zeros(4, 3), torch.ones(5, 3)
+    i, j = torch.tensor([0, 1, 1, 2, 3]), torch.tensor([0, 2, 1, 1, 0])
+    cases = [
+        (lambda x, i, j, v: aten.index_put.default(x, [i, j], v[:, 0], True), (x, i, j, v)),
+        (lambda x, i, j, v: aten.index_put.default(x, [i], v[:, :1], True), (x, i, j, v)),
+        (lambda x, i, j, v: aten.index_put.default(x.long(), [i], v.long(), True), (x, i, j, v)),
+        (
+            lambda x, i, j, v: aten.index_put.default(x, [i], v, True),
+            (torch.zeros(2, 3), torch.zeros(5000, dtype=torch.long), j, torch.ones(5000, 3)),
+        ),
+    ]
+    for f, args in cases:
+        gm = make_fx(f, tracing_mode="fake")(*args)
+        assert scatter_add.rewrite_index_put_adds(gm) == 0 and _index_puts(gm)
+    gm = make_fx(lambda x, i, v: aten.index_put.default(x, [i], v, True), tracing_mode="fake")(x, i, v)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert scatter_add.rewrite_index_put_adds(gm) == 0
+        got = scatter_add.index_put_add(x, i, v)  # ATen's own at the call
+    finally:
+        torch.use_deterministic_algorithms(False)
+    torch.testing.assert_close(got, aten.index_put.default(x, [i], v, True))
+    assert scatter_add.rewrite_index_put_adds(gm) == 1 and not _index_puts(gm)
+
+
+def test_moe_decoder_step_has_no_accumulating_index_put(dead_socket, partitioned):
+    """Hugging Face's Mixtral (grouped-GEMM experts, top-2), tiny, one training step: its loss
+    is eager's, and no accumulating index_put is left in any graph."""
+    w = zoo_model("moe")
+    w.model.train()
+    torch.manual_seed(0)
+    want = w.loss(w.model, w.inputs).item()
+    c = fuseml.FuseMLCompiler()
+    torch.manual_seed(0)
+    loss = w.loss(torch.compile(w.model, backend=c), w.inputs)
+    loss.backward()
+    assert abs(loss.item() - want) < 2e-2 * abs(want)
+    assert partitioned
+    for gm, _ in partitioned:
+        left = [n for n in _index_puts(gm) if len(n.args) > 3 and n.args[3] is True]
+        assert not left, [n.format_node() for n in left]
+    assert any(
+        n.target is scatter_add.index_put_add_fp32 for gm, _ in partitioned for n in gm.graph.nodes
+    ), "no scatter-add in the MoE graphs"
