@@ -22,8 +22,9 @@ default) leaves the head to cross_entropy.py; "blocks" keeps the logits for the 
 the loss alone does, and walks them; "recompute" keeps only h and W and computes each block
 again in the backward (x_c = h W_c^T, one GEMM over the vocabulary more) so that no [N, V]
 value is held from the forward to the backward at all. Neither is the default: on an H200
-(bench/NOTES.md, "A language model's head in vocabulary blocks") "blocks" took a Llama
-training step's peak 2-9% lower for 0-3% more GPU time, "recompute" 6-21% lower for 4-8%.
+(bench/NOTES.md, "A language model's head in vocabulary blocks" and "The logits' zeros")
+"blocks" took a decoder's training step's peak 0-9% lower for 0-3% more GPU time, "recompute"
+9-27% lower for 5-9% more.
 
 Taken: a call that cross_entropy.py takes, whose input is, through an upcast and a flattening
 view, the output of a bias-free linear of a 2-D weight, static sizes, a vocabulary that is a
