@@ -58,8 +58,8 @@ class _Reattach(torch.autograd.Function):
         return None, dh, dw, db
 
 
-def _linear(node):
-    """(h, weight, bias or None) of a linear call node, else None."""
+def linear_operands(node):
+    """(h, weight, bias or None) of a Dynamo graph's linear call node, else None."""
     if node.op != "call_function" or node.target not in _LINEARS:
         return None
     args = list(node.args)
@@ -109,7 +109,7 @@ def rewrite(gm):
     outs = list(outs)
     extra = []
     for i, out in enumerate(list(outs)):
-        linear = _linear(out) if isinstance(out, torch.fx.Node) else None
+        linear = linear_operands(out) if isinstance(out, torch.fx.Node) else None
         if linear is None or outs.count(out) != 1:
             continue
         why = _why_not(out, linear, positions)

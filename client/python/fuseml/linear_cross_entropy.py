@@ -35,12 +35,11 @@ import operator
 
 import torch
 
-from . import cross_entropy, graph_code, settings
+from . import cross_entropy, graph_code, head_output, settings
 from ._log import log
 from .fake_meta import tensor_val
 from .shapes import is_plain_int
 
-_LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 BLOCK_VALUES = 1 << 25  # values of one block of the logits' gradient (64 MB in bf16)
 MIN_BLOCK = 256  # columns: narrower blocks make GEMMs too thin to run at speed
 ALIGN = 8  # columns: a block's start a multiple of 16 bytes in bf16
@@ -121,16 +120,11 @@ def fused_linear_cross_entropy(
 
 def _linear_of(node):
     """(h, weight) when node is a bias-free linear with a 2-D weight, else None."""
-    if node.op != "call_function" or node.target not in _LINEARS:
+    operands = head_output.linear_operands(node)
+    if operands is None or operands[2] is not None:
         return None
-    args = list(node.args)
-    h = args[0] if args else node.kwargs.get("input")
-    weight = args[1] if len(args) > 1 else node.kwargs.get("weight")
-    bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
-    wv = tensor_val(weight, "example_value") if isinstance(weight, torch.fx.Node) else None
-    if bias is not None or not isinstance(h, torch.fx.Node) or wv is None or wv.dim() != 2:
-        return None
-    return h, weight
+    wv = tensor_val(operands[1], "example_value")
+    return operands[:2] if wv is not None and wv.dim() == 2 else None
 
 
 def _read_after(low, up, at):
