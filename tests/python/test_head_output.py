@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import plan, rel_err
+from helpers import fake_cuda, plan, rel_err  # noqa: F401  (the fixture)
+from test_cudagraphs import on_cuda  # noqa: F401  (the fixture)
 
 import fuseml
 from fuseml import head_output
@@ -137,3 +138,25 @@ def test_blocks_mode_takes_no_tangent_either(dead_socket, small_heads, monkeypat
     graph = plan(c, "backward").compiled.gm.graph
     tangents = [n for n in graph.nodes if n.op == "placeholder" and "tangent" in n.name]
     assert sorted(n.meta["val"].numel() for n in tangents) == [1, B * S * D], [n.name for n in tangents]
+
+
+def test_steps_under_fuseml_replay(dead_socket, small_heads, on_cuda):
+    """Under CUDA graphs (fuseml's replay, CPU stand-in): each step's loss, logits and
+    gradients match eager's, a distillation term on the logits included, while the previous
+    step's outputs are still held (a training loop's variables)."""
+    x, labels = _inputs(torch.float32)
+    model = _Decoder().float()
+    compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(), mode="reduce-overhead")
+    held = None
+    for step in range(6):
+        xi = x + step
+        aux = 0.5 if step % 2 else 0.0
+        want = _step(model, model, xi, labels, aux)
+        got = _step(model, compiled, xi, labels, aux)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+        held = got  # noqa: F841  (kept across the next step, as a loop's variables are)
+    assert on_cuda.made and all(r.off is None for r in on_cuda.made)
+    assert all(r.replays for r in on_cuda.made), [(r.which, r.recordings, r.replays) for r in on_cuda.made]
+    _, logits = compiled(x.clone().requires_grad_(True), labels)
+    assert type(logits.grad_fn).__name__.startswith("_Reattach")
