@@ -157,6 +157,10 @@ def test_steps_under_fuseml_replay(dead_socket, small_heads, on_cuda):
             torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
         held = got  # noqa: F841  (kept across the next step, as a loop's variables are)
     assert on_cuda.made and all(r.off is None for r in on_cuda.made)
-    assert all(r.replays for r in on_cuda.made), [(r.which, r.recordings, r.replays) for r in on_cuda.made]
+    # the forward replays; whether the backward does here depends on the CPU allocator, which
+    # puts the engine's fresh tangents at new addresses where CUDA's caching allocator reuses
+    # a few (test_cudagraphs.py's tests of the backward's replay hand it one fixed gradient)
+    fw = [r for r in on_cuda.made if r.which == "forward"]
+    assert fw and all(r.replays for r in fw), [(r.which, r.recordings, r.replays) for r in on_cuda.made]
     _, logits = compiled(x.clone().requires_grad_(True), labels)
     assert type(logits.grad_fn).__name__.startswith("_Reattach")
