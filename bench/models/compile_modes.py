@@ -29,6 +29,17 @@ def _fuseml_inductor(model):
     return torch.compile(model, backend=compiler)
 
 
+def _fuseml_with(**options):
+    """A mode's callable: the model compiled by a FuseMLCompiler of its own with `options`."""
+
+    def make(model):
+        import fuseml
+
+        return torch.compile(model, backend=fuseml.FuseMLCompiler(**options))
+
+    return make
+
+
 MODES = {
     m.name: m
     for m in (
@@ -45,29 +56,11 @@ MODES = {
         Mode("fuseml_inductor", "fuseml", False, _fuseml_inductor),
         # training graphs split by aot_autograd's default partition (every intermediate the
         # backward reads saved, none recomputed; fuseml recomputes by default): asked by name
-        Mode(
-            "fuseml_saved",
-            "fuseml",
-            False,
-            lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(recompute=False)),
-            by_default=False,
-        ),
+        Mode("fuseml_saved", "fuseml", False, _fuseml_with(recompute=False), by_default=False),
         # a language model's head and loss whose backward walks the saved logits in column blocks,
         # or computes them again block by block (linear_cross_entropy.py): asked by name
-        Mode(
-            "fuseml_blocks",
-            "fuseml",
-            False,
-            lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(logits="blocks")),
-            by_default=False,
-        ),
-        Mode(
-            "fuseml_lean",
-            "fuseml",
-            False,
-            lambda model: torch.compile(model, backend=__import__("fuseml").FuseMLCompiler(logits="recompute")),
-            by_default=False,
-        ),
+        Mode("fuseml_blocks", "fuseml", False, _fuseml_with(logits="blocks"), by_default=False),
+        Mode("fuseml_lean", "fuseml", False, _fuseml_with(logits="recompute"), by_default=False),
     )
 }
 

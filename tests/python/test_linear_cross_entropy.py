@@ -71,6 +71,14 @@ def test_blocks_match_torch(keep, reduction, block):
         _within_eager_error(got, eager, [x.to(e.dtype) for x, e in zip(exact, eager)])
 
 
+@pytest.mark.parametrize("block", [-8, 2.5, "8"])
+def test_a_block_that_is_no_column_count_is_refused(block):
+    """A clear error, not an empty walk over the vocabulary."""
+    h, w, t = _inputs()
+    with pytest.raises(ValueError, match="block must be a positive number of columns"):
+        linear_cross_entropy.fused_linear_cross_entropy(h, w, t, block=block)
+
+
 def test_block_columns():
     """About BLOCK_VALUES values, a multiple of 8, a divisor of the vocabulary when one is near,
     never under MIN_BLOCK, the whole row when it is short."""

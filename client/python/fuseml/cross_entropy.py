@@ -159,6 +159,19 @@ def source(x):
     return up.args[0], x
 
 
+def replace_loss(gm, node, new, view):
+    """Puts `new` in the place of the cross_entropy call `node` and erases it, then the
+    flattening `view` and the upcast behind it (source()) where nothing else reads them."""
+    new.meta.update(node.meta)
+    node.replace_all_uses_with(new)
+    gm.graph.erase_node(node)
+    if view is not None and not view.users:
+        up = view.args[0]
+        gm.graph.erase_node(view)
+        if not up.users:
+            gm.graph.erase_node(up)
+
+
 def rewrite(gm):
     """Replaces the cross_entropy calls of Dynamo's graph gm it can take (above), in place;
     returns how many."""
@@ -183,14 +196,7 @@ def rewrite(gm):
                 (x, target),
                 {"ignore_index": ignore_index, "reduction": reduction, "out_dtype": out_dtype},
             )
-        new.meta.update(node.meta)
-        node.replace_all_uses_with(new)
-        gm.graph.erase_node(node)
-        if view is not None and not view.users:
-            up = view.args[0]
-            gm.graph.erase_node(view)
-            if not up.users:
-                gm.graph.erase_node(up)
+        replace_loss(gm, node, new, view)
         done += 1
     if done:
         gm.graph.lint()

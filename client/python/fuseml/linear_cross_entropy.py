@@ -112,6 +112,8 @@ def fused_linear_cross_entropy(
     """(linear(h, weight), cross_entropy(that.float().view(-1, V), target, ...)) as above; the
     loss in out_dtype (default h's dtype); block: the backward's columns (default
     block_columns)."""
+    if block is not None and (not isinstance(block, int) or block < 1):
+        raise ValueError(f"fused_linear_cross_entropy: block must be a positive number of columns, not {block!r}")
     rows = h.numel() // h.shape[-1]
     block = block or block_columns(rows, weight.shape[0])
     out_dtype = out_dtype or h.dtype
@@ -195,14 +197,7 @@ def rewrite(gm, mode=None):
             logits = gm.graph.call_function(operator.getitem, (fused, 0))
             loss = gm.graph.call_function(operator.getitem, (fused, 1))
         logits.meta.update(low.meta)
-        loss.meta.update(node.meta)
-        node.replace_all_uses_with(loss)
-        gm.graph.erase_node(node)
-        up = view.args[0]
-        if not view.users:
-            gm.graph.erase_node(view)
-        if not up.users:
-            gm.graph.erase_node(up)
+        cross_entropy.replace_loss(gm, node, loss, view)
         low.replace_all_uses_with(logits)
         gm.graph.erase_node(low)
         done += 1

@@ -11,7 +11,7 @@ H200) that was 16 calls a training step: 0.50 ms of `_index_put_impl_`, 0.48 ms 
 `masked_fill_`, twice Inductor's radix-sort kernels (bench/NOTES.md, "The logits' zeros").
 Inductor makes of it atomic adds into the buffer, and so does this rewrite:
 
-    index_put_add(x, idx, values) = x.float().index_add(0, idx, values.float()), cast to x's dtype
+    index_put_add(x, idx, values) = fp32 copy of x, index_add_(0, idx, values.float()), cast to x's dtype
 
 the sums in fp32, as ATen's are (for a bf16 or f16 x the graph gets the fp32 sums and a cast
 node, which joins the op that reads it: the MoE layer's residual add), in whatever order the atomics land: not bitwise reproducible,
@@ -44,7 +44,9 @@ def index_put_add_fp32(x, idx, values):
     """index_put_add's value before its cast: the sums in fp32."""
     if torch.are_deterministic_algorithms_enabled():
         return aten.index_put.default(x, [idx], values, True).float()
-    return x.float().index_add(0, idx, values.float())
+    # one fp32 copy of x, added into in place (x.float() then an out-of-place index_add
+    # would copy it twice)
+    return x.to(torch.float32, copy=True).index_add_(0, idx, values.float())
 
 
 def _operands(node):
