@@ -55,7 +55,44 @@ def test_gather_backward_is_a_scatter_add(dead_socket):
     got = torch.autograd.grad(torch.compile(_gather_loss, backend=c)(xi, idx, w), xi)[0]
     assert got.dtype == want.dtype and rel_err(got.float(), want.float()) < 1e-2
     targets = [n.target for n in plan(c, "backward").compiled.gm.graph.nodes if n.op == "call_function"]
-    assert scatter_add.index_put_add_fp32 in targets and aten.index_put.default not in targets
+    assert set(targets) & ADDS and aten.index_put.default not in targets
+
+
+ADDS = {scatter_add.index_put_add_fp32, scatter_add.index_add_to_zeros_fp32}
+
+
+def test_the_values_cast_is_a_node_and_zeros_are_not_copied():
+    """bf16 values: their fp32 cast is a node of the graph (it joins the op that makes them); a
+    buffer of zeros (new_zeros) is not read: the sums start from a fresh zeroed buffer, and the
+    result is ATen's. A buffer that is not zeros is copied and added into."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch.manual_seed(0)
+    i = torch.tensor([0, 3, 3, 1, 0])
+    v = torch.randn(5, 6).to(torch.bfloat16)
+
+    def from_zeros(i, v):
+        return aten.index_put.default(v.new_zeros(4, 6), [i], v * 2, True)
+
+    def into(x, i, v):
+        return aten.index_put.default(x, [i], v * 2, True)
+
+    gm = make_fx(from_zeros, tracing_mode="fake")(i, v)
+    assert scatter_add.rewrite_index_put_adds(gm) == 1
+    (add,) = [n for n in gm.graph.nodes if n.target in ADDS]
+    assert add.target is scatter_add.index_add_to_zeros_fp32
+    (values,) = [a for a in add.args if isinstance(a, torch.fx.Node) and a.meta["val"].dim() == 2]
+    assert values.target is aten._to_copy.default and values.kwargs["dtype"] == torch.float32
+    gm.recompile()
+    torch.testing.assert_close(gm(i, v).float(), from_zeros(i, v).float(), rtol=1e-2, atol=1e-2)
+
+    x = torch.randn(4, 6).to(torch.bfloat16)
+    gm = make_fx(into, tracing_mode="fake")(x, i, v)
+    assert scatter_add.rewrite_index_put_adds(gm) == 1
+    (add,) = [n for n in gm.graph.nodes if n.target in ADDS]
+    assert add.target is scatter_add.index_put_add_fp32
+    gm.recompile()
+    torch.testing.assert_close(gm(x, i, v).float(), into(x, i, v).float(), rtol=1e-2, atol=1e-2)
 
 
 def _index_puts(gm):
@@ -108,6 +145,22 @@ def test_moe_decoder_step_has_no_accumulating_index_put(dead_socket, partitioned
     for gm, _ in partitioned:
         left = [n for n in _index_puts(gm) if len(n.args) > 3 and n.args[3] is True]
         assert not left, [n.format_node() for n in left]
-    assert any(
-        n.target is scatter_add.index_put_add_fp32 for gm, _ in partitioned for n in gm.graph.nodes
-    ), "no scatter-add in the MoE graphs"
+    adds = [n.target for gm, _ in partitioned for n in gm.graph.nodes if n.target in ADDS]
+    # the gradients' buffers are aot_autograd's new_zeros, folded to constants: none is copied
+    assert adds and set(adds) == {scatter_add.index_add_to_zeros_fp32}, adds
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_rows_added_as_index_add_does(index_dtype):
+    """row_adds.add_rows_ (scatter_add_ with the index broadcast along the rows) adds what
+    index_add_ adds: repeated rows, rows of more than one dim, an int32 index."""
+    from fuseml.row_adds import add_rows_
+
+    torch.manual_seed(0)
+    buf = torch.randn(6, 3, 4)
+    idx = torch.tensor([5, 0, 5, 2, 5, 1, 0], dtype=index_dtype)
+    rows = torch.randn(7, 3, 4)
+    want = buf.clone().index_add_(0, idx, rows)
+    got = buf.clone()
+    assert add_rows_(got, idx, rows) is not None
+    torch.testing.assert_close(got, want)

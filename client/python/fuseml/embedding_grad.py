@@ -29,6 +29,7 @@ import torch
 from . import fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import tensor_val
+from .row_adds import add_rows_
 
 aten = torch.ops.aten
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -56,7 +57,7 @@ def embedding_grad_fp32(grad, indices, num_weights, padding_idx, scale_grad_by_f
         return out.float()
     d = grad.shape[-1]
     out = torch.zeros((num_weights, d), dtype=torch.float32, device=grad.device)
-    out.index_add_(0, indices.reshape(-1), grad.reshape(-1, d).float())
+    add_rows_(out, indices.reshape(-1), grad.reshape(-1, d).float())
     if padding_idx >= 0:
         out[padding_idx] = 0
     return out

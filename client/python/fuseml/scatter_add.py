@@ -11,7 +11,7 @@ H200) that was 16 calls a training step: 0.50 ms of `_index_put_impl_`, 0.48 ms 
 `masked_fill_`, twice Inductor's radix-sort kernels (bench/NOTES.md, "The logits' zeros").
 Inductor makes of it atomic adds into the buffer, and so does this rewrite:
 
-    index_put_add(x, idx, values) = fp32 copy of x, index_add_(0, idx, values.float()), cast to x's dtype
+    index_put_add(x, idx, values) = fp32 copy of x, values.float() added at idx (row_adds.py), cast to x's dtype
 
 the sums in fp32, as ATen's are (for a bf16 or f16 x the graph gets the fp32 sums and a cast
 node, which joins the op that reads it: the MoE layer's residual add), in whatever order the atomics land: not bitwise reproducible,
@@ -20,15 +20,22 @@ so, as for embedding gradients (embedding_grad.py), the rewrite is not made when
 function calls ATen's op when it is in force at the call. A buffer whose rows each take more
 than MAX_IDS_PER_ROW indices on average stays ATen's (atomic adds to one row serialise).
 
+The values' cast to fp32 is a node of the graph, so that it joins the op that makes them (the
+MoE layer's zeroed padding rows: one kernel writes the fp32 values where ATen's copy read the
+bf16 ones back). A buffer that is a constant of zeros (aot_autograd's `new_zeros`, folded by
+const_fold.py) is not copied: the fp32 sums start from a fresh zeroed buffer of its shape.
+
 Taken: accumulate=True, one 1-D int32/int64 index over dim 0, values of shape
 [len(idx), *x.shape[1:]] and x's dtype (bf16, f16 or fp32), static sizes."""
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import fake_meta, graph_code
 from ._log import log
 from .embedding_grad import FEW_IDS, MAX_IDS_PER_ROW
 from .fake_meta import tensor_val
+from .row_adds import add_rows_
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
@@ -41,12 +48,23 @@ def index_put_add(x, idx, values):
 
 
 def index_put_add_fp32(x, idx, values):
-    """index_put_add's value before its cast: the sums in fp32."""
-    if torch.are_deterministic_algorithms_enabled():
-        return aten.index_put.default(x, [idx], values, True).float()
+    """index_put_add's value before its cast: the sums in fp32 (values of any float dtype)."""
     # one fp32 copy of x, added into in place (x.float() then an out-of-place index_add
     # would copy it twice)
-    return x.to(torch.float32, copy=True).index_add_(0, idx, values.float())
+    return _add_into(x.to(torch.float32, copy=True), idx, values)
+
+
+def index_add_to_zeros_fp32(idx, values, shape):
+    """index_put_add_fp32 of a buffer of zeros of `shape`: the sums in fp32, from a fresh
+    zeroed buffer (a memset where a copy would read the zeros)."""
+    return _add_into(values.new_zeros(shape, dtype=torch.float32), idx, values)
+
+
+def _add_into(buffer, idx, values):
+    """buffer (fp32, this call's own) with values' rows added at idx, in place."""
+    if torch.are_deterministic_algorithms_enabled():  # ATen's sorted, reproducible sums
+        return aten.index_put_.default(buffer, [idx], values.float(), True)
+    return add_rows_(buffer, idx, values.float())
 
 
 def _operands(node):
@@ -82,9 +100,16 @@ def rewrite_index_put_adds(gm):
     n = 0
     for node, operands in found:
         made = []
+        x, idx, values = operands
         try:
             with gm.graph.inserting_before(node):
-                add = fake_meta.call(gm, mode, index_put_add_fp32, operands, made=made)
+                if tensor_val(values).dtype != torch.float32:  # joins the op that makes the values
+                    values = fake_meta.call(gm, mode, aten._to_copy.default, (values,), {"dtype": torch.float32}, made)
+                if _zeros(gm, x):
+                    shape = list(tensor_val(x).shape)
+                    add = fake_meta.call(gm, mode, index_add_to_zeros_fp32, (idx, values, shape), made=made)
+                else:
+                    add = fake_meta.call(gm, mode, index_put_add_fp32, (x, idx, values), made=made)
                 dtype = node.meta["val"].dtype
                 if dtype != torch.float32:
                     add = fake_meta.call(gm, mode, aten._to_copy.default, (add,), {"dtype": dtype}, made)
@@ -94,7 +119,39 @@ def rewrite_index_put_adds(gm):
                 gm.graph.erase_node(m)
             continue
         n += fake_meta.substitute(gm, node, add, made)
+        _drop_unread_constant(gm, x)
     if n:
         graph_code.edited(gm)
         log.debug("fuseml: %d accumulating index_put(s) as scatter-adds", n)
     return n
+
+
+def _constant(gm, node):
+    """The tensor a get_attr node reads, else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        return None
+    t = gm
+    for part in node.target.split("."):
+        t = getattr(t, part, None)
+    return t if isinstance(t, torch.Tensor) else None
+
+
+def _zeros(gm, node):
+    """Whether node is a tensor of zeros: a zeros op, or a constant (computed once when the
+    graph compiled, const_fold.py) whose every element is 0."""
+    if isinstance(node, torch.fx.Node) and node.target in (aten.new_zeros.default, aten.zeros.default):
+        return True
+    t = _constant(gm, node)
+    return t is not None and not isinstance(t, FakeTensor) and not bool(t.any())
+
+
+def _drop_unread_constant(gm, node):
+    """A get_attr node no one reads any more goes, and its tensor with it when no other node
+    reads that attribute (a zeros buffer the scatter-add no longer copies would hold its memory
+    for the graph's life)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr" or node.users:
+        return
+    target = node.target
+    gm.graph.erase_node(node)
+    if "." not in target and not any(n.op == "get_attr" and n.target == target for n in gm.graph.nodes):
+        delattr(gm, target)
