@@ -7,10 +7,13 @@ differentiates. Three sizes:
 - large: the GPU-bound size (Llama only: d 2048, 4 x 1024 tokens);
 - tiny: a few hundred parameters' worth of each architecture, for the CPU smoke test.
 
-Dropout is 0 everywhere, so a step is deterministic and comparable with its fp32 copy."""
+Dropout is 0 everywhere, so a step is deterministic and comparable with its fp32 copy;
+FM_MODELS_DROPOUT=1 leaves each transformers config's own dropout (0.1 in GPT-2, BERT and
+T5) on, as a user trains them (the error columns then compare different random masks)."""
 
 import copy
 import dataclasses
+import os
 
 import torch
 import torch.nn.functional as F
@@ -37,20 +40,25 @@ class Workload:
         return ref, inputs
 
 
+# the transformers configs' dropout probabilities, set to 0 unless FM_MODELS_DROPOUT=1
+DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout_rate",
+)
+
+
 def _hf(cls, cfg):
     """A transformers model from its config with SDPA attention, random weights."""
     cfg.use_cache = False
-    for key in (
-        "attention_dropout",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-        "resid_pdrop",
-        "embd_pdrop",
-        "attn_pdrop",
-        "dropout_rate",
-    ):
-        if hasattr(cfg, key):
-            setattr(cfg, key, 0.0)
+    if os.environ.get("FM_MODELS_DROPOUT") != "1":
+        for key in DROPOUT_KEYS:
+            if hasattr(cfg, key):
+                setattr(cfg, key, 0.0)
     cfg._attn_implementation = "sdpa"
     return cls(cfg)
 

@@ -97,3 +97,20 @@ def test_spelling_matches_aten(target, nargs, kwargs):
     want = target(*xs, **kwargs)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_dropout_backward_spelling_matches_aten():
+    """native_dropout_backward(grad, mask, scale): the kept elements' gradient scaled, the
+    dropped ones' zero."""
+    from fuseml.ops import POINTWISE
+
+    torch.manual_seed(0)
+    grad, mask = torch.randn(257, dtype=torch.float64), torch.rand(257) < 0.9
+    g = torch.fx.Graph()
+    phs = [g.placeholder("grad"), g.placeholder("mask")]
+    phs[0].meta["val"], phs[1].meta["val"] = grad.float(), mask
+    node = g.call_function(aten.native_dropout_backward.default, (phs[0], phs[1], 1 / 0.9))
+    e = Emitter(phs)
+    vid = POINTWISE[aten.native_dropout_backward.default](e, node)
+    got = evaluate(e.ops, {0: grad, 1: mask.double()})[vid]
+    torch.testing.assert_close(got, aten.native_dropout_backward.default(grad, mask, 1 / 0.9), rtol=1e-12, atol=0)

@@ -129,6 +129,12 @@ def _gelu_backward(e, n):
     return e.op("mul", g, e.op("add", cdf, e.op("mul", x, pdf)))
 
 
+def _dropout_backward(e, n):
+    # native_dropout_backward(grad, mask, scale) = grad * mask * scale, mask the forward's kept
+    # elements (bool): with dropout on, every residual branch's gradient passes through one
+    return e.op("mul", e.op("mul", e.arg(n.args[0]), e.arg(n.args[1])), e.const(n.args[2]))
+
+
 def _where(e, n):
     return e.op("where", e.arg(n.args[0]), e.arg(n.args[1]), e.arg(n.args[2]))
 
@@ -208,6 +214,7 @@ POINTWISE = {
     aten.tanh_backward.default: _tanh_backward,
     aten.silu_backward.default: _silu_backward,
     aten.gelu_backward.default: _gelu_backward,
+    aten.native_dropout_backward.default: _dropout_backward,
     aten.erf.default: _unary("erf"),
     aten.masked_fill.Tensor: _masked_fill,  # the value a 0-dim tensor, broadcast
     aten.isneginf.default: _is_value(float("-inf")),
