@@ -16,6 +16,7 @@ import fuseml
 from fuseml import ops
 
 BF16 = torch.bfloat16
+aten = torch.ops.aten
 
 
 def rotate_half(x):
@@ -270,3 +271,45 @@ def test_daemon_accepts_the_transposed_stack(daemon):
     torch.testing.assert_close(torch.compile(_qkv_gradient_layout, backend=c)(x), _qkv_gradient_layout(x))
     (g,) = [g for p in c.plans for g in p.kernels()]
     assert g.key and g.state in ("untuned", "tuned"), g.describe()
+
+
+def _fused_qkv(x, w):
+    """A fused QKV projection sliced into its three parts (Phi-3's qkv_proj): the backward sums
+    three slice_backward of the parts' gradients into the projection's."""
+    qkv = x @ w
+    q, k, v = qkv[..., :8], qkv[..., 8:16], qkv[..., 16:]
+    return (q * 2.0 + torch.sin(k) * v).sum()
+
+
+def _rotated_whole(x):
+    """Rotary embeddings with the whole head rotated (partial_rotary_factor 1.0): the
+    pass-through slice concatenated after the rotation is empty."""
+    rot, passed = x[..., :16] * 2.0 + 1.0, x[..., 16:]
+    return torch.cat([rot, passed], -1).square().sum()
+
+
+def _grads(f, *args):
+    want = torch.autograd.grad(f(*args), args)
+    got = torch.autograd.grad(torch.compile(f, backend=fuseml.FuseMLCompiler(), dynamic=False)(*args), args)
+    return got, want
+
+
+def test_three_slice_gradients_summed_are_one_cat(dead_socket, partitioned):
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 8, 16, requires_grad=True), torch.randn(16, 24, requires_grad=True)
+    got, want = _grads(_fused_qkv, x, w)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    bw = partitioned[-1][0]
+    targets = [n.target for n in bw.graph.nodes if n.op == "call_function"]
+    assert aten.slice_backward.default not in targets and targets.count(aten.cat.default) == 1
+
+
+def test_empty_operands_change_nothing_and_go(dead_socket, partitioned):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 16, requires_grad=True)
+    got, want = _grads(_rotated_whole, x)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-6)
+    for gm, _ in partitioned:
+        targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        assert aten.cat.default not in targets and aten.slice_backward.default not in targets, gm.code

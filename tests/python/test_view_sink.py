@@ -88,3 +88,22 @@ def test_strided_values_are_left_as_they_were(dead_socket, partitioned):
     x = torch.randn(8, 32)
     c, got, want = compile_run(Fn(f), x, train=False)
     torch.testing.assert_close(got[0], want[0])
+
+
+def test_a_chain_of_reshapes_collapses_and_the_reader_joins(dead_socket, partitioned):
+    """tanh's value read through reshapes of reshapes ([B, S, V] -> [N, V] -> [B, S, V] ...,
+    as the moves leave Gemma 2's logits' softcap gradient) by a division: the chain collapses
+    to one reshape, which moves below the division, and the two ops are one group."""
+
+    def softcap_chain(x):
+        t = torch.tanh(x)  # [N, V]
+        return t.view(2, 4, 32).view(8, 32).view(2, 4, 32) / 30.0
+
+    x = torch.randn(8, 32, dtype=BF16)
+    c, got, want = compile_run(Fn(softcap_chain), x, train=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    ((gm, groups),) = partitioned
+    reshapes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in view_sink.RESHAPES]
+    assert all(n.args[0].target not in view_sink.RESHAPES for n in reshapes if hasattr(n.args[0], "target"))
+    (g,) = kernels(groups)
+    assert sorted(g.op_names) == ["div", "tanh"], g.describe()

@@ -504,7 +504,14 @@ class FuseMLCompiler:
             if g.parts:
                 return [h for p in self._apart(g, str(e), groups) for h in self._build(p, groups)]
             g.route, g.reason = "bypass", str(e)
-            return []
+            # a product whose epilogue the GEMM template cannot take (a [B, 1, S, S] mask beside
+            # [B, H, S, S] scores) still has its epilogue fused: cuBLAS's product, then one
+            # kernel where its ops would each be an ATen kernel over the whole product
+            h = epilogue_apart(g, max(x.gid for x in groups) + 1, self.min_ops) if g.kind == "gemm" else None
+            if h is None:
+                return []
+            groups.insert(groups.index(g) + 1, h)
+            return self._build(h, groups)
 
     def _epilogues_apart(self, dropped, runners, groups):
         """The GEMM groups measured routing dropped (their fused kernel lost to ATen) run their

@@ -6,8 +6,9 @@ Autograd writes the backward of a cat of slices (rotary embeddings' rotate_half)
   add(slice_backward(neg(s1), shape, d, h, n), slice_backward(s2, shape, d, 0, h))
 Two rewrites, each exact (elementwise ops commute with slicing; zeros added to a tile are
 the tile), turn it into one pointwise group:
-  * two slice_backward of one shape whose ranges tile dim d, summed: cat of the two, in
-    range order (the only difference: -0.0 stays -0.0 where 0.0 + -0.0 gave 0.0);
+  * slice_backward nodes of one shape whose ranges tile dim d, summed (two, or up to 8: a
+    fused QKV projection's three): cat of them, in range order (the only difference: -0.0
+    stays -0.0 where 0.0 + -0.0 gave 0.0);
   * a slice along d of a pointwise node read only by slices and pointwise ops, on its way to
     a cat: the node applied to slices of its operands (an operand of size 1 along d is not
     sliced), so the slices reach the graph's inputs, where they are views the kernel reads
@@ -75,31 +76,74 @@ def _tile(node):
     return grad, dim, start, end
 
 
+def _is_plain_add(node):
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target is aten.add.Tensor
+        and not node.kwargs
+        and len(node.args) == 2
+    )
+
+
+def _summands(node, limit=8):
+    """The leaves of the sum node is (adds read only by the add above them), at most limit;
+    None past that."""
+    leaves, todo = [], list(node.args)
+    while todo:
+        a = todo.pop(0)
+        if _is_plain_add(a) and len(a.users) == 1:
+            todo[:0] = list(a.args)
+        else:
+            leaves.append(a)
+        if len(leaves) > limit:
+            return None
+    return leaves
+
+
 def _tiles_to_cat(gm):
-    """add(slice_backward(a), slice_backward(b)) whose ranges tile the dim -> cat([a, b])."""
+    """A sum of slice_backward nodes whose ranges tile the dim -> cat of their gradients, in
+    range order (two: rotate_half's backward; three: a fused QKV projection's, Phi-3's)."""
     changed = False
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target is not aten.add.Tensor or node.kwargs or len(node.args) != 2:
+        if node not in gm.graph.nodes or not _is_plain_add(node):
             continue
-        parts = [_tile(a) if isinstance(a, torch.fx.Node) else None for a in node.args]
-        if None in parts or any(len(a.users) != 1 for a in node.args):
+        leaves = _summands(node)
+        if leaves is None or not all(isinstance(a, torch.fx.Node) for a in leaves):
             continue
-        if parts[0][1] != parts[1][1] or list(node.args[0].args[1]) != list(node.args[1].args[1]):
+        parts = [_tile(a) for a in leaves]
+        if None in parts or any(len(a.users) != 1 for a in leaves):
+            continue
+        dims, sizes = {p[1] for p in parts}, {tuple(a.args[1]) for a in leaves}
+        if len(dims) != 1 or len(sizes) != 1:
             continue
         parts.sort(key=lambda p: p[2])
         n = node.meta["val"].shape[parts[0][1]]
-        if parts[0][2] != 0 or parts[0][3] != parts[1][2] or parts[1][3] != n:
+        bounds = [0] + [p[3] for p in parts]
+        if any(p[2] != b for p, b in zip(parts, bounds)) or bounds[-1] != n:
             continue
         with gm.graph.inserting_before(node):
-            cat = gm.graph.call_function(aten.cat.default, ([parts[0][0], parts[1][0]], parts[0][1]))
+            cat = gm.graph.call_function(aten.cat.default, ([p[0] for p in parts], parts[0][1]))
         cat.meta = dict(node.meta)
-        olds = list(node.args)
+        inner = [a for a in _inner_adds(node)]
         node.replace_all_uses_with(cat)
         gm.graph.erase_node(node)
-        for a in olds:
+        for a in inner:
+            gm.graph.erase_node(a)
+        for a in leaves:
             gm.graph.erase_node(a)
         changed = True
     return changed
+
+
+def _inner_adds(node):
+    """The adds below a sum node that _summands went through, readers first."""
+    out, todo = [], [a for a in node.args if _is_plain_add(a) and len(a.users) == 1]
+    while todo:
+        a = todo.pop(0)
+        out.append(a)
+        todo += [b for b in a.args if _is_plain_add(b) and len(b.users) == 1]
+    return out
 
 
 def _feeds_cat(node):
@@ -222,14 +266,74 @@ def _stacks_to_cat(gm, fake_mode):
     return changed
 
 
+def _empty(node):
+    t = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(t, torch.Tensor) and all(is_plain_int(d) for d in t.shape) and t.numel() == 0
+
+
+def _copy_of(gm, fake_mode, node, x):
+    """What replaces `node`, a fresh value equal to x: x itself where the graph does not
+    return node (no reader sees the difference), else a contiguous clone of x (a graph output
+    keeps the layout and identity it was traced with; the clone joins x's group)."""
+    if not any(u.op == "output" for u in node.users):
+        return x
+    with gm.graph.inserting_before(node):
+        return fake_meta.call(gm, fake_mode, aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+
+
+def _drop_empty(gm, fake_mode):
+    """Operands with no elements, which change nothing: a cat's are dropped (a cat of one
+    operand left is that operand), and an add of slice_backward of an empty gradient (zeros)
+    is its other operand. Hugging Face's rotary embeddings with the whole head rotated
+    (Phi-3: partial_rotary_factor 1.0) concatenate an empty pass-through slice to q and k, and
+    the backward adds its zero gradient back: a copy, a zeroed tensor and an add a layer for
+    nothing."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not aten.cat.default or node.kwargs:
+            continue
+        xs = list(node.args[0])
+        kept = [x for x in xs if not _empty(x)]
+        if len(kept) == len(xs) or not kept:
+            continue
+        if len(kept) > 1:  # the cat stays, of fewer operands
+            node.args = (kept,) + tuple(node.args[1:])
+        else:
+            t, want = kept[0].meta.get("val"), node.meta["val"]
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
+                continue
+            node.replace_all_uses_with(_copy_of(gm, fake_mode, node, kept[0]))
+            gm.graph.erase_node(node)
+        changed = True
+    for node in list(gm.graph.nodes):
+        if not _is_plain_add(node):
+            continue
+        zeros = [
+            a for a in node.args if isinstance(a, torch.fx.Node) and a.target is _SLICE_BACKWARD and _empty(a.args[0])
+        ]
+        others = [a for a in node.args if a not in zeros]
+        if len(zeros) != 1 or len(others) != 1 or not isinstance(others[0], torch.fx.Node):
+            continue
+        t, want = others[0].meta.get("val"), node.meta["val"]
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
+            continue
+        node.replace_all_uses_with(_copy_of(gm, fake_mode, node, others[0]))
+        gm.graph.erase_node(node)
+        if not zeros[0].users:
+            gm.graph.erase_node(zeros[0])
+        changed = True
+    return changed
+
+
 def spell_cats(gm):
     """Rewrites gm in place (above); returns whether anything changed."""
-    if not any(n.target in (_SLICE_BACKWARD, aten.stack.default) for n in gm.graph.nodes):
+    if not any(n.target in (_SLICE_BACKWARD, aten.stack.default, aten.cat.default) for n in gm.graph.nodes):
         return False
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes])
     if fake_mode is None:
         return False
-    stacks = _stacks_to_cat(gm, fake_mode)
+    stacks = _drop_empty(gm, fake_mode)
+    stacks |= _stacks_to_cat(gm, fake_mode)
     changed = _tiles_to_cat(gm)
     # each pass moves a slice one op towards the inputs
     for _ in range(_MAX_HOPS if changed else 0):

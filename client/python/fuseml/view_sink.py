@@ -148,6 +148,32 @@ def _move_broadcast(gm, fake_mode, expand, how, reader):
     return _reorder(gm, fake_mode, expand, reader, lambda a, new: a)
 
 
+def _collapse_chains(gm):
+    """A reshape of a reshape of x reads x; a reshape left without readers goes. The moves
+    leave such chains ([B, S, V] -> [N, V] -> [B, S, V] ... each move one more), and a
+    reshape whose source is another reshape moves no further: Gemma 2's logits' softcap
+    gradient, a division reading through five of them, stayed an ATen kernel over the logits.
+    Exact for the reason the moves are: reshapes of a contiguous value re-index the same
+    elements in the same order. Returns whether anything changed."""
+    changed = False
+    for n in list(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in RESHAPES:
+            continue
+        src = n.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op != "call_function" or src.target not in RESHAPES:
+            continue
+        base = src.args[0]
+        if not isinstance(base, torch.fx.Node) or not _plain_contiguous(tensor_val(base)):
+            continue
+        if not _plain_contiguous(tensor_val(n)):
+            continue
+        n.args = (base,) + tuple(n.args[1:])
+        if not src.users:
+            gm.graph.erase_node(src)
+        changed = True
+    return changed
+
+
 def _moves(gm):
     """(node, how, reader) for each reshape or broadcast that can move now."""
     out = []
@@ -164,13 +190,14 @@ def _moves(gm):
 
 def sink_views(gm):
     """Rewrites gm in place (above); returns whether anything changed."""
+    changed = _collapse_chains(gm)
     pairs = _moves(gm)
-    if not pairs:
-        return False
-    fake_mode = fake_meta.mode_of(gm)
+    fake_mode = fake_meta.mode_of(gm) if pairs else None
     if fake_mode is None:
-        return False
-    changed = False
+        if changed:
+            gm.graph.lint()
+            graph_code.edited(gm)
+        return changed
     # each move leaves the reshape below the op, where the next op may take it further
     for _ in range(_MAX_PASSES):
         erased, moved = set(), False
@@ -187,6 +214,7 @@ def sink_views(gm):
         if not moved:
             break
         changed = True
+        _collapse_chains(gm)
         pairs = _moves(gm)
     if changed:
         gm.graph.lint()
