@@ -404,6 +404,21 @@ static int db_exec(const char *path, const char *sql) {
   return rc;
 }
 
+/* The device string a row of `hex_key` is stored under: "none/sm_90a" on a host without a GPU,
+ * the GPU's identity on one with. Empty when there is no such row. */
+static void db_device(const char *path, const char *hex_key, char *out, size_t cap) {
+  sqlite3 *db = NULL;
+  sqlite3_stmt *st = NULL;
+  char sql[160];
+  out[0] = '\0';
+  snprintf(sql, sizeof sql, "SELECT device FROM kernels WHERE key = x'%s'", hex_key);
+  if (sqlite3_open(path, &db) == SQLITE_OK && sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    snprintf(out, cap, "%s", (const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+}
+
 static void stop_n(void) {
   close(fn);
   fn = -1;
@@ -466,8 +481,11 @@ static void test_moved_row_refused(void) {
   fm_key p, q;
   CHECK_EQ_INT(fm_key_from_hex(p_key, 64, &p), FM_OK);
   CHECK_EQ_INT(fm_key_from_hex(q_key, 64, &q), FM_OK);
+  char device[128];
+  db_device(N.db, p_key, device, sizeof device);
+  CHECK(device[0] != '\0');
   CHECK_EQ_INT(fm_store_open(N.db, 0, &s, &d), FM_OK);
-  CHECK_EQ_INT(fm_store_get(s, &p, "none/sm_90a", 0, &e), FM_OK);
+  CHECK_EQ_INT(fm_store_get(s, &p, device, 0, &e), FM_OK);
   e.key = q;
   e.state = FM_STATE_TUNED;
   CHECK_EQ_INT(fm_store_put(s, &e), FM_OK);
