@@ -121,11 +121,11 @@ def test_epilogue_masks_map_onto_one_batch_stride(dead_socket, mask_shape, want)
     torch.testing.assert_close(got, want_out, rtol=0, atol=0)
     (g,) = bmm_groups(c)
     if want is None:
-        # the product stays cuBLAS's, its epilogue one pointwise kernel (the pointwise template
-        # reads the mask at any strides), not an ATen kernel per op over the whole scores
-        assert g.route == "bypass" and "broadcast over part of the batch dims" in g.reason, g.reason
-        (h,) = [h for h in groups(c) if getattr(h, "apart_of", None) is g]
-        assert h.kind == "pointwise" and h.route == "kernel" and "add" in h.op_names, h.describe()
+        # the mask's add cannot join the product's group: it starts the softmax's rows group
+        # (the rows template reads the mask at any strides), the product keeps its scale
+        assert g.route == "kernel" and "add" not in g.op_names, g.describe()
+        (r,) = [h for h in groups(c) if h.kind == "rows"]
+        assert r.route == "kernel" and r.op_names[0] == "add" and "amax" in r.op_names, r.describe()
         return
     assert g.route == "kernel", g.reason
     mask = g.built.wire["inputs"][2]
@@ -472,3 +472,13 @@ def test_daemon_accepts_baddbmm_and_expanded_operands(daemon):
     (g,) = bmm_groups(c)
     assert g.built.wire["inputs"][1]["strides"][0] == 0
     assert g.key and g.state in ("untuned", "tuned"), g.reason
+
+
+def test_daemon_accepts_a_per_batch_mask_in_the_softmax_rows(daemon):
+    """[B, 1, S, S] mask beside [B, H, S, S] scores: the product's group (with its scale) and
+    the rows group that adds the mask and takes the softmax are both served."""
+    c, got, want = run(Scores(), *qkm(mask_shape=(B, 1, S, S)))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    served = [g for g in groups(c) if g.route == "kernel"]
+    assert {g.kind for g in served} == {"gemm", "rows"}
+    assert all(g.key and g.state in ("untuned", "tuned") for g in served), [g.describe() for g in served]

@@ -43,6 +43,7 @@ import torch
 
 from . import chains as chain_rules, ops, siblings
 from ._log import log
+from .bmm_fragment import collapse
 from .shapes import same_known_shape
 
 
@@ -168,6 +169,33 @@ def _fits(g, shape, reduce):
         return True
     # a per-row value (a statistic and what is computed from it) joins its rows group
     return not reduce and g.kind == "rows" and len(shape) == len(g.shape) and same_known_shape(_per_row(g.shape), shape)
+
+
+def _one_batch_stride(g, node):
+    """For a batched GEMM group g: does every operand `node` reads from outside g have one
+    batch stride in g's space (its batch dims all broadcast, or none: bmm_fragment.collapse)?
+    A [B, 1, S, S] mask beside [B, H, S, S] scores has not, and the template cannot take it;
+    the op starts a group of its own instead, which the softmax after it joins (Gemma 2's
+    soft-capped, masked attention scores: one rows kernel, as Inductor makes of them, where a
+    refused GEMM group left its epilogue a kernel apart)."""
+    if not ops.is_batched_gemm(g.members[0]):
+        return True
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dim() < 3:
+        return False
+    batch = math.prod(val.shape[:-2])
+    mset = set(g.members)
+    for a in node.all_input_nodes:
+        t = a.meta.get("val")
+        if a in mset or not isinstance(t, torch.Tensor):
+            continue
+        try:
+            size, _ = collapse(t.shape, t.stride(), val.dim())
+        except ValueError:
+            return False
+        if not (same_known_shape([size[0]], [1]) or same_known_shape([size[0]], [batch])):
+            return False
+    return True
 
 
 SMALL_BROADCAST = 1 << 12  # elements of a pointwise group a reader computes again per element
@@ -426,6 +454,8 @@ def find_groups(gm, min_ops=2, chains=True):
             if g.kind == "gemm" and any(
                 b in p.args[-2:] for p in ops.products(g.members) for b in node.all_input_nodes
             ):
+                continue
+            if g.kind == "gemm" and not _one_batch_stride(g, node):
                 continue
             others = [b for b in node.all_input_nodes if group_of.get(b) is not g]
             if any(depends(b, g.gid) for b in others):
