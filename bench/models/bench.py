@@ -36,6 +36,7 @@ DEFAULT = [
     ("vit", "small"),
     ("convnet", "small"),
     ("moe", "small"),
+    ("gemma2", "small"),
 ]
 MODE_NAMES = ("eager", "inductor", "inductor_graphs", "fuseml", "fuseml_graphs", "fuseml_inductor")
 

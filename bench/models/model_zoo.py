@@ -52,14 +52,15 @@ DROPOUT_KEYS = (
 )
 
 
-def _hf(cls, cfg):
-    """A transformers model from its config with SDPA attention, random weights."""
+def _hf(cls, cfg, attn="sdpa"):
+    """A transformers model from its config with `attn` attention (SDPA but where the model
+    needs eager), random weights."""
     cfg.use_cache = False
     if os.environ.get("FM_MODELS_DROPOUT") != "1":
         for key in DROPOUT_KEYS:
             if hasattr(cfg, key):
                 setattr(cfg, key, 0.0)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attn
     return cls(cfg)
 
 
@@ -92,6 +93,8 @@ _DECODERS = {
     ("gqa", "tiny"): (64, 224, 4, 2, 2, 256, 2, 16),
     ("moe", "small"): (1024, 1792, 16, 4, 4, 32000, 8, 512),
     ("moe", "tiny"): (64, 112, 4, 2, 2, 256, 2, 16),
+    ("gemma2", "small"): (1024, 4096, 8, 4, 4, 32000, 8, 512),
+    ("gemma2", "tiny"): (64, 128, 4, 2, 2, 256, 2, 16),
 }
 
 
@@ -107,6 +110,9 @@ _DECODER_KINDS = {
         {"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None, "output_router_logits": False},
         "Mixtral 8x top-2",
     ),
+    # soft-capped attention logits (50) and final logits (30), which SDPA cannot apply: Gemma 2
+    # is trained with eager attention (transformers says so); tied embeddings, GeGLU
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"_attn": "eager"}, "Gemma 2"),
 }
 
 
@@ -115,6 +121,8 @@ def _decoder(key):
         import transformers as tf
 
         config, cls, extra, label = _DECODER_KINDS[key]
+        extra = dict(extra)
+        attn = extra.pop("_attn", "sdpa")
         d, inter, heads, kv, layers, vocab, batch, seq = _DECODERS[(key, size)]
         cfg = getattr(tf, config)(
             vocab_size=vocab,
@@ -128,7 +136,7 @@ def _decoder(key):
             **extra,
         )
         return (
-            _hf(getattr(tf, cls), cfg),
+            _hf(getattr(tf, cls), cfg, attn),
             _causal_lm,
             (vocab, batch, seq),
             f"{label} d{d} ff{inter} h{heads}/{kv} L{layers}, {batch}x{seq} tokens",
@@ -306,6 +314,7 @@ MODELS = {
     "vit": (_timm("vit"), ("small",)),
     "convnet": (_timm("convnet"), ("small",)),
     "moe": (_decoder("moe"), ("small",)),
+    "gemma2": (_decoder("gemma2"), ("small",)),
 }
 
 

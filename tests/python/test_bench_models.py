@@ -134,13 +134,13 @@ def test_a_row_timed_before_its_tunes_arrived_says_so():
 
 
 def test_every_architecture_runs(tmp_path):
-    """The other seven architectures, eager and fuseml, both phases (Inductor is exercised
+    """The other eight architectures, eager and fuseml, both phases (Inductor is exercised
     on Llama above)."""
     r = _bench(
         "run",
         "--smoke",
         "--models",
-        "gqa,gpt2,bert,t5,vit,convnet,moe",
+        "gqa,gpt2,bert,t5,vit,convnet,moe,gemma2",
         "--modes",
         "eager,fuseml",
         "--no-warm",
@@ -152,7 +152,7 @@ def test_every_architecture_runs(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (path,) = tmp_path.glob("cpu-*.json")
     rows = json.loads(path.read_text())["rows"]
-    assert len(rows) == 7 * 2 * 2
+    assert len(rows) == 8 * 2 * 2
     bad = [r for r in rows if "error" in r]
     assert not bad, [(r["model"], r["mode"], r["phase"], r["error"][:200]) for r in bad]
     for r in rows:

@@ -1,12 +1,14 @@
-"""Whole models through the backend at their tiny sizes (bench/models' Llama, GPT-2, BERT and
-ViT configurations: Hugging Face `transformers` and timm, bf16, on the CPU): every op of the
-forward and training graphs ends up in a fused group, but library calls (matrix products,
-convolutions, attention, embeddings, the loss's gather), views, and these few, where a fused
-kernel would add a launch and save no traffic:
+"""Whole models through the backend at their tiny sizes (bench/models' Llama, GPT-2, BERT, ViT
+and Gemma 2 configurations: Hugging Face `transformers` and timm, bf16, on the CPU): every op
+of the forward and training graphs ends up in a fused group, but library calls (matrix
+products, convolutions, attention, embeddings, the loss's gather), views, and these few, where
+a fused kernel would add a launch and save no traffic:
 
 - a training backward's `cat` of attention's three gradients into the packed q/k/v
   projection's gradient (GPT-2's c_attn, ViT's qkv): a copy as ATen or as a kernel;
-- ViT's `select_backward` of its class token (one token a sequence).
+- ViT's `select_backward` of its class token (one token a sequence);
+- Gemma 2's copies of its key/value heads repeated over the query heads and of its attention
+  output read back as [B, S, H, D] (kernels of their own at real sizes, not at these).
 
 Values smaller than one activation (tokens x hidden) are not counted: the loss's tail over one
 value a token, per-channel vectors (a bias's or a class token's gradient summed over the batch,
@@ -32,12 +34,16 @@ LEFT_BY_DESIGN = {
     ("bert", "train"): set(),
     ("vit", "fwd"): set(),
     ("vit", "train"): {aten.select_backward.default, aten.cat.default},
+    # the key/value heads repeated over the query heads (repeat_kv) and the attention output
+    # read back as [B, S, H, D]: copies, kernels of their own from partition.LARGE_CAT up
+    ("gemma2", "fwd"): {aten.clone.default},
+    ("gemma2", "train"): {aten.clone.default},
 }
 
 
 # tokens a step of each tiny workload runs (batch x sequence; ViT: 2 images of 4 patches and a
 # class token each), and their hidden size
-TOKENS = {"llama": 32, "gpt2": 32, "bert": 32, "vit": 10}
+TOKENS = {"llama": 32, "gpt2": 32, "bert": 32, "vit": 10, "gemma2": 32}
 HIDDEN = 64
 
 
