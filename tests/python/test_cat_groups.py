@@ -313,3 +313,40 @@ def test_empty_operands_change_nothing_and_go(dead_socket, partitioned):
     for gm, _ in partitioned:
         targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
         assert aten.cat.default not in targets and aten.slice_backward.default not in targets, gm.code
+
+
+def _partial_rotary(q, cos, sin, r=8):
+    """GPT-NeoX's rotary embedding of the first r of each head's dims, the rest passed
+    through: the rotated part, made with rotate_half's cat, concatenated with the rest."""
+    rot, passed = q[..., :r], q[..., r:]
+    return torch.cat([rot * cos + rotate_half(rot) * sin, passed], dim=-1)
+
+
+def test_partial_rotary_is_one_cat_of_three_parts(dead_socket, partitioned):
+    """The outer cat reads the rotation at rotate_half's boundary, so the rotation's cat
+    goes: one cat of three parts, one group, forward and backward; gradients as eager's."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 8, 32, requires_grad=True)
+    cos, sin = torch.randn(8, 8), torch.randn(8, 8)
+
+    def loss(q):
+        return (_partial_rotary(q, cos, sin) * torch.arange(32.0)).sum()
+
+    (want,) = torch.autograd.grad(loss(q), q)
+    (got,) = torch.autograd.grad(torch.compile(loss, backend=fuseml.FuseMLCompiler(), dynamic=False)(q), q)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    fw_gm, fw_groups = partitioned[0]
+    cats = [n for n in fw_gm.graph.nodes if n.target is aten.cat.default]
+    assert len(cats) == 1 and len(cats[0].args[0]) == 3, fw_gm.code
+    (g,) = [g for g in fw_groups if cats[0] in g.members]
+    assert g.route == "kernel" and {"mul", "neg", "add"} <= set(g.op_names), g.describe()
+
+
+def test_daemon_accepts_the_partial_rotary_cat(daemon):
+    q = torch.randn(2, 4, 8, 32, dtype=BF16)
+    cos, sin = torch.randn(8, 8, dtype=BF16), torch.randn(8, 8, dtype=BF16)
+    c = fuseml.FuseMLCompiler()
+    got = torch.compile(_partial_rotary, backend=c, dynamic=False)(q, cos, sin)
+    torch.testing.assert_close(got, _partial_rotary(q, cos, sin), rtol=0, atol=0)
+    (g,) = [g for p in c.plans for g in p.kernels() if "cat" in g.op_names]
+    assert g.key and g.state in ("untuned", "tuned"), g.describe()

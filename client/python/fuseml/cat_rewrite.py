@@ -215,6 +215,95 @@ def _push_slices(gm, fake_mode):
     return changed
 
 
+def _inner_cat(p, dim):
+    """An aten.cat along `dim` that pointwise node p computes from, through pointwise nodes
+    read only by the chain (at most _MAX_HOPS), whose size along dim is p's: the rotation
+    inside a partial rotary embedding, cat([-x2, x1]) * sin + x * cos. Else None."""
+    size = p.meta["val"].shape[dim]
+    frontier, seen = [p], set()
+    for _ in range(_MAX_HOPS):
+        nxt = []
+        for n in frontier:
+            for a in n.all_input_nodes:
+                if a in seen or len(a.users) != 1:
+                    continue
+                seen.add(a)
+                d = ops.cat_dim(a)
+                t = a.meta.get("val")
+                if d is not None and a.meta["val"].dim() == p.meta["val"].dim() and d == dim and t.shape[d] == size:
+                    return a
+                if a.op == "call_function" and ops.why_not_pointwise(a) is None:
+                    nxt.append(a)
+        frontier = nxt
+    return None
+
+
+def _split_nested(gm, fake_mode):
+    """cat([p, y], d) where pointwise p is computed from a cat along d of p's size (partial
+    rotary embeddings: GPT-NeoX, Phi-2, StableLM concatenate the rotated part, itself made
+    with a cat, and the part passed through): p is read as its slices at the inner cat's
+    boundaries, which _push_slices then moves to the inner cat's operands. The daemon takes
+    no cat of a cat; one cat of three parts is one kernel where the outer cat was a copy."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        dim = ops.cat_dim(node)
+        if dim is None:
+            continue
+        xs, new = list(node.args[0]), []
+        for p in xs:
+            inner = None
+            if isinstance(p, torch.fx.Node) and len(p.users) == 1 and p.op == "call_function":
+                if ops.why_not_pointwise(p) is None:
+                    inner = _inner_cat(p, dim)
+            if inner is None:
+                new.append(p)
+                continue
+            bounds = [0]
+            for x in inner.args[0]:
+                bounds.append(bounds[-1] + int(x.meta["val"].shape[dim]))
+            with gm.graph.inserting_before(node):
+                for s, e in zip(bounds, bounds[1:]):
+                    piece = gm.graph.call_function(_SLICE, (p, dim, s, e))
+                    piece.meta["val"] = fake_meta.run(fake_mode, _SLICE, (p.meta["val"], dim, s, e), {})
+                    new.append(piece)
+        if len(new) != len(xs) and len(new) <= ops.MAX_CAT:
+            node.args = (new,) + tuple(node.args[1:])
+            changed = True
+        elif len(new) != len(xs):  # too many parts: as it was
+            for piece in new:
+                if piece not in xs:
+                    gm.graph.erase_node(piece)
+    return changed
+
+
+def _slices_of_cats(gm):
+    """slice(cat(xs, d), d, s, e) spanning exactly one operand of the cat: that operand."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not _SLICE:
+            continue
+        c, rng = node.args[0], _range(node)
+        if rng is None or not isinstance(c, torch.fx.Node) or ops.cat_dim(c) != rng[0]:
+            continue
+        at = 0
+        for x in c.args[0]:
+            n = int(x.meta["val"].shape[rng[0]])
+            if (at, at + n) == (rng[1], rng[2]) and _same_shape(x, node):
+                node.replace_all_uses_with(x)
+                gm.graph.erase_node(node)
+                if not c.users:
+                    gm.graph.erase_node(c)
+                changed = True
+                break
+            at += n
+    return changed
+
+
+def _same_shape(a, b):
+    ta, tb = a.meta.get("val"), b.meta.get("val")
+    return isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor) and tuple(ta.shape) == tuple(tb.shape)
+
+
 def _stack_copy(node):
     """(operands, d, perm) when node is clone(permute(stack(operands, d), perm)) into a
     contiguous tensor, each of stack and permute read by the next alone; else None."""
@@ -335,9 +424,12 @@ def spell_cats(gm):
     stacks = _drop_empty(gm, fake_mode)
     stacks |= _stacks_to_cat(gm, fake_mode)
     changed = _tiles_to_cat(gm)
-    # each pass moves a slice one op towards the inputs
+    changed |= _split_nested(gm, fake_mode)
+    # each pass moves a slice one op towards the inputs, where a slice of a cat at one of its
+    # operands is that operand
     for _ in range(_MAX_HOPS if changed else 0):
-        if not _push_slices(gm, fake_mode):
+        pushed = _push_slices(gm, fake_mode)
+        if not (_slices_of_cats(gm) or pushed):
             break
     changed |= stacks
     if changed:
