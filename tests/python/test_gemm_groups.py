@@ -276,3 +276,28 @@ def test_daemon_accepts_the_gemm_epilogue_with_producers(daemon):
     close_bf16(got, want)
     (g,) = [g for g in gemms(plan(c, "backward")) if "tanh_backward" in g.op_names]
     assert g.key and g.state in ("untuned", "tuned"), g.describe()
+
+
+def test_a_gemm_group_the_builder_refuses_keeps_its_epilogue_fused(dead_socket, monkeypatch):
+    """A GEMM group whose fragment cannot be spelled (here every one, the builder made to
+    refuse) runs its product on cuBLAS and its epilogue as one pointwise group, placed after
+    it, not as one ATen kernel per op; results as eager's."""
+    from fuseml import backend
+    from fuseml.fragment import Unfusable
+
+    def refuse(*a, **k):
+        raise Unfusable("refused for the test")
+
+    monkeypatch.setattr(backend, "build_gemm", refuse)
+    c, got, want = compile_run(ActivationHeavyMLP().to(BF16), x_bf16(), train=False)
+    close_bf16(got, want)
+    p = c.plans[-1]
+    refused = [g for g in gemms(p) if g.reason == "refused for the test"]
+    assert len(refused) == 2 and all(g.route == "bypass" for g in refused)
+    # linear1's epilogue (gelu, * 0.5, + 0.125) is one kernel; linear2's (the residual add
+    # alone) is a single op, ATen's as any lone op is
+    first = refused[0]
+    (h,) = [h for h in p.groups if getattr(h, "apart_of", None) is first]
+    assert h.kind == "pointwise" and h.route == "kernel" and h.op_names == ["gelu", "mul", "add"], h.describe()
+    assert p.groups.index(h) == p.groups.index(first) + 1
+    assert not [h for h in p.groups if getattr(h, "apart_of", None) is refused[1]]

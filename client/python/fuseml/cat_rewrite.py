@@ -28,7 +28,7 @@ from torch._guards import detect_fake_mode
 
 from . import fake_meta, graph_code, ops
 from ._log import log
-from .shapes import is_plain_int
+from .shapes import is_plain_int, same_known_shape
 
 aten = torch.ops.aten
 _SLICE = aten.slice.Tensor
@@ -86,31 +86,33 @@ def _is_plain_add(node):
     )
 
 
-def _summands(node, limit=8):
-    """The leaves of the sum node is (adds read only by the add above them), at most limit;
-    None past that."""
-    leaves, todo = [], list(node.args)
+def _sum_tree(node, limit=8):
+    """(leaves, inner adds) of the sum `node` is, through adds read only by the add above
+    them (inner adds listed readers first); None past `limit` leaves."""
+    leaves, inner, todo = [], [], list(node.args)
     while todo:
         a = todo.pop(0)
         if _is_plain_add(a) and len(a.users) == 1:
+            inner.append(a)
             todo[:0] = list(a.args)
         else:
             leaves.append(a)
         if len(leaves) > limit:
             return None
-    return leaves
+    return leaves, inner
 
 
 def _tiles_to_cat(gm):
     """A sum of slice_backward nodes whose ranges tile the dim -> cat of their gradients, in
     range order (two: rotate_half's backward; three: a fused QKV projection's, Phi-3's)."""
-    changed = False
+    changed, gone = False, set()
     for node in list(gm.graph.nodes):
-        if node not in gm.graph.nodes or not _is_plain_add(node):
+        if node in gone or not _is_plain_add(node):
             continue
-        leaves = _summands(node)
-        if leaves is None or not all(isinstance(a, torch.fx.Node) for a in leaves):
+        tree = _sum_tree(node)
+        if tree is None or not all(isinstance(a, torch.fx.Node) for a in tree[0]):
             continue
+        leaves, inner = tree
         parts = [_tile(a) for a in leaves]
         if None in parts or any(len(a.users) != 1 for a in leaves):
             continue
@@ -125,25 +127,12 @@ def _tiles_to_cat(gm):
         with gm.graph.inserting_before(node):
             cat = gm.graph.call_function(aten.cat.default, ([p[0] for p in parts], parts[0][1]))
         cat.meta = dict(node.meta)
-        inner = [a for a in _inner_adds(node)]
         node.replace_all_uses_with(cat)
-        gm.graph.erase_node(node)
-        for a in inner:
+        for a in [node] + inner + leaves:
             gm.graph.erase_node(a)
-        for a in leaves:
-            gm.graph.erase_node(a)
+        gone.update(inner + leaves)
         changed = True
     return changed
-
-
-def _inner_adds(node):
-    """The adds below a sum node that _summands went through, readers first."""
-    out, todo = [], [a for a in node.args if _is_plain_add(a) and len(a.users) == 1]
-    while todo:
-        a = todo.pop(0)
-        out.append(a)
-        todo += [b for b in a.args if _is_plain_add(b) and len(b.users) == 1]
-    return out
 
 
 def _feeds_cat(node):
@@ -228,10 +217,9 @@ def _inner_cat(p, dim):
                 if a in seen or len(a.users) != 1:
                     continue
                 seen.add(a)
-                d = ops.cat_dim(a)
-                t = a.meta.get("val")
-                if d is not None and a.meta["val"].dim() == p.meta["val"].dim() and d == dim and t.shape[d] == size:
-                    return a
+                if ops.cat_dim(a) == dim and a.meta["val"].dim() == p.meta["val"].dim():
+                    if a.meta["val"].shape[dim] == size:
+                        return a
                 if a.op == "call_function" and ops.why_not_pointwise(a) is None:
                     nxt.append(a)
         frontier = nxt
@@ -288,7 +276,7 @@ def _slices_of_cats(gm):
         at = 0
         for x in c.args[0]:
             n = int(x.meta["val"].shape[rng[0]])
-            if (at, at + n) == (rng[1], rng[2]) and _same_shape(x, node):
+            if (at, at + n) == (rng[1], rng[2]) and same_known_shape(x.meta["val"].shape, node.meta["val"].shape):
                 node.replace_all_uses_with(x)
                 gm.graph.erase_node(node)
                 if not c.users:
@@ -297,11 +285,6 @@ def _slices_of_cats(gm):
                 break
             at += n
     return changed
-
-
-def _same_shape(a, b):
-    ta, tb = a.meta.get("val"), b.meta.get("val")
-    return isinstance(ta, torch.Tensor) and isinstance(tb, torch.Tensor) and tuple(ta.shape) == tuple(tb.shape)
 
 
 def _stack_copy(node):
@@ -360,6 +343,12 @@ def _empty(node):
     return isinstance(t, torch.Tensor) and all(is_plain_int(d) for d in t.shape) and t.numel() == 0
 
 
+def _stands_for(x, node):
+    """Can node x stand for `node`'s value: a tensor of its shape and dtype?"""
+    t, want = x.meta.get("val") if isinstance(x, torch.fx.Node) else None, node.meta["val"]
+    return isinstance(t, torch.Tensor) and same_known_shape(t.shape, want.shape) and t.dtype == want.dtype
+
+
 def _copy_of(gm, fake_mode, node, x):
     """What replaces `node`, a fresh value equal to x: x itself where the graph does not
     return node (no reader sees the difference), else a contiguous clone of x (a graph output
@@ -388,8 +377,7 @@ def _drop_empty(gm, fake_mode):
         if len(kept) > 1:  # the cat stays, of fewer operands
             node.args = (kept,) + tuple(node.args[1:])
         else:
-            t, want = kept[0].meta.get("val"), node.meta["val"]
-            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
+            if not _stands_for(kept[0], node):
                 continue
             node.replace_all_uses_with(_copy_of(gm, fake_mode, node, kept[0]))
             gm.graph.erase_node(node)
@@ -401,10 +389,7 @@ def _drop_empty(gm, fake_mode):
             a for a in node.args if isinstance(a, torch.fx.Node) and a.target is _SLICE_BACKWARD and _empty(a.args[0])
         ]
         others = [a for a in node.args if a not in zeros]
-        if len(zeros) != 1 or len(others) != 1 or not isinstance(others[0], torch.fx.Node):
-            continue
-        t, want = others[0].meta.get("val"), node.meta["val"]
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(want.shape) or t.dtype != want.dtype:
+        if len(zeros) != 1 or len(others) != 1 or not _stands_for(others[0], node):
             continue
         node.replace_all_uses_with(_copy_of(gm, fake_mode, node, others[0]))
         gm.graph.erase_node(node)

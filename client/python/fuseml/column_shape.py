@@ -45,21 +45,12 @@ def _length(t):
     return big[0] if len(big) == 1 else None
 
 
-def _pointwise(node):
-    return (
-        node.op == "call_function"
-        and node.target in ops.POINTWISE
-        and node.target not in ops.ALIASES
-        and ops.why_not_pointwise(node) is None
-    )
-
-
 def _follows(a, node):
     """Is a a pointwise op of vectors as long as node's, read by node alone (it would be a
     kernel of its own beside node's group otherwise)?"""
     n = _length(tensor_val(node))
     return (
-        _pointwise(a)
+        ops.computes_pointwise(a)
         and list(a.users) == [node]
         and _length(tensor_val(a)) == n
         and all(_length(tensor_val(b)) == n for b in a.all_input_nodes)
@@ -84,7 +75,7 @@ def keep_column_shape(gm):
             if src in roots and _length(tensor_val(roots[src])) == n:
                 roots[node] = roots[src]
             continue
-        if not _pointwise(node):
+        if not ops.computes_pointwise(node):
             continue
         operands = node.all_input_nodes
         rooted = [a for a in operands if a in roots]

@@ -64,7 +64,7 @@ def _op_folds(node):
     return v is not None and all(is_plain_int(d) for d in v.shape) and all(is_plain_int(s) for s in v.stride())
 
 
-def _constant(gm, node):
+def constant(gm, node):
     """The tensor a get_attr node reads, unless it is a parameter (what training updates)."""
     obj = gm
     for part in node.target.split("."):
@@ -94,7 +94,7 @@ def _folding(gm):
     cumsum, two index, eq, le, two bitwise_and: ~0.45 ms of host a step) folds through it."""
     folds = set()
     for n in gm.graph.nodes:
-        if n.op == "get_attr" and _constant(gm, n) is not None:
+        if n.op == "get_attr" and constant(gm, n) is not None:
             folds.add(n)  # a tensor the trace kept (`torch.tensor(0.0)`): already constant
             continue
         if not _op_folds(n) or (n.target not in VIEWS and any(u.op == "output" for u in n.users)):
@@ -151,7 +151,7 @@ def fold(gm):
         with unset_fake_temporarily():
             for n in [n for n in folds if n in need]:
                 if n.op == "get_attr":
-                    values[n] = _constant(gm, n)
+                    values[n] = constant(gm, n)
                     continue
 
                 def real(a, n=n):

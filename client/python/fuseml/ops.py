@@ -418,6 +418,12 @@ def row_reduction(node):
 COLUMN_REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.mean.dim: "mean", aten.amax.default: "amax"}
 
 
+def computes_pointwise(node):
+    """Is node a pointwise op of the vocabulary that computes a value (not a clone or an
+    expand, which only alias one), with operands a fragment takes?"""
+    return node.op == "call_function" and node.target not in ALIASES and why_not_pointwise(node) is None
+
+
 def fusible(node):
     """Is node an op a pointwise or rows group computes (a node next to it may join it)?"""
     return (

@@ -11,11 +11,12 @@ H200) that was 16 calls a training step: 0.50 ms of `_index_put_impl_`, 0.48 ms 
 `masked_fill_`, twice Inductor's radix-sort kernels (bench/NOTES.md, "The logits' zeros").
 Inductor makes of it atomic adds into the buffer, and so does this rewrite:
 
-    index_put_add(x, idx, values) = fp32 copy of x, values.float() added at idx (row_adds.py), cast to x's dtype
+    index_put_add(x, idx, values) = fp32 copy of x, values.float() added at idx (row_adds.py),
+                                    cast to x's dtype
 
 the sums in fp32, as ATen's are (for a bf16 or f16 x the graph gets the fp32 sums and a cast
-node, which joins the op that reads it: the MoE layer's residual add), in whatever order the atomics land: not bitwise reproducible,
-so, as for embedding gradients (embedding_grad.py), the rewrite is not made when
+node, which joins the op that reads it: the MoE layer's residual add), in whatever order the
+atomics land: not bitwise reproducible, so, as for embedding gradients (embedding_grad.py), the rewrite is not made when
 `torch.use_deterministic_algorithms(True)` is in force when the graph is compiled, and the
 function calls ATen's op when it is in force at the call. A buffer whose rows each take more
 than MAX_IDS_PER_ROW indices on average stays ATen's (atomic adds to one row serialise).
@@ -32,6 +33,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import fake_meta, graph_code
+from .const_fold import constant
 from ._log import log
 from .embedding_grad import FEW_IDS, MAX_IDS_PER_ROW
 from .fake_meta import tensor_val
@@ -126,22 +128,12 @@ def rewrite_index_put_adds(gm):
     return n
 
 
-def _constant(gm, node):
-    """The tensor a get_attr node reads, else None."""
-    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
-        return None
-    t = gm
-    for part in node.target.split("."):
-        t = getattr(t, part, None)
-    return t if isinstance(t, torch.Tensor) else None
-
-
 def _zeros(gm, node):
     """Whether node is a tensor of zeros: a zeros op, or a constant (computed once when the
     graph compiled, const_fold.py) whose every element is 0."""
     if isinstance(node, torch.fx.Node) and node.target in (aten.new_zeros.default, aten.zeros.default):
         return True
-    t = _constant(gm, node)
+    t = constant(gm, node) if isinstance(node, torch.fx.Node) and node.op == "get_attr" else None
     return t is not None and not isinstance(t, FakeTensor) and not bool(t.any())
 
 

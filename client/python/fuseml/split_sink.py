@@ -34,15 +34,6 @@ aten = torch.ops.aten
 SPLITS = {aten.split.Tensor, aten.split_with_sizes.default}
 
 
-def _pointwise(node):
-    return (
-        node.op == "call_function"
-        and node.target not in ops.ALIASES
-        and node.target not in SPLITS
-        and ops.why_not_pointwise(node) is None
-    )
-
-
 def _split_dim(split):
     dim = split.args[2] if len(split.args) > 2 else split.kwargs.get("dim", 0)
     return dim if isinstance(dim, int) else None
@@ -54,7 +45,7 @@ def _movable(split):
     if split.op != "call_function" or split.target not in SPLITS or not split.users:
         return None
     op, dim = split.args[0], _split_dim(split)
-    if not isinstance(op, torch.fx.Node) or len(op.users) != 1 or dim is None or not _pointwise(op):
+    if not isinstance(op, torch.fx.Node) or len(op.users) != 1 or dim is None or not ops.computes_pointwise(op):
         return None
     out = tensor_val(op)
     if out is None or out.dim() == 0 or not all(is_plain_int(d) for d in out.shape):
@@ -62,7 +53,7 @@ def _movable(split):
     dim %= out.dim()
     if any(u.op != "call_function" or u.target is not operator.getitem for u in split.users):
         return None
-    if not all(_pointwise(r) for piece in split.users for r in piece.users):
+    if not all(ops.computes_pointwise(r) for piece in split.users for r in piece.users):
         return None
     whole, rest = [], []
     for a in op.all_input_nodes:

@@ -43,10 +43,6 @@ def _plain_contiguous(t):
     return t is not None and all(is_plain_int(d) for d in t.shape) and t.is_contiguous()
 
 
-def _pointwise(node):
-    return node.op == "call_function" and node.target not in ops.ALIASES and ops.why_not_pointwise(node) is None
-
-
 def _broadcast_reader(expand):
     """For an expand: ("before", reader) when its one reader is a pointwise op of no other
     tensor operand (it moves before the expand), ("drop", reader) when a reader has another
@@ -63,7 +59,11 @@ def _broadcast_reader(expand):
     ):
         return None
     for reader in expand.users:
-        if not _pointwise(reader) or tensor_val(reader) is None or tuple(tensor_val(reader).shape) != tuple(y.shape):
+        if (
+            not ops.computes_pointwise(reader)
+            or tensor_val(reader) is None
+            or tuple(tensor_val(reader).shape) != tuple(y.shape)
+        ):
             continue
         others = [a for a in reader.all_input_nodes if a is not expand]
         if not others and len(expand.users) == 1:
@@ -83,7 +83,7 @@ def _movable(view):
     if not (_plain_contiguous(tensor_val(x)) and _plain_contiguous(y)):
         return None
     (reader,) = view.users
-    if reader.op != "call_function" or reader.target in ops.ALIASES or ops.why_not_pointwise(reader):
+    if not ops.computes_pointwise(reader):
         return None
     out = tensor_val(reader)
     if not _plain_contiguous(out) or tuple(out.shape) != tuple(y.shape):
