@@ -8,7 +8,9 @@
  * operand). Pass L computes, tile by tile, the whole-row values that level-L reductions read
  * and accumulates each in a per-thread fp32 partial, then reduces the partials across the
  * block; the per-row values of level L follow at once. A last pass computes the row outputs
- * and stores them.
+ * and stores them. A row output no reduction precedes (level 0: Gemma 2's softcapped logits,
+ * written beside the loss's statistics) is stored in the first pass, which computes it
+ * anyway; when every row output is such, there is no last pass: the row is read once.
  *
  * A sum of exp(x - amax(x)) (softmax's, log_softmax's, cross-entropy's denominator) would be
  * level 2, a second pass; it is accumulated in the amax's pass instead, as an *online* pair
@@ -116,12 +118,21 @@ static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *
   }
 }
 
+/* Is output k a row output that the first reduction pass stores (no reduction precedes it)? */
+static int stored_early(const fm_cg_plan *p, const uint32_t *level, uint32_t k) {
+  uint32_t pos = p->t[p->n_in + k].value;
+  return p->rowval[pos] && level[pos] == 0;
+}
+
 /* Pass l: every live reduction of level l, accumulated over the tiles, then across the block. */
 static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s,
                              const uint32_t *level, const uint32_t *pair, uint32_t l, uint8_t *targets, uint8_t *need) {
   const fm_cg_plan *p = &rp->base;
   uint32_t n_values = p->n_in + p->n_ops;
   for (uint32_t v = 0; v < n_values; v++) targets[v] = 0;
+  if (l == 1)
+    for (uint32_t k = 0; k < p->n_out; k++)
+      if (stored_early(p, level, k)) targets[p->t[p->n_in + k].value] = 1;
   fm_strbuf_printf(sb, "    /* pass %u: the reductions of level %u */\n", l, l);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
@@ -154,6 +165,9 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
     else
       fm_strbuf_printf(sb, ") fm_a%u += v%u[i];\n", pos, x);
   }
+  if (l == 1)
+    for (uint32_t k = 0; k < p->n_out; k++)
+      if (stored_early(p, level, k)) fm_cg_rows_emit_store_row(sb, rp, s, k);
   fm_strbuf_append(sb, "    }\n");
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
@@ -179,7 +193,8 @@ uint32_t fm_cg_rows_stream_passes(const fm_fragment *f, const fm_cg_rows_plan *r
   value_levels(f, p, level, pair);
   for (uint32_t v = 0; v < p->n_in + p->n_ops; v++)
     if (p->live[v] && level[v] > top) top = level[v];
-  for (uint32_t k = 0; k < p->n_out; k++) row_out |= p->rowval[p->t[p->n_in + k].value];
+  for (uint32_t k = 0; k < p->n_out; k++)
+    row_out |= p->rowval[p->t[p->n_in + k].value] && !(top && stored_early(p, level, k));
   return top + row_out;
 }
 
@@ -200,20 +215,20 @@ int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg
   emit_scalars(sb, f, p, s, level, 0);
   for (uint32_t l = 1; l <= top; l++) emit_reduce_pass(sb, f, rp, s, level, pair, l, targets, need);
 
-  fm_strbuf_append(sb, "    /* the last pass: the row outputs, tile by tile */\n");
   for (uint32_t v = 0; v < n_values; v++) targets[v] = 0;
   int any_row_out = 0;
   for (uint32_t k = 0; k < p->n_out; k++) {
     uint32_t pos = p->t[p->n_in + k].value;
-    if (p->rowval[pos]) targets[pos] = any_row_out = 1;
+    if (p->rowval[pos] && !(top && stored_early(p, level, k))) targets[pos] = any_row_out = 1;
   }
   if (any_row_out) {
+    fm_strbuf_append(sb, "    /* the last pass: the row outputs, tile by tile */\n");
     mark_row_needs(f, p, targets, need);
     fm_strbuf_printf(sb, "#pragma unroll 1\n    for (long long fm_t0 = 0; fm_t0 < %lldLL; fm_t0 += %lluLL) {\n",
                      (long long)rp->n, (unsigned long long)s->tpr * s->ept);
     emit_tile_values(sb, f, rp, s, need);
     for (uint32_t k = 0; k < p->n_out; k++)
-      if (p->rowval[p->t[p->n_in + k].value]) fm_cg_rows_emit_store_row(sb, rp, s, k);
+      if (targets[p->t[p->n_in + k].value]) fm_cg_rows_emit_store_row(sb, rp, s, k);
     fm_strbuf_append(sb, "    }\n");
   }
   for (uint32_t k = 0; k < p->n_out; k++) {

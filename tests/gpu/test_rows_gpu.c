@@ -25,17 +25,19 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define MAX_JOBS  1024
+#define MAX_JOBS  1536
 #define MAX_CASES 256
 #define N_THREADS 16
 
 /* K_MASKED: softmax of rows with -inf entries (an attention mask): the first third of a row
  * and every fifth element after it, and every fourth row whole (NaN out, as torch's);
  * K_XENT: cross-entropy's row statistics as the client sends them (the log-sum-exp and the
- * picked logit, from a [.., n] f32 column index and a per-row f32 target, some -1). */
-enum { K_SOFTMAX, K_LAYER_NORM, K_RMS_NORM, K_RMS_RESIDUAL, K_STATS, K_MASKED, K_XENT, K__N };
+ * picked logit, from a [.., n] f32 column index and a per-row f32 target, some -1);
+ * K_SOFTCAP_XENT: Gemma 2's: the logits softcapped (tanh(x / 30) * 30) and written, beside
+ * K_XENT's statistics of them (a row output no reduction precedes: stored in the first pass). */
+enum { K_SOFTMAX, K_LAYER_NORM, K_RMS_NORM, K_RMS_RESIDUAL, K_STATS, K_MASKED, K_XENT, K_SOFTCAP_XENT, K__N };
 static const char *const kind_name[K__N] = {"softmax", "layer_norm", "rms_norm", "rms_residual",
-                                            "stats",   "masked",     "xent"};
+                                            "stats",   "masked",     "xent",     "softcap_xent"};
 
 typedef struct tcase {
   char name[96];
@@ -155,11 +157,22 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       tensor(&f.outputs[f.n_outputs++], 22, dt, r, x);
       break;
     }
-    case K_XENT: { /* x32 = f32(x); lse = log(sum(exp(x32 - amax))) + amax; picked = sum(where(cols == t, x32, 0)) */
+    case K_XENT: /* x32 = f32(x); lse = log(sum(exp(x32 - amax))) + amax; picked = sum(where(cols == t, x32, 0)) */
+    case K_SOFTCAP_XENT: { /* the same of x32 = f32(tanh(x / 30) * 30), which is written too */
       f.n_inputs = 3;
       tensor(&f.inputs[1], 1, FM_DT_F32, r, w);
       tensor(&f.inputs[2], 2, FM_DT_F32, r, s);
-      op(&f, FM_OP_CAST, 3, 1, 0, 0, 0, 0);
+      uint32_t logits = 0;
+      if (kind == K_SOFTCAP_XENT) {
+        op(&f, FM_OP_CONST, 20, 0, 0, 0, 0, 30.0);
+        op(&f, FM_OP_DIV, 21, 2, 0, 20, 0, 0);
+        op(&f, FM_OP_TANH, 22, 1, 21, 0, 0, 0);
+        op(&f, FM_OP_MUL, 23, 2, 22, 20, 0, 0);
+        op(&f, FM_OP_CAST, 24, 1, 23, 0, 0, 0);
+        f.ops[f.n_ops - 1].dtype = dt;
+        logits = 24;
+      }
+      op(&f, FM_OP_CAST, 3, 1, logits, 0, 0, 0);
       f.ops[f.n_ops - 1].dtype = FM_DT_F32;
       op(&f, FM_OP_AMAX, 4, 1, 3, 0, 0, 0);
       op(&f, FM_OP_SUB, 5, 2, 3, 4, 0, 0);
@@ -174,6 +187,7 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       f.n_outputs = 2;
       tensor(&f.outputs[0], 9, FM_DT_F32, r, s);
       tensor(&f.outputs[1], 14, FM_DT_F32, r, s);
+      if (kind == K_SOFTCAP_XENT) tensor(&f.outputs[f.n_outputs++], logits, dt, r, x);
       break;
     }
     default:
@@ -236,7 +250,7 @@ static void fill_special(const tcase *c, void *const *h_in, const size_t *n_in, 
       const int64_t row = (int64_t)i / n, j = (int64_t)i % n;
       if (row % 4 == 3 || j < n / 3 || j % 5 == 1) gu_store(h_in[0], f->inputs[0].dtype, i, -INFINITY);
     }
-  if (c->kind == K_XENT) {
+  if (c->kind == K_XENT || c->kind == K_SOFTCAP_XENT) {
     for (size_t i = 0; i < n_in[1]; i++) gu_store(h_in[1], FM_DT_F32, i, (double)((int64_t)i % n));
     for (size_t i = 0; i < n_in[2]; i++) {
       const double t = floor(gu_uniform(rng, -0.2, 1.0) * (double)n); /* some below 0: ignored, -1 */
@@ -365,7 +379,8 @@ int main(int argc, char **argv) {
       for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
         int symbolic = (ni + di + (size_t)kind) % 3 != 0; /* two in three symbolic */
         if (ns[ni] > FM_MAX_ROW_HELD && (kind == K_LAYER_NORM || kind == K_STATS)) continue;
-        if (kind == K_XENT && ns[ni] == 1) continue; /* a class index needs two classes to mean anything */
+        if ((kind == K_XENT || kind == K_SOFTCAP_XENT) && ns[ni] == 1)
+          continue; /* a class index needs two classes to mean anything */
         tcase *c = &cases[n_cases];
         c->kind = kind;
         snprintf(c->name, sizeof c->name, "%s %s N=%lld %s", kind_name[kind], fm_dtype_name(dts[di]), (long long)ns[ni],

@@ -1,10 +1,11 @@
 """GPU check of batched GEMM groups (run on the device machine, not by pytest): attention scores
-(softmax((q @ k^T) * scale + mask), and a causal masked_fill(-inf) form) and bmm + bias + GELU,
+((q @ k^T) * scale + mask in fp32, and a causal masked_fill form: under a softmax the
+epilogue would run in the softmax's rows group, the product on cuBLAS) and bmm + bias + GELU,
 in bf16 and fp16, compiled with backend="fuseml" against a real fusemld in GPU mode (tuned
 kernels only), each at two batch sizes in one M bucket:
 - outputs against eager by ||out - ref|| / ||ref|| (NaN fails; the limit is 1e-2, bf16
   lands around 1e-3..1e-2), with the errors of eager and of fuseml against fp32 for scale;
-  one training case's gradients (through softmax's backward, where two bf16 runs differ by
+  one training case's gradients (where two bf16 runs can differ by
   ~1e-2) pass within 1e-2 of eager or no worse than 1.5x eager's own error against fp32;
 - every bmm group served a tuned kernel and launched (FUSEML_ROUTE=kernel unless set: the
   comparison must be of the kernel, not of ATen chosen by measured routing);
@@ -59,20 +60,20 @@ def _sync():
 
 
 class Scores(nn.Module):
-    """softmax((q @ k^T) * scale + mask) on [B, H, S, D], the mask [1, 1, S, S]."""
+    """(q @ k^T) * scale + mask in fp32 on [B, H, S, D], the mask [1, 1, S, S]."""
 
     def forward(self, q, k, mask):
         s = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1])) + mask
-        return torch.softmax(s.float(), -1).to(q.dtype)
+        return s.float()
 
 
 class CausalScores(nn.Module):
-    """softmax(masked_fill((q @ k^T) / sqrt(d), future, -inf)): the diagonal is never masked,
-    so every row has a finite entry and the output is finite."""
+    """masked_fill((q @ k^T) / sqrt(d), future, -1e4) in fp32 (a finite fill: the error
+    measure compares finite values)."""
 
     def forward(self, q, k, future):
         s = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-        return torch.softmax(s.masked_fill(future, float("-inf")).float(), -1).to(q.dtype)
+        return s.masked_fill(future, -1e4).float()
 
 
 class BmmBiasGelu(nn.Module):
@@ -267,7 +268,7 @@ def check_case(name, factory, make_inputs, batches, dtype_name, sock, train=Fals
         problems = []
         if not (errs[0] == errs[0] and errs[0] <= LIMIT):  # e == e: NaN never passes
             problems.append(f"output: relative error {errs[0]} against eager above {LIMIT} or NaN")
-        # Gradients through softmax's backward in bf16 differ between any two bf16 runs by
+        # Gradients in bf16 can differ between any two bf16 runs by
         # ~1e-2 (cancellation), so they are judged against fp32: no worse than eager's own.
         for j in range(1, len(errs)):
             f32, e32 = fuseml32[j], eager32[j]

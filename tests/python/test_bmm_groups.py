@@ -22,7 +22,16 @@ B, H, S, D = 2, 4, 16, 8
 
 
 class Scores(nn.Module):
-    """softmax((q @ k^T) * scale + mask): the attention scores of a [B, H, S, D] model."""
+    """(q @ k^T) * scale + mask in fp32: the attention scores of a [B, H, S, D] model, read
+    by no softmax (which would take the epilogue into its rows group, test_softmax_...)."""
+
+    def forward(self, q, k, mask):
+        s = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1])) + mask
+        return s.float()
+
+
+class Attention(nn.Module):
+    """softmax((q @ k^T) * scale + mask): the scores' probabilities."""
 
     def forward(self, q, k, mask):
         s = (q @ k.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1])) + mask
@@ -85,11 +94,7 @@ def test_attention_scores_group_and_fragment(dead_socket):
     gs = groups(c)
     (g,) = bmm_groups(c)
     assert g.route == "kernel" and g.op_names == ["bmm", "view", "mul", "add", "_to_copy"]
-    assert not g.escapes
-    # softmax is its own row group, reading the bmm group's output
-    (rows,) = [x for x in gs if x.kind == "rows"]
-    assert rows.op_names == ["amax", "sub", "exp", "sum", "div", "_to_copy"]
-    assert g.outputs[0] in rows.inputs
+    assert not g.escapes and len(gs) == 1
     w = g.built.wire
     assert w["vocab"] == 4 and w["m_hint"] == B * H
     a, b, mask = w["inputs"]
@@ -100,7 +105,7 @@ def test_attention_scores_group_and_fragment(dead_socket):
     assert mask["shape"] == [1, S, S] and mask["strides"] == [0, S, 1]
     assert [op["op"] for op in w["ops"]] == ["bmm", "const", "mul", "add", "cast"]
     assert w["ops"][1]["value"] == pytest.approx(1 / math.sqrt(D))
-    # the epilogue ends with softmax's upcast: an f32 [Bt, M, N] output, viewed back at launch
+    # the epilogue ends with the upcast: an f32 [Bt, M, N] output, viewed back at launch
     assert w["outputs"] == [{"id": 7, "dtype": "f32", "shape": [-1, S, S], "strides": [S * S, S, 1], "align": 16}]
     assert g.built.out_views == [(B, H, S, S)]
     assert g.built.layout.k == 1 and g.built.full_input == 0
@@ -121,15 +126,29 @@ def test_epilogue_masks_map_onto_one_batch_stride(dead_socket, mask_shape, want)
     torch.testing.assert_close(got, want_out, rtol=0, atol=0)
     (g,) = bmm_groups(c)
     if want is None:
-        # the mask's add cannot join the product's group: it starts the softmax's rows group
-        # (the rows template reads the mask at any strides), the product keeps its scale
+        # the mask's add cannot join the product's group: it starts a pointwise group (which
+        # reads the mask at any strides), the product keeps its scale
         assert g.route == "kernel" and "add" not in g.op_names, g.describe()
-        (r,) = [h for h in groups(c) if h.kind == "rows"]
-        assert r.route == "kernel" and r.op_names[0] == "add" and "amax" in r.op_names, r.describe()
+        (p,) = [h for h in groups(c) if h.kind == "pointwise"]
+        assert p.route == "kernel" and p.op_names[0] == "add", p.describe()
         return
     assert g.route == "kernel", g.reason
     mask = g.built.wire["inputs"][2]
     assert (mask["shape"], mask["strides"]) == want
+
+
+def test_softmax_takes_the_scores_epilogue(dead_socket):
+    """Scores read by a softmax: the scale and the mask run in the softmax's rows group, which
+    reads the product once where it would have read what the epilogue wrote, and the product
+    runs alone on cuBLAS (partition._epilogue_into_rows)."""
+    for mask_shape in ((1, 1, S, S), (B, 1, S, S)):
+        torch._dynamo.reset()
+        c, got, want = run(Attention(), *qkm(mask_shape=mask_shape))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        (g,) = bmm_groups(c)
+        assert g.route == "bypass" and "lone GEMM" in g.reason, g.describe()
+        (r,) = [h for h in groups(c) if h.kind == "rows"]
+        assert r.route == "kernel" and r.op_names[:2] == ["mul", "add"] and "amax" in r.op_names, r.describe()
 
 
 def test_per_batch_mask_is_exact_with_one_head(dead_socket):
@@ -476,9 +495,16 @@ def test_daemon_accepts_baddbmm_and_expanded_operands(daemon):
 
 def test_daemon_accepts_a_per_batch_mask_in_the_softmax_rows(daemon):
     """[B, 1, S, S] mask beside [B, H, S, S] scores: the product's group (with its scale) and
-    the rows group that adds the mask and takes the softmax are both served."""
+    the pointwise group that adds the mask are served; under a softmax, the rows group that
+    scales, adds the mask and takes the softmax is."""
     c, got, want = run(Scores(), *qkm(mask_shape=(B, 1, S, S)))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     served = [g for g in groups(c) if g.route == "kernel"]
-    assert {g.kind for g in served} == {"gemm", "rows"}
+    assert {g.kind for g in served} == {"gemm", "pointwise"}
+    assert all(g.key and g.state in ("untuned", "tuned") for g in served), [g.describe() for g in served]
+    torch._dynamo.reset()
+    c, got, want = run(Attention(), *qkm(mask_shape=(B, 1, S, S)))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    served = [g for g in groups(c) if g.route == "kernel"]
+    assert {g.kind for g in served} == {"rows"}
     assert all(g.key and g.state in ("untuned", "tuned") for g in served), [g.describe() for g in served]

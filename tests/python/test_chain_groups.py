@@ -119,13 +119,14 @@ def test_mlp_block_inference_is_one_chain_group(dead_socket):
 
 
 def test_three_d_input_chains_through_the_views(dead_socket):
-    """nn.Linear on [B, S, D]: the view of gelu's [B, S, N1] back to [B*S, N1] joins the
-    chain as an alias; the [B, S, D] residual is a stage-2 input of its own."""
+    """nn.Linear on [B, S, D]: the product seen as [B, S, N1], gelu, and seen as [B*S, N1]
+    again is a round trip that goes (view_sink.py): gelu reads the product and the second
+    product reads gelu; the [B, S, D] residual is a stage-2 input of its own."""
     x = x2d().view(2, ROWS // 2, D)
     c, got, want = compile_run(mlp(), x, train=False)
     exact(got, want)
     (ch,) = chains(plan(c, "inference"))
-    assert ch.op_names == ["addmm", "_unsafe_view", "gelu", "view", "addmm", "_unsafe_view", "add"]
+    assert ch.op_names == ["addmm", "gelu", "addmm", "_unsafe_view", "add"]
     w = ch.built.wire
     assert [o["op"] for o in w["ops"]] == ["addmm", "gelu", "addmm", "add"]
     first, second = products(w)
@@ -133,8 +134,6 @@ def test_three_d_input_chains_through_the_views(dead_socket):
     assert w["inputs"][first["args"][1]]["shape"][1] == D
     assert w["inputs"][second["args"][2]]["shape"] == [FF, D]
     assert ch.built.out_views == [(2, ROWS // 2, D)]
-    # the view is in neither original group: apart, it runs as the ATen op it is
-    assert all(n.name != "view_1" for part in ch.parts for n in part)
 
 
 def test_activation_heavy_stage_one_takes_every_op(dead_socket):

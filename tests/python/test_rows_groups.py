@@ -130,13 +130,12 @@ class _TransformerLayer(nn.Module):
 
 
 def test_small_transformer_layer(dead_socket):
-    """Both LayerNorms and the attention softmax become row groups; the Linears on [B, S, D]
-    carry their epilogues through the view (fc1 + GELU, fc2 + residual), except the out-proj,
-    whose residual add feeds the second LayerNorm and runs in its rows group (a light
-    epilogue: the product on cuBLAS);
-    the attention scores' bmm carries its scale through the [B, H, S, S] view, while the
-    probabilities @ V bmm (nothing after it) stays with cuBLAS; outputs and gradients match
-    eager."""
+    """Both LayerNorms and the attention softmax become row groups; fc1 carries GELU (the
+    [B, S, N] view there and back between them goes, so GELU reads the product) and fc2 its
+    residual add; the out-proj's residual add feeds the second LayerNorm and runs in its rows
+    group, the product on cuBLAS; the scores' scale and cast run in the softmax's rows group,
+    both bmm's on cuBLAS (an epilogue feeding a rows group moves into it); outputs and
+    gradients match eager."""
     torch.manual_seed(0)
     layer, x = _TransformerLayer().to(BF16), torch.randn(2, 8, 64, dtype=BF16)
     c, got, want = compile_run(layer, x)
@@ -147,18 +146,18 @@ def test_small_transformer_layer(dead_socket):
     assert sum("amax" in g.op_names for g in rg) == 1  # the softmax
     assert sum("var" in g.op_names for g in rg) == 2  # the LayerNorms
     fused = [g.op_names for g in fw.kernels() if g.kind == "gemm" and "bmm" not in g.op_names]
-    assert ["addmm", "_unsafe_view", "gelu"] in fused
+    assert ["addmm", "gelu"] in fused
     assert sum(ops[-1] in ("add", "_to_copy") for ops in fused) == 1  # fc2's residual
     ln2 = [g for g in rg if "var" in g.op_names][1]
     assert ln2.op_names[0] == "add" and ln2.members[0] in ln2.escapes  # the residual stream
     lone = [g for g in fw.groups if g.kind == "gemm" and g.route == "bypass" and "bmm" not in g.op_names]
     assert len(lone) == 2 and all("lone GEMM" in g.reason for g in lone)  # QKV, out-proj
-    gemm3d = next(g for g in fw.kernels() if "gelu" in g.op_names)
-    assert gemm3d.built.out_views and gemm3d.built.wire["outputs"][0]["shape"] == [-1, 128]
+    fc1 = next(g for g in fw.kernels() if "gelu" in g.op_names)
+    assert fc1.built.wire["outputs"][0]["shape"] == [-1, 128]
     scores, pv = [g for g in fw.groups if g.kind == "gemm" and "bmm" in g.op_names]
-    assert scores.route == "kernel" and scores.op_names == ["bmm", "view", "div", "_to_copy"]
-    assert scores.built.wire["vocab"] == 4 and scores.built.wire["m_hint"] == 2 * 4
-    assert pv.route == "bypass" and "lone GEMM" in pv.reason
+    assert all(g.route == "bypass" and "lone GEMM" in g.reason for g in (scores, pv))
+    (softmax,) = [g for g in rg if "amax" in g.op_names]
+    assert softmax.op_names[:2] == ["div", "_to_copy"], softmax.describe()
 
 
 def test_daemon_accepts_every_transformer_layer_group(daemon):

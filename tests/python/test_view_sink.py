@@ -107,3 +107,43 @@ def test_a_chain_of_reshapes_collapses_and_the_reader_joins(dead_socket, partiti
     assert all(n.args[0].target not in view_sink.RESHAPES for n in reshapes if hasattr(n.args[0], "target"))
     (g,) = kernels(groups)
     assert sorted(g.op_names) == ["div", "tanh"], g.describe()
+
+
+def test_a_round_trip_through_pointwise_ops_goes(dead_socket, partitioned):
+    """Gemma 2's logits: the product [N, V] seen as [B, S, V], softcapped (returned), cast to
+    fp32 and seen as [N, V] again for the loss's rows. The round trip goes: the softcap runs
+    over [N, V], the returned logits are a reshape of it, the product runs alone on cuBLAS and
+    the softcap joins the rows group of the log-sum-exp."""
+    w = torch.randn(16, 32, dtype=BF16)
+
+    def head(h):
+        logits = (h.view(8, 16) @ w).view(2, 4, 32)
+        capped = torch.tanh(logits / 30.0) * 30.0
+        flat = capped.float().view(8, 32)
+        m = flat.amax(-1, keepdim=True)
+        return capped, torch.log(torch.exp(flat - m).sum(-1, keepdim=True)) + m
+
+    h = torch.randn(2, 4, 16, dtype=BF16)
+    c, got, want = compile_run(Fn(head), h, train=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[1], want[1])
+    ((gm, groups),) = partitioned
+    (gemm,) = [g for g in groups if g.kind == "gemm"]
+    assert gemm.route == "bypass" and gemm.op_names == ["mm"], [g.describe() for g in groups]
+    (rows,) = [g for g in groups if g.kind == "rows"]
+    assert {"div", "tanh", "mul", "_to_copy"} <= set(rows.op_names), rows.describe()
+    # the returned logits: a reshape of the rows group's softcap, in the traced layout
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+    assert out.target in view_sink.RESHAPES and out.args[0] in rows.members
+
+
+def test_a_round_trip_of_another_shape_stays():
+    """A reshape to a shape other than the first reshape's source is no round trip."""
+
+    def f(x):
+        y = torch.tanh(x.view(2, 4, 32)) * 2.0
+        return y.view(4, 64)
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f, tracing_mode="fake")(torch.randn(8, 32))
+    r = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in view_sink.RESHAPES][-1]
+    assert view_sink._round_trip(r) is None

@@ -114,6 +114,33 @@ static void test_stream_cross_entropy(void) {
   free(src);
 }
 
+/* Gemma 2's softcapped logits, written beside the loss's statistics: the written row depends on
+ * no reduction, so the one pass that reduces the row also stores it; no second pass reads the
+ * row again. */
+static void test_stream_stores_in_the_first_pass(void) {
+  fm_candidate c[32];
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  char *src = NULL;
+  CHECK_EQ_INT(rf_fragment(10, &canon), FM_OK);
+  size_t n = fm_codegen_candidates(&canon, c, 32);
+  CHECK(n >= 1);
+  CHECK_EQ_INT(c[0].p[0], FM_ROWS_STREAM);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &m, &d), FM_OK);
+  if (!src) return;
+  const char *body = strstr(src, "---- the kernel ----");
+  CHECK(body != NULL);
+  if (body) {
+    CHECK_EQ_INT(count(body, "for (long long fm_t0 = 0;"), 1); /* one pass over the row */
+    CHECK_EQ_INT(count(body, "fm_tanh("), 1);
+    CHECK(strstr(body, "the last pass") == NULL);
+    const char *loop = strstr(body, "for (long long fm_t0 = 0;"),
+               *store = strstr(body, "reinterpret_cast<uint2 *>(out2");
+    CHECK(loop != NULL && store != NULL && store > loop);
+  }
+  free(src);
+}
+
 /* layer_norm's mean and var are ONE cross-thread reduction of (count, sum, shifted sum, M2),
  * and every block reduction helper has a single barrier (double-buffered shared memory). */
 static void test_layer_norm_one_reduction(void) {
@@ -224,6 +251,7 @@ int main(void) {
   RUN(test_golden_log_softmax_stream);
   RUN(test_golden_cross_entropy_stream);
   RUN(test_stream);
+  RUN(test_stream_stores_in_the_first_pass);
   RUN(test_stream_cross_entropy);
   RUN(test_layer_norm_one_reduction);
   RUN(test_meta);

@@ -6,10 +6,17 @@
 
 #include "test_codegen_frag.h"
 
-const char *const rf_name[RF_N_FRAGMENTS] = {
-    "rows_layer_norm_bf16", "rows_rms_norm_residual",   "rows_softmax_f32", "rows_stats_f16",
-    "rows_transposed_f32",  "rows_padded_bf16",         "rows_one_bf16",    "rows_log_softmax_stream",
-    "rows_center_stream",   "rows_cross_entropy_stream"};
+const char *const rf_name[RF_N_FRAGMENTS] = {"rows_layer_norm_bf16",
+                                             "rows_rms_norm_residual",
+                                             "rows_softmax_f32",
+                                             "rows_stats_f16",
+                                             "rows_transposed_f32",
+                                             "rows_padded_bf16",
+                                             "rows_one_bf16",
+                                             "rows_log_softmax_stream",
+                                             "rows_center_stream",
+                                             "rows_cross_entropy_stream",
+                                             "rows_softcap_cross_entropy_stream"};
 
 void rf_reduce(fm_fragment *f, fm_op op, uint32_t out, uint32_t arg, uint32_t correction) {
   tf_op(f, op, out, 1, arg, 0, 0);
@@ -131,14 +138,24 @@ int rf_fragment(int which, fm_fragment *canon) {
       tf_output(&raw, 1, FM_DT_BF16, 2, s, NULL, 2);
       break;
     }
-    case 9: { /* cross-entropy's forward over Llama's vocabulary (the client's fragment): the
-                 log-sum-exp of each row and the logit its target picks, from bf16 logits, a
-                 [1, C] column index and a per-row target */
+    case 9:    /* cross-entropy's forward over Llama's vocabulary (the client's fragment): the
+                  log-sum-exp of each row and the logit its target picks, from bf16 logits, a
+                  [1, C] column index and a per-row target */
+    case 10: { /* the same over Gemma 2's logits soft-capped (tanh(x / 30) * 30), written in bf16 */
       int64_t x[2] = {-1, 32000}, cols[2] = {1, 32000}, s[2] = {-1, 1};
+      uint32_t logits = 0;
       tf_input(&raw, 0, FM_DT_BF16, 2, x, NULL, 16);
       tf_input(&raw, 1, FM_DT_F32, 2, cols, NULL, 16);
       tf_input(&raw, 2, FM_DT_F32, 2, s, NULL, 4);
-      tf_cast(&raw, 3, 0, FM_DT_F32);
+      if (which == 10) {
+        tf_const(&raw, 20, 30.0);
+        tf_op(&raw, FM_OP_DIV, 21, 2, 0, 20, 0);
+        tf_op(&raw, FM_OP_TANH, 22, 1, 21, 0, 0);
+        tf_op(&raw, FM_OP_MUL, 23, 2, 22, 20, 0);
+        tf_cast(&raw, 24, 23, FM_DT_BF16);
+        logits = 24;
+      }
+      tf_cast(&raw, 3, logits, FM_DT_F32);
       rf_reduce(&raw, FM_OP_AMAX, 4, 3, 0);
       tf_op(&raw, FM_OP_SUB, 5, 2, 3, 4, 0);
       tf_op(&raw, FM_OP_EXP, 6, 1, 5, 0, 0);
@@ -151,6 +168,7 @@ int rf_fragment(int which, fm_fragment *canon) {
       rf_reduce(&raw, FM_OP_SUM, 13, 12, 0);
       tf_output(&raw, 9, FM_DT_F32, 2, s, NULL, 4);
       tf_output(&raw, 13, FM_DT_F32, 2, s, NULL, 4);
+      if (which == 10) tf_output(&raw, logits, FM_DT_BF16, 2, x, NULL, 16);
       break;
     }
     default:

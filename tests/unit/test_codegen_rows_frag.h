@@ -31,9 +31,11 @@ int rf_finish(fm_fragment *f, fm_fragment *canon);
  *     a per-row output;
  *   9 rows_cross_entropy_stream: cross-entropy's forward as the client sends it, bf16
  *     [-1, 32000] logits, a [1, 32000] f32 column index and a [-1, 1] f32 target: the
- *     log-sum-exp and the picked logit per row. */
+ *     log-sum-exp and the picked logit per row;
+ *  10 rows_softcap_cross_entropy_stream: Gemma 2's: the logits softcapped (tanh(x / 30) * 30)
+ *     and written in bf16, and fragment 9's statistics of them. */
 #define RF_N_REPRESENTATIVE 3
-#define RF_N_FRAGMENTS      10
+#define RF_N_FRAGMENTS      11
 int rf_fragment(int which, fm_fragment *canon);
 extern const char *const rf_name[RF_N_FRAGMENTS];
 

@@ -199,8 +199,7 @@ def _sink(gm, fake_mode):
                 raise ValueError("the moved op's result would be laid out otherwise")
         except Exception as e:  # a view the uncast layout cannot take: leave the chain as it was
             log.debug("fuseml: %s stays before its views: %s", cast.name, e)
-            for w in reversed(new):
-                gm.graph.erase_node(w)
+            fake_meta.discard(gm, new)
             continue
         last.replace_all_uses_with(moved)
         for v in reversed([cast] + chain):
@@ -238,8 +237,7 @@ def _rise(gm, fake_mode):
                 raise ValueError("the result would change layout")
         except Exception as e:  # no view of the cast value, or another layout: leave the pair
             log.debug("fuseml: %s stays after its reshape: %s", cast.name, e)
-            for n in reversed(new):
-                gm.graph.erase_node(n)
+            fake_meta.discard(gm, new)
             continue
         cast.replace_all_uses_with(w)
         gm.graph.erase_node(cast)

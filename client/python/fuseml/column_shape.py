@@ -134,8 +134,7 @@ def _in_shape(gm, mode, node, shape, roots):
             raise ValueError("the value would change dtype")
     except Exception as e:  # leave the op as it was
         log.debug("fuseml: %s stays in its shape: %s", node.name, e)
-        for m in reversed(made):
-            gm.graph.erase_node(m)
+        fake_meta.discard(gm, made)
         return None
     node.replace_all_uses_with(back)
     gm.graph.erase_node(node)

@@ -102,8 +102,7 @@ def rewrite_embedding_grads(gm):
                 cast = fake_meta.call(gm, mode, aten._to_copy.default, (sums,), {"dtype": node.meta["val"].dtype}, made)
         except Exception as e:  # leave ATen's op
             log.debug("fuseml: %s stays ATen's: %s", node.name, e)
-            for m in reversed(made):
-                gm.graph.erase_node(m)
+            fake_meta.discard(gm, made)
             continue
         n += fake_meta.substitute(gm, node, cast, made)  # not in another layout than the traced one
     if n:

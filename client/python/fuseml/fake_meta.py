@@ -47,13 +47,19 @@ def call(gm, mode, target, args, kwargs=None, made=None):
     return n
 
 
+def discard(gm, made):
+    """Erases the nodes a rewrite that gives up made, the last made first (each reads only
+    nodes made before it or nodes of the graph as it was)."""
+    for m in reversed(made):
+        gm.graph.erase_node(m)
+
+
 def substitute(gm, node, value, made):
     """Replaces node by `value`, a node a rewrite made (`made`: every node it made), when value
     has node's traced layout, which node's readers were traced (and their fragments built)
     for; otherwise erases what was made and leaves node. Returns whether it replaced."""
     if not same_layout(value.meta["val"], node.meta["val"]):
-        for m in reversed(made):
-            gm.graph.erase_node(m)
+        discard(gm, made)
         return False
     node.replace_all_uses_with(value)
     gm.graph.erase_node(node)

@@ -24,10 +24,10 @@ into one with both products, each one's epilogue and the combining node, provide
 group depends on the other and no mutating op lies between them; otherwise the node joins
 one of them, as for any two candidates.
 
-Light epilogues: a GEMM group whose epilogue is only a residual add, casts and the square a
-norm reduces (LIGHT_OPS), feeding one rows group, hands that epilogue to the rows group, and
-its product runs on cuBLAS: the residual stream and the next RMSNorm / LayerNorm are one rows
-kernel (_light_epilogue_into_rows says why that wins).
+Epilogues into rows: a GEMM group whose pointwise epilogue feeds one rows group hands that
+epilogue to the rows group, and its product runs on cuBLAS: the residual stream and the next
+RMSNorm / LayerNorm are one rows kernel, and so are a logits softcap and the loss's softmax
+(_epilogue_into_rows says why that wins).
 
 Chains (chains.py): after the groups are formed, a GEMM group whose only value feeds another
 GEMM group's product as its A (nothing else reads it: not a graph output, not saved for
@@ -572,7 +572,7 @@ def find_groups(gm, min_ops=2, chains=True):
             g2.chain, g2.parts = True, parts
 
     for g in [g for g in groups if g.kind == "gemm" and not g.chain and not g.parts]:
-        _light_epilogue_into_rows(g, group_of, pos)
+        _epilogue_into_rows(g, group_of, pos)
 
     # A pointwise group read by one group alone runs inside it, its values never written and
     # its launch gone, when that group is
@@ -661,19 +661,6 @@ def find_groups(gm, min_ops=2, chains=True):
     return groups
 
 
-# The ops of a light epilogue: what a residual stream does between a GEMM and the next norm.
-LIGHT_OPS = {
-    ops.aten.add.Tensor,
-    ops.aten.sub.Tensor,
-    ops.aten.mul.Tensor,
-    ops.aten.div.Tensor,
-    ops.aten._to_copy.default,
-    ops.aten.pow.Tensor_Scalar,
-    ops.aten.neg.default,
-    ops.aten.clone.default,
-}
-
-
 def _product_and_views(g):
     """The products of GEMM group g and the views of them that g looks through."""
     prods = set(ops.products(g.members))
@@ -684,23 +671,24 @@ def _product_and_views(g):
     return prods | views
 
 
-def _light_epilogue_into_rows(g, group_of, pos):
-    """Moves the epilogue of GEMM group g into the rows group it feeds, when the epilogue is
-    light (LIGHT_OPS: the residual add, casts, the square a norm reduces). The GEMM is then
-    lone and runs on cuBLAS, and the rows kernel reads the product once where it would have
-    read what the epilogue wrote: the bytes moved are the same or fewer (the epilogue wrote
-    the residual sum and often an fp32 copy for the norm), the mainloop is cuBLAS's (at a
-    Llama's shapes ours is 1.1-1.2x slower, and measured routing dropped these groups, whose
-    epilogue then ran as one more pointwise kernel), and a launch goes. A heavy epilogue
-    (an activation) stays: there the fused kernel earns its mainloop. Moved only when it
-    cannot make a group wait on itself: nothing the rows group reads may be computed from
+def _epilogue_into_rows(g, group_of, pos):
+    """Moves the pointwise epilogue of GEMM group g into the rows group it feeds (a residual
+    add and the next norm; a softcap and the softmax over the scores or the logits). The GEMM
+    is then lone and runs on cuBLAS, and the rows kernel reads the product once where it would
+    have read what the epilogue wrote: the bytes moved are the same or fewer (the epilogue
+    wrote the residual sum and often an fp32 copy for the norm; Gemma 2's lm_head wrote its
+    softcapped logits in bf16 and fp32), the mainloop is cuBLAS's (at a Llama's shapes ours
+    is 1.1-1.2x slower, and measured routing dropped these groups, whose epilogue then ran as
+    one more pointwise kernel), and a launch goes. An activation moves too: what the epilogue
+    computes costs the rows kernel no more than the GEMM's. Moved only when it cannot make a
+    group wait on itself: nothing the rows group reads may be computed from
     the epilogue outside the rows group (a group runs as one call, so every member of a
     group on such a path counts)."""
-    if len(ops.products(g.members)) != 1 or ops.is_batched_gemm(ops.products(g.members)[0]):
+    if len(ops.products(g.members)) != 1:
         return
     base = _product_and_views(g)
     epi = [n for n in g.members if n not in base]
-    if not epi or any(n.target not in LIGHT_OPS for n in epi):
+    if not epi or any(n.target is not ops.aten.clone.default and not ops.computes_pointwise(n) for n in epi):
         return
     shape = epi[0].meta["val"].shape
     if any(not same_known_shape(n.meta["val"].shape, shape) for n in epi):

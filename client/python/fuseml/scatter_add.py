@@ -117,8 +117,7 @@ def rewrite_index_put_adds(gm):
                     add = fake_meta.call(gm, mode, aten._to_copy.default, (add,), {"dtype": dtype}, made)
         except Exception as e:  # leave ATen's op
             log.debug("fuseml: %s stays ATen's: %s", node.name, e)
-            for m in reversed(made):
-                gm.graph.erase_node(m)
+            fake_meta.discard(gm, made)
             continue
         n += fake_meta.substitute(gm, node, add, made)
         _drop_unread_constant(gm, x)

@@ -87,8 +87,7 @@ def _move(gm, mode, split, op, operand):
                 pieces.append((piece, new))
     except Exception as e:  # leave the split where it was
         log.debug("fuseml: %s stays below %s: %s", op.name, split.name, e)
-        for m in reversed(made):
-            gm.graph.erase_node(m)
+        fake_meta.discard(gm, made)
         return False
     for piece, new in pieces:
         piece.replace_all_uses_with(new)

@@ -135,8 +135,7 @@ def _hoist(gm, fake_mode, copy, value, perm):
             raise ValueError("the result would differ in shape, dtype or layout")
     except Exception as e:  # leave the copy as it was
         log.debug("fuseml: %s stays a copy of a transposed value: %s", copy.name, e)
-        for w in reversed(new):
-            gm.graph.erase_node(w)
+        fake_meta.discard(gm, new)
         return False
     view = copy.args[0]
     copy.replace_all_uses_with(out)

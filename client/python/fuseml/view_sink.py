@@ -24,7 +24,10 @@ of the broadcast shape reads the unexpanded value, broadcasting as the expand di
 backward of Hugging Face's RMSNorm expands a per-row sum to the rows before dividing and
 scaling it; the expand, an op no group takes, cut the norm's backward in two kernels, the
 first writing an fp32 row-shaped value for the second. Exact for the same reason: an
-elementwise op of a broadcast value is the broadcast of the op's value."""
+elementwise op of a broadcast value is the broadcast of the op's value.
+
+A round trip goes first: a reshape that undoes an earlier one through pointwise ops
+(_undo_round_trips), the ops then computed over the first shape."""
 
 import torch
 
@@ -118,8 +121,7 @@ def _reorder(gm, fake_mode, view, reader, operand):
             raise ValueError("the result would differ in shape, dtype or layout")
     except Exception as e:  # leave the pair as it was
         log.debug("fuseml: %s stays before %s: %s", view.name, reader.name, e)
-        for w in reversed(new):
-            gm.graph.erase_node(w)
+        fake_meta.discard(gm, new)
         return False
     reader.replace_all_uses_with(back)
     gm.graph.erase_node(reader)
@@ -174,6 +176,91 @@ def _collapse_chains(gm):
     return changed
 
 
+def _round_trip(r):
+    """(source, chain) when reshape `r` undoes a reshape through a chain of pointwise ops:
+    r = reshape(f_k(...f_1(reshape(source, S1))), S0) with source of shape S0, each f_i of
+    one tensor operand of S1 (others of one element); chain is [f_k, ..., f_1]. Else None."""
+    if r.op != "call_function" or r.target not in RESHAPES or not _plain_contiguous(tensor_val(r)):
+        return None
+    want, chain, y = tuple(tensor_val(r).shape), [], r.args[0]
+    while isinstance(y, torch.fx.Node) and ops.computes_pointwise(y) and _plain_contiguous(tensor_val(y)):
+        shape = tuple(tensor_val(y).shape)
+        wide = [a for a in y.all_input_nodes if tensor_val(a) is None or tensor_val(a).numel() != 1]
+        if len(wide) != 1 or tensor_val(wide[0]) is None or tuple(tensor_val(wide[0]).shape) != shape:
+            return None
+        chain.append(y)
+        y = wide[0]
+    if not chain or y.op != "call_function" or y.target not in RESHAPES:
+        return None
+    src = y.args[0]
+    if not isinstance(src, torch.fx.Node) or not _plain_contiguous(tensor_val(src)):
+        return None
+    return (src, chain) if tuple(tensor_val(src).shape) == want else None
+
+
+def _undo_round_trip(gm, fake_mode, r, src, chain):
+    """The chain computed over src's shape, r reading its last op; the chain's other readers
+    read a reshape of the op they read. False (the graph as it was) when a value would differ
+    in dtype or layout."""
+    new, made, ones = src, [], [1] * len(tensor_val(src).shape)
+    remade = []  # (old op, its op over src's shape)
+    try:
+        for op in reversed(chain):
+            wide = next(a for a in op.all_input_nodes if tensor_val(a).numel() != 1)
+            with gm.graph.inserting_before(op):
+                args = [
+                    new
+                    if a is wide
+                    else fake_meta.call(gm, fake_mode, aten.view.default, (a, ones), None, made)
+                    if isinstance(a, torch.fx.Node)
+                    else a
+                    for a in op.args
+                ]
+                new = fake_meta.call(gm, fake_mode, op.target, args, op.kwargs, made)
+            if tensor_val(new).dtype != tensor_val(op).dtype:
+                raise ValueError("an op's dtype would differ")
+            remade.append((op, new))
+        if not same_layout(tensor_val(new), tensor_val(r)):
+            raise ValueError("the result's layout would differ")
+    except Exception as e:  # leave the graph as it was
+        log.debug("fuseml: %s keeps its round trip: %s", r.name, e)
+        fake_meta.discard(gm, made)
+        return False
+    r.replace_all_uses_with(new)
+    gm.graph.erase_node(r)
+    size, first_view = list(tensor_val(chain[0]).shape), chain[-1].all_input_nodes
+    for op, remade_op in reversed(remade):  # from the last op: each one's readers are gone first
+        readers = [u for u in op.users if u not in (o for o, _ in remade)]
+        if readers:  # a reader outside the chain reads the old shape, reshaped where it is read
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}
+            with gm.graph.inserting_before(min(readers, key=order.__getitem__)):
+                back = fake_meta.call(gm, fake_mode, aten.view.default, (remade_op, size))
+            for u in readers:
+                u.replace_input_with(op, back)
+        gm.graph.erase_node(op)
+    for v in first_view:  # the reshape the chain read, unread now (a GEMM group would look through it)
+        if v.target in RESHAPES and not v.users:
+            gm.graph.erase_node(v)
+    return True
+
+
+def _undo_round_trips(gm):
+    """A reshape that undoes an earlier one through pointwise ops goes, the ops computed over
+    the first shape. Gemma 2's logits: the product [N, V] seen as [B, S, V], softcapped, cast
+    to fp32 and seen as [N, V] again for the loss; the loss's rows group could not take the
+    softcap in over a different shape, and the GEMM wrote the softcapped logits in bf16 and
+    fp32 for the rows kernel to read back. Exact: the ops are elementwise, and reshapes of a
+    contiguous value re-index the same elements in the same order."""
+    found = [(n, m) for n, m in ((n, _round_trip(n)) for n in gm.graph.nodes) if m is not None]
+    fake_mode = fake_meta.mode_of(gm) if found else None
+    changed = False
+    for r, _ in found if fake_mode is not None else ():
+        m = _round_trip(r) if r.graph is gm.graph else None
+        if m is not None and _undo_round_trip(gm, fake_mode, r, *m):
+            changed = True
+    return changed
+
+
 def _moves(gm):
     """(node, how, reader) for each reshape or broadcast that can move now."""
     out = []
@@ -190,7 +277,8 @@ def _moves(gm):
 
 def sink_views(gm):
     """Rewrites gm in place (above); returns whether anything changed."""
-    changed = _collapse_chains(gm)
+    changed = _undo_round_trips(gm)
+    changed = _collapse_chains(gm) or changed
     pairs = _moves(gm)
     fake_mode = fake_meta.mode_of(gm) if pairs else None
     if fake_mode is None:

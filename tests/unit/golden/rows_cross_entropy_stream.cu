@@ -1,4 +1,4 @@
-/* fusemld codegen v34: rows kernel, a block streaming per row, block 256, rows of 32000, vec 4, 8 elements per thread.
+/* fusemld codegen v35: rows kernel, a block streaming per row, block 256, rows of 32000, vec 4, 8 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 0
@@ -168,7 +168,7 @@ __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_rows_v34(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v35(
     const unsigned short *__restrict__ in0,
     const float *__restrict__ in1,
     const float *__restrict__ in2,
@@ -250,7 +250,6 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v34(
     const float v13 = fm_row_sum(fm_a13, fm_red, fm_par);  /* sum */
     const float v8 = logf(v7);  /* log */
     const float v9 = (v8 + v4);  /* add */
-    /* the last pass: the row outputs, tile by tile */
     if (lane == 0) out0[b3] = v9;
     if (lane == 0) out1[b4] = v13;
   }
