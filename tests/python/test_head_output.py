@@ -22,13 +22,18 @@ class _Decoder(torch.nn.Module):
     """A trunk, its head (with or without a bias) and the loss; the logits returned beside it,
     as Hugging Face's causal LMs do."""
 
-    def __init__(self, bias=False, classes=V):
+    def __init__(self, bias=False, classes=V, softcap=None):
         super().__init__()
         self.trunk = torch.nn.Linear(D, D)
         self.lm_head = torch.nn.Linear(D, classes, bias=bias)
+        self.softcap = softcap
 
     def forward(self, x, labels):
         logits = self.lm_head(torch.tanh(self.trunk(x)))
+        if self.softcap is not None:  # Gemma 2's final soft cap, as Hugging Face writes it
+            logits = logits / self.softcap
+            logits = torch.tanh(logits)
+            logits = logits * self.softcap
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
         return loss, logits
 
@@ -55,12 +60,14 @@ def _step(model, fn, x, labels, aux=0.0):
     return [loss.detach(), logits.detach(), x.grad] + [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("bias,softcap", [(False, None), (True, None), (True, 3.0)])
 @pytest.mark.parametrize("aux", [0.0, 0.5])
-def test_steps_match_eager(dead_socket, small_heads, bias, aux):
+def test_steps_match_eager(dead_socket, small_heads, bias, softcap, aux):
+    """softcap: the returned logits are tanh(linear / c) * c, whose gradient (aux) goes through
+    the soft cap computed again in the reattached node's backward."""
     x, labels = _inputs()
     torch.manual_seed(1)
-    model = _Decoder(bias=bias).to(BF16)
+    model = _Decoder(bias=bias, softcap=softcap).to(BF16)
     want = _step(model, model, x, labels, aux)
     c = fuseml.FuseMLCompiler()
     fn = torch.compile(model, backend=c)
@@ -73,11 +80,12 @@ def test_steps_match_eager(dead_socket, small_heads, bias, aux):
     assert logits.requires_grad and type(logits.grad_fn).__name__.startswith("_Reattach")
 
 
-def test_backward_takes_no_tangent_for_the_logits(dead_socket, small_heads):
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_backward_takes_no_tangent_for_the_logits(dead_socket, small_heads, softcap):
     """Without the rewrite the backward graph's inputs hold a [tokens, vocabulary] tangent
     (the engine's zeros at run time); with it, only the head's input's [tokens, D] one."""
     x, labels = _inputs()
-    model = _Decoder().to(BF16)
+    model = _Decoder(softcap=softcap).to(BF16)
     sizes = {}
     for taken, min_bytes in (("no", 1 << 40), ("yes", 0)):
         head_output.MIN_BYTES = min_bytes
@@ -112,6 +120,14 @@ def test_graphs_not_taken(dead_socket):
         assert head_output.rewrite(graphs[-1]) is None
         odd = _Decoder(classes=V + 2).to(BF16)
         torch.compile(odd, backend=grab)(x, labels)
+        assert head_output.rewrite(graphs[-1]) is None
+
+        class _TwoTensorCap(_Decoder):  # an op of the logits and another tensor: not a soft cap
+            def forward(self, x, labels):
+                loss, logits = super().forward(x, labels)
+                return loss, logits * x.sum(-1, keepdim=True)
+
+        torch.compile(_TwoTensorCap().to(BF16), backend=grab)(x, labels)
         assert head_output.rewrite(graphs[-1]) is None
         with torch.no_grad():
             assert head_output.rewrite(graphs[0]) is None

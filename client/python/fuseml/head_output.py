@@ -20,12 +20,18 @@ backward as before, a gradient through the logits reaches h, W and b through the
 h's into the compiled backward, which adds it to what the loss gives h), and a step that never
 differentiates the logits has the engine make zeros for h instead (16 MB for Llama d2048).
 
+An output computed from the linear by elementwise ops of it alone and numbers (Gemma 2's
+soft cap, tanh(O / 30) * 30: SOFTCAP_OPS) is taken the same way: Reattach's backward computes
+the linear and those ops again from h, W and b (only when a gradient reaches the returned
+value) and differentiates them.
+
 Taken in a graph compiled with gradients on, for an output that is the result of a linear whose
 input or weight requires grad, returned once, with static sizes and a width that is a multiple
 of 8 (pad_gemm.py pads the others); the weight and bias are the graph's own inputs (Dynamo
 lifts a module's parameters into them). Anything else is left as it was."""
 
 import functools
+import operator
 
 import torch
 
@@ -37,25 +43,80 @@ from .shapes import is_plain_int
 _LINEARS = (torch._C._nn.linear, torch.nn.functional.linear)
 RATIO = 4  # the output's last dim against its input's: a head, not a projection
 MIN_BYTES = 32 << 20  # an output smaller than this costs its zeros little
+# Elementwise ops of one tensor (the others numbers) an output may apply to the linear's value:
+# a soft cap's, and a cast; Dynamo spells them as Python operators, torch functions or methods.
+SOFTCAP_OPS = {
+    operator.truediv,
+    operator.mul,
+    operator.add,
+    operator.sub,
+    operator.neg,
+    torch.tanh,
+    torch.mul,
+    torch.div,
+    torch.add,
+    torch.sub,
+    "tanh",
+    "mul",
+    "div",
+    "add",
+    "sub",
+    "float",
+}
+_VALUE = object()  # in a recorded step, where the value computed so far goes
 
 
 class _Reattach(torch.autograd.Function):
-    """out (no autograd history) given the history of linear(h, weight, bias)."""
+    """out (no autograd history) given the history of steps(linear(h, weight, bias)), steps
+    the recorded elementwise ops after the linear (none for a plain head)."""
 
     @staticmethod
-    def forward(ctx, out, h, weight, bias):
-        ctx.save_for_backward(h, weight)
-        ctx.has_bias = bias is not None
+    def forward(ctx, out, h, weight, bias, steps):
+        ctx.save_for_backward(h, weight, bias)
+        ctx.steps = steps
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad):
-        h, weight = ctx.saved_tensors
+        h, weight, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad[1:4]
+        if ctx.steps:  # the ops after the linear computed again and differentiated
+            xs = [x.detach().requires_grad_(n) if x is not None else None for x, n in zip((h, weight, bias), need)]
+            with torch.enable_grad():
+                out = _replay(torch.nn.functional.linear(*xs), ctx.steps)
+                wrt = [x for x, n in zip(xs, need) if x is not None and n]
+                got = iter(torch.autograd.grad(out, wrt, grad))
+            return (None, *(next(got) if x is not None and n else None for x, n in zip(xs, need)), None)
         g = grad.reshape(-1, grad.shape[-1])
-        dh = (g @ weight).view(h.shape) if ctx.needs_input_grad[1] else None
-        dw = g.t() @ h.reshape(-1, h.shape[-1]) if ctx.needs_input_grad[2] else None
-        db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[3] else None
-        return None, dh, dw, db
+        dh = (g @ weight).view(h.shape) if need[0] else None
+        dw = g.t() @ h.reshape(-1, h.shape[-1]) if need[1] else None
+        db = g.sum(0) if bias is not None and need[2] else None
+        return None, dh, dw, db, None
+
+
+def _replay(value, steps):
+    """value through the recorded steps: (kind, target, args, kwargs), _VALUE in args where the
+    value so far goes (kind "call_method": a method of the value)."""
+    for kind, target, args, kwargs in steps:
+        args = [value if a is _VALUE else a for a in args]
+        value = getattr(args[0], target)(*args[1:], **kwargs) if kind == "call_method" else target(*args, **kwargs)
+    return value
+
+
+def _softcap_chain(out):
+    """(the linear node, the recorded steps from it to graph output `out`) when `out` is the
+    linear's value through SOFTCAP_OPS alone (no steps for the linear itself), else None."""
+    steps, node = [], out
+    while linear_operands(node) is None:
+        if node.op not in ("call_function", "call_method") or node.target not in SOFTCAP_OPS:
+            return None
+        tensors = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        others = [a for a in node.args if not isinstance(a, torch.fx.Node)]
+        if len(tensors) != 1 or any(not isinstance(a, (int, float)) for a in others) or node.kwargs:
+            return None
+        steps.append((node.op, node.target, tuple(_VALUE if a is tensors[0] else a for a in node.args), {}))
+        node = tensors[0]
+    return node, tuple(reversed(steps))
 
 
 def linear_operands(node):
@@ -105,13 +166,14 @@ def rewrite(gm):
     if not isinstance(outs, (tuple, list)):
         return None
     positions = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
-    heads = []  # (output index, h's extra output index, weight input, bias input or None)
+    heads = []  # (output index, h's extra output index, weight input, bias input or None, steps)
     outs = list(outs)
     extra = []
     for i, out in enumerate(list(outs)):
-        linear = linear_operands(out) if isinstance(out, torch.fx.Node) else None
-        if linear is None or outs.count(out) != 1:
+        chain = _softcap_chain(out) if isinstance(out, torch.fx.Node) else None
+        if chain is None or outs.count(out) != 1:
             continue
+        linear, steps = linear_operands(chain[0]), chain[1]
         why = _why_not(out, linear, positions)
         if why is not None:
             log.debug("fuseml: output %s keeps its gradient in the graph: %s", out.name, why)
@@ -121,7 +183,7 @@ def rewrite(gm):
             detached = graph.call_function(torch.Tensor.detach, (out,))
         detached.meta.update(out.meta)
         outs[i] = detached
-        heads.append((i, len(outs) + len(extra), positions[weight], None if bias is None else positions[bias]))
+        heads.append((i, len(outs) + len(extra), positions[weight], None if bias is None else positions[bias], steps))
         extra.append(h)
     if not heads:
         return None
@@ -138,11 +200,11 @@ def _wrap(fn, heads, given):
     arguments."""
 
     def call(*args):
-        params = [(args[w], None if b is None else args[b]) for _, _, w, b in heads]
+        params = [(args[w], None if b is None else args[b]) for _, _, w, b, _ in heads]
         got = fn(*args)
         outs = list(got)
-        for (i, j, _, _), (weight, bias) in zip(heads, params):
-            outs[i] = _Reattach.apply(outs[i], outs[j], weight, bias)
+        for (i, j, _, _, steps), (weight, bias) in zip(heads, params):
+            outs[i] = _Reattach.apply(outs[i], outs[j], weight, bias, steps)
         outs = outs[:given]
         return tuple(outs) if isinstance(got, tuple) else outs
 
