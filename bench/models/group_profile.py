@@ -15,9 +15,7 @@ import argparse
 import os
 import sys
 
-os.environ["FUSEML_STRAIGHT_LINE"] = "0"  # before fuseml reads its settings
-
-import torch  # noqa: E402
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -68,6 +66,7 @@ def main(argv=None):
     ap.add_argument("--phase", choices=run_model.PHASES, default="train")
     ap.add_argument("--top", type=int, default=40)
     args = ap.parse_args(argv)
+    os.environ["FUSEML_STRAIGHT_LINE"] = "0"  # each group one call of the FX graph (above)
     import fuseml
     from fuseml import backend, plan_view
 
