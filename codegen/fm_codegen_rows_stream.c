@@ -118,10 +118,11 @@ static void emit_scalars(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *
   }
 }
 
-/* Is output k a row output that the first reduction pass stores (no reduction precedes it)? */
-static int stored_early(const fm_cg_plan *p, const uint32_t *level, uint32_t k) {
+/* Is output k a row output that the first reduction pass stores (there is one: top, the
+ * highest level, is at least 1; and no reduction precedes the output)? */
+static int stored_early(const fm_cg_plan *p, const uint32_t *level, uint32_t top, uint32_t k) {
   uint32_t pos = p->t[p->n_in + k].value;
-  return p->rowval[pos] && level[pos] == 0;
+  return top > 0 && p->rowval[pos] && level[pos] == 0;
 }
 
 /* Pass l: every live reduction of level l, accumulated over the tiles, then across the block. */
@@ -132,7 +133,7 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
   for (uint32_t v = 0; v < n_values; v++) targets[v] = 0;
   if (l == 1)
     for (uint32_t k = 0; k < p->n_out; k++)
-      if (stored_early(p, level, k)) targets[p->t[p->n_in + k].value] = 1;
+      if (stored_early(p, level, l, k)) targets[p->t[p->n_in + k].value] = 1;
   fm_strbuf_printf(sb, "    /* pass %u: the reductions of level %u */\n", l, l);
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
@@ -167,7 +168,7 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
   }
   if (l == 1)
     for (uint32_t k = 0; k < p->n_out; k++)
-      if (stored_early(p, level, k)) fm_cg_rows_emit_store_row(sb, rp, s, k);
+      if (stored_early(p, level, l, k)) fm_cg_rows_emit_store_row(sb, rp, s, k);
   fm_strbuf_append(sb, "    }\n");
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
@@ -194,7 +195,7 @@ uint32_t fm_cg_rows_stream_passes(const fm_fragment *f, const fm_cg_rows_plan *r
   for (uint32_t v = 0; v < p->n_in + p->n_ops; v++)
     if (p->live[v] && level[v] > top) top = level[v];
   for (uint32_t k = 0; k < p->n_out; k++)
-    row_out |= p->rowval[p->t[p->n_in + k].value] && !(top && stored_early(p, level, k));
+    row_out |= p->rowval[p->t[p->n_in + k].value] && !stored_early(p, level, top, k);
   return top + row_out;
 }
 
@@ -219,7 +220,7 @@ int fm_cg_rows_emit_stream_body(fm_strbuf *sb, const fm_fragment *f, const fm_cg
   int any_row_out = 0;
   for (uint32_t k = 0; k < p->n_out; k++) {
     uint32_t pos = p->t[p->n_in + k].value;
-    if (p->rowval[pos] && !(top && stored_early(p, level, k))) targets[pos] = any_row_out = 1;
+    if (p->rowval[pos] && !stored_early(p, level, top, k)) targets[pos] = any_row_out = 1;
   }
   if (any_row_out) {
     fm_strbuf_append(sb, "    /* the last pass: the row outputs, tile by tile */\n");

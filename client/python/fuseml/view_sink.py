@@ -229,10 +229,11 @@ def _undo_round_trip(gm, fake_mode, r, src, chain):
     r.replace_all_uses_with(new)
     gm.graph.erase_node(r)
     size, first_view = list(tensor_val(chain[0]).shape), chain[-1].all_input_nodes
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}  # the readers' places (nothing moves)
+    in_chain = set(chain)
     for op, remade_op in reversed(remade):  # from the last op: each one's readers are gone first
-        readers = [u for u in op.users if u not in (o for o, _ in remade)]
+        readers = [u for u in op.users if u not in in_chain]
         if readers:  # a reader outside the chain reads the old shape, reshaped where it is read
-            order = {n: i for i, n in enumerate(gm.graph.nodes)}
             with gm.graph.inserting_before(min(readers, key=order.__getitem__)):
                 back = fake_meta.call(gm, fake_mode, aten.view.default, (remade_op, size))
             for u in readers:
@@ -255,7 +256,7 @@ def _undo_round_trips(gm):
     fake_mode = fake_meta.mode_of(gm) if found else None
     changed = False
     for r, _ in found if fake_mode is not None else ():
-        m = _round_trip(r) if r.graph is gm.graph else None
+        m = _round_trip(r)  # again: an earlier undo may have remade its chain's start
         if m is not None and _undo_round_trip(gm, fake_mode, r, *m):
             changed = True
     return changed
