@@ -116,6 +116,40 @@ def test_a_group_aten_won_against_its_verified_kernel_is_measured_again(tuning_d
     assert len(c.plans) == 1
 
 
+def test_a_dropped_gemm_group_comes_back_for_its_tuned_kernel(tuning_daemon, monkeypatch):
+    """A GEMM group whose verified kernel lost to ATen runs cuBLAS plus its epilogue apart (one
+    pointwise group); when its tuned kernel arrives the GEMM group takes its place back, to be
+    measured again, and a second loss brings back the same epilogue group (no new request)."""
+    from fuseml import backend
+
+    monkeypatch.setenv("FUSEML_UPGRADE_S", "0.05")
+    monkeypatch.setenv("FUSEML_REQUEST_CPU_GRAPHS", "1")  # a GEMM group is requested on the CPU
+    monkeypatch.setattr(upgrade, "CHECK_CALLS", 1)
+    c = fuseml.FuseMLCompiler(socket=tuning_daemon.socket)
+    f = lambda x, w, b: torch.relu(x @ w + b) * 2.0  # noqa: E731
+    x, w, b = (torch.randn(*s, dtype=torch.bfloat16) for s in ((64, 32), (32, 48), (48,)))
+    fn = torch.compile(f, backend=c)
+    torch.testing.assert_close(fn(x, w, b), f(x, w, b))
+    (r,) = [r for r in _runners(c) if r.group.kind == "gemm"]
+    (compiled,) = [k for k in backend.live if r in k.runners.values()]
+    r.use_kernel = False  # as if ATen had won against the verified kernel
+    compiled._reroute()
+    (epilogue,) = compiled.epilogues[r.group]
+    assert epilogue.apart_of is r.group and epilogue in compiled.kept and r.group not in compiled.kept
+    deadline = time.monotonic() + 120
+    while r.kernel[1] != "tuned" and time.monotonic() < deadline:
+        torch.testing.assert_close(fn(x, w, b), f(x, w, b))
+        time.sleep(0.02)
+    assert r.kernel[1] == "tuned"
+    torch.testing.assert_close(fn(x, w, b), f(x, w, b))
+    assert r.group in compiled.kept and epilogue not in compiled.kept and r.use_kernel is None
+    r.use_kernel = False  # the tuned kernel lost as well
+    compiled._reroute()
+    assert compiled.epilogues[r.group] == [epilogue] and epilogue in compiled.kept
+    torch.testing.assert_close(fn(x, w, b), f(x, w, b))
+    assert len(c.plans) == 1
+
+
 class _Runner:  # what swap() reads and writes of a runtime.GroupRunner (hashable)
     kernel = ("u" * 64, "verified", b"old", {})
     name = "g"

@@ -690,6 +690,7 @@ class Compiled:
         self.pending = bool(self.kept)  # some kept group has not been routed yet
         self.generate = generate
         self.apart = apart  # dropped GEMM groups -> their epilogue groups served
+        self.epilogues = {}  # a dropped GEMM group -> its epilogue groups served (apart)
         self.backward = backward  # its outputs are gradients (straight_line.generate)
         self.first = None  # generated code, its first call (checks ATen layouts)
         self.fast = None  # generated code, verified
@@ -744,7 +745,9 @@ class Compiled:
             if g not in self.kept and self.runners[g.gid].kernel is not None and self.runners[g.gid].use_kernel is None
         ]
         if back:
-            self.kept = sorted(self.kept + back, key=lambda g: g.gid)
+            # a GEMM group back in place of the epilogue that ran apart from it
+            gone = {h for g in back for h in self.epilogues.get(g, ())}
+            self.kept = sorted([g for g in self.kept if g not in gone] + back, key=lambda g: g.gid)
             self.pending = True
             self._set_current(rewrite(self.gm, self.kept, self.runners, direct=True))
 
@@ -785,15 +788,25 @@ class Compiled:
         if dropped:
             self.kept = [g for g in self.kept if g not in dropped]
             if self.apart is not None:
-                try:
-                    epilogues = self.apart([g for g in dropped if g.kind == "gemm"])
-                except Exception as e:  # never a failed job: the dropped groups run as ATen
-                    log.info("fuseml: epilogues of dropped GEMM groups not requested: %r", e)
-                    epilogues = []
-                self.kept += epilogues
-                self.upgrader.add([self.runners[g.gid] for g in epilogues])
-                self.pending = self.pending or bool(epilogues)
+                self.kept += self._epilogues_of([g for g in dropped if g.kind == "gemm"])
+                self.pending = any(self.runners[g.gid].use_kernel is None for g in self.kept)
             self._set_current(rewrite(self.gm, self.kept, self.runners, direct=True) if self.kept else self.gm)
+
+    def _epilogues_of(self, gemms):
+        """The epilogue groups that run in the place of dropped GEMM groups: requested at a
+        group's first drop, the same ones again at a later drop (after its tuned kernel came
+        back and lost too); those measured routing sent to ATen are left out."""
+        new = [g for g in gemms if g not in self.epilogues]
+        if new:
+            try:
+                served = self.apart(new)
+            except Exception as e:  # never a failed job: the dropped groups run as ATen
+                log.info("fuseml: epilogues of dropped GEMM groups not requested: %r", e)
+                served = []
+            for g in new:
+                self.epilogues[g] = [h for h in served if h.apart_of is g]
+            self.upgrader.add([self.runners[h.gid] for h in served])
+        return [h for g in gemms for h in self.epilogues[g] if self.runners[h.gid].use_kernel is not False]
 
 
 class InductorCompiled:

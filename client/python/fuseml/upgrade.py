@@ -23,7 +23,10 @@ the kernel keeps it: the tuned kernel is at least as fast as the one measured. O
 ATen is measured again (use_kernel back to None; the graph puts its group back, backend's
 Compiled.rewrite_code): the verified kernel is the heuristic default, which can be many times
 slower than the tuned one (a batch norm's statistics over [802816, 64]: 1.1 ms against 0.033,
-where ATen's sum takes ~0.1). A GEMM group keeps its decision: its epilogue runs apart by then.
+where ATen's sum takes ~0.1). A GEMM group too: its epilogue, run apart since, gives its place
+back and is measured again (a GEMM group of Gemma 2's training step: its verified kernel,
+0.141 ms, lost to ATen; the tuned one, 0.111 ms, never ran, and each layer kept cuBLAS plus
+an epilogue kernel, ~0.15 ms).
 Once no runner is verified (all tuned, or the daemon refused one), tick() does nothing more."""
 
 import threading
@@ -83,7 +86,7 @@ def swap(upgrades):
         group = getattr(r, "group", None)
         if group is not None:
             served(group, kernel).state = kernel[1]
-        if getattr(r, "use_kernel", None) is False and group is not None and group.kind != "gemm":
+        if getattr(r, "use_kernel", None) is False and group is not None:
             r.use_kernel, r.timing = None, None  # ATen won against the verified kernel: measure again
         log.info("fuseml: %s: tuned kernel %s picked up", r.name, key[:12])
     return len(upgrades)
