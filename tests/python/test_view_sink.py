@@ -137,6 +137,44 @@ def test_a_round_trip_through_pointwise_ops_goes(dead_socket, partitioned):
     assert out.target in view_sink.RESHAPES and out.args[0] in rows.members
 
 
+def test_a_round_trip_with_two_reshaped_operands_goes(dead_socket, partitioned):
+    """Gemma 2's soft-capped logits' gradient: the loss's gradient g and the saved product p,
+    each [N, V] seen as [B, S, V] where the softcap's backward reads them, the result seen as
+    [N, V] again for the head's GEMMs. The round trip goes: the backward runs over [N, V] and
+    joins g's group, one kernel over the logits where there were two."""
+
+    p = torch.randn(8, 32, dtype=BF16)
+
+    def softcap_backward(x):
+        g = torch.exp(x.float()) * 2.0  # the loss's gradient, computed over [N, V]
+        t = torch.tanh(p.view(2, 4, 32) / 30.0)
+        d = torch.ops.aten.tanh_backward(g.view(2, 4, 32).to(BF16) * 30.0, t) / 30.0
+        return d.view(8, 32)
+
+    x = torch.randn(8, 32, dtype=BF16)
+    c, got, want = compile_run(Fn(softcap_backward), x, train=False)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    ((gm, groups),) = partitioned
+    assert not [n for n in gm.graph.nodes if n.op == "call_function" and n.target in view_sink.RESHAPES]
+    (g,) = kernels(groups)
+    assert {"exp", "tanh", "tanh_backward", "div"} <= set(g.op_names), g.describe()
+
+
+def test_siblings_products_keep_their_views():
+    """Two products of the graph seen as [B, S, F], combined and seen as [N, F] again (SwiGLU
+    before its down projection): the views stay, the form a sibling GEMM group reads."""
+
+    def swiglu(x, w1, w2):
+        a, b = (x @ w1).view(2, 4, 16), (x @ w2).view(2, 4, 16)
+        return (torch.nn.functional.silu(a) * b).view(8, 16)
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(swiglu, tracing_mode="fake")(
+        torch.randn(8, 32), torch.randn(32, 16), torch.randn(32, 16)
+    )
+    r = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in view_sink.RESHAPES][-1]
+    assert view_sink._round_trip(r) is None
+
+
 def test_a_round_trip_of_another_shape_stays():
     """A reshape to a shape other than the first reshape's source is no round trip."""
 

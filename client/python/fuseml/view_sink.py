@@ -26,8 +26,8 @@ scaling it; the expand, an op no group takes, cut the norm's backward in two ker
 first writing an fp32 row-shaped value for the second. Exact for the same reason: an
 elementwise op of a broadcast value is the broadcast of the op's value.
 
-A round trip goes first: a reshape that undoes an earlier one through pointwise ops
-(_undo_round_trips), the ops then computed over the first shape."""
+A round trip goes first, and again after the moves: a reshape that undoes earlier ones
+through pointwise ops (_undo_round_trips), the ops then computed over the first shape."""
 
 import torch
 
@@ -176,71 +176,96 @@ def _collapse_chains(gm):
     return changed
 
 
+MAX_ROUND_TRIP_OPS = 64  # pointwise ops in one round trip's cone (a loss's backward has ~10)
+
+
 def _round_trip(r):
-    """(source, chain) when reshape `r` undoes a reshape through a chain of pointwise ops:
-    r = reshape(f_k(...f_1(reshape(source, S1))), S0) with source of shape S0, each f_i of
-    one tensor operand of S1 (others of one element); chain is [f_k, ..., f_1]. Else None."""
+    """(leaves, cone) when reshape `r` undoes reshapes through pointwise ops: r = reshape(f(...),
+    S0) where f's value is computed over S1 by pointwise ops (the cone, graph order) whose
+    tensor operands are each another op of the cone, one element, or a reshape to S1 of a
+    source of shape S0 (leaves: {reshape: source}). Gemma 2's logits' gradient: the softcap's
+    backward reads the saved product and the loss's gradient, each [N, V] seen as [B, S, V].
+    Of several leaves none is a product of this graph (a GEMM group reads its products'
+    views). Else None."""
     if r.op != "call_function" or r.target not in RESHAPES or not _plain_contiguous(tensor_val(r)):
         return None
-    want, chain, y = tuple(tensor_val(r).shape), [], r.args[0]
-    while isinstance(y, torch.fx.Node) and ops.computes_pointwise(y) and _plain_contiguous(tensor_val(y)):
-        shape = tuple(tensor_val(y).shape)
-        wide = [a for a in y.all_input_nodes if tensor_val(a) is None or tensor_val(a).numel() != 1]
-        if len(wide) != 1 or tensor_val(wide[0]) is None or tuple(tensor_val(wide[0]).shape) != shape:
+    want, top = tuple(tensor_val(r).shape), r.args[0]
+    if not isinstance(top, torch.fx.Node) or not ops.computes_pointwise(top) or not _plain_contiguous(tensor_val(top)):
+        return None
+    shape = tuple(tensor_val(top).shape)
+    cone, leaves, todo = set(), {}, [top]
+    while todo:
+        y = todo.pop()
+        if y in cone or y in leaves:
+            continue
+        v = tensor_val(y)
+        if v is None:
             return None
-        chain.append(y)
-        y = wide[0]
-    if not chain or y.op != "call_function" or y.target not in RESHAPES:
+        if y is not top and v.numel() == 1:
+            continue  # a scalar operand: viewed to S0's rank where it is read
+        if ops.computes_pointwise(y) and tuple(v.shape) == shape and _plain_contiguous(v):
+            if len(cone) == MAX_ROUND_TRIP_OPS:
+                return None
+            cone.add(y)
+            todo += y.all_input_nodes
+            continue
+        src = y.args[0] if y.op == "call_function" and y.target in RESHAPES else None
+        if not isinstance(src, torch.fx.Node) or tuple(v.shape) != shape or not _plain_contiguous(tensor_val(src)):
+            return None
+        if tuple(tensor_val(src).shape) != want:
+            return None
+        leaves[y] = src
+    if not leaves:
         return None
-    src = y.args[0]
-    if not isinstance(src, torch.fx.Node) or not _plain_contiguous(tensor_val(src)):
+    if len(leaves) > 1 and any(src.op == "call_function" and src.target in ops.GEMM_OPS for src in leaves.values()):
+        # siblings' products (SwiGLU's gate and up) keep the views their group looks through
         return None
-    return (src, chain) if tuple(tensor_val(src).shape) == want else None
+    return leaves, [n for n in top.graph.nodes if n in cone]
 
 
-def _undo_round_trip(gm, fake_mode, r, src, chain):
-    """The chain computed over src's shape, r reading its last op; the chain's other readers
-    read a reshape of the op they read. False (the graph as it was) when a value would differ
-    in dtype or layout."""
-    new, made, ones = src, [], [1] * len(tensor_val(src).shape)
-    remade = []  # (old op, its op over src's shape)
+def _undo_round_trip(gm, fake_mode, r, leaves, cone):
+    """The cone computed over the sources' shape, r reading its last op; the cone's other
+    readers read a reshape of the op they read. False (the graph as it was) when a value would
+    differ in dtype or layout."""
+    top = r.args[0]
+    ones = [1] * len(tensor_val(r).shape)
+    made, remade = [], {}  # remade: old op -> its op over the sources' shape
     try:
-        for op in reversed(chain):
-            wide = next(a for a in op.all_input_nodes if tensor_val(a).numel() != 1)
+        for op in cone:
             with gm.graph.inserting_before(op):
                 args = [
-                    new
-                    if a is wide
+                    remade[a]
+                    if a in remade
+                    else leaves[a]
+                    if a in leaves
                     else fake_meta.call(gm, fake_mode, aten.view.default, (a, ones), None, made)
                     if isinstance(a, torch.fx.Node)
                     else a
                     for a in op.args
                 ]
-                new = fake_meta.call(gm, fake_mode, op.target, args, op.kwargs, made)
-            if tensor_val(new).dtype != tensor_val(op).dtype:
+                remade[op] = fake_meta.call(gm, fake_mode, op.target, args, op.kwargs, made)
+            if tensor_val(remade[op]).dtype != tensor_val(op).dtype:
                 raise ValueError("an op's dtype would differ")
-            remade.append((op, new))
-        if not same_layout(tensor_val(new), tensor_val(r)):
+        if not same_layout(tensor_val(remade[top]), tensor_val(r)):
             raise ValueError("the result's layout would differ")
     except Exception as e:  # leave the graph as it was
         log.debug("fuseml: %s keeps its round trip: %s", r.name, e)
         fake_meta.discard(gm, made)
         return False
-    r.replace_all_uses_with(new)
+    r.replace_all_uses_with(remade[top])
     gm.graph.erase_node(r)
-    size, first_view = list(tensor_val(chain[0]).shape), chain[-1].all_input_nodes
+    size = list(tensor_val(top).shape)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}  # the readers' places (nothing moves)
-    in_chain = set(chain)
-    for op, remade_op in reversed(remade):  # from the last op: each one's readers are gone first
-        readers = [u for u in op.users if u not in in_chain]
-        if readers:  # a reader outside the chain reads the old shape, reshaped where it is read
+    for op in reversed(cone):  # from the last op: each one's readers in the cone are gone first
+        readers = [u for u in op.users if u not in remade]
+        if readers:  # a reader outside the cone reads the old shape, reshaped where it is read
             with gm.graph.inserting_before(min(readers, key=order.__getitem__)):
-                back = fake_meta.call(gm, fake_mode, aten.view.default, (remade_op, size))
+                back = fake_meta.call(gm, fake_mode, aten.view.default, (remade[op], size))
             for u in readers:
                 u.replace_input_with(op, back)
         gm.graph.erase_node(op)
-    for v in first_view:  # the reshape the chain read, unread now (a GEMM group would look through it)
-        if v.target in RESHAPES and not v.users:
+    for v in leaves:  # the reshapes the cone read, unread now (a GEMM group would look through them)
+        if not v.users:
             gm.graph.erase_node(v)
     return True
 
@@ -256,7 +281,9 @@ def _undo_round_trips(gm):
     fake_mode = fake_meta.mode_of(gm) if found else None
     changed = False
     for r, _ in found if fake_mode is not None else ():
-        m = _round_trip(r)  # again: an earlier undo may have remade its chain's start
+        if r._erased:  # an earlier undo's leaf
+            continue
+        m = _round_trip(r)  # again: an earlier undo may have remade its cone
         if m is not None and _undo_round_trip(gm, fake_mode, r, *m):
             changed = True
     return changed
@@ -305,6 +332,11 @@ def sink_views(gm):
         changed = True
         _collapse_chains(gm)
         pairs = _moves(gm)
+    # the moves can leave a round trip of their own (the loss's gradient seen as [B, S, V]
+    # where the softcap's backward reads it, and as [N, V] again for the head's GEMMs)
+    if _undo_round_trips(gm):
+        _collapse_chains(gm)
+        changed = True
     if changed:
         gm.graph.lint()
         graph_code.edited(gm)
