@@ -52,6 +52,7 @@ from .runtime import GroupRunner
 from .scatter_add import rewrite_index_put_adds
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
+from .gather_sink import sink_gathers
 from .split_sink import sink_splits
 from .view_sink import sink_views
 
@@ -414,6 +415,7 @@ class FuseMLCompiler:
             sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)
             sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
             sink_splits(gm)  # a pointwise op a split reads moves below it, one per piece (split_sink.py)
+            sink_gathers(gm)  # ... and one a row gather or its picks read, below them (gather_sink.py)
             run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
             # again: a per-channel cast that memory order now reads through unsqueezes and a permute
             # (batch norm's running variance as torch 2.11 decomposes it: a kernel of its own and a

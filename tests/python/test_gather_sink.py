@@ -1,0 +1,90 @@
+"""A pointwise op read by a row gather moves below it, and one whose row groups are picked
+below the picks (gather_sink.py): the mixture-of-experts layer's expert rows scaled by their
+routing weights, put back in token order and summed into the residual become one kernel
+reading the gathered bf16 product. Results as eager's (exact: elementwise ops commute with
+row gathers and picks); what the rewrite must leave alone stays as it was."""
+
+import torch
+
+import fuseml
+from fuseml import gather_sink
+
+aten = torch.ops.aten
+BF16 = torch.bfloat16
+TOKENS, K, D = 32, 2, 64
+
+
+def combine(down, weight, inverse, residual):
+    """Hugging Face's grouped-GEMM experts after the down projection: each picked row scaled
+    by its routing weight (fp32), put back in token order, the k picks of a token summed."""
+    scaled = down * weight[:, None]
+    picked = scaled[inverse].view(TOKENS, K, D)
+    return residual + (picked[:, 0] + picked[:, 1]).to(BF16)
+
+
+def inputs():
+    g = torch.Generator().manual_seed(5)
+    down = torch.randn(TOKENS * K, D, generator=g).to(BF16)
+    weight = torch.rand(TOKENS * K, generator=g)
+    inverse = torch.randperm(TOKENS * K, generator=g)
+    residual = torch.randn(TOKENS, D, generator=g).to(BF16)
+    return down, weight, inverse, residual
+
+
+def nodes(gm, target):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target == target]
+
+
+def test_the_scaling_and_the_picks_sum_are_one_kernel_after_the_gather(dead_socket, partitioned):
+    args = inputs()
+    got = torch.compile(combine, backend=fuseml.FuseMLCompiler(), dynamic=False)(*args)
+    torch.testing.assert_close(got, combine(*args), rtol=0, atol=0)
+    ((gm, groups),) = partitioned
+    gathers = nodes(gm, aten.index.Tensor)
+    # the bf16 product and the weights are gathered; nothing fp32 of the product's size is
+    assert sorted(str(tuple(n.meta["val"].shape)) + str(n.meta["val"].dtype) for n in gathers) == [
+        f"({TOKENS * K}, 1)torch.float32",
+        f"({TOKENS * K}, {D})torch.bfloat16",
+    ]
+    (g,) = [g for g in groups if g.kind == "pointwise" and g.route == "kernel"]
+    assert sorted(g.op_names) == ["_to_copy", "add", "add", "mul", "mul"], g.describe()
+
+
+def test_an_op_read_by_more_than_the_gather_stays(dead_socket, partitioned):
+    def also_returned(down, weight, inverse, residual):
+        scaled = down * weight[:, None]
+        return scaled[inverse] + 1.0, scaled
+
+    args = inputs()
+    got = torch.compile(also_returned, backend=fuseml.FuseMLCompiler(), dynamic=False)(*args)
+    for a, b in zip(got, also_returned(*args)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    ((gm, _),) = partitioned
+    (gather,) = nodes(gm, aten.index.Tensor)
+    assert gather.args[0].target is aten.mul.Tensor
+
+
+def test_a_narrowing_op_is_gathered_after_it():
+    """An op whose operands' rows hold more bytes than its value's (a cast to bf16) keeps its
+    gather after it: gathering the fp32 operand would move twice the bytes."""
+
+    def narrowing(x, idx):
+        return (x * 2.0).to(BF16)[idx]
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(narrowing, tracing_mode="fake")(
+        torch.randn(16, 8), torch.arange(16)
+    )
+    (index,) = nodes(gm, aten.index.Tensor)
+    assert gather_sink._gathered(index) is None
+
+
+def test_picks_read_by_other_than_pointwise_ops_stay():
+    def picked_into_a_product(x, w):
+        y = (x * 2.0).view(8, 2, 16)
+        return y[:, 0] @ w
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(picked_into_a_product, tracing_mode="fake")(
+        torch.randn(16, 16), torch.randn(16, 4)
+    )
+    (view,) = nodes(gm, aten.view.default)
+    assert gather_sink._picks(view) is None
