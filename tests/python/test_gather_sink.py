@@ -88,3 +88,21 @@ def test_picks_read_by_other_than_pointwise_ops_stay():
     )
     (view,) = nodes(gm, aten.view.default)
     assert gather_sink._picks(view) is None
+
+
+def test_an_operand_given_by_keyword_keeps_the_gather():
+    """The move replaces the op's direct operands; one passed by keyword would be read
+    ungathered (a permutation keeps the shape, so only this check stops it)."""
+
+    def add_then_gather(c, x, idx):
+        return torch.add(c, x)[idx]  # [1, 8] fp32 + [16, 8] bf16: x's rows are gathered
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(add_then_gather, tracing_mode="fake")(
+        torch.randn(1, 8), torch.randn(16, 8).to(BF16), torch.randperm(16)
+    )
+    (index,) = nodes(gm, aten.index.Tensor)
+    add = index.args[0]
+    assert gather_sink._gathered(index) is not None  # positional: the move is exact
+    c, x = add.args
+    add.args, add.kwargs = (c,), {"other": x}
+    assert gather_sink._gathered(index) is None

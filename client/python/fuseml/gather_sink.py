@@ -39,10 +39,12 @@ def _rows_operands(op):
     out = tensor_val(op)
     if out is None or out.dim() == 0 or not all(is_plain_int(d) for d in out.shape):
         return None
+    if any(not any(a is b for b in op.args) for a in op.all_input_nodes):
+        return None  # an operand inside a list or a keyword: the move replaces direct ones only
     rows = []
     for a in op.all_input_nodes:
         t = tensor_val(a)
-        if t is None:
+        if t is None or not all(is_plain_int(d) for d in t.shape):
             return None
         if t.dim() == out.dim() and t.shape[0] == out.shape[0] and out.shape[0] != 1:
             rows.append(a)
