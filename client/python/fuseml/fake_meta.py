@@ -74,6 +74,14 @@ def matches(gm, match):
     return (mode, found) if mode is not None else (None, [])
 
 
+def require_same_value(new, old):
+    """Raises ValueError unless node `new`'s value has node `old`'s shape and dtype: what a
+    rewrite checks before one node takes another's readers."""
+    got, want = new.meta.get("val"), tensor_val(old)
+    if got is None or want is None or tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        raise ValueError(f"{old.name} would change shape or dtype")
+
+
 def same_layout(a, b):
     """Whether two values have the same shape, strides, offset, dtype and device (tensors,
     or anything else compared as it is)."""

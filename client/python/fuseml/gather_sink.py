@@ -34,23 +34,24 @@ aten = torch.ops.aten
 
 
 def _rows_operands(op):
-    """(rows, the number of rows) of pointwise op: its operands with the op's rows along dim 0
-    (the rest broadcast along it), or None when an operand is neither."""
+    """The operands of pointwise op with its rows along dim 0, each once in the op's order
+    (the others broadcast along it; the order keeps the rewritten graph, and so its fragments'
+    keys, the same in every process), or None when an operand is neither or none has them."""
     out = tensor_val(op)
     if out is None or out.dim() == 0 or not all(is_plain_int(d) for d in out.shape):
         return None
     if any(not any(a is b for b in op.args) for a in op.all_input_nodes):
         return None  # an operand inside a list or a keyword: the move replaces direct ones only
-    rows = []
+    rows = {}
     for a in op.all_input_nodes:
         t = tensor_val(a)
         if t is None or not all(is_plain_int(d) for d in t.shape):
             return None
         if t.dim() == out.dim() and t.shape[0] == out.shape[0] and out.shape[0] != 1:
-            rows.append(a)
+            rows[a] = None
         elif t.dim() == out.dim() and t.shape[0] != 1:
             return None  # not this op's rows, nor broadcast along them
-    return (rows, out.shape[0]) if rows else None
+    return list(rows) or None
 
 
 def _gathered(index):
@@ -66,20 +67,19 @@ def _gathered(index):
         return None
     if len(op.users) != 1 or not ops.computes_pointwise(op):
         return None
-    found = _rows_operands(op)
-    if found is None:
+    rows = _rows_operands(op)
+    if rows is None:
         return None
-    rows, _ = found
     out, per_row = tensor_val(op), lambda t: t.numel() // t.shape[0] * t.element_size()
     if sum(per_row(tensor_val(a)) for a in rows) > per_row(out):
         return None  # the operands' rows are wider than the op's: gather the value instead
-    return op, idx, set(rows)
+    return op, idx, rows
 
 
 def _picks(view):
-    """(op, k, picks) when reshape `view` splits the rows of pointwise op (its one reader) into
-    groups of k, [R, ...] -> [R / k, k, ...], and every reader of the view is a pick
-    `select(view, 1, j)` that only pointwise ops read."""
+    """(op, its rows operands, k, picks) when reshape `view` splits the rows of pointwise op
+    (its one reader) into groups of k, [R, ...] -> [R / k, k, ...], and every reader of the
+    view is a pick `select(view, 1, j)` that only pointwise ops read."""
     if view.op != "call_function" or view.target not in (aten.view.default, aten._unsafe_view.default):
         return None
     op = view.args[0]
@@ -90,7 +90,8 @@ def _picks(view):
         return None
     if not all(is_plain_int(d) for d in vv.shape) or vv.shape[0] * vv.shape[1] != vo.shape[0]:
         return None
-    if tuple(vv.shape[2:]) != tuple(vo.shape[1:]) or _rows_operands(op) is None:
+    rows = _rows_operands(op)
+    if tuple(vv.shape[2:]) != tuple(vo.shape[1:]) or rows is None:
         return None
     picks = list(view.users)
     for p in picks:
@@ -98,7 +99,7 @@ def _picks(view):
             return None
         if not p.users or not all(ops.computes_pointwise(r) for r in p.users):
             return None
-    return op, vv.shape[1], picks
+    return op, rows, vv.shape[1], picks
 
 
 def _move_gather(gm, mode, index, op, idx, rows):
@@ -107,7 +108,7 @@ def _move_gather(gm, mode, index, op, idx, rows):
         with gm.graph.inserting_before(index):
             got = {a: fake_meta.call(gm, mode, aten.index.Tensor, (a, [idx]), None, made) for a in rows}
             new = fake_meta.call(gm, mode, op.target, [got.get(a, a) for a in op.args], op.kwargs, made)
-        _same(new, index)
+        fake_meta.require_same_value(new, index)
     except Exception as e:  # leave the gather where it was
         log.debug("fuseml: %s stays above %s: %s", op.name, index.name, e)
         fake_meta.discard(gm, made)
@@ -118,13 +119,12 @@ def _move_gather(gm, mode, index, op, idx, rows):
     return True
 
 
-def _move_picks(gm, mode, view, op, k, picks):
-    rows, _ = _rows_operands(op)
+def _move_picks(gm, mode, view, op, rows, k, picks):
     made, done = [], []
     try:
         with gm.graph.inserting_before(view):
             grouped = {}
-            for a in set(rows):
+            for a in rows:
                 t = tensor_val(a)
                 grouped[a] = fake_meta.call(
                     gm, mode, aten.view.default, (a, [t.shape[0] // k, k, *t.shape[1:]]), None, made
@@ -137,7 +137,7 @@ def _move_picks(gm, mode, view, op, k, picks):
                     for a in op.args
                 ]
                 new = fake_meta.call(gm, mode, op.target, args, op.kwargs, made)
-                _same(new, p)
+                fake_meta.require_same_value(new, p)
                 done.append((p, new))
     except Exception as e:  # leave the picks where they were
         log.debug("fuseml: %s stays above %s: %s", op.name, view.name, e)
@@ -149,12 +149,6 @@ def _move_picks(gm, mode, view, op, k, picks):
     gm.graph.erase_node(view)
     gm.graph.erase_node(op)
     return True
-
-
-def _same(new, old):
-    got, want = new.meta["val"], tensor_val(old)
-    if want is None or tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-        raise ValueError(f"{old.name} would change shape or dtype")
 
 
 def sink_gathers(gm):

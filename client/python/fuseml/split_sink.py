@@ -81,9 +81,7 @@ def _move(gm, mode, split, op, operand):
                 part = fake_meta.call(gm, mode, operator.getitem, (parts, piece.args[1]), None, made)
                 args = [part if a is operand else a for a in op.args]
                 new = fake_meta.call(gm, mode, op.target, args, op.kwargs, made)
-                got, want = new.meta["val"], tensor_val(piece)
-                if want is None or tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-                    raise ValueError(f"{piece.name} would change shape or dtype")
+                fake_meta.require_same_value(new, piece)
                 pieces.append((piece, new))
     except Exception as e:  # leave the split where it was
         log.debug("fuseml: %s stays below %s: %s", op.name, split.name, e)
