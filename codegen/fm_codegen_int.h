@@ -97,9 +97,9 @@ uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);
 const char *fm_cg_storage_type(fm_dtype dt);
 
 /* The fixed prelude: conversions, op helpers, vector element access. */
-/* The prelude's math level: 1 when every output is 16-bit, so the cheaper ~1e-6-accurate
- * math is exact enough; 2 when every output is bf16 (GELU's fit then ~5e-4, an eighth of
- * its ulp); 0 otherwise (the exact library functions). */
+/* The prelude's math level: 1 when any float input or output is 16-bit, so the cheaper
+ * ~1e-6-accurate math is exact enough; 2 when every output is bf16 (GELU's fit then ~5e-4,
+ * an eighth of its ulp); 0 when the fragment is f32 throughout (the exact library functions). */
 int fm_cg_fast_math(const fm_fragment *f);
 void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math); /* fast_math: that level, 0..2 */
 

@@ -31,7 +31,7 @@ static const struct {
     [FM_OP_ADD] = {"($0 + $1)", ARGS_FLOAT},
     [FM_OP_SUB] = {"($0 - $1)", ARGS_FLOAT},
     [FM_OP_MUL] = {"($0 * $1)", ARGS_FLOAT},
-    [FM_OP_DIV] = {"($0 / $1)", ARGS_FLOAT},
+    [FM_OP_DIV] = {"fm_div($0, $1)", ARGS_FLOAT},
     [FM_OP_MAXIMUM] = {"fm_maximum($0, $1)", ARGS_FLOAT},
     [FM_OP_MINIMUM] = {"fm_minimum($0, $1)", ARGS_FLOAT},
     [FM_OP_POW] = {"powf($0, $1)", ARGS_SPECIAL},
@@ -170,15 +170,23 @@ static const char prelude[] =
     "  return (a != a) ? a : (b != b) ? b : fminf(a, b);\n"
     "}\n"
     "__device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }\n"
-    "/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to\n"
-    " * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp\n"
-    " * approximations) cannot change a result beyond that rounding, and they are several\n"
-    " * times cheaper than the IEEE-exact library versions, which would make a fused chain\n"
-    " * compute-bound. It is 2 when every output is bf16: GELU then takes a shorter fit\n"
-    " * (below). With any f32 output the exact library functions are used. */\n"
+    "/* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is\n"
+    " * 16-bit: its values carry 2^-9 (bf16) or 2^-12 (f16) relative rounding, and the\n"
+    " * fragment's f32 values (a loss's log-sum-exp, statistics, a gradient kept in f32) are\n"
+    " * checked to 1e-4 of an fp64 reference, so functions accurate to ~1e-6 (hardware\n"
+    " * ex2/rcp approximations, division to 2 ulp over the full range, as Triton's kernels\n"
+    " * use in fp32 too) cannot be told from exact ones, and they are several times cheaper:\n"
+    " * the IEEE-exact library versions made Gemma 2's soft-capped cross-entropy compute-bound.\n"
+    " * It is 2 when every output is bf16: GELU then takes a shorter fit (below). A fragment\n"
+    " * that is f32 throughout (a model in fp32) keeps the exact library functions. */\n"
     "#if FM_FAST_MATH\n"
     "__device__ __forceinline__ float fm_exp(float x) { return __expf(x); }\n"
     "__device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }\n"
+    "__device__ __forceinline__ float fm_div(float a, float b) {\n"
+    "  float q;\n"
+    "  asm(\"div.full.f32 %0, %1, %2;\" : \"=f\"(q) : \"f\"(a), \"f\"(b));\n"
+    "  return q;\n"
+    "}\n"
     "__device__ __forceinline__ float fm_tanh(float x) {\n"
     "  /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3\n"
     "   * (truncation error < 2e-7 relative) avoids the cancellation. */\n"
@@ -226,6 +234,7 @@ static const char prelude[] =
     "#else\n"
     "__device__ __forceinline__ float fm_exp(float x) { return expf(x); }\n"
     "__device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }\n"
+    "__device__ __forceinline__ float fm_div(float a, float b) { return a / b; }\n"
     "__device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }\n"
     "__device__ __forceinline__ float fm_gelu(float x) {\n"
     "  return 0.5f * x * (1.0f + erff(x * 0.70710678f));\n"
@@ -273,13 +282,17 @@ static const char prelude[] =
     "  fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));\n"
     "}\n";
 
+static int is_16bit(fm_dtype dt) { return dt == FM_DT_BF16 || dt == FM_DT_F16; }
+
 int fm_cg_fast_math(const fm_fragment *f) {
-  int all_bf16 = 1;
+  int all_bf16 = f->n_outputs > 0, any_16bit = 0;
   for (uint32_t o = 0; o < f->n_outputs; o++) {
-    if (f->outputs[o].dtype != FM_DT_BF16 && f->outputs[o].dtype != FM_DT_F16) return 0;
     if (f->outputs[o].dtype != FM_DT_BF16) all_bf16 = 0;
+    if (is_16bit(f->outputs[o].dtype)) any_16bit = 1;
   }
-  return f->n_outputs == 0 ? 0 : all_bf16 ? 2 : 1;
+  for (uint32_t i = 0; i < f->n_inputs; i++)
+    if (is_16bit(f->inputs[i].dtype)) any_16bit = 1;
+  return all_bf16 ? 2 : any_16bit ? 1 : 0;
 }
 
 void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math) {

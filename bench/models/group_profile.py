@@ -8,7 +8,7 @@ every group (cuBLAS products, ATen ops).
     python3 group_profile.py --model gemma2 --size small --phase train [--top 40]
 
 The bench's kernel table names a kernel by its entry symbol, the same for every group of a
-template (fm_rows_v35); this names the group. The figures that count are bench.py's: the FX
+template (fm_rows_v<codegen version>); this names the group. The figures that count are bench.py's: the FX
 path's host time differs from the generated code's, its kernels do not."""
 
 import argparse

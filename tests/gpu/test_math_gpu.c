@@ -1,9 +1,9 @@
 /* test_math_gpu.c (device machine only): the transcendentals every generated kernel shares
- * (the ops prelude: fm_gelu, fm_gelu_tanh, fm_tanh, fm_sigmoid, fm_silu, fm_exp), element by
- * element against fp64 on a dense sweep of fp32 inputs, in every prelude: FM_FAST_MATH 2
- * (every output bf16: GELU's shorter fit, within 5e-4), 1 (hardware ex2 / rcp
- * approximations and the fitted GELU, used when every output is 16-bit) and 0 (the library
- * functions). The fragment suites compare whole tensors by
+ * (the ops prelude: fm_gelu, fm_gelu_tanh, fm_tanh, fm_sigmoid, fm_silu, fm_exp, and fm_div,
+ * here x / 3), element by element against fp64 on a dense sweep of fp32 inputs, in every
+ * prelude: FM_FAST_MATH 2 (every output bf16: GELU's shorter fit, within 5e-4), 1 (hardware
+ * ex2 / rcp approximations, div.full and the fitted GELU, used when any float input or output
+ * is 16-bit) and 0 (the library functions and IEEE division). The fragment suites compare whole tensors by
  * ‖out−ref‖/‖ref‖ after a 16-bit store, which hides an error below bf16's rounding; here
  * each function must stay within rtol·|ref| + atol of fp64 at every one of ~2 million points
  * of [-12, 12], and NaN, ±inf must come out as torch gives them.
@@ -20,10 +20,10 @@
 #include "fm_strbuf.h"
 #include "gpu_util.h"
 
-#define N_FUNCS  6
+#define N_FUNCS  7
 #define SWEEP    2000001
 #define SPECIALS 3 /* NaN, +inf, -inf after the sweep */
-static const char *const func_name[N_FUNCS] = {"fm_gelu", "fm_gelu_tanh", "fm_tanh", "fm_sigmoid", "fm_silu", "fm_exp"};
+static const char *const func_name[N_FUNCS] = {"fm_gelu", "fm_gelu_tanh", "fm_tanh", "fm_sigmoid", "fm_silu", "fm_exp", "fm_div"};
 
 static double ref_gelu(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
 static double ref_gelu_tanh(double x) {
@@ -42,8 +42,10 @@ static double reference(int f, double x) {
       return ref_sigmoid(x);
     case 4:
       return x * ref_sigmoid(x);
-    default:
+    case 5:
       return exp(x);
+    default:
+      return x / 3.0;
   }
 }
 
@@ -53,9 +55,12 @@ static double reference(int f, double x) {
  * the fast tanh's absolute error near its switch; the fast GELU's fit beyond its range
  * (|x| > 6.36, where GELU is below 1e-9 and the fit still tracks it). */
 static const double rel_tol[3][N_FUNCS] = {
-    {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}, {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}, {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5}};
-static const double abs_tol[3][N_FUNCS] = {
-    {1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0}, {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}, {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0}};
+    {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-7},
+    {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 3e-7},
+    {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 3e-7}};
+static const double abs_tol[3][N_FUNCS] = {{1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0, 0},
+                                           {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0, 0},
+                                           {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0, 0}};
 
 static char *source(int fast) {
   fm_strbuf sb;
@@ -72,6 +77,7 @@ static char *source(int fast) {
                    "  out[3 * n + i] = fm_sigmoid(v);\n"
                    "  out[4 * n + i] = fm_silu(v);\n"
                    "  out[5 * n + i] = fm_exp(v);\n"
+                   "  out[6 * n + i] = fm_div(v, 3.0f);\n"
                    "}\n");
   if (fm_strbuf_error(&sb)) {
     fm_strbuf_free(&sb);
@@ -85,10 +91,10 @@ static char *source(int fast) {
 static int special_ok(int f, int s, float got) {
   if (s == 0) return isnan(got);
   if (s == 1) {
-    const float want[N_FUNCS] = {INFINITY, INFINITY, 1.0f, 1.0f, INFINITY, INFINITY};
+    const float want[N_FUNCS] = {INFINITY, INFINITY, 1.0f, 1.0f, INFINITY, INFINITY, INFINITY};
     return got == want[f];
   }
-  const float want[N_FUNCS] = {0, 0, -1.0f, 0.0f, 0, 0.0f};
+  const float want[N_FUNCS] = {0, 0, -1.0f, 0.0f, 0, 0.0f, -INFINITY};
   if (f == 0 || f == 1 || f == 4) return 1;
   return got == want[f];
 }

@@ -1,4 +1,4 @@
-/* fusemld codegen v35: cols kernel over [M, 1024], strips of 16 columns, cluster 1, vec 8, unroll 8, block 256 (2 x 128).
+/* fusemld codegen v36: cols kernel over [M, 1024], strips of 16 columns, cluster 1, vec 8, unroll 8, block 256 (2 x 128).
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
@@ -32,15 +32,23 @@ __device__ __forceinline__ float fm_minimum(float a, float b) {
   return (a != a) ? a : (b != b) ? b : fminf(a, b);
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
-/* Transcendentals. FM_FAST_MATH is 1 when every output is 16-bit: storing rounds to
- * 2^-9 (bf16) or 2^-12 (f16) relative, so functions accurate to ~1e-6 (hardware ex2/rcp
- * approximations) cannot change a result beyond that rounding, and they are several
- * times cheaper than the IEEE-exact library versions, which would make a fused chain
- * compute-bound. It is 2 when every output is bf16: GELU then takes a shorter fit
- * (below). With any f32 output the exact library functions are used. */
+/* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is
+ * 16-bit: its values carry 2^-9 (bf16) or 2^-12 (f16) relative rounding, and the
+ * fragment's f32 values (a loss's log-sum-exp, statistics, a gradient kept in f32) are
+ * checked to 1e-4 of an fp64 reference, so functions accurate to ~1e-6 (hardware
+ * ex2/rcp approximations, division to 2 ulp over the full range, as Triton's kernels
+ * use in fp32 too) cannot be told from exact ones, and they are several times cheaper:
+ * the IEEE-exact library versions made Gemma 2's soft-capped cross-entropy compute-bound.
+ * It is 2 when every output is bf16: GELU then takes a shorter fit (below). A fragment
+ * that is f32 throughout (a model in fp32) keeps the exact library functions. */
 #if FM_FAST_MATH
 __device__ __forceinline__ float fm_exp(float x) { return __expf(x); }
 __device__ __forceinline__ float fm_rcp(float x) { return __fdividef(1.0f, x); }
+__device__ __forceinline__ float fm_div(float a, float b) {
+  float q;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(q) : "f"(a), "f"(b));
+  return q;
+}
 __device__ __forceinline__ float fm_tanh(float x) {
   /* tanh|x| = 1 - 2/(1+e^2|x|), abs error ~1e-7; below 2^-4 the odd series x - x^3/3
    * (truncation error < 2e-7 relative) avoids the cancellation. */
@@ -88,6 +96,7 @@ __device__ __forceinline__ float fm_gelu(float x) {
 #else
 __device__ __forceinline__ float fm_exp(float x) { return expf(x); }
 __device__ __forceinline__ float fm_rcp(float x) { return 1.0f / x; }
+__device__ __forceinline__ float fm_div(float a, float b) { return a / b; }
 __device__ __forceinline__ float fm_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ float fm_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678f));
@@ -135,7 +144,7 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
   fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_cols_v35(
+extern "C" __global__ void __launch_bounds__(256) fm_cols_v36(
     const unsigned short *__restrict__ in0,
     unsigned short *__restrict__ out0,
     long long outer) {
