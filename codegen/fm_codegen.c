@@ -87,6 +87,12 @@ static fm_cols_config to_cols(const fm_candidate *k) {
       .width = k->p[0], .cluster = k->p[1], .vec = k->p[2], .unroll = k->p[3], .block = k->p[4], .split = k->p[5]};
 }
 
+static fm_candidate from_scatter(fm_scatter_config c) {
+  return (fm_candidate){.tmpl = FM_TMPL_SCATTER, .p = {c.block, c.vec}};
+}
+static fm_scatter_config to_scatter(const fm_candidate *k) {
+  return (fm_scatter_config){.block = k->p[0], .vec = k->p[1]};
+}
 static fm_candidate from_b2b(fm_b2b_config c) { return (fm_candidate){.tmpl = FM_TMPL_B2B, .p = {c.bm, c.form}}; }
 
 static fm_b2b_config to_b2b(const fm_candidate *k) { return (fm_b2b_config){.bm = k->p[0], .form = k->p[1]}; }
@@ -123,6 +129,12 @@ static int default_if_generated(generate_fn generate, const fm_fragment *canon, 
   free(src);
   if (!rc) *out = k;
   return rc;
+}
+
+static int scatter_generate_(const fm_fragment *canon, const fm_candidate *c, uint32_t sm_count, char **src,
+                             fm_kernel_meta *meta, fm_diag *d) {
+  fm_scatter_config sc = to_scatter(c);
+  return fm_codegen_scatter(canon, &sc, sm_count, src, meta, d);
 }
 
 /* pointwise */
@@ -299,6 +311,21 @@ static runs_where b2b_runs(const fm_candidate *c) {
   return RUNS_SM90A;
 }
 
+/* scatter */
+static int scatter_default(const fm_fragment *canon, fm_candidate *out, fm_diag *d) {
+  return default_if_generated(scatter_generate_, canon, from_scatter(fm_codegen_scatter_default(canon)), out, d);
+}
+static size_t scatter_list(const fm_fragment *canon, fm_candidate *out, size_t max) {
+  fm_scatter_config sc[16];
+  size_t m = fm_codegen_scatter_candidates(canon, sc, 16), n = 0;
+  for (size_t i = 0; i < m && n < max; i++) out[n++] = from_scatter(sc[i]);
+  return n;
+}
+static void scatter_describe(const fm_candidate *c, char *out, size_t cap) {
+  fm_scatter_config sc = to_scatter(c);
+  snprintf(out, cap, "scatter block=%u vec=%u", sc.block, sc.vec);
+}
+
 static const template_ops templates[] = {
     [FM_TMPL_POINTWISE] = {.default_of = pw_default, .list = pw_list, .generate = pw_generate, .describe = pw_describe},
     [FM_TMPL_ROWS] = {.default_of = rows_default,
@@ -320,6 +347,10 @@ static const template_ops templates[] = {
                         .describe = skinny_describe,
                         .runs = skinny_runs},
     [FM_TMPL_CUBLASLT] = {.generate = blas_generate, .describe = blas_describe},
+    [FM_TMPL_SCATTER] = {.default_of = scatter_default,
+                         .list = scatter_list,
+                         .generate = scatter_generate_,
+                         .describe = scatter_describe},
     [FM_TMPL_B2B] = {.default_of = b2b_default,
                      .list = b2b_list,
                      .generate = b2b_generate,
@@ -333,10 +364,12 @@ static const template_ops *ops_of(fm_template t) {
   return (unsigned)t < N_TEMPLATES && templates[t].generate ? &templates[t] : NULL;
 }
 
-/* Which template serves a fragment: a chain of two products the b2b one, any other with a
+/* Which template serves a fragment: an index_add the scatter one, a chain of two products
+ * the b2b one, any other with a
  * matrix product is a GEMM fragment, one reducing over dim 0 a column fragment, one with
  * another reduction a row fragment; every other valid fragment is a pointwise chain. */
 static fm_template template_for(const fm_fragment *canon) {
+  if (fm_fragment_is_scatter(canon)) return FM_TMPL_SCATTER;
   if (fm_fragment_is_chain(canon)) return FM_TMPL_B2B;
   if (fm_fragment_is_gemm(canon)) return FM_TMPL_GEMM;
   if (fm_fragment_is_cols(canon)) return FM_TMPL_COLS;

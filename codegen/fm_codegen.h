@@ -28,7 +28,8 @@
   XX(4, SKINNY, "skinny")       \
   XX(5, CUBLASLT, "cublaslt")   \
   XX(6, B2B, "b2b")             \
-  XX(7, COLS, "cols")
+  XX(7, COLS, "cols")           \
+  XX(8, SCATTER, "scatter")
 
 typedef enum {
   FM_TMPL_NONE = 0,
@@ -91,6 +92,23 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
  * FM_EUNSUPPORTED (with the reason in d) for fragments this template cannot run. */
 int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t sm_count, char **src,
                          fm_kernel_meta *meta, fm_diag *d);
+
+/* ---- the scatter template (scatter fragments: index_add, fm_codegen_scatter.c) ---------- */
+
+/* One point of its tuning space (candidate p[0..1], in this order). */
+typedef struct fm_scatter_config {
+  uint32_t block; /* threads per block: 32..1024, multiple of 32 */
+  uint32_t vec;   /* src elements a thread loads at once: a power of two its rows allow */
+} fm_scatter_config;
+
+/* The default (256 threads, the widest vector src's rows allow) and the candidates timed
+ * beside it (128, 256, 512 threads x the widest, half of it, one element). */
+fm_scatter_config fm_codegen_scatter_default(const fm_fragment *canon);
+size_t fm_codegen_scatter_candidates(const fm_fragment *canon, fm_scatter_config *out, size_t max);
+/* Generates the kernel and its launch metadata (kind "pointwise", rule "elementwise": inner
+ * D, outer M), as fm_codegen_pointwise. The kernel adds into the output: its caller zeroes it. */
+int fm_codegen_scatter(const fm_fragment *canon, const fm_scatter_config *cfg, uint32_t sm_count, char **src,
+                       fm_kernel_meta *meta, fm_diag *d);
 
 /* ---- the rows template (row fragments: reductions over the last dim) ------------------
  * One row (up to FM_MAX_ROW_HELD elements) is read once into fp32 registers (elements per thread a compile-time constant,

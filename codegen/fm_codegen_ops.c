@@ -309,6 +309,8 @@ const char *fm_cg_storage_type(fm_dtype dt) {
       return "unsigned short";
     case FM_DT_F32:
       return "float";
+    case FM_DT_I64:
+      return "long long";
     case FM_DT__COUNT:
       break;
   }
@@ -392,6 +394,7 @@ static void emit_cast(fm_strbuf *sb, const fm_cg_plan *p, uint32_t src, fm_dtype
       else
         fm_strbuf_printf(sb, "%s(%s)", to == FM_DT_BF16 ? "fm_round_bf16" : "fm_round_f16", a);
       return;
+    case FM_DT_I64: /* validation refuses a cast to an index */
     case FM_DT__COUNT:
       break;
   }
@@ -466,6 +469,7 @@ static void emit_load_value(fm_strbuf *sb, fm_dtype dt, uint32_t k) {
       fm_strbuf_printf(sb, "fm_bf16_to_f32(i%u)", k);
       return;
     case FM_DT_F32:
+    case FM_DT_I64: /* only index_add reads one (fm_codegen_scatter.c): never a value here */
     case FM_DT__COUNT:
       fm_strbuf_printf(sb, "i%u", k);
       return;
@@ -486,6 +490,7 @@ static void emit_store_value(fm_strbuf *sb, const fm_cg_plan *p, fm_dtype dt, ui
       fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a);
       return;
     case FM_DT_F32:
+    case FM_DT_I64: /* no output stores an index (validation) */
     case FM_DT__COUNT:
       fm_strbuf_append(sb, a);
       return;

@@ -81,6 +81,7 @@ static double round_to(fm_dtype dt, double x) {
       return fm_reference_bf16_to_f32(fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)));
     case FM_DT_F32:
       return fm_reference_f64_to_f32(x);
+    case FM_DT_I64: /* no value is rounded to an index (validation) */
     case FM_DT__COUNT:
       break;
   }
@@ -97,6 +98,8 @@ double fm_ref_load(fm_dtype dt, const void *base, int64_t off) {
       return fm_reference_bf16_to_f32(((const uint16_t *)base)[off]);
     case FM_DT_F32:
       return ((const float *)base)[off];
+    case FM_DT_I64: /* exact below 2^53, and an index beyond R is refused before use */
+      return (double)((const int64_t *)base)[off];
     case FM_DT__COUNT:
       break;
   }
@@ -116,6 +119,9 @@ void fm_ref_store(fm_dtype dt, void *base, int64_t off, double x) {
       return;
     case FM_DT_F32:
       ((float *)base)[off] = fm_reference_f64_to_f32(x);
+      return;
+    case FM_DT_I64:
+      ((int64_t *)base)[off] = (int64_t)x;
       return;
     case FM_DT__COUNT:
       return;
@@ -436,6 +442,7 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
     return fm_diag_set(d, FM_EINVAL, "reference: fragment exceeds the limits");
   for (uint32_t k = 0; k < f->n_outputs; k++)
     if (!outputs[k]) return fm_diag_set(d, FM_EINVAL, "reference: outputs[%u] is NULL", k);
+  if (fm_fragment_is_scatter(f)) return fm_ref_eval_scatter(f, inputs, outputs, d);
   int rows = fm_fragment_is_rows(f), cols = !rows && fm_fragment_is_cols(f);
   int chain = !rows && !cols && fm_fragment_is_chain(f);
   int cat = !rows && !cols && !chain && fm_fragment_is_extent(f);

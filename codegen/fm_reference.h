@@ -36,6 +36,9 @@
  *    of x (NaN sticks); max_pool2d_backward sums, in fp64 and ascending (oh, ow), gy over
  *    the windows covering its element whose argmax scan (the first in-bounds tap, replaced
  *    when the max is) ends on it.
+ *  - scatter fragments (vocabulary 8; fm_fragment.h): index_add adds each src row, in fp64
+ *    and row order, to the output row its index names, on top of what outputs[0] holds (the
+ *    caller zeroes it, as for the kernel), rounded to f32 once.
  * Kernels compute in fp32, so compare with a tolerance (relative error ~1e-6 per op before
  * the final rounding), not bit for bit. */
 #ifndef FM_REFERENCE_H
@@ -59,6 +62,12 @@ int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const
  * fm_reference_eval, each holding its whole span at `outer`; the other inputs are untouched.
  * FM_EINVAL for an operand that is not an input. */
 int fm_reference_window_taps(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs);
+
+/* Rewrites, in place, the i64 index input of a scatter fragment (index_add) with rows in
+ * [0, R) from seed: the first 0, the second R - 1, the rest uniform (random bits would name
+ * no row). inputs as for fm_reference_eval; FM_OK and nothing done for any other fragment.
+ * FM_EINVAL for a NULL index buffer. */
+int fm_reference_index_rows(const fm_fragment *canon, uint64_t seed, void *const *inputs);
 
 /* The largest ||out - ref|| / ||ref|| a kernel's output k may show against fm_reference_eval
  * (NaN never passes): its dtype's rounding (bf16 1e-2, f16 2e-3, f32 1e-4; bool exact), or

@@ -47,4 +47,9 @@ int fm_ref_eval_cat(const fm_fragment *f, const ref_prog *pr, int64_t outer, con
 double fm_ref_window(const fm_fragment *f, uint32_t o, const uint16_t *args, const void *const *inputs,
                      const int64_t *idx);
 
+/* Scatter fragments (fm_fragment_is_scatter): src's rows added in fp64, row by row, to the
+ * output rows their index names, on top of outputs[0] as it is (the caller zeroes it, as
+ * for the kernel); FM_EINVAL for an index outside [0, R). */
+int fm_ref_eval_scatter(const fm_fragment *f, const void *const *inputs, void *const *outputs, fm_diag *d);
+
 #endif

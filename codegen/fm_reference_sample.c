@@ -42,9 +42,10 @@ static uint64_t splitmix(uint64_t *x) {
 
 /* The most leading dims a block may fix: every one of a pointwise fragment, all but the
  * reduced last of a row fragment, those before the first cat's dim, those before a window
- * op's pooled two (its taps reach along them); 0 where none may. */
+ * op's pooled two (its taps reach along them); 0 where none may (a scatter's rows land
+ * anywhere). */
 static uint32_t max_cut(const fm_fragment *f) {
-  if (fm_fragment_is_gemm(f) || fm_fragment_is_bmm(f) || fm_fragment_is_cols(f)) return 0;
+  if (fm_fragment_is_gemm(f) || fm_fragment_is_bmm(f) || fm_fragment_is_cols(f) || fm_fragment_is_scatter(f)) return 0;
   uint32_t rank = f->outputs[0].rank, cut = rank;
   if (fm_fragment_is_rows(f)) cut = rank ? rank - 1 : 0;
   for (uint32_t i = 0; i < f->n_ops; i++)

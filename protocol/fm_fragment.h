@@ -11,7 +11,7 @@
  *   {vocab: 1 | 2 | 3 | 4 | 5 | 6 | 7,
  *    m_hint?: int   (GEMM and column fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
- *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,
+ *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,   (index_add: vocab 8)
  *              dim?: int, keepdim?: bool, correction?: 0|1,     (these three: vocab 2;
  *                                                   dim 0 of a rank-2 value: vocab 5, columns;
  *                                                   a cat's dim: vocab 6, required there)
@@ -31,7 +31,8 @@
  * (bf16+bf16 -> bf16, bf16+f16 -> f32, anything+f32 -> f32; `const` is a Python scalar and
  * does not promote; bool operands of arithmetic become the other operand's type, or f32);
  * comparisons give bool; cast gives its `dtype`; where gives promote(args[1], args[2]).
- * Each output's dtype must equal the dtype of the value stored into it. */
+ * Each output's dtype must equal the dtype of the value stored into it. `i64` (vocab 8) is
+ * an index dtype: only index_add's index may be i64 (no op computes with it, no output is). */
 #ifndef FM_FRAGMENT_H
 #define FM_FRAGMENT_H
 
@@ -59,12 +60,16 @@
  * appended to the elementwise ops of vocabulary 1 as `erf` was: a daemon built before them
  * answers unknown_op. Vocabulary 7 adds the window ops max_pool2d, max_pool2d_argmax and
  * max_pool2d_backward (2-D max pooling over the last two dims, read from fragment inputs:
- * extent fragments, below); a daemon of vocabulary 6 refuses a fragment that says vocab 7. */
-#define FM_VOCAB_VERSION 7
+ * extent fragments, below); a daemon of vocabulary 6 refuses a fragment that says vocab 7.
+ * Vocabulary 8 adds the index dtype i64 and `index_add`, rows of a fragment input added at
+ * computed rows of the output by atomic adds (scatter fragments, below); a daemon of
+ * vocabulary 7 refuses a fragment that says vocab 8. */
+#define FM_VOCAB_VERSION 8
 #define FM_VOCAB_MIN     1
 #define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
 #define FM_VOCAB_CAT     6 /* the vocabulary of `cat` */
 #define FM_VOCAB_WINDOW  7 /* the vocabulary of the window ops (max_pool2d, its argmax, backward) */
+#define FM_VOCAB_SCATTER 8 /* the vocabulary of index_add and the i64 index dtype */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -102,7 +107,8 @@ enum { FM_WIN_KH, FM_WIN_KW, FM_WIN_SH, FM_WIN_SW, FM_WIN_PH, FM_WIN_PW, FM_WIN_
   XX(BOOL, "bool", 1)    \
   XX(F16, "f16", 2)      \
   XX(BF16, "bf16", 2)    \
-  XX(F32, "f32", 4)
+  XX(F32, "f32", 4)      \
+  XX(I64, "i64", 8)
 
 typedef enum {
 #define FM_DTYPE_ENUM_(name, str, size) FM_DT_##name,
@@ -138,6 +144,8 @@ typedef enum {
   FM_OPK_WINDOW,    /* vocab 7: max_pool2d (x) -> x's dtype; max_pool2d_argmax (x) -> f32;
                       max_pool2d_backward (gy, argmax) -> gy's dtype; `window`, `ceil_mode`;
                       operands are fragment inputs (extent fragments, below) */
+  FM_OPK_SCATTER,   /* vocab 8: index_add (src, index) -> f32, rows of src added at rows
+                      index[m] of the output (scatter fragments, below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -187,7 +195,8 @@ typedef enum {
   XX(SIN, "sin", FM_OPK_UNARY)                                  \
   XX(MAX_POOL2D, "max_pool2d", FM_OPK_WINDOW)                   \
   XX(MAX_POOL2D_BACKWARD, "max_pool2d_backward", FM_OPK_WINDOW) \
-  XX(MAX_POOL2D_ARGMAX, "max_pool2d_argmax", FM_OPK_WINDOW)
+  XX(MAX_POOL2D_ARGMAX, "max_pool2d_argmax", FM_OPK_WINDOW)     \
+  XX(INDEX_ADD, "index_add", FM_OPK_SCATTER)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -412,6 +421,20 @@ int fm_fragment_is_cat(const fm_fragment *f);
  * floor_or_ceil((in + 2p - d*(k-1) - 1) / s) + 1, with ceil_mode one less when the last
  * window would start at or past in + p; < 1 when no window fits. */
 int64_t fm_window_pooled(int64_t in, const int32_t *window, int axis, int ceil_mode);
+
+/* Scatter fragments (vocab 8, fm_fragment_is_scatter): the one op `index_add` [src, index] of
+ * two fragment inputs, src [M, D] (bf16, f16 or f32, any strides) and index [M] (i64, any
+ * stride), and one output [R, D], f32, row-major contiguous (strides [D, 1]), that stores it:
+ *   for every m < M, d < D:  out[index[m], d] += f32(src[m, d])
+ * by atomic adds INTO WHAT THE OUTPUT HOLDS: the caller zeroes it (torch.zeros(R, D)
+ * .index_add_(0, index, src.float())), and the sums land in any order (not bitwise
+ * reproducible, as torch's CUDA index_add_ is not). An index outside [0, R) stops the kernel
+ * (a device trap, as torch's device-side assert): no address outside the output is written.
+ * Static sizes only; anything else in the fragment, another op, a symbolic dim, another
+ * output dtype or layout is FM_EUNSUPPORTED; an index not i64 or of another length, a src
+ * that is no float or whose D differs from the output's, FM_ESCHEMA. Launched as a
+ * pointwise kernel (kind "pointwise", grid rule "elementwise"). */
+int fm_fragment_is_scatter(const fm_fragment *f);
 
 /* Extent fragments: a pointwise fragment with a cat or a window op, whose values each have
  * an extent (below) so that every input is read inside its shape; served by the pointwise

@@ -32,4 +32,9 @@ void fm_fragment_format_extent(const int64_t *e, uint32_t r, char *out, size_t c
 int fm_fragment_check_window(const fm_opnode *op, const char *path, fm_diag *d);
 int fm_fragment_window_extent(const fm_fragment *f, const fm_cat_info *ci, uint32_t i, int64_t *e, fm_diag *d);
 
+/* Scatter fragments' rules (fm_fragment.h), for fm_fragment_validate once the dataflow is
+ * checked (index_add's operands are inputs of a float and the i64 dtype): one op, the shapes,
+ * the output's dtype and layout, static sizes; the overlap check of its output included. */
+int fm_fragment_check_scatter(const fm_fragment *f, fm_diag *d);
+
 #endif

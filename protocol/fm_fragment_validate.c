@@ -148,6 +148,8 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
     case FM_OPK_CAST:
       if ((unsigned)op->dtype >= FM_DT__COUNT)
         return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: %d is not a dtype", path, (int)op->dtype);
+      if (op->dtype == FM_DT_I64)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: i64 is an index dtype; no value is cast to it", path);
       return FM_OK;
     case FM_OPK_POW:
       if (!arg[1]->weak)
@@ -216,6 +218,19 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
                            name, taps - 1, fm_dtype_name(arg[1]->dtype));
       return FM_OK;
     }
+    case FM_OPK_SCATTER:
+      /* the kernel loads its rows itself, at the rows the index names: nothing runs before it */
+      for (uint32_t k = 0; k < op->nargs; k++)
+        if (!arg[k]->is_input)
+          return fm_diag_set(d, FM_EUNSUPPORTED, "%s.args[%u]: '%s' reads fragment inputs only", path, k, name);
+      if (!is_float(arg[0]->dtype))
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: '%s' adds floating-point rows, value %u is %s", path, name,
+                           arg[0]->id, fm_dtype_name(arg[0]->dtype));
+      if (arg[1]->dtype != FM_DT_I64)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[1]: '%s' takes an i64 index, value %u is %s", path, name, arg[1]->id,
+                           fm_dtype_name(arg[1]->dtype));
+      op->dtype = FM_DT_F32; /* the sums, added in fp32 */
+      return FM_OK;
     case FM_OPK_COMPOSITE:
       return fm_diag_set(d, FM_ESCHEMA, "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)", path,
                          name);
@@ -254,6 +269,10 @@ static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_di
     arg[k] = lookup(vs, op->args[k]);
     if (!arg[k])
       return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k, op->args[k]);
+    /* an index names rows; computing with it (or reading it as data) has no meaning here */
+    if (arg[k]->dtype == FM_DT_I64 && !arg[k]->weak && !(fm_op_kind(op->op) == FM_OPK_SCATTER && k == 1))
+      return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is i64, an index: only index_add's index reads one",
+                         path, k, op->args[k]);
   }
   bool weak;
   int rc = infer(op, arg, &weak, path, d);
@@ -763,10 +782,17 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
     const fm_tensor *t = &f->outputs[k];
     const value *v = lookup(&vs, t->id);
     if (!v) return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].id: value %u is not defined by any input or op", k, t->id);
+    if (t->dtype == FM_DT_I64)
+      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].dtype: i64 is an index dtype; no output stores one", k);
     if (v->dtype != t->dtype)
       return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)", k,
                          fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
+  if (fm_fragment_is_scatter(f)) return fm_fragment_check_scatter(f, d);
+  for (uint32_t k = 0; k < f->n_inputs; k++)
+    if (f->inputs[k].dtype == FM_DT_I64)
+      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].dtype: i64 is an index dtype: only index_add's index may be i64",
+                         k);
   if (fm_fragment_is_extent(f) && (fm_fragment_is_gemm(f) || fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
     return extent_op_elsewhere(f, d);
   rc = fm_fragment_is_gemm(f)     ? check_gemm(f, &vs, d)

@@ -66,6 +66,8 @@ int fm_op_arity(fm_op op) {
       return FM_MAX_ARGS;
     case FM_OPK_WINDOW:
       return op == FM_OP_MAX_POOL2D_BACKWARD ? 2 : 1; /* [gy, argmax] : [x] */
+    case FM_OPK_SCATTER:
+      return 2; /* [src, index] */
     case FM_OPK_RESERVED:
       return -1;
   }
@@ -91,6 +93,8 @@ uint32_t fm_op_vocab(fm_op op) {
       return FM_VOCAB_CAT;
     case FM_OPK_WINDOW:
       return FM_VOCAB_WINDOW;
+    case FM_OPK_SCATTER:
+      return FM_VOCAB_SCATTER;
     default:
       return 1;
   }

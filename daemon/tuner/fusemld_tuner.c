@@ -37,7 +37,8 @@
  *    rotation to span 3x the L2, so no timed launch finds its operands in L2.
  * run (per candidate): load the CUBIN (load_failed), restore the inputs from a device copy
  * made at prepare (a wrong kernel may have scribbled on them), poison the outputs with 0xFF
- * bytes, launch (a cuBLASLt plan with its scratch), synchronize
+ * bytes (an index_add's, which it adds into, zeroed; its index holds rows in range,
+ * fm_reference_index_rows), launch (a cuBLASLt plan with its scratch), synchronize
  * (launch_failed: the context is dead, reply and exit), compare: pass iff for every output
  * ||out - ref|| / ||ref|| <= tol (fm_reference_tolerance: bf16 1e-2, f16 2e-3, f32 1e-4, bool
  * exact, or the loosest cast the output is computed through) over the
@@ -532,6 +533,11 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
       snprintf(why, cap, "reference: a pooling gradient's tap indices");
       goto out;
     }
+    /* likewise an index_add's index: rows of the output, both ends of the range among them */
+    if (fm_reference_index_rows(f, rng, taps)) {
+      snprintf(why, cap, "reference: an index_add's index rows");
+      goto out;
+    }
   }
   for (uint32_t k = 0; k < f->n_outputs; k++) {
     size_t es = fm_dtype_size(f->outputs[k].dtype);
@@ -704,7 +710,9 @@ static int check_launch(uint64_t id, fm_module *m, fm_CUdeviceptr scratch, int t
     ins[i] = (void *)(uintptr_t)W.verify.in[W.twin_of[i] >= 0 && twins ? (uint32_t)W.twin_of[i] : i];
   }
   for (uint32_t i = 0; i < f->n_outputs; i++) {
-    cu->cuMemsetD8(W.verify.out[i], 0xFF, W.out_bytes_v[i]);
+    /* an index_add adds into its output, which its caller zeroes (and a row no index names
+       stays 0, as the reference's does) */
+    cu->cuMemsetD8(W.verify.out[i], fm_fragment_is_scatter(f) ? 0 : 0xFF, W.out_bytes_v[i]);
     outs[i] = (void *)(uintptr_t)W.verify.out[i];
   }
   outs[f->n_outputs] = (void *)(uintptr_t)scratch;

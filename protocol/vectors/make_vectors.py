@@ -89,9 +89,9 @@ VECTORS = [
         ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32"),
     ),
     (
-        "vocab8",
+        "vocab9",
         "a fragment of a newer vocabulary",
-        ("reject", "bad_request", "vocab 8 not supported, this daemon speaks 1 to 7"),
+        ("reject", "bad_request", "vocab 9 not supported, this daemon speaks 1 to 8"),
     ),
     # ---- vocabulary 3: GEMM fragments ----
     (
@@ -234,6 +234,22 @@ VECTORS = [
             "bad_request",
             "ops[0].window[4]: the padding height (ph) is 2; pad should be at most half of kernel size 3",
         ),
+    ),
+    # ---- vocabulary 8: index_add (scatter fragments) ----
+    (
+        "index_add_rows",
+        "the gradient of a row gather: bf16 rows [8, 16] added at 8 i64 rows of an f32 [5, 16]",
+        ("accept", None),
+    ),
+    (
+        "index_add_f32_index",
+        "index_add with an f32 index",
+        ("reject", "bad_request", "ops[0].args[1]: 'index_add' takes an i64 index, value 1 is f32"),
+    ),
+    (
+        "i64_computed",
+        "an i64 index read as data by an add",
+        ("reject", "bad_request", "ops[0].args[0]: value 0 is i64, an index: only index_add's index reads one"),
     ),
     (
         "malformed_c1",
@@ -439,6 +455,8 @@ def canonical(frag):
         vocab = 6
     if any(ops[j]["op"] in WINDOW_OPS for j in order):
         vocab = 7
+    if any(ops[j]["op"] == "index_add" for j in order):
+        vocab = 8
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;

@@ -151,8 +151,9 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, i
       gu_store(x->h_in[i], t->dtype, e, gu_below(&rng, 2) ? v : -v);
     }
   }
-  /* a pooling gradient's argmax holds tap indices, as the tuner's */
+  /* a pooling gradient's argmax holds tap indices, an index_add's index rows, as the tuner's */
   fm_reference_window_taps(f, outer, rng.s, (void *const *)x->h_in);
+  fm_reference_index_rows(f, rng.s, (void *const *)x->h_in);
   for (uint32_t i = 0; i < f->n_inputs; i++) {
     if (x->twin_of[i] >= 0) { /* an earlier input's memory (and values) */
       x->ins[i] = x->ins[x->twin_of[i]];
@@ -168,7 +169,7 @@ static void data_init(data *x, const fm_fragment *f, int64_t outer, int64_t k, i
     x->n_out[i] = gu_span(t, outer);
     size_t bytes = x->n_out[i] * fm_dtype_size(t->dtype);
     x->h_out[i] = malloc(bytes);
-    x->h_ref[i] = malloc(bytes);
+    x->h_ref[i] = calloc(1, bytes); /* an index_add adds into zeros */
     x->d_out[i] = gu_dalloc(cu, bytes);
     x->outs[i] = (void *)(uintptr_t)x->d_out[i];
   }
@@ -208,8 +209,8 @@ static int check_job(gs_case *c, job *j, data *x) {
     printf("FAIL %s [%s]: load: %s\n", c->name, j->desc, d.text);
     return 0;
   }
-  for (uint32_t o = 0; o < f->n_outputs; o++) /* NaN in every float dtype */
-    cu->cuMemsetD8(x->d_out[o], 0xff, x->n_out[o] * fm_dtype_size(f->outputs[o].dtype));
+  for (uint32_t o = 0; o < f->n_outputs; o++) /* NaN in every float dtype; zeros for an index_add, which adds */
+    cu->cuMemsetD8(x->d_out[o], fm_fragment_is_scatter(f) ? 0 : 0xff, x->n_out[o] * fm_dtype_size(f->outputs[o].dtype));
   fm_CUdeviceptr scratch = scratch_for(m, x, f, c->outer);
   fm_CUresult r = 0;
   if (fm_module_launch(m, x->ins, x->outs, c->outer, NULL, &d) || (r = cu->cuCtxSynchronize())) {

@@ -25,8 +25,12 @@
  *  7. sampled verification (test_sampled_verification): a static fragment of 8M elements is
  *     checked on a sample of blocks; a kernel wrong only in the last row, or only in a sixth
  *     of the rows inside, is wrong, and one right everywhere verifies.
+ *  8. index_add (test_scatter_tune): the MoE decoder's gathered rows' gradient (bf16 [8192,
+ *     1024] added at 8192 i64 rows of an f32 [4096, 1024]): every candidate verifies against
+ *     the reference from index rows in range, and the default's kernel with its index read
+ *     planted wrong (the next row's index) is wrong.
  * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5, FM_TUNER_GPU_ONLY=twins
- * only 6, FM_TUNER_GPU_ONLY=sampled only 7.
+ * only 6, FM_TUNER_GPU_ONLY=sampled only 7, FM_TUNER_GPU_ONLY=scatter only 8.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -601,6 +605,62 @@ out:
   cur_len = canon_len;
 }
 
+static void test_scatter_tune(void) {
+  static fm_fragment f, scanon;
+  uint8_t *bytes = NULL;
+  fm_diag d = {{0}};
+  memset(&f, 0, sizeof f);
+  f.vocab = FM_VOCAB_SCATTER;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 8192, 1024, 0);
+  gs_vector(&f.inputs[f.n_inputs++], 2, FM_DT_I64, 8192);
+  gs_op(&f, FM_OP_INDEX_ADD, 3, 2, 1, 2, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 3, FM_DT_F32, 4096, 1024, 0);
+  if (use_fragment(&f, &scanon, &bytes, "index_add")) return;
+  fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
+  size_t n = fm_codegen_candidates(&scanon, cands, FM_TUNE_MAX_CANDIDATES);
+  CHECK(n >= 2);
+  char *src = NULL, *log = NULL;
+  fm_kernel_meta meta;
+  uint8_t *cubin = NULL;
+  size_t clen = 0;
+  static const char read_index[] = "index[m * 1ll]";
+  const char *at = NULL;
+  if (n >= 1 && fm_codegen_generate(&scanon, &cands[0], dev.sm_count, &src, &meta, &d) == FM_OK)
+    at = strstr(src, read_index);
+  CHECK(at != NULL);
+  if (at) { /* the next row's index: every row lands where another belongs */
+    size_t head = (size_t)(at - src), total = strlen(src) + 32;
+    char *bad = malloc(total);
+    snprintf(bad, total, "%.*sindex[(m + 1) %% 8192ll]%s", (int)head, src, at + strlen(read_index));
+    int rc = fm_nvrtc_compile(bad, "scatter.cu", dev.arch, &cubin, &clen, &log);
+    CHECK_EQ_INT(rc, FM_OK);
+    if (rc) fprintf(stderr, "%s\n", log ? log : "");
+    free(bad);
+  }
+  fm_tune_job *tj;
+  if (cubin && fm_tune_job_new(&tj) == 0) {
+    fm_compile_job *g0 = compile_candidate(&cands[0]);
+    tj->cands[tj->n++] = g0;
+    tj->cands[tj->n++] = planted(g0, cubin, clen, meta.entry);
+    for (size_t i = 1; i < n; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
+    run_job(tj, 15);
+    printf("index_add: tune %.0f ms (%.1f MB of bf16 rows and f32 sums a launch)\n", tj->tune_ms,
+           (8192.0 * 1024 * 2 + 4096.0 * 1024 * 4) / 1e6);
+    print_job(tj);
+    CHECK_EQ_INT(tj->res[0].verdict, FM_VERDICT_OK);
+    CHECK_EQ_INT(tj->res[1].verdict, FM_VERDICT_WRONG);
+    for (size_t i = 2; i < tj->n; i++) CHECK_EQ_INT(tj->res[i].verdict, FM_VERDICT_OK);
+    CHECK(tj->winner != 1);
+    CHECK_EQ_INT(gu_count_child_tuners(), 0);
+    fm_tune_job_free(tj);
+  }
+  free(src);
+  free(log);
+  free(cubin);
+  restore_fragment();
+  free(bytes);
+}
+
 int main(int argc, char **argv) {
   fm_diag d = {{0}};
   if (argc < 2) {
@@ -634,6 +694,11 @@ int main(int argc, char **argv) {
     free(canon_bytes);
     return FM_TEST_DONE();
   }
+  if (only && strcmp(only, "scatter") == 0) {
+    RUN(test_scatter_tune);
+    free(canon_bytes);
+    return FM_TEST_DONE();
+  }
   if (only && strcmp(only, "faults") == 0) {
     RUN(test_fault_repetition);
     free(canon_bytes);
@@ -644,6 +709,7 @@ int main(int argc, char **argv) {
   RUN(test_decode_gemm_tune);
   RUN(test_chain_twins);
   RUN(test_sampled_verification);
+  RUN(test_scatter_tune);
   if (argc >= 5) {
     sock = argv[2];
     fusectl = argv[3];

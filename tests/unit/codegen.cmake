@@ -71,3 +71,8 @@ fm_unit_test(test_codegen_window
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_window.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
 target_compile_definitions(test_codegen_window PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# index_add (vocabulary 8, scatter fragments): reference, verifier's index, golden source, NVRTC
+fm_unit_test(test_codegen_scatter
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_scatter.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_scatter PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -39,7 +39,10 @@ static void add_jobs(const char *name, const fm_fragment *f, const fm_pw_config 
   char *src = NULL;
   fm_kernel_meta m;
   fm_diag d = {{0}};
-  int rc = fm_codegen_pointwise(f, cfg, 132, &src, &m, &d);
+  fm_candidate def;
+  int rc = !fm_fragment_is_scatter(f)        ? fm_codegen_pointwise(f, cfg, 132, &src, &m, &d)
+           : fm_codegen_default(f, &def, &d) ? FM_EUNSUPPORTED
+                                             : fm_codegen_generate(f, &def, 132, &src, &m, &d);
   if (rc) fprintf(stderr, "  %s: codegen: %s: %s\n", name, fm_strerror(rc), d.text);
   CHECK_EQ_INT(rc, FM_OK);
   if (!src) return;
@@ -154,6 +157,7 @@ static void queue_every_op(void) {
       case FM_OPK_CAST: /* f32 to every dtype, and bool back to f16 */
         tf_input(&raw, 1, FM_DT_F32, 2, sq, NULL, 16);
         for (uint32_t dt = 0; dt < FM_DT__COUNT; dt++) {
+          if (dt == FM_DT_I64) continue; /* an index dtype: nothing is cast to it */
           tf_cast(&raw, 10 + dt, 1, (fm_dtype)dt);
           tf_output(&raw, 10 + dt, (fm_dtype)dt, 2, sq, NULL, 16);
         }
@@ -180,6 +184,15 @@ static void queue_every_op(void) {
                                  op == FM_OP_MAX_POOL2D_BACKWARD ? TF_POOL_BACKWARD : TF_POOL_ARGMAX),
                      FM_OK);
       } break;
+      case FM_OPK_SCATTER: /* bf16 rows [33, 65] added at 33 i64 rows of an f32 [40, 65] */
+      {
+        int64_t src[2] = {33, 65}, index[1] = {33}, out[2] = {40, 65};
+        raw.vocab = FM_VOCAB_SCATTER;
+        tf_input(&raw, 1, FM_DT_BF16, 2, src, NULL, 16);
+        tf_input(&raw, 2, FM_DT_I64, 1, index, NULL, 16);
+        tf_op(&raw, (fm_op)op, 3, 2, 1, 2, 0);
+        tf_output(&raw, 3, FM_DT_F32, 2, out, NULL, 16);
+      } break; /* more in test_codegen_scatter */
       case FM_OPK_RESERVED:
       case FM_OPK_REDUCE: /* row fragments: test_codegen_rows */
       case FM_OPK_COMPOSITE:
