@@ -101,7 +101,7 @@ typedef struct fm_scatter_config {
   uint32_t vec;   /* src elements a thread loads at once: a power of two its rows allow */
 } fm_scatter_config;
 
-/* The default (256 threads, the widest vector src's rows allow) and the candidates timed
+/* The default (256 threads, 4 elements a thread where src's rows allow) and the candidates timed
  * beside it (128, 256, 512 threads x the widest, half of it, one element). */
 fm_scatter_config fm_codegen_scatter_default(const fm_fragment *canon);
 size_t fm_codegen_scatter_candidates(const fm_fragment *canon, fm_scatter_config *out, size_t max);

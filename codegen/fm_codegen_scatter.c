@@ -3,8 +3,12 @@
  *
  * A thread takes `vec` consecutive elements of one src row (one 4-16 byte load where src's
  * rows are contiguous and aligned for it), reads that row's index, stops the kernel (trap)
- * for an index outside [0, R), and adds each element into the output with an atomic add
- * (a RED: nothing is read back). A grid-stride loop over the M * D / vec units; every size
+ * for an index outside [0, R), and adds the elements into the output with atomic adds (REDs:
+ * nothing is read back), 2 or 4 floats at once on sm_90 and later. Measured on an H200 (the
+ * MoE gradient, bf16 [8192, 1024] into [4096, 1024]): four elements a thread, one 16-byte
+ * add, 0.022 ms (ATen's scatter_add_ of the same rows cast to f32: 0.033); one element a
+ * thread 0.029; eight added one by one 0.098 (a warp's scalar adds to 32 consecutive floats
+ * are one request; eight apart, eight). A grid-stride loop over the M * D / vec units; every size
  * and stride is a constant of the canonical fragment, so the unit's row and column come from
  * a division by a constant. Atomics make the sums' order the hardware's: Inductor's and
  * torch's CUDA index_add_ are not reproducible either, and the verifier compares to 1e-4. */
@@ -86,13 +90,28 @@ static void emit_kernel(fm_strbuf *sb, const scatter_gen *g, const fm_scatter_co
                    "    float *row = out0 + r * %lldll + d;\n",
                    st, g->is, g->ix, (long long)g->m, (long long)units, c->block, c->block, (long long)units,
                    (long long)units, c->vec, (long long)xs, (long long)g->r, (long long)g->dcols);
-  if (c->vec > 1)
+  if (c->vec > 1) {
+    fm_strbuf_printf(sb, "    const fm_src_vec v = *reinterpret_cast<const fm_src_vec *>(src + m * %lldll + d);\n",
+                     (long long)s0);
+    /* sm_90's vector atomics add 2 or 4 floats at once (a warp's 16-byte adds cover 512
+       contiguous bytes); elsewhere, or with an output not aligned for them, one by one */
+    const uint32_t w = c->vec >= 4 ? 4 : 2;
+    if (g->out->align >= w * 4) {
+      fm_strbuf_printf(sb,
+                       "#if __CUDA_ARCH__ >= 900\n"
+                       "#pragma unroll\n"
+                       "    for (int q = 0; q < %u; q++)\n"
+                       "      atomicAdd(reinterpret_cast<float%u *>(row) + q, make_float%u(",
+                       c->vec / w, w, w);
+      for (uint32_t e = 0; e < w; e++) fm_strbuf_printf(sb, "%s%s(v.e[q * %u + %u])", e ? ", " : "", load, w, e);
+      fm_strbuf_append(sb, "));\n#else\n");
+    }
     fm_strbuf_printf(sb,
-                     "    const fm_src_vec v = *reinterpret_cast<const fm_src_vec *>(src + m * %lldll + d);\n"
                      "#pragma unroll\n"
                      "    for (int e = 0; e < %u; e++) atomicAdd(row + e, %s(v.e[e]));\n",
-                     (long long)s0, c->vec, load);
-  else
+                     c->vec, load);
+    if (g->out->align >= w * 4) fm_strbuf_append(sb, "#endif\n");
+  } else
     fm_strbuf_printf(sb, "    atomicAdd(row, %s(src[m * %lldll + d * %lldll]));\n", load, (long long)s0, (long long)s1);
   fm_strbuf_append(sb, "  }\n}\n");
 }
@@ -140,7 +159,8 @@ int fm_codegen_scatter(const fm_fragment *canon, const fm_scatter_config *cfg, u
 fm_scatter_config fm_codegen_scatter_default(const fm_fragment *canon) {
   scatter_gen g;
   fm_scatter_config c = {.block = 256, .vec = 1};
-  if (canon && gen_of(canon, &g, NULL) == FM_OK) c.vec = widest_vec(&g);
+  /* four elements a thread: one 16-byte vector atomic of f32 sums (the fastest measured) */
+  if (canon && gen_of(canon, &g, NULL) == FM_OK) c.vec = widest_vec(&g) < 4 ? widest_vec(&g) : 4;
   return c;
 }
 

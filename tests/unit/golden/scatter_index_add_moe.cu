@@ -1,4 +1,4 @@
-/* fusemld codegen v36: scatter kernel (index_add), block 256, vec 8.
+/* fusemld codegen v36: scatter kernel (index_add), block 256, vec 4.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -144,7 +144,7 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
   fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
 }
 /* ---- the kernel: out[index[m], d] += src[m, d], M 8192, D 1024, R 4096 ---- */
-struct __align__(16) fm_src_vec { unsigned short e[8]; };
+struct __align__(8) fm_src_vec { unsigned short e[4]; };
 extern "C" __global__ void __launch_bounds__(256) fm_scatter_v36(
     const unsigned short *__restrict__ in0,
     const long long *__restrict__ in1,
@@ -152,15 +152,21 @@ extern "C" __global__ void __launch_bounds__(256) fm_scatter_v36(
   (void)outer;
   const unsigned short *__restrict__ src = in0;
   const long long *__restrict__ index = in1;
-  const long long n = 8192ll * 128ll;
+  const long long n = 8192ll * 256ll;
   for (long long u = (long long)blockIdx.x * 256 + threadIdx.x; u < n;
        u += (long long)gridDim.x * 256) {
-    const long long m = u / 128ll, d = (u - m * 128ll) * 8;
+    const long long m = u / 256ll, d = (u - m * 256ll) * 4;
     const long long r = index[m * 1ll];
     if (r < 0 || r >= 4096ll) __trap(); /* torch's device-side assert */
     float *row = out0 + r * 1024ll + d;
     const fm_src_vec v = *reinterpret_cast<const fm_src_vec *>(src + m * 1024ll + d);
+#if __CUDA_ARCH__ >= 900
 #pragma unroll
-    for (int e = 0; e < 8; e++) atomicAdd(row + e, fm_bf16_to_f32(v.e[e]));
+    for (int q = 0; q < 1; q++)
+      atomicAdd(reinterpret_cast<float4 *>(row) + q, make_float4(fm_bf16_to_f32(v.e[q * 4 + 0]), fm_bf16_to_f32(v.e[q * 4 + 1]), fm_bf16_to_f32(v.e[q * 4 + 2]), fm_bf16_to_f32(v.e[q * 4 + 3])));
+#else
+#pragma unroll
+    for (int e = 0; e < 4; e++) atomicAdd(row + e, fm_bf16_to_f32(v.e[e]));
+#endif
   }
 }
