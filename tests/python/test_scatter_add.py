@@ -61,14 +61,17 @@ def test_gather_backward_is_a_scatter_add(dead_socket):
 ADDS = {scatter_add.index_put_add_fp32, scatter_add.index_add_to_zeros_fp32}
 
 
-def test_the_values_cast_is_a_node_and_zeros_are_not_copied():
-    """bf16 values: their fp32 cast is a node of the graph (it joins the op that makes them); a
-    buffer of zeros (new_zeros) is not read: the sums start from a fresh zeroed buffer, and the
-    result is ATen's. A buffer that is not zeros is copied and added into."""
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_the_values_cast_and_zeros_not_copied(index_dtype):
+    """A buffer of zeros (new_zeros) is not read: the sums start from a fresh zeroed buffer, and
+    the result is ATen's. bf16 values are read as they are with an int64 index (the call is a
+    scatter group, scatter_fragment.py, whose ATen form casts them inside); with an int32 one
+    their fp32 cast is a node of the graph (it joins the op that makes them). A buffer that is
+    not zeros is copied and added into."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     torch.manual_seed(0)
-    i = torch.tensor([0, 3, 3, 1, 0])
+    i = torch.tensor([0, 3, 3, 1, 0], dtype=index_dtype)
     v = torch.randn(5, 6).to(torch.bfloat16)
 
     def from_zeros(i, v):
@@ -82,7 +85,10 @@ def test_the_values_cast_is_a_node_and_zeros_are_not_copied():
     (add,) = [n for n in gm.graph.nodes if n.target in ADDS]
     assert add.target is scatter_add.index_add_to_zeros_fp32
     (values,) = [a for a in add.args if isinstance(a, torch.fx.Node) and a.meta["val"].dim() == 2]
-    assert values.target is aten._to_copy.default and values.kwargs["dtype"] == torch.float32
+    if index_dtype == torch.int64:
+        assert values.target is aten.mul.Tensor and values.meta["val"].dtype == torch.bfloat16
+    else:
+        assert values.target is aten._to_copy.default and values.kwargs["dtype"] == torch.float32
     gm.recompile()
     torch.testing.assert_close(gm(i, v).float(), from_zeros(i, v).float(), rtol=1e-2, atol=1e-2)
 

@@ -50,6 +50,7 @@ from .memory_order import run_in_memory_order
 from .partition import Served, epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
 from .scatter_add import rewrite_index_put_adds
+from .scatter_fragment import build_scatter
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
 from .gather_sink import sink_gathers
@@ -499,6 +500,9 @@ class FuseMLCompiler:
                 g.built = build_gemm(g.members, g.inputs, g.outputs)
             elif g.kind == "columns":
                 g.built = build_columns(g.members, g.inputs, g.outputs)
+            elif g.kind == "scatter":
+                g.built = build_scatter(g.members, g.inputs, g.outputs)
+                g.inputs = list(g.built.in_nodes)  # the values, then the index: the wire's order
             else:
                 g.built = build(g.members, g.inputs, g.outputs, g.shape)
             return [g]

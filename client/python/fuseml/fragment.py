@@ -18,6 +18,7 @@ VOCAB_ROWS = 2
 VOCAB_COLUMNS = 5
 VOCAB_CAT = 6
 VOCAB_WINDOW = 7
+VOCAB_SCATTER = 8  # scatter_fragment.py
 
 
 class Unfusable(Exception):
@@ -286,6 +287,11 @@ class Built:
         # (shape, strides) of each output when they do not follow the launch's M (a column
         # fragment's per-column results: cols_fragment)
         self.out_fixed = None
+        # the kernel adds into its outputs (a scatter fragment): they are allocated zeroed
+        self.zeroed = False
+        # a scatter fragment: per input, the leading dims read as its [M] (None: all of them,
+        # the index), the rest as its [D] (scatter_fragment.flat)
+        self.in_splits = None
 
 
 def wire_inputs(layout, in_nodes):

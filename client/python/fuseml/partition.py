@@ -5,7 +5,8 @@ bmm, baddbmm) starts a group that absorbs the pointwise ops after it as its epil
 through one view of its result: [M, N] as [B, S, N], a bmm's [B*H, S, S] as [B, H, S, S]);
 a reduction over dim 0 of a 2-D value (a bias gradient) is a column group, with the pointwise
 ops before it that nothing else reads and the per-column ops after it; max pooling
-and its gradient (window ops) are groups of one op each; other
+and its gradient (window ops), and rows added into a zeroed fp32 buffer at an index (a
+gathered rows' or an embedding's gradient: scatter_fragment.py), are groups of one op each; other
 reductions are recorded as groups of their own kind, routed "bypass" until the client spells
 them.
 
@@ -37,6 +38,7 @@ if the daemon refuses it, split_apart() gives them back and they are requested a
 
 import math
 import operator
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +46,7 @@ import torch
 from . import chains as chain_rules, ops, siblings
 from ._log import log
 from .bmm_fragment import collapse
+from .scatter_fragment import scatter_operands
 from .shapes import same_known_shape
 
 
@@ -78,7 +81,7 @@ class Group:
     removals cost 0.3 s of a ResNet-50 training graph's compile."""
 
     gid: int
-    kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "window" | "reduction"
+    kind: str  # "pointwise" | "rows" | "gemm" | "columns" | "window" | "scatter" | "reduction"
     members: list  # FX nodes, graph order
     inputs: list = field(default_factory=list)  # nodes read from outside, first use order
     outputs: list = field(default_factory=list)  # members used outside (incl. graph outputs)
@@ -103,7 +106,10 @@ class Group:
     @property
     def op_names(self):
         return [
-            str(n.target).replace("aten.", "").replace("fuseml.", "").split(".")[0]
+            # a Python function's (a scatter group's call) by its name, not its repr's address
+            n.target.__name__
+            if isinstance(n.target, types.FunctionType)
+            else str(n.target).replace("aten.", "").replace("fuseml.", "").split(".")[0]
             for n in self.members
             if n.target is not operator.getitem  # a window op's values
         ]
@@ -394,6 +400,14 @@ def find_groups(gm, min_ops=2, chains=True):
             # forward's two values (the max, the argmax's taps) are its getitems
             val = node.meta["val"]
             g = Group(next(next_gid), "window", [node], shape=(val[0] if isinstance(val, tuple) else val).shape)
+            groups.append(g)
+            group_of[node] = g
+            gdeps[g.gid] = set(d)
+            continue
+        if scatter_operands(node):
+            # rows added at an index into a zeroed fp32 buffer (vocabulary 8): a kernel of its
+            # own of atomic adds, whose operands are its inputs, against the call's ATen form
+            g = Group(next(next_gid), "scatter", [node], shape=node.meta["val"].shape)
             groups.append(g)
             group_of[node] = g
             gdeps[g.gid] = set(d)
@@ -802,7 +816,7 @@ def _finish(g, min_ops):
             g.reason = "lone GEMM: cuBLAS runs it"
         else:
             g.route = "kernel"
-    elif g.kind in ("columns", "window"):  # one op, but a kernel of its own against ATen's
+    elif g.kind in ("columns", "window", "scatter"):  # one op, but a kernel of its own against ATen's
         g.route, g.reason = "kernel", ""
     elif g.kind in ("pointwise", "rows"):
         # an expand to its own shape moves nothing: a group of views alone is no kernel

@@ -21,6 +21,7 @@ import os
 import sqlite3
 import threading
 import time
+import types
 
 import torch
 
@@ -85,11 +86,18 @@ def signature(cubin, steps, xs, gpu):
     ATen program (runtime.GroupRunner.steps), its inputs' layouts and gpu (gpu_identity)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(bytes(cubin))
-    h.update(repr(steps).encode())
+    # a Python function's repr holds its address, another each process: its name instead
+    # (a scatter group's call, scatter_fragment.py); an op's repr is its name already
+    named = [(_name(t) if isinstance(t, types.FunctionType) else t, a, k) for t, a, k in steps]
+    h.update(repr(named).encode())
     for x in xs:
         h.update(repr((tuple(x.shape), x.dtype, x.stride())).encode())
     h.update(repr(gpu).encode())
     return h.hexdigest()
+
+
+def _name(fn):
+    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 def recall(sig):

@@ -9,7 +9,7 @@ warning per cause."""
 
 import torch
 
-from . import launcher, ops, routes, settings
+from . import launcher, ops, routes, scatter_fragment, settings
 from ._log import log, warn_once
 from .bmm_fragment import collapse
 from .partition import served
@@ -334,6 +334,9 @@ class GroupRunner:
             torch.empty_strided(shape, strides, dtype=dt, device=dev)
             for (shape, strides), dt in zip(layouts, self.out_dtypes)
         ]
+        if b.zeroed:  # the kernel adds into them (a scatter fragment)
+            for o in outs:
+                o.zero_()
         out_ptrs = [o.data_ptr() for o in outs]
         if mod.scratch is not None:
             # a cuBLASLt plan's workspace (+ product): from torch's allocator on this stream, so
@@ -364,6 +367,10 @@ class GroupRunner:
         spec = b.wire["inputs"][i]
         k = b.layout.k
         size, stride = list(x.shape), list(x.stride())
+        if b.in_splits is not None:  # a scatter fragment reads its inputs flattened
+            if scatter_fragment.flat(size, stride, b.in_splits[i]) != (spec["shape"], spec["strides"]):
+                raise _Layout(f"input {i} is not read as {spec['shape']} by strides {spec['strides']}")
+            return
         if b.gemm:  # every dim of a GEMM fragment's input is one the kernel strides
             ranks = b.in_ranks
             if ranks:  # a batched GEMM: the input's batch dims collapse as when it was built

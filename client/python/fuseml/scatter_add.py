@@ -21,10 +21,13 @@ atomics land: not bitwise reproducible, so, as for embedding gradients (embeddin
 function calls ATen's op when it is in force at the call. A buffer whose rows each take more
 than MAX_IDS_PER_ROW indices on average stays ATen's (atomic adds to one row serialise).
 
-The values' cast to fp32 is a node of the graph, so that it joins the op that makes them (the
-MoE layer's zeroed padding rows: one kernel writes the fp32 values where ATen's copy read the
-bf16 ones back). A buffer that is a constant of zeros (aot_autograd's `new_zeros`, folded by
-const_fold.py) is not copied: the fp32 sums start from a fresh zeroed buffer of its shape.
+A buffer that is a constant of zeros (aot_autograd's `new_zeros`, folded by const_fold.py) is
+not copied: the fp32 sums start from a fresh zeroed buffer of its shape
+(index_add_to_zeros_fp32). With an int64 index that call is a scatter group, one kernel of
+atomic adds reading the values in their own dtype (scatter_fragment.py), and its ATen form
+casts them inside. Otherwise the values' cast to fp32 is a node of the graph, so that it joins
+the op that makes them (the MoE layer's zeroed padding rows: one kernel writes the fp32 values
+where ATen's copy read the bf16 ones back).
 
 Taken: accumulate=True, one 1-D int32/int64 index over dim 0, values of shape
 [len(idx), *x.shape[1:]] and x's dtype (bf16, f16 or fp32), static sizes."""
@@ -104,10 +107,13 @@ def rewrite_index_put_adds(gm):
         made = []
         x, idx, values = operands
         try:
+            zeros = _zeros(gm, x)
+            # a scatter group reads the values in their own dtype (above)
+            group = zeros and tensor_val(idx).dtype == torch.int64
             with gm.graph.inserting_before(node):
-                if tensor_val(values).dtype != torch.float32:  # joins the op that makes the values
+                if tensor_val(values).dtype != torch.float32 and not group:  # joins the op that makes the values
                     values = fake_meta.call(gm, mode, aten._to_copy.default, (values,), {"dtype": torch.float32}, made)
-                if _zeros(gm, x):
+                if zeros:
                     shape = list(tensor_val(x).shape)
                     add = fake_meta.call(gm, mode, index_add_to_zeros_fp32, (idx, values, shape), made=made)
                 else:

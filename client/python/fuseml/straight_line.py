@@ -19,6 +19,9 @@ module writes one Python function per graph with those facts as constants:
     v6 = aten_mm_default(v5, v2)                              # an op left to ATen
     del v3
 
+A kernel that adds into its output (a scatter fragment: Built.zeroed) gets it zeroed after its
+allocation (`v5.zero_()`).
+
 Inputs are checked against their traced sizes and strides on entry (what Inductor's
 assert_size_stride does); a call that differs runs the FX graph instead. What the check
 cannot see is verified once: the first call runs a variant that also checks the layout of
@@ -589,6 +592,8 @@ def _launch(w, n, runner):
     for j, ((shape, strides), dtype) in enumerate(zip(layouts, runner.out_dtypes)):
         u = getitems.get(j)
         alloc.append(f"{names[j]} = empty({tuple(shape)!r}, {tuple(strides)!r}, {w.const(dtype, 'dt')})")
+        if b.zeroed:  # the kernel adds into it (a scatter fragment)
+            alloc.append(f"{names[j]}.zero_()")
         final_shape, final_strides = list(shape), list(strides)
         if b.out_views and b.out_views[j]:
             t = torch.empty_strided(shape, strides, dtype=dtype, device="meta").view(b.out_views[j])
