@@ -14,9 +14,7 @@ to the gradient's dtype. Four launches and ~120 us of host.
 Where a fusible op reads the gradient, the graph gets the fp32 sums (embedding_grad_fp32) and
 an `aten._to_copy` node that casts them, so that the cast joins its reader: GPT-2's tied
 weight adds the lm_head's gradient to the embedding's, one kernel reading the fp32 sums where
-it was a cast and an add. So does a gradient with int64 ids and no padding row that nothing
-reads: its sums are a scatter group (one index_add kernel reading the gradient in its own
-dtype, scatter_fragment.py), its cast a kernel of its own.
+it was a cast and an add.
 
 The sums are in fp32 as ATen's are, in whatever order the atomics land: the result may differ
 from ATen's in the last bits of fp32 before the cast and is not bitwise reproducible. So the
@@ -84,11 +82,6 @@ def _rewritable(node):
     )
 
 
-def _scatter_group_sums(node):
-    padding_idx = node.args[3] if len(node.args) > 3 else -1
-    return tensor_val(node.args[1]).dtype == torch.int64 and isinstance(padding_idx, int) and padding_idx < 0
-
-
 def rewrite_embedding_grads(gm):
     """Each embedding_dense_backward node of gm that can be (above) becomes embedding_grad_fp32
     and a cast to its dtype where a fusible op reads it (the cast's value is the old node's),
@@ -98,9 +91,7 @@ def rewrite_embedding_grads(gm):
     mode, found = fake_meta.matches(gm, lambda node: True if _rewritable(node) else None)
     n = 0
     for node, _ in found:
-        # a gradient no kernel reads is one call, but for one that a scatter group (one index_add
-        # kernel, scatter_fragment.py) can sum: int64 ids, no padding row
-        if not any(ops.fusible(u) for u in node.users) and not _scatter_group_sums(node):
+        if not any(ops.fusible(u) for u in node.users):  # a gradient no kernel reads: one call
             node.target = embedding_grad
             n += 1
             continue
@@ -108,12 +99,7 @@ def rewrite_embedding_grads(gm):
         try:
             with gm.graph.inserting_before(node):
                 sums = fake_meta.call(gm, mode, embedding_grad_fp32, node.args, made=made)
-                dtype = node.meta["val"].dtype
-                cast = (
-                    sums
-                    if dtype == torch.float32
-                    else fake_meta.call(gm, mode, aten._to_copy.default, (sums,), {"dtype": dtype}, made)
-                )
+                cast = fake_meta.call(gm, mode, aten._to_copy.default, (sums,), {"dtype": node.meta["val"].dtype}, made)
         except Exception as e:  # leave ATen's op
             log.debug("fuseml: %s stays ATen's: %s", node.name, e)
             fake_meta.discard(gm, made)
