@@ -28,11 +28,8 @@ typedef struct scatter_gen {
 } scatter_gen;
 
 static int gen_of(const fm_fragment *canon, scatter_gen *g, fm_diag *d) {
-  if (!fm_fragment_is_scatter(canon) || canon->n_ops != 1 || canon->n_inputs != 2 || canon->n_outputs != 1)
+  if (fm_fragment_scatter_inputs(canon, &g->is, &g->ix))
     return fm_diag_set(d, FM_EUNSUPPORTED, "scatter template: not a scatter fragment");
-  const fm_opnode *op = &canon->ops[0];
-  g->is = op->args[0] == canon->inputs[0].id ? 0 : 1;
-  g->ix = 1 - g->is;
   g->src = &canon->inputs[g->is];
   g->index = &canon->inputs[g->ix];
   g->out = &canon->outputs[0];

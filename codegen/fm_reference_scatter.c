@@ -7,13 +7,11 @@
 
 typedef struct scatter_ref {
   const fm_tensor *src, *index, *out;
-  int is, ix;
+  uint32_t is, ix;
 } scatter_ref;
 
 static int operands(const fm_fragment *f, scatter_ref *s) {
-  if (!fm_fragment_is_scatter(f) || f->n_ops != 1 || f->n_inputs != 2 || f->n_outputs != 1) return FM_EINVAL;
-  s->is = f->ops[0].args[0] == f->inputs[0].id ? 0 : 1;
-  s->ix = 1 - s->is;
+  if (fm_fragment_scatter_inputs(f, &s->is, &s->ix)) return FM_EINVAL;
   s->src = &f->inputs[s->is];
   s->index = &f->inputs[s->ix];
   s->out = &f->outputs[0];

@@ -435,6 +435,9 @@ int64_t fm_window_pooled(int64_t in, const int32_t *window, int axis, int ceil_m
  * that is no float or whose D differs from the output's, FM_ESCHEMA. Launched as a
  * pointwise kernel (kind "pointwise", grid rule "elementwise"). */
 int fm_fragment_is_scatter(const fm_fragment *f);
+/* The input positions of a scatter fragment's src and index (its one op's operands): FM_OK, or
+ * FM_EINVAL for a fragment without that one op over two distinct inputs and one output. */
+int fm_fragment_scatter_inputs(const fm_fragment *f, uint32_t *src, uint32_t *index);
 
 /* Extent fragments: a pointwise fragment with a cat or a window op, whose values each have
  * an extent (below) so that every input is read inside its shape; served by the pointwise

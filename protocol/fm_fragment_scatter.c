@@ -12,6 +12,15 @@ int fm_fragment_is_scatter(const fm_fragment *f) {
   return 0;
 }
 
+int fm_fragment_scatter_inputs(const fm_fragment *f, uint32_t *src, uint32_t *index) {
+  if (!fm_fragment_is_scatter(f) || f->n_ops != 1 || f->n_inputs != 2 || f->n_outputs != 1) return FM_EINVAL;
+  const int s = fm_fragment_find_value(f, f->ops[0].args[0]), x = fm_fragment_find_value(f, f->ops[0].args[1]);
+  if (s < 0 || x < 0 || s == x || s >= (int)f->n_inputs || x >= (int)f->n_inputs) return FM_EINVAL;
+  *src = (uint32_t)s;
+  *index = (uint32_t)x;
+  return FM_OK;
+}
+
 static int is_static(const fm_tensor *t) {
   for (uint32_t i = 0; i < t->rank; i++)
     if (t->shape[i] == FM_DIM_SYMBOLIC) return 0;
@@ -26,8 +35,8 @@ int fm_fragment_check_scatter(const fm_fragment *f, fm_diag *d) {
                        f->n_ops, f->n_inputs, f->n_outputs);
   const fm_opnode *op = &f->ops[0];
   const fm_tensor *out = &f->outputs[0];
-  const int s = fm_fragment_find_value(f, op->args[0]), x = fm_fragment_find_value(f, op->args[1]);
-  if (s < 0 || x < 0 || s == x || s >= (int)f->n_inputs || x >= (int)f->n_inputs)
+  uint32_t s, x;
+  if (fm_fragment_scatter_inputs(f, &s, &x))
     return fm_diag_set(d, FM_ESCHEMA, "ops[0].args: index_add's src and index are the two fragment inputs");
   const fm_tensor *src = &f->inputs[s], *index = &f->inputs[x];
   if (out->id != op->out) return fm_diag_set(d, FM_ESCHEMA, "outputs[0].id: stores %u, not index_add's value", out->id);
@@ -37,7 +46,7 @@ int fm_fragment_check_scatter(const fm_fragment *f, fm_diag *d) {
     return fm_diag_set(d, FM_ESCHEMA, "index_add: src and the output are [M, D] and [R, D] (ranks %u and %u)",
                        src->rank, out->rank);
   if (index->rank != 1 || index->shape[0] != src->shape[0])
-    return fm_diag_set(d, FM_ESCHEMA, "inputs[%d].shape: index_add's index is [M] = [%" PRId64 "], one row of src each",
+    return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].shape: index_add's index is [M] = [%" PRId64 "], one row of src each",
                        x, src->shape[0]);
   if (out->shape[1] != src->shape[1])
     return fm_diag_set(d, FM_ESCHEMA, "outputs[0].shape: rows of %" PRId64 " where src's have %" PRId64, out->shape[1],
