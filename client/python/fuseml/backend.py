@@ -55,6 +55,7 @@ from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
 from .gather_sink import sink_gathers
 from .split_sink import sink_splits
+from .unsort import drop_round_trips
 from .view_sink import sink_views
 
 aten = torch.ops.aten
@@ -417,6 +418,7 @@ class FuseMLCompiler:
             sink_views(gm)  # a reshape or a broadcast between pointwise ops moves below the second (view_sink.py)
             sink_splits(gm)  # a pointwise op a split reads moves below it, one per piece (split_sink.py)
             sink_gathers(gm)  # ... and one a row gather or its picks read, below them (gather_sink.py)
+            drop_round_trips(gm)  # rows gathered through a permutation and back through its inverse (unsort.py)
             run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
             # again: a per-channel cast that memory order now reads through unsqueezes and a permute
             # (batch norm's running variance as torch 2.11 decomposes it: a kernel of its own and a
