@@ -44,10 +44,11 @@ typedef struct cat_ctx {
 } cat_ctx;
 
 /* Whether op's operands are read at other coordinates than its own: a cat's (in its
- * branches), a window op's (at its taps, by the op's own block). */
+ * branches), a window op's (at its taps, by the op's own block), take_rows' (at the row its
+ * index names, by its own block). */
 static int reads_elsewhere(const fm_opnode *op) {
   const fm_opkind kind = fm_op_kind(op->op);
-  return kind == FM_OPK_CAT || kind == FM_OPK_WINDOW;
+  return kind == FM_OPK_CAT || kind == FM_OPK_WINDOW || kind == FM_OPK_GATHER;
 }
 
 /* need[] of values an output (root) or a cat operand (arg >= 0) reads, cats' operands left to
@@ -80,6 +81,35 @@ void fm_cg_emit_offset(fm_strbuf *sb, const fm_tensor *t, const fm_cg_coord *coo
 }
 
 static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx);
+
+/* v<pos> = take_rows of op i: the index loaded at the element's coordinates, wrapped once
+ * when negative and checked against src's S rows (a trap outside them, before any load), then
+ * src read at that row and the element's other coordinates. */
+static void emit_take_rows(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx *cx) {
+  const uint32_t pos = g->p.n_in + i, isrc = g->p.args[i][0], iidx = g->p.args[i][1];
+  const fm_tensor *src = &g->f->inputs[isrc], *index = &g->f->inputs[iidx];
+  const int64_t rows = src->shape[0];
+  fm_strbuf_printf(sb, "%slong long t%u = in%u[", cx->ind, pos, iidx);
+  fm_cg_emit_offset(sb, index, cx->coord, index->rank);
+  fm_strbuf_append(sb, "];  /* take_rows: the row */\n");
+  fm_strbuf_printf(sb, "%sif (t%u < 0) t%u += %lldLL;\n", cx->ind, pos, pos, (long long)rows);
+  fm_strbuf_printf(sb, "%sif ((unsigned long long)t%u >= %lluull) __trap();  /* outside src's rows */\n", cx->ind, pos,
+                   (unsigned long long)rows);
+  fm_cg_coord at[FM_MAX_RANK];
+  memcpy(at, cx->coord, sizeof at);
+  snprintf(at[0], sizeof at[0], "t%u", pos);
+  fm_strbuf tmp; /* the load, which the decode wraps */
+  fm_strbuf_init(&tmp, 1024);
+  fm_strbuf_printf(&tmp, "in%u[", isrc);
+  fm_cg_emit_offset(&tmp, src, at, src->rank);
+  fm_strbuf_append(&tmp, "]");
+  char *e = fm_strbuf_take(&tmp);
+  fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(src->dtype), pos);
+  fm_cg_emit_decode(sb, src->dtype, e ? e : "0");
+  fm_strbuf_append(sb, ";  /* take_rows */\n");
+  free(e);
+  fm_strbuf_free(&tmp);
+}
 
 /* v<pos> = the cat of op i, each operand in its own branch. */
 static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx *cx) {
@@ -143,6 +173,10 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
     const uint32_t i = pos - n_in;
     if (fm_op_kind(g->f->ops[i].op) == FM_OPK_CAT) {
       emit_cat(sb, g, i, cx);
+      continue;
+    }
+    if (fm_op_kind(g->f->ops[i].op) == FM_OPK_GATHER) {
+      emit_take_rows(sb, g, i, cx);
       continue;
     }
     if (fm_op_kind(g->f->ops[i].op) == FM_OPK_WINDOW) {

@@ -62,7 +62,8 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
     /* reserved, composites, products; reductions where the template runs none */
     if (fm_op_vocab(op->op) != 1 && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
-        !(extent && (fm_op_kind(op->op) == FM_OPK_CAT || fm_op_kind(op->op) == FM_OPK_WINDOW)))
+        !(extent && (fm_op_kind(op->op) == FM_OPK_CAT || fm_op_kind(op->op) == FM_OPK_WINDOW ||
+                     fm_op_kind(op->op) == FM_OPK_GATHER)))
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: '%s' is not elementwise; the %s template cannot run it", i,
                          fm_op_name(op->op), reduce ? "cols" : "pointwise");
     int arity = fm_op_arity(op->op);

@@ -63,10 +63,12 @@ int fm_reference_eval(const fm_fragment *canon, int64_t outer, const void *const
  * FM_EINVAL for an operand that is not an input. */
 int fm_reference_window_taps(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs);
 
-/* Rewrites, in place, the i64 index input of a scatter fragment (index_add) with rows in
- * [0, R) from seed: the first 0, the second R - 1, the rest uniform (random bits would name
- * no row). inputs as for fm_reference_eval; FM_OK and nothing done for any other fragment.
- * FM_EINVAL for a NULL index buffer. */
+/* Rewrites, in place, the i64 index inputs from seed (random bits would name no row): a
+ * scatter fragment's (index_add) with rows in [0, R), the first 0, the second R - 1, the rest
+ * uniform; each take_rows' with rows of its src in [-S, S), every element of the index's
+ * extent: 0, S - 1, -1 and -S first (the ends and their negative spellings), the rest uniform
+ * in [0, S). inputs as for fm_reference_eval; FM_OK and nothing done for any other fragment.
+ * FM_EINVAL for a scatter's NULL index buffer (take_rows': left alone). */
 int fm_reference_index_rows(const fm_fragment *canon, uint64_t seed, void *const *inputs);
 
 /* The largest ||out - ref|| / ||ref|| a kernel's output k may show against fm_reference_eval

@@ -1,8 +1,9 @@
-/* fm_reference_cat.c: the CPU reference for extent fragments (cat and window ops; semantics
- * in fm_reference.h): element by element over the iteration shape; a cat evaluates the
- * operand whose range holds the element's index along its dim, at the index shifted into that
- * operand's range; a window op reads its inputs at its taps (fm_reference_window.c). Its own
- * walk of what each operand needs, not the generator's. */
+/* fm_reference_cat.c: the CPU reference for extent fragments (cat, window ops and take_rows;
+ * semantics in fm_reference.h): element by element over the iteration shape; a cat evaluates
+ * the operand whose range holds the element's index along its dim, at the index shifted into
+ * that operand's range; a window op reads its inputs at its taps (fm_reference_window.c);
+ * take_rows reads src at the row its index holds. Its own walk of what each operand needs,
+ * not the generator's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,25 @@ typedef struct cat_ref {
  * window op's (at its taps, by fm_ref_window). */
 static int reads_elsewhere(const fm_opnode *op) {
   const fm_opkind kind = fm_op_kind(op->op);
-  return kind == FM_OPK_CAT || kind == FM_OPK_WINDOW;
+  return kind == FM_OPK_CAT || kind == FM_OPK_WINDOW || kind == FM_OPK_GATHER;
+}
+
+/* take_rows at index idx: src at the row the index holds there (wrapped once when negative),
+ * NaN outside src's rows (validation cannot know an index's values; the kernel traps there,
+ * and a NaN reference fails any comparison). */
+static double take_rows_at(const cat_ref *c, const uint16_t *a, const int64_t *idx) {
+  const fm_tensor *src = &c->f->inputs[a[0]], *index = &c->f->inputs[a[1]];
+  if (!c->inputs[a[0]] || !c->inputs[a[1]]) return NAN;
+  int64_t off = 0;
+  for (uint32_t j = 0; j < c->rank; j++)
+    if (index->shape[j] != 1) off += idx[j] * index->strides[j];
+  int64_t row = ((const int64_t *)c->inputs[a[1]])[off]; /* exact: no double on the way */
+  if (row < 0) row += src->shape[0];
+  if (row < 0 || row >= src->shape[0]) return NAN;
+  off = row * (src->shape[0] != 1 ? src->strides[0] : 0);
+  for (uint32_t j = 1; j < c->rank; j++)
+    if (src->shape[j] != 1) off += idx[j] * src->strides[j];
+  return fm_ref_load(src->dtype, c->inputs[a[0]], off);
 }
 
 /* need[] of what value `root` reads (a cat's operands left to its branches, a window op's to
@@ -59,6 +78,10 @@ static void eval_at(const cat_ref *c, const uint8_t *need, const int64_t *idx, d
     const uint16_t *a = c->pr->args[o];
     if (fm_op_kind(op->op) == FM_OPK_WINDOW) {
       v[pos] = fm_ref_window(f, o, a, c->inputs, idx);
+      continue;
+    }
+    if (fm_op_kind(op->op) == FM_OPK_GATHER) {
+      v[pos] = take_rows_at(c, a, idx);
       continue;
     }
     if (fm_op_kind(op->op) != FM_OPK_CAT) {

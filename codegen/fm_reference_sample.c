@@ -43,7 +43,7 @@ static uint64_t splitmix(uint64_t *x) {
 /* The most leading dims a block may fix: every one of a pointwise fragment, all but the
  * reduced last of a row fragment, those before the first cat's dim, those before a window
  * op's pooled two (its taps reach along them); 0 where none may (a scatter's rows land
- * anywhere). */
+ * anywhere, take_rows reads anywhere). */
 static uint32_t max_cut(const fm_fragment *f) {
   if (fm_fragment_is_gemm(f) || fm_fragment_is_bmm(f) || fm_fragment_is_cols(f) || fm_fragment_is_scatter(f)) return 0;
   uint32_t rank = f->outputs[0].rank, cut = rank;
@@ -53,6 +53,8 @@ static uint32_t max_cut(const fm_fragment *f) {
       cut = (uint32_t)f->ops[i].dim;
     else if (fm_op_kind(f->ops[i].op) == FM_OPK_WINDOW && rank >= 2 && rank - 2 < cut)
       cut = rank - 2;
+    else if (fm_op_kind(f->ops[i].op) == FM_OPK_GATHER)
+      cut = 0; /* take_rows reads any of src's rows, which a block's offset would shift */
   return cut;
 }
 

@@ -1,6 +1,7 @@
 /* fm_reference_scatter.c: scatter fragments (vocabulary 8, index_add; fm_fragment.h) on the
  * CPU: every src row added, in fp64 and in row order, to the output row its index names,
- * on top of what the output holds; and the index rows the verification inputs hold. */
+ * on top of what the output holds; and the index rows the verification inputs hold (index_add's
+ * and take_rows'). */
 #include <stdlib.h>
 
 #include "fm_reference_int.h"
@@ -50,12 +51,41 @@ int fm_ref_eval_scatter(const fm_fragment *f, const void *const *inputs, void *c
   return FM_OK;
 }
 
+/* take_rows' index (input ix) of op `op`: each element of its extent a row of src, the two
+ * ends and their negative spellings (-1, -S) first, then uniform rows. */
+static int input_of(const fm_fragment *f, uint32_t id) {
+  for (uint32_t k = 0; k < f->n_inputs; k++)
+    if (f->inputs[k].id == id) return (int)k;
+  return -1;
+}
+
+static void take_rows_index(const fm_fragment *f, const fm_opnode *op, uint64_t *x, void *const *inputs) {
+  const int s = input_of(f, op->args[0]), ix = input_of(f, op->args[1]);
+  if (s < 0 || ix < 0 || s >= (int)f->n_inputs || ix >= (int)f->n_inputs || !inputs[ix]) return;
+  const fm_tensor *index = &f->inputs[ix];
+  const int64_t rows = f->inputs[s].shape[0], ends[4] = {0, rows - 1, -1, -rows};
+  int64_t idx[FM_MAX_RANK] = {0}, n = 0;
+  for (;;) {
+    int64_t off = 0;
+    for (uint32_t j = 0; j < index->rank; j++) off += idx[j] * stride_of(index, j);
+    *x ^= *x << 13, *x ^= *x >> 7, *x ^= *x << 17; /* xorshift64 */
+    const int64_t r = n < 4 ? ends[n] : (int64_t)(*x % (uint64_t)rows);
+    ((int64_t *)inputs[ix])[off] = r;
+    n++;
+    uint32_t j = index->rank;
+    while (j-- > 0 && ++idx[j] >= index->shape[j]) idx[j] = 0; /* odometer, last dim fastest */
+    if (j == UINT32_MAX) return;
+  }
+}
+
 int fm_reference_index_rows(const fm_fragment *canon, uint64_t seed, void *const *inputs) {
   scatter_ref s;
+  uint64_t x = seed | 1;
+  for (uint32_t i = 0; i < canon->n_ops; i++)
+    if (fm_op_kind(canon->ops[i].op) == FM_OPK_GATHER) take_rows_index(canon, &canon->ops[i], &x, inputs);
   if (!fm_fragment_is_scatter(canon)) return FM_OK;
   if (operands(canon, &s) || !inputs[s.ix]) return FM_EINVAL;
   const int64_t m_rows = s.index->shape[0], r_rows = s.out->shape[0];
-  uint64_t x = seed | 1;
   for (int64_t m = 0; m < m_rows; m++) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
     /* the range's two ends first, then uniform rows (with M > R, rows taking several) */

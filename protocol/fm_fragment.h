@@ -63,13 +63,16 @@
  * extent fragments, below); a daemon of vocabulary 6 refuses a fragment that says vocab 7.
  * Vocabulary 8 adds the index dtype i64 and `index_add`, rows of a fragment input added at
  * computed rows of the output by atomic adds (scatter fragments, below); a daemon of
- * vocabulary 7 refuses a fragment that says vocab 8. */
-#define FM_VOCAB_VERSION 8
+ * vocabulary 7 refuses a fragment that says vocab 8. Vocabulary 9 adds `take_rows`, a fragment
+ * input read at the rows an i64 index input names (a gather feeding the fragment's other ops,
+ * an extent op: below); a daemon of vocabulary 8 refuses a fragment that says vocab 9. */
+#define FM_VOCAB_VERSION 9
 #define FM_VOCAB_MIN     1
 #define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
 #define FM_VOCAB_CAT     6 /* the vocabulary of `cat` */
 #define FM_VOCAB_WINDOW  7 /* the vocabulary of the window ops (max_pool2d, its argmax, backward) */
 #define FM_VOCAB_SCATTER 8 /* the vocabulary of index_add and the i64 index dtype */
+#define FM_VOCAB_GATHER  9 /* the vocabulary of take_rows */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -146,6 +149,8 @@ typedef enum {
                       operands are fragment inputs (extent fragments, below) */
   FM_OPK_SCATTER,   /* vocab 8: index_add (src, index) -> f32, rows of src added at rows
                       index[m] of the output (scatter fragments, below) */
+  FM_OPK_GATHER,    /* vocab 9: take_rows (src, index) -> src's dtype, src read at row
+                      index[...] (extent fragments, below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -196,7 +201,8 @@ typedef enum {
   XX(MAX_POOL2D, "max_pool2d", FM_OPK_WINDOW)                   \
   XX(MAX_POOL2D_BACKWARD, "max_pool2d_backward", FM_OPK_WINDOW) \
   XX(MAX_POOL2D_ARGMAX, "max_pool2d_argmax", FM_OPK_WINDOW)     \
-  XX(INDEX_ADD, "index_add", FM_OPK_SCATTER)
+  XX(INDEX_ADD, "index_add", FM_OPK_SCATTER)                    \
+  XX(TAKE_ROWS, "take_rows", FM_OPK_GATHER)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -439,9 +445,22 @@ int fm_fragment_is_scatter(const fm_fragment *f);
  * FM_EINVAL for a fragment without that one op over two distinct inputs and one output. */
 int fm_fragment_scatter_inputs(const fm_fragment *f, uint32_t *src, uint32_t *index);
 
-/* Extent fragments: a pointwise fragment with a cat or a window op, whose values each have
- * an extent (below) so that every input is read inside its shape; served by the pointwise
- * template's extent ("CAT path") form and evaluated by the reference element by element. */
+/* Extent fragments: a pointwise fragment with a cat, a window op or take_rows, whose values
+ * each have an extent (below) so that every input is read inside its shape; served by the
+ * pointwise template's extent ("CAT path") form and evaluated by the reference element by
+ * element.
+ *
+ * take_rows (vocab 9) [src, index], two fragment inputs of the iteration's rank, static sizes
+ * (a symbolic dim 0 is FM_EUNSUPPORTED): src of any dtype but i64 and any strides, its dim 0
+ * (S rows) free, its other dims the iteration's or 1; index i64, broadcasting to the
+ * iteration shape like any operand. At
+ * element (c0, c1, ...):
+ *   take_rows = src[i, c1, ...]   with i = index[c0, c1, ...], i + S where i < 0
+ * (torch.gather(src, 0, index) with src's other dims broadcast, as x[index] is for a 1-D
+ * index read as [T, 1, ...]). Its extent is the index's along dim 0 and the broadcast of both
+ * along the others. An index outside [-S, S) stops the kernel (a device trap, as torch's
+ * device-side assert): no address outside src is read. `i64` appears as take_rows' index and
+ * index_add's, nowhere else. */
 int fm_fragment_is_extent(const fm_fragment *f);
 typedef struct fm_cat_info {
   uint32_t rank;

@@ -19,7 +19,7 @@ int fm_fragment_is_extent(const fm_fragment *f) {
   if (!f || f->n_ops > FM_MAX_OPS) return 0;
   for (uint32_t i = 0; i < f->n_ops; i++) {
     const fm_opkind kind = fm_op_kind(f->ops[i].op);
-    if (kind == FM_OPK_CAT || kind == FM_OPK_WINDOW) return 1;
+    if (kind == FM_OPK_CAT || kind == FM_OPK_WINDOW || kind == FM_OPK_GATHER) return 1;
   }
   return 0;
 }
@@ -37,6 +37,37 @@ static int cat_dim(const fm_opnode *op, uint32_t r) {
   return dim >= 0 && dim < (int)r ? dim : -1;
 }
 
+/* take_rows' extent: the index's along dim 0 (src's rows are read where the index points,
+ * all S of them), the broadcast of src and the index along the others. */
+static int gather_extent(const fm_fragment *f, const fm_cat_info *ci, uint32_t i, int64_t *e, fm_diag *d) {
+  const fm_opnode *op = &f->ops[i];
+  const uint32_t r = ci->rank;
+  const int src = fm_fragment_find_value(f, op->args[0]), index = fm_fragment_find_value(f, op->args[1]);
+  char a_s[160], b_s[160];
+  if (src < 0 || index < 0 || src >= (int)f->n_inputs || index >= (int)f->n_inputs)
+    return fm_diag_set(d, FM_EINVAL, "ops[%u]: take_rows' operands are no fragment inputs", i);
+  if (r == 0) return fm_diag_set(d, FM_ESCHEMA, "ops[%u]: take_rows needs rows: the iteration shape is a scalar", i);
+  const int64_t *x = ci->ext[src], *ix = ci->ext[index];
+  if (x[0] == FM_DIM_SYMBOLIC || ix[0] == FM_DIM_SYMBOLIC)
+    return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: take_rows takes static sizes only (dim 0 is symbolic)", i);
+  e[0] = ix[0];
+  for (uint32_t j = 1; j < r; j++) {
+    if (x[j] == ix[j] || ix[j] == 1) {
+      e[j] = x[j];
+    } else if (x[j] == 1) {
+      e[j] = ix[j];
+    } else {
+      fm_fragment_format_extent(x, r, a_s, sizeof a_s);
+      fm_fragment_format_extent(ix, r, b_s, sizeof b_s);
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "ops[%u]: take_rows' rows %s and index %s do not broadcast along dim %u (only dim 0, the "
+                         "rows, may differ)",
+                         i, a_s, b_s, j);
+    }
+  }
+  return FM_OK;
+}
+
 /* Extent of op i (at position pos) from its operands', into e. */
 static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, uint32_t i, fm_diag *d) {
   const fm_opnode *op = &f->ops[i];
@@ -47,6 +78,7 @@ static int op_extent(const fm_fragment *f, fm_cat_info *ci, uint8_t *has_cat, ui
   char a_s[160], b_s[160];
   /* a window op reads its inputs whole at pooled coordinates: no broadcast between them */
   if (fm_op_kind(op->op) == FM_OPK_WINDOW) return fm_fragment_window_extent(f, ci, i, e, d);
+  if (fm_op_kind(op->op) == FM_OPK_GATHER) return gather_extent(f, ci, i, e, d);
   if (is_cat && c < 0)
     return fm_diag_set(d, FM_ESCHEMA, "ops[%u].dim: %d is not a dim of the rank-%u iteration space", i, op->dim, r);
   for (uint32_t j = 0; j < r; j++) e[j] = (int)j == c ? 0 : 1;

@@ -231,6 +231,16 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
                            fm_dtype_name(arg[1]->dtype));
       op->dtype = FM_DT_F32; /* the sums, added in fp32 */
       return FM_OK;
+    case FM_OPK_GATHER:
+      /* the kernel loads src itself, at the rows the index names: src is no computed value */
+      for (uint32_t k = 0; k < op->nargs; k++)
+        if (!arg[k]->is_input)
+          return fm_diag_set(d, FM_EUNSUPPORTED, "%s.args[%u]: '%s' reads fragment inputs only", path, k, name);
+      if (arg[1]->dtype != FM_DT_I64)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[1]: '%s' takes an i64 index, value %u is %s", path, name, arg[1]->id,
+                           fm_dtype_name(arg[1]->dtype));
+      op->dtype = arg[0]->dtype;
+      return FM_OK;
     case FM_OPK_COMPOSITE:
       return fm_diag_set(d, FM_ESCHEMA, "%s.op: composite op '%s' must be expanded first (fm_fragment_expand)", path,
                          name);
@@ -270,8 +280,10 @@ static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_di
     if (!arg[k])
       return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k, op->args[k]);
     /* an index names rows; computing with it (or reading it as data) has no meaning here */
-    if (arg[k]->dtype == FM_DT_I64 && !arg[k]->weak && !(fm_op_kind(op->op) == FM_OPK_SCATTER && k == 1))
-      return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is i64, an index: only index_add's index reads one",
+    const int index_arg = (fm_op_kind(op->op) == FM_OPK_SCATTER || fm_op_kind(op->op) == FM_OPK_GATHER) && k == 1;
+    if (arg[k]->dtype == FM_DT_I64 && !arg[k]->weak && !index_arg)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "%s.args[%u]: value %u is i64, an index: only index_add's and take_rows' index reads one",
                          path, k, op->args[k]);
   }
   bool weak;
@@ -731,11 +743,19 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
   return FM_OK;
 }
 
-/* A cat or a window op beside a reduction or a product: the templates that run those have no
- * extent form. Names the first such op (a cat keeps the words vocabulary 6 answered). */
+/* Whether value id is the index some take_rows reads. */
+static int is_take_rows_index(const fm_fragment *f, uint32_t id) {
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_GATHER && f->ops[i].nargs == 2 && f->ops[i].args[1] == id) return 1;
+  return 0;
+}
+
+/* A cat, a window op or take_rows beside a reduction or a product: the templates that run
+ * those have no extent form. Names the first such op (a cat keeps the words vocabulary 6
+ * answered). */
 static int extent_op_elsewhere(const fm_fragment *f, fm_diag *d) {
   for (uint32_t i = 0; i < f->n_ops; i++)
-    if (fm_op_kind(f->ops[i].op) == FM_OPK_WINDOW)
+    if (fm_op_kind(f->ops[i].op) == FM_OPK_WINDOW || fm_op_kind(f->ops[i].op) == FM_OPK_GATHER)
       return fm_diag_set(d, FM_EUNSUPPORTED,
                          "ops[%u]: a %s runs in a pointwise fragment only (not with a reduction or a matrix product)",
                          i, fm_op_name(f->ops[i].op));
@@ -790,8 +810,9 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
   }
   if (fm_fragment_is_scatter(f)) return fm_fragment_check_scatter(f, d);
   for (uint32_t k = 0; k < f->n_inputs; k++)
-    if (f->inputs[k].dtype == FM_DT_I64)
-      return fm_diag_set(d, FM_ESCHEMA, "inputs[%u].dtype: i64 is an index dtype: only index_add's index may be i64",
+    if (f->inputs[k].dtype == FM_DT_I64 && !is_take_rows_index(f, f->inputs[k].id))
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "inputs[%u].dtype: i64 is an index dtype: only index_add's and take_rows' index may be i64",
                          k);
   if (fm_fragment_is_extent(f) && (fm_fragment_is_gemm(f) || fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
     return extent_op_elsewhere(f, d);

@@ -67,6 +67,7 @@ int fm_op_arity(fm_op op) {
     case FM_OPK_WINDOW:
       return op == FM_OP_MAX_POOL2D_BACKWARD ? 2 : 1; /* [gy, argmax] : [x] */
     case FM_OPK_SCATTER:
+    case FM_OPK_GATHER:
       return 2; /* [src, index] */
     case FM_OPK_RESERVED:
       return -1;
@@ -95,6 +96,8 @@ uint32_t fm_op_vocab(fm_op op) {
       return FM_VOCAB_WINDOW;
     case FM_OPK_SCATTER:
       return FM_VOCAB_SCATTER;
+    case FM_OPK_GATHER:
+      return FM_VOCAB_GATHER;
     default:
       return 1;
   }

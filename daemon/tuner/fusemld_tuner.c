@@ -533,7 +533,8 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
       snprintf(why, cap, "reference: a pooling gradient's tap indices");
       goto out;
     }
-    /* likewise an index_add's index: rows of the output, both ends of the range among them */
+    /* likewise an index_add's index (rows of the output) and take_rows' (rows of its src),
+       both ends of the range among them */
     if (fm_reference_index_rows(f, rng, taps)) {
       snprintf(why, cap, "reference: an index_add's index rows");
       goto out;

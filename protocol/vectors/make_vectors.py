@@ -89,9 +89,9 @@ VECTORS = [
         ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32"),
     ),
     (
-        "vocab9",
+        "vocab10",
         "a fragment of a newer vocabulary",
-        ("reject", "bad_request", "vocab 9 not supported, this daemon speaks 1 to 8"),
+        ("reject", "bad_request", "vocab 10 not supported, this daemon speaks 1 to 9"),
     ),
     # ---- vocabulary 3: GEMM fragments ----
     (
@@ -249,7 +249,28 @@ VECTORS = [
     (
         "i64_computed",
         "an i64 index read as data by an add",
-        ("reject", "bad_request", "ops[0].args[0]: value 0 is i64, an index: only index_add's index reads one"),
+        (
+            "reject",
+            "bad_request",
+            "ops[0].args[0]: value 0 is i64, an index: only index_add's and take_rows' index reads one",
+        ),
+    ),
+    # ---- vocabulary 9: take_rows (rows read at an index) ----
+    (
+        "take_rows_picks",
+        "a mixture-of-experts pick: bf16 rows [8, 16] read at every other of 8 i64 rows, scaled by "
+        "the pick's f32 weight",
+        ("accept", None),
+    ),
+    (
+        "take_rows_f32_index",
+        "take_rows with an f32 index",
+        ("reject", "bad_request", "ops[0].args[1]: 'take_rows' takes an i64 index, value 1 is f32"),
+    ),
+    (
+        "take_rows_computed_rows",
+        "take_rows of a computed value (its rows must be an input, read where the index points)",
+        ("reject", "unsupported", "ops[1].args[0]: 'take_rows' reads fragment inputs only"),
     ),
     (
         "malformed_c1",
@@ -457,6 +478,8 @@ def canonical(frag):
         vocab = 7
     if any(ops[j]["op"] == "index_add" for j in order):
         vocab = 8
+    if any(ops[j]["op"] == "take_rows" for j in order):
+        vocab = 9
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;

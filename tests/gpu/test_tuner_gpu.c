@@ -605,34 +605,27 @@ out:
   cur_len = canon_len;
 }
 
-static void test_scatter_tune(void) {
-  static fm_fragment f, scanon;
-  uint8_t *bytes = NULL;
+/* The current fragment (use_fragment) tuned with its default, a planted copy of the default
+ * whose source has `find` replaced by `wrong` (a kernel that runs to the end and writes a wrong
+ * result), and up to `most` candidates in all: the planted one is marked wrong, every other
+ * one passes, and it never wins. */
+static void tune_planted(const fm_fragment *frag, const char *what, const char *find, const char *wrong, size_t most) {
   fm_diag d = {{0}};
-  memset(&f, 0, sizeof f);
-  f.vocab = FM_VOCAB_SCATTER;
-  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 8192, 1024, 0);
-  gs_vector(&f.inputs[f.n_inputs++], 2, FM_DT_I64, 8192);
-  gs_op(&f, FM_OP_INDEX_ADD, 3, 2, 1, 2, 0);
-  gs_matrix(&f.outputs[f.n_outputs++], 3, FM_DT_F32, 4096, 1024, 0);
-  if (use_fragment(&f, &scanon, &bytes, "index_add")) return;
   fm_candidate cands[FM_TUNE_MAX_CANDIDATES];
-  size_t n = fm_codegen_candidates(&scanon, cands, FM_TUNE_MAX_CANDIDATES);
+  size_t n = fm_codegen_candidates(frag, cands, FM_TUNE_MAX_CANDIDATES);
   CHECK(n >= 2);
   char *src = NULL, *log = NULL;
   fm_kernel_meta meta;
   uint8_t *cubin = NULL;
   size_t clen = 0;
-  static const char read_index[] = "index[m * 1ll]";
   const char *at = NULL;
-  if (n >= 1 && fm_codegen_generate(&scanon, &cands[0], dev.sm_count, &src, &meta, &d) == FM_OK)
-    at = strstr(src, read_index);
+  if (n >= 1 && fm_codegen_generate(frag, &cands[0], dev.sm_count, &src, &meta, &d) == FM_OK) at = strstr(src, find);
   CHECK(at != NULL);
-  if (at) { /* the next row's index: every row lands where another belongs */
-    size_t head = (size_t)(at - src), total = strlen(src) + 32;
+  if (at) {
+    size_t head = (size_t)(at - src), total = strlen(src) + strlen(wrong) + 1;
     char *bad = malloc(total);
-    snprintf(bad, total, "%.*sindex[(m + 1) %% 8192ll]%s", (int)head, src, at + strlen(read_index));
-    int rc = fm_nvrtc_compile(bad, "scatter.cu", dev.arch, &cubin, &clen, &log);
+    snprintf(bad, total, "%.*s%s%s", (int)head, src, wrong, at + strlen(find));
+    int rc = fm_nvrtc_compile(bad, "planted.cu", dev.arch, &cubin, &clen, &log);
     CHECK_EQ_INT(rc, FM_OK);
     if (rc) fprintf(stderr, "%s\n", log ? log : "");
     free(bad);
@@ -642,10 +635,9 @@ static void test_scatter_tune(void) {
     fm_compile_job *g0 = compile_candidate(&cands[0]);
     tj->cands[tj->n++] = g0;
     tj->cands[tj->n++] = planted(g0, cubin, clen, meta.entry);
-    for (size_t i = 1; i < n; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
+    for (size_t i = 1; i < n && tj->n < most; i++) tj->cands[tj->n++] = compile_candidate(&cands[i]);
     run_job(tj, 15);
-    printf("index_add: tune %.0f ms (%.1f MB of bf16 rows and f32 sums a launch)\n", tj->tune_ms,
-           (8192.0 * 1024 * 2 + 4096.0 * 1024 * 4) / 1e6);
+    printf("%s: tune %.0f ms\n", what, tj->tune_ms);
     print_job(tj);
     CHECK_EQ_INT(tj->res[0].verdict, FM_VERDICT_OK);
     CHECK_EQ_INT(tj->res[1].verdict, FM_VERDICT_WRONG);
@@ -657,6 +649,38 @@ static void test_scatter_tune(void) {
   free(src);
   free(log);
   free(cubin);
+}
+
+/* index_add (vocabulary 8): a planted kernel that reads the next row's index, so that every
+ * row lands where another belongs (bf16 rows [8192, 1024] into f32 [4096, 1024]). */
+static void test_scatter_tune(void) {
+  static fm_fragment f, scanon;
+  uint8_t *bytes = NULL;
+  memset(&f, 0, sizeof f);
+  f.vocab = FM_VOCAB_SCATTER;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 8192, 1024, 0);
+  gs_vector(&f.inputs[f.n_inputs++], 2, FM_DT_I64, 8192);
+  gs_op(&f, FM_OP_INDEX_ADD, 3, 2, 1, 2, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 3, FM_DT_F32, 4096, 1024, 0);
+  if (use_fragment(&f, &scanon, &bytes, "index_add")) return;
+  tune_planted(&scanon, "index_add", "index[m * 1ll]", "index[(m + 1) % 8192ll]", FM_TUNE_MAX_CANDIDATES);
+  restore_fragment();
+  free(bytes);
+}
+
+/* take_rows (vocabulary 9): a planted kernel that reads the next row (every element from a row
+ * in range, but the wrong one). */
+static void test_gather_tune(void) {
+  static fm_fragment f, gcanon;
+  uint8_t *bytes = NULL;
+  memset(&f, 0, sizeof f);
+  f.vocab = FM_VOCAB_GATHER;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 4096, 256, 0);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, FM_DT_I64, 2048, 1, 0);
+  gs_op(&f, FM_OP_TAKE_ROWS, 3, 2, 1, 2, 0);
+  gs_matrix(&f.outputs[f.n_outputs++], 3, FM_DT_BF16, 2048, 256, 0);
+  if (use_fragment(&f, &gcanon, &bytes, "take_rows")) return;
+  tune_planted(&gcanon, "take_rows", "/* take_rows: the row */", "t2 = (t2 + 1) % 4096LL;", 8);
   restore_fragment();
   free(bytes);
 }
@@ -696,6 +720,8 @@ int main(int argc, char **argv) {
   }
   if (only && strcmp(only, "scatter") == 0) {
     RUN(test_scatter_tune);
+    RUN(test_gather_tune);
+    RUN(test_gather_tune);
     free(canon_bytes);
     return FM_TEST_DONE();
   }
@@ -710,6 +736,7 @@ int main(int argc, char **argv) {
   RUN(test_chain_twins);
   RUN(test_sampled_verification);
   RUN(test_scatter_tune);
+  RUN(test_gather_tune);
   if (argc >= 5) {
     sock = argv[2];
     fusectl = argv[3];

@@ -46,9 +46,10 @@ def test_the_weights_are_read_in_token_order_without_a_gather(dead_socket, parti
     got = torch.compile(route, backend=fuseml.FuseMLCompiler(), dynamic=False)(*args)
     torch.testing.assert_close(got, route(*args), rtol=0, atol=0)
     ((gm, groups),) = partitioned
-    assert gathers(gm) == [(TOKENS * K, D)]  # the product's gather only; the weights' two are gone
+    # the product's, each pick at its own rows (gather_picks); the weights' two are gone
+    assert gathers(gm) == [(TOKENS, D), (TOKENS, D)]
     (g,) = [g for g in groups if g.kind == "pointwise" and g.route == "kernel" and "mul" in g.op_names]
-    assert sorted(g.op_names).count("mul") == 2, g.describe()
+    assert sorted(g.op_names).count("mul") == 2 and sorted(g.op_names).count("index") == 2, g.describe()
 
 
 def trace(fn, *args):

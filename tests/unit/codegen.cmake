@@ -76,3 +76,8 @@ fm_unit_test(test_codegen_scatter
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_scatter.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
 target_compile_definitions(test_codegen_scatter PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# take_rows (vocabulary 9, rows read at an index): reference, verifier's index, golden source, NVRTC
+fm_unit_test(test_codegen_gather
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_gather.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_gather PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

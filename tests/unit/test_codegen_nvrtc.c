@@ -192,7 +192,19 @@ static void queue_every_op(void) {
         tf_input(&raw, 2, FM_DT_I64, 1, index, NULL, 16);
         tf_op(&raw, (fm_op)op, 3, 2, 1, 2, 0);
         tf_output(&raw, 3, FM_DT_F32, 2, out, NULL, 16);
-      } break; /* more in test_codegen_scatter */
+      } break;            /* more in test_codegen_scatter */
+      case FM_OPK_GATHER: /* bf16 rows [40, 65] taken at every other of 66 i64 rows, scaled */
+      {
+        int64_t src[2] = {40, 65}, index[2] = {33, 1}, pick[2] = {2, 0}, out[2] = {33, 65};
+        raw.vocab = FM_VOCAB_GATHER;
+        tf_input(&raw, 1, FM_DT_BF16, 2, src, NULL, 16);
+        tf_input(&raw, 2, FM_DT_I64, 2, index, pick, 16);
+        tf_input(&raw, 3, FM_DT_F32, 2, index, NULL, 16);
+        tf_op(&raw, (fm_op)op, 4, 2, 1, 2, 0);
+        tf_op(&raw, FM_OP_MUL, 5, 2, 4, 3, 0);
+        tf_cast(&raw, 6, 5, FM_DT_BF16);
+        tf_output(&raw, 6, FM_DT_BF16, 2, out, NULL, 16);
+      } break; /* more in test_codegen_gather */
       case FM_OPK_RESERVED:
       case FM_OPK_REDUCE: /* row fragments: test_codegen_rows */
       case FM_OPK_COMPOSITE:

@@ -68,11 +68,11 @@ static const tp_reject rejects[] = {
      "inputs[1].shape: index_add's index is [M] = [8192], one row of src each"},
     {FRAG8(SRC "," T(1, "i64", "[8192,1]"), ADD(2, 0, 1), OUT), FM_ESCHEMA, "index_add's index is [M] = [8192]"},
     {FRAG8(T(0, "i64", "[8]") "," T(1, "f32", "[8]"), "{'op':'add','out':2,'args':[0,1]}", T(2, "f32", "[8]")),
-     FM_ESCHEMA, "ops[0].args[0]: value 0 is i64, an index: only index_add's index reads one"},
+     FM_ESCHEMA, "ops[0].args[0]: value 0 is i64, an index: only index_add's and take_rows' index reads one"},
     {FRAG8(T(0, "f32", "[8]"), "{'op':'cast','out':1,'args':[0],'dtype':'i64'}", T(1, "i64", "[8]")), FM_ESCHEMA,
      "ops[0].dtype: i64 is an index dtype; no value is cast to it"},
     {FRAG8(T(0, "i64", "[8]") "," T(1, "f32", "[8]"), "{'op':'exp','out':2,'args':[1]}", T(2, "f32", "[8]")),
-     FM_ESCHEMA, "inputs[0].dtype: i64 is an index dtype: only index_add's index may be i64"},
+     FM_ESCHEMA, "inputs[0].dtype: i64 is an index dtype: only index_add's and take_rows' index may be i64"},
     {FRAG8(T(0, "i64", "[8]"), "", T(0, "i64", "[8]")), FM_ESCHEMA,
      "outputs[0].dtype: i64 is an index dtype; no output stores one"},
     /* src: a float, the output's row length, rank 2 */

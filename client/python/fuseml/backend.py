@@ -53,7 +53,7 @@ from .scatter_add import rewrite_index_put_adds
 from .scatter_fragment import build_scatter
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
-from .gather_sink import sink_gathers
+from .gather_sink import gather_picks, sink_gathers
 from .split_sink import sink_splits
 from .unsort import drop_round_trips
 from .view_sink import sink_views
@@ -419,6 +419,7 @@ class FuseMLCompiler:
             sink_splits(gm)  # a pointwise op a split reads moves below it, one per piece (split_sink.py)
             sink_gathers(gm)  # ... and one a row gather or its picks read, below them (gather_sink.py)
             drop_round_trips(gm)  # rows gathered through a permutation and back through its inverse (unsort.py)
+            gather_picks(gm)  # a row gather's picks, each read at its own index (gather_sink.py)
             run_in_memory_order(gm)  # ops over channels-last values walk them as stored (memory_order.py)
             # again: a per-channel cast that memory order now reads through unsqueezes and a permute
             # (batch norm's running variance as torch 2.11 decomposes it: a kernel of its own and a

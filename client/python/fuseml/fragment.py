@@ -10,7 +10,7 @@ import operator
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction, window_op
+from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction, take_rows, window_op
 from .shapes import is_known_int, known_equal
 
 VOCAB = 1
@@ -19,6 +19,7 @@ VOCAB_COLUMNS = 5
 VOCAB_CAT = 6
 VOCAB_WINDOW = 7
 VOCAB_SCATTER = 8  # scatter_fragment.py
+VOCAB_GATHER = 9  # take_rows: rows read at an index
 
 
 class Unfusable(Exception):
@@ -59,7 +60,7 @@ class Emitter:
         self.next_id = 0
         for node in inputs:
             self.ids[node] = self.next_id
-            self.dtype[self.next_id] = DTYPES[node.meta["val"].dtype]
+            self.dtype[self.next_id] = dtype_name(node.meta["val"].dtype)
             self.next_id += 1
 
     def _new(self, dtype):
@@ -163,6 +164,13 @@ class Emitter:
     def emit_node(self, node, layout=None):
         if window_op(node):
             return self.window(node)
+        taken = take_rows(node)
+        if taken is not None:  # vocabulary 9: the rows input read where the index input points
+            x, idx = (self.ids[a] for a in taken)
+            vid = self._new(self.dtype[x])
+            self.ops.append({"op": "take_rows", "out": vid, "args": [x, idx]})
+            self.ids[node] = vid
+            return vid
         if node.target is operator.getitem and node in self.ids:  # a window op's value
             return self.ids[node]
         dim = cat_dim(node)
@@ -190,6 +198,11 @@ class Emitter:
         return vid
 
 
+def dtype_name(dtype):
+    """The wire's name of a tensor dtype: DTYPES', and i64 for an index (take_rows')."""
+    return "i64" if dtype == torch.int64 else DTYPES[dtype]
+
+
 def _align_of(t):
     off = int(t.storage_offset()) * t.element_size() if is_known_int(t.storage_offset()) else 1
     align = 16
@@ -202,8 +215,11 @@ class Layout:
     """How the group's iteration space maps onto the fragment's: `k` leading dims (symbolic,
     or 0 when static) collapse into fragment dim 0."""
 
-    def __init__(self, shape, ragged=False, pooled=False):
+    def __init__(self, shape, ragged=False, pooled=False, gathered=False):
         self.shape = list(shape)
+        # a group that reads rows at an index (take_rows): a tensor's dim 0 may be of any size
+        # (the rows read), and an index is read along dim 0 alone; static sizes only
+        self.gathered = gathered
         # a cat group: its tensors may be smaller than the group along a static dim (a cat's
         # operands); the daemon checks that every size adds up (vocabulary 6)
         self.ragged = ragged
@@ -216,13 +232,18 @@ class Layout:
             self.k += 1
         if any(i >= self.k for i in sym):
             raise Unfusable("a symbolic dim after a static one")
+        if gathered and self.k:
+            raise Unfusable("rows read at an index in a group of symbolic sizes")
 
-    def tensor(self, t, where):
-        """(fragment shape, strides, full_leading) of tensor t, padded to the group's rank."""
+    def tensor(self, t, where, index=False):
+        """(fragment shape, strides, full_leading) of tensor t, padded to the group's rank (an
+        index, [T] read along dim 0: padded after it)."""
         r = len(self.shape)
         size, stride = list(t.shape), list(t.stride())
         if len(size) > r:
             raise Unfusable(f"{where}: rank above the group's")
+        if index:
+            size, stride = size + [1] * (r - len(size)), stride + [0] * (r - len(stride))
         size = [1] * (r - len(size)) + size
         stride = [0] * (r - len(stride)) + stride
         shape, strides = [], []
@@ -248,7 +269,8 @@ class Layout:
             if not is_known_int(d):
                 raise Unfusable(f"{where}: symbolic dim {i}")
             pooled = self.pooled and i >= r - 2
-            if int(d) != int(g) and int(d) != 1 and not (self.ragged and int(d) < int(g)) and not pooled:
+            rows = self.gathered and i == 0
+            if int(d) != int(g) and int(d) != 1 and not (self.ragged and int(d) < int(g)) and not pooled and not rows:
                 raise Unfusable(f"{where}: dim {i} is {int(d)}, not {int(g)} or 1")
             if int(d) == 1:
                 shape.append(1)
@@ -294,17 +316,19 @@ class Built:
         self.in_splits = None
 
 
-def wire_inputs(layout, in_nodes):
+def wire_inputs(layout, in_nodes, indices=()):
     """(the wire's inputs, index of the first one carrying the symbolic dims, each input's
-    alignment) of in_nodes read in `layout`."""
+    alignment) of in_nodes read in `layout` (those in `indices`: take_rows' indices)."""
     inputs, full_input, in_align = [], None, []
     for i, node in enumerate(in_nodes):
         t = node.meta["val"]
-        fshape, fstrides, full = layout.tensor(t, f"input {node.name}")
+        fshape, fstrides, full = layout.tensor(t, f"input {node.name}", index=node in indices)
         if full and full_input is None:
             full_input = i
         in_align.append(_align_of(t))
-        inputs.append({"id": i, "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides, "align": in_align[-1]})
+        inputs.append(
+            {"id": i, "dtype": dtype_name(t.dtype), "shape": fshape, "strides": fstrides, "align": in_align[-1]}
+        )
     if layout.k and full_input is None:
         raise Unfusable("no input carries the symbolic dims")
     return inputs, full_input, in_align
@@ -317,12 +341,13 @@ def build(members, in_nodes, out_nodes, shape=None):
     shape = shape if shape is not None else members[-1].meta["val"].shape
     cats = any(cat_dim(n) is not None for n in members)
     windows = any(window_op(n) for n in members)
-    layout = Layout(shape, ragged=cats or windows, pooled=windows)
+    taken = [t for t in (take_rows(n) for n in members) if t is not None]
+    layout = Layout(shape, ragged=cats or windows, pooled=windows, gathered=bool(taken))
     rows = any(row_reduction(n) for n in members)
     e = Emitter(in_nodes)
     for node in members:
         e.emit_node(node, layout)
-    inputs, full_input, in_align = wire_inputs(layout, in_nodes)
+    inputs, full_input, in_align = wire_inputs(layout, in_nodes, {idx for _, idx in taken})
     outputs, out_strides, out_tails = [], [], []
     for node in out_nodes:
         t = node.meta["val"]
@@ -337,7 +362,15 @@ def build(members, in_nodes, out_nodes, shape=None):
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0 :]])
     wire = {
-        "vocab": VOCAB_WINDOW if windows else VOCAB_CAT if cats else VOCAB_ROWS if rows else VOCAB,
+        "vocab": VOCAB_GATHER
+        if taken
+        else VOCAB_WINDOW
+        if windows
+        else VOCAB_CAT
+        if cats
+        else VOCAB_ROWS
+        if rows
+        else VOCAB,
         "inputs": inputs,
         "ops": e.ops,
         "outputs": outputs,

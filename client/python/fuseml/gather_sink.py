@@ -151,6 +151,51 @@ def _move_picks(gm, mode, view, op, rows, k, picks):
     return True
 
 
+def _gathered_picks(view):
+    """(x, idx, k, picks) when reshape `view` splits the rows of a row gather x[idx] (its one
+    reader) into groups of k and every reader of the view is a pick `select(view, 1, j)`: each
+    pick is then x[idx.view(R / k, k)[:, j]], rows a fragment reads where its own index points
+    (take_rows) instead of a gathered copy."""
+    if view.op != "call_function" or view.target not in (aten.view.default, aten._unsafe_view.default):
+        return None
+    index = view.args[0]
+    if not isinstance(index, torch.fx.Node) or len(index.users) != 1 or ops.take_rows(index) is None:
+        return None
+    x, idx = ops.take_rows(index)
+    vi, vv = tensor_val(index), tensor_val(view)
+    if vv is None or vv.dim() != vi.dim() + 1 or not all(is_plain_int(d) for d in vv.shape):
+        return None
+    if vv.shape[0] * vv.shape[1] != vi.shape[0] or tuple(vv.shape[2:]) != tuple(vi.shape[1:]):
+        return None
+    picks = list(view.users)
+    if not picks or any(p.op != "call_function" or p.target is not aten.select.int or p.args[1] != 1 for p in picks):
+        return None
+    return x, idx, vv.shape[1], picks
+
+
+def _pick_gathers(gm, mode, view, x, idx, k, picks):
+    made, done = [], []
+    try:
+        with gm.graph.inserting_before(view):
+            rows = fake_meta.call(gm, mode, aten.view.default, (idx, [tensor_val(idx).shape[0] // k, k]), None, made)
+            for p in picks:
+                pick = fake_meta.call(gm, mode, aten.select.int, (rows, 1, p.args[2]), None, made)
+                new = fake_meta.call(gm, mode, aten.index.Tensor, (x, [pick]), None, made)
+                fake_meta.require_same_value(new, p)
+                done.append((p, new))
+    except Exception as e:  # leave the gather where it was
+        log.debug("fuseml: the picks of %s stay gathered: %s", view.name, e)
+        fake_meta.discard(gm, made)
+        return False
+    index = view.args[0]
+    for p, new in done:
+        p.replace_all_uses_with(new)
+        gm.graph.erase_node(p)
+    gm.graph.erase_node(view)
+    gm.graph.erase_node(index)
+    return True
+
+
 def sink_gathers(gm):
     """Moves each pointwise op a row gather reads below it, then each pointwise op whose row
     groups are picked below the picks (above). Returns how many moved."""
@@ -161,4 +206,16 @@ def sink_gathers(gm):
     if moved:
         graph_code.edited(gm)
         log.debug("fuseml: %d pointwise op(s) moved below a row gather or pick", moved)
+    return moved
+
+
+def gather_picks(gm):
+    """Moves each row gather whose row groups are picked below the picks, each pick then rows
+    read at its own index (above; after sink_gathers, whose moves leave such gathers, and after
+    the round trips through a permutation are dropped, unsort.py). Returns how many moved."""
+    mode, found = fake_meta.matches(gm, _gathered_picks)
+    moved = sum(_pick_gathers(gm, mode, view, *m) for view, m in found)
+    if moved:
+        graph_code.edited(gm)
+        log.debug("fuseml: %d row gather(s) moved below their picks", moved)
     return moved

@@ -479,6 +479,33 @@ def cat_dim(node):
     return dim
 
 
+# Rows read at an index (vocabulary 9): ATen's index with one 1-D int64 index, x[idx], where x
+# is a group's input (the kernel loads it where the index points); static sizes.
+def take_rows(node):
+    """(x, idx) of an aten.index node a fragment spells as take_rows (vocabulary 9): one
+    1-D int64 index of x's dim 0, x a float or bool tensor of rank >= 1 on the index's device,
+    static sizes; else None."""
+    if node.op != "call_function" or node.target is not aten.index.Tensor or node.kwargs or len(node.args) != 2:
+        return None
+    x, idxs = node.args
+    if not isinstance(x, torch.fx.Node) or not isinstance(idxs, (list, tuple)) or len(idxs) != 1:
+        return None
+    idx = idxs[0]
+    tx = x.meta.get("val")
+    ti = idx.meta.get("val") if isinstance(idx, torch.fx.Node) else None
+    val = node.meta.get("val")
+    if not all(isinstance(t, torch.Tensor) for t in (tx, ti, val)):
+        return None
+    if ti.dtype != torch.int64 or ti.dim() != 1 or tx.dim() < 1 or tx.dtype not in DTYPES:
+        return None
+    if len({tx.device, ti.device, val.device}) != 1:
+        return None
+    sizes = (*tx.shape, *tx.stride(), *ti.shape, *ti.stride())
+    if not all(is_plain_int(s) for s in sizes) or 0 in (*tx.shape, *ti.shape):
+        return None
+    return x, idx
+
+
 # Window ops (vocabulary 7): max pooling over the last two dims with each window's argmax tap,
 # and the gradient from those taps (max_pool.py), each a kernel of its own reading fragment
 # inputs. The forward gives two values (its node's users are getitems).

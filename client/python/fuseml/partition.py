@@ -158,7 +158,16 @@ def _per_row(shape):
 
 
 def _has_cat(g):
-    return any(ops.cat_dim(n) is not None for n in g.members)
+    """Whether g has an op a pointwise fragment's extent form runs (a cat, rows read at an
+    index), which no rows, column or GEMM template takes."""
+    return any(ops.cat_dim(n) is not None or ops.take_rows(n) is not None for n in g.members)
+
+
+def _takes_from(g, h):
+    """Whether a take_rows of group g reads its rows from a member of group h: a fragment
+    loads those rows from memory, so h's value cannot be computed in g's kernel."""
+    hs = set(h.members)
+    return any((t := ops.take_rows(n)) is not None and t[0] in hs for n in g.members)
 
 
 def _fits(g, shape, reduce):
@@ -453,7 +462,9 @@ def find_groups(gm, min_ops=2, chains=True):
             group_of[node] = src
             continue
         cat = not reduce and ops.cat_dim(node) is not None
-        if not reduce and not cat and ops.why_not_pointwise(node) is not None:
+        # rows read at an index: a group of their own shape, never their source's (below)
+        take = None if reduce or cat else ops.take_rows(node)
+        if not reduce and not cat and take is None and ops.why_not_pointwise(node) is not None:
             continue
         # A reduction works on rows of its operand's shape; anything else on its own shape.
         shape = node.args[0].meta["val"].shape if reduce else node.meta["val"].shape
@@ -465,6 +476,8 @@ def find_groups(gm, min_ops=2, chains=True):
             g = group_of.get(a)
             if g is None or g in cands or not (_absorbs(g, a, node) if cat else _fits(g, shape, reduce)):
                 continue
+            if take is not None and a is take[0]:
+                continue  # the rows are loaded from memory: their producer's group stays apart
             if g.kind == "gemm" and any(
                 b in p.args[-2:] for p in ops.products(g.members) for b in node.all_input_nodes
             ):
@@ -527,6 +540,8 @@ def find_groups(gm, min_ops=2, chains=True):
                 continue
             if "rows" in (chosen.kind, h.kind) and (_has_cat(chosen) or _has_cat(h)):
                 continue  # a cat runs in a pointwise fragment only
+            if _takes_from(chosen, h) or _takes_from(h, chosen):
+                continue  # rows a take_rows loads from memory are no value of its kernel
             merge(chosen, h)
             if h.kind == "rows":
                 chosen.kind = "rows"
