@@ -124,8 +124,27 @@ static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   fm_strbuf_append(sb, "    long long outer) {\n");
 }
 
-/* Arguments of fm_compute for unrolled vector u, element e (vec > 1) or the scalar. */
-static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, const char *ind) {
+/* STRIDED: does input k vary along the innermost coalesced dim only (a per-channel vector
+ * beside a channels-last tensor: batch norm's mean, variance, weight and bias; a bias row
+ * beside a matrix), with a block's vectors covering whole rows (block * vec a multiple of the
+ * innermost size)? Then a thread's innermost coordinate is the same at every step of the
+ * grid-stride loop and for every unrolled u (each moves a multiple of block * vec elements), so
+ * its load moves before the loop, and the compiler moves what is computed from such inputs
+ * alone (batch norm's 1 / sqrt(var + eps): two MUFU ops an element, twice in a residual
+ * block's two norms) out of the loop with it. */
+static int hoisted(const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, uint32_t k) {
+  const fm_cg_tensor *t = &p->t[k];
+  if (p->flat || p->rank < 2 || t->access != FM_CG_VECTOR) return 0;
+  const uint32_t last = p->rank - 1;
+  if (t->es[last] == 0 || p->dims[last] < 1) return 0;
+  for (uint32_t g = 0; g < last; g++)
+    if (t->es[g] != 0) return 0;
+  return ((uint64_t)cfg->block * vec) % (uint64_t)p->dims[last] == 0;
+}
+
+/* Arguments of fm_compute for unrolled vector u, element e (vec > 1) or the scalar; a hoisted
+ * input (hoist[k]) is its register h<k>. */
+static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, const uint8_t *hoist, const char *ind) {
   fm_strbuf_printf(sb, "%sfm_compute(", ind);
   const char *sep = "";
   for (uint32_t k = 0; k < p->n_in; k++) {
@@ -141,9 +160,9 @@ static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, 
         break;
       case FM_CG_VECTOR:
         if (vec == 1)
-          fm_strbuf_printf(sb, "%sr%u[u]", sep, k);
+          fm_strbuf_printf(sb, hoist[k] ? "%sh%u" : "%sr%u[u]", sep, k);
         else
-          fm_strbuf_printf(sb, "%s%s(r%u[u], e)", sep, elem_fn(t->dtype, 0), k);
+          fm_strbuf_printf(sb, hoist[k] ? "%s%s(h%u, e)" : "%s%s(r%u[u], e)", sep, elem_fn(t->dtype, 0), k);
         break;
     }
     sep = ", ";
@@ -171,13 +190,35 @@ static void emit_step_tail(fm_strbuf *sb) { fm_strbuf_append(sb, "      }\n    }
 
 static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec) {
   uint32_t per_block = cfg->block * cfg->unroll;
+  uint8_t hoist[FM_MAX_INPUTS] = {0};
+  int any_hoist = 0;
+  for (uint32_t k = 0; k < p->n_in && k < FM_MAX_INPUTS; k++) any_hoist |= hoist[k] = (uint8_t)hoisted(p, cfg, vec, k);
+  if (any_hoist) {
+    const uint32_t last = p->rank - 1;
+    fm_strbuf_printf(sb,
+                     "  /* the thread's innermost coordinate, the same at every step: what varies along it\n"
+                     "     alone is loaded once */\n"
+                     "  const long long hc = ((long long)blockIdx.x * %u + threadIdx.x) * %u %% %lldLL;\n",
+                     per_block, vec, (long long)p->dims[last]);
+    for (uint32_t k = 0; k < p->n_in; k++) {
+      if (!hoist[k]) continue;
+      const char *at = p->t[k].es[last] == 1 ? "hc" : NULL;
+      char off[48];
+      if (!at) snprintf(off, sizeof off, "hc * %lldLL", (long long)p->t[k].es[last]);
+      if (vec > 1)
+        fm_strbuf_printf(sb, "  const %s h%u = *reinterpret_cast<const %s *>(in%u + %s);\n", reg_type(p, k, vec), k,
+                         reg_type(p, k, vec), k, at ? at : off);
+      else
+        fm_strbuf_printf(sb, "  const %s h%u = in%u[%s];\n", reg_type(p, k, vec), k, k, at ? at : off);
+    }
+  }
   fm_strbuf_printf(sb,
                    "  for (long long v0 = (long long)blockIdx.x * %u + threadIdx.x; v0 < nv;\n"
                    "       v0 += (long long)gridDim.x * %u) {\n",
                    per_block, per_block);
   for (uint32_t k = 0; k < p->n_in; k++) {
     fm_cg_access a = p->t[k].access;
-    if (a == FM_CG_VECTOR || a == FM_CG_SPLAT)
+    if ((a == FM_CG_VECTOR || a == FM_CG_SPLAT) && !hoist[k])
       fm_strbuf_printf(sb, "    %s r%u[%u];\n", reg_type(p, k, vec), k, cfg->unroll);
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
@@ -189,7 +230,7 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   if (!p->flat) emit_coords(sb, p, vec);
   for (uint32_t k = 0; k < p->n_in; k++) {
     fm_cg_access a = p->t[k].access;
-    if (a != FM_CG_VECTOR && a != FM_CG_SPLAT) continue;
+    if ((a != FM_CG_VECTOR && a != FM_CG_SPLAT) || hoist[k]) continue;
     if (a == FM_CG_VECTOR && vec > 1) {
       fm_strbuf_printf(sb, "        r%u[u] = *reinterpret_cast<const %s *>(in%u + ", k, reg_type(p, k, vec), k);
       emit_offset(sb, p, k, vec);
@@ -211,7 +252,7 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   /* 2. compute */
   emit_step_head(sb, cfg);
   if (vec == 1) {
-    emit_compute_call(sb, p, vec, "        ");
+    emit_compute_call(sb, p, vec, hoist, "        ");
   } else {
     for (uint32_t k = 0; k < p->n_out; k++)
       fm_strbuf_printf(sb, "        w%u[u] = %s;\n", k, reg_zero(reg_type(p, p->n_in + k, vec)));
@@ -221,7 +262,7 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
                      vec);
     for (uint32_t k = 0; k < p->n_out; k++)
       fm_strbuf_printf(sb, "          %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-    emit_compute_call(sb, p, vec, "          ");
+    emit_compute_call(sb, p, vec, hoist, "          ");
     for (uint32_t k = 0; k < p->n_out; k++)
       fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1), k, k);
     fm_strbuf_append(sb, "        }\n");

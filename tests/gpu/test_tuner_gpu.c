@@ -721,7 +721,6 @@ int main(int argc, char **argv) {
   if (only && strcmp(only, "scatter") == 0) {
     RUN(test_scatter_tune);
     RUN(test_gather_tune);
-    RUN(test_gather_tune);
     free(canon_bytes);
     return FM_TEST_DONE();
   }

@@ -213,7 +213,26 @@ static void test_bool_splat_and_coalescing(void) {
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
   src = gen(&canon, NULL, 0, NULL, NULL, NULL);
   CHECK_STR_CONTAINS(src, "/* coalesced dims: [6, 32] */");
+  /* the bias varies along the inner dim alone, and a block's 256 vectors of 4 cover whole rows
+     of 32: a thread's column never changes, and the bias is loaded once, before the loop */
+  CHECK_STR_CONTAINS(src, "const long long hc = ((long long)blockIdx.x * 512 + threadIdx.x) * 4 % 32LL;");
+  CHECK_STR_CONTAINS(src, "const uint4 h1 = *reinterpret_cast<const uint4 *>(in1 + hc);");
+  CHECK_STR_CONTAINS(src, "fm_compute(fm_get_f32(r0[u], e), fm_get_f32(h1, e), o0);");
+  CHECK(strstr(src, "r1[u]") == NULL);
+  free(src);
+  /* rows of 96: 256 x 4 is no multiple, the column moves between steps: loaded in the loop */
+  int64_t x96[4] = {2, 3, 4, 24}, b96[4] = {1, 1, 4, 24};
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_F32, 4, x96, NULL, 16);
+  tf_input(&raw, 2, FM_DT_F32, 4, b96, NULL, 16);
+  tf_op(&raw, FM_OP_SUB, 3, 2, 1, 2, 0);
+  tf_output(&raw, 3, FM_DT_F32, 4, x96, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  fm_pw_config c96 = {.block = 256, .vec = 4, .unroll = 2, .blocks_per_sm = 8};
+  src = gen(&canon, &c96, 0, NULL, NULL, NULL);
+  CHECK_STR_CONTAINS(src, "/* coalesced dims: [6, 96] */");
   CHECK_STR_CONTAINS(src, "r1[u] = *reinterpret_cast<const uint4 *>(in1 + (c1));");
+  CHECK(strstr(src, "hc") == NULL);
   free(src);
 }
 

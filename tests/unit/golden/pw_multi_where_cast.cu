@@ -1,4 +1,4 @@
-/* fusemld codegen v36: pointwise kernel, FLAT path, vec 4, unroll 2, block 256.
+/* fusemld codegen v37: pointwise kernel, FLAT path, vec 4, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -157,7 +157,7 @@ __device__ __forceinline__ void fm_compute(const float i0, float &o0, unsigned s
   o2 = (unsigned char)v2;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v36(
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v37(
     const float *__restrict__ in0,
     float *__restrict__ out0,
     unsigned short *__restrict__ out1,
