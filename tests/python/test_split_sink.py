@@ -78,7 +78,9 @@ def test_a_large_lone_fill_is_a_kernel_a_small_one_stays_aten(dead_socket, parti
 
     big, small = torch.randn(512, 256).to(BF16), torch.randn(16, 8).to(BF16)
     for x in (big, small):
-        idx = torch.randperm(x.shape[0])
+        # an int32 index: the gather stays ATen's, the fill alone (an int64 one reads x's rows
+        # inside the fill's kernel: take_rows, test_gather_sink.py)
+        idx = torch.randperm(x.shape[0]).int()
         pad = torch.arange(x.shape[0]) % 7 == 0
         got = torch.compile(gathers_and_fills, backend=fuseml.FuseMLCompiler(), dynamic=False)(x, idx, pad)
         torch.testing.assert_close(got, gathers_and_fills(x, idx, pad))
