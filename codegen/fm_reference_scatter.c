@@ -51,14 +51,15 @@ int fm_ref_eval_scatter(const fm_fragment *f, const void *const *inputs, void *c
   return FM_OK;
 }
 
-/* take_rows' index (input ix) of op `op`: each element of its extent a row of src, the two
- * ends and their negative spellings (-1, -S) first, then uniform rows. */
+/* The input position of value id, or -1. */
 static int input_of(const fm_fragment *f, uint32_t id) {
   for (uint32_t k = 0; k < f->n_inputs; k++)
     if (f->inputs[k].id == id) return (int)k;
   return -1;
 }
 
+/* take_rows' index (its op's second operand): each element of the index's extent a row of src,
+ * the two ends and their negative spellings (-1, -S) first, then uniform rows. */
 static void take_rows_index(const fm_fragment *f, const fm_opnode *op, uint64_t *x, void *const *inputs) {
   const int s = input_of(f, op->args[0]), ix = input_of(f, op->args[1]);
   if (s < 0 || ix < 0 || s >= (int)f->n_inputs || ix >= (int)f->n_inputs || !inputs[ix]) return;

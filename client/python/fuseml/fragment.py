@@ -361,16 +361,10 @@ def build(members, in_nodes, out_nodes, shape=None):
         outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides, "align": 16})
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0 :]])
+    # the lowest vocabulary that spells every op: each kind's came after the ones before it
+    kinds = ((rows, VOCAB_ROWS), (cats, VOCAB_CAT), (windows, VOCAB_WINDOW), (taken, VOCAB_GATHER))
     wire = {
-        "vocab": VOCAB_GATHER
-        if taken
-        else VOCAB_WINDOW
-        if windows
-        else VOCAB_CAT
-        if cats
-        else VOCAB_ROWS
-        if rows
-        else VOCAB,
+        "vocab": max([VOCAB] + [v for present, v in kinds if present]),
         "inputs": inputs,
         "ops": e.ops,
         "outputs": outputs,

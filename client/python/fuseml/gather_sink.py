@@ -159,9 +159,10 @@ def _gathered_picks(view):
     if view.op != "call_function" or view.target not in (aten.view.default, aten._unsafe_view.default):
         return None
     index = view.args[0]
-    if not isinstance(index, torch.fx.Node) or len(index.users) != 1 or ops.take_rows(index) is None:
+    taken = ops.take_rows(index) if isinstance(index, torch.fx.Node) and len(index.users) == 1 else None
+    if taken is None:
         return None
-    x, idx = ops.take_rows(index)
+    x, idx = taken
     vi, vv = tensor_val(index), tensor_val(view)
     if vv is None or vv.dim() != vi.dim() + 1 or not all(is_plain_int(d) for d in vv.shape):
         return None

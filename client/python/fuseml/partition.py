@@ -157,7 +157,7 @@ def _per_row(shape):
     return list(shape[:-1]) + [1]
 
 
-def _has_cat(g):
+def _has_extent_op(g):
     """Whether g has an op a pointwise fragment's extent form runs (a cat, rows read at an
     index), which no rows, column or GEMM template takes."""
     return any(ops.cat_dim(n) is not None or ops.take_rows(n) is not None for n in g.members)
@@ -172,7 +172,7 @@ def _takes_from(g, h):
 
 def _fits(g, shape, reduce):
     """Can a node over `shape` (a reduction: of its operand's rows) join group g?"""
-    if reduce and _has_cat(g):
+    if reduce and _has_extent_op(g):
         return False  # a cat runs in a pointwise fragment only
     if g.kind == "gemm":
         return not reduce and same_known_shape(g.shape, shape)
@@ -247,7 +247,7 @@ def _column_prologue(g, space):
     """g, when a column reduction over `space` may join it: a column group over that space,
     or a pointwise group over it (no cat) none of whose values is read but by its own members
     and column reductions over that space; else None."""
-    if g is None or g.kind not in ("columns", "pointwise") or not same_known_shape(g.shape, space) or _has_cat(g):
+    if g is None or g.kind not in ("columns", "pointwise") or not same_known_shape(g.shape, space) or _has_extent_op(g):
         return None
     if g.kind == "columns":  # its column-space values were checked when it took them in
         return g
@@ -264,7 +264,7 @@ def _absorbs(g, operand, cat):
     pointwise group over the operand's shape without a cat of its own (the daemon refuses a
     cat of a cat), none of whose values is read outside it but by the cat: its values have
     the operand's size, and a group's outputs have the group's (the cat's) shape."""
-    if g.kind != "pointwise" or not same_known_shape(g.shape, operand.meta["val"].shape) or _has_cat(g):
+    if g.kind != "pointwise" or not same_known_shape(g.shape, operand.meta["val"].shape) or _has_extent_op(g):
         return False
     mset = set(g.members)
     return all(u in mset or u is cat for n in g.members for u in n.users)
@@ -378,7 +378,7 @@ def find_groups(gm, min_ops=2, chains=True):
         values per output element (GELU-tanh's backward in GPT-2 computes 0.5 * x and
         1 + tanh(u) from the forward's saved tensors, two more kernels over [M, 4D] a layer
         otherwise); else why not."""
-        if _has_cat(h) or any(not same_known_shape(n.meta["val"].shape, g.shape) for n in h.members):
+        if _has_extent_op(h) or any(not same_known_shape(n.meta["val"].shape, g.shape) for n in h.members):
             return "not of the epilogue's shape"
         operands = {a for p in ops.products(g.members) for a in p.args[-2:]}
         if any(a in operands for n in h.members for a in n.all_input_nodes):
@@ -538,7 +538,7 @@ def find_groups(gm, min_ops=2, chains=True):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
-            if "rows" in (chosen.kind, h.kind) and (_has_cat(chosen) or _has_cat(h)):
+            if "rows" in (chosen.kind, h.kind) and (_has_extent_op(chosen) or _has_extent_op(h)):
                 continue  # a cat runs in a pointwise fragment only
             if _takes_from(chosen, h) or _takes_from(h, chosen):
                 continue  # rows a take_rows loads from memory are no value of its kernel
@@ -616,7 +616,7 @@ def find_groups(gm, min_ops=2, chains=True):
     #    mean cast to fp32 for the sums' prologue, computed again per element likewise).
     # Not when it waits on the reader itself.
     def runs_inside(r, p):
-        if r is None or _has_cat(r):
+        if r is None or _has_extent_op(r):
             return False
         if r.kind == "rows":
             return _inside_rows(r.shape, p.shape)
@@ -624,7 +624,7 @@ def find_groups(gm, min_ops=2, chains=True):
             return _per_column(r.shape, p.shape) and _broadcasts_small(p.shape, r.shape)
         return r.kind == "pointwise" and _broadcasts_small(p.shape, r.shape)
 
-    for p in [g for g in groups if g.kind == "pointwise" and not _has_cat(g)]:
+    for p in [g for g in groups if g.kind == "pointwise" and not _has_extent_op(g)]:
         mset = set(p.members)
         readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
         r = readers.popitem()[1] if len(readers) == 1 else None
