@@ -60,6 +60,18 @@ static const struct {
     [FM_OP_NE] = {"($0 != $1)", ARGS_COMPARE},
     [FM_OP_WHERE] = {"($0 ? $1 : $2)", ARGS_WHERE},
     [FM_OP_CAST] = {NULL, ARGS_SPECIAL},
+    [FM_OP_FLOOR_DIV] = {NULL, ARGS_SPECIAL}, /* i64 only: int_code */
+};
+
+/* Integer values (vocab 10): the ops whose i64 form differs from op_code's. Operands are
+ * names or literals, so repeating one costs nothing. floor_div's divisor is a nonzero
+ * literal (validation): C's division truncates, so a quotient with a remainder of the other
+ * sign steps down once. */
+static const char *const int_code[FM_OP__COUNT] = {
+    [FM_OP_MAXIMUM] = "($0 > $1 ? $0 : $1)",
+    [FM_OP_MINIMUM] = "($0 < $1 ? $0 : $1)",
+    [FM_OP_ABS] = "($0 < 0 ? -$0 : $0)",
+    [FM_OP_FLOOR_DIV] = "($0 / $1 - (long long)(($0 % $1 != 0) && (($0 < 0) != ($1 < 0))))",
 };
 
 /* pow by a constant: the exponents PyTorch also special-cases, cheaper and exact. */
@@ -351,12 +363,14 @@ static void render(fm_strbuf *sb, const char *fmt, char ops[][48]) {
   }
 }
 
-/* Value pos as a float or a bool expression. */
+/* Value pos as a float, a bool or an i64 expression. */
 static const char *idx(const fm_cg_plan *p, uint32_t pos) { return p->rowval[pos] ? "[i]" : ""; }
 
 static void as_float(char out[48], const fm_cg_plan *p, uint32_t pos) {
   if (p->vdt[pos] == FM_DT_BOOL)
     snprintf(out, 48, "(v%u%s ? 1.0f : 0.0f)", pos, idx(p, pos));
+  else if (p->vdt[pos] == FM_DT_I64) /* round to nearest, as torch's int64 -> float */
+    snprintf(out, 48, "((float)v%u%s)", pos, idx(p, pos));
   else
     snprintf(out, 48, "v%u%s", pos, idx(p, pos));
 }
@@ -364,8 +378,21 @@ static void as_float(char out[48], const fm_cg_plan *p, uint32_t pos) {
 static void as_bool(char out[48], const fm_cg_plan *p, uint32_t pos) {
   if (p->vdt[pos] == FM_DT_BOOL)
     snprintf(out, 48, "v%u%s", pos, idx(p, pos));
+  else if (p->vdt[pos] == FM_DT_I64)
+    snprintf(out, 48, "(v%u%s != 0)", pos, idx(p, pos));
   else
     snprintf(out, 48, "(v%u%s != 0.0f)", pos, idx(p, pos));
+}
+
+/* An operand of an integer op: an i64 value, a bool as 0/1, or an integer const as a
+ * literal (validation keeps it exact: at most 2^24). */
+static void as_int(char out[48], const fm_fragment *f, const fm_cg_plan *p, uint32_t pos) {
+  if (pos >= p->n_in && f->ops[pos - p->n_in].op == FM_OP_CONST)
+    snprintf(out, 48, "(%lldLL)", (long long)f->ops[pos - p->n_in].value);
+  else if (p->vdt[pos] == FM_DT_I64)
+    snprintf(out, 48, "v%u%s", pos, idx(p, pos));
+  else
+    snprintf(out, 48, "(long long)v%u%s", pos, idx(p, pos));
 }
 
 static void as_kind(char out[48], const fm_cg_plan *p, uint32_t pos, fm_dtype kind) {
@@ -373,6 +400,15 @@ static void as_kind(char out[48], const fm_cg_plan *p, uint32_t pos, fm_dtype ki
     as_bool(out, p, pos);
   else
     as_float(out, p, pos);
+}
+
+/* Whether op i computes on integers: an i64 result, or a comparison reading an i64 value. */
+static int integer_op(const fm_fragment *f, const fm_cg_plan *p, uint32_t i) {
+  const fm_opnode *op = &f->ops[i];
+  if (op->op == FM_OP_CAST || op->op == FM_OP_CONST) return 0;
+  if (op->dtype == FM_DT_I64) return 1;
+  if (op_code[op->op].mode != ARGS_COMPARE) return 0;
+  return p->vdt[p->args[i][0]] == FM_DT_I64 || p->vdt[p->args[i][1]] == FM_DT_I64;
 }
 
 static void emit_cast(fm_strbuf *sb, const fm_cg_plan *p, uint32_t src, fm_dtype to) {
@@ -394,7 +430,9 @@ static void emit_cast(fm_strbuf *sb, const fm_cg_plan *p, uint32_t src, fm_dtype
       else
         fm_strbuf_printf(sb, "%s(%s)", to == FM_DT_BF16 ? "fm_round_bf16" : "fm_round_f16", a);
       return;
-    case FM_DT_I64: /* validation refuses a cast to an index */
+    case FM_DT_I64: /* of a bool or an i64 (validation) */
+      fm_strbuf_printf(sb, p->vdt[src] == FM_DT_I64 ? "v%u%s" : "(long long)v%u%s", src, idx(p, src));
+      return;
     case FM_DT__COUNT:
       break;
   }
@@ -404,6 +442,13 @@ void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uin
   const fm_opnode *op = &f->ops[i];
   const uint16_t *args = p->args[i];
   char ops[3][48] = {"", "", ""};
+  if (integer_op(f, p, i)) {
+    const uint32_t first = op->op == FM_OP_WHERE ? 1 : 0;
+    if (first) as_bool(ops[0], p, args[0]);
+    for (uint32_t a = first; a < op->nargs; a++) as_int(ops[a], f, p, args[a]);
+    render(sb, int_code[op->op] ? int_code[op->op] : op_code[op->op].fmt, ops);
+    return;
+  }
   switch (op_code[op->op].mode) {
     case ARGS_FLOAT:
       for (uint32_t a = 0; a < op->nargs; a++) as_float(ops[a], p, args[a]);
@@ -469,16 +514,19 @@ static void emit_load_value(fm_strbuf *sb, fm_dtype dt, uint32_t k) {
       fm_strbuf_printf(sb, "fm_bf16_to_f32(i%u)", k);
       return;
     case FM_DT_F32:
-    case FM_DT_I64: /* only index_add reads one (fm_codegen_scatter.c): never a value here */
+    case FM_DT_I64: /* an integer value (vocab 10) */
     case FM_DT__COUNT:
       fm_strbuf_printf(sb, "i%u", k);
       return;
   }
 }
 
-static void emit_store_value(fm_strbuf *sb, const fm_cg_plan *p, fm_dtype dt, uint32_t pos) {
+static void emit_store_value(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_dtype dt, uint32_t pos) {
   char a[48];
-  as_kind(a, p, pos, dt);
+  if (dt == FM_DT_I64)
+    as_int(a, f, p, pos);
+  else
+    as_kind(a, p, pos, dt);
   switch (dt) {
     case FM_DT_BOOL:
       fm_strbuf_printf(sb, "(unsigned char)%s", a);
@@ -490,7 +538,7 @@ static void emit_store_value(fm_strbuf *sb, const fm_cg_plan *p, fm_dtype dt, ui
       fm_strbuf_printf(sb, "fm_f32_to_bf16(%s)", a);
       return;
     case FM_DT_F32:
-    case FM_DT_I64: /* no output stores an index (validation) */
+    case FM_DT_I64: /* an integer value (vocab 10) */
     case FM_DT__COUNT:
       fm_strbuf_append(sb, a);
       return;
@@ -515,21 +563,21 @@ int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
   fm_strbuf_append(sb, ") {\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (p->t[k].access == FM_CG_UNUSED) continue;
-    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[k] == FM_DT_BOOL ? "bool" : "float", k);
+    fm_strbuf_printf(sb, "  const %s v%u = ", fm_cg_val_type(p->vdt[k]), k);
     emit_load_value(sb, p->vdt[k], k);
     fm_strbuf_append(sb, ";\n");
   }
   for (uint32_t i = 0; i < p->n_ops; i++) {
     uint32_t pos = p->n_in + i;
     if (!p->live[pos]) continue;
-    fm_strbuf_printf(sb, "  const %s v%u = ", p->vdt[pos] == FM_DT_BOOL ? "bool" : "float", pos);
+    fm_strbuf_printf(sb, "  const %s v%u = ", fm_cg_val_type(p->vdt[pos]), pos);
     fm_cg_emit_op(sb, f, p, i);
     fm_strbuf_printf(sb, ";  /* %s */\n", fm_op_name(f->ops[i].op));
   }
   for (uint32_t k = 0; k < p->n_out; k++) {
     const fm_cg_tensor *t = &p->t[p->n_in + k];
     fm_strbuf_printf(sb, "  o%u = ", k);
-    emit_store_value(sb, p, t->dtype, t->value);
+    emit_store_value(sb, f, p, t->dtype, t->value);
     fm_strbuf_append(sb, ";\n");
   }
   fm_strbuf_append(sb, "}\n");
@@ -553,7 +601,7 @@ const char *fm_cg_vec_type(uint32_t bytes) {
   }
 }
 
-const char *fm_cg_val_type(fm_dtype dt) { return dt == FM_DT_BOOL ? "bool" : "float"; }
+const char *fm_cg_val_type(fm_dtype dt) { return dt == FM_DT_BOOL ? "bool" : dt == FM_DT_I64 ? "long long" : "float"; }
 
 void fm_cg_emit_decode(fm_strbuf *sb, fm_dtype dt, const char *e) {
   switch (dt) {

@@ -60,8 +60,9 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
   for (uint32_t i = 0; i < p->n_ops; i++) {
     const fm_opnode *op = &f->ops[i];
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
-    /* reserved, composites, products; reductions where the template runs none */
-    if (fm_op_vocab(op->op) != 1 && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
+    /* reserved, composites, products; reductions where the template runs none (floor_div:
+       elementwise, of vocab 10) */
+    if (fm_op_vocab(op->op) != 1 && op->op != FM_OP_FLOOR_DIV && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
         !(extent && (fm_op_kind(op->op) == FM_OPK_CAT || fm_op_kind(op->op) == FM_OPK_WINDOW ||
                      fm_op_kind(op->op) == FM_OPK_GATHER)))
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: '%s' is not elementwise; the %s template cannot run it", i,
@@ -207,8 +208,12 @@ static int vec_legal(const fm_cg_plan *p, uint32_t w) {
 
 static uint32_t widest_vec(const fm_cg_plan *p) {
   size_t widest = 1;
-  for (uint32_t k = 0; k < p->n_in + p->n_out; k++)
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    /* integer tensors (vocab 10) are a batch's labels or token numbers, a few thousand
+       elements: moved one at a time, which no template's word access needs to know of */
+    if (p->t[k].access == FM_CG_VECTOR && p->t[k].dtype == FM_DT_I64) return 1;
     if (p->t[k].access == FM_CG_VECTOR && fm_dtype_size(p->t[k].dtype) > widest) widest = fm_dtype_size(p->t[k].dtype);
+  }
   uint32_t w = FM_CG_WIDEST_BYTES / (uint32_t)widest;
   while (w > 1 && !vec_legal(p, w)) w /= 2;
   return w;

@@ -81,7 +81,7 @@ static double round_to(fm_dtype dt, double x) {
       return fm_reference_bf16_to_f32(fm_reference_f32_to_bf16(fm_reference_f64_to_f32(x)));
     case FM_DT_F32:
       return fm_reference_f64_to_f32(x);
-    case FM_DT_I64: /* no value is rounded to an index (validation) */
+    case FM_DT_I64: /* a cast of a bool or an i64 (vocab 10): already an integer */
     case FM_DT__COUNT:
       break;
   }
@@ -218,6 +218,8 @@ double fm_ref_op(const fm_opnode *op, double a, double b, double c) {
       return a != 0 ? b : c;
     case FM_OP_CAST:
       return round_to(op->dtype, a);
+    case FM_OP_FLOOR_DIV: /* of integers (vocab 10): exact in fp64 below 2^53 */
+      return floor(a / b);
     default:
       return NAN; /* reserved ops are refused before evaluation */
   }

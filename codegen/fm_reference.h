@@ -71,6 +71,12 @@ int fm_reference_window_taps(const fm_fragment *canon, int64_t outer, uint64_t s
  * FM_EINVAL for a scatter's NULL index buffer (take_rows': left alone). */
 int fm_reference_index_rows(const fm_fragment *canon, uint64_t seed, void *const *inputs);
 
+/* Rewrites, in place, each i64 input read as data (integer values, vocab 10) from seed: small
+ * integers, half uniform in [-1024, 1024], half at the fragment's integer constants or one
+ * either side (fm_reference_integer.c). inputs as for fm_reference_eval, each holding its
+ * whole span at `outer`; every other input is untouched. */
+void fm_reference_integer_inputs(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs);
+
 /* The largest ||out - ref|| / ||ref|| a kernel's output k may show against fm_reference_eval
  * (NaN never passes): its dtype's rounding (bf16 1e-2, f16 2e-3, f32 1e-4; bool exact), or
  * the loosest `cast` it is computed through, when that rounds coarser. A cast rounds a value

@@ -32,7 +32,8 @@
  * does not promote; bool operands of arithmetic become the other operand's type, or f32);
  * comparisons give bool; cast gives its `dtype`; where gives promote(args[1], args[2]).
  * Each output's dtype must equal the dtype of the value stored into it. `i64` (vocab 8) is
- * an index dtype: only index_add's index may be i64 (no op computes with it, no output is). */
+ * an index dtype: only index_add's and take_rows' index may be i64 (no op computes with it,
+ * no output is), until vocabulary 10 (integer values, below). */
 #ifndef FM_FRAGMENT_H
 #define FM_FRAGMENT_H
 
@@ -65,14 +66,19 @@
  * computed rows of the output by atomic adds (scatter fragments, below); a daemon of
  * vocabulary 7 refuses a fragment that says vocab 8. Vocabulary 9 adds `take_rows`, a fragment
  * input read at the rows an i64 index input names (a gather feeding the fragment's other ops,
- * an extent op: below); a daemon of vocabulary 8 refuses a fragment that says vocab 9. */
-#define FM_VOCAB_VERSION 9
+ * an extent op: below); a daemon of vocabulary 8 refuses a fragment that says vocab 9.
+ * Vocabulary 10 adds integer values: i64 inputs read as data, i64 results of arithmetic,
+ * comparisons, where and casts on them, `floor_div` by a constant, and i64 outputs, in
+ * pointwise fragments only (a language model's labels, a router's token numbers: below); a
+ * daemon of vocabulary 9 refuses a fragment that says vocab 10. */
+#define FM_VOCAB_VERSION 10
 #define FM_VOCAB_MIN     1
-#define FM_VOCAB_COLS    5 /* the vocabulary of column fragments */
-#define FM_VOCAB_CAT     6 /* the vocabulary of `cat` */
-#define FM_VOCAB_WINDOW  7 /* the vocabulary of the window ops (max_pool2d, its argmax, backward) */
-#define FM_VOCAB_SCATTER 8 /* the vocabulary of index_add and the i64 index dtype */
-#define FM_VOCAB_GATHER  9 /* the vocabulary of take_rows */
+#define FM_VOCAB_COLS    5  /* the vocabulary of column fragments */
+#define FM_VOCAB_CAT     6  /* the vocabulary of `cat` */
+#define FM_VOCAB_WINDOW  7  /* the vocabulary of the window ops (max_pool2d, its argmax, backward) */
+#define FM_VOCAB_SCATTER 8  /* the vocabulary of index_add and the i64 index dtype */
+#define FM_VOCAB_GATHER  9  /* the vocabulary of take_rows */
+#define FM_VOCAB_INTEGER 10 /* the vocabulary of integer values (i64 data, floor_div) */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -202,7 +208,8 @@ typedef enum {
   XX(MAX_POOL2D_BACKWARD, "max_pool2d_backward", FM_OPK_WINDOW) \
   XX(MAX_POOL2D_ARGMAX, "max_pool2d_argmax", FM_OPK_WINDOW)     \
   XX(INDEX_ADD, "index_add", FM_OPK_SCATTER)                    \
-  XX(TAKE_ROWS, "take_rows", FM_OPK_GATHER)
+  XX(TAKE_ROWS, "take_rows", FM_OPK_GATHER)                     \
+  XX(FLOOR_DIV, "floor_div", FM_OPK_BINARY)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -328,6 +335,23 @@ int fm_fragment_gemm_op2(const fm_fragment *f);
  * in stage 2 to [M, N2]; B2 is an input [N1, N2] that nothing else reads. PROTOCOL.md,
  * "Chains", is normative. */
 int fm_fragment_is_chain(const fm_fragment *f);
+
+/* Integer values (vocab 10, fm_fragment_integer.c). An i64 value is an i64 input read as data
+ * (not as index_add's or take_rows' index), or the result of an op on one: add, sub, mul,
+ * maximum, minimum, neg, abs (i64, wrapping as torch's int64 does), `floor_div` by a nonzero
+ * integer const (i64, rounding toward -inf), div (true division: f32 of the two operands as
+ * f32, as torch), the comparisons (bool), where (i64), a cast to i64 of a bool or an i64, and
+ * casts of an i64 to bool or a float. The other operand of such an op is an i64 value, a
+ * bool or an integer const of magnitude at most FM_MAX_INT_CONST (exact in f32); a float
+ * value or a const with a fraction is refused (the client casts the i64 first, which is what
+ * torch's promotion does). Such values run in pointwise fragments only. PROTOCOL.md,
+ * "Integer values", is normative. */
+#define FM_MAX_INT_CONST (1 << 24)
+/* True when a validated fragment holds an integer value (an op reading an i64 value as data,
+ * an i64 result, an i64 output): its lowest covering vocabulary is FM_VOCAB_INTEGER. */
+int fm_fragment_has_integers(const fm_fragment *f);
+/* Whether an integer const of this value may meet an i64 value: integral, |c| <= 2^24. */
+int fm_int_const_ok(double c);
 typedef struct fm_chain_info {
   int op1, op2;                   /* the two products' op indices */
   int a2;                         /* position of the second A (n_inputs + op index) */

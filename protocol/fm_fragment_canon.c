@@ -103,6 +103,7 @@ static int canonicalize(const fm_fragment *in, fm_fragment *out) {
     uint32_t v = fm_op_vocab(in->ops[order[p]].op);
     if (v > out->vocab) out->vocab = v;
   }
+  if (fm_fragment_has_integers(in) && out->vocab < FM_VOCAB_INTEGER) out->vocab = FM_VOCAB_INTEGER;
   out->n_inputs = in->n_inputs;
   out->n_ops = n;
   out->m_hint = bucket_of(in->m_hint);

@@ -17,7 +17,8 @@
 typedef struct value {
   uint32_t id;
   fm_dtype dtype;
-  bool weak; /* a `const`: a Python scalar, which does not promote */
+  bool weak;   /* a `const`: a Python scalar, which does not promote */
+  double cval; /* a `const`'s value: whether it may meet an i64 value (fm_int_const_ok) */
   bool is_input;
   uint32_t index; /* into inputs[] or ops[] */
   uint8_t cls;    /* row fragments: CLS_ROW or CLS_PERROW (set by check_rows) */
@@ -115,6 +116,36 @@ static fm_dtype promote(const value *a, const value *b) {
   return a->dtype == b->dtype ? a->dtype : FM_DT_F32;
 }
 
+/* Integer values (vocab 10): what may meet an i64 value. */
+static bool is_i64(const value *v) { return !v->weak && v->dtype == FM_DT_I64; }
+static bool integer_operand(const value *v) {
+  return v->weak ? fm_int_const_ok(v->cval) : (v->dtype == FM_DT_I64 || v->dtype == FM_DT_BOOL);
+}
+
+/* An op of n data operands (from first) that reads an i64 value: every operand an integer
+ * one, or the error naming the first that is not. Returns 1 when an i64 operand is read. */
+static int integer_operands(const value *arg[FM_MAX_ARGS], uint32_t first, uint32_t n, const char *path,
+                            const char *name, int *rc, fm_diag *d) {
+  bool any = false;
+  for (uint32_t k = first; k < n; k++) any = any || is_i64(arg[k]);
+  if (!any) return 0;
+  for (uint32_t k = first; k < n; k++) {
+    if (integer_operand(arg[k])) continue;
+    if (arg[k]->weak)
+      *rc = fm_diag_set(d, FM_ESCHEMA,
+                        "%s.args[%u]: '%s' of an i64 value and the const %g: an integer const of magnitude at most "
+                        "2^24 (cast the i64 value to a float first)",
+                        path, k, name, arg[k]->cval);
+    else
+      *rc = fm_diag_set(d, FM_ESCHEMA,
+                        "%s.args[%u]: '%s' mixes an i64 value with value %u, which is %s (cast the i64 value "
+                        "to %s first, as torch promotes)",
+                        path, k, name, arg[k]->id, fm_dtype_name(arg[k]->dtype), fm_dtype_name(arg[k]->dtype));
+    return 1;
+  }
+  return 1;
+}
+
 /* Result dtype of op (args already resolved) or an error naming the operand at fault. */
 static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const char *path, fm_diag *d) {
   const char *name = fm_op_name(op->op);
@@ -126,6 +157,10 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       *weak = true;
       return FM_OK;
     case FM_OPK_UNARY:
+      if (is_i64(arg[0]) && (op->op == FM_OP_NEG || op->op == FM_OP_ABS)) {
+        op->dtype = FM_DT_I64; /* wrapping, as torch's int64 */
+        return FM_OK;
+      }
       if (!arg[0]->weak && !is_float(arg[0]->dtype))
         return fm_diag_set(d, FM_ESCHEMA,
                            "%s.args[0]: '%s' needs a floating-point operand, value %u is %s "
@@ -133,25 +168,51 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
                            path, name, arg[0]->id, fm_dtype_name(arg[0]->dtype));
       op->dtype = arg[0]->weak ? FM_DT_F32 : arg[0]->dtype;
       return FM_OK;
-    case FM_OPK_BINARY:
+    case FM_OPK_BINARY: {
+      int rc = FM_OK;
+      if (integer_operands(arg, 0, 2, path, name, &rc, d)) {
+        if (rc) return rc;
+        if (op->op == FM_OP_FLOOR_DIV && (!arg[1]->weak || arg[1]->cval == 0))
+          return fm_diag_set(d, FM_ESCHEMA, "%s.args[1]: floor_div divides by a nonzero integer const", path);
+        op->dtype = op->op == FM_OP_DIV ? FM_DT_F32 : FM_DT_I64; /* div: true division, as torch */
+        return FM_OK;
+      }
+      if (op->op == FM_OP_FLOOR_DIV)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: floor_div divides an i64 value, value %u is %s", path,
+                           arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
       op->dtype = promote(arg[0], arg[1]);
       return FM_OK;
-    case FM_OPK_COMPARE:
+    }
+    case FM_OPK_COMPARE: {
+      int rc = FM_OK;
+      if (integer_operands(arg, 0, 2, path, name, &rc, d) && rc) return rc;
       op->dtype = FM_DT_BOOL;
       return FM_OK;
-    case FM_OPK_WHERE:
+    }
+    case FM_OPK_WHERE: {
       if (arg[0]->weak || arg[0]->dtype != FM_DT_BOOL)
         return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: where's condition must be bool, value %u is %s", path,
                            arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
+      int rc = FM_OK;
+      if (integer_operands(arg, 1, 3, path, name, &rc, d)) {
+        op->dtype = FM_DT_I64;
+        return rc;
+      }
       op->dtype = promote(arg[1], arg[2]);
       return FM_OK;
+    }
     case FM_OPK_CAST:
       if ((unsigned)op->dtype >= FM_DT__COUNT)
         return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: %d is not a dtype", path, (int)op->dtype);
-      if (op->dtype == FM_DT_I64)
-        return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: i64 is an index dtype; no value is cast to it", path);
+      if (op->dtype == FM_DT_I64 && (arg[0]->weak || (arg[0]->dtype != FM_DT_BOOL && arg[0]->dtype != FM_DT_I64)))
+        return fm_diag_set(d, FM_ESCHEMA,
+                           "%s.args[0]: a cast to i64 takes a bool or an i64 value (a float's truncation is not in "
+                           "the vocabulary), value %u is %s",
+                           path, arg[0]->id, arg[0]->weak ? "a const" : fm_dtype_name(arg[0]->dtype));
       return FM_OK;
     case FM_OPK_POW:
+      if (is_i64(arg[0]))
+        return fm_diag_set(d, FM_ESCHEMA, "%s.args[0]: pow of an i64 value (cast it to a float first)", path);
       if (!arg[1]->weak)
         return fm_diag_set(d, FM_ESCHEMA, "%s.args[1]: pow's exponent must be a const value, value %u is not", path,
                            arg[1]->id);
@@ -279,19 +340,26 @@ static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_di
     arg[k] = lookup(vs, op->args[k]);
     if (!arg[k])
       return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k, op->args[k]);
-    /* an index names rows; computing with it (or reading it as data) has no meaning here */
+    /* before vocabulary 10 an i64 value is an index, which names rows: computing with it
+       (or reading it as data) has no meaning there */
     const int index_arg = (fm_op_kind(op->op) == FM_OPK_SCATTER || fm_op_kind(op->op) == FM_OPK_GATHER) && k == 1;
-    if (arg[k]->dtype == FM_DT_I64 && !arg[k]->weak && !index_arg)
+    if (arg[k]->dtype == FM_DT_I64 && !arg[k]->weak && !index_arg && vocab < FM_VOCAB_INTEGER)
       return fm_diag_set(d, FM_ESCHEMA,
-                         "%s.args[%u]: value %u is i64, an index: only index_add's and take_rows' index reads one",
-                         path, k, op->args[k]);
+                         "%s.args[%u]: value %u is i64, an index: only index_add's and take_rows' index reads one "
+                         "(integer values need vocab %d)",
+                         path, k, op->args[k], FM_VOCAB_INTEGER);
   }
+  if (fm_op_kind(op->op) == FM_OPK_CAST && op->dtype == FM_DT_I64 && vocab < FM_VOCAB_INTEGER)
+    return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: i64 is an index dtype; no value is cast to it before vocab %d", path,
+                       FM_VOCAB_INTEGER);
   bool weak;
   int rc = infer(op, arg, &weak, path, d);
   if (rc) return rc;
   char opath[40];
   snprintf(opath, sizeof opath, "%s.out", path);
-  return define(vs, (value){.id = op->out, .dtype = op->dtype, .weak = weak, .is_input = false, .index = i}, opath, d);
+  return define(
+      vs, (value){.id = op->out, .dtype = op->dtype, .weak = weak, .cval = op->value, .is_input = false, .index = i},
+      opath, d);
 }
 
 /* Outputs are written, so two elements of one output must never share an address: sorted by
@@ -802,15 +870,22 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
     const fm_tensor *t = &f->outputs[k];
     const value *v = lookup(&vs, t->id);
     if (!v) return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].id: value %u is not defined by any input or op", k, t->id);
-    if (t->dtype == FM_DT_I64)
-      return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].dtype: i64 is an index dtype; no output stores one", k);
+    if (t->dtype == FM_DT_I64 && f->vocab < FM_VOCAB_INTEGER)
+      return fm_diag_set(d, FM_ESCHEMA,
+                         "outputs[%u].dtype: i64 is an index dtype; no output stores one before vocab %d", k,
+                         FM_VOCAB_INTEGER);
     if (v->dtype != t->dtype)
       return fm_diag_set(d, FM_ESCHEMA, "outputs[%u].dtype: %s does not match value %u, which is %s (add a cast)", k,
                          fm_dtype_name(t->dtype), t->id, fm_dtype_name(v->dtype));
   }
+  if (fm_fragment_has_integers(f) && (fm_fragment_is_scatter(f) || fm_fragment_is_extent(f) || fm_fragment_is_gemm(f) ||
+                                      fm_fragment_is_rows(f) || fm_fragment_is_cols(f)))
+    return fm_diag_set(d, FM_EUNSUPPORTED,
+                       "integer values run in a pointwise fragment only (not with a reduction, a product, a cat, a "
+                       "window op, index_add or take_rows)");
   if (fm_fragment_is_scatter(f)) return fm_fragment_check_scatter(f, d);
   for (uint32_t k = 0; k < f->n_inputs; k++)
-    if (f->inputs[k].dtype == FM_DT_I64 && !is_take_rows_index(f, f->inputs[k].id))
+    if (f->inputs[k].dtype == FM_DT_I64 && f->vocab < FM_VOCAB_INTEGER && !is_take_rows_index(f, f->inputs[k].id))
       return fm_diag_set(d, FM_ESCHEMA,
                          "inputs[%u].dtype: i64 is an index dtype: only index_add's and take_rows' index may be i64",
                          k);

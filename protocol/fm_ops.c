@@ -99,7 +99,7 @@ uint32_t fm_op_vocab(fm_op op) {
     case FM_OPK_GATHER:
       return FM_VOCAB_GATHER;
     default:
-      return 1;
+      return op == FM_OP_FLOOR_DIV ? FM_VOCAB_INTEGER : 1;
   }
 }
 

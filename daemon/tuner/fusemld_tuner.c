@@ -533,6 +533,8 @@ static int prepare(const uint8_t *canonical, size_t len, uint64_t seed, char *wh
       snprintf(why, cap, "reference: a pooling gradient's tap indices");
       goto out;
     }
+    /* labels or token numbers: small integers, the fragment's constants among them */
+    fm_reference_integer_inputs(f, W.outer_v, rng, taps);
     /* likewise an index_add's index (rows of the output) and take_rows' (rows of its src),
        both ends of the range among them */
     if (fm_reference_index_rows(f, rng, taps)) {
@@ -615,6 +617,11 @@ static double load_elem(fm_dtype dt, const uint8_t *p) {
     case FM_DT_F16:
       memcpy(&h, p, 2);
       return fm_reference_f16_to_f32(h);
+    case FM_DT_I64: { /* integer values (vocab 10): exact below 2^53, compared exactly */
+      int64_t v;
+      memcpy(&v, p, 8);
+      return (double)v;
+    }
     default:
       return NAN;
   }
@@ -641,7 +648,8 @@ static double compare_output(uint32_t k, const uint8_t *ref, char *why, size_t c
       for (uint32_t d = cut; d < t->rank; d++) off += idx[d] * t->strides[d];
       double r = load_elem(t->dtype, ref + (size_t)off * es);
       double o = load_elem(t->dtype, W.h_out[k] + (size_t)off * es);
-      if (t->dtype == FM_DT_BOOL ? r != o : (isinf(r) ? o != r : (isfinite(r) && !isfinite(o)))) {
+      const int exact = t->dtype == FM_DT_BOOL || t->dtype == FM_DT_I64;
+      if (exact ? r != o : (isinf(r) ? o != r : (isfinite(r) && !isfinite(o)))) {
         snprintf(why, cap, "outputs[%u] element %lld: got %g, reference %g", k, (long long)e, o, r);
         return INFINITY;
       }

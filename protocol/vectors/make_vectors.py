@@ -89,9 +89,9 @@ VECTORS = [
         ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32"),
     ),
     (
-        "vocab10",
+        "vocab11",
         "a fragment of a newer vocabulary",
-        ("reject", "bad_request", "vocab 10 not supported, this daemon speaks 1 to 9"),
+        ("reject", "bad_request", "vocab 11 not supported, this daemon speaks 1 to 10"),
     ),
     # ---- vocabulary 3: GEMM fragments ----
     (
@@ -271,6 +271,18 @@ VECTORS = [
         "take_rows_computed_rows",
         "take_rows of a computed value (its rows must be an input, read where the index points)",
         ("reject", "unsupported", "ops[1].args[0]: 'take_rows' reads fragment inputs only"),
+    ),
+    # ---- vocabulary 10: integer values ----
+    (
+        "integer_labels",
+        "a language model's labels (a strided view of the padded [4, 17]): the ignore_index test, the "
+        "labels as f32 with ignored ones 0, and the labels floor-divided by 2 as i64",
+        ("accept", None),
+    ),
+    (
+        "integer_mixed_float",
+        "an i64 value multiplied by a bf16 one (torch casts the i64 first)",
+        ("reject", "bad_request", "ops[0].args[1]: 'mul' mixes an i64 value with value 1, which is bf16"),
     ),
     (
         "malformed_c1",
@@ -480,6 +492,16 @@ def canonical(frag):
         vocab = 8
     if any(ops[j]["op"] == "take_rows" for j in order):
         vocab = 9
+    # integer values: an i64 input read as data (not as an index_add's or take_rows' index),
+    # an op of an i64 result, an i64 output
+    i64 = {t["id"] for t in inputs if t["dtype"] == "i64"}
+    data_args = [op.get("args", [])[:1] if op["op"] in ("index_add", "take_rows") else op.get("args", []) for op in ops]
+    if (
+        any(t["dtype"] == "i64" for t in outputs)
+        or any(op["op"] == "floor_div" or op.get("dtype") == "i64" for op in ops)
+        or any(a in i64 for args in data_args for a in args)
+    ):
+        vocab = max(vocab, 10)
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;

@@ -62,6 +62,8 @@ double gu_load(const void *buf, fm_dtype dt, size_t i) {
       return gu_bf16_to_f32(((const uint16_t *)buf)[i]);
     case FM_DT_F32:
       return ((const float *)buf)[i];
+    case FM_DT_I64: /* integer values: exact below 2^53 */
+      return (double)((const int64_t *)buf)[i];
     default:
       return NAN;
   }
@@ -80,6 +82,9 @@ void gu_store(void *buf, fm_dtype dt, size_t i, double v) {
       break;
     case FM_DT_F32:
       ((float *)buf)[i] = (float)v;
+      break;
+    case FM_DT_I64:
+      ((int64_t *)buf)[i] = (int64_t)v;
       break;
     default:
       break;

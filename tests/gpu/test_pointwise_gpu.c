@@ -68,11 +68,18 @@ static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int mis
     if (!d_in[i] || gu_h2d(cu, d_in[i] + off, h_in[i], n * es)) goto done;
     d_in[i] += off;
   }
+  /* integer inputs (labels): the fragment's constants and their neighbours among small
+     integers, as the tuner's verifier fills them; uploaded again over the random bits */
+  fm_reference_integer_inputs(&canon, outer, rng->s, h_in);
+  for (uint32_t i = 0; i < canon.n_inputs; i++)
+    if (canon.inputs[i].dtype == FM_DT_I64 &&
+        gu_h2d(cu, d_in[i], h_in[i], gu_span(&canon.inputs[i], outer) * fm_dtype_size(FM_DT_I64)))
+      goto done;
   for (uint32_t o = 0; o < canon.n_outputs; o++) {
     const fm_tensor *t = &canon.outputs[o];
     size_t n = gu_span(t, outer), es = fm_dtype_size(t->dtype);
     h_out[o] = malloc(n * es);
-    h_ref[o] = malloc(n * 4);
+    h_ref[o] = malloc(n * 8);
     d_out[o] = gu_dalloc(cu, n * es + 16);
     if (!d_out[o]) goto done;
   }
@@ -93,7 +100,7 @@ static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int mis
     /* Reference at f32 output precision: a copy of the fragment whose outputs are f32. */
     fm_fragment ref = canon;
     for (uint32_t o = 0; o < ref.n_outputs; o++)
-      if (ref.outputs[o].dtype != FM_DT_BOOL) ref.outputs[o].dtype = FM_DT_F32;
+      if (ref.outputs[o].dtype != FM_DT_BOOL && ref.outputs[o].dtype != FM_DT_I64) ref.outputs[o].dtype = FM_DT_F32;
     if (fm_reference_eval(&ref, ou, (const void *const *)h_in, h_ref, &d)) {
       fprintf(stderr, "%s: reference: %s\n", name, d.text);
       goto done;
@@ -272,6 +279,22 @@ static void fixed_cases(gu_rng *r) {
     uint32_t y = fb_where(&b, m, fb_op1(&b, FM_OP_RELU, x), fb_const(&b, 0.0));
     fb_output(&b, y, 2, s);
     run_case("bool_mask[sym x 1027]", &b, 65, r, 0);
+  }
+  { /* integer values (vocab 10): a language model's labels, a view of the padded rows */
+    fb b;
+    fb_init(&b);
+    b.f.vocab = FM_VOCAB_INTEGER;
+    int64_t s[2] = {8, 511}, padded[2] = {512, 1};
+    uint32_t y = fb_input(&b, FM_DT_I64, 2, s, padded, 8);
+    uint32_t keep = fb_op2(&b, FM_OP_NE, y, fb_const(&b, -100));
+    uint32_t inside = fb_op2(&b, FM_OP_LT, y, fb_const(&b, 1000));
+    uint32_t target = fb_cast(&b, fb_where(&b, keep, y, fb_const(&b, 0)), FM_DT_F32);
+    uint32_t third = fb_op2(&b, FM_OP_ADD, fb_op2(&b, FM_OP_FLOOR_DIV, y, fb_const(&b, 3)), keep);
+    fb_output(&b, keep, 2, s);
+    fb_output(&b, inside, 2, s);
+    fb_output(&b, target, 2, s);
+    fb_output(&b, third, 2, s);
+    run_case("integer_labels[8 x 511 of 512]", &b, 8, r, 0);
   }
 }
 

@@ -81,3 +81,8 @@ fm_unit_test(test_codegen_gather
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_gather.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
 target_compile_definitions(test_codegen_gather PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# integer values (vocabulary 10): reference, verifier's labels, golden source, NVRTC
+fm_unit_test(test_codegen_integer
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_integer.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_integer PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -117,7 +117,15 @@ static void queue_every_op(void) {
         tf_const(&raw, 1, 3.0);
         tf_output(&raw, 1, FM_DT_F32, 2, sym, NULL, 16);
         break;
-      case FM_OPK_BINARY: /* bf16 [-1, 256] op f32 bias [1, 256] -> f32: strided */
+      case FM_OPK_BINARY:            /* bf16 [-1, 256] op f32 bias [1, 256] -> f32: strided */
+        if (op == FM_OP_FLOOR_DIV) { /* of integers (vocab 10): i64 [-1, 256] by a const -> i64 */
+          raw.vocab = FM_VOCAB_INTEGER;
+          tf_input(&raw, 1, FM_DT_I64, 2, sym, NULL, 16);
+          tf_const(&raw, 2, -3);
+          tf_op(&raw, (fm_op)op, 3, 2, 1, 2, 0);
+          tf_output(&raw, 3, FM_DT_I64, 2, sym, NULL, 16);
+          break;
+        }
         tf_input(&raw, 1, FM_DT_BF16, 2, sym, NULL, 16);
         tf_input(&raw, 2, FM_DT_F32, 2, row, NULL, 16);
         tf_op(&raw, (fm_op)op, 3, 2, 1, 2, 0);

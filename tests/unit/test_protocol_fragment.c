@@ -139,8 +139,8 @@ static const tp_reject rejects[] = {
     {"[1,2]", FM_ESCHEMA, "must be a map"},
     {"{'vocab':1,'inputs':[],'ops':[],'outputs':[],'vocabulary':1}", FM_ESCHEMA, "fragment: unknown key 'vocabulary'"},
     {"{'vocab':1,'inputs':[],'outputs':[]}", FM_ESCHEMA, "missing key 'ops'"},
-    {"{'vocab':10,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
-     "vocab 10 not supported, this daemon speaks 1 to 9"},
+    {"{'vocab':11,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
+     "vocab 11 not supported, this daemon speaks 1 to 10"},
     {"{'vocab':'1','inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab: expected an integer"},
     {"{'vocab':1,'inputs':{},'ops':[],'outputs':[]}", FM_ESCHEMA, "inputs: expected an array"},
     {FRAG(X16, "", ""), FM_ESCHEMA, "outputs: at least one output"},
@@ -317,9 +317,9 @@ static void test_validate_struct(void) {
   g.ops[1].nargs = 3;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
   g = frag;
-  g.vocab = 10;
+  g.vocab = 11;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
-  CHECK_STR_CONTAINS(d.text, "vocab 10 not supported, this daemon speaks 1 to 9");
+  CHECK_STR_CONTAINS(d.text, "vocab 11 not supported, this daemon speaks 1 to 10");
   g = frag;
   g.inputs[0].dtype = FM_DT__COUNT;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);

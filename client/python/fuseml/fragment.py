@@ -10,7 +10,18 @@ import operator
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .ops import DTYPES, LOGICAL_REDUCTIONS, POINTWISE, cat_dim, column_reduction, row_reduction, take_rows, window_op
+from .ops import (
+    DTYPES,
+    LOGICAL_REDUCTIONS,
+    POINTWISE,
+    cat_dim,
+    column_reduction,
+    is_integer_node,
+    row_reduction,
+    take_rows,
+    value_dtype,
+    window_op,
+)
 from .shapes import is_known_int, known_equal
 
 VOCAB = 1
@@ -20,6 +31,7 @@ VOCAB_CAT = 6
 VOCAB_WINDOW = 7
 VOCAB_SCATTER = 8  # scatter_fragment.py
 VOCAB_GATHER = 9  # take_rows: rows read at an index
+VOCAB_INTEGER = 10  # integer values: int64 tensors read, computed and stored
 
 
 class Unfusable(Exception):
@@ -30,7 +42,10 @@ _RANK = {"bool": 0, "f16": 1, "bf16": 1, "f32": 2}
 
 
 def _promote(a, b):
-    """The protocol's promotion (dtype names; "const" is a weak f32 scalar)."""
+    """The protocol's promotion (dtype names; "const" is a weak f32 scalar). An i64 value
+    meets only integers (ops.why_not_pointwise) and stays i64."""
+    if "i64" in (a, b):
+        return "i64"
     if a == "const" and b == "const":
         return "f32"
     if a == "const":
@@ -98,7 +113,7 @@ class Emitter:
                 args[0] = self.cast(args[0], "bool")
             dtype = _promote(dts[1], dts[2])
         elif len(args) == 2:
-            dtype = _promote(dts[0], dts[1])
+            dtype = "f32" if name == "div" and "i64" in dts else _promote(dts[0], dts[1])
         else:
             if dts[0] == "bool":  # unary ops refuse bool operands: widen first, as torch does
                 args[0] = self.cast(args[0], "f32")
@@ -193,7 +208,7 @@ class Emitter:
         vid = POINTWISE[node.target](self, node)
         # Keep every value at the dtype torch gives it, so later ops and the stored outputs
         # see what eager would (a 0-dim f32 tensor does not promote a bf16 tensor in torch).
-        vid = self.cast(vid, DTYPES[node.meta["val"].dtype])
+        vid = self.cast(vid, value_dtype(node.meta["val"].dtype))
         self.ids[node] = vid
         return vid
 
@@ -358,11 +373,20 @@ def build(members, in_nodes, out_nodes, shape=None):
             want = want[:-1] + [1]  # a statistic (or a value computed from one) per row
         if len(fshape) != len(want) or any(a != b and a != -1 for a, b in zip(fshape, want)):
             raise Unfusable(f"output {node.name} is not of the group's shape")
-        outputs.append({"id": e.ids[node], "dtype": DTYPES[t.dtype], "shape": fshape, "strides": fstrides, "align": 16})
+        outputs.append(
+            {"id": e.ids[node], "dtype": value_dtype(t.dtype), "shape": fshape, "strides": fstrides, "align": 16}
+        )
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0 :]])
     # the lowest vocabulary that spells every op: each kind's came after the ones before it
-    kinds = ((rows, VOCAB_ROWS), (cats, VOCAB_CAT), (windows, VOCAB_WINDOW), (taken, VOCAB_GATHER))
+    integer = any(is_integer_node(n) and take_rows(n) is None for n in members)
+    kinds = (
+        (rows, VOCAB_ROWS),
+        (cats, VOCAB_CAT),
+        (windows, VOCAB_WINDOW),
+        (taken, VOCAB_GATHER),
+        (integer, VOCAB_INTEGER),
+    )
     wire = {
         "vocab": max([VOCAB] + [v for present, v in kinds if present]),
         "inputs": inputs,

@@ -14,6 +14,13 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 DTYPES = {torch.bool: "bool", torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+INT_CONST_MAX = 1 << 24  # FM_MAX_INT_CONST: an integer scalar meeting an int64 tensor, exact in f32
+
+
+def value_dtype(dtype):
+    """The wire's name of a value's dtype: DTYPES', and i64 for integer values (vocabulary 10)."""
+    return "i64" if dtype == torch.int64 else DTYPES[dtype]
+
 
 GEMM_OPS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 REDUCTION_OPS = {
@@ -80,7 +87,7 @@ def _gelu(e, n):
 
 
 def _cast(e, n):
-    return e.cast(e.arg(n.args[0]), DTYPES[n.meta["val"].dtype])
+    return e.cast(e.arg(n.args[0]), value_dtype(n.meta["val"].dtype))
 
 
 def _threshold_backward(e, n):
@@ -249,6 +256,29 @@ POINTWISE.update(ALIASES)
 for _name in ("gt", "ge", "lt", "le", "eq", "ne"):
     POINTWISE[getattr(aten, _name).Tensor] = _binary(_name)
     POINTWISE[getattr(aten, _name).Scalar] = _binary(_name)
+POINTWISE[aten.floor_divide.default] = _binary("floor_div")
+
+# Integer values (vocabulary 10): the ops that may read or make an int64 tensor, when every
+# tensor operand is int64 or bool and every scalar an integer of at most INT_CONST_MAX (a
+# language model's labels: the ignore_index test, the range check, the labels as f32 for the
+# loss; a router's token numbers). A float meeting an int64 value is torch's promotion to
+# float, which the daemon wants spelled as a cast: such a node stays out.
+INTEGER_OPS = {
+    aten.add.Tensor,
+    aten.add.Scalar,
+    aten.sub.Tensor,
+    aten.sub.Scalar,
+    aten.mul.Tensor,
+    aten.mul.Scalar,
+    aten.neg.default,
+    aten.where.self,
+    aten._to_copy.default,
+    prims.convert_element_type.default,
+    aten.floor_divide.default,
+    *ALIASES,
+    *(getattr(aten, name).Tensor for name in ("gt", "ge", "lt", "le", "eq", "ne")),
+    *(getattr(aten, name).Scalar for name in ("gt", "ge", "lt", "le", "eq", "ne")),
+}
 
 # kwargs an entry may carry; anything else (out=, rounding_mode=...) keeps the node out of a
 # group; memory_format on a clone or cast only (its output strides are the node's). layout/device
@@ -280,8 +310,15 @@ def why_not_pointwise(node):
     val = node.meta.get("val")
     if not isinstance(val, torch.Tensor):
         return "no tensor metadata"
-    if val.dtype not in DTYPES:
+    integer = is_integer_node(node)
+    if integer:
+        why = _why_not_integer(node, val)
+        if why:
+            return why
+    elif val.dtype not in DTYPES:
         return f"dtype {val.dtype} not supported"
+    elif node.target is aten.floor_divide.default:
+        return "floor_divide of floats"
     if node.target in ALIASES:
         why = _why_not_alias(node, val)
         if why:
@@ -316,7 +353,7 @@ def why_not_pointwise(node):
     for a in list(args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
         if isinstance(a, torch.fx.Node):
             t = a.meta.get("val")
-            if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+            if not isinstance(t, torch.Tensor) or (t.dtype not in DTYPES and not (integer and t.dtype == torch.int64)):
                 return "operand of unsupported dtype"
             if t.device != val.device:
                 return "operand on another device"
@@ -326,6 +363,41 @@ def why_not_pointwise(node):
             return "NaN constant"
         elif not is_plain_real(a):
             return f"non-static operand {type(a).__name__}"
+    return None
+
+
+def is_integer_node(node):
+    """Whether the node reads or makes an int64 tensor (integer values, vocabulary 10)."""
+    if node.op != "call_function":
+        return False
+    tensors = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    return any(isinstance(t, torch.Tensor) and t.dtype == torch.int64 for t in tensors)
+
+
+def _why_not_integer(node, val):
+    """None when an integer node spells as the protocol's integer values, else why not."""
+    if node.target not in INTEGER_OPS:
+        return "integer op outside the integer vocabulary"
+    if val.dtype not in DTYPES and val.dtype != torch.int64:
+        return f"dtype {val.dtype} not supported"
+    ints = (torch.int64, torch.bool)
+    source = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if node.target in (aten._to_copy.default, prims.convert_element_type.default):
+        # to any dtype from an int64; to int64 from a bool (a float's truncation is not in the vocabulary)
+        if val.dtype == torch.int64 and getattr(source, "dtype", None) not in ints:
+            return "cast of a float to int64"
+        return None
+    if val.dtype not in ints:
+        return "integer arithmetic with a float result"
+    args = node.args[:1] if node.target in ALIASES else node.args
+    for a in list(args) + [v for k, v in node.kwargs.items() if k == "alpha"]:
+        if isinstance(a, torch.fx.Node):
+            if getattr(a.meta.get("val"), "dtype", None) not in ints:
+                return "an int64 value meeting a float (torch's promotion: a cast first)"
+        elif isinstance(a, float) or not is_plain_int(a) or abs(int(a)) > INT_CONST_MAX:
+            return "an int64 value meeting a float or a large scalar"
+    if node.target is aten.floor_divide.default and (isinstance(node.args[1], torch.fx.Node) or node.args[1] == 0):
+        return "floor_divide by a tensor or by zero"
     return None
 
 

@@ -163,6 +163,23 @@ def _has_extent_op(g):
     return any(ops.cat_dim(n) is not None or ops.take_rows(n) is not None for n in g.members)
 
 
+def _has_integers(g):
+    """Whether g computes on int64 values (vocabulary 10: a loss's labels, a router's token
+    numbers), which only a plain pointwise fragment takes: no reduction, product, cat or
+    take_rows beside them. A take_rows' index is read as rows, not as a value."""
+    return any(ops.is_integer_node(n) and ops.take_rows(n) is None for n in g.members)
+
+
+def _pointwise_only(g):
+    """Whether g runs in a pointwise fragment only: it has an extent op or integer values."""
+    return _has_extent_op(g) or _has_integers(g)
+
+
+def _mixes_forms(g, h):
+    """Whether merging g and h would put integer values beside an extent op."""
+    return (_has_integers(g) and _has_extent_op(h)) or (_has_integers(h) and _has_extent_op(g))
+
+
 def _takes_from(g, h):
     """Whether a take_rows of group g reads its rows from a member of group h: a fragment
     loads those rows from memory, so h's value cannot be computed in g's kernel."""
@@ -170,10 +187,15 @@ def _takes_from(g, h):
     return any((t := ops.take_rows(n)) is not None and t[0] in hs for n in g.members)
 
 
-def _fits(g, shape, reduce):
-    """Can a node over `shape` (a reduction: of its operand's rows) join group g?"""
-    if reduce and _has_extent_op(g):
-        return False  # a cat runs in a pointwise fragment only
+def _fits(g, shape, reduce, integer=False, extent=False):
+    """Can a node over `shape` (a reduction: of its operand's rows; integer: computing on
+    int64 values; extent: a cat or take_rows) join group g?"""
+    if reduce and _pointwise_only(g):
+        return False  # a cat, or an integer value, runs in a pointwise fragment only
+    if integer and (g.kind != "pointwise" or _has_extent_op(g)):
+        return False
+    if extent and _has_integers(g):
+        return False
     if g.kind == "gemm":
         return not reduce and same_known_shape(g.shape, shape)
     if g.kind == "columns":  # a per-column value after the reductions (a cast of the sum)
@@ -247,7 +269,12 @@ def _column_prologue(g, space):
     """g, when a column reduction over `space` may join it: a column group over that space,
     or a pointwise group over it (no cat) none of whose values is read but by its own members
     and column reductions over that space; else None."""
-    if g is None or g.kind not in ("columns", "pointwise") or not same_known_shape(g.shape, space) or _has_extent_op(g):
+    if (
+        g is None
+        or g.kind not in ("columns", "pointwise")
+        or not same_known_shape(g.shape, space)
+        or _pointwise_only(g)
+    ):
         return None
     if g.kind == "columns":  # its column-space values were checked when it took them in
         return g
@@ -264,7 +291,7 @@ def _absorbs(g, operand, cat):
     pointwise group over the operand's shape without a cat of its own (the daemon refuses a
     cat of a cat), none of whose values is read outside it but by the cat: its values have
     the operand's size, and a group's outputs have the group's (the cat's) shape."""
-    if g.kind != "pointwise" or not same_known_shape(g.shape, operand.meta["val"].shape) or _has_extent_op(g):
+    if g.kind != "pointwise" or not same_known_shape(g.shape, operand.meta["val"].shape) or _pointwise_only(g):
         return False
     mset = set(g.members)
     return all(u in mset or u is cat for n in g.members for u in n.users)
@@ -378,7 +405,7 @@ def find_groups(gm, min_ops=2, chains=True):
         values per output element (GELU-tanh's backward in GPT-2 computes 0.5 * x and
         1 + tanh(u) from the forward's saved tensors, two more kernels over [M, 4D] a layer
         otherwise); else why not."""
-        if _has_extent_op(h) or any(not same_known_shape(n.meta["val"].shape, g.shape) for n in h.members):
+        if _pointwise_only(h) or any(not same_known_shape(n.meta["val"].shape, g.shape) for n in h.members):
             return "not of the epilogue's shape"
         operands = {a for p in ops.products(g.members) for a in p.args[-2:]}
         if any(a in operands for n in h.members for a in n.all_input_nodes):
@@ -466,6 +493,7 @@ def find_groups(gm, min_ops=2, chains=True):
         take = None if reduce or cat else ops.take_rows(node)
         if not reduce and not cat and take is None and ops.why_not_pointwise(node) is not None:
             continue
+        integer = take is None and ops.is_integer_node(node)
         # A reduction works on rows of its operand's shape; anything else on its own shape.
         shape = node.args[0].meta["val"].shape if reduce else node.meta["val"].shape
         # Producer groups this node may join: of its shape (a rows group also takes per-row
@@ -474,7 +502,9 @@ def find_groups(gm, min_ops=2, chains=True):
         cands = []
         for a in node.all_input_nodes:
             g = group_of.get(a)
-            if g is None or g in cands or not (_absorbs(g, a, node) if cat else _fits(g, shape, reduce)):
+            if g is None or g in cands:
+                continue
+            if not (_absorbs(g, a, node) if cat else _fits(g, shape, reduce, integer=integer, extent=take is not None)):
                 continue
             if take is not None and a is take[0]:
                 continue  # the rows are loaded from memory: their producer's group stays apart
@@ -538,8 +568,12 @@ def find_groups(gm, min_ops=2, chains=True):
                 continue
             if reaches(gdeps.get(h.gid, ()), chosen.gid) or reaches(gdeps.get(chosen.gid, ()), h.gid):
                 continue
-            if "rows" in (chosen.kind, h.kind) and (_has_extent_op(chosen) or _has_extent_op(h)):
-                continue  # a cat runs in a pointwise fragment only
+            if (chosen.kind != "pointwise" or h.kind != "pointwise") and (
+                _pointwise_only(chosen) or _pointwise_only(h)
+            ):
+                continue  # a cat, or an integer value, runs in a pointwise fragment only
+            if _mixes_forms(chosen, h):
+                continue
             if _takes_from(chosen, h) or _takes_from(h, chosen):
                 continue  # rows a take_rows loads from memory are no value of its kernel
             merge(chosen, h)
@@ -616,7 +650,7 @@ def find_groups(gm, min_ops=2, chains=True):
     #    mean cast to fp32 for the sums' prologue, computed again per element likewise).
     # Not when it waits on the reader itself.
     def runs_inside(r, p):
-        if r is None or _has_extent_op(r):
+        if r is None or _pointwise_only(r):
             return False
         if r.kind == "rows":
             return _inside_rows(r.shape, p.shape)
@@ -624,7 +658,7 @@ def find_groups(gm, min_ops=2, chains=True):
             return _per_column(r.shape, p.shape) and _broadcasts_small(p.shape, r.shape)
         return r.kind == "pointwise" and _broadcasts_small(p.shape, r.shape)
 
-    for p in [g for g in groups if g.kind == "pointwise" and not _has_extent_op(g)]:
+    for p in [g for g in groups if g.kind == "pointwise" and not _pointwise_only(g)]:
         mset = set(p.members)
         readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
         r = readers.popitem()[1] if len(readers) == 1 else None
