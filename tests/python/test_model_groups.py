@@ -97,3 +97,26 @@ def test_an_activation_autograd_saves_is_recomputed_like_inductor(dead_socket, p
     (out,) = [n for n in forward.graph.nodes if n.op == "output"]
     saved = [a for a in out.args[0] if isinstance(a, torch.fx.Node)]
     assert saved and not [a for a in saved if a.target is aten.tanh.default]
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+def test_the_losss_labels_are_one_kernel(dead_socket, partitioned, model):
+    """A causal language model's labels (int64) before its loss: the ignore_index test, the
+    range check and the labels cast for the loss run as one pointwise group (vocabulary 10),
+    where each was an ATen kernel; what stays out is the pad and its copy (the shift by one)."""
+    w = zoo_model(model)
+    fn = torch.compile(w.model, backend=fuseml.FuseMLCompiler())
+    _train_step_matches_eager(w, fn)
+    fused = {n: g for _, groups in partitioned for g in groups if g.route == "kernel" for n in g.members}
+    label_ops = [
+        n
+        for gm, _ in partitioned
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target in (aten.ne.Scalar, aten.ge.Scalar, aten.lt.Scalar, aten.where.self)
+        and fuseml.ops.is_integer_node(n)
+    ]
+    assert len(label_ops) >= 4, [n.format_node() for n in label_ops]
+    assert all(n in fused for n in label_ops), [n.format_node() for n in label_ops if n not in fused]
+    (group,) = {id(fused[n]): fused[n] for n in label_ops}.values()
+    assert group.kind == "pointwise" and group.built.wire["vocab"] == 10
