@@ -17,8 +17,7 @@ static uint64_t next(uint64_t *x) {
 /* Whether input k is read as data by some op (not only as index_add's or take_rows' index). */
 static int read_as_data(const fm_fragment *f, uint32_t k) {
   for (uint32_t i = 0; i < f->n_ops; i++) {
-    const fm_opkind kind = fm_op_kind(f->ops[i].op);
-    const uint32_t data_args = (kind == FM_OPK_SCATTER || kind == FM_OPK_GATHER) ? 1 : f->ops[i].nargs;
+    const uint32_t data_args = fm_op_data_args(f->ops[i].op, f->ops[i].nargs);
     for (uint32_t a = 0; a < data_args && a < FM_MAX_ARGS; a++)
       if (f->ops[i].args[a] == f->inputs[k].id) return 1;
   }

@@ -227,6 +227,9 @@ int fm_op_arity(fm_op op);
 /* True when a primitive op takes n args (cat: FM_MIN_CAT_ARGS..FM_MAX_ARGS; others: their
  * arity). */
 int fm_op_nargs_ok(fm_op op, uint32_t n);
+/* How many of an op's nargs leading args it reads as values: all but index_add's and
+ * take_rows' index (their last), which names rows. */
+uint32_t fm_op_data_args(fm_op op, uint32_t nargs);
 /* The vocabulary version that introduced op (1 to FM_VOCAB_VERSION; 0 for reserved ops). */
 uint32_t fm_op_vocab(fm_op op);
 /* FM_OK, or FM_EUNKNOWN_OP for a name not in FM_OP_MAP. */

@@ -25,9 +25,7 @@ int fm_fragment_has_integers(const fm_fragment *f) {
     const fm_opnode *op = &f->ops[i];
     if (op->op == FM_OP_CONST) continue;
     if (op->dtype == FM_DT_I64) return 1;
-    /* an index_add's or take_rows' index is read as rows, not as data (vocab 8 and 9) */
-    const fm_opkind kind = fm_op_kind(op->op);
-    const uint32_t data_args = (kind == FM_OPK_SCATTER || kind == FM_OPK_GATHER) ? 1 : op->nargs;
+    const uint32_t data_args = fm_op_data_args(op->op, op->nargs); /* an index names rows */
     for (uint32_t a = 0; a < data_args && a < FM_MAX_ARGS; a++)
       if (dtype_of(f, i, op->args[a]) == FM_DT_I64) return 1;
   }

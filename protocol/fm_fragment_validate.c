@@ -342,7 +342,7 @@ static int check_op(fm_opnode *op, uint32_t i, uint32_t vocab, values *vs, fm_di
       return fm_diag_set(d, FM_ESCHEMA, "%s.args[%u]: value %u is not defined before use", path, k, op->args[k]);
     /* before vocabulary 10 an i64 value is an index, which names rows: computing with it
        (or reading it as data) has no meaning there */
-    const int index_arg = (fm_op_kind(op->op) == FM_OPK_SCATTER || fm_op_kind(op->op) == FM_OPK_GATHER) && k == 1;
+    const int index_arg = k >= fm_op_data_args(op->op, op->nargs);
     if (arg[k]->dtype == FM_DT_I64 && !arg[k]->weak && !index_arg && vocab < FM_VOCAB_INTEGER)
       return fm_diag_set(d, FM_ESCHEMA,
                          "%s.args[%u]: value %u is i64, an index: only index_add's and take_rows' index reads one "

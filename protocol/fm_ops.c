@@ -81,6 +81,11 @@ int fm_op_nargs_ok(fm_op op, uint32_t n) {
   return arity >= 0 && n == (uint32_t)arity;
 }
 
+uint32_t fm_op_data_args(fm_op op, uint32_t nargs) {
+  const fm_opkind kind = fm_op_kind(op);
+  return (kind == FM_OPK_SCATTER || kind == FM_OPK_GATHER) && nargs > 0 ? nargs - 1 : nargs;
+}
+
 uint32_t fm_op_vocab(fm_op op) {
   switch (fm_op_kind(op)) {
     case FM_OPK_RESERVED:

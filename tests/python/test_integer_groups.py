@@ -115,7 +115,7 @@ def test_spellings_keep_torch_dtypes():
         n, phs = node(target, *args)
         e = Emitter(phs)
         vid = e.emit_node(n)
-        assert e.dtype[vid] == ops.value_dtype(n.meta["val"].dtype), (target, e.dtype[vid])
+        assert e.dtype[vid] == ops.dtype_name(n.meta["val"].dtype), (target, e.dtype[vid])
 
 
 def test_integers_stay_out_of_rows_groups(partitioned, served):

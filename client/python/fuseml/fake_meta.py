@@ -66,6 +66,16 @@ def substitute(gm, node, value, made):
     return True
 
 
+def replace(gm, done, dead=()):
+    """Commits a rewrite that made every node it needed: each (old, new) of `done` has its
+    readers read new and is erased, then the nodes of `dead` (readers first) it leaves unread."""
+    for old, new in done:
+        old.replace_all_uses_with(new)
+        gm.graph.erase_node(old)
+    for n in dead:
+        gm.graph.erase_node(n)
+
+
 def matches(gm, match):
     """(gm's fake mode, [(node, match(node))] for the nodes where match gives something): what
     a rewrite works on; (None, []) when nothing matches or gm has no fake values."""

@@ -16,10 +16,10 @@ from .ops import (
     POINTWISE,
     cat_dim,
     column_reduction,
+    dtype_name,
     is_integer_node,
     row_reduction,
     take_rows,
-    value_dtype,
     window_op,
 )
 from .shapes import is_known_int, known_equal
@@ -208,14 +208,9 @@ class Emitter:
         vid = POINTWISE[node.target](self, node)
         # Keep every value at the dtype torch gives it, so later ops and the stored outputs
         # see what eager would (a 0-dim f32 tensor does not promote a bf16 tensor in torch).
-        vid = self.cast(vid, value_dtype(node.meta["val"].dtype))
+        vid = self.cast(vid, dtype_name(node.meta["val"].dtype))
         self.ids[node] = vid
         return vid
-
-
-def dtype_name(dtype):
-    """The wire's name of a tensor dtype: DTYPES', and i64 for an index (take_rows')."""
-    return "i64" if dtype == torch.int64 else DTYPES[dtype]
 
 
 def _align_of(t):
@@ -374,7 +369,7 @@ def build(members, in_nodes, out_nodes, shape=None):
         if len(fshape) != len(want) or any(a != b and a != -1 for a, b in zip(fshape, want)):
             raise Unfusable(f"output {node.name} is not of the group's shape")
         outputs.append(
-            {"id": e.ids[node], "dtype": value_dtype(t.dtype), "shape": fshape, "strides": fstrides, "align": 16}
+            {"id": e.ids[node], "dtype": dtype_name(t.dtype), "shape": fshape, "strides": fstrides, "align": 16}
         )
         out_strides.append(fstrides)
         out_tails.append([int(d) for d in want[1 if layout.k else 0 :]])

@@ -143,11 +143,7 @@ def _move_picks(gm, mode, view, op, rows, k, picks):
         log.debug("fuseml: %s stays above %s: %s", op.name, view.name, e)
         fake_meta.discard(gm, made)
         return False
-    for p, new in done:
-        p.replace_all_uses_with(new)
-        gm.graph.erase_node(p)
-    gm.graph.erase_node(view)
-    gm.graph.erase_node(op)
+    fake_meta.replace(gm, done, (view, op))
     return True
 
 
@@ -188,12 +184,7 @@ def _pick_gathers(gm, mode, view, x, idx, k, picks):
         log.debug("fuseml: the picks of %s stay gathered: %s", view.name, e)
         fake_meta.discard(gm, made)
         return False
-    index = view.args[0]
-    for p, new in done:
-        p.replace_all_uses_with(new)
-        gm.graph.erase_node(p)
-    gm.graph.erase_node(view)
-    gm.graph.erase_node(index)
+    fake_meta.replace(gm, done, (view, view.args[0]))
     return True
 
 

@@ -17,8 +17,9 @@ DTYPES = {torch.bool: "bool", torch.float16: "f16", torch.bfloat16: "bf16", torc
 INT_CONST_MAX = 1 << 24  # FM_MAX_INT_CONST: an integer scalar meeting an int64 tensor, exact in f32
 
 
-def value_dtype(dtype):
-    """The wire's name of a value's dtype: DTYPES', and i64 for integer values (vocabulary 10)."""
+def dtype_name(dtype):
+    """The wire's name of a tensor dtype: DTYPES', and i64 for an index (take_rows', vocabulary
+    9) or an integer value (vocabulary 10)."""
     return "i64" if dtype == torch.int64 else DTYPES[dtype]
 
 
@@ -87,7 +88,7 @@ def _gelu(e, n):
 
 
 def _cast(e, n):
-    return e.cast(e.arg(n.args[0]), value_dtype(n.meta["val"].dtype))
+    return e.cast(e.arg(n.args[0]), dtype_name(n.meta["val"].dtype))
 
 
 def _threshold_backward(e, n):

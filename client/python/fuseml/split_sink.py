@@ -87,11 +87,7 @@ def _move(gm, mode, split, op, operand):
         log.debug("fuseml: %s stays below %s: %s", op.name, split.name, e)
         fake_meta.discard(gm, made)
         return False
-    for piece, new in pieces:
-        piece.replace_all_uses_with(new)
-        gm.graph.erase_node(piece)
-    gm.graph.erase_node(split)
-    gm.graph.erase_node(op)
+    fake_meta.replace(gm, pieces, (split, op))
     return True
 
 
