@@ -61,7 +61,7 @@ def test_softmax_decomposes_into_one_rows_group(dead_socket):
 
 def test_reductions_rows_cannot_take_stay_aten(dead_socket):
     # over dim 0 (a bias gradient), and without keepdim
-    f = lambda x: (x * 2).sum(0) + (x * 3).sum(-1).sum()  # noqa: E731
+    f = lambda x: (x * 2).sum(0) + (x * 3).sum(-1).sum(0)  # noqa: E731
     c, got, want = compile_run(Fn(f), torch.randn(8, 64), train=False)
     (p,) = c.plans
     assert not rows(p)

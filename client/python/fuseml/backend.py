@@ -53,8 +53,10 @@ from .scatter_add import rewrite_index_put_adds
 from .scatter_fragment import build_scatter
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
+from .full_sums import spell_full_sums
 from .gather_sink import gather_picks, sink_gathers
 from .split_sink import sink_splits
+from .scatter_picks import spell_pick_scatters
 from .unsort import drop_round_trips
 from .view_sink import sink_views
 
@@ -395,6 +397,8 @@ class FuseMLCompiler:
         with graph_code.deferred():
             if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
                 const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
+                if spell_pick_scatters(gm):  # topk's backward as compares and wheres (scatter_picks.py)
+                    const_fold.fold(gm)  # the column iota it compares with
             keeps_layout, report_to, saved = _layout_policy(which)
             padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
             if padded and self.rest != "inductor":
@@ -412,6 +416,7 @@ class FuseMLCompiler:
             drop_aliases(gm)  # an alias between two pointwise ops, read as its operand (alias_drop.py)
             spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
             spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
+            spell_full_sums(gm)  # a full sum of a short 1-D value as a row of one (full_sums.py)
             spell_cats(gm)  # a backward's slice_backward pairs as aten.cat (cat_rewrite.py)
             compute_in_copy_layout(gm)  # a transposed pointwise value's copy computes it there (transpose_rewrite.py)
             sink_casts(gm)  # a cast read through views moves next to its fused reader or producer (cast_sink.py)

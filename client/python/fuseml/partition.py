@@ -34,7 +34,11 @@ Chains (chains.py): after the groups are formed, a GEMM group whose only value f
 GEMM group's product as its A (nothing else reads it: not a graph output, not saved for
 backward) merges with it into one group of two stages, when the chain kernel can run the
 pair. A combined group (siblings or a chain) remembers its two original groups (`parts`):
-if the daemon refuses it, split_apart() gives them back and they are requested apart."""
+if the daemon refuses it, split_apart() gives them back and they are requested apart.
+
+Horizontal fusion (horizontal.py): last, pointwise groups of one shape, or rows groups over the
+same rows, that read a value in common with no path between them merge into one group of
+several outputs (a router's lone ops on one sort, a loss's reductions over its tokens)."""
 
 import math
 import operator
@@ -43,7 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import chains as chain_rules, ops, siblings
+from . import chains as chain_rules, horizontal, ops, siblings
 from ._log import log
 from .bmm_fragment import collapse
 from .scatter_fragment import scatter_operands
@@ -240,7 +244,9 @@ SMALL_BROADCAST = 1 << 12  # elements of a pointwise group a reader computes aga
 
 def _broadcasts_small(shape, into):
     """Is `shape` (static, at most SMALL_BROADCAST elements, not `into` itself) broadcast to
-    `into`: of its rank, each dim `into`'s or 1?"""
+    `into`: of its rank, each dim `into`'s or 1, or a 0-dim value (a loss's mean scale)?"""
+    if shape is not None and into is not None and len(shape) == 0:
+        return len(into) > 0
     if shape is None or into is None or len(shape) != len(into) or same_known_shape(shape, into):
         return False
     if not all(isinstance(d, int) for d in shape) or math.prod(shape) > SMALL_BROADCAST:
@@ -712,6 +718,27 @@ def find_groups(gm, min_ops=2, chains=True):
             merge(c1, c2)
             gdeps[c1.gid].discard(c1.gid)
             shared[c1.gid] |= shared[c2.gid]
+            break
+
+    # Pointwise groups of one shape (rows groups over the same rows) reading one value side by
+    # side run as one kernel
+    # (horizontal.py): the value is read once and a launch goes. Not when either waits on the
+    # other, when integer values would meet an extent op, or across a mutation.
+    def producer(b):
+        return group_of.get(b)
+
+    for h in sorted([g for g in groups if g.kind in horizontal.KINDS], key=lambda g: pos(g.members[0])):
+        for g in sorted([g for g in groups if g.kind == h.kind], key=lambda g: pos(g.members[0])):
+            if g is h or pos(g.members[0]) > pos(h.members[0]) or horizontal.why_not_pair(g, h, pos, producer):
+                continue
+            if reaches(gdeps.get(h.gid, ()), g.gid) or reaches(gdeps.get(g.gid, ()), h.gid):
+                continue
+            if _mixes_forms(g, h) or _takes_from(g, h) or _takes_from(h, g):
+                continue
+            lo, hi = pos(g.members[0]), max(pos(n) for n in g.members + h.members)
+            if any(lo < m < hi for m in mutations):
+                continue
+            merge(g, h)
             break
 
     for i, g in enumerate(groups):

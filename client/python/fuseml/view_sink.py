@@ -173,6 +173,13 @@ def _collapse_chains(gm):
         if not src.users:
             gm.graph.erase_node(src)
         changed = True
+        if tuple(tensor_val(n).shape) == tuple(tensor_val(base).shape):
+            # back at base's own shape ([1] -> [] -> [1] around a loss's division): base
+            # itself, so that the op reading it joins base's group; a graph output keeps the
+            # view (the runtime was told which outputs alias)
+            n.replace_all_uses_with(base, delete_user_cb=lambda u: u.op != "output")
+            if not n.users:
+                gm.graph.erase_node(n)
     return changed
 
 
