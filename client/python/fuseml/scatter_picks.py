@@ -17,7 +17,7 @@ which ATen's scatter reports as an error, selects no column here."""
 
 import torch
 
-from . import const_fold, fake_meta, graph_code
+from . import const_fold, fake_meta, graph_code, ops
 from ._log import log
 from .fake_meta import tensor_val
 from .shapes import is_plain_int
@@ -45,7 +45,7 @@ def _picks(node):
     vb, vi, vs = tensor_val(base), tensor_val(index), tensor_val(src)
     if vb is None or vi is None or vs is None or not isinstance(dim, int) or vi.dtype != torch.int64:
         return None
-    if vb.dim() == 0 or not vb.dim() == vi.dim() == vs.dim() or vs.dtype != vb.dtype:
+    if vb.dim() == 0 or not vb.dim() == vi.dim() == vs.dim() or vs.dtype != vb.dtype or vb.dtype not in ops.DTYPES:
         return None
     dim %= vb.dim()
     shapes = (vb.shape, vi.shape, vs.shape)
