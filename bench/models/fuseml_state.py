@@ -62,3 +62,15 @@ def kernel_states():
 def choices(of_plans):
     """rest="inductor": each graph's form and why (its measured times), in compile order."""
     return [f"{p.which}: {p.choice.why}" for p in of_plans if p.choice is not None]
+
+
+def routed_to_aten(of_plans):
+    """The groups whose first call measured their ATen ops faster than the kernel on the GPU
+    (measured routing), each as "ops: kernel ms, ATen ms": fused work the step does not get."""
+    out = []
+    for p in of_plans:
+        for g in p.groups:
+            m = g.route_measured
+            if m and m[0] == "aten":
+                out.append(f"{' -> '.join(g.op_names)}: kernel {m[1]:.4f} ms, ATen {m[2]:.4f} ms")
+    return out

@@ -260,6 +260,14 @@ def measure_model(args, dev, selected, deadline, save):
                 rows[-1]["untuned_left"] = untuned[mode.name]
             if plans.get(mode.name):
                 rows[-1]["graphs_run_as"] = fuseml_state.paths(plans[mode.name])
+                rows[-1]["routed_to_aten"] = fuseml_state.routed_to_aten(plans[mode.name])
+                if rows[-1]["routed_to_aten"]:
+                    print(
+                        f"run: {args.model}/{args.size} {mode.name} {phase}: "
+                        f"{len(rows[-1]['routed_to_aten'])} group(s) measured slower than ATen: "
+                        f"{rows[-1]['routed_to_aten'][:6]}",
+                        file=sys.stderr,
+                    )
                 if fuseml_state.choices(plans[mode.name]):
                     rows[-1]["forms_chosen"] = fuseml_state.choices(plans[mode.name])
                     print(f"run: {mode.name} {phase}: {rows[-1]['forms_chosen']}", file=sys.stderr)

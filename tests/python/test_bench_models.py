@@ -87,6 +87,8 @@ def test_every_mode_and_phase_has_a_row_in_the_schema(llama_all_modes):
         if r["mode"].startswith("fuseml"):
             # every kernel the step launched was tuned when it was timed (no background tune cut short)
             assert r["untuned_left"] == 0 and r["tune_wait_s"] >= 0, r
+            # no kernel launches on the CPU: no group was measured against its ATen ops
+            assert r.get("routed_to_aten", []) == [], r
         if r["mode"] == "eager":
             assert r["compile_cold_s"] is None
         else:
@@ -297,3 +299,23 @@ def test_charts(llama_all_modes, tmp_path):
     for kind in ("speedup", "breakdown"):
         png = tmp_path / f"{path.stem}-{kind}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_routed_to_aten_lists_the_groups_measured_slower():
+    """fuseml_state.routed_to_aten: each group whose first call measured its ATen ops faster,
+    with both times; groups that kept their kernel, or were never measured, are not listed."""
+    import types
+
+    import torch
+
+    from fuseml.partition import Group, Served
+
+    state = _load("fuseml_state")
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    nodes = [g.call_function(torch.ops.aten.neg.default, (x,)), g.call_function(torch.ops.aten.exp.default, (x,))]
+    slower = Group(0, "pointwise", nodes, served=Served("k" * 64, "tuned", "compiled", ("aten", 0.0123, 0.0045)))
+    kept = Group(1, "pointwise", nodes, served=Served("k" * 64, "tuned", "compiled", ("kernel", 0.002, 0.004)))
+    unmeasured = Group(2, "pointwise", nodes)
+    plan = types.SimpleNamespace(groups=[slower, kept, unmeasured])
+    assert state.routed_to_aten([plan]) == ["neg -> exp: kernel 0.0123 ms, ATen 0.0045 ms"]
