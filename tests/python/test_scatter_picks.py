@@ -38,8 +38,9 @@ def test_topks_backward_is_one_pointwise_kernel(served, partitioned):
     assert picks[0].built.wire["vocab"] == 10
 
 
-def rewrite(base, index, src, dim):
-    """(the rewritten graph's value, scatter's) for one scatter.src over these tensors."""
+def rewrite_only(base, index, src, dim):
+    """(rewrites made, the rewritten graph's value, None) for one scatter.src over these
+    tensors, eager's scatter not run (an index it would refuse)."""
     gm = torch.fx.symbolic_trace(lambda b, i, s: aten.scatter.src(b, dim, i, s))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -51,7 +52,13 @@ def rewrite(base, index, src, dim):
             n.meta["val"] = mode.from_tensor(torch.empty_like(base))
     done = scatter_picks.spell_pick_scatters(gm)
     gm.recompile()
-    return done, gm(base, index, src), base.scatter(dim, index, src)
+    return done, gm(base, index, src), None
+
+
+def rewrite(base, index, src, dim):
+    """(rewrites made, the rewritten graph's value, scatter's) for one scatter.src."""
+    done, got, _ = rewrite_only(base, index, src, dim)
+    return done, got, base.scatter(dim, index, src)
 
 
 def test_nonzero_self_other_dims_and_repeated_picks():
@@ -89,3 +96,14 @@ def test_daemon_accepts_the_picks_kernel(daemon):
     torch.testing.assert_close(grads[0], grads0[0])
     picks = [g for g in kernels(c) if "eq" in g.op_names and "where" in g.op_names]
     assert picks and all(g.key for g in picks), [(g.describe(), g.reason) for g in picks]
+
+
+def test_an_index_outside_the_columns_selects_none():
+    """ATen's scatter reports an index outside [0, E) as an error; the rewrite (documented in
+    scatter_picks.py) writes nothing for it and never reads or writes out of bounds."""
+    base = torch.full((2, 5), 7.0)
+    index = torch.tensor([[1, 9], [-1, 4]])
+    src = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    done, got, _ = rewrite_only(base, index, src, 1)
+    assert done == 1
+    assert torch.equal(got, torch.tensor([[7.0, 1.0, 7.0, 7.0, 7.0], [7.0, 7.0, 7.0, 7.0, 4.0]]))

@@ -43,6 +43,7 @@ from .column_shape import keep_column_shape
 from .embedding_grad import rewrite_embedding_grads
 from .fragment import Unfusable, build
 from .input_updates import batch_input_updates
+from .full_sums import spell_full_sums
 from .gemm_fragment import build_chain, build_gemm
 from .ops import is_batched_gemm
 from .outer_product import spell_outer_products
@@ -51,12 +52,11 @@ from .partition import Served, epilogue_apart, find_groups, split_apart
 from .runtime import GroupRunner
 from .scatter_add import rewrite_index_put_adds
 from .scatter_fragment import build_scatter
+from .scatter_picks import spell_pick_scatters
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
-from .full_sums import spell_full_sums
 from .gather_sink import gather_picks, sink_gathers
 from .split_sink import sink_splits
-from .scatter_picks import spell_pick_scatters
 from .unsort import drop_round_trips
 from .view_sink import sink_views
 

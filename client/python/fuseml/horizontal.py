@@ -79,17 +79,17 @@ def why_not_pair(g, h, pos, producer=lambda b: None):
     producer: the group that makes a value, if any."""
     if g.kind != h.kind or g.kind not in KINDS:
         return "not two pointwise or two rows groups"
+    # the merged group runs where g's first member is, h's inputs (and what they wait on)
+    # pulled ahead and h's values made early: near neighbours only, so that nothing large
+    # moves far or lives much longer (and the partition looks no further back than this)
+    if pos(h.members[0]) - pos(g.members[0]) > MAX_DISTANCE:
+        return "too far apart in the graph"
     if not same_known_shape(g.shape, h.shape):
         return "not of one shape"
     if not (_computes(g) and _computes(h)):
         return "a group of views alone"
     if not sources(g, producer) & sources(h, producer):
         return "they read no value in common"
-    # the merged group runs where g's first member is, h's inputs (and what they wait on)
-    # pulled ahead and h's values made early: near neighbours only, so that nothing large
-    # moves far or lives much longer
-    if pos(h.members[0]) - pos(g.members[0]) > MAX_DISTANCE:
-        return "too far apart in the graph"
     n_in, n_out = _counts(g.members + h.members)
     if n_in > MAX_INPUTS or n_out > MAX_OUTPUTS:
         return "the merged group would have too many inputs or outputs"
