@@ -18,10 +18,12 @@
 
 #define MAX_SOURCE   (1u << 20)
 #define MAX_EPT      64u /* registers per thread per row value */
-/* Elements per thread per tile of a streamed row: 8 independent loads in flight, few
- * registers per value (16 and 32 were slower on an H200: cross-entropy over 32000 and 50257
- * logits, 2026-11-29). */
-#define STREAM_EPT   8u
+/* Elements per thread per tile of a streamed row: 16, two 16-byte loads of a 16-bit row in
+ * flight. With the running max taken element by element, 16 and 32 were slower than 8 on an
+ * H200 (cross-entropy over 32000 and 50257 logits, 2026-11-29); with the tile's max first
+ * (fm_codegen_rows_stream.c) 16 read Llama's 4096 x 32000 logits in 100 us against 112 at 8
+ * (a hand-written copy of the kernel, bench/NOTES.md). */
+#define STREAM_EPT   16u
 /* The default streams a row needing more elements per thread than this at 1024 threads. */
 #define STREAM_ABOVE 16u
 /* Stream candidates for rows longer than this. */
@@ -238,6 +240,13 @@ static void emit_chunk_head(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shap
     fm_strbuf_append(sb, "      {\n");
 }
 
+/* Elements of one access of a dtype-dt row tensor: the whole vector, or 16 bytes of it where
+ * the vector is wider (plan_vec: an f32 row beside 16-bit ones takes two). */
+static uint32_t piece_elems(const shape *s, fm_dtype dt) {
+  const uint32_t size = (uint32_t)fm_dtype_size(dt);
+  return s->vec * size > 16u ? 16u / size : s->vec;
+}
+
 void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape *s, uint32_t k) {
   const fm_cg_plan *p = &rp->base;
   fm_dtype dt = p->t[k].dtype;
@@ -252,15 +261,19 @@ void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const sh
     fm_cg_emit_decode(sb, dt, e);
     fm_strbuf_append(sb, ";\n");
   } else {
-    const char *vt = fm_cg_vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
-    fm_strbuf_printf(sb, "        const %s r = *reinterpret_cast<const %s *>(in%u + b%u + j);\n", vt, vt, k, k);
-    fm_strbuf_printf(sb,
-                     "#pragma unroll\n"
-                     "        for (int e = 0; e < %u; ++e) v%u[c * %u + e] = ",
-                     s->vec, k, s->vec);
-    snprintf(e, sizeof e, "%s(r, e)", fm_cg_get_fn(dt));
-    fm_cg_emit_decode(sb, dt, e);
-    fm_strbuf_append(sb, ";\n");
+    const uint32_t per = piece_elems(s, dt);
+    const char *vt = fm_cg_vec_type(per * (uint32_t)fm_dtype_size(dt));
+    for (uint32_t p0 = 0; p0 < s->vec; p0 += per) {
+      fm_strbuf_printf(sb, "        const %s r%u = *reinterpret_cast<const %s *>(in%u + b%u + j + %u);\n", vt, p0, vt,
+                       k, k, p0);
+      fm_strbuf_printf(sb,
+                       "#pragma unroll\n"
+                       "        for (int e = 0; e < %u; ++e) v%u[c * %u + %u + e] = ",
+                       per, k, s->vec, p0);
+      snprintf(e, sizeof e, "%s(r%u, e)", fm_cg_get_fn(dt), p0);
+      fm_cg_emit_decode(sb, dt, e);
+      fm_strbuf_append(sb, ";\n");
+    }
   }
   /* outside the row: a defined value that no reduction reads and no store writes */
   fm_strbuf_printf(sb, "      }%s\n", s->exact ? "" : " else {");
@@ -386,16 +399,20 @@ void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const s
     fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
     fm_strbuf_append(sb, ";\n");
   } else {
-    const char *vt = fm_cg_vec_type(s->vec * (uint32_t)fm_dtype_size(dt));
-    fm_strbuf_printf(sb, "        %s w = %s;\n", vt,
-                     !strcmp(vt, "uint4")   ? "make_uint4(0u, 0u, 0u, 0u)"
-                     : !strcmp(vt, "uint2") ? "make_uint2(0u, 0u)"
-                                            : "0");
-    fm_strbuf_printf(sb, "#pragma unroll\n        for (int e = 0; e < %u; ++e) %s(w, e, ", s->vec, fm_cg_put_fn(dt));
-    snprintf(v, sizeof v, "v%u[c * %u + e]", pos, s->vec);
-    fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
-    fm_strbuf_append(sb, ");\n");
-    fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + b%u + j) = w;\n", vt, k, t);
+    const uint32_t per = piece_elems(s, dt);
+    const char *vt = fm_cg_vec_type(per * (uint32_t)fm_dtype_size(dt));
+    for (uint32_t p0 = 0; p0 < s->vec; p0 += per) {
+      fm_strbuf_printf(sb, "        %s w%u = %s;\n", vt, p0,
+                       !strcmp(vt, "uint4")   ? "make_uint4(0u, 0u, 0u, 0u)"
+                       : !strcmp(vt, "uint2") ? "make_uint2(0u, 0u)"
+                                              : "0");
+      fm_strbuf_printf(sb, "#pragma unroll\n        for (int e = 0; e < %u; ++e) %s(w%u, e, ", per, fm_cg_put_fn(dt),
+                       p0);
+      snprintf(v, sizeof v, "v%u[c * %u + %u + e]", pos, s->vec, p0);
+      fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
+      fm_strbuf_append(sb, ");\n");
+      fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + b%u + j + %u) = w%u;\n", vt, k, t, p0, p0);
+    }
   }
   fm_strbuf_append(sb, "      }\n    }\n");
 }

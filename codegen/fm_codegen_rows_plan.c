@@ -10,7 +10,8 @@
 
 #include "fm_codegen_rows.h"
 
-#define WIDEST_BYTES 16u
+#define WIDEST_BYTES 16u /* one access: a uint4 */
+#define MOST_PIECES  2u  /* accesses a tensor may take for one vector (an f32 row beside bf16 ones) */
 
 static int find_value(const uint32_t *ids, uint32_t limit, uint32_t id) {
   for (uint32_t k = limit; k-- > 0;)
@@ -120,20 +121,30 @@ static int plan_shape(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
   return FM_OK;
 }
 
-/* The widest V (elements) every live row tensor allows: V * size <= 16 bytes, V divides N
- * (so a vector is wholly inside the row or wholly outside), the base alignment and every
- * leading stride keep each row's start aligned, and the row is contiguous. */
+/* The widest V (elements) every live row tensor allows: V * size <= 16 bytes for the narrowest
+ * (one uint4) and at most two of them for any other (an f32 row beside bf16 ones: cross-
+ * entropy's column indices beside its logits read 16 bytes of logits a load where they read 8),
+ * V divides N (so a vector is wholly inside the row or wholly outside), the base alignment and
+ * every leading stride keep each access aligned, and the row is contiguous. */
 static uint32_t plan_vec(const fm_cg_rows_plan *rp) {
   const fm_cg_plan *p = &rp->base;
-  uint32_t v = 16;
+  uint32_t v = 16, narrowest = 8;
   if (rp->n == 1) return 1; /* no tensor has a row to vectorize */
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    const fm_cg_tensor *t = &p->t[k];
+    if (!rp->row_t[k] || (k < p->n_in && !p->live[k])) continue;
+    uint32_t size = (uint32_t)fm_dtype_size(t->dtype);
+    if (size < narrowest) narrowest = size;
+  }
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_cg_tensor *t = &p->t[k];
     if (!rp->row_t[k] || (k < p->n_in && !p->live[k])) continue;
     uint32_t size = (uint32_t)fm_dtype_size(t->dtype);
     if (t->es[rp->rank - 1] != 1) return 1;
     while (v > 1) {
-      int ok = v * size <= WIDEST_BYTES && rp->n % v == 0 && t->align >= v * size;
+      uint32_t bytes = v * size, access = bytes < WIDEST_BYTES ? bytes : WIDEST_BYTES;
+      int ok =
+          v * narrowest <= WIDEST_BYTES && bytes <= MOST_PIECES * WIDEST_BYTES && rp->n % v == 0 && t->align >= access;
       for (uint32_t g = 0; ok && g + 1 < rp->rank; g++) ok = t->es[g] % v == 0;
       if (ok) break;
       v >>= 1;

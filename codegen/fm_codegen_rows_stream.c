@@ -15,10 +15,10 @@
  * A sum of exp(x - amax(x)) (softmax's, log_softmax's, cross-entropy's denominator) would be
  * level 2, a second pass; it is accumulated in the amax's pass instead, as an *online* pair
  * (the online normaliser of Milakov and Gimelshein, 2018): each thread keeps its running
- * max m and s = sum exp(x - m), rescaling s when m grows, with one exp per element:
- *   d = x - m;  e = exp(-|d|);  s = d > 0 ? s * e + 1 : s + e;  m = max(m, x)
- * and the block combines them as S = sum_t s_t * exp(m_t - M) after M = max_t m_t. A thread
- * that met only -inf keeps m = -inf (d is taken as 0 where x == m, so no inf - inf), and
+ * max m and s = sum exp(x - m), and per tile takes the tile's max t = max(m, x...) first,
+ * then s = s * exp(m - t) + sum exp(x - t) and m = t: one exp an element and one a tile.
+ * The block combines them as S = sum_t s_t * exp(m_t - M) after M = max_t m_t. A thread
+ * that met only -inf keeps m = -inf and s = 0 (its tiles shift by 0, so no inf - inf), and
  * its count vanishes in exp(-inf - M) unless the whole row is -inf, where, as in the two-pass
  * form, the sum is NaN (exp(-inf - -inf)); an inf in the row makes it NaN the same way.
  * Cross-entropy's forward thus reads its row once; log_softmax (amax and sum; x - max - log
@@ -125,6 +125,40 @@ static int stored_early(const fm_cg_plan *p, const uint32_t *level, uint32_t top
   return top > 0 && p->rowval[pos] && level[pos] == 0;
 }
 
+/* "for each element i of this thread's tile inside the row: <statement>" */
+static void emit_each_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, const char *stmt) {
+  fm_strbuf_printf(sb, "#pragma unroll\n      for (int i = 0; i < %u; ++i)\n        if (", s->ept);
+  fm_cg_rows_emit_valid(sb, rp, s, "i");
+  fm_strbuf_printf(sb, ") %s\n", stmt);
+}
+
+/* One tile's update of an online pair (sum S at pos, amax M at m, of x): the tile's max first,
+ * then one exp an element against it and one rescale of the running sum, so that no element
+ * waits on the previous one's max (the per-element form's dependent chain and selects made
+ * the pass issue-bound: 1.7 TB/s on Llama's 4096 x 32000 logits). A tile that is -inf so far
+ * shifts by 0, where exp(-inf) is 0 and the running sum stays 0; a NaN or +inf in the tile
+ * makes the shift and so the sum NaN, as the two-pass form does. */
+static void emit_online_tile(fm_strbuf *sb, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s, uint32_t pos,
+                             uint32_t m, uint32_t x) {
+  char stmt[96];
+  fm_strbuf_printf(sb,
+                   "    {  /* online: the tile's max, then the sum of exp(x - max) rescaled once */\n"
+                   "      float fm_tm = fm_a%u;\n",
+                   m);
+  snprintf(stmt, sizeof stmt, "fm_tm = fm_maximum(fm_tm, v%u[i]);", x);
+  emit_each_valid(sb, rp, s, stmt);
+  fm_strbuf_append(sb,
+                   "      const float fm_sh = fm_tm == __int_as_float(0xff800000) ? 0.0f : fm_tm;\n"
+                   "      float fm_ts = 0.0f;\n");
+  snprintf(stmt, sizeof stmt, "fm_ts += fm_exp(v%u[i] - fm_sh);", x);
+  emit_each_valid(sb, rp, s, stmt);
+  fm_strbuf_printf(sb,
+                   "      fm_a%u = fmaf(fm_a%u, fm_exp(fm_a%u - fm_sh), fm_ts);\n"
+                   "      fm_a%u = fm_tm;\n"
+                   "    }\n",
+                   pos, pos, m, m);
+}
+
 /* Pass l: every live reduction of level l, accumulated over the tiles, then across the block. */
 static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_rows_plan *rp, const fm_cg_rows_shape *s,
                              const uint32_t *level, const uint32_t *pair, uint32_t l, uint8_t *targets, uint8_t *need) {
@@ -150,18 +184,13 @@ static void emit_reduce_pass(fm_strbuf *sb, const fm_fragment *f, const fm_cg_ro
     uint32_t pos = p->n_in + i, x = reduced_value(p, i, pair), m = pair[pos];
     if (!p->live[pos] || level[pos] != l || fm_op_kind(f->ops[i].op) != FM_OPK_REDUCE) continue;
     if (m > pos) continue; /* an amax its online sum updates */
+    if (m) {
+      emit_online_tile(sb, rp, s, pos, m, x);
+      continue;
+    }
     fm_strbuf_printf(sb, "#pragma unroll\n    for (int i = 0; i < %u; ++i)\n      if (", s->ept);
     fm_cg_rows_emit_valid(sb, rp, s, "i");
-    if (m)
-      fm_strbuf_printf(sb,
-                       ") {  /* online: the sum of exp(x - running max) */\n"
-                       "        const float d = v%u[i] == fm_a%u ? 0.0f : v%u[i] - fm_a%u;\n"
-                       "        const float e = fm_exp(-fabsf(d));\n"
-                       "        fm_a%u = d > 0.0f ? fmaf(fm_a%u, e, 1.0f) : fm_a%u + e;\n"
-                       "        fm_a%u = fm_maximum(fm_a%u, v%u[i]);\n"
-                       "      }\n",
-                       x, m, x, m, pos, pos, pos, m, m, x);
-    else if (f->ops[i].op == FM_OP_AMAX)
+    if (f->ops[i].op == FM_OP_AMAX)
       fm_strbuf_printf(sb, ") fm_a%u = fm_maximum(fm_a%u, v%u[i]);\n", pos, pos, x);
     else
       fm_strbuf_printf(sb, ") fm_a%u += v%u[i];\n", pos, x);

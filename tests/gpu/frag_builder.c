@@ -96,6 +96,15 @@ uint32_t fb_where(fb *b, uint32_t cond, uint32_t a, uint32_t c) {
   return o->out;
 }
 
+uint32_t fb_cat(fb *b, uint32_t a, uint32_t c, int32_t dim) {
+  fm_opnode *o = new_op(b, FM_OP_CAT, promote(dt_of(b, a), dt_of(b, c)));
+  o->nargs = 2;
+  o->args[0] = a;
+  o->args[1] = c;
+  o->dim = dim;
+  return o->out;
+}
+
 uint32_t fb_cast(fb *b, uint32_t a, fm_dtype dt) {
   fm_opnode *o = new_op(b, FM_OP_CAST, dt);
   o->nargs = 1;

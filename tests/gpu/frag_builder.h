@@ -21,6 +21,8 @@ uint32_t fb_op1(fb *b, fm_op op, uint32_t a);
 uint32_t fb_op2(fb *b, fm_op op, uint32_t a, uint32_t c);
 uint32_t fb_where(fb *b, uint32_t cond, uint32_t a, uint32_t c);
 uint32_t fb_cast(fb *b, uint32_t a, fm_dtype dt);
+/* cat([a, c], dim) (vocabulary 6; the caller sets b->f.vocab): the promoted dtype. */
+uint32_t fb_cat(fb *b, uint32_t a, uint32_t c, int32_t dim);
 /* Adds an output storing value v, dense, with the iteration shape. */
 void fb_output(fb *b, uint32_t v, uint32_t rank, const int64_t *shape);
 

@@ -298,6 +298,50 @@ static void fixed_cases(gu_rng *r) {
   }
 }
 
+/* Rotary embeddings over x [-1, 16, 64] (rows padded to 72: a strided view): x * cos +
+ * cat([-x2, x1], -1) * sin, cos and sin [-1, 1, 64] broadcast over the heads, in cos's dtype
+ * (f32 cos and sin beside bf16 x: a unit of 8 reads two 16-byte vectors of each), the output
+ * cast to x's; x's last-dim stride `step` (2: read element by element). */
+static void rope_case(gu_rng *r, fm_dtype xdt, fm_dtype csdt, int64_t step, int64_t outer) {
+  fb b;
+  fb_init(&b);
+  b.f.vocab = 6;
+  int64_t half[3] = {FM_DIM_SYMBOLIC, 16, 32}, full[3] = {FM_DIM_SYMBOLIC, 16, 64}, cs[3] = {FM_DIM_SYMBOLIC, 1, 64};
+  int64_t xs[3] = {16 * 72 * step, 72 * step, step};
+  uint32_t x1 = fb_input(&b, xdt, 3, half, xs, 16), x2 = fb_input(&b, xdt, 3, half, xs, 16);
+  uint32_t x = fb_input(&b, xdt, 3, full, xs, 16);
+  uint32_t c = fb_input(&b, csdt, 3, cs, NULL, 16), s = fb_input(&b, csdt, 3, cs, NULL, 16);
+  uint32_t rot = fb_cat(&b, fb_op1(&b, FM_OP_NEG, x2), x1, -1);
+  uint32_t y = fb_op2(&b, FM_OP_ADD, fb_op2(&b, FM_OP_MUL, x, c), fb_op2(&b, FM_OP_MUL, rot, s));
+  if (b.dt[y - 100] != xdt) y = fb_cast(&b, y, xdt);
+  fb_output(&b, y, 3, full);
+  char name[96];
+  snprintf(name, sizeof name, "rope_units[%s x, %s cos, step %" PRId64 ", %" PRId64 " x 16 x 64]", fm_dtype_name(xdt),
+           fm_dtype_name(csdt), step, outer);
+  run_case(name, &b, outer, r, 0);
+}
+
+/* A gradient padded for a GEMM at a multiple of the unit: cat([x [-1, 48], z [-1, 16]], -1). */
+static void pad_case(gu_rng *r) {
+  fb b;
+  fb_init(&b);
+  b.f.vocab = 6;
+  int64_t sx[2] = {FM_DIM_SYMBOLIC, 48}, sz[2] = {FM_DIM_SYMBOLIC, 16}, so[2] = {FM_DIM_SYMBOLIC, 64};
+  uint32_t x = fb_input(&b, FM_DT_BF16, 2, sx, NULL, 16), z = fb_input(&b, FM_DT_BF16, 2, sz, NULL, 16);
+  fb_output(&b, fb_cat(&b, x, z, 1), 2, so);
+  run_case("pad_units[bf16 -1 x 48 + 16]", &b, 1001, r, 0);
+}
+
+/* Cat fragments whose units never straddle a branch (codegen's unit form) and one that is
+ * read element by element. */
+static void cat_cases(gu_rng *r) {
+  rope_case(r, FM_DT_BF16, FM_DT_BF16, 1, 37);
+  rope_case(r, FM_DT_BF16, FM_DT_F32, 1, 9);
+  rope_case(r, FM_DT_F32, FM_DT_F32, 1, 5);
+  rope_case(r, FM_DT_F16, FM_DT_F16, 2, 7);
+  pad_case(r);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s SOCKET [N_RANDOM] [SEED]\n", argv[0]);
@@ -317,6 +361,7 @@ int main(int argc, char **argv) {
   printf("seed %" PRIu64 "\n", seed);
   gu_rng r = {seed | 1};
   fixed_cases(&r);
+  cat_cases(&r);
   for (int i = 0; i < n_random; i++) random_case(&r, i);
   fm_client_close(client);
   printf("%d passed, %d failed\n", passed, failed);

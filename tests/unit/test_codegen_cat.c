@@ -18,13 +18,13 @@ static fm_fragment raw, canon;
 
 static void set_dim(fm_fragment *f, int32_t dim) { f->ops[f->n_ops - 1].dim = dim; }
 
-/* RoPE over x [-1, H, D] f32: out = x * cos + cat([-x2, x1], -1) * sin, x1 and x2 views of
- * x's halves, cos and sin [-1, 1, D] (broadcast over H). */
+/* RoPE over x [-1, H, d] f32: out = x * cos + cat([-x2, x1], -1) * sin, x1 and x2 views of
+ * x's halves, cos and sin [-1, 1, d] (broadcast over H). */
 #define H 3
 #define D 8
-static void rope(fm_dtype dt) {
-  int64_t half[3] = {-1, H, D / 2}, full[3] = {-1, H, D}, cs[3] = {-1, 1, D};
-  int64_t xs[3] = {H * D, D, 1};
+static void rope_d(fm_dtype dt, int64_t d) {
+  int64_t half[3] = {-1, H, d / 2}, full[3] = {-1, H, d}, cs[3] = {-1, 1, d};
+  int64_t xs[3] = {H * d, d, 1};
   tf_init(&raw);
   raw.vocab = 6;
   tf_input(&raw, 0, dt, 3, half, xs, 16);   /* x1 = x[..., :D/2] */
@@ -40,6 +40,8 @@ static void rope(fm_dtype dt) {
   tf_op(&raw, FM_OP_ADD, 9, 2, 7, 8, 0);
   tf_output(&raw, 9, dt, 3, full, NULL, 16);
 }
+
+static void rope(fm_dtype dt) { rope_d(dt, D); }
 
 static void test_reference_rope(void) {
   enum { B = 2, N = B * H * D };
@@ -185,6 +187,41 @@ static void test_compiles(void) {
   }
 }
 
+/* Heads of 64 in bf16: units of 8 never straddle the cat at 32, so a unit's values are register
+ * arrays, its branch taken once and each input read once: x and the rotated half as 16-byte
+ * vectors, cos and sin too (contiguous along the last dim, broadcast over the heads). Golden,
+ * and every candidate compiles. */
+static void test_rope_units(void) {
+  rope_d(FM_DT_BF16, 64);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  char *src = NULL;
+  fm_kernel_meta m;
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
+  CHECK(src && tf_golden("pointwise_cat_rope_units", src));
+  CHECK(src && strstr(src, "const long long cl") == NULL); /* no element-wise load */
+  for (int k = 0; k < 5; k++) {
+    char load[64];
+    snprintf(load, sizeof load, "reinterpret_cast<const uint4 *>(in%d + ", k);
+    CHECK(src && strstr(src, load));
+  }
+  CHECK(src && strstr(src, "if (c2 < 32LL)"));
+  free(src);
+  int compiled = 0;
+  CHECK_EQ_INT(tf_compile_candidates(&canon, "cat rope units", &compiled), 0);
+  CHECK(compiled > 0);
+  /* a stride-2 x is read element by element, in the same form */
+  const int64_t xs[3] = {H * 128, 128, 2};
+  raw.inputs[0].strides[0] = raw.inputs[1].strides[0] = raw.inputs[2].strides[0] = xs[0];
+  raw.inputs[0].strides[1] = raw.inputs[1].strides[1] = raw.inputs[2].strides[1] = xs[1];
+  raw.inputs[0].strides[2] = raw.inputs[1].strides[2] = raw.inputs[2].strides[2] = xs[2];
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
+  CHECK(src && strstr(src, "const long long cl = c2 + q;"));
+  CHECK(src && strstr(src, "reinterpret_cast<const uint4 *>(in3 + "));
+  free(src);
+}
+
 /* A gradient padded for a GEMM: cat([x, zeros], -1), x [-1, 13] bf16 (odd rows), zeros
  * [-1, 3], into [-1, 16] rows. */
 static void pad_rows(int64_t cols_out) {
@@ -249,6 +286,7 @@ int main(void) {
   RUN(test_reference_three_middle);
   RUN(test_reference_computed);
   RUN(test_compiles);
+  RUN(test_rope_units);
   RUN(test_pad_vectorised);
   RUN(test_cost);
   return FM_TEST_DONE();

@@ -1,4 +1,4 @@
-/* fusemld codegen v37: rows kernel, a block streaming per row, block 256, rows of 32000, vec 4, 8 elements per thread.
+/* fusemld codegen v38: rows kernel, a block streaming per row, block 256, rows of 32000, vec 8, 16 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -25,11 +25,18 @@ __device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
 __device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
 __device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
 /* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+/* max.NaN/min.NaN (sm_80+, every target): one instruction where the (a != a) ? a : ...
+ * form took five, which made a row's running max the issue-bound part of a streamed
+ * cross-entropy. A NaN operand gives the canonical NaN. */
 __device__ __forceinline__ float fm_maximum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_minimum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
 /* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is
@@ -177,7 +184,7 @@ __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_rows_v37(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v38(
     const unsigned short *__restrict__ in0,
     const float *__restrict__ in1,
     const float *__restrict__ in2,
@@ -206,53 +213,61 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v37(
     float fm_a7 = 0.0f;
     float fm_a13 = 0.0f;
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 32000LL; fm_t0 += 2048LL) {
-    float v0[8];
+    for (long long fm_t0 = 0; fm_t0 < 32000LL; fm_t0 += 4096LL) {
+    float v0[16];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const long long j = fm_t0 + ((long long)c * 256 + lane) * 4;
+      const long long j = fm_t0 + ((long long)c * 256 + lane) * 8;
       if (j < 32000LL) {
-        const uint2 r = *reinterpret_cast<const uint2 *>(in0 + b0 + j);
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in0 + b0 + j + 0);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v0[c * 4 + e] = fm_bf16_to_f32(fm_get_u16(r, e));
+        for (int e = 0; e < 8; ++e) v0[c * 8 + 0 + e] = fm_bf16_to_f32(fm_get_u16(r0, e));
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v0[c * 4 + e] = 0;
+        for (int e = 0; e < 8; ++e) v0[c * 8 + e] = 0;
       }
     }
-    float v1[8];
+    float v1[16];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const long long j = fm_t0 + ((long long)c * 256 + lane) * 4;
+      const long long j = fm_t0 + ((long long)c * 256 + lane) * 8;
       if (j < 32000LL) {
-        const uint4 r = *reinterpret_cast<const uint4 *>(in1 + b1 + j);
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in1 + b1 + j + 0);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v1[c * 4 + e] = fm_get_f32(r, e);
+        for (int e = 0; e < 4; ++e) v1[c * 8 + 0 + e] = fm_get_f32(r0, e);
+        const uint4 r4 = *reinterpret_cast<const uint4 *>(in1 + b1 + j + 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v1[c * 8 + 4 + e] = fm_get_f32(r4, e);
       } else {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v1[c * 4 + e] = 0;
+        for (int e = 0; e < 8; ++e) v1[c * 8 + e] = 0;
       }
     }
-    float v3[8];
+    float v3[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v3[i] = v0[i];  /* cast */
-    bool v10[8];
+    for (int i = 0; i < 16; ++i) v3[i] = v0[i];  /* cast */
+    bool v10[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v10[i] = (v1[i] == v2);  /* eq */
-    float v12[8];
+    for (int i = 0; i < 16; ++i) v10[i] = (v1[i] == v2);  /* eq */
+    float v12[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v12[i] = (v10[i] ? v3[i] : v11);  /* where */
+    for (int i = 0; i < 16; ++i) v12[i] = (v10[i] ? v3[i] : v11);  /* where */
+    {  /* online: the tile's max, then the sum of exp(x - max) rescaled once */
+      float fm_tm = fm_a4;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + (i / 4 * 256 + lane) * 4 < 32000)) {  /* online: the sum of exp(x - running max) */
-        const float d = v3[i] == fm_a4 ? 0.0f : v3[i] - fm_a4;
-        const float e = fm_exp(-fabsf(d));
-        fm_a7 = d > 0.0f ? fmaf(fm_a7, e, 1.0f) : fm_a7 + e;
-        fm_a4 = fm_maximum(fm_a4, v3[i]);
-      }
+      for (int i = 0; i < 16; ++i)
+        if ((fm_t0 + (i / 8 * 256 + lane) * 8 < 32000)) fm_tm = fm_maximum(fm_tm, v3[i]);
+      const float fm_sh = fm_tm == __int_as_float(0xff800000) ? 0.0f : fm_tm;
+      float fm_ts = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + (i / 4 * 256 + lane) * 4 < 32000)) fm_a13 += v12[i];
+      for (int i = 0; i < 16; ++i)
+        if ((fm_t0 + (i / 8 * 256 + lane) * 8 < 32000)) fm_ts += fm_exp(v3[i] - fm_sh);
+      fm_a7 = fmaf(fm_a7, fm_exp(fm_a4 - fm_sh), fm_ts);
+      fm_a4 = fm_tm;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if ((fm_t0 + (i / 8 * 256 + lane) * 8 < 32000)) fm_a13 += v12[i];
     }
     const float v4 = fm_row_max(fm_a4, fm_red, fm_par);  /* amax */
     const float v7 = fm_row_sum(fm_a7 * fm_exp(fm_a4 - v4), fm_red, fm_par);  /* online sum */

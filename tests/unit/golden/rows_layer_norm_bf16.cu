@@ -1,4 +1,4 @@
-/* fusemld codegen v37: rows kernel, a block per row, block 128, rows of 4096, vec 8, 32 elements per thread.
+/* fusemld codegen v38: rows kernel, a block per row, block 128, rows of 4096, vec 8, 32 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
@@ -25,11 +25,18 @@ __device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
 __device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
 __device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
 /* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+/* max.NaN/min.NaN (sm_80+, every target): one instruction where the (a != a) ? a : ...
+ * form took five, which made a row's running max the issue-bound part of a streamed
+ * cross-entropy. A NaN operand gives the canonical NaN. */
 __device__ __forceinline__ float fm_maximum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_minimum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
 /* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is
@@ -233,7 +240,7 @@ __device__ __forceinline__ fm_msum fm_row_msum(fm_msum x, float k, float *red, i
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(128) fm_rows_v37(
+extern "C" __global__ void __launch_bounds__(128) fm_rows_v38(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,
@@ -258,9 +265,9 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v37(
     for (int c = 0; c < 4; ++c) {
       const long long j = ((long long)c * 128 + lane) * 8;
       {
-        const uint4 r = *reinterpret_cast<const uint4 *>(in0 + b0 + j);
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in0 + b0 + j + 0);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v0[c * 8 + e] = fm_bf16_to_f32(fm_get_u16(r, e));
+        for (int e = 0; e < 8; ++e) v0[c * 8 + 0 + e] = fm_bf16_to_f32(fm_get_u16(r0, e));
       }
     }
     float v1[32];
@@ -268,9 +275,9 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v37(
     for (int c = 0; c < 4; ++c) {
       const long long j = ((long long)c * 128 + lane) * 8;
       {
-        const uint4 r = *reinterpret_cast<const uint4 *>(in1 + b1 + j);
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in1 + b1 + j + 0);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v1[c * 8 + e] = fm_bf16_to_f32(fm_get_u16(r, e));
+        for (int e = 0; e < 8; ++e) v1[c * 8 + 0 + e] = fm_bf16_to_f32(fm_get_u16(r0, e));
       }
     }
     float v2[32];
@@ -278,9 +285,9 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v37(
     for (int c = 0; c < 4; ++c) {
       const long long j = ((long long)c * 128 + lane) * 8;
       {
-        const uint4 r = *reinterpret_cast<const uint4 *>(in2 + b2 + j);
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in2 + b2 + j + 0);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) v2[c * 8 + e] = fm_bf16_to_f32(fm_get_u16(r, e));
+        for (int e = 0; e < 8; ++e) v2[c * 8 + 0 + e] = fm_bf16_to_f32(fm_get_u16(r0, e));
       }
     }
     /* 2. the ops, in fp32 registers */
@@ -327,10 +334,10 @@ extern "C" __global__ void __launch_bounds__(128) fm_rows_v37(
     for (int c = 0; c < 4; ++c) {
       const long long j = ((long long)c * 128 + lane) * 8;
       {
-        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        uint4 w0 = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) fm_put_u16(w, e, fm_f32_to_bf16(v11[c * 8 + e]));
-        *reinterpret_cast<uint4 *>(out0 + b3 + j) = w;
+        for (int e = 0; e < 8; ++e) fm_put_u16(w0, e, fm_f32_to_bf16(v11[c * 8 + 0 + e]));
+        *reinterpret_cast<uint4 *>(out0 + b3 + j + 0) = w0;
       }
     }
   }

@@ -1,4 +1,4 @@
-/* fusemld codegen v37: rows kernel, a block streaming per row, block 1024, rows of 50257, vec 1, 8 elements per thread.
+/* fusemld codegen v38: rows kernel, a block streaming per row, block 1024, rows of 50257, vec 1, 16 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -25,11 +25,18 @@ __device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
 __device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
 __device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
 /* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+/* max.NaN/min.NaN (sm_80+, every target): one instruction where the (a != a) ? a : ...
+ * form took five, which made a row's running max the issue-bound part of a streamed
+ * cross-entropy. A NaN operand gives the canonical NaN. */
 __device__ __forceinline__ float fm_maximum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_minimum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
 /* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is
@@ -177,7 +184,7 @@ __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(1024) fm_rows_v37(
+extern "C" __global__ void __launch_bounds__(1024) fm_rows_v38(
     const unsigned short *__restrict__ in0,
     float *__restrict__ out0,
     long long outer) {
@@ -197,10 +204,10 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v37(
     float fm_a2 = __int_as_float(0xff800000);
     float fm_a5 = 0.0f;
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 8192LL) {
-    float v0[8];
+    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 16384LL) {
+    float v0[16];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < 16; ++c) {
       const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
       if (j < 50257LL) {
         v0[c] = fm_bf16_to_f32(in0[b0 + j]);
@@ -208,27 +215,32 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v37(
         v0[c] = 0;
       }
     }
-    float v1[8];
+    float v1[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v1[i] = v0[i];  /* cast */
+    for (int i = 0; i < 16; ++i) v1[i] = v0[i];  /* cast */
+    {  /* online: the tile's max, then the sum of exp(x - max) rescaled once */
+      float fm_tm = fm_a2;
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      if ((fm_t0 + i * 1024 + lane < 50257)) {  /* online: the sum of exp(x - running max) */
-        const float d = v1[i] == fm_a2 ? 0.0f : v1[i] - fm_a2;
-        const float e = fm_exp(-fabsf(d));
-        fm_a5 = d > 0.0f ? fmaf(fm_a5, e, 1.0f) : fm_a5 + e;
-        fm_a2 = fm_maximum(fm_a2, v1[i]);
-      }
+      for (int i = 0; i < 16; ++i)
+        if ((fm_t0 + i * 1024 + lane < 50257)) fm_tm = fm_maximum(fm_tm, v1[i]);
+      const float fm_sh = fm_tm == __int_as_float(0xff800000) ? 0.0f : fm_tm;
+      float fm_ts = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if ((fm_t0 + i * 1024 + lane < 50257)) fm_ts += fm_exp(v1[i] - fm_sh);
+      fm_a5 = fmaf(fm_a5, fm_exp(fm_a2 - fm_sh), fm_ts);
+      fm_a2 = fm_tm;
+    }
     }
     const float v2 = fm_row_max(fm_a2, fm_red, fm_par);  /* amax */
     const float v5 = fm_row_sum(fm_a5 * fm_exp(fm_a2 - v2), fm_red, fm_par);  /* online sum */
     const float v6 = logf(v5);  /* log */
     /* the last pass: the row outputs, tile by tile */
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 8192LL) {
-    float v0[8];
+    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 16384LL) {
+    float v0[16];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < 16; ++c) {
       const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
       if (j < 50257LL) {
         v0[c] = fm_bf16_to_f32(in0[b0 + j]);
@@ -236,17 +248,17 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v37(
         v0[c] = 0;
       }
     }
-    float v1[8];
+    float v1[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v1[i] = v0[i];  /* cast */
-    float v3[8];
+    for (int i = 0; i < 16; ++i) v1[i] = v0[i];  /* cast */
+    float v3[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v3[i] = (v1[i] - v2);  /* sub */
-    float v7[8];
+    for (int i = 0; i < 16; ++i) v3[i] = (v1[i] - v2);  /* sub */
+    float v7[16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v7[i] = (v3[i] - v6);  /* sub */
+    for (int i = 0; i < 16; ++i) v7[i] = (v3[i] - v6);  /* sub */
 #pragma unroll
-    for (int c = 0; c < 8; ++c) {
+    for (int c = 0; c < 16; ++c) {
       const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
       if (j < 50257LL) {
         out0[b1 + j] = v7[c];

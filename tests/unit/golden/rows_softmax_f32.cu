@@ -1,4 +1,4 @@
-/* fusemld codegen v37: rows kernel, a warp per row, block 256, rows of 1000, vec 4, 32 elements per thread.
+/* fusemld codegen v38: rows kernel, a warp per row, block 256, rows of 1000, vec 4, 32 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 0
@@ -25,11 +25,18 @@ __device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
 __device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
 __device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
 /* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+/* max.NaN/min.NaN (sm_80+, every target): one instruction where the (a != a) ? a : ...
+ * form took five, which made a row's running max the issue-bound part of a streamed
+ * cross-entropy. A NaN operand gives the canonical NaN. */
 __device__ __forceinline__ float fm_maximum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_minimum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
 /* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is
@@ -157,7 +164,7 @@ __device__ __forceinline__ float fm_warp_max(float x) {
 __device__ __forceinline__ float fm_row_sum(float x, float *, int &) { return fm_warp_sum(x); }
 __device__ __forceinline__ float fm_row_max(float x, float *, int &) { return fm_warp_max(x); }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_rows_v37(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v38(
     const float *__restrict__ in0,
     float *__restrict__ out0,
     long long outer) {
@@ -179,9 +186,9 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v37(
     for (int c = 0; c < 8; ++c) {
       const long long j = ((long long)c * 32 + lane) * 4;
       if (j < 1000LL) {
-        const uint4 r = *reinterpret_cast<const uint4 *>(in0 + b0 + j);
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in0 + b0 + j + 0);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v0[c * 4 + e] = fm_get_f32(r, e);
+        for (int e = 0; e < 4; ++e) v0[c * 4 + 0 + e] = fm_get_f32(r0, e);
       } else {
 #pragma unroll
         for (int e = 0; e < 4; ++e) v0[c * 4 + e] = 0;
@@ -218,10 +225,10 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v37(
     for (int c = 0; c < 8; ++c) {
       const long long j = ((long long)c * 32 + lane) * 4;
       if (j < 1000LL) {
-        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        uint4 w0 = make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) fm_put_f32(w, e, v5[c * 4 + e]);
-        *reinterpret_cast<uint4 *>(out0 + b1 + j) = w;
+        for (int e = 0; e < 4; ++e) fm_put_f32(w0, e, v5[c * 4 + 0 + e]);
+        *reinterpret_cast<uint4 *>(out0 + b1 + j + 0) = w0;
       }
     }
   }

@@ -23,11 +23,18 @@ __device__ __forceinline__ unsigned short fm_f32_to_f16(float f) {
 __device__ __forceinline__ float fm_round_bf16(float x) { return fm_bf16_to_f32(fm_f32_to_bf16(x)); }
 __device__ __forceinline__ float fm_round_f16(float x) { return fm_f16_to_f32(fm_f32_to_f16(x)); }
 /* ---- prelude: ops (fp32; NaN propagates like torch) ---- */
+/* max.NaN/min.NaN (sm_80+, every target): one instruction where the (a != a) ? a : ...
+ * form took five, which made a row's running max the issue-bound part of a streamed
+ * cross-entropy. A NaN operand gives the canonical NaN. */
 __device__ __forceinline__ float fm_maximum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fmaxf(a, b);
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_minimum(float a, float b) {
-  return (a != a) ? a : (b != b) ? b : fminf(a, b);
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 __device__ __forceinline__ float fm_relu(float x) { return (x != x) ? x : fmaxf(x, 0.0f); }
 /* Transcendentals and division. FM_FAST_MATH is 1 when any float input or output is
