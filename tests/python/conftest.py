@@ -55,6 +55,7 @@ def dead_socket(monkeypatch, tmp_path):
 
 class Daemon:
     def __init__(self, exe, tmp, extra=()):
+        self.exe = exe
         self.socket = os.path.join(tmp, "fusemld.sock")
         self.db = os.path.join(tmp, "kernels.db")
         self.log = open(os.path.join(tmp, "fusemld.log"), "wb")

@@ -2,10 +2,12 @@
 (rotate_half's cat of slices, cos and sin broadcast over the heads) become one pointwise
 group in the forward graph and one in the backward (autograd's slice_backward pair is
 spelled as a cat), results as eager's, in a tiny Hugging Face Llama too; what cannot be
-spelled stays ATen; a real fusemld (compile-only here) accepts the fragments; explain() shows
-the groups."""
+spelled stays ATen; a real fusemld (compile-only here) accepts the fragments, and its kernels
+for heads of 64 read whole vectors; explain() shows the groups."""
 
 import io
+import os
+import subprocess
 
 import pytest
 import torch
@@ -154,6 +156,35 @@ def test_daemon_accepts_rope_and_explain_shows_it(daemon):
     text = buf.getvalue()
     assert "mul -> neg -> cat -> mul -> add" in text, text
     assert sum("cat" in r["ops"] for r in rows) == 2
+
+
+def _fusectl(daemon):
+    """The fusectl built beside the daemon under test, or None."""
+    exe = os.path.join(os.path.dirname(os.path.dirname(daemon.exe)), "client", "fusectl")
+    return exe if os.access(exe, os.X_OK) else None
+
+
+def test_rope_kernels_read_whole_vectors(daemon):
+    """Heads of 64 (Llama's) in bf16: the daemon's kernels for the rotary groups take each cat's
+    branch once per 8-element unit and read every input as 16-byte vectors (codegen's unit form;
+    element-by-element loads behind a branch each made these kernels load-latency bound)."""
+    fusectl = _fusectl(daemon)
+    if not fusectl:
+        pytest.skip("no fusectl built beside fusemld")
+    c = fuseml.FuseMLCompiler()
+    got, want = run(c, d=64)
+    close_bf16((got[0], got[1:]), (want[0], want[1:]))
+    keys = {g.key for p in c.plans for g in cat_groups(p)}
+    assert len(keys) >= 2 and all(keys), keys
+    for key in keys:
+        out = subprocess.run(
+            [fusectl, "--socket", daemon.socket, "show", key, "--source"], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        src = out.stdout
+        assert "CAT path, vec 8" in src, src[:400]
+        assert "const long long cl" not in src, "an element-by-element load"
+        assert src.count("reinterpret_cast<const uint4 *>(in") >= 3
 
 
 def test_hf_llama_rope_fuses_forward_and_backward(dead_socket, partitioned):
