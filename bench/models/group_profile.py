@@ -2,8 +2,10 @@
 fuseml, its graphs run as FX graphs (FUSEML_STRAIGHT_LINE=0: each fused group is one call
 there, which this wraps in a profiler range named after the group), one step profiled once the
 daemon's background tunes have arrived. Prints the groups heaviest first (GPU time of the
-kernels each launched, its graph, kind, ops and strategy), then the time of kernels outside
-every group (cuBLAS products, ATen ops).
+kernels each launched, the bytes its inputs and outputs span and the rate that makes, its
+graph, kind, ops and strategy), then the time of kernels outside every group (cuBLAS
+products, ATen ops). A memory-bound group far under the device's copy rate (~4 TB/s on an
+H200) is where a kernel, not the fusion, loses time.
 
     python3 group_profile.py --model gemma2 --size small --phase train [--top 40]
 
@@ -26,16 +28,38 @@ import run_model  # noqa: E402
 RANGE = "fuseml group|"  # the prefix of a group's profiler range
 
 
-def ranged_groups():
+def tensor_bytes(values):
+    """Distinct bytes a call's tensors span: each tensor once (by address and shape), counted as
+    the smaller of its elements and its storage (a slice of a larger buffer reads its elements;
+    an expanded view reads its storage once)."""
+    seen, total = set(), 0
+    for t in values:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+    return total
+
+
+def ranged_groups(moved=None):
     """Wraps every fused group's call in a profiler range RANGE + its name (runtime.GroupRunner
-    .run is the one place a group runs on the FX path); returns the function that undoes it."""
+    .run is the one place a group runs on the FX path); with a dict `moved`, each call records
+    there, under the group's name, the bytes its inputs and outputs span (tensor_bytes), the
+    traffic a memory-bound kernel cannot go below. Returns the function that undoes it."""
     from fuseml import runtime
 
     run = runtime.GroupRunner.run
 
     def in_range(self, xs):
         with torch.profiler.record_function(RANGE + self.name):
-            return run(self, xs)
+            out = run(self, xs)
+        if moved is not None:
+            outs = out if isinstance(out, (list, tuple)) else [out]
+            moved[self.name] = tensor_bytes(list(xs) + list(outs))
+        return out
 
     runtime.GroupRunner.run = in_range
     return lambda: setattr(runtime.GroupRunner, "run", run)
@@ -73,7 +97,8 @@ def main(argv=None):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     work = models.build(args.model, args.size, dev)
     phase = run_model.Phase(work, args.phase)
-    undo = ranged_groups()
+    moved = {}
+    undo = ranged_groups(moved)
     try:
         compiler = fuseml.FuseMLCompiler()
         fn = torch.compile(work.model, backend=compiler)
@@ -101,11 +126,14 @@ def main(argv=None):
     grouped = sum(ms for ms, _ in rows)
     print(f"{args.model}/{args.size} {args.phase} on {dev}: {unit} {total:.3f} ms a step, {grouped:.3f} ms in groups")
     print(f"kernels outside every group (products on cuBLAS, ATen ops): {total - grouped:.3f} ms")
+    print("    time   MB moved   GB/s  [graph] group  strategy")
     for ms, name in rows[: args.top]:
         plans = by_name.get(name, [])
         where = ", ".join(sorted({p["graph"] for p in plans})) or "?"
         strategy = plans[0]["strategy"] if plans else ""
-        print(f"{ms:8.4f} ms  [{where}] {name[:150]}  {strategy[:60]}")
+        mb = moved.get(name, 0) / 1e6
+        rate = f"{mb / ms:6.0f}" if ms > 0 and mb else "     -"
+        print(f"{ms:8.4f} ms {mb:8.1f} {rate}  [{where}] {name[:150]}  {strategy[:60]}")
     print(f"untuned kernels when profiled: {fuseml_state.verified_left()}")
     return 0
 
