@@ -332,9 +332,25 @@ static void pad_case(gu_rng *r) {
   run_case("pad_units[bf16 -1 x 48 + 16]", &b, 1001, r, 0);
 }
 
+/* A cat along a middle dim (uniform over a unit along the last): cat([exp(a) [-1, 3, 16] f32,
+ * x [-1, 2, 16] bf16], 1) * w [-1, 1, 1] f32 (broadcast along the last dim) -> [-1, 5, 16]. */
+static void middle_case(gu_rng *r) {
+  fb b;
+  fb_init(&b);
+  b.f.vocab = 6;
+  int64_t sa[3] = {FM_DIM_SYMBOLIC, 3, 16}, sb[3] = {FM_DIM_SYMBOLIC, 2, 16}, sw[3] = {FM_DIM_SYMBOLIC, 1, 1};
+  int64_t so[3] = {FM_DIM_SYMBOLIC, 5, 16};
+  uint32_t a = fb_input(&b, FM_DT_F32, 3, sa, NULL, 16), x = fb_input(&b, FM_DT_BF16, 3, sb, NULL, 16);
+  uint32_t w = fb_input(&b, FM_DT_F32, 3, sw, NULL, 16);
+  uint32_t ab = fb_cat(&b, fb_op1(&b, FM_OP_EXP, a), x, 1);
+  fb_output(&b, fb_op2(&b, FM_OP_MUL, ab, w), 3, so);
+  run_case("middle_units[f32 -1 x (3 + 2) x 16]", &b, 23, r, 0);
+}
+
 /* Cat fragments whose units never straddle a branch (codegen's unit form) and one that is
  * read element by element. */
 static void cat_cases(gu_rng *r) {
+  middle_case(r);
   rope_case(r, FM_DT_BF16, FM_DT_BF16, 1, 37);
   rope_case(r, FM_DT_BF16, FM_DT_F32, 1, 9);
   rope_case(r, FM_DT_F32, FM_DT_F32, 1, 5);
