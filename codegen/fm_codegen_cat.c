@@ -19,10 +19,11 @@
  * Validation checked every value's extent (fm_fragment_cat_info), so a branch's inputs are
  * read inside their own shapes. Loads are one element each where which input an element
  * reads depends on its coordinate within a unit; where it does not (the unit form, below),
- * a unit's values are register arrays and each input is read once a unit. Stores are vectors where every output is row-major along the
- * last dim with whole aligned vectors in each row (a gradient padded for a GEMM: GPT-2's
- * 4096 x 50304 logits gradient, ATen's cat 0.43 ms on an H200, ran at 0.8-1.9 TB/s with one
- * 2-byte store per thread); window ops keep one element per thread (channels-last outputs). */
+ * a unit's values are register arrays and each input is read once a unit. Stores are
+ * vectors where every output is row-major along the last dim with whole aligned vectors in
+ * each row (a gradient padded for a GEMM: GPT-2's 4096 x 50304 logits gradient, ATen's cat
+ * 0.43 ms on an H200, ran at 0.8-1.9 TB/s with one 2-byte store per thread); window ops keep
+ * one element per thread (channels-last outputs). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ typedef struct cat_gen {
   const fm_fragment *f;
   fm_cg_plan p;
   fm_cat_info ci;
+  int units; /* the unit form (below) for this kernel's vec */
 } cat_gen;
 
 /* The names of the coordinates where values are being emitted. */
@@ -81,6 +83,20 @@ void fm_cg_emit_offset(fm_strbuf *sb, const fm_tensor *t, const fm_cg_coord *coo
   if (!*sep) fm_strbuf_append(sb, "0");
 }
 
+/* Input pos's element at coordinates `at`, decoded to its value type: in<pos>[offset]. */
+static void emit_input_at(fm_strbuf *sb, const cat_gen *g, uint32_t pos, const fm_cg_coord *at) {
+  const fm_tensor *t = &g->f->inputs[pos];
+  fm_strbuf tmp; /* the load, which the decode wraps */
+  fm_strbuf_init(&tmp, 1024);
+  fm_strbuf_printf(&tmp, "in%u[", pos);
+  fm_cg_emit_offset(&tmp, t, at, t->rank);
+  fm_strbuf_append(&tmp, "]");
+  char *e = fm_strbuf_take(&tmp);
+  fm_cg_emit_decode(sb, t->dtype, e ? e : "0");
+  free(e);
+  fm_strbuf_free(&tmp);
+}
+
 static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx);
 
 /* v<pos> = take_rows of op i: the index loaded at the element's coordinates, wrapped once
@@ -99,17 +115,9 @@ static void emit_take_rows(fm_strbuf *sb, const cat_gen *g, uint32_t i, const ca
   fm_cg_coord at[FM_MAX_RANK];
   memcpy(at, cx->coord, sizeof at);
   snprintf(at[0], sizeof at[0], "t%u", pos);
-  fm_strbuf tmp; /* the load, which the decode wraps */
-  fm_strbuf_init(&tmp, 1024);
-  fm_strbuf_printf(&tmp, "in%u[", isrc);
-  fm_cg_emit_offset(&tmp, src, at, src->rank);
-  fm_strbuf_append(&tmp, "]");
-  char *e = fm_strbuf_take(&tmp);
   fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(src->dtype), pos);
-  fm_cg_emit_decode(sb, src->dtype, e ? e : "0");
+  emit_input_at(sb, g, isrc, at);
   fm_strbuf_append(sb, ";  /* take_rows */\n");
-  free(e);
-  fm_strbuf_free(&tmp);
 }
 
 static void emit_unit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx, uint32_t vec);
@@ -170,17 +178,8 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
   for (uint32_t pos = 0; pos < n_in + g->p.n_ops; pos++) {
     if (!need[pos] || (pos >= n_in && done[pos - n_in])) continue;
     if (pos < n_in) {
-      const fm_tensor *t = &g->f->inputs[pos];
-      fm_strbuf tmp; /* the load, which the decode wraps */
-      fm_strbuf_init(&tmp, 1024);
-      fm_strbuf_printf(&tmp, "in%u[", pos);
-      fm_cg_emit_offset(&tmp, t, cx->coord, t->rank);
-      fm_strbuf_append(&tmp, "]");
-      fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(t->dtype), pos);
-      char *e = fm_strbuf_take(&tmp);
-      fm_cg_emit_decode(sb, t->dtype, e ? e : "0");
-      free(e);
-      fm_strbuf_free(&tmp);
+      fm_strbuf_printf(sb, "%sconst %s v%u = ", cx->ind, fm_cg_val_type(g->f->inputs[pos].dtype), pos);
+      emit_input_at(sb, g, pos, cx->coord);
       fm_strbuf_append(sb, ";\n");
       continue;
     }
@@ -249,55 +248,41 @@ static void emit_unit_input(fm_strbuf *sb, const cat_gen *g, uint32_t pos, const
   const fm_tensor *t = &g->f->inputs[pos];
   const uint32_t r = g->f->outputs[0].rank, size = (uint32_t)fm_dtype_size(t->dtype);
   const char *ind = cx->ind;
-  fm_strbuf off;
-  fm_strbuf_init(&off, 1024);
   fm_strbuf_printf(sb, "%s%s v%u[%u];\n", ind, fm_cg_val_type(t->dtype), pos, vec);
-  switch (unit_read_of(t, r, vec)) {
-    case UNIT_BROADCAST:
-      fm_cg_emit_offset(&off, t, cx->coord, t->rank);
-      fm_strbuf_printf(sb, "%s{\n%s  const %s s = ", ind, ind, fm_cg_val_type(t->dtype));
-      break;
-    case UNIT_VECTOR: {
-      const uint32_t bytes = vec * size, piece = bytes > 16 ? 16 : bytes, per = piece / size;
-      const char *vt = fm_cg_vec_type(piece);
-      fm_cg_emit_offset(&off, t, cx->coord, t->rank);
-      char *o = fm_strbuf_take(&off);
-      for (uint32_t p0 = 0; p0 < vec; p0 += per) {
-        char at[16] = "", first[16] = "";
-        if (p0) snprintf(at, sizeof at, " + %u", p0), snprintf(first, sizeof first, "%u + ", p0);
-        fm_strbuf_printf(sb, "%s{\n%s  const %s ld = *reinterpret_cast<const %s *>(in%u + %s%s);\n", ind, ind, vt, vt,
-                         pos, o ? o : "0", at);
-        fm_strbuf_printf(sb, "#pragma unroll\n%s  for (int h = 0; h < %u; ++h) v%u[%sh] = ", ind, per, pos, first);
-        char e[32];
-        snprintf(e, sizeof e, "%s(ld, h)", fm_cg_get_fn(t->dtype));
-        fm_cg_emit_decode(sb, t->dtype, e);
-        fm_strbuf_printf(sb, ";\n%s}\n", ind);
-      }
-      free(o);
-      fm_strbuf_free(&off);
-      return;
-    }
-    case UNIT_EACH: {
-      fm_cg_coord at[FM_MAX_RANK];
-      memcpy(at, cx->coord, sizeof at);
-      snprintf(at[r - 1], sizeof at[r - 1], "cl");
-      fm_cg_emit_offset(&off, t, at, t->rank);
-      fm_strbuf_printf(sb, "#pragma unroll\n%sfor (int q = 0; q < %u; ++q) {\n%s  const long long cl = %s + q;\n", ind,
-                       vec, ind, cx->coord[r - 1]);
-      fm_strbuf_printf(sb, "%s  v%u[q] = ", ind, pos);
-      break;
-    }
-  }
-  char *o = fm_strbuf_take(&off);
-  char e[1100];
-  snprintf(e, sizeof e, "in%u[%s]", pos, o ? o : "0");
-  fm_cg_emit_decode(sb, t->dtype, e);
-  free(o);
-  fm_strbuf_free(&off);
-  if (unit_read_of(t, r, vec) == UNIT_BROADCAST)
+  const unit_read how = unit_read_of(t, r, vec);
+  if (how == UNIT_BROADCAST) { /* one element, copied */
+    fm_strbuf_printf(sb, "%s{\n%s  const %s s = ", ind, ind, fm_cg_val_type(t->dtype));
+    emit_input_at(sb, g, pos, cx->coord);
     fm_strbuf_printf(sb, ";\n#pragma unroll\n%s  for (int i = 0; i < %u; ++i) v%u[i] = s;\n%s}\n", ind, vec, pos, ind);
-  else
+  } else if (how == UNIT_EACH) { /* element by element, the last coordinate cl */
+    fm_cg_coord at[FM_MAX_RANK];
+    memcpy(at, cx->coord, sizeof at);
+    snprintf(at[r - 1], sizeof at[r - 1], "cl");
+    fm_strbuf_printf(
+        sb, "#pragma unroll\n%sfor (int q = 0; q < %u; ++q) {\n%s  const long long cl = %s + q;\n%s  v%u[q] = ", ind,
+        vec, ind, cx->coord[r - 1], ind, pos);
+    emit_input_at(sb, g, pos, at);
     fm_strbuf_printf(sb, ";\n%s}\n", ind);
+  } else { /* 16-byte vectors (or one narrower), decoded element by element */
+    const uint32_t bytes = vec * size, piece = bytes > 16 ? 16 : bytes, per = piece / size;
+    const char *vt = fm_cg_vec_type(piece);
+    fm_strbuf off;
+    fm_strbuf_init(&off, 1024);
+    fm_cg_emit_offset(&off, t, cx->coord, t->rank);
+    char *o = fm_strbuf_take(&off);
+    for (uint32_t p0 = 0; p0 < vec; p0 += per) {
+      char at[16] = "", first[16] = "", e[32];
+      if (p0) snprintf(at, sizeof at, " + %u", p0), snprintf(first, sizeof first, "%u + ", p0);
+      fm_strbuf_printf(sb, "%s{\n%s  const %s ld = *reinterpret_cast<const %s *>(in%u + %s%s);\n", ind, ind, vt, vt,
+                       pos, o ? o : "0", at);
+      fm_strbuf_printf(sb, "#pragma unroll\n%s  for (int h = 0; h < %u; ++h) v%u[%sh] = ", ind, per, pos, first);
+      snprintf(e, sizeof e, "%s(ld, h)", fm_cg_get_fn(t->dtype));
+      fm_cg_emit_decode(sb, t->dtype, e);
+      fm_strbuf_printf(sb, ";\n%s}\n", ind);
+    }
+    free(o);
+    fm_strbuf_free(&off);
+  }
 }
 
 /* Every needed value of the unit, in position order; consts stay scalars (rowval 0). */
@@ -455,7 +440,7 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
     const char *vt = fm_cg_vec_type(vec * (uint32_t)fm_dtype_size(g->p.t[g->p.n_in + k].dtype));
     fm_strbuf_printf(sb, "      %s w%u = {};\n", vt, k);
   }
-  if (unit_form(g, vec)) {
+  if (g->units) {
     emit_unit_values(sb, g, need, &cx, vec);
     fm_strbuf_printf(sb, "#pragma unroll\n      for (int q = 0; q < %u; ++q) {\n", vec);
     for (uint32_t k = 0; k < g->p.n_out; k++) {
@@ -538,7 +523,8 @@ int fm_codegen_cat(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t s
   if (rc) goto out;
   snprintf(entry, sizeof entry, "fm_pointwise_v%d", FM_CODEGEN_VERSION);
   const uint32_t vec = unit_width(g, cfg);
-  if (unit_form(g, vec)) unit_rowvals(g);
+  g->units = unit_form(g, vec);
+  if (g->units) unit_rowvals(g);
   fm_strbuf_printf(&sb,
                    "/* fusemld codegen v%d: pointwise kernel, CAT path, vec %u, unroll %u, block %u.\n"
                    " * Generated from a canonical fragment: every name and number below comes "
