@@ -9,6 +9,9 @@
 #include "fm_codegen_int.h"
 
 #define FM_CG_WIDEST_BYTES 16u /* one uint4: the widest global access */
+/* A vector is as wide as 16 bytes of the narrowest tensor; a wider tensor takes up to two
+ * 16-byte accesses a vector (an f32 tensor beside bf16 ones: 8 elements, 32 bytes of f32). */
+#define FM_CG_WIDEST_VECTOR 32u
 
 /* Position of the value named id among positions [0, limit), latest definition first. */
 static int find_value(const uint32_t *ids, uint32_t limit, uint32_t id) {
@@ -195,7 +198,9 @@ static int vec_legal(const fm_cg_plan *p, uint32_t w) {
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_cg_tensor *t = &p->t[k];
     if (t->access != FM_CG_VECTOR) continue;
-    if (t->align < w * fm_dtype_size(t->dtype)) return 0;
+    const uint32_t bytes = w * (uint32_t)fm_dtype_size(t->dtype);
+    /* each access is at most 16 bytes, at offsets that are multiples of the vector's bytes */
+    if (t->align < (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES)) return 0;
     if (p->flat) continue;
     if (t->es[p->rank - 1] != 1) return 0;
     for (uint32_t g = 0; g + 1 < p->rank; g++)
@@ -207,14 +212,18 @@ static int vec_legal(const fm_cg_plan *p, uint32_t w) {
 }
 
 static uint32_t widest_vec(const fm_cg_plan *p) {
-  size_t widest = 1;
+  size_t widest = 1, narrowest = 0;
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
+    if (p->t[k].access != FM_CG_VECTOR) continue;
     /* integer tensors (vocab 10) are a batch's labels or token numbers, a few thousand
        elements: moved one at a time, which no template's word access needs to know of */
-    if (p->t[k].access == FM_CG_VECTOR && p->t[k].dtype == FM_DT_I64) return 1;
-    if (p->t[k].access == FM_CG_VECTOR && fm_dtype_size(p->t[k].dtype) > widest) widest = fm_dtype_size(p->t[k].dtype);
+    if (p->t[k].dtype == FM_DT_I64) return 1;
+    const size_t size = fm_dtype_size(p->t[k].dtype);
+    if (size > widest) widest = size;
+    if (!narrowest || size < narrowest) narrowest = size;
   }
-  uint32_t w = FM_CG_WIDEST_BYTES / (uint32_t)widest;
+  uint32_t w = FM_CG_WIDEST_BYTES / (uint32_t)(narrowest ? narrowest : 1);
+  while (w * widest > FM_CG_WIDEST_VECTOR) w /= 2;
   while (w > 1 && !vec_legal(p, w)) w /= 2;
   return w;
 }

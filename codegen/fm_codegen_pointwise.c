@@ -31,6 +31,8 @@ static const char *reg_type(const fm_cg_plan *p, uint32_t k, uint32_t vec) {
   const fm_cg_tensor *t = &p->t[k];
   if (t->access != FM_CG_VECTOR || vec == 1) return fm_cg_storage_type(t->dtype);
   switch (vec * fm_dtype_size(t->dtype)) {
+    case 32:
+      return "fm_uint4x2";
     case 16:
       return "uint4";
     case 8:
@@ -44,6 +46,7 @@ static const char *reg_type(const fm_cg_plan *p, uint32_t k, uint32_t vec) {
 
 /* A zero of a register type from reg_type (the words are OR-ed into it). */
 static const char *reg_zero(const char *type) {
+  if (strcmp(type, "fm_uint4x2") == 0) return "fm_uint4x2()";
   if (strcmp(type, "uint4") == 0) return "make_uint4(0u, 0u, 0u, 0u)";
   if (strcmp(type, "uint2") == 0) return "make_uint2(0u, 0u)";
   if (strcmp(type, "unsigned int") == 0) return "0u";
@@ -321,7 +324,26 @@ static void emit_flat_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
   fm_strbuf_append(sb, "  }\n");
 }
 
+/* The 32-byte register of an f32 vector beside 16-bit ones (fm_codegen_plan.c): two 16-byte
+ * words, each loaded and stored as one access; the prelude's element getters and setters
+ * reach it through these overloads. Emitted only where a tensor uses it. */
+static void emit_wide_words(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+  for (uint32_t k = 0; k < p->n_in + p->n_out; k++)
+    if (strcmp(reg_type(p, k, vec), "fm_uint4x2") == 0) {
+      fm_strbuf_append(sb,
+                       "struct __align__(16) fm_uint4x2 { uint4 lo, hi; };\n"
+                       "__device__ __forceinline__ unsigned int fm_word(const fm_uint4x2 &r, int k) {\n"
+                       "  return k < 4 ? fm_word(r.lo, k) : fm_word(r.hi, k - 4);\n"
+                       "}\n"
+                       "__device__ __forceinline__ void fm_or_word(fm_uint4x2 &r, int k, unsigned int b) {\n"
+                       "  if (k < 4) fm_or_word(r.lo, k, b); else fm_or_word(r.hi, k - 4, b);\n"
+                       "}\n");
+      return;
+    }
+}
+
 static void emit_kernel(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, const char *entry) {
+  emit_wide_words(sb, p, vec);
   emit_signature(sb, p, cfg, entry);
   if (p->symbolic) {
     if (p->inner == 1)
@@ -457,12 +479,25 @@ fm_pw_config fm_codegen_pointwise_default(const fm_fragment *canon) {
   return c;
 }
 
+/* The widest vector of a (non-extent) fragment where some tensor's is 32 bytes, else 0. */
+static uint32_t wide_vec(const fm_fragment *canon) {
+  uint32_t wide = 0;
+  fm_cg_plan *p = canon && !fm_fragment_is_extent(canon) ? malloc(sizeof *p) : NULL;
+  if (p && fm_cg_plan_build(canon, p, NULL) == FM_OK) {
+    for (uint32_t k = 0; k < p->n_in + p->n_out; k++)
+      if (strcmp(reg_type(p, k, p->max_vec), "fm_uint4x2") == 0) wide = p->max_vec;
+  }
+  free(p);
+  return wide;
+}
+
 /* The default first, then block x unroll x blocks_per_sm, keeping only grids that fit in
  * one wave at full occupancy (block * blocks_per_sm <= 2048 threads per SM): a grid-stride
  * kernel gains nothing from a second wave, and this leaves 24 points. An extent fragment's
  * points store the widest units its outputs allow; the default at one element a thread is
  * timed beside them (a unit's elements are computed one after another: where each is long,
- * a thread per element may win). */
+ * a thread per element may win). Where a vector holds 32 bytes of some tensor, the default
+ * at 16 bytes of it is timed too. */
 size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *out, size_t max) {
   size_t n = 0;
   if (!out || max == 0) return 0;
@@ -482,6 +517,12 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
     fm_pw_config one = def;
     one.vec = 1;
     out[n++] = one;
+  }
+  const uint32_t wide = wide_vec(canon);
+  if (wide && n < max) { /* 16 bytes of the widest tensor, as before 32-byte vectors: timed beside them */
+    fm_pw_config half = def;
+    half.vec = wide / 2;
+    out[n++] = half;
   }
   return n;
 }

@@ -73,15 +73,25 @@ static void test_meta_symbolic_and_multi(void) {
   free(src);
   CHECK_EQ_INT(tf_representative(2, &canon), FM_OK);
   src = gen(&canon, NULL, 132, &m, NULL, NULL);
-  CHECK_STR_CONTAINS(src, "FLAT path, vec 4, unroll 2"); /* f32 limits vec to 4 */
+  /* f32 beside bf16 and bool: 8 elements a vector, two 16-byte accesses of the f32 input */
+  CHECK_STR_CONTAINS(src, "FLAT path, vec 8, unroll 2");
   CHECK_EQ_INT(m.outer, 64);
   CHECK_EQ_INT(m.inner, 128);
-  CHECK_EQ_INT(m.items_per_block, 256 * 4 * 2);
+  CHECK_EQ_INT(m.items_per_block, 256 * 8 * 2);
   CHECK_EQ_INT(m.n_inputs, 1);
   CHECK_EQ_INT(m.n_outputs, 3);
-  /* at vec 4 the bf16 output moves 8 bytes and the bool output 4 */
+  CHECK_STR_CONTAINS(src, "struct __align__(16) fm_uint4x2 { uint4 lo, hi; };");
+  CHECK_STR_CONTAINS(src, "r0[u] = *reinterpret_cast<const fm_uint4x2 *>(in0 + v * 8);");
+  /* at vec 8 the bf16 output moves 16 bytes and the bool output 8 */
+  CHECK_STR_CONTAINS(src, "*reinterpret_cast<uint4 *>(out1 + v * 8) = w1[u];");
+  CHECK_STR_CONTAINS(src, "*reinterpret_cast<uint2 *>(out2 + v * 8) = w2[u];");
+  free(src);
+  /* asked for 16 bytes of the f32 tensor (the tuner's other point): as before */
+  fm_pw_config c4 = {256, 4, 2, 8};
+  src = gen(&canon, &c4, 132, &m, NULL, NULL);
+  CHECK_STR_CONTAINS(src, "FLAT path, vec 4, unroll 2");
+  CHECK(strstr(src, "fm_uint4x2") == NULL);
   CHECK_STR_CONTAINS(src, "*reinterpret_cast<uint2 *>(out1 + v * 4) = w1[u];");
-  CHECK_STR_CONTAINS(src, "*reinterpret_cast<unsigned int *>(out2 + v * 4) = w2[u];");
   free(src);
 }
 
@@ -303,6 +313,11 @@ static void test_default_and_candidates(void) {
   CHECK_EQ_INT(fm_codegen_pointwise_candidates(&canon, c, 0), 0);
   CHECK_EQ_INT(tf_representative(2, &canon), FM_OK);
   CHECK_EQ_INT(fm_codegen_pointwise_default(&canon).unroll, 2); /* f32 */
+  /* 32 bytes of f32 a vector: the default at 16 bytes of it is timed too, last */
+  n = fm_codegen_pointwise_candidates(&canon, c, 64);
+  CHECK_EQ_INT(n, 25);
+  CHECK_EQ_INT(c[n - 1].vec, 4);
+  CHECK_EQ_INT(c[n - 1].unroll, fm_codegen_pointwise_default(&canon).unroll);
 }
 
 /* Constants: "%.9g" of the fp32 value + "f", inf by bit pattern, never a bare integer. */

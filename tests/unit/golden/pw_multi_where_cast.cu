@@ -1,4 +1,4 @@
-/* fusemld codegen v38: pointwise kernel, FLAT path, vec 4, unroll 2, block 256.
+/* fusemld codegen v39: pointwise kernel, FLAT path, vec 8, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -164,36 +164,43 @@ __device__ __forceinline__ void fm_compute(const float i0, float &o0, unsigned s
   o2 = (unsigned char)v2;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v38(
+struct __align__(16) fm_uint4x2 { uint4 lo, hi; };
+__device__ __forceinline__ unsigned int fm_word(const fm_uint4x2 &r, int k) {
+  return k < 4 ? fm_word(r.lo, k) : fm_word(r.hi, k - 4);
+}
+__device__ __forceinline__ void fm_or_word(fm_uint4x2 &r, int k, unsigned int b) {
+  if (k < 4) fm_or_word(r.lo, k, b); else fm_or_word(r.hi, k - 4, b);
+}
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v39(
     const float *__restrict__ in0,
     float *__restrict__ out0,
     unsigned short *__restrict__ out1,
     unsigned char *__restrict__ out2,
     long long outer) {
   const long long n = 8192LL;
-  const long long nv = n / 4;  /* whole vectors */
+  const long long nv = n / 8;  /* whole vectors */
   for (long long v0 = (long long)blockIdx.x * 512 + threadIdx.x; v0 < nv;
        v0 += (long long)gridDim.x * 512) {
-    uint4 r0[2];
-    uint4 w0[2];
-    uint2 w1[2];
-    unsigned int w2[2];
+    fm_uint4x2 r0[2];
+    fm_uint4x2 w0[2];
+    uint4 w1[2];
+    uint2 w2[2];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const long long v = v0 + u * 256;
       if (v < nv) {
-        r0[u] = *reinterpret_cast<const uint4 *>(in0 + v * 4);
+        r0[u] = *reinterpret_cast<const fm_uint4x2 *>(in0 + v * 8);
       }
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const long long v = v0 + u * 256;
       if (v < nv) {
-        w0[u] = make_uint4(0u, 0u, 0u, 0u);
-        w1[u] = make_uint2(0u, 0u);
-        w2[u] = 0u;
+        w0[u] = fm_uint4x2();
+        w1[u] = make_uint4(0u, 0u, 0u, 0u);
+        w2[u] = make_uint2(0u, 0u);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+        for (int e = 0; e < 8; ++e) {
           float o0;
           unsigned short o1;
           unsigned char o2;
@@ -208,9 +215,9 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v38(
     for (int u = 0; u < 2; ++u) {
       const long long v = v0 + u * 256;
       if (v < nv) {
-        *reinterpret_cast<uint4 *>(out0 + v * 4) = w0[u];
-        *reinterpret_cast<uint2 *>(out1 + v * 4) = w1[u];
-        *reinterpret_cast<unsigned int *>(out2 + v * 4) = w2[u];
+        *reinterpret_cast<fm_uint4x2 *>(out0 + v * 8) = w0[u];
+        *reinterpret_cast<uint4 *>(out1 + v * 8) = w1[u];
+        *reinterpret_cast<uint2 *>(out2 + v * 8) = w2[u];
       }
     }
   }
