@@ -43,7 +43,8 @@ static void test_golden_cross_entropy_stream(void) { check_golden(9); }
 
 /* A row longer than registers hold streams: the default and every candidate is the STREAM
  * variant; log_softmax makes one reduction pass (amax and the sum of exp as an online pair)
- * and one that stores, each a loop over tiles; the per-row output is stored once per row. */
+ * and one that stores, each a loop over the whole tiles with no bounds test, then the last
+ * partial tile with them; the per-row output is stored once per row. */
 static void test_stream(void) {
   fm_candidate c[32];
   fm_kernel_meta m;
@@ -57,9 +58,12 @@ static void test_stream(void) {
   fm_rows_config stream = {FM_ROWS_STREAM, 512, 0};
   CHECK_EQ_INT(fm_codegen_rows(&canon, &stream, 132, &src, &m, &d), FM_OK);
   if (!src) return;
-  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 8192LL)"), 2);
+  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 49152LL; fm_t0 += 8192LL)"), 2);
+  CHECK_EQ_INT(count(src, "const long long fm_t0 = 49152LL;"), 2);
+  CHECK_EQ_INT(count(src, "< 50257)"), 2); /* the online pair's two statements, in the last tile only */
+  CHECK_EQ_INT(count(src, "if (j < 50257LL)"), 3); /* in the last tiles: the loads of both passes, the store */
   CHECK_STR_CONTAINS(src, "/* pass 1: the reductions of level 1 */");
-  CHECK_EQ_INT(count(src, "/* online: the tile's max, then the sum of exp(x - max) rescaled once */"), 1);
+  CHECK_EQ_INT(count(src, "/* online: the tile's max, then the sum of exp(x - max) rescaled once */"), 2);
   CHECK_STR_CONTAINS(src, "/* online sum */");
   CHECK(strstr(src, "pass 2") == NULL);
   CHECK_STR_CONTAINS(src, "v0[c] = fm_bf16_to_f32(in0[b0 + j]);"); /* N odd: scalar loads */
@@ -74,6 +78,7 @@ static void test_stream(void) {
   CHECK_STR_CONTAINS(src, "vec 8, 16 elements per thread");
   CHECK_EQ_INT(count(src, "fm_t0 += 8192LL"), 2); /* one reduction pass (mean, amax), the stores */
   CHECK(strstr(src, "< 40960)") == NULL);
+  CHECK(strstr(src, "the last tile") == NULL);
   CHECK_STR_CONTAINS(src, "if (lane == 0) out1[");
   free(src);
   src = NULL;
@@ -105,8 +110,15 @@ static void test_stream_cross_entropy(void) {
   CHECK(held >= 1);
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &m, &d), FM_OK);
   if (!src) return;
-  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0;"), 1);
-  CHECK_EQ_INT(count(src, "/* online: the tile's max, then the sum of exp(x - max) rescaled once */"), 1);
+  CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 28672LL;"), 1); /* 7 whole tiles of 4096 */
+  CHECK_EQ_INT(count(src, "const long long fm_t0 = 28672LL;"), 1);          /* and the last */
+  CHECK_EQ_INT(count(src, "/* online: the tile's max, then the sum of exp(x - max) rescaled once */"), 2);
+  const char *last = strstr(src, "the last tile");
+  CHECK(last != NULL);
+  if (last) { /* the whole tiles test no column against the row's end */
+    const char *first_test = strstr(src, "< 32000");
+    CHECK(first_test != NULL && first_test > last);
+  }
   CHECK_EQ_INT(count(src, "fm_row_sum("), 3); /* the helper, the online sum, the picked logit */
   CHECK_EQ_INT(count(src, "fm_row_max(fm_a"), 1);
   CHECK(strstr(src, "pass 2") == NULL);
@@ -131,7 +143,7 @@ static void test_stream_stores_in_the_first_pass(void) {
   CHECK(body != NULL);
   if (body) {
     CHECK_EQ_INT(count(body, "for (long long fm_t0 = 0;"), 1); /* one pass over the row */
-    CHECK_EQ_INT(count(body, "fm_tanh("), 1);
+    CHECK_EQ_INT(count(body, "fm_tanh("), 2);                  /* its whole tiles, its last one */
     CHECK(strstr(body, "the last pass") == NULL);
     const char *loop = strstr(body, "for (long long fm_t0 = 0;"),
                *store = strstr(body, "reinterpret_cast<uint4 *>(out2");

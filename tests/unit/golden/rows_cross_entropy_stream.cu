@@ -213,7 +213,58 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v39(
     float fm_a7 = 0.0f;
     float fm_a13 = 0.0f;
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 32000LL; fm_t0 += 4096LL) {
+    for (long long fm_t0 = 0; fm_t0 < 28672LL; fm_t0 += 4096LL) {
+    float v0[16];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const long long j = fm_t0 + ((long long)c * 256 + lane) * 8;
+      {
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in0 + b0 + j + 0);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v0[c * 8 + 0 + e] = fm_bf16_to_f32(fm_get_u16(r0, e));
+      }
+    }
+    float v1[16];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const long long j = fm_t0 + ((long long)c * 256 + lane) * 8;
+      {
+        const uint4 r0 = *reinterpret_cast<const uint4 *>(in1 + b1 + j + 0);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v1[c * 8 + 0 + e] = fm_get_f32(r0, e);
+        const uint4 r4 = *reinterpret_cast<const uint4 *>(in1 + b1 + j + 4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v1[c * 8 + 4 + e] = fm_get_f32(r4, e);
+      }
+    }
+    float v3[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v3[i] = v0[i];  /* cast */
+    bool v10[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v10[i] = (v1[i] == v2);  /* eq */
+    float v12[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v12[i] = (v10[i] ? v3[i] : v11);  /* where */
+    {  /* online: the tile's max, then the sum of exp(x - max) rescaled once */
+      float fm_tm = fm_a4;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (true) fm_tm = fm_maximum(fm_tm, v3[i]);
+      const float fm_sh = fm_tm == __int_as_float(0xff800000) ? 0.0f : fm_tm;
+      float fm_ts = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (true) fm_ts += fm_exp(v3[i] - fm_sh);
+      fm_a7 = fmaf(fm_a7, fm_exp(fm_a4 - fm_sh), fm_ts);
+      fm_a4 = fm_tm;
+    }
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (true) fm_a13 += v12[i];
+    }
+    {  /* the last tile: the row ends inside it */
+    const long long fm_t0 = 28672LL;
     float v0[16];
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -266,8 +317,8 @@ extern "C" __global__ void __launch_bounds__(256) fm_rows_v39(
       fm_a4 = fm_tm;
     }
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if ((fm_t0 + (i / 8 * 256 + lane) * 8 < 32000)) fm_a13 += v12[i];
+      for (int i = 0; i < 16; ++i)
+        if ((fm_t0 + (i / 8 * 256 + lane) * 8 < 32000)) fm_a13 += v12[i];
     }
     const float v4 = fm_row_max(fm_a4, fm_red, fm_par);  /* amax */
     const float v7 = fm_row_sum(fm_a7 * fm_exp(fm_a4 - v4), fm_red, fm_par);  /* online sum */

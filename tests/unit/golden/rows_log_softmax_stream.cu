@@ -204,7 +204,34 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v39(
     float fm_a2 = __int_as_float(0xff800000);
     float fm_a5 = 0.0f;
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 16384LL) {
+    for (long long fm_t0 = 0; fm_t0 < 49152LL; fm_t0 += 16384LL) {
+    float v0[16];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
+      {
+        v0[c] = fm_bf16_to_f32(in0[b0 + j]);
+      }
+    }
+    float v1[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v1[i] = v0[i];  /* cast */
+    {  /* online: the tile's max, then the sum of exp(x - max) rescaled once */
+      float fm_tm = fm_a2;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (true) fm_tm = fm_maximum(fm_tm, v1[i]);
+      const float fm_sh = fm_tm == __int_as_float(0xff800000) ? 0.0f : fm_tm;
+      float fm_ts = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        if (true) fm_ts += fm_exp(v1[i] - fm_sh);
+      fm_a5 = fmaf(fm_a5, fm_exp(fm_a2 - fm_sh), fm_ts);
+      fm_a2 = fm_tm;
+    }
+    }
+    {  /* the last tile: the row ends inside it */
+    const long long fm_t0 = 49152LL;
     float v0[16];
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
@@ -237,7 +264,34 @@ extern "C" __global__ void __launch_bounds__(1024) fm_rows_v39(
     const float v6 = logf(v5);  /* log */
     /* the last pass: the row outputs, tile by tile */
 #pragma unroll 1
-    for (long long fm_t0 = 0; fm_t0 < 50257LL; fm_t0 += 16384LL) {
+    for (long long fm_t0 = 0; fm_t0 < 49152LL; fm_t0 += 16384LL) {
+    float v0[16];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
+      {
+        v0[c] = fm_bf16_to_f32(in0[b0 + j]);
+      }
+    }
+    float v1[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v1[i] = v0[i];  /* cast */
+    float v3[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v3[i] = (v1[i] - v2);  /* sub */
+    float v7[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v7[i] = (v3[i] - v6);  /* sub */
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+      const long long j = fm_t0 + ((long long)c * 1024 + lane) * 1;
+      {
+        out0[b1 + j] = v7[c];
+      }
+    }
+    }
+    {  /* the last tile: the row ends inside it */
+    const long long fm_t0 = 49152LL;
     float v0[16];
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
