@@ -8,7 +8,7 @@
 
 #include "fm_codegen_int.h"
 
-#define FM_CG_WIDEST_BYTES 16u /* one uint4: the widest global access */
+#define FM_CG_WIDEST_BYTES  16u /* one uint4: the widest global access */
 /* A vector is as wide as 16 bytes of the narrowest tensor; a wider tensor takes up to two
  * 16-byte accesses a vector (an f32 tensor beside bf16 ones: 8 elements, 32 bytes of f32). */
 #define FM_CG_WIDEST_VECTOR 32u

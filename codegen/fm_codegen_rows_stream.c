@@ -218,7 +218,8 @@ static void emit_tiles(fm_strbuf *sb, const tile_pass *tp, const fm_cg_rows_shap
     fm_strbuf_append(sb, "    }\n");
   }
   if (whole < tp->rp->n) {
-    fm_strbuf_printf(sb, "    {  /* the last tile: the row ends inside it */\n    const long long fm_t0 = %lldLL;\n", whole);
+    fm_strbuf_printf(sb, "    {  /* the last tile: the row ends inside it */\n    const long long fm_t0 = %lldLL;\n",
+                     whole);
     emit_tile_body(sb, tp, s);
     fm_strbuf_append(sb, "    }\n");
   }

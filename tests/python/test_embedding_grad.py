@@ -182,3 +182,67 @@ def test_a_tied_table_adds_in_the_cast_kernel(served, partitioned):
     (sums,) = [n for n in gm.graph.nodes if n.target is eg.embedding_grad_fp32]
     (cast,) = sums.users
     assert any(cast in g.members and "add" in g.op_names for g in groups), [g.describe() for g in groups]
+
+
+@pytest.mark.parametrize("pad", [-1, 3])
+def test_sums_in_a_table_of_the_batch_match_aten(pad):
+    """token_slots, the sums at the slots, read back at each token's slot and written at its
+    id (what the compact rewrite's nodes compute, run eagerly): ATen's gradient, to within one
+    bf16 rounding of the same fp32 sums."""
+    g = torch.Generator().manual_seed(1)
+    num, d = 500, 24
+    idx = torch.randint(0, 40, (3, 17), generator=g)  # 51 tokens, ids repeated
+    idx[1, :6] = 3
+    grad = torch.randn(3, 17, d, generator=g).to(torch.bfloat16)
+    slots = eg.token_slots(idx, num)
+    flat = idx.reshape(-1)
+    assert slots.shape == idx.shape
+    # each slot is a position holding the token's id, one slot an id
+    for j, s in enumerate(slots.reshape(-1).tolist()):
+        assert flat[s] == flat[j]
+    assert len(set(slots.reshape(-1).tolist())) == len(set(flat.tolist()))
+    sums = eg.embedding_grad_fp32(grad, slots, idx.numel(), -1, False)
+    got = eg.rows_at_ids(idx, sums[slots.reshape(-1)].to(torch.bfloat16), num, pad)
+    want = _aten(grad, idx, num, pad)
+    exact = _aten(grad.double(), idx, num, pad)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert rel_err(got.double(), exact) <= rel_err(want.double(), exact) + 4e-3
+    assert torch.equal(got, eg.embedding_grad(grad, idx, num, pad, False))  # the fp32 table's sums, cast
+    if pad >= 0:
+        assert not got[pad].any()
+    assert not got[40:].any()
+
+
+class Vocabulary(torch.nn.Module):
+    """A language model's input embedding: a table of more rows than a batch has tokens, its
+    bf16 gradient going straight out of the graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.tok = torch.nn.Embedding(256, 32).to(torch.bfloat16)
+        self.out = torch.nn.Linear(32, 8).to(torch.bfloat16)
+
+    def forward(self, ids):
+        return self.out(torch.tanh(self.tok(ids)))
+
+
+def test_a_vocabulary_gradient_sums_in_a_table_of_the_batch(served, partitioned):
+    """4 x 16 tokens into 256 rows: the sums are a scatter group into [64, 32] fp32, read back
+    at the tokens' slots by a take_rows group that casts them, and written at the ids; no
+    [256, 32] fp32 table. The gradient is eager's."""
+    torch.manual_seed(0)
+    m, ref = Vocabulary(), Vocabulary()
+    ref.load_state_dict(m.state_dict())
+    ids = torch.randint(0, 256, (4, 16))
+    ids[0, :4] = 7
+    torch.compile(m, backend=fuseml.FuseMLCompiler())(ids).float().square().sum().backward()
+    ref(ids).float().square().sum().backward()
+    assert rel_err(m.tok.weight.grad, ref.tok.weight.grad) < 1e-2
+    gm, groups = partitioned[-1]
+    targets = [n.target for n in gm.graph.nodes]
+    assert eg.token_slots in targets and eg.rows_at_ids in targets and eg.embedding_grad not in targets
+    (sums,) = [n for n in gm.graph.nodes if n.target is eg.embedding_grad_fp32]
+    assert list(sums.meta["val"].shape) == [64, 32]
+    assert any(g.kind == "scatter" and sums in g.members for g in groups), [g.describe() for g in groups]
+    back = [g for g in groups if "index" in g.op_names and "_to_copy" in g.op_names]
+    assert back, [g.describe() for g in groups]

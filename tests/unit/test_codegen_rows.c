@@ -60,7 +60,7 @@ static void test_stream(void) {
   if (!src) return;
   CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 49152LL; fm_t0 += 8192LL)"), 2);
   CHECK_EQ_INT(count(src, "const long long fm_t0 = 49152LL;"), 2);
-  CHECK_EQ_INT(count(src, "< 50257)"), 2); /* the online pair's two statements, in the last tile only */
+  CHECK_EQ_INT(count(src, "< 50257)"), 2);         /* the online pair's two statements, in the last tile only */
   CHECK_EQ_INT(count(src, "if (j < 50257LL)"), 3); /* in the last tiles: the loads of both passes, the store */
   CHECK_STR_CONTAINS(src, "/* pass 1: the reductions of level 1 */");
   CHECK_EQ_INT(count(src, "/* online: the tile's max, then the sum of exp(x - max) rescaled once */"), 2);
@@ -111,7 +111,7 @@ static void test_stream_cross_entropy(void) {
   CHECK_EQ_INT(fm_codegen_generate(&canon, &c[0], 132, &src, &m, &d), FM_OK);
   if (!src) return;
   CHECK_EQ_INT(count(src, "for (long long fm_t0 = 0; fm_t0 < 28672LL;"), 1); /* 7 whole tiles of 4096 */
-  CHECK_EQ_INT(count(src, "const long long fm_t0 = 28672LL;"), 1);          /* and the last */
+  CHECK_EQ_INT(count(src, "const long long fm_t0 = 28672LL;"), 1);           /* and the last */
   CHECK_EQ_INT(count(src, "/* online: the tile's max, then the sum of exp(x - max) rescaled once */"), 2);
   const char *last = strstr(src, "the last tile");
   CHECK(last != NULL);

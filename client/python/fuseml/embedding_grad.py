@@ -10,6 +10,18 @@ to the gradient's dtype. Four launches and ~120 us of host.
 
     rewrite_embedding_grads(gm) -> int     # nodes rewritten (before partitioning)
     embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq) -> Tensor
+    token_slots(indices, num_weights) -> Tensor            # each token's row in a table of the batch's ids
+    rows_at_ids(indices, rows, num_weights, padding_idx) -> Tensor
+
+A 16-bit gradient that goes straight out of the graph, of a table larger than the batch (a
+language model's vocabulary: 4096 tokens into 32000 rows of 1024), is summed in a table of the
+batch's size instead: the fp32 [V, D] table and its cast moved 330 MB a step on Llama, ~80 us
+of fill and cast on an H200 for 16 MB of sums. Each token's slot is the position of a token
+with its id, the same for all of them (token_slots: positions scattered into a [V] table), the
+tokens' gradients are added at their slots into a zeroed fp32 [T, D] table (embedding_grad_fp32
+over the slots: the scatter group), each token reads its slot's sums back cast to the
+gradient's dtype (a take_rows group) and writes them at its id in a zeroed table of that dtype
+(rows_at_ids): every token of an id writes the same row.
 
 Where a fusible op reads the gradient, the graph gets the fp32 sums (embedding_grad_fp32) and
 an `aten._to_copy` node that casts them, so that the cast joins its reader: GPT-2's tied
@@ -63,6 +75,39 @@ def embedding_grad_fp32(grad, indices, num_weights, padding_idx, scale_grad_by_f
     return out
 
 
+def token_slots(indices, num_weights):
+    """Each token's slot in a table of the batch's distinct ids (int64, indices' shape): the
+    position, in indices read flat, of one token with its id, the same for every token of
+    that id. Each token writes its position at its id and reads back the one that landed
+    (which one does is immaterial: the sums at a slot are the same): a plain scatter, where a
+    scatter by minimum (the first token's) took 11 us of atomics on an H200; no id that no
+    token has is read, so the table is not initialised."""
+    idx = indices.reshape(-1).long()
+    slot_of_id = torch.empty((num_weights,), dtype=torch.int64, device=idx.device)
+    slot_of_id.scatter_(0, idx, torch.arange(idx.numel(), device=idx.device))
+    return slot_of_id[idx].view(indices.shape)
+
+
+def rows_at_ids(indices, rows, num_weights, padding_idx):
+    """A [num_weights, D] table of rows' dtype: zeros, rows[j] at row indices[j] (the tokens
+    of one id carry the same row, so which write lands is immaterial), the padding_idx row
+    zero. A scatter with the index broadcast along the rows (add_rows_'s form), where
+    `out[idx] = rows` (ATen's index_put, offsets by division an element) took 22 us for 4096
+    rows of 1024 on an H200."""
+    out = rows.new_zeros((num_weights, rows.shape[-1]))
+    out.scatter_(0, indices.reshape(-1, 1).long().expand(rows.shape), rows)
+    if padding_idx >= 0:
+        out[padding_idx] = 0
+    return out
+
+
+def _compact(node):
+    """Whether embedding gradient node is summed in a table of the batch's size (above): a
+    16-bit gradient no fusible op reads, of a table with more rows than the batch has tokens."""
+    grad, indices = tensor_val(node.args[0]), tensor_val(node.args[1])
+    return grad.dtype in (torch.bfloat16, torch.float16) and indices.numel() < node.args[2]
+
+
 def _rewritable(node):
     if node.op != "call_function" or node.target is not aten.embedding_dense_backward.default:
         return False
@@ -82,24 +127,43 @@ def _rewritable(node):
     )
 
 
+def _compact_nodes(gm, mode, node, made):
+    """The nodes of a gradient summed in a table of the batch's size (above); returns the last."""
+    grad, indices, num_weights, padding_idx = node.args[:4]
+    tokens = tensor_val(indices).numel()
+    slots = fake_meta.call(gm, mode, token_slots, (indices, num_weights), made=made)
+    sums = fake_meta.call(gm, mode, embedding_grad_fp32, (grad, slots, tokens, -1, False), made=made)
+    flat = fake_meta.call(gm, mode, aten.view.default, (slots, [tokens]), made=made)
+    back = fake_meta.call(gm, mode, aten.index.Tensor, (sums, [flat]), made=made)
+    cast = fake_meta.call(gm, mode, aten._to_copy.default, (back,), {"dtype": node.meta["val"].dtype}, made)
+    return fake_meta.call(gm, mode, rows_at_ids, (indices, cast, num_weights, padding_idx), made=made)
+
+
 def rewrite_embedding_grads(gm):
     """Each embedding_dense_backward node of gm that can be (above) becomes embedding_grad_fp32
     and a cast to its dtype where a fusible op reads it (the cast's value is the old node's),
-    else one call of embedding_grad. Returns how many were rewritten."""
+    the sums in a table of the batch's size where that is smaller (_compact), else one call of
+    embedding_grad. Returns how many were rewritten."""
     if torch.are_deterministic_algorithms_enabled():
         return 0
     mode, found = fake_meta.matches(gm, lambda node: True if _rewritable(node) else None)
     n = 0
     for node, _ in found:
-        if not any(ops.fusible(u) for u in node.users):  # a gradient no kernel reads: one call
+        read = any(ops.fusible(u) for u in node.users)
+        if not read and not _compact(node):  # a gradient no kernel reads: one call
             node.target = embedding_grad
             n += 1
             continue
         made = []
         try:
             with gm.graph.inserting_before(node):
-                sums = fake_meta.call(gm, mode, embedding_grad_fp32, node.args, made=made)
-                cast = fake_meta.call(gm, mode, aten._to_copy.default, (sums,), {"dtype": node.meta["val"].dtype}, made)
+                if read:
+                    sums = fake_meta.call(gm, mode, embedding_grad_fp32, node.args, made=made)
+                    cast = fake_meta.call(
+                        gm, mode, aten._to_copy.default, (sums,), {"dtype": node.meta["val"].dtype}, made
+                    )
+                else:
+                    cast = _compact_nodes(gm, mode, node, made)
         except Exception as e:  # leave ATen's op
             log.debug("fuseml: %s stays ATen's: %s", node.name, e)
             fake_meta.discard(gm, made)
