@@ -2,16 +2,17 @@
  * than registers hold (a vocabulary's logits: 50 257 for GPT-2, 128 256 for Llama 3).
  *
  * A block owns a row and walks it in tiles of block * ept elements, each tile loaded into
- * registers as the held variant loads a whole row; the whole tiles in a loop that tests no
- * column against the row's end, the last tile, where the row ends inside it, after it. A reduction needs every tile, so the
- * kernel makes passes: a value's *level* is the number of reductions in its longest chain
- * (inputs and consts 0; an op the max of its operands'; a reduction one more than its
- * operand). Pass L computes, tile by tile, the whole-row values that level-L reductions read
- * and accumulates each in a per-thread fp32 partial, then reduces the partials across the
- * block; the per-row values of level L follow at once. A last pass computes the row outputs
- * and stores them. A row output no reduction precedes (level 0: Gemma 2's softcapped logits,
- * written beside the loss's statistics) is stored in the first pass, which computes it
- * anyway; when every row output is such, there is no last pass: the row is read once.
+ * registers as the held variant loads a whole row: the whole tiles in a loop that tests no
+ * column against the row's end, then the last tile, where the row ends inside it. A
+ * reduction needs every tile, so the kernel makes passes: a value's *level* is the number of
+ * reductions in its longest chain (inputs and consts 0; an op the max of its operands'; a
+ * reduction one more than its operand). Pass L computes, tile by tile, the whole-row values
+ * that level-L reductions read and accumulates each in a per-thread fp32 partial, then
+ * reduces the partials across the block; the per-row values of level L follow at once. A
+ * last pass computes the row outputs and stores them. A row output no reduction precedes
+ * (level 0: Gemma 2's softcapped logits, written beside the loss's statistics) is stored in
+ * the first pass, which computes it anyway; when every row output is such, there is no last
+ * pass: the row is read once.
  *
  * A sum of exp(x - amax(x)) (softmax's, log_softmax's, cross-entropy's denominator) would be
  * level 2, a second pass; it is accumulated in the amax's pass instead, as an *online* pair

@@ -102,8 +102,9 @@ def rows_at_ids(indices, rows, num_weights, padding_idx):
 
 
 def _compact(node):
-    """Whether embedding gradient node is summed in a table of the batch's size (above): a
-    16-bit gradient no fusible op reads, of a table with more rows than the batch has tokens."""
+    """Whether embedding gradient node, which no fusible op reads (the caller's test), is
+    summed in a table of the batch's size (above): a 16-bit gradient of a table with more rows
+    than the batch has tokens."""
     grad, indices = tensor_val(node.args[0]), tensor_val(node.args[1])
     return grad.dtype in (torch.bfloat16, torch.float16) and indices.numel() < node.args[2]
 
