@@ -33,6 +33,8 @@ typedef struct fm_cg_tensor {
   uint32_t value; /* position of the value read (input) or stored (output) */
   fm_cg_access access;
   int64_t es[FM_MAX_RANK]; /* strides per coalesced dim (0 where broadcast) */
+  uint8_t gathered;        /* STRIDED with units: loaded an element at a time at its own
+                              coordinates (else a vector at the unit's linear offset) */
 } fm_cg_tensor;
 
 typedef struct fm_cg_plan {
@@ -49,6 +51,9 @@ typedef struct fm_cg_plan {
   int64_t dims[FM_MAX_RANK];              /* STRIDED: coalesced sizes; dims[0] is a
                                                  multiplier of outer when symbolic */
   uint32_t max_vec;                       /* widest legal vector (>= 1) */
+  uint32_t unit_vec;                      /* STRIDED: widest unit of consecutive elements
+                                                 that every output, row-major, stores as one
+                                                 vector whatever the rows' length (1: none) */
   uint8_t rowval[FM_CG_MAX_VALUES];       /* rows template: value is a register array,
                                                  read as v<pos>[i] (pointwise: all 0) */
 } fm_cg_plan;
@@ -90,8 +95,11 @@ int fm_cg_window_twin(const fm_fragment *f, uint32_t i);
  * times the windows that can cover one element. */
 uint32_t fm_cg_window_cost(const fm_opnode *op);
 
-/* Largest width <= want (0: no limit) that every vector tensor of the plan allows. */
+/* Largest width <= want that every vector tensor of the plan allows, or a unit's (unit_vec)
+ * where that is wider: the kernel then runs with units (fm_cg_plan_units). want 0: no limit,
+ * and units only where the rows take no vectors (max_vec 1). */
 uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want);
+static inline int fm_cg_plan_units(const fm_cg_plan *p, uint32_t vec) { return !p->flat && vec > p->max_vec; }
 
 /* C storage type of a dtype in memory ("unsigned short" for bf16/f16). */
 const char *fm_cg_storage_type(fm_dtype dt);

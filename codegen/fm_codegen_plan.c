@@ -228,8 +228,58 @@ static uint32_t widest_vec(const fm_cg_plan *p) {
   return w;
 }
 
+/* STRIDED where the innermost group holds no whole vectors (GPT-2's logits gradient: rows of
+ * 50 257, read at the padded row stride 50 304 and written contiguous) or some input is not
+ * contiguous along it: the outputs may still be row-major over the iteration shape, so that
+ * VEC consecutive elements of the iteration are VEC consecutive elements of each output
+ * whatever rows they fall in. Such a unit is stored as one vector; each input that is laid
+ * out as the outputs are (and aligned for it) is loaded as one too, every other input an
+ * element at a time at the element's own coordinates (`gathered`). 16 bytes of the narrowest
+ * output, at most 32 of the widest (fm_uint4x2); 1 where an output is not row-major, is
+ * 64-bit or is not aligned for it. */
+static uint32_t widest_unit(fm_cg_plan *p) {
+  if (p->flat) return 1;
+  int64_t rm[FM_MAX_RANK]; /* row-major strides of the coalesced dims */
+  int64_t c = 1;
+  for (uint32_t g = p->rank; g-- > 0;) {
+    rm[g] = c;
+    c *= p->dims[g];
+  }
+  size_t widest = 1, narrowest = 16;
+  for (uint32_t k = p->n_in; k < p->n_in + p->n_out; k++) {
+    const fm_cg_tensor *t = &p->t[k];
+    if (t->dtype == FM_DT_I64) return 1;
+    for (uint32_t g = 0; g < p->rank; g++)
+      if (t->es[g] != rm[g]) return 1;
+    const size_t size = fm_dtype_size(t->dtype);
+    if (size > widest) widest = size;
+    if (size < narrowest) narrowest = size;
+  }
+  uint32_t w = FM_CG_WIDEST_BYTES / (uint32_t)narrowest;
+  while (w * widest > FM_CG_WIDEST_VECTOR) w /= 2;
+  for (uint32_t k = p->n_in; k < p->n_in + p->n_out; k++) {
+    const uint32_t bytes = w * (uint32_t)fm_dtype_size(p->t[k].dtype);
+    while (w > 1 && p->t[k].align < (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES)) w /= 2;
+  }
+  if (w <= p->max_vec) return 1;
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    fm_cg_tensor *t = &p->t[k];
+    if (t->access != FM_CG_VECTOR && t->access != FM_CG_SPLAT) continue;
+    const uint32_t bytes = w * (uint32_t)fm_dtype_size(t->dtype);
+    int linear = t->access == FM_CG_VECTOR && t->dtype != FM_DT_I64 && bytes <= FM_CG_WIDEST_VECTOR &&
+                 t->align >= (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES);
+    for (uint32_t g = 0; linear && g < p->rank; g++)
+      if (t->es[g] != rm[g]) linear = 0;
+    t->gathered = (uint8_t)!linear;
+  }
+  return w;
+}
+
 uint32_t fm_cg_plan_vec(const fm_cg_plan *p, uint32_t want) {
-  uint32_t w = p->max_vec;
+  /* by default units only where the rows take no vectors at all (odd rows): a unit's inputs
+     loaded element by element may lose to narrower vectors along the rows (the tuner times
+     the other form too) */
+  uint32_t w = p->unit_vec > p->max_vec && (want || p->max_vec == 1) ? p->unit_vec : p->max_vec;
   if (want) {
     while (w > want) w /= 2;
   }
@@ -266,5 +316,6 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
   p->outer = it->rank == 0 ? 1 : it->shape[0];
   if (!plan_flat(f, p)) plan_strided(f, p);
   p->max_vec = widest_vec(p);
+  p->unit_vec = widest_unit(p);
   return FM_OK;
 }

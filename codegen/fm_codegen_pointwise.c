@@ -11,7 +11,13 @@
  * the last n % VEC elements are done once by block 0. STRIDED path: the element index is
  * split into coordinates of the coalesced dims (divisions by compile-time constants; dim 0
  * is outermost so the runtime size never divides) and each tensor's offset is a dot product
- * with its strides; vectors run along the innermost dim, whose size VEC divides. */
+ * with its strides; vectors run along the innermost dim, whose size VEC divides. STRIDED
+ * with UNITS, where VEC does not divide it (odd rows) or an input is not contiguous along it,
+ * but every output is row-major: a vector is VEC consecutive elements of the iteration, which
+ * may span rows; each output stores it as one vector, each input laid out as the outputs are
+ * loads it as one, every other input an element at a time at the element's coordinates
+ * (stepped from the unit's first, a carry into the next row), and block 0 does the last
+ * n % VEC elements. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,7 +143,7 @@ static void emit_signature(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
  * block's two norms) out of the loop with it. */
 static int hoisted(const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, uint32_t k) {
   const fm_cg_tensor *t = &p->t[k];
-  if (p->flat || p->rank < 2 || t->access != FM_CG_VECTOR) return 0;
+  if (p->flat || p->rank < 2 || t->access != FM_CG_VECTOR || fm_cg_plan_units(p, vec)) return 0;
   const uint32_t last = p->rank - 1;
   if (t->es[last] == 0 || p->dims[last] < 1) return 0;
   for (uint32_t g = 0; g < last; g++)
@@ -159,10 +165,12 @@ static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, 
         fm_strbuf_printf(sb, "%ss%u", sep, k);
         break;
       case FM_CG_SPLAT:
-        fm_strbuf_printf(sb, "%sr%u[u]", sep, k);
+        fm_strbuf_printf(sb, fm_cg_plan_units(p, vec) ? "%sr%u[u][e]" : "%sr%u[u]", sep, k);
         break;
       case FM_CG_VECTOR:
-        if (vec == 1)
+        if (fm_cg_plan_units(p, vec) && t->gathered)
+          fm_strbuf_printf(sb, "%sr%u[u][e]", sep, k);
+        else if (vec == 1)
           fm_strbuf_printf(sb, hoist[k] ? "%sh%u" : "%sr%u[u]", sep, k);
         else
           fm_strbuf_printf(sb, hoist[k] ? "%s%s(h%u, e)" : "%s%s(r%u[u], e)", sep, elem_fn(t->dtype, 0), k);
@@ -295,6 +303,131 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   fm_strbuf_append(sb, "  }\n");
 }
 
+/* UNITS: the coordinates of unit v's first element, mutable: emit_unit_step moves them on. */
+static void emit_unit_coords(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+  fm_strbuf_printf(sb, "        unsigned long long r = (unsigned long long)v * %uu;\n", vec);
+  for (uint32_t g = p->rank; g-- > 1;) {
+    fm_strbuf_printf(sb, "        long long c%u = (long long)(r %% %lldull);\n", g, (long long)p->dims[g]);
+    fm_strbuf_printf(sb, "        r /= %lldull;\n", (long long)p->dims[g]);
+  }
+  fm_strbuf_append(sb, "        long long c0 = (long long)r;\n");
+}
+
+/* UNITS: the next element's coordinates: the innermost one up, a carry outwards at its end
+ * (dim 0 never ends inside the iteration). */
+static void emit_unit_step(fm_strbuf *sb, const fm_cg_plan *p) {
+  fm_strbuf_append(sb, "          ");
+  for (uint32_t g = p->rank; g-- > 1;)
+    fm_strbuf_printf(sb, "if (++c%u == %lldLL) { c%u = 0; ", g, (long long)p->dims[g], g);
+  fm_strbuf_append(sb, "++c0;");
+  for (uint32_t g = 1; g < p->rank; g++) fm_strbuf_append(sb, " }");
+  fm_strbuf_append(sb, "\n");
+}
+
+static int is_gathered(const fm_cg_tensor *t) {
+  return t->gathered && (t->access == FM_CG_VECTOR || t->access == FM_CG_SPLAT);
+}
+
+/* UNITS: the main loop (loads, compute, stores as the other paths'), a unit per vector. */
+static void emit_unit_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec) {
+  const uint32_t per_block = cfg->block * cfg->unroll;
+  const uint8_t no_hoist[FM_MAX_INPUTS] = {0};
+  int any_gathered = 0;
+  for (uint32_t k = 0; k < p->n_in; k++) any_gathered |= is_gathered(&p->t[k]);
+  fm_strbuf_printf(sb,
+                   "  for (long long v0 = (long long)blockIdx.x * %u + threadIdx.x; v0 < nv;\n"
+                   "       v0 += (long long)gridDim.x * %u) {\n",
+                   per_block, per_block);
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    const fm_cg_tensor *t = &p->t[k];
+    if (is_gathered(t))
+      fm_strbuf_printf(sb, "    %s r%u[%u][%u];\n", fm_cg_storage_type(t->dtype), k, cfg->unroll, vec);
+    else if (t->access == FM_CG_VECTOR)
+      fm_strbuf_printf(sb, "    %s r%u[%u];\n", reg_type(p, k, vec), k, cfg->unroll);
+  }
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "    %s w%u[%u];\n", reg_type(p, p->n_in + k, vec), k, cfg->unroll);
+  /* 1. loads */
+  emit_step_head(sb, cfg);
+  for (uint32_t k = 0; k < p->n_in; k++)
+    if (p->t[k].access == FM_CG_VECTOR && !p->t[k].gathered)
+      fm_strbuf_printf(sb, "        r%u[u] = *reinterpret_cast<const %s *>(in%u + v * %u);\n", k, reg_type(p, k, vec),
+                       k, vec);
+  if (any_gathered) {
+    emit_unit_coords(sb, p, vec);
+    fm_strbuf_printf(sb,
+                     "#pragma unroll\n"
+                     "        for (int e = 0; e < %u; ++e) {\n",
+                     vec);
+    for (uint32_t k = 0; k < p->n_in; k++) {
+      if (!is_gathered(&p->t[k])) continue;
+      fm_strbuf_printf(sb, "          r%u[u][e] = in%u[", k, k);
+      emit_offset(sb, p, k, vec);
+      fm_strbuf_append(sb, "];\n");
+    }
+    emit_unit_step(sb, p);
+    fm_strbuf_append(sb, "        }\n");
+  }
+  emit_step_tail(sb);
+  /* 2. compute */
+  emit_step_head(sb, cfg);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "        w%u[u] = %s;\n", k, reg_zero(reg_type(p, p->n_in + k, vec)));
+  fm_strbuf_printf(sb,
+                   "#pragma unroll\n"
+                   "        for (int e = 0; e < %u; ++e) {\n",
+                   vec);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "          %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  emit_compute_call(sb, p, vec, no_hoist, "          ");
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1), k, k);
+  fm_strbuf_append(sb, "        }\n");
+  emit_step_tail(sb);
+  /* 3. stores */
+  emit_step_head(sb, cfg);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + v * %u) = w%u[u];\n", reg_type(p, p->n_in + k, vec),
+                     k, vec, k);
+  emit_step_tail(sb);
+  fm_strbuf_append(sb, "  }\n");
+}
+
+/* UNITS: the n % VEC elements after the last whole unit, once, by block 0, each input at the
+ * element's coordinates. */
+static void emit_unit_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+  fm_strbuf_printf(sb,
+                   "  /* the last n %% %u elements: once, by the first threads of block 0 */\n"
+                   "  if (blockIdx.x == 0 && threadIdx.x < n - nv * %u) {\n"
+                   "    {\n"
+                   "        const long long v = nv * %u + threadIdx.x;\n",
+                   vec, vec, vec);
+  emit_coords(sb, p, 1);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "        %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "        fm_compute(");
+  const char *sep = "";
+  for (uint32_t k = 0; k < p->n_in; k++) {
+    const fm_cg_access a = p->t[k].access;
+    if (a == FM_CG_UNUSED) continue;
+    if (a == FM_CG_SCALAR) {
+      fm_strbuf_printf(sb, "%ss%u", sep, k);
+    } else {
+      fm_strbuf_printf(sb, "%sin%u[", sep, k);
+      emit_offset(sb, p, k, 1);
+      fm_strbuf_append(sb, "]");
+    }
+    sep = ", ";
+  }
+  for (uint32_t k = 0; k < p->n_out; k++) {
+    fm_strbuf_printf(sb, "%so%u", sep, k);
+    sep = ", ";
+  }
+  fm_strbuf_append(sb, ");\n");
+  for (uint32_t k = 0; k < p->n_out; k++) fm_strbuf_printf(sb, "        out%u[v] = o%u;\n", k, k);
+  fm_strbuf_append(sb, "    }\n  }\n");
+}
+
 /* FLAT: the n % VEC elements after the last whole vector, once, by block 0. */
 static void emit_flat_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
   fm_strbuf_printf(sb,
@@ -327,19 +460,22 @@ static void emit_flat_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
 /* The 32-byte register of an f32 vector beside 16-bit ones (fm_codegen_plan.c): two 16-byte
  * words, each loaded and stored as one access; the prelude's element getters and setters
  * reach it through these overloads. Emitted only where a tensor uses it. */
-static void emit_wide_words(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+static int has_wide_words(const fm_cg_plan *p, uint32_t vec) {
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++)
-    if (strcmp(reg_type(p, k, vec), "fm_uint4x2") == 0) {
-      fm_strbuf_append(sb,
-                       "struct __align__(16) fm_uint4x2 { uint4 lo, hi; };\n"
-                       "__device__ __forceinline__ unsigned int fm_word(const fm_uint4x2 &r, int k) {\n"
-                       "  return k < 4 ? fm_word(r.lo, k) : fm_word(r.hi, k - 4);\n"
-                       "}\n"
-                       "__device__ __forceinline__ void fm_or_word(fm_uint4x2 &r, int k, unsigned int b) {\n"
-                       "  if (k < 4) fm_or_word(r.lo, k, b); else fm_or_word(r.hi, k - 4, b);\n"
-                       "}\n");
-      return;
-    }
+    if (strcmp(reg_type(p, k, vec), "fm_uint4x2") == 0) return 1;
+  return 0;
+}
+
+static void emit_wide_words(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+  if (has_wide_words(p, vec))
+    fm_strbuf_append(sb,
+                     "struct __align__(16) fm_uint4x2 { uint4 lo, hi; };\n"
+                     "__device__ __forceinline__ unsigned int fm_word(const fm_uint4x2 &r, int k) {\n"
+                     "  return k < 4 ? fm_word(r.lo, k) : fm_word(r.hi, k - 4);\n"
+                     "}\n"
+                     "__device__ __forceinline__ void fm_or_word(fm_uint4x2 &r, int k, unsigned int b) {\n"
+                     "  if (k < 4) fm_or_word(r.lo, k, b); else fm_or_word(r.hi, k - 4, b);\n"
+                     "}\n");
 }
 
 static void emit_kernel(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, const char *entry) {
@@ -361,10 +497,16 @@ static void emit_kernel(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *
     if (p->t[k].access == FM_CG_SCALAR)
       fm_strbuf_printf(sb, "  const %s s%u = in%u[0];  /* broadcast scalar */\n", fm_cg_storage_type(p->t[k].dtype), k,
                        k);
-  emit_main_loop(sb, p, cfg, vec);
+  const int units = fm_cg_plan_units(p, vec);
+  if (units)
+    emit_unit_loop(sb, p, cfg, vec);
+  else
+    emit_main_loop(sb, p, cfg, vec);
   /* STRIDED never has a tail: VEC divides the innermost dim. A static n that VEC divides
    * needs none either. */
-  if (p->flat && vec > 1 && (p->symbolic || (p->outer * p->inner) % vec != 0)) emit_flat_tail(sb, p, vec);
+  const int tail = vec > 1 && (p->symbolic || (p->outer * p->inner) % vec != 0);
+  if (p->flat && tail) emit_flat_tail(sb, p, vec);
+  if (units && tail) emit_unit_tail(sb, p, vec);
   fm_strbuf_append(sb, "}\n");
 }
 
@@ -375,7 +517,11 @@ static void emit_header(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *
                    " * Generated from a canonical fragment: every name and number below comes "
                    "from its\n * typed fields. One self-contained translation unit (NVRTC has "
                    "no include path). */\n",
-                   FM_CODEGEN_VERSION, p->flat ? "FLAT" : "STRIDED", vec, cfg->unroll, cfg->block);
+                   FM_CODEGEN_VERSION,
+                   p->flat                    ? "FLAT"
+                   : fm_cg_plan_units(p, vec) ? "STRIDED with UNITS"
+                                              : "STRIDED",
+                   vec, cfg->unroll, cfg->block);
   if (!p->flat) {
     fm_strbuf_append(sb, "/* coalesced dims: [");
     for (uint32_t g = 0; g < p->rank; g++) {
@@ -483,12 +629,21 @@ fm_pw_config fm_codegen_pointwise_default(const fm_fragment *canon) {
 static uint32_t wide_vec(const fm_fragment *canon) {
   uint32_t wide = 0;
   fm_cg_plan *p = canon && !fm_fragment_is_extent(canon) ? malloc(sizeof *p) : NULL;
-  if (p && fm_cg_plan_build(canon, p, NULL) == FM_OK) {
-    for (uint32_t k = 0; k < p->n_in + p->n_out; k++)
-      if (strcmp(reg_type(p, k, p->max_vec), "fm_uint4x2") == 0) wide = p->max_vec;
-  }
+  if (p && fm_cg_plan_build(canon, p, NULL) == FM_OK && has_wide_words(p, p->max_vec)) wide = p->max_vec;
   free(p);
   return wide;
+}
+
+/* The vec of the other form where a fragment may run with units or with vectors along its
+ * rows: the rows' (max_vec) where the default runs with units, the units' where it does not;
+ * else 0. */
+static uint32_t other_form(const fm_fragment *canon) {
+  uint32_t other = 0;
+  fm_cg_plan *p = canon && !fm_fragment_is_extent(canon) ? malloc(sizeof *p) : NULL;
+  if (p && fm_cg_plan_build(canon, p, NULL) == FM_OK && p->unit_vec > p->max_vec)
+    other = fm_cg_plan_units(p, fm_cg_plan_vec(p, 0)) ? p->max_vec : p->unit_vec;
+  free(p);
+  return other;
 }
 
 /* The default first, then block x unroll x blocks_per_sm, keeping only grids that fit in
@@ -497,7 +652,8 @@ static uint32_t wide_vec(const fm_fragment *canon) {
  * points store the widest units its outputs allow; the default at one element a thread is
  * timed beside them (a unit's elements are computed one after another: where each is long,
  * a thread per element may win). Where a vector holds 32 bytes of some tensor, the default
- * at 16 bytes of it is timed too. */
+ * at 16 bytes of it is timed too; where a fragment may run with units or with vectors along
+ * its rows, the default in the other form. */
 size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *out, size_t max) {
   size_t n = 0;
   if (!out || max == 0) return 0;
@@ -517,6 +673,12 @@ size_t fm_codegen_pointwise_candidates(const fm_fragment *canon, fm_pw_config *o
     fm_pw_config one = def;
     one.vec = 1;
     out[n++] = one;
+  }
+  const uint32_t other = other_form(canon);
+  if (other && n < max) { /* units stored across rows, or vectors along them: both timed */
+    fm_pw_config form = def;
+    form.vec = other;
+    out[n++] = form;
   }
   const uint32_t wide = wide_vec(canon);
   if (wide && n < max) { /* 16 bytes of the widest tensor, as before 32-byte vectors: timed beside them */

@@ -65,6 +65,16 @@ def op_table(step, dev, steps, top):
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
+def _callers(event, depth=4):
+    """The op that issued a kernel and the ops it ran inside, innermost first: an ATen copy
+    reads as `aten::copy_ < aten::clone < aten::contiguous < <the op that needed it>`."""
+    names = []
+    while event is not None and len(names) < depth:
+        names.append(event.name)
+        event = getattr(event, "cpu_parent", None)
+    return names
+
+
 def kernel_trace(step, dev):
     """One step's GPU work in the order it ran: each kernel, memcpy and memset with its time
     and the ATen op or fuseml launch that issued it (where the profiler links them). Read
@@ -76,21 +86,25 @@ def kernel_trace(step, dev):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
         measure.sync(dev)
-    issuer = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CPU:
-            for k in getattr(e, "kernels", None) or ():
-                issuer.setdefault(id(k), e.name)
-    rows = ["| # | start us | us | kernel | issued by |", "|---|---|---|---|---|"]
+    # the profiler links each CPU op to the kernels it launched by name only; a stream runs
+    # kernels in launch order, so the n-th kernel of a name is the n-th launch of that name
+    issuers = collections.defaultdict(collections.deque)
+    cpu = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU and getattr(e, "kernels", None)),
+        key=lambda e: e.time_range.start,
+    )
+    for e in cpu:
+        for k in e.kernels:
+            issuers[k.name].append(" < ".join(_callers(e)))
+    rows = ["| # | start us | us | kernel | issued by (innermost op first) |", "|---|---|---|---|---|"]
     gpu = sorted(
         (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
     )
     t0 = gpu[0].time_range.start if gpu else 0
     for i, e in enumerate(gpu):
-        parent = getattr(e, "cpu_parent", None)
-        by = parent.name if parent is not None else issuer.get(id(e), "")
+        by = issuers[e.name].popleft() if issuers[e.name] else ""
         rows.append(
-            f"| {i} | {e.time_range.start - t0:.0f} | {e.time_range.elapsed_us():.1f} | {e.name[:90]} | {by[:60]} |"
+            f"| {i} | {e.time_range.start - t0:.0f} | {e.time_range.elapsed_us():.1f} | {e.name[:90]} | {by[:200]} |"
         )
     return "\n".join(rows)
 

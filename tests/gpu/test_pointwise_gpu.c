@@ -347,6 +347,26 @@ static void middle_case(gu_rng *r) {
   run_case("middle_units[f32 -1 x (3 + 2) x 16]", &b, 23, r, 0);
 }
 
+/* Units across odd rows (the STRIDED path's units): cross-entropy's backward at an odd
+ * vocabulary, x bf16 [-1, cols] read at the padded row stride `ld`, per-row lse and w f32
+ * [-1, 1], a column row f32 [1, cols]; two row-major outputs, bf16 and f32 (a unit of 8 stores
+ * 16 bytes of one, 32 of the other), whose units span rows; the last n % 8 by block 0. */
+static void odd_rows_case(gu_rng *r, int64_t cols, int64_t ld, int64_t outer) {
+  fb b;
+  fb_init(&b);
+  int64_t sx[2] = {FM_DIM_SYMBOLIC, cols}, st[2] = {ld, 1}, srow[2] = {FM_DIM_SYMBOLIC, 1}, scol[2] = {1, cols};
+  uint32_t x = fb_input(&b, FM_DT_BF16, 2, sx, st, 16);
+  uint32_t lse = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4), w = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4);
+  uint32_t col = fb_input(&b, FM_DT_F32, 2, scol, NULL, 16);
+  uint32_t p = fb_op1(&b, FM_OP_EXP, fb_op2(&b, FM_OP_SUB, fb_cast(&b, x, FM_DT_F32), lse));
+  uint32_t g = fb_op2(&b, FM_OP_MUL, fb_op2(&b, FM_OP_SUB, p, col), w);
+  fb_output(&b, fb_cast(&b, g, FM_DT_BF16), 2, sx);
+  fb_output(&b, g, 2, sx);
+  char name[96];
+  snprintf(name, sizeof name, "odd_rows_units[bf16 %" PRId64 " x %" PRId64 " of %" PRId64 "]", outer, cols, ld);
+  run_case(name, &b, outer, r, 0);
+}
+
 /* Cat fragments whose units never straddle a branch (codegen's unit form) and one that is
  * read element by element. */
 static void cat_cases(gu_rng *r) {
@@ -378,6 +398,9 @@ int main(int argc, char **argv) {
   gu_rng r = {seed | 1};
   fixed_cases(&r);
   cat_cases(&r);
+  odd_rows_case(&r, 1001, 1008, 37);
+  odd_rows_case(&r, 5, 8, 3);         /* rows shorter than a unit: several carries in one */
+  odd_rows_case(&r, 50257, 50304, 9); /* GPT-2's vocabulary */
   for (int i = 0; i < n_random; i++) random_case(&r, i);
   fm_client_close(client);
   printf("%d passed, %d failed\n", passed, failed);

@@ -99,10 +99,33 @@ def test_backward_takes_no_tangent_for_the_logits(dead_socket, small_heads, soft
     assert B * S * V not in sizes["yes"] and B * S * D in sizes["yes"], sizes
 
 
+@pytest.mark.parametrize("aux", [0.0, 0.5])
+def test_a_padded_head_with_its_loss_in_the_graph(dead_socket, small_heads, aux):
+    """A vocabulary not a multiple of 8 whose loss the graph computes (BERT's masked LM:
+    pad_gemm.py pads the head's GEMMs) is taken: no tangent of the logits' size, the loss's
+    gradient through the padded GEMMs in the compiled backward, a gradient of the logits
+    themselves (aux) through the reattached node; every value as eager's."""
+    x, labels = _inputs()
+    torch.manual_seed(1)
+    model = _Decoder(bias=True, classes=V + 2).to(BF16)
+    want = _step(model, model, x, labels, aux)
+    c = fuseml.FuseMLCompiler(pad_gemm="all")
+    got = _step(model, torch.compile(model, backend=c), x, labels, aux)
+    for g, w in zip(got, want):
+        assert g is not None and g.shape == w.shape
+        err = rel_err(g.float(), w.float())
+        assert err == err and err < 2e-2, err
+    bw = plan(c, "backward")
+    tangents = [n.meta["val"].numel() for n in bw.compiled.gm.graph.nodes if n.op == "placeholder" and "tangent" in n.name]
+    assert B * S * (V + 2) not in tangents and B * S * D in tangents, tangents
+    assert any("M 98 -> 104" in d for d in bw.padded) and any("K 98 -> 104" in d for d in bw.padded), bw.padded
+
+
 def test_graphs_not_taken(dead_socket):
     """At the real threshold these outputs are too small; a projection no wider than RATIO
-    times its input, a vocabulary not a multiple of 8 (pad_gemm.py's) and a graph compiled
-    without gradients are left as they were."""
+    times its input, a vocabulary not a multiple of 8 (pad_gemm.py's) that no loss in the
+    graph reads (GPT-2's, behind a graph break) and a graph compiled without gradients are
+    left as they were."""
     x, labels = _inputs()
     graphs = []
 
@@ -118,9 +141,14 @@ def test_graphs_not_taken(dead_socket):
         narrow = _Decoder(classes=2 * D).to(BF16)
         torch.compile(narrow, backend=grab)(x, labels.clamp(max=2 * D - 1))
         assert head_output.rewrite(graphs[-1]) is None
-        odd = _Decoder(classes=V + 2).to(BF16)
-        torch.compile(odd, backend=grab)(x, labels)
+        class _LogitsOnly(_Decoder):  # the loss left to the caller
+            def forward(self, x):
+                return (self.lm_head(torch.tanh(self.trunk(x))),)
+
+        torch.compile(_LogitsOnly(classes=V + 2).to(BF16), backend=grab)(x)
         assert head_output.rewrite(graphs[-1]) is None
+        torch.compile(_LogitsOnly().to(BF16), backend=grab)(x)
+        assert head_output.rewrite(graphs[-1]) is not None  # a multiple of 8: taken alone too
 
         class _TwoTensorCap(_Decoder):  # an op of the logits and another tensor: not a soft cap
             def forward(self, x, labels):

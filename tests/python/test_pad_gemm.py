@@ -203,6 +203,47 @@ def test_readers_see_the_padded_layout():
         assert a.is_contiguous() and rel_err(a, b) < 1e-2
 
 
+def test_a_computed_value_is_read_through_its_padded_copy():
+    """A value the graph computes, padded for a GEMM (BERT's logits gradient from the loss's
+    backward, beside the bias gradient's column sum): its other readers read a slice of the
+    padded copy, so the cat is its only reader and joins the group that computes it (one
+    kernel writes the value padded); the numbers are the graph's as traced."""
+    from fuseml.partition import find_groups
+
+    def f(x, w):
+        g = (x.float() * 0.5).exp().to(torch.bfloat16)
+        return g @ w, g.sum(0)
+
+    gm, xs = _trace(f, (48, 1001), (1001, 64))
+    want = _run(gm, xs)
+    assert pad_gemm.pad(gm, "all")[0] == ["mm (K 1001 -> 1008)"]
+    cat = next(n for n in gm.graph.nodes if n.target is aten.cat.default)
+    assert list(cat.args[0][0].users) == [cat]
+    (total,) = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList]
+    view = total.args[0]
+    assert view.target is aten.slice.Tensor and view.args[0] is cat
+    assert view.meta["val"].stride() == (1008, 1)
+    _all_have_meta(gm)
+    for a, b in zip(_run(gm, xs), want):
+        assert a.shape == b.shape and rel_err(a, b) < 1e-2
+    groups = find_groups(gm)
+    (exp_group,) = [g for g in groups if any(n.target is aten.exp.default for n in g.members)]
+    assert cat in exp_group.members, [g.describe() for g in groups]
+
+
+def test_an_input_padded_keeps_its_readers():
+    """A graph input padded (GPT-2's logits gradient behind a graph break) has nothing to fuse
+    into: its other readers keep reading it."""
+
+    def f(g, w):
+        return g @ w, g.sum(0)
+
+    gm, _ = _trace(f, (48, 1001), (1001, 64))
+    pad_gemm.pad(gm, "all")
+    (total,) = [n for n in gm.graph.nodes if n.target is aten.sum.dim_IntList]
+    assert total.args[0].op == "placeholder"
+
+
 def test_a_user_output_keeps_the_padded_layout():
     """The output slots the caller allows keep the padded row stride (no copy, as Inductor
     returns logits) and are listed; slots it does not allow are copied back; under the
@@ -315,10 +356,14 @@ def test_training_tied_lm_head(dead_socket, monkeypatch, env, option, padding):
         assert fw.padded == [] and bw.padded == []
         return
     assert fw.padded == ["mm (N 1001 -> 1008)"] and "padded mm (N 1001" in fw.describe()
-    # each padded copy is a cat of contiguous operands, left to ATen's cat (one pass)
+    # each padded copy of a value the graph reads (the weight) is a cat of contiguous
+    # operands, left to ATen's cat (one pass); the logits' gradient, which the backward
+    # computes (the loss's backward), is written padded by the group that computes it
     for p in (fw, bw):
-        cats = [g for g in p.groups if "cat" in g.op_names]
-        assert cats and all(g.route == "bypass" for g in cats), p.describe()
+        lone = [g for g in p.groups if g.op_names == ["cat"]]
+        assert lone and all(g.route == "bypass" for g in lone), p.describe()
+    (grad,) = [g for g in bw.groups if "cat" in g.op_names and "exp" in g.op_names]
+    assert grad.route == "kernel", bw.describe()
     # the backward was compiled for the saved logits at the padded stride the forward reported
     saved = [n.meta["val"] for n in bw.compiled.gm.graph.nodes if n.op == "placeholder"]
     assert [v.stride() for v in saved if isinstance(v, torch.Tensor) and 1008 in v.stride()]

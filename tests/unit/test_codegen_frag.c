@@ -82,7 +82,7 @@ int tf_finish(fm_fragment *f, fm_fragment *canon) {
 }
 
 const char *const tf_representative_name[TF_N_REPRESENTATIVE] = {"pw_flat_bf16_gelu", "pw_strided_bias_symbolic",
-                                                                 "pw_multi_where_cast"};
+                                                                 "pw_multi_where_cast", "pw_units_odd_rows"};
 
 int tf_representative(int which, fm_fragment *canon) {
   static fm_fragment f; /* large: keep it off the stack */
@@ -120,6 +120,18 @@ int tf_representative(int which, fm_fragment *canon) {
       tf_output(&f, 6, FM_DT_F32, 2, xs, NULL, 16);
       tf_output(&f, 7, FM_DT_BF16, 2, xs, NULL, 16);
       tf_output(&f, 3, FM_DT_BOOL, 2, xs, NULL, 16);
+      break;
+    }
+    case 3: { /* cross-entropy's backward at GPT-2's odd vocabulary: the logits read at their
+                 padded row stride, the per-row log-sum-exp broadcast, the gradient contiguous */
+      int64_t xs[2] = {-1, 50257}, xst[2] = {50304, 1}, ls[2] = {-1, 1};
+      tf_input(&f, 1, FM_DT_BF16, 2, xs, xst, 16);
+      tf_input(&f, 2, FM_DT_F32, 2, ls, NULL, 4);
+      tf_cast(&f, 3, 1, FM_DT_F32);
+      tf_op(&f, FM_OP_SUB, 4, 2, 3, 2, 0);
+      tf_op(&f, FM_OP_EXP, 5, 1, 4, 0, 0);
+      tf_cast(&f, 6, 5, FM_DT_BF16);
+      tf_output(&f, 6, FM_DT_BF16, 2, xs, NULL, 16);
       break;
     }
     default:

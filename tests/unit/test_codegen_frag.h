@@ -77,12 +77,14 @@ int tf_max_pool(fm_fragment *raw, fm_fragment *canon, fm_dtype dt, const int64_t
                 int ceil_mode, int channels_last, int pass);
 int tf_attention_scores(fm_fragment *raw, fm_fragment *canon);
 
-/* The three representative fragments of the golden tests (also used by other tests):
+/* The four representative fragments of the golden tests (also used by other tests):
  *   0 flat bf16: y = gelu(x + b) * 0.5, x [4096, 1024] dense, b a [1, 1] scalar;
  *   1 strided: y = silu(x + bias), x [-1, 768] with a padded row stride of 1024, bias [1, 768];
  *   2 multi-output: t = gt(x, 0); y = where(t, x, x * 0.01) (f32); z = cast(y, bf16); t (bool),
- *     x f32 [64, 128]. */
-#define TF_N_REPRESENTATIVE 3
+ *     x f32 [64, 128];
+ *   3 units across odd rows: y = bf16(exp(f32(x) - lse)), x bf16 [-1, 50257] at a padded row
+ *     stride of 50304, lse f32 [-1, 1], y contiguous. */
+#define TF_N_REPRESENTATIVE 4
 int tf_representative(int which, fm_fragment *canon);
 extern const char *const tf_representative_name[TF_N_REPRESENTATIVE];
 

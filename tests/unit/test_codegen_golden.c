@@ -1,4 +1,4 @@
-/* test_codegen_golden.c: the generated source of three representative fragments equals the
+/* test_codegen_golden.c: the generated source of four representative fragments equals the
  * files in tests/unit/golden/, byte for byte.
  *
  * A deliberate change to generated code (which must also bump FM_CODEGEN_VERSION) is
@@ -37,10 +37,12 @@ static void check_golden(int which) {
 static void test_golden_flat_bf16_gelu(void) { check_golden(0); }
 static void test_golden_strided_bias_symbolic(void) { check_golden(1); }
 static void test_golden_multi_where_cast(void) { check_golden(2); }
+static void test_golden_units_odd_rows(void) { check_golden(3); }
 
 int main(void) {
   RUN(test_golden_flat_bf16_gelu);
   RUN(test_golden_strided_bias_symbolic);
   RUN(test_golden_multi_where_cast);
+  RUN(test_golden_units_odd_rows);
   return FM_TEST_DONE();
 }

@@ -146,19 +146,49 @@ static void test_vector_width_and_paths(void) {
   CHECK_STR_CONTAINS(src, "FLAT path, vec 2,");
   CHECK_STR_CONTAINS(src, "reinterpret_cast<const unsigned int *>(in0 + v * 2)");
   free(src);
-  /* transposed input: strided, nothing to vectorize along */
+  /* transposed input: strided, nothing to vectorize along the rows; the row-major output
+     stores units of 4 f32, the input read an element at a time at each one's coordinates */
   CHECK_EQ_INT(unary_frag(FM_DT_F32, 2, s2, (int64_t[]){1, 64}, 16), FM_OK);
   src = gen(&canon, NULL, 0, &m, NULL, NULL);
+  CHECK_STR_CONTAINS(src, "STRIDED with UNITS path, vec 4,");
+  CHECK_STR_CONTAINS(src, "r0[u][e] = in0[(c0 + c1 * 64LL)];");
+  CHECK_STR_CONTAINS(src, "if (++c1 == 64LL) { c1 = 0; ++c0; }");
+  CHECK_STR_CONTAINS(src, "*reinterpret_cast<uint4 *>(out0 + v * 4) = w0[u];");
+  CHECK(strstr(src, "the last n %") == NULL); /* 4 divides 64 x 64 */
+  CHECK_EQ_INT(m.items_per_block, 256 * 4 * 2);
+  free(src);
+  fm_pw_config one = {256, 1, 2, 8}; /* vec 1: the element-a-thread form, timed beside */
+  src = gen(&canon, &one, 0, &m, NULL, NULL);
   CHECK_STR_CONTAINS(src, "STRIDED path, vec 1,");
   CHECK_STR_CONTAINS(src, "r0[u] = in0[(c0 + c1 * 64LL)];");
   CHECK_EQ_INT(m.items_per_block, 256 * 1 * 2);
   free(src);
-  /* a padded innermost dim of 12 bf16: 8 does not divide it, 4 does */
+  /* odd rows (GPT-2's vocabulary) read at a padded row stride, written contiguous: units of
+     8 bf16 across rows, the last 37 * 1001 % 8 elements by block 0 */
+  int64_t odd[2] = {37, 1001};
+  CHECK_EQ_INT(unary_frag(FM_DT_BF16, 2, odd, (int64_t[]){1008, 1}, 16), FM_OK);
+  src = gen(&canon, NULL, 0, &m, NULL, NULL);
+  CHECK_STR_CONTAINS(src, "STRIDED with UNITS path, vec 8,");
+  CHECK_STR_CONTAINS(src, "r0[u][e] = in0[(c0 * 1008LL + c1)];");
+  CHECK_STR_CONTAINS(src, "the last n % 8 elements");
+  CHECK_STR_CONTAINS(src, "fm_compute(in0[(c0 * 1008LL + c1)], o0);");
+  free(src);
+  size_t n_units = fm_codegen_pointwise_candidates(&canon, (fm_pw_config[64]){0}, 64);
+  CHECK_EQ_INT(n_units, 25); /* the default with units, and once at one element a thread */
+  /* a padded innermost dim of 12 bf16: 8 does not divide it, 4 does; units of 8 only asked */
   int64_t s12[2] = {-1, 12};
   CHECK_EQ_INT(unary_frag(FM_DT_BF16, 2, s12, (int64_t[]){16, 1}, 16), FM_OK);
   src = gen(&canon, NULL, 0, &m, NULL, NULL);
   CHECK_STR_CONTAINS(src, "STRIDED path, vec 4,");
   free(src);
+  fm_pw_config eight = {256, 8, 2, 8};
+  src = gen(&canon, &eight, 0, &m, NULL, NULL);
+  CHECK_STR_CONTAINS(src, "STRIDED with UNITS path, vec 8,");
+  CHECK_STR_CONTAINS(src, "the last n % 8 elements"); /* symbolic rows */
+  free(src);
+  fm_pw_config cands[64];
+  size_t n_c = fm_codegen_pointwise_candidates(&canon, cands, 64);
+  CHECK_EQ_INT(cands[n_c - 1].vec, 8); /* the units timed beside the default */
   /* the config can ask for narrower (or scalar) access, never wider */
   CHECK_EQ_INT(unary_frag(FM_DT_BF16, 2, s2, NULL, 16), FM_OK);
   fm_pw_config c = {128, 1, 2, 8};

@@ -27,8 +27,9 @@ value) and differentiates them.
 
 Taken in a graph compiled with gradients on, for an output that is the result of a linear whose
 input or weight requires grad, returned once, with static sizes and a width that is a multiple
-of 8 (pad_gemm.py pads the others); the weight and bias are the graph's own inputs (Dynamo
-lifts a module's parameters into them). Anything else is left as it was."""
+of 8 or read by the graph itself too (its own loss: pad_gemm.py pads the GEMMs of such a head,
+and Reattach's are not); the weight and bias are the graph's own inputs (Dynamo lifts a
+module's parameters into them). Anything else is left as it was."""
 
 import functools
 import operator
@@ -145,11 +146,14 @@ def _why_not(out, linear, positions):
         return "nothing to differentiate"
     if vo.shape[-1] < RATIO * vh.shape[-1] or vo.numel() * vo.element_size() < MIN_BYTES:
         return f"{tuple(vo.shape)} from {tuple(vh.shape)}: not a large head"
-    if vo.shape[-1] % 8:
+    if vo.shape[-1] % 8 and all(u.op == "output" for u in out.users):
         # pad_gemm.py pads such a head's GEMMs, reading the logits' gradient at the padded
-        # stride: detached, GPT-2's (50257) ran its two gradient GEMMs unpadded, 1.75x the
-        # step's GPU time (bench/NOTES.md, "The logits' zeros")
-        return f"a vocabulary of {vo.shape[-1]}, not a multiple of 8"
+        # stride. GPT-2's loss (50257) is a graph of its own behind a graph break: detached,
+        # the loss's gradient reached the head through Reattach, whose two GEMMs ran unpadded,
+        # 1.75x the step's GPU time (bench/NOTES.md, "The logits' zeros"). A loss the graph
+        # computes itself (BERT's, 30522) differentiates the padded GEMMs in the compiled
+        # backward, and only a second loss on the returned logits would reach Reattach.
+        return f"a vocabulary of {vo.shape[-1]}, not a multiple of 8, that no loss in the graph reads"
     if weight not in positions or (bias is not None and bias not in positions):
         return "a weight that is not a graph input"
     return None
