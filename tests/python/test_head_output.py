@@ -116,7 +116,9 @@ def test_a_padded_head_with_its_loss_in_the_graph(dead_socket, small_heads, aux)
         err = rel_err(g.float(), w.float())
         assert err == err and err < 2e-2, err
     bw = plan(c, "backward")
-    tangents = [n.meta["val"].numel() for n in bw.compiled.gm.graph.nodes if n.op == "placeholder" and "tangent" in n.name]
+    tangents = [
+        n.meta["val"].numel() for n in bw.compiled.gm.graph.nodes if n.op == "placeholder" and "tangent" in n.name
+    ]
     assert B * S * (V + 2) not in tangents and B * S * D in tangents, tangents
     assert any("M 98 -> 104" in d for d in bw.padded) and any("K 98 -> 104" in d for d in bw.padded), bw.padded
 
@@ -141,6 +143,7 @@ def test_graphs_not_taken(dead_socket):
         narrow = _Decoder(classes=2 * D).to(BF16)
         torch.compile(narrow, backend=grab)(x, labels.clamp(max=2 * D - 1))
         assert head_output.rewrite(graphs[-1]) is None
+
         class _LogitsOnly(_Decoder):  # the loss left to the caller
             def forward(self, x):
                 return (self.lm_head(torch.tanh(self.trunk(x))),)
