@@ -16,8 +16,9 @@
  * but every output is row-major: a vector is VEC consecutive elements of the iteration, which
  * may span rows; each output stores it as one vector, each input laid out as the outputs are
  * loads it as one, every other input an element at a time at the element's coordinates
- * (stepped from the unit's first, a carry into the next row), and block 0 does the last
- * n % VEC elements. */
+ * (stepped from the unit's first, a carry into the next row; one value a row, such as a
+ * loss's per-row statistics, where a row starts only), and block 0 does the last n % VEC
+ * elements. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,9 +362,12 @@ static void emit_unit_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
                      vec);
     for (uint32_t k = 0; k < p->n_in; k++) {
       if (!is_gathered(&p->t[k])) continue;
-      fm_strbuf_printf(sb, "          r%u[u][e] = in%u[", k, k);
+      if (p->t[k].access == FM_CG_SPLAT) /* one value a row: loaded where a row starts */
+        fm_strbuf_printf(sb, "          r%u[u][e] = (e == 0 || c%u == 0) ? in%u[", k, p->rank - 1, k);
+      else
+        fm_strbuf_printf(sb, "          r%u[u][e] = in%u[", k, k);
       emit_offset(sb, p, k, vec);
-      fm_strbuf_append(sb, "];\n");
+      fm_strbuf_printf(sb, p->t[k].access == FM_CG_SPLAT ? "] : r%u[u][e > 0 ? e - 1 : 0];\n" : "];\n", k);
     }
     emit_unit_step(sb, p);
     fm_strbuf_append(sb, "        }\n");

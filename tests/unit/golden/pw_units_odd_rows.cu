@@ -185,7 +185,7 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v40(
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           r0[u][e] = in0[(c0 * 50304LL + c1)];
-          r1[u][e] = in1[(c0)];
+          r1[u][e] = (e == 0 || c1 == 0) ? in1[(c0)] : r1[u][e > 0 ? e - 1 : 0];
           if (++c1 == 50257LL) { c1 = 0; ++c0; }
         }
       }
