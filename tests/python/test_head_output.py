@@ -150,6 +150,14 @@ def test_graphs_not_taken(dead_socket):
 
         torch.compile(_LogitsOnly(classes=V + 2).to(BF16), backend=grab)(x)
         assert head_output.rewrite(graphs[-1]) is None
+
+        class _LogitsAndMetric(_Decoder):  # the graph reads the logits, for no loss of its own
+            def forward(self, x):
+                logits = self.lm_head(torch.tanh(self.trunk(x)))
+                return logits, logits.argmax(-1)
+
+        torch.compile(_LogitsAndMetric(classes=V + 2).to(BF16), backend=grab)(x)
+        assert head_output.rewrite(graphs[-1]) is None
         torch.compile(_LogitsOnly().to(BF16), backend=grab)(x)
         assert head_output.rewrite(graphs[-1]) is not None  # a multiple of 8: taken alone too
 

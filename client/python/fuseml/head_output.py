@@ -133,6 +133,27 @@ def linear_operands(node):
     return h, weight, bias
 
 
+def _feeds_a_loss(out):
+    """Whether the graph computes a loss from `out` itself: a one-element float value it
+    returns, reached from `out` through the graph's ops (not an argmax or a metric of the
+    logits, beside a loss computed outside)."""
+    (output,) = [n for n in out.graph.nodes if n.op == "output"]
+    losses = {
+        n
+        for n in output.all_input_nodes
+        if (v := tensor_val(n, "example_value")) is not None and v.numel() == 1 and v.is_floating_point()
+    }
+    seen, todo = set(), [u for u in out.users if u.op != "output"]
+    while todo:
+        n = todo.pop()
+        if n in losses:
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo += [u for u in n.users if u.op != "output"]
+    return False
+
+
 def _why_not(out, linear, positions):
     """None when graph output `out`, the result of `linear` (h, weight, bias), is one this
     rewrite takes; `positions`: the graph inputs by node."""
@@ -146,7 +167,7 @@ def _why_not(out, linear, positions):
         return "nothing to differentiate"
     if vo.shape[-1] < RATIO * vh.shape[-1] or vo.numel() * vo.element_size() < MIN_BYTES:
         return f"{tuple(vo.shape)} from {tuple(vh.shape)}: not a large head"
-    if vo.shape[-1] % 8 and all(u.op == "output" for u in out.users):
+    if vo.shape[-1] % 8 and not _feeds_a_loss(out):
         # pad_gemm.py pads such a head's GEMMs, reading the logits' gradient at the padded
         # stride. GPT-2's loss (50257) is a graph of its own behind a graph break: detached,
         # the loss's gradient reached the head through Reattach, whose two GEMMs ran unpadded,
