@@ -15,6 +15,8 @@ value a token, per-channel vectors (a bias's or a class token's gradient summed 
 rotary frequencies cast once). A new op a model's graph leaves outside every group over an
 activation's worth of values fails here by name."""
 
+import os
+
 import pytest
 import torch
 
@@ -120,3 +122,33 @@ def test_the_losss_labels_are_one_kernel(dead_socket, partitioned, model):
     assert all(n in fused for n in label_ops), [n.format_node() for n in label_ops if n not in fused]
     (group,) = {id(fused[n]): fused[n] for n in label_ops}.values()
     assert group.kind == "pointwise" and group.built.wire["vocab"] == 10
+
+
+def test_an_odd_vocabulary_writes_its_gradient_padded(dead_socket, partitioned, monkeypatch):
+    """BERT's masked LM at a vocabulary not a multiple of 8 (30522 at full size; 1001 here),
+    its head's GEMMs padded: the returned logits take no tangent of their size (its loss is in
+    the graph, head_output.py), and the loss's backward writes the logits' gradient at the
+    padded width itself (pad_gemm.py reads it through the padded copy), one kernel group."""
+    import importlib.util
+
+    from graph_coverage import BENCH
+
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(fuseml.head_output, "MIN_BYTES", 0)  # the tiny logits are kilobytes
+    spec = importlib.util.spec_from_file_location("bench_models_zoo_odd", os.path.join(BENCH, "model_zoo.py"))
+    zoo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo)
+    d, inter, heads, layers, _, batch, seq = zoo._BERT["tiny"]
+    zoo._BERT["tiny"] = (d, inter, heads, layers, 1001, batch, seq)
+    w = zoo.build("bert", "tiny", "cpu")
+    c = fuseml.FuseMLCompiler(pad_gemm="all")
+    _train_step_matches_eager(w, torch.compile(w.model, backend=c))
+    bw = [p for p in c.plans if p.which == "backward"][-1]
+    assert any("1001 -> 1008" in d for d in bw.padded), bw.padded
+    tokens = batch * seq
+    tangents = [
+        n.meta["val"].numel() for n in bw.compiled.gm.graph.nodes if n.op == "placeholder" and "tangent" in n.name
+    ]
+    assert tokens * 1001 not in tangents, tangents
+    (grad,) = [g for g in bw.groups if "cat" in g.op_names and "exp" in g.op_names]
+    assert grad.route == "kernel" and grad.shape[-1] == 1008, bw.describe()
