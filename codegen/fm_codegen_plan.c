@@ -194,13 +194,18 @@ static void plan_strided(const fm_fragment *f, fm_cg_plan *p) {
   }
 }
 
+/* Whether a base aligned to `align` bytes takes accesses of `bytes` (at most 16 at a time). */
+static int aligned_for(uint32_t align, uint32_t bytes) {
+  return align >= (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES);
+}
+
 static int vec_legal(const fm_cg_plan *p, uint32_t w) {
   for (uint32_t k = 0; k < p->n_in + p->n_out; k++) {
     const fm_cg_tensor *t = &p->t[k];
     if (t->access != FM_CG_VECTOR) continue;
     const uint32_t bytes = w * (uint32_t)fm_dtype_size(t->dtype);
     /* each access is at most 16 bytes, at offsets that are multiples of the vector's bytes */
-    if (t->align < (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES)) return 0;
+    if (!aligned_for(t->align, bytes)) return 0;
     if (p->flat) continue;
     if (t->es[p->rank - 1] != 1) return 0;
     for (uint32_t g = 0; g + 1 < p->rank; g++)
@@ -237,6 +242,12 @@ static uint32_t widest_vec(const fm_cg_plan *p) {
  * element at a time at the element's own coordinates (`gathered`). 16 bytes of the narrowest
  * output, at most 32 of the widest (fm_uint4x2); 1 where an output is not row-major, is
  * 64-bit or is not aligned for it. */
+static int row_major(const fm_cg_plan *p, const fm_cg_tensor *t, const int64_t *rm) {
+  for (uint32_t g = 0; g < p->rank; g++)
+    if (t->es[g] != rm[g]) return 0;
+  return 1;
+}
+
 static uint32_t widest_unit(fm_cg_plan *p) {
   if (p->flat) return 1;
   int64_t rm[FM_MAX_RANK]; /* row-major strides of the coalesced dims */
@@ -248,28 +259,22 @@ static uint32_t widest_unit(fm_cg_plan *p) {
   size_t widest = 1, narrowest = 16;
   for (uint32_t k = p->n_in; k < p->n_in + p->n_out; k++) {
     const fm_cg_tensor *t = &p->t[k];
-    if (t->dtype == FM_DT_I64) return 1;
-    for (uint32_t g = 0; g < p->rank; g++)
-      if (t->es[g] != rm[g]) return 1;
+    if (t->dtype == FM_DT_I64 || !row_major(p, t, rm)) return 1;
     const size_t size = fm_dtype_size(t->dtype);
     if (size > widest) widest = size;
     if (size < narrowest) narrowest = size;
   }
   uint32_t w = FM_CG_WIDEST_BYTES / (uint32_t)narrowest;
   while (w * widest > FM_CG_WIDEST_VECTOR) w /= 2;
-  for (uint32_t k = p->n_in; k < p->n_in + p->n_out; k++) {
-    const uint32_t bytes = w * (uint32_t)fm_dtype_size(p->t[k].dtype);
-    while (w > 1 && p->t[k].align < (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES)) w /= 2;
-  }
+  for (uint32_t k = p->n_in; k < p->n_in + p->n_out; k++)
+    while (w > 1 && !aligned_for(p->t[k].align, w * (uint32_t)fm_dtype_size(p->t[k].dtype))) w /= 2;
   if (w <= p->max_vec) return 1;
   for (uint32_t k = 0; k < p->n_in; k++) {
     fm_cg_tensor *t = &p->t[k];
     if (t->access != FM_CG_VECTOR && t->access != FM_CG_SPLAT) continue;
     const uint32_t bytes = w * (uint32_t)fm_dtype_size(t->dtype);
-    int linear = t->access == FM_CG_VECTOR && t->dtype != FM_DT_I64 && bytes <= FM_CG_WIDEST_VECTOR &&
-                 t->align >= (bytes < FM_CG_WIDEST_BYTES ? bytes : FM_CG_WIDEST_BYTES);
-    for (uint32_t g = 0; linear && g < p->rank; g++)
-      if (t->es[g] != rm[g]) linear = 0;
+    const int linear = t->access == FM_CG_VECTOR && t->dtype != FM_DT_I64 && bytes <= FM_CG_WIDEST_VECTOR &&
+                       aligned_for(t->align, bytes) && row_major(p, t, rm);
     t->gathered = (uint8_t)!linear;
   }
   return w;

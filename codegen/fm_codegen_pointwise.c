@@ -189,6 +189,23 @@ static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, 
   fm_strbuf_append(sb, ");\n");
 }
 
+/* Compute of unrolled vector u (vec > 1): each element through fm_compute, packed into the
+ * outputs' registers. */
+static void emit_vector_compute(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, const uint8_t *hoist) {
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "        w%u[u] = %s;\n", k, reg_zero(reg_type(p, p->n_in + k, vec)));
+  fm_strbuf_printf(sb,
+                   "#pragma unroll\n"
+                   "        for (int e = 0; e < %u; ++e) {\n",
+                   vec);
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "          %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  emit_compute_call(sb, p, vec, hoist, "          ");
+  for (uint32_t k = 0; k < p->n_out; k++)
+    fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1), k, k);
+  fm_strbuf_append(sb, "        }\n");
+}
+
 static void emit_step_head(fm_strbuf *sb, const fm_pw_config *cfg) {
   fm_strbuf_printf(sb,
                    "#pragma unroll\n"
@@ -263,22 +280,10 @@ static void emit_main_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   emit_step_tail(sb);
   /* 2. compute */
   emit_step_head(sb, cfg);
-  if (vec == 1) {
+  if (vec == 1)
     emit_compute_call(sb, p, vec, hoist, "        ");
-  } else {
-    for (uint32_t k = 0; k < p->n_out; k++)
-      fm_strbuf_printf(sb, "        w%u[u] = %s;\n", k, reg_zero(reg_type(p, p->n_in + k, vec)));
-    fm_strbuf_printf(sb,
-                     "#pragma unroll\n"
-                     "        for (int e = 0; e < %u; ++e) {\n",
-                     vec);
-    for (uint32_t k = 0; k < p->n_out; k++)
-      fm_strbuf_printf(sb, "          %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-    emit_compute_call(sb, p, vec, hoist, "          ");
-    for (uint32_t k = 0; k < p->n_out; k++)
-      fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1), k, k);
-    fm_strbuf_append(sb, "        }\n");
-  }
+  else
+    emit_vector_compute(sb, p, vec, hoist);
   emit_step_tail(sb);
   /* 3. stores */
   emit_step_head(sb, cfg);
@@ -375,18 +380,7 @@ static void emit_unit_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   emit_step_tail(sb);
   /* 2. compute */
   emit_step_head(sb, cfg);
-  for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "        w%u[u] = %s;\n", k, reg_zero(reg_type(p, p->n_in + k, vec)));
-  fm_strbuf_printf(sb,
-                   "#pragma unroll\n"
-                   "        for (int e = 0; e < %u; ++e) {\n",
-                   vec);
-  for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "          %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  emit_compute_call(sb, p, vec, no_hoist, "          ");
-  for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "          %s(w%u[u], e, o%u);\n", elem_fn(p->t[p->n_in + k].dtype, 1), k, k);
-  fm_strbuf_append(sb, "        }\n");
+  emit_vector_compute(sb, p, vec, no_hoist);
   emit_step_tail(sb);
   /* 3. stores */
   emit_step_head(sb, cfg);
@@ -397,29 +391,32 @@ static void emit_unit_loop(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_confi
   fm_strbuf_append(sb, "  }\n");
 }
 
-/* UNITS: the n % VEC elements after the last whole unit, once, by block 0, each input at the
- * element's coordinates. */
-static void emit_unit_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+/* FLAT or UNITS: the n % VEC elements after the last whole vector, once, by block 0 (with
+ * units, each input read at the element's coordinates). */
+static void emit_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+  const int units = !p->flat;
+  const char *i = units ? "v" : "i"; /* emit_coords reads v */
   fm_strbuf_printf(sb,
                    "  /* the last n %% %u elements: once, by the first threads of block 0 */\n"
                    "  if (blockIdx.x == 0 && threadIdx.x < n - nv * %u) {\n"
-                   "    {\n"
-                   "        const long long v = nv * %u + threadIdx.x;\n",
-                   vec, vec, vec);
-  emit_coords(sb, p, 1);
+                   "    const long long %s = nv * %u + threadIdx.x;\n",
+                   vec, vec, i, vec);
+  if (units) emit_coords(sb, p, 1);
   for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "        %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "        fm_compute(");
+    fm_strbuf_printf(sb, "    %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
+  fm_strbuf_append(sb, "    fm_compute(");
   const char *sep = "";
   for (uint32_t k = 0; k < p->n_in; k++) {
-    const fm_cg_access a = p->t[k].access;
+    fm_cg_access a = p->t[k].access;
     if (a == FM_CG_UNUSED) continue;
     if (a == FM_CG_SCALAR) {
       fm_strbuf_printf(sb, "%ss%u", sep, k);
-    } else {
+    } else if (units) {
       fm_strbuf_printf(sb, "%sin%u[", sep, k);
       emit_offset(sb, p, k, 1);
       fm_strbuf_append(sb, "]");
+    } else {
+      fm_strbuf_printf(sb, "%sin%u[i]", sep, k);
     }
     sep = ", ";
   }
@@ -428,36 +425,7 @@ static void emit_unit_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
     sep = ", ";
   }
   fm_strbuf_append(sb, ");\n");
-  for (uint32_t k = 0; k < p->n_out; k++) fm_strbuf_printf(sb, "        out%u[v] = o%u;\n", k, k);
-  fm_strbuf_append(sb, "    }\n  }\n");
-}
-
-/* FLAT: the n % VEC elements after the last whole vector, once, by block 0. */
-static void emit_flat_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
-  fm_strbuf_printf(sb,
-                   "  /* the last n %% %u elements: once, by the first threads of block 0 */\n"
-                   "  if (blockIdx.x == 0 && threadIdx.x < n - nv * %u) {\n"
-                   "    const long long i = nv * %u + threadIdx.x;\n",
-                   vec, vec, vec);
-  for (uint32_t k = 0; k < p->n_out; k++)
-    fm_strbuf_printf(sb, "    %s o%u;\n", fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
-  fm_strbuf_append(sb, "    fm_compute(");
-  const char *sep = "";
-  for (uint32_t k = 0; k < p->n_in; k++) {
-    fm_cg_access a = p->t[k].access;
-    if (a == FM_CG_UNUSED) continue;
-    if (a == FM_CG_SCALAR)
-      fm_strbuf_printf(sb, "%ss%u", sep, k);
-    else
-      fm_strbuf_printf(sb, "%sin%u[i]", sep, k);
-    sep = ", ";
-  }
-  for (uint32_t k = 0; k < p->n_out; k++) {
-    fm_strbuf_printf(sb, "%so%u", sep, k);
-    sep = ", ";
-  }
-  fm_strbuf_append(sb, ");\n");
-  for (uint32_t k = 0; k < p->n_out; k++) fm_strbuf_printf(sb, "    out%u[i] = o%u;\n", k, k);
+  for (uint32_t k = 0; k < p->n_out; k++) fm_strbuf_printf(sb, "    out%u[%s] = o%u;\n", k, i, k);
   fm_strbuf_append(sb, "  }\n");
 }
 
@@ -509,8 +477,7 @@ static void emit_kernel(fm_strbuf *sb, const fm_cg_plan *p, const fm_pw_config *
   /* STRIDED never has a tail: VEC divides the innermost dim. A static n that VEC divides
    * needs none either. */
   const int tail = vec > 1 && (p->symbolic || (p->outer * p->inner) % vec != 0);
-  if (p->flat && tail) emit_flat_tail(sb, p, vec);
-  if (units && tail) emit_unit_tail(sb, p, vec);
+  if ((p->flat || units) && tail) emit_tail(sb, p, vec);
   fm_strbuf_append(sb, "}\n");
 }
 

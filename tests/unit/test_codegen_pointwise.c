@@ -173,6 +173,17 @@ static void test_vector_width_and_paths(void) {
   CHECK_STR_CONTAINS(src, "the last n % 8 elements");
   CHECK_STR_CONTAINS(src, "fm_compute(in0[(c0 * 1008LL + c1)], o0);");
   free(src);
+  /* an output aligned to 8 bytes only: units of 4 bf16, as wide as that alignment allows */
+  tf_init(&raw);
+  tf_input(&raw, 1, FM_DT_BF16, 2, odd, (int64_t[]){1008, 1}, 16);
+  tf_op(&raw, FM_OP_RELU, 2, 1, 1, 0, 0);
+  tf_output(&raw, 2, FM_DT_BF16, 2, odd, NULL, 8);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  src = gen(&canon, NULL, 0, &m, NULL, NULL);
+  CHECK_STR_CONTAINS(src, "STRIDED with UNITS path, vec 4,");
+  CHECK_STR_CONTAINS(src, "*reinterpret_cast<uint2 *>(out0 + v * 4) = w0[u];");
+  free(src);
+  CHECK_EQ_INT(unary_frag(FM_DT_BF16, 2, odd, (int64_t[]){1008, 1}, 16), FM_OK);
   size_t n_units = fm_codegen_pointwise_candidates(&canon, (fm_pw_config[64]){0}, 64);
   CHECK_EQ_INT(n_units, 25); /* the default with units, and once at one element a thread */
   /* a padded innermost dim of 12 bf16: 8 does not divide it, 4 does; units of 8 only asked */

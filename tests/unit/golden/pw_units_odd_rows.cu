@@ -213,15 +213,13 @@ extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v40(
   }
   /* the last n % 8 elements: once, by the first threads of block 0 */
   if (blockIdx.x == 0 && threadIdx.x < n - nv * 8) {
-    {
-        const long long v = nv * 8 + threadIdx.x;
+    const long long v = nv * 8 + threadIdx.x;
         unsigned long long r = (unsigned long long)v;
         const long long c1 = (long long)(r % 50257ull);
         r /= 50257ull;
         const long long c0 = (long long)r;
-        unsigned short o0;
-        fm_compute(in0[(c0 * 50304LL + c1)], in1[(c0)], o0);
-        out0[v] = o0;
-    }
+    unsigned short o0;
+    fm_compute(in0[(c0 * 50304LL + c1)], in1[(c0)], o0);
+    out0[v] = o0;
   }
 }
