@@ -7,7 +7,8 @@
  * Cases: the MoE combine (bf16 product [8192, 1024] read at two picks of a strided index,
  * scaled by f32 weights, summed into a bf16 residual); f16 rows of odd length; f32 rows of one
  * element broadcast along the columns; column-major bf16 rows; an index of its own per element;
- * more rows taken than src has (rows taken several times) and fewer.
+ * more rows taken than src has (rows taken several times) and fewer; a BERT's three embeddings
+ * (ids of rank 2, rows read as [S, 1, D], one index broadcast over the batch) summed.
  *
  * Usage: test_gather_gpu [SEED [check|time|both]]   One line per kernel, "N passed, N failed". */
 #include <stdio.h>
@@ -70,6 +71,39 @@ static int build(const gather_case *c, fm_fragment *canon, char *name, size_t ca
   return gs_canon(&f, canon, name);
 }
 
+static void tensor3(fm_tensor *t, uint32_t id, fm_dtype dt, int64_t d0, int64_t d1, int64_t d2, int64_t s0, int64_t s1,
+                    int64_t s2) {
+  memset(t, 0, sizeof *t);
+  *t = (fm_tensor){.id = id, .dtype = dt, .rank = 3, .shape = {d0, d1, d2}, .strides = {s0, s1, s2}, .align = 16};
+}
+
+/* A BERT's embeddings as the client spells them for ids of rank 2: word rows [V, 1, D] at the
+ * token ids [B, S, 1], token-type rows [2, 1, D] at ids broadcast over the batch [B, S, 1]
+ * (stride 0), position rows [P, 1, D] at [1, S, 1], summed and cast to f32 [B, S, D]. */
+static int build_embeddings(int64_t b, int64_t s, int64_t dim, fm_fragment *canon, char *name, size_t cap) {
+  static fm_fragment f;
+  memset(&f, 0, sizeof f);
+  f.vocab = FM_VOCAB_GATHER;
+  const int64_t v = 1001, types = 2, positions = s + 27;
+  tensor3(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, v, 1, dim, dim, 0, 1);
+  tensor3(&f.inputs[f.n_inputs++], 2, FM_DT_I64, b, s, 1, s, 1, 0);
+  tensor3(&f.inputs[f.n_inputs++], 3, FM_DT_BF16, types, 1, dim, dim, 0, 1);
+  tensor3(&f.inputs[f.n_inputs++], 4, FM_DT_I64, b, s, 1, 0, 1, 0);
+  tensor3(&f.inputs[f.n_inputs++], 5, FM_DT_BF16, positions, 1, dim, dim, 0, 1);
+  tensor3(&f.inputs[f.n_inputs++], 6, FM_DT_I64, 1, s, 1, 0, 1, 0);
+  gs_op(&f, FM_OP_TAKE_ROWS, 10, 2, 1, 2, 0);
+  gs_op(&f, FM_OP_TAKE_ROWS, 11, 2, 3, 4, 0);
+  gs_op(&f, FM_OP_ADD, 12, 2, 10, 11, 0);
+  gs_op(&f, FM_OP_TAKE_ROWS, 13, 2, 5, 6, 0);
+  gs_op(&f, FM_OP_ADD, 14, 2, 12, 13, 0);
+  gs_op(&f, FM_OP_CAST, 15, 1, 14, 0, 0);
+  f.ops[f.n_ops - 1].dtype = FM_DT_F32;
+  tensor3(&f.outputs[f.n_outputs++], 15, FM_DT_F32, b, s, dim, s * dim, dim, 1);
+  snprintf(name, cap, "take_rows embeddings: bf16 word, type and position rows at [%lld, %lld] ids, D %lld",
+           (long long)b, (long long)s, (long long)dim);
+  return gs_canon(&f, canon, name);
+}
+
 int main(int argc, char **argv) {
   uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 0) : 0x6a7e;
   const char *mode = argc > 2 ? argv[2] : "both";
@@ -84,6 +118,14 @@ int main(int argc, char **argv) {
       continue;
     }
     gs_add_case(name, &canon, cases[i].t, 1);
+  }
+  static const int64_t embeddings[][3] = {{3, 37, 96}, {8, 512, 768}, {2, 5, 8}};
+  for (size_t i = 0; check && i < sizeof embeddings / sizeof embeddings[0]; i++) {
+    if (build_embeddings(embeddings[i][0], embeddings[i][1], embeddings[i][2], &canon, name, sizeof name)) {
+      bad++;
+      continue;
+    }
+    gs_add_case(name, &canon, embeddings[i][0], 1);
   }
   gs_run();
   if (time && !build(&cases[0], &canon, name, sizeof name)) {

@@ -266,6 +266,27 @@ def test_small_or_unpermuted_stacks_stay_as_they_are(dead_socket, partitioned):
     assert torch.ops.aten.stack.default in {n.target for n in gm1.graph.nodes}
 
 
+def test_a_cat_of_more_dims_than_aten_batches_is_a_kernel(dead_socket, partitioned):
+    """A large cat of contiguous operands whose result has more dims than ATen's batched cat
+    takes (partition.ATEN_CAT_MAX_DIMS: ATen copies each operand on its own, strided) is a
+    kernel of its own: a ViT's q, k, v gradients as cuDNN writes them, [B, N, 1, H, D] each,
+    catted into the QKV projection's [B, N, 3, H, D]. The same cat at rank 4 stays ATen's."""
+    q, k, v = (torch.randn(2, 128, 1, 4, 64) for _ in range(3))
+    cat5 = lambda q, k, v: torch.cat([q, k, v], 2)  # noqa: E731
+    torch.testing.assert_close(torch.compile(cat5, backend=fuseml.FuseMLCompiler())(q, k, v), cat5(q, k, v))
+    q4, k4, v4 = (t.flatten(0, 1) for t in (q, k, v))
+    cat4 = lambda q, k, v: torch.cat([q, k, v], 1)  # noqa: E731
+    torch.testing.assert_close(torch.compile(cat4, backend=fuseml.FuseMLCompiler())(q4, k4, v4), cat4(q4, k4, v4))
+    (_, groups5), (_, groups4) = partitioned
+    (g,) = [g for g in groups5 if any(ops.cat_dim(n) is not None for n in g.members)]
+    assert g.route == "kernel" and g.op_names == ["cat"], g.describe()
+    for i in g.built.wire["inputs"]:  # each operand read in its own (contiguous) order
+        strides = [s for s, n in zip(i["strides"], i["shape"]) if n > 1]
+        assert strides == sorted(strides, reverse=True), i
+    (h,) = [g for g in groups4 if any(ops.cat_dim(n) is not None for n in g.members)]
+    assert h.route == "bypass", h.describe()
+
+
 def _pad_rows(x):
     """A gradient padded for a GEMM as pad_gemm spells it: cat with zeros along the last dim."""
     return torch.cat([x, torch.zeros(x.shape[0], 7, dtype=x.dtype)], -1)

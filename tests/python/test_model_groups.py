@@ -6,7 +6,9 @@ a fused kernel would add a launch and save no traffic:
 
 - a training backward's `cat` of attention's three gradients into the packed q/k/v
   projection's gradient (GPT-2's c_attn, ViT's qkv): a copy as ATen or as a kernel;
-- ViT's `select_backward` of its class token (one token a sequence);
+- ViT's `select_backward` of its class token (one token a sequence), and its image unfolded
+  into patch rows for the patch embedding's product (patch_conv.py: a copy, a kernel of its
+  own at real sizes);
 - Gemma 2's copies of its key/value heads repeated over the query heads and of its attention
   output read back as [B, S, H, D] (kernels of their own at real sizes, not at these).
 
@@ -34,8 +36,8 @@ LEFT_BY_DESIGN = {
     ("gpt2", "train"): {aten.cat.default},
     ("bert", "fwd"): set(),
     ("bert", "train"): set(),
-    ("vit", "fwd"): set(),
-    ("vit", "train"): {aten.select_backward.default, aten.cat.default},
+    ("vit", "fwd"): {aten.clone.default},
+    ("vit", "train"): {aten.select_backward.default, aten.cat.default, aten.clone.default},
     # the key/value heads repeated over the query heads (repeat_kv) and the attention output
     # read back as [B, S, H, D]: copies, kernels of their own from partition.LARGE_CAT up
     ("gemma2", "fwd"): {aten.clone.default},

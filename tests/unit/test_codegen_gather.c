@@ -55,6 +55,36 @@ static void test_reference(void) {
   for (int c = 0; c < 5; c++) CHECK(wide[c] == 200 && wide[5 + c] == 2 && wide[10 + c] == 200 && wide[15 + c] == 2);
 }
 
+/* An embedding's rows at ids of rank 2, as the client spells them: word rows [4, 1, 2] at ids
+ * [2, 3, 1], position rows [3, 1, 2] at [1, 3, 1] (one index for the whole batch), summed:
+ * out[b, s] = word[ids[b, s]] + position[s]; every candidate through NVRTC. */
+static void test_rows_at_ids_of_rank_two(void) {
+  const int64_t word[3] = {4, 1, 2}, ids[3] = {2, 3, 1}, pos[3] = {3, 1, 2}, pos_ids[3] = {1, 3, 1}, out[3] = {2, 3, 2};
+  tf_init(&raw);
+  raw.vocab = FM_VOCAB_GATHER;
+  tf_input(&raw, 1, FM_DT_F32, 3, word, NULL, 16);
+  tf_input(&raw, 2, FM_DT_I64, 3, ids, NULL, 16);
+  tf_input(&raw, 3, FM_DT_F32, 3, pos, NULL, 16);
+  tf_input(&raw, 4, FM_DT_I64, 3, pos_ids, NULL, 16);
+  tf_op(&raw, FM_OP_TAKE_ROWS, 5, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_TAKE_ROWS, 6, 2, 3, 4, 0);
+  tf_op(&raw, FM_OP_ADD, 7, 2, 5, 6, 0);
+  tf_output(&raw, 7, FM_DT_F32, 3, out, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  const float w[8] = {1, 2, 10, 20, 100, 200, 1000, 2000}, p[6] = {0.25f, 0.5f, 3, 4, 30, 40};
+  const int64_t at[6] = {3, 0, -2, 1, 1, 2}, pat[3] = {0, 1, 2};
+  float got[12];
+  const void *ins[4] = {w, at, p, pat};
+  void *outs[1] = {got};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, 0, ins, outs, &d), FM_OK);
+  const float want[12] = {1000.25f, 2000.5f, 4, 6, 130, 240, 10.25f, 20.5f, 13, 24, 130, 240};
+  for (int i = 0; i < 12; i++) CHECK(got[i] == want[i]);
+  int compiled = 0;
+  CHECK_EQ_INT(tf_compile_candidates(&canon, "take_rows at ids of rank 2", &compiled), 0);
+  CHECK(compiled > 0);
+}
+
 /* The verifier's index: every element a row in [-S, S), the ends and their negative
  * spellings among them; the rows themselves untouched. */
 static void test_index_rows(void) {
@@ -115,6 +145,7 @@ static void test_goldens(void) {
 int main(void) {
   RUN(test_reference);
   RUN(test_index_rows);
+  RUN(test_rows_at_ids_of_rank_two);
   RUN(test_goldens);
   return FM_TEST_DONE();
 }

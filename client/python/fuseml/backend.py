@@ -27,6 +27,7 @@ from . import (
     linear_cross_entropy,
     max_pool,
     pad_gemm,
+    patch_conv,
     settings,
     straight_line,
     transport,
@@ -34,6 +35,7 @@ from . import (
 )
 from ._log import info_once, log, warn_once
 from .alias_drop import drop_aliases
+from .arange_index import spell_arange_indices
 from .bmm_fragment import build_bmm
 from .cast_sink import sink_casts, spread_small_casts
 from .cat_rewrite import spell_cats
@@ -55,6 +57,7 @@ from .scatter_fragment import build_scatter
 from .scatter_picks import spell_pick_scatters
 from .short_sums import spell_short_sums
 from .transpose_rewrite import compute_in_copy_layout
+from .twin_copies import drop_twin_copies
 from .gather_sink import gather_picks, sink_gathers
 from .split_sink import sink_splits
 from .unsort import drop_round_trips
@@ -143,6 +146,7 @@ def _safe_softmax(x, dim, dtype=None):
 
 
 DECOMPOSITIONS[aten._safe_softmax.default] = _safe_softmax
+DECOMPOSITIONS.update(patch_conv.DECOMPOSITIONS)  # a ViT's patch embedding as a product (patch_conv.py)
 
 # Batch norm as reductions and pointwise ops, in graphs whose convolutions run channels-last
 # (channels_last.py): its statistics are then column reductions of the [N * H * W, C] values
@@ -399,6 +403,8 @@ class FuseMLCompiler:
                 const_fold.fold(gm)  # values no input reaches (a causal mask) computed once (const_fold.py)
                 if spell_pick_scatters(gm):  # topk's backward as compares and wheres (scatter_picks.py)
                     const_fold.fold(gm)  # the column iota it compares with
+                spell_arange_indices(gm)  # a mask read at whole aranges as a view of it (arange_index.py)
+                drop_twin_copies(gm)  # a copy the graph makes twice, made once (twin_copies.py)
             keeps_layout, report_to, saved = _layout_policy(which)
             padded, kept = pad_gemm.pad(gm, self.pad_gemm or settings.pad_gemm(), keeps_layout)
             if padded and self.rest != "inductor":

@@ -72,6 +72,21 @@ def constant(gm, node):
     return obj if isinstance(obj, torch.Tensor) and not isinstance(obj, torch.nn.Parameter) else None
 
 
+def is_arange(gm, node, n):
+    """Whether node is arange(n): a call of arange or a constant const_fold made of one."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    if node.op == "call_function" and node.target is aten.arange.default:
+        return node.args[0] == n
+    if node.op == "call_function" and node.target is aten.arange.start_step:
+        return tuple(node.args[:3]) == (0, n, 1)
+    t = constant(gm, node) if node.op == "get_attr" else None
+    if t is None or t.dim() != 1 or t.shape[0] != n or t.dtype not in (torch.int32, torch.int64):
+        return False
+    with unset_fake_temporarily():  # a real comparison, once per compiled graph
+        return bool(torch.equal(t, torch.arange(n, device=t.device, dtype=t.dtype)))
+
+
 def _plain(a):
     """No symbolic value among a's leaves (nodes aside): the same on every call."""
     ok = [True]

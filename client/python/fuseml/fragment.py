@@ -245,15 +245,19 @@ class Layout:
         if gathered and self.k:
             raise Unfusable("rows read at an index in a group of symbolic sizes")
 
-    def tensor(self, t, where, index=False):
+    def tensor(self, t, where, index=False, source=False):
         """(fragment shape, strides, full_leading) of tensor t, padded to the group's rank (an
-        index, [T] read along dim 0: padded after it)."""
+        index, [T] or [B, S] read along the leading dims: padded after them; the rows source
+        of an index of rank k > 1, [S, D]: padded after its dim 0, to [S, 1, D])."""
         r = len(self.shape)
         size, stride = list(t.shape), list(t.stride())
         if len(size) > r:
             raise Unfusable(f"{where}: rank above the group's")
         if index:
             size, stride = size + [1] * (r - len(size)), stride + [0] * (r - len(stride))
+        elif source:
+            pad = r - len(size)
+            size, stride = size[:1] + [1] * pad + size[1:], stride[:1] + [0] * pad + stride[1:]
         size = [1] * (r - len(size)) + size
         stride = [0] * (r - len(stride)) + stride
         shape, strides = [], []
@@ -326,13 +330,15 @@ class Built:
         self.in_splits = None
 
 
-def wire_inputs(layout, in_nodes, indices=()):
+def wire_inputs(layout, in_nodes, indices=(), sources=()):
     """(the wire's inputs, index of the first one carrying the symbolic dims, each input's
-    alignment) of in_nodes read in `layout` (those in `indices`: take_rows' indices)."""
+    alignment) of in_nodes read in `layout` (those in `indices`: take_rows' indices; in
+    `sources`: the rows they read, where an index has more than one dim)."""
     inputs, full_input, in_align = [], None, []
     for i, node in enumerate(in_nodes):
         t = node.meta["val"]
-        fshape, fstrides, full = layout.tensor(t, f"input {node.name}", index=node in indices)
+        where = f"input {node.name}"
+        fshape, fstrides, full = layout.tensor(t, where, index=node in indices, source=node in sources)
         if full and full_input is None:
             full_input = i
         in_align.append(_align_of(t))
@@ -342,6 +348,19 @@ def wire_inputs(layout, in_nodes, indices=()):
     if layout.k and full_input is None:
         raise Unfusable("no input carries the symbolic dims")
     return inputs, full_input, in_align
+
+
+def _taken_inputs(members, taken):
+    """(the indices, the rows sources read at an index of rank > 1) of a group's take_rows: each
+    input read in one form only (a source padded after its dim 0 is no operand of another op)."""
+    indices = {idx for _, idx in taken}
+    sources = {x for x, idx in taken if idx.meta["val"].dim() > 1}
+    for n in members:
+        source, idx = take_rows(n) or (None, None)
+        for a in n.all_input_nodes:
+            if (a in indices and a is not idx) or (a in sources and a is not source):
+                raise Unfusable(f"{n.name} reads an index or a row source as a value")
+    return indices, sources
 
 
 def build(members, in_nodes, out_nodes, shape=None):
@@ -357,7 +376,7 @@ def build(members, in_nodes, out_nodes, shape=None):
     e = Emitter(in_nodes)
     for node in members:
         e.emit_node(node, layout)
-    inputs, full_input, in_align = wire_inputs(layout, in_nodes, {idx for _, idx in taken})
+    inputs, full_input, in_align = wire_inputs(layout, in_nodes, *_taken_inputs(members, taken))
     outputs, out_strides, out_tails = [], [], []
     for node in out_nodes:
         t = node.meta["val"]

@@ -552,24 +552,36 @@ def cat_dim(node):
     return dim
 
 
-# Rows read at an index (vocabulary 9): ATen's index with one 1-D int64 index, x[idx], where x
-# is a group's input (the kernel loads it where the index points); static sizes.
+# Rows read at an index (vocabulary 9): ATen's index with one int64 index tensor, x[idx], or an
+# embedding (weight[ids]), where x is a group's input (the kernel loads it where the index
+# points); static sizes. An index of rank k gives a value of idx's dims then x's after its
+# first: the fragment reads x as [S, 1 (k - 1 times), ...] (fragment.Layout's rows source).
 def take_rows(node):
-    """(x, idx) of an aten.index node a fragment spells as take_rows (vocabulary 9): one
-    1-D int64 index of x's dim 0, x a float or bool tensor of rank >= 1 on the index's device,
-    static sizes; else None."""
-    if node.op != "call_function" or node.target is not aten.index.Tensor or node.kwargs or len(node.args) != 2:
+    """(x, idx) of an aten.index or aten.embedding node a fragment spells as take_rows
+    (vocabulary 9): one int64 index of x's dim 0, of rank >= 1 (an embedding's ids [B, S]),
+    x a float or bool tensor of rank >= 1 on the index's device, static sizes; else None.
+    An embedding's padding_idx, scale_grad_by_freq and sparse only change its backward."""
+    if node.op != "call_function" or node.kwargs:
         return None
-    x, idxs = node.args
-    if not isinstance(x, torch.fx.Node) or not isinstance(idxs, (list, tuple)) or len(idxs) != 1:
+    if node.target is aten.embedding.default and len(node.args) >= 2:
+        x, idx = node.args[:2]
+    elif node.target is aten.index.Tensor and len(node.args) == 2:
+        x, idxs = node.args
+        if not isinstance(idxs, (list, tuple)) or len(idxs) != 1:
+            return None
+        idx = idxs[0]
+    else:
         return None
-    idx = idxs[0]
+    if not isinstance(x, torch.fx.Node):
+        return None
     tx = x.meta.get("val")
     ti = idx.meta.get("val") if isinstance(idx, torch.fx.Node) else None
     val = node.meta.get("val")
     if not all(isinstance(t, torch.Tensor) for t in (tx, ti, val)):
         return None
-    if ti.dtype != torch.int64 or ti.dim() != 1 or tx.dim() < 1 or tx.dtype not in DTYPES:
+    if ti.dtype != torch.int64 or ti.dim() < 1 or tx.dim() < 1 or tx.dtype not in DTYPES:
+        return None
+    if node.target is aten.embedding.default and tx.dim() != 2:
         return None
     if len({tx.device, ti.device, val.device}) != 1:
         return None

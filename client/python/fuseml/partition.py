@@ -175,6 +175,22 @@ def _has_integers(g):
     return any(ops.is_integer_node(n) and ops.take_rows(n) is None for n in g.members)
 
 
+def _widens(node):
+    """Whether node casts a 16-bit float value to f32 and does nothing else."""
+    if node.op != "call_function" or node.target is not ops.aten._to_copy.default or node.kwargs.keys() - {"dtype"}:
+        return False
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    return (
+        node.kwargs.get("dtype") is torch.float32 and src is not None and src.dtype in (torch.bfloat16, torch.float16)
+    )
+
+
+def _loads_only(g):
+    """Whether group g only reads rows at an index (a position embedding): a reader that does
+    it again per element makes the load it would make of g's result anyway."""
+    return all(ops.take_rows(n) is not None for n in g.members)
+
+
 def _pointwise_only(g):
     """Whether g runs in a pointwise fragment only: it has an extent op or integer values."""
     return _has_extent_op(g) or _has_integers(g)
@@ -243,14 +259,14 @@ def _one_batch_stride(g, node):
 SMALL_BROADCAST = 1 << 12  # elements of a pointwise group a reader computes again per element
 
 
-def _broadcasts_small(shape, into):
-    """Is `shape` (static, at most SMALL_BROADCAST elements, not `into` itself) broadcast to
-    `into`: of its rank, each dim `into`'s or 1, or a 0-dim value (a loss's mean scale)?"""
+def _broadcasts_small(shape, into, limit=SMALL_BROADCAST):
+    """Is `shape` (static, at most `limit` elements, not `into` itself) broadcast to `into`: of
+    its rank, each dim `into`'s or 1, or a 0-dim value (a loss's mean scale)?"""
     if shape is not None and into is not None and len(shape) == 0:
         return len(into) > 0
     if shape is None or into is None or len(shape) != len(into) or same_known_shape(shape, into):
         return False
-    if not all(isinstance(d, int) for d in shape) or math.prod(shape) > SMALL_BROADCAST:
+    if not all(isinstance(d, int) for d in shape) or math.prod(shape) > limit:
         return False
     return all(d == 1 or same_known_shape([d], [e]) for d, e in zip(shape, into))
 
@@ -655,17 +671,26 @@ def find_groups(gm, min_ops=2, chains=True):
     #    few ops again per element, and two launches a batch norm go);
     #  - a column group, when it is small and per column (batch norm's backward: the saved
     #    mean cast to fp32 for the sums' prologue, computed again per element likewise).
-    # Not when it waits on the reader itself.
+    # Integer values (a padding mask's int64 cast to bool) run inside a plain pointwise group
+    # only; rows read at an index alone (BERT's and GPT-2's position embeddings, [1, S, D]
+    # beside [B, S, D]) inside a pointwise group without integers, at any size. Not when it
+    # waits on the reader itself.
     def runs_inside(r, p):
-        if r is None or _pointwise_only(r):
+        if r is None:
             return False
+        if _has_extent_op(p):
+            return r.kind == "pointwise" and not _has_integers(r) and _broadcasts_small(p.shape, r.shape, math.inf)
+        if _has_extent_op(r):
+            return False
+        if _has_integers(r) or _has_integers(p):
+            return r.kind == "pointwise" and _broadcasts_small(p.shape, r.shape)
         if r.kind == "rows":
             return _inside_rows(r.shape, p.shape)
         if r.kind == "columns":
             return _per_column(r.shape, p.shape) and _broadcasts_small(p.shape, r.shape)
         return r.kind == "pointwise" and _broadcasts_small(p.shape, r.shape)
 
-    for p in [g for g in groups if g.kind == "pointwise" and not _pointwise_only(g)]:
+    for p in [g for g in groups if g.kind == "pointwise" and (_loads_only(g) or not _has_extent_op(g))]:
         mset = set(p.members)
         readers = {id(group_of.get(u)): group_of.get(u) for n in p.members for u in n.users if u not in mset}
         r = readers.popitem()[1] if len(readers) == 1 else None
@@ -673,6 +698,51 @@ def find_groups(gm, min_ops=2, chains=True):
             continue
         merge(r, p)
         gdeps[r.gid].discard(p.gid)
+
+    # A pointwise group of one row gather and the ops after it, whose values a rows group
+    # reads (a Llama's embedding cast and squared for its RMSNorm; Gemma 2's scaled first, the
+    # scaled rows read by the residual add too), saves no kernel: the gather is one launch
+    # either way, and the rows group would have computed those ops from the gathered bf16 rows
+    # instead of reading the f32 values this group writes. The ops go into the rows group
+    # (their other readers, in groups downstream of it, read them from there); the gather is
+    # left a group of its own (ATen's).
+    for p in [g for g in groups if g.kind == "pointwise" and len(g.members) > 1]:
+        takes = [n for n in p.members if ops.take_rows(n) is not None]
+        if len(takes) != 1 or _has_integers(p) or any(ops.cat_dim(n) is not None for n in p.members):
+            continue
+        rest = [n for n in p.members if n is not takes[0]]
+        mset = set(p.members)
+        users = [u for n in rest for u in n.users if u not in mset]
+        if any(u not in group_of for u in users):
+            continue  # an ATen op reads them: it would wait on the rows group
+        readers = {id(group_of[u]): group_of[u] for u in users}
+        last = {id(group_of[u]): group_of[u] for u in rest[-1].users}  # the ops end in the norm
+        r = last.popitem()[1] if len(last) == 1 else None
+        if r is None or r.kind != "rows" or not all(_inside_rows(r.shape, n.meta["val"].shape) for n in rest):
+            continue
+        if any(h is not r and reaches(gdeps.get(r.gid, ()), h.gid) for h in readers.values()):
+            continue
+        take = Group(next(next_gid), "pointwise", list(takes), shape=takes[0].meta["val"].shape)
+        groups.append(take)
+        group_of[takes[0]] = take
+        gdeps[take.gid] = set(gdeps.get(p.gid, ()))
+        p.members = rest
+        merge(r, p)
+        gdeps[r.gid].discard(p.gid)
+        gdeps[r.gid].add(take.gid)
+
+    # A cast to f32 ending a pointwise group that only the rows group after it reads (the
+    # embeddings' sum, cast for BERT's and GPT-2's LayerNorm) moves into that group: the
+    # pointwise kernel writes the 16-bit sum, the rows kernel widens it as it loads.
+    for p in [g for g in groups if g.kind == "pointwise" and len(g.members) > 2]:
+        last = p.members[-1]
+        readers = {id(group_of.get(u)): group_of.get(u) for u in last.users}
+        r = readers.popitem()[1] if len(readers) == 1 else None
+        if r is None or r.kind != "rows" or not _widens(last) or not _inside_rows(r.shape, last.meta["val"].shape):
+            continue
+        p.members.remove(last)
+        r.members = sorted(r.members + [last], key=pos)
+        group_of[last] = r
 
     # A column group reading a value another column group of its space computes for its own
     # reduction runs inside that one: sibling reductions of one prologue (batch norm's
@@ -816,6 +886,7 @@ def _epilogue_into_rows(g, group_of, pos):
 
 
 LARGE_CAT = 1 << 16  # elements of a lone cat worth a kernel of its own
+ATEN_CAT_MAX_DIMS = 4  # ATen's CUDA cat batches its operands in one kernel up to this rank
 
 
 def _large_cat(g):
@@ -827,14 +898,19 @@ def _large_cat(g):
       kernel of its own reads each in place;
     - rows padded to whole 16-byte vectors along the last dim from operands whose rows are not
       (GPT-2's 4096 x 50257 logits gradient padded to 50304 for the lm_head's GEMMs, pad_gemm):
-      our kernel stores each row 16 bytes at a time, where ATen's cat ran at 1.9 TB/s.
+      our kernel stores each row 16 bytes at a time, where ATen's cat ran at 1.9 TB/s;
+    - a result of more than ATEN_CAT_MAX_DIMS dims: ATen's batched cat kernel takes at most
+      that many, above it ATen copies each operand into its slice of the result, one strided
+      copy kernel an operand (a ViT's q, k, v gradients, contiguous [B, N, 1, H, D] each as
+      cuDNN's attention backward writes them, catted into [B, N, 3, H, D]: three copies of
+      14 us a layer of a ViT-S on an H200).
     Other cats of contiguous operands stay ATen's."""
     cats = [(n, ops.cat_dim(n)) for n in g.members if ops.cat_dim(n) is not None]
     if len(cats) != 1 or cats[0][0].meta["val"].numel() < LARGE_CAT:
         return False
     ((cat, dim),) = cats
     xs = [x for x in cat.args[0] if isinstance(x, torch.fx.Node)]
-    if any(not x.meta["val"].is_contiguous() for x in xs):
+    if any(not x.meta["val"].is_contiguous() for x in xs) or cat.meta["val"].dim() > ATEN_CAT_MAX_DIMS:
         return True
     return _pads_rows_to_vectors(cat, dim, xs)
 

@@ -18,8 +18,6 @@ length n (every element written, each once); the gathers each take one 1-D index
 between them is an unsqueeze after dim 0, which commutes with a row gather."""
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-
 from . import const_fold, fake_meta, graph_code
 from ._log import log
 from .fake_meta import tensor_val
@@ -44,21 +42,6 @@ def _permutation(s):
     return v is not None and v.dim() == 1 and is_plain_int(v.shape[0])
 
 
-def _is_arange(gm, node, n):
-    """Whether node is arange(n): a call of arange or a constant const_fold made of one."""
-    if not isinstance(node, torch.fx.Node):
-        return False
-    if node.op == "call_function" and node.target is aten.arange.default:
-        return node.args[0] == n
-    if node.op == "call_function" and node.target is aten.arange.start_step:
-        return tuple(node.args[:3]) == (0, n, 1)
-    t = const_fold.constant(gm, node) if node.op == "get_attr" else None
-    if t is None or t.dim() != 1 or t.shape[0] != n or t.dtype not in (torch.int32, torch.int64):
-        return False
-    with unset_fake_temporarily():  # a real comparison, once per compiled graph
-        return bool(torch.equal(t, torch.arange(n, device=t.device, dtype=t.dtype)))
-
-
 def _inverse_of(gm, inv):
     """s when node inv is the inverse of permutation s (index_put of arange at s), else None."""
     if inv.op != "call_function" or inv.target not in (aten.index_put.default, aten.index_put_.default):
@@ -71,7 +54,7 @@ def _inverse_of(gm, inv):
     if not _permutation(s) or vb is None or vb.dim() != 1:
         return None
     n = tensor_val(s).shape[0]
-    return s if vb.shape[0] == n and _is_arange(gm, values, n) else None
+    return s if vb.shape[0] == n and const_fold.is_arange(gm, values, n) else None
 
 
 def _one_index(node):
