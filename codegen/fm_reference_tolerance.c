@@ -1,4 +1,5 @@
-/* fm_reference_tolerance.c: how close a kernel's output must come to fm_reference_eval's. */
+/* fm_reference_tolerance.c: how close a kernel's output must come to fm_reference_eval's: its
+ * dtype's tolerance, or that of the coarsest rounding behind it (a cast, or a 16-bit product). */
 #include "fm_reference.h"
 
 static double dtype_tolerance(fm_dtype dt) {
@@ -33,7 +34,10 @@ double fm_reference_tolerance(const fm_fragment *f, uint32_t k) {
       double u = rounding_of(f, op_rounding, j, o->args[a]);
       if (u > r) r = u;
     }
-    if (o->op == FM_OP_CAST && dtype_tolerance(o->dtype) > r) r = dtype_tolerance(o->dtype);
+    /* a cast rounds; so may a product, to its operands' 16-bit dtype: the cuBLASLt split form
+       writes A@B to a scratch in that dtype before the epilogue, as eager's mm does */
+    const int rounds = o->op == FM_OP_CAST || fm_op_kind(o->op) == FM_OPK_MATMUL;
+    if (rounds && dtype_tolerance(o->dtype) > r) r = dtype_tolerance(o->dtype);
     op_rounding[j] = r;
   }
   double behind = rounding_of(f, op_rounding, f->n_ops, f->outputs[k].id);

@@ -275,6 +275,26 @@ static void test_tolerance_follows_casts(void) {
   CHECK(fm_reference_tolerance(&canon, 4) == 0);
 }
 
+/* A GEMM's f32 output behind its bf16 product (GPT-2's hidden-state gradient: the padded
+ * logits' gradient times the tied weight, plus the residual's gradient, cast to f32 for the
+ * embedding's accumulation) compares at bf16's tolerance: the cuBLASLt split form rounds the
+ * product to bf16 in its scratch, as eager's mm does, and was refused at f32's. The product's
+ * own bf16 output keeps bf16's. */
+static void test_tolerance_behind_a_product(void) {
+  const int64_t a[2] = {32, 64}, b[2] = {64, 16}, mn[2] = {32, 16};
+  tf_init(&raw);
+  raw.vocab = 3; /* GEMM fragments */
+  tf_input(&raw, 1, FM_DT_BF16, 2, a, NULL, 16);
+  tf_input(&raw, 2, FM_DT_BF16, 2, b, NULL, 16);
+  tf_input(&raw, 3, FM_DT_BF16, 2, mn, NULL, 16);
+  tf_op(&raw, FM_OP_MM, 4, 2, 1, 2, 0);
+  tf_op(&raw, FM_OP_ADD, 5, 2, 3, 4, 0);
+  tf_cast(&raw, 6, 5, FM_DT_F32);
+  tf_output(&raw, 6, FM_DT_F32, 2, mn, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  CHECK(fm_reference_tolerance(&canon, 0) == 1e-2);
+}
+
 static void test_rank0_and_errors(void) {
   tf_init(&raw);
   tf_input(&raw, 1, FM_DT_F32, 0, NULL, NULL, 4);
@@ -301,6 +321,7 @@ int main(void) {
   RUN(test_broadcast_strides_symbolic);
   RUN(test_where_compare_cast_multi_output);
   RUN(test_tolerance_follows_casts);
+  RUN(test_tolerance_behind_a_product);
   RUN(test_rank0_and_errors);
   return FM_TEST_DONE();
 }
