@@ -96,13 +96,19 @@ uint32_t fb_where(fb *b, uint32_t cond, uint32_t a, uint32_t c) {
   return o->out;
 }
 
-uint32_t fb_cat(fb *b, uint32_t a, uint32_t c, int32_t dim) {
-  fm_opnode *o = new_op(b, FM_OP_CAT, promote(dt_of(b, a), dt_of(b, c)));
-  o->nargs = 2;
-  o->args[0] = a;
-  o->args[1] = c;
+uint32_t fb_catn(fb *b, const uint32_t *args, uint32_t n, int32_t dim) {
+  fm_dtype dt = dt_of(b, args[0]);
+  for (uint32_t i = 1; i < n; i++) dt = promote(dt, dt_of(b, args[i]));
+  fm_opnode *o = new_op(b, FM_OP_CAT, dt);
+  o->nargs = n;
+  for (uint32_t i = 0; i < n; i++) o->args[i] = args[i];
   o->dim = dim;
   return o->out;
+}
+
+uint32_t fb_cat(fb *b, uint32_t a, uint32_t c, int32_t dim) {
+  const uint32_t args[2] = {a, c};
+  return fb_catn(b, args, 2, dim);
 }
 
 uint32_t fb_cast(fb *b, uint32_t a, fm_dtype dt) {

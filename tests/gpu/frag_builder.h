@@ -23,6 +23,8 @@ uint32_t fb_where(fb *b, uint32_t cond, uint32_t a, uint32_t c);
 uint32_t fb_cast(fb *b, uint32_t a, fm_dtype dt);
 /* cat([a, c], dim) (vocabulary 6; the caller sets b->f.vocab): the promoted dtype. */
 uint32_t fb_cat(fb *b, uint32_t a, uint32_t c, int32_t dim);
+/* cat(args[0..n), dim), 2 <= n <= FM_MAX_ARGS. */
+uint32_t fb_catn(fb *b, const uint32_t *args, uint32_t n, int32_t dim);
 /* Adds an output storing value v, dense, with the iteration shape. */
 void fb_output(fb *b, uint32_t v, uint32_t rank, const int64_t *shape);
 

@@ -347,6 +347,19 @@ static void middle_case(gu_rng *r) {
   run_case("middle_units[f32 -1 x (3 + 2) x 16]", &b, 23, r, 0);
 }
 
+/* A cat of rank 5 (above ATen's batched cat): a ViT's q, k, v gradients [-1, 197, 1, 6, 64] bf16,
+ * contiguous as cuDNN's attention backward writes them, into [-1, 197, 3, 6, 64]. */
+static void qkv_case(gu_rng *r) {
+  fb b;
+  fb_init(&b);
+  b.f.vocab = 6;
+  int64_t sq[5] = {FM_DIM_SYMBOLIC, 197, 1, 6, 64}, so[5] = {FM_DIM_SYMBOLIC, 197, 3, 6, 64};
+  uint32_t qkv[3];
+  for (int i = 0; i < 3; i++) qkv[i] = fb_input(&b, FM_DT_BF16, 5, sq, NULL, 16);
+  fb_output(&b, fb_catn(&b, qkv, 3, 2), 5, so);
+  run_case("qkv_rank5_cat[bf16 -1 x 197 x (1 + 1 + 1) x 6 x 64]", &b, 5, r, 0);
+}
+
 /* Units across odd rows (the STRIDED path's units): cross-entropy's backward at an odd
  * vocabulary, x bf16 [-1, cols] read at the padded row stride `ld`, per-row lse and w f32
  * [-1, 1], a column row f32 [1, cols]; two row-major outputs, bf16 and f32 (a unit of 8 stores
@@ -376,6 +389,7 @@ static void cat_cases(gu_rng *r) {
   rope_case(r, FM_DT_F32, FM_DT_F32, 1, 5);
   rope_case(r, FM_DT_F16, FM_DT_F16, 2, 7);
   pad_case(r);
+  qkv_case(r);
 }
 
 int main(int argc, char **argv) {

@@ -271,6 +271,36 @@ static void test_pad_vectorised(void) {
 }
 
 /* A cat's operands are generated once more per branch, so they count again in the cost. */
+/* A cat of rank 5 of three operands (a ViT's q, k, v gradients [-1, N, 1, H, D] into the QKV
+ * projection's [-1, N, 3, H, D]; ATen copies each apart above rank 4): the reference against the
+ * operands' elements placed by hand, and every candidate through NVRTC. */
+static void test_rank5_qkv(void) {
+  enum { Z = 2, N = 3, HEADS = 2, HD = 8 };
+  int64_t sq[5] = {-1, N, 1, HEADS, HD}, so[5] = {-1, N, 3, HEADS, HD};
+  tf_init(&raw);
+  raw.vocab = 6;
+  for (uint32_t i = 0; i < 3; i++) tf_input(&raw, i, FM_DT_F32, 5, sq, NULL, 16);
+  tf_op(&raw, FM_OP_CAT, 3, 3, 0, 1, 2);
+  set_dim(&raw, 2);
+  tf_output(&raw, 3, FM_DT_F32, 5, so, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  static float q[3][Z * N * HEADS * HD], out[Z * N * 3 * HEADS * HD];
+  for (int t = 0; t < 3; t++)
+    for (int i = 0; i < Z * N * HEADS * HD; i++) q[t][i] = (float)(t * 1000 + i);
+  const void *in[3] = {q[0], q[1], q[2]};
+  void *o[1] = {out};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, Z, in, o, &d), FM_OK);
+  int bad = 0;
+  for (int zn = 0; zn < Z * N; zn++)
+    for (int t = 0; t < 3; t++)
+      for (int e = 0; e < HEADS * HD; e++) bad += out[(zn * 3 + t) * HEADS * HD + e] != q[t][zn * HEADS * HD + e];
+  CHECK_EQ_INT(bad, 0);
+  int compiled = 0;
+  CHECK_EQ_INT(tf_compile_candidates(&canon, "cat rank 5 qkv", &compiled), 0);
+  CHECK(compiled > 0);
+}
+
 static void test_cost(void) {
   rope(FM_DT_BF16);
   CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
@@ -288,6 +318,7 @@ int main(void) {
   RUN(test_compiles);
   RUN(test_rope_units);
   RUN(test_pad_vectorised);
+  RUN(test_rank5_qkv);
   RUN(test_cost);
   return FM_TEST_DONE();
 }

@@ -560,7 +560,9 @@ def take_rows(node):
     """(x, idx) of an aten.index or aten.embedding node a fragment spells as take_rows
     (vocabulary 9): one int64 index of x's dim 0, of rank >= 1 (an embedding's ids [B, S]),
     x a float or bool tensor of rank >= 1 on the index's device, static sizes; else None.
-    An embedding's padding_idx, scale_grad_by_freq and sparse only change its backward."""
+    An embedding's padding_idx, scale_grad_by_freq and sparse only change its backward. Ids
+    outside [-V, V) trap in the kernel as in ATen's; a negative id in [-V, 0), which ATen's
+    embedding asserts on, reads row V + id there (x[idx]'s reading)."""
     if node.op != "call_function" or node.kwargs:
         return None
     if node.target is aten.embedding.default and len(node.args) >= 2:
