@@ -56,20 +56,24 @@ def test_patches_are_a_product_forward_and_backward(dead_socket, partitioned, bi
 
 
 def test_a_copy_made_twice_is_made_once():
-    """Two clones of the same view are one; a random op's twins and a clone of another view
-    stay apart."""
+    """Two clones of the same view are one; a random op's twins, a clone of another view and
+    a clone written in place stay apart."""
     g = torch.fx.Graph()
     x = g.placeholder("x")
     ups = [g.call_function(aten.permute.default, (x, [1, 0])) for _ in range(3)]
     copies = [g.call_function(aten.clone.default, (u,), {"memory_format": torch.contiguous_format}) for u in ups[:2]]
     other = g.call_function(aten.clone.default, (x,))
     noise = [g.call_function(aten.rand_like.default, (x,)) for _ in range(2)]
-    g.output((*copies, ups[2], other, *noise))
+    # two more copies of x's transpose, one written in place after: each a buffer of its own
+    ts = [g.call_function(aten.t.default, (x,)) for _ in range(2)]
+    written = [g.call_function(aten.clone.default, (t,)) for t in ts]
+    g.call_function(aten.add_.Tensor, (written[1], 1.0))
+    g.output((*copies, ups[2], other, *noise, *written))
     gm = torch.fx.GraphModule(torch.nn.Module(), g)
     assert twin_copies.drop_twin_copies(gm) == 1
     targets = [n.target for n in gm.graph.nodes]
     # the dropped clone's view goes with it; the others stay, each with its readers
-    assert targets.count(aten.clone.default) == 2 and targets.count(aten.permute.default) == 2
+    assert targets.count(aten.clone.default) == 4 and targets.count(aten.permute.default) == 2
     assert targets.count(aten.rand_like.default) == 2
 
 

@@ -38,6 +38,11 @@ def _key(node, keys):
         return None
 
 
+def _mutates(node):
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    return schema is not None and schema.is_mutable
+
+
 def drop_twin_copies(gm):
     """Replaces each clone equal to an earlier one (the same tensor through alike views) by
     that one; the views themselves stay, each with its readers (passes after this one move a
@@ -51,8 +56,8 @@ def drop_twin_copies(gm):
             if key is not None:
                 keys[node] = key
             continue
-        if node.target is not aten.clone.default:
-            continue
+        if node.target is not aten.clone.default or any(_mutates(u) for u in node.users):
+            continue  # a copy written in place afterwards is a buffer of its own
         key = _key(node, keys)
         if key is None:
             continue
