@@ -32,6 +32,14 @@ def llama_embedding(ids, word, weight):
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight).to(BF16)
 
 
+def gemma_embedding(ids, word, weight):
+    """Gemma's: the embedding scaled, the scaled rows normed and kept for the residual add."""
+    h = F.embedding(ids, word) * 8.0
+    x = h.float()
+    normed = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight).to(BF16)
+    return h + normed.sin()
+
+
 def _tables(g=None):
     g = g or torch.Generator().manual_seed(3)
     ids = torch.randint(0, V, (B, S), generator=g)
@@ -66,13 +74,24 @@ def test_three_embeddings_and_their_sum_are_one_kernel(dead_socket, partitioned)
     assert shapes[0][0] == 1 or shapes[0][1] == 0  # the shared ids read once for the batch
     (rows,) = [h for h in groups if h.kind == "rows" and h.route == "kernel"]
     assert "var" in rows.op_names or "var_mean" in rows.op_names, rows.describe()
+    # the sum's cast to f32 runs in the norm's kernel: the embeddings' kernel writes bf16
+    assert "_to_copy" not in g.op_names and rows.op_names[0] == "_to_copy", (g.describe(), rows.describe())
+    assert wire["outputs"][0]["dtype"] == "bf16"
 
 
 def test_a_lone_embedding_stays_atens(dead_socket, partitioned):
+    """A gather whose ops end in a norm (a Llama's embedding cast and squared; Gemma's scaled
+    first, the scaled rows read by the residual too) is ATen's gather; its ops run in the
+    norm's rows kernel, which reads the bf16 rows."""
     ids, word, _, _, weight, _ = _tables()
-    got = torch.compile(llama_embedding, backend=fuseml.FuseMLCompiler(), dynamic=False)(ids, word, weight)
-    torch.testing.assert_close(got, llama_embedding(ids, word, weight))
-    assert len(_embeddings_left(partitioned)) == 1
+    for f in (llama_embedding, gemma_embedding):
+        got = torch.compile(f, backend=fuseml.FuseMLCompiler(), dynamic=False)(ids, word, weight)
+        torch.testing.assert_close(got, f(ids, word, weight))
+    assert len(_embeddings_left(partitioned)) == 2
+    for _, groups in partitioned:
+        (rows,) = [g for g in groups if g.kind == "rows" and g.route == "kernel"]
+        assert {"_to_copy", "pow", "mean"} <= set(rows.op_names), rows.describe()
+        assert not [g for g in groups if g.route == "kernel" and "embedding" in g.op_names]
 
 
 def test_bert_reads_its_embeddings_and_mask_in_kernels(dead_socket, partitioned):
