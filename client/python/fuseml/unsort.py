@@ -18,6 +18,7 @@ length n (every element written, each once); the gathers each take one 1-D index
 between them is an unsqueeze after dim 0, which commutes with a row gather."""
 
 import torch
+
 from . import const_fold, fake_meta, graph_code
 from ._log import log
 from .fake_meta import tensor_val
