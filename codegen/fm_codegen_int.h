@@ -56,6 +56,10 @@ typedef struct fm_cg_plan {
                                                  vector whatever the rows' length (1: none) */
   uint8_t rowval[FM_CG_MAX_VALUES];       /* rows template: value is a register array,
                                                  read as v<pos>[i] (pointwise: all 0) */
+  int64_t iota_cols;                      /* pointwise with a live iota: the iteration's last
+                                                 dim C (fm_col = the element's row-major index
+                                                 mod C), -1 where that index is the column
+                                                 (rank <= 1); 0: no live iota */
 } fm_cg_plan;
 
 /* Builds the plan; FM_EINVAL (not a valid fragment) or FM_EUNSUPPORTED, reason in d. */
@@ -110,6 +114,11 @@ const char *fm_cg_storage_type(fm_dtype dt);
  * an eighth of its ulp); 0 when the fragment is f32 throughout (the exact library functions). */
 int fm_cg_fast_math(const fm_fragment *f);
 void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math); /* fast_math: that level, 0..2 */
+
+/* Whether a live value is an iota (vocab 11): fm_compute() then takes the element's column
+ * (its index along the iteration's last dim) as its last argument, fm_col. Liveness comes
+ * from fm_cg_plan_values. */
+int fm_cg_plan_iota(const fm_fragment *f, const fm_cg_plan *p);
 
 /* fm_compute(): raw input elements (used inputs, in order) -> raw output elements. */
 int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d);

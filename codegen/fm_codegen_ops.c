@@ -18,7 +18,7 @@ typedef enum {
   ARGS_FLOAT,   /* every operand as float (bool -> 0/1) */
   ARGS_COMPARE, /* float, unless every operand is bool */
   ARGS_WHERE,   /* operand 0 as bool, the others as the result's kind */
-  ARGS_SPECIAL, /* const, pow, cast: formatted by code below */
+  ARGS_SPECIAL, /* const, pow, cast, iota: formatted by code below */
 } args_mode;
 
 /* "$0".."$2" stand for the operands. NaN-propagating and composite ops are prelude
@@ -61,6 +61,7 @@ static const struct {
     [FM_OP_WHERE] = {"($0 ? $1 : $2)", ARGS_WHERE},
     [FM_OP_CAST] = {NULL, ARGS_SPECIAL},
     [FM_OP_FLOOR_DIV] = {NULL, ARGS_SPECIAL}, /* i64 only: int_code */
+    [FM_OP_IOTA] = {NULL, ARGS_SPECIAL},
 };
 
 /* Integer values (vocab 10): the ops whose i64 form differs from op_code's. Operands are
@@ -449,6 +450,10 @@ void fm_cg_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, uin
   const fm_opnode *op = &f->ops[i];
   const uint16_t *args = p->args[i];
   char ops[3][48] = {"", "", ""};
+  if (op->op == FM_OP_IOTA) { /* the element's column, which the template names fm_col */
+    fm_strbuf_append(sb, op->dtype == FM_DT_I64 ? "fm_col" : "(float)fm_col");
+    return;
+  }
   if (integer_op(f, p, i)) {
     const uint32_t first = op->op == FM_OP_WHERE ? 1 : 0;
     if (first) as_bool(ops[0], p, args[0]);
@@ -567,6 +572,7 @@ int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
     fm_strbuf_printf(sb, "%s%s &o%u", sep, fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
     sep = ", ";
   }
+  if (fm_cg_plan_iota(f, p)) fm_strbuf_printf(sb, "%sconst long long fm_col", sep);
   fm_strbuf_append(sb, ") {\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (p->t[k].access == FM_CG_UNUSED) continue;

@@ -64,8 +64,10 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
     const fm_opnode *op = &f->ops[i];
     if ((unsigned)op->op >= FM_OP__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid op", i);
     /* reserved, composites, products; reductions where the template runs none (floor_div:
-       elementwise, of vocab 10) */
-    if (fm_op_vocab(op->op) != 1 && op->op != FM_OP_FLOOR_DIV && !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
+       elementwise, of vocab 10; iota: the plain pointwise template's, which passes fm_col) */
+    const int plain_iota = op->op == FM_OP_IOTA && !allow;
+    if (fm_op_vocab(op->op) != 1 && op->op != FM_OP_FLOOR_DIV && !plain_iota &&
+        !(reduce && fm_op_kind(op->op) == FM_OPK_REDUCE) &&
         !(extent && (fm_op_kind(op->op) == FM_OPK_CAT || fm_op_kind(op->op) == FM_OPK_WINDOW ||
                      fm_op_kind(op->op) == FM_OPK_GATHER)))
       return fm_diag_set(d, FM_EUNSUPPORTED, "ops[%u]: '%s' is not elementwise; the %s template cannot run it", i,
@@ -101,6 +103,12 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
     }
   }
   return FM_OK;
+}
+
+int fm_cg_plan_iota(const fm_fragment *f, const fm_cg_plan *p) {
+  for (uint32_t i = 0; i < p->n_ops && i < FM_MAX_OPS; i++)
+    if (f->ops[i].op == FM_OP_IOTA && p->live[p->n_in + i]) return 1;
+  return 0;
 }
 
 /* Stride of tensor t along dim j as the kernel sees it: 0 where t is broadcast. */
@@ -315,6 +323,7 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
     p->t[k].align = t->align;
     if (k < p->n_in) p->t[k].value = k;
   }
+  if (fm_cg_plan_iota(f, p)) p->iota_cols = it->rank > 1 ? it->shape[it->rank - 1] : -1;
   p->symbolic = it->rank > 0 && it->shape[0] == FM_DIM_SYMBOLIC;
   p->inner = 1;
   for (uint32_t j = 1; j < it->rank; j++) p->inner *= it->shape[j];

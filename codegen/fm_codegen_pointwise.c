@@ -152,6 +152,27 @@ static int hoisted(const fm_cg_plan *p, const fm_pw_config *cfg, uint32_t vec, u
   return ((uint64_t)cfg->block * vec) % (uint64_t)p->dims[last] == 0;
 }
 
+/* fm_compute's column argument (a fragment with an iota) for the element whose row-major
+ * index is `lin`: lin mod C, or lin itself where the iteration has one dim. */
+static void emit_col_of(fm_strbuf *sb, const fm_cg_plan *p, const char *lin) {
+  if (p->iota_cols < 0)
+    fm_strbuf_printf(sb, "%s", lin);
+  else
+    fm_strbuf_printf(sb, "%s %% %lldLL", lin, (long long)p->iota_cols);
+}
+
+/* The same for element e of a vector whose first element's column is fm_cb (emit_vector_compute):
+ * at most one row boundary lies inside a vector no longer than a row, so one compare does. */
+static void emit_col_in_vector(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
+  const long long c = (long long)p->iota_cols;
+  if (c < 0)
+    fm_strbuf_append(sb, "fm_cb + e");
+  else if ((long long)vec <= c)
+    fm_strbuf_printf(sb, "(fm_cb + e < %lldLL ? fm_cb + e : fm_cb + e - %lldLL)", c, c);
+  else
+    fm_strbuf_printf(sb, "(fm_cb + e) %% %lldLL", c);
+}
+
 /* Arguments of fm_compute for unrolled vector u, element e (vec > 1) or the scalar; a hoisted
  * input (hoist[k]) is its register h<k>. */
 static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, const uint8_t *hoist, const char *ind) {
@@ -186,6 +207,13 @@ static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, 
       fm_strbuf_printf(sb, "%so%u", sep, k);
     sep = ", ";
   }
+  if (p->iota_cols) {
+    fm_strbuf_append(sb, sep);
+    if (vec == 1)
+      emit_col_of(sb, p, "v");
+    else
+      emit_col_in_vector(sb, p, vec);
+  }
   fm_strbuf_append(sb, ");\n");
 }
 
@@ -194,6 +222,13 @@ static void emit_compute_call(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, 
 static void emit_vector_compute(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec, const uint8_t *hoist) {
   for (uint32_t k = 0; k < p->n_out; k++)
     fm_strbuf_printf(sb, "        w%u[u] = %s;\n", k, reg_zero(reg_type(p, p->n_in + k, vec)));
+  if (p->iota_cols) { /* the column of the vector's first element: one division a vector */
+    char lin[32];
+    snprintf(lin, sizeof lin, "v * %uLL", vec);
+    fm_strbuf_append(sb, "        const long long fm_cb = ");
+    emit_col_of(sb, p, lin);
+    fm_strbuf_append(sb, ";\n");
+  }
   fm_strbuf_printf(sb,
                    "#pragma unroll\n"
                    "        for (int e = 0; e < %u; ++e) {\n",
@@ -423,6 +458,10 @@ static void emit_tail(fm_strbuf *sb, const fm_cg_plan *p, uint32_t vec) {
   for (uint32_t k = 0; k < p->n_out; k++) {
     fm_strbuf_printf(sb, "%so%u", sep, k);
     sep = ", ";
+  }
+  if (p->iota_cols) {
+    fm_strbuf_append(sb, sep);
+    emit_col_of(sb, p, i);
   }
   fm_strbuf_append(sb, ");\n");
   for (uint32_t k = 0; k < p->n_out; k++) fm_strbuf_printf(sb, "    out%u[%s] = o%u;\n", k, i, k);

@@ -429,6 +429,14 @@ void fm_cg_rows_emit_load_per_row(fm_strbuf *sb, const fm_cg_plan *p, uint32_t k
 /* Op i (not a reduction): a register array of ept elements for a row value, else a scalar. */
 void fm_cg_rows_emit_op(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, const shape *s, uint32_t i) {
   uint32_t pos = p->n_in + i;
+  if (f->ops[i].op == FM_OP_IOTA) { /* element i's column: chunk i / vec's start, then its place */
+    fm_strbuf_printf(sb,
+                     "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i)\n"
+                     "      v%u[i] = (%s)(%s((long long)(i / %u) * %u + lane) * %u + i %% %u);  /* iota */\n",
+                     fm_cg_val_type(p->vdt[pos]), pos, s->ept, s->ept, pos, fm_cg_val_type(p->vdt[pos]),
+                     s->stream ? "fm_t0 + " : "", s->vec, s->tpr, s->vec, s->vec);
+    return;
+  }
   if (p->rowval[pos])
     fm_strbuf_printf(sb, "    %s v%u[%u];\n#pragma unroll\n    for (int i = 0; i < %u; ++i) v%u[i] = ",
                      fm_cg_val_type(p->vdt[pos]), pos, s->ept, s->ept, pos);

@@ -44,7 +44,7 @@ static int plan_values(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
     if (arity < 0 || op->nargs != (uint32_t)arity)
       return fm_diag_set(d, FM_EINVAL, "ops[%u]: '%s' takes %d args, has %u", i, fm_op_name(op->op), arity, op->nargs);
     if ((unsigned)op->dtype >= FM_DT__COUNT) return fm_diag_set(d, FM_EINVAL, "ops[%u]: invalid result dtype", i);
-    p->rowval[pos] = 0;
+    p->rowval[pos] = op->op == FM_OP_IOTA; /* a column index: one per element of the row */
     for (uint32_t a = 0; a < op->nargs; a++) {
       int at = find_value(ids, pos, op->args[a]);
       if (at < 0) return fm_diag_set(d, FM_EINVAL, "ops[%u].args[%u]: value not defined before use", i, a);

@@ -294,7 +294,7 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer, co
   for (uint32_t k = 0; k < f->n_inputs; k++) is_row[k] = f->inputs[k].shape[last] == n;
   for (uint32_t o = 0; o < f->n_ops; o++) {
     uint32_t pos = f->n_inputs + o;
-    is_row[pos] = 0;
+    is_row[pos] = f->ops[o].op == FM_OP_IOTA; /* the column: one per element of the row */
     for (uint32_t a = 0; a < f->ops[o].nargs; a++) is_row[pos] |= is_row[pr->args[o][a]];
     if (fm_op_kind(f->ops[o].op) == FM_OPK_REDUCE) {
       if (!is_row[pos]) return fm_diag_set(d, FM_EINVAL, "reference: ops[%u] reduces a per-row value", o);
@@ -328,6 +328,10 @@ static int eval_rows(const fm_fragment *f, const ref_prog *pr, int64_t outer, co
         continue;
       }
       for (int64_t j = 0; j < (is_row[f->n_inputs + o] ? n : 1); j++) {
+        if (op->op == FM_OP_IOTA) {
+          x[j] = (double)j;
+          continue;
+        }
         double arg[3] = {0, 0, 0};
         for (uint32_t q = 0; q < op->nargs; q++) arg[q] = v[(size_t)a[q] * (size_t)n + (size_t)(is_row[a[q]] ? j : 0)];
         x[j] = fm_ref_op(op, arg[0], arg[1], arg[2]);
@@ -535,6 +539,10 @@ int fm_reference_eval(const fm_fragment *f, int64_t outer, const void *const *in
         v[f->n_inputs + o] = (rank == 3 ? gemm_dot(f, ia, b, inputs[ia], inputs[b], idx[0], idx[1], idx[2])
                                         : gemm_dot(f, ia, b, inputs[ia], inputs[b], 0, idx[0], idx[1])) +
                              (na == 3 ? v[a[0]] : 0.0);
+        continue;
+      }
+      if (f->ops[o].op == FM_OP_IOTA) { /* the element's index along the last dim */
+        v[f->n_inputs + o] = rank ? (double)idx[rank - 1] : 0.0;
         continue;
       }
       v[f->n_inputs + o] = fm_ref_op(&f->ops[o], na > 0 ? v[a[0]] : 0, na > 1 ? v[a[1]] : 0, na > 2 ? v[a[2]] : 0);

@@ -48,6 +48,8 @@ static uint32_t max_cut(const fm_fragment *f) {
   if (fm_fragment_is_gemm(f) || fm_fragment_is_bmm(f) || fm_fragment_is_cols(f) || fm_fragment_is_scatter(f)) return 0;
   uint32_t rank = f->outputs[0].rank, cut = rank;
   if (fm_fragment_is_rows(f)) cut = rank ? rank - 1 : 0;
+  /* an iota reads the element's index along the last dim, which a cut block would renumber */
+  if (fm_fragment_has_iota(f) && rank && cut > rank - 1) cut = rank - 1;
   for (uint32_t i = 0; i < f->n_ops; i++)
     if (f->ops[i].op == FM_OP_CAT && f->ops[i].dim >= 0 && (uint32_t)f->ops[i].dim < cut)
       cut = (uint32_t)f->ops[i].dim;

@@ -8,10 +8,10 @@
  * only when storing an output (or at an explicit `cast`).
  *
  * Wire form (a msgpack map; the same structure as JSON for fusectl; PROTOCOL.md is normative):
- *   {vocab: 1 | 2 | 3 | 4 | 5 | 6 | 7,
+ *   {vocab: 1 .. 11,
  *    m_hint?: int   (GEMM and column fragments with a symbolic M: the expected M; see fm_fragment.m_hint),
  *    inputs:  [{id, dtype, shape, strides, align}, ...],
- *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,   (index_add: vocab 8)
+ *    ops:     [{op, out, args: [id, ...], value?: float, dtype?: str,   (cast, iota)
  *              dim?: int, keepdim?: bool, correction?: 0|1,     (these three: vocab 2;
  *                                                   dim 0 of a rank-2 value: vocab 5, columns;
  *                                                   a cat's dim: vocab 6, required there)
@@ -70,8 +70,10 @@
  * Vocabulary 10 adds integer values: i64 inputs read as data, i64 results of arithmetic,
  * comparisons, where and casts on them, `floor_div` by a constant, and i64 outputs, in
  * pointwise fragments only (a language model's labels, a router's token numbers: below); a
- * daemon of vocabulary 9 refuses a fragment that says vocab 10. */
-#define FM_VOCAB_VERSION 10
+ * daemon of vocabulary 9 refuses a fragment that says vocab 10. Vocabulary 11 adds `iota`, the
+ * column index computed in the kernel (cross-entropy's one-hot, a top-k's picks compared
+ * against their columns) where a [C] arange was read from memory: below. */
+#define FM_VOCAB_VERSION 11
 #define FM_VOCAB_MIN     1
 #define FM_VOCAB_COLS    5  /* the vocabulary of column fragments */
 #define FM_VOCAB_CAT     6  /* the vocabulary of `cat` */
@@ -79,6 +81,7 @@
 #define FM_VOCAB_SCATTER 8  /* the vocabulary of index_add and the i64 index dtype */
 #define FM_VOCAB_GATHER  9  /* the vocabulary of take_rows */
 #define FM_VOCAB_INTEGER 10 /* the vocabulary of integer values (i64 data, floor_div) */
+#define FM_VOCAB_IOTA    11 /* the vocabulary of iota */
 /* Field 11 of the cache key (fm_fingerprint.h). The canonical bytes already carry each
  * fragment's own (lowest covering) vocab, so this stays 1 and no existing key changes when
  * a vocabulary is added. */
@@ -157,6 +160,8 @@ typedef enum {
                       index[m] of the output (scatter fragments, below) */
   FM_OPK_GATHER,    /* vocab 9: take_rows (src, index) -> src's dtype, src read at row
                       index[...] (extent fragments, below) */
+  FM_OPK_IOTA,      /* vocab 11: no args; `dtype` (f32 or i64): the element's index along the
+                      last dim of the iteration (a row fragment's: its column; below) */
 } fm_opkind;
 
 /* XX(NAME, "wire name", kind). Append only: the enum value is not on the wire, but the
@@ -209,7 +214,8 @@ typedef enum {
   XX(MAX_POOL2D_ARGMAX, "max_pool2d_argmax", FM_OPK_WINDOW)     \
   XX(INDEX_ADD, "index_add", FM_OPK_SCATTER)                    \
   XX(TAKE_ROWS, "take_rows", FM_OPK_GATHER)                     \
-  XX(FLOOR_DIV, "floor_div", FM_OPK_BINARY)
+  XX(FLOOR_DIV, "floor_div", FM_OPK_BINARY)                     \
+  XX(IOTA, "iota", FM_OPK_IOTA)
 
 typedef enum {
 #define FM_OP_ENUM_(name, str, kind) FM_OP_##name,
@@ -355,6 +361,17 @@ int fm_fragment_is_chain(const fm_fragment *f);
 int fm_fragment_has_integers(const fm_fragment *f);
 /* Whether an integer const of this value may meet an i64 value: integral, |c| <= 2^24. */
 int fm_int_const_ok(double c);
+
+/* iota (vocab 11, FM_OPK_IOTA): no args, `dtype` f32 or i64 (required, as a cast's). Its value
+ * at an element is the element's index along the last dim of the iteration shape: 0..N-1 in
+ * a row fragment (its row's column), 0 in a rank-0 one; torch.arange(N) broadcast over the
+ * iteration, without reading it. An f32 iota needs a static last dim of at most
+ * FM_MAX_INT_CONST (every index exact); an i64 one is an integer value (above: pointwise
+ * fragments only). It runs in pointwise and row fragments: in a GEMM, column, extent or
+ * scatter fragment it is FM_EUNSUPPORTED (the client reads an arange there). */
+/* True when a validated fragment has an iota (its lowest covering vocabulary is then
+ * FM_VOCAB_IOTA). */
+int fm_fragment_has_iota(const fm_fragment *f);
 typedef struct fm_chain_info {
   int op1, op2;                   /* the two products' op indices */
   int a2;                         /* position of the second A (n_inputs + op index) */

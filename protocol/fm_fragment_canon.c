@@ -181,7 +181,8 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   int dim0 = kind == FM_OPK_REDUCE && op->dim == 0;
   int cat = kind == FM_OPK_CAT;       /* always packs its dim */
   int window = kind == FM_OPK_WINDOW; /* always packs window and ceil_mode */
-  size_t n = 3 + (kind == FM_OPK_CONST) + (kind == FM_OPK_CAST) + dim0 + cat + (op->op == FM_OP_VAR) + 2 * window;
+  const int typed = kind == FM_OPK_CAST || kind == FM_OPK_IOTA; /* a dtype of their own */
+  size_t n = 3 + (kind == FM_OPK_CONST) + typed + dim0 + cat + (op->op == FM_OP_VAR) + 2 * window;
   int rc = msgpack_pack_map(pk, n);
   fm_pack_kv_cstr(pk, "op", fm_op_name(op->op));
   fm_pack_kv_u64(pk, "out", op->out);
@@ -191,7 +192,7 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   for (uint32_t a = 0; a < nargs; a++) rc |= msgpack_pack_uint32(pk, op->args[a]);
   /* Always float64, so 2 and 2.0 from two clients are the same bytes. */
   if (kind == FM_OPK_CONST) fm_pack_kv_f64(pk, "value", op->value);
-  if (kind == FM_OPK_CAST) fm_pack_kv_cstr(pk, "dtype", fm_dtype_name(op->dtype));
+  if (typed) fm_pack_kv_cstr(pk, "dtype", fm_dtype_name(op->dtype));
   if (dim0) fm_pack_kv_i64(pk, "dim", 0);
   if (cat) fm_pack_kv_i64(pk, "dim", op->dim);
   if (op->op == FM_OP_VAR) fm_pack_kv_u64(pk, "correction", op->correction);

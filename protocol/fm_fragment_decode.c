@@ -338,12 +338,13 @@ static int decode_op(const msgpack_object *obj, const char *path, fm_opnode *op,
   }
 
   const msgpack_object *dtype = f[O_DTYPE];
-  if (kind == FM_OPK_CAST) {
-    if (!dtype) return fm_diag_set(d, FM_ESCHEMA, "%s: cast needs a 'dtype'", path);
+  if (kind == FM_OPK_CAST || kind == FM_OPK_IOTA) {
+    if (!dtype) return fm_diag_set(d, FM_ESCHEMA, "%s: %s needs a 'dtype'", path, opname);
     snprintf(p, sizeof p, "%s.dtype", path);
     if ((rc = get_dtype(dtype, p, &op->dtype, d))) return rc;
   } else if (dtype) {
-    return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: only cast takes a dtype ('%s' infers its result dtype)", path, opname);
+    return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: only cast and iota take a dtype ('%s' infers its result dtype)", path,
+                       opname);
   }
   if ((rc = decode_row_attrs(f, path, op, d))) return rc;
   return decode_window_attrs(f, path, op, d);

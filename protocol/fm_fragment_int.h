@@ -37,4 +37,8 @@ int fm_fragment_window_extent(const fm_fragment *f, const fm_cat_info *ci, uint3
  * the output's dtype and layout, static sizes; the overlap check of its output included. */
 int fm_fragment_check_scatter(const fm_fragment *f, fm_diag *d);
 
+/* iota's placement (fm_fragment.h), for fm_fragment_validate once the fragment's kind is
+ * known: a pointwise or row fragment only; an f32 iota's last dim static and <= 2^24. */
+int fm_fragment_check_iota(const fm_fragment *f, fm_diag *d);
+
 #endif

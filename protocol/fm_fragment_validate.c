@@ -201,6 +201,11 @@ static int infer(fm_opnode *op, const value *arg[FM_MAX_ARGS], bool *weak, const
       op->dtype = promote(arg[1], arg[2]);
       return FM_OK;
     }
+    case FM_OPK_IOTA:
+      if (op->dtype != FM_DT_F32 && op->dtype != FM_DT_I64)
+        return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: iota gives f32 or i64, not %s", path,
+                           (unsigned)op->dtype < FM_DT__COUNT ? fm_dtype_name(op->dtype) : "an unknown dtype");
+      return FM_OK; /* an i64 one is an integer value (vocab 10, older than iota's) */
     case FM_OPK_CAST:
       if ((unsigned)op->dtype >= FM_DT__COUNT)
         return fm_diag_set(d, FM_ESCHEMA, "%s.dtype: %d is not a dtype", path, (int)op->dtype);
@@ -744,7 +749,7 @@ static int check_rows(fm_fragment *f, values *vs, fm_diag *d) {
       continue;
     }
     const fm_opnode *op = &f->ops[x->index];
-    x->cls = CLS_PERROW;
+    x->cls = op->op == FM_OP_IOTA ? CLS_ROW : CLS_PERROW; /* a column index: one per element */
     for (uint32_t a = 0; a < op->nargs; a++)
       if (lookup(vs, op->args[a])->cls == CLS_ROW) x->cls = CLS_ROW;
     if (fm_op_kind(op->op) != FM_OPK_REDUCE) continue;
@@ -883,6 +888,7 @@ int fm_fragment_validate(fm_fragment *f, fm_diag *d) {
     return fm_diag_set(d, FM_EUNSUPPORTED,
                        "integer values run in a pointwise fragment only (not with a reduction, a product, a cat, a "
                        "window op, index_add or take_rows)");
+  if ((rc = fm_fragment_check_iota(f, d))) return rc;
   if (fm_fragment_is_scatter(f)) return fm_fragment_check_scatter(f, d);
   for (uint32_t k = 0; k < f->n_inputs; k++)
     if (f->inputs[k].dtype == FM_DT_I64 && f->vocab < FM_VOCAB_INTEGER && !is_take_rows_index(f, f->inputs[k].id))

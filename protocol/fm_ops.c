@@ -46,6 +46,7 @@ fm_opkind fm_op_kind(fm_op op) { return (unsigned)op < FM_OP__COUNT ? ops[op].ki
 int fm_op_arity(fm_op op) {
   switch (fm_op_kind(op)) {
     case FM_OPK_CONST:
+    case FM_OPK_IOTA:
       return 0;
     case FM_OPK_UNARY:
     case FM_OPK_CAST:
@@ -103,6 +104,8 @@ uint32_t fm_op_vocab(fm_op op) {
       return FM_VOCAB_SCATTER;
     case FM_OPK_GATHER:
       return FM_VOCAB_GATHER;
+    case FM_OPK_IOTA:
+      return FM_VOCAB_IOTA;
     default:
       return op == FM_OP_FLOOR_DIV ? FM_VOCAB_INTEGER : 1;
   }

@@ -89,9 +89,9 @@ VECTORS = [
         ("reject", "bad_request", "outputs[0].dtype: bf16 does not match value 2, which is f32"),
     ),
     (
-        "vocab11",
+        "vocab12",
         "a fragment of a newer vocabulary",
-        ("reject", "bad_request", "vocab 11 not supported, this daemon speaks 1 to 10"),
+        ("reject", "bad_request", "vocab 12 not supported, this daemon speaks 1 to 11"),
     ),
     # ---- vocabulary 3: GEMM fragments ----
     (
@@ -284,6 +284,29 @@ VECTORS = [
         "an i64 value multiplied by a bf16 one (torch casts the i64 first)",
         ("reject", "bad_request", "ops[0].args[1]: 'mul' mixes an i64 value with value 1, which is bf16"),
     ),
+    # ---- vocabulary 11: iota ----
+    (
+        "iota_cross_entropy",
+        "cross-entropy's logits gradient at GPT-2's odd vocabulary, read at its padded stride: "
+        "(exp(x - lse) - [iota == t]) * w, the column index computed, not read",
+        ("accept", None),
+    ),
+    (
+        "iota_rows_picked",
+        "cross-entropy's forward statistics: the row's max and the logit at the target column, "
+        "sum(where(iota == t, x, 0))",
+        ("accept", None),
+    ),
+    (
+        "iota_bad_dtype",
+        "an iota of bf16 (it gives f32 or i64)",
+        ("reject", "bad_request", "ops[0].dtype: iota gives f32 or i64, not bf16"),
+    ),
+    (
+        "iota_in_gemm",
+        "an iota in a GEMM's epilogue (the product's tiles index their values otherwise)",
+        ("reject", "unsupported", "iota runs in a pointwise or row fragment only"),
+    ),
     (
         "malformed_c1",
         "chain with the reserved type byte 0xc1 in place of vocab's value",
@@ -470,7 +493,7 @@ def canonical(frag):
         o = {"op": op["op"], "out": new_id[op["out"]], "args": [new_id[a] for a in op.get("args", [])]}
         if op["op"] == "const":
             o["value"] = float(op["value"])
-        if op["op"] == "cast":
+        if op["op"] in ("cast", "iota"):
             o["dtype"] = op["dtype"]
         if cols and op["op"] in REDUCTIONS:  # dim is packed for column reductions only
             o["dim"] = 0
@@ -502,6 +525,8 @@ def canonical(frag):
         or any(a in i64 for args in data_args for a in args)
     ):
         vocab = max(vocab, 10)
+    if any(ops[j]["op"] == "iota" for j in order):
+        vocab = 11
     matmuls = [ops[j]["op"] for j in order if ops[j]["op"] in ("mm", "addmm", "bmm")]
     if matmuls:
         # bmm (vocab 4) multiplies rank-3 tensors, mm and addmm (vocab 3) rank-2 ones;

@@ -86,3 +86,8 @@ fm_unit_test(test_codegen_integer
   SOURCES ${FM_CG_TEST_DIR}/test_codegen_integer.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
   LIBS fm_codegen m)
 target_compile_definitions(test_codegen_integer PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+# iota (vocabulary 11): reference, the sample's cut, golden source, NVRTC
+fm_unit_test(test_codegen_iota
+  SOURCES ${FM_CG_TEST_DIR}/test_codegen_iota.c ${FM_CG_TEST_DIR}/test_codegen_frag.c
+  LIBS fm_codegen m)
+target_compile_definitions(test_codegen_iota PRIVATE FM_CG_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -5,7 +5,7 @@ foreach(t frame msg fragment canon fingerprint meta text vectors)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_${t}.c
     LIBS fm_protocol PkgConfig::JANSSON)
 endforeach()
-foreach(t rows cols cat window scatter gather integer)
+foreach(t rows cols cat window scatter gather integer iota)
   fm_unit_test(test_protocol_${t}
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/test_protocol_${t}.c
     LIBS fm_protocol PkgConfig::JANSSON)

@@ -69,6 +69,11 @@ void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to) {
   f->ops[f->n_ops - 1].dtype = to;
 }
 
+void tf_iota(fm_fragment *f, uint32_t out, fm_dtype dt) {
+  tf_op(f, FM_OP_IOTA, out, 0, 0, 0, 0);
+  f->ops[f->n_ops - 1].dtype = dt;
+}
+
 int tf_finish(fm_fragment *f, fm_fragment *canon) {
   fm_diag d = {{0}};
   int rc = fm_fragment_validate(f, &d);

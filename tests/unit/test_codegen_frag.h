@@ -18,6 +18,8 @@ void tf_output(fm_fragment *f, uint32_t id, fm_dtype dt, uint32_t rank, const in
 void tf_op(fm_fragment *f, fm_op op, uint32_t out, uint32_t nargs, uint32_t a0, uint32_t a1, uint32_t a2);
 void tf_const(fm_fragment *f, uint32_t out, double value);
 void tf_cast(fm_fragment *f, uint32_t out, uint32_t arg, fm_dtype to);
+/* An iota (vocab 11) of dtype dt: the element's index along the iteration's last dim. */
+void tf_iota(fm_fragment *f, uint32_t out, fm_dtype dt);
 /* validate + canonicalize into canon; FM_OK or the error (printed with its reason). */
 int tf_finish(fm_fragment *f, fm_fragment *canon);
 

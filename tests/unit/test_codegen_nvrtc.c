@@ -213,6 +213,19 @@ static void queue_every_op(void) {
         tf_cast(&raw, 6, 5, FM_DT_BF16);
         tf_output(&raw, 6, FM_DT_BF16, 2, out, NULL, 16);
       } break; /* more in test_codegen_gather */
+      case FM_OPK_IOTA: /* cross-entropy's gradient at odd rows: where(iota == t, x - 1, x), units */
+      {
+        int64_t t[2] = {33, 1};
+        tf_input(&raw, 1, FM_DT_BF16, 2, odd, NULL, 16);
+        tf_input(&raw, 2, FM_DT_F32, 2, t, NULL, 16);
+        tf_iota(&raw, 3, FM_DT_F32);
+        tf_op(&raw, FM_OP_EQ, 4, 2, 3, 2, 0);
+        tf_const(&raw, 5, 1.0);
+        tf_op(&raw, FM_OP_SUB, 6, 2, 1, 5, 0);
+        tf_op(&raw, FM_OP_WHERE, 7, 3, 4, 6, 1);
+        tf_cast(&raw, 8, 7, FM_DT_BF16);
+        tf_output(&raw, 8, FM_DT_BF16, 2, odd, NULL, 16);
+      } break; /* more in test_codegen_iota */
       case FM_OPK_RESERVED:
       case FM_OPK_REDUCE: /* row fragments: test_codegen_rows */
       case FM_OPK_COMPOSITE:

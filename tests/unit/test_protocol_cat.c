@@ -99,8 +99,8 @@ static void test_canonical(void) {
 static const tp_reject rejects[] = {
     /* what a vocabulary-5 fragment (or daemon) says */
     {FRAG(5, X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), FM_ESCHEMA, "ops[1].op: 'cat' needs vocab 6"},
-    {FRAG(11, X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), FM_ESCHEMA,
-     "vocab 11 not supported, this daemon speaks 1 to 10"},
+    {FRAG(12, X1 "," X2, ROT, T(3, "bf16", "[-1,4,16]")), FM_ESCHEMA,
+     "vocab 12 not supported, this daemon speaks 1 to 11"},
     /* operand sizes that do not add up to the output's */
     {FRAG6(X1 "," X2, ROT, T(3, "bf16", "[-1,4,17]")), FM_ESCHEMA,
      "outputs[0]: value 3 is [-1, 4, 16], which does not broadcast to the iteration shape [-1, 4, 17] along dim 2"},

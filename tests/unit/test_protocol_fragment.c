@@ -139,8 +139,8 @@ static const tp_reject rejects[] = {
     {"[1,2]", FM_ESCHEMA, "must be a map"},
     {"{'vocab':1,'inputs':[],'ops':[],'outputs':[],'vocabulary':1}", FM_ESCHEMA, "fragment: unknown key 'vocabulary'"},
     {"{'vocab':1,'inputs':[],'outputs':[]}", FM_ESCHEMA, "missing key 'ops'"},
-    {"{'vocab':11,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
-     "vocab 11 not supported, this daemon speaks 1 to 10"},
+    {"{'vocab':12,'inputs':[],'ops':[{'op':'fancy','out':1}],'outputs':[]}", FM_ESCHEMA,
+     "vocab 12 not supported, this daemon speaks 1 to 11"},
     {"{'vocab':'1','inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab: expected an integer"},
     {"{'vocab':1,'inputs':{},'ops':[],'outputs':[]}", FM_ESCHEMA, "inputs: expected an array"},
     {FRAG(X16, "", ""), FM_ESCHEMA, "outputs: at least one output"},
@@ -210,7 +210,7 @@ static const tp_reject rejects[] = {
     {FRAG(X16, "{'op':'const','out':1,'args':[0],'value':1}", X16), FM_ESCHEMA,
      "ops[0].args: 'const' takes 0 args, got 1"},
     {FRAG(X16, "{'op':'relu','out':1,'args':[0],'dtype':'f16'}", X16), FM_ESCHEMA,
-     "ops[0].dtype: only cast takes a dtype"},
+     "ops[0].dtype: only cast and iota take a dtype"},
     {FRAG(X16, "{'op':'cast','out':1,'args':[0]}", X16), FM_ESCHEMA, "ops[0]: cast needs a 'dtype'"},
     {FRAG(X16, "{'op':'cast','out':1,'args':[0],'dtype':'int8'}", X16), FM_ESCHEMA,
      "ops[0].dtype: unknown dtype 'int8'"},
@@ -317,9 +317,9 @@ static void test_validate_struct(void) {
   g.ops[1].nargs = 3;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
   g = frag;
-  g.vocab = 11;
+  g.vocab = 12;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);
-  CHECK_STR_CONTAINS(d.text, "vocab 11 not supported, this daemon speaks 1 to 10");
+  CHECK_STR_CONTAINS(d.text, "vocab 12 not supported, this daemon speaks 1 to 11");
   g = frag;
   g.inputs[0].dtype = FM_DT__COUNT;
   CHECK_EQ_INT(fm_fragment_validate(&g, &d), FM_ESCHEMA);

@@ -154,7 +154,7 @@ static const tp_reject rejects[] = {
      "inputs[1].shape[1]: 32 does not broadcast to 64"},
     {FRAG2(T(0, "bool", "[4,8]"), "{'op':'sum','out':1,'args':[0]}", T(1, "bool", "[4,1]")), FM_ESCHEMA,
      "'sum' reduces a floating-point tensor"},
-    {"{'vocab':11,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 11 not supported, this daemon speaks 1 to 10"},
+    {"{'vocab':12,'inputs':[],'ops':[],'outputs':[]}", FM_ESCHEMA, "vocab 12 not supported, this daemon speaks 1 to 11"},
 };
 
 static void test_rejections(void) { CHECK_EQ_INT(tp_check_rejects(rejects, sizeof rejects / sizeof *rejects), 0); }

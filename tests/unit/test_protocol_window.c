@@ -146,7 +146,7 @@ static void test_canonical(void) {
 static const tp_reject rejects[] = {
     /* what a vocabulary-6 fragment (or daemon) says */
     {FRAG(6, X, POOL(2, 0, STEM), Y), FM_ESCHEMA, "ops[0].op: 'max_pool2d' needs vocab 7"},
-    {FRAG(11, X, POOL(2, 0, STEM), Y), FM_ESCHEMA, "vocab 11 not supported, this daemon speaks 1 to 10"},
+    {FRAG(12, X, POOL(2, 0, STEM), Y), FM_ESCHEMA, "vocab 12 not supported, this daemon speaks 1 to 11"},
     /* operands that are not fragment inputs */
     {FRAG7(X, "{'op':'relu','out':1,'args':[0]}," POOL(2, 1, STEM), Y), FM_EUNSUPPORTED,
      "ops[1].args[0]: a max_pool2d reads fragment inputs only"},
