@@ -179,8 +179,8 @@ static int pack_op(const fm_opnode *op, msgpack_packer *pk) {
   /* dim only on a column reduction (0): row reductions are over the last dim, and packing
      their -1 would change every vocab-2 key */
   int dim0 = kind == FM_OPK_REDUCE && op->dim == 0;
-  int cat = kind == FM_OPK_CAT;       /* always packs its dim */
-  int window = kind == FM_OPK_WINDOW; /* always packs window and ceil_mode */
+  int cat = kind == FM_OPK_CAT;                                 /* always packs its dim */
+  int window = kind == FM_OPK_WINDOW;                           /* always packs window and ceil_mode */
   const int typed = kind == FM_OPK_CAST || kind == FM_OPK_IOTA; /* a dtype of their own */
   size_t n = 3 + (kind == FM_OPK_CONST) + typed + dim0 + cat + (op->op == FM_OP_VAR) + 2 * window;
   int rc = msgpack_pack_map(pk, n);

@@ -154,3 +154,21 @@ def test_an_odd_vocabulary_writes_its_gradient_padded(dead_socket, partitioned, 
     assert tokens * 1001 not in tangents, tangents
     (grad,) = [g for g in bw.groups if "cat" in g.op_names and "exp" in g.op_names]
     assert grad.route == "kernel" and grad.shape[-1] == 1008, bw.describe()
+
+
+@pytest.mark.parametrize("model", ["llama", "gpt2"])
+def test_the_losss_column_index_is_computed(dead_socket, partitioned, model):
+    """Cross-entropy's forward (the logit at the target column) and backward (the one-hot
+    subtracted) compare each logit's column with the row's target: the column is the
+    fragment's iota (vocabulary 11), computed in the kernel, and no arange is read."""
+    w = zoo_model(model)
+    fn = torch.compile(w.model, backend=fuseml.FuseMLCompiler())
+    _train_step_matches_eager(w, fn)
+    groups = [g for _, gs in partitioned for g in gs if g.route == "kernel" and g.built is not None]
+    with_iota = [g for g in groups if any(op["op"] == "iota" for op in g.built.wire["ops"])]
+    kinds = sorted(g.kind for g in with_iota)
+    assert kinds == ["pointwise", "rows"], [(g.kind, g.op_names) for g in with_iota]
+    for g in with_iota:
+        assert g.built.wire["vocab"] == 11
+        read = [g.inputs[j] for j in g.built.read]
+        assert read == list(g.built.in_nodes) and len(read) < len(g.inputs)

@@ -212,7 +212,7 @@ static void queue_every_op(void) {
         tf_op(&raw, FM_OP_MUL, 5, 2, 4, 3, 0);
         tf_cast(&raw, 6, 5, FM_DT_BF16);
         tf_output(&raw, 6, FM_DT_BF16, 2, out, NULL, 16);
-      } break; /* more in test_codegen_gather */
+      } break;          /* more in test_codegen_gather */
       case FM_OPK_IOTA: /* cross-entropy's gradient at odd rows: where(iota == t, x - 1, x), units */
       {
         int64_t t[2] = {33, 1};

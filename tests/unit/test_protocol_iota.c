@@ -38,24 +38,24 @@ static void test_accepts(void) {
   CHECK_EQ_INT(frag.ops[0].dtype, FM_DT_F32);
   CHECK_EQ_INT(frag.ops[1].dtype, FM_DT_BOOL);
   /* rows: the logit at the target column, summed; the iota is a row value, its sum per row */
-  int rc = tp_decode_json(FRAG11(LOGITS "," TARGET,
-                                 ONE_HOT ",{'op':'sum','out':7,'args':[6],'dim':-1,'keepdim':true}",
+  int rc = tp_decode_json(FRAG11(LOGITS "," TARGET, ONE_HOT ",{'op':'sum','out':7,'args':[6],'dim':-1,'keepdim':true}",
                                  T(7, "bf16", "[64,1]")),
                           &frag, &d);
   if (rc) fprintf(stderr, "  rows: %s\n", d.text);
   CHECK_EQ_INT(rc, FM_OK);
   CHECK(fm_fragment_is_rows(&frag));
   /* an iota alone reduced: its sum is a per-row value (the row's length fixes it) */
-  CHECK_EQ_INT(tp_decode_json(FRAG11(T(0, "f32", "[8,16]"),
-                                     IOTA(1, "f32") "," OP2("add", 2, 0, 1) ",{'op':'amax','out':3,'args':[1],'dim':-1}",
-                                     T(2, "f32", "[8,16]") "," T(3, "f32", "[8,1]")),
-                              &frag, &d),
-               FM_OK);
+  CHECK_EQ_INT(
+      tp_decode_json(FRAG11(T(0, "f32", "[8,16]"),
+                            IOTA(1, "f32") "," OP2("add", 2, 0, 1) ",{'op':'amax','out':3,'args':[1],'dim':-1}",
+                            T(2, "f32", "[8,16]") "," T(3, "f32", "[8,1]")),
+                     &frag, &d),
+      FM_OK);
   /* i64: a top-k's picks compared against their columns (an integer fragment) */
-  rc = tp_decode_json(FRAG11(T(0, "i64", "[8,1]") "," T(1, "bf16", "[8,1]"),
-                             IOTA(2, "i64") "," OP2("eq", 3, 2, 0) "," CONST(4, 0) "," WHERE(5, 3, 1, 4),
-                             T(5, "bf16", "[8,32000]")),
-                      &frag, &d);
+  rc = tp_decode_json(
+      FRAG11(T(0, "i64", "[8,1]") "," T(1, "bf16", "[8,1]"),
+             IOTA(2, "i64") "," OP2("eq", 3, 2, 0) "," CONST(4, 0) "," WHERE(5, 3, 1, 4), T(5, "bf16", "[8,32000]")),
+      &frag, &d);
   if (rc) fprintf(stderr, "  i64: %s\n", d.text);
   CHECK_EQ_INT(rc, FM_OK);
   CHECK(fm_fragment_has_integers(&frag));
@@ -82,9 +82,9 @@ static void test_canonical(void) {
   CHECK(has_dtype);
   free(bytes);
   /* the same fragment with an arange input instead keeps vocab 1: no key changes */
-  CHECK_EQ_INT(tp_decode_json(FRAG11(T(0, "f32", "[8,16]") "," T(1, "f32", "[1,16]"), OP2("add", 2, 0, 1),
-                                     T(2, "f32", "[8,16]")),
-                              &frag, &d),
+  CHECK_EQ_INT(tp_decode_json(
+                   FRAG11(T(0, "f32", "[8,16]") "," T(1, "f32", "[1,16]"), OP2("add", 2, 0, 1), T(2, "f32", "[8,16]")),
+                   &frag, &d),
                FM_OK);
   CHECK_EQ_INT(fm_fragment_canonicalize(&frag, &canon), FM_OK);
   CHECK_EQ_INT(canon.vocab, 1);
@@ -102,8 +102,8 @@ static const tp_reject rejects[] = {
     {FRAG11(T(0, "f32", "[8,16]"), IOTA(1, "bool") "," OP2("add", 2, 0, 1), T(2, "f32", "[8,16]")), FM_ESCHEMA,
      "ops[0].dtype: iota gives f32 or i64, not bool"},
     /* no args */
-    {FRAG11(T(0, "f32", "[8,16]"), "{'op':'iota','out':1,'args':[0],'dtype':'f32'}", T(1, "f32", "[8,16]")),
-     FM_ESCHEMA, "ops[0].args: 'iota' takes 0 args, got 1"},
+    {FRAG11(T(0, "f32", "[8,16]"), "{'op':'iota','out':1,'args':[0],'dtype':'f32'}", T(1, "f32", "[8,16]")), FM_ESCHEMA,
+     "ops[0].args: 'iota' takes 0 args, got 1"},
     /* an f32 iota's indices must be exact: a static last dim of at most 2^24 */
     {FRAG11(T(0, "f32", "[-1]"), IOTA(1, "f32") "," OP2("add", 2, 0, 1), T(2, "f32", "[-1]")), FM_EUNSUPPORTED,
      "ops[0]: an f32 iota along a last dim of symbolic size"},
@@ -120,8 +120,8 @@ static const tp_reject rejects[] = {
      FM_EUNSUPPORTED, "iota runs in a pointwise or row fragment only"},
     /* an i64 iota is an integer value: not in a row fragment */
     {FRAG11(T(0, "f32", "[8,16]"),
-            IOTA(1, "i64") "," CONST(2, 3) "," OP2("eq", 3, 1, 2) "," CONST(4, 0) "," WHERE(5, 3, 0, 4)
-            ",{'op':'sum','out':6,'args':[5],'dim':-1}",
+            IOTA(1, "i64") "," CONST(2, 3) "," OP2("eq", 3, 1, 2) "," CONST(4, 0) "," WHERE(
+                5, 3, 0, 4) ",{'op':'sum','out':6,'args':[5],'dim':-1}",
             T(6, "f32", "[8,1]")),
      FM_EUNSUPPORTED, "integer values run in a pointwise fragment only"},
 };

@@ -23,6 +23,7 @@ from .ops import (
     window_op,
 )
 from .shapes import is_known_int, known_equal
+from . import column_index
 
 VOCAB = 1
 VOCAB_ROWS = 2
@@ -32,6 +33,7 @@ VOCAB_WINDOW = 7
 VOCAB_SCATTER = 8  # scatter_fragment.py
 VOCAB_GATHER = 9  # take_rows: rows read at an index
 VOCAB_INTEGER = 10  # integer values: int64 tensors read, computed and stored
+VOCAB_IOTA = 11  # the column index computed in the kernel (column_index.py)
 
 
 class Unfusable(Exception):
@@ -95,6 +97,12 @@ class Emitter:
         if isinstance(x, torch.fx.Node):
             return self.ids[x]
         return self.const(x)
+
+    def iota(self, dtype, start):
+        """The element's column (vocabulary 11), plus start."""
+        vid = self._new(dtype)
+        self.ops.append({"op": "iota", "out": vid, "args": [], "dtype": dtype})
+        return self.op("add", vid, self.const(start)) if start else vid
 
     def cast(self, vid, dtype):
         if self.dtype[vid] == dtype:
@@ -328,6 +336,10 @@ class Built:
         # a scatter fragment: per input, the leading dims read as its [M] (None: all of them,
         # the index), the rest as its [D] (scatter_fragment.flat)
         self.in_splits = None
+        # positions among the group's inputs of the tensors the kernel reads, in the wire's
+        # order (None: every input): a column index the kernel computes (column_index.py) is
+        # passed to the group, for its ATen ops, and not to the kernel
+        self.read = None
 
 
 def wire_inputs(layout, in_nodes, indices=(), sources=()):
@@ -373,7 +385,16 @@ def build(members, in_nodes, out_nodes, shape=None):
     taken = [t for t in (take_rows(n) for n in members) if t is not None]
     layout = Layout(shape, ragged=cats or windows, pooled=windows, gathered=bool(taken))
     rows = any(row_reduction(n) for n in members)
+    # an arange input along the last dim is computed, not read (the extent forms index their
+    # values otherwise: there it stays an input)
+    columns = {}
+    if not (cats or windows or taken):
+        columns = {n: s for n in in_nodes if (s := column_index.column_start(n, layout.shape)) is not None}
+    read = [i for i, n in enumerate(in_nodes) if n not in columns]
+    in_nodes = [in_nodes[i] for i in read]
     e = Emitter(in_nodes)
+    for node, start in columns.items():
+        e.ids[node] = e.iota(column_index.dtype_name(node), start)
     for node in members:
         e.emit_node(node, layout)
     inputs, full_input, in_align = wire_inputs(layout, in_nodes, *_taken_inputs(members, taken))
@@ -400,6 +421,7 @@ def build(members, in_nodes, out_nodes, shape=None):
         (windows, VOCAB_WINDOW),
         (taken, VOCAB_GATHER),
         (integer, VOCAB_INTEGER),
+        (bool(columns), VOCAB_IOTA),
     )
     wire = {
         "vocab": max([VOCAB] + [v for present, v in kinds if present]),
@@ -409,6 +431,8 @@ def build(members, in_nodes, out_nodes, shape=None):
     }
     built = Built(wire, layout, in_nodes, out_nodes, full_input, out_strides, in_align)
     built.out_tails = out_tails
+    if columns:
+        built.read = read
     return built
 
 

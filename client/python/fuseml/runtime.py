@@ -305,6 +305,8 @@ class GroupRunner:
             mod = load_module(key, idx, cubin, meta)
         k = b.layout.k
         ptrs = []
+        if b.read is not None:  # a column index the kernel computes is not passed to it
+            xs = [xs[j] for j in b.read]
         for i, x in enumerate(xs):
             dtype, strides = self.in_meta[i]
             if x.device != dev or x.dtype != dtype:

@@ -549,6 +549,8 @@ def _launch(w, n, runner):
     if mod is None:
         raise NotStraight(f"{runner.name}: kernel not loaded")
     xs = n.args[0]
+    if b.read is not None:  # a column index the kernel computes is not passed to it
+        xs = [xs[j] for j in b.read]
     ptrs, runtime_align = [], []
     for i, x in enumerate(xs):
         if not isinstance(x, torch.fx.Node):
