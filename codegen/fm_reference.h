@@ -73,8 +73,10 @@ int fm_reference_index_rows(const fm_fragment *canon, uint64_t seed, void *const
 
 /* Rewrites, in place, each i64 input read as data (integer values, vocab 10) from seed: small
  * integers, half uniform in [-1024, 1024], half at the fragment's integer constants or one
- * either side (fm_reference_integer.c). inputs as for fm_reference_eval, each holding its
- * whole span at `outer`; every other input is untouched. */
+ * either side (fm_reference_integer.c); and each input a comparison meets with an iota (vocab
+ * 11; directly or through a cast) with columns in [-1, C], C the iteration's last dim, its
+ * ends and the values just outside among them. inputs as for fm_reference_eval, each holding
+ * its whole span at `outer`; every other input is untouched. */
 void fm_reference_integer_inputs(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs);
 
 /* The largest ||out - ref|| / ||ref|| a kernel's output k may show against fm_reference_eval

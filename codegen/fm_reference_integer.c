@@ -2,7 +2,9 @@
  * no labels: an i64 input read as data gets small integers, half of them at the fragment's
  * own integer constants and one either side (-100 and its neighbours for a loss's
  * ignore_index, 0 and V - 1 and V for its range check), so every comparison and every
- * where is seen taking both sides at its boundary. */
+ * where is seen taking both sides at its boundary. Likewise an input compared with an iota
+ * (vocab 11: a loss's target as f32 against the column) gets columns, so that the compare
+ * holds somewhere in every row and a kernel whose column is off by one is caught. */
 #include <math.h>
 
 #include "fm_reference.h"
@@ -35,21 +37,75 @@ static size_t marks_of(const fm_fragment *f, int64_t *marks) {
   return n;
 }
 
+/* The op defining value id (NULL for an input). */
+static const fm_opnode *op_of(const fm_fragment *f, uint32_t id) {
+  for (uint32_t i = 0; i < f->n_ops; i++)
+    if (f->ops[i].out == id) return &f->ops[i];
+  return NULL;
+}
+
+/* id, or the value a cast of id reads. */
+static uint32_t through_cast(const fm_fragment *f, uint32_t id) {
+  const fm_opnode *op = op_of(f, id);
+  return op && op->op == FM_OP_CAST && op->nargs == 1 ? op->args[0] : id;
+}
+
+/* Whether input k meets an iota in a comparison (directly or through a cast). */
+static int compared_with_iota(const fm_fragment *f, uint32_t k) {
+  for (uint32_t i = 0; i < f->n_ops; i++) {
+    const fm_opnode *op = &f->ops[i];
+    if (fm_op_kind(op->op) != FM_OPK_COMPARE || op->nargs != 2) continue;
+    for (int a = 0; a < 2; a++) {
+      const fm_opnode *other = op_of(f, op->args[1 - a]);
+      if (through_cast(f, op->args[a]) == f->inputs[k].id && other && other->op == FM_OP_IOTA) return 1;
+    }
+  }
+  return 0;
+}
+
+/* The iteration's last dim (a row fragment's: its rows' length, the longest last dim). */
+static int64_t columns_of(const fm_fragment *f) {
+  const uint32_t r = f->outputs[0].rank;
+  int64_t n = r ? f->outputs[0].shape[r - 1] : 1;
+  for (uint32_t k = 0; r && k < f->n_inputs; k++)
+    if (f->inputs[k].rank == r && f->inputs[k].shape[r - 1] > n) n = f->inputs[k].shape[r - 1];
+  return n;
+}
+
+/* Value v stored into element off of a tensor of dtype dt (floats rounded as stored). */
+static void store_int(fm_dtype dt, void *base, int64_t off, int64_t v) {
+  if (dt == FM_DT_I64)
+    ((int64_t *)base)[off] = v;
+  else if (dt == FM_DT_F32)
+    ((float *)base)[off] = (float)v;
+  else if (dt == FM_DT_BF16)
+    ((uint16_t *)base)[off] = fm_reference_f32_to_bf16((float)v);
+  else if (dt == FM_DT_F16)
+    ((uint16_t *)base)[off] = fm_reference_f32_to_f16((float)v);
+}
+
 void fm_reference_integer_inputs(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs) {
   int64_t marks[MAX_MARKS];
   const size_t n_marks = marks_of(canon, marks);
+  const int64_t cols = columns_of(canon);
   uint64_t x = seed | 1;
   for (uint32_t k = 0; k < canon->n_inputs; k++) {
     const fm_tensor *t = &canon->inputs[k];
-    if (t->dtype != FM_DT_I64 || !inputs[k] || !read_as_data(canon, k)) continue;
+    const int column = fm_fragment_has_iota(canon) && t->dtype != FM_DT_BOOL && compared_with_iota(canon, k);
+    if (!inputs[k] || !(column || (t->dtype == FM_DT_I64 && read_as_data(canon, k)))) continue;
     int64_t size[FM_MAX_RANK], idx[FM_MAX_RANK] = {0};
     for (uint32_t j = 0; j < t->rank; j++) size[j] = t->shape[j] == FM_DIM_SYMBOLIC ? outer : t->shape[j];
     for (;;) { /* every element of the tensor's shape, last dim fastest */
       int64_t off = 0;
       for (uint32_t j = 0; j < t->rank; j++) off += idx[j] * t->strides[j];
       const uint64_t r = next(&x);
-      ((int64_t *)inputs[k])[off] =
-          (r & 1) ? marks[(r >> 1) % n_marks] : (int64_t)((r >> 1) % (2 * UNIFORM_SPAN + 1)) - UNIFORM_SPAN;
+      if (column) /* a column in [-1, C], both ends and one outside each often */
+        store_int(t->dtype, inputs[k], off,
+                  (r & 3) == 0 ? ((r >> 2) % 4 == 0 ? -1 : (r >> 2) % 4 == 1 ? cols : (r >> 2) % 4 == 2 ? 0 : cols - 1)
+                               : (int64_t)((r >> 2) % (uint64_t)cols));
+      else
+        ((int64_t *)inputs[k])[off] =
+            (r & 1) ? marks[(r >> 1) % n_marks] : (int64_t)((r >> 1) % (2 * UNIFORM_SPAN + 1)) - UNIFORM_SPAN;
       uint32_t j = t->rank;
       while (j-- > 0 && ++idx[j] >= size[j]) idx[j] = 0;
       if (j == UINT32_MAX) break;

@@ -118,6 +118,8 @@ uint32_t fb_cast(fb *b, uint32_t a, fm_dtype dt) {
   return o->out;
 }
 
+uint32_t fb_iota(fb *b, fm_dtype dt) { return new_op(b, FM_OP_IOTA, dt)->out; }
+
 void fb_output(fb *b, uint32_t v, uint32_t rank, const int64_t *shape) {
   fm_tensor *t = &b->f.outputs[b->f.n_outputs++];
   t->id = v;

@@ -21,6 +21,9 @@ uint32_t fb_op1(fb *b, fm_op op, uint32_t a);
 uint32_t fb_op2(fb *b, fm_op op, uint32_t a, uint32_t c);
 uint32_t fb_where(fb *b, uint32_t cond, uint32_t a, uint32_t c);
 uint32_t fb_cast(fb *b, uint32_t a, fm_dtype dt);
+/* The element's index along the last dim (vocabulary 11; the caller sets b->f.vocab), of dt:
+ * f32 or i64. */
+uint32_t fb_iota(fb *b, fm_dtype dt);
 /* cat([a, c], dim) (vocabulary 6; the caller sets b->f.vocab): the promoted dtype. */
 uint32_t fb_cat(fb *b, uint32_t a, uint32_t c, int32_t dim);
 /* cat(args[0..n), dim), 2 <= n <= FM_MAX_ARGS. */

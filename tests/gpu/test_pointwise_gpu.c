@@ -68,12 +68,12 @@ static int run_case(const char *name, fb *b, int64_t outer, gu_rng *rng, int mis
     if (!d_in[i] || gu_h2d(cu, d_in[i] + off, h_in[i], n * es)) goto done;
     d_in[i] += off;
   }
-  /* integer inputs (labels): the fragment's constants and their neighbours among small
-     integers, as the tuner's verifier fills them; uploaded again over the random bits */
+  /* integer inputs (labels) and columns compared with an iota: the fragment's constants and
+     their neighbours among small integers, the columns with their ends, as the tuner's
+     verifier fills them; uploaded again over the random bits */
   fm_reference_integer_inputs(&canon, outer, rng->s, h_in);
   for (uint32_t i = 0; i < canon.n_inputs; i++)
-    if (canon.inputs[i].dtype == FM_DT_I64 &&
-        gu_h2d(cu, d_in[i], h_in[i], gu_span(&canon.inputs[i], outer) * fm_dtype_size(FM_DT_I64)))
+    if (gu_h2d(cu, d_in[i], h_in[i], gu_span(&canon.inputs[i], outer) * fm_dtype_size(canon.inputs[i].dtype)))
       goto done;
   for (uint32_t o = 0; o < canon.n_outputs; o++) {
     const fm_tensor *t = &canon.outputs[o];
@@ -380,6 +380,60 @@ static void odd_rows_case(gu_rng *r, int64_t cols, int64_t ld, int64_t outer) {
   run_case(name, &b, outer, r, 0);
 }
 
+/* iota (vocabulary 11): cross-entropy's gradient with the column computed, not read: x of
+ * `xdt` [-1, cols] at row stride `ld`, t the target column [-1, 1] (the verifier's columns,
+ * -1 and cols among them), (exp(x) - [iota == t]) * 0.5 stored as x's dtype and as f32. With
+ * ld > cols and outputs row-major, units that span rows; with ld == cols, vectors along rows. */
+static void iota_grad_case(gu_rng *r, fm_dtype xdt, int64_t cols, int64_t ld, int64_t outer) {
+  fb b;
+  fb_init(&b);
+  b.f.vocab = FM_VOCAB_IOTA;
+  int64_t sx[2] = {FM_DIM_SYMBOLIC, cols}, st[2] = {ld, 1}, srow[2] = {FM_DIM_SYMBOLIC, 1};
+  uint32_t x = fb_input(&b, xdt, 2, sx, st, 16), t = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4);
+  uint32_t p = fb_op1(&b, FM_OP_EXP, fb_cast(&b, x, FM_DT_F32));
+  uint32_t hot = fb_op2(&b, FM_OP_EQ, fb_iota(&b, FM_DT_F32), t);
+  uint32_t g = fb_op2(&b, FM_OP_MUL, fb_where(&b, hot, fb_op2(&b, FM_OP_SUB, p, fb_const(&b, 1.0)), p),
+                      fb_const(&b, 0.5));
+  fb_output(&b, fb_cast(&b, g, xdt), 2, sx);
+  fb_output(&b, g, 2, sx);
+  char name[96];
+  snprintf(name, sizeof name, "iota_grad[%s %" PRId64 " x %" PRId64 " of %" PRId64 "]", fm_dtype_name(xdt), outer,
+           cols, ld);
+  run_case(name, &b, outer, r, 0);
+}
+
+/* iota of each rank and dtype: rank 1 (the column is the element's index; a tail), rank 3
+ * static (an i64 iota compared with i64 picks [7, 9, 1], a top-k's backward), and an f32
+ * iota stored as it is beside one added to a broadcast row. */
+static void iota_cases(gu_rng *r) {
+  iota_grad_case(r, FM_DT_BF16, 1001, 1008, 37);
+  iota_grad_case(r, FM_DT_F16, 65, 72, 33);
+  iota_grad_case(r, FM_DT_F32, 4099, 4100, 5);
+  iota_grad_case(r, FM_DT_BF16, 512, 512, 9);
+  fb b;
+  fb_init(&b);
+  b.f.vocab = FM_VOCAB_IOTA;
+  int64_t flat[1] = {1001};
+  uint32_t x = fb_input(&b, FM_DT_F16, 1, flat, NULL, 16);
+  fb_output(&b, fb_op2(&b, FM_OP_MUL, fb_iota(&b, FM_DT_F32), x), 1, flat);
+  run_case("iota_rank1[f16 1001]", &b, 1, r, 0);
+  fb_init(&b);
+  b.f.vocab = FM_VOCAB_IOTA;
+  int64_t cube[3] = {7, 9, 127}, picks[3] = {7, 9, 1};
+  uint32_t idx = fb_input(&b, FM_DT_I64, 3, picks, NULL, 8), src = fb_input(&b, FM_DT_BF16, 3, picks, NULL, 2);
+  uint32_t col = fb_iota(&b, FM_DT_I64);
+  fb_output(&b, fb_where(&b, fb_op2(&b, FM_OP_EQ, col, idx), src, fb_const(&b, 0.0)), 3, cube);
+  fb_output(&b, col, 3, cube);
+  run_case("iota_i64[bf16 7 x 9 x 127]", &b, 1, r, 0);
+  fb_init(&b);
+  b.f.vocab = FM_VOCAB_IOTA;
+  int64_t sq[2] = {33, 127}, row[2] = {1, 127};
+  uint32_t y = fb_input(&b, FM_DT_BF16, 2, row, NULL, 2), cf = fb_iota(&b, FM_DT_F32);
+  fb_output(&b, cf, 2, sq);
+  fb_output(&b, fb_cast(&b, fb_op2(&b, FM_OP_ADD, cf, y), FM_DT_BF16), 2, sq);
+  run_case("iota_f32[bf16 33 x 127]", &b, 1, r, 0);
+}
+
 /* Cat fragments whose units never straddle a branch (codegen's unit form) and one that is
  * read element by element. */
 static void cat_cases(gu_rng *r) {
@@ -415,6 +469,7 @@ int main(int argc, char **argv) {
   odd_rows_case(&r, 1001, 1008, 37);
   odd_rows_case(&r, 5, 8, 3);         /* rows shorter than a unit: several carries in one */
   odd_rows_case(&r, 50257, 50304, 9); /* GPT-2's vocabulary */
+  iota_cases(&r);
   for (int i = 0; i < n_random; i++) random_case(&r, i);
   fm_client_close(client);
   printf("%d passed, %d failed\n", passed, failed);

@@ -1,6 +1,7 @@
 /* test_rows_gpu.c (device machine only): row fragments (softmax, layer_norm, rms_norm with
  * and without a residual prologue, every statistic with a per-row input) over N in
- * {1, 7, 127, 1000, 4099, 8192}, and the streamed rows (softmax, rms_norm, N in {50257,
+ * {1, 7, 127, 1000, 4099, 8192}, cross-entropy's statistics with the column index read or computed
+ * (iota), and the streamed rows (softmax, rms_norm, N in {50257,
  * 131072}: no var, which needs the row held), bf16/f16/f32, symbolic and static rows, compiled locally
  * (codegen + NVRTC for this GPU, every candidate of the rows template, compiles in parallel)
  * and launched through libfusemld; each output is checked against the CPU reference
@@ -25,8 +26,8 @@
 #include "fm_reference.h"
 #include "gpu_util.h"
 
-#define MAX_JOBS  1536
-#define MAX_CASES 256
+#define MAX_JOBS  2048
+#define MAX_CASES 320
 #define N_THREADS 16
 
 /* K_MASKED: softmax of rows with -inf entries (an attention mask): the first third of a row
@@ -34,10 +35,22 @@
  * K_XENT: cross-entropy's row statistics as the client sends them (the log-sum-exp and the
  * picked logit, from a [.., n] f32 column index and a per-row f32 target, some -1);
  * K_SOFTCAP_XENT: Gemma 2's: the logits softcapped (tanh(x / 30) * 30) and written, beside
- * K_XENT's statistics of them (a row output no reduction precedes: stored in the first pass). */
-enum { K_SOFTMAX, K_LAYER_NORM, K_RMS_NORM, K_RMS_RESIDUAL, K_STATS, K_MASKED, K_XENT, K_SOFTCAP_XENT, K__N };
-static const char *const kind_name[K__N] = {"softmax", "layer_norm", "rms_norm", "rms_residual",
-                                            "stats",   "masked",     "xent",     "softcap_xent"};
+ * K_XENT's statistics of them (a row output no reduction precedes: stored in the first pass);
+ * K_IOTA_XENT: K_XENT with the column index the fragment's iota (vocabulary 11), not an input. */
+enum {
+  K_SOFTMAX,
+  K_LAYER_NORM,
+  K_RMS_NORM,
+  K_RMS_RESIDUAL,
+  K_STATS,
+  K_MASKED,
+  K_XENT,
+  K_SOFTCAP_XENT,
+  K_IOTA_XENT,
+  K__N
+};
+static const char *const kind_name[K__N] = {"softmax", "layer_norm", "rms_norm",     "rms_residual", "stats",
+                                            "masked",  "xent",       "softcap_xent", "iota_xent"};
 
 typedef struct tcase {
   char name[96];
@@ -158,10 +171,19 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       break;
     }
     case K_XENT: /* x32 = f32(x); lse = log(sum(exp(x32 - amax))) + amax; picked = sum(where(cols == t, x32, 0)) */
-    case K_SOFTCAP_XENT: { /* the same of x32 = f32(tanh(x / 30) * 30), which is written too */
-      f.n_inputs = 3;
-      tensor(&f.inputs[1], 1, FM_DT_F32, r, w);
-      tensor(&f.inputs[2], 2, FM_DT_F32, r, s);
+    case K_SOFTCAP_XENT: /* the same of x32 = f32(tanh(x / 30) * 30), which is written too */
+    case K_IOTA_XENT: {  /* K_XENT's with cols = iota */
+      if (kind == K_IOTA_XENT) {
+        f.vocab = FM_VOCAB_IOTA;
+        f.n_inputs = 2;
+        tensor(&f.inputs[1], 2, FM_DT_F32, r, s);
+        op(&f, FM_OP_IOTA, 1, 0, 0, 0, 0, 0.0);
+        f.ops[f.n_ops - 1].dtype = FM_DT_F32;
+      } else {
+        f.n_inputs = 3;
+        tensor(&f.inputs[1], 1, FM_DT_F32, r, w);
+        tensor(&f.inputs[2], 2, FM_DT_F32, r, s);
+      }
       uint32_t logits = 0;
       if (kind == K_SOFTCAP_XENT) {
         op(&f, FM_OP_CONST, 20, 0, 0, 0, 0, 30.0);
@@ -250,11 +272,13 @@ static void fill_special(const tcase *c, void *const *h_in, const size_t *n_in, 
       const int64_t row = (int64_t)i / n, j = (int64_t)i % n;
       if (row % 4 == 3 || j < n / 3 || j % 5 == 1) gu_store(h_in[0], f->inputs[0].dtype, i, -INFINITY);
     }
-  if (c->kind == K_XENT || c->kind == K_SOFTCAP_XENT) {
-    for (size_t i = 0; i < n_in[1]; i++) gu_store(h_in[1], FM_DT_F32, i, (double)((int64_t)i % n));
-    for (size_t i = 0; i < n_in[2]; i++) {
+  if (c->kind == K_XENT || c->kind == K_SOFTCAP_XENT || c->kind == K_IOTA_XENT) {
+    const int target = c->kind == K_IOTA_XENT ? 1 : 2; /* the iota's fragment reads no columns */
+    if (target == 2)
+      for (size_t i = 0; i < n_in[1]; i++) gu_store(h_in[1], FM_DT_F32, i, (double)((int64_t)i % n));
+    for (size_t i = 0; i < n_in[target]; i++) {
       const double t = floor(gu_uniform(rng, -0.2, 1.0) * (double)n); /* some below 0: ignored, -1 */
-      gu_store(h_in[2], FM_DT_F32, i, t < 0 ? -1.0 : t >= (double)n ? (double)(n - 1) : t);
+      gu_store(h_in[target], FM_DT_F32, i, t < 0 ? -1.0 : t >= (double)n ? (double)(n - 1) : t);
     }
   }
 }
@@ -379,7 +403,7 @@ int main(int argc, char **argv) {
       for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
         int symbolic = (ni + di + (size_t)kind) % 3 != 0; /* two in three symbolic */
         if (ns[ni] > FM_MAX_ROW_HELD && (kind == K_LAYER_NORM || kind == K_STATS)) continue;
-        if ((kind == K_XENT || kind == K_SOFTCAP_XENT) && ns[ni] == 1)
+        if ((kind == K_XENT || kind == K_SOFTCAP_XENT || kind == K_IOTA_XENT) && ns[ni] == 1)
           continue; /* a class index needs two classes to mean anything */
         tcase *c = &cases[n_cases];
         c->kind = kind;

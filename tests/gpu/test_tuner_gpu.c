@@ -29,8 +29,10 @@
  *     1024] added at 8192 i64 rows of an f32 [4096, 1024]): every candidate verifies against
  *     the reference from index rows in range, and the default's kernel with its index read
  *     planted wrong (the next row's index) is wrong.
+ *  9. iota (test_iota_tune): cross-entropy's gradient and forward at an odd vocabulary, the
+ *     targets filled with columns: a planted kernel whose column is one off is wrong.
  * FM_TUNER_GPU_ONLY=faults runs only 4, FM_TUNER_GPU_ONLY=decode only 5, FM_TUNER_GPU_ONLY=twins
- * only 6, FM_TUNER_GPU_ONLY=sampled only 7, FM_TUNER_GPU_ONLY=scatter only 8.
+ * only 6, FM_TUNER_GPU_ONLY=sampled only 7, FM_TUNER_GPU_ONLY=scatter only 8 and 9.
  * usage: test_tuner_gpu PATH/TO/fusemld-tuner [SOCKET FUSECTL EXAMPLES_DIR] */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -685,6 +687,54 @@ static void test_gather_tune(void) {
   free(bytes);
 }
 
+/* iota (vocabulary 11): cross-entropy's gradient at an odd vocabulary (bf16 logits [512, 1001]
+ * read at the padded stride 1008, written contiguous: units) and its forward's logit at the
+ * target column (rows). The verifier fills the targets with columns, so a planted kernel whose
+ * column is one off is wrong. */
+static void test_iota_tune(void) {
+  static fm_fragment f, icanon;
+  uint8_t *bytes = NULL;
+  memset(&f, 0, sizeof f);
+  f.vocab = FM_VOCAB_IOTA;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 512, 1001, 0);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, FM_DT_F32, 512, 1, 0);
+  gs_op(&f, FM_OP_IOTA, 3, 0, 0, 0, 0);
+  f.ops[f.n_ops - 1].dtype = FM_DT_F32;
+  gs_op(&f, FM_OP_EQ, 4, 2, 3, 2, 0);
+  gs_op(&f, FM_OP_EXP, 5, 1, 1, 0, 0);
+  gs_op(&f, FM_OP_CONST, 6, 0, 0, 0, 0);
+  f.ops[f.n_ops - 1].value = 1.0;
+  gs_op(&f, FM_OP_SUB, 7, 2, 5, 6, 0);
+  gs_op(&f, FM_OP_WHERE, 8, 3, 4, 7, 5);
+  gs_op(&f, FM_OP_CAST, 9, 1, 8, 0, 0);
+  f.ops[f.n_ops - 1].dtype = FM_DT_BF16;
+  gs_matrix(&f.outputs[f.n_outputs++], 9, FM_DT_BF16, 512, 1001, 0);
+  f.outputs[0].strides[0] = 1001; /* contiguous: one unit of 8 may span two rows */
+  if (use_fragment(&f, &icanon, &bytes, "iota gradient")) return;
+  tune_planted(&icanon, "iota gradient", "const long long fm_cb = ", "const long long fm_cb = 1 + ", 8);
+  restore_fragment();
+  free(bytes);
+  /* the forward: sum(where(iota == t, x, 0)) over each row */
+  memset(&f, 0, sizeof f);
+  f.vocab = FM_VOCAB_IOTA;
+  gs_matrix(&f.inputs[f.n_inputs++], 1, FM_DT_BF16, 512, 1001, 0);
+  gs_matrix(&f.inputs[f.n_inputs++], 2, FM_DT_F32, 512, 1, 0);
+  gs_op(&f, FM_OP_IOTA, 3, 0, 0, 0, 0);
+  f.ops[f.n_ops - 1].dtype = FM_DT_F32;
+  gs_op(&f, FM_OP_EQ, 4, 2, 3, 2, 0);
+  gs_op(&f, FM_OP_CONST, 5, 0, 0, 0, 0);
+  gs_op(&f, FM_OP_CAST, 6, 1, 1, 0, 0);
+  f.ops[f.n_ops - 1].dtype = FM_DT_F32;
+  gs_op(&f, FM_OP_WHERE, 7, 3, 4, 6, 5);
+  gs_op(&f, FM_OP_SUM, 8, 1, 7, 0, 0);
+  f.ops[f.n_ops - 1].dim = -1;
+  gs_matrix(&f.outputs[f.n_outputs++], 8, FM_DT_F32, 512, 1, 0);
+  if (use_fragment(&f, &icanon, &bytes, "iota rows")) return;
+  tune_planted(&icanon, "iota rows", ");  /* iota */", ") + 1.0f;  /* iota */", 8);
+  restore_fragment();
+  free(bytes);
+}
+
 int main(int argc, char **argv) {
   fm_diag d = {{0}};
   if (argc < 2) {
@@ -721,6 +771,7 @@ int main(int argc, char **argv) {
   if (only && strcmp(only, "scatter") == 0) {
     RUN(test_scatter_tune);
     RUN(test_gather_tune);
+    RUN(test_iota_tune);
     free(canon_bytes);
     return FM_TEST_DONE();
   }
@@ -736,6 +787,7 @@ int main(int argc, char **argv) {
   RUN(test_sampled_verification);
   RUN(test_scatter_tune);
   RUN(test_gather_tune);
+  RUN(test_iota_tune);
   if (argc >= 5) {
     sock = argv[2];
     fusectl = argv[3];
