@@ -188,6 +188,9 @@ void fm_cg_rows_emit_valid(fm_strbuf *sb, const fm_cg_rows_plan *rp, const shape
     fm_strbuf_append(sb, "true");
   else if (s->vec == 1)
     fm_strbuf_printf(sb, "(%s%s * %u + lane < %lld)", t0, i, s->tpr, (long long)rp->n);
+  else if (s->ragged)
+    fm_strbuf_printf(sb, "(%s(%s / %u * %u + lane) * %u + %s %% %u < %lld)", t0, i, s->vec, s->tpr, s->vec, i, s->vec,
+                     (long long)rp->n);
   else
     fm_strbuf_printf(sb, "(%s(%s / %u * %u + lane) * %u < %lld)", t0, i, s->vec, s->tpr, s->vec, (long long)rp->n);
 }
@@ -263,6 +266,16 @@ void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const sh
   } else {
     const uint32_t per = piece_elems(s, dt);
     const char *vt = fm_cg_vec_type(per * (uint32_t)fm_dtype_size(dt));
+    if (s->ragged) { /* the chunk the row ends in: its elements inside the row, one at a time */
+      fm_strbuf_printf(sb,
+                       "        if (j + %u > %lldLL) {\n"
+                       "#pragma unroll\n"
+                       "          for (int e = 0; e < %u; ++e) v%u[c * %u + e] = j + e < %lldLL ? ",
+                       s->vec, (long long)rp->n, s->vec, k, s->vec, (long long)rp->n);
+      snprintf(e, sizeof e, "in%u[b%u + j + e]", k, k);
+      fm_cg_emit_decode(sb, dt, e);
+      fm_strbuf_append(sb, " : 0;\n        } else {\n");
+    }
     for (uint32_t p0 = 0; p0 < s->vec; p0 += per) {
       fm_strbuf_printf(sb, "        const %s r%u = *reinterpret_cast<const %s *>(in%u + b%u + j + %u);\n", vt, p0, vt,
                        k, k, p0);
@@ -274,6 +287,7 @@ void fm_cg_rows_emit_load_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const sh
       fm_cg_emit_decode(sb, dt, e);
       fm_strbuf_append(sb, ";\n");
     }
+    if (s->ragged) fm_strbuf_append(sb, "        }\n");
   }
   /* outside the row: a defined value that no reduction reads and no store writes */
   fm_strbuf_printf(sb, "      }%s\n", s->exact ? "" : " else {");
@@ -401,6 +415,17 @@ void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const s
   } else {
     const uint32_t per = piece_elems(s, dt);
     const char *vt = fm_cg_vec_type(per * (uint32_t)fm_dtype_size(dt));
+    if (s->ragged) { /* the chunk the row ends in: its elements inside the row, one at a time */
+      fm_strbuf_printf(sb,
+                       "        if (j + %u > %lldLL) {\n"
+                       "#pragma unroll\n"
+                       "          for (int e = 0; e < %u; ++e)\n"
+                       "            if (j + e < %lldLL) out%u[b%u + j + e] = ",
+                       s->vec, (long long)rp->n, s->vec, (long long)rp->n, k, t);
+      snprintf(v, sizeof v, "v%u[c * %u + e]", pos, s->vec);
+      fm_cg_emit_encode(sb, dt, p->vdt[pos], v);
+      fm_strbuf_append(sb, ";\n        } else {\n");
+    }
     for (uint32_t p0 = 0; p0 < s->vec; p0 += per) {
       fm_strbuf_printf(sb, "        %s w%u = %s;\n", vt, p0,
                        !strcmp(vt, "uint4")   ? "make_uint4(0u, 0u, 0u, 0u)"
@@ -413,6 +438,7 @@ void fm_cg_rows_emit_store_row(fm_strbuf *sb, const fm_cg_rows_plan *rp, const s
       fm_strbuf_append(sb, ");\n");
       fm_strbuf_printf(sb, "        *reinterpret_cast<%s *>(out%u + b%u + j + %u) = w%u;\n", vt, k, t, p0, p0);
     }
+    if (s->ragged) fm_strbuf_append(sb, "        }\n");
   }
   fm_strbuf_append(sb, "      }\n    }\n");
 }
@@ -525,6 +551,7 @@ static int make_shape(const fm_cg_rows_plan *rp, const fm_rows_config *c, shape 
   s->rpb = c->block / s->tpr;
   s->vec = rp->max_vec;
   while (c->vec && s->vec > c->vec) s->vec >>= 1;
+  s->ragged = (uint64_t)rp->n % s->vec != 0;
   uint64_t per_chunk = (uint64_t)s->tpr * s->vec;
   if (s->stream) { /* a tile: STREAM_EPT elements per thread, whatever the row's length */
     s->chunks = s->vec >= STREAM_EPT ? 1 : STREAM_EPT / s->vec;
@@ -651,6 +678,14 @@ size_t fm_codegen_rows_candidates(const fm_fragment *canon, fm_rows_config *out,
       if (n == max) goto done;
       out[n++] = c;
     }
+  /* a ragged row (its vectors end inside it): the default at the widest vector that divides
+     the row too, every element in whole vectors (the tuner times the two forms) */
+  uint32_t whole = rp->max_vec;
+  while (whole > 1 && rp->n % whole) whole >>= 1;
+  fm_rows_config narrow = def;
+  shape ns = {0};
+  narrow.vec = whole;
+  if (whole < rp->max_vec && n < max && make_shape(rp, &narrow, &ns, NULL) == FM_OK) out[n++] = narrow;
 done:
   free(rp);
   return n;

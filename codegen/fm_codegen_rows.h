@@ -31,6 +31,8 @@ int fm_cg_rows_plan_build(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d)
 typedef struct fm_cg_rows_shape {
   uint32_t tpr, rpb, vec, chunks, ept;
   int exact;  /* every column a thread visits is inside the row */
+  int ragged; /* the row's length is no multiple of vec: the chunk the row ends in is read and
+                 written element by element, and every element is tested, not every chunk */
   int stream; /* the row is streamed in tiles (FM_ROWS_STREAM) */
 } fm_cg_rows_shape;
 

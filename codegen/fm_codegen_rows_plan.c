@@ -124,8 +124,9 @@ static int plan_shape(const fm_fragment *f, fm_cg_rows_plan *rp, fm_diag *d) {
 /* The widest V (elements) every live row tensor allows: V * size <= 16 bytes for the narrowest
  * (one uint4) and at most two of them for any other (an f32 row beside bf16 ones: cross-
  * entropy's column indices beside its logits read 16 bytes of logits a load where they read 8),
- * V divides N (so a vector is wholly inside the row or wholly outside), the base alignment and
- * every leading stride keep each access aligned, and the row is contiguous. */
+ * the base alignment and every leading stride keep each access aligned, and the row is
+ * contiguous. V need not divide N: the kernel reads and writes the chunk a row ends in element
+ * by element (fm_cg_rows_shape.ragged). */
 static uint32_t plan_vec(const fm_cg_rows_plan *rp) {
   const fm_cg_plan *p = &rp->base;
   uint32_t v = 16, narrowest = 8;
@@ -143,8 +144,9 @@ static uint32_t plan_vec(const fm_cg_rows_plan *rp) {
     if (t->es[rp->rank - 1] != 1) return 1;
     while (v > 1) {
       uint32_t bytes = v * size, access = bytes < WIDEST_BYTES ? bytes : WIDEST_BYTES;
-      int ok =
-          v * narrowest <= WIDEST_BYTES && bytes <= MOST_PIECES * WIDEST_BYTES && rp->n % v == 0 && t->align >= access;
+      /* a row whose length is no multiple of v still takes vectors where every row starts
+         aligned (a padded row stride): the chunk it ends in is read element by element */
+      int ok = v * narrowest <= WIDEST_BYTES && bytes <= MOST_PIECES * WIDEST_BYTES && t->align >= access;
       for (uint32_t g = 0; ok && g + 1 < rp->rank; g++) ok = t->es[g] % v == 0;
       if (ok) break;
       v >>= 1;

@@ -212,6 +212,7 @@ static void emit_tiles(fm_strbuf *sb, const tile_pass *tp, const fm_cg_rows_shap
   const long long whole = tp->rp->n / (long long)tile * (long long)tile;
   fm_cg_rows_shape inside = *s;
   inside.exact = 1;
+  inside.ragged = 0; /* every chunk of a whole tile is inside the row */
   if (whole > 0) {
     fm_strbuf_printf(sb, "#pragma unroll 1\n    for (long long fm_t0 = 0; fm_t0 < %lldLL; fm_t0 += %lluLL) {\n", whole,
                      tile);

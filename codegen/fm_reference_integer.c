@@ -101,7 +101,10 @@ void fm_reference_integer_inputs(const fm_fragment *canon, int64_t outer, uint64
       const uint64_t r = next(&x);
       if (column) /* a column in [-1, C], both ends and one outside each often */
         store_int(t->dtype, inputs[k], off,
-                  (r & 3) == 0 ? ((r >> 2) % 4 == 0 ? -1 : (r >> 2) % 4 == 1 ? cols : (r >> 2) % 4 == 2 ? 0 : cols - 1)
+                  (r & 3) == 0 ? ((r >> 2) % 4 == 0   ? -1
+                                  : (r >> 2) % 4 == 1 ? cols
+                                  : (r >> 2) % 4 == 2 ? 0
+                                                      : cols - 1)
                                : (int64_t)((r >> 2) % (uint64_t)cols));
       else
         ((int64_t *)inputs[k])[off] =

@@ -392,13 +392,13 @@ static void iota_grad_case(gu_rng *r, fm_dtype xdt, int64_t cols, int64_t ld, in
   uint32_t x = fb_input(&b, xdt, 2, sx, st, 16), t = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4);
   uint32_t p = fb_op1(&b, FM_OP_EXP, fb_cast(&b, x, FM_DT_F32));
   uint32_t hot = fb_op2(&b, FM_OP_EQ, fb_iota(&b, FM_DT_F32), t);
-  uint32_t g = fb_op2(&b, FM_OP_MUL, fb_where(&b, hot, fb_op2(&b, FM_OP_SUB, p, fb_const(&b, 1.0)), p),
-                      fb_const(&b, 0.5));
+  uint32_t g =
+      fb_op2(&b, FM_OP_MUL, fb_where(&b, hot, fb_op2(&b, FM_OP_SUB, p, fb_const(&b, 1.0)), p), fb_const(&b, 0.5));
   fb_output(&b, fb_cast(&b, g, xdt), 2, sx);
   fb_output(&b, g, 2, sx);
   char name[96];
-  snprintf(name, sizeof name, "iota_grad[%s %" PRId64 " x %" PRId64 " of %" PRId64 "]", fm_dtype_name(xdt), outer,
-           cols, ld);
+  snprintf(name, sizeof name, "iota_grad[%s %" PRId64 " x %" PRId64 " of %" PRId64 "]", fm_dtype_name(xdt), outer, cols,
+           ld);
   run_case(name, &b, outer, r, 0);
 }
 

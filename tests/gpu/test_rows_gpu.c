@@ -36,7 +36,8 @@
  * picked logit, from a [.., n] f32 column index and a per-row f32 target, some -1);
  * K_SOFTCAP_XENT: Gemma 2's: the logits softcapped (tanh(x / 30) * 30) and written, beside
  * K_XENT's statistics of them (a row output no reduction precedes: stored in the first pass);
- * K_IOTA_XENT: K_XENT with the column index the fragment's iota (vocabulary 11), not an input. */
+ * K_IOTA_XENT: K_XENT with the column index the fragment's iota (vocabulary 11), not an input,
+ * and the logits at a row stride padded to 8 (their vectors end inside odd rows). */
 enum {
   K_SOFTMAX,
   K_LAYER_NORM,
@@ -171,9 +172,13 @@ static int build(int kind, fm_dtype dt, int64_t n, int symbolic, fm_fragment *ca
       break;
     }
     case K_XENT: /* x32 = f32(x); lse = log(sum(exp(x32 - amax))) + amax; picked = sum(where(cols == t, x32, 0)) */
-    case K_SOFTCAP_XENT: /* the same of x32 = f32(tanh(x / 30) * 30), which is written too */
-    case K_IOTA_XENT: {  /* K_XENT's with cols = iota */
-      if (kind == K_IOTA_XENT) {
+    case K_SOFTCAP_XENT:         /* the same of x32 = f32(tanh(x / 30) * 30), which is written too */
+    case K_IOTA_XENT: {          /* K_XENT's with cols = iota */
+      if (kind == K_IOTA_XENT) { /* the logits at a padded row stride, as GPT-2's head writes
+                                    them: rows whose vectors end inside them (ragged) */
+        const int64_t ld = (n + 7) / 8 * 8;
+        f.inputs[0].strides[r - 2] = ld;
+        if (r == 3) f.inputs[0].strides[0] = x[1] * ld;
         f.vocab = FM_VOCAB_IOTA;
         f.n_inputs = 2;
         tensor(&f.inputs[1], 2, FM_DT_F32, r, s);

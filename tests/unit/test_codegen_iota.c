@@ -39,10 +39,10 @@ static int ce_grad(fm_dtype dt, int64_t rows, int64_t cols, int64_t stride) {
 
 /* Cross-entropy's forward statistics over rows of `cols` (f32 logits [-1, cols]): the row's
  * max and the logit at the target column, sum(where(iota == t, x, 0)). */
-static int ce_rows(int64_t cols) {
-  const int64_t shape[2] = {-1, cols}, per_row[2] = {-1, 1};
+static int ce_rows_at(int64_t cols, int64_t ld) {
+  const int64_t shape[2] = {-1, cols}, per_row[2] = {-1, 1}, padded[2] = {ld, 1};
   tf_init(&raw);
-  tf_input(&raw, 1, FM_DT_BF16, 2, shape, NULL, 16);
+  tf_input(&raw, 1, FM_DT_BF16, 2, shape, padded, 16);
   tf_input(&raw, 2, FM_DT_F32, 2, per_row, NULL, 4);
   tf_cast(&raw, 3, 1, FM_DT_F32);
   tf_op(&raw, FM_OP_AMAX, 4, 1, 3, 0, 0);
@@ -57,6 +57,8 @@ static int ce_rows(int64_t cols) {
   tf_output(&raw, 9, FM_DT_F32, 2, per_row, NULL, 4);
   return tf_finish(&raw, &canon);
 }
+
+static int ce_rows(int64_t cols) { return ce_rows_at(cols, cols); }
 
 static void test_reference_pointwise(void) {
   /* x [3, 5] f32 at row stride 6 (the pad never read); iota stored too, and iota + x */
@@ -169,6 +171,19 @@ static void test_goldens(void) {
   CHECK(src && strstr(src, "fm_t0 + ((long long)(i / ") && strstr(src, "/* iota */"));
   free(src);
   CHECK_EQ_INT(tf_compile_candidates(&canon, "iota: rows streamed", &compiled), 0);
+  /* GPT-2's logits at their padded stride: 16-byte vectors though 50257 is odd, the chunk a
+     row ends in read element by element (ragged), and the whole-vector form a candidate */
+  CHECK_EQ_INT(ce_rows_at(50257, 50304), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &def, 132, &src, &m, &d), FM_OK);
+  CHECK(src && tf_golden("rows_cross_entropy_ragged", src));
+  CHECK(src && strstr(src, "vec 8,") && strstr(src, "if (j + 8 > 50257LL)") && strstr(src, "+ i % 8 < 50257)"));
+  free(src);
+  fm_rows_config all[32];
+  size_t n = fm_codegen_rows_candidates(&canon, all, 32), narrow = 0;
+  for (size_t i = 0; i < n; i++) narrow += all[i].vec == 1;
+  CHECK_EQ_INT(narrow, 1);
+  CHECK_EQ_INT(tf_compile_candidates(&canon, "iota: ragged rows", &compiled), 0);
 }
 
 int main(void) {
