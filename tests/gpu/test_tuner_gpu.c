@@ -690,9 +690,10 @@ static void test_gather_tune(void) {
 /* iota (vocabulary 11): cross-entropy's gradient at an odd vocabulary (bf16 logits [512, 1001]
  * read at the padded stride 1008, written contiguous: units) and its forward's logit at the
  * target column (rows). The verifier fills the targets with columns, so a planted kernel whose
- * column is one off is wrong. The gradient is stored in f32: a one-hot one column off changes
- * two elements of a row of 1001 by 1, a relative error under bf16's 1e-2 on random logits (a
- * norm sees no sparse error below its tolerance), above f32's 1e-4. */
+ * column is one off is wrong: in f32 by the norm (a one-hot one column off changes two elements
+ * of a row of 1001 by 1), in bf16 by the bound on each element (the norm stays under bf16's
+ * 1e-2 on random logits; the verifier holds every element of a fragment with an iota within
+ * the tolerance of the largest). */
 static void test_iota_tune(void) {
   static fm_fragment f, icanon;
   uint8_t *bytes = NULL;
@@ -714,6 +715,14 @@ static void test_iota_tune(void) {
   f.outputs[0].strides[0] = 1001; /* contiguous: one unit of 8 may span two rows */
   if (use_fragment(&f, &icanon, &bytes, "iota gradient")) return;
   tune_planted(&icanon, "iota gradient", "const long long fm_cb = ", "const long long fm_cb = 1 + ", 8);
+  restore_fragment();
+  free(bytes);
+  /* in bf16, where the norm stays under 1e-2: the largest element's bound catches it */
+  f.ops[f.n_ops++] = (fm_opnode){.op = FM_OP_CAST, .out = 9, .nargs = 1, .args = {8}, .dtype = FM_DT_BF16};
+  f.outputs[0].id = 9;
+  f.outputs[0].dtype = FM_DT_BF16;
+  if (use_fragment(&f, &icanon, &bytes, "iota gradient bf16")) return;
+  tune_planted(&icanon, "iota gradient bf16", "const long long fm_cb = ", "const long long fm_cb = 1 + ", 8);
   restore_fragment();
   free(bytes);
   /* the forward: sum(where(iota == t, x, 0)) over each row */
