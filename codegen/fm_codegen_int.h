@@ -115,12 +115,8 @@ const char *fm_cg_storage_type(fm_dtype dt);
 int fm_cg_fast_math(const fm_fragment *f);
 void fm_cg_emit_prelude(fm_strbuf *sb, int fast_math); /* fast_math: that level, 0..2 */
 
-/* Whether a live value is an iota (vocab 11): fm_compute() then takes the element's column
- * (its index along the iteration's last dim) as its last argument, fm_col. Liveness comes
- * from fm_cg_plan_values. */
-int fm_cg_plan_iota(const fm_fragment *f, const fm_cg_plan *p);
-
-/* fm_compute(): raw input elements (used inputs, in order) -> raw output elements. */
+/* fm_compute(): raw input elements (used inputs, in order) -> raw output elements; where the
+ * plan has a live iota (iota_cols), the element's column as its last argument, fm_col. */
 int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p, fm_diag *d);
 
 /* The expression for op i (operands by position, named v<pos> or v<pos>[i] per rowval);

@@ -572,7 +572,7 @@ int fm_cg_emit_compute(fm_strbuf *sb, const fm_fragment *f, const fm_cg_plan *p,
     fm_strbuf_printf(sb, "%s%s &o%u", sep, fm_cg_storage_type(p->t[p->n_in + k].dtype), k);
     sep = ", ";
   }
-  if (fm_cg_plan_iota(f, p)) fm_strbuf_printf(sb, "%sconst long long fm_col", sep);
+  if (p->iota_cols) fm_strbuf_printf(sb, "%sconst long long fm_col", sep);
   fm_strbuf_append(sb, ") {\n");
   for (uint32_t k = 0; k < p->n_in; k++) {
     if (p->t[k].access == FM_CG_UNUSED) continue;

@@ -105,7 +105,8 @@ int fm_cg_plan_values(const fm_fragment *f, fm_cg_plan *p, int allow, fm_diag *d
   return FM_OK;
 }
 
-int fm_cg_plan_iota(const fm_fragment *f, const fm_cg_plan *p) {
+/* Whether a live value is an iota (vocab 11); liveness from fm_cg_plan_values. */
+static int has_live_iota(const fm_fragment *f, const fm_cg_plan *p) {
   for (uint32_t i = 0; i < p->n_ops && i < FM_MAX_OPS; i++)
     if (f->ops[i].op == FM_OP_IOTA && p->live[p->n_in + i]) return 1;
   return 0;
@@ -323,7 +324,7 @@ int fm_cg_plan_build(const fm_fragment *f, fm_cg_plan *p, fm_diag *d) {
     p->t[k].align = t->align;
     if (k < p->n_in) p->t[k].value = k;
   }
-  if (fm_cg_plan_iota(f, p)) p->iota_cols = it->rank > 1 ? it->shape[it->rank - 1] : -1;
+  if (has_live_iota(f, p)) p->iota_cols = it->rank > 1 ? it->shape[it->rank - 1] : -1;
   p->symbolic = it->rank > 0 && it->shape[0] == FM_DIM_SYMBOLIC;
   p->inner = 1;
   for (uint32_t j = 1; j < it->rank; j++) p->inner *= it->shape[j];

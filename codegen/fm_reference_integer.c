@@ -87,7 +87,7 @@ static void store_int(fm_dtype dt, void *base, int64_t off, int64_t v) {
 void fm_reference_integer_inputs(const fm_fragment *canon, int64_t outer, uint64_t seed, void *const *inputs) {
   int64_t marks[MAX_MARKS];
   const size_t n_marks = marks_of(canon, marks);
-  const int64_t cols = columns_of(canon);
+  const int64_t cols = columns_of(canon), edges[4] = {-1, 0, cols - 1, cols};
   uint64_t x = seed | 1;
   for (uint32_t k = 0; k < canon->n_inputs; k++) {
     const fm_tensor *t = &canon->inputs[k];
@@ -99,13 +99,8 @@ void fm_reference_integer_inputs(const fm_fragment *canon, int64_t outer, uint64
       int64_t off = 0;
       for (uint32_t j = 0; j < t->rank; j++) off += idx[j] * t->strides[j];
       const uint64_t r = next(&x);
-      if (column) /* a column in [-1, C], both ends and one outside each often */
-        store_int(t->dtype, inputs[k], off,
-                  (r & 3) == 0 ? ((r >> 2) % 4 == 0   ? -1
-                                  : (r >> 2) % 4 == 1 ? cols
-                                  : (r >> 2) % 4 == 2 ? 0
-                                                      : cols - 1)
-                               : (int64_t)((r >> 2) % (uint64_t)cols));
+      if (column) /* a column in [-1, C]: a quarter at the ends or one outside each */
+        store_int(t->dtype, inputs[k], off, (r & 3) ? (int64_t)((r >> 2) % (uint64_t)cols) : edges[(r >> 2) % 4]);
       else
         ((int64_t *)inputs[k])[off] =
             (r & 1) ? marks[(r >> 1) % n_marks] : (int64_t)((r >> 1) % (2 * UNIFORM_SPAN + 1)) - UNIFORM_SPAN;

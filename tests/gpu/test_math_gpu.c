@@ -23,8 +23,7 @@
 #define N_FUNCS  7
 #define SWEEP    2000001
 #define SPECIALS 3 /* NaN, +inf, -inf after the sweep */
-static const char *const func_name[N_FUNCS] = {"fm_gelu", "fm_gelu_tanh", "fm_tanh", "fm_sigmoid",
-                                               "fm_silu", "fm_exp",       "fm_div"};
+static const char *const func_name[N_FUNCS] = {"fm_gelu", "fm_gelu_tanh", "fm_tanh", "fm_sigmoid", "fm_silu", "fm_exp", "fm_div"};
 
 static double ref_gelu(double x) { return 0.5 * x * erfc(-x / sqrt(2.0)); }
 static double ref_gelu_tanh(double x) {
@@ -55,9 +54,10 @@ static double reference(int f, double x) {
  * for negative x exactly as torch's fp32 kernels do: an absolute error of ~1e-7 times x / 2;
  * the fast tanh's absolute error near its switch; the fast GELU's fit beyond its range
  * (|x| > 6.36, where GELU is below 1e-9 and the fit still tracks it). */
-static const double rel_tol[3][N_FUNCS] = {{2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-7},
-                                           {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 3e-7},
-                                           {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 3e-7}};
+static const double rel_tol[3][N_FUNCS] = {
+    {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-7},
+    {2e-5, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 3e-7},
+    {5e-4, 2e-5, 1e-5, 1e-5, 1e-5, 1e-5, 3e-7}};
 static const double abs_tol[3][N_FUNCS] = {{1e-6, 2e-6, 1e-7, 1e-12, 1e-12, 0, 0},
                                            {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0, 0},
                                            {1e-12, 2e-6, 2e-7, 1e-12, 1e-12, 0, 0}};

@@ -1,6 +1,6 @@
 /* test_codegen_iota.c: iota (vocabulary 11), the column index computed in the kernel: the CPU
  * reference against indices written by hand (a pointwise fragment at a padded stride, an i64
- * iota, a row fragment's picked logit), the reference sample that never cuts the last dim,
+ * iota, a row fragment's picked logit), the verifier's columns for the targets, the reference sample that never cuts the last dim,
  * the generated source (golden: cross-entropy's gradient at GPT-2's odd vocabulary, its
  * column from one division a vector), and every candidate through NVRTC (pointwise by vectors
  * and by units, rows held and streamed). */
@@ -120,6 +120,23 @@ static void test_reference_rows(void) {
   }
 }
 
+/* The verifier's targets: each input compared with an iota gets columns in [-1, C], the ends
+ * and the values just outside among them; the logits keep their random values. */
+static void test_verifier_columns(void) {
+  CHECK_EQ_INT(ce_grad(FM_DT_F32, 256, 37, 40), FM_OK);
+  static float x[256 * 40], t[256], w[256];
+  for (int i = 0; i < 256 * 40; i++) x[i] = 0.5f;
+  void *ins[3] = {x, t, w};
+  fm_reference_integer_inputs(&canon, 0, 11, ins);
+  int seen[4] = {0}, inside = 1, whole = 1;
+  for (int r = 0; r < 256; r++) {
+    inside = inside && t[r] >= -1 && t[r] <= 37 && t[r] == (float)(int)t[r];
+    seen[0] |= t[r] == -1, seen[1] |= t[r] == 0, seen[2] |= t[r] == 36, seen[3] |= t[r] == 37;
+  }
+  for (int i = 0; i < 256 * 40; i++) whole = whole && x[i] == 0.5f;
+  CHECK(inside && whole && seen[0] && seen[1] && seen[2] && seen[3]);
+}
+
 /* A block of the reference sample fixes leading dims only: the last dim, the iota's, is whole. */
 static void test_sample_keeps_columns(void) {
   CHECK_EQ_INT(ce_grad(FM_DT_BF16, 4096, 50257, 50304), FM_OK);
@@ -189,6 +206,7 @@ static void test_goldens(void) {
 int main(void) {
   RUN(test_reference_pointwise);
   RUN(test_reference_rows);
+  RUN(test_verifier_columns);
   RUN(test_sample_keeps_columns);
   RUN(test_goldens);
   return FM_TEST_DONE();

@@ -16,12 +16,13 @@ but the last, which is the group's last dim."""
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from . import const_fold
 from .fake_meta import tensor_val
 from .shapes import is_plain_int
 
 aten = torch.ops.aten
 EXACT_F32 = 1 << 24  # every integer up to this is exact in f32
-DTYPES = {torch.float32: "f32", torch.int64: "i64"}
+DTYPES = (torch.float32, torch.int64)
 
 
 def _bounds(node):
@@ -43,10 +44,8 @@ def _bounds(node):
 
 def _constant_start(node, n):
     """start when get_attr node reads a constant equal to arange(start, start + n), else None."""
-    obj = node.graph.owning_module
-    for part in node.target.split("."):
-        obj = getattr(obj, part, None)
-    if not isinstance(obj, torch.Tensor) or isinstance(obj, torch.nn.Parameter) or obj.numel() != n:
+    obj = const_fold.constant(node.graph.owning_module, node)
+    if obj is None or obj.numel() != n:
         return None
     with unset_fake_temporarily():  # a real comparison, once per compiled graph
         flat = obj.reshape(-1)
@@ -74,8 +73,3 @@ def column_start(node, shape):
     if start is None or (v.dtype == torch.float32 and (abs(start) > EXACT_F32 or abs(start + n) > EXACT_F32)):
         return None
     return int(start)
-
-
-def dtype_name(node):
-    """The wire's dtype of a column index input."""
-    return DTYPES[tensor_val(node).dtype]

@@ -394,7 +394,7 @@ def build(members, in_nodes, out_nodes, shape=None):
     in_nodes = [in_nodes[i] for i in read]
     e = Emitter(in_nodes)
     for node, start in columns.items():
-        e.ids[node] = e.iota(column_index.dtype_name(node), start)
+        e.ids[node] = e.iota(dtype_name(node.meta["val"].dtype), start)
     for node in members:
         e.emit_node(node, layout)
     inputs, full_input, in_align = wire_inputs(layout, in_nodes, *_taken_inputs(members, taken))
