@@ -20,15 +20,18 @@ from . import (
     cudagraphs,
     direct_call,
     fake_meta,
+    fresh_buffers,
     graph_choice,
     graph_code,
     head_output,
+    index_ranges,
     inductor_joint,
     linear_cross_entropy,
     max_pool,
     pad_gemm,
     patch_conv,
     settings,
+    sorted_counts,
     straight_line,
     transport,
     upgrade,
@@ -294,6 +297,11 @@ class FuseMLCompiler:
         linear_cross_entropy.rewrite(gm, self.logits)
         cross_entropy.rewrite(gm)
         max_pool.rewrite(gm)  # max pooling whose backward reads no saved indices (max_pool.py)
+        # masks and clamps an index's range decides (index_ranges.py: a mixture of experts'
+        # sentinel mask, never set without expert parallelism), and its experts' running counts
+        # as one binary search (sorted_counts.py)
+        index_ranges.rewrite(gm)
+        sorted_counts.rewrite(gm)
         # Inductor's compiled graphs rely on aot_autograd's wrappers: only ours are called directly
         capture = direct_call.Capture(gm, example_inputs, self.rest == "aten" and direct_call.wanted(self.direct))
         graphed = cudagraphs.wanted(mode, options, self.cudagraphs)
@@ -443,6 +451,7 @@ class FuseMLCompiler:
                 batch_input_updates(gm)  # the inputs the graph updates, written at once (input_updates.py)
                 rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
                 rewrite_index_put_adds(gm)  # a gathered rows' gradient as a scatter-add (scatter_add.py)
+                fresh_buffers.rewrite(gm)  # an index_put into a buffer made for it, in place (fresh_buffers.py)
         groups = find_groups(gm, self.min_ops, chains=chains)
         fused = []
         for g in list(groups):
