@@ -247,6 +247,7 @@ def main(argv=None):
     selected = modes_mod.select(args.modes)
     daemon = run_model.start_daemon(selected, dev)
     work = models.build(args.model, args.size, dev)
+    run_model.same_graphs_for_every_mode()
     report = []
     phases = args.phases.split(",")
     try:

@@ -112,6 +112,17 @@ def warm_up_process(dev):
         print(f"run: process warm-up compile failed: {e!r}", file=sys.stderr)
 
 
+def same_graphs_for_every_mode():
+    """The graph breaks fuseml avoids (fuseml/graph_breaks.py: Hugging Face's logger calls in a
+    forward pass) avoided before any mode compiles: the registration is process-wide, and
+    every mode of this process then compiles the same graphs, whichever runs first."""
+    try:
+        from fuseml import graph_breaks
+    except ImportError:
+        return
+    graph_breaks.avoid()
+
+
 def start_daemon(selected, dev):
     """A private fusemld on a fresh database for the fuseml modes, when one is built; the
     fuseml backend finds it through FUSEML_SOCKET. None when no fuseml mode runs or no
@@ -152,6 +163,7 @@ def measure_model(args, dev, selected, deadline, save):
     """Every phase of every selected mode; save(describe, rows, breakdown) after each phase,
     so a process stopped later still leaves the phases it finished."""
     work = models.build(args.model, args.size, dev)
+    same_graphs_for_every_mode()
     compiled = {}
     rows, breakdown = [], {}
     compiled_before = {}  # family -> ["mode/phase", ...] compiled earlier in this process
@@ -289,6 +301,7 @@ def warm_child(args, dev, selected):
     of each mode and phase, timed. Prints {"mode/phase": seconds or an error string}."""
     warm_up_process(dev)
     work = models.build(args.model, args.size, dev)
+    same_graphs_for_every_mode()
     out, compiled = {}, {}
     for phase in args.phases:
         ph = Phase(work, phase)

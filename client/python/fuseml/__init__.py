@@ -7,6 +7,7 @@ Environment: the FUSEML_* variables, all read in fuseml/settings.py (client/pyth
 has their table); FUSEML_LOG=debug prints what was fused and why anything runs eager.
 fuseml.explain(model, *inputs) prints the groups found and what each runs as."""
 
+from . import graph_breaks
 from .backend import FuseMLCompiler, Plan, fuseml_backend, pick_up_tuned, rewrite
 from .plan_view import explain
 from .fragment import Unfusable, build
@@ -25,3 +26,5 @@ __all__ = [
     "explain",
 ]
 __version__ = "0.1.0"
+
+graph_breaks.avoid()  # the logging calls a model compiled from here on would break its graph at

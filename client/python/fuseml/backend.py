@@ -21,6 +21,7 @@ from . import (
     direct_call,
     fake_meta,
     fresh_buffers,
+    graph_breaks,
     graph_choice,
     graph_code,
     head_output,
@@ -270,6 +271,7 @@ class FuseMLCompiler:
             raise ValueError(f"logits must be 'whole', 'blocks' or 'recompute', not {logits!r}")
         self.logits = logits  # None: FUSEML_LOGITS, read per graph
         self.plans = []
+        graph_breaks.avoid()  # before Dynamo traces what this compiler is given (graph_breaks.py)
 
     def _decompositions(self, batch_norm=False):
         if self.rest != "inductor":
@@ -939,6 +941,7 @@ def fuseml_backend(gm, example_inputs, mode=None, options=None, **kwargs):
     """The backend registered as "fuseml" (entry point torch_dynamo_backends); torch.compile's
     mode ("reduce-overhead": CUDA graphs) and options ({"cudagraphs": bool}) as keywords."""
     global _default
+    graph_breaks.avoid()  # for the frames traced after this one (graph_breaks.py)
     if _default is None:
         _default = FuseMLCompiler()
     return _default(gm, example_inputs, mode=mode, options=options, **kwargs)
