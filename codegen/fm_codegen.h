@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 41 /* what each version changed: codegen/CHANGES.md */
+#define FM_CODEGEN_VERSION 42 /* what each version changed: codegen/CHANGES.md */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs

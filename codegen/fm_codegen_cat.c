@@ -33,17 +33,27 @@
 #define FM_CG_MAX_SOURCE  (1u << 20)
 #define FM_CG_DEFAULT_SMS 132u /* H100 SXM: sizes the grid cap when the caller has no GPU */
 
+/* How a kernel's units are computed (the unit form, below). */
+typedef enum {
+  UNITS_EACH,             /* element by element, every unit */
+  UNITS_WHOLE,            /* as register arrays, every unit */
+  UNITS_UNLESS_STRADDLING /* as arrays, but the unit a cat's split falls in, element by element */
+} unit_plan;
+
 typedef struct cat_gen {
   const fm_fragment *f;
   fm_cg_plan p;
   fm_cat_info ci;
-  int units; /* the unit form (below) for this kernel's vec */
+  unit_plan units; /* for this kernel's vec */
+  int split_cat;   /* UNITS_UNLESS_STRADDLING: the op of the cat along the last dim */
 } cat_gen;
 
 /* The names of the coordinates where values are being emitted. */
 typedef struct cat_ctx {
   fm_cg_coord coord[FM_MAX_RANK];
   const char *ind;
+  int shifted; /* inside a cat's branch that starts off a multiple of the unit: inputs are not
+                  read as vectors there, whose offsets would not be aligned */
 } cat_ctx;
 
 /* Whether op's operands are read at other coordinates than its own: a cat's (in its
@@ -145,6 +155,7 @@ static void emit_cat(fm_strbuf *sb, const cat_gen *g, uint32_t i, const cat_ctx 
       fm_strbuf_printf(sb, "%s} else {\n", cx->ind);
     cat_ctx in = *cx;
     in.ind = ind;
+    if (vec && start % vec) in.shifted = 1;
     if (start > 0) {
       snprintf(in.coord[dim], sizeof in.coord[dim], "b%u", dim);
       fm_strbuf_printf(sb, "%sconst long long b%u = %s - %lldLL;\n", ind, dim, cx->coord[dim], (long long)start);
@@ -214,20 +225,35 @@ static void emit_values(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, co
  * a time otherwise. The per-element form (above) loaded every element alone behind its
  * branch: rotary embeddings' kernels ran at 1.4 TB/s on an H200, bound by load latency. */
 
-static int unit_form(const cat_gen *g, uint32_t vec) {
+/* The unit form for vec, and (UNITS_UNLESS_STRADDLING) the one cat along the last dim whose
+ * split falls inside some unit: those units (one a row: GPT-2's loss gradient padded from
+ * 50257 to 50304 columns) are computed element by element and every other one as a unit,
+ * its branch's inputs read element by element where the branch starts off a multiple of vec
+ * (cat_ctx.shifted). Two such cats (or one inside another) leave every unit element by element. */
+static unit_plan unit_form(const cat_gen *g, uint32_t vec, int *split_cat) {
   const uint32_t r = g->f->outputs[0].rank;
-  if (vec < 2 || r == 0) return 0;
+  int straddled = -1, last_dim_cats = 0;
+  int64_t straddling_units = 0;
+  if (vec < 2 || r == 0) return UNITS_EACH;
   for (uint32_t i = 0; i < g->f->n_ops; i++) {
     const fm_opnode *op = &g->f->ops[i];
     const fm_opkind kind = fm_op_kind(op->op);
-    if (kind == FM_OPK_WINDOW || kind == FM_OPK_GATHER) return 0;
+    if (kind == FM_OPK_WINDOW || kind == FM_OPK_GATHER) return UNITS_EACH;
     if (kind != FM_OPK_CAT || (uint32_t)op->dim != r - 1) continue;
-    for (uint32_t a = 0; a + 1 < op->nargs; a++)
-      if (g->ci.ext[g->p.args[i][a]][r - 1] % vec) return 0;
+    last_dim_cats++;
+    int64_t split = 0;
+    for (uint32_t a = 0; a + 1 < op->nargs; a++) {
+      split += g->ci.ext[g->p.args[i][a]][r - 1];
+      if (split % vec) straddled = (int)i, straddling_units++;
+    }
   }
   for (uint32_t k = 0; k < g->f->n_inputs; k++)
-    if (g->f->inputs[k].rank != r) return 0;
-  return 1;
+    if (g->f->inputs[k].rank != r) return UNITS_EACH;
+  if (straddled < 0) return UNITS_WHOLE;
+  /* two cats, or a split in every unit of a row (heads of 8 halved at 4): element by element */
+  if (last_dim_cats != 1 || g->f->outputs[0].shape[r - 1] / vec <= straddling_units) return UNITS_EACH;
+  *split_cat = straddled;
+  return UNITS_UNLESS_STRADDLING;
 }
 
 /* How input t is read for a unit of vec elements along dim r-1. */
@@ -236,7 +262,9 @@ typedef enum { UNIT_BROADCAST, UNIT_VECTOR, UNIT_EACH } unit_read;
 static unit_read unit_read_of(const fm_tensor *t, uint32_t r, uint32_t vec) {
   if (t->shape[r - 1] == 1 || t->strides[r - 1] == 0) return UNIT_BROADCAST;
   const uint32_t size = (uint32_t)fm_dtype_size(t->dtype), bytes = vec * size;
-  if (t->dtype == FM_DT_I64 || t->strides[r - 1] != 1 || t->shape[r - 1] % vec) return UNIT_EACH;
+  /* a unit lies inside its branch (no unit straddles a split it computes as a unit), so a
+     vector never reads past the last dim, whatever its length (GPT-2's 50 257 logits) */
+  if (t->dtype == FM_DT_I64 || t->strides[r - 1] != 1) return UNIT_EACH;
   if (t->align < (bytes < 16 ? bytes : 16)) return UNIT_EACH;
   for (uint32_t j = 0; j + 1 < r; j++)
     if (t->shape[j] != 1 && t->strides[j] % vec) return UNIT_EACH;
@@ -249,7 +277,8 @@ static void emit_unit_input(fm_strbuf *sb, const cat_gen *g, uint32_t pos, const
   const uint32_t r = g->f->outputs[0].rank, size = (uint32_t)fm_dtype_size(t->dtype);
   const char *ind = cx->ind;
   fm_strbuf_printf(sb, "%s%s v%u[%u];\n", ind, fm_cg_val_type(t->dtype), pos, vec);
-  const unit_read how = unit_read_of(t, r, vec);
+  unit_read how = unit_read_of(t, r, vec);
+  if (how == UNIT_VECTOR && cx->shifted) how = UNIT_EACH;
   if (how == UNIT_BROADCAST) { /* one element, copied */
     fm_strbuf_printf(sb, "%s{\n%s  const %s s = ", ind, ind, fm_cg_val_type(t->dtype));
     emit_input_at(sb, g, pos, cx->coord);
@@ -371,7 +400,63 @@ static uint32_t unit_width(const cat_gen *g, const fm_pw_config *cfg) {
   return w;
 }
 
-static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg, uint32_t vec, const char *entry) {
+/* The unit's values as register arrays (rowval set), packed into w<k>. */
+static void emit_unit_body(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx, uint32_t vec) {
+  emit_unit_values(sb, g, need, cx, vec);
+  fm_strbuf_printf(sb, "#pragma unroll\n%sfor (int q = 0; q < %u; ++q) {\n", cx->ind, vec);
+  for (uint32_t k = 0; k < g->p.n_out; k++) {
+    const fm_cg_tensor *t = &g->p.t[g->p.n_in + k];
+    char v[24];
+    snprintf(v, sizeof v, g->p.rowval[t->value] ? "v%u[q]" : "v%u", t->value);
+    fm_strbuf_printf(sb, "%s  %s(w%u, q, ", cx->ind, fm_cg_put_fn(t->dtype), k);
+    fm_cg_emit_encode(sb, t->dtype, g->p.vdt[t->value], v);
+    fm_strbuf_append(sb, ");\n");
+  }
+  fm_strbuf_printf(sb, "%s}\n", cx->ind);
+}
+
+/* The unit's elements one at a time (rowval clear), each packed into w<k>. */
+static void emit_element_body(fm_strbuf *sb, const cat_gen *g, const uint8_t *need, const cat_ctx *cx, uint32_t vec) {
+  const uint32_t r = g->f->outputs[0].rank;
+  cat_ctx el = *cx;
+  el.ind = "        ";
+  snprintf(el.coord[r - 1], sizeof el.coord[r - 1], "cl");
+  fm_strbuf_printf(sb,
+                   "#pragma unroll\n"
+                   "      for (int q = 0; q < %u; ++q) {\n"
+                   "        const long long cl = %s + q;\n",
+                   vec, cx->coord[r - 1]);
+  emit_values(sb, g, need, &el);
+  for (uint32_t k = 0; k < g->p.n_out; k++) {
+    const fm_cg_tensor *t = &g->p.t[g->p.n_in + k];
+    char v[16];
+    snprintf(v, sizeof v, "v%u", t->value);
+    fm_strbuf_printf(sb, "        %s(w%u, q, ", fm_cg_put_fn(t->dtype), k);
+    fm_cg_emit_encode(sb, t->dtype, g->p.vdt[t->value], v);
+    fm_strbuf_append(sb, ");\n");
+  }
+  fm_strbuf_append(sb, "      }\n");
+}
+
+/* `straddles`: whether the unit at cx's coordinates holds a split of the cat along the last
+ * dim (its first element a multiple of vec, so a split s off a multiple falls in the unit
+ * starting at s - s % vec). */
+static void emit_straddle_test(fm_strbuf *sb, const cat_gen *g, const cat_ctx *cx, uint32_t vec) {
+  const uint32_t r = g->f->outputs[0].rank, i = (uint32_t)g->split_cat;
+  const fm_opnode *op = &g->f->ops[i];
+  const char *sep = "";
+  int64_t split = 0;
+  fm_strbuf_append(sb, "      const bool straddles = ");
+  for (uint32_t a = 0; a + 1 < op->nargs; a++) {
+    split += g->ci.ext[g->p.args[i][a]][r - 1];
+    if (split % vec == 0) continue;
+    fm_strbuf_printf(sb, "%s%s == %lldLL", sep, cx->coord[r - 1], (long long)(split - split % vec));
+    sep = " || ";
+  }
+  fm_strbuf_append(sb, ";  /* a cat's split inside the unit */\n");
+}
+
+static void emit_kernel(fm_strbuf *sb, cat_gen *g, const fm_pw_config *cfg, uint32_t vec, const char *entry) {
   const fm_tensor *it = &g->f->outputs[0];
   const uint32_t r = it->rank, per_step = cfg->block * cfg->unroll;
   fm_cg_emit_signature(sb, &g->p, cfg->block, 0, entry);
@@ -440,37 +525,21 @@ static void emit_kernel(fm_strbuf *sb, const cat_gen *g, const fm_pw_config *cfg
     const char *vt = fm_cg_vec_type(vec * (uint32_t)fm_dtype_size(g->p.t[g->p.n_in + k].dtype));
     fm_strbuf_printf(sb, "      %s w%u = {};\n", vt, k);
   }
-  if (g->units) {
-    emit_unit_values(sb, g, need, &cx, vec);
-    fm_strbuf_printf(sb, "#pragma unroll\n      for (int q = 0; q < %u; ++q) {\n", vec);
-    for (uint32_t k = 0; k < g->p.n_out; k++) {
-      const fm_cg_tensor *t = &g->p.t[g->p.n_in + k];
-      char v[24];
-      snprintf(v, sizeof v, g->p.rowval[t->value] ? "v%u[q]" : "v%u", t->value);
-      fm_strbuf_printf(sb, "        %s(w%u, q, ", fm_cg_put_fn(t->dtype), k);
-      fm_cg_emit_encode(sb, t->dtype, g->p.vdt[t->value], v);
-      fm_strbuf_append(sb, ");\n");
-    }
+  if (g->units == UNITS_WHOLE) {
+    emit_unit_body(sb, g, need, &cx, vec);
+  } else if (g->units == UNITS_UNLESS_STRADDLING) {
+    emit_straddle_test(sb, g, &cx, vec);
+    fm_strbuf_append(sb, "      if (!straddles) {\n");
+    cat_ctx in = cx;
+    in.ind = "        ";
+    unit_rowvals(g);
+    emit_unit_body(sb, g, need, &in, vec);
+    memset(g->p.rowval, 0, sizeof g->p.rowval);
+    fm_strbuf_append(sb, "      } else {\n");
+    emit_element_body(sb, g, need, &cx, vec);
     fm_strbuf_append(sb, "      }\n");
   } else {
-    cat_ctx el = cx;
-    el.ind = "        ";
-    snprintf(el.coord[r - 1], sizeof el.coord[r - 1], "cl");
-    fm_strbuf_printf(sb,
-                     "#pragma unroll\n"
-                     "      for (int q = 0; q < %u; ++q) {\n"
-                     "        const long long cl = c%u + q;\n",
-                     vec, r - 1);
-    emit_values(sb, g, need, &el);
-    for (uint32_t k = 0; k < g->p.n_out; k++) {
-      const fm_cg_tensor *t = &g->p.t[g->p.n_in + k];
-      char v[16];
-      snprintf(v, sizeof v, "v%u", t->value);
-      fm_strbuf_printf(sb, "        %s(w%u, q, ", fm_cg_put_fn(t->dtype), k);
-      fm_cg_emit_encode(sb, t->dtype, g->p.vdt[t->value], v);
-      fm_strbuf_append(sb, ");\n");
-    }
-    fm_strbuf_append(sb, "      }\n");
+    emit_element_body(sb, g, need, &cx, vec);
   }
   for (uint32_t k = 0; k < g->p.n_out; k++) {
     const char *vt = fm_cg_vec_type(vec * (uint32_t)fm_dtype_size(g->p.t[g->p.n_in + k].dtype));
@@ -523,8 +592,8 @@ int fm_codegen_cat(const fm_fragment *canon, const fm_pw_config *cfg, uint32_t s
   if (rc) goto out;
   snprintf(entry, sizeof entry, "fm_pointwise_v%d", FM_CODEGEN_VERSION);
   const uint32_t vec = unit_width(g, cfg);
-  g->units = unit_form(g, vec);
-  if (g->units) unit_rowvals(g);
+  g->units = unit_form(g, vec, &g->split_cat);
+  if (g->units == UNITS_WHOLE) unit_rowvals(g);
   fm_strbuf_printf(&sb,
                    "/* fusemld codegen v%d: pointwise kernel, CAT path, vec %u, unroll %u, block %u.\n"
                    " * Generated from a canonical fragment: every name and number below comes "

@@ -434,8 +434,33 @@ static void iota_cases(gu_rng *r) {
   run_case("iota_f32[bf16 33 x 127]", &b, 1, r, 0);
 }
 
-/* Cat fragments whose units never straddle a branch (codegen's unit form) and one that is
- * read element by element. */
+/* A loss's gradient written padded for a GEMM, the padding a cat (GPT-2's 50 257 columns and
+ * zeros to 50 304): (exp(x - lse) - [col == t]) * w cast to x's dtype, x [-1, cols] read at the
+ * padded stride `ld`, col the column row [1, cols] f32, then cat with zeros z [-1, ld - cols]
+ * into [-1, ld]. The split falls inside a unit: that unit element by element, the others as
+ * units (x read as vectors, z's branch element by element). */
+static void straddle_case(gu_rng *r, fm_dtype xdt, int64_t cols, int64_t ld, int64_t outer) {
+  fb b;
+  fb_init(&b);
+  b.f.vocab = 6;
+  int64_t sx[2] = {FM_DIM_SYMBOLIC, cols}, st[2] = {ld, 1}, srow[2] = {FM_DIM_SYMBOLIC, 1}, scol[2] = {1, cols};
+  int64_t sz[2] = {FM_DIM_SYMBOLIC, ld - cols}, so[2] = {FM_DIM_SYMBOLIC, ld};
+  uint32_t x = fb_input(&b, xdt, 2, sx, st, 16);
+  uint32_t lse = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4), t = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4);
+  uint32_t col = fb_input(&b, FM_DT_F32, 2, scol, NULL, 16), z = fb_input(&b, xdt, 2, sz, NULL, 2);
+  uint32_t p = fb_op1(&b, FM_OP_EXP, fb_op2(&b, FM_OP_SUB, fb_cast(&b, x, FM_DT_F32), lse));
+  uint32_t hot = fb_op2(&b, FM_OP_EQ, col, t);
+  uint32_t g =
+      fb_op2(&b, FM_OP_MUL, fb_where(&b, hot, fb_op2(&b, FM_OP_SUB, p, fb_const(&b, 1.0)), p), fb_const(&b, 0.25));
+  fb_output(&b, fb_cat(&b, fb_cast(&b, g, xdt), z, 1), 2, so);
+  char name[96];
+  snprintf(name, sizeof name, "straddle_units[%s %" PRId64 " x (%" PRId64 " + %" PRId64 ")]", fm_dtype_name(xdt), outer,
+           cols, ld - cols);
+  run_case(name, &b, outer, r, 0);
+}
+
+/* Cat fragments whose units never straddle a branch (codegen's unit form), ones with a split
+ * inside a unit, and one that is read element by element. */
 static void cat_cases(gu_rng *r) {
   middle_case(r);
   rope_case(r, FM_DT_BF16, FM_DT_BF16, 1, 37);
@@ -444,6 +469,9 @@ static void cat_cases(gu_rng *r) {
   rope_case(r, FM_DT_F16, FM_DT_F16, 2, 7);
   pad_case(r);
   qkv_case(r);
+  straddle_case(r, FM_DT_BF16, 1001, 1008, 37);
+  straddle_case(r, FM_DT_F16, 50257, 50304, 3);
+  straddle_case(r, FM_DT_F32, 4099, 4104, 5);
 }
 
 int main(int argc, char **argv) {

@@ -270,6 +270,59 @@ static void test_pad_vectorised(void) {
   free(src);
 }
 
+/* A loss's gradient written padded for a GEMM (GPT-2's 50 257 columns and zeros to 50 304, at
+ * a smaller size): cat([exp(x) * 2 (x [-1, 1001] bf16 at the padded stride 1008), z [-1, 7]], -1)
+ * into [-1, 1008]. The split at 1001 falls inside the unit of columns 1000..1007: only that unit
+ * is computed element by element; every other is a unit, x read as 16-byte vectors and z (its
+ * branch starting off a multiple of 8) element by element. The reference places every element,
+ * and every candidate compiles. Golden. */
+static void test_units_unless_straddling(void) {
+  enum { R = 2, C = 1001, LD = 1008 };
+  int64_t sx[2] = {-1, C}, stx[2] = {LD, 1}, sz[2] = {-1, LD - C}, so[2] = {-1, LD};
+  tf_init(&raw);
+  raw.vocab = 6;
+  tf_input(&raw, 0, FM_DT_BF16, 2, sx, stx, 16);
+  tf_input(&raw, 1, FM_DT_BF16, 2, sz, NULL, 2);
+  tf_op(&raw, FM_OP_EXP, 2, 1, 0, 0, 0);
+  tf_const(&raw, 3, 2.0);
+  tf_op(&raw, FM_OP_MUL, 4, 2, 2, 3, 0);
+  tf_cast(&raw, 5, 4, FM_DT_BF16);
+  tf_op(&raw, FM_OP_CAT, 6, 2, 5, 1, 0);
+  set_dim(&raw, 1);
+  tf_output(&raw, 6, FM_DT_BF16, 2, so, NULL, 16);
+  CHECK_EQ_INT(tf_finish(&raw, &canon), FM_OK);
+  static uint16_t x[R * LD], z[R * (LD - C)], out[R * LD];
+  for (int i = 0; i < R * LD; i++) x[i] = fm_reference_f32_to_bf16((float)(i % 97) / 97.0f - 0.5f);
+  for (int i = 0; i < R * (LD - C); i++) z[i] = fm_reference_f32_to_bf16(-3.0f - (float)i);
+  const void *in[2] = {x, z};
+  void *o[1] = {out};
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_reference_eval(&canon, R, in, o, &d), FM_OK);
+  int bad = 0;
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < LD; j++) {
+      const float want = j < C ? 2.0f * expf(fm_reference_bf16_to_f32(x[r * LD + j])) : 0.0f;
+      const uint16_t got = out[r * LD + j];
+      if (j >= C)
+        bad += got != z[r * (LD - C) + j - C];
+      else
+        bad += fabsf(fm_reference_bf16_to_f32(got) - want) > 1e-2f * want;
+    }
+  CHECK_EQ_INT(bad, 0);
+  char *src = NULL;
+  fm_kernel_meta m;
+  CHECK_EQ_INT(fm_codegen_pointwise(&canon, NULL, 132, &src, &m, &d), FM_OK);
+  CHECK(src && tf_golden("pointwise_cat_units_unless_straddling", src));
+  CHECK(src && strstr(src, "const bool straddles = c1 == 1000LL;"));
+  CHECK(src && strstr(src, "reinterpret_cast<const uint4 *>(in0 + c0 * 1008LL + c1)"));
+  CHECK(src && strstr(src, "const long long cl = b1 + q;")); /* z's branch starts at 1001 */
+  CHECK(src && strstr(src, "const long long cl = c1 + q;")); /* the straddling unit */
+  free(src);
+  int compiled = 0;
+  CHECK_EQ_INT(tf_compile_every(&canon, "cat units unless straddling", &compiled), 0);
+  CHECK(compiled > 0);
+}
+
 /* A cat's operands are generated once more per branch, so they count again in the cost. */
 /* A cat of rank 5 of three operands (a ViT's q, k, v gradients [-1, N, 1, H, D] into the QKV
  * projection's [-1, N, 3, H, D]; ATen copies each apart above rank 4): the reference against the
@@ -318,6 +371,7 @@ int main(void) {
   RUN(test_compiles);
   RUN(test_rope_units);
   RUN(test_pad_vectorised);
+  RUN(test_units_unless_straddling);
   RUN(test_rank5_qkv);
   RUN(test_cost);
   return FM_TEST_DONE();

@@ -1,4 +1,4 @@
-/* fusemld codegen v41: scatter kernel (index_add), block 256, vec 4.
+/* fusemld codegen v42: scatter kernel (index_add), block 256, vec 4.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -152,7 +152,7 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 }
 /* ---- the kernel: out[index[m], d] += src[m, d], M 8192, D 1024, R 4096 ---- */
 struct __align__(8) fm_src_vec { unsigned short e[4]; };
-extern "C" __global__ void __launch_bounds__(256) fm_scatter_v41(
+extern "C" __global__ void __launch_bounds__(256) fm_scatter_v42(
     const unsigned short *__restrict__ in0,
     const long long *__restrict__ in1,
     float *__restrict__ out0, long long outer) {
