@@ -447,7 +447,8 @@ static void straddle_case(gu_rng *r, fm_dtype xdt, int64_t cols, int64_t ld, int
   int64_t sz[2] = {FM_DIM_SYMBOLIC, ld - cols}, so[2] = {FM_DIM_SYMBOLIC, ld};
   uint32_t x = fb_input(&b, xdt, 2, sx, st, 16);
   uint32_t lse = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4), t = fb_input(&b, FM_DT_F32, 2, srow, NULL, 4);
-  uint32_t col = fb_input(&b, FM_DT_F32, 2, scol, NULL, 16), z = fb_input(&b, xdt, 2, sz, NULL, 2);
+  uint32_t col = fb_input(&b, FM_DT_F32, 2, scol, NULL, 16);
+  uint32_t z = fb_input(&b, xdt, 2, sz, NULL, (uint32_t)fm_dtype_size(xdt));
   uint32_t p = fb_op1(&b, FM_OP_EXP, fb_op2(&b, FM_OP_SUB, fb_cast(&b, x, FM_DT_F32), lse));
   uint32_t hot = fb_op2(&b, FM_OP_EQ, col, t);
   uint32_t g =
