@@ -532,6 +532,8 @@ static void emit_kernel(fm_strbuf *sb, cat_gen *g, const fm_pw_config *cfg, uint
     fm_strbuf_append(sb, "      if (!straddles) {\n");
     cat_ctx in = cx;
     in.ind = "        ";
+    /* the op emitter names a value v<pos>[i] or v<pos> by rowval: set for the unit, cleared
+       again for the element-by-element body below */
     unit_rowvals(g);
     emit_unit_body(sb, g, need, &in, vec);
     memset(g->p.rowval, 0, sizeof g->p.rowval);

@@ -17,13 +17,17 @@ aten = torch.ops.aten
 E, T, D = 8, 12, 16
 
 
-def _experts(x, router, w, bound=E, clamp_to=E - 1, write=False):
+def _experts(x, router, w, bound=E, clamp_to=E - 1, write=False, augmented=False):
     """Hugging Face's grouped experts' routing, reduced: top-2 ids sorted, the rows they pick
     masked where `ids >= bound` (the sentinels), ids clamped to `clamp_to`."""
     ids = torch.topk(x @ router, 2, dim=-1)[1].reshape(-1)
     ids_g, perm = torch.sort(ids)
     if write:
         ids_g.add_(1)  # written in place: its range no longer holds, and some ids reach the bound
+    if augmented:
+        view = ids_g
+        ids_g += 1  # the same, as an augmented assignment (operator.iadd), read through a view
+        ids_g = view
     mask = (ids_g >= bound).unsqueeze(-1)
     ids_g.clamp_(max=clamp_to)
     rows = x[perm // 2]
@@ -100,8 +104,10 @@ def test_what_the_range_does_not_decide_is_left():
     # ids written in place before the comparison: no range
     gm = _dynamo_graph(_experts, *args, write=True)
     assert index_ranges.rewrite(gm) == 0
+    gm = _dynamo_graph(_experts, *args, augmented=True)
+    assert index_ranges.rewrite(gm) == 0
     # and the results stay eager's
-    for kw in ({"bound": E - 2}, {"clamp_to": E - 3}, {"write": True}):
+    for kw in ({"bound": E - 2}, {"clamp_to": E - 3}, {"write": True}, {"augmented": True}):
         want = _run(_experts, args, **kw)
         got = _run(torch.compile(_experts, backend=fuseml.FuseMLCompiler()), args, **kw)
         for g, e in zip(got, want):

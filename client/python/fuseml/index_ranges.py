@@ -88,6 +88,21 @@ _COMPARES = {
 _COMPARE_OPS = {getattr(operator, k): k for k in _COMPARES} | {getattr(torch, k): k for k in _COMPARES}
 _COMPARE_OPS |= {k: k for k in _COMPARES}
 _MASKED_FILLS = {torch.masked_fill, "masked_fill", "masked_fill_"}
+# Python's augmented assignments, which Dynamo records as these and which write a tensor in place
+_IN_PLACE_OPERATORS = {
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.ifloordiv,
+    operator.imod,
+    operator.ipow,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.ilshift,
+    operator.irshift,
+}
 
 
 def target_of(node):
@@ -96,11 +111,12 @@ def target_of(node):
 
 
 def _mutates(node, x):
-    """Whether node writes x in place (a method ending in `_`, or an item assignment)."""
+    """Whether node writes x in place (a method ending in `_`, an item or augmented assignment)."""
     t = target_of(node)
     if t is operator.setitem:
         return bool(node.args) and node.args[0] is x
-    in_place = isinstance(t, str) and t.endswith("_") and not t.startswith("__")
+    in_place = t in _IN_PLACE_OPERATORS
+    in_place |= isinstance(t, str) and t.endswith("_") and not t.startswith("__")
     in_place |= not isinstance(t, str) and getattr(t, "__name__", "").endswith("_")
     return in_place and bool(node.args) and node.args[0] is x
 
@@ -220,6 +236,8 @@ def _fill_operand(node, found, outputs):
 def rewrite(gm):
     """Drops the masked fills and clamps of Dynamo's graph gm that the index ranges decide
     change nothing (above), in place; returns how many."""
+    if not any(target_of(n) in _MASKED_FILLS or target_of(n) == "clamp_" for n in gm.graph.nodes):
+        return 0  # nothing to decide: no analysis
     found = ranges(gm)
     out = next((n for n in gm.graph.nodes if n.op == "output"), None)
     outputs = set(out.all_input_nodes) if out is not None else set()

@@ -80,6 +80,7 @@ def _histogram(node):
 
 
 def _result_dtype(cumsum, hist):
+    # keyword-only in torch.cumsum; Tensor.cumsum(dim, dtype) may pass it third, after self
     dtype = cumsum.kwargs.get("dtype") or (cumsum.args[2] if len(cumsum.args) > 2 else None)
     h = tensor_val(hist, "example_value")
     if dtype is None and h is not None:
