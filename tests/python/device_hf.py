@@ -176,12 +176,15 @@ def batch_sizes(arch="llama"):
 
 def child():
     """One process: compile the two-process model, run one training step, print what it was
-    served (origins) and how long the first step took."""
+    served (origins), whether aot_autograd's output came from torch's cache (fuseml's
+    aot_cache.py), how long the first step took, and the step's loss and gradient norm."""
+    from torch._dynamo.utils import counters
+
     m = make_model("llama", d=192).to(DEV, torch.bfloat16)
     c = fuseml.FuseMLCompiler()
     tr = Trainer(m, torch.compile(m, backend=c))
     t = time.perf_counter()
-    tr.step(batches(1)[0])
+    got = tr.step(batches(1)[0])
     served = [g for p in c.plans for g in p.groups if g.key]
     print(
         json.dumps(
@@ -189,12 +192,17 @@ def child():
                 "first_step_s": round(time.perf_counter() - t, 2),
                 "served": len(served),
                 "origins": sorted(g.origin for g in served),
+                "aot": dict(counters["aot_autograd"]),
+                "loss": got["loss"].item(),
+                "grad_norm": got["grads"].float().norm().item(),
             }
         )
     )
 
 
 def two_processes():
+    """The second process is served every kernel from the daemon's store and aot_autograd's
+    graphs from torch's cache, and computes the first one's step."""
     out = []
     for _ in range(2):
         r = subprocess.run(
@@ -202,8 +210,13 @@ def two_processes():
         )
         last = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
         out.append(json.loads(last[-1]) if last else {"error": (r.stderr or r.stdout)[-1500:]})
-    second = out[1].get("origins", [])
-    return {"runs": out, "ok": bool(second) and set(second) == {"hit"}}
+    first, second = out
+    origins = second.get("origins", [])
+    same = all(
+        k in first and k in second and abs(first[k] - second[k]) <= 1e-2 * abs(first[k]) for k in ("loss", "grad_norm")
+    )
+    loaded = second.get("aot", {}).get("autograd_cache_hit") == 1
+    return {"runs": out, "ok": bool(origins) and set(origins) == {"hit"} and same and loaded}
 
 
 def main():

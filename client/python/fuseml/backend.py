@@ -3,6 +3,7 @@ each partitioned and fused on its own), fragment building, one pipelined round o
 requests per graph (and a second for the combined groups the daemon refused, split apart),
 and the graph rewrite that calls `fuseml::group` for each fused group."""
 
+import contextlib
 import copy
 import operator
 import weakref
@@ -13,6 +14,7 @@ from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import min_cut_rematerialization_partition
 
 from . import (
+    aot_cache,
     boxed_fx,
     channels_last,
     const_fold,
@@ -325,7 +327,7 @@ class FuseMLCompiler:
         def inference(g, ex):
             fn = compile_as("inference")(g, ex)
             plans.append(self.plans[-1])
-            capture.note(g, fn)
+            capture.note(g, fn, aot_cache.restored_verdict())
             return fn
 
         # Which values the forward saves for the backward: the min-cut partitioner (Inductor's;
@@ -336,23 +338,40 @@ class FuseMLCompiler:
         extra = {"partition_fn": min_cut_rematerialization_partition} if recompute else {}
         if self.rest == "inductor":  # the joint graph as Inductor's own would be (inductor_joint.py)
             extra = {"partition_fn": inductor_joint.partition_fn()}
-        wrapped = aot_autograd(
-            fw_compiler=compile_as("forward"),
-            bw_compiler=compile_as("backward"),
-            inference_compiler=inference,
-            **extra,
-            decompositions=self._decompositions(_decomposes_batch_norm(gm, example_inputs)),
-            # the inputs a graph updates without autograd seeing it (batch norm's running
-            # statistics) are written by the graph itself (copy_ nodes at its end, batched by
-            # input_updates.py), not one by one by aot_autograd's wrapper after the call
-            # (159 copies a ResNet-50 training step, ~1.3 ms of host); a recorded graph writes
-            # them inside its recording where they are fixed inputs (cudagraphs.py)
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
+        compilers = {"forward": compile_as("forward"), "backward": compile_as("backward"), "inference": inference}
+        recorded = len(self.plans)
+
+        def forget():  # a kept graph that failed to compile again: torch compiles afresh
+            del self.plans[recorded:], plans[:]
+
+        compilers["forget"] = forget
+        # aot_autograd's output kept in torch's compile cache, so that a second process skips
+        # its trace (aot_cache.py); the options are what else decides what fuseml makes of it
+        unkept = aot_cache.why_not(self.rest, graphed, example_inputs)
+        keeping = contextlib.nullcontext(compilers) if unkept else aot_cache.keeping(gm, compilers, self._options())
+        with keeping as compilers:
+            wrapped = aot_autograd(
+                fw_compiler=compilers["forward"],
+                bw_compiler=compilers["backward"],
+                inference_compiler=compilers["inference"],
+                **extra,
+                decompositions=self._decompositions(_decomposes_batch_norm(gm, example_inputs)),
+                # the inputs a graph updates without autograd seeing it (batch norm's running
+                # statistics) are written by the graph itself (copy_ nodes at its end, batched by
+                # input_updates.py), not one by one by aot_autograd's wrapper after the call
+                # (159 copies a ResNet-50 training step, ~1.3 ms of host); a recorded graph writes
+                # them inside its recording where they are fixed inputs (cudagraphs.py)
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
         fn = capture.callable(wrapped)
         for p in plans:
             p.called = "directly" if fn is not wrapped else f"through aot_autograd ({capture.why_not})"
         return reattach(fn) if reattach is not None else fn
+
+    def _options(self):
+        """The settings that decide what this compiler makes of a graph (aot_cache.py's key)."""
+        names = ("min_ops", "rest", "chains", "direct", "pad_gemm", "recompute", "logits")
+        return {name: getattr(self, name) for name in names}
 
     def _graphed(self, gm, example_inputs, which, state, inductor=None):
         plans = []

@@ -81,6 +81,17 @@ def _metadata_says_plain(meta):
     return None
 
 
+def metadata_verdict(meta):
+    """(None when aot_autograd's runtime wrapper would hand the outputs through unchanged, else
+    why not; how many outputs the wrapper hands back), from aot_autograd's metadata."""
+    if meta is None:
+        return "aot_autograd metadata unreadable (no tracing context)", None
+    try:
+        return _metadata_says_plain(meta), len(meta.output_info)
+    except Exception as e:  # a torch whose internals differ: keep the wrappers
+        return f"aot_autograd metadata unreadable ({type(e).__name__}: {e})", None
+
+
 class Capture:
     """One dynamo graph's trip through aot_autograd: what the inference compiler compiled and
     whether it may be called directly."""
@@ -109,21 +120,25 @@ class Capture:
             return "autocast"  # the wrapper runs the graph with autocast off
         return None
 
-    def note(self, graph, fn):
-        """Called by the inference compiler with the ATen graph and what it compiled to."""
+    def note(self, graph, fn, verdict=None):
+        """Called by the inference compiler with the ATen graph and what it compiled to.
+        `verdict`: metadata_verdict as read when the graph was first compiled (a graph kept by
+        aot_cache.py, whose tracing context now holds no metadata); else read now."""
         if self.why_not is not None:
             return
+        if verdict is None:
+            tc = torch._guards.TracingContext.try_get()
+            verdict = metadata_verdict(tc.fw_metadata if tc is not None else None)
+        self.why_not, n_outputs = verdict
         try:
-            meta = torch._guards.TracingContext.try_get().fw_metadata
             placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
             outputs = next(n for n in reversed(graph.graph.nodes) if n.op == "output").args[0]
-            self.why_not = _metadata_says_plain(meta)
-            if self.why_not is None and len(placeholders) != len(self.example_inputs):
-                self.why_not = "the graph's inputs are not dynamo's"
-            elif self.why_not is None and len(outputs) != len(meta.output_info):
-                self.why_not = "the graph returns more than the user's outputs"
-        except Exception as e:  # a torch whose internals differ: keep the wrappers
-            self.why_not = f"aot_autograd metadata unreadable ({type(e).__name__}: {e})"
+        except Exception as e:  # a graph of another shape: keep the wrappers
+            self.why_not = f"graph unreadable ({type(e).__name__}: {e})"
+        if self.why_not is None and len(placeholders) != len(self.example_inputs):
+            self.why_not = "the graph's inputs are not dynamo's"
+        elif self.why_not is None and len(outputs) != n_outputs:
+            self.why_not = "the graph returns more than the user's outputs"
         if self.why_not is None:
             self.fn = fn
 

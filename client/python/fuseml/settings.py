@@ -121,6 +121,12 @@ def direct():
     return _get("FUSEML_DIRECT") != "0"
 
 
+def aot_cache():
+    """FUSEML_AOT_CACHE=0: keep no aot_autograd output in torch's compile cache (aot_cache.py; on
+    by default: a second process skips aot_autograd's trace)."""
+    return _get("FUSEML_AOT_CACHE") != "0"
+
+
 def recompute():
     """A training graph's forward saves the inputs of cheap pointwise chains and the backward
     recomputes them (the min-cut partition Inductor uses): peak memory at Inductor's on the

@@ -1,0 +1,263 @@
+"""aot_autograd's output kept in torch's compile cache (aot_cache.py): a second compile of the
+same model (a second process, or this one after dynamo forgets it) loads the forward, backward
+and inference graphs instead of tracing them, compiles them again with fuseml's compiler (the
+same fragments asked, the same groups), and computes what eager does; other settings, an
+entry that cannot be compiled again, and FUSEML_AOT_CACHE=0 each compile from scratch."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from helpers import assert_close, plan, run_step
+from models import MODELS
+
+import fuseml
+from fuseml import aot_cache
+
+pytestmark = pytest.mark.skipif(
+    aot_cache.why_not("aten", False, []) is not None and os.environ.get("FUSEML_AOT_CACHE") != "0",
+    reason="this torch keeps no other compiler's aot_autograd output",
+)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(monkeypatch, tmp_path):
+    """torch's compile cache in a directory of this test's own."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.delenv("FUSEML_AOT_CACHE", raising=False)
+
+
+def _step(train, compiler=None):
+    """(compiler, (output, gradients), eager's) of one compile and step of the MLP model."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = MODELS["mlp"]()
+    x = torch.randn(6, 32)
+    compiler = compiler or fuseml.FuseMLCompiler(min_ops=1)
+    params = list(model.parameters())
+    want = run_step(model, params, x, train)
+    got = run_step(torch.compile(model, backend=compiler), params, x, train)
+    return compiler, got, want
+
+
+def _aot():
+    return dict(counters["aot_autograd"])
+
+
+def _fragments(rounds):
+    return sorted(bytes(w) if isinstance(w, (bytes, bytearray)) else repr(w) for r in rounds for w in r)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_second_compile_loads_the_graphs_and_compiles_them_again(served, train):
+    first, got, want = _step(train)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_saved") == 1, _aot()
+    asked = _fragments(served.rounds)
+    assert asked, "the first compile asked for kernels"
+    served.rounds.clear()
+
+    second, got, want = _step(train)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_hit") == 1 and not _aot().get("autograd_cache_miss"), _aot()
+    # fuseml's compiler ran on the loaded graphs: the same fragments, the same groups
+    assert _fragments(served.rounds) == asked
+    whiches = ["forward", "backward"] if train else ["inference"]
+    for which in whiches:
+        a, b = plan(first, which), plan(second, which)
+        assert [g.describe() for g in a.groups] == [g.describe() for g in b.groups]
+        assert b.kernels(), b.describe()
+    if not train:  # the loaded inference graph is still called without aot_autograd's wrappers
+        assert plan(second, "inference").called == "directly", plan(second, "inference").describe()
+
+
+class _WithConstants(torch.nn.Module):
+    """Tensors made inside forward become the graph's constants: a scale, and an empty tensor
+    concatenated in front (a Hugging Face cache's first `torch.tensor([])`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        empty = torch.tensor([]).view(0, 32)
+        y = torch.nn.functional.gelu(self.lin(x)) * torch.tensor([0.5] * 32)
+        return torch.cat([empty, y])
+
+
+def test_the_graphs_constants_are_kept(served, monkeypatch):
+    pickled, kept = aot_cache._pickled, []
+
+    def recording(gm):
+        graph, devices = pickled(gm)
+        kept.append(devices)
+        return graph, devices
+
+    monkeypatch.setattr(aot_cache, "_pickled", recording)
+    torch.manual_seed(0)
+    model = _WithConstants()
+    x = torch.randn(6, 32)
+    for expect in ("autograd_cache_saved", "autograd_cache_hit"):
+        torch._dynamo.reset()
+        counters.clear()
+        params = list(model.parameters())
+        got = run_step(torch.compile(model, backend=fuseml.FuseMLCompiler(min_ops=1)), params, x)
+        assert_close(got, run_step(model, params, x))
+        assert _aot().get(expect) == 1, _aot()
+    assert any(len(devices) >= 2 for devices in kept), kept  # the scale and the empty tensor
+
+
+def test_the_kept_graph_is_the_graph_it_was_made_from():
+    """Every node comes back as it was, ops on constants included (torch.fx's own pickling
+    re-traces the code and would fold the `lift_fresh_copy` of an empty constant into a new CPU
+    constant), and each constant on its device (meta standing in for a GPU here)."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    lifted = graph.call_function(torch.ops.aten.lift_fresh_copy.default, (graph.get_attr("cache.empty"),))
+    joined = graph.call_function(torch.ops.aten.cat.default, ([lifted, x],), {"dim": 0})
+    scaled = graph.call_function(torch.ops.aten.mul.Tensor, (joined, graph.get_attr("scale")))
+    graph.output((scaled, graph.call_function(torch.ops.aten.sym_size.int, (x, 0))))
+    gm = torch.fx.GraphModule({"cache.empty": torch.empty(0, device="meta"), "scale": torch.tensor(0.5)}, graph)
+
+    data, devices = aot_cache._pickled(gm)
+    assert devices == {"cache.empty": "meta", "scale": "cpu"}
+    back = aot_cache._unpickled(data, devices)
+    assert back.code == gm.code
+    assert back.cache.empty.device.type == "meta" and torch.equal(back.scale, gm.scale)
+    aot_cache._propagate(back, [("tensor", (4,), (1,), 0, torch.float32, "meta")])
+    values = {n.name: n.meta["val"] for n in back.graph.nodes if n.op == "call_function"}
+    assert values["lift_fresh_copy_default"].device.type == values["cat_default"].device.type == "meta"
+    assert values["sym_size_int"] == 4
+
+
+def test_other_settings_compile_from_scratch(served, monkeypatch):
+    _step(True)
+    assert _aot().get("autograd_cache_saved") == 1
+    monkeypatch.setenv("FUSEML_RECOMPUTE", "0")  # another partition: another entry
+    _step(True)
+    assert _aot().get("autograd_cache_miss") == 1 and not _aot().get("autograd_cache_hit"), _aot()
+    _step(True, fuseml.FuseMLCompiler(min_ops=3))  # another option of the compiler
+    assert _aot().get("autograd_cache_miss") == 1 and not _aot().get("autograd_cache_hit"), _aot()
+
+
+def test_inductor_never_takes_fusemls_entry(served):
+    """Inductor's key differs from fuseml's (the tag, the bundled entries): after fuseml kept
+    a graph, Inductor misses; its own compile is what runs."""
+    _step(False)
+    assert _aot().get("autograd_cache_saved") == 1
+    torch._dynamo.reset()
+    counters.clear()
+    model = MODELS["mlp"]()
+    x = torch.randn(6, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(model, backend="inductor")(x), model(x))
+    assert not _aot().get("autograd_cache_hit"), _aot()
+
+
+def test_an_entry_that_cannot_be_compiled_again_is_compiled_from_scratch(served, monkeypatch):
+    _step(True)
+
+    def broken(gm, inputs):
+        raise RuntimeError("a kept graph that no longer propagates")
+
+    monkeypatch.setattr(aot_cache, "_propagate", broken)
+    second, got, want = _step(True)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_bypass") == 1 and not _aot().get("autograd_cache_hit"), _aot()
+    assert plan(second, "forward").kernels() and plan(second, "backward").kernels()
+
+
+def test_a_forward_whose_saved_strides_differ_is_compiled_from_scratch(served, monkeypatch):
+    """The backward was compiled for the strides the forward reported at the miss; a forward
+    that would report others on the hit is not used."""
+    _step(True)
+    real = aot_cache._forward_context
+
+    def other_strides(returns):
+        ctx = real(returns)
+        reported = ctx.__enter__()
+        reported.append((1, 1))
+
+        class Ctx:
+            def __enter__(self):
+                return reported
+
+            def __exit__(self, *exc):
+                return ctx.__exit__(*exc)
+
+        return Ctx()
+
+    monkeypatch.setattr(aot_cache, "_forward_context", other_strides)
+    _, got, want = _step(True)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_bypass") == 1, _aot()
+
+
+def test_turned_off_keeps_nothing(served, monkeypatch):
+    monkeypatch.setenv("FUSEML_AOT_CACHE", "0")
+    _step(True)
+    _step(True)
+    assert not _aot().get("autograd_cache_saved") and not _aot().get("autograd_cache_hit"), _aot()
+
+
+def test_graphs_with_symbolic_sizes_are_not_kept(served):
+    torch._dynamo.reset()
+    counters.clear()
+    model = MODELS["mlp"]()
+    compiled = torch.compile(model, backend=fuseml.FuseMLCompiler(min_ops=1), dynamic=True)
+    with torch.no_grad():
+        for rows in (6, 9):
+            x = torch.randn(rows, 32)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert not _aot().get("autograd_cache_saved"), _aot()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, torch
+    from torch._dynamo.utils import counters
+    sys.path.insert(0, {tests!r})
+    from helpers import run_step
+    from models import MODELS
+    import fuseml
+    torch.manual_seed(0)
+    model = MODELS["mlp"]()
+    x = torch.randn(6, 32)
+    c = fuseml.FuseMLCompiler(min_ops=1)
+    params = list(model.parameters())
+    want = run_step(model, params, x)
+    got = run_step(torch.compile(model, backend=c), params, x)
+    for a, b in zip([got[0]] + got[1], [want[0]] + want[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    aot = counters["aot_autograd"]
+    origins = sorted(g.origin for p in c.plans for g in p.kernels())
+    print("RESULT", aot.get("autograd_cache_hit", 0), aot.get("autograd_cache_saved", 0), origins)
+    """
+)
+
+
+def test_a_second_process_loads_the_graphs_and_the_daemons_kernels(daemon, tmp_path):
+    """Two processes, one daemon, one cache directory: the second traces nothing in
+    aot_autograd and every kernel it runs comes from the daemon's store."""
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k != "FUSEML_AOT_CACHE"}
+
+    def run():
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT"))
+        hit, saved, origins = line.split(" ", 3)[1:]
+        return int(hit), int(saved), origins
+
+    hit, saved, origins = run()
+    assert (hit, saved) == (0, 1), origins
+    hit, saved, origins = run()
+    assert (hit, saved) == (1, 0), origins
+    assert "compiled" not in origins and "hit" in origins, origins
