@@ -41,6 +41,35 @@ def test_a_patched_logger_method_no_longer_breaks_the_graph(monkeypatch):
         ignored.update(saved)
 
 
+def test_dynamos_config_logging_keeps_working(monkeypatch):
+    """A torch whose compile metrics sort the set of ignored functions (2.11) gets only the
+    first method: a second one would make every compile log a TypeError's traceback."""
+
+    def warning_once(self, msg):
+        pass
+
+    def info_once(self, msg):
+        pass
+
+    def sorting_config_writer():  # torch 2.11's: the set sorted, functions do not compare
+        return str(sorted(graph_breaks._ignored()))
+
+    monkeypatch.setattr(logging.Logger, "warning_once", warning_once, raising=False)
+    monkeypatch.setattr(logging.Logger, "info_once", info_once, raising=False)
+    monkeypatch.setattr(torch._dynamo.utils, "_get_dynamo_config_for_logging", sorting_config_writer, raising=False)
+    ignored = graph_breaks._ignored()
+    saved = set(ignored)
+    ignored.clear()
+    try:
+        assert graph_breaks.avoid() == 1
+        assert ignored == {warning_once}
+        sorting_config_writer()  # still writes
+        assert graph_breaks.avoid() == 1 and ignored == {warning_once}  # and stays so
+    finally:
+        ignored.clear()
+        ignored.update(saved)
+
+
 def _check_the_break_goes(warning_once):
     logger = logging.getLogger("fuseml-test")
 

@@ -46,7 +46,27 @@ def avoid():
     n = 0
     for name in _PATCHED_LOGGER_METHODS:
         method = getattr(logging.Logger, name, None)
-        if callable(method):
+        if not callable(method):
+            continue
+        if method not in ignored:
             ignored.add(method)
-            n += 1
+            if not _config_still_logs():
+                ignored.discard(method)
+                break
+        n += 1
     return n
+
+
+def _config_still_logs():
+    """Whether Dynamo can still write its config into its compile metrics. torch 2.11 writes the
+    set of ignored logging functions sorted (its blocklist names only the set's old alias), and
+    two functions do not compare: each compile then logs an error with a traceback. There,
+    only the first method (warning_once, the one that broke GPT-2's graph) is registered."""
+    write = getattr(torch._dynamo.utils, "_get_dynamo_config_for_logging", None)
+    if write is None:
+        return True
+    try:
+        write()
+    except TypeError:
+        return False
+    return True
