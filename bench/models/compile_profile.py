@@ -45,6 +45,7 @@ STAGES = (
     ("fuseml: straight-line code generated", "fuseml.straight_line", None, "generate"),
     ("fuseml: kernels loaded (cuModuleLoadData)", "fuseml.launcher", "Module", "__init__"),
     ("fuseml: measured routing (kernel timed against ATen)", "fuseml.runtime", "GroupRunner", "_decide"),
+    ("fuseml: a kept graph compiled again (AOTAutogradCache hit)", "fuseml.aot_cache", "KeptGraph", "post_compile"),
 )
 
 
@@ -124,6 +125,7 @@ def first_call(args, dev, profile):
             prof.disable()
         seconds = time.perf_counter() - t0
     text = clock.table() + "\n\n" + dynamo_utils.compile_times(repr="str", aggregate=True)
+    text += "\n\naot_autograd's cache: " + json.dumps(dict(dynamo_utils.counters["aot_autograd"]))
     if mode.family == "fuseml":
         from fuseml import runtime
 

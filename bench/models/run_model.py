@@ -298,7 +298,11 @@ def measure_model(args, dev, selected, deadline, save):
 
 def warm_child(args, dev, selected):
     """The warm compile: this process finds the caches the first one filled; the first call
-    of each mode and phase, timed. Prints {"mode/phase": seconds or an error string}."""
+    of each mode and phase, timed. Prints {"mode/phase": seconds or an error string} and, for
+    each, {"mode/phase aot": what torch's AOTAutogradCache did in that call (its counters: a
+    hit, a miss, a bypass)}."""
+    from torch._dynamo.utils import counters
+
     warm_up_process(dev)
     work = models.build(args.model, args.size, dev)
     same_graphs_for_every_mode()
@@ -315,7 +319,10 @@ def warm_child(args, dev, selected):
                     compiled[mode.name] = mode.make(work.model)
                 fn = compiled[mode.name]
                 ph.clear()
+                before = dict(counters["aot_autograd"])
                 out[key] = measure.timed_call(lambda: ph.step(fn, mode.graphs), dev)
+                after = counters["aot_autograd"]
+                out[f"{key} aot"] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
             except Exception as e:
                 out[key] = f"{type(e).__name__}: {str(e)[:300]}"
     print("WARM " + json.dumps(out))
@@ -412,6 +419,7 @@ def main(argv=None):
                 v = (warm or {}).get(f"{row['mode']}/{row['phase']}")
                 if isinstance(v, (int, float)):
                     row["compile_warm_s"] = v
+                    row["compile_warm_aot"] = (warm or {}).get(f"{row['mode']}/{row['phase']} aot")
                 else:
                     row["compile_warm_note"] = why or v or "not measured"
             save(describe, rows, breakdown)

@@ -14,10 +14,11 @@ import torch
 from torch._dynamo.utils import counters
 
 from helpers import assert_close, plan, run_step
+from graph_coverage import zoo_model
 from models import MODELS
 
 import fuseml
-from fuseml import aot_cache
+from fuseml import aot_cache, kept_values
 
 pytestmark = pytest.mark.skipif(
     aot_cache.why_not("aten", False, []) is not None and os.environ.get("FUSEML_AOT_CACHE") != "0",
@@ -130,10 +131,63 @@ def test_the_kept_graph_is_the_graph_it_was_made_from():
     back = aot_cache._unpickled(data, devices)
     assert back.code == gm.code
     assert back.cache.empty.device.type == "meta" and torch.equal(back.scale, gm.scale)
-    aot_cache._propagate(back, [("tensor", (4,), (1,), 0, torch.float32, "meta")])
+    # a description that cannot be made again (no storage 0): its ops are run on fakes instead
+    broken = ([], {"x": ("tensor", 0, (4,), (1,), 0)})
+    kept_values.restored(back, broken, [("tensor", (4,), (1,), 0, torch.float32, "meta")])
     values = {n.name: n.meta["val"] for n in back.graph.nodes if n.op == "call_function"}
     assert values["lift_fresh_copy_default"].device.type == values["cat_default"].device.type == "meta"
     assert values["sym_size_int"] == 4
+
+
+def _layouts(vals, storage=True):
+    """Each node's value as (layout, storage number): storages numbered in order of first use
+    (or, with storage=False, not at all)."""
+    storages, out = {}, {}
+    for name, v in vals.items():
+        flat = v if isinstance(v, (list, tuple)) else [v]
+        out[name] = [
+            (
+                tuple(t.shape),
+                t.stride(),
+                t.storage_offset(),
+                t.dtype,
+                t.device,
+                storages.setdefault(t.untyped_storage()._cdata, len(storages)) if storage else None,
+            )
+            if isinstance(t, torch.Tensor)
+            else t
+            for t in flat
+        ]
+    return out
+
+
+@pytest.mark.parametrize("name", ["t5", "llama"])
+def test_the_values_made_again_are_those_aot_autograd_traced(served, monkeypatch, name):
+    """kept_values makes each node's value again from its layout: the same shapes, strides,
+    offsets, dtypes and devices as aot_autograd's fake tensors, the same values sharing one
+    storage; running the ops on fakes again (where no layouts were kept) gives the same layouts."""
+    pickled, compared = aot_cache._pickled, []
+
+    def recording(gm):
+        data, devices = pickled(gm)
+        want = _layouts({n.name: n.meta["val"] for n in gm.graph.nodes if "val" in n.meta and n.op != "get_attr"})
+        want_layouts = _layouts({n.name: n.meta["val"] for n in gm.graph.nodes if n.name in want}, False)
+        inputs = [aot_cache._describe(n.meta["val"]) for n in gm.graph.nodes if n.op == "placeholder"]
+        for kept in (kept_values.described(gm), None):  # from the layouts; through the ops
+            back = aot_cache._unpickled(data, devices)
+            kept_values.restored(back, kept, inputs)
+            got = {n.name: n.meta["val"] for n in back.graph.nodes if n.name in want}
+            # running the ops gives the inputs storages of their own; the layouts are the same
+            same = _layouts(got) == want if kept is not None else _layouts(got, False) == want_layouts
+            compared.append((kept is not None, same, len(want)))
+        return data, devices
+
+    monkeypatch.setattr(aot_cache, "_pickled", recording)
+    work = zoo_model(name)
+    torch._dynamo.reset()
+    work.loss(torch.compile(work.model, backend=fuseml.FuseMLCompiler()), work.inputs).backward()
+    assert len(compared) == 4, compared  # forward and backward, each both ways
+    assert all(same for _, same, _ in compared), compared
 
 
 def test_other_settings_compile_from_scratch(served, monkeypatch):
@@ -163,10 +217,10 @@ def test_inductor_never_takes_fusemls_entry(served):
 def test_an_entry_that_cannot_be_compiled_again_is_compiled_from_scratch(served, monkeypatch):
     _step(True)
 
-    def broken(gm, inputs):
-        raise RuntimeError("a kept graph that no longer propagates")
+    def broken(gm, kept, inputs):
+        raise RuntimeError("a kept graph whose values cannot be made again")
 
-    monkeypatch.setattr(aot_cache, "_propagate", broken)
+    monkeypatch.setattr(kept_values, "restored", broken)
     second, got, want = _step(True)
     assert_close(got, want)
     assert _aot().get("autograd_cache_bypass") == 1 and not _aot().get("autograd_cache_hit"), _aot()

@@ -7,8 +7,8 @@ torch's version and configs), what aot_autograd made of it: the runtime metadata
 and the compiled forward, backward or inference graph as "output code". Inductor's output code
 is its generated module; any other compiler's is kept too when it is an OutputCode that pickles
 (the cache's "bundled" entries, torch 2.11 and later). fuseml's output code (KeptGraph) is the
-ATen graph aot_autograd handed it, pickled before fuseml's passes edit it, its inputs' layouts
-and, for a training forward, the strides it reported for the values saved for the backward. A
+ATen graph aot_autograd handed it, pickled before fuseml's passes edit it, its node values as
+layouts (kept_values.py), its inputs' layouts and, for a training forward, the strides it reported for the values saved for the backward. A
 hit compiles that graph again with fuseml's compiler, the same call as on a miss: the daemon's
 store answers its fragments without compiling and routes.py recalls their measured routing.
 The kernels themselves are never in this cache.
@@ -29,7 +29,7 @@ import pickle
 
 import torch
 
-from . import settings
+from . import kept_values, settings
 from ._log import info_once, log
 
 try:  # torch 2.11 and later: a compiler whose output pickles can use AOTAutogradCache
@@ -163,8 +163,7 @@ def _has_symbols(gm):
 
 def _pickled(gm):
     """(gm as bytes, {constant: device}): its nodes and the tensors its get_attr nodes read,
-    before any pass edits it; the node values are not kept (a hit propagates fake tensors
-    again). Not torch.fx's own pickling: that re-traces the generated code on loading, which
+    before any pass edits it; the node values are kept apart (kept_values.py). Not torch.fx's own pickling: that re-traces the generated code on loading, which
     runs the ops on constants (a `lift_fresh_copy` of a Hugging Face cache's empty tensor) as
     Python and keeps their results as new CPU constants. The constants are written as CPU
     copies and moved back to their devices on a hit: an empty CUDA tensor has no data pointer
@@ -250,6 +249,7 @@ def _keeper(which, compile_fn):
                 raise Unkept("symbolic sizes")
             kept.inputs = [_describe(x) for x in example_inputs]
             kept.graph, kept.constants = _pickled(gm)
+            kept.values = kept_values.described(gm)
             kept.verdict = _verdict_now(which, gm)
         except Exception as e:  # anything unpicklable: this graph is compiled, not kept
             kept.unkept = f"{type(e).__name__}: {e}"
@@ -314,6 +314,7 @@ class KeptGraph(OutputCode):
         self.graph = None  # bytes: the ATen graph as aot_autograd handed it
         self.constants = None  # {attribute: device} of the tensors its get_attr nodes read
         self.inputs = None  # its inputs, as _describe wrote them
+        self.values = None  # its node values, as kept_values.described wrote them (or None)
         self.verdict = None  # inference: direct_call.metadata_verdict at the miss
         self.returns = None  # training forward: num_forward_returns
         self.strides = None  # training forward: the output strides reported at the miss
@@ -335,7 +336,7 @@ class KeptGraph(OutputCode):
         pass  # no Triton kernels here
 
     def post_compile(self, example_inputs, constants, graph_kwargs):
-        """A hit: the kept graph, its node values propagated from its inputs' layouts, compiled
+        """A hit: the kept graph, its node values made again (kept_values.py), compiled
         by the dynamo graph's fuseml compiler of this `which`."""
         compilers = _compilers.get()
         if compilers is None or self.which not in compilers:
@@ -343,7 +344,7 @@ class KeptGraph(OutputCode):
         token = _restoring.set(self)
         try:
             gm = _unpickled(self.graph, self.constants)
-            fakes = _propagate(gm, self.inputs)
+            fakes = kept_values.restored(gm, self.values, self.inputs)
             if self.which == "forward" and self.strides is not None:
                 with _forward_context(self.returns) as reported:
                     self.fn = compilers[self.which](gm, fakes)
@@ -359,49 +360,6 @@ class KeptGraph(OutputCode):
             raise
         finally:
             _restoring.reset(token)
-
-
-def _propagate(gm, inputs):
-    """Fake tensors for the kept inputs and every node's value ("val", what fuseml's passes read),
-    propagated through gm."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # dynamo's fake mode where there is one, as aot_autograd's graphs have (fuseml's passes
-    # find it through the tracing context and would not mix two)
-    tc = torch._guards.TracingContext.try_get()
-    mode = tc.fake_mode if tc is not None and tc.fake_mode is not None else FakeTensorMode()
-    fakes = []
-    with mode:
-        for d in inputs:
-            if d[0] == "value":
-                fakes.append(d[1])
-                continue
-            _, shape, stride, offset, dtype, device = d
-            extent = offset + 1 + sum((s - 1) * st for s, st in zip(shape, stride)) if all(shape) else offset
-            base = torch.empty(max(extent, 1), dtype=dtype, device=device)
-            fakes.append(base.as_strided(shape, stride, offset))
-        with torch.no_grad():
-            _Values(gm, mode).run(*fakes)
-    return fakes
-
-
-class _Values(torch.fx.Interpreter):
-    """Runs a graph on fake tensors, writing each node's value into its meta; a constant the
-    graph holds (a real tensor) enters as a fake of it."""
-
-    def __init__(self, gm, mode):
-        super().__init__(gm)
-        self.mode = mode
-
-    def run_node(self, n):
-        from torch._subclasses.fake_tensor import FakeTensor
-
-        value = super().run_node(n)
-        if n.op == "get_attr" and isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
-            value = self.mode.from_tensor(value, static_shapes=True)
-        if n.op != "output":
-            n.meta["val"] = value
-        return value
 
 
 @contextlib.contextmanager
