@@ -30,7 +30,7 @@ def _xs(shape=(4, 8)):
 
 
 def test_a_decision_is_recalled_by_another_process(cache):
-    sig = routes.signature(b"cubin", STEPS, _xs(), GPU)
+    sig = routes.signature(b"cubin", STEPS, routes.layouts(_xs()), GPU)
     assert routes.recall(sig) is None
     routes.remember(sig, "aten", 0.25, 0.125)
     assert routes.recall(sig) == ("aten", 0.25, 0.125)
@@ -41,22 +41,24 @@ def test_a_decision_is_recalled_by_another_process(cache):
 
 def test_the_key_holds_the_kernel_the_ops_the_inputs_and_the_gpu():
     xs = _xs()
-    base = routes.signature(b"cubin", STEPS, xs, GPU)
-    assert base == routes.signature(b"cubin", STEPS, [x.clone() for x in xs], GPU)  # values do not count
+    base = routes.signature(b"cubin", STEPS, routes.layouts(xs), GPU)
+    assert base == routes.signature(
+        b"cubin", STEPS, routes.layouts([x.clone() for x in xs]), GPU
+    )  # values do not count
     others = [
-        routes.signature(b"cubin2", STEPS, xs, GPU),  # a tuned kernel replacing a verified one
-        routes.signature(b"cubin", STEPS[:1], xs, GPU),
-        routes.signature(b"cubin", STEPS, _xs((8, 4)), GPU),
-        routes.signature(b"cubin", STEPS, [xs[0], xs[1].t().contiguous().t()], GPU),  # strides
-        routes.signature(b"cubin", STEPS, [xs[0], xs[1].to(torch.bfloat16)], GPU),
-        routes.signature(b"cubin", STEPS, xs, GPU[:4] + ("2.12.0",)),  # torch's ATen kernels
-        routes.signature(b"cubin", STEPS, xs, ("NVIDIA H100 80GB HBM3",) + GPU[1:]),
+        routes.signature(b"cubin2", STEPS, routes.layouts(xs), GPU),  # a tuned kernel replacing a verified one
+        routes.signature(b"cubin", STEPS[:1], routes.layouts(xs), GPU),
+        routes.signature(b"cubin", STEPS, routes.layouts(_xs((8, 4))), GPU),
+        routes.signature(b"cubin", STEPS, routes.layouts([xs[0], xs[1].t().contiguous().t()]), GPU),  # strides
+        routes.signature(b"cubin", STEPS, routes.layouts([xs[0], xs[1].to(torch.bfloat16)]), GPU),
+        routes.signature(b"cubin", STEPS, routes.layouts(xs), GPU[:4] + ("2.12.0",)),  # torch's ATen kernels
+        routes.signature(b"cubin", STEPS, routes.layouts(xs), ("NVIDIA H100 80GB HBM3",) + GPU[1:]),
     ]
     assert base not in others and len(set(others)) == len(others)
 
 
 def test_an_entry_that_is_not_a_route_is_ignored(cache):
-    sig = routes.signature(b"k", STEPS, _xs(), GPU)
+    sig = routes.signature(b"k", STEPS, routes.layouts(_xs()), GPU)
     routes.remember(sig, "kernel", 0.1, 0.2)
     routes.remember(sig, "something else", 0.1, 0.2)  # refused: the kernel decision stays
     assert routes.recall(sig)[0] == "kernel"
@@ -73,7 +75,7 @@ def test_a_damaged_file_turns_remembering_off(cache):
     os.makedirs(os.path.dirname(cache))
     with open(cache, "wb") as f:
         f.write(os.urandom(4096))
-    sig = routes.signature(b"k", STEPS, _xs(), GPU)
+    sig = routes.signature(b"k", STEPS, routes.layouts(_xs()), GPU)
     routes.remember(sig, "kernel", 0.1, 0.2)  # no exception
     assert routes.recall(sig) is None
 
@@ -83,7 +85,7 @@ def test_an_unwritable_place_turns_remembering_off(tmp_path, monkeypatch):
     blocker.write_text("not a directory")
     monkeypatch.setenv("FUSEML_ROUTE_CACHE", str(blocker / "routes.db"))
     routes.forget_connections()
-    sig = routes.signature(b"k", STEPS, _xs(), GPU)
+    sig = routes.signature(b"k", STEPS, routes.layouts(_xs()), GPU)
     routes.remember(sig, "kernel", 0.1, 0.2)
     assert routes.recall(sig) is None
     routes.forget_connections()
@@ -93,7 +95,7 @@ def test_off_keeps_no_file(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSEML_ROUTE_CACHE", "off")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     routes.forget_connections()
-    sig = routes.signature(b"k", STEPS, _xs(), GPU)
+    sig = routes.signature(b"k", STEPS, routes.layouts(_xs()), GPU)
     routes.remember(sig, "kernel", 0.1, 0.2)
     assert routes.recall(sig) is None
     assert not any(tmp_path.iterdir())
@@ -103,7 +105,7 @@ def test_the_default_place_is_the_users_cache(tmp_path, monkeypatch):
     monkeypatch.delenv("FUSEML_ROUTE_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     routes.forget_connections()
-    sig = routes.signature(b"k", STEPS, _xs(), GPU)
+    sig = routes.signature(b"k", STEPS, routes.layouts(_xs()), GPU)
     routes.remember(sig, "kernel", 0.1, 0.2)
     assert (tmp_path / "fuseml" / "routes.db").exists()
     assert routes.recall(sig) == ("kernel", 0.1, 0.2)

@@ -206,7 +206,7 @@ def test_route_signature_does_not_hold_an_address():
     from fuseml import routes
 
     steps = [(scatter_add.index_add_to_zeros_fp32, (("in", 1), ("in", 0), [16, 8]), {})]
-    xs = [torch.randn(32, 8), torch.zeros(32, dtype=torch.long)]
+    xs = routes.layouts([torch.randn(32, 8), torch.zeros(32, dtype=torch.long)])
     sig = routes.signature(b"cubin", steps, xs, ("GPU",))
     f = scatter_add.index_add_to_zeros_fp32
     elsewhere = types.FunctionType(f.__code__, f.__globals__, f.__name__)  # another address

@@ -208,3 +208,30 @@ def test_inductor_rest_picks_up_tuned_kernels(tuning_daemon, monkeypatch):
         time.sleep(0.02)
     assert all(r.kernel[1] == "tuned" for r in rs) and wrapped[0].kernels_version >= 1
     assert len(c.plans) == 1
+
+
+def test_a_group_running_its_kernel_keeps_the_tuned_one_in_the_next_process(tmp_path, monkeypatch):
+    """The decision measured routing made for a verified kernel that won is remembered for the
+    tuned kernel's bytes when it is swapped in: the next process recalls it instead of timing
+    the tuned kernel against ATen again. A group ATen won is measured again instead (above)."""
+    from fuseml import routes
+
+    monkeypatch.setenv("FUSEML_ROUTE_CACHE", str(tmp_path / "routes.db"))
+    routes.forget_connections()
+    steps = [(torch.ops.aten.relu.default, (("in", 0),), {})]
+    gpu = ("NVIDIA H200", 9, 0, 132, torch.__version__)
+    inputs = routes.layouts([torch.randn(4, 8)])
+
+    class Runner:  # what swap reads of a GroupRunner whose first call decided its route
+        def __init__(self, name, use_kernel, timing):
+            self.name, self.group, self.steps, self.decided_on = name, None, steps, (inputs, gpu)
+            self.use_kernel, self.timing = use_kernel, timing
+
+    won, lost = Runner("won", True, (0.01, 0.02)), Runner("lost", False, (0.03, 0.02))
+    try:
+        upgrade.swap({won: ("a" * 64, "tuned", b"tuned-a", {}), lost: ("b" * 64, "tuned", b"tuned-b", {})})
+        assert routes.recall(routes.signature(b"tuned-a", steps, inputs, gpu)) == ("kernel", 0.01, 0.02)
+        assert routes.recall(routes.signature(b"tuned-b", steps, inputs, gpu)) is None
+        assert won.kernel[2] == b"tuned-a" and won.use_kernel is True
+    finally:
+        routes.forget_connections()

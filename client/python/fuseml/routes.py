@@ -81,17 +81,23 @@ def gpu_identity(dev):
     return (props.name, props.major, props.minor, props.multi_processor_count, torch.__version__)
 
 
-def signature(cubin, steps, xs, gpu):
+def layouts(xs):
+    """What a decision depends on of a group's inputs: their shapes, dtypes and strides."""
+    return [(tuple(x.shape), x.dtype, x.stride()) for x in xs]
+
+
+def signature(cubin, steps, inputs, gpu):
     """The key of one group's decision (above), a hex digest: the kernel's bytes, the group's
-    ATen program (runtime.GroupRunner.steps), its inputs' layouts and gpu (gpu_identity)."""
+    ATen program (runtime.GroupRunner.steps), its inputs' layouts (`inputs`, as layouts()
+    writes them) and gpu (gpu_identity)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(bytes(cubin))
     # a Python function's repr holds its address, another each process: its name instead
     # (a scatter group's call, scatter_fragment.py); an op's repr is its name already
     named = [(_name(t) if isinstance(t, types.FunctionType) else t, a, k) for t, a, k in steps]
     h.update(repr(named).encode())
-    for x in xs:
-        h.update(repr((tuple(x.shape), x.dtype, x.stride())).encode())
+    for layout in inputs:
+        h.update(repr(layout).encode())
     h.update(repr(gpu).encode())
     return h.hexdigest()
 

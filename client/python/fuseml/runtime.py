@@ -183,6 +183,7 @@ class GroupRunner:
         self.aten_heavy = _aten_heavy(group, b)  # bytes when ATen is not timed, else None
         self.use_kernel = None  # measured routing: None until the first launch decides
         self.timing = None  # (kernel ms, ATen ms) of that decision
+        self.decided_on = None  # (inputs' layouts, GPU) it was made for: upgrade.swap's key
         gid = _next_gid[0]
         _next_gid[0] += 1
         self.gid = gid
@@ -261,7 +262,8 @@ class GroupRunner:
                 "fuseml: %s: kernel, ATen not timed (its ops would write %.2f GB)", self.name, self.aten_heavy / 1e9
             )
             return outs
-        sig = routes.signature(cubin, self.steps, xs, routes.gpu_identity(dev))
+        self.decided_on = (routes.layouts(xs), routes.gpu_identity(dev))
+        sig = routes.signature(cubin, self.steps, *self.decided_on)
         known = routes.recall(sig)
         if known is not None:
             route, k_ms, e_ms = known

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from . import runtime, settings, transport
+from . import routes, runtime, settings, transport
 from ._log import log
 from .partition import served
 
@@ -88,8 +88,21 @@ def swap(upgrades):
             served(group, kernel).state = kernel[1]
         if getattr(r, "use_kernel", None) is False and group is not None:
             r.use_kernel, r.timing = None, None  # ATen won against the verified kernel: measure again
+        elif getattr(r, "use_kernel", None) is True:
+            _inherit_route(r, kernel)
         log.info("fuseml: %s: tuned kernel %s picked up", r.name, key[:12])
     return len(upgrades)
+
+
+def _inherit_route(r, kernel):
+    """A group that runs its verified kernel keeps running the tuned one, so the next process
+    need not time the tuned kernel's bytes against ATen again: the decision is remembered for
+    them with the verified kernel's times (the tuner chose the tuned configuration by timing it
+    against its other candidates, the served default among them)."""
+    if getattr(r, "decided_on", None) is None or r.timing is None:
+        return
+    k_ms, e_ms = r.timing
+    routes.remember(routes.signature(kernel[2], r.steps, *r.decided_on), "kernel", k_ms, e_ms)
 
 
 class Upgrader:
