@@ -24,6 +24,7 @@ FUSEML_AOT_CACHE=0 turns it off."""
 import contextlib
 import contextvars
 import hashlib
+import operator
 import os
 import pickle
 
@@ -163,11 +164,11 @@ def _has_symbols(gm):
 
 def _pickled(gm):
     """(gm as bytes, {constant: device}): its nodes and the tensors its get_attr nodes read,
-    before any pass edits it; the node values are kept apart (kept_values.py). Not torch.fx's own pickling: that re-traces the generated code on loading, which
-    runs the ops on constants (a `lift_fresh_copy` of a Hugging Face cache's empty tensor) as
-    Python and keeps their results as new CPU constants. The constants are written as CPU
-    copies and moved back to their devices on a hit: an empty CUDA tensor has no data pointer
-    for torch's pickling."""
+    before any pass edits it; the node values are kept apart (kept_values.py). Not torch.fx's
+    own pickling: that re-traces the generated code on loading, which runs the ops on constants
+    (a `lift_fresh_copy` of a Hugging Face cache's empty tensor) as Python and keeps their
+    results as new CPU constants. The constants are written as CPU copies and moved back to
+    their devices on a hit: an empty CUDA tensor has no data pointer for torch's pickling."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     nodes, constants, devices = [], {}, {}
@@ -176,7 +177,7 @@ def _pickled(gm):
         nodes.append((node.op, node.name, _target_form(node.target), args, kwargs))
         if node.op != "get_attr":
             continue
-        t = _get(gm, node.target)
+        t = operator.attrgetter(node.target)(gm)
         if not isinstance(t, torch.Tensor):
             raise Unkept(f"a constant of type {type(t).__name__} ({node.target})")
         if isinstance(t, FakeTensor):
@@ -231,11 +232,6 @@ def _target_named(form):
     if kind == "higher_order":
         return getattr(torch.ops.higher_order, names[0])
     return names[0]
-
-
-def _get(gm, target):
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)
 
 
 def _keeper(which, compile_fn):

@@ -10,6 +10,8 @@ whole compile of it). A graph whose values are not all plain layouts (symbolic s
 subclasses, values of two dtypes in one storage) is described as None and propagated through
 its ops instead, as is one whose description fails to restore."""
 
+import operator
+
 import torch
 
 from ._log import log
@@ -108,17 +110,12 @@ def _from_layouts(gm, kept, mode):
         if n.name in vals:
             n.meta["val"] = vals[n.name]
         elif n.op == "get_attr":
-            value = _fetched(gm, n.target)
+            value = operator.attrgetter(n.target)(gm)
             if isinstance(value, torch.Tensor):
                 n.meta["val"] = mode.from_tensor(value, static_shapes=True)
         if n.op == "placeholder":
             fakes.append(vals[n.name])
     return fakes
-
-
-def _fetched(gm, target):
-    owner, _, name = target.rpartition(".")
-    return getattr(gm.get_submodule(owner) if owner else gm, name)
 
 
 def _propagated(gm, inputs, mode):
