@@ -227,30 +227,39 @@ def test_an_entry_that_cannot_be_compiled_again_is_compiled_from_scratch(served,
     assert plan(second, "forward").kernels() and plan(second, "backward").kernels()
 
 
-def test_a_forward_whose_saved_strides_differ_is_compiled_from_scratch(served, monkeypatch):
-    """The backward was compiled for the strides the forward reported at the miss; a forward
-    that would report others on the hit is not used."""
-    _step(True)
-    real = aot_cache._forward_context
+def test_a_hit_starts_from_the_graph_the_passes_left(served, monkeypatch):
+    """The kept graphs are those fuseml's passes edited: a hit partitions them without running
+    the passes again (a T5 backward's ~1 s), and its groups are the miss's."""
+    first, _, _ = _step(True)
+    edits = []
+    real = fuseml.FuseMLCompiler._edit
+    monkeypatch.setattr(
+        fuseml.FuseMLCompiler, "_edit", lambda self, gm, which: edits.append(which) or real(self, gm, which)
+    )
+    second, got, want = _step(True)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_hit") == 1, _aot()
+    assert edits == [], edits
+    for which in ("forward", "backward"):
+        a, b = plan(first, which), plan(second, which)
+        assert [g.describe() for g in a.groups] == [g.describe() for g in b.groups]
+        assert a.padded == b.padded
 
-    def other_strides(returns):
-        ctx = real(returns)
-        reported = ctx.__enter__()
-        reported.append((1, 1))
 
-        class Ctx:
-            def __enter__(self):
-                return reported
+def test_a_graph_a_pass_left_unpicklable_is_compiled_not_kept(served, monkeypatch):
+    real = fuseml.FuseMLCompiler._edit
 
-            def __exit__(self, *exc):
-                return ctx.__exit__(*exc)
+    def edit(self, gm, which):
+        padded = real(self, gm, which)
+        # a call of a function pickle cannot name (a lambda), placed before the output
+        with gm.graph.inserting_before(next(iter(reversed(gm.graph.nodes)))):
+            gm.graph.call_function(lambda: None, ())
+        return padded
 
-        return Ctx()
-
-    monkeypatch.setattr(aot_cache, "_forward_context", other_strides)
+    monkeypatch.setattr(fuseml.FuseMLCompiler, "_edit", edit)
     _, got, want = _step(True)
     assert_close(got, want)
-    assert _aot().get("autograd_cache_bypass") == 1, _aot()
+    assert not _aot().get("autograd_cache_saved") and _aot().get("autograd_cache_bypass") == 1, _aot()
 
 
 def test_turned_off_keeps_nothing(served, monkeypatch):

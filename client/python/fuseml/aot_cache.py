@@ -1,23 +1,24 @@
 """aot_autograd's output kept across processes: a second process on the same model skips
-aot_autograd's trace and partition, which cost 2-6 s of a warm first step (bench/NOTES.md,
-"The warm compile").
+aot_autograd's trace and partition, and fuseml's passes over its graphs, which cost 2-6 s of a
+warm first step (bench/NOTES.md, "The warm compile").
 
 torch's AOTAutogradCache keeps, for a dynamo graph (keyed by its code, its inputs' metadata,
 torch's version and configs), what aot_autograd made of it: the runtime metadata, its wrappers,
 and the compiled forward, backward or inference graph as "output code". Inductor's output code
 is its generated module; any other compiler's is kept too when it is an OutputCode that pickles
 (the cache's "bundled" entries, torch 2.11 and later). fuseml's output code (KeptGraph) is the
-ATen graph aot_autograd handed it, pickled before fuseml's passes edit it, its node values as
-layouts (kept_values.py), its inputs' layouts and, for a training forward, the strides it reported for the values saved for the backward. A
-hit compiles that graph again with fuseml's compiler, the same call as on a miss: the daemon's
-store answers its fragments without compiling and routes.py recalls their measured routing.
-The kernels themselves are never in this cache.
+ATen graph as fuseml's passes left it, before it is partitioned (`edited`, called by the
+backend), its node values as layouts (kept_values.py) and the GEMMs the passes padded. A hit
+partitions that graph and asks the daemon for its fragments, as a miss does after its passes:
+the daemon's store answers without compiling and routes.py recalls their measured routing.
+The kernels themselves are never in this cache. A training forward's saved values keep the
+strides the miss reported for them: the graph that makes them is the one the backward was
+compiled for.
 
 Keys are torch's plus a tag naming fuseml's source and settings (the compiler's options, every
 FUSEML_* variable), so that Inductor's entries, and fuseml's made with other settings or by
-other code, are never taken for one another. A hit that cannot be compiled the same way (a
-forward whose saved values would take other strides than the backward was compiled for) raises,
-and torch then compiles the graph from scratch. Not kept: graphs recorded as CUDA graphs,
+other code, are never taken for one another. A hit that cannot be compiled again raises, and
+torch then compiles the graph from scratch. Not kept: graphs recorded as CUDA graphs,
 rest="inductor" (Inductor's graphs have their own cache), graphs with symbolic sizes.
 FUSEML_AOT_CACHE=0 turns it off."""
 
@@ -40,12 +41,19 @@ except ImportError:  # older torch: nothing is kept
     SerializableAOTDispatchCompiler = None
     OutputCode = object
 
-# The graph being restored on a hit and the compilers of the dynamo graph being compiled
-# (what a hit's post_compile calls), set for the length of one aot_autograd call.
+# The graph being restored on a hit, the one a miss is making (for edited()), and the compilers
+# of the dynamo graph being compiled (what a hit's post_compile calls), each set for the length
+# of one compile.
 _restoring = contextvars.ContextVar("fuseml_aot_restoring", default=None)
+_making = contextvars.ContextVar("fuseml_aot_making", default=None)
 _compilers = contextvars.ContextVar("fuseml_aot_compilers", default=None)
 
 _SOURCE_DIGEST = []  # computed once a process
+
+try:  # a module whose code is written when first needed (torch 2.3 and later)
+    from torch.fx._lazy_graph_module import _LazyGraphModule as _LAZY_MODULE
+except ImportError:
+    _LAZY_MODULE = torch.fx.GraphModule
 
 
 class Unkept(Exception):
@@ -121,6 +129,27 @@ def restored_verdict():
     return kept.verdict if kept is not None else None
 
 
+def edited(gm, padded):
+    """What the backend calls once its passes have edited gm, before partitioning it: on a miss
+    whose output is kept, gm is written down now, as the graph a hit starts from (with
+    `padded`, the GEMMs the passes padded)."""
+    kept = _making.get()
+    if kept is None or kept.unkept is not None:
+        return
+    try:
+        kept.keep(gm)
+        kept.padded = list(padded)
+    except Exception as e:  # anything unpicklable a pass put in: compiled, not kept
+        kept.refuse(e)
+
+
+def edited_before():
+    """On a hit whose graph was kept after fuseml's passes: the GEMMs they padded (the passes
+    are not run again); else None."""
+    kept = _restoring.get()
+    return list(kept.padded) if kept is not None and kept.padded is not None else None
+
+
 def _tag(options):
     """torch's cache_key_tag for fuseml's entries: the user's own tag, fuseml's source digest,
     the compiler's options and every FUSEML_* variable."""
@@ -189,13 +218,15 @@ def _pickled(gm):
 
 
 def _unpickled(data, devices):
-    """The graph module _pickled wrote, its constants on their devices again."""
+    """The graph module _pickled wrote, its constants on their devices again. Its Python code is
+    written at its first call, where torch can defer it: the backend runs the graphs it makes
+    from this one, and writing a T5 backward's code costs ~0.1 s."""
     nodes, constants = pickle.loads(data)
     graph, made = torch.fx.Graph(), {}
     for op, name, target, args, kwargs in nodes:
         args, kwargs = _refs_resolved((args, kwargs), made)
         made[name] = graph.create_node(op, _target_named(target), args, kwargs, name)
-    return torch.fx.GraphModule({name: t.to(devices[name]) for name, t in constants.items()}, graph)
+    return _LAZY_MODULE({name: t.to(devices[name]) for name, t in constants.items()}, graph)
 
 
 class _Ref:
@@ -236,7 +267,9 @@ def _target_named(form):
 
 def _keeper(which, compile_fn):
     """fuseml's compile function for `which`, its result wrapped in a KeptGraph that holds what a
-    hit needs; a graph that cannot be kept compiles the same and is marked unkept."""
+    hit needs: the graph as the backend's passes left it (edited()), or, where none ran (a
+    graph without CUDA tensors), as aot_autograd handed it; a graph that cannot be kept
+    compiles the same and is marked unkept."""
 
     def compile(gm, example_inputs):
         kept = KeptGraph(which)
@@ -244,15 +277,19 @@ def _keeper(which, compile_fn):
             if _has_symbols(gm):
                 raise Unkept("symbolic sizes")
             kept.inputs = [_describe(x) for x in example_inputs]
-            kept.graph, kept.constants = _pickled(gm)
-            kept.values = kept_values.described(gm)
             kept.verdict = _verdict_now(which, gm)
-        except Exception as e:  # anything unpicklable: this graph is compiled, not kept
-            kept.unkept = f"{type(e).__name__}: {e}"
-            info_once("aot-unkept", "aot_autograd's %s graph not kept for the next process: %s", which, kept.unkept)
-        kept.fn = _compile_as_aot_would(which, compile_fn, gm, example_inputs)
-        if which == "forward":
-            kept.returns, kept.strides = _forward_report()
+        except Exception as e:
+            kept.refuse(e)
+        token = _making.set(kept)
+        try:
+            kept.fn = _compile_as_aot_would(which, compile_fn, gm, example_inputs)
+        finally:
+            _making.reset(token)
+        if kept.unkept is None and kept.graph is None:  # no pass ran: the graph as handed over
+            try:
+                kept.keep(gm)
+            except Exception as e:
+                kept.refuse(e)
         return kept
 
     return compile
@@ -280,22 +317,6 @@ def _verdict_now(which, gm):
     return direct_call.metadata_verdict(tc.fw_metadata if tc is not None else None)
 
 
-def _forward_report():
-    """A training forward's number of user outputs and the output strides fuseml reported
-    (backend._layout_policy), as aot_autograd's tracing context holds them after the compile."""
-    tc = torch._guards.TracingContext.try_get()
-    if tc is None or tc.output_strides is None:
-        return None, None
-    return getattr(tc.fw_metadata, "num_forward_returns", None), list(tc.output_strides)
-
-
-class _Returns:
-    """The one field of aot_autograd's metadata a training forward's compile reads."""
-
-    def __init__(self, num_forward_returns):
-        self.num_forward_returns = num_forward_returns
-
-
 class KeptGraph(OutputCode):
     """What fuseml's compiler returned for one aot_autograd graph, as torch's cache keeps it:
     called like the compiled graph (boxed: one argument list); pickled without the compiled
@@ -307,14 +328,22 @@ class KeptGraph(OutputCode):
         self._boxed_call = True
         self.which = which
         self.fn = None
-        self.graph = None  # bytes: the ATen graph as aot_autograd handed it
+        self.graph = None  # bytes: the ATen graph, as fuseml's passes left it where they ran
         self.constants = None  # {attribute: device} of the tensors its get_attr nodes read
+        self.padded = None  # the GEMMs the passes padded; None: no pass ran on the graph
         self.inputs = None  # its inputs, as _describe wrote them
         self.values = None  # its node values, as kept_values.described wrote them (or None)
         self.verdict = None  # inference: direct_call.metadata_verdict at the miss
-        self.returns = None  # training forward: num_forward_returns
-        self.strides = None  # training forward: the output strides reported at the miss
         self.unkept = None  # why this graph cannot be kept, or None
+
+    def keep(self, gm):
+        """gm written down, as it is now."""
+        self.graph, self.constants = _pickled(gm)
+        self.values = kept_values.described(gm)
+
+    def refuse(self, e):
+        self.unkept = f"{type(e).__name__}: {e}"
+        info_once("aot-unkept", "aot_autograd's %s graph not kept for the next process: %s", self.which, self.unkept)
 
     def __call__(self, args):
         fn = self.fn
@@ -332,8 +361,9 @@ class KeptGraph(OutputCode):
         pass  # no Triton kernels here
 
     def post_compile(self, example_inputs, constants, graph_kwargs):
-        """A hit: the kept graph, its node values made again (kept_values.py), compiled
-        by the dynamo graph's fuseml compiler of this `which`."""
+        """A hit: the kept graph, its node values made again (kept_values.py), compiled by the
+        dynamo graph's fuseml compiler of this `which` (which skips the passes the graph has
+        been through: edited_before())."""
         compilers = _compilers.get()
         if compilers is None or self.which not in compilers:
             raise RuntimeError("fuseml: a kept graph loaded outside fuseml's compile")
@@ -341,13 +371,7 @@ class KeptGraph(OutputCode):
         try:
             gm = _unpickled(self.graph, self.constants)
             fakes = kept_values.restored(gm, self.values, self.inputs)
-            if self.which == "forward" and self.strides is not None:
-                with _forward_context(self.returns) as reported:
-                    self.fn = compilers[self.which](gm, fakes)
-                if list(reported) != self.strides:
-                    raise RuntimeError("fuseml: the kept forward's saved values took other strides; compiling afresh")
-            else:
-                self.fn = _compile_as_aot_would(self.which, compilers[self.which], gm, fakes)
+            self.fn = _compile_as_aot_would(self.which, compilers[self.which], gm, fakes)
         except Exception as e:
             # torch compiles the dynamo graph afresh: what this hit recorded is forgotten
             compilers.get("forget", lambda: None)()
@@ -356,18 +380,3 @@ class KeptGraph(OutputCode):
             raise
         finally:
             _restoring.reset(token)
-
-
-@contextlib.contextmanager
-def _forward_context(returns):
-    """A training forward compiled on a hit as aot_autograd compiles it: its tracing context
-    holding the forward's metadata and collecting the output strides the compile reports."""
-    tc = torch._guards.TracingContext.try_get()
-    if tc is None:
-        raise RuntimeError("fuseml: no tracing context for a kept forward")
-    saved = tc.fw_metadata, tc.output_strides
-    tc.fw_metadata, tc.output_strides = _Returns(returns), []
-    try:
-        yield tc.output_strides
-    finally:
-        tc.fw_metadata, tc.output_strides = saved

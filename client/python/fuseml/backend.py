@@ -411,21 +411,54 @@ class FuseMLCompiler:
         # Inductor alone compiles the graph as traced, before fuseml's passes edit it: the form
         # that rest="inductor" measures its groups against (graph_choice.py)
         alone = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph)) if self.rest == "inductor" else None
-        # before partitioning: the padded GEMMs' slices and the copies of their values are
-        # what the groups around them read
-        if which == "backward":  # saved values the forward left at a padded layout
-            try:
-                fake_meta.adopt_input_layouts(gm, example_inputs)
-            except Exception as e:
-                if self.rest != "inductor":
-                    raise
-                # Inductor's forward chose the saved values' layouts (channels-last), and a view
-                # in its own decompositions (max_pool2d's indices) cannot take them: Inductor,
-                # which knows its layouts, compiles this backward whole
-                plan = Plan(which, [])
-                plan.skipped = f"Inductor's saved layouts: {type(e).__name__}; the graph went to Inductor whole"
-                self._record(plan)
-                return self._inductor(inductor, alone, example_inputs, which)
+        # a graph torch's cache kept after fuseml's passes edited it (aot_cache.py) is not edited
+        # again: its padded GEMMs are what the miss recorded
+        padded = aot_cache.edited_before()
+        if padded is None:
+            # before partitioning: the padded GEMMs' slices and the copies of their values are
+            # what the groups around them read
+            if which == "backward":  # saved values the forward left at a padded layout
+                try:
+                    fake_meta.adopt_input_layouts(gm, example_inputs)
+                except Exception as e:
+                    if self.rest != "inductor":
+                        raise
+                    # Inductor's forward chose the saved values' layouts (channels-last), and a view
+                    # in its own decompositions (max_pool2d's indices) cannot take them: Inductor,
+                    # which knows its layouts, compiles this backward whole
+                    plan = Plan(which, [])
+                    plan.skipped = f"Inductor's saved layouts: {type(e).__name__}; the graph went to Inductor whole"
+                    self._record(plan)
+                    return self._inductor(inductor, alone, example_inputs, which)
+            padded = self._edit(gm, which)
+            aot_cache.edited(gm, padded)  # what a later process's hit starts from
+        chains = settings.chains() if self.chains is None else bool(self.chains)
+        groups = find_groups(gm, self.min_ops, chains=chains)
+        fused = []
+        for g in list(groups):
+            fused += self._build(g, groups)
+        plan = Plan(which, groups)
+        plan.padded = padded
+        runners = {}
+        if fused:
+            plan.hello, fused = self._request(fused, runners, groups)
+        self._record(plan)
+        log.debug("fuseml: %s", plan.describe())
+        if self.rest == "inductor":
+            return self._inductor(inductor, alone, example_inputs, which, plan, gm, fused, runners)
+        plan.compiled = Compiled(
+            gm,
+            fused,
+            runners,
+            socket=self.socket,
+            apart=lambda dropped: self._epilogues_apart(dropped, runners, groups),
+            backward=which == "backward",
+        )
+        return plan.compiled
+
+    def _edit(self, gm, which):
+        """fuseml's passes over graph gm, in place, before it is partitioned; returns the GEMMs
+        padded to aligned sizes (pad_gemm.py)."""
         # the passes edit the graph; its code is regenerated once, after the last (graph_code.py)
         with graph_code.deferred():
             if self.rest != "inductor":  # Inductor traces the graph again, with fake tensors only
@@ -447,7 +480,6 @@ class FuseMLCompiler:
             # one did before it): under rest="inductor" the report is left to it
             if kept and report_to is not None and self.rest != "inductor":
                 _report_output_strides(gm, sorted(set(kept)), report_to)
-            chains = settings.chains() if self.chains is None else bool(self.chains)
             drop_aliases(gm)  # an alias between two pointwise ops, read as its operand (alias_drop.py)
             spell_outer_products(gm)  # a product over K = 1 (rotary angles) as a multiply (outer_product.py)
             spell_short_sums(gm)  # a sum over a short inner dim as adds of its slices (short_sums.py)
@@ -473,28 +505,7 @@ class FuseMLCompiler:
                 rewrite_embedding_grads(gm)  # an embedding's gradient as an fp32 scatter-add (embedding_grad.py)
                 rewrite_index_put_adds(gm)  # a gathered rows' gradient as a scatter-add (scatter_add.py)
                 fresh_buffers.rewrite(gm)  # an index_put into a buffer made for it, in place (fresh_buffers.py)
-        groups = find_groups(gm, self.min_ops, chains=chains)
-        fused = []
-        for g in list(groups):
-            fused += self._build(g, groups)
-        plan = Plan(which, groups)
-        plan.padded = padded
-        runners = {}
-        if fused:
-            plan.hello, fused = self._request(fused, runners, groups)
-        self._record(plan)
-        log.debug("fuseml: %s", plan.describe())
-        if self.rest == "inductor":
-            return self._inductor(inductor, alone, example_inputs, which, plan, gm, fused, runners)
-        plan.compiled = Compiled(
-            gm,
-            fused,
-            runners,
-            socket=self.socket,
-            apart=lambda dropped: self._epilogues_apart(dropped, runners, groups),
-            backward=which == "backward",
-        )
-        return plan.compiled
+        return padded
 
     def _record(self, plan):
         self.plans.append(plan)
