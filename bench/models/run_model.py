@@ -162,6 +162,8 @@ def _wait_tuned(deadline, limit_s=240.0):
 def measure_model(args, dev, selected, deadline, save):
     """Every phase of every selected mode; save(describe, rows, breakdown) after each phase,
     so a process stopped later still leaves the phases it finished."""
+    from torch._dynamo.utils import counters
+
     work = models.build(args.model, args.size, dev)
     same_graphs_for_every_mode()
     compiled = {}
@@ -182,6 +184,7 @@ def measure_model(args, dev, selected, deadline, save):
         plans = {}  # mode -> the fuseml plans its first calls compiled (backend="fuseml")
         tune_wait = {}  # mode -> seconds until the daemon's background tunes were picked up
         untuned = {}  # mode -> kernels still served verified when the wait ended (cut by the deadline)
+        cold_aot = {}  # mode -> what torch's AOTAutogradCache did in the first call (a save, a bypass)
         for mode in selected:
             if time.monotonic() > deadline:
                 fail[mode.name] = "not run: the process's time budget was spent"
@@ -196,7 +199,9 @@ def measure_model(args, dev, selected, deadline, save):
                 base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
+                before = dict(counters["aot_autograd"])
                 first[mode.name] = measure.timed_call(lambda: ph.step(fn, mode.graphs), dev)
+                cold_aot[mode.name] = _counted_since(before, counters["aot_autograd"])
                 cold_after[mode.name] = list(compiled_before.get(mode.family, []))
                 compiled_before.setdefault(mode.family, []).append(f"{mode.name}/{phase}")
                 if mode.family == "fuseml":
@@ -260,6 +265,9 @@ def measure_model(args, dev, selected, deadline, save):
                     # eager compiles nothing: its first call is not a compile time
                     "compile_cold_s": None if mode.family == "eager" else first[mode.name],
                     "cold_after": cold_after[mode.name] if mode.family != "eager" else [],
+                    # no "autograd_cache_saved" here and a miss in the warm child: the entry
+                    # could not be written (torch says why in a warning)
+                    "compile_cold_aot": cold_aot.get(mode.name),
                     "compile_warm_s": None,
                     "rel_err": _finite(err),
                     "rel_err_parts": {k: _finite(v) for k, v in parts.items()},
@@ -296,6 +304,11 @@ def measure_model(args, dev, selected, deadline, save):
     return work.describe, rows, breakdown
 
 
+def _counted_since(before, after):
+    """The counters that moved since `before` (a copy of torch's aot_autograd counters)."""
+    return {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+
+
 def warm_child(args, dev, selected):
     """The warm compile: this process finds the caches the first one filled; the first call
     of each mode and phase, timed. Prints {"mode/phase": seconds or an error string} and, for
@@ -321,8 +334,7 @@ def warm_child(args, dev, selected):
                 ph.clear()
                 before = dict(counters["aot_autograd"])
                 out[key] = measure.timed_call(lambda: ph.step(fn, mode.graphs), dev)
-                after = counters["aot_autograd"]
-                out[f"{key} aot"] = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+                out[f"{key} aot"] = _counted_since(before, counters["aot_autograd"])
             except Exception as e:
                 out[key] = f"{type(e).__name__}: {str(e)[:300]}"
     print("WARM " + json.dumps(out))

@@ -65,3 +65,25 @@ def test_a_module_written_boxed_is_its_own_runner():
     del x
     assert torch.equal(own(args), want) and args == [] and _seen[1:] == [True]
     assert not getattr(gm, "_boxed_call", False) and runner(gm) is not gm  # unboxed: wrapped
+
+
+def test_a_compiled_graphs_first_call_is_interpreted_and_frees_its_inputs():
+    """A compiled graph's first call (after which its straight-line code is written) runs the
+    FX graph through torch's interpreter: its inputs die at their last use as in the written
+    code, and the graph's own Python is never written for that call."""
+    from fuseml.backend import Compiled
+
+    gm = torch.fx.symbolic_trace(lambda x, w: (_graph(x, w),))  # outputs as aot_autograd's: a tuple
+    own = boxed_module(gm, copy.deepcopy(gm.graph), lazy=True)
+    compiled = Compiled(own, [], {})
+    x, w = torch.randn(16), torch.randn(16)
+    want = x.relu() * 2.0 + w
+    _seen[:] = [weakref.ref(x)]
+    args = [x, w]
+    del x
+    assert torch.equal(compiled(args)[0], want) and args == [] and _seen[1:] == [True]
+    if hasattr(own, "_needs_recompile"):  # a lazy module: nothing wrote its code
+        assert own._needs_recompile()
+    # where it runs as FX again (no code generated on the CPU), its code is written then
+    x = torch.randn(16)
+    assert torch.equal(compiled.slow([x, w])[0], x.relu() * 2.0 + w)

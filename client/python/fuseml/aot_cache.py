@@ -31,7 +31,7 @@ import pickle
 
 import torch
 
-from . import kept_values, settings
+from . import graph_code, kept_values, settings
 from ._log import info_once, log
 
 try:  # torch 2.11 and later: a compiler whose output pickles can use AOTAutogradCache
@@ -49,11 +49,6 @@ _making = contextvars.ContextVar("fuseml_aot_making", default=None)
 _compilers = contextvars.ContextVar("fuseml_aot_compilers", default=None)
 
 _SOURCE_DIGEST = []  # computed once a process
-
-try:  # a module whose code is written when first needed (torch 2.3 and later)
-    from torch.fx._lazy_graph_module import _LazyGraphModule as _LAZY_MODULE
-except ImportError:
-    _LAZY_MODULE = torch.fx.GraphModule
 
 
 class Unkept(Exception):
@@ -226,7 +221,7 @@ def _unpickled(data, devices):
     for op, name, target, args, kwargs in nodes:
         args, kwargs = _refs_resolved((args, kwargs), made)
         made[name] = graph.create_node(op, _target_named(target), args, kwargs, name)
-    return _LAZY_MODULE({name: t.to(devices[name]) for name, t in constants.items()}, graph)
+    return graph_code.lazy_module({name: t.to(devices[name]) for name, t in constants.items()}, graph)
 
 
 class _Ref:

@@ -8,6 +8,7 @@ H200: 2.66 GB against 1.97). The boxed form takes the list, empties it after rea
 FX's own code drops each value after its last use, as Inductor's generated code does.
 
     gm = boxed_module(root, graph)   # a module of a graph built for it (its code written once)
+    gm = boxed_module(root, graph, lazy=True)   # ... its code written at its first call
     run = runner(gm)                 # run(args) clears args
     run = boxed(gm)                  # for a module someone else also calls: a boxed copy
 """
@@ -17,17 +18,20 @@ import copy
 import torch
 from functorch.compile import make_boxed_func
 
+from . import graph_code
+
 # torch's code generator for the boxed form (used by compiled autograd); a torch without it
 # runs the graph unboxed, holding its inputs to the end as before
 _BOXED_CODEGEN = getattr(torch.fx.graph, "_BoxedCodeGen", None)
 
 
-def boxed_module(root, graph):
+def boxed_module(root, graph, lazy=False):
     """A GraphModule of graph (taken over, not copied) whose code takes the argument list and
-    clears it, where torch can write it so."""
+    clears it, where torch can write it so; lazy: its code written at its first call (where
+    torch can defer it), for a module that may only ever be interpreted or read."""
     if _BOXED_CODEGEN is not None:
         graph.set_codegen(_BOXED_CODEGEN())
-    return torch.fx.GraphModule(root, graph)
+    return graph_code.lazy_module(root, graph) if lazy else torch.fx.GraphModule(root, graph)
 
 
 def runner(gm):
