@@ -262,6 +262,16 @@ def test_a_graph_a_pass_left_unpicklable_is_compiled_not_kept(served, monkeypatc
     assert not _aot().get("autograd_cache_saved") and _aot().get("autograd_cache_bypass") == 1, _aot()
 
 
+def test_a_field_that_does_not_pickle_is_a_counted_bypass(served, monkeypatch):
+    """torch's pickling of a whole entry fails with a warning and no counter; fuseml's own
+    fields are tried first, and one that does not pickle is a bypass torch counts, named in
+    fuseml's info note."""
+    monkeypatch.setattr(aot_cache, "_verdict_now", lambda which, gm: lambda: None)
+    _, got, want = _step(False)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_bypass") == 1 and not _aot().get("autograd_cache_saved"), _aot()
+
+
 def test_turned_off_keeps_nothing(served, monkeypatch):
     monkeypatch.setenv("FUSEML_AOT_CACHE", "0")
     _step(True)

@@ -345,12 +345,21 @@ class KeptGraph(OutputCode):
         return fn(args) if getattr(fn, "_boxed_call", False) else fn(*args)
 
     def prepare_for_serialization(self):
-        """On the copy torch pickles: the compiled function stays in this process."""
-        if self.unkept is not None:
-            from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+        """On the copy torch pickles: the compiled function stays in this process. A field that
+        would not pickle is named here, as a bypass torch counts, rather than left to torch's
+        pickling of the whole entry, which fails with a warning and no counter."""
+        from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
 
+        if self.unkept is None:
+            self.fn = None
+            for field, value in vars(self).items():
+                try:
+                    pickle.dumps(value)
+                except Exception as e:
+                    self.refuse(Unkept(f"its {field} does not pickle: {type(e).__name__}: {e}"))
+                    break
+        if self.unkept is not None:
             raise BypassAOTAutogradCache(f"fuseml: {self.which} graph not kept ({self.unkept})")
-        self.fn = None
 
     def set_triton_bundle(self, triton_bundle):
         pass  # no Triton kernels here
