@@ -353,6 +353,8 @@ class KeptGraph(OutputCode):
         if self.unkept is None:
             self.fn = None
             for field, value in vars(self).items():
+                if isinstance(value, bytes):  # the graph, pickled already: not copied again
+                    continue
                 try:
                     pickle.dumps(value)
                 except Exception as e:
