@@ -4,6 +4,7 @@ and inference graphs instead of tracing them, compiles them again with fuseml's 
 same fragments asked, the same groups), and computes what eager does; other settings, an
 entry that cannot be compiled again, and FUSEML_AOT_CACHE=0 each compile from scratch."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -270,6 +271,42 @@ def test_a_field_that_does_not_pickle_is_a_counted_bypass(served, monkeypatch):
     _, got, want = _step(False)
     assert_close(got, want)
     assert _aot().get("autograd_cache_bypass") == 1 and not _aot().get("autograd_cache_saved"), _aot()
+
+
+def test_an_entry_torch_cannot_pickle_is_a_counted_bypass_noted_by_fuseml(served, monkeypatch, caplog):
+    """Where torch's own pickling of the entry fails (something outside fuseml's fields), torch
+    warns and counts nothing: fuseml counts the bypass and notes torch's reason in its place."""
+
+    def unpicklable(self):
+        raise TypeError("cannot pickle 'planted' object")
+
+    monkeypatch.setattr(aot_cache.KeptGraph, "__getstate__", unpicklable, raising=False)
+    with caplog.at_level("INFO"):
+        _, got, want = _step(True)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_bypass") and not _aot().get("autograd_cache_saved"), _aot()
+    notes = [r.getMessage() for r in caplog.records if "not kept for the next process" in r.getMessage()]
+    assert notes and "cannot pickle 'planted' object" in notes[0], notes
+    assert not [r for r in caplog.records if r.name.startswith("torch") and "unable to serialize" in r.getMessage()]
+
+
+def test_an_entry_is_pickled_outside_the_compiles_fake_mode(served, monkeypatch):
+    """The entry is pickled inside the forward's compile, under its fake mode; torch 2.11 pickles
+    it there as it is, and a real CUDA tensor in it (a constant aot_autograd lifted into the
+    backward) is then copied to the host by an op the fake mode refuses: fuseml has torch
+    pickle it with no fake mode active."""
+    modes = []
+
+    def state(self):
+        if any(f.function == "_pickle_entry" for f in inspect.stack()):  # not pre_save's copy
+            modes.append(torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE))
+        return dict(vars(self))
+
+    monkeypatch.setattr(aot_cache.KeptGraph, "__getstate__", state, raising=False)
+    _, got, want = _step(True)
+    assert_close(got, want)
+    assert _aot().get("autograd_cache_saved") == 1, _aot()
+    assert modes and all(m is None for m in modes), modes
 
 
 def test_turned_off_keeps_nothing(served, monkeypatch):

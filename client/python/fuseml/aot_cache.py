@@ -25,6 +25,7 @@ FUSEML_AOT_CACHE=0 turns it off."""
 import contextlib
 import contextvars
 import hashlib
+import logging
 import operator
 import os
 import pickle
@@ -106,15 +107,66 @@ def keeping(gm, compilers, options):
         # written when both are compiled, and a lazy backward would be compiled after this call
         "force_non_lazy_backward_lowering": True,
     }
+    unsaved = _UnsavedNote()
+    torch_log = logging.getLogger(_TORCH_CACHE_LOGGER)
+    torch_log.addFilter(unsaved)
     try:
         with (
+            _pickled_outside_fake_mode(),
             torch._functorch.config.patch(patches),
             torch.compiler.config.patch(cache_key_tag=tag),
             torch._inductor.config.patch(unsafe_marked_cacheable_functions=marked),
         ):
             yield wrapped
     finally:
+        torch_log.removeFilter(unsaved)
         _compilers.reset(token)
+
+
+_TORCH_CACHE_LOGGER = "torch._functorch._aot_autograd.autograd_cache"
+
+
+@contextlib.contextmanager
+def _pickled_outside_fake_mode():
+    """torch's pickling of an entry run with no fake mode active. With the backward compiled
+    beside the forward (force_non_lazy_backward_lowering), the entry is pickled inside the
+    forward's fake mode, and torch 2.11 pickles it as it is (later torch leaves the modes
+    first): a real CUDA tensor in it (a constant aot_autograd lifted into the backward graph it
+    keeps, as Gemma 2's embedding scale is) is copied to the host by an op the fake mode refuses,
+    and no entry is written."""
+    from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = AOTAutogradCache.__dict__.get("_pickle_entry")
+    if not isinstance(original, staticmethod):  # a torch that pickles otherwise: left as it is
+        yield
+        return
+
+    def pickle_entry(*args, **kwargs):
+        with unset_fake_temporarily():
+            return original.__func__(*args, **kwargs)
+
+    AOTAutogradCache._pickle_entry = staticmethod(pickle_entry)
+    try:
+        yield
+    finally:
+        AOTAutogradCache._pickle_entry = original
+
+
+class _UnsavedNote(logging.Filter):
+    """torch's warning that it could not pickle an entry, in place of which fuseml notes it
+    (and counts it as the bypass it is): torch only warns, and counts nothing, so a next
+    process's miss would otherwise look like a cold start with no reason given."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        if "unable to serialize" not in message:
+            return True
+        from torch._dynamo.utils import counters
+
+        counters["aot_autograd"]["autograd_cache_bypass"] += 1
+        info_once("aot-unpickled", "aot_autograd's entry not kept for the next process: %s", message)
+        return False
 
 
 def restored_verdict():
