@@ -264,9 +264,8 @@ def test_a_graph_a_pass_left_unpicklable_is_compiled_not_kept(served, monkeypatc
 
 
 def test_a_field_that_does_not_pickle_is_a_counted_bypass(served, monkeypatch):
-    """torch's pickling of a whole entry fails with a warning and no counter; fuseml's own
-    fields are tried first, and one that does not pickle is a bypass torch counts, named in
-    fuseml's info note."""
+    """A field of fuseml's that does not pickle fails torch's pickling of the entry, which
+    torch only warns about: fuseml counts it as a bypass and notes torch's reason."""
     monkeypatch.setattr(aot_cache, "_verdict_now", lambda which, gm: lambda: None)
     _, got, want = _step(False)
     assert_close(got, want)

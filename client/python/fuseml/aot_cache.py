@@ -398,22 +398,13 @@ class KeptGraph(OutputCode):
 
     def prepare_for_serialization(self):
         """On the copy torch pickles: the compiled function stays in this process. A field that
-        would not pickle is named here, as a bypass torch counts, rather than left to torch's
-        pickling of the whole entry, which fails with a warning and no counter."""
-        from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
-
-        if self.unkept is None:
-            self.fn = None
-            for field, value in vars(self).items():
-                if isinstance(value, bytes):  # the graph, pickled already: not copied again
-                    continue
-                try:
-                    pickle.dumps(value)
-                except Exception as e:
-                    self.refuse(Unkept(f"its {field} does not pickle: {type(e).__name__}: {e}"))
-                    break
+        does not pickle fails torch's pickling of the entry, which fuseml notes and counts as a
+        bypass (_UnsavedNote)."""
         if self.unkept is not None:
+            from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
+
             raise BypassAOTAutogradCache(f"fuseml: {self.which} graph not kept ({self.unkept})")
+        self.fn = None
 
     def set_triton_bundle(self, triton_bundle):
         pass  # no Triton kernels here
