@@ -88,10 +88,10 @@ static fm_cols_config to_cols(const fm_candidate *k) {
 }
 
 static fm_candidate from_scatter(fm_scatter_config c) {
-  return (fm_candidate){.tmpl = FM_TMPL_SCATTER, .p = {c.block, c.vec}};
+  return (fm_candidate){.tmpl = FM_TMPL_SCATTER, .p = {c.block, c.vec, c.table, c.lanes_m}};
 }
 static fm_scatter_config to_scatter(const fm_candidate *k) {
-  return (fm_scatter_config){.block = k->p[0], .vec = k->p[1]};
+  return (fm_scatter_config){.block = k->p[0], .vec = k->p[1], .table = k->p[2], .lanes_m = k->p[3]};
 }
 static fm_candidate from_b2b(fm_b2b_config c) { return (fm_candidate){.tmpl = FM_TMPL_B2B, .p = {c.bm, c.form}}; }
 
@@ -323,7 +323,8 @@ static size_t scatter_list(const fm_fragment *canon, fm_candidate *out, size_t m
 }
 static void scatter_describe(const fm_candidate *c, char *out, size_t cap) {
   fm_scatter_config sc = to_scatter(c);
-  snprintf(out, cap, "scatter block=%u vec=%u", sc.block, sc.vec);
+  snprintf(out, cap, "scatter block=%u vec=%u%s%s", sc.block, sc.vec, sc.lanes_m ? " lanes=m" : "",
+           sc.table ? " table" : "");
 }
 
 static const template_ops templates[] = {

@@ -14,7 +14,7 @@
 #include "fm_fragment.h"
 #include "fm_meta.h"
 
-#define FM_CODEGEN_VERSION 42 /* what each version changed: codegen/CHANGES.md */
+#define FM_CODEGEN_VERSION 43 /* what each version changed: codegen/CHANGES.md */
 
 /* ---- the generic API: what the daemon and the tuner use ---------------------------------
  * A fragment is served by one of several templates (pointwise now; row reductions and GEMMs
@@ -95,14 +95,19 @@ int fm_codegen_pointwise(const fm_fragment *canon, const fm_pw_config *cfg, uint
 
 /* ---- the scatter template (scatter fragments: index_add, fm_codegen_scatter.c) ---------- */
 
-/* One point of its tuning space (candidate p[0..1], in this order). */
+/* One point of its tuning space (candidate p[0..3], in this order). */
 typedef struct fm_scatter_config {
-  uint32_t block; /* threads per block: 32..1024, multiple of 32 */
-  uint32_t vec;   /* src elements a thread loads at once: a power of two its rows allow */
+  uint32_t block;   /* threads per block: 32..1024, multiple of 32 */
+  uint32_t vec;     /* src elements a thread loads at once: a power of two its rows (columns) allow */
+  uint32_t table;   /* 1: each block adds into its own [R, D] table in shared memory, then that into the output */
+  uint32_t lanes_m; /* 1: a thread's elements are consecutive rows of one column (lanes along M) */
 } fm_scatter_config;
 
-/* The default (256 threads, 4 elements a thread where src's rows allow) and the candidates timed
- * beside it (128, 256, 512 threads x the widest, half of it, one element). */
+/* The default (256 threads, 4 elements a thread where src's rows allow; a shared table where
+ * it fits and output rows take 16 src rows or more each, lanes along M where src's columns are
+ * contiguous) and the candidates timed beside it (128, 256, 512 threads x the widest, half of
+ * it, one element; 256 and 512 threads with lanes along M, through the output and a table,
+ * and along D through a table, where each applies). */
 fm_scatter_config fm_codegen_scatter_default(const fm_fragment *canon);
 size_t fm_codegen_scatter_candidates(const fm_fragment *canon, fm_scatter_config *out, size_t max);
 /* Generates the kernel and its launch metadata (kind "pointwise", rule "elementwise": inner

@@ -1,11 +1,14 @@
 /* test_scatter_gpu.c (device machine only): index_add (vocabulary 8, scatter fragments), every
  * candidate checked against the fp64 reference through the shared suite (gpu_suite.h): the
  * output zeroed before each launch, the index holding rows in range with both ends among them
- * (fm_reference_index_rows); then the MoE decoder's gathered rows' gradient timed.
+ * (fm_reference_index_rows); then the MoE decoder's gathered rows' gradient and T5's relative
+ * position bias gradient timed.
  *
  * Cases: bf16 / f16 / f32 src, odd row lengths (one element a thread), src rows padded or
  * column-major, many rows per output row (8192 into 37: atomics contending) and few (4096 into
- * 32000, an embedding's gradient), one row, D = 1.
+ * 32000, an embedding's gradient), one row, D = 1; tables that fit shared memory: T5's bias
+ * (262144 column-major rows of 12 into 32), BERT's token types (4096 rows of 768 into 2), an
+ * odd column-major one (1001 rows of 7 into 5).
  *
  * Usage: test_scatter_gpu [SEED [check|time|both]]   One line per kernel, "N passed, N failed". */
 #include <stdio.h>
@@ -24,8 +27,10 @@ typedef struct scatter_case {
 static const scatter_case cases[] = {
     {FM_DT_BF16, 8192, 1024, 4096, 0, 0}, {FM_DT_F16, 333, 65, 100, 0, 0},    {FM_DT_F32, 8192, 40, 37, 0, 0},
     {FM_DT_BF16, 4096, 256, 32000, 0, 0}, {FM_DT_F32, 1000, 96, 500, 128, 1}, {FM_DT_BF16, 77, 33, 9, 1, 77},
-    {FM_DT_F16, 1, 8, 1, 0, 0},           {FM_DT_F32, 513, 1, 3, 0, 0},
+    {FM_DT_F16, 1, 8, 1, 0, 0},           {FM_DT_F32, 513, 1, 3, 0, 0},        {FM_DT_BF16, 262144, 12, 32, 1, 262144},
+    {FM_DT_F32, 4096, 768, 2, 0, 0},      {FM_DT_F16, 1001, 7, 5, 1, 1001},
 };
+#define T5_BIAS 8 /* the case timed beside the MoE decoder's */
 
 static int build(const scatter_case *c, fm_fragment *canon, char *name, size_t cap) {
   static fm_fragment f;
@@ -61,10 +66,13 @@ int main(int argc, char **argv) {
     gs_add_case(name, &canon, cases[i].m, 1);
   }
   gs_run();
-  if (time && !build(&cases[0], &canon, name, sizeof name)) {
+  for (size_t k = 0; time && k < 2; k++) {
+    const scatter_case *c = &cases[k ? T5_BIAS : 0];
+    if (build(c, &canon, name, sizeof name)) continue;
     char best[96];
-    double ms = gs_time(&canon, cases[0].m, 1, best, sizeof best);
-    const double bytes = 8192.0 * 1024 * 2 + 8192.0 * 8 + 4096.0 * 1024 * 4; /* rows read, sums added */
+    double ms = gs_time(&canon, c->m, 1, best, sizeof best);
+    /* rows and indices read, sums added */
+    const double bytes = (double)c->m * (double)c->dcols * 2 + (double)c->m * 8 + (double)c->r * (double)c->dcols * 4;
     printf("best %s: %.4f ms [%s], %.0f GB/s\n", name, ms, best, bytes / ms / 1e6);
   }
   return gs_finish() || bad ? 1 : 0;

@@ -107,9 +107,10 @@ class Bias(torch.nn.Module):
         return (x + self.table(buckets).permute(2, 0, 1)).sum()
 
 
-def test_a_table_many_ids_read_stays_aten(served):
-    """96 x 96 ids into 4 rows (the bias above), 2304 a row: atomic adds to a row would
-    serialise; ATen's sort stays, and the gradient is eager's."""
+def test_a_table_many_ids_read_is_a_scatter_group(served):
+    """96 x 96 ids into 4 rows (the bias above), 2304 a row, a table of 32 bytes: the fp32
+    sums (a scatter group, which the daemon sums in shared memory) and a cast, with eager's
+    gradient; a table over TABLE_BYTES with as many ids a row stays ATen's sort."""
     torch.manual_seed(0)
     m = Bias()
     x = torch.randn(2, 96, 96)
@@ -119,8 +120,16 @@ def test_a_table_many_ids_read_stays_aten(served):
     ref.load_state_dict(m.state_dict())
     ref(x).backward()
     targets = [n.target for p in c.plans if p.compiled is not None for n in p.compiled.gm.graph.nodes]
-    assert aten.embedding_dense_backward.default in targets and eg.embedding_grad_fp32 not in targets
+    assert aten.embedding_dense_backward.default not in targets and eg.embedding_grad not in targets
+    assert any(g.kind == "scatter" for p in c.plans for g in p.groups)
     assert rel_err(m.table.weight.grad, ref.table.weight.grad) < 1e-5
+    from torch.fx.experimental.proxy_tensor import make_fx  # noqa: PLC0415
+
+    grad = aten.embedding_dense_backward.default
+    ids = torch.randint(0, 4, (96, 96))
+    for width, taken in ((1024, True), (1025, False)):  # 4 rows of fp32: 16 KB, and over it
+        gm = make_fx(lambda g, i: grad(g, i, 4, -1, False), tracing_mode="fake")(torch.randn(96, 96, width), ids)
+        assert eg.rewrite_embedding_grads(gm) == int(taken)
 
 
 class TokenTypes(torch.nn.Module):

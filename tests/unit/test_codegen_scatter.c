@@ -1,8 +1,9 @@
 /* test_codegen_scatter.c: the scatter template (vocabulary 8, index_add): the CPU reference
  * against sums written out by hand (rows named twice, rows named never, the output's prior
  * contents kept), the index rows the verifier fills in, the candidates and their vectors,
- * the generated source (golden: the MoE decoder's gathered rows' gradient), its metadata,
- * and every candidate through NVRTC. */
+ * the generated source (goldens: the MoE decoder's gathered rows' gradient, T5's relative
+ * position bias gradient through a shared table), its metadata, and every candidate through
+ * NVRTC. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,9 +112,65 @@ static void test_goldens(void) {
   CHECK(src == NULL);
 }
 
+/* T5's relative position bias gradient: 512 x 512 ids into 32 rows of 12 heads, the
+ * gradient a permuted view (src column-major: [Q * K, H] strides [1, Q * K]). Default: a
+ * shared table, lanes along M, eight rows a thread; candidates with lanes along M and tables
+ * beside the plain ones; a table too large for shared memory refused. */
+static void test_shared_table(void) {
+  const int64_t cm[2] = {1, 262144};
+  CHECK_EQ_INT(scatter(FM_DT_BF16, 262144, 12, 32, cm), FM_OK);
+  fm_candidate def, all[16];
+  fm_diag d = {{0}};
+  CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
+  CHECK_EQ_INT(def.tmpl, FM_TMPL_SCATTER);
+  CHECK_EQ_INT((int)def.p[1], 8);
+  CHECK_EQ_INT((int)def.p[2], 1); /* table */
+  CHECK_EQ_INT((int)def.p[3], 1); /* lanes along M */
+  size_t n = fm_codegen_candidates(&canon, all, 16);
+  CHECK_EQ_INT((int)n, 9); /* 3 along D one element a thread; 256, 512 x (M, M table, D table) */
+  int tables = 0, columns = 0;
+  for (size_t i = 0; i < n; i++) {
+    tables += all[i].p[2] == 1;
+    columns += all[i].p[3] == 1;
+    CHECK(all[i].p[3] ? all[i].p[1] == 8 : all[i].p[1] == 1);
+  }
+  CHECK_EQ_INT(tables, 4);
+  CHECK_EQ_INT(columns, 4);
+  char *src = NULL, text[96];
+  fm_kernel_meta m;
+  CHECK_EQ_INT(fm_codegen_generate(&canon, &def, 132, &src, &m, &d), FM_OK);
+  CHECK(src && tf_golden("scatter_index_add_t5_bias", src));
+  CHECK(src && strstr(src, "__shared__ float sums[384]") && strstr(src, "if (next != r)") &&
+        strstr(src, "if (sums[i] != 0.0f) atomicAdd(out0 + i, sums[i])"));
+  CHECK(m.items_per_block == 256 * 8 && m.inner == 12 && m.outer == 262144);
+  CHECK_EQ_INT((int)fm_meta_grid_x(&m, m.outer), 2 * 132); /* a table flushed a block */
+  fm_candidate_describe(&def, text, sizeof text);
+  CHECK_STR_CONTAINS(text, "scatter block=256 vec=8 lanes=m table");
+  free(src);
+  CHECK_EQ_INT(tf_compile_candidates(&canon, "index_add t5 bias", NULL), 0);
+  /* few src rows an output row: no table by default, one still a candidate */
+  CHECK_EQ_INT(scatter(FM_DT_F32, 100, 16, 64, NULL), FM_OK);
+  CHECK_EQ_INT(fm_codegen_default(&canon, &def, &d), FM_OK);
+  CHECK_EQ_INT((int)def.p[2], 0);
+  n = fm_codegen_candidates(&canon, all, 16);
+  tables = 0;
+  for (size_t i = 0; i < n; i++) tables += all[i].p[2] == 1 && all[i].p[3] == 0;
+  CHECK_EQ_INT(tables, 2);
+  /* a table over 16 KB of shared memory is refused, with the reason */
+  CHECK_EQ_INT(scatter(FM_DT_BF16, 4096, 1024, 8, NULL), FM_OK);
+  fm_scatter_config big = {.block = 256, .vec = 8, .table = 1};
+  src = NULL;
+  CHECK_EQ_INT(fm_codegen_scatter(&canon, &big, 132, &src, &m, &d), FM_EUNSUPPORTED);
+  CHECK_STR_CONTAINS(d.text, "over 16384 bytes of shared memory");
+  CHECK(src == NULL);
+  fm_scatter_config flag = {.block = 256, .vec = 1, .lanes_m = 2};
+  CHECK_EQ_INT(fm_codegen_scatter(&canon, &flag, 132, &src, &m, &d), FM_EINVAL);
+}
+
 int main(void) {
   RUN(test_reference);
   RUN(test_index_rows);
   RUN(test_goldens);
+  RUN(test_shared_table);
   return FM_TEST_DONE();
 }

@@ -33,8 +33,13 @@ from ATen's in the last bits of fp32 before the cast and is not bitwise reproduc
 rewrite is not made when `torch.use_deterministic_algorithms(True)` is in force when the graph
 is compiled, and the function itself calls ATen's op when it is in force at the call. A
 gradient scaled by frequency (`scale_grad_by_freq`) stays ATen's, and so does a table read by
-many ids a row (MAX_IDS_PER_ROW) in a large batch (FEW_IDS). Rows at `padding_idx` get no
-gradient, as ATen's: that row is zeroed after the adds (only its own tokens reach it)."""
+many ids a row (MAX_IDS_PER_ROW) in a large batch (FEW_IDS), unless the table is small enough
+for the daemon's scatter kernel to sum it in each block's shared memory (TABLE_BYTES: T5's
+relative position bias, 8192 ids a row into 32 rows of 12 heads): the gradient of such a table
+is always the fp32 sums and a cast, so that the sums are that kernel (a scatter group) and not
+this module's call.
+Rows at `padding_idx` get no gradient, as ATen's: that row is zeroed after the adds (only its
+own tokens reach it)."""
 
 import torch
 
@@ -55,6 +60,10 @@ MAX_IDS_PER_ROW = 16
 # table (2 rows, 8 x 512 ids, usually all 0) was ATen's by the rule above: 227 kernels a
 # training step, wall 1.08x Inductor's (bench/NOTES.md, "Cross-entropy's row read once").
 FEW_IDS = 4096
+# ...or the fp32 table fits this many bytes: the daemon's scatter template then sums it in
+# shared memory, a copy a block (codegen/fm_codegen_scatter.c, SCATTER_TABLE_BYTES), where a
+# row's many ids no longer wait on each other.
+TABLE_BYTES = 16 << 10
 
 
 def embedding_grad(grad, indices, num_weights, padding_idx, scale_grad_by_freq):
@@ -109,6 +118,16 @@ def _compact(node):
     return grad.dtype in (torch.bfloat16, torch.float16) and indices.numel() < node.args[2]
 
 
+def _in_table(node):
+    """Whether embedding gradient node has more ids a row than MAX_IDS_PER_ROW and an fp32
+    table that fits the daemon kernel's shared table (TABLE_BYTES), with ids it reads (int64)."""
+    grad, indices = tensor_val(node.args[0]), tensor_val(node.args[1])
+    rows, width, ids = node.args[2], grad.shape[-1], indices.numel()
+    if not all(isinstance(n, int) for n in (rows, width, ids)) or indices.dtype != torch.int64:
+        return False
+    return ids > MAX_IDS_PER_ROW * rows and rows * width * 4 <= TABLE_BYTES
+
+
 def _rewritable(node):
     if node.op != "call_function" or node.target is not aten.embedding_dense_backward.default:
         return False
@@ -124,7 +143,7 @@ def _rewritable(node):
         and not node.kwargs
         and isinstance(num_weights, int)
         and isinstance(indices.numel(), int)
-        and (indices.numel() <= MAX_IDS_PER_ROW * num_weights or indices.numel() <= FEW_IDS)
+        and (indices.numel() <= MAX_IDS_PER_ROW * num_weights or indices.numel() <= FEW_IDS or _in_table(node))
     )
 
 
@@ -142,7 +161,8 @@ def _compact_nodes(gm, mode, node, made):
 
 def rewrite_embedding_grads(gm):
     """Each embedding_dense_backward node of gm that can be (above) becomes embedding_grad_fp32
-    and a cast to its dtype where a fusible op reads it (the cast's value is the old node's),
+    and a cast to its dtype where a fusible op reads it or its table fits a shared one (the
+    cast's value is the old node's),
     the sums in a table of the batch's size where that is smaller (_compact), else one call of
     embedding_grad. Returns how many were rewritten."""
     if torch.are_deterministic_algorithms_enabled():
@@ -150,7 +170,7 @@ def rewrite_embedding_grads(gm):
     mode, found = fake_meta.matches(gm, lambda node: True if _rewritable(node) else None)
     n = 0
     for node, _ in found:
-        read = any(ops.fusible(u) for u in node.users)
+        read = any(ops.fusible(u) for u in node.users) or _in_table(node)
         if not read and not _compact(node):  # a gradient no kernel reads: one call
             node.target = embedding_grad
             n += 1

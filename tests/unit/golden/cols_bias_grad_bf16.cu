@@ -1,4 +1,4 @@
-/* fusemld codegen v42: cols kernel over [M, 1024], strips of 16 columns, cluster 1, vec 8, unroll 8, block 256 (2 x 128).
+/* fusemld codegen v43: cols kernel over [M, 1024], strips of 16 columns, cluster 1, vec 8, unroll 8, block 256 (2 x 128).
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
@@ -151,7 +151,7 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
   fm_or_word(r, e >> 2, (unsigned int)x << ((e & 3) * 8));
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_cols_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_cols_v43(
     const unsigned short *__restrict__ in0,
     unsigned short *__restrict__ out0,
     long long outer) {

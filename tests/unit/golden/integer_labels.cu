@@ -1,4 +1,4 @@
-/* fusemld codegen v42: pointwise kernel, STRIDED path, vec 1, unroll 2, block 256.
+/* fusemld codegen v43: pointwise kernel, STRIDED path, vec 1, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 /* coalesced dims: [8, 512] */
@@ -172,7 +172,7 @@ __device__ __forceinline__ void fm_compute(const long long i0, unsigned char &o0
   o3 = v12;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v43(
     const long long *__restrict__ in0,
     unsigned char *__restrict__ out0,
     unsigned char *__restrict__ out1,

@@ -1,4 +1,4 @@
-/* fusemld codegen v42: pointwise kernel, STRIDED with UNITS path, vec 8, unroll 2, block 256.
+/* fusemld codegen v43: pointwise kernel, STRIDED with UNITS path, vec 8, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 /* coalesced dims: [64, 50257] */
@@ -167,7 +167,7 @@ __device__ __forceinline__ void fm_compute(const unsigned short i0, const float 
   o0 = fm_f32_to_bf16(v10);
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v43(
     const unsigned short *__restrict__ in0,
     const float *__restrict__ in1,
     const float *__restrict__ in2,

@@ -1,4 +1,4 @@
-/* fusemld codegen v42: pointwise kernel, FLAT path, vec 8, unroll 2, block 256.
+/* fusemld codegen v43: pointwise kernel, FLAT path, vec 8, unroll 2, block 256.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -171,7 +171,7 @@ __device__ __forceinline__ unsigned int fm_word(const fm_uint4x2 &r, int k) {
 __device__ __forceinline__ void fm_or_word(fm_uint4x2 &r, int k, unsigned int b) {
   if (k < 4) fm_or_word(r.lo, k, b); else fm_or_word(r.hi, k - 4, b);
 }
-extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_pointwise_v43(
     const float *__restrict__ in0,
     float *__restrict__ out0,
     unsigned short *__restrict__ out1,

@@ -1,4 +1,4 @@
-/* fusemld codegen v42: rows kernel, a block streaming per row, block 256, rows of 32000, vec 8, 16 elements per thread.
+/* fusemld codegen v43: rows kernel, a block streaming per row, block 256, rows of 32000, vec 8, 16 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -184,7 +184,7 @@ __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_rows_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v43(
     const unsigned short *__restrict__ in0,
     const float *__restrict__ in1,
     const float *__restrict__ in2,

@@ -1,4 +1,4 @@
-/* fusemld codegen v42: rows kernel, a block per row, block 128, rows of 2048, vec 8, 16 elements per thread.
+/* fusemld codegen v43: rows kernel, a block per row, block 128, rows of 2048, vec 8, 16 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 2
@@ -184,7 +184,7 @@ __device__ __forceinline__ float fm_row_max(float x, float *red, int &par) {
   return t;
 }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(128) fm_rows_v42(
+extern "C" __global__ void __launch_bounds__(128) fm_rows_v43(
     const unsigned short *__restrict__ in0,
     const unsigned short *__restrict__ in1,
     const unsigned short *__restrict__ in2,

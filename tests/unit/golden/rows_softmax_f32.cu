@@ -1,4 +1,4 @@
-/* fusemld codegen v42: rows kernel, a warp per row, block 256, rows of 1000, vec 4, 32 elements per thread.
+/* fusemld codegen v43: rows kernel, a warp per row, block 256, rows of 1000, vec 4, 32 elements per thread.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 0
@@ -164,7 +164,7 @@ __device__ __forceinline__ float fm_warp_max(float x) {
 __device__ __forceinline__ float fm_row_sum(float x, float *, int &) { return fm_warp_sum(x); }
 __device__ __forceinline__ float fm_row_max(float x, float *, int &) { return fm_warp_max(x); }
 /* ---- the kernel ---- */
-extern "C" __global__ void __launch_bounds__(256) fm_rows_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_rows_v43(
     const float *__restrict__ in0,
     float *__restrict__ out0,
     long long outer) {

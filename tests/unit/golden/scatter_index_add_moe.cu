@@ -1,4 +1,4 @@
-/* fusemld codegen v42: scatter kernel (index_add), block 256, vec 4.
+/* fusemld codegen v43: scatter kernel (index_add), block 256, vec 4.
  * Generated from a canonical fragment: every name and number below comes from its
  * typed fields. One self-contained translation unit (NVRTC has no include path). */
 #define FM_FAST_MATH 1
@@ -152,21 +152,21 @@ template <typename V> __device__ __forceinline__ void fm_put_u8(V &r, int e, uns
 }
 /* ---- the kernel: out[index[m], d] += src[m, d], M 8192, D 1024, R 4096 ---- */
 struct __align__(8) fm_src_vec { unsigned short e[4]; };
-extern "C" __global__ void __launch_bounds__(256) fm_scatter_v42(
+extern "C" __global__ void __launch_bounds__(256) fm_scatter_v43(
     const unsigned short *__restrict__ in0,
     const long long *__restrict__ in1,
     float *__restrict__ out0, long long outer) {
   (void)outer;
   const unsigned short *__restrict__ src = in0;
   const long long *__restrict__ index = in1;
-  const long long n = 8192ll * 256ll;
-  for (long long u = (long long)blockIdx.x * 256 + threadIdx.x; u < n;
+  float *sums = out0;
+  for (long long u = (long long)blockIdx.x * 256 + threadIdx.x; u < 2097152ll;
        u += (long long)gridDim.x * 256) {
     const long long m = u / 256ll, d = (u - m * 256ll) * 4;
-    const long long r = index[m * 1ll];
+    const fm_src_vec v = *reinterpret_cast<const fm_src_vec *>(src + m * 1024ll + d * 1ll);
+    long long r = index[m * 1ll];
     if (r < 0 || r >= 4096ll) __trap(); /* torch's device-side assert */
-    float *row = out0 + r * 1024ll + d;
-    const fm_src_vec v = *reinterpret_cast<const fm_src_vec *>(src + m * 1024ll + d);
+    float *row = sums + r * 1024ll + d;
 #if __CUDA_ARCH__ >= 900
 #pragma unroll
     for (int q = 0; q < 1; q++)
