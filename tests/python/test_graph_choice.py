@@ -94,6 +94,49 @@ def test_a_capture_runs_inductor_alone_unmeasured(clock, monkeypatch):
     assert calls == ["alone"] * 3 and choice.calls == 0 and choice.chosen is None
 
 
+def test_a_failing_groups_form_settles_on_inductor_alone(clock, caplog):
+    """The groups' form raising on a call while measuring (Gemma 2's training step did, on a
+    group's output strides) is never the caller's failure: that call runs Inductor alone on its
+    own arguments, and so does every later one, with one warning."""
+    alone, _, calls = forms(clock, 1.0, 2.0)
+
+    def grouped(args):
+        calls.append("grouped")
+        raise AssertionError("expected size 512==512, stride 128==1 at dim=2")
+
+    choice = graph_choice.Choice(alone, grouped, "forward")
+    with caplog.at_level("WARNING", logger="fuseml"):
+        outs = run_calls(choice, 4)
+    assert calls == ["grouped", "alone", "alone", "alone", "alone"]
+    assert all(torch.equal(o, torch.full((2,), 2.0 * i)) for i, o in enumerate(outs))
+    assert choice.chosen == 0 and choice.form == "Inductor alone" and "AssertionError" in choice.why
+    assert [r.getMessage() for r in caplog.records].count(f"fuseml: forward graph runs as {choice.why}") == 1
+
+
+def test_a_groups_form_inductor_cannot_compile_is_inductor_alone(served, monkeypatch):
+    """Inductor failing on the graph with fuseml's groups leaves the graph as Inductor alone
+    compiled it, with the reason in explain(), and the model trains as eager."""
+    from fuseml import inductor_joint
+
+    real = inductor_joint.Compiler.compile
+
+    def failing(self, gm, *args):
+        if any(n.target is torch.ops.fuseml.group.default for n in gm.graph.nodes):
+            raise RuntimeError("a lowering failed")
+        return real(self, gm, *args)
+
+    monkeypatch.setattr(inductor_joint.Compiler, "compile", failing)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), torch.nn.Linear(48, 32), torch.nn.Tanh())
+    c = fuseml.FuseMLCompiler(rest="inductor")
+    for _ in range(3):
+        c, got, want = compile_run(model, torch.randn(12, 32), c)
+        assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for p in c.plans:
+        assert p.kernels() and isinstance(p.choice, graph_choice.Fixed) and p.choice.chosen == 0
+        assert "Inductor failed (RuntimeError: a lowering failed)" in p.choice.why
+
+
 def test_rest_inductor_trains_right_while_measuring(served):
     """A training model under rest="inductor" with every group served (on CPU each runs its
     ATen ops inside fuseml::group): forward and backward each measure the two forms, every

@@ -300,7 +300,12 @@ class FuseMLCompiler:
         reattach = head_output.rewrite(gm)
         linear_cross_entropy.rewrite(gm, self.logits)
         cross_entropy.rewrite(gm)
-        max_pool.rewrite(gm)  # max pooling whose backward reads no saved indices (max_pool.py)
+        # max pooling whose backward reads no saved indices (max_pool.py), but where Inductor
+        # compiles the graph: it lowers max_pool2d into its own kernels, and fuseml's op would be
+        # an extern call to it, ATen's pool and index conversions (ResNet-50's step 1.16x
+        # Inductor's GPU time with it, its graphs kept as Inductor alone)
+        if self.rest != "inductor":
+            max_pool.rewrite(gm)
         # masks and clamps an index's range decides (index_ranges.py: a mixture of experts'
         # sentinel mask, never set without expert parallelism), and its experts' running counts
         # as one binary search (sorted_counts.py)
@@ -527,8 +532,17 @@ class FuseMLCompiler:
         # aot_autograd takes one report of the forward's output strides (the saved values' the
         # backward is compiled for): Inductor alone's; the groups' form reports into a list
         # dropped here, and is a candidate only where its strides are the same
-        with TracingContext.report_output_strides():
-            fn_grouped = inductor.compile(rewrite(gm, kept, runners), example_inputs, which)
+        for g in kept:  # Inductor asserts the strides the fake returns: the kernel's, at every call
+            runners[g.gid].fixed_layout = True
+        try:
+            with TracingContext.report_output_strides():
+                fn_grouped = inductor.compile(rewrite(gm, kept, runners), example_inputs, which)
+        except Exception as e:  # the graph as Inductor alone compiled it runs
+            plan.choice = graph_choice.Fixed(
+                0, f"Inductor alone: with fuseml's groups Inductor failed ({type(e).__name__}: {e})"
+            )
+            warn_once("inductor_groups", "%s graph: %s", which, plan.choice.why, suffix="")
+            return fn_alone
         strides = [getattr(f, "output_strides", None) for f in (fn_alone, fn_grouped)]
         if which == "forward" and (strides[0] is None or strides[0] != strides[1]):
             plan.choice = graph_choice.Fixed(

@@ -17,7 +17,11 @@ one call):
   tie goes to Inductor, so the choice never keeps a form that measured slower.
 
 After the choice a call costs one attribute read. reset() measures again (tuned kernels
-swapped into the groups can turn the result). A call inside a CUDA-graph capture, where
+swapped into the groups can turn the result). A call of the groups' form that raises while
+measuring (a group's output not in the layout Inductor compiled for, say) settles the choice
+on Inductor alone, with one warning, and the call runs that form on its own arguments: the
+failure is before any of the graph's in-place updates in every case seen, which are its last
+ops. A call inside a CUDA-graph capture, where
 synchronising is impossible, runs the chosen form, or Inductor's alone before any choice.
 """
 
@@ -26,7 +30,7 @@ import time
 
 import torch
 
-from ._log import log
+from ._log import log, warn_once
 
 WARM = 1  # untimed calls of each form before timing
 TIMED = 3  # timed calls of each form, medians compared
@@ -62,16 +66,31 @@ class Choice:
         which = 1 - self.calls % 2  # the groups' form first
         self.calls += 1
         if self.calls <= 2 * WARM:
-            return self.forms[which](args)
+            return self._run(which, args)
         sync = _synchronizer(args)
         sync()
         start = time.perf_counter()
-        out = self.forms[which](args)
+        out = self._run(which, args)
+        if self.chosen is not None:  # the groups' form failed: nothing to time
+            return out
         sync()
         self.times[which].append((time.perf_counter() - start) * 1e3)
         if len(self.times[0]) >= TIMED and len(self.times[1]) >= TIMED:
             self._decide()
         return out
+
+    def _run(self, which, args):
+        if which == 0:
+            return self.forms[0](args)
+        kept = list(args)  # a boxed form empties args
+        try:
+            return self.forms[1](args)
+        except Exception as e:  # never the user's failure: Inductor alone from now on
+            self.chosen, self.form = 0, NAMES[0]
+            self.why = f"{NAMES[0]}: with fuseml's groups the graph failed ({type(e).__name__}: {e})"
+            warn_once("graph_choice", "%s graph runs as %s", self.name, self.why, suffix="")
+            args[:] = kept
+            return self.forms[0](args)
 
     def _decide(self):
         alone, grouped = (statistics.median(t) for t in self.times)

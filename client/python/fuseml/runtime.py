@@ -29,7 +29,7 @@ def _group_impl(gid, xs):
 
 
 def _group_fake(gid, xs):
-    return _registry[gid].eager(xs)
+    return _registry[gid].fake(xs)
 
 
 _lib.impl("group", _group_impl, "CompositeExplicitAutograd")
@@ -180,6 +180,10 @@ class GroupRunner:
             self.out_dtypes = [n.meta["val"].dtype for n in b.out_nodes]
         self._out_layouts = {}  # lead dims -> [(shape, strides)] per output: once per shape
         self.group = group
+        # Inductor compiles a graph against the strides a custom op's fake returns and asserts
+        # them at every call: there every call returns the kernel's layout, whichever route ran
+        # (set by the backend for the groups it gives Inductor; fake(), run())
+        self.fixed_layout = False
         self.aten_heavy = _aten_heavy(group, b)  # bytes when ATen is not timed, else None
         self.use_kernel = None  # measured routing: None until the first launch decides
         self.timing = None  # (kernel ms, ATen ms) of that decision
@@ -200,27 +204,36 @@ class GroupRunner:
                 vals[j] = None
         return [vals[j] for j in self.out_slots]
 
+    def fake(self, xs):
+        """The outputs' metadata for tracing: the ATen ops' on fake tensors, in the kernel's
+        layout where the layout is fixed (above)."""
+        outs = self.eager(xs)
+        if not self.fixed_layout or self.built is None:
+            return outs
+        layouts = self._kernel_layouts(xs, False)
+        return self._views([o.new_empty_strided(*lay) for lay, o in zip(layouts, outs)])
+
     def run(self, xs):
         if self.kernel is None:
             if self.why_eager:
                 warn_once(*self.why_eager)
-            return self.eager(xs)
+            return self._aten(xs)
         dev = xs[0].device if xs else None
         if dev is None or dev.type != "cuda":
             warn_once("cpu", "%s: tensors on %s, kernels run on CUDA only", self.name, dev)
-            return self.eager(xs)
+            return self._aten(xs)
         key, state, cubin, meta = self.kernel
         if state not in VERIFIED_STATES and not settings.allow_untuned():
             warn_once("untuned", "kernel %s is %s (not verified on a GPU yet)", key[:12], state)
             self._never()
-            return self.eager(xs)
+            return self._aten(xs)
         try:
             if self.use_kernel is None:
                 outs = self._decide(xs, dev, key, cubin, meta)
                 if outs is not None:
                     return outs
             if not self.use_kernel:
-                return self.eager(xs)
+                return self._aten(xs)
             return self._launch(xs, dev, key, cubin, meta)
         except _Layout as e:
             warn_once("layout", "%s: %s", self.name, e)
@@ -228,7 +241,17 @@ class GroupRunner:
         except RuntimeError as e:
             warn_once("launch", "%s: %s", self.name, e)
             self._never()
-        return self.eager(xs)
+        return self._aten(xs)
+
+    def _aten(self, xs):
+        """The ATen ops' outputs for the call, in the kernel's layout where it is fixed (a
+        copy where they differ)."""
+        outs = self.eager(xs)
+        if not self.fixed_layout or self.built is None:
+            return outs
+        want = [torch.empty_strided(*lay, device="meta") for lay in self._kernel_layouts(xs, True)]
+        want = [w.stride() for w in self._views(want)]
+        return [o if o.stride() == w else o.new_empty_strided(o.shape, w).copy_(o) for o, w in zip(outs, want)]
 
     def _never(self):
         """The first call could not launch the kernel (its state, a layout, a failed launch):
@@ -292,7 +315,7 @@ class GroupRunner:
         if not self.use_kernel:
             outs = None  # gone before the ATen ops allocate theirs
             counters["launches"] = launched
-            return self.eager(xs)
+            return self._aten(xs)
         return outs if outs is not None else self._launch(xs, dev, key, cubin, meta)
 
     def _launch(self, xs, dev, key, cubin, meta):
@@ -319,20 +342,12 @@ class GroupRunner:
             if p % b.in_align[i]:
                 raise _Layout(f"input {i} is not aligned to {b.in_align[i]} bytes")
             ptrs.append(p)
+        outer = -1
         if k:
-            lead = tuple(xs[b.full_input].shape[:k])
             outer = 1
-            for d in lead:
+            for d in xs[b.full_input].shape[:k]:
                 outer *= d
-        else:
-            lead, outer = (), -1
-        layouts = b.out_fixed or self._out_layouts.get(lead)
-        if layouts is None:
-            if len(self._out_layouts) >= 64:  # dynamic shapes: keep the cache bounded
-                self._out_layouts.clear()
-            layouts = self._out_layouts[lead] = [
-                self._out_layout(lead, f, tail) for f, tail in zip(b.out_strides, b.out_tails)
-            ]
+        layouts = self._kernel_layouts(xs, True, read=True)
         stream = _raw_stream(idx)
         outs = [
             torch.empty_strided(shape, strides, dtype=dt, device=dev)
@@ -349,9 +364,32 @@ class GroupRunner:
             out_ptrs.append(scratch.data_ptr())
         mod.launch(ptrs, out_ptrs, outer, stream)
         counters["launches"] += 1
-        if b.out_views:
-            outs = [o.view(v) if v else o for o, v in zip(outs, b.out_views)]
-        return outs
+        return self._views(outs)
+
+    def _kernel_layouts(self, xs, cached, read=False):
+        """(shape, strides) of each output the kernel writes for the group's inputs xs (the
+        kernel's own, `read`) before its views; `cached`: from the per-shape cache (real
+        sizes; fake ones may be symbols)."""
+        b = self.built
+        if b.out_fixed:
+            return b.out_fixed
+        if b.read is not None and not read:  # a column index the kernel computes is not passed to it
+            xs = [xs[j] for j in b.read]
+        k = b.layout.k
+        lead = tuple(xs[b.full_input].shape[:k]) if k else ()
+        layouts = self._out_layouts.get(lead) if cached else None
+        if layouts is None:
+            layouts = [self._out_layout(lead, f, tail) for f, tail in zip(b.out_strides, b.out_tails)]
+            if cached:
+                if len(self._out_layouts) >= 64:  # dynamic shapes: keep the cache bounded
+                    self._out_layouts.clear()
+                self._out_layouts[lead] = layouts
+        return layouts
+
+    def _views(self, outs):
+        """The kernel's outputs as the group returns them (its out_views)."""
+        views = self.built.out_views or [None] * len(outs)
+        return [o.view(v) if v else o for o, v in zip(outs, views)]
 
     def _out_layout(self, lead, fstrides, static):
         k = self.built.layout.k
