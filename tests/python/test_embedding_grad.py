@@ -195,23 +195,27 @@ def test_a_tied_table_adds_in_the_cast_kernel(served, partitioned):
 
 @pytest.mark.parametrize("pad", [-1, 3])
 def test_sums_in_a_table_of_the_batch_match_aten(pad):
-    """token_slots, the sums at the slots, read back at each token's slot and written at its
-    id (what the compact rewrite's nodes compute, run eagerly): ATen's gradient, to within one
-    bf16 rounding of the same fp32 sums."""
+    """slot_table, the sums at each token's id's slot, and the table's rows read at every id
+    (what the compact rewrite's nodes compute, run eagerly): ATen's gradient, to within one
+    bf16 rounding of the same fp32 sums, zero at ids no token has and at padding_idx."""
     g = torch.Generator().manual_seed(1)
     num, d = 500, 24
     idx = torch.randint(0, 40, (3, 17), generator=g)  # 51 tokens, ids repeated
     idx[1, :6] = 3
     grad = torch.randn(3, 17, d, generator=g).to(torch.bfloat16)
-    slots = eg.token_slots(idx, num)
+    table = eg.slot_table(idx, num)
     flat = idx.reshape(-1)
-    assert slots.shape == idx.shape
-    # each slot is a position holding the token's id, one slot an id
-    for j, s in enumerate(slots.reshape(-1).tolist()):
-        assert flat[s] == flat[j]
-    assert len(set(slots.reshape(-1).tolist())) == len(set(flat.tolist()))
-    sums = eg.embedding_grad_fp32(grad, slots, idx.numel(), -1, False)
-    got = eg.rows_at_ids(idx, sums[slots.reshape(-1)].to(torch.bfloat16), num, pad)
+    assert table.shape == (num,)
+    # each present id's slot is a position holding it; an absent id's is T
+    for i, s in enumerate(table.tolist()):
+        assert flat[s] == i if i in flat.tolist() else s == flat.numel()
+    slots = table[idx]
+    sums = eg.embedding_grad_fp32(grad, slots, idx.numel() + 1, -1, False)
+    assert not sums[-1].any()  # no token adds to the last row
+    if pad >= 0:
+        table = eg.without_id(table, pad, idx.numel())
+        assert table[pad] == idx.numel() and eg.slot_table(idx, num)[pad] != idx.numel()
+    got = sums[table].to(torch.bfloat16)
     want = _aten(grad, idx, num, pad)
     exact = _aten(grad.double(), idx, num, pad)
     assert got.dtype == want.dtype and got.shape == want.shape
@@ -236,9 +240,9 @@ class Vocabulary(torch.nn.Module):
 
 
 def test_a_vocabulary_gradient_sums_in_a_table_of_the_batch(served, partitioned):
-    """4 x 16 tokens into 256 rows: the sums are a scatter group into [64, 32] fp32, read back
-    at the tokens' slots by a take_rows group that casts them, and written at the ids; no
-    [256, 32] fp32 table. The gradient is eager's."""
+    """4 x 16 tokens into 256 rows: the sums are a scatter group into [65, 32] fp32, read at
+    every id's slot by a take_rows group that casts them and writes the whole [256, 32]
+    gradient; no [256, 32] fp32 table. The gradient is eager's."""
     torch.manual_seed(0)
     m, ref = Vocabulary(), Vocabulary()
     ref.load_state_dict(m.state_dict())
@@ -249,9 +253,9 @@ def test_a_vocabulary_gradient_sums_in_a_table_of_the_batch(served, partitioned)
     assert rel_err(m.tok.weight.grad, ref.tok.weight.grad) < 1e-2
     gm, groups = partitioned[-1]
     targets = [n.target for n in gm.graph.nodes]
-    assert eg.token_slots in targets and eg.rows_at_ids in targets and eg.embedding_grad not in targets
+    assert eg.slot_table in targets and eg.embedding_grad not in targets
     (sums,) = [n for n in gm.graph.nodes if n.target is eg.embedding_grad_fp32]
-    assert list(sums.meta["val"].shape) == [64, 32]
+    assert list(sums.meta["val"].shape) == [65, 32]
     assert any(g.kind == "scatter" and sums in g.members for g in groups), [g.describe() for g in groups]
     back = [g for g in groups if "index" in g.op_names and "_to_copy" in g.op_names]
-    assert back, [g.describe() for g in groups]
+    assert back and list(back[0].outputs[0].meta["val"].shape) == [256, 32], [g.describe() for g in groups]
