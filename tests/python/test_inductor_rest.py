@@ -90,6 +90,16 @@ def test_rest_inductor_trains_channels_last_convnet(served, monkeypatch):
     assert {p.which for p in c.plans} == {"forward", "backward"}
 
 
+def test_rest_inductor_traces_with_inductors_var_mean():
+    """Inductor lowers var_mean as one Welford reduction; fuseml's decomposition (two row
+    reductions, for its rows groups) is left out of the table rest="inductor" traces with."""
+    aten = torch.ops.aten
+    ours = fuseml.FuseMLCompiler()._decompositions()
+    theirs = fuseml.FuseMLCompiler(rest="inductor")._decompositions()
+    assert ours[aten.var_mean.correction] is fuseml.backend._var_mean
+    assert theirs.get(aten.var_mean.correction) is not fuseml.backend._var_mean
+
+
 def test_rest_inductor_leaves_max_pooling_to_inductor(served, partitioned):
     """Inductor lowers max_pool2d into its own kernels; fuseml's pooling op (max_pool.py)
     would be an extern call in both of its forms, running ATen's pool and index conversions
