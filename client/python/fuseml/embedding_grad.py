@@ -39,9 +39,8 @@ many ids a row (MAX_IDS_PER_ROW) in a large batch (FEW_IDS), unless the table is
 for the daemon's scatter kernel to sum it in each block's shared memory (TABLE_BYTES: T5's
 relative position bias, 8192 ids a row into 32 rows of 12 heads): the gradient of such a table
 is always the fp32 sums and a cast, so that the sums are that kernel (a scatter group) and not
-this module's call.
-Rows at `padding_idx` get no gradient, as ATen's: that row is zeroed after the adds (only its
-own tokens reach it)."""
+this module's call. Rows at `padding_idx` get no gradient, as ATen's: that row is zeroed after
+the adds (only its own tokens reach it), or read from the sums' empty row."""
 
 import torch
 
@@ -157,9 +156,8 @@ def _compact_nodes(gm, mode, node, made):
 def rewrite_embedding_grads(gm):
     """Each embedding_dense_backward node of gm that can be (above) becomes embedding_grad_fp32
     and a cast to its dtype where a fusible op reads it or its table fits a shared one (the
-    cast's value is the old node's),
-    the sums in a table of the batch's size where that is smaller (_compact), else one call of
-    embedding_grad. Returns how many were rewritten."""
+    cast's value is the old node's), the sums in a table of the batch's size where that is
+    smaller (_compact), else one call of embedding_grad. Returns how many were rewritten."""
     if torch.are_deterministic_algorithms_enabled():
         return 0
     mode, found = fake_meta.matches(gm, lambda node: True if _rewritable(node) else None)

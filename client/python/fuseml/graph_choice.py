@@ -19,9 +19,9 @@ one call):
 After the choice a call costs one attribute read. reset() measures again (tuned kernels
 swapped into the groups can turn the result). A call of the groups' form that raises while
 measuring (a group's output not in the layout Inductor compiled for, say) settles the choice
-on Inductor alone, with one warning, and the call runs that form on its own arguments: the
-failure is before any of the graph's in-place updates in every case seen, which are its last
-ops. A call inside a CUDA-graph capture, where
+on Inductor alone for good (reset() does not measure it again), with one warning, and the
+call runs that form on its own arguments: the failure is before any of the graph's in-place
+updates in every case seen, which are its last ops. A call inside a CUDA-graph capture, where
 synchronising is impossible, runs the chosen form, or Inductor's alone before any choice.
 """
 
@@ -49,9 +49,12 @@ class Choice:
         self._boxed_call = True
         self.forms = (alone, grouped)
         self.name = name
+        self.failed = False  # the groups' form raised once: never measured again (reset())
         self.reset()
 
     def reset(self):
+        if self.failed:
+            return
         self.calls = 0
         self.times = ([], [])
         self.chosen = None
@@ -86,7 +89,7 @@ class Choice:
         try:
             return self.forms[1](args)
         except Exception as e:  # never the user's failure: Inductor alone from now on
-            self.chosen, self.form = 0, NAMES[0]
+            self.failed, self.chosen, self.form = True, 0, NAMES[0]
             self.why = f"{NAMES[0]}: with fuseml's groups the graph failed ({type(e).__name__}: {e})"
             warn_once("graph_choice", "%s graph runs as %s", self.name, self.why, suffix="")
             args[:] = kept
